@@ -1,0 +1,45 @@
+/*
+ * Progress reporting for long jobs (fetch, tokenize, train).
+ *
+ * The library never prints by itself: a reporter writes only to the stream
+ * the caller hands it. On a terminal it redraws one live line (bar, count,
+ * rate, ETA); on anything else (a log file, a pipe) it writes a plain line at
+ * most every `interval_s` seconds, so logs stay readable.
+ *
+ * A reporter is single-owner (see dflash.h).
+ */
+#ifndef DFLASH_PROGRESS_H
+#define DFLASH_PROGRESS_H
+
+#include <dflash/dflash.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dflash_progress dflash_progress;
+
+/*
+ * Start a reporter writing to `stream` (stderr when NULL). `label` names the
+ * job, `unit` the things counted ("samples", "tok"); `total` may be 0 when
+ * unknown (no bar or ETA then). `interval_s` <= 0 picks 10 s for plain
+ * output. The TTY decision is made once, here.
+ */
+DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label, const char *unit,
+                                                uint64_t total, double interval_s,
+                                                dflash_progress **out);
+/* Report that `done` units are complete so far (absolute, not an increment).
+ * `note` (may be NULL) is appended, e.g. "loss 2.31". Cheap when nothing is
+ * due to be drawn. */
+DFLASH_API void dflash_progress_update(dflash_progress *p, uint64_t done, const char *note);
+/* Draw the final state and end the line. */
+DFLASH_API void dflash_progress_finish(dflash_progress *p);
+/* NULL-safe; finishes first when it was not finished. */
+DFLASH_API void dflash_progress_free(dflash_progress *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_PROGRESS_H */

@@ -1,0 +1,139 @@
+/*
+ * Internal helpers shared by every module. Nothing here is exported: the
+ * library is built with hidden visibility and only DFLASH_API symbols leave it.
+ * Internal names use the df_ prefix.
+ */
+#ifndef DFLASH_CORE_INTERNAL_H
+#define DFLASH_CORE_INTERNAL_H
+
+#include <dflash/dflash.h>
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define DF_PRINTF(fmt_idx, arg_idx) __attribute__((format(printf, fmt_idx, arg_idx)))
+#define DF_UNUSED __attribute__((unused))
+#else
+#define DF_PRINTF(fmt_idx, arg_idx)
+#define DF_UNUSED
+#endif
+
+#define DF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- errors (error.c) ---------------------------------------------------- */
+
+/* Record a formatted message as this thread's last error and return `status`,
+ * so a failing path reads `return df_error(DFLASH_E_FORMAT, "%s: ...", path);` */
+dflash_status df_error(dflash_status status, const char *fmt, ...) DF_PRINTF(2, 3);
+/* Same, appending ": strerror(errnum)". */
+dflash_status df_error_errno(dflash_status status, int errnum, const char *fmt, ...) DF_PRINTF(3, 4);
+/* Prefix the current last error with more context ("while loading X: ..."). */
+dflash_status df_error_wrap(dflash_status status, const char *fmt, ...) DF_PRINTF(2, 3);
+/* Shorthand for allocation failures. */
+dflash_status df_error_nomem(const char *what);
+
+/* Checked sizes: a NULL/guard argument check that records a message. */
+#define DF_CHECK_ARG(cond)                                                              \
+  do {                                                                                  \
+    if (!(cond)) return df_error(DFLASH_E_INVALID_ARG, "%s: invalid argument: %s",      \
+                                 __func__, #cond);                                     \
+  } while (0)
+
+/* ---- logging (error.c) --------------------------------------------------- */
+
+void df_log(dflash_log_level level, const char *fmt, ...) DF_PRINTF(2, 3);
+
+/* ---- arithmetic ---------------------------------------------------------- */
+
+static inline bool df_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool df_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---- strings and memory (util.c) ----------------------------------------- */
+
+char *df_strdup(const char *s);
+char *df_strndup(const char *s, size_t n);
+/* malloc'd printf; NULL on failure. */
+char *df_asprintf(const char *fmt, ...) DF_PRINTF(1, 2);
+/* Join a directory and a file name with one '/'; malloc'd. */
+char *df_path_join(const char *dir, const char *name);
+/* Directory part of a path ("." when there is none); malloc'd. */
+char *df_path_dirname(const char *path);
+bool df_str_ends_with(const char *s, const char *suffix);
+/* Whether `len` bytes at `s` are valid UTF-8 (no surrogates, no overlongs). */
+bool df_utf8_valid(const char *s, size_t len);
+
+/* A growable byte buffer. */
+typedef struct df_buf {
+  char *data;
+  size_t len;
+  size_t cap;
+} df_buf;
+dflash_status df_buf_reserve(df_buf *b, size_t extra);
+dflash_status df_buf_append(df_buf *b, const void *data, size_t n);
+dflash_status df_buf_printf(df_buf *b, const char *fmt, ...) DF_PRINTF(2, 3);
+void df_buf_free(df_buf *b);
+
+/* ---- durable files (fileio.c) -------------------------------------------- */
+
+/* Read a whole file into a malloc'd, NUL-terminated buffer. */
+dflash_status df_read_file(const char *path, char **out, size_t *out_len);
+
+/*
+ * A file written under a temporary name next to its destination and renamed
+ * into place by df_atomic_commit() after fsync of the file and its directory,
+ * so a reader sees either the old file or the complete new one, never a
+ * partial write, whatever happens to the process.
+ */
+typedef struct df_atomic_file {
+  int fd;
+  char *path;     /* final name */
+  char *tmp_path; /* where the bytes go until commit */
+} df_atomic_file;
+dflash_status df_atomic_open(const char *path, df_atomic_file *f);
+dflash_status df_atomic_write(df_atomic_file *f, const void *data, size_t n);
+dflash_status df_atomic_commit(df_atomic_file *f);
+/* Remove the temporary file; safe after commit or on a zeroed struct. */
+void df_atomic_abort(df_atomic_file *f);
+/* Write all `n` bytes to `fd` (retrying short writes and EINTR). */
+dflash_status df_write_all(int fd, const void *data, size_t n, const char *path);
+/* fsync the directory holding `path`, making a rename or create durable. */
+dflash_status df_fsync_parent(const char *path);
+/* Write a whole file atomically. */
+dflash_status df_write_file_atomic(const char *path, const void *data, size_t n);
+
+/* ---- JSON (json.c), over jansson ----------------------------------------- */
+
+struct json_t;
+/* Parse JSON text; errors name `what` (a file name) with line and column.
+ * Rejects duplicate object keys. */
+dflash_status df_json_parse(const char *text, size_t len, const char *what, struct json_t **out);
+dflash_status df_json_load_file(const char *path, struct json_t **out);
+/* Serialise compactly (or indented when indent > 0) into a malloc'd string. */
+dflash_status df_json_dump(const struct json_t *json, int indent, char **out);
+
+/* ---- thread pool (threadpool.c) ------------------------------------------ */
+
+typedef struct df_pool df_pool;
+/* n_threads <= 0: one per online CPU. */
+dflash_status df_pool_create(int n_threads, df_pool **out);
+void df_pool_free(df_pool *pool);
+int df_pool_size(const df_pool *pool);
+/*
+ * Run fn(ctx, begin, end, worker) over [0, n) split into chunks of at most
+ * `grain` items, on all workers plus the calling thread; returns when every
+ * chunk is done. Not reentrant on one pool. A NULL pool runs inline.
+ */
+typedef void (*df_range_fn)(void *ctx, size_t begin, size_t end, int worker);
+void df_pool_for(df_pool *pool, size_t n, size_t grain, df_range_fn fn, void *ctx);
+
+/* ---- time ---------------------------------------------------------------- */
+double df_now_seconds(void); /* monotonic */
+
+#endif /* DFLASH_CORE_INTERNAL_H */

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Every public header compiles on its own, twice included, as strict C11 and as C++."""
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+cc, include_root = sys.argv[1], pathlib.Path(sys.argv[2])
+headers = sorted((include_root / "dflash").glob("*.h"))
+failed = 0
+with tempfile.TemporaryDirectory() as tmp:
+    for header in headers:
+        name = f"dflash/{header.name}"
+        src = pathlib.Path(tmp) / "t.c"
+        src.write_text(f"#include <{name}>\n#include <{name}>\nint main(void) {{ return 0; }}\n")
+        for args in (["-std=c11", "-pedantic"], ["-std=c99", "-pedantic"]):
+            cmd = [cc, *args, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{include_root}", str(src)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode:
+                failed += 1
+                print(f"FAIL {name} {' '.join(args)}\n{r.stderr}")
+        cxx = pathlib.Path(tmp) / "t.cpp"
+        cxx.write_text(src.read_text())
+        r = subprocess.run(["c++", "-std=c++17", "-pedantic", "-Wall", "-Werror", "-fsyntax-only",
+                            f"-I{include_root}", str(cxx)], capture_output=True, text=True)
+        if r.returncode:
+            failed += 1
+            print(f"FAIL {name} as C++\n{r.stderr}")
+print(f"{len(headers)} headers checked, {failed} failures")
+sys.exit(1 if failed or not headers else 0)

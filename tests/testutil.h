@@ -1,0 +1,39 @@
+/* Helpers for the Check suites. */
+#ifndef DFLASH_TESTUTIL_H
+#define DFLASH_TESTUTIL_H
+
+#include <check.h>
+#include <dflash/dflash.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Assert a libdflash call succeeds, printing the library's message when not. */
+#define ck_assert_ok(expr)                                                               \
+  do {                                                                                   \
+    dflash_status ck_st_ = (expr);                                                       \
+    ck_assert_msg(ck_st_ == DFLASH_OK, "%s -> %s: %s", #expr, dflash_status_str(ck_st_), \
+                  dflash_last_error());                                                  \
+  } while (0)
+
+/* Assert a call fails with `status` and that its message contains `needle`. */
+#define ck_assert_status(expr, status, needle)                                             \
+  do {                                                                                     \
+    dflash_status ck_st_ = (expr);                                                         \
+    ck_assert_msg(ck_st_ == (status), "%s -> %s (wanted %s): %s", #expr,                   \
+                  dflash_status_str(ck_st_), dflash_status_str(status), dflash_last_error()); \
+    ck_assert_msg(strstr(dflash_last_error(), (needle)) != NULL,                           \
+                  "%s: message \"%s\" lacks \"%s\"", #expr, dflash_last_error(), (needle)); \
+  } while (0)
+
+/* A fresh empty directory under $TMPDIR (malloc'd path); removed by df_test_rmtree. */
+char *df_test_tmpdir(void);
+void df_test_rmtree(const char *path);
+/* Folder of shared fixtures: $DFLASH_FIXTURES, else the configured default.
+ * NULL (after printing why) when it does not exist. */
+const char *df_test_fixtures(void);
+/* Path of a fixture file (malloc'd) or NULL when absent (prints a skip note). */
+char *df_test_fixture(const char *relative);
+/* Write bytes to a file; returns false on failure. */
+bool df_test_write(const char *path, const void *data, size_t n);
+
+#endif

@@ -1,0 +1,45 @@
+/* `dflash inspect PATH`: list tensors (name, dtype, shape, bytes) and metadata. */
+#include <dflash/safetensors.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+static void print_shape(const dflash_tensor *t) {
+  putchar('[');
+  for (uint32_t d = 0; d < t->ndim; d++) printf(d ? ", %lld" : "%lld", (long long)t->shape[d]);
+  putchar(']');
+}
+
+int cmd_inspect(int argc, char **argv) {
+  if (argc != 2 || !strcmp(argv[1], "--help")) {
+    fprintf(argc == 2 ? stdout : stderr,
+            "usage: dflash inspect PATH\n"
+            "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards\n");
+    return argc == 2 ? 0 : 2;
+  }
+  dflash_safetensors *st;
+  dflash_status s = dflash_safetensors_open(argv[1], &st);
+  if (s) return cli_fail("inspect", s);
+  size_t n = dflash_safetensors_count(st);
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    dflash_tensor t = {.struct_size = sizeof t};
+    if ((s = dflash_safetensors_get(st, i, &t))) {
+      dflash_safetensors_free(st);
+      return cli_fail("inspect", s);
+    }
+    printf("%-48s %-8s ", t.name, dflash_dtype_name(t.dtype));
+    print_shape(&t);
+    printf(" %llu\n", (unsigned long long)t.nbytes);
+    total += t.nbytes;
+  }
+  for (size_t i = 0; i < dflash_safetensors_metadata_count(st); i++) {
+    const char *k, *v;
+    if (dflash_safetensors_metadata_get(st, i, &k, &v) == DFLASH_OK) printf("# %s = %s\n", k, v);
+  }
+  printf("# %zu tensors, %llu bytes, %zu file(s)\n", n, (unsigned long long)total,
+         dflash_safetensors_file_count(st));
+  dflash_safetensors_free(st);
+  return 0;
+}

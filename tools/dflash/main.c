@@ -1,0 +1,52 @@
+/* `dflash`: command-line front end. Dispatches to one function per subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command commands[] = {
+    {NULL, NULL, NULL},
+
+};
+
+int cli_fail(const char *cmd, dflash_status st) {
+  fprintf(stderr, "dflash %s: %s: %s\n", cmd, dflash_status_str(st), dflash_last_error());
+  return 1;
+}
+
+static void usage(FILE *out) {
+  fprintf(out, "usage: dflash <command> [options]\n       dflash --version\n\ncommands:\n");
+  for (size_t i = 0; commands[i].name; i++)
+    fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  fprintf(out, "\n`dflash <command> --help` describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+    int devices = 0;
+    dflash_status st = dflash_cuda_device_count(&devices);
+    printf("dflash %s (library %s)\n", DFLASH_VERSION_STRING, dflash_version_string());
+    if (st == DFLASH_OK) printf("CUDA: %d device(s)\n", devices);
+    else printf("CUDA: unavailable: %s\n", dflash_last_error());
+    return 0;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; commands[i].name; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "dflash: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
