@@ -8,3 +8,7 @@ __all__ = ["Error", "version", "status_name", "cuda_device_count"]
 from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES  # noqa: E402
 
 __all__ += ["SafeTensors", "write_safetensors", "write_index", "DTYPES"]
+from .train import Trainer  # noqa: E402
+from .hidden import HiddenWriter, HiddenStore, SampleStream  # noqa: E402
+
+__all__ += ["Trainer", "HiddenWriter", "HiddenStore", "SampleStream"]

@@ -1,0 +1,39 @@
+/* Internals of the hidden-state store and the training-sample stream. */
+#ifndef DFLASH_HIDDEN_INTERNAL_H
+#define DFLASH_HIDDEN_INTERNAL_H
+
+#include <dflash/hidden.h>
+#include <dflash/safetensors.h>
+
+#include "core/internal.h"
+
+#define DF_HIDDEN_FORMAT "dflash-hidden-1"
+#define DF_HIDDEN_INDEX "hidden.safetensors.index.json"
+#define DF_HIDDEN_MAX_ID 1024
+
+const char *df_hidden_dtype_name(int32_t dtype);
+
+/* A set of strings (open addressing, FNV-1a), for unique sample ids. */
+typedef struct df_strset {
+  char **slots;
+  size_t cap, n;
+} df_strset;
+dflash_status df_strset_add(df_strset *s, const char *str);
+bool df_strset_has(const df_strset *s, const char *str);
+void df_strset_free(df_strset *s);
+
+/*
+ * The tokenized dataset: a directory of *.safetensors shards, each holding
+ * input_ids I32 [N], loss_mask U8 [N], offsets I64 [n+1] and metadata
+ * "sample_ids" (JSON array of n strings). Shards are opened separately
+ * (their tensor names repeat) and visited in file-name order.
+ */
+typedef struct df_tokens df_tokens;
+dflash_status df_tokens_open(const char *dir, df_tokens **out);
+void df_tokens_free(df_tokens *t);
+size_t df_tokens_count(const df_tokens *t);
+/* Borrowed views of sample i. */
+void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t **ids,
+                   const uint8_t **mask, int64_t *len);
+
+#endif
