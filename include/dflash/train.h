@@ -15,6 +15,7 @@
 #define DFLASH_TRAIN_H
 
 #include <dflash/dflash.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -228,6 +229,21 @@ DFLASH_API dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t
                                                 const int32_t *anchors, int32_t n_anchors,
                                                 int32_t *pred);
 
+/* ---- target weights ------------------------------------------------------- */
+
+/*
+ * Read the target's frozen token embedding and LM head, float32 [vocab_size,
+ * hidden_size] each, from its checkpoint (a .safetensors file, an index, or
+ * a directory of shards). Names NULL: the usual ones are tried
+ * (model.embed_tokens.weight, lm_head.weight and their language_model.*
+ * variants); a target without an LM head tensor has tied embeddings. Shapes
+ * must match the config (hidden size and vocabulary) exactly.
+ */
+DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *embed_name,
+                                                 const char *lm_head_name, int32_t vocab_size,
+                                                 int32_t hidden_size, float *embed,
+                                                 float *lm_head);
+
 /* ---- checkpoints ---------------------------------------------------------- */
 
 /*
@@ -252,6 +268,63 @@ DFLASH_API dflash_status dflash_trainer_save_state(const dflash_trainer *t, cons
  * required size returned in *user_len; user may be NULL to only query). */
 DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path,
                                                    void *user, size_t *user_len);
+
+/* ---- evaluation ----------------------------------------------------------- */
+
+/*
+ * Acceptance at each anchor: accept[i] = number of leading block positions
+ * k = 1.. whose greedy prediction equals input_ids[anchor + k] (positions
+ * past the end stop the count), so tau_i = 1 + accept[i]. `pred` (may be
+ * NULL) receives the predictions [n_anchors, B-1].
+ */
+DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
+                                                   int64_t len, const float *hidden,
+                                                   const int32_t *anchors, int32_t n_anchors,
+                                                   int32_t *accept, int32_t *pred);
+
+/* ---- a whole training run ------------------------------------------------- */
+
+typedef struct dflash_train_run_options {
+  size_t struct_size;
+  const char *config_path;  /* drafter config.json */
+  const char *target_path;  /* target checkpoint: embedding + LM head */
+  const char *embed_name;   /* NULL: usual names */
+  const char *lm_head_name; /* NULL: usual names, else tied */
+  const char *data_dir;     /* tokenized dataset */
+  const char *hidden_dir;   /* hidden-state store */
+  const char *out_dir;      /* checkpoint, train_state.safetensors, metrics.jsonl */
+  int32_t epochs;           /* 6 */
+  int32_t batch_size;       /* sequences per optimizer step (1) */
+  int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
+  int32_t resume;           /* continue from out_dir/train_state.safetensors */
+  int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
+  int32_t bf16;             /* write model.safetensors in bf16 */
+  FILE *progress;           /* progress stream (NULL: none) */
+  dflash_trainer_options trainer; /* total_steps is computed from the data */
+} dflash_train_run_options;
+
+DFLASH_API void dflash_train_run_options_default(dflash_train_run_options *opts);
+
+/*
+ * Train: samples with fewer than 2*B supervised tokens are skipped; each
+ * epoch visits the rest in a fresh seeded order with fresh anchors; every
+ * step's metrics go to out_dir/metrics.jsonl (step, epoch, loss, grad_norm,
+ * lr, tokens, tokens_per_s, elapsed_s). The training state records the data
+ * position, and resuming truncates metrics.jsonl to what that state had
+ * seen, so a killed and resumed run reproduces the uninterrupted run's
+ * lines exactly (timings aside).
+ */
+DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts);
+
+/*
+ * Mean acceptance length tau over a held-out dataset: up to `anchors_per_seq`
+ * anchors per sample (the training rule, seeded by `seed`); per-position
+ * accuracy into acc [B-1] (may be NULL).
+ */
+DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir,
+                                           const char *hidden_dir, int32_t anchors_per_seq,
+                                           uint64_t seed, double *tau, double *acc,
+                                           int64_t *n_blocks);
 
 #ifdef __cplusplus
 }

@@ -36,4 +36,7 @@ size_t df_tokens_count(const df_tokens *t);
 void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t **ids,
                    const uint8_t **mask, int64_t *len);
 
+/* The dataset behind a stream (borrowed). */
+const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s);
+
 #endif

@@ -226,3 +226,5 @@ dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sa
   out->hidden = sl->buf;
   return DFLASH_OK;
 }
+
+const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }

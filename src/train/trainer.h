@@ -14,3 +14,8 @@ struct dflash_trainer {
 int64_t df_warmup_steps(const dflash_trainer_options *o);
 
 #endif
+
+struct dflash_safetensors;
+/* Read tensor `name` (F32, BF16 or F16) of exactly `shape` into floats. */
+dflash_status df_read_float_tensor(const struct dflash_safetensors *st, const char *name,
+                                   int ndim, const int64_t *shape, float *out);
