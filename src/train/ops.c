@@ -182,9 +182,15 @@ void df_rope_backward(df_pool *pool, float *dx, const int32_t *pos, const float 
 
 /* ---- attention ------------------------------------------------------------ */
 
+/* Eight independent partial sums: the compiler vectorises this without
+ * -ffast-math, and the order (hence the result) is fixed. */
 static inline float dotf(const float *a, const float *b, int n) {
-  float s = 0;
-  for (int i = 0; i < n; i++) s += a[i] * b[i];
+  float p[8] = {0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) p[k] += a[i + k] * b[i + k];
+  float s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+  for (; i < n; i++) s += a[i] * b[i];
   return s;
 }
 
