@@ -8,6 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Hot loops get an AVX2 clone picked at load time (GCC/clang ifunc); the
+ * build's baseline stays generic x86-64. ISO C mode keeps floating-point
+ * contraction off, so both clones compute bit-identical results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
+    defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DF_HOT __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef DF_HOT
+#define DF_HOT
+#endif
+#define DF_INLINE static inline __attribute__((always_inline))
+
 /* ---- matmul --------------------------------------------------------------- */
 
 void df_matmul_forward(float *y, const float *x, const float *w, int M, int N, int K,
@@ -41,7 +55,7 @@ typedef struct rms_ctx {
   bool acc;
 } rms_ctx;
 
-static void rms_fwd_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void rms_fwd_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   rms_ctx *c = vc;
   for (size_t r = b; r < e; r++) {
@@ -61,7 +75,7 @@ void df_rmsnorm_forward(df_pool *pool, float *y, float *rstd, const float *x, co
   df_pool_for(pool, (size_t)rows, 64, rms_fwd_rows, &c);
 }
 
-static void rms_bwd_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void rms_bwd_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   rms_ctx *c = vc;
   for (size_t r = b; r < e; r++) {
@@ -84,7 +98,7 @@ typedef struct rms_dw_ctx {
   size_t rows;
 } rms_dw_ctx;
 
-static void rms_dw_cols(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void rms_dw_cols(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   rms_dw_ctx *d = vc;
   const rms_ctx *c = d->c;
@@ -150,7 +164,7 @@ typedef struct rope_ctx {
   float sign; /* +1 forward, -1 backward (transpose rotation) */
 } rope_ctx;
 
-static void rope_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void rope_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   rope_ctx *c = vc;
   int half = c->d / 2;
@@ -184,7 +198,7 @@ void df_rope_backward(df_pool *pool, float *dx, const int32_t *pos, const float 
 
 /* Eight independent partial sums: the compiler vectorises this without
  * -ffast-math, and the order (hence the result) is fixed. */
-static inline float dotf(const float *a, const float *b, int n) {
+DF_INLINE float dotf(const float *a, const float *b, int n) {
   float p[8] = {0};
   int i = 0;
   for (; i + 8 <= n; i += 8)
@@ -194,12 +208,16 @@ static inline float dotf(const float *a, const float *b, int n) {
   return s;
 }
 
-static inline void axpyf(float *y, float a, const float *x, int n) {
+/* exp of a non-positive argument; below -87 the result is under float's
+ * normal range and libm's underflow path is slow, so flush it to 0. */
+DF_INLINE float expneg(float x) { return x < -87.0f ? 0.0f : expf(x); }
+
+DF_INLINE void axpyf(float *y, float a, const float *x, int n) {
   for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
 /* Visible context [*lo, *hi) and block offsets [*blo, *bhi) of query j. */
-static void visible(const df_attn_shape *s, int n, int j, int *lo, int *hi, int *blo, int *bhi) {
+DF_INLINE void visible(const df_attn_shape *s, int n, int j, int *lo, int *hi, int *blo, int *bhi) {
   int a = s->anchors[n];
   *hi = a < s->Sc ? a : s->Sc;
   *lo = 0;
@@ -227,7 +245,7 @@ typedef struct attn_ctx {
 
 /* Scaled scores of query row (t, h) against its visible keys into sc:
  * context first (hi - lo), then block (bhi - blo). Returns their count. */
-static int scores(const attn_ctx *c, int n, int j, int h, float *sc, int *lo, int *hi, int *blo,
+DF_INLINE int scores(const attn_ctx *c, int n, int j, int h, float *sc, int *lo, int *hi, int *blo,
                   int *bhi) {
   const df_attn_shape *s = c->s;
   int g = h / (s->nh / s->nkv), d = s->d;
@@ -241,7 +259,7 @@ static int scores(const attn_ctx *c, int n, int j, int h, float *sc, int *lo, in
   return k;
 }
 
-static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
   attn_ctx *c = vc;
   const df_attn_shape *s = c->s;
   float *sc = c->scratch + (size_t)worker * c->scratch_stride;
@@ -254,7 +272,7 @@ static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
       float mx = -FLT_MAX;
       for (int i = 0; i < k; i++) mx = sc[i] > mx ? sc[i] : mx;
       double sum = 0;
-      for (int i = 0; i < k; i++) sum += (sc[i] = expf(sc[i] - mx));
+      for (int i = 0; i < k; i++) sum += (sc[i] = expneg(sc[i] - mx));
       size_t t = (size_t)n * s->B + j;
       float *o = c->out + (t * s->nh + h) * d;
       memset(o, 0, sizeof(float) * d);
@@ -283,7 +301,7 @@ size_t df_attention_work(df_pool *pool, const df_attn_shape *s) {
 }
 
 /* D[t,h] = dout . out (the softmax backward's row term). */
-static void attn_D_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void attn_D_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   attn_ctx *c = vc;
   for (size_t i = b; i < e; i++) c->D[i] = dotf(c->dout + i * c->s->d, c->o + i * c->s->d, c->s->d);
@@ -291,7 +309,7 @@ static void attn_D_rows(void *vc, size_t b, size_t e, int worker) {
 
 /* Pass 1, one task per (block, kv head): dq of its heads and the block's own
  * dk/dv rows for that kv head. */
-static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
   attn_ctx *c = vc;
   const df_attn_shape *s = c->s;
   float *sc = c->scratch + (size_t)worker * c->scratch_stride;
@@ -315,13 +333,13 @@ static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
         int i = 0;
         for (int p = lo; p < hi; p++, i++) {
           size_t kr = ((size_t)p * s->nkv + g) * d;
-          float P = expf(sc[i] - lse);
+          float P = expneg(sc[i] - lse);
           float dS = P * (dotf(dO, c->vc + kr, d) - D) * c->scale;
           axpyf(dq, dS, c->kc + kr, d);
         }
         for (int p = blo; p < bhi; p++, i++) {
           size_t kr = (((size_t)n * s->B + p) * s->nkv + g) * d;
-          float P = expf(sc[i] - lse);
+          float P = expneg(sc[i] - lse);
           float dS = P * (dotf(dO, c->vb + kr, d) - D) * c->scale;
           axpyf(dq, dS, c->kb + kr, d);
           axpyf(c->dkb + kr, dS, q, d);
@@ -334,7 +352,7 @@ static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
 
 /* Pass 2, one task per (kv head, context row): that row's dk/dv, summing over
  * every block that sees it, in block order. */
-static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   attn_ctx *c = vc;
   const df_attn_shape *s = c->s;
@@ -355,7 +373,7 @@ static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
         for (int h = g * grp; h < (g + 1) * grp; h++) {
           size_t th = ((size_t)n * s->B + j) * s->nh + h;
           const float *q = c->q + th * d, *dO = c->dout + th * d;
-          float P = expf(dotf(q, k, d) * c->scale - c->lse[th]);
+          float P = expneg(dotf(q, k, d) * c->scale - c->lse[th]);
           float dS = P * (dotf(dO, v, d) - c->D[th]) * c->scale;
           axpyf(dk, dS, q, d);
           axpyf(dv, P, dO, d);
@@ -388,7 +406,7 @@ typedef struct swiglu_ctx {
   const float *g, *u, *dm;
 } swiglu_ctx;
 
-static void swiglu_fwd(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void swiglu_fwd(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   swiglu_ctx *c = vc;
   for (size_t i = b; i < e; i++) {
@@ -397,7 +415,7 @@ static void swiglu_fwd(void *vc, size_t b, size_t e, int worker) {
   }
 }
 
-static void swiglu_bwd(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void swiglu_bwd(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   swiglu_ctx *c = vc;
   for (size_t i = b; i < e; i++) {
@@ -431,7 +449,7 @@ typedef struct ce_ctx {
 
 /* Online softmax update for one chunk of logits per row: new running max,
  * rescaled sum and accumulator, logits turned into exp(l - max). */
-static void ce_chunk_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void ce_chunk_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   ce_ctx *x = vc;
   for (size_t r = b; r < e; r++) {
@@ -440,9 +458,9 @@ static void ce_chunk_rows(void *vc, size_t b, size_t e, int worker) {
     if (tgt >= 0 && tgt < x->c) x->tl[r] = l[tgt];
     float m = x->mx[r];
     for (int i = 0; i < x->c; i++) m = l[i] > m ? l[i] : m;
-    float rescale = expf(x->mx[r] - m); /* 0 on the first chunk */
+    float rescale = expneg(x->mx[r] - m); /* 0 on the first chunk */
     double s = 0;
-    for (int i = 0; i < x->c; i++) s += (l[i] = expf(l[i] - m));
+    for (int i = 0; i < x->c; i++) s += (l[i] = expneg(l[i] - m));
     x->sum[r] = x->sum[r] * rescale + s;
     x->mx[r] = m;
     if (x->grad && rescale != 1.0f) {
@@ -459,7 +477,7 @@ typedef struct ce_fin_ctx {
   const float *E, *coef;
 } ce_fin_ctx;
 
-static void ce_finish_rows(void *vc, size_t b, size_t e, int worker) {
+DF_HOT static void ce_finish_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   ce_fin_ctx *f = vc;
   const ce_ctx *x = f->x;
