@@ -196,6 +196,13 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
                ? yarn_mscale(c->rope_factor, mscale) / yarn_mscale(c->rope_factor, mscale_all)
                : yarn_mscale(c->rope_factor, 1.0);
   c->rope_attention_factor = attn;
+  /* SGLang and vLLM use `factor`; recent transformers replace it by
+   * max_position_embeddings / original_max_position_embeddings. */
+  double ratio = (double)c->max_position_embeddings / c->rope_original_max_position;
+  if (fabs(ratio - c->rope_factor) > 1e-9 * c->rope_factor)
+    df_log(DFLASH_LOG_WARN, "%s: rope_scaling.factor %g differs from max_position_embeddings / "
+           "original_max_position_embeddings = %g; engines use the factor, recent transformers "
+           "the ratio", p->what, c->rope_factor, ratio);
   return DFLASH_OK;
 }
 
