@@ -11,6 +11,7 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
     {NULL, NULL, NULL},
 
 };

@@ -5,3 +5,6 @@ from ._core import version, status_name, cuda_device_count
 __version__ = version()
 
 __all__ = ["Error", "version", "status_name", "cuda_device_count"]
+from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES  # noqa: E402
+
+__all__ += ["SafeTensors", "write_safetensors", "write_index", "DTYPES"]
