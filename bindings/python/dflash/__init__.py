@@ -1,7 +1,8 @@
 """Python bindings for libdflash (ctypes over the C library's stable ABI)."""
 from ._lib import Error
 from ._core import version, status_name, cuda_device_count
+from .tokenizer import Tokenizer
 
 __version__ = version()
 
-__all__ = ["Error", "version", "status_name", "cuda_device_count"]
+__all__ = ["Error", "version", "status_name", "cuda_device_count", "Tokenizer"]
