@@ -182,6 +182,24 @@ DFLASH_API dflash_status dflash_chat_loss_mask(const dflash_chat_rendered *r, co
                                               dflash_chat_turns turns, uint8_t *mask,
                                               size_t *n_supervised);
 
+struct dflash_tokenizer;
+
+/*
+ * Tokenize a rendered conversation and build its loss mask in one call:
+ * the text is encoded with every special token recognised, token byte ranges
+ * are the running sum of the tokens' byte lengths, and the mask follows the
+ * rule of dflash_chat_loss_mask(). Writes up to `cap` entries to `ids` and
+ * `mask`; *n receives the count, with DFLASH_E_BUFFER when cap is too small
+ * (dflash_tokenizer_max_ids() of the text length always suffices).
+ * DFLASH_E_MISMATCH when the tokens do not spell the rendered bytes exactly
+ * (a normalising tokenizer changed the text, e.g. NFC on non-NFC input):
+ * masks need byte-exact offsets.
+ */
+DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,
+                                           const struct dflash_tokenizer *tok,
+                                           dflash_chat_turns turns, int32_t *ids, uint8_t *mask,
+                                           size_t cap, size_t *n, size_t *n_supervised);
+
 #ifdef __cplusplus
 }
 #endif
