@@ -138,7 +138,7 @@ static void one_file(tok_ctx *c, const char *path, tok_stats *s, dflash_progress
     lineno++;
     s->lines++;
     if (len == 1 && line[0] == '\n') continue;
-    char id[64];
+    char id[4200];
     snprintf(id, sizeof id, "%s:%llu", path, (unsigned long long)lineno);
     const char *why = one_line(c, line, (size_t)len, id, s);
     if (why) reject(s, path, lineno, why);

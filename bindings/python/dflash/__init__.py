@@ -10,5 +10,6 @@ from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES  # 
 
 __all__ += ["SafeTensors", "write_safetensors", "write_index", "DTYPES"]
 from .chat import ChatTemplate  # noqa: E402
+from .dataset import Dataset  # noqa: E402
 
-__all__ += ["ChatTemplate"]
+__all__ += ["ChatTemplate", "Dataset"]
