@@ -12,6 +12,7 @@ typedef struct {
 
 static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
+    {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {NULL, NULL, NULL},
 
 };
