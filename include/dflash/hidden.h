@@ -92,9 +92,8 @@ DFLASH_API dflash_status dflash_hidden_read(const dflash_hidden *h, const char *
 /* ---- training samples: tokens joined with hidden states ------------------- */
 
 /*
- * A tokenized dataset directory (*.safetensors shards, each with input_ids
- * I32 [N], loss_mask U8 [N], offsets I64 [n+1] and the n sample ids as a JSON
- * array in metadata "sample_ids") joined by id with a hidden-state store,
+ * A tokenized dataset directory (include/dflash/dataset.h, as `dflash
+ * tokenize` writes it) joined by sample id with a hidden-state store,
  * streamed in a caller-given order with decoding done ahead on a background
  * thread.
  */

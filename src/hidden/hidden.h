@@ -22,12 +22,7 @@ dflash_status df_strset_add(df_strset *s, const char *str);
 bool df_strset_has(const df_strset *s, const char *str);
 void df_strset_free(df_strset *s);
 
-/*
- * The tokenized dataset: a directory of *.safetensors shards, each holding
- * input_ids I32 [N], loss_mask U8 [N], offsets I64 [n+1] and metadata
- * "sample_ids" (JSON array of n strings). Shards are opened separately
- * (their tensor names repeat) and visited in file-name order.
- */
+/* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;
 dflash_status df_tokens_open(const char *dir, df_tokens **out);
 void df_tokens_free(df_tokens *t);

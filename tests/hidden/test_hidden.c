@@ -1,3 +1,4 @@
+#include <dflash/dataset.h>
 #include <dflash/hidden.h>
 #include <dflash/safetensors.h>
 #include <math.h>
@@ -140,46 +141,28 @@ START_TEST(shards_index_and_append) {
 }
 END_TEST
 
-/* A dataset shard in the tokenized format. */
-static void write_dataset(const char *path, int n, const int *lens) {
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(path, &w));
-  int64_t total = 0;
-  for (int i = 0; i < n; i++) total += lens[i];
-  char ids[256] = "[";
-  for (int i = 0; i < n; i++)
-    snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s\"sample-%d\"", i ? "," : "", i);
-  strcat(ids, "]");
-  ck_assert_ok(dflash_st_writer_metadata(w, "sample_ids", ids));
-  int64_t noff = n + 1;
-  ck_assert_ok(dflash_st_writer_declare(w, "loss_mask", DFLASH_DTYPE_U8, 1, &total));
-  ck_assert_ok(dflash_st_writer_declare(w, "input_ids", DFLASH_DTYPE_I32, 1, &total));
-  ck_assert_ok(dflash_st_writer_declare(w, "offsets", DFLASH_DTYPE_I64, 1, &noff));
-  for (int64_t i = 0; i < total; i++) {
-    uint8_t m = i % 3 != 0;
-    ck_assert_ok(dflash_st_writer_write(w, &m, 1));
-  }
-  for (int64_t i = 0; i < total; i++) {
-    int32_t t = (int32_t)(i % 50);
-    ck_assert_ok(dflash_st_writer_write(w, &t, 4));
-  }
-  int64_t off = 0;
-  ck_assert_ok(dflash_st_writer_write(w, &off, 8));
+/* A dataset written by the dataset module (the format `dflash tokenize` makes). */
+static void write_dataset(const char *dir, int n, const int *lens) {
+  dflash_dataset_writer *w;
+  ck_assert_ok(dflash_dataset_writer_create(dir, NULL, &w));
+  int64_t pos = 0;
   for (int i = 0; i < n; i++) {
-    off += lens[i];
-    ck_assert_ok(dflash_st_writer_write(w, &off, 8));
+    int32_t ids[64];
+    uint8_t mask[64];
+    for (int k = 0; k < lens[i]; k++, pos++) ids[k] = (int32_t)(pos % 50), mask[k] = pos % 3 != 0;
+    char id[16];
+    snprintf(id, sizeof id, "sample-%d", i);
+    ck_assert_ok(dflash_dataset_writer_add(w, id, ids, mask, (size_t)lens[i]));
   }
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_dataset_writer_finish(w));
+  dflash_dataset_writer_free(w);
 }
 
 START_TEST(stream_joins_and_reports) {
   char *root = df_test_tmpdir();
   char *data = df_path_join(root, "data"), *hid = df_path_join(root, "hidden");
-  ck_assert_int_eq(mkdir(data, 0777), 0);
   int lens[] = {7, 12, 9, 15};
-  char *shard = df_path_join(data, "part-0.safetensors");
-  write_dataset(shard, 4, lens);
+  write_dataset(data, 4, lens);
   dflash_hidden_writer *w;
   ck_assert_ok(dflash_hidden_writer_create(hid, 1, 4, NULL, &w));
   float *x[4];
@@ -217,7 +200,7 @@ START_TEST(stream_joins_and_reports) {
   ck_assert_int_eq(done, 1);
   dflash_sample_stream_free(s);
   for (int i = 0; i < 4; i++) free(x[i]);
-  free(shard), free(data), free(hid);
+  free(data), free(hid);
   df_test_rmtree(root);
   free(root);
 }

@@ -241,14 +241,26 @@ class SampleStream:
 _width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)
 
 
-def write_token_shard(path, samples):
-    """Write a tokenized-dataset shard in the format the trainer reads:
-    samples = [(id, input_ids, loss_mask), ...]."""
-    import json
-    from .safetensors import write_safetensors
-    ids = np.concatenate([np.asarray(s[1], dtype=np.int32) for s in samples])
-    mask = np.concatenate([np.asarray(s[2], dtype=np.uint8) for s in samples])
-    offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(s[1]) for s in samples])
-    write_safetensors(path, {"input_ids": ids, "loss_mask": mask, "offsets": offsets},
-                      metadata={"sample_ids": json.dumps([str(s[0]) for s in samples])})
+_d_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.c_void_p,
+                                                  ctypes.POINTER(_P)])
+_d_add = bind("dflash_dataset_writer_add", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
+                                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
+_d_finish = bind("dflash_dataset_writer_finish", [_P])
+_d_free = bind("dflash_dataset_writer_free", [_P], None)
+
+
+def write_dataset(directory, samples):
+    """Write a tokenized dataset (the format `dflash tokenize` produces) from
+    samples = [(id, input_ids, loss_mask), ...]; handy for tests and for
+    data tokenized elsewhere."""
+    w = _P()
+    _d_create(cstr(directory), None, ctypes.byref(w))
+    try:
+        for sid, ids, mask in samples:
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+            mask = np.ascontiguousarray(mask, dtype=np.uint8)
+            _d_add(w, str(sid).encode(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                   mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), ids.size)
+        _d_finish(w)
+    finally:
+        _d_free(w)

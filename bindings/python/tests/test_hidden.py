@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import dflash
-from dflash.hidden import write_token_shard
+from dflash.hidden import write_dataset
 
 
 def test_writer_reader_round_trip_bf16(tmp_path):
@@ -67,9 +67,7 @@ def test_stream_joins_dataset(tmp_path):
     rng = np.random.default_rng(2)
     samples = [(f"id{i}", rng.integers(0, 100, n), (rng.random(n) > 0.3)) for i, n in
                enumerate([5, 8, 3])]
-    (tmp_path / "data").mkdir()
-    write_token_shard(tmp_path / "data" / "shard-0.safetensors", samples[:2])
-    write_token_shard(tmp_path / "data" / "shard-1.safetensors", samples[2:])
+    write_dataset(tmp_path / "data", samples)
     hidden = {s[0]: rng.standard_normal((len(s[1]), 8)).astype(np.float32) for s in samples}
     with dflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=4) as w:
         for k, v in hidden.items():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dflash
-from dflash.hidden import write_token_shard
+from dflash.hidden import write_dataset
 
 V, H, B = 17, 32, 4
 CLI = os.environ.get("DFLASH_CLI")
@@ -36,8 +36,7 @@ def make_world(root, n_train=64, n_test=16, S=40):
             sid = f"{name}-{i}"
             samples.append((sid, np.array(x, np.int32), np.ones(S, np.uint8)))
             hid[sid] = codes[c][None] + 0.1 * rng.standard_normal((S, H)).astype(np.float32)
-        (root / name).mkdir()
-        write_token_shard(root / name / "part-0.safetensors", samples)
+        write_dataset(root / name, samples)
         with dflash.HiddenWriter(root / f"{name}-hidden", num_layers=1, hidden_size=H) as w:
             for sid, h in hid.items():
                 w.append(sid, h)
