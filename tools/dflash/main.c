@@ -11,6 +11,7 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
     {NULL, NULL, NULL},
 
 };
