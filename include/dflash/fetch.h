@@ -17,9 +17,11 @@
  *    {"role":"assistant","reasoning","content"}, "finish_reason",
  *    "outcome" ("ok" | "length" | "empty" | another finish_reason), "usage",
  *    "server", "latency_s", "attempts", "line"};
- *  - errors.jsonl: {"id" (null when the line has none), "kind" ("input" |
- *    "http" | "network" | "timeout" | "response" | "stream"), "error",
- *    "http_status", "attempts", "server", "line"}.
+ *  - errors.jsonl: {"id" (null when the line has none), "kind", "error",
+ *    "http_status", "attempts", "server", "line"}; kind is "input" (a
+ *    malformed line), "http" (an error status), "network", "timeout",
+ *    "response" (unparseable or over the size cap) or "stream" (an error
+ *    reported inside an HTTP 200 answer, as SGLang and vLLM do).
  * Each record is one write() of one line; files are fsynced on the schedule
  * in the options. On start, a torn last line (a crash mid-write or a power
  * loss) is cut off, and ids already present in completions.jsonl (and in

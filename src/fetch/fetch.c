@@ -324,7 +324,7 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   f->out_dir = df_strdup(out_dir);
   if (!f->input_path || !f->out_dir) st = df_error_nomem("paths");
   if (!st) st = copy_options(f, opts);
-  if (!st) st = df_loop_init(f); /* reads the API key: fail before touching files */
+  if (!st) st = df_loop_init(f, opts); /* reads the API key: fail before touching files */
   if (!st) st = lock_dir(f);
   if (!st) st = open_outputs(f);
   if (!st) st = map_input(f);
@@ -382,14 +382,6 @@ dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out) {
   job->err_server = -1;
   *out = job;
   return DFLASH_OK;
-}
-
-const char *df_outcome(const df_resp *r) {
-  if (!r->finish_reason) return "unknown";
-  if (!strcmp(r->finish_reason, "length")) return "length";
-  bool empty = blank(r->content.data ? r->content.data : "", r->content.len) && !r->tool_calls;
-  if (empty) return "empty";
-  return strcmp(r->finish_reason, "stop") ? r->finish_reason : "ok";
 }
 
 /* The record's outcome is that of its first turn that was not "ok". */

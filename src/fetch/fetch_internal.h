@@ -57,6 +57,10 @@ void df_resp_body(df_resp *r, const char *body, size_t len);
 /* Message of an OpenAI-style error body (`{"error": {...}}`, `{"object":"error",...}`,
  * `{"detail": ...}`); malloc'd, NULL when the body is not one. Sets *code when found. */
 char *df_error_body_message(const char *body, size_t len, long *code);
+/* Outcome of a finished turn: "ok", "length" (finish_reason length, whatever the
+ * content), "empty" (no visible answer), "unknown" (no finish_reason) or the
+ * finish_reason itself ("tool_calls", "content_filter"...). */
+const char *df_outcome(const df_resp *r);
 /* Whether an HTTP status (or an error event code) is worth another attempt. */
 bool df_http_retryable(long status);
 

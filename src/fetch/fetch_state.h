@@ -119,11 +119,9 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
 dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
 dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out);
 void df_job_free(df_job *job);
-/* Outcome of a finished turn: "ok", "length", "empty", "unknown" or the finish_reason. */
-const char *df_outcome(const df_resp *r);
 
 /* loop.c */
-dflash_status df_loop_init(dflash_fetch *f);
+dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);
 void df_loop_free(dflash_fetch *f);
 dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user);
 

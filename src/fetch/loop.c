@@ -84,10 +84,10 @@ static int on_timer(CURLM *m, long timeout_ms, void *userp) {
   return 0;
 }
 
-dflash_status df_loop_init(dflash_fetch *f) {
+dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts) {
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return df_error(DFLASH_E_NETWORK, "fetch: curl_global_init failed");
-  dflash_status st = make_headers(f, &f->o);
+  dflash_status st = make_headers(f, opts);
   if (st) return st;
   int fds[2];
   if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0)

@@ -4,6 +4,7 @@
  * vLLM); both are read. Errors can arrive after HTTP 200 as an event. */
 #include "fetch_internal.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,3 +141,18 @@ void df_resp_body(df_resp *r, const char *body, size_t len) {
   }
   json_decref(root);
 }
+
+static bool only_space(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isspace((unsigned char)s[i])) return false;
+  return true;
+}
+
+const char *df_outcome(const df_resp *r) {
+  if (!r->finish_reason) return "unknown";
+  if (!strcmp(r->finish_reason, "length")) return "length";
+  bool empty = only_space(r->content.data, r->content.len) && !r->tool_calls;
+  if (empty) return "empty";
+  return strcmp(r->finish_reason, "stop") ? r->finish_reason : "ok";
+}
+

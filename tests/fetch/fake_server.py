@@ -20,7 +20,7 @@ Faults are asked for inside the last user message, e.g. "[[fault:503*2]]":
   badjson*K    HTTP 200 with a cut-off JSON body (non-streamed) or chunk (streamed)
   abort*K      finish_reason "abort" (SGLang under load)
   400, errevent400   permanent errors
-  drip         each token after 0.2 s
+  drip         each token after 0.2 s (--token-delay sets a delay for every stream)
   split        the SSE bytes in 1..7 byte chunks with CRLF line ends
   keepalive    ": keep-alive" comments between events
   length       finish_reason "length" with content cut (reasoning only)
@@ -191,12 +191,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except (ValueError, KeyError) as exc:
             return self.send_json(400, {"error": {"message": f"bad request: {exc}", "code": 400}})
         self.state.record(self.server.server_address[1], body, self.headers)
+        if body.get("max_tokens") == 1:  # a health probe: not an attempt, never faulted
+            self.state.count("probe")
+            return self.answer(body, messages, set(), {}, None)
         key = key_of(messages)
         attempt = self.state.next_attempt(key)
         seq, modes, opts = parse_faults(messages)
         fault = seq[attempt - 1] if attempt <= len(seq) else chaos_fault(self.state, key, attempt)
-        if body.get("max_tokens") == 1:  # health probe: never faulted by prompt directives
-            fault, modes = None, set()
         self.state.count(fault[0] if fault else "ok")
         if self.respond_fault(fault, messages, body):
             return
@@ -232,8 +233,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif name == "stall":
                 time.sleep(self.state.args.stall)
                 self.hard_close()
-            else:
-                self.reset()
+            else:  # die mid-response (before any byte, curl itself would retry once)
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 500\r\n\r\n{\"choices\": [")
+                self.reset() if name == "reset" else self.hard_close()
             return True
         return False  # streamed faults happen inside answer()
 
@@ -248,6 +251,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                  "completion_tokens": n_tokens,
                  "total_tokens": len(json.dumps(messages)) // 4 + n_tokens}
         if not body.get("stream"):
+            if "errevent400" in modes:
+                return self.send_json(200, {"error": {"message": "context length exceeded",
+                                                      "code": 400}})
             msg = {"role": "assistant", "content": "".join(content),
                    rfield: "".join(reasoning)}
             return self.send_json(200, {
@@ -321,6 +327,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for ev in events:
                 self.chunk(ev)
                 time.sleep(0.2)
+        elif self.state.args.token_delay > 0:
+            for ev in events:
+                self.chunk(ev)
+                time.sleep(self.state.args.token_delay)
         else:
             self.chunk(data)
         self.chunk(b"")
@@ -335,6 +345,9 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.conns = set()
         self.conns_lock = threading.Lock()
         super().__init__(addr, handler)
+
+    def handle_error(self, request, client_address):
+        pass  # clients that hang up (timeouts, kill -9) are part of the tests
 
     def process_request_thread(self, request, client_address):
         with self.conns_lock:
@@ -430,6 +443,7 @@ def main():
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--reasoning-field", default="reasoning_content")
     ap.add_argument("--stall", type=float, default=30.0)
+    ap.add_argument("--token-delay", type=float, default=0.0, help="seconds between events")
     ap.add_argument("--chaos", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
