@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "commands.h"
 
@@ -232,7 +233,17 @@ static void print_summary(const dflash_fetch *f) {
   free(buf);
 }
 
+/* Thousands of streams need thousands of sockets: lift the soft limit to the hard one. */
+static void raise_fd_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
 static int run(cli_args *a) {
+  raise_fd_limit();
   dflash_fetch *f;
   dflash_status st = dflash_fetch_create(&a->o, a->input, a->out_dir, &f);
   if (st) return cli_fail("fetch", st);
