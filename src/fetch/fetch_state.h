@@ -105,7 +105,7 @@ struct dflash_fetch {
   uint64_t rng;
 
   atomic_int stop_requests;
-  bool stopping, ran;
+  bool stopping, ran, curl_inited;
   double start_time, stop_deadline;
   dflash_status fatal;
 

@@ -87,6 +87,7 @@ static int on_timer(CURLM *m, long timeout_ms, void *userp) {
 dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts) {
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return df_error(DFLASH_E_NETWORK, "fetch: curl_global_init failed");
+  f->curl_inited = true;
   dflash_status st = make_headers(f, opts);
   if (st) return st;
   int fds[2];
@@ -118,7 +119,8 @@ void df_loop_free(dflash_fetch *f) {
   if (f->epfd >= 0) close(f->epfd);
   if (f->wake_r >= 0) close(f->wake_r);
   if (f->wake_w >= 0) close(f->wake_w);
-  if (f->multi || f->headers) curl_global_cleanup();
+  if (f->curl_inited) curl_global_cleanup();
+  f->curl_inited = false;
   f->multi = NULL;
   f->headers = NULL;
 }
@@ -666,7 +668,8 @@ static void report(dflash_fetch *f, dflash_fetch_progress_fn progress, void *use
   if (!progress) return;
   dflash_fetch_stats s = {.struct_size = sizeof s};
   dflash_fetch_get_stats(f, &s);
-  if (progress(f, &s, user)) dflash_fetch_stop(f);
+  /* A callback that keeps returning non-zero asks for one graceful stop, not a hard one. */
+  if (progress(f, &s, user) && atomic_load(&f->stop_requests) == 0) dflash_fetch_stop(f);
 }
 
 /* One step: admit work, wait for sockets or timers, collect finished transfers.
