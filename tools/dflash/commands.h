@@ -6,6 +6,7 @@
 #include <dflash/dflash.h>
 
 int cmd_inspect(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_fetch(int argc, char **argv);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */

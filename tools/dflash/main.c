@@ -11,6 +11,8 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
+    {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
     {NULL, NULL, NULL},
 
