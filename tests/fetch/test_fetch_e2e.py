@@ -331,15 +331,22 @@ def test_kill9_then_resume_loses_nothing(tmp_path):
         farm.close()
 
 
+def start_midway(farm, tmp_path, n, lines, *extra):
+    """Start a fetch of n prompts in the background; return once `lines` are written."""
+    write_jsonl(tmp_path / "in.jsonl", [user(f"bg {i}", i) for i in range(n)])
+    out = tmp_path / "out"
+    proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--concurrency", "8",
+                                      *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(out / "completions.jsonl", lines, proc)
+    return proc, out
+
+
 def test_sigint_drains_then_resume(tmp_path):
     farm = Farm(1, "--token-delay", "0.02")
     try:
         n = 200
-        write_jsonl(tmp_path / "in.jsonl", [user(f"drain {i}", i) for i in range(n)])
-        out = tmp_path / "out"
-        proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--concurrency", "8"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_lines(out / "completions.jsonl", 30, proc)
+        proc, out = start_midway(farm, tmp_path, n, 30)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 3, stderr
@@ -358,12 +365,7 @@ def test_server_dies_and_comes_back(tmp_path):
     farm = Farm(2, "--token-delay", "0.005")
     try:
         n = 300
-        write_jsonl(tmp_path / "in.jsonl", [user(f"die {i}", i) for i in range(n)])
-        out = tmp_path / "out"
-        proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--concurrency", "8",
-                                          "--fail-threshold", "2"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for_lines(out / "completions.jsonl", 40, proc)
+        proc, out = start_midway(farm, tmp_path, n, 40, "--fail-threshold", "2")
         farm.post("/down", {"port": farm.ports[0], "seconds": 1.5})
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr
