@@ -499,7 +499,9 @@ def test_all_turns_feed_back_regenerated_answers(farm, tmp_path):
 
 
 def test_response_cap_and_directory_lock(farm, tmp_path):
-    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:drip]] capped", "c")])
+    # "hang" keeps the first fetcher (and its lock) busy for the server's 3 s stall.
+    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:drip]] capped", "c"),
+                                        user("[[fault:hang*1]]", "h")])
     out = tmp_path / "out"
     proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--max-response-bytes",
                                       "300"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -509,5 +511,6 @@ def test_response_cap_and_directory_lock(farm, tmp_path):
     _, p = run_fetch(farm, tmp_path / "in.jsonl", out, rc=1)
     assert "another fetch is writing" in p.stderr
     proc.communicate(timeout=60)
-    errs = outputs(out)[1]
-    assert errs[0]["kind"] == "response" and "max_response_bytes" in errs[0]["error"]
+    comps, errs = outputs(out)
+    assert comps == [] and sorted(e["id"] for e in errs) == ["c", "h"]  # no answer fits 300 B
+    assert all(e["kind"] == "response" and "max_response_bytes" in e["error"] for e in errs)
