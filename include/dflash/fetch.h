@@ -189,9 +189,11 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
 DFLASH_API void dflash_fetch_free(dflash_fetch *f);
 
 /*
- * The id dflash_fetch gives a record without one, for a JSON line `line` of
- * `len` bytes (OpenAI or ShareGPT): "h" + 32 hex digits, written to `out`
- * (at least 34 bytes). Useful to join other files with the outputs.
+ * The id dflash_fetch uses for the JSON line `line` of `len` bytes (OpenAI or
+ * ShareGPT): its "id" when it has one, else "h" + 32 hex digits of SHA-256
+ * (see the top of this header). NUL-terminated into `out` of `cap` bytes
+ * (34 suffice for derived ids); DFLASH_E_BUFFER when too small. Useful to join
+ * other files with the outputs.
  */
 DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, char *out,
                                                 size_t cap);
