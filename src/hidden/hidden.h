@@ -13,14 +13,8 @@
 
 const char *df_hidden_dtype_name(int32_t dtype);
 
-/* A set of strings (open addressing, FNV-1a), for unique sample ids. */
-typedef struct df_strset {
-  char **slots;
-  size_t cap, n;
-} df_strset;
-dflash_status df_strset_add(df_strset *s, const char *str);
-bool df_strset_has(const df_strset *s, const char *str);
-void df_strset_free(df_strset *s);
+/* Unique sample ids: the fetcher's string set (df_strset, src/fetch). */
+#include "fetch/fetch_internal.h"
 
 /* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;

@@ -90,7 +90,7 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
   for (size_t i = 0; !st && i < n; i++) {
     const char *id;
     dflash_hidden_id(h, i, &id);
-    st = df_strset_add(&w->ids, id);
+    if (df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   }
   dflash_hidden_free(h);
   return st;
@@ -214,7 +214,7 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   pending p = {.id = df_strdup(id), .len = len};
   if (!p.id) return df_error_nomem("sample id");
   dflash_status st = encode(w, &p, f32, bf16);
-  if (!st) st = df_strset_add(&w->ids, id);
+  if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   if (st) {
     free_pending(&p);
     return st;

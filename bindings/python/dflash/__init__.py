@@ -2,6 +2,7 @@
 from ._lib import Error
 from ._core import version, status_name, cuda_device_count
 from .tokenizer import Tokenizer
+from .fetch import fetch
 
 __version__ = version()
 
