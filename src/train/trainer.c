@@ -126,14 +126,21 @@ static dflash_status find_sized(const dflash_trainer *t, const char *name, size_
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name, float *out,
-                                       size_t n) {
+/* Copy tensor `name` out of `base` (params or grads). */
+static dflash_status copy_out(const dflash_trainer *t, const float *base, const char *name,
+                              float *out, size_t n) {
   const df_tensor_info *ti;
   dflash_status st = find_sized(t, name, n, &ti);
   if (st) return st;
   DF_CHECK_ARG(out);
-  memcpy(out, t->m.params + ti->offset, n * sizeof(float));
+  memcpy(out, base + ti->offset, n * sizeof(float));
   return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name, float *out,
+                                       size_t n) {
+  DF_CHECK_ARG(t);
+  return copy_out(t, t->m.params, name, out, n);
 }
 
 dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, const float *in,
@@ -148,12 +155,8 @@ dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, cons
 
 dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const char *name, float *out,
                                       size_t n) {
-  const df_tensor_info *ti;
-  dflash_status st = find_sized(t, name, n, &ti);
-  if (st) return st;
-  DF_CHECK_ARG(out);
-  memcpy(out, t->m.grads + ti->offset, n * sizeof(float));
-  return DFLASH_OK;
+  DF_CHECK_ARG(t);
+  return copy_out(t, t->m.grads, name, out, n);
 }
 
 dflash_status dflash_trainer_zero_grad(dflash_trainer *t) {
