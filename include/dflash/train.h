@@ -292,11 +292,11 @@ typedef struct dflash_train_run_options {
   const char *lm_head_name; /* NULL: usual names, else tied */
   const char *data_dir;     /* tokenized dataset */
   const char *hidden_dir;   /* hidden-state store */
-  const char *out_dir;      /* checkpoint, train_state.safetensors, metrics.jsonl */
+  const char *out_dir;      /* checkpoint, train_state/state.safetensors, metrics.jsonl */
   int32_t epochs;           /* 6 */
   int32_t batch_size;       /* sequences per optimizer step (1) */
   int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
-  int32_t resume;           /* continue from out_dir/train_state.safetensors */
+  int32_t resume;           /* continue from out_dir/train_state/state.safetensors */
   int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
   int32_t bf16;             /* write model.safetensors in bf16 */
   FILE *progress;           /* progress stream (NULL: none) */

@@ -155,7 +155,15 @@ static dflash_status open_all(run *r) {
   struct stat sb;
   if (mkdir(o->out_dir, 0777) != 0 && (stat(o->out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
     return df_error(DFLASH_E_IO, "cannot create output directory %s", o->out_dir);
-  r->state_path = df_path_join(o->out_dir, "train_state.safetensors");
+  /* In a subdirectory: engines load every *.safetensors at the top level. */
+  char *state_dir = df_path_join(o->out_dir, "train_state");
+  if (!state_dir) return df_error_nomem("paths");
+  if (mkdir(state_dir, 0777) != 0 && (stat(state_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+    free(state_dir);
+    return df_error(DFLASH_E_IO, "cannot create directory %s/train_state", o->out_dir);
+  }
+  r->state_path = df_path_join(state_dir, "state.safetensors");
+  free(state_dir);
   r->metrics_path = df_path_join(o->out_dir, "metrics.jsonl");
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
   if (o->resume && (st = resume(r))) return st;

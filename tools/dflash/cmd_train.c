@@ -15,8 +15,8 @@ static const char TRAIN_USAGE[] =
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
-    "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state.safetensors\n"
-    "(resume with --resume) and metrics.jsonl (one line per step).\n";
+    "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
+    "--resume) and metrics.jsonl (one line per step).\n";
 
 /* Value of option argv[*i] (advancing *i), or NULL after printing usage. */
 static const char *value(int argc, char **argv, int *i) {

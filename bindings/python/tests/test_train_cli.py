@@ -84,6 +84,10 @@ def test_training_reaches_near_optimal_tau(tmp_path):
     assert json.loads(lines[-1])["loss"] < 0.1 * json.loads(lines[0])["loss"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["dflash_config"]["block_size"] == cfg["block_size"] == B
+    # What an engine loads: every top-level *.safetensors holds only drafter weights.
+    st = dflash.SafeTensors(out)
+    assert set(st.keys()) == set(dflash.Trainer(cfg, np.zeros((V, H), np.float32),
+                                                np.zeros((V, H), np.float32)).names())
 
 
 def _stable(path):
