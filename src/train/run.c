@@ -100,8 +100,8 @@ static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
   long mbytes = r->metrics ? ftell(r->metrics) : 0;
   char blob[256];
   int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
-                   " metrics_bytes=%ld seed=%" PRIu64 " elapsed=%.17g",
-                   epoch, pos, r->tokens, mbytes, r->o->trainer.seed,
+                   " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
+                   epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
                    r->elapsed + df_now_seconds() - r->t0);
   dflash_status st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
   if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
@@ -116,12 +116,17 @@ static dflash_status resume(run *r) {
   blob[sizeof blob - 1] = 0;
   long mbytes;
   uint64_t seed;
+  size_t samples;
   if (sscanf(blob, "epoch=%d pos=%" SCNu64 " tokens=%" SCNd64 " metrics_bytes=%ld seed=%" SCNu64
-             " elapsed=%lf", &r->epoch, &r->pos, &r->tokens, &mbytes, &seed, &r->elapsed) != 6)
+             " samples=%zu elapsed=%lf", &r->epoch, &r->pos, &r->tokens, &mbytes, &seed,
+             &samples, &r->elapsed) != 7)
     return df_error(DFLASH_E_FORMAT, "%s: unreadable data position \"%s\"", r->state_path, blob);
   if (seed != r->o->trainer.seed)
     return df_error(DFLASH_E_MISMATCH, "%s was written with seed %" PRIu64 ", this run has %"
                     PRIu64, r->state_path, seed, r->o->trainer.seed);
+  if (samples != r->n_usable)
+    return df_error(DFLASH_E_MISMATCH, "%s was written for %zu trainable samples, %s has %zu: "
+                    "the data changed", r->state_path, samples, r->o->data_dir, r->n_usable);
   /* Forget metrics lines written after the state was saved. */
   if (truncate(r->metrics_path, mbytes) != 0 && mbytes > 0)
     return df_error(DFLASH_E_IO, "cannot truncate %s to %ld bytes", r->metrics_path, mbytes);
