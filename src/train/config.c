@@ -83,13 +83,15 @@ dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
   NEED(c->rms_norm_eps > 0, "rms_norm_eps must be positive (got %g)", c->rms_norm_eps);
   NEED(c->rope_theta > 1.0, "rope_theta must exceed 1 (got %g)", c->rope_theta);
   NEED(c->attention_bias == 0, "attention_bias=true is not supported by this trainer");
-  NEED(c->num_target_layers > 0, "num_target_layers must be positive (got %d)",
+  /* num_target_layers may be absent (0) when the layer ids are explicit. */
+  NEED(c->num_target_layers >= 0, "num_target_layers must not be negative (got %d)",
        c->num_target_layers);
   NEED(c->n_target_layer_ids > 0 && c->n_target_layer_ids <= DFLASH_DRAFTER_MAX_TARGET,
        "dflash_config.target_layer_ids must have 1..%d entries (got %d)",
        DFLASH_DRAFTER_MAX_TARGET, c->n_target_layer_ids);
   for (int32_t i = 0; i < c->n_target_layer_ids; i++)
-    NEED(c->target_layer_ids[i] >= 0 && c->target_layer_ids[i] < c->num_target_layers,
+    NEED(c->target_layer_ids[i] >= 0 &&
+             (c->num_target_layers == 0 || c->target_layer_ids[i] < c->num_target_layers),
          "target_layer_ids[%d] = %d is outside the target's layers [0, %d)", i,
          c->target_layer_ids[i], c->num_target_layers);
   bool sliding = false;
@@ -387,7 +389,8 @@ static json_t *config_json(const dflash_drafter_config *c) {
   json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
   json_object_set_new(o, "attention_dropout", json_real(0.0));
   json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-  json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
+  if (c->num_target_layers > 0)
+    json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
   json_object_set_new(o, "block_size", json_integer(c->block_size));
   json_t *dc = json_object();
   json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));

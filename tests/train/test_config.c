@@ -45,6 +45,17 @@ START_TEST(default_target_layers_follow_spec) {
   ck_assert_int_eq(c.n_target_layer_ids, 2);
   ck_assert_int_eq(c.target_layer_ids[0], 1);
   ck_assert_int_eq(c.target_layer_ids[1], 33);
+  /* Explicit ids need no num_target_layers; neither may be missing together. */
+  const char *no_l = "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                     "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
+                     "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2, 40]}}";
+  ck_assert_ok(parse(no_l, &c));
+  ck_assert_int_eq(c.num_target_layers, 0);
+  ck_assert_int_eq(c.head_dim, 16);
+  ck_assert_status(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                         "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
+                         "\"dflash_config\": {\"mask_token_id\": 7}}", &c),
+                   DFLASH_E_CONFIG, "neither dflash_config.target_layer_ids nor num_target_layers");
 }
 END_TEST
 
