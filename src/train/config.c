@@ -74,8 +74,8 @@ dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
   NEED(c->num_key_value_heads > 0 && c->num_attention_heads % c->num_key_value_heads == 0,
        "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
        c->num_attention_heads, c->num_key_value_heads);
-  NEED(c->head_dim > 0 && c->head_dim % 2 == 0, "head_dim must be positive and even for RoPE "
-       "(got %d)", c->head_dim);
+  NEED(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= 512,
+       "head_dim must be even, in 2..512 (got %d)", c->head_dim);
   NEED(c->vocab_size > 0, "vocab_size must be positive (got %d)", c->vocab_size);
   NEED(c->mask_token_id >= 0 && c->mask_token_id < c->vocab_size,
        "mask_token_id %d is outside the vocabulary [0, %d)", c->mask_token_id, c->vocab_size);

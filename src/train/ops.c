@@ -240,8 +240,37 @@ typedef struct attn_ctx {
   const float *q, *kc, *vc, *kb, *vb, *dout, *o;
   float *scratch; /* per worker: Sc + B floats */
   size_t scratch_stride;
+  /* Context keys and values transposed per kv head, [nkv][d][sc8] with
+   * sc8 = Sc rounded up to 8: scores against 8 keys at a time vectorise
+   * over the keys instead of needing horizontal sums. */
+  float *kt, *vt;
+  size_t sc8;
   float scale;
 } attn_ctx;
+
+/* acc[l] = sum_k x[k] * rows[k * stride + l] for 8 lanes (always summed in k
+ * order, so forward and backward recompute identical scores). */
+DF_INLINE void tile_dot(float acc[8], const float *x, const float *rows, size_t stride, int d) {
+  for (int l = 0; l < 8; l++) acc[l] = 0;
+  for (int k = 0; k < d; k++) {
+    const float *r = rows + (size_t)k * stride;
+    for (int l = 0; l < 8; l++) acc[l] += x[k] * r[l];
+  }
+}
+
+static void transpose_context(attn_ctx *c) {
+  const df_attn_shape *s = c->s;
+  size_t d = (size_t)s->d;
+  for (int g = 0; g < s->nkv; g++)
+    for (size_t k = 0; k < d; k++) {
+      float *kt = c->kt + ((size_t)g * d + k) * c->sc8, *vt = c->vt + ((size_t)g * d + k) * c->sc8;
+      for (size_t p = 0; p < c->sc8; p++) {
+        bool in = p < (size_t)s->Sc;
+        kt[p] = in ? c->kc[(p * s->nkv + g) * d + k] : 0.0f;
+        vt[p] = in ? c->vc[(p * s->nkv + g) * d + k] : 0.0f;
+      }
+    }
+}
 
 /* Scaled scores of query row (t, h) against its visible keys into sc:
  * context first (hi - lo), then block (bhi - blo). Returns their count. */
@@ -253,10 +282,27 @@ DF_INLINE int scores(const attn_ctx *c, int n, int j, int h, float *sc, int *lo,
   const float *q = c->q + (t * s->nh + h) * d;
   visible(s, n, j, lo, hi, blo, bhi);
   int k = 0;
-  for (int p = *lo; p < *hi; p++) sc[k++] = dotf(q, c->kc + ((size_t)p * s->nkv + g) * d, d) * c->scale;
+  const float *kt = c->kt + (size_t)g * d * c->sc8;
+  for (int t0 = *lo & ~7; t0 < *hi; t0 += 8) {
+    float acc[8];
+    tile_dot(acc, q, kt + t0, c->sc8, d);
+    for (int l = 0; l < 8; l++)
+      if (t0 + l >= *lo && t0 + l < *hi) sc[k++] = acc[l] * c->scale;
+  }
   for (int p = *blo; p < *bhi; p++)
     sc[k++] = dotf(q, c->kb + (((size_t)n * s->B + p) * s->nkv + g) * d, d) * c->scale;
   return k;
+}
+
+/* Carve the work buffer: per-worker scores, D, then the transposed context. */
+static void attn_work(df_pool *pool, const df_attn_shape *s, float *work, attn_ctx *c) {
+  c->scratch_stride = (size_t)s->Sc + s->B;
+  c->scratch = work;
+  c->D = work + c->scratch_stride * (size_t)df_pool_size(pool);
+  c->sc8 = ((size_t)s->Sc + 7) & ~(size_t)7;
+  c->kt = c->D + (size_t)s->n_blocks * s->B * s->nh;
+  c->vt = c->kt + (size_t)s->nkv * s->d * c->sc8;
+  transpose_context(c);
 }
 
 DF_HOT static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
@@ -289,15 +335,16 @@ DF_HOT static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
 void df_attention_forward(df_pool *pool, const df_attn_shape *s, float *out, float *lse,
                           const float *q, const float *kc, const float *vc, const float *kb,
                           const float *vb, float *work) {
-  size_t stride = (size_t)s->Sc + s->B;
   attn_ctx c = {.s = s, .out = out, .lse = lse, .q = q, .kc = kc, .vc = vc, .kb = kb, .vb = vb,
-                .scale = 1.0f / sqrtf((float)s->d), .scratch_stride = stride, .scratch = work};
+                .scale = 1.0f / sqrtf((float)s->d)};
+  attn_work(pool, s, work, &c);
   df_pool_for(pool, (size_t)s->n_blocks * s->nh, 1, attn_fwd_task, &c);
 }
 
 size_t df_attention_work(df_pool *pool, const df_attn_shape *s) {
+  size_t sc8 = ((size_t)s->Sc + 7) & ~(size_t)7;
   return ((size_t)s->Sc + s->B) * (size_t)df_pool_size(pool) +
-         (size_t)s->n_blocks * s->B * s->nh;
+         (size_t)s->n_blocks * s->B * s->nh + 2 * (size_t)s->nkv * s->d * sc8;
 }
 
 /* D[t,h] = dout . out (the softmax backward's row term). */
@@ -331,11 +378,16 @@ DF_HOT static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
         scores(c, n, j, h, sc, &lo, &hi, &blo, &bhi);
         float lse = c->lse[th], D = c->D[th];
         int i = 0;
-        for (int p = lo; p < hi; p++, i++) {
-          size_t kr = ((size_t)p * s->nkv + g) * d;
-          float P = expneg(sc[i] - lse);
-          float dS = P * (dotf(dO, c->vc + kr, d) - D) * c->scale;
-          axpyf(dq, dS, c->kc + kr, d);
+        const float *vt = c->vt + (size_t)g * d * c->sc8;
+        for (int t0 = lo & ~7; t0 < hi; t0 += 8) {
+          float dP[8];
+          tile_dot(dP, dO, vt + t0, c->sc8, d);
+          for (int l = 0; l < 8; l++) {
+            int p = t0 + l;
+            if (p < lo || p >= hi) continue;
+            float P = expneg(sc[i++] - lse);
+            axpyf(dq, P * (dP[l] - D) * c->scale, c->kc + ((size_t)p * s->nkv + g) * d, d);
+          }
         }
         for (int p = blo; p < bhi; p++, i++) {
           size_t kr = (((size_t)n * s->B + p) * s->nkv + g) * d;
@@ -350,35 +402,48 @@ DF_HOT static void attn_bwd_block(void *vc, size_t b, size_t e, int worker) {
   }
 }
 
-/* Pass 2, one task per (kv head, context row): that row's dk/dv, summing over
- * every block that sees it, in block order. */
+/* Pass 2, one task per (kv head, tile of 8 context rows): those rows' dk/dv,
+ * summing over every block that sees them, in block order. */
 DF_HOT static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   attn_ctx *c = vc;
   const df_attn_shape *s = c->s;
   int d = s->d, grp = s->nh / s->nkv;
+  size_t tiles = c->sc8 / 8;
   for (size_t task = b; task < e; task++) {
-    int g = (int)(task / s->Sc), p = (int)(task % s->Sc);
-    size_t kr = ((size_t)p * s->nkv + g) * d;
-    float *dk = c->dkc + kr, *dv = c->dvc + kr;
-    const float *k = c->kc + kr, *v = c->vc + kr;
-    memset(dk, 0, sizeof(float) * d);
-    memset(dv, 0, sizeof(float) * d);
+    int g = (int)(task / tiles), t0 = (int)(task % tiles) * 8;
+    const float *kt = c->kt + (size_t)g * d * c->sc8 + t0, *vt = c->vt + (size_t)g * d * c->sc8 + t0;
+    float dkt[DF_MAX_HEAD_DIM][8], dvt[DF_MAX_HEAD_DIM][8]; /* [d][lane] */
+    memset(dkt, 0, sizeof(float) * 8 * (size_t)d);
+    memset(dvt, 0, sizeof(float) * 8 * (size_t)d);
     for (int n = 0; n < s->n_blocks; n++) {
-      if (p >= s->anchors[n]) continue;
+      if (t0 >= s->anchors[n]) continue;
       for (int j = 0; j < s->B; j++) {
         int lo, hi, blo, bhi;
         visible(s, n, j, &lo, &hi, &blo, &bhi);
-        if (p < lo || p >= hi) continue;
+        if (hi <= t0 || lo >= t0 + 8) continue;
         for (int h = g * grp; h < (g + 1) * grp; h++) {
           size_t th = ((size_t)n * s->B + j) * s->nh + h;
           const float *q = c->q + th * d, *dO = c->dout + th * d;
-          float P = expneg(dotf(q, k, d) * c->scale - c->lse[th]);
-          float dS = P * (dotf(dO, v, d) - c->D[th]) * c->scale;
-          axpyf(dk, dS, q, d);
-          axpyf(dv, P, dO, d);
+          float sc[8], dP[8], P[8], dS[8];
+          tile_dot(sc, q, kt, c->sc8, d);
+          tile_dot(dP, dO, vt, c->sc8, d);
+          for (int l = 0; l < 8; l++) {
+            bool in = t0 + l >= lo && t0 + l < hi;
+            P[l] = in ? expneg(sc[l] * c->scale - c->lse[th]) : 0.0f;
+            dS[l] = P[l] * (dP[l] - c->D[th]) * c->scale;
+          }
+          for (int k = 0; k < d; k++)
+            for (int l = 0; l < 8; l++) {
+              dkt[k][l] += q[k] * dS[l];
+              dvt[k][l] += dO[k] * P[l];
+            }
         }
       }
+    }
+    for (int l = 0; l < 8 && t0 + l < s->Sc; l++) {
+      size_t kr = ((size_t)(t0 + l) * s->nkv + g) * d;
+      for (int k = 0; k < d; k++) c->dkc[kr + k] = dkt[k][l], c->dvc[kr + k] = dvt[k][l];
     }
   }
 }
@@ -387,16 +452,14 @@ void df_attention_backward(df_pool *pool, const df_attn_shape *s, float *dq, flo
                            float *dvc, float *dkb, float *dvb, float *work, const float *dout,
                            const float *out, const float *lse, const float *q, const float *kc,
                            const float *vc, const float *kb, const float *vb) {
-  size_t stride = (size_t)s->Sc + s->B;
   size_t T = (size_t)s->n_blocks * s->B;
   attn_ctx c = {.s = s, .lse = (float *)lse, .dq = dq, .dkc = dkc, .dvc = dvc, .dkb = dkb,
                 .dvb = dvb, .q = q, .kc = kc, .vc = vc, .kb = kb, .vb = vb,
-                .dout = dout, .o = out, .scale = 1.0f / sqrtf((float)s->d),
-                .scratch_stride = stride, .scratch = work,
-                .D = work + stride * (size_t)df_pool_size(pool)};
+                .dout = dout, .o = out, .scale = 1.0f / sqrtf((float)s->d)};
+  attn_work(pool, s, work, &c);
   df_pool_for(pool, T * s->nh, 256, attn_D_rows, &c);
   df_pool_for(pool, (size_t)s->n_blocks * s->nkv, 1, attn_bwd_block, &c);
-  if (s->Sc > 0) df_pool_for(pool, (size_t)s->nkv * s->Sc, 8, attn_bwd_context, &c);
+  if (s->Sc > 0) df_pool_for(pool, (size_t)s->nkv * (c.sc8 / 8), 1, attn_bwd_context, &c);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------- */

@@ -52,6 +52,8 @@ void df_rope_inv_freq(const dflash_drafter_config *cfg, double *inv_freq, double
  * s >= anchor + j - (window-1)), and its own block's rows (all of them; when
  * window > 0 only j' <= j and j' >= j - (window-1)). Scale 1/sqrt(d).
  */
+#define DF_MAX_HEAD_DIM 512 /* attention keeps per-tile gradients on the stack */
+
 typedef struct df_attn_shape {
   int n_blocks, B, Sc, nh, nkv, d;
   int window; /* 0: full attention */
