@@ -12,6 +12,8 @@ typedef struct {
 
 static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
+    {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
+    {"ls", cmd_ls, "list objects or files under a prefix"},
     {NULL, NULL, NULL},
 
 };
