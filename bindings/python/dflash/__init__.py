@@ -8,3 +8,4 @@ __all__ = ["Error", "version", "status_name", "cuda_device_count"]
 from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES  # noqa: E402
 
 __all__ += ["SafeTensors", "write_safetensors", "write_index", "DTYPES"]
+from .storage import Storage, is_remote  # noqa: E402
