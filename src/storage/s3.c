@@ -182,9 +182,23 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *user) {
   return n;
 }
 
+/* Replace what follows `marker` up to the end of its line (or the first
+ * character outside `keep_set` when given) with "***". */
+static void mask_after(char *text, const char *marker, const char *stop_set) {
+  char *p = strcasestr(text, marker);
+  if (!p) return;
+  p += strlen(marker);
+  while (*p == ' ') p++;
+  size_t n = strcspn(p, stop_set);
+  if (n < 3) return;
+  memcpy(p, "***", 3);
+  memmove(p + 3, p + n, strlen(p + n) + 1);
+}
+
 /* DFLASH_S3_TRACE: requests and headers to the log, at DEBUG, redacted.
- * The Authorization header carries only the key id and an HMAC; the
- * signature is cut anyway, and the session token is replaced. */
+ * The Authorization header carries only the key id and an HMAC (the secret
+ * itself is never sent); the signature is masked anyway, as is the session
+ * token, and any stray copy of either secret. */
 static int on_debug(CURL *h, curl_infotype type, char *data, size_t n, void *user) {
   (void)h;
   xfer *x = user;
@@ -195,10 +209,8 @@ static int on_debug(CURL *h, curl_infotype type, char *data, size_t n, void *use
   if (!what) return 0; /* bodies are not logged */
   char *text = df_strndup(data, n);
   if (!text) return 0;
-  char *sig = strstr(text, "Signature=");
-  if (sig) memcpy(sig + 10, "***", 4);
-  char *tok = strcasestr(text, "x-amz-security-token:");
-  if (tok) memcpy(tok + 21, " ***", 5);
+  mask_after(text, "Signature=", ", \r\n");
+  mask_after(text, "x-amz-security-token:", "\r\n");
   df_storage_redact(x->st, text);
   df_log(DFLASH_LOG_DEBUG, "s3 %s %s", what, text);
   free(text);
