@@ -163,6 +163,18 @@ END_TEST
 
 static char *join(const char *dir, const char *name) { return df_path_join(dir, name); }
 
+/* Two locations hold the same bytes. */
+void expect_same_bytes(dflash_storage *st, const char *a, const char *b);
+void expect_same_bytes(dflash_storage *st, const char *a, const char *b) {
+  void *x, *y;
+  size_t nx, ny;
+  ck_assert_ok(dflash_storage_read(st, a, &x, &nx));
+  ck_assert_ok(dflash_storage_read(st, b, &y, &ny));
+  ck_assert_msg(nx == ny && !memcmp(x, y, nx), "%s and %s differ", a, b);
+  dflash_storage_buffer_free(x);
+  dflash_storage_buffer_free(y);
+}
+
 START_TEST(local_read_write_stat_list_delete) {
   char *dir = df_test_tmpdir();
   dflash_storage *st = client();
@@ -257,13 +269,7 @@ START_TEST(local_writer_streams_and_abandons_cleanly) {
   dflash_storage_listing_free(l);
   char *copy = join(dir, "copy/model.bin");
   ck_assert_ok(dflash_storage_copy(st, path, copy));
-  void *x, *y;
-  size_t nx, ny;
-  ck_assert_ok(dflash_storage_read(st, path, &x, &nx));
-  ck_assert_ok(dflash_storage_read(st, copy, &y, &ny));
-  ck_assert(nx == ny && !memcmp(x, y, nx));
-  dflash_storage_buffer_free(x);
-  dflash_storage_buffer_free(y);
+  expect_same_bytes(st, path, copy);
   free(copy);
   free(prefix);
   free(other);

@@ -14,6 +14,7 @@
 #include "testutil.h"
 
 void check_chunks(dflash_storage *st, const char *prefix, size_t n_chunks, int n_records);
+void expect_same_bytes(dflash_storage *st, const char *a, const char *b);
 void append_records(dflash_chunk_writer *w, int from, int to);
 char *make_safetensors(const char *dir, int n, int elems);
 void check_remote_st(dflash_storage *st, const char *location, const char *local, uint64_t ra);
@@ -526,13 +527,7 @@ START_TEST(safetensors_on_demand_over_s3_with_read_ahead) {
   /* copy back down: byte-exact */
   char *back = df_path_join(dir, "back.safetensors");
   ck_assert_ok(dflash_storage_copy(st, loc, back));
-  void *x, *y;
-  size_t nx, ny;
-  ck_assert_ok(dflash_storage_read(st, path, &x, &nx));
-  ck_assert_ok(dflash_storage_read(st, back, &y, &ny));
-  ck_assert(nx == ny && !memcmp(x, y, nx));
-  dflash_storage_buffer_free(x);
-  dflash_storage_buffer_free(y);
+  expect_same_bytes(st, path, back);
   free(back);
   free(missing);
   free(bad);
