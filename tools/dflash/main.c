@@ -12,6 +12,7 @@ typedef struct {
 
 static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
+    {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
     {"ls", cmd_ls, "list objects or files under a prefix"},
     {NULL, NULL, NULL},

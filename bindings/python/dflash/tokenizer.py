@@ -1,0 +1,183 @@
+"""Tokenizers: exact tiktoken / Hugging Face byte-level BPE (see include/dflash/tokenizer.h)."""
+import ctypes
+import os
+
+import numpy as np
+
+from ._lib import Error, bind, cstr
+
+_c_size_p = ctypes.POINTER(ctypes.c_size_t)
+_i32_p = ctypes.POINTER(ctypes.c_int32)
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("pattern", ctypes.c_char_p)]
+
+
+_options_default = bind("dflash_tokenizer_options_default", [ctypes.POINTER(_Options)], None)
+_load = bind("dflash_tokenizer_load",
+             [ctypes.c_char_p, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p)])
+_free = bind("dflash_tokenizer_free", [ctypes.c_void_p], None)
+_vocab_size = bind("dflash_tokenizer_vocab_size", [ctypes.c_void_p], ctypes.c_size_t)
+_max_ids = bind("dflash_tokenizer_max_ids", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_size_t)
+_encode = bind("dflash_tokenizer_encode",
+               [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, _i32_p,
+                ctypes.c_size_t, _c_size_p])
+_encode_batch = bind("dflash_tokenizer_encode_batch",
+                     [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), _c_size_p,
+                      ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _i32_p, ctypes.c_size_t,
+                      _c_size_p])
+_decode = bind("dflash_tokenizer_decode",
+               [ctypes.c_void_p, _i32_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                _c_size_p])
+_token_to_id = bind("dflash_tokenizer_token_to_id",
+                    [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _i32_p])
+_id_to_token = bind("dflash_tokenizer_id_to_token",
+                    [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), _c_size_p,
+                     ctypes.POINTER(ctypes.c_int)])
+
+_SPECIAL = {"all": 0, "none": 1}
+
+
+def _utf8(text):
+    """str -> UTF-8 bytes the way tiktoken does it (lone surrogates become U+FFFD)."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        return bytes(text)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+
+
+def _mode(special):
+    try:
+        return _SPECIAL[special]
+    except KeyError:
+        raise ValueError(f"special must be 'all' or 'none', not {special!r}") from None
+
+
+class Tokenizer:
+    """A loaded tokenizer (immutable; share it across threads freely).
+
+    `path`: a tiktoken rank file, a tokenizer.json, a vocab.json, or a model directory.
+    `pattern`: pre-tokenizer name (cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2) or a regex;
+    None takes the one the files imply.
+    """
+
+    def __init__(self, path, pattern=None):
+        opts = _Options()
+        _options_default(ctypes.byref(opts))
+        opts.pattern = cstr(pattern)
+        handle = ctypes.c_void_p()
+        _load(cstr(os.fspath(path)), ctypes.byref(opts), ctypes.byref(handle))
+        self._h = handle
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _free is not None:
+            _free(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("tokenizer is closed")
+        return self._h
+
+    @property
+    def vocab_size(self):
+        return int(_vocab_size(self._handle()))
+
+    def encode(self, text, special="all"):
+        """Token ids of `text` (str or UTF-8 bytes) as a numpy int32 array."""
+        data = _utf8(text)
+        h = self._handle()
+        cap = len(data) // 2 + 16
+        while True:
+            out = np.empty(cap, dtype=np.int32)
+            n = ctypes.c_size_t(0)
+            try:
+                _encode(h, data, len(data), _mode(special),
+                        out.ctypes.data_as(_i32_p), cap, ctypes.byref(n))
+                return out[:n.value]
+            except Error as e:
+                if e.status != "DFLASH_E_BUFFER":
+                    raise
+                cap = n.value
+
+    def encode_batch(self, texts, special="all", n_threads=0):
+        """Encode a list of texts on a thread pool; returns a list of int32 arrays."""
+        data = [_utf8(t) for t in texts]
+        n = len(data)
+        h = self._handle()
+        arr = (ctypes.c_char_p * max(n, 1))(*data)
+        lens = (ctypes.c_size_t * max(n, 1))(*[len(d) for d in data])
+        offsets = np.empty(n + 1, dtype=np.uintp)
+        cap = sum(len(d) for d in data) // 2 + 16 * n + 16
+        while True:
+            ids = np.empty(cap, dtype=np.int32)
+            try:
+                _encode_batch(h, arr, lens, n, _mode(special), int(n_threads),
+                              ids.ctypes.data_as(_i32_p), cap, offsets.ctypes.data_as(_c_size_p))
+                break
+            except Error as e:
+                if e.status != "DFLASH_E_BUFFER":
+                    raise
+                cap = int(offsets[n])
+        return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
+
+    def decode(self, ids):
+        """Bytes the ids stand for (specials included)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        h = self._handle()
+        cap = len(ids) * 8 + 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = ctypes.c_size_t(0)
+            try:
+                _decode(h, ids.ctypes.data_as(_i32_p), len(ids), buf, cap, ctypes.byref(n))
+                return buf.raw[:n.value]
+            except Error as e:
+                if e.status != "DFLASH_E_BUFFER":
+                    raise
+                cap = n.value
+
+    def token_to_id(self, token):
+        """Id of the token with these bytes (str is UTF-8 encoded), or None."""
+        data = _utf8(token)
+        out = ctypes.c_int32()
+        try:
+            _token_to_id(self._handle(), data, len(data), ctypes.byref(out))
+        except Error as e:
+            if e.status == "DFLASH_E_NOT_FOUND":
+                return None
+            raise
+        return out.value
+
+    def id_to_token(self, token_id):
+        """Bytes of token `token_id`; raises Error for an id without a token."""
+        p = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        _id_to_token(self._handle(), int(token_id), ctypes.byref(p), ctypes.byref(n), None)
+        return ctypes.string_at(p, n.value) if n.value else b""
+
+    def is_special(self, token_id):
+        p = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        flag = ctypes.c_int()
+        _id_to_token(self._handle(), int(token_id), ctypes.byref(p), ctypes.byref(n),
+                     ctypes.byref(flag))
+        return bool(flag.value)
+
+
+__all__ = ["Tokenizer"]

@@ -1,0 +1,164 @@
+/*
+ * Byte-pair merging of one piece. Both paths apply the same rule as tiktoken
+ * and Hugging Face: repeatedly merge the adjacent pair of lowest rank, the
+ * leftmost one on ties. Short pieces use a flat array (cache friendly);
+ * long ones a binary heap over a linked list, O(n log n), so a megabyte
+ * without spaces is not quadratic.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_internal.h"
+
+dflash_status df_ids_push(df_ids *ids, int32_t id) {
+  if (ids->len == ids->cap) {
+    size_t cap = ids->cap ? ids->cap * 2 : 256;
+    int32_t *v = realloc(ids->v, cap * sizeof *v);
+    if (!v) return df_error_nomem("token ids");
+    ids->v = v;
+    ids->cap = cap;
+  }
+  ids->v[ids->len++] = id;
+  return DFLASH_OK;
+}
+
+void df_bpe_scratch_free(df_bpe_scratch *s) {
+  free(s->ids);
+  free(s->rank);
+  free(s->merged);
+  free(s->prev);
+  free(s->next);
+  free(s->heap);
+  memset(s, 0, sizeof *s);
+}
+
+static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
+  if (n <= s->cap) return DFLASH_OK;
+  size_t cap = s->cap ? s->cap : 64;
+  while (cap < n) cap *= 2;
+  uint32_t **arrays[] = {&s->ids, &s->rank, &s->merged, &s->prev, &s->next};
+  for (size_t k = 0; k < DF_ARRAY_LEN(arrays); k++) {
+    uint32_t *p = realloc(*arrays[k], cap * sizeof *p);
+    if (!p) return df_error_nomem("BPE scratch");
+    *arrays[k] = p;
+  }
+  s->cap = cap;
+  return DFLASH_OK;
+}
+
+static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
+  if (out->cap - out->len < n) {
+    size_t cap = out->cap ? out->cap : 256;
+    while (cap - out->len < n) cap *= 2;
+    int32_t *v = realloc(out->v, cap * sizeof *v);
+    if (!v) return df_error_nomem("token ids");
+    out->v = v;
+    out->cap = cap;
+  }
+  for (size_t i = 0; i < n; i++) out->v[out->len++] = (int32_t)ids[i];
+  return DFLASH_OK;
+}
+
+/* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
+static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank, uint32_t *merged,
+                         size_t n) {
+  for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_get(pairs, ids[i], ids[i + 1], &merged[i]);
+  rank[n - 1] = UINT32_MAX;
+  while (n > 1) {
+    size_t best = 0;
+    uint32_t best_rank = rank[0];
+    for (size_t i = 1; i + 1 < n; i++)
+      if (rank[i] < best_rank) best_rank = rank[i], best = i;
+    if (best_rank == UINT32_MAX) break;
+    ids[best] = merged[best];
+    size_t tail = n - best - 2;
+    memmove(ids + best + 1, ids + best + 2, tail * sizeof *ids);
+    memmove(rank + best + 1, rank + best + 2, tail * sizeof *rank);
+    memmove(merged + best + 1, merged + best + 2, tail * sizeof *merged);
+    n--;
+    rank[n - 1] = UINT32_MAX;
+    if (best + 1 < n) rank[best] = df_pairmap_get(pairs, ids[best], ids[best + 1], &merged[best]);
+    if (best > 0) rank[best - 1] = df_pairmap_get(pairs, ids[best - 1], ids[best], &merged[best - 1]);
+  }
+  return n;
+}
+
+/* ---- heap merge ----------------------------------------------------------- */
+
+/* Min-heap of (rank << 32 | position): lowest rank first, then leftmost. */
+static void heap_push(uint64_t *h, size_t *n, uint64_t v) {
+  size_t i = (*n)++;
+  while (i > 0) {
+    size_t p = (i - 1) / 2;
+    if (h[p] <= v) break;
+    h[i] = h[p];
+    i = p;
+  }
+  h[i] = v;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+  uint64_t top = h[0], v = h[--*n];
+  size_t i = 0, len = *n;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= len) break;
+    if (c + 1 < len && h[c + 1] < h[c]) c++;
+    if (v <= h[c]) break;
+    h[i] = h[c];
+    i = c;
+  }
+  if (len) h[i] = v;
+  return top;
+}
+
+#define DF_NIL UINT32_MAX
+
+static void heap_update(const df_pairmap *pairs, df_bpe_scratch *s, size_t *hn, uint32_t i) {
+  uint32_t j = s->next[i];
+  s->rank[i] = j == DF_NIL ? UINT32_MAX : df_pairmap_get(pairs, s->ids[i], s->ids[j], &s->merged[i]);
+  if (s->rank[i] != UINT32_MAX) heap_push(s->heap, hn, (uint64_t)s->rank[i] << 32 | i);
+}
+
+static dflash_status merge_heap(const df_pairmap *pairs, df_bpe_scratch *s, size_t n,
+                                df_ids *out) {
+  if (s->heap_cap < 3 * n) {
+    uint64_t *h = realloc(s->heap, 3 * n * sizeof *h);
+    if (!h) return df_error_nomem("BPE heap");
+    s->heap = h;
+    s->heap_cap = 3 * n;
+  }
+  size_t hn = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    s->prev[i] = i ? i - 1 : DF_NIL;
+    s->next[i] = i + 1 < n ? i + 1 : DF_NIL;
+  }
+  for (uint32_t i = 0; i < n; i++) heap_update(pairs, s, &hn, i);
+  while (hn) {
+    uint64_t top = heap_pop(s->heap, &hn);
+    uint32_t i = (uint32_t)top, r = (uint32_t)(top >> 32);
+    if (s->rank[i] != r) continue; /* stale: the pair at i changed since */
+    uint32_t j = s->next[i];
+    s->ids[i] = s->merged[i];
+    s->next[i] = s->next[j];
+    if (s->next[j] != DF_NIL) s->prev[s->next[j]] = i;
+    s->rank[j] = UINT32_MAX; /* j is gone */
+    heap_update(pairs, s, &hn, i);
+    if (s->prev[i] != DF_NIL) heap_update(pairs, s, &hn, s->prev[i]);
+  }
+  for (uint32_t i = 0; i != DF_NIL; i = s->next[i])
+    if (df_ids_push(out, (int32_t)s->ids[i])) return DFLASH_E_NOMEM;
+  return DFLASH_OK;
+}
+
+dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const uint8_t *piece,
+                            size_t n, size_t heap_threshold, df_bpe_scratch *s, df_ids *out) {
+  if (n == 0) return DFLASH_OK;
+  if (n == 1) return df_ids_push(out, (int32_t)v->byte_id[piece[0]]);
+  if (n > UINT32_MAX - 1) return df_error(DFLASH_E_OVERFLOW, "piece of %zu bytes", n);
+  if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
+  for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
+  if (n > heap_threshold) return merge_heap(pairs, s, n, out);
+  size_t m = merge_flat(pairs, s->ids, s->rank, s->merged, n);
+  return emit(out, s->ids, m);
+}

@@ -1,0 +1,266 @@
+/* Internals of the tokenizer module. */
+#ifndef DFLASH_TOKENIZER_INTERNAL_H
+#define DFLASH_TOKENIZER_INTERNAL_H
+
+#include <dflash/tokenizer.h>
+
+#include "core/internal.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+/* ---- vocabulary (vocab.c) ------------------------------------------------- */
+
+enum { DF_TOK_NONE = 0, DF_TOK_ORDINARY = 1, DF_TOK_SPECIAL = 2, DF_TOK_ADDED = 3 };
+
+/* Bytes of every token by id, and a bytes -> id hash for the ordinary ones. */
+typedef struct df_vocab {
+  uint32_t n_ids;  /* one more than the largest id */
+  uint32_t *off;   /* [n_ids] into blob */
+  uint32_t *len;   /* [n_ids] */
+  uint8_t *kind;   /* [n_ids] DF_TOK_* */
+  df_buf blob;
+  /* open addressing: slot = id + 1 (0 empty), with the hash kept beside it */
+  uint32_t *slot_id;
+  uint32_t *slot_hash;
+  uint32_t mask;
+  uint32_t byte_id[256]; /* id of each single byte, UINT32_MAX if missing */
+} df_vocab;
+
+/* Create with room for ids [0, n_ids). */
+dflash_status df_vocab_init(df_vocab *v, uint32_t n_ids);
+void df_vocab_free(df_vocab *v);
+/* Set token `id`; kind DF_TOK_*. DFLASH_E_DUPLICATE when the id is taken. */
+dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t len, int kind);
+/* Build the bytes -> id index over ordinary tokens. Duplicate bytes: error when
+ * `strict` (tiktoken refuses them), else the lowest id wins. `what` names the file. */
+dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
+/* Ordinary token with exactly these bytes, or UINT32_MAX. */
+uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
+uint64_t df_hash_bytes(const void *p, size_t n);
+
+/* (left id, right id) -> (rank, merged id). */
+typedef struct df_pairmap {
+  uint64_t *keys; /* UINT64_MAX empty */
+  uint32_t *rank;
+  uint32_t *merged;
+  size_t mask;
+  size_t count;
+} df_pairmap;
+
+dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
+void df_pairmap_free(df_pairmap *m);
+/* Insert unless present (a repeated merge keeps its first, lowest rank). */
+dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged);
+static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << 32 | b; }
+static inline size_t df_pair_slot(uint64_t key, size_t mask) {
+  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+}
+/* Rank of merging a then b, UINT32_MAX when they do not merge. */
+static inline uint32_t df_pairmap_get(const df_pairmap *m, uint32_t a, uint32_t b, uint32_t *merged) {
+  uint64_t key = df_pair_key(a, b);
+  for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
+    if (m->keys[i] == key) {
+      *merged = m->merged[i];
+      return m->rank[i];
+    }
+    if (m->keys[i] == UINT64_MAX) return UINT32_MAX;
+  }
+}
+/* tiktoken's merge rule: a and b merge when their concatenation is a token,
+ * ranked by that token. Enumerates every split of every ordinary token. */
+dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
+
+/* ---- BPE (bpe.c) ---------------------------------------------------------- */
+
+typedef struct df_bpe_scratch {
+  uint32_t *ids;
+  uint32_t *rank;
+  uint32_t *merged;
+  uint32_t *prev, *next;
+  uint64_t *heap;
+  size_t cap, heap_cap;
+} df_bpe_scratch;
+
+void df_bpe_scratch_free(df_bpe_scratch *s);
+/* Merge the bytes of one piece into token ids appended to `out`.
+ * Pieces longer than `heap_threshold` bytes use the O(n log n) heap merge. */
+typedef struct df_ids {
+  int32_t *v;
+  size_t len, cap;
+} df_ids;
+dflash_status df_ids_push(df_ids *ids, int32_t id);
+dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const uint8_t *piece,
+                            size_t n, size_t heap_threshold, df_bpe_scratch *s, df_ids *out);
+
+/* ---- pre-tokenization (pretok.c) ------------------------------------------ */
+
+typedef enum df_scanner {
+  DF_SCAN_NONE = 0, /* run the regex */
+  DF_SCAN_CL100K,
+  DF_SCAN_O200K,
+  DF_SCAN_KIMI,
+  DF_SCAN_QWEN2,
+  DF_SCAN_QWEN35,
+} df_scanner;
+
+typedef enum df_step_kind { DF_STEP_REGEX, DF_STEP_DIGITS, DF_STEP_PREFIX_SPACE } df_step_kind;
+typedef enum df_split_behavior {
+  DF_SPLIT_ISOLATED,
+  DF_SPLIT_REMOVED,
+  DF_SPLIT_MERGED_PREV,
+  DF_SPLIT_MERGED_NEXT,
+  DF_SPLIT_CONTIGUOUS
+} df_split_behavior;
+
+typedef struct df_pretok_step {
+  df_step_kind kind;
+  pcre2_code *re;
+  df_scanner scanner;
+  df_split_behavior behavior;
+  bool invert;
+  bool keep_gaps; /* HF keeps unmatched text as pieces; tiktoken drops it */
+  bool individual_digits;
+} df_pretok_step;
+
+typedef struct df_pretok {
+  df_pretok_step *steps;
+  size_t n_steps;
+} df_pretok;
+
+/* Append a regex step. `pattern` is a name (cl100k, o200k, kimi-k2, qwen2,
+ * qwen3.5, gpt2) or a regex in Rust syntax; *nfc is set when the named
+ * pattern implies NFC. `literal`: match the pattern text literally. */
+dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool literal,
+                                  df_split_behavior behavior, bool invert, bool keep_gaps,
+                                  bool *nfc);
+dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step);
+void df_pretok_free(df_pretok *p);
+/* Whether `name` is one of the named patterns. */
+bool df_pattern_is_named(const char *name);
+/* Translate a Rust-syntax regex to PCRE2 syntax (malloc'd): `&&` class
+ * intersections and script names. */
+dflash_status df_regex_translate(const char *rx, char **out);
+
+typedef struct df_range {
+  size_t begin, end;
+} df_range;
+typedef struct df_ranges {
+  df_range *v;
+  size_t len, cap;
+} df_ranges;
+dflash_status df_ranges_push(df_ranges *r, size_t b, size_t e);
+
+typedef struct df_pretok_scratch {
+  pcre2_match_data *md;
+  pcre2_match_context *mctx;
+  pcre2_jit_stack *jit_stack;
+  df_ranges a, b;
+  df_buf prefixed;
+} df_pretok_scratch;
+void df_pretok_scratch_free(df_pretok_scratch *s);
+
+/* Split text[0..len) (valid UTF-8) into pieces, as byte ranges into `*text_out`
+ * (the text itself, or a copy with a prefix space). */
+dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
+                            df_pretok_scratch *s, const char **text_out, df_ranges **out);
+/* One regex step over text[b..e), appending matches to out. */
+dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t b, size_t e,
+                             df_pretok_scratch *s, df_ranges *out);
+
+/* ---- hand-written scanners (scanner.c) ------------------------------------- */
+
+/* Length of the match of the named pattern starting at text[pos] (text valid
+ * UTF-8, pos < len); always > 0 for these patterns. */
+size_t df_scan_next(df_scanner sc, const uint8_t *text, size_t len, size_t pos);
+/* Initialise the scanners' character-class table (from PCRE2's own Unicode
+ * tables, so scanner and regex agree); thread-safe, runs once. */
+dflash_status df_scan_init(void);
+
+/* ---- Unicode helpers (unicode.c) -------------------------------------------- */
+
+/* Replace invalid UTF-8 as Python's decode("utf-8", "replace") does. Returns
+ * false (nothing written) when the input is already valid. */
+dflash_status df_utf8_repair(const char *s, size_t len, df_buf *out, bool *changed);
+/* NFC-normalise valid UTF-8 into out; *changed=false (out untouched) when
+ * the text is already NFC by the quick check. */
+dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
+/* Decode one code point from valid UTF-8 at s[*i], advancing *i. */
+static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
+  uint32_t c = s[*i];
+  if (c < 0x80) { *i += 1; return c; }
+  if (c < 0xE0) { uint32_t r = (c & 0x1F) << 6 | (s[*i + 1] & 0x3F); *i += 2; return r; }
+  if (c < 0xF0) {
+    uint32_t r = (c & 0x0F) << 12 | (uint32_t)(s[*i + 1] & 0x3F) << 6 | (s[*i + 2] & 0x3F);
+    *i += 3;
+    return r;
+  }
+  uint32_t r = (c & 0x07) << 18 | (uint32_t)(s[*i + 1] & 0x3F) << 12 |
+               (uint32_t)(s[*i + 2] & 0x3F) << 6 | (s[*i + 3] & 0x3F);
+  *i += 4;
+  return r;
+}
+/* Unicode White_Space (Rust char::is_whitespace). */
+bool df_is_white_space(uint32_t c);
+
+/* ---- added / special tokens (special.c) ------------------------------------- */
+
+typedef struct df_added {
+  char *text;
+  size_t len;
+  uint32_t id;
+  bool special;    /* skipped in DFLASH_SPECIAL_NONE */
+  bool lstrip, rstrip;
+  bool normalized; /* matched on normalised text (HF) */
+} df_added;
+
+/* A byte trie over the added tokens for leftmost-longest matching. */
+typedef struct df_trie {
+  uint32_t *first_child; /* per node */
+  uint32_t *sibling;
+  uint8_t *byte;
+  int32_t *token; /* index into added[], -1 */
+  size_t n, cap;
+  uint8_t first_bytes[32]; /* bitmap of bytes that start a token */
+} df_trie;
+
+dflash_status df_trie_build(df_trie *t, const df_added *added, size_t n, bool normalized);
+void df_trie_free(df_trie *t);
+/* Find the leftmost-longest enabled token in text[from..len). Returns the
+ * added[] index and its span (after lstrip/rstrip), or -1. */
+int df_trie_find(const df_trie *t, const df_added *added, dflash_special_mode mode,
+                 const char *text, size_t from, size_t len, size_t *mb, size_t *me);
+
+/* ---- the tokenizer ---------------------------------------------------------- */
+
+typedef enum df_family { DF_FAMILY_TIKTOKEN, DF_FAMILY_HF } df_family;
+
+struct dflash_tokenizer {
+  df_family family;
+  df_vocab vocab;
+  df_pairmap pairs;
+  bool whole_piece_lookup; /* tiktoken; HF ignore_merges */
+  bool nfc;
+  df_added *added;
+  size_t n_added;
+  df_trie raw_trie;  /* matched before normalisation */
+  df_trie norm_trie; /* HF added tokens with normalized=true */
+  df_pretok pretok;
+};
+
+/* Loaders fill a zeroed tokenizer; the caller finishes (tries) or frees it. */
+dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
+                               const char *config_path);
+dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char *pattern);
+dflash_status df_load_vocab_merges(dflash_tokenizer *t, const char *vocab_path,
+                                   const char *merges_path, const char *pattern);
+/* Append an added token (copied). */
+dflash_status df_tok_add_added(dflash_tokenizer *t, const char *text, size_t len, uint32_t id,
+                               bool special);
+/* GPT-2 byte-level alphabet: the character standing for byte b, and back. */
+uint32_t df_byte_to_char(uint8_t b);
+/* Decode a byte-level token string into raw bytes. When a character is not
+ * in the alphabet the token's UTF-8 itself is its bytes (as HF decodes). */
+dflash_status df_bytelevel_decode(const char *s, size_t len, df_buf *out);
+
+#endif

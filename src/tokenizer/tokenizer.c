@@ -1,0 +1,386 @@
+/* Public tokenizer API: loading dispatch, encode (single and batch), decode, lookups. */
+#include <dflash/tokenizer.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tok_internal.h"
+
+/* Pieces longer than this many bytes use the heap merge. */
+#define DF_BPE_HEAP_THRESHOLD 128
+
+void dflash_tokenizer_options_default(dflash_tokenizer_options *opts) {
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = sizeof *opts;
+}
+
+void dflash_tokenizer_free(dflash_tokenizer *t) {
+  if (!t) return;
+  df_vocab_free(&t->vocab);
+  df_pairmap_free(&t->pairs);
+  for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
+  free(t->added);
+  df_trie_free(&t->raw_trie);
+  df_trie_free(&t->norm_trie);
+  df_pretok_free(&t->pretok);
+  free(t);
+}
+
+dflash_status df_tok_add_added(dflash_tokenizer *t, const char *text, size_t len, uint32_t id,
+                               bool special) {
+  df_added *a = realloc(t->added, (t->n_added + 1) * sizeof *a);
+  if (!a) return df_error_nomem("added tokens");
+  t->added = a;
+  char *copy = df_strndup(text, len);
+  if (!copy) return df_error_nomem("added tokens");
+  t->added[t->n_added++] = (df_added){.text = copy, .len = len, .id = id, .special = special};
+  return DFLASH_OK;
+}
+
+static bool is_dir(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool exists(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Pick a loader for a model directory. */
+static dflash_status load_dir(dflash_tokenizer *t, const char *dir, const char *pattern) {
+  char *p = df_path_join(dir, "tokenizer.json");
+  char *cfg = df_path_join(dir, "tokenizer_config.json");
+  char *vocab = df_path_join(dir, "vocab.json");
+  char *merges = df_path_join(dir, "merges.txt");
+  char *tt = df_path_join(dir, "tiktoken.model");
+  dflash_status st;
+  if (!p || !cfg || !vocab || !merges || !tt) st = df_error_nomem("paths");
+  else if (exists(p)) st = df_load_hf_json(t, p, pattern);
+  else if (exists(tt)) st = df_load_tiktoken(t, tt, pattern, exists(cfg) ? cfg : NULL);
+  else if (exists(vocab)) st = df_load_vocab_merges(t, vocab, merges, pattern);
+  else
+    st = df_error(DFLASH_E_NOT_FOUND,
+                  "%s: no tokenizer.json, tiktoken.model or vocab.json in this directory", dir);
+  free(p);
+  free(cfg);
+  free(vocab);
+  free(merges);
+  free(tt);
+  return st;
+}
+
+static dflash_status load_file(dflash_tokenizer *t, const char *path, const char *pattern) {
+  if (df_str_ends_with(path, "vocab.json")) {
+    char *dir = df_path_dirname(path);
+    char *merges = dir ? df_path_join(dir, "merges.txt") : NULL;
+    dflash_status st = merges ? df_load_vocab_merges(t, path, merges, pattern)
+                              : df_error_nomem("paths");
+    free(dir);
+    free(merges);
+    return st;
+  }
+  if (df_str_ends_with(path, ".json")) return df_load_hf_json(t, path, pattern);
+  return df_load_tiktoken(t, path, pattern, NULL);
+}
+
+/* Tries over added tokens, once the loader has filled them in. */
+static dflash_status finish(dflash_tokenizer *t) {
+  dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
+  if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
+  return st;
+}
+
+dflash_status dflash_tokenizer_load(const char *path, const dflash_tokenizer_options *opts,
+                                    dflash_tokenizer **out) {
+  DF_CHECK_ARG(path && out);
+  *out = NULL;
+  dflash_tokenizer_options o;
+  dflash_tokenizer_options_default(&o);
+  if (opts) {
+    if (opts->struct_size < sizeof(size_t) || opts->struct_size > sizeof o)
+      return df_error(DFLASH_E_INVALID_ARG, "tokenizer options: struct_size %zu unknown",
+                      opts->struct_size);
+    memcpy(&o, opts, opts->struct_size);
+  }
+  if (o.pattern && !*o.pattern) o.pattern = NULL;
+  dflash_tokenizer *t = calloc(1, sizeof *t);
+  if (!t) return df_error_nomem("tokenizer");
+  dflash_status st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);
+  if (!st) st = finish(t);
+  if (st) {
+    dflash_tokenizer_free(t);
+    return st;
+  }
+  *out = t;
+  return DFLASH_OK;
+}
+
+size_t dflash_tokenizer_vocab_size(const dflash_tokenizer *t) { return t ? t->vocab.n_ids : 0; }
+
+size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
+  bool prefix = false;
+  for (size_t i = 0; t && i < t->pretok.n_steps; i++)
+    prefix |= t->pretok.steps[i].kind == DF_STEP_PREFIX_SPACE;
+  return (prefix ? 6 : 3) * len + 1;
+}
+
+/* ---- encode --------------------------------------------------------------- */
+
+typedef struct enc_ctx {
+  df_buf repaired, normed;
+  df_pretok_scratch ps;
+  df_bpe_scratch bs;
+  df_ids out;
+  dflash_special_mode mode;
+} enc_ctx;
+
+static void ctx_free(enc_ctx *c) {
+  df_buf_free(&c->repaired);
+  df_buf_free(&c->normed);
+  df_pretok_scratch_free(&c->ps);
+  df_bpe_scratch_free(&c->bs);
+  free(c->out.v);
+  memset(c, 0, sizeof *c);
+}
+
+/* Pre-tokenize and merge text that holds no added token. */
+static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
+                                  enc_ctx *c) {
+  if (!len) return DFLASH_OK;
+  const char *base;
+  df_ranges *pieces;
+  dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
+  for (size_t i = 0; i < pieces->len && !st; i++) {
+    const uint8_t *p = (const uint8_t *)base + pieces->v[i].begin;
+    size_t n = pieces->v[i].end - pieces->v[i].begin;
+    if (t->whole_piece_lookup && n > 1) {
+      uint32_t id = df_vocab_find(&t->vocab, p, n);
+      if (id != UINT32_MAX) {
+        st = df_ids_push(&c->out, (int32_t)id);
+        continue;
+      }
+    }
+    st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  }
+  return st;
+}
+
+/* Split by the added tokens of `trie`, encoding the text between with `plain`. */
+static dflash_status split_added(const dflash_tokenizer *t, const df_trie *trie,
+                                 const char *text, size_t len, enc_ctx *c,
+                                 dflash_status (*plain)(const dflash_tokenizer *, const char *,
+                                                        size_t, enc_ctx *)) {
+  size_t pos = 0;
+  dflash_status st = DFLASH_OK;
+  while (!st && pos <= len) {
+    size_t mb = len, me = len;
+    int k = df_trie_find(trie, t->added, c->mode, text, pos, len, &mb, &me);
+    if (k < 0) mb = me = len;
+    st = plain(t, text + pos, mb - pos, c);
+    if (k < 0 || st) break;
+    st = df_ids_push(&c->out, (int32_t)t->added[k].id);
+    pos = me;
+  }
+  return st;
+}
+
+/* Normalise one stretch between raw added tokens, then split by normalised ones. */
+static dflash_status encode_segment(const dflash_tokenizer *t, const char *text, size_t len,
+                                    enc_ctx *c) {
+  if (!len) return DFLASH_OK;
+  bool changed = false;
+  if (t->nfc) {
+    dflash_status st = df_nfc(text, len, &c->normed, &changed);
+    if (st) return st;
+  }
+  if (changed) {
+    text = c->normed.data;
+    len = c->normed.len;
+  }
+  if (t->norm_trie.n > 1) return split_added(t, &t->norm_trie, text, len, c, encode_plain);
+  return encode_plain(t, text, len, c);
+}
+
+static dflash_status encode_into(const dflash_tokenizer *t, const char *text, size_t len,
+                                 dflash_special_mode mode, enc_ctx *c) {
+  c->out.len = 0;
+  bool changed;
+  dflash_status st = df_utf8_repair(text, len, &c->repaired, &changed);
+  if (st) return st;
+  if (changed) {
+    text = c->repaired.data;
+    len = c->repaired.len;
+  }
+  c->mode = mode;
+  return split_added(t, &t->raw_trie, text, len, c, encode_segment);
+}
+
+dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *text, size_t len,
+                                      dflash_special_mode special, int32_t *ids, size_t cap,
+                                      size_t *n_ids) {
+  DF_CHECK_ARG(t && (text || !len) && (ids || !cap) && n_ids);
+  DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);
+  enc_ctx c = {0};
+  dflash_status st = encode_into(t, text ? text : "", len, special, &c);
+  if (!st) {
+    *n_ids = c.out.len;
+    if (c.out.len > cap)
+      st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c.out.len, cap);
+    else if (c.out.len)
+      memcpy(ids, c.out.v, c.out.len * sizeof *ids);
+  }
+  ctx_free(&c);
+  return st;
+}
+
+/* ---- batch ---------------------------------------------------------------- */
+
+typedef struct batch_job {
+  const dflash_tokenizer *t;
+  const char *const *texts;
+  const size_t *lens;
+  dflash_special_mode mode;
+  enc_ctx *ctx;          /* per worker */
+  df_ids *arena;         /* per worker: ids of the texts it encoded */
+  size_t *where;         /* per text: offset in its worker's arena */
+  size_t *count;         /* per text */
+  int *worker_of;        /* per text */
+  dflash_status *status; /* per worker: first failure */
+  char **message;        /* per worker */
+} batch_job;
+
+static void batch_range(void *arg, size_t begin, size_t end, int worker) {
+  batch_job *j = arg;
+  enc_ctx *c = &j->ctx[worker];
+  df_ids *arena = &j->arena[worker];
+  for (size_t i = begin; i < end && !j->status[worker]; i++) {
+    dflash_status st = encode_into(j->t, j->texts[i] ? j->texts[i] : "", j->lens[i], j->mode, c);
+    for (size_t k = 0; !st && k < c->out.len; k++) st = df_ids_push(arena, c->out.v[k]);
+    if (st) {
+      df_error_wrap(st, "text %zu", i);
+      j->status[worker] = st;
+      j->message[worker] = df_strdup(dflash_last_error());
+      return;
+    }
+    j->where[i] = arena->len - c->out.len;
+    j->count[i] = c->out.len;
+    j->worker_of[i] = worker;
+  }
+}
+
+static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *ids, size_t cap,
+                                  size_t *offsets) {
+  for (int w = 0; w < workers; w++)
+    if (j->status[w]) return df_error(j->status[w], "%s", j->message[w] ? j->message[w] : "");
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += j->count[i];
+  if (total > cap) {
+    offsets[n] = total;
+    return df_error(DFLASH_E_BUFFER, "encode_batch: %zu ids do not fit in %zu", total, cap);
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    offsets[i] = at;
+    if (j->count[i])
+      memcpy(ids + at, j->arena[j->worker_of[i]].v + j->where[i], j->count[i] * sizeof *ids);
+    at += j->count[i];
+  }
+  offsets[n] = at;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const char *const *texts,
+                                            const size_t *lens, size_t n,
+                                            dflash_special_mode special, int n_threads,
+                                            int32_t *ids, size_t cap, size_t *offsets) {
+  DF_CHECK_ARG(t && (texts || !n) && (lens || !n) && (ids || !cap) && offsets);
+  DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);
+  df_pool *pool = NULL;
+  dflash_status st = n > 1 ? df_pool_create(n_threads, &pool) : DFLASH_OK;
+  if (st) return st;
+  int workers = df_pool_size(pool);
+  batch_job j = {.t = t, .texts = texts, .lens = lens, .mode = special};
+  j.ctx = calloc((size_t)workers, sizeof *j.ctx);
+  j.arena = calloc((size_t)workers, sizeof *j.arena);
+  j.status = calloc((size_t)workers, sizeof *j.status);
+  j.message = calloc((size_t)workers, sizeof *j.message);
+  j.where = calloc(n + 1, sizeof *j.where);
+  j.count = calloc(n + 1, sizeof *j.count);
+  j.worker_of = calloc(n + 1, sizeof *j.worker_of);
+  if (!j.ctx || !j.arena || !j.status || !j.message || !j.where || !j.count || !j.worker_of) {
+    st = df_error_nomem("encode_batch");
+  } else {
+    /* Small grains balance uneven text lengths; texts are independent. */
+    size_t grain = n / ((size_t)workers * 16) + 1;
+    df_pool_for(pool, n, grain, batch_range, &j);
+    st = batch_gather(&j, n, workers, ids, cap, offsets);
+  }
+  for (int w = 0; j.ctx && w < workers; w++) {
+    ctx_free(&j.ctx[w]);
+    if (j.arena) free(j.arena[w].v);
+    if (j.message) free(j.message[w]);
+  }
+  free(j.ctx);
+  free(j.arena);
+  free(j.status);
+  free(j.message);
+  free(j.where);
+  free(j.count);
+  free(j.worker_of);
+  df_pool_free(pool);
+  return st;
+}
+
+/* ---- decode and lookups ----------------------------------------------------- */
+
+dflash_status dflash_tokenizer_decode(const dflash_tokenizer *t, const int32_t *ids, size_t n,
+                                      char *out, size_t cap, size_t *out_len) {
+  DF_CHECK_ARG(t && (ids || !n) && (out || !cap) && out_len);
+  const df_vocab *v = &t->vocab;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    int32_t id = ids[i];
+    if (id < 0 || (uint32_t)id >= v->n_ids || v->kind[id] == DF_TOK_NONE)
+      return df_error(DFLASH_E_RANGE, "decode: id %d at position %zu is not a token (vocabulary "
+                      "size %u)", id, i, v->n_ids);
+    if (total + v->len[id] <= cap) memcpy(out + total, v->blob.data + v->off[id], v->len[id]);
+    total += v->len[id];
+  }
+  *out_len = total;
+  if (total > cap) return df_error(DFLASH_E_BUFFER, "decode: %zu bytes do not fit in %zu", total, cap);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *t, const char *bytes,
+                                           size_t len, int32_t *id) {
+  DF_CHECK_ARG(t && (bytes || !len) && id);
+  for (size_t k = 0; k < t->n_added; k++)
+    if (t->added[k].len == len && !memcmp(t->added[k].text, bytes, len)) {
+      *id = (int32_t)t->added[k].id;
+      return DFLASH_OK;
+    }
+  uint32_t found = df_vocab_find(&t->vocab, bytes ? bytes : "", len);
+  if (found == UINT32_MAX)
+    return df_error(DFLASH_E_NOT_FOUND, "no token has these %zu bytes", len);
+  *id = (int32_t)found;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_tokenizer_id_to_token(const dflash_tokenizer *t, int32_t id,
+                                           const char **bytes, size_t *len, int *is_special) {
+  DF_CHECK_ARG(t && bytes && len);
+  const df_vocab *v = &t->vocab;
+  if (id < 0 || (uint32_t)id >= v->n_ids)
+    return df_error(DFLASH_E_RANGE, "token id %d outside [0, %u)", id, v->n_ids);
+  if (v->kind[id] == DF_TOK_NONE) return df_error(DFLASH_E_NOT_FOUND, "token id %d is unused", id);
+  *bytes = v->blob.data + v->off[id];
+  *len = v->len[id];
+  if (is_special) {
+    *is_special = v->kind[id] != DF_TOK_ORDINARY;
+    for (size_t k = 0; k < t->n_added && !*is_special; k++) *is_special = t->added[k].id == (uint32_t)id;
+  }
+  return DFLASH_OK;
+}

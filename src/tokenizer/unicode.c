@@ -1,0 +1,87 @@
+/* UTF-8 repair (Python's "replace" policy) and NFC through utf8proc. */
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "tok_internal.h"
+
+/* Bytes allowed after a lead byte, per position, following Unicode's table of
+ * well-formed sequences (so overlongs and surrogates fail at the second byte). */
+static size_t valid_prefix(const uint8_t *s, size_t avail, size_t *need) {
+  uint8_t c = s[0];
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) *need = 2;
+  else if (c >= 0xE0 && c <= 0xEF) {
+    *need = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    *need = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    *need = 1;
+    return 0; /* not a lead byte */
+  }
+  size_t k = 1;
+  if (k < avail && s[k] >= lo && s[k] <= hi) {
+    k++;
+    while (k < *need && k < avail && (s[k] & 0xC0) == 0x80) k++;
+  }
+  return k;
+}
+
+dflash_status df_utf8_repair(const char *str, size_t len, df_buf *out, bool *changed) {
+  const uint8_t *s = (const uint8_t *)str;
+  *changed = false;
+  size_t i = 0, copied = 0;
+  while (i < len) {
+    if (s[i] < 0x80) {
+      i++;
+      continue;
+    }
+    size_t need, k = valid_prefix(s + i, len - i, &need);
+    if (k == need) {
+      i += k;
+      continue;
+    }
+    /* s[i .. i + max(k,1)) is one maximal invalid subpart: one U+FFFD. */
+    if (!*changed) out->len = 0;
+    *changed = true;
+    if (df_buf_append(out, s + copied, i - copied) || df_buf_append(out, "\xEF\xBF\xBD", 3))
+      return DFLASH_E_NOMEM;
+    i += k ? k : 1;
+    copied = i;
+  }
+  if (*changed && df_buf_append(out, s + copied, len - copied)) return DFLASH_E_NOMEM;
+  return DFLASH_OK;
+}
+
+dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed) {
+  *changed = false;
+  /* Code points below U+0300 (lead bytes below 0xCC) are NFC and never
+   * compose with what precedes them, so such text is already normalised. */
+  size_t i = 0;
+  while (i < len && (uint8_t)s[i] < 0xCC) i++;
+  if (i == len) return DFLASH_OK;
+  utf8proc_uint8_t *dst = NULL;
+  utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst,
+                                    UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+  if (n < 0) return df_error(DFLASH_E_UTF8, "NFC normalisation failed: %s", utf8proc_errmsg(n));
+  if ((size_t)n == len && memcmp(dst, s, len) == 0) {
+    free(dst);
+    return DFLASH_OK;
+  }
+  out->len = 0;
+  dflash_status st = df_buf_append(out, dst, (size_t)n);
+  free(dst);
+  *changed = st == DFLASH_OK;
+  return st;
+}
+
+bool df_is_white_space(uint32_t c) {
+  if (c <= 0x20) return c == 0x20 || (c >= 0x09 && c <= 0x0D);
+  if (c < 0x85) return false;
+  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
