@@ -14,3 +14,4 @@ from .chat import ChatTemplate  # noqa: E402
 from .dataset import Dataset  # noqa: E402
 
 __all__ += ["ChatTemplate", "Dataset"]
+from .storage import Storage, is_remote  # noqa: E402
