@@ -80,8 +80,6 @@ void df_conv_free(df_conv *c);
 /* Message positions to regenerate: position p means prompt = messages[0, p) and the
  * answer replaces messages[p] (or is appended when p == size). Last only, or all. */
 dflash_status df_conv_turns(const json_t *messages, bool all_turns, size_t **pos, size_t *n);
-/* SHA-256 of `len` bytes (OpenSSL). */
-void df_sha256(const void *data, size_t len, unsigned char out[32]);
 /* Deterministic shard of an id: first 8 bytes of SHA-256(id), big endian, mod n. */
 uint32_t df_shard_of(const char *id, uint32_t n);
 

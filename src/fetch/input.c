@@ -4,15 +4,9 @@
  * by libcurl), so they are stable across runs and machines. */
 #include "fetch_internal.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void df_sha256(const void *data, size_t len, unsigned char out[32]) {
-  unsigned int n = 32;
-  EVP_Digest(data, len, out, &n, EVP_sha256(), NULL);
-}
 
 uint32_t df_shard_of(const char *id, uint32_t n) {
   if (n <= 1) return 0;

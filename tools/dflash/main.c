@@ -14,6 +14,8 @@ static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
     {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
+    {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
+    {"ls", cmd_ls, "list objects or files under a prefix"},
     {"train", cmd_train, "train a DFlash drafter (CPU reference backend)"},
     {"eval", cmd_eval, "acceptance length tau of a drafter checkpoint"},
     {NULL, NULL, NULL},

@@ -14,6 +14,7 @@ from .chat import ChatTemplate  # noqa: E402
 from .dataset import Dataset  # noqa: E402
 
 __all__ += ["ChatTemplate", "Dataset"]
+from .storage import Storage, is_remote  # noqa: E402
 from .train import Trainer  # noqa: E402
 from .hidden import HiddenWriter, HiddenStore, SampleStream  # noqa: E402
 
