@@ -67,6 +67,23 @@ DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *d
                                                         size_t bin_width, size_t n_bins,
                                                         uint64_t *counts);
 
+/* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
+#define DFLASH_TOKENIZER_HASH_LEN 72
+
+/*
+ * Content hash of the tokenizer at `path` (what dflash_tokenizer_load()
+ * takes), recorded by `dflash tokenize` as the manifest's "tokenizer_hash".
+ * SHA-256 from OpenSSL's libcrypto. A file: the SHA-256 of its bytes (what
+ * `sha256sum FILE` prints), except a vocab.json, which is hashed as its
+ * directory. A directory: one SHA-256 over the tokenizer files present in it,
+ * in the order tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
+ * added_tokens.json, special_tokens_map.json, tiktoken.model, each fed as its
+ * name, a NUL byte, its size (8 bytes, little-endian) and its bytes.
+ * Writes DFLASH_TOKENIZER_HASH_LEN bytes to `out` (DFLASH_E_BUFFER when
+ * `cap` is smaller); DFLASH_E_NOT_FOUND for a directory without such files.
+ */
+DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -55,6 +55,9 @@ struct dflash_chat_conversation {
   char *parts_text;     /* storage for joined text parts */
 };
 
+/* (Re)build the message views of `c` from c->root. */
+dflash_status df_conv_build(dflash_chat_conversation *c);
+
 /* Span-tracking output. Errors are sticky so renderers read straight through. */
 typedef struct df_out {
   df_buf text;

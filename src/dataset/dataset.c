@@ -38,6 +38,37 @@ static dflash_status start_shard(dflash_dataset_writer *w) {
   return df_buf_append(&w->offsets, &zero, sizeof zero);
 }
 
+/* The options' strings are the caller's: keep copies until finish. */
+static dflash_status copy_strings(dflash_dataset_writer *w) {
+  const char **fields[] = {&w->opts.tokenizer_hash, &w->opts.template_name, &w->opts.options_json};
+  for (size_t i = 0; i < DF_ARRAY_LEN(fields); i++) {
+    if (!*fields[i]) continue;
+    char *copy = df_strdup(*fields[i]);
+    *fields[i] = copy;
+    if (!copy) {
+      while (++i < DF_ARRAY_LEN(fields)) *fields[i] = NULL; /* not ours to free */
+      return df_error_nomem("dataset writer options");
+    }
+  }
+  if (w->opts.options_json) {
+    json_t *o;
+    dflash_status st = df_json_parse(w->opts.options_json, strlen(w->opts.options_json),
+                                     "dataset writer options_json", &o);
+    bool obj = !st && json_is_object(o);
+    json_decref(o);
+    if (!st && !obj)
+      st = df_error(DFLASH_E_FORMAT, "dataset writer options_json: not a JSON object");
+    if (st) return st;
+  }
+  return DFLASH_OK;
+}
+
+static void free_strings(dflash_dataset_writer *w) {
+  free((char *)w->opts.tokenizer_hash);
+  free((char *)w->opts.template_name);
+  free((char *)w->opts.options_json);
+}
+
 dflash_status dflash_dataset_writer_create(const char *dir,
                                            const dflash_dataset_writer_options *opts,
                                            dflash_dataset_writer **out) {
@@ -62,7 +93,8 @@ dflash_status dflash_dataset_writer_create(const char *dir,
   }
   w->dir = df_strdup(dir);
   w->shards = json_array();
-  dflash_status st = (w->dir && w->shards) ? start_shard(w) : df_error_nomem("dataset writer");
+  dflash_status st = (w->dir && w->shards) ? copy_strings(w) : df_error_nomem("dataset writer");
+  if (!st) st = start_shard(w);
   if (st) {
     dflash_dataset_writer_free(w);
     return st;
@@ -160,6 +192,7 @@ void dflash_dataset_writer_free(dflash_dataset_writer *w) {
   df_buf_free(&w->offsets);
   json_decref(w->sample_ids);
   json_decref(w->shards);
+  free_strings(w);
   free(w->dir);
   free(w);
 }

@@ -7,6 +7,7 @@
 
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_render(int argc, char **argv);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);

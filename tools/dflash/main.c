@@ -13,6 +13,7 @@ typedef struct {
 static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
     {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
+    {"render", cmd_render, "render one conversation (stdin) with a chat template, or its mask"},
     {NULL, NULL, NULL},
 
 };
