@@ -51,7 +51,7 @@ static dflash_status copy_strings(dflash_dataset_writer *w) {
     }
   }
   if (w->opts.options_json) {
-    json_t *o;
+    json_t *o = NULL;
     dflash_status st = df_json_parse(w->opts.options_json, strlen(w->opts.options_json),
                                      "dataset writer options_json", &o);
     bool obj = !st && json_is_object(o);
@@ -91,9 +91,10 @@ dflash_status dflash_dataset_writer_create(const char *dir,
     }
     w->opts = *opts;
   }
+  dflash_status st = copy_strings(w);
   w->dir = df_strdup(dir);
   w->shards = json_array();
-  dflash_status st = (w->dir && w->shards) ? copy_strings(w) : df_error_nomem("dataset writer");
+  if (!st && !(w->dir && w->shards)) st = df_error_nomem("dataset writer");
   if (!st) st = start_shard(w);
   if (st) {
     dflash_dataset_writer_free(w);
@@ -141,13 +142,23 @@ dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, const char *sa
                                         const int32_t *ids, const uint8_t *mask, size_t n) {
   DF_CHECK_ARG(w && sample_id && ids && mask && n > 0);
   if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
+  /* Check the id before touching the shard, and undo a partial append, so a
+   * refused sample leaves the shard consistent. */
+  json_t *sid = json_string(sample_id);
+  if (!sid) return df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
+  size_t ids_len = w->ids.len, mask_len = w->mask.len, off_len = w->offsets.len;
   dflash_status st = df_buf_append(&w->ids, ids, n * sizeof *ids);
   if (!st) st = df_buf_append(&w->mask, mask, n);
   int64_t end = (int64_t)(w->ids.len / sizeof(int32_t));
   if (!st) st = df_buf_append(&w->offsets, &end, sizeof end);
-  if (!st && json_array_append_new(w->sample_ids, json_string(sample_id)))
-    st = df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
-  if (st) return st;
+  if (!st && json_array_append_new(w->sample_ids, sid)) st = df_error_nomem("sample ids");
+  else if (st) json_decref(sid);
+  if (st) {
+    w->ids.len = ids_len;
+    w->mask.len = mask_len;
+    w->offsets.len = off_len;
+    return st;
+  }
   w->samples++;
   w->tokens += n;
   for (size_t i = 0; i < n; i++) w->supervised += mask[i] != 0;
@@ -292,7 +303,12 @@ dflash_status dflash_dataset_open(const char *dir, dflash_dataset **out) {
   *out = NULL;
   char *path = df_path_join(dir, MANIFEST);
   json_t *m = NULL;
-  dflash_status st = path ? df_json_load_file(path, &m) : df_error_nomem("path");
+  struct stat sb;
+  dflash_status st = DFLASH_OK;
+  if (!path) st = df_error_nomem("path");
+  else if (stat(path, &sb) != 0 && errno == ENOENT)
+    st = df_error(DFLASH_E_NOT_FOUND, "%s: missing: not a dataset, or an unfinished run", path);
+  if (!st) st = df_json_load_file(path, &m);
   free(path);
   if (st) return st;
   dflash_dataset *ds = calloc(1, sizeof *ds);
