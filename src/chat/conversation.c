@@ -239,7 +239,10 @@ dflash_status dflash_chat_conversation_parse(const char *json, size_t len,
   *out = NULL;
   dflash_chat_conversation *c = calloc(1, sizeof *c);
   if (!c) return df_error_nomem("conversation");
-  dflash_status st = df_json_parse(json, len, "conversation", &c->root);
+  /* The fast parser accepts what jansson accepts; anything else goes to
+   * jansson, which then either accepts it too or explains the error. */
+  c->root = df_json_fast(json, len);
+  dflash_status st = c->root ? DFLASH_OK : df_json_parse(json, len, "conversation", &c->root);
   if (!st) st = df_conv_build(c);
   if (st) {
     dflash_chat_conversation_free(c);
