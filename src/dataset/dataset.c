@@ -120,13 +120,15 @@ static dflash_status flush_shard(dflash_dataset_writer *w) {
                                         : df_error_nomem("shard");
   int64_t n_tok = (int64_t)(w->ids.len / sizeof(int32_t)), n_off = (int64_t)n_samples + 1;
   if (!st) st = dflash_st_writer_metadata(sw, "sample_ids", ids_json);
+  /* Stored in declaration order, widest first, so every tensor is aligned to
+   * its element size in the (8-aligned) data section: offsets, input_ids,
+   * loss_mask. Readers find them by name. */
+  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
   if (!st) st = dflash_st_writer_declare(sw, "input_ids", DFLASH_DTYPE_I32, 1, &n_tok);
   if (!st) st = dflash_st_writer_declare(sw, "loss_mask", DFLASH_DTYPE_U8, 1, &n_tok);
-  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
-  /* Tensors are stored in name order: input_ids, loss_mask, offsets. */
+  if (!st) st = write_tensor(sw, &w->offsets);
   if (!st) st = write_tensor(sw, &w->ids);
   if (!st) st = write_tensor(sw, &w->mask);
-  if (!st) st = write_tensor(sw, &w->offsets);
   if (!st) st = dflash_st_writer_finish(sw);
   if (!st && json_array_append_new(w->shards, json_pack("{s:s,s:I,s:I}", "file", name, "samples",
                                                         (json_int_t)n_samples, "tokens",
@@ -217,6 +219,7 @@ typedef struct df_shard {
   const int64_t *offsets;
   size_t n_samples, n_tokens, first; /* first: global index of its sample 0 */
   json_t *sample_ids;
+  void *owned[2]; /* aligned copies of misaligned tensors (shards from other writers) */
 } df_shard;
 
 struct dflash_dataset {
@@ -230,6 +233,8 @@ void dflash_dataset_free(dflash_dataset *ds) {
   for (size_t i = 0; i < ds->n_shards; i++) {
     dflash_safetensors_free(ds->shards[i].st);
     json_decref(ds->shards[i].sample_ids);
+    free(ds->shards[i].owned[0]);
+    free(ds->shards[i].owned[1]);
   }
   free(ds->shards);
   free(ds);
@@ -248,6 +253,16 @@ static dflash_status tensor(const dflash_safetensors *st, const char *path, cons
   return DFLASH_OK;
 }
 
+/* Element access must be aligned (C); a tensor that is not gets an aligned copy. */
+static dflash_status align_tensor(const void **data, size_t bytes, size_t align, void **owned) {
+  if ((uintptr_t)*data % align == 0) return DFLASH_OK;
+  *owned = malloc(bytes ? bytes : 1);
+  if (!*owned) return df_error_nomem("aligned tensor copy");
+  memcpy(*owned, *data, bytes);
+  *data = *owned;
+  return DFLASH_OK;
+}
+
 /* Map one shard and check its offsets describe its tokens exactly. */
 static dflash_status open_shard(const char *path, df_shard *sh) {
   dflash_status st = dflash_safetensors_open(path, &sh->st);
@@ -257,6 +272,10 @@ static dflash_status open_shard(const char *path, df_shard *sh) {
   if (!st) st = tensor(sh->st, path, "loss_mask", DFLASH_DTYPE_U8, (const void **)&sh->mask, &n_mask);
   if (!st) st = tensor(sh->st, path, "offsets", DFLASH_DTYPE_I64, (const void **)&sh->offsets, &n_off);
   if (!st) st = dflash_safetensors_metadata_find(sh->st, "sample_ids", &ids_json);
+  if (!st) st = align_tensor((const void **)&sh->ids, sh->n_tokens * sizeof *sh->ids,
+                             sizeof *sh->ids, &sh->owned[0]);
+  if (!st) st = align_tensor((const void **)&sh->offsets, n_off * sizeof *sh->offsets,
+                             sizeof *sh->offsets, &sh->owned[1]);
   if (st) return st;
   sh->n_samples = n_off ? n_off - 1 : 0;
   if (n_mask != sh->n_tokens || !n_off || sh->offsets[0] != 0 ||
