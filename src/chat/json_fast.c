@@ -175,70 +175,52 @@ static json_t *number(jparser *j) {
 
 static json_t *value(jparser *j);
 
+/* Skip whitespace; consume `c` when it comes next. */
+static bool eat(jparser *j, char c) {
+  skip_ws(j);
+  if (j->p >= j->end || *j->p != (unsigned char)c) return false;
+  j->p++;
+  return true;
+}
+
 static json_t *array(jparser *j) {
   json_t *a = json_array();
   j->p++;
-  skip_ws(j);
-  if (a && j->p < j->end && *j->p == ']') {
-    j->p++;
-    return a;
-  }
+  if (a && eat(j, ']')) return a;
   while (a) {
     json_t *v = value(j);
     if (!v || json_array_append_new(a, v)) break;
-    skip_ws(j);
-    if (j->p < j->end && *j->p == ',') {
-      j->p++;
-      continue;
-    }
-    if (j->p < j->end && *j->p == ']') {
-      j->p++;
-      return a;
-    }
+    if (eat(j, ',')) continue;
+    if (eat(j, ']')) return a;
     break;
   }
   json_decref(a);
   return NULL;
 }
 
+/* One "key": value member into `o`. */
+static bool member(jparser *j, json_t *o) {
+  const char *k;
+  size_t kn;
+  /* jansson refuses NUL in keys. */
+  if (!eat(j, '"') || !string_body(j, &k, &kn) || memchr(k, 0, kn)) return false;
+  char small[128], *key = kn < sizeof small ? small : malloc(kn + 1);
+  if (!key) return false;
+  memcpy(key, k, kn);
+  key[kn] = 0;
+  json_t *v = eat(j, ':') && !json_object_get(o, key) ? value(j) : NULL;
+  bool ok = v && json_object_set_new_nocheck(o, key, v) == 0;
+  if (key != small) free(key);
+  return ok;
+}
+
 static json_t *object(jparser *j) {
   json_t *o = json_object();
   j->p++;
-  skip_ws(j);
-  if (o && j->p < j->end && *j->p == '}') {
-    j->p++;
-    return o;
-  }
-  while (o) {
-    const char *k;
-    size_t kn;
-    if (j->p >= j->end || *j->p != '"') break;
-    j->p++;
-    if (!string_body(j, &k, &kn) || memchr(k, 0, kn)) break; /* NUL in keys: refused */
-    char small[128], *key = kn < sizeof small ? small : malloc(kn + 1);
-    if (!key) break;
-    memcpy(key, k, kn);
-    key[kn] = 0;
-    skip_ws(j);
-    json_t *v = NULL;
-    bool ok = j->p < j->end && *j->p == ':' && !json_object_get(o, key);
-    if (ok) {
-      j->p++;
-      v = value(j);
-    }
-    ok = v && json_object_set_new_nocheck(o, key, v) == 0;
-    if (key != small) free(key);
-    if (!ok) break;
-    skip_ws(j);
-    if (j->p < j->end && *j->p == ',') {
-      j->p++;
-      skip_ws(j);
-      continue;
-    }
-    if (j->p < j->end && *j->p == '}') {
-      j->p++;
-      return o;
-    }
+  if (o && eat(j, '}')) return o;
+  while (o && member(j, o)) {
+    if (eat(j, ',')) continue;
+    if (eat(j, '}')) return o;
     break;
   }
   json_decref(o);

@@ -50,7 +50,8 @@ static dflash_status nfc_string(json_t *v) {
                                     UTF8PROC_STABLE | UTF8PROC_COMPOSE);
   if (m < 0) return df_error(DFLASH_E_UTF8, "NFC normalisation failed: %s", utf8proc_errmsg(m));
   dflash_status st = DFLASH_OK;
-  if (((size_t)m != n || memcmp(dst, s, n) != 0) && json_string_setn(v, (const char *)dst, (size_t)m))
+  bool changed = (size_t)m != n || memcmp(dst, s, n) != 0;
+  if (changed && json_string_setn(v, (const char *)dst, (size_t)m))
     st = df_error_nomem("NFC string");
   free(dst);
   return st;
