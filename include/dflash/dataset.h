@@ -6,10 +6,14 @@
  *   input_ids  I32 [T]      every sample's token ids, concatenated
  *   loss_mask  U8  [T]      1 where the token is supervised
  *   offsets    I64 [S + 1]  sample i is [offsets[i], offsets[i+1])
- * and `__metadata__` "sample_ids": a JSON array of the S sample ids.
+ * and `__metadata__` "sample_ids": a JSON array of the S sample ids. The
+ * writer stores offsets, input_ids, loss_mask in that order, so each mapped
+ * tensor is aligned to its element size; the reader copies a misaligned
+ * tensor (shards from other writers) rather than read it unaligned.
  * dataset.json: {"format": "dflash-dataset", "version": 1, "samples",
  * "tokens", "supervised_tokens", "shards": [{"file", "samples", "tokens"}],
- * "tokenizer_hash", "template", "options"}.
+ * "tokenizer_hash", "template", "options"}. A shard is closed by the sample
+ * that brings it to shard_tokens tokens or more.
  * Shards and the manifest are written atomically (temporary name, fsync,
  * rename), the manifest last: a directory without dataset.json is an
  * unfinished run.
