@@ -18,8 +18,8 @@ static const command commands[] = {
     {"ls", cmd_ls, "list objects or files under a prefix"},
     {"train", cmd_train, "train a DFlash drafter (CPU reference backend)"},
     {"eval", cmd_eval, "acceptance length tau of a drafter checkpoint"},
+    {"render", cmd_render, "render one conversation (stdin) with a chat template, or its mask"},
     {NULL, NULL, NULL},
-
 };
 
 int cli_fail(const char *cmd, dflash_status st) {
