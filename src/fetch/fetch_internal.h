@@ -4,7 +4,6 @@
  *   input.c   JSONL conversations -> normalised messages, ids, shard hash
  *   request.c request bodies
  *   output.c  durable JSONL appends, torn-line repair, resume sets
- *   strset.c  string hash set (ids already done)
  *   fetch.c   servers, scheduling, retries, the libcurl event loop, public API */
 #ifndef DFLASH_FETCH_INTERNAL_H
 #define DFLASH_FETCH_INTERNAL_H
@@ -101,18 +100,6 @@ dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char
 /* Messages as sent to a server: role/content (+ name, tool fields), no "reasoning". */
 json_t *df_messages_for_server(const json_t *messages);
 
-/* ---- string set ---------------------------------------------------------- */
-
-typedef struct df_strset {
-  char **slots;
-  size_t cap; /* power of two */
-  size_t count;
-} df_strset;
-
-/* 1 when added, 0 when already present, negative on allocation failure. */
-int df_strset_add(df_strset *s, const char *key);
-bool df_strset_has(const df_strset *s, const char *key);
-void df_strset_free(df_strset *s);
 
 /* ---- output -------------------------------------------------------------- */
 

@@ -13,8 +13,6 @@
 
 const char *df_hidden_dtype_name(int32_t dtype);
 
-/* Unique sample ids: the fetcher's string set (df_strset, src/fetch). */
-#include "fetch/fetch_internal.h"
 
 /* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;

@@ -1,6 +1,6 @@
 /* A set of strings (open addressing, linear probing, FNV-1a 64): the ids
  * already finished, which can run to millions on a long job. */
-#include "fetch_internal.h"
+#include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
