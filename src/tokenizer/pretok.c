@@ -105,8 +105,8 @@ dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool litera
                                   df_split_behavior behavior, bool invert, bool keep_gaps,
                                   bool *nfc) {
   const named_pattern *named = literal ? NULL : find_named(pattern);
+  if (named && nfc) *nfc = named->nfc; /* only a name implies a normaliser */
   if (!named && !literal) named = find_by_regex(pattern);
-  if (named && nfc) *nfc = named->nfc;
   const char *rx = named ? named->regex : pattern;
   if (!df_utf8_valid(rx, strlen(rx))) return df_error(DFLASH_E_UTF8, "regex is not valid UTF-8");
   char *pcre = NULL;
