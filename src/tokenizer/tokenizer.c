@@ -1,6 +1,7 @@
 /* Public tokenizer API: loading dispatch, encode (single and batch), decode, lookups. */
 #include <dflash/tokenizer.h>
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -106,6 +107,8 @@ dflash_status dflash_tokenizer_load(const char *path, const dflash_tokenizer_opt
     memcpy(&o, opts, opts->struct_size);
   }
   if (o.pattern && !*o.pattern) o.pattern = NULL;
+  struct stat sb;
+  if (stat(path, &sb) != 0) return df_error_errno(DFLASH_E_IO, errno, "tokenizer %s", path);
   dflash_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return df_error_nomem("tokenizer");
   dflash_status st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);

@@ -11,6 +11,8 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"encode", cmd_encode, "text on stdin -> token ids, one per line"},
+    {"decode", cmd_decode, "token ids on stdin -> the bytes they stand for"},
     {NULL, NULL, NULL},
 
 };
