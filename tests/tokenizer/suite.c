@@ -1,0 +1,15 @@
+#include <check.h>
+
+TCase *tc_tok_bpe(void);
+TCase *tc_tok_load_errors(void);
+TCase *tc_tok_api(void);
+TCase *tc_tok_text(void);
+
+Suite *df_test_suite(void) {
+  Suite *s = suite_create("tokenizer");
+  suite_add_tcase(s, tc_tok_bpe());
+  suite_add_tcase(s, tc_tok_load_errors());
+  suite_add_tcase(s, tc_tok_api());
+  suite_add_tcase(s, tc_tok_text());
+  return s;
+}
