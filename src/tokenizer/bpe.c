@@ -62,6 +62,9 @@ static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
 /* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
 static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank, uint32_t *merged,
                          size_t n) {
+  /* The pair table is far larger than the cache: start every first-round miss at once. */
+  for (size_t i = 0; i + 1 < n; i++)
+    __builtin_prefetch(&pairs->slots[df_pair_slot(df_pair_key(ids[i], ids[i + 1]), pairs->mask)]);
   for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_get(pairs, ids[i], ids[i + 1], &merged[i]);
   rank[n - 1] = UINT32_MAX;
   while (n > 1) {
@@ -77,6 +80,10 @@ static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank,
     memmove(merged + best + 1, merged + best + 2, tail * sizeof *merged);
     n--;
     rank[n - 1] = UINT32_MAX;
+    if (best + 1 < n)
+      __builtin_prefetch(&pairs->slots[df_pair_slot(df_pair_key(ids[best], ids[best + 1]), pairs->mask)]);
+    if (best > 0)
+      __builtin_prefetch(&pairs->slots[df_pair_slot(df_pair_key(ids[best - 1], ids[best]), pairs->mask)]);
     if (best + 1 < n) rank[best] = df_pairmap_get(pairs, ids[best], ids[best + 1], &merged[best]);
     if (best > 0) rank[best - 1] = df_pairmap_get(pairs, ids[best - 1], ids[best], &merged[best - 1]);
   }

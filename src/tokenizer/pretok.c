@@ -155,10 +155,18 @@ static dflash_status scratch_ready(df_pretok_scratch *s) {
   if (s->md) return DFLASH_OK;
   s->md = pcre2_match_data_create(16, NULL);
   s->mctx = pcre2_match_context_create(NULL);
-  s->jit_stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-  if (!s->md || !s->mctx || !s->jit_stack) return df_error_nomem("regex match data");
-  pcre2_jit_stack_assign(s->mctx, NULL, s->jit_stack);
+  if (!s->md || !s->mctx) return df_error_nomem("regex match data");
   return DFLASH_OK;
+}
+
+/* The JIT's default 32 KiB stack suffices for real text; a pathological piece
+ * gets a large one on demand. */
+static bool grow_jit_stack(df_pretok_scratch *s) {
+  if (s->jit_stack) return false;
+  s->jit_stack = pcre2_jit_stack_create(256 * 1024, 64 * 1024 * 1024, NULL);
+  if (!s->jit_stack) return false;
+  pcre2_jit_stack_assign(s->mctx, NULL, s->jit_stack);
+  return true;
 }
 
 /* Next match in text[b..e) at or after `pos` (offsets relative to text). */
@@ -172,6 +180,7 @@ static dflash_status next_match(const df_pretok_step *st, const char *text, size
   for (;;) {
     int rc = pcre2_match(st->re, (PCRE2_SPTR)text + b, e - b, pos - b, PCRE2_NO_UTF_CHECK, s->md,
                          s->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && grow_jit_stack(s)) continue;
     if (rc == PCRE2_ERROR_NOMATCH) {
       *mb = *me = e;
       return DFLASH_OK;

@@ -13,6 +13,14 @@
 
 enum { DF_TOK_NONE = 0, DF_TOK_ORDINARY = 1, DF_TOK_SPECIAL = 2, DF_TOK_ADDED = 3 };
 
+/* A hash slot: the token's first 8 bytes inline, so short tokens compare
+ * without touching the blob. id_plus1 == 0: empty. */
+typedef struct df_vslot {
+  uint64_t head;
+  uint32_t id_plus1;
+  uint32_t len;
+} df_vslot;
+
 /* Bytes of every token by id, and a bytes -> id hash for the ordinary ones. */
 typedef struct df_vocab {
   uint32_t n_ids;  /* one more than the largest id */
@@ -20,9 +28,8 @@ typedef struct df_vocab {
   uint32_t *len;   /* [n_ids] */
   uint8_t *kind;   /* [n_ids] DF_TOK_* */
   df_buf blob;
-  /* open addressing: slot = id + 1 (0 empty), with the hash kept beside it */
-  uint32_t *slot_id;
-  uint32_t *slot_hash;
+  /* open addressing over ordinary tokens; one cache line answers most probes */
+  struct df_vslot *slots;
   uint32_t mask;
   uint32_t byte_id[256]; /* id of each single byte, UINT32_MAX if missing */
 } df_vocab;
@@ -37,13 +44,18 @@ dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t l
 dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
 /* Ordinary token with exactly these bytes, or UINT32_MAX. */
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
+/* Same, with hash = df_hash_bytes(bytes, len) already computed. */
+uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash);
 uint64_t df_hash_bytes(const void *p, size_t n);
 
-/* (left id, right id) -> (rank, merged id). */
+/* (left id, right id) -> (rank, merged id), one 16-byte slot per entry. */
+typedef struct df_pslot {
+  uint64_t key; /* UINT64_MAX: empty */
+  uint32_t rank;
+  uint32_t merged;
+} df_pslot;
 typedef struct df_pairmap {
-  uint64_t *keys; /* UINT64_MAX empty */
-  uint32_t *rank;
-  uint32_t *merged;
+  df_pslot *slots;
   size_t mask;
   size_t count;
 } df_pairmap;
@@ -60,11 +72,12 @@ static inline size_t df_pair_slot(uint64_t key, size_t mask) {
 static inline uint32_t df_pairmap_get(const df_pairmap *m, uint32_t a, uint32_t b, uint32_t *merged) {
   uint64_t key = df_pair_key(a, b);
   for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
-    if (m->keys[i] == key) {
-      *merged = m->merged[i];
-      return m->rank[i];
+    const df_pslot *s = &m->slots[i];
+    if (s->key == key) {
+      *merged = s->merged;
+      return s->rank;
     }
-    if (m->keys[i] == UINT64_MAX) return UINT32_MAX;
+    if (s->key == UINT64_MAX) return UINT32_MAX;
   }
 }
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
@@ -236,6 +249,7 @@ int df_trie_find(const df_trie *t, const df_added *added, dflash_special_mode mo
 typedef enum df_family { DF_FAMILY_TIKTOKEN, DF_FAMILY_HF } df_family;
 
 struct dflash_tokenizer {
+  uint64_t serial; /* unique per load: tags per-thread caches */
   df_family family;
   df_vocab vocab;
   df_pairmap pairs;

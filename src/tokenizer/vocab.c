@@ -38,8 +38,7 @@ void df_vocab_free(df_vocab *v) {
   free(v->off);
   free(v->len);
   free(v->kind);
-  free(v->slot_id);
-  free(v->slot_hash);
+  free(v->slots);
   df_buf_free(&v->blob);
   memset(v, 0, sizeof *v);
 }
@@ -58,17 +57,30 @@ dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t l
   return DFLASH_OK;
 }
 
-static bool same_bytes(const df_vocab *v, uint32_t id, const void *bytes, size_t len) {
-  return v->len[id] == len && memcmp(v->blob.data + v->off[id], bytes, len) == 0;
+static uint64_t head8(const void *bytes, size_t len) {
+  uint64_t h = 0;
+  memcpy(&h, bytes, len < 8 ? len : 8);
+  return h;
+}
+
+static bool slot_matches(const df_vocab *v, const df_vslot *s, uint64_t head, const void *bytes,
+                         size_t len) {
+  if (s->len != len || s->head != head) return false;
+  return len <= 8 ||
+         memcmp(v->blob.data + v->off[s->id_plus1 - 1] + 8, (const char *)bytes + 8, len - 8) == 0;
 }
 
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len) {
-  if (!v->slot_id) return UINT32_MAX;
-  uint32_t h = (uint32_t)df_hash_bytes(bytes, len);
-  for (uint32_t i = h & v->mask;; i = (i + 1) & v->mask) {
-    uint32_t s = v->slot_id[i];
-    if (!s) return UINT32_MAX;
-    if (v->slot_hash[i] == h && same_bytes(v, s - 1, bytes, len)) return s - 1;
+  return df_vocab_find_h(v, bytes, len, df_hash_bytes(bytes, len));
+}
+
+uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash) {
+  if (!v->slots) return UINT32_MAX;
+  uint64_t head = head8(bytes, len);
+  for (uint32_t i = (uint32_t)hash & v->mask;; i = (i + 1) & v->mask) {
+    const df_vslot *s = &v->slots[i];
+    if (!s->id_plus1) return UINT32_MAX;
+    if (slot_matches(v, s, head, bytes, len)) return s->id_plus1 - 1;
   }
 }
 
@@ -76,26 +88,21 @@ dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what) {
   uint32_t cap = 16;
   while (cap < v->n_ids * 2u && cap < (1u << 31)) cap <<= 1;
   v->mask = cap - 1;
-  v->slot_id = calloc(cap, sizeof *v->slot_id);
-  v->slot_hash = calloc(cap, sizeof *v->slot_hash);
-  if (!v->slot_id || !v->slot_hash) return df_error_nomem("vocabulary index");
+  v->slots = calloc(cap, sizeof *v->slots);
+  if (!v->slots) return df_error_nomem("vocabulary index");
   for (uint32_t id = 0; id < v->n_ids; id++) {
     if (v->kind[id] != DF_TOK_ORDINARY) continue;
     const char *bytes = v->blob.data + v->off[id];
-    uint32_t h = (uint32_t)df_hash_bytes(bytes, v->len[id]);
-    uint32_t i = h & v->mask;
-    for (; v->slot_id[i]; i = (i + 1) & v->mask) {
-      uint32_t other = v->slot_id[i] - 1;
-      if (v->slot_hash[i] != h || !same_bytes(v, other, bytes, v->len[id])) continue;
+    uint64_t head = head8(bytes, v->len[id]);
+    uint32_t i = (uint32_t)df_hash_bytes(bytes, v->len[id]) & v->mask;
+    for (; v->slots[i].id_plus1; i = (i + 1) & v->mask) {
+      if (!slot_matches(v, &v->slots[i], head, bytes, v->len[id])) continue;
       if (strict)
         return df_error(DFLASH_E_DUPLICATE, "%s: tokens %u and %u have the same bytes", what,
-                        other, id);
+                        v->slots[i].id_plus1 - 1, id);
       break; /* lower id already there */
     }
-    if (!v->slot_id[i]) {
-      v->slot_id[i] = id + 1;
-      v->slot_hash[i] = h;
-    }
+    if (!v->slots[i].id_plus1) v->slots[i] = (df_vslot){head, id + 1, v->len[id]};
   }
   for (int b = 0; b < 256; b++)
     if (v->byte_id[b] == UINT32_MAX)
@@ -110,33 +117,29 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
   size_t cap = 64;
   while (cap < expected * 2) cap <<= 1;
   m->mask = cap - 1;
-  m->keys = malloc(cap * sizeof *m->keys);
-  m->rank = malloc(cap * sizeof *m->rank);
-  m->merged = malloc(cap * sizeof *m->merged);
-  if (!m->keys || !m->rank || !m->merged) return df_error_nomem("merge table");
-  memset(m->keys, 0xFF, cap * sizeof *m->keys);
+  m->slots = malloc(cap * sizeof *m->slots);
+  if (!m->slots) return df_error_nomem("merge table");
+  memset(m->slots, 0xFF, cap * sizeof *m->slots);
   return DFLASH_OK;
 }
 
 void df_pairmap_free(df_pairmap *m) {
-  free(m->keys);
-  free(m->rank);
-  free(m->merged);
+  free(m->slots);
   memset(m, 0, sizeof *m);
+}
+
+static void pairmap_insert(df_pairmap *m, df_pslot e) {
+  size_t i = df_pair_slot(e.key, m->mask);
+  while (m->slots[i].key != UINT64_MAX) i = (i + 1) & m->mask;
+  m->slots[i] = e;
+  m->count++;
 }
 
 static dflash_status pairmap_grow(df_pairmap *m) {
   df_pairmap bigger;
-  if (df_pairmap_init(&bigger, (m->mask + 1)) != DFLASH_OK) return DFLASH_E_NOMEM;
-  for (size_t i = 0; i <= m->mask; i++) {
-    if (m->keys[i] == UINT64_MAX) continue;
-    size_t j = df_pair_slot(m->keys[i], bigger.mask);
-    while (bigger.keys[j] != UINT64_MAX) j = (j + 1) & bigger.mask;
-    bigger.keys[j] = m->keys[i];
-    bigger.rank[j] = m->rank[i];
-    bigger.merged[j] = m->merged[i];
-  }
-  bigger.count = m->count;
+  if (df_pairmap_init(&bigger, m->mask + 1) != DFLASH_OK) return DFLASH_E_NOMEM;
+  for (size_t i = 0; i <= m->mask; i++)
+    if (m->slots[i].key != UINT64_MAX) pairmap_insert(&bigger, m->slots[i]);
   df_pairmap_free(m);
   *m = bigger;
   return DFLASH_OK;
@@ -145,13 +148,9 @@ static dflash_status pairmap_grow(df_pairmap *m) {
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged) {
   if ((m->count + 1) * 2 > m->mask + 1 && pairmap_grow(m)) return DFLASH_E_NOMEM;
   uint64_t key = df_pair_key(a, b);
-  size_t i = df_pair_slot(key, m->mask);
-  for (; m->keys[i] != UINT64_MAX; i = (i + 1) & m->mask)
-    if (m->keys[i] == key) return DFLASH_OK;
-  m->keys[i] = key;
-  m->rank[i] = rank;
-  m->merged[i] = merged;
-  m->count++;
+  for (size_t i = df_pair_slot(key, m->mask); m->slots[i].key != UINT64_MAX; i = (i + 1) & m->mask)
+    if (m->slots[i].key == key) return DFLASH_OK;
+  pairmap_insert(m, (df_pslot){key, rank, merged});
   return DFLASH_OK;
 }
 
