@@ -173,9 +173,12 @@ static bool grow_jit_stack(df_pretok_scratch *s) {
 static dflash_status next_match(const df_pretok_step *st, const char *text, size_t b, size_t e,
                                 size_t pos, df_pretok_scratch *s, size_t *mb, size_t *me) {
   if (st->scanner != DF_SCAN_NONE) {
-    *mb = pos;
-    *me = pos + df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
-    return DFLASH_OK;
+    size_t n = df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
+    if (n) { /* else nothing matches here: let the regex find the next match */
+      *mb = pos;
+      *me = pos + n;
+      return DFLASH_OK;
+    }
   }
   for (;;) {
     int rc = pcre2_match(st->re, (PCRE2_SPTR)text + b, e - b, pos - b, PCRE2_NO_UTF_CHECK, s->md,

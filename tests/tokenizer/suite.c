@@ -4,6 +4,7 @@ TCase *tc_tok_bpe(void);
 TCase *tc_tok_load_errors(void);
 TCase *tc_tok_api(void);
 TCase *tc_tok_text(void);
+TCase *tc_tok_scanner(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("tokenizer");
@@ -11,5 +12,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_tok_load_errors());
   suite_add_tcase(s, tc_tok_api());
   suite_add_tcase(s, tc_tok_text());
+  suite_add_tcase(s, tc_tok_scanner());
   return s;
 }
