@@ -111,11 +111,19 @@ static dflash_status add_merge(dflash_tokenizer *t, json_t *vocab, const char *a
   return st;
 }
 
+/* HF ranks are merge indices; the merged id of each rank lives in a table. */
+static dflash_status merged_table(df_pairmap *m, size_t n) {
+  m->merged_of_rank = calloc(n ? n : 1, sizeof *m->merged_of_rank);
+  m->n_ranks = n;
+  return m->merged_of_rank ? DFLASH_OK : df_error_nomem("merges");
+}
+
 static dflash_status merges_from_json(dflash_tokenizer *t, json_t *vocab, json_t *merges,
                                       const char *what) {
   if (!json_is_array(merges))
     return df_error(DFLASH_E_FORMAT, "%s: model.merges is not an array", what);
   dflash_status st = df_pairmap_init(&t->pairs, json_array_size(merges));
+  if (!st) st = merged_table(&t->pairs, json_array_size(merges));
   size_t i;
   json_t *m;
   json_array_foreach(merges, i, m) {
@@ -137,7 +145,7 @@ static dflash_status merges_from_json(dflash_tokenizer *t, json_t *vocab, json_t
       st = df_error(DFLASH_E_FORMAT, "%s: neither \"a b\" nor [a, b]", where);
     }
   }
-  return st;
+  return st ? st : df_pairmap_compact(&t->pairs);
 }
 
 static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const char *path) {
@@ -148,6 +156,7 @@ static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const c
   size_t lines = 1;
   for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
   st = df_pairmap_init(&t->pairs, lines);
+  if (!st) st = merged_table(&t->pairs, lines);
   uint32_t rank = 0, line_no = 0;
   for (char *p = text, *end = text + len; p < end && !st;) {
     char *nl = memchr(p, '\n', (size_t)(end - p)), *eol = nl ? nl : end, *q = p;
@@ -165,7 +174,7 @@ static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const c
     st = add_merge(t, vocab, q, (size_t)(sp - q), sp + 1, (size_t)(eol - sp - 1), rank++, where);
   }
   free(text);
-  return st;
+  return st ? st : df_pairmap_compact(&t->pairs);
 }
 
 /* ---- added tokens ------------------------------------------------------------- */

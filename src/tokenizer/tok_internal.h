@@ -48,37 +48,48 @@ uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
 uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash);
 uint64_t df_hash_bytes(const void *p, size_t n);
 
-/* (left id, right id) -> (rank, merged id), one 16-byte slot per entry. */
-typedef struct df_pslot {
-  uint64_t key; /* UINT64_MAX: empty */
-  uint32_t rank;
-  uint32_t merged;
-} df_pslot;
+/*
+ * (left id, right id) -> rank, packed in one 8-byte slot (21 + 21 bits of key,
+ * 22 of rank) so the table stays small enough for the cache; the merged id
+ * comes from the rank (tiktoken: the rank is the id; HF: merged_of_rank).
+ */
+#define DF_PAIR_ID_BITS 21
+#define DF_PAIR_RANK_BITS 22
+#define DF_PAIR_MAX_ID ((1u << DF_PAIR_ID_BITS) - 2)
+#define DF_PAIR_MAX_RANK ((1u << DF_PAIR_RANK_BITS) - 2)
 typedef struct df_pairmap {
-  df_pslot *slots;
+  uint64_t *slots; /* UINT64_MAX: empty */
   size_t mask;
   size_t count;
+  uint32_t *merged_of_rank; /* NULL: the rank is the merged id */
+  size_t n_ranks;
 } df_pairmap;
 
 dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
 void df_pairmap_free(df_pairmap *m);
-/* Insert unless present (a repeated merge keeps its first, lowest rank). */
+/* Insert unless present (a repeated merge keeps its first, lowest rank).
+ * With merged_of_rank, also records merged for this rank. */
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged);
-static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << 32 | b; }
+/* Shrink the table to its final size once every pair is in. */
+dflash_status df_pairmap_compact(df_pairmap *m);
+static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << DF_PAIR_ID_BITS | b; }
 static inline size_t df_pair_slot(uint64_t key, size_t mask) {
-  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
 /* Rank of merging a then b, UINT32_MAX when they do not merge. */
-static inline uint32_t df_pairmap_get(const df_pairmap *m, uint32_t a, uint32_t b, uint32_t *merged) {
+static inline uint32_t df_pairmap_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
   uint64_t key = df_pair_key(a, b);
   for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
-    const df_pslot *s = &m->slots[i];
-    if (s->key == key) {
-      *merged = s->merged;
-      return s->rank;
-    }
-    if (s->key == UINT64_MAX) return UINT32_MAX;
+    uint64_t s = m->slots[i];
+    if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
+    if (s == UINT64_MAX) return UINT32_MAX;
   }
+}
+static inline uint32_t df_pairmap_merged(const df_pairmap *m, uint32_t rank) {
+  return m->merged_of_rank ? m->merged_of_rank[rank] : rank;
+}
+static inline void df_pairmap_prefetch(const df_pairmap *m, uint32_t a, uint32_t b) {
+  __builtin_prefetch(&m->slots[df_pair_slot(df_pair_key(a, b), m->mask)]);
 }
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
  * ranked by that token. Enumerates every split of every ordinary token. */
@@ -89,7 +100,6 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
 typedef struct df_bpe_scratch {
   uint32_t *ids;
   uint32_t *rank;
-  uint32_t *merged;
   uint32_t *prev, *next;
   uint64_t *heap;
   size_t cap, heap_cap;

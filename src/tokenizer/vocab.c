@@ -125,32 +125,48 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
 
 void df_pairmap_free(df_pairmap *m) {
   free(m->slots);
+  free(m->merged_of_rank);
   memset(m, 0, sizeof *m);
 }
 
-static void pairmap_insert(df_pairmap *m, df_pslot e) {
-  size_t i = df_pair_slot(e.key, m->mask);
-  while (m->slots[i].key != UINT64_MAX) i = (i + 1) & m->mask;
-  m->slots[i] = e;
-  m->count++;
+static void pairmap_insert(uint64_t *slots, size_t mask, uint64_t packed) {
+  size_t i = df_pair_slot(packed >> DF_PAIR_RANK_BITS, mask);
+  while (slots[i] != UINT64_MAX) i = (i + 1) & mask;
+  slots[i] = packed;
 }
 
-static dflash_status pairmap_grow(df_pairmap *m) {
-  df_pairmap bigger;
-  if (df_pairmap_init(&bigger, m->mask + 1) != DFLASH_OK) return DFLASH_E_NOMEM;
+/* Rehash into a table sized for `expected` entries. */
+static dflash_status pairmap_resize(df_pairmap *m, size_t expected) {
+  size_t cap = 64;
+  while (cap < expected * 2) cap <<= 1;
+  uint64_t *slots = malloc(cap * sizeof *slots);
+  if (!slots) return df_error_nomem("merge table");
+  memset(slots, 0xFF, cap * sizeof *slots);
   for (size_t i = 0; i <= m->mask; i++)
-    if (m->slots[i].key != UINT64_MAX) pairmap_insert(&bigger, m->slots[i]);
-  df_pairmap_free(m);
-  *m = bigger;
+    if (m->slots[i] != UINT64_MAX) pairmap_insert(slots, cap - 1, m->slots[i]);
+  free(m->slots);
+  m->slots = slots;
+  m->mask = cap - 1;
   return DFLASH_OK;
 }
 
+dflash_status df_pairmap_compact(df_pairmap *m) { return pairmap_resize(m, m->count); }
+
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged) {
-  if ((m->count + 1) * 2 > m->mask + 1 && pairmap_grow(m)) return DFLASH_E_NOMEM;
+  if (a > DF_PAIR_MAX_ID || b > DF_PAIR_MAX_ID || merged > DF_PAIR_MAX_ID)
+    return df_error(DFLASH_E_UNSUPPORTED, "token ids above %u are not supported", DF_PAIR_MAX_ID);
+  if (rank > DF_PAIR_MAX_RANK)
+    return df_error(DFLASH_E_UNSUPPORTED, "more than %u merges are not supported", DF_PAIR_MAX_RANK);
+  if ((m->count + 1) * 2 > m->mask + 1 && pairmap_resize(m, (m->mask + 1))) return DFLASH_E_NOMEM;
   uint64_t key = df_pair_key(a, b);
-  for (size_t i = df_pair_slot(key, m->mask); m->slots[i].key != UINT64_MAX; i = (i + 1) & m->mask)
-    if (m->slots[i].key == key) return DFLASH_OK;
-  pairmap_insert(m, (df_pslot){key, rank, merged});
+  for (size_t i = df_pair_slot(key, m->mask); m->slots[i] != UINT64_MAX; i = (i + 1) & m->mask)
+    if (m->slots[i] >> DF_PAIR_RANK_BITS == key) return DFLASH_OK;
+  pairmap_insert(m->slots, m->mask, key << DF_PAIR_RANK_BITS | rank);
+  m->count++;
+  if (m->merged_of_rank) {
+    if (rank >= m->n_ranks) return df_error(DFLASH_E_INTERNAL, "merge rank %u out of range", rank);
+    m->merged_of_rank[rank] = merged;
+  }
   return DFLASH_OK;
 }
 
@@ -164,8 +180,9 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
       if (a == UINT32_MAX) continue;
       uint32_t b = df_vocab_find(v, s + cut, v->len[id] - cut);
       if (b == UINT32_MAX) continue;
-      if (df_pairmap_put(m, a, b, id, id)) return DFLASH_E_NOMEM;
+      dflash_status st = df_pairmap_put(m, a, b, id, id);
+      if (st) return st;
     }
   }
-  return DFLASH_OK;
+  return df_pairmap_compact(m);
 }

@@ -100,6 +100,14 @@ def main():
             small_docs = docs if i == 0 else docs[: max(1, len(docs) // 4)]
             with dflash.Tokenizer(path, pattern=pattern) as ours:
                 compare(tally, name, ours, ref, strings, small_docs, bad)
+        # the PCRE2 path (scanners off) on the same strings
+        os.environ["DFLASH_TOKENIZER_NO_SCANNER"] = "1"
+        for i in (0, 1):
+            with dflash.Tokenizer(os.path.join(tmp, f"tokenizer{i}.json")) as ours:
+                name, ref = variants[i][0], variants[i][1]
+                tally.check(f"{name} regex path strings", ours.encode_batch(strings),
+                            hf_encode(ref, strings, "all"), strings)
+        del os.environ["DFLASH_TOKENIZER_NO_SCANNER"]
         # the named pattern on the vocab directory equals the regex spelled in tokenizer.json
         with dflash.Tokenizer(vocab_dir, pattern="qwen3.5") as ours:
             ref = variants[1][1]

@@ -69,6 +69,23 @@ def kimi_dir(tmp, ranks_path, ranks):
     return d, specials
 
 
+def regex_path(path):
+    """The same tokenizer with the hand-written scanners off (PCRE2 only)."""
+    os.environ["DFLASH_TOKENIZER_NO_SCANNER"] = "1"
+    try:
+        return dflash.Tokenizer(path)
+    finally:
+        del os.environ["DFLASH_TOKENIZER_NO_SCANNER"]
+
+
+def compare_regex_path(tally, name, path, ref, strings, docs):
+    with regex_path(path) as ours:
+        tally.check(f"{name} regex path strings", ours.encode_batch(strings),
+                    [ref.encode(s, allowed_special="all") for s in strings], strings)
+        tally.check(f"{name} regex path documents", ours.encode_batch(docs),
+                    ref.encode_batch(docs, allowed_special="all", num_threads=2), docs)
+
+
 def compare(tally, name, ours, ref, strings, docs, bad):
     t0 = time.time()
     tally.check(f"{name} strings special=all", ours.encode_batch(strings),
@@ -127,12 +144,14 @@ def main():
     with dflash.Tokenizer(paths["cl100k"]) as ours:
         assert ours.vocab_size == cl_ref.n_vocab, (ours.vocab_size, cl_ref.n_vocab)
         compare(tally, "cl100k", ours, cl_ref, strings, docs, bad)
+    compare_regex_path(tally, "cl100k", paths["cl100k"], cl_ref, strings, docs[:len(docs) // 4])
     o_ranks = load_ranks(paths["o200k"])
     o_ref = tiktoken.Encoding("o200k_base", pat_str=O200K, mergeable_ranks=o_ranks,
                               special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018})
     with dflash.Tokenizer(paths["o200k"]) as ours:
         assert ours.vocab_size == o_ref.n_vocab
         compare(tally, "o200k", ours, o_ref, strings, docs, bad)
+    compare_regex_path(tally, "o200k", paths["o200k"], o_ref, strings, docs[:len(docs) // 4])
     with tempfile.TemporaryDirectory() as tmp:
         d, specials = kimi_dir(tmp, paths["o200k"], o_ranks)
         k_ref = tiktoken.Encoding("kimi", pat_str=KIMI, mergeable_ranks=o_ranks,
@@ -142,6 +161,7 @@ def main():
             assert ours.id_to_token(len(o_ranks) + 2) == b"<|im_end|>"
             assert ours.id_to_token(len(o_ranks) + 5) == f"<|reserved_token_{len(o_ranks) + 5}|>".encode()
             compare(tally, "kimi-k2 (o200k ranks)", ours, k_ref, strings, docs, bad)
+        compare_regex_path(tally, "kimi-k2", d, k_ref, strings, docs[:len(docs) // 4])
         discriminates(k_ref, o_ranks, specials, strings)
     return tally.finish()
 
