@@ -4,6 +4,7 @@ TCase *tc_error(void);
 TCase *tc_fileio(void);
 TCase *tc_json(void);
 TCase *tc_progress(void);
+TCase *tc_safetensors(void);
 TCase *tc_threadpool(void);
 TCase *tc_util(void);
 
@@ -13,6 +14,7 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_fileio());
   suite_add_tcase(s, tc_json());
   suite_add_tcase(s, tc_progress());
+  suite_add_tcase(s, tc_safetensors());
   suite_add_tcase(s, tc_threadpool());
   suite_add_tcase(s, tc_util());
   return s;

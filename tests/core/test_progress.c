@@ -1,4 +1,6 @@
 #include <dflash/progress.h>
+#include <pty.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +27,32 @@ START_TEST(plain_output_when_not_a_tty) {
 }
 END_TEST
 
+START_TEST(live_bar_on_a_tty) {
+  int master, slave;
+  ck_assert_int_eq(openpty(&master, &slave, NULL, NULL, NULL), 0);
+  FILE *f = fdopen(slave, "w");
+  dflash_progress *p;
+  ck_assert_ok(dflash_progress_create(f, "train", "steps", 10, 0, &p));
+  dflash_progress_update(p, 5, "loss 3.2");
+  dflash_progress_update(p, 10, NULL); /* within 0.1 s of the last draw: not drawn */
+  dflash_progress_finish(p);           /* draws the final state */
+  dflash_progress_free(p);
+  fclose(f);
+  char buf[4096];
+  ssize_t n = read(master, buf, sizeof buf - 1);
+  close(master);
+  ck_assert_int_gt(n, 0);
+  buf[n] = '\0';
+  /* A redrawn line (carriage return + clear), a bar and the final count. */
+  ck_assert_msg(strstr(buf, "\r\033[Ktrain [") != NULL, "got %s", buf);
+  ck_assert_msg(strstr(buf, "########################################] 100.0% 10/10 steps") != NULL,
+                "got %s", buf);
+}
+END_TEST
+
 TCase *tc_progress(void) {
   TCase *tc = tcase_create("progress");
   tcase_add_test(tc, plain_output_when_not_a_tty);
+  tcase_add_test(tc, live_bar_on_a_tty);
   return tc;
 }

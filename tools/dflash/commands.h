@@ -6,6 +6,7 @@
 #include <dflash/dflash.h>
 
 int cmd_inspect(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 

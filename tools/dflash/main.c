@@ -11,6 +11,8 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
+    {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {"encode", cmd_encode, "text on stdin -> token ids, one per line"},
     {"decode", cmd_decode, "token ids on stdin -> the bytes they stand for"},
     {NULL, NULL, NULL},

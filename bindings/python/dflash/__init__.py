@@ -6,3 +6,10 @@ from .tokenizer import Tokenizer
 __version__ = version()
 
 __all__ = ["Error", "version", "status_name", "cuda_device_count", "Tokenizer"]
+from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES  # noqa: E402
+
+__all__ += ["SafeTensors", "write_safetensors", "write_index", "DTYPES"]
+from .chat import ChatTemplate  # noqa: E402
+from .dataset import Dataset  # noqa: E402
+
+__all__ += ["ChatTemplate", "Dataset"]

@@ -1,0 +1,155 @@
+"""Chat templates: render conversations, spans and loss masks (see dflash/chat.h)."""
+import ctypes
+import json
+
+import numpy as np
+
+from ._lib import bind, cstr, lib
+
+REASONING = {"official": 0, "keep_all": 1, "keep_after_last_user": 2, "drop": 3}
+SPAN_KINDS = ["scaffold", "system", "user", "tool_result", "tools", "gen_prompt",
+              "think_markup", "reasoning", "content", "tool_call", "end_of_turn"]
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("add_generation_prompt", ctypes.c_int),
+                ("thinking", ctypes.c_int), ("preserve_thinking", ctypes.c_int),
+                ("reasoning", ctypes.c_int)]
+
+
+class _Span(ctypes.Structure):
+    _fields_ = [("begin", ctypes.c_size_t), ("end", ctypes.c_size_t), ("kind", ctypes.c_int32),
+                ("message", ctypes.c_int32), ("generated", ctypes.c_int32)]
+
+
+_vp = ctypes.c_void_p
+bind("dflash_chat_options_default", [ctypes.POINTER(_Options)], None)
+bind("dflash_chat_template_name_at", [ctypes.c_size_t], ctypes.c_char_p)
+_create = bind("dflash_chat_template_create", [ctypes.c_char_p, ctypes.POINTER(_vp)])
+bind("dflash_chat_template_free", [_vp], None)
+bind("dflash_chat_template_end_of_turn", [_vp], ctypes.c_char_p)
+_render_json = bind("dflash_chat_render_json", [_vp, ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.POINTER(_Options), ctypes.POINTER(_vp)])
+bind("dflash_chat_rendered_free", [_vp], None)
+bind("dflash_chat_rendered_text", [_vp, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_void_p)
+bind("dflash_chat_rendered_span_count", [_vp], ctypes.c_size_t)
+_span = bind("dflash_chat_rendered_span", [_vp, ctypes.c_size_t, ctypes.POINTER(_Span)])
+# Not a status: declared without the raising errcheck.
+lib.dflash_chat_rendered_last_assistant.argtypes = [_vp]
+lib.dflash_chat_rendered_last_assistant.restype = ctypes.c_int32
+_u32p = ctypes.POINTER(ctypes.c_uint32)
+_mask = bind("dflash_chat_loss_mask", [_vp, _u32p, _u32p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_uint8),
+                                       ctypes.POINTER(ctypes.c_size_t)])
+
+
+def template_names():
+    """Names of the built-in templates."""
+    names, i = [], 0
+    while True:
+        name = lib.dflash_chat_template_name_at(i)
+        if name is None:
+            return names
+        names.append(name.decode())
+        i += 1
+
+
+class Rendered:
+    """A rendered conversation: `text` (str), `data` (its UTF-8 bytes), `spans`
+    (list of dicts with byte ranges) and loss masks from token byte offsets."""
+
+    def __init__(self, handle):
+        self._h = handle
+        n = ctypes.c_size_t(0)
+        ptr = lib.dflash_chat_rendered_text(handle, ctypes.byref(n))
+        self.data = ctypes.string_at(ptr, n.value)
+        self.text = self.data.decode("utf-8")
+        self.last_assistant = lib.dflash_chat_rendered_last_assistant(handle)
+        self.spans = []
+        s = _Span()
+        for i in range(lib.dflash_chat_rendered_span_count(handle)):
+            _span(handle, i, ctypes.byref(s))
+            self.spans.append({"begin": s.begin, "end": s.end, "kind": SPAN_KINDS[s.kind],
+                               "message": s.message, "generated": bool(s.generated)})
+
+    def loss_mask(self, begin, end, last_turn_only=False):
+        """uint8 mask for tokens covering bytes [begin[i], end[i]) of `data`."""
+        b = np.ascontiguousarray(begin, dtype=np.uint32)
+        e = np.ascontiguousarray(end, dtype=np.uint32)
+        out = np.zeros(len(b), dtype=np.uint8)
+        _mask(self._h, b.ctypes.data_as(_u32p), e.ctypes.data_as(_u32p), len(b),
+              1 if last_turn_only else 0, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), None)
+        return out
+
+    def close(self):
+        if self._h:
+            lib.dflash_chat_rendered_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class ChatTemplate:
+    """A built-in chat template by name ("qwen3", "kimi-k2-thinking", ...)."""
+
+    def __init__(self, name):
+        h = _vp()
+        _create(cstr(name), ctypes.byref(h))
+        self._h = h
+        self.name = name
+        self.end_of_turn = lib.dflash_chat_template_end_of_turn(h).decode()
+
+    @staticmethod
+    def _options(add_generation_prompt, thinking, preserve_thinking, reasoning):
+        o = _Options()
+        lib.dflash_chat_options_default(ctypes.byref(o))
+        o.add_generation_prompt = int(bool(add_generation_prompt))
+        o.thinking = int(bool(thinking))
+        o.preserve_thinking = int(bool(preserve_thinking))
+        o.reasoning = REASONING[reasoning]
+        return o
+
+    def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=True,
+                    preserve_thinking=False, reasoning="official"):
+        """Render and return a Rendered (text, spans, masks). `messages` may be a list of
+        dicts, a conversation object (dict) or its JSON text."""
+        if isinstance(messages, (str, bytes)):
+            doc = messages.encode() if isinstance(messages, str) else messages
+        else:
+            obj = messages if isinstance(messages, dict) else {"messages": messages}
+            if tools is not None:
+                obj = dict(obj, tools=tools)
+            doc = json.dumps(obj, ensure_ascii=False).encode()
+        opts = self._options(add_generation_prompt, thinking, preserve_thinking, reasoning)
+        out = _vp()
+        _render_json(self._h, doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
+        return Rendered(out)
+
+    def render(self, messages, **kwargs):
+        """The rendered text (str)."""
+        r = self.render_full(messages, **kwargs)
+        try:
+            return r.text
+        finally:
+            r.close()
+
+    def close(self):
+        if self._h:
+            lib.dflash_chat_template_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

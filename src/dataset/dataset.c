@@ -1,0 +1,312 @@
+/* Dataset shards (safetensors) and manifest: writer and memory-mapped reader. */
+#include <dflash/dataset.h>
+#include <dflash/safetensors.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/internal.h"
+
+#define MANIFEST "dataset.json"
+
+struct dflash_dataset_writer {
+  char *dir;
+  dflash_dataset_writer_options opts;
+  df_buf ids, mask;     /* current shard */
+  df_buf offsets;       /* int64 per sample + 1 */
+  json_t *sample_ids;   /* current shard's ids */
+  json_t *shards;       /* manifest entries */
+  uint64_t samples, tokens, supervised;
+  bool finished;
+};
+
+void dflash_dataset_writer_options_default(dflash_dataset_writer_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->shard_tokens = (uint64_t)1 << 26;
+}
+
+static dflash_status start_shard(dflash_dataset_writer *w) {
+  w->ids.len = w->mask.len = w->offsets.len = 0;
+  json_decref(w->sample_ids);
+  w->sample_ids = json_array();
+  int64_t zero = 0;
+  if (!w->sample_ids) return df_error_nomem("sample ids");
+  return df_buf_append(&w->offsets, &zero, sizeof zero);
+}
+
+dflash_status dflash_dataset_writer_create(const char *dir,
+                                           const dflash_dataset_writer_options *opts,
+                                           dflash_dataset_writer **out) {
+  DF_CHECK_ARG(dir && out);
+  *out = NULL;
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create directory", dir);
+  char *manifest = df_path_join(dir, MANIFEST);
+  struct stat sb;
+  bool exists = manifest && stat(manifest, &sb) == 0;
+  free(manifest);
+  if (exists) return df_error(DFLASH_E_EXISTS, "%s: already holds a dataset", dir);
+  dflash_dataset_writer *w = calloc(1, sizeof *w);
+  if (!w) return df_error_nomem("dataset writer");
+  dflash_dataset_writer_options_default(&w->opts);
+  if (opts) {
+    if (opts->struct_size < sizeof *opts) {
+      free(w);
+      return df_error(DFLASH_E_INVALID_ARG, "dataset writer options: struct_size too small");
+    }
+    w->opts = *opts;
+  }
+  w->dir = df_strdup(dir);
+  w->shards = json_array();
+  dflash_status st = (w->dir && w->shards) ? start_shard(w) : df_error_nomem("dataset writer");
+  if (st) {
+    dflash_dataset_writer_free(w);
+    return st;
+  }
+  *out = w;
+  return DFLASH_OK;
+}
+
+static dflash_status write_tensor(dflash_st_writer *sw, const df_buf *b) {
+  return dflash_st_writer_write(sw, b->data ? b->data : "", b->len);
+}
+
+static dflash_status flush_shard(dflash_dataset_writer *w) {
+  size_t n_samples = json_array_size(w->sample_ids);
+  if (!n_samples) return DFLASH_OK;
+  char name[32];
+  snprintf(name, sizeof name, "shard-%05zu.safetensors", json_array_size(w->shards));
+  char *path = df_path_join(w->dir, name);
+  char *ids_json = json_dumps(w->sample_ids, JSON_COMPACT | JSON_ENSURE_ASCII);
+  dflash_st_writer *sw = NULL;
+  dflash_status st = (path && ids_json) ? dflash_st_writer_create(path, &sw)
+                                        : df_error_nomem("shard");
+  int64_t n_tok = (int64_t)(w->ids.len / sizeof(int32_t)), n_off = (int64_t)n_samples + 1;
+  if (!st) st = dflash_st_writer_metadata(sw, "sample_ids", ids_json);
+  if (!st) st = dflash_st_writer_declare(sw, "input_ids", DFLASH_DTYPE_I32, 1, &n_tok);
+  if (!st) st = dflash_st_writer_declare(sw, "loss_mask", DFLASH_DTYPE_U8, 1, &n_tok);
+  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
+  /* Tensors are stored in name order: input_ids, loss_mask, offsets. */
+  if (!st) st = write_tensor(sw, &w->ids);
+  if (!st) st = write_tensor(sw, &w->mask);
+  if (!st) st = write_tensor(sw, &w->offsets);
+  if (!st) st = dflash_st_writer_finish(sw);
+  if (!st && json_array_append_new(w->shards, json_pack("{s:s,s:I,s:I}", "file", name, "samples",
+                                                        (json_int_t)n_samples, "tokens",
+                                                        (json_int_t)n_tok)))
+    st = df_error_nomem("manifest");
+  dflash_st_writer_free(sw);
+  free(path);
+  free(ids_json);
+  return st ? st : start_shard(w);
+}
+
+dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, const char *sample_id,
+                                        const int32_t *ids, const uint8_t *mask, size_t n) {
+  DF_CHECK_ARG(w && sample_id && ids && mask && n > 0);
+  if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
+  dflash_status st = df_buf_append(&w->ids, ids, n * sizeof *ids);
+  if (!st) st = df_buf_append(&w->mask, mask, n);
+  int64_t end = (int64_t)(w->ids.len / sizeof(int32_t));
+  if (!st) st = df_buf_append(&w->offsets, &end, sizeof end);
+  if (!st && json_array_append_new(w->sample_ids, json_string(sample_id)))
+    st = df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
+  if (st) return st;
+  w->samples++;
+  w->tokens += n;
+  for (size_t i = 0; i < n; i++) w->supervised += mask[i] != 0;
+  if ((uint64_t)end >= w->opts.shard_tokens) return flush_shard(w);
+  return DFLASH_OK;
+}
+
+static json_t *manifest_json(const dflash_dataset_writer *w) {
+  json_t *m = json_pack("{s:s,s:i,s:I,s:I,s:I,s:O}", "format", "dflash-dataset", "version", 1,
+                        "samples", (json_int_t)w->samples, "tokens", (json_int_t)w->tokens,
+                        "supervised_tokens", (json_int_t)w->supervised, "shards", w->shards);
+  if (!m) return NULL;
+  json_object_set_new(m, "tokenizer_hash", w->opts.tokenizer_hash
+                                               ? json_string(w->opts.tokenizer_hash) : json_null());
+  json_object_set_new(m, "template", w->opts.template_name ? json_string(w->opts.template_name)
+                                                           : json_null());
+  json_t *o = w->opts.options_json ? json_loads(w->opts.options_json, 0, NULL) : NULL;
+  json_object_set_new(m, "options", o ? o : json_object());
+  return m;
+}
+
+dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w) {
+  DF_CHECK_ARG(w);
+  if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
+  dflash_status st = flush_shard(w);
+  if (st) return st;
+  json_t *m = manifest_json(w);
+  char *text = m ? json_dumps(m, JSON_INDENT(2)) : NULL;
+  char *path = df_path_join(w->dir, MANIFEST);
+  st = (text && path) ? df_write_file_atomic(path, text, strlen(text)) : df_error_nomem("manifest");
+  json_decref(m);
+  free(text);
+  free(path);
+  if (!st) w->finished = true;
+  return st;
+}
+
+void dflash_dataset_writer_free(dflash_dataset_writer *w) {
+  if (!w) return;
+  df_buf_free(&w->ids);
+  df_buf_free(&w->mask);
+  df_buf_free(&w->offsets);
+  json_decref(w->sample_ids);
+  json_decref(w->shards);
+  free(w->dir);
+  free(w);
+}
+
+/* ---- reader ---------------------------------------------------------------- */
+
+typedef struct df_shard {
+  dflash_safetensors *st;
+  const int32_t *ids;
+  const uint8_t *mask;
+  const int64_t *offsets;
+  size_t n_samples, n_tokens, first; /* first: global index of its sample 0 */
+  json_t *sample_ids;
+} df_shard;
+
+struct dflash_dataset {
+  df_shard *shards;
+  size_t n_shards, n_samples;
+  uint64_t n_tokens;
+};
+
+void dflash_dataset_free(dflash_dataset *ds) {
+  if (!ds) return;
+  for (size_t i = 0; i < ds->n_shards; i++) {
+    dflash_safetensors_free(ds->shards[i].st);
+    json_decref(ds->shards[i].sample_ids);
+  }
+  free(ds->shards);
+  free(ds);
+}
+
+static dflash_status tensor(const dflash_safetensors *st, const char *path, const char *name,
+                            dflash_dtype dtype, const void **data, size_t *n) {
+  dflash_tensor t = {.struct_size = sizeof t};
+  dflash_status s = dflash_safetensors_find(st, name, &t);
+  if (s) return df_error_wrap(s, "%s", path);
+  if (t.dtype != dtype || t.ndim != 1)
+    return df_error(DFLASH_E_FORMAT, "%s: tensor %s is not a 1-D %s", path, name,
+                    dflash_dtype_name(dtype));
+  *data = t.data;
+  *n = (size_t)t.shape[0];
+  return DFLASH_OK;
+}
+
+/* Map one shard and check its offsets describe its tokens exactly. */
+static dflash_status open_shard(const char *path, df_shard *sh) {
+  dflash_status st = dflash_safetensors_open(path, &sh->st);
+  size_t n_mask = 0, n_off = 0;
+  const char *ids_json = NULL;
+  if (!st) st = tensor(sh->st, path, "input_ids", DFLASH_DTYPE_I32, (const void **)&sh->ids, &sh->n_tokens);
+  if (!st) st = tensor(sh->st, path, "loss_mask", DFLASH_DTYPE_U8, (const void **)&sh->mask, &n_mask);
+  if (!st) st = tensor(sh->st, path, "offsets", DFLASH_DTYPE_I64, (const void **)&sh->offsets, &n_off);
+  if (!st) st = dflash_safetensors_metadata_find(sh->st, "sample_ids", &ids_json);
+  if (st) return st;
+  sh->n_samples = n_off ? n_off - 1 : 0;
+  if (n_mask != sh->n_tokens || !n_off || sh->offsets[0] != 0 ||
+      sh->offsets[sh->n_samples] != (int64_t)sh->n_tokens)
+    return df_error(DFLASH_E_FORMAT, "%s: offsets do not cover input_ids/loss_mask", path);
+  for (size_t i = 0; i < sh->n_samples; i++)
+    if (sh->offsets[i + 1] <= sh->offsets[i])
+      return df_error(DFLASH_E_FORMAT, "%s: offsets not increasing at sample %zu", path, i);
+  sh->sample_ids = json_loads(ids_json, 0, NULL);
+  if (!json_is_array(sh->sample_ids) || json_array_size(sh->sample_ids) != sh->n_samples)
+    return df_error(DFLASH_E_FORMAT, "%s: sample_ids metadata does not list %zu ids", path,
+                    sh->n_samples);
+  return DFLASH_OK;
+}
+
+static dflash_status open_all(dflash_dataset *ds, const char *dir, const json_t *manifest) {
+  const json_t *shards = json_object_get(manifest, "shards");
+  if (!json_is_array(shards)) return df_error(DFLASH_E_FORMAT, "%s/" MANIFEST ": no shards", dir);
+  ds->shards = calloc(json_array_size(shards) + 1, sizeof *ds->shards);
+  if (!ds->shards) return df_error_nomem("dataset shards");
+  for (size_t i = 0; i < json_array_size(shards); i++) {
+    const char *file = json_string_value(json_object_get(json_array_get(shards, i), "file"));
+    if (!file || strchr(file, '/'))
+      return df_error(DFLASH_E_FORMAT, "%s/" MANIFEST ": shard %zu has no plain file name", dir, i);
+    char *path = df_path_join(dir, file);
+    if (!path) return df_error_nomem("path");
+    df_shard *sh = &ds->shards[ds->n_shards++];
+    dflash_status st = open_shard(path, sh);
+    free(path);
+    if (st) return st;
+    sh->first = ds->n_samples;
+    ds->n_samples += sh->n_samples;
+    ds->n_tokens += sh->n_tokens;
+  }
+  json_int_t want = json_integer_value(json_object_get(manifest, "samples"));
+  if ((size_t)want != ds->n_samples)
+    return df_error(DFLASH_E_MISMATCH, "%s/" MANIFEST ": %lld samples listed, shards hold %zu",
+                    dir, (long long)want, ds->n_samples);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_dataset_open(const char *dir, dflash_dataset **out) {
+  DF_CHECK_ARG(dir && out);
+  *out = NULL;
+  char *path = df_path_join(dir, MANIFEST);
+  json_t *m = NULL;
+  dflash_status st = path ? df_json_load_file(path, &m) : df_error_nomem("path");
+  free(path);
+  if (st) return st;
+  dflash_dataset *ds = calloc(1, sizeof *ds);
+  st = ds ? open_all(ds, dir, m) : df_error_nomem("dataset");
+  json_decref(m);
+  if (st) {
+    dflash_dataset_free(ds);
+    return st;
+  }
+  *out = ds;
+  return DFLASH_OK;
+}
+
+size_t dflash_dataset_count(const dflash_dataset *ds) { return ds ? ds->n_samples : 0; }
+uint64_t dflash_dataset_tokens(const dflash_dataset *ds) { return ds ? ds->n_tokens : 0; }
+
+dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t index, const int32_t **ids,
+                                    const uint8_t **mask, size_t *n, const char **sample_id) {
+  DF_CHECK_ARG(ds);
+  if (index >= ds->n_samples)
+    return df_error(DFLASH_E_RANGE, "sample %zu of %zu", index, ds->n_samples);
+  /* Binary search over shard starts. */
+  size_t lo = 0, hi = ds->n_shards;
+  while (hi - lo > 1) {
+    size_t mid = (lo + hi) / 2;
+    if (ds->shards[mid].first <= index) lo = mid;
+    else hi = mid;
+  }
+  const df_shard *sh = &ds->shards[lo];
+  size_t k = index - sh->first;
+  int64_t b = sh->offsets[k], e = sh->offsets[k + 1];
+  if (ids) *ids = sh->ids + b;
+  if (mask) *mask = sh->mask + b;
+  if (n) *n = (size_t)(e - b);
+  if (sample_id) *sample_id = json_string_value(json_array_get(sh->sample_ids, k));
+  return DFLASH_OK;
+}
+
+dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds, size_t bin_width,
+                                              size_t n_bins, uint64_t *counts) {
+  DF_CHECK_ARG(ds && bin_width > 0 && n_bins > 0 && counts);
+  memset(counts, 0, n_bins * sizeof *counts);
+  for (size_t s = 0; s < ds->n_shards; s++)
+    for (size_t k = 0; k < ds->shards[s].n_samples; k++) {
+      size_t len = (size_t)(ds->shards[s].offsets[k + 1] - ds->shards[s].offsets[k]);
+      size_t b = len / bin_width;
+      counts[b < n_bins ? b : n_bins - 1]++;
+    }
+  return DFLASH_OK;
+}

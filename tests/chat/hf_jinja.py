@@ -1,0 +1,170 @@
+"""Reference renderer: jinja2 configured exactly as Hugging Face transformers'
+apply_chat_template configures it (ImmutableSandboxedEnvironment, trim_blocks,
+lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now), over the
+official template fixtures, plus the spec-derived variants for families with no
+official copy at hand (documented below)."""
+import datetime
+import json
+import os
+import pathlib
+
+from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+def fixtures_dir():
+    env = os.environ.get("DFLASH_FIXTURES")
+    if env:
+        return pathlib.Path(env)
+    return pathlib.Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures"
+
+
+def _raise(message):
+    raise TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' override of Jinja's tojson (which would HTML-escape).
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _env():
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+def _edit(text, old, new):
+    assert text.count(old) == 1, f"template edit anchor not found once: {old!r}"
+    return text.replace(old, new)
+
+
+# The generic ChatML template (as published with ChatML and used by many HF models).
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _kimi_split_override(t):
+    # Lets a test force the history/suffix split (reasoning modes).
+    return _edit(t, "{%- set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1] -%}",
+                 "{%- if split_override is defined -%}{%- set ns.last_non_tool_call_assistant_msg"
+                 " = split_override -%}{%- endif -%}\n"
+                 "{%- set hist_msgs = messages[:ns.last_non_tool_call_assistant_msg+1] -%}")
+
+
+def _qwen_lqi_override(t):
+    anchor = "{%- for message in messages %}\n"
+    i = t.index(anchor, t.index("last_query_index = index"))
+    return (t[:i] + "{%- if lqi_override is defined %}{%- set ns.last_query_index = lqi_override"
+            " %}{%- endif %}\n" + t[i:])
+
+
+def _kimi25(t, preserve):
+    """Kimi K2.5/K2.6 derived from the K2-Thinking fixture by the differences the spec
+    lists (no official copy was available): compact-JSON tools, thinking switch in the
+    suffix and the generation prompt, and (K2.6) preserve_thinking for history turns."""
+    t = _edit(t, "{{ tools | tojson() }}", "{{ tools | tojson(separators=(',', ':')) }}")
+    t = _edit(t, "    {%- set rc = message.get('reasoning_content', '') -%}\n"
+                 "    <think>{{rc}}</think>{{render_content(message)}}",
+              "    {%- if thinking is defined and thinking is false -%}\n"
+              "    <think></think>{{render_content(message)}}\n"
+              "    {%- else -%}\n"
+              "    {%- set rc = message.get('reasoning_content', '') -%}\n"
+              "    <think>{{rc}}</think>{{render_content(message)}}\n"
+              "    {%- endif -%}")
+    if preserve:
+        t = _edit(t, "    <think></think>{{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n      {{render_toolcalls(message)}}",
+                  "    {%- if preserve_thinking is defined and preserve_thinking is true and not "
+                  "(thinking is defined and thinking is false) -%}\n"
+                  "    <think>{{ message.get('reasoning_content', '') }}</think>\n"
+                  "    {%- else -%}\n    <think></think>\n    {%- endif -%}\n"
+                  "    {{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n"
+                  "      {{render_toolcalls(message)}}")
+    tail = "{%- if add_generation_prompt -%}\n  <|im_assistant|>assistant<|im_middle|>\n"
+    return _edit(t, tail, tail + "  {%- if thinking is defined and thinking is false -%}"
+                 "<think></think>{%- else -%}<think>{%- endif -%}\n")
+
+
+def _qwen36(t):
+    """Qwen3.6 derived from the Qwen3.5 fixture: preserve_thinking keeps every think block."""
+    return _edit(t, "{%- if loop.index0 > ns.last_query_index %}",
+                 "{%- if (preserve_thinking is defined and preserve_thinking is true) or "
+                 "loop.index0 > ns.last_query_index %}")
+
+
+# name -> (fixture file or None, transform, official?)
+TEMPLATES = {
+    "kimi-k2": ("kimi-k2-instruct.jinja", None, True),
+    "kimi-k2-thinking": ("kimi-k2-thinking.jinja", _kimi_split_override, True),
+    "kimi-k2.5": ("kimi-k2-thinking.jinja", lambda t: _kimi_split_override(_kimi25(t, False)),
+                  False),
+    "kimi-k2.6": ("kimi-k2-thinking.jinja", lambda t: _kimi_split_override(_kimi25(t, True)),
+                  False),
+    "qwen3": ("qwen3.jinja", _qwen_lqi_override, True),
+    "qwen3.5": ("qwen3.5.jinja", _qwen_lqi_override, True),
+    "qwen3.6": ("qwen3.5.jinja", lambda t: _qwen_lqi_override(_qwen36(t)), False),
+    "smollm2": ("smollm2.jinja", None, True),
+    "chatml": (None, None, False),
+}
+
+
+class Reference:
+    def __init__(self):
+        self.env = _env()
+        self.compiled = {}
+        self.missing = []
+        for name, (fname, transform, _) in TEMPLATES.items():
+            if fname is None:
+                text = CHATML
+            else:
+                path = fixtures_dir() / "templates" / fname
+                if not path.exists():
+                    self.missing.append(str(path))
+                    continue
+                text = path.read_text(encoding="utf-8")
+            if transform:
+                text = transform(text)
+            self.compiled[name] = self.env.from_string(text)
+
+    def official(self, name):
+        return TEMPLATES[name][2]
+
+    def render(self, name, messages, tools=None, add_generation_prompt=False, **kwargs):
+        """apply_chat_template(tokenize=False) semantics: messages, tools (None when
+        absent), add_generation_prompt, and extra template kwargs."""
+        return self.compiled[name].render(messages=messages, tools=tools,
+                                          add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def normalize(name, messages):
+    """The input normalisation libdflash applies before templating (documented in
+    chat.h): `reasoning` is read as `reasoning_content`, a null reasoning is absent,
+    and for qwen3.5/3.6 JSON-string tool arguments are parsed (as vLLM does)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        rc = m.get("reasoning_content")
+        if not isinstance(rc, str):
+            m.pop("reasoning_content", None)
+            if isinstance(m.get("reasoning"), str):
+                m["reasoning_content"] = m["reasoning"]
+        if name in ("qwen3.5", "qwen3.6") and m.get("tool_calls"):
+            calls = []
+            for tc in m["tool_calls"]:
+                tc = json.loads(json.dumps(tc))
+                fn = tc.get("function", tc)
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                calls.append(tc)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out

@@ -1,0 +1,11 @@
+#include <check.h>
+
+TCase *tc_chat_render(void);
+TCase *tc_chat_mask(void);
+
+Suite *df_test_suite(void) {
+  Suite *s = suite_create("chat");
+  suite_add_tcase(s, tc_chat_render());
+  suite_add_tcase(s, tc_chat_mask());
+  return s;
+}

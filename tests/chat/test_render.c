@@ -1,0 +1,219 @@
+/* Rendering: template names, bad input, exact output of small conversations
+ * (expected strings written from the official templates), and span kinds. */
+#include <dflash/chat.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static dflash_chat_template *tmpl(const char *name) {
+  dflash_chat_template *t = NULL;
+  ck_assert_ok(dflash_chat_template_create(name, &t));
+  return t;
+}
+
+static dflash_chat_rendered *render(const char *name, const char *json,
+                                    const dflash_chat_options *o) {
+  dflash_chat_template *t = tmpl(name);
+  dflash_chat_rendered *r = NULL;
+  ck_assert_ok(dflash_chat_render_json(t, json, strlen(json), o, &r));
+  dflash_chat_template_free(t);
+  return r;
+}
+
+static dflash_status render_status(const char *name, const char *json) {
+  dflash_chat_template *t = tmpl(name);
+  dflash_chat_rendered *r = NULL;
+  dflash_status st = dflash_chat_render_json(t, json, strlen(json), NULL, &r);
+  ck_assert(st != DFLASH_OK || r != NULL);
+  dflash_chat_rendered_free(r);
+  dflash_chat_template_free(t);
+  return st;
+}
+
+/* Kind of the span holding the first occurrence of `needle` at or after `from`. */
+static int kind_at(const dflash_chat_rendered *r, const char *needle, size_t from) {
+  size_t len;
+  const char *text = dflash_chat_rendered_text(r, &len);
+  const char *p = strstr(text + from, needle);
+  ck_assert_msg(p, "\"%s\" not in rendered text", needle);
+  size_t pos = (size_t)(p - text);
+  for (size_t i = 0; i < dflash_chat_rendered_span_count(r); i++) {
+    dflash_chat_span s;
+    ck_assert_ok(dflash_chat_rendered_span(r, i, &s));
+    if (s.begin <= pos && pos < s.end) return s.kind;
+  }
+  ck_abort_msg("no span at %zu", pos);
+  return -1;
+}
+
+START_TEST(test_names) {
+  size_t n = 0;
+  while (dflash_chat_template_name_at(n)) n++;
+  ck_assert_uint_eq(n, 9);
+  dflash_chat_template *t = NULL;
+  ck_assert_status(dflash_chat_template_create("llama3", &t), DFLASH_E_NOT_FOUND, "qwen3.5");
+  ck_assert_ptr_null(t);
+  t = tmpl("kimi-k2.6");
+  ck_assert_str_eq(dflash_chat_template_name(t), "kimi-k2.6");
+  ck_assert_str_eq(dflash_chat_template_end_of_turn(t), "<|im_end|>");
+  dflash_chat_template_free(t);
+  dflash_chat_template_free(NULL);
+}
+END_TEST
+
+START_TEST(test_bad_input) {
+  ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", "), DFLASH_E_JSON, "line 1");
+  ck_assert_status(render_status("qwen3", "[{\"role\": \"robot\", \"content\": \"x\"}]"),
+                   DFLASH_E_FORMAT, "unknown role \"robot\"");
+  ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", \"content\": 5}]"),
+                   DFLASH_E_FORMAT, "message 0: content");
+  ck_assert_status(render_status("qwen3", "[{\"content\": \"x\"}]"), DFLASH_E_FORMAT,
+                   "no string \"role\"");
+  ck_assert_status(render_status("kimi-k2-thinking",
+                                 "[{\"role\": \"user\", \"content\": \"q\"},"
+                                 " {\"role\": \"tool\", \"content\": \"r\"}]"),
+                   DFLASH_E_FORMAT, "message 1: tool message without tool_call_id");
+  ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", \"content\": \"\xff\"}]"),
+                   DFLASH_E_UTF8, "conversation");
+  ck_assert_status(render_status("qwen3.5", "[{\"role\": \"user\", \"content\": "
+                                            "[{\"type\": \"image_url\", \"image_url\": \"u\"}]}]"),
+                   DFLASH_E_UNSUPPORTED, "not text");
+  ck_assert_status(render_status("qwen3.5", "[{\"role\": \"assistant\", \"content\": \"a\"}]"),
+                   DFLASH_E_FORMAT, "No user query");
+  ck_assert_status(render_status("smollm2", "{\"messages\": [{\"role\": \"user\", \"content\": "
+                                            "\"q\"}], \"tools\": [{\"name\": \"f\"}]}"),
+                   DFLASH_E_UNSUPPORTED, "cannot declare tools");
+  ck_assert_status(render_status("qwen3", "{\"conversation\": []}"), DFLASH_E_FORMAT,
+                   "no \"messages\"");
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  o.reasoning = 9;
+  dflash_chat_template *t = tmpl("qwen3");
+  dflash_chat_rendered *r = NULL;
+  ck_assert_status(dflash_chat_render_json(t, "[]", 2, &o, &r), DFLASH_E_INVALID_ARG,
+                   "reasoning mode 9");
+  dflash_chat_template_free(t);
+}
+END_TEST
+
+static const char conv_qwen[] =
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"},"
+    " {\"role\": \"user\", \"content\": \"Q1\"},"
+    " {\"role\": \"assistant\", \"reasoning_content\": \"R1\", \"content\": \"A1\"},"
+    " {\"role\": \"user\", \"content\": \"Q2\"},"
+    " {\"role\": \"assistant\", \"reasoning\": \"R2\", \"content\": \"A2\"}]}";
+
+START_TEST(test_qwen3_exact_and_spans) {
+  dflash_chat_rendered *r = render("qwen3", conv_qwen, NULL);
+  size_t len;
+  const char *text = dflash_chat_rendered_text(r, &len);
+  /* Reasoning of turns before the last user query is dropped; the final turn keeps it. */
+  ck_assert_str_eq(text,
+                   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n"
+                   "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
+                   "<|im_start|>assistant\n<think>\nR2\n</think>\n\nA2<|im_end|>\n");
+  ck_assert_uint_eq(len, strlen(text));
+  ck_assert_int_eq(dflash_chat_rendered_last_assistant(r), 4);
+  ck_assert_int_eq(kind_at(r, "<think>", 0), DFLASH_CHAT_SPAN_THINK_MARKUP);
+  ck_assert_int_eq(kind_at(r, "R2", 0), DFLASH_CHAT_SPAN_REASONING);
+  ck_assert_int_eq(kind_at(r, "A2", 0), DFLASH_CHAT_SPAN_CONTENT);
+  ck_assert_int_eq(kind_at(r, "Q2", 0), DFLASH_CHAT_SPAN_USER);
+  ck_assert_int_eq(kind_at(r, "S<", 0), DFLASH_CHAT_SPAN_SYSTEM);
+  ck_assert_int_eq(kind_at(r, "assistant\n<think>", 0), DFLASH_CHAT_SPAN_SCAFFOLD);
+  ck_assert_int_eq(kind_at(r, "<|im_end|>", len - 11), DFLASH_CHAT_SPAN_END_OF_TURN);
+  ck_assert_int_eq(kind_at(r, "\n", len - 1), DFLASH_CHAT_SPAN_SCAFFOLD);
+  /* Spans tile the text and agree with their kinds on `generated`. */
+  size_t pos = 0;
+  for (size_t i = 0; i < dflash_chat_rendered_span_count(r); i++) {
+    dflash_chat_span s;
+    ck_assert_ok(dflash_chat_rendered_span(r, i, &s));
+    ck_assert_uint_eq(s.begin, pos);
+    ck_assert(s.end > s.begin);
+    ck_assert_int_eq(s.generated, s.kind >= DFLASH_CHAT_SPAN_THINK_MARKUP);
+    pos = s.end;
+  }
+  ck_assert_uint_eq(pos, len);
+  dflash_chat_span s;
+  ck_assert_status(dflash_chat_rendered_span(r, 999, &s), DFLASH_E_RANGE, "span 999");
+  dflash_chat_rendered_free(r);
+
+  /* keep_all shows the first turn's reasoning too. */
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  o.reasoning = DFLASH_CHAT_REASONING_KEEP_ALL;
+  r = render("qwen3", conv_qwen, &o);
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL), "<think>\nR1\n</think>\n\nA1"));
+  dflash_chat_rendered_free(r);
+}
+END_TEST
+
+START_TEST(test_kimi_thinking_final_turn) {
+  const char *conv = "[{\"role\": \"user\", \"content\": \"Q\"},"
+                     " {\"role\": \"assistant\", \"reasoning_content\": \"R\", \"content\": \"A\"}]";
+  /* The official template drops the final answer's reasoning: "<think></think>"
+   * stands in for it and is scaffolding, not something the target wrote. */
+  dflash_chat_rendered *r = render("kimi-k2-thinking", conv, NULL);
+  ck_assert_str_eq(dflash_chat_rendered_text(r, NULL),
+                   "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "
+                   "Moonshot AI.<|im_end|><|im_user|>user<|im_middle|>Q<|im_end|>"
+                   "<|im_assistant|>assistant<|im_middle|><think></think>A<|im_end|>");
+  ck_assert_int_eq(kind_at(r, "<think>", 0), DFLASH_CHAT_SPAN_SCAFFOLD);
+  dflash_chat_rendered_free(r);
+  /* The dataset default keeps it, and the target wrote the tags. */
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  o.reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
+  r = render("kimi-k2-thinking", conv, &o);
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL), "<think>R</think>A<|im_end|>"));
+  ck_assert_int_eq(kind_at(r, "<think>", 0), DFLASH_CHAT_SPAN_THINK_MARKUP);
+  dflash_chat_rendered_free(r);
+  /* kimi-k2.5 puts "<think>" in the prompt: only "</think>" is generated. */
+  r = render("kimi-k2.5", conv, &o);
+  ck_assert_int_eq(kind_at(r, "<think>", 0), DFLASH_CHAT_SPAN_SCAFFOLD);
+  ck_assert_int_eq(kind_at(r, "</think>", 0), DFLASH_CHAT_SPAN_THINK_MARKUP);
+  dflash_chat_rendered_free(r);
+}
+END_TEST
+
+START_TEST(test_completion_record_and_sharegpt) {
+  const char *rec = "{\"id\": \"p1\", \"messages\": [{\"role\": \"user\", \"content\": \"Q\"}],"
+                    " \"completion\": {\"role\": \"assistant\", \"reasoning\": \"R\","
+                    " \"content\": \"A\"}, \"finish_reason\": \"stop\"}";
+  dflash_chat_rendered *r = render("qwen3", rec, NULL);
+  ck_assert_str_eq(dflash_chat_rendered_text(r, NULL),
+                   "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>"
+                   "\n\nA<|im_end|>\n");
+  dflash_chat_rendered_free(r);
+  const char *sg = "{\"conversations\": [{\"from\": \"human\", \"value\": \"Q\"},"
+                   " {\"from\": \"gpt\", \"value\": \"A\"}]}";
+  r = render("chatml", sg, NULL);
+  ck_assert_str_eq(dflash_chat_rendered_text(r, NULL),
+                   "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n");
+  dflash_chat_rendered_free(r);
+}
+END_TEST
+
+START_TEST(test_json_numbers) {
+  /* json.dumps spellings of floats and escapes, through a tool declaration. */
+  const char *conv = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": "
+                     "[{\"a\": [1.0, 1e16, 1e-05, 0.0001, -0.0, 123456789.125, 1e300, 2.5e-7],"
+                     " \"s\": \"\\u0001\\\"\\\\\\n\\u00e9\\u2028\"}]}";
+  dflash_chat_rendered *r = render("kimi-k2", conv, NULL);
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
+                               "[{\"a\": [1.0, 1e+16, 1e-05, 0.0001, -0.0, 123456789.125, "
+                               "1e+300, 2.5e-07], \"s\": \"\\u0001\\\"\\\\\\n\xc3\xa9\xe2\x80\xa8\"}]"));
+  dflash_chat_rendered_free(r);
+}
+END_TEST
+
+TCase *tc_chat_render(void) {
+  TCase *tc = tcase_create("render");
+  tcase_add_test(tc, test_names);
+  tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_qwen3_exact_and_spans);
+  tcase_add_test(tc, test_kimi_thinking_final_turn);
+  tcase_add_test(tc, test_completion_record_and_sharegpt);
+  tcase_add_test(tc, test_json_numbers);
+  return tc;
+}
