@@ -314,8 +314,8 @@ static dflash_status check_model(json_t *model, const char *what) {
   return DFLASH_OK;
 }
 
-static dflash_status load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
-                                 const char *pattern) {
+dflash_status df_load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
+                             const char *pattern) {
   json_t *model = json_object_get(doc, "model");
   dflash_status st = check_model(model, path);
   json_t *added = json_object_get(doc, "added_tokens"), *ids = json_array(), *e;
@@ -359,7 +359,7 @@ dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char 
   if (!json_is_object(doc)) st = df_error(DFLASH_E_FORMAT, "%s: not a JSON object", path);
   else if (!json_object_get(doc, "model"))
     st = df_error(DFLASH_E_FORMAT, "%s: no \"model\": not a tokenizer.json", path);
-  else st = load_hf_doc(t, doc, path, pattern);
+  else st = df_load_hf_doc(t, doc, path, pattern);
   json_decref(doc);
   return st;
 }

@@ -276,6 +276,17 @@ struct dflash_tokenizer {
 dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
                                const char *config_path);
 dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char *pattern);
+/* The same from memory (fuzzing, tests): `name` stands for the file in messages. */
+struct json_t;
+dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const char *data,
+                                    size_t len, const char *pattern, struct json_t *cfg,
+                                    const char *cfg_name);
+dflash_status df_load_hf_doc(dflash_tokenizer *t, struct json_t *doc, const char *name,
+                             const char *pattern);
+/* A fresh serial number for a loaded tokenizer (tags per-thread caches). */
+uint64_t df_tokenizer_serial(void);
+/* Build the added-token tries once a loader is done. */
+dflash_status df_tokenizer_finish(dflash_tokenizer *t);
 dflash_status df_load_vocab_merges(dflash_tokenizer *t, const char *vocab_path,
                                    const char *merges_path, const char *pattern);
 /* Append an added token (copied). */

@@ -89,8 +89,13 @@ static dflash_status load_file(dflash_tokenizer *t, const char *path, const char
   return df_load_tiktoken(t, path, pattern, NULL);
 }
 
+uint64_t df_tokenizer_serial(void) {
+  static atomic_uint_fast64_t serials = 1;
+  return atomic_fetch_add(&serials, 1);
+}
+
 /* Tries over added tokens, once the loader has filled them in. */
-static dflash_status finish(dflash_tokenizer *t) {
+dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
   return st;
@@ -113,10 +118,9 @@ dflash_status dflash_tokenizer_load(const char *path, const dflash_tokenizer_opt
   if (stat(path, &sb) != 0) return df_error_errno(DFLASH_E_IO, errno, "tokenizer %s", path);
   dflash_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return df_error_nomem("tokenizer");
-  static atomic_uint_fast64_t serials = 1;
-  t->serial = atomic_fetch_add(&serials, 1);
+  t->serial = df_tokenizer_serial();
   dflash_status st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);
-  if (!st) st = finish(t);
+  if (!st) st = df_tokenizer_finish(t);
   if (st) {
     dflash_tokenizer_free(t);
     return st;
