@@ -88,7 +88,7 @@ dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step) {
 static dflash_status compile(const char *pcre, bool literal, pcre2_code **out) {
   int err;
   PCRE2_SIZE off;
-  uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY | (literal ? PCRE2_LITERAL : 0);
+  uint32_t flags = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY;
   *out = pcre2_compile((PCRE2_SPTR)pcre, PCRE2_ZERO_TERMINATED, flags, &err, &off, NULL);
   if (!*out) {
     PCRE2_UCHAR msg[256];

@@ -131,7 +131,7 @@ def main():
         if not os.path.exists(p):
             skip(f"{p} is absent")
     strings = corpus.strings()
-    docs = corpus.documents(corpus_mb("20") / 3)
+    docs = corpus.documents(corpus_mb("20"))
     bad = corpus.invalid_bytes()
     print(f"corpus: {len(strings)} strings, {len(docs)} documents "
           f"({sum(len(d.encode()) for d in docs) / 1e6:.1f} MB per encoding), {len(bad)} invalid")
