@@ -206,12 +206,16 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
 static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
                                   uint64_t h, enc_ctx *c) {
   if (n == 1) return df_ids_push(&c->out, (int32_t)t->vocab.byte_id[p[0]]);
+  if (cache_get(c, h, p, n)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
+  size_t first = c->out.len;
   if (t->whole_piece_lookup) {
     uint32_t id = df_vocab_find_h(&t->vocab, p, n, h);
-    if (id != UINT32_MAX) return df_ids_push(&c->out, (int32_t)id);
+    if (id != UINT32_MAX) {
+      dflash_status st = df_ids_push(&c->out, (int32_t)id);
+      if (!st) cache_put(c, h, p, n, first);
+      return st;
+    }
   }
-  if (cache_get(c, h, p, n)) return DFLASH_OK;
-  size_t first = c->out.len;
   dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
   if (!st) cache_put(c, h, p, n, first);
   return st;
