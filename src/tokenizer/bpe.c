@@ -10,14 +10,19 @@
 
 #include "tok_internal.h"
 
+dflash_status df_ids_reserve(df_ids *ids, size_t n) {
+  if (ids->cap - ids->len >= n) return DFLASH_OK;
+  size_t cap = ids->cap ? ids->cap : 256;
+  while (cap - ids->len < n) cap *= 2;
+  int32_t *v = realloc(ids->v, cap * sizeof *v);
+  if (!v) return df_error_nomem("token ids");
+  ids->v = v;
+  ids->cap = cap;
+  return DFLASH_OK;
+}
+
 dflash_status df_ids_push(df_ids *ids, int32_t id) {
-  if (ids->len == ids->cap) {
-    size_t cap = ids->cap ? ids->cap * 2 : 256;
-    int32_t *v = realloc(ids->v, cap * sizeof *v);
-    if (!v) return df_error_nomem("token ids");
-    ids->v = v;
-    ids->cap = cap;
-  }
+  if (ids->len == ids->cap && df_ids_reserve(ids, 1)) return DFLASH_E_NOMEM;
   ids->v[ids->len++] = id;
   return DFLASH_OK;
 }
@@ -46,14 +51,7 @@ static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
 }
 
 static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
-  if (out->cap - out->len < n) {
-    size_t cap = out->cap ? out->cap : 256;
-    while (cap - out->len < n) cap *= 2;
-    int32_t *v = realloc(out->v, cap * sizeof *v);
-    if (!v) return df_error_nomem("token ids");
-    out->v = v;
-    out->cap = cap;
-  }
+  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
   for (size_t i = 0; i < n; i++) out->v[out->len++] = (int32_t)ids[i];
   return DFLASH_OK;
 }

@@ -113,6 +113,8 @@ typedef struct df_ids {
   size_t len, cap;
 } df_ids;
 dflash_status df_ids_push(df_ids *ids, int32_t id);
+/* Room for n more ids. */
+dflash_status df_ids_reserve(df_ids *ids, size_t n);
 dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const uint8_t *piece,
                             size_t n, size_t heap_threshold, df_bpe_scratch *s, df_ids *out);
 

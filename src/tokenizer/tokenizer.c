@@ -365,6 +365,13 @@ typedef struct batch_job {
   char **message;        /* per worker */
 } batch_job;
 
+static dflash_status ids_append(df_ids *dst, const int32_t *v, size_t n) {
+  if (df_ids_reserve(dst, n)) return DFLASH_E_NOMEM;
+  if (n) memcpy(dst->v + dst->len, v, n * sizeof *v);
+  dst->len += n;
+  return DFLASH_OK;
+}
+
 static void batch_range(void *arg, size_t begin, size_t end, int worker) {
   batch_job *j = arg;
   enc_ctx *c = &j->ctx[worker];
@@ -372,7 +379,7 @@ static void batch_range(void *arg, size_t begin, size_t end, int worker) {
   df_ids *arena = &j->arena[worker];
   for (size_t i = begin; i < end && !j->status[worker]; i++) {
     dflash_status st = encode_into(j->t, j->texts[i] ? j->texts[i] : "", j->lens[i], j->mode, c);
-    for (size_t k = 0; !st && k < c->out.len; k++) st = df_ids_push(arena, c->out.v[k]);
+    if (!st) st = ids_append(arena, c->out.v, c->out.len);
     if (st) {
       df_error_wrap(st, "text %zu", i);
       j->status[worker] = st;
