@@ -266,8 +266,8 @@ dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t 
 }
 
 /* Give every piece a leading space unless it has one (HF ByteLevel add_prefix_space). */
-static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_pretok_scratch *s,
-                                   df_buf *dst, df_ranges *out) {
+static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_buf *dst,
+                                   df_ranges *out) {
   dst->len = 0;
   out->len = 0;
   for (size_t k = 0; k < in->len; k++) {
@@ -276,7 +276,6 @@ static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_pre
     if (df_buf_append(dst, text + b, e - b) || df_ranges_push(out, start, dst->len))
       return DFLASH_E_NOMEM;
   }
-  (void)s;
   return DFLASH_OK;
 }
 
@@ -292,7 +291,7 @@ dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
     if (step->kind == DF_STEP_PREFIX_SPACE) {
       /* Write into whichever buffer `text` is not. */
       df_buf *dst = text == s->prefixed.data ? &spare : &s->prefixed;
-      st = prefix_spaces(text, cur, s, dst, next);
+      st = prefix_spaces(text, cur, dst, next);
       if (dst == &spare) { /* swap so the live text stays in s->prefixed */
         df_buf old = s->prefixed;
         s->prefixed = spare;

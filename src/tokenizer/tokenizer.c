@@ -174,6 +174,21 @@ static void ctx_free(enc_ctx *c) {
   memset(c, 0, sizeof *c);
 }
 
+/* Drop scratch that one huge text grew, so a thread does not keep it pinned. */
+static void ctx_trim(enc_ctx *c) {
+  enum { BIG = 1 << 22 };
+  if (c->out.cap * sizeof *c->out.v > BIG) {
+    free(c->out.v);
+    memset(&c->out, 0, sizeof c->out);
+  }
+  if (c->bs.cap * 4 * sizeof(uint32_t) + c->bs.heap_cap * sizeof(uint64_t) > BIG)
+    df_bpe_scratch_free(&c->bs);
+  if ((c->ps.a.cap + c->ps.b.cap) * sizeof(df_range) + c->ps.prefixed.cap > BIG)
+    df_pretok_scratch_free(&c->ps);
+  if (c->repaired.cap > BIG) df_buf_free(&c->repaired);
+  if (c->normed.cap > BIG) df_buf_free(&c->normed);
+}
+
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   if (c->cache && c->cache_serial == t->serial) return;
@@ -341,10 +356,7 @@ dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *tex
     else if (c->out.len)
       memcpy(ids, c->out.v, c->out.len * sizeof *ids);
   }
-  if (c->out.cap > (1u << 20)) { /* do not pin a huge buffer to the thread */
-    free(c->out.v);
-    memset(&c->out, 0, sizeof c->out);
-  }
+  ctx_trim(c);
   ctx_free(&local);
   return st;
 }
