@@ -88,7 +88,8 @@ static void check_scanner(int p, const char *s, size_t n) {
   if (df_pretok_run(&g_tok[p]->pretok, s, n, &a, &ba, &ra) ||
       df_pretok_run(&g_regex_only[p], s, n, &b, &bb, &rb))
     __builtin_trap();
-  if (ra->len != rb->len || memcmp(ra->v, rb->v, ra->len * sizeof *ra->v)) __builtin_trap();
+  if (ra->len != rb->len || (ra->len && memcmp(ra->v, rb->v, ra->len * sizeof *ra->v)))
+    __builtin_trap();
   df_pretok_scratch_free(&a);
   df_pretok_scratch_free(&b);
 }
@@ -99,7 +100,8 @@ static void check_bpe(const dflash_tokenizer *t, const uint8_t *s, size_t n) {
   if (df_bpe_encode(&t->vocab, &t->pairs, s, n, SIZE_MAX, &sc, &flat) ||
       df_bpe_encode(&t->vocab, &t->pairs, s, n, 0, &sc, &heap))
     __builtin_trap();
-  if (flat.len != heap.len || memcmp(flat.v, heap.v, flat.len * sizeof *flat.v)) __builtin_trap();
+  if (flat.len != heap.len || (flat.len && memcmp(flat.v, heap.v, flat.len * sizeof *flat.v)))
+    __builtin_trap();
   free(flat.v);
   free(heap.v);
   df_bpe_scratch_free(&sc);
