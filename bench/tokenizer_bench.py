@@ -52,7 +52,7 @@ def bench_pair(label, peer_name, peer_one, peer_all, ours, docs, repeat):
     w_pn, _, _ = timed(lambda: peer_all(docs), repeat)
     _, c_o1, got1 = timed(lambda: [ours.encode(d) for d in docs], repeat)
     w_o1, _, _ = timed(lambda: [ours.encode(d) for d in docs], 1)
-    w_on, _, gotn = timed(lambda: ours.encode_batch(docs), repeat)
+    w_on, c_on, gotn = timed(lambda: ours.encode_batch(docs), repeat)
     ntok = sum(len(r) for r in ref)
     bad = sum(list(a) != list(b) for a, b in zip(got1, ref)) + \
         sum(list(a) != list(b) for a, b in zip(gotn, ref))
@@ -60,7 +60,10 @@ def bench_pair(label, peer_name, peer_one, peer_all, ours, docs, repeat):
     pn = row(f"{peer_name} all threads", w_pn, nbytes, ntok, "wall")
     o1 = row("libdflash 1 thread", c_o1, nbytes, ntok, "CPU time")
     o1w = row("libdflash 1 thread", w_o1, nbytes, ntok, "wall")
-    on = row(f"libdflash batch ({os.cpu_count()} threads)", w_on, nbytes, ntok, "wall")
+    # cpu/wall near the thread count means the threads really ran in parallel; near 1 means
+    # other processes held the cores (then the scaling figure says nothing about libdflash)
+    on = row(f"libdflash batch ({os.cpu_count()} threads)", w_on, nbytes, ntok,
+             f"wall, best run's cpu/wall {c_on / w_on:.2f}")
     print(f"  RATIO {label}: 1 thread {o1 / p1:.2f}x {peer_name}, all threads {on / pn:.2f}x "
           f"{peer_name}, libdflash thread scaling {on / o1w:.2f}x, mismatches {bad}")
     return bad
