@@ -3,6 +3,7 @@
  * with added_tokens.json / tokenizer_config.json.
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,15 +19,17 @@ uint32_t df_byte_to_char(uint8_t b) {
   return 256 + n;
 }
 
+static int16_t g_char_byte[324]; /* byte-level character -> byte, -1 if none */
+static pthread_once_t g_char_byte_once = PTHREAD_ONCE_INIT;
+
+static void char_byte_init(void) {
+  for (size_t i = 0; i < DF_ARRAY_LEN(g_char_byte); i++) g_char_byte[i] = -1;
+  for (int b = 0; b < 256; b++) g_char_byte[df_byte_to_char((uint8_t)b)] = (int16_t)b;
+}
+
 static int char_to_byte(uint32_t c) {
-  static int16_t table[324];
-  static bool ready; /* benign race: every thread computes the same table */
-  if (!ready) {
-    for (size_t i = 0; i < DF_ARRAY_LEN(table); i++) table[i] = -1;
-    for (int b = 0; b < 256; b++) table[df_byte_to_char((uint8_t)b)] = (int16_t)b;
-    __atomic_store_n(&ready, true, __ATOMIC_RELEASE);
-  }
-  return c < DF_ARRAY_LEN(table) ? table[c] : -1;
+  pthread_once(&g_char_byte_once, char_byte_init);
+  return c < DF_ARRAY_LEN(g_char_byte) ? g_char_byte[c] : -1;
 }
 
 dflash_status df_bytelevel_decode(const char *s, size_t len, df_buf *out) {
