@@ -86,7 +86,14 @@ static dflash_status load_file(dflash_tokenizer *t, const char *path, const char
     return st;
   }
   if (df_str_ends_with(path, ".json")) return df_load_hf_json(t, path, pattern);
-  return df_load_tiktoken(t, path, pattern, NULL);
+  /* A rank file inside a model directory takes that directory's special-token layout. */
+  char *dir = df_path_dirname(path);
+  char *cfg = dir ? df_path_join(dir, "tokenizer_config.json") : NULL;
+  dflash_status st = dir && cfg ? df_load_tiktoken(t, path, pattern, exists(cfg) ? cfg : NULL)
+                                : df_error_nomem("paths");
+  free(dir);
+  free(cfg);
+  return st;
 }
 
 uint64_t df_tokenizer_serial(void) {

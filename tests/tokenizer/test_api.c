@@ -203,6 +203,9 @@ START_TEST(kimi_directory_layout) {
   ck_assert_uint_eq(n, 2);
   ck_assert_int_eq(ids[1], 266);
   dflash_tokenizer_free(t);
+  t = tt_load(ranks, NULL); /* the rank file itself: same layout from the config beside it */
+  ck_assert_uint_eq(dflash_tokenizer_vocab_size(t), 264 + 256);
+  dflash_tokenizer_free(t);
   free(ranks);
   free(cfg);
   df_test_rmtree(dir);
