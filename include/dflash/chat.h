@@ -117,6 +117,23 @@ DFLASH_API dflash_status dflash_chat_conversation_parse(const char *json, size_t
 DFLASH_API void dflash_chat_conversation_free(dflash_chat_conversation *conv);
 DFLASH_API size_t dflash_chat_conversation_message_count(const dflash_chat_conversation *conv);
 
+struct dflash_tokenizer;
+
+/*
+ * Normalise every string of the conversation to Unicode NFC in place:
+ * contents and text parts, reasoning, names, ids, tool calls (names and
+ * arguments, object keys included) and tool declarations. Do this before
+ * rendering for a tokenizer that normalises with NFC (Qwen's): its tokens
+ * then spell the rendered bytes exactly, so spans and masks line up.
+ * Template scaffolding is ASCII; a string that starts with a combining mark
+ * could still compose with the scaffold byte before it (e.g. ">" + U+0338),
+ * which dflash_chat_encode() reports as DFLASH_E_MISMATCH.
+ * DFLASH_E_DUPLICATE when two object keys become equal.
+ */
+DFLASH_API dflash_status dflash_chat_conversation_normalize_nfc(dflash_chat_conversation *conv);
+/* *nfc = 1 when `tok` normalises its input with NFC (probed through encode/decode), else 0. */
+DFLASH_API dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int *nfc);
+
 /* Render. `opts` may be NULL (defaults). */
 DFLASH_API dflash_status dflash_chat_render(const dflash_chat_template *tmpl,
                                            const dflash_chat_conversation *conv,
@@ -182,8 +199,6 @@ DFLASH_API dflash_status dflash_chat_loss_mask(const dflash_chat_rendered *r, co
                                               dflash_chat_turns turns, uint8_t *mask,
                                               size_t *n_supervised);
 
-struct dflash_tokenizer;
-
 /*
  * Tokenize a rendered conversation and build its loss mask in one call:
  * the text is encoded with every special token recognised, token byte ranges
@@ -192,7 +207,8 @@ struct dflash_tokenizer;
  * `mask`; *n receives the count, with DFLASH_E_BUFFER when cap is too small
  * (dflash_tokenizer_max_ids() of the text length always suffices).
  * DFLASH_E_MISMATCH when the tokens do not spell the rendered bytes exactly
- * (a normalising tokenizer changed the text, e.g. NFC on non-NFC input):
+ * (a normalising tokenizer changed the text, e.g. NFC on non-NFC input;
+ * dflash_chat_conversation_normalize_nfc() before rendering avoids it):
  * masks need byte-exact offsets.
  */
 DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,

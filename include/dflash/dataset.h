@@ -6,10 +6,14 @@
  *   input_ids  I32 [T]      every sample's token ids, concatenated
  *   loss_mask  U8  [T]      1 where the token is supervised
  *   offsets    I64 [S + 1]  sample i is [offsets[i], offsets[i+1])
- * and `__metadata__` "sample_ids": a JSON array of the S sample ids.
+ * and `__metadata__` "sample_ids": a JSON array of the S sample ids. The
+ * writer stores offsets, input_ids, loss_mask in that order, so each mapped
+ * tensor is aligned to its element size; the reader copies a misaligned
+ * tensor (shards from other writers) rather than read it unaligned.
  * dataset.json: {"format": "dflash-dataset", "version": 1, "samples",
  * "tokens", "supervised_tokens", "shards": [{"file", "samples", "tokens"}],
- * "tokenizer_hash", "template", "options"}.
+ * "tokenizer_hash", "template", "options"}. A shard is closed by the sample
+ * that brings it to shard_tokens tokens or more.
  * Shards and the manifest are written atomically (temporary name, fsync,
  * rename), the manifest last: a directory without dataset.json is an
  * unfinished run.
@@ -66,6 +70,23 @@ DFLASH_API dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t 
 DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds,
                                                         size_t bin_width, size_t n_bins,
                                                         uint64_t *counts);
+
+/* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
+#define DFLASH_TOKENIZER_HASH_LEN 72
+
+/*
+ * Content hash of the tokenizer at `path` (what dflash_tokenizer_load()
+ * takes), recorded by `dflash tokenize` as the manifest's "tokenizer_hash".
+ * SHA-256 from OpenSSL's libcrypto. A file: the SHA-256 of its bytes (what
+ * `sha256sum FILE` prints), except a vocab.json, which is hashed as its
+ * directory. A directory: one SHA-256 over the tokenizer files present in it,
+ * in the order tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
+ * added_tokens.json, special_tokens_map.json, tiktoken.model, each fed as its
+ * name, a NUL byte, its size (8 bytes, little-endian) and its bytes.
+ * Writes DFLASH_TOKENIZER_HASH_LEN bytes to `out` (DFLASH_E_BUFFER when
+ * `cap` is smaller); DFLASH_E_NOT_FOUND for a directory without such files.
+ */
+DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap);
 
 #ifdef __cplusplus
 }

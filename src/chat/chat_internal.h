@@ -55,6 +55,14 @@ struct dflash_chat_conversation {
   char *parts_text;     /* storage for joined text parts */
 };
 
+/* Parse JSON text as json_loadb(JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL)
+ * would, faster; NULL when it does not accept the text (re-parse with
+ * jansson for the verdict and message). */
+struct json_t *df_json_fast(const char *text, size_t len);
+
+/* (Re)build the message views of `c` from c->root. */
+dflash_status df_conv_build(dflash_chat_conversation *c);
+
 /* Span-tracking output. Errors are sticky so renderers read straight through. */
 typedef struct df_out {
   df_buf text;

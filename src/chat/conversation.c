@@ -160,14 +160,23 @@ static dflash_status parse_message(json_t *obj, size_t i, df_buf *store, df_mess
   return st;
 }
 
-void dflash_chat_conversation_free(dflash_chat_conversation *c) {
-  if (!c) return;
+/* Drop the message views (they borrow from root), keeping root. */
+static void clear_messages(dflash_chat_conversation *c) {
   for (size_t i = 0; i < c->n; i++) {
     for (size_t k = 0; k < c->msgs[i].n_calls; k++) json_decref(c->msgs[i].calls[k].args_object);
     free(c->msgs[i].calls);
   }
   free(c->msgs);
   free(c->parts_text);
+  c->msgs = NULL;
+  c->parts_text = NULL;
+  c->n = 0;
+  c->tools = NULL;
+}
+
+void dflash_chat_conversation_free(dflash_chat_conversation *c) {
+  if (!c) return;
+  clear_messages(c);
   json_decref(c->root);
   free(c);
 }
@@ -216,16 +225,25 @@ static dflash_status parse_all(dflash_chat_conversation *c, json_t *list, json_t
   return st;
 }
 
+dflash_status df_conv_build(dflash_chat_conversation *c) {
+  clear_messages(c);
+  json_t *list = NULL, *completion = NULL;
+  dflash_status st = collect(c->root, &list, &completion, &c->tools);
+  if (!st) st = parse_all(c, list, completion);
+  return st;
+}
+
 dflash_status dflash_chat_conversation_parse(const char *json, size_t len,
                                              dflash_chat_conversation **out) {
   DF_CHECK_ARG(json && out);
   *out = NULL;
   dflash_chat_conversation *c = calloc(1, sizeof *c);
   if (!c) return df_error_nomem("conversation");
-  dflash_status st = df_json_parse(json, len, "conversation", &c->root);
-  json_t *list = NULL, *completion = NULL;
-  if (!st) st = collect(c->root, &list, &completion, &c->tools);
-  if (!st) st = parse_all(c, list, completion);
+  /* The fast parser accepts what jansson accepts; anything else goes to
+   * jansson, which then either accepts it too or explains the error. */
+  c->root = df_json_fast(json, len);
+  dflash_status st = c->root ? DFLASH_OK : df_json_parse(json, len, "conversation", &c->root);
+  if (!st) st = df_conv_build(c);
   if (st) {
     dflash_chat_conversation_free(c);
     return st;

@@ -133,6 +133,24 @@ int df_pool_size(const df_pool *pool);
 typedef void (*df_range_fn)(void *ctx, size_t begin, size_t end, int worker);
 void df_pool_for(df_pool *pool, size_t n, size_t grain, df_range_fn fn, void *ctx);
 
+/* ---- string set (strset.c): ids already seen, up to millions ------------- */
+
+typedef struct df_strset {
+  char **slots;
+  size_t cap; /* power of two */
+  size_t count;
+} df_strset;
+
+/* 1 when added, 0 when already present, negative on allocation failure. */
+int df_strset_add(df_strset *s, const char *key);
+bool df_strset_has(const df_strset *s, const char *key);
+void df_strset_free(df_strset *s);
+
+/* ---- hashing (hash.c, OpenSSL libcrypto) --------------------------------- */
+void df_sha256(const void *data, size_t len, uint8_t out[32]);
+/* Lower-case hex digest, NUL-terminated. */
+void df_sha256_hex(const void *data, size_t len, char out[65]);
+
 /* ---- time ---------------------------------------------------------------- */
 double df_now_seconds(void); /* monotonic */
 

@@ -38,6 +38,37 @@ static dflash_status start_shard(dflash_dataset_writer *w) {
   return df_buf_append(&w->offsets, &zero, sizeof zero);
 }
 
+/* The options' strings are the caller's: keep copies until finish. */
+static dflash_status copy_strings(dflash_dataset_writer *w) {
+  const char **fields[] = {&w->opts.tokenizer_hash, &w->opts.template_name, &w->opts.options_json};
+  for (size_t i = 0; i < DF_ARRAY_LEN(fields); i++) {
+    if (!*fields[i]) continue;
+    char *copy = df_strdup(*fields[i]);
+    *fields[i] = copy;
+    if (!copy) {
+      while (++i < DF_ARRAY_LEN(fields)) *fields[i] = NULL; /* not ours to free */
+      return df_error_nomem("dataset writer options");
+    }
+  }
+  if (w->opts.options_json) {
+    json_t *o = NULL;
+    dflash_status st = df_json_parse(w->opts.options_json, strlen(w->opts.options_json),
+                                     "dataset writer options_json", &o);
+    bool obj = !st && json_is_object(o);
+    json_decref(o);
+    if (!st && !obj)
+      st = df_error(DFLASH_E_FORMAT, "dataset writer options_json: not a JSON object");
+    if (st) return st;
+  }
+  return DFLASH_OK;
+}
+
+static void free_strings(dflash_dataset_writer *w) {
+  free((char *)w->opts.tokenizer_hash);
+  free((char *)w->opts.template_name);
+  free((char *)w->opts.options_json);
+}
+
 dflash_status dflash_dataset_writer_create(const char *dir,
                                            const dflash_dataset_writer_options *opts,
                                            dflash_dataset_writer **out) {
@@ -60,9 +91,11 @@ dflash_status dflash_dataset_writer_create(const char *dir,
     }
     w->opts = *opts;
   }
+  dflash_status st = copy_strings(w);
   w->dir = df_strdup(dir);
   w->shards = json_array();
-  dflash_status st = (w->dir && w->shards) ? start_shard(w) : df_error_nomem("dataset writer");
+  if (!st && !(w->dir && w->shards)) st = df_error_nomem("dataset writer");
+  if (!st) st = start_shard(w);
   if (st) {
     dflash_dataset_writer_free(w);
     return st;
@@ -87,13 +120,15 @@ static dflash_status flush_shard(dflash_dataset_writer *w) {
                                         : df_error_nomem("shard");
   int64_t n_tok = (int64_t)(w->ids.len / sizeof(int32_t)), n_off = (int64_t)n_samples + 1;
   if (!st) st = dflash_st_writer_metadata(sw, "sample_ids", ids_json);
+  /* Stored in declaration order, widest first, so every tensor is aligned to
+   * its element size in the (8-aligned) data section: offsets, input_ids,
+   * loss_mask. Readers find them by name. */
+  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
   if (!st) st = dflash_st_writer_declare(sw, "input_ids", DFLASH_DTYPE_I32, 1, &n_tok);
   if (!st) st = dflash_st_writer_declare(sw, "loss_mask", DFLASH_DTYPE_U8, 1, &n_tok);
-  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
-  /* Tensors are stored in name order: input_ids, loss_mask, offsets. */
+  if (!st) st = write_tensor(sw, &w->offsets);
   if (!st) st = write_tensor(sw, &w->ids);
   if (!st) st = write_tensor(sw, &w->mask);
-  if (!st) st = write_tensor(sw, &w->offsets);
   if (!st) st = dflash_st_writer_finish(sw);
   if (!st && json_array_append_new(w->shards, json_pack("{s:s,s:I,s:I}", "file", name, "samples",
                                                         (json_int_t)n_samples, "tokens",
@@ -109,13 +144,23 @@ dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, const char *sa
                                         const int32_t *ids, const uint8_t *mask, size_t n) {
   DF_CHECK_ARG(w && sample_id && ids && mask && n > 0);
   if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
+  /* Check the id before touching the shard, and undo a partial append, so a
+   * refused sample leaves the shard consistent. */
+  json_t *sid = json_string(sample_id);
+  if (!sid) return df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
+  size_t ids_len = w->ids.len, mask_len = w->mask.len, off_len = w->offsets.len;
   dflash_status st = df_buf_append(&w->ids, ids, n * sizeof *ids);
   if (!st) st = df_buf_append(&w->mask, mask, n);
   int64_t end = (int64_t)(w->ids.len / sizeof(int32_t));
   if (!st) st = df_buf_append(&w->offsets, &end, sizeof end);
-  if (!st && json_array_append_new(w->sample_ids, json_string(sample_id)))
-    st = df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
-  if (st) return st;
+  if (!st && json_array_append_new(w->sample_ids, sid)) st = df_error_nomem("sample ids");
+  else if (st) json_decref(sid);
+  if (st) {
+    w->ids.len = ids_len;
+    w->mask.len = mask_len;
+    w->offsets.len = off_len;
+    return st;
+  }
   w->samples++;
   w->tokens += n;
   for (size_t i = 0; i < n; i++) w->supervised += mask[i] != 0;
@@ -160,6 +205,7 @@ void dflash_dataset_writer_free(dflash_dataset_writer *w) {
   df_buf_free(&w->offsets);
   json_decref(w->sample_ids);
   json_decref(w->shards);
+  free_strings(w);
   free(w->dir);
   free(w);
 }
@@ -173,6 +219,7 @@ typedef struct df_shard {
   const int64_t *offsets;
   size_t n_samples, n_tokens, first; /* first: global index of its sample 0 */
   json_t *sample_ids;
+  void *owned[2]; /* aligned copies of misaligned tensors (shards from other writers) */
 } df_shard;
 
 struct dflash_dataset {
@@ -186,6 +233,8 @@ void dflash_dataset_free(dflash_dataset *ds) {
   for (size_t i = 0; i < ds->n_shards; i++) {
     dflash_safetensors_free(ds->shards[i].st);
     json_decref(ds->shards[i].sample_ids);
+    free(ds->shards[i].owned[0]);
+    free(ds->shards[i].owned[1]);
   }
   free(ds->shards);
   free(ds);
@@ -204,6 +253,16 @@ static dflash_status tensor(const dflash_safetensors *st, const char *path, cons
   return DFLASH_OK;
 }
 
+/* Element access must be aligned (C); a tensor that is not gets an aligned copy. */
+static dflash_status align_tensor(const void **data, size_t bytes, size_t align, void **owned) {
+  if ((uintptr_t)*data % align == 0) return DFLASH_OK;
+  *owned = malloc(bytes ? bytes : 1);
+  if (!*owned) return df_error_nomem("aligned tensor copy");
+  memcpy(*owned, *data, bytes);
+  *data = *owned;
+  return DFLASH_OK;
+}
+
 /* Map one shard and check its offsets describe its tokens exactly. */
 static dflash_status open_shard(const char *path, df_shard *sh) {
   dflash_status st = dflash_safetensors_open(path, &sh->st);
@@ -213,6 +272,10 @@ static dflash_status open_shard(const char *path, df_shard *sh) {
   if (!st) st = tensor(sh->st, path, "loss_mask", DFLASH_DTYPE_U8, (const void **)&sh->mask, &n_mask);
   if (!st) st = tensor(sh->st, path, "offsets", DFLASH_DTYPE_I64, (const void **)&sh->offsets, &n_off);
   if (!st) st = dflash_safetensors_metadata_find(sh->st, "sample_ids", &ids_json);
+  if (!st) st = align_tensor((const void **)&sh->ids, sh->n_tokens * sizeof *sh->ids,
+                             sizeof *sh->ids, &sh->owned[0]);
+  if (!st) st = align_tensor((const void **)&sh->offsets, n_off * sizeof *sh->offsets,
+                             sizeof *sh->offsets, &sh->owned[1]);
   if (st) return st;
   sh->n_samples = n_off ? n_off - 1 : 0;
   if (n_mask != sh->n_tokens || !n_off || sh->offsets[0] != 0 ||
@@ -259,7 +322,12 @@ dflash_status dflash_dataset_open(const char *dir, dflash_dataset **out) {
   *out = NULL;
   char *path = df_path_join(dir, MANIFEST);
   json_t *m = NULL;
-  dflash_status st = path ? df_json_load_file(path, &m) : df_error_nomem("path");
+  struct stat sb;
+  dflash_status st = DFLASH_OK;
+  if (!path) st = df_error_nomem("path");
+  else if (stat(path, &sb) != 0 && errno == ENOENT)
+    st = df_error(DFLASH_E_NOT_FOUND, "%s: missing: not a dataset, or an unfinished run", path);
+  if (!st) st = df_json_load_file(path, &m);
   free(path);
   if (st) return st;
   dflash_dataset *ds = calloc(1, sizeof *ds);

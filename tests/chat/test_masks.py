@@ -63,19 +63,19 @@ def byte_unicode_map():
 
 
 class QwenTok:
-    def __init__(self, d):
+    def __init__(self, d, specials=QWEN_SPECIALS):
         tok = tokenizers.Tokenizer(models.BPE.from_file(str(d / "vocab.json"), str(d / "merges.txt")))
         tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(QWEN_PAT), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        tok.add_special_tokens(QWEN_SPECIALS)
-        self.tok, self.b = tok, byte_unicode_map()
+        tok.add_special_tokens(specials)
+        self.tok, self.b, self.specials = tok, byte_unicode_map(), set(specials)
 
     def pieces(self, text):
         out = []
         for t in self.tok.encode(text, add_special_tokens=False).tokens:
-            out.append(t.encode() if t in QWEN_SPECIALS else bytes(self.b[c] for c in t))
+            out.append(t.encode() if t in self.specials else bytes(self.b[c] for c in t))
         return out
 
 

@@ -1,18 +1,34 @@
-/* `dflash tokenize`: conversations (JSONL) -> rendered, tokenized, loss-masked dataset shards. */
+/*
+ * `dflash tokenize`: conversations (JSONL) -> rendered, tokenized, loss-masked dataset shards.
+ *
+ * Lines are read in batches. Each batch is rendered and encoded on N threads
+ * (a line per claim from an atomic counter, its result in the line's own
+ * slot); the main thread then writes the slots in input order. So the
+ * shards, manifest and rejected.jsonl are the same bytes for any thread count.
+ */
 #include <dflash/chat.h>
 #include <dflash/dataset.h>
 #include <dflash/progress.h>
 #include <dflash/tokenizer.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "chat_cli.h"
 #include "commands.h"
+
+/* A batch ends at --batch-lines lines (default) or this many input bytes. */
+#define BATCH_LINES 2048
+#define BATCH_BYTES ((size_t)32 << 20)
 
 typedef struct {
   const char *tok_path, *tmpl_name, *out_dir;
   size_t max_len;
-  int truncate, last_only;
+  int truncate, last_only, threads;
+  size_t batch_lines;
   dflash_chat_reasoning reasoning;
 } tok_args;
 
@@ -21,30 +37,49 @@ typedef struct {
   FILE *rejects;
 } tok_stats;
 
+/* One input line and what became of it. */
+typedef struct {
+  char *text;
+  size_t len;
+  const char *file;
+  uint64_t line;
+  int32_t *ids;
+  uint8_t *mask;
+  size_t n, supervised;
+  char *why; /* rejection reason (malloc'd); NULL when accepted */
+  int too_long;
+} tok_item;
+
+/* Shared, read-only while workers run (except `next`). */
+typedef struct {
+  const tok_args *a;
+  const dflash_tokenizer *tok;
+  const dflash_chat_template *tmpl;
+  int nfc;
+  tok_item *items;
+  size_t n_items;
+  atomic_size_t next;
+} tok_job;
+
 static int usage(FILE *f, int rc) {
   fprintf(f,
           "usage: dflash tokenize --tokenizer PATH --template NAME [--max-len N] [--truncate]\n"
           "                       [--last-turn-only] [--reasoning official|keep_all|\n"
-          "                        keep_after_last_user|drop] -o DIR IN.jsonl...\n"
+          "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
+          "                       -o DIR IN.jsonl...\n"
           "Reads OpenAI `messages`, ShareGPT `conversations` or fetcher completion records,\n"
           "one per line; writes safetensors shards + dataset.json to DIR and rejected lines\n"
-          "(file, line, reason) to DIR/rejected.jsonl. Default reasoning: keep_after_last_user.\n");
+          "(file, line, reason) to DIR/rejected.jsonl. Default reasoning: keep_after_last_user.\n"
+          "--threads: 0 (default) = one per CPU; the output is identical for any count.\n"
+          "--batch-lines: lines read and processed together (default 2048; memory knob).\n"
+          "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n");
   return rc;
-}
-
-static int parse_reasoning(const char *s, dflash_chat_reasoning *out) {
-  static const char *const names[] = {"official", "keep_all", "keep_after_last_user", "drop"};
-  for (int i = 0; i < 4; i++)
-    if (!strcmp(s, names[i])) {
-      *out = (dflash_chat_reasoning)i;
-      return 0;
-    }
-  return -1;
 }
 
 static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
   memset(a, 0, sizeof *a);
   a->reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
+  a->batch_lines = BATCH_LINES;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *o = argv[i];
@@ -53,99 +88,232 @@ static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
     else if (!strcmp(o, "--template") && has) a->tmpl_name = argv[++i];
     else if ((!strcmp(o, "-o") || !strcmp(o, "--out")) && has) a->out_dir = argv[++i];
     else if (!strcmp(o, "--max-len") && has) a->max_len = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(o, "--threads") && has) a->threads = atoi(argv[++i]);
+    else if (!strcmp(o, "--batch-lines") && has) a->batch_lines = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(o, "--truncate")) a->truncate = 1;
     else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
     else if (!strcmp(o, "--reasoning") && has) {
-      if (parse_reasoning(argv[++i], &a->reasoning)) return -1;
+      if (chat_cli_reasoning(argv[++i], &a->reasoning)) return -1;
     } else return -1;
   }
   *first_input = i;
-  return (a->tok_path && a->tmpl_name && a->out_dir && i < argc) ? 0 : -1;
+  if (a->threads <= 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    a->threads = cpus > 0 ? (int)cpus : 1;
+  }
+  int batch_ok = a->batch_lines > 0 && a->batch_lines <= ((size_t)1 << 20);
+  return (a->tok_path && a->tmpl_name && a->out_dir && i < argc && batch_ok) ? 0 : -1;
 }
+
+/* ---- one line (runs on any thread) ------------------------------------------ */
+
+typedef struct {
+  int32_t *ids;
+  uint8_t *mask;
+  size_t cap;
+} tok_scratch;
+
+static const char *grow(tok_scratch *s, size_t need) {
+  if (need <= s->cap) return NULL;
+  int32_t *ids = realloc(s->ids, need * sizeof *ids);
+  if (ids) s->ids = ids;
+  uint8_t *mask = realloc(s->mask, need);
+  if (mask) s->mask = mask;
+  if (!ids || !mask) return "out of memory";
+  s->cap = need;
+  return NULL;
+}
+
+/* Render + encode one record into `it`; returns a reason on rejection. */
+static const char *encode_item(const tok_job *j, tok_item *it, tok_scratch *s) {
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  o.reasoning = j->a->reasoning;
+  dflash_chat_rendered *r;
+  if (chat_cli_render(j->tmpl, it->text, it->len, j->nfc, &o, &r)) return dflash_last_error();
+  const char *why = NULL;
+  size_t tlen;
+  dflash_chat_rendered_text(r, &tlen);
+  if (dflash_chat_rendered_last_assistant(r) < 0) why = "no assistant turn";
+  if (!why) why = grow(s, dflash_tokenizer_max_ids(j->tok, tlen));
+  if (!why && dflash_chat_encode(r, j->tok, j->a->last_only ? DFLASH_CHAT_TURNS_LAST
+                                                            : DFLASH_CHAT_TURNS_ALL,
+                                 s->ids, s->mask, s->cap, &it->n, &it->supervised))
+    why = dflash_last_error();
+  dflash_chat_rendered_free(r);
+  if (why) return why;
+  if (j->a->max_len && it->n > j->a->max_len) {
+    if (!j->a->truncate) {
+      it->too_long = 1;
+      return "longer than --max-len";
+    }
+    it->n = j->a->max_len;
+    it->supervised = 0;
+    for (size_t i = 0; i < it->n; i++) it->supervised += s->mask[i];
+  }
+  it->ids = malloc(it->n * sizeof *it->ids);
+  it->mask = malloc(it->n);
+  if (!it->ids || !it->mask) return "out of memory";
+  memcpy(it->ids, s->ids, it->n * sizeof *it->ids);
+  memcpy(it->mask, s->mask, it->n);
+  return NULL;
+}
+
+static void *worker(void *arg) {
+  tok_job *j = arg;
+  tok_scratch s = {0};
+  for (;;) {
+    size_t k = atomic_fetch_add(&j->next, 1);
+    if (k >= j->n_items) break;
+    const char *why = encode_item(j, &j->items[k], &s);
+    if (why) j->items[k].why = strdup(why);
+  }
+  free(s.ids);
+  free(s.mask);
+  return NULL;
+}
+
+/* Process the batch on `threads` threads (the caller is one of them). */
+static void run_batch(tok_job *j, int threads) {
+  atomic_store(&j->next, 0);
+  if ((size_t)threads > j->n_items) threads = (int)j->n_items;
+  pthread_t tids[256];
+  int started = 0;
+  for (int t = 1; t < threads && t < 256; t++)
+    if (pthread_create(&tids[started], NULL, worker, j) == 0) started++;
+  worker(j);
+  for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
+}
+
+/* ---- input and output (main thread) ----------------------------------------- */
+
+typedef struct {
+  char **files;
+  int n_files, at;
+  FILE *f;
+  uint64_t line;
+  char *buf;
+  size_t cap;
+} tok_reader;
 
 static void reject(tok_stats *s, const char *file, uint64_t line, const char *why) {
   s->rejected++;
   if (!s->rejects) return;
-  fprintf(s->rejects, "{\"file\": \"%s\", \"line\": %llu, \"reason\": \"", file,
-          (unsigned long long)line);
-  for (const char *p = why; *p; p++) {
-    if (*p == '"' || *p == '\\') fputc('\\', s->rejects);
-    if ((unsigned char)*p >= 0x20) fputc(*p, s->rejects);
-  }
-  fputs("\"}\n", s->rejects);
+  fputs("{\"file\": ", s->rejects);
+  chat_cli_json_string(s->rejects, file, strlen(file));
+  fprintf(s->rejects, ", \"line\": %llu, \"reason\": ", (unsigned long long)line);
+  chat_cli_json_string(s->rejects, why, strlen(why));
+  fputs("}\n", s->rejects);
 }
 
-typedef struct {
-  const tok_args *a;
-  const dflash_tokenizer *tok;
-  const dflash_chat_template *tmpl;
-  dflash_dataset_writer *w;
-  int32_t *ids;
-  uint8_t *mask;
-  size_t cap;
-} tok_ctx;
-
-/* Render + encode one record; returns a reason string on rejection (NULL on success). */
-static const char *one_line(tok_ctx *c, const char *line, size_t len, const char *id,
-                            tok_stats *s) {
-  dflash_chat_options o;
-  dflash_chat_options_default(&o);
-  o.reasoning = c->a->reasoning;
-  dflash_chat_rendered *r;
-  if (dflash_chat_render_json(c->tmpl, line, len, &o, &r)) return dflash_last_error();
-  if (dflash_chat_rendered_last_assistant(r) < 0) {
-    dflash_chat_rendered_free(r);
-    return "no assistant turn";
-  }
-  size_t tlen, n = 0, sup = 0;
-  dflash_chat_rendered_text(r, &tlen);
-  size_t need = dflash_tokenizer_max_ids(c->tok, tlen);
-  if (need > c->cap) {
-    c->cap = need;
-    c->ids = realloc(c->ids, need * sizeof *c->ids);
-    c->mask = realloc(c->mask, need);
-  }
-  dflash_status st = dflash_chat_encode(r, c->tok, c->a->last_only ? DFLASH_CHAT_TURNS_LAST
-                                                                   : DFLASH_CHAT_TURNS_ALL,
-                                        c->ids, c->mask, c->cap, &n, &sup);
-  dflash_chat_rendered_free(r);
-  if (st) return dflash_last_error();
-  if (c->a->max_len && n > c->a->max_len) {
-    if (!c->a->truncate) {
-      s->too_long++;
-      return "longer than --max-len";
+/* Fill `j` with the next batch of non-blank lines; 0 items at the end of input. */
+static void read_batch(tok_reader *r, tok_job *j, tok_stats *s) {
+  size_t bytes = 0;
+  j->n_items = 0;
+  while (j->n_items < j->a->batch_lines && bytes < BATCH_BYTES) {
+    if (!r->f) {
+      if (r->at >= r->n_files) return;
+      r->line = 0;
+      if (!(r->f = fopen(r->files[r->at], "r"))) {
+        reject(s, r->files[r->at++], 0, "cannot open file");
+        continue;
+      }
     }
-    n = c->a->max_len;
+    ssize_t len = getline(&r->buf, &r->cap, r->f);
+    if (len <= 0) {
+      fclose(r->f);
+      r->f = NULL;
+      r->at++;
+      continue;
+    }
+    r->line++;
+    s->lines++;
+    if (len == 1 && r->buf[0] == '\n') continue;
+    tok_item *it = &j->items[j->n_items++];
+    memset(it, 0, sizeof *it);
+    it->text = malloc((size_t)len);
+    if (it->text) memcpy(it->text, r->buf, (size_t)len);
+    it->len = it->text ? (size_t)len : 0;
+    it->file = r->files[r->at];
+    it->line = r->line;
+    bytes += (size_t)len;
   }
-  if (dflash_dataset_writer_add(c->w, id, c->ids, c->mask, n)) return dflash_last_error();
-  s->samples++;
-  s->tokens += n;
-  for (size_t i = 0; i < n; i++) s->supervised += c->mask[i];
-  return NULL;
 }
 
-static void one_file(tok_ctx *c, const char *path, tok_stats *s, dflash_progress *p) {
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    reject(s, path, 0, "cannot open file");
-    return;
+/* Write the batch's samples in input order; the writer's first failure is returned. */
+static dflash_status write_batch(tok_job *j, dflash_dataset_writer *w, tok_stats *s) {
+  dflash_status st = DFLASH_OK;
+  for (size_t k = 0; k < j->n_items; k++) {
+    tok_item *it = &j->items[k];
+    if (it->why) {
+      reject(s, it->file, it->line, it->why);
+      s->too_long += (uint64_t)it->too_long;
+    } else if (!st) {
+      char id[4200];
+      snprintf(id, sizeof id, "%s:%llu", it->file, (unsigned long long)it->line);
+      st = dflash_dataset_writer_add(w, id, it->ids, it->mask, it->n);
+      s->samples++;
+      s->tokens += it->n;
+      s->supervised += it->supervised;
+    }
+    free(it->text);
+    free(it->ids);
+    free(it->mask);
+    free(it->why);
   }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t len;
-  uint64_t lineno = 0;
-  while ((len = getline(&line, &cap, f)) > 0) {
-    lineno++;
-    s->lines++;
-    if (len == 1 && line[0] == '\n') continue;
-    char id[4200];
-    snprintf(id, sizeof id, "%s:%llu", path, (unsigned long long)lineno);
-    const char *why = one_line(c, line, (size_t)len, id, s);
-    if (why) reject(s, path, lineno, why);
-    dflash_progress_update(p, s->lines, NULL);
+  return st;
+}
+
+/* The options that shape the samples, for the manifest (not --threads: it changes nothing). */
+static char *options_json(const tok_args *a, int nfc) {
+  static const char *const modes[] = {"official", "keep_all", "keep_after_last_user", "drop"};
+  char *s = malloc(256);
+  if (s)
+    snprintf(s, 256,
+             "{\"reasoning\": \"%s\", \"turns\": \"%s\", \"max_len\": %zu, \"truncate\": %s, "
+             "\"nfc\": %s}",
+             modes[a->reasoning], a->last_only ? "last" : "all", a->max_len,
+             a->truncate ? "true" : "false", nfc ? "true" : "false");
+  return s;
+}
+
+static void summary(const tok_stats *s) {
+  fprintf(stderr,
+          "tokenize: %llu samples, %llu tokens, supervised %.1f%%, %llu rejected (%llu too long)%s\n",
+          (unsigned long long)s->samples, (unsigned long long)s->tokens,
+          s->tokens ? 100.0 * (double)s->supervised / (double)s->tokens : 0.0,
+          (unsigned long long)s->rejected, (unsigned long long)s->too_long,
+          s->rejected ? "; see rejected.jsonl" : "");
+}
+
+/* Tokenizer, template, NFC probe and writer; on failure everything is freed. */
+static dflash_status open_all(const tok_args *a, tok_job *j, dflash_tokenizer **tok,
+                              dflash_chat_template **tmpl, dflash_dataset_writer **w) {
+  char hash[DFLASH_TOKENIZER_HASH_LEN];
+  dflash_status st = dflash_tokenizer_load(a->tok_path, NULL, tok);
+  if (!st) st = dflash_chat_template_create(a->tmpl_name, tmpl);
+  if (!st) st = dflash_chat_tokenizer_nfc(*tok, &j->nfc);
+  if (!st) st = dflash_dataset_tokenizer_hash(a->tok_path, hash, sizeof hash);
+  char *opts = st ? NULL : options_json(a, j->nfc);
+  if (!st) {
+    dflash_dataset_writer_options wo;
+    dflash_dataset_writer_options_default(&wo);
+    wo.tokenizer_hash = hash;
+    wo.template_name = a->tmpl_name;
+    wo.options_json = opts;
+    st = dflash_dataset_writer_create(a->out_dir, &wo, w);
   }
-  free(line);
-  fclose(f);
+  free(opts);
+  if (st) {
+    dflash_tokenizer_free(*tok);
+    dflash_chat_template_free(*tmpl);
+    *tok = NULL;
+    *tmpl = NULL;
+  }
+  j->a = a;
+  j->tok = *tok;
+  j->tmpl = *tmpl;
+  return st;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -153,44 +321,38 @@ int cmd_tokenize(int argc, char **argv) {
   int first;
   if (argc >= 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
   if (parse_args(argc, argv, &a, &first)) return usage(stderr, 2);
-  tok_ctx c = {.a = &a};
+  tok_job j = {0};
   dflash_tokenizer *tok = NULL;
   dflash_chat_template *tmpl = NULL;
-  dflash_status st = dflash_tokenizer_load(a.tok_path, NULL, &tok);
-  if (!st) st = dflash_chat_template_create(a.tmpl_name, &tmpl);
-  dflash_dataset_writer_options wo;
-  dflash_dataset_writer_options_default(&wo);
-  wo.tokenizer_hash = a.tok_path;
-  wo.template_name = a.tmpl_name;
-  if (!st) st = dflash_dataset_writer_create(a.out_dir, &wo, &c.w);
-  if (st) {
-    dflash_tokenizer_free(tok);
-    dflash_chat_template_free(tmpl);
-    return cli_fail("tokenize", st);
-  }
-  c.tok = tok;
-  c.tmpl = tmpl;
+  dflash_dataset_writer *w = NULL;
+  dflash_status st = open_all(&a, &j, &tok, &tmpl, &w);
+  if (st) return cli_fail("tokenize", st);
   tok_stats s = {0};
   char rej[4096];
   snprintf(rej, sizeof rej, "%s/rejected.jsonl", a.out_dir);
   s.rejects = fopen(rej, "w");
+  j.items = malloc(a.batch_lines * sizeof *j.items);
+  if (!j.items) st = DFLASH_E_NOMEM;
   dflash_progress *p = NULL;
   dflash_progress_create(stderr, "tokenize", "lines", 0, 0, &p);
-  for (int i = first; i < argc; i++) one_file(&c, argv[i], &s, p);
+  tok_reader r = {.files = argv + first, .n_files = argc - first};
+  while (!st) {
+    read_batch(&r, &j, &s);
+    if (!j.n_items) break;
+    run_batch(&j, a.threads);
+    st = write_batch(&j, w, &s);
+    dflash_progress_update(p, s.lines, NULL);
+  }
+  if (r.f) fclose(r.f);
+  free(r.buf);
   dflash_progress_finish(p);
   dflash_progress_free(p);
-  st = dflash_dataset_writer_finish(c.w);
+  if (!st) st = dflash_dataset_writer_finish(w);
   if (s.rejects) fclose(s.rejects);
-  fprintf(stderr,
-          "tokenize: %llu samples, %llu tokens, supervised %.1f%%, %llu rejected (%llu too long)%s\n",
-          (unsigned long long)s.samples, (unsigned long long)s.tokens,
-          s.tokens ? 100.0 * (double)s.supervised / (double)s.tokens : 0.0,
-          (unsigned long long)s.rejected, (unsigned long long)s.too_long,
-          s.rejected ? "; see rejected.jsonl" : "");
-  dflash_dataset_writer_free(c.w);
+  summary(&s);
+  dflash_dataset_writer_free(w);
   dflash_tokenizer_free(tok);
   dflash_chat_template_free(tmpl);
-  free(c.ids);
-  free(c.mask);
+  free(j.items);
   return st ? cli_fail("tokenize", st) : 0;
 }

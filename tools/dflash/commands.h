@@ -7,6 +7,12 @@
 
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_fetch(int argc, char **argv);
+int cmd_cp(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_render(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 

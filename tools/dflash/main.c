@@ -13,10 +13,15 @@ typedef struct {
 static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
     {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
+    {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
+    {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
+    {"ls", cmd_ls, "list objects or files under a prefix"},
+    {"train", cmd_train, "train a DFlash drafter (CPU reference backend)"},
+    {"eval", cmd_eval, "acceptance length tau of a drafter checkpoint"},
+    {"render", cmd_render, "render one conversation (stdin) with a chat template, or its mask"},
     {"encode", cmd_encode, "text on stdin -> token ids, one per line"},
     {"decode", cmd_decode, "token ids on stdin -> the bytes they stand for"},
     {NULL, NULL, NULL},
-
 };
 
 int cli_fail(const char *cmd, dflash_status st) {

@@ -2,6 +2,7 @@
 from ._lib import Error
 from ._core import version, status_name, cuda_device_count
 from .tokenizer import Tokenizer
+from .fetch import fetch
 
 __version__ = version()
 
@@ -13,3 +14,8 @@ from .chat import ChatTemplate  # noqa: E402
 from .dataset import Dataset  # noqa: E402
 
 __all__ += ["ChatTemplate", "Dataset"]
+from .storage import Storage, is_remote  # noqa: E402
+from .train import Trainer  # noqa: E402
+from .hidden import HiddenWriter, HiddenStore, SampleStream  # noqa: E402
+
+__all__ += ["Trainer", "HiddenWriter", "HiddenStore", "SampleStream"]

@@ -30,6 +30,11 @@ bind("dflash_chat_template_free", [_vp], None)
 bind("dflash_chat_template_end_of_turn", [_vp], ctypes.c_char_p)
 _render_json = bind("dflash_chat_render_json", [_vp, ctypes.c_char_p, ctypes.c_size_t,
                                                 ctypes.POINTER(_Options), ctypes.POINTER(_vp)])
+_parse = bind("dflash_chat_conversation_parse", [ctypes.c_char_p, ctypes.c_size_t,
+                                               ctypes.POINTER(_vp)])
+bind("dflash_chat_conversation_free", [_vp], None)
+_nfc = bind("dflash_chat_conversation_normalize_nfc", [_vp])
+_render = bind("dflash_chat_render", [_vp, _vp, ctypes.POINTER(_Options), ctypes.POINTER(_vp)])
 bind("dflash_chat_rendered_free", [_vp], None)
 bind("dflash_chat_rendered_text", [_vp, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_void_p)
 bind("dflash_chat_rendered_span_count", [_vp], ctypes.c_size_t)
@@ -114,9 +119,10 @@ class ChatTemplate:
         return o
 
     def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=True,
-                    preserve_thinking=False, reasoning="official"):
+                    preserve_thinking=False, reasoning="official", nfc=False):
         """Render and return a Rendered (text, spans, masks). `messages` may be a list of
-        dicts, a conversation object (dict) or its JSON text."""
+        dicts, a conversation object (dict) or its JSON text. nfc=True first normalises
+        every string to Unicode NFC (for tokenizers that normalise, e.g. Qwen's)."""
         if isinstance(messages, (str, bytes)):
             doc = messages.encode() if isinstance(messages, str) else messages
         else:
@@ -126,7 +132,16 @@ class ChatTemplate:
             doc = json.dumps(obj, ensure_ascii=False).encode()
         opts = self._options(add_generation_prompt, thinking, preserve_thinking, reasoning)
         out = _vp()
-        _render_json(self._h, doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
+        if not nfc:
+            _render_json(self._h, doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
+            return Rendered(out)
+        conv = _vp()
+        _parse(doc, len(doc), ctypes.byref(conv))
+        try:
+            _nfc(conv)
+            _render(self._h, conv, ctypes.byref(opts), ctypes.byref(out))
+        finally:
+            lib.dflash_chat_conversation_free(conv)
         return Rendered(out)
 
     def render(self, messages, **kwargs):

@@ -18,6 +18,17 @@ _hist = bind("dflash_dataset_length_histogram", [_vp, ctypes.c_size_t, ctypes.c_
                                                  ctypes.POINTER(ctypes.c_uint64)])
 
 
+_hash = bind("dflash_dataset_tokenizer_hash", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
+TOKENIZER_HASH_LEN = 72
+
+
+def tokenizer_hash(path):
+    """The manifest's "tokenizer_hash" of a tokenizer file or directory ("sha256:...")."""
+    buf = ctypes.create_string_buffer(TOKENIZER_HASH_LEN)
+    _hash(cstr(path), buf, TOKENIZER_HASH_LEN)
+    return buf.value.decode()
+
+
 class Dataset:
     """A dataset directory: len(ds), ds[i] -> (sample_id, input_ids int32, loss_mask uint8)
     as zero-copy numpy views of the mapped shards (valid while the Dataset is open)."""

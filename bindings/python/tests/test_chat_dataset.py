@@ -71,3 +71,33 @@ def test_tokenize_cli_round_trip(tmp_path):
         assert sup.endswith("4<|im_end|>") and sup.startswith("<think>\nAdd them.")
         assert tok.decode([int(t) for t in ids]).decode() == text
         assert ds.length_histogram(bin_width=1000, n_bins=2).tolist() == [1, 0]
+
+
+def test_render_nfc():
+    import unicodedata
+    msgs = [{"role": "user", "content": "cafe\u0301 \u1100\u1161"},
+            {"role": "assistant", "content": "A\u030a", "reasoning_content": "\u212b"}]
+    tmpl = dflash.ChatTemplate("qwen3")
+    raw = tmpl.render(msgs)
+    assert "e\u0301" in raw  # untouched by default
+    got = tmpl.render(msgs, nfc=True)
+    want = tmpl.render([{k: unicodedata.normalize("NFC", v) for k, v in m.items()} for m in msgs])
+    assert got == want == unicodedata.normalize("NFC", raw)
+
+
+def test_tokenizer_hash(tmp_path):
+    import hashlib
+    from dflash.dataset import tokenizer_hash
+    f = tmp_path / "ranks.tiktoken"
+    f.write_bytes(b"some ranks")
+    assert tokenizer_hash(str(f)) == "sha256:" + hashlib.sha256(b"some ranks").hexdigest()
+    (tmp_path / "merges.txt").write_bytes(b"#v\n")
+    (tmp_path / "vocab.json").write_bytes(b"{}")
+    h = hashlib.sha256()
+    for name in ("vocab.json", "merges.txt"):
+        data = (tmp_path / name).read_bytes()
+        h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    assert tokenizer_hash(str(tmp_path)) == "sha256:" + h.hexdigest()
+    with pytest.raises(dflash.Error) as e:
+        tokenizer_hash(str(tmp_path / "missing"))
+    assert "missing" in e.value.message

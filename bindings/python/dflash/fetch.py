@@ -1,0 +1,193 @@
+"""Completion fetcher: regenerate assistant turns with OpenAI-compatible servers.
+
+    summary = dflash.fetch("prompts.jsonl", "out/", servers=["http://host:30000/v1"],
+                           model="kimi-k2", family="kimi", max_tokens=4096)
+
+writes out/completions.jsonl and out/errors.jsonl (see include/dflash/fetch.h)
+and returns the run's summary as a dict. Running it again resumes.
+"""
+import ctypes
+import json
+
+from ._lib import Error, bind, cstr
+
+_FAMILIES = {"none": 0, "kimi": 1, "qwen": 2}
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("servers", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_servers", ctypes.c_size_t),
+        ("model", ctypes.c_char_p),
+        ("family", ctypes.c_int32),
+        ("thinking", ctypes.c_int32),
+        ("max_tokens", ctypes.c_int32),
+        ("temperature", ctypes.c_double),
+        ("top_p", ctypes.c_double),
+        ("top_k", ctypes.c_int32),
+        ("min_p", ctypes.c_double),
+        ("seed", ctypes.c_int64),
+        ("stop_json", ctypes.c_char_p),
+        ("extra_json", ctypes.c_char_p),
+        ("stream", ctypes.c_int32),
+        ("api_key_env", ctypes.c_char_p),
+        ("api_key_file", ctypes.c_char_p),
+        ("concurrency", ctypes.c_int32),
+        ("connect_timeout_s", ctypes.c_double),
+        ("idle_timeout_s", ctypes.c_double),
+        ("deadline_s", ctypes.c_double),
+        ("deadline_base_s", ctypes.c_double),
+        ("deadline_per_token_s", ctypes.c_double),
+        ("max_attempts", ctypes.c_int32),
+        ("backoff_base_s", ctypes.c_double),
+        ("backoff_max_s", ctypes.c_double),
+        ("retry_after_max_s", ctypes.c_double),
+        ("fsync_interval_s", ctypes.c_double),
+        ("retry_errors", ctypes.c_int32),
+        ("shard_index", ctypes.c_uint32),
+        ("shard_count", ctypes.c_uint32),
+        ("fail_threshold", ctypes.c_int32),
+        ("probe_interval_s", ctypes.c_double),
+        ("max_response_bytes", ctypes.c_uint64),
+        ("verify_tls", ctypes.c_int32),
+        ("all_turns", ctypes.c_int32),
+        ("drain_grace_s", ctypes.c_double),
+        ("progress_interval_s", ctypes.c_double),
+        ("send_rid", ctypes.c_int32),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """Counters handed to a progress callback (see dflash_fetch_stats)."""
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "total", "skipped", "completed", "failed", "input_errors", "duplicates", "length",
+        "empty", "retries", "in_flight", "pending", "prompt_tokens", "completion_tokens")]
+    _fields_ = ([("struct_size", ctypes.c_size_t)] + _fields_ +
+                [("elapsed_s", ctypes.c_double), ("servers_healthy", ctypes.c_uint32),
+                 ("stopping", ctypes.c_uint32)])
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_[1:]}
+
+
+_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Stats), ctypes.c_void_p)
+
+_defaults = bind("dflash_fetch_options_default", [ctypes.POINTER(_Options)])
+_create = bind("dflash_fetch_create", [ctypes.POINTER(_Options), ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.POINTER(ctypes.c_void_p)])
+_run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])
+_summary = bind("dflash_fetch_summary", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                         ctypes.POINTER(ctypes.c_size_t)])
+_free = bind("dflash_fetch_free", [ctypes.c_void_p], None)
+_record_id = bind("dflash_fetch_record_id", [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                                             ctypes.c_size_t])
+
+# keyword -> (options field, conversion)
+_SIMPLE = {
+    "max_tokens": "max_tokens", "top_k": "top_k", "concurrency": "concurrency",
+    "connect_timeout": "connect_timeout_s", "idle_timeout": "idle_timeout_s",
+    "deadline": "deadline_s", "max_attempts": "max_attempts", "backoff": "backoff_base_s",
+    "backoff_max": "backoff_max_s", "fsync_interval": "fsync_interval_s",
+    "fail_threshold": "fail_threshold", "probe_interval": "probe_interval_s",
+    "max_response_bytes": "max_response_bytes", "drain_grace": "drain_grace_s",
+    "progress_interval": "progress_interval_s",
+}
+_FLAGS = {"thinking": "thinking", "stream": "stream", "retry_errors": "retry_errors",
+          "verify_tls": "verify_tls", "all_turns": "all_turns", "send_rid": "send_rid"}
+_UNSET_IF_NONE = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
+                  "seed": "seed"}
+
+
+def _options(servers, model, family, kw, keep):
+    o = _Options()
+    _defaults(ctypes.byref(o))
+    if isinstance(servers, str):
+        servers = [servers]
+    arr = (ctypes.c_char_p * len(servers))(*[cstr(s) for s in servers])
+    keep.append(arr)
+    o.servers, o.n_servers = arr, len(servers)
+    o.model = cstr(model)
+    if family not in _FAMILIES:
+        raise ValueError(f"family must be one of {sorted(_FAMILIES)}, not {family!r}")
+    o.family = _FAMILIES[family]
+    for key, value in kw.items():
+        if key in _SIMPLE:
+            setattr(o, _SIMPLE[key], value)
+        elif key in _FLAGS:
+            setattr(o, _FLAGS[key], 1 if value else 0)
+        elif key in _UNSET_IF_NONE:
+            if value is not None:
+                setattr(o, _UNSET_IF_NONE[key], value)
+        elif key in ("stop", "extra"):
+            if value is not None:
+                setattr(o, key + "_json", json.dumps(value).encode())
+        elif key in ("api_key_env", "api_key_file"):
+            setattr(o, key, cstr(value))
+        elif key == "shard":
+            o.shard_index, o.shard_count = value
+        else:
+            raise TypeError(f"fetch() got an unexpected keyword argument {key!r}")
+    return o
+
+
+def _summary_of(handle):
+    n = ctypes.c_size_t(0)
+    try:
+        _summary(handle, None, 0, ctypes.byref(n))
+    except Error as e:
+        if e.status != "DFLASH_E_BUFFER":
+            raise
+    buf = ctypes.create_string_buffer(n.value)
+    _summary(handle, buf, n.value, ctypes.byref(n))
+    return json.loads(buf.value.decode())
+
+
+def fetch(input, out_dir, servers, model, family="none", progress=None, **options):
+    """Fetch completions for every conversation in `input` (JSONL) into `out_dir`.
+
+    servers: base URL or list of them; family: "kimi", "qwen" or "none".
+    progress: optional callable(stats: dict) -> bool, called every progress_interval
+    seconds on the fetching thread; returning True (or raising KeyboardInterrupt)
+    stops the run after in-flight requests drain.
+    Other options mirror dflash_fetch_options (max_tokens, temperature, top_p,
+    top_k, min_p, seed, stop, extra (a dict), stream, api_key_env, api_key_file,
+    concurrency, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
+    fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes, ...).
+    Returns the summary dict; summary["stopped"] is True when the run was stopped.
+    """
+    keep = []
+    o = _options(servers, model, family, options, keep)
+    handle = ctypes.c_void_p()
+    _create(ctypes.byref(o), cstr(input), cstr(out_dir), ctypes.byref(handle))
+    interrupted = []
+
+    def on_progress(_f, stats, _user):
+        try:
+            return 1 if progress(stats.contents.as_dict()) else 0
+        except KeyboardInterrupt:
+            interrupted.append(True)
+            return 1
+
+    cb = _PROGRESS(on_progress) if progress else _PROGRESS()
+    try:
+        try:
+            _run(handle, cb, None)
+        except Error as e:
+            if e.status != "DFLASH_E_CANCELLED":
+                raise
+        summary = _summary_of(handle)
+    finally:
+        _free(handle)
+    if interrupted:
+        raise KeyboardInterrupt
+    return summary
+
+
+def record_id(line):
+    """The id fetch gives a JSONL line: its "id", else "h" + 32 hex digits of SHA-256
+    over the compact, key-sorted JSON of its normalised messages."""
+    data = line.encode() if isinstance(line, str) else line
+    out = ctypes.create_string_buffer(256)
+    _record_id(data, len(data), out, len(out))
+    return out.value.decode()

@@ -1,0 +1,266 @@
+"""Offline target hidden states through libdflash.
+
+Dumping from Hugging Face transformers (layer id k = hidden_states[k + 1],
+the OUTPUT of decoder layer k; hidden_states[0] is the embedding):
+
+    import torch, dflash
+    layer_ids = [1, 9, 17, 25, 33]          # dflash_config.target_layer_ids
+    with dflash.HiddenWriter("hidden/", num_layers=len(layer_ids),
+                             hidden_size=model.config.hidden_size, dtype="bf16") as w:
+        for sample_id, input_ids in dataset:   # the tokenized dataset's ids and tokens
+            with torch.no_grad():
+                out = model(torch.tensor([input_ids]), output_hidden_states=True)
+            states = torch.cat([out.hidden_states[k + 1][0] for k in layer_ids], dim=-1)
+            w.append(sample_id, states)        # [S, K*H]; bf16 tensors are kept bit-exact
+
+Dumping from SGLang (in process, the way SpecForge's offline preparation
+script does it): load the target with `sglang.bench_one_batch.load_model`,
+call `model_runner.model.set_eagle3_layers_to_capture([k + 1 for k in
+layer_ids])` (SGLang captures the INPUT of the listed layers, i.e. the
+output of layer k when given k + 1; check this against your SGLang version
+by comparing one sample with the transformers recipe above), run a prefill
+`ScheduleBatch` with `CaptureHiddenMode.FULL`, and append
+`logits_output.hidden_states` (the captured layers, concatenated, [S, K*H])
+per request. The rows must align with the dataset's input_ids (same tokens,
+same length); the stream reports every sample whose lengths differ.
+"""
+import ctypes
+
+import numpy as np
+
+from ._lib import bind, cstr
+
+_P = ctypes.c_void_p
+
+
+class WriterOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
+                ("shard_bytes", ctypes.c_uint64)]
+
+
+class TrainSample(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
+                ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
+                ("input_ids", ctypes.POINTER(ctypes.c_int32)),
+                ("loss_mask", ctypes.POINTER(ctypes.c_uint8)),
+                ("hidden", ctypes.POINTER(ctypes.c_float))]
+
+
+class StreamOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32)]
+
+
+_w_defaults = bind("dflash_hidden_writer_options_default", [ctypes.POINTER(WriterOptions)], None)
+_w_create = bind("dflash_hidden_writer_create", [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
+                                                 ctypes.POINTER(WriterOptions), ctypes.POINTER(_P)])
+_w_append = bind("dflash_hidden_writer_append", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                 ctypes.c_int64])
+_w_append_bf16 = bind("dflash_hidden_writer_append_bf16", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                           ctypes.c_int64])
+_w_flush = bind("dflash_hidden_writer_flush", [_P])
+_w_finish = bind("dflash_hidden_writer_finish", [_P])
+_w_free = bind("dflash_hidden_writer_free", [_P], None)
+_h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)])
+_h_free = bind("dflash_hidden_free", [_P], None)
+_h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_size_t)])
+_h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)])
+_h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)])
+_h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64])
+_s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
+                                             ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)])
+_s_free = bind("dflash_sample_stream_free", [_P], None)
+_s_count = bind("dflash_sample_stream_count", [_P], ctypes.c_size_t)
+_s_check = bind("dflash_sample_stream_check", [_P, ctypes.POINTER(ctypes.c_size_t)])
+_s_start = bind("dflash_sample_stream_start", [_P, ctypes.POINTER(ctypes.c_uint64),
+                                               ctypes.c_size_t])
+_s_next = bind("dflash_sample_stream_next", [_P, ctypes.POINTER(TrainSample),
+                                             ctypes.POINTER(ctypes.c_int)])
+
+DTYPES = {"bf16": 0, "bfloat16": 0, "fp8": 1, "fp8_e4m3": 1, "float8_e4m3fn": 1}
+_DTYPE_NAMES = {0: "bf16", 1: "fp8_e4m3"}
+
+
+def _as_array(states):
+    """numpy or torch -> (contiguous array, is_bf16_bits)."""
+    if hasattr(states, "detach"):  # a torch tensor
+        import torch
+        t = states.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16)), True
+        return np.ascontiguousarray(t.float().numpy()), False
+    return np.ascontiguousarray(states, dtype=np.float32), False
+
+
+class HiddenWriter:
+    """dflash.HiddenWriter(dir, num_layers=K, hidden_size=H, dtype="bf16"|"fp8").
+
+    append(sample_id, array [S, K*H]) buffers a sample; shards of
+    `shard_bytes` are written as they fill; close() (or leaving a `with`)
+    writes the rest. Reopening a directory appends to it.
+    """
+
+    def __init__(self, directory, num_layers, hidden_size, dtype="bf16", shard_bytes=None):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
+        opts = WriterOptions()
+        _w_defaults(ctypes.byref(opts))
+        opts.dtype = DTYPES[dtype]
+        if shard_bytes:
+            opts.shard_bytes = int(shard_bytes)
+        self.width = num_layers * hidden_size
+        self._h = _P()
+        _w_create(cstr(directory), num_layers, hidden_size, ctypes.byref(opts),
+                  ctypes.byref(self._h))
+
+    def append(self, sample_id, states):
+        a, bf16 = _as_array(states)
+        if a.ndim != 2 or a.shape[1] != self.width:
+            raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
+        fn = _w_append_bf16 if bf16 else _w_append
+        fn(self._h, str(sample_id).encode(), a.ctypes.data, a.shape[0])
+
+    def flush(self):
+        _w_flush(self._h)
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            try:
+                _w_finish(h)
+            finally:
+                _w_free(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        if exc_type is None:
+            self.close()
+        else:  # do not write a shard from a failed dump's buffer
+            h, self._h = self._h, None
+            _w_free(h)
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _w_free is not None:
+            _w_free(h)
+
+
+class HiddenStore:
+    """A hidden-state store opened for reading (memory-mapped)."""
+
+    def __init__(self, directory):
+        self._h = _P()
+        _h_open(cstr(directory), ctypes.byref(self._h))
+        K, H, dt, n = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32(), ctypes.c_size_t()
+        _h_info(self._h, ctypes.byref(K), ctypes.byref(H), ctypes.byref(dt), ctypes.byref(n))
+        self.num_layers, self.hidden_size = K.value, H.value
+        self.dtype, self.count = _DTYPE_NAMES[dt.value], n.value
+
+    def __len__(self):
+        return self.count
+
+    def ids(self):
+        out = []
+        for i in range(self.count):
+            s = ctypes.c_char_p()
+            _h_id(self._h, i, ctypes.byref(s))
+            out.append(s.value.decode())
+        return out
+
+    def length(self, sample_id):
+        n = ctypes.c_int64()
+        _h_len(self._h, str(sample_id).encode(), ctypes.byref(n))
+        return n.value
+
+    def read(self, sample_id):
+        n = self.length(sample_id)
+        out = np.empty((n, self.num_layers * self.hidden_size), dtype=np.float32)
+        _h_read(self._h, str(sample_id).encode(), out.ctypes.data, n)
+        return out
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _h_free is not None:
+            _h_free(h)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SampleStream:
+    """Tokenized dataset joined with a hidden-state store, prefetched."""
+
+    def __init__(self, data_dir, hidden_dir, prefetch=4):
+        opts = StreamOptions(ctypes.sizeof(StreamOptions), prefetch)
+        self._h = _P()
+        _s_open(cstr(data_dir), cstr(hidden_dir), ctypes.byref(opts), ctypes.byref(self._h))
+
+    def __len__(self):
+        return _s_count(self._h)
+
+    def check(self):
+        """Raise dflash.Error naming the first missing id / length mismatch."""
+        bad = ctypes.c_size_t()
+        _s_check(self._h, ctypes.byref(bad))
+
+    def iterate(self, order=None):
+        """Yield (index, id, input_ids, loss_mask, hidden) copies in `order`."""
+        order = np.ascontiguousarray(np.arange(len(self)) if order is None else order,
+                                     dtype=np.uint64)
+        _s_start(self._h, order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), order.size)
+        s, done = TrainSample(), ctypes.c_int()
+        while True:
+            _s_next(self._h, ctypes.byref(s), ctypes.byref(done))
+            if done.value:
+                return
+            n = s.len
+            yield (s.index, s.id.decode(), np.ctypeslib.as_array(s.input_ids, (n,)).copy(),
+                   np.ctypeslib.as_array(s.loss_mask, (n,)).copy(),
+                   np.ctypeslib.as_array(s.hidden, (n, self.width())).copy())
+
+    def width(self):
+        return _width(self._h)
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _s_free is not None:
+            _s_free(h)
+
+    __del__ = close
+
+
+_width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)
+
+
+_d_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.c_void_p,
+                                                  ctypes.POINTER(_P)])
+_d_add = bind("dflash_dataset_writer_add", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
+                                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
+_d_finish = bind("dflash_dataset_writer_finish", [_P])
+_d_free = bind("dflash_dataset_writer_free", [_P], None)
+
+
+def write_dataset(directory, samples):
+    """Write a tokenized dataset (the format `dflash tokenize` produces) from
+    samples = [(id, input_ids, loss_mask), ...]; handy for tests and for
+    data tokenized elsewhere."""
+    w = _P()
+    _d_create(cstr(directory), None, ctypes.byref(w))
+    try:
+        for sid, ids, mask in samples:
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+            mask = np.ascontiguousarray(mask, dtype=np.uint8)
+            _d_add(w, str(sid).encode(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                   mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), ids.size)
+        _d_finish(w)
+    finally:
+        _d_free(w)

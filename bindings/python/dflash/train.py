@@ -1,0 +1,310 @@
+"""The drafter trainer through libdflash (float32 CPU reference backend).
+
+`Trainer` is the oracle hook: it exposes parameters, gradients and one
+sequence's forward/backward with given anchors, so the maths can be checked
+against independent implementations (tests/train/oracle_*.py does so with
+PyTorch).
+"""
+import ctypes
+import json
+import os
+
+import numpy as np
+
+from ._lib import bind, cstr
+
+MAX_LAYERS = 64
+MAX_TARGET = 128
+
+
+class DrafterConfig(ctypes.Structure):
+    """Mirror of `dflash_drafter_config` (include/dflash/train.h)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("hidden_size", ctypes.c_int32), ("intermediate_size", ctypes.c_int32),
+        ("num_hidden_layers", ctypes.c_int32), ("num_attention_heads", ctypes.c_int32),
+        ("num_key_value_heads", ctypes.c_int32), ("head_dim", ctypes.c_int32),
+        ("vocab_size", ctypes.c_int32), ("max_position_embeddings", ctypes.c_int32),
+        ("rms_norm_eps", ctypes.c_double), ("rope_theta", ctypes.c_double),
+        ("rope_type", ctypes.c_int32), ("rope_factor", ctypes.c_double),
+        ("rope_attention_factor", ctypes.c_double), ("rope_beta_fast", ctypes.c_double),
+        ("rope_beta_slow", ctypes.c_double), ("rope_original_max_position", ctypes.c_int32),
+        ("rope_truncate", ctypes.c_int32),
+        ("num_target_layers", ctypes.c_int32), ("block_size", ctypes.c_int32),
+        ("mask_token_id", ctypes.c_int32), ("n_target_layer_ids", ctypes.c_int32),
+        ("target_layer_ids", ctypes.c_int32 * MAX_TARGET),
+        ("layer_types", ctypes.c_int32 * MAX_LAYERS),
+        ("sliding_window", ctypes.c_int32), ("attention_bias", ctypes.c_int32),
+        ("tie_word_embeddings", ctypes.c_int32),
+    ]
+
+
+class TrainerOptions(ctypes.Structure):
+    """Mirror of `dflash_trainer_options`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("backend", ctypes.c_int32),
+        ("n_threads", ctypes.c_int32), ("seed", ctypes.c_uint64), ("lr", ctypes.c_double),
+        ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double), ("adam_eps", ctypes.c_double),
+        ("grad_clip", ctypes.c_double), ("warmup_ratio", ctypes.c_double),
+        ("total_steps", ctypes.c_int64), ("min_lr_ratio", ctypes.c_double),
+        ("loss_gamma", ctypes.c_double), ("num_anchors", ctypes.c_int32),
+        ("vocab_chunk", ctypes.c_int32), ("init_std", ctypes.c_double),
+    ]
+
+
+_P = ctypes.c_void_p
+_F = ctypes.POINTER(ctypes.c_float)
+_I32 = ctypes.POINTER(ctypes.c_int32)
+_U8 = ctypes.POINTER(ctypes.c_uint8)
+_D = ctypes.POINTER(ctypes.c_double)
+
+_cfg_default = bind("dflash_drafter_config_default", [ctypes.POINTER(DrafterConfig)], None)
+_cfg_parse = bind("dflash_drafter_config_parse",
+                  [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(DrafterConfig)])
+_cfg_json = bind("dflash_drafter_config_to_json",
+                 [ctypes.POINTER(DrafterConfig), ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)])
+_default_layers = bind("dflash_default_target_layers", [ctypes.c_int32, ctypes.c_int32, _I32])
+_opts_default = bind("dflash_trainer_options_default", [ctypes.POINTER(TrainerOptions)], None)
+_create = bind("dflash_trainer_create", [ctypes.POINTER(DrafterConfig), _F, _F,
+                                         ctypes.POINTER(TrainerOptions), ctypes.POINTER(_P)])
+_free = bind("dflash_trainer_free", [_P], None)
+_pcount = bind("dflash_trainer_param_count", [_P], ctypes.c_size_t)
+_pinfo = bind("dflash_trainer_param_info",
+              [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), _I32,
+               ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_size_t)])
+_get_param = bind("dflash_trainer_get_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
+_set_param = bind("dflash_trainer_set_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
+_get_grad = bind("dflash_trainer_get_grad", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
+_fb = bind("dflash_trainer_forward_backward",
+           [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, _D])
+_zero = bind("dflash_trainer_zero_grad", [_P])
+_accum = bind("dflash_trainer_accumulate",
+              [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, ctypes.c_double, _D, _D])
+_wsum = bind("dflash_trainer_weight_sum", [_P, _U8, ctypes.c_int64, _I32, ctypes.c_int32, _D])
+_step = bind("dflash_trainer_step", [_P, _D, _D])
+_steps = bind("dflash_trainer_steps", [_P], ctypes.c_int64)
+_lr_at = bind("dflash_trainer_lr_at", [_P, ctypes.c_int64], ctypes.c_double)
+_predict = bind("dflash_trainer_predict",
+                [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32])
+_save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int])
+_load = bind("dflash_trainer_load", [_P, ctypes.c_char_p])
+_save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                 ctypes.c_size_t])
+_load_state = bind("dflash_trainer_load_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                 ctypes.POINTER(ctypes.c_size_t)])
+_sample = bind("dflash_sample_anchors", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+                                         ctypes.c_uint64, ctypes.c_uint64, _I32, _I32])
+_gamma = bind("dflash_default_loss_gamma", [ctypes.c_int32], ctypes.c_double)
+
+
+def _ptr(arr, ctype):
+    return arr.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def parse_config(config):
+    """A config dict, JSON text or path -> DrafterConfig (validated by the library)."""
+    if isinstance(config, DrafterConfig):
+        return config
+    if isinstance(config, dict):
+        text, what = json.dumps(config).encode(), b"<dict>"
+    elif isinstance(config, (str, os.PathLike)) and os.path.exists(config):
+        with open(config, "rb") as f:
+            text, what = f.read(), cstr(config)
+    else:
+        text, what = (config.encode() if isinstance(config, str) else config), b"<text>"
+    cfg = DrafterConfig()
+    _cfg_parse(text, len(text), what, ctypes.byref(cfg))
+    return cfg
+
+
+def config_to_dict(cfg):
+    """DrafterConfig -> the config.json dict the library writes."""
+    n = ctypes.c_size_t(0)
+    try:
+        _cfg_json(ctypes.byref(cfg), None, ctypes.byref(n))
+    except Exception:  # DFLASH_E_BUFFER reports the size
+        pass
+    buf = ctypes.create_string_buffer(n.value)
+    _cfg_json(ctypes.byref(cfg), buf, ctypes.byref(n))
+    return json.loads(buf.value.decode())
+
+
+def default_target_layers(num_target_layers, k):
+    out = (ctypes.c_int32 * k)()
+    _default_layers(num_target_layers, k, out)
+    return list(out)
+
+
+def default_loss_gamma(block_size):
+    return _gamma(block_size)
+
+
+def sample_anchors(loss_mask, block_size, max_anchors, seed, stream):
+    """The spec's anchor sampling, as the trainer draws it."""
+    mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
+    out = np.zeros(max(max_anchors, 1), dtype=np.int32)
+    n = ctypes.c_int32(0)
+    _sample(_ptr(mask, ctypes.c_uint8), mask.size, block_size, max_anchors, seed, stream,
+            _ptr(out, ctypes.c_int32), ctypes.byref(n))
+    return out[:n.value].copy()
+
+
+_OPTION_NAMES = {f for f, _ in TrainerOptions._fields_} - {"struct_size"}
+
+
+class Trainer:
+    """dflash.Trainer(config, embed, lm_head, backend="cpu", seed=0, **options).
+
+    config: a dict in config.json form, JSON text or a path; embed and lm_head:
+    float32 [vocab, hidden]. Extra keyword options are fields of
+    dflash_trainer_options (lr, weight_decay, beta1, beta2, adam_eps,
+    grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
+    num_anchors, vocab_chunk, init_std, n_threads).
+    """
+
+    def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
+        self.config = parse_config(config)
+        opts = TrainerOptions()
+        _opts_default(ctypes.byref(opts))
+        opts.backend = {"cpu": 0, "cuda": 1}[backend]
+        opts.seed = seed
+        for k, v in options.items():
+            if k not in _OPTION_NAMES:
+                raise TypeError(f"unknown trainer option {k!r}")
+            setattr(opts, k, v)
+        V, H = self.config.vocab_size, self.config.hidden_size
+        embed = np.ascontiguousarray(embed, dtype=np.float32)
+        lm_head = np.ascontiguousarray(lm_head, dtype=np.float32)
+        for name, a in (("embed", embed), ("lm_head", lm_head)):
+            if a.shape != (V, H):
+                raise ValueError(f"{name} has shape {a.shape}, the config needs {(V, H)}")
+        self._h = _P()
+        _create(ctypes.byref(self.config), _ptr(embed, ctypes.c_float),
+                _ptr(lm_head, ctypes.c_float), ctypes.byref(opts), ctypes.byref(self._h))
+        self._info = []
+        for i in range(_pcount(self._h)):
+            name, ndim = ctypes.c_char_p(), ctypes.c_int32()
+            shape, numel = (ctypes.c_int64 * 2)(), ctypes.c_size_t()
+            _pinfo(self._h, i, ctypes.byref(name), ctypes.byref(ndim), shape, ctypes.byref(numel))
+            self._info.append((name.value.decode(), tuple(shape[:ndim.value])))
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _free is not None:
+            _free(h)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def block_size(self):
+        return self.config.block_size
+
+    def names(self):
+        return [n for n, _ in self._info]
+
+    def _tensors(self, getter):
+        out = {}
+        for name, shape in self._info:
+            a = np.empty(shape, dtype=np.float32)
+            getter(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
+            out[name] = a
+        return out
+
+    def parameters(self):
+        """dict name -> float32 array (copies), checkpoint names."""
+        return self._tensors(_get_param)
+
+    def gradients(self):
+        """Gradients of the last forward_backward (or of the accumulated batch)."""
+        return self._tensors(_get_grad)
+
+    def set_parameters(self, params):
+        for name, value in params.items():
+            a = np.ascontiguousarray(value, dtype=np.float32)
+            _set_param(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
+
+    @staticmethod
+    def _inputs(input_ids, loss_mask, hidden, anchors):
+        ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+        mask = np.ascontiguousarray(loss_mask, dtype=np.uint8) if loss_mask is not None else None
+        hid = np.ascontiguousarray(hidden, dtype=np.float32)
+        anc = np.ascontiguousarray(anchors, dtype=np.int32)
+        if hid.ndim != 2 or hid.shape[0] != ids.size:
+            raise ValueError(f"hidden has shape {hid.shape}; expected [{ids.size}, K*H]")
+        if mask is not None and mask.size != ids.size:
+            raise ValueError("loss_mask and input_ids differ in length")
+        return ids, mask, hid, anc
+
+    def forward_backward(self, input_ids, loss_mask, hidden, anchors):
+        """loss = sum(w*CE)/sum(w) over the given anchors; sets gradients()."""
+        ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
+        loss = ctypes.c_double()
+        _fb(self._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+            _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, ctypes.byref(loss))
+        return loss.value
+
+    def zero_grad(self):
+        _zero(self._h)
+
+    def weight_sum(self, loss_mask, anchors):
+        mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
+        anc = np.ascontiguousarray(anchors, dtype=np.int32)
+        out = ctypes.c_double()
+        _wsum(self._h, _ptr(mask, ctypes.c_uint8), mask.size, _ptr(anc, ctypes.c_int32),
+              anc.size, ctypes.byref(out))
+        return out.value
+
+    def accumulate(self, input_ids, loss_mask, hidden, anchors, grad_scale):
+        """Add grad_scale * d(sum w*CE); returns (sum w*CE, sum w)."""
+        ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
+        ls, ws = ctypes.c_double(), ctypes.c_double()
+        _accum(self._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+               _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, grad_scale,
+               ctypes.byref(ls), ctypes.byref(ws))
+        return ls.value, ws.value
+
+    def step(self):
+        """Clip, AdamW at the scheduled lr; returns (grad_norm, lr)."""
+        norm, lr = ctypes.c_double(), ctypes.c_double()
+        _step(self._h, ctypes.byref(norm), ctypes.byref(lr))
+        return norm.value, lr.value
+
+    @property
+    def steps(self):
+        return _steps(self._h)
+
+    def lr_at(self, step):
+        return _lr_at(self._h, step)
+
+    def predict(self, input_ids, hidden, anchors):
+        """Greedy tokens for block positions 1..B-1: int32 [n_anchors, B-1]."""
+        ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
+        out = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
+        _predict(self._h, _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+                 _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_int32))
+        return out
+
+    def save(self, directory, bf16=False):
+        _save(self._h, cstr(directory), int(bool(bf16)))
+
+    def load(self, path):
+        _load(self._h, cstr(path))
+
+    def save_state(self, path, user=b""):
+        buf = ctypes.create_string_buffer(bytes(user), len(user))
+        _save_state(self._h, cstr(path), buf, len(user))
+
+    def load_state(self, path):
+        """Restore optimizer state and parameters; returns the caller blob."""
+        n = ctypes.c_size_t(0)
+        _load_state(self._h, cstr(path), None, ctypes.byref(n))
+        buf = ctypes.create_string_buffer(max(n.value, 1))
+        _load_state(self._h, cstr(path), buf, ctypes.byref(n))
+        return buf.raw[:n.value]

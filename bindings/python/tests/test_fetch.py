@@ -1,0 +1,81 @@
+"""dflash.fetch() against the fake OpenAI server of tests/fetch on loopback."""
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import dflash
+from dflash.fetch import record_id
+
+SERVER = pathlib.Path(__file__).resolve().parents[3] / "tests" / "fetch" / "fake_server.py"
+sys.path.insert(0, str(SERVER.parent))
+fs = pytest.importorskip("fake_server")
+
+
+@pytest.fixture
+def server():
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--lifetime", "300", "--stall", "2"],
+                            stdout=subprocess.PIPE, text=True)
+    info = json.loads(proc.stdout.readline())
+    yield f"http://127.0.0.1:{info['ports'][0]}/v1"
+    proc.kill()
+    proc.wait()
+
+
+def write_prompts(path, n):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]})
+                    + "\n")
+
+
+def test_fetch_writes_what_the_server_generated(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 25)
+    seen = []
+    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                           family="qwen", max_tokens=8, temperature=0.0, progress=seen.append,
+                           progress_interval=0.01, fsync_interval=0, extra={"top_k": 5})
+    assert summary["completed"] == 25 and summary["failed"] == 0 and not summary["stopped"]
+    assert seen and seen[-1]["completed"] == 25 and seen[-1]["total"] == 25
+    rows = [json.loads(x) for x in open(tmp_path / "out" / "completions.jsonl")]
+    assert sorted(r["id"] for r in rows) == sorted(f"p{i}" for i in range(25))
+    for r in rows:
+        reasoning, content, finish, n = fs.generate(r["messages"], 8)
+        assert r["completion"]["reasoning"] == "".join(reasoning)
+        assert r["completion"]["content"] == "".join(content)
+        assert r["finish_reason"] == finish and r["usage"]["completion_tokens"] == n
+    again = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", server, "fake")
+    assert again["skipped"] == 25 and again["completed"] == 0
+
+
+def test_progress_can_stop_the_run(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 40)
+    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                           progress=lambda s: True, progress_interval=0.001, concurrency=1)
+    assert summary["stopped"]
+    done = summary["completed"]
+    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake")
+    assert summary["skipped"] == done and done + summary["completed"] == 40
+
+
+def test_errors_carry_status_and_detail(tmp_path):
+    with pytest.raises(dflash.Error) as info:
+        dflash.fetch(tmp_path / "missing.jsonl", tmp_path / "out", ["http://127.0.0.1:9/v1"], "m")
+    assert info.value.status == "DFLASH_E_NOT_FOUND" and "missing.jsonl" in info.value.message
+    with pytest.raises(dflash.Error) as info:
+        dflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["gopher://x"], "m")
+    assert info.value.status == "DFLASH_E_CONFIG"
+    with pytest.raises(TypeError):
+        dflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["http://x"], "m", colour=1)
+
+
+def test_record_id_is_documented_sha256():
+    msgs = [{"role": "user", "content": "Grüße, 世界 \"q\"\n"}]
+    line = json.dumps({"conversations": [{"from": "human", "value": msgs[0]["content"]}]})
+    text = json.dumps(msgs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert record_id(line) == "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    assert record_id(json.dumps({"id": 7, "messages": msgs})) == "7"

@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+
+import dflash
+from dflash.hidden import write_dataset
+
+
+def test_writer_reader_round_trip_bf16(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9, 2 * 16)).astype(np.float32)
+    with dflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=16) as w:
+        w.append("a", x)
+        w.append(7, x[:4])
+    store = dflash.HiddenStore(tmp_path / "h")
+    assert sorted(store.ids()) == ["7", "a"]
+    assert store.length("a") == 9
+    y = store.read("a")
+    # bf16 keeps 8 bits of mantissa: round-to-nearest-even of float32
+    import torch
+    ref = torch.tensor(x).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_fp8_codes_match_torch(tmp_path):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((6, 3 * 32)) * rng.uniform(0.01, 100, size=(6, 1))).astype(np.float32)
+    with dflash.HiddenWriter(tmp_path, num_layers=3, hidden_size=32, dtype="fp8") as w:
+        w.append("s", x)
+    st = dflash.SafeTensors(tmp_path)
+    codes, scales = st["h/s"], st["s/s"]
+    assert scales.shape == (6, 3)
+    rows = x.reshape(6 * 3, 32)
+    ref_scale = np.abs(rows).max(axis=1) / np.float32(448.0)
+    np.testing.assert_array_equal(scales.reshape(-1), ref_scale.astype(np.float32))
+    scaled = torch.tensor(rows) / torch.tensor(ref_scale)[:, None]
+    ref_codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    np.testing.assert_array_equal(codes.reshape(18, 32), ref_codes)
+    decoded = dflash.HiddenStore(tmp_path).read("s")
+    err = np.sqrt(((decoded - x) ** 2).mean() / (x ** 2).mean())
+    assert err < 0.05
+
+
+def test_writer_accepts_torch_bf16_bit_exact(tmp_path):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(5, 8).to(torch.bfloat16)
+    with dflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=8) as w:
+        w.append("x", t)
+    np.testing.assert_array_equal(dflash.HiddenStore(tmp_path).read("x"), t.float().numpy())
+
+
+def test_writer_errors(tmp_path):
+    with dflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=4) as w:
+        w.append("a", np.zeros((3, 4), np.float32))
+        with pytest.raises(dflash.Error) as e:
+            w.append("a", np.zeros((3, 4), np.float32))
+        assert e.value.status == "DFLASH_E_DUPLICATE"
+        bad = np.zeros((3, 4), np.float32)
+        bad[2, 1] = np.nan
+        with pytest.raises(dflash.Error, match="sample b: hidden state at token 2, column 1 is NaN"):
+            w.append("b", bad)
+        with pytest.raises(ValueError):
+            w.append("c", np.zeros((3, 5), np.float32))
+
+
+def test_stream_joins_dataset(tmp_path):
+    rng = np.random.default_rng(2)
+    samples = [(f"id{i}", rng.integers(0, 100, n), (rng.random(n) > 0.3)) for i, n in
+               enumerate([5, 8, 3])]
+    write_dataset(tmp_path / "data", samples)
+    hidden = {s[0]: rng.standard_normal((len(s[1]), 8)).astype(np.float32) for s in samples}
+    with dflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=4) as w:
+        for k, v in hidden.items():
+            w.append(k, v)
+    stream = dflash.SampleStream(tmp_path / "data", tmp_path / "h", prefetch=2)
+    stream.check()
+    got = list(stream.iterate([2, 0, 1]))
+    assert [g[1] for g in got] == ["id2", "id0", "id1"]
+    for index, sid, ids, mask, hid in got:
+        s = samples[index]
+        np.testing.assert_array_equal(ids, s[1])
+        np.testing.assert_array_equal(mask, s[2].astype(np.uint8))
+        np.testing.assert_allclose(hid, hidden[sid], rtol=1e-2, atol=1e-2)

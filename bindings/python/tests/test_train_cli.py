@@ -1,0 +1,141 @@
+"""`dflash train` / `dflash eval` end to end on synthetic data whose future
+the hidden states determine: learning, and an exact resume after kill -9."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import dflash
+from dflash.hidden import write_dataset
+
+V, H, B = 17, 32, 4
+CLI = os.environ.get("DFLASH_CLI")
+pytestmark = pytest.mark.skipif(not CLI, reason="DFLASH_CLI not set (run through meson test)")
+
+
+def make_world(root, n_train=64, n_test=16, S=40):
+    """Token chains x[t+1] = perm_c[x[t]] with one of 4 permutations per
+    sequence; every hidden state carries the sequence's code c. Given the
+    context and the anchor token, the whole block is determined: the best
+    achievable tau is B (minus anchors with no context at all)."""
+    rng = np.random.default_rng(0)
+    perms = [rng.permutation(16) for _ in range(4)]
+    codes = rng.standard_normal((4, H)).astype(np.float32)
+
+    def split(name, n):
+        samples, hid = [], {}
+        for i in range(n):
+            c = int(rng.integers(4))
+            x = [int(rng.integers(16))]
+            for _ in range(S - 1):
+                x.append(int(perms[c][x[-1]]))
+            sid = f"{name}-{i}"
+            samples.append((sid, np.array(x, np.int32), np.ones(S, np.uint8)))
+            hid[sid] = codes[c][None] + 0.1 * rng.standard_normal((S, H)).astype(np.float32)
+        write_dataset(root / name, samples)
+        with dflash.HiddenWriter(root / f"{name}-hidden", num_layers=1, hidden_size=H) as w:
+            for sid, h in hid.items():
+                w.append(sid, h)
+
+    split("train", n_train)
+    split("test", n_test)
+    (root / "target").mkdir()
+    dflash.write_safetensors(root / "target" / "model.safetensors", {
+        "model.embed_tokens.weight": rng.standard_normal((V, H)).astype(np.float32),
+        "lm_head.weight": rng.standard_normal((V, H)).astype(np.float32)})
+    cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": H, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "vocab_size": V, "num_target_layers": 8, "block_size": B,
+           "dflash_config": {"mask_token_id": 16, "target_layer_ids": [3]}}
+    (root / "drafter.json").write_text(json.dumps(cfg))
+
+
+def train_cmd(root, out, *extra):
+    return [CLI, "train", "--config", str(root / "drafter.json"), "--target", str(root / "target"),
+            "--data", str(root / "train"), "--hidden", str(root / "train-hidden"), "-o", str(out),
+            "--threads", "2", "--batch", "4", "--anchors", "16", "--seed", "5", *extra]
+
+
+def eval_tau(root, ckpt):
+    out = subprocess.run([CLI, "eval", "--checkpoint", str(ckpt), "--target", str(root / "target"),
+                          "--data", str(root / "test"), "--hidden", str(root / "test-hidden"),
+                          "--anchors", "8"], capture_output=True, text=True, check=True).stdout
+    return float(out.split()[1])
+
+
+def test_training_reaches_near_optimal_tau(tmp_path):
+    make_world(tmp_path)
+    out = tmp_path / "run"
+    subprocess.run(train_cmd(tmp_path, out, "--epochs", "1", "--max-steps", "1", "--lr", "0",
+                             "--quiet"), check=True)
+    before = eval_tau(tmp_path, out)
+    subprocess.run(train_cmd(tmp_path, out, "--epochs", "90", "--lr", "1e-2", "--quiet"),
+                   check=True)
+    after = eval_tau(tmp_path, out)
+    print(f"held-out tau: {before:.3f} before training, {after:.3f} after (optimum {B})")
+    assert before < 1.5
+    assert after >= 0.9 * B
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 90 * 16
+    assert json.loads(lines[-1])["loss"] < 0.1 * json.loads(lines[0])["loss"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dflash_config"]["block_size"] == cfg["block_size"] == B
+    # What an engine loads: every top-level *.safetensors holds only drafter weights.
+    st = dflash.SafeTensors(out)
+    assert set(st.keys()) == set(dflash.Trainer(cfg, np.zeros((V, H), np.float32),
+                                                np.zeros((V, H), np.float32)).names())
+
+
+def _stable(path):
+    """Metrics without the timing fields."""
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        del r["tokens_per_s"], r["elapsed_s"]
+    return rows
+
+
+def test_resume_after_kill_is_exact(tmp_path):
+    make_world(tmp_path, n_train=64)
+    args = ["--epochs", "40", "--lr", "5e-3", "--save-every", "16", "--quiet"]
+    subprocess.run(train_cmd(tmp_path, tmp_path / "full", *args), check=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd(tmp_path, killed, *args))
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 150:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_killed = metrics.read_text().count("\n")
+    assert n_killed < 640
+    subprocess.run(train_cmd(tmp_path, killed, *args, "--resume"), check=True)
+    assert _stable(metrics) == _stable(tmp_path / "full" / "metrics.jsonl")
+    a = (tmp_path / "full" / "model.safetensors").read_bytes()
+    b = (killed / "model.safetensors").read_bytes()
+    assert a == b
+
+
+def test_cli_reports_bad_inputs(tmp_path):
+    make_world(tmp_path, n_train=4, n_test=1)
+    cfg = json.loads((tmp_path / "drafter.json").read_text())
+    cfg["hidden_size"] = 48
+    cfg["intermediate_size"] = 64
+    (tmp_path / "bad.json").write_text(json.dumps(cfg))
+    cmd = train_cmd(tmp_path, tmp_path / "o", "--quiet")
+    cmd[cmd.index("--config") + 1] = str(tmp_path / "bad.json")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 1 and "K*H = 1*48" in r.stderr
+    (tmp_path / "target" / "model.safetensors").unlink()
+    dflash.write_safetensors(tmp_path / "target" / "model.safetensors",
+                             {"other.weight": np.zeros((V, H), np.float32)})
+    r = subprocess.run(train_cmd(tmp_path, tmp_path / "o2", "--quiet"), capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "no token embedding" in r.stderr
+    assert not (tmp_path / "o2" / "model.safetensors").exists()

@@ -1,0 +1,205 @@
+/*
+ * Completion fetcher: regenerate the assistant turns of a JSONL file of
+ * conversations with one or more OpenAI-compatible servers (SGLang, vLLM,
+ * llama.cpp), keeping every server saturated and losing nothing.
+ *
+ * Input: one JSON object per line with OpenAI `messages` ([{role, content}])
+ * or ShareGPT `conversations` ([{from, value}]) and an optional `id` (string
+ * or integer). Without an id the record's id is "h" followed by the first 32
+ * hex digits of SHA-256 over the compact, key-sorted JSON of the normalised
+ * messages (so the same conversation always gets the same id, on any
+ * machine). The turn regenerated is the last assistant turn (trailing
+ * assistant messages are dropped from the prompt); with `all_turns` every
+ * assistant turn is regenerated in order and the new turns are fed back.
+ *
+ * Output, in `out_dir`:
+ *  - completions.jsonl: {"id", "messages" (the prompt sent), "completion"
+ *    {"role":"assistant","reasoning","content"}, "finish_reason",
+ *    "outcome" ("ok" | "length" | "empty" | another finish_reason), "usage",
+ *    "server", "latency_s", "attempts", "line"};
+ *  - errors.jsonl: {"id" (null when the line has none), "kind", "error",
+ *    "http_status", "attempts", "server", "line"}; kind is "input" (a
+ *    malformed line), "http" (an error status), "network", "timeout",
+ *    "response" (unparseable or over the size cap) or "stream" (an error
+ *    reported inside an HTTP 200 answer, as SGLang and vLLM do).
+ * Each record is one write() of one line; files are fsynced on the schedule
+ * in the options. On start, a torn last line (a crash mid-write or a power
+ * loss) is cut off, and ids already present in completions.jsonl (and in
+ * errors.jsonl unless `retry_errors`) are skipped, so re-running the same
+ * command after any crash finishes the job with every id exactly once.
+ * A lock file keeps two fetchers from writing to one directory.
+ *
+ * One dflash_fetch runs its event loop (libcurl multi interface over epoll)
+ * on the thread that calls dflash_fetch_run(). It is single-owner (see
+ * dflash.h) except for dflash_fetch_stop(), which any thread or a signal
+ * handler may call.
+ */
+#ifndef DFLASH_FETCH_H
+#define DFLASH_FETCH_H
+
+#include <dflash/dflash.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dflash_fetch dflash_fetch;
+
+/* Which per-family reasoning switch goes into the request body, at its top
+ * level, as "chat_template_kwargs". */
+typedef enum dflash_fetch_family {
+  DFLASH_FETCH_FAMILY_NONE = 0, /* no switch */
+  DFLASH_FETCH_FAMILY_KIMI = 1, /* {"thinking": true} */
+  DFLASH_FETCH_FAMILY_QWEN = 2  /* {"enable_thinking": true} */
+} dflash_fetch_family;
+
+typedef struct dflash_fetch_options {
+  size_t struct_size;
+  /* Base URLs such as "http://host:30000/v1"; requests go to
+   * {base}/chat/completions. Copied at create time. */
+  const char *const *servers;
+  size_t n_servers;
+  const char *model;       /* required */
+  int32_t family;          /* dflash_fetch_family */
+  int32_t thinking;        /* value of the family switch: 1 true (default), 0 false */
+  int32_t max_tokens;      /* 0: no cap sent */
+  double temperature;      /* < 0: not sent (default -1) */
+  double top_p;            /* < 0: not sent */
+  int32_t top_k;           /* < 1: not sent */
+  double min_p;            /* < 0: not sent */
+  int64_t seed;            /* < 0: not sent */
+  const char *stop_json;   /* JSON string or array for "stop"; NULL: none */
+  const char *extra_json;  /* JSON object merged into the body last; NULL: none */
+  int32_t stream;          /* 1 (default): SSE with stream_options.include_usage */
+  /* API key: the environment variable named here, else the first line of
+   * this file; sent as "Authorization: Bearer", never logged or written. */
+  const char *api_key_env;
+  const char *api_key_file;
+  int32_t concurrency;       /* in-flight requests per server (default 64) */
+  double connect_timeout_s;  /* default 10 */
+  double idle_timeout_s;     /* streamed only: longest silence between bytes (default 120) */
+  /* Overall deadline of one attempt: deadline_s when > 0, else
+   * deadline_base_s + deadline_per_token_s * max_tokens (32768 tokens when
+   * max_tokens is 0). Defaults 60 s + 0.25 s per token. */
+  double deadline_s;
+  double deadline_base_s;
+  double deadline_per_token_s;
+  int32_t max_attempts;      /* per prompt, including the first (default 8) */
+  double backoff_base_s;     /* full-jitter exponential backoff: default 0.5 */
+  double backoff_max_s;      /* default 30 */
+  double retry_after_max_s;  /* longest Retry-After honoured (default 60) */
+  /* fsync both output files at most this often; 0: after every record.
+   * Default 1 s. Records are written (to the page cache) immediately either
+   * way, so a killed process loses nothing; fsync covers power loss. */
+  double fsync_interval_s;
+  int32_t retry_errors;      /* 1: ids in errors.jsonl are fetched again (default 0) */
+  uint32_t shard_index;      /* process only ids whose hash % shard_count == shard_index */
+  uint32_t shard_count;      /* 0 or 1: no sharding */
+  int32_t fail_threshold;    /* consecutive failures that take a server out (default 3) */
+  double probe_interval_s;   /* 1-token probe of an unhealthy server (default 5) */
+  uint64_t max_response_bytes; /* per attempt; larger responses fail (default 64 MiB) */
+  int32_t verify_tls;        /* 1 (default) */
+  int32_t all_turns;         /* 1: regenerate every assistant turn in order */
+  double drain_grace_s;      /* after stop: wait this long for in-flight work (default 30) */
+  double progress_interval_s; /* progress callback period (default 0.5) */
+  int32_t send_rid;          /* 1: send SGLang's "rid" = "<id>-<attempt>" (default 0) */
+} dflash_fetch_options;
+
+DFLASH_API dflash_status dflash_fetch_options_default(dflash_fetch_options *opts);
+
+typedef struct dflash_fetch_stats {
+  size_t struct_size;
+  uint64_t total;        /* prompts of this shard in the input (valid lines) */
+  uint64_t skipped;      /* already finished by an earlier run */
+  uint64_t completed;    /* completions written by this run */
+  uint64_t failed;       /* errors written by this run (input errors included) */
+  uint64_t input_errors; /* malformed input lines found by this run */
+  uint64_t duplicates;   /* input lines whose id appeared earlier (ignored) */
+  uint64_t length;       /* completions with outcome "length" */
+  uint64_t empty;        /* completions with outcome "empty" */
+  uint64_t retries;      /* attempts beyond the first */
+  uint64_t in_flight;
+  uint64_t pending;      /* not yet finished, not in flight */
+  uint64_t prompt_tokens;
+  uint64_t completion_tokens;
+  double elapsed_s;
+  uint32_t servers_healthy;
+  uint32_t stopping;     /* 1 once stop was requested */
+} dflash_fetch_stats;
+
+typedef struct dflash_fetch_server_stats {
+  size_t struct_size;
+  const char *url;       /* borrowed from the fetcher */
+  uint32_t healthy;
+  uint32_t in_flight;
+  uint64_t requests;     /* attempts sent, probes excluded */
+  uint64_t completed;
+  uint64_t failures;
+  uint64_t completion_tokens;
+} dflash_fetch_server_stats;
+
+/*
+ * Called on the loop thread every progress_interval_s and once at the end.
+ * It may call the getters below on `f`. A non-zero return asks for a stop
+ * (as dflash_fetch_stop()).
+ */
+typedef int (*dflash_fetch_progress_fn)(dflash_fetch *f, const dflash_fetch_stats *stats,
+                                        void *user);
+
+/*
+ * Scan `input_path`, repair and read the outputs already in `out_dir`
+ * (created when missing) and prepare the work. Input lines that are
+ * malformed are recorded in errors.jsonl (naming file and line) when the run
+ * starts, not here: a bad line never stops the job.
+ */
+DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
+                                             const char *input_path, const char *out_dir,
+                                             dflash_fetch **out);
+
+/*
+ * Fetch everything. Returns DFLASH_OK when every prompt has a record,
+ * DFLASH_E_CANCELLED after a stop (what finished is on disk; run again to
+ * resume), or an I/O error when an output file cannot be written.
+ */
+DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress_fn progress,
+                                          void *user);
+
+/*
+ * Ask a running fetcher to stop: no new requests; in-flight ones may finish
+ * within drain_grace_s. A second call stops at once. Async-signal-safe and
+ * callable from any thread.
+ */
+DFLASH_API void dflash_fetch_stop(dflash_fetch *f);
+
+DFLASH_API dflash_status dflash_fetch_get_stats(const dflash_fetch *f, dflash_fetch_stats *out);
+DFLASH_API size_t dflash_fetch_server_count(const dflash_fetch *f);
+DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, size_t index,
+                                                       dflash_fetch_server_stats *out);
+
+/*
+ * A JSON summary of the run (the stats, per-server stats, outcome counts)
+ * into `buf` of `cap` bytes, NUL-terminated. DFLASH_E_BUFFER with the size
+ * needed (NUL included) in *len when `cap` is too small; `buf` may be NULL
+ * to ask for the size.
+ */
+DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, size_t cap,
+                                              size_t *len);
+
+/* NULL-safe. Flushes and fsyncs the outputs. */
+DFLASH_API void dflash_fetch_free(dflash_fetch *f);
+
+/*
+ * The id dflash_fetch uses for the JSON line `line` of `len` bytes (OpenAI or
+ * ShareGPT): its "id" when it has one, else "h" + 32 hex digits of SHA-256
+ * (see the top of this header). NUL-terminated into `out` of `cap` bytes
+ * (34 suffice for derived ids); DFLASH_E_BUFFER when too small. Useful to join
+ * other files with the outputs.
+ */
+DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, char *out,
+                                                size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_FETCH_H */

@@ -1,0 +1,333 @@
+/*
+ * Training a DFlash drafter: its configuration (config.json as SGLang and
+ * vLLM load it), the float32 CPU reference trainer (forward + backward of the
+ * whole drafter and its loss, AdamW, cosine schedule, clipping), anchor
+ * sampling, checkpoints and resumable training state.
+ *
+ * The model is described in the project's spec (drafter.md): a stack of
+ * Qwen3-style layers whose queries are blocks of B positions (anchor token +
+ * B-1 mask tokens) and whose keys/values are the target's projected hidden
+ * states strictly before the anchor plus the block itself.
+ *
+ * A trainer is single-owner (see dflash.h). A config is a plain struct.
+ */
+#ifndef DFLASH_TRAIN_H
+#define DFLASH_TRAIN_H
+
+#include <dflash/dflash.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DFLASH_DRAFTER_MAX_LAYERS 64   /* drafter layers */
+#define DFLASH_DRAFTER_MAX_TARGET 128  /* target layer ids */
+
+typedef enum dflash_rope_type {
+  DFLASH_ROPE_DEFAULT = 0, /* plain RoPE, theta = rope_theta */
+  DFLASH_ROPE_YARN = 1     /* YaRN (rope_scaling.rope_type == "yarn") */
+} dflash_rope_type;
+
+typedef enum dflash_layer_type {
+  DFLASH_LAYER_FULL = 0,   /* "full_attention" */
+  DFLASH_LAYER_SLIDING = 1 /* "sliding_attention": window `sliding_window` */
+} dflash_layer_type;
+
+/*
+ * A drafter's architecture: the fields of config.json that the maths needs.
+ * Fill with dflash_drafter_config_default() (Qwen3-style defaults, nothing
+ * sized) or dflash_drafter_config_parse/load.
+ */
+typedef struct dflash_drafter_config {
+  size_t struct_size;
+  int32_t hidden_size;
+  int32_t intermediate_size;
+  int32_t num_hidden_layers;
+  int32_t num_attention_heads;
+  int32_t num_key_value_heads;
+  int32_t head_dim;
+  int32_t vocab_size;
+  int32_t max_position_embeddings;
+  double rms_norm_eps;
+  double rope_theta;
+  /* rope_scaling */
+  int32_t rope_type;                 /* dflash_rope_type */
+  double rope_factor;                /* yarn: "factor" */
+  double rope_attention_factor;      /* yarn: "attention_factor"; <= 0: derived */
+  double rope_beta_fast;             /* yarn: default 32 */
+  double rope_beta_slow;             /* yarn: default 1 */
+  int32_t rope_original_max_position;/* yarn: "original_max_position_embeddings" */
+  int32_t rope_truncate;             /* yarn: "truncate" (default 1) */
+  /* DFlash */
+  int32_t num_target_layers;         /* layers of the target model (L) */
+  int32_t block_size;
+  int32_t mask_token_id;
+  int32_t n_target_layer_ids;        /* K */
+  int32_t target_layer_ids[DFLASH_DRAFTER_MAX_TARGET];
+  int32_t layer_types[DFLASH_DRAFTER_MAX_LAYERS]; /* dflash_layer_type per layer */
+  int32_t sliding_window;            /* 0 when no layer slides */
+  int32_t attention_bias;            /* must be 0 (biases unsupported) */
+  int32_t tie_word_embeddings;       /* written as-is */
+} dflash_drafter_config;
+
+DFLASH_API void dflash_drafter_config_default(dflash_drafter_config *cfg);
+
+/*
+ * Parse config.json text. Accepts `block_size` at the top level or inside
+ * `dflash_config` (equal when both), `dflash_config.{mask_token_id,
+ * target_layer_ids}`, `layer_types`, `rope_scaling` (null, default or yarn;
+ * `type` or `rope_type`), `head_dim` (default hidden/heads). Missing
+ * target_layer_ids take the spec's default for num_target_layers. The result
+ * is validated (dflash_drafter_config_validate). `what` names the source in
+ * errors (may be NULL).
+ */
+DFLASH_API dflash_status dflash_drafter_config_parse(const char *json, size_t len,
+                                                     const char *what,
+                                                     dflash_drafter_config *out);
+DFLASH_API dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out);
+
+/* Check sizes and relations: positive dims, heads divisible by kv heads,
+ * mask id inside the vocabulary, target ids inside [0, num_target_layers),
+ * layer types, sliding window, YaRN fields. DFLASH_E_CONFIG with the field. */
+DFLASH_API dflash_status dflash_drafter_config_validate(const dflash_drafter_config *cfg);
+
+/*
+ * Serialise as config.json (indented, both block_size placements,
+ * architectures ["DFlashDraftModel"], model_type "qwen3"). Writes at most
+ * *len bytes including the terminating NUL into `buf`; *len gets the size
+ * needed (DFLASH_E_BUFFER when `buf` is too small or NULL).
+ */
+DFLASH_API dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg,
+                                                       char *buf, size_t *len);
+/* Write config.json atomically. */
+DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg,
+                                                    const char *path);
+
+/* The spec's default target layers: K=1 -> [L/2], else
+ * round(1 + i*(L-4)/(K-1)) for i in 0..K-1. `out` holds K entries. */
+DFLASH_API dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k,
+                                                      int32_t *out);
+
+/* Default loss decay gamma for a block size: 7 (B=16), 5 (B=10), 4 (B=8),
+ * B/2 otherwise. */
+DFLASH_API double dflash_default_loss_gamma(int32_t block_size);
+
+/*
+ * Anchor sampling (spec): candidates are positions p with loss_mask[p] &&
+ * loss_mask[p+1] && p + block_size <= len; draw min(max_anchors, #candidates)
+ * distinct ones uniformly with the generator seeded by (seed, stream) and
+ * return them sorted in `out` (capacity max_anchors), count in *n_out. A
+ * sample with fewer than 2*block_size supervised tokens yields *n_out = 0.
+ */
+DFLASH_API dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len,
+                                               int32_t block_size, int32_t max_anchors,
+                                               uint64_t seed, uint64_t stream, int32_t *out,
+                                               int32_t *n_out);
+
+/* ---- trainer -------------------------------------------------------------- */
+
+typedef enum dflash_backend {
+  DFLASH_BACKEND_CPU = 0,
+  DFLASH_BACKEND_CUDA = 1
+} dflash_backend;
+
+typedef struct dflash_trainer_options {
+  size_t struct_size;
+  int32_t backend;        /* dflash_backend; only CPU here */
+  int32_t n_threads;      /* <= 0: one per CPU */
+  uint64_t seed;          /* parameter init and anchor sampling */
+  double lr;              /* peak learning rate (6e-4) */
+  double weight_decay;    /* AdamW decoupled decay (0) */
+  double beta1, beta2, adam_eps; /* 0.9, 0.95, 1e-8 */
+  double grad_clip;       /* global-norm clip (1.0); <= 0 disables */
+  double warmup_ratio;    /* of total_steps (0.04) */
+  int64_t total_steps;    /* for the cosine schedule; 0: constant lr after warm-up */
+  double min_lr_ratio;    /* cosine floor as a fraction of lr (0) */
+  double loss_gamma;      /* 0: dflash_default_loss_gamma(B); < 0: no decay */
+  int32_t num_anchors;    /* per sequence (512) */
+  int32_t vocab_chunk;    /* LM-head columns per chunk (4096) */
+  double init_std;        /* std of the normal init of linear weights (0.02) */
+} dflash_trainer_options;
+
+DFLASH_API void dflash_trainer_options_default(dflash_trainer_options *opts);
+
+typedef struct dflash_trainer dflash_trainer;
+
+/*
+ * A trainer for `cfg` with the target's frozen token embedding and LM head,
+ * both float32 row-major [vocab_size, hidden_size] (copied). Parameters are
+ * initialised like Qwen3 (norm weights 1, linear weights N(0, init_std²)).
+ */
+DFLASH_API dflash_status dflash_trainer_create(const dflash_drafter_config *cfg,
+                                               const float *embed, const float *lm_head,
+                                               const dflash_trainer_options *opts,
+                                               dflash_trainer **out);
+DFLASH_API void dflash_trainer_free(dflash_trainer *t);
+
+/* Trainable tensors, in buffer order, by checkpoint name ("fc.weight"...). */
+DFLASH_API size_t dflash_trainer_param_count(const dflash_trainer *t);
+/* Name (borrowed), rank (1 or 2), shape (2 entries; [n, 1] for vectors) and
+ * element count of tensor `index`. */
+DFLASH_API dflash_status dflash_trainer_param_info(const dflash_trainer *t, size_t index,
+                                                   const char **name, int32_t *ndim,
+                                                   int64_t shape[2], size_t *numel);
+/* Copy a parameter / its gradient out, or a parameter in; `n` must equal
+ * the tensor's element count. */
+DFLASH_API dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name,
+                                                  float *out, size_t n);
+DFLASH_API dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name,
+                                                  const float *in, size_t n);
+DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const char *name,
+                                                 float *out, size_t n);
+
+/*
+ * One sequence with the given anchors (no sampling): input_ids [len],
+ * loss_mask [len], hidden [len, K*hidden_size] float32, anchors [n_anchors]
+ * in [0, len). Sets the gradients (replacing earlier ones) of
+ * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0).
+ */
+DFLASH_API dflash_status dflash_trainer_forward_backward(dflash_trainer *t,
+                                                         const int32_t *input_ids,
+                                                         const uint8_t *loss_mask, int64_t len,
+                                                         const float *hidden,
+                                                         const int32_t *anchors,
+                                                         int32_t n_anchors, double *loss);
+
+/*
+ * Batched training: zero_grad, then accumulate each sequence with
+ * `grad_scale` (e.g. 1 / total weight of the batch), then step.
+ * accumulate adds grad_scale * d(sum w*CE) and returns sum(w*CE) and sum(w)
+ * (either pointer may be NULL).
+ */
+DFLASH_API dflash_status dflash_trainer_zero_grad(dflash_trainer *t);
+DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
+                                                   const uint8_t *loss_mask, int64_t len,
+                                                   const float *hidden, const int32_t *anchors,
+                                                   int32_t n_anchors, double grad_scale,
+                                                   double *loss_sum, double *weight_sum);
+/* The position weights sum(w) that a sequence with these anchors carries. */
+DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t,
+                                                   const uint8_t *loss_mask, int64_t len,
+                                                   const int32_t *anchors, int32_t n_anchors,
+                                                   double *weight_sum);
+/* Clip the global gradient norm, apply AdamW at the scheduled learning
+ * rate, advance the step. Returns the pre-clip norm and the lr used. */
+DFLASH_API dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr);
+/* Optimizer steps taken so far. */
+DFLASH_API int64_t dflash_trainer_steps(const dflash_trainer *t);
+/* Learning rate of step `step` (0-based): linear warm-up over
+ * ceil(warmup_ratio*total_steps) steps, then cosine to min_lr_ratio*lr. */
+DFLASH_API double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step);
+
+/*
+ * Greedy block prediction for evaluation: for each anchor, the argmax token
+ * of block positions 1..B-1 into `pred` [n_anchors, B-1].
+ */
+DFLASH_API dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids,
+                                                int64_t len, const float *hidden,
+                                                const int32_t *anchors, int32_t n_anchors,
+                                                int32_t *pred);
+
+/* ---- target weights ------------------------------------------------------- */
+
+/*
+ * Read the target's frozen token embedding and LM head, float32 [vocab_size,
+ * hidden_size] each, from its checkpoint (a .safetensors file, an index, or
+ * a directory of shards). Names NULL: the usual ones are tried
+ * (model.embed_tokens.weight, lm_head.weight and their language_model.*
+ * variants); a target without an LM head tensor has tied embeddings. Shapes
+ * must match the config (hidden size and vocabulary) exactly.
+ */
+DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *embed_name,
+                                                 const char *lm_head_name, int32_t vocab_size,
+                                                 int32_t hidden_size, float *embed,
+                                                 float *lm_head);
+
+/* ---- checkpoints ---------------------------------------------------------- */
+
+/*
+ * Save a drafter checkpoint directory that SGLang/vLLM load: config.json +
+ * model.safetensors (checkpoint names, F32 or BF16). The directory is
+ * created if needed; files are written atomically.
+ */
+DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir,
+                                             int bf16);
+/* Load parameters from a checkpoint directory or .safetensors file (F32 or
+ * BF16); every trainable tensor must be present with its shape. */
+DFLASH_API dflash_status dflash_trainer_load(dflash_trainer *t, const char *path);
+
+/*
+ * Training state (optimizer moments, step, master parameters, and a caller
+ * blob for data position and RNG state) in one safetensors file, written
+ * atomically, so a killed run resumes bit-for-bit.
+ */
+DFLASH_API dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path,
+                                                   const void *user, size_t user_len);
+/* Restore state; the caller blob is copied into `user` (capacity *user_len,
+ * required size returned in *user_len; user may be NULL to only query). */
+DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path,
+                                                   void *user, size_t *user_len);
+
+/* ---- evaluation ----------------------------------------------------------- */
+
+/*
+ * Acceptance at each anchor: accept[i] = number of leading block positions
+ * k = 1.. whose greedy prediction equals input_ids[anchor + k] (positions
+ * past the end stop the count), so tau_i = 1 + accept[i]. `pred` (may be
+ * NULL) receives the predictions [n_anchors, B-1].
+ */
+DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
+                                                   int64_t len, const float *hidden,
+                                                   const int32_t *anchors, int32_t n_anchors,
+                                                   int32_t *accept, int32_t *pred);
+
+/* ---- a whole training run ------------------------------------------------- */
+
+typedef struct dflash_train_run_options {
+  size_t struct_size;
+  const char *config_path;  /* drafter config.json */
+  const char *target_path;  /* target checkpoint: embedding + LM head */
+  const char *embed_name;   /* NULL: usual names */
+  const char *lm_head_name; /* NULL: usual names, else tied */
+  const char *data_dir;     /* tokenized dataset */
+  const char *hidden_dir;   /* hidden-state store */
+  const char *out_dir;      /* checkpoint, train_state/state.safetensors, metrics.jsonl */
+  int32_t epochs;           /* 6 */
+  int32_t batch_size;       /* sequences per optimizer step (1) */
+  int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
+  int32_t resume;           /* continue from out_dir/train_state/state.safetensors */
+  int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
+  int32_t bf16;             /* write model.safetensors in bf16 */
+  FILE *progress;           /* progress stream (NULL: none) */
+  dflash_trainer_options trainer; /* total_steps is computed from the data */
+} dflash_train_run_options;
+
+DFLASH_API void dflash_train_run_options_default(dflash_train_run_options *opts);
+
+/*
+ * Train: samples with fewer than 2*B supervised tokens are skipped; each
+ * epoch visits the rest in a fresh seeded order with fresh anchors; every
+ * step's metrics go to out_dir/metrics.jsonl (step, epoch, loss, grad_norm,
+ * lr, tokens, tokens_per_s, elapsed_s). The training state records the data
+ * position, and resuming truncates metrics.jsonl to what that state had
+ * seen, so a killed and resumed run reproduces the uninterrupted run's
+ * lines exactly (timings aside).
+ */
+DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts);
+
+/*
+ * Mean acceptance length tau over a held-out dataset: up to `anchors_per_seq`
+ * anchors per sample (the training rule, seeded by `seed`); per-position
+ * accuracy into acc [B-1] (may be NULL).
+ */
+DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir,
+                                           const char *hidden_dir, int32_t anchors_per_seq,
+                                           uint64_t seed, double *tau, double *acc,
+                                           int64_t *n_blocks);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_TRAIN_H */

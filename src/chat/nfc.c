@@ -1,0 +1,139 @@
+/* Unicode NFC of a conversation's strings, for tokenizers that normalise
+ * their input: rendering the normalised strings makes the spans refer to the
+ * bytes the tokenizer actually sees, so token offsets stay byte-exact. */
+#include <dflash/tokenizer.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "chat_internal.h"
+
+/* Decode one UTF-8 code point at s[*i] (input already valid: jansson checked it). */
+static int32_t next_cp(const uint8_t *s, size_t n, size_t *i) {
+  utf8proc_int32_t cp;
+  utf8proc_ssize_t k = utf8proc_iterate(s + *i, (utf8proc_ssize_t)(n - *i), &cp);
+  *i += k > 0 ? (size_t)k : 1;
+  return k > 0 ? cp : -1;
+}
+
+/*
+ * True when `s` is certainly NFC: every code point is a starter without a
+ * decomposition that takes no part in canonical composition (and is no
+ * Hangul jamo, which composes algorithmically). Such text is unchanged by
+ * NFC; anything else goes through utf8proc. This keeps the common case
+ * (ASCII, CJK, most scripts) free of the allocation and full normalisation.
+ */
+static bool quick_nfc(const char *str, size_t n) {
+  const uint8_t *s = (const uint8_t *)str;
+  for (size_t i = 0; i < n;) {
+    if (s[i] < 0xCC) { /* below U+0300 (or a continuation byte of one): always NFC */
+      i++;
+      continue;
+    }
+    int32_t cp = next_cp(s, n, &i);
+    if (cp < 0 || (cp >= 0x1100 && cp <= 0x11FF)) return false;
+    const utf8proc_property_t *p = utf8proc_get_property(cp);
+    if (p->combining_class || p->decomp_seqindex != UINT16_MAX || p->comb_index != UINT16_MAX)
+      return false;
+  }
+  return true;
+}
+
+/* NFC of one JSON string value, in place. */
+static dflash_status nfc_string(json_t *v) {
+  const char *s = json_string_value(v);
+  size_t n = json_string_length(v);
+  if (quick_nfc(s, n)) return DFLASH_OK;
+  utf8proc_uint8_t *dst = NULL;
+  utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
+                                    UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+  if (m < 0) return df_error(DFLASH_E_UTF8, "NFC normalisation failed: %s", utf8proc_errmsg(m));
+  dflash_status st = DFLASH_OK;
+  bool changed = (size_t)m != n || memcmp(dst, s, n) != 0;
+  if (changed && json_string_setn(v, (const char *)dst, (size_t)m))
+    st = df_error_nomem("NFC string");
+  free(dst);
+  return st;
+}
+
+static dflash_status nfc_tree(json_t *v);
+
+/* Re-insert the members of `obj` under NFC keys, keeping their order. */
+static dflash_status nfc_keys(json_t *obj) {
+  size_t n = json_object_size(obj), k = 0;
+  char **keys = calloc(n ? n : 1, sizeof *keys);
+  json_t **vals = calloc(n ? n : 1, sizeof *vals);
+  dflash_status st = (keys && vals) ? DFLASH_OK : df_error_nomem("NFC keys");
+  bool changed = false;
+  const char *key;
+  json_t *val;
+  json_object_foreach(obj, key, val) {
+    if (st) break;
+    json_t *s = json_string(key);
+    st = s ? nfc_string(s) : df_error_nomem("NFC key");
+    if (!st) {
+      keys[k] = df_strdup(json_string_value(s));
+      vals[k] = json_incref(val);
+      if (!keys[k++]) st = df_error_nomem("NFC key");
+      else changed |= strcmp(keys[k - 1], key) != 0;
+    }
+    json_decref(s);
+  }
+  if (!st && changed) {
+    json_object_clear(obj);
+    for (size_t i = 0; i < k && !st; i++) {
+      if (json_object_get(obj, keys[i]))
+        st = df_error(DFLASH_E_DUPLICATE, "key \"%s\" occurs twice once normalised to NFC",
+                      keys[i]);
+      else if (json_object_set(obj, keys[i], vals[i]))
+        st = df_error_nomem("NFC key");
+    }
+  }
+  for (size_t i = 0; i < k; i++) {
+    free(keys[i]);
+    json_decref(vals[i]);
+  }
+  free(keys);
+  free(vals);
+  return st;
+}
+
+static dflash_status nfc_tree(json_t *v) {
+  dflash_status st = DFLASH_OK;
+  if (json_is_string(v)) return nfc_string(v);
+  if (json_is_array(v))
+    for (size_t i = 0; i < json_array_size(v) && !st; i++) st = nfc_tree(json_array_get(v, i));
+  if (json_is_object(v)) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(v, key, val) {
+      if ((st = nfc_tree(val))) return st;
+    }
+    st = nfc_keys(v);
+  }
+  return st;
+}
+
+dflash_status dflash_chat_conversation_normalize_nfc(dflash_chat_conversation *conv) {
+  DF_CHECK_ARG(conv);
+  dflash_status st = nfc_tree(conv->root);
+  /* The message views borrow the replaced strings: rebuild them. */
+  if (!st) st = df_conv_build(conv);
+  return st ? df_error_wrap(st, "conversation") : DFLASH_OK;
+}
+
+dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int *nfc) {
+  DF_CHECK_ARG(tok && nfc);
+  /* "e" + COMBINING ACUTE ACCENT composes to U+00E9 under NFC and under no
+   * other normalisation this tokenizer supports. */
+  static const char probe[] = "e\xCC\x81";
+  int32_t ids[16];
+  char back[64];
+  size_t n, len;
+  dflash_status st = dflash_tokenizer_encode(tok, probe, 3, DFLASH_SPECIAL_NONE, ids, 16, &n);
+  if (!st) st = dflash_tokenizer_decode(tok, ids, n, back, sizeof back, &len);
+  if (st) return df_error_wrap(st, "probing the tokenizer's normalisation");
+  *nfc = len == 2 && !memcmp(back, "\xC3\xA9", 2);
+  return DFLASH_OK;
+}

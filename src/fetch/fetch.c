@@ -1,0 +1,569 @@
+/* Fetcher setup (options, outputs, resume, input scan), records, and the
+ * public getters. The event loop is in loop.c. */
+#include "fetch_state.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+DFLASH_API dflash_status dflash_fetch_options_default(dflash_fetch_options *o) {
+  DF_CHECK_ARG(o);
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->thinking = 1;
+  o->temperature = o->top_p = o->min_p = -1;
+  o->seed = -1;
+  o->stream = 1;
+  o->concurrency = 64;
+  o->connect_timeout_s = 10;
+  o->idle_timeout_s = 120;
+  o->deadline_base_s = 60;
+  o->deadline_per_token_s = 0.25;
+  o->max_attempts = 8;
+  o->backoff_base_s = 0.5;
+  o->backoff_max_s = 30;
+  o->retry_after_max_s = 60;
+  o->fsync_interval_s = 1;
+  o->fail_threshold = 3;
+  o->probe_interval_s = 5;
+  o->max_response_bytes = 64u << 20;
+  o->verify_tls = 1;
+  o->drain_grace_s = 30;
+  o->progress_interval_s = 0.5;
+  return DFLASH_OK;
+}
+
+/* ---- options --------------------------------------------------------------- */
+
+static dflash_status parse_json_opt(const char *text, const char *what, json_t **out) {
+  *out = NULL;
+  if (!text) return DFLASH_OK;
+  dflash_status st = df_json_parse(text, strlen(text), what, out);
+  return st ? df_error_wrap(DFLASH_E_CONFIG, "option") : DFLASH_OK;
+}
+
+static dflash_status check_options(const dflash_fetch_options *o) {
+  if (o->struct_size < sizeof *o)
+    return df_error(DFLASH_E_INVALID_ARG, "fetch options: struct_size %zu, expected %zu (use "
+                    "dflash_fetch_options_default)", o->struct_size, sizeof *o);
+  if (!o->model || !*o->model) return df_error(DFLASH_E_CONFIG, "fetch: no model name");
+  if (!o->servers || o->n_servers == 0) return df_error(DFLASH_E_CONFIG, "fetch: no server URL");
+  if (o->family < 0 || o->family > DFLASH_FETCH_FAMILY_QWEN)
+    return df_error(DFLASH_E_CONFIG, "fetch: unknown family %d", (int)o->family);
+  if (o->concurrency < 1 || o->max_attempts < 1 || o->fail_threshold < 1)
+    return df_error(DFLASH_E_CONFIG, "fetch: concurrency, max_attempts and fail_threshold must be >= 1");
+  if (o->shard_count > 1 && o->shard_index >= o->shard_count)
+    return df_error(DFLASH_E_CONFIG, "fetch: shard %u/%u out of range", o->shard_index, o->shard_count);
+  if (o->connect_timeout_s <= 0 || o->idle_timeout_s <= 0 || o->probe_interval_s <= 0)
+    return df_error(DFLASH_E_CONFIG, "fetch: timeouts must be positive");
+  for (size_t i = 0; i < o->n_servers; i++)
+    if (!o->servers[i] || (strncmp(o->servers[i], "http://", 7) && strncmp(o->servers[i], "https://", 8)))
+      return df_error(DFLASH_E_CONFIG, "fetch: server %zu: not an http(s) URL: %s", i,
+                      o->servers[i] ? o->servers[i] : "(null)");
+  return DFLASH_OK;
+}
+
+/* Credentials in a URL (user:secret@host) become ***@host: they never reach logs. */
+static char *display_url(const char *url) {
+  const char *scheme_end = strstr(url, "://") + 3;
+  const char *slash = strchr(scheme_end, '/');
+  const char *at = memchr(scheme_end, '@', slash ? (size_t)(slash - scheme_end) : strlen(scheme_end));
+  if (!at) return df_strdup(url);
+  return df_asprintf("%.*s***%s", (int)(scheme_end - url), url, at);
+}
+
+static dflash_status add_servers(dflash_fetch *f, const dflash_fetch_options *o) {
+  f->servers = calloc(o->n_servers, sizeof *f->servers);
+  if (!f->servers) return df_error_nomem("servers");
+  f->n_servers = o->n_servers;
+  for (size_t i = 0; i < o->n_servers; i++) {
+    df_server *s = &f->servers[i];
+    size_t n = strlen(o->servers[i]);
+    while (n && o->servers[i][n - 1] == '/') n--;
+    s->base = df_strndup(o->servers[i], n);
+    s->url = s->base ? df_asprintf("%s/chat/completions", s->base) : NULL;
+    s->display = s->base ? display_url(s->base) : NULL;
+    s->healthy = true;
+    if (!s->url || !s->display) return df_error_nomem("server URL");
+  }
+  return DFLASH_OK;
+}
+
+static dflash_status copy_options(dflash_fetch *f, const dflash_fetch_options *o) {
+  f->o = *o;
+  f->o.servers = NULL;
+  f->o.stop_json = f->o.extra_json = f->o.api_key_env = f->o.api_key_file = NULL;
+  if (!(f->model = df_strdup(o->model))) return df_error_nomem("model");
+  f->o.model = f->model;
+  dflash_status st;
+  if ((st = parse_json_opt(o->stop_json, "stop", &f->stop))) return st;
+  if ((st = parse_json_opt(o->extra_json, "extra JSON", &f->extra))) return st;
+  if (f->stop && !json_is_string(f->stop) && !json_is_array(f->stop))
+    return df_error(DFLASH_E_CONFIG, "fetch: stop must be a JSON string or array");
+  if (f->extra && !json_is_object(f->extra))
+    return df_error(DFLASH_E_CONFIG, "fetch: extra JSON must be an object");
+  f->body_cfg = (df_body_cfg){.model = f->model, .family = o->family, .thinking = o->thinking,
+                              .max_tokens = o->max_tokens, .top_k = o->top_k, .stream = o->stream,
+                              .temperature = o->temperature, .top_p = o->top_p, .min_p = o->min_p,
+                              .seed = o->seed, .stop = f->stop, .extra = f->extra};
+  return add_servers(f, o);
+}
+
+/* ---- output directory and resume ------------------------------------------- */
+
+static dflash_status lock_dir(dflash_fetch *f) {
+  if (mkdir(f->out_dir, 0755) != 0 && errno != EEXIST)
+    return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create output directory", f->out_dir);
+  char *path = df_path_join(f->out_dir, ".fetch.lock");
+  if (!path) return df_error_nomem("path");
+  f->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  dflash_status st = DFLASH_OK;
+  if (f->lock_fd < 0) st = df_error_errno(DFLASH_E_IO, errno, "%s: cannot open", path);
+  else if (flock(f->lock_fd, LOCK_EX | LOCK_NB) != 0)
+    st = df_error(errno == EWOULDBLOCK ? DFLASH_E_STATE : DFLASH_E_IO,
+                  "%s: another fetch is writing to %s", path, f->out_dir);
+  free(path);
+  return st;
+}
+
+static dflash_status mark_done(void *ctx, const char *id, uint64_t input_line, const char *text,
+                               size_t len) {
+  (void)text;
+  (void)len;
+  dflash_fetch *f = ctx;
+  char key[40];
+  if (!id) snprintf(key, sizeof key, "\1line:%llu", (unsigned long long)input_line);
+  if (df_strset_add(&f->done, id ? id : key) < 0) return df_error_nomem("resume set");
+  return DFLASH_OK;
+}
+
+/* With retry_errors, records of failed requests move from errors.jsonl to
+ * errors.retried.jsonl (appended and synced first, so a crash in between
+ * leaves them in errors.jsonl, where they are simply found again). */
+static bool is_retryable_record(const char *line, size_t len) {
+  json_t *r = json_loadb(line, len, 0, NULL);
+  const char *kind = json_string_value(json_object_get(r, "kind"));
+  bool retry = json_is_string(json_object_get(r, "id")) && kind && strcmp(kind, "input");
+  json_decref(r);
+  return retry;
+}
+
+static dflash_status move_retried_errors(dflash_fetch *f, const char *path) {
+  df_out o;
+  dflash_status st = df_out_open(path, NULL, NULL, &o); /* repairs a torn tail first */
+  df_out_close(&o);
+  char *text;
+  size_t len;
+  if (st || (st = df_read_file(path, &text, &len))) return st;
+  df_buf keep = {0}, moved = {0};
+  for (size_t i = 0; !st && i < len;) {
+    size_t n = (size_t)((char *)memchr(text + i, '\n', len - i) - (text + i));
+    df_buf *to = is_retryable_record(text + i, n) ? &moved : &keep;
+    st = df_buf_append(to, text + i, n + 1);
+    i += n + 1;
+  }
+  free(text);
+  char *archive = df_path_join(f->out_dir, "errors.retried.jsonl");
+  if (!st && moved.len) {
+    df_out a;
+    if (!archive) st = df_error_nomem("path");
+    if (!st && !(st = df_out_open(archive, NULL, NULL, &a))) {
+      st = df_write_all(a.fd, moved.data, moved.len, archive);
+      a.dirty = true;
+      df_out_close(&a);
+    }
+    if (!st) st = df_write_file_atomic(path, keep.data ? keep.data : "", keep.len);
+  }
+  free(archive);
+  df_buf_free(&keep);
+  df_buf_free(&moved);
+  return st;
+}
+
+static dflash_status open_outputs(dflash_fetch *f) {
+  char *cpath = df_path_join(f->out_dir, "completions.jsonl");
+  char *epath = df_path_join(f->out_dir, "errors.jsonl");
+  dflash_status st = (cpath && epath) ? DFLASH_OK : df_error_nomem("path");
+  if (!st) st = df_out_open(cpath, mark_done, f, &f->completions);
+  if (!st && f->o.retry_errors) st = move_retried_errors(f, epath);
+  if (!st) st = df_out_open(epath, mark_done, f, &f->errors);
+  free(cpath);
+  free(epath);
+  return st;
+}
+
+/* ---- input scan ------------------------------------------------------------- */
+
+static dflash_status map_input(dflash_fetch *f) {
+  int fd = open(f->input_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
+                          "%s: cannot open input", f->input_path);
+  struct stat sb;
+  dflash_status st = DFLASH_OK;
+  if (fstat(fd, &sb) != 0) st = df_error_errno(DFLASH_E_IO, errno, "%s: stat", f->input_path);
+  else if (sb.st_size > 0) {
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) st = df_error_errno(DFLASH_E_IO, errno, "%s: mmap", f->input_path);
+    else {
+      f->map = m;
+      f->map_len = (size_t)sb.st_size;
+    }
+  }
+  close(fd);
+  return st;
+}
+
+static bool blank(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isspace((unsigned char)s[i])) return false;
+  return true;
+}
+
+static bool in_shard(const dflash_fetch *f, const char *id, uint64_t line) {
+  if (f->o.shard_count <= 1) return true;
+  uint32_t s = id ? df_shard_of(id, f->o.shard_count) : (uint32_t)(line % f->o.shard_count);
+  return s == f->o.shard_index;
+}
+
+static dflash_status add_bad(dflash_fetch *f, uint64_t line, char *id, size_t *cap) {
+  if (f->n_bad == *cap) {
+    size_t ncap = *cap ? *cap * 2 : 16;
+    df_bad_line *b = realloc(f->bad, ncap * sizeof *b);
+    if (!b) return df_error_nomem("input errors");
+    f->bad = b;
+    *cap = ncap;
+  }
+  char *msg = df_strdup(dflash_last_error());
+  if (!msg) return df_error_nomem("input errors");
+  f->bad[f->n_bad++] = (df_bad_line){.line = line, .id = id, .message = msg};
+  return DFLASH_OK;
+}
+
+static dflash_status add_prompt(dflash_fetch *f, uint64_t off, uint64_t len, uint64_t line,
+                                size_t *cap) {
+  if (f->n_prompts == *cap) {
+    size_t ncap = *cap ? *cap * 2 : 1024;
+    df_prompt *p = realloc(f->prompts, ncap * sizeof *p);
+    if (!p) return df_error_nomem("prompts");
+    f->prompts = p;
+    *cap = ncap;
+  }
+  f->prompts[f->n_prompts++] = (df_prompt){off, len, line};
+  return DFLASH_OK;
+}
+
+/* Validate one line fully (so errors are known up front) and sort it into
+ * prompts to fetch, already done, duplicate, or malformed. */
+static dflash_status scan_one(dflash_fetch *f, df_strset *seen, uint64_t off, uint64_t len,
+                              uint64_t line, size_t *cap_p, size_t *cap_b) {
+  df_conv c;
+  char *explicit_id;
+  dflash_status st = df_conv_parse(f->map + off, len, f->input_path, line, &c, &explicit_id);
+  if (!st) {
+    size_t *turns, n;
+    st = df_conv_turns(c.messages, f->o.all_turns, &turns, &n);
+    if (st) st = df_error_wrap(st, "%s:%llu", f->input_path, (unsigned long long)line);
+    else free(turns);
+  }
+  const char *id = st ? explicit_id : c.id;
+  dflash_status out = DFLASH_OK;
+  char key[40];
+  snprintf(key, sizeof key, "\1line:%llu", (unsigned long long)line);
+  if (!in_shard(f, id, line)) {
+  } else if (id && df_strset_add(seen, id) == 0) {
+    f->duplicates++;
+    df_log(DFLASH_LOG_WARN, "%s:%llu: id %s appeared on an earlier line; ignored", f->input_path,
+           (unsigned long long)line, id);
+  } else if (df_strset_has(&f->done, id ? id : key)) {
+    f->skipped++;
+  } else if (st) {
+    out = add_bad(f, line, explicit_id ? df_strdup(explicit_id) : NULL, cap_b);
+  } else {
+    out = add_prompt(f, off, len, line, cap_p);
+  }
+  free(explicit_id);
+  df_conv_free(&c);
+  return out;
+}
+
+static dflash_status scan_input(dflash_fetch *f) {
+  df_strset seen = {0};
+  size_t cap_p = 0, cap_b = 0;
+  uint64_t line = 0;
+  dflash_status st = DFLASH_OK;
+  for (size_t i = 0; !st && i < f->map_len;) {
+    const char *nl = memchr(f->map + i, '\n', f->map_len - i);
+    size_t n = nl ? (size_t)(nl - (f->map + i)) : f->map_len - i;
+    line++;
+    if (!blank(f->map + i, n)) st = scan_one(f, &seen, i, n, line, &cap_p, &cap_b);
+    i += n + 1;
+  }
+  df_strset_free(&seen);
+  return st;
+}
+
+DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
+                                             const char *input_path, const char *out_dir,
+                                             dflash_fetch **out) {
+  DF_CHECK_ARG(opts && input_path && out_dir && out);
+  *out = NULL;
+  dflash_status st = check_options(opts);
+  if (st) return st;
+  dflash_fetch *f = calloc(1, sizeof *f);
+  if (!f) return df_error_nomem("fetcher");
+  f->lock_fd = f->epfd = f->wake_r = f->wake_w = -1;
+  f->completions.fd = f->errors.fd = -1;
+  f->input_path = df_strdup(input_path);
+  f->out_dir = df_strdup(out_dir);
+  if (!f->input_path || !f->out_dir) st = df_error_nomem("paths");
+  if (!st) st = copy_options(f, opts);
+  if (!st) st = df_loop_init(f, opts); /* reads the API key: fail before touching files */
+  if (!st) st = lock_dir(f);
+  if (!st) st = open_outputs(f);
+  if (!st) st = map_input(f);
+  if (!st) st = scan_input(f);
+  if (st) {
+    dflash_fetch_free(f);
+    return st;
+  }
+  *out = f;
+  return DFLASH_OK;
+}
+
+/* ---- jobs and records -------------------------------------------------------- */
+
+void df_job_free(df_job *job) {
+  if (!job) return;
+  df_conv_free(&job->conv);
+  free(job->turns);
+  json_decref(job->turn_info);
+  free(job->err);
+  free(job);
+}
+
+static dflash_status write_bad_line(dflash_fetch *f, const df_bad_line *b) {
+  json_t *r = json_pack("{s:s?,s:s,s:s,s:n,s:i,s:n,s:I}", "id", b->id, "kind", "input", "error",
+                        b->message, "http_status", "attempts", 0, "server", "line",
+                        (json_int_t)b->line);
+  dflash_status st = r ? df_out_append(&f->errors, r) : df_error_nomem("record");
+  json_decref(r);
+  if (!st) f->failed++;
+  return st;
+}
+
+/* The next prompt from the input, parsed; malformed lines found by the scan
+ * are written out on the way (they come first). NULL when none is left. */
+dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out) {
+  *out = NULL;
+  dflash_status st = DFLASH_OK;
+  for (; f->next_bad < f->n_bad; f->next_bad++)
+    if ((st = write_bad_line(f, &f->bad[f->next_bad]))) return st;
+  if (f->next_prompt == f->n_prompts) return DFLASH_OK;
+  const df_prompt *p = &f->prompts[f->next_prompt++];
+  df_job *job = calloc(1, sizeof *job);
+  if (!job) return df_error_nomem("job");
+  char *explicit_id;
+  job->line = p->line;
+  st = df_conv_parse(f->map + p->offset, p->len, f->input_path, p->line, &job->conv, &explicit_id);
+  free(explicit_id);
+  if (!st) st = df_conv_turns(job->conv.messages, f->o.all_turns, &job->turns, &job->n_turns);
+  if (!st && !(job->turn_info = json_array())) st = df_error_nomem("job");
+  if (st) {
+    df_job_free(job);
+    return df_error_wrap(st, "%s changed while fetching", f->input_path);
+  }
+  job->err_server = -1;
+  *out = job;
+  return DFLASH_OK;
+}
+
+/* The record's outcome is that of its first turn that was not "ok". */
+static const char *record_outcome(const json_t *turn_info) {
+  size_t i;
+  const json_t *t;
+  const char *last = "ok";
+  json_array_foreach(turn_info, i, t) {
+    last = json_string_value(json_object_get(t, "outcome"));
+    if (strcmp(last, "ok")) return last;
+  }
+  return last;
+}
+
+static json_t *prompt_slice(const df_job *job) {
+  json_t *m = json_array();
+  for (size_t i = 0; i < job->turns[job->n_turns - 1]; i++)
+    json_array_append(m, json_array_get(job->conv.messages, i));
+  return m;
+}
+
+dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const char *server) {
+  json_t *last = json_array_get(job->turn_info, job->n_turns - 1);
+  const char *outcome = record_outcome(job->turn_info);
+  size_t p = job->turns[job->n_turns - 1];
+  json_t *r = json_pack("{s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I}", "id", job->conv.id,
+                        "messages", prompt_slice(job), "completion",
+                        json_array_get(job->conv.messages, p), "finish_reason",
+                        json_object_get(last, "finish_reason"), "outcome", outcome, "usage",
+                        json_object_get(last, "usage"), "server", server, "latency_s",
+                        df_now_seconds() - job->started, "attempts", job->attempts_total, "line",
+                        (json_int_t)job->line);
+  if (r && job->n_turns > 1) json_object_set(r, "turns", job->turn_info);
+  dflash_status st = r ? df_out_append(&f->completions, r) : df_error_nomem("record");
+  json_decref(r);
+  if (st) return st;
+  f->completed++;
+  if (!strcmp(outcome, "length")) f->length++;
+  if (!strcmp(outcome, "empty")) f->empty++;
+  return DFLASH_OK;
+}
+
+dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job) {
+  json_t *http = job->err_http ? json_integer(job->err_http) : json_null();
+  const char *server = job->err_server >= 0 ? f->servers[job->err_server].display : NULL;
+  json_t *r = json_pack("{s:s,s:s,s:s,s:o,s:i,s:s?,s:I}", "id", job->conv.id, "kind",
+                        job->err_kind ? job->err_kind : "network", "error",
+                        job->err ? job->err : "unknown error", "http_status", http, "attempts",
+                        job->attempts_total, "server", server, "line", (json_int_t)job->line);
+  dflash_status st = r ? df_out_append(&f->errors, r) : df_error_nomem("record");
+  json_decref(r);
+  if (!st) f->failed++;
+  return st;
+}
+
+/* ---- public API ----------------------------------------------------------------- */
+
+DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress_fn progress,
+                                          void *user) {
+  DF_CHECK_ARG(f);
+  if (f->ran) return df_error(DFLASH_E_STATE, "fetch: run was already called on this fetcher");
+  f->ran = true;
+  return df_loop_run(f, progress, user);
+}
+
+DFLASH_API void dflash_fetch_stop(dflash_fetch *f) {
+  if (!f) return;
+  atomic_fetch_add(&f->stop_requests, 1);
+  if (f->wake_w >= 0) {
+    ssize_t r = write(f->wake_w, "s", 1); /* async-signal-safe wake-up of epoll_wait */
+    (void)r;
+  }
+}
+
+DFLASH_API dflash_status dflash_fetch_get_stats(const dflash_fetch *f, dflash_fetch_stats *s) {
+  DF_CHECK_ARG(f && s && s->struct_size >= sizeof *s);
+  size_t size = s->struct_size;
+  memset(s, 0, size);
+  s->struct_size = size;
+  uint64_t bad_left = f->n_bad - f->next_bad;
+  /* total: every record this shard ends with: already done + prompts + malformed lines. */
+  s->total = f->skipped + f->n_prompts + f->n_bad;
+  s->input_errors = f->n_bad;
+  s->skipped = f->skipped;
+  s->completed = f->completed;
+  s->failed = f->failed;
+  s->duplicates = f->duplicates;
+  s->length = f->length;
+  s->empty = f->empty;
+  s->retries = f->retries;
+  s->in_flight = f->jobs_in_flight;
+  s->pending = (f->n_prompts - f->next_prompt) + f->n_waiting + bad_left;
+  s->prompt_tokens = f->prompt_tokens;
+  s->completion_tokens = f->completion_tokens;
+  s->elapsed_s = f->ran ? (f->elapsed > 0 ? f->elapsed : df_now_seconds() - f->start_time) : 0;
+  for (size_t i = 0; i < f->n_servers; i++) s->servers_healthy += f->servers[i].healthy;
+  s->stopping = f->stopping;
+  return DFLASH_OK;
+}
+
+DFLASH_API size_t dflash_fetch_server_count(const dflash_fetch *f) {
+  return f ? f->n_servers : 0;
+}
+
+DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, size_t i,
+                                                       dflash_fetch_server_stats *s) {
+  DF_CHECK_ARG(f && s && s->struct_size >= sizeof *s);
+  if (i >= f->n_servers)
+    return df_error(DFLASH_E_RANGE, "fetch: server %zu of %zu", i, f->n_servers);
+  const df_server *v = &f->servers[i];
+  size_t size = s->struct_size;
+  memset(s, 0, size);
+  *s = (dflash_fetch_server_stats){.struct_size = size, .url = v->display, .healthy = v->healthy,
+                                   .in_flight = v->in_flight, .requests = v->requests,
+                                   .completed = v->completed, .failures = v->failures,
+                                   .completion_tokens = v->completion_tokens};
+  return DFLASH_OK;
+}
+
+DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, size_t cap,
+                                              size_t *len) {
+  DF_CHECK_ARG(f && len && (buf || cap == 0));
+  dflash_fetch_stats s = {.struct_size = sizeof s};
+  dflash_fetch_get_stats(f, &s);
+  json_t *servers = json_array();
+  for (size_t i = 0; i < f->n_servers; i++) {
+    const df_server *v = &f->servers[i];
+    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I}", "url", v->display,
+                                             "healthy", v->healthy, "requests",
+                                             (json_int_t)v->requests, "completed",
+                                             (json_int_t)v->completed, "failures",
+                                             (json_int_t)v->failures, "completion_tokens",
+                                             (json_int_t)v->completion_tokens));
+  }
+  json_t *j = json_pack(
+      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:b,s:o}", "total",
+      (json_int_t)s.total, "skipped", (json_int_t)s.skipped, "completed", (json_int_t)s.completed,
+      "failed", (json_int_t)s.failed, "duplicates", (json_int_t)s.duplicates, "length",
+      (json_int_t)s.length, "empty", (json_int_t)s.empty, "retries", (json_int_t)s.retries,
+      "pending", (json_int_t)(s.pending + s.in_flight), "prompt_tokens",
+      (json_int_t)s.prompt_tokens, "completion_tokens", (json_int_t)s.completion_tokens,
+      "elapsed_s", s.elapsed_s, "completion_tok_per_s",
+      s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0, "stopped",
+      (int)s.stopping, "servers", servers);
+  char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  if (!text) return df_error_nomem("summary");
+  size_t n = strlen(text) + 1;
+  *len = n;
+  dflash_status st = DFLASH_OK;
+  if (n > cap) st = df_error(DFLASH_E_BUFFER, "fetch summary needs %zu bytes", n);
+  else memcpy(buf, text, n);
+  free(text);
+  return st;
+}
+
+DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
+  if (!f) return;
+  df_loop_free(f);
+  for (size_t i = 0; i < f->n_waiting; i++) df_job_free(f->waiting[i]);
+  free(f->waiting);
+  df_out_close(&f->completions);
+  df_out_close(&f->errors);
+  if (f->map) munmap((void *)f->map, f->map_len);
+  for (size_t i = 0; i < f->n_bad; i++) {
+    free(f->bad[i].id);
+    free(f->bad[i].message);
+  }
+  free(f->bad);
+  free(f->prompts);
+  df_strset_free(&f->done);
+  for (size_t i = 0; i < f->n_servers; i++) {
+    free(f->servers[i].base);
+    free(f->servers[i].url);
+    free(f->servers[i].display);
+  }
+  free(f->servers);
+  json_decref(f->stop);
+  json_decref(f->extra);
+  free(f->model);
+  free(f->input_path);
+  free(f->out_dir);
+  if (f->lock_fd >= 0) close(f->lock_fd);
+  free(f);
+}

@@ -1,0 +1,128 @@
+/* The fetcher object, shared by fetch.c (setup, input scan, records, public
+ * getters) and loop.c (libcurl event loop, scheduling, retries). */
+#ifndef DFLASH_FETCH_STATE_H
+#define DFLASH_FETCH_STATE_H
+
+#include <curl/curl.h>
+#include <stdatomic.h>
+
+#include "fetch_internal.h"
+
+typedef struct df_server {
+  char *base;    /* as given, without a trailing '/' */
+  char *url;     /* {base}/chat/completions */
+  char *display; /* base with any user:password@ removed, for logs and records */
+  uint32_t in_flight;
+  bool healthy;
+  bool probing;
+  int consecutive_failures;
+  double next_probe;
+  uint64_t requests, completed, failures, completion_tokens;
+} df_server;
+
+/* A valid input line still to fetch. */
+typedef struct df_prompt {
+  uint64_t offset;
+  uint64_t len;
+  uint64_t line;
+} df_prompt;
+
+/* A malformed input line, recorded in errors.jsonl when the run starts. */
+typedef struct df_bad_line {
+  uint64_t line;
+  char *id; /* NULL when the line has no usable id */
+  char *message;
+} df_bad_line;
+
+/* One prompt being worked on: its turns, attempts and last error. */
+typedef struct df_job {
+  uint64_t line;
+  df_conv conv;         /* messages; regenerated turns replace the originals in place */
+  size_t *turns;
+  size_t n_turns, turn;
+  json_t *turn_info;    /* per-turn finish_reason/outcome/usage/attempts */
+  int attempts;         /* of the current turn */
+  int attempts_total;
+  double not_before;
+  double started;
+  char *err;
+  const char *err_kind;
+  long err_http;
+  int err_server;
+} df_job;
+
+/* One HTTP attempt (or a health probe when job is NULL). */
+typedef struct df_xfer {
+  struct df_xfer *prev, *next; /* every transfer in flight */
+  CURL *easy;
+  df_job *job;
+  int server;
+  bool sse;         /* the response is an event stream */
+  bool type_known;
+  bool too_big;
+  long http;
+  double retry_after; /* seconds, < 0 when absent */
+  uint64_t bytes;
+  uint64_t max_bytes; /* response cap of this attempt */
+  char *body;
+  df_sse parser;
+  df_resp resp;
+  df_buf raw;       /* non-streamed body or error body */
+  double started;
+  char errbuf[CURL_ERROR_SIZE];
+} df_xfer;
+
+struct dflash_fetch {
+  dflash_fetch_options o; /* string fields point at the copies below */
+  char *model, *input_path, *out_dir;
+  json_t *stop, *extra;
+  df_body_cfg body_cfg;
+
+  const char *map; /* the input, memory-mapped */
+  size_t map_len;
+  int lock_fd;
+
+  df_server *servers;
+  size_t n_servers;
+
+  df_prompt *prompts;
+  size_t n_prompts, next_prompt;
+  df_bad_line *bad;
+  size_t n_bad, next_bad;
+  df_strset done; /* ids (and "\1line:N" for id-less bad lines) already on disk */
+  df_out completions, errors;
+
+  df_job **waiting; /* retries in backoff and next turns */
+  size_t n_waiting, cap_waiting;
+
+  CURLM *multi;
+  df_xfer *xfers; /* in flight */
+  int epfd, wake_r, wake_w;
+  double timer_at; /* libcurl's next timeout, < 0 when none */
+  struct curl_slist *headers;
+  CURL **easy_pool;
+  size_t n_easy_pool, cap_easy_pool;
+  uint64_t rng;
+
+  atomic_int stop_requests;
+  bool stopping, ran, curl_inited;
+  double start_time, stop_deadline;
+  dflash_status fatal;
+
+  uint64_t skipped, completed, failed, duplicates, length, empty, retries;
+  uint64_t jobs_in_flight, prompt_tokens, completion_tokens;
+  double elapsed;
+};
+
+/* fetch.c */
+dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const char *server);
+dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
+dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out);
+void df_job_free(df_job *job);
+
+/* loop.c */
+dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);
+void df_loop_free(dflash_fetch *f);
+dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user);
+
+#endif

@@ -1,0 +1,29 @@
+/* Internals of the hidden-state store and the training-sample stream. */
+#ifndef DFLASH_HIDDEN_INTERNAL_H
+#define DFLASH_HIDDEN_INTERNAL_H
+
+#include <dflash/hidden.h>
+#include <dflash/safetensors.h>
+
+#include "core/internal.h"
+
+#define DF_HIDDEN_FORMAT "dflash-hidden-1"
+#define DF_HIDDEN_INDEX "hidden.safetensors.index.json"
+#define DF_HIDDEN_MAX_ID 1024
+
+const char *df_hidden_dtype_name(int32_t dtype);
+
+
+/* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
+typedef struct df_tokens df_tokens;
+dflash_status df_tokens_open(const char *dir, df_tokens **out);
+void df_tokens_free(df_tokens *t);
+size_t df_tokens_count(const df_tokens *t);
+/* Borrowed views of sample i. */
+void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t **ids,
+                   const uint8_t **mask, int64_t *len);
+
+/* The dataset behind a stream (borrowed). */
+const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s);
+
+#endif

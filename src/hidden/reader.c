@@ -1,0 +1,161 @@
+/* Hidden-state store reader: the index maps ids to memory-mapped shards;
+ * a sample is decoded (bf16 or scaled fp8 -> float32) only when read. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hidden.h"
+#include "train/bf16.h"
+
+struct dflash_hidden {
+  dflash_safetensors *st;
+  char *dir;
+  int32_t K, H, dtype;
+  size_t first, count; /* tensors [first, first+count) are the "h/" ones */
+};
+
+static dflash_status meta_int(const dflash_safetensors *st, const char *dir, const char *key,
+                              int32_t *out) {
+  const char *v;
+  char *end;
+  if (dflash_safetensors_metadata_find(st, key, &v))
+    return df_error(DFLASH_E_FORMAT, "%s: hidden-state store lacks metadata \"%s\"", dir, key);
+  long x = strtol(v, &end, 10);
+  if (*end || x <= 0 || x > INT32_MAX)
+    return df_error(DFLASH_E_FORMAT, "%s: metadata %s = \"%s\" is not a positive integer", dir,
+                    key, v);
+  *out = (int32_t)x;
+  return DFLASH_OK;
+}
+
+static dflash_status read_header(dflash_hidden *h) {
+  const char *fmt, *dt;
+  if (dflash_safetensors_metadata_find(h->st, "format", &fmt) || strcmp(fmt, DF_HIDDEN_FORMAT))
+    return df_error(DFLASH_E_FORMAT, "%s: not a libdflash hidden-state store (metadata format "
+                    "is not %s)", h->dir, DF_HIDDEN_FORMAT);
+  dflash_status st = meta_int(h->st, h->dir, "num_layers", &h->K);
+  if (!st) st = meta_int(h->st, h->dir, "hidden_size", &h->H);
+  if (st) return st;
+  if (dflash_safetensors_metadata_find(h->st, "dtype", &dt))
+    return df_error(DFLASH_E_FORMAT, "%s: metadata lacks dtype", h->dir);
+  if (!strcmp(dt, "bf16")) h->dtype = DFLASH_HIDDEN_BF16;
+  else if (!strcmp(dt, "fp8_e4m3")) h->dtype = DFLASH_HIDDEN_FP8_E4M3;
+  else return df_error(DFLASH_E_DTYPE, "%s: unknown hidden dtype \"%s\"", h->dir, dt);
+  size_t n = dflash_safetensors_count(h->st);
+  h->first = n;
+  for (size_t i = 0; i < n; i++) {
+    dflash_tensor t = {.struct_size = sizeof t};
+    dflash_safetensors_get(h->st, i, &t);
+    if (!strncmp(t.name, "h/", 2)) {
+      if (h->first == n) h->first = i;
+      h->count++;
+    }
+  }
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out) {
+  DF_CHECK_ARG(dir && out);
+  *out = NULL;
+  dflash_hidden *h = calloc(1, sizeof *h);
+  if (!h || !(h->dir = df_strdup(dir))) {
+    free(h);
+    return df_error_nomem("hidden store");
+  }
+  dflash_status st = dflash_safetensors_open(dir, &h->st);
+  if (!st) st = read_header(h);
+  if (st) {
+    dflash_hidden_free(h);
+    return st;
+  }
+  *out = h;
+  return DFLASH_OK;
+}
+
+void dflash_hidden_free(dflash_hidden *h) {
+  if (!h) return;
+  dflash_safetensors_free(h->st);
+  free(h->dir);
+  free(h);
+}
+
+dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers,
+                                 int32_t *hidden_size, int32_t *dtype, size_t *count) {
+  DF_CHECK_ARG(h);
+  if (num_layers) *num_layers = h->K;
+  if (hidden_size) *hidden_size = h->H;
+  if (dtype) *dtype = h->dtype;
+  if (count) *count = h->count;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char **id) {
+  DF_CHECK_ARG(h && id);
+  if (index >= h->count)
+    return df_error(DFLASH_E_RANGE, "%s: sample index %zu is outside [0, %zu)", h->dir, index,
+                    h->count);
+  dflash_tensor t = {.struct_size = sizeof t};
+  dflash_status st = dflash_safetensors_get(h->st, h->first + index, &t);
+  if (st) return st;
+  *id = t.name + 2;
+  return DFLASH_OK;
+}
+
+static dflash_status find(const dflash_hidden *h, const char *prefix, const char *id,
+                          dflash_tensor *t) {
+  char name[DF_HIDDEN_MAX_ID + 8];
+  if (strlen(id) > DF_HIDDEN_MAX_ID)
+    return df_error(DFLASH_E_NOT_FOUND, "%s: sample id too long", h->dir);
+  snprintf(name, sizeof name, "%s%s", prefix, id);
+  t->struct_size = sizeof *t;
+  if (dflash_safetensors_find(h->st, name, t))
+    return df_error(DFLASH_E_NOT_FOUND, "%s: no hidden states for sample %s", h->dir, id);
+  return DFLASH_OK;
+}
+
+static dflash_status states_tensor(const dflash_hidden *h, const char *id, dflash_tensor *t) {
+  dflash_status st = find(h, "h/", id, t);
+  if (st) return st;
+  dflash_dtype want = h->dtype == DFLASH_HIDDEN_BF16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F8_E4M3;
+  if (t->dtype != want || t->ndim != 2 || t->shape[1] != (int64_t)h->K * h->H)
+    return df_error(DFLASH_E_FORMAT, "%s: sample %s is not %s [S, %lld]", t->file, id,
+                    dflash_dtype_name(want), (long long)h->K * h->H);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id, int64_t *len) {
+  DF_CHECK_ARG(h && sample_id && len);
+  dflash_tensor t;
+  dflash_status st = states_tensor(h, sample_id, &t);
+  if (!st) *len = t.shape[0];
+  return st;
+}
+
+dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, float *out,
+                                 int64_t len) {
+  DF_CHECK_ARG(h && sample_id && out);
+  dflash_tensor t, s;
+  dflash_status st = states_tensor(h, sample_id, &t);
+  if (st) return st;
+  if (t.shape[0] != len)
+    return df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states "
+                    "in %s", sample_id, (long long)len, (long long)t.shape[0], t.file);
+  size_t n = (size_t)len * h->K * h->H;
+  if (h->dtype == DFLASH_HIDDEN_BF16) {
+    const uint16_t *p = t.data;
+    for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
+    return DFLASH_OK;
+  }
+  if ((st = find(h, "s/", sample_id, &s))) return st;
+  if (s.dtype != DFLASH_DTYPE_F32 || s.ndim != 2 || s.shape[0] != len || s.shape[1] != h->K)
+    return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s are not F32 [%lld, %d]", s.file,
+                    sample_id, (long long)len, h->K);
+  const uint8_t *p = t.data;
+  const char *sc = s.data; /* may sit at any byte offset after the fp8 codes */
+  for (size_t r = 0; r < (size_t)len * h->K; r++) {
+    float scale;
+    memcpy(&scale, sc + 4 * r, 4);
+    for (int32_t i = 0; i < h->H; i++) out[r * h->H + i] = df_e4m3_to_f32(p[r * h->H + i]) * scale;
+  }
+  return DFLASH_OK;
+}

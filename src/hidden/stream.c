@@ -1,0 +1,230 @@
+/*
+ * Training samples in a given order: a background thread decodes the hidden
+ * states of the next `prefetch` samples into a ring of buffers while the
+ * trainer works on the current one. Problems (missing id, length mismatch,
+ * NaN/Inf) are carried to the consumer with the sample id.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hidden.h"
+
+typedef struct slot {
+  float *buf;
+  size_t cap;
+  uint64_t index;
+  dflash_status st;
+  char msg[512];
+} slot;
+
+struct dflash_sample_stream {
+  df_tokens *tokens;
+  dflash_hidden *hidden;
+  int64_t width;
+  int depth;
+  slot *slots;
+  uint64_t *order;
+  size_t n;
+  /* producer/consumer state, guarded by mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  pthread_t thread;
+  bool running, stop, holding;
+  size_t produced, released, taken;
+};
+
+void dflash_sample_stream_options_default(dflash_sample_stream_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->prefetch = 4;
+}
+
+dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden_dir,
+                                        const dflash_sample_stream_options *opts,
+                                        dflash_sample_stream **out) {
+  DF_CHECK_ARG(data_dir && hidden_dir && out);
+  *out = NULL;
+  dflash_sample_stream_options o;
+  dflash_sample_stream_options_default(&o);
+  if (opts) {
+    if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
+      return df_error(DFLASH_E_INVALID_ARG, "sample stream options: unknown struct_size %zu",
+                      opts->struct_size);
+    memcpy(&o, opts, opts->struct_size);
+  }
+  dflash_sample_stream *s = calloc(1, sizeof *s);
+  if (!s) return df_error_nomem("sample stream");
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->depth = o.prefetch > 0 ? o.prefetch : 1;
+  s->slots = calloc((size_t)s->depth, sizeof *s->slots);
+  dflash_status st = s->slots ? DFLASH_OK : df_error_nomem("sample stream");
+  if (!st) st = df_tokens_open(data_dir, &s->tokens);
+  if (!st) st = dflash_hidden_open(hidden_dir, &s->hidden);
+  if (st) {
+    dflash_sample_stream_free(s);
+    return st;
+  }
+  int32_t K, H;
+  dflash_hidden_info(s->hidden, &K, &H, NULL, NULL);
+  s->width = (int64_t)K * H;
+  *out = s;
+  return DFLASH_OK;
+}
+
+static void stop_thread(dflash_sample_stream *s) {
+  if (!s->running) return;
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  s->running = false;
+}
+
+void dflash_sample_stream_free(dflash_sample_stream *s) {
+  if (!s) return;
+  stop_thread(s);
+  for (int i = 0; s->slots && i < s->depth; i++) free(s->slots[i].buf);
+  free(s->slots);
+  free(s->order);
+  df_tokens_free(s->tokens);
+  dflash_hidden_free(s->hidden);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+size_t dflash_sample_stream_count(const dflash_sample_stream *s) {
+  return s ? df_tokens_count(s->tokens) : 0;
+}
+
+int64_t dflash_sample_stream_width(const dflash_sample_stream *s) { return s ? s->width : 0; }
+
+dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *n_bad) {
+  DF_CHECK_ARG(s);
+  dflash_status first = DFLASH_OK;
+  char msg[512] = "";
+  size_t bad = 0;
+  for (size_t i = 0; i < df_tokens_count(s->tokens); i++) {
+    const char *id;
+    const int32_t *ids;
+    const uint8_t *mask;
+    int64_t len, hl;
+    df_tokens_get(s->tokens, i, &id, &ids, &mask, &len);
+    dflash_status st = dflash_hidden_length(s->hidden, id, &hl);
+    if (!st && hl != len)
+      st = df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states",
+                    id, (long long)len, (long long)hl);
+    if (st) {
+      bad++;
+      if (!first) first = st, snprintf(msg, sizeof msg, "%s", dflash_last_error());
+    }
+  }
+  if (n_bad) *n_bad = bad;
+  if (first) return df_error(first, "%s (%zu sample(s) affected)", msg, bad);
+  return DFLASH_OK;
+}
+
+/* Decode one sample into its slot (called without the lock). */
+static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
+  const char *id;
+  const int32_t *ids;
+  const uint8_t *mask;
+  int64_t len;
+  sl->index = index;
+  sl->st = DFLASH_OK;
+  df_tokens_get(s->tokens, (size_t)index, &id, &ids, &mask, &len);
+  size_t need = (size_t)len * (size_t)s->width;
+  if (need > sl->cap) {
+    free(sl->buf);
+    sl->buf = malloc(need * sizeof(float) + 1);
+    sl->cap = sl->buf ? need : 0;
+    if (!sl->buf) sl->st = df_error_nomem("decoded hidden states");
+  }
+  if (!sl->st) sl->st = dflash_hidden_read(s->hidden, id, sl->buf, len);
+  for (size_t i = 0; !sl->st && i < need; i++)
+    if (!isfinite(sl->buf[i]))
+      sl->st = df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is "
+                        "not finite", id, i / (size_t)s->width, i % (size_t)s->width);
+  if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
+}
+
+static void *producer(void *arg) {
+  dflash_sample_stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop && s->produced < s->n) {
+    if (s->produced >= s->released + (size_t)s->depth) {
+      pthread_cond_wait(&s->cv, &s->mu);
+      continue;
+    }
+    size_t k = s->produced;
+    pthread_mutex_unlock(&s->mu);
+    produce(s, &s->slots[k % (size_t)s->depth], s->order[k]);
+    pthread_mutex_lock(&s->mu);
+    s->produced++;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order,
+                                         size_t n) {
+  DF_CHECK_ARG(s && (order || n == 0));
+  stop_thread(s);
+  size_t count = df_tokens_count(s->tokens);
+  for (size_t i = 0; i < n; i++)
+    if (order[i] >= count)
+      return df_error(DFLASH_E_RANGE, "sample order[%zu] = %llu is outside the dataset's %zu "
+                      "samples", i, (unsigned long long)order[i], count);
+  uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
+  if (!copy) return df_error_nomem("sample order");
+  if (n) memcpy(copy, order, n * sizeof *copy);
+  free(s->order);
+  s->order = copy;
+  s->n = n;
+  s->produced = s->released = s->taken = 0;
+  s->stop = s->holding = false;
+  if (pthread_create(&s->thread, NULL, producer, s) != 0)
+    return df_error(DFLASH_E_IO, "sample stream: cannot start the prefetch thread");
+  s->running = true;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sample *out,
+                                        int *done) {
+  DF_CHECK_ARG(s && out && done);
+  if (!s->running) return df_error(DFLASH_E_STATE, "sample stream: call start first");
+  pthread_mutex_lock(&s->mu);
+  if (s->holding) {
+    s->released++;
+    s->holding = false;
+    pthread_cond_broadcast(&s->cv);
+  }
+  if (s->taken >= s->n) {
+    pthread_mutex_unlock(&s->mu);
+    *done = 1;
+    return DFLASH_OK;
+  }
+  while (s->produced <= s->taken) pthread_cond_wait(&s->cv, &s->mu);
+  size_t k = s->taken++;
+  s->holding = true;
+  pthread_mutex_unlock(&s->mu);
+  *done = 0;
+  slot *sl = &s->slots[k % (size_t)s->depth];
+  if (sl->st) return df_error(sl->st, "%s", sl->msg);
+  const char *id;
+  out->struct_size = sizeof *out;
+  out->index = sl->index;
+  df_tokens_get(s->tokens, (size_t)sl->index, &id, &out->input_ids, &out->loss_mask, &out->len);
+  out->id = id;
+  out->hidden = sl->buf;
+  return DFLASH_OK;
+}
+
+const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }

@@ -1,0 +1,324 @@
+/*
+ * Hidden-state store writer: samples are encoded (bf16, or fp8 e4m3 with a
+ * scale per token and layer) into a buffer; when it passes shard_bytes it is
+ * written as one safetensors shard (temporary name, fsync, rename) and the
+ * index is rewritten, so a killed dump loses at most the unflushed buffer.
+ */
+#include "hidden.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "train/bf16.h"
+
+typedef struct pending {
+  char *id;
+  int64_t len;
+  void *data;    /* bf16 or e4m3 codes */
+  float *scales; /* fp8 only: [len, K] */
+} pending;
+
+struct dflash_hidden_writer {
+  char *dir;
+  int32_t K, H, dtype;
+  uint64_t shard_bytes;
+  df_strset ids;
+  pending *buf;
+  size_t n_buf, cap_buf;
+  uint64_t buf_bytes;
+  char **shards; /* file names, relative to dir */
+  size_t n_shards;
+  bool finished;
+};
+
+void dflash_hidden_writer_options_default(dflash_hidden_writer_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->dtype = DFLASH_HIDDEN_BF16;
+  o->shard_bytes = 1ULL << 30;
+}
+
+const char *df_hidden_dtype_name(int32_t dtype) {
+  return dtype == DFLASH_HIDDEN_FP8_E4M3 ? "fp8_e4m3" : "bf16";
+}
+
+static dflash_status make_dir(const char *dir) {
+  if (mkdir(dir, 0777) == 0 || errno == EEXIST) return DFLASH_OK;
+  return df_error_errno(DFLASH_E_IO, errno, "cannot create directory %s", dir);
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Existing shards and ids of a store being reopened for appending. */
+static dflash_status load_existing(dflash_hidden_writer *w) {
+  DIR *d = opendir(w->dir);
+  if (!d) return df_error_errno(DFLASH_E_IO, errno, "cannot list %s", w->dir);
+  struct dirent *de;
+  dflash_status st = DFLASH_OK;
+  while (!st && (de = readdir(d))) {
+    if (strncmp(de->d_name, "hidden-", 7) || !df_str_ends_with(de->d_name, ".safetensors"))
+      continue;
+    char **ns = realloc(w->shards, (w->n_shards + 1) * sizeof *ns);
+    if (!ns || !(ns[w->n_shards] = df_strdup(de->d_name))) {
+      if (ns) w->shards = ns;
+      st = df_error_nomem("shard list");
+      break;
+    }
+    w->shards = ns;
+    w->n_shards++;
+  }
+  closedir(d);
+  if (st || w->n_shards == 0) return st;
+  qsort(w->shards, w->n_shards, sizeof *w->shards, cmp_str);
+  dflash_hidden *h;
+  if ((st = dflash_hidden_open(w->dir, &h))) return df_error_wrap(st, "reopening %s", w->dir);
+  int32_t K, H, dt;
+  size_t n;
+  dflash_hidden_info(h, &K, &H, &dt, &n);
+  if (K != w->K || H != w->H || dt != w->dtype)
+    st = df_error(DFLASH_E_MISMATCH, "%s holds K=%d, H=%d, %s states; cannot append K=%d, H=%d, "
+                  "%s", w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
+                  df_hidden_dtype_name(w->dtype));
+  for (size_t i = 0; !st && i < n; i++) {
+    const char *id;
+    dflash_hidden_id(h, i, &id);
+    if (df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
+  }
+  dflash_hidden_free(h);
+  return st;
+}
+
+dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers,
+                                          int32_t hidden_size,
+                                          const dflash_hidden_writer_options *opts,
+                                          dflash_hidden_writer **out) {
+  DF_CHECK_ARG(dir && out);
+  *out = NULL;
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  if (opts) {
+    if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
+      return df_error(DFLASH_E_INVALID_ARG, "hidden writer options: unknown struct_size %zu",
+                      opts->struct_size);
+    memcpy(&o, opts, opts->struct_size);
+  }
+  if (num_layers <= 0 || hidden_size <= 0)
+    return df_error(DFLASH_E_INVALID_ARG, "hidden writer: num_layers (%d) and hidden_size (%d) "
+                    "must be positive", num_layers, hidden_size);
+  if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
+    return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
+  dflash_status st = make_dir(dir);
+  if (st) return st;
+  dflash_hidden_writer *w = calloc(1, sizeof *w);
+  if (!w || !(w->dir = df_strdup(dir))) {
+    free(w);
+    return df_error_nomem("hidden writer");
+  }
+  w->K = num_layers;
+  w->H = hidden_size;
+  w->dtype = o.dtype;
+  w->shard_bytes = o.shard_bytes ? o.shard_bytes : 1ULL << 30;
+  if ((st = load_existing(w))) {
+    dflash_hidden_writer_free(w);
+    return st;
+  }
+  *out = w;
+  return DFLASH_OK;
+}
+
+static void free_pending(pending *p) {
+  free(p->id);
+  free(p->data);
+  free(p->scales);
+}
+
+void dflash_hidden_writer_free(dflash_hidden_writer *w) {
+  if (!w) return;
+  for (size_t i = 0; i < w->n_buf; i++) free_pending(&w->buf[i]);
+  free(w->buf);
+  for (size_t i = 0; i < w->n_shards; i++) free(w->shards[i]);
+  free(w->shards);
+  df_strset_free(&w->ids);
+  free(w->dir);
+  free(w);
+}
+
+/* Encode one sample from float32 or bf16 input. */
+static dflash_status encode(const dflash_hidden_writer *w, pending *p, const float *f32,
+                            const uint16_t *bf16) {
+  size_t width = (size_t)w->K * w->H, n = (size_t)p->len * width;
+  for (size_t i = 0; i < n; i++) {
+    float v = f32 ? f32[i] : df_bf16_to_f32(bf16[i]);
+    if (!isfinite(v))
+      return df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is %s",
+                      p->id, i / width, i % width, isnan(v) ? "NaN" : "Inf");
+  }
+  if (w->dtype == DFLASH_HIDDEN_BF16) {
+    uint16_t *out = malloc(n * sizeof *out);
+    if (!out) return df_error_nomem("hidden states");
+    for (size_t i = 0; i < n; i++) out[i] = f32 ? df_f32_to_bf16(f32[i]) : bf16[i];
+    p->data = out;
+    return DFLASH_OK;
+  }
+  uint8_t *out = malloc(n);
+  p->scales = malloc((size_t)p->len * w->K * sizeof(float));
+  p->data = out;
+  if (!out || !p->scales) return df_error_nomem("hidden states");
+  for (size_t r = 0; r < (size_t)p->len * w->K; r++) {
+    size_t base = r * (size_t)w->H;
+    float amax = 0;
+    for (int32_t i = 0; i < w->H; i++) {
+      float v = f32 ? f32[base + i] : df_bf16_to_f32(bf16[base + i]);
+      amax = fmaxf(amax, fabsf(v));
+    }
+    float scale = amax > 0 ? amax / 448.0f : 1.0f;
+    p->scales[r] = scale;
+    for (int32_t i = 0; i < w->H; i++) {
+      float v = f32 ? f32[base + i] : df_bf16_to_f32(bf16[base + i]);
+      out[base + i] = df_f32_to_e4m3(v / scale);
+    }
+  }
+  return DFLASH_OK;
+}
+
+static uint64_t pending_bytes(const dflash_hidden_writer *w, const pending *p) {
+  uint64_t n = (uint64_t)p->len * w->K * w->H;
+  return w->dtype == DFLASH_HIDDEN_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4;
+}
+
+static dflash_status append(dflash_hidden_writer *w, const char *id, const float *f32,
+                            const uint16_t *bf16, int64_t len) {
+  DF_CHECK_ARG(w && id && (f32 || bf16));
+  if (w->finished) return df_error(DFLASH_E_STATE, "hidden writer %s: already finished", w->dir);
+  if (!*id || strlen(id) > DF_HIDDEN_MAX_ID)
+    return df_error(DFLASH_E_INVALID_ARG, "hidden writer: sample id is empty or longer than %d "
+                    "bytes", DF_HIDDEN_MAX_ID);
+  if (len <= 0) return df_error(DFLASH_E_RANGE, "sample %s: length %lld", id, (long long)len);
+  if (df_strset_has(&w->ids, id))
+    return df_error(DFLASH_E_DUPLICATE, "sample %s: already in %s", id, w->dir);
+  if (w->n_buf == w->cap_buf) {
+    size_t nc = w->cap_buf ? 2 * w->cap_buf : 64;
+    pending *nb = realloc(w->buf, nc * sizeof *nb);
+    if (!nb) return df_error_nomem("hidden writer buffer");
+    w->buf = nb;
+    w->cap_buf = nc;
+  }
+  pending p = {.id = df_strdup(id), .len = len};
+  if (!p.id) return df_error_nomem("sample id");
+  dflash_status st = encode(w, &p, f32, bf16);
+  if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
+  if (st) {
+    free_pending(&p);
+    return st;
+  }
+  w->buf[w->n_buf++] = p;
+  w->buf_bytes += pending_bytes(w, &p);
+  return w->buf_bytes >= w->shard_bytes ? dflash_hidden_writer_flush(w) : DFLASH_OK;
+}
+
+dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
+                                          const float *states, int64_t len) {
+  DF_CHECK_ARG(states);
+  return append(w, sample_id, states, NULL, len);
+}
+
+dflash_status dflash_hidden_writer_append_bf16(dflash_hidden_writer *w, const char *sample_id,
+                                               const uint16_t *states, int64_t len) {
+  DF_CHECK_ARG(states);
+  return append(w, sample_id, NULL, states, len);
+}
+
+static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_st_writer *sw) {
+  char k[32], h[32];
+  snprintf(k, sizeof k, "%d", w->K);
+  snprintf(h, sizeof h, "%d", w->H);
+  dflash_status st = dflash_st_writer_metadata(sw, "format", DF_HIDDEN_FORMAT);
+  if (!st) st = dflash_st_writer_metadata(sw, "num_layers", k);
+  if (!st) st = dflash_st_writer_metadata(sw, "hidden_size", h);
+  if (!st) st = dflash_st_writer_metadata(sw, "dtype", df_hidden_dtype_name(w->dtype));
+  return st;
+}
+
+static dflash_status write_shard(const dflash_hidden_writer *w, const char *path) {
+  dflash_st_writer *sw;
+  dflash_status st = dflash_st_writer_create(path, &sw);
+  if (st) return st;
+  st = shard_metadata(w, sw);
+  bool fp8 = w->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  char name[DF_HIDDEN_MAX_ID + 8];
+  for (size_t i = 0; !st && i < w->n_buf; i++) {
+    const pending *p = &w->buf[i];
+    int64_t shape[2] = {p->len, (int64_t)w->K * w->H}, sshape[2] = {p->len, w->K};
+    snprintf(name, sizeof name, "h/%s", p->id);
+    st = dflash_st_writer_declare(sw, name, fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16, 2,
+                                  shape);
+    snprintf(name, sizeof name, "s/%s", p->id);
+    if (!st && fp8) st = dflash_st_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, sshape);
+  }
+  for (size_t i = 0; !st && i < w->n_buf; i++) {
+    const pending *p = &w->buf[i];
+    size_t n = (size_t)p->len * w->K * w->H;
+    st = dflash_st_writer_write(sw, p->data, fp8 ? n : 2 * n);
+    if (!st && fp8) st = dflash_st_writer_write(sw, p->scales, (size_t)p->len * w->K * 4);
+  }
+  if (!st) st = dflash_st_writer_finish(sw);
+  dflash_st_writer_free(sw);
+  return st;
+}
+
+static dflash_status write_index(const dflash_hidden_writer *w) {
+  char k[32], h[32];
+  snprintf(k, sizeof k, "%d", w->K);
+  snprintf(h, sizeof h, "%d", w->H);
+  const char *keys[] = {"format", "num_layers", "hidden_size", "dtype"};
+  const char *vals[] = {DF_HIDDEN_FORMAT, k, h, df_hidden_dtype_name(w->dtype)};
+  char *path = df_path_join(w->dir, DF_HIDDEN_INDEX);
+  if (!path) return df_error_nomem("index path");
+  dflash_status st = dflash_safetensors_write_index(path, w->n_shards,
+                                                    (const char *const *)w->shards, 4, keys, vals);
+  free(path);
+  return st;
+}
+
+dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w) {
+  DF_CHECK_ARG(w);
+  if (w->n_buf == 0) return DFLASH_OK;
+  char name[64];
+  snprintf(name, sizeof name, "hidden-%05zu.safetensors", w->n_shards);
+  char *path = df_path_join(w->dir, name);
+  char **ns = realloc(w->shards, (w->n_shards + 1) * sizeof *ns);
+  if (ns) w->shards = ns;
+  if (!path || !ns || !(w->shards[w->n_shards] = df_strdup(name))) {
+    free(path);
+    return df_error_nomem("hidden shard");
+  }
+  dflash_status st = write_shard(w, path);
+  free(path);
+  if (st) {
+    free(w->shards[w->n_shards]);
+    return df_error_wrap(st, "writing hidden-state shard %s/%s", w->dir, name);
+  }
+  w->n_shards++;
+  if ((st = write_index(w))) return st;
+  for (size_t i = 0; i < w->n_buf; i++) free_pending(&w->buf[i]);
+  w->n_buf = 0;
+  w->buf_bytes = 0;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w) {
+  DF_CHECK_ARG(w);
+  if (w->finished) return DFLASH_OK;
+  dflash_status st = dflash_hidden_writer_flush(w);
+  if (!st && w->n_shards == 0) st = write_index(w); /* an empty store is still a store */
+  if (!st) w->finished = true;
+  return st;
+}

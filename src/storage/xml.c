@@ -1,0 +1,98 @@
+/* Just enough XML for S3 answers: the text of named elements (Code, Message,
+ * Key, Size, UploadId...), with the five predefined entities and numeric
+ * character references decoded. S3 answers are flat and machine-written, so a
+ * scanner is enough; a full parser would add a dependency for nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage_internal.h"
+
+/* Encode code point `cp` as UTF-8 at `o`; returns bytes written (0: invalid). */
+static size_t put_utf8(char *o, unsigned long cp) {
+  if (cp < 0x80) {
+    o[0] = (char)cp;
+    return 1;
+  }
+  if (cp < 0x800) {
+    o[0] = (char)(0xC0 | (cp >> 6));
+    o[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+  if (cp < 0x10000) {
+    o[0] = (char)(0xE0 | (cp >> 12));
+    o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[2] = (char)(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  if (cp > 0x10FFFF) return 0;
+  o[0] = (char)(0xF0 | (cp >> 18));
+  o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+  o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+  o[3] = (char)(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+/* Decode one entity starting at s[0] == '&'; returns bytes consumed (0: not
+ * an entity, copy the '&' as is). Output is never longer than the input. */
+static size_t entity(const char *s, size_t n, char *o, size_t *olen) {
+  static const struct { const char *name; char c; } named[] = {
+      {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+  for (size_t i = 0; i < DF_ARRAY_LEN(named); i++) {
+    size_t k = strlen(named[i].name);
+    if (n >= k && !memcmp(s, named[i].name, k)) {
+      o[0] = named[i].c;
+      *olen = 1;
+      return k;
+    }
+  }
+  if (n < 4 || s[1] != '#') return 0;
+  const char *end = memchr(s, ';', n < 12 ? n : 12);
+  if (!end) return 0;
+  char *stop;
+  bool hex = s[2] == 'x' || s[2] == 'X';
+  unsigned long cp = strtoul(s + (hex ? 3 : 2), &stop, hex ? 16 : 10);
+  if (stop != end) return 0;
+  size_t k = put_utf8(o, cp);
+  if (!k || k > (size_t)(end - s + 1)) return 0;
+  *olen = k;
+  return (size_t)(end - s + 1);
+}
+
+static char *decode(const char *s, size_t n) {
+  char *out = malloc(n + 1);
+  if (!out) return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    size_t used = 0, k = 0;
+    if (s[i] == '&') used = entity(s + i, n - i, out + o, &k);
+    if (used) {
+      i += used;
+      o += k;
+    } else {
+      out[o++] = s[i++];
+    }
+  }
+  out[o] = 0;
+  return out;
+}
+
+char *df_xml_next(const char *xml, size_t len, const char *tag, size_t *pos) {
+  char open[80], close[80];
+  int on = snprintf(open, sizeof open, "<%s>", tag);
+  int cn = snprintf(close, sizeof close, "</%s>", tag);
+  if (on <= 0 || cn <= 0 || (size_t)cn >= sizeof close || *pos > len) return NULL;
+  const char *start = memmem(xml + *pos, len - *pos, open, (size_t)on);
+  if (!start) return NULL;
+  start += on;
+  const char *end = memmem(start, len - (size_t)(start - xml), close, (size_t)cn);
+  if (!end) return NULL;
+  *pos = (size_t)(end - xml) + (size_t)cn;
+  return decode(start, (size_t)(end - start));
+}
+
+char *df_xml_first(const char *xml, size_t len, const char *tag) {
+  size_t pos = 0;
+  return xml ? df_xml_next(xml, len, tag, &pos) : NULL;
+}

@@ -1,0 +1,219 @@
+/*
+ * Checkpoints: a directory SGLang/vLLM load (config.json + model.safetensors
+ * with the spec's tensor names), and a training-state file (master weights,
+ * AdamW moments, step, caller blob for data position and RNG) from which a
+ * killed run resumes bit for bit.
+ */
+#include "trainer.h"
+
+#include <dflash/safetensors.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bf16.h"
+
+#define STATE_FORMAT "dflash-train-state-1"
+
+static dflash_status ensure_dir(const char *dir) {
+  if (mkdir(dir, 0777) == 0) return df_fsync_parent(dir);
+  if (errno == EEXIST) {
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) return DFLASH_OK;
+    return df_error(DFLASH_E_EXISTS, "%s exists and is not a directory", dir);
+  }
+  return df_error_errno(DFLASH_E_IO, errno, "cannot create directory %s", dir);
+}
+
+/* Stream `n` floats as F32 or BF16 through the writer. */
+static dflash_status write_floats(dflash_st_writer *w, const float *x, size_t n, bool bf16) {
+  if (!bf16) return dflash_st_writer_write(w, x, n * sizeof(float));
+  uint16_t buf[4096];
+  for (size_t i = 0; i < n; i += DF_ARRAY_LEN(buf)) {
+    size_t k = n - i < DF_ARRAY_LEN(buf) ? n - i : DF_ARRAY_LEN(buf);
+    for (size_t j = 0; j < k; j++) buf[j] = df_f32_to_bf16(x[i + j]);
+    dflash_status st = dflash_st_writer_write(w, buf, k * sizeof(uint16_t));
+    if (st) return st;
+  }
+  return DFLASH_OK;
+}
+
+static dflash_status write_model(const df_model *m, const char *path, bool bf16) {
+  dflash_st_writer *w;
+  dflash_status st = dflash_st_writer_create(path, &w);
+  if (st) return st;
+  st = dflash_st_writer_metadata(w, "format", "pt");
+  for (size_t i = 0; !st && i < m->n_tensors; i++) {
+    const df_tensor_info *t = &m->tensors[i];
+    st = dflash_st_writer_declare(w, t->name, bf16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32,
+                                  (uint32_t)t->ndim, t->shape);
+  }
+  for (size_t i = 0; !st && i < m->n_tensors; i++)
+    st = write_floats(w, m->params + m->tensors[i].offset, m->tensors[i].numel, bf16);
+  if (!st) st = dflash_st_writer_finish(w);
+  dflash_st_writer_free(w);
+  return st;
+}
+
+dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16) {
+  DF_CHECK_ARG(t && dir);
+  dflash_status st = ensure_dir(dir);
+  if (st) return st;
+  char *model = df_path_join(dir, "model.safetensors"), *cfg = df_path_join(dir, "config.json");
+  if (!model || !cfg) st = df_error_nomem("checkpoint paths");
+  /* Weights first: config.json is what makes the directory loadable. */
+  if (!st) st = write_model(&t->m, model, bf16 != 0);
+  if (!st) st = dflash_drafter_config_save(&t->m.cfg, cfg);
+  if (st) df_error_wrap(st, "saving checkpoint %s", dir);
+  free(model);
+  free(cfg);
+  return st;
+}
+
+/* Convert a stored tensor (F32, BF16 or F16) into floats. */
+static dflash_status read_floats(const dflash_tensor *src, float *out, size_t n) {
+  if (src->nbytes != n * dflash_dtype_size(src->dtype))
+    return df_error(DFLASH_E_MISMATCH, "%s: tensor %s holds %llu bytes, expected %zu elements",
+                    src->file, src->name, (unsigned long long)src->nbytes, n);
+  switch (src->dtype) {
+  case DFLASH_DTYPE_F32: memcpy(out, src->data, n * sizeof(float)); return DFLASH_OK;
+  case DFLASH_DTYPE_BF16: {
+    const uint16_t *p = src->data;
+    for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
+    return DFLASH_OK;
+  }
+  case DFLASH_DTYPE_F16: {
+    const uint16_t *p = src->data;
+    for (size_t i = 0; i < n; i++) out[i] = df_f16_to_f32(p[i]);
+    return DFLASH_OK;
+  }
+  default:
+    return df_error(DFLASH_E_DTYPE, "%s: tensor %s has dtype %s (F32, BF16 or F16 expected)",
+                    src->file, src->name, dflash_dtype_name(src->dtype));
+  }
+}
+
+dflash_status df_read_float_tensor(const dflash_safetensors *st, const char *name,
+                                   int ndim, const int64_t *shape, float *out) {
+  dflash_tensor src = {.struct_size = sizeof src};
+  dflash_status s = dflash_safetensors_find(st, name, &src);
+  if (s) return s;
+  size_t n = 1;
+  bool same = (int)src.ndim == ndim;
+  for (int d = 0; d < ndim; d++) {
+    n *= (size_t)shape[d];
+    same = same && src.shape[d] == shape[d];
+  }
+  if (!same)
+    return df_error(DFLASH_E_MISMATCH, "%s: tensor %s has the wrong shape for this config "
+                    "(expected %lld x %lld)", src.file, name, (long long)shape[0],
+                    (long long)(ndim > 1 ? shape[1] : 1));
+  return read_floats(&src, out, n);
+}
+
+dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
+  DF_CHECK_ARG(t && path);
+  dflash_safetensors *st;
+  dflash_status s = dflash_safetensors_open(path, &st);
+  if (s) return s;
+  df_model *m = &t->m;
+  /* Read into a copy so a failure leaves the parameters untouched. */
+  float *tmp = malloc(m->n_params * sizeof(float));
+  if (!tmp) s = df_error_nomem("checkpoint parameters");
+  for (size_t i = 0; !s && i < m->n_tensors; i++) {
+    const df_tensor_info *ti = &m->tensors[i];
+    s = df_read_float_tensor(st, ti->name, ti->ndim, ti->shape, tmp + ti->offset);
+    if (s == DFLASH_E_NOT_FOUND) {
+      /* Some trainers save under a "model." prefix. */
+      char alt[128];
+      snprintf(alt, sizeof alt, "model.%s", ti->name);
+      s = df_read_float_tensor(st, alt, ti->ndim, ti->shape, tmp + ti->offset);
+      if (s == DFLASH_E_NOT_FOUND)
+        s = df_error(DFLASH_E_NOT_FOUND, "%s: checkpoint lacks tensor %s", path, ti->name);
+    }
+  }
+  if (!s) memcpy(m->params, tmp, m->n_params * sizeof(float));
+  free(tmp);
+  dflash_safetensors_free(st);
+  return s;
+}
+
+/* ---- training state ------------------------------------------------------- */
+
+dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path,
+                                        const void *user, size_t user_len) {
+  DF_CHECK_ARG(t && path && (user || user_len == 0));
+  const df_model *m = &t->m;
+  char num[64];
+  dflash_st_writer *w;
+  dflash_status st = dflash_st_writer_create(path, &w);
+  if (st) return st;
+  int64_t n = (int64_t)m->n_params, ulen = (int64_t)user_len;
+  st = dflash_st_writer_metadata(w, "format", STATE_FORMAT);
+  snprintf(num, sizeof num, "%lld", (long long)t->step);
+  if (!st) st = dflash_st_writer_metadata(w, "step", num);
+  snprintf(num, sizeof num, "%zu", m->n_tensors);
+  if (!st) st = dflash_st_writer_metadata(w, "n_tensors", num);
+  const char *names[] = {"params", "adam_m", "adam_v"};
+  const float *bufs[] = {m->params, t->m1, t->m2};
+  for (size_t i = 0; !st && i < 3; i++)
+    st = dflash_st_writer_declare(w, names[i], DFLASH_DTYPE_F32, 1, &n);
+  if (!st) st = dflash_st_writer_declare(w, "user", DFLASH_DTYPE_U8, 1, &ulen);
+  for (size_t i = 0; !st && i < 3; i++) st = write_floats(w, bufs[i], m->n_params, false);
+  if (!st && user_len) st = dflash_st_writer_write(w, user, user_len);
+  if (!st) st = dflash_st_writer_finish(w);
+  dflash_st_writer_free(w);
+  return st;
+}
+
+static dflash_status state_tensor(const dflash_safetensors *st, const char *path,
+                                  const char *name, dflash_dtype dtype, uint64_t nbytes,
+                                  dflash_tensor *out) {
+  out->struct_size = sizeof *out;
+  if (dflash_safetensors_find(st, name, out))
+    return df_error(DFLASH_E_FORMAT, "%s: training state lacks tensor %s", path, name);
+  if (out->dtype != dtype || (nbytes != UINT64_MAX && out->nbytes != nbytes))
+    return df_error(DFLASH_E_MISMATCH, "%s: tensor %s does not match this drafter (%llu bytes)",
+                    path, name, (unsigned long long)out->nbytes);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user,
+                                        size_t *user_len) {
+  DF_CHECK_ARG(t && path && user_len);
+  dflash_safetensors *st;
+  dflash_status s = dflash_safetensors_open(path, &st);
+  if (s) return s;
+  df_model *m = &t->m;
+  const char *fmt = NULL, *step = NULL;
+  dflash_safetensors_metadata_find(st, "format", &fmt);
+  dflash_safetensors_metadata_find(st, "step", &step);
+  dflash_tensor p, m1, m2, u;
+  uint64_t nb = (uint64_t)m->n_params * sizeof(float);
+  if (!fmt || strcmp(fmt, STATE_FORMAT) || !step)
+    s = df_error(DFLASH_E_FORMAT, "%s: not a libdflash training state (format %s)", path,
+                 fmt ? fmt : "missing");
+  if (!s) s = state_tensor(st, path, "params", DFLASH_DTYPE_F32, nb, &p);
+  if (!s) s = state_tensor(st, path, "adam_m", DFLASH_DTYPE_F32, nb, &m1);
+  if (!s) s = state_tensor(st, path, "adam_v", DFLASH_DTYPE_F32, nb, &m2);
+  if (!s) s = state_tensor(st, path, "user", DFLASH_DTYPE_U8, UINT64_MAX, &u);
+  if (!s && (!user || *user_len < u.nbytes)) {
+    *user_len = (size_t)u.nbytes;
+    if (user) s = df_error(DFLASH_E_BUFFER, "%s: user state needs %llu bytes", path,
+                           (unsigned long long)u.nbytes);
+    dflash_safetensors_free(st);
+    return s;
+  }
+  if (!s) {
+    memcpy(m->params, p.data, nb);
+    memcpy(t->m1, m1.data, nb);
+    memcpy(t->m2, m2.data, nb);
+    if (u.nbytes) memcpy(user, u.data, (size_t)u.nbytes);
+    *user_len = (size_t)u.nbytes;
+    t->step = strtoll(step, NULL, 10);
+  }
+  dflash_safetensors_free(st);
+  return s;
+}

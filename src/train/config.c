@@ -1,0 +1,449 @@
+/*
+ * Drafter config.json: parse the way SGLang and vLLM read it (a Qwen3Config
+ * with DFlash fields), validate, and write it back with both block_size
+ * placements and an explicit YaRN attention factor.
+ */
+#include "core/internal.h"
+
+#include <dflash/train.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dflash_drafter_config_default(dflash_drafter_config *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->struct_size = sizeof *cfg;
+  cfg->rms_norm_eps = 1e-6;
+  cfg->rope_theta = 10000.0; /* Qwen3Config's default when the file has none */
+  cfg->max_position_embeddings = 32768;
+  cfg->rope_type = DFLASH_ROPE_DEFAULT;
+  cfg->rope_beta_fast = 32.0;
+  cfg->rope_beta_slow = 1.0;
+  cfg->rope_truncate = 1;
+  cfg->mask_token_id = -1;
+}
+
+dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k, int32_t *out) {
+  DF_CHECK_ARG(out);
+  if (k < 1 || k > DFLASH_DRAFTER_MAX_TARGET || num_target_layers < 1)
+    return df_error(DFLASH_E_CONFIG, "default target layers: need 1 <= K <= %d and L >= 1 "
+                    "(got K=%d, L=%d)", DFLASH_DRAFTER_MAX_TARGET, k, num_target_layers);
+  if (k == 1) {
+    out[0] = num_target_layers / 2;
+    return DFLASH_OK;
+  }
+  if (num_target_layers < 5)
+    return df_error(DFLASH_E_CONFIG, "default target layers: %d target layers are too few for "
+                    "K=%d (the rule spreads them over layers 1..L-3)", num_target_layers, k);
+  double span = (double)(num_target_layers - 4);
+  /* Python's round() (half to even), as the reference trainer computes it. */
+  for (int32_t i = 0; i < k; i++) out[i] = (int32_t)rint(1.0 + (double)i * span / (double)(k - 1));
+  return DFLASH_OK;
+}
+
+double dflash_default_loss_gamma(int32_t block_size) {
+  switch (block_size) {
+  case 16: return 7.0;
+  case 10: return 5.0;
+  case 8: return 4.0;
+  default: return block_size > 1 ? block_size / 2.0 : 1.0;
+  }
+}
+
+/* ---- validation ----------------------------------------------------------- */
+
+static double yarn_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
+  DF_CHECK_ARG(c);
+#define NEED(cond, ...) \
+  do { if (!(cond)) return df_error(DFLASH_E_CONFIG, "drafter config: " __VA_ARGS__); } while (0)
+  NEED(c->hidden_size > 0, "hidden_size must be positive (got %d)", c->hidden_size);
+  NEED(c->intermediate_size > 0, "intermediate_size must be positive (got %d)",
+       c->intermediate_size);
+  NEED(c->num_hidden_layers > 0 && c->num_hidden_layers <= DFLASH_DRAFTER_MAX_LAYERS,
+       "num_hidden_layers must be in 1..%d (got %d)", DFLASH_DRAFTER_MAX_LAYERS,
+       c->num_hidden_layers);
+  NEED(c->num_attention_heads > 0, "num_attention_heads must be positive (got %d)",
+       c->num_attention_heads);
+  NEED(c->num_key_value_heads > 0 && c->num_attention_heads % c->num_key_value_heads == 0,
+       "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+       c->num_attention_heads, c->num_key_value_heads);
+  NEED(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= 512,
+       "head_dim must be even, in 2..512 (got %d)", c->head_dim);
+  NEED(c->vocab_size > 0, "vocab_size must be positive (got %d)", c->vocab_size);
+  NEED(c->mask_token_id >= 0 && c->mask_token_id < c->vocab_size,
+       "mask_token_id %d is outside the vocabulary [0, %d)", c->mask_token_id, c->vocab_size);
+  NEED(c->block_size >= 2, "block_size must be at least 2 (got %d)", c->block_size);
+  NEED(c->rms_norm_eps > 0, "rms_norm_eps must be positive (got %g)", c->rms_norm_eps);
+  NEED(c->rope_theta > 1.0, "rope_theta must exceed 1 (got %g)", c->rope_theta);
+  NEED(c->attention_bias == 0, "attention_bias=true is not supported by this trainer");
+  /* num_target_layers may be absent (0) when the layer ids are explicit. */
+  NEED(c->num_target_layers >= 0, "num_target_layers must not be negative (got %d)",
+       c->num_target_layers);
+  NEED(c->n_target_layer_ids > 0 && c->n_target_layer_ids <= DFLASH_DRAFTER_MAX_TARGET,
+       "dflash_config.target_layer_ids must have 1..%d entries (got %d)",
+       DFLASH_DRAFTER_MAX_TARGET, c->n_target_layer_ids);
+  for (int32_t i = 0; i < c->n_target_layer_ids; i++)
+    NEED(c->target_layer_ids[i] >= 0 &&
+             (c->num_target_layers == 0 || c->target_layer_ids[i] < c->num_target_layers),
+         "target_layer_ids[%d] = %d is outside the target's layers [0, %d)", i,
+         c->target_layer_ids[i], c->num_target_layers);
+  bool sliding = false;
+  for (int32_t i = 0; i < c->num_hidden_layers; i++) {
+    NEED(c->layer_types[i] == DFLASH_LAYER_FULL || c->layer_types[i] == DFLASH_LAYER_SLIDING,
+         "layer_types[%d] has unknown value %d", i, c->layer_types[i]);
+    sliding |= c->layer_types[i] == DFLASH_LAYER_SLIDING;
+  }
+  NEED(!sliding || c->sliding_window > 0,
+       "sliding_attention layers need a positive sliding_window (got %d)", c->sliding_window);
+  NEED(c->rope_type == DFLASH_ROPE_DEFAULT || c->rope_type == DFLASH_ROPE_YARN,
+       "unknown rope type %d", c->rope_type);
+  if (c->rope_type == DFLASH_ROPE_YARN) {
+    NEED(c->rope_factor >= 1.0, "rope_scaling.factor must be >= 1 for yarn (got %g)",
+         c->rope_factor);
+    NEED(c->rope_original_max_position > 0,
+         "rope_scaling.original_max_position_embeddings must be positive (got %d)",
+         c->rope_original_max_position);
+    NEED(c->rope_attention_factor > 0, "rope_scaling.attention_factor must be positive (got %g)",
+         c->rope_attention_factor);
+    NEED(c->rope_beta_fast > 0 && c->rope_beta_slow > 0,
+         "rope_scaling.beta_fast/beta_slow must be positive");
+  }
+#undef NEED
+  return DFLASH_OK;
+}
+
+/* ---- parsing -------------------------------------------------------------- */
+
+typedef struct parser {
+  const char *what;
+} parser;
+
+/* Fetch an optional integer; absent or null leaves *out. */
+static dflash_status get_int(const parser *p, json_t *obj, const char *key, int32_t *out,
+                             bool required) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) {
+    if (required) return df_error(DFLASH_E_CONFIG, "%s: missing \"%s\"", p->what, key);
+    return DFLASH_OK;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
+      json_integer_value(v) > INT32_MAX)
+    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be a 32-bit integer", p->what, key);
+  *out = (int32_t)json_integer_value(v);
+  return DFLASH_OK;
+}
+
+static dflash_status get_real(const parser *p, json_t *obj, const char *key, double *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return DFLASH_OK;
+  if (!json_is_number(v))
+    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be a number", p->what, key);
+  *out = json_number_value(v);
+  return DFLASH_OK;
+}
+
+static dflash_status get_bool(const parser *p, json_t *obj, const char *key, int32_t *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!v || json_is_null(v)) return DFLASH_OK;
+  if (!json_is_boolean(v))
+    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be true or false", p->what, key);
+  *out = json_is_true(v);
+  return DFLASH_OK;
+}
+
+static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_config *c) {
+  json_t *rs = json_object_get(root, "rope_scaling");
+  json_t *rp = json_object_get(root, "rope_parameters"); /* transformers v5 spelling */
+  dflash_status st;
+  if ((!rs || json_is_null(rs)) && rp && json_is_object(rp)) {
+    if ((st = get_real(p, rp, "rope_theta", &c->rope_theta))) return st;
+    rs = rp;
+  }
+  if (!rs || json_is_null(rs)) return DFLASH_OK;
+  if (!json_is_object(rs))
+    return df_error(DFLASH_E_CONFIG, "%s: \"rope_scaling\" must be an object or null", p->what);
+  json_t *type = json_object_get(rs, "rope_type");
+  if (!type) type = json_object_get(rs, "type");
+  const char *name = type && json_is_string(type) ? json_string_value(type) : "default";
+  if (!strcmp(name, "default")) return DFLASH_OK;
+  if (strcmp(name, "yarn"))
+    return df_error(DFLASH_E_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported "
+                    "(default and yarn are)", p->what, name);
+  c->rope_type = DFLASH_ROPE_YARN;
+  c->rope_original_max_position = c->max_position_embeddings;
+  double mscale = 0, mscale_all = 0, attn = 0;
+  if ((st = get_real(p, rs, "factor", &c->rope_factor)) ||
+      (st = get_real(p, rs, "beta_fast", &c->rope_beta_fast)) ||
+      (st = get_real(p, rs, "beta_slow", &c->rope_beta_slow)) ||
+      (st = get_real(p, rs, "attention_factor", &attn)) ||
+      (st = get_real(p, rs, "mscale", &mscale)) ||
+      (st = get_real(p, rs, "mscale_all_dim", &mscale_all)) ||
+      (st = get_int(p, rs, "original_max_position_embeddings", &c->rope_original_max_position,
+                    false)) ||
+      (st = get_bool(p, rs, "truncate", &c->rope_truncate)))
+    return st;
+  if (c->rope_factor <= 0)
+    return df_error(DFLASH_E_CONFIG, "%s: rope_scaling (yarn) needs a positive \"factor\"",
+                    p->what);
+  /* The default that Hugging Face derives when attention_factor is absent. */
+  if (attn <= 0)
+    attn = (mscale != 0 && mscale_all != 0)
+               ? yarn_mscale(c->rope_factor, mscale) / yarn_mscale(c->rope_factor, mscale_all)
+               : yarn_mscale(c->rope_factor, 1.0);
+  c->rope_attention_factor = attn;
+  /* SGLang and vLLM use `factor`; recent transformers replace it by
+   * max_position_embeddings / original_max_position_embeddings. */
+  double ratio = (double)c->max_position_embeddings / c->rope_original_max_position;
+  if (fabs(ratio - c->rope_factor) > 1e-9 * c->rope_factor)
+    df_log(DFLASH_LOG_WARN, "%s: rope_scaling.factor %g differs from max_position_embeddings / "
+           "original_max_position_embeddings = %g; engines use the factor, recent transformers "
+           "the ratio", p->what, c->rope_factor, ratio);
+  return DFLASH_OK;
+}
+
+static dflash_status parse_int_array(const parser *p, json_t *arr, const char *key, int32_t *out,
+                                     int32_t cap, int32_t *n) {
+  if (!json_is_array(arr))
+    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be an array", p->what, key);
+  if (json_array_size(arr) > (size_t)cap)
+    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" has %zu entries (at most %d)", p->what, key,
+                    json_array_size(arr), cap);
+  for (size_t i = 0; i < json_array_size(arr); i++) {
+    json_t *v = json_array_get(arr, i);
+    if (!json_is_integer(v))
+      return df_error(DFLASH_E_CONFIG, "%s: \"%s\"[%zu] must be an integer", p->what, key, i);
+    out[i] = (int32_t)json_integer_value(v);
+  }
+  *n = (int32_t)json_array_size(arr);
+  return DFLASH_OK;
+}
+
+static dflash_status parse_layer_types(const parser *p, json_t *root, dflash_drafter_config *c) {
+  json_t *lt = json_object_get(root, "layer_types");
+  int32_t use_sliding = 0, max_window_layers = 28;
+  dflash_status st;
+  if ((st = get_bool(p, root, "use_sliding_window", &use_sliding)) ||
+      (st = get_int(p, root, "max_window_layers", &max_window_layers, false)) ||
+      (st = get_int(p, root, "sliding_window", &c->sliding_window, false)))
+    return st;
+  if (!lt || json_is_null(lt)) {
+    /* Qwen3Config's derivation when the list is absent. */
+    for (int32_t i = 0; i < c->num_hidden_layers; i++)
+      c->layer_types[i] = use_sliding && c->sliding_window > 0 && i >= max_window_layers
+                              ? DFLASH_LAYER_SLIDING : DFLASH_LAYER_FULL;
+    return DFLASH_OK;
+  }
+  if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->num_hidden_layers)
+    return df_error(DFLASH_E_CONFIG, "%s: \"layer_types\" must list exactly num_hidden_layers=%d "
+                    "entries", p->what, c->num_hidden_layers);
+  for (size_t i = 0; i < json_array_size(lt); i++) {
+    const char *s = json_string_value(json_array_get(lt, i));
+    if (s && !strcmp(s, "full_attention")) c->layer_types[i] = DFLASH_LAYER_FULL;
+    else if (s && !strcmp(s, "sliding_attention")) c->layer_types[i] = DFLASH_LAYER_SLIDING;
+    else
+      return df_error(DFLASH_E_CONFIG, "%s: layer_types[%zu] must be \"full_attention\" or "
+                      "\"sliding_attention\"", p->what, i);
+  }
+  return DFLASH_OK;
+}
+
+static dflash_status parse_dflash(const parser *p, json_t *root, dflash_drafter_config *c) {
+  json_t *dc = json_object_get(root, "dflash_config");
+  if (dc && !json_is_null(dc) && !json_is_object(dc))
+    return df_error(DFLASH_E_CONFIG, "%s: \"dflash_config\" must be an object", p->what);
+  if (dc && json_is_null(dc)) dc = NULL;
+  int32_t top_bs = 0, inner_bs = 0;
+  dflash_status st;
+  if ((st = get_int(p, root, "block_size", &top_bs, false))) return st;
+  if (dc && (st = get_int(p, dc, "block_size", &inner_bs, false))) return st;
+  if (top_bs && inner_bs && top_bs != inner_bs)
+    return df_error(DFLASH_E_CONFIG, "%s: block_size %d at top level disagrees with "
+                    "dflash_config.block_size %d", p->what, top_bs, inner_bs);
+  c->block_size = inner_bs ? inner_bs : top_bs;
+  if (!c->block_size)
+    return df_error(DFLASH_E_CONFIG, "%s: missing \"block_size\" (top level or in "
+                    "dflash_config)", p->what);
+  if ((st = get_int(p, root, "mask_token_id", &c->mask_token_id, false))) return st;
+  if (dc && (st = get_int(p, dc, "mask_token_id", &c->mask_token_id, false))) return st;
+  if (c->mask_token_id < 0)
+    return df_error(DFLASH_E_CONFIG, "%s: missing \"dflash_config.mask_token_id\"", p->what);
+  if ((st = get_int(p, root, "num_target_layers", &c->num_target_layers, false))) return st;
+  json_t *ids = dc ? json_object_get(dc, "target_layer_ids") : NULL;
+  if (ids && !json_is_null(ids)) {
+    if ((st = parse_int_array(p, ids, "dflash_config.target_layer_ids", c->target_layer_ids,
+                              DFLASH_DRAFTER_MAX_TARGET, &c->n_target_layer_ids)))
+      return st;
+    return DFLASH_OK;
+  }
+  if (c->num_target_layers <= 0)
+    return df_error(DFLASH_E_CONFIG, "%s: neither dflash_config.target_layer_ids nor "
+                    "num_target_layers is given", p->what);
+  /* The reference trainer's default: one target layer per drafter layer. */
+  c->n_target_layer_ids = c->num_hidden_layers;
+  return dflash_default_target_layers(c->num_target_layers, c->num_hidden_layers,
+                                      c->target_layer_ids);
+}
+
+static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c) {
+  if (!json_is_object(root))
+    return df_error(DFLASH_E_CONFIG, "%s: config must be a JSON object", p->what);
+  dflash_status st;
+  if ((st = get_int(p, root, "hidden_size", &c->hidden_size, true)) ||
+      (st = get_int(p, root, "intermediate_size", &c->intermediate_size, true)) ||
+      (st = get_int(p, root, "num_hidden_layers", &c->num_hidden_layers, true)) ||
+      (st = get_int(p, root, "num_attention_heads", &c->num_attention_heads, true)) ||
+      (st = get_int(p, root, "vocab_size", &c->vocab_size, true)) ||
+      (st = get_int(p, root, "max_position_embeddings", &c->max_position_embeddings, false)) ||
+      (st = get_real(p, root, "rms_norm_eps", &c->rms_norm_eps)) ||
+      (st = get_real(p, root, "rope_theta", &c->rope_theta)) ||
+      (st = get_bool(p, root, "attention_bias", &c->attention_bias)) ||
+      (st = get_bool(p, root, "tie_word_embeddings", &c->tie_word_embeddings)))
+    return st;
+  if (c->num_hidden_layers <= 0 || c->num_hidden_layers > DFLASH_DRAFTER_MAX_LAYERS)
+    return df_error(DFLASH_E_CONFIG, "%s: num_hidden_layers must be in 1..%d (got %d)", p->what,
+                    DFLASH_DRAFTER_MAX_LAYERS, c->num_hidden_layers);
+  c->num_key_value_heads = c->num_attention_heads;
+  if ((st = get_int(p, root, "num_key_value_heads", &c->num_key_value_heads, false))) return st;
+  if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+  if ((st = get_int(p, root, "head_dim", &c->head_dim, false))) return st;
+  if ((st = parse_rope(p, root, c)) || (st = parse_layer_types(p, root, c)) ||
+      (st = parse_dflash(p, root, c)))
+    return st;
+  return dflash_drafter_config_validate(c);
+}
+
+dflash_status dflash_drafter_config_parse(const char *json, size_t len, const char *what,
+                                          dflash_drafter_config *out) {
+  DF_CHECK_ARG(json && out);
+  parser p = {what ? what : "config.json"};
+  json_t *root;
+  dflash_status st = df_json_parse(json, len, p.what, &root);
+  if (st) return st;
+  dflash_drafter_config c;
+  dflash_drafter_config_default(&c);
+  st = parse_root(&p, root, &c);
+  json_decref(root);
+  if (st == DFLASH_OK) *out = c;
+  return st;
+}
+
+dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out) {
+  DF_CHECK_ARG(path && out);
+  char *text;
+  size_t len;
+  dflash_status st = df_read_file(path, &text, &len);
+  if (st) return st;
+  st = dflash_drafter_config_parse(text, len, path, out);
+  free(text);
+  return st;
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+static json_t *int_array(const int32_t *v, int32_t n) {
+  json_t *a = json_array();
+  for (int32_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  return a;
+}
+
+static json_t *rope_json(const dflash_drafter_config *c) {
+  if (c->rope_type != DFLASH_ROPE_YARN) return json_null();
+  json_t *r = json_object();
+  json_object_set_new(r, "rope_type", json_string("yarn"));
+  json_object_set_new(r, "factor", json_real(c->rope_factor));
+  json_object_set_new(r, "original_max_position_embeddings",
+                      json_integer(c->rope_original_max_position));
+  /* Explicit: engines disagree on the default. */
+  json_object_set_new(r, "attention_factor", json_real(c->rope_attention_factor));
+  json_object_set_new(r, "beta_fast", json_real(c->rope_beta_fast));
+  json_object_set_new(r, "beta_slow", json_real(c->rope_beta_slow));
+  if (!c->rope_truncate) json_object_set_new(r, "truncate", json_false());
+  return r;
+}
+
+static json_t *config_json(const dflash_drafter_config *c) {
+  json_t *o = json_object();
+  json_t *arch = json_array();
+  json_array_append_new(arch, json_string("DFlashDraftModel"));
+  json_object_set_new(o, "architectures", arch);
+  json_object_set_new(o, "model_type", json_string("qwen3"));
+  json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+  json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
+  json_object_set_new(o, "num_hidden_layers", json_integer(c->num_hidden_layers));
+  json_object_set_new(o, "num_attention_heads", json_integer(c->num_attention_heads));
+  json_object_set_new(o, "num_key_value_heads", json_integer(c->num_key_value_heads));
+  json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+  json_object_set_new(o, "hidden_act", json_string("silu"));
+  json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
+  json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+  json_object_set_new(o, "rope_scaling", rope_json(c));
+  json_object_set_new(o, "max_position_embeddings", json_integer(c->max_position_embeddings));
+  json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+  json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+  json_object_set_new(o, "attention_dropout", json_real(0.0));
+  json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+  if (c->num_target_layers > 0)
+    json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
+  json_object_set_new(o, "block_size", json_integer(c->block_size));
+  json_t *dc = json_object();
+  json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));
+  json_object_set_new(dc, "target_layer_ids", int_array(c->target_layer_ids,
+                                                        c->n_target_layer_ids));
+  json_object_set_new(dc, "block_size", json_integer(c->block_size));
+  json_object_set_new(o, "dflash_config", dc);
+  json_t *lt = json_array();
+  bool sliding = false;
+  for (int32_t i = 0; i < c->num_hidden_layers; i++) {
+    sliding |= c->layer_types[i] == DFLASH_LAYER_SLIDING;
+    json_array_append_new(lt, json_string(c->layer_types[i] == DFLASH_LAYER_SLIDING
+                                              ? "sliding_attention" : "full_attention"));
+  }
+  json_object_set_new(o, "layer_types", lt);
+  json_object_set_new(o, "use_sliding_window", json_boolean(sliding));
+  json_object_set_new(o, "sliding_window",
+                      sliding ? json_integer(c->sliding_window) : json_null());
+  return o;
+}
+
+dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
+                                            size_t *len) {
+  DF_CHECK_ARG(cfg && len);
+  dflash_status st = dflash_drafter_config_validate(cfg);
+  if (st) return st;
+  json_t *o = config_json(cfg);
+  if (!o) return df_error_nomem("config JSON");
+  char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+  json_decref(o);
+  if (!s) return df_error_nomem("config JSON");
+  size_t need = strlen(s) + 2; /* trailing newline + NUL */
+  if (!buf || *len < need) {
+    *len = need;
+    free(s);
+    return df_error(DFLASH_E_BUFFER, "config JSON needs %zu bytes", need);
+  }
+  snprintf(buf, need, "%s\n", s);
+  *len = need;
+  free(s);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg, const char *path) {
+  DF_CHECK_ARG(cfg && path);
+  size_t len = 0;
+  dflash_status st = dflash_drafter_config_to_json(cfg, NULL, &len);
+  if (st != DFLASH_E_BUFFER) return st ? st : df_error(DFLASH_E_INTERNAL, "config size");
+  dflash_clear_error();
+  char *buf = malloc(len);
+  if (!buf) return df_error_nomem("config JSON");
+  st = dflash_drafter_config_to_json(cfg, buf, &len);
+  if (!st) st = df_write_file_atomic(path, buf, strlen(buf));
+  free(buf);
+  return st;
+}

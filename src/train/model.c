@@ -1,0 +1,489 @@
+/* The drafter's forward and backward over one packed sequence (see model.h). */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+/* ---- parameters ----------------------------------------------------------- */
+
+static dflash_status add_tensor(df_model *m, size_t *cap, const char *name, int64_t rows,
+                                int64_t cols) {
+  if (m->n_tensors == *cap) {
+    size_t nc = *cap ? *cap * 2 : 64;
+    df_tensor_info *t = realloc(m->tensors, nc * sizeof *t);
+    if (!t) return df_error_nomem("drafter tensor table");
+    m->tensors = t;
+    *cap = nc;
+  }
+  df_tensor_info *t = &m->tensors[m->n_tensors++];
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->offset = m->n_params;
+  t->shape[0] = rows;
+  t->shape[1] = cols;
+  t->ndim = cols > 0 ? 2 : 1;
+  t->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  m->n_params += t->numel;
+  return DFLASH_OK;
+}
+
+/* The checkpoint's tensors in buffer order; `cols` 0 marks a vector. */
+static dflash_status build_tensor_table(df_model *m) {
+  size_t cap = 0;
+  char name[96];
+  int H = m->H, qd = m->nh * m->d, kd = m->nkv * m->d;
+  dflash_status st;
+  if ((st = add_tensor(m, &cap, "fc.weight", H, m->KH)) ||
+      (st = add_tensor(m, &cap, "hidden_norm.weight", H, 0)))
+    return st;
+  for (int l = 0; l < m->L; l++) {
+    struct { const char *suffix; int64_t rows, cols; } parts[] = {
+        {"input_layernorm.weight", H, 0},     {"self_attn.q_proj.weight", qd, H},
+        {"self_attn.k_proj.weight", kd, H},   {"self_attn.v_proj.weight", kd, H},
+        {"self_attn.o_proj.weight", H, qd},   {"self_attn.q_norm.weight", m->d, 0},
+        {"self_attn.k_norm.weight", m->d, 0}, {"post_attention_layernorm.weight", H, 0},
+        {"mlp.gate_proj.weight", m->I, H},    {"mlp.up_proj.weight", m->I, H},
+        {"mlp.down_proj.weight", H, m->I},
+    };
+    for (size_t i = 0; i < DF_ARRAY_LEN(parts); i++) {
+      snprintf(name, sizeof name, "layers.%d.%s", l, parts[i].suffix);
+      if ((st = add_tensor(m, &cap, name, parts[i].rows, parts[i].cols))) return st;
+    }
+  }
+  return add_tensor(m, &cap, "norm.weight", H, 0);
+}
+
+/* Point the per-tensor views of `w` into `base` (params or grads). */
+static void bind_views(const df_model *m, float *base, df_weights *w) {
+  size_t i = 0;
+  w->fc = base + m->tensors[i++].offset;
+  w->hidden_norm = base + m->tensors[i++].offset;
+  for (int l = 0; l < m->L; l++) {
+    df_layer_w *lw = &w->layer[l];
+    float **slots[] = {&lw->in_ln, &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->q_norm,
+                       &lw->k_norm, &lw->post_ln, &lw->wg, &lw->wu, &lw->wd};
+    for (size_t k = 0; k < DF_ARRAY_LEN(slots); k++) *slots[k] = base + m->tensors[i++].offset;
+  }
+  w->norm = base + m->tensors[i].offset;
+}
+
+dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n_threads,
+                            int vocab_chunk, double gamma) {
+  memset(m, 0, sizeof *m);
+  dflash_status st = dflash_drafter_config_validate(cfg);
+  if (st) return st;
+  m->cfg = *cfg;
+  m->H = cfg->hidden_size;
+  m->KH = cfg->n_target_layer_ids * cfg->hidden_size;
+  m->nh = cfg->num_attention_heads;
+  m->nkv = cfg->num_key_value_heads;
+  m->d = cfg->head_dim;
+  m->I = cfg->intermediate_size;
+  m->V = cfg->vocab_size;
+  m->B = cfg->block_size;
+  m->L = cfg->num_hidden_layers;
+  m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
+  m->gamma = gamma == 0 ? dflash_default_loss_gamma(m->B) : gamma;
+  if ((st = build_tensor_table(m))) goto fail;
+  m->params = calloc(m->n_params, sizeof(float));
+  m->grads = calloc(m->n_params, sizeof(float));
+  m->inv_freq = calloc((size_t)m->d / 2, sizeof(double));
+  if (!m->params || !m->grads || !m->inv_freq) {
+    st = df_error_nomem("drafter parameters");
+    goto fail;
+  }
+  bind_views(m, m->params, &m->w);
+  bind_views(m, m->grads, &m->g);
+  df_rope_inv_freq(cfg, m->inv_freq, &m->attn_factor);
+  if ((st = df_pool_create(n_threads, &m->pool))) goto fail;
+  return DFLASH_OK;
+fail:
+  df_model_free(m);
+  return st;
+}
+
+void df_model_free(df_model *m) {
+  if (!m) return;
+  free(m->tensors);
+  free(m->params);
+  free(m->grads);
+  free(m->embed);
+  free(m->lm_head);
+  free(m->inv_freq);
+  free(m->cos_t);
+  free(m->sin_t);
+  free(m->arena);
+  df_pool_free(m->pool);
+  memset(m, 0, sizeof *m);
+}
+
+void df_model_init_params(df_model *m, uint64_t seed, double std) {
+  df_rng rng;
+  df_rng_seed(&rng, seed, 0x1417);
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const df_tensor_info *t = &m->tensors[i];
+    float *p = m->params + t->offset;
+    for (size_t k = 0; k < t->numel; k++)
+      p[k] = t->ndim == 1 ? 1.0f : (float)(std * df_rng_normal(&rng));
+  }
+}
+
+const df_tensor_info *df_model_find(const df_model *m, const char *name) {
+  for (size_t i = 0; i < m->n_tensors; i++)
+    if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+  return NULL;
+}
+
+double df_position_weight(const df_model *m, int k) {
+  if (k < 1) return 0;
+  return m->gamma > 0 ? exp(-(double)(k - 1) / m->gamma) : 1.0;
+}
+
+/* ---- workspace ------------------------------------------------------------ */
+
+/* Hand out `n` floats (64-byte aligned) from the arena, or only count them. */
+static float *take(float *base, size_t *cur, size_t n) {
+  float *p = base ? base + *cur : NULL;
+  *cur += (n + 15) & ~(size_t)15;
+  return p;
+}
+
+static size_t layout(df_model *m, float *base, int T, int Sc, int R) {
+  size_t cur = 0, t = (size_t)T, sc = (size_t)Sc, H = (size_t)m->H;
+  size_t qd = (size_t)m->nh * m->d, kd = (size_t)m->nkv * m->d, I = (size_t)m->I;
+  df_acts *a = &m->a;
+  a->ctx_pre = take(base, &cur, sc * H);
+  a->ctx_rstd = take(base, &cur, sc);
+  a->ctx = take(base, &cur, sc * H);
+  for (int l = 0; l < m->L; l++) {
+    df_layer_acts *A = &a->layer[l];
+    A->h_in = take(base, &cur, t * H);
+    A->rstd1 = take(base, &cur, t);
+    A->xn1 = take(base, &cur, t * H);
+    A->q_pre = take(base, &cur, t * qd);
+    A->q_rstd = take(base, &cur, t * m->nh);
+    A->q = take(base, &cur, t * qd);
+    A->kb_pre = take(base, &cur, t * kd);
+    A->kb_rstd = take(base, &cur, t * m->nkv);
+    A->kb = take(base, &cur, t * kd);
+    A->vb = take(base, &cur, t * kd);
+    A->kc_pre = take(base, &cur, sc * kd);
+    A->kc_rstd = take(base, &cur, sc * m->nkv);
+    A->kc = take(base, &cur, sc * kd);
+    A->vc = take(base, &cur, sc * kd);
+    A->att = take(base, &cur, t * qd);
+    A->lse = take(base, &cur, t * m->nh);
+    A->h_mid = take(base, &cur, t * H);
+    A->rstd2 = take(base, &cur, t);
+    A->xn2 = take(base, &cur, t * H);
+    A->g = take(base, &cur, t * I);
+    A->u = take(base, &cur, t * I);
+    A->m = take(base, &cur, t * I);
+  }
+  a->h_out = take(base, &cur, t * H);
+  a->rstd_f = take(base, &cur, t);
+  a->hf = take(base, &cur, t * H);
+  a->dh = take(base, &cur, t * H);
+  a->dx = take(base, &cur, t * H);
+  a->dq = take(base, &cur, t * qd);
+  a->dkb = take(base, &cur, t * kd);
+  a->dvb = take(base, &cur, t * kd);
+  a->dkc = take(base, &cur, sc * kd);
+  a->dvc = take(base, &cur, sc * kd);
+  a->datt = take(base, &cur, t * qd);
+  a->dg = take(base, &cur, t * I);
+  a->du = take(base, &cur, t * I);
+  a->dm = take(base, &cur, t * I);
+  a->dctx = take(base, &cur, sc * H);
+  a->dtmp = take(base, &cur, t * (qd > kd ? qd : kd));
+  a->dctx_tmp = take(base, &cur, sc * (kd > H ? kd : H));
+  a->rows_x = take(base, &cur, (size_t)R * H);
+  a->rows_dx = take(base, &cur, (size_t)R * H);
+  a->coef = take(base, &cur, (size_t)R);
+  a->rows_t = (int32_t *)take(base, &cur, (size_t)R);
+  a->rows_target = (int32_t *)take(base, &cur, (size_t)R);
+  a->row_loss = (double *)take(base, &cur, 2 * (size_t)R);
+  a->pos_block = (int32_t *)take(base, &cur, t);
+  a->pos_ctx = (int32_t *)take(base, &cur, sc);
+  df_attn_shape s = {.n_blocks = T / m->B, .B = m->B, .Sc = Sc, .nh = m->nh, .nkv = m->nkv,
+                     .d = m->d};
+  size_t work = df_attention_work(m->pool, &s);
+  size_t ce = df_lmhead_work(R > 0 ? R : 1, m->H, m->vocab_chunk);
+  a->work = take(base, &cur, work > ce ? work : ce);
+  return cur;
+}
+
+static dflash_status reserve(df_model *m, int T, int Sc, int R) {
+  size_t need = layout(m, NULL, T, Sc, R);
+  if (need > m->arena_floats) {
+    free(m->arena);
+    m->arena = aligned_alloc(64, need * sizeof(float));
+    m->arena_floats = m->arena ? need : 0;
+    if (!m->arena)
+      return df_error_nomem("drafter activations");
+  }
+  layout(m, m->arena, T, Sc, R);
+  m->T = T, m->Sc = Sc, m->R = R;
+  return DFLASH_OK;
+}
+
+/* cos/sin tables for positions [0, n_pos). */
+static dflash_status rope_tables(df_model *m, int n_pos) {
+  if (n_pos <= m->n_pos) return DFLASH_OK;
+  int half = m->d / 2;
+  float *c = realloc(m->cos_t, sizeof(float) * (size_t)n_pos * half);
+  if (c) m->cos_t = c;
+  float *s = realloc(m->sin_t, sizeof(float) * (size_t)n_pos * half);
+  if (s) m->sin_t = s;
+  if (!c || !s) return df_error_nomem("RoPE tables");
+  for (int p = m->n_pos; p < n_pos; p++)
+    for (int i = 0; i < half; i++) {
+      double ang = (double)p * m->inv_freq[i];
+      m->cos_t[(size_t)p * half + i] = (float)(cos(ang) * m->attn_factor);
+      m->sin_t[(size_t)p * half + i] = (float)(sin(ang) * m->attn_factor);
+    }
+  m->n_pos = n_pos;
+  return DFLASH_OK;
+}
+
+/* ---- inputs --------------------------------------------------------------- */
+
+static dflash_status check_inputs(const df_model *m, const int32_t *ids, int64_t len,
+                                  const float *hidden, const int32_t *anchors, int32_t n) {
+  if (len <= 0 || len > INT32_MAX / 2)
+    return df_error(DFLASH_E_RANGE, "sequence length %lld is out of range", (long long)len);
+  for (int64_t i = 0; i < len; i++)
+    if (ids[i] < 0 || ids[i] >= m->V)
+      return df_error(DFLASH_E_RANGE, "input_ids[%lld] = %d is outside the vocabulary [0, %d)",
+                      (long long)i, ids[i], m->V);
+  for (int32_t i = 0; i < n; i++)
+    if (anchors[i] < 0 || anchors[i] >= len)
+      return df_error(DFLASH_E_RANGE, "anchor %d = %d is outside the sequence [0, %lld)", i,
+                      anchors[i], (long long)len);
+  size_t total = (size_t)len * (size_t)m->KH;
+  for (size_t i = 0; i < total; i++)
+    if (!isfinite(hidden[i]))
+      return df_error(DFLASH_E_FORMAT, "hidden state at position %zu, column %zu is %s",
+                      i / (size_t)m->KH, i % (size_t)m->KH, isnan(hidden[i]) ? "NaN" : "Inf");
+  return DFLASH_OK;
+}
+
+double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
+                           const int32_t *anchors, int32_t n_anchors) {
+  double s = 0;
+  for (int32_t n = 0; n < n_anchors; n++)
+    for (int k = 1; k < m->B; k++) {
+      int64_t p = (int64_t)anchors[n] + k;
+      if (p < len && loss_mask[p]) s += df_position_weight(m, k);
+    }
+  return s;
+}
+
+/* Sizes, positions, block tokens and supervised rows of one call. */
+static dflash_status prepare(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
+                             int64_t len, const int32_t *anchors, int32_t n_anchors) {
+  int Sc = 0, R = 0, max_pos = (int)len;
+  for (int32_t n = 0; n < n_anchors; n++) {
+    Sc = anchors[n] > Sc ? anchors[n] : Sc;
+    max_pos = anchors[n] + m->B > max_pos ? anchors[n] + m->B : max_pos;
+    for (int k = 1; loss_mask && k < m->B; k++)
+      R += anchors[n] + k < len && loss_mask[anchors[n] + k] && df_position_weight(m, k) > 0;
+  }
+  if (!loss_mask) R = n_anchors * (m->B - 1); /* prediction: every drafted position */
+  dflash_status st = reserve(m, n_anchors * m->B, Sc, R);
+  if (!st) st = rope_tables(m, max_pos);
+  if (st) return st;
+  df_acts *a = &m->a;
+  for (int s = 0; s < Sc; s++) a->pos_ctx[s] = s;
+  int r = 0;
+  for (int32_t n = 0; n < n_anchors; n++)
+    for (int j = 0; j < m->B; j++) {
+      int t = n * m->B + j, p = anchors[n] + j;
+      a->pos_block[t] = p;
+      int tok = j == 0 ? ids[anchors[n]] : m->cfg.mask_token_id;
+      memcpy(a->layer[0].h_in + (size_t)t * m->H, m->embed + (size_t)tok * m->H,
+             sizeof(float) * m->H);
+      if (loss_mask && j > 0 && p < len && loss_mask[p] && df_position_weight(m, j) > 0) {
+        a->rows_t[r] = t;
+        a->rows_target[r] = ids[p];
+        r++;
+      }
+    }
+  return DFLASH_OK;
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+static void attn_shape(const df_model *m, int l, const int32_t *anchors, df_attn_shape *s) {
+  *s = (df_attn_shape){.n_blocks = m->T / m->B, .B = m->B, .Sc = m->Sc, .nh = m->nh,
+                       .nkv = m->nkv, .d = m->d, .anchors = anchors,
+                       .window = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING
+                                     ? m->cfg.sliding_window : 0};
+}
+
+/* q/k projection, per-head norm and rotation: out = rope(norm(x W^T)). */
+static void qk_forward(df_model *m, float *pre, float *rstd, float *out, const float *x,
+                       const float *w, const float *norm_w, const int32_t *pos, int rows,
+                       int heads) {
+  int hd = heads * m->d;
+  df_matmul_forward(pre, x, w, rows, hd, m->H, false);
+  df_rmsnorm_forward(m->pool, out, rstd, pre, norm_w, rows * heads, m->d,
+                     (float)m->cfg.rms_norm_eps);
+  df_rope_forward(m->pool, out, pos, m->cos_t, m->sin_t, rows, heads, m->d);
+}
+
+static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out) {
+  const df_layer_w *W = &m->w.layer[l];
+  df_layer_acts *A = &m->a.layer[l];
+  int T = m->T, Sc = m->Sc, H = m->H, kd = m->nkv * m->d, qd = m->nh * m->d;
+  float eps = (float)m->cfg.rms_norm_eps;
+  df_rmsnorm_forward(m->pool, A->xn1, A->rstd1, A->h_in, W->in_ln, T, H, eps);
+  qk_forward(m, A->q_pre, A->q_rstd, A->q, A->xn1, W->wq, W->q_norm, m->a.pos_block, T, m->nh);
+  qk_forward(m, A->kb_pre, A->kb_rstd, A->kb, A->xn1, W->wk, W->k_norm, m->a.pos_block, T,
+             m->nkv);
+  df_matmul_forward(A->vb, A->xn1, W->wv, T, kd, H, false);
+  /* The context enters only as extra keys/values. */
+  qk_forward(m, A->kc_pre, A->kc_rstd, A->kc, m->a.ctx, W->wk, W->k_norm, m->a.pos_ctx, Sc,
+             m->nkv);
+  df_matmul_forward(A->vc, m->a.ctx, W->wv, Sc, kd, H, false);
+  df_attn_shape s;
+  attn_shape(m, l, anchors, &s);
+  df_attention_forward(m->pool, &s, A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb,
+                       m->a.work);
+  memcpy(A->h_mid, A->h_in, sizeof(float) * (size_t)T * H);
+  df_matmul_forward(A->h_mid, A->att, W->wo, T, H, qd, true);
+  df_rmsnorm_forward(m->pool, A->xn2, A->rstd2, A->h_mid, W->post_ln, T, H, eps);
+  df_matmul_forward(A->g, A->xn2, W->wg, T, m->I, H, false);
+  df_matmul_forward(A->u, A->xn2, W->wu, T, m->I, H, false);
+  df_swiglu_forward(m->pool, A->m, A->g, A->u, (size_t)T * m->I);
+  memcpy(out, A->h_mid, sizeof(float) * (size_t)T * H);
+  df_matmul_forward(out, A->m, W->wd, T, H, m->I, true);
+}
+
+static void model_forward(df_model *m, const float *hidden, const int32_t *anchors) {
+  df_acts *a = &m->a;
+  float eps = (float)m->cfg.rms_norm_eps;
+  df_matmul_forward(a->ctx_pre, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
+  df_rmsnorm_forward(m->pool, a->ctx, a->ctx_rstd, a->ctx_pre, m->w.hidden_norm, m->Sc, m->H,
+                     eps);
+  for (int l = 0; l < m->L; l++)
+    layer_forward(m, l, anchors, l + 1 < m->L ? a->layer[l + 1].h_in : a->h_out);
+  df_rmsnorm_forward(m->pool, a->hf, a->rstd_f, a->h_out, m->w.norm, m->T, m->H, eps);
+}
+
+/* ---- backward ------------------------------------------------------------- */
+
+/* Through rope, per-head norm and projection: dW += dpre^T x, dx (+)= dpre W. */
+static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float *dw,
+                        float *dnorm_w, const float *pre, const float *rstd, const float *x,
+                        const float *w, const float *norm_w, const int32_t *pos, int rows,
+                        int heads, bool accumulate_dx) {
+  df_rope_backward(m->pool, dout, pos, m->cos_t, m->sin_t, rows, heads, m->d);
+  df_rmsnorm_backward(m->pool, dpre, dnorm_w, dout, pre, norm_w, rstd, rows * heads, m->d,
+                      false);
+  df_matmul_backward(dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
+}
+
+/* a->dh holds d(layer output) on entry and d(layer input) on return. */
+static void layer_backward(df_model *m, int l, const int32_t *anchors, const float *out) {
+  (void)out;
+  const df_layer_w *W = &m->w.layer[l];
+  df_layer_w *G = &m->g.layer[l];
+  df_layer_acts *A = &m->a.layer[l];
+  df_acts *a = &m->a;
+  int T = m->T, Sc = m->Sc, H = m->H, kd = m->nkv * m->d, qd = m->nh * m->d, I = m->I;
+  /* MLP */
+  df_matmul_backward(a->dm, G->wd, a->dh, A->m, W->wd, T, H, I, false);
+  df_swiglu_backward(m->pool, a->dg, a->du, a->dm, A->g, A->u, (size_t)T * I);
+  df_matmul_backward(a->dx, G->wg, a->dg, A->xn2, W->wg, T, I, H, false);
+  df_matmul_backward(a->dx, G->wu, a->du, A->xn2, W->wu, T, I, H, true);
+  df_rmsnorm_backward(m->pool, a->dh, G->post_ln, a->dx, A->h_mid, W->post_ln, A->rstd2, T, H,
+                      true);
+  /* attention */
+  df_matmul_backward(a->datt, G->wo, a->dh, A->att, W->wo, T, H, qd, false);
+  df_attn_shape s;
+  attn_shape(m, l, anchors, &s);
+  df_attention_backward(m->pool, &s, a->dq, a->dkc, a->dvc, a->dkb, a->dvb, a->work, a->datt,
+                        A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb);
+  qk_backward(m, a->dq, a->dtmp, a->dx, G->wq, G->q_norm, A->q_pre, A->q_rstd, A->xn1, W->wq,
+              W->q_norm, a->pos_block, T, m->nh, false);
+  qk_backward(m, a->dkb, a->dtmp, a->dx, G->wk, G->k_norm, A->kb_pre, A->kb_rstd, A->xn1, W->wk,
+              W->k_norm, a->pos_block, T, m->nkv, true);
+  df_matmul_backward(a->dx, G->wv, a->dvb, A->xn1, W->wv, T, kd, H, true);
+  qk_backward(m, a->dkc, a->dctx_tmp, a->dctx, G->wk, G->k_norm, A->kc_pre, A->kc_rstd, a->ctx,
+              W->wk, W->k_norm, a->pos_ctx, Sc, m->nkv, true);
+  df_matmul_backward(a->dctx, G->wv, a->dvc, a->ctx, W->wv, Sc, kd, H, true);
+  df_rmsnorm_backward(m->pool, a->dh, G->in_ln, a->dx, A->h_in, W->in_ln, A->rstd1, T, H, true);
+}
+
+static void model_backward(df_model *m, const float *hidden, const int32_t *anchors) {
+  df_acts *a = &m->a;
+  memset(a->dh, 0, sizeof(float) * (size_t)m->T * m->H);
+  for (int r = 0; r < m->R; r++)
+    memcpy(a->dh + (size_t)a->rows_t[r] * m->H, a->rows_dx + (size_t)r * m->H,
+           sizeof(float) * m->H);
+  /* dh currently holds d(hf); turn it into d(h_out). */
+  memcpy(a->dx, a->dh, sizeof(float) * (size_t)m->T * m->H);
+  df_rmsnorm_backward(m->pool, a->dh, m->g.norm, a->dx, a->h_out, m->w.norm, a->rstd_f, m->T,
+                      m->H, false);
+  memset(a->dctx, 0, sizeof(float) * (size_t)m->Sc * m->H);
+  for (int l = m->L - 1; l >= 0; l--) layer_backward(m, l, anchors, NULL);
+  df_rmsnorm_backward(m->pool, a->dctx_tmp, m->g.hidden_norm, a->dctx, a->ctx_pre,
+                      m->w.hidden_norm, a->ctx_rstd, m->Sc, m->H, false);
+  df_matmul_backward(NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
+}
+
+/* ---- entry points --------------------------------------------------------- */
+
+dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
+                            int64_t len, const float *hidden, const int32_t *anchors,
+                            int32_t n_anchors, double grad_scale, bool backward,
+                            double *loss_sum, double *weight_sum) {
+  if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
+  dflash_status st = check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  if (st) return st;
+  double lsum = 0, wsum = 0;
+  if (n_anchors > 0) {
+    if ((st = prepare(m, ids, loss_mask, len, anchors, n_anchors))) return st;
+    model_forward(m, hidden, anchors);
+    df_acts *a = &m->a;
+    for (int r = 0; r < m->R; r++) {
+      int k = a->rows_t[r] % m->B;
+      double w = df_position_weight(m, k);
+      a->coef[r] = (float)(w * grad_scale);
+      memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H,
+             sizeof(float) * m->H);
+    }
+    df_lmhead_ce(m->pool, a->row_loss, backward ? a->rows_dx : NULL, a->rows_x, m->lm_head,
+                 a->rows_target, a->coef, m->R, m->H, m->V, m->vocab_chunk, a->work);
+    for (int r = 0; r < m->R; r++) {
+      double w = df_position_weight(m, a->rows_t[r] % m->B);
+      lsum += w * a->row_loss[r];
+      wsum += w;
+    }
+    if (backward) model_backward(m, hidden, anchors);
+  }
+  if (loss_sum) *loss_sum = lsum;
+  if (weight_sum) *weight_sum = wsum;
+  return DFLASH_OK;
+}
+
+dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                               const int32_t *anchors, int32_t n_anchors, int32_t *pred) {
+  dflash_status st = check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  if (st || n_anchors <= 0) return st;
+  /* Every position 1..B-1 of every block is a row. */
+  int R = n_anchors * (m->B - 1);
+  if ((st = prepare(m, ids, NULL, len, anchors, n_anchors))) return st;
+  model_forward(m, hidden, anchors);
+  df_acts *a = &m->a;
+  int r = 0;
+  for (int t = 0; t < m->T; t++)
+    if (t % m->B) memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H,
+                         sizeof(float) * m->H);
+  df_lmhead_argmax(a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
+  return DFLASH_OK;
+}

@@ -1,0 +1,104 @@
+/*
+ * The drafter on the CPU: parameters and gradients in two contiguous float
+ * buffers (llm.c style), activations in one arena sized per call, and the
+ * forward/backward of the whole model and its loss over one sequence.
+ */
+#ifndef DFLASH_TRAIN_MODEL_H
+#define DFLASH_TRAIN_MODEL_H
+
+#include <dflash/train.h>
+
+#include "ops.h"
+
+/* Per-layer parameter views (into params or grads). */
+typedef struct df_layer_w {
+  float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
+} df_layer_w;
+
+typedef struct df_weights {
+  float *fc, *hidden_norm, *norm;
+  df_layer_w layer[DFLASH_DRAFTER_MAX_LAYERS];
+} df_weights;
+
+typedef struct df_tensor_info {
+  char name[96];
+  size_t offset, numel;
+  int64_t shape[2];
+  int ndim;
+} df_tensor_info;
+
+/* Activations of one layer (pointers into the arena). */
+typedef struct df_layer_acts {
+  float *h_in, *rstd1, *xn1;
+  float *q_pre, *q_rstd, *q;
+  float *kb_pre, *kb_rstd, *kb, *vb;
+  float *kc_pre, *kc_rstd, *kc, *vc;
+  float *att, *lse;
+  float *h_mid, *rstd2, *xn2;
+  float *g, *u, *m;
+} df_layer_acts;
+
+typedef struct df_acts {
+  float *ctx_pre, *ctx_rstd, *ctx; /* [Sc, H] */
+  df_layer_acts layer[DFLASH_DRAFTER_MAX_LAYERS];
+  float *h_out, *rstd_f, *hf;      /* [T, H] */
+  /* gradients, shared by all layers */
+  float *dh, *dx, *dq, *dkb, *dvb, *dkc, *dvc, *datt, *dg, *du, *dm, *dctx, *dtmp, *dctx_tmp;
+  /* loss rows */
+  float *rows_x, *rows_dx, *coef;
+  int32_t *rows_t, *rows_target;
+  double *row_loss;
+  int32_t *pos_block, *pos_ctx;
+  float *work;
+} df_acts;
+
+typedef struct df_model {
+  dflash_drafter_config cfg;
+  int H, KH, nh, nkv, d, I, V, B, L;
+  int vocab_chunk;
+  double gamma;
+  df_tensor_info *tensors;
+  size_t n_tensors, n_params;
+  float *params, *grads;
+  df_weights w, g;
+  float *embed, *lm_head; /* frozen, [V, H] */
+  df_pool *pool;
+  /* RoPE tables [n_pos, d/2] */
+  double *inv_freq;
+  double attn_factor;
+  float *cos_t, *sin_t;
+  int n_pos;
+  /* arena */
+  float *arena;
+  size_t arena_floats;
+  df_acts a;
+  int T, Sc, R; /* sizes of the current call */
+} df_model;
+
+dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n_threads,
+                            int vocab_chunk, double gamma);
+void df_model_free(df_model *m);
+/* Fill parameters: norm weights 1, linear weights N(0, std^2) from `seed`. */
+void df_model_init_params(df_model *m, uint64_t seed, double std);
+const df_tensor_info *df_model_find(const df_model *m, const char *name);
+
+/* The weight of block position k (1..B-1), before the loss mask. */
+double df_position_weight(const df_model *m, int k);
+
+/*
+ * Forward + backward of sum(w*CE) over one sequence; gradients (scaled by
+ * grad_scale) are ADDED to m->grads when `backward`. Checks the inputs
+ * (ids in the vocabulary, anchors in range, finite hidden states).
+ */
+dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
+                            int64_t len, const float *hidden, const int32_t *anchors,
+                            int32_t n_anchors, double grad_scale, bool backward,
+                            double *loss_sum, double *weight_sum);
+/* Sum of position weights for these anchors. */
+double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
+                           const int32_t *anchors, int32_t n_anchors);
+/* Greedy predictions for positions 1..B-1 of each block. */
+dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                               const int32_t *anchors, int32_t n_anchors, int32_t *pred);
+
+#endif

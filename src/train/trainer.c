@@ -1,0 +1,332 @@
+/* The public trainer: parameters by name, forward/backward, AdamW with a
+ * cosine schedule and global-norm clipping, anchor sampling. */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+void dflash_trainer_options_default(dflash_trainer_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->backend = DFLASH_BACKEND_CPU;
+  o->seed = 0;
+  o->lr = 6e-4;
+  o->weight_decay = 0.0;
+  o->beta1 = 0.9;
+  o->beta2 = 0.999; /* torch.optim.AdamW's default, as the reference trainer uses */
+  o->adam_eps = 1e-8;
+  o->grad_clip = 1.0;
+  o->warmup_ratio = 0.04;
+  o->total_steps = 0;
+  o->min_lr_ratio = 0.0;
+  o->loss_gamma = 0.0;
+  o->num_anchors = 512;
+  o->vocab_chunk = 4096;
+  o->init_std = 0.02;
+}
+
+static dflash_status check_options(const dflash_trainer_options *in, dflash_trainer_options *o) {
+  dflash_trainer_options_default(o);
+  if (!in) return DFLASH_OK;
+  if (in->struct_size < offsetof(dflash_trainer_options, init_std) ||
+      in->struct_size > sizeof *o)
+    return df_error(DFLASH_E_INVALID_ARG, "trainer options: struct_size %zu is not a known "
+                    "version (%zu)", in->struct_size, sizeof *o);
+  memcpy(o, in, in->struct_size);
+  o->struct_size = sizeof *o;
+#define NEED(cond, ...) \
+  do { if (!(cond)) return df_error(DFLASH_E_INVALID_ARG, "trainer options: " __VA_ARGS__); } while (0)
+  NEED(o->backend == DFLASH_BACKEND_CPU || o->backend == DFLASH_BACKEND_CUDA,
+       "unknown backend %d", o->backend);
+  NEED(o->lr >= 0 && isfinite(o->lr), "lr must be finite and >= 0 (got %g)", o->lr);
+  NEED(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1,
+       "betas must be in [0, 1) (got %g, %g)", o->beta1, o->beta2);
+  NEED(o->adam_eps > 0, "adam_eps must be positive (got %g)", o->adam_eps);
+  NEED(o->weight_decay >= 0, "weight_decay must be >= 0 (got %g)", o->weight_decay);
+  NEED(o->warmup_ratio >= 0 && o->warmup_ratio <= 1, "warmup_ratio must be in [0, 1] (got %g)",
+       o->warmup_ratio);
+  NEED(o->total_steps >= 0, "total_steps must be >= 0");
+  NEED(o->min_lr_ratio >= 0 && o->min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]");
+  NEED(o->num_anchors > 0, "num_anchors must be positive (got %d)", o->num_anchors);
+  NEED(o->vocab_chunk > 0, "vocab_chunk must be positive (got %d)", o->vocab_chunk);
+#undef NEED
+  if (o->backend == DFLASH_BACKEND_CUDA)
+    return df_error(DFLASH_E_UNSUPPORTED, "trainer: the CUDA backend is not built into this "
+                    "trainer yet; use the CPU backend");
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+                                    const float *lm_head, const dflash_trainer_options *opts,
+                                    dflash_trainer **out) {
+  DF_CHECK_ARG(cfg && embed && lm_head && out);
+  *out = NULL;
+  dflash_trainer *t = calloc(1, sizeof *t);
+  if (!t) return df_error_nomem("trainer");
+  dflash_status st = check_options(opts, &t->opt);
+  if (!st)
+    st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
+  if (st) {
+    free(t);
+    return st;
+  }
+  size_t vh = (size_t)t->m.V * (size_t)t->m.H;
+  t->m.embed = malloc(vh * sizeof(float));
+  t->m.lm_head = malloc(vh * sizeof(float));
+  t->m1 = calloc(t->m.n_params, sizeof(float));
+  t->m2 = calloc(t->m.n_params, sizeof(float));
+  if (!t->m.embed || !t->m.lm_head || !t->m1 || !t->m2) {
+    dflash_trainer_free(t);
+    return df_error_nomem("trainer embedding, LM head and optimizer state");
+  }
+  memcpy(t->m.embed, embed, vh * sizeof(float));
+  memcpy(t->m.lm_head, lm_head, vh * sizeof(float));
+  df_model_init_params(&t->m, t->opt.seed, t->opt.init_std);
+  *out = t;
+  return DFLASH_OK;
+}
+
+void dflash_trainer_free(dflash_trainer *t) {
+  if (!t) return;
+  df_model_free(&t->m);
+  free(t->m1);
+  free(t->m2);
+  free(t);
+}
+
+size_t dflash_trainer_param_count(const dflash_trainer *t) { return t ? t->m.n_tensors : 0; }
+
+dflash_status dflash_trainer_param_info(const dflash_trainer *t, size_t index, const char **name,
+                                        int32_t *ndim, int64_t shape[2], size_t *numel) {
+  DF_CHECK_ARG(t);
+  if (index >= t->m.n_tensors)
+    return df_error(DFLASH_E_RANGE, "parameter index %zu is outside [0, %zu)", index,
+                    t->m.n_tensors);
+  const df_tensor_info *ti = &t->m.tensors[index];
+  if (name) *name = ti->name;
+  if (ndim) *ndim = ti->ndim;
+  if (shape) shape[0] = ti->shape[0], shape[1] = ti->ndim == 2 ? ti->shape[1] : 1;
+  if (numel) *numel = ti->numel;
+  return DFLASH_OK;
+}
+
+static dflash_status find_sized(const dflash_trainer *t, const char *name, size_t n,
+                                const df_tensor_info **out) {
+  DF_CHECK_ARG(t && name);
+  const df_tensor_info *ti = df_model_find(&t->m, name);
+  if (!ti) return df_error(DFLASH_E_NOT_FOUND, "the drafter has no parameter \"%s\"", name);
+  if (ti->numel != n)
+    return df_error(DFLASH_E_MISMATCH, "parameter \"%s\" has %zu elements, not %zu", name,
+                    ti->numel, n);
+  *out = ti;
+  return DFLASH_OK;
+}
+
+/* Copy tensor `name` out of `base` (params or grads). */
+static dflash_status copy_out(const dflash_trainer *t, const float *base, const char *name,
+                              float *out, size_t n) {
+  const df_tensor_info *ti;
+  dflash_status st = find_sized(t, name, n, &ti);
+  if (st) return st;
+  DF_CHECK_ARG(out);
+  memcpy(out, base + ti->offset, n * sizeof(float));
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name, float *out,
+                                       size_t n) {
+  DF_CHECK_ARG(t);
+  return copy_out(t, t->m.params, name, out, n);
+}
+
+dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, const float *in,
+                                       size_t n) {
+  const df_tensor_info *ti;
+  dflash_status st = find_sized(t, name, n, &ti);
+  if (st) return st;
+  DF_CHECK_ARG(in);
+  memcpy(t->m.params + ti->offset, in, n * sizeof(float));
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const char *name, float *out,
+                                      size_t n) {
+  DF_CHECK_ARG(t);
+  return copy_out(t, t->m.grads, name, out, n);
+}
+
+dflash_status dflash_trainer_zero_grad(dflash_trainer *t) {
+  DF_CHECK_ARG(t);
+  memset(t->m.grads, 0, t->m.n_params * sizeof(float));
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const uint8_t *loss_mask,
+                                        int64_t len, const int32_t *anchors, int32_t n_anchors,
+                                        double *weight_sum) {
+  DF_CHECK_ARG(t && loss_mask && weight_sum && (anchors || n_anchors == 0) && n_anchors >= 0);
+  for (int32_t i = 0; i < n_anchors; i++)
+    if (anchors[i] < 0 || anchors[i] >= len)
+      return df_error(DFLASH_E_RANGE, "anchor %d = %d is outside the sequence [0, %lld)", i,
+                      anchors[i], (long long)len);
+  *weight_sum = df_model_weight_sum(&t->m, loss_mask, len, anchors, n_anchors);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
+                                        const uint8_t *loss_mask, int64_t len,
+                                        const float *hidden, const int32_t *anchors,
+                                        int32_t n_anchors, double grad_scale, double *loss_sum,
+                                        double *weight_sum) {
+  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
+  return df_model_step(&t->m, input_ids, loss_mask, len, hidden, anchors, n_anchors, grad_scale,
+                       true, loss_sum, weight_sum);
+}
+
+dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *input_ids,
+                                              const uint8_t *loss_mask, int64_t len,
+                                              const float *hidden, const int32_t *anchors,
+                                              int32_t n_anchors, double *loss) {
+  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
+  double wsum = 0, lsum = 0;
+  dflash_status st = dflash_trainer_weight_sum(t, loss_mask, len, anchors, n_anchors, &wsum);
+  if (st) return st;
+  dflash_trainer_zero_grad(t);
+  st = df_model_step(&t->m, input_ids, loss_mask, len, hidden, anchors, n_anchors,
+                     wsum > 0 ? 1.0 / wsum : 0.0, true, &lsum, NULL);
+  if (st) return st;
+  if (loss) *loss = wsum > 0 ? lsum / wsum : 0.0;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids, int64_t len,
+                                     const float *hidden, const int32_t *anchors,
+                                     int32_t n_anchors, int32_t *pred) {
+  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred);
+  return df_model_predict(&t->m, input_ids, len, hidden, anchors, n_anchors, pred);
+}
+
+/* ---- optimizer ------------------------------------------------------------ */
+
+int64_t dflash_trainer_steps(const dflash_trainer *t) { return t ? t->step : 0; }
+
+int64_t df_warmup_steps(const dflash_trainer_options *o) {
+  return (int64_t)(o->warmup_ratio * (double)o->total_steps);
+}
+
+double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
+  if (!t) return 0;
+  const dflash_trainer_options *o = &t->opt;
+  int64_t warm = df_warmup_steps(o);
+  /* Hugging Face's get_cosine_schedule_with_warmup, with an optional floor. */
+  if (step < warm) return o->lr * (double)step / (double)(warm > 1 ? warm : 1);
+  if (o->total_steps <= 0) return o->lr;
+  double span = (double)(o->total_steps - warm > 1 ? o->total_steps - warm : 1);
+  double progress = (double)(step - warm) / span;
+  double cosine = 0.5 * (1.0 + cos(M_PI * progress));
+  if (cosine < 0) cosine = 0;
+  return o->lr * (o->min_lr_ratio + (1.0 - o->min_lr_ratio) * cosine);
+}
+
+typedef struct adam_ctx {
+  float *p, *g, *m1, *m2;
+  float lr, decay, b1, b2, eps, step_size, bc2_sqrt;
+} adam_ctx;
+
+/* torch.optim.AdamW's single-tensor update, in float32 like it. */
+static void adam_range(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  adam_ctx *c = vc;
+  for (size_t i = b; i < e; i++) {
+    float g = c->g[i];
+    c->p[i] *= c->decay;
+    c->m1[i] += (g - c->m1[i]) * (1.0f - c->b1);
+    c->m2[i] = c->m2[i] * c->b2 + (1.0f - c->b2) * g * g;
+    float denom = sqrtf(c->m2[i]) / c->bc2_sqrt + c->eps;
+    c->p[i] -= c->step_size * (c->m1[i] / denom);
+  }
+}
+
+typedef struct scale_ctx {
+  float *x;
+  float k;
+} scale_ctx;
+
+static void scale_range(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  scale_ctx *c = vc;
+  for (size_t i = b; i < e; i++) c->x[i] *= c->k;
+}
+
+dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr_out) {
+  DF_CHECK_ARG(t);
+  df_model *m = &t->m;
+  const dflash_trainer_options *o = &t->opt;
+  double norm = sqrt(df_sumsq(m->pool, m->grads, m->n_params));
+  if (!isfinite(norm))
+    return df_error(DFLASH_E_RANGE, "step %lld: gradient norm is not finite; parameters left "
+                    "unchanged", (long long)t->step);
+  if (o->grad_clip > 0) {
+    /* torch.nn.utils.clip_grad_norm_ */
+    double coef = o->grad_clip / (norm + 1e-6);
+    if (coef < 1.0) {
+      scale_ctx sc = {m->grads, (float)coef};
+      df_pool_for(m->pool, m->n_params, 1 << 14, scale_range, &sc);
+    }
+  }
+  double lr = dflash_trainer_lr_at(t, t->step);
+  int64_t n = t->step + 1;
+  double bc1 = 1.0 - pow(o->beta1, (double)n), bc2 = 1.0 - pow(o->beta2, (double)n);
+  adam_ctx c = {.p = m->params, .g = m->grads, .m1 = t->m1, .m2 = t->m2,
+                .decay = (float)(1.0 - lr * o->weight_decay), .b1 = (float)o->beta1,
+                .b2 = (float)o->beta2, .eps = (float)o->adam_eps,
+                .step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2)};
+  df_pool_for(m->pool, m->n_params, 1 << 14, adam_range, &c);
+  t->step = n;
+  if (grad_norm) *grad_norm = norm;
+  if (lr_out) *lr_out = lr;
+  return DFLASH_OK;
+}
+
+/* ---- anchors -------------------------------------------------------------- */
+
+static int cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len, int32_t block_size,
+                                    int32_t max_anchors, uint64_t seed, uint64_t stream,
+                                    int32_t *out, int32_t *n_out) {
+  DF_CHECK_ARG(loss_mask && out && n_out && block_size >= 2 && max_anchors >= 0 && len >= 0);
+  *n_out = 0;
+  if (len > INT32_MAX) return df_error(DFLASH_E_RANGE, "sequence of %lld tokens is too long",
+                                       (long long)len);
+  int64_t supervised = 0;
+  for (int64_t i = 0; i < len; i++) supervised += loss_mask[i] != 0;
+  if (supervised < 2 * (int64_t)block_size || max_anchors == 0) return DFLASH_OK;
+  int32_t *cand = malloc(sizeof(int32_t) * (size_t)len);
+  if (!cand) return df_error_nomem("anchor candidates");
+  int32_t nc = 0;
+  for (int64_t p = 0; p + block_size <= len; p++)
+    if (loss_mask[p] && loss_mask[p + 1]) cand[nc++] = (int32_t)p;
+  int32_t k = nc < max_anchors ? nc : max_anchors;
+  df_rng rng;
+  df_rng_seed(&rng, seed, stream);
+  /* Partial Fisher-Yates: the first k entries become a uniform k-subset. */
+  for (int32_t i = 0; i < k; i++) {
+    int32_t j = i + (int32_t)df_rng_below(&rng, (uint64_t)(nc - i));
+    int32_t tmp = cand[i];
+    cand[i] = cand[j];
+    cand[j] = tmp;
+  }
+  qsort(cand, (size_t)k, sizeof *cand, cmp_i32);
+  memcpy(out, cand, sizeof(int32_t) * (size_t)k);
+  free(cand);
+  *n_out = k;
+  return DFLASH_OK;
+}

@@ -1,0 +1,516 @@
+"""End-to-end tests of `dflash fetch` against fake OpenAI servers on loopback.
+
+The reference is the fake server's deterministic generator (fake_server.generate):
+every completion must equal what the server generated for the prompt the
+test computes on its own, and every input line must end up exactly once in
+completions.jsonl or errors.jsonl, across faults, kill -9 and resumes.
+"""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import fake_server as fs  # noqa: E402
+
+CLI = os.environ.get("DFLASH_CLI")
+if not CLI:
+    pytest.skip("DFLASH_CLI not set (run through meson test)", allow_module_level=True)
+
+FAST = ["--backoff", "0.02", "--idle-timeout", "1", "--probe-interval", "0.2",
+        "--connect-timeout", "2", "--fsync-interval", "0"]
+
+
+class Farm:
+    """fake_server.py in a subprocess: N chat servers plus a control port."""
+
+    def __init__(self, n=1, *args):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "fake_server.py"), "--servers", str(n),
+             "--stall", "3", "--lifetime", "600", *args],
+            stdout=subprocess.PIPE, text=True)
+        info = json.loads(self.proc.stdout.readline())
+        self.ports = info["ports"]
+        self.control = info["control"]
+        self.urls = [f"http://127.0.0.1:{p}/v1" for p in self.ports]
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.control}{path}", timeout=30) as r:
+            return json.loads(r.read())
+
+    def post(self, path, obj):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.control}{path}",
+                                     data=json.dumps(obj).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def farm():
+    f = Farm(1)
+    yield f
+    f.close()
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def fetch_cmd(farm, inp, out, *extra):
+    servers = [a for u in farm.urls for a in ("--server", u)]
+    return [CLI, "fetch", *servers, "--model", "fake", "--family", "kimi", *FAST, *extra,
+            str(inp), "-o", str(out)]
+
+
+def run_fetch(farm, inp, out, *extra, rc=0, env=None):
+    p = subprocess.run(fetch_cmd(farm, inp, out, *extra), capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == rc, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    return json.loads(p.stdout) if p.stdout.strip() else None, p
+
+
+def prompt_of(messages):
+    """The prompt the fetcher must send: trailing assistant turns dropped."""
+    m = list(messages)
+    while m and m[-1]["role"] == "assistant":
+        m.pop()
+    return m
+
+
+def expected(prompt, max_tokens=None, **kw):
+    reasoning, content, finish, n = fs.generate(prompt, max_tokens, **kw)
+    return "".join(reasoning), "".join(content), finish, n
+
+
+def hash_id(messages):
+    text = json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def user(text, i=None):
+    rec = {"messages": [{"role": "user", "content": text}]}
+    if i is not None:
+        rec["id"] = i
+    return rec
+
+
+def outputs(out):
+    return read_jsonl(out / "completions.jsonl"), read_jsonl(out / "errors.jsonl")
+
+
+def assert_exactly_once(out, ids, bad_lines=()):
+    comps, errs = outputs(out)
+    got = [r["id"] for r in comps] + [r["id"] for r in errs if r["id"] is not None]
+    assert sorted(got) == sorted(ids), "ids missing or duplicated"
+    assert sorted(r["line"] for r in errs if r["id"] is None) == sorted(bad_lines)
+
+
+def assert_matches_server(comps, max_tokens=None, usage_may_be_cut=False):
+    for r in comps:
+        if usage_may_be_cut and r["usage"] is None:  # cut after the finish_reason chunk
+            r["usage"] = {"completion_tokens": expected(r["messages"], max_tokens)[3]}
+        reasoning, content, finish, n = expected(r["messages"], max_tokens)
+        assert r["completion"]["reasoning"] == reasoning, r["id"]
+        assert r["completion"]["content"] == content, r["id"]
+        assert r["finish_reason"] == finish
+        assert r["usage"]["completion_tokens"] == n
+
+
+# ---------------------------------------------------------------------------------
+
+
+def test_outputs_match_server_generation(farm, tmp_path):
+    recs = []
+    for i in range(40):
+        if i % 3 == 0:
+            recs.append({"id": f"s{i}", "system": "be brief", "conversations": [
+                {"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": "old"}]})
+        elif i % 3 == 1:
+            recs.append({"messages": [{"role": "user", "content": f"q {i} é 日本"},
+                                      {"role": "assistant", "content": "a"},
+                                      {"role": "user", "content": "more"},
+                                      {"role": "assistant", "content": "old answer"}]})
+        else:
+            recs.append(user(f"plain {i}", i))
+    write_jsonl(tmp_path / "in.jsonl", recs)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--max-tokens", "64",
+                           "--temperature", "0.6", "--seed", "3")
+    comps, errs = outputs(tmp_path / "out")
+    assert errs == [] and len(comps) == 40
+    assert summary["completed"] == 40 and summary["retries"] == 0
+    by_line = {r["line"]: r for r in comps}
+    for line, rec in enumerate(recs, 1):
+        r = by_line[line]
+        if "conversations" in rec:
+            want_prompt = [{"role": "system", "content": "be brief"},
+                           {"role": "user", "content": rec["conversations"][0]["value"]}]
+            assert r["id"] == rec["id"]
+        else:
+            want_prompt = prompt_of(rec["messages"])
+            assert r["id"] == str(rec["id"]) if "id" in rec else r["id"] == hash_id(rec["messages"])
+        assert r["messages"] == want_prompt
+        assert r["attempts"] == 1 and r["outcome"] == "ok"
+        assert r["server"] == farm.urls[0]
+    assert_matches_server(comps, 64)
+    bodies = [q["body"] for q in farm.get("/requests")]
+    assert len(bodies) == 40
+    for b in bodies:
+        assert b["chat_template_kwargs"] == {"thinking": True}
+        assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
+        assert b["model"] == "fake" and b["max_tokens"] == 64
+        assert b["temperature"] == 0.6 and b["seed"] == 3
+        assert all("reasoning" not in m for m in b["messages"])
+
+
+FAULT_CASES = {
+    # id: (directive, expected attempts, expected outcome or error kind)
+    "f503": ("[[fault:503*2]]", 3, "ok"),
+    "f500": ("[[fault:500*1]]", 2, "ok"),
+    "f429": ("[[fault:429*1;ra=1]]", 2, "ok"),
+    "freset": ("[[fault:reset*1]]", 2, "ok"),
+    "ftrunc": ("[[fault:trunc*1]]", 2, "ok"),
+    "ferrevent": ("[[fault:errevent*1]]", 2, "ok"),
+    "fstall": ("[[fault:stall*1]]", 2, "ok"),
+    "fbadjson": ("[[fault:badjson*1]]", 2, "ok"),
+    "fabort": ("[[fault:abort*1]]", 2, "ok"),
+    "fchain": ("[[fault:503*1]][[fault:reset*1]][[fault:errevent*1]]", 4, "ok"),
+    "fsplit": ("[[fault:split]]", 1, "ok"),
+    "fkeep": ("[[fault:keepalive]]", 1, "ok"),
+    "fdrip": ("[[fault:drip]]", 1, "ok"),
+    "frfield": ("[[fault:rfield=reasoning]]", 1, "ok"),
+    "flength": ("[[fault:length]]", 1, "length"),
+    "fempty": ("[[fault:empty]]", 1, "empty"),
+    "f400": ("[[fault:400]]", 1, "http"),
+    "ferr400": ("[[fault:errevent400]]", 1, "stream"),
+}
+
+
+def run_fault_cases(farm, tmp_path, *extra):
+    recs = [user(f"case {k} {d}", k) for k, (d, _, _) in FAULT_CASES.items()]
+    write_jsonl(tmp_path / "in.jsonl", recs)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", *extra)
+    comps, errs = outputs(tmp_path / "out")
+    assert_exactly_once(tmp_path / "out", list(FAULT_CASES))
+    got = {r["id"]: r for r in comps}
+    got.update({r["id"]: r for r in errs})
+    for k, (directive, attempts, outcome) in FAULT_CASES.items():
+        r = got[k]
+        assert r["attempts"] == attempts, (k, r)
+        if "completion" in r:
+            assert r["outcome"] == outcome, (k, r)
+        else:
+            assert r["kind"] == outcome, (k, r)
+    prompt = [{"role": "user", "content": "case flength [[fault:length]]"}]
+    assert got["flength"]["completion"]["content"] == ""
+    assert got["flength"]["completion"]["reasoning"] == expected(prompt)[0]
+    assert got["fempty"]["completion"]["content"] == ""
+    assert got["f400"]["http_status"] == 400 and "prompt is too long" in got["f400"]["error"]
+    assert "context length exceeded" in got["ferr400"]["error"]
+    ok = [r for r in comps if r["outcome"] == "ok"]
+    assert_matches_server(ok)
+    assert summary["retries"] == sum(a - 1 for _, a, _ in FAULT_CASES.values())
+    assert summary["length"] == 1 and summary["empty"] == 1
+    return farm.get("/requests")
+
+
+def test_every_fault_streamed(farm, tmp_path):
+    reqs = run_fault_cases(farm, tmp_path)
+    assert all(q["body"]["stream"] is True for q in reqs if q["body"].get("max_tokens") != 1)
+
+
+def test_retry_after_is_honoured(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:429*1;ra=2]]", "ra")])
+    t0 = time.monotonic()
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out")
+    assert time.monotonic() - t0 >= 2.0  # a lower bound: only a client ignoring Retry-After fails
+    assert outputs(tmp_path / "out")[0][0]["attempts"] == 2
+
+
+def test_every_fault_not_streamed(tmp_path):
+    farm = Farm(1, "--reasoning-field", "reasoning")
+    try:
+        run_fault_cases(farm, tmp_path, "--no-stream")
+        assert all(q["body"]["stream"] is False for q in farm.get("/requests"))
+    finally:
+        farm.close()
+
+
+def test_deadline_and_give_up(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:hang*1]]", "hang"),
+                                        user("[[fault:503*9]]", "dead")])
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--deadline", "1",
+                           "--max-attempts", "3", "--fail-threshold", "100")
+    comps, errs = outputs(tmp_path / "out")
+    assert [r["id"] for r in comps] == ["hang"] and comps[0]["attempts"] == 2
+    assert errs[0]["id"] == "dead" and errs[0]["attempts"] == 3
+    assert errs[0]["kind"] == "http" and errs[0]["http_status"] == 503
+    assert "gave up after 3 attempts" in errs[0]["error"]
+
+
+def test_thousand_prompts_three_servers_with_chaos(tmp_path):
+    farm = Farm(3, "--chaos", "0.2", "--seed", "5")
+    try:
+        n = 1200
+        write_jsonl(tmp_path / "in.jsonl", [user(f"prompt number {i}", f"p{i}") for i in range(n)])
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--concurrency",
+                               "16", "--max-attempts", "6", "--fail-threshold", "1000")
+        comps, errs = outputs(tmp_path / "out")
+        assert errs == []
+        assert_exactly_once(tmp_path / "out", [f"p{i}" for i in range(n)])
+        assert_matches_server(comps)
+        stats = farm.get("/stats")
+        # Every attempt the servers saw is one the fetcher counted, prompt by prompt.
+        assert summary["retries"] == stats["total"] - n > 100
+        for r in comps:
+            assert r["attempts"] == stats["attempts"][fs.key_of(r["messages"])]
+        used = {r["server"] for r in comps}
+        assert used == set(farm.urls)
+        assert all(s["completed"] > 200 for s in summary["servers"])
+    finally:
+        farm.close()
+
+
+def wait_for_lines(path, n, proc, timeout=60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                if f.read().count(b"\n") >= n:
+                    return
+        time.sleep(0.02)
+    raise AssertionError(f"{path} did not reach {n} lines")
+
+
+def test_kill9_then_resume_loses_nothing(tmp_path):
+    farm = Farm(2, "--token-delay", "0.01", "--chaos", "0.1")
+    try:
+        n = 500
+        recs = [user(f"kill test {i}", f"k{i}") for i in range(n)]
+        recs.insert(100, "{broken line")
+        write_jsonl(tmp_path / "in.jsonl", recs)
+        out = tmp_path / "out"
+        for stop_at in (120, 300):
+            proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--concurrency",
+                                              "8", "--fsync-interval", "0.5"),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_for_lines(out / "completions.jsonl", stop_at, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            done_before = len(read_jsonl(out / "completions.jsonl"))
+            assert done_before < n
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--concurrency", "8")
+        assert summary["skipped"] >= 300
+        assert_exactly_once(out, [f"k{i}" for i in range(n)], bad_lines=[101])
+        assert_matches_server(outputs(out)[0])
+        # A fourth run has nothing left to do.
+        before = farm.get("/stats")["total"]
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+        assert summary["completed"] == 0 and summary["skipped"] == n + 1
+        assert farm.get("/stats")["total"] == before
+    finally:
+        farm.close()
+
+
+def start_midway(farm, tmp_path, n, lines, *extra):
+    """Start a fetch of n prompts in the background; return once `lines` are written."""
+    write_jsonl(tmp_path / "in.jsonl", [user(f"bg {i}", i) for i in range(n)])
+    out = tmp_path / "out"
+    proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--concurrency", "8",
+                                      *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_lines(out / "completions.jsonl", lines, proc)
+    return proc, out
+
+
+def test_sigint_drains_then_resume(tmp_path):
+    farm = Farm(1, "--token-delay", "0.02")
+    try:
+        n = 200
+        proc, out = start_midway(farm, tmp_path, n, 30)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 3, stderr
+        summary = json.loads(stdout)
+        assert summary["stopped"] and summary["pending"] > 0
+        comps = read_jsonl(out / "completions.jsonl")
+        # Draining finished what was in flight: every request the server got has its record.
+        assert len(comps) == farm.get("/stats")["total"]
+        run_fetch(farm, tmp_path / "in.jsonl", out)
+        assert_exactly_once(out, [str(i) for i in range(n)])
+    finally:
+        farm.close()
+
+
+def test_server_dies_and_comes_back(tmp_path):
+    farm = Farm(2, "--token-delay", "0.005")
+    try:
+        n = 300
+        proc, out = start_midway(farm, tmp_path, n, 40, "--fail-threshold", "2")
+        farm.post("/down", {"port": farm.ports[0], "seconds": 1.5})
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        summary = json.loads(stdout)
+        assert_exactly_once(out, [str(i) for i in range(n)])
+        assert_matches_server(outputs(out)[0], usage_may_be_cut=True)
+        s0 = summary["servers"][0]
+        assert s0["failures"] >= 2 and s0["healthy"]
+        probes = [q for q in farm.get("/requests") if q["body"].get("max_tokens") == 1]
+        assert probes and all(q["port"] == farm.ports[0] for q in probes)
+        assert all(q["body"]["stream"] is False for q in probes)
+    finally:
+        farm.close()
+
+
+def test_all_servers_down_at_start(tmp_path):
+    farm = Farm(1)
+    try:
+        farm.post("/down", {"port": farm.ports[0], "seconds": 1.0})
+        write_jsonl(tmp_path / "in.jsonl", [user(f"late {i}", i) for i in range(20)])
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out",
+                               "--fail-threshold", "1", "--max-attempts", "3")
+        assert_exactly_once(tmp_path / "out", [str(i) for i in range(20)])
+        assert summary["completed"] == 20
+    finally:
+        farm.close()
+
+
+def test_resume_repairs_torn_line_and_fetches_only_missing(farm, tmp_path):
+    n = 30
+    write_jsonl(tmp_path / "in.jsonl", [user(f"r {i}", i) for i in range(n)])
+    out = tmp_path / "out"
+    run_fetch(farm, tmp_path / "in.jsonl", out)
+    lines = (out / "completions.jsonl").read_bytes().splitlines(keepends=True)
+    kept = lines[:25]
+    (out / "completions.jsonl").write_bytes(b"".join(kept) + lines[25][:40])  # torn record
+    farm.post("/reset", {})
+    summary, p = run_fetch(farm, tmp_path / "in.jsonl", out)
+    assert summary["skipped"] == 25 and summary["completed"] == 5
+    assert farm.get("/stats")["total"] == 5
+    assert "cutting" in p.stderr
+    assert_exactly_once(out, [str(i) for i in range(n)])
+
+
+def test_retry_errors_moves_records(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:503*2]]", "e"), user("fine", "f"),
+                                        user("[[fault:400]]", "p")])
+    out = tmp_path / "out"
+    run_fetch(farm, tmp_path / "in.jsonl", out, "--max-attempts", "1")
+    assert sorted(r["id"] for r in outputs(out)[1]) == ["e", "p"]
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+    assert summary["skipped"] == 3 and summary["completed"] == 0
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--retry-errors", "--max-attempts",
+                           "3")
+    comps, errs = outputs(out)
+    assert sorted(r["id"] for r in comps) == ["e", "f"]
+    assert [r["id"] for r in errs] == ["p"]
+    assert sorted(r["id"] for r in read_jsonl(out / "errors.retried.jsonl")) == ["e", "p"]
+    assert_exactly_once(out, ["e", "f", "p"])
+
+
+def test_shards_cover_input_exactly_once(farm, tmp_path):
+    recs = [user(f"shard {i}", f"s{i}") for i in range(90)] + ["not json", "{}"]
+    write_jsonl(tmp_path / "in.jsonl", recs)
+    ids, bad = [], []
+    for i in range(3):
+        out = tmp_path / f"out{i}"
+        run_fetch(farm, tmp_path / "in.jsonl", out, "--shard", f"{i}/3")
+        comps, errs = outputs(out)
+        assert 10 < len(comps) < 50
+        ids += [r["id"] for r in comps]
+        bad += [r["line"] for r in errs]
+    assert sorted(ids) == sorted(f"s{i}" for i in range(90))
+    assert sorted(bad) == [91, 92]
+
+
+def test_malformed_lines_are_recorded_once(farm, tmp_path):
+    recs = [user("ok", "a"), "{oops", json.dumps({"id": "x", "messages": []}),
+            json.dumps({"conversations": [{"from": "alien", "value": "hi"}]}), "", "  ",
+            user("dup first", "d"), user("dup second", "d")]
+    write_jsonl(tmp_path / "in.jsonl", recs)
+    out = tmp_path / "out"
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+    comps, errs = outputs(out)
+    assert sorted(r["id"] for r in comps) == ["a", "d"]
+    assert summary["duplicates"] == 1
+    by_line = {e["line"]: e for e in errs}
+    assert set(by_line) == {2, 3, 4}
+    assert "in.jsonl: line 2" in by_line[2]["error"]
+    assert by_line[3]["id"] == "x" and "empty" in by_line[3]["error"]
+    assert "unknown speaker" in by_line[4]["error"] and all(e["kind"] == "input" for e in errs)
+    run_fetch(farm, tmp_path / "in.jsonl", out)
+    assert len(outputs(out)[1]) == 3  # not recorded twice
+
+
+def test_api_key_is_sent_and_never_written(farm, tmp_path):
+    secret = "sk-test-0123456789abcdef"
+    write_jsonl(tmp_path / "in.jsonl", [user("key", "k"), user("[[fault:400]]", "bad")])
+    env = dict(os.environ, FAKE_KEY=secret)
+    out = tmp_path / "out"
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--api-key-env", "FAKE_KEY", "-v", env=env)
+    assert all(q["authorization"] == f"Bearer {secret}" for q in farm.get("/requests"))
+    for f in out.iterdir():
+        assert secret not in f.read_text()
+    assert secret not in p.stdout + p.stderr
+    (tmp_path / "key.txt").write_text(secret + "\n")
+    farm.post("/reset", {})
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out2", "--api-key-file",
+              str(tmp_path / "key.txt"))
+    assert all(q["authorization"] == f"Bearer {secret}" for q in farm.get("/requests"))
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out3", "--api-key-env",
+                     "DFLASH_UNSET_KEY_VAR", rc=1)
+    assert "DFLASH_UNSET_KEY_VAR" in p.stderr
+
+
+def test_all_turns_feed_back_regenerated_answers(farm, tmp_path):
+    conv = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "old1"},
+            {"role": "user", "content": "second"}, {"role": "assistant", "content": "old2"}]
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "m", "messages": conv}])
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--all-turns", "--family", "qwen")
+    r = outputs(tmp_path / "out")[0][0]
+    r1, c1, _, _ = expected([conv[0]])
+    assert r["messages"][1] == {"role": "assistant", "reasoning": r1, "content": c1}
+    sent_second = [conv[0], {"role": "assistant", "content": c1}, conv[2]]
+    r2, c2, _, _ = expected(sent_second)
+    assert r["completion"]["content"] == c2 and r["completion"]["reasoning"] == r2
+    assert len(r["turns"]) == 2
+    bodies = [q["body"] for q in farm.get("/requests")]
+    assert bodies[1]["messages"] == sent_second
+    assert bodies[0]["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+def test_response_cap_and_directory_lock(farm, tmp_path):
+    # "hang" keeps the first fetcher (and its lock) busy for the server's 3 s stall.
+    write_jsonl(tmp_path / "in.jsonl", [user("[[fault:drip]] capped", "c"),
+                                        user("[[fault:hang*1]]", "h")])
+    out = tmp_path / "out"
+    proc = subprocess.Popen(fetch_cmd(farm, tmp_path / "in.jsonl", out, "--max-response-bytes",
+                                      "300"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    end = time.monotonic() + 30  # the first fetcher holds the lock while the drip lasts
+    while not (out / "completions.jsonl").exists() and time.monotonic() < end:
+        time.sleep(0.01)
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", out, rc=1)
+    assert "another fetch is writing" in p.stderr
+    proc.communicate(timeout=60)
+    comps, errs = outputs(out)
+    assert comps == [] and sorted(e["id"] for e in errs) == ["c", "h"]  # no answer fits 300 B
+    assert all(e["kind"] == "response" and "max_response_bytes" in e["error"] for e in errs)

@@ -1,0 +1,220 @@
+#include <dflash/dataset.h>
+#include <dflash/hidden.h>
+#include <dflash/safetensors.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/internal.h"
+#include "testutil.h"
+#include "train/bf16.h"
+
+static uint64_t lcg = 99;
+static double unif(void) {
+  lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+  return ((lcg >> 11) + 0.5) / 9007199254740992.0;
+}
+static double gauss(void) { return sqrt(-2 * log(unif())) * cos(6.283185307179586 * unif()); }
+
+static float *states(int64_t len, int width, int heavy) {
+  float *x = malloc((size_t)len * width * sizeof *x);
+  for (int64_t i = 0; i < len * width; i++) {
+    double g = gauss();
+    /* heavy: a few large outlier channels, as real residual streams have */
+    x[i] = (float)(heavy && (i % width) % 97 == 3 ? 40.0 * g : g);
+  }
+  return x;
+}
+
+START_TEST(e4m3_codes_round_trip) {
+  for (int c = 0; c < 256; c++) {
+    if ((c & 0x7f) == 0x7f) continue; /* NaN */
+    float f = df_e4m3_to_f32((uint8_t)c);
+    uint8_t back = df_f32_to_e4m3(f);
+    if (c == 0x80) ck_assert_int_eq(back, 0x80); /* -0 */
+    else ck_assert_msg(back == c, "code 0x%02x -> %g -> 0x%02x", c, f, back);
+  }
+  ck_assert_float_eq(df_e4m3_to_f32(0x7e), 448.0f);
+  ck_assert_float_eq(df_e4m3_to_f32(0x01), ldexpf(1, -9));
+  ck_assert_int_eq(df_f32_to_e4m3(1000.0f), 0x7e); /* saturates */
+  ck_assert_int_eq(df_f32_to_e4m3(1.0625f), df_f32_to_e4m3(1.0f)); /* ties to even */
+}
+END_TEST
+
+/* Writes, reads back, and measures the relative RMS error per row. */
+static double store_error(int dtype, int heavy) {
+  char *dir = df_test_tmpdir();
+  enum { K = 3, H = 64, LEN = 40 };
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  o.dtype = dtype;
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(dir, K, H, &o, &w));
+  float *x = states(LEN, K * H, heavy);
+  ck_assert_ok(dflash_hidden_writer_append(w, "s0", x, LEN));
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(dir, &h));
+  float *y = malloc(sizeof(float) * LEN * K * H);
+  ck_assert_ok(dflash_hidden_read(h, "s0", y, LEN));
+  double worst = 0, total = 0;
+  for (int r = 0; r < LEN * K; r++) {
+    double e = 0, n = 0;
+    for (int i = 0; i < H; i++) {
+      double d = (double)y[r * H + i] - x[r * H + i];
+      e += d * d, n += (double)x[r * H + i] * x[r * H + i];
+    }
+    worst = fmax(worst, sqrt(e / n));
+    total += sqrt(e / n);
+  }
+  printf("hidden store %s (%s rows): relative RMS error per row mean %.3f%%, worst %.3f%%\n",
+         dtype ? "fp8_e4m3" : "bf16", heavy ? "outlier" : "Gaussian", 100 * total / (LEN * K),
+         100 * worst);
+  dflash_hidden_free(h);
+  free(x), free(y);
+  df_test_rmtree(dir);
+  free(dir);
+  return worst;
+}
+
+START_TEST(accuracy_bf16_and_fp8) {
+  ck_assert_double_lt(store_error(DFLASH_HIDDEN_BF16, 0), 0.004);
+  ck_assert_double_lt(store_error(DFLASH_HIDDEN_BF16, 1), 0.004);
+  ck_assert_double_lt(store_error(DFLASH_HIDDEN_FP8_E4M3, 0), 0.05);
+  ck_assert_double_lt(store_error(DFLASH_HIDDEN_FP8_E4M3, 1), 0.05);
+}
+END_TEST
+
+START_TEST(shards_index_and_append) {
+  char *dir = df_test_tmpdir();
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  o.shard_bytes = 3000; /* a few samples per shard */
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(dir, 2, 8, &o, &w));
+  char id[32];
+  for (int i = 0; i < 10; i++) {
+    float *x = states(20 + i, 16, 0);
+    snprintf(id, sizeof id, "sample-%d", i);
+    ck_assert_ok(dflash_hidden_writer_append(w, id, x, 20 + i));
+    free(x);
+  }
+  float *x = states(5, 16, 0);
+  ck_assert_status(dflash_hidden_writer_append(w, "sample-3", x, 5), DFLASH_E_DUPLICATE, "sample-3");
+  x[17] = INFINITY;
+  ck_assert_status(dflash_hidden_writer_append(w, "bad", x, 5), DFLASH_E_FORMAT,
+                   "sample bad: hidden state at token 1, column 1 is Inf");
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  /* Reopen and append: ids stay unique across sessions; K/H must match. */
+  ck_assert_status(dflash_hidden_writer_create(dir, 3, 8, NULL, &w), DFLASH_E_MISMATCH, "K=2");
+  ck_assert_ok(dflash_hidden_writer_create(dir, 2, 8, &o, &w));
+  ck_assert_status(dflash_hidden_writer_append(w, "sample-0", x, 5), DFLASH_E_DUPLICATE, "sample-0");
+  x[17] = 0;
+  ck_assert_ok(dflash_hidden_writer_append(w, "late", x, 5));
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  free(x);
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(dir, &h));
+  size_t n;
+  int32_t K, H;
+  ck_assert_ok(dflash_hidden_info(h, &K, &H, NULL, &n));
+  ck_assert_uint_eq(n, 11);
+  ck_assert_int_eq(K, 2);
+  dflash_safetensors *st;
+  ck_assert_ok(dflash_safetensors_open(dir, &st));
+  ck_assert_uint_gt(dflash_safetensors_file_count(st), 2);
+  dflash_safetensors_free(st);
+  int64_t len;
+  ck_assert_ok(dflash_hidden_length(h, "sample-7", &len));
+  ck_assert_int_eq(len, 27);
+  ck_assert_status(dflash_hidden_length(h, "nope", &len), DFLASH_E_NOT_FOUND, "nope");
+  float buf[16 * 30];
+  ck_assert_status(dflash_hidden_read(h, "sample-7", buf, 26), DFLASH_E_MISMATCH, "sample-7");
+  dflash_hidden_free(h);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+/* A dataset written by the dataset module (the format `dflash tokenize` makes). */
+static void write_dataset(const char *dir, int n, const int *lens) {
+  dflash_dataset_writer *w;
+  ck_assert_ok(dflash_dataset_writer_create(dir, NULL, &w));
+  int64_t pos = 0;
+  for (int i = 0; i < n; i++) {
+    int32_t ids[64];
+    uint8_t mask[64];
+    for (int k = 0; k < lens[i]; k++, pos++) ids[k] = (int32_t)(pos % 50), mask[k] = pos % 3 != 0;
+    char id[16];
+    snprintf(id, sizeof id, "sample-%d", i);
+    ck_assert_ok(dflash_dataset_writer_add(w, id, ids, mask, (size_t)lens[i]));
+  }
+  ck_assert_ok(dflash_dataset_writer_finish(w));
+  dflash_dataset_writer_free(w);
+}
+
+START_TEST(stream_joins_and_reports) {
+  char *root = df_test_tmpdir();
+  char *data = df_path_join(root, "data"), *hid = df_path_join(root, "hidden");
+  /* 48 tokens in all: the dataset writer's offsets tensor follows the
+   * 1-byte mask, and its reader loads it in place (misaligned otherwise). */
+  int lens[] = {7, 12, 9, 20};
+  write_dataset(data, 4, lens);
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(hid, 1, 4, NULL, &w));
+  float *x[4];
+  for (int i = 0; i < 4; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "sample-%d", i);
+    x[i] = states(lens[i], 4, 0);
+    if (i != 2) ck_assert_ok(dflash_hidden_writer_append(w, id, x[i], i == 3 ? 14 : lens[i]));
+  }
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  dflash_sample_stream *s;
+  ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
+  ck_assert_uint_eq(dflash_sample_stream_count(s), 4);
+  size_t bad;
+  ck_assert_status(dflash_sample_stream_check(s, &bad), DFLASH_E_NOT_FOUND, "sample-2");
+  ck_assert_uint_eq(bad, 2);
+  uint64_t order[] = {1, 0, 2, 3, 1};
+  ck_assert_ok(dflash_sample_stream_start(s, order, 5));
+  dflash_train_sample smp;
+  int done;
+  ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
+  ck_assert_str_eq(smp.id, "sample-1");
+  ck_assert_int_eq(smp.len, 12);
+  ck_assert_int_eq(smp.input_ids[0], 7); /* token stream position 7 */
+  for (int i = 0; i < 12 * 4; i++) ck_assert_float_eq(smp.hidden[i], df_bf16_to_f32(df_f32_to_bf16(x[1][i])));
+  ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
+  ck_assert_str_eq(smp.id, "sample-0");
+  ck_assert_status(dflash_sample_stream_next(s, &smp, &done), DFLASH_E_NOT_FOUND, "sample-2");
+  ck_assert_status(dflash_sample_stream_next(s, &smp, &done), DFLASH_E_MISMATCH,
+                   "sample-3: 20 tokens but 14 rows");
+  ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
+  ck_assert_str_eq(smp.id, "sample-1");
+  ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
+  ck_assert_int_eq(done, 1);
+  dflash_sample_stream_free(s);
+  for (int i = 0; i < 4; i++) free(x[i]);
+  free(data), free(hid);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
+Suite *df_test_suite(void) {
+  Suite *s = suite_create("hidden");
+  TCase *tc = tcase_create("hidden");
+  tcase_add_test(tc, e4m3_codes_round_trip);
+  tcase_add_test(tc, accuracy_bf16_and_fp8);
+  tcase_add_test(tc, shards_index_and_append);
+  tcase_add_test(tc, stream_joins_and_reports);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,11 @@
+#include <check.h>
+
+TCase *tc_storage_local(void);
+TCase *tc_storage_s3(void);
+
+Suite *df_test_suite(void) {
+  Suite *s = suite_create("storage");
+  suite_add_tcase(s, tc_storage_local());
+  suite_add_tcase(s, tc_storage_s3());
+  return s;
+}

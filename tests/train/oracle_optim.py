@@ -1,0 +1,165 @@
+"""Oracle: libdflash's optimizer step (global-norm clipping, AdamW, cosine
+schedule with warm-up) vs torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW
++ LambdaLR with Hugging Face's cosine-with-warm-up rule.
+
+1. Isolated: at every step torch gets the C trainer's own parameters and
+   gradients and takes one float32 step; the updated parameters must agree
+   to 2e-6 relative (float32 update arithmetic; both sides follow the same
+   operation order, the remaining difference is the norm's summation order).
+2. End to end: 8 steps of two-sequence batches through the float64 PyTorch
+   drafter + AdamW; the loss trajectories must agree to 1e-4 relative (the
+   C side is float32 throughout; Adam normalises updates, so float32 noise
+   in tiny gradients reaches the parameters at ~1e-5).
+Exit 77 when torch is missing.
+"""
+import math
+import os
+import sys
+
+try:
+    import numpy as np
+    import torch
+except ImportError as exc:  # pragma: no cover
+    print(f"skip: {exc}")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_drafter as ref  # noqa: E402
+from oracle_model import make_config, random_params  # noqa: E402
+from dflash.train import Trainer  # noqa: E402
+
+OPT = dict(lr=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=0.5,
+           warmup_ratio=0.25, total_steps=8, min_lr_ratio=0.0)
+
+
+def hf_cosine(warmup, total):
+    def f(step):
+        if step < warmup:
+            return step / max(1, warmup)
+        progress = (step - warmup) / max(1, total - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return f
+
+
+def make_data(cfg, rng, n_seq=2, S=36):
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
+    K = len(cfg["dflash_config"]["target_layer_ids"])
+    data = []
+    for _ in range(n_seq):
+        ids = rng.integers(0, V - 1, size=S).astype(np.int32)
+        mask = np.ones(S, dtype=np.uint8)
+        mask[:5] = 0
+        hid = rng.standard_normal((S, K * H)).astype(np.float32)
+        anchors = np.sort(rng.choice(np.arange(4, S - 2), size=5, replace=False)).astype(np.int32)
+        data.append((ids, mask, hid, anchors))
+    return data
+
+
+def c_step(tr, data):
+    total_w = sum(tr.weight_sum(m, a) for _, m, _, a in data)
+    tr.zero_grad()
+    lsum = 0.0
+    for ids, m, h, a in data:
+        ls, _ = tr.accumulate(ids, m, h, a, 1.0 / total_w)
+        lsum += ls
+    return lsum / total_w
+
+
+def torch_optimizer(params, warmup):
+    opt = torch.optim.AdamW(params, lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]),
+                            eps=OPT["adam_eps"], weight_decay=OPT["weight_decay"], foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, hf_cosine(warmup, OPT["total_steps"]))
+    return opt, sched
+
+
+def isolated(cfg, embed, lm_head, P, data):
+    worst = 0.0
+    with Trainer(cfg, embed, lm_head, n_threads=2, **OPT) as tr:
+        tr.set_parameters(P)
+        names = tr.names()
+        tp = {n: torch.tensor(P[n], requires_grad=True) for n in names}
+        opt, sched = torch_optimizer(list(tp.values()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
+        for step in range(OPT["total_steps"]):
+            c_step(tr, data)
+            grads = tr.gradients()
+            with torch.no_grad():
+                for n in names:
+                    tp[n].grad = torch.tensor(grads[n])
+            norm_t = torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"]).item()
+            lr_t = sched.get_last_lr()[0]
+            opt.step()
+            sched.step()
+            norm_c, lr_c = tr.step()
+            if abs(lr_c - lr_t) > 1e-12 * max(1.0, lr_t):
+                print(f"FAIL step {step}: lr {lr_c} vs torch {lr_t}")
+                return False, worst
+            if abs(norm_c - norm_t) > 1e-5 * norm_t:
+                print(f"FAIL step {step}: grad norm {norm_c} vs torch {norm_t}")
+                return False, worst
+            pc = tr.parameters()
+            for n in names:
+                ref_p = tp[n].detach().numpy()
+                e = float(np.max(np.abs(pc[n] - ref_p)) / np.max(np.abs(ref_p)))
+                worst = max(worst, e)
+                if e > 2e-6:
+                    print(f"FAIL step {step}: {n} rel err {e:.2e}")
+                    return False, worst
+                tp[n].data = torch.tensor(pc[n])  # continue from identical parameters
+    return True, worst
+
+
+def end_to_end(cfg, embed, lm_head, P, data, gamma):
+    losses_c, losses_t = [], []
+    with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma, **OPT) as tr:
+        tr.set_parameters(P)
+        for _ in range(OPT["total_steps"]):
+            losses_c.append(c_step(tr, data))
+            tr.step()
+    tp = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in P.items()}
+    opt, sched = torch_optimizer(list(tp.values()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
+    E = torch.tensor(embed, dtype=torch.float64)
+    W = torch.tensor(lm_head, dtype=torch.float64)
+    for _ in range(OPT["total_steps"]):
+        opt.zero_grad()
+        num, den = 0.0, 0.0
+        for ids, m, h, a in data:
+            w, _ = ref.position_weights(cfg, torch.tensor(m), a, gamma)
+            l = ref.loss_fn(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
+                            torch.tensor(h, dtype=torch.float64), a, gamma)
+            num = num + l * w.sum()
+            den += w.sum().item()
+        loss = num / den
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
+        opt.step()
+        sched.step()
+        losses_t.append(loss.item())
+    errs = [abs(a - b) / abs(b) for a, b in zip(losses_c, losses_t)]
+    print("   C     losses:", " ".join(f"{x:.6f}" for x in losses_c))
+    print("   torch losses:", " ".join(f"{x:.6f}" for x in losses_t))
+    return max(errs) <= 1e-4, max(errs)
+
+
+def main():
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(7)
+    cfg = make_config(H=32, I=48, L=2, nh=4, nkv=2, d=8, V=89, B=4, K=2)
+    embed = rng.standard_normal((89, 32)).astype(np.float32)
+    lm_head = (0.5 * rng.standard_normal((89, 32))).astype(np.float32)
+    P = random_params(cfg, rng)
+    data = make_data(cfg, rng)
+    passed = 0
+    ok, worst = isolated(cfg, embed, lm_head, P, data)
+    print(f"{'ok' if ok else 'FAIL'} isolated AdamW+clip+cosine, {OPT['total_steps']} steps: "
+          f"worst parameter rel err {worst:.2e}")
+    passed += ok
+    ok, worst = end_to_end(cfg, embed, lm_head, P, data, 3.0)
+    print(f"{'ok' if ok else 'FAIL'} end-to-end training, {OPT['total_steps']} steps: "
+          f"worst loss rel err {worst:.2e}")
+    passed += ok
+    print(f"{passed} passed, {2 - passed} failed")
+    return 0 if passed == 2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+#include <check.h>
+
+TCase *tc_config(void);
+TCase *tc_ops(void);
+TCase *tc_anchors(void);
+TCase *tc_checkpoint(void);
+
+Suite *df_test_suite(void) {
+  Suite *s = suite_create("train");
+  suite_add_tcase(s, tc_config());
+  suite_add_tcase(s, tc_ops());
+  suite_add_tcase(s, tc_anchors());
+  suite_add_tcase(s, tc_checkpoint());
+  return s;
+}

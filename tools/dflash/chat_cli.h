@@ -1,0 +1,45 @@
+/* Helpers shared by the chat subcommands (`tokenize`, `render`). */
+#ifndef DFLASH_TOOLS_CHAT_CLI_H
+#define DFLASH_TOOLS_CHAT_CLI_H
+
+#include <dflash/chat.h>
+#include <stdio.h>
+#include <string.h>
+
+/* "official" | "keep_all" | "keep_after_last_user" | "drop"; -1 when unknown. */
+static inline int chat_cli_reasoning(const char *s, dflash_chat_reasoning *out) {
+  static const char *const names[] = {"official", "keep_all", "keep_after_last_user", "drop"};
+  for (int i = 0; i < 4; i++)
+    if (!strcmp(s, names[i])) {
+      *out = (dflash_chat_reasoning)i;
+      return 0;
+    }
+  return -1;
+}
+
+/* Write `n` bytes as a JSON string literal (UTF-8 passes through). */
+static inline void chat_cli_json_string(FILE *f, const char *s, size_t n) {
+  fputc('"', f);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c == '\n') fputs("\\n", f);
+    else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+/* Parse, NFC-normalise when the tokenizer does (`nfc`), and render. */
+static inline dflash_status chat_cli_render(const dflash_chat_template *tmpl, const char *json,
+                                            size_t len, int nfc, const dflash_chat_options *o,
+                                            dflash_chat_rendered **out) {
+  dflash_chat_conversation *conv;
+  dflash_status st = dflash_chat_conversation_parse(json, len, &conv);
+  if (!st && nfc) st = dflash_chat_conversation_normalize_nfc(conv);
+  if (!st) st = dflash_chat_render(tmpl, conv, o, out);
+  dflash_chat_conversation_free(conv);
+  return st;
+}
+
+#endif

@@ -1,0 +1,134 @@
+/* `dflash train` and `dflash eval`: thin callers of dflash_train_run and
+ * dflash_train_eval. */
+#include <dflash/train.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+static const char TRAIN_USAGE[] =
+    "usage: dflash train --config drafter.json --target DIR --data DIR --hidden DIR -o OUT\n"
+    "                    [--backend cpu|cuda] [--resume] [--epochs N] [--batch N] [--lr X]\n"
+    "                    [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
+    "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
+    "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
+    "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
+    "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
+    "--resume) and metrics.jsonl (one line per step).\n";
+
+/* Value of option argv[*i] (advancing *i), or NULL after printing usage. */
+static const char *value(int argc, char **argv, int *i) {
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
+  bool quiet = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
+    if (!strcmp(a, "--help")) return fputs(TRAIN_USAGE, stdout), -1;
+    else if (!strcmp(a, "--resume")) o->resume = 1;
+    else if (!strcmp(a, "--bf16")) o->bf16 = 1;
+    else if (!strcmp(a, "--quiet")) quiet = true;
+    else if (OPT("--config")) o->config_path = v;
+    else if (OPT("--target")) o->target_path = v;
+    else if (OPT("--data")) o->data_dir = v;
+    else if (OPT("--hidden")) o->hidden_dir = v;
+    else if (OPT("-o") || OPT("--out")) o->out_dir = v;
+    else if (OPT("--embed-name")) o->embed_name = v;
+    else if (OPT("--lm-head-name")) o->lm_head_name = v;
+    else if (OPT("--backend")) {
+      if (!strcmp(v, "cpu")) o->trainer.backend = DFLASH_BACKEND_CPU;
+      else if (!strcmp(v, "cuda")) o->trainer.backend = DFLASH_BACKEND_CUDA;
+      else return fprintf(stderr, "dflash train: unknown backend %s\n", v), 2;
+    } else if (OPT("--epochs")) o->epochs = atoi(v);
+    else if (OPT("--batch")) o->batch_size = atoi(v);
+    else if (OPT("--lr")) o->trainer.lr = atof(v);
+    else if (OPT("--warmup-ratio")) o->trainer.warmup_ratio = atof(v);
+    else if (OPT("--weight-decay")) o->trainer.weight_decay = atof(v);
+    else if (OPT("--clip")) o->trainer.grad_clip = atof(v);
+    else if (OPT("--anchors")) o->trainer.num_anchors = atoi(v);
+    else if (OPT("--save-every")) o->save_every = atoi(v);
+    else if (OPT("--max-steps")) o->max_steps = atoll(v);
+    else if (OPT("--seed")) o->trainer.seed = strtoull(v, NULL, 10);
+    else if (OPT("--threads")) o->trainer.n_threads = atoi(v);
+    else return fprintf(stderr, "dflash train: unknown or incomplete option %s\n%s", a,
+                        TRAIN_USAGE), 2;
+#undef OPT
+  }
+  if (!o->config_path || !o->target_path || !o->data_dir || !o->hidden_dir || !o->out_dir)
+    return fputs(TRAIN_USAGE, stderr), 2;
+  o->progress = quiet ? NULL : stderr;
+  return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+  dflash_train_run_options o;
+  dflash_train_run_options_default(&o);
+  int rc = parse_train(argc, argv, &o);
+  if (rc) return rc < 0 ? 0 : rc;
+  dflash_status st = dflash_train_run(&o);
+  if (st) return cli_fail("train", st);
+  fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
+  return 0;
+}
+
+static const char EVAL_USAGE[] =
+    "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
+    "                   [--anchors N] [--seed N] [--embed-name NAME] [--lm-head-name NAME]\n"
+    "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
+    "prediction equals the target's token) and the per-position accuracy.\n";
+
+int cmd_eval(int argc, char **argv) {
+  const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
+  int anchors = 64;
+  uint64_t seed = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
+    if (!strcmp(a, "--help")) return fputs(EVAL_USAGE, stdout), 0;
+    else if (OPT("--checkpoint")) ckpt = v;
+    else if (OPT("--target")) target = v;
+    else if (OPT("--data")) data = v;
+    else if (OPT("--hidden")) hidden = v;
+    else if (OPT("--anchors")) anchors = atoi(v);
+    else if (OPT("--seed")) seed = strtoull(v, NULL, 10);
+    else if (OPT("--embed-name")) en = v;
+    else if (OPT("--lm-head-name")) hn = v;
+    else return fprintf(stderr, "dflash eval: unknown or incomplete option %s\n%s", a,
+                        EVAL_USAGE), 2;
+#undef OPT
+  }
+  if (!ckpt || !target || !data || !hidden) return fputs(EVAL_USAGE, stderr), 2;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", ckpt);
+  dflash_drafter_config cfg;
+  dflash_status st = dflash_drafter_config_load(path, &cfg);
+  if (st) return cli_fail("eval", st);
+  size_t vh = (size_t)cfg.vocab_size * (size_t)cfg.hidden_size;
+  float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
+  double *acc = calloc((size_t)cfg.block_size, sizeof *acc);
+  dflash_trainer *t = NULL;
+  double tau = 0;
+  int64_t blocks = 0;
+  if (!e || !h || !acc) st = DFLASH_E_NOMEM;
+  if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
+  if (!st) st = dflash_trainer_create(&cfg, e, h, NULL, &t);
+  if (!st) st = dflash_trainer_load(t, ckpt);
+  if (!st) st = dflash_train_eval(t, data, hidden, anchors, seed, &tau, acc, &blocks);
+  if (!st) {
+    printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position:", tau,
+           (long long)blocks, cfg.block_size);
+    for (int k = 0; k < cfg.block_size - 1; k++) printf(" %.3f", acc[k]);
+    printf("\n");
+  }
+  dflash_trainer_free(t);
+  free(e), free(h), free(acc);
+  return st ? cli_fail("eval", st) : 0;
+}
