@@ -68,6 +68,10 @@ char *df_path_dirname(const char *path);
 bool df_str_ends_with(const char *s, const char *suffix);
 /* Whether `len` bytes at `s` are valid UTF-8 (no surrogates, no overlongs). */
 bool df_utf8_valid(const char *s, size_t len);
+/* True when `len` bytes of UTF-8 are certainly unchanged by NFC (every code
+ * point a starter that neither decomposes nor composes); false means "run
+ * the full normalisation", not "not NFC". */
+bool df_utf8_quick_nfc(const char *s, size_t len);
 
 /* A growable byte buffer. */
 typedef struct df_buf {
