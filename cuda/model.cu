@@ -152,6 +152,10 @@ dflash_status upload(df_cu_model *m, void *dst, const void *src, size_t bytes) {
 dflash_status upload_batch(df_cu_model *m, const df_cu_batch *b) {
   DF_TRY(ensure_rope(m, b->max_pos));
   DF_TRY(ensure_arena(m, b));
+  // Tests poison the arena (0xff bytes: bf16/f32 NaN) so a read of anything
+  // this call did not write shows up in the outputs.
+  static const char *poison = getenv("DFLASH_CUDA_POISON");
+  if (poison && *poison == '1') DF_CU(cudaMemsetAsync(m->arena, 0xff, m->lay.total, m->st));
   int32_t *tok = act<int32_t>(m, DF_ACT_TOK), *ri = act<int32_t>(m, DF_ACT_ROW_I32);
   DF_TRY(upload(m, act<int32_t>(m, DF_ACT_ANCHORS), b->anchors, 4 * (size_t)b->A));
   DF_TRY(upload(m, tok, b->block_tok, 4 * (size_t)b->T));

@@ -15,7 +15,7 @@ static const char TRAIN_USAGE[] =
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
-    "                    [--anchors N] [--batch N] [--gpu-gb X] [--no-zero1]\n"
+    "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
     "--resume) and metrics.jsonl (one line per step).\n"
@@ -91,6 +91,7 @@ static int cmd_plan(int argc, char **argv) {
     else if (OPT("--anchors")) po.num_anchors = atoi(v);
     else if (OPT("--batch")) po.batch_size = atoi(v);
     else if (OPT("--gpu-gb")) po.gpu_bytes = (uint64_t)(atof(v) * 1e9);
+    else if (OPT("--vocab-chunk")) po.vocab_chunk = atoi(v);
     else return fprintf(stderr, "dflash train --plan: unknown or incomplete option %s\n%s", a,
                         TRAIN_USAGE), 2;
 #undef OPT
