@@ -224,7 +224,8 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
       float L = lse[th], D = Dg[th];
       for (int k = l; k < kKtCtx; k += kTpr) {
         float p = 0, ds = 0;
-        if (k < cnt && visible(s, a, nctx, j, p0 + k)) {
+        // p0 + k >= nctx would read as a block key in visible(): not context.
+        if (k < cnt && p0 + k < nctx && visible(s, a, nctx, j, p0 + k)) {
           p = __expf(dot_fb(qs + j * d, Ks + k * d, d) * s.scale - L);
           ds = p * (dot_fb(dOs + j * d, Vs + k * d, d) - D) * s.scale;
         }
