@@ -1,7 +1,10 @@
 /* Host logic of the CUDA backend that needs no GPU: the memory plan, the
  * no-device errors, rank discovery, the TCP rendezvous, gradient buckets. */
 #include <dflash/train.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,10 +178,21 @@ static void *rank_main(void *p) {
   return NULL;
 }
 
+/* A port the kernel just handed out (free unless another process races us). */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  ck_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
+            !getsockname(fd, (struct sockaddr *)&a, &len));
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
 START_TEST(rendezvous_hands_rank0_blob_to_all) {
   rank_arg r[WORLD];
   pthread_t th[WORLD];
-  int port = 20000 + (int)(df_now_seconds() * 1000) % 20000;
+  int port = free_port();
   for (int i = 0; i < WORLD; i++) {
     memset(&r[i], 0, sizeof r[i]);
     r[i].env = (df_dist_env){.rank = i, .world = WORLD, .master_port = port};
@@ -197,8 +211,7 @@ START_TEST(rendezvous_hands_rank0_blob_to_all) {
 END_TEST
 
 START_TEST(rendezvous_times_out_naming_missing_ranks) {
-  df_dist_env e = {.rank = 0, .world = 3,
-                   .master_port = 20000 + (int)(df_now_seconds() * 997) % 20000};
+  df_dist_env e = {.rank = 0, .world = 3, .master_port = free_port()};
   strcpy(e.master_addr, "127.0.0.1");
   unsigned char blob[8] = {0};
   ck_assert_status(df_rendezvous(&e, blob, sizeof blob, 0.2), DFLASH_E_TIMEOUT, "1 of 3");
