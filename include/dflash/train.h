@@ -326,6 +326,49 @@ DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_d
                                            uint64_t seed, double *tau, double *acc,
                                            int64_t *n_blocks);
 
+
+/* ---- GPU memory plan (CUDA backend) --------------------------------------- */
+
+typedef struct dflash_train_plan_options {
+  size_t struct_size;
+  int32_t world_size;     /* data-parallel GPUs (1) */
+  int32_t seq_len;        /* longest sequence, tokens (3072) */
+  int32_t num_anchors;    /* blocks per sequence (512) */
+  int32_t batch_size;     /* sequences per step (1); accumulated one at a time, so
+                             memory does not depend on it */
+  int32_t vocab_chunk;    /* LM-head columns per chunk on the GPU (8192) */
+  int32_t zero1;          /* shard fp32 masters and AdamW moments over ranks (1) */
+  uint64_t gpu_bytes;     /* memory per GPU (80e9) */
+  uint64_t reserve_bytes; /* kept free: CUDA context, cuBLAS workspace, NCCL
+                             buffers, fragmentation (4 GiB) */
+} dflash_train_plan_options;
+
+DFLASH_API void dflash_train_plan_options_default(dflash_train_plan_options *opts);
+
+/* Bytes per GPU, each term as the CUDA backend allocates it. */
+typedef struct dflash_train_plan {
+  size_t struct_size;
+  uint64_t n_params;    /* trainable parameters */
+  uint64_t weights;     /* bf16 copies of the trainable weights: 2 B/param */
+  uint64_t masters;     /* fp32 master weights: 4 B/param, / world with ZeRO-1 */
+  uint64_t moments;     /* AdamW m and v: 8 B/param, / world with ZeRO-1 */
+  uint64_t grads;       /* fp32 gradients, whole on every rank: 4 B/param */
+  uint64_t activations; /* one sequence: saved activations + backward scratch */
+  uint64_t frozen;      /* bf16 target embedding + LM head: 2 * 2 * V * H */
+  uint64_t reserve;     /* reserve_bytes */
+  uint64_t total;       /* sum of the above */
+  uint64_t gpu_bytes;
+} dflash_train_plan;
+
+/*
+ * Fill `plan` (ZeRO-1 shards use the buffer padded to a multiple of the
+ * world size). When total > gpu_bytes, DFLASH_E_NOMEM with a message naming
+ * the largest term and what shrinks it; `plan` is filled either way.
+ */
+DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
+                                                   const dflash_train_plan_options *opts,
+                                                   dflash_train_plan *plan);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,7 +4,7 @@
  * AdamW moments, step, caller blob for data position and RNG) from which a
  * killed run resumes bit for bit.
  */
-#include "trainer.h"
+#include "backend.h"
 
 #include <dflash/safetensors.h>
 #include <errno.h>
@@ -60,6 +60,7 @@ static dflash_status write_model(const df_model *m, const char *path, bool bf16)
 dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16) {
   DF_CHECK_ARG(t && dir);
   dflash_status st = ensure_dir(dir);
+  if (!st) st = df_trainer_pull(t, DF_BUF_PARAMS);
   if (st) return st;
   char *model = df_path_join(dir, "model.safetensors"), *cfg = df_path_join(dir, "config.json");
   if (!model || !cfg) st = df_error_nomem("checkpoint paths");
@@ -135,6 +136,7 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
     }
   }
   if (!s) memcpy(m->params, tmp, m->n_params * sizeof(float));
+  if (!s) s = df_trainer_push(t, DF_BUF_PARAMS);
   free(tmp);
   dflash_safetensors_free(st);
   return s;
@@ -148,7 +150,8 @@ dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *pat
   const df_model *m = &t->m;
   char num[64];
   dflash_st_writer *w;
-  dflash_status st = dflash_st_writer_create(path, &w);
+  dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+  if (!st) st = dflash_st_writer_create(path, &w);
   if (st) return st;
   int64_t n = (int64_t)m->n_params, ulen = (int64_t)user_len;
   st = dflash_st_writer_metadata(w, "format", STATE_FORMAT);
@@ -213,6 +216,7 @@ dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, voi
     if (u.nbytes) memcpy(user, u.data, (size_t)u.nbytes);
     *user_len = (size_t)u.nbytes;
     t->step = strtoll(step, NULL, 10);
+    s = df_trainer_push(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   }
   dflash_safetensors_free(st);
   return s;

@@ -251,8 +251,8 @@ static dflash_status rope_tables(df_model *m, int n_pos) {
 
 /* ---- inputs --------------------------------------------------------------- */
 
-static dflash_status check_inputs(const df_model *m, const int32_t *ids, int64_t len,
-                                  const float *hidden, const int32_t *anchors, int32_t n) {
+dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64_t len,
+                                    const float *hidden, const int32_t *anchors, int32_t n) {
   if (len <= 0 || len > INT32_MAX / 2)
     return df_error(DFLASH_E_RANGE, "sequence length %lld is out of range", (long long)len);
   for (int64_t i = 0; i < len; i++)
@@ -443,7 +443,7 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
                             int32_t n_anchors, double grad_scale, bool backward,
                             double *loss_sum, double *weight_sum) {
   if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
-  dflash_status st = check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st) return st;
   double lsum = 0, wsum = 0;
   if (n_anchors > 0) {
@@ -473,7 +473,7 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
 
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred) {
-  dflash_status st = check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st || n_anchors <= 0) return st;
   /* Every position 1..B-1 of every block is a row. */
   int R = n_anchors * (m->B - 1);

@@ -94,6 +94,10 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
                             int64_t len, const float *hidden, const int32_t *anchors,
                             int32_t n_anchors, double grad_scale, bool backward,
                             double *loss_sum, double *weight_sum);
+/* Ids inside the vocabulary, anchors inside the sequence, finite hidden
+ * states (DFLASH_E_RANGE / DFLASH_E_FORMAT naming the position). */
+dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64_t len,
+                                    const float *hidden, const int32_t *anchors, int32_t n);
 /* Sum of position weights for these anchors. */
 double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
                            const int32_t *anchors, int32_t n_anchors);

@@ -1,6 +1,6 @@
 /* The public trainer: parameters by name, forward/backward, AdamW with a
  * cosine schedule and global-norm clipping, anchor sampling. */
-#include "trainer.h"
+#include "backend.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -54,9 +54,6 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
   NEED(o->num_anchors > 0, "num_anchors must be positive (got %d)", o->num_anchors);
   NEED(o->vocab_chunk > 0, "vocab_chunk must be positive (got %d)", o->vocab_chunk);
 #undef NEED
-  if (o->backend == DFLASH_BACKEND_CUDA)
-    return df_error(DFLASH_E_UNSUPPORTED, "trainer: the CUDA backend is not built into this "
-                    "trainer yet; use the CPU backend");
   return DFLASH_OK;
 }
 
@@ -86,12 +83,19 @@ dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const floa
   memcpy(t->m.embed, embed, vh * sizeof(float));
   memcpy(t->m.lm_head, lm_head, vh * sizeof(float));
   df_model_init_params(&t->m, t->opt.seed, t->opt.init_std);
+  st = t->opt.backend == DFLASH_BACKEND_CUDA ? df_backend_cuda_create(t, &t->be)
+                                             : df_backend_cpu_create(t, &t->be);
+  if (st) {
+    dflash_trainer_free(t);
+    return st;
+  }
   *out = t;
   return DFLASH_OK;
 }
 
 void dflash_trainer_free(dflash_trainer *t) {
   if (!t) return;
+  if (t->be) t->be->vt->destroy(t->be);
   df_model_free(&t->m);
   free(t->m1);
   free(t->m2);
@@ -140,7 +144,8 @@ static dflash_status copy_out(const dflash_trainer *t, const float *base, const 
 dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name, float *out,
                                        size_t n) {
   DF_CHECK_ARG(t);
-  return copy_out(t, t->m.params, name, out, n);
+  dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
+  return st ? st : copy_out(t, t->m.params, name, out, n);
 }
 
 dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, const float *in,
@@ -149,20 +154,23 @@ dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, cons
   dflash_status st = find_sized(t, name, n, &ti);
   if (st) return st;
   DF_CHECK_ARG(in);
+  if ((st = df_trainer_pull(t, DF_BUF_PARAMS))) return st;
   memcpy(t->m.params + ti->offset, in, n * sizeof(float));
-  return DFLASH_OK;
+  return df_trainer_push(t, DF_BUF_PARAMS);
 }
 
 dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const char *name, float *out,
                                       size_t n) {
   DF_CHECK_ARG(t);
-  return copy_out(t, t->m.grads, name, out, n);
+  dflash_status st = df_trainer_pull(t, DF_BUF_GRADS);
+  return st ? st : copy_out(t, t->m.grads, name, out, n);
 }
 
 dflash_status dflash_trainer_zero_grad(dflash_trainer *t) {
   DF_CHECK_ARG(t);
-  memset(t->m.grads, 0, t->m.n_params * sizeof(float));
-  return DFLASH_OK;
+  dflash_status st = t->be->vt->zero_grad(t->be);
+  t->be->stale |= DF_BUF_GRADS;
+  return st;
 }
 
 dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const uint8_t *loss_mask,
@@ -183,8 +191,9 @@ dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_
                                         int32_t n_anchors, double grad_scale, double *loss_sum,
                                         double *weight_sum) {
   DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
-  return df_model_step(&t->m, input_ids, loss_mask, len, hidden, anchors, n_anchors, grad_scale,
-                       true, loss_sum, weight_sum);
+  df_seq s = {input_ids, loss_mask, len, hidden, anchors, n_anchors};
+  t->be->stale |= DF_BUF_GRADS;
+  return t->be->vt->accumulate(t->be, &s, grad_scale, loss_sum, weight_sum);
 }
 
 dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *input_ids,
@@ -195,9 +204,9 @@ dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *
   double wsum = 0, lsum = 0;
   dflash_status st = dflash_trainer_weight_sum(t, loss_mask, len, anchors, n_anchors, &wsum);
   if (st) return st;
-  dflash_trainer_zero_grad(t);
-  st = df_model_step(&t->m, input_ids, loss_mask, len, hidden, anchors, n_anchors,
-                     wsum > 0 ? 1.0 / wsum : 0.0, true, &lsum, NULL);
+  if ((st = dflash_trainer_zero_grad(t))) return st;
+  st = dflash_trainer_accumulate(t, input_ids, loss_mask, len, hidden, anchors, n_anchors,
+                                 wsum > 0 ? 1.0 / wsum : 0.0, &lsum, NULL);
   if (st) return st;
   if (loss) *loss = wsum > 0 ? lsum / wsum : 0.0;
   return DFLASH_OK;
@@ -207,7 +216,8 @@ dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids
                                      const float *hidden, const int32_t *anchors,
                                      int32_t n_anchors, int32_t *pred) {
   DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred);
-  return df_model_predict(&t->m, input_ids, len, hidden, anchors, n_anchors, pred);
+  df_seq s = {input_ids, NULL, len, hidden, anchors, n_anchors};
+  return t->be->vt->predict(t->be, &s, pred);
 }
 
 /* ---- optimizer ------------------------------------------------------------ */
@@ -232,62 +242,18 @@ double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
   return o->lr * (o->min_lr_ratio + (1.0 - o->min_lr_ratio) * cosine);
 }
 
-typedef struct adam_ctx {
-  float *p, *g, *m1, *m2;
-  float lr, decay, b1, b2, eps, step_size, bc2_sqrt;
-} adam_ctx;
-
-/* torch.optim.AdamW's single-tensor update, in float32 like it. */
-static void adam_range(void *vc, size_t b, size_t e, int worker) {
-  (void)worker;
-  adam_ctx *c = vc;
-  for (size_t i = b; i < e; i++) {
-    float g = c->g[i];
-    c->p[i] *= c->decay;
-    c->m1[i] += (g - c->m1[i]) * (1.0f - c->b1);
-    c->m2[i] = c->m2[i] * c->b2 + (1.0f - c->b2) * g * g;
-    float denom = sqrtf(c->m2[i]) / c->bc2_sqrt + c->eps;
-    c->p[i] -= c->step_size * (c->m1[i] / denom);
-  }
-}
-
-typedef struct scale_ctx {
-  float *x;
-  float k;
-} scale_ctx;
-
-static void scale_range(void *vc, size_t b, size_t e, int worker) {
-  (void)worker;
-  scale_ctx *c = vc;
-  for (size_t i = b; i < e; i++) c->x[i] *= c->k;
-}
-
 dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr_out) {
   DF_CHECK_ARG(t);
-  df_model *m = &t->m;
   const dflash_trainer_options *o = &t->opt;
-  double norm = sqrt(df_sumsq(m->pool, m->grads, m->n_params));
-  if (!isfinite(norm))
-    return df_error(DFLASH_E_RANGE, "step %lld: gradient norm is not finite; parameters left "
-                    "unchanged", (long long)t->step);
-  if (o->grad_clip > 0) {
-    /* torch.nn.utils.clip_grad_norm_ */
-    double coef = o->grad_clip / (norm + 1e-6);
-    if (coef < 1.0) {
-      scale_ctx sc = {m->grads, (float)coef};
-      df_pool_for(m->pool, m->n_params, 1 << 14, scale_range, &sc);
-    }
-  }
-  double lr = dflash_trainer_lr_at(t, t->step);
-  int64_t n = t->step + 1;
-  double bc1 = 1.0 - pow(o->beta1, (double)n), bc2 = 1.0 - pow(o->beta2, (double)n);
-  adam_ctx c = {.p = m->params, .g = m->grads, .m1 = t->m1, .m2 = t->m2,
-                .decay = (float)(1.0 - lr * o->weight_decay), .b1 = (float)o->beta1,
-                .b2 = (float)o->beta2, .eps = (float)o->adam_eps,
-                .step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2)};
-  df_pool_for(m->pool, m->n_params, 1 << 14, adam_range, &c);
-  t->step = n;
+  double lr = dflash_trainer_lr_at(t, t->step), norm = 0;
+  df_adam a = {.lr = lr, .weight_decay = o->weight_decay, .beta1 = o->beta1,
+               .beta2 = o->beta2, .eps = o->adam_eps, .grad_clip = o->grad_clip,
+               .step = t->step + 1};
+  dflash_status st = t->be->vt->step(t->be, &a, &norm);
   if (grad_norm) *grad_norm = norm;
+  if (st) return st;
+  t->be->stale |= DF_BUF_PARAMS | DF_BUF_GRADS | DF_BUF_M1 | DF_BUF_M2;
+  t->step = a.step;
   if (lr_out) *lr_out = lr;
   return DFLASH_OK;
 }

@@ -9,6 +9,7 @@ struct dflash_trainer {
   dflash_trainer_options opt;
   float *m1, *m2; /* AdamW first and second moments, same layout as params */
   int64_t step;
+  struct df_backend *be; /* where the maths runs (backend.h) */
 };
 
 int64_t df_warmup_steps(const dflash_trainer_options *o);

@@ -4,6 +4,7 @@ TCase *tc_config(void);
 TCase *tc_ops(void);
 TCase *tc_anchors(void);
 TCase *tc_checkpoint(void);
+TCase *tc_backend(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -11,5 +12,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_ops());
   suite_add_tcase(s, tc_anchors());
   suite_add_tcase(s, tc_checkpoint());
+  suite_add_tcase(s, tc_backend());
   return s;
 }

@@ -14,9 +14,12 @@ static const char TRAIN_USAGE[] =
     "                    [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
+    "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
+    "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
-    "--resume) and metrics.jsonl (one line per step).\n";
+    "--resume) and metrics.jsonl (one line per step).\n"
+    "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n";
 
 /* Value of option argv[*i] (advancing *i), or NULL after printing usage. */
 static const char *value(int argc, char **argv, int *i) {
@@ -68,7 +71,59 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
   return 0;
 }
 
+static void plan_line(const char *name, uint64_t bytes) {
+  printf("  %-28s %10.2f GiB\n", name, (double)bytes / (double)(1ULL << 30));
+}
+
+/* `dflash train --plan`: memory per GPU for a config, batch and world size. */
+static int cmd_plan(int argc, char **argv) {
+  dflash_train_plan_options po;
+  dflash_train_plan_options_default(&po);
+  const char *config = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
+    if (!strcmp(a, "--plan")) continue;
+    else if (!strcmp(a, "--no-zero1")) po.zero1 = 0;
+    else if (OPT("--config")) config = v;
+    else if (OPT("--world")) po.world_size = atoi(v);
+    else if (OPT("--seq-len")) po.seq_len = atoi(v);
+    else if (OPT("--anchors")) po.num_anchors = atoi(v);
+    else if (OPT("--batch")) po.batch_size = atoi(v);
+    else if (OPT("--gpu-gb")) po.gpu_bytes = (uint64_t)(atof(v) * 1e9);
+    else if (OPT("--vocab-chunk")) po.vocab_chunk = atoi(v);
+    else return fprintf(stderr, "dflash train --plan: unknown or incomplete option %s\n%s", a,
+                        TRAIN_USAGE), 2;
+#undef OPT
+  }
+  if (!config) return fputs(TRAIN_USAGE, stderr), 2;
+  dflash_drafter_config cfg;
+  dflash_status st = dflash_drafter_config_load(config, &cfg);
+  if (st) return cli_fail("train --plan", st);
+  dflash_train_plan p;
+  st = dflash_train_plan_compute(&cfg, &po, &p);
+  if (st && st != DFLASH_E_NOMEM) return cli_fail("train --plan", st);
+  printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
+         "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n", config,
+         (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
+         cfg.block_size, po.batch_size, po.zero1 ? "on" : "off");
+  plan_line("weights (bf16)", p.weights);
+  plan_line("master weights (fp32)", p.masters);
+  plan_line("AdamW moments (fp32)", p.moments);
+  plan_line("gradients (fp32)", p.grads);
+  plan_line("activations (1 sequence)", p.activations);
+  plan_line("frozen embedding + LM head", p.frozen);
+  plan_line("reserve", p.reserve);
+  plan_line("total per GPU", p.total);
+  plan_line("GPU memory", p.gpu_bytes);
+  if (st) return cli_fail("train --plan", st), 1;
+  printf("fits\n");
+  return 0;
+}
+
 int cmd_train(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
   dflash_train_run_options o;
   dflash_train_run_options_default(&o);
   int rc = parse_train(argc, argv, &o);

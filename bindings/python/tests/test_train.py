@@ -86,3 +86,15 @@ def test_checkpoint_and_state(tmp_path):
     assert tr2.load_state(tmp_path / "state.safetensors") == b"pos=1"
     assert tr2.steps == 1
     np.testing.assert_array_equal(tr2.parameters()["fc.weight"], tr.parameters()["fc.weight"])
+
+
+def test_cuda_backend_fails_cleanly_without_a_device():
+    try:
+        if dflash.cuda_device_count() > 0:
+            pytest.skip("a CUDA device is present: tests/gpu covers the backend")
+    except dflash.Error:
+        pass
+    with pytest.raises(dflash.Error) as err:
+        make(backend="cuda")
+    assert err.value.status in ("DFLASH_E_NO_DEVICE", "DFLASH_E_UNSUPPORTED")
+    assert "cuda" in str(err.value).lower()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One-shot GPU check of the CUDA trainer backend (about 5 minutes on one H200):
+#   1. builds with -Dcuda=enabled (nvcc, cuBLAS, NCCL);
+#   2. CUDA vs CPU parity on fresh random inputs, outputs poisoned (tests/gpu/gpu_parity.c
+#      states the bf16 tolerances: loss 1%, each gradient tensor 5% relative L2, AdamW update
+#      10%, greedy agreement 95%), including the NCCL path with one rank (bit-identical);
+#   3. training-step benchmarks at the Qwen3-8B and Kimi drafter shapes: tokens/s, model
+#      TFLOP/s, MFU against the cuBLAS bf16 GEMM rate measured in the same run, memory;
+#   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated.
+# Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/cuda/bin"
+out=${OUT:-$PWD/gpu_check_out}
+mkdir -p "$out"
+log() { echo "$@" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+log "== git $(git rev-parse --short HEAD 2>/dev/null)"
+
+# 1. build (only the CUDA sm of this GPU would be faster, but check all of them build)
+build=build-gpu
+if [ -f "$build/build.ninja" ]; then meson setup --reconfigure "$build" -Dcuda=enabled -Dtests=enabled -Dpython=disabled >"$out/setup.log" 2>&1
+else meson setup "$build" -Dcuda=enabled -Dtests=enabled -Dpython=disabled -Dbuildtype=release >"$out/setup.log" 2>&1; fi \
+  || { log "meson setup failed (see setup.log)"; exit 2; }
+grep -E "nccl|Cuda compiler" "$out/setup.log" | tee -a "$out/summary.txt"
+timeout 300 ninja -C "$build" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
+log "build ok"
+
+# 2. parity (fresh seed each run; DFLASH_GPU_SEED=N reproduces one)
+timeout 120 "$build/tests/gpu/gpu_parity" 2>&1 | tee "$out/parity.txt"
+parity=${PIPESTATUS[0]}
+log "parity exit status $parity"
+# the CPU unit suite on this machine too (quick)
+DFLASH_SKIP_ABI=1 timeout 120 meson test -C "$build" --suite train --print-errorlogs >"$out/unit.txt" 2>&1
+log "train unit suite exit status $?"
+
+# 3. benchmarks (the paper's recipe: sequence 3072, 512 anchors, block 16; SpecForge's: 768, 256)
+for args in "qwen3-8b 3072 512 5" "qwen3-8b 768 256 5" "kimi 3072 512 3"; do
+  timeout 150 "$build/tests/gpu/gpu_bench" $args 2>&1 | tee -a "$out/bench.txt" "$out/summary.txt"
+done
+
+# 4. the plan next to the measurement
+cat > "$out/kimi.json" <<'JSON'
+{"hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 6, "num_attention_heads": 64,
+ "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 163840, "num_target_layers": 61, "block_size": 16,
+ "rope_theta": 50000, "rope_scaling": {"rope_type": "yarn", "factor": 64, "original_max_position_embeddings": 4096,
+ "attention_factor": 1.0}, "dflash_config": {"mask_token_id": 163838, "target_layer_ids": [1, 12, 24, 35, 47, 58]}}
+JSON
+"$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 8 --gpu-gb 80 | tee -a "$out/summary.txt"
+"$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 1 --gpu-gb 141 --vocab-chunk 16384 2>&1 | tee -a "$out/summary.txt"
+log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED)"
+exit "$parity"

@@ -1,0 +1,410 @@
+// Element-wise and row kernels of the drafter (the GPU twins of
+// src/train/ops.c): bf16 storage, float arithmetic.
+#include <float.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum/max (blockDim a multiple of 32, <= 1024); every thread gets it.
+__device__ float block_sum(float v) {
+  __shared__ float sh[32];
+  v = warp_sum(v);
+  int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / kWarp;
+  v = lane < nw ? sh[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ float block_max(float v) {
+  __shared__ float sh[32];
+  v = warp_max(v);
+  int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  int nw = blockDim.x / kWarp;
+  v = lane < nw ? sh[lane] : -FLT_MAX;
+  return warp_max(v);
+}
+
+__device__ __forceinline__ float ld(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+
+unsigned blocks_for(size_t n, int threads) {
+  size_t b = (n + threads - 1) / threads;
+  return (unsigned)(b > 65535u * 16 ? 65535u * 16 : b);
+}
+
+// ---- RMSNorm: one warp per row ------------------------------------------------
+__global__ void rms_fwd(bf16 *y, float *rstd, const bf16 *x, const bf16 *w, long rows, int n,
+                        float eps) {
+  long r = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const bf16 *xr = x + r * n;
+  float ss = 0;
+  for (int i = lane; i < n; i += kWarp) {
+    float v = ld(xr, i);
+    ss += v * v;
+  }
+  float rs = rsqrtf(warp_sum(ss) / n + eps);
+  if (lane == 0) rstd[r] = rs;
+  for (int i = lane; i < n; i += kWarp)
+    y[r * n + i] = __float2bfloat16(ld(w, i) * (ld(xr, i) * rs));
+}
+
+template <typename DY, typename DX>
+__global__ void rms_bwd(DX *dx, const DY *dy, const bf16 *x, const bf16 *w, const float *rstd,
+                        long rows, int n, bool acc) {
+  long r = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  size_t base = (size_t)r * n;
+  float rs = rstd[r], dot = 0;
+  for (int i = lane; i < n; i += kWarp) dot += ld(dy, base + i) * ld(w, i) * ld(x, base + i);
+  float k = warp_sum(dot) / n * rs * rs * rs;
+  for (int i = lane; i < n; i += kWarp) {
+    float v = ld(dy, base + i) * ld(w, i) * rs - k * ld(x, base + i);
+    if (acc) v += ld(dx, base + i);
+    if constexpr (sizeof(DX) == 4) dx[base + i] = v;
+    else dx[base + i] = __float2bfloat16(v);
+  }
+}
+
+// dw partial sums: block (32 columns x 8 row lanes), grid.y row slices.
+constexpr int kDwSplit = 256;
+template <typename DY>
+__global__ void rms_dw_partial(float *partial, const DY *dy, const bf16 *x, const float *rstd,
+                               long rows, int n) {
+  __shared__ float sh[8][33];
+  int c = blockIdx.x * 32 + threadIdx.x;
+  float s = 0;
+  if (c < n)
+    for (long r = (long)blockIdx.y * 8 + threadIdx.y; r < rows; r += (long)gridDim.y * 8)
+      s += ld(dy, (size_t)r * n + c) * ld(x, (size_t)r * n + c) * rstd[r];
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
+    float t = 0;
+    for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+    partial[(size_t)blockIdx.y * n + c] = t;
+  }
+}
+
+__global__ void rms_dw_reduce(float *dw, const float *partial, int n, int splits) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  float t = 0;
+  for (int k = 0; k < splits; k++) t += partial[(size_t)k * n + c];
+  dw[c] += t;
+}
+
+// ---- RoPE -----------------------------------------------------------------------
+__global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
+                     long rows, int heads, int d, float sign) {
+  int half = d / 2;
+  size_t n = (size_t)rows * heads * half;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+       t += (size_t)gridDim.x * blockDim.x) {
+    int i = (int)(t % half);
+    size_t rh = t / half, r = rh / heads;
+    bf16 *v = x + rh * d;
+    float c = cos_t[(size_t)pos[r] * half + i], s = sign * sin_t[(size_t)pos[r] * half + i];
+    float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+    v[i] = __float2bfloat16(a * c - b * s);
+    v[i + half] = __float2bfloat16(b * c + a * s);
+  }
+}
+
+__global__ void rope_table(float *cos_t, float *sin_t, const double *inv_freq, double af,
+                           int n_pos, int half) {
+  size_t n = (size_t)n_pos * half;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
+       t += (size_t)gridDim.x * blockDim.x) {
+    double ang = (double)(t / half) * inv_freq[t % half];
+    cos_t[t] = (float)(cos(ang) * af);
+    sin_t[t] = (float)(sin(ang) * af);
+  }
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------
+__global__ void swiglu_fwd(bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float gv = __bfloat162float(g[i]);
+    m[i] = __float2bfloat16(gv / (1.0f + __expf(-gv)) * __bfloat162float(u[i]));
+  }
+}
+
+__global__ void swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g, const bf16 *u,
+                           size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float gv = __bfloat162float(g[i]), d = __bfloat162float(dm[i]);
+    float sig = 1.0f / (1.0f + __expf(-gv));
+    du[i] = __float2bfloat16(d * gv * sig);
+    dg[i] = __float2bfloat16(d * __bfloat162float(u[i]) * sig * (1.0f + gv * (1.0f - sig)));
+  }
+}
+
+// ---- gathers and conversions ------------------------------------------------------
+__global__ void gather_rows(bf16 *out, const bf16 *table, const int32_t *idx, long rows, int n) {
+  size_t total = (size_t)rows * n;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+       t += (size_t)gridDim.x * blockDim.x)
+    out[t] = table[(size_t)idx[t / n] * n + t % n];
+}
+
+__global__ void scatter_rows(bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
+                             int n) {
+  size_t total = (size_t)n_rows * n;
+  for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
+       t += (size_t)gridDim.x * blockDim.x)
+    out[(size_t)idx[t / n] * n + t % n] = rows[t];
+}
+
+__global__ void f32_to_bf16(bf16 *out, const float *in, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = __float2bfloat16(in[i]);
+}
+__global__ void bf16_to_f32(float *out, const bf16 *in, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+__global__ void positions(int32_t *pos, const int32_t *anchors, int A, int B) {
+  int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < A * B) pos[t] = anchors[t / B] + t % B;
+}
+
+// ---- LM head + cross-entropy --------------------------------------------------------
+__global__ void ce_init(float *mx, float *sum, float *tl, int R) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < R) mx[r] = -FLT_MAX, sum[r] = 0, tl[r] = 0;
+}
+
+// One block per row: fold this chunk into the running max / sum, keep the
+// target logit, write exp(l - max) for the backward GEMM, rescale acc.
+__global__ void ce_chunk(const float *logits, bf16 *probs, float *mx, float *sum, float *tl,
+                         float *acc, const int32_t *target, int c, int v0, int H, bool grad) {
+  int r = blockIdx.x;
+  const float *l = logits + (size_t)r * c;
+  float cm = -FLT_MAX;
+  for (int i = threadIdx.x; i < c; i += blockDim.x) cm = fmaxf(cm, l[i]);
+  cm = block_max(cm);
+  float old = mx[r], m = fmaxf(old, cm);
+  float s = 0;
+  for (int i = threadIdx.x; i < c; i += blockDim.x) {
+    float e = __expf(l[i] - m);
+    s += e;
+    if (grad) probs[(size_t)r * c + i] = __float2bfloat16(e);
+  }
+  s = block_sum(s);
+  float rescale = __expf(old - m);
+  if (grad && rescale != 1.0f)
+    for (int i = threadIdx.x; i < H; i += blockDim.x) acc[(size_t)r * H + i] *= rescale;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int tg = target[r] - v0;
+    if (tg >= 0 && tg < c) tl[r] = l[tg];
+    sum[r] = sum[r] * rescale + s;
+    mx[r] = m;
+  }
+}
+
+__global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *sum,
+                          const float *tl, const float *acc, const float *coef, const bf16 *E,
+                          const int32_t *target, int H) {
+  int r = blockIdx.x;
+  if (threadIdx.x == 0) loss[r] = mx[r] + logf(sum[r]) - tl[r];
+  if (!dx) return;
+  float k = coef[r] / sum[r], cf = coef[r];
+  const bf16 *et = E + (size_t)target[r] * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x)
+    dx[(size_t)r * H + i] = __float2bfloat16(k * acc[(size_t)r * H + i] - cf * ld(et, i));
+}
+
+// Greedy: the first index of the largest logit (as the CPU loop picks it).
+__global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, int c, int v0) {
+  __shared__ float sv[1024];
+  __shared__ int si[1024];
+  int r = blockIdx.x;
+  const float *l = logits + (size_t)r * c;
+  float bv = -FLT_MAX;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < c; i += blockDim.x)
+    if (l[i] > bv) bv = l[i], bi = i;
+  sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) {
+      float ov = sv[threadIdx.x + o];
+      int oi = si[threadIdx.x + o];
+      if (ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < si[threadIdx.x]))
+        sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && sv[0] > best[r]) best[r] = sv[0], best_i[r] = v0 + si[0];
+}
+
+// ---- optimizer -------------------------------------------------------------------
+constexpr int kSumsqBlocks = 1024;
+__global__ void sumsq_partial(const float *x, size_t n, double *partial) {
+  __shared__ double sh[256];
+  double s = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    s += (double)x[i] * x[i];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+__global__ void sumsq_final(const double *partial, int n, double *out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += partial[i];
+    *out = s;
+  }
+}
+
+__global__ void scale(float *x, float k, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= k;
+}
+
+// torch.optim.AdamW's single-tensor update in float32, then the bf16 copy.
+__global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2, size_t n,
+                      float gscale, float decay, float b1, float b2, float eps, float step_size,
+                      float bc2_sqrt) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float gi = g[i] * gscale, pi = p[i] * decay;
+    float a = m1[i] + (gi - m1[i]) * (1.0f - b1);
+    float v = m2[i] * b2 + (1.0f - b2) * gi * gi;
+    pi -= step_size * (a / (sqrtf(v) / bc2_sqrt + eps));
+    m1[i] = a, m2[i] = v, p[i] = pi;
+    p16[i] = __float2bfloat16(pi);
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------
+void k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
+                        long rows, int n, float eps) {
+  if (rows <= 0) return;
+  rms_fwd<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(y, rstd, x, w, rows, n, eps);
+}
+
+void k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16, const float *dy32,
+                   const bf16 *x, const bf16 *w, const float *rstd, long rows, int n, bool acc) {
+  if (rows <= 0) return;
+  unsigned g = (unsigned)((rows + 7) / 8);
+  if (dy16 && dx32) rms_bwd<bf16, float><<<g, 256, 0, s>>>(dx32, dy16, x, w, rstd, rows, n, acc);
+  else if (dy16) rms_bwd<bf16, bf16><<<g, 256, 0, s>>>(dx16, dy16, x, w, rstd, rows, n, acc);
+  else if (dx32) rms_bwd<float, float><<<g, 256, 0, s>>>(dx32, dy32, x, w, rstd, rows, n, acc);
+  else rms_bwd<float, bf16><<<g, 256, 0, s>>>(dx16, dy32, x, w, rstd, rows, n, acc);
+}
+
+size_t k_rmsnorm_dw_scratch(int n) { return (size_t)kDwSplit * n; }
+
+void k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32, const bf16 *x,
+                  const float *rstd, long rows, int n, float *partial) {
+  if (rows <= 0) return;
+  long sp = (rows + 63) / 64;
+  int splits = (int)(sp > kDwSplit ? kDwSplit : sp);
+  dim3 grid((n + 31) / 32, splits), block(32, 8);
+  if (dy16) rms_dw_partial<bf16><<<grid, block, 0, s>>>(partial, dy16, x, rstd, rows, n);
+  else rms_dw_partial<float><<<grid, block, 0, s>>>(partial, dy32, x, rstd, rows, n);
+  rms_dw_reduce<<<(n + 255) / 256, 256, 0, s>>>(dw, partial, n, splits);
+}
+
+void k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
+            long rows, int heads, int d, float sign) {
+  size_t n = (size_t)rows * heads * (d / 2);
+  if (n) rope<<<blocks_for(n, 256), 256, 0, s>>>(x, pos, cos_t, sin_t, rows, heads, d, sign);
+}
+
+void k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
+                  double attn_factor, int n_pos, int half) {
+  size_t n = (size_t)n_pos * half;
+  if (n) rope_table<<<blocks_for(n, 256), 256, 0, s>>>(cos_t, sin_t, inv_freq, attn_factor,
+                                                        n_pos, half);
+}
+
+void k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
+  if (n) swiglu_fwd<<<blocks_for(n, 256), 256, 0, s>>>(m, g, u, n);
+}
+void k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
+                  const bf16 *u, size_t n) {
+  if (n) swiglu_bwd<<<blocks_for(n, 256), 256, 0, s>>>(dg, du, dm, g, u, n);
+}
+void k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx, long rows,
+                   int n) {
+  size_t t = (size_t)rows * n;
+  if (t) gather_rows<<<blocks_for(t, 256), 256, 0, s>>>(out, table, idx, rows, n);
+}
+void k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
+                    int n) {
+  size_t t = (size_t)n_rows * n;
+  if (t) scatter_rows<<<blocks_for(t, 256), 256, 0, s>>>(out, rows, idx, n_rows, n);
+}
+void k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n) {
+  if (n) f32_to_bf16<<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+}
+void k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n) {
+  if (n) bf16_to_f32<<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+}
+void k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B) {
+  if (A > 0 && B > 0) positions<<<(A * B + 255) / 256, 256, 0, s>>>(pos, anchors, A, B);
+}
+void k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
+  if (R) ce_init<<<(R + 255) / 256, 256, 0, s>>>(mx, sum, tl, R);
+}
+void k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
+                float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
+                bool grad) {
+  if (R) ce_chunk<<<R, 256, 0, s>>>(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
+}
+void k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
+                 const float *tl, const float *acc, const float *coef, const bf16 *E,
+                 const int32_t *target, int R, int H) {
+  if (R) ce_finish<<<R, 256, 0, s>>>(loss, dx, mx, sum, tl, acc, coef, E, target, H);
+}
+void k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i, int R,
+                    int c, int v0) {
+  if (R) argmax_chunk<<<R, 256, 0, s>>>(logits, best, best_i, c, v0);
+}
+void k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out) {
+  sumsq_partial<<<kSumsqBlocks, 256, 0, s>>>(x, n, partial);
+  sumsq_final<<<1, 32, 0, s>>>(partial, kSumsqBlocks, out);
+}
+void k_scale(cudaStream_t s, float *x, float k, size_t n) {
+  if (n) scale<<<blocks_for(n, 256), 256, 0, s>>>(x, k, n);
+}
+void k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
+             size_t n, float gscale, float decay, float b1, float b2, float eps,
+             float step_size, float bc2_sqrt) {
+  if (n) adamw<<<blocks_for(n, 256), 256, 0, s>>>(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
+                                                  eps, step_size, bc2_sqrt);
+}

@@ -1,0 +1,664 @@
+// The drafter on one GPU (the twin of src/train/model.c): bf16 weights and
+// activations, fp32 gradients, fp32 master weights and AdamW moments (ZeRO-1
+// shards over NCCL ranks), cuBLAS for every GEMM with fp32 accumulation.
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#ifdef DFLASH_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+#include "common.cuh"
+
+extern "C" {
+#include "train/dist.h"
+}
+
+namespace {
+
+constexpr size_t kBucketElems = size_t(1) << 26; // 64 Mi elements (256 MB fp32)
+
+// Parameter tensors in model.c's table order.
+enum { P_FC, P_HIDDEN_NORM, P_LAYER0 };
+enum { W_IN_LN, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_POST_LN, W_G, W_U, W_D, W_PER_LAYER };
+
+}  // namespace
+
+struct df_cu_model {
+  df_cu_config c;
+  std::vector<size_t> offsets;
+  cudaStream_t st = nullptr;
+  cublasHandle_t blas = nullptr;
+  bf16 *w16 = nullptr, *embed = nullptr, *head = nullptr;
+  float *grads = nullptr, *master = nullptr, *m1 = nullptr, *m2 = nullptr, *tmp = nullptr;
+  double *inv_freq = nullptr, *sumsq_part = nullptr, *sumsq_out = nullptr;
+  float *cos_t = nullptr, *sin_t = nullptr, *dw_scratch = nullptr, *best = nullptr;
+  int32_t *iota = nullptr, *best_i = nullptr;
+  int n_pos = 0, rank = 0, world = 1;
+  df_bucket_layout buckets{};
+  char *arena = nullptr;
+  size_t arena_bytes = 0, live = 0, peak = 0;
+  df_act_layout lay{};
+  int T = 0, Sc = 0, R = 0, A = 0;
+#ifdef DFLASH_HAVE_NCCL
+  ncclComm_t comm = nullptr;
+#endif
+};
+
+namespace {
+
+dflash_status dalloc(df_cu_model *m, void **p, size_t bytes, const char *what) {
+  cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+  if (e != cudaSuccess) {
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return df_error(DFLASH_E_NOMEM, "CUDA: cannot allocate %.2f GiB for %s (%.2f GiB free of "
+                    "%.2f GiB): %s", bytes / 1073741824.0, what, fr / 1073741824.0,
+                    tot / 1073741824.0, cudaGetErrorString(e));
+  }
+  m->live += bytes;
+  if (m->live > m->peak) m->peak = m->live;
+  return DFLASH_OK;
+}
+template <typename T>
+dflash_status dalloc(df_cu_model *m, T **p, size_t count, const char *what) {
+  return dalloc(m, (void **)p, count * sizeof(T), what);
+}
+
+bf16 *w_of(df_cu_model *m, size_t i) { return m->w16 + m->offsets[i]; }
+float *g_of(df_cu_model *m, size_t i) { return m->grads + m->offsets[i]; }
+size_t lw(int l, int k) { return P_LAYER0 + (size_t)l * W_PER_LAYER + k; }
+
+// Row-major C[M,N] = op(A) op(B) (+ beta C); A, B bf16; C bf16 or fp32.
+dflash_status gemm(df_cu_model *m, bool ta, bool tb, int M, int N, int K, const bf16 *A, int lda,
+                   const bf16 *B, int ldb, void *C, int ldc, bool c32, float beta) {
+  if (M <= 0 || N <= 0) return DFLASH_OK;
+  float alpha = 1.0f;
+  if (K <= 0) {
+    if (beta == 0.0f) DF_CU(cudaMemsetAsync(C, 0, (size_t)M * ldc * (c32 ? 4 : 2), m->st));
+    return DFLASH_OK;
+  }
+  DF_BLAS(cublasGemmEx(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
+                       c32 ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT));
+  return DFLASH_OK;
+}
+// y[M,N] (+)= x[M,K] w[N,K]^T
+dflash_status linear(df_cu_model *m, bf16 *y, const bf16 *x, const bf16 *w, int M, int N, int K,
+                     bool acc = false) {
+  return gemm(m, false, true, M, N, K, x, K, w, K, y, N, false, acc ? 1.0f : 0.0f);
+}
+// dx[M,K] (+)= dy[M,N] w[N,K] (dx fp32 or bf16); dw[N,K] += dy^T x.
+dflash_status linear_dx(df_cu_model *m, void *dx, bool dx32, const bf16 *dy, const bf16 *w,
+                        int M, int N, int K, bool acc) {
+  return gemm(m, false, false, M, K, N, dy, N, w, K, dx, K, dx32, acc ? 1.0f : 0.0f);
+}
+dflash_status linear_dw(df_cu_model *m, float *dw, const bf16 *dy, const bf16 *x, int M, int N,
+                        int K) {
+  return gemm(m, true, false, N, K, M, dy, N, x, K, dw, K, true, 1.0f);
+}
+
+template <typename T>
+T *act(df_cu_model *m, int id) { return (T *)(m->arena + m->lay.off[id]); }
+template <typename T>
+T *lact(df_cu_model *m, int l, int id) { return (T *)(m->arena + m->lay.loff[l][id]); }
+
+dflash_status ensure_rope(df_cu_model *m, int n_pos) {
+  if (n_pos <= m->n_pos) return DFLASH_OK;
+  int half = m->c.d / 2;
+  if (m->cos_t) cudaFree(m->cos_t), cudaFree(m->sin_t), cudaFree(m->iota);
+  m->live -= (size_t)m->n_pos * (2 * half * 4 + 4);
+  m->cos_t = m->sin_t = nullptr;
+  m->iota = nullptr;
+  m->n_pos = 0;
+  DF_TRY(dalloc(m, &m->cos_t, (size_t)n_pos * half, "RoPE tables"));
+  DF_TRY(dalloc(m, &m->sin_t, (size_t)n_pos * half, "RoPE tables"));
+  DF_TRY(dalloc(m, &m->iota, (size_t)n_pos, "positions"));
+  k_rope_table(m->st, m->cos_t, m->sin_t, m->inv_freq, m->c.attn_factor, n_pos, half);
+  std::vector<int32_t> io((size_t)n_pos);
+  for (int i = 0; i < n_pos; i++) io[(size_t)i] = i;
+  DF_CU(cudaMemcpyAsync(m->iota, io.data(), io.size() * 4, cudaMemcpyHostToDevice, m->st));
+  DF_CU(cudaStreamSynchronize(m->st));
+  m->n_pos = n_pos;
+  return DFLASH_OK;
+}
+
+dflash_status ensure_arena(df_cu_model *m, const df_cu_batch *b) {
+  df_act_dims d = {m->c.H, m->c.KH, m->c.nh, m->c.nkv, m->c.d, m->c.I, m->c.L,
+                   b->T, b->Sc, b->R, b->A, m->c.vocab_chunk < m->c.V ? m->c.vocab_chunk
+                                                                       : m->c.V};
+  df_act_layout lay;
+  df_act_layout_compute(&d, &lay);
+  if (lay.total > m->arena_bytes) {
+    if (m->arena) cudaFree(m->arena), m->live -= m->arena_bytes;
+    m->arena = nullptr;
+    m->arena_bytes = 0;
+    DF_TRY(dalloc(m, &m->arena, lay.total, "activations (one sequence)"));
+    m->arena_bytes = lay.total;
+  }
+  m->lay = lay;
+  m->T = b->T, m->Sc = b->Sc, m->R = b->R, m->A = b->A;
+  return DFLASH_OK;
+}
+
+dflash_status upload(df_cu_model *m, void *dst, const void *src, size_t bytes) {
+  if (bytes) DF_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m->st));
+  return DFLASH_OK;
+}
+
+dflash_status upload_batch(df_cu_model *m, const df_cu_batch *b) {
+  DF_TRY(ensure_rope(m, b->max_pos));
+  DF_TRY(ensure_arena(m, b));
+  // Tests poison the arena (0xff bytes: bf16/f32 NaN) so a read of anything
+  // this call did not write shows up in the outputs.
+  static const char *poison = getenv("DFLASH_CUDA_POISON");
+  if (poison && *poison == '1') DF_CU(cudaMemsetAsync(m->arena, 0xff, m->lay.total, m->st));
+  int32_t *tok = act<int32_t>(m, DF_ACT_TOK), *ri = act<int32_t>(m, DF_ACT_ROW_I32);
+  DF_TRY(upload(m, act<int32_t>(m, DF_ACT_ANCHORS), b->anchors, 4 * (size_t)b->A));
+  DF_TRY(upload(m, tok, b->block_tok, 4 * (size_t)b->T));
+  DF_TRY(upload(m, ri, b->rows_t, 4 * (size_t)b->R));
+  DF_TRY(upload(m, ri + b->R, b->rows_target, 4 * (size_t)b->R));
+  if (b->coef) DF_TRY(upload(m, act<float>(m, DF_ACT_ROW_F32) + 3 * (size_t)b->R, b->coef,
+                             4 * (size_t)b->R));
+  DF_TRY(upload(m, act<bf16>(m, DF_ACT_HIDDEN), b->hidden, 2 * (size_t)b->Sc * m->c.KH));
+  k_positions(m->st, tok + b->T, act<int32_t>(m, DF_ACT_ANCHORS), b->A, m->c.B);
+  return DFLASH_OK;
+}
+
+df_attn_dev attn_shape(df_cu_model *m, int l) {
+  df_attn_dev a;
+  a.n_blocks = m->A, a.B = m->c.B, a.Sc = m->Sc, a.nh = m->c.nh, a.nkv = m->c.nkv, a.d = m->c.d;
+  a.window = m->c.window[l];
+  a.anchors = act<int32_t>(m, DF_ACT_ANCHORS);
+  a.scale = 1.0f / sqrtf((float)m->c.d);
+  return a;
+}
+
+// out = rope(norm(x W^T)) per head.
+dflash_status qk_forward(df_cu_model *m, bf16 *pre, float *rstd, bf16 *out, const bf16 *x,
+                         size_t wi, size_t ni, const int32_t *pos, int rows, int heads) {
+  DF_TRY(linear(m, pre, x, w_of(m, wi), rows, heads * m->c.d, m->c.H));
+  k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d, m->c.eps);
+  k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, 1.0f);
+  return DFLASH_OK;
+}
+
+dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
+  const df_cu_config &c = m->c;
+  int T = m->T, Sc = m->Sc, H = c.H, kd = c.nkv * c.d, qd = c.nh * c.d;
+  const int32_t *pos_b = act<int32_t>(m, DF_ACT_TOK) + T;
+  bf16 *ctx = act<bf16>(m, DF_ACT_CTX);
+#define LA(id, ty) lact<ty>(m, l, DF_LACT_##id)
+  bf16 *h_in = LA(H_IN, bf16), *xn1 = LA(XN1, bf16), *h_mid = LA(H_MID, bf16);
+  k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H, c.eps);
+  DF_TRY(qk_forward(m, LA(Q_PRE, bf16), LA(Q_RSTD, float), LA(Q, bf16), xn1, lw(l, W_Q),
+                    lw(l, W_QN), pos_b, T, c.nh));
+  DF_TRY(qk_forward(m, LA(KB_PRE, bf16), LA(KB_RSTD, float), LA(KB, bf16), xn1, lw(l, W_K),
+                    lw(l, W_KN), pos_b, T, c.nkv));
+  DF_TRY(linear(m, LA(VB, bf16), xn1, w_of(m, lw(l, W_V)), T, kd, H));
+  // The context enters only as extra keys/values.
+  DF_TRY(qk_forward(m, LA(KC_PRE, bf16), LA(KC_RSTD, float), LA(KC, bf16), ctx, lw(l, W_K),
+                    lw(l, W_KN), m->iota, Sc, c.nkv));
+  DF_TRY(linear(m, LA(VC, bf16), ctx, w_of(m, lw(l, W_V)), Sc, kd, H));
+  df_attn_dev a = attn_shape(m, l);
+  DF_TRY(k_attention_fwd(m->st, &a, LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16),
+                         LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
+  DF_CU(cudaMemcpyAsync(h_mid, h_in, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
+  DF_TRY(linear(m, h_mid, LA(ATT, bf16), w_of(m, lw(l, W_O)), T, H, qd, true));
+  k_rmsnorm_fwd_bf16(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid, w_of(m, lw(l, W_POST_LN)),
+                     T, H, c.eps);
+  DF_TRY(linear(m, LA(G, bf16), LA(XN2, bf16), w_of(m, lw(l, W_G)), T, c.I, H));
+  DF_TRY(linear(m, LA(U, bf16), LA(XN2, bf16), w_of(m, lw(l, W_U)), T, c.I, H));
+  k_swiglu_fwd(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I);
+  DF_CU(cudaMemcpyAsync(out, h_mid, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
+  return linear(m, out, LA(M, bf16), w_of(m, lw(l, W_D)), T, H, c.I, true);
+}
+
+dflash_status model_forward(df_cu_model *m) {
+  const df_cu_config &c = m->c;
+  bf16 *ctx_pre = act<bf16>(m, DF_ACT_CTX_PRE);
+  DF_TRY(linear(m, ctx_pre, act<bf16>(m, DF_ACT_HIDDEN), w_of(m, P_FC), m->Sc, c.H, c.KH));
+  k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD), ctx_pre,
+                     w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps);
+  k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed, act<int32_t>(m, DF_ACT_TOK),
+                m->T, c.H);
+  for (int l = 0; l < c.L; l++)
+    DF_TRY(layer_forward(m, l, l + 1 < c.L ? lact<bf16>(m, l + 1, DF_LACT_H_IN)
+                                           : act<bf16>(m, DF_ACT_H_OUT)));
+  k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
+                     act<bf16>(m, DF_ACT_H_OUT), w_of(m, m->offsets.size() - 1), m->T, c.H,
+                     c.eps);
+  int32_t *ri = act<int32_t>(m, DF_ACT_ROW_I32);
+  k_gather_rows(m->st, act<bf16>(m, DF_ACT_ROWS_X), act<bf16>(m, DF_ACT_HF), ri, m->R, c.H);
+  return DFLASH_OK;
+}
+
+// LM head + CE over vocabulary chunks: row losses, and (grad) rows_dx.
+dflash_status lmhead_ce(df_cu_model *m, bool grad) {
+  const df_cu_config &c = m->c;
+  int R = m->R, H = c.H, chunk = c.vocab_chunk < c.V ? c.vocab_chunk : c.V;
+  float *rf = act<float>(m, DF_ACT_ROW_F32), *acc = act<float>(m, DF_ACT_CE_ACC);
+  float *mx = rf, *sum = rf + R, *tl = rf + 2 * (size_t)R, *coef = rf + 3 * (size_t)R,
+        *loss = rf + 4 * (size_t)R;
+  const int32_t *target = act<int32_t>(m, DF_ACT_ROW_I32) + R;
+  float *logits = act<float>(m, DF_ACT_LOGITS);
+  bf16 *probs = act<bf16>(m, DF_ACT_PROBS), *x = act<bf16>(m, DF_ACT_ROWS_X);
+  k_ce_init(m->st, mx, sum, tl, R);
+  if (grad) DF_CU(cudaMemsetAsync(acc, 0, 4 * (size_t)R * H, m->st));
+  for (int v0 = 0; v0 < c.V; v0 += chunk) {
+    int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
+    const bf16 *Ec = m->head + (size_t)v0 * H;
+    DF_TRY(gemm(m, false, true, R, cn, H, x, H, Ec, H, logits, cn, true, 0.0f));
+    k_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad);
+    if (grad) DF_TRY(gemm(m, false, false, R, H, cn, probs, cn, Ec, H, acc, H, true, 1.0f));
+  }
+  k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl, acc, coef,
+              m->head, target, R, H);
+  return DFLASH_OK;
+}
+
+// Through rope, per-head norm and projection; dx (+)= dpre W, dW += dpre^T x.
+dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool dx32,
+                          bool acc, size_t wi, size_t ni, const bf16 *pre, const float *rstd,
+                          const bf16 *x, const int32_t *pos, int rows, int heads) {
+  int d = m->c.d;
+  k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, -1.0f);
+  k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
+               m->dw_scratch);
+  k_rmsnorm_bwd(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd, (long)rows * heads,
+                d, false);
+  DF_TRY(linear_dx(m, dx, dx32, dpre, w_of(m, wi), rows, heads * d, m->c.H, acc));
+  return linear_dw(m, g_of(m, wi), dpre, x, rows, heads * d, m->c.H);
+}
+
+// RMSNorm backward with fp32 dy: dw, then dx (+)= into bf16.
+void norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x, size_t wi,
+                   const float *rstd, long rows, int n, bool acc) {
+  k_rmsnorm_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch);
+  k_rmsnorm_bwd(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n, acc);
+}
+
+dflash_status layer_backward(df_cu_model *m, int l) {
+  const df_cu_config &c = m->c;
+  int T = m->T, Sc = m->Sc, H = c.H, kd = c.nkv * c.d, qd = c.nh * c.d, I = c.I;
+  bf16 *dh = act<bf16>(m, DF_ACT_DH), *dm = act<bf16>(m, DF_ACT_DM), *dg = act<bf16>(m, DF_ACT_DG),
+       *du = act<bf16>(m, DF_ACT_DU), *datt = act<bf16>(m, DF_ACT_DATT),
+       *dq = act<bf16>(m, DF_ACT_DQ), *dkb = act<bf16>(m, DF_ACT_DKB),
+       *dvb = act<bf16>(m, DF_ACT_DVB), *dkc = act<bf16>(m, DF_ACT_DKC),
+       *dvc = act<bf16>(m, DF_ACT_DVC), *dtmp = act<bf16>(m, DF_ACT_DTMP),
+       *dctx_tmp = act<bf16>(m, DF_ACT_DCTX_TMP), *ctx = act<bf16>(m, DF_ACT_CTX);
+  float *dx = act<float>(m, DF_ACT_DX), *dctx = act<float>(m, DF_ACT_DCTX);
+  const int32_t *pos_b = act<int32_t>(m, DF_ACT_TOK) + T;
+  // MLP
+  DF_TRY(linear_dx(m, dm, false, dh, w_of(m, lw(l, W_D)), T, H, I, false));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_D)), dh, LA(M, bf16), T, H, I));
+  k_swiglu_bwd(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I);
+  DF_TRY(linear_dx(m, dx, true, dg, w_of(m, lw(l, W_G)), T, I, H, false));
+  DF_TRY(linear_dx(m, dx, true, du, w_of(m, lw(l, W_U)), T, I, H, true));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_G)), dg, LA(XN2, bf16), T, I, H));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_U)), du, LA(XN2, bf16), T, I, H));
+  norm_backward(m, dh, dx, LA(H_MID, bf16), lw(l, W_POST_LN), LA(RSTD2, float), T, H, true);
+  // attention
+  DF_TRY(linear_dx(m, datt, false, dh, w_of(m, lw(l, W_O)), T, H, qd, false));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_O)), dh, LA(ATT, bf16), T, H, qd));
+  df_attn_dev a = attn_shape(m, l);
+  DF_TRY(k_attention_bwd(m->st, &a, dq, dkc, dvc, dkb, dvb, act<float>(m, DF_ACT_D), datt,
+                         LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16), LA(VC, bf16),
+                         LA(KB, bf16), LA(VB, bf16)));
+  DF_TRY(qk_backward(m, dq, dtmp, dx, true, false, lw(l, W_Q), lw(l, W_QN), LA(Q_PRE, bf16),
+                     LA(Q_RSTD, float), LA(XN1, bf16), pos_b, T, c.nh));
+  DF_TRY(qk_backward(m, dkb, dtmp, dx, true, true, lw(l, W_K), lw(l, W_KN), LA(KB_PRE, bf16),
+                     LA(KB_RSTD, float), LA(XN1, bf16), pos_b, T, c.nkv));
+  DF_TRY(linear_dx(m, dx, true, dvb, w_of(m, lw(l, W_V)), T, kd, H, true));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvb, LA(XN1, bf16), T, kd, H));
+  DF_TRY(qk_backward(m, dkc, dctx_tmp, dctx, true, true, lw(l, W_K), lw(l, W_KN),
+                     LA(KC_PRE, bf16), LA(KC_RSTD, float), ctx, m->iota, Sc, c.nkv));
+  DF_TRY(linear_dx(m, dctx, true, dvc, w_of(m, lw(l, W_V)), Sc, kd, H, true));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvc, ctx, Sc, kd, H));
+  norm_backward(m, dh, dx, LA(H_IN, bf16), lw(l, W_IN_LN), LA(RSTD1, float), T, H, true);
+  return DFLASH_OK;
+}
+#undef LA
+
+dflash_status model_backward(df_cu_model *m) {
+  const df_cu_config &c = m->c;
+  int T = m->T, H = c.H;
+  bf16 *dh = act<bf16>(m, DF_ACT_DH);
+  size_t norm_i = m->offsets.size() - 1;
+  DF_CU(cudaMemsetAsync(dh, 0, 2 * (size_t)T * H, m->st));
+  k_scatter_rows(m->st, dh, act<bf16>(m, DF_ACT_ROWS_DX), act<int32_t>(m, DF_ACT_ROW_I32), m->R,
+                 H);
+  // dh holds d(hf); turn it into d(h_out) in place (dw first: it needs dy).
+  const bf16 *h_out = act<bf16>(m, DF_ACT_H_OUT);
+  const float *rstd_f = act<float>(m, DF_ACT_RSTD_F);
+  k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch);
+  k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H, false);
+  DF_CU(cudaMemsetAsync(act<float>(m, DF_ACT_DCTX), 0, 4 * (size_t)m->Sc * H, m->st));
+  for (int l = c.L - 1; l >= 0; l--) DF_TRY(layer_backward(m, l));
+  bf16 *dctx_tmp = act<bf16>(m, DF_ACT_DCTX_TMP);
+  norm_backward(m, dctx_tmp, act<float>(m, DF_ACT_DCTX), act<bf16>(m, DF_ACT_CTX_PRE),
+                P_HIDDEN_NORM, act<float>(m, DF_ACT_CTX_RSTD), m->Sc, H, false);
+  return linear_dw(m, g_of(m, P_FC), dctx_tmp, act<bf16>(m, DF_ACT_HIDDEN), m->Sc, H, c.KH);
+}
+
+// Upload `n` floats from the host as bf16 through the staging buffer.
+dflash_status upload_bf16(df_cu_model *m, bf16 *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i += kBucketElems) {
+    size_t k = n - i < kBucketElems ? n - i : kBucketElems;
+    DF_CU(cudaMemcpyAsync(m->tmp, src + i, 4 * k, cudaMemcpyHostToDevice, m->st));
+    k_f32_to_bf16(m->st, dst + i, m->tmp, k);
+  }
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+// This rank's slice of bucket b: flat offset and length.
+void slice(const df_cu_model *m, size_t b, size_t *off, size_t *len) {
+  const df_bucket *k = &m->buckets.buckets[b];
+  *len = k->count / (size_t)m->world;
+  *off = k->offset + (size_t)m->rank * *len;
+}
+
+float *shard_buf(df_cu_model *m, int kind) {
+  return kind == DF_CU_PARAMS ? m->master : kind == DF_CU_M1 ? m->m1 : m->m2;
+}
+
+}  // namespace
+
+extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params,
+                                      const float *embed, const float *lm_head,
+                                      df_cu_model **out) {
+  *out = nullptr;
+  df_cu_model *m = new (std::nothrow) df_cu_model();
+  if (!m) return df_error(DFLASH_E_NOMEM, "CUDA model");
+  m->c = *c;
+  m->offsets.assign(c->offsets, c->offsets + c->n_tensors);
+  m->c.offsets = nullptr;
+  m->c.inv_freq = nullptr;
+  dflash_status st = DFLASH_OK;
+#define TRY(x) do { if ((st = (x)) != DFLASH_OK) goto fail; } while (0)
+  {
+    cudaError_t e = cudaSetDevice(c->device);
+    if (e != cudaSuccess) {
+      st = df_error(DFLASH_E_NO_DEVICE, "CUDA: cannot use device %d: %s", c->device,
+                    cudaGetErrorString(e));
+      goto fail;
+    }
+    if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
+        cublasCreate(&m->blas) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetStream(m->blas, m->st) != CUBLAS_STATUS_SUCCESS) {
+      st = df_error(DFLASH_E_CUDA, "CUDA: cannot create a stream and a cuBLAS handle");
+      goto fail;
+    }
+    TRY(df_bucket_layout_init(&m->buckets, c->n_params, 1, kBucketElems));
+    size_t np = m->buckets.n_padded, vh = (size_t)c->V * c->H;
+    TRY(dalloc(m, &m->w16, np, "bf16 weights"));
+    TRY(dalloc(m, &m->grads, np, "fp32 gradients"));
+    TRY(dalloc(m, &m->master, m->buckets.shard_len, "fp32 master weights"));
+    TRY(dalloc(m, &m->m1, m->buckets.shard_len, "AdamW moments"));
+    TRY(dalloc(m, &m->m2, m->buckets.shard_len, "AdamW moments"));
+    TRY(dalloc(m, &m->embed, vh, "frozen embedding"));
+    TRY(dalloc(m, &m->head, vh, "frozen LM head"));
+    TRY(dalloc(m, &m->tmp, kBucketElems, "staging"));
+    TRY(dalloc(m, &m->inv_freq, (size_t)c->d / 2, "RoPE frequencies"));
+    TRY(dalloc(m, &m->dw_scratch, k_rmsnorm_dw_scratch(c->H > c->d ? c->H : c->d), "norm scratch"));
+    TRY(dalloc(m, &m->sumsq_part, 1024 + 4096, "norm scratch"));
+    m->sumsq_out = m->sumsq_part + 1024;
+    if (cudaMemcpy(m->inv_freq, c->inv_freq, sizeof(double) * (c->d / 2),
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
+      st = df_error(DFLASH_E_CUDA, "CUDA: cannot upload RoPE frequencies");
+      goto fail;
+    }
+    TRY(upload_bf16(m, m->embed, embed, vh));
+    TRY(upload_bf16(m, m->head, lm_head, vh));
+    TRY(df_cu_copy(m, DF_CU_PARAMS, (float *)params, 0));
+    TRY(df_cu_zero_grad(m));
+    if (cudaMemset(m->m1, 0, 4 * m->buckets.shard_len) != cudaSuccess ||
+        cudaMemset(m->m2, 0, 4 * m->buckets.shard_len) != cudaSuccess) {
+      st = df_error(DFLASH_E_CUDA, "CUDA: cannot clear the AdamW moments");
+      goto fail;
+    }
+  }
+#undef TRY
+  *out = m;
+  return DFLASH_OK;
+fail:
+  df_cu_free(m);
+  return st;
+}
+
+extern "C" void df_cu_free(df_cu_model *m) {
+  if (!m) return;
+  if (m->st) cudaStreamSynchronize(m->st);
+  void *bufs[] = {m->w16, m->embed, m->head, m->grads, m->master, m->m1, m->m2, m->tmp,
+                  m->inv_freq, m->sumsq_part, m->cos_t, m->sin_t, m->dw_scratch, m->best,
+                  m->iota, m->best_i, m->arena};
+  for (void *p : bufs)
+    if (p) cudaFree(p);
+#ifdef DFLASH_HAVE_NCCL
+  if (m->comm) ncclCommDestroy(m->comm);
+#endif
+  if (m->blas) cublasDestroy(m->blas);
+  if (m->st) cudaStreamDestroy(m->st);
+  df_bucket_layout_free(&m->buckets);
+  delete m;
+}
+
+extern "C" dflash_status df_cu_zero_grad(df_cu_model *m) {
+  DF_CU(cudaMemsetAsync(m->grads, 0, 4 * m->buckets.n_padded, m->st));
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
+                                          float *row_loss) {
+  if (b->A <= 0) return DFLASH_OK;
+  DF_TRY(upload_batch(m, b));
+  DF_TRY(model_forward(m));
+  DF_TRY(lmhead_ce(m, b->coef != nullptr));
+  if (b->coef) DF_TRY(model_backward(m));
+  if (b->R)
+    DF_CU(cudaMemcpyAsync(row_loss, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)b->R,
+                          4 * (size_t)b->R, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
+  if (b->A <= 0 || b->R <= 0) return DFLASH_OK;
+  DF_TRY(upload_batch(m, b));
+  DF_TRY(model_forward(m));
+  const df_cu_config &c = m->c;
+  int R = b->R, chunk = c.vocab_chunk < c.V ? c.vocab_chunk : c.V;
+  // best value / index: the row-f32 block's first two slots are free here.
+  float *best = act<float>(m, DF_ACT_ROW_F32);
+  int32_t *best_i = (int32_t *)(best + R);
+  std::vector<float> init((size_t)R, -3.4e38f);
+  DF_CU(cudaMemcpyAsync(best, init.data(), 4 * (size_t)R, cudaMemcpyHostToDevice, m->st));
+  for (int v0 = 0; v0 < c.V; v0 += chunk) {
+    int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
+    DF_TRY(gemm(m, false, true, R, cn, c.H, act<bf16>(m, DF_ACT_ROWS_X), c.H,
+                m->head + (size_t)v0 * c.H, c.H, act<float>(m, DF_ACT_LOGITS), cn, true, 0.0f));
+    k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0);
+  }
+  DF_CU(cudaMemcpyAsync(pred, best_i, 4 * (size_t)R, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) {
+#ifdef DFLASH_HAVE_NCCL
+  if (!m->comm || n <= 0) return DFLASH_OK;
+  double *d = m->sumsq_out;
+  if (n > 4096) return df_error(DFLASH_E_INTERNAL, "all-reduce of %d doubles", n);
+  DF_CU(cudaMemcpyAsync(d, x, 8 * (size_t)n, cudaMemcpyHostToDevice, m->st));
+  ncclResult_t r = ncclAllReduce(d, d, (size_t)n, ncclDouble, ncclSum, m->comm, m->st);
+  if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "NCCL all-reduce: %s", ncclGetErrorString(r));
+  DF_CU(cudaMemcpyAsync(x, d, 8 * (size_t)n, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaStreamSynchronize(m->st));
+#else
+  (void)m, (void)x, (void)n;
+#endif
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
+  size_t nb = m->buckets.n_buckets;
+  if (nb > 4096) return df_error(DFLASH_E_INTERNAL, "%zu gradient buckets", nb);
+  if (a->grad_factor != 1.0) k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded);
+#ifdef DFLASH_HAVE_NCCL
+  // Reduce-scatter each bucket in place: this rank's slice gets the sum.
+  for (size_t b = 0; m->comm && b < nb; b++) {
+    size_t off, len;
+    slice(m, b, &off, &len);
+    const df_bucket *k = &m->buckets.buckets[b];
+    ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat,
+                                       ncclSum, m->comm, m->st);
+    if (r != ncclSuccess)
+      return df_error(DFLASH_E_CUDA, "NCCL reduce-scatter of bucket %zu: %s", b,
+                      ncclGetErrorString(r));
+  }
+#endif
+  std::vector<double> part(nb);
+  for (size_t b = 0; b < nb; b++) {
+    size_t off, len;
+    slice(m, b, &off, &len);
+    k_sumsq(m->st, m->grads + off, len, m->sumsq_part, m->sumsq_out + b);
+  }
+  DF_CU(cudaMemcpyAsync(part.data(), m->sumsq_out, 8 * nb, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaStreamSynchronize(m->st));
+  double ss = 0;
+  for (double p : part) ss += p;
+  DF_TRY(df_cu_allreduce_host(m, &ss, 1));
+  *norm = sqrt(ss);
+  if (!isfinite(*norm))
+    return df_error(DFLASH_E_RANGE, "gradient norm is not finite; parameters left unchanged");
+  double coef = a->clip > 0 && a->clip / (*norm + 1e-6) < 1.0 ? a->clip / (*norm + 1e-6) : 1.0;
+  for (size_t b = 0; b < nb; b++) {
+    size_t off, len, sh = m->buckets.buckets[b].shard_offset;
+    slice(m, b, &off, &len);
+    k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh, len,
+            (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt);
+    if (coef < 1.0) k_scale(m->st, m->grads + off, (float)coef, len);
+  }
+#ifdef DFLASH_HAVE_NCCL
+  for (size_t b = 0; m->comm && b < nb; b++) {
+    size_t off, len;
+    slice(m, b, &off, &len);
+    ncclResult_t r = ncclAllGather(m->w16 + off, m->w16 + m->buckets.buckets[b].offset, len,
+                                   ncclBfloat16, m->comm, m->st);
+    if (r != ncclSuccess)
+      return df_error(DFLASH_E_CUDA, "NCCL all-gather of bucket %zu: %s", b,
+                      ncclGetErrorString(r));
+  }
+#endif
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
+  size_t n = m->c.n_params;
+  if (kind == DF_CU_GRADS) {
+    DF_CU(to_host ? cudaMemcpy(host, m->grads, 4 * n, cudaMemcpyDeviceToHost)
+                  : cudaMemcpy(m->grads, host, 4 * n, cudaMemcpyHostToDevice));
+    return DFLASH_OK;
+  }
+  float *sb = shard_buf(m, kind);
+  for (size_t b = 0; b < m->buckets.n_buckets; b++) {
+    const df_bucket *k = &m->buckets.buckets[b];
+    size_t off, len;
+    slice(m, b, &off, &len);
+    if (to_host) {
+      // Gather every rank's slice of this bucket, then keep the unpadded part.
+      float *dst = m->tmp;
+      if (m->world == 1) DF_CU(cudaMemcpyAsync(dst, sb + k->shard_offset, 4 * len,
+                                               cudaMemcpyDeviceToDevice, m->st));
+#ifdef DFLASH_HAVE_NCCL
+      else {
+        ncclResult_t r = ncclAllGather(sb + k->shard_offset, dst, len, ncclFloat, m->comm, m->st);
+        if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "NCCL all-gather: %s",
+                                              ncclGetErrorString(r));
+      }
+#endif
+      size_t keep = k->offset >= n ? 0 : (n - k->offset < k->count ? n - k->offset : k->count);
+      DF_CU(cudaMemcpyAsync(host + k->offset, dst, 4 * keep, cudaMemcpyDeviceToHost, m->st));
+      DF_CU(cudaStreamSynchronize(m->st));
+    } else {
+      size_t keep = off >= n ? 0 : (n - off < len ? n - off : len);
+      DF_CU(cudaMemsetAsync(sb + k->shard_offset, 0, 4 * len, m->st));
+      DF_CU(cudaMemcpyAsync(sb + k->shard_offset, host + off, 4 * keep, cudaMemcpyHostToDevice,
+                            m->st));
+    }
+  }
+  if (!to_host && kind == DF_CU_PARAMS) {
+    DF_CU(cudaMemsetAsync(m->w16, 0, 2 * m->buckets.n_padded, m->st));
+    DF_TRY(upload_bf16(m, m->w16, host, n));
+  }
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_nccl_unique_id(void *id) {
+#ifdef DFLASH_HAVE_NCCL
+  static_assert(sizeof(ncclUniqueId) == DF_CU_NCCL_ID_BYTES, "NCCL id size");
+  ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)id);
+  if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+  return DFLASH_OK;
+#else
+  (void)id;
+  return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without NCCL");
+#endif
+}
+
+extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id) {
+#ifdef DFLASH_HAVE_NCCL
+  ncclUniqueId uid;
+  memcpy(&uid, id, sizeof uid);
+  ncclResult_t r = ncclCommInitRank(&m->comm, world, uid, rank);
+  if (r != ncclSuccess)
+    return df_error(DFLASH_E_CUDA, "ncclCommInitRank (rank %d of %d): %s", rank, world,
+                    ncclGetErrorString(r));
+  // Re-shard: gather the full masters/moments, then lay them out per rank.
+  size_t n = m->c.n_params;
+  std::vector<float> p(n), a(n), v(n);
+  DF_TRY(df_cu_copy(m, DF_CU_PARAMS, p.data(), 1));
+  DF_TRY(df_cu_copy(m, DF_CU_M1, a.data(), 1));
+  DF_TRY(df_cu_copy(m, DF_CU_M2, v.data(), 1));
+  cudaFree(m->master), cudaFree(m->m1), cudaFree(m->m2), cudaFree(m->grads), cudaFree(m->w16);
+  m->live -= 4 * 3 * m->buckets.shard_len + 6 * m->buckets.n_padded;
+  m->master = m->m1 = m->m2 = m->grads = nullptr;
+  m->w16 = nullptr;
+  df_bucket_layout_free(&m->buckets);
+  m->rank = rank, m->world = world;
+  DF_TRY(df_bucket_layout_init(&m->buckets, n, world, kBucketElems));
+  DF_TRY(dalloc(m, &m->w16, m->buckets.n_padded, "bf16 weights"));
+  DF_TRY(dalloc(m, &m->grads, m->buckets.n_padded, "fp32 gradients"));
+  DF_TRY(dalloc(m, &m->master, m->buckets.shard_len, "fp32 master weights (shard)"));
+  DF_TRY(dalloc(m, &m->m1, m->buckets.shard_len, "AdamW moments (shard)"));
+  DF_TRY(dalloc(m, &m->m2, m->buckets.shard_len, "AdamW moments (shard)"));
+  DF_TRY(df_cu_copy(m, DF_CU_PARAMS, p.data(), 0));
+  DF_TRY(df_cu_copy(m, DF_CU_M1, a.data(), 0));
+  DF_TRY(df_cu_copy(m, DF_CU_M2, v.data(), 0));
+  return df_cu_zero_grad(m);
+#else
+  (void)m, (void)rank, (void)world, (void)id;
+  return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without NCCL");
+#endif
+}
+
+extern "C" void df_cu_memory(const df_cu_model *m, size_t *peak, size_t *now, size_t *arena) {
+  if (peak) *peak = m->peak;
+  if (now) *now = m->live;
+  if (arena) *arena = m->arena_bytes;
+}
+
+extern "C" dflash_status df_cu_host_alloc(size_t bytes, void **out) {
+  DF_CU(cudaMallocHost(out, bytes ? bytes : 1));
+  return DFLASH_OK;
+}
+
+extern "C" void df_cu_host_free(void *p) {
+  if (p) cudaFreeHost(p);
+}

@@ -1,0 +1,89 @@
+/*
+ * Trainer backends: where the drafter's parameters, gradients and optimizer
+ * state live and where forward/backward and the optimizer step run.
+ *
+ * The trainer always owns float32 host buffers with df_model's layout
+ * (m.params, m.grads, m1, m2). For the CPU backend they ARE the storage. A
+ * device backend keeps its own copies and moves them with pull (device ->
+ * host) and push (host -> device); the trainer pulls before anything reads a
+ * host buffer (get_param, checkpoints) and pushes after anything writes one
+ * (set_param, load). `stale` marks host buffers older than the device's.
+ */
+#ifndef DFLASH_TRAIN_BACKEND_H
+#define DFLASH_TRAIN_BACKEND_H
+
+#include "act_layout.h"
+#include "trainer.h"
+
+typedef enum df_buf_kind {
+  DF_BUF_PARAMS = 1,
+  DF_BUF_GRADS = 2,
+  DF_BUF_M1 = 4,
+  DF_BUF_M2 = 8,
+} df_buf_kind;
+
+/* One sequence of a batch (see dflash_trainer_accumulate). */
+typedef struct df_seq {
+  const int32_t *ids;
+  const uint8_t *loss_mask; /* NULL for prediction */
+  int64_t len;
+  const float *hidden;      /* [len, K*H] */
+  const int32_t *anchors;
+  int32_t n_anchors;
+} df_seq;
+
+/* One optimizer step's hyper-parameters (learning rate already scheduled). */
+typedef struct df_adam {
+  double lr, weight_decay, beta1, beta2, eps, grad_clip;
+  int64_t step; /* 1-based index of this update, for bias correction */
+} df_adam;
+
+/* AdamW's per-step float constants, shared by every backend so they agree. */
+typedef struct df_adam_consts {
+  float decay, b1, b2, eps, step_size, bc2_sqrt;
+} df_adam_consts;
+void df_adam_constants(const df_adam *a, df_adam_consts *k);
+/* torch.nn.utils.clip_grad_norm_'s factor (1 when clipping is off or the
+ * norm is already small enough). */
+double df_clip_coef(double clip, double norm);
+
+typedef struct df_backend df_backend;
+
+typedef struct df_backend_vt {
+  const char *name;
+  void (*destroy)(df_backend *b);
+  dflash_status (*zero_grad)(df_backend *b);
+  /* Add grad_scale * d(sum w*CE) to the gradients; return sum(w*CE), sum(w). */
+  dflash_status (*accumulate)(df_backend *b, const df_seq *s, double grad_scale,
+                              double *loss_sum, double *weight_sum);
+  dflash_status (*predict)(df_backend *b, const df_seq *s, int32_t *pred);
+  /* Global-norm clip + AdamW. *grad_norm gets the pre-clip norm; a
+   * non-finite norm leaves everything unchanged and fails. */
+  dflash_status (*step)(df_backend *b, const df_adam *a, double *grad_norm);
+  /* Copy buffer `kind` between the device and the trainer's host buffer. */
+  dflash_status (*pull)(df_backend *b, df_buf_kind kind, float *host);
+  dflash_status (*push)(df_backend *b, df_buf_kind kind, const float *host);
+} df_backend_vt;
+
+struct df_backend {
+  const df_backend_vt *vt;
+  unsigned stale; /* df_buf_kind bits whose host copy is out of date */
+};
+
+/* The float32 reference on the CPU (trainer's own buffers, df_model). */
+dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend **out);
+/* cuda/: bf16 on the GPU with fp32 masters; DFLASH_E_UNSUPPORTED in a build
+ * without CUDA, DFLASH_E_NO_DEVICE without a usable device. */
+dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
+
+/* Bring host buffers `kinds` (df_buf_kind bits) up to date / send them to
+ * the device. Callable on a const trainer: the host buffers are a cache. */
+dflash_status df_trainer_pull(const dflash_trainer *t, unsigned kinds);
+dflash_status df_trainer_push(const dflash_trainer *t, unsigned kinds);
+
+/* Activation-layout sizes for one call of `anchors` blocks over `seq_len`
+ * context positions (plan.c); chunk is clamped to the vocabulary. */
+void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors,
+                  int64_t chunk, df_act_dims *d);
+
+#endif

@@ -1,0 +1,247 @@
+/*
+ * The CUDA backend's host side: device and rank discovery, the NCCL
+ * rendezvous, and per-sequence preparation (block tokens, supervised rows,
+ * bf16 hidden states) for cuda/model.cu. Without CUDA in the build every
+ * entry point fails with DFLASH_E_UNSUPPORTED, without a device with
+ * DFLASH_E_NO_DEVICE.
+ */
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DFLASH_HAVE_CUDA
+#include "../../cuda/dfcuda.h"
+#include "bf16.h"
+#include "dist.h"
+
+typedef struct cuda_backend {
+  df_backend base;
+  dflash_trainer *t;
+  df_cu_model *dev;
+  df_dist_env env;
+  bool nccl;
+  /* host staging, grown as needed */
+  uint16_t *hidden; /* pinned */
+  size_t hidden_cap;
+  int32_t *i32;
+  float *f32;
+  size_t i32_cap, f32_cap;
+  /* gradient normalisation across ranks (see cuda_step) */
+  double scale_used, weight_local;
+} cuda_backend;
+
+static cuda_backend *cb(df_backend *b) { return (cuda_backend *)b; }
+
+static dflash_status grow(void **p, size_t *cap, size_t bytes) {
+  if (bytes <= *cap) return DFLASH_OK;
+  void *q = realloc(*p, bytes);
+  if (!q) return df_error_nomem("CUDA batch staging");
+  *p = q;
+  *cap = bytes;
+  return DFLASH_OK;
+}
+
+typedef struct to_bf16_ctx {
+  uint16_t *dst;
+  const float *src;
+} to_bf16_ctx;
+
+static void to_bf16_range(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  to_bf16_ctx *c = vc;
+  for (size_t i = b; i < e; i++) c->dst[i] = df_f32_to_bf16(c->src[i]);
+}
+
+/* Block tokens, supervised rows and weights, bf16 context features: what
+ * model.c's prepare() computes, as arrays for the device. */
+static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale,
+                             df_cu_batch *b) {
+  df_model *m = &c->t->m;
+  int A = s->n_anchors, Sc = 0, max_pos = (int)s->len, R = 0;
+  for (int n = 0; n < A; n++) {
+    Sc = s->anchors[n] > Sc ? s->anchors[n] : Sc;
+    max_pos = s->anchors[n] + m->B > max_pos ? s->anchors[n] + m->B : max_pos;
+  }
+  int T = A * m->B, cap_r = A * (m->B - 1);
+  dflash_status st = grow((void **)&c->i32, &c->i32_cap, sizeof(int32_t) * ((size_t)T + 2 * cap_r));
+  if (!st) st = grow((void **)&c->f32, &c->f32_cap, sizeof(float) * 2 * (size_t)cap_r);
+  if (st) return st;
+  int32_t *tok = c->i32, *rows_t = tok + T, *rows_target = rows_t + cap_r;
+  float *coef = c->f32;
+  for (int n = 0; n < A; n++)
+    for (int j = 0; j < m->B; j++) {
+      int t = n * m->B + j, p = s->anchors[n] + j;
+      tok[t] = j == 0 ? s->ids[s->anchors[n]] : m->cfg.mask_token_id;
+      if (j == 0) continue;
+      if (s->loss_mask && !(p < s->len && s->loss_mask[p] && df_position_weight(m, j) > 0))
+        continue;
+      rows_t[R] = t;
+      rows_target[R] = s->loss_mask ? s->ids[p] : 0;
+      coef[R] = (float)(df_position_weight(m, j) * grad_scale);
+      R++;
+    }
+  size_t nh = (size_t)Sc * (size_t)m->KH;
+  if (nh * 2 > c->hidden_cap) {
+    df_cu_host_free(c->hidden);
+    c->hidden = NULL;
+    c->hidden_cap = 0;
+    if ((st = df_cu_host_alloc(nh * 2, (void **)&c->hidden))) return st;
+    c->hidden_cap = nh * 2;
+  }
+  to_bf16_ctx tc = {c->hidden, s->hidden};
+  df_pool_for(m->pool, nh, 1 << 16, to_bf16_range, &tc);
+  *b = (df_cu_batch){.T = T, .Sc = Sc, .R = R, .A = A, .max_pos = max_pos,
+                     .anchors = s->anchors, .block_tok = tok, .rows_t = rows_t,
+                     .rows_target = rows_target, .coef = s->loss_mask ? coef : NULL,
+                     .hidden = c->hidden};
+  return DFLASH_OK;
+}
+
+static void cuda_destroy(df_backend *b) {
+  cuda_backend *c = cb(b);
+  df_cu_free(c->dev);
+  df_cu_host_free(c->hidden);
+  free(c->i32);
+  free(c->f32);
+  free(c);
+}
+
+static dflash_status cuda_zero_grad(df_backend *b) {
+  cb(b)->weight_local = 0;
+  cb(b)->scale_used = 0;
+  return df_cu_zero_grad(cb(b)->dev);
+}
+
+static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad_scale,
+                                     double *loss_sum, double *weight_sum) {
+  cuda_backend *c = cb(b);
+  df_model *m = &c->t->m;
+  if (s->n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", s->n_anchors);
+  dflash_status st = df_model_check_inputs(m, s->ids, s->len, s->hidden, s->anchors,
+                                           s->n_anchors);
+  df_cu_batch bt;
+  if (!st) st = prepare(c, s, grad_scale, &bt);
+  if (st) return st;
+  float *loss = c->f32 + bt.R; /* second half of the f32 staging */
+  if ((st = df_cu_accumulate(c->dev, &bt, loss))) return st;
+  double lsum = 0, wsum = 0;
+  for (int r = 0; r < bt.R; r++) {
+    double w = df_position_weight(m, bt.rows_t[r] % m->B);
+    lsum += w * loss[r];
+    wsum += w;
+  }
+  c->weight_local += wsum;
+  if (wsum > 0) c->scale_used = grad_scale;
+  if (loss_sum) *loss_sum = lsum;
+  if (weight_sum) *weight_sum = wsum;
+  return DFLASH_OK;
+}
+
+static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred) {
+  cuda_backend *c = cb(b);
+  dflash_status st = df_model_check_inputs(&c->t->m, s->ids, s->len, s->hidden, s->anchors,
+                                           s->n_anchors);
+  df_cu_batch bt;
+  if (!st && s->n_anchors > 0) st = prepare(c, s, 0.0, &bt);
+  if (st || s->n_anchors <= 0) return st;
+  return df_cu_predict(c->dev, &bt, pred);
+}
+
+/*
+ * Each rank scaled its gradients by its own 1/sum(w) (the caller's
+ * grad_scale); the data-parallel loss is sum over ranks of sum(w*CE) over
+ * the global sum(w), so before the reduction each rank's gradients are
+ * multiplied by 1 / (grad_scale * global sum(w)).
+ */
+static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_norm) {
+  cuda_backend *c = cb(b);
+  df_adam_consts k;
+  df_adam_constants(a, &k);
+  df_cu_adam ca = {.decay = k.decay, .b1 = k.b1, .b2 = k.b2, .eps = k.eps,
+                   .step_size = k.step_size, .bc2_sqrt = k.bc2_sqrt, .clip = a->grad_clip,
+                   .grad_factor = 1.0};
+  if (c->env.world > 1) {
+    double w = c->weight_local;
+    dflash_status st = df_cu_allreduce_host(c->dev, &w, 1);
+    if (st) return st;
+    if (c->scale_used > 0 && w > 0) ca.grad_factor = 1.0 / (c->scale_used * w);
+  }
+  return df_cu_step(c->dev, &ca, grad_norm);
+}
+
+static int cu_kind(df_buf_kind k) {
+  return k == DF_BUF_PARAMS ? DF_CU_PARAMS : k == DF_BUF_GRADS ? DF_CU_GRADS
+                                           : k == DF_BUF_M1 ? DF_CU_M1 : DF_CU_M2;
+}
+
+static dflash_status cuda_pull(df_backend *b, df_buf_kind kind, float *host) {
+  return df_cu_copy(cb(b)->dev, cu_kind(kind), host, 1);
+}
+
+static dflash_status cuda_push(df_backend *b, df_buf_kind kind, const float *host) {
+  return df_cu_copy(cb(b)->dev, cu_kind(kind), (float *)host, 0);
+}
+
+static const df_backend_vt cuda_vt = {
+    .name = "cuda", .destroy = cuda_destroy, .zero_grad = cuda_zero_grad,
+    .accumulate = cuda_accumulate, .predict = cuda_predict, .step = cuda_step,
+    .pull = cuda_pull, .push = cuda_push,
+};
+
+/* NCCL when there are several ranks, or on request (DFLASH_NCCL=1) with one. */
+static dflash_status join_ranks(cuda_backend *c) {
+  const char *force = getenv("DFLASH_NCCL");
+  if (c->env.world <= 1 && !(force && !strcmp(force, "1"))) return DFLASH_OK;
+  unsigned char id[DF_CU_NCCL_ID_BYTES] = {0};
+  dflash_status st = c->env.rank == 0 ? df_cu_nccl_unique_id(id) : DFLASH_OK;
+  if (!st) st = df_rendezvous(&c->env, id, sizeof id, 300.0);
+  if (!st) st = df_cu_nccl_init(c->dev, c->env.rank, c->env.world, id);
+  if (!st) c->nccl = true;
+  return st ? df_error_wrap(st, "rank %d of %d", c->env.rank, c->env.world) : st;
+}
+
+dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
+  int n_dev = 0;
+  dflash_status st = dflash_cuda_device_count(&n_dev);
+  if (st) return df_error_wrap(st, "trainer backend cuda");
+  cuda_backend *c = calloc(1, sizeof *c);
+  if (!c) return df_error_nomem("CUDA backend");
+  c->base.vt = &cuda_vt;
+  c->t = t;
+  st = df_dist_env_from_environ(&c->env);
+  if (!st && c->env.local_rank >= n_dev)
+    st = df_error(DFLASH_E_NO_DEVICE, "trainer backend cuda: LOCAL_RANK %d but only %d CUDA "
+                  "device(s) are visible", c->env.local_rank, n_dev);
+  df_model *m = &t->m;
+  df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
+                      .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
+                      .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
+                      .inv_freq = m->inv_freq, .n_params = m->n_params,
+                      .n_tensors = m->n_tensors, .device = c->env.local_rank};
+  for (int l = 0; l < m->L; l++)
+    cfg.window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
+  size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
+  if (!st && !offs) st = df_error_nomem("CUDA tensor table");
+  for (size_t i = 0; !st && i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
+  cfg.offsets = offs;
+  if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);
+  free(offs);
+  if (!st) st = join_ranks(c);
+  if (st) {
+    cuda_destroy(&c->base);
+    return st;
+  }
+  *out = &c->base;
+  return DFLASH_OK;
+}
+
+#else /* no CUDA in this build */
+
+dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
+  (void)t, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
+                  "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+#endif

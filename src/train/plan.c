@@ -1,0 +1,146 @@
+/* Device memory arithmetic: the CUDA arena layout and `dflash train --plan`. */
+#include "act_layout.h"
+
+#include <dflash/train.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+
+static size_t align_up(size_t x) { return (x + DF_ACT_ALIGN - 1) / DF_ACT_ALIGN * DF_ACT_ALIGN; }
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+void df_act_layout_compute(const df_act_dims *d, df_act_layout *o) {
+  memset(o, 0, sizeof *o);
+  int64_t qd = d->nh * d->d, kd = d->nkv * d->d, T = d->T, Sc = d->Sc, R = d->R, H = d->H;
+  /* element size * element count, in enum order */
+  const int64_t g[DF_ACT_COUNT] = {
+      [DF_ACT_HIDDEN] = 2 * Sc * d->KH, [DF_ACT_CTX_PRE] = 2 * Sc * H,
+      [DF_ACT_CTX_RSTD] = 4 * Sc, [DF_ACT_CTX] = 2 * Sc * H,
+      [DF_ACT_H_OUT] = 2 * T * H, [DF_ACT_RSTD_F] = 4 * T, [DF_ACT_HF] = 2 * T * H,
+      [DF_ACT_DH] = 2 * T * H, [DF_ACT_DX] = 4 * T * H, [DF_ACT_DQ] = 2 * T * qd,
+      [DF_ACT_DKB] = 2 * T * kd, [DF_ACT_DVB] = 2 * T * kd, [DF_ACT_DATT] = 2 * T * qd,
+      [DF_ACT_DG] = 2 * T * d->I, [DF_ACT_DU] = 2 * T * d->I, [DF_ACT_DM] = 2 * T * d->I,
+      [DF_ACT_DTMP] = 2 * T * max64(qd, kd), [DF_ACT_D] = 4 * T * d->nh,
+      [DF_ACT_DKC] = 2 * Sc * kd, [DF_ACT_DVC] = 2 * Sc * kd, [DF_ACT_DCTX] = 4 * Sc * H,
+      [DF_ACT_DCTX_TMP] = 2 * Sc * max64(kd, H),
+      [DF_ACT_ROWS_X] = 2 * R * H, [DF_ACT_ROWS_DX] = 2 * R * H, [DF_ACT_CE_ACC] = 4 * R * H,
+      [DF_ACT_LOGITS] = 4 * R * d->chunk, [DF_ACT_PROBS] = 2 * R * d->chunk,
+      [DF_ACT_ROW_F32] = 4 * 5 * R, [DF_ACT_ROW_I32] = 4 * 2 * R, [DF_ACT_TOK] = 4 * 2 * T,
+      [DF_ACT_ANCHORS] = 4 * d->A,
+  };
+  const int64_t l[DF_LACT_COUNT] = {
+      [DF_LACT_H_IN] = 2 * T * H, [DF_LACT_RSTD1] = 4 * T, [DF_LACT_XN1] = 2 * T * H,
+      [DF_LACT_Q_PRE] = 2 * T * qd, [DF_LACT_Q_RSTD] = 4 * T * d->nh, [DF_LACT_Q] = 2 * T * qd,
+      [DF_LACT_KB_PRE] = 2 * T * kd, [DF_LACT_KB_RSTD] = 4 * T * d->nkv,
+      [DF_LACT_KB] = 2 * T * kd, [DF_LACT_VB] = 2 * T * kd,
+      [DF_LACT_KC_PRE] = 2 * Sc * kd, [DF_LACT_KC_RSTD] = 4 * Sc * d->nkv,
+      [DF_LACT_KC] = 2 * Sc * kd, [DF_LACT_VC] = 2 * Sc * kd,
+      [DF_LACT_ATT] = 2 * T * qd, [DF_LACT_LSE] = 4 * T * d->nh,
+      [DF_LACT_H_MID] = 2 * T * H, [DF_LACT_RSTD2] = 4 * T, [DF_LACT_XN2] = 2 * T * H,
+      [DF_LACT_G] = 2 * T * d->I, [DF_LACT_U] = 2 * T * d->I, [DF_LACT_M] = 2 * T * d->I,
+  };
+  size_t cur = 0;
+  for (int i = 0; i < DF_ACT_COUNT; i++) {
+    o->off[i] = cur;
+    o->bytes[i] = (size_t)g[i];
+    cur += align_up((size_t)g[i]);
+  }
+  for (int k = 0; k < DF_LACT_COUNT; k++) o->lbytes[k] = (size_t)l[k];
+  for (int64_t ly = 0; ly < d->L && ly < DF_ACT_MAX_LAYERS; ly++)
+    for (int k = 0; k < DF_LACT_COUNT; k++) {
+      o->loff[ly][k] = cur;
+      cur += align_up((size_t)l[k]);
+    }
+  o->total = cur;
+}
+
+void dflash_train_plan_options_default(dflash_train_plan_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->world_size = 1;
+  o->seq_len = 3072;
+  o->num_anchors = 512;
+  o->batch_size = 1;
+  o->vocab_chunk = 8192;
+  o->zero1 = 1;
+  o->gpu_bytes = 80000000000ULL;
+  o->reserve_bytes = 4ULL << 30;
+}
+
+/* Trainable parameters: fc, hidden_norm, L x (2 norms, q/k/v/o, q/k norms,
+ * gate/up/down), norm (the tensor table of model.c). */
+static uint64_t param_count(const dflash_drafter_config *c) {
+  uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
+  uint64_t qd = (uint64_t)c->num_attention_heads * (uint64_t)c->head_dim;
+  uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)c->head_dim;
+  uint64_t layer = 2 * H + 2 * qd * H + 2 * kd * H + 2 * (uint64_t)c->head_dim + 3 * I * H;
+  return H * (uint64_t)c->n_target_layer_ids * H + H + (uint64_t)c->num_hidden_layers * layer +
+         H;
+}
+
+void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors,
+                  int64_t chunk, df_act_dims *d) {
+  *d = (df_act_dims){.H = c->hidden_size, .KH = (int64_t)c->n_target_layer_ids * c->hidden_size,
+                     .nh = c->num_attention_heads, .nkv = c->num_key_value_heads,
+                     .d = c->head_dim, .I = c->intermediate_size, .L = c->num_hidden_layers,
+                     .T = anchors * c->block_size, .Sc = seq_len,
+                     .R = anchors * (c->block_size - 1), .A = anchors,
+                     .chunk = chunk < c->vocab_size ? chunk : c->vocab_size};
+}
+
+static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
+
+dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
+                                        const dflash_train_plan_options *opts,
+                                        dflash_train_plan *p) {
+  DF_CHECK_ARG(cfg && opts && p);
+  if (opts->struct_size != sizeof *opts)
+    return df_error(DFLASH_E_INVALID_ARG, "plan options: struct_size %zu, expected %zu",
+                    opts->struct_size, sizeof *opts);
+  dflash_status st = dflash_drafter_config_validate(cfg);
+  if (st) return st;
+  if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 ||
+      opts->vocab_chunk < 1 || opts->batch_size < 1)
+    return df_error(DFLASH_E_INVALID_ARG, "plan options: world size %d, sequence length %d, "
+                    "anchors %d, vocab chunk %d and batch %d must all be positive",
+                    opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
+                    opts->batch_size);
+  memset(p, 0, sizeof *p);
+  p->struct_size = sizeof *p;
+  uint64_t n = param_count(cfg), w = (uint64_t)opts->world_size;
+  uint64_t shard = opts->zero1 ? (n + w - 1) / w : n;
+  p->n_params = n;
+  p->weights = 2 * n;
+  p->masters = 4 * shard;
+  p->moments = 8 * shard;
+  p->grads = 4 * n;
+  df_act_dims d;
+  df_plan_dims(cfg, opts->seq_len, opts->num_anchors, opts->vocab_chunk, &d);
+  df_act_layout lay;
+  df_act_layout_compute(&d, &lay);
+  p->activations = lay.total;
+  p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
+  p->reserve = opts->reserve_bytes;
+  p->gpu_bytes = opts->gpu_bytes;
+  p->total = p->weights + p->masters + p->moments + p->grads + p->activations + p->frozen +
+             p->reserve;
+  if (p->total <= p->gpu_bytes) return DFLASH_OK;
+  struct { const char *name, *fix; uint64_t v; } terms[] = {
+      {"weights", "fewer or smaller layers", p->weights},
+      {"master weights", "more GPUs with ZeRO-1", p->masters},
+      {"AdamW moments", "more GPUs with ZeRO-1", p->moments},
+      {"gradients", "fewer or smaller layers", p->grads},
+      {"activations", "fewer anchors or a shorter sequence", p->activations},
+      {"frozen embedding + LM head", "a GPU with more memory", p->frozen},
+  };
+  size_t big = 0;
+  for (size_t i = 1; i < DF_ARRAY_LEN(terms); i++)
+    if (terms[i].v > terms[big].v) big = i;
+  return df_error(DFLASH_E_NOMEM, "training plan does not fit: %.2f GiB per GPU needed, %.2f "
+                  "GiB available; the largest term is %s (%.2f GiB): try %s",
+                  gib(p->total), gib(p->gpu_bytes), terms[big].name, gib(terms[big].v),
+                  terms[big].fix);
+}
