@@ -169,3 +169,70 @@ def test_fetch_kill9_resume_exactly_once(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["skipped"] == n + 1
     assert keys("fetch/out/") == before
+
+
+# ---- tokenize -----------------------------------------------------------------------
+
+sys.path.insert(0, os.path.join(ROOT, "tests", "chat"))
+
+
+def split_safetensors(data):
+    n = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + n]), data[8 + n:]
+
+
+def test_tokenize_s3_to_s3_equals_local(tmp_path):
+    import gen_conversations
+    import hf_jinja
+    tok = hf_jinja.fixtures_dir() / "tokenizers" / "qwen2"
+    if not (tok / "vocab.json").exists():
+        pytest.skip("qwen2 tokenizer fixture missing")
+    lines = [json.dumps({"messages": m, "tools": t} if t else {"messages": m}, ensure_ascii=False)
+             for m, t in gen_conversations.corpus(300, seed=7)]
+    lines[10] = "{not json"
+    local_in = tmp_path / "in"
+    local_in.mkdir()
+    for i, name in enumerate(["a.jsonl", "b.jsonl"]):
+        (local_in / name).write_text("\n".join(lines[i::2]) + "\n", encoding="utf-8")
+        s3().upload_file(str(local_in / name), BUCKET, f"tok/in/{name}")
+
+    def tokenize(out, *inputs):
+        r = subprocess.run([CLI, "tokenize", "--tokenizer", str(tok), "--template", "qwen3",
+                            "--threads", "2", "-o", out, *inputs], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+    tokenize(str(tmp_path / "local"), str(local_in / "a.jsonl"), str(local_in / "b.jsonl"))
+    tokenize(url("tok/out"), url("tok/in/"))            # a prefix: both objects, in name order
+    tokenize(str(tmp_path / "s3in"), url("tok/in/"))
+    # Same inputs (names included): the S3 dataset is the local one, byte for byte.
+    remote = sorted(k[len("tok/out/"):] for k in keys("tok/out/"))
+    assert remote == sorted(os.listdir(tmp_path / "s3in"))
+    assert "dataset.json" in remote and "rejected.jsonl" in remote
+    for name in remote:
+        assert get(f"tok/out/{name}") == (tmp_path / "s3in" / name).read_bytes(), name
+    # Local files vs S3 objects as inputs: equal up to the file names in the sample ids.
+    assert sorted(os.listdir(tmp_path / "local")) == remote
+    rename = {url("tok/in/a.jsonl"): str(local_in / "a.jsonl"),
+              url("tok/in/b.jsonl"): str(local_in / "b.jsonl")}
+    for name in remote:
+        a, b = (tmp_path / "local" / name).read_bytes(), get(f"tok/out/{name}")
+        if name.endswith(".safetensors"):
+            (ha, da), (hb, db) = split_safetensors(a), split_safetensors(b)
+            assert da == db
+            ids = json.loads(hb["__metadata__"]["sample_ids"])
+            fixed = [rename[i.rsplit(":", 1)[0]] + ":" + i.rsplit(":", 1)[1] for i in ids]
+            hb["__metadata__"]["sample_ids"] = json.dumps(fixed, separators=(",", ":"))
+            assert json.loads(ha["__metadata__"]["sample_ids"]) == fixed
+            del ha["__metadata__"], hb["__metadata__"]
+            assert ha == hb
+        elif name == "rejected.jsonl":
+            rb = [json.loads(x) for x in b.decode().splitlines()]
+            for r in rb:
+                r["file"] = rename[r["file"]]
+            assert [json.loads(x) for x in a.decode().splitlines()] == rb
+        else:
+            assert a == b, name
+    # A second run into the same S3 dataset is refused, naming it.
+    r = subprocess.run([CLI, "tokenize", "--tokenizer", str(tok), "--template", "qwen3",
+                        "-o", url("tok/out"), url("tok/in/")], capture_output=True, text=True)
+    assert r.returncode != 0 and url("tok/out") in r.stderr
