@@ -50,4 +50,20 @@ dflash_status df_stage_tmpdir(const char *tag, char **out);
 /* Remove a local directory tree (best effort; used on staging directories). */
 void df_stage_rmtree(const char *dir);
 
+
+/* A local stand-in for the remote safetensors object `remote` of `size`
+ * bytes: its header, then a hole up to the object's size (a sparse file, so
+ * it costs the header's blocks). Readers of the header (listings of tensors,
+ * indexes) work on it; tensor bytes read as zeros. Written atomically. */
+dflash_status df_stage_st_stub(dflash_storage *st, const char *remote, uint64_t size,
+                               const char *local);
+
+/* Give back the data blocks of the local safetensors file `path`, keeping
+ * its header and size (after its bytes were uploaded). Best effort: where
+ * the file system cannot punch holes the file stays whole. */
+void df_stage_st_hollow(const char *path);
+
+/* mkdir -p `dir`. */
+dflash_status df_stage_mkdirs(const char *dir);
+
 #endif

@@ -236,3 +236,89 @@ def test_tokenize_s3_to_s3_equals_local(tmp_path):
     r = subprocess.run([CLI, "tokenize", "--tokenizer", str(tok), "--template", "qwen3",
                         "-o", url("tok/out"), url("tok/in/")], capture_output=True, text=True)
     assert r.returncode != 0 and url("tok/out") in r.stderr
+
+
+# ---- hidden states and training ------------------------------------------------------
+
+
+def stable_metrics(text):
+    rows = [json.loads(x) for x in text.splitlines()]
+    for r in rows:
+        del r["tokens_per_s"], r["elapsed_s"]
+    return rows
+
+
+def test_train_reads_and_writes_s3(tmp_path, monkeypatch):
+    pytest.importorskip("numpy")
+    import dflash
+    sys.path.insert(0, os.path.join(ROOT, "bindings", "python", "tests"))
+    import test_train_cli as ttc
+
+    real = dflash.HiddenWriter
+
+    class Tee:
+        """Every hidden store goes to disk and, through the library, to S3 in small shards."""
+
+        def __init__(self, directory, **kw):
+            self.a = real(directory, **kw)
+            self.b = real(url(f"train/{os.path.basename(str(directory))}"), shard_bytes=20000,
+                          **kw)
+
+        def append(self, sid, h):
+            self.a.append(sid, h)
+            self.b.append(sid, h)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.a.close()
+            self.b.close()
+
+    monkeypatch.setattr(ttc.dflash, "HiddenWriter", Tee)
+    ttc.make_world(tmp_path, n_train=24, n_test=6)
+    shards = [k for k in keys("train/train-hidden/") if k.endswith(".safetensors")]
+    assert len(shards) >= 3, shards
+    assert "train/train-hidden/hidden.safetensors.index.json" in keys("train/train-hidden/")
+    upload_tree(tmp_path / "train", "train/data")
+    upload_tree(tmp_path / "test", "train/test")
+    upload_tree(tmp_path / "target", "train/target")
+    args = ["--epochs", "4", "--lr", "5e-3", "--save-every", "5", "--quiet"]
+
+    def train(target, data, hidden, out, *extra):
+        cmd = [CLI, "train", "--config", str(tmp_path / "drafter.json"), "--target", target,
+               "--data", data, "--hidden", hidden, "-o", out, "--threads", "2", "--batch", "4",
+               "--anchors", "16", "--seed", "5", *args, *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+
+    local = tmp_path / "run"
+    train(str(tmp_path / "target"), str(tmp_path / "train"), str(tmp_path / "train-hidden"),
+          str(local))
+    remote = (url("train/target"), url("train/data"), url("train/train-hidden"))
+    train(*remote, url("train/run"))
+    for name in ("model.safetensors", "config.json"):
+        assert get(f"train/run/{name}") == (local / name).read_bytes(), name
+    # The state too, but for the elapsed time in its user blob (the last tensor).
+    (ha, da), (hb, db) = (split_safetensors(get("train/run/train_state/state.safetensors")),
+                          split_safetensors((local / "train_state/state.safetensors").read_bytes()))
+    end = ha["user"]["data_offsets"][0]
+    assert da[:end] == db[:end] and end > 0
+    assert stable_metrics(get("train/run/metrics.jsonl").decode()) == \
+        stable_metrics((local / "metrics.jsonl").read_text())
+    # Stop early, resume from what is in the bucket: the same run, bit for bit.
+    train(*remote, url("train/run2"), "--max-steps", "7")
+    assert get("train/run2/model.safetensors") != (local / "model.safetensors").read_bytes()
+    train(*remote, url("train/run2"), "--resume")
+    assert get("train/run2/model.safetensors") == (local / "model.safetensors").read_bytes()
+    # Evaluating the S3 checkpoint on S3 data gives the local number.
+    def tau(ckpt, target, data, hidden):
+        out = subprocess.run([CLI, "eval", "--checkpoint", ckpt, "--target", target, "--data",
+                              data, "--hidden", hidden, "--anchors", "8"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    hid = tmp_path / "test-hidden"
+    assert tau(url("train/run"), url("train/target/model.safetensors"), url("train/test"),
+               url("train/test-hidden")) == tau(str(local), str(tmp_path / "target"),
+                                                str(tmp_path / "test"), str(hid))
