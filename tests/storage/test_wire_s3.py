@@ -322,3 +322,54 @@ def test_train_reads_and_writes_s3(tmp_path, monkeypatch):
     assert tau(url("train/run"), url("train/target/model.safetensors"), url("train/test"),
                url("train/test-hidden")) == tau(str(local), str(tmp_path / "target"),
                                                 str(tmp_path / "test"), str(hid))
+
+
+# ---- errors: the URL named, the secret never -------------------------------------------
+
+
+def test_stage_errors_name_url_not_secret(tmp_path):
+    secret = "wire-secret-do-not-print-7f3a"
+    env = dict(os.environ, AWS_SECRET_ACCESS_KEY=secret, AWS_SESSION_TOKEN="tok-" + secret,
+               DFLASH_S3_TRACE="1")
+    s3().put_object(Bucket=BUCKET, Key="err/in.jsonl", Body=b'{"messages": []}\n')
+    s3().put_object(Bucket=BUCKET, Key="err/not.safetensors", Body=b"plain text, no header")
+    farm = Farm()
+    try:
+        runs = {
+            "fetch": fetch_cmd(farm, url("err/in.jsonl"), url("err/out")),
+            "tokenize": [CLI, "tokenize", "--tokenizer", str(tmp_path), "--template", "qwen3",
+                         "-o", url("err/tok"), url("err/in.jsonl")],
+            "train": [CLI, "train", "--config", str(tmp_path / "none.json"), "--target",
+                      url("err/target"), "--data", url("err/data"), "--hidden",
+                      url("err/hidden"), "-o", url("err/run")],
+        }
+        for name, cmd in runs.items():
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert r.returncode != 0, name
+            assert secret not in r.stdout + r.stderr, name
+        r = subprocess.run(fetch_cmd(farm, url("err/in.jsonl"), url("err/out")),
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert url("err/out/completions/") in r.stderr and "AUTH" in r.stderr, r.stderr
+    finally:
+        farm.close()
+    # With good credentials: a target that is not safetensors, a bucket that does not exist.
+    (tmp_path / "c.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "vocab_size": 17, "num_target_layers": 8, "block_size": 4,
+        "dflash_config": {"mask_token_id": 16, "target_layer_ids": [3]}}))
+    np = pytest.importorskip("numpy")
+    import dflash
+    from dflash.hidden import write_dataset
+    write_dataset(url("err/data"), [("s0", np.arange(40, dtype=np.int32) % 16,
+                                     np.ones(40, np.uint8))])
+    with dflash.HiddenWriter(url("err/hidden"), num_layers=1, hidden_size=32) as w:
+        w.append("s0", np.ones((40, 32), np.float32))
+    for target, data, want in ((url("err/not.safetensors"), url("err/data"),
+                                url("err/not.safetensors")),
+                               ("s3://no-such-bucket-wire/t", "s3://no-such-bucket-wire/d",
+                                "s3://no-such-bucket-wire/")):
+        r = subprocess.run([CLI, "train", "--config", str(tmp_path / "c.json"), "--target",
+                            target, "--data", data, "--hidden", url("err/hidden"),
+                            "-o", str(tmp_path / "o")], capture_output=True, text=True)
+        assert r.returncode != 0 and want in r.stderr, r.stderr
