@@ -237,6 +237,7 @@ dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w) {
   char *path = df_path_join(w->dir, MANIFEST);
   st = (text && path) ? df_write_file_atomic(path, text, strlen(text)) : df_error_nomem("manifest");
   if (!st) st = publish(w, MANIFEST, false); /* last: it makes the dataset visible */
+  json_decref(m);
   free(text);
   free(path);
   if (!st) w->finished = true;
