@@ -18,7 +18,9 @@
  * raw bytes a token stands for (not the byte-level "Ġ" spelling).
  *
  * A loaded tokenizer is immutable: every function below may be called on the
- * same tokenizer from any number of threads at once.
+ * same tokenizer from any number of threads at once. Each thread that encodes
+ * keeps a small context (about 300 KiB: scratch buffers and a cache of
+ * recently merged pieces) until it exits.
  */
 #ifndef DFLASH_TOKENIZER_H
 #define DFLASH_TOKENIZER_H

@@ -9,42 +9,11 @@
 
 #include "chat_internal.h"
 
-/* Decode one UTF-8 code point at s[*i] (input already valid: jansson checked it). */
-static int32_t next_cp(const uint8_t *s, size_t n, size_t *i) {
-  utf8proc_int32_t cp;
-  utf8proc_ssize_t k = utf8proc_iterate(s + *i, (utf8proc_ssize_t)(n - *i), &cp);
-  *i += k > 0 ? (size_t)k : 1;
-  return k > 0 ? cp : -1;
-}
-
-/*
- * True when `s` is certainly NFC: every code point is a starter without a
- * decomposition that takes no part in canonical composition (and is no
- * Hangul jamo, which composes algorithmically). Such text is unchanged by
- * NFC; anything else goes through utf8proc. This keeps the common case
- * (ASCII, CJK, most scripts) free of the allocation and full normalisation.
- */
-static bool quick_nfc(const char *str, size_t n) {
-  const uint8_t *s = (const uint8_t *)str;
-  for (size_t i = 0; i < n;) {
-    if (s[i] < 0xCC) { /* below U+0300 (or a continuation byte of one): always NFC */
-      i++;
-      continue;
-    }
-    int32_t cp = next_cp(s, n, &i);
-    if (cp < 0 || (cp >= 0x1100 && cp <= 0x11FF)) return false;
-    const utf8proc_property_t *p = utf8proc_get_property(cp);
-    if (p->combining_class || p->decomp_seqindex != UINT16_MAX || p->comb_index != UINT16_MAX)
-      return false;
-  }
-  return true;
-}
-
 /* NFC of one JSON string value, in place. */
 static dflash_status nfc_string(json_t *v) {
   const char *s = json_string_value(v);
   size_t n = json_string_length(v);
-  if (quick_nfc(s, n)) return DFLASH_OK;
+  if (df_utf8_quick_nfc(s, n)) return DFLASH_OK;
   utf8proc_uint8_t *dst = NULL;
   utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                     UTF8PROC_STABLE | UTF8PROC_COMPOSE);

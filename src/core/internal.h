@@ -68,6 +68,10 @@ char *df_path_dirname(const char *path);
 bool df_str_ends_with(const char *s, const char *suffix);
 /* Whether `len` bytes at `s` are valid UTF-8 (no surrogates, no overlongs). */
 bool df_utf8_valid(const char *s, size_t len);
+/* True when `len` bytes of UTF-8 are certainly unchanged by NFC (every code
+ * point a starter that neither decomposes nor composes); false means "run
+ * the full normalisation", not "not NFC". */
+bool df_utf8_quick_nfc(const char *s, size_t len);
 
 /* A growable byte buffer. */
 typedef struct df_buf {
@@ -150,6 +154,18 @@ void df_strset_free(df_strset *s);
 void df_sha256(const void *data, size_t len, uint8_t out[32]);
 /* Lower-case hex digest, NUL-terminated. */
 void df_sha256_hex(const void *data, size_t len, char out[65]);
+
+/* ---- retries (backoff.c) ------------------------------------------------- */
+/* Uniform double in [0, 1) from a xorshift64* state (jitter only, not crypto). */
+double df_rand01(uint64_t *state);
+/* Full-jitter exponential backoff before retry `attempt` (1-based): uniform in
+ * [0, min(max_s, base_s * 2^(attempt-1))), raised to the server's Retry-After
+ * (capped at retry_after_max_s) when it asked for longer. */
+double df_backoff_s(uint64_t *rng, unsigned attempt, double base_s, double max_s, double retry_after_s,
+                    double retry_after_max_s);
+/* Seconds from a Retry-After value (delta seconds or HTTP date) or a
+ * Retry-After-Ms value; -1 when unparseable. */
+double df_parse_retry_after(const char *value, bool milliseconds);
 
 /* ---- time ---------------------------------------------------------------- */
 double df_now_seconds(void); /* monotonic */

@@ -127,15 +127,6 @@ void df_loop_free(dflash_fetch *f) {
 
 /* ---- transfers -------------------------------------------------------------- */
 
-static double parse_retry_after(const char *v, bool ms) {
-  while (*v == ' ') v++;
-  char *end;
-  double d = strtod(v, &end);
-  if (end != v) return ms ? d / 1000.0 : d;
-  time_t t = curl_getdate(v, NULL); /* an HTTP date */
-  return t > 0 ? difftime(t, time(NULL)) : -1;
-}
-
 static size_t on_header(char *buf, size_t size, size_t n, void *userp) {
   df_xfer *x = userp;
   size_t len = size * n;
@@ -147,7 +138,7 @@ static size_t on_header(char *buf, size_t size, size_t n, void *userp) {
       size_t m = len - skip < sizeof v - 1 ? len - skip : sizeof v - 1;
       memcpy(v, buf + skip, m);
       v[m] = '\0';
-      double s = parse_retry_after(v, ms);
+      double s = df_parse_retry_after(v, ms);
       if (s >= 0 && (ms || x->retry_after < 0)) x->retry_after = s; /* -ms is more precise */
     }
   }
@@ -387,23 +378,10 @@ static result classify(df_xfer *x, CURLcode rc) {
 
 /* ---- scheduling ----------------------------------------------------------------- */
 
-static double rand01(dflash_fetch *f) { /* xorshift64*, jitter only */
-  f->rng ^= f->rng >> 12;
-  f->rng ^= f->rng << 25;
-  f->rng ^= f->rng >> 27;
-  return (double)((f->rng * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
-}
-
 /* Full-jitter exponential backoff, at least what the server's Retry-After asks. */
 static double backoff_s(dflash_fetch *f, int attempt, double retry_after) {
-  double cap = f->o.backoff_base_s * pow(2.0, attempt - 1);
-  if (cap > f->o.backoff_max_s) cap = f->o.backoff_max_s;
-  double d = rand01(f) * cap;
-  if (retry_after > 0) {
-    double ra = retry_after < f->o.retry_after_max_s ? retry_after : f->o.retry_after_max_s;
-    if (ra > d) d = ra;
-  }
-  return d;
+  return df_backoff_s(&f->rng, (unsigned)attempt, f->o.backoff_base_s, f->o.backoff_max_s, retry_after,
+                      f->o.retry_after_max_s);
 }
 
 static dflash_status push_waiting(dflash_fetch *f, df_job *job) {

@@ -169,9 +169,9 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *user) {
       r->has_total = true;
     }
   } else if (header_is(line, n, "retry-after", &v)) {
-    char *stop;
-    double secs = strtod(v, &stop);
-    if (stop != v && secs >= 0) r->retry_after = secs;
+    copy_value(tmp, sizeof tmp, v, end);
+    double secs = df_parse_retry_after(tmp, false);
+    if (secs >= 0) r->retry_after = secs;
   } else if (header_is(line, n, "x-amz-bucket-region", &v)) {
     copy_value(r->region, sizeof r->region, v, end);
   } else if (header_is(line, n, "last-modified", &v)) {
@@ -362,15 +362,7 @@ static dflash_status http_error(dflash_storage *st, const df_s3_req *req, const 
 
 double df_s3_backoff(dflash_storage *st, uint32_t attempt, double retry_after) {
   double cap = st->cfg.backoff_max_ms / 1000.0;
-  double ceil = st->cfg.backoff_base_ms / 1000.0;
-  for (uint32_t i = 1; i < attempt && ceil < cap; i++) ceil *= 2;
-  if (ceil > cap) ceil = cap;
-  st->rng ^= st->rng << 13; /* xorshift64 */
-  st->rng ^= st->rng >> 7;
-  st->rng ^= st->rng << 17;
-  double wait = ceil * (double)(st->rng >> 11) / (double)(1ULL << 53);
-  if (retry_after > wait) wait = retry_after < cap ? retry_after : cap;
-  return wait;
+  return df_backoff_s(&st->rng, attempt, st->cfg.backoff_base_ms / 1000.0, cap, retry_after, cap);
 }
 
 static void sleep_seconds(double s) {

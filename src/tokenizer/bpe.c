@@ -10,14 +10,19 @@
 
 #include "tok_internal.h"
 
+dflash_status df_ids_reserve(df_ids *ids, size_t n) {
+  if (ids->cap - ids->len >= n) return DFLASH_OK;
+  size_t cap = ids->cap ? ids->cap : 256;
+  while (cap - ids->len < n) cap *= 2;
+  int32_t *v = realloc(ids->v, cap * sizeof *v);
+  if (!v) return df_error_nomem("token ids");
+  ids->v = v;
+  ids->cap = cap;
+  return DFLASH_OK;
+}
+
 dflash_status df_ids_push(df_ids *ids, int32_t id) {
-  if (ids->len == ids->cap) {
-    size_t cap = ids->cap ? ids->cap * 2 : 256;
-    int32_t *v = realloc(ids->v, cap * sizeof *v);
-    if (!v) return df_error_nomem("token ids");
-    ids->v = v;
-    ids->cap = cap;
-  }
+  if (ids->len == ids->cap && df_ids_reserve(ids, 1)) return DFLASH_E_NOMEM;
   ids->v[ids->len++] = id;
   return DFLASH_OK;
 }
@@ -25,7 +30,6 @@ dflash_status df_ids_push(df_ids *ids, int32_t id) {
 void df_bpe_scratch_free(df_bpe_scratch *s) {
   free(s->ids);
   free(s->rank);
-  free(s->merged);
   free(s->prev);
   free(s->next);
   free(s->heap);
@@ -36,7 +40,7 @@ static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
   if (n <= s->cap) return DFLASH_OK;
   size_t cap = s->cap ? s->cap : 64;
   while (cap < n) cap *= 2;
-  uint32_t **arrays[] = {&s->ids, &s->rank, &s->merged, &s->prev, &s->next};
+  uint32_t **arrays[] = {&s->ids, &s->rank, &s->prev, &s->next};
   for (size_t k = 0; k < DF_ARRAY_LEN(arrays); k++) {
     uint32_t *p = realloc(*arrays[k], cap * sizeof *p);
     if (!p) return df_error_nomem("BPE scratch");
@@ -47,22 +51,16 @@ static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
 }
 
 static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
-  if (out->cap - out->len < n) {
-    size_t cap = out->cap ? out->cap : 256;
-    while (cap - out->len < n) cap *= 2;
-    int32_t *v = realloc(out->v, cap * sizeof *v);
-    if (!v) return df_error_nomem("token ids");
-    out->v = v;
-    out->cap = cap;
-  }
+  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
   for (size_t i = 0; i < n; i++) out->v[out->len++] = (int32_t)ids[i];
   return DFLASH_OK;
 }
 
 /* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
-static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank, uint32_t *merged,
-                         size_t n) {
-  for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_get(pairs, ids[i], ids[i + 1], &merged[i]);
+static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank, size_t n) {
+  /* The pair table is larger than the cache: start every first-round miss at once. */
+  for (size_t i = 0; i + 1 < n; i++) df_pairmap_prefetch(pairs, ids[i], ids[i + 1]);
+  for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_rank(pairs, ids[i], ids[i + 1]);
   rank[n - 1] = UINT32_MAX;
   while (n > 1) {
     size_t best = 0;
@@ -70,15 +68,16 @@ static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank,
     for (size_t i = 1; i + 1 < n; i++)
       if (rank[i] < best_rank) best_rank = rank[i], best = i;
     if (best_rank == UINT32_MAX) break;
-    ids[best] = merged[best];
+    ids[best] = df_pairmap_merged(pairs, best_rank);
     size_t tail = n - best - 2;
     memmove(ids + best + 1, ids + best + 2, tail * sizeof *ids);
     memmove(rank + best + 1, rank + best + 2, tail * sizeof *rank);
-    memmove(merged + best + 1, merged + best + 2, tail * sizeof *merged);
     n--;
     rank[n - 1] = UINT32_MAX;
-    if (best + 1 < n) rank[best] = df_pairmap_get(pairs, ids[best], ids[best + 1], &merged[best]);
-    if (best > 0) rank[best - 1] = df_pairmap_get(pairs, ids[best - 1], ids[best], &merged[best - 1]);
+    if (best + 1 < n) df_pairmap_prefetch(pairs, ids[best], ids[best + 1]);
+    if (best > 0) df_pairmap_prefetch(pairs, ids[best - 1], ids[best]);
+    if (best + 1 < n) rank[best] = df_pairmap_rank(pairs, ids[best], ids[best + 1]);
+    if (best > 0) rank[best - 1] = df_pairmap_rank(pairs, ids[best - 1], ids[best]);
   }
   return n;
 }
@@ -116,7 +115,7 @@ static uint64_t heap_pop(uint64_t *h, size_t *n) {
 
 static void heap_update(const df_pairmap *pairs, df_bpe_scratch *s, size_t *hn, uint32_t i) {
   uint32_t j = s->next[i];
-  s->rank[i] = j == DF_NIL ? UINT32_MAX : df_pairmap_get(pairs, s->ids[i], s->ids[j], &s->merged[i]);
+  s->rank[i] = j == DF_NIL ? UINT32_MAX : df_pairmap_rank(pairs, s->ids[i], s->ids[j]);
   if (s->rank[i] != UINT32_MAX) heap_push(s->heap, hn, (uint64_t)s->rank[i] << 32 | i);
 }
 
@@ -139,7 +138,7 @@ static dflash_status merge_heap(const df_pairmap *pairs, df_bpe_scratch *s, size
     uint32_t i = (uint32_t)top, r = (uint32_t)(top >> 32);
     if (s->rank[i] != r) continue; /* stale: the pair at i changed since */
     uint32_t j = s->next[i];
-    s->ids[i] = s->merged[i];
+    s->ids[i] = df_pairmap_merged(pairs, r);
     s->next[i] = s->next[j];
     if (s->next[j] != DF_NIL) s->prev[s->next[j]] = i;
     s->rank[j] = UINT32_MAX; /* j is gone */
@@ -159,6 +158,6 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
   for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
   if (n > heap_threshold) return merge_heap(pairs, s, n, out);
-  size_t m = merge_flat(pairs, s->ids, s->rank, s->merged, n);
+  size_t m = merge_flat(pairs, s->ids, s->rank, n);
   return emit(out, s->ids, m);
 }

@@ -3,6 +3,7 @@
  * with added_tokens.json / tokenizer_config.json.
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,15 +19,17 @@ uint32_t df_byte_to_char(uint8_t b) {
   return 256 + n;
 }
 
+static int16_t g_char_byte[324]; /* byte-level character -> byte, -1 if none */
+static pthread_once_t g_char_byte_once = PTHREAD_ONCE_INIT;
+
+static void char_byte_init(void) {
+  for (size_t i = 0; i < DF_ARRAY_LEN(g_char_byte); i++) g_char_byte[i] = -1;
+  for (int b = 0; b < 256; b++) g_char_byte[df_byte_to_char((uint8_t)b)] = (int16_t)b;
+}
+
 static int char_to_byte(uint32_t c) {
-  static int16_t table[324];
-  static bool ready; /* benign race: every thread computes the same table */
-  if (!ready) {
-    for (size_t i = 0; i < DF_ARRAY_LEN(table); i++) table[i] = -1;
-    for (int b = 0; b < 256; b++) table[df_byte_to_char((uint8_t)b)] = (int16_t)b;
-    __atomic_store_n(&ready, true, __ATOMIC_RELEASE);
-  }
-  return c < DF_ARRAY_LEN(table) ? table[c] : -1;
+  pthread_once(&g_char_byte_once, char_byte_init);
+  return c < DF_ARRAY_LEN(g_char_byte) ? g_char_byte[c] : -1;
 }
 
 dflash_status df_bytelevel_decode(const char *s, size_t len, df_buf *out) {
@@ -111,11 +114,19 @@ static dflash_status add_merge(dflash_tokenizer *t, json_t *vocab, const char *a
   return st;
 }
 
+/* HF ranks are merge indices; the merged id of each rank lives in a table. */
+static dflash_status merged_table(df_pairmap *m, size_t n) {
+  m->merged_of_rank = calloc(n ? n : 1, sizeof *m->merged_of_rank);
+  m->n_ranks = n;
+  return m->merged_of_rank ? DFLASH_OK : df_error_nomem("merges");
+}
+
 static dflash_status merges_from_json(dflash_tokenizer *t, json_t *vocab, json_t *merges,
                                       const char *what) {
   if (!json_is_array(merges))
     return df_error(DFLASH_E_FORMAT, "%s: model.merges is not an array", what);
   dflash_status st = df_pairmap_init(&t->pairs, json_array_size(merges));
+  if (!st) st = merged_table(&t->pairs, json_array_size(merges));
   size_t i;
   json_t *m;
   json_array_foreach(merges, i, m) {
@@ -137,7 +148,7 @@ static dflash_status merges_from_json(dflash_tokenizer *t, json_t *vocab, json_t
       st = df_error(DFLASH_E_FORMAT, "%s: neither \"a b\" nor [a, b]", where);
     }
   }
-  return st;
+  return st ? st : df_pairmap_compact(&t->pairs);
 }
 
 static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const char *path) {
@@ -148,6 +159,7 @@ static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const c
   size_t lines = 1;
   for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
   st = df_pairmap_init(&t->pairs, lines);
+  if (!st) st = merged_table(&t->pairs, lines);
   uint32_t rank = 0, line_no = 0;
   for (char *p = text, *end = text + len; p < end && !st;) {
     char *nl = memchr(p, '\n', (size_t)(end - p)), *eol = nl ? nl : end, *q = p;
@@ -165,7 +177,7 @@ static dflash_status merges_from_txt(dflash_tokenizer *t, json_t *vocab, const c
     st = add_merge(t, vocab, q, (size_t)(sp - q), sp + 1, (size_t)(eol - sp - 1), rank++, where);
   }
   free(text);
-  return st;
+  return st ? st : df_pairmap_compact(&t->pairs);
 }
 
 /* ---- added tokens ------------------------------------------------------------- */
@@ -305,8 +317,8 @@ static dflash_status check_model(json_t *model, const char *what) {
   return DFLASH_OK;
 }
 
-static dflash_status load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
-                                 const char *pattern) {
+dflash_status df_load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
+                             const char *pattern) {
   json_t *model = json_object_get(doc, "model");
   dflash_status st = check_model(model, path);
   json_t *added = json_object_get(doc, "added_tokens"), *ids = json_array(), *e;
@@ -350,7 +362,7 @@ dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char 
   if (!json_is_object(doc)) st = df_error(DFLASH_E_FORMAT, "%s: not a JSON object", path);
   else if (!json_object_get(doc, "model"))
     st = df_error(DFLASH_E_FORMAT, "%s: no \"model\": not a tokenizer.json", path);
-  else st = load_hf_doc(t, doc, path, pattern);
+  else st = df_load_hf_doc(t, doc, path, pattern);
   json_decref(doc);
   return st;
 }

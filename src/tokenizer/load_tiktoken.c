@@ -77,7 +77,7 @@ typedef struct rank_line {
 } rank_line;
 
 /* Parse every line; fills lines[] and the decoded bytes. */
-static dflash_status parse_ranks(const char *path, char *text, size_t text_len, rank_line **out,
+static dflash_status parse_ranks(const char *path, const char *text, size_t text_len, rank_line **out,
                                  size_t *n_out, df_buf *bytes, uint32_t *max_rank) {
   size_t cap = 1024, n = 0;
   rank_line *lines = malloc(cap * sizeof *lines);
@@ -86,15 +86,15 @@ static dflash_status parse_ranks(const char *path, char *text, size_t text_len, 
   uint32_t line_no = 0;
   *max_rank = 0;
   dflash_status st = DFLASH_OK;
-  for (char *p = text, *end = text + text_len; p < end && !st;) {
-    char *nl = memchr(p, '\n', (size_t)(end - p));
-    char *eol = nl ? nl : end;
+  for (const char *p = text, *end = text + text_len; p < end && !st;) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const char *eol = nl ? nl : end;
     line_no++;
-    char *q = p;
+    const char *q = p;
     p = nl ? nl + 1 : end;
     while (eol > q && (eol[-1] == '\r' || eol[-1] == ' ' || eol[-1] == '\t')) eol--;
     if (eol == q) continue;
-    char *sp = memchr(q, ' ', (size_t)(eol - q));
+    const char *sp = memchr(q, ' ', (size_t)(eol - q));
     if (!sp) {
       st = df_error(DFLASH_E_FORMAT, "%s:%u: expected `base64 rank`, not a tiktoken rank file?",
                     path, line_no);
@@ -107,9 +107,14 @@ static dflash_status parse_ranks(const char *path, char *text, size_t text_len, 
                     (int)(b64_len > 40 ? 40 : b64_len), q);
       break;
     }
-    char *num = sp + 1, *num_end;
-    unsigned long long rank = strtoull(num, &num_end, 10);
-    if (num == eol || num_end != eol || *num < '0' || *num > '9' || rank >= (1ull << 31)) {
+    const char *num = sp + 1;
+    uint64_t rank = 0;
+    bool digits_only = num < eol;
+    for (const char *d = num; d < eol && digits_only; d++) { /* the text need not end in NUL */
+      digits_only = *d >= '0' && *d <= '9';
+      if (rank < (1ull << 40)) rank = rank * 10 + (uint64_t)(*d - '0');
+    }
+    if (!digits_only || rank >= (1ull << 31)) {
       st = df_error(DFLASH_E_FORMAT, "%s:%u: rank \"%.*s\" is not an integer in [0, 2^31)", path,
                     line_no, (int)(eol - num > 20 ? 20 : eol - num), num);
       break;
@@ -230,41 +235,37 @@ static dflash_status fill_ranks(dflash_tokenizer *t, const char *path, const ran
   return DFLASH_OK;
 }
 
-static dflash_status read_rank_text(const char *path, char **text, size_t *len, df_buf *unz) {
-  dflash_status st = df_read_file(path, text, len);
-  if (st) return st;
-  if (*len >= 2 && (uint8_t)(*text)[0] == 0x1F && (uint8_t)(*text)[1] == 0x8B) {
-    st = gunzip(path, *text, *len, unz);
-    free(*text);
-    *text = NULL;
-    if (st) return st;
-    *text = unz->data;
-    *len = unz->len;
-    memset(unz, 0, sizeof *unz);
-  }
-  return DFLASH_OK;
+/* Decompress when gzip'd; *text then points into unz. */
+static dflash_status maybe_gunzip(const char *name, const char *data, size_t len, const char **text,
+                                  size_t *text_len, df_buf *unz) {
+  *text = data;
+  *text_len = len;
+  if (len < 2 || (uint8_t)data[0] != 0x1F || (uint8_t)data[1] != 0x8B) return DFLASH_OK;
+  dflash_status st = gunzip(name, data, len, unz);
+  *text = unz->data;
+  *text_len = unz->len;
+  return st;
 }
 
-dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
-                               const char *config_path) {
-  json_t *cfg = NULL;
-  dflash_status st = config_path ? df_json_load_file(config_path, &cfg) : DFLASH_OK;
-  if (st) return st;
+dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const char *data,
+                                    size_t data_len, const char *pattern, json_t *cfg,
+                                    const char *cfg_name) {
   bool kimi = cfg && names_kimi(cfg);
-  const char *pat = pattern ? pattern : infer_pattern(path, kimi);
-  char *text = NULL;
+  const char *pat = pattern ? pattern : infer_pattern(name, kimi);
+  const char *text = NULL;
   size_t len = 0, n = 0;
   df_buf unz = {0}, bytes = {0};
   rank_line *lines = NULL;
   uint32_t max_rank = 0;
+  dflash_status st = DFLASH_OK;
   if (!pat)
     st = df_error(DFLASH_E_CONFIG,
                   "%s: a bare rank file needs a pattern (cl100k, o200k, kimi-k2, qwen2, qwen3.5 or a "
-                  "regex)", path);
-  if (!st) st = read_rank_text(path, &text, &len, &unz);
-  if (!st) st = parse_ranks(path, text, len, &lines, &n, &bytes, &max_rank);
+                  "regex)", name);
+  if (!st) st = maybe_gunzip(name, data, data_len, &text, &len, &unz);
+  if (!st) st = parse_ranks(name, text, len, &lines, &n, &bytes, &max_rank);
   if (!st && max_rank >= n + (1u << 20))
-    st = df_error(DFLASH_E_FORMAT, "%s: %zu lines but ranks reach %u (ranks missing)", path, n,
+    st = df_error(DFLASH_E_FORMAT, "%s: %zu lines but ranks reach %u (ranks missing)", name, n,
                   max_rank);
   if (!st) {
     /* Room for every rank seen, so a duplicate is reported as such before a hole. */
@@ -272,18 +273,29 @@ dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char
     n_ids = kimi ? n_ids + KIMI_SPECIAL_SLOTS : openai_extent(pat, n_ids);
     st = df_vocab_init(&t->vocab, n_ids);
   }
-  if (!st) st = fill_ranks(t, path, lines, n, &bytes);
-  if (!st) st = df_vocab_index(&t->vocab, true, path);
+  if (!st) st = fill_ranks(t, name, lines, n, &bytes);
+  if (!st) st = df_vocab_index(&t->vocab, true, name);
   if (!st) st = df_pairmap_from_ranks(&t->pairs, &t->vocab);
-  if (!st) st = kimi ? kimi_specials(t, cfg, config_path, (uint32_t)n)
+  if (!st) st = kimi ? kimi_specials(t, cfg, cfg_name, (uint32_t)n)
                      : openai_specials(t, pat, (uint32_t)n);
   if (!st) st = df_pretok_add_regex(&t->pretok, pat, false, DF_SPLIT_ISOLATED, false, false, &t->nfc);
   t->family = DF_FAMILY_TIKTOKEN;
   t->whole_piece_lookup = true;
-  free(text);
   free(lines);
   df_buf_free(&unz);
   df_buf_free(&bytes);
+  return st;
+}
+
+dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
+                               const char *config_path) {
+  json_t *cfg = NULL;
+  char *data = NULL;
+  size_t len = 0;
+  dflash_status st = config_path ? df_json_load_file(config_path, &cfg) : DFLASH_OK;
+  if (!st) st = df_read_file(path, &data, &len);
+  if (!st) st = df_load_tiktoken_data(t, path, data, len, pattern, cfg, config_path);
+  free(data);
   json_decref(cfg);
   return st;
 }

@@ -88,7 +88,7 @@ dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step) {
 static dflash_status compile(const char *pcre, bool literal, pcre2_code **out) {
   int err;
   PCRE2_SIZE off;
-  uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY | (literal ? PCRE2_LITERAL : 0);
+  uint32_t flags = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY;
   *out = pcre2_compile((PCRE2_SPTR)pcre, PCRE2_ZERO_TERMINATED, flags, &err, &off, NULL);
   if (!*out) {
     PCRE2_UCHAR msg[256];
@@ -105,8 +105,8 @@ dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool litera
                                   df_split_behavior behavior, bool invert, bool keep_gaps,
                                   bool *nfc) {
   const named_pattern *named = literal ? NULL : find_named(pattern);
+  if (named && nfc) *nfc = named->nfc; /* only a name implies a normaliser */
   if (!named && !literal) named = find_by_regex(pattern);
-  if (named && nfc) *nfc = named->nfc;
   const char *rx = named ? named->regex : pattern;
   if (!df_utf8_valid(rx, strlen(rx))) return df_error(DFLASH_E_UTF8, "regex is not valid UTF-8");
   char *pcre = NULL;
@@ -155,23 +155,35 @@ static dflash_status scratch_ready(df_pretok_scratch *s) {
   if (s->md) return DFLASH_OK;
   s->md = pcre2_match_data_create(16, NULL);
   s->mctx = pcre2_match_context_create(NULL);
-  s->jit_stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
-  if (!s->md || !s->mctx || !s->jit_stack) return df_error_nomem("regex match data");
-  pcre2_jit_stack_assign(s->mctx, NULL, s->jit_stack);
+  if (!s->md || !s->mctx) return df_error_nomem("regex match data");
   return DFLASH_OK;
+}
+
+/* The JIT's default 32 KiB stack suffices for real text; a pathological piece
+ * gets a large one on demand. */
+static bool grow_jit_stack(df_pretok_scratch *s) {
+  if (s->jit_stack) return false;
+  s->jit_stack = pcre2_jit_stack_create(256 * 1024, 64 * 1024 * 1024, NULL);
+  if (!s->jit_stack) return false;
+  pcre2_jit_stack_assign(s->mctx, NULL, s->jit_stack);
+  return true;
 }
 
 /* Next match in text[b..e) at or after `pos` (offsets relative to text). */
 static dflash_status next_match(const df_pretok_step *st, const char *text, size_t b, size_t e,
                                 size_t pos, df_pretok_scratch *s, size_t *mb, size_t *me) {
   if (st->scanner != DF_SCAN_NONE) {
-    *mb = pos;
-    *me = pos + df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
-    return DFLASH_OK;
+    size_t n = df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
+    if (n) { /* else nothing matches here: let the regex find the next match */
+      *mb = pos;
+      *me = pos + n;
+      return DFLASH_OK;
+    }
   }
   for (;;) {
     int rc = pcre2_match(st->re, (PCRE2_SPTR)text + b, e - b, pos - b, PCRE2_NO_UTF_CHECK, s->md,
                          s->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && grow_jit_stack(s)) continue;
     if (rc == PCRE2_ERROR_NOMATCH) {
       *mb = *me = e;
       return DFLASH_OK;
@@ -254,8 +266,8 @@ dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t 
 }
 
 /* Give every piece a leading space unless it has one (HF ByteLevel add_prefix_space). */
-static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_pretok_scratch *s,
-                                   df_buf *dst, df_ranges *out) {
+static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_buf *dst,
+                                   df_ranges *out) {
   dst->len = 0;
   out->len = 0;
   for (size_t k = 0; k < in->len; k++) {
@@ -264,7 +276,6 @@ static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_pre
     if (df_buf_append(dst, text + b, e - b) || df_ranges_push(out, start, dst->len))
       return DFLASH_E_NOMEM;
   }
-  (void)s;
   return DFLASH_OK;
 }
 
@@ -280,7 +291,7 @@ dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
     if (step->kind == DF_STEP_PREFIX_SPACE) {
       /* Write into whichever buffer `text` is not. */
       df_buf *dst = text == s->prefixed.data ? &spare : &s->prefixed;
-      st = prefix_spaces(text, cur, s, dst, next);
+      st = prefix_spaces(text, cur, dst, next);
       if (dst == &spare) { /* swap so the live text stays in s->prefixed */
         df_buf old = s->prefixed;
         s->prefixed = spare;

@@ -13,6 +13,14 @@
 
 enum { DF_TOK_NONE = 0, DF_TOK_ORDINARY = 1, DF_TOK_SPECIAL = 2, DF_TOK_ADDED = 3 };
 
+/* A hash slot: the token's first 8 bytes inline, so short tokens compare
+ * without touching the blob. id_plus1 == 0: empty. */
+typedef struct df_vslot {
+  uint64_t head;
+  uint32_t id_plus1;
+  uint32_t len;
+} df_vslot;
+
 /* Bytes of every token by id, and a bytes -> id hash for the ordinary ones. */
 typedef struct df_vocab {
   uint32_t n_ids;  /* one more than the largest id */
@@ -20,9 +28,8 @@ typedef struct df_vocab {
   uint32_t *len;   /* [n_ids] */
   uint8_t *kind;   /* [n_ids] DF_TOK_* */
   df_buf blob;
-  /* open addressing: slot = id + 1 (0 empty), with the hash kept beside it */
-  uint32_t *slot_id;
-  uint32_t *slot_hash;
+  /* open addressing over ordinary tokens; one cache line answers most probes */
+  struct df_vslot *slots;
   uint32_t mask;
   uint32_t byte_id[256]; /* id of each single byte, UINT32_MAX if missing */
 } df_vocab;
@@ -37,35 +44,52 @@ dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t l
 dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
 /* Ordinary token with exactly these bytes, or UINT32_MAX. */
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
+/* Same, with hash = df_hash_bytes(bytes, len) already computed. */
+uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash);
 uint64_t df_hash_bytes(const void *p, size_t n);
 
-/* (left id, right id) -> (rank, merged id). */
+/*
+ * (left id, right id) -> rank, packed in one 8-byte slot (21 + 21 bits of key,
+ * 22 of rank) so the table stays small enough for the cache; the merged id
+ * comes from the rank (tiktoken: the rank is the id; HF: merged_of_rank).
+ */
+#define DF_PAIR_ID_BITS 21
+#define DF_PAIR_RANK_BITS 22
+#define DF_PAIR_MAX_ID ((1u << DF_PAIR_ID_BITS) - 2)
+#define DF_PAIR_MAX_RANK ((1u << DF_PAIR_RANK_BITS) - 2)
 typedef struct df_pairmap {
-  uint64_t *keys; /* UINT64_MAX empty */
-  uint32_t *rank;
-  uint32_t *merged;
+  uint64_t *slots; /* UINT64_MAX: empty */
   size_t mask;
   size_t count;
+  uint32_t *merged_of_rank; /* NULL: the rank is the merged id */
+  size_t n_ranks;
 } df_pairmap;
 
 dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
 void df_pairmap_free(df_pairmap *m);
-/* Insert unless present (a repeated merge keeps its first, lowest rank). */
+/* Insert unless present (a repeated merge keeps its first, lowest rank).
+ * With merged_of_rank, also records merged for this rank. */
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged);
-static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << 32 | b; }
+/* Shrink the table to its final size once every pair is in. */
+dflash_status df_pairmap_compact(df_pairmap *m);
+static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << DF_PAIR_ID_BITS | b; }
 static inline size_t df_pair_slot(uint64_t key, size_t mask) {
-  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
 /* Rank of merging a then b, UINT32_MAX when they do not merge. */
-static inline uint32_t df_pairmap_get(const df_pairmap *m, uint32_t a, uint32_t b, uint32_t *merged) {
+static inline uint32_t df_pairmap_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
   uint64_t key = df_pair_key(a, b);
   for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
-    if (m->keys[i] == key) {
-      *merged = m->merged[i];
-      return m->rank[i];
-    }
-    if (m->keys[i] == UINT64_MAX) return UINT32_MAX;
+    uint64_t s = m->slots[i];
+    if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
+    if (s == UINT64_MAX) return UINT32_MAX;
   }
+}
+static inline uint32_t df_pairmap_merged(const df_pairmap *m, uint32_t rank) {
+  return m->merged_of_rank ? m->merged_of_rank[rank] : rank;
+}
+static inline void df_pairmap_prefetch(const df_pairmap *m, uint32_t a, uint32_t b) {
+  __builtin_prefetch(&m->slots[df_pair_slot(df_pair_key(a, b), m->mask)]);
 }
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
  * ranked by that token. Enumerates every split of every ordinary token. */
@@ -76,7 +100,6 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
 typedef struct df_bpe_scratch {
   uint32_t *ids;
   uint32_t *rank;
-  uint32_t *merged;
   uint32_t *prev, *next;
   uint64_t *heap;
   size_t cap, heap_cap;
@@ -90,6 +113,8 @@ typedef struct df_ids {
   size_t len, cap;
 } df_ids;
 dflash_status df_ids_push(df_ids *ids, int32_t id);
+/* Room for n more ids. */
+dflash_status df_ids_reserve(df_ids *ids, size_t n);
 dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const uint8_t *piece,
                             size_t n, size_t heap_threshold, df_bpe_scratch *s, df_ids *out);
 
@@ -236,6 +261,7 @@ int df_trie_find(const df_trie *t, const df_added *added, dflash_special_mode mo
 typedef enum df_family { DF_FAMILY_TIKTOKEN, DF_FAMILY_HF } df_family;
 
 struct dflash_tokenizer {
+  uint64_t serial; /* unique per load: tags per-thread caches */
   df_family family;
   df_vocab vocab;
   df_pairmap pairs;
@@ -252,6 +278,17 @@ struct dflash_tokenizer {
 dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
                                const char *config_path);
 dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char *pattern);
+/* The same from memory (fuzzing, tests): `name` stands for the file in messages. */
+struct json_t;
+dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const char *data,
+                                    size_t len, const char *pattern, struct json_t *cfg,
+                                    const char *cfg_name);
+dflash_status df_load_hf_doc(dflash_tokenizer *t, struct json_t *doc, const char *name,
+                             const char *pattern);
+/* A fresh serial number for a loaded tokenizer (tags per-thread caches). */
+uint64_t df_tokenizer_serial(void);
+/* Build the added-token tries once a loader is done. */
+dflash_status df_tokenizer_finish(dflash_tokenizer *t);
 dflash_status df_load_vocab_merges(dflash_tokenizer *t, const char *vocab_path,
                                    const char *merges_path, const char *pattern);
 /* Append an added token (copied). */

@@ -1,6 +1,9 @@
 /* Public tokenizer API: loading dispatch, encode (single and batch), decode, lookups. */
 #include <dflash/tokenizer.h>
 
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -83,11 +86,23 @@ static dflash_status load_file(dflash_tokenizer *t, const char *path, const char
     return st;
   }
   if (df_str_ends_with(path, ".json")) return df_load_hf_json(t, path, pattern);
-  return df_load_tiktoken(t, path, pattern, NULL);
+  /* A rank file inside a model directory takes that directory's special-token layout. */
+  char *dir = df_path_dirname(path);
+  char *cfg = dir ? df_path_join(dir, "tokenizer_config.json") : NULL;
+  dflash_status st = dir && cfg ? df_load_tiktoken(t, path, pattern, exists(cfg) ? cfg : NULL)
+                                : df_error_nomem("paths");
+  free(dir);
+  free(cfg);
+  return st;
+}
+
+uint64_t df_tokenizer_serial(void) {
+  static atomic_uint_fast64_t serials = 1;
+  return atomic_fetch_add(&serials, 1);
 }
 
 /* Tries over added tokens, once the loader has filled them in. */
-static dflash_status finish(dflash_tokenizer *t) {
+dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
   return st;
@@ -106,10 +121,13 @@ dflash_status dflash_tokenizer_load(const char *path, const dflash_tokenizer_opt
     memcpy(&o, opts, opts->struct_size);
   }
   if (o.pattern && !*o.pattern) o.pattern = NULL;
+  struct stat sb;
+  if (stat(path, &sb) != 0) return df_error_errno(DFLASH_E_IO, errno, "tokenizer %s", path);
   dflash_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return df_error_nomem("tokenizer");
+  t->serial = df_tokenizer_serial();
   dflash_status st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);
-  if (!st) st = finish(t);
+  if (!st) st = df_tokenizer_finish(t);
   if (st) {
     dflash_tokenizer_free(t);
     return st;
@@ -129,12 +147,28 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 
 /* ---- encode --------------------------------------------------------------- */
 
+/* Merged pieces are remembered per thread: real text repeats its words, and a
+ * BPE merge costs several cache misses in the pair table. Entries hold the
+ * piece bytes, so a hit is exact. */
+#define DF_CACHE_BITS 12
+#define DF_CACHE_PIECE 24
+#define DF_CACHE_IDS 6
+
+typedef struct piece_entry {
+  uint64_t hash;
+  uint8_t len, n;
+  uint8_t bytes[DF_CACHE_PIECE];
+  uint32_t ids[DF_CACHE_IDS];
+} piece_entry;
+
 typedef struct enc_ctx {
   df_buf repaired, normed;
   df_pretok_scratch ps;
   df_bpe_scratch bs;
   df_ids out;
   dflash_special_mode mode;
+  piece_entry *cache;
+  uint64_t cache_serial;
 } enc_ctx;
 
 static void ctx_free(enc_ctx *c) {
@@ -143,7 +177,70 @@ static void ctx_free(enc_ctx *c) {
   df_pretok_scratch_free(&c->ps);
   df_bpe_scratch_free(&c->bs);
   free(c->out.v);
+  free(c->cache);
   memset(c, 0, sizeof *c);
+}
+
+/* Drop scratch that one huge text grew, so a thread does not keep it pinned. */
+static void ctx_trim(enc_ctx *c) {
+  enum { BIG = 1 << 22 };
+  if (c->out.cap * sizeof *c->out.v > BIG) {
+    free(c->out.v);
+    memset(&c->out, 0, sizeof c->out);
+  }
+  if (c->bs.cap * 4 * sizeof(uint32_t) + c->bs.heap_cap * sizeof(uint64_t) > BIG)
+    df_bpe_scratch_free(&c->bs);
+  if ((c->ps.a.cap + c->ps.b.cap) * sizeof(df_range) + c->ps.prefixed.cap > BIG)
+    df_pretok_scratch_free(&c->ps);
+  if (c->repaired.cap > BIG) df_buf_free(&c->repaired);
+  if (c->normed.cap > BIG) df_buf_free(&c->normed);
+}
+
+/* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
+static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
+  if (c->cache && c->cache_serial == t->serial) return;
+  if (!c->cache) c->cache = malloc(sizeof *c->cache << DF_CACHE_BITS);
+  if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
+  c->cache_serial = t->serial;
+}
+
+static bool cache_get(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n) {
+  if (!c->cache || n > DF_CACHE_PIECE) return false;
+  const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
+  if (e->hash != h || e->len != n || memcmp(e->bytes, p, n)) return false;
+  if (c->out.cap - c->out.len < e->n) return false; /* let the slow path grow it */
+  for (int k = 0; k < e->n; k++) c->out.v[c->out.len++] = (int32_t)e->ids[k];
+  return true;
+}
+
+static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
+  size_t count = c->out.len - first;
+  if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
+  piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
+  e->hash = h;
+  e->len = (uint8_t)n;
+  e->n = (uint8_t)count;
+  memcpy(e->bytes, p, n);
+  for (size_t k = 0; k < count; k++) e->ids[k] = (uint32_t)c->out.v[first + k];
+}
+
+/* Token ids of one piece. */
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                                  uint64_t h, enc_ctx *c) {
+  if (n == 1) return df_ids_push(&c->out, (int32_t)t->vocab.byte_id[p[0]]);
+  if (cache_get(c, h, p, n)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
+  size_t first = c->out.len;
+  if (t->whole_piece_lookup) {
+    uint32_t id = df_vocab_find_h(&t->vocab, p, n, h);
+    if (id != UINT32_MAX) {
+      dflash_status st = df_ids_push(&c->out, (int32_t)id);
+      if (!st) cache_put(c, h, p, n, first);
+      return st;
+    }
+  }
+  dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  if (!st) cache_put(c, h, p, n, first);
+  return st;
 }
 
 /* Pre-tokenize and merge text that holds no added token. */
@@ -153,17 +250,25 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   const char *base;
   df_ranges *pieces;
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
+  const df_vocab *v = &t->vocab;
+  enum { AHEAD = 4 };
+  uint64_t hashes[AHEAD] = {0};
+  /* Hash a few pieces ahead and prefetch their vocabulary slots, so the
+   * lookups' cache misses overlap. */
+  for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
+    const df_range *r = &pieces->v[i];
+    hashes[i] = df_hash_bytes(base + r->begin, r->end - r->begin);
+    __builtin_prefetch(&v->slots[(uint32_t)hashes[i] & v->mask]);
+  }
   for (size_t i = 0; i < pieces->len && !st; i++) {
-    const uint8_t *p = (const uint8_t *)base + pieces->v[i].begin;
-    size_t n = pieces->v[i].end - pieces->v[i].begin;
-    if (t->whole_piece_lookup && n > 1) {
-      uint32_t id = df_vocab_find(&t->vocab, p, n);
-      if (id != UINT32_MAX) {
-        st = df_ids_push(&c->out, (int32_t)id);
-        continue;
-      }
+    const df_range *r = &pieces->v[i];
+    uint64_t h = hashes[i % AHEAD];
+    if (i + AHEAD < pieces->len) {
+      const df_range *ra = &pieces->v[i + AHEAD];
+      hashes[i % AHEAD] = df_hash_bytes(base + ra->begin, ra->end - ra->begin);
+      __builtin_prefetch(&v->slots[(uint32_t)hashes[i % AHEAD] & v->mask]);
     }
-    st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+    st = encode_piece(t, (const uint8_t *)base + r->begin, r->end - r->begin, h, c);
   }
   return st;
 }
@@ -218,21 +323,48 @@ static dflash_status encode_into(const dflash_tokenizer *t, const char *text, si
   return split_added(t, &t->raw_trie, text, len, c, encode_segment);
 }
 
+/* Each thread keeps one encoding context (scratch buffers and piece cache)
+ * between calls; it is freed when the thread exits. */
+static pthread_key_t ctx_key;
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+static bool ctx_key_ok;
+
+static void ctx_destroy(void *p) {
+  ctx_free(p);
+  free(p);
+}
+
+static void ctx_key_init(void) { ctx_key_ok = pthread_key_create(&ctx_key, ctx_destroy) == 0; }
+
+static enc_ctx *thread_ctx(void) {
+  pthread_once(&ctx_once, ctx_key_init);
+  if (!ctx_key_ok) return NULL;
+  enc_ctx *c = pthread_getspecific(ctx_key);
+  if (!c && (c = calloc(1, sizeof *c)) && pthread_setspecific(ctx_key, c)) {
+    free(c);
+    c = NULL;
+  }
+  return c;
+}
+
 dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *text, size_t len,
                                       dflash_special_mode special, int32_t *ids, size_t cap,
                                       size_t *n_ids) {
   DF_CHECK_ARG(t && (text || !len) && (ids || !cap) && n_ids);
   DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);
-  enc_ctx c = {0};
-  dflash_status st = encode_into(t, text ? text : "", len, special, &c);
+  enc_ctx local = {0}, *c = thread_ctx();
+  if (!c) c = &local;
+  cache_for(c, t);
+  dflash_status st = encode_into(t, text ? text : "", len, special, c);
   if (!st) {
-    *n_ids = c.out.len;
-    if (c.out.len > cap)
-      st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c.out.len, cap);
-    else if (c.out.len)
-      memcpy(ids, c.out.v, c.out.len * sizeof *ids);
+    *n_ids = c->out.len;
+    if (c->out.len > cap)
+      st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c->out.len, cap);
+    else if (c->out.len)
+      memcpy(ids, c->out.v, c->out.len * sizeof *ids);
   }
-  ctx_free(&c);
+  ctx_trim(c);
+  ctx_free(&local);
   return st;
 }
 
@@ -252,13 +384,21 @@ typedef struct batch_job {
   char **message;        /* per worker */
 } batch_job;
 
+static dflash_status ids_append(df_ids *dst, const int32_t *v, size_t n) {
+  if (df_ids_reserve(dst, n)) return DFLASH_E_NOMEM;
+  if (n) memcpy(dst->v + dst->len, v, n * sizeof *v);
+  dst->len += n;
+  return DFLASH_OK;
+}
+
 static void batch_range(void *arg, size_t begin, size_t end, int worker) {
   batch_job *j = arg;
   enc_ctx *c = &j->ctx[worker];
+  cache_for(c, j->t);
   df_ids *arena = &j->arena[worker];
   for (size_t i = begin; i < end && !j->status[worker]; i++) {
     dflash_status st = encode_into(j->t, j->texts[i] ? j->texts[i] : "", j->lens[i], j->mode, c);
-    for (size_t k = 0; !st && k < c->out.len; k++) st = df_ids_push(arena, c->out.v[k]);
+    if (!st) st = ids_append(arena, c->out.v, c->out.len);
     if (st) {
       df_error_wrap(st, "text %zu", i);
       j->status[worker] = st;

@@ -59,11 +59,7 @@ dflash_status df_utf8_repair(const char *str, size_t len, df_buf *out, bool *cha
 
 dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed) {
   *changed = false;
-  /* Code points below U+0300 (lead bytes below 0xCC) are NFC and never
-   * compose with what precedes them, so such text is already normalised. */
-  size_t i = 0;
-  while (i < len && (uint8_t)s[i] < 0xCC) i++;
-  if (i == len) return DFLASH_OK;
+  if (df_utf8_quick_nfc(s, len)) return DFLASH_OK; /* the common case: no utf8proc pass */
   utf8proc_uint8_t *dst = NULL;
   utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &dst,
                                     UTF8PROC_STABLE | UTF8PROC_COMPOSE);

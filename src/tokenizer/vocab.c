@@ -6,6 +6,12 @@
 
 uint64_t df_hash_bytes(const void *p, size_t n) {
   const uint8_t *s = p;
+  if (n <= 8) { /* most pieces: one multiply, high bits folded down for the mask */
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    uint64_t h = (w ^ (n * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 29) ^ (h >> 47);
+  }
   uint64_t h = 0x243F6A8885A308D3ull ^ (n * 0x9E3779B97F4A7C15ull);
   while (n >= 8) {
     uint64_t w;
@@ -38,8 +44,7 @@ void df_vocab_free(df_vocab *v) {
   free(v->off);
   free(v->len);
   free(v->kind);
-  free(v->slot_id);
-  free(v->slot_hash);
+  free(v->slots);
   df_buf_free(&v->blob);
   memset(v, 0, sizeof *v);
 }
@@ -58,17 +63,30 @@ dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t l
   return DFLASH_OK;
 }
 
-static bool same_bytes(const df_vocab *v, uint32_t id, const void *bytes, size_t len) {
-  return v->len[id] == len && memcmp(v->blob.data + v->off[id], bytes, len) == 0;
+static uint64_t head8(const void *bytes, size_t len) {
+  uint64_t h = 0;
+  memcpy(&h, bytes, len < 8 ? len : 8);
+  return h;
+}
+
+static bool slot_matches(const df_vocab *v, const df_vslot *s, uint64_t head, const void *bytes,
+                         size_t len) {
+  if (s->len != len || s->head != head) return false;
+  return len <= 8 ||
+         memcmp(v->blob.data + v->off[s->id_plus1 - 1] + 8, (const char *)bytes + 8, len - 8) == 0;
 }
 
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len) {
-  if (!v->slot_id) return UINT32_MAX;
-  uint32_t h = (uint32_t)df_hash_bytes(bytes, len);
-  for (uint32_t i = h & v->mask;; i = (i + 1) & v->mask) {
-    uint32_t s = v->slot_id[i];
-    if (!s) return UINT32_MAX;
-    if (v->slot_hash[i] == h && same_bytes(v, s - 1, bytes, len)) return s - 1;
+  return df_vocab_find_h(v, bytes, len, df_hash_bytes(bytes, len));
+}
+
+uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash) {
+  if (!v->slots) return UINT32_MAX;
+  uint64_t head = head8(bytes, len);
+  for (uint32_t i = (uint32_t)hash & v->mask;; i = (i + 1) & v->mask) {
+    const df_vslot *s = &v->slots[i];
+    if (!s->id_plus1) return UINT32_MAX;
+    if (slot_matches(v, s, head, bytes, len)) return s->id_plus1 - 1;
   }
 }
 
@@ -76,26 +94,21 @@ dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what) {
   uint32_t cap = 16;
   while (cap < v->n_ids * 2u && cap < (1u << 31)) cap <<= 1;
   v->mask = cap - 1;
-  v->slot_id = calloc(cap, sizeof *v->slot_id);
-  v->slot_hash = calloc(cap, sizeof *v->slot_hash);
-  if (!v->slot_id || !v->slot_hash) return df_error_nomem("vocabulary index");
+  v->slots = calloc(cap, sizeof *v->slots);
+  if (!v->slots) return df_error_nomem("vocabulary index");
   for (uint32_t id = 0; id < v->n_ids; id++) {
     if (v->kind[id] != DF_TOK_ORDINARY) continue;
     const char *bytes = v->blob.data + v->off[id];
-    uint32_t h = (uint32_t)df_hash_bytes(bytes, v->len[id]);
-    uint32_t i = h & v->mask;
-    for (; v->slot_id[i]; i = (i + 1) & v->mask) {
-      uint32_t other = v->slot_id[i] - 1;
-      if (v->slot_hash[i] != h || !same_bytes(v, other, bytes, v->len[id])) continue;
+    uint64_t head = head8(bytes, v->len[id]);
+    uint32_t i = (uint32_t)df_hash_bytes(bytes, v->len[id]) & v->mask;
+    for (; v->slots[i].id_plus1; i = (i + 1) & v->mask) {
+      if (!slot_matches(v, &v->slots[i], head, bytes, v->len[id])) continue;
       if (strict)
         return df_error(DFLASH_E_DUPLICATE, "%s: tokens %u and %u have the same bytes", what,
-                        other, id);
+                        v->slots[i].id_plus1 - 1, id);
       break; /* lower id already there */
     }
-    if (!v->slot_id[i]) {
-      v->slot_id[i] = id + 1;
-      v->slot_hash[i] = h;
-    }
+    if (!v->slots[i].id_plus1) v->slots[i] = (df_vslot){head, id + 1, v->len[id]};
   }
   for (int b = 0; b < 256; b++)
     if (v->byte_id[b] == UINT32_MAX)
@@ -110,48 +123,56 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
   size_t cap = 64;
   while (cap < expected * 2) cap <<= 1;
   m->mask = cap - 1;
-  m->keys = malloc(cap * sizeof *m->keys);
-  m->rank = malloc(cap * sizeof *m->rank);
-  m->merged = malloc(cap * sizeof *m->merged);
-  if (!m->keys || !m->rank || !m->merged) return df_error_nomem("merge table");
-  memset(m->keys, 0xFF, cap * sizeof *m->keys);
+  m->slots = malloc(cap * sizeof *m->slots);
+  if (!m->slots) return df_error_nomem("merge table");
+  memset(m->slots, 0xFF, cap * sizeof *m->slots);
   return DFLASH_OK;
 }
 
 void df_pairmap_free(df_pairmap *m) {
-  free(m->keys);
-  free(m->rank);
-  free(m->merged);
+  free(m->slots);
+  free(m->merged_of_rank);
   memset(m, 0, sizeof *m);
 }
 
-static dflash_status pairmap_grow(df_pairmap *m) {
-  df_pairmap bigger;
-  if (df_pairmap_init(&bigger, (m->mask + 1)) != DFLASH_OK) return DFLASH_E_NOMEM;
-  for (size_t i = 0; i <= m->mask; i++) {
-    if (m->keys[i] == UINT64_MAX) continue;
-    size_t j = df_pair_slot(m->keys[i], bigger.mask);
-    while (bigger.keys[j] != UINT64_MAX) j = (j + 1) & bigger.mask;
-    bigger.keys[j] = m->keys[i];
-    bigger.rank[j] = m->rank[i];
-    bigger.merged[j] = m->merged[i];
-  }
-  bigger.count = m->count;
-  df_pairmap_free(m);
-  *m = bigger;
+static void pairmap_insert(uint64_t *slots, size_t mask, uint64_t packed) {
+  size_t i = df_pair_slot(packed >> DF_PAIR_RANK_BITS, mask);
+  while (slots[i] != UINT64_MAX) i = (i + 1) & mask;
+  slots[i] = packed;
+}
+
+/* Rehash into a table sized for `expected` entries. */
+static dflash_status pairmap_resize(df_pairmap *m, size_t expected) {
+  size_t cap = 64;
+  while (cap < expected * 2) cap <<= 1;
+  uint64_t *slots = malloc(cap * sizeof *slots);
+  if (!slots) return df_error_nomem("merge table");
+  memset(slots, 0xFF, cap * sizeof *slots);
+  for (size_t i = 0; i <= m->mask; i++)
+    if (m->slots[i] != UINT64_MAX) pairmap_insert(slots, cap - 1, m->slots[i]);
+  free(m->slots);
+  m->slots = slots;
+  m->mask = cap - 1;
   return DFLASH_OK;
 }
 
+dflash_status df_pairmap_compact(df_pairmap *m) { return pairmap_resize(m, m->count); }
+
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged) {
-  if ((m->count + 1) * 2 > m->mask + 1 && pairmap_grow(m)) return DFLASH_E_NOMEM;
+  if (a > DF_PAIR_MAX_ID || b > DF_PAIR_MAX_ID || merged > DF_PAIR_MAX_ID)
+    return df_error(DFLASH_E_UNSUPPORTED, "token ids above %u are not supported", DF_PAIR_MAX_ID);
+  if (rank > DF_PAIR_MAX_RANK)
+    return df_error(DFLASH_E_UNSUPPORTED, "more than %u merges are not supported", DF_PAIR_MAX_RANK);
+  if ((m->count + 1) * 2 > m->mask + 1 && pairmap_resize(m, (m->mask + 1))) return DFLASH_E_NOMEM;
   uint64_t key = df_pair_key(a, b);
-  size_t i = df_pair_slot(key, m->mask);
-  for (; m->keys[i] != UINT64_MAX; i = (i + 1) & m->mask)
-    if (m->keys[i] == key) return DFLASH_OK;
-  m->keys[i] = key;
-  m->rank[i] = rank;
-  m->merged[i] = merged;
+  for (size_t i = df_pair_slot(key, m->mask); m->slots[i] != UINT64_MAX; i = (i + 1) & m->mask)
+    if (m->slots[i] >> DF_PAIR_RANK_BITS == key) return DFLASH_OK;
+  pairmap_insert(m->slots, m->mask, key << DF_PAIR_RANK_BITS | rank);
   m->count++;
+  if (m->merged_of_rank) {
+    if (rank >= m->n_ranks) return df_error(DFLASH_E_INTERNAL, "merge rank %u out of range", rank);
+    m->merged_of_rank[rank] = merged;
+  }
   return DFLASH_OK;
 }
 
@@ -165,8 +186,9 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
       if (a == UINT32_MAX) continue;
       uint32_t b = df_vocab_find(v, s + cut, v->len[id] - cut);
       if (b == UINT32_MAX) continue;
-      if (df_pairmap_put(m, a, b, id, id)) return DFLASH_E_NOMEM;
+      dflash_status st = df_pairmap_put(m, a, b, id, id);
+      if (st) return st;
     }
   }
-  return DFLASH_OK;
+  return df_pairmap_compact(m);
 }

@@ -37,9 +37,31 @@ START_TEST(paths_and_buffers) {
 }
 END_TEST
 
+START_TEST(backoff_is_full_jitter_and_honours_retry_after) {
+  uint64_t rng = 42;
+  double max_seen = 0, min_seen = 1e9;
+  for (int i = 0; i < 10000; i++) {
+    double w = df_backoff_s(&rng, 3, 0.5, 30, -1, 60); /* cap 0.5 * 2^2 = 2 s */
+    ck_assert(w >= 0 && w < 2.0);
+    if (w > max_seen) max_seen = w;
+    if (w < min_seen) min_seen = w;
+  }
+  ck_assert(max_seen > 1.9 && min_seen < 0.1); /* spread over the whole window */
+  ck_assert(df_backoff_s(&rng, 40, 0.5, 30, -1, 60) < 30.0);
+  ck_assert(df_backoff_s(&rng, 1, 0.5, 30, 7.0, 60) >= 7.0);
+  ck_assert(df_backoff_s(&rng, 1, 0.5, 30, 500.0, 60) == 60.0);
+  ck_assert(df_parse_retry_after(" 12", false) == 12.0);
+  ck_assert(df_parse_retry_after("1500", true) == 1.5);
+  ck_assert(df_parse_retry_after("soon", false) == -1.0);
+  double d = df_parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", false);
+  ck_assert(d < 0); /* a date in the past: nothing to wait for */
+}
+END_TEST
+
 TCase *tc_util(void) {
   TCase *tc = tcase_create("util");
   tcase_add_test(tc, utf8_validation_rejects_what_python_rejects);
   tcase_add_test(tc, paths_and_buffers);
+  tcase_add_test(tc, backoff_is_full_jitter_and_honours_retry_after);
   return tc;
 }

@@ -13,6 +13,8 @@ int cmd_ls(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_render(int argc, char **argv);
+int cmd_encode(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);

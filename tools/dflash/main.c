@@ -19,6 +19,8 @@ static const command commands[] = {
     {"train", cmd_train, "train a DFlash drafter (CPU reference backend)"},
     {"eval", cmd_eval, "acceptance length tau of a drafter checkpoint"},
     {"render", cmd_render, "render one conversation (stdin) with a chat template, or its mask"},
+    {"encode", cmd_encode, "text on stdin -> token ids, one per line"},
+    {"decode", cmd_decode, "token ids on stdin -> the bytes they stand for"},
     {NULL, NULL, NULL},
 };
 

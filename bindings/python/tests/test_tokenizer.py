@@ -1,0 +1,148 @@
+"""dflash.Tokenizer: the ctypes binding and the CLI over the tokenizer API."""
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+
+import dflash
+
+FIXTURES = os.environ.get("DFLASH_FIXTURES") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "..", "shared", "fixtures")
+CL100K = os.path.join(FIXTURES, "tokenizers", "openai", "cl100k_base.tiktoken.gz")
+QWEN2 = os.path.join(FIXTURES, "tokenizers", "qwen2")
+
+TEXTS = ["Hello, world!", "", "I'm here; you'RE there.\r\n\r\n  x", "日本語のテキスト、こんにちは。",
+         "emoji 👍🏽 👨‍👩‍👧 ok", "<|endoftext|> special", "    indented\n\tcode()", "1234567890"]
+
+
+@pytest.fixture(scope="module")
+def cl100k():
+    if not os.path.exists(CL100K):
+        pytest.skip(f"fixture {CL100K} is absent")
+    with dflash.Tokenizer(CL100K) as tok:
+        yield tok
+
+
+@pytest.fixture(scope="module")
+def tiktoken_cl100k():
+    tiktoken = pytest.importorskip("tiktoken")
+    import base64
+    import gzip
+    with gzip.open(CL100K) as f:
+        ranks = {base64.b64decode(t): int(r) for t, r in (l.split() for l in f.read().splitlines() if l)}
+    pat = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++"""
+           r"""[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+    return tiktoken.Encoding("cl100k", pat_str=pat, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 100257, "<|fim_prefix|>": 100258,
+                                             "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260,
+                                             "<|endofprompt|>": 100276})
+
+
+def test_encode_matches_tiktoken_and_round_trips(cl100k, tiktoken_cl100k):
+    for text in TEXTS:
+        ids = cl100k.encode(text)
+        assert ids.dtype == np.int32
+        assert list(ids) == tiktoken_cl100k.encode(text, allowed_special="all")
+        assert list(cl100k.encode(text, special="none")) == tiktoken_cl100k.encode_ordinary(text)
+        assert cl100k.decode(ids) == text.encode()
+        assert list(cl100k.encode(text.encode())) == list(ids)
+
+
+def test_invalid_utf8_and_lone_surrogates_read_like_tiktoken(cl100k, tiktoken_cl100k):
+    raw = b"ok \xff\xfe caf\xc3 \xed\xa0\x80 end"
+    assert list(cl100k.encode(raw)) == tiktoken_cl100k.encode(raw.decode("utf-8", "replace"))
+    assert list(cl100k.encode("a\ud800b")) == tiktoken_cl100k.encode("a\ud800b")
+
+
+def test_batch_equals_one_by_one(cl100k):
+    batch = cl100k.encode_batch(TEXTS * 5, n_threads=2)
+    assert len(batch) == len(TEXTS) * 5
+    for text, ids in zip(TEXTS * 5, batch):
+        assert list(ids) == list(cl100k.encode(text))
+    assert cl100k.encode_batch([]) == []
+
+
+def test_lookups(cl100k):
+    assert cl100k.vocab_size == 100277
+    assert cl100k.token_to_id("<|endoftext|>") == 100257
+    assert cl100k.is_special(100257) and not cl100k.is_special(9906)
+    assert cl100k.id_to_token(9906) == b"Hello"
+    assert cl100k.token_to_id(b"Hello") == 9906
+    assert cl100k.token_to_id(b"no such token \x00") is None
+    with pytest.raises(dflash.Error) as info:
+        cl100k.id_to_token(100262)  # a hole between the specials
+    assert info.value.status == "DFLASH_E_NOT_FOUND"
+
+
+def test_errors_name_what_is_wrong(cl100k):
+    with pytest.raises(dflash.Error) as info:
+        cl100k.decode([9906, 10**6])
+    assert info.value.status == "DFLASH_E_RANGE" and "position 1" in info.value.message
+    with pytest.raises(dflash.Error) as info:
+        dflash.Tokenizer("/nonexistent/tokenizer.json")
+    assert info.value.status == "DFLASH_E_IO"
+    with tempfile.TemporaryDirectory() as tmp:
+        bad = os.path.join(tmp, "bad.tiktoken")
+        with open(bad, "w") as f:
+            f.write("IQ== 0\n@@@@ 1\n")
+        with pytest.raises(dflash.Error) as info:
+            dflash.Tokenizer(bad, pattern="cl100k")
+        assert info.value.status == "DFLASH_E_FORMAT" and "bad.tiktoken:2" in info.value.message
+    with pytest.raises(ValueError):
+        cl100k.encode("x", special="some")
+
+
+def test_close_and_context_manager():
+    if not os.path.exists(CL100K):
+        pytest.skip("fixture absent")
+    tok = dflash.Tokenizer(CL100K)
+    with tok:
+        assert len(tok.encode("hi")) == 1
+    with pytest.raises(ValueError):
+        tok.encode("hi")
+    tok.close()  # twice is fine
+
+
+def test_qwen2_directory_matches_hf():
+    tokenizers = pytest.importorskip("tokenizers")
+    if not os.path.isdir(QWEN2):
+        pytest.skip("qwen2 fixture absent")
+    from tokenizers import Regex, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    ref = tokenizers.Tokenizer(BPE.from_file(os.path.join(QWEN2, "vocab.json"),
+                                             os.path.join(QWEN2, "merges.txt")))
+    ref.normalizer = normalizers.NFC()
+    ref.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+                                   r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""),
+                             behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ref.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    with dflash.Tokenizer(QWEN2) as tok:
+        assert tok.vocab_size == 151646
+        for text in TEXTS + ["<|im_start|>user\ncafe\u0301<|im_end|>"]:
+            assert list(tok.encode(text)) == ref.encode(text, add_special_tokens=False).ids
+
+
+def test_cli_encode_decode(cl100k):
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        pytest.skip("DFLASH_CLI not set (run through meson test)")
+    text = "Hello <|endoftext|> wörld\n"
+    out = subprocess.run([cli, "encode", "--tokenizer", CL100K], input=text.encode(),
+                         capture_output=True, check=True).stdout
+    ids = [int(x) for x in out.split()]
+    assert ids == list(cl100k.encode(text))
+    none = subprocess.run([cli, "encode", "--tokenizer", CL100K, "--special", "none"],
+                          input=text.encode(), capture_output=True, check=True).stdout
+    assert [int(x) for x in none.split()] == list(cl100k.encode(text, special="none"))
+    back = subprocess.run([cli, "decode", "--tokenizer", CL100K], input=out, capture_output=True,
+                          check=True).stdout
+    assert back == text.encode()
+    bad = subprocess.run([cli, "decode", "--tokenizer", CL100K], input=b"5 99999999",
+                         capture_output=True)
+    assert bad.returncode == 1 and b"DFLASH_E_RANGE" in bad.stderr
+    usage = subprocess.run([cli, "encode"], capture_output=True)
+    assert usage.returncode == 2

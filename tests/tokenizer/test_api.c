@@ -1,0 +1,224 @@
+/* Public API behaviour: buffers, lookups, specials, decode errors, threads. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "testutil.h"
+#include "tok_testutil.h"
+
+static const char *const EXTRA[] = {"he", "ll", "hell", "hello", " w", "or", " wor", " world",
+                                    NULL};
+
+static dflash_tokenizer *synthetic(char **dir) {
+  *dir = df_test_tmpdir();
+  char *path = tt_write_ranks(*dir, "s.tiktoken", EXTRA);
+  dflash_tokenizer *t = tt_load(path, "cl100k");
+  free(path);
+  return t;
+}
+
+START_TEST(encode_decode_and_buffers) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  ck_assert_uint_eq(dflash_tokenizer_vocab_size(t), 256 + 8);
+  int32_t ids[16];
+  size_t n;
+  ck_assert_ok(dflash_tokenizer_encode(t, "hello world", 11, DFLASH_SPECIAL_ALL, ids, 16, &n));
+  ck_assert_uint_eq(n, 2);
+  ck_assert_int_eq(ids[0], 256 + 3);
+  ck_assert_int_eq(ids[1], 256 + 7);
+  ck_assert_status(dflash_tokenizer_encode(t, "hello world", 11, DFLASH_SPECIAL_ALL, ids, 1, &n),
+                   DFLASH_E_BUFFER, "2 ids");
+  ck_assert_uint_eq(n, 2);
+  ck_assert_ok(dflash_tokenizer_encode(t, "", 0, DFLASH_SPECIAL_ALL, ids, 0, &n));
+  ck_assert_uint_eq(n, 0);
+  char out[32];
+  size_t len;
+  ck_assert_status(dflash_tokenizer_decode(t, ids, 2, out, 4, &len), DFLASH_E_BUFFER, "11 bytes");
+  ck_assert_uint_eq(len, 11);
+  ck_assert_ok(dflash_tokenizer_decode(t, ids, 2, out, sizeof out, &len));
+  ck_assert_int_eq(memcmp(out, "hello world", 11), 0);
+  int32_t bad[] = {104, 5000};
+  ck_assert_status(dflash_tokenizer_decode(t, bad, 2, out, sizeof out, &len), DFLASH_E_RANGE,
+                   "id 5000 at position 1");
+  bad[1] = -3;
+  ck_assert_status(dflash_tokenizer_decode(t, bad, 2, out, sizeof out, &len), DFLASH_E_RANGE, "id -3");
+  ck_assert_status(dflash_tokenizer_encode(NULL, "x", 1, DFLASH_SPECIAL_ALL, ids, 16, &n),
+                   DFLASH_E_INVALID_ARG, "invalid argument");
+  ck_assert_status(dflash_tokenizer_encode(t, "x", 1, (dflash_special_mode)7, ids, 16, &n),
+                   DFLASH_E_INVALID_ARG, "special");
+  /* invalid UTF-8 becomes U+FFFD, whose bytes are three single-byte tokens here */
+  ck_assert_ok(dflash_tokenizer_encode(t, "\xff", 1, DFLASH_SPECIAL_ALL, ids, 16, &n));
+  ck_assert_uint_eq(n, 3);
+  ck_assert_int_eq(ids[0], 0xEF);
+  ck_assert_uint_le(n, dflash_tokenizer_max_ids(t, 1));
+  dflash_tokenizer_free(t);
+  dflash_tokenizer_free(NULL);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+START_TEST(lookups) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  int32_t id;
+  ck_assert_ok(dflash_tokenizer_token_to_id(t, " world", 6, &id));
+  ck_assert_int_eq(id, 263);
+  ck_assert_status(dflash_tokenizer_token_to_id(t, "xyz", 3, &id), DFLASH_E_NOT_FOUND, "3 bytes");
+  const char *bytes;
+  size_t len;
+  int special = -1;
+  ck_assert_ok(dflash_tokenizer_id_to_token(t, 259, &bytes, &len, &special));
+  ck_assert_uint_eq(len, 5);
+  ck_assert_int_eq(memcmp(bytes, "hello", 5), 0);
+  ck_assert_int_eq(special, 0);
+  ck_assert_status(dflash_tokenizer_id_to_token(t, 264, &bytes, &len, NULL), DFLASH_E_RANGE, "264");
+  dflash_tokenizer_free(t);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+START_TEST(openai_specials) {
+  char *path = df_test_fixture("tokenizers/openai/cl100k_base.tiktoken.gz");
+  if (!path) return;
+  dflash_tokenizer *t = tt_load(path, NULL);
+  ck_assert_uint_eq(dflash_tokenizer_vocab_size(t), 100277);
+  const char *text = "a<|endoftext|>b<|endofprompt|>";
+  int32_t ids[64];
+  size_t n;
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, ids, 64, &n));
+  ck_assert_uint_eq(n, 4);
+  ck_assert_int_eq(ids[1], 100257);
+  ck_assert_int_eq(ids[3], 100276);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_NONE, ids, 64, &n));
+  ck_assert_uint_gt(n, 4);
+  for (size_t i = 0; i < n; i++) ck_assert_int_lt(ids[i], 100256);
+  const char *bytes;
+  size_t len;
+  int special;
+  ck_assert_ok(dflash_tokenizer_id_to_token(t, 100276, &bytes, &len, &special));
+  ck_assert_int_eq(special, 1);
+  ck_assert_status(dflash_tokenizer_id_to_token(t, 100262, &bytes, &len, &special),
+                   DFLASH_E_NOT_FOUND, "unused");
+  int32_t id;
+  ck_assert_ok(dflash_tokenizer_token_to_id(t, "<|endoftext|>", 13, &id));
+  ck_assert_int_eq(id, 100257);
+  dflash_tokenizer_free(t);
+  free(path);
+}
+END_TEST
+
+/* One tokenizer, several threads encoding at once, and the batch encoder: same ids. */
+typedef struct worker {
+  const dflash_tokenizer *t;
+  const char *const *texts;
+  size_t n;
+  int32_t *ids;
+  size_t *counts;
+} worker;
+
+static void *encode_all(void *arg) {
+  worker *w = arg;
+  for (size_t i = 0; i < w->n; i++)
+    if (dflash_tokenizer_encode(w->t, w->texts[i], strlen(w->texts[i]), DFLASH_SPECIAL_ALL,
+                                w->ids + i * 256, 256, &w->counts[i]))
+      w->counts[i] = SIZE_MAX;
+  return NULL;
+}
+
+START_TEST(shared_across_threads_and_batch) {
+  char *path = df_test_fixture("tokenizers/openai/o200k_base.tiktoken.gz");
+  if (!path) return;
+  dflash_tokenizer *t = tt_load(path, NULL);
+  enum { N = 64, THREADS = 4 };
+  char *texts[N];
+  unsigned seed = 3;
+  for (int i = 0; i < N; i++) {
+    texts[i] = malloc(200);
+    size_t len = (size_t)(rand_r(&seed) % 150);
+    for (size_t k = 0; k < len; k++) texts[i][k] = " abcXYZ,.\n'日"[rand_r(&seed) % 13];
+    texts[i][len] = '\0';
+    if (!df_utf8_valid(texts[i], len)) texts[i][0] = '\0';
+  }
+  worker w[THREADS];
+  pthread_t th[THREADS];
+  for (int k = 0; k < THREADS; k++) {
+    w[k] = (worker){t, (const char *const *)texts, N, malloc(N * 256 * sizeof(int32_t)),
+                    malloc(N * sizeof(size_t))};
+    pthread_create(&th[k], NULL, encode_all, &w[k]);
+  }
+  for (int k = 0; k < THREADS; k++) pthread_join(th[k], NULL);
+  size_t lens[N], offsets[N + 1], cap = 0;
+  for (int i = 0; i < N; i++) cap += dflash_tokenizer_max_ids(t, lens[i] = strlen(texts[i]));
+  int32_t *batch = malloc(cap * sizeof *batch);
+  ck_assert_ok(dflash_tokenizer_encode_batch(t, (const char *const *)texts, lens, N,
+                                             DFLASH_SPECIAL_ALL, 3, batch, cap, offsets));
+  for (int i = 0; i < N; i++) {
+    for (int k = 0; k < THREADS; k++) {
+      ck_assert_uint_eq(w[k].counts[i], w[0].counts[i]);
+      ck_assert(!memcmp(w[k].ids + i * 256, w[0].ids + i * 256, w[0].counts[i] * sizeof(int32_t)));
+    }
+    ck_assert_uint_eq(offsets[i + 1] - offsets[i], w[0].counts[i]);
+    ck_assert(!memcmp(batch + offsets[i], w[0].ids + i * 256, w[0].counts[i] * sizeof(int32_t)));
+  }
+  ck_assert_status(dflash_tokenizer_encode_batch(t, (const char *const *)texts, lens, N,
+                                                 DFLASH_SPECIAL_ALL, 2, batch, 3, offsets),
+                   DFLASH_E_BUFFER, "do not fit");
+  ck_assert_uint_eq(offsets[N], offsets[N]);
+  for (int k = 0; k < THREADS; k++) {
+    free(w[k].ids);
+    free(w[k].counts);
+  }
+  for (int i = 0; i < N; i++) free(texts[i]);
+  free(batch);
+  dflash_tokenizer_free(t);
+  free(path);
+}
+END_TEST
+
+/* A Kimi model directory: tiktoken.model + tokenizer_config.json naming Kimi's class. */
+START_TEST(kimi_directory_layout) {
+  char *dir = df_test_tmpdir();
+  char *ranks = tt_write_ranks(dir, "tiktoken.model", EXTRA);
+  char *cfg = tt_write(dir, "tokenizer_config.json",
+                       "{\"tokenizer_class\": \"TikTokenTokenizer\", \"added_tokens_decoder\": {"
+                       "\"266\": {\"content\": \"<|im_end|>\", \"special\": true},"
+                       "\"264\": {\"content\": \"[BOS]\", \"special\": true}}}");
+  dflash_tokenizer *t = tt_load(dir, NULL);
+  ck_assert_uint_eq(dflash_tokenizer_vocab_size(t), 264 + 256);
+  const char *bytes;
+  size_t len;
+  int special;
+  ck_assert_ok(dflash_tokenizer_id_to_token(t, 266, &bytes, &len, &special));
+  ck_assert_int_eq(memcmp(bytes, "<|im_end|>", len), 0);
+  ck_assert_int_eq(special, 1);
+  ck_assert_ok(dflash_tokenizer_id_to_token(t, 519, &bytes, &len, &special));
+  ck_assert_int_eq(memcmp(bytes, "<|reserved_token_519|>", len), 0);
+  int32_t ids[32];
+  size_t n;
+  ck_assert_ok(dflash_tokenizer_encode(t, "hello<|im_end|>", 15, DFLASH_SPECIAL_ALL, ids, 32, &n));
+  ck_assert_uint_eq(n, 2);
+  ck_assert_int_eq(ids[1], 266);
+  dflash_tokenizer_free(t);
+  t = tt_load(ranks, NULL); /* the rank file itself: same layout from the config beside it */
+  ck_assert_uint_eq(dflash_tokenizer_vocab_size(t), 264 + 256);
+  dflash_tokenizer_free(t);
+  free(ranks);
+  free(cfg);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+TCase *tc_tok_api(void) {
+  TCase *tc = tcase_create("api");
+  tcase_add_test(tc, encode_decode_and_buffers);
+  tcase_add_test(tc, lookups);
+  tcase_add_test(tc, openai_specials);
+  tcase_add_test(tc, shared_across_threads_and_batch);
+  tcase_add_test(tc, kimi_directory_layout);
+  return tc;
+}

@@ -1,0 +1,87 @@
+/* `dflash encode --tokenizer PATH [--pattern P] [--special all|none]`: UTF-8 text on
+ * stdin, one token id per line on stdout. */
+#include <dflash/tokenizer.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+static int usage(FILE *out, int rc) {
+  fprintf(out,
+          "usage: dflash encode --tokenizer PATH [--pattern NAME|REGEX] [--special all|none]\n"
+          "Reads UTF-8 text on stdin and prints its token ids, one per line.\n"
+          "PATH: tiktoken rank file, tokenizer.json, vocab.json or a model directory.\n"
+          "NAME: cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2 (needed for a bare rank file).\n"
+          "--special all (default) recognises special-token text; none encodes it as text.\n");
+  return rc;
+}
+
+/* Read all of stdin into a malloc'd buffer. */
+static char *read_stdin(size_t *len) {
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    size_t got = fread(buf + n, 1, cap - n, stdin);
+    n += got;
+    if (n < cap) break;
+    char *bigger = realloc(buf, cap *= 2);
+    if (!bigger) free(buf);
+    buf = bigger;
+  }
+  if (buf && ferror(stdin)) {
+    free(buf);
+    buf = NULL;
+  }
+  *len = n;
+  return buf;
+}
+
+/* Shared by encode and decode: parse --tokenizer / --pattern / --special. */
+int cli_tokenizer_args(int argc, char **argv, const char **path, const char **pattern,
+                       const char **special);
+int cli_tokenizer_args(int argc, char **argv, const char **path, const char **pattern,
+                       const char **special) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char **dst = !strcmp(a, "--tokenizer") ? path
+                       : !strcmp(a, "--pattern") && pattern ? pattern
+                       : !strcmp(a, "--special") && special ? special
+                       : NULL;
+    if (!dst || i + 1 >= argc) return -1;
+    *dst = argv[++i];
+  }
+  return *path ? 0 : -1;
+}
+
+int cmd_encode(int argc, char **argv) {
+  if (argc == 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
+  const char *path = NULL, *pattern = NULL, *special = "all";
+  if (cli_tokenizer_args(argc, argv, &path, &pattern, &special)) return usage(stderr, 2);
+  if (strcmp(special, "all") && strcmp(special, "none")) return usage(stderr, 2);
+  dflash_tokenizer_options opts;
+  dflash_tokenizer_options_default(&opts);
+  opts.pattern = pattern;
+  dflash_tokenizer *tok;
+  dflash_status st = dflash_tokenizer_load(path, &opts, &tok);
+  if (st) return cli_fail("encode", st);
+  size_t len;
+  char *text = read_stdin(&len);
+  if (!text) {
+    dflash_tokenizer_free(tok);
+    fprintf(stderr, "dflash encode: cannot read stdin\n");
+    return 1;
+  }
+  size_t cap = dflash_tokenizer_max_ids(tok, len), n = 0;
+  int32_t *ids = malloc(cap * sizeof *ids);
+  st = ids ? dflash_tokenizer_encode(tok, text, len,
+                                     strcmp(special, "none") ? DFLASH_SPECIAL_ALL : DFLASH_SPECIAL_NONE,
+                                     ids, cap, &n)
+           : DFLASH_E_NOMEM;
+  for (size_t i = 0; !st && i < n; i++) printf("%d\n", ids[i]);
+  free(ids);
+  free(text);
+  dflash_tokenizer_free(tok);
+  if (st) return cli_fail("encode", st);
+  return fflush(stdout) == 0 ? 0 : 1;
+}
