@@ -157,6 +157,25 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
                                              dflash_fetch **out);
 
 /*
+ * Object storage. `input_path` may be an s3:// object (read whole into
+ * memory), and `out_dir` an s3:// prefix (see include/dflash/storage.h for
+ * credentials). Remote outputs are immutable JSONL chunks:
+ *   OUT/completions/<worker>-<seq>.jsonl, OUT/errors/<worker>-<seq>.jsonl
+ * (errors.retried/ with retry_errors), each closed after max_records records
+ * or max_seconds seconds (defaults 1000 and 60; also at the end of a run and
+ * after a stop) and uploaded under a name fixed before the upload, so a
+ * retried upload never duplicates a record. Resume reads every chunk under
+ * OUT (all workers) and skips the ids found; records of a chunk not yet
+ * uploaded when a process dies are fetched again. No lock file: concurrent
+ * workers on one OUT need distinct worker names (the default is
+ * "<hostname>-<pid>") and disjoint inputs (shard_index / shard_count).
+ * Call before dflash_fetch_run; `worker` NULL and 0 values keep the
+ * defaults. Without an s3:// output it changes nothing.
+ */
+DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *worker,
+                                                   uint64_t max_records, double max_seconds);
+
+/*
  * Fetch everything. Returns DFLASH_OK when every prompt has a record,
  * DFLASH_E_CANCELLED after a stop (what finished is on disk; run again to
  * resume), or an I/O error when an output file cannot be written.

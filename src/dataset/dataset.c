@@ -1,6 +1,8 @@
 /* Dataset shards (safetensors) and manifest: writer and memory-mapped reader. */
 #include <dflash/dataset.h>
 #include <dflash/safetensors.h>
+#include <dflash/storage.h>
+#include <stdio.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -8,11 +10,14 @@
 #include <sys/stat.h>
 
 #include "core/internal.h"
+#include "storage/stage.h"
 
 #define MANIFEST "dataset.json"
 
 struct dflash_dataset_writer {
-  char *dir;
+  char *dir;            /* where shards are written: `remote`'s staging directory when set */
+  char *remote;         /* s3:// destination: shards are uploaded as they close */
+  dflash_storage *storage;
   dflash_dataset_writer_options opts;
   df_buf ids, mask;     /* current shard */
   df_buf offsets;       /* int64 per sample + 1 */
@@ -69,11 +74,41 @@ static void free_strings(dflash_dataset_writer *w) {
   free((char *)w->opts.options_json);
 }
 
+static dflash_status create_writer(const char *dir, const dflash_dataset_writer_options *opts,
+                                   dflash_dataset_writer **out);
+
+/* An s3:// destination: refuse one that holds a manifest, and stage shards
+ * in a local directory (one shard at a time: each is deleted once uploaded). */
+static dflash_status open_remote(dflash_dataset_writer *w, const char *remote) {
+  char *manifest = df_stage_join(remote, MANIFEST);
+  if (!manifest) return df_error_nomem("path");
+  dflash_storage_info info = {.struct_size = sizeof info};
+  dflash_status st = dflash_storage_create(NULL, &w->storage);
+  if (!st) st = dflash_storage_stat(w->storage, manifest, &info);
+  if (!st) st = df_error(DFLASH_E_EXISTS, "%s: already holds a dataset", remote);
+  else if (st == DFLASH_E_NOT_FOUND) st = DFLASH_OK;
+  free(manifest);
+  if (!st && !(w->remote = df_strdup(remote))) st = df_error_nomem("path");
+  if (!st) st = df_stage_tmpdir("dataset", &w->dir);
+  return st;
+}
+
+/* Remote datasets: upload a finished file of the staging directory. */
+static dflash_status publish(dflash_dataset_writer *w, const char *name, bool drop_local) {
+  if (!w->remote) return DFLASH_OK;
+  dflash_status st = df_stage_out(w->storage, w->dir, w->remote, name);
+  char *path = drop_local ? df_path_join(w->dir, name) : NULL;
+  if (path) remove(path);
+  free(path);
+  return st;
+}
+
 dflash_status dflash_dataset_writer_create(const char *dir,
                                            const dflash_dataset_writer_options *opts,
                                            dflash_dataset_writer **out) {
   DF_CHECK_ARG(dir && out);
   *out = NULL;
+  if (dflash_storage_is_remote(dir)) return create_writer(dir, opts, out);
   if (mkdir(dir, 0777) != 0 && errno != EEXIST)
     return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create directory", dir);
   char *manifest = df_path_join(dir, MANIFEST);
@@ -81,6 +116,11 @@ dflash_status dflash_dataset_writer_create(const char *dir,
   bool exists = manifest && stat(manifest, &sb) == 0;
   free(manifest);
   if (exists) return df_error(DFLASH_E_EXISTS, "%s: already holds a dataset", dir);
+  return create_writer(dir, opts, out);
+}
+
+static dflash_status create_writer(const char *dir, const dflash_dataset_writer_options *opts,
+                                   dflash_dataset_writer **out) {
   dflash_dataset_writer *w = calloc(1, sizeof *w);
   if (!w) return df_error_nomem("dataset writer");
   dflash_dataset_writer_options_default(&w->opts);
@@ -92,7 +132,11 @@ dflash_status dflash_dataset_writer_create(const char *dir,
     w->opts = *opts;
   }
   dflash_status st = copy_strings(w);
-  w->dir = df_strdup(dir);
+  if (dflash_storage_is_remote(dir)) {
+    if (!st) st = open_remote(w, dir);
+  } else {
+    w->dir = df_strdup(dir);
+  }
   w->shards = json_array();
   if (!st && !(w->dir && w->shards)) st = df_error_nomem("dataset writer");
   if (!st) st = start_shard(w);
@@ -130,6 +174,7 @@ static dflash_status flush_shard(dflash_dataset_writer *w) {
   if (!st) st = write_tensor(sw, &w->ids);
   if (!st) st = write_tensor(sw, &w->mask);
   if (!st) st = dflash_st_writer_finish(sw);
+  if (!st) st = publish(w, name, true);
   if (!st && json_array_append_new(w->shards, json_pack("{s:s,s:I,s:I}", "file", name, "samples",
                                                         (json_int_t)n_samples, "tokens",
                                                         (json_int_t)n_tok)))
@@ -191,6 +236,7 @@ dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w) {
   char *text = m ? json_dumps(m, JSON_INDENT(2)) : NULL;
   char *path = df_path_join(w->dir, MANIFEST);
   st = (text && path) ? df_write_file_atomic(path, text, strlen(text)) : df_error_nomem("manifest");
+  if (!st) st = publish(w, MANIFEST, false); /* last: it makes the dataset visible */
   json_decref(m);
   free(text);
   free(path);
@@ -206,6 +252,9 @@ void dflash_dataset_writer_free(dflash_dataset_writer *w) {
   json_decref(w->sample_ids);
   json_decref(w->shards);
   free_strings(w);
+  if (w->remote) df_stage_rmtree(w->dir);
+  free(w->remote);
+  dflash_storage_free(w->storage);
   free(w->dir);
   free(w);
 }
@@ -317,9 +366,24 @@ static dflash_status open_all(dflash_dataset *ds, const char *dir, const json_t 
   return DFLASH_OK;
 }
 
+/* An s3:// dataset is mirrored into the cache directory (storage/stage.h)
+ * and opened there: datasets are small next to hidden states, and samples
+ * are served as pointers into mapped shards. */
+static dflash_status open_remote_dataset(const char *url, dflash_dataset **out) {
+  dflash_storage *st = NULL;
+  char *local = NULL;
+  dflash_status s = dflash_storage_create(NULL, &st);
+  if (!s) s = df_stage_in_cached(st, url, &local);
+  dflash_storage_free(st);
+  if (!s) s = dflash_dataset_open(local, out);
+  free(local);
+  return s ? df_error_wrap(s, "opening dataset %s", url) : DFLASH_OK;
+}
+
 dflash_status dflash_dataset_open(const char *dir, dflash_dataset **out) {
   DF_CHECK_ARG(dir && out);
   *out = NULL;
+  if (dflash_storage_is_remote(dir)) return open_remote_dataset(dir, out);
   char *path = df_path_join(dir, MANIFEST);
   json_t *m = NULL;
   struct stat sb;

@@ -118,6 +118,7 @@ static dflash_status copy_options(dflash_fetch *f, const dflash_fetch_options *o
 /* ---- output directory and resume ------------------------------------------- */
 
 static dflash_status lock_dir(dflash_fetch *f) {
+  if (f->remote_out) return DFLASH_OK; /* workers are kept apart by their chunk names */
   if (mkdir(f->out_dir, 0755) != 0 && errno != EEXIST)
     return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create output directory", f->out_dir);
   char *path = df_path_join(f->out_dir, ".fetch.lock");
@@ -186,7 +187,61 @@ static dflash_status move_retried_errors(dflash_fetch *f, const char *path) {
   return st;
 }
 
+/* retry_errors on object storage: each errors chunk holding retryable
+ * records is split: those records are written to errors.retried/ under the
+ * chunk's own name, then the chunk is rewritten without them (an empty
+ * object stays, so sequence numbers never go back). A crash in between
+ * repeats the same two idempotent writes. */
+static dflash_status move_retried_chunk(dflash_fetch *f, const char *loc, size_t plen) {
+  void *data;
+  size_t len;
+  dflash_status st = dflash_storage_read(f->storage, loc, &data, &len);
+  if (st) return st;
+  const char *text = data;
+  df_buf keep = {0}, moved = {0};
+  for (size_t i = 0; !st && i < len;) {
+    const char *nl = memchr(text + i, '\n', len - i);
+    size_t n = nl ? (size_t)(nl - (text + i)) : len - i;
+    if (n) st = df_buf_append(is_retryable_record(text + i, n) ? &moved : &keep, text + i, n + 1);
+    i += n + 1;
+  }
+  dflash_storage_buffer_free(data);
+  char *archive = df_asprintf("%s/errors.retried/%s", f->out_dir, loc + plen);
+  if (!st && !archive) st = df_error_nomem("path");
+  if (!st && moved.len) st = dflash_storage_write(f->storage, archive, moved.data, moved.len);
+  if (!st && moved.len) st = dflash_storage_write(f->storage, loc, keep.data, keep.len);
+  free(archive);
+  df_buf_free(&keep);
+  df_buf_free(&moved);
+  return st;
+}
+
+static dflash_status move_retried_chunks(dflash_fetch *f, const char *prefix) {
+  dflash_storage_listing *l = NULL;
+  dflash_status st = dflash_storage_list(f->storage, prefix, &l);
+  for (size_t i = 0; !st && i < dflash_storage_listing_count(l); i++) {
+    const char *loc;
+    dflash_storage_listing_get(l, i, &loc, NULL);
+    if (df_str_ends_with(loc, ".jsonl")) st = move_retried_chunk(f, loc, strlen(prefix));
+  }
+  dflash_storage_listing_free(l);
+  return st;
+}
+
+static dflash_status open_remote_outputs(dflash_fetch *f) {
+  char *cpre = df_asprintf("%s/completions/", f->out_dir);
+  char *epre = df_asprintf("%s/errors/", f->out_dir);
+  dflash_status st = (cpre && epre) ? DFLASH_OK : df_error_nomem("path");
+  if (!st) st = df_out_open_remote(f->storage, cpre, mark_done, f, &f->completions);
+  if (!st && f->o.retry_errors) st = move_retried_chunks(f, epre);
+  if (!st) st = df_out_open_remote(f->storage, epre, mark_done, f, &f->errors);
+  free(cpre);
+  free(epre);
+  return st;
+}
+
 static dflash_status open_outputs(dflash_fetch *f) {
+  if (f->remote_out) return open_remote_outputs(f);
   char *cpath = df_path_join(f->out_dir, "completions.jsonl");
   char *epath = df_path_join(f->out_dir, "errors.jsonl");
   dflash_status st = (cpath && epath) ? DFLASH_OK : df_error_nomem("path");
@@ -201,6 +256,15 @@ static dflash_status open_outputs(dflash_fetch *f) {
 /* ---- input scan ------------------------------------------------------------- */
 
 static dflash_status map_input(dflash_fetch *f) {
+  if (f->remote_in) { /* read whole: the scan and the jobs index into it */
+    void *data;
+    size_t len;
+    dflash_status st = dflash_storage_read(f->storage, f->input_path, &data, &len);
+    if (st) return df_error_wrap(st, "reading input");
+    f->map = data;
+    f->map_len = len;
+    return DFLASH_OK;
+  }
   int fd = open(f->input_path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
@@ -309,6 +373,44 @@ static dflash_status scan_input(dflash_fetch *f) {
   return st;
 }
 
+/* A storage client when the input or the output is on object storage; the
+ * output prefix loses trailing '/'s (chunk names are joined with one). */
+static dflash_status open_storage(dflash_fetch *f) {
+  f->remote_in = dflash_storage_is_remote(f->input_path);
+  f->remote_out = dflash_storage_is_remote(f->out_dir);
+  dflash_chunk_writer_options_default(&f->chunk_opts);
+  f->chunk_opts.max_records = 1000;
+  f->chunk_opts.max_seconds = 60;
+  if (!f->remote_in && !f->remote_out) return DFLASH_OK;
+  for (size_t n = strlen(f->out_dir); n > 5 && f->out_dir[n - 1] == '/';) f->out_dir[--n] = 0;
+  char host[64] = "worker";
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = 0;
+  for (char *p = host; *p; p++)
+    if (*p == '/') *p = '_';
+  f->worker = df_asprintf("%s-%ld", host, (long)getpid());
+  if (!f->worker) return df_error_nomem("worker name");
+  return dflash_storage_create(NULL, &f->storage);
+}
+
+DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *worker,
+                                                   uint64_t max_records, double max_seconds) {
+  DF_CHECK_ARG(f);
+  if (f->ran) return df_error(DFLASH_E_STATE, "fetch: set chunking before run");
+  if (worker) {
+    if (!*worker || strchr(worker, '/'))
+      return df_error(DFLASH_E_CONFIG, "fetch: worker name \"%s\" must be non-empty, no '/'",
+                      worker);
+    char *w = df_strdup(worker);
+    if (!w) return df_error_nomem("worker name");
+    free(f->worker);
+    f->worker = w;
+  }
+  if (max_records) f->chunk_opts.max_records = max_records;
+  if (max_seconds != 0) f->chunk_opts.max_seconds = max_seconds;
+  return DFLASH_OK;
+}
+
 DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
                                              const char *input_path, const char *out_dir,
                                              dflash_fetch **out) {
@@ -323,6 +425,7 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   f->input_path = df_strdup(input_path);
   f->out_dir = df_strdup(out_dir);
   if (!f->input_path || !f->out_dir) st = df_error_nomem("paths");
+  if (!st) st = open_storage(f);
   if (!st) st = copy_options(f, opts);
   if (!st) st = df_loop_init(f, opts); /* reads the API key: fail before touching files */
   if (!st) st = lock_dir(f);
@@ -444,6 +547,11 @@ DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress
   DF_CHECK_ARG(f);
   if (f->ran) return df_error(DFLASH_E_STATE, "fetch: run was already called on this fetcher");
   f->ran = true;
+  if (f->remote_out) {
+    dflash_status st = df_out_start_chunks(&f->completions, f->storage, f->worker, &f->chunk_opts);
+    if (!st) st = df_out_start_chunks(&f->errors, f->storage, f->worker, &f->chunk_opts);
+    if (st) return st;
+  }
   return df_loop_run(f, progress, user);
 }
 
@@ -545,7 +653,10 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
   free(f->waiting);
   df_out_close(&f->completions);
   df_out_close(&f->errors);
-  if (f->map) munmap((void *)f->map, f->map_len);
+  if (f->map && f->remote_in) dflash_storage_buffer_free((void *)f->map);
+  else if (f->map) munmap((void *)f->map, f->map_len);
+  dflash_storage_free(f->storage);
+  free(f->worker);
   for (size_t i = 0; i < f->n_bad; i++) {
     free(f->bad[i].id);
     free(f->bad[i].message);

@@ -9,6 +9,7 @@
 #define DFLASH_FETCH_INTERNAL_H
 
 #include <dflash/fetch.h>
+#include <dflash/storage.h>
 #include <jansson.h>
 #include <stdbool.h>
 
@@ -105,6 +106,7 @@ json_t *df_messages_for_server(const json_t *messages);
 
 typedef struct df_out {
   int fd;
+  dflash_chunk_writer *cw; /* s3:// outputs: records go to immutable chunks instead of fd */
   char *path;
   double last_sync;
   bool dirty;
@@ -126,6 +128,18 @@ dflash_status df_out_append(df_out *o, const json_t *record);
 /* fsync when dirty and `interval` seconds have passed since the last (0: always). */
 dflash_status df_out_sync(df_out *o, double interval, double now);
 void df_out_close(df_out *o);
+/* Check one record line (no '\n'): *id as in df_out_record_fn (malloc'd).
+ * `full`: always parse the JSON, not only the fast prefix path. */
+bool df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line);
+/* Outputs in chunks on object storage (remote.c): report every record of
+ * every chunk under `prefix` to `fn`; appends go nowhere until
+ * df_out_start_chunks. */
+dflash_status df_out_open_remote(dflash_storage *st, const char *prefix, df_out_record_fn fn,
+                                 void *ctx, df_out *o);
+dflash_status df_out_start_chunks(df_out *o, dflash_storage *st, const char *name,
+                                  const dflash_chunk_writer_options *co);
+/* Upload the open chunk (remote outputs; a no-op for files). */
+dflash_status df_out_flush(df_out *o);
 /* The "id" a record line starts with, decoded; fast path for our own lines.
  * Returns false when the line does not start that way. *id is NULL for null. */
 bool df_record_id_prefix(const char *line, size_t len, char **id);

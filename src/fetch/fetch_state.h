@@ -78,9 +78,13 @@ struct dflash_fetch {
   json_t *stop, *extra;
   df_body_cfg body_cfg;
 
-  const char *map; /* the input, memory-mapped */
+  const char *map; /* the input, memory-mapped (or read whole from object storage) */
   size_t map_len;
   int lock_fd;
+  dflash_storage *storage; /* when the input or the output directory is s3:// */
+  bool remote_in, remote_out;
+  char *worker; /* chunk name of remote outputs */
+  dflash_chunk_writer_options chunk_opts;
 
   df_server *servers;
   size_t n_servers;

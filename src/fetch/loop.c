@@ -687,6 +687,8 @@ dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, vo
   abort_all(f);
   f->elapsed = df_now_seconds() - f->start_time;
   dflash_status sync = sync_outputs(f, 0, df_now_seconds());
+  if (!sync) sync = df_out_flush(&f->completions); /* remote outputs: upload the open chunks */
+  if (!sync) sync = df_out_flush(&f->errors);
   report(f, progress, user);
   if (st || (st = sync)) return st;
   if (!finished(f))

@@ -14,6 +14,18 @@
 const char *df_hidden_dtype_name(int32_t dtype);
 
 
+/* A store on object storage, read with ranged GETs (remote.c). Tensor
+ * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */
+typedef struct df_rhidden df_rhidden;
+dflash_status df_rhidden_open(const char *url, df_rhidden **out);
+void df_rhidden_free(df_rhidden *r);
+dflash_status df_rhidden_meta(const df_rhidden *r, const char *key, const char **value);
+size_t df_rhidden_count(const df_rhidden *r);
+void df_rhidden_get(const df_rhidden *r, size_t i, dflash_tensor *t);
+/* DFLASH_E_NOT_FOUND without a message when absent. */
+dflash_status df_rhidden_find(const df_rhidden *r, const char *name, dflash_tensor *t);
+dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len);
+
 /* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;
 dflash_status df_tokens_open(const char *dir, df_tokens **out);

@@ -1,5 +1,6 @@
 /* Hidden-state store reader: the index maps ids to memory-mapped shards;
  * a sample is decoded (bf16 or scaled fp8 -> float32) only when read. */
+#include <dflash/storage.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,17 +9,37 @@
 #include "train/bf16.h"
 
 struct dflash_hidden {
-  dflash_safetensors *st;
+  dflash_safetensors *st; /* a local store, memory-mapped */
+  df_rhidden *remote;     /* or an s3:// one, read with ranged GETs */
   char *dir;
   int32_t K, H, dtype;
   size_t first, count; /* tensors [first, first+count) are the "h/" ones */
 };
 
-static dflash_status meta_int(const dflash_safetensors *st, const char *dir, const char *key,
+/* The same questions of a mapped store or a remote one. */
+static dflash_status meta_find(const dflash_hidden *h, const char *key, const char **v) {
+  return h->remote ? df_rhidden_meta(h->remote, key, v)
+                   : dflash_safetensors_metadata_find(h->st, key, v);
+}
+
+static size_t n_tensors(const dflash_hidden *h) {
+  return h->remote ? df_rhidden_count(h->remote) : dflash_safetensors_count(h->st);
+}
+
+static void tensor_at(const dflash_hidden *h, size_t i, dflash_tensor *t) {
+  if (h->remote) df_rhidden_get(h->remote, i, t);
+  else dflash_safetensors_get(h->st, i, t);
+}
+
+static dflash_status tensor_find(const dflash_hidden *h, const char *name, dflash_tensor *t) {
+  return h->remote ? df_rhidden_find(h->remote, name, t) : dflash_safetensors_find(h->st, name, t);
+}
+
+static dflash_status meta_int(const dflash_hidden *h, const char *dir, const char *key,
                               int32_t *out) {
   const char *v;
   char *end;
-  if (dflash_safetensors_metadata_find(st, key, &v))
+  if (meta_find(h, key, &v))
     return df_error(DFLASH_E_FORMAT, "%s: hidden-state store lacks metadata \"%s\"", dir, key);
   long x = strtol(v, &end, 10);
   if (*end || x <= 0 || x > INT32_MAX)
@@ -30,22 +51,22 @@ static dflash_status meta_int(const dflash_safetensors *st, const char *dir, con
 
 static dflash_status read_header(dflash_hidden *h) {
   const char *fmt, *dt;
-  if (dflash_safetensors_metadata_find(h->st, "format", &fmt) || strcmp(fmt, DF_HIDDEN_FORMAT))
+  if (meta_find(h, "format", &fmt) || strcmp(fmt, DF_HIDDEN_FORMAT))
     return df_error(DFLASH_E_FORMAT, "%s: not a libdflash hidden-state store (metadata format "
                     "is not %s)", h->dir, DF_HIDDEN_FORMAT);
-  dflash_status st = meta_int(h->st, h->dir, "num_layers", &h->K);
-  if (!st) st = meta_int(h->st, h->dir, "hidden_size", &h->H);
+  dflash_status st = meta_int(h, h->dir, "num_layers", &h->K);
+  if (!st) st = meta_int(h, h->dir, "hidden_size", &h->H);
   if (st) return st;
-  if (dflash_safetensors_metadata_find(h->st, "dtype", &dt))
+  if (meta_find(h, "dtype", &dt))
     return df_error(DFLASH_E_FORMAT, "%s: metadata lacks dtype", h->dir);
   if (!strcmp(dt, "bf16")) h->dtype = DFLASH_HIDDEN_BF16;
   else if (!strcmp(dt, "fp8_e4m3")) h->dtype = DFLASH_HIDDEN_FP8_E4M3;
   else return df_error(DFLASH_E_DTYPE, "%s: unknown hidden dtype \"%s\"", h->dir, dt);
-  size_t n = dflash_safetensors_count(h->st);
+  size_t n = n_tensors(h);
   h->first = n;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t};
-    dflash_safetensors_get(h->st, i, &t);
+    tensor_at(h, i, &t);
     if (!strncmp(t.name, "h/", 2)) {
       if (h->first == n) h->first = i;
       h->count++;
@@ -62,7 +83,8 @@ dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out) {
     free(h);
     return df_error_nomem("hidden store");
   }
-  dflash_status st = dflash_safetensors_open(dir, &h->st);
+  dflash_status st = dflash_storage_is_remote(dir) ? df_rhidden_open(dir, &h->remote)
+                                                  : dflash_safetensors_open(dir, &h->st);
   if (!st) st = read_header(h);
   if (st) {
     dflash_hidden_free(h);
@@ -75,6 +97,7 @@ dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out) {
 void dflash_hidden_free(dflash_hidden *h) {
   if (!h) return;
   dflash_safetensors_free(h->st);
+  df_rhidden_free(h->remote);
   free(h->dir);
   free(h);
 }
@@ -95,8 +118,7 @@ dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char 
     return df_error(DFLASH_E_RANGE, "%s: sample index %zu is outside [0, %zu)", h->dir, index,
                     h->count);
   dflash_tensor t = {.struct_size = sizeof t};
-  dflash_status st = dflash_safetensors_get(h->st, h->first + index, &t);
-  if (st) return st;
+  tensor_at(h, h->first + index, &t);
   *id = t.name + 2;
   return DFLASH_OK;
 }
@@ -108,7 +130,7 @@ static dflash_status find(const dflash_hidden *h, const char *prefix, const char
     return df_error(DFLASH_E_NOT_FOUND, "%s: sample id too long", h->dir);
   snprintf(name, sizeof name, "%s%s", prefix, id);
   t->struct_size = sizeof *t;
-  if (dflash_safetensors_find(h->st, name, t))
+  if (tensor_find(h, name, t))
     return df_error(DFLASH_E_NOT_FOUND, "%s: no hidden states for sample %s", h->dir, id);
   return DFLASH_OK;
 }
@@ -131,6 +153,50 @@ dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id
   return st;
 }
 
+static dflash_status decode(const dflash_hidden *h, const void *codes, const void *scales,
+                            float *out, int64_t len) {
+  size_t n = (size_t)len * h->K * h->H;
+  if (h->dtype == DFLASH_HIDDEN_BF16) {
+    const uint16_t *p = codes;
+    for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
+    return DFLASH_OK;
+  }
+  const uint8_t *p = codes;
+  const char *sc = scales;
+  for (size_t r = 0; r < (size_t)len * h->K; r++) {
+    float scale;
+    memcpy(&scale, sc + 4 * r, 4);
+    for (int32_t i = 0; i < h->H; i++) out[r * h->H + i] = df_e4m3_to_f32(p[r * h->H + i]) * scale;
+  }
+  return DFLASH_OK;
+}
+
+static dflash_status check_scales(const dflash_hidden *h, const char *sample_id,
+                                  const dflash_tensor *s, int64_t len) {
+  if (s->dtype != DFLASH_DTYPE_F32 || s->ndim != 2 || s->shape[0] != len || s->shape[1] != h->K)
+    return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s are not F32 [%lld, %d]", s->file,
+                    sample_id, (long long)len, h->K);
+  return DFLASH_OK;
+}
+
+/* A remote sample: its codes (and scales) with ranged GETs, then decoded. */
+static dflash_status read_remote(const dflash_hidden *h, const char *sample_id,
+                                 const dflash_tensor *t, float *out, int64_t len) {
+  dflash_tensor s = {.struct_size = sizeof s};
+  bool fp8 = h->dtype != DFLASH_HIDDEN_BF16;
+  dflash_status st = fp8 ? find(h, "s/", sample_id, &s) : DFLASH_OK;
+  if (!st && fp8) st = check_scales(h, sample_id, &s, len);
+  if (st) return st;
+  void *codes = malloc(t->nbytes ? t->nbytes : 1), *scales = fp8 ? malloc(s.nbytes) : NULL;
+  if (!codes || (fp8 && !scales)) st = df_error_nomem("hidden states");
+  if (!st) st = df_rhidden_read(h->remote, t->name, codes, t->nbytes);
+  if (!st && fp8) st = df_rhidden_read(h->remote, s.name, scales, s.nbytes);
+  if (!st) st = decode(h, codes, scales, out, len);
+  free(codes);
+  free(scales);
+  return st;
+}
+
 dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, float *out,
                                  int64_t len) {
   DF_CHECK_ARG(h && sample_id && out);
@@ -140,22 +206,8 @@ dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, 
   if (t.shape[0] != len)
     return df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states "
                     "in %s", sample_id, (long long)len, (long long)t.shape[0], t.file);
-  size_t n = (size_t)len * h->K * h->H;
-  if (h->dtype == DFLASH_HIDDEN_BF16) {
-    const uint16_t *p = t.data;
-    for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
-    return DFLASH_OK;
-  }
-  if ((st = find(h, "s/", sample_id, &s))) return st;
-  if (s.dtype != DFLASH_DTYPE_F32 || s.ndim != 2 || s.shape[0] != len || s.shape[1] != h->K)
-    return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s are not F32 [%lld, %d]", s.file,
-                    sample_id, (long long)len, h->K);
-  const uint8_t *p = t.data;
-  const char *sc = s.data; /* may sit at any byte offset after the fp8 codes */
-  for (size_t r = 0; r < (size_t)len * h->K; r++) {
-    float scale;
-    memcpy(&scale, sc + 4 * r, 4);
-    for (int32_t i = 0; i < h->H; i++) out[r * h->H + i] = df_e4m3_to_f32(p[r * h->H + i]) * scale;
-  }
-  return DFLASH_OK;
+  if (h->remote) return read_remote(h, sample_id, &t, out, len);
+  if (h->dtype == DFLASH_HIDDEN_BF16) return decode(h, t.data, NULL, out, len);
+  if ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))) return st;
+  return decode(h, t.data, s.data, out, len); /* scales may sit at any byte offset */
 }

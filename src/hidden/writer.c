@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "storage/stage.h"
 #include "train/bf16.h"
 
 typedef struct pending {
@@ -24,7 +25,9 @@ typedef struct pending {
 } pending;
 
 struct dflash_hidden_writer {
-  char *dir;
+  char *dir;         /* local directory: for an s3:// store, its mirror in the cache */
+  char *remote;      /* s3:// store: shards and index uploaded as they are written */
+  dflash_storage *storage;
   int32_t K, H, dtype;
   uint64_t shard_bytes;
   df_strset ids;
@@ -96,6 +99,53 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
   return st;
 }
 
+/*
+ * An s3:// store is written through a local mirror in the cache directory:
+ * each shard is written there, uploaded, then hollowed out (its data blocks
+ * given back, its header kept), so the disk holds one shard at a time plus
+ * headers. Shards already in the bucket (an earlier run, another machine)
+ * get header-only stand-ins first, so appending works as for a local store.
+ * One writer per store at a time (as for a local directory).
+ */
+static dflash_status setup_remote(dflash_hidden_writer *w, const char *url) {
+  char *prefix = df_stage_join(url, "");
+  dflash_storage_listing *l = NULL;
+  dflash_status st = prefix ? dflash_storage_create(NULL, &w->storage) : df_error_nomem("path");
+  if (!st && !(w->remote = df_strdup(url))) st = df_error_nomem("path");
+  if (!st) st = df_stage_cache_path(url, &w->dir);
+  /* The bucket is the truth: a shard written here but never uploaded (a
+   * crash) must not count, so the mirror is rebuilt from the listing. */
+  if (!st) df_stage_rmtree(w->dir);
+  if (!st) st = dflash_storage_list(w->storage, prefix, &l);
+  for (size_t i = 0; !st && i < dflash_storage_listing_count(l); i++) {
+    const char *loc, *name;
+    uint64_t size;
+    dflash_storage_listing_get(l, i, &loc, &size);
+    name = loc + strlen(prefix);
+    if (strncmp(name, "hidden-", 7) || strchr(name, '/') || !df_str_ends_with(name, ".safetensors"))
+      continue;
+    char *local = df_path_join(w->dir, name);
+    st = local ? df_stage_st_stub(w->storage, loc, size, local) : df_error_nomem("path");
+    free(local);
+  }
+  if (!st) st = df_stage_mkdirs(w->dir);
+  dflash_storage_listing_free(l);
+  free(prefix);
+  return st;
+}
+
+/* Remote stores: upload the shard just written and the index, then hollow
+ * out the local copy. */
+static dflash_status publish(dflash_hidden_writer *w, const char *name) {
+  if (!w->remote) return DFLASH_OK;
+  dflash_status st = df_stage_out(w->storage, w->dir, w->remote, name);
+  if (!st) st = df_stage_out(w->storage, w->dir, w->remote, DF_HIDDEN_INDEX);
+  char *path = st ? NULL : df_path_join(w->dir, name);
+  if (path) df_stage_st_hollow(path);
+  free(path);
+  return st;
+}
+
 dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers,
                                           int32_t hidden_size,
                                           const dflash_hidden_writer_options *opts,
@@ -115,12 +165,17 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers,
                     "must be positive", num_layers, hidden_size);
   if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
-  dflash_status st = make_dir(dir);
+  bool remote = dflash_storage_is_remote(dir);
+  dflash_status st = remote ? DFLASH_OK : make_dir(dir);
   if (st) return st;
   dflash_hidden_writer *w = calloc(1, sizeof *w);
-  if (!w || !(w->dir = df_strdup(dir))) {
+  if (!w || (!remote && !(w->dir = df_strdup(dir)))) {
     free(w);
     return df_error_nomem("hidden writer");
+  }
+  if (remote && (st = setup_remote(w, dir))) {
+    dflash_hidden_writer_free(w);
+    return df_error_wrap(st, "opening hidden-state store %s", dir);
   }
   w->K = num_layers;
   w->H = hidden_size;
@@ -148,6 +203,8 @@ void dflash_hidden_writer_free(dflash_hidden_writer *w) {
   free(w->shards);
   df_strset_free(&w->ids);
   free(w->dir);
+  free(w->remote);
+  dflash_storage_free(w->storage);
   free(w);
 }
 
@@ -307,7 +364,7 @@ dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w) {
     return df_error_wrap(st, "writing hidden-state shard %s/%s", w->dir, name);
   }
   w->n_shards++;
-  if ((st = write_index(w))) return st;
+  if ((st = write_index(w)) || (st = publish(w, name))) return st;
   for (size_t i = 0; i < w->n_buf; i++) free_pending(&w->buf[i]);
   w->n_buf = 0;
   w->buf_bytes = 0;
@@ -319,6 +376,8 @@ dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w) {
   if (w->finished) return DFLASH_OK;
   dflash_status st = dflash_hidden_writer_flush(w);
   if (!st && w->n_shards == 0) st = write_index(w); /* an empty store is still a store */
+  if (!st && w->n_shards == 0 && w->remote)
+    st = df_stage_out(w->storage, w->dir, w->remote, DF_HIDDEN_INDEX);
   if (!st) w->finished = true;
   return st;
 }

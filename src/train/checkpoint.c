@@ -7,6 +7,7 @@
 #include "backend.h"
 
 #include <dflash/safetensors.h>
+#include <dflash/storage.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "bf16.h"
+#include "remote.h"
 
 #define STATE_FORMAT "dflash-train-state-1"
 
@@ -59,6 +61,7 @@ static dflash_status write_model(const df_model *m, const char *path, bool bf16)
 
 dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16) {
   DF_CHECK_ARG(t && dir);
+  if (dflash_storage_is_remote(dir)) return df_remote_save(t, dir, bf16);
   dflash_status st = ensure_dir(dir);
   if (!st) st = df_trainer_pull(t, DF_BUF_PARAMS);
   if (st) return st;
@@ -100,7 +103,12 @@ dflash_status df_read_float_tensor(const dflash_safetensors *st, const char *nam
                                    int ndim, const int64_t *shape, float *out) {
   dflash_tensor src = {.struct_size = sizeof src};
   dflash_status s = dflash_safetensors_find(st, name, &src);
-  if (s) return s;
+  return s ? s : df_tensor_floats(&src, name, ndim, shape, out);
+}
+
+dflash_status df_tensor_floats(const dflash_tensor *t, const char *name, int ndim,
+                               const int64_t *shape, float *out) {
+  const dflash_tensor src = *t;
   size_t n = 1;
   bool same = (int)src.ndim == ndim;
   for (int d = 0; d < ndim; d++) {
@@ -114,8 +122,22 @@ dflash_status df_read_float_tensor(const dflash_safetensors *st, const char *nam
   return read_floats(&src, out, n);
 }
 
+/* An s3:// checkpoint (prefix or .safetensors object) or state: read from a
+ * copy in the cache directory. */
+static dflash_status load_remote(dflash_trainer *t, const char *url, bool state, void *user,
+                                 size_t *user_len) {
+  char *local = NULL;
+  bool object = state || df_str_ends_with(url, ".safetensors");
+  dflash_status s = df_remote_fetch(url, object ? NULL : "model.safetensors", &local);
+  if (!s) s = state ? dflash_trainer_load_state(t, local, user, user_len)
+                    : dflash_trainer_load(t, local);
+  free(local);
+  return s;
+}
+
 dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
   DF_CHECK_ARG(t && path);
+  if (dflash_storage_is_remote(path)) return load_remote(t, path, false, NULL, NULL);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return s;
@@ -147,6 +169,7 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
 dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path,
                                         const void *user, size_t user_len) {
   DF_CHECK_ARG(t && path && (user || user_len == 0));
+  if (dflash_storage_is_remote(path)) return df_remote_save_state(t, path, user, user_len);
   const df_model *m = &t->m;
   char num[64];
   dflash_st_writer *w;
@@ -186,6 +209,7 @@ static dflash_status state_tensor(const dflash_safetensors *st, const char *path
 dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user,
                                         size_t *user_len) {
   DF_CHECK_ARG(t && path && user_len);
+  if (dflash_storage_is_remote(path)) return load_remote(t, path, true, user, user_len);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return s;

@@ -5,6 +5,7 @@
  */
 #include "core/internal.h"
 
+#include <dflash/storage.h>
 #include <dflash/train.h>
 #include <jansson.h>
 #include <math.h>
@@ -338,7 +339,15 @@ dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config
   DF_CHECK_ARG(path && out);
   char *text;
   size_t len;
-  dflash_status st = df_read_file(path, &text, &len);
+  dflash_status st;
+  if (dflash_storage_is_remote(path)) { /* an s3:// checkpoint's config.json */
+    dflash_storage *s3 = NULL;
+    if (!(st = dflash_storage_create(NULL, &s3)))
+      st = dflash_storage_read(s3, path, (void **)&text, &len);
+    dflash_storage_free(s3);
+  } else {
+    st = df_read_file(path, &text, &len);
+  }
   if (st) return st;
   st = dflash_drafter_config_parse(text, len, path, out);
   free(text);

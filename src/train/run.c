@@ -7,6 +7,7 @@
  */
 #include <dflash/hidden.h>
 #include <dflash/progress.h>
+#include <dflash/storage.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 
 #include "hidden/hidden.h"
 #include "rng.h"
+#include "remote.h"
 #include "trainer.h"
 
 void dflash_train_run_options_default(dflash_train_run_options *o) {
@@ -29,6 +31,8 @@ void dflash_train_run_options_default(dflash_train_run_options *o) {
 
 typedef struct run {
   const dflash_train_run_options *o;
+  dflash_train_run_options local_o; /* an s3:// out_dir: o with its local mirror */
+  df_train_remote remote;
   dflash_drafter_config cfg;
   dflash_trainer *t;
   dflash_sample_stream *s;
@@ -105,6 +109,7 @@ static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
                    r->elapsed + df_now_seconds() - r->t0);
   dflash_status st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
   if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
+  if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
   return st;
 }
 
@@ -264,7 +269,14 @@ dflash_status dflash_train_run(const dflash_train_run_options *o) {
     return df_error(DFLASH_E_INVALID_ARG, "train run options: struct_size %zu, expected %zu",
                     o->struct_size, sizeof *o);
   run r = {.o = o, .t0 = df_now_seconds()};
-  dflash_status st = open_all(&r);
+  dflash_status st = DFLASH_OK;
+  if (dflash_storage_is_remote(o->out_dir)) {
+    st = df_train_remote_begin(&r.remote, o->out_dir, o->resume != 0);
+    r.local_o = *o;
+    r.local_o.out_dir = r.remote.local;
+    r.o = &r.local_o;
+  }
+  if (!st) st = open_all(&r);
   if (!st) st = train_loop(&r);
   if (r.progress) dflash_progress_free(r.progress);
   if (r.metrics) fclose(r.metrics);
@@ -272,6 +284,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *o) {
   dflash_sample_stream_free(r.s);
   free(r.usable), free(r.order), free(r.anchors), free(r.n_anchors);
   free(r.state_path), free(r.metrics_path);
+  df_train_remote_end(&r.remote);
   return st;
 }
 

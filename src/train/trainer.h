@@ -20,3 +20,7 @@ struct dflash_safetensors;
 /* Read tensor `name` (F32, BF16 or F16) of exactly `shape` into floats. */
 dflash_status df_read_float_tensor(const struct dflash_safetensors *st, const char *name,
                                    int ndim, const int64_t *shape, float *out);
+struct dflash_tensor;
+/* The same for a tensor view already found (its data in memory). */
+dflash_status df_tensor_floats(const struct dflash_tensor *t, const char *name, int ndim,
+                               const int64_t *shape, float *out);

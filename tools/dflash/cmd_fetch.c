@@ -17,6 +17,8 @@ static const char usage_text[] =
     "`messages` or ShareGPT `conversations`) and writes OUTDIR/completions.jsonl and\n"
     "OUTDIR/errors.jsonl. Re-running the same command resumes: ids already written are\n"
     "skipped. Ctrl-C drains in-flight requests (up to --grace), a second Ctrl-C stops at once.\n"
+    "IN.jsonl may be an s3:// object and OUTDIR an s3:// prefix: completions and errors are\n"
+    "then uploaded as immutable chunks OUTDIR/completions/WORKER-NNNNNNNN.jsonl (and errors/).\n"
     "\n"
     "  --server URL          OpenAI-compatible base URL, e.g. http://host:30000/v1 (repeatable)\n"
     "  --model NAME          model name sent in each request\n"
@@ -46,6 +48,10 @@ static const char usage_text[] =
     "  --insecure            do not verify TLS certificates\n"
     "  --send-rid            send SGLang's rid (\"<id>-<turn>-<attempt>\")\n"
     "  --log-interval S      plain progress line period when not on a terminal (default 10)\n"
+    "  --worker NAME         chunk name prefix for s3:// outputs (default HOSTNAME-PID;\n"
+    "                        concurrent workers on one OUTDIR need distinct names)\n"
+    "  --chunk-records N     close an s3:// chunk after N records (default 1000)\n"
+    "  --chunk-seconds S     or after S seconds (default 60)\n"
     "  -v, --verbose         log retries and server health changes\n"
     "\n"
     "Exit status: 0 all prompts have a record, 1 error, 2 usage, 3 stopped (run again to resume).\n"
@@ -91,8 +97,8 @@ typedef struct cli_args {
   dflash_fetch_options o;
   const char **servers;
   size_t n_servers;
-  const char *input, *out_dir;
-  double log_interval;
+  const char *input, *out_dir, *worker;
+  double log_interval, chunk_records, chunk_seconds;
   int verbose;
 } cli_args;
 
@@ -117,7 +123,8 @@ enum {
   O_MODEL = 256, O_FAMILY, O_NO_THINKING, O_MAX_TOKENS, O_TEMP, O_TOP_P, O_TOP_K, O_MIN_P, O_SEED,
   O_STOP, O_EXTRA, O_NO_STREAM, O_ALL_TURNS, O_KEY_ENV, O_KEY_FILE, O_CONC, O_CONNECT, O_IDLE,
   O_DEADLINE, O_ATTEMPTS, O_BACKOFF, O_FSYNC, O_RETRY_ERRORS, O_SHARD, O_FAIL_THR, O_PROBE,
-  O_MAX_RESP, O_GRACE, O_INSECURE, O_RID, O_LOG_INTERVAL, O_SERVER, O_HELP
+  O_MAX_RESP, O_GRACE, O_INSECURE, O_RID, O_LOG_INTERVAL, O_SERVER, O_HELP, O_WORKER,
+  O_CHUNK_RECORDS, O_CHUNK_SECONDS
 };
 
 static const struct option long_opts[] = {
@@ -134,7 +141,8 @@ static const struct option long_opts[] = {
     {"shard", 1, 0, O_SHARD}, {"fail-threshold", 1, 0, O_FAIL_THR},
     {"probe-interval", 1, 0, O_PROBE}, {"max-response-bytes", 1, 0, O_MAX_RESP},
     {"grace", 1, 0, O_GRACE}, {"insecure", 0, 0, O_INSECURE}, {"send-rid", 0, 0, O_RID},
-    {"log-interval", 1, 0, O_LOG_INTERVAL}, {"output", 1, 0, 'o'}, {"verbose", 0, 0, 'v'},
+    {"log-interval", 1, 0, O_LOG_INTERVAL}, {"worker", 1, 0, O_WORKER},
+    {"chunk-records", 1, 0, O_CHUNK_RECORDS}, {"chunk-seconds", 1, 0, O_CHUNK_SECONDS}, {"output", 1, 0, 'o'}, {"verbose", 0, 0, 'v'},
     {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
 
 static const char *option_name(int opt) {
@@ -168,6 +176,8 @@ static int set_number(cli_args *a, int opt, const char *v) {
   case O_MAX_RESP: o->max_response_bytes = (uint64_t)d; break;
   case O_GRACE: o->drain_grace_s = d; break;
   case O_LOG_INTERVAL: a->log_interval = d; break;
+  case O_CHUNK_RECORDS: a->chunk_records = d; break;
+  case O_CHUNK_SECONDS: a->chunk_seconds = d; break;
   default: return -1;
   }
   return 0;
@@ -191,6 +201,7 @@ static int set_option(cli_args *a, int opt, const char *v) {
   case O_INSECURE: o->verify_tls = 0; return 0;
   case O_RID: o->send_rid = 1; return 0;
   case 'o': a->out_dir = v; return 0;
+  case O_WORKER: a->worker = v; return 0;
   case 'v': a->verbose = 1; return 0;
   default: return set_number(a, opt, v);
   }
@@ -247,6 +258,11 @@ static int run(cli_args *a) {
   dflash_fetch *f;
   dflash_status st = dflash_fetch_create(&a->o, a->input, a->out_dir, &f);
   if (st) return cli_fail("fetch", st);
+  st = dflash_fetch_set_chunking(f, a->worker, (uint64_t)a->chunk_records, a->chunk_seconds);
+  if (st) {
+    dflash_fetch_free(f);
+    return cli_fail("fetch", st);
+  }
   dflash_fetch_stats s = {.struct_size = sizeof s};
   dflash_fetch_get_stats(f, &s);
   cli_state c = {0};

@@ -9,6 +9,7 @@
 #include <dflash/chat.h>
 #include <dflash/dataset.h>
 #include <dflash/progress.h>
+#include <dflash/storage.h>
 #include <dflash/tokenizer.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -67,6 +68,8 @@ static int usage(FILE *f, int rc) {
           "                       [--last-turn-only] [--reasoning official|keep_all|\n"
           "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
           "                       -o DIR IN.jsonl...\n"
+          "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
+          "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
           "Reads OpenAI `messages`, ShareGPT `conversations` or fetcher completion records,\n"
           "one per line; writes safetensors shards + dataset.json to DIR and rejected lines\n"
           "(file, line, reason) to DIR/rejected.jsonl. Default reasoning: keep_after_last_user.\n"
@@ -194,7 +197,28 @@ typedef struct {
   uint64_t line;
   char *buf;
   size_t cap;
+  dflash_storage *storage; /* s3:// inputs are read whole and parsed from memory */
+  void *object;
 } tok_reader;
+
+static FILE *open_input(tok_reader *r, const char *name) {
+  if (!dflash_storage_is_remote(name)) return fopen(name, "r");
+  size_t len;
+  if ((!r->storage && dflash_storage_create(NULL, &r->storage)) ||
+      dflash_storage_read(r->storage, name, &r->object, &len)) {
+    fprintf(stderr, "dflash tokenize: %s\n", dflash_last_error());
+    return NULL;
+  }
+  FILE *f = len ? fmemopen(r->object, len, "r") : fopen("/dev/null", "r");
+  return f;
+}
+
+static void close_input(tok_reader *r) {
+  fclose(r->f);
+  r->f = NULL;
+  dflash_storage_buffer_free(r->object);
+  r->object = NULL;
+}
 
 static void reject(tok_stats *s, const char *file, uint64_t line, const char *why) {
   s->rejected++;
@@ -214,15 +238,14 @@ static void read_batch(tok_reader *r, tok_job *j, tok_stats *s) {
     if (!r->f) {
       if (r->at >= r->n_files) return;
       r->line = 0;
-      if (!(r->f = fopen(r->files[r->at], "r"))) {
+      if (!(r->f = open_input(r, r->files[r->at]))) {
         reject(s, r->files[r->at++], 0, "cannot open file");
         continue;
       }
     }
     ssize_t len = getline(&r->buf, &r->cap, r->f);
     if (len <= 0) {
-      fclose(r->f);
-      r->f = NULL;
+      close_input(r);
       r->at++;
       continue;
     }
@@ -316,6 +339,69 @@ static dflash_status open_all(const tok_args *a, tok_job *j, dflash_tokenizer **
   return st;
 }
 
+/* The input list: an s3:// argument ending in '/' stands for every *.jsonl
+ * object under that prefix, in name order (a fetch output's chunks). */
+static char **expand_inputs(char **args, int n, int *n_out) {
+  size_t cap = (size_t)n + 16, k = 0;
+  char **v = malloc(cap * sizeof *v);
+  dflash_storage *st = NULL;
+  for (int i = 0; v && i < n; i++) {
+    size_t len = strlen(args[i]);
+    if (!dflash_storage_is_remote(args[i]) || args[i][len - 1] != '/') {
+      v[k++] = strdup(args[i]);
+      continue;
+    }
+    dflash_storage_listing *l = NULL;
+    if ((!st && dflash_storage_create(NULL, &st)) || dflash_storage_list(st, args[i], &l)) {
+      fprintf(stderr, "dflash tokenize: %s\n", dflash_last_error());
+      continue; /* counted as no lines; the summary shows it */
+    }
+    size_t m = dflash_storage_listing_count(l);
+    char **nv = realloc(v, (cap += m) * sizeof *v);
+    if (nv) v = nv;
+    for (size_t e = 0; nv && e < m; e++) {
+      const char *loc;
+      dflash_storage_listing_get(l, e, &loc, NULL);
+      size_t ll = strlen(loc);
+      if (ll > 6 && !strcmp(loc + ll - 6, ".jsonl")) v[k++] = strdup(loc);
+    }
+    dflash_storage_listing_free(l);
+  }
+  dflash_storage_free(st);
+  *n_out = (int)k;
+  return v;
+}
+
+/* rejected.jsonl: a file in DIR, or for an s3:// DIR a temporary file
+ * uploaded by finish_rejects. */
+static FILE *open_rejects(const char *out_dir) {
+  if (dflash_storage_is_remote(out_dir)) return tmpfile();
+  char rej[4096];
+  snprintf(rej, sizeof rej, "%s/rejected.jsonl", out_dir);
+  return fopen(rej, "w");
+}
+
+static dflash_status finish_rejects(FILE *f, const char *out_dir) {
+  if (!f) return DFLASH_OK;
+  dflash_status st = DFLASH_OK;
+  if (dflash_storage_is_remote(out_dir)) {
+    long n = ftell(f);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    rewind(f);
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    char loc[4096];
+    snprintf(loc, sizeof loc, "%s%srejected.jsonl", out_dir,
+             out_dir[strlen(out_dir) - 1] == '/' ? "" : "/");
+    dflash_storage *s = NULL;
+    st = buf && got == (size_t)n ? dflash_storage_create(NULL, &s) : DFLASH_E_IO;
+    if (!st) st = dflash_storage_write(s, loc, buf, got);
+    dflash_storage_free(s);
+    free(buf);
+  }
+  fclose(f);
+  return st;
+}
+
 int cmd_tokenize(int argc, char **argv) {
   tok_args a;
   int first;
@@ -328,14 +414,14 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_status st = open_all(&a, &j, &tok, &tmpl, &w);
   if (st) return cli_fail("tokenize", st);
   tok_stats s = {0};
-  char rej[4096];
-  snprintf(rej, sizeof rej, "%s/rejected.jsonl", a.out_dir);
-  s.rejects = fopen(rej, "w");
+  s.rejects = open_rejects(a.out_dir);
   j.items = malloc(a.batch_lines * sizeof *j.items);
   if (!j.items) st = DFLASH_E_NOMEM;
   dflash_progress *p = NULL;
   dflash_progress_create(stderr, "tokenize", "lines", 0, 0, &p);
-  tok_reader r = {.files = argv + first, .n_files = argc - first};
+  tok_reader r = {0};
+  r.files = expand_inputs(argv + first, argc - first, &r.n_files);
+  if (!r.files) st = DFLASH_E_NOMEM;
   while (!st) {
     read_batch(&r, &j, &s);
     if (!j.n_items) break;
@@ -343,12 +429,16 @@ int cmd_tokenize(int argc, char **argv) {
     st = write_batch(&j, w, &s);
     dflash_progress_update(p, s.lines, NULL);
   }
-  if (r.f) fclose(r.f);
+  if (r.f) close_input(&r);
+  dflash_storage_free(r.storage);
   free(r.buf);
   dflash_progress_finish(p);
   dflash_progress_free(p);
   if (!st) st = dflash_dataset_writer_finish(w);
-  if (s.rejects) fclose(s.rejects);
+  dflash_status rs = finish_rejects(s.rejects, a.out_dir);
+  if (!st) st = rs;
+  for (int i = 0; r.files && i < r.n_files; i++) free(r.files[i]);
+  free(r.files);
   summary(&s);
   dflash_dataset_writer_free(w);
   dflash_tokenizer_free(tok);

@@ -1,0 +1,69 @@
+/*
+ * Staging between s3:// "directories" and local ones, for the pipeline stages
+ * whose file formats are written or memory-mapped locally (dataset shards,
+ * checkpoints, training state). Internal to the library; every module may use
+ * it. Outputs: write into a local temporary directory, then upload file by
+ * file (the file that makes a directory usable last). Inputs: mirror the
+ * objects under a prefix into the cache directory and open them there.
+ *
+ * Cache directory: $DFLASH_CACHE_DIR, else $TMPDIR/dflash-cache-<uid>, else
+ * /tmp/dflash-cache-<uid>. A remote object s3://B/K is cached at
+ * <cache>/s3/B/K; a cached file whose size equals the object's is reused (the
+ * formats staged this way are written once and never changed in place).
+ */
+#ifndef DFLASH_STORAGE_STAGE_H
+#define DFLASH_STORAGE_STAGE_H
+
+#include <dflash/storage.h>
+
+#include "core/internal.h"
+
+/* The cache directory (malloc'd, not created). */
+char *df_cache_dir(void);
+
+/* Where the remote location `remote` is mirrored in the cache (malloc'd):
+ * <cache>/s3/<bucket>/<key without trailing '/'>. */
+dflash_status df_stage_cache_path(const char *remote, char **out);
+
+/* `dir` + '/' + `name`, for a local path or an s3:// prefix (one '/' between). */
+char *df_stage_join(const char *dir, const char *name);
+
+/* Mirror every object below the remote "directory" `remote` (a '/' is added
+ * when missing) into `local_dir`, keeping the relative names; files already
+ * there with the object's size are not fetched again. *n_files (may be NULL)
+ * gets the number of objects found; an empty prefix is DFLASH_E_NOT_FOUND
+ * naming the URL. */
+dflash_status df_stage_in(dflash_storage *st, const char *remote, const char *local_dir,
+                          size_t *n_files);
+
+/* Same into the cache: *local (malloc'd) is the mirrored directory. */
+dflash_status df_stage_in_cached(dflash_storage *st, const char *remote, char **local);
+
+/* Upload local_dir/name to remote/name (atomically: multipart when large). */
+dflash_status df_stage_out(dflash_storage *st, const char *local_dir, const char *remote,
+                           const char *name);
+
+/* A new empty local directory under the cache directory for staging an
+ * output; `tag` goes into its name. */
+dflash_status df_stage_tmpdir(const char *tag, char **out);
+
+/* Remove a local directory tree (best effort; used on staging directories). */
+void df_stage_rmtree(const char *dir);
+
+
+/* A local stand-in for the remote safetensors object `remote` of `size`
+ * bytes: its header, then a hole up to the object's size (a sparse file, so
+ * it costs the header's blocks). Readers of the header (listings of tensors,
+ * indexes) work on it; tensor bytes read as zeros. Written atomically. */
+dflash_status df_stage_st_stub(dflash_storage *st, const char *remote, uint64_t size,
+                               const char *local);
+
+/* Give back the data blocks of the local safetensors file `path`, keeping
+ * its header and size (after its bytes were uploaded). Best effort: where
+ * the file system cannot punch holes the file stays whole. */
+void df_stage_st_hollow(const char *path);
+
+/* mkdir -p `dir`. */
+dflash_status df_stage_mkdirs(const char *dir);
+
+#endif
