@@ -90,3 +90,29 @@ def cstr(value):
     if isinstance(value, bytes):
         return value
     return os.fsencode(value)
+
+
+class Handle:
+    """Base of the classes that own one C object (`self._h`) freed by the C function
+    named in `_free`. close() is idempotent; `with` blocks and garbage collection call
+    it; __del__ is safe at interpreter exit, when the library may already be gone."""
+
+    _h = None
+    _free = None  # name of the dflash_X_free function
+
+    def close(self):
+        h, self._h = self._h, None
+        if h and lib is not None:
+            getattr(lib, self._free)(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass

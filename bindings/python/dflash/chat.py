@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from ._lib import bind, cstr, lib
+from ._lib import Handle, bind, cstr, lib
 
 REASONING = {"official": 0, "keep_all": 1, "keep_after_last_user": 2, "drop": 3}
 SPAN_KINDS = ["scaffold", "system", "user", "tool_result", "tools", "gen_prompt",
@@ -59,9 +59,11 @@ def template_names():
         i += 1
 
 
-class Rendered:
+class Rendered(Handle):
     """A rendered conversation: `text` (str), `data` (its UTF-8 bytes), `spans`
     (list of dicts with byte ranges) and loss masks from token byte offsets."""
+
+    _free = "dflash_chat_rendered_free"
 
     def __init__(self, handle):
         self._h = handle
@@ -86,20 +88,11 @@ class Rendered:
               1 if last_turn_only else 0, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), None)
         return out
 
-    def close(self):
-        if self._h:
-            lib.dflash_chat_rendered_free(self._h)
-            self._h = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
-
-
-class ChatTemplate:
+class ChatTemplate(Handle):
     """A built-in chat template by name ("qwen3", "kimi-k2-thinking", ...)."""
+
+    _free = "dflash_chat_template_free"
 
     def __init__(self, name):
         h = _vp()
@@ -152,19 +145,4 @@ class ChatTemplate:
         finally:
             r.close()
 
-    def close(self):
-        if self._h:
-            lib.dflash_chat_template_free(self._h)
-            self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

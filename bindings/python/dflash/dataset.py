@@ -3,7 +3,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import bind, cstr, lib
+from ._lib import Handle, bind, cstr, lib
 
 _vp = ctypes.c_void_p
 _open = bind("dflash_dataset_open", [ctypes.c_char_p, ctypes.POINTER(_vp)])
@@ -29,9 +29,11 @@ def tokenizer_hash(path):
     return buf.value.decode()
 
 
-class Dataset:
+class Dataset(Handle):
     """A dataset directory: len(ds), ds[i] -> (sample_id, input_ids int32, loss_mask uint8)
     as zero-copy numpy views of the mapped shards (valid while the Dataset is open)."""
+
+    _free = "dflash_dataset_free"
 
     def __init__(self, path):
         h = _vp()
@@ -65,19 +67,4 @@ class Dataset:
         _hist(self._h, bin_width, n_bins, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return out
 
-    def close(self):
-        if self._h:
-            lib.dflash_dataset_free(self._h)
-            self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -28,7 +28,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import bind, cstr
+from ._lib import Handle, bind, cstr
 
 _P = ctypes.c_void_p
 
@@ -149,8 +149,10 @@ class HiddenWriter:
             _w_free(h)
 
 
-class HiddenStore:
+class HiddenStore(Handle):
     """A hidden-state store opened for reading (memory-mapped)."""
+
+    _free = "dflash_hidden_free"
 
     def __init__(self, directory):
         self._h = _P()
@@ -182,22 +184,11 @@ class HiddenStore:
         _h_read(self._h, str(sample_id).encode(), out.ctypes.data, n)
         return out
 
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h and _h_free is not None:
-            _h_free(h)
 
-    __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class SampleStream:
+class SampleStream(Handle):
     """Tokenized dataset joined with a hidden-state store, prefetched."""
+
+    _free = "dflash_sample_stream_free"
 
     def __init__(self, data_dir, hidden_dir, prefetch=4):
         opts = StreamOptions(ctypes.sizeof(StreamOptions), prefetch)
@@ -229,13 +220,6 @@ class SampleStream:
 
     def width(self):
         return _width(self._h)
-
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h and _s_free is not None:
-            _s_free(h)
-
-    __del__ = close
 
 
 _width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)

@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import bind, cstr, lib
+from ._lib import bind, cstr
 
 # dtype name -> numpy dtype. bfloat16 and float8 have no numpy type: their raw
 # bits come back as uint16 / uint8 (ml_dtypes can .view() them if installed).

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from ._lib import Error, bind, cstr
+from ._lib import Handle, Error, bind, cstr
 
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _i32_p = ctypes.POINTER(ctypes.c_int32)
@@ -56,13 +56,15 @@ def _mode(special):
         raise ValueError(f"special must be 'all' or 'none', not {special!r}") from None
 
 
-class Tokenizer:
+class Tokenizer(Handle):
     """A loaded tokenizer (immutable; share it across threads freely).
 
     `path`: a tiktoken rank file, a tokenizer.json, a vocab.json, or a model directory.
     `pattern`: pre-tokenizer name (cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2) or a regex;
     None takes the one the files imply.
     """
+
+    _free = "dflash_tokenizer_free"
 
     def __init__(self, path, pattern=None):
         opts = _Options()
@@ -71,23 +73,6 @@ class Tokenizer:
         handle = ctypes.c_void_p()
         _load(cstr(os.fspath(path)), ctypes.byref(opts), ctypes.byref(handle))
         self._h = handle
-
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h and _free is not None:
-            _free(h)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
     def _handle(self):
         if not self._h:

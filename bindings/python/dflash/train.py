@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ._lib import bind, cstr
+from ._lib import Handle, bind, cstr
 
 MAX_LAYERS = 64
 MAX_TARGET = 128
@@ -153,7 +153,7 @@ def sample_anchors(loss_mask, block_size, max_anchors, seed, stream):
 _OPTION_NAMES = {f for f, _ in TrainerOptions._fields_} - {"struct_size"}
 
 
-class Trainer:
+class Trainer(Handle):
     """dflash.Trainer(config, embed, lm_head, backend="cpu", seed=0, **options).
 
     config: a dict in config.json form, JSON text or a path; embed and lm_head:
@@ -162,6 +162,8 @@ class Trainer:
     grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
     num_anchors, vocab_chunk, init_std, n_threads).
     """
+
+    _free = "dflash_trainer_free"
 
     def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
         self.config = parse_config(config)
@@ -189,18 +191,6 @@ class Trainer:
             _pinfo(self._h, i, ctypes.byref(name), ctypes.byref(ndim), shape, ctypes.byref(numel))
             self._info.append((name.value.decode(), tuple(shape[:ndim.value])))
 
-    def close(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h and _free is not None:
-            _free(h)
-
-    __del__ = close
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def block_size(self):
