@@ -40,7 +40,9 @@ def main():
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", required=True, help="target layer ids, comma-separated")
-    ap.add_argument("--threads", type=int, default=0)
+    # One thread: on a busy 2-core machine PyTorch's second thread costs more
+    # than it brings (measured 4x slower with two under load).
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

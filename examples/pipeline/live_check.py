@@ -87,7 +87,9 @@ def main():
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    torch.set_num_threads(a.threads)
     t = Target()
     model = t.model()
     with open(os.path.join(a.checkpoint, "config.json")) as f:

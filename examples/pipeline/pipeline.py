@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +33,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-FULL = dict(n_prompts=300, held_out_every=10, max_tokens=160, epochs=3, anchors=24,
+FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=3, anchors=24,
             layers="1,14,27", block=8, live_prompts=30, live_tokens=128)
 QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=2, anchors=8,
              layers="1,14,27", block=8, live_prompts=4, live_tokens=48)
@@ -83,10 +84,12 @@ def start_servers(kind, n, target_dir, gguf, out):
             # One thread each: llama.cpp's threads spin-wait, so two servers of
             # one thread beat one of two on a shared 2-core machine.
             # logits_all off: the server's default keeps every prompt token's
-            # logits, which costs more than the decoding.
+            # logits, which costs more than the decoding. interrupt_requests
+            # off: by default a new request cuts the stream being served.
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host",
                    "127.0.0.1", "--port", port, "--n_ctx", 2048, "--n_threads", 1,
-                   "--n_threads_batch", 1, "--logits_all", "false", "--model_alias", "smollm2"]
+                   "--n_threads_batch", 1, "--logits_all", "false",
+                   "--interrupt_requests", "false", "--model_alias", "smollm2"]
         else:
             cmd = [sys.executable, os.path.join(HERE, "serve.py"), "--target-dir", target_dir,
                    "--port", port, "--model-name", "smollm2", "--threads", 1]
@@ -140,6 +143,16 @@ def drafter_config(t, layers, block):
     }
 
 
+def same_ids(dflash, data_dir, hidden_dir):
+    """A finished dump of exactly this dataset is there (re-runs skip it)."""
+    if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
+        return False
+    with dflash.Dataset(data_dir) as ds, dflash.HiddenStore(hidden_dir) as hs:
+        want = {sid: len(ids) for sid, ids, _ in ds}
+        have = hs.ids()
+        return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
+
+
 def parse_eval(text):
     lines = text.strip().splitlines()
     tau = float(lines[0].split()[1])
@@ -162,8 +175,10 @@ def main():
     out = os.path.abspath(a.out)
     os.makedirs(out, exist_ok=True)
     dflash_cli = os.path.join(a.build, "tools", "dflash", "dflash")
-    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "src", "libdflash.so"))
-    sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
+    py = os.path.join(ROOT, "bindings", "python")
+    sys.path.insert(0, py)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [py, os.environ.get("PYTHONPATH")]))
     import dflash
     from target import Target
 
@@ -198,7 +213,7 @@ def main():
         # repeat_penalty (1.1) would move the answers off the target's argmax.
         cmd += ["--model", "smollm2", "--family", "none", "--temperature", "0",
                 "--max-tokens", p["max_tokens"], "--extra", '{"repeat_penalty": 1.0}',
-                "--concurrency", 2, "--log-interval", 15,
+                "--concurrency", 1, "--log-interval", 15,
                 os.path.join(out, "prompts.jsonl"), "-o", os.path.join(out, "fetch")]
         run(cmd)
         stage("fetch", t0)
@@ -212,14 +227,21 @@ def main():
 
     t0 = time.time()
     log("3. tokenize with the smollm2 template")
+    os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
     for k in ("train", "heldout"):
+        shutil.rmtree(os.path.join(out, "data", k), ignore_errors=True)
         run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
              "--template", "smollm2", "-o", os.path.join(out, "data", k), files[k]])
     stage("tokenize", t0)
 
     t0 = time.time()
     log(f"4. dump hidden states of target layers {p['layers']}")
+    os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
     for k in ("train", "heldout"):
+        if same_ids(dflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k)):
+            print(f"{k}: hidden states of every sample already in out/hidden/{k}")
+            continue
+        shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
         run([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
              os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
              "--layers", p["layers"]])
