@@ -47,8 +47,8 @@ int main(int argc, char **argv) {
   static uint8_t mask[LEN];
   srand(1);
   for (int i = 0; i < V * H; i++) /* Box-Muller normal, scaled like a real embedding */
-    embed[i] = 0.5f * sqrtf(-2 * logf((rand() + 1.0f) / (RAND_MAX + 2.0f))) *
-               cosf(6.2831853f * rand() / (float)RAND_MAX);
+    embed[i] = (float)(0.5 * sqrt(-2 * log((rand() + 1.0) / ((double)RAND_MAX + 2.0))) *
+                       cos(6.2831853 * rand() / (double)RAND_MAX));
   for (int i = 0; i < LEN; i++) {
     ids[i] = (7 + 5 * i) % 60, mask[i] = 1;
     for (int j = 0; j < H; j++) hidden[i * H + j] = embed[ids[i] * H + j];
