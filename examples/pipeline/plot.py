@@ -26,7 +26,8 @@ def main():
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
     ax[0].plot(steps, loss, lw=0.5, alpha=0.4, label="loss per step")
     ax[0].plot(steps, avg, lw=1.8, label=f"moving average ({k} steps)")
-    ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train")
+    ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train",
+              yscale="log")
     ax[0].legend()
     names = ["untrained", "trained", "live (trained)"]
     taus = [s["eval_untrained"]["tau"], s["eval_trained"]["tau"], s["live"]["tau"]]
