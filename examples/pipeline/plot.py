@@ -1,0 +1,49 @@
+"""out/report.png: training loss (and its moving average) by step, held-out
+tau (untrained / trained / live) and per-position accuracy."""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--metrics", required=True, help="metrics.jsonl of dflash train")
+    ap.add_argument("--summary-in", required=True, help="JSON: eval_untrained, eval_trained, live")
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    with open(a.metrics) as f:
+        rows = [json.loads(ln) for ln in f if ln.strip()]
+    s = json.loads(a.summary_in)
+    steps = [r["step"] for r in rows]
+    loss = [r["loss"] for r in rows]
+    k = max(1, len(loss) // 20)
+    avg = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
+           for i in range(len(loss))]
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax[0].plot(steps, loss, lw=0.5, alpha=0.4, label="loss per step")
+    ax[0].plot(steps, avg, lw=1.8, label=f"moving average ({k} steps)")
+    ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train",
+              yscale="log")
+    ax[0].legend()
+    names = ["untrained", "trained", "live (trained)"]
+    taus = [s["eval_untrained"]["tau"], s["eval_trained"]["tau"], s["live"]["tau"]]
+    bars = ax[1].bar(names, taus, color=["#999", "#1f77b4", "#2ca02c"])
+    ax[1].bar_label(bars, fmt="%.3f")
+    ax[1].set(ylabel="tau (tokens per verification step)", title="held-out acceptance length")
+    for name in ("untrained", "trained"):
+        acc = s[f"eval_{name}"]["accuracy"]
+        ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label=name)
+    ax[2].set(xlabel="block position", ylabel="greedy accuracy", title="per-position accuracy",
+              ylim=(0, 1))
+    ax[2].legend()
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
