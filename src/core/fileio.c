@@ -116,3 +116,31 @@ dflash_status df_write_file_atomic(const char *path, const void *data, size_t n)
   if ((st = df_atomic_write(&f, data, n)) || (st = df_atomic_commit(&f))) df_atomic_abort(&f);
   return st;
 }
+
+/* Create one directory level; an existing directory is fine, an existing
+ * non-directory is not. A new directory is made durable in its parent. */
+static dflash_status mkdir_one(const char *dir) {
+  if (mkdir(dir, 0777) == 0) return df_fsync_parent(dir);
+  struct stat sb;
+  if (errno == EEXIST && stat(dir, &sb) == 0) {
+    if (S_ISDIR(sb.st_mode)) return DFLASH_OK;
+    return df_error(DFLASH_E_EXISTS, "%s exists and is not a directory", dir);
+  }
+  return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create directory", dir);
+}
+
+dflash_status df_mkdir_p(const char *path) {
+  char *dir = df_strdup(path);
+  if (!dir) return df_error_nomem("directory name");
+  dflash_status st = DFLASH_OK;
+  for (char *p = dir + 1; !st; p++) { /* each level in turn, like mkdir -p */
+    bool end = *p == '\0';
+    if (*p != '/' && !end) continue;
+    *p = '\0';
+    if (p[-1] != '/') st = mkdir_one(dir); /* skip empty levels of "a//b" */
+    if (end) break;
+    *p = '/';
+  }
+  free(dir);
+  return st;
+}

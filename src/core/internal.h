@@ -109,6 +109,9 @@ void df_atomic_abort(df_atomic_file *f);
 dflash_status df_write_all(int fd, const void *data, size_t n, const char *path);
 /* fsync the directory holding `path`, making a rename or create durable. */
 dflash_status df_fsync_parent(const char *path);
+/* Create a directory and any missing parents (mkdir -p); new levels are
+ * fsynced into their parents. DFLASH_E_EXISTS when a level is a file. */
+dflash_status df_mkdir_p(const char *path);
 /* Write a whole file atomically. */
 dflash_status df_write_file_atomic(const char *path, const void *data, size_t n);
 

@@ -109,8 +109,8 @@ dflash_status dflash_dataset_writer_create(const char *dir,
   DF_CHECK_ARG(dir && out);
   *out = NULL;
   if (dflash_storage_is_remote(dir)) return create_writer(dir, opts, out);
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-    return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create directory", dir);
+  dflash_status mk = df_mkdir_p(dir);
+  if (mk) return mk;
   char *manifest = df_path_join(dir, MANIFEST);
   struct stat sb;
   bool exists = manifest && stat(manifest, &sb) == 0;

@@ -119,8 +119,8 @@ static dflash_status copy_options(dflash_fetch *f, const dflash_fetch_options *o
 
 static dflash_status lock_dir(dflash_fetch *f) {
   if (f->remote_out) return DFLASH_OK; /* workers are kept apart by their chunk names */
-  if (mkdir(f->out_dir, 0755) != 0 && errno != EEXIST)
-    return df_error_errno(DFLASH_E_IO, errno, "%s: cannot create output directory", f->out_dir);
+  dflash_status mk = df_mkdir_p(f->out_dir);
+  if (mk) return df_error_wrap(mk, "output directory");
   char *path = df_path_join(f->out_dir, ".fetch.lock");
   if (!path) return df_error_nomem("path");
   f->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);

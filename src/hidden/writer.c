@@ -51,10 +51,7 @@ const char *df_hidden_dtype_name(int32_t dtype) {
   return dtype == DFLASH_HIDDEN_FP8_E4M3 ? "fp8_e4m3" : "bf16";
 }
 
-static dflash_status make_dir(const char *dir) {
-  if (mkdir(dir, 0777) == 0 || errno == EEXIST) return DFLASH_OK;
-  return df_error_errno(DFLASH_E_IO, errno, "cannot create directory %s", dir);
-}
+static dflash_status make_dir(const char *dir) { return df_mkdir_p(dir); }
 
 static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);

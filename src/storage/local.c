@@ -43,16 +43,7 @@ dflash_status df_local_stat(const df_loc *l, dflash_storage_info *out) {
 dflash_status df_local_mkdirs_for(const char *path) {
   char *dir = df_path_dirname(path);
   if (!dir) return df_error_nomem("directory name");
-  dflash_status s = DFLASH_OK;
-  for (char *p = dir + 1; !s; p++) { /* create each missing level, like mkdir -p */
-    bool end = *p == 0;
-    if (*p != '/' && !end) continue;
-    *p = 0;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-      s = df_error_errno(DFLASH_E_IO, errno, "%s: cannot create directory", dir);
-    if (end) break;
-    *p = '/';
-  }
+  dflash_status s = df_mkdir_p(dir);
   free(dir);
   return s;
 }

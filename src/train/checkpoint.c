@@ -19,15 +19,7 @@
 
 #define STATE_FORMAT "dflash-train-state-1"
 
-static dflash_status ensure_dir(const char *dir) {
-  if (mkdir(dir, 0777) == 0) return df_fsync_parent(dir);
-  if (errno == EEXIST) {
-    struct stat sb;
-    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) return DFLASH_OK;
-    return df_error(DFLASH_E_EXISTS, "%s exists and is not a directory", dir);
-  }
-  return df_error_errno(DFLASH_E_IO, errno, "cannot create directory %s", dir);
-}
+static dflash_status ensure_dir(const char *dir) { return df_mkdir_p(dir); }
 
 /* Stream `n` floats as F32 or BF16 through the writer. */
 static dflash_status write_floats(dflash_st_writer *w, const float *x, size_t n, bool bf16) {

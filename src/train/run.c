@@ -162,15 +162,12 @@ static dflash_status open_all(run *r) {
   dflash_trainer_options topt = o->trainer;
   topt.total_steps = r->total_steps;
   if ((st = load_target(r, &topt))) return st;
-  struct stat sb;
-  if (mkdir(o->out_dir, 0777) != 0 && (stat(o->out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)))
-    return df_error(DFLASH_E_IO, "cannot create output directory %s", o->out_dir);
   /* In a subdirectory: engines load every *.safetensors at the top level. */
   char *state_dir = df_path_join(o->out_dir, "train_state");
   if (!state_dir) return df_error_nomem("paths");
-  if (mkdir(state_dir, 0777) != 0 && (stat(state_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+  if ((st = df_mkdir_p(state_dir))) { /* creates out_dir too */
     free(state_dir);
-    return df_error(DFLASH_E_IO, "cannot create directory %s/train_state", o->out_dir);
+    return st;
   }
   r->state_path = df_path_join(state_dir, "state.safetensors");
   free(state_dir);

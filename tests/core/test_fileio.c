@@ -57,10 +57,29 @@ START_TEST(read_missing_file_names_it) {
 }
 END_TEST
 
+START_TEST(mkdir_p_creates_every_level) {
+  char *dir = df_test_tmpdir();
+  char *deep = df_asprintf("%s/a/b//c", dir);
+  ck_assert_ok(df_mkdir_p(deep));
+  ck_assert_ok(df_mkdir_p(deep)); /* existing directories are fine */
+  char *file = df_asprintf("%s/a/b/c/f", dir);
+  ck_assert(df_test_write(file, "x", 1));
+  char *under = df_asprintf("%s/g", file);
+  ck_assert_status(df_mkdir_p(file), DFLASH_E_EXISTS, "not a directory");
+  ck_assert_status(df_mkdir_p(under), DFLASH_E_EXISTS, "/c/f exists"); /* the level at fault */
+  free(under);
+  free(file);
+  free(deep);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
 TCase *tc_fileio(void) {
   TCase *tc = tcase_create("fileio");
   tcase_add_test(tc, atomic_write_replaces_whole_file);
   tcase_add_test(tc, abort_leaves_no_temp_file);
   tcase_add_test(tc, read_missing_file_names_it);
+  tcase_add_test(tc, mkdir_p_creates_every_level);
   return tc;
 }
