@@ -32,6 +32,9 @@ typedef struct df_vocab {
   struct df_vslot *slots;
   uint32_t mask;
   uint32_t byte_id[256]; /* id of each single byte, UINT32_MAX if missing */
+  /* Some byte has no token (only when not strict): encoding drops such bytes
+   * from each piece before merging, as Hugging Face does without unk_token. */
+  bool byte_gaps;
 } df_vocab;
 
 /* Create with room for ids [0, n_ids). */
@@ -39,8 +42,9 @@ dflash_status df_vocab_init(df_vocab *v, uint32_t n_ids);
 void df_vocab_free(df_vocab *v);
 /* Set token `id`; kind DF_TOK_*. DFLASH_E_DUPLICATE when the id is taken. */
 dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t len, int kind);
-/* Build the bytes -> id index over ordinary tokens. Duplicate bytes: error when
- * `strict` (tiktoken refuses them), else the lowest id wins. `what` names the file. */
+/* Build the bytes -> id index over ordinary tokens. Duplicate bytes or a byte
+ * without a single-byte token: error when `strict` (tiktoken), else the lowest
+ * id wins and missing bytes set byte_gaps (Hugging Face). `what` names the file. */
 dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
 /* Ordinary token with exactly these bytes, or UINT32_MAX. */
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);

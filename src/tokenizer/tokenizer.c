@@ -163,6 +163,7 @@ typedef struct piece_entry {
 
 typedef struct enc_ctx {
   df_buf repaired, normed;
+  df_buf kept; /* a piece without its unencodable bytes (vocab.byte_gaps) */
   df_pretok_scratch ps;
   df_bpe_scratch bs;
   df_ids out;
@@ -174,6 +175,7 @@ typedef struct enc_ctx {
 static void ctx_free(enc_ctx *c) {
   df_buf_free(&c->repaired);
   df_buf_free(&c->normed);
+  df_buf_free(&c->kept);
   df_pretok_scratch_free(&c->ps);
   df_bpe_scratch_free(&c->bs);
   free(c->out.v);
@@ -194,6 +196,7 @@ static void ctx_trim(enc_ctx *c) {
     df_pretok_scratch_free(&c->ps);
   if (c->repaired.cap > BIG) df_buf_free(&c->repaired);
   if (c->normed.cap > BIG) df_buf_free(&c->normed);
+  if (c->kept.cap > BIG) df_buf_free(&c->kept);
 }
 
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
@@ -224,9 +227,54 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
   for (size_t k = 0; k < count; k++) e->ids[k] = (uint32_t)c->out.v[first + k];
 }
 
+/* Merge a piece and remember the result in the cache. */
+static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                               uint64_t h, enc_ctx *c) {
+  size_t first = c->out.len;
+  dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  if (!st) cache_put(c, h, p, n, first);
+  return st;
+}
+
+/*
+ * A piece holding a byte that has no token (vocab.byte_gaps). Hugging Face
+ * (no unk_token) looks the whole word up first (ignore_merges), then drops
+ * the characters it cannot encode, so their neighbours become adjacent and
+ * may merge. The cache is keyed by the bytes kept, and holds merge results
+ * only: with whole-piece lookup a cached entry could be a lookup result,
+ * which HF never gives for a piece that lost bytes.
+ */
+static dflash_status encode_gapped(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                                   uint64_t h, enc_ctx *c) {
+  const df_vocab *v = &t->vocab;
+  if (t->whole_piece_lookup) {
+    uint32_t id = df_vocab_find_h(v, p, n, h);
+    if (id != UINT32_MAX) return df_ids_push(&c->out, (int32_t)id);
+  }
+  c->kept.len = 0;
+  if (df_buf_reserve(&c->kept, n)) return DFLASH_E_NOMEM;
+  uint8_t *k = (uint8_t *)c->kept.data;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    if (v->byte_id[p[i]] != UINT32_MAX) k[m++] = p[i];
+  if (m <= 1) return m ? df_ids_push(&c->out, (int32_t)v->byte_id[k[0]]) : DFLASH_OK;
+  if (t->whole_piece_lookup)
+    return df_bpe_encode(v, &t->pairs, k, m, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  uint64_t hk = df_hash_bytes(k, m);
+  return cache_get(c, hk, k, m) ? DFLASH_OK : merge_put(t, k, m, hk, c);
+}
+
+/* Whether some byte of the piece has no token. */
+static bool has_gap(const df_vocab *v, const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (v->byte_id[p[i]] == UINT32_MAX) return true;
+  return false;
+}
+
 /* Token ids of one piece. */
 static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
                                   uint64_t h, enc_ctx *c) {
+  if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
   if (n == 1) return df_ids_push(&c->out, (int32_t)t->vocab.byte_id[p[0]]);
   if (cache_get(c, h, p, n)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
   size_t first = c->out.len;
@@ -238,9 +286,7 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
       return st;
     }
   }
-  dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
-  if (!st) cache_put(c, h, p, n, first);
-  return st;
+  return merge_put(t, p, n, h, c);
 }
 
 /* Pre-tokenize and merge text that holds no added token. */

@@ -110,11 +110,19 @@ dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what) {
     }
     if (!v->slots[i].id_plus1) v->slots[i] = (df_vslot){head, id + 1, v->len[id]};
   }
-  for (int b = 0; b < 256; b++)
-    if (v->byte_id[b] == UINT32_MAX)
-      return df_error(DFLASH_E_FORMAT,
-                      "%s: no token for the single byte 0x%02x (not a byte-level BPE vocabulary?)",
-                      what, b);
+  v->byte_gaps = false;
+  for (int b = 0; b < 256; b++) {
+    if (v->byte_id[b] != UINT32_MAX) continue;
+    /* Real Hugging Face vocabularies may lack bytes that never occur in
+     * UTF-8 text (SmolLM2 lacks 21); tiktoken's rank files never do. */
+    if (!strict) {
+      v->byte_gaps = true;
+      continue;
+    }
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: no token for the single byte 0x%02x (not a byte-level BPE vocabulary?)",
+                    what, b);
+  }
   return DFLASH_OK;
 }
 

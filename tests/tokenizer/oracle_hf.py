@@ -1,9 +1,10 @@
 """Parity with Hugging Face `tokenizers` on the Qwen2 vocabulary (fixture vocab.json +
 merges.txt): the directory itself, tokenizer.json files built here at test time (Qwen2,
 Qwen3.5 pattern, a GPT-2 style ByteLevel + Digits pipeline with lstrip/rstrip added tokens,
-ignore_merges), special tokens on and off.
+ignore_merges, a vocabulary missing single-byte tokens), special tokens on and off.
 
 Usage: oracle_hf.py FIXTURES  (DFLASH_CORPUS_MB sets the document corpus size)."""
+import json
 import os
 import sys
 import tempfile
@@ -58,6 +59,44 @@ def build_split(vocab_dir, pattern, behavior, invert):
     return tok
 
 
+# Single bytes removed from the vocabulary: some real vocabularies lack bytes that never
+# occur in UTF-8 (SmolLM2 lacks 21); here also common ones, so the corpus drops them.
+GAP_BYTES = [0x04, 0xc1, 0xf5, 0x20, 0x2c, 0x65, 0xa9, 0xe6]
+GAP_STRINGS = ["e", " ", ",", "e e", "ee,e ", "ab e cd", "café", "日本", " , e", "the one"]
+
+
+def byte_chars():
+    """GPT-2's byte-level alphabet: byte -> the character standing for it."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def without_bytes(src, dst, gap_bytes):
+    """Copy tokenizer.json src to dst without the single-byte tokens of gap_bytes and
+    the merges that use them (HF refuses a merge of a token not in the vocabulary).
+    The ids stay dense (HF renumbers added tokens past a vocabulary with holes): each
+    removed token is renamed to a string outside the byte-level alphabet, which no
+    piece can be."""
+    with open(src, encoding="utf-8") as f:
+        doc = json.load(f)
+    chars = byte_chars()
+    gone = {chars[b]: f"\u2400{b:02x}" for b in gap_bytes}
+    model = doc["model"]
+    model["vocab"] = {gone.get(k, k): v for k, v in model["vocab"].items()}
+    pairs = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
+    kept = [m for m, (a, b) in zip(model["merges"], pairs) if a not in gone and b not in gone]
+    assert len(kept) < len(model["merges"])
+    model["merges"] = kept
+    with open(dst, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False)
+
+
 def hf_encode(tok, texts, special):
     tok.encode_special_tokens = special == "none"
     return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
@@ -110,6 +149,15 @@ def main():
             small_docs = docs if i == 0 else docs[: max(1, len(docs) // 4)]
             with dflash.Tokenizer(path, pattern=pattern) as ours:
                 compare(tally, name, ours, ref, strings, small_docs, bad)
+        # a vocabulary missing single bytes: HF drops them from each piece before merging
+        # (after the whole-piece lookup of ignore_merges)
+        for j, (name, src) in enumerate((("qwen2 missing bytes", 0),
+                                         ("qwen2 missing bytes ignore_merges", 2))):
+            path = os.path.join(tmp, f"gaps{j}.json")
+            without_bytes(os.path.join(tmp, f"tokenizer{src}.json"), path, GAP_BYTES)
+            with dflash.Tokenizer(path) as ours:
+                compare(tally, name, ours, Tokenizer.from_file(path), strings + GAP_STRINGS,
+                        docs[: max(1, len(docs) // 4)], bad)
         # the PCRE2 path (scanners off) on the same strings
         os.environ["DFLASH_TOKENIZER_NO_SCANNER"] = "1"
         for i in (0, 1):

@@ -92,10 +92,12 @@ START_TEST(truncated_gzip) {
 }
 END_TEST
 
-/* A minimal byte-level vocabulary (all 256 byte characters) as JSON object members. */
-static char *byte_vocab_json(void) {
+/* A minimal byte-level vocabulary (the 256 byte characters, id = byte) as JSON
+ * object members, without the bytes listed in `skip`. */
+static char *byte_vocab_json_except(const char *skip) {
   df_buf b = {0};
   for (int i = 0; i < 256; i++) {
+    if (memchr(skip, i, strlen(skip))) continue;
     uint32_t c = df_byte_to_char((uint8_t)i);
     char u[8];
     size_t n = c < 0x80 ? 1 : 2;
@@ -105,11 +107,14 @@ static char *byte_vocab_json(void) {
       u[1] = (char)(0x80 | (c & 0x3F));
     }
     u[n] = '\0';
-    if (c == '"' || c == '\\') df_buf_printf(&b, "%s\"\\%s\": %d", i ? ", " : "", u, i);
-    else df_buf_printf(&b, "%s\"%s\": %d", i ? ", " : "", u, i);
+    const char *sep = b.len ? ", " : "";
+    if (c == '"' || c == '\\') df_buf_printf(&b, "%s\"\\%s\": %d", sep, u, i);
+    else df_buf_printf(&b, "%s\"%s\": %d", sep, u, i);
   }
   return b.data;
 }
+
+static char *byte_vocab_json(void) { return byte_vocab_json_except(""); }
 
 START_TEST(tokenizer_json_errors) {
   char *p = tt_write(g_dir, "bad.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": [1,}}");
@@ -172,6 +177,57 @@ START_TEST(vocab_merges_errors) {
 }
 END_TEST
 
+static void expect_ids(const dflash_tokenizer *t, const char *text, const int32_t *want, size_t n) {
+  int32_t ids[16];
+  size_t got = 0;
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, ids, 16, &got));
+  ck_assert_msg(got == n, "\"%s\": %zu ids, want %zu", text, got, n);
+  for (size_t i = 0; i < n; i++) ck_assert_int_eq(ids[i], want[i]);
+}
+
+/* Hugging Face vocabularies may lack single-byte tokens (SmolLM2 lacks 21):
+ * they load, and encoding drops those bytes before merging, as HF does
+ * (the parity on a real vocabulary is in oracle_hf.py). tiktoken stays strict. */
+START_TEST(missing_byte_tokens) {
+  char *vocab = byte_vocab_json_except("x\xff");
+  char *doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s, \"ab\": 256},"
+                          " \"merges\": [\"a b\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\","
+                          " \"add_prefix_space\": false}}", vocab);
+  char *p = tt_write(g_dir, "gaps.json", doc);
+  char *q = df_asprintf("{%s, \"ab\": 256}", vocab);
+  char *v = tt_write(g_dir, "vocab.json", q);
+  char *m = tt_write(g_dir, "merges.txt", "#version: 0.2\na b\n");
+  const char *paths[] = {p, g_dir};
+  for (size_t k = 0; k < DF_ARRAY_LEN(paths); k++) {
+    dflash_tokenizer *t = tt_load(paths[k], NULL);
+    expect_ids(t, "x", NULL, 0);                                   /* n == 1, dropped */
+    expect_ids(t, "axb", (const int32_t[]){256}, 1);               /* neighbours merge */
+    expect_ids(t, "axb axb ab", (const int32_t[]){256, ' ', 256, ' ', 256}, 5); /* cache */
+    expect_ids(t, "xxaxc", (const int32_t[]){'a', 'c'}, 2);
+    expect_ids(t, "ab", (const int32_t[]){256}, 1);
+    dflash_tokenizer_free(t);
+  }
+  free(m);
+  free(v);
+  free(q);
+  free(p);
+  free(doc);
+  free(vocab);
+  /* a rank file without byte 0x78 is refused */
+  df_buf b = {0};
+  for (int i = 0, rank = 0; i < 256; i++) {
+    if (i == 'x') continue;
+    uint8_t byte = (uint8_t)i;
+    char enc[16];
+    df_buf_printf(&b, "%s %d\n", tt_base64(&byte, 1, enc), rank++);
+  }
+  p = tt_write(g_dir, "gaps.tiktoken", b.data);
+  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "no token for the single byte 0x78");
+  free(p);
+  df_buf_free(&b);
+}
+END_TEST
+
 TCase *tc_tok_load_errors(void) {
   TCase *tc = tcase_create("load_errors");
   tcase_add_checked_fixture(tc, setup, teardown);
@@ -179,5 +235,6 @@ TCase *tc_tok_load_errors(void) {
   tcase_add_test(tc, truncated_gzip);
   tcase_add_test(tc, tokenizer_json_errors);
   tcase_add_test(tc, vocab_merges_errors);
+  tcase_add_test(tc, missing_byte_tokens);
   return tc;
 }
