@@ -50,18 +50,6 @@ def _field(reader, key):
     return [f.parts[i][0].item() for i in f.data]
 
 
-def _byte_chars():
-    """GPT-2's byte -> printable character map (byte-level BPE spelling)."""
-    bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    cs, n = list(bs), 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 def _unpermute(w, n_head):
     """Undo the Q/K row permutation llama.cpp's converter applies (rotary halves
     interleaved) so the weights match Hugging Face's Llama layout."""
@@ -158,14 +146,9 @@ class Target:
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                       "use_regex": True}
         vocab = {t: i for i, t in enumerate(self.tokens)}
-        # libdflash's loader wants a token for each of the 256 bytes; SmolLM2
-        # has none for 21 (control bytes 0x04 0x06 0x13 0x14 0x16 0x1d and
-        # 0xc0 0xc1 0xf1 0xf2 0xf5-0xff, absent from real text). They get
-        # ids past the model's vocabulary, so they can never alias a real
-        # token (text holding them fails loudly in the model instead).
-        for b, ch in sorted(_byte_chars().items()):
-            if ch not in vocab:
-                vocab[ch] = len(vocab)
+        # SmolLM2 has no token for 21 bytes (control bytes and 0xc0 0xc1 0xf1 0xf2
+        # 0xf5-0xff, absent from real UTF-8 text); like Hugging Face, libdflash drops
+        # such bytes from a piece before merging (tests/tokenizer/oracle_smollm2.py).
         return {
             "version": "1.0", "truncation": None, "padding": None,
             "added_tokens": added, "normalizer": None,
