@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,4 +144,31 @@ dflash_status df_mkdir_p(const char *path) {
   }
   free(dir);
   return st;
+}
+
+dflash_status df_map_file(const char *path, const uint8_t **base, uint64_t *size) {
+  *base = NULL;
+  *size = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
+                          "%s: cannot open", path);
+  struct stat sb;
+  dflash_status st = DFLASH_OK;
+  if (fstat(fd, &sb) != 0) st = df_error_errno(DFLASH_E_IO, errno, "%s: cannot stat", path);
+  else if (!S_ISREG(sb.st_mode)) st = df_error(DFLASH_E_IO, "%s: not a regular file", path);
+  else if (sb.st_size > 0) {
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) st = df_error_errno(DFLASH_E_IO, errno, "%s: mmap failed", path);
+    else {
+      *base = p;
+      *size = (uint64_t)sb.st_size;
+    }
+  }
+  close(fd);
+  return st;
+}
+
+void df_unmap_file(const uint8_t *base, uint64_t size) {
+  if (base) munmap((void *)base, (size_t)size);
 }

@@ -112,6 +112,10 @@ dflash_status df_fsync_parent(const char *path);
 /* Create a directory and any missing parents (mkdir -p); new levels are
  * fsynced into their parents. DFLASH_E_EXISTS when a level is a file. */
 dflash_status df_mkdir_p(const char *path);
+/* Map a regular file read-only; an empty file gives base NULL and size 0.
+ * Release with df_unmap_file. */
+dflash_status df_map_file(const char *path, const uint8_t **base, uint64_t *size);
+void df_unmap_file(const uint8_t *base, uint64_t size);
 /* Write a whole file atomically. */
 dflash_status df_write_file_atomic(const char *path, const void *data, size_t n);
 

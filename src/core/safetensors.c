@@ -10,7 +10,6 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -246,28 +245,9 @@ void df_st_file_clear(df_st_file *f) {
 }
 
 static dflash_status map_file(df_st_file *f) {
-  int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
-                          "%s: cannot open", f->path);
-  struct stat sb;
-  dflash_status st = DFLASH_OK;
-  if (fstat(fd, &sb) != 0) st = df_error_errno(DFLASH_E_IO, errno, "%s: cannot stat", f->path);
-  else if (!S_ISREG(sb.st_mode)) st = df_error(DFLASH_E_IO, "%s: not a regular file", f->path);
-  if (!st) {
-    f->size = (uint64_t)sb.st_size;
-    if (f->size == 0) {
-      f->base = (const uint8_t *)"";
-    } else {
-      void *p = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) st = df_error_errno(DFLASH_E_IO, errno, "%s: mmap failed", f->path);
-      else {
-        f->base = p;
-        f->mapped = true;
-      }
-    }
-  }
-  close(fd);
+  dflash_status st = df_map_file(f->path, &f->base, &f->size);
+  if (!st && f->base) f->mapped = true;
+  if (!st && !f->base) f->base = (const uint8_t *)""; /* empty file: parsed as too short */
   return st;
 }
 
@@ -288,7 +268,7 @@ DFLASH_API void dflash_safetensors_free(dflash_safetensors *st) {
   if (!st) return;
   for (size_t i = 0; i < st->n_files; i++) {
     df_st_file *f = &st->files[i];
-    if (f->mapped) munmap((void *)f->base, (size_t)f->size);
+    if (f->mapped) df_unmap_file(f->base, f->size);
     df_st_file_clear(f);
     free(f->path);
   }

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -265,23 +264,13 @@ static dflash_status map_input(dflash_fetch *f) {
     f->map_len = len;
     return DFLASH_OK;
   }
-  int fd = open(f->input_path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
-                          "%s: cannot open input", f->input_path);
-  struct stat sb;
-  dflash_status st = DFLASH_OK;
-  if (fstat(fd, &sb) != 0) st = df_error_errno(DFLASH_E_IO, errno, "%s: stat", f->input_path);
-  else if (sb.st_size > 0) {
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) st = df_error_errno(DFLASH_E_IO, errno, "%s: mmap", f->input_path);
-    else {
-      f->map = m;
-      f->map_len = (size_t)sb.st_size;
-    }
-  }
-  close(fd);
-  return st;
+  const uint8_t *base;
+  uint64_t size;
+  dflash_status st = df_map_file(f->input_path, &base, &size);
+  if (st) return df_error_wrap(st, "input");
+  f->map = (const char *)base;
+  f->map_len = (size_t)size;
+  return DFLASH_OK;
 }
 
 static bool blank(const char *s, size_t n) {
@@ -654,7 +643,7 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
   df_out_close(&f->completions);
   df_out_close(&f->errors);
   if (f->map && f->remote_in) dflash_storage_buffer_free((void *)f->map);
-  else if (f->map) munmap((void *)f->map, f->map_len);
+  else if (f->map) df_unmap_file((const uint8_t *)f->map, f->map_len);
   dflash_storage_free(f->storage);
   free(f->worker);
   for (size_t i = 0; i < f->n_bad; i++) {
