@@ -57,9 +57,24 @@ void df_resp_body(df_resp *r, const char *body, size_t len);
 /* Message of an OpenAI-style error body (`{"error": {...}}`, `{"object":"error",...}`,
  * `{"detail": ...}`); malloc'd, NULL when the body is not one. Sets *code when found. */
 char *df_error_body_message(const char *body, size_t len, long *code);
-/* Outcome of a finished turn: "ok", "length" (finish_reason length, whatever the
- * content), "empty" (no visible answer), "unknown" (no finish_reason) or the
- * finish_reason itself ("tool_calls", "content_filter"...). */
+/* What an HTTP 2xx answer amounts to, judged from what was parsed of it.
+ * SGLang, vLLM and llama.cpp end every generation they finish with a
+ * finish_reason in the last choice chunk (or the body's choice); an answer
+ * without one was cut off by the server (SGLang aborts a request on an abort
+ * call or a client disconnect and can still end the stream with [DONE]), so it
+ * is unfinished even when [DONE] or a clean end of the body arrived. */
+typedef enum {
+  DF_RESP_COMPLETE,   /* a finish_reason other than "abort"/"error": the answer is whole */
+  DF_RESP_ERROR,      /* an error object (r->error, r->error_code) */
+  DF_RESP_ABORTED,    /* finish_reason "abort" or "error" */
+  DF_RESP_BAD_JSON,   /* no finish_reason, and a chunk or body that is not JSON */
+  DF_RESP_UNFINISHED, /* no finish_reason: cut, or [DONE] / end of body without one */
+} df_resp_verdict;
+df_resp_verdict df_resp_judge(const df_resp *r);
+/* Outcome of a complete turn: "ok", "length" (finish_reason length, whatever the
+ * content), "empty" (no visible answer) or the finish_reason itself
+ * ("tool_calls", "content_filter"...); "unknown" without a finish_reason (not
+ * a complete turn: df_resp_judge says DF_RESP_UNFINISHED). */
 const char *df_outcome(const df_resp *r);
 /* Whether an HTTP status (or an error event code) is worth another attempt. */
 bool df_http_retryable(long status);

@@ -339,27 +339,43 @@ static result from_http_error(const df_xfer *x) {
   return fail(retry ? RES_RETRY : RES_FAIL, "http", x->http, retry && !overload, text);
 }
 
+/* Why an answer that parsed has no finish_reason (see df_resp_judge). */
+static char *unfinished_msg(const df_xfer *x) {
+  const df_resp *r = &x->resp;
+  if (!x->sse)
+    return df_asprintf("the response (HTTP %ld, %llu bytes) has no finish_reason: the server "
+                       "did not finish the generation", x->http, (unsigned long long)x->bytes);
+  if (r->done)
+    return df_asprintf("the stream ended with [DONE] after %llu events without a finish_reason: "
+                       "the server aborted the generation", (unsigned long long)r->chunks);
+  return df_asprintf("the stream ended after %llu events without a finish_reason or [DONE]",
+                     (unsigned long long)r->chunks);
+}
+
 /* An HTTP 2xx answer: complete, an error event, or cut short. */
 static result from_success(df_xfer *x, CURLcode rc) {
   df_resp *r = &x->resp;
   if (!x->sse) df_resp_body(r, x->raw.data ? x->raw.data : "", x->raw.len);
-  if (r->error) {
+  switch (df_resp_judge(r)) {
+  case DF_RESP_COMPLETE:
+    return (result){.kind = RES_OK};
+  case DF_RESP_ERROR: {
     bool retry = r->error_code == 0 || df_http_retryable(r->error_code);
     return fail(retry ? RES_RETRY : RES_FAIL, "stream", r->error_code, retry,
                 df_asprintf("error after HTTP %ld: %s", x->http, r->error));
   }
-  if (r->finish_reason && (!strcmp(r->finish_reason, "abort") || !strcmp(r->finish_reason, "error")))
+  case DF_RESP_ABORTED:
     return fail(RES_RETRY, "stream", 0, true, df_asprintf("the server ended the generation with "
                                                         "finish_reason \"%s\"", r->finish_reason));
-  /* The finish_reason chunk is the last one carrying text: the answer is whole
-   * even if the connection broke before the usage chunk or [DONE]. */
-  if (r->finish_reason || (r->done && !r->bad_json)) return (result){.kind = RES_OK};
+  case DF_RESP_BAD_JSON:
+  case DF_RESP_UNFINISHED:
+    break;
+  }
   if (rc != CURLE_OK) return from_curl(x, rc);
   if (r->bad_json)
     return fail(RES_RETRY, "response", 0, true, df_asprintf("invalid JSON in the %s (%llu bytes)",
                 x->sse ? "stream" : "response", (unsigned long long)x->bytes));
-  return fail(RES_RETRY, "stream", 0, true,
-              df_strdup("the stream ended without a finish_reason or [DONE]"));
+  return fail(RES_RETRY, "stream", 0, true, unfinished_msg(x));
 }
 
 static result classify(df_xfer *x, CURLcode rc) {

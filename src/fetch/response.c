@@ -148,6 +148,16 @@ static bool only_space(const char *s, size_t n) {
   return true;
 }
 
+df_resp_verdict df_resp_judge(const df_resp *r) {
+  if (r->error) return DF_RESP_ERROR;
+  if (!r->finish_reason) return r->bad_json ? DF_RESP_BAD_JSON : DF_RESP_UNFINISHED;
+  if (!strcmp(r->finish_reason, "abort") || !strcmp(r->finish_reason, "error"))
+    return DF_RESP_ABORTED;
+  /* The finish_reason chunk is the last one carrying text: the answer is whole
+   * even if the connection broke before the usage chunk or [DONE]. */
+  return DF_RESP_COMPLETE;
+}
+
 const char *df_outcome(const df_resp *r) {
   if (!r->finish_reason) return "unknown";
   if (!strcmp(r->finish_reason, "length")) return "length";

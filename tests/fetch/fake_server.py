@@ -19,6 +19,9 @@ Faults are asked for inside the last user message, e.g. "[[fault:503*2]]":
   hang*K       read the request and never answer (for --stall seconds)
   badjson*K    HTTP 200 with a cut-off JSON body (non-streamed) or chunk (streamed)
   abort*K      finish_reason "abort" (SGLang under load)
+  nofinish*K   HTTP 200, a few chunks, the usage chunk and data: [DONE], but no chunk
+               with a finish_reason (SGLang aborting a request); non-streamed: a whole
+               body with "finish_reason": null
   400, errevent400   permanent errors
   drip         each token after 0.2 s (--token-delay sets a delay for every stream)
   split        the SSE bytes in 1..7 byte chunks with CRLF line ends
@@ -246,6 +249,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             force_length="length" in modes)
         if fault == "abort":
             finish = "abort"
+        if fault == "nofinish":
+            finish = None
         rfield = opts.get("rfield", self.state.args.reasoning_field)
         usage = {"prompt_tokens": len(json.dumps(messages)) // 4,
                  "completion_tokens": n_tokens,
@@ -280,7 +285,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         events += [event(chunk_obj({"content": t})) for t in content]
         if fault == "abort":
             finish = "abort"
-        events.append(event(chunk_obj({}, finish)))
+        if fault == "nofinish":  # a clean end: the usage chunk and [DONE], no finish_reason
+            events = events[:min(3, len(events))]
+        else:
+            events.append(event(chunk_obj({}, finish)))
         if (body.get("stream_options") or {}).get("include_usage"):
             events.append(event({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
                                  "choices": [], "usage": usage}))

@@ -193,6 +193,7 @@ FAULT_CASES = {
     "fstall": ("[[fault:stall*1]]", 2, "ok"),
     "fbadjson": ("[[fault:badjson*1]]", 2, "ok"),
     "fabort": ("[[fault:abort*1]]", 2, "ok"),
+    "fnofinish": ("[[fault:nofinish*2]]", 3, "ok"),
     "fchain": ("[[fault:503*1]][[fault:reset*1]][[fault:errevent*1]]", 4, "ok"),
     "fsplit": ("[[fault:split]]", 1, "ok"),
     "fkeep": ("[[fault:keepalive]]", 1, "ok"),
@@ -257,14 +258,23 @@ def test_every_fault_not_streamed(tmp_path):
 
 def test_deadline_and_give_up(farm, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [user("[[fault:hang*1]]", "hang"),
-                                        user("[[fault:503*9]]", "dead")])
+                                        user("[[fault:503*9]]", "dead"),
+                                        user("[[fault:nofinish*9]]", "aborted")])
     summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--deadline", "1",
                            "--max-attempts", "3", "--fail-threshold", "100")
     comps, errs = outputs(tmp_path / "out")
     assert [r["id"] for r in comps] == ["hang"] and comps[0]["attempts"] == 2
-    assert errs[0]["id"] == "dead" and errs[0]["attempts"] == 3
-    assert errs[0]["kind"] == "http" and errs[0]["http_status"] == 503
-    assert "gave up after 3 attempts" in errs[0]["error"]
+    errs = {e["id"]: e for e in errs}
+    assert sorted(errs) == ["aborted", "dead"]
+    assert errs["dead"]["attempts"] == 3
+    assert errs["dead"]["kind"] == "http" and errs["dead"]["http_status"] == 503
+    assert "gave up after 3 attempts" in errs["dead"]["error"]
+    # [DONE] without a finish_reason every time: a failure, never a completion.
+    e = errs["aborted"]
+    assert e["attempts"] == 3 and e["kind"] == "stream", e
+    assert "gave up after 3 attempts" in e["error"] and "without a finish_reason" in e["error"]
+    assert "[DONE]" in e["error"], e
+    assert summary["failed"] == 2 and summary["completed"] == 1
 
 
 def test_thousand_prompts_three_servers_with_chaos(tmp_path):

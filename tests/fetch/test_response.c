@@ -71,11 +71,65 @@ START_TEST(error_bodies) {
 }
 END_TEST
 
+/* A stream that stops without a finish_reason was aborted by the server, whether
+ * [DONE] or a clean end of the body follows; only a finish_reason completes it. */
+START_TEST(verdict_needs_finish_reason) {
+  static const char *text = "{\"choices\":[{\"delta\":{\"content\":\"partial\"},\"finish_reason\":null}]}";
+  df_resp r = {0};
+  feed(&r, text);
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED); /* cut mid-stream */
+  feed(&r, "{\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}");
+  feed(&r, "[DONE]");
+  ck_assert(r.done && !r.bad_json && !r.error && !r.finish_reason);
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED); /* [DONE] alone is not enough */
+  ck_assert_str_eq(df_outcome(&r), "unknown");
+  df_resp_reset(&r);
+  feed(&r, text);
+  feed(&r, "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}");
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_COMPLETE); /* usage chunk and [DONE] lost */
+  df_resp_reset(&r);
+  feed(&r, text);
+  feed(&r, "{\"choices\":[{\"delta\":{\"content\":\"cut");
+  feed(&r, "[DONE]");
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_BAD_JSON);
+  df_resp_reset(&r);
+  feed(&r, "{\"choices\":[{\"delta\":{},\"finish_reason\":\"abort\"}]}");
+  feed(&r, "[DONE]");
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_ABORTED);
+  df_resp_reset(&r);
+  feed(&r, "{\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}");
+  feed(&r, "{\"error\":{\"message\":\"queue full\",\"code\":503}}");
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_ERROR); /* an error beats a finish_reason */
+  df_resp_free(&r);
+}
+END_TEST
+
+START_TEST(verdict_whole_body) {
+  df_resp r = {0};
+  const char *none = "{\"choices\":[{\"message\":{\"content\":\"hi\"},\"finish_reason\":null}]}";
+  df_resp_body(&r, none, strlen(none));
+  ck_assert(r.done && !r.bad_json);
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED);
+  df_resp_reset(&r);
+  df_resp_body(&r, "{\"choices\":[]}", 14);
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED);
+  df_resp_reset(&r);
+  const char *tools = "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"c\"}]},"
+                      "\"finish_reason\":\"tool_calls\"}]}";
+  df_resp_body(&r, tools, strlen(tools));
+  ck_assert_int_eq(df_resp_judge(&r), DF_RESP_COMPLETE);
+  ck_assert_str_eq(df_outcome(&r), "tool_calls");
+  df_resp_free(&r);
+}
+END_TEST
+
 TCase *tc_response(void) {
   TCase *tc = tcase_create("response");
   tcase_add_test(tc, stream_reasoning_both_names);
   tcase_add_test(tc, error_event_after_200);
   tcase_add_test(tc, whole_body_and_outcomes);
   tcase_add_test(tc, error_bodies);
+  tcase_add_test(tc, verdict_needs_finish_reason);
+  tcase_add_test(tc, verdict_whole_body);
   return tc;
 }
