@@ -21,7 +21,8 @@
  *    "http_status", "attempts", "server", "line"}; kind is "input" (a
  *    malformed line), "http" (an error status), "network", "timeout",
  *    "response" (unparseable or over the size cap) or "stream" (an error
- *    reported inside an HTTP 200 answer, as SGLang and vLLM do).
+ *    reported inside an HTTP 200 answer, as SGLang and vLLM do, or an answer
+ *    aborted or ended without a finish_reason; each is retried first).
  * Each record is one write() of one line; files are fsynced on the schedule
  * in the options. On start, a torn last line (a crash mid-write or a power
  * loss) is cut off, and ids already present in completions.jsonl (and in
