@@ -29,6 +29,7 @@ import ctypes
 import numpy as np
 
 from ._lib import Handle, bind, cstr
+from .dataset import DatasetWriter
 
 _P = ctypes.c_void_p
 
@@ -69,6 +70,7 @@ _h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
 _h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)])
 _h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)])
 _h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64])
+_s_defaults = bind("dflash_sample_stream_options_default", [ctypes.POINTER(StreamOptions)], None)
 _s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)])
 _s_free = bind("dflash_sample_stream_free", [_P], None)
@@ -190,8 +192,13 @@ class SampleStream(Handle):
 
     _free = "dflash_sample_stream_free"
 
-    def __init__(self, data_dir, hidden_dir, prefetch=4):
-        opts = StreamOptions(ctypes.sizeof(StreamOptions), prefetch)
+    def __init__(self, data_dir, hidden_dir, prefetch=None):
+        """prefetch: samples decoded ahead on the background thread (None: the
+        library's default)."""
+        opts = StreamOptions()
+        _s_defaults(ctypes.byref(opts))
+        if prefetch is not None:
+            opts.prefetch = int(prefetch)
         self._h = _P()
         _s_open(cstr(data_dir), cstr(hidden_dir), ctypes.byref(opts), ctypes.byref(self._h))
 
@@ -225,26 +232,10 @@ class SampleStream(Handle):
 _width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)
 
 
-_d_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.c_void_p,
-                                                  ctypes.POINTER(_P)])
-_d_add = bind("dflash_dataset_writer_add", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
-                                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
-_d_finish = bind("dflash_dataset_writer_finish", [_P])
-_d_free = bind("dflash_dataset_writer_free", [_P], None)
-
-
-def write_dataset(directory, samples):
+def write_dataset(directory, samples, **options):
     """Write a tokenized dataset (the format `dflash tokenize` produces) from
     samples = [(id, input_ids, loss_mask), ...]; handy for tests and for
-    data tokenized elsewhere."""
-    w = _P()
-    _d_create(cstr(directory), None, ctypes.byref(w))
-    try:
+    data tokenized elsewhere. `options` go to dflash.DatasetWriter."""
+    with DatasetWriter(directory, **options) as w:
         for sid, ids, mask in samples:
-            ids = np.ascontiguousarray(ids, dtype=np.int32)
-            mask = np.ascontiguousarray(mask, dtype=np.uint8)
-            _d_add(w, str(sid).encode(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                   mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), ids.size)
-        _d_finish(w)
-    finally:
-        _d_free(w)
+            w.add(sid, ids, mask)

@@ -83,6 +83,10 @@ class Tokenizer(Handle):
     def vocab_size(self):
         return int(_vocab_size(self._handle()))
 
+    def max_ids(self, n_bytes):
+        """Ids that encoding `n_bytes` bytes of text can produce at most."""
+        return int(_max_ids(self._handle(), int(n_bytes)))
+
     def encode(self, text, special="all"):
         """Token ids of `text` (str or UTF-8 bytes) as a numpy int32 array."""
         data = _utf8(text)
