@@ -93,3 +93,11 @@ def test_versions_agree_in_the_source_tree():
     pyproject = (ROOT / "bindings" / "python" / "pyproject.toml").read_text()
     # The wheel takes its version from dflash/_version.py.
     assert re.search(r'version\s*=\s*\{\s*attr\s*=\s*"dflash\._version\.__version__"', pyproject)
+
+
+def test_installed_package_is_the_one_imported():
+    expect = os.environ.get("DFLASH_EXPECT_PACKAGE_DIR")
+    if not expect:
+        pytest.skip("set by tests/install_check.sh only")
+    assert dflash.__file__.startswith(expect)
+    assert "DFLASH_LIBRARY" not in os.environ
