@@ -46,6 +46,7 @@ class Dataset(Handle):
 
     @property
     def tokens(self):
+        """Total tokens over all samples."""
         return lib.dflash_dataset_tokens(self._h)
 
     def __getitem__(self, i):
@@ -64,6 +65,8 @@ class Dataset(Handle):
             yield self[i]
 
     def length_histogram(self, bin_width=256, n_bins=64):
+        """uint64 counts of sample lengths in bins of `bin_width` tokens; the last bin takes
+        longer ones."""
         out = np.zeros(n_bins, dtype=np.uint64)
         _hist(self._h, bin_width, n_bins, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return out

@@ -35,11 +35,13 @@ _P = ctypes.c_void_p
 
 
 class WriterOptions(ctypes.Structure):
+    """Mirror of `dflash_hidden_writer_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
                 ("shard_bytes", ctypes.c_uint64)]
 
 
 class TrainSample(ctypes.Structure):
+    """Mirror of `dflash_train_sample` (pointers borrowed from the stream)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
                 ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
                 ("input_ids", ctypes.POINTER(ctypes.c_int32)),
@@ -48,6 +50,7 @@ class TrainSample(ctypes.Structure):
 
 
 class StreamOptions(ctypes.Structure):
+    """Mirror of `dflash_sample_stream_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32)]
 
 
@@ -118,6 +121,7 @@ class HiddenWriter:
                   ctypes.byref(self._h))
 
     def append(self, sample_id, states):
+        """Buffer one sample: float32 (or torch bf16, kept bit-exact) [S, K*H]."""
         a, bf16 = _as_array(states)
         if a.ndim != 2 or a.shape[1] != self.width:
             raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
@@ -125,9 +129,11 @@ class HiddenWriter:
         fn(self._h, str(sample_id).encode(), a.ctypes.data, a.shape[0])
 
     def flush(self):
+        """Write the buffered samples as a shard and update the index."""
         _w_flush(self._h)
 
     def close(self):
+        """Write the buffered samples and the index, then release the writer."""
         h, self._h = getattr(self, "_h", None), None
         if h:
             try:
@@ -168,6 +174,7 @@ class HiddenStore(Handle):
         return self.count
 
     def ids(self):
+        """Sample ids in the store, sorted."""
         out = []
         for i in range(self.count):
             s = ctypes.c_char_p()
@@ -176,11 +183,13 @@ class HiddenStore(Handle):
         return out
 
     def length(self, sample_id):
+        """Token count of a sample; Error DFLASH_E_NOT_FOUND naming the id when absent."""
         n = ctypes.c_int64()
         _h_len(self._h, str(sample_id).encode(), ctypes.byref(n))
         return n.value
 
     def read(self, sample_id):
+        """A sample decoded to float32 [S, K*H]."""
         n = self.length(sample_id)
         out = np.empty((n, self.num_layers * self.hidden_size), dtype=np.float32)
         _h_read(self._h, str(sample_id).encode(), out.ctypes.data, n)
@@ -226,6 +235,7 @@ class SampleStream(Handle):
                    np.ctypeslib.as_array(s.hidden, (n, self.width())).copy())
 
     def width(self):
+        """K*H of the store: the width of each hidden-state row."""
         return _width(self._h)
 
 

@@ -53,10 +53,12 @@ class CFile:
             raise OSError(err, f"fdopen: {os.strerror(err)}")
 
     def flush(self):
+        """Flush the C stream's buffer."""
         if self.ptr:
             _fflush(self.ptr)
 
     def close(self):
+        """Flush and close the C stream (idempotent)."""
         ptr, self.ptr = self.ptr, None
         if ptr:
             _fclose(ptr)
@@ -105,5 +107,6 @@ class Progress(Handle):
             self._file.flush()
 
     def close(self):
+        """Finish (draw the final state), free the reporter and close its stream."""
         super().close()
         self._file.close()

@@ -90,6 +90,7 @@ class SafeTensors:
         self._handle = _Handle(path)
 
     def close(self):
+        """Release the mapping (views taken from it keep it alive until they go)."""
         self._handle = None
 
     def __enter__(self):
@@ -108,9 +109,11 @@ class SafeTensors:
 
     @property
     def file_count(self):
+        """Number of files in the set (1 for a single file)."""
         return _files(self._ptr())
 
     def keys(self):
+        """Tensor names, sorted."""
         return [self._tensor(index=i).name.decode() for i in range(len(self))]
 
     def __iter__(self):
@@ -144,6 +147,7 @@ class SafeTensors:
 
     @property
     def metadata(self):
+        """All `__metadata__` entries as a dict (the index's "metadata" for a shard set)."""
         out = {}
         k, v = ctypes.c_char_p(), ctypes.c_char_p()
         for i in range(_meta_count(self._ptr())):
@@ -169,6 +173,7 @@ def _shape(t):
 
 
 def dtype_name(code):
+    """The safetensors name of a dflash_dtype value ("BF16"); "?N" when unknown."""
     name = _dtype_name(code)
     return name.decode() if name else f"?{code}"
 

@@ -131,12 +131,14 @@ def config_to_dict(cfg):
 
 
 def default_target_layers(num_target_layers, k):
+    """The spec's default target layer ids for K layers of an L-layer target."""
     out = (ctypes.c_int32 * k)()
     _default_layers(num_target_layers, k, out)
     return list(out)
 
 
 def default_loss_gamma(block_size):
+    """Default loss decay gamma for a block size (7 for B=16, 5 for 10, 4 for 8, else B/2)."""
     return _gamma(block_size)
 
 
@@ -194,9 +196,11 @@ class Trainer(Handle):
 
     @property
     def block_size(self):
+        """Block size B of the drafter."""
         return self.config.block_size
 
     def names(self):
+        """Trainable tensor names, in buffer order (checkpoint names)."""
         return [n for n, _ in self._info]
 
     def _tensors(self, getter):
@@ -216,6 +220,7 @@ class Trainer(Handle):
         return self._tensors(_get_grad)
 
     def set_parameters(self, params):
+        """Copy parameters in from a dict name -> array (shapes as parameters())."""
         for name, value in params.items():
             a = np.ascontiguousarray(value, dtype=np.float32)
             _set_param(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
@@ -241,9 +246,11 @@ class Trainer(Handle):
         return loss.value
 
     def zero_grad(self):
+        """Zero the gradients before accumulate() calls."""
         _zero(self._h)
 
     def weight_sum(self, loss_mask, anchors):
+        """The position weights sum(w) a sequence with these anchors carries."""
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         out = ctypes.c_double()
@@ -268,9 +275,11 @@ class Trainer(Handle):
 
     @property
     def steps(self):
+        """Optimizer steps taken so far."""
         return _steps(self._h)
 
     def lr_at(self, step):
+        """Scheduled learning rate of step `step` (0-based)."""
         return _lr_at(self._h, step)
 
     def predict(self, input_ids, hidden, anchors):
@@ -282,12 +291,15 @@ class Trainer(Handle):
         return out
 
     def save(self, directory, bf16=False):
+        """Save a checkpoint directory SGLang/vLLM load: config.json + model.safetensors."""
         _save(self._h, cstr(directory), int(bool(bf16)))
 
     def load(self, path):
+        """Load parameters from a checkpoint directory or .safetensors file."""
         _load(self._h, cstr(path))
 
     def save_state(self, path, user=b""):
+        """Save the training state (optimizer, step, parameters, caller blob) atomically."""
         buf = ctypes.create_string_buffer(bytes(user), len(user))
         _save_state(self._h, cstr(path), buf, len(user))
 

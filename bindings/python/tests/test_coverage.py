@@ -101,3 +101,29 @@ def test_installed_package_is_the_one_imported():
         pytest.skip("set by tests/install_check.sh only")
     assert dflash.__file__.startswith(expect)
     assert "DFLASH_LIBRARY" not in os.environ
+
+
+def test_public_api_has_docstrings():
+    import ctypes
+    import inspect
+    missing = []
+    for info in pkgutil.iter_modules(dflash.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"dflash.{info.name}")
+        if not mod.__doc__:
+            missing.append(mod.__name__)
+        for name, obj in vars(mod).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
+                continue
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            if not obj.__doc__:
+                missing.append(f"{info.name}.{name}")
+            if not inspect.isclass(obj) or issubclass(obj, ctypes.Structure):
+                continue
+            for attr, value in vars(obj).items():
+                fn = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+                if not attr.startswith("_") and inspect.isfunction(fn) and not fn.__doc__:
+                    missing.append(f"{info.name}.{name}.{attr}")
+    assert not missing, f"public names without a docstring: {missing}"
