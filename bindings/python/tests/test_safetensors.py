@@ -236,7 +236,6 @@ def test_inspect_cli_lists_tensors(tmp_path):
 
 
 def test_metadata_lookup_matches_python_reader(tmp_path):
-    from dflash.safetensors import dtype_size
     path = tmp_path / "m.safetensors"
     meta = {"format": "pt", "note": "héllo ✓", "empty": ""}
     dflash.write_safetensors(path, {"x": np.arange(3, dtype=np.float32)}, metadata=meta)
