@@ -135,7 +135,10 @@ class Handle:
     def close(self):
         h, self._h = self._h, None
         if h and lib is not None:
-            getattr(lib, self._free)(h)
+            self._release(h)
+
+    def _release(self, h):
+        getattr(lib, self._free)(h)
 
     def __enter__(self):
         return self

@@ -27,8 +27,8 @@ _finish = bind("dflash_progress_finish", [_P], None)
 bind("dflash_progress_free", [_P], None)
 
 
-class CFile:
-    """A C `FILE *` (opened for appending) over a Python stream.
+class CFile(Handle):
+    """A C `FILE *` (opened for appending) over a Python stream; `ptr` is the pointer.
 
     `target`: a path (opened for appending and closed with this object), a
     file object with fileno() (flushed first; its descriptor is duplicated,
@@ -46,34 +46,25 @@ class CFile:
             fd = os.dup(target.fileno())
         else:
             fd = os.open(cstr(target), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.ptr = _fdopen(fd, b"a")
-        if not self.ptr:
+        ptr = _fdopen(fd, b"a")
+        if not ptr:
             err = ctypes.get_errno()
             os.close(fd)
             raise OSError(err, f"fdopen: {os.strerror(err)}")
+        self._h = ptr
+
+    @property
+    def ptr(self):
+        """The `FILE *` (an int address; None once closed)."""
+        return self._h
+
+    def _release(self, h):
+        _fclose(h)
 
     def flush(self):
         """Flush the C stream's buffer."""
-        if self.ptr:
-            _fflush(self.ptr)
-
-    def close(self):
-        """Flush and close the C stream (idempotent)."""
-        ptr, self.ptr = self.ptr, None
-        if ptr:
-            _fclose(ptr)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
+        if self._h:
+            _fflush(self._h)
 
 
 class Progress(Handle):
