@@ -140,3 +140,29 @@ def test_fetcher_chunking_is_checked_and_set_before_run(server, tmp_path):
     assert len((tmp_path / "out" / "completions.jsonl").read_text().splitlines()) == 2
     with pytest.raises(ValueError):
         fetcher.stats()  # closed
+
+
+def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatch):
+    sys.path.insert(0, str(SERVER.parents[1] / "storage"))
+    import s3env
+    if not s3env.moto_available():
+        pytest.skip("moto[server] not installed (pip install -r scripts/requirements.txt)")
+    env = s3env.S3Env()
+    try:
+        for k, v in env.env.items():
+            monkeypatch.setenv(k, v)
+        write_prompts(tmp_path / "in.jsonl", 5)
+        out = f"s3://{env.bucket}/chunked/"
+        with dflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4) as f:
+            f.set_chunking(worker="w1", max_records=2, max_seconds=600)
+            assert f.run()
+        objects = dflash.Storage().list(out + "completions/")
+        names = [loc[len(out) + len("completions/"):] for loc, _ in objects]
+        # 5 records, at most 2 per chunk, named after the worker: 3 chunks.
+        assert len(names) == 3 and all(n.startswith("w1-") and n.endswith(".jsonl")
+                                       for n in names), names
+        rows = [json.loads(x) for loc, _ in objects
+                for x in dflash.Storage().read(loc).decode().splitlines()]
+        assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(5)]
+    finally:
+        env.close()
