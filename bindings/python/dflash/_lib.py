@@ -1,15 +1,24 @@
 """Loading libdflash and declaring its functions (ctypes, no compiled extension).
 
-Search order: $DFLASH_LIBRARY, a libdflash.so next to this package, then the
-system (ctypes.util.find_library). The loaded library's version must match
-the major.minor this package was written for.
+Search order: $DFLASH_LIBRARY (alone when set), a libdflash.so next to this
+package, the soname libdflash.so.N through the dynamic loader
+(LD_LIBRARY_PATH, ld.so.cache), ctypes.util.find_library, then the libdir
+that `pkg-config dflash` names. The first library whose version matches the
+MAJOR.MINOR this package was written for is used.
+
+Every function the package calls is declared through `bind`, which records
+its name in BOUND (tests/test_coverage.py checks it against the headers).
 """
 import ctypes
 import ctypes.util
 import os
 import pathlib
+import subprocess
 
-ABI_MAJOR, ABI_MINOR = 0, 1
+from ._version import __version__, SOVERSION
+
+ABI_MAJOR, ABI_MINOR = (int(x) for x in __version__.split(".")[:2])
+BOUND = set()
 
 
 class Error(Exception):
@@ -22,48 +31,57 @@ class Error(Exception):
         super().__init__(f"{self.status}: {message}")
 
 
+def _pkg_config_libdir():
+    try:
+        out = subprocess.run(["pkg-config", "--variable=libdir", "dflash"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
 def _candidates():
     env = os.environ.get("DFLASH_LIBRARY")
     if env:
         yield env
         return
     here = pathlib.Path(__file__).resolve().parent
-    for name in ("libdflash.so", "libdflash.so.0", "libdflash.dylib"):
+    for name in ("libdflash.so", f"libdflash.so.{SOVERSION}", "libdflash.dylib"):
         if (here / name).exists():
             yield str(here / name)
+    yield f"libdflash.so.{SOVERSION}"
     found = ctypes.util.find_library("dflash")
     if found:
         yield found
+    libdir = _pkg_config_libdir()
+    if libdir:
+        yield os.path.join(libdir, f"libdflash.so.{SOVERSION}")
+
+
+def _library_version(candidate):
+    fn = candidate.dflash_version_number
+    fn.argtypes, fn.restype = [], ctypes.c_int
+    return fn()
 
 
 def _load():
     tried = []
     for path in _candidates():
         try:
-            return ctypes.CDLL(path)
+            candidate = ctypes.CDLL(path)
         except OSError as exc:
             tried.append(f"{path}: {exc}")
+            continue
+        v = _library_version(candidate)
+        if (v // 10000, v // 100 % 100) == (ABI_MAJOR, ABI_MINOR):
+            return candidate
+        tried.append(f"{path}: version {v // 10000}.{v // 100 % 100}.{v % 100}")
     raise ImportError(
-        "libdflash not found; set DFLASH_LIBRARY to the path of libdflash.so"
-        + ("".join("\n  tried " + t for t in tried)))
+        f"no libdflash {ABI_MAJOR}.{ABI_MINOR}.x found; set DFLASH_LIBRARY to the path of "
+        "libdflash.so or install the library" + "".join("\n  tried " + t for t in tried))
 
 
 lib = _load()
-lib.dflash_version_number.restype = ctypes.c_int
-lib.dflash_version_number.argtypes = []
-lib.dflash_status_str.restype = ctypes.c_char_p
-lib.dflash_status_str.argtypes = [ctypes.c_int]
-lib.dflash_last_error.restype = ctypes.c_char_p
-lib.dflash_last_error.argtypes = []
-
-_version = lib.dflash_version_number()
-if (_version // 10000, _version // 100 % 100) != (ABI_MAJOR, ABI_MINOR):
-    raise ImportError(f"libdflash version {_version} does not match the Python package "
-                      f"({ABI_MAJOR}.{ABI_MINOR}); set DFLASH_LIBRARY to a matching build")
-
-
-def _status_name(status):
-    return lib.dflash_status_str(int(status)).decode()
 
 
 def _errcheck(result, func, args):
@@ -72,15 +90,29 @@ def _errcheck(result, func, args):
     return result
 
 
-def bind(name, argtypes, restype=ctypes.c_int):
-    """Declare a library function. Functions returning dflash_status (the default
-    restype) raise Error on failure."""
+def bind(name, argtypes, restype=ctypes.c_int, status=None):
+    """Declare a library function and record it in BOUND. Functions returning
+    dflash_status raise Error on failure: status=None takes that to mean a
+    c_int restype; pass status=False for an int that is not a status
+    (ctypes.c_int32 is ctypes.c_int)."""
     fn = getattr(lib, name)
     fn.argtypes = argtypes
     fn.restype = restype
-    if restype is ctypes.c_int:
+    if status is None:
+        status = restype is ctypes.c_int
+    if status:
         fn.errcheck = _errcheck
+    BOUND.add(name)
     return fn
+
+
+bind("dflash_version_number", [], ctypes.c_int, status=False)
+bind("dflash_status_str", [ctypes.c_int], ctypes.c_char_p)
+bind("dflash_last_error", [], ctypes.c_char_p)
+
+
+def _status_name(status):
+    return lib.dflash_status_str(int(status)).decode()
 
 
 def cstr(value):
@@ -103,7 +135,10 @@ class Handle:
     def close(self):
         h, self._h = self._h, None
         if h and lib is not None:
-            getattr(lib, self._free)(h)
+            self._release(h)
+
+    def _release(self, h):
+        getattr(lib, self._free)(h)
 
     def __enter__(self):
         return self

@@ -28,20 +28,25 @@ bind("dflash_chat_template_name_at", [ctypes.c_size_t], ctypes.c_char_p)
 _create = bind("dflash_chat_template_create", [ctypes.c_char_p, ctypes.POINTER(_vp)])
 bind("dflash_chat_template_free", [_vp], None)
 bind("dflash_chat_template_end_of_turn", [_vp], ctypes.c_char_p)
+bind("dflash_chat_template_name", [_vp], ctypes.c_char_p)
 _render_json = bind("dflash_chat_render_json", [_vp, ctypes.c_char_p, ctypes.c_size_t,
                                                 ctypes.POINTER(_Options), ctypes.POINTER(_vp)])
 _parse = bind("dflash_chat_conversation_parse", [ctypes.c_char_p, ctypes.c_size_t,
                                                ctypes.POINTER(_vp)])
 bind("dflash_chat_conversation_free", [_vp], None)
+bind("dflash_chat_conversation_message_count", [_vp], ctypes.c_size_t)
+_tok_nfc = bind("dflash_chat_tokenizer_nfc", [_vp, ctypes.POINTER(ctypes.c_int)])
+_encode = bind("dflash_chat_encode", [_vp, _vp, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
+                                      ctypes.POINTER(ctypes.c_size_t),
+                                      ctypes.POINTER(ctypes.c_size_t)])
 _nfc = bind("dflash_chat_conversation_normalize_nfc", [_vp])
 _render = bind("dflash_chat_render", [_vp, _vp, ctypes.POINTER(_Options), ctypes.POINTER(_vp)])
 bind("dflash_chat_rendered_free", [_vp], None)
 bind("dflash_chat_rendered_text", [_vp, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_void_p)
 bind("dflash_chat_rendered_span_count", [_vp], ctypes.c_size_t)
 _span = bind("dflash_chat_rendered_span", [_vp, ctypes.c_size_t, ctypes.POINTER(_Span)])
-# Not a status: declared without the raising errcheck.
-lib.dflash_chat_rendered_last_assistant.argtypes = [_vp]
-lib.dflash_chat_rendered_last_assistant.restype = ctypes.c_int32
+bind("dflash_chat_rendered_last_assistant", [_vp], ctypes.c_int32, status=False)
 _u32p = ctypes.POINTER(ctypes.c_uint32)
 _mask = bind("dflash_chat_loss_mask", [_vp, _u32p, _u32p, ctypes.c_size_t, ctypes.c_int,
                                        ctypes.POINTER(ctypes.c_uint8),
@@ -57,6 +62,45 @@ def template_names():
             return names
         names.append(name.decode())
         i += 1
+
+
+def _conversation_json(messages, tools=None):
+    if isinstance(messages, (str, bytes)):
+        return messages.encode() if isinstance(messages, str) else messages
+    obj = messages if isinstance(messages, dict) else {"messages": messages}
+    if tools is not None:
+        obj = dict(obj, tools=tools)
+    return json.dumps(obj, ensure_ascii=False).encode()
+
+
+class Conversation(Handle):
+    """A parsed conversation: a list of message dicts, a conversation object
+    (OpenAI "messages" or ShareGPT "conversations", optional "tools" and
+    "completion") or its JSON text. len() is its message count (a fetch
+    record's completion included)."""
+
+    _free = "dflash_chat_conversation_free"
+
+    def __init__(self, messages, tools=None):
+        doc = _conversation_json(messages, tools)
+        h = _vp()
+        _parse(doc, len(doc), ctypes.byref(h))
+        self._h = h
+
+    def __len__(self):
+        return lib.dflash_chat_conversation_message_count(self._h)
+
+    def normalize_nfc(self):
+        """Normalise every string to Unicode NFC in place (for NFC tokenizers)."""
+        _nfc(self._h)
+        return self
+
+
+def tokenizer_nfc(tokenizer):
+    """True when `tokenizer` (a dflash.Tokenizer) normalises its input with NFC."""
+    out = ctypes.c_int()
+    _tok_nfc(tokenizer._handle(), ctypes.byref(out))
+    return bool(out.value)
 
 
 class Rendered(Handle):
@@ -88,6 +132,21 @@ class Rendered(Handle):
               1 if last_turn_only else 0, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), None)
         return out
 
+    def encode(self, tokenizer, last_turn_only=False):
+        """Tokenize the text with every special token recognised and build its
+        loss mask in one call: (input_ids int32, loss_mask uint8, n_supervised).
+        Raises Error DFLASH_E_MISMATCH when the tokens do not spell the text
+        byte for byte (render with nfc=True for NFC tokenizers)."""
+        cap = tokenizer.max_ids(len(self.data))
+        ids = np.zeros(cap, dtype=np.int32)
+        mask = np.zeros(cap, dtype=np.uint8)
+        n, sup = ctypes.c_size_t(), ctypes.c_size_t()
+        _encode(self._h, tokenizer._handle(), 1 if last_turn_only else 0,
+                ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), cap, ctypes.byref(n),
+                ctypes.byref(sup))
+        return ids[:n.value].copy(), mask[:n.value].copy(), sup.value
+
 
 class ChatTemplate(Handle):
     """A built-in chat template by name ("qwen3", "kimi-k2-thinking", ...)."""
@@ -98,7 +157,7 @@ class ChatTemplate(Handle):
         h = _vp()
         _create(cstr(name), ctypes.byref(h))
         self._h = h
-        self.name = name
+        self.name = lib.dflash_chat_template_name(h).decode()
         self.end_of_turn = lib.dflash_chat_template_end_of_turn(h).decode()
 
     @staticmethod
@@ -114,28 +173,24 @@ class ChatTemplate(Handle):
     def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=True,
                     preserve_thinking=False, reasoning="official", nfc=False):
         """Render and return a Rendered (text, spans, masks). `messages` may be a list of
-        dicts, a conversation object (dict) or its JSON text. nfc=True first normalises
-        every string to Unicode NFC (for tokenizers that normalise, e.g. Qwen's)."""
-        if isinstance(messages, (str, bytes)):
-            doc = messages.encode() if isinstance(messages, str) else messages
-        else:
-            obj = messages if isinstance(messages, dict) else {"messages": messages}
-            if tools is not None:
-                obj = dict(obj, tools=tools)
-            doc = json.dumps(obj, ensure_ascii=False).encode()
+        dicts, a conversation object (dict), its JSON text or a Conversation. nfc=True
+        first normalises every string to Unicode NFC (for tokenizers that normalise,
+        e.g. Qwen's; see tokenizer_nfc); a Conversation is normalised in place."""
         opts = self._options(add_generation_prompt, thinking, preserve_thinking, reasoning)
         out = _vp()
+        if isinstance(messages, Conversation):
+            if nfc:
+                messages.normalize_nfc()
+            _render(self._h, messages._h, ctypes.byref(opts), ctypes.byref(out))
+            return Rendered(out)
         if not nfc:
+            doc = _conversation_json(messages, tools)
             _render_json(self._h, doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
             return Rendered(out)
-        conv = _vp()
-        _parse(doc, len(doc), ctypes.byref(conv))
-        try:
-            _nfc(conv)
-            _render(self._h, conv, ctypes.byref(opts), ctypes.byref(out))
-        finally:
-            lib.dflash_chat_conversation_free(conv)
-        return Rendered(out)
+        with Conversation(messages, tools) as conv:
+            return self.render_full(conv, add_generation_prompt=add_generation_prompt,
+                                    thinking=thinking, preserve_thinking=preserve_thinking,
+                                    reasoning=reasoning, nfc=True)
 
     def render(self, messages, **kwargs):
         """The rendered text (str)."""

@@ -1,5 +1,6 @@
 """Tokenized datasets written by `dflash tokenize` (see dflash/dataset.h)."""
 import ctypes
+import json
 
 import numpy as np
 
@@ -45,6 +46,7 @@ class Dataset(Handle):
 
     @property
     def tokens(self):
+        """Total tokens over all samples."""
         return lib.dflash_dataset_tokens(self._h)
 
     def __getitem__(self, i):
@@ -63,8 +65,78 @@ class Dataset(Handle):
             yield self[i]
 
     def length_histogram(self, bin_width=256, n_bins=64):
+        """uint64 counts of sample lengths in bins of `bin_width` tokens; the last bin takes
+        longer ones."""
         out = np.zeros(n_bins, dtype=np.uint64)
         _hist(self._h, bin_width, n_bins, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return out
 
 
+class _WriterOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("shard_tokens", ctypes.c_uint64),
+                ("tokenizer_hash", ctypes.c_char_p), ("template_name", ctypes.c_char_p),
+                ("options_json", ctypes.c_char_p)]
+
+
+_w_defaults = bind("dflash_dataset_writer_options_default", [ctypes.POINTER(_WriterOptions)],
+                   None)
+_w_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.POINTER(_WriterOptions),
+                                                  ctypes.POINTER(_vp)])
+_w_add = bind("dflash_dataset_writer_add", [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
+                                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
+_w_finish = bind("dflash_dataset_writer_finish", [_vp])
+bind("dflash_dataset_writer_free", [_vp], None)
+
+
+class DatasetWriter(Handle):
+    """Writes a dataset directory in the format `dflash tokenize` produces.
+
+    shard_tokens: start a new shard past this many tokens (None: the library's
+    default, 2^26); tokenizer_hash, template and options (a dict) are recorded
+    in dataset.json. add() appends a sample; leaving a `with` block normally
+    (or finish()) writes the last shard and the manifest; leaving it by an
+    exception writes no manifest, so the directory reads as unfinished.
+    """
+
+    _free = "dflash_dataset_writer_free"
+
+    def __init__(self, directory, shard_tokens=None, tokenizer_hash=None, template=None,
+                 options=None):
+        o = _WriterOptions()
+        _w_defaults(ctypes.byref(o))
+        if shard_tokens is not None:
+            o.shard_tokens = int(shard_tokens)
+        o.tokenizer_hash = cstr(tokenizer_hash)
+        o.template_name = cstr(template)
+        o.options_json = None if options is None else json.dumps(options).encode()
+        h = _vp()
+        _w_create(cstr(directory), ctypes.byref(o), ctypes.byref(h))
+        self._h = h
+
+    def add(self, sample_id, input_ids, loss_mask):
+        """Append one sample: int32 token ids and a uint8 mask of the same length."""
+        ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+        mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
+        if ids.ndim != 1 or mask.shape != ids.shape:
+            raise ValueError(f"input_ids {ids.shape} and loss_mask {mask.shape} must be equal 1-D")
+        _w_add(self._writer(), str(sample_id).encode(),
+               ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+               mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), ids.size)
+
+    def _writer(self):
+        if not self._h:
+            raise ValueError("DatasetWriter is closed")
+        return self._h
+
+    def finish(self):
+        """Write the last shard and dataset.json, and release the writer."""
+        try:
+            _w_finish(self._writer())
+        finally:
+            self.close()
+
+    def __exit__(self, exc_type, *rest):
+        if exc_type is None and self._h:
+            self.finish()
+        else:
+            self.close()

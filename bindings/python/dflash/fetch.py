@@ -9,7 +9,7 @@ and returns the run's summary as a dict. Running it again resumes.
 import ctypes
 import json
 
-from ._lib import Error, bind, cstr
+from ._lib import Error, Handle, bind, cstr
 
 _FAMILIES = {"none": 0, "kimi": 1, "qwen": 2}
 
@@ -71,6 +71,20 @@ class Stats(ctypes.Structure):
         return {name: getattr(self, name) for name, _ in self._fields_[1:]}
 
 
+class ServerStats(ctypes.Structure):
+    """Per-server counters (see dflash_fetch_server_stats)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("url", ctypes.c_char_p),
+                ("healthy", ctypes.c_uint32), ("in_flight", ctypes.c_uint32),
+                ("requests", ctypes.c_uint64), ("completed", ctypes.c_uint64),
+                ("failures", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64)]
+
+    def as_dict(self):
+        out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
+        out["url"] = self.url.decode()
+        out["healthy"] = bool(self.healthy)
+        return out
+
+
 _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Stats), ctypes.c_void_p)
 
 _defaults = bind("dflash_fetch_options_default", [ctypes.POINTER(_Options)])
@@ -80,6 +94,13 @@ _run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])
 _summary = bind("dflash_fetch_summary", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)])
 _free = bind("dflash_fetch_free", [ctypes.c_void_p], None)
+_chunking = bind("dflash_fetch_set_chunking", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
+                                               ctypes.c_double])
+_stop = bind("dflash_fetch_stop", [ctypes.c_void_p], None)
+_get_stats = bind("dflash_fetch_get_stats", [ctypes.c_void_p, ctypes.POINTER(Stats)])
+_server_count = bind("dflash_fetch_server_count", [ctypes.c_void_p], ctypes.c_size_t)
+_server_stats = bind("dflash_fetch_get_server_stats", [ctypes.c_void_p, ctypes.c_size_t,
+                                                       ctypes.POINTER(ServerStats)])
 _record_id = bind("dflash_fetch_record_id", [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                              ctypes.c_size_t])
 
@@ -143,6 +164,86 @@ def _summary_of(handle):
     return json.loads(buf.value.decode())
 
 
+class Fetcher(Handle):
+    """One fetch job, prepared: Fetcher(input, out_dir, servers, model, family, **options)
+    scans the input and the outputs already in out_dir (options as for fetch()).
+
+    run() fetches everything; stop() (from any thread, e.g. a progress callback
+    or a signal handler) asks a running fetcher to stop; stats(),
+    server_stats() and summary() report counters at any time.
+    """
+
+    _free = "dflash_fetch_free"
+
+    def __init__(self, input, out_dir, servers, model, family="none", **options):
+        self._keep = []
+        o = _options(servers, model, family, options, self._keep)
+        h = ctypes.c_void_p()
+        _create(ctypes.byref(o), cstr(input), cstr(out_dir), ctypes.byref(h))
+        self._h = h
+
+    def _fetcher(self):
+        if not self._h:
+            raise ValueError("Fetcher is closed")
+        return self._h
+
+    def set_chunking(self, worker=None, max_records=0, max_seconds=0.0):
+        """Chunking of s3:// outputs (worker name, records and seconds per chunk;
+        None/0 keep the defaults); call before run(). No effect on local outputs."""
+        _chunking(self._fetcher(), cstr(worker), int(max_records), float(max_seconds))
+
+    def run(self, progress=None):
+        """Fetch every prompt. progress: optional callable(stats: dict) -> bool,
+        called on this thread every progress_interval seconds and at the end;
+        True (or KeyboardInterrupt) stops the run after in-flight requests drain.
+        Returns True when everything finished, False when the run was stopped
+        (run again, or re-create, to resume)."""
+        interrupted = []
+
+        def on_progress(_f, stats, _user):
+            try:
+                return 1 if progress(stats.contents.as_dict()) else 0
+            except KeyboardInterrupt:
+                interrupted.append(True)
+                return 1
+
+        cb = _PROGRESS(on_progress) if progress else _PROGRESS()
+        try:
+            _run(self._fetcher(), cb, None)
+            finished = True
+        except Error as e:
+            if e.status != "DFLASH_E_CANCELLED":
+                raise
+            finished = False
+        if interrupted:
+            raise KeyboardInterrupt
+        return finished
+
+    def stop(self):
+        """Ask a running fetcher to stop (a second call stops at once). Thread-safe."""
+        _stop(self._fetcher())
+
+    def stats(self):
+        """The run's counters as a dict (see dflash_fetch_stats)."""
+        s = Stats(struct_size=ctypes.sizeof(Stats))
+        _get_stats(self._fetcher(), ctypes.byref(s))
+        return s.as_dict()
+
+    def server_stats(self):
+        """Per-server counters: a list of dicts (url, healthy, in_flight, requests,
+        completed, failures, completion_tokens)."""
+        out = []
+        for i in range(_server_count(self._fetcher())):
+            s = ServerStats(struct_size=ctypes.sizeof(ServerStats))
+            _server_stats(self._h, i, ctypes.byref(s))
+            out.append(s.as_dict())
+        return out
+
+    def summary(self):
+        """The run's JSON summary as a dict."""
+        return _summary_of(self._fetcher())
+
+
 def fetch(input, out_dir, servers, model, family="none", progress=None, **options):
     """Fetch completions for every conversation in `input` (JSONL) into `out_dir`.
 
@@ -155,33 +256,11 @@ def fetch(input, out_dir, servers, model, family="none", progress=None, **option
     concurrency, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
     fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes, ...).
     Returns the summary dict; summary["stopped"] is True when the run was stopped.
+    Fetcher gives the same job step by step.
     """
-    keep = []
-    o = _options(servers, model, family, options, keep)
-    handle = ctypes.c_void_p()
-    _create(ctypes.byref(o), cstr(input), cstr(out_dir), ctypes.byref(handle))
-    interrupted = []
-
-    def on_progress(_f, stats, _user):
-        try:
-            return 1 if progress(stats.contents.as_dict()) else 0
-        except KeyboardInterrupt:
-            interrupted.append(True)
-            return 1
-
-    cb = _PROGRESS(on_progress) if progress else _PROGRESS()
-    try:
-        try:
-            _run(handle, cb, None)
-        except Error as e:
-            if e.status != "DFLASH_E_CANCELLED":
-                raise
-        summary = _summary_of(handle)
-    finally:
-        _free(handle)
-    if interrupted:
-        raise KeyboardInterrupt
-    return summary
+    with Fetcher(input, out_dir, servers, model, family, **options) as f:
+        f.run(progress)
+        return f.summary()
 
 
 def record_id(line):

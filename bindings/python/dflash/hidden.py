@@ -29,16 +29,19 @@ import ctypes
 import numpy as np
 
 from ._lib import Handle, bind, cstr
+from .dataset import DatasetWriter
 
 _P = ctypes.c_void_p
 
 
 class WriterOptions(ctypes.Structure):
+    """Mirror of `dflash_hidden_writer_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
                 ("shard_bytes", ctypes.c_uint64)]
 
 
 class TrainSample(ctypes.Structure):
+    """Mirror of `dflash_train_sample` (pointers borrowed from the stream)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
                 ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
                 ("input_ids", ctypes.POINTER(ctypes.c_int32)),
@@ -47,6 +50,7 @@ class TrainSample(ctypes.Structure):
 
 
 class StreamOptions(ctypes.Structure):
+    """Mirror of `dflash_sample_stream_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32)]
 
 
@@ -69,6 +73,7 @@ _h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
 _h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)])
 _h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)])
 _h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64])
+_s_defaults = bind("dflash_sample_stream_options_default", [ctypes.POINTER(StreamOptions)], None)
 _s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)])
 _s_free = bind("dflash_sample_stream_free", [_P], None)
@@ -116,6 +121,7 @@ class HiddenWriter:
                   ctypes.byref(self._h))
 
     def append(self, sample_id, states):
+        """Buffer one sample: float32 (or torch bf16, kept bit-exact) [S, K*H]."""
         a, bf16 = _as_array(states)
         if a.ndim != 2 or a.shape[1] != self.width:
             raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
@@ -123,9 +129,11 @@ class HiddenWriter:
         fn(self._h, str(sample_id).encode(), a.ctypes.data, a.shape[0])
 
     def flush(self):
+        """Write the buffered samples as a shard and update the index."""
         _w_flush(self._h)
 
     def close(self):
+        """Write the buffered samples and the index, then release the writer."""
         h, self._h = getattr(self, "_h", None), None
         if h:
             try:
@@ -166,6 +174,7 @@ class HiddenStore(Handle):
         return self.count
 
     def ids(self):
+        """Sample ids in the store, sorted."""
         out = []
         for i in range(self.count):
             s = ctypes.c_char_p()
@@ -174,11 +183,13 @@ class HiddenStore(Handle):
         return out
 
     def length(self, sample_id):
+        """Token count of a sample; Error DFLASH_E_NOT_FOUND naming the id when absent."""
         n = ctypes.c_int64()
         _h_len(self._h, str(sample_id).encode(), ctypes.byref(n))
         return n.value
 
     def read(self, sample_id):
+        """A sample decoded to float32 [S, K*H]."""
         n = self.length(sample_id)
         out = np.empty((n, self.num_layers * self.hidden_size), dtype=np.float32)
         _h_read(self._h, str(sample_id).encode(), out.ctypes.data, n)
@@ -190,8 +201,13 @@ class SampleStream(Handle):
 
     _free = "dflash_sample_stream_free"
 
-    def __init__(self, data_dir, hidden_dir, prefetch=4):
-        opts = StreamOptions(ctypes.sizeof(StreamOptions), prefetch)
+    def __init__(self, data_dir, hidden_dir, prefetch=None):
+        """prefetch: samples decoded ahead on the background thread (None: the
+        library's default)."""
+        opts = StreamOptions()
+        _s_defaults(ctypes.byref(opts))
+        if prefetch is not None:
+            opts.prefetch = int(prefetch)
         self._h = _P()
         _s_open(cstr(data_dir), cstr(hidden_dir), ctypes.byref(opts), ctypes.byref(self._h))
 
@@ -219,32 +235,17 @@ class SampleStream(Handle):
                    np.ctypeslib.as_array(s.hidden, (n, self.width())).copy())
 
     def width(self):
+        """K*H of the store: the width of each hidden-state row."""
         return _width(self._h)
 
 
 _width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)
 
 
-_d_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.c_void_p,
-                                                  ctypes.POINTER(_P)])
-_d_add = bind("dflash_dataset_writer_add", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
-                                            ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
-_d_finish = bind("dflash_dataset_writer_finish", [_P])
-_d_free = bind("dflash_dataset_writer_free", [_P], None)
-
-
-def write_dataset(directory, samples):
+def write_dataset(directory, samples, **options):
     """Write a tokenized dataset (the format `dflash tokenize` produces) from
     samples = [(id, input_ids, loss_mask), ...]; handy for tests and for
-    data tokenized elsewhere."""
-    w = _P()
-    _d_create(cstr(directory), None, ctypes.byref(w))
-    try:
+    data tokenized elsewhere. `options` go to dflash.DatasetWriter."""
+    with DatasetWriter(directory, **options) as w:
         for sid, ids, mask in samples:
-            ids = np.ascontiguousarray(ids, dtype=np.int32)
-            mask = np.ascontiguousarray(mask, dtype=np.uint8)
-            _d_add(w, str(sid).encode(), ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                   mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), ids.size)
-        _d_finish(w)
-    finally:
-        _d_free(w)
+            w.add(sid, ids, mask)

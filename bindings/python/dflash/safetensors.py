@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import bind, cstr
+from ._lib import Error, bind, cstr
 
 # dtype name -> numpy dtype. bfloat16 and float8 have no numpy type: their raw
 # bits come back as uint16 / uint8 (ml_dtypes can .view() them if installed).
@@ -39,7 +39,10 @@ _find = bind("dflash_safetensors_find", [_P, ctypes.c_char_p, ctypes.POINTER(_Te
 _meta_count = bind("dflash_safetensors_metadata_count", [_P], ctypes.c_size_t)
 _meta_get = bind("dflash_safetensors_metadata_get",
                  [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)])
+_meta_find = bind("dflash_safetensors_metadata_find",
+                  [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)])
 _dtype_name = bind("dflash_dtype_name", [ctypes.c_int], ctypes.c_char_p)
+_dtype_size = bind("dflash_dtype_size", [ctypes.c_int], ctypes.c_size_t)
 _dtype_from = bind("dflash_dtype_from_name", [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)])
 _w_create = bind("dflash_st_writer_create", [ctypes.c_char_p, ctypes.POINTER(_P)])
 _w_meta = bind("dflash_st_writer_metadata", [_P, ctypes.c_char_p, ctypes.c_char_p])
@@ -87,6 +90,7 @@ class SafeTensors:
         self._handle = _Handle(path)
 
     def close(self):
+        """Release the mapping (views taken from it keep it alive until they go)."""
         self._handle = None
 
     def __enter__(self):
@@ -105,9 +109,11 @@ class SafeTensors:
 
     @property
     def file_count(self):
+        """Number of files in the set (1 for a single file)."""
         return _files(self._ptr())
 
     def keys(self):
+        """Tensor names, sorted."""
         return [self._tensor(index=i).name.decode() for i in range(len(self))]
 
     def __iter__(self):
@@ -141,6 +147,7 @@ class SafeTensors:
 
     @property
     def metadata(self):
+        """All `__metadata__` entries as a dict (the index's "metadata" for a shard set)."""
         out = {}
         k, v = ctypes.c_char_p(), ctypes.c_char_p()
         for i in range(_meta_count(self._ptr())):
@@ -148,14 +155,39 @@ class SafeTensors:
             out[k.value.decode()] = v.value.decode()
         return out
 
+    def get_metadata(self, key, default=None):
+        """One `__metadata__` value (the index's "metadata" for a sharded set),
+        or `default` when the key is absent."""
+        v = ctypes.c_char_p()
+        try:
+            _meta_find(self._ptr(), cstr(key), ctypes.byref(v))
+        except Error as e:
+            if e.status != "DFLASH_E_NOT_FOUND":
+                raise
+            return default
+        return v.value.decode()
+
 
 def _shape(t):
     return tuple(t.shape[d] for d in range(t.ndim))
 
 
 def dtype_name(code):
+    """The safetensors name of a dflash_dtype value ("BF16"); "?N" when unknown."""
     name = _dtype_name(code)
     return name.decode() if name else f"?{code}"
+
+
+def dtype_code(name):
+    """The dflash_dtype value of a safetensors dtype name ("BF16")."""
+    code = ctypes.c_int()
+    _dtype_from(cstr(name), ctypes.byref(code))
+    return code.value
+
+
+def dtype_size(dtype):
+    """Bytes per element of a dtype given by name ("BF16") or dflash_dtype value."""
+    return _dtype_size(dtype_code(dtype) if isinstance(dtype, str) else int(dtype))
 
 
 def write_safetensors(path, tensors, metadata=None, dtypes=None):

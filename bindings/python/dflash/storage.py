@@ -154,6 +154,7 @@ class Storage(_Owned):
         return info.size, info.mtime
 
     def exists(self, location):
+        """True when the object or file exists."""
         from ._lib import Error
         try:
             self.stat(location)
@@ -169,9 +170,11 @@ class Storage(_Owned):
         _write(self._p(), cstr(location), data, len(data))
 
     def delete(self, location):
+        """Remove an object or file (removing something absent succeeds, as S3 does)."""
         _delete(self._p(), cstr(location))
 
     def copy(self, src, dst):
+        """Copy between any two locations (local or s3://)."""
         _copy(self._p(), cstr(src), cstr(dst))
 
     def list(self, prefix):
@@ -193,23 +196,29 @@ class Storage(_Owned):
 
     def chunk_writer(self, prefix, name, max_records=None, max_bytes=None, max_seconds=None,
                      suffix=None):
+        """A ChunkWriter of JSONL records into <prefix><name>-<seq>.jsonl chunks."""
         return ChunkWriter(self, prefix, name, max_records, max_bytes, max_seconds, suffix)
 
     def open_safetensors(self, location, readahead=0):
+        """A RemoteSafeTensors reading tensors on demand with ranged reads."""
         return RemoteSafeTensors(self, location, readahead)
 
 
 class Writer(_Owned):
+    """A streaming object writer: write() parts, commit() publishes the object."""
+
     def __init__(self, storage, location):
         ptr = _P()
         _w_open(storage._p(), cstr(location), ctypes.byref(ptr))
         super().__init__(ptr, _w_free, storage)
 
     def write(self, data):
+        """Append bytes to the object being written."""
         data = bytes(data)
         _w_write(self._p(), data, len(data))
 
     def commit(self):
+        """Finish the upload; the object appears whole or not at all."""
         _w_commit(self._p())
 
     def __exit__(self, exc_type, *exc):
@@ -241,6 +250,7 @@ class ChunkWriter(_Owned):
         super().__init__(ptr, _c_free, storage)
 
     def append(self, record):
+        """Append one record (a line of JSONL); chunks close on the configured limits."""
         if not isinstance(record, (str, bytes)):
             record = json.dumps(record, ensure_ascii=False)
         if isinstance(record, str):
@@ -248,17 +258,21 @@ class ChunkWriter(_Owned):
         _c_append(self._p(), record, len(record))
 
     def poll(self):
+        """Close the open chunk when its time limit has passed."""
         _c_poll(self._p())
 
     def flush(self):
+        """Close and upload the open chunk now (nothing when it is empty)."""
         _c_flush(self._p())
 
     @property
     def next_seq(self):
+        """Sequence number the next chunk will get."""
         return _c_next(self._p())
 
     @property
     def last_chunk(self):
+        """Location of the last committed chunk ("" before the first)."""
         return _c_last(self._p()).decode()
 
     def close(self):
@@ -286,6 +300,7 @@ class RemoteSafeTensors(_Owned):
         return _st_count(self._p())
 
     def keys(self):
+        """Tensor names, sorted."""
         t = _Tensor(struct_size=ctypes.sizeof(_Tensor))
         out = []
         for i in range(len(self)):
@@ -300,6 +315,7 @@ class RemoteSafeTensors(_Owned):
         return dtype_name(t.dtype), _shape(t), t.nbytes
 
     def metadata(self, key):
+        """One `__metadata__` value; Error DFLASH_E_NOT_FOUND when absent."""
         v = ctypes.c_char_p()
         _st_meta(self._p(), cstr(key), ctypes.byref(v))
         return v.value.decode()

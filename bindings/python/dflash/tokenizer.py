@@ -81,7 +81,12 @@ class Tokenizer(Handle):
 
     @property
     def vocab_size(self):
+        """Number of token ids (ranks and special tokens)."""
         return int(_vocab_size(self._handle()))
+
+    def max_ids(self, n_bytes):
+        """Ids that encoding `n_bytes` bytes of text can produce at most."""
+        return int(_max_ids(self._handle(), int(n_bytes)))
 
     def encode(self, text, special="all"):
         """Token ids of `text` (str or UTF-8 bytes) as a numpy int32 array."""
@@ -157,6 +162,7 @@ class Tokenizer(Handle):
         return ctypes.string_at(p, n.value) if n.value else b""
 
     def is_special(self, token_id):
+        """True when `token_id` is a special (added) token."""
         p = ctypes.c_void_p()
         n = ctypes.c_size_t()
         flag = ctypes.c_int()

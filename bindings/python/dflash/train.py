@@ -131,12 +131,14 @@ def config_to_dict(cfg):
 
 
 def default_target_layers(num_target_layers, k):
+    """The spec's default target layer ids for K layers of an L-layer target."""
     out = (ctypes.c_int32 * k)()
     _default_layers(num_target_layers, k, out)
     return list(out)
 
 
 def default_loss_gamma(block_size):
+    """Default loss decay gamma for a block size (7 for B=16, 5 for 10, 4 for 8, else B/2)."""
     return _gamma(block_size)
 
 
@@ -194,9 +196,11 @@ class Trainer(Handle):
 
     @property
     def block_size(self):
+        """Block size B of the drafter."""
         return self.config.block_size
 
     def names(self):
+        """Trainable tensor names, in buffer order (checkpoint names)."""
         return [n for n, _ in self._info]
 
     def _tensors(self, getter):
@@ -216,6 +220,7 @@ class Trainer(Handle):
         return self._tensors(_get_grad)
 
     def set_parameters(self, params):
+        """Copy parameters in from a dict name -> array (shapes as parameters())."""
         for name, value in params.items():
             a = np.ascontiguousarray(value, dtype=np.float32)
             _set_param(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
@@ -241,9 +246,11 @@ class Trainer(Handle):
         return loss.value
 
     def zero_grad(self):
+        """Zero the gradients before accumulate() calls."""
         _zero(self._h)
 
     def weight_sum(self, loss_mask, anchors):
+        """The position weights sum(w) a sequence with these anchors carries."""
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         out = ctypes.c_double()
@@ -268,9 +275,11 @@ class Trainer(Handle):
 
     @property
     def steps(self):
+        """Optimizer steps taken so far."""
         return _steps(self._h)
 
     def lr_at(self, step):
+        """Scheduled learning rate of step `step` (0-based)."""
         return _lr_at(self._h, step)
 
     def predict(self, input_ids, hidden, anchors):
@@ -282,12 +291,15 @@ class Trainer(Handle):
         return out
 
     def save(self, directory, bf16=False):
+        """Save a checkpoint directory SGLang/vLLM load: config.json + model.safetensors."""
         _save(self._h, cstr(directory), int(bool(bf16)))
 
     def load(self, path):
+        """Load parameters from a checkpoint directory or .safetensors file."""
         _load(self._h, cstr(path))
 
     def save_state(self, path, user=b""):
+        """Save the training state (optimizer, step, parameters, caller blob) atomically."""
         buf = ctypes.create_string_buffer(bytes(user), len(user))
         _save_state(self._h, cstr(path), buf, len(user))
 
@@ -298,3 +310,198 @@ class Trainer(Handle):
         buf = ctypes.create_string_buffer(max(n.value, 1))
         _load_state(self._h, cstr(path), buf, ctypes.byref(n))
         return buf.raw[:n.value]
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, target, embed_name=None, lm_head_name=None, **kwargs):
+        """A trainer holding a saved drafter: its config.json, the target's
+        embedding and LM head from `target` (see load_target_head), then the
+        checkpoint's weights. kwargs as for Trainer (backend, seed, options)."""
+        folder = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
+        cfg = load_config(os.path.join(os.fspath(folder), "config.json"))
+        embed, lm_head = load_target_head(target, cfg.vocab_size, cfg.hidden_size,
+                                          embed_name, lm_head_name)
+        t = cls(cfg, embed, lm_head, **kwargs)
+        try:
+            t.load(checkpoint)
+        except BaseException:
+            t.close()
+            raise
+        return t
+
+    def acceptance(self, input_ids, hidden, anchors):
+        """Greedy acceptance at each anchor: (accept int32 [n], pred int32 [n, B-1]);
+        accept[i] leading block positions equal the data, so tau_i = 1 + accept[i]."""
+        ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
+        accept = np.zeros(anc.size, dtype=np.int32)
+        pred = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
+        _acceptance(self._h, _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+                    _ptr(anc, ctypes.c_int32), anc.size, _ptr(accept, ctypes.c_int32),
+                    _ptr(pred, ctypes.c_int32))
+        return accept, pred
+
+    def evaluate(self, data_dir, hidden_dir, anchors_per_seq=64, seed=1):
+        """Mean acceptance length over a held-out dataset and hidden-state store
+        (what `dflash eval` prints): {"tau", "accuracy" (float64 [B-1], per block
+        position), "n_blocks"}."""
+        tau, n = ctypes.c_double(), ctypes.c_int64()
+        acc = np.zeros(self.block_size - 1, dtype=np.float64)
+        _train_eval(self._h, cstr(data_dir), cstr(hidden_dir), int(anchors_per_seq), int(seed),
+                    ctypes.byref(tau), _ptr(acc, ctypes.c_double), ctypes.byref(n))
+        return {"tau": tau.value, "accuracy": acc, "n_blocks": n.value}
+
+
+# Imports of the additions below (kept here so the top of the file stays as it was).
+import tempfile  # noqa: E402
+
+from ._lib import Error  # noqa: E402
+
+_acceptance = bind("dflash_trainer_acceptance",
+                   [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32, _I32])
+_train_eval = bind("dflash_train_eval", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+                                         ctypes.c_uint64, _D, _D, ctypes.POINTER(ctypes.c_int64)])
+_cfg_load = bind("dflash_drafter_config_load", [ctypes.c_char_p, ctypes.POINTER(DrafterConfig)])
+_cfg_save = bind("dflash_drafter_config_save", [ctypes.POINTER(DrafterConfig), ctypes.c_char_p])
+_cfg_validate = bind("dflash_drafter_config_validate", [ctypes.POINTER(DrafterConfig)])
+_load_head = bind("dflash_target_load_head", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                              ctypes.c_int32, ctypes.c_int32, _F, _F])
+
+
+def load_config(path):
+    """Read and validate a drafter config.json -> DrafterConfig."""
+    cfg = DrafterConfig()
+    _cfg_load(cstr(path), ctypes.byref(cfg))
+    return cfg
+
+
+def save_config(config, path):
+    """Write a config (dict, JSON text, path or DrafterConfig) as config.json, atomically."""
+    _cfg_save(ctypes.byref(parse_config(config)), cstr(path))
+
+
+def validate_config(cfg):
+    """Check a DrafterConfig (e.g. after changing its fields); raises Error
+    DFLASH_E_CONFIG naming the field."""
+    _cfg_validate(ctypes.byref(cfg))
+
+
+def load_target_head(path, vocab_size, hidden_size, embed_name=None, lm_head_name=None):
+    """The target's frozen token embedding and LM head, float32 [vocab, hidden]
+    each, from its checkpoint (a .safetensors file, an index or a directory).
+    Without an LM head tensor the embedding is returned twice (tied)."""
+    embed = np.empty((vocab_size, hidden_size), dtype=np.float32)
+    lm_head = np.empty((vocab_size, hidden_size), dtype=np.float32)
+    _load_head(cstr(path), cstr(embed_name), cstr(lm_head_name), vocab_size, hidden_size,
+               _ptr(embed, ctypes.c_float), _ptr(lm_head, ctypes.c_float))
+    return embed, lm_head
+
+
+class TrainRunOptions(ctypes.Structure):
+    """Mirror of `dflash_train_run_options`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("config_path", ctypes.c_char_p),
+        ("target_path", ctypes.c_char_p), ("embed_name", ctypes.c_char_p),
+        ("lm_head_name", ctypes.c_char_p), ("data_dir", ctypes.c_char_p),
+        ("hidden_dir", ctypes.c_char_p), ("out_dir", ctypes.c_char_p),
+        ("epochs", ctypes.c_int32), ("batch_size", ctypes.c_int32),
+        ("save_every", ctypes.c_int32), ("resume", ctypes.c_int32),
+        ("max_steps", ctypes.c_int64), ("bf16", ctypes.c_int32), ("progress", ctypes.c_void_p),
+        ("trainer", TrainerOptions),
+    ]
+
+
+_run_defaults = bind("dflash_train_run_options_default", [ctypes.POINTER(TrainRunOptions)], None)
+_train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)])
+_RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps")
+
+
+def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=False,
+              progress=None, embed_name=None, lm_head_name=None, backend="cpu", **options):
+    """Train a drafter end to end (what `dflash train` runs) and return out_dir.
+
+    config: a drafter config (path, dict, JSON text or DrafterConfig); target:
+    the target checkpoint holding the embedding and LM head; data_dir and
+    hidden_dir: the tokenized dataset and its hidden-state store. out_dir gets
+    config.json + model.safetensors, train_state/ and metrics.jsonl (one line
+    per step). progress: None (silent), True (standard error) or a path, file
+    object or descriptor the progress lines are appended to.
+    Keyword options: epochs, batch_size, save_every, max_steps, and the trainer
+    options of Trainer (lr, seed, num_anchors, n_threads, warmup_ratio, ...).
+    """
+    o = TrainRunOptions()
+    _run_defaults(ctypes.byref(o))
+    o.trainer.backend = {"cpu": 0, "cuda": 1}[backend]
+    for k, v in options.items():
+        if k in _RUN_FIELDS:
+            setattr(o, k, v)
+        elif k in _OPTION_NAMES:
+            setattr(o.trainer, k, v)
+        else:
+            raise TypeError(f"unknown train_run option {k!r}")
+    o.target_path, o.data_dir = cstr(target), cstr(data_dir)
+    o.hidden_dir, o.out_dir = cstr(hidden_dir), cstr(out_dir)
+    o.embed_name, o.lm_head_name = cstr(embed_name), cstr(lm_head_name)
+    o.resume, o.bf16 = int(bool(resume)), int(bool(bf16))
+    from .progress import CFile
+    with tempfile.TemporaryDirectory(prefix="dflash-config-") as tmp:
+        if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
+            o.config_path = cstr(config)
+        else:
+            o.config_path = cstr(os.path.join(tmp, "config.json"))
+            save_config(config, o.config_path.decode())
+        stream = None if progress is None else CFile(None if progress is True else progress)
+        try:
+            o.progress = stream.ptr if stream else None
+            _train_run(ctypes.byref(o))
+        finally:
+            if stream:
+                stream.close()
+    return out_dir
+
+
+class TrainPlanOptions(ctypes.Structure):
+    """Mirror of `dflash_train_plan_options`."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("world_size", ctypes.c_int32),
+                ("seq_len", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
+                ("batch_size", ctypes.c_int32), ("vocab_chunk", ctypes.c_int32),
+                ("zero1", ctypes.c_int32), ("gpu_bytes", ctypes.c_uint64),
+                ("reserve_bytes", ctypes.c_uint64)]
+
+
+class TrainPlan(ctypes.Structure):
+    """Mirror of `dflash_train_plan`: bytes per GPU by term."""
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64) for name in (
+        "n_params", "weights", "masters", "moments", "grads", "activations", "frozen", "reserve",
+        "total", "gpu_bytes")]
+
+
+_plan_defaults = bind("dflash_train_plan_options_default", [ctypes.POINTER(TrainPlanOptions)],
+                      None)
+_plan = bind("dflash_train_plan_compute", [ctypes.POINTER(DrafterConfig),
+                                           ctypes.POINTER(TrainPlanOptions),
+                                           ctypes.POINTER(TrainPlan)])
+
+
+def train_plan(config, **options):
+    """GPU memory per rank of the CUDA backend for `config` (what `dflash train
+    --plan` prints): a dict of byte counts (n_params, weights, masters, moments,
+    grads, activations, frozen, reserve, total, gpu_bytes), "fits" and, when it
+    does not fit, "reason" (the library's message). Options: world_size,
+    seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes."""
+    o = TrainPlanOptions()
+    _plan_defaults(ctypes.byref(o))
+    names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
+    for k, v in options.items():
+        if k not in names:
+            raise TypeError(f"unknown train_plan option {k!r}")
+        setattr(o, k, int(v))
+    plan = TrainPlan(struct_size=ctypes.sizeof(TrainPlan))
+    out = {}
+    try:
+        _plan(ctypes.byref(parse_config(config)), ctypes.byref(o), ctypes.byref(plan))
+    except Error as e:
+        if e.status != "DFLASH_E_NOMEM":
+            raise
+        out["reason"] = e.message
+    out.update({name: getattr(plan, name) for name, _ in TrainPlan._fields_[1:]})
+    out["fits"] = "reason" not in out
+    return out

@@ -101,3 +101,115 @@ def test_tokenizer_hash(tmp_path):
     with pytest.raises(dflash.Error) as e:
         tokenizer_hash(str(tmp_path / "missing"))
     assert "missing" in e.value.message
+
+
+def test_template_names_and_conversations():
+    from dflash.chat import template_names
+    for name in template_names():
+        with dflash.ChatTemplate(name) as t:
+            assert t.name == name
+    with dflash.Conversation(CONV) as c:
+        assert len(c) == 3
+    # A fetch record: its completion counts as one more (assistant) message.
+    record = {"messages": CONV[:2], "completion": {"role": "assistant", "content": "4"}}
+    with dflash.Conversation(json.dumps(record)) as c:
+        assert len(c) == 3
+        assert dflash.ChatTemplate("qwen3").render(c) == \
+            dflash.ChatTemplate("qwen3").render(CONV[:2] + [{"role": "assistant", "content": "4"}])
+    sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    assert len(dflash.Conversation(sharegpt)) == 2
+    with pytest.raises(dflash.Error) as e:
+        dflash.Conversation("{not json")
+    assert e.value.status == "DFLASH_E_JSON"
+
+
+def test_conversation_nfc_in_place():
+    import unicodedata
+    msgs = [{"role": "user", "content": "cafe\u0301"}, {"role": "assistant", "content": "A\u030a"}]
+    tmpl = dflash.ChatTemplate("qwen3")
+    with dflash.Conversation(msgs) as c:
+        assert "e\u0301" in tmpl.render(c)
+        c.normalize_nfc()
+        assert tmpl.render(c) == unicodedata.normalize("NFC", tmpl.render(msgs))
+
+
+def qwen2_tokenizer():
+    path = FIX / "tokenizers" / "qwen2"
+    if not (path / "vocab.json").exists():
+        pytest.skip("qwen2 tokenizer fixture absent")
+    return dflash.Tokenizer(str(path))
+
+
+def test_tokenizer_nfc_probe():
+    from dflash.chat import tokenizer_nfc
+    with qwen2_tokenizer() as qwen:
+        assert tokenizer_nfc(qwen)  # Qwen2's tokenizer.json normalises with NFC
+        assert qwen.decode(qwen.encode("e\u0301")) == "\u00e9".encode()
+    cl100k = FIX / "tokenizers" / "openai" / "cl100k_base.tiktoken.gz"
+    if cl100k.exists():
+        with dflash.Tokenizer(str(cl100k)) as tok:
+            assert not tokenizer_nfc(tok)
+
+
+def test_chat_encode_equals_encode_plus_mask():
+    tmpl = dflash.ChatTemplate("qwen3")
+    conv = CONV + [{"role": "user", "content": "And 3+3?"},
+                   {"role": "assistant", "reasoning_content": "Add.", "content": "6"}]
+    with qwen2_tokenizer() as tok:
+        for last_only in (False, True):
+            r = tmpl.render_full(conv, reasoning="keep_all")
+            ids, mask, n_sup = r.encode(tok, last_turn_only=last_only)
+            want = tok.encode(r.data)
+            np.testing.assert_array_equal(ids, want)
+            ends = np.cumsum([len(tok.id_to_token(t)) for t in want])
+            begins = np.concatenate([[0], ends[:-1]])
+            np.testing.assert_array_equal(mask, r.loss_mask(begins, ends, last_only))
+            assert n_sup == int(mask.sum()) > 0
+            sup = tok.decode(ids[mask == 1]).decode()
+            assert sup.endswith("6<|im_end|>")
+            assert ("4<|im_end|>" in sup) != last_only
+        # Non-NFC text: the NFC tokenizer's tokens no longer spell the bytes.
+        r = tmpl.render_full([{"role": "user", "content": "cafe\u0301"},
+                              {"role": "assistant", "content": "ok"}])
+        with pytest.raises(dflash.Error) as e:
+            r.encode(tok)
+        assert e.value.status == "DFLASH_E_MISMATCH"
+        r = tmpl.render_full([{"role": "user", "content": "cafe\u0301"},
+                              {"role": "assistant", "content": "ok"}], nfc=True)
+        ids, mask, n_sup = r.encode(tok)
+        assert tok.decode(ids) == r.data and n_sup == int(mask.sum()) > 0
+
+
+def test_dataset_writer_options_and_shards(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(0)
+    samples = [(f"id{i}", rng.integers(0, 1000, 10 + i).astype(np.int32),
+                (rng.random(10 + i) < 0.5).astype(np.uint8)) for i in range(7)]
+    with dflash.DatasetWriter(tmp_path / "ds", shard_tokens=25, tokenizer_hash="sha256:" + "0" * 64,
+                              template="qwen3", options={"reasoning": "keep_all"}) as w:
+        for s in samples:
+            w.add(*s)
+    manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text())
+    assert manifest["tokenizer_hash"] == "sha256:" + "0" * 64 and manifest["template"] == "qwen3"
+    assert manifest["options"] == {"reasoning": "keep_all"}
+    assert manifest["samples"] == 7 and manifest["tokens"] == sum(10 + i for i in range(7))
+    # Each shard is closed by the sample that brings it to 25 tokens or more.
+    assert [s["samples"] for s in manifest["shards"]] == [3, 2, 2]
+    shard = st.load_file(str(tmp_path / "ds" / manifest["shards"][1]["file"]))
+    np.testing.assert_array_equal(shard["input_ids"], np.concatenate([samples[3][1], samples[4][1]]))
+    with dflash.Dataset(tmp_path / "ds") as ds:
+        for (sid, ids, mask), (wsid, wids, wmask) in zip(ds, samples):
+            assert sid == wsid
+            np.testing.assert_array_equal(ids, wids)
+            np.testing.assert_array_equal(mask, wmask)
+    # An exception inside the block leaves no manifest: the directory reads as unfinished.
+    with pytest.raises(RuntimeError):
+        with dflash.DatasetWriter(tmp_path / "bad") as w:
+            w.add("a", [1, 2], [1, 1])
+            raise RuntimeError
+    assert not (tmp_path / "bad" / "dataset.json").exists()
+    with pytest.raises(dflash.Error) as e:
+        dflash.DatasetWriter(tmp_path / "ds")
+    assert e.value.status == "DFLASH_E_EXISTS"
+    with pytest.raises(ValueError):
+        dflash.DatasetWriter(tmp_path / "c").add("x", [1, 2, 3], [1])

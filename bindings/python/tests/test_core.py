@@ -1,4 +1,5 @@
 import ctypes
+import logging
 import os
 import subprocess
 
@@ -32,3 +33,61 @@ def test_cli_version():
         pytest.skip("DFLASH_CLI not set (run through meson test)")
     out = subprocess.run([cli, "--version"], capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"dflash {dflash.version()}")
+
+
+def test_last_error_and_clear_error():
+    dflash.clear_error()
+    assert dflash.last_error() == ""
+    with pytest.raises(dflash.Error) as info:
+        dflash.SafeTensors("/nonexistent/dir/x.safetensors")
+    assert dflash.last_error() == info.value.message
+    assert "/nonexistent/dir/x.safetensors" in dflash.last_error()
+    dflash.clear_error()
+    assert dflash.last_error() == ""
+
+
+@pytest.fixture
+def log_reset():
+    yield
+    dflash.set_log_callback(None)
+
+
+YARN = {"hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "vocab_size": 29,
+        "num_target_layers": 12, "block_size": 4, "max_position_embeddings": 2048,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 1024},
+        "dflash_config": {"mask_token_id": 28, "target_layer_ids": [2]}}
+
+
+def test_log_callback_receives_library_messages(log_reset):
+    from dflash import train
+    seen = []
+    dflash.set_log_callback(lambda level, msg: seen.append((level, msg)), max_level="debug")
+    train.parse_config(YARN)  # factor 4 != 2048 / 1024: the library warns
+    assert [lvl for lvl, _ in seen] == ["warn"] and "rope_scaling.factor 4 differs" in seen[0][1]
+    seen.clear()
+    with pytest.raises(dflash.Error):
+        train.parse_config(dict(YARN, rope_scaling=None, num_key_value_heads=3))
+    # Errors are logged at debug level with their status name and message.
+    assert ("debug", "DFLASH_E_CONFIG: " + dflash.last_error()) in seen
+    seen.clear()
+    dflash.set_log_callback(lambda level, msg: seen.append((level, msg)), max_level="info")
+    with pytest.raises(dflash.Error):
+        train.parse_config(dict(YARN, rope_scaling=None, num_key_value_heads=3))
+    assert seen == []  # debug is above max_level: dropped in C
+    dflash.set_log_callback(None)
+    train.parse_config(YARN)
+    assert seen == []
+
+
+def test_log_to_python_logging(log_reset, caplog):
+    from dflash import train
+    log = dflash.log_to_python("dflash.test")
+    assert log.name == "dflash.test"
+    with caplog.at_level(logging.WARNING, logger="dflash.test"):
+        dflash.log_to_python("dflash.test")  # max_level follows the logger: warn
+        train.parse_config(YARN)  # factor 4 != 2048 / 1024: the library warns
+    warnings = [r for r in caplog.records if r.name == "dflash.test"]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "rope_scaling.factor 4 differs" in warnings[0].getMessage()

@@ -79,3 +79,90 @@ def test_record_id_is_documented_sha256():
     text = json.dumps(msgs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert record_id(line) == "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
     assert record_id(json.dumps({"id": 7, "messages": msgs})) == "7"
+
+
+def test_fetcher_counters_agree_with_outputs(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 12)
+    with open(tmp_path / "in.jsonl", "a") as f:
+        f.write("{broken\n")
+    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                        max_tokens=6, concurrency=4) as fetcher:
+        before = fetcher.stats()
+        assert before["total"] == 13 and before["completed"] == 0 and before["input_errors"] == 1
+        assert [s["url"] for s in fetcher.server_stats()] == [server]
+        assert fetcher.run() is True
+        stats = fetcher.stats()
+        servers = fetcher.server_stats()
+        summary = fetcher.summary()
+    rows = (tmp_path / "out" / "completions.jsonl").read_text().splitlines()
+    errors = (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
+    assert stats["completed"] == len(rows) == 12 and stats["failed"] == len(errors) == 1
+    assert stats["pending"] == 0 and stats["in_flight"] == 0 and stats["servers_healthy"] == 1
+    tokens = sum(json.loads(r)["usage"]["completion_tokens"] for r in rows)
+    assert stats["completion_tokens"] == tokens
+    assert len(servers) == 1 and servers[0]["healthy"] and servers[0]["completed"] == 12
+    assert servers[0]["requests"] >= 12 and servers[0]["completion_tokens"] == tokens
+    assert summary["completed"] == 12
+
+
+def test_fetcher_stop_from_another_thread(server, tmp_path):
+    import threading
+    write_prompts(tmp_path / "in.jsonl", 200)
+    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                        concurrency=1, drain_grace=5, progress_interval=0.005) as fetcher:
+        stoppers = []
+
+        def progress(stats):
+            if stats["completed"] >= 3 and not stoppers:
+                stoppers.append(threading.Thread(target=fetcher.stop))
+                stoppers[0].start()
+            return False  # the stop comes from the other thread only
+
+        assert fetcher.run(progress) is False  # stopped: DFLASH_E_CANCELLED
+        stats = fetcher.stats()
+        stoppers[0].join()
+        assert stats["stopping"] == 1 and 3 <= stats["completed"] < 200
+    done = len((tmp_path / "out" / "completions.jsonl").read_text().splitlines())
+    assert done == stats["completed"]
+
+
+def test_fetcher_chunking_is_checked_and_set_before_run(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 2)
+    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake") as fetcher:
+        with pytest.raises(dflash.Error) as e:
+            fetcher.set_chunking(worker="a/b")
+        assert e.value.status == "DFLASH_E_CONFIG" and "a/b" in e.value.message
+        fetcher.set_chunking(worker="w1", max_records=1, max_seconds=5)  # local out: no effect
+        fetcher.run()
+        with pytest.raises(dflash.Error) as e:
+            fetcher.set_chunking(worker="w2")
+        assert e.value.status == "DFLASH_E_STATE"
+    assert len((tmp_path / "out" / "completions.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(ValueError):
+        fetcher.stats()  # closed
+
+
+def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatch):
+    sys.path.insert(0, str(SERVER.parents[1] / "storage"))
+    import s3env
+    if not s3env.moto_available():
+        pytest.skip("moto[server] not installed (pip install -r scripts/requirements.txt)")
+    env = s3env.S3Env()
+    try:
+        for k, v in env.env.items():
+            monkeypatch.setenv(k, v)
+        write_prompts(tmp_path / "in.jsonl", 5)
+        out = f"s3://{env.bucket}/chunked/"
+        with dflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4) as f:
+            f.set_chunking(worker="w1", max_records=2, max_seconds=600)
+            assert f.run()
+        objects = dflash.Storage().list(out + "completions/")
+        names = [loc[len(out) + len("completions/"):] for loc, _ in objects]
+        # 5 records, at most 2 per chunk, named after the worker: 3 chunks.
+        assert len(names) == 3 and all(n.startswith("w1-") and n.endswith(".jsonl")
+                                       for n in names), names
+        rows = [json.loads(x) for loc, _ in objects
+                for x in dflash.Storage().read(loc).decode().splitlines()]
+        assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(5)]
+    finally:
+        env.close()

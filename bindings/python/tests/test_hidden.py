@@ -81,3 +81,21 @@ def test_stream_joins_dataset(tmp_path):
         np.testing.assert_array_equal(ids, s[1])
         np.testing.assert_array_equal(mask, s[2].astype(np.uint8))
         np.testing.assert_allclose(hid, hidden[sid], rtol=1e-2, atol=1e-2)
+
+
+def test_stream_default_prefetch_and_explicit_agree(tmp_path):
+    rng = np.random.default_rng(1)
+    samples = [(f"s{i}", rng.integers(0, 50, 6 + i), np.ones(6 + i, np.uint8)) for i in range(5)]
+    write_dataset(tmp_path / "ds", samples)
+    with dflash.HiddenWriter(tmp_path / "hid", num_layers=1, hidden_size=8) as w:
+        for sid, ids, _ in samples:
+            w.append(sid, rng.standard_normal((len(ids), 8)))
+    order = [4, 0, 3, 1, 2, 0]
+    runs = []
+    for prefetch in (None, 1, 8):  # None: the library's default
+        with dflash.SampleStream(tmp_path / "ds", tmp_path / "hid", prefetch=prefetch) as s:
+            runs.append([(i, sid, ids.tolist(), h.tobytes()) for i, sid, ids, _, h in
+                         s.iterate(order)])
+    assert [r[0] for r in runs[0]] == order
+    assert [r[2] for r in runs[0]] == [samples[i][1].tolist() for i in order]
+    assert runs[0] == runs[1] == runs[2]

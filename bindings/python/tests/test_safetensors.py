@@ -233,3 +233,35 @@ def test_inspect_cli_lists_tensors(tmp_path):
     assert "layer.2.3" in out and "F32" in out and "[8, 4]" in out and "12 tensors, 1536 bytes, 3 file(s)" in out
     bad = subprocess.run([cli, "inspect", str(tmp_path / "none")], capture_output=True, text=True)
     assert bad.returncode == 1 and "DFLASH_E_NOT_FOUND" in bad.stderr
+
+
+def test_metadata_lookup_matches_python_reader(tmp_path):
+    path = tmp_path / "m.safetensors"
+    meta = {"format": "pt", "note": "héllo ✓", "empty": ""}
+    dflash.write_safetensors(path, {"x": np.arange(3, dtype=np.float32)}, metadata=meta)
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == meta  # the reference reader sees what the writer wrote
+    with dflash.SafeTensors(path) as st:
+        for k, v in meta.items():
+            assert st.get_metadata(k) == v
+        assert st.get_metadata("missing") is None
+        assert st.get_metadata("missing", "dflt") == "dflt"
+    # A shard set answers from its index's "metadata".
+    dflash.write_index(tmp_path / "model.safetensors.index.json", ["m.safetensors"],
+                       metadata={"origin": "test"})
+    with dflash.SafeTensors(tmp_path / "model.safetensors.index.json") as st:
+        assert st.get_metadata("origin") == "test"
+        assert st.get_metadata("total_size") == "12"
+    with pytest.raises(ValueError):
+        st.get_metadata("origin")  # closed
+
+
+def test_dtype_sizes_match_numpy():
+    from dflash.safetensors import dtype_code, dtype_size
+    for name, np_dtype in dflash.DTYPES.items():
+        assert dtype_size(name) == np.dtype(np_dtype).itemsize, name
+        assert dtype_size(dtype_code(name)) == dtype_size(name)
+    assert dtype_size(10_000) == 0  # unknown value
+    with pytest.raises(dflash.Error) as e:
+        dtype_size("F128")
+    assert e.value.status == "DFLASH_E_DTYPE"

@@ -1,0 +1,163 @@
+"""dflash.train_run, Trainer.evaluate / acceptance / from_checkpoint, drafter
+config files, target head loading and the GPU memory plan, on the synthetic
+world of test_train_cli (hidden states determine each sequence's future)."""
+import json
+
+import numpy as np
+import pytest
+
+import dflash
+from dflash import train
+from test_train_cli import B, H, V, make_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    make_world(root, n_train=32, n_test=8)
+    return root
+
+
+def run(world, out, **kw):
+    opts = dict(batch_size=4, num_anchors=16, seed=5, n_threads=2, lr=1e-2, epochs=40)
+    opts.update(kw)
+    return dflash.train_run(json.loads((world / "drafter.json").read_text()), world / "target",
+                            world / "train", world / "train-hidden", out, **opts)
+
+
+def stable(path):
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        del r["tokens_per_s"], r["elapsed_s"]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(world):
+    out = world / "run"
+    run(world, out, progress=world / "progress.log")
+    return out
+
+
+def test_train_run_writes_checkpoint_metrics_and_progress(world, trained):
+    rows = stable(trained / "metrics.jsonl")
+    assert len(rows) == 40 * 32 // 4
+    assert [r["step"] for r in rows[:3]] in ([0, 1, 2], [1, 2, 3])
+    assert rows[-1]["loss"] < 0.2 * rows[0]["loss"]
+    cfg = train.load_config(trained / "config.json")
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.block_size) == (H, V, B)
+    st = dflash.SafeTensors(trained / "model.safetensors")
+    with dflash.Trainer.from_checkpoint(trained, world / "target") as t:
+        assert sorted(st.keys()) == sorted(t.names())
+        np.testing.assert_array_equal(t.parameters()["fc.weight"], st["fc.weight"])
+    log = (world / "progress.log").read_text()
+    assert log and "\r" not in log and str(len(rows)) in log.splitlines()[-1]
+
+
+def test_evaluate_is_mean_acceptance_over_sampled_anchors(world, trained):
+    with dflash.Trainer.from_checkpoint(trained, world / "target") as t:
+        got = t.evaluate(world / "test", world / "test-hidden", anchors_per_seq=8, seed=3)
+        taus, hits = [], np.zeros(B - 1)
+        with dflash.SampleStream(world / "test", world / "test-hidden") as s:
+            for index, _, ids, mask, hid in s.iterate():
+                anchors = train.sample_anchors(mask, B, 8, seed=3, stream=index)
+                accept, pred = t.acceptance(ids, hid, anchors)
+                truth = np.stack([ids[a + 1:a + B] for a in anchors])
+                right = pred == truth
+                # accept = leading run of correct predictions, recomputed here
+                np.testing.assert_array_equal(accept, np.argmin(
+                    np.concatenate([right, np.zeros((len(anchors), 1), bool)], 1), axis=1))
+                taus += list(1 + accept)
+                hits += right.sum(0)
+    assert got["n_blocks"] == len(taus) > 0
+    assert got["tau"] == pytest.approx(np.mean(taus), rel=1e-12)
+    np.testing.assert_allclose(got["accuracy"], hits / len(taus), rtol=1e-12)
+    assert 1 <= got["tau"] <= B
+
+
+def test_training_raises_tau_above_an_untrained_drafter(world, trained, tmp_path):
+    untrained = tmp_path / "untrained"
+    run(world, untrained, max_steps=1, lr=0.0)
+    taus = {}
+    for name, ckpt in (("untrained", untrained), ("trained", trained)):
+        with dflash.Trainer.from_checkpoint(ckpt, world / "target") as t:
+            taus[name] = t.evaluate(world / "test", world / "test-hidden", anchors_per_seq=8)["tau"]
+    print("held-out tau:", taus)
+    assert taus["untrained"] < 1.5 and taus["trained"] > taus["untrained"] + 1
+
+
+def test_resumed_run_reproduces_the_uninterrupted_one(world, tmp_path):
+    run(world, tmp_path / "full", epochs=3, save_every=4, max_steps=20)
+    run(world, tmp_path / "part", epochs=3, save_every=4, max_steps=12)
+    run(world, tmp_path / "part", epochs=3, save_every=4, max_steps=20, resume=True)
+    assert stable(tmp_path / "part" / "metrics.jsonl") == stable(tmp_path / "full" / "metrics.jsonl")
+    assert (tmp_path / "part" / "model.safetensors").read_bytes() == \
+        (tmp_path / "full" / "model.safetensors").read_bytes()
+
+
+def test_train_run_errors(world, tmp_path):
+    with pytest.raises(dflash.Error) as e:
+        dflash.train_run(world / "drafter.json", world / "target", world / "nope",
+                         world / "train-hidden", tmp_path / "o")
+    assert "nope" in e.value.message
+    with pytest.raises(TypeError):
+        run(world, tmp_path / "o", colour=1)
+
+
+def test_config_files_round_trip(world, tmp_path):
+    cfg = train.parse_config(world / "drafter.json")
+    train.save_config(cfg, tmp_path / "config.json")
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written == train.config_to_dict(cfg)
+    assert written["dflash_config"]["target_layer_ids"] == [3]
+    assert written["block_size"] == written["dflash_config"]["block_size"] == B
+    again = train.load_config(tmp_path / "config.json")
+    assert train.config_to_dict(again) == written
+    train.validate_config(again)
+    again.num_key_value_heads = 3  # 4 heads are not a multiple of 3
+    with pytest.raises(dflash.Error) as e:
+        train.validate_config(again)
+    assert e.value.status == "DFLASH_E_CONFIG" and "num_key_value_heads" in e.value.message
+    with pytest.raises(dflash.Error) as e:
+        train.load_config(tmp_path / "missing.json")
+    assert "missing.json" in e.value.message
+
+
+def test_train_plan_terms(world):
+    cfg = json.loads((world / "drafter.json").read_text())
+    with dflash.Trainer(cfg, np.zeros((V, H), np.float32), np.zeros((V, H), np.float32)) as t:
+        n_params = sum(p.size for p in t.parameters().values())
+    plan = train.train_plan(cfg, world_size=1, seq_len=64, num_anchors=8)
+    assert plan["fits"] and plan["n_params"] == n_params
+    assert plan["weights"] == 2 * n_params and plan["grads"] == 4 * n_params
+    assert plan["masters"] == 4 * n_params and plan["moments"] == 8 * n_params
+    assert plan["frozen"] == 2 * 2 * V * H
+    terms = ("weights", "masters", "moments", "grads", "activations", "frozen", "reserve")
+    assert plan["total"] == sum(plan[k] for k in terms)
+    # ZeRO-1 over 4 ranks shards masters and moments (buffer padded to a multiple of 4).
+    sharded = train.train_plan(cfg, world_size=4, seq_len=64, num_anchors=8)
+    padded = -(-n_params // 4)
+    assert sharded["masters"] == 4 * padded and sharded["moments"] == 8 * padded
+    tight = train.train_plan(cfg, gpu_bytes=1000, reserve_bytes=0)
+    assert not tight["fits"] and tight["total"] > 1000 and tight["reason"]
+    with pytest.raises(TypeError):
+        train.train_plan(cfg, colour=1)
+
+
+def test_target_head_loading(tmp_path):
+    rng = np.random.default_rng(2)
+    e = rng.standard_normal((V, H)).astype(np.float32)
+    h = rng.standard_normal((V, H)).astype(np.float32)
+    dflash.write_safetensors(tmp_path / "a.safetensors",
+                             {"model.embed_tokens.weight": e, "lm_head.weight": h})
+    got_e, got_h = train.load_target_head(tmp_path / "a.safetensors", V, H)
+    np.testing.assert_array_equal(got_e, e)
+    np.testing.assert_array_equal(got_h, h)
+    (tmp_path / "tied").mkdir()
+    dflash.write_safetensors(tmp_path / "tied" / "model.safetensors", {"emb": e})
+    got_e, got_h = train.load_target_head(tmp_path / "tied", V, H, embed_name="emb")
+    np.testing.assert_array_equal(got_e, e)
+    np.testing.assert_array_equal(got_h, e)  # no LM head tensor: tied embeddings
+    with pytest.raises(dflash.Error) as err:
+        train.load_target_head(tmp_path / "a.safetensors", V + 1, H)
+    assert err.value.status in ("DFLASH_E_MISMATCH", "DFLASH_E_FORMAT")
