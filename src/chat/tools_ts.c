@@ -418,7 +418,8 @@ static ts_node *parse_ref(ts_ctx *c, const json_t *s) {
     n->name = "parameters";
     return n;
   }
-  if (!json_is_string(ref) || strncmp(json_string_value(ref), "#/$defs/", 8) != 0)
+  if (!json_is_string(ref) || strncmp(json_string_value(ref), "#/$defs/", 8) != 0 ||
+      strlen(json_string_value(ref)) != json_string_length(ref)) /* NUL: no such name */
     return ts_raise(c, "unsupported \"$ref\" (only \"#\" and \"#/$defs/NAME\")"), n;
   const char *name = strrchr(json_string_value(ref), '/') + 1;
   const json_t *target = json_object_get(c->defs, name);

@@ -345,7 +345,7 @@ def branch_coverage(lists):
                             ("[k: string]", "additionalProperties"), ("// Default: ", "default"),
                             ("?: ", "optional"), (" | ", "union/anyOf/enum"),
                             ("// maxLength", "string constraint"), ("maximum: ", "number constraint"),
-                            ("Items: ", "array constraint"), ("\n\n", "blank description line")):
+                            ("Items: ", "array constraint"), ("// blank\n\n", "blank description line")):
             if probe in out:
                 cov[name] += 1
     return cov
