@@ -270,7 +270,8 @@ static void check_required(ts_ctx *c, const json_t *required) {
   if (!json_is_array(required)) return ts_raise(c, "\"required\" is not a list");
   for (size_t i = 0; i < json_array_size(required); i++) {
     const json_t *r = json_array_get(required, i);
-    if (json_is_array(r) || json_is_object(r)) return ts_raise(c, "\"required\" holds a list or object");
+    if (json_is_array(r) || json_is_object(r))
+      return ts_raise(c, "\"required\" holds a list or object");
   }
 }
 
@@ -354,7 +355,8 @@ static void enum_check(ts_ctx *c, const json_t *val, void *arg) {
   else if (is_str(typ, "number") && !num) ts_raise(c, "an enum value is not a number");
   else if (is_str(typ, "integer") && !(json_is_integer(val) || json_is_boolean(val)))
     ts_raise(c, "an enum value is not an integer");
-  else if (is_str(typ, "boolean") && !json_is_boolean(val)) ts_raise(c, "an enum value is not a boolean");
+  else if (is_str(typ, "boolean") && !json_is_boolean(val))
+    ts_raise(c, "an enum value is not a boolean");
 }
 
 static ts_node *parse_enum(ts_ctx *c, const json_t *s) {
@@ -424,7 +426,8 @@ static ts_node *parse_ref(ts_ctx *c, const json_t *s) {
   const char *name = strrchr(json_string_value(ref), '/') + 1;
   const json_t *target = json_object_get(c->defs, name);
   if (!target) return ts_raise(c, "\"$ref\" names a definition not registered before it"), n;
-  if (!json_is_object(target)) return ts_raise(c, "\"$ref\" names a definition that is not an object"), n;
+  if (!json_is_object(target))
+    return ts_raise(c, "\"$ref\" names a definition that is not an object"), n;
   n->name = truthy(json_object_get(target, "$self_ref")) ? "parameters" : name;
   return n;
 }
@@ -505,7 +508,8 @@ static void emit_param(ts_ctx *c, const ts_param *p, int depth) {
     indent(c, depth);
     put(c, "// Default: ");
     /* repr() of int, float and bool; json.dumps(ensure_ascii=False) of the rest. */
-    if (json_is_number(p->dflt) || json_is_boolean(p->dflt)) df_pystr(c->out, p->dflt, DFLASH_CHAT_SPAN_TOOLS, -1);
+    if (json_is_number(p->dflt) || json_is_boolean(p->dflt))
+      df_pystr(c->out, p->dflt, DFLASH_CHAT_SPAN_TOOLS, -1);
     else df_pyjson_dump(c->out, p->dflt, ", ", ": ", DFLASH_CHAT_SPAN_TOOLS, -1);
     put(c, "\n");
   }
@@ -601,7 +605,8 @@ static void emit(ts_ctx *c, const ts_node *n, int depth) {
   }
   case TS_ANYOF:
     for (size_t i = 0; i < n->n_items; i++)
-      if (!prints_str(n->items[i])) return ts_raise(c, "an anyOf member whose \"type\" is not a string");
+      if (!prints_str(n->items[i]))
+        return ts_raise(c, "an anyOf member whose \"type\" is not a string");
     for (size_t i = 0; i < n->n_items; i++) {
       if (i) put(c, " | ");
       emit(c, n->items[i], depth);
