@@ -14,3 +14,4 @@ PY=${PYTHON:-python3}
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 $PY -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
+$PY -m pip install -q --disable-pip-version-check --no-deps $(sed -n 's/^# no-deps: \([^ ]*\).*/\1/p' "$(dirname "$0")/requirements.txt")

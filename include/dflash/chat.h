@@ -19,9 +19,10 @@
  *                      per message, no default system prompt
  *
  * kimi-k2.5 / kimi-k2.6 follow the K2-Thinking layout with the differences
- * public renderers describe: tools declared as compact JSON
- * (separators ',' ':'; the TypeScript-like `tools_ts_str` form is not
- * produced), generation prompt ending in "<think>" (thinking on) or
+ * public renderers describe: tools declared as the official tokenizer
+ * declares them, in the TypeScript-like `tools_ts_str` form of the tools
+ * with sorted keys (dflash_chat_tools_typescript(); compact JSON of the
+ * sorted tools where that conversion fails), generation prompt ending in "<think>" (thinking on) or
  * "<think></think>" (off), every assistant turn collapsed to
  * "<think></think>" when thinking is off, and with preserve_thinking (K2.6)
  * every turn keeping its reasoning. qwen3.6 is qwen3.5 where
@@ -215,6 +216,32 @@ DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,
                                            const struct dflash_tokenizer *tok,
                                            dflash_chat_turns turns, int32_t *ids, uint8_t *mask,
                                            size_t cap, size_t *n, size_t *n_supervised);
+
+/*
+ * Kimi K2.5/K2.6 tool declarations in the TypeScript-like form the official
+ * tokenizer puts in the prompt (`tools_ts_str`, from Moonshot's
+ * tool_declaration_ts.py encode_tools_to_typescript_style): "# Tools",
+ * "## functions", then `namespace functions { ... }` with one
+ * `type NAME = (_: {...}) => any;` per function tool (interfaces for $defs
+ * and for a self reference "#", descriptions, constraints and defaults as
+ * `// ` comments). kimi-k2.5/2.6 render tools this way.
+ * `tools_json`: `len` bytes of a JSON list of {"type": "function",
+ * "function": {...}} declarations (other types are skipped; none at all
+ * gives ""). `sort_keys` = 1 first sorts every object's keys, as the
+ * tokenizer does before converting (deep_sort_dict); 0 converts as given.
+ * Writes at most `cap` bytes to `buf` (no terminating NUL); *out_len
+ * receives the full length, with DFLASH_E_BUFFER when it exceeds cap.
+ * DFLASH_E_FORMAT, naming the tool and schema path, where the reference
+ * raises (an unsupported $ref, an enum value of the wrong type, a schema
+ * with none of $ref/anyOf/enum/type...): the tokenizer then declares the
+ * tools as compact JSON of the sorted tools, and so do the renderers.
+ * DFLASH_E_UNSUPPORTED where the reference would print the Python repr of
+ * a list or object (an enum member, constraint value, "type" or function
+ * name that is one); the renderers refuse such tools.
+ */
+DFLASH_API dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len,
+                                                     int sort_keys, char *buf, size_t cap,
+                                                     size_t *out_len);
 
 #ifdef __cplusplus
 }

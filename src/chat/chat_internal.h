@@ -98,6 +98,16 @@ void df_pyjson_dump(df_out *o, const struct json_t *v, const char *item_sep, con
  * types are dumped as JSON. */
 void df_pystr(df_out *o, const struct json_t *v, int kind, int msg);
 
+/* Kimi K2.5/K2.6 tool declarations (tools_ts.c): writes
+ * encode_tools_to_typescript_style(tools) to `out` (span kind TOOLS). Fails
+ * with DFLASH_E_FORMAT where that reference raises (the official tokenizer
+ * then declares the tools as JSON) and DFLASH_E_UNSUPPORTED where it would
+ * print a Python repr of a list or object; `out` then holds a partial text. */
+dflash_status df_tools_typescript(const struct json_t *tools, df_out *out);
+/* A copy of `v` with the keys of every object sorted (deep_sort_dict of
+ * tokenization_kimi.py); NULL when out of memory. */
+struct json_t *df_json_deep_sorted(const struct json_t *v);
+
 /* Per-family renderer. */
 typedef struct df_render_ctx {
   const struct dflash_chat_template *tmpl;

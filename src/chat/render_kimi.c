@@ -2,6 +2,7 @@
  * kimi-k2.5 and kimi-k2.6. Each statement mirrors a line of the official
  * Jinja template; comments quote the template where its behaviour is odd. */
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "chat_internal.h"
@@ -27,6 +28,39 @@ static void tools_declaration(const df_render_ctx *x, const char *item_sep, cons
   df_out_cstr(x->out, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
   df_pyjson_dump(x->out, x->conv->tools, item_sep, key_sep, DFLASH_CHAT_SPAN_TOOLS, -1);
   df_out_cstr(x->out, "<|im_end|>", SCAF, -1);
+}
+
+/*
+ * kimi-k2.5/2.6: what tokenization_kimi.py's apply_chat_template hands the
+ * template. The tools with every object's keys sorted (deep_sort_dict),
+ * declared by `tools_ts_str` (encode_tools_to_typescript_style, see
+ * tools_ts.c); only when that conversion raises does the template's JSON
+ * branch print them, the sorted tools in compact JSON.
+ */
+static void k25_tools_declaration(const df_render_ctx *x) {
+  df_out *o = x->out;
+  if (!x->conv->tools || o->st) return;
+  json_t *sorted = df_json_deep_sorted(x->conv->tools);
+  if (!sorted) {
+    o->st = df_error_nomem("kimi tool declarations");
+    return;
+  }
+  df_out ts = {0};
+  dflash_status st = df_tools_typescript(sorted, &ts);
+  df_out_cstr(o, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
+  if (!st) {
+    df_out_put(o, ts.text.data, ts.text.len, DFLASH_CHAT_SPAN_TOOLS, -1);
+  } else if (st == DFLASH_E_FORMAT) {
+    df_log(DFLASH_LOG_DEBUG, "%s; declaring the tools as JSON, as the tokenizer does",
+           dflash_last_error());
+    df_pyjson_dump(o, sorted, ",", ":", DFLASH_CHAT_SPAN_TOOLS, -1);
+  } else if (!o->st) {
+    o->st = st; /* the message is already set */
+  }
+  df_out_cstr(o, "<|im_end|>", SCAF, -1);
+  df_buf_free(&ts.text);
+  free(ts.spans);
+  json_decref(sorted);
 }
 
 static void end_turn(df_out *o, const df_message *m, int i) {
@@ -198,7 +232,7 @@ dflash_status df_render_kimi_thinking(const df_render_ctx *x) {
   int split = last_final_answer(c, (int)c->n);          /* the template's history/suffix split */
   int exchange = last_final_answer(c, last < 0 ? 0 : last); /* the split when `last` is generated */
   bool k25 = x->tmpl->family_flags & DF_FAM_K25;
-  if (k25) tools_declaration(x, ",", ":");
+  if (k25) k25_tools_declaration(x);
   else tools_declaration(x, ", ", ": ");
   if (c->n == 0 || c->msgs[0].role != DF_ROLE_SYSTEM)
     df_out_cstr(o,

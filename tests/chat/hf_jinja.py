@@ -4,6 +4,7 @@ lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now), over the
 official template fixtures, plus the spec-derived variants for families with no
 official copy at hand (documented below)."""
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -67,9 +68,12 @@ def _qwen_lqi_override(t):
 
 def _kimi25(t, preserve):
     """Kimi K2.5/K2.6 derived from the K2-Thinking fixture by the differences the spec
-    lists (no official copy was available): compact-JSON tools, thinking switch in the
-    suffix and the generation prompt, and (K2.6) preserve_thinking for history turns."""
-    t = _edit(t, "{{ tools | tojson() }}", "{{ tools | tojson(separators=(',', ':')) }}")
+    lists (no official copy was available): tools declared by `tools_ts_str` when the
+    tokenizer sets it, else as compact JSON, thinking switch in the suffix and the
+    generation prompt, and (K2.6) preserve_thinking for history turns."""
+    t = _edit(t, "{{ tools | tojson() }}",
+              "{%- if tools_ts_str is defined -%}{{ tools_ts_str }}{%- else -%}"
+              "{{ tools | tojson(separators=(',', ':')) }}{%- endif -%}")
     t = _edit(t, "    {%- set rc = message.get('reasoning_content', '') -%}\n"
                  "    <think>{{rc}}</think>{{render_content(message)}}",
               "    {%- if thinking is defined and thinking is false -%}\n"
@@ -114,11 +118,54 @@ TEMPLATES = {
 }
 
 
+def load_tools_ts():
+    """Moonshot's tool_declaration_ts.py as pinned on PyPI (tinker-cookbook==0.6.1 ships
+    a copy): that one module, loaded by path without importing its package. None when
+    it is not installed."""
+    spec = importlib.util.find_spec("tinker_cookbook")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = (pathlib.Path(list(spec.submodule_search_locations)[0]) / "renderers" /
+            "kimi_k2_5_tool_declaration_ts.py")
+    if not path.exists():
+        return None
+    mod_spec = importlib.util.spec_from_file_location("kimi_tool_declaration_ts", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def deep_sort_dict(obj):
+    """tokenization_kimi.py's deep_sort_dict (K2.5/K2.6)."""
+    if isinstance(obj, dict):
+        return {k: deep_sort_dict(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [deep_sort_dict(x) for x in obj]
+    return obj
+
+
+def kimi25_tool_kwargs(ts, tools):
+    """What K2.5/K2.6's TikTokenTokenizer.apply_chat_template passes the template:
+    the tools deep-sorted and, unless the conversion raises, tools_ts_str."""
+    tools = deep_sort_dict(tools)
+    kw = {"tools": tools}
+    if tools:
+        try:
+            kw["tools_ts_str"] = ts.encode_tools_to_typescript_style(tools)
+        except Exception:  # the tokenizer prints the error and keeps the JSON branch
+            pass
+    return kw
+
+
 class Reference:
     def __init__(self):
         self.env = _env()
         self.compiled = {}
         self.missing = []
+        self.tools_ts = load_tools_ts()
+        if self.tools_ts is None:
+            self.missing.append("tinker-cookbook==0.6.1 (Moonshot's tool_declaration_ts.py, "
+                                "for kimi-k2.5/2.6 tools; pip install --no-deps)")
         for name, (fname, transform, _) in TEMPLATES.items():
             if fname is None:
                 text = CHATML
@@ -137,7 +184,12 @@ class Reference:
 
     def render(self, name, messages, tools=None, add_generation_prompt=False, **kwargs):
         """apply_chat_template(tokenize=False) semantics: messages, tools (None when
-        absent), add_generation_prompt, and extra template kwargs."""
+        absent), add_generation_prompt, and extra template kwargs. kimi-k2.5/2.6 go
+        through their tokenizer's wrapper (kimi25_tool_kwargs)."""
+        if name in ("kimi-k2.5", "kimi-k2.6") and "tools_ts_str" not in kwargs:
+            kw = kimi25_tool_kwargs(self.tools_ts, tools)
+            tools = kw.pop("tools")
+            kwargs.update(kw)
         return self.compiled[name].render(messages=messages, tools=tools,
                                           add_generation_prompt=add_generation_prompt, **kwargs)
 
