@@ -11,6 +11,7 @@ from .progress import Progress
 from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES
 from .tokenizer import Tokenizer
 from .chat import ChatTemplate, Conversation
+from .chat_tools import tools_typescript
 from .dataset import Dataset, DatasetWriter
 from .fetch import fetch, Fetcher
 from .storage import Storage, is_remote
@@ -22,4 +23,4 @@ __all__ = ["Error", "version", "status_name", "cuda_device_count",
            "Tokenizer", "ChatTemplate", "Dataset", "fetch", "Storage", "is_remote",
            "HiddenWriter", "HiddenStore", "SampleStream", "Trainer",
            "last_error", "clear_error", "set_log_callback", "log_to_python", "Progress",
-           "DatasetWriter", "Conversation", "Fetcher", "train_run", "__version__"]
+           "DatasetWriter", "Conversation", "Fetcher", "train_run", "tools_typescript", "__version__"]
