@@ -118,6 +118,10 @@ struct df_comm {
   uint32_t seq;   /* collectives so far */
   bool broken;
   char what[96];  /* the collective under way, for messages */
+  /* A failure a peer reported (OP_ABORT), as rank 0 passes it on. */
+  int abort_origin; /* -1: none */
+  dflash_status abort_status;
+  char abort_why[513];
 };
 
 static int fd_of(const df_comm *c, int peer) { return c->fd[c->rank == 0 ? peer : 0]; }
@@ -191,9 +195,12 @@ static dflash_status recv_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
     return df_error(DFLASH_E_NETWORK, "rank %d: rank %d sent a message that is not libdflash's "
                     "during %s", c->rank, peer, c->what);
   if (h.op == OP_ABORT) {
-    char why[513] = {0};
+    char *why = c->abort_why;
     size_t n = h.bytes < 512 ? (size_t)h.bytes : 512;
+    memset(why, 0, sizeof c->abort_why);
     if (xfer(c, peer, why, n, false, df_now_seconds() + 5)) why[0] = 0;
+    c->abort_origin = h.origin;
+    c->abort_status = (dflash_status)h.status;
     return df_error(DFLASH_E_CANCELLED, "rank %d: rank %d failed (%s)%s%s; stopping during %s",
                     c->rank, h.origin, dflash_status_str((dflash_status)h.status),
                     why[0] ? ": " : "", why, c->what);
@@ -274,9 +281,15 @@ static dflash_status collective(df_comm *c, uint32_t op, void *buf, size_t bytes
                                   : leaf_collective(c, op, buf, bytes, deadline);
   if (!st) return DFLASH_OK;
   c->broken = true;
-  if (c->rank == 0)
-    for (int r = 1; r < c->world; r++)
-      if (r != culprit) send_abort(c, r, culprit, st, dflash_last_error());
+  /* Pass the failure on: a peer's own report as it came, else what this
+   * rank saw of the culprit. */
+  bool relay = c->abort_origin >= 0;
+  for (int r = 1; c->rank == 0 && r < c->world; r++) {
+    if (relay && r != c->abort_origin)
+      send_abort(c, r, c->abort_origin, c->abort_status, c->abort_why);
+    else if (!relay) /* the culprit too, in case it lives (e.g. it diverged) */
+      send_abort(c, r, r == culprit ? 0 : culprit, st, dflash_last_error());
+  }
   return st;
 }
 
@@ -414,6 +427,7 @@ dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **o
   c->rank = env->rank;
   c->world = env->world;
   c->timeout = c->wait = timeout_s;
+  c->abort_origin = -1;
   snprintf(c->what, sizeof c->what, "the rendezvous");
   double deadline = df_now_seconds() + timeout_s;
   dflash_status st = env->world <= 1 ? DFLASH_OK

@@ -1,0 +1,52 @@
+/*
+ * Test helpers for whole training runs: a tiny synthetic world (dataset,
+ * hidden-state store, target head, drafter config) and training runs as
+ * separate processes, one per rank, as torchrun would start them.
+ */
+#ifndef DFLASH_TESTS_TRAIN_SYNTH_H
+#define DFLASH_TESTS_TRAIN_SYNTH_H
+
+#include <dflash/train.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+/*
+ * In `root`: train/ (n_samples token chains of seq_len tokens, vocabulary
+ * 17, every token supervised), hidden/ (one target layer, H = 32: the
+ * chain's code plus noise), target/model.safetensors, drafter.json (1
+ * layer, block 4). Everything follows from `seed`.
+ */
+void synth_world(const char *root, int n_samples, int seq_len, uint64_t seed);
+
+/* Run options over synth_world(root) writing to `out` (1 thread, 8 anchors). */
+void synth_run_options(dflash_train_run_options *o, const char *root, const char *out);
+
+/* A TCP port the kernel just handed out. */
+int synth_free_port(void);
+
+/*
+ * Fork a process that runs dflash_train_run(o) as `rank` of `world` (world
+ * 1: no rank variables at all) with MASTER_ADDR 127.0.0.1:port and
+ * DFLASH_DIST_TIMEOUT=timeout_s (0: unset). It writes its status and
+ * dflash_last_error() to `report` and exits with the status.
+ */
+pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int port,
+                  double timeout_s, const char *report);
+
+/* Wait for `pid` for at most `limit_s` seconds (a hang kills it and fails
+ * the test); returns its exit status. */
+int synth_wait(pid_t pid, double limit_s);
+
+/* The report a process wrote: status, and its message into msg. */
+int synth_report(const char *report, char *msg, size_t cap);
+
+/* Lines of a text file (NULL when absent); free with synth_free_lines. */
+char **synth_lines(const char *path, size_t *n);
+void synth_free_lines(char **lines, size_t n);
+
+/* All parameters of a checkpoint's model.safetensors, in file order. */
+float *synth_checkpoint_floats(const char *dir, size_t *n);
+
+bool synth_exists(const char *path);
+
+#endif
