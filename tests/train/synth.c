@@ -26,7 +26,7 @@ static uint64_t next(uint64_t *s) {
 
 static float uniform(uint64_t *s) { return (float)(next(s) % 20001) / 10000.0f - 1.0f; }
 
-static char *join(const char *a, const char *b) {
+char *synth_path(const char *a, const char *b) {
   char *p = malloc(strlen(a) + strlen(b) + 2);
   ck_assert_ptr_nonnull(p);
   sprintf(p, "%s/%s", a, b);
@@ -45,7 +45,7 @@ static void write_samples(const char *root, int n, int S, uint64_t *rng) {
     }
     for (int k = 0; k < H; k++) code[c][k] = uniform(rng);
   }
-  char *data = join(root, "train"), *hid = join(root, "hidden");
+  char *data = synth_path(root, "train"), *hid = synth_path(root, "hidden");
   dflash_dataset_writer *dw;
   dflash_hidden_writer *hw;
   ck_assert_ok(dflash_dataset_writer_create(data, NULL, &dw));
@@ -73,9 +73,9 @@ static void write_samples(const char *root, int n, int S, uint64_t *rng) {
 }
 
 static void write_target(const char *root, uint64_t *rng) {
-  char *dir = join(root, "target");
+  char *dir = synth_path(root, "target");
   ck_assert_int_eq(mkdir(dir, 0755), 0);
-  char *path = join(dir, "model.safetensors");
+  char *path = synth_path(dir, "model.safetensors");
   float *w = malloc(sizeof(float) * V * H);
   dflash_st_writer *sw;
   int64_t shape[2] = {V, H};
@@ -100,7 +100,7 @@ void synth_world(const char *root, int n_samples, int seq_len, uint64_t seed) {
       "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
       "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "
       "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}";
-  char *path = join(root, "drafter.json");
+  char *path = synth_path(root, "drafter.json");
   ck_assert(df_test_write(path, cfg, sizeof cfg - 1));
   free(path);
 }
@@ -108,10 +108,10 @@ void synth_world(const char *root, int n_samples, int seq_len, uint64_t seed) {
 void synth_run_options(dflash_train_run_options *o, const char *root, const char *out) {
   /* Leaked on purpose: the paths live as long as the test process. */
   dflash_train_run_options_default(o);
-  o->config_path = join(root, "drafter.json");
-  o->target_path = join(root, "target");
-  o->data_dir = join(root, "train");
-  o->hidden_dir = join(root, "hidden");
+  o->config_path = synth_path(root, "drafter.json");
+  o->target_path = synth_path(root, "target");
+  o->data_dir = synth_path(root, "train");
+  o->hidden_dir = synth_path(root, "hidden");
   o->out_dir = out;
   o->trainer.n_threads = 1;
   o->trainer.num_anchors = 8;
@@ -216,7 +216,7 @@ void synth_free_lines(char **lines, size_t n) {
 }
 
 float *synth_checkpoint_floats(const char *dir, size_t *n) {
-  char *path = join(dir, "model.safetensors");
+  char *path = synth_path(dir, "model.safetensors");
   dflash_safetensors *st;
   ck_assert_ok(dflash_safetensors_open(path, &st));
   size_t count = dflash_safetensors_count(st), total = 0;
@@ -239,4 +239,32 @@ float *synth_checkpoint_floats(const char *dir, size_t *n) {
 bool synth_exists(const char *path) {
   struct stat sb;
   return stat(path, &sb) == 0;
+}
+
+size_t synth_metrics(const char *dir, synth_metric *m, size_t cap) {
+  char *p = synth_path(dir, "metrics.jsonl");
+  size_t n;
+  char **lines = synth_lines(p, &n);
+  ck_assert_msg(lines != NULL, "%s is missing", p);
+  ck_assert_uint_le(n, cap);
+  for (size_t i = 0; i < n; i++)
+    ck_assert_int_eq(sscanf(lines[i], "{\"step\": %ld, \"epoch\": %d, \"loss\": %lf, "
+                            "\"grad_norm\": %lf, \"lr\": %lf, \"tokens\": %ld", &m[i].step,
+                            &m[i].epoch, &m[i].loss, &m[i].norm, &m[i].lr, &m[i].tokens), 6);
+  synth_free_lines(lines, n);
+  free(p);
+  return n;
+}
+
+double synth_max_abs_diff(const char *dir_a, const char *dir_b) {
+  size_t na, nb;
+  float *x = synth_checkpoint_floats(dir_a, &na), *y = synth_checkpoint_floats(dir_b, &nb);
+  ck_assert_uint_eq(na, nb);
+  double worst = 0;
+  for (size_t i = 0; i < na; i++) {
+    double d = x[i] > y[i] ? x[i] - y[i] : y[i] - x[i];
+    worst = d > worst ? d : worst;
+  }
+  free(x), free(y);
+  return worst;
 }

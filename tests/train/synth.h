@@ -49,4 +49,20 @@ float *synth_checkpoint_floats(const char *dir, size_t *n);
 
 bool synth_exists(const char *path);
 
+/* "a/b", malloc'd. */
+char *synth_path(const char *a, const char *b);
+
+/* One line of metrics.jsonl. */
+typedef struct synth_metric {
+  long step, tokens;
+  int epoch;
+  double loss, norm, lr;
+} synth_metric;
+
+/* Read dir/metrics.jsonl (at most cap lines); returns the line count. */
+size_t synth_metrics(const char *dir, synth_metric *m, size_t cap);
+
+/* Largest |a - b| over the parameters of two checkpoints. */
+double synth_max_abs_diff(const char *dir_a, const char *dir_b);
+
 #endif

@@ -31,36 +31,9 @@
 #define PARAM_TOL 2e-5
 #define LOSS_RTOL 1e-4
 
-static char *path2(const char *a, const char *b) {
-  char *p = malloc(strlen(a) + strlen(b) + 2);
-  sprintf(p, "%s/%s", a, b);
-  return p;
-}
-
-typedef struct metric {
-  long step, tokens;
-  int epoch;
-  double loss, norm, lr;
-} metric;
-
-static size_t read_metrics(const char *dir, metric *m, size_t cap) {
-  char *p = path2(dir, "metrics.jsonl");
-  size_t n;
-  char **lines = synth_lines(p, &n);
-  ck_assert_msg(lines != NULL, "%s is missing", p);
-  ck_assert_uint_le(n, cap);
-  for (size_t i = 0; i < n; i++)
-    ck_assert_int_eq(sscanf(lines[i], "{\"step\": %ld, \"epoch\": %d, \"loss\": %lf, "
-                            "\"grad_norm\": %lf, \"lr\": %lf, \"tokens\": %ld", &m[i].step,
-                            &m[i].epoch, &m[i].loss, &m[i].norm, &m[i].lr, &m[i].tokens), 6);
-  synth_free_lines(lines, n);
-  free(p);
-  return n;
-}
-
 /* Metrics lines without the timing fields. */
 static char **stable_lines(const char *dir, size_t *n) {
-  char *p = path2(dir, "metrics.jsonl");
+  char *p = synth_path(dir, "metrics.jsonl");
   char **lines = synth_lines(p, n);
   ck_assert_msg(lines != NULL, "%s is missing", p);
   for (size_t i = 0; i < *n; i++) {
@@ -82,7 +55,7 @@ static void run_world(dflash_train_run_options *o, int world, const char *root) 
   for (int r = 0; r < world; r++) {
     char name[32];
     snprintf(name, sizeof name, "report-%d", r);
-    rep[r] = path2(root, name);
+    rep[r] = synth_path(root, name);
     pid[r] = synth_spawn(&o[r], r, world, port, 60, rep[r]);
   }
   for (int r = 0; r < world; r++) {
@@ -92,19 +65,6 @@ static void run_world(dflash_train_run_options *o, int world, const char *root) 
                   synth_report(rep[r], msg, sizeof msg) ? msg : "");
     free(rep[r]);
   }
-}
-
-static double max_abs_diff(const char *a, const char *b) {
-  size_t na, nb;
-  float *x = synth_checkpoint_floats(a, &na), *y = synth_checkpoint_floats(b, &nb);
-  ck_assert_uint_eq(na, nb);
-  double worst = 0;
-  for (size_t i = 0; i < na; i++) {
-    double d = x[i] > y[i] ? x[i] - y[i] : y[i] - x[i];
-    worst = d > worst ? d : worst;
-  }
-  free(x), free(y);
-  return worst;
 }
 
 /* 7 trainable samples: global batches of 2, 2, 2, 1 per epoch (rank 1
@@ -117,8 +77,8 @@ static char *world7(void) {
 
 START_TEST(two_ranks_equal_one_process_with_the_global_batch) {
   char *root = world7();
-  char *one = path2(root, "one"), *dp = path2(root, "dp"), *dp1 = path2(root, "dp-rank1"),
-       *b1 = path2(root, "batch1");
+  char *one = synth_path(root, "one"), *dp = synth_path(root, "dp");
+  char *dp1 = synth_path(root, "dp-rank1"), *b1 = synth_path(root, "batch1");
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, one);
   o[0].epochs = 3;
@@ -129,12 +89,12 @@ START_TEST(two_ranks_equal_one_process_with_the_global_batch) {
   o[0].epochs = o[1].epochs = 3;
   run_world(o, 2, root);
   ck_assert_msg(!synth_exists(dp1), "rank 1 wrote into its out_dir");
-  double d = max_abs_diff(one, dp);
+  double d = synth_max_abs_diff(one, dp);
   printf("train run 1 process x batch 2 vs 2 ranks x batch 1: max |param diff| %.3g (bound %g)\n",
          d, PARAM_TOL);
   ck_assert_msg(d <= PARAM_TOL, "parameters differ by %g", d);
-  metric a[16], b[16];
-  size_t na = read_metrics(one, a, 16), nb = read_metrics(dp, b, 16);
+  synth_metric a[16], b[16];
+  size_t na = synth_metrics(one, a, 16), nb = synth_metrics(dp, b, 16);
   ck_assert_uint_eq(na, 12);
   ck_assert_uint_eq(nb, 12);
   for (size_t i = 0; i < na; i++) {
@@ -152,7 +112,7 @@ START_TEST(two_ranks_equal_one_process_with_the_global_batch) {
   synth_run_options(&o[0], root, b1);
   o[0].epochs = 3;
   run_world(o, 1, root);
-  double control = max_abs_diff(one, b1);
+  double control = synth_max_abs_diff(one, b1);
   printf("control, 1 process x batch 1: max |param diff| %.3g\n", control);
   ck_assert_msg(control > 100 * PARAM_TOL, "control differs by only %g", control);
   df_test_rmtree(root);
@@ -161,7 +121,7 @@ END_TEST
 
 START_TEST(only_rank0_writes_files) {
   char *root = world7();
-  char *out0 = path2(root, "r0"), *out1 = path2(root, "r1");
+  char *out0 = synth_path(root, "r0"), *out1 = synth_path(root, "r1");
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, out0);
   synth_run_options(&o[1], root, out1);
@@ -170,20 +130,20 @@ START_TEST(only_rank0_writes_files) {
   const char *files[] = {"config.json", "model.safetensors", "metrics.jsonl",
                          "train_state/state.safetensors"};
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-    char *p = path2(out0, files[i]);
+    char *p = synth_path(out0, files[i]);
     ck_assert_msg(synth_exists(p), "rank 0 did not write %s", p);
     free(p);
   }
   ck_assert_msg(!synth_exists(out1), "rank 1 created %s", out1);
-  metric m[4];
-  ck_assert_uint_eq(read_metrics(out0, m, 4), 3);
+  synth_metric m[4];
+  ck_assert_uint_eq(synth_metrics(out0, m, 4), 3);
   df_test_rmtree(root);
 }
 END_TEST
 
 /* Wait until rank 0's metrics have `lines` lines. */
 static void wait_lines(const char *dir, size_t lines) {
-  char *p = path2(dir, "metrics.jsonl");
+  char *p = synth_path(dir, "metrics.jsonl");
   for (int i = 0; i < 12000; i++) {
     size_t n;
     char **l = synth_lines(p, &n);
@@ -202,7 +162,7 @@ static void wait_lines(const char *dir, size_t lines) {
 static void failing_rank(int victim, int sig, double timeout, dflash_status want,
                          const char *needle) {
   char *root = world7();
-  char *out = path2(root, "out"), *rep[2] = {path2(root, "rep0"), path2(root, "rep1")};
+  char *out = synth_path(root, "out"), *rep[2] = {synth_path(root, "rep0"), synth_path(root, "rep1")};
   dflash_train_run_options o;
   synth_run_options(&o, root, out);
   o.epochs = 1000000;
@@ -244,7 +204,7 @@ END_TEST
  * other with its reason instead of leaving it waiting. */
 START_TEST(a_rank_that_disagrees_stops_the_run) {
   char *root = world7();
-  char *out = path2(root, "out"), *rep[2] = {path2(root, "rep0"), path2(root, "rep1")};
+  char *out = synth_path(root, "out"), *rep[2] = {synth_path(root, "rep0"), synth_path(root, "rep1")};
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, out);
   synth_run_options(&o[1], root, out);
@@ -265,7 +225,7 @@ END_TEST
 
 START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
   char *root = world7();
-  char *full = path2(root, "full"), *part = path2(root, "part"), *other = path2(root, "other");
+  char *full = synth_path(root, "full"), *part = synth_path(root, "part"), *other = synth_path(root, "other");
   dflash_train_run_options o[2];
   for (int r = 0; r < 2; r++) {
     synth_run_options(&o[r], root, full);
@@ -278,7 +238,7 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
     const char *dir = k ? other : part;
     for (int r = 0; r < 2; r++) o[r].out_dir = dir, o[r].max_steps = 5;
     run_world(o, 2, root);
-    char *m = path2(dir, "metrics.jsonl");
+    char *m = synth_path(dir, "metrics.jsonl");
     FILE *f = fopen(m, "a");
     fputs("{\"step\": 6, \"epoch\": 1, \"loss\": 0}\n", f);
     fclose(f);
@@ -291,14 +251,14 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
   ck_assert_uint_eq(na, 12);
   ck_assert_uint_eq(nb, na);
   for (size_t i = 0; i < na; i++) ck_assert_str_eq(a[i], b[i]);
-  ck_assert(max_abs_diff(full, part) == 0);
+  ck_assert(synth_max_abs_diff(full, part) == 0);
   /* The same state resumed by one process with the same global batch. */
   o[0].out_dir = other;
   o[0].batch_size = 2;
   run_world(o, 1, root);
-  metric x[16], y[16];
-  ck_assert_uint_eq(read_metrics(full, x, 16), 12);
-  ck_assert_uint_eq(read_metrics(other, y, 16), 12);
+  synth_metric x[16], y[16];
+  ck_assert_uint_eq(synth_metrics(full, x, 16), 12);
+  ck_assert_uint_eq(synth_metrics(other, y, 16), 12);
   for (size_t i = 0; i < 12; i++) {
     ck_assert_int_eq(x[i].step, y[i].step);
     ck_assert_int_eq(x[i].tokens, y[i].tokens);
@@ -306,7 +266,7 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
     ck_assert_msg(rel(y[i].loss, x[i].loss) <= LOSS_RTOL, "step %ld: %.9g vs %.9g", x[i].step,
                   x[i].loss, y[i].loss);
   }
-  double d = max_abs_diff(full, other);
+  double d = synth_max_abs_diff(full, other);
   printf("world 2 -> world 1 resume: max |param diff| %.3g\n", d);
   ck_assert(d <= PARAM_TOL);
   synth_free_lines(a, na);
