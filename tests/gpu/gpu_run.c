@@ -41,8 +41,7 @@ static void run_one(const char *root, const char *out, int backend, bool nccl) {
 START_TEST(cuda_run_loop_matches_cpu_and_nccl_one_rank_is_exact) {
   char *root = df_test_tmpdir();
   synth_world(root, 7, 40, 1);
-  char *cpu = synth_path(root, "cpu"), *gpu = synth_path(root, "cuda"),
-       *nccl = synth_path(root, "nccl");
+  char *cpu = synth_at(root, "cpu"), *gpu = synth_at(root, "cuda"), *nccl = synth_at(root, "nccl");
   run_one(root, cpu, DFLASH_BACKEND_CPU, false);
   run_one(root, gpu, DFLASH_BACKEND_CUDA, false);
   run_one(root, nccl, DFLASH_BACKEND_CUDA, true);
@@ -67,6 +66,7 @@ START_TEST(cuda_run_loop_matches_cpu_and_nccl_one_rank_is_exact) {
   ck_assert(worst <= 0.03);
   ck_assert(synth_max_abs_diff(gpu, nccl) == 0);
   df_test_rmtree(root);
+  free(root);
 }
 END_TEST
 
@@ -78,6 +78,7 @@ static bool have_device(void) {
     int n = 0;
     dflash_status st = dflash_cuda_device_count(&n);
     if (st || n < 1) printf("skip: no CUDA device (%s)\n", st ? dflash_last_error() : "0");
+    fflush(stdout);
     _exit(!st && n > 0 ? 0 : 1);
   }
   int status = 1;

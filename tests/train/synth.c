@@ -105,13 +105,23 @@ void synth_world(const char *root, int n_samples, int seq_len, uint64_t seed) {
   free(path);
 }
 
+/* Paths that live as long as the test process (still reachable: not leaks). */
+static char *kept(char *p) {
+  static char **all;
+  static size_t n;
+  all = realloc(all, sizeof *all * (n + 1));
+  ck_assert_ptr_nonnull(all);
+  return all[n++] = p;
+}
+
+char *synth_at(const char *dir, const char *name) { return kept(synth_path(dir, name)); }
+
 void synth_run_options(dflash_train_run_options *o, const char *root, const char *out) {
-  /* Leaked on purpose: the paths live as long as the test process. */
   dflash_train_run_options_default(o);
-  o->config_path = synth_path(root, "drafter.json");
-  o->target_path = synth_path(root, "target");
-  o->data_dir = synth_path(root, "train");
-  o->hidden_dir = synth_path(root, "hidden");
+  o->config_path = kept(synth_path(root, "drafter.json"));
+  o->target_path = kept(synth_path(root, "target"));
+  o->data_dir = kept(synth_path(root, "train"));
+  o->hidden_dir = kept(synth_path(root, "hidden"));
   o->out_dir = out;
   o->trainer.n_threads = 1;
   o->trainer.num_anchors = 8;

@@ -51,6 +51,8 @@ bool synth_exists(const char *path);
 
 /* "a/b", malloc'd. */
 char *synth_path(const char *a, const char *b);
+/* The same, kept until the process exits (for paths in run options). */
+char *synth_at(const char *dir, const char *name);
 
 /* One line of metrics.jsonl. */
 typedef struct synth_metric {

@@ -77,8 +77,8 @@ static char *world7(void) {
 
 START_TEST(two_ranks_equal_one_process_with_the_global_batch) {
   char *root = world7();
-  char *one = synth_path(root, "one"), *dp = synth_path(root, "dp");
-  char *dp1 = synth_path(root, "dp-rank1"), *b1 = synth_path(root, "batch1");
+  char *one = synth_at(root, "one"), *dp = synth_at(root, "dp");
+  char *dp1 = synth_at(root, "dp-rank1"), *b1 = synth_at(root, "batch1");
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, one);
   o[0].epochs = 3;
@@ -116,12 +116,13 @@ START_TEST(two_ranks_equal_one_process_with_the_global_batch) {
   printf("control, 1 process x batch 1: max |param diff| %.3g\n", control);
   ck_assert_msg(control > 100 * PARAM_TOL, "control differs by only %g", control);
   df_test_rmtree(root);
+  free(root);
 }
 END_TEST
 
 START_TEST(only_rank0_writes_files) {
   char *root = world7();
-  char *out0 = synth_path(root, "r0"), *out1 = synth_path(root, "r1");
+  char *out0 = synth_at(root, "r0"), *out1 = synth_at(root, "r1");
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, out0);
   synth_run_options(&o[1], root, out1);
@@ -138,6 +139,7 @@ START_TEST(only_rank0_writes_files) {
   synth_metric m[4];
   ck_assert_uint_eq(synth_metrics(out0, m, 4), 3);
   df_test_rmtree(root);
+  free(root);
 }
 END_TEST
 
@@ -162,7 +164,8 @@ static void wait_lines(const char *dir, size_t lines) {
 static void failing_rank(int victim, int sig, double timeout, dflash_status want,
                          const char *needle) {
   char *root = world7();
-  char *out = synth_path(root, "out"), *rep[2] = {synth_path(root, "rep0"), synth_path(root, "rep1")};
+  char *out = synth_at(root, "out");
+  char *rep[2] = {synth_at(root, "rep0"), synth_at(root, "rep1")};
   dflash_train_run_options o;
   synth_run_options(&o, root, out);
   o.epochs = 1000000;
@@ -183,6 +186,7 @@ static void failing_rank(int victim, int sig, double timeout, dflash_status want
   kill(pid[victim], SIGKILL);
   waitpid(pid[victim], NULL, 0);
   df_test_rmtree(root);
+  free(root);
 }
 
 START_TEST(killed_rank1_fails_rank0_naming_it) {
@@ -204,7 +208,8 @@ END_TEST
  * other with its reason instead of leaving it waiting. */
 START_TEST(a_rank_that_disagrees_stops_the_run) {
   char *root = world7();
-  char *out = synth_path(root, "out"), *rep[2] = {synth_path(root, "rep0"), synth_path(root, "rep1")};
+  char *out = synth_at(root, "out");
+  char *rep[2] = {synth_at(root, "rep0"), synth_at(root, "rep1")};
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, out);
   synth_run_options(&o[1], root, out);
@@ -220,12 +225,14 @@ START_TEST(a_rank_that_disagrees_stops_the_run) {
   synth_report(rep[0], msg, sizeof msg);
   ck_assert_msg(strstr(msg, "rank 1 failed (DFLASH_E_MISMATCH)"), "%s", msg);
   df_test_rmtree(root);
+  free(root);
 }
 END_TEST
 
 START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
   char *root = world7();
-  char *full = synth_path(root, "full"), *part = synth_path(root, "part"), *other = synth_path(root, "other");
+  char *full = synth_at(root, "full"), *part = synth_at(root, "part");
+  char *other = synth_at(root, "other");
   dflash_train_run_options o[2];
   for (int r = 0; r < 2; r++) {
     synth_run_options(&o[r], root, full);
@@ -272,6 +279,7 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
   synth_free_lines(a, na);
   synth_free_lines(b, nb);
   df_test_rmtree(root);
+  free(root);
 }
 END_TEST
 
