@@ -255,12 +255,26 @@ static dflash_status root_collective(df_comm *c, uint32_t op, void *buf, size_t 
   return DFLASH_OK;
 }
 
+/* A send to rank 0 failed: rank 0 may have stopped the run and closed
+ * with an abort message waiting in this rank's receive queue. Prefer that
+ * reason to the bare broken connection. */
+static dflash_status pending_abort(df_comm *c, dflash_status st) {
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dflash_last_error());
+  msg_hdr probe;
+  if (recv(c->fd[0], &probe, sizeof probe, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof probe &&
+      probe.magic == COMM_MAGIC && probe.op == OP_ABORT)
+    return recv_hdr(c, 0, OP_ABORT, 0, df_now_seconds() + 1);
+  return df_error(st, "%s", saved);
+}
+
 static dflash_status leaf_collective(df_comm *c, uint32_t op, void *buf, size_t bytes,
                                      double deadline) {
   bool reduce = op != OP_BCAST;
   dflash_status st = send_hdr(c, 0, op, reduce ? bytes : 0, deadline);
   if (!st && reduce) st = xfer(c, 0, buf, bytes, true, deadline);
-  if (!st) st = recv_hdr(c, 0, op, bytes, deadline);
+  if (st) return pending_abort(c, st);
+  st = recv_hdr(c, 0, op, bytes, deadline);
   if (!st) st = xfer(c, 0, buf, bytes, false, deadline);
   return st;
 }

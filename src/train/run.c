@@ -165,7 +165,8 @@ static dflash_status resume(run *r) {
   char blob[256];
   size_t len = sizeof blob;
   dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, &len);
-  if (st) return df_error_wrap(st, "resuming (rank %d)", r->rank);
+  if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
+  if (st) return df_error_wrap(st, "resuming");
   blob[sizeof blob - 1] = 0;
   long mbytes;
   uint64_t seed;
