@@ -141,7 +141,8 @@ static const char *op_name(uint32_t op) {
 static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, bool out,
                              double deadline) {
   char *p = buf, who[32];
-  snprintf(who, sizeof who, peer < 0 ? "a joining rank" : "rank %d", peer);
+  if (peer < 0) snprintf(who, sizeof who, "a joining rank");
+  else snprintf(who, sizeof who, "rank %d", peer);
   while (n) {
     struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
     double left = deadline - df_now_seconds();

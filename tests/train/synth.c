@@ -80,7 +80,8 @@ static void write_target(const char *root, uint64_t *rng) {
   dflash_st_writer *sw;
   int64_t shape[2] = {V, H};
   ck_assert_ok(dflash_st_writer_create(path, &sw));
-  ck_assert_ok(dflash_st_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32, 2, shape));
+  ck_assert_ok(dflash_st_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32, 2,
+                                        shape));
   ck_assert_ok(dflash_st_writer_declare(sw, "lm_head.weight", DFLASH_DTYPE_F32, 2, shape));
   for (int t = 0; t < 2; t++) {
     for (int i = 0; i < V * H; i++) w[i] = uniform(rng);

@@ -116,7 +116,8 @@ START_TEST(comm_abort_reaches_every_rank_naming_it) {
   run_peers(p, MAXW, M_ABORT_RANK2, 20);
   for (int r = 0; r < 2; r++) {
     ck_assert_msg(p[r].st == DFLASH_E_CANCELLED, "rank %d: %s", r, p[r].msg);
-    ck_assert_msg(strstr(p[r].msg, "rank 2 failed (DFLASH_E_IO)") && strstr(p[r].msg, "disk on fire"),
+    ck_assert_msg(strstr(p[r].msg, "rank 2 failed (DFLASH_E_IO)") &&
+                      strstr(p[r].msg, "disk on fire"),
                   "rank %d: %s", r, p[r].msg);
   }
 }

@@ -45,7 +45,9 @@ static char **stable_lines(const char *dir, size_t *n) {
   return lines;
 }
 
-static double rel(double a, double b) { return a == b ? 0 : (a > b ? a - b : b - a) / (b > 0 ? b : -b); }
+static double rel(double a, double b) {
+  return a == b ? 0 : (a > b ? a - b : b - a) / (b > 0 ? b : -b);
+}
 
 /* Run ranks 0..world-1 of `o[r]` to the end; each must succeed. */
 static void run_world(dflash_train_run_options *o, int world, const char *root) {
@@ -220,7 +222,8 @@ START_TEST(a_rank_that_disagrees_stops_the_run) {
   char msg[1024];
   ck_assert_int_eq(synth_wait(pid[1], 120), DFLASH_E_MISMATCH);
   synth_report(rep[1], msg, sizeof msg);
-  ck_assert_msg(strstr(msg, "rank 1 disagrees with rank 0") && strstr(msg, "seed 6 vs 5"), "%s", msg);
+  ck_assert_msg(strstr(msg, "rank 1 disagrees with rank 0") && strstr(msg, "seed 6 vs 5"), "%s",
+                msg);
   ck_assert_int_eq(synth_wait(pid[0], 120), DFLASH_E_CANCELLED);
   synth_report(rep[0], msg, sizeof msg);
   ck_assert_msg(strstr(msg, "rank 1 failed (DFLASH_E_MISMATCH)"), "%s", msg);
