@@ -4,10 +4,14 @@
 #   2. CUDA vs CPU parity on fresh random inputs, outputs poisoned (tests/gpu/gpu_parity.c
 #      states the bf16 tolerances: loss 1%, each gradient tensor 5% relative L2, AdamW update
 #      10%, greedy agreement 95%), including the NCCL path with one rank (bit-identical);
+#   2b. the whole training loop (dflash_train_run, tests/gpu/gpu_run.c) on CPU, CUDA, and CUDA
+#      over NCCL with one rank (DFLASH_NCCL=1): per-step loss within 3% of the CPU run, the
+#      NCCL run bit-identical to plain CUDA;
 #   3. training-step benchmarks at the Qwen3-8B and Kimi drafter shapes: tokens/s, model
 #      TFLOP/s, MFU against the cuBLAS bf16 GEMM rate measured in the same run, memory;
 #   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated.
-# Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity fails.
+# Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity or the run
+# loop check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -31,7 +35,12 @@ log "build ok"
 timeout 120 "$build/tests/gpu/gpu_parity" 2>&1 | tee "$out/parity.txt"
 parity=${PIPESTATUS[0]}
 log "parity exit status $parity"
-# the CPU unit suite on this machine too (quick)
+# 2b. dflash_train_run on CUDA, plain and through NCCL with one rank
+timeout 180 "$build/tests/gpu/gpu_run" 2>&1 | tee "$out/run.txt"
+run_rc=${PIPESTATUS[0]}
+grep -E "worst per-step|FAIL|fail" "$out/run.txt" >>"$out/summary.txt"
+log "train run loop (CPU / CUDA / NCCL 1 rank) exit status $run_rc"
+# the CPU unit suite on this machine too (quick; includes 2-rank CPU data-parallel runs)
 DFLASH_SKIP_ABI=1 timeout 120 meson test -C "$build" --suite train --print-errorlogs >"$out/unit.txt" 2>&1
 log "train unit suite exit status $?"
 
@@ -49,5 +58,5 @@ cat > "$out/kimi.json" <<'JSON'
 JSON
 "$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 8 --gpu-gb 80 | tee -a "$out/summary.txt"
 "$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 1 --gpu-gb 141 --vocab-chunk 16384 2>&1 | tee -a "$out/summary.txt"
-log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED)"
-exit "$parity"
+log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED), run loop $([ "$run_rc" = 0 ] && echo passed || echo FAILED)"
+[ "$parity" = 0 ] && [ "$run_rc" = 0 ]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "train"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
 
 import torch  # noqa: E402

@@ -65,7 +65,10 @@ dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */
 #define DF_CU_NCCL_ID_BYTES 128
 dflash_status df_cu_nccl_unique_id(void *id);
-dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id);
+/* Every later wait on a collective gives up after timeout_s: the
+ * communicator is aborted and the call fails with DFLASH_E_TIMEOUT. */
+dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
+                              double timeout_s);
 /* Sum `n` doubles over ranks (in place); a no-op without NCCL. */
 dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n);
 

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #ifdef DFLASH_HAVE_NCCL
@@ -45,6 +47,8 @@ struct df_cu_model {
 #ifdef DFLASH_HAVE_NCCL
   ncclComm_t comm = nullptr;
 #endif
+  double comm_timeout = 1800; // seconds one NCCL collective may take
+  bool comm_failed = false;   // aborted: every later call fails
 };
 
 namespace {
@@ -65,6 +69,51 @@ dflash_status dalloc(df_cu_model *m, void **p, size_t bytes, const char *what) {
 template <typename T>
 dflash_status dalloc(df_cu_model *m, T **p, size_t count, const char *what) {
   return dalloc(m, (void **)p, count * sizeof(T), what);
+}
+
+// Wait for the stream. With NCCL, a peer that died leaves the collective
+// kernels spinning for ever, so give up after the collective timeout (or on
+// NCCL's own asynchronous error): abort the communicator and fail, naming
+// `what`; the model refuses collectives from then on.
+dflash_status wait_stream(df_cu_model *m, const char *what) {
+#ifdef DFLASH_HAVE_NCCL
+  if (m->comm) {
+    auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      cudaError_t e = cudaStreamQuery(m->st);
+      if (e == cudaSuccess) return DFLASH_OK;
+      if (e != cudaErrorNotReady)
+        return df_error(DFLASH_E_CUDA, "rank %d: %s: %s", m->rank, what, cudaGetErrorString(e));
+      ncclResult_t ae = ncclSuccess;
+      ncclCommGetAsyncError(m->comm, &ae);
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if ((ae != ncclSuccess && ae != ncclInProgress) || waited > m->comm_timeout) {
+        ncclCommAbort(m->comm);
+        m->comm = nullptr;
+        m->comm_failed = true;
+        if (ae != ncclSuccess && ae != ncclInProgress)
+          return df_error(DFLASH_E_CUDA, "rank %d: %s: NCCL: %s", m->rank, what,
+                          ncclGetErrorString(ae));
+        return df_error(DFLASH_E_TIMEOUT, "rank %d: %s did not finish within %.0f s: a peer rank "
+                        "died or hangs (set DFLASH_DIST_TIMEOUT to wait longer)", m->rank, what,
+                        m->comm_timeout);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+#endif
+  if (m->comm_failed)
+    return df_error(DFLASH_E_STATE, "rank %d: %s: NCCL was aborted after an earlier failure",
+                    m->rank, what);
+  DF_CU(cudaStreamSynchronize(m->st));
+  return DFLASH_OK;
+}
+
+// Collectives need the communicator that an earlier failure may have aborted.
+dflash_status comm_usable(const df_cu_model *m) {
+  if (!m->comm_failed) return DFLASH_OK;
+  return df_error(DFLASH_E_STATE, "rank %d: NCCL was aborted after an earlier failure; the run "
+                  "cannot continue", m->rank);
 }
 
 bf16 *w_of(df_cu_model *m, size_t i) { return m->w16 + m->offsets[i]; }
@@ -490,6 +539,7 @@ extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int
 
 extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) {
 #ifdef DFLASH_HAVE_NCCL
+  DF_TRY(comm_usable(m));
   if (!m->comm || n <= 0) return DFLASH_OK;
   double *d = m->sumsq_out;
   if (n > 4096) return df_error(DFLASH_E_INTERNAL, "all-reduce of %d doubles", n);
@@ -497,7 +547,7 @@ extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) 
   ncclResult_t r = ncclAllReduce(d, d, (size_t)n, ncclDouble, ncclSum, m->comm, m->st);
   if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "NCCL all-reduce: %s", ncclGetErrorString(r));
   DF_CU(cudaMemcpyAsync(x, d, 8 * (size_t)n, cudaMemcpyDeviceToHost, m->st));
-  DF_CU(cudaStreamSynchronize(m->st));
+  DF_TRY(wait_stream(m, "NCCL all-reduce of host scalars"));
 #else
   (void)m, (void)x, (void)n;
 #endif
@@ -507,6 +557,7 @@ extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) 
 extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
   size_t nb = m->buckets.n_buckets;
   if (nb > 4096) return df_error(DFLASH_E_INTERNAL, "%zu gradient buckets", nb);
+  DF_TRY(comm_usable(m));
   if (a->grad_factor != 1.0) k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded);
 #ifdef DFLASH_HAVE_NCCL
   // Reduce-scatter each bucket in place: this rank's slice gets the sum.
@@ -528,7 +579,7 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
     k_sumsq(m->st, m->grads + off, len, m->sumsq_part, m->sumsq_out + b);
   }
   DF_CU(cudaMemcpyAsync(part.data(), m->sumsq_out, 8 * nb, cudaMemcpyDeviceToHost, m->st));
-  DF_CU(cudaStreamSynchronize(m->st));
+  DF_TRY(wait_stream(m, "NCCL gradient reduce-scatter"));
   double ss = 0;
   for (double p : part) ss += p;
   DF_TRY(df_cu_allreduce_host(m, &ss, 1));
@@ -554,8 +605,7 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
                       ncclGetErrorString(r));
   }
 #endif
-  DF_CU(cudaStreamSynchronize(m->st));
-  return DFLASH_OK;
+  return wait_stream(m, "NCCL all-gather of the updated weights");
 }
 
 extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
@@ -566,6 +616,7 @@ extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int t
     return DFLASH_OK;
   }
   float *sb = shard_buf(m, kind);
+  if (to_host && m->world > 1) DF_TRY(comm_usable(m));
   for (size_t b = 0; b < m->buckets.n_buckets; b++) {
     const df_bucket *k = &m->buckets.buckets[b];
     size_t off, len;
@@ -584,7 +635,7 @@ extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int t
 #endif
       size_t keep = k->offset >= n ? 0 : (n - k->offset < k->count ? n - k->offset : k->count);
       DF_CU(cudaMemcpyAsync(host + k->offset, dst, 4 * keep, cudaMemcpyDeviceToHost, m->st));
-      DF_CU(cudaStreamSynchronize(m->st));
+      DF_TRY(wait_stream(m, "NCCL all-gather of optimizer shards"));
     } else {
       size_t keep = off >= n ? 0 : (n - off < len ? n - off : len);
       DF_CU(cudaMemsetAsync(sb + k->shard_offset, 0, 4 * len, m->st));
@@ -612,8 +663,10 @@ extern "C" dflash_status df_cu_nccl_unique_id(void *id) {
 #endif
 }
 
-extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id) {
+extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
+                                        double timeout_s) {
 #ifdef DFLASH_HAVE_NCCL
+  m->comm_timeout = timeout_s;
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);
   ncclResult_t r = ncclCommInitRank(&m->comm, world, uid, rank);
@@ -643,7 +696,7 @@ extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, co
   DF_TRY(df_cu_copy(m, DF_CU_M2, v.data(), 0));
   return df_cu_zero_grad(m);
 #else
-  (void)m, (void)rank, (void)world, (void)id;
+  (void)m, (void)rank, (void)world, (void)id, (void)timeout_s;
   return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without NCCL");
 #endif
 }

@@ -294,9 +294,11 @@ typedef struct dflash_train_run_options {
   const char *hidden_dir;   /* hidden-state store */
   const char *out_dir;      /* checkpoint, train_state/state.safetensors, metrics.jsonl */
   int32_t epochs;           /* 6 */
-  int32_t batch_size;       /* sequences per optimizer step (1) */
+  int32_t batch_size;       /* sequences per optimizer step and rank (1); the global batch
+                               is batch_size * world size (see dflash_train_run) */
   int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
-  int32_t resume;           /* continue from out_dir/train_state/state.safetensors */
+  int32_t resume;           /* continue from out_dir/train_state/state.safetensors (every
+                               rank reads it: a shared directory or s3:// for several ranks) */
   int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
   int32_t bf16;             /* write model.safetensors in bf16 */
   FILE *progress;           /* progress stream (NULL: none) */
@@ -313,6 +315,29 @@ DFLASH_API void dflash_train_run_options_default(dflash_train_run_options *opts)
  * position, and resuming truncates metrics.jsonl to what that state had
  * seen, so a killed and resumed run reproduces the uninterrupted run's
  * lines exactly (timings aside).
+ *
+ * Data parallel: one process per rank, found from the environment as
+ * torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+ * or Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID with MASTER_ADDR and
+ * MASTER_PORT); none of them set: one process. Every rank is given the same
+ * options. The global batch of a step is the next batch_size * world
+ * sequences of the epoch's seeded order (fewer at the end of an epoch);
+ * rank r takes its contiguous, balanced share of it (with a full batch,
+ * sequences [r * batch_size, (r+1) * batch_size)). The loss is sum(w*CE) /
+ * sum(w) over the whole global batch, so the gradients are summed over the
+ * ranks before global-norm clipping and AdamW, and N ranks with batch_size
+ * b train the same model as one process with batch_size N*b (up to float
+ * rounding). The CPU backend sums over TCP between the ranks (rank 0 adds
+ * in rank order: reproducible), the CUDA backend with NCCL. Rank 0 alone
+ * writes the checkpoint, the state and metrics.jsonl (loss and tokens of
+ * the global batch). The state's data position is global, so it resumes on
+ * any world size (the learning-rate schedule follows the new number of
+ * steps per epoch). Every rank checks with rank 0 that it has the same
+ * data, seed, options, position and parameters before the first step. A
+ * rank that fails tells the others, which stop with DFLASH_E_CANCELLED
+ * naming it; a rank that dies is reported as DFLASH_E_NETWORK, one that
+ * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
+ * (default 1800) in one collective.
  */
 DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts);
 

@@ -57,8 +57,10 @@ typedef struct df_backend_vt {
   dflash_status (*accumulate)(df_backend *b, const df_seq *s, double grad_scale,
                               double *loss_sum, double *weight_sum);
   dflash_status (*predict)(df_backend *b, const df_seq *s, int32_t *pred);
-  /* Global-norm clip + AdamW. *grad_norm gets the pre-clip norm; a
-   * non-finite norm leaves everything unchanged and fails. */
+  /* Global-norm clip + AdamW. With several ranks (the trainer's comm) the
+   * gradients are first summed over the ranks, so the norm is global.
+   * *grad_norm gets the pre-clip norm; a non-finite norm leaves everything
+   * unchanged and fails. */
   dflash_status (*step)(df_backend *b, const df_adam *a, double *grad_norm);
   /* Copy buffer `kind` between the device and the trainer's host buffer. */
   dflash_status (*pull)(df_backend *b, df_buf_kind kind, float *host);

@@ -1,6 +1,10 @@
 /* The float32 CPU reference backend: the trainer's host buffers are the
- * storage, df_model does forward/backward, AdamW runs on the thread pool. */
+ * storage, df_model does forward/backward, AdamW runs on the thread pool.
+ * With several ranks (t->comm) it is also the CPU twin of the CUDA
+ * backend's NCCL data parallelism: gradients are summed over the ranks'
+ * TCP connections before the clip and AdamW. */
 #include "backend.h"
+#include "dist.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -65,6 +69,12 @@ static void scale_range(void *vc, size_t b, size_t e, int worker) {
 static dflash_status cpu_step(df_backend *b, const df_adam *a, double *grad_norm) {
   dflash_trainer *t = trainer_of(b);
   df_model *m = &t->m;
+  /* Data parallel: every rank gets the same (rank-ordered) sum, so the
+   * norm, the clip and the update agree to the bit across ranks. */
+  if (t->comm) {
+    dflash_status st = df_comm_sum_f32(t->comm, m->grads, m->n_params);
+    if (st) return df_error_wrap(st, "step %lld: gradient all-reduce", (long long)a->step - 1);
+  }
   double norm = sqrt(df_sumsq(m->pool, m->grads, m->n_params));
   *grad_norm = norm;
   if (!isfinite(norm))

@@ -189,14 +189,22 @@ static const df_backend_vt cuda_vt = {
     .pull = cuda_pull, .push = cuda_push,
 };
 
-/* NCCL when there are several ranks, or on request (DFLASH_NCCL=1) with one. */
+/* NCCL when there are several ranks, or on request (DFLASH_NCCL=1) with one.
+ * In a training run (t->comm) the id travels over the run's connections,
+ * and they decide rank and world; a trainer created alone rendezvouses
+ * from the environment. */
 static dflash_status join_ranks(cuda_backend *c) {
+  df_comm *comm = c->t->comm;
+  if (comm) c->env.rank = df_comm_rank(comm), c->env.world = df_comm_world(comm);
   const char *force = getenv("DFLASH_NCCL");
   if (c->env.world <= 1 && !(force && !strcmp(force, "1"))) return DFLASH_OK;
   unsigned char id[DF_CU_NCCL_ID_BYTES] = {0};
-  dflash_status st = c->env.rank == 0 ? df_cu_nccl_unique_id(id) : DFLASH_OK;
-  if (!st) st = df_rendezvous(&c->env, id, sizeof id, 300.0);
-  if (!st) st = df_cu_nccl_init(c->dev, c->env.rank, c->env.world, id);
+  double timeout;
+  dflash_status st = df_dist_timeout(&timeout);
+  if (!st && c->env.rank == 0) st = df_cu_nccl_unique_id(id);
+  if (!st) st = comm ? df_comm_broadcast(comm, id, sizeof id)
+                     : df_rendezvous(&c->env, id, sizeof id, timeout);
+  if (!st) st = df_cu_nccl_init(c->dev, c->env.rank, c->env.world, id, timeout);
   if (!st) c->nccl = true;
   return st ? df_error_wrap(st, "rank %d of %d", c->env.rank, c->env.world) : st;
 }

@@ -81,22 +81,266 @@ dflash_status df_dist_env_from_environ(df_dist_env *out) {
   return df_dist_env_parse(real_getenv, NULL, out);
 }
 
-/* ---- rendezvous ----------------------------------------------------------- */
+/* ---- communicator ---------------------------------------------------------- */
 
-static dflash_status io_all(int fd, void *buf, size_t n, bool send_it, const char *what) {
-  char *p = buf;
+dflash_status df_dist_timeout(double *seconds) {
+  const char *v = getenv("DFLASH_DIST_TIMEOUT");
+  *seconds = 1800.0;
+  if (!v || !*v) return DFLASH_OK;
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || *end || end == v || !(x > 0) || x > 1e9)
+    return df_error(DFLASH_E_CONFIG, "environment variable DFLASH_DIST_TIMEOUT=\"%s\" is not a "
+                    "positive number of seconds", v);
+  *seconds = x;
+  return DFLASH_OK;
+}
+
+#define COMM_MAGIC 0x4d434644u /* "DFCM" */
+
+enum { OP_HELLO = 1, OP_SUM_F32, OP_SUM_F64, OP_BCAST, OP_ABORT };
+
+/* Every message: this header, then `bytes` of payload. Native byte order:
+ * every rank runs the same build on the same kind of machine. */
+typedef struct msg_hdr {
+  uint32_t magic, op;
+  int32_t origin, status; /* OP_ABORT: the rank that failed and why */
+  uint32_t seq, pad;
+  uint64_t bytes;
+} msg_hdr;
+
+struct df_comm {
+  int rank, world;
+  int *fd;        /* rank 0: fd[r] for each r >= 1; others: fd[0] (to rank 0) */
+  double timeout; /* one collective */
+  double wait;    /* this rank's bound for the collective under way */
+  uint32_t seq;   /* collectives so far */
+  bool broken;
+  char what[96];  /* the collective under way, for messages */
+  /* A failure a peer reported (OP_ABORT), as rank 0 passes it on. */
+  int abort_origin; /* -1: none */
+  dflash_status abort_status;
+  char abort_why[513];
+};
+
+static int fd_of(const df_comm *c, int peer) { return c->fd[c->rank == 0 ? peer : 0]; }
+
+static const char *op_name(uint32_t op) {
+  switch (op) {
+  case OP_SUM_F32: return "float sum";
+  case OP_SUM_F64: return "double sum";
+  case OP_BCAST: return "broadcast";
+  case OP_ABORT: return "abort";
+  }
+  return "hello";
+}
+
+/* Move n bytes over `fd` to/from `peer` (-1: a rank still joining) before
+ * `deadline`, naming the peer on failure. */
+static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, bool out,
+                             double deadline) {
+  char *p = buf, who[32];
+  if (peer < 0) snprintf(who, sizeof who, "a joining rank");
+  else snprintf(who, sizeof who, "rank %d", peer);
   while (n) {
-    ssize_t k = send_it ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-    if (k < 0 && errno == EINTR) continue;
+    struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+    double left = deadline - df_now_seconds();
+    int rc = left > 0 ? poll(&pf, 1, (int)(left * 1000) + 1) : 0;
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0)
+      return df_error(DFLASH_E_TIMEOUT, "rank %d: %s %s for %.0f s during %s (set "
+                      "DFLASH_DIST_TIMEOUT to wait longer)", c->rank, who,
+                      out ? "took no data" : "sent nothing", c->wait, c->what);
+    ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (k <= 0)
-      return k < 0 ? df_error_errno(DFLASH_E_IO, errno, "rendezvous: %s", what)
-                   : df_error(DFLASH_E_IO, "rendezvous: peer closed the connection during %s",
-                              what);
+      return df_error(DFLASH_E_NETWORK, "rank %d: %s closed its connection during %s (%s): it "
+                      "exited, was killed or lost the network", c->rank, who, c->what,
+                      k < 0 ? strerror(errno) : "end of stream");
     p += k;
     n -= (size_t)k;
   }
   return DFLASH_OK;
 }
+
+static dflash_status xfer(df_comm *c, int peer, void *buf, size_t n, bool out, double deadline) {
+  return xfer_fd(c, fd_of(c, peer), peer, buf, n, out, deadline);
+}
+
+static dflash_status send_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
+                              double deadline) {
+  msg_hdr h = {.magic = COMM_MAGIC, .op = op, .origin = c->rank, .seq = c->seq, .bytes = bytes};
+  return xfer(c, peer, &h, sizeof h, true, deadline);
+}
+
+/* Best effort, without blocking: tell `peer` that `origin` failed. */
+static void send_abort(df_comm *c, int peer, int origin, dflash_status st, const char *why) {
+  size_t len = strlen(why) < 512 ? strlen(why) : 512;
+  char msg[sizeof(msg_hdr) + 512];
+  msg_hdr h = {.magic = COMM_MAGIC, .op = OP_ABORT, .origin = origin, .status = (int32_t)st,
+               .seq = c->seq, .bytes = len};
+  memcpy(msg, &h, sizeof h);
+  memcpy(msg + sizeof h, why, len);
+  ssize_t k = send(fd_of(c, peer), msg, sizeof h + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)k;
+}
+
+/* Read `peer`'s header for the collective under way and check it matches. */
+static dflash_status recv_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
+                              double deadline) {
+  msg_hdr h;
+  dflash_status st = xfer(c, peer, &h, sizeof h, false, deadline);
+  if (st) return st;
+  if (h.magic != COMM_MAGIC)
+    return df_error(DFLASH_E_NETWORK, "rank %d: rank %d sent a message that is not libdflash's "
+                    "during %s", c->rank, peer, c->what);
+  if (h.op == OP_ABORT) {
+    char *why = c->abort_why;
+    size_t n = h.bytes < 512 ? (size_t)h.bytes : 512;
+    memset(why, 0, sizeof c->abort_why);
+    if (xfer(c, peer, why, n, false, df_now_seconds() + 5)) why[0] = 0;
+    c->abort_origin = h.origin;
+    c->abort_status = (dflash_status)h.status;
+    return df_error(DFLASH_E_CANCELLED, "rank %d: rank %d failed (%s)%s%s; stopping during %s",
+                    c->rank, h.origin, dflash_status_str((dflash_status)h.status),
+                    why[0] ? ": " : "", why, c->what);
+  }
+  if (h.op != op || h.seq != c->seq || h.bytes != bytes)
+    return df_error(DFLASH_E_INTERNAL, "rank %d: rank %d is at collective #%u (%s of %llu bytes) "
+                    "while this rank is at %s: the ranks diverged", c->rank, peer, h.seq,
+                    op_name(h.op), (unsigned long long)h.bytes, c->what);
+  return DFLASH_OK;
+}
+
+/* acc += in, n elements of the collective's type. */
+static void add_in(uint32_t op, void *acc, const void *in, size_t n) {
+  if (op == OP_SUM_F32)
+    for (size_t i = 0; i < n; i++) ((float *)acc)[i] += ((const float *)in)[i];
+  else
+    for (size_t i = 0; i < n; i++) ((double *)acc)[i] += ((const double *)in)[i];
+}
+
+/* Rank 0: read rank `r`'s contribution in chunks and add it to buf. */
+static dflash_status gather_add(df_comm *c, int r, uint32_t op, void *buf, size_t bytes,
+                                double deadline) {
+  size_t esz = op == OP_SUM_F32 ? sizeof(float) : sizeof(double);
+  double scratch[8192];
+  for (size_t off = 0; off < bytes;) {
+    size_t k = bytes - off < sizeof scratch ? bytes - off : sizeof scratch;
+    dflash_status st = xfer(c, r, scratch, k, false, deadline);
+    if (st) return st;
+    add_in(op, (char *)buf + off, scratch, k / esz);
+    off += k;
+  }
+  return DFLASH_OK;
+}
+
+/* Rank 0's side of a collective: everyone's header (and contribution),
+ * then the result to everyone. *culprit gets the rank that failed. */
+static dflash_status root_collective(df_comm *c, uint32_t op, void *buf, size_t bytes,
+                                     double deadline, int *culprit) {
+  bool reduce = op != OP_BCAST;
+  for (int r = 1; r < c->world; r++) {
+    *culprit = r;
+    dflash_status st = recv_hdr(c, r, op, reduce ? bytes : 0, deadline);
+    if (!st && reduce) st = gather_add(c, r, op, buf, bytes, deadline);
+    if (st) return st;
+  }
+  for (int r = 1; r < c->world; r++) {
+    *culprit = r;
+    dflash_status st = send_hdr(c, r, op, bytes, deadline);
+    if (!st) st = xfer(c, r, buf, bytes, true, deadline);
+    if (st) return st;
+  }
+  return DFLASH_OK;
+}
+
+/* A send to rank 0 failed: rank 0 may have stopped the run and closed
+ * with an abort message waiting in this rank's receive queue. Prefer that
+ * reason to the bare broken connection. */
+static dflash_status pending_abort(df_comm *c, dflash_status st) {
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dflash_last_error());
+  msg_hdr probe;
+  if (recv(c->fd[0], &probe, sizeof probe, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof probe &&
+      probe.magic == COMM_MAGIC && probe.op == OP_ABORT)
+    return recv_hdr(c, 0, OP_ABORT, 0, df_now_seconds() + 1);
+  return df_error(st, "%s", saved);
+}
+
+static dflash_status leaf_collective(df_comm *c, uint32_t op, void *buf, size_t bytes,
+                                     double deadline) {
+  bool reduce = op != OP_BCAST;
+  dflash_status st = send_hdr(c, 0, op, reduce ? bytes : 0, deadline);
+  if (!st && reduce) st = xfer(c, 0, buf, bytes, true, deadline);
+  if (st) return pending_abort(c, st);
+  st = recv_hdr(c, 0, op, bytes, deadline);
+  if (!st) st = xfer(c, 0, buf, bytes, false, deadline);
+  return st;
+}
+
+static dflash_status collective(df_comm *c, uint32_t op, void *buf, size_t bytes) {
+  if (c->broken)
+    return df_error(DFLASH_E_STATE, "rank %d: the ranks' connections failed earlier", c->rank);
+  c->seq++;
+  snprintf(c->what, sizeof c->what, "collective #%u (%s of %zu bytes)", c->seq, op_name(op),
+           bytes);
+  if (c->world == 1) return DFLASH_OK;
+  /* Rank 0 diagnoses a silent rank first and tells the others, so their
+   * own (longer) deadline only fires when rank 0 itself is silent. */
+  c->wait = c->rank == 0 ? c->timeout : c->timeout * 1.25 + 5;
+  double deadline = df_now_seconds() + c->wait;
+  int culprit = 0;
+  dflash_status st = c->rank == 0 ? root_collective(c, op, buf, bytes, deadline, &culprit)
+                                  : leaf_collective(c, op, buf, bytes, deadline);
+  if (!st) return DFLASH_OK;
+  c->broken = true;
+  /* Pass the failure on: a peer's own report as it came, else what this
+   * rank saw of the culprit. */
+  bool relay = c->abort_origin >= 0;
+  for (int r = 1; c->rank == 0 && r < c->world; r++) {
+    if (relay && r != c->abort_origin)
+      send_abort(c, r, c->abort_origin, c->abort_status, c->abort_why);
+    else if (!relay) /* the culprit too, in case it lives (e.g. it diverged) */
+      send_abort(c, r, r == culprit ? 0 : culprit, st, dflash_last_error());
+  }
+  return st;
+}
+
+dflash_status df_comm_sum_f32(df_comm *c, float *x, size_t n) {
+  return collective(c, OP_SUM_F32, x, n * sizeof *x);
+}
+
+dflash_status df_comm_sum_f64(df_comm *c, double *x, size_t n) {
+  return collective(c, OP_SUM_F64, x, n * sizeof *x);
+}
+
+dflash_status df_comm_broadcast(df_comm *c, void *buf, size_t len) {
+  return collective(c, OP_BCAST, buf, len);
+}
+
+void df_comm_abort(df_comm *c, dflash_status status) {
+  if (!c || c->broken) return;
+  c->broken = true;
+  if (c->rank != 0) send_abort(c, 0, c->rank, status, dflash_last_error());
+  for (int r = 1; c->rank == 0 && r < c->world; r++)
+    send_abort(c, r, 0, status, dflash_last_error());
+}
+
+int df_comm_rank(const df_comm *c) { return c ? c->rank : 0; }
+int df_comm_world(const df_comm *c) { return c ? c->world : 1; }
+
+void df_comm_free(df_comm *c) {
+  if (!c) return;
+  int n = c->rank == 0 ? c->world : 1;
+  for (int i = 0; i < n; i++)
+    if (c->fd[i] >= 0) close(c->fd[i]);
+  free(c->fd);
+  free(c);
+}
+
+/* ---- rendezvous ------------------------------------------------------------ */
 
 static dflash_status resolve(const df_dist_env *env, bool passive, struct addrinfo **out) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -111,9 +355,13 @@ static dflash_status resolve(const df_dist_env *env, bool passive, struct addrin
   return DFLASH_OK;
 }
 
-/* Rank 0: accept world-1 ranks, each sends its rank (4 bytes), gets the blob. */
-static dflash_status serve(const df_dist_env *env, const void *blob, size_t len,
-                           double deadline) {
+static void no_delay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Rank 0: accept world-1 ranks; each says hello with its rank and world. */
+static dflash_status serve(df_comm *c, const df_dist_env *env, double deadline) {
   struct addrinfo *ai;
   dflash_status st = resolve(env, true, &ai);
   if (st) return st;
@@ -123,8 +371,6 @@ static dflash_status serve(const df_dist_env *env, const void *blob, size_t len,
     st = df_error_errno(DFLASH_E_IO, errno, "rendezvous: cannot listen on port %d",
                         env->master_port);
   freeaddrinfo(ai);
-  bool *seen = calloc((size_t)env->world, sizeof *seen);
-  if (!st && !seen) st = df_error_nomem("rendezvous");
   for (int joined = 1; !st && joined < env->world;) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
     int ms = (int)((deadline - df_now_seconds()) * 1000);
@@ -133,24 +379,34 @@ static dflash_status serve(const df_dist_env *env, const void *blob, size_t len,
                     "the timeout", joined, env->world, env->master_port);
       break;
     }
-    int c = accept(fd, NULL, NULL);
-    if (c < 0) continue;
-    int32_t r = -1;
-    st = io_all(c, &r, sizeof r, false, "reading a rank");
-    if (!st && (r <= 0 || r >= env->world || seen[r]))
+    int a = accept(fd, NULL, NULL);
+    if (a < 0) continue;
+    msg_hdr h = {0};
+    st = xfer_fd(c, a, -1, &h, sizeof h, false, df_now_seconds() + 10);
+    int r = h.origin;
+    if (!st && (h.magic != COMM_MAGIC || h.op != OP_HELLO))
+      st = df_error(DFLASH_E_IO, "rendezvous: something that is not a libdflash rank connected "
+                    "to port %d", env->master_port);
+    else if (!st && (int)h.bytes != env->world)
+      st = df_error(DFLASH_E_CONFIG, "rendezvous: rank %d has WORLD_SIZE=%d, rank 0 has %d", r,
+                    (int)h.bytes, env->world);
+    else if (!st && (r <= 0 || r >= env->world || c->fd[r] >= 0))
       st = df_error(DFLASH_E_IO, "rendezvous: a peer announced rank %d (world %d%s)", r,
                     env->world, r > 0 && r < env->world ? ", already joined" : "");
-    if (!st) st = io_all(c, (void *)blob, len, true, "sending the id");
-    if (!st) seen[r] = true, joined++;
-    close(c);
+    if (st) {
+      close(a);
+      break;
+    }
+    no_delay(a);
+    c->fd[r] = a;
+    joined++;
   }
-  free(seen);
   if (fd >= 0) close(fd);
   return st;
 }
 
-/* Other ranks: connect (retrying while rank 0 starts), send rank, read blob. */
-static dflash_status join(const df_dist_env *env, void *blob, size_t len, double deadline) {
+/* Other ranks: connect (retrying while rank 0 starts) and say hello. */
+static dflash_status join(df_comm *c, const df_dist_env *env, double deadline) {
   for (;;) {
     struct addrinfo *ai;
     dflash_status st = resolve(env, false, &ai);
@@ -160,11 +416,9 @@ static dflash_status join(const df_dist_env *env, void *blob, size_t len, double
     int err = errno;
     freeaddrinfo(ai);
     if (ok) {
-      int32_t r = env->rank;
-      st = io_all(fd, &r, sizeof r, true, "sending the rank");
-      if (!st) st = io_all(fd, blob, len, false, "reading the id");
-      close(fd);
-      return st;
+      no_delay(fd);
+      c->fd[0] = fd;
+      return send_hdr(c, 0, OP_HELLO, (uint64_t)env->world, deadline);
     }
     if (fd >= 0) close(fd);
     if (df_now_seconds() > deadline)
@@ -175,10 +429,39 @@ static dflash_status join(const df_dist_env *env, void *blob, size_t len, double
   }
 }
 
+dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **out) {
+  *out = NULL;
+  df_comm *c = calloc(1, sizeof *c);
+  int n = env->rank == 0 ? env->world : 1;
+  if (c) c->fd = malloc(sizeof(int) * (size_t)n);
+  if (!c || !c->fd) {
+    free(c);
+    return df_error_nomem("rank connections");
+  }
+  for (int i = 0; i < n; i++) c->fd[i] = -1;
+  c->rank = env->rank;
+  c->world = env->world;
+  c->timeout = c->wait = timeout_s;
+  c->abort_origin = -1;
+  snprintf(c->what, sizeof c->what, "the rendezvous");
+  double deadline = df_now_seconds() + timeout_s;
+  dflash_status st = env->world <= 1 ? DFLASH_OK
+                     : env->rank == 0 ? serve(c, env, deadline) : join(c, env, deadline);
+  if (st) {
+    df_comm_free(c);
+    return st;
+  }
+  *out = c;
+  return DFLASH_OK;
+}
+
 dflash_status df_rendezvous(const df_dist_env *env, void *blob, size_t len, double timeout_s) {
   if (env->world <= 1) return DFLASH_OK;
-  double deadline = df_now_seconds() + timeout_s;
-  return env->rank == 0 ? serve(env, blob, len, deadline) : join(env, blob, len, deadline);
+  df_comm *c;
+  dflash_status st = df_comm_open(env, timeout_s, &c);
+  if (!st) st = df_comm_broadcast(c, blob, len);
+  df_comm_free(c);
+  return st;
 }
 
 /* ---- buckets -------------------------------------------------------------- */

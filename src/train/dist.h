@@ -33,9 +33,52 @@ dflash_status df_dist_env_from_environ(df_dist_env *out);
  * Give every rank rank 0's `len` bytes in `blob`: rank 0 listens on
  * master_addr:master_port and sends the blob to each of the world-1 ranks
  * that connect (each names its rank; duplicates and out-of-range ranks are
- * refused); the others connect, retrying until `timeout_s`.
+ * refused); the others connect, retrying until `timeout_s`. The same as
+ * df_comm_open + df_comm_broadcast + df_comm_free.
  */
 dflash_status df_rendezvous(const df_dist_env *env, void *blob, size_t len, double timeout_s);
+
+/*
+ * Seconds a rank waits for its peers in one collective before it gives up:
+ * DFLASH_DIST_TIMEOUT (a positive number), else 1800 (torch's default for
+ * NCCL). DFLASH_E_CONFIG when the variable is malformed.
+ */
+dflash_status df_dist_timeout(double *seconds);
+
+/*
+ * A host communicator between the ranks of a data-parallel run: persistent
+ * TCP connections in a star around rank 0, made with the same rendezvous.
+ * It carries the CPU backend's gradient all-reduce and every rank's small
+ * scalars (weights, loss, tokens), the NCCL id, and failures.
+ *
+ * Reductions are deterministic: rank 0 adds the contributions in rank order
+ * (((x0 + x1) + x2) + ...) in the buffer's own type and sends the result
+ * to every rank, so all ranks hold the same bits.
+ *
+ * Every collective is bounded by `timeout_s` (a rank that sends nothing for
+ * that long is named in a DFLASH_E_TIMEOUT). A peer whose connection closes
+ * (it exited or was killed) fails the collective with DFLASH_E_NETWORK
+ * naming that rank; a peer that reported a failure with df_comm_abort, with
+ * DFLASH_E_CANCELLED naming it and quoting its message. Rank 0 passes every
+ * such failure on to the other ranks, so no rank waits for a dead run.
+ * After a failure the communicator is broken: later calls fail at once.
+ * Ranks must call the same collectives in the same order (checked: a
+ * mismatch is DFLASH_E_INTERNAL, "the ranks diverged").
+ */
+typedef struct df_comm df_comm;
+dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **out);
+/* NULL-safe. Closes the connections (peers see the rank leave). */
+void df_comm_free(df_comm *c);
+int df_comm_rank(const df_comm *c);
+int df_comm_world(const df_comm *c);
+/* Sum over ranks, in place. */
+dflash_status df_comm_sum_f32(df_comm *c, float *x, size_t n);
+dflash_status df_comm_sum_f64(df_comm *c, double *x, size_t n);
+/* Rank 0's `len` bytes to every rank (len must agree). len 0: a barrier. */
+dflash_status df_comm_broadcast(df_comm *c, void *buf, size_t len);
+/* Tell the peers that this rank stops with `status` (the thread's last
+ * error is sent as the reason). Best effort, never blocks; breaks c. */
+void df_comm_abort(df_comm *c, dflash_status status);
 
 /*
  * Buckets over a flat gradient buffer of n elements: the buffer is padded to

@@ -4,6 +4,14 @@
  * optimizer step, metrics JSONL, periodic checkpoints and an exact resume.
  * Everything random derives from (seed, epoch, sample index), so the data
  * position alone restores the generator.
+ *
+ * Data parallel (RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT or Slurm's,
+ * dist.h): a global batch is batch_size x world sequences of the epoch
+ * order; rank r takes its contiguous share of it, every rank scales its
+ * gradients by 1 / (the global batch's sum of weights), the backend sums
+ * them over the ranks before the clip and AdamW, and rank 0 alone writes
+ * the checkpoint, the state and metrics.jsonl (with global loss and
+ * tokens). The data position is global, so a state resumes on any world.
  */
 #include <dflash/hidden.h>
 #include <dflash/progress.h>
@@ -15,6 +23,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend.h"
+#include "dist.h"
 #include "hidden/hidden.h"
 #include "rng.h"
 #include "remote.h"
@@ -33,12 +43,14 @@ typedef struct run {
   const dflash_train_run_options *o;
   dflash_train_run_options local_o; /* an s3:// out_dir: o with its local mirror */
   df_train_remote remote;
+  df_comm *comm;                    /* NULL: one process */
+  int rank, world;
   dflash_drafter_config cfg;
   dflash_trainer *t;
   dflash_sample_stream *s;
   const df_tokens *tok;
-  uint64_t *usable, *order;
-  size_t n_usable, n_total;
+  uint64_t *usable, *order, *mine; /* mine: this rank's share of order, from pos on */
+  size_t n_usable, n_total, global_batch;
   int32_t *anchors; /* batch_size * num_anchors */
   int32_t *n_anchors;
   char *state_path, *metrics_path;
@@ -46,7 +58,7 @@ typedef struct run {
   dflash_progress *progress;
   int64_t total_steps, tokens;
   double elapsed, t0;
-  /* position */
+  /* position (global: the next sample of the epoch order to visit) */
   int32_t epoch;
   uint64_t pos;
 } run;
@@ -86,37 +98,74 @@ static void epoch_order(run *r, int32_t epoch) {
   }
 }
 
+/* This rank's share [*lo, *hi) of the global batch order[pos, pos+n):
+ * contiguous and balanced, so a full batch gives every rank batch_size
+ * sequences and a short last one may leave a rank none. */
+static void share(const run *r, size_t n, size_t *lo, size_t *hi) {
+  *lo = n * (size_t)r->rank / (size_t)r->world;
+  *hi = n * ((size_t)r->rank + 1) / (size_t)r->world;
+}
+
+static size_t batch_at(const run *r, uint64_t pos) {
+  return r->n_usable - pos < r->global_batch ? r->n_usable - pos : r->global_batch;
+}
+
+/* Stream this rank's samples of the epoch from r->pos on. */
+static dflash_status start_epoch(run *r) {
+  epoch_order(r, r->epoch);
+  size_t n = 0;
+  for (uint64_t p = r->pos; p < r->n_usable; p += batch_at(r, p)) {
+    size_t lo, hi;
+    share(r, batch_at(r, p), &lo, &hi);
+    for (size_t i = lo; i < hi; i++) r->mine[n++] = r->order[p + i];
+  }
+  return dflash_sample_stream_start(r->s, r->mine, n);
+}
+
 static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   size_t vh = (size_t)r->cfg.vocab_size * (size_t)r->cfg.hidden_size;
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
   dflash_status st = e && h ? DFLASH_OK : df_error_nomem("target embedding and LM head");
   if (!st) st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                         r->cfg.vocab_size, r->cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create(&r->cfg, e, h, topt, &r->t);
+  if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
   free(e);
   free(h);
   return st;
 }
 
-/* Save the checkpoint and the state; (epoch, pos) is the next sample to visit. */
-static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
-  if (pos >= r->n_usable) epoch++, pos = 0;
-  long mbytes = r->metrics ? ftell(r->metrics) : 0;
-  char blob[256];
-  int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
-                   " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
-                   epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
-                   r->elapsed + df_now_seconds() - r->t0);
-  dflash_status st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
-  if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
-  if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
-  return st;
+/* Wait for every rank (rank 0's failures reach the others here). */
+static dflash_status barrier(run *r) {
+  return r->comm ? df_comm_broadcast(r->comm, NULL, 0) : DFLASH_OK;
 }
 
+/* Save the checkpoint and the state; (epoch, pos) is the next sample to
+ * visit. Every rank gathers the state (collective on a sharded device
+ * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
+static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
+  if (pos >= r->n_usable) epoch++, pos = 0;
+  dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+  if (!st && r->rank == 0) {
+    long mbytes = r->metrics ? ftell(r->metrics) : 0;
+    char blob[256];
+    int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
+                     " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
+                     epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
+                     r->elapsed + df_now_seconds() - r->t0);
+    st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
+    if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
+    if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
+  }
+  return st ? st : barrier(r);
+}
+
+/* Every rank reads the same state (a shared directory or the bucket);
+ * rank 0 alone trims metrics.jsonl. */
 static dflash_status resume(run *r) {
   char blob[256];
   size_t len = sizeof blob;
   dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, &len);
+  if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
   if (st) return df_error_wrap(st, "resuming");
   blob[sizeof blob - 1] = 0;
   long mbytes;
@@ -133,8 +182,65 @@ static dflash_status resume(run *r) {
     return df_error(DFLASH_E_MISMATCH, "%s was written for %zu trainable samples, %s has %zu: "
                     "the data changed", r->state_path, samples, r->o->data_dir, r->n_usable);
   /* Forget metrics lines written after the state was saved. */
-  if (truncate(r->metrics_path, mbytes) != 0 && mbytes > 0)
+  if (r->rank == 0 && truncate(r->metrics_path, mbytes) != 0 && mbytes > 0)
     return df_error(DFLASH_E_IO, "cannot truncate %s to %ld bytes", r->metrics_path, mbytes);
+  return DFLASH_OK;
+}
+
+/* What every rank must agree on before the first step. */
+typedef struct run_print {
+  uint64_t seed, n_usable, pos, params_hash;
+  int64_t step, tokens, total_steps;
+  int32_t epoch, batch_size;
+} run_print;
+
+static uint64_t fnv1a(const void *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+/* Rank 0's fingerprint against this rank's: same data, seed, position,
+ * schedule and parameters (a rank that read another state, or none, stops
+ * here instead of training on a different model). */
+static dflash_status check_ranks_agree(run *r) {
+  if (!r->comm) return DFLASH_OK;
+  dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS);
+  if (st) return st;
+  run_print mine = {.seed = r->o->trainer.seed, .n_usable = r->n_usable, .pos = r->pos,
+                    .params_hash = fnv1a(r->t->m.params, r->t->m.n_params * sizeof(float)),
+                    .step = dflash_trainer_steps(r->t), .tokens = r->tokens,
+                    .total_steps = r->total_steps, .epoch = r->epoch,
+                    .batch_size = r->o->batch_size};
+  run_print root = mine;
+  if ((st = df_comm_broadcast(r->comm, &root, sizeof root))) return st;
+  if (memcmp(&root, &mine, sizeof mine))
+    return df_error(DFLASH_E_MISMATCH, "rank %d disagrees with rank 0: samples %" PRIu64 " vs %"
+                    PRIu64 ", seed %" PRIu64 " vs %" PRIu64 ", batch %d vs %d, step %" PRId64
+                    " vs %" PRId64 ", epoch %d pos %" PRIu64 " vs epoch %d pos %" PRIu64 ", "
+                    "parameters %s (every rank must see the same data, options and "
+                    "train_state)", r->rank, mine.n_usable, root.n_usable, mine.seed, root.seed,
+                    mine.batch_size, root.batch_size, mine.step, root.step, mine.epoch,
+                    mine.pos, root.epoch, root.pos,
+                    mine.params_hash == root.params_hash ? "equal" : "differ");
+  return DFLASH_OK;
+}
+
+/* Rank 0: out_dir, its train_state/ and metrics.jsonl. */
+static dflash_status open_outputs(run *r) {
+  const dflash_train_run_options *o = r->o;
+  if (r->rank != 0) return DFLASH_OK;
+  /* In a subdirectory: engines load every *.safetensors at the top level. */
+  char *state_dir = df_path_join(o->out_dir, "train_state");
+  if (!state_dir) return df_error_nomem("paths");
+  dflash_status st = df_mkdir_p(state_dir); /* creates out_dir too */
+  free(state_dir);
+  if (st) return st;
+  r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
+  if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
+  if (o->progress)
+    dflash_progress_create(o->progress, "train", "steps", (uint64_t)r->total_steps, 0,
+                           &r->progress);
   return DFLASH_OK;
 }
 
@@ -154,42 +260,38 @@ static dflash_status open_all(run *r) {
   if ((st = find_usable(r))) return st;
   int32_t A = o->trainer.num_anchors;
   r->order = malloc(r->n_usable * sizeof *r->order);
+  r->mine = malloc(r->n_usable * sizeof *r->mine);
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
-  if (!r->order || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
-  int64_t per_epoch = (int64_t)((r->n_usable + (size_t)o->batch_size - 1) / (size_t)o->batch_size);
+  if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
+  r->global_batch = (size_t)o->batch_size * (size_t)r->world;
+  int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = o->trainer;
   topt.total_steps = r->total_steps;
   if ((st = load_target(r, &topt))) return st;
-  /* In a subdirectory: engines load every *.safetensors at the top level. */
-  char *state_dir = df_path_join(o->out_dir, "train_state");
-  if (!state_dir) return df_error_nomem("paths");
-  if ((st = df_mkdir_p(state_dir))) { /* creates out_dir too */
-    free(state_dir);
-    return st;
-  }
-  r->state_path = df_path_join(state_dir, "state.safetensors");
-  free(state_dir);
+  /* An s3:// run on rank 0 writes into its local mirror; the other ranks
+   * read the state from the bucket itself. */
+  const char *state_base = r->rank == 0 || !r->remote.url ? o->out_dir : r->remote.url;
+  r->state_path = df_asprintf("%s/train_state/state.safetensors", state_base);
   r->metrics_path = df_path_join(o->out_dir, "metrics.jsonl");
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
   if (o->resume && (st = resume(r))) return st;
-  r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
-  if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
-  if (o->progress)
-    dflash_progress_create(o->progress, "train", "steps", (uint64_t)r->total_steps, 0,
-                           &r->progress);
-  return DFLASH_OK;
+  if ((st = open_outputs(r))) return st;
+  return check_ranks_agree(r);
 }
 
-/* One optimizer step over order[pos, pos+b). */
-static dflash_status train_step(run *r, size_t b) {
+/* One optimizer step over the global batch order[pos, pos+gb): this rank's
+ * share, gradients scaled by the global weight, summed over the ranks. */
+static dflash_status train_step(run *r, size_t gb) {
   const dflash_train_run_options *o = r->o;
   int32_t A = o->trainer.num_anchors, B = r->cfg.block_size;
-  double W = 0, lsum = 0;
-  int64_t tokens = 0;
+  size_t lo, hi;
+  share(r, gb, &lo, &hi);
+  size_t b = hi - lo;
+  double sums[3] = {0, 0, 0}; /* weight, tokens, then sum(w*CE) */
   for (size_t i = 0; i < b; i++) {
-    uint64_t idx = r->order[r->pos + i];
+    uint64_t idx = r->order[r->pos + lo + i];
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
@@ -202,16 +304,20 @@ static dflash_status train_step(run *r, size_t b) {
     if (!st) st = dflash_trainer_weight_sum(r->t, mask, len, r->anchors + i * (size_t)A,
                                             r->n_anchors[i], &w);
     if (st) return st;
-    W += w;
-    tokens += len;
+    sums[0] += w;
+    sums[1] += (double)len;
   }
+  dflash_status st = r->comm ? df_comm_sum_f64(r->comm, sums, 2) : DFLASH_OK;
+  if (st) return st;
+  double W = sums[0];
+  int64_t tokens = (int64_t)sums[1];
   dflash_trainer_zero_grad(r->t);
-  double t_start = df_now_seconds();
+  double t_start = df_now_seconds(), lsum = 0;
   for (size_t i = 0; i < b; i++) {
     dflash_train_sample smp;
     int done;
     double ls;
-    dflash_status st = dflash_sample_stream_next(r->s, &smp, &done);
+    st = dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
     if (!st) st = dflash_trainer_accumulate(r->t, smp.input_ids, smp.loss_mask, smp.len,
                                             smp.hidden, r->anchors + i * (size_t)A,
@@ -219,10 +325,13 @@ static dflash_status train_step(run *r, size_t b) {
     if (st) return df_error_wrap(st, "sample %s", smp.id ? smp.id : "?");
     lsum += ls;
   }
+  /* Also the point where every rank is known alive before the backend's
+   * own (NCCL) collectives, which could not time out as cleanly. */
+  if (r->comm && (st = df_comm_sum_f64(r->comm, &lsum, 1))) return st;
   double norm, lr;
-  dflash_status st = dflash_trainer_step(r->t, &norm, &lr);
-  if (st) return st;
+  if ((st = dflash_trainer_step(r->t, &norm, &lr))) return st;
   r->tokens += tokens;
+  if (r->rank != 0) return DFLASH_OK;
   double now = df_now_seconds(), dt = now - t_start;
   int64_t step = dflash_trainer_steps(r->t);
   fprintf(r->metrics, "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
@@ -241,14 +350,12 @@ static dflash_status train_step(run *r, size_t b) {
 static dflash_status train_loop(run *r) {
   const dflash_train_run_options *o = r->o;
   for (; r->epoch < o->epochs; r->epoch++, r->pos = 0) {
-    epoch_order(r, r->epoch);
-    dflash_status st = dflash_sample_stream_start(r->s, r->order + r->pos, r->n_usable - r->pos);
+    dflash_status st = start_epoch(r);
     if (st) return st;
     while (r->pos < r->n_usable) {
-      size_t b = r->n_usable - r->pos < (size_t)o->batch_size ? r->n_usable - r->pos
-                                                                : (size_t)o->batch_size;
-      if ((st = train_step(r, b))) return st;
-      r->pos += b;
+      size_t gb = batch_at(r, r->pos);
+      if ((st = train_step(r, gb))) return st;
+      r->pos += gb;
       int64_t step = dflash_trainer_steps(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       if ((o->save_every > 0 && step % o->save_every == 0) || stop)
@@ -259,6 +366,20 @@ static dflash_status train_loop(run *r) {
   return save(r, r->epoch, 0);
 }
 
+/* This process's rank, and the connections to the others when there are. */
+static dflash_status join_run(run *r) {
+  df_dist_env env;
+  double timeout;
+  dflash_status st = df_dist_env_from_environ(&env);
+  if (!st) st = df_dist_timeout(&timeout);
+  if (st) return df_error_wrap(st, "training run");
+  r->rank = env.rank;
+  r->world = env.world;
+  if (env.world > 1 && (st = df_comm_open(&env, timeout, &r->comm)))
+    return df_error_wrap(st, "training run, rank %d of %d", env.rank, env.world);
+  return DFLASH_OK;
+}
+
 dflash_status dflash_train_run(const dflash_train_run_options *o) {
   DF_CHECK_ARG(o && o->config_path && o->target_path && o->data_dir && o->hidden_dir &&
                o->out_dir && o->epochs > 0 && o->batch_size > 0);
@@ -266,22 +387,28 @@ dflash_status dflash_train_run(const dflash_train_run_options *o) {
     return df_error(DFLASH_E_INVALID_ARG, "train run options: struct_size %zu, expected %zu",
                     o->struct_size, sizeof *o);
   run r = {.o = o, .t0 = df_now_seconds()};
-  dflash_status st = DFLASH_OK;
-  if (dflash_storage_is_remote(o->out_dir)) {
-    st = df_train_remote_begin(&r.remote, o->out_dir, o->resume != 0);
+  dflash_status st = join_run(&r);
+  if (!st && dflash_storage_is_remote(o->out_dir)) {
+    /* Rank 0 mirrors the bucket; the barrier keeps the others from reading
+     * the state before that mirror is rebuilt (it may share their cache). */
+    if (r.rank == 0) st = df_train_remote_begin(&r.remote, o->out_dir, o->resume != 0);
+    else r.remote.url = (char *)o->out_dir;
+    if (!st) st = barrier(&r);
     r.local_o = *o;
-    r.local_o.out_dir = r.remote.local;
+    r.local_o.out_dir = r.rank == 0 ? r.remote.local : o->out_dir;
     r.o = &r.local_o;
   }
   if (!st) st = open_all(&r);
   if (!st) st = train_loop(&r);
+  if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
   if (r.progress) dflash_progress_free(r.progress);
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);
+  df_comm_free(r.comm);
   dflash_sample_stream_free(r.s);
-  free(r.usable), free(r.order), free(r.anchors), free(r.n_anchors);
+  free(r.usable), free(r.order), free(r.mine), free(r.anchors), free(r.n_anchors);
   free(r.state_path), free(r.metrics_path);
-  df_train_remote_end(&r.remote);
+  if (r.rank == 0) df_train_remote_end(&r.remote);
   return st;
 }
 

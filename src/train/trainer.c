@@ -60,10 +60,17 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
 dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                     const float *lm_head, const dflash_trainer_options *opts,
                                     dflash_trainer **out) {
+  return df_trainer_create(cfg, embed, lm_head, opts, NULL, out);
+}
+
+dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+                                const float *lm_head, const dflash_trainer_options *opts,
+                                struct df_comm *comm, dflash_trainer **out) {
   DF_CHECK_ARG(cfg && embed && lm_head && out);
   *out = NULL;
   dflash_trainer *t = calloc(1, sizeof *t);
   if (!t) return df_error_nomem("trainer");
+  t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
   if (!st)
     st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);

@@ -1,5 +1,5 @@
 """Oracle: libdflash's float32 CPU drafter vs an independent PyTorch float64
-implementation (torch_drafter.py) on random tiny configs. Compares the loss
+implementation (tests/reference/torch_drafter.py) on random tiny configs. Compares the loss
 and EVERY parameter gradient.
 
 Error measure per tensor: max|g_c - g_ref| / max|g_ref| (relative to the
@@ -22,7 +22,9 @@ except ImportError as exc:  # pragma: no cover
     print(f"skip: {exc}")
     sys.exit(77)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import torch_drafter as ref  # noqa: E402
 import dflash  # noqa: E402
 from dflash.train import Trainer  # noqa: E402

@@ -23,7 +23,9 @@ except ImportError as exc:  # pragma: no cover
     print(f"skip: {exc}")
     sys.exit(77)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import torch_drafter as ref  # noqa: E402
 from oracle_model import make_config, random_params  # noqa: E402
 from dflash.train import Trainer  # noqa: E402

@@ -5,6 +5,8 @@ TCase *tc_ops(void);
 TCase *tc_anchors(void);
 TCase *tc_checkpoint(void);
 TCase *tc_backend(void);
+TCase *tc_dist(void);
+TCase *tc_run_dist(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -13,5 +15,7 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_anchors());
   suite_add_tcase(s, tc_checkpoint());
   suite_add_tcase(s, tc_backend());
+  suite_add_tcase(s, tc_dist());
+  suite_add_tcase(s, tc_run_dist());
   return s;
 }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "synth.h"
 #include "testutil.h"
 #include "train/dist.h"
 
@@ -178,21 +179,10 @@ static void *rank_main(void *p) {
   return NULL;
 }
 
-/* A port the kernel just handed out (free unless another process races us). */
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  ck_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
-            !getsockname(fd, (struct sockaddr *)&a, &len));
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 START_TEST(rendezvous_hands_rank0_blob_to_all) {
   rank_arg r[WORLD];
   pthread_t th[WORLD];
-  int port = free_port();
+  int port = synth_free_port();
   for (int i = 0; i < WORLD; i++) {
     memset(&r[i], 0, sizeof r[i]);
     r[i].env = (df_dist_env){.rank = i, .world = WORLD, .master_port = port};
@@ -211,7 +201,7 @@ START_TEST(rendezvous_hands_rank0_blob_to_all) {
 END_TEST
 
 START_TEST(rendezvous_times_out_naming_missing_ranks) {
-  df_dist_env e = {.rank = 0, .world = 3, .master_port = free_port()};
+  df_dist_env e = {.rank = 0, .world = 3, .master_port = synth_free_port()};
   strcpy(e.master_addr, "127.0.0.1");
   unsigned char blob[8] = {0};
   ck_assert_status(df_rendezvous(&e, blob, sizeof blob, 0.2), DFLASH_E_TIMEOUT, "1 of 3");

@@ -19,7 +19,10 @@ static const char TRAIN_USAGE[] =
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
     "--resume) and metrics.jsonl (one line per step).\n"
-    "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n";
+    "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
+    "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
+    "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
+    "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n";
 
 /* Value of option argv[*i] (advancing *i), or NULL after printing usage. */
 static const char *value(int argc, char **argv, int *i) {
