@@ -5,6 +5,7 @@ TCase *tc_ops(void);
 TCase *tc_anchors(void);
 TCase *tc_checkpoint(void);
 TCase *tc_backend(void);
+TCase *tc_eval(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -13,5 +14,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_anchors());
   suite_add_tcase(s, tc_checkpoint());
   suite_add_tcase(s, tc_backend());
+  suite_add_tcase(s, tc_eval());
   return s;
 }
