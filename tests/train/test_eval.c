@@ -49,7 +49,7 @@ static void build(dflash_trainer *t, world *w) {
     w->mask[i] = (i >= 10 && i < 41) || i >= 52;
     w->planned[i] = -1;
   }
-  for (int i = 0; i < S * KH; i++) w->hidden[i] = (float)rand() / RAND_MAX * 2 - 1;
+  for (int i = 0; i < S * KH; i++) w->hidden[i] = (float)(rand() % 2001) / 1000.0f - 1.0f;
   w->steps = w->tokens = 0;
   int np = 0;
   const int runs[2][2] = {{10, 41}, {52, 90}};
