@@ -36,23 +36,37 @@ dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_
   return st;
 }
 
+/* Open a dataset joined with its hidden states, started over every sample
+ * in dataset order. */
+static dflash_status stream_all(const char *data_dir, const char *hidden_dir,
+                                dflash_sample_stream **out) {
+  dflash_sample_stream *s;
+  dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
+  if (st) return st;
+  size_t n = dflash_sample_stream_count(s);
+  uint64_t *order = malloc((n ? n : 1) * sizeof *order);
+  if (!order) st = df_error_nomem("evaluation order");
+  for (size_t i = 0; !st && i < n; i++) order[i] = i;
+  if (!st) st = dflash_sample_stream_start(s, order, n); /* copies the order */
+  free(order);
+  if (st) dflash_sample_stream_free(s);
+  else *out = s;
+  return st;
+}
+
 dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
                                 int32_t anchors_per_seq, uint64_t seed, double *tau,
                                 double *acc, int64_t *n_blocks) {
   DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
   dflash_sample_stream *s;
-  dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
+  dflash_status st = stream_all(data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
-  size_t n = dflash_sample_stream_count(s);
-  uint64_t *order = malloc((n ? n : 1) * sizeof *order);
   int32_t *anc = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
   int32_t *accept = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
   int32_t *pred = malloc(sizeof(int32_t) * (size_t)anchors_per_seq * (B - 1));
   int64_t *hits = calloc((size_t)B, sizeof *hits);
-  if (!order || !anc || !accept || !pred || !hits) st = df_error_nomem("evaluation");
-  for (size_t i = 0; i < n; i++) order[i] = i;
-  if (!st) st = dflash_sample_stream_start(s, order, n);
+  if (!anc || !accept || !pred || !hits) st = df_error_nomem("evaluation");
   double tau_sum = 0;
   int64_t blocks = 0;
   for (;;) {
@@ -75,7 +89,7 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
     if (acc) for (int k = 0; k < B - 1; k++) acc[k] = blocks ? (double)hits[k] / blocks : 0;
     if (n_blocks) *n_blocks = blocks;
   }
-  free(order), free(anc), free(accept), free(pred), free(hits);
+  free(anc), free(accept), free(pred), free(hits);
   dflash_sample_stream_free(s);
   return st;
 }
@@ -207,17 +221,13 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
   DF_CHECK_ARG(t && data_dir && hidden_dir && w && w->struct_size >= sizeof *w &&
                w->max_tokens >= 0);
   dflash_sample_stream *s;
-  dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
+  dflash_status st = stream_all(data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
-  size_t n = dflash_sample_stream_count(s);
-  uint64_t *order = malloc((n ? n : 1) * sizeof *order);
   int64_t *hits = calloc(2 * (size_t)B, sizeof *hits);
   int32_t *accept = NULL;
   int64_t cap = 0;
-  if (!order || !hits) st = df_error_nomem("evaluation");
-  for (size_t i = 0; i < n; i++) order[i] = i;
-  if (!st) st = dflash_sample_stream_start(s, order, n);
+  if (!hits) st = df_error_nomem("evaluation");
   w->sequences = w->steps = w->tokens = w->positions = 0;
   if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
   ratio wr = {0}, pr = {0};
@@ -244,7 +254,7 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
     for (int k = 0; w->accuracy && k < B - 1; k++)
       w->accuracy[k] = hits[B - 1 + k] ? (double)hits[k] / (double)hits[B - 1 + k] : 0;
   }
-  free(order), free(hits), free(accept);
+  free(hits), free(accept);
   dflash_sample_stream_free(s);
   return st;
 }
