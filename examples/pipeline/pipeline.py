@@ -33,7 +33,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=8, anchors=8, lr=3e-3,
+FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=16, anchors=8, lr=3e-3,
             layers="1,14,27", block=8, live_prompts=0)
 QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=8, anchors=8, lr=3e-3,
              layers="1,14,27", block=8, live_prompts=0)
