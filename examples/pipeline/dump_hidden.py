@@ -3,8 +3,9 @@ into a libdflash hidden-state store (dflash.HiddenWriter).
 
     python dump_hidden.py --data out/data/train --out out/hidden/train --layers 1,14,27
 
-Layer id k is hidden_states[k + 1] (the output of decoder layer k). Only the
-decoder layers up to the deepest requested one are run (no LM head).
+Layer id k is hidden_states[k + 1] of the whole model (the output of decoder
+layer k; Hugging Face normalises only the last layer's). Only the decoder
+layers up to the deepest requested one are run (no LM head).
 """
 import argparse
 import os
@@ -20,11 +21,18 @@ from target import Target  # noqa: E402
 
 
 def truncated(model, deepest):
-    """The model's decoder stack cut after layer `deepest` (its outputs up to
-    there are unchanged; the final norm is not applied to hidden_states[k+1]
-    for k < L-1)."""
-    model.model.layers = model.model.layers[:deepest + 1]
-    return model.model
+    """The model's decoder stack cut after layer `deepest`, giving the same
+    hidden_states[k+1] as the whole model. Hugging Face applies the final
+    norm to the LAST entry of hidden_states: in the whole model that is
+    layer L-1's output, in a cut stack it would be layer `deepest`'s, so the
+    cut stack's norm becomes the identity. (Measured before this: layer 27 of
+    SmolLM2 dumped with RMS 1.6 instead of 109, while live decoding fed the
+    drafter the raw output, and live tau fell from 1.161 to 1.086.)"""
+    body = model.model
+    if deepest < len(body.layers) - 1:
+        body.layers = body.layers[:deepest + 1]
+        body.norm = torch.nn.Identity()
+    return body
 
 
 def hidden_rows(body, ids, layers):

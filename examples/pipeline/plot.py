@@ -1,5 +1,6 @@
 """out/report.png: training loss (and its moving average) by step, held-out
-tau (untrained / trained / live) and per-position accuracy."""
+tau (uniform anchors and speculative walk, untrained / trained; live) and
+per-position accuracy over every anchor position."""
 import argparse
 import json
 
@@ -29,13 +30,21 @@ def main():
     ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train",
               yscale="log")
     ax[0].legend()
-    names = ["untrained", "trained", "live (trained)"]
-    taus = [s["eval_untrained"]["tau"], s["eval_trained"]["tau"], s["live"]["tau"]]
-    bars = ax[1].bar(names, taus, color=["#999", "#1f77b4", "#2ca02c"])
-    ax[1].bar_label(bars, fmt="%.3f")
-    ax[1].set(ylabel="tau (tokens per verification step)", title="held-out acceptance length")
+    # Every-position (uniform-anchor) tau, the speculative walk's tau (what
+    # live decoding should get) and the live tau, with 2-SE error bars.
+    u, t, lv = s["eval_untrained"], s["eval_trained"], s["live"]
+    names = ["untrained\nuniform", "trained\nuniform", "untrained\nwalk", "trained\nwalk",
+             "trained\nlive"]
+    taus = [u["position_tau"], t["position_tau"], u["walk_tau"], t["walk_tau"], lv["tau"]]
+    ses = [u["position_tau_se"], t["position_tau_se"], u["walk_tau_se"], t["walk_tau_se"],
+           lv["tau_se"]]
+    bars = ax[1].bar(names, taus, yerr=[2 * x for x in ses], capsize=4,
+                     color=["#999", "#1f77b4", "#bbb", "#ff7f0e", "#2ca02c"])
+    ax[1].bar_label(bars, fmt="%.3f", label_type="center")
+    ax[1].set(ylabel="tau (tokens per verification step)",
+              title="held-out acceptance length (bars: 2 SE)", ylim=(0.9, None))
     for name in ("untrained", "trained"):
-        acc = s[f"eval_{name}"]["accuracy"]
+        acc = s[f"eval_{name}"]["position_accuracy"]
         ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label=name)
     ax[2].set(xlabel="block position", ylabel="greedy accuracy", title="per-position accuracy",
               ylim=(0, 1))

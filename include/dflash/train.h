@@ -351,6 +351,56 @@ DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_d
                                            uint64_t seed, double *tau, double *acc,
                                            int64_t *n_blocks);
 
+/*
+ * The speculative walk: what greedy speculative decoding gains on a sequence
+ * whose supervised tokens are the target's own greedy continuation. Live
+ * decoding chains its anchors (each step jumps past what it accepted), so
+ * easy stretches take few steps; its tau = tokens / steps is lower than the
+ * mean over uniformly drawn anchors, and this is the number to predict it.
+ *
+ * Per maximal run [s, e) of loss_mask = 1 (cut to s + max_tokens when
+ * max_tokens > 0): the first anchor is s (the token the target's prefill
+ * produces); a step at anchor p drafts p+1..p+B-1, keeps the leading drafts
+ * equal to input_ids (up to e-1) and gains them plus the target's next token,
+ * at most e-1-p in all; the next anchor is the last token gained. So a run
+ * gives e-1-s tokens. `accept` [len] (may be NULL) receives the acceptance
+ * at EVERY position p of a run with p < e-1 (as dflash_trainer_acceptance,
+ * counting stops at e) and -1 elsewhere. `step_hist` [B] (may be NULL) is
+ * incremented at index gain-1 for each step.
+ */
+DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
+                                             const uint8_t *loss_mask, int64_t len,
+                                             const float *hidden, int32_t max_tokens,
+                                             int64_t *tokens, int64_t *steps, int32_t *accept,
+                                             int64_t *step_hist);
+
+typedef struct dflash_eval_walk {
+  size_t struct_size;
+  /* in */
+  int32_t max_tokens;   /* per supervised run (0: all); set it to the generation cap */
+  double *accuracy;     /* NULL or [B-1]: per block position, over every anchor position */
+  int64_t *step_hist;   /* NULL or [B]: walk steps that gained 1..B tokens (zeroed first) */
+  /* out */
+  int64_t sequences;    /* samples with at least one walk step */
+  int64_t steps, tokens;
+  double walk_tau;      /* tokens / steps */
+  double walk_tau_se;   /* standard error, ratio estimator over sequences */
+  int64_t positions;    /* anchors at every position: the uniform-anchor mean */
+  double position_tau;  /* mean 1 + acceptance over them */
+  double position_tau_se;
+} dflash_eval_walk;
+
+DFLASH_API void dflash_eval_walk_default(dflash_eval_walk *w);
+
+/*
+ * dflash_trainer_walk over every sample of a held-out dataset, plus the
+ * acceptance at every position (the exact value that dflash_train_eval's
+ * sampled anchors estimate). Standard errors treat sequences as the
+ * independent units: se(sum x / sum n) by the delta method.
+ */
+DFLASH_API dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
+                                                const char *hidden_dir, dflash_eval_walk *w);
+
 
 /* ---- GPU memory plan (CUDA backend) --------------------------------------- */
 

@@ -7,6 +7,7 @@ TCase *tc_checkpoint(void);
 TCase *tc_backend(void);
 TCase *tc_dist(void);
 TCase *tc_run_dist(void);
+TCase *tc_eval(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -17,5 +18,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_backend());
   suite_add_tcase(s, tc_dist());
   suite_add_tcase(s, tc_run_dist());
+  suite_add_tcase(s, tc_eval());
   return s;
 }

@@ -1,5 +1,5 @@
-/* `dflash train` and `dflash eval`: thin callers of dflash_train_run and
- * dflash_train_eval. */
+/* `dflash train` and `dflash eval`: thin callers of dflash_train_run,
+ * dflash_train_eval and dflash_train_eval_walk. */
 #include <dflash/train.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -139,13 +139,58 @@ int cmd_train(int argc, char **argv) {
 
 static const char EVAL_USAGE[] =
     "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
-    "                   [--anchors N] [--seed N] [--embed-name NAME] [--lm-head-name NAME]\n"
+    "                   [--anchors N] [--seed N] [--max-tokens N] [--json]\n"
+    "                   [--embed-name NAME] [--lm-head-name NAME]\n"
     "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
-    "prediction equals the target's token) and the per-position accuracy.\n";
+    "prediction equals the target's token) over --anchors sampled anchors per sample\n"
+    "and the per-position accuracy; then the same mean over every position (uniform\n"
+    "anchors, exact) and the speculative walk's tau = tokens / verification steps, the\n"
+    "number live greedy speculative decoding gets, each with its standard error over\n"
+    "sequences. --max-tokens: walk at most N tokens per answer (the generation cap).\n"
+    "--json: one JSON object instead.\n";
+
+static void print_doubles(const char *sep, const double *v, int n) {
+  for (int k = 0; k < n; k++) printf("%s%.4f", k ? sep : "", v[k]);
+}
+
+static void print_ints(const char *sep, const int64_t *v, int n) {
+  for (int k = 0; k < n; k++) printf("%s%lld", k ? sep : "", (long long)v[k]);
+}
+
+static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
+                       const dflash_eval_walk *w) {
+  if (json) {
+    printf("{\"block_size\": %d, \"tau\": %.6f, \"blocks\": %lld, \"accuracy\": [", B, tau,
+           (long long)blocks);
+    print_doubles(", ", acc, B - 1);
+    printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
+           "\"position_accuracy\": [", w->position_tau, w->position_tau_se,
+           (long long)w->positions);
+    print_doubles(", ", w->accuracy, B - 1);
+    printf("], \"walk_tau\": %.6f, \"walk_tau_se\": %.6f, \"steps\": %lld, \"tokens\": %lld, "
+           "\"sequences\": %lld, \"tokens_per_step_histogram\": [", w->walk_tau,
+           w->walk_tau_se, (long long)w->steps, (long long)w->tokens, (long long)w->sequences);
+    print_ints(", ", w->step_hist, B);
+    printf("]}\n");
+    return;
+  }
+  printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position: ", tau,
+         (long long)blocks, B);
+  print_doubles(" ", acc, B - 1);
+  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld)\n"
+         "accuracy by position: ", w->position_tau, w->position_tau_se, (long long)w->positions);
+  print_doubles(" ", w->accuracy, B - 1);
+  printf("\nwalk tau %.4f +- %.4f: %lld tokens in %lld verification steps, %lld sequences\n"
+         "tokens per step 1..%d: ", w->walk_tau, w->walk_tau_se, (long long)w->tokens,
+         (long long)w->steps, (long long)w->sequences, B);
+  print_ints(" ", w->step_hist, B);
+  printf("\n");
+}
 
 int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
-  int anchors = 64;
+  int anchors = 64, max_tokens = 0;
+  bool json = false;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
@@ -157,6 +202,8 @@ int cmd_eval(int argc, char **argv) {
     else if (OPT("--hidden")) hidden = v;
     else if (OPT("--anchors")) anchors = atoi(v);
     else if (OPT("--seed")) seed = strtoull(v, NULL, 10);
+    else if (OPT("--max-tokens")) max_tokens = atoi(v);
+    else if (!strcmp(a, "--json")) json = true;
     else if (OPT("--embed-name")) en = v;
     else if (OPT("--lm-head-name")) hn = v;
     else return fprintf(stderr, "dflash eval: unknown or incomplete option %s\n%s", a,
@@ -175,18 +222,19 @@ int cmd_eval(int argc, char **argv) {
   dflash_trainer *t = NULL;
   double tau = 0;
   int64_t blocks = 0;
-  if (!e || !h || !acc) st = DFLASH_E_NOMEM;
+  dflash_eval_walk w;
+  dflash_eval_walk_default(&w);
+  w.max_tokens = max_tokens;
+  w.accuracy = calloc((size_t)cfg.block_size, sizeof *w.accuracy);
+  w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
+  if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
   if (!st) st = dflash_trainer_create(&cfg, e, h, NULL, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, seed, &tau, acc, &blocks);
-  if (!st) {
-    printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position:", tau,
-           (long long)blocks, cfg.block_size);
-    for (int k = 0; k < cfg.block_size - 1; k++) printf(" %.3f", acc[k]);
-    printf("\n");
-  }
+  if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);
+  if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w);
   dflash_trainer_free(t);
-  free(e), free(h), free(acc);
+  free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
   return st ? cli_fail("eval", st) : 0;
 }

@@ -505,3 +505,69 @@ def train_plan(config, **options):
     out.update({name: getattr(plan, name) for name, _ in TrainPlan._fields_[1:]})
     out["fits"] = "reason" not in out
     return out
+
+# ---- speculative-walk evaluation ------------------------------------------------
+
+
+class EvalWalk(ctypes.Structure):
+    """Mirror of `dflash_eval_walk`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("max_tokens", ctypes.c_int32),
+        ("accuracy", _D), ("step_hist", ctypes.POINTER(ctypes.c_int64)),
+        ("sequences", ctypes.c_int64), ("steps", ctypes.c_int64), ("tokens", ctypes.c_int64),
+        ("walk_tau", ctypes.c_double), ("walk_tau_se", ctypes.c_double),
+        ("positions", ctypes.c_int64), ("position_tau", ctypes.c_double),
+        ("position_tau_se", ctypes.c_double),
+    ]
+
+
+_I64 = ctypes.POINTER(ctypes.c_int64)
+_walk = bind("dflash_trainer_walk", [_P, _I32, _U8, ctypes.c_int64, _F, ctypes.c_int32, _I64,
+                                     _I64, _I32, _I64])
+_eval_walk_default = bind("dflash_eval_walk_default", [ctypes.POINTER(EvalWalk)], None)
+_eval_walk = bind("dflash_train_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
+                                             ctypes.POINTER(EvalWalk)])
+
+
+def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
+    """The speculative walk on one sequence (dflash_trainer_walk): anchors
+    chained as greedy speculative decoding takes them, from the first token
+    of each supervised run; each step gains the accepted drafts plus the
+    target's token. Returns dict(tokens, steps, tau=tokens/steps,
+    accept=int32 [len] (acceptance at every anchor position, -1 elsewhere),
+    step_hist=int64 [B] (steps that gained 1..B tokens))."""
+    ids, mask, hid, _ = Trainer._inputs(input_ids, loss_mask, hidden, [])
+    accept = np.zeros(ids.size, dtype=np.int32)
+    hist = np.zeros(trainer.block_size, dtype=np.int64)
+    tokens, steps = ctypes.c_int64(), ctypes.c_int64()
+    _walk(trainer._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+          _ptr(hid, ctypes.c_float), max_tokens, ctypes.byref(tokens), ctypes.byref(steps),
+          _ptr(accept, ctypes.c_int32), _ptr(hist, ctypes.c_int64))
+    return {"tokens": tokens.value, "steps": steps.value,
+            "tau": tokens.value / steps.value if steps.value else 0.0,
+            "accept": accept, "step_hist": hist}
+
+
+def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
+    """Held-out evaluation (dflash_train_eval_walk) over a tokenized dataset
+    and its hidden-state store: dict with walk_tau (tokens / verification
+    steps, what live greedy speculative decoding gets) and walk_tau_se,
+    position_tau (uniform anchors, every position) and position_tau_se, the
+    counts, accuracy [B-1] by block position and step_hist [B]."""
+    B = trainer.block_size
+    acc = np.zeros(B - 1, dtype=np.float64)
+    hist = np.zeros(B, dtype=np.int64)
+    w = EvalWalk()
+    _eval_walk_default(ctypes.byref(w))
+    w.max_tokens = max_tokens
+    w.accuracy = _ptr(acc, ctypes.c_double)
+    w.step_hist = _ptr(hist, ctypes.c_int64)
+    _eval_walk(trainer._h, cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
+    out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
+           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist")}
+    out.update(accuracy=acc, step_hist=hist)
+    return out
+
+
+Trainer.walk = walk
+Trainer.eval_walk = eval_walk

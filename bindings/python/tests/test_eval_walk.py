@@ -1,0 +1,161 @@
+"""The speculative walk (dflash.train.walk / eval_walk, `dflash eval`):
+checked against a walk written here in numpy over the drafter's own greedy
+predictions (Trainer.predict), on a small world a trained drafter partly
+predicts."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import dflash
+from dflash.hidden import write_dataset
+from dflash.train import eval_walk, walk
+
+V, H, B = 17, 32, 4
+
+
+def make_world(root, n=12):
+    """Token chains x[t+1] = perm_c[x[t]], code c in the hidden states (as
+    test_train_cli.py), with a prompt and two supervised runs per sample,
+    and every 5th token replaced by noise so acceptance varies."""
+    rng = np.random.default_rng(1)
+    perms = [rng.permutation(16) for _ in range(4)]
+    codes = rng.standard_normal((4, H)).astype(np.float32)
+    samples, hid = [], {}
+    for i in range(n):
+        S = int(rng.integers(30, 50))
+        c = int(rng.integers(4))
+        x = [int(rng.integers(16))]
+        for t in range(S - 1):
+            x.append(int(perms[c][x[-1]]) if t % 5 else int(rng.integers(16)))
+        mask = np.zeros(S, np.uint8)
+        cut = int(rng.integers(12, S - 10))
+        mask[4:cut] = 1
+        mask[cut + 3:] = 1
+        samples.append((f"s{i}", np.array(x, np.int32), mask))
+        hid[f"s{i}"] = codes[c][None] + 0.1 * rng.standard_normal((S, H)).astype(np.float32)
+    write_dataset(root / "data", samples)
+    with dflash.HiddenWriter(root / "hidden", num_layers=1, hidden_size=H) as w:
+        for sid, h in hid.items():
+            w.append(sid, h)
+    embed = rng.standard_normal((V, H)).astype(np.float32)
+    cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": H, "intermediate_size": 64,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "vocab_size": V, "num_target_layers": 8, "block_size": B,
+           "dflash_config": {"mask_token_id": 16, "target_layer_ids": [3]}}
+    return samples, hid, embed, cfg
+
+
+def trained(samples, hid, embed, cfg, steps=150):
+    t = dflash.Trainer(cfg, embed, embed, seed=0, lr=1e-2, total_steps=steps, n_threads=1)
+    for k in range(steps):
+        sid, ids, mask = samples[k % len(samples)]
+        anchors = np.arange(4, len(ids) - B, dtype=np.int32)
+        t.forward_backward(ids, mask, hid[sid], anchors)
+        t.step()
+    return t
+
+
+def runs(mask, max_tokens):
+    """Maximal runs [s, e) of mask = 1, each cut to max_tokens."""
+    out, s = [], 0
+    while s < len(mask):
+        if not mask[s]:
+            s += 1
+            continue
+        e = s
+        while e < len(mask) and mask[e]:
+            e += 1
+        out.append((s, min(e, s + max_tokens) if max_tokens else e))
+        s = e
+    return out
+
+
+def reference(t, ids, mask, hidden, max_tokens=0):
+    """Acceptance at every anchor position from single-anchor predictions,
+    then the chained walk: (tokens, steps, accept, hits, counts)."""
+    accept = np.full(len(ids), -1, np.int32)
+    hits, counts = np.zeros(B - 1), np.zeros(B - 1)
+    tokens = steps = 0
+    for s, e in runs(mask, max_tokens):
+        for p in range(s, e - 1):
+            pred = t.predict(ids[:e], hidden[:e], [p])[0]
+            a = 0
+            while a < B - 1 and p + a + 1 < e and pred[a] == ids[p + a + 1]:
+                a += 1
+            accept[p] = a
+            for k in range(1, B):
+                if p + k < e:
+                    hits[k - 1] += pred[k - 1] == ids[p + k]
+                    counts[k - 1] += 1
+        p = s
+        while p < e - 1:
+            gain = min(accept[p] + 1, e - 1 - p)
+            tokens, steps, p = tokens + gain, steps + 1, p + gain
+    return tokens, steps, accept, hits, counts
+
+
+def ratio_se(x, n):
+    """Delta-method standard error of sum(x) / sum(n) over units."""
+    x, n = np.asarray(x, float), np.asarray(n, float)
+    r = x.sum() / n.sum()
+    return r, np.sqrt(((x - r * n) ** 2).sum() / (len(x) * (len(x) - 1))) / n.mean()
+
+
+@pytest.mark.parametrize("max_tokens", [0, 9])
+def test_walk_matches_a_numpy_walk(tmp_path, max_tokens):
+    samples, hid, embed, cfg = make_world(tmp_path)
+    with trained(samples, hid, embed, cfg) as t:
+        tok, st, px, pn = [], [], [], []
+        hits, counts = np.zeros(B - 1), np.zeros(B - 1)
+        for sid, ids, mask in samples:
+            got = walk(t, ids, mask, hid[sid], max_tokens=max_tokens)
+            want = reference(t, ids, mask, hid[sid], max_tokens)
+            assert (got["tokens"], got["steps"]) == want[:2], sid
+            np.testing.assert_array_equal(got["accept"], want[2])
+            assert got["step_hist"].sum() == got["steps"]
+            assert (got["step_hist"] * np.arange(1, B + 1)).sum() == got["tokens"]
+            tok.append(want[0]), st.append(want[1])
+            a = want[2][want[2] >= 0]
+            px.append((a + 1).sum()), pn.append(a.size)
+            hits += want[3]
+            counts += want[4]
+        res = eval_walk(t, tmp_path / "data", tmp_path / "hidden", max_tokens=max_tokens)
+    tau, se = ratio_se(tok, st)
+    ptau, pse = ratio_se(px, pn)
+    print(f"max_tokens {max_tokens}: walk tau {tau:.3f} +- {se:.3f} ({sum(st)} steps), "
+          f"every-position tau {ptau:.3f} +- {pse:.3f}")
+    assert 1.2 < tau < ptau  # the drafter learned something; chaining lowers tau
+    assert (res["tokens"], res["steps"], res["sequences"]) == (sum(tok), sum(st), len(samples))
+    assert res["positions"] == sum(pn)
+    assert res["walk_tau"] == pytest.approx(tau, rel=1e-12)
+    assert res["walk_tau_se"] == pytest.approx(se, rel=1e-9)
+    assert res["position_tau"] == pytest.approx(ptau, rel=1e-12)
+    assert res["position_tau_se"] == pytest.approx(pse, rel=1e-9)
+    np.testing.assert_allclose(res["accuracy"], hits / counts, rtol=1e-12)
+
+
+CLI = os.environ.get("DFLASH_CLI")
+
+
+@pytest.mark.skipif(not CLI, reason="DFLASH_CLI not set (run through meson test)")
+def test_cli_eval_prints_the_walk(tmp_path):
+    samples, hid, embed, cfg = make_world(tmp_path)
+    (tmp_path / "target").mkdir()
+    dflash.write_safetensors(tmp_path / "target" / "model.safetensors",
+                             {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
+    with trained(samples, hid, embed, cfg) as t:
+        t.save(tmp_path / "ckpt")
+        want = eval_walk(t, tmp_path / "data", tmp_path / "hidden", max_tokens=20)
+    cmd = [CLI, "eval", "--checkpoint", tmp_path / "ckpt", "--target", tmp_path / "target",
+           "--data", tmp_path / "data", "--hidden", tmp_path / "hidden", "--max-tokens", "20"]
+    got = json.loads(subprocess.run([str(c) for c in cmd] + ["--json"], capture_output=True,
+                                    text=True, check=True).stdout)
+    for k in ("walk_tau", "walk_tau_se", "position_tau", "position_tau_se"):
+        assert got[k] == pytest.approx(want[k], abs=1e-6), k
+    assert (got["steps"], got["tokens"]) == (want["steps"], want["tokens"])
+    text = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                          check=True).stdout
+    assert f"walk tau {want['walk_tau']:.4f} +- {want['walk_tau_se']:.4f}" in text

@@ -1,0 +1,260 @@
+/*
+ * Held-out evaluation of a drafter: acceptance at given anchors, the mean
+ * over sampled anchors (dflash_train_eval), and the speculative walk
+ * (dflash_trainer_walk, dflash_train_eval_walk) that chains anchors the way
+ * live greedy speculative decoding does, so its tau = tokens / steps is the
+ * number a live run measures.
+ */
+#include <dflash/hidden.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "trainer.h"
+
+/* Anchors per predict call: bounds the block activations and logits held at
+ * once (a block of B positions times the vocabulary chunk each). */
+enum { EVAL_CHUNK = 64 };
+
+dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
+                                        int64_t len, const float *hidden,
+                                        const int32_t *anchors, int32_t n_anchors,
+                                        int32_t *accept, int32_t *pred) {
+  DF_CHECK_ARG(t && input_ids && hidden && accept && (anchors || n_anchors == 0));
+  int B = t->m.B;
+  int32_t *p = pred ? pred : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
+  if (!p) return df_error_nomem("predictions");
+  dflash_status st = dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, p);
+  for (int32_t i = 0; !st && i < n_anchors; i++) {
+    int k = 1;
+    while (k < B && anchors[i] + k < len && p[(size_t)i * (B - 1) + k - 1] == input_ids[anchors[i] + k])
+      k++;
+    accept[i] = k - 1;
+  }
+  if (!pred) free(p);
+  return st;
+}
+
+/* Open a dataset joined with its hidden states, started over every sample
+ * in dataset order. */
+static dflash_status stream_all(const char *data_dir, const char *hidden_dir,
+                                dflash_sample_stream **out) {
+  dflash_sample_stream *s;
+  dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
+  if (st) return st;
+  size_t n = dflash_sample_stream_count(s);
+  uint64_t *order = malloc((n ? n : 1) * sizeof *order);
+  if (!order) st = df_error_nomem("evaluation order");
+  for (size_t i = 0; !st && i < n; i++) order[i] = i;
+  if (!st) st = dflash_sample_stream_start(s, order, n); /* copies the order */
+  free(order);
+  if (st) dflash_sample_stream_free(s);
+  else *out = s;
+  return st;
+}
+
+dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                                int32_t anchors_per_seq, uint64_t seed, double *tau,
+                                double *acc, int64_t *n_blocks) {
+  DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
+  dflash_sample_stream *s;
+  dflash_status st = stream_all(data_dir, hidden_dir, &s);
+  if (st) return st;
+  int B = t->m.B;
+  int32_t *anc = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
+  int32_t *accept = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
+  int32_t *pred = malloc(sizeof(int32_t) * (size_t)anchors_per_seq * (B - 1));
+  int64_t *hits = calloc((size_t)B, sizeof *hits);
+  if (!anc || !accept || !pred || !hits) st = df_error_nomem("evaluation");
+  double tau_sum = 0;
+  int64_t blocks = 0;
+  for (;;) {
+    dflash_train_sample smp;
+    int done, na;
+    if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
+    st = dflash_sample_anchors(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
+                               &na);
+    if (!st) st = dflash_trainer_acceptance(t, smp.input_ids, smp.len, smp.hidden, anc, na,
+                                            accept, pred);
+    for (int32_t a = 0; !st && a < na; a++) {
+      tau_sum += 1 + accept[a];
+      blocks++;
+      for (int k = 1; k < B; k++)
+        hits[k - 1] += pred[(size_t)a * (B - 1) + k - 1] == smp.input_ids[anc[a] + k];
+    }
+  }
+  if (!st) {
+    *tau = blocks ? tau_sum / (double)blocks : 0;
+    if (acc) for (int k = 0; k < B - 1; k++) acc[k] = blocks ? (double)hits[k] / blocks : 0;
+    if (n_blocks) *n_blocks = blocks;
+  }
+  free(anc), free(accept), free(pred), free(hits);
+  dflash_sample_stream_free(s);
+  return st;
+}
+
+/* ---- the speculative walk -------------------------------------------------- */
+
+/* End of the supervised run that starts at s, cut to max_tokens. */
+static int64_t run_end(const uint8_t *mask, int64_t len, int64_t s, int32_t max_tokens) {
+  int64_t e = s;
+  while (e < len && mask[e]) e++;
+  return max_tokens > 0 && e - s > max_tokens ? s + max_tokens : e;
+}
+
+/* Acceptance at anchors [s, e-1) of one run, counting stops at e; per block
+ * position k, hits into hits[k-1] and predictions inside the run into
+ * hits[B-1+k-1] (`hits` [2(B-1)], may be NULL). `anc`, `pred`: scratch of
+ * EVAL_CHUNK anchors. */
+static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const float *hidden,
+                                int64_t s, int64_t e, int32_t *anc, int32_t *pred,
+                                int32_t *accept, int64_t *hits) {
+  int B = t->m.B;
+  for (int64_t p0 = s; p0 < e - 1; p0 += EVAL_CHUNK) {
+    int32_t n = (int32_t)(e - 1 - p0 < EVAL_CHUNK ? e - 1 - p0 : EVAL_CHUNK);
+    for (int32_t i = 0; i < n; i++) anc[i] = (int32_t)(p0 + i);
+    /* Passing e as the length stops the count at the run's end; the
+     * context (strictly before each anchor) lies inside it too. */
+    dflash_status st = dflash_trainer_acceptance(t, ids, e, hidden, anc, n, accept + p0, pred);
+    if (st) return st;
+    for (int32_t i = 0; hits && i < n; i++)
+      for (int k = 1; k < B && anc[i] + k < e; k++) {
+        hits[k - 1] += pred[(size_t)i * (B - 1) + k - 1] == ids[anc[i] + k];
+        hits[B - 1 + k - 1]++; /* positions inside the run: the denominator */
+      }
+  }
+  return DFLASH_OK;
+}
+
+/* Chain the anchors of run [s, e) through accept[]: tokens and steps. */
+static void run_walk(const int32_t *accept, int64_t s, int64_t e, int B, int64_t *tokens,
+                     int64_t *steps, int64_t *step_hist) {
+  for (int64_t p = s; p < e - 1;) {
+    int64_t gain = accept[p] + 1 < e - 1 - p ? accept[p] + 1 : e - 1 - p;
+    if (step_hist) step_hist[(gain < B ? gain : B) - 1]++;
+    *tokens += gain;
+    (*steps)++;
+    p += gain;
+  }
+}
+
+/* dflash_trainer_walk with per-position hits for the dataset evaluation. */
+static dflash_status walk(dflash_trainer *t, const int32_t *ids, const uint8_t *mask, int64_t len,
+                          const float *hidden, int32_t max_tokens, int64_t *tokens, int64_t *steps,
+                          int32_t *accept, int64_t *step_hist, int64_t *hits) {
+  int B = t->m.B;
+  int32_t *acc = accept ? accept : malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
+  int32_t *anc = malloc(sizeof(int32_t) * EVAL_CHUNK);
+  int32_t *pred = malloc(sizeof(int32_t) * EVAL_CHUNK * (size_t)(B - 1));
+  dflash_status st = acc && anc && pred ? DFLASH_OK : df_error_nomem("speculative walk");
+  *tokens = *steps = 0;
+  for (int64_t i = 0; !st && i < len; i++) acc[i] = -1;
+  for (int64_t s = 0; !st && s < len;) {
+    if (!mask[s]) {
+      s++;
+      continue;
+    }
+    int64_t e = run_end(mask, len, s, max_tokens);
+    st = run_accept(t, ids, hidden, s, e, anc, pred, acc, hits);
+    if (!st) run_walk(acc, s, e, B, tokens, steps, step_hist);
+    s = e;
+    while (s < len && mask[s]) s++; /* the rest of a run cut by max_tokens */
+  }
+  if (acc != accept) free(acc);
+  free(anc), free(pred);
+  return st;
+}
+
+dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
+                                  const uint8_t *loss_mask, int64_t len, const float *hidden,
+                                  int32_t max_tokens, int64_t *tokens, int64_t *steps,
+                                  int32_t *accept, int64_t *step_hist) {
+  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && tokens && steps && len >= 0 &&
+               max_tokens >= 0);
+  return walk(t, input_ids, loss_mask, len, hidden, max_tokens, tokens, steps, accept, step_hist,
+              NULL);
+}
+
+void dflash_eval_walk_default(dflash_eval_walk *w) {
+  if (!w) return;
+  memset(w, 0, sizeof *w);
+  w->struct_size = sizeof *w;
+}
+
+/* Sums over sequences of x_i and n_i (and their squares and product) give
+ * the ratio R = sum x / sum n and its delta-method standard error
+ * sqrt(sum (x_i - R n_i)^2 / (m (m-1))) / mean n. */
+typedef struct ratio {
+  double x, n, xx, nn, xn;
+  int64_t m;
+} ratio;
+
+static void ratio_add(ratio *r, double x, double n) {
+  r->x += x, r->n += n, r->xx += x * x, r->nn += n * n, r->xn += x * n;
+  r->m++;
+}
+
+static void ratio_get(const ratio *r, double *value, double *se) {
+  double R = r->n > 0 ? r->x / r->n : 0;
+  *value = R;
+  *se = 0;
+  if (r->m < 2 || r->n <= 0) return;
+  double ss = r->xx - 2 * R * r->xn + R * R * r->nn; /* sum (x_i - R n_i)^2 */
+  double mean_n = r->n / (double)r->m;
+  *se = sqrt((ss > 0 ? ss : 0) / ((double)r->m * (double)(r->m - 1))) / mean_n;
+}
+
+/* Add one sample's walk and per-position acceptance to the totals. */
+static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, const int32_t *accept,
+                     int64_t len, int64_t tokens, int64_t steps) {
+  double x = 0, n = 0;
+  for (int64_t p = 0; p < len; p++)
+    if (accept[p] >= 0) x += 1 + accept[p], n++;
+  if (n > 0) ratio_add(pr, x, n);
+  if (steps > 0) ratio_add(wr, (double)tokens, (double)steps), w->sequences++;
+  w->tokens += tokens, w->steps += steps, w->positions += (int64_t)n;
+}
+
+dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
+                                     const char *hidden_dir, dflash_eval_walk *w) {
+  DF_CHECK_ARG(t && data_dir && hidden_dir && w && w->struct_size >= sizeof *w &&
+               w->max_tokens >= 0);
+  dflash_sample_stream *s;
+  dflash_status st = stream_all(data_dir, hidden_dir, &s);
+  if (st) return st;
+  int B = t->m.B;
+  int64_t *hits = calloc(2 * (size_t)B, sizeof *hits);
+  int32_t *accept = NULL;
+  int64_t cap = 0;
+  if (!hits) st = df_error_nomem("evaluation");
+  w->sequences = w->steps = w->tokens = w->positions = 0;
+  if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
+  ratio wr = {0}, pr = {0};
+  for (;;) {
+    dflash_train_sample smp;
+    int done;
+    if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
+    if (smp.len > cap) {
+      int32_t *grown = realloc(accept, sizeof(int32_t) * (size_t)smp.len);
+      if (!grown) {
+        st = df_error_nomem("acceptance per position");
+        break;
+      }
+      accept = grown, cap = smp.len;
+    }
+    int64_t tokens, steps;
+    st = walk(t, smp.input_ids, smp.loss_mask, smp.len, smp.hidden, w->max_tokens, &tokens,
+              &steps, accept, w->step_hist, hits);
+    if (!st) eval_add(w, &wr, &pr, accept, smp.len, tokens, steps);
+  }
+  if (!st) {
+    ratio_get(&wr, &w->walk_tau, &w->walk_tau_se);
+    ratio_get(&pr, &w->position_tau, &w->position_tau_se);
+    for (int k = 0; w->accuracy && k < B - 1; k++)
+      w->accuracy[k] = hits[B - 1 + k] ? (double)hits[k] / (double)hits[B - 1 + k] : 0;
+  }
+  free(hits), free(accept);
+  dflash_sample_stream_free(s);
+  return st;
+}

@@ -1,0 +1,168 @@
+/* The speculative walk (dflash_trainer_walk): on a sequence built so that
+ * the drafter's greedy drafts are accepted for a planned number of tokens at
+ * each planned anchor, the walk must take exactly the planned steps. */
+#include <dflash/train.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static const char *CFG =
+    "{\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1,"
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4, \"vocab_size\": 31,"
+    "\"num_target_layers\": 8, \"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 30,"
+    "\"target_layer_ids\": [1, 5]}}";
+
+enum { S = 90, B = 4, V = 30 /* real tokens; 30 is the mask */, KH = 32 };
+
+static dflash_trainer *make(void) {
+  static float E[31 * 16];
+  for (int i = 0; i < 31 * 16; i++) E[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+  dflash_drafter_config cfg;
+  ck_assert_ok(dflash_drafter_config_parse(CFG, strlen(CFG), "cfg", &cfg));
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.seed = 3;
+  o.n_threads = 1;
+  o.init_std = 0.5; /* varied predictions */
+  dflash_trainer *t;
+  ck_assert_ok(dflash_trainer_create(&cfg, E, E, &o, &t));
+  return t;
+}
+
+typedef struct world {
+  int32_t ids[S];
+  uint8_t mask[S];
+  float hidden[S * KH];
+  int32_t planned[S]; /* acceptance built in at each walk anchor, -1 elsewhere */
+  int64_t steps, tokens;
+} world;
+
+/* Prompt 0..9, answers [10, 41) and [52, 90): walk each run left to right,
+ * making the drafts at anchor p right for `k` tokens and wrong at k+1. The
+ * drafts at p depend only on ids[p] and hidden[< p], which are final by then. */
+static void build(dflash_trainer *t, world *w) {
+  static const int plan[] = {3, 0, 2, 1, 0, 3, 3, 1, 2, 0, 0, 2};
+  srand(11);
+  for (int i = 0; i < S; i++) {
+    w->ids[i] = rand() % V;
+    w->mask[i] = (i >= 10 && i < 41) || i >= 52;
+    w->planned[i] = -1;
+  }
+  for (int i = 0; i < S * KH; i++) w->hidden[i] = (float)(rand() % 2001) / 1000.0f - 1.0f;
+  w->steps = w->tokens = 0;
+  int np = 0;
+  const int runs[2][2] = {{10, 41}, {52, 90}};
+  for (int r = 0; r < 2; r++) {
+    int s = runs[r][0], e = runs[r][1];
+    for (int p = s; p < e - 1;) {
+      int32_t pred[B - 1];
+      ck_assert_ok(dflash_trainer_predict(t, w->ids, S, w->hidden, &p, 1, pred));
+      int k = plan[np++ % 12];
+      for (int j = 1; j <= k && p + j < e; j++) w->ids[p + j] = pred[j - 1];
+      if (k < B - 1 && p + k + 1 < e) w->ids[p + k + 1] = (pred[k] + 1) % V;
+      int cap = e - 1 - p;
+      w->planned[p] = k < cap ? k : cap;
+      int gain = k + 1 < cap ? k + 1 : cap;
+      w->steps++, w->tokens += gain;
+      p += gain;
+    }
+  }
+  ck_assert_int_eq(w->tokens, (41 - 1 - 10) + (90 - 1 - 52));
+}
+
+START_TEST(walk_takes_the_planned_steps) {
+  dflash_trainer *t = make();
+  world *w = malloc(sizeof *w);
+  build(t, w);
+  int64_t tokens, steps, hist[B] = {0};
+  int32_t accept[S];
+  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, accept,
+                                   hist));
+  ck_assert_int_eq(steps, w->steps);
+  ck_assert_int_eq(tokens, w->tokens);
+  ck_assert_int_gt(steps, 20);
+  ck_assert_int_lt(steps, tokens); /* some steps gained more than one token */
+  int64_t hs = 0, ht = 0;
+  for (int g = 0; g < B; g++) hs += hist[g], ht += (g + 1) * hist[g];
+  ck_assert_int_eq(hs, steps);
+  ck_assert_int_eq(ht, tokens);
+  for (int p = 0; p < S; p++) {
+    int anchor = (p >= 10 && p < 40) || (p >= 52 && p < 89);
+    if (!anchor) {
+      ck_assert_int_eq(accept[p], -1);
+      continue;
+    }
+    if (w->planned[p] >= 0) ck_assert_int_eq(accept[p], w->planned[p]);
+    /* Every other position: the acceptance of that single anchor, counting
+     * stopped at the end of its run. */
+    int32_t a, e = p < 41 ? 41 : 90;
+    ck_assert_ok(dflash_trainer_acceptance(t, w->ids, e, w->hidden, &p, 1, &a, NULL));
+    ck_assert_int_eq(accept[p], a);
+  }
+  /* NULL accept and hist are fine. */
+  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, NULL,
+                                   NULL));
+  ck_assert_int_eq(steps, w->steps);
+  free(w);
+  dflash_trainer_free(t);
+}
+END_TEST
+
+/* max_tokens cuts every run to its first N positions: the walk equals a
+ * plain walk over the acceptance, each count stopped at the cut. */
+START_TEST(walk_max_tokens_cuts_each_run) {
+  dflash_trainer *t = make();
+  world *w = malloc(sizeof *w);
+  build(t, w);
+  enum { N = 9 };
+  int64_t tokens, steps;
+  int32_t accept[S];
+  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, N, &tokens, &steps, accept,
+                                   NULL));
+  int64_t want_steps = 0;
+  const int starts[2] = {10, 52};
+  for (int r = 0; r < 2; r++) {
+    int s = starts[r], e = s + N;
+    for (int p = s; p < e - 1; want_steps++) {
+      int32_t a;
+      ck_assert_ok(dflash_trainer_acceptance(t, w->ids, e, w->hidden, &p, 1, &a, NULL));
+      ck_assert_int_eq(accept[p], a);
+      p += a + 1 < e - 1 - p ? a + 1 : e - 1 - p;
+    }
+    ck_assert_int_eq(accept[e - 1], -1);
+    ck_assert_int_eq(accept[e + 3], -1); /* the cut-off rest of the run */
+  }
+  ck_assert_int_eq(tokens, 2 * (N - 1));
+  ck_assert_int_eq(steps, want_steps);
+  free(w);
+  dflash_trainer_free(t);
+}
+END_TEST
+
+START_TEST(walk_rejects_bad_arguments) {
+  dflash_trainer *t = make();
+  int32_t ids[4] = {0};
+  uint8_t mask[4] = {1, 1, 1, 1};
+  float h[4 * KH] = {0};
+  int64_t tokens, steps;
+  ck_assert_int_eq(dflash_trainer_walk(t, ids, NULL, 4, h, 0, &tokens, &steps, NULL, NULL),
+                   DFLASH_E_INVALID_ARG);
+  ck_assert_int_eq(dflash_trainer_walk(t, ids, mask, 4, h, -1, &tokens, &steps, NULL, NULL),
+                   DFLASH_E_INVALID_ARG);
+  dflash_eval_walk ew;
+  dflash_eval_walk_default(&ew);
+  ck_assert_uint_eq(ew.struct_size, sizeof ew);
+  ew.struct_size = 8;
+  ck_assert_int_eq(dflash_train_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
+  dflash_trainer_free(t);
+}
+END_TEST
+
+TCase *tc_eval(void) {
+  TCase *tc = tcase_create("eval");
+  tcase_add_test(tc, walk_takes_the_planned_steps);
+  tcase_add_test(tc, walk_max_tokens_cuts_each_run);
+  tcase_add_test(tc, walk_rejects_bad_arguments);
+  return tc;
+}
