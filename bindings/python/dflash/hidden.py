@@ -13,6 +13,11 @@ the OUTPUT of decoder layer k; hidden_states[0] is the embedding):
             states = torch.cat([out.hidden_states[k + 1][0] for k in layer_ids], dim=-1)
             w.append(sample_id, states)        # [S, K*H]; bf16 tensors are kept bit-exact
 
+transformers applies the model's final norm to the LAST entry of hidden_states:
+the layer ids must not include the last layer, and a stack cut after the
+last layer you need (to save time) must get an identity final norm, or that
+layer is stored normalised while inference feeds the drafter the raw output.
+
 Dumping from SGLang (in process, the way SpecForge's offline preparation
 script does it): load the target with `sglang.bench_one_batch.load_model`,
 call `model_runner.model.set_eagle3_layers_to_capture([k + 1 for k in
