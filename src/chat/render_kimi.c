@@ -23,11 +23,24 @@ static int content_kind(df_role role) {
   }
 }
 
+/*
+ * kimi-k2 / kimi-k2-thinking: the template prints `tools | tojson`, but the
+ * model's tokenization_kimi.py overrides apply_chat_template to deep-sort
+ * every object's keys first (deep_sort_dict), so the declaration the model
+ * was served with has sorted keys whatever order the caller used.
+ */
 static void tools_declaration(const df_render_ctx *x, const char *item_sep, const char *key_sep) {
-  if (!x->conv->tools) return;
-  df_out_cstr(x->out, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
-  df_pyjson_dump(x->out, x->conv->tools, item_sep, key_sep, DFLASH_CHAT_SPAN_TOOLS, -1);
-  df_out_cstr(x->out, "<|im_end|>", SCAF, -1);
+  df_out *o = x->out;
+  if (!x->conv->tools || o->st) return;
+  json_t *sorted = df_json_deep_sorted(x->conv->tools);
+  if (!sorted) {
+    o->st = df_error_nomem("kimi tool declarations");
+    return;
+  }
+  df_out_cstr(o, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
+  df_pyjson_dump(o, sorted, item_sep, key_sep, DFLASH_CHAT_SPAN_TOOLS, -1);
+  df_out_cstr(o, "<|im_end|>", SCAF, -1);
+  json_decref(sorted);
 }
 
 /*

@@ -136,7 +136,7 @@ def load_tools_ts():
 
 
 def deep_sort_dict(obj):
-    """tokenization_kimi.py's deep_sort_dict (K2.5/K2.6)."""
+    """tokenization_kimi.py's deep_sort_dict (every Kimi K2-family tokenizer)."""
     if isinstance(obj, dict):
         return {k: deep_sort_dict(v) for k, v in sorted(obj.items())}
     if isinstance(obj, list):
@@ -186,6 +186,8 @@ class Reference:
         """apply_chat_template(tokenize=False) semantics: messages, tools (None when
         absent), add_generation_prompt, and extra template kwargs. kimi-k2.5/2.6 go
         through their tokenizer's wrapper (kimi25_tool_kwargs)."""
+        if name in ("kimi-k2", "kimi-k2-thinking"):
+            tools = deep_sort_dict(tools)  # their tokenizer's apply_chat_template
         if name in ("kimi-k2.5", "kimi-k2.6") and "tools_ts_str" not in kwargs:
             kw = kimi25_tool_kwargs(self.tools_ts, tools)
             tools = kw.pop("tools")
