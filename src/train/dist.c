@@ -136,6 +136,14 @@ static const char *op_name(uint32_t op) {
   return "hello";
 }
 
+/* poll()'s milliseconds for `left` seconds: DFLASH_DIST_TIMEOUT may be far
+ * more than an int of milliseconds (~24 days); past that, wake up and look
+ * at the deadline again. */
+static int poll_ms(double left) {
+  if (left <= 0) return 0;
+  return left > 1e6 ? 1000 * 1000 * 1000 : (int)(left * 1000) + 1;
+}
+
 /* Move n bytes over `fd` to/from `peer` (-1: a rank still joining) before
  * `deadline`, naming the peer on failure. */
 static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, bool out,
@@ -146,13 +154,16 @@ static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, 
   while (n) {
     struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
     double left = deadline - df_now_seconds();
-    int rc = left > 0 ? poll(&pf, 1, (int)(left * 1000) + 1) : 0;
+    int rc = left > 0 ? poll(&pf, 1, poll_ms(left)) : 0;
     if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0 && left > 1e6) continue;
     if (rc == 0)
       return df_error(DFLASH_E_TIMEOUT, "rank %d: %s %s for %.0f s during %s (set "
                       "DFLASH_DIST_TIMEOUT to wait longer)", c->rank, who,
                       out ? "took no data" : "sent nothing", c->wait, c->what);
-    ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+    /* MSG_DONTWAIT: a blocking send of n bytes would wait, past the
+     * deadline, until a stalled peer reads them all. */
+    ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (k <= 0)
       return df_error(DFLASH_E_NETWORK, "rank %d: %s closed its connection during %s (%s): it "
@@ -243,7 +254,7 @@ static dflash_status root_collective(df_comm *c, uint32_t op, void *buf, size_t 
   bool reduce = op != OP_BCAST;
   for (int r = 1; r < c->world; r++) {
     *culprit = r;
-    dflash_status st = recv_hdr(c, r, op, reduce ? bytes : 0, deadline);
+    dflash_status st = recv_hdr(c, r, op, bytes, deadline);
     if (!st && reduce) st = gather_add(c, r, op, buf, bytes, deadline);
     if (st) return st;
   }
@@ -272,7 +283,7 @@ static dflash_status pending_abort(df_comm *c, dflash_status st) {
 static dflash_status leaf_collective(df_comm *c, uint32_t op, void *buf, size_t bytes,
                                      double deadline) {
   bool reduce = op != OP_BCAST;
-  dflash_status st = send_hdr(c, 0, op, reduce ? bytes : 0, deadline);
+  dflash_status st = send_hdr(c, 0, op, bytes, deadline);
   if (!st && reduce) st = xfer(c, 0, buf, bytes, true, deadline);
   if (st) return pending_abort(c, st);
   st = recv_hdr(c, 0, op, bytes, deadline);
@@ -360,21 +371,40 @@ static void no_delay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* A listening socket on `ai`, -1 (errno set) when it cannot be made. An
+ * IPv6 one also takes IPv4: MASTER_ADDR=localhost is ::1 on many hosts. */
+static int listen_on(const struct addrinfo *ai) {
+  int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), one = 1, zero = 0;
+  if (fd < 0) return -1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128)) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
 /* Rank 0: accept world-1 ranks; each says hello with its rank and world. */
 static dflash_status serve(df_comm *c, const df_dist_env *env, double deadline) {
   struct addrinfo *ai;
   dflash_status st = resolve(env, true, &ai);
   if (st) return st;
-  int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), one = 1;
-  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 128))
+  int fd = -1;
+  for (int v6 = 1; fd < 0 && v6 >= 0; v6--) /* dual-stack IPv6 first, else IPv4 */
+    for (const struct addrinfo *a = ai; fd < 0 && a; a = a->ai_next)
+      if ((a->ai_family == AF_INET6) == v6) fd = listen_on(a);
+  if (fd < 0)
     st = df_error_errno(DFLASH_E_IO, errno, "rendezvous: cannot listen on port %d",
                         env->master_port);
   freeaddrinfo(ai);
   for (int joined = 1; !st && joined < env->world;) {
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    int ms = (int)((deadline - df_now_seconds()) * 1000);
-    if (ms <= 0 || poll(&p, 1, ms) == 0) {
+    int ms = poll_ms(deadline - df_now_seconds()), rc = ms > 0 ? poll(&p, 1, ms) : 0;
+    if (rc < 0 || (rc == 0 && ms == 1000 * 1000 * 1000)) continue; /* EINTR; a long wait */
+    if (rc == 0) {
       st = df_error(DFLASH_E_TIMEOUT, "rendezvous: only %d of %d ranks joined on port %d before "
                     "the timeout", joined, env->world, env->master_port);
       break;
