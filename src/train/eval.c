@@ -21,7 +21,8 @@ dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_
                                         int64_t len, const float *hidden,
                                         const int32_t *anchors, int32_t n_anchors,
                                         int32_t *accept, int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && accept && (anchors || n_anchors == 0));
+  DF_CHECK_ARG(t && input_ids && hidden && accept && n_anchors >= 0 &&
+               (anchors || n_anchors == 0));
   int B = t->m.B;
   int32_t *p = pred ? pred : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
   if (!p) return df_error_nomem("predictions");

@@ -151,6 +151,9 @@ START_TEST(walk_rejects_bad_arguments) {
                    DFLASH_E_INVALID_ARG);
   ck_assert_int_eq(dflash_trainer_walk(t, ids, mask, 4, h, -1, &tokens, &steps, NULL, NULL),
                    DFLASH_E_INVALID_ARG);
+  int32_t anchor = 0, accept;
+  ck_assert_int_eq(dflash_trainer_acceptance(t, ids, 4, h, &anchor, -1, &accept, NULL),
+                   DFLASH_E_INVALID_ARG);
   dflash_eval_walk ew;
   dflash_eval_walk_default(&ew);
   ck_assert_uint_eq(ew.struct_size, sizeof ew);
