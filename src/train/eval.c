@@ -21,7 +21,8 @@ dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_
                                         int64_t len, const float *hidden,
                                         const int32_t *anchors, int32_t n_anchors,
                                         int32_t *accept, int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && accept && (anchors || n_anchors == 0));
+  DF_CHECK_ARG(t && input_ids && hidden && accept && n_anchors >= 0 &&
+               (anchors || n_anchors == 0));
   int B = t->m.B;
   int32_t *p = pred ? pred : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
   if (!p) return df_error_nomem("predictions");
@@ -37,15 +38,20 @@ dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_
 }
 
 /* Open a dataset joined with its hidden states, started over every sample
- * in dataset order. */
-static dflash_status stream_all(const char *data_dir, const char *hidden_dir,
-                                dflash_sample_stream **out) {
+ * in dataset order. The store must hold the trainer's K*H features per
+ * token: predict reads len*K*H floats from each sample. */
+static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
+                                const char *hidden_dir, dflash_sample_stream **out) {
   dflash_sample_stream *s;
   dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
   if (st) return st;
+  if (dflash_sample_stream_width(s) != t->m.KH)
+    st = df_error(DFLASH_E_MISMATCH, "%s holds %lld features per token; the drafter needs "
+                  "K*H = %lld", hidden_dir, (long long)dflash_sample_stream_width(s),
+                  (long long)t->m.KH);
   size_t n = dflash_sample_stream_count(s);
-  uint64_t *order = malloc((n ? n : 1) * sizeof *order);
-  if (!order) st = df_error_nomem("evaluation order");
+  uint64_t *order = st ? NULL : malloc((n ? n : 1) * sizeof *order);
+  if (!st && !order) st = df_error_nomem("evaluation order");
   for (size_t i = 0; !st && i < n; i++) order[i] = i;
   if (!st) st = dflash_sample_stream_start(s, order, n); /* copies the order */
   free(order);
@@ -59,7 +65,7 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
                                 double *acc, int64_t *n_blocks) {
   DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
   dflash_sample_stream *s;
-  dflash_status st = stream_all(data_dir, hidden_dir, &s);
+  dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
   int32_t *anc = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
@@ -221,7 +227,7 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
   DF_CHECK_ARG(t && data_dir && hidden_dir && w && w->struct_size >= sizeof *w &&
                w->max_tokens >= 0);
   dflash_sample_stream *s;
-  dflash_status st = stream_all(data_dir, hidden_dir, &s);
+  dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
   int64_t *hits = calloc(2 * (size_t)B, sizeof *hits);

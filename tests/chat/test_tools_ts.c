@@ -3,6 +3,7 @@
  * tool_declaration_ts.py (tests/chat/test_tools_ts.py compares with the
  * reference itself over generated schemas). */
 #include <dflash/chat.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,6 +201,54 @@ START_TEST(test_kimi_renderers) {
 }
 END_TEST
 
+/* Depth: jansson refuses JSON nested deeper than 2048 with a message, and
+ * every schema nesting it accepts converts without exhausting the stack
+ * (the conversion and the deep sort recurse once per level). */
+static char *nested(const char *open, const char *leaf, const char *close, int depth) {
+  size_t n = strlen(open) + strlen(close);
+  char *s = malloc(n * (size_t)depth + strlen(leaf) + 256), *p = s;
+  p += sprintf(p, "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+                  "{\"type\": \"object\", \"properties\": {\"x\": ");
+  for (int i = 0; i < depth; i++) p = stpcpy(p, open);
+  p = stpcpy(p, leaf);
+  for (int i = 0; i < depth; i++) p = stpcpy(p, close);
+  strcpy(p, "}}}}]");
+  return s;
+}
+
+START_TEST(test_deep_nesting) {
+  enum { DEEP = 100000 };
+  char *deep = malloc(2 * DEEP);
+  memset(deep, '[', DEEP);
+  memset(deep + DEEP, ']', DEEP);
+  size_t n;
+  ck_assert_status(dflash_chat_tools_typescript(deep, 2 * DEEP, 1, NULL, 0, &n), DFLASH_E_JSON,
+                   "maximum parsing depth");
+  free(deep);
+  /* The deepest nestings accepted (6 JSON levels outside x; 2 per object
+   * level, 2 per anyOf, 1 per array), then one level more. */
+  static const struct {
+    const char *open, *leaf, *close;
+    int depth;
+  } kinds[3] = {
+      {"{\"type\": \"object\", \"properties\": {\"a\": ", "{\"type\": \"string\"}",
+       "}, \"required\": [\"a\"]}", 1020},
+      {"{\"anyOf\": [", "{\"type\": \"string\"}", "]}", 1020},
+      {"{\"type\": \"array\", \"items\": ", "{\"type\": \"string\", \"description\": \"d\"}", "}",
+       2041},
+  };
+  for (int i = 0; i < 3; i++) {
+    char *ok = nested(kinds[i].open, kinds[i].leaf, kinds[i].close, kinds[i].depth);
+    for (int sort = 0; sort < 2; sort++) free(ts(ok, sort));
+    free(ok);
+    char *deeper = nested(kinds[i].open, kinds[i].leaf, kinds[i].close, kinds[i].depth + 1);
+    ck_assert_status(dflash_chat_tools_typescript(deeper, strlen(deeper), 1, NULL, 0, &n),
+                     DFLASH_E_JSON, "maximum parsing depth");
+    free(deeper);
+  }
+}
+END_TEST
+
 TCase *tc_chat_tools_ts(void) {
   TCase *tc = tcase_create("tools_ts");
   tcase_add_test(tc, test_fields_order_and_comments);
@@ -208,5 +257,6 @@ TCase *tc_chat_tools_ts(void) {
   tcase_add_test(tc, test_sorting_and_empty);
   tcase_add_test(tc, test_errors_and_buffer);
   tcase_add_test(tc, test_kimi_renderers);
+  tcase_add_test(tc, test_deep_nesting);
   return tc;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "synth.h"
 #include "testutil.h"
 
 static const char *CFG =
@@ -150,6 +151,9 @@ START_TEST(walk_rejects_bad_arguments) {
                    DFLASH_E_INVALID_ARG);
   ck_assert_int_eq(dflash_trainer_walk(t, ids, mask, 4, h, -1, &tokens, &steps, NULL, NULL),
                    DFLASH_E_INVALID_ARG);
+  int32_t anchor = 0, accept;
+  ck_assert_int_eq(dflash_trainer_acceptance(t, ids, 4, h, &anchor, -1, &accept, NULL),
+                   DFLASH_E_INVALID_ARG);
   dflash_eval_walk ew;
   dflash_eval_walk_default(&ew);
   ck_assert_uint_eq(ew.struct_size, sizeof ew);
@@ -159,10 +163,53 @@ START_TEST(walk_rejects_bad_arguments) {
 }
 END_TEST
 
+/* The held-out store must hold the drafter's K*H features per token: a
+ * trainer for two target layers over a one-layer store (synth_world: H = 32,
+ * K = 1) is refused, not read past each sample's hidden states. */
+START_TEST(eval_rejects_hidden_of_another_width) {
+  char *root = df_test_tmpdir();
+  synth_world(root, 3, 24, 1);
+  char *data = synth_path(root, "train"), *hidden = synth_path(root, "hidden");
+  static float E[17 * 32];
+  const char *fmt =
+      "{\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 1,"
+      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+      "\"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4,"
+      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": %s}}";
+  const char *layers[2] = {"[3]", "[3, 5]"};
+  for (int i = 0; i < 2; i++) {
+    char text[512];
+    snprintf(text, sizeof text, fmt, layers[i]);
+    dflash_drafter_config cfg;
+    ck_assert_ok(dflash_drafter_config_parse(text, strlen(text), "cfg", &cfg));
+    dflash_trainer *t;
+    ck_assert_ok(dflash_trainer_create(&cfg, E, E, NULL, &t));
+    dflash_eval_walk ew;
+    dflash_eval_walk_default(&ew);
+    double tau;
+    if (i == 0) {
+      ck_assert_ok(dflash_train_eval_walk(t, data, hidden, &ew));
+      ck_assert_int_gt(ew.steps, 0);
+      ck_assert_ok(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL));
+    } else {
+      ck_assert_status(dflash_train_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH,
+                           "K*H = 64");
+      ck_assert_status(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL),
+                           DFLASH_E_MISMATCH, "32 features per token");
+    }
+    dflash_trainer_free(t);
+  }
+  free(data), free(hidden);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 TCase *tc_eval(void) {
   TCase *tc = tcase_create("eval");
   tcase_add_test(tc, walk_takes_the_planned_steps);
   tcase_add_test(tc, walk_max_tokens_cuts_each_run);
   tcase_add_test(tc, walk_rejects_bad_arguments);
+  tcase_add_test(tc, eval_rejects_hidden_of_another_width);
   return tc;
 }
