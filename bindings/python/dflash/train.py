@@ -225,14 +225,16 @@ class Trainer(Handle):
             a = np.ascontiguousarray(value, dtype=np.float32)
             _set_param(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
 
-    @staticmethod
-    def _inputs(input_ids, loss_mask, hidden, anchors):
+    def _inputs(self, input_ids, loss_mask, hidden, anchors):
         ids = np.ascontiguousarray(input_ids, dtype=np.int32)
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8) if loss_mask is not None else None
         hid = np.ascontiguousarray(hidden, dtype=np.float32)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
-        if hid.ndim != 2 or hid.shape[0] != ids.size:
-            raise ValueError(f"hidden has shape {hid.shape}; expected [{ids.size}, K*H]")
+        # The library reads len x K*H floats: a narrower array would be read past its end.
+        width = self.config.n_target_layer_ids * self.config.hidden_size
+        if hid.ndim != 2 or hid.shape != (ids.size, width):
+            raise ValueError(f"hidden has shape {hid.shape}; expected [{ids.size}, {width}] "
+                             f"(len(input_ids), K*H)")
         if mask is not None and mask.size != ids.size:
             raise ValueError("loss_mask and input_ids differ in length")
         return ids, mask, hid, anc
@@ -536,7 +538,7 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
     target's token. Returns dict(tokens, steps, tau=tokens/steps,
     accept=int32 [len] (acceptance at every anchor position, -1 elsewhere),
     step_hist=int64 [B] (steps that gained 1..B tokens))."""
-    ids, mask, hid, _ = Trainer._inputs(input_ids, loss_mask, hidden, [])
+    ids, mask, hid, _ = trainer._inputs(input_ids, loss_mask, hidden, [])
     accept = np.zeros(ids.size, dtype=np.int32)
     hist = np.zeros(trainer.block_size, dtype=np.int64)
     tokens, steps = ctypes.c_int64(), ctypes.c_int64()

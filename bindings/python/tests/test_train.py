@@ -49,6 +49,13 @@ def test_forward_backward_and_predict():
     np.testing.assert_array_equal(tr.gradients()["fc.weight"], g["fc.weight"])
     pred = tr.predict(ids, hid, [0, 5])
     assert pred.shape == (2, 3) and pred.dtype == np.int32
+    # K*H = 2*16 features per token: a narrower array is refused before the
+    # library could read past its end.
+    for bad in (hid[:, :16], hid[:5]):
+        with pytest.raises(ValueError, match=r"expected \[20, 32\]"):
+            tr.predict(ids, bad, [0, 5])
+        with pytest.raises(ValueError, match=r"expected \[20, 32\]"):
+            tr.forward_backward(ids, mask, bad, [0])
 
 
 def test_config_round_trip_and_paths(tmp_path):
