@@ -84,21 +84,25 @@ static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
   a->reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
   a->batch_lines = BATCH_LINES;
   int i = 1;
+  bool bad = false; /* a malformed number (cli_int printed it) */
   for (; i < argc && argv[i][0] == '-'; i++) {
     const char *o = argv[i];
     int has = i + 1 < argc;
     if (!strcmp(o, "--tokenizer") && has) a->tok_path = argv[++i];
     else if (!strcmp(o, "--template") && has) a->tmpl_name = argv[++i];
     else if ((!strcmp(o, "-o") || !strcmp(o, "--out")) && has) a->out_dir = argv[++i];
-    else if (!strcmp(o, "--max-len") && has) a->max_len = strtoull(argv[++i], NULL, 10);
-    else if (!strcmp(o, "--threads") && has) a->threads = atoi(argv[++i]);
-    else if (!strcmp(o, "--batch-lines") && has) a->batch_lines = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(o, "--max-len") && has)
+      a->max_len = (uint64_t)cli_int(o, argv[++i], 1, INT64_MAX, &bad);
+    else if (!strcmp(o, "--threads") && has) a->threads = (int)cli_int(o, argv[++i], 0, 4096, &bad);
+    else if (!strcmp(o, "--batch-lines") && has)
+      a->batch_lines = (uint64_t)cli_int(o, argv[++i], 1, 1 << 20, &bad);
     else if (!strcmp(o, "--truncate")) a->truncate = 1;
     else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
     else if (!strcmp(o, "--reasoning") && has) {
       if (chat_cli_reasoning(argv[++i], &a->reasoning)) return -1;
     } else return -1;
   }
+  if (bad) return -1;
   *first_input = i;
   if (a->threads <= 0) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

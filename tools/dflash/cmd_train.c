@@ -35,6 +35,7 @@ static const char *value(int argc, char **argv, int *i) {
 
 static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
   bool quiet = false;
+  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
 #define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
@@ -53,21 +54,22 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
       if (!strcmp(v, "cpu")) o->trainer.backend = DFLASH_BACKEND_CPU;
       else if (!strcmp(v, "cuda")) o->trainer.backend = DFLASH_BACKEND_CUDA;
       else return fprintf(stderr, "dflash train: unknown backend %s\n", v), 2;
-    } else if (OPT("--epochs")) o->epochs = atoi(v);
-    else if (OPT("--batch")) o->batch_size = atoi(v);
-    else if (OPT("--lr")) o->trainer.lr = atof(v);
-    else if (OPT("--warmup-ratio")) o->trainer.warmup_ratio = atof(v);
-    else if (OPT("--weight-decay")) o->trainer.weight_decay = atof(v);
-    else if (OPT("--clip")) o->trainer.grad_clip = atof(v);
-    else if (OPT("--anchors")) o->trainer.num_anchors = atoi(v);
-    else if (OPT("--save-every")) o->save_every = atoi(v);
-    else if (OPT("--max-steps")) o->max_steps = atoll(v);
-    else if (OPT("--seed")) o->trainer.seed = strtoull(v, NULL, 10);
-    else if (OPT("--threads")) o->trainer.n_threads = atoi(v);
+    } else if (OPT("--epochs")) o->epochs = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--batch")) o->batch_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--lr")) o->trainer.lr = cli_real(a, v, 0, 1e9, &bad);
+    else if (OPT("--warmup-ratio")) o->trainer.warmup_ratio = cli_real(a, v, 0, 1, &bad);
+    else if (OPT("--weight-decay")) o->trainer.weight_decay = cli_real(a, v, 0, 1e9, &bad);
+    else if (OPT("--clip")) o->trainer.grad_clip = cli_real(a, v, 0, 1e300, &bad);
+    else if (OPT("--anchors")) o->trainer.num_anchors = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--save-every")) o->save_every = (int32_t)cli_int(a, v, 0, INT32_MAX, &bad);
+    else if (OPT("--max-steps")) o->max_steps = cli_int(a, v, 0, INT64_MAX, &bad);
+    else if (OPT("--seed")) o->trainer.seed = (uint64_t)cli_int(a, v, 0, INT64_MAX, &bad);
+    else if (OPT("--threads")) o->trainer.n_threads = (int32_t)cli_int(a, v, 0, 4096, &bad);
     else return fprintf(stderr, "dflash train: unknown or incomplete option %s\n%s", a,
                         TRAIN_USAGE), 2;
 #undef OPT
   }
+  if (bad) return 2;
   if (!o->config_path || !o->target_path || !o->data_dir || !o->hidden_dir || !o->out_dir)
     return fputs(TRAIN_USAGE, stderr), 2;
   o->progress = quiet ? NULL : stderr;
@@ -83,22 +85,24 @@ static int cmd_plan(int argc, char **argv) {
   dflash_train_plan_options po;
   dflash_train_plan_options_default(&po);
   const char *config = NULL;
+  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
 #define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
     if (!strcmp(a, "--plan")) continue;
     else if (!strcmp(a, "--no-zero1")) po.zero1 = 0;
     else if (OPT("--config")) config = v;
-    else if (OPT("--world")) po.world_size = atoi(v);
-    else if (OPT("--seq-len")) po.seq_len = atoi(v);
-    else if (OPT("--anchors")) po.num_anchors = atoi(v);
-    else if (OPT("--batch")) po.batch_size = atoi(v);
-    else if (OPT("--gpu-gb")) po.gpu_bytes = (uint64_t)(atof(v) * 1e9);
-    else if (OPT("--vocab-chunk")) po.vocab_chunk = atoi(v);
+    else if (OPT("--world")) po.world_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--seq-len")) po.seq_len = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--anchors")) po.num_anchors = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--batch")) po.batch_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--gpu-gb")) po.gpu_bytes = (uint64_t)(cli_real(a, v, 0, 1e9, &bad) * 1e9);
+    else if (OPT("--vocab-chunk")) po.vocab_chunk = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
     else return fprintf(stderr, "dflash train --plan: unknown or incomplete option %s\n%s", a,
                         TRAIN_USAGE), 2;
 #undef OPT
   }
+  if (bad) return 2;
   if (!config) return fputs(TRAIN_USAGE, stderr), 2;
   dflash_drafter_config cfg;
   dflash_status st = dflash_drafter_config_load(config, &cfg);
@@ -192,6 +196,7 @@ int cmd_eval(int argc, char **argv) {
   int anchors = 64, max_tokens = 0;
   bool json = false;
   uint64_t seed = 1;
+  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = NULL;
 #define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
@@ -200,9 +205,9 @@ int cmd_eval(int argc, char **argv) {
     else if (OPT("--target")) target = v;
     else if (OPT("--data")) data = v;
     else if (OPT("--hidden")) hidden = v;
-    else if (OPT("--anchors")) anchors = atoi(v);
-    else if (OPT("--seed")) seed = strtoull(v, NULL, 10);
-    else if (OPT("--max-tokens")) max_tokens = atoi(v);
+    else if (OPT("--anchors")) anchors = (int)cli_int(a, v, 1, INT32_MAX, &bad);
+    else if (OPT("--seed")) seed = (uint64_t)cli_int(a, v, 0, INT64_MAX, &bad);
+    else if (OPT("--max-tokens")) max_tokens = (int)cli_int(a, v, 0, INT32_MAX, &bad);
     else if (!strcmp(a, "--json")) json = true;
     else if (OPT("--embed-name")) en = v;
     else if (OPT("--lm-head-name")) hn = v;
@@ -210,6 +215,7 @@ int cmd_eval(int argc, char **argv) {
                         EVAL_USAGE), 2;
 #undef OPT
   }
+  if (bad) return 2;
   if (!ckpt || !target || !data || !hidden) return fputs(EVAL_USAGE, stderr), 2;
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);

@@ -5,6 +5,8 @@
 
 #include <dflash/dflash.h>
 
+#include <stdbool.h>
+
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_fetch(int argc, char **argv);
@@ -18,5 +20,11 @@ int cmd_decode(int argc, char **argv);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);
+
+/* Strict option values: the whole string must be a number in [lo, hi] (atoi
+ * would read "8x" as 8 and "abc" as 0). On a bad value print
+ * "dflash: OPT wants ..., got 'V'" to stderr, set *bad and return lo. */
+long long cli_int(const char *opt, const char *v, long long lo, long long hi, bool *bad);
+double cli_real(const char *opt, const char *v, double lo, double hi, bool *bad);
 
 #endif

@@ -1,5 +1,7 @@
 /* `dflash`: command-line front end. Dispatches to one function per subcommand. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
@@ -27,6 +29,30 @@ static const command commands[] = {
 int cli_fail(const char *cmd, dflash_status st) {
   fprintf(stderr, "dflash %s: %s: %s\n", cmd, dflash_status_str(st), dflash_last_error());
   return 1;
+}
+
+long long cli_int(const char *opt, const char *v, long long lo, long long hi, bool *bad) {
+  char *end = NULL;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) {
+    fprintf(stderr, "dflash: %s wants an integer in [%lld, %lld], got '%s'\n", opt, lo, hi, v);
+    *bad = true;
+    return lo;
+  }
+  return x;
+}
+
+double cli_real(const char *opt, const char *v, double lo, double hi, bool *bad) {
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+    fprintf(stderr, "dflash: %s wants a number in [%g, %g], got '%s'\n", opt, lo, hi, v);
+    *bad = true;
+    return lo;
+  }
+  return x;
 }
 
 static void usage(FILE *out) {

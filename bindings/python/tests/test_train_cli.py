@@ -139,3 +139,27 @@ def test_cli_reports_bad_inputs(tmp_path):
                        text=True)
     assert r.returncode == 1 and "no token embedding" in r.stderr
     assert not (tmp_path / "o2" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--config", "c", "--target", "t", "--data", "d", "--hidden", "h", "-o", "o",
+     "--epochs", "8x"],
+    ["train", "--config", "c", "--target", "t", "--data", "d", "--hidden", "h", "-o", "o",
+     "--lr", "abc"],
+    ["train", "--plan", "--config", "c", "--world", "0"],
+    ["eval", "--checkpoint", "c", "--target", "t", "--data", "d", "--hidden", "h",
+     "--anchors", "sixty"],
+    ["eval", "--checkpoint", "c", "--target", "t", "--data", "d", "--hidden", "h",
+     "--max-tokens", "-1"],
+    ["tokenize", "--tokenizer", "t", "--template", "smollm2", "-o", "o", "--threads", "2.5",
+     "in.jsonl"],
+])
+def test_malformed_numbers_are_usage_errors(args):
+    """A number option that does not parse whole (atoi would read "8x" as 8 and
+    "abc" as 0) is refused before any work, naming the option and the value."""
+    r = subprocess.run([CLI] + args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    opt, val = args[-2], args[-1]
+    if args[0] == "tokenize":
+        opt, val = args[-3], args[-2]
+    assert f"{opt} wants" in r.stderr and f"'{val}'" in r.stderr, r.stderr
