@@ -24,6 +24,18 @@ static int content_kind(df_role role) {
 }
 
 /*
+ * The tools as every Kimi tokenizer hands them to its template: each
+ * object's keys sorted (tokenization_kimi.py's deep_sort_dict). NULL when
+ * there are none or on failure (then recorded in the output's status).
+ */
+static json_t *sorted_tools(const df_render_ctx *x) {
+  if (!x->conv->tools || x->out->st) return NULL;
+  json_t *sorted = df_json_deep_sorted(x->conv->tools);
+  if (!sorted) x->out->st = df_error_nomem("kimi tool declarations");
+  return sorted;
+}
+
+/*
  * kimi-k2 / kimi-k2-thinking: the template prints `tools | tojson`, but the
  * model's tokenization_kimi.py overrides apply_chat_template to deep-sort
  * every object's keys first (deep_sort_dict), so the declaration the model
@@ -31,12 +43,8 @@ static int content_kind(df_role role) {
  */
 static void tools_declaration(const df_render_ctx *x, const char *item_sep, const char *key_sep) {
   df_out *o = x->out;
-  if (!x->conv->tools || o->st) return;
-  json_t *sorted = df_json_deep_sorted(x->conv->tools);
-  if (!sorted) {
-    o->st = df_error_nomem("kimi tool declarations");
-    return;
-  }
+  json_t *sorted = sorted_tools(x);
+  if (!sorted) return;
   df_out_cstr(o, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
   df_pyjson_dump(o, sorted, item_sep, key_sep, DFLASH_CHAT_SPAN_TOOLS, -1);
   df_out_cstr(o, "<|im_end|>", SCAF, -1);
@@ -52,12 +60,8 @@ static void tools_declaration(const df_render_ctx *x, const char *item_sep, cons
  */
 static void k25_tools_declaration(const df_render_ctx *x) {
   df_out *o = x->out;
-  if (!x->conv->tools || o->st) return;
-  json_t *sorted = df_json_deep_sorted(x->conv->tools);
-  if (!sorted) {
-    o->st = df_error_nomem("kimi tool declarations");
-    return;
-  }
+  json_t *sorted = sorted_tools(x);
+  if (!sorted) return;
   df_out ts = {0};
   dflash_status st = df_tools_typescript(sorted, &ts);
   df_out_cstr(o, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
