@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs dependencies, then builds and runs every test:
-#   1. gcc, -Werror: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles)
-#   2. clang, -Werror: unit suites
-#   3. gcc with ASan + UBSan: unit suites and fuzz corpus
-#   4. valgrind over the core unit suite
+# Installs dependencies, then builds and runs every test. Warnings are errors here
+# (-Dwerror=true), never in a user's build (meson.build leaves werror off).
+#   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles)
+#   2. clang: unit suites
+#   3. gcc and clang, --buildtype=release (-O3): unit suites, so an -O3-only warning shows here
+#   4. gcc with ASan + UBSan: unit suites and fuzz corpus
+#   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dflash
+#      tokenize, the fetcher's loop and writer, hidden-store prefetch, host communicator)
+#   6. valgrind over the core unit suite
 # Usage: scripts/test.sh [--no-deps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +16,8 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 setup() { # setup DIR [meson args...]: configure a fresh or existing build folder
   local dir=$1; shift
-  if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" "$@" >/dev/null
-  else meson setup "$dir" "$@" >/dev/null; fi
+  if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" -Dwerror=true "$@" >/dev/null
+  else meson setup "$dir" -Dwerror=true "$@" >/dev/null; fi
 }
 run_tests() { # run_tests DIR [meson test args...]
   local dir=$1; shift
@@ -30,12 +34,27 @@ CC=clang setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
 DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi
 
+for cc in gcc clang; do
+  echo "== $cc release =="
+  CC=$cc setup "build-$cc-release" --buildtype=release -Dtests=enabled -Dpython=disabled
+  ninja -C "build-$cc-release"
+  run_tests "build-$cc-release" --suite unit --suite fuzz
+done
+
 echo "== ASan + UBSan =="
 setup build-asan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=address,undefined -Db_lundef=false
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   DFLASH_SKIP_ABI=1 run_tests build-asan --no-suite abi --no-suite oracle  # Python oracles load the lib into an uninstrumented interpreter
+
+echo "== TSan =="
+# Only the binaries are instrumented; the Python drivers of the CLI tests run uninstrumented.
+CC=clang setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
+  -Db_sanitize=thread -Db_lundef=false
+ninja -C build-tsan
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1 \
+  run_tests build-tsan core tokenizer chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3
 
 echo "== valgrind =="
 run_tests build-gcc --setup=valgrind --suite core

@@ -10,8 +10,18 @@
 
 /* Hot loops get an AVX2 clone picked at load time (GCC/clang ifunc); the
  * build's baseline stays generic x86-64. ISO C mode keeps floating-point
- * contraction off, so both clones compute bit-identical results. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__) && \
+ * contraction off, so both clones compute bit-identical results. Not under
+ * sanitizers: an instrumented ifunc resolver runs during relocation, before the
+ * sanitizer runtime is up (TSan crashes there). gcc says __SANITIZE_*__, clang
+ * __has_feature. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DF_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DF_SANITIZED 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(DF_SANITIZED) && \
     defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define DF_HOT __attribute__((target_clones("avx2", "default")))

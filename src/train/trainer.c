@@ -140,7 +140,7 @@ static dflash_status find_sized(const dflash_trainer *t, const char *name, size_
 /* Copy tensor `name` out of `base` (params or grads). */
 static dflash_status copy_out(const dflash_trainer *t, const float *base, const char *name,
                               float *out, size_t n) {
-  const df_tensor_info *ti;
+  const df_tensor_info *ti = NULL; /* gcc -O3 cannot see that find_sized sets it on success */
   dflash_status st = find_sized(t, name, n, &ti);
   if (st) return st;
   DF_CHECK_ARG(out);
@@ -157,7 +157,7 @@ dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name
 
 dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name, const float *in,
                                        size_t n) {
-  const df_tensor_info *ti;
+  const df_tensor_info *ti = NULL; /* as in copy_out */
   dflash_status st = find_sized(t, name, n, &ti);
   if (st) return st;
   DF_CHECK_ARG(in);
