@@ -124,17 +124,85 @@ def cstr(value):
     return os.fsencode(value)
 
 
+class Owner:
+    """Owns one C object, freed by `free` when the last reference to this Owner goes.
+
+    A Handle that made views (see `view`) holds one reference and drops it on close();
+    each view holds another as its numpy base. So close() frees at once when no view is
+    left, and otherwise the last view to go frees it: a view never outlives its memory.
+    `parent`: the Owner of an object this one borrows (a storage client), kept until
+    this one is freed."""
+
+    def __init__(self, ptr, free, parent=None):
+        self.ptr, self._free, self.parent = ptr, free, parent
+
+    def detach(self):
+        """Take the pointer back (the caller frees it now); the Owner frees nothing."""
+        ptr, self.ptr = self.ptr, None
+        return ptr
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr and self._free is not None:
+            try:
+                self._free(ptr)
+            except Exception:  # interpreter shutdown
+                pass
+        self.parent = None  # after the free: this object borrowed the parent's
+
+
+class _ArrayInterface:
+    """What numpy wraps (and keeps as the array's base): an address, and the Owner."""
+
+    def __init__(self, owner, address, shape, typestr):
+        self.owner = owner
+        self.__array_interface__ = {"data": (address, True), "shape": shape,
+                                    "typestr": typestr, "version": 3}
+
+
+def view(owner, address, shape, dtype):
+    """A read-only numpy array over `address` (memory of the Owner `owner`, C order)
+    that keeps `owner` alive; empty shapes (and a NULL address) give an empty array."""
+    import numpy as np
+    dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+    if not address or 0 in shape:
+        out = np.empty(shape, dtype)
+    else:
+        out = np.asarray(_ArrayInterface(owner, address, shape, dtype.str))
+    out.flags.writeable = False
+    return out
+
+
 class Handle:
     """Base of the classes that own one C object (`self._h`) freed by the C function
     named in `_free`. close() is idempotent; `with` blocks and garbage collection call
-    it; __del__ is safe at interpreter exit, when the library may already be gone."""
+    it; __del__ is safe at interpreter exit, when the library may already be gone.
+
+    A class whose arrays view the object's memory adopts it with `_own(h)` and makes
+    them with `_view`: close() then frees the object only once the last view is gone.
+    Methods reach the object through `_handle()`, which raises ValueError once closed."""
 
     _h = None
     _free = None  # name of the dflash_X_free function
+    _owner = None  # an Owner, for classes that hand out views (see _own)
+
+    def _own(self, h):
+        self._owner = Owner(h, getattr(lib, self._free))
+        self._h = h
+
+    def _view(self, address, shape, dtype):
+        return view(self._owner, address, shape, dtype)
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError(f"{type(self).__name__} is closed")
+        return self._h
 
     def close(self):
         h, self._h = self._h, None
-        if h and lib is not None:
+        if self._owner is not None:
+            self._owner = None  # frees h now, or when the last view goes
+        elif h and lib is not None:
             self._release(h)
 
     def _release(self, h):

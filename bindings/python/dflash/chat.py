@@ -88,11 +88,11 @@ class Conversation(Handle):
         self._h = h
 
     def __len__(self):
-        return lib.dflash_chat_conversation_message_count(self._h)
+        return lib.dflash_chat_conversation_message_count(self._handle())
 
     def normalize_nfc(self):
         """Normalise every string to Unicode NFC in place (for NFC tokenizers)."""
-        _nfc(self._h)
+        _nfc(self._handle())
         return self
 
 
@@ -128,7 +128,7 @@ class Rendered(Handle):
         b = np.ascontiguousarray(begin, dtype=np.uint32)
         e = np.ascontiguousarray(end, dtype=np.uint32)
         out = np.zeros(len(b), dtype=np.uint8)
-        _mask(self._h, b.ctypes.data_as(_u32p), e.ctypes.data_as(_u32p), len(b),
+        _mask(self._handle(), b.ctypes.data_as(_u32p), e.ctypes.data_as(_u32p), len(b),
               1 if last_turn_only else 0, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), None)
         return out
 
@@ -141,7 +141,7 @@ class Rendered(Handle):
         ids = np.zeros(cap, dtype=np.int32)
         mask = np.zeros(cap, dtype=np.uint8)
         n, sup = ctypes.c_size_t(), ctypes.c_size_t()
-        _encode(self._h, tokenizer._handle(), 1 if last_turn_only else 0,
+        _encode(self._handle(), tokenizer._handle(), 1 if last_turn_only else 0,
                 ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                 mask.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), cap, ctypes.byref(n),
                 ctypes.byref(sup))
@@ -181,11 +181,11 @@ class ChatTemplate(Handle):
         if isinstance(messages, Conversation):
             if nfc:
                 messages.normalize_nfc()
-            _render(self._h, messages._h, ctypes.byref(opts), ctypes.byref(out))
+            _render(self._handle(), messages._handle(), ctypes.byref(opts), ctypes.byref(out))
             return Rendered(out)
         if not nfc:
             doc = _conversation_json(messages, tools)
-            _render_json(self._h, doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
+            _render_json(self._handle(), doc, len(doc), ctypes.byref(opts), ctypes.byref(out))
             return Rendered(out)
         with Conversation(messages, tools) as conv:
             return self.render_full(conv, add_generation_prompt=add_generation_prompt,

@@ -32,33 +32,32 @@ def tokenizer_hash(path):
 
 class Dataset(Handle):
     """A dataset directory: len(ds), ds[i] -> (sample_id, input_ids int32, loss_mask uint8)
-    as zero-copy numpy views of the mapped shards (valid while the Dataset is open)."""
+    as read-only zero-copy numpy views of the mapped shards. A view keeps the shards
+    mapped after close() until it is gone; the closed Dataset itself raises ValueError."""
 
     _free = "dflash_dataset_free"
 
     def __init__(self, path):
         h = _vp()
         _open(cstr(path), ctypes.byref(h))
-        self._h = h
+        self._own(h)
 
     def __len__(self):
-        return lib.dflash_dataset_count(self._h)
+        return lib.dflash_dataset_count(self._handle())
 
     @property
     def tokens(self):
         """Total tokens over all samples."""
-        return lib.dflash_dataset_tokens(self._h)
+        return lib.dflash_dataset_tokens(self._handle())
 
     def __getitem__(self, i):
+        h = self._handle()
         if i < 0:
             i += len(self)
         ids, mask, n, sid = _vp(), _vp(), ctypes.c_size_t(), ctypes.c_char_p()
-        _sample(self._h, i, ctypes.byref(ids), ctypes.byref(mask), ctypes.byref(n),
-                ctypes.byref(sid))
-        a = np.ctypeslib.as_array(ctypes.cast(ids, ctypes.POINTER(ctypes.c_int32)), (n.value,))
-        m = np.ctypeslib.as_array(ctypes.cast(mask, ctypes.POINTER(ctypes.c_uint8)), (n.value,))
-        a.flags.writeable = m.flags.writeable = False
-        return sid.value.decode(), a, m
+        _sample(h, i, ctypes.byref(ids), ctypes.byref(mask), ctypes.byref(n), ctypes.byref(sid))
+        return (sid.value.decode(), self._view(ids.value, (n.value,), np.int32),
+                self._view(mask.value, (n.value,), np.uint8))
 
     def __iter__(self):
         for i in range(len(self)):
@@ -68,7 +67,8 @@ class Dataset(Handle):
         """uint64 counts of sample lengths in bins of `bin_width` tokens; the last bin takes
         longer ones."""
         out = np.zeros(n_bins, dtype=np.uint64)
-        _hist(self._h, bin_width, n_bins, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
+        _hist(self._handle(), bin_width, n_bins,
+              out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)))
         return out
 
 

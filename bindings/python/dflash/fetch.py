@@ -235,7 +235,7 @@ class Fetcher(Handle):
         out = []
         for i in range(_server_count(self._fetcher())):
             s = ServerStats(struct_size=ctypes.sizeof(ServerStats))
-            _server_stats(self._h, i, ctypes.byref(s))
+            _server_stats(self._fetcher(), i, ctypes.byref(s))
             out.append(s.as_dict())
         return out
 

@@ -125,17 +125,22 @@ class HiddenWriter:
         _w_create(cstr(directory), num_layers, hidden_size, ctypes.byref(opts),
                   ctypes.byref(self._h))
 
+    def _writer(self):
+        if not getattr(self, "_h", None):
+            raise ValueError("HiddenWriter is closed")
+        return self._h
+
     def append(self, sample_id, states):
         """Buffer one sample: float32 (or torch bf16, kept bit-exact) [S, K*H]."""
         a, bf16 = _as_array(states)
         if a.ndim != 2 or a.shape[1] != self.width:
             raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
         fn = _w_append_bf16 if bf16 else _w_append
-        fn(self._h, str(sample_id).encode(), a.ctypes.data, a.shape[0])
+        fn(self._writer(), str(sample_id).encode(), a.ctypes.data, a.shape[0])
 
     def flush(self):
         """Write the buffered samples as a shard and update the index."""
-        _w_flush(self._h)
+        _w_flush(self._writer())
 
     def close(self):
         """Write the buffered samples and the index, then release the writer."""
@@ -183,21 +188,21 @@ class HiddenStore(Handle):
         out = []
         for i in range(self.count):
             s = ctypes.c_char_p()
-            _h_id(self._h, i, ctypes.byref(s))
+            _h_id(self._handle(), i, ctypes.byref(s))
             out.append(s.value.decode())
         return out
 
     def length(self, sample_id):
         """Token count of a sample; Error DFLASH_E_NOT_FOUND naming the id when absent."""
         n = ctypes.c_int64()
-        _h_len(self._h, str(sample_id).encode(), ctypes.byref(n))
+        _h_len(self._handle(), str(sample_id).encode(), ctypes.byref(n))
         return n.value
 
     def read(self, sample_id):
         """A sample decoded to float32 [S, K*H]."""
         n = self.length(sample_id)
         out = np.empty((n, self.num_layers * self.hidden_size), dtype=np.float32)
-        _h_read(self._h, str(sample_id).encode(), out.ctypes.data, n)
+        _h_read(self._handle(), str(sample_id).encode(), out.ctypes.data, n)
         return out
 
 
@@ -217,34 +222,46 @@ class SampleStream(Handle):
         _s_open(cstr(data_dir), cstr(hidden_dir), ctypes.byref(opts), ctypes.byref(self._h))
 
     def __len__(self):
-        return _s_count(self._h)
+        return _s_count(self._handle())
 
     def check(self):
         """Raise dflash.Error naming the first missing id / length mismatch."""
         bad = ctypes.c_size_t()
-        _s_check(self._h, ctypes.byref(bad))
+        _s_check(self._handle(), ctypes.byref(bad))
 
     def iterate(self, order=None):
-        """Yield (index, id, input_ids, loss_mask, hidden) copies in `order`."""
+        """Yield (index, id, input_ids, loss_mask, hidden) copies in `order` (the
+        sample's pointers are the stream's until the next one: each is copied before
+        it is yielded). Closing the stream mid-iteration makes the next step raise
+        ValueError."""
         order = np.ascontiguousarray(np.arange(len(self)) if order is None else order,
                                      dtype=np.uint64)
-        _s_start(self._h, order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), order.size)
+        _s_start(self._handle(), order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
+                 order.size)
         s, done = TrainSample(), ctypes.c_int()
         while True:
-            _s_next(self._h, ctypes.byref(s), ctypes.byref(done))
+            h = self._handle()
+            _s_next(h, ctypes.byref(s), ctypes.byref(done))
             if done.value:
                 return
-            n = s.len
-            yield (s.index, s.id.decode(), np.ctypeslib.as_array(s.input_ids, (n,)).copy(),
-                   np.ctypeslib.as_array(s.loss_mask, (n,)).copy(),
-                   np.ctypeslib.as_array(s.hidden, (n, self.width())).copy())
+            n, width = s.len, _width(h)
+            yield (s.index, s.id.decode(), _copy(s.input_ids, (n,), np.int32),
+                   _copy(s.loss_mask, (n,), np.uint8), _copy(s.hidden, (n, width), np.float32))
 
     def width(self):
         """K*H of the store: the width of each hidden-state row."""
-        return _width(self._h)
+        return _width(self._handle())
 
 
 _width = bind("dflash_sample_stream_width", [_P], ctypes.c_int64)
+
+
+def _copy(ptr, shape, dtype):
+    """A numpy copy of the C array at `ptr` (empty shapes need no address)."""
+    out = np.empty(shape, dtype)
+    if out.size:
+        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
+    return out
 
 
 def write_dataset(directory, samples, **options):

@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import Error, bind, cstr
+from ._lib import Error, Handle, bind, cstr
 
 # dtype name -> numpy dtype. bfloat16 and float8 have no numpy type: their raw
 # bits come back as uint16 / uint8 (ml_dtypes can .view() them if installed).
@@ -56,53 +56,26 @@ _write_index = bind("dflash_safetensors_write_index",
                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)])
 
 
-class _Handle:
-    """Owns one open set; freed when the SafeTensors and every view taken from it are gone."""
-
-    def __init__(self, path):
-        self.ptr = _P()
-        _open(cstr(path), ctypes.byref(self.ptr))
-
-    def __del__(self):
-        ptr, self.ptr = getattr(self, "ptr", None), None
-        if ptr and _free is not None:  # _free may be gone at interpreter exit
-            _free(ptr)
-
-
-class _View:
-    """Exposes mapped bytes to numpy through the array interface; numpy keeps this
-    object (and so the mapping) alive as the array's base."""
-
-    def __init__(self, handle, data, shape, dtype):
-        self.handle = handle
-        self.__array_interface__ = {"data": (data, True), "shape": shape,
-                                    "typestr": dtype.str, "version": 3}
-
-
-class SafeTensors:
+class SafeTensors(Handle):
     """A safetensors file, index or shard directory, memory-mapped.
 
     `st[name]` is a read-only numpy view of the mapped bytes (no copy); a view keeps
-    the files mapped after close(). BF16/F8 tensors come back as raw uint16/uint8 bits.
+    the files mapped after close() until it is gone. BF16/F8 tensors come back as raw
+    uint16/uint8 bits.
     """
 
+    _free = "dflash_safetensors_free"
+
     def __init__(self, path):
-        self._handle = _Handle(path)
+        ptr = _P()
+        _open(cstr(path), ctypes.byref(ptr))
+        self._own(ptr)
 
     def close(self):
         """Release the mapping (views taken from it keep it alive until they go)."""
-        self._handle = None
+        super().close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _ptr(self):
-        if self._handle is None:
-            raise ValueError("SafeTensors is closed")
-        return self._handle.ptr
+    _ptr = Handle._handle
 
     def __len__(self):
         return _count(self._ptr())
@@ -138,12 +111,7 @@ class SafeTensors:
     def __getitem__(self, name):
         t = self._tensor(name=name)
         dtype = np.dtype(DTYPES[dtype_name(t.dtype)])
-        if t.nbytes == 0:
-            out = np.empty(_shape(t), dtype)
-        else:
-            out = np.asarray(_View(self._handle, t.data, _shape(t), dtype))
-        out.flags.writeable = False
-        return out
+        return self._view(t.data if t.nbytes else None, _shape(t), dtype)
 
     @property
     def metadata(self):

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from ._lib import bind, cstr
+from ._lib import Owner, bind, cstr
 from .safetensors import DTYPES, _Tensor, _shape, dtype_name
 
 _P = ctypes.c_void_p
@@ -83,15 +83,16 @@ def is_remote(location):
 
 
 class _Owned:
-    """A library handle released by `free` when closed or collected."""
+    """A library handle released by `free` when closed or collected. An object made
+    from a Storage borrows its client: it keeps the client's C object alive (its Owner)
+    until it is freed itself, so closing a Storage first only stops its own use."""
 
     def __init__(self, ptr, free, parent=None):
-        self.ptr, self._free, self._parent = ptr, free, parent
+        self._owner = Owner(ptr, free, parent._owner if parent is not None else None)
+        self.ptr = ptr
 
     def close(self):
-        ptr, self.ptr = getattr(self, "ptr", None), None
-        if ptr and self._free is not None:
-            self._free(ptr)
+        self.ptr, self._owner = None, None  # frees, after every object borrowing it
 
     def __del__(self):
         self.close()
@@ -113,7 +114,8 @@ class Storage(_Owned):
     come from AWS_* / DFLASH_S3_* environment variables (see storage.h).
 
     addressing: "path" or "virtual"; the *_ms, part_size, multipart_threshold,
-    max_attempts and trace keywords match dflash_storage_options."""
+    max_attempts and trace keywords match dflash_storage_options. Writers and
+    RemoteSafeTensors made from it borrow its client: they keep it alive past close()."""
 
     def __init__(self, region=None, endpoint_url=None, access_key_id=None,
                  secret_access_key=None, session_token=None, addressing=None, **numbers):
@@ -276,15 +278,16 @@ class ChunkWriter(_Owned):
         return _c_last(self._p()).decode()
 
     def close(self):
-        """Flush the open chunk, then free (raises if that last upload fails)."""
-        ptr, self.ptr = getattr(self, "ptr", None), None
+        """Flush the open chunk, then free (raises if that last upload fails).
+        Dropped without close(), the writer is freed and buffered records are not
+        written."""
+        owner, self.ptr, self._owner = getattr(self, "_owner", None), None, None
+        ptr = owner.detach() if owner is not None else None
         if ptr:
-            _c_close(ptr)
+            _c_close(ptr)  # while `owner` still holds the storage client
 
     def __del__(self):
-        ptr, self.ptr = getattr(self, "ptr", None), None
-        if ptr and _c_free is not None:
-            _c_free(ptr)  # dropped without close(): buffered records are not written
+        self.ptr, self._owner = None, None
 
 
 class RemoteSafeTensors(_Owned):

@@ -74,11 +74,6 @@ class Tokenizer(Handle):
         _load(cstr(os.fspath(path)), ctypes.byref(opts), ctypes.byref(handle))
         self._h = handle
 
-    def _handle(self):
-        if not self._h:
-            raise ValueError("tokenizer is closed")
-        return self._h
-
     @property
     def vocab_size(self):
         """Number of token ids (ranks and special tokens)."""

@@ -207,7 +207,7 @@ class Trainer(Handle):
         out = {}
         for name, shape in self._info:
             a = np.empty(shape, dtype=np.float32)
-            getter(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
+            getter(self._handle(), name.encode(), _ptr(a, ctypes.c_float), a.size)
             out[name] = a
         return out
 
@@ -223,7 +223,7 @@ class Trainer(Handle):
         """Copy parameters in from a dict name -> array (shapes as parameters())."""
         for name, value in params.items():
             a = np.ascontiguousarray(value, dtype=np.float32)
-            _set_param(self._h, name.encode(), _ptr(a, ctypes.c_float), a.size)
+            _set_param(self._handle(), name.encode(), _ptr(a, ctypes.c_float), a.size)
 
     def _inputs(self, input_ids, loss_mask, hidden, anchors):
         ids = np.ascontiguousarray(input_ids, dtype=np.int32)
@@ -243,20 +243,20 @@ class Trainer(Handle):
         """loss = sum(w*CE)/sum(w) over the given anchors; sets gradients()."""
         ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
         loss = ctypes.c_double()
-        _fb(self._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+        _fb(self._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
             _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, ctypes.byref(loss))
         return loss.value
 
     def zero_grad(self):
         """Zero the gradients before accumulate() calls."""
-        _zero(self._h)
+        _zero(self._handle())
 
     def weight_sum(self, loss_mask, anchors):
         """The position weights sum(w) a sequence with these anchors carries."""
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         out = ctypes.c_double()
-        _wsum(self._h, _ptr(mask, ctypes.c_uint8), mask.size, _ptr(anc, ctypes.c_int32),
+        _wsum(self._handle(), _ptr(mask, ctypes.c_uint8), mask.size, _ptr(anc, ctypes.c_int32),
               anc.size, ctypes.byref(out))
         return out.value
 
@@ -264,7 +264,7 @@ class Trainer(Handle):
         """Add grad_scale * d(sum w*CE); returns (sum w*CE, sum w)."""
         ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
         ls, ws = ctypes.c_double(), ctypes.c_double()
-        _accum(self._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+        _accum(self._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
                _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, grad_scale,
                ctypes.byref(ls), ctypes.byref(ws))
         return ls.value, ws.value
@@ -272,45 +272,45 @@ class Trainer(Handle):
     def step(self):
         """Clip, AdamW at the scheduled lr; returns (grad_norm, lr)."""
         norm, lr = ctypes.c_double(), ctypes.c_double()
-        _step(self._h, ctypes.byref(norm), ctypes.byref(lr))
+        _step(self._handle(), ctypes.byref(norm), ctypes.byref(lr))
         return norm.value, lr.value
 
     @property
     def steps(self):
         """Optimizer steps taken so far."""
-        return _steps(self._h)
+        return _steps(self._handle())
 
     def lr_at(self, step):
         """Scheduled learning rate of step `step` (0-based)."""
-        return _lr_at(self._h, step)
+        return _lr_at(self._handle(), step)
 
     def predict(self, input_ids, hidden, anchors):
         """Greedy tokens for block positions 1..B-1: int32 [n_anchors, B-1]."""
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
         out = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
-        _predict(self._h, _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+        _predict(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
                  _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_int32))
         return out
 
     def save(self, directory, bf16=False):
         """Save a checkpoint directory SGLang/vLLM load: config.json + model.safetensors."""
-        _save(self._h, cstr(directory), int(bool(bf16)))
+        _save(self._handle(), cstr(directory), int(bool(bf16)))
 
     def load(self, path):
         """Load parameters from a checkpoint directory or .safetensors file."""
-        _load(self._h, cstr(path))
+        _load(self._handle(), cstr(path))
 
     def save_state(self, path, user=b""):
         """Save the training state (optimizer, step, parameters, caller blob) atomically."""
         buf = ctypes.create_string_buffer(bytes(user), len(user))
-        _save_state(self._h, cstr(path), buf, len(user))
+        _save_state(self._handle(), cstr(path), buf, len(user))
 
     def load_state(self, path):
         """Restore optimizer state and parameters; returns the caller blob."""
         n = ctypes.c_size_t(0)
-        _load_state(self._h, cstr(path), None, ctypes.byref(n))
+        _load_state(self._handle(), cstr(path), None, ctypes.byref(n))
         buf = ctypes.create_string_buffer(max(n.value, 1))
-        _load_state(self._h, cstr(path), buf, ctypes.byref(n))
+        _load_state(self._handle(), cstr(path), buf, ctypes.byref(n))
         return buf.raw[:n.value]
 
     @classmethod
@@ -336,7 +336,7 @@ class Trainer(Handle):
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
         accept = np.zeros(anc.size, dtype=np.int32)
         pred = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
-        _acceptance(self._h, _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+        _acceptance(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
                     _ptr(anc, ctypes.c_int32), anc.size, _ptr(accept, ctypes.c_int32),
                     _ptr(pred, ctypes.c_int32))
         return accept, pred
@@ -347,8 +347,8 @@ class Trainer(Handle):
         position), "n_blocks"}."""
         tau, n = ctypes.c_double(), ctypes.c_int64()
         acc = np.zeros(self.block_size - 1, dtype=np.float64)
-        _train_eval(self._h, cstr(data_dir), cstr(hidden_dir), int(anchors_per_seq), int(seed),
-                    ctypes.byref(tau), _ptr(acc, ctypes.c_double), ctypes.byref(n))
+        _train_eval(self._handle(), cstr(data_dir), cstr(hidden_dir), int(anchors_per_seq),
+                    int(seed), ctypes.byref(tau), _ptr(acc, ctypes.c_double), ctypes.byref(n))
         return {"tau": tau.value, "accuracy": acc, "n_blocks": n.value}
 
 
@@ -542,7 +542,7 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
     accept = np.zeros(ids.size, dtype=np.int32)
     hist = np.zeros(trainer.block_size, dtype=np.int64)
     tokens, steps = ctypes.c_int64(), ctypes.c_int64()
-    _walk(trainer._h, _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
+    _walk(trainer._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
           _ptr(hid, ctypes.c_float), max_tokens, ctypes.byref(tokens), ctypes.byref(steps),
           _ptr(accept, ctypes.c_int32), _ptr(hist, ctypes.c_int64))
     return {"tokens": tokens.value, "steps": steps.value,
@@ -564,7 +564,7 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
     w.max_tokens = max_tokens
     w.accuracy = _ptr(acc, ctypes.c_double)
     w.step_hist = _ptr(hist, ctypes.c_int64)
-    _eval_walk(trainer._h, cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
+    _eval_walk(trainer._handle(), cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
     out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
            if f not in ("struct_size", "max_tokens", "accuracy", "step_hist")}
     out.update(accuracy=acc, step_hist=hist)
