@@ -1,6 +1,8 @@
 /* Kimi K2 family: kimi-k2 (Instruct, July 2025 template), kimi-k2-thinking,
- * kimi-k2.5 and kimi-k2.6. Each statement mirrors a line of the official
- * Jinja template; comments quote the template where its behaviour is odd. */
+ * kimi-k2.5 and kimi-k2.6 (fixture kimi-k2.6.jinja; K2.5 is K2.6 without
+ * preserve_thinking, see README.md). Each statement mirrors a line of the
+ * official Jinja template; comments quote the template where its behaviour
+ * is odd. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +57,9 @@ static void tools_declaration(const df_render_ctx *x, const char *item_sep, cons
  * kimi-k2.5/2.6: what tokenization_kimi.py's apply_chat_template hands the
  * template. The tools with every object's keys sorted (deep_sort_dict),
  * declared by `tools_ts_str` (encode_tools_to_typescript_style, see
- * tools_ts.c); only when that conversion raises does the template's JSON
- * branch print them, the sorted tools in compact JSON.
+ * tools_ts.c). The template tests `{%- if tools_ts_str -%}`, so when that
+ * conversion raises, or gives "" (no function tool to declare), its JSON
+ * branch prints the sorted tools in compact JSON.
  */
 static void k25_tools_declaration(const df_render_ctx *x) {
   df_out *o = x->out;
@@ -65,11 +68,12 @@ static void k25_tools_declaration(const df_render_ctx *x) {
   df_out ts = {0};
   dflash_status st = df_tools_typescript(sorted, &ts);
   df_out_cstr(o, "<|im_system|>tool_declare<|im_middle|>", SCAF, -1);
-  if (!st) {
+  if (!st && ts.text.len) {
     df_out_put(o, ts.text.data, ts.text.len, DFLASH_CHAT_SPAN_TOOLS, -1);
-  } else if (st == DFLASH_E_FORMAT) {
-    df_log(DFLASH_LOG_DEBUG, "%s; declaring the tools as JSON, as the tokenizer does",
-           dflash_last_error());
+  } else if (!st || st == DFLASH_E_FORMAT) {
+    if (st)
+      df_log(DFLASH_LOG_DEBUG, "%s; declaring the tools as JSON, as the tokenizer does",
+             dflash_last_error());
     df_pyjson_dump(o, sorted, ",", ":", DFLASH_CHAT_SPAN_TOOLS, -1);
   } else if (!o->st) {
     o->st = st; /* the message is already set */
@@ -233,12 +237,18 @@ static void think_block(const df_render_ctx *x, const df_message *m, int i, bool
   df_out_cstr(o, "</think>", close_gen ? THINK : SCAF, i);
 }
 
-/* Whether the official template keeps turn i's reasoning when `split` is the
- * last final answer of the messages it is given. */
+/*
+ * Whether the official template keeps turn i's reasoning when `split` is the
+ * last final answer of the messages it is given. K2.6's preserve_thinking
+ * comes first: it leaves the split at -1 (no history) and its suffix test is
+ * `thinking is false and preserve_thinking is false`, so the reasoning stays
+ * even with thinking off. Otherwise K2.5/K2.6 with thinking off write
+ * `<think></think>` for the suffix too.
+ */
 static bool official_keep(const df_render_ctx *x, int i, int split) {
   int fam = x->tmpl->family_flags;
-  if ((fam & DF_FAM_K25) && !x->opts->thinking) return false;
   if ((fam & DF_FAM_PRESERVE) && x->opts->preserve_thinking) return true;
+  if ((fam & DF_FAM_K25) && !x->opts->thinking) return false;
   return i > split;
 }
 
@@ -251,7 +261,8 @@ dflash_status df_render_kimi_thinking(const df_render_ctx *x) {
   bool k25 = x->tmpl->family_flags & DF_FAM_K25;
   if (k25) k25_tools_declaration(x);
   else tools_declaration(x, ", ", ": ");
-  if (c->n == 0 || c->msgs[0].role != DF_ROLE_SYSTEM)
+  /* K2-Thinking only: K2.5/K2.6 insert no default system prompt. */
+  if (!k25 && (c->n == 0 || c->msgs[0].role != DF_ROLE_SYSTEM))
     df_out_cstr(o,
                 "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "
                 "Moonshot AI.<|im_end|>",

@@ -4,7 +4,9 @@ either key or inside content (<think>...</think>), tool declarations, tool calls
 with string or object arguments of every JSON type, tool results, names, unicode
 and control characters, whitespace at the edges, literal special-token text,
 empty and missing content, consecutive tool messages, conversations ending on
-any role."""
+any role. reasoning_corpus(): multi-turn, tool-loop conversations where most
+assistant turns carry reasoning (under either key, both, beside a null one), for
+the Kimi history/suffix split and its thinking / preserve_thinking switches."""
 import json
 import random
 
@@ -136,3 +138,67 @@ def conversation(rng):
 def corpus(n, seed=1234):
     rng = random.Random(seed)
     return [conversation(rng) for _ in range(n)]
+
+
+REASONING_KEYS = ("reasoning_content", "reasoning", "both", "null reasoning", "null content key",
+                  "empty", "none")
+
+
+def reasoned_assistant(rng, ids, tools_on, final):
+    """An assistant turn with its reasoning under either key, both (equal, as servers
+    that send both do), beside a null one, empty or absent; tool calls unless final."""
+    m = {"role": "assistant"}
+    how = rng.choice(REASONING_KEYS)
+    r = text(rng, 1, 8)
+    if how in ("reasoning_content", "both", "null reasoning"):
+        m["reasoning_content"] = r
+    if how in ("reasoning", "both", "null content key"):
+        m["reasoning"] = r
+    if how == "null reasoning":
+        m["reasoning"] = None
+    if how == "null content key":
+        m["reasoning_content"] = None
+    if how == "empty":
+        m[rng.choice(("reasoning_content", "reasoning"))] = ""
+    calls = tools_on and not final
+    m["content"] = content(rng, allow_parts=not calls, allow_none=calls)
+    if rng.random() < 0.05:
+        m["name"] = rng.choice(["Kimi", "助手"])
+    if calls:
+        m["tool_calls"] = [tool_call(rng, k, rng.random() < 0.6)
+                           for k in range(rng.randint(1, 2))]
+        ids.extend(tc["id"] for tc in m["tool_calls"])
+    return m
+
+
+def reasoning_conversation(rng):
+    """Multi-turn conversations where most assistant turns carry reasoning, with
+    agentic tool loops (calls, results, a final answer), a system message or none,
+    ending on a user, assistant or tool message: what the Kimi history/suffix split,
+    thinking and preserve_thinking act on."""
+    msgs = []
+    tools_on = rng.random() < 0.5
+    if rng.random() < 0.5:
+        msgs.append({"role": "system", "content": content(rng, allow_parts=rng.random() < 0.2)})
+    for turn in range(rng.randint(1, 4)):
+        msgs.append({"role": "user", "content": content(rng)})
+        for step in range(rng.randint(1, 3) if tools_on else 1):
+            ids = []
+            final = not tools_on or rng.random() < 0.4
+            msgs.append(reasoned_assistant(rng, ids, tools_on, final))
+            for tid in ids:
+                msgs.append({"role": "tool", "tool_call_id": tid, "content": content(rng)})
+            if final:
+                break
+    end = rng.random()
+    if end < 0.3:
+        msgs.append({"role": "user", "content": content(rng)})
+    elif end < 0.4 and msgs[-1]["role"] == "assistant" and len(msgs) > 1:
+        msgs.pop()
+    tools = [tool_decl(rng, i) for i in range(rng.randint(1, 2))] if tools_on else None
+    return msgs, tools
+
+
+def reasoning_corpus(n, seed=2606):
+    rng = random.Random(seed)
+    return [reasoning_conversation(rng) for _ in range(n)]

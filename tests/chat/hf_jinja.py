@@ -66,33 +66,20 @@ def _qwen_lqi_override(t):
             " %}{%- endif %}\n" + t[i:])
 
 
-def _kimi25(t, preserve):
-    """Kimi K2.5/K2.6 derived from the K2-Thinking fixture by the differences the spec
-    lists (no official copy was available): tools declared by `tools_ts_str` when the
-    tokenizer sets it, else as compact JSON, thinking switch in the suffix and the
-    generation prompt, and (K2.6) preserve_thinking for history turns."""
-    t = _edit(t, "{{ tools | tojson() }}",
-              "{%- if tools_ts_str is defined -%}{{ tools_ts_str }}{%- else -%}"
-              "{{ tools | tojson(separators=(',', ':')) }}{%- endif -%}")
-    t = _edit(t, "    {%- set rc = message.get('reasoning_content', '') -%}\n"
-                 "    <think>{{rc}}</think>{{render_content(message)}}",
-              "    {%- if thinking is defined and thinking is false -%}\n"
-              "    <think></think>{{render_content(message)}}\n"
-              "    {%- else -%}\n"
-              "    {%- set rc = message.get('reasoning_content', '') -%}\n"
-              "    <think>{{rc}}</think>{{render_content(message)}}\n"
-              "    {%- endif -%}")
-    if preserve:
-        t = _edit(t, "    <think></think>{{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n      {{render_toolcalls(message)}}",
-                  "    {%- if preserve_thinking is defined and preserve_thinking is true and not "
-                  "(thinking is defined and thinking is false) -%}\n"
-                  "    <think>{{ message.get('reasoning_content', '') }}</think>\n"
-                  "    {%- else -%}\n    <think></think>\n    {%- endif -%}\n"
-                  "    {{render_content(message)}}\n    {%- if message.get('tool_calls') -%}\n"
-                  "      {{render_toolcalls(message)}}")
-    tail = "{%- if add_generation_prompt -%}\n  <|im_assistant|>assistant<|im_middle|>\n"
-    return _edit(t, tail, tail + "  {%- if thinking is defined and thinking is false -%}"
-                 "<think></think>{%- else -%}<think>{%- endif -%}\n")
+def _kimi25_from_k26(t):
+    """Kimi K2.5 derived from the K2.6 fixture: no copy of K2.5's own template was found;
+    it is described publicly as K2.6's without `preserve_thinking`. So the preserve switch
+    goes: the history/suffix split is always made, and with thinking=false every suffix
+    turn collapses to `<think></think>`. Everything else (no default system prompt,
+    `tools_ts_str` when truthy else compact JSON, `reasoning` read before
+    `reasoning_content`, the generation prompt) is K2.6's text unchanged."""
+    t = _edit(t, "{%- set preserve_thinking = preserve_thinking | default(false) -%}\n", "")
+    t = _edit(t, "{%- if not preserve_thinking -%}\n{%- for idx", "{%- for idx")
+    t = _edit(t, "{%- endfor -%}\n{%- endif -%}\n\n{# split", "{%- endfor -%}\n\n{# split")
+    t = _edit(t, "thinking is false and preserve_thinking is false -%}", "thinking is false -%}")
+    assert "preserve_thinking" not in t.replace(
+        "{# Find last non-tool-call assistant message. If preserve_thinking", ""), t
+    return t
 
 
 def _qwen36(t):
@@ -106,10 +93,10 @@ def _qwen36(t):
 TEMPLATES = {
     "kimi-k2": ("kimi-k2-instruct.jinja", None, True),
     "kimi-k2-thinking": ("kimi-k2-thinking.jinja", _kimi_split_override, True),
-    "kimi-k2.5": ("kimi-k2-thinking.jinja", lambda t: _kimi_split_override(_kimi25(t, False)),
-                  False),
-    "kimi-k2.6": ("kimi-k2-thinking.jinja", lambda t: _kimi_split_override(_kimi25(t, True)),
-                  False),
+    # K2.6: a renamed copy of the official template (fixtures' SOURCES.md); K2.5 derived
+    # from it at load time (no copy of K2.5's own template was found).
+    "kimi-k2.5": ("kimi-k2.6.jinja", lambda t: _kimi_split_override(_kimi25_from_k26(t)), False),
+    "kimi-k2.6": ("kimi-k2.6.jinja", _kimi_split_override, True),
     "qwen3": ("qwen3.jinja", _qwen_lqi_override, True),
     "qwen3.5": ("qwen3.5.jinja", _qwen_lqi_override, True),
     "qwen3.6": ("qwen3.5.jinja", lambda t: _qwen_lqi_override(_qwen36(t)), False),
@@ -198,8 +185,9 @@ class Reference:
 
 def normalize(name, messages):
     """The input normalisation libdflash applies before templating (documented in
-    chat.h): `reasoning` is read as `reasoning_content`, a null reasoning is absent,
-    and for qwen3.5/3.6 JSON-string tool arguments are parsed (as vLLM does)."""
+    chat.h): `reasoning` is read as `reasoning_content`, a null reasoning (under
+    either key) is absent, and for qwen3.5/3.6 JSON-string tool arguments are parsed
+    (as vLLM does)."""
     out = []
     for m in messages:
         m = dict(m)
@@ -208,6 +196,8 @@ def normalize(name, messages):
             m.pop("reasoning_content", None)
             if isinstance(m.get("reasoning"), str):
                 m["reasoning_content"] = m["reasoning"]
+        if not isinstance(m.get("reasoning"), str):
+            m.pop("reasoning", None)  # K2.5/K2.6 read `reasoning` first: None would print
         if name in ("qwen3.5", "qwen3.6") and m.get("tool_calls"):
             calls = []
             for tc in m["tool_calls"]:

@@ -1,6 +1,7 @@
 /* Rendering: template names, bad input, exact output of small conversations
  * (expected strings written from the official templates), and span kinds. */
 #include <dflash/chat.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,6 +177,64 @@ START_TEST(test_kimi_thinking_final_turn) {
 }
 END_TEST
 
+/* kimi-k2.5/2.6 (fixture kimi-k2.6.jinja): no default system prompt; with
+ * thinking off the suffix collapses to "<think></think>" unless K2.6's
+ * preserve_thinking keeps every turn's reasoning (kimi-k2.5 has no such switch). */
+START_TEST(test_kimi_k26_thinking_switches) {
+  const char *conv = "[{\"role\": \"user\", \"content\": \"Q1\"},"
+                     " {\"role\": \"assistant\", \"reasoning\": \"R1\", \"content\": \"A1\"},"
+                     " {\"role\": \"user\", \"content\": \"Q2\"},"
+                     " {\"role\": \"assistant\", \"reasoning_content\": \"R2\","
+                     "  \"content\": \"A2\"}]";
+  const char *q1 = "<|im_user|>user<|im_middle|>Q1<|im_end|><|im_assistant|>assistant<|im_middle|>";
+  const char *q2 = "<|im_end|><|im_user|>user<|im_middle|>Q2<|im_end|>"
+                   "<|im_assistant|>assistant<|im_middle|>";
+  struct {
+    const char *name;
+    int thinking, preserve;
+    const char *t1, *t2;
+  } cases[] = {
+      {"kimi-k2.6", 1, 0, "<think></think>A1", "<think></think>A2<|im_end|>"},
+      {"kimi-k2.6", 1, 1, "<think>R1</think>A1", "<think>R2</think>A2<|im_end|>"},
+      {"kimi-k2.6", 0, 0, "<think></think>A1", "<think></think>A2<|im_end|>"},
+      {"kimi-k2.6", 0, 1, "<think>R1</think>A1", "<think>R2</think>A2<|im_end|>"},
+      {"kimi-k2.5", 0, 1, "<think></think>A1", "<think></think>A2<|im_end|>"},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    dflash_chat_options o;
+    dflash_chat_options_default(&o);
+    o.thinking = cases[k].thinking;
+    o.preserve_thinking = cases[k].preserve;
+    dflash_chat_rendered *r = render(cases[k].name, conv, &o);
+    char want[512];
+    snprintf(want, sizeof want, "%s%s%s%s", q1, cases[k].t1, q2, cases[k].t2);
+    ck_assert_str_eq(dflash_chat_rendered_text(r, NULL), want);
+    dflash_chat_rendered_free(r);
+  }
+  /* The split: only the turn after the last final answer is suffix. */
+  const char *open = "[{\"role\": \"user\", \"content\": \"Q1\"},"
+                     " {\"role\": \"assistant\", \"reasoning\": \"R1\", \"content\": \"A1\"},"
+                     " {\"role\": \"user\", \"content\": \"Q2\"}]";
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  o.add_generation_prompt = 1;
+  dflash_chat_rendered *r = render("kimi-k2.6", open, &o);
+  ck_assert_str_eq(dflash_chat_rendered_text(r, NULL),
+                   "<|im_user|>user<|im_middle|>Q1<|im_end|><|im_assistant|>assistant"
+                   "<|im_middle|><think></think>A1<|im_end|><|im_user|>user<|im_middle|>Q2"
+                   "<|im_end|><|im_assistant|>assistant<|im_middle|><think>");
+  dflash_chat_rendered_free(r);
+  o.thinking = 0;
+  o.preserve_thinking = 1;
+  r = render("kimi-k2.6", open, &o);
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
+                               "<think>R1</think>A1<|im_end|>"));
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
+                               "<|im_middle|><think></think>"));
+  dflash_chat_rendered_free(r);
+}
+END_TEST
+
 START_TEST(test_completion_record_and_sharegpt) {
   const char *rec = "{\"id\": \"p1\", \"messages\": [{\"role\": \"user\", \"content\": \"Q\"}],"
                     " \"completion\": {\"role\": \"assistant\", \"reasoning\": \"R\","
@@ -213,6 +272,7 @@ TCase *tc_chat_render(void) {
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_qwen3_exact_and_spans);
   tcase_add_test(tc, test_kimi_thinking_final_turn);
+  tcase_add_test(tc, test_kimi_k26_thinking_switches);
   tcase_add_test(tc, test_completion_record_and_sharegpt);
   tcase_add_test(tc, test_json_numbers);
   return tc;

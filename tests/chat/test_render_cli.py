@@ -57,6 +57,9 @@ def flags_for(name, i):
     if name not in ("kimi-k2", "kimi-k2-thinking", "smollm2", "chatml") and i % 3 == 0:
         flags.append("--no-thinking")
         kw["thinking" if name.startswith("kimi") else "enable_thinking"] = False
+    if name == "kimi-k2.6" and i % 4 in (1, 2):  # with i % 3: both thinking settings
+        flags.append("--preserve-thinking")
+        kw["preserve_thinking"] = True
     return flags, kw
 
 

@@ -182,6 +182,14 @@ START_TEST(test_kimi_renderers) {
       t, "tool_declare<|im_middle|>[{\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":"
          "{\"x\":{\"a\":2,\"b\":1}},\"type\":\"object\"}},\"type\":\"function\"}]<|im_end|>"));
   free(t);
+  /* No function tool: tools_ts_str is "", which the template's `if tools_ts_str`
+   * takes for false, so the sorted tools are declared as compact JSON. */
+  const char *plugin = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": "
+                       "[{\"type\": \"_plugin\", \"_plugin\": {\"name\": \"web\"}}]}";
+  t = render_text("kimi-k2.6", plugin);
+  ck_assert_str_eq(t, "<|im_system|>tool_declare<|im_middle|>[{\"_plugin\":{\"name\":\"web\"},"
+                      "\"type\":\"_plugin\"}]<|im_end|><|im_user|>user<|im_middle|>q<|im_end|>");
+  free(t);
   for (int k = 0; k < 2; k++) { /* tojson of the deep-sorted tools */
     t = render_text(k ? "kimi-k2" : "kimi-k2-thinking", bad);
     ck_assert_ptr_nonnull(strstr(t, "<|im_middle|>[{\"function\": {\"name\": \"f\", "

@@ -6,8 +6,9 @@ byte, over generated tool lists that reach every branch of the reference (nested
 objects, arrays of described items, enums of mixed types, anyOf, type unions,
 $defs/$ref/self reference, constraints, defaults of every JSON type, unicode and
 multi-line descriptions, empty or missing parameters) and inputs where it raises.
-Then full kimi-k2.5/2.6 renders with such tools against jinja2 with the spec-derived
-template, given the tools and tools_ts_str as the official tokenizer computes them.
+Then full kimi-k2.5/2.6 renders with such tools against jinja2 with the K2.6 fixture
+template (K2.5: derived from it, see hf_jinja), given the tools and tools_ts_str as the
+official tokenizer computes them.
 
 Outcomes per tool list: equal (both print the same text), both raise (C reports
 DFLASH_E_FORMAT where the reference raises: the tokenizer falls back to JSON),
@@ -375,7 +376,8 @@ def render_check(stats, failures, ref, n, rng):
                 j = None
                 jerr = e
             ts, _ = ref_encode(hf_jinja.deep_sort_dict(tools))
-            path = "typescript" if ts is not None else "json fallback"
+            # The template tests `if tools_ts_str`: "" (no function tool) takes JSON too.
+            path = "typescript" if ts else "json fallback"
             if c is not None and j is not None:
                 ok = c == j
                 stats["render " + name, path + (" equal" if ok else " DIFFERENT")] += 1
