@@ -213,7 +213,9 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f);
  * ShareGPT): its "id" when it has one, else "h" + 32 hex digits of SHA-256
  * (see the top of this header). NUL-terminated into `out` of `cap` bytes
  * (34 suffice for derived ids); DFLASH_E_BUFFER when too small. Useful to join
- * other files with the outputs.
+ * other files with the outputs. Messages are not checked beyond their shape
+ * (an array, or ShareGPT turns), so every conversation has an id, also ones the
+ * fetcher would refuse to send; `dflash tokenize` names its samples with it.
  */
 DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, char *out,
                                                 size_t cap);

@@ -97,8 +97,9 @@ static char *hash_id(const json_t *messages) {
   return id;
 }
 
-dflash_status df_conv_parse(const char *line, size_t len, const char *path, uint64_t ln,
-                            df_conv *out, char **id_out) {
+/* `check`: refuse messages the fetcher cannot send (an id needs only their shape). */
+static dflash_status conv_parse(const char *line, size_t len, const char *path, uint64_t ln,
+                                bool check, df_conv *out, char **id_out) {
   memset(out, 0, sizeof *out);
   *id_out = NULL;
   char what[64];
@@ -120,7 +121,7 @@ dflash_status df_conv_parse(const char *line, size_t len, const char *path, uint
   const json_t *convs = json_object_get(root, "conversations");
   if (json_is_array(msgs)) {
     json_incref(msgs);
-    st = check_messages(msgs, path, ln);
+    st = check ? check_messages(msgs, path, ln) : DFLASH_OK;
   } else if (json_is_array(convs)) {
     st = from_sharegpt(convs, json_object_get(root, "system"), path, ln, &msgs);
   } else {
@@ -143,6 +144,11 @@ dflash_status df_conv_parse(const char *line, size_t len, const char *path, uint
     return df_error_nomem("id");
   }
   return DFLASH_OK;
+}
+
+dflash_status df_conv_parse(const char *line, size_t len, const char *path, uint64_t ln,
+                            df_conv *out, char **id_out) {
+  return conv_parse(line, len, path, ln, true, out, id_out);
 }
 
 void df_conv_free(df_conv *c) {
@@ -192,7 +198,7 @@ DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, ch
   DF_CHECK_ARG(line && out);
   df_conv c;
   char *explicit;
-  dflash_status st = df_conv_parse(line, len, "record", 1, &c, &explicit);
+  dflash_status st = conv_parse(line, len, "record", 1, false, &c, &explicit);
   free(explicit);
   if (st) return st;
   size_t n = strlen(c.id);

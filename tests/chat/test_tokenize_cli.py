@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
 """`dflash tokenize` end to end: the output is the same bytes for any thread
 count and batch size, every line is accounted for (sample or rejection with its
-file and line), and the manifest's tokenizer_hash is the SHA-256 that hashlib
-computes over the tokenizer files with the framing dataset.h documents.
+file and line), samples are named by the records' ids (or fetch's documented
+hash id, recomputed here with hashlib), a repeated id is rejected, the
+manifest's tokenizer_hash is the SHA-256 that hashlib computes over the
+tokenizer files with the framing dataset.h documents, and the command fails
+(exit 1) on a missing input, no samples, or too many rejects.
 Needs DFLASH_CLI and the qwen2 tokenizer fixture (exit 77 without)."""
 import filecmp
+import glob
 import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,6 +38,58 @@ def expected_hash(d):
     return "sha256:" + h.hexdigest()
 
 
+def jansson_compact(v):
+    """json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS) as jansson 2.14 writes it: reals as %.17g
+    (".0" added to integral ones, exponent without "+" or leading zeros), control-character
+    escapes in upper case, UTF-8 unescaped."""
+    if isinstance(v, dict):
+        return "{" + ",".join(jansson_compact(k) + ":" + jansson_compact(v[k])
+                              for k in sorted(v)) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(map(jansson_compact, v)) + "]"
+    if isinstance(v, float):
+        r = "%.17g" % v
+        if not any(c in r for c in ".e"):
+            r += ".0"
+        return re.sub(r"e([-+]?)0*(\d)", lambda m: "e" + m.group(1).replace("+", "") + m.group(2), r)
+    if isinstance(v, str):
+        short = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+                 "\r": "\\r", "\t": "\\t"}
+        return '"' + "".join(short.get(c) or ("\\u%04X" % ord(c) if c < " " else c)
+                             for c in v) + '"'
+    return json.dumps(v)  # null, true, false, integers
+
+
+def hash_id(obj):
+    """fetch.h's derived id: "h" + 32 hex digits of SHA-256 of the key-sorted compact
+    OpenAI messages (ShareGPT turns mapped to roles)."""
+    text = jansson_compact(obj["messages"])
+    return "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def expected_ids(paths):
+    """(file, line) -> the id each accepted record must get."""
+    ids = {}
+    for p in paths:
+        for ln, line in enumerate(p.read_text(encoding="utf-8").split("\n"), 1):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+                ids[str(p), ln] = str(obj["id"]) if "id" in obj else hash_id(obj)
+    return ids
+
+
+def sample_ids(out):
+    from safetensors import safe_open
+    ids = []
+    for shard in sorted(glob.glob(str(out / "*.safetensors"))):
+        with safe_open(shard, "np") as f:
+            ids += json.loads(f.metadata()["sample_ids"])
+    return ids
+
+
 def write_inputs(d):
     """Two files: generated conversations, interleaved with bad and blank lines."""
     bad = ["{not json", "[]", json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
@@ -40,15 +97,21 @@ def write_inputs(d):
            json.dumps({"messages": [{"role": "user", "content": 3}]}), "", "\"\\ud800\"",
            json.dumps({"messages": [{"role": "user", "content": "e\u0301"},
                                     {"role": "assistant", "content": "A\u030a \u1100\u1161"}]})]
-    lines = []
+    lines = [json.dumps({"id": "twice", "messages": [{"role": "user", "content": "a"},
+                                                     {"role": "assistant", "content": "b"}]})]
     for i, (msgs, tools) in enumerate(gen_conversations.corpus(900, seed=31)):
         obj = {"messages": msgs, "tools": tools} if tools else {"messages": msgs}
         if i % 7 == 0:  # fetcher record: the last assistant turn as "completion"
             if msgs and msgs[-1]["role"] == "assistant":
                 obj = dict(obj, messages=msgs[:-1], completion=msgs[-1])
+        if i % 3 == 0:  # explicit ids, strings and integers
+            obj = dict(obj, id=f"rec-{i}" if i % 2 else i)
         lines.append(json.dumps(obj, ensure_ascii=False))
         if i % 50 == 0:
             lines.append(bad[(i // 50) % len(bad)])
+        if i == 450:  # the same id again, other content: rejected as a duplicate
+            lines.append(json.dumps({"id": "twice", "messages": [
+                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}))
     paths = [d / "a.jsonl", d / "b.jsonl"]
     half = len(lines) // 2
     paths[0].write_text("\n".join(lines[:half]) + "\n", encoding="utf-8")
@@ -56,11 +119,32 @@ def write_inputs(d):
     return paths, len(lines) - sum(1 for x in lines if not x)
 
 
+def run_tokenize(out, inputs, *extra):
+    return subprocess.run([CLI, "tokenize", "--tokenizer", str(TOK), "--template", "qwen3",
+                           "-o", str(out), *extra, *map(str, inputs)], capture_output=True,
+                          text=True)
+
+
 def tokenize(out, inputs, *extra):
-    r = subprocess.run([CLI, "tokenize", "--tokenizer", str(TOK), "--template", "qwen3",
-                        "-o", str(out), *extra, *map(str, inputs)], capture_output=True, text=True)
+    """The corpus is a stress test (about 8 % of its lines are bad on purpose)."""
+    r = run_tokenize(out, inputs, "--max-reject-ratio", "0.5", *extra)
     assert r.returncode == 0, r.stderr
     return r.stderr
+
+
+def check_failures(d, inputs):
+    """Exit 1 with a message, never a quiet 0: missing input, no samples, too many rejects."""
+    r = run_tokenize(d / "missing", [inputs[0], d / "nope.jsonl"])
+    assert r.returncode == 1 and "cannot read input" in r.stderr and "nope.jsonl" in r.stderr
+    assert not (d / "missing").exists(), "a missing input must fail before any output"
+    junk = d / "junk.jsonl"
+    junk.write_text("{not json\n[]\n", encoding="utf-8")
+    r = run_tokenize(d / "junk", [junk], "--max-reject-ratio", "1")
+    assert r.returncode == 1 and "no sample written" in r.stderr, r.stderr
+    r = run_tokenize(d / "ratio", inputs)  # default --max-reject-ratio 0.05
+    assert r.returncode == 1 and "--max-reject-ratio 0.05" in r.stderr, r.stderr
+    assert json.loads((d / "ratio" / "dataset.json").read_text())["samples"] > 500
+    print("failures: missing input, no samples, reject ratio above 0.05 -> exit 1")
 
 
 def same_tree(a, b):
@@ -101,8 +185,19 @@ def main():
         for r in rejected:  # every rejection names its file, line and reason
             assert r["file"] in map(str, inputs) and r["line"] > 0 and r["reason"], r
         reasons = " | ".join(r["reason"] for r in rejected)
-        for needle in ("invalid JSON", "unknown role", "no assistant turn", "content"):
+        for needle in ("invalid JSON", "unknown role", "no assistant turn", "content",
+                       'duplicate id "twice"'):
             assert needle in reasons, needle
+        # Sample ids: the record's id, else fetch's hash id; sources.jsonl maps them back.
+        want = expected_ids(inputs)
+        sources = [json.loads(x) for x in (base / "sources.jsonl").read_text().splitlines()]
+        assert [s["id"] for s in sources] == sample_ids(base)
+        assert len(set(s["id"] for s in sources)) == len(sources) == manifest["samples"]
+        for s in sources:
+            assert want[s["file"], s["line"]] == s["id"], s
+        print(f"ids: {len(sources)} samples named by their record's id or the hash id "
+              f"({sum(1 for s in sources if not s['id'].startswith('h'))} explicit)")
+        check_failures(d, inputs)
         # Over-long samples: dropped by default, cut with --truncate.
         tokenize(d / "drop", inputs, "--max-len", "64")
         tokenize(d / "cut", inputs, "--max-len", "64", "--truncate")

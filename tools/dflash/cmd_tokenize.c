@@ -8,9 +8,11 @@
  */
 #include <dflash/chat.h>
 #include <dflash/dataset.h>
+#include <dflash/fetch.h>
 #include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <dflash/tokenizer.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,18 +26,32 @@
 /* A batch ends at --batch-lines lines (default) or this many input bytes. */
 #define BATCH_LINES 2048
 #define BATCH_BYTES ((size_t)32 << 20)
+/* Default --max-reject-ratio: above 5 % malformed lines the input is more likely the wrong
+ * file or format than a few bad records. */
+#define MAX_REJECT_RATIO 0.05
+/* Sample ids are the records' own ("id", as fetch writes it) or fetch's derived hash id. */
+#define ID_CAP 4096
 
 typedef struct {
   const char *tok_path, *tmpl_name, *out_dir;
   size_t max_len;
   int truncate, last_only, threads;
   size_t batch_lines;
+  double max_reject_ratio;
   dflash_chat_reasoning reasoning;
 } tok_args;
 
+/* Ids written so far (open addressing, grows at half load): a second record with the same id
+ * would join the hidden-state store to the wrong tokens, so it is rejected. */
 typedef struct {
-  uint64_t lines, samples, tokens, supervised, rejected, too_long;
-  FILE *rejects;
+  char **slots;
+  size_t cap, n;
+} id_set;
+
+typedef struct {
+  uint64_t lines, samples, tokens, supervised, rejected, too_long, unreadable;
+  FILE *rejects, *sources; /* rejected.jsonl, sources.jsonl (id, file, line per sample) */
+  id_set ids;
 } tok_stats;
 
 /* One input line and what became of it. */
@@ -44,6 +60,7 @@ typedef struct {
   size_t len;
   const char *file;
   uint64_t line;
+  char *id; /* the sample id (malloc'd), set when accepted */
   int32_t *ids;
   uint8_t *mask;
   size_t n, supervised;
@@ -67,15 +84,21 @@ static int usage(FILE *f, int rc) {
           "usage: dflash tokenize --tokenizer PATH --template NAME [--max-len N] [--truncate]\n"
           "                       [--last-turn-only] [--reasoning official|keep_all|\n"
           "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
-          "                       -o DIR IN.jsonl...\n"
+          "                       [--max-reject-ratio X] -o DIR IN.jsonl...\n"
           "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
           "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
           "Reads OpenAI `messages`, ShareGPT `conversations` or fetcher completion records,\n"
           "one per line; writes safetensors shards + dataset.json to DIR and rejected lines\n"
           "(file, line, reason) to DIR/rejected.jsonl. Default reasoning: keep_after_last_user.\n"
+          "Sample ids are the records' \"id\" (fetch outputs carry it), else fetch's derived id\n"
+          "(\"h\" + 32 hex digits of SHA-256); a repeated id is rejected. DIR/sources.jsonl\n"
+          "gives each sample's id, file and line.\n"
           "--threads: 0 (default) = one per CPU; the output is identical for any count.\n"
           "--batch-lines: lines read and processed together (default 2048; memory knob).\n"
-          "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n");
+          "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n"
+          "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written, or\n"
+          "more rejected lines than --max-reject-ratio (default 0.05; over-long samples are\n"
+          "not counted) of the non-blank lines; 2 a usage error.\n");
   return rc;
 }
 
@@ -83,6 +106,7 @@ static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
   memset(a, 0, sizeof *a);
   a->reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
   a->batch_lines = BATCH_LINES;
+  a->max_reject_ratio = MAX_REJECT_RATIO;
   int i = 1;
   bool bad = false; /* a malformed number (cli_int printed it) */
   for (; i < argc && argv[i][0] == '-'; i++) {
@@ -96,6 +120,8 @@ static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
     else if (!strcmp(o, "--threads") && has) a->threads = (int)cli_int(o, argv[++i], 0, 4096, &bad);
     else if (!strcmp(o, "--batch-lines") && has)
       a->batch_lines = (uint64_t)cli_int(o, argv[++i], 1, 1 << 20, &bad);
+    else if (!strcmp(o, "--max-reject-ratio") && has)
+      a->max_reject_ratio = cli_real(o, argv[++i], 0, 1, &bad);
     else if (!strcmp(o, "--truncate")) a->truncate = 1;
     else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
     else if (!strcmp(o, "--reasoning") && has) {
@@ -158,9 +184,12 @@ static const char *encode_item(const tok_job *j, tok_item *it, tok_scratch *s) {
     it->supervised = 0;
     for (size_t i = 0; i < it->n; i++) it->supervised += s->mask[i];
   }
+  char id[ID_CAP];
+  if (dflash_fetch_record_id(it->text, it->len, id, sizeof id)) return dflash_last_error();
+  it->id = strdup(id);
   it->ids = malloc(it->n * sizeof *it->ids);
   it->mask = malloc(it->n);
-  if (!it->ids || !it->mask) return "out of memory";
+  if (!it->id || !it->ids || !it->mask) return "out of memory";
   memcpy(it->ids, s->ids, it->n * sizeof *it->ids);
   memcpy(it->mask, s->mask, it->n);
   return NULL;
@@ -267,26 +296,84 @@ static void read_batch(tok_reader *r, tok_job *j, tok_stats *s) {
   }
 }
 
+static void item_free(tok_item *it) {
+  free(it->text);
+  free(it->id);
+  free(it->ids);
+  free(it->mask);
+  free(it->why);
+}
+
+static uint64_t fnv1a(const char *k) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ULL;
+  return h;
+}
+
+/* Adds `id` (ownership passes to the set); 1 when it was there already (then freed), -1 when
+ * out of memory. */
+static int id_set_add(id_set *set, char *id) {
+  if (2 * (set->n + 1) > set->cap) {
+    size_t cap = set->cap ? 2 * set->cap : 4096;
+    char **slots = calloc(cap, sizeof *slots);
+    if (!slots) return free(id), -1;
+    for (size_t i = 0; i < set->cap; i++) {
+      if (!set->slots[i]) continue;
+      size_t h = fnv1a(set->slots[i]);
+      while (slots[h & (cap - 1)]) h++;
+      slots[h & (cap - 1)] = set->slots[i];
+    }
+    free(set->slots);
+    set->slots = slots, set->cap = cap;
+  }
+  for (size_t h = fnv1a(id);; h++) {
+    char **slot = &set->slots[h & (set->cap - 1)];
+    if (!*slot) return *slot = id, set->n++, 0;
+    if (!strcmp(*slot, id)) return free(id), 1;
+  }
+}
+
+static void id_set_free(id_set *set) {
+  for (size_t i = 0; i < set->cap; i++) free(set->slots[i]);
+  free(set->slots);
+}
+
+static void write_source(FILE *f, const tok_item *it) {
+  if (!f) return;
+  fputs("{\"id\": ", f);
+  chat_cli_json_string(f, it->id, strlen(it->id));
+  fputs(", \"file\": ", f);
+  chat_cli_json_string(f, it->file, strlen(it->file));
+  fprintf(f, ", \"line\": %llu}\n", (unsigned long long)it->line);
+}
+
 /* Write the batch's samples in input order; the writer's first failure is returned. */
 static dflash_status write_batch(tok_job *j, dflash_dataset_writer *w, tok_stats *s) {
   dflash_status st = DFLASH_OK;
   for (size_t k = 0; k < j->n_items; k++) {
     tok_item *it = &j->items[k];
-    if (it->why) {
+    int dup = 0;
+    if (!it->why && !st) {
+      char *key = strdup(it->id);
+      dup = key ? id_set_add(&s->ids, key) : -1;
+    }
+    if (dup > 0) {
+      char why[ID_CAP + 64];
+      snprintf(why, sizeof why, "duplicate id \"%s\" (an earlier line has it)", it->id);
+      reject(s, it->file, it->line, why);
+    } else if (it->why) {
       reject(s, it->file, it->line, it->why);
       s->too_long += (uint64_t)it->too_long;
+    } else if (!st && dup < 0) {
+      st = DFLASH_E_NOMEM;
     } else if (!st) {
-      char id[4200];
-      snprintf(id, sizeof id, "%s:%llu", it->file, (unsigned long long)it->line);
-      st = dflash_dataset_writer_add(w, id, it->ids, it->mask, it->n);
+      st = dflash_dataset_writer_add(w, it->id, it->ids, it->mask, it->n);
+      write_source(s->sources, it);
       s->samples++;
       s->tokens += it->n;
       s->supervised += it->supervised;
     }
-    free(it->text);
-    free(it->ids);
-    free(it->mask);
-    free(it->why);
+    item_free(it);
   }
   return st;
 }
@@ -376,16 +463,16 @@ static char **expand_inputs(char **args, int n, int *n_out) {
   return v;
 }
 
-/* rejected.jsonl: a file in DIR, or for an s3:// DIR a temporary file
- * uploaded by finish_rejects. */
-static FILE *open_rejects(const char *out_dir) {
+/* rejected.jsonl and sources.jsonl: a file in DIR, or for an s3:// DIR a
+ * temporary file uploaded by finish_side. */
+static FILE *open_side(const char *out_dir, const char *name) {
   if (dflash_storage_is_remote(out_dir)) return tmpfile();
-  char rej[4096];
-  snprintf(rej, sizeof rej, "%s/rejected.jsonl", out_dir);
-  return fopen(rej, "w");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", out_dir, name);
+  return fopen(path, "w");
 }
 
-static dflash_status finish_rejects(FILE *f, const char *out_dir) {
+static dflash_status finish_side(FILE *f, const char *out_dir, const char *name) {
   if (!f) return DFLASH_OK;
   dflash_status st = DFLASH_OK;
   if (dflash_storage_is_remote(out_dir)) {
@@ -394,8 +481,8 @@ static dflash_status finish_rejects(FILE *f, const char *out_dir) {
     rewind(f);
     size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
     char loc[4096];
-    snprintf(loc, sizeof loc, "%s%srejected.jsonl", out_dir,
-             out_dir[strlen(out_dir) - 1] == '/' ? "" : "/");
+    snprintf(loc, sizeof loc, "%s%s%s", out_dir, out_dir[strlen(out_dir) - 1] == '/' ? "" : "/",
+             name);
     dflash_storage *s = NULL;
     st = buf && got == (size_t)n ? dflash_storage_create(NULL, &s) : DFLASH_E_IO;
     if (!st) st = dflash_storage_write(s, loc, buf, got);
@@ -406,11 +493,42 @@ static dflash_status finish_rejects(FILE *f, const char *out_dir) {
   return st;
 }
 
+/* Local inputs that cannot be read fail before any output is created. */
+static int check_inputs(char **files, int n) {
+  for (int i = 0; i < n; i++)
+    if (!dflash_storage_is_remote(files[i]) && access(files[i], R_OK) != 0) {
+      fprintf(stderr, "dflash tokenize: cannot read input %s: %s\n", files[i], strerror(errno));
+      return 1;
+    }
+  return 0;
+}
+
+/* The run's verdict beyond library errors: 1 (with a message) when the output cannot be what
+ * the user meant. */
+static int verdict(const tok_args *a, const tok_stats *s) {
+  uint64_t lines = s->samples + s->rejected; /* non-blank */
+  double ratio = lines ? (double)(s->rejected - s->too_long) / (double)lines : 0;
+  if (s->unreadable)
+    fprintf(stderr, "dflash tokenize: %llu input(s) could not be read (rejected.jsonl)\n",
+            (unsigned long long)s->unreadable);
+  else if (!s->samples)
+    fprintf(stderr, "dflash tokenize: no sample written: is this the right input and "
+                    "template?\n");
+  else if (ratio > a->max_reject_ratio)
+    fprintf(stderr, "dflash tokenize: %.1f%% of the lines were rejected, more than "
+                    "--max-reject-ratio %g allows; reasons in rejected.jsonl\n",
+            100 * ratio, a->max_reject_ratio);
+  else
+    return 0;
+  return 1;
+}
+
 int cmd_tokenize(int argc, char **argv) {
   tok_args a;
   int first;
   if (argc >= 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
   if (parse_args(argc, argv, &a, &first)) return usage(stderr, 2);
+  if (check_inputs(argv + first, argc - first)) return 1;
   tok_job j = {0};
   dflash_tokenizer *tok = NULL;
   dflash_chat_template *tmpl = NULL;
@@ -418,7 +536,8 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_status st = open_all(&a, &j, &tok, &tmpl, &w);
   if (st) return cli_fail("tokenize", st);
   tok_stats s = {0};
-  s.rejects = open_rejects(a.out_dir);
+  s.rejects = open_side(a.out_dir, "rejected.jsonl");
+  s.sources = open_side(a.out_dir, "sources.jsonl");
   j.items = malloc(a.batch_lines * sizeof *j.items);
   if (!j.items) st = DFLASH_E_NOMEM;
   dflash_progress *p = NULL;
@@ -439,8 +558,11 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_progress_finish(p);
   dflash_progress_free(p);
   if (!st) st = dflash_dataset_writer_finish(w);
-  dflash_status rs = finish_rejects(s.rejects, a.out_dir);
+  dflash_status rs = finish_side(s.rejects, a.out_dir, "rejected.jsonl");
   if (!st) st = rs;
+  rs = finish_side(s.sources, a.out_dir, "sources.jsonl");
+  if (!st) st = rs;
+  id_set_free(&s.ids);
   for (int i = 0; r.files && i < r.n_files; i++) free(r.files[i]);
   free(r.files);
   summary(&s);
@@ -448,5 +570,5 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_tokenizer_free(tok);
   dflash_chat_template_free(tmpl);
   free(j.items);
-  return st ? cli_fail("tokenize", st) : 0;
+  return st ? cli_fail("tokenize", st) : verdict(&a, &s);
 }

@@ -1,6 +1,7 @@
 """dflash.ChatTemplate and dflash.Dataset against independent references:
 jinja2 over the official templates (tests/chat/hf_jinja.py), the tokenizers
 library over the Qwen fixture, and safetensors' own reader for the shards."""
+import hashlib
 import json
 import os
 import pathlib
@@ -51,15 +52,17 @@ def test_tokenize_cli_round_trip(tmp_path):
                    json.dumps({"messages": CONV[:2]}) + "\n")
     out = tmp_path / "ds"
     subprocess.run([cli, "tokenize", "--tokenizer", str(FIX / "tokenizers" / "qwen2"),
-                    "--template", "qwen3", "-o", str(out), str(src)], check=True,
-                   capture_output=True)
+                    "--template", "qwen3", "--max-reject-ratio", "1", "-o", str(out), str(src)],
+                   check=True, capture_output=True)
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
     assert [r["line"] for r in rejected] == [2, 3]
     assert "no assistant turn" in rejected[1]["reason"]
     with dflash.Dataset(out) as ds:
         assert len(ds) == 1
         sid, ids, mask = ds[0]
-        assert sid.endswith(":1")
+        # No "id" in the record: fetch's derived id (SHA-256 of the key-sorted compact messages).
+        text = json.dumps(CONV, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert sid == "h" + hashlib.sha256(text.encode()).hexdigest()[:32]
         shard = st.load_file(str(out / "shard-00000.safetensors"))
         assert np.array_equal(shard["input_ids"], ids)
         assert np.array_equal(shard["loss_mask"], mask)
