@@ -304,7 +304,7 @@ def main():
     run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
          "--data", os.path.join(out, "data", "train"), "--hidden", os.path.join(out, "hidden", "train"),
          "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
-         "--warmup-ratio", "0.05", "--seed", 0])
+         "--warmup-ratio", "0.05", "--seed", 0, "--overwrite"])  # the demo owns out/
     stage("train", t0)
 
     t0 = time.time()

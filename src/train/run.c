@@ -238,9 +238,11 @@ static dflash_status open_outputs(run *r) {
   if (st) return st;
   r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
   if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
+  /* The bar and ETA end where this run stops: --max-steps when it comes first. */
+  int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps
+                                                                    : r->total_steps;
   if (o->progress)
-    dflash_progress_create(o->progress, "train", "steps", (uint64_t)r->total_steps, 0,
-                           &r->progress);
+    dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
   return DFLASH_OK;
 }
 

@@ -1,6 +1,10 @@
 /* `dflash train` and `dflash eval`: thin callers of dflash_train_run,
  * dflash_train_eval and dflash_train_eval_walk. */
+#include <dflash/storage.h>
 #include <dflash/train.h>
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,15 +14,19 @@
 
 static const char TRAIN_USAGE[] =
     "usage: dflash train --config drafter.json --target DIR --data DIR --hidden DIR -o OUT\n"
-    "                    [--backend cpu|cuda] [--resume] [--epochs N] [--batch N] [--lr X]\n"
-    "                    [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
+    "                    [--backend cpu|cuda] [--resume | --overwrite] [--epochs N] [--batch N]\n"
+    "                    [--lr X]"
+    " [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
-    "--resume) and metrics.jsonl (one line per step).\n"
+    "--resume) and metrics.jsonl (one line per step). A non-empty OUT is refused unless\n"
+    "--resume continues the run in it or --overwrite replaces it. At the end a JSON summary\n"
+    "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint) goes to stdout.\n"
+    "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
@@ -33,7 +41,7 @@ static const char *value(int argc, char **argv, int *i) {
   return argv[++*i];
 }
 
-static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
+static int parse_train(int argc, char **argv, dflash_train_run_options *o, bool *overwrite) {
   bool quiet = false;
   bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
   for (int i = 1; i < argc; i++) {
@@ -41,6 +49,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
 #define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
     if (!strcmp(a, "--help")) return fputs(TRAIN_USAGE, stdout), -1;
     else if (!strcmp(a, "--resume")) o->resume = 1;
+    else if (!strcmp(a, "--overwrite")) *overwrite = true;
     else if (!strcmp(a, "--bf16")) o->bf16 = 1;
     else if (!strcmp(a, "--quiet")) quiet = true;
     else if (OPT("--config")) o->config_path = v;
@@ -72,6 +81,8 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o) {
   if (bad) return 2;
   if (!o->config_path || !o->target_path || !o->data_dir || !o->hidden_dir || !o->out_dir)
     return fputs(TRAIN_USAGE, stderr), 2;
+  if (o->resume && *overwrite)
+    return fputs("dflash train: --resume and --overwrite exclude each other\n", stderr), 2;
   o->progress = quiet ? NULL : stderr;
   return 0;
 }
@@ -128,16 +139,85 @@ static int cmd_plan(int argc, char **argv) {
   return 0;
 }
 
+/* Rank 0 of a data-parallel run (or a single process) owns OUT. */
+static bool is_rank0(void) {
+  const char *r = getenv("RANK");
+  if (!r) r = getenv("SLURM_PROCID");
+  return !r || !strcmp(r, "0");
+}
+
+/* 1 when OUT holds anything, 0 when empty or absent, -1 (message printed) when it cannot be
+ * read. */
+static int out_nonempty(const char *out) {
+  if (!dflash_storage_is_remote(out)) {
+    DIR *d = opendir(out);
+    if (!d) return errno == ENOENT ? 0 : (fprintf(stderr, "dflash train: %s: %s\n", out,
+                                                  strerror(errno)), -1);
+    struct dirent *e;
+    int any = 0;
+    while (!any && (e = readdir(d))) any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return any;
+  }
+  dflash_storage *st = NULL;
+  dflash_storage_listing *l = NULL;
+  size_t n = 0;
+  char prefix[4096];
+  snprintf(prefix, sizeof prefix, "%s%s", out, out[strlen(out) - 1] == '/' ? "" : "/");
+  dflash_status s = dflash_storage_create(NULL, &st);
+  if (!s) s = dflash_storage_list(st, prefix, &l);
+  if (!s) n = dflash_storage_listing_count(l);
+  dflash_storage_listing_free(l);
+  dflash_storage_free(st);
+  if (s) return cli_fail("train", s), -1;
+  return n > 0;
+}
+
+/* The run's JSON summary from the last line of metrics.jsonl (what rank 0 wrote). */
+static void print_summary(const char *out) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s%smetrics.jsonl", out, out[strlen(out) - 1] == '/' ? "" : "/");
+  void *data = NULL;
+  size_t len = 0;
+  dflash_storage *st = NULL;
+  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, &len)) len = 0;
+  dflash_storage_free(st);
+  const char *text = data, *last = text;
+  for (size_t i = 0; i + 1 < len; i++)
+    if (text[i] == '\n') last = text + i + 1;
+  json_t *m = len ? json_loadb(last, len - (size_t)(last - text), JSON_DISABLE_EOF_CHECK, NULL)
+                  : NULL;
+  json_t *sum = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:s}", "steps", json_object_get(m, "step"),
+                          "epoch", json_object_get(m, "epoch"), "tokens",
+                          json_object_get(m, "tokens"), "final_loss", json_object_get(m, "loss"),
+                          "elapsed_s", json_object_get(m, "elapsed_s"), "checkpoint", out);
+  char *s = sum ? json_dumps(sum, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
+  if (s) printf("%s\n", s);
+  free(s);
+  json_decref(sum);
+  json_decref(m);
+  dflash_storage_buffer_free(data);
+}
+
 int cmd_train(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
   dflash_train_run_options o;
   dflash_train_run_options_default(&o);
-  int rc = parse_train(argc, argv, &o);
+  bool overwrite = false;
+  int rc = parse_train(argc, argv, &o, &overwrite);
   if (rc) return rc < 0 ? 0 : rc;
+  if (!o.resume && !overwrite && is_rank0()) {
+    int full = out_nonempty(o.out_dir);
+    if (full < 0) return 1;
+    if (full)
+      return fprintf(stderr, "dflash train: %s is not empty (an earlier run?): --resume "
+                     "continues it, --overwrite replaces it\n", o.out_dir), 1;
+  }
   dflash_status st = dflash_train_run(&o);
   if (st) return cli_fail("train", st);
   fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
+  if (is_rank0()) print_summary(o.out_dir);
   return 0;
 }
 

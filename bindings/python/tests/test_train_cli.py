@@ -73,8 +73,8 @@ def test_training_reaches_near_optimal_tau(tmp_path):
     subprocess.run(train_cmd(tmp_path, out, "--epochs", "1", "--max-steps", "1", "--lr", "0",
                              "--quiet"), check=True)
     before = eval_tau(tmp_path, out)
-    subprocess.run(train_cmd(tmp_path, out, "--epochs", "90", "--lr", "1e-2", "--quiet"),
-                   check=True)
+    subprocess.run(train_cmd(tmp_path, out, "--epochs", "90", "--lr", "1e-2", "--quiet",
+                             "--overwrite"), check=True)
     after = eval_tau(tmp_path, out)
     print(f"held-out tau: {before:.3f} before training, {after:.3f} after (optimum {B})")
     assert before < 1.5
@@ -120,6 +120,38 @@ def test_resume_after_kill_is_exact(tmp_path):
     a = (tmp_path / "full" / "model.safetensors").read_bytes()
     b = (killed / "model.safetensors").read_bytes()
     assert a == b
+
+
+def test_never_overwrites_by_accident(tmp_path):
+    """A non-empty -o without --resume is refused and left as it was; --overwrite replaces it;
+    the run ends with a JSON summary on stdout; the progress total follows --max-steps."""
+    make_world(tmp_path, n_train=16, n_test=1)
+    out = tmp_path / "run"
+    r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "3", "--max-steps", "5"),
+                       capture_output=True, text=True, check=True)
+    summary = json.loads(r.stdout)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary == {"steps": 5, "epoch": last["epoch"], "tokens": last["tokens"],
+                       "final_loss": last["loss"], "elapsed_s": last["elapsed_s"],
+                       "checkpoint": str(out)}, (summary, last)
+    # 3 epochs of 4 steps would be 12: the bar and ETA stop at --max-steps.
+    assert "5/5" in r.stderr and "/12" not in r.stderr, r.stderr
+    model = (out / "model.safetensors").read_bytes()
+    r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "1", "--seed", "9", "--quiet"),
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "is not empty" in r.stderr and "--overwrite" in r.stderr
+    assert (out / "model.safetensors").read_bytes() == model
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5
+    r = subprocess.run(train_cmd(tmp_path, out, "--resume", "--overwrite", "--quiet"),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "exclude" in r.stderr
+    r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "1", "--quiet", "--overwrite"),
+                       capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["steps"] == 4
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    (tmp_path / "empty").mkdir()  # an existing but empty folder is fine
+    subprocess.run(train_cmd(tmp_path, tmp_path / "empty", "--max-steps", "1", "--quiet"),
+                   capture_output=True, check=True)
 
 
 def test_cli_reports_bad_inputs(tmp_path):
