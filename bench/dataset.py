@@ -114,6 +114,7 @@ def run_dflash(src, out, threads):
     t0 = time.perf_counter()
     subprocess.run([CLI, "tokenize", "--tokenizer", str(FIX / "tokenizers" / "qwen2"),
                     "--template", "qwen3", "--reasoning", "official", "--threads", str(threads),
+                    "--allow-split-control-tokens", "--max-reject-ratio", "1",  # qwen2 stands in
                     "-o", str(out), str(src)], check=True, capture_output=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

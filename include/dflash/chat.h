@@ -135,6 +135,15 @@ DFLASH_API dflash_status dflash_chat_conversation_normalize_nfc(dflash_chat_conv
 /* *nfc = 1 when `tok` normalises its input with NFC (probed through encode/decode), else 0. */
 DFLASH_API dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int *nfc);
 
+/*
+ * DFLASH_OK when `tok` encodes each control token of `tmpl` (turn markers, think and tool-call
+ * tags) as one token, as the target's own tokenizer does; DFLASH_E_MISMATCH naming every
+ * control token it splits (with the number of ids) otherwise: a tokenizer of another family
+ * would teach the drafter to spell them piece by piece.
+ */
+DFLASH_API dflash_status dflash_chat_template_check_tokenizer(const dflash_chat_template *tmpl,
+                                                              const struct dflash_tokenizer *tok);
+
 /* Render. `opts` may be NULL (defaults). */
 DFLASH_API dflash_status dflash_chat_render(const dflash_chat_template *tmpl,
                                            const dflash_chat_conversation *conv,

@@ -4,16 +4,31 @@
 
 #include "chat_internal.h"
 
+#define KIMI_TURNS "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"
+#define KIMI_TOOLS                                                                        \
+  "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",     \
+      "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+/* Qwen3's <tools>, <function=...> and <parameter=...> are ordinary text in its tokenizer. */
+static const char *const kimi_controls[] = {KIMI_TURNS, KIMI_TOOLS, NULL};
+static const char *const kimi_think_controls[] = {KIMI_TURNS, KIMI_TOOLS, "<think>", "</think>",
+                                                  NULL};
+static const char *const qwen_controls[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                                            "<tool_call>", "</tool_call>", "<tool_response>",
+                                            "</tool_response>", NULL};
+static const char *const chatml_controls[] = {"<|im_start|>", "<|im_end|>", NULL};
+
 static const struct dflash_chat_template templates[] = {
-    {"kimi-k2", df_render_kimi_instruct, 0, "<|im_end|>"},
-    {"kimi-k2-thinking", df_render_kimi_thinking, 0, "<|im_end|>"},
-    {"kimi-k2.5", df_render_kimi_thinking, DF_FAM_K25, "<|im_end|>"},
-    {"kimi-k2.6", df_render_kimi_thinking, DF_FAM_K25 | DF_FAM_PRESERVE, "<|im_end|>"},
-    {"qwen3", df_render_qwen3, 0, "<|im_end|>"},
-    {"qwen3.5", df_render_qwen35, DF_FAM_ARGS_OBJECT, "<|im_end|>"},
-    {"qwen3.6", df_render_qwen35, DF_FAM_ARGS_OBJECT | DF_FAM_PRESERVE, "<|im_end|>"},
-    {"smollm2", df_render_chatml, 0, "<|im_end|>"},
-    {"chatml", df_render_chatml, 0, "<|im_end|>"},
+    {"kimi-k2", df_render_kimi_instruct, 0, "<|im_end|>", kimi_controls},
+    {"kimi-k2-thinking", df_render_kimi_thinking, 0, "<|im_end|>", kimi_think_controls},
+    {"kimi-k2.5", df_render_kimi_thinking, DF_FAM_K25, "<|im_end|>", kimi_think_controls},
+    {"kimi-k2.6", df_render_kimi_thinking, DF_FAM_K25 | DF_FAM_PRESERVE, "<|im_end|>",
+     kimi_think_controls},
+    {"qwen3", df_render_qwen3, 0, "<|im_end|>", qwen_controls},
+    {"qwen3.5", df_render_qwen35, DF_FAM_ARGS_OBJECT, "<|im_end|>", qwen_controls},
+    {"qwen3.6", df_render_qwen35, DF_FAM_ARGS_OBJECT | DF_FAM_PRESERVE, "<|im_end|>",
+     qwen_controls},
+    {"smollm2", df_render_chatml, 0, "<|im_end|>", chatml_controls},
+    {"chatml", df_render_chatml, 0, "<|im_end|>", chatml_controls},
 };
 
 struct dflash_chat_rendered {

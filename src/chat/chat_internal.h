@@ -123,6 +123,9 @@ struct dflash_chat_template {
   df_render_fn render;
   int family_flags;
   const char *end_of_turn;
+  /* Control tokens the target's tokenizer must hold as single tokens (NULL-terminated): split
+   * into pieces, the drafter would learn to spell them. */
+  const char *const *controls;
 };
 
 /* family_flags */

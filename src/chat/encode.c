@@ -46,3 +46,21 @@ dflash_status dflash_chat_encode(const dflash_chat_rendered *r, const dflash_tok
   free(end);
   return st;
 }
+
+dflash_status dflash_chat_template_check_tokenizer(const dflash_chat_template *tmpl,
+                                                   const dflash_tokenizer *tok) {
+  DF_CHECK_ARG(tmpl && tok);
+  df_buf split = {0};
+  dflash_status st = DFLASH_OK;
+  for (const char *const *c = tmpl->controls; c && *c && !st; c++) {
+    int32_t ids[64];
+    size_t n = 0;
+    st = dflash_tokenizer_encode(tok, *c, strlen(*c), DFLASH_SPECIAL_ALL, ids, 64, &n);
+    if (!st && n != 1) df_buf_printf(&split, "%s%s (%zu ids)", split.len ? ", " : "", *c, n);
+  }
+  if (!st && split.len)
+    st = df_error(DFLASH_E_MISMATCH, "template %s: the tokenizer splits its control tokens: %s; "
+                  "is this the target's own tokenizer?", tmpl->name, split.data);
+  df_buf_free(&split);
+  return st;
+}

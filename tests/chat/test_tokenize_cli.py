@@ -119,10 +119,13 @@ def write_inputs(d):
     return paths, len(lines) - sum(1 for x in lines if not x)
 
 
-def run_tokenize(out, inputs, *extra):
-    return subprocess.run([CLI, "tokenize", "--tokenizer", str(TOK), "--template", "qwen3",
-                           "-o", str(out), *extra, *map(str, inputs)], capture_output=True,
-                          text=True)
+def run_tokenize(out, inputs, *extra, template="qwen3",
+                 split=("--allow-split-control-tokens",)):
+    """The qwen2 fixture stands in for Qwen3's tokenizer, which has <think> and the tool tags as
+    added tokens; qwen2 splits them, hence --allow-split-control-tokens."""
+    return subprocess.run([CLI, "tokenize", "--tokenizer", str(TOK), "--template", template,
+                           "-o", str(out), *split, *extra, *map(str, inputs)],
+                          capture_output=True, text=True)
 
 
 def tokenize(out, inputs, *extra):
@@ -144,7 +147,17 @@ def check_failures(d, inputs):
     r = run_tokenize(d / "ratio", inputs)  # default --max-reject-ratio 0.05
     assert r.returncode == 1 and "--max-reject-ratio 0.05" in r.stderr, r.stderr
     assert json.loads((d / "ratio" / "dataset.json").read_text())["samples"] > 500
-    print("failures: missing input, no samples, reject ratio above 0.05 -> exit 1")
+    # Another family's tokenizer: refused before any output, naming what it splits.
+    r = run_tokenize(d / "split", inputs, split=())
+    assert r.returncode == 1 and not (d / "split").exists(), r.stderr
+    for tag in ("<think> (3 ids)", "</think>", "<tool_call>", "<tool_response>"):
+        assert tag in r.stderr, (tag, r.stderr)
+    assert "<|im_start|>" not in r.stderr  # qwen2 has the ChatML markers as specials
+    r = run_tokenize(d / "chatml", inputs, "--max-reject-ratio", "1", template="chatml",
+                     split=())
+    assert r.returncode == 0, r.stderr
+    print("failures: missing input, no samples, reject ratio above 0.05, split control "
+          "tokens -> exit 1")
 
 
 def same_tree(a, b):

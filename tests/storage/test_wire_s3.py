@@ -201,7 +201,8 @@ def test_tokenize_s3_to_s3_equals_local(tmp_path):
 
     def tokenize(out, *inputs):
         r = subprocess.run([CLI, "tokenize", "--tokenizer", str(tok), "--template", "qwen3",
-                            "--threads", "2", "--max-reject-ratio", "0.5", "-o", out, *inputs], capture_output=True, text=True)
+                            "--threads", "2", "--max-reject-ratio", "0.5", "--allow-split-control-tokens",
+                            "-o", out, *inputs], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
 
     tokenize(str(tmp_path / "local"), str(local_in / "a.jsonl"), str(local_in / "b.jsonl"))
@@ -231,7 +232,8 @@ def test_tokenize_s3_to_s3_equals_local(tmp_path):
             assert a == b, name
     # A second run into the same S3 dataset is refused, naming it.
     r = subprocess.run([CLI, "tokenize", "--tokenizer", str(tok), "--template", "qwen3",
-                        "-o", url("tok/out"), url("tok/in/")], capture_output=True, text=True)
+                        "--allow-split-control-tokens", "-o", url("tok/out"), url("tok/in/")],
+                       capture_output=True, text=True)
     assert r.returncode != 0 and url("tok/out") in r.stderr
 
 

@@ -35,7 +35,7 @@
 typedef struct {
   const char *tok_path, *tmpl_name, *out_dir;
   size_t max_len;
-  int truncate, last_only, threads;
+  int truncate, last_only, threads, allow_split;
   size_t batch_lines;
   double max_reject_ratio;
   dflash_chat_reasoning reasoning;
@@ -84,7 +84,8 @@ static int usage(FILE *f, int rc) {
           "usage: dflash tokenize --tokenizer PATH --template NAME [--max-len N] [--truncate]\n"
           "                       [--last-turn-only] [--reasoning official|keep_all|\n"
           "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
-          "                       [--max-reject-ratio X] -o DIR IN.jsonl...\n"
+          "                       [--max-reject-ratio X] [--allow-split-control-tokens]\n"
+          "                       -o DIR IN.jsonl...\n"
           "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
           "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
           "Reads OpenAI `messages`, ShareGPT `conversations` or fetcher completion records,\n"
@@ -93,6 +94,9 @@ static int usage(FILE *f, int rc) {
           "Sample ids are the records' \"id\" (fetch outputs carry it), else fetch's derived id\n"
           "(\"h\" + 32 hex digits of SHA-256); a repeated id is rejected. DIR/sources.jsonl\n"
           "gives each sample's id, file and line.\n"
+          "The template's control tokens (turn markers, think and tool tags) must be single\n"
+          "tokens of the tokenizer, as with the target's own; --allow-split-control-tokens\n"
+          "accepts another family's tokenizer anyway.\n"
           "--threads: 0 (default) = one per CPU; the output is identical for any count.\n"
           "--batch-lines: lines read and processed together (default 2048; memory knob).\n"
           "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n"
@@ -123,6 +127,7 @@ static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
     else if (!strcmp(o, "--max-reject-ratio") && has)
       a->max_reject_ratio = cli_real(o, argv[++i], 0, 1, &bad);
     else if (!strcmp(o, "--truncate")) a->truncate = 1;
+    else if (!strcmp(o, "--allow-split-control-tokens")) a->allow_split = 1;
     else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
     else if (!strcmp(o, "--reasoning") && has) {
       if (chat_cli_reasoning(argv[++i], &a->reasoning)) return -1;
@@ -406,6 +411,7 @@ static dflash_status open_all(const tok_args *a, tok_job *j, dflash_tokenizer **
   char hash[DFLASH_TOKENIZER_HASH_LEN];
   dflash_status st = dflash_tokenizer_load(a->tok_path, NULL, tok);
   if (!st) st = dflash_chat_template_create(a->tmpl_name, tmpl);
+  if (!st && !a->allow_split) st = dflash_chat_template_check_tokenizer(*tmpl, *tok);
   if (!st) st = dflash_chat_tokenizer_nfc(*tok, &j->nfc);
   if (!st) st = dflash_dataset_tokenizer_hash(a->tok_path, hash, sizeof hash);
   char *opts = st ? NULL : options_json(a, j->nfc);

@@ -36,6 +36,7 @@ _parse = bind("dflash_chat_conversation_parse", [ctypes.c_char_p, ctypes.c_size_
 bind("dflash_chat_conversation_free", [_vp], None)
 bind("dflash_chat_conversation_message_count", [_vp], ctypes.c_size_t)
 _tok_nfc = bind("dflash_chat_tokenizer_nfc", [_vp, ctypes.POINTER(ctypes.c_int)])
+_check_tok = bind("dflash_chat_template_check_tokenizer", [_vp, _vp])
 _encode = bind("dflash_chat_encode", [_vp, _vp, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
                                       ctypes.POINTER(ctypes.c_size_t),
@@ -159,6 +160,12 @@ class ChatTemplate(Handle):
         self._h = h
         self.name = lib.dflash_chat_template_name(h).decode()
         self.end_of_turn = lib.dflash_chat_template_end_of_turn(h).decode()
+
+    def check_tokenizer(self, tokenizer):
+        """Raise Error DFLASH_E_MISMATCH, naming them, when `tokenizer` splits any of the
+        template's control tokens (turn markers, think and tool tags): another family's
+        tokenizer, not the target's own."""
+        _check_tok(self._handle(), tokenizer._handle())
 
     @staticmethod
     def _options(add_generation_prompt, thinking, preserve_thinking, reasoning):

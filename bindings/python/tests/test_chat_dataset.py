@@ -52,7 +52,8 @@ def test_tokenize_cli_round_trip(tmp_path):
                    json.dumps({"messages": CONV[:2]}) + "\n")
     out = tmp_path / "ds"
     subprocess.run([cli, "tokenize", "--tokenizer", str(FIX / "tokenizers" / "qwen2"),
-                    "--template", "qwen3", "--max-reject-ratio", "1", "-o", str(out), str(src)],
+                    "--template", "qwen3", "--max-reject-ratio", "1",
+                    "--allow-split-control-tokens", "-o", str(out), str(src)],
                    check=True, capture_output=True)
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
     assert [r["line"] for r in rejected] == [2, 3]
@@ -152,6 +153,23 @@ def test_tokenizer_nfc_probe():
     if cl100k.exists():
         with dflash.Tokenizer(str(cl100k)) as tok:
             assert not tokenizer_nfc(tok)
+
+
+def test_check_tokenizer_names_split_control_tokens():
+    """qwen2's tokenizer has the ChatML markers as specials but not Qwen3's <think> and tool
+    tags (Qwen3's own tokenizer adds them): chatml passes, qwen3 and kimi are refused."""
+    with qwen2_tokenizer() as qwen:
+        assert all(len(qwen.encode(t)) == 1 for t in ("<|im_start|>", "<|im_end|>"))
+        dflash.ChatTemplate("chatml").check_tokenizer(qwen)
+        with pytest.raises(dflash.Error) as e:
+            dflash.ChatTemplate("qwen3").check_tokenizer(qwen)
+        n = len(qwen.encode("<think>"))
+        assert e.value.status == "DFLASH_E_MISMATCH"
+        assert f"<think> ({n} ids)" in e.value.message and "<|im_start|>" not in e.value.message
+        with pytest.raises(dflash.Error) as e:
+            dflash.ChatTemplate("kimi-k2.6").check_tokenizer(qwen)
+        for tag in ("<|im_user|>", "<|im_middle|>", "<|tool_call_begin|>", "</think>"):
+            assert tag in e.value.message, tag
 
 
 def test_chat_encode_equals_encode_plus_mask():
