@@ -606,23 +606,28 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
   json_t *servers = json_array();
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *v = &f->servers[i];
-    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I}", "url", v->display,
+    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I}", "url", v->display,
                                              "healthy", v->healthy, "requests",
                                              (json_int_t)v->requests, "completed",
                                              (json_int_t)v->completed, "failures",
                                              (json_int_t)v->failures, "completion_tokens",
-                                             (json_int_t)v->completion_tokens));
+                                             (json_int_t)v->completion_tokens, "turns_uncounted",
+                                             (json_int_t)v->turns_uncounted));
   }
+  /* completion_tokens sums the answers that came with a count (turns_counted); the rate is
+   * null while answers came but none with a count, rather than a false 0 */
+  json_t *rate = f->turns_counted == 0 && f->turns_uncounted > 0 ? json_null()
+                 : json_real(s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0);
   json_t *j = json_pack(
-      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:b,s:o}", "total",
+      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:b,s:o}", "total",
       (json_int_t)s.total, "skipped", (json_int_t)s.skipped, "completed", (json_int_t)s.completed,
       "failed", (json_int_t)s.failed, "duplicates", (json_int_t)s.duplicates, "length",
       (json_int_t)s.length, "empty", (json_int_t)s.empty, "retries", (json_int_t)s.retries,
       "pending", (json_int_t)(s.pending + s.in_flight), "prompt_tokens",
       (json_int_t)s.prompt_tokens, "completion_tokens", (json_int_t)s.completion_tokens,
-      "elapsed_s", s.elapsed_s, "completion_tok_per_s",
-      s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0, "stopped",
-      (int)s.stopping, "servers", servers);
+      "turns_counted", (json_int_t)f->turns_counted, "turns_uncounted",
+      (json_int_t)f->turns_uncounted, "elapsed_s", s.elapsed_s, "completion_tok_per_s", rate,
+      "stopped", (int)s.stopping, "servers", servers);
   char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   if (!text) return df_error_nomem("summary");

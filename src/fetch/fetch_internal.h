@@ -40,6 +40,7 @@ typedef struct df_resp {
   df_buf reasoning;
   char *finish_reason; /* NULL until a chunk carries one */
   json_t *usage;       /* last usage object seen, or NULL */
+  json_t *timings;     /* last llama.cpp "timings" object seen, or NULL */
   json_t *tool_calls;  /* non-streamed only */
   char *error;         /* an error object in the body or an event after 200 */
   long error_code;     /* its numeric code, 0 when none */
@@ -54,6 +55,16 @@ void df_resp_free(df_resp *r);
 void df_resp_chunk(df_resp *r, const char *data, size_t len);
 /* A whole non-streamed body. */
 void df_resp_body(df_resp *r, const char *body, size_t len);
+/* The token counts of a finished answer, a new reference: the server's usage when it
+ * has an integer completion_tokens (OpenAI, vLLM and SGLang send it in bodies, and in
+ * streams asked for stream_options.include_usage; llama-server too); else, from
+ * llama.cpp's timings (on its last chunk or in its body), the usage llama-server itself
+ * reports: completion_tokens = predicted_n, prompt_tokens = prompt_n + cache_n (cache_n:
+ * prompt tokens reused from its cache, also as prompt_tokens_details.cached_tokens);
+ * else the usage object as sent (without a count), or NULL: the count is unknown. */
+json_t *df_resp_usage(const df_resp *r);
+/* Whether `usage` (from df_resp_usage) carries a completion token count, into *n. */
+bool df_usage_count(const json_t *usage, const char *key, uint64_t *n);
 /* Message of an OpenAI-style error body (`{"error": {...}}`, `{"object":"error",...}`,
  * `{"detail": ...}`); malloc'd, NULL when the body is not one. Sets *code when found. */
 char *df_error_body_message(const char *body, size_t len, long *code);

@@ -18,6 +18,7 @@ typedef struct df_server {
   int consecutive_failures;
   double next_probe;
   uint64_t requests, completed, failures, completion_tokens;
+  uint64_t turns_uncounted; /* answers whose usage had no completion count */
 } df_server;
 
 /* A valid input line still to fetch. */
@@ -115,6 +116,9 @@ struct dflash_fetch {
 
   uint64_t skipped, completed, failed, duplicates, length, empty, retries;
   uint64_t jobs_in_flight, prompt_tokens, completion_tokens;
+  /* answers (turns) with and without a completion token count: completion_tokens sums
+   * the counted ones only */
+  uint64_t turns_counted, turns_uncounted;
   double elapsed;
 };
 

@@ -505,16 +505,22 @@ static dflash_status turn_done(dflash_fetch *f, df_job *job, df_xfer *x, double 
   size_t p = job->turns[job->turn];
   if (p < json_array_size(job->conv.messages)) json_array_set_new(job->conv.messages, p, msg);
   else json_array_append_new(job->conv.messages, msg);
-  json_t *usage = r->usage ? json_incref(r->usage) : json_null();
+  /* null when the server sent no count: never a 0 that reads as an empty answer */
+  json_t *usage = df_resp_usage(r);
+  uint64_t ct, pt;
+  if (df_usage_count(usage, "completion_tokens", &ct)) {
+    f->completion_tokens += ct;
+    s->completion_tokens += ct;
+    f->turns_counted++;
+  } else {
+    f->turns_uncounted++;
+    s->turns_uncounted++;
+  }
+  if (df_usage_count(usage, "prompt_tokens", &pt)) f->prompt_tokens += pt;
   json_array_append_new(job->turn_info,
                         json_pack("{s:s?,s:s,s:o,s:i}", "finish_reason", r->finish_reason,
-                                  "outcome", df_outcome(r), "usage", usage, "attempts",
-                                  job->attempts));
-  json_int_t ct = json_integer_value(json_object_get(r->usage, "completion_tokens"));
-  json_int_t pt = json_integer_value(json_object_get(r->usage, "prompt_tokens"));
-  f->completion_tokens += (uint64_t)ct;
-  f->prompt_tokens += (uint64_t)pt;
-  s->completion_tokens += (uint64_t)ct;
+                                  "outcome", df_outcome(r), "usage",
+                                  usage ? usage : json_null(), "attempts", job->attempts));
   if (++job->turn < job->n_turns) { /* the next turn, at once */
     job->attempts = 0;
     job->not_before = now;

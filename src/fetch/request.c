@@ -45,6 +45,8 @@ dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char
   else if (cfg->max_tokens > 0) json_object_set_new(body, "max_tokens", json_integer(cfg->max_tokens));
   set_sampling(cfg, body);
   json_object_set_new(body, "stream", json_boolean(stream));
+  /* Without include_usage, OpenAI, vLLM, SGLang and llama-server (since
+   * ggml-org/llama.cpp#16052) send no token counts in a stream. */
   if (stream)
     json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
   set_family(cfg, body);
@@ -56,8 +58,14 @@ dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char
   if (probe) { /* whatever extra says, a probe is one short unstreamed token */
     json_object_set_new(body, "max_tokens", json_integer(1));
     json_object_set_new(body, "stream", json_false());
-    json_object_del(body, "stream_options");
   }
+  /* stream_options goes with the stream the body finally asks for (extra may have
+   * changed it): OpenAI and vLLM refuse it (400) on an unstreamed request, and a stream
+   * that extra turned on still needs include_usage (unless extra set stream_options). */
+  if (!json_is_true(json_object_get(body, "stream")))
+    json_object_del(body, "stream_options");
+  else if (!json_object_get(body, "stream_options"))
+    json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   if (!text) return df_error_nomem("request body");

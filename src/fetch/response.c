@@ -15,9 +15,10 @@ void df_resp_reset(df_resp *r) {
   free(r->finish_reason);
   free(r->error);
   json_decref(r->usage);
+  json_decref(r->timings);
   json_decref(r->tool_calls);
   r->finish_reason = r->error = NULL;
-  r->usage = r->tool_calls = NULL;
+  r->usage = r->timings = r->tool_calls = NULL;
   r->error_code = 0;
   r->done = r->bad_json = false;
   r->chunks = 0;
@@ -103,6 +104,37 @@ static void take_choice_and_usage(df_resp *r, const json_t *root, const char *me
     json_decref(r->usage);
     r->usage = json_incref((json_t *)usage);
   }
+  const json_t *timings = json_object_get(root, "timings"); /* llama.cpp */
+  if (json_is_object(timings)) {
+    json_decref(r->timings);
+    r->timings = json_incref((json_t *)timings);
+  }
+}
+
+bool df_usage_count(const json_t *usage, const char *key, uint64_t *n) {
+  const json_t *v = json_object_get(usage, key);
+  if (!json_is_integer(v) || json_integer_value(v) < 0) return false;
+  *n = (uint64_t)json_integer_value(v);
+  return true;
+}
+
+json_t *df_resp_usage(const df_resp *r) {
+  uint64_t gen, processed, cached = 0;
+  if (r->usage && df_usage_count(r->usage, "completion_tokens", &gen))
+    return json_incref(r->usage);
+  if (r->timings && df_usage_count(r->timings, "predicted_n", &gen)) {
+    json_t *u = json_pack("{s:I}", "completion_tokens", (json_int_t)gen);
+    if (u && df_usage_count(r->timings, "prompt_n", &processed)) {
+      bool has_cache = df_usage_count(r->timings, "cache_n", &cached);
+      json_object_set_new(u, "prompt_tokens", json_integer((json_int_t)(processed + cached)));
+      json_object_set_new(u, "total_tokens", json_integer((json_int_t)(processed + cached + gen)));
+      if (has_cache)
+        json_object_set_new(u, "prompt_tokens_details",
+                            json_pack("{s:I}", "cached_tokens", (json_int_t)cached));
+    }
+    return u;
+  }
+  return r->usage ? json_incref(r->usage) : NULL;
 }
 
 static void take_error(df_resp *r, const json_t *root) {

@@ -32,6 +32,25 @@ Faults are asked for inside the last user message, e.g. "[[fault:503*2]]":
 Faults marked *K apply to the K first attempts in the order written;
 "[[fault:503*1]][[fault:reset*1]]" means a 503, then a reset, then success.
 
+--usage KIND[,KIND...] sets how each port reports token counts (the list is cycled over
+the ports, so "openai,none" makes port 0 count and port 1 not):
+  openai   (default) OpenAI, vLLM, SGLang: "usage" in a non-streamed body; in a stream only
+           when the request asks for stream_options.include_usage, as a last chunk with
+           "choices": [] before [DONE]. A request with stream_options that is not streamed
+           gets 400, as vLLM's validate_stream_options (and OpenAI) answer.
+  llama    llama-server as of b11434 (tools/server/server-task.cpp,
+           to_json_oaicompat_chat_stream): the same usage rule (it honours include_usage
+           since ggml-org/llama.cpp#16052; before, #15444, the usage chunk came always),
+           usage with prompt_tokens_details.cached_tokens, and "timings" {cache_n,
+           prompt_n (prompt tokens not from the cache), predicted_n, ...} on the last chunk
+           of a stream (the usage chunk, else the finish_reason chunk) and in bodies.
+  timings  a llama.cpp server whose streams carry timings but no usage whatever the
+           request says: llama-server's stream when include_usage does not reach it (its
+           default since #16052; a proxy that drops stream_options). Bodies as llama.
+  none     no token counts at all, streamed or not: no usage, no timings.
+The fake's prompt "tokens" are len(json(messages)) // 4; llama and timings pretend a
+third of them came from the prompt cache.
+
 --chaos P adds random faults (seeded by prompt and attempt) to the first two
 attempts of a fraction P of prompts.
 
@@ -113,6 +132,7 @@ class State:
         self.requests = []   # bodies and headers seen
         self.total = 0
         self.by_status = {}
+        self.usage_kind = {}  # port -> how it reports token counts (--usage)
 
     def next_attempt(self, key):
         with self.lock:
@@ -176,6 +196,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.connection.shutdown(socket.SHUT_RDWR)
         self.close_connection = True
 
+    def kind(self):
+        return self.state.usage_kind.get(self.server.server_address[1], "openai")
+
     # ---- endpoints
     def do_GET(self):
         if self.path.endswith("/models"):
@@ -194,6 +217,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except (ValueError, KeyError) as exc:
             return self.send_json(400, {"error": {"message": f"bad request: {exc}", "code": 400}})
         self.state.record(self.server.server_address[1], body, self.headers)
+        if (self.kind() == "openai" and body.get("stream_options") is not None
+                and body.get("stream") is not True):  # vLLM's validate_stream_options
+            return self.send_json(400, {"object": "error", "type": "BadRequestError", "code": 400,
+                                        "message": "Stream options can only be defined when "
+                                                   "`stream=True`."})
         if body.get("max_tokens") == 1:  # a health probe: not an attempt, never faulted
             self.state.count("probe")
             return self.answer(body, messages, set(), {}, None)
@@ -252,22 +280,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if fault == "nofinish":
             finish = None
         rfield = opts.get("rfield", self.state.args.reasoning_field)
-        usage = {"prompt_tokens": len(json.dumps(messages)) // 4,
+        n_prompt = len(json.dumps(messages)) // 4
+        usage = {"prompt_tokens": n_prompt,
                  "completion_tokens": n_tokens,
-                 "total_tokens": len(json.dumps(messages)) // 4 + n_tokens}
+                 "total_tokens": n_prompt + n_tokens}
+        kind = self.kind()
+        timings = None
+        if kind in ("llama", "timings"):
+            cached = n_prompt // 3
+            # llama-server's usage_json_oaicompat and server_slot_stats::to_json
+            usage = {"completion_tokens": n_tokens, "prompt_tokens": n_prompt,
+                     "total_tokens": n_prompt + n_tokens,
+                     "prompt_tokens_details": {"cached_tokens": cached}}
+            timings = {"cache_n": cached, "prompt_n": n_prompt - cached, "prompt_ms": 12.5,
+                       "prompt_per_token_ms": 0.5, "prompt_per_second": 2000.0,
+                       "predicted_n": n_tokens, "predicted_ms": 40.0 * n_tokens,
+                       "predicted_per_token_ms": 40.0, "predicted_per_second": 25.0}
         if not body.get("stream"):
             if "errevent400" in modes:
                 return self.send_json(200, {"error": {"message": "context length exceeded",
                                                       "code": 400}})
             msg = {"role": "assistant", "content": "".join(content),
                    rfield: "".join(reasoning)}
-            return self.send_json(200, {
-                "id": "chatcmpl-fake", "object": "chat.completion", "model": body.get("model"),
-                "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-                "usage": usage})
-        self.stream(body, reasoning, content, finish, usage, rfield, modes, fault)
+            answer = {"id": "chatcmpl-fake", "object": "chat.completion",
+                      "model": body.get("model"),
+                      "choices": [{"index": 0, "message": msg, "finish_reason": finish}]}
+            if kind != "none":
+                answer["usage"] = usage
+            if timings:
+                answer["timings"] = timings
+            return self.send_json(200, answer)
+        if kind in ("timings", "none"):
+            usage = None  # never in a stream
+        self.stream(body, reasoning, content, finish, usage, rfield, modes, fault, timings)
 
-    def stream(self, body, reasoning, content, finish, usage, rfield, modes, fault):
+    def stream(self, body, reasoning, content, finish, usage, rfield, modes, fault,
+               timings=None):
         key = key_of(body["messages"])
         crlf = "split" in modes
         nl = "\r\n" if crlf else "\n"
@@ -280,18 +328,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "model": body.get("model"),
                     "choices": [{"index": 0, "delta": delta, "finish_reason": fr}]}
 
-        events = [event(chunk_obj({"role": "assistant", "content": ""}))]
+        first = None if self.kind() in ("llama", "timings") else ""  # llama-server: null
+        events = [event(chunk_obj({"role": "assistant", "content": first}))]
         events += [event(chunk_obj({rfield: t})) for t in reasoning]
         events += [event(chunk_obj({"content": t})) for t in content]
         if fault == "abort":
             finish = "abort"
+        tail = []  # the chunks after the text, as objects (timings go on the last one)
         if fault == "nofinish":  # a clean end: the usage chunk and [DONE], no finish_reason
             events = events[:min(3, len(events))]
         else:
-            events.append(event(chunk_obj({}, finish)))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            events.append(event({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-                                 "choices": [], "usage": usage}))
+            tail.append(chunk_obj({}, finish))
+        if usage and (body.get("stream_options") or {}).get("include_usage"):
+            tail.append({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                         "model": body.get("model"), "choices": [], "usage": usage})
+        if timings and tail:
+            tail[-1]["timings"] = timings
+        events += [event(obj) for obj in tail]
         events.append(f"data: [DONE]{nl}{nl}")
         if "keepalive" in modes:
             events = [e for ev in events for e in (": keep-alive" + nl + nl, ev)]
@@ -455,9 +508,15 @@ def main():
     ap.add_argument("--chaos", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
+    ap.add_argument("--usage", default="openai",
+                    help="openai | llama | timings | none per port, comma-separated, cycled")
     args = ap.parse_args()
+    kinds = args.usage.split(",")
+    if any(k not in ("openai", "llama", "timings", "none") for k in kinds):
+        ap.error(f"--usage: unknown kind in {args.usage!r}")
     state = State(args)
     farm = Farm(state, args.servers)
+    state.usage_kind = {p: kinds[i % len(kinds)] for i, p in enumerate(farm.ports)}
     control = Server(("127.0.0.1", 0), control_handler(farm))
     threading.Thread(target=control.serve_forever, daemon=True).start()
     print(json.dumps({"ports": farm.ports, "control": control.server_address[1]}), flush=True)

@@ -8,6 +8,7 @@ completions.jsonl or errors.jsonl, across faults, kill -9 and resumes.
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -524,3 +525,139 @@ def test_response_cap_and_directory_lock(farm, tmp_path):
     comps, errs = outputs(out)
     assert comps == [] and sorted(e["id"] for e in errs) == ["c", "h"]  # no answer fits 300 B
     assert all(e["kind"] == "response" and "max_response_bytes" in e["error"] for e in errs)
+
+
+# ---- token accounting: what each kind of server sends (fake_server.py --usage) and what
+# the fetcher records and shows. A count the server did not send is unknown, never 0.
+
+def usage_sent(kind, prompt, n):
+    """The usage a record must carry for an answer of n tokens to `prompt` (None: unknown)."""
+    p = len(json.dumps(prompt)) // 4  # the fake's prompt "tokens"
+    if kind == "none":
+        return None
+    if kind == "openai":
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+    # llama: llama-server's own usage; timings: the same, built from its timings
+    # (predicted_n, prompt_n + cache_n)
+    return {"completion_tokens": n, "prompt_tokens": p, "total_tokens": p + n,
+            "prompt_tokens_details": {"cached_tokens": p // 3}}
+
+
+RATE_RE = re.compile(r"req/s (\S+) tok/s(?: \((\d+) uncounted\))?")
+
+
+def final_rate(stderr):
+    """(tok/s as shown, uncounted answers or None) on the last progress line."""
+    lines = [line for line in stderr.splitlines() if "tok/s" in line]
+    assert lines, stderr
+    m = RATE_RE.search(lines[-1])
+    assert m, lines[-1]
+    return m.group(1), m.group(2) and int(m.group(2))
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "nostream"])
+@pytest.mark.parametrize("kind", ["openai", "llama", "timings", "none"])
+def test_token_counts_per_server_kind(kind, stream, tmp_path):
+    farm = Farm(1, "--usage", kind)
+    try:
+        write_jsonl(tmp_path / "in.jsonl", [user(f"count {i}", f"c{i}") for i in range(12)])
+        summary, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out",
+                               *([] if stream else ["--no-stream"]))
+        comps, errs = outputs(tmp_path / "out")
+        assert len(comps) == 12 and not errs
+        tokens = prompt_tokens = 0
+        for r in comps:
+            n = expected(r["messages"])[3]
+            want = usage_sent(kind, r["messages"], n)
+            assert r["usage"] == want, (kind, stream, r)
+            if want:
+                tokens += n
+                prompt_tokens += want["prompt_tokens"]
+        for q in farm.get("/requests"):
+            b = q["body"]
+            if b.get("max_tokens") == 1:
+                continue
+            assert b["stream"] is stream
+            assert b.get("stream_options") == ({"include_usage": True} if stream else None)
+        counted = kind != "none"
+        assert summary["completion_tokens"] == tokens and summary["prompt_tokens"] == prompt_tokens
+        assert summary["turns_counted"] == (12 if counted else 0)
+        assert summary["turns_uncounted"] == (0 if counted else 12)
+        assert summary["servers"][0]["turns_uncounted"] == summary["turns_uncounted"]
+        assert summary["servers"][0]["completion_tokens"] == tokens
+        rate, uncounted = final_rate(p.stderr)
+        assert uncounted is None
+        if counted:
+            assert tokens > 0
+            assert summary["completion_tok_per_s"] == pytest.approx(tokens / summary["elapsed_s"])
+            assert float(rate) > 0
+        else:  # no count came: unknown, not 0 tok/s
+            assert summary["completion_tok_per_s"] is None and rate == "?"
+    finally:
+        farm.close()
+
+
+def test_tok_rate_over_counted_answers_only(tmp_path):
+    farm = Farm(2, "--usage", "openai,none")
+    try:
+        write_jsonl(tmp_path / "in.jsonl", [user(f"mixed {i}", f"m{i}") for i in range(30)])
+        summary, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--concurrency", "2")
+        comps = outputs(tmp_path / "out")[0]
+        assert len(comps) == 30
+        counted = [r for r in comps if r["server"] == farm.urls[0]]
+        uncounted = [r for r in comps if r["server"] == farm.urls[1]]
+        assert counted and uncounted
+        tokens = 0
+        for r in counted:
+            n = expected(r["messages"])[3]
+            assert r["usage"]["completion_tokens"] == n
+            tokens += n
+        assert all(r["usage"] is None for r in uncounted)
+        assert summary["completion_tokens"] == tokens
+        assert summary["turns_counted"] == len(counted)
+        assert summary["turns_uncounted"] == len(uncounted)
+        s0, s1 = summary["servers"]
+        assert s0["turns_uncounted"] == 0 and s0["completion_tokens"] == tokens
+        assert s1["turns_uncounted"] == len(uncounted) and s1["completion_tokens"] == 0
+        assert summary["completion_tok_per_s"] == pytest.approx(tokens / summary["elapsed_s"])
+        rate, n_uncounted = final_rate(p.stderr)
+        assert float(rate) > 0 and n_uncounted == len(uncounted)
+    finally:
+        farm.close()
+
+
+def test_all_turns_counted_from_timings(tmp_path):
+    farm = Farm(1, "--usage", "timings")
+    try:
+        conv = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "old1"},
+                {"role": "user", "content": "second"}, {"role": "assistant", "content": "old2"}]
+        write_jsonl(tmp_path / "in.jsonl", [{"id": "t", "messages": conv}])
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--all-turns")
+        r = outputs(tmp_path / "out")[0][0]
+        c1 = expected([conv[0]])[1]
+        prompts = [[conv[0]], [conv[0], {"role": "assistant", "content": c1}, conv[2]]]
+        want = [usage_sent("timings", m, expected(m)[3]) for m in prompts]
+        assert [t["usage"] for t in r["turns"]] == want
+        assert r["usage"] == want[1]
+        assert summary["turns_counted"] == 2 and summary["turns_uncounted"] == 0
+        assert summary["completion_tokens"] == sum(u["completion_tokens"] for u in want)
+    finally:
+        farm.close()
+
+
+def test_stream_options_follow_the_stream_the_body_asks_for(farm, tmp_path):
+    # vLLM (and OpenAI) answer 400 to stream_options on an unstreamed request, so an
+    # --extra that turns the stream off must take them out, and one that turns it on
+    # must still ask for usage.
+    write_jsonl(tmp_path / "in.jsonl", [user(f"extra {i}", f"e{i}") for i in range(4)])
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "off", "--extra", '{"stream": false}')
+    comps, errs = outputs(tmp_path / "off")
+    assert not errs and len(comps) == 4
+    assert_matches_server(comps)
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "on", "--no-stream", "--extra",
+              '{"stream": true}')
+    comps, errs = outputs(tmp_path / "on")
+    assert not errs and len(comps) == 4
+    assert_matches_server(comps)
+    bodies = [q["body"] for q in farm.get("/requests") if q["body"].get("max_tokens") != 1]
+    assert [b.get("stream_options") for b in bodies] == [None] * 4 + [{"include_usage": True}] * 4

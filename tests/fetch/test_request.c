@@ -101,11 +101,53 @@ START_TEST(options_validation) {
 }
 END_TEST
 
+/* stream_options goes with the stream the body finally asks for: OpenAI and vLLM answer
+ * 400 to stream_options on an unstreamed request. */
+START_TEST(stream_options_only_when_streamed) {
+  df_body_cfg cfg = base_cfg();
+  cfg.stream = 0; /* --no-stream */
+  json_t *j = build(&cfg, false);
+  ck_assert(json_is_false(json_object_get(j, "stream")));
+  ck_assert_ptr_null(json_object_get(j, "stream_options"));
+  json_decref(j);
+  cfg.extra = json_loads("{\"stream\":true}", 0, NULL); /* extra turns the stream on */
+  j = build(&cfg, false);
+  ck_assert(json_is_true(json_object_get(j, "stream")));
+  ck_assert(json_is_true(json_object_get(json_object_get(j, "stream_options"), "include_usage")));
+  json_decref(j);
+  json_decref(cfg.extra);
+  cfg.stream = 1;
+  cfg.extra = json_loads("{\"stream\":false}", 0, NULL); /* extra turns it off */
+  j = build(&cfg, false);
+  ck_assert(json_is_false(json_object_get(j, "stream")));
+  ck_assert_ptr_null(json_object_get(j, "stream_options"));
+  json_decref(j);
+  json_decref(cfg.extra);
+  /* extra's own stream options merge in; an explicit include_usage false is kept */
+  cfg.extra = json_loads("{\"stream_options\":{\"continuous_usage_stats\":true}}", 0, NULL);
+  j = build(&cfg, false);
+  json_t *want = json_loads("{\"include_usage\":true,\"continuous_usage_stats\":true}", 0, NULL);
+  ck_assert(json_equal(json_object_get(j, "stream_options"), want));
+  json_decref(want);
+  json_decref(j);
+  json_decref(cfg.extra);
+  cfg.extra = json_loads("{\"stream_options\":{\"include_usage\":false}}", 0, NULL);
+  j = build(&cfg, false);
+  ck_assert(json_is_false(json_object_get(json_object_get(j, "stream_options"), "include_usage")));
+  json_decref(j);
+  j = build(&cfg, true); /* a probe never streams */
+  ck_assert_ptr_null(json_object_get(j, "stream_options"));
+  json_decref(j);
+  json_decref(cfg.extra);
+}
+END_TEST
+
 TCase *tc_request(void) {
   TCase *tc = tcase_create("request");
   tcase_add_test(tc, kimi_streamed);
   tcase_add_test(tc, qwen_extra_merge_and_probe);
   tcase_add_test(tc, reasoning_not_sent_back);
   tcase_add_test(tc, options_validation);
+  tcase_add_test(tc, stream_options_only_when_streamed);
   return tc;
 }

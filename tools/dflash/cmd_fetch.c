@@ -55,7 +55,11 @@ static const char usage_text[] =
     "  -v, --verbose         log retries and server health changes\n"
     "\n"
     "Exit status: 0 all prompts have a record, 1 error, 2 usage, 3 stopped (run again to resume).\n"
-    "The final summary is printed to stdout as JSON.\n";
+    "The final summary is printed to stdout as JSON.\n"
+    "Token counts come from the server's usage (streams ask for stream_options.include_usage)\n"
+    "or llama.cpp's timings; an answer without either has \"usage\": null. The progress line's\n"
+    "tok/s sums the counted answers only: \"(N uncounted)\" says how many came without a count,\n"
+    "\"? tok/s\" that none had one.\n";
 
 static dflash_fetch *volatile g_fetch;
 
@@ -72,15 +76,54 @@ static void on_log(dflash_log_level level, const char *msg, void *user) {
 
 typedef struct cli_state {
   dflash_progress *progress;
+  char *summary; /* the last dflash_fetch_summary, grown as needed */
+  size_t cap;
 } cli_state;
+
+/* A top-level count of the summary JSON (its keys come before "servers"); 0 when absent. */
+static unsigned long long summary_count(const char *json, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *hit = strstr(json, pat), *servers = strstr(json, "\"servers\":");
+  if (!hit || (servers && hit > servers)) return 0;
+  return strtoull(hit + strlen(pat), NULL, 10);
+}
+
+/* Completion tokens per second over the answers whose server sent a count
+ * (dflash_fetch_stats.completion_tokens sums only those; the summary says how many
+ * came without one): "850 tok/s"; "850 tok/s (12 uncounted)" when some came without;
+ * "? tok/s" when answers came but none with a count. */
+static void tok_rate(dflash_fetch *f, const dflash_fetch_stats *s, cli_state *c, double el,
+                     char *out, size_t cap) {
+  unsigned long long counted = 0, uncounted = 0;
+  size_t len = 0;
+  dflash_status st = dflash_fetch_summary(f, c->summary, c->cap, &len);
+  if (st == DFLASH_E_BUFFER) { /* rare: run() sized the buffer for the servers */
+    char *grown = realloc(c->summary, len * 2);
+    if (grown) {
+      c->summary = grown;
+      c->cap = len * 2;
+      st = dflash_fetch_summary(f, c->summary, c->cap, &len);
+    }
+  }
+  if (st == DFLASH_OK) {
+    counted = summary_count(c->summary, "turns_counted");
+    uncounted = summary_count(c->summary, "turns_uncounted");
+  }
+  if (uncounted && !counted) snprintf(out, cap, "? tok/s");
+  else if (uncounted)
+    snprintf(out, cap, "%.0f tok/s (%llu uncounted)", (double)s->completion_tokens / el, uncounted);
+  else snprintf(out, cap, "%.0f tok/s", (double)s->completion_tokens / el);
+}
 
 /* The progress note: rates, and each server's load and health. */
 static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
   cli_state *c = user;
-  char note[512];
+  char note[512], rate[64];
   double el = s->elapsed_s > 0 ? s->elapsed_s : 1e-9;
-  int n = snprintf(note, sizeof note, "%.1f req/s %.0f tok/s retries %llu failed %llu%s",
-                   (double)(s->completed + s->failed) / el, (double)s->completion_tokens / el,
+  tok_rate(f, s, c, el, rate, sizeof rate);
+  int n = snprintf(note, sizeof note, "%.1f req/s %s retries %llu failed %llu%s",
+                   (double)(s->completed + s->failed) / el, rate,
                    (unsigned long long)s->retries, (unsigned long long)s->failed,
                    s->stopping ? " STOPPING" : "");
   for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < sizeof note - 40; i++) {
@@ -271,6 +314,9 @@ static int run(cli_args *a) {
     dflash_fetch_free(f);
     return cli_fail("fetch", st);
   }
+  c.cap = 4096 + 256 * dflash_fetch_server_count(f); /* the summary the progress note reads */
+  c.summary = malloc(c.cap);
+  if (!c.summary) c.cap = 0;
   g_fetch = f;
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
@@ -290,6 +336,7 @@ static int run(cli_args *a) {
     rc = cli_fail("fetch", st);
   }
   dflash_progress_free(c.progress);
+  free(c.summary);
   dflash_fetch_free(f);
   return rc;
 }
