@@ -1,4 +1,6 @@
 /* JSON through jansson, with error messages that name the input. */
+#include <string.h>
+
 #include "internal.h"
 
 #include <jansson.h>
@@ -12,6 +14,10 @@ dflash_status df_json_parse(const char *text, size_t len, const char *what, json
     dflash_status st = DFLASH_E_JSON;
     if (json_error_code(&err) == json_error_duplicate_key) st = DFLASH_E_DUPLICATE;
     else if (json_error_code(&err) == json_error_invalid_utf8) st = DFLASH_E_UTF8;
+    /* One-line texts (JSONL records) are named by their file and line in `what`: a "line 1"
+     * here would contradict it. */
+    if (err.line <= 1 && !memchr(text, '\n', len ? len - 1 : 0))
+      return df_error(st, "%s: invalid JSON at column %d: %s", what, err.column, err.text);
     return df_error(st, "%s: invalid JSON at line %d, column %d: %s", what, err.line, err.column,
                     err.text);
   }

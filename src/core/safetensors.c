@@ -151,14 +151,19 @@ static int cmp_by_offset(const void *a, const void *b) {
 /* Tensors must tile the data section exactly: in range, no overlap, no gap,
  * nothing after the last one (what Python's safetensors enforces too). */
 static dflash_status check_layout(df_st_file *f) {
-  uint64_t data_len = f->size - f->data_start;
+  uint64_t data_len = f->size - f->data_start, need = 0;
+  size_t last = 0;
   for (size_t i = 0; i < f->n_entries; i++)
-    if (f->entries[i].end > data_len)
-      return df_error(DFLASH_E_RANGE,
-                      "%s: tensor \"%s\": data_offsets [%llu, %llu] run past the %llu-byte data "
-                      "section",
-                      f->path, f->entries[i].name, (unsigned long long)f->entries[i].begin,
-                      (unsigned long long)f->entries[i].end, (unsigned long long)data_len);
+    if (f->entries[i].end > need) need = f->entries[i].end, last = i;
+  /* The header is whole (it parsed), so data ending early is a cut copy or download. */
+  if (need > data_len)
+    return df_error(DFLASH_E_TRUNCATED,
+                    "%s: truncated: %llu bytes, the header describes %llu (tensor \"%s\": "
+                    "data_offsets [%llu, %llu] run past the %llu-byte data section)",
+                    f->path, (unsigned long long)f->size,
+                    (unsigned long long)(f->data_start + need), f->entries[last].name,
+                    (unsigned long long)f->entries[last].begin,
+                    (unsigned long long)f->entries[last].end, (unsigned long long)data_len);
   qsort(f->entries, f->n_entries, sizeof *f->entries, cmp_by_offset);
   uint64_t pos = 0;
   const char *prev = NULL;
@@ -201,15 +206,31 @@ static dflash_status parse_header_json(df_st_file *f, json_t *root, size_t file_
   return check_layout(f);
 }
 
+/* What a file that is not safetensors looks like, for the message. */
+static const char *sniff(const unsigned char *b, uint64_t size) {
+  if (size >= 4 && !memcmp(b, "GGUF", 4)) return "a GGUF file";
+  if (size >= 4 && !memcmp(b, "PK\3\4", 4)) return "a zip archive (a PyTorch .bin/.pt?)";
+  if (size >= 2 && b[0] == 0x1f && b[1] == 0x8b) return "gzip data";
+  if (b[0] == 0x80) return "a Python pickle (a PyTorch .bin?)";
+  if (b[0] == '{' || b[0] == '[') return "JSON or JSONL text";
+  return "something else";
+}
+
 dflash_status df_st_parse(df_st_file *f, size_t file_index) {
   if (f->size < 8)
     return df_error(DFLASH_E_TRUNCATED, "%s: %llu bytes, too short for the 8-byte header length",
                     f->path, (unsigned long long)f->size);
+  /* A safetensors file is an 8-byte little-endian length, then a JSON object. */
+  if (f->size > 8 && f->base[8] != '{')
+    return df_error(DFLASH_E_FORMAT, "%s: not a safetensors file (byte 8 is not the '{' that "
+                    "opens its JSON header): it looks like %s", f->path,
+                    sniff(f->base, f->size));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | f->base[i];
   if (n > f->size - 8)
-    return df_error(DFLASH_E_TRUNCATED, "%s: header length %llu exceeds the %llu bytes that follow",
-                    f->path, (unsigned long long)n, (unsigned long long)(f->size - 8));
+    return df_error(DFLASH_E_TRUNCATED, "%s: truncated: header length %llu exceeds the %llu bytes "
+                    "that follow", f->path, (unsigned long long)n,
+                    (unsigned long long)(f->size - 8));
   if (n > DF_ST_MAX_HEADER)
     return df_error(DFLASH_E_FORMAT, "%s: header length %llu is above the 100 MB limit", f->path,
                     (unsigned long long)n);

@@ -102,11 +102,11 @@ static dflash_status conv_parse(const char *line, size_t len, const char *path, 
                                 bool check, df_conv *out, char **id_out) {
   memset(out, 0, sizeof *out);
   *id_out = NULL;
-  char what[64];
-  snprintf(what, sizeof what, "line %llu", (unsigned long long)ln);
+  char what[4200];
+  snprintf(what, sizeof what, "%s:%llu", path, (unsigned long long)ln);
   json_t *root;
   dflash_status st = df_json_parse(line, len, what, &root);
-  if (st) return df_error_wrap(st, "%s", path);
+  if (st) return st;
   if (!json_is_object(root)) {
     json_decref(root);
     return LINE_ERR(DFLASH_E_FORMAT, "not a JSON object", path, (unsigned long long)ln);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -75,6 +76,21 @@ static dflash_status load_dir(dflash_tokenizer *t, const char *dir, const char *
   return st;
 }
 
+/* What a file that is no tokenizer is (NULL when it may be a rank file), from its first bytes
+ * and name: users point --tokenizer at the weights or the data now and then. */
+static const char *not_a_tokenizer(const char *path) {
+  unsigned char b[16] = {0};
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(b, 1, sizeof b, f) : 0;
+  if (f) fclose(f);
+  if (df_str_ends_with(path, ".safetensors") || (n > 8 && b[8] == '{' && !b[7] && !b[6]))
+    return "a safetensors file (model weights or a dataset shard?)";
+  if (n >= 4 && !memcmp(b, "GGUF", 4)) return "a GGUF model";
+  if (df_str_ends_with(path, ".jsonl") || (n && b[0] == '{'))
+    return "JSON lines (conversations or completions?)";
+  return NULL;
+}
+
 static dflash_status load_file(dflash_tokenizer *t, const char *path, const char *pattern) {
   if (df_str_ends_with(path, "vocab.json")) {
     char *dir = df_path_dirname(path);
@@ -86,6 +102,11 @@ static dflash_status load_file(dflash_tokenizer *t, const char *path, const char
     return st;
   }
   if (df_str_ends_with(path, ".json")) return df_load_hf_json(t, path, pattern);
+  const char *what = not_a_tokenizer(path);
+  if (what)
+    return df_error(DFLASH_E_FORMAT, "%s is %s, not a tokenizer: give a model directory, a "
+                    "tokenizer.json, a vocab.json (beside merges.txt) or a tiktoken rank file",
+                    path, what);
   /* A rank file inside a model directory takes that directory's special-token layout. */
   char *dir = df_path_dirname(path);
   char *cfg = dir ? df_path_join(dir, "tokenizer_config.json") : NULL;

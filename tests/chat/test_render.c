@@ -64,7 +64,7 @@ START_TEST(test_names) {
 END_TEST
 
 START_TEST(test_bad_input) {
-  ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", "), DFLASH_E_JSON, "line 1");
+  ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", "), DFLASH_E_JSON, "at column 18");
   ck_assert_status(render_status("qwen3", "[{\"role\": \"robot\", \"content\": \"x\"}]"),
                    DFLASH_E_FORMAT, "unknown role \"robot\"");
   ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", \"content\": 5}]"),

@@ -37,7 +37,7 @@ static void expect_open_error(const char *header, size_t data_len, dflash_status
 
 START_TEST(rejects_malformed_headers_with_specific_status) {
   expect_open_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
-                    DFLASH_E_RANGE, "\"a\"");
+                    DFLASH_E_TRUNCATED, "truncated");
   expect_open_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                     "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                     8, DFLASH_E_RANGE, "overlaps");
@@ -58,7 +58,8 @@ START_TEST(rejects_malformed_headers_with_specific_status) {
                     DFLASH_E_FORMAT, "data_offsets");
   expect_open_error("{\"\xc3\x28\":1}", 0, DFLASH_E_UTF8, "UTF-8");
   expect_open_error("[1,2]", 0, DFLASH_E_FORMAT, "'{'");
-  expect_open_error("{\"a\":", 0, DFLASH_E_JSON, "line 1");
+  expect_open_error("{\"a\":", 0, DFLASH_E_JSON, "invalid JSON at column");
+  expect_open_error("{\n\"a\":", 0, DFLASH_E_JSON, "at line 2");
   expect_open_error("{\"__metadata__\":{\"k\":1}}", 0, DFLASH_E_FORMAT, "\"k\"");
 }
 END_TEST
@@ -71,6 +72,28 @@ START_TEST(rejects_truncated_files) {
   ck_assert_status(dflash_safetensors_open(path, &st), DFLASH_E_TRUNCATED, "too short");
   ck_assert(df_test_write(path, "\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10));
   ck_assert_status(dflash_safetensors_open(path, &st), DFLASH_E_TRUNCATED, "header length");
+  ck_assert_msg(strstr(dflash_last_error(), "truncated"), "%s", dflash_last_error());
+  free(path);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+START_TEST(names_files_that_are_not_safetensors) {
+  static const struct {
+    const char bytes[48], *looks_like; /* zero-padded: 16 bytes are written */
+  } cases[] = {{"{\"messages\": [{\"role\": \"user\"}]}\n", "JSON or JSONL"},
+               {"GGUF\3\0\0\0\0\0\0\0\0\0", "GGUF"},
+               {"PK\3\4\24\0\0\0\10\0", "zip"},
+               {"\x80\2}q\0(X\4\0\0\0", "pickle"}};
+  char *dir = df_test_tmpdir();
+  char *path = df_path_join(dir, "model.bin");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert(df_test_write(path, cases[i].bytes, 16));
+    dflash_safetensors *st;
+    ck_assert_status(dflash_safetensors_open(path, &st), DFLASH_E_FORMAT, "not a safetensors file");
+    ck_assert_msg(strstr(dflash_last_error(), cases[i].looks_like), "%s", dflash_last_error());
+  }
   free(path);
   df_test_rmtree(dir);
   free(dir);
@@ -188,6 +211,7 @@ TCase *tc_safetensors(void) {
   TCase *tc = tcase_create("safetensors");
   tcase_add_test(tc, rejects_malformed_headers_with_specific_status);
   tcase_add_test(tc, rejects_truncated_files);
+  tcase_add_test(tc, names_files_that_are_not_safetensors);
   tcase_add_test(tc, writer_round_trips_through_reader);
   tcase_add_test(tc, unfinished_writer_leaves_nothing_and_keeps_old_file);
   tcase_add_test(tc, shards_with_duplicate_names_are_rejected);

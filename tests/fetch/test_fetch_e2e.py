@@ -465,7 +465,7 @@ def test_malformed_lines_are_recorded_once(farm, tmp_path):
     assert summary["duplicates"] == 1
     by_line = {e["line"]: e for e in errs}
     assert set(by_line) == {2, 3, 4}
-    assert "in.jsonl: line 2" in by_line[2]["error"]
+    assert "in.jsonl:2: invalid JSON at column" in by_line[2]["error"]
     assert by_line[3]["id"] == "x" and "empty" in by_line[3]["error"]
     assert "unknown speaker" in by_line[4]["error"] and all(e["kind"] == "input" for e in errs)
     run_fetch(farm, tmp_path / "in.jsonl", out)

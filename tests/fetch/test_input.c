@@ -40,7 +40,7 @@ END_TEST
 
 START_TEST(malformed_lines_name_file_and_line) {
   df_conv c;
-  ck_assert_status(parse("{\"messages\":[", &c), DFLASH_E_JSON, "in.jsonl: line 7");
+  ck_assert_status(parse("{\"messages\":[", &c), DFLASH_E_JSON, "in.jsonl:7: invalid JSON at column 13");
   ck_assert_status(parse("[1]", &c), DFLASH_E_FORMAT, "in.jsonl:7: not a JSON object");
   ck_assert_status(parse("{\"text\":\"x\"}", &c), DFLASH_E_FORMAT, "no \"messages\" or");
   ck_assert_status(parse("{\"messages\":[]}", &c), DFLASH_E_FORMAT, "empty");

@@ -55,6 +55,20 @@ START_TEST(rank_file_errors) {
   ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "single byte 0x00");
   ck_assert_status(load(p, NULL), DFLASH_E_CONFIG, "needs a pattern");
   free(p);
+  /* Not tokenizers at all: named for what they are, even without a pattern. */
+  p = tt_write(g_dir, "train.jsonl", "{\"messages\": []}\n");
+  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "JSON lines");
+  free(p);
+  p = tt_write(g_dir, "model.safetensors", "x");
+  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "safetensors file");
+  free(p);
+  p = df_path_join(g_dir, "weights");
+  ck_assert(df_test_write(p, "\x10\0\0\0\0\0\0\0{\"a\": 1}", 17));
+  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "safetensors file");
+  free(p);
+  p = tt_write(g_dir, "m.gguf", "GGUF\3");
+  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "GGUF");
+  free(p);
   p = tt_write_ranks(g_dir, "j.tiktoken", NULL);
   ck_assert_status(load(p, "(unclosed"), DFLASH_E_REGEX, "(unclosed");
   free(p);

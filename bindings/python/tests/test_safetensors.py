@@ -210,7 +210,8 @@ def test_writer_streams_over_4_gib(tmp_path):
     (lambda b: b.replace(b'"F32"', b'"F33"'), "DFLASH_E_DTYPE", '"w"'),
     (lambda b: b.replace(b"[0,24]", b"[0,28]"), "DFLASH_E_FORMAT", '"w"'),
     (lambda b: b.replace(b'"w"', b'"\xff"'), "DFLASH_E_UTF8", "UTF-8"),
-    (lambda b: b[:-4], "DFLASH_E_RANGE", '"w"'),
+    (lambda b: b[:-4], "DFLASH_E_TRUNCATED", "truncated"),
+    (lambda b: b'{"id": 1, "messages": []}\n' * 4, "DFLASH_E_FORMAT", "not a safetensors file"),
 ])
 def test_malformed_files_get_specific_errors(tmp_path, mutate, status, needle):
     path = tmp_path / "bad.safetensors"
