@@ -74,7 +74,7 @@ __device__ __forceinline__ float row_sum8(float v) {
 // ---- forward: one CTA per (block, head), B * 8 threads ----------------------------
 __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf16 *kc,
                          const bf16 *vc, const bf16 *kb, const bf16 *vb) {
-  extern __shared__ float smem[];
+  DF_DYN_SHARED(float, smem);
   int n = blockIdx.x, h = blockIdx.y, g = h / (s.nh / s.nkv), d = s.d;
   float *qs = smem;                          // [B][d]
   float *S = qs + s.B * d;                   // [B][kKt]
@@ -124,7 +124,7 @@ __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf
 __global__ void attn_bwd_block(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg,
                                const bf16 *dout, const bf16 *o, const float *lse, const bf16 *q,
                                const bf16 *kc, const bf16 *vc, const bf16 *kb, const bf16 *vb) {
-  extern __shared__ float smem[];
+  DF_DYN_SHARED(float, smem);
   int n = blockIdx.x, g = blockIdx.y, d = s.d, grp = s.nh / s.nkv;
   float *qs = smem, *dOs = qs + s.B * d;     // [B][d]
   float *P = dOs + s.B * d, *dS = P + s.B * kKt; // [B][kKt]
@@ -194,7 +194,7 @@ __global__ void attn_bwd_block(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *D
 __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const float *Dg,
                              const bf16 *dout, const float *lse, const bf16 *q, const bf16 *kc,
                              const bf16 *vc) {
-  extern __shared__ float smem[];
+  DF_DYN_SHARED(float, smem);
   int p0 = blockIdx.x * kKtCtx, g = blockIdx.y, d = s.d, grp = s.nh / s.nkv;
   int cnt = s.Sc - p0 < kKtCtx ? s.Sc - p0 : kKtCtx;
   float *qs = smem, *dOs = qs + s.B * d;              // [B][d]
@@ -281,8 +281,8 @@ dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, 
   if (a->n_blocks <= 0) return DFLASH_OK;
   size_t smem = sizeof(float) * (size_t)a->B * (a->d + kKt) + sizeof(bf16) * 2 * kKt * a->d;
   DF_TRY(launch_smem(attn_fwd, smem));
-  attn_fwd<<<dim3(a->n_blocks, a->nh), a->B * kTpr, smem, st>>>(shape_of(a), out, lse, q, kc, vc,
-                                                                kb, vb);
+  DF_LAUNCH(dim3(a->n_blocks, a->nh), a->B * kTpr, smem, st, attn_fwd)(shape_of(a), out, lse, q,
+                                                                       kc, vc, kb, vb);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
 }
@@ -296,14 +296,14 @@ dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, b
   Shape s = shape_of(a);
   size_t smem1 = sizeof(float) * (size_t)a->B * 2 * (a->d + kKt) + sizeof(bf16) * 2 * kKt * a->d;
   DF_TRY(launch_smem(attn_bwd_block, smem1));
-  attn_bwd_block<<<dim3(a->n_blocks, a->nkv), a->B * kTpr, smem1, st>>>(
+  DF_LAUNCH(dim3(a->n_blocks, a->nkv), a->B * kTpr, smem1, st, attn_bwd_block)(
       s, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
   DF_CU(cudaGetLastError());
   if (a->Sc <= 0) return DFLASH_OK;
   size_t smem2 = sizeof(float) * (2 * (size_t)a->B * (a->d + kKtCtx) + 2 * kKtCtx * a->d) +
                  sizeof(bf16) * 2 * kKtCtx * a->d;
   DF_TRY(launch_smem(attn_bwd_ctx, smem2));
-  attn_bwd_ctx<<<dim3((a->Sc + kKtCtx - 1) / kKtCtx, a->nkv), a->B * kTpr, smem2, st>>>(
+  DF_LAUNCH(dim3((a->Sc + kKtCtx - 1) / kKtCtx, a->nkv), a->B * kTpr, smem2, st, attn_bwd_ctx)(
       s, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;

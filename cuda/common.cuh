@@ -11,6 +11,23 @@
 
 typedef __nv_bfloat16 bf16;
 
+// Every kernel launch and shared-memory declaration goes through these, so that the same
+// source runs on the emulated device of the tests (cuda/emu, where DFLASH_CUDA_EMU is set):
+//   DF_LAUNCH(grid, block, smem, stream, kernel)(args...)   kernel<<<grid, block, smem, stream>>>
+//   DF_SHARED(float, sh, [8][33]);                          __shared__ float sh[8][33];
+//   DF_DYN_SHARED(float, smem);                             extern __shared__ float smem[];
+// (the kernel comes last so that a template's commas need no parentheses).
+#ifdef DFLASH_CUDA_EMU
+#define DF_LAUNCH(grid, block, smem, stream, ...) \
+  DFEMU_LAUNCH(grid, block, smem, stream, __VA_ARGS__)
+#define DF_SHARED(type, name, dims) DFEMU_SHARED(type, name, dims)
+#define DF_DYN_SHARED(type, name) DFEMU_DYN_SHARED(type, name)
+#else
+#define DF_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<(grid), (block), (smem), (stream)>>>
+#define DF_SHARED(type, name, dims) __shared__ type name dims
+#define DF_DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 extern "C" dflash_status df_error(dflash_status status, const char *fmt, ...);
 
 // Turn a failed CUDA / cuBLAS call into DFLASH_E_CUDA naming the call.

@@ -18,7 +18,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 // Block-wide sum/max (blockDim a multiple of 32, <= 1024); every thread gets it.
 __device__ float block_sum(float v) {
-  __shared__ float sh[32];
+  DF_SHARED(float, sh, [32]);
   v = warp_sum(v);
   int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
   __syncthreads();
@@ -29,7 +29,7 @@ __device__ float block_sum(float v) {
   return warp_sum(v);
 }
 __device__ float block_max(float v) {
-  __shared__ float sh[32];
+  DF_SHARED(float, sh, [32]);
   v = warp_max(v);
   int lane = threadIdx.x % kWarp, w = threadIdx.x / kWarp;
   __syncthreads();
@@ -89,7 +89,7 @@ constexpr int kDwSplit = 256;
 template <typename DY>
 __global__ void rms_dw_partial(float *partial, const DY *dy, const bf16 *x, const float *rstd,
                                long rows, int n) {
-  __shared__ float sh[8][33];
+  DF_SHARED(float, sh, [8][33]);
   int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0;
   if (c < n)
@@ -240,8 +240,8 @@ __global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *s
 
 // Greedy: the first index of the largest logit (as the CPU loop picks it).
 __global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, int c, int v0) {
-  __shared__ float sv[1024];
-  __shared__ int si[1024];
+  DF_SHARED(float, sv, [1024]);
+  DF_SHARED(int, si, [1024]);
   int r = blockIdx.x;
   const float *l = logits + (size_t)r * c;
   float bv = -FLT_MAX;
@@ -250,7 +250,7 @@ __global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, 
     if (l[i] > bv) bv = l[i], bi = i;
   sv[threadIdx.x] = bv, si[threadIdx.x] = bi;
   __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+  for (unsigned o = blockDim.x / 2; o > 0; o >>= 1) {
     if (threadIdx.x < o) {
       float ov = sv[threadIdx.x + o];
       int oi = si[threadIdx.x + o];
@@ -265,14 +265,14 @@ __global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, 
 // ---- optimizer -------------------------------------------------------------------
 constexpr int kSumsqBlocks = 1024;
 __global__ void sumsq_partial(const float *x, size_t n, double *partial) {
-  __shared__ double sh[256];
+  DF_SHARED(double, sh, [256]);
   double s = 0;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     s += (double)x[i] * x[i];
   sh[threadIdx.x] = s;
   __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+  for (unsigned o = blockDim.x / 2; o > 0; o >>= 1) {
     if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
     __syncthreads();
   }
@@ -313,17 +313,21 @@ __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2,
 void k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
                         long rows, int n, float eps) {
   if (rows <= 0) return;
-  rms_fwd<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(y, rstd, x, w, rows, n, eps);
+  DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rms_fwd)(y, rstd, x, w, rows, n, eps);
 }
 
 void k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16, const float *dy32,
                    const bf16 *x, const bf16 *w, const float *rstd, long rows, int n, bool acc) {
   if (rows <= 0) return;
   unsigned g = (unsigned)((rows + 7) / 8);
-  if (dy16 && dx32) rms_bwd<bf16, float><<<g, 256, 0, s>>>(dx32, dy16, x, w, rstd, rows, n, acc);
-  else if (dy16) rms_bwd<bf16, bf16><<<g, 256, 0, s>>>(dx16, dy16, x, w, rstd, rows, n, acc);
-  else if (dx32) rms_bwd<float, float><<<g, 256, 0, s>>>(dx32, dy32, x, w, rstd, rows, n, acc);
-  else rms_bwd<float, bf16><<<g, 256, 0, s>>>(dx16, dy32, x, w, rstd, rows, n, acc);
+  if (dy16 && dx32)
+    DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, float>)(dx32, dy16, x, w, rstd, rows, n, acc);
+  else if (dy16)
+    DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, bf16>)(dx16, dy16, x, w, rstd, rows, n, acc);
+  else if (dx32)
+    DF_LAUNCH(g, 256, 0, s, rms_bwd<float, float>)(dx32, dy32, x, w, rstd, rows, n, acc);
+  else
+    DF_LAUNCH(g, 256, 0, s, rms_bwd<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
 }
 
 size_t k_rmsnorm_dw_scratch(int n) { return (size_t)kDwSplit * n; }
@@ -334,77 +338,79 @@ void k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32
   long sp = (rows + 63) / 64;
   int splits = (int)(sp > kDwSplit ? kDwSplit : sp);
   dim3 grid((n + 31) / 32, splits), block(32, 8);
-  if (dy16) rms_dw_partial<bf16><<<grid, block, 0, s>>>(partial, dy16, x, rstd, rows, n);
-  else rms_dw_partial<float><<<grid, block, 0, s>>>(partial, dy32, x, rstd, rows, n);
-  rms_dw_reduce<<<(n + 255) / 256, 256, 0, s>>>(dw, partial, n, splits);
+  if (dy16) DF_LAUNCH(grid, block, 0, s, rms_dw_partial<bf16>)(partial, dy16, x, rstd, rows, n);
+  else DF_LAUNCH(grid, block, 0, s, rms_dw_partial<float>)(partial, dy32, x, rstd, rows, n);
+  DF_LAUNCH((n + 255) / 256, 256, 0, s, rms_dw_reduce)(dw, partial, n, splits);
 }
 
 void k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
             long rows, int heads, int d, float sign) {
   size_t n = (size_t)rows * heads * (d / 2);
-  if (n) rope<<<blocks_for(n, 256), 256, 0, s>>>(x, pos, cos_t, sin_t, rows, heads, d, sign);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, sign);
 }
 
 void k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
                   double attn_factor, int n_pos, int half) {
   size_t n = (size_t)n_pos * half;
-  if (n) rope_table<<<blocks_for(n, 256), 256, 0, s>>>(cos_t, sin_t, inv_freq, attn_factor,
-                                                        n_pos, half);
+  if (n)
+    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_table)(cos_t, sin_t, inv_freq, attn_factor,
+                                                         n_pos, half);
 }
 
 void k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
-  if (n) swiglu_fwd<<<blocks_for(n, 256), 256, 0, s>>>(m, g, u, n);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_fwd)(m, g, u, n);
 }
 void k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
                   const bf16 *u, size_t n) {
-  if (n) swiglu_bwd<<<blocks_for(n, 256), 256, 0, s>>>(dg, du, dm, g, u, n);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_bwd)(dg, du, dm, g, u, n);
 }
 void k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx, long rows,
                    int n) {
   size_t t = (size_t)rows * n;
-  if (t) gather_rows<<<blocks_for(t, 256), 256, 0, s>>>(out, table, idx, rows, n);
+  if (t) DF_LAUNCH(blocks_for(t, 256), 256, 0, s, gather_rows)(out, table, idx, rows, n);
 }
 void k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
                     int n) {
   size_t t = (size_t)n_rows * n;
-  if (t) scatter_rows<<<blocks_for(t, 256), 256, 0, s>>>(out, rows, idx, n_rows, n);
+  if (t) DF_LAUNCH(blocks_for(t, 256), 256, 0, s, scatter_rows)(out, rows, idx, n_rows, n);
 }
 void k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n) {
-  if (n) f32_to_bf16<<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, f32_to_bf16)(out, in, n);
 }
 void k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n) {
-  if (n) bf16_to_f32<<<blocks_for(n, 256), 256, 0, s>>>(out, in, n);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, bf16_to_f32)(out, in, n);
 }
 void k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B) {
-  if (A > 0 && B > 0) positions<<<(A * B + 255) / 256, 256, 0, s>>>(pos, anchors, A, B);
+  if (A > 0 && B > 0) DF_LAUNCH((A * B + 255) / 256, 256, 0, s, positions)(pos, anchors, A, B);
 }
 void k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
-  if (R) ce_init<<<(R + 255) / 256, 256, 0, s>>>(mx, sum, tl, R);
+  if (R) DF_LAUNCH((R + 255) / 256, 256, 0, s, ce_init)(mx, sum, tl, R);
 }
 void k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
                 float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
                 bool grad) {
-  if (R) ce_chunk<<<R, 256, 0, s>>>(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
+  if (R) DF_LAUNCH(R, 256, 0, s, ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
 }
 void k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
                  const float *tl, const float *acc, const float *coef, const bf16 *E,
                  const int32_t *target, int R, int H) {
-  if (R) ce_finish<<<R, 256, 0, s>>>(loss, dx, mx, sum, tl, acc, coef, E, target, H);
+  if (R) DF_LAUNCH(R, 256, 0, s, ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
 }
 void k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i, int R,
                     int c, int v0) {
-  if (R) argmax_chunk<<<R, 256, 0, s>>>(logits, best, best_i, c, v0);
+  if (R) DF_LAUNCH(R, 256, 0, s, argmax_chunk)(logits, best, best_i, c, v0);
 }
 void k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out) {
-  sumsq_partial<<<kSumsqBlocks, 256, 0, s>>>(x, n, partial);
-  sumsq_final<<<1, 32, 0, s>>>(partial, kSumsqBlocks, out);
+  DF_LAUNCH(kSumsqBlocks, 256, 0, s, sumsq_partial)(x, n, partial);
+  DF_LAUNCH(1, 32, 0, s, sumsq_final)(partial, kSumsqBlocks, out);
 }
 void k_scale(cudaStream_t s, float *x, float k, size_t n) {
-  if (n) scale<<<blocks_for(n, 256), 256, 0, s>>>(x, k, n);
+  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, scale)(x, k, n);
 }
 void k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
              size_t n, float gscale, float decay, float b1, float b2, float eps,
              float step_size, float bc2_sqrt) {
-  if (n) adamw<<<blocks_for(n, 256), 256, 0, s>>>(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
-                                                  eps, step_size, bc2_sqrt);
+  if (n)
+    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
+                                                    eps, step_size, bc2_sqrt);
 }

@@ -1,0 +1,2 @@
+// cuda/attention.cu compiled for the emulated device (cuda/emu/cuda_emu.h).
+#include "../attention.cu"

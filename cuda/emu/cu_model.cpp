@@ -1,0 +1,2 @@
+// cuda/model.cu compiled for the emulated device (cuda/emu/cuda_emu.h).
+#include "../model.cu"
