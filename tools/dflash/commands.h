@@ -17,6 +17,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_render(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
+int cmd_init_config(int argc, char **argv);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
     {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
     {"ls", cmd_ls, "list objects or files under a prefix"},
+    {"init-config", cmd_init_config, "a drafter config.json for a target model's config"},
     {"train", cmd_train, "train a DFlash drafter (CPU reference backend)"},
     {"eval", cmd_eval, "acceptance length tau of a drafter checkpoint"},
     {"render", cmd_render, "render one conversation (stdin) with a chat template, or its mask"},

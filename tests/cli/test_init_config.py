@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""`dflash init-config` against z-lab's published drafter shapes (spec/drafter.md's table):
+a Qwen3-8B-shaped and a Kimi-K2.6-shaped target config.json (K2.6 nests the text model in
+text_config, attends with MLA and uses DeepSeek-style YaRN) give the reference drafters'
+layers, target layers, heads, vocabulary and mask token; YaRN's attention factor is the one
+transformers derives. Needs DFLASH_CLI."""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CLI = os.environ.get("DFLASH_CLI")
+
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+            "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": None,
+            "max_position_embeddings": 40960, "tie_word_embeddings": False}
+KIMI_K26 = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+            "vision_config": {"hidden_size": 1152},
+            "text_config": {"model_type": "kimi_k2", "hidden_size": 7168,
+                            "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                            "num_hidden_layers": 61, "num_attention_heads": 64,
+                            "num_key_value_heads": 64, "qk_nope_head_dim": 128,
+                            "qk_rope_head_dim": 64, "v_head_dim": 128, "kv_lora_rank": 512,
+                            "vocab_size": 163840, "rms_norm_eps": 1e-05, "rope_theta": 50000.0,
+                            "max_position_embeddings": 262144,
+                            "rope_scaling": {"type": "yarn", "factor": 64.0,
+                                             "original_max_position_embeddings": 4096,
+                                             "beta_fast": 1.0, "beta_slow": 1.0,
+                                             "mscale": 1.0, "mscale_all_dim": 1.0}}}
+
+
+def init(d, target, *extra):
+    return subprocess.run([CLI, "init-config", "--target", str(target), *extra], cwd=d,
+                          capture_output=True, text=True)
+
+
+def main():
+    if not CLI:
+        print("SKIP: needs DFLASH_CLI")
+        sys.exit(77)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for name, cfg in (("qwen", QWEN3_8B), ("kimi", KIMI_K26)):
+            (d / name).mkdir()
+            (d / name / "config.json").write_text(json.dumps(cfg))
+        r = init(d, d / "qwen", "-o", "q.json")
+        assert r.returncode == 0, r.stderr
+        q = json.loads((d / "q.json").read_text())
+        want = {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "vocab_size": 151936, "num_target_layers": 36, "block_size": 16,
+                "rope_theta": 1000000}
+        assert {k: q[k] for k in want} == want, q
+        assert q["architectures"] == ["DFlashDraftModel"]
+        assert q["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
+        assert q["dflash_config"]["mask_token_id"] == 151669
+        assert q["dflash_config"]["block_size"] == 16 and not q.get("rope_scaling")
+        r = init(d, d / "kimi" / "config.json", "-o", "k.json", "--block", "8")
+        assert r.returncode == 0, r.stderr
+        k = json.loads((d / "k.json").read_text())
+        want = {"hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 6,
+                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                "vocab_size": 163840, "num_target_layers": 61, "block_size": 8,
+                "rope_theta": 50000}
+        assert {x: k[x] for x in want} == want, k
+        assert k["dflash_config"]["target_layer_ids"] == [1, 12, 24, 35, 47, 58]
+        assert k["dflash_config"]["mask_token_id"] == 163838
+        rs = k["rope_scaling"]
+        assert rs["factor"] == 64 and rs["original_max_position_embeddings"] == 4096
+        # transformers' YaRN with mscale == mscale_all_dim: get_mscale(f, 1) / get_mscale(f, 1)
+        assert math.isclose(rs["attention_factor"], 1.0), rs
+        # Layers and a family-less target.
+        r = init(d, d / "qwen", "-o", "q3.json", "--layers", "3")
+        assert r.returncode == 0, r.stderr
+        assert json.loads((d / "q3.json").read_text())["dflash_config"]["target_layer_ids"] == \
+            [1, 17, 33]
+        other = dict(QWEN3_8B, vocab_size=32000, model_type="llama")
+        (d / "other.json").write_text(json.dumps(other))
+        r = init(d, d / "other.json", "-o", "o.json")
+        assert r.returncode == 1 and "--mask-token-id" in r.stderr, r.stderr
+        r = init(d, d / "other.json", "-o", "o.json", "--mask-token-id", "31999")
+        assert r.returncode == 0, r.stderr
+        # Never overwrites; missing target and usage errors are named.
+        r = init(d, d / "qwen", "-o", "q.json")
+        assert r.returncode == 1 and "exists" in r.stderr
+        r = init(d, d / "nowhere", "-o", "n.json")
+        assert r.returncode == 1 and "nowhere" in r.stderr
+        r = init(d, d / "qwen", "--layers", "zero")
+        assert r.returncode == 2 and "--layers" in r.stderr
+    print("init-config: Qwen3-8B and Kimi K2.6 shapes give z-lab's drafter configs: OK")
+
+
+if __name__ == "__main__":
+    main()

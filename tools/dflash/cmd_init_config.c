@@ -1,0 +1,156 @@
+/* `dflash init-config`: a drafter config.json for a target model, from the target's own
+ * config.json and the spec's defaults, so nobody writes drafter.json by hand. The drafter
+ * JSON is assembled here and then parsed and saved by the library, so YaRN's derived
+ * attention factor and the validation are the library's. */
+#include <dflash/train.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+
+static const char USAGE[] =
+    "usage: dflash init-config --target DIR [--layers N] [--block B] [--mask-token-id ID]\n"
+    "                          [-o drafter.json]\n"
+    "Writes a DFlash drafter config.json (z-lab's layout, what `dflash train --config` and\n"
+    "the engines read) for the target whose config.json is in DIR (or DIR itself is that\n"
+    "file; a multimodal config's text_config is used):\n"
+    "  hidden and intermediate size, vocabulary, RMSNorm eps, RoPE theta and scaling (YaRN\n"
+    "  included) and the number of target layers L from the target;\n"
+    "  --layers N drafter layers (5 for Qwen targets, 6 for Kimi, as z-lab's drafters), and\n"
+    "  as many target layers by the spec's rule: round(1 + i*(L-4)/(N-1));\n"
+    "  heads as the target's (Kimi: 64 query / 8 KV heads of 128, z-lab's Kimi drafter);\n"
+    "  --block B (16); the mask token of the family (Qwen3 vocabulary: 151669, Kimi:\n"
+    "  163838; other targets need --mask-token-id).\n"
+    "-o: the output file (default drafter.json; an existing file is refused).\n"
+    "Exit status: 0 written; 1 an error (message on stderr); 2 a usage error.\n";
+
+typedef struct {
+  const char *target, *out;
+  int layers, block, mask;
+} init_args;
+
+static int parse(int argc, char **argv, init_args *a) {
+  *a = (init_args){.out = "drafter.json", .block = 16, .mask = -1};
+  bool bad = false;
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(o, "--help")) return fputs(USAGE, stdout), -1;
+    if (!v) return fprintf(stderr, "dflash init-config: %s needs a value\n%s", o, USAGE), 2;
+    i++;
+    if (!strcmp(o, "--target")) a->target = v;
+    else if (!strcmp(o, "-o") || !strcmp(o, "--out")) a->out = v;
+    else if (!strcmp(o, "--layers")) a->layers = (int)cli_int(o, v, 1, 64, &bad);
+    else if (!strcmp(o, "--block")) a->block = (int)cli_int(o, v, 2, 1024, &bad);
+    else if (!strcmp(o, "--mask-token-id")) a->mask = (int)cli_int(o, v, 0, INT32_MAX, &bad);
+    else return fprintf(stderr, "dflash init-config: unknown option %s\n%s", o, USAGE), 2;
+  }
+  if (bad) return 2;
+  if (!a->target) return fprintf(stderr, "dflash init-config: --target is required\n%s", USAGE), 2;
+  return 0;
+}
+
+/* The target's text-model config: DIR/config.json or the file itself, text_config inside. */
+static json_t *load_target(const char *target, json_t **root) {
+  char path[4096];
+  size_t n = strlen(target);
+  bool file = n > 5 && !strcmp(target + n - 5, ".json");
+  snprintf(path, sizeof path, "%s%s", target, file ? "" : "/config.json");
+  json_error_t err;
+  *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+  if (!*root) {
+    fprintf(stderr, "dflash init-config: %s: %s (line %d)\n", path, err.text, err.line);
+    return NULL;
+  }
+  json_t *text = json_object_get(*root, "text_config");
+  return json_is_object(text) ? text : *root;
+}
+
+static bool is_kimi(const char *model_type) {
+  return model_type && (strstr(model_type, "kimi") || !strcmp(model_type, "deepseek_v3"));
+}
+
+static int get_int(json_t *t, const char *key) {
+  json_t *v = json_object_get(t, key);
+  return json_is_integer(v) ? (int)json_integer_value(v) : 0;
+}
+
+/* The drafter's JSON text from the target's config; NULL (message printed) when a field the
+ * drafter needs is missing. */
+static char *drafter_json(json_t *t, const init_args *a) {
+  const char *type = json_string_value(json_object_get(t, "model_type"));
+  bool kimi = is_kimi(type);
+  int heads = get_int(t, "num_attention_heads"), kv = get_int(t, "num_key_value_heads");
+  int hidden = get_int(t, "hidden_size"), vocab = get_int(t, "vocab_size");
+  int head_dim = get_int(t, "head_dim"), target_layers = get_int(t, "num_hidden_layers");
+  if (kimi) kv = 8, head_dim = 128; /* z-lab's Kimi drafter (the target attends with MLA) */
+  if (!head_dim && heads) head_dim = hidden / heads;
+  int mask = a->mask >= 0 ? a->mask : kimi ? 163838 : vocab == 151936 ? 151669 : -1;
+  if (!hidden || !heads || !vocab || !target_layers || !get_int(t, "intermediate_size")) {
+    fprintf(stderr, "dflash init-config: the target config lacks hidden_size, "
+                    "intermediate_size, num_attention_heads, vocab_size or num_hidden_layers\n");
+    return NULL;
+  }
+  if (mask < 0) {
+    fprintf(stderr, "dflash init-config: no known mask token for model_type %s with a "
+                    "%d-token vocabulary: pass --mask-token-id\n", type ? type : "(none)", vocab);
+    return NULL;
+  }
+  int layers = a->layers ? a->layers : kimi ? 6 : 5;
+  int ids[64];
+  if (dflash_default_target_layers(target_layers, layers, ids)) {
+    cli_fail("init-config", DFLASH_E_CONFIG);
+    return NULL;
+  }
+  json_t *ids_json = json_array();
+  for (int i = 0; i < layers; i++) json_array_append_new(ids_json, json_integer(ids[i]));
+  json_t *d = json_pack(
+      "{s:[s],s:s,s:i,s:O,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:i,s:o,s:i}}", "architectures",
+      "DFlashDraftModel", "model_type", "qwen3", "hidden_size", hidden, "intermediate_size",
+      json_object_get(t, "intermediate_size"), "num_hidden_layers", layers,
+      "num_attention_heads", heads, "num_key_value_heads", kv ? kv : heads, "head_dim", head_dim,
+      "vocab_size", vocab, "num_target_layers", target_layers, "block_size", a->block,
+      "dflash_config", "mask_token_id", mask, "target_layer_ids", ids_json, "block_size",
+      a->block);
+  /* RoPE and norms as the target has them (the library derives YaRN's attention factor). */
+  static const char *const copied[] = {"rms_norm_eps", "rope_theta", "rope_scaling",
+                                       "max_position_embeddings"};
+  for (size_t i = 0; d && i < sizeof copied / sizeof *copied; i++) {
+    json_t *v = json_object_get(t, copied[i]);
+    if (v) json_object_set(d, copied[i], v);
+  }
+  char *s = d ? json_dumps(d, JSON_COMPACT) : NULL;
+  json_decref(d);
+  return s;
+}
+
+int cmd_init_config(int argc, char **argv) {
+  init_args a;
+  int rc = parse(argc, argv, &a);
+  if (rc) return rc < 0 ? 0 : rc;
+  FILE *exists = fopen(a.out, "r");
+  if (exists) {
+    fclose(exists);
+    return fprintf(stderr, "dflash init-config: %s exists; remove it or pass another -o\n",
+                   a.out), 1;
+  }
+  json_t *root;
+  json_t *t = load_target(a.target, &root);
+  char *text = t ? drafter_json(t, &a) : NULL;
+  json_decref(root);
+  if (!text) return 1;
+  dflash_drafter_config cfg;
+  dflash_status st = dflash_drafter_config_parse(text, strlen(text), a.target, &cfg);
+  free(text);
+  if (!st) st = dflash_drafter_config_save(&cfg, a.out);
+  if (st) return cli_fail("init-config", st);
+  fprintf(stderr, "dflash init-config: %s: %d layers over target layers", a.out,
+          cfg.num_hidden_layers);
+  for (int i = 0; i < cfg.n_target_layer_ids; i++)
+    fprintf(stderr, "%s%d", i ? ", " : " ", cfg.target_layer_ids[i]);
+  fprintf(stderr, " of %d, block %d, mask token %d\n", cfg.num_target_layers, cfg.block_size,
+          cfg.mask_token_id);
+  return 0;
+}
