@@ -15,9 +15,12 @@ int cmd_inspect(int argc, char **argv) {
   if (argc != 2 || !strcmp(argv[1], "--help")) {
     fprintf(argc == 2 ? stdout : stderr,
             "usage: dflash inspect PATH\n"
-            "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards\n");
+            "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards;\n"
+            "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
+            "supervised share, length histogram, template and tokenizer hash.\n");
     return argc == 2 ? 0 : 2;
   }
+  if (cli_is_dataset(argv[1])) return cli_dataset_summary(argv[1]);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(argv[1], &st);
   if (s) return cli_fail("inspect", s);

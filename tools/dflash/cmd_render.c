@@ -23,13 +23,15 @@ static int usage(FILE *f, int rc) {
           "Reads one conversation (JSON) on stdin and prints the rendered text. With --mask\n"
           "(needs --tokenizer) prints {\"text\", \"ids\", \"loss_mask\"} instead. With a tokenizer\n"
           "that normalises (NFC), the conversation is normalised first, so text and ids\n"
-          "match. Default reasoning: official (what the template renders).\n");
+          "match. Default reasoning: official (what the template renders); with --mask\n"
+          "keep_after_last_user, as `dflash tokenize` stores it.\n");
   return rc;
 }
 
 static int parse_args(int argc, char **argv, render_args *a) {
   memset(a, 0, sizeof *a);
   dflash_chat_options_default(&a->o);
+  bool reasoning_given = false;
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
     int has = i + 1 < argc;
@@ -42,8 +44,11 @@ static int parse_args(int argc, char **argv, render_args *a) {
     else if (!strcmp(o, "--preserve-thinking")) a->o.preserve_thinking = 1;
     else if (!strcmp(o, "--reasoning") && has) {
       if (chat_cli_reasoning(argv[++i], &a->o.reasoning)) return -1;
+      reasoning_given = true;
     } else return -1;
   }
+  /* --mask shows what `dflash tokenize` stores: its reasoning default too. */
+  if (a->mask && !reasoning_given) a->o.reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
   return a->tmpl_name && (!a->mask || a->tok_path) ? 0 : -1;
 }
 

@@ -18,6 +18,11 @@ int cmd_render(int argc, char **argv);
 int cmd_encode(int argc, char **argv);
 int cmd_decode(int argc, char **argv);
 int cmd_init_config(int argc, char **argv);
+int cmd_show(int argc, char **argv);
+
+/* `dflash inspect` of a dataset directory (one with dataset.json): its summary. */
+int cli_is_dataset(const char *path);
+int cli_dataset_summary(const char *dir);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);

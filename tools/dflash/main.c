@@ -16,6 +16,7 @@ static const command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file, shard set or index"},
     {"tokenize", cmd_tokenize, "render, tokenize and loss-mask conversations into a dataset"},
     {"fetch", cmd_fetch, "regenerate completions with OpenAI-compatible servers"},
+    {"show", cmd_show, "one sample of a dataset, its supervised tokens highlighted"},
     {"cp", cmd_cp, "copy between local paths and s3:// URLs"},
     {"ls", cmd_ls, "list objects or files under a prefix"},
     {"init-config", cmd_init_config, "a drafter config.json for a target model's config"},

@@ -1,0 +1,175 @@
+/* `dflash show DATASET`: one stored sample with its supervised tokens marked, and the
+ * dataset summary `dflash inspect DATASET` prints (instead of the shards' tensors and a
+ * metadata line of every sample id). */
+#include <dflash/dataset.h>
+#include <dflash/tokenizer.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+
+static const char USAGE[] =
+    "usage: dflash show DATASET (--index N | --id ID) [--tokenizer PATH] [--color|--no-color]\n"
+    "Prints one sample of a tokenized dataset: its id, length and supervised count, then its\n"
+    "text (decoded with --tokenizer, the one `dflash tokenize` used) or its token ids, with\n"
+    "the supervised tokens (loss_mask 1, what the drafter learns to predict) highlighted:\n"
+    "in colour on a terminal, between [[ and ]] otherwise.\n"
+    "Exit status: 0 shown; 1 an error (no such sample, unreadable dataset); 2 a usage error.\n";
+
+typedef struct {
+  const char *dir, *id, *tok_path;
+  long long index;
+  int color; /* -1: when stdout is a terminal */
+} show_args;
+
+static int parse(int argc, char **argv, show_args *a) {
+  *a = (show_args){.index = -1, .color = -1};
+  bool bad = false;
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(o, "--help")) return fputs(USAGE, stdout), -1;
+    if (!strcmp(o, "--color")) a->color = 1;
+    else if (!strcmp(o, "--no-color")) a->color = 0;
+    else if (o[0] != '-' && !a->dir) a->dir = o;
+    else if (!v) return fprintf(stderr, "dflash show: %s needs a value\n%s", o, USAGE), 2;
+    else if (!strcmp(o, "--index")) a->index = cli_int(o, argv[++i], 0, INT64_MAX, &bad);
+    else if (!strcmp(o, "--id")) a->id = argv[++i];
+    else if (!strcmp(o, "--tokenizer")) a->tok_path = argv[++i];
+    else return fprintf(stderr, "dflash show: unknown option %s\n%s", o, USAGE), 2;
+  }
+  if (bad) return 2;
+  if (!a->dir || (a->index < 0) == !a->id)
+    return fprintf(stderr, "dflash show: give DATASET and one of --index or --id\n%s", USAGE), 2;
+  if (a->color < 0) a->color = isatty(STDOUT_FILENO);
+  return 0;
+}
+
+/* The index of sample `id`, or (size_t)-1 with a message. */
+static size_t find_id(const dflash_dataset *ds, const char *id) {
+  for (size_t i = 0, n = dflash_dataset_count(ds); i < n; i++) {
+    const char *sid;
+    if (!dflash_dataset_sample(ds, i, NULL, NULL, NULL, &sid) && !strcmp(sid, id)) return i;
+  }
+  fprintf(stderr, "dflash show: no sample has id \"%s\"\n", id);
+  return (size_t)-1;
+}
+
+/* Opens or closes a highlighted run when the mask changes. */
+static void mark(bool color, bool *inside, bool supervised) {
+  if (supervised == *inside) return;
+  if (color) fputs(supervised ? "\033[1;32m" : "\033[0m", stdout);
+  else fputs(supervised ? "[[" : "]]", stdout);
+  *inside = supervised;
+}
+
+static dflash_status print_tokens(const show_args *a, const dflash_tokenizer *tok,
+                                  const int32_t *ids, const uint8_t *mask, size_t n) {
+  bool inside = false;
+  for (size_t i = 0; i < n; i++) {
+    bool supervised = mask[i] != 0;
+    if (!tok && i) { /* ids: "4 [[5 6]] 7" */
+      if (!supervised) mark(a->color, &inside, false);
+      putchar(' ');
+    }
+    mark(a->color, &inside, supervised);
+    if (!tok) {
+      printf("%d", ids[i]);
+      continue;
+    }
+    const char *bytes;
+    size_t len;
+    dflash_status st = dflash_tokenizer_id_to_token(tok, ids[i], &bytes, &len, NULL);
+    if (st) return st;
+    fwrite(bytes, 1, len, stdout);
+  }
+  mark(a->color, &inside, false);
+  putchar('\n');
+  return DFLASH_OK;
+}
+
+int cmd_show(int argc, char **argv) {
+  show_args a;
+  int rc = parse(argc, argv, &a);
+  if (rc) return rc < 0 ? 0 : rc;
+  dflash_dataset *ds = NULL;
+  dflash_tokenizer *tok = NULL;
+  dflash_status st = dflash_dataset_open(a.dir, &ds);
+  if (!st && a.tok_path) st = dflash_tokenizer_load(a.tok_path, NULL, &tok);
+  if (st) {
+    dflash_dataset_free(ds);
+    return cli_fail("show", st);
+  }
+  size_t index = a.id ? find_id(ds, a.id) : (size_t)a.index;
+  const int32_t *ids = NULL;
+  const uint8_t *mask = NULL;
+  size_t n = 0, sup = 0;
+  const char *sid = NULL;
+  if (index != (size_t)-1) st = dflash_dataset_sample(ds, index, &ids, &mask, &n, &sid);
+  if (index != (size_t)-1 && !st) {
+    for (size_t i = 0; i < n; i++) sup += mask[i] != 0;
+    printf("# sample %zu, id %s: %zu tokens, %zu supervised\n", index, sid, n, sup);
+    st = print_tokens(&a, tok, ids, mask, n);
+  }
+  dflash_tokenizer_free(tok);
+  dflash_dataset_free(ds);
+  if (st) return cli_fail("show", st);
+  return index == (size_t)-1 ? 1 : 0;
+}
+
+/* ---- `dflash inspect DATASET` -------------------------------------------------------- */
+
+int cli_is_dataset(const char *path) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/dataset.json", path);
+  return access(p, R_OK) == 0;
+}
+
+static void print_histogram(const dflash_dataset *ds, size_t longest) {
+  enum { BINS = 8 };
+  size_t width = longest / BINS + 1;
+  uint64_t counts[BINS] = {0}, most = 1;
+  if (dflash_dataset_length_histogram(ds, width, BINS, counts)) return;
+  for (int b = 0; b < BINS; b++) most = counts[b] > most ? counts[b] : most;
+  printf("length histogram (tokens):\n");
+  for (int b = 0; b < BINS; b++)
+    printf("  %7zu-%-7zu %8llu %.*s\n", b * width, (b + 1) * width - 1,
+           (unsigned long long)counts[b], (int)(40 * counts[b] / most),
+           "########################################");
+}
+
+static const char *str_or(const char *s, const char *dflt) { return s ? s : dflt; }
+
+int cli_dataset_summary(const char *dir) {
+  dflash_dataset *ds;
+  dflash_status st = dflash_dataset_open(dir, &ds);
+  if (st) return cli_fail("inspect", st);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/dataset.json", dir);
+  json_t *m = json_load_file(path, 0, NULL);
+  size_t n = dflash_dataset_count(ds), longest = 0;
+  uint64_t tokens = dflash_dataset_tokens(ds), sup = 0;
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *mask;
+    size_t len;
+    if (dflash_dataset_sample(ds, i, NULL, &mask, &len, NULL)) continue;
+    for (size_t k = 0; k < len; k++) sup += mask[k] != 0;
+    longest = len > longest ? len : longest;
+  }
+  char *opts = json_dumps(json_object_get(m, "options"), JSON_COMPACT);
+  printf("dataset %s: %zu samples, %llu tokens (mean %.1f, longest %zu), supervised %llu "
+         "(%.1f%%)\ntemplate %s, options %s\ntokenizer %s\nshards %zu\n",
+         dir, n, (unsigned long long)tokens, n ? (double)tokens / (double)n : 0.0, longest,
+         (unsigned long long)sup, tokens ? 100.0 * (double)sup / (double)tokens : 0.0,
+         str_or(json_string_value(json_object_get(m, "template")), "?"), opts ? opts : "{}",
+         str_or(json_string_value(json_object_get(m, "tokenizer_hash")), "?"),
+         json_array_size(json_object_get(m, "shards")));
+  free(opts);
+  if (n) print_histogram(ds, longest);
+  json_decref(m);
+  dflash_dataset_free(ds);
+  return 0;
+}
