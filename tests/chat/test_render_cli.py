@@ -84,7 +84,9 @@ def check_text(ref, stats):
 
 
 def mask_output(doc, *extra):
-    r = cli(["--template", "qwen3", "--tokenizer", str(TOK), "--mask", *extra], doc)
+    # The official template's text (--mask alone takes tokenize's keep_after_last_user).
+    r = cli(["--template", "qwen3", "--tokenizer", str(TOK), "--mask", "--reasoning", "official",
+             *extra], doc)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
