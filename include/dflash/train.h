@@ -77,10 +77,15 @@ DFLASH_API void dflash_drafter_config_default(dflash_drafter_config *cfg);
  * Parse config.json text. Accepts `block_size` at the top level or inside
  * `dflash_config` (equal when both), `dflash_config.{mask_token_id,
  * target_layer_ids}`, `layer_types`, `rope_scaling` (null, default or yarn;
- * `type` or `rope_type`), `head_dim` (default hidden/heads). Missing
+ * `type` or `rope_type`), `head_dim` (default 128, as Qwen3Config). Missing
  * target_layer_ids take the spec's default for num_target_layers. The result
  * is validated (dflash_drafter_config_validate). `what` names the source in
- * errors (may be NULL).
+ * errors (may be NULL). Refused, naming the key and `what`: `architectures`
+ * other than ["DFlashDraftModel"] and keys of models libdflash does not
+ * implement set to non-default values (DFLASH_E_UNSUPPORTED); a YaRN
+ * rope_scaling without original_max_position_embeddings, or whose factor
+ * differs from max_position_embeddings / original_max_position_embeddings,
+ * and sliding_attention layers without use_sliding_window (DFLASH_E_CONFIG).
  */
 DFLASH_API dflash_status dflash_drafter_config_parse(const char *json, size_t len,
                                                      const char *what,
@@ -94,7 +99,10 @@ DFLASH_API dflash_status dflash_drafter_config_validate(const dflash_drafter_con
 
 /*
  * Serialise as config.json (indented, both block_size placements,
- * architectures ["DFlashDraftModel"], model_type "qwen3"). Writes at most
+ * architectures ["DFlashDraftModel"], model_type "qwen3", num_target_layers:
+ * DFLASH_E_CONFIG when it is 0, since the reference model cannot load a
+ * config without it, nor one whose YaRN factor differs from
+ * max_position_embeddings / original_max_position_embeddings). Writes at most
  * *len bytes including the terminating NUL into `buf`; *len gets the size
  * needed (DFLASH_E_BUFFER when `buf` is too small or NULL).
  */
@@ -443,6 +451,64 @@ typedef struct dflash_train_plan {
 DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                                    const dflash_train_plan_options *opts,
                                                    dflash_train_plan *plan);
+
+/* ---- config.json keys beyond dflash_drafter_config ------------------------ */
+
+/*
+ * dflash_drafter_config is a fixed public struct; config.json keys that
+ * libdflash learnt later travel in this companion (fill it with
+ * dflash_drafter_config_ext_default; versioned by struct_size). The
+ * functions without _ext refuse a config.json that sets one of these keys to
+ * a non-default value (DFLASH_E_UNSUPPORTED naming the key and the file), so
+ * nothing is dropped silently; an `ext` argument of NULL means the defaults.
+ */
+typedef struct dflash_drafter_config_ext {
+  size_t struct_size;
+  /* RoPE on the first int(head_dim * factor) dims of each head (Hugging Face's
+   * partial_rotary_factor, top level or in rope_parameters / rope_scaling;
+   * the rest pass through unrotated); in (0, 1], 1 by default. The CPU
+   * backend implements it, the CUDA backend refuses a value below 1. */
+  double partial_rotary_factor;
+} dflash_drafter_config_ext;
+
+DFLASH_API void dflash_drafter_config_ext_default(dflash_drafter_config_ext *ext);
+/* As dflash_drafter_config_parse / _load, also filling `ext` (may be NULL:
+ * then a non-default extended key is refused as without _ext). */
+DFLASH_API dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len,
+                                                         const char *what,
+                                                         dflash_drafter_config *out,
+                                                         dflash_drafter_config_ext *ext);
+DFLASH_API dflash_status dflash_drafter_config_load_ext(const char *path,
+                                                        dflash_drafter_config *out,
+                                                        dflash_drafter_config_ext *ext);
+/* As dflash_drafter_config_to_json / _save, writing the extended keys that
+ * differ from their defaults. */
+DFLASH_API dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
+                                                           const dflash_drafter_config_ext *ext,
+                                                           char *buf, size_t *len);
+DFLASH_API dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
+                                                        const dflash_drafter_config_ext *ext,
+                                                        const char *path);
+/* As dflash_trainer_create, for a config with extended keys; its checkpoints
+ * (dflash_trainer_save) write them back. */
+DFLASH_API dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
+                                                   const dflash_drafter_config_ext *ext,
+                                                   const float *embed, const float *lm_head,
+                                                   const dflash_trainer_options *opts,
+                                                   dflash_trainer **out);
+
+/*
+ * The drafter's logits for whole blocks, as an engine drafts them: block n
+ * is input_ids[anchors[n]] followed by B-1 mask tokens at positions
+ * anchors[n] .. anchors[n]+B-1, seeing the context 0 .. anchors[n]-1 (the
+ * training mask). `logits` [n_anchors, B, vocab_size] float32 (caller's
+ * buffer) gets the LM head of the final norm at every block position,
+ * position 0 included.
+ */
+DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids,
+                                               int64_t len, const float *hidden,
+                                               const int32_t *anchors, int32_t n_anchors,
+                                               float *logits);
 
 #ifdef __cplusplus
 }

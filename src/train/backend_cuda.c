@@ -210,6 +210,10 @@ static dflash_status join_ranks(cuda_backend *c) {
 }
 
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
+  if (t->m.rot != t->m.d) /* the kernels rotate whole heads */
+    return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: partial_rotary_factor %g "
+                    "(RoPE on %d of the %d dims of each head) is implemented by the CPU backend "
+                    "only", t->m.ext.partial_rotary_factor, t->m.rot, t->m.d);
   int n_dev = 0;
   dflash_status st = dflash_cuda_device_count(&n_dev);
   if (st) return df_error_wrap(st, "trainer backend cuda");

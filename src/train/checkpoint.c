@@ -54,14 +54,21 @@ static dflash_status write_model(const df_model *m, const char *path, bool bf16)
 dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16) {
   DF_CHECK_ARG(t && dir);
   if (dflash_storage_is_remote(dir)) return df_remote_save(t, dir, bf16);
-  dflash_status st = ensure_dir(dir);
+  /* A config that cannot be written (no num_target_layers, ...) fails
+   * before anything lands in `dir`. */
+  size_t json_len = 0;
+  dflash_status st = dflash_drafter_config_to_json_ext(&t->m.cfg, &t->m.ext, NULL, &json_len);
+  if (st != DFLASH_E_BUFFER) return df_error_wrap(st ? st : DFLASH_E_INTERNAL,
+                                                  "saving checkpoint %s", dir);
+  dflash_clear_error();
+  st = ensure_dir(dir);
   if (!st) st = df_trainer_pull(t, DF_BUF_PARAMS);
   if (st) return st;
   char *model = df_path_join(dir, "model.safetensors"), *cfg = df_path_join(dir, "config.json");
   if (!model || !cfg) st = df_error_nomem("checkpoint paths");
   /* Weights first: config.json is what makes the directory loadable. */
   if (!st) st = write_model(&t->m, model, bf16 != 0);
-  if (!st) st = dflash_drafter_config_save(&t->m.cfg, cfg);
+  if (!st) st = dflash_drafter_config_save_ext(&t->m.cfg, &t->m.ext, cfg);
   if (st) df_error_wrap(st, "saving checkpoint %s", dir);
   free(model);
   free(cfg);

@@ -4,6 +4,7 @@
  * placements and an explicit YaRN attention factor.
  */
 #include "core/internal.h"
+#include "model.h"
 
 #include <dflash/storage.h>
 #include <dflash/train.h>
@@ -25,6 +26,48 @@ void dflash_drafter_config_default(dflash_drafter_config *cfg) {
   cfg->rope_beta_slow = 1.0;
   cfg->rope_truncate = 1;
   cfg->mask_token_id = -1;
+}
+
+void dflash_drafter_config_ext_default(dflash_drafter_config_ext *ext) {
+  if (!ext) return;
+  memset(ext, 0, sizeof *ext);
+  ext->struct_size = sizeof *ext;
+  ext->partial_rotary_factor = 1.0;
+}
+
+dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
+                                 dflash_drafter_config_ext *out) {
+  dflash_drafter_config_ext_default(out);
+  if (!in) return DFLASH_OK;
+  size_t v1 = offsetof(dflash_drafter_config_ext, partial_rotary_factor) + sizeof(double);
+  if (in->struct_size < v1 || in->struct_size > sizeof *out)
+    return df_error(DFLASH_E_INVALID_ARG, "drafter config ext: struct_size %zu is not a known "
+                    "version (%zu)", in->struct_size, sizeof *out);
+  memcpy(out, in, in->struct_size);
+  out->struct_size = sizeof *out;
+  return DFLASH_OK;
+}
+
+int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext) {
+  /* Python's int(head_dim * partial_rotary_factor), as transformers and
+   * llama.cpp's converter compute it. */
+  double f = ext ? ext->partial_rotary_factor : 1.0;
+  return f >= 1.0 ? cfg->head_dim : (int)((double)cfg->head_dim * f);
+}
+
+dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
+                                     const dflash_drafter_config_ext *ext, const char *what) {
+  if (!ext) return DFLASH_OK;
+  double f = ext->partial_rotary_factor;
+  if (!(f > 0.0 && f <= 1.0))
+    return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor must be in (0, 1] (got %g)",
+                    what, f);
+  int rot = df_rotary_dims(cfg, ext);
+  if (rot < 2 || rot % 2)
+    return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor %g rotates int(%d * %g) = %d "
+                    "dims of each head; that must be even and at least 2", what, f,
+                    cfg->head_dim, f, rot);
+  return DFLASH_OK;
 }
 
 dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k, int32_t *out) {
@@ -58,6 +101,23 @@ double dflash_default_loss_gamma(int32_t block_size) {
 
 static double yarn_mscale(double scale, double mscale) {
   return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+/* SGLang, vLLM and transformers 4.46 / 4.57 / 5.x use rope_scaling.factor;
+ * transformers 4.51-4.55 replaced it by max_position_embeddings /
+ * original_max_position_embeddings whenever the latter is given. A config where the two disagree means
+ * different RoPE frequencies in different engines: refused. */
+dflash_status df_yarn_check(const dflash_drafter_config *c, const char *what) {
+  if (c->rope_type != DFLASH_ROPE_YARN || c->rope_original_max_position <= 0) return DFLASH_OK;
+  double ratio = (double)c->max_position_embeddings / c->rope_original_max_position;
+  if (fabs(ratio - c->rope_factor) > 1e-9 * c->rope_factor)
+    return df_error(DFLASH_E_CONFIG, "%s: rope_scaling.factor %g differs from "
+                    "max_position_embeddings / rope_scaling.original_max_position_embeddings = "
+                    "%d / %d = %g (engines use the factor, transformers 4.51-4.55 the ratio); set "
+                    "max_position_embeddings to %.0f", what, c->rope_factor,
+                    c->max_position_embeddings, c->rope_original_max_position, ratio,
+                    c->rope_factor * c->rope_original_max_position);
+  return DFLASH_OK;
 }
 
 dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
@@ -163,9 +223,11 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
   json_t *rs = json_object_get(root, "rope_scaling");
   json_t *rp = json_object_get(root, "rope_parameters"); /* transformers v5 spelling */
   dflash_status st;
+  const char *key = "rope_scaling";
   if ((!rs || json_is_null(rs)) && rp && json_is_object(rp)) {
     if ((st = get_real(p, rp, "rope_theta", &c->rope_theta))) return st;
     rs = rp;
+    key = "rope_parameters";
   }
   if (!rs || json_is_null(rs)) return DFLASH_OK;
   if (!json_is_object(rs))
@@ -178,7 +240,7 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
     return df_error(DFLASH_E_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported "
                     "(default and yarn are)", p->what, name);
   c->rope_type = DFLASH_ROPE_YARN;
-  c->rope_original_max_position = c->max_position_embeddings;
+  c->rope_original_max_position = 0;
   double mscale = 0, mscale_all = 0, attn = 0;
   if ((st = get_real(p, rs, "factor", &c->rope_factor)) ||
       (st = get_real(p, rs, "beta_fast", &c->rope_beta_fast)) ||
@@ -193,20 +255,18 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
   if (c->rope_factor <= 0)
     return df_error(DFLASH_E_CONFIG, "%s: rope_scaling (yarn) needs a positive \"factor\"",
                     p->what);
+  /* Engines disagree without it: transformers 5 takes max_position_embeddings,
+   * vLLM and SGLang need the key. */
+  if (c->rope_original_max_position <= 0)
+    return df_error(DFLASH_E_CONFIG, "%s: %s (yarn) needs a positive "
+                    "\"original_max_position_embeddings\"", p->what, key);
   /* The default that Hugging Face derives when attention_factor is absent. */
   if (attn <= 0)
     attn = (mscale != 0 && mscale_all != 0)
                ? yarn_mscale(c->rope_factor, mscale) / yarn_mscale(c->rope_factor, mscale_all)
                : yarn_mscale(c->rope_factor, 1.0);
   c->rope_attention_factor = attn;
-  /* SGLang and vLLM use `factor`; recent transformers replace it by
-   * max_position_embeddings / original_max_position_embeddings. */
-  double ratio = (double)c->max_position_embeddings / c->rope_original_max_position;
-  if (fabs(ratio - c->rope_factor) > 1e-9 * c->rope_factor)
-    df_log(DFLASH_LOG_WARN, "%s: rope_scaling.factor %g differs from max_position_embeddings / "
-           "original_max_position_embeddings = %g; engines use the factor, recent transformers "
-           "the ratio", p->what, c->rope_factor, ratio);
-  return DFLASH_OK;
+  return df_yarn_check(c, p->what);
 }
 
 static dflash_status parse_int_array(const parser *p, json_t *arr, const char *key, int32_t *out,
@@ -234,6 +294,17 @@ static dflash_status parse_layer_types(const parser *p, json_t *root, dflash_dra
       (st = get_int(p, root, "max_window_layers", &max_window_layers, false)) ||
       (st = get_int(p, root, "sliding_window", &c->sliding_window, false)))
     return st;
+  if (lt && !json_is_null(lt) && !use_sliding && json_is_array(lt)) {
+    /* Qwen3Config sets sliding_window to None unless use_sliding_window: the
+     * reference model would then slide without a window (causal only). */
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+      const char *s = json_string_value(json_array_get(lt, i));
+      if (s && !strcmp(s, "sliding_attention"))
+        return df_error(DFLASH_E_CONFIG, "%s: layer_types[%zu] is \"sliding_attention\" but "
+                        "\"use_sliding_window\" is not true, so transformers' Qwen3Config drops "
+                        "sliding_window; set \"use_sliding_window\": true", p->what, i);
+    }
+  }
   if (!lt || json_is_null(lt)) {
     /* Qwen3Config's derivation when the list is absent. */
     for (int32_t i = 0; i < c->num_hidden_layers; i++)
@@ -292,10 +363,109 @@ static dflash_status parse_dflash(const parser *p, json_t *root, dflash_drafter_
                                       c->target_layer_ids);
 }
 
-static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c) {
+/* ---- keys of models that libdflash does not implement ----------------------- */
+
+static bool json_is_off(json_t *v) {
+  return !v || json_is_null(v) || json_is_false(v) ||
+         (json_is_number(v) && json_number_value(v) == 0.0);
+}
+
+static dflash_status refuse_key(const parser *p, const char *where, const char *key, json_t *v,
+                                const char *why) {
+  char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  dflash_status st = df_error(DFLASH_E_UNSUPPORTED, "%s: %s\"%s\" = %s is not implemented by "
+                              "libdflash (%s)", p->what, where, key, text ? text : "?", why);
+  free(text);
+  return st;
+}
+
+/* The reference model reads these from dflash_config, then the top level. */
+static dflash_status check_unimplemented(const parser *p, json_t *obj, const char *where,
+                                         const dflash_drafter_config *c) {
+  if (!obj || !json_is_object(obj)) return DFLASH_OK;
+  static const struct { const char *key; double neutral; const char *why; } scales[] = {
+      {"input_embedding_scale", 1.0, "the block embedding is used unscaled; allowed: 1 or null"},
+      {"output_multiplier", 1.0, "the logits are used unscaled; allowed: 1 or null"},
+      {"attention_value_scale", 1.0, "values are used unscaled; allowed: 1 or null"},
+  };
+  for (size_t i = 0; i < DF_ARRAY_LEN(scales); i++) {
+    json_t *v = json_object_get(obj, scales[i].key);
+    if (v && !json_is_null(v) &&
+        !(json_is_number(v) && json_number_value(v) == scales[i].neutral))
+      return refuse_key(p, where, scales[i].key, v, scales[i].why);
+  }
+  json_t *v = json_object_get(obj, "final_logit_softcapping");
+  if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0.0))
+    return refuse_key(p, where, "final_logit_softcapping", v,
+                      "logits are not soft-capped; allowed: null or 0");
+  v = json_object_get(obj, "is_causal");
+  if (v && !json_is_null(v)) {
+    if (!json_is_boolean(v))
+      return df_error(DFLASH_E_CONFIG, "%s: %s\"is_causal\" must be true, false or null",
+                      p->what, where);
+    /* libdflash: causal inside the block exactly in sliding layers (the
+     * reference's default); a forced value must agree on every layer. */
+    for (int32_t l = 0; l < c->num_hidden_layers; l++)
+      if ((c->layer_types[l] == DFLASH_LAYER_SLIDING) != json_is_true(v))
+        return refuse_key(p, where, "is_causal", v,
+                          "blocks are causal exactly in sliding_attention layers; allowed: null, "
+                          "or a value that agrees with every layer type");
+  }
+  const char *key;
+  json_t *val;
+  json_object_foreach(obj, key, val) {
+    if ((!strncmp(key, "conv_", 5) || !strncmp(key, "selector_", 9)) && !json_is_off(val))
+      return refuse_key(p, where, key, val,
+                        "DFlash 2's convolutions and candidate selector; allowed: null, false "
+                        "or 0");
+  }
+  return DFLASH_OK;
+}
+
+static dflash_status check_architectures(const parser *p, json_t *root) {
+  json_t *a = json_object_get(root, "architectures");
+  if (!a || json_is_null(a)) return DFLASH_OK;
+  if (json_is_array(a) && json_array_size(a) == 1 &&
+      json_is_string(json_array_get(a, 0)) &&
+      !strcmp(json_string_value(json_array_get(a, 0)), "DFlashDraftModel"))
+    return DFLASH_OK;
+  return refuse_key(p, "", "architectures", a,
+                    "only [\"DFlashDraftModel\"] is; a DFlash2DraftModel's convolutions and "
+                    "candidate selector would be dropped");
+}
+
+/* partial_rotary_factor: top level (transformers 4) or inside rope_parameters /
+ * rope_scaling (transformers 5 moves it there); all that are given agree. */
+static dflash_status parse_partial_rotary(const parser *p, json_t *root, double *out) {
+  const char *owners[] = {NULL, "rope_parameters", "rope_scaling"};
+  double found = 0;
+  const char *found_in = NULL;
+  for (size_t i = 0; i < DF_ARRAY_LEN(owners); i++) {
+    json_t *obj = owners[i] ? json_object_get(root, owners[i]) : root;
+    if (!obj || !json_is_object(obj)) continue;
+    json_t *v = json_object_get(obj, "partial_rotary_factor");
+    if (!v || json_is_null(v)) continue;
+    if (!json_is_number(v))
+      return df_error(DFLASH_E_CONFIG, "%s: \"partial_rotary_factor\" must be a number",
+                      p->what);
+    double f = json_number_value(v);
+    if (found_in && f != found)
+      return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor %g in %s disagrees with %g "
+                      "in %s", p->what, f, owners[i] ? owners[i] : "the top level", found,
+                      found_in);
+    found = f;
+    found_in = owners[i] ? owners[i] : "the top level";
+  }
+  if (found_in) *out = found;
+  return DFLASH_OK;
+}
+
+static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c,
+                                dflash_drafter_config_ext *ext, bool take_ext) {
   if (!json_is_object(root))
     return df_error(DFLASH_E_CONFIG, "%s: config must be a JSON object", p->what);
   dflash_status st;
+  if ((st = check_architectures(p, root))) return st;
   if ((st = get_int(p, root, "hidden_size", &c->hidden_size, true)) ||
       (st = get_int(p, root, "intermediate_size", &c->intermediate_size, true)) ||
       (st = get_int(p, root, "num_hidden_layers", &c->num_hidden_layers, true)) ||
@@ -312,30 +482,65 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
                     DFLASH_DRAFTER_MAX_LAYERS, c->num_hidden_layers);
   c->num_key_value_heads = c->num_attention_heads;
   if ((st = get_int(p, root, "num_key_value_heads", &c->num_key_value_heads, false))) return st;
-  if (c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
+  /* Qwen3Config's default (not hidden_size / num_attention_heads, which
+   * Llama and Qwen2 configs derive); the reference model reads it as such. */
+  c->head_dim = 128;
   if ((st = get_int(p, root, "head_dim", &c->head_dim, false))) return st;
   if ((st = parse_rope(p, root, c)) || (st = parse_layer_types(p, root, c)) ||
       (st = parse_dflash(p, root, c)))
     return st;
-  return dflash_drafter_config_validate(c);
+  json_t *dc = json_object_get(root, "dflash_config");
+  if ((st = check_unimplemented(p, root, "", c)) ||
+      (st = check_unimplemented(p, dc, "dflash_config.", c)))
+    return st;
+  if ((st = dflash_drafter_config_validate(c))) return st;
+  double prf = 1.0;
+  if ((st = parse_partial_rotary(p, root, &prf))) return st;
+  if (prf != 1.0 && !take_ext)
+    return df_error(DFLASH_E_UNSUPPORTED, "%s: \"partial_rotary_factor\" = %g does not fit in "
+                    "dflash_drafter_config: read this config with "
+                    "dflash_drafter_config_parse_ext / _load_ext", p->what, prf);
+  ext->partial_rotary_factor = prf;
+  return df_config_ext_validate(c, ext, p->what);
+}
+
+static dflash_status parse_any(const char *json, size_t len, const char *what,
+                               dflash_drafter_config *out, dflash_drafter_config_ext *ext_out) {
+  DF_CHECK_ARG(json && out);
+  parser p = {what ? what : "config.json"};
+  dflash_drafter_config_ext ext;
+  dflash_status st = df_config_ext_copy(ext_out, &ext);
+  if (st) return st;
+  json_t *root;
+  if ((st = df_json_parse(json, len, p.what, &root))) return st;
+  dflash_drafter_config c;
+  dflash_drafter_config_default(&c);
+  st = parse_root(&p, root, &c, &ext, ext_out != NULL);
+  json_decref(root);
+  if (st == DFLASH_OK) {
+    *out = c;
+    if (ext_out) {
+      size_t n = ext_out->struct_size;
+      memcpy(ext_out, &ext, n);
+      ext_out->struct_size = n;
+    }
+  }
+  return st;
+}
+
+dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len, const char *what,
+                                              dflash_drafter_config *out,
+                                              dflash_drafter_config_ext *ext) {
+  return parse_any(json, len, what, out, ext);
 }
 
 dflash_status dflash_drafter_config_parse(const char *json, size_t len, const char *what,
                                           dflash_drafter_config *out) {
-  DF_CHECK_ARG(json && out);
-  parser p = {what ? what : "config.json"};
-  json_t *root;
-  dflash_status st = df_json_parse(json, len, p.what, &root);
-  if (st) return st;
-  dflash_drafter_config c;
-  dflash_drafter_config_default(&c);
-  st = parse_root(&p, root, &c);
-  json_decref(root);
-  if (st == DFLASH_OK) *out = c;
-  return st;
+  return parse_any(json, len, what, out, NULL);
 }
 
-dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out) {
+dflash_status dflash_drafter_config_load_ext(const char *path, dflash_drafter_config *out,
+                                             dflash_drafter_config_ext *ext) {
   DF_CHECK_ARG(path && out);
   char *text;
   size_t len;
@@ -349,9 +554,13 @@ dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config
     st = df_read_file(path, &text, &len);
   }
   if (st) return st;
-  st = dflash_drafter_config_parse(text, len, path, out);
+  st = parse_any(text, len, path, out, ext);
   free(text);
   return st;
+}
+
+dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out) {
+  return dflash_drafter_config_load_ext(path, out, NULL);
 }
 
 /* ---- writing -------------------------------------------------------------- */
@@ -377,7 +586,7 @@ static json_t *rope_json(const dflash_drafter_config *c) {
   return r;
 }
 
-static json_t *config_json(const dflash_drafter_config *c) {
+static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e) {
   json_t *o = json_object();
   json_t *arch = json_array();
   json_array_append_new(arch, json_string("DFlashDraftModel"));
@@ -398,8 +607,9 @@ static json_t *config_json(const dflash_drafter_config *c) {
   json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
   json_object_set_new(o, "attention_dropout", json_real(0.0));
   json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-  if (c->num_target_layers > 0)
-    json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
+  json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
+  if (e->partial_rotary_factor != 1.0)
+    json_object_set_new(o, "partial_rotary_factor", json_real(e->partial_rotary_factor));
   json_object_set_new(o, "block_size", json_integer(c->block_size));
   json_t *dc = json_object();
   json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));
@@ -421,12 +631,23 @@ static json_t *config_json(const dflash_drafter_config *c) {
   return o;
 }
 
-dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
-                                            size_t *len) {
+dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
+                                                const dflash_drafter_config_ext *ext_in,
+                                                char *buf, size_t *len) {
   DF_CHECK_ARG(cfg && len);
-  dflash_status st = dflash_drafter_config_validate(cfg);
+  dflash_drafter_config_ext ext;
+  dflash_status st = df_config_ext_copy(ext_in, &ext);
+  if (!st) st = dflash_drafter_config_validate(cfg);
+  if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
+  if (!st) st = df_yarn_check(cfg, "drafter config");
   if (st) return st;
-  json_t *o = config_json(cfg);
+  /* The reference model reads num_target_layers even when target_layer_ids
+   * are given (and so does mlx's loader): a config without it does not load. */
+  if (cfg->num_target_layers <= 0)
+    return df_error(DFLASH_E_CONFIG, "drafter config: num_target_layers (the target model's "
+                    "layer count) is unknown, and a config.json without it does not load in the "
+                    "reference model; set it before saving");
+  json_t *o = config_json(cfg, &ext);
   if (!o) return df_error_nomem("config JSON");
   char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
   json_decref(o);
@@ -443,16 +664,27 @@ dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, ch
   return DFLASH_OK;
 }
 
-dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg, const char *path) {
+dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
+                                            size_t *len) {
+  return dflash_drafter_config_to_json_ext(cfg, NULL, buf, len);
+}
+
+dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
+                                             const dflash_drafter_config_ext *ext,
+                                             const char *path) {
   DF_CHECK_ARG(cfg && path);
   size_t len = 0;
-  dflash_status st = dflash_drafter_config_to_json(cfg, NULL, &len);
+  dflash_status st = dflash_drafter_config_to_json_ext(cfg, ext, NULL, &len);
   if (st != DFLASH_E_BUFFER) return st ? st : df_error(DFLASH_E_INTERNAL, "config size");
   dflash_clear_error();
   char *buf = malloc(len);
   if (!buf) return df_error_nomem("config JSON");
-  st = dflash_drafter_config_to_json(cfg, buf, &len);
+  st = dflash_drafter_config_to_json_ext(cfg, ext, buf, &len);
   if (!st) st = df_write_file_atomic(path, buf, strlen(buf));
   free(buf);
   return st;
+}
+
+dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg, const char *path) {
+  return dflash_drafter_config_save_ext(cfg, NULL, path);
 }

@@ -70,12 +70,16 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
   w->norm = base + m->tensors[i].offset;
 }
 
-dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n_threads,
+dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
+                            const dflash_drafter_config_ext *ext, int n_threads,
                             int vocab_chunk, double gamma) {
   memset(m, 0, sizeof *m);
   dflash_status st = dflash_drafter_config_validate(cfg);
+  if (!st) st = df_config_ext_copy(ext, &m->ext);
+  if (!st) st = df_config_ext_validate(cfg, &m->ext, "drafter config");
   if (st) return st;
   m->cfg = *cfg;
+  m->rot = df_rotary_dims(cfg, &m->ext);
   m->H = cfg->hidden_size;
   m->KH = cfg->n_target_layer_ids * cfg->hidden_size;
   m->nh = cfg->num_attention_heads;
@@ -90,14 +94,14 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   if ((st = build_tensor_table(m))) goto fail;
   m->params = calloc(m->n_params, sizeof(float));
   m->grads = calloc(m->n_params, sizeof(float));
-  m->inv_freq = calloc((size_t)m->d / 2, sizeof(double));
+  m->inv_freq = calloc((size_t)m->rot / 2, sizeof(double));
   if (!m->params || !m->grads || !m->inv_freq) {
     st = df_error_nomem("drafter parameters");
     goto fail;
   }
   bind_views(m, m->params, &m->w);
   bind_views(m, m->grads, &m->g);
-  df_rope_inv_freq(cfg, m->inv_freq, &m->attn_factor);
+  df_rope_inv_freq(cfg, m->rot, m->inv_freq, &m->attn_factor);
   if ((st = df_pool_create(n_threads, &m->pool))) goto fail;
   return DFLASH_OK;
 fail:
@@ -233,7 +237,7 @@ static dflash_status reserve(df_model *m, int T, int Sc, int R) {
 /* cos/sin tables for positions [0, n_pos). */
 static dflash_status rope_tables(df_model *m, int n_pos) {
   if (n_pos <= m->n_pos) return DFLASH_OK;
-  int half = m->d / 2;
+  int half = m->rot / 2;
   float *c = realloc(m->cos_t, sizeof(float) * (size_t)n_pos * half);
   if (c) m->cos_t = c;
   float *s = realloc(m->sin_t, sizeof(float) * (size_t)n_pos * half);
@@ -332,7 +336,7 @@ static void qk_forward(df_model *m, float *pre, float *rstd, float *out, const f
   df_matmul_forward(pre, x, w, rows, hd, m->H, false);
   df_rmsnorm_forward(m->pool, out, rstd, pre, norm_w, rows * heads, m->d,
                      (float)m->cfg.rms_norm_eps);
-  df_rope_forward(m->pool, out, pos, m->cos_t, m->sin_t, rows, heads, m->d);
+  df_rope_forward(m->pool, out, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
 }
 
 static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out) {
@@ -381,7 +385,7 @@ static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float 
                         float *dnorm_w, const float *pre, const float *rstd, const float *x,
                         const float *w, const float *norm_w, const int32_t *pos, int rows,
                         int heads, bool accumulate_dx) {
-  df_rope_backward(m->pool, dout, pos, m->cos_t, m->sin_t, rows, heads, m->d);
+  df_rope_backward(m->pool, dout, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
   df_rmsnorm_backward(m->pool, dpre, dnorm_w, dout, pre, norm_w, rstd, rows * heads, m->d,
                       false);
   df_matmul_backward(dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
@@ -485,5 +489,16 @@ dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, con
     if (t % m->B) memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H,
                          sizeof(float) * m->H);
   df_lmhead_argmax(a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
+  return DFLASH_OK;
+}
+
+dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                              const int32_t *anchors, int32_t n_anchors, float *logits) {
+  dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  if (st || n_anchors <= 0) return st;
+  if ((st = prepare(m, ids, NULL, len, anchors, n_anchors))) return st;
+  model_forward(m, hidden, anchors);
+  /* All B rows of every block, position 0 included: [T, V] = hf [T, H] lm_head^T. */
+  df_matmul_forward(logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);
   return DFLASH_OK;
 }

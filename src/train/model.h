@@ -54,7 +54,9 @@ typedef struct df_acts {
 
 typedef struct df_model {
   dflash_drafter_config cfg;
+  dflash_drafter_config_ext ext;
   int H, KH, nh, nkv, d, I, V, B, L;
+  int rot; /* rotated dims of each head (partial_rotary_factor): pairs (i, i + rot/2) */
   int vocab_chunk;
   double gamma;
   df_tensor_info *tensors;
@@ -63,7 +65,7 @@ typedef struct df_model {
   df_weights w, g;
   float *embed, *lm_head; /* frozen, [V, H] */
   df_pool *pool;
-  /* RoPE tables [n_pos, d/2] */
+  /* RoPE tables [n_pos, rot/2] */
   double *inv_freq;
   double attn_factor;
   float *cos_t, *sin_t;
@@ -75,7 +77,9 @@ typedef struct df_model {
   int T, Sc, R; /* sizes of the current call */
 } df_model;
 
-dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n_threads,
+/* `ext` may be NULL (defaults). */
+dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
+                            const dflash_drafter_config_ext *ext, int n_threads,
                             int vocab_chunk, double gamma);
 void df_model_free(df_model *m);
 /* Fill parameters: norm weights 1, linear weights N(0, std^2) from `seed`. */
@@ -104,5 +108,22 @@ double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t 
 /* Greedy predictions for positions 1..B-1 of each block. */
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred);
+
+/* Logits [n_anchors, B, V] of every block position (see dflash_trainer_logits). */
+dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                              const int32_t *anchors, int32_t n_anchors, float *logits);
+
+/* ---- config helpers (config.c) --------------------------------------------- */
+
+/* A caller's ext (NULL: defaults; checked struct_size) as a full-size copy. */
+dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
+                                 dflash_drafter_config_ext *out);
+/* partial_rotary_factor in (0, 1] giving an even rotated width >= 2. */
+dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
+                                     const dflash_drafter_config_ext *ext, const char *what);
+/* int(head_dim * partial_rotary_factor). */
+int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext);
+/* YaRN: factor == max_position_embeddings / original_max_position_embeddings. */
+dflash_status df_yarn_check(const dflash_drafter_config *cfg, const char *what);
 
 #endif

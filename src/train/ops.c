@@ -137,8 +137,9 @@ static double yarn_correction_dim(double rotations, int dim, double base, double
   return (dim * log(max_pos / (rotations * 2.0 * M_PI))) / (2.0 * log(base));
 }
 
-void df_rope_inv_freq(const dflash_drafter_config *cfg, double *inv_freq, double *attn_factor) {
-  int d = cfg->head_dim, half = d / 2;
+void df_rope_inv_freq(const dflash_drafter_config *cfg, int rot, double *inv_freq,
+                      double *attn_factor) {
+  int d = rot, half = d / 2;
   double base = cfg->rope_theta;
   for (int i = 0; i < half; i++) inv_freq[i] = 1.0 / pow(base, (2.0 * i) / d);
   *attn_factor = 1.0;
@@ -170,14 +171,14 @@ typedef struct rope_ctx {
   float *x;
   const int32_t *pos;
   const float *cos_t, *sin_t;
-  int heads, d;
+  int heads, d, rot;
   float sign; /* +1 forward, -1 backward (transpose rotation) */
 } rope_ctx;
 
 DF_HOT static void rope_rows(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
   rope_ctx *c = vc;
-  int half = c->d / 2;
+  int half = c->rot / 2;
   for (size_t r = b; r < e; r++) {
     const float *cs = c->cos_t + (size_t)c->pos[r] * half;
     const float *sn = c->sin_t + (size_t)c->pos[r] * half;
@@ -193,14 +194,14 @@ DF_HOT static void rope_rows(void *vc, size_t b, size_t e, int worker) {
 }
 
 void df_rope_forward(df_pool *pool, float *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, int rows, int heads, int d) {
-  rope_ctx c = {x, pos, cos_t, sin_t, heads, d, 1.0f};
+                     const float *sin_t, int rows, int heads, int d, int rot) {
+  rope_ctx c = {x, pos, cos_t, sin_t, heads, d, rot, 1.0f};
   df_pool_for(pool, (size_t)rows, 64, rope_rows, &c);
 }
 
 void df_rope_backward(df_pool *pool, float *dx, const int32_t *pos, const float *cos_t,
-                      const float *sin_t, int rows, int heads, int d) {
-  rope_ctx c = {dx, pos, cos_t, sin_t, heads, d, -1.0f};
+                      const float *sin_t, int rows, int heads, int d, int rot) {
+  rope_ctx c = {dx, pos, cos_t, sin_t, heads, d, rot, -1.0f};
   df_pool_for(pool, (size_t)rows, 64, rope_rows, &c);
 }
 

@@ -32,16 +32,20 @@ void df_rmsnorm_backward(df_pool *pool, float *dx, float *dw, const float *dy, c
 /* ---- RoPE (rotate-half convention of Hugging Face) ------------------------ */
 
 /* Rotate x [rows, heads, d] in place; row r uses position pos[r]; cos/sin are
- * [n_pos, d/2] tables (already scaled by the YaRN attention factor). */
+ * [n_pos, rot/2] tables (already scaled by the YaRN attention factor). Only
+ * the first `rot` dims of each head turn (partial_rotary_factor), in pairs
+ * (i, i + rot/2); dims rot..d-1 pass through. rot == d: the whole head. */
 void df_rope_forward(df_pool *pool, float *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, int rows, int heads, int d);
+                     const float *sin_t, int rows, int heads, int d, int rot);
 /* The transpose rotation, in place on the gradient. */
 void df_rope_backward(df_pool *pool, float *dx, const int32_t *pos, const float *cos_t,
-                      const float *sin_t, int rows, int heads, int d);
+                      const float *sin_t, int rows, int heads, int d, int rot);
 
-/* inv_freq [d/2] and the attention factor for a config (plain or YaRN). */
+/* inv_freq [rot/2] and the attention factor for a config (plain or YaRN) whose
+ * heads turn `rot` dims (Hugging Face computes both over that width). */
 typedef struct dflash_drafter_config dflash_drafter_config;
-void df_rope_inv_freq(const dflash_drafter_config *cfg, double *inv_freq, double *attn_factor);
+void df_rope_inv_freq(const dflash_drafter_config *cfg, int rot, double *inv_freq,
+                      double *attn_factor);
 
 /* ---- DFlash attention ----------------------------------------------------- */
 

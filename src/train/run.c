@@ -46,6 +46,7 @@ typedef struct run {
   df_comm *comm;                    /* NULL: one process */
   int rank, world;
   dflash_drafter_config cfg;
+  dflash_drafter_config_ext ext;
   dflash_trainer *t;
   dflash_sample_stream *s;
   const df_tokens *tok;
@@ -128,7 +129,7 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   dflash_status st = e && h ? DFLASH_OK : df_error_nomem("target embedding and LM head");
   if (!st) st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                         r->cfg.vocab_size, r->cfg.hidden_size, e, h);
-  if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
+  if (!st) st = df_trainer_create(&r->cfg, &r->ext, e, h, topt, r->comm, &r->t);
   free(e);
   free(h);
   return st;
@@ -248,7 +249,18 @@ static dflash_status open_outputs(run *r) {
 
 static dflash_status open_all(run *r) {
   const dflash_train_run_options *o = r->o;
-  dflash_status st = dflash_drafter_config_load(o->config_path, &r->cfg);
+  dflash_drafter_config_ext_default(&r->ext);
+  dflash_status st = dflash_drafter_config_load_ext(o->config_path, &r->cfg, &r->ext);
+  if (!st) { /* refuse now what the checkpoint save at the end would refuse */
+    size_t json_len = 0;
+    st = dflash_drafter_config_to_json_ext(&r->cfg, &r->ext, NULL, &json_len);
+    if (st == DFLASH_E_BUFFER) {
+      dflash_clear_error();
+      st = DFLASH_OK;
+    } else if (st) {
+      st = df_error_wrap(st, "%s", o->config_path);
+    }
+  }
   if (!st) st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, NULL, &r->s);
   if (st) return st;
   r->tok = df_sample_stream_tokens(r->s);

@@ -60,10 +60,19 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
 dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                     const float *lm_head, const dflash_trainer_options *opts,
                                     dflash_trainer **out) {
-  return df_trainer_create(cfg, embed, lm_head, opts, NULL, out);
+  return df_trainer_create(cfg, NULL, embed, lm_head, opts, NULL, out);
 }
 
-dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
+                                        const dflash_drafter_config_ext *ext,
+                                        const float *embed, const float *lm_head,
+                                        const dflash_trainer_options *opts,
+                                        dflash_trainer **out) {
+  return df_trainer_create(cfg, ext, embed, lm_head, opts, NULL, out);
+}
+
+dflash_status df_trainer_create(const dflash_drafter_config *cfg,
+                                const dflash_drafter_config_ext *ext, const float *embed,
                                 const float *lm_head, const dflash_trainer_options *opts,
                                 struct df_comm *comm, dflash_trainer **out) {
   DF_CHECK_ARG(cfg && embed && lm_head && out);
@@ -73,7 +82,8 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
   t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
   if (!st)
-    st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
+    st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk,
+                       t->opt.loss_gamma);
   if (st) {
     free(t);
     return st;
@@ -225,6 +235,17 @@ dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids
   DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred);
   df_seq s = {input_ids, NULL, len, hidden, anchors, n_anchors};
   return t->be->vt->predict(t->be, &s, pred);
+}
+
+dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids, int64_t len,
+                                    const float *hidden, const int32_t *anchors,
+                                    int32_t n_anchors, float *logits) {
+  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && logits &&
+               n_anchors >= 0);
+  /* The float32 reference forward on the host copy of the parameters,
+   * whatever the backend (a device backend's are pulled first). */
+  dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
+  return st ? st : df_model_logits(&t->m, input_ids, len, hidden, anchors, n_anchors, logits);
 }
 
 /* ---- optimizer ------------------------------------------------------------ */

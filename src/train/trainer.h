@@ -21,7 +21,8 @@ struct dflash_trainer {
  * caller scales each sequence by 1 / (global sum of weights). comm must
  * outlive the trainer; NULL is dflash_trainer_create.
  */
-dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+dflash_status df_trainer_create(const dflash_drafter_config *cfg,
+                                const dflash_drafter_config_ext *ext, const float *embed,
                                 const float *lm_head, const dflash_trainer_options *opts,
                                 struct df_comm *comm, dflash_trainer **out);
 

@@ -45,8 +45,11 @@ def make_config(H, I, L, nh, nkv, d, V, B, K, n_target=12, rope=None, layer_type
         "dflash_config": {"mask_token_id": V - 1, "block_size": B,
                           "target_layer_ids": list(range(1, 1 + K))},
     }
+    if rope:  # engines disagree unless factor == max_position / original
+        cfg["max_position_embeddings"] = int(rope["factor"] * rope["original_max_position_embeddings"])
     if layer_types:
         cfg["layer_types"] = layer_types
+        cfg["use_sliding_window"] = "sliding_attention" in layer_types
         cfg["sliding_window"] = window
     return cfg
 

@@ -116,6 +116,39 @@ START_TEST(cuda_backend_without_device) {
 }
 END_TEST
 
+/* The CUDA kernels rotate whole heads: partial_rotary_factor is refused
+ * there before any device is looked for. */
+START_TEST(cuda_backend_refuses_partial_rotary) {
+  static const char *cfg_json =
+      "{\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1,"
+      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,"
+      "\"vocab_size\": 31, \"num_target_layers\": 8, \"block_size\": 4,"
+      "\"partial_rotary_factor\": 0.5,"
+      "\"dflash_config\": {\"mask_token_id\": 30, \"target_layer_ids\": [1, 5]}}";
+  dflash_drafter_config cfg;
+  dflash_drafter_config_ext ext;
+  dflash_drafter_config_ext_default(&ext);
+  ck_assert_ok(dflash_drafter_config_parse_ext(cfg_json, strlen(cfg_json), "cfg", &cfg, &ext));
+  float *E = calloc(31 * 16, sizeof *E);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.backend = DFLASH_BACKEND_CUDA;
+  dflash_trainer *t = (dflash_trainer *)1;
+#ifdef DFLASH_HAVE_CUDA
+  ck_assert_status(dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "partial_rotary_factor 0.5 (RoPE on 2 of the 4 dims of each head)");
+#else
+  ck_assert_status(dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "without CUDA");
+#endif
+  ck_assert_ptr_null(t);
+  o.backend = DFLASH_BACKEND_CPU;
+  ck_assert_ok(dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t));
+  dflash_trainer_free(t);
+  free(E);
+}
+END_TEST
+
 /* ---- rank discovery -------------------------------------------------------- */
 
 typedef struct env_table {
@@ -242,6 +275,7 @@ TCase *tc_backend(void) {
   tcase_add_test(tc, plan_kimi_on_8x80gb);
   tcase_add_test(tc, plan_refuses_one_gpu_naming_the_term);
   tcase_add_test(tc, cuda_backend_without_device);
+  tcase_add_test(tc, cuda_backend_refuses_partial_rotary);
   tcase_add_test(tc, dist_env_torchrun_slurm_and_errors);
   tcase_add_test(tc, rendezvous_hands_rank0_blob_to_all);
   tcase_add_test(tc, rendezvous_times_out_naming_missing_ranks);

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -51,7 +52,7 @@ START_TEST(default_target_layers_follow_spec) {
                      "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2, 40]}}";
   ck_assert_ok(parse(no_l, &c));
   ck_assert_int_eq(c.num_target_layers, 0);
-  ck_assert_int_eq(c.head_dim, 16);
+  ck_assert_int_eq(c.head_dim, 128); /* Qwen3Config's default, not 64 / 4 */
   ck_assert_status(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
                          "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
                          "\"dflash_config\": {\"mask_token_id\": 7}}", &c),
@@ -138,6 +139,213 @@ START_TEST(gamma_table) {
 }
 END_TEST
 
+/* ---- refusals found by comparing with the reference loaders (issue 14) ---- */
+
+#define CFG_TAIL "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1}"
+
+/* The reference model (and mlx's loader) read num_target_layers even when
+ * target_layer_ids are given: it is always written, and a config without it
+ * cannot be saved (nothing is written). */
+START_TEST(num_target_layers_written_or_refused) {
+  dflash_drafter_config c;
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
+  size_t len = 0;
+  ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_BUFFER);
+  char *buf = malloc(len);
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, &len));
+  ck_assert_ptr_nonnull(strstr(buf, "\"num_target_layers\": 36"));
+  free(buf);
+  ck_assert_ok(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                     "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
+                     "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2]}}", &c));
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_CONFIG,
+                   "num_target_layers");
+  char dir[] = "/tmp/dflash-cfg-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  ck_assert_status(dflash_drafter_config_save(&c, path), DFLASH_E_CONFIG, "num_target_layers");
+  ck_assert_int_ne(access(path, F_OK), 0);
+  rmdir(dir);
+}
+END_TEST
+
+/* rope_scaling.factor must equal max_position_embeddings /
+ * original_max_position_embeddings (transformers 4.51-4.55 use the ratio,
+ * everything else the factor), and the original length must be given. */
+START_TEST(yarn_factor_must_match_ratio) {
+#define YARN(mpe, orig)                                                              \
+  CFG_HEAD "\"max_position_embeddings\": " mpe ", \"rope_scaling\": {\"rope_type\": "     \
+           "\"yarn\", \"factor\": 64.0" orig "}, " CFG_TAIL "}"
+  dflash_drafter_config c;
+  ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
+  ck_assert_status(parse(YARN("131072", ", \"original_max_position_embeddings\": 4096"), &c),
+                   DFLASH_E_CONFIG, "t.json: rope_scaling.factor 64 differs from "
+                   "max_position_embeddings / rope_scaling.original_max_position_embeddings = "
+                   "131072 / 4096 = 32");
+  ck_assert_status(parse(YARN("262144", ""), &c), DFLASH_E_CONFIG,
+                   "t.json: rope_scaling (yarn) needs a positive "
+                   "\"original_max_position_embeddings\"");
+  /* A struct filled in code that disagrees is not written either. */
+  ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
+  c.max_position_embeddings = 32768;
+  size_t len = 0;
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_CONFIG,
+                   "differs from max_position_embeddings");
+#undef YARN
+}
+END_TEST
+
+/* A DFlash 2 checkpoint parsed as DFlash 1 lost its extra weights silently. */
+START_TEST(architectures_must_be_dflash) {
+  dflash_drafter_config c;
+  ck_assert_ok(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\"], " CFG_TAIL "}", &c));
+  ck_assert_ok(parse(CFG_HEAD "\"architectures\": null, " CFG_TAIL "}", &c));
+  ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], " CFG_TAIL "}", &c),
+                   DFLASH_E_UNSUPPORTED,
+                   "t.json: \"architectures\" = [\"DFlash2DraftModel\"] is not implemented");
+  ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"Qwen3ForCausalLM\"], " CFG_TAIL "}", &c),
+                   DFLASH_E_UNSUPPORTED, "\"architectures\" = [\"Qwen3ForCausalLM\"]");
+  ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\", \"X\"], " CFG_TAIL
+                         "}", &c), DFLASH_E_UNSUPPORTED, "architectures");
+  ck_assert_status(parse(CFG_HEAD "\"architectures\": \"DFlashDraftModel\", " CFG_TAIL "}", &c),
+                   DFLASH_E_UNSUPPORTED, "architectures");
+}
+END_TEST
+
+/* Keys of z-lab's reference model (and DFlash 2) that libdflash does not
+ * implement: refused when set to anything but their neutral value, at the top
+ * level or in dflash_config (the reference reads both). */
+START_TEST(unimplemented_keys_refused) {
+  static const struct { const char *set; const char *key; } bad[] = {
+      {"\"input_embedding_scale\": 2.0", "\"input_embedding_scale\" = 2.0"},
+      {"\"output_multiplier\": 0.5", "\"output_multiplier\" = 0.5"},
+      {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\" = 30.0"},
+      {"\"attention_value_scale\": 0.25", "\"attention_value_scale\" = 0.25"},
+      {"\"is_causal\": true", "\"is_causal\" = true"},
+      {"\"conv_kernel_size\": 4", "\"conv_kernel_size\" = 4"},
+      {"\"conv_group_size\": 64", "\"conv_group_size\" = 64"},
+      {"\"selector_rank\": 32", "\"selector_rank\" = 32"},
+      {"\"selector_top_k\": 8", "\"selector_top_k\" = 8"},
+  };
+  static const char *neutral[] = {
+      "\"input_embedding_scale\": 1.0", "\"output_multiplier\": 1", "\"output_multiplier\": null",
+      "\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 0",
+      "\"attention_value_scale\": 1.0", "\"is_causal\": false", "\"is_causal\": null",
+      "\"conv_kernel_size\": null", "\"selector_rank\": 0",
+  };
+  char text[1024];
+  dflash_drafter_config c;
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(text, sizeof text, CFG_HEAD "%s, " CFG_TAIL "}", bad[i].set);
+    char want[160];
+    snprintf(want, sizeof want, "t.json: %s is not implemented by libdflash", bad[i].key);
+    ck_assert_status(parse(text, &c), DFLASH_E_UNSUPPORTED, want);
+    snprintf(text, sizeof text, CFG_HEAD "\"block_size\": 4, \"dflash_config\": "
+             "{\"mask_token_id\": 1, %s}}", bad[i].set);
+    snprintf(want, sizeof want, "t.json: dflash_config.%s is not implemented", bad[i].key);
+    ck_assert_status(parse(text, &c), DFLASH_E_UNSUPPORTED, want);
+  }
+  for (size_t i = 0; i < sizeof neutral / sizeof *neutral; i++) {
+    snprintf(text, sizeof text, CFG_HEAD "%s, " CFG_TAIL "}", neutral[i]);
+    ck_assert_msg(parse(text, &c) == DFLASH_OK, "%s: %s", neutral[i], dflash_last_error());
+  }
+  /* is_causal that agrees with every layer: true when all layers slide. */
+  const char *all_sliding = "{\"hidden_size\": 64, \"intermediate_size\": 96, "
+      "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"head_dim\": 16, "
+      "\"vocab_size\": 100, \"num_target_layers\": 8, \"layer_types\": [\"sliding_attention\"], "
+      "\"use_sliding_window\": true, \"sliding_window\": 8, \"is_causal\": %s, " CFG_TAIL "}";
+  snprintf(text, sizeof text, all_sliding, "true");
+  ck_assert_ok(parse(text, &c));
+  snprintf(text, sizeof text, all_sliding, "false");
+  ck_assert_status(parse(text, &c), DFLASH_E_UNSUPPORTED, "\"is_causal\" = false");
+}
+END_TEST
+
+/* Qwen3Config (hence the reference model) defaults head_dim to 128. */
+START_TEST(head_dim_defaults_as_qwen3config) {
+  dflash_drafter_config c;
+  ck_assert_ok(parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                     "\"num_attention_heads\": 8, \"vocab_size\": 100, \"num_target_layers\": 8,"
+                     CFG_TAIL "}", &c));
+  ck_assert_int_eq(c.head_dim, 128);
+  ck_assert_ok(parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                     "\"num_attention_heads\": 8, \"head_dim\": 32, \"vocab_size\": 100,"
+                     "\"num_target_layers\": 8, " CFG_TAIL "}", &c));
+  ck_assert_int_eq(c.head_dim, 32);
+}
+END_TEST
+
+/* Qwen3Config drops sliding_window unless use_sliding_window is true. */
+START_TEST(sliding_layers_need_use_sliding_window) {
+  dflash_drafter_config c;
+  const char *fmt = CFG_HEAD "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
+                    "%s\"sliding_window\": 8, " CFG_TAIL "}";
+  char text[512];
+  snprintf(text, sizeof text, fmt, "");
+  ck_assert_status(parse(text, &c), DFLASH_E_CONFIG,
+                   "t.json: layer_types[1] is \"sliding_attention\" but \"use_sliding_window\"");
+  snprintf(text, sizeof text, fmt, "\"use_sliding_window\": false, ");
+  ck_assert_status(parse(text, &c), DFLASH_E_CONFIG, "use_sliding_window");
+  snprintf(text, sizeof text, fmt, "\"use_sliding_window\": true, ");
+  ck_assert_ok(parse(text, &c));
+  ck_assert_int_eq(c.layer_types[1], DFLASH_LAYER_SLIDING);
+  ck_assert_int_eq(c.sliding_window, 8);
+}
+END_TEST
+
+/* partial_rotary_factor has no field in dflash_drafter_config: the _ext
+ * functions carry it, the others refuse it. */
+START_TEST(partial_rotary_factor_in_ext) {
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  dflash_drafter_config_ext_default(&e);
+  ck_assert_double_eq(e.partial_rotary_factor, 1.0);
+  const char *half = CFG_HEAD "\"partial_rotary_factor\": 0.5, " CFG_TAIL "}";
+  ck_assert_status(parse(half, &c), DFLASH_E_UNSUPPORTED,
+                   "t.json: \"partial_rotary_factor\" = 0.5 does not fit");
+  ck_assert_ok(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e));
+  ck_assert_double_eq(e.partial_rotary_factor, 0.5);
+  /* A factor of 1 is the default, accepted by both. */
+  ck_assert_ok(parse(CFG_HEAD "\"partial_rotary_factor\": 1.0, " CFG_TAIL "}", &c));
+  /* transformers 5 keeps it in rope_parameters. */
+  const char *v5 = CFG_HEAD "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
+                   "10000.0, \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
+  ck_assert_ok(dflash_drafter_config_parse_ext(v5, strlen(v5), "t.json", &c, &e));
+  ck_assert_double_eq(e.partial_rotary_factor, 0.25);
+  const char *both = CFG_HEAD "\"partial_rotary_factor\": 0.5, \"rope_parameters\": {"
+                     "\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
+  ck_assert_status(dflash_drafter_config_parse_ext(both, strlen(both), "t.json", &c, &e),
+                   DFLASH_E_CONFIG, "disagrees");
+  /* head_dim 16: 0.1875 rotates 3 dims (odd), 0 and 1.5 are outside (0, 1]. */
+  static const char *bad[] = {"0.1875", "0", "1.5", "\"half\""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char text[512];
+    snprintf(text, sizeof text, CFG_HEAD "\"partial_rotary_factor\": %s, " CFG_TAIL "}", bad[i]);
+    ck_assert_status(dflash_drafter_config_parse_ext(text, strlen(text), "t.json", &c, &e),
+                     DFLASH_E_CONFIG, "partial_rotary_factor");
+  }
+  /* Written back by the _ext writer (and only there). */
+  ck_assert_ok(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e));
+  char buf[4096];
+  size_t len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, &len));
+  ck_assert_ptr_nonnull(strstr(buf, "\"partial_rotary_factor\": 0.5"));
+  dflash_drafter_config c2;
+  dflash_drafter_config_ext e2 = {.struct_size = sizeof e2};
+  ck_assert_ok(dflash_drafter_config_parse_ext(buf, strlen(buf), "back", &c2, &e2));
+  ck_assert_double_eq(e2.partial_rotary_factor, 0.5);
+  ck_assert_mem_eq(&c2, &c, sizeof c);
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, &len));
+  ck_assert_ptr_null(strstr(buf, "partial_rotary_factor"));
+  /* An ext of an unknown version is refused. */
+  e2.struct_size = 4;
+  ck_assert_status(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e2),
+                   DFLASH_E_INVALID_ARG, "struct_size");
+}
+END_TEST
+
 TCase *tc_config(void) {
   TCase *tc = tcase_create("config");
   tcase_add_test(tc, block_size_placements);
@@ -145,5 +353,12 @@ TCase *tc_config(void) {
   tcase_add_test(tc, validation_names_the_problem);
   tcase_add_test(tc, yarn_and_round_trip);
   tcase_add_test(tc, gamma_table);
+  tcase_add_test(tc, num_target_layers_written_or_refused);
+  tcase_add_test(tc, yarn_factor_must_match_ratio);
+  tcase_add_test(tc, architectures_must_be_dflash);
+  tcase_add_test(tc, unimplemented_keys_refused);
+  tcase_add_test(tc, head_dim_defaults_as_qwen3config);
+  tcase_add_test(tc, sliding_layers_need_use_sliding_window);
+  tcase_add_test(tc, partial_rotary_factor_in_ext);
   return tc;
 }

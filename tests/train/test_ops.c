@@ -68,14 +68,16 @@ START_TEST(rmsnorm_fd) {
 END_TEST
 
 /* ---- RoPE ----------------------------------------------------------------- */
-typedef struct { float *x, *y, *c, *cos_t, *sin_t; int32_t *pos; } rope_t;
+typedef struct { float *x, *y, *c, *cos_t, *sin_t; int32_t *pos; int rot; } rope_t;
 static double rope_obj(void *v) {
   rope_t *p = v;
   memcpy(p->y, p->x, 3 * 2 * 8 * sizeof(float));
-  df_rope_forward(NULL, p->y, p->pos, p->cos_t, p->sin_t, 3, 2, 8);
+  df_rope_forward(NULL, p->y, p->pos, p->cos_t, p->sin_t, 3, 2, 8, p->rot);
   return dotd(p->c, p->y, 3 * 2 * 8);
 }
-START_TEST(rope_fd) {
+/* rot = 8: whole heads; rot = 4 (partial_rotary_factor 0.5): pairs (i, i+2)
+ * of the first four dims turn, the last four pass through. */
+static void rope_case(int rot) {
   dflash_drafter_config cfg;
   dflash_drafter_config_default(&cfg);
   cfg.head_dim = 8;
@@ -83,19 +85,44 @@ START_TEST(rope_fd) {
   cfg.rope_factor = 8;
   cfg.rope_original_max_position = 16;
   cfg.rope_attention_factor = 1.2;
+  int half = rot / 2;
   double inv[4], af;
-  df_rope_inv_freq(&cfg, inv, &af);
+  df_rope_inv_freq(&cfg, rot, inv, &af);
   ck_assert_double_eq(af, 1.2);
+  ck_assert_double_eq(inv[0], 1.0); /* theta^0, beyond the YaRN ramp */
   rope_t p = {rnd(48, 1), rnd(48, 1), rnd(48, 1), malloc(40 * 4 * 4), malloc(40 * 4 * 4),
-              (int32_t[]){3, 17, 39}};
+              (int32_t[]){3, 17, 39}, rot};
   for (int q = 0; q < 40; q++)
-    for (int i = 0; i < 4; i++)
-      p.cos_t[q * 4 + i] = (float)(cos(q * inv[i]) * af), p.sin_t[q * 4 + i] = (float)(sin(q * inv[i]) * af);
+    for (int i = 0; i < half; i++)
+      p.cos_t[q * half + i] = (float)(cos(q * inv[i]) * af),
+      p.sin_t[q * half + i] = (float)(sin(q * inv[i]) * af);
+  rope_obj(&p);
+  for (int r = 0; r < 6; r++) {
+    /* dim 0 pairs with dim `half` */
+    float a = p.x[r * 8], b = p.x[r * 8 + half];
+    int pos = p.pos[r / 2];
+    float c = p.cos_t[pos * half], sn = p.sin_t[pos * half];
+    ck_assert_float_eq_tol(p.y[r * 8], a * c - b * sn, 1e-5);
+    ck_assert_float_eq_tol(p.y[r * 8 + half], b * c + a * sn, 1e-5);
+    for (int i = rot; i < 8; i++) ck_assert_float_eq(p.y[r * 8 + i], p.x[r * 8 + i]);
+  }
   float *dx = malloc(48 * 4);
   memcpy(dx, p.c, 48 * 4);
-  df_rope_backward(NULL, dx, p.pos, p.cos_t, p.sin_t, 3, 2, 8);
-  fd_check("rope dx", rope_obj, &p, p.x, dx, 48);
+  df_rope_backward(NULL, dx, p.pos, p.cos_t, p.sin_t, 3, 2, 8, rot);
+  fd_check(rot == 8 ? "rope dx" : "partial rope dx", rope_obj, &p, p.x, dx, 48);
   free(p.x), free(p.y), free(p.c), free(p.cos_t), free(p.sin_t), free(dx);
+}
+START_TEST(rope_fd) { rope_case(8); }
+END_TEST
+START_TEST(rope_partial_fd) {
+  rope_case(4);
+  /* Frequencies over the rotated width: theta^(-2i/rot), not theta^(-2i/d). */
+  dflash_drafter_config cfg;
+  dflash_drafter_config_default(&cfg);
+  cfg.head_dim = 8;
+  double inv[2], af;
+  df_rope_inv_freq(&cfg, 4, inv, &af);
+  ck_assert_double_eq_tol(inv[1], pow(10000.0, -0.5), 1e-15);
 }
 END_TEST
 
@@ -202,8 +229,9 @@ static const char *TINY =
     "{\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2,"
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4, \"vocab_size\": 23,"
     "\"num_target_layers\": 8, \"block_size\": 4, \"rope_scaling\": {\"rope_type\": \"yarn\","
-    "\"factor\": 4.0, \"original_max_position_embeddings\": 8}, \"layer_types\": "
-    "[\"sliding_attention\", \"full_attention\"], \"sliding_window\": 3,"
+    "\"factor\": 4.0, \"original_max_position_embeddings\": 8}, \"max_position_embeddings\": 32,"
+    "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"use_sliding_window\": true,"
+    "\"sliding_window\": 3,"
     "\"dflash_config\": {\"mask_token_id\": 22, \"target_layer_ids\": [1, 5]}}";
 
 typedef struct { dflash_trainer *t; int32_t ids[20]; uint8_t mask[20]; float *hid; int32_t anc[4];
@@ -215,16 +243,20 @@ static double model_obj(void *v) {
   ck_assert_ok(dflash_trainer_forward_backward(m->t, m->ids, m->mask, 20, m->hid, m->anc, 4, &loss));
   return loss;
 }
-START_TEST(model_fd) {
+/* The tiny model with partial_rotary_factor 0.5: RoPE on 2 of the 4 dims. */
+static void model_fd_case(double partial_rotary_factor) {
   dflash_drafter_config cfg;
-  ck_assert_ok(dflash_drafter_config_parse(TINY, strlen(TINY), "tiny", &cfg));
+  dflash_drafter_config_ext ext;
+  dflash_drafter_config_ext_default(&ext);
+  ck_assert_ok(dflash_drafter_config_parse_ext(TINY, strlen(TINY), "tiny", &cfg, &ext));
+  ext.partial_rotary_factor = partial_rotary_factor;
   float *E = rnd(23 * 16, 1), *W = rnd(23 * 16, 1);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.init_std = 0.3;
   o.n_threads = 2;
   model_t m = {.hid = rnd(20 * 32, 1), .anc = {0, 3, 9, 18}};
-  ck_assert_ok(dflash_trainer_create(&cfg, E, W, &o, &m.t));
+  ck_assert_ok(dflash_trainer_create_ext(&cfg, &ext, E, W, &o, &m.t));
   for (int i = 0; i < 20; i++) m.ids[i] = (i * 7) % 22, m.mask[i] = i != 5 && i != 11;
   for (size_t k = 0; k < dflash_trainer_param_count(m.t); k++) {
     int32_t nd;
@@ -240,6 +272,48 @@ START_TEST(model_fd) {
   }
   dflash_trainer_free(m.t);
   free(E), free(W), free(m.hid);
+}
+START_TEST(model_fd) { model_fd_case(1.0); }
+END_TEST
+START_TEST(model_partial_rotary_fd) { model_fd_case(0.5); }
+END_TEST
+
+/* dflash_trainer_logits: the argmax of positions 1..B-1 is predict's answer,
+ * a block's logits do not depend on the other blocks packed with it, and
+ * position 0 is included. */
+START_TEST(logits_of_blocks) {
+  dflash_drafter_config cfg;
+  ck_assert_ok(dflash_drafter_config_parse(TINY, strlen(TINY), "tiny", &cfg));
+  float *E = rnd(23 * 16, 1), *W = rnd(23 * 16, 1), *hid = rnd(20 * 32, 1);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.init_std = 0.3;
+  dflash_trainer *t;
+  ck_assert_ok(dflash_trainer_create(&cfg, E, W, &o, &t));
+  int32_t ids[20], anc[4] = {0, 3, 16, 19}, pred[4 * 3];
+  for (int i = 0; i < 20; i++) ids[i] = (i * 5) % 22;
+  enum { B = 4, V = 23 };
+  float *all = malloc(sizeof(float) * 4 * B * V), *one = malloc(sizeof(float) * B * V);
+  ck_assert_ok(dflash_trainer_logits(t, ids, 20, hid, anc, 4, all));
+  ck_assert_ok(dflash_trainer_predict(t, ids, 20, hid, anc, 4, pred));
+  for (int n = 0; n < 4; n++) {
+    for (int j = 1; j < B; j++) {
+      const float *row = all + ((size_t)n * B + j) * V;
+      int best = 0;
+      for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
+      ck_assert_int_eq(best, pred[n * (B - 1) + j - 1]);
+    }
+    ck_assert_ok(dflash_trainer_logits(t, ids, 20, hid, &anc[n], 1, one));
+    for (int k = 0; k < B * V; k++)
+      ck_assert_float_eq_tol(one[k], all[(size_t)n * B * V + k], 1e-5);
+  }
+  ck_assert_status(dflash_trainer_logits(t, ids, 20, hid, anc, -1, all), DFLASH_E_INVALID_ARG,
+                   "invalid argument");
+  anc[1] = 20;
+  ck_assert_status(dflash_trainer_logits(t, ids, 20, hid, anc, 4, all), DFLASH_E_RANGE,
+                   "anchor 1 = 20");
+  dflash_trainer_free(t);
+  free(E), free(W), free(hid), free(all), free(one);
 }
 END_TEST
 
@@ -273,12 +347,15 @@ TCase *tc_ops(void) {
   TCase *tc = tcase_create("ops");
   tcase_add_test(tc, rmsnorm_fd);
   tcase_add_test(tc, rope_fd);
+  tcase_add_test(tc, rope_partial_fd);
   tcase_add_test(tc, attention_full_fd);
   tcase_add_test(tc, attention_sliding_fd);
   tcase_add_test(tc, attention_mask_blocks);
   tcase_add_test(tc, swiglu_fd);
   tcase_add_test(tc, lmhead_ce_fd);
   tcase_add_test(tc, model_fd);
+  tcase_add_test(tc, model_partial_rotary_fd);
+  tcase_add_test(tc, logits_of_blocks);
   tcase_add_test(tc, model_rejects_bad_inputs);
   return tc;
 }
