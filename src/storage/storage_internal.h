@@ -35,7 +35,9 @@ dflash_status df_uri_encode(df_buf *out, const char *s, size_t n, bool keep_slas
 
 /* Find the next <tag>text</tag> in xml[*pos, len) and return the text with
  * entities decoded (malloc'd), advancing *pos past it; NULL when there is
- * none (or on allocation failure, which callers treat as absent). */
+ * none (or on allocation failure, which callers treat as absent). When the
+ * element holds other elements (its text has a '<') it comes back as is, so
+ * that reading fields from it decodes them once. */
 char *df_xml_next(const char *xml, size_t len, const char *tag, size_t *pos);
 /* The first <tag> text in the document, or NULL. */
 char *df_xml_first(const char *xml, size_t len, const char *tag);

@@ -1,7 +1,10 @@
 /* Just enough XML for S3 answers: the text of named elements (Code, Message,
  * Key, Size, UploadId...), with the five predefined entities and numeric
  * character references decoded. S3 answers are flat and machine-written, so a
- * scanner is enough; a full parser would add a dependency for nothing. */
+ * scanner is enough; a full parser would add a dependency for nothing.
+ * An element holding other elements (a listing's <Contents>, <Upload>) comes
+ * back as its markup, not decoded: the fields in it are decoded once, when
+ * they are read from it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,8 +37,18 @@ static size_t put_utf8(char *o, unsigned long cp) {
   return 4;
 }
 
+static int digit_value(char c, bool hex) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (hex && c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (hex && c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 /* Decode one entity starting at s[0] == '&'; returns bytes consumed (0: not
- * an entity, copy the '&' as is). Output is never longer than the input. */
+ * an entity, copy the '&' as is). Output is never longer than the input.
+ * A character reference is "&#" decimal digits ";" or "&#x" hex digits ";"
+ * (no sign, space or "0x": strtoul's extras) naming a character other than
+ * U+0000 (a C string cannot hold it) and the surrogates. */
 static size_t entity(const char *s, size_t n, char *o, size_t *olen) {
   static const struct { const char *name; char c; } named[] = {
       {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
@@ -48,25 +61,29 @@ static size_t entity(const char *s, size_t n, char *o, size_t *olen) {
     }
   }
   if (n < 4 || s[1] != '#') return 0;
-  const char *end = memchr(s, ';', n < 12 ? n : 12);
-  if (!end) return 0;
-  char *stop;
   bool hex = s[2] == 'x' || s[2] == 'X';
-  unsigned long cp = strtoul(s + (hex ? 3 : 2), &stop, hex ? 16 : 10);
-  if (stop != end) return 0;
+  size_t i = hex ? 3 : 2, first = i;
+  unsigned long cp = 0;
+  int d;
+  for (; i < n && (d = digit_value(s[i], hex)) >= 0; i++)
+    if ((cp = cp * (hex ? 16 : 10) + (unsigned long)d) > 0x10FFFF) cp = 0x110000; /* invalid */
+  if (i == first || i == n || s[i] != ';' || cp == 0) return 0;
   size_t k = put_utf8(o, cp);
-  if (!k || k > (size_t)(end - s + 1)) return 0;
+  if (!k || k > i + 1) return 0;
   *olen = k;
-  return (size_t)(end - s + 1);
+  return i + 1;
 }
 
 static char *decode(const char *s, size_t n) {
   char *out = malloc(n + 1);
   if (!out) return NULL;
+  /* Character data never holds a '<' (it is written &lt;): this is markup, and
+   * decoding it here would decode its fields twice ("&amp;lt;" in a key to "<"). */
+  bool markup = memchr(s, '<', n) != NULL;
   size_t o = 0;
   for (size_t i = 0; i < n;) {
     size_t used = 0, k = 0;
-    if (s[i] == '&') used = entity(s + i, n - i, out + o, &k);
+    if (s[i] == '&' && !markup) used = entity(s + i, n - i, out + o, &k);
     if (used) {
       i += used;
       o += k;
