@@ -150,7 +150,7 @@ def check_nfc(ref, tok, stats):
 
 def check_errors():
     r = cli(["--template", "qwen3", "--mask"], "[]")
-    assert r.returncode == 2 and b"usage" in r.stderr
+    assert r.returncode == 2 and b"missing --tokenizer (for --mask)" in r.stderr, r.stderr
     r = cli(["--template", "qwen3"], "{oops")
     assert r.returncode == 1 and b"invalid JSON" in r.stderr, r.stderr
     r = cli(["--template", "nope"], "[]")

@@ -17,6 +17,20 @@ static inline int chat_cli_reasoning(const char *s, dflash_chat_reasoning *out) 
   return -1;
 }
 
+/* chat_cli_reasoning as a cli_opt CLI_FN. */
+static inline int chat_cli_reasoning_opt(const char *s, void *dst) {
+  return chat_cli_reasoning(s, (dflash_chat_reasoning *)dst);
+}
+
+/* "Templates: kimi-k2, ..." from the library's registry. */
+static inline void chat_cli_list_templates(FILE *f) {
+  fputs("Templates:", f);
+  const char *name;
+  for (size_t i = 0; (name = dflash_chat_template_name_at(i)); i++)
+    fprintf(f, "%s %s", i ? "," : "", name);
+  fputc('\n', f);
+}
+
 /* Write `n` bytes as a JSON string literal (UTF-8 passes through). */
 static inline void chat_cli_json_string(FILE *f, const char *s, size_t n) {
   fputc('"', f);

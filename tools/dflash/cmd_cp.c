@@ -23,16 +23,14 @@ dflash_status cli_storage_create(dflash_storage **out) {
   return dflash_storage_create(NULL, out);
 }
 
-static int usage(FILE *out) {
-  fprintf(out,
+static const char USAGE[] =
           "usage: dflash cp SRC DST        copy one object or file (DST '-': stdout;\n"
           "                                DST ending in '/': keep SRC's name)\n"
           "       dflash cp -r SRC/ DST/   copy everything under a prefix\n"
           "SRC, DST: local paths or s3://bucket/key. Credentials and endpoint from\n"
           "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
-          "AWS_ENDPOINT_URL; DFLASH_S3_ADDRESSING=path|virtual; DFLASH_S3_TRACE=1.\n");
-  return out == stdout ? 0 : 2;
-}
+          "AWS_ENDPOINT_URL; DFLASH_S3_ADDRESSING=path|virtual; DFLASH_S3_TRACE=1.\n"
+          "Exit status: 0 copied; 1 an error (message on stderr); 2 a usage error.\n";
 
 static dflash_status to_stdout(dflash_storage *st, const char *src) {
   void *data;
@@ -88,13 +86,18 @@ static int copy_tree(dflash_storage *st, const char *src, const char *dst) {
 }
 
 int cmd_cp(int argc, char **argv) {
-  bool recursive = argc == 4 && (!strcmp(argv[1], "-r") || !strcmp(argv[1], "--recursive"));
-  if (argc == 2 && !strcmp(argv[1], "--help")) return usage(stdout);
-  if (argc != 3 && !recursive) return usage(stderr);
+  int recursive = 0, n_pos;
+  const char *pos[2];
+  const cli_opt opts[] = {{"-r", CLI_FLAG, &recursive, 0, 0, NULL},
+                          {"--recursive", CLI_FLAG, &recursive, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
+  int rc = cli_parse("cp", USAGE, opts, argc, argv, pos, 2, &n_pos);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (n_pos < 2) return cli_missing("cp", n_pos ? "DST" : "SRC and DST");
   dflash_storage *st;
   dflash_status s = cli_storage_create(&st);
   if (s) return cli_fail("cp", s);
-  int rc = recursive ? copy_tree(st, argv[2], argv[3]) : copy_one(st, argv[1], argv[2]);
+  rc = recursive ? copy_tree(st, pos[0], pos[1]) : copy_one(st, pos[0], pos[1]);
   dflash_storage_free(st);
   return rc;
 }

@@ -8,8 +8,13 @@
 
 #include "commands.h"
 
-int cli_tokenizer_args(int argc, char **argv, const char **path, const char **pattern,
-                       const char **special);
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
+                       const char **path, const char **pattern, const char **special);
+
+static const char USAGE[] =
+    "usage: dflash decode --tokenizer PATH\n"
+    "Reads token ids (whitespace separated) on stdin and writes their bytes to stdout.\n"
+    "Exit status: 0 decoded; 1 an error (message on stderr); 2 a usage error.\n";
 
 /* Read whitespace-separated integers from stdin; returns -1 naming the bad word. */
 static int read_ids(int32_t **out, size_t *n) {
@@ -40,13 +45,8 @@ static int read_ids(int32_t **out, size_t *n) {
 
 int cmd_decode(int argc, char **argv) {
   const char *path = NULL;
-  int help = argc == 2 && !strcmp(argv[1], "--help");
-  if (help || cli_tokenizer_args(argc, argv, &path, NULL, NULL)) {
-    fprintf(help ? stdout : stderr,
-            "usage: dflash decode --tokenizer PATH\n"
-            "Reads token ids (whitespace separated) on stdin and writes their bytes to stdout.\n");
-    return help ? 0 : 2;
-  }
+  int rc = cli_tokenizer_args("decode", USAGE, argc, argv, &path, NULL, NULL);
+  if (rc) return rc < 0 ? 0 : rc;
   dflash_tokenizer *tok;
   dflash_status st = dflash_tokenizer_load(path, NULL, &tok);
   if (st) return cli_fail("decode", st);

@@ -7,15 +7,13 @@
 
 #include "commands.h"
 
-static int usage(FILE *out, int rc) {
-  fprintf(out,
+static const char USAGE[] =
           "usage: dflash encode --tokenizer PATH [--pattern NAME|REGEX] [--special all|none]\n"
           "Reads UTF-8 text on stdin and prints its token ids, one per line.\n"
           "PATH: tiktoken rank file, tokenizer.json, vocab.json or a model directory.\n"
           "NAME: cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2 (needed for a bare rank file).\n"
-          "--special all (default) recognises special-token text; none encodes it as text.\n");
-  return rc;
-}
+          "--special all (default) recognises special-token text; none encodes it as text.\n"
+          "Exit status: 0 encoded; 1 an error (message on stderr); 2 a usage error.\n";
 
 /* Read all of stdin into a malloc'd buffer. */
 static char *read_stdin(size_t *len) {
@@ -37,28 +35,30 @@ static char *read_stdin(size_t *len) {
   return buf;
 }
 
-/* Shared by encode and decode: parse --tokenizer / --pattern / --special. */
-int cli_tokenizer_args(int argc, char **argv, const char **path, const char **pattern,
-                       const char **special);
-int cli_tokenizer_args(int argc, char **argv, const char **path, const char **pattern,
-                       const char **special) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char **dst = !strcmp(a, "--tokenizer") ? path
-                       : !strcmp(a, "--pattern") && pattern ? pattern
-                       : !strcmp(a, "--special") && special ? special
-                       : NULL;
-    if (!dst || i + 1 >= argc) return -1;
-    *dst = argv[++i];
+/* Shared by encode and decode: --tokenizer (required), --pattern and --special (encode). */
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
+                       const char **path, const char **pattern, const char **special);
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
+                       const char **path, const char **pattern, const char **special) {
+  /* decode (no pattern) ends the table after --tokenizer. */
+  const cli_opt opts[] = {{"--tokenizer", CLI_STR, path, 0, 0, NULL},
+                          {pattern ? "--pattern" : NULL, CLI_STR, pattern, 0, 0, NULL},
+                          {"--special", CLI_STR, special, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos, rc = cli_parse(cmd, usage, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? -1 : rc;
+  if (!*path) return cli_missing(cmd, "--tokenizer");
+  if (special && strcmp(*special, "all") && strcmp(*special, "none")) {
+    fprintf(stderr, "dflash %s: --special is all or none, not '%s'\n", cmd, *special);
+    return 2;
   }
-  return *path ? 0 : -1;
+  return 0;
 }
 
 int cmd_encode(int argc, char **argv) {
-  if (argc == 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
   const char *path = NULL, *pattern = NULL, *special = "all";
-  if (cli_tokenizer_args(argc, argv, &path, &pattern, &special)) return usage(stderr, 2);
-  if (strcmp(special, "all") && strcmp(special, "none")) return usage(stderr, 2);
+  int rc = cli_tokenizer_args("encode", USAGE, argc, argv, &path, &pattern, &special);
+  if (rc) return rc < 0 ? 0 : rc;
   dflash_tokenizer_options opts;
   dflash_tokenizer_options_default(&opts);
   opts.pattern = pattern;

@@ -34,22 +34,16 @@ typedef struct {
 
 static int parse(int argc, char **argv, init_args *a) {
   *a = (init_args){.out = "drafter.json", .block = 16, .mask = -1};
-  bool bad = false;
-  for (int i = 1; i < argc; i++) {
-    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(o, "--help")) return fputs(USAGE, stdout), -1;
-    if (!v) return fprintf(stderr, "dflash init-config: %s needs a value\n%s", o, USAGE), 2;
-    i++;
-    if (!strcmp(o, "--target")) a->target = v;
-    else if (!strcmp(o, "-o") || !strcmp(o, "--out")) a->out = v;
-    else if (!strcmp(o, "--layers")) a->layers = (int)cli_int(o, v, 1, 64, &bad);
-    else if (!strcmp(o, "--block")) a->block = (int)cli_int(o, v, 2, 1024, &bad);
-    else if (!strcmp(o, "--mask-token-id")) a->mask = (int)cli_int(o, v, 0, INT32_MAX, &bad);
-    else return fprintf(stderr, "dflash init-config: unknown option %s\n%s", o, USAGE), 2;
-  }
-  if (bad) return 2;
-  if (!a->target) return fprintf(stderr, "dflash init-config: --target is required\n%s", USAGE), 2;
-  return 0;
+  const cli_opt opts[] = {{"--target", CLI_STR, &a->target, 0, 0, NULL},
+                          {"-o", CLI_STR, &a->out, 0, 0, NULL},
+                          {"--out", CLI_STR, &a->out, 0, 0, NULL},
+                          {"--layers", CLI_INT, &a->layers, 1, 64, NULL},
+                          {"--block", CLI_INT, &a->block, 2, 1024, NULL},
+                          {"--mask-token-id", CLI_INT, &a->mask, 0, INT32_MAX, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos, rc = cli_parse("init-config", USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? -1 : rc;
+  return a->target ? 0 : cli_missing("init-config", "--target");
 }
 
 /* The target's text-model config: DIR/config.json or the file itself, text_config inside. */

@@ -12,17 +12,20 @@ static void print_shape(const dflash_tensor *t) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-  if (argc != 2 || !strcmp(argv[1], "--help")) {
-    fprintf(argc == 2 ? stdout : stderr,
-            "usage: dflash inspect PATH\n"
-            "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards;\n"
-            "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
-            "supervised share, length histogram, template and tokenizer hash.\n");
-    return argc == 2 ? 0 : 2;
-  }
-  if (cli_is_dataset(argv[1])) return cli_dataset_summary(argv[1]);
+  static const char usage[] =
+      "usage: dflash inspect PATH\n"
+      "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards;\n"
+      "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
+      "supervised share, length histogram, template and tokenizer hash.\n"
+      "Exit status: 0 shown; 1 an error (message on stderr); 2 a usage error.\n";
+  const cli_opt opts[] = {{NULL, 0, NULL, 0, 0, NULL}};
+  const char *path = NULL;
+  int n_pos, rc = cli_parse("inspect", usage, opts, argc, argv, &path, 1, &n_pos);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (!path) return cli_missing("inspect", "PATH");
+  if (cli_is_dataset(path)) return cli_dataset_summary(path);
   dflash_safetensors *st;
-  dflash_status s = dflash_safetensors_open(argv[1], &st);
+  dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return cli_fail("inspect", s);
   size_t n = dflash_safetensors_count(st);
   uint64_t total = 0;

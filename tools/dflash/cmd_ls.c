@@ -8,17 +8,20 @@
 dflash_status cli_storage_create(dflash_storage **out); /* cmd_cp.c */
 
 int cmd_ls(int argc, char **argv) {
-  if (argc != 2 || !strcmp(argv[1], "--help")) {
-    fprintf(argc == 2 ? stdout : stderr,
-            "usage: dflash ls PREFIX\n"
-            "Prints \"SIZE LOCATION\" for every object whose location starts with PREFIX\n"
-            "(s3://bucket/prefix or a local path; end it with '/' for a folder).\n");
-    return argc == 2 ? 0 : 2;
-  }
+  static const char usage[] =
+      "usage: dflash ls PREFIX\n"
+      "Prints \"SIZE LOCATION\" for every object whose location starts with PREFIX\n"
+      "(s3://bucket/prefix or a local path; end it with '/' for a folder).\n"
+      "Exit status: 0 listed; 1 an error (message on stderr); 2 a usage error.\n";
+  const cli_opt opts[] = {{NULL, 0, NULL, 0, 0, NULL}};
+  const char *prefix = NULL;
+  int n_pos, rc = cli_parse("ls", usage, opts, argc, argv, &prefix, 1, &n_pos);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (!prefix) return cli_missing("ls", "PREFIX");
   dflash_storage *st;
   dflash_status s = cli_storage_create(&st);
   dflash_storage_listing *l = NULL;
-  if (!s) s = dflash_storage_list(st, argv[1], &l);
+  if (!s) s = dflash_storage_list(st, prefix, &l);
   for (size_t i = 0; !s && i < dflash_storage_listing_count(l); i++) {
     const char *loc;
     uint64_t size;

@@ -15,8 +15,7 @@ typedef struct {
   dflash_chat_options o;
 } render_args;
 
-static int usage(FILE *f, int rc) {
-  fprintf(f,
+static const char USAGE[] =
           "usage: dflash render --template NAME [--tokenizer PATH] [--mask] [--last-turn-only]\n"
           "                     [--generation-prompt] [--no-thinking] [--preserve-thinking]\n"
           "                     [--reasoning official|keep_all|keep_after_last_user|drop]\n"
@@ -24,32 +23,38 @@ static int usage(FILE *f, int rc) {
           "(needs --tokenizer) prints {\"text\", \"ids\", \"loss_mask\"} instead. With a tokenizer\n"
           "that normalises (NFC), the conversation is normalised first, so text and ids\n"
           "match. Default reasoning: official (what the template renders); with --mask\n"
-          "keep_after_last_user, as `dflash tokenize` stores it.\n");
-  return rc;
-}
+          "keep_after_last_user, as `dflash tokenize` stores it.\n"
+          "Exit status: 0 rendered; 1 an error (message on stderr); 2 a usage error.\n";
 
 static int parse_args(int argc, char **argv, render_args *a) {
   memset(a, 0, sizeof *a);
   dflash_chat_options_default(&a->o);
-  bool reasoning_given = false;
-  for (int i = 1; i < argc; i++) {
-    const char *o = argv[i];
-    int has = i + 1 < argc;
-    if (!strcmp(o, "--template") && has) a->tmpl_name = argv[++i];
-    else if (!strcmp(o, "--tokenizer") && has) a->tok_path = argv[++i];
-    else if (!strcmp(o, "--mask")) a->mask = 1;
-    else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
-    else if (!strcmp(o, "--generation-prompt")) a->o.add_generation_prompt = 1;
-    else if (!strcmp(o, "--no-thinking")) a->o.thinking = 0;
-    else if (!strcmp(o, "--preserve-thinking")) a->o.preserve_thinking = 1;
-    else if (!strcmp(o, "--reasoning") && has) {
-      if (chat_cli_reasoning(argv[++i], &a->o.reasoning)) return -1;
-      reasoning_given = true;
-    } else return -1;
-  }
+  a->o.reasoning = (dflash_chat_reasoning)-1; /* not given */
+  int gen = 0, no_thinking = 0, preserve = 0;
+  const cli_opt opts[] = {
+      {"--template", CLI_STR, &a->tmpl_name, 0, 0, NULL},
+      {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+      {"--mask", CLI_FLAG, &a->mask, 0, 0, NULL},
+      {"--last-turn-only", CLI_FLAG, &a->last_only, 0, 0, NULL},
+      {"--generation-prompt", CLI_FLAG, &gen, 0, 0, NULL},
+      {"--no-thinking", CLI_FLAG, &no_thinking, 0, 0, NULL},
+      {"--preserve-thinking", CLI_FLAG, &preserve, 0, 0, NULL},
+      {"--reasoning", CLI_FN, &a->o.reasoning, 0, 0, chat_cli_reasoning_opt},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos;
+  int rc = cli_parse("render", USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc == 1) chat_cli_list_templates(stdout);
+  if (rc) return rc == 1 ? -1 : rc;
+  a->o.add_generation_prompt = gen;
+  if (no_thinking) a->o.thinking = 0;
+  a->o.preserve_thinking = preserve;
   /* --mask shows what `dflash tokenize` stores: its reasoning default too. */
-  if (a->mask && !reasoning_given) a->o.reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
-  return a->tmpl_name && (!a->mask || a->tok_path) ? 0 : -1;
+  if ((int)a->o.reasoning < 0)
+    a->o.reasoning = a->mask ? DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER
+                             : DFLASH_CHAT_REASONING_OFFICIAL;
+  if (!a->tmpl_name) return cli_missing("render", "--template");
+  if (a->mask && !a->tok_path) return cli_missing("render", "--tokenizer (for --mask)");
+  return 0;
 }
 
 static char *read_stdin(size_t *len) {
@@ -100,8 +105,8 @@ static dflash_status encode_and_print(const render_args *a, const dflash_chat_re
 
 int cmd_render(int argc, char **argv) {
   render_args a;
-  if (argc >= 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
-  if (parse_args(argc, argv, &a)) return usage(stderr, 2);
+  int rc = parse_args(argc, argv, &a);
+  if (rc) return rc < 0 ? 0 : rc;
   dflash_chat_template *tmpl = NULL;
   dflash_tokenizer *tok = NULL;
   dflash_chat_rendered *r = NULL;

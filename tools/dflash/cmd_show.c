@@ -28,23 +28,20 @@ typedef struct {
 
 static int parse(int argc, char **argv, show_args *a) {
   *a = (show_args){.index = -1, .color = -1};
-  bool bad = false;
-  for (int i = 1; i < argc; i++) {
-    const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(o, "--help")) return fputs(USAGE, stdout), -1;
-    if (!strcmp(o, "--color")) a->color = 1;
-    else if (!strcmp(o, "--no-color")) a->color = 0;
-    else if (o[0] != '-' && !a->dir) a->dir = o;
-    else if (!v) return fprintf(stderr, "dflash show: %s needs a value\n%s", o, USAGE), 2;
-    else if (!strcmp(o, "--index")) a->index = cli_int(o, argv[++i], 0, INT64_MAX, &bad);
-    else if (!strcmp(o, "--id")) a->id = argv[++i];
-    else if (!strcmp(o, "--tokenizer")) a->tok_path = argv[++i];
-    else return fprintf(stderr, "dflash show: unknown option %s\n%s", o, USAGE), 2;
-  }
-  if (bad) return 2;
-  if (!a->dir || (a->index < 0) == !a->id)
-    return fprintf(stderr, "dflash show: give DATASET and one of --index or --id\n%s", USAGE), 2;
-  if (a->color < 0) a->color = isatty(STDOUT_FILENO);
+  int color = 0, no_color = 0, n_pos;
+  int64_t index = -1;
+  const cli_opt opts[] = {{"--index", CLI_I64, &index, 0, 9.2e18, NULL},
+                          {"--id", CLI_STR, &a->id, 0, 0, NULL},
+                          {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+                          {"--color", CLI_FLAG, &color, 0, 0, NULL},
+                          {"--no-color", CLI_FLAG, &no_color, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
+  int rc = cli_parse("show", USAGE, opts, argc, argv, &a->dir, 1, &n_pos);
+  if (rc) return rc == 1 ? -1 : rc;
+  a->index = index;
+  if (!a->dir) return cli_missing("show", "DATASET");
+  if ((a->index < 0) == !a->id) return cli_missing("show", "exactly one of --index and --id");
+  a->color = color ? 1 : no_color ? 0 : isatty(STDOUT_FILENO);
   return 0;
 }
 

@@ -79,8 +79,7 @@ typedef struct {
   atomic_size_t next;
 } tok_job;
 
-static int usage(FILE *f, int rc) {
-  fprintf(f,
+static const char USAGE[] =
           "usage: dflash tokenize --tokenizer PATH --template NAME [--max-len N] [--truncate]\n"
           "                       [--last-turn-only] [--reasoning official|keep_all|\n"
           "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
@@ -102,45 +101,40 @@ static int usage(FILE *f, int rc) {
           "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n"
           "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written, or\n"
           "more rejected lines than --max-reject-ratio (default 0.05; over-long samples are\n"
-          "not counted) of the non-blank lines; 2 a usage error.\n");
-  return rc;
-}
+          "not counted) of the non-blank lines; 2 a usage error.\n";
 
-static int parse_args(int argc, char **argv, tok_args *a, int *first_input) {
+/* The inputs are the positional arguments, in `inputs` (argc entries). */
+static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, int *n_inputs) {
   memset(a, 0, sizeof *a);
   a->reasoning = DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER;
   a->batch_lines = BATCH_LINES;
   a->max_reject_ratio = MAX_REJECT_RATIO;
-  int i = 1;
-  bool bad = false; /* a malformed number (cli_int printed it) */
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    const char *o = argv[i];
-    int has = i + 1 < argc;
-    if (!strcmp(o, "--tokenizer") && has) a->tok_path = argv[++i];
-    else if (!strcmp(o, "--template") && has) a->tmpl_name = argv[++i];
-    else if ((!strcmp(o, "-o") || !strcmp(o, "--out")) && has) a->out_dir = argv[++i];
-    else if (!strcmp(o, "--max-len") && has)
-      a->max_len = (uint64_t)cli_int(o, argv[++i], 1, INT64_MAX, &bad);
-    else if (!strcmp(o, "--threads") && has) a->threads = (int)cli_int(o, argv[++i], 0, 4096, &bad);
-    else if (!strcmp(o, "--batch-lines") && has)
-      a->batch_lines = (uint64_t)cli_int(o, argv[++i], 1, 1 << 20, &bad);
-    else if (!strcmp(o, "--max-reject-ratio") && has)
-      a->max_reject_ratio = cli_real(o, argv[++i], 0, 1, &bad);
-    else if (!strcmp(o, "--truncate")) a->truncate = 1;
-    else if (!strcmp(o, "--allow-split-control-tokens")) a->allow_split = 1;
-    else if (!strcmp(o, "--last-turn-only")) a->last_only = 1;
-    else if (!strcmp(o, "--reasoning") && has) {
-      if (chat_cli_reasoning(argv[++i], &a->reasoning)) return -1;
-    } else return -1;
-  }
-  if (bad) return -1;
-  *first_input = i;
+  const cli_opt opts[] = {
+      {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+      {"--template", CLI_STR, &a->tmpl_name, 0, 0, NULL},
+      {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
+      {"--out", CLI_STR, &a->out_dir, 0, 0, NULL},
+      {"--max-len", CLI_I64, &a->max_len, 1, (double)INT64_MAX, NULL},
+      {"--threads", CLI_INT, &a->threads, 0, 4096, NULL},
+      {"--batch-lines", CLI_I64, &a->batch_lines, 1, 1 << 20, NULL},
+      {"--max-reject-ratio", CLI_REAL, &a->max_reject_ratio, 0, 1, NULL},
+      {"--truncate", CLI_FLAG, &a->truncate, 0, 0, NULL},
+      {"--allow-split-control-tokens", CLI_FLAG, &a->allow_split, 0, 0, NULL},
+      {"--last-turn-only", CLI_FLAG, &a->last_only, 0, 0, NULL},
+      {"--reasoning", CLI_FN, &a->reasoning, 0, 0, chat_cli_reasoning_opt},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  int rc = cli_parse("tokenize", USAGE, opts, argc, argv, inputs, argc, n_inputs);
+  if (rc == 1) chat_cli_list_templates(stdout);
+  if (rc) return rc == 1 ? -1 : rc;
+  if (!a->tok_path) return cli_missing("tokenize", "--tokenizer");
+  if (!a->tmpl_name) return cli_missing("tokenize", "--template");
+  if (!a->out_dir) return cli_missing("tokenize", "-o");
+  if (!*n_inputs) return cli_missing("tokenize", "an input file (IN.jsonl)");
   if (a->threads <= 0) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->threads = cpus > 0 ? (int)cpus : 1;
   }
-  int batch_ok = a->batch_lines > 0 && a->batch_lines <= ((size_t)1 << 20);
-  return (a->tok_path && a->tmpl_name && a->out_dir && i < argc && batch_ok) ? 0 : -1;
+  return 0;
 }
 
 /* ---- one line (runs on any thread) ------------------------------------------ */
@@ -438,7 +432,7 @@ static dflash_status open_all(const tok_args *a, tok_job *j, dflash_tokenizer **
 
 /* The input list: an s3:// argument ending in '/' stands for every *.jsonl
  * object under that prefix, in name order (a fetch output's chunks). */
-static char **expand_inputs(char **args, int n, int *n_out) {
+static char **expand_inputs(const char **args, int n, int *n_out) {
   size_t cap = (size_t)n + 16, k = 0;
   char **v = malloc(cap * sizeof *v);
   dflash_storage *st = NULL;
@@ -500,7 +494,7 @@ static dflash_status finish_side(FILE *f, const char *out_dir, const char *name)
 }
 
 /* Local inputs that cannot be read fail before any output is created. */
-static int check_inputs(char **files, int n) {
+static int check_inputs(const char **files, int n) {
   for (int i = 0; i < n; i++)
     if (!dflash_storage_is_remote(files[i]) && access(files[i], R_OK) != 0) {
       fprintf(stderr, "dflash tokenize: cannot read input %s: %s\n", files[i], strerror(errno));
@@ -531,10 +525,14 @@ static int verdict(const tok_args *a, const tok_stats *s) {
 
 int cmd_tokenize(int argc, char **argv) {
   tok_args a;
-  int first;
-  if (argc >= 2 && !strcmp(argv[1], "--help")) return usage(stdout, 0);
-  if (parse_args(argc, argv, &a, &first)) return usage(stderr, 2);
-  if (check_inputs(argv + first, argc - first)) return 1;
+  const char **inputs = malloc((size_t)argc * sizeof *inputs);
+  int n_inputs = 0;
+  int rc = inputs ? parse_args(argc, argv, &a, inputs, &n_inputs) : 1;
+  if (!rc) rc = check_inputs(inputs, n_inputs);
+  if (rc) {
+    free(inputs);
+    return rc < 0 ? 0 : rc;
+  }
   tok_job j = {0};
   dflash_tokenizer *tok = NULL;
   dflash_chat_template *tmpl = NULL;
@@ -549,7 +547,8 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_progress *p = NULL;
   dflash_progress_create(stderr, "tokenize", "lines", 0, 0, &p);
   tok_reader r = {0};
-  r.files = expand_inputs(argv + first, argc - first, &r.n_files);
+  r.files = expand_inputs(inputs, n_inputs, &r.n_files);
+  free(inputs);
   if (!r.files) st = DFLASH_E_NOMEM;
   while (!st) {
     read_batch(&r, &j, &s);

@@ -30,57 +30,57 @@ static const char TRAIN_USAGE[] =
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
-    "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n";
+    "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
+    "Defaults: --backend cpu, --epochs 6, --batch 1, --lr 6e-4, --warmup-ratio 0.04,\n"
+    "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
+    "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
 
-/* Value of option argv[*i] (advancing *i), or NULL after printing usage. */
-static const char *value(int argc, char **argv, int *i) {
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "dflash: %s needs a value\n", argv[*i]);
-    return NULL;
-  }
-  return argv[++*i];
+static int parse_backend(const char *v, void *dst) {
+  int32_t *b = dst; /* dflash_backend */
+  if (!strcmp(v, "cpu")) *b = DFLASH_BACKEND_CPU;
+  else if (!strcmp(v, "cuda")) *b = DFLASH_BACKEND_CUDA;
+  else return -1;
+  return 0;
 }
 
-static int parse_train(int argc, char **argv, dflash_train_run_options *o, bool *overwrite) {
-  bool quiet = false;
-  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
-    if (!strcmp(a, "--help")) return fputs(TRAIN_USAGE, stdout), -1;
-    else if (!strcmp(a, "--resume")) o->resume = 1;
-    else if (!strcmp(a, "--overwrite")) *overwrite = true;
-    else if (!strcmp(a, "--bf16")) o->bf16 = 1;
-    else if (!strcmp(a, "--quiet")) quiet = true;
-    else if (OPT("--config")) o->config_path = v;
-    else if (OPT("--target")) o->target_path = v;
-    else if (OPT("--data")) o->data_dir = v;
-    else if (OPT("--hidden")) o->hidden_dir = v;
-    else if (OPT("-o") || OPT("--out")) o->out_dir = v;
-    else if (OPT("--embed-name")) o->embed_name = v;
-    else if (OPT("--lm-head-name")) o->lm_head_name = v;
-    else if (OPT("--backend")) {
-      if (!strcmp(v, "cpu")) o->trainer.backend = DFLASH_BACKEND_CPU;
-      else if (!strcmp(v, "cuda")) o->trainer.backend = DFLASH_BACKEND_CUDA;
-      else return fprintf(stderr, "dflash train: unknown backend %s\n", v), 2;
-    } else if (OPT("--epochs")) o->epochs = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--batch")) o->batch_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--lr")) o->trainer.lr = cli_real(a, v, 0, 1e9, &bad);
-    else if (OPT("--warmup-ratio")) o->trainer.warmup_ratio = cli_real(a, v, 0, 1, &bad);
-    else if (OPT("--weight-decay")) o->trainer.weight_decay = cli_real(a, v, 0, 1e9, &bad);
-    else if (OPT("--clip")) o->trainer.grad_clip = cli_real(a, v, 0, 1e300, &bad);
-    else if (OPT("--anchors")) o->trainer.num_anchors = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--save-every")) o->save_every = (int32_t)cli_int(a, v, 0, INT32_MAX, &bad);
-    else if (OPT("--max-steps")) o->max_steps = cli_int(a, v, 0, INT64_MAX, &bad);
-    else if (OPT("--seed")) o->trainer.seed = (uint64_t)cli_int(a, v, 0, INT64_MAX, &bad);
-    else if (OPT("--threads")) o->trainer.n_threads = (int32_t)cli_int(a, v, 0, 4096, &bad);
-    else return fprintf(stderr, "dflash train: unknown or incomplete option %s\n%s", a,
-                        TRAIN_USAGE), 2;
-#undef OPT
-  }
-  if (bad) return 2;
-  if (!o->config_path || !o->target_path || !o->data_dir || !o->hidden_dir || !o->out_dir)
-    return fputs(TRAIN_USAGE, stderr), 2;
+static int parse_train(int argc, char **argv, dflash_train_run_options *o, int *overwrite) {
+  int quiet = 0, resume = 0, bf16 = 0;
+  dflash_trainer_options *t = &o->trainer;
+  const cli_opt opts[] = {
+      {"--config", CLI_STR, &o->config_path, 0, 0, NULL},
+      {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
+      {"--data", CLI_STR, &o->data_dir, 0, 0, NULL},
+      {"--hidden", CLI_STR, &o->hidden_dir, 0, 0, NULL},
+      {"-o", CLI_STR, &o->out_dir, 0, 0, NULL},
+      {"--out", CLI_STR, &o->out_dir, 0, 0, NULL},
+      {"--embed-name", CLI_STR, &o->embed_name, 0, 0, NULL},
+      {"--lm-head-name", CLI_STR, &o->lm_head_name, 0, 0, NULL},
+      {"--backend", CLI_FN, &t->backend, 0, 0, parse_backend},
+      {"--resume", CLI_FLAG, &resume, 0, 0, NULL},
+      {"--overwrite", CLI_FLAG, overwrite, 0, 0, NULL},
+      {"--bf16", CLI_FLAG, &bf16, 0, 0, NULL},
+      {"--quiet", CLI_FLAG, &quiet, 0, 0, NULL},
+      {"--epochs", CLI_INT, &o->epochs, 1, INT32_MAX, NULL},
+      {"--batch", CLI_INT, &o->batch_size, 1, INT32_MAX, NULL},
+      {"--lr", CLI_REAL, &t->lr, 0, 1e9, NULL},
+      {"--warmup-ratio", CLI_REAL, &t->warmup_ratio, 0, 1, NULL},
+      {"--weight-decay", CLI_REAL, &t->weight_decay, 0, 1e9, NULL},
+      {"--clip", CLI_REAL, &t->grad_clip, 0, 1e300, NULL},
+      {"--anchors", CLI_INT, &t->num_anchors, 1, INT32_MAX, NULL},
+      {"--save-every", CLI_INT, &o->save_every, 0, INT32_MAX, NULL},
+      {"--max-steps", CLI_I64, &o->max_steps, 0, (double)INT64_MAX, NULL},
+      {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
+      {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos;
+  int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? -1 : rc;
+  o->resume = resume, o->bf16 = bf16;
+  static const char *const required[] = {"--config", "--target", "--data", "--hidden", "-o"};
+  const char *const have[] = {o->config_path, o->target_path, o->data_dir, o->hidden_dir,
+                              o->out_dir};
+  for (int i = 0; i < 5; i++)
+    if (!have[i]) return cli_missing("train", required[i]);
   if (o->resume && *overwrite)
     return fputs("dflash train: --resume and --overwrite exclude each other\n", stderr), 2;
   o->progress = quiet ? NULL : stderr;
@@ -96,25 +96,25 @@ static int cmd_plan(int argc, char **argv) {
   dflash_train_plan_options po;
   dflash_train_plan_options_default(&po);
   const char *config = NULL;
-  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
-    if (!strcmp(a, "--plan")) continue;
-    else if (!strcmp(a, "--no-zero1")) po.zero1 = 0;
-    else if (OPT("--config")) config = v;
-    else if (OPT("--world")) po.world_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--seq-len")) po.seq_len = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--anchors")) po.num_anchors = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--batch")) po.batch_size = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--gpu-gb")) po.gpu_bytes = (uint64_t)(cli_real(a, v, 0, 1e9, &bad) * 1e9);
-    else if (OPT("--vocab-chunk")) po.vocab_chunk = (int32_t)cli_int(a, v, 1, INT32_MAX, &bad);
-    else return fprintf(stderr, "dflash train --plan: unknown or incomplete option %s\n%s", a,
-                        TRAIN_USAGE), 2;
-#undef OPT
-  }
-  if (bad) return 2;
-  if (!config) return fputs(TRAIN_USAGE, stderr), 2;
+  int plan = 0, no_zero1 = 0;
+  double gpu_gb = -1;
+  const cli_opt opts[] = {
+      {"--plan", CLI_FLAG, &plan, 0, 0, NULL},
+      {"--no-zero1", CLI_FLAG, &no_zero1, 0, 0, NULL},
+      {"--config", CLI_STR, &config, 0, 0, NULL},
+      {"--world", CLI_INT, &po.world_size, 1, INT32_MAX, NULL},
+      {"--seq-len", CLI_INT, &po.seq_len, 1, INT32_MAX, NULL},
+      {"--anchors", CLI_INT, &po.num_anchors, 1, INT32_MAX, NULL},
+      {"--batch", CLI_INT, &po.batch_size, 1, INT32_MAX, NULL},
+      {"--gpu-gb", CLI_REAL, &gpu_gb, 0, 1e9, NULL},
+      {"--vocab-chunk", CLI_INT, &po.vocab_chunk, 1, INT32_MAX, NULL},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos;
+  int rc = cli_parse("train --plan", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : rc;
+  if (no_zero1) po.zero1 = 0;
+  if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
+  if (!config) return cli_missing("train --plan", "--config");
   dflash_drafter_config cfg;
   dflash_status st = dflash_drafter_config_load(config, &cfg);
   if (st) return cli_fail("train --plan", st);
@@ -204,7 +204,7 @@ int cmd_train(int argc, char **argv) {
     if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
   dflash_train_run_options o;
   dflash_train_run_options_default(&o);
-  bool overwrite = false;
+  int overwrite = 0;
   int rc = parse_train(argc, argv, &o, &overwrite);
   if (rc) return rc < 0 ? 0 : rc;
   if (!o.resume && !overwrite && is_rank0()) {
@@ -231,7 +231,8 @@ static const char EVAL_USAGE[] =
     "anchors, exact) and the speculative walk's tau = tokens / verification steps, the\n"
     "number live greedy speculative decoding gets, each with its standard error over\n"
     "sequences. --max-tokens: walk at most N tokens per answer (the generation cap).\n"
-    "--json: one JSON object instead.\n";
+    "--json: one JSON object instead. Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
+    "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
 
 static void print_doubles(const char *sep, const double *v, int n) {
   for (int k = 0; k < n; k++) printf("%s%.4f", k ? sep : "", v[k]);
@@ -273,30 +274,27 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
 
 int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
-  int anchors = 64, max_tokens = 0;
-  bool json = false;
-  uint64_t seed = 1;
-  bool bad = false; /* a malformed number (cli_int/cli_real printed it) */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = NULL;
-#define OPT(name) (!strcmp(a, name) && (v = value(argc, argv, &i)) != NULL)
-    if (!strcmp(a, "--help")) return fputs(EVAL_USAGE, stdout), 0;
-    else if (OPT("--checkpoint")) ckpt = v;
-    else if (OPT("--target")) target = v;
-    else if (OPT("--data")) data = v;
-    else if (OPT("--hidden")) hidden = v;
-    else if (OPT("--anchors")) anchors = (int)cli_int(a, v, 1, INT32_MAX, &bad);
-    else if (OPT("--seed")) seed = (uint64_t)cli_int(a, v, 0, INT64_MAX, &bad);
-    else if (OPT("--max-tokens")) max_tokens = (int)cli_int(a, v, 0, INT32_MAX, &bad);
-    else if (!strcmp(a, "--json")) json = true;
-    else if (OPT("--embed-name")) en = v;
-    else if (OPT("--lm-head-name")) hn = v;
-    else return fprintf(stderr, "dflash eval: unknown or incomplete option %s\n%s", a,
-                        EVAL_USAGE), 2;
-#undef OPT
-  }
-  if (bad) return 2;
-  if (!ckpt || !target || !data || !hidden) return fputs(EVAL_USAGE, stderr), 2;
+  int anchors = 64, max_tokens = 0, json = 0;
+  int64_t seed = 1;
+  const cli_opt opts[] = {
+      {"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
+      {"--target", CLI_STR, &target, 0, 0, NULL},
+      {"--data", CLI_STR, &data, 0, 0, NULL},
+      {"--hidden", CLI_STR, &hidden, 0, 0, NULL},
+      {"--anchors", CLI_INT, &anchors, 1, INT32_MAX, NULL},
+      {"--seed", CLI_I64, &seed, 0, (double)INT64_MAX, NULL},
+      {"--max-tokens", CLI_INT, &max_tokens, 0, INT32_MAX, NULL},
+      {"--json", CLI_FLAG, &json, 0, 0, NULL},
+      {"--embed-name", CLI_STR, &en, 0, 0, NULL},
+      {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  int n_pos;
+  int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  if (rc) return rc == 1 ? 0 : rc;
+  static const char *const required[] = {"--checkpoint", "--target", "--data", "--hidden"};
+  const char *const have[] = {ckpt, target, data, hidden};
+  for (int i = 0; i < 4; i++)
+    if (!have[i]) return cli_missing("eval", required[i]);
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
   dflash_drafter_config cfg;
@@ -317,7 +315,7 @@ int cmd_eval(int argc, char **argv) {
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
   if (!st) st = dflash_trainer_create(&cfg, e, h, NULL, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
-  if (!st) st = dflash_train_eval(t, data, hidden, anchors, seed, &tau, acc, &blocks);
+  if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);
   if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w);
   dflash_trainer_free(t);

@@ -24,6 +24,29 @@ int cmd_show(int argc, char **argv);
 int cli_is_dataset(const char *path);
 int cli_dataset_summary(const char *dir);
 
+/* Options of a subcommand, for cli_parse (a table ended by a NULL name). */
+typedef enum { CLI_FLAG, CLI_STR, CLI_INT, CLI_I64, CLI_REAL, CLI_FN } cli_kind;
+typedef struct cli_opt {
+  const char *name; /* "--max-len", "-o" */
+  cli_kind kind;    /* FLAG: int set to 1; STR: const char *; INT: int (int32_t); I64: int64_t
+                       (uint64_t, size_t); REAL: double; FN: fn(value, dst) */
+  void *dst;
+  double lo, hi;    /* accepted range of a number */
+  int (*fn)(const char *value, void *dst); /* 0 when the value is valid */
+} cli_opt;
+_Static_assert(sizeof(int) == 4 && sizeof(long long) == 8, "cli_opt destinations");
+
+/*
+ * Parse argv[1..]: options as `--opt value` or `--opt=value`, in any order with up to
+ * `max_pos` positional arguments (into `pos`), `--` ending the options. 0 when parsed; 1
+ * after printing `usage` to stdout for --help/-h; 2 after naming, on stderr, an unknown
+ * option (and the nearest valid one), a missing value, or a malformed number.
+ */
+int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc, char **argv,
+              const char **pos, int max_pos, int *n_pos);
+/* "dflash CMD: missing WHAT" on stderr; returns 2. */
+int cli_missing(const char *cmd, const char *what);
+
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);
 
