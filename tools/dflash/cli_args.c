@@ -110,6 +110,15 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc,
   return 0;
 }
 
+int cli_parse_one(const char *cmd, const char *usage, int argc, char **argv, const char *what,
+                  const char **arg) {
+  static const cli_opt none[] = {{NULL, 0, NULL, 0, 0, NULL}};
+  *arg = NULL;
+  int n_pos, rc = cli_parse(cmd, usage, none, argc, argv, arg, 1, &n_pos);
+  if (rc) return rc == 1 ? -1 : rc;
+  return *arg ? 0 : cli_missing(cmd, what);
+}
+
 int cli_missing(const char *cmd, const char *what) {
   return fail(cmd, "missing %s%s", what, "");
 }

@@ -18,11 +18,9 @@ int cmd_inspect(int argc, char **argv) {
       "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
       "supervised share, length histogram, template and tokenizer hash.\n"
       "Exit status: 0 shown; 1 an error (message on stderr); 2 a usage error.\n";
-  const cli_opt opts[] = {{NULL, 0, NULL, 0, 0, NULL}};
-  const char *path = NULL;
-  int n_pos, rc = cli_parse("inspect", usage, opts, argc, argv, &path, 1, &n_pos);
-  if (rc) return rc == 1 ? 0 : rc;
-  if (!path) return cli_missing("inspect", "PATH");
+  const char *path;
+  int rc = cli_parse_one("inspect", usage, argc, argv, "PATH", &path);
+  if (rc) return rc < 0 ? 0 : rc;
   if (cli_is_dataset(path)) return cli_dataset_summary(path);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);

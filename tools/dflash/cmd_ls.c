@@ -13,11 +13,9 @@ int cmd_ls(int argc, char **argv) {
       "Prints \"SIZE LOCATION\" for every object whose location starts with PREFIX\n"
       "(s3://bucket/prefix or a local path; end it with '/' for a folder).\n"
       "Exit status: 0 listed; 1 an error (message on stderr); 2 a usage error.\n";
-  const cli_opt opts[] = {{NULL, 0, NULL, 0, 0, NULL}};
-  const char *prefix = NULL;
-  int n_pos, rc = cli_parse("ls", usage, opts, argc, argv, &prefix, 1, &n_pos);
-  if (rc) return rc == 1 ? 0 : rc;
-  if (!prefix) return cli_missing("ls", "PREFIX");
+  const char *prefix;
+  int rc = cli_parse_one("ls", usage, argc, argv, "PREFIX", &prefix);
+  if (rc) return rc < 0 ? 0 : rc;
   dflash_storage *st;
   dflash_status s = cli_storage_create(&st);
   dflash_storage_listing *l = NULL;

@@ -44,6 +44,10 @@ _Static_assert(sizeof(int) == 4 && sizeof(long long) == 8, "cli_opt destinations
  */
 int cli_parse(const char *cmd, const char *usage, const cli_opt *opts, int argc, char **argv,
               const char **pos, int max_pos, int *n_pos);
+/* A command of one positional argument `what` and no options: 0 with *arg set, -1 after
+ * --help, 2 after a usage error. */
+int cli_parse_one(const char *cmd, const char *usage, int argc, char **argv, const char *what,
+                  const char **arg);
 /* "dflash CMD: missing WHAT" on stderr; returns 2. */
 int cli_missing(const char *cmd, const char *what);
 
