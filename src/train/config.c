@@ -260,11 +260,17 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
   if (c->rope_original_max_position <= 0)
     return df_error(DFLASH_E_CONFIG, "%s: %s (yarn) needs a positive "
                     "\"original_max_position_embeddings\"", p->what, key);
-  /* The default that Hugging Face derives when attention_factor is absent. */
-  if (attn <= 0)
+  /* The default that Hugging Face derives when attention_factor is absent;
+   * engines disagree on it, so it is written explicitly. */
+  if (attn <= 0) {
     attn = (mscale != 0 && mscale_all != 0)
                ? yarn_mscale(c->rope_factor, mscale) / yarn_mscale(c->rope_factor, mscale_all)
                : yarn_mscale(c->rope_factor, 1.0);
+    if (attn != 1.0)
+      df_log(DFLASH_LOG_WARN, "%s: %s (yarn) has no attention_factor; using Hugging Face's "
+             "default %.6g, which engines do not all share (checkpoints write it explicitly)",
+             p->what, key, attn);
+  }
   c->rope_attention_factor = attn;
   return df_yarn_check(c, p->what);
 }

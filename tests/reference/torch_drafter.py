@@ -16,9 +16,17 @@ def rmsnorm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def rotary_dims(cfg):
+    """int(head_dim * partial_rotary_factor): the leading dims of each head that turn."""
+    prf = cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get(
+        "partial_rotary_factor") or 1.0
+    return int(cfg["head_dim"] * prf)
+
+
 def rope_inv_freq(cfg, dtype=torch.float64):
-    """inv_freq [d/2] and attention factor, plain or YaRN (Hugging Face's rules)."""
-    d = cfg["head_dim"]
+    """inv_freq [rot/2] and attention factor, plain or YaRN (Hugging Face's rules,
+    over the rotated width rot = rotary_dims(cfg))."""
+    d = rotary_dims(cfg)
     base = cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=dtype) / d))
     rs = cfg.get("rope_scaling") or {}
@@ -47,13 +55,16 @@ def rope_inv_freq(cfg, dtype=torch.float64):
 
 
 def apply_rope(x, pos, inv_freq, attn):
-    """x [rows, heads, d] rotated at positions pos [rows] (rotate-half layout)."""
+    """x [rows, heads, d] rotated at positions pos [rows] (rotate-half layout) over
+    its first 2 * len(inv_freq) dims; the rest pass through (partial rotary)."""
     freqs = pos.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = (emb.cos() * attn)[:, None, :], (emb.sin() * attn)[:, None, :]
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+    n = 2 * inv_freq.shape[0]
+    xr, xp = x[..., :n], x[..., n:]
+    half = n // 2
+    rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos.to(x.dtype) + rot * sin.to(x.dtype), xp], dim=-1)
 
 
 def dflash_mask(anchors, S, B, window=None):

@@ -34,7 +34,7 @@ LOSS_TOL = 1e-5
 
 
 def make_config(H, I, L, nh, nkv, d, V, B, K, n_target=12, rope=None, layer_types=None,
-                window=None, theta=10000.0):
+                window=None, theta=10000.0, partial_rotary_factor=None):
     cfg = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "hidden_size": H, "intermediate_size": I, "num_hidden_layers": L,
@@ -45,6 +45,8 @@ def make_config(H, I, L, nh, nkv, d, V, B, K, n_target=12, rope=None, layer_type
         "dflash_config": {"mask_token_id": V - 1, "block_size": B,
                           "target_layer_ids": list(range(1, 1 + K))},
     }
+    if partial_rotary_factor is not None:
+        cfg["partial_rotary_factor"] = partial_rotary_factor
     if rope:  # engines disagree unless factor == max_position / original
         cfg["max_position_embeddings"] = int(rope["factor"] * rope["original_max_position_embeddings"])
     if layer_types:
@@ -135,6 +137,15 @@ CASES = [
      make_config(H=24, I=32, L=3, nh=4, nkv=2, d=6, V=53, B=6, K=1,
                  layer_types=["full_attention", "sliding_attention", "full_attention"], window=5),
      48, [1, 4, 9, 12, 18, 25, 33, 41, 44, 47], [(15, 17), (35, 40)], -1.0, 64),
+    ("partial_rotary_factor 0.5 (RoPE on 8 of 16 dims), GQA ratio 2, B=8",
+     make_config(H=32, I=48, L=2, nh=4, nkv=2, d=16, V=67, B=8, K=2, partial_rotary_factor=0.5),
+     40, [0, 5, 13, 31, 39], [(20, 23)], 0.0, 32),
+    ("partial_rotary_factor 0.25 with YaRN and a sliding layer, B=4",
+     make_config(H=32, I=40, L=2, nh=2, nkv=1, d=16, V=53, B=4, K=1, theta=50000.0,
+                 partial_rotary_factor=0.25,
+                 rope={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8},
+                 layer_types=["sliding_attention", "full_attention"], window=3),
+     36, [0, 2, 9, 20, 33, 35], [(10, 12)], 3.0, 53),
     ("odd block size B=5, single target layer, empty mask tail",
      make_config(H=16, I=24, L=1, nh=2, nkv=1, d=8, V=41, B=5, K=1),
      30, [0, 6, 11, 25, 28], [(26, 30)], 2.5, 41),

@@ -168,7 +168,7 @@ class Trainer(Handle):
     _free = "dflash_trainer_free"
 
     def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
-        self.config = parse_config(config)
+        self.config, self.config_ext = parse_config_ext(config)
         opts = TrainerOptions()
         _opts_default(ctypes.byref(opts))
         opts.backend = {"cpu": 0, "cuda": 1}[backend]
@@ -184,8 +184,9 @@ class Trainer(Handle):
             if a.shape != (V, H):
                 raise ValueError(f"{name} has shape {a.shape}, the config needs {(V, H)}")
         self._h = _P()
-        _create(ctypes.byref(self.config), _ptr(embed, ctypes.c_float),
-                _ptr(lm_head, ctypes.c_float), ctypes.byref(opts), ctypes.byref(self._h))
+        _create_ext(ctypes.byref(self.config), ctypes.byref(self.config_ext),
+                    _ptr(embed, ctypes.c_float), _ptr(lm_head, ctypes.c_float),
+                    ctypes.byref(opts), ctypes.byref(self._h))
         self._info = []
         for i in range(_pcount(self._h)):
             name, ndim = ctypes.c_char_p(), ctypes.c_int32()
@@ -319,8 +320,8 @@ class Trainer(Handle):
         embedding and LM head from `target` (see load_target_head), then the
         checkpoint's weights. kwargs as for Trainer (backend, seed, options)."""
         folder = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
-        cfg = load_config(os.path.join(os.fspath(folder), "config.json"))
-        embed, lm_head = load_target_head(target, cfg.vocab_size, cfg.hidden_size,
+        cfg = load_config_ext(os.path.join(os.fspath(folder), "config.json"))
+        embed, lm_head = load_target_head(target, cfg[0].vocab_size, cfg[0].hidden_size,
                                           embed_name, lm_head_name)
         t = cls(cfg, embed, lm_head, **kwargs)
         try:
@@ -376,8 +377,10 @@ def load_config(path):
 
 
 def save_config(config, path):
-    """Write a config (dict, JSON text, path or DrafterConfig) as config.json, atomically."""
-    _cfg_save(ctypes.byref(parse_config(config)), cstr(path))
+    """Write a config (dict, JSON text, path, DrafterConfig or a (DrafterConfig,
+    DrafterConfigExt) pair) as config.json, atomically."""
+    cfg, ext = parse_config_ext(config)
+    _cfg_save_ext(ctypes.byref(cfg), ctypes.byref(ext), cstr(path))
 
 
 def validate_config(cfg):
@@ -573,3 +576,90 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
 
 Trainer.walk = walk
 Trainer.eval_walk = eval_walk
+
+
+# ---- config.json keys beyond DrafterConfig; block logits --------------------------
+
+
+class DrafterConfigExt(ctypes.Structure):
+    """Mirror of `dflash_drafter_config_ext`: config.json keys DrafterConfig has no
+    field for (partial_rotary_factor)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("partial_rotary_factor", ctypes.c_double)]
+
+
+_ext_default = bind("dflash_drafter_config_ext_default", [ctypes.POINTER(DrafterConfigExt)], None)
+_cfg_parse_ext = bind("dflash_drafter_config_parse_ext",
+                      [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                       ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt)])
+_cfg_json_ext = bind("dflash_drafter_config_to_json_ext",
+                     [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
+                      ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)])
+_cfg_save_ext = bind("dflash_drafter_config_save_ext",
+                     [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
+                      ctypes.c_char_p])
+_create_ext = bind("dflash_trainer_create_ext",
+                   [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt), _F, _F,
+                    ctypes.POINTER(TrainerOptions), ctypes.POINTER(_P)])
+_cfg_load_ext = bind("dflash_drafter_config_load_ext",
+                     [ctypes.c_char_p, ctypes.POINTER(DrafterConfig),
+                      ctypes.POINTER(DrafterConfigExt)])
+_logits = bind("dflash_trainer_logits",
+               [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _F])
+
+
+def parse_config_ext(config):
+    """Like parse_config, with the keys DrafterConfig cannot hold: returns
+    (DrafterConfig, DrafterConfigExt). Also takes such a pair, or a DrafterConfig
+    (default extension)."""
+    if isinstance(config, tuple) and len(config) == 2:
+        return config
+    ext = DrafterConfigExt()
+    _ext_default(ctypes.byref(ext))
+    if isinstance(config, DrafterConfig):
+        return config, ext
+    if isinstance(config, dict):
+        text, what = json.dumps(config).encode(), b"<dict>"
+    elif isinstance(config, (str, os.PathLike)) and os.path.exists(config):
+        with open(config, "rb") as f:
+            text, what = f.read(), cstr(config)
+    else:
+        text, what = (config.encode() if isinstance(config, str) else config), b"<text>"
+    cfg = DrafterConfig()
+    _cfg_parse_ext(text, len(text), what, ctypes.byref(cfg), ctypes.byref(ext))
+    return cfg, ext
+
+
+def load_config_ext(path):
+    """Read and validate a drafter config.json (a path or s3:// URL) ->
+    (DrafterConfig, DrafterConfigExt)."""
+    cfg, ext = DrafterConfig(), DrafterConfigExt()
+    _ext_default(ctypes.byref(ext))
+    _cfg_load_ext(cstr(path), ctypes.byref(cfg), ctypes.byref(ext))
+    return cfg, ext
+
+
+def config_to_dict_ext(cfg, ext):
+    """(DrafterConfig, DrafterConfigExt) -> the config.json dict the library writes."""
+    n = ctypes.c_size_t(0)
+    try:
+        _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), None, ctypes.byref(n))
+    except Exception:  # DFLASH_E_BUFFER reports the size
+        pass
+    buf = ctypes.create_string_buffer(n.value)
+    _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), buf, ctypes.byref(n))
+    return json.loads(buf.value.decode())
+
+
+def logits(trainer, input_ids, hidden, anchors):
+    """The drafter's logits for whole blocks (dflash_trainer_logits): block n is
+    input_ids[anchors[n]] then B-1 mask tokens at positions anchors[n]..+B-1,
+    seeing the context before anchors[n]. float32 [n_anchors, B, vocab],
+    position 0 included."""
+    ids, _, hid, anc = trainer._inputs(input_ids, None, hidden, anchors)
+    out = np.zeros((anc.size, trainer.block_size, trainer.config.vocab_size), dtype=np.float32)
+    _logits(trainer._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+            _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_float))
+    return out
+
+
+Trainer.logits = logits

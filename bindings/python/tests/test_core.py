@@ -54,7 +54,7 @@ def log_reset():
 
 YARN = {"hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4, "vocab_size": 29,
-        "num_target_layers": 12, "block_size": 4, "max_position_embeddings": 2048,
+        "num_target_layers": 12, "block_size": 4, "max_position_embeddings": 4096,
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                          "original_max_position_embeddings": 1024},
         "dflash_config": {"mask_token_id": 28, "target_layer_ids": [2]}}
@@ -64,8 +64,8 @@ def test_log_callback_receives_library_messages(log_reset):
     from dflash import train
     seen = []
     dflash.set_log_callback(lambda level, msg: seen.append((level, msg)), max_level="debug")
-    train.parse_config(YARN)  # factor 4 != 2048 / 1024: the library warns
-    assert [lvl for lvl, _ in seen] == ["warn"] and "rope_scaling.factor 4 differs" in seen[0][1]
+    train.parse_config(YARN)  # no attention_factor: the library warns
+    assert [lvl for lvl, _ in seen] == ["warn"] and "has no attention_factor" in seen[0][1]
     seen.clear()
     with pytest.raises(dflash.Error):
         train.parse_config(dict(YARN, rope_scaling=None, num_key_value_heads=3))
@@ -87,7 +87,7 @@ def test_log_to_python_logging(log_reset, caplog):
     assert log.name == "dflash.test"
     with caplog.at_level(logging.WARNING, logger="dflash.test"):
         dflash.log_to_python("dflash.test")  # max_level follows the logger: warn
-        train.parse_config(YARN)  # factor 4 != 2048 / 1024: the library warns
+        train.parse_config(YARN)  # no attention_factor: the library warns
     warnings = [r for r in caplog.records if r.name == "dflash.test"]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-    assert "rope_scaling.factor 4 differs" in warnings[0].getMessage()
+    assert "has no attention_factor" in warnings[0].getMessage()
