@@ -34,9 +34,12 @@ CC=clang setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
 DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi
 
+# CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is.
 for cc in gcc clang; do
   echo "== $cc release =="
-  CC=$cc setup "build-$cc-release" --buildtype=release -Dtests=enabled -Dpython=disabled
+  cuda=auto; [ "$cc" = gcc ] || cuda=disabled
+  CC=$cc setup "build-$cc-release" --buildtype=release -Dtests=enabled -Dpython=disabled \
+    -Dcuda=$cuda
   ninja -C "build-$cc-release"
   run_tests "build-$cc-release" --suite unit --suite fuzz
 done
