@@ -53,7 +53,8 @@ done
 cat > "$out/kimi.json" <<'JSON'
 {"hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 6, "num_attention_heads": 64,
  "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 163840, "num_target_layers": 61, "block_size": 16,
- "rope_theta": 50000, "rope_scaling": {"rope_type": "yarn", "factor": 64, "original_max_position_embeddings": 4096,
+ "rope_theta": 50000, "max_position_embeddings": 262144,
+ "rope_scaling": {"rope_type": "yarn", "factor": 64, "original_max_position_embeddings": 4096,
  "attention_factor": 1.0}, "dflash_config": {"mask_token_id": 163838, "target_layer_ids": [1, 12, 24, 35, 47, 58]}}
 JSON
 "$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 8 --gpu-gb 80 | tee -a "$out/summary.txt"
