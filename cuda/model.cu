@@ -456,8 +456,10 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     TRY(dalloc(m, &m->dw_scratch, k_rmsnorm_dw_scratch(c->H > c->d ? c->H : c->d), "norm scratch"));
     TRY(dalloc(m, &m->sumsq_part, 1024 + 4096, "norm scratch"));
     m->sumsq_out = m->sumsq_part + 1024;
-    if (cudaMemcpy(m->inv_freq, c->inv_freq, sizeof(double) * (c->d / 2),
-                   cudaMemcpyHostToDevice) != cudaSuccess) {
+    // Every copy and memset goes on m->st: the stream is non-blocking, so work on the legacy
+    // stream (cudaMemcpy, cudaMemset) would be neither waited for nor ordered before it.
+    if (cudaMemcpyAsync(m->inv_freq, c->inv_freq, sizeof(double) * (c->d / 2),
+                        cudaMemcpyHostToDevice, m->st) != cudaSuccess) {
       st = df_error(DFLASH_E_CUDA, "CUDA: cannot upload RoPE frequencies");
       goto fail;
     }
@@ -465,8 +467,9 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     TRY(upload_bf16(m, m->head, lm_head, vh));
     TRY(df_cu_copy(m, DF_CU_PARAMS, (float *)params, 0));
     TRY(df_cu_zero_grad(m));
-    if (cudaMemset(m->m1, 0, 4 * m->buckets.shard_len) != cudaSuccess ||
-        cudaMemset(m->m2, 0, 4 * m->buckets.shard_len) != cudaSuccess) {
+    if (cudaMemsetAsync(m->m1, 0, 4 * m->buckets.shard_len, m->st) != cudaSuccess ||
+        cudaMemsetAsync(m->m2, 0, 4 * m->buckets.shard_len, m->st) != cudaSuccess ||
+        cudaStreamSynchronize(m->st) != cudaSuccess) {
       st = df_error(DFLASH_E_CUDA, "CUDA: cannot clear the AdamW moments");
       goto fail;
     }
@@ -611,8 +614,10 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
 extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
   size_t n = m->c.n_params;
   if (kind == DF_CU_GRADS) {
-    DF_CU(to_host ? cudaMemcpy(host, m->grads, 4 * n, cudaMemcpyDeviceToHost)
-                  : cudaMemcpy(m->grads, host, 4 * n, cudaMemcpyHostToDevice));
+    // On m->st, after the work that wrote or reads them (zero_grad, the backward, a step).
+    DF_CU(to_host ? cudaMemcpyAsync(host, m->grads, 4 * n, cudaMemcpyDeviceToHost, m->st)
+                  : cudaMemcpyAsync(m->grads, host, 4 * n, cudaMemcpyHostToDevice, m->st));
+    DF_CU(cudaStreamSynchronize(m->st));
     return DFLASH_OK;
   }
   float *sb = shard_buf(m, kind);

@@ -44,7 +44,7 @@
 #define __align__(n) alignas(n)
 
 struct uint3 {
-  unsigned x, y, z;
+  unsigned x = 0, y = 0, z = 0;
 };
 struct dim3 {
   unsigned x, y, z;
@@ -59,10 +59,10 @@ struct Coords {
   uint3 thread, block;
   dim3 bdim, gdim;
 };
-extern thread_local Coords t_coords;
+inline constinit thread_local Coords t_coords{};
 
 // ---- block and warp synchronisation (fiber.cpp) ----
-void syncthreads();
+void syncthreads(const char *file, int line);
 // A warp collective of the calling lane: every lane named in `mask` must make the same
 // call; returns this lane's result. kind: one of the Coll values.
 enum Coll : int { COLL_SYNCWARP, COLL_SHFL, COLL_BALLOT, COLL_ANY, COLL_ALL };
@@ -163,7 +163,9 @@ Launch<P...> make_launch(dim3 grid, dim3 block, size_t smem, Stream *stream, voi
 #define gridDim (::dfemu::t_coords.gdim)
 constexpr int warpSize = 32;
 
-inline void __syncthreads() { ::dfemu::syncthreads(); }
+// A macro, so that the barrier knows its call site: threads of one block waiting at two
+// different __syncthreads is divergent code, undefined in CUDA, and reported.
+#define __syncthreads() ::dfemu::syncthreads(__FILE__, __LINE__)
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   ::dfemu::warp_collective(::dfemu::COLL_SYNCWARP, mask, 0, 0, "__syncwarp");
 }
@@ -253,6 +255,16 @@ inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x
 
 template <typename T>
 inline T __ldg(const T *p) { return *p; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+inline unsigned __brev(unsigned x) {
+  x = (x >> 1 & 0x55555555u) | (x & 0x55555555u) << 1;
+  x = (x >> 2 & 0x33333333u) | (x & 0x33333333u) << 2;
+  x = (x >> 4 & 0x0f0f0f0fu) | (x & 0x0f0f0f0fu) << 4;
+  return __builtin_bswap32(x);
+}
 
 // ---- bfloat16 -----------------------------------------------------------------------------
 struct __nv_bfloat16 {
@@ -297,6 +309,7 @@ inline uint8_t float_to_e4m3(float x) {
   uint8_t sign = std::signbit(x) ? 0x80 : 0;
   float a = std::fabs(x);
   if (a >= 448.0f) return sign | 0x7e;
+  if (a == 0.0f) return sign;
   int e;
   std::frexp(a, &e);                     // a = m 2^e, m in [0.5, 1): binade 2^(e-1)
   int ex = e - 1 < -6 ? -6 : e - 1;      // below 2^-6: subnormals, steps of 2^-9

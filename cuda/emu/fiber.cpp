@@ -1,5 +1,5 @@
 // The emulated device's execution of a kernel: blocks one after another in a shuffled
-// order, each block's CUDA threads as fibers on the host thread that drains the stream.
+// order, each block's CUDA threads on fibers of the host thread that drains the stream.
 //
 // Why fibers: a block is up to 1024 threads that meet at barriers; with one host thread per
 // CUDA thread every barrier costs a round of futex wake-ups and the order is the OS's, not
@@ -8,11 +8,16 @@
 // generator, and a block's threads never run at the same time, so the emulator itself needs
 // no locks and ASan/UBSan see ordinary single-threaded code.
 //
-// The scheduler keeps the block's runnable fibers; it picks one at random, runs it until it
-// reaches __syncthreads, a warp collective or its end, and picks again. When every live
-// thread waits at __syncthreads they are all released; a warp collective completes when
-// every live lane named in its mask has arrived. Nothing runnable and nobody releasable is a
-// deadlock (a barrier in divergent code): reported with the seed.
+// The scheduler keeps the block's runnable threads (not started yet, or waiting no more); it
+// picks one at random and runs it until it reaches __syncthreads, a warp collective or its
+// end, then picks again. A thread that has not started runs as a plain call on the fiber
+// that picked it (a "runner"), so threads that never wait cost no switch at all; one that
+// waits keeps its runner until it is picked again. When every live thread waits at the
+// same __syncthreads they are all released; a warp collective completes when every live lane
+// named in its mask has arrived. Nothing runnable and nobody to release is a deadlock (a
+// warp op or barrier that not every thread reaches), threads at two different barriers are
+// divergent code: both reported with the seed.
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,8 +38,6 @@
 #endif
 
 namespace dfemu {
-
-thread_local Coords t_coords;
 
 namespace {
 
@@ -126,45 +129,33 @@ void ctx_make(Context *c, char *stack, size_t size, void (*entry)(void *), void 
 inline void ctx_swap(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
 #endif
 
-// ---- fiber stacks ---------------------------------------------------------------------------
+// ---- runners ----------------------------------------------------------------------------
+// A runner is a fiber with its own stack whose loop picks the next CUDA thread to run. An
+// unstarted thread runs as a plain call on the runner that picked it, so a thread that never
+// waits costs a function call, not a context switch. A thread that waits (a barrier, a warp
+// op) keeps its runner; the next pick goes on another runner (a parked one, or a new one),
+// or switches straight to the runner of the suspended thread it picked.
 #ifdef DFEMU_ASAN
 constexpr size_t kStack = 256 << 10;
 #else
 constexpr size_t kStack = 64 << 10;
 #endif
 
-// kMaxThreads stacks with a guard page below each, mapped once per host thread.
-struct StackPool {
-  char *base = nullptr;
-  size_t page = 0, stride = 0;
-  ~StackPool() {
-    if (base) munmap(base, stride * kMaxThreads);
-  }
-  char *get(unsigned i) {
-    if (!base) {
-      page = (size_t)sysconf(_SC_PAGESIZE);
-      stride = kStack + page;
-      void *p = mmap(nullptr, stride * kMaxThreads, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-      if (p == MAP_FAILED) fatal("cannot map %u fiber stacks", kMaxThreads);
-      base = (char *)p;
-      for (unsigned t = 0; t < kMaxThreads; t++) mprotect(base + t * stride, page, PROT_NONE);
-    }
-    return base + i * stride + page;
-  }
-};
-thread_local StackPool t_stacks;
-
-// ---- a block in flight ----------------------------------------------------------------------
-enum State : uint8_t { RUNNABLE, AT_BARRIER, IN_WARP_OP, DONE };
-
-struct Fiber {
+struct Runner {
   Context ctx;
-  char *stack = nullptr;
-  void *asan_fake = nullptr;
+  char *map = nullptr, *stack = nullptr; // the mapping (a guard page first) and the stack
+  int assigned = -1;                     // an unstarted thread to run when resumed
+};
+
+enum State : uint8_t { UNSTARTED, RUNNING, RUNNABLE, AT_BARRIER, IN_WARP_OP, DONE };
+
+struct Thread {
   uint3 idx{};
   unsigned tid = 0;
-  State state = RUNNABLE;
+  State state = UNSTARTED;
+  Runner *host = nullptr;         // the runner holding its stack once started
+  const char *bar_file = nullptr; // the __syncthreads it waits at
+  int bar_line = 0;
 };
 
 struct Warp {
@@ -200,14 +191,10 @@ struct Exec {
   Order ord = Order::RANDOM;
   unsigned nthreads = 0, alive = 0, at_barrier = 0;
   uint3 block{};
-  std::vector<Fiber> fibers;
+  std::vector<Thread> threads;
   std::vector<Warp> warps;
   std::vector<unsigned> runnable;
-  Fiber *cur = nullptr;
-  Context sched;
-  void *sched_fake = nullptr;
-  const void *sched_bottom = nullptr;
-  size_t sched_size = 0;
+  Thread *cur = nullptr;
   Rng rng{0};
   char *dyn = nullptr;
   std::vector<SharedSlot> shared;
@@ -215,23 +202,71 @@ struct Exec {
 };
 thread_local Exec *t_exec;
 
+// The host thread's side: its own context while a block runs, and its runners.
+struct Host {
+  Context ctx;
+  Runner *cur = nullptr; // the runner executing now (nullptr: the host itself)
+  std::vector<Runner *> all, parked;
+  const void *stack_bottom = nullptr;
+  size_t stack_size = 0;
+  ~Host() {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (Runner *r : all) {
+      munmap(r->map, kStack + page);
+      delete r;
+    }
+  }
+};
+thread_local Host t_host;
+
 std::mutex g_kernel_mu;
 std::map<const void *, size_t> g_static_smem; // per kernel, once seen
 std::map<const void *, size_t> g_dyn_limit;   // cudaFuncAttributeMaxDynamicSharedMemorySize
 
-void asan_start(void **fake, const void *bottom, size_t size) {
+// Switch from the running context to `to` (a runner, or the host when nullptr).
+void switch_to(Runner *to) {
+  Runner *from = t_host.cur;
+  Context *fc = from ? &from->ctx : &t_host.ctx, *tc = to ? &to->ctx : &t_host.ctx;
+  t_host.cur = to;
 #ifdef DFEMU_ASAN
-  __sanitizer_start_switch_fiber(fake, bottom, size);
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, to ? to->stack : t_host.stack_bottom,
+                                 to ? kStack : t_host.stack_size);
+  ctx_swap(fc, tc);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-  (void)fake, (void)bottom, (void)size;
+  ctx_swap(fc, tc);
 #endif
+  t_host.cur = from;
 }
-void asan_finish(void *fake, const void **bottom, size_t *size) {
+
+void runner_loop(Runner *r);
+
+void runner_entry(void *arg) {
 #ifdef DFEMU_ASAN
-  __sanitizer_finish_switch_fiber(fake, bottom, size);
-#else
-  (void)fake, (void)bottom, (void)size;
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
+  runner_loop((Runner *)arg);
+  fatal("a runner left its loop");
+}
+
+Runner *get_runner() {
+  if (!t_host.parked.empty()) {
+    Runner *r = t_host.parked.back();
+    t_host.parked.pop_back();
+    return r;
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  void *p = mmap(nullptr, kStack + page, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) fatal("cannot map a fiber stack (%zu bytes)", kStack + page);
+  mprotect(p, page, PROT_NONE); // a stack overflow faults instead of corrupting a neighbour
+  Runner *r = new Runner();
+  r->map = (char *)p;
+  r->stack = (char *)p + page;
+  ctx_make(&r->ctx, r->stack, kStack, runner_entry, r);
+  t_host.all.push_back(r);
+  return r;
 }
 
 Exec *exec_or_die(const char *what) {
@@ -247,24 +282,59 @@ void block_fatal(Exec *e, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  unsigned n[4] = {0, 0, 0, 0};
-  for (auto &f : e->fibers) n[f.state]++;
-  fatal("kernel %s, block (%u,%u,%u) of (%u,%u,%u), %u threads: %s [threads runnable %u, at "
-        "__syncthreads %u, in a warp op %u, done %u]",
+  unsigned n[6] = {0, 0, 0, 0, 0, 0};
+  for (auto &t : e->threads) n[t.state]++;
+  fatal("kernel %s, block (%u,%u,%u) of (%u,%u,%u), %u threads: %s [threads not started %u, "
+        "runnable %u, at __syncthreads %u, in a warp op %u, done %u]",
         e->k->name, e->block.x, e->block.y, e->block.z, e->k->grid.x, e->k->grid.y,
-        e->k->grid.z, e->nthreads, msg, n[RUNNABLE], n[AT_BARRIER], n[IN_WARP_OP], n[DONE]);
+        e->k->grid.z, e->nthreads, msg, n[UNSTARTED], n[RUNNABLE], n[AT_BARRIER],
+        n[IN_WARP_OP], n[DONE]);
 }
 
-void make_runnable(Exec *e, Fiber *f) {
-  f->state = RUNNABLE;
-  e->runnable.push_back(f->tid);
+void make_runnable(Exec *e, Thread *t) {
+  t->state = RUNNABLE;
+  e->runnable.push_back(t->tid);
 }
 
-// From a fiber back to the scheduler; returns when the scheduler runs it again.
-void yield(Exec *e, Fiber *f, bool final) {
-  asan_start(final ? nullptr : &f->asan_fake, e->sched_bottom, e->sched_size);
-  ctx_swap(&f->ctx, &e->sched);
-  asan_finish(f->asan_fake, nullptr, nullptr);
+// The next thread to run (taken off the runnable list), or -1 when the block is done. All
+// live threads at __syncthreads (and at the same one) release it.
+int pick(Exec *e) {
+  for (;;) {
+    if (!e->runnable.empty()) break;
+    if (!e->alive) return -1;
+    if (e->at_barrier != e->alive)
+      block_fatal(e, "deadlock: no thread can run (a __syncthreads or warp op that not every "
+                     "thread reaches)");
+    const Thread *first = nullptr;
+    for (auto &t : e->threads) {
+      if (t.state != AT_BARRIER) continue;
+      if (!first) first = &t;
+      else if (t.bar_line != first->bar_line || strcmp(t.bar_file, first->bar_file))
+        block_fatal(e, "threads wait at different barriers: thread %u at __syncthreads %s:%d, "
+                    "thread %u at %s:%d (a barrier in divergent code)", first->tid,
+                    first->bar_file, first->bar_line, t.tid, t.bar_file, t.bar_line);
+    }
+    for (auto &t : e->threads)
+      if (t.state == AT_BARRIER) make_runnable(e, &t);
+    e->at_barrier = 0;
+  }
+  size_t i = 0, n = e->runnable.size();
+  if (e->ord == Order::RANDOM) {
+    i = e->rng.below(n);
+  } else { // lowest (forward) or highest (reverse) thread first
+    for (size_t j = 1; j < n; j++)
+      if ((e->runnable[j] < e->runnable[i]) == (e->ord == Order::FORWARD)) i = j;
+  }
+  unsigned t = e->runnable[i];
+  e->runnable[i] = e->runnable[n - 1];
+  e->runnable.pop_back();
+  return (int)t;
+}
+
+void became_current(Exec *e, Thread *t) {
+  t->state = RUNNING;
+  e->cur = t;
+  t_coords.thread = t->idx;
 }
 
 // The warp op finishes when every live lane of its mask has arrived.
@@ -278,12 +348,11 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
     if (!(who >> l & 1)) continue;
     switch (w.kind) {
       case COLL_SHFL: {
+        // From a lane that does not take part (outside the mask, exited, or beyond a partial
+        // warp) the hardware returns an undefined value: poison (NaN, -1), so code that uses
+        // it unguarded computes garbage visibly, and code that guards its use is fine.
         int s = w.src[l];
-        if (s < 0 || s > 31 || !(who >> s & 1))
-          block_fatal(e, "warp %u lane %u: %s reads lane %d, which is not taking part (mask "
-                      "0x%08x, live lanes 0x%08x): the value is undefined",
-                      warp_no, l, w.what, s, w.mask, w.live);
-        w.res[l] = w.val[s];
+        w.res[l] = s >= 0 && s < 32 && (who >> s & 1) ? w.val[s] : ~0ull;
         break;
       }
       case COLL_BALLOT: w.res[l] = ballot; break;
@@ -296,24 +365,69 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
   w.arrived = 0;
   for (unsigned l = 0; l < 32; l++)
     if (who >> l & 1) {
-      Fiber &f = e->fibers[warp_no * 32 + l];
-      if (f.state == IN_WARP_OP) make_runnable(e, &f);
+      Thread &t = e->threads[warp_no * 32 + l];
+      if (t.state == IN_WARP_OP) make_runnable(e, &t);
     }
 }
 
-void fiber_main(void *arg) {
-  Exec *e = (Exec *)arg;
-  asan_finish(nullptr, &e->sched_bottom, &e->sched_size);
+// A thread from its start to its end, on runner r.
+void run_thread(Exec *e, Runner *r, unsigned tid) {
+  Thread *t = &e->threads[tid];
+  t->host = r;
+  became_current(e, t);
   e->k->body.run(e->k->body.args);
-  Fiber *f = e->cur;
-  f->state = DONE;
+  e = t_exec;
+  t->state = DONE;
+  e->cur = nullptr;
   e->alive--;
-  unsigned w = f->tid / 32, lane = f->tid % 32;
+  unsigned w = t->tid / 32, lane = t->tid % 32;
   Warp &wp = e->warps[w];
   wp.live &= ~(1u << lane);
   if (wp.pending && (wp.mask >> lane & 1)) try_complete(e, wp, w);
-  yield(e, f, true);
-  fatal("a finished fiber was resumed");
+}
+
+void runner_loop(Runner *r) {
+  for (;;) {
+    Exec *e = t_exec;
+    if (r->assigned >= 0) {
+      unsigned t = (unsigned)r->assigned;
+      r->assigned = -1;
+      run_thread(e, r, t);
+      continue;
+    }
+    int t = pick(e);
+    if (t < 0) { // the block is done: back to the host, parked
+      t_host.parked.push_back(r);
+      switch_to(nullptr);
+      continue;
+    }
+    Thread &th = e->threads[(size_t)t];
+    if (!th.host) {
+      r->assigned = t;
+      continue;
+    }
+    t_host.parked.push_back(r); // free: its stack holds no thread
+    switch_to(th.host);
+  }
+}
+
+// The running thread waits (its state says for what); returns when it runs again.
+void wait_here(Exec *e, Thread *self) {
+  int t = pick(e);
+  if (t < 0) fatal("a block finished while one of its threads waits");
+  Thread &nx = e->threads[(size_t)t];
+  if (&nx == self) {
+    became_current(e, self);
+    return;
+  }
+  if (!nx.host) {
+    Runner *w = get_runner();
+    w->assigned = t;
+    switch_to(w);
+  } else {
+    switch_to(nx.host);
+  }
+  became_current(t_exec, self);
 }
 
 void poison_shared(Exec *e) {
@@ -326,16 +440,14 @@ void run_block(Exec *e) {
   unsigned n = e->nthreads;
   t_coords.block = e->block;
   poison_shared(e);
-  e->runnable.clear();
+  e->runnable.resize(n);
   for (unsigned t = 0; t < n; t++) {
-    Fiber &f = e->fibers[t];
-    f.tid = t;
-    f.idx = uint3{t % k.block.x, t / k.block.x % k.block.y, t / (k.block.x * k.block.y)};
-    f.state = RUNNABLE;
-    f.asan_fake = nullptr;
-    f.stack = t_stacks.get(t);
-    ctx_make(&f.ctx, f.stack, kStack, fiber_main, e);
-    e->runnable.push_back(t);
+    Thread &th = e->threads[t];
+    th.tid = t;
+    th.idx = uint3{t % k.block.x, t / k.block.x % k.block.y, t / (k.block.x * k.block.y)};
+    th.state = UNSTARTED;
+    th.host = nullptr;
+    e->runnable[t] = t;
   }
   for (unsigned w = 0; w * 32 < n; w++) {
     Warp &wp = e->warps[w];
@@ -346,44 +458,20 @@ void run_block(Exec *e) {
   }
   e->alive = n;
   e->at_barrier = 0;
-  for (;;) {
-    if (e->runnable.empty()) {
-      if (!e->alive) break;
-      if (e->at_barrier == e->alive) {
-        for (auto &f : e->fibers)
-          if (f.state == AT_BARRIER) make_runnable(e, &f);
-        e->at_barrier = 0;
-        continue;
-      }
-      block_fatal(e, "deadlock: no thread can run (a __syncthreads or warp op that not every "
-                     "thread reaches)");
-    }
-    size_t pick = e->ord == Order::RANDOM ? e->rng.below(e->runnable.size()) : 0;
-    if (e->ord != Order::RANDOM) { // lowest (forward) or highest (reverse) thread first
-      for (size_t i = 1; i < e->runnable.size(); i++)
-        if ((e->runnable[i] < e->runnable[pick]) == (e->ord == Order::FORWARD)) pick = i;
-    }
-    unsigned t = e->runnable[pick];
-    e->runnable[pick] = e->runnable.back();
-    e->runnable.pop_back();
-    Fiber *f = &e->fibers[t];
-    e->cur = f;
-    t_coords.thread = f->idx;
-    asan_start(&e->sched_fake, f->stack, kStack);
-    ctx_swap(&e->sched, &f->ctx);
-    asan_finish(e->sched_fake, nullptr, nullptr);
-    e->cur = nullptr;
-  }
+  e->cur = nullptr;
+  switch_to(get_runner()); // returns when the block is done
 }
 
 }  // namespace
 
-void syncthreads() {
+void syncthreads(const char *file, int line) {
   Exec *e = exec_or_die("__syncthreads");
-  Fiber *f = e->cur;
-  f->state = AT_BARRIER;
+  Thread *t = e->cur;
+  t->state = AT_BARRIER;
+  t->bar_file = file;
+  t->bar_line = line;
   e->at_barrier++;
-  yield(e, f, false);
+  wait_here(e, t);
 }
 
 unsigned lane_id() { return exec_or_die("a warp intrinsic")->cur->tid % 32; }
@@ -395,12 +483,12 @@ unsigned active_mask() {
 
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, const char *what) {
   Exec *e = exec_or_die(what);
-  Fiber *f = e->cur;
-  unsigned w = f->tid / 32, lane = f->tid % 32;
+  Thread *t = e->cur;
+  unsigned w = t->tid / 32, lane = t->tid % 32;
   Warp &wp = e->warps[w];
   if (!(mask >> lane & 1))
     block_fatal(e, "thread %u (warp %u lane %u) calls %s with mask 0x%08x, which leaves it out",
-                f->tid, w, lane, what, mask);
+                t->tid, w, lane, what, mask);
   if (!wp.pending) {
     wp.pending = true;
     wp.kind = kind;
@@ -414,11 +502,11 @@ uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, cons
   wp.val[lane] = value;
   wp.src[lane] = src;
   wp.arrived |= 1u << lane;
-  f->state = IN_WARP_OP;
+  t->state = IN_WARP_OP;
   // The last lane to arrive completes the op, which makes every lane (itself too) runnable;
-  // then it yields like the others, so which lane goes on first is drawn as well.
+  // then it waits like the others, so which lane goes on first is drawn as well.
   try_complete(e, wp, w);
-  yield(e, f, false);
+  wait_here(e, t);
   return wp.res[lane];
 }
 
@@ -463,7 +551,7 @@ void run_kernel(const KernelRun &k) {
   e.ord = order();
   e.rng.s = k.seed;
   e.nthreads = k.block.x * k.block.y * k.block.z;
-  e.fibers.resize(e.nthreads);
+  e.threads.resize(e.nthreads);
   e.warps.resize((e.nthreads + 31) / 32);
   void *dyn = nullptr;
   if (posix_memalign(&dyn, 128, k.smem ? k.smem : 1)) fatal("out of host memory");
@@ -477,6 +565,18 @@ void run_kernel(const KernelRun &k) {
     for (size_t i = nb; i > 1; i--) std::swap(order_of[i - 1], order_of[e.rng.below(i)]);
   else if (e.ord == Order::REVERSE)
     for (size_t i = 0; i < nb / 2; i++) std::swap(order_of[i], order_of[nb - 1 - i]);
+#ifdef DFEMU_ASAN
+  if (!t_host.stack_bottom) { // where the host's own stack lies, for ASan's fiber switches
+    pthread_attr_t at;
+    void *lo = nullptr;
+    size_t sz = 0;
+    if (!pthread_getattr_np(pthread_self(), &at)) {
+      pthread_attr_getstack(&at, &lo, &sz);
+      pthread_attr_destroy(&at);
+    }
+    t_host.stack_bottom = lo, t_host.stack_size = sz;
+  }
+#endif
   t_exec = &e;
   for (size_t i = 0; i < nb; i++) {
     uint32_t b = order_of[i];

@@ -50,6 +50,7 @@ struct Clique {
   int nranks;
   std::vector<Comm *> ranks;
   int joined = 0;
+  bool failed = false; // a rank was refused: the others give up too
   std::mutex mu;
   std::condition_variable cv;
   std::map<uint64_t, Instance> inst;
@@ -329,9 +330,12 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
   std::shared_ptr<Clique> cl = slot;
   auto refuse = [&](ncclResult_t r, const char *why) {
     report("ncclCommInitRank (rank %d of %d, device %d): %s", rank, nranks, c->device, why);
+    cl->failed = true;
+    g_reg_cv.notify_all();
     delete c;
     return r;
   };
+  if (cl->failed) return refuse(ncclInvalidUsage, "another rank of this id failed to join");
   if (cl->nranks != nranks) return refuse(ncclInvalidArgument, "another rank gave another nranks");
   if (cl->ranks[(size_t)rank]) return refuse(ncclInvalidUsage, "this rank joined already");
   for (Comm *o : cl->ranks)
@@ -345,13 +349,14 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     g_reg_cv.notify_all();
   } else {
     bool ok = g_reg_cv.wait_for(g, std::chrono::duration<double>(timeout_s()),
-                                [&] { return cl->joined == nranks; });
-    if (!ok) {
+                                [&] { return cl->joined == nranks || cl->failed; });
+    if (!ok || cl->joined != nranks) {
       cl->ranks[(size_t)rank] = nullptr;
       cl->joined--;
       c->c.reset();
-      return refuse(ncclSystemError, "timed out waiting for the other ranks "
-                                     "(DFLASH_EMU_NCCL_TIMEOUT)");
+      return ok ? refuse(ncclInvalidUsage, "another rank of this id failed to join")
+                : refuse(ncclSystemError, "timed out waiting for the other ranks "
+                                          "(DFLASH_EMU_NCCL_TIMEOUT)");
     }
   }
   *out = c;

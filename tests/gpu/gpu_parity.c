@@ -8,9 +8,19 @@
  * Tolerances (bf16 has an 8-bit mantissa, relative step 2^-8 = 0.0039):
  *   loss                     |gpu - cpu| / |cpu|             <= 0.01
  *   every gradient tensor    ||gpu - cpu|| / ||cpu||          <= 0.05
- *   AdamW update after 1 step ||dp_gpu - dp_cpu|| / ||dp_cpu|| <= 0.10
+ *   AdamW update from the same gradients (the CPU optimizer given the GPU's)
+ *                            ||dp_gpu - dp_cpu|| / ||dp_cpu|| <= 1e-4
+ *   AdamW update, each from its own gradients                 <= 0.25
+ *     (the first update is lr * g / (|g| + eps), about lr * sign(g): every element whose
+ *     gradient lies within bf16 noise of zero may flip sign, a full 2 lr; 0.10-0.12 measured
+ *     on the emulated device, so this only catches gross errors; the line above checks the
+ *     optimizer itself)
  *   greedy predictions       agreement                        >= 0.95
  *   NCCL with one rank vs without: bit-identical gradients and parameters.
+ *
+ * Built as gpu_parity_emu (DFLASH_GPU_EMU) it runs on the emulated device (cuda/emu) at
+ * smaller shapes: the same code paths (head_dim 64 and 128, block 8 and 16, full and sliding
+ * layers, several vocabulary chunks), a few seconds on one core.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +28,10 @@
 
 #include "gpu_common.h"
 #include "train/bf16.h"
+#include "train/trainer.h"
 
 static int failures;
+static int g_len = 300, g_anchors = 24; /* one sequence's length and anchors */
 #define CHECK(cond, ...) \
   do { if (!(cond)) { failures++; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
 
@@ -116,7 +128,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
     off += numel;
   }
   g_seq q;
-  if (g_seq_make(c, 300, 24, seed + 3, &q)) {
+  if (g_seq_make(c, g_len, g_anchors, seed + 3, &q)) {
     CHECK(0, "%s: inputs", what);
     return;
   }
@@ -130,15 +142,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   printf("%s: loss cpu %.6f gpu %.6f (relative %.2e)\n", what, lc, lg, le);
   CHECK(le <= 0.01, "%s: loss relative error %.4f > 0.01", what, le);
   compare_grads(cpu, gpu, what);
-  double nc, ng;
-  CHECK(!dflash_trainer_step(cpu, &nc, NULL) && !dflash_trainer_step(gpu, &ng, NULL),
-        "%s: step: %s", what, dflash_last_error());
-  printf("%s: grad norm cpu %.6f gpu %.6f\n", what, nc, ng);
-  CHECK(fabs(ng - nc) <= 0.05 * nc, "%s: grad norm differs", what);
-  float *pc = dump(cpu, 0), *pg = dump(gpu, 0);
-  double ue = rel_l2(pg, pc, p0, n);
-  printf("%s: AdamW update relative L2 error %.4f\n", what, ue);
-  CHECK(ue <= 0.10, "%s: update error %.4f > 0.10", what, ue);
+  /* Greedy predictions from the same (bf16-exact) parameters, before the step. */
   int32_t *pr_c = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
   int32_t *pr_g = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
   for (int i = 0; i < q.na * (c->block_size - 1); i++) pr_g[i] = -1;
@@ -149,6 +153,34 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   for (int i = 0; i < tot; i++) same += pr_c[i] == pr_g[i];
   printf("%s: greedy agreement %d / %d\n", what, same, tot);
   CHECK(same >= 0.95 * tot, "%s: predictions agree on %d of %d", what, same, tot);
+  /* A third trainer, on the CPU, steps from the GPU's own gradients. */
+  dflash_trainer *twin = make(c, E, Hd, DFLASH_BACKEND_CPU, &st);
+  float *gg = dump(gpu, 1);
+  off = 0;
+  for (size_t i = 0; twin && i < dflash_trainer_param_count(twin); i++) {
+    const char *name;
+    dflash_trainer_param_info(twin, i, &name, NULL, NULL, &numel);
+    dflash_trainer_set_param(twin, name, p0 + off, numel);
+    memcpy(twin->m.grads + twin->m.tensors[i].offset, gg + off, numel * sizeof(float));
+    off += numel;
+  }
+  double nc, ng, ns = NAN;
+  CHECK(twin && !dflash_trainer_step(twin, &ns, NULL), "%s: step from the GPU's gradients: %s",
+        what, dflash_last_error());
+  CHECK(!dflash_trainer_step(cpu, &nc, NULL) && !dflash_trainer_step(gpu, &ng, NULL),
+        "%s: step: %s", what, dflash_last_error());
+  printf("%s: grad norm cpu %.6f gpu %.6f (cpu from the gpu's gradients %.6f)\n", what, nc, ng,
+         ns);
+  CHECK(fabs(ng - nc) <= 0.05 * nc, "%s: grad norm differs", what);
+  CHECK(fabs(ng - ns) <= 1e-5 * ns, "%s: grad norm of the same gradients differs", what);
+  float *pc = dump(cpu, 0), *pg = dump(gpu, 0), *ps = twin ? dump(twin, 0) : NULL;
+  double ue = rel_l2(pg, pc, p0, n), us = ps ? rel_l2(pg, ps, p0, n) : NAN;
+  printf("%s: AdamW update relative L2 error %.4f, %.2e from the same gradients\n", what, ue,
+         us);
+  CHECK(us <= 1e-4, "%s: update error from the same gradients %.2e > 1e-4", what, us);
+  CHECK(ue <= 0.25, "%s: update error %.4f > 0.25", what, ue);
+  free(gg), free(ps);
+  dflash_trainer_free(twin);
   /* NCCL with one rank must change nothing. */
   setenv("DFLASH_NCCL", "1", 1);
   dflash_trainer *nc1 = make(c, E, Hd, DFLASH_BACKEND_CUDA, &st);
@@ -195,13 +227,20 @@ int main(void) {
          (unsigned long long)seed);
   dflash_drafter_config c;
   dflash_drafter_config_default(&c);
-  c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.vocab_size = 1000;
-  c.num_target_layers = 12, c.block_size = 8, c.mask_token_id = 999;
+#ifdef DFLASH_GPU_EMU
+  /* The emulated device runs every CUDA thread on the CPU: small widths, same code paths. */
+  const int H1 = 128, I1 = 256, V = 500, H2 = 128, nh2 = 4;
+  g_len = 160, g_anchors = 12;
+#else
+  const int H1 = 256, I1 = 512, V = 1000, H2 = 512, nh2 = 8;
+#endif
+  c.hidden_size = H1, c.intermediate_size = I1, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.vocab_size = V;
+  c.num_target_layers = 12, c.block_size = 8, c.mask_token_id = V - 1;
   c.n_target_layer_ids = 3, c.target_layer_ids[0] = 1, c.target_layer_ids[1] = 4;
   c.target_layer_ids[2] = 8;
   run_config(&c, "full/rope", seed);
-  c.hidden_size = 512, c.num_attention_heads = 8, c.head_dim = 128, c.block_size = 16;
+  c.hidden_size = H2, c.num_attention_heads = nh2, c.head_dim = 128, c.block_size = 16;
   c.rope_type = DFLASH_ROPE_YARN, c.rope_theta = 50000, c.rope_factor = 64;
   c.rope_original_max_position = 64, c.rope_attention_factor = 1.0;
   c.layer_types[1] = DFLASH_LAYER_SLIDING, c.sliding_window = 40;

@@ -1,0 +1,526 @@
+// The emulated CUDA device (cuda/emu) checked on its own: thread-order shuffling finds a
+// missing barrier, warp shuffles and votes under shuffled lanes, shared-memory poison, launch
+// limits, bounds-checked copies, stream order, events, cuBLAS's checks and arithmetic, NCCL
+// across ranks in threads, bf16 and fp8 conversions against src/train/bf16.h, and (in child
+// processes) the faults it aborts on. Suite 'cuda-emu'.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cfloat>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "common.cuh"
+#include "nccl.h"
+extern "C" {
+#include "train/bf16.h"
+}
+
+static int failures;
+#define CHECK(cond, ...)                                         \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      failures++;                                                \
+      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);     \
+      printf(__VA_ARGS__);                                       \
+      printf("\n");                                              \
+    }                                                            \
+  } while (0)
+
+template <typename T>
+static T *dev_alloc(size_t n) {
+  void *p = nullptr;
+  if (cudaMalloc(&p, n * sizeof(T))) abort();
+  return (T *)p;
+}
+
+// ---- kernels ------------------------------------------------------------------------------
+// A block-wide sum through a shared-memory tree: `barrier` 0 leaves out the __syncthreads
+// between the levels of the tree (a classic bug).
+__global__ void tree_sum(const float *x, float *out, int n, int barrier) {
+  DF_SHARED(float, sh, [256]);
+  int t = threadIdx.x;
+  float s = 0;
+  for (int i = t; i < n; i += blockDim.x) s += x[i];
+  sh[t] = s;
+  __syncthreads();
+  for (unsigned o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sh[t] += sh[t + o];
+    if (barrier) __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = sh[0];
+}
+
+__global__ void warp_ops(const int *x, int *out) {
+  int t = threadIdx.x, lane = t % 32;
+  unsigned m = __activemask(); // the live lanes: 16 in the partial last warp of 80 threads
+  int nl = __popc(m), v = x[t];
+  int sum = v;
+  for (int o = nl / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(m, sum, o);
+  int down = v;
+  for (unsigned o = 16; o > 0; o >>= 1) {
+    int u = __shfl_down_sync(m, down, o); // undefined (poison) from lanes beyond nl: unused
+    if (lane + (int)o < nl) down += u;
+  }
+  int bcast = __shfl_sync(m, v, 3);
+  int up = __shfl_up_sync(m, v, 1);
+  unsigned ballot = __ballot_sync(m, v % 3 == 0);
+  int any = __any_sync(m, v > 1000), all = __all_sync(m, v >= 0);
+  int w8 = v;
+  for (int o = 4; o > 0; o >>= 1) w8 += __shfl_xor_sync(m, w8, o, 8);
+  int beyond = __shfl_sync(m, v, 31); // lane 31 does not exist in a partial warp
+  __syncwarp(m);
+  int *o = out + t * 9;
+  o[0] = sum, o[1] = down, o[2] = bcast, o[3] = up, o[4] = (int)ballot, o[5] = any, o[6] = all;
+  o[7] = w8, o[8] = beyond;
+}
+
+// Reads shared memory it never wrote: must see the poison.
+__global__ void read_unwritten(float *out) {
+  DF_SHARED(float, sh, [64]);
+  DF_DYN_SHARED(float, dyn);
+  out[threadIdx.x] = sh[threadIdx.x];
+  out[64 + threadIdx.x] = dyn[threadIdx.x];
+  sh[threadIdx.x] = 1.0f, dyn[threadIdx.x] = 2.0f; // the next block must not see these
+}
+
+__global__ void fill(float *p, float v, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) p[i] = v;
+}
+
+__global__ void copy_k(float *dst, const float *src, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+__global__ void big_smem(float *out) {
+  DF_DYN_SHARED(float, s);
+  s[threadIdx.x] = (float)threadIdx.x;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+// Barriers in divergent code: undefined in CUDA (a hang or a wrong result on the hardware).
+__global__ void divergent_barrier(float *out) {
+  if (threadIdx.x < 16) __syncthreads();
+  else __syncthreads();
+  out[threadIdx.x] = 1;
+}
+// A warp op whose mask names a lane that waits at __syncthreads instead.
+__global__ void warp_op_vs_barrier(float *out) {
+  if (threadIdx.x == 5) __syncthreads();
+  else out[threadIdx.x] = __shfl_sync(0xffffffffu, 1.0f, 0);
+}
+
+// ---- tests --------------------------------------------------------------------------------
+static void test_barrier_shuffling() {
+  const int n = 4096;
+  std::vector<float> hx(n);
+  double ref = 0;
+  for (int i = 0; i < n; i++) hx[i] = (float)((i * 37) % 101) / 8.0f, ref += hx[i];
+  float *x = dev_alloc<float>(n), *out = dev_alloc<float>(8);
+  cudaMemcpy(x, hx.data(), n * 4, cudaMemcpyHostToDevice);
+  int wrong_with = 0, seeds = 8;
+  for (int s = 1; s <= seeds; s++) {
+    dfemu::set_seed((uint64_t)s * 7919);
+    float good[8], bad[8];
+    DF_LAUNCH(8, 256, 0, nullptr, tree_sum)(x, out, n, 1);
+    cudaMemcpy(good, out, 32, cudaMemcpyDeviceToHost);
+    DF_LAUNCH(8, 256, 0, nullptr, tree_sum)(x, out, n, 0);
+    cudaMemcpy(bad, out, 32, cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 8; b++)
+      CHECK(std::fabs(good[b] - ref) < 1e-3 * ref, "seed %d block %d: %f vs %f", s, b, good[b], ref);
+    int wrong = 0;
+    for (int b = 0; b < 8; b++) wrong += std::fabs(bad[b] - ref) > 1e-3 * ref;
+    wrong_with += wrong > 0;
+  }
+  dfemu::set_seed(0);
+  printf("barrier shuffling: the tree sum without its barrier is wrong under %d of %d seeds\n",
+         wrong_with, seeds);
+  CHECK(wrong_with == seeds, "a missing __syncthreads went unnoticed under %d seeds",
+        seeds - wrong_with);
+  cudaFree(x), cudaFree(out);
+}
+
+static void test_warp_ops() {
+  for (int nt : {256, 80}) { // 80: a partial last warp of 16 lanes
+    std::vector<int> hx(nt);
+    for (int i = 0; i < nt; i++) hx[i] = (i * 7 + 3) % 50;
+    int *x = dev_alloc<int>(nt), *out = dev_alloc<int>(nt * 9);
+    cudaMemcpy(x, hx.data(), nt * 4, cudaMemcpyHostToDevice);
+    DF_LAUNCH(2, nt, 0, nullptr, warp_ops)(x, out);
+    std::vector<int> ho(nt * 9);
+    cudaMemcpy(ho.data(), out, nt * 36, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int t = 0; t < nt; t++) {
+      int w0 = t / 32 * 32, lanes = nt - w0 < 32 ? nt - w0 : 32, lane = t % 32;
+      int sum = 0, w8 = 0;
+      unsigned ballot = 0;
+      bool any = false, all = true;
+      for (int l = 0; l < lanes; l++) {
+        sum += hx[w0 + l];
+        if (hx[w0 + l] % 3 == 0) ballot |= 1u << l;
+        any |= hx[w0 + l] > 1000;
+        all &= hx[w0 + l] >= 0;
+      }
+      for (int l = lane / 8 * 8; l < lane / 8 * 8 + 8; l++) w8 += hx[w0 + l];
+      const int *o = &ho[t * 9];
+      bad += o[0] != sum || (lane == 0 && o[1] != sum) || o[2] != hx[w0 + 3] ||
+             o[3] != (lane ? hx[t - 1] : hx[t]) || (unsigned)o[4] != ballot || o[5] != any ||
+             o[6] != all || o[7] != w8 || o[8] != (lanes == 32 ? hx[w0 + 31] : -1);
+    }
+    CHECK(bad == 0, "%d threads: %d wrong warp results", nt, bad);
+    cudaFree(x), cudaFree(out);
+  }
+}
+
+static void test_poison_and_smem_limits() {
+  float *out = dev_alloc<float>(128);
+  std::vector<float> h(128);
+  for (int rep = 0; rep < 2; rep++) {
+    DF_LAUNCH(3, 64, 64 * 4, nullptr, read_unwritten)(out);
+    cudaMemcpy(h.data(), out, 512, cudaMemcpyDeviceToHost);
+    int nan = 0;
+    for (float v : h) nan += std::isnan(v);
+    CHECK(nan == 128, "unwritten shared memory read as numbers (%d of 128 NaN)", nan);
+  }
+  // Dynamic shared memory: 48 KiB without the attribute, up to 227 KiB with it.
+  cudaGetLastError();
+  DF_LAUNCH(1, 64, 64 * 1024, nullptr, big_smem)(out);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue, "64 KiB of dynamic smem without the attribute");
+  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 240000) ==
+            cudaErrorInvalidValue, "240000 bytes accepted");
+  cudaGetLastError();
+  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448) ==
+            cudaSuccess, "227 KiB refused");
+  DF_LAUNCH(1, 64, 232448, nullptr, big_smem)(out);
+  CHECK(cudaGetLastError() == cudaSuccess, "227 KiB launch refused");
+  DF_LAUNCH(1, 64, 232449, nullptr, big_smem)(out);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue, "227 KiB + 1 launched");
+  cudaDeviceSynchronize();
+  cudaMemcpy(h.data(), out, 256, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 1.0f && h[63] == 0.0f, "big_smem %f %f", h[0], h[63]);
+  // Launch configurations.
+  DF_LAUNCH(1, 1025, 0, nullptr, fill)(out, 0.0f, 1);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads");
+  CHECK(cudaGetLastError() == cudaSuccess, "cudaGetLastError does not reset");
+  DF_LAUNCH(dim3(1, 65536), 32, 0, nullptr, fill)(out, 0.0f, 1);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid.y 65536");
+  DF_LAUNCH(0, 32, 0, nullptr, fill)(out, 0.0f, 1);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "empty grid");
+  DF_LAUNCH(dim3(1), dim3(8, 8, 65), 0, nullptr, fill)(out, 0.0f, 1);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "block.z 65");
+  cudaFree(out);
+}
+
+static void test_memory_checks() {
+  float *d = dev_alloc<float>(100);
+  std::vector<float> h(200, 1.0f);
+  CHECK(cudaMemcpy(d, h.data(), 400, cudaMemcpyHostToDevice) == cudaSuccess, "in bounds");
+  CHECK(cudaMemcpy(d, h.data(), 404, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+        "a copy one float past the allocation");
+  CHECK(cudaMemcpy(h.data(), d + 50, 51 * 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
+        "a read past the allocation");
+  CHECK(cudaMemcpy(h.data(), d, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+        "host pointer as the device side");
+  CHECK(cudaMemcpy(d, h.data(), 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue,
+        "kinds swapped");
+  CHECK(cudaMemsetAsync(d + 99, 0, 8, nullptr) == cudaErrorInvalidValue, "memset past the end");
+  CHECK(cudaFree(d + 1) == cudaErrorInvalidValue, "cudaFree of an interior pointer");
+  cudaGetLastError();
+  size_t fr0, tot, fr1;
+  cudaMemGetInfo(&fr0, &tot);
+  float *e = dev_alloc<float>(1 << 20);
+  cudaMemGetInfo(&fr1, &tot);
+  CHECK(fr0 - fr1 == 4u << 20, "cudaMemGetInfo: %zu bytes fewer", fr0 - fr1);
+  CHECK(tot == 143771ull << 20, "H200 total %zu", tot);
+  std::vector<float> fresh(4);
+  cudaMemcpy(fresh.data(), e, 16, cudaMemcpyDeviceToHost);
+  CHECK(std::isnan(fresh[0]) && std::isnan(fresh[3]), "fresh device memory is not poisoned");
+  cudaFree(e), cudaFree(d);
+  void *big = nullptr;
+  CHECK(cudaMalloc(&big, 200ull << 30) == cudaErrorMemoryAllocation, "200 GiB on an H200");
+  cudaGetLastError();
+  int n = 0;
+  CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n == 3, "DFLASH_EMU_DEVICES=3: %d", n);
+  CHECK(cudaSetDevice(3) == cudaErrorInvalidDevice, "device 3 of 3");
+  cudaGetLastError();
+}
+
+static void test_stream_order() {
+  const int n = 1000;
+  float *a = dev_alloc<float>(n), *b = dev_alloc<float>(n);
+  cudaStream_t nb, bl;
+  cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking);
+  cudaStreamCreate(&bl);
+  std::vector<float> h(n), one(n, 1.0f);
+  // A kernel on a non-blocking stream, then cudaMemcpy on the legacy stream: no ordering.
+  cudaMemcpy(a, one.data(), n * 4, cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize();
+  DF_LAUNCH(4, 256, 0, nb, fill)(a, 7.0f, n);
+  cudaMemcpy(h.data(), a, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 1.0f, "legacy cudaMemcpy waited for a non-blocking stream (%f)", h[0]);
+  cudaStreamSynchronize(nb);
+  cudaMemcpy(h.data(), a, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 7.0f && h[n - 1] == 7.0f, "after cudaStreamSynchronize: %f", h[0]);
+  // The same on a blocking stream: the legacy stream waits for it.
+  DF_LAUNCH(4, 256, 0, bl, fill)(a, 8.0f, n);
+  cudaMemcpy(h.data(), a, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 8.0f, "legacy cudaMemcpy did not wait for a blocking stream (%f)", h[0]);
+  // cudaMemset (legacy, asynchronous) is not seen by a non-blocking stream without a sync.
+  cudaMemset(a, 0, n * 4);
+  DF_LAUNCH(4, 256, 0, nb, copy_k)(b, a, n);
+  cudaStreamSynchronize(nb);
+  cudaMemcpy(h.data(), b, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 8.0f, "a non-blocking stream saw the legacy cudaMemset (%f)", h[0]);
+  // ... nor a cudaMemcpy from pageable memory, whose DMA may still be pending on return.
+  cudaDeviceSynchronize();
+  std::vector<float> three(n, 3.0f);
+  cudaMemcpy(a, three.data(), n * 4, cudaMemcpyHostToDevice);
+  DF_LAUNCH(4, 256, 0, nb, copy_k)(b, a, n);
+  cudaStreamSynchronize(nb);
+  cudaMemcpy(h.data(), b, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 0.0f, "a non-blocking stream saw a pending pageable cudaMemcpy (%f)", h[0]);
+  cudaDeviceSynchronize();
+  // cudaMemcpyAsync from pageable memory takes the source at the call.
+  std::vector<float> src(n, 5.0f);
+  cudaMemcpyAsync(a, src.data(), n * 4, cudaMemcpyHostToDevice, nb);
+  src.assign(n, 6.0f);
+  // ... and to pageable memory returns with the data.
+  cudaMemcpyAsync(h.data(), a, n * 4, cudaMemcpyDeviceToHost, nb);
+  CHECK(h[0] == 5.0f, "pageable async copies: %f", h[0]);
+  // Pinned memory is read when the copy runs.
+  float *pin = nullptr;
+  cudaMallocHost(&pin, n * 4);
+  for (int i = 0; i < n; i++) pin[i] = 9.0f;
+  cudaMemcpyAsync(a, pin, n * 4, cudaMemcpyHostToDevice, nb);
+  pin[0] = 10.0f;
+  cudaMemcpyAsync(pin + 1, a, 4, cudaMemcpyDeviceToHost, nb);
+  CHECK(pin[1] == 9.0f, "a pinned async copy ran before its stream was synchronised");
+  cudaStreamSynchronize(nb);
+  CHECK(pin[1] == 10.0f, "pinned source read at the call (%f)", pin[1]);
+  // Events: a query does the work, elapsed time needs both.
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  cudaEventRecord(e0, nb);
+  DF_LAUNCH(4, 256, 0, nb, fill)(b, 4.0f, n);
+  cudaEventRecord(e1, nb);
+  float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaErrorNotReady, "elapsed before done");
+  CHECK(cudaEventSynchronize(e1) == cudaSuccess && cudaEventQuery(e1) == cudaSuccess, "event");
+  CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms >= 0, "elapsed %f", ms);
+  // cudaStreamWaitEvent orders two non-blocking streams.
+  cudaStream_t nb2;
+  cudaStreamCreateWithFlags(&nb2, cudaStreamNonBlocking);
+  DF_LAUNCH(4, 256, 0, nb, fill)(a, 11.0f, n);
+  cudaEventRecord(e0, nb);
+  cudaStreamWaitEvent(nb2, e0, 0);
+  DF_LAUNCH(4, 256, 0, nb2, copy_k)(b, a, n);
+  cudaStreamSynchronize(nb2);
+  cudaMemcpy(h.data(), b, n * 4, cudaMemcpyDeviceToHost);
+  CHECK(h[0] == 11.0f, "cudaStreamWaitEvent: %f", h[0]);
+  // A launch on a stream of another device.
+  cudaSetDevice(1);
+  DF_LAUNCH(1, 32, 0, nb, fill)(a, 0.0f, 1);
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle, "stream of device 0 used on 1");
+  cudaSetDevice(0);
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaStreamDestroy(nb), cudaStreamDestroy(nb2), cudaStreamDestroy(bl);
+  cudaFreeHost(pin);
+  cudaFree(a), cudaFree(b);
+}
+
+static void test_blas() {
+  cublasHandle_t h;
+  CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+  const int M = 37, N = 29, K = 53;
+  // Row-major C[M,N] = A[M,K] B[N,K]^T as model.cu calls it: column-major C^T = B A^T.
+  std::vector<uint16_t> ha(M * K), hb(N * K);
+  uint64_t s = 12345;
+  auto r = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)((s >> 33) % 2001) / 1000.0f - 1.0f; };
+  for (auto &v : ha) v = df_f32_to_bf16(r());
+  for (auto &v : hb) v = df_f32_to_bf16(r());
+  bf16 *A = dev_alloc<bf16>(M * K), *B = dev_alloc<bf16>(N * K);
+  float *C = dev_alloc<float>(M * N);
+  bf16 *C16 = dev_alloc<bf16>(M * N);
+  cudaMemcpy(A, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice);
+  float one = 1, zero = 0;
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
+                     K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_SUCCESS, "GemmEx");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
+                     K, &zero, C16, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
+            CUBLAS_STATUS_SUCCESS, "GemmEx bf16 out");
+  std::vector<float> hc(M * N);
+  std::vector<uint16_t> hc16(M * N);
+  cudaMemcpy(hc.data(), C, hc.size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(hc16.data(), C16, hc16.size() * 2, cudaMemcpyDeviceToHost);
+  double worst = 0, worst16 = 0;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double ref = 0;
+      for (int p = 0; p < K; p++)
+        ref += (double)df_bf16_to_f32(ha[i * K + p]) * df_bf16_to_f32(hb[j * K + p]);
+      worst = std::fmax(worst, std::fabs(hc[i * N + j] - ref));
+      worst16 = std::fmax(worst16, std::fabs(df_bf16_to_f32(hc16[i * N + j]) - ref) /
+                                       std::fmax(std::fabs(ref), 1e-3));
+    }
+  CHECK(worst < 1e-4, "fp32 GEMM error %g", worst);
+  CHECK(worst16 <= 1.0 / 256, "bf16 output error %g (more than one rounding)", worst16);
+  // cuBLAS's own argument checks.
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K - 1, A,
+                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "lda < k for op T");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N - 1, A,
+                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "lda < m for op N");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_T, N, M, K, &one, B, CUDA_R_16BF, K, A,
+                     CUDA_R_16BF, M - 1, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "ldb < n for op T");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A,
+                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N - 1, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "ldc < m");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, -1, &one, B, CUDA_R_16BF, K, A,
+                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "k < 0");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A,
+                     CUDA_R_32F, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED, "mixed A/B types");
+  // In bounds for cuBLAS, past the allocation for the emulator: an error, not a read.
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M + 1, K, &one, B, CUDA_R_16BF, K, A,
+                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED,
+        "A one row past its allocation");
+  // beta = 0 does not read C (poisoned), beta = 1 accumulates; in stream order.
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cublasSetStream(h, st);
+  cudaMemsetAsync(C, 0xff, M * N * 4, st);
+  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF, K,
+               &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF, K,
+               &one, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  std::vector<float> hc2(M * N);
+  cudaMemcpyAsync(hc2.data(), C, hc2.size() * 4, cudaMemcpyDeviceToHost, st);
+  int off = 0;
+  for (int i = 0; i < M * N; i++) off += !(hc2[i] == 2 * hc[i]);
+  CHECK(off == 0, "beta 0 then 1: %d of %d entries off", off, M * N);
+  cublasDestroy(h);
+  cudaStreamDestroy(st);
+  cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(C16);
+}
+
+static void test_nccl_threads() {
+  const int R = 3;
+  const size_t n = 1000;
+  ncclUniqueId id;
+  CHECK(ncclGetUniqueId(&id) == ncclSuccess, "id");
+  std::vector<std::vector<float>> got(R);
+  std::vector<int> status(R, -1);
+  std::vector<std::thread> th;
+  for (int r = 0; r < R; r++)
+    th.emplace_back([&, r] {
+      cudaSetDevice(r);
+      ncclComm_t c;
+      if (ncclCommInitRank(&c, R, id, r) != ncclSuccess) return;
+      cudaStream_t st;
+      cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+      float *buf = dev_alloc<float>(n * R), *ar = dev_alloc<float>(n), *bc = dev_alloc<float>(n);
+      std::vector<float> h(n * R);
+      for (size_t i = 0; i < n * R; i++) h[i] = (float)(r + 1) * (float)i;
+      cudaMemcpyAsync(buf, h.data(), n * R * 4, cudaMemcpyHostToDevice, st);
+      cudaMemcpyAsync(ar, h.data(), n * 4, cudaMemcpyHostToDevice, st);
+      cudaMemcpyAsync(bc, h.data(), n * 4, cudaMemcpyHostToDevice, st);
+      int ok = ncclReduceScatter(buf, buf + r * n, n, ncclFloat, ncclSum, c, st) == ncclSuccess;
+      ok &= ncclAllGather(buf + r * n, buf, n, ncclFloat, c, st) == ncclSuccess;
+      ok &= ncclAllReduce(ar, ar, n, ncclFloat, ncclMax, c, st) == ncclSuccess;
+      ok &= ncclBroadcast(bc, bc, n, ncclFloat, 1, c, st) == ncclSuccess;
+      // The result is not there before the stream runs (every rank must come first).
+      while (cudaStreamQuery(st) == cudaErrorNotReady) std::this_thread::yield();
+      got[r].resize(n * R + 2 * n);
+      cudaMemcpy(got[r].data(), buf, n * R * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got[r].data() + n * R, ar, n * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got[r].data() + n * R + n, bc, n * 4, cudaMemcpyDeviceToHost);
+      status[r] = ok;
+      ncclCommDestroy(c);
+      cudaStreamDestroy(st);
+      cudaFree(buf), cudaFree(ar), cudaFree(bc);
+    });
+  for (auto &t : th) t.join();
+  int bad = 0;
+  for (int r = 0; r < R; r++) {
+    CHECK(status[r] == 1, "rank %d: collectives failed", r);
+    if (status[r] != 1) continue;
+    for (size_t i = 0; i < n * R; i++) bad += got[r][i] != 6.0f * (float)i; // 1 + 2 + 3
+    for (size_t i = 0; i < n; i++) bad += got[r][n * R + i] != 3.0f * (float)i;
+    for (size_t i = 0; i < n; i++) bad += got[r][n * R + n + i] != 2.0f * (float)i;
+  }
+  CHECK(bad == 0, "NCCL over 3 ranks: %d wrong values", bad);
+  // Two ranks on one device: NCCL refuses ("Duplicate GPU detected").
+  ncclGetUniqueId(&id);
+  ncclResult_t res[2];
+  std::thread a([&] { cudaSetDevice(0); ncclComm_t c; res[0] = ncclCommInitRank(&c, 2, id, 0); if (!res[0]) ncclCommDestroy(c); });
+  std::thread b([&] { cudaSetDevice(0); ncclComm_t c; res[1] = ncclCommInitRank(&c, 2, id, 1); if (!res[1]) ncclCommDestroy(c); });
+  a.join(), b.join();
+  CHECK(res[0] == ncclInvalidUsage || res[1] == ncclInvalidUsage, "two ranks on device 0: %d %d",
+        res[0], res[1]);
+}
+
+static void test_conversions() {
+  int bad = 0;
+  uint64_t s = 99;
+  for (int i = 0; i < 2000000; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t u = (uint32_t)(s >> 32);
+    float f;
+    std::memcpy(&f, &u, 4);
+    uint16_t mine = __bfloat16_as_ushort(__float2bfloat16(f));
+    if (std::isnan(f)) bad += mine != 0x7fff;
+    else bad += mine != df_f32_to_bf16(f);
+    float g = std::ldexp((float)((s >> 8) % 20000) / 10000.0f - 1.0f, (int)(s % 30) - 15);
+    bad += __nv_fp8_e4m3(g).__x != df_f32_to_e4m3(g);
+  }
+  // Ties go to even.
+  uint32_t tie = 0x3f808000u, tie2 = 0x3f818000u;
+  float ft, ft2;
+  std::memcpy(&ft, &tie, 4), std::memcpy(&ft2, &tie2, 4);
+  bad += __bfloat16_as_ushort(__float2bfloat16(ft)) != 0x3f80;
+  bad += __bfloat16_as_ushort(__float2bfloat16(ft2)) != 0x3f82;
+  bad += __bfloat16_as_ushort(__float2bfloat16(FLT_MAX)) != 0x7f80; // rounds up to inf
+  CHECK(bad == 0, "%d conversions differ from src/train/bf16.h", bad);
+}
+
+// A fault the hardware would hang on: the child aborts with a message naming it.
+static void expect_abort(const char *what, void (*k)(float *)) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    float *out = dev_alloc<float>(64);
+    DF_LAUNCH(1, 32, 0, nullptr, k)(out);
+    cudaDeviceSynchronize();
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "%s was not caught (status %d)", what, st);
+}
+
+int main() {
+  setenv("DFLASH_EMU_DEVICES", "3", 1);
+  printf("thread-order seed %llu\n", (unsigned long long)dfemu::seed());
+  test_barrier_shuffling();
+  test_warp_ops();
+  test_poison_and_smem_limits();
+  test_memory_checks();
+  test_stream_order();
+  test_blas();
+  test_nccl_threads();
+  test_conversions();
+  expect_abort("__syncthreads in divergent code", divergent_barrier);
+  expect_abort("a shuffle whose lanes wait at __syncthreads", warp_op_vs_barrier);
+  printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
+  return failures ? 1 : 0;
+}
