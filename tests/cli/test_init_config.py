@@ -74,6 +74,18 @@ def main():
         assert rs["factor"] == 64 and rs["original_max_position_embeddings"] == 4096
         # transformers' YaRN with mscale == mscale_all_dim: get_mscale(f, 1) / get_mscale(f, 1)
         assert math.isclose(rs["attention_factor"], 1.0), rs
+        # Qwen's documented YaRN set-up (factor 4 over 32768 on a 40960-position config):
+        # max_position_embeddings made to agree with factor x original, which transformers
+        # 4.51-4.55 read instead of the factor; a partial rotary factor is kept.
+        yarn = dict(QWEN3_8B, partial_rotary_factor=0.5,
+                    rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 32768})
+        (d / "yarn.json").write_text(json.dumps(yarn))
+        r = init(d, d / "yarn.json", "-o", "y.json")
+        assert r.returncode == 0, r.stderr
+        y = json.loads((d / "y.json").read_text())
+        assert y["max_position_embeddings"] == 131072 and y["rope_scaling"]["factor"] == 4
+        assert y["partial_rotary_factor"] == 0.5, y
         # Layers and a family-less target.
         r = init(d, d / "qwen", "-o", "q3.json", "--layers", "3")
         assert r.returncode == 0, r.stderr

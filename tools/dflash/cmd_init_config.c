@@ -110,11 +110,19 @@ static char *drafter_json(json_t *t, const init_args *a) {
       a->block);
   /* RoPE and norms as the target has them (the library derives YaRN's attention factor). */
   static const char *const copied[] = {"rms_norm_eps", "rope_theta", "rope_scaling",
-                                       "max_position_embeddings"};
+                                       "max_position_embeddings", "partial_rotary_factor"};
   for (size_t i = 0; d && i < sizeof copied / sizeof *copied; i++) {
     json_t *v = json_object_get(t, copied[i]);
     if (v) json_object_set(d, copied[i], v);
   }
+  /* YaRN: transformers versions read the factor or max/original; make them agree (Qwen's
+   * docs pair factor 4 with original 32768 on a 40960-position config). */
+  json_t *rs = json_object_get(t, "rope_scaling");
+  json_t *f = json_object_get(rs, "factor"), *orig = json_object_get(rs, "original_max_position_embeddings");
+  if (d && json_is_number(f) && json_is_integer(orig))
+    json_object_set_new(d, "max_position_embeddings",
+                        json_integer((json_int_t)(json_number_value(f) *
+                                                  (double)json_integer_value(orig) + 0.5)));
   char *s = d ? json_dumps(d, JSON_COMPACT) : NULL;
   json_decref(d);
   return s;
@@ -136,9 +144,11 @@ int cmd_init_config(int argc, char **argv) {
   json_decref(root);
   if (!text) return 1;
   dflash_drafter_config cfg;
-  dflash_status st = dflash_drafter_config_parse(text, strlen(text), a.target, &cfg);
+  dflash_drafter_config_ext ext;
+  dflash_drafter_config_ext_default(&ext);
+  dflash_status st = dflash_drafter_config_parse_ext(text, strlen(text), a.target, &cfg, &ext);
   free(text);
-  if (!st) st = dflash_drafter_config_save(&cfg, a.out);
+  if (!st) st = dflash_drafter_config_save_ext(&cfg, &ext, a.out);
   if (st) return cli_fail("init-config", st);
   fprintf(stderr, "dflash init-config: %s: %d layers over target layers", a.out,
           cfg.num_hidden_layers);

@@ -298,7 +298,9 @@ int cmd_eval(int argc, char **argv) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
   dflash_drafter_config cfg;
-  dflash_status st = dflash_drafter_config_load(path, &cfg);
+  dflash_drafter_config_ext ext;
+  dflash_drafter_config_ext_default(&ext);
+  dflash_status st = dflash_drafter_config_load_ext(path, &cfg, &ext);
   if (st) return cli_fail("eval", st);
   size_t vh = (size_t)cfg.vocab_size * (size_t)cfg.hidden_size;
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
@@ -313,7 +315,7 @@ int cmd_eval(int argc, char **argv) {
   w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
   if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create(&cfg, e, h, NULL, &t);
+  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, NULL, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);
