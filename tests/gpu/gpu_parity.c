@@ -164,7 +164,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
     memcpy(twin->m.grads + twin->m.tensors[i].offset, gg + off, numel * sizeof(float));
     off += numel;
   }
-  double nc, ng, ns = NAN;
+  double nc = NAN, ng = NAN, ns = NAN; /* NaN unless the steps ran (clang -Wsometimes-uninitialized) */
   CHECK(twin && !dflash_trainer_step(twin, &ns, NULL), "%s: step from the GPU's gradients: %s",
         what, dflash_last_error());
   CHECK(!dflash_trainer_step(cpu, &nc, NULL) && !dflash_trainer_step(gpu, &ng, NULL),
