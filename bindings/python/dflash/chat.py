@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from ._lib import Handle, bind, cstr, lib
+from ._lib import INDEX, KEY, Handle, bind, cstr, lib
 
 REASONING = {"official": 0, "keep_all": 1, "keep_after_last_user": 2, "drop": 3}
 SPAN_KINDS = ["scaffold", "system", "user", "tool_result", "tools", "gen_prompt",
@@ -25,7 +25,7 @@ class _Span(ctypes.Structure):
 _vp = ctypes.c_void_p
 bind("dflash_chat_options_default", [ctypes.POINTER(_Options)], None)
 bind("dflash_chat_template_name_at", [ctypes.c_size_t], ctypes.c_char_p)
-_create = bind("dflash_chat_template_create", [ctypes.c_char_p, ctypes.POINTER(_vp)])
+_create = bind("dflash_chat_template_create", [ctypes.c_char_p, ctypes.POINTER(_vp)], errors=KEY)
 bind("dflash_chat_template_free", [_vp], None)
 bind("dflash_chat_template_end_of_turn", [_vp], ctypes.c_char_p)
 bind("dflash_chat_template_name", [_vp], ctypes.c_char_p)
@@ -46,7 +46,8 @@ _render = bind("dflash_chat_render", [_vp, _vp, ctypes.POINTER(_Options), ctypes
 bind("dflash_chat_rendered_free", [_vp], None)
 bind("dflash_chat_rendered_text", [_vp, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_void_p)
 bind("dflash_chat_rendered_span_count", [_vp], ctypes.c_size_t)
-_span = bind("dflash_chat_rendered_span", [_vp, ctypes.c_size_t, ctypes.POINTER(_Span)])
+_span = bind("dflash_chat_rendered_span", [_vp, ctypes.c_size_t, ctypes.POINTER(_Span)],
+             errors=INDEX)
 bind("dflash_chat_rendered_last_assistant", [_vp], ctypes.c_int32, status=False)
 _u32p = ctypes.POINTER(ctypes.c_uint32)
 _mask = bind("dflash_chat_loss_mask", [_vp, _u32p, _u32p, ctypes.c_size_t, ctypes.c_int,
@@ -167,6 +168,19 @@ class ChatTemplate(Handle):
         tokenizer, not the target's own."""
         _check_tok(self._handle(), tokenizer._handle())
 
+    def _thinking(self, thinking, enable_thinking):
+        """thinking=, or Hugging Face's enable_thinking= for the Qwen templates (the name
+        their chat template reads); None: on, the templates' default."""
+        if enable_thinking is not None:
+            if not self.name.startswith("qwen"):
+                raise TypeError(f"enable_thinking= is the Qwen templates' switch; the "
+                                f"{self.name} template takes thinking=")
+            if thinking is not None and bool(thinking) != bool(enable_thinking):
+                raise ValueError(f"thinking={thinking!r} and enable_thinking="
+                                 f"{enable_thinking!r} disagree (they are one switch)")
+            return enable_thinking
+        return True if thinking is None else thinking
+
     @staticmethod
     def _options(add_generation_prompt, thinking, preserve_thinking, reasoning):
         o = _Options()
@@ -177,12 +191,17 @@ class ChatTemplate(Handle):
         o.reasoning = REASONING[reasoning]
         return o
 
-    def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=True,
-                    preserve_thinking=False, reasoning="official", nfc=False):
+    def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=None,
+                    preserve_thinking=False, reasoning="official", nfc=False,
+                    enable_thinking=None):
         """Render and return a Rendered (text, spans, masks). `messages` may be a list of
         dicts, a conversation object (dict), its JSON text or a Conversation. nfc=True
         first normalises every string to Unicode NFC (for tokenizers that normalise,
-        e.g. Qwen's; see tokenizer_nfc); a Conversation is normalised in place."""
+        e.g. Qwen's; see tokenizer_nfc); a Conversation is normalised in place.
+        thinking (None: on): the thinking switch; the Qwen templates also take it under
+        Hugging Face's name, enable_thinking= (ValueError when both are given and
+        disagree; TypeError for a template that is not Qwen's)."""
+        thinking = self._thinking(thinking, enable_thinking)
         opts = self._options(add_generation_prompt, thinking, preserve_thinking, reasoning)
         out = _vp()
         if isinstance(messages, Conversation):
@@ -200,7 +219,7 @@ class ChatTemplate(Handle):
                                     reasoning=reasoning, nfc=True)
 
     def render(self, messages, **kwargs):
-        """The rendered text (str)."""
+        """The rendered text (str); keywords as render_full (enable_thinking= included)."""
         r = self.render_full(messages, **kwargs)
         try:
             return r.text

@@ -1,25 +1,29 @@
 """Tokenized datasets written by `dflash tokenize` (see dflash/dataset.h)."""
 import ctypes
 import json
+import operator
+import os
 
 import numpy as np
 
-from ._lib import Handle, bind, cstr, lib
+from ._lib import (INDEX, Handle, IndexRangeError, MissingKeyError, bind, cstr, files, lib,
+                   status_code)
 
 _vp = ctypes.c_void_p
-_open = bind("dflash_dataset_open", [ctypes.c_char_p, ctypes.POINTER(_vp)])
+_open = bind("dflash_dataset_open", [ctypes.c_char_p, ctypes.POINTER(_vp)], errors=files(0))
 bind("dflash_dataset_free", [_vp], None)
 bind("dflash_dataset_count", [_vp], ctypes.c_size_t)
 bind("dflash_dataset_tokens", [_vp], ctypes.c_uint64)
 _sample = bind("dflash_dataset_sample", [_vp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
                                          ctypes.POINTER(ctypes.c_void_p),
                                          ctypes.POINTER(ctypes.c_size_t),
-                                         ctypes.POINTER(ctypes.c_char_p)])
+                                         ctypes.POINTER(ctypes.c_char_p)], errors=INDEX)
 _hist = bind("dflash_dataset_length_histogram", [_vp, ctypes.c_size_t, ctypes.c_size_t,
                                                  ctypes.POINTER(ctypes.c_uint64)])
 
 
-_hash = bind("dflash_dataset_tokenizer_hash", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t])
+_hash = bind("dflash_dataset_tokenizer_hash", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t],
+             errors=files(0))
 TOKENIZER_HASH_LEN = 72
 
 
@@ -31,9 +35,15 @@ def tokenizer_hash(path):
 
 
 class Dataset(Handle):
-    """A dataset directory: len(ds), ds[i] -> (sample_id, input_ids int32, loss_mask uint8)
-    as read-only zero-copy numpy views of the mapped shards. A view keeps the shards
-    mapped after close() until it is gone; the closed Dataset itself raises ValueError."""
+    """A dataset directory, read through memory-mapped shards. A sample is a tuple
+    (sample_id, input_ids int32, loss_mask uint8) whose arrays are read-only zero-copy
+    views: a view keeps the shards mapped after close() until it is gone; the closed
+    Dataset itself raises ValueError.
+
+    len(ds) samples; ds[i] (negative i from the end; IndexError past either end);
+    ds[2:5] (any slice) a list of samples; ds["sample-id"] or ds.by_id("sample-id")
+    the sample of that id (KeyError when absent); "sample-id" in ds; iteration in
+    order; repr shows the path, samples and tokens."""
 
     _free = "dflash_dataset_free"
 
@@ -41,6 +51,13 @@ class Dataset(Handle):
         h = _vp()
         _open(cstr(path), ctypes.byref(h))
         self._own(h)
+        self.path = os.fsdecode(path)
+        self._ids = None  # sample id -> index, built on the first lookup by id
+
+    def __repr__(self):
+        if not self._h:
+            return f"<dflash.Dataset {self.path!r} (closed)>"
+        return f"<dflash.Dataset {self.path!r}: {len(self)} samples, {self.tokens} tokens>"
 
     def __len__(self):
         return lib.dflash_dataset_count(self._handle())
@@ -50,18 +67,63 @@ class Dataset(Handle):
         """Total tokens over all samples."""
         return lib.dflash_dataset_tokens(self._handle())
 
-    def __getitem__(self, i):
-        h = self._handle()
-        if i < 0:
-            i += len(self)
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self._sample(i) for i in range(*key.indices(len(self)))]
+        if isinstance(key, (str, bytes)):
+            return self.by_id(key)
+        try:
+            i = operator.index(key)
+        except TypeError:
+            raise TypeError(f"Dataset indices are integers, slices or sample ids (str), not "
+                            f"{type(key).__name__}") from None
+        n = len(self)
+        if i < -n or i >= n:
+            raise IndexRangeError(status_code("DFLASH_E_RANGE"),
+                                  f"sample index {i} is outside the {n} samples of {self.path}")
+        return self._sample(i + n if i < 0 else i)
+
+    def _sample(self, i):
         ids, mask, n, sid = _vp(), _vp(), ctypes.c_size_t(), ctypes.c_char_p()
-        _sample(h, i, ctypes.byref(ids), ctypes.byref(mask), ctypes.byref(n), ctypes.byref(sid))
+        _sample(self._handle(), i, ctypes.byref(ids), ctypes.byref(mask), ctypes.byref(n),
+                ctypes.byref(sid))
         return (sid.value.decode(), self._view(ids.value, (n.value,), np.int32),
                 self._view(mask.value, (n.value,), np.uint8))
 
+    def index_of(self, sample_id):
+        """Position of the sample with this id; MissingKeyError (a KeyError) when absent."""
+        if isinstance(sample_id, bytes):
+            sample_id = sample_id.decode()
+        if self._ids is None:
+            h, sid = self._handle(), ctypes.c_char_p()
+            ids = {}
+            for i in range(len(self)):
+                _sample(h, i, None, None, None, ctypes.byref(sid))
+                ids.setdefault(sid.value.decode(), i)
+            self._ids = ids
+        try:
+            return self._ids[sample_id]
+        except KeyError:
+            raise MissingKeyError(status_code("DFLASH_E_NOT_FOUND"),
+                                  f"{self.path}: no sample has id {sample_id!r}") from None
+
+    def by_id(self, sample_id):
+        """The sample (sample_id, input_ids, loss_mask) with this id; MissingKeyError
+        (a KeyError) when absent. The first lookup reads every id once."""
+        return self._sample(self.index_of(sample_id))
+
+    def __contains__(self, sample_id):
+        if not isinstance(sample_id, (str, bytes)):
+            return False
+        try:
+            self.index_of(sample_id)
+        except KeyError:
+            return False
+        return True
+
     def __iter__(self):
         for i in range(len(self)):
-            yield self[i]
+            yield self._sample(i)
 
     def length_histogram(self, bin_width=256, n_bins=64):
         """uint64 counts of sample lengths in bins of `bin_width` tokens; the last bin takes

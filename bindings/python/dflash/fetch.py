@@ -9,7 +9,7 @@ and returns the run's summary as a dict. Running it again resumes.
 import ctypes
 import json
 
-from ._lib import Error, Handle, bind, cstr
+from ._lib import INDEX, Error, Handle, bind, cstr
 
 _FAMILIES = {"none": 0, "kimi": 1, "qwen": 2}
 
@@ -100,7 +100,7 @@ _stop = bind("dflash_fetch_stop", [ctypes.c_void_p], None)
 _get_stats = bind("dflash_fetch_get_stats", [ctypes.c_void_p, ctypes.POINTER(Stats)])
 _server_count = bind("dflash_fetch_server_count", [ctypes.c_void_p], ctypes.c_size_t)
 _server_stats = bind("dflash_fetch_get_server_stats", [ctypes.c_void_p, ctypes.c_size_t,
-                                                       ctypes.POINTER(ServerStats)])
+                                                       ctypes.POINTER(ServerStats)], errors=INDEX)
 _record_id = bind("dflash_fetch_record_id", [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                                              ctypes.c_size_t])
 

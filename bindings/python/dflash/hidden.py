@@ -33,7 +33,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import Handle, bind, cstr
+from ._lib import INDEX, KEY, Handle, bind, cstr, files
 from .dataset import DatasetWriter
 
 _P = ctypes.c_void_p
@@ -69,23 +69,27 @@ _w_append_bf16 = bind("dflash_hidden_writer_append_bf16", [_P, ctypes.c_char_p, 
 _w_flush = bind("dflash_hidden_writer_flush", [_P])
 _w_finish = bind("dflash_hidden_writer_finish", [_P])
 _w_free = bind("dflash_hidden_writer_free", [_P], None)
-_h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)])
+_h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)], errors=files(0))
 _h_free = bind("dflash_hidden_free", [_P], None)
 _h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_size_t)])
-_h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)])
-_h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)])
-_h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64])
+_h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)],
+             errors=INDEX)
+_h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)],
+              errors=KEY)
+_h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64],
+               errors=KEY)
 _s_defaults = bind("dflash_sample_stream_options_default", [ctypes.POINTER(StreamOptions)], None)
 _s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
-                                             ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)])
+                                             ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)],
+               errors=files(0, 1))
 _s_free = bind("dflash_sample_stream_free", [_P], None)
 _s_count = bind("dflash_sample_stream_count", [_P], ctypes.c_size_t)
-_s_check = bind("dflash_sample_stream_check", [_P, ctypes.POINTER(ctypes.c_size_t)])
+_s_check = bind("dflash_sample_stream_check", [_P, ctypes.POINTER(ctypes.c_size_t)], errors=KEY)
 _s_start = bind("dflash_sample_stream_start", [_P, ctypes.POINTER(ctypes.c_uint64),
-                                               ctypes.c_size_t])
+                                               ctypes.c_size_t], errors=INDEX)
 _s_next = bind("dflash_sample_stream_next", [_P, ctypes.POINTER(TrainSample),
                                              ctypes.POINTER(ctypes.c_int)])
 
@@ -193,7 +197,8 @@ class HiddenStore(Handle):
         return out
 
     def length(self, sample_id):
-        """Token count of a sample; Error DFLASH_E_NOT_FOUND naming the id when absent."""
+        """Token count of a sample; MissingKeyError (a KeyError, DFLASH_E_NOT_FOUND)
+        naming the id when absent."""
         n = ctypes.c_int64()
         _h_len(self._handle(), str(sample_id).encode(), ctypes.byref(n))
         return n.value

@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import Error, Handle, bind, cstr
+from ._lib import INDEX, KEY, Error, Handle, bind, cstr, files
 
 # dtype name -> numpy dtype. bfloat16 and float8 have no numpy type: their raw
 # bits come back as uint16 / uint8 (ml_dtypes can .view() them if installed).
@@ -30,17 +30,18 @@ class _Tensor(ctypes.Structure):
 
 
 _P = ctypes.c_void_p
-_open = bind("dflash_safetensors_open", [ctypes.c_char_p, ctypes.POINTER(_P)])
+_open = bind("dflash_safetensors_open", [ctypes.c_char_p, ctypes.POINTER(_P)], errors=files(0))
 _free = bind("dflash_safetensors_free", [_P], None)
 _count = bind("dflash_safetensors_count", [_P], ctypes.c_size_t)
 _files = bind("dflash_safetensors_file_count", [_P], ctypes.c_size_t)
-_get = bind("dflash_safetensors_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)])
-_find = bind("dflash_safetensors_find", [_P, ctypes.c_char_p, ctypes.POINTER(_Tensor)])
+_get = bind("dflash_safetensors_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)], errors=INDEX)
+_find = bind("dflash_safetensors_find", [_P, ctypes.c_char_p, ctypes.POINTER(_Tensor)], errors=KEY)
 _meta_count = bind("dflash_safetensors_metadata_count", [_P], ctypes.c_size_t)
 _meta_get = bind("dflash_safetensors_metadata_get",
-                 [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)])
+                 [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)],
+                 errors=INDEX)
 _meta_find = bind("dflash_safetensors_metadata_find",
-                  [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)])
+                  [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)], errors=KEY)
 _dtype_name = bind("dflash_dtype_name", [ctypes.c_int], ctypes.c_char_p)
 _dtype_size = bind("dflash_dtype_size", [ctypes.c_int], ctypes.c_size_t)
 _dtype_from = bind("dflash_dtype_from_name", [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)])

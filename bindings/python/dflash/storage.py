@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from ._lib import Owner, bind, cstr
+from ._lib import INDEX, KEY, Owner, bind, cstr, files
 from .safetensors import DTYPES, _Tensor, _shape, dtype_name
 
 _P = ctypes.c_void_p
@@ -40,17 +40,20 @@ _opts_default = bind("dflash_storage_options_default", [ctypes.POINTER(_Options)
 _create = bind("dflash_storage_create", [ctypes.POINTER(_Options), ctypes.POINTER(_P)])
 _free = bind("dflash_storage_free", [_P], None)
 _buf_free = bind("dflash_storage_buffer_free", [_P], None)
-_read = bind("dflash_storage_read", [_P, _S, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)])
+_read = bind("dflash_storage_read", [_P, _S, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)],
+             errors=files(1))
 _read_range = bind("dflash_storage_read_range",
-                   [_P, _S, ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
-_stat = bind("dflash_storage_stat", [_P, _S, ctypes.POINTER(_Info)])
+                   [_P, _S, ctypes.c_uint64, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+                   errors=files(1))
+_stat = bind("dflash_storage_stat", [_P, _S, ctypes.POINTER(_Info)], errors=files(1))
 _write = bind("dflash_storage_write", [_P, _S, _P, ctypes.c_size_t])
-_delete = bind("dflash_storage_delete", [_P, _S])
-_copy = bind("dflash_storage_copy", [_P, _S, _S])
-_list = bind("dflash_storage_list", [_P, _S, ctypes.POINTER(_P)])
+_delete = bind("dflash_storage_delete", [_P, _S], errors=files(1))
+_copy = bind("dflash_storage_copy", [_P, _S, _S], errors=files(1))
+_list = bind("dflash_storage_list", [_P, _S, ctypes.POINTER(_P)], errors=files(1))
 _l_count = bind("dflash_storage_listing_count", [_P], ctypes.c_size_t)
 _l_get = bind("dflash_storage_listing_get",
-              [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64)])
+              [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64)],
+              errors=INDEX)
 _l_free = bind("dflash_storage_listing_free", [_P], None)
 _w_open = bind("dflash_storage_writer_open", [_P, _S, ctypes.POINTER(_P)])
 _w_write = bind("dflash_storage_writer_write", [_P, _P, ctypes.c_size_t])
@@ -66,14 +69,17 @@ _c_next = bind("dflash_chunk_writer_next_seq", [_P], ctypes.c_uint64)
 _c_last = bind("dflash_chunk_writer_last_chunk", [_P], ctypes.c_char_p)
 _c_close = bind("dflash_chunk_writer_close", [_P])
 _c_free = bind("dflash_chunk_writer_free", [_P], None)
-_st_open = bind("dflash_storage_st_open", [_P, _S, ctypes.c_uint64, ctypes.POINTER(_P)])
+_st_open = bind("dflash_storage_st_open", [_P, _S, ctypes.c_uint64, ctypes.POINTER(_P)],
+                errors=files(1))
 _st_free = bind("dflash_storage_st_free", [_P], None)
 _st_count = bind("dflash_storage_st_count", [_P], ctypes.c_size_t)
-_st_get = bind("dflash_storage_st_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)])
-_st_find = bind("dflash_storage_st_find", [_P, _S, ctypes.POINTER(_Tensor)])
-_st_meta = bind("dflash_storage_st_metadata_find", [_P, _S, ctypes.POINTER(ctypes.c_char_p)])
+_st_get = bind("dflash_storage_st_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)],
+               errors=INDEX)
+_st_find = bind("dflash_storage_st_find", [_P, _S, ctypes.POINTER(_Tensor)], errors=KEY)
+_st_meta = bind("dflash_storage_st_metadata_find", [_P, _S, ctypes.POINTER(ctypes.c_char_p)],
+                errors=KEY)
 _st_read = bind("dflash_storage_st_read",
-                [_P, _S, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)])
+                [_P, _S, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)], errors=KEY)
 _is_remote = bind("dflash_storage_is_remote", [_S], ctypes.c_uint)  # a flag, not a status
 
 
@@ -318,7 +324,8 @@ class RemoteSafeTensors(_Owned):
         return dtype_name(t.dtype), _shape(t), t.nbytes
 
     def metadata(self, key):
-        """One `__metadata__` value; Error DFLASH_E_NOT_FOUND when absent."""
+        """One `__metadata__` value; MissingKeyError (a KeyError, DFLASH_E_NOT_FOUND)
+        when absent."""
         v = ctypes.c_char_p()
         _st_meta(self._p(), cstr(key), ctypes.byref(v))
         return v.value.decode()

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from ._lib import Handle, Error, bind, cstr
+from ._lib import INDEX, KEY, Handle, Error, bind, cstr, files
 
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _i32_p = ctypes.POINTER(ctypes.c_int32)
@@ -16,7 +16,8 @@ class _Options(ctypes.Structure):
 
 _options_default = bind("dflash_tokenizer_options_default", [ctypes.POINTER(_Options)], None)
 _load = bind("dflash_tokenizer_load",
-             [ctypes.c_char_p, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p)])
+             [ctypes.c_char_p, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p)],
+             errors=files(0))
 _free = bind("dflash_tokenizer_free", [ctypes.c_void_p], None)
 _vocab_size = bind("dflash_tokenizer_vocab_size", [ctypes.c_void_p], ctypes.c_size_t)
 _max_ids = bind("dflash_tokenizer_max_ids", [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_size_t)
@@ -29,12 +30,12 @@ _encode_batch = bind("dflash_tokenizer_encode_batch",
                       _c_size_p])
 _decode = bind("dflash_tokenizer_decode",
                [ctypes.c_void_p, _i32_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
-                _c_size_p])
+                _c_size_p], errors=INDEX)
 _token_to_id = bind("dflash_tokenizer_token_to_id",
-                    [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _i32_p])
+                    [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _i32_p], errors=KEY)
 _id_to_token = bind("dflash_tokenizer_id_to_token",
                     [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), _c_size_p,
-                     ctypes.POINTER(ctypes.c_int)])
+                     ctypes.POINTER(ctypes.c_int)], errors=INDEX | KEY)
 
 _SPECIAL = {"all": 0, "none": 1}
 
@@ -79,6 +80,10 @@ class Tokenizer(Handle):
         """Number of token ids (ranks and special tokens)."""
         return int(_vocab_size(self._handle()))
 
+    def __len__(self):
+        """The vocabulary size, as len() of a Hugging Face tokenizer."""
+        return self.vocab_size
+
     def max_ids(self, n_bytes):
         """Ids that encoding `n_bytes` bytes of text can produce at most."""
         return int(_max_ids(self._handle(), int(n_bytes)))
@@ -121,8 +126,16 @@ class Tokenizer(Handle):
                 cap = int(offsets[n])
         return [ids[offsets[i]:offsets[i + 1]] for i in range(n)]
 
-    def decode(self, ids):
-        """Bytes the ids stand for (specials included)."""
+    def decode(self, ids, errors="replace"):
+        """The text the ids stand for (specials included), as str. Ids that end inside a
+        UTF-8 sequence, or tokens that are not UTF-8 by themselves, decode with `errors`
+        ("replace": U+FFFD, as tiktoken and Hugging Face do; "strict" raises
+        UnicodeDecodeError). decode_bytes gives the exact bytes."""
+        return self.decode_bytes(ids).decode("utf-8", errors)
+
+    def decode_bytes(self, ids):
+        """The bytes the ids stand for (specials included). An id that is not a token
+        raises IndexRangeError (an IndexError)."""
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         h = self._handle()
         cap = len(ids) * 8 + 16
@@ -150,7 +163,8 @@ class Tokenizer(Handle):
         return out.value
 
     def id_to_token(self, token_id):
-        """Bytes of token `token_id`; raises Error for an id without a token."""
+        """Bytes of token `token_id`; MissingKeyError (a KeyError) for an unused id,
+        IndexRangeError (an IndexError) for one outside the vocabulary."""
         p = ctypes.c_void_p()
         n = ctypes.c_size_t()
         _id_to_token(self._handle(), int(token_id), ctypes.byref(p), ctypes.byref(n), None)

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ._lib import Handle, bind, cstr
+from ._lib import INDEX, KEY, Handle, bind, cstr, files, missing_path
 
 MAX_LAYERS = 64
 MAX_TARGET = 128
@@ -72,10 +72,12 @@ _free = bind("dflash_trainer_free", [_P], None)
 _pcount = bind("dflash_trainer_param_count", [_P], ctypes.c_size_t)
 _pinfo = bind("dflash_trainer_param_info",
               [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), _I32,
-               ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_size_t)])
-_get_param = bind("dflash_trainer_get_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
-_set_param = bind("dflash_trainer_set_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
-_get_grad = bind("dflash_trainer_get_grad", [_P, ctypes.c_char_p, _F, ctypes.c_size_t])
+               ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_size_t)], errors=INDEX)
+_get_param = bind("dflash_trainer_get_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t],
+                  errors=KEY)
+_set_param = bind("dflash_trainer_set_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t],
+                  errors=KEY)
+_get_grad = bind("dflash_trainer_get_grad", [_P, ctypes.c_char_p, _F, ctypes.c_size_t], errors=KEY)
 _fb = bind("dflash_trainer_forward_backward",
            [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, _D])
 _zero = bind("dflash_trainer_zero_grad", [_P])
@@ -88,11 +90,12 @@ _lr_at = bind("dflash_trainer_lr_at", [_P, ctypes.c_int64], ctypes.c_double)
 _predict = bind("dflash_trainer_predict",
                 [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32])
 _save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int])
-_load = bind("dflash_trainer_load", [_P, ctypes.c_char_p])
+_load = bind("dflash_trainer_load", [_P, ctypes.c_char_p], errors=missing_path(1))
 _save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                  ctypes.c_size_t])
 _load_state = bind("dflash_trainer_load_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
-                                                 ctypes.POINTER(ctypes.c_size_t)])
+                                                 ctypes.POINTER(ctypes.c_size_t)],
+                   errors=missing_path(1))
 _sample = bind("dflash_sample_anchors", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_uint64, ctypes.c_uint64, _I32, _I32])
 _gamma = bind("dflash_default_loss_gamma", [ctypes.c_int32], ctypes.c_double)
@@ -361,12 +364,15 @@ from ._lib import Error  # noqa: E402
 _acceptance = bind("dflash_trainer_acceptance",
                    [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32, _I32])
 _train_eval = bind("dflash_train_eval", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                                         ctypes.c_uint64, _D, _D, ctypes.POINTER(ctypes.c_int64)])
-_cfg_load = bind("dflash_drafter_config_load", [ctypes.c_char_p, ctypes.POINTER(DrafterConfig)])
+                                         ctypes.c_uint64, _D, _D, ctypes.POINTER(ctypes.c_int64)],
+                   errors=missing_path(1, 2))
+_cfg_load = bind("dflash_drafter_config_load", [ctypes.c_char_p, ctypes.POINTER(DrafterConfig)],
+                 errors=files(0))
 _cfg_save = bind("dflash_drafter_config_save", [ctypes.POINTER(DrafterConfig), ctypes.c_char_p])
 _cfg_validate = bind("dflash_drafter_config_validate", [ctypes.POINTER(DrafterConfig)])
 _load_head = bind("dflash_target_load_head", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                                              ctypes.c_int32, ctypes.c_int32, _F, _F])
+                                              ctypes.c_int32, ctypes.c_int32, _F, _F],
+                  errors=missing_path(0))
 
 
 def load_config(path):
@@ -415,7 +421,11 @@ class TrainRunOptions(ctypes.Structure):
 
 
 _run_defaults = bind("dflash_train_run_options_default", [ctypes.POINTER(TrainRunOptions)], None)
-_train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)])
+# The paths of a train_run call (its one argument: byref(TrainRunOptions)) that must exist.
+_RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
+                   for f in ("config_path", "target_path", "data_dir", "hidden_dir"))
+_train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)],
+                  errors=missing_path(*_RUN_PATHS))
 _RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps")
 
 
@@ -531,7 +541,7 @@ _walk = bind("dflash_trainer_walk", [_P, _I32, _U8, ctypes.c_int64, _F, ctypes.c
                                      _I64, _I32, _I64])
 _eval_walk_default = bind("dflash_eval_walk_default", [ctypes.POINTER(EvalWalk)], None)
 _eval_walk = bind("dflash_train_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
-                                             ctypes.POINTER(EvalWalk)])
+                                             ctypes.POINTER(EvalWalk)], errors=missing_path(1, 2))
 
 
 def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
@@ -602,7 +612,7 @@ _create_ext = bind("dflash_trainer_create_ext",
                     ctypes.POINTER(TrainerOptions), ctypes.POINTER(_P)])
 _cfg_load_ext = bind("dflash_drafter_config_load_ext",
                      [ctypes.c_char_p, ctypes.POINTER(DrafterConfig),
-                      ctypes.POINTER(DrafterConfigExt)])
+                      ctypes.POINTER(DrafterConfigExt)], errors=files(0))
 _logits = bind("dflash_trainer_logits",
                [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _F])
 

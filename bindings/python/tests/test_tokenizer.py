@@ -46,7 +46,7 @@ def test_encode_matches_tiktoken_and_round_trips(cl100k, tiktoken_cl100k):
         assert ids.dtype == np.int32
         assert list(ids) == tiktoken_cl100k.encode(text, allowed_special="all")
         assert list(cl100k.encode(text, special="none")) == tiktoken_cl100k.encode_ordinary(text)
-        assert cl100k.decode(ids) == text.encode()
+        assert cl100k.decode(ids) == text and cl100k.decode_bytes(ids) == text.encode()
         assert list(cl100k.encode(text.encode())) == list(ids)
 
 

@@ -179,11 +179,11 @@ def test_tokenizer_outputs_are_copies(tmp_path):
     np.testing.assert_array_equal(ids, before[0])
     for b, r in zip(batch, before[1]):
         np.testing.assert_array_equal(b, r)
-    assert piece == b"Hello" and text == b"Hello, world! " * 200
+    assert piece == b"Hello" and text == "Hello, world! " * 200
     tok = dflash.Tokenizer({CL100K!r})
     tok.close()
-    for fn, args in ((tok.encode, ("x",)), (tok.decode, (ids,)), (tok.id_to_token, (1,)),
-                     (tok.encode_batch, (["x"],))):
+    for fn, args in ((tok.encode, ("x",)), (tok.decode, (ids,)), (tok.decode_bytes, (ids,)),
+                     (tok.id_to_token, (1,)), (tok.encode_batch, (["x"],)), (len, (tok,))):
         closed_raises(fn, *args)
     """)
 
@@ -212,7 +212,7 @@ def test_rendered_and_template_outputs_are_copies(tmp_path):
     np.testing.assert_array_equal(mask, before[3])
     if enc is not None:
         ids, m, sup = enc
-        assert ids.size == m.size and sup == int(m.sum()) and tok.decode(ids) == data
+        assert ids.size == m.size and sup == int(m.sum()) and tok.decode_bytes(ids) == data
     tpl = dflash.ChatTemplate("qwen3")
     conv = dflash.Conversation(messages)
     r = tpl.render_full(conv)
