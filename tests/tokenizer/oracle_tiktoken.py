@@ -99,7 +99,7 @@ def compare(tally, name, ours, ref, strings, docs, bad):
                 ours.encode_batch(docs), ref_docs, docs)
     tally.check(f"{name} invalid UTF-8 bytes", [ours.encode(b) for b in bad],
                 [ref.encode(b.decode("utf-8", "replace"), allowed_special="all") for b in bad], bad)
-    rt = [ours.decode(ids) for ids in ref_docs]
+    rt = [ours.decode_bytes(ids) for ids in ref_docs]
     tally.check(f"{name} decode(documents) == text", [[x] for x in rt],
                 [[d.encode()] for d in docs], docs)
     longs = ["a" * 12000, "".join(chr(97 + (i * 7919) % 26) for i in range(12000)),
