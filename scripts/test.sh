@@ -16,8 +16,11 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 setup() { # setup DIR [meson args...]: configure a fresh or existing build folder
   local dir=$1; shift
-  if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" -Dwerror=true "$@" >/dev/null
-  else meson setup "$dir" -Dwerror=true "$@" >/dev/null; fi
+  local log; log=$(mktemp)
+  local re=(); [ -f "$dir/build.ninja" ] && re=(--reconfigure)
+  # Quiet when it works; meson's own account when it does not.
+  meson setup "${re[@]}" "$dir" -Dwerror=true "$@" >"$log" 2>&1 || { cat "$log"; rm -f "$log"; return 1; }
+  rm -f "$log"
 }
 run_tests() { # run_tests DIR [meson test args...]
   local dir=$1; shift
