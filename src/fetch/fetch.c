@@ -143,6 +143,18 @@ static dflash_status mark_done(void *ctx, const char *id, uint64_t input_line, c
   return DFLASH_OK;
 }
 
+/* A record of errors.jsonl: done, and an error unless completions.jsonl (read first)
+ * has the id too. */
+static dflash_status mark_error_done(void *ctx, const char *id, uint64_t input_line,
+                                     const char *text, size_t len) {
+  dflash_fetch *f = ctx;
+  char key[40];
+  if (!id) snprintf(key, sizeof key, "\1line:%llu", (unsigned long long)input_line);
+  if (df_strset_has(&f->done, id ? id : key)) return DFLASH_OK;
+  if (df_strset_add(&f->err_done, id ? id : key) < 0) return df_error_nomem("resume set");
+  return mark_done(ctx, id, input_line, text, len);
+}
+
 /* With retry_errors, records of failed requests move from errors.jsonl to
  * errors.retried.jsonl (appended and synced first, so a crash in between
  * leaves them in errors.jsonl, where they are simply found again). */
@@ -233,7 +245,7 @@ static dflash_status open_remote_outputs(dflash_fetch *f) {
   dflash_status st = (cpre && epre) ? DFLASH_OK : df_error_nomem("path");
   if (!st) st = df_out_open_remote(f->storage, cpre, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_chunks(f, epre);
-  if (!st) st = df_out_open_remote(f->storage, epre, mark_done, f, &f->errors);
+  if (!st) st = df_out_open_remote(f->storage, epre, mark_error_done, f, &f->errors);
   free(cpre);
   free(epre);
   return st;
@@ -246,7 +258,7 @@ static dflash_status open_outputs(dflash_fetch *f) {
   dflash_status st = (cpath && epath) ? DFLASH_OK : df_error_nomem("path");
   if (!st) st = df_out_open(cpath, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_errors(f, epath);
-  if (!st) st = df_out_open(epath, mark_done, f, &f->errors);
+  if (!st) st = df_out_open(epath, mark_error_done, f, &f->errors);
   free(cpath);
   free(epath);
   return st;
@@ -336,6 +348,7 @@ static dflash_status scan_one(dflash_fetch *f, df_strset *seen, uint64_t off, ui
            (unsigned long long)line, id);
   } else if (df_strset_has(&f->done, id ? id : key)) {
     f->skipped++;
+    if (df_strset_has(&f->err_done, id ? id : key)) f->errors_earlier++;
   } else if (st) {
     out = add_bad(f, line, explicit_id ? df_strdup(explicit_id) : NULL, cap_b);
   } else {
@@ -400,6 +413,21 @@ DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *
   return DFLASH_OK;
 }
 
+DFLASH_API dflash_status dflash_fetch_set_guards(dflash_fetch *f, const dflash_fetch_guards *g) {
+  DF_CHECK_ARG(f && (!g || g->struct_size >= sizeof g->struct_size));
+  if (f->ran) return df_error(DFLASH_E_STATE, "fetch: set the guards before run");
+  dflash_fetch_guards v = {0};
+  if (g) memcpy(&v, g, g->struct_size < sizeof v ? g->struct_size : sizeof v);
+  v.struct_size = sizeof v;
+  if (v.settings_change < DFLASH_FETCH_SETTINGS_WARN || v.settings_change > DFLASH_FETCH_SETTINGS_ALLOW)
+    return df_error(DFLASH_E_CONFIG, "fetch: unknown settings_change %d", (int)v.settings_change);
+  if (v.down_timeout_s != v.down_timeout_s)
+    return df_error(DFLASH_E_CONFIG, "fetch: down_timeout_s is not a number");
+  if (v.down_timeout_s == 0) v.down_timeout_s = 600;
+  f->guards = v;
+  return DFLASH_OK;
+}
+
 DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
                                              const char *input_path, const char *out_dir,
                                              dflash_fetch **out) {
@@ -410,6 +438,8 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   dflash_fetch *f = calloc(1, sizeof *f);
   if (!f) return df_error_nomem("fetcher");
   f->lock_fd = f->epfd = f->wake_r = f->wake_w = -1;
+  f->guards = (dflash_fetch_guards){.struct_size = sizeof f->guards, .down_timeout_s = 600};
+  f->all_down_since = -1;
   f->completions.fd = f->errors.fd = -1;
   f->input_path = df_strdup(input_path);
   f->out_dir = df_strdup(out_dir);
@@ -536,6 +566,21 @@ DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress
   DF_CHECK_ARG(f);
   if (f->ran) return df_error(DFLASH_E_STATE, "fetch: run was already called on this fetcher");
   f->ran = true;
+  f->start_time = df_now_seconds();
+  /* Before any work: settings first (nothing on the network), then the servers;
+   * the settings are recorded only once the run goes ahead. */
+  json_t *doc = NULL;
+  dflash_status st = df_fetch_check_settings(f, &doc);
+  if (!st && !f->guards.no_server_check) st = df_fetch_check_servers(f);
+  if (!st && doc) st = df_fetch_write_settings(f, doc);
+  json_decref(doc);
+  if (st) {
+    f->end_time = df_now_seconds();
+    f->elapsed = f->end_time - f->start_time;
+    if (f->elapsed <= 0) f->elapsed = 1e-9;
+    if (st == DFLASH_E_CANCELLED) f->stopping = true, f->stop_reason = "stop";
+    return st;
+  }
   if (f->remote_out) {
     dflash_status st = df_out_start_chunks(&f->completions, f->storage, f->worker, &f->chunk_opts);
     if (!st) st = df_out_start_chunks(&f->errors, f->storage, f->worker, &f->chunk_opts);
@@ -606,20 +651,22 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
   json_t *servers = json_array();
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *v = &f->servers[i];
-    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I}", "url", v->display,
-                                             "healthy", v->healthy, "requests",
+    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:s?}", "url",
+                                             v->display, "healthy", v->healthy, "requests",
                                              (json_int_t)v->requests, "completed",
                                              (json_int_t)v->completed, "failures",
                                              (json_int_t)v->failures, "completion_tokens",
                                              (json_int_t)v->completion_tokens, "turns_uncounted",
-                                             (json_int_t)v->turns_uncounted));
+                                             (json_int_t)v->turns_uncounted, "probes_failed",
+                                             (json_int_t)v->probes_failed, "excluded",
+                                             v->excluded, "check", v->check_msg));
   }
   /* completion_tokens sums the answers that came with a count (turns_counted); the rate is
    * null while answers came but none with a count, rather than a false 0 */
   json_t *rate = f->turns_counted == 0 && f->turns_uncounted > 0 ? json_null()
                  : json_real(s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0);
   json_t *j = json_pack(
-      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:b,s:o}", "total",
+      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:b}", "total",
       (json_int_t)s.total, "skipped", (json_int_t)s.skipped, "completed", (json_int_t)s.completed,
       "failed", (json_int_t)s.failed, "duplicates", (json_int_t)s.duplicates, "length",
       (json_int_t)s.length, "empty", (json_int_t)s.empty, "retries", (json_int_t)s.retries,
@@ -627,14 +674,30 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
       (json_int_t)s.prompt_tokens, "completion_tokens", (json_int_t)s.completion_tokens,
       "turns_counted", (json_int_t)f->turns_counted, "turns_uncounted",
       (json_int_t)f->turns_uncounted, "elapsed_s", s.elapsed_s, "completion_tok_per_s", rate,
-      "stopped", (int)s.stopping, "servers", servers);
+      "stopped", (int)s.stopping);
+  if (j) { /* the guards' counters (dflash_fetch_set_guards); "servers" stays last */
+    double now = f->end_time > 0 ? f->end_time : df_now_seconds();
+    json_object_set_new(j, "attempts_failed", json_integer((json_int_t)f->attempts_failed));
+    json_object_set_new(j, "probes_failed", json_integer((json_int_t)f->probes_failed));
+    json_object_set_new(j, "errors_earlier", json_integer((json_int_t)f->errors_earlier));
+    json_object_set_new(j, "down_s", json_real(f->all_down_since >= 0 ? now - f->all_down_since
+                                                                      : 0.0));
+    json_object_set_new(j, "down_timeout_s", f->guards.down_timeout_s > 0
+                                                 ? json_real(f->guards.down_timeout_s)
+                                                 : json_null());
+    json_object_set_new(j, "stop_reason", f->stop_reason ? json_string(f->stop_reason)
+                                                         : json_null());
+    json_object_set(j, "servers", servers);
+  }
+  json_decref(servers);
   char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   if (!text) return df_error_nomem("summary");
   size_t n = strlen(text) + 1;
   *len = n;
   dflash_status st = DFLASH_OK;
-  if (n > cap) st = df_error(DFLASH_E_BUFFER, "fetch summary needs %zu bytes", n);
+  if (n > cap && !buf) st = DFLASH_E_BUFFER; /* a size query: no message, nothing logged */
+  else if (n > cap) st = df_error(DFLASH_E_BUFFER, "fetch summary needs %zu bytes", n);
   else memcpy(buf, text, n);
   free(text);
   return st;
@@ -658,7 +721,10 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
   free(f->bad);
   free(f->prompts);
   df_strset_free(&f->done);
+  df_strset_free(&f->err_done);
+  json_decref(f->settings);
   for (size_t i = 0; i < f->n_servers; i++) {
+    free(f->servers[i].check_msg);
     free(f->servers[i].base);
     free(f->servers[i].url);
     free(f->servers[i].display);

@@ -19,6 +19,9 @@ typedef struct df_server {
   double next_probe;
   uint64_t requests, completed, failures, completion_tokens;
   uint64_t turns_uncounted; /* answers whose usage had no completion count */
+  uint64_t probes_failed;
+  bool excluded;   /* failed the start-up check (skip_bad_servers): never used */
+  char *check_msg; /* why it failed the start-up check, NULL when it passed or none ran */
 } df_server;
 
 /* A valid input line still to fetch. */
@@ -109,6 +112,16 @@ struct dflash_fetch {
   size_t n_easy_pool, cap_easy_pool;
   uint64_t rng;
 
+  dflash_fetch_guards guards; /* down_timeout_s resolved: > 0, or < 0 for never */
+  bool has_key;              /* an Authorization header is sent */
+  df_strset err_done;        /* ids (and "\1line:N" keys) found only in errors.jsonl */
+  uint64_t errors_earlier;   /* prompts of this input whose record is an error from a run before */
+  uint64_t attempts_failed, probes_failed;
+  double all_down_since;     /* < 0 while a server in use is healthy */
+  double end_time;           /* when the run ended, 0 before */
+  const char *stop_reason;   /* NULL, "stop", "down_timeout", "server_check", "settings" */
+  json_t *settings;          /* this run's request settings (settings.json) */
+
   atomic_int stop_requests;
   bool stopping, ran, curl_inited;
   double start_time, stop_deadline;
@@ -127,6 +140,12 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
 dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
 dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out);
 void df_job_free(df_job *job);
+
+/* check.c: the start-up check of the servers and the recorded settings */
+json_t *df_fetch_settings(const dflash_fetch *f);
+dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write);
+dflash_status df_fetch_write_settings(dflash_fetch *f, json_t *doc);
+dflash_status df_fetch_check_servers(dflash_fetch *f);
 
 /* loop.c */
 dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);

@@ -48,6 +48,7 @@ static dflash_status make_headers(dflash_fetch *f, const dflash_fetch_options *o
   const char *fixed[] = {"Content-Type: application/json", "Expect:"};
   for (size_t i = 0; i < DF_ARRAY_LEN(fixed); i++)
     f->headers = curl_slist_append(f->headers, fixed[i]);
+  f->has_key = key && *key;
   if (key && *key) {
     char *h = df_asprintf("Authorization: Bearer %s", key);
     if (h) f->headers = curl_slist_append(f->headers, h);
@@ -453,7 +454,7 @@ static dflash_status dispatch(dflash_fetch *f, double now) {
 static dflash_status start_probes(dflash_fetch *f, double now) {
   for (size_t i = 0; i < f->n_servers; i++) {
     df_server *s = &f->servers[i];
-    if (s->healthy || s->probing || s->next_probe > now) continue;
+    if (s->excluded || s->healthy || s->probing || s->next_probe > now) continue;
     dflash_status st = start_xfer(f, NULL, (int)i);
     if (st) return st;
   }
@@ -490,6 +491,11 @@ static void probe_done(dflash_fetch *f, df_xfer *x, CURLcode rc, double now) {
     df_log(DFLASH_LOG_INFO, "fetch: %s answers again; back in service", s->display);
   } else {
     s->next_probe = now + f->o.probe_interval_s;
+    s->probes_failed++;
+    f->probes_failed++;
+    df_log(DFLASH_LOG_DEBUG, "fetch: probe of %s failed (%s)", s->display,
+           rc != CURLE_OK ? (x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc))
+                          : "no valid 1-token answer");
   }
 }
 
@@ -567,6 +573,7 @@ static dflash_status xfer_done(dflash_fetch *f, df_xfer *x, CURLcode rc) {
   } else {
     f->jobs_in_flight--;
     result r = classify(x, rc);
+    if (r.kind != RES_OK) f->attempts_failed++;
     server_result(f, s, &r, now);
     st = r.kind == RES_OK ? turn_done(f, x->job, x, now) : job_failed(f, x->job, x, &r, now);
     free(r.msg);
@@ -628,7 +635,8 @@ static int wait_ms(const dflash_fetch *f, double now, double tick) {
     for (size_t i = 0; i < f->n_waiting; i++)
       if (f->waiting[i]->not_before < t) t = f->waiting[i]->not_before;
   for (size_t i = 0; !f->stopping && i < f->n_servers; i++)
-    if (!f->servers[i].healthy && !f->servers[i].probing && f->servers[i].next_probe < t)
+    if (!f->servers[i].excluded && !f->servers[i].healthy && !f->servers[i].probing &&
+        f->servers[i].next_probe < t)
       t = f->servers[i].next_probe;
   if (f->stopping && f->stop_deadline < t) t = f->stop_deadline;
   double ms = ceil((t - now) * 1000.0);
@@ -672,6 +680,34 @@ static void report(dflash_fetch *f, dflash_fetch_progress_fn progress, void *use
   if (progress(f, &s, user) && atomic_load(&f->stop_requests) == 0) dflash_fetch_stop(f);
 }
 
+/* Every server in use taken out: how long for, and the stop once it lasts
+ * down_timeout_s (the prompts left stay unrecorded, to be resumed). */
+static void watch_down(dflash_fetch *f, double now) {
+  for (size_t i = 0; i < f->n_servers; i++)
+    if (!f->servers[i].excluded && f->servers[i].healthy) {
+      if (f->all_down_since >= 0)
+        df_log(DFLASH_LOG_INFO, "fetch: a server is back after all were down for %.0f s",
+               now - f->all_down_since);
+      f->all_down_since = -1;
+      return;
+    }
+  double limit = f->guards.down_timeout_s;
+  if (f->all_down_since < 0) {
+    f->all_down_since = now;
+    if (limit > 0)
+      df_log(DFLASH_LOG_WARN, "fetch: every server is down; waiting up to %.0f s for one to "
+             "come back", limit);
+    else
+      df_log(DFLASH_LOG_WARN, "fetch: every server is down; waiting for one to come back");
+  } else if (limit > 0 && now - f->all_down_since >= limit) {
+    f->stop_reason = "down_timeout";
+    f->stopping = true;
+    f->stop_deadline = now + f->o.drain_grace_s;
+    df_log(DFLASH_LOG_ERROR, "fetch: every server has been down for %.0f s (the down timeout); "
+           "stopping", now - f->all_down_since);
+  }
+}
+
 /* One step: admit work, wait for sockets or timers, collect finished transfers.
  * Returns false when the loop should end. */
 static bool step(dflash_fetch *f, dflash_status *st, double tick) {
@@ -679,6 +715,7 @@ static bool step(dflash_fetch *f, dflash_status *st, double tick) {
   int requests = atomic_load(&f->stop_requests);
   if (requests && !f->stopping) {
     f->stopping = true;
+    f->stop_reason = "stop";
     f->stop_deadline = now + f->o.drain_grace_s;
     df_log(DFLASH_LOG_INFO, "fetch: stopping; waiting up to %.0f s for %llu requests in flight",
            f->o.drain_grace_s, (unsigned long long)f->jobs_in_flight);
@@ -688,6 +725,7 @@ static bool step(dflash_fetch *f, dflash_status *st, double tick) {
   } else {
     if ((*st = dispatch(f, now)) || finished(f)) return false;
     if ((*st = start_probes(f, now))) return false;
+    watch_down(f, now);
   }
   poll_once(f, wait_ms(f, now, tick));
   if ((*st = drain_messages(f))) return false;
@@ -707,16 +745,19 @@ dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, vo
     }
   }
   abort_all(f);
-  f->elapsed = df_now_seconds() - f->start_time;
+  f->end_time = df_now_seconds();
+  f->elapsed = f->end_time - f->start_time;
   dflash_status sync = sync_outputs(f, 0, df_now_seconds());
   if (!sync) sync = df_out_flush(&f->completions); /* remote outputs: upload the open chunks */
   if (!sync) sync = df_out_flush(&f->errors);
   report(f, progress, user);
   if (st || (st = sync)) return st;
-  if (!finished(f))
-    return df_error(DFLASH_E_CANCELLED, "fetch stopped with %llu prompts unfinished; run the "
-                    "same command again to resume",
-                    (unsigned long long)(f->n_prompts - f->next_prompt + f->n_waiting +
-                                         (f->n_bad - f->next_bad)));
-  return DFLASH_OK;
+  if (finished(f)) return DFLASH_OK;
+  unsigned long long left = f->n_prompts - f->next_prompt + f->n_waiting + (f->n_bad - f->next_bad);
+  if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout"))
+    return df_error(DFLASH_E_TIMEOUT, "fetch: every server was down for %.0f s (the down timeout); "
+                    "stopped with %llu prompts unfinished; run the same command again to resume "
+                    "once a server answers", f->guards.down_timeout_s, left);
+  return df_error(DFLASH_E_CANCELLED, "fetch stopped with %llu prompts unfinished; run the "
+                  "same command again to resume", left);
 }

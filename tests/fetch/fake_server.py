@@ -51,6 +51,11 @@ the ports, so "openai,none" makes port 0 count and port 1 not):
 The fake's prompt "tokens" are len(json(messages)) // 4; llama and timings pretend a
 third of them came from the prompt cache.
 
+--models LIST[;LIST...] sets the ids GET /v1/models lists, comma-separated, per port (the
+lists are cycled over the ports like --usage; default "fake"). --api-key KEY makes every
+endpoint answer 401 (as vLLM's --api-key does) unless the request has
+"Authorization: Bearer KEY"; --forbid-key KEY answers 403 to that one key.
+
 --chaos P adds random faults (seeded by prompt and attempt) to the first two
 attempts of a fraction P of prompts.
 
@@ -133,6 +138,8 @@ class State:
         self.total = 0
         self.by_status = {}
         self.usage_kind = {}  # port -> how it reports token counts (--usage)
+        self.models = {}      # port -> ids listed by GET /v1/models (--models)
+        self.models_requests = 0
 
     def next_attempt(self, key):
         with self.lock:
@@ -199,16 +206,37 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def kind(self):
         return self.state.usage_kind.get(self.server.server_address[1], "openai")
 
+    def refused(self):
+        """401/403 as vLLM and SGLang answer with --api-key; False when the key is fine."""
+        auth = self.headers.get("Authorization")
+        args = self.state.args
+        if args.forbid_key and auth == f"Bearer {args.forbid_key}":
+            self.send_json(403, {"error": {"message": "this key may not use the model",
+                                           "code": 403}})
+            return True
+        if args.api_key and auth != f"Bearer {args.api_key}":
+            self.send_json(401, {"error": "Unauthorized"})
+            return True
+        return False
+
     # ---- endpoints
     def do_GET(self):
         if self.path.endswith("/models"):
-            self.send_json(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+            with self.state.lock:
+                self.state.models_requests += 1
+            if self.refused():
+                return
+            ids = self.state.models.get(self.server.server_address[1], ["fake"])
+            self.send_json(200, {"object": "list",
+                                 "data": [{"id": i, "object": "model"} for i in ids]})
         else:
             self.send_json(404, {"error": {"message": "not found", "code": 404}})
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(n)
+        if self.refused():
+            return
         if not self.path.endswith("/chat/completions"):
             return self.send_json(404, {"error": {"message": "not found", "code": 404}})
         try:
@@ -482,7 +510,7 @@ def control_handler(farm):
                 if self.path == "/requests":
                     return self.reply(st.requests)
                 self.reply({"total": st.total, "attempts": st.attempts,
-                            "by_fault": st.by_status})
+                            "by_fault": st.by_status, "models_requests": st.models_requests})
 
         def do_POST(self):
             n = int(self.headers.get("Content-Length", "0"))
@@ -495,6 +523,7 @@ def control_handler(farm):
                     farm.state.requests.clear()
                     farm.state.total = 0
                     farm.state.by_status.clear()
+                    farm.state.models_requests = 0
             self.reply({"ok": True})
     return Control
 
@@ -510,6 +539,10 @@ def main():
     ap.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     ap.add_argument("--usage", default="openai",
                     help="openai | llama | timings | none per port, comma-separated, cycled")
+    ap.add_argument("--models", default="fake",
+                    help="ids GET /v1/models lists: comma-separated, ';' between ports, cycled")
+    ap.add_argument("--api-key", default=None, help="answer 401 without Bearer KEY")
+    ap.add_argument("--forbid-key", default=None, help="answer 403 to Bearer KEY")
     args = ap.parse_args()
     kinds = args.usage.split(",")
     if any(k not in ("openai", "llama", "timings", "none") for k in kinds):
@@ -517,6 +550,8 @@ def main():
     state = State(args)
     farm = Farm(state, args.servers)
     state.usage_kind = {p: kinds[i % len(kinds)] for i, p in enumerate(farm.ports)}
+    lists = [[m for m in part.split(",") if m] for part in args.models.split(";")]
+    state.models = {p: lists[i % len(lists)] for i, p in enumerate(farm.ports)}
     control = Server(("127.0.0.1", 0), control_handler(farm))
     threading.Thread(target=control.serve_forever, daemon=True).start()
     print(json.dumps({"ports": farm.ports, "control": control.server_address[1]}), flush=True)

@@ -86,7 +86,8 @@ def fetch_cmd(farm, inp, out, *extra):
 def run_fetch(farm, inp, out, *extra, rc=0, env=None):
     p = subprocess.run(fetch_cmd(farm, inp, out, *extra), capture_output=True, text=True,
                        timeout=300, env=env)
-    assert p.returncode == rc, f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
+    assert rc is None or p.returncode == rc, \
+        f"exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}"
     return json.loads(p.stdout) if p.stdout.strip() else None, p
 
 
@@ -210,7 +211,7 @@ FAULT_CASES = {
 def run_fault_cases(farm, tmp_path, *extra):
     recs = [user(f"case {k} {d}", k) for k, (d, _, _) in FAULT_CASES.items()]
     write_jsonl(tmp_path / "in.jsonl", recs)
-    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", *extra)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", *extra, rc=4)
     comps, errs = outputs(tmp_path / "out")
     assert_exactly_once(tmp_path / "out", list(FAULT_CASES))
     got = {r["id"]: r for r in comps}
@@ -262,7 +263,7 @@ def test_deadline_and_give_up(farm, tmp_path):
                                         user("[[fault:503*9]]", "dead"),
                                         user("[[fault:nofinish*9]]", "aborted")])
     summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--deadline", "1",
-                           "--max-attempts", "3", "--fail-threshold", "100")
+                           "--max-attempts", "3", "--fail-threshold", "100", rc=4)
     comps, errs = outputs(tmp_path / "out")
     assert [r["id"] for r in comps] == ["hang"] and comps[0]["attempts"] == 2
     errs = {e["id"]: e for e in errs}
@@ -329,14 +330,15 @@ def test_kill9_then_resume_loses_nothing(tmp_path):
             proc.wait()
             done_before = len(read_jsonl(out / "completions.jsonl"))
             assert done_before < n
-        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--concurrency", "8")
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--concurrency", "8", rc=4)
         assert summary["skipped"] >= 300
         assert_exactly_once(out, [f"k{i}" for i in range(n)], bad_lines=[101])
         assert_matches_server(outputs(out)[0])
         # A fourth run has nothing left to do.
         before = farm.get("/stats")["total"]
-        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)  # the broken line
         assert summary["completed"] == 0 and summary["skipped"] == n + 1
+        assert summary["errors_earlier"] == 1
         assert farm.get("/stats")["total"] == before
     finally:
         farm.close()
@@ -363,6 +365,10 @@ def test_sigint_drains_then_resume(tmp_path):
         assert proc.returncode == 3, stderr
         summary = json.loads(stdout)
         assert summary["stopped"] and summary["pending"] > 0
+        assert summary["stop_reason"] == "stop"
+        # the stop's own message, not the summary's buffer size (it used to say
+        # "fetch summary needs N bytes" here)
+        assert "summary needs" not in stderr and "run the same command again" in stderr
         comps = read_jsonl(out / "completions.jsonl")
         # Draining finished what was in flight: every request the server got has its record.
         assert len(comps) == farm.get("/stats")["total"]
@@ -395,10 +401,18 @@ def test_server_dies_and_comes_back(tmp_path):
 def test_all_servers_down_at_start(tmp_path):
     farm = Farm(1)
     try:
-        farm.post("/down", {"port": farm.ports[0], "seconds": 1.0})
+        farm.post("/down", {"port": farm.ports[0], "seconds": 3.0})
         write_jsonl(tmp_path / "in.jsonl", [user(f"late {i}", i) for i in range(20)])
+        # The start-up check refuses at once, naming the server; nothing is written.
+        t0 = time.monotonic()
+        _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", rc=6)
+        assert time.monotonic() - t0 < 2.5
+        assert f"{farm.urls[0]}: unreachable" in p.stderr
+        assert outputs(tmp_path / "out") == ([], [])
+        # Without it, the run waits for the server and finishes.
         summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out",
-                               "--fail-threshold", "1", "--max-attempts", "3")
+                               "--fail-threshold", "1", "--max-attempts", "3",
+                               "--no-server-check")
         assert_exactly_once(tmp_path / "out", [str(i) for i in range(20)])
         assert summary["completed"] == 20
     finally:
@@ -425,12 +439,13 @@ def test_retry_errors_moves_records(farm, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [user("[[fault:503*2]]", "e"), user("fine", "f"),
                                         user("[[fault:400]]", "p")])
     out = tmp_path / "out"
-    run_fetch(farm, tmp_path / "in.jsonl", out, "--max-attempts", "1")
+    run_fetch(farm, tmp_path / "in.jsonl", out, "--max-attempts", "1", rc=4)
     assert sorted(r["id"] for r in outputs(out)[1]) == ["e", "p"]
-    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)
     assert summary["skipped"] == 3 and summary["completed"] == 0
+    assert summary["failed"] == 0 and summary["errors_earlier"] == 2
     summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--retry-errors", "--max-attempts",
-                           "3")
+                           "3", rc=4)  # "p" is a 400 every time
     comps, errs = outputs(out)
     assert sorted(r["id"] for r in comps) == ["e", "f"]
     assert [r["id"] for r in errs] == ["p"]
@@ -444,7 +459,9 @@ def test_shards_cover_input_exactly_once(farm, tmp_path):
     ids, bad = [], []
     for i in range(3):
         out = tmp_path / f"out{i}"
-        run_fetch(farm, tmp_path / "in.jsonl", out, "--shard", f"{i}/3")
+        summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--shard", f"{i}/3",
+                               rc=None)
+        assert p.returncode == (4 if summary["failed"] else 0), p.stderr
         comps, errs = outputs(out)
         assert 10 < len(comps) < 50
         ids += [r["id"] for r in comps]
@@ -459,7 +476,7 @@ def test_malformed_lines_are_recorded_once(farm, tmp_path):
             user("dup first", "d"), user("dup second", "d")]
     write_jsonl(tmp_path / "in.jsonl", recs)
     out = tmp_path / "out"
-    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)
     comps, errs = outputs(out)
     assert sorted(r["id"] for r in comps) == ["a", "d"]
     assert summary["duplicates"] == 1
@@ -468,8 +485,10 @@ def test_malformed_lines_are_recorded_once(farm, tmp_path):
     assert "in.jsonl:2: invalid JSON at column" in by_line[2]["error"]
     assert by_line[3]["id"] == "x" and "empty" in by_line[3]["error"]
     assert "unknown speaker" in by_line[4]["error"] and all(e["kind"] == "input" for e in errs)
-    run_fetch(farm, tmp_path / "in.jsonl", out)
+    summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)
     assert len(outputs(out)[1]) == 3  # not recorded twice
+    assert summary["failed"] == 0 and summary["errors_earlier"] == 3
+    assert "3 prompts ended in" in p.stderr and "errors.jsonl" in p.stderr
 
 
 def test_api_key_is_sent_and_never_written(farm, tmp_path):
@@ -477,7 +496,8 @@ def test_api_key_is_sent_and_never_written(farm, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [user("key", "k"), user("[[fault:400]]", "bad")])
     env = dict(os.environ, FAKE_KEY=secret)
     out = tmp_path / "out"
-    _, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--api-key-env", "FAKE_KEY", "-v", env=env)
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--api-key-env", "FAKE_KEY", "-v", env=env,
+                     rc=4)
     assert all(q["authorization"] == f"Bearer {secret}" for q in farm.get("/requests"))
     for f in out.iterdir():
         assert secret not in f.read_text()
@@ -485,7 +505,7 @@ def test_api_key_is_sent_and_never_written(farm, tmp_path):
     (tmp_path / "key.txt").write_text(secret + "\n")
     farm.post("/reset", {})
     run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out2", "--api-key-file",
-              str(tmp_path / "key.txt"))
+              str(tmp_path / "key.txt"), rc=4)
     assert all(q["authorization"] == f"Bearer {secret}" for q in farm.get("/requests"))
     _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out3", "--api-key-env",
                      "DFLASH_UNSET_KEY_VAR", rc=1)
@@ -522,6 +542,7 @@ def test_response_cap_and_directory_lock(farm, tmp_path):
     _, p = run_fetch(farm, tmp_path / "in.jsonl", out, rc=1)
     assert "another fetch is writing" in p.stderr
     proc.communicate(timeout=60)
+    assert proc.returncode == 4  # every prompt ended in errors.jsonl
     comps, errs = outputs(out)
     assert comps == [] and sorted(e["id"] for e in errs) == ["c", "h"]  # no answer fits 300 B
     assert all(e["kind"] == "response" and "max_response_bytes" in e["error"] for e in errs)
@@ -661,3 +682,244 @@ def test_stream_options_follow_the_stream_the_body_asks_for(farm, tmp_path):
     assert_matches_server(comps)
     bodies = [q["body"] for q in farm.get("/requests") if q["body"].get("max_tokens") != 1]
     assert [b.get("stream_options") for b in bodies] == [None] * 4 + [{"include_usage": True}] * 4
+
+
+# ---- never hang, never call failure success (issue 19, item 2) -----------------------
+
+DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens, connections are refused
+
+
+def dead_cmd(inp, out, *extra):
+    return [CLI, "fetch", "--server", DEAD, "--model", "m", "--connect-timeout", "2",
+            "--max-attempts", "2", *extra, str(inp), "-o", str(out)]
+
+
+def run_dead(inp, out, *extra, timeout=60):
+    """A fetch against a dead port; on today's main it ran forever (TimeoutExpired)."""
+    p = subprocess.run(dead_cmd(inp, out, *extra), capture_output=True, text=True,
+                       timeout=timeout)
+    return (json.loads(p.stdout) if p.stdout.strip() else None), p
+
+
+def test_dead_server_is_refused_at_start(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user(f"d {i}", i) for i in range(5)])
+    t0 = time.monotonic()
+    summary, p = run_dead(tmp_path / "in.jsonl", tmp_path / "out")
+    assert p.returncode == 6, p.stderr
+    assert time.monotonic() - t0 < 10
+    assert f"{DEAD}: unreachable" in p.stderr and "start-up check" in p.stderr
+    assert summary["stop_reason"] == "server_check" and summary["completed"] == 0
+    assert DEAD in summary["servers"][0]["check"]
+    assert outputs(tmp_path / "out") == ([], [])  # nothing sent, nothing recorded
+    assert not (tmp_path / "out" / "settings.json").exists()
+
+
+def test_dead_server_every_attempt_failing_is_not_success(tmp_path):
+    # --max-attempts 1 without the check: every prompt fails; that was exit 0.
+    write_jsonl(tmp_path / "in.jsonl", [user(f"d {i}", i) for i in range(5)])
+    summary, p = run_dead(tmp_path / "in.jsonl", tmp_path / "out", "--max-attempts", "1",
+                          "--no-server-check")
+    assert p.returncode == 4, p.stderr
+    errs = outputs(tmp_path / "out")[1]
+    assert sorted(e["id"] for e in errs) == [str(i) for i in range(5)]
+    assert all(e["kind"] == "network" for e in errs)
+    assert summary["failed"] == 5 and summary["attempts_failed"] == 5
+    assert "5 prompts ended in" in p.stderr
+
+
+def test_all_servers_down_stops_after_down_timeout(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user(f"d {i}", i) for i in range(5)])
+    t0 = time.monotonic()
+    summary, p = run_dead(tmp_path / "in.jsonl", tmp_path / "out", "--no-server-check",
+                          "--down-timeout", "2", "--probe-interval", "0.2", "--log-interval",
+                          "0.3")
+    took = time.monotonic() - t0
+    assert p.returncode == 5, p.stderr
+    assert 2 <= took < 15
+    # The progress line says what is going on, and the counters move.
+    assert re.search(r"all servers down for \d+ s, waiting \(stop at 2 s\)", p.stderr), p.stderr
+    assert "attempts failed 5" in p.stderr
+    assert summary["stop_reason"] == "down_timeout" and summary["stopped"]
+    assert summary["attempts_failed"] == 5 and summary["probes_failed"] >= 2
+    assert summary["servers"][0]["failures"] == 5 and summary["servers"][0]["probes_failed"] >= 2
+    assert summary["down_s"] >= 2 and summary["down_timeout_s"] == 2
+    assert "down timeout" in p.stderr and "run the same command again" in p.stderr
+    # Nothing is burnt into errors.jsonl: the prompts wait for a resume.
+    assert outputs(tmp_path / "out") == ([], [])
+
+
+def test_down_timeout_mid_run_keeps_work_and_resumes(tmp_path):
+    farm = Farm(1, "--token-delay", "0.02")
+    try:
+        n = 150
+        proc, out = start_midway(farm, tmp_path, n, 20, "--down-timeout", "1.5",
+                                 "--fail-threshold", "1")
+        farm.post("/down", {"port": farm.ports[0], "seconds": 6})
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 5, stderr
+        summary = json.loads(stdout)
+        assert summary["stop_reason"] == "down_timeout"
+        kept = outputs(out)[0]
+        assert 20 <= len(kept) < n and outputs(out)[1] == []
+        end = time.monotonic() + 30  # the server comes back
+        while time.monotonic() < end:
+            try:
+                urllib.request.urlopen(farm.urls[0] + "/models", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--concurrency", "8")
+        assert summary["skipped"] == len(kept)
+        assert_exactly_once(out, [str(i) for i in range(n)])
+        assert_matches_server(outputs(out)[0], usage_may_be_cut=True)
+    finally:
+        farm.close()
+
+
+def test_startup_check_model_not_served(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("m", "m")])
+    p = subprocess.run([CLI, "fetch", "--server", farm.urls[0], "--model", "nope",
+                        str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 6, p.stderr
+    assert f'{farm.urls[0]} does not serve model "nope"; it serves "fake"' in p.stderr
+    assert farm.get("/stats")["total"] == 0 and farm.get("/stats")["models_requests"] == 1
+    # The typo fixed, the same folder is fine: a refused start recorded no settings.
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out")
+
+
+def test_startup_check_auth(tmp_path):
+    farm = Farm(1, "--api-key", "right-key", "--forbid-key", "banned-key")
+    try:
+        write_jsonl(tmp_path / "in.jsonl", [user("a", "a")])
+        _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "o1", rc=6)
+        assert "HTTP 401" in p.stderr and "without an API key" in p.stderr
+        assert farm.urls[0] in p.stderr
+        env = dict(os.environ, K="wrong-key")
+        _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "o2", "--api-key-env", "K",
+                         env=env, rc=6)
+        assert "HTTP 401" in p.stderr and "refused the API key" in p.stderr
+        assert "wrong-key" not in p.stderr
+        env = dict(os.environ, K="banned-key")
+        _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "o3", "--api-key-env", "K",
+                         env=env, rc=6)
+        assert "HTTP 403" in p.stderr and "may not use the model" in p.stderr
+        assert farm.get("/stats")["total"] == 0
+        env = dict(os.environ, K="right-key")
+        summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "o4", "--api-key-env", "K",
+                               env=env)
+        assert summary["completed"] == 1
+    finally:
+        farm.close()
+
+
+def test_some_servers_bad_refused_unless_skip_bad_servers(tmp_path):
+    farm = Farm(3, "--models", "fake;other,more;fake")
+    try:
+        write_jsonl(tmp_path / "in.jsonl", [user(f"s {i}", i) for i in range(30)])
+        cmd = fetch_cmd(farm, tmp_path / "in.jsonl", tmp_path / "out")
+        cmd[cmd.index("--model"):cmd.index("--model")] = ["--server", DEAD]  # a fourth, dead
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 6, p.stderr
+        assert "2 of 4 servers failed the start-up check" in p.stderr
+        assert f'{farm.urls[1]} does not serve model "fake"; it serves "other", "more"' in p.stderr
+        assert f"{DEAD}: unreachable" in p.stderr and "--skip-bad-servers" in p.stderr
+        assert farm.get("/stats")["total"] == 0
+        p = subprocess.run(cmd + ["--skip-bad-servers"], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "leaving out" in p.stderr and "going on with 2 of 4 servers" in p.stderr
+        summary = json.loads(p.stdout)
+        by_url = {s["url"]: s for s in summary["servers"]}
+        assert by_url[farm.urls[1]]["excluded"] and by_url[DEAD]["excluded"]
+        assert not by_url[farm.urls[0]]["excluded"] and by_url[farm.urls[0]]["check"] is None
+        assert by_url[DEAD]["requests"] == 0 and by_url[DEAD]["probes_failed"] == 0
+        assert {q["port"] for q in farm.get("/requests")} == {farm.ports[0], farm.ports[2]}
+        assert_exactly_once(tmp_path / "out", [str(i) for i in range(30)])
+        # Only bad servers: refused even with --skip-bad-servers.
+        p = subprocess.run(dead_cmd(tmp_path / "in.jsonl", tmp_path / "out2",
+                                    "--skip-bad-servers"), capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 6 and "no server passed the start-up check" in p.stderr
+    finally:
+        farm.close()
+
+
+def test_no_server_check_sends_no_models_request(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("x", "x")])
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--no-server-check")
+    assert farm.get("/stats")["models_requests"] == 0
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out2")
+    assert farm.get("/stats")["models_requests"] == 1
+
+
+def test_settings_recorded_and_changes_refused(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user(f"q {i}", i) for i in range(6)])
+    out = tmp_path / "out"
+    base = ["--temperature", "0.6", "--max-tokens", "64", "--stop", '["END"]']
+    run_fetch(farm, tmp_path / "in.jsonl", out, *base)
+    rec = json.loads((out / "settings.json").read_text())
+    assert rec["settings"] == {
+        "model": "fake", "family": "kimi", "chat_template_kwargs": {"thinking": True},
+        "max_tokens": 64, "temperature": 0.6, "top_p": None, "top_k": None, "min_p": None,
+        "seed": None, "stop": ["END"], "extra": None, "all_turns": False}
+    assert rec["earlier"] == [] and rec["since"]
+    # The same settings resume; so do options that are not request settings.
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, *base, "--concurrency", "3")
+    assert summary["skipped"] == 6
+    write_jsonl(tmp_path / "in.jsonl", [user(f"q {i}", i) for i in range(8)])  # two more
+    sent = farm.get("/stats")["total"]
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", out, *base[2:], "--temperature", "1",
+                     "--no-thinking", rc=1)
+    assert "DFLASH_E_MISMATCH" in p.stderr and "settings.json" in p.stderr
+    assert "temperature 0.6 -> 1" in p.stderr
+    assert 'chat_template_kwargs {"thinking":true} -> {"thinking":false}' in p.stderr
+    assert "max_tokens" not in p.stderr and "--allow-settings-change" in p.stderr
+    assert json.loads(p.stdout)["stop_reason"] == "settings"
+    assert farm.get("/stats")["total"] == sent  # refused before anything was sent
+    assert farm.get("/stats")["models_requests"] == 2  # nor checked
+    assert json.loads((out / "settings.json").read_text()) == rec
+    summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, *base[2:], "--temperature", "1",
+                           "--no-thinking", "--allow-settings-change")
+    assert summary["completed"] == 2 and summary["skipped"] == 6
+    now = json.loads((out / "settings.json").read_text())
+    assert now["settings"]["temperature"] == 1 and now["settings"]["chat_template_kwargs"] == {
+        "thinking": False}
+    assert [e["settings"] for e in now["earlier"]] == [rec["settings"]]
+    assert now["earlier"][0]["since"] == rec["since"] and now["earlier"][0]["until"]
+    # The new settings are now the recorded ones.
+    run_fetch(farm, tmp_path / "in.jsonl", out, *base[2:], "--temperature", "1", "--no-thinking")
+
+
+def test_options_parsed_by_the_shared_parser(farm, tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [user("o", "o")])
+
+    def fetch(*args):
+        return subprocess.run([CLI, "fetch", *args], capture_output=True, text=True, timeout=60)
+    inp, out = str(tmp_path / "in.jsonl"), str(tmp_path / "out")
+    p = fetch("--server", farm.urls[0], "--model", "fake", "--concurrency", "abc", inp, "-o", out)
+    assert p.returncode == 2 and "--concurrency" in p.stderr and "'abc'" in p.stderr
+    p = fetch("--server", farm.urls[0], "--model", "fake", "--top-p", "5", inp, "-o", out)
+    assert p.returncode == 2 and "--top-p wants a number in [0, 1]" in p.stderr
+    p = fetch("--server", farm.urls[0], "--model", "fake", "--max-tokens", "8x", inp, "-o", out)
+    assert p.returncode == 2 and "--max-tokens" in p.stderr
+    p = fetch("--server", farm.urls[0], "--model", "fake", "--concurency", "3", inp, "-o", out)
+    assert p.returncode == 2 and "unknown option --concurency (did you mean --concurrency?)" \
+        in p.stderr
+    p = fetch("--server", farm.urls[0], "--model", "fake", "--family", "klmi", inp, "-o", out)
+    assert p.returncode == 2 and "--family does not take 'klmi'" in p.stderr
+    p = fetch("--server", farm.urls[0], "--model", "fake", inp)
+    assert p.returncode == 2 and "missing -o OUTDIR" in p.stderr
+    p = fetch("--model", "fake", inp, "-o", out)
+    assert p.returncode == 2 and "missing --server" in p.stderr
+    p = fetch("--help")
+    assert p.returncode == 0 and "Exit status:" in p.stdout and "--down-timeout" in p.stdout
+    # --opt=value, options after the input, a repeated --server, -o and -v.
+    p = fetch(inp, f"--server={farm.urls[0]}", "--model=fake", "--max-tokens=8",
+              "--server", farm.urls[0], "-o", out, "-v", "--family=qwen")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["completed"] == 1 and len(summary["servers"]) == 2
+    assert "summary needs" not in p.stderr  # -v showed a buffer-size query before
+    body = [q["body"] for q in farm.get("/requests")][0]
+    assert body["max_tokens"] == 8 and body["chat_template_kwargs"] == {"enable_thinking": True}

@@ -1,7 +1,6 @@
 /* `dflash fetch`: regenerate completions with OpenAI-compatible servers. */
 #include <dflash/fetch.h>
 #include <dflash/progress.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,13 +18,22 @@ static const char usage_text[] =
     "skipped. Ctrl-C drains in-flight requests (up to --grace), a second Ctrl-C stops at once.\n"
     "IN.jsonl may be an s3:// object and OUTDIR an s3:// prefix: completions and errors are\n"
     "then uploaded as immutable chunks OUTDIR/completions/WORKER-NNNNNNNN.jsonl (and errors/).\n"
+    "Options take `--opt value` or `--opt=value`, in any order with IN.jsonl.\n"
+    "\n"
+    "Before any request, every server must answer GET URL/models listing NAME: an unreachable\n"
+    "server, a refused API key (401/403) or a model it does not serve is named and the run\n"
+    "refused (exit 6); --skip-bad-servers goes on with the servers that pass instead.\n"
+    "The request settings (model, family/thinking, max tokens, sampling, stop, extra,\n"
+    "--all-turns) are recorded in OUTDIR/settings.json; a resume with other settings is\n"
+    "refused, naming what changed, unless --allow-settings-change.\n"
     "\n"
     "  --server URL          OpenAI-compatible base URL, e.g. http://host:30000/v1 (repeatable)\n"
-    "  --model NAME          model name sent in each request\n"
-    "  --family F            kimi | qwen | none: reasoning switch in chat_template_kwargs\n"
+    "  --model NAME          model name sent in each request (as the servers list it)\n"
+    "  --family F            kimi | qwen | none (default none): reasoning switch in\n"
+    "                        chat_template_kwargs\n"
     "  --no-thinking         send the family switch as false\n"
     "  --max-tokens N        cap on generated tokens (default: none sent)\n"
-    "  --temperature T, --top-p P, --top-k K, --min-p P, --seed S\n"
+    "  --temperature T, --top-p P, --top-k K, --min-p P, --seed S   (default: not sent)\n"
     "  --stop JSON           stop string or array, as JSON\n"
     "  --extra JSON          object merged into every request body\n"
     "  --no-stream           ask for whole JSON responses instead of SSE\n"
@@ -43,6 +51,12 @@ static const char usage_text[] =
     "  --shard I/N           only ids whose hash % N == I (N machines cover the input once)\n"
     "  --fail-threshold N    failures in a row that take a server out (default 3)\n"
     "  --probe-interval S    1-token probe of a server taken out (default 5)\n"
+    "  --down-timeout S      stop (exit 5) when every server has been out this long\n"
+    "                        (default 600; 0: wait forever)\n"
+    "  --no-server-check     skip the start-up GET /models check\n"
+    "  --skip-bad-servers    leave out servers that fail the check instead of refusing\n"
+    "  --allow-settings-change  resume with request settings other than settings.json's\n"
+    "                        (recorded there; the old ones kept under \"earlier\")\n"
     "  --max-response-bytes N  per response (default 64 MiB)\n"
     "  --grace S             drain time after Ctrl-C/SIGTERM (default 30)\n"
     "  --insecure            do not verify TLS certificates\n"
@@ -52,10 +66,23 @@ static const char usage_text[] =
     "                        concurrent workers on one OUTDIR need distinct names)\n"
     "  --chunk-records N     close an s3:// chunk after N records (default 1000)\n"
     "  --chunk-seconds S     or after S seconds (default 60)\n"
-    "  -v, --verbose         log retries and server health changes\n"
+    "  -o, --output OUTDIR   where the outputs go\n"
+    "  -v, --verbose         log retries, probes and server health changes\n"
     "\n"
-    "Exit status: 0 all prompts have a record, 1 error, 2 usage, 3 stopped (run again to resume).\n"
-    "The final summary is printed to stdout as JSON.\n"
+    "Exit status:\n"
+    "  0  every prompt has a completion\n"
+    "  1  an error (message on stderr), e.g. settings that differ from settings.json's\n"
+    "  2  a usage error\n"
+    "  3  stopped by Ctrl-C/SIGTERM: run the same command again to resume\n"
+    "  4  every prompt has a record, but some are in errors.jsonl (from this run or an\n"
+    "     earlier one): each says why; --retry-errors fetches the failed requests again\n"
+    "  5  every server was down for --down-timeout seconds: what finished is kept; run the\n"
+    "     same command again to resume\n"
+    "  6  a server failed the start-up check: nothing was sent\n"
+    "The final summary is printed to stdout as JSON (\"stop_reason\": null, \"stop\",\n"
+    "\"down_timeout\", \"server_check\" or \"settings\").\n"
+    "The progress line counts retries (attempts sent again), failed (prompts written to\n"
+    "errors.jsonl) and attempts failed (every attempt that failed, connection errors included).\n"
     "Token counts come from the server's usage (streams ask for stream_options.include_usage)\n"
     "or llama.cpp's timings; an answer without either has \"usage\": null. The progress line's\n"
     "tok/s sums the counted answers only: \"(N uncounted)\" says how many came without a count,\n"
@@ -78,6 +105,9 @@ typedef struct cli_state {
   dflash_progress *progress;
   char *summary; /* the last dflash_fetch_summary, grown as needed */
   size_t cap;
+  bool have_summary;
+  uint64_t total;      /* for the progress line, made at the first report: a run refused */
+  double log_interval; /* by its start-up checks shows none */
 } cli_state;
 
 /* A top-level count of the summary JSON (its keys come before "servers"); 0 when absent. */
@@ -89,6 +119,22 @@ static unsigned long long summary_count(const char *json, const char *key) {
   return strtoull(hit + strlen(pat), NULL, 10);
 }
 
+/* A top-level number of the summary JSON (before "servers"); 0 when absent or null. */
+static double summary_real(const char *json, const char *key) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\":", key);
+  const char *hit = strstr(json, pat), *servers = strstr(json, "\"servers\":");
+  if (!hit || (servers && hit > servers)) return 0;
+  return strtod(hit + strlen(pat), NULL);
+}
+
+/* Whether the summary's "stop_reason" is `reason`. */
+static bool stopped_for(const char *json, const char *reason) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"stop_reason\":\"%s\"", reason);
+  return json && strstr(json, pat);
+}
+
 /* Completion tokens per second over the answers whose server sent a count
  * (dflash_fetch_stats.completion_tokens sums only those; the summary says how many
  * came without one): "850 tok/s"; "850 tok/s (12 uncounted)" when some came without;
@@ -97,15 +143,16 @@ static void tok_rate(dflash_fetch *f, const dflash_fetch_stats *s, cli_state *c,
                      char *out, size_t cap) {
   unsigned long long counted = 0, uncounted = 0;
   size_t len = 0;
-  dflash_status st = dflash_fetch_summary(f, c->summary, c->cap, &len);
-  if (st == DFLASH_E_BUFFER) { /* rare: run() sized the buffer for the servers */
+  dflash_status st = dflash_fetch_summary(f, NULL, 0, &len); /* a size query logs nothing */
+  if (st == DFLASH_E_BUFFER && len > c->cap) { /* rare: run() sized the buffer for the servers */
     char *grown = realloc(c->summary, len * 2);
     if (grown) {
       c->summary = grown;
       c->cap = len * 2;
-      st = dflash_fetch_summary(f, c->summary, c->cap, &len);
     }
   }
+  st = len <= c->cap ? dflash_fetch_summary(f, c->summary, c->cap, &len) : DFLASH_E_BUFFER;
+  c->have_summary = st == DFLASH_OK;
   if (st == DFLASH_OK) {
     counted = summary_count(c->summary, "turns_counted");
     uncounted = summary_count(c->summary, "turns_uncounted");
@@ -116,36 +163,62 @@ static void tok_rate(dflash_fetch *f, const dflash_fetch_stats *s, cli_state *c,
   else snprintf(out, cap, "%.0f tok/s", (double)s->completion_tokens / el);
 }
 
-/* The progress note: rates, and each server's load and health. */
+/* The progress note: rates, failures, and each server's load and health; while every
+ * server is down, how long for and when the run gives up. */
 static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
   cli_state *c = user;
-  char note[512], rate[64];
+  char note[640], rate[64], down[128] = "";
   double el = s->elapsed_s > 0 ? s->elapsed_s : 1e-9;
   tok_rate(f, s, c, el, rate, sizeof rate);
-  int n = snprintf(note, sizeof note, "%.1f req/s %s retries %llu failed %llu%s",
-                   (double)(s->completed + s->failed) / el, rate,
-                   (unsigned long long)s->retries, (unsigned long long)s->failed,
-                   s->stopping ? " STOPPING" : "");
+  unsigned long long attempts_failed = 0;
+  if (c->have_summary) {
+    attempts_failed = summary_count(c->summary, "attempts_failed");
+    double down_s = summary_real(c->summary, "down_s");
+    double limit = summary_real(c->summary, "down_timeout_s");
+    if (down_s > 0 && limit > 0)
+      snprintf(down, sizeof down, "all servers down for %.0f s, waiting (stop at %.0f s) |",
+               down_s, limit);
+    else if (down_s > 0)
+      snprintf(down, sizeof down, "all servers down for %.0f s, waiting |", down_s);
+  }
+  int n = down[0] ? snprintf(note, sizeof note, "%s", down)
+                  : snprintf(note, sizeof note, "%.1f req/s %s",
+                             (double)(s->completed + s->failed) / el, rate);
+  n += snprintf(note + n, sizeof note - (size_t)n, " retries %llu attempts failed %llu prompts "
+                "failed %llu%s", (unsigned long long)s->retries, attempts_failed,
+                (unsigned long long)s->failed, s->stopping ? " STOPPING" : "");
   for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < sizeof note - 40; i++) {
     dflash_fetch_server_stats ss = {.struct_size = sizeof ss};
     if (dflash_fetch_get_server_stats(f, i, &ss) == DFLASH_OK)
       n += snprintf(note + n, sizeof note - (size_t)n, " | s%zu %u%s", i, ss.in_flight,
                     ss.healthy ? "" : " DOWN");
   }
+  if (!c->progress &&
+      dflash_progress_create(stderr, "fetch", "prompts", c->total, c->log_interval, &c->progress))
+    return 0;
   dflash_progress_update(c->progress, s->skipped + s->completed + s->failed, note);
   return 0;
 }
 
 typedef struct cli_args {
   dflash_fetch_options o;
+  dflash_fetch_guards g;
   const char **servers;
   size_t n_servers;
   const char *input, *out_dir, *worker;
-  double log_interval, chunk_records, chunk_seconds;
-  int verbose;
+  double log_interval, chunk_seconds, down_timeout;
+  int64_t chunk_records;
+  int verbose, no_thinking, no_stream, insecure, allow_settings_change;
 } cli_args;
 
-static int parse_shard(const char *s, dflash_fetch_options *o) {
+static int add_server(const char *v, void *dst) {
+  cli_args *a = dst;
+  a->servers[a->n_servers++] = v; /* room for argc entries */
+  return 0;
+}
+
+static int parse_shard(const char *s, void *dst) {
+  dflash_fetch_options *o = dst;
   unsigned i, n;
   char extra;
   if (sscanf(s, "%u/%u%c", &i, &n, &extra) != 2 || n == 0 || i >= n) return -1;
@@ -154,7 +227,8 @@ static int parse_shard(const char *s, dflash_fetch_options *o) {
   return 0;
 }
 
-static int parse_family(const char *s, dflash_fetch_options *o) {
+static int parse_family(const char *s, void *dst) {
+  dflash_fetch_options *o = dst;
   if (!strcmp(s, "kimi")) o->family = DFLASH_FETCH_FAMILY_KIMI;
   else if (!strcmp(s, "qwen")) o->family = DFLASH_FETCH_FAMILY_QWEN;
   else if (!strcmp(s, "none")) o->family = DFLASH_FETCH_FAMILY_NONE;
@@ -162,129 +236,90 @@ static int parse_family(const char *s, dflash_fetch_options *o) {
   return 0;
 }
 
-enum {
-  O_MODEL = 256, O_FAMILY, O_NO_THINKING, O_MAX_TOKENS, O_TEMP, O_TOP_P, O_TOP_K, O_MIN_P, O_SEED,
-  O_STOP, O_EXTRA, O_NO_STREAM, O_ALL_TURNS, O_KEY_ENV, O_KEY_FILE, O_CONC, O_CONNECT, O_IDLE,
-  O_DEADLINE, O_ATTEMPTS, O_BACKOFF, O_FSYNC, O_RETRY_ERRORS, O_SHARD, O_FAIL_THR, O_PROBE,
-  O_MAX_RESP, O_GRACE, O_INSECURE, O_RID, O_LOG_INTERVAL, O_SERVER, O_HELP, O_WORKER,
-  O_CHUNK_RECORDS, O_CHUNK_SECONDS
-};
-
-static const struct option long_opts[] = {
-    {"server", 1, 0, O_SERVER}, {"model", 1, 0, O_MODEL}, {"family", 1, 0, O_FAMILY},
-    {"no-thinking", 0, 0, O_NO_THINKING}, {"max-tokens", 1, 0, O_MAX_TOKENS},
-    {"temperature", 1, 0, O_TEMP}, {"top-p", 1, 0, O_TOP_P}, {"top-k", 1, 0, O_TOP_K},
-    {"min-p", 1, 0, O_MIN_P}, {"seed", 1, 0, O_SEED}, {"stop", 1, 0, O_STOP},
-    {"extra", 1, 0, O_EXTRA}, {"no-stream", 0, 0, O_NO_STREAM}, {"all-turns", 0, 0, O_ALL_TURNS},
-    {"api-key-env", 1, 0, O_KEY_ENV}, {"api-key-file", 1, 0, O_KEY_FILE},
-    {"concurrency", 1, 0, O_CONC}, {"connect-timeout", 1, 0, O_CONNECT},
-    {"idle-timeout", 1, 0, O_IDLE}, {"deadline", 1, 0, O_DEADLINE},
-    {"max-attempts", 1, 0, O_ATTEMPTS}, {"backoff", 1, 0, O_BACKOFF},
-    {"fsync-interval", 1, 0, O_FSYNC}, {"retry-errors", 0, 0, O_RETRY_ERRORS},
-    {"shard", 1, 0, O_SHARD}, {"fail-threshold", 1, 0, O_FAIL_THR},
-    {"probe-interval", 1, 0, O_PROBE}, {"max-response-bytes", 1, 0, O_MAX_RESP},
-    {"grace", 1, 0, O_GRACE}, {"insecure", 0, 0, O_INSECURE}, {"send-rid", 0, 0, O_RID},
-    {"log-interval", 1, 0, O_LOG_INTERVAL}, {"worker", 1, 0, O_WORKER},
-    {"chunk-records", 1, 0, O_CHUNK_RECORDS}, {"chunk-seconds", 1, 0, O_CHUNK_SECONDS}, {"output", 1, 0, 'o'}, {"verbose", 0, 0, 'v'},
-    {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
-
-static const char *option_name(int opt) {
-  for (size_t i = 0; long_opts[i].name; i++)
-    if (long_opts[i].val == opt) return long_opts[i].name;
-  return "?";
-}
-
-/* Options that set a number: one table instead of a case each. */
-static int set_number(cli_args *a, int opt, const char *v) {
-  char *end;
-  double d = strtod(v, &end);
-  if (end == v || *end) return -1;
-  dflash_fetch_options *o = &a->o;
-  switch (opt) {
-  case O_MAX_TOKENS: o->max_tokens = (int32_t)d; break;
-  case O_TEMP: o->temperature = d; break;
-  case O_TOP_P: o->top_p = d; break;
-  case O_TOP_K: o->top_k = (int32_t)d; break;
-  case O_MIN_P: o->min_p = d; break;
-  case O_SEED: o->seed = (int64_t)d; break;
-  case O_CONC: o->concurrency = (int32_t)d; break;
-  case O_CONNECT: o->connect_timeout_s = d; break;
-  case O_IDLE: o->idle_timeout_s = d; break;
-  case O_DEADLINE: o->deadline_s = d; break;
-  case O_ATTEMPTS: o->max_attempts = (int32_t)d; break;
-  case O_BACKOFF: o->backoff_base_s = d; break;
-  case O_FSYNC: o->fsync_interval_s = d; break;
-  case O_FAIL_THR: o->fail_threshold = (int32_t)d; break;
-  case O_PROBE: o->probe_interval_s = d; break;
-  case O_MAX_RESP: o->max_response_bytes = (uint64_t)d; break;
-  case O_GRACE: o->drain_grace_s = d; break;
-  case O_LOG_INTERVAL: a->log_interval = d; break;
-  case O_CHUNK_RECORDS: a->chunk_records = d; break;
-  case O_CHUNK_SECONDS: a->chunk_seconds = d; break;
-  default: return -1;
-  }
-  return 0;
-}
-
-static int set_option(cli_args *a, int opt, const char *v) {
-  dflash_fetch_options *o = &a->o;
-  switch (opt) {
-  case O_SERVER: a->servers[a->n_servers++] = v; return 0;
-  case O_MODEL: o->model = v; return 0;
-  case O_FAMILY: return parse_family(v, o);
-  case O_NO_THINKING: o->thinking = 0; return 0;
-  case O_STOP: o->stop_json = v; return 0;
-  case O_EXTRA: o->extra_json = v; return 0;
-  case O_NO_STREAM: o->stream = 0; return 0;
-  case O_ALL_TURNS: o->all_turns = 1; return 0;
-  case O_KEY_ENV: o->api_key_env = v; return 0;
-  case O_KEY_FILE: o->api_key_file = v; return 0;
-  case O_RETRY_ERRORS: o->retry_errors = 1; return 0;
-  case O_SHARD: return parse_shard(v, o);
-  case O_INSECURE: o->verify_tls = 0; return 0;
-  case O_RID: o->send_rid = 1; return 0;
-  case 'o': a->out_dir = v; return 0;
-  case O_WORKER: a->worker = v; return 0;
-  case 'v': a->verbose = 1; return 0;
-  default: return set_number(a, opt, v);
-  }
-}
-
 /* 0 parsed, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, cli_args *a) {
   dflash_fetch_options_default(&a->o);
+  a->g = (dflash_fetch_guards){.struct_size = sizeof a->g};
+  a->log_interval = 10;
+  a->down_timeout = 600;
   a->servers = calloc((size_t)argc, sizeof *a->servers);
   if (!a->servers) return 2;
-  int opt;
-  while ((opt = getopt_long(argc, argv, "o:v", long_opts, NULL)) != -1) {
-    if (opt == O_HELP) {
-      fputs(usage_text, stdout);
-      return 1;
-    }
-    if (opt == '?' || set_option(a, opt, optarg) != 0) {
-      if (opt != '?') fprintf(stderr, "dflash fetch: bad value for --%s: %s\n",
-                              option_name(opt), optarg ? optarg : "");
-      fputs(usage_text, stderr);
-      return 2;
-    }
-  }
-  if (optind != argc - 1 || !a->out_dir || !a->n_servers || !a->o.model) {
-    fprintf(stderr, "dflash fetch: need --server, --model, -o OUTDIR and one input file\n");
-    fputs(usage_text, stderr);
-    return 2;
-  }
-  a->input = argv[optind];
-  a->o.servers = a->servers;
-  a->o.n_servers = a->n_servers;
+  dflash_fetch_options *o = &a->o;
+  const double big = 1e9;
+  const cli_opt opts[] = {
+      {"--server", CLI_FN, a, 0, 0, add_server},
+      {"--model", CLI_STR, &o->model, 0, 0, NULL},
+      {"--family", CLI_FN, o, 0, 0, parse_family},
+      {"--no-thinking", CLI_FLAG, &a->no_thinking, 0, 0, NULL},
+      {"--max-tokens", CLI_INT, &o->max_tokens, 0, INT32_MAX, NULL},
+      {"--temperature", CLI_REAL, &o->temperature, 0, 100, NULL},
+      {"--top-p", CLI_REAL, &o->top_p, 0, 1, NULL},
+      {"--top-k", CLI_INT, &o->top_k, -1, INT32_MAX, NULL},
+      {"--min-p", CLI_REAL, &o->min_p, 0, 1, NULL},
+      {"--seed", CLI_I64, &o->seed, 0, 9.2e18, NULL},
+      {"--stop", CLI_STR, &o->stop_json, 0, 0, NULL},
+      {"--extra", CLI_STR, &o->extra_json, 0, 0, NULL},
+      {"--no-stream", CLI_FLAG, &a->no_stream, 0, 0, NULL},
+      {"--all-turns", CLI_FLAG, &o->all_turns, 0, 0, NULL},
+      {"--api-key-env", CLI_STR, &o->api_key_env, 0, 0, NULL},
+      {"--api-key-file", CLI_STR, &o->api_key_file, 0, 0, NULL},
+      {"--concurrency", CLI_INT, &o->concurrency, 1, 100000, NULL},
+      {"--connect-timeout", CLI_REAL, &o->connect_timeout_s, 0.001, 3600, NULL},
+      {"--idle-timeout", CLI_REAL, &o->idle_timeout_s, 0.001, big, NULL},
+      {"--deadline", CLI_REAL, &o->deadline_s, 0, big, NULL},
+      {"--max-attempts", CLI_INT, &o->max_attempts, 1, 1000, NULL},
+      {"--backoff", CLI_REAL, &o->backoff_base_s, 0, 3600, NULL},
+      {"--fsync-interval", CLI_REAL, &o->fsync_interval_s, 0, 3600, NULL},
+      {"--retry-errors", CLI_FLAG, &o->retry_errors, 0, 0, NULL},
+      {"--shard", CLI_FN, o, 0, 0, parse_shard},
+      {"--fail-threshold", CLI_INT, &o->fail_threshold, 1, 1000000, NULL},
+      {"--probe-interval", CLI_REAL, &o->probe_interval_s, 0.001, 3600, NULL},
+      {"--max-response-bytes", CLI_I64, &o->max_response_bytes, 0, 9.2e18, NULL},
+      {"--grace", CLI_REAL, &o->drain_grace_s, 0, big, NULL},
+      {"--insecure", CLI_FLAG, &a->insecure, 0, 0, NULL},
+      {"--send-rid", CLI_FLAG, &o->send_rid, 0, 0, NULL},
+      {"--log-interval", CLI_REAL, &a->log_interval, 0, big, NULL},
+      {"--worker", CLI_STR, &a->worker, 0, 0, NULL},
+      {"--chunk-records", CLI_I64, &a->chunk_records, 0, big, NULL},
+      {"--chunk-seconds", CLI_REAL, &a->chunk_seconds, 0, big, NULL},
+      {"--down-timeout", CLI_REAL, &a->down_timeout, 0, big, NULL},
+      {"--no-server-check", CLI_FLAG, &a->g.no_server_check, 0, 0, NULL},
+      {"--skip-bad-servers", CLI_FLAG, &a->g.skip_bad_servers, 0, 0, NULL},
+      {"--allow-settings-change", CLI_FLAG, &a->allow_settings_change, 0, 0, NULL},
+      {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
+      {"--output", CLI_STR, &a->out_dir, 0, 0, NULL},
+      {"-v", CLI_FLAG, &a->verbose, 0, 0, NULL},
+      {"--verbose", CLI_FLAG, &a->verbose, 0, 0, NULL},
+      {NULL, 0, NULL, 0, 0, NULL}};
+  _Static_assert(sizeof(int32_t) == sizeof(int) && sizeof(uint64_t) == sizeof(int64_t),
+                 "option destinations");
+  int n_pos, rc = cli_parse("fetch", usage_text, opts, argc, argv, &a->input, 1, &n_pos);
+  if (rc) return rc;
+  if (!a->n_servers) return cli_missing("fetch", "--server URL");
+  if (!o->model) return cli_missing("fetch", "--model NAME");
+  if (!a->input) return cli_missing("fetch", "the input file IN.jsonl");
+  if (!a->out_dir) return cli_missing("fetch", "-o OUTDIR");
+  if (a->no_thinking) o->thinking = 0;
+  if (a->no_stream) o->stream = 0;
+  if (a->insecure) o->verify_tls = 0;
+  o->servers = a->servers;
+  o->n_servers = a->n_servers;
+  a->g.down_timeout_s = a->down_timeout > 0 ? a->down_timeout : -1; /* 0: wait forever */
+  a->g.settings_change =
+      a->allow_settings_change ? DFLASH_FETCH_SETTINGS_ALLOW : DFLASH_FETCH_SETTINGS_REFUSE;
   return 0;
 }
 
-static void print_summary(const dflash_fetch *f) {
+/* The summary JSON, malloc'd (NULL on failure); the size query logs nothing. */
+static char *summary_text(const dflash_fetch *f) {
   size_t len = 0;
   dflash_fetch_summary(f, NULL, 0, &len);
-  char *buf = malloc(len);
-  if (buf && dflash_fetch_summary(f, buf, len, &len) == DFLASH_OK) printf("%s\n", buf);
-  free(buf);
+  char *buf = len ? malloc(len) : NULL;
+  if (buf && dflash_fetch_summary(f, buf, len, &len) != DFLASH_OK) {
+    free(buf);
+    buf = NULL;
+  }
+  return buf;
 }
 
 /* Thousands of streams need thousands of sockets: lift the soft limit to the hard one. */
@@ -296,25 +331,49 @@ static void raise_fd_limit(void) {
   }
 }
 
+/* The exit status of a finished run (see the usage text); messages on stderr. */
+static int exit_status(const cli_args *a, dflash_status st, const char *err, const char *summary) {
+  if (st == DFLASH_E_CANCELLED) {
+    fprintf(stderr, "dflash fetch: %s\n", err);
+    return 3;
+  }
+  if (st && stopped_for(summary, "down_timeout")) {
+    fprintf(stderr, "dflash fetch: %s\n", err);
+    return 5;
+  }
+  if (st && stopped_for(summary, "server_check")) {
+    fprintf(stderr, "dflash fetch: %s: %s\n", dflash_status_str(st), err);
+    return 6;
+  }
+  if (st) {
+    fprintf(stderr, "dflash fetch: %s: %s\n", dflash_status_str(st), err);
+    return 1;
+  }
+  unsigned long long now = summary ? summary_count(summary, "failed") : 0;
+  unsigned long long before = summary ? summary_count(summary, "errors_earlier") : 0;
+  if (now + before == 0) return 0;
+  fprintf(stderr, "dflash fetch: %llu prompts ended in %s/errors.jsonl (%llu in this run, %llu "
+          "before); each record says why. --retry-errors fetches the failed requests again "
+          "(malformed input lines stay)\n", now + before, a->out_dir, now, before);
+  return 4;
+}
+
 static int run(cli_args *a) {
   raise_fd_limit();
   dflash_fetch *f;
   dflash_status st = dflash_fetch_create(&a->o, a->input, a->out_dir, &f);
   if (st) return cli_fail("fetch", st);
   st = dflash_fetch_set_chunking(f, a->worker, (uint64_t)a->chunk_records, a->chunk_seconds);
+  if (!st) st = dflash_fetch_set_guards(f, &a->g);
   if (st) {
+    int rc = cli_fail("fetch", st);
     dflash_fetch_free(f);
-    return cli_fail("fetch", st);
+    return rc;
   }
   dflash_fetch_stats s = {.struct_size = sizeof s};
   dflash_fetch_get_stats(f, &s);
-  cli_state c = {0};
-  st = dflash_progress_create(stderr, "fetch", "prompts", s.total, a->log_interval, &c.progress);
-  if (st) {
-    dflash_fetch_free(f);
-    return cli_fail("fetch", st);
-  }
-  c.cap = 4096 + 256 * dflash_fetch_server_count(f); /* the summary the progress note reads */
+  cli_state c = {.total = s.total, .log_interval = a->log_interval};
+  c.cap = 4096 + 512 * dflash_fetch_server_count(f); /* the summary the progress note reads */
   c.summary = malloc(c.cap);
   if (!c.summary) c.cap = 0;
   g_fetch = f;
@@ -323,18 +382,18 @@ static int run(cli_args *a) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   st = dflash_fetch_run(f, on_progress, &c);
-  dflash_progress_finish(c.progress);
+  /* the run's message, before anything else can replace it */
+  char *err = strdup(st ? dflash_last_error() : "");
+  if (c.progress) dflash_progress_finish(c.progress);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   g_fetch = NULL;
-  print_summary(f);
-  int rc = 0;
-  if (st == DFLASH_E_CANCELLED) {
-    fprintf(stderr, "dflash fetch: %s\n", dflash_last_error());
-    rc = 3;
-  } else if (st) {
-    rc = cli_fail("fetch", st);
-  }
+  char *summary = summary_text(f);
+  if (summary) printf("%s\n", summary);
+  fflush(stdout);
+  int rc = exit_status(a, st, err ? err : "out of memory", summary);
+  free(summary);
+  free(err);
   dflash_progress_free(c.progress);
   free(c.summary);
   dflash_fetch_free(f);
