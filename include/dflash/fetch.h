@@ -230,8 +230,8 @@ DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, ch
  * (struct_size set) gives the defaults, which also apply when this is never
  * called. Call before dflash_fetch_run.
  *
- * Start-up check (unless no_server_check): GET {base}/models of every server,
- * concurrently, with the API key. A server fails it when it is unreachable
+ * Start-up check (unless no_server_check, or when no prompt is left to send):
+ * GET {base}/models of every server, concurrently, with the API key. A server fails it when it is unreachable
  * (DFLASH_E_NETWORK), refuses the key or its absence with 401/403
  * (DFLASH_E_AUTH), answers another status (DFLASH_E_HTTP) or no model list
  * (DFLASH_E_FORMAT), or does not list the model by its id (DFLASH_E_NOT_FOUND,

@@ -571,7 +571,8 @@ DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress
    * the settings are recorded only once the run goes ahead. */
   json_t *doc = NULL;
   dflash_status st = df_fetch_check_settings(f, &doc);
-  if (!st && !f->guards.no_server_check) st = df_fetch_check_servers(f);
+  if (!st && !f->guards.no_server_check && f->n_prompts > 0) /* nothing to send: no server */
+    st = df_fetch_check_servers(f);
   if (!st && doc) st = df_fetch_write_settings(f, doc);
   json_decref(doc);
   if (st) {

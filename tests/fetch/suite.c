@@ -5,6 +5,7 @@ TCase *tc_response(void);
 TCase *tc_input(void);
 TCase *tc_output(void);
 TCase *tc_request(void);
+TCase *tc_guards(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("fetch");
@@ -13,5 +14,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_input());
   suite_add_tcase(s, tc_output());
   suite_add_tcase(s, tc_request());
+  suite_add_tcase(s, tc_guards());
   return s;
 }

@@ -845,6 +845,16 @@ def test_some_servers_bad_refused_unless_skip_bad_servers(tmp_path):
         farm.close()
 
 
+def test_nothing_left_needs_no_server(farm, tmp_path):
+    # A finished folder resumed with every server gone: nothing to send, so no check, exit 0.
+    write_jsonl(tmp_path / "in.jsonl", [user(f"n {i}", i) for i in range(3)])
+    run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out")
+    summary, p = run_dead(tmp_path / "in.jsonl", tmp_path / "out", "--model", "fake",
+                          "--family", "kimi")
+    assert p.returncode == 0, p.stderr
+    assert summary["skipped"] == 3 and summary["stop_reason"] is None
+
+
 def test_no_server_check_sends_no_models_request(farm, tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [user("x", "x")])
     run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--no-server-check")
@@ -877,7 +887,8 @@ def test_settings_recorded_and_changes_refused(farm, tmp_path):
     assert "max_tokens" not in p.stderr and "--allow-settings-change" in p.stderr
     assert json.loads(p.stdout)["stop_reason"] == "settings"
     assert farm.get("/stats")["total"] == sent  # refused before anything was sent
-    assert farm.get("/stats")["models_requests"] == 2  # nor checked
+    # nor checked: the first run's check is the only one (the second had nothing to send)
+    assert farm.get("/stats")["models_requests"] == 1
     assert json.loads((out / "settings.json").read_text()) == rec
     summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, *base[2:], "--temperature", "1",
                            "--no-thinking", "--allow-settings-change")

@@ -1,6 +1,7 @@
 /* `dflash fetch`: regenerate completions with OpenAI-compatible servers. */
 #include <dflash/fetch.h>
 #include <dflash/progress.h>
+#include <dflash/storage.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,9 +353,12 @@ static int exit_status(const cli_args *a, dflash_status st, const char *err, con
   unsigned long long now = summary ? summary_count(summary, "failed") : 0;
   unsigned long long before = summary ? summary_count(summary, "errors_earlier") : 0;
   if (now + before == 0) return 0;
-  fprintf(stderr, "dflash fetch: %llu prompts ended in %s/errors.jsonl (%llu in this run, %llu "
-          "before); each record says why. --retry-errors fetches the failed requests again "
-          "(malformed input lines stay)\n", now + before, a->out_dir, now, before);
+  size_t n = strlen(a->out_dir);
+  while (n > 1 && a->out_dir[n - 1] == '/') n--;
+  fprintf(stderr, "dflash fetch: %llu prompts ended in %.*s/%s (%llu in this run, %llu before); "
+          "each record says why. --retry-errors fetches the failed requests again (malformed "
+          "input lines stay)\n", now + before, (int)n, a->out_dir,
+          dflash_storage_is_remote(a->out_dir) ? "errors/" : "errors.jsonl", now, before);
   return 4;
 }
 
