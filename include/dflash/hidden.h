@@ -89,6 +89,14 @@ DFLASH_API dflash_status dflash_hidden_length(const dflash_hidden *h, const char
 /* Decode a sample into float32 [len, K*H]; `len` must equal its length. */
 DFLASH_API dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id,
                                             float *out, int64_t len);
+/*
+ * Sanity of a whole store (reads every sample): per layer k of K, the RMS over all its
+ * values into rms[k] and the number of all-zero rows (tokens) into zero_rows[k]; the total
+ * token count into *rows. (The writer refuses NaN/Inf, and the sample stream, so training and
+ * eval, refuses a sample with an all-zero layer.)
+ */
+DFLASH_API dflash_status dflash_hidden_stats(const dflash_hidden *h, double *rms,
+                                             uint64_t *zero_rows, uint64_t *rows);
 
 /* ---- training samples: tokens joined with hidden states ------------------- */
 

@@ -13,6 +13,11 @@
 
 const char *df_hidden_dtype_name(int32_t dtype);
 
+/* DFLASH_E_FORMAT naming the sample and the layer when one of its K layers is all zeros
+ * (sanity.c). `x` is [len, K*H]. */
+dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len, int32_t K,
+                                     int32_t H);
+
 
 /* A store on object storage, read with ranged GETs (remote.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */

@@ -23,6 +23,7 @@ typedef struct slot {
 struct dflash_sample_stream {
   df_tokens *tokens;
   dflash_hidden *hidden;
+  int32_t K, H; /* layers and hidden size of the store */
   int64_t width;
   int depth;
   slot *slots;
@@ -69,9 +70,8 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
     dflash_sample_stream_free(s);
     return st;
   }
-  int32_t K, H;
-  dflash_hidden_info(s->hidden, &K, &H, NULL, NULL);
-  s->width = (int64_t)K * H;
+  dflash_hidden_info(s->hidden, &s->K, &s->H, NULL, NULL);
+  s->width = (int64_t)s->K * s->H;
   *out = s;
   return DFLASH_OK;
 }
@@ -151,6 +151,7 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
     if (!isfinite(sl->buf[i]))
       sl->st = df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is "
                         "not finite", id, i / (size_t)s->width, i % (size_t)s->width);
+  if (!sl->st) sl->st = df_hidden_check_sample(id, sl->buf, len, s->K, s->H);
   if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
 }
 

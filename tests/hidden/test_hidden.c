@@ -208,6 +208,51 @@ START_TEST(stream_joins_and_reports) {
 }
 END_TEST
 
+/* Sanity: the stream refuses a sample with an all-zero layer, naming sample and layer (the
+ * trainer and eval read through it); dflash_hidden_stats gives per-layer RMS and zero rows. */
+START_TEST(zero_layers_refused_and_counted) {
+  char *root = df_test_tmpdir();
+  char *data = df_path_join(root, "data"), *hid = df_path_join(root, "hidden");
+  int lens[] = {6, 10};
+  write_dataset(data, 2, lens);
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(hid, 2, 4, NULL, &w)); /* K = 2 layers, H = 4 */
+  float x0[6 * 8], x1[10 * 8];
+  for (int i = 0; i < 6 * 8; i++) x0[i] = i % 8 < 4 ? 2.0f : -0.5f;      /* exact in bf16 */
+  for (int i = 0; i < 10 * 8; i++) x1[i] = i % 8 < 4 ? 2.0f : 0.0f;      /* layer 1 all zero */
+  x0[8 + 4] = x0[8 + 5] = x0[8 + 6] = x0[8 + 7] = 0.0f;                 /* one zero row */
+  ck_assert_ok(dflash_hidden_writer_append(w, "sample-0", x0, 6));
+  ck_assert_ok(dflash_hidden_writer_append(w, "sample-1", x1, 10));
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(hid, &h));
+  double rms[2];
+  uint64_t zero[2], rows;
+  ck_assert_ok(dflash_hidden_stats(h, rms, zero, &rows));
+  ck_assert_uint_eq(rows, 16);
+  ck_assert_double_eq_tol(rms[0], 2.0, 1e-12);
+  ck_assert_double_eq_tol(rms[1], sqrt(5 * 4 * 0.25 / (16.0 * 4)), 1e-12); /* 5 rows of -0.5 */
+  ck_assert_uint_eq(zero[0], 0);
+  ck_assert_uint_eq(zero[1], 1 + 10);
+  dflash_hidden_free(h);
+  dflash_sample_stream *s;
+  ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
+  uint64_t order[] = {0, 1};
+  ck_assert_ok(dflash_sample_stream_start(s, order, 2));
+  dflash_train_sample smp;
+  int done;
+  ck_assert_ok(dflash_sample_stream_next(s, &smp, &done)); /* one zero row is not a zero layer */
+  ck_assert_str_eq(smp.id, "sample-0");
+  ck_assert_status(dflash_sample_stream_next(s, &smp, &done), DFLASH_E_FORMAT,
+                   "sample sample-1: layer 1 of 2 of its hidden states is all zeros");
+  dflash_sample_stream_free(s);
+  free(data), free(hid);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 Suite *df_test_suite(void) {
   Suite *s = suite_create("hidden");
   TCase *tc = tcase_create("hidden");
@@ -215,6 +260,7 @@ Suite *df_test_suite(void) {
   tcase_add_test(tc, accuracy_bf16_and_fp8);
   tcase_add_test(tc, shards_index_and_append);
   tcase_add_test(tc, stream_joins_and_reports);
+  tcase_add_test(tc, zero_layers_refused_and_counted);
   suite_add_tcase(s, tc);
   return s;
 }

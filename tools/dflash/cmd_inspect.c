@@ -16,12 +16,14 @@ int cmd_inspect(int argc, char **argv) {
       "usage: dflash inspect PATH\n"
       "PATH: a .safetensors file, a *.safetensors.index.json, or a directory of shards;\n"
       "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
-      "supervised share, length histogram, template and tokenizer hash.\n"
+      "supervised share, length histogram, template and tokenizer hash; a hidden-state\n"
+      "store gets RMS and all-zero rows per layer (it reads every sample).\n"
       "Exit status: 0 shown; 1 an error (message on stderr); 2 a usage error.\n";
   const char *path;
   int rc = cli_parse_one("inspect", usage, argc, argv, "PATH", &path);
   if (rc) return rc < 0 ? 0 : rc;
   if (cli_is_dataset(path)) return cli_dataset_summary(path);
+  if (cli_is_hidden_store(path)) return cli_hidden_summary(path);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return cli_fail("inspect", s);

@@ -2,6 +2,7 @@
  * dataset summary `dflash inspect DATASET` prints (instead of the shards' tensors and a
  * metadata line of every sample id). */
 #include <dflash/dataset.h>
+#include <dflash/hidden.h>
 #include <dflash/tokenizer.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -169,4 +170,40 @@ int cli_dataset_summary(const char *dir) {
   json_decref(m);
   dflash_dataset_free(ds);
   return 0;
+}
+
+/* ---- `dflash inspect HIDDEN` ----------------------------------------------------------- */
+
+int cli_is_hidden_store(const char *path) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s/hidden.safetensors.index.json", path);
+  return access(p, R_OK) == 0;
+}
+
+int cli_hidden_summary(const char *dir) {
+  dflash_hidden *h;
+  dflash_status st = dflash_hidden_open(dir, &h);
+  if (st) return cli_fail("inspect", st);
+  int32_t K, H, dtype;
+  size_t n;
+  dflash_hidden_info(h, &K, &H, &dtype, &n);
+  double *rms = calloc((size_t)K, sizeof *rms);
+  uint64_t *zero = calloc((size_t)K, sizeof *zero), rows = 0;
+  st = rms && zero ? dflash_hidden_stats(h, rms, zero, &rows) : DFLASH_E_NOMEM;
+  if (!st) {
+    printf("hidden-state store %s: %zu samples, %llu tokens, %d layers x %d (%s)\n", dir, n,
+           (unsigned long long)rows, K, H, dtype == DFLASH_HIDDEN_BF16 ? "bf16" : "fp8_e4m3");
+    int bad = 0;
+    for (int32_t k = 0; k < K; k++) {
+      bool dead = rows && zero[k] == rows;
+      bad += dead;
+      printf("  layer %d: rms %.6g, all-zero rows %llu%s\n", k, rms[k],
+             (unsigned long long)zero[k], dead ? "  <- never captured: training refuses it" : "");
+    }
+    if (bad) printf("%d layer(s) hold only zeros\n", bad);
+  }
+  free(rms);
+  free(zero);
+  dflash_hidden_free(h);
+  return st ? cli_fail("inspect", st) : 0;
 }

@@ -23,6 +23,9 @@ int cmd_show(int argc, char **argv);
 /* `dflash inspect` of a dataset directory (one with dataset.json): its summary. */
 int cli_is_dataset(const char *path);
 int cli_dataset_summary(const char *dir);
+/* `dflash inspect` of a hidden-state store: per-layer RMS and all-zero rows. */
+int cli_is_hidden_store(const char *path);
+int cli_hidden_summary(const char *dir);
 
 /* Options of a subcommand, for cli_parse (a table ended by a NULL name). */
 typedef enum { CLI_FLAG, CLI_STR, CLI_INT, CLI_I64, CLI_REAL, CLI_FN } cli_kind;

@@ -81,6 +81,9 @@ _h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctype
               errors=KEY)
 _h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64],
                errors=KEY)
+_h_stats = bind("dflash_hidden_stats", [_P, ctypes.POINTER(ctypes.c_double),
+                                         ctypes.POINTER(ctypes.c_uint64),
+                                         ctypes.POINTER(ctypes.c_uint64)])
 _s_defaults = bind("dflash_sample_stream_options_default", [ctypes.POINTER(StreamOptions)], None)
 _s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)],
@@ -209,6 +212,15 @@ class HiddenStore(Handle):
         out = np.empty((n, self.num_layers * self.hidden_size), dtype=np.float32)
         _h_read(self._handle(), str(sample_id).encode(), out.ctypes.data, n)
         return out
+
+    def stats(self):
+        """Sanity of the whole store (reads every sample): {"rows": tokens, "rms": per-layer
+        RMS list, "zero_rows": per-layer count of all-zero token rows}. A layer whose RMS is 0,
+        or whose zero rows are all of them, was never captured."""
+        K = self.num_layers
+        rms, zero, rows = (ctypes.c_double * K)(), (ctypes.c_uint64 * K)(), ctypes.c_uint64()
+        _h_stats(self._handle(), rms, zero, ctypes.byref(rows))
+        return {"rows": rows.value, "rms": list(rms), "zero_rows": list(zero)}
 
 
 class SampleStream(Handle):

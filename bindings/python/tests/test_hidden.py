@@ -1,3 +1,6 @@
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -99,3 +102,38 @@ def test_stream_default_prefetch_and_explicit_agree(tmp_path):
     assert [r[0] for r in runs[0]] == order
     assert [r[2] for r in runs[0]] == [samples[i][1].tolist() for i in order]
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_stats_and_zero_layer_refused(tmp_path):
+    """HiddenStore.stats() equals numpy's per-layer RMS and zero-row counts over the decoded
+    store; a sample whose layer is all zeros (a producer that captured nothing) is refused by
+    the stream the trainer reads, naming the sample and the layer."""
+    rng = np.random.default_rng(5)
+    K, H = 3, 8
+    samples = [(f"s{i}", rng.integers(0, 50, n), np.ones(n, bool)) for i, n in
+               enumerate([7, 4, 9])]
+    write_dataset(tmp_path / "data", samples)
+    hidden = {s[0]: rng.standard_normal((len(s[1]), K * H)).astype(np.float32) for s in samples}
+    hidden["s1"][:, 2 * H:] = 0          # layer 2 of s1 never captured
+    hidden["s2"][3, :H] = 0              # one zero row in layer 0: counted, not refused
+    with dflash.HiddenWriter(tmp_path / "h", num_layers=K, hidden_size=H) as w:
+        for k, v in hidden.items():
+            w.append(k, v)
+    store = dflash.HiddenStore(tmp_path / "h")
+    st = store.stats()
+    dec = np.concatenate([store.read(i) for i in store.ids()]).astype(np.float64)
+    layers = dec.reshape(len(dec), K, H)
+    np.testing.assert_allclose(st["rms"], np.sqrt((layers ** 2).mean(axis=(0, 2))), rtol=1e-12)
+    assert st["rows"] == 20 and st["zero_rows"] == [1, 0, 4]
+    stream = dflash.SampleStream(tmp_path / "data", tmp_path / "h")
+    with pytest.raises(dflash.Error) as e:
+        list(stream.iterate([0, 1, 2]))
+    assert "sample s1: layer 2 of 3" in e.value.message and "all zeros" in e.value.message
+    cli = os.environ.get("DFLASH_CLI")
+    if cli:  # dflash inspect reports the same numbers
+        out = subprocess.run([cli, "inspect", str(tmp_path / "h")], capture_output=True,
+                             text=True, check=True).stdout
+        assert "3 samples, 20 tokens, 3 layers x 8 (bf16)" in out, out
+        for k in range(K):
+            assert f"layer {k}: rms {st['rms'][k]:.6g}, all-zero rows {st['zero_rows'][k]}" in out
+        assert "never captured" not in out  # no layer is zero in every sample
