@@ -94,6 +94,14 @@ _run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])
 _summary = bind("dflash_fetch_summary", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)])
 _free = bind("dflash_fetch_free", [ctypes.c_void_p], None)
+class _Guards(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("no_server_check", ctypes.c_int32),
+                ("skip_bad_servers", ctypes.c_int32), ("down_timeout_s", ctypes.c_double),
+                ("settings_change", ctypes.c_int32)]
+
+
+_SETTINGS_CHANGE = {"warn": 0, "refuse": 1, "allow": 2}
+_set_guards = bind("dflash_fetch_set_guards", [ctypes.c_void_p, ctypes.POINTER(_Guards)])
 _chunking = bind("dflash_fetch_set_chunking", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
                                                ctypes.c_double])
 _stop = bind("dflash_fetch_stop", [ctypes.c_void_p], None)
@@ -191,6 +199,18 @@ class Fetcher(Handle):
         """Chunking of s3:// outputs (worker name, records and seconds per chunk;
         None/0 keep the defaults); call before run(). No effect on local outputs."""
         _chunking(self._fetcher(), cstr(worker), int(max_records), float(max_seconds))
+
+    def set_guards(self, server_check=True, skip_bad_servers=False, down_timeout=0.0,
+                   settings_change="warn"):
+        """What protects a long run; call before run(). server_check: GET /models on every
+        server first (unreachable, auth refused or the model not served: an Error naming the
+        server); skip_bad_servers: go on with the servers that pass; down_timeout: seconds all
+        servers may stay down before the run stops (0: 600, < 0: never); settings_change:
+        "warn", "refuse" or "allow" a resume whose request settings differ from
+        OUTDIR/settings.json."""
+        g = _Guards(ctypes.sizeof(_Guards), 0 if server_check else 1, 1 if skip_bad_servers else 0,
+                    float(down_timeout), _SETTINGS_CHANGE[settings_change])
+        _set_guards(self._fetcher(), ctypes.byref(g))
 
     def run(self, progress=None):
         """Fetch every prompt. progress: optional callable(stats: dict) -> bool,

@@ -166,3 +166,26 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
         assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(5)]
     finally:
         env.close()
+
+
+def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
+    """With the start-up check, a dead server is named before anything is sent; guards can
+    only be set before run()."""
+    write_prompts(tmp_path / "in.jsonl", 2)
+    dead = "http://127.0.0.1:9/v1"
+    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "fake",
+                        connect_timeout=2) as fetcher:
+        fetcher.set_guards()
+        with pytest.raises(dflash.Error) as e:
+            fetcher.run()
+        assert "127.0.0.1:9" in e.value.message, e.value.message
+    assert not (tmp_path / "out" / "completions.jsonl").exists() or \
+        not (tmp_path / "out" / "completions.jsonl").read_text()
+    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
+                        connect_timeout=2) as fetcher:
+        fetcher.set_guards(skip_bad_servers=True, settings_change="refuse")
+        fetcher.run()
+        with pytest.raises(dflash.Error) as e:
+            fetcher.set_guards()
+        assert e.value.status == "DFLASH_E_STATE"
+    assert len((tmp_path / "out2" / "completions.jsonl").read_text().splitlines()) == 2
