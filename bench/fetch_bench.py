@@ -63,9 +63,10 @@ def one_mode(name, args, tokens, delay, n, conc, work):
         peaks = {}
         for client in ("dflash", "python"):
             if client == "dflash":
+                # The bench server is raw SSE with no GET /models: skip the start-up check.
                 cmd = [args.cli, "fetch", "--server", url, "--model", "bench", "--family", "kimi",
                        "--max-tokens", "64", "--concurrency", str(conc), "--log-interval", "3600",
-                       inp, "-o", out]
+                       "--no-server-check", inp, "-o", out]
                 done = lambda: count_lines(os.path.join(out, "completions.jsonl"))  # noqa: E731
             else:
                 pout = os.path.join(work, f"{name}-python.jsonl")
