@@ -24,7 +24,8 @@
 #define DFLASH_CUDA_EMU 1
 
 #include <cmath>
-#include <math.h> // cuda_runtime.h declares the C maths functions globally
+#include <math.h>  // cuda_runtime.h declares the C maths functions globally
+#include <stdio.h> // and printf, for device code too
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

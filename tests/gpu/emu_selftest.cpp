@@ -493,6 +493,28 @@ static void test_conversions() {
   CHECK(bad == 0, "%d conversions differ from src/train/bf16.h", bad);
 }
 
+// One element past its allocation: ASan reports it at once, without ASan the canary behind
+// every device allocation does at cudaFree.
+__global__ void write_past_end(float *p, int n) {
+  if (threadIdx.x == 0) p[n] = 1.0f;
+}
+
+static void expect_oob_caught() {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    float *d = dev_alloc<float>(10);
+    DF_LAUNCH(1, 32, 0, nullptr, write_past_end)(d, 10);
+    cudaDeviceSynchronize();
+    cudaFree(d);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "a kernel's write past its allocation went "
+        "unnoticed");
+}
+
 // A fault the hardware would hang on: the child aborts with a message naming it.
 static void expect_abort(const char *what, void (*k)(float *)) {
   fflush(stdout);
@@ -521,6 +543,7 @@ int main() {
   test_conversions();
   expect_abort("__syncthreads in divergent code", divergent_barrier);
   expect_abort("a shuffle whose lanes wait at __syncthreads", warp_op_vs_barrier);
+  expect_oob_caught();
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }
