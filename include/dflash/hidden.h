@@ -75,7 +75,13 @@ DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
 typedef struct dflash_hidden dflash_hidden;
 
 /* Open a store directory (memory-mapped; nothing is read up front beyond
- * the headers). */
+ * the headers). A local folder of vLLM's hidden-state files (hs_{idx}.safetensors from the
+ * extract_hidden_states connector or speculators' generate-offline-data: hidden_states
+ * [T, K+1, H] in BF16/F16/F32, or F8_E4M3 with hidden_states_scales [T, 1, 1], token_ids I64
+ * [T]) opens too: its ids are the file stems, its K layers the first K slots (the last slot is
+ * the target's final layer), and a sample stream joins it with the dataset by token ids,
+ * reporting a sample no file matches by its id. Every file's header and token ids are read at
+ * open. */
 DFLASH_API dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out);
 DFLASH_API void dflash_hidden_free(dflash_hidden *h);
 DFLASH_API dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers,

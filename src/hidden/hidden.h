@@ -33,6 +33,21 @@ dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t
 
 /* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;
+
+/* A folder of vLLM's hs_{idx}.safetensors (vllm.c): read-only, local. Its ids are the file
+ * stems, and after df_vhidden_bind also the ids of the dataset samples whose token ids equal
+ * a file's. */
+typedef struct df_vhidden df_vhidden;
+bool df_vhidden_is_layout(const char *dir);
+dflash_status df_vhidden_open(const char *dir, df_vhidden **out);
+void df_vhidden_free(df_vhidden *v);
+void df_vhidden_info(const df_vhidden *v, int32_t *K, int32_t *H, int32_t *dtype, size_t *n);
+const char *df_vhidden_id(const df_vhidden *v, size_t i);
+dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens);
+dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len);
+dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, int64_t len);
+/* Joins a vLLM store to the dataset by token ids (nothing to do for a libdflash store). */
+dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens);
 dflash_status df_tokens_open(const char *dir, df_tokens **out);
 void df_tokens_free(df_tokens *t);
 size_t df_tokens_count(const df_tokens *t);

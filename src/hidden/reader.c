@@ -11,6 +11,7 @@
 struct dflash_hidden {
   dflash_safetensors *st; /* a local store, memory-mapped */
   df_rhidden *remote;     /* or an s3:// one, read with ranged GETs */
+  df_vhidden *vllm;       /* or a folder of vLLM's hidden-state files */
   char *dir;
   int32_t K, H, dtype;
   size_t first, count; /* tensors [first, first+count) are the "h/" ones */
@@ -83,9 +84,12 @@ dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out) {
     free(h);
     return df_error_nomem("hidden store");
   }
-  dflash_status st = dflash_storage_is_remote(dir) ? df_rhidden_open(dir, &h->remote)
-                                                  : dflash_safetensors_open(dir, &h->st);
-  if (!st) st = read_header(h);
+  dflash_status st;
+  if (dflash_storage_is_remote(dir)) st = df_rhidden_open(dir, &h->remote);
+  else if (df_vhidden_is_layout(dir)) st = df_vhidden_open(dir, &h->vllm);
+  else st = dflash_safetensors_open(dir, &h->st);
+  if (!st && h->vllm) df_vhidden_info(h->vllm, &h->K, &h->H, &h->dtype, &h->count);
+  else if (!st) st = read_header(h);
   if (st) {
     dflash_hidden_free(h);
     return st;
@@ -98,6 +102,7 @@ void dflash_hidden_free(dflash_hidden *h) {
   if (!h) return;
   dflash_safetensors_free(h->st);
   df_rhidden_free(h->remote);
+  df_vhidden_free(h->vllm);
   free(h->dir);
   free(h);
 }
@@ -117,6 +122,7 @@ dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char 
   if (index >= h->count)
     return df_error(DFLASH_E_RANGE, "%s: sample index %zu is outside [0, %zu)", h->dir, index,
                     h->count);
+  if (h->vllm) return *id = df_vhidden_id(h->vllm, index), DFLASH_OK;
   dflash_tensor t = {.struct_size = sizeof t};
   tensor_at(h, h->first + index, &t);
   *id = t.name + 2;
@@ -147,6 +153,7 @@ static dflash_status states_tensor(const dflash_hidden *h, const char *id, dflas
 
 dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id, int64_t *len) {
   DF_CHECK_ARG(h && sample_id && len);
+  if (h->vllm) return df_vhidden_length(h->vllm, sample_id, len);
   dflash_tensor t;
   dflash_status st = states_tensor(h, sample_id, &t);
   if (!st) *len = t.shape[0];
@@ -200,6 +207,7 @@ static dflash_status read_remote(const dflash_hidden *h, const char *sample_id,
 dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, float *out,
                                  int64_t len) {
   DF_CHECK_ARG(h && sample_id && out);
+  if (h->vllm) return df_vhidden_read(h->vllm, sample_id, out, len);
   dflash_tensor t, s;
   dflash_status st = states_tensor(h, sample_id, &t);
   if (st) return st;
@@ -210,4 +218,8 @@ dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, 
   if (h->dtype == DFLASH_HIDDEN_BF16) return decode(h, t.data, NULL, out, len);
   if ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))) return st;
   return decode(h, t.data, s.data, out, len); /* scales may sit at any byte offset */
+}
+
+dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens) {
+  return h->vllm ? df_vhidden_bind(h->vllm, tokens) : DFLASH_OK;
 }

@@ -66,6 +66,7 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
   dflash_status st = s->slots ? DFLASH_OK : df_error_nomem("sample stream");
   if (!st) st = df_tokens_open(data_dir, &s->tokens);
   if (!st) st = dflash_hidden_open(hidden_dir, &s->hidden);
+  if (!st) st = df_hidden_bind_tokens(s->hidden, s->tokens);
   if (st) {
     dflash_sample_stream_free(s);
     return st;
