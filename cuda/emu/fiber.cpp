@@ -32,6 +32,16 @@
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
+#ifdef DFEMU_TSAN
+// ThreadSanitizer's fiber interface (tsan_interface.h): each runner is a fiber to TSan, and
+// a switch synchronises, as the runners of one block never run at the same time.
+extern "C" {
+void *__tsan_get_current_fiber(void);
+void *__tsan_create_fiber(unsigned flags);
+void __tsan_destroy_fiber(void *fiber);
+void __tsan_switch_to_fiber(void *fiber, unsigned flags);
+}
+#endif
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -143,6 +153,7 @@ constexpr size_t kStack = 64 << 10;
 
 struct Runner {
   Context ctx;
+  void *tsan = nullptr;
   char *map = nullptr, *stack = nullptr; // the mapping (a guard page first) and the stack
   int assigned = -1;                     // an unstarted thread to run when resumed
 };
@@ -209,9 +220,13 @@ struct Host {
   std::vector<Runner *> all, parked;
   const void *stack_bottom = nullptr;
   size_t stack_size = 0;
+  void *tsan = nullptr;
   ~Host() {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (Runner *r : all) {
+#ifdef DFEMU_TSAN
+      __tsan_destroy_fiber(r->tsan);
+#endif
       munmap(r->map, kStack + page);
       delete r;
     }
@@ -228,6 +243,10 @@ void switch_to(Runner *to) {
   Runner *from = t_host.cur;
   Context *fc = from ? &from->ctx : &t_host.ctx, *tc = to ? &to->ctx : &t_host.ctx;
   t_host.cur = to;
+#ifdef DFEMU_TSAN
+  if (!t_host.tsan) t_host.tsan = __tsan_get_current_fiber();
+  __tsan_switch_to_fiber(to ? to->tsan : t_host.tsan, 0);
+#endif
 #ifdef DFEMU_ASAN
   void *fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, to ? to->stack : t_host.stack_bottom,
@@ -265,6 +284,9 @@ Runner *get_runner() {
   r->map = (char *)p;
   r->stack = (char *)p + page;
   ctx_make(&r->ctx, r->stack, kStack, runner_entry, r);
+#ifdef DFEMU_TSAN
+  r->tsan = __tsan_create_fiber(0);
+#endif
   t_host.all.push_back(r);
   return r;
 }

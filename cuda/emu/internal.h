@@ -16,6 +16,13 @@
 #define DFEMU_ASAN 1
 #endif
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define DFEMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DFEMU_TSAN 1
+#endif
+#endif
 
 namespace dfemu {
 

@@ -1,23 +1,31 @@
-// The emulated NCCL: communicators whose ranks are host threads of one process (one rank:
-// any thread), and all-reduce, reduce-scatter, all-gather and broadcast in stream order.
+// The emulated NCCL: communicators whose ranks are host threads or processes of one machine,
+// and all-reduce, reduce-scatter, all-gather and broadcast in stream order.
 //
-// ncclCommInitRank meets the other ranks of the id in this process (each on its own device,
-// as NCCL requires: two ranks on one device are ncclInvalidUsage). A collective is queued on
-// its stream like a kernel; when the stream reaches it, the rank arrives at the collective
-// (matched by call order on the communicator, as NCCL matches them); the last rank to arrive
-// checks that everybody called the same collective with the same count, type and root, and
-// moves the data for all ranks; until then the stream is not ready (cudaStreamQuery says
-// cudaErrorNotReady, a synchronisation waits). Reductions run in rank order 0..n-1 in the
-// element type's own arithmetic (bf16: fp32 rounded back after each rank), so results are
-// deterministic; NCCL's ring order is not modelled.
+// The ranks of an id meet in a POSIX shared-memory segment named by the id (created by the
+// first to come, unlinked once all have joined), each on its own device ordinal, as NCCL
+// requires of the GPUs of one node: two ranks on one device are ncclInvalidUsage ("Duplicate
+// GPU"). A collective is queued on its stream like a kernel; when the stream reaches it, the
+// rank works through its send buffer in windows: it copies a window into its slot of the
+// segment, waits for every rank (a counting barrier), computes its own part of the result
+// from all slots, and waits again before the slots are reused. Until the other ranks come,
+// the stream is not ready (cudaStreamQuery says cudaErrorNotReady, a synchronisation waits),
+// so a rank that never comes shows as the hang (or the backend's timeout) it is on real
+// hardware. Every rank reduces in rank order 0..n-1 in the element type's own arithmetic
+// (bf16: fp32 rounded back after each rank), so results are deterministic and equal on all
+// ranks; NCCL's ring order is not modelled. The first window checks that every rank called
+// the same collective with the same count, type, op and root (NCCL would hang or corrupt
+// memory otherwise): an abort naming both calls.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <string>
 
 #include "include/nccl.h"
 #include "internal.h"
@@ -25,64 +33,63 @@
 namespace dfemu {
 
 namespace {
+constexpr int kMaxRanks = 64;
+constexpr size_t kWindow = 1 << 20; // bytes of each rank's send buffer per round
+constexpr size_t kHeader = 64 << 10;
+
 struct Desc {
   int kind; // 0 all-reduce, 1 reduce-scatter, 2 all-gather, 3 broadcast
-  const void *send;
-  void *recv;
+  int type, op, root;
   size_t count;
-  ncclDataType_t type;
-  ncclRedOp_t op;
-  int root;
+  uint64_t seq;
 };
 const char *kind_name(int k) {
   static const char *n[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
-  return n[k];
+  return k >= 0 && k < 4 ? n[k] : "?";
 }
 
-struct Instance {
-  std::vector<Desc> d;
-  int arrived = 0, left = 0;
-  bool done = false;
+// The segment: this header, then one kWindow slot per rank.
+struct Shared {
+  std::atomic<uint32_t> state; // 0 fresh (zero-filled), 1 being initialised, 2 ready
+  int32_t nranks;
+  pthread_mutex_t mu; // joining, and waiting at barriers
+  pthread_cond_t cv;
+  int32_t joined, unlinked, failed;
+  uint64_t members; // bit per rank that joined
+  int32_t device[kMaxRanks];
+  std::atomic<uint64_t> arrivals; // barrier k completes at (k + 1) * nranks arrivals
+  Desc desc[kMaxRanks];
 };
-}  // namespace
+static_assert(sizeof(Shared) <= kHeader, "NCCL segment header");
 
-struct Clique {
-  int nranks;
-  std::vector<Comm *> ranks;
-  int joined = 0;
-  bool failed = false; // a rank was refused: the others give up too
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, Instance> inst;
-};
-
-struct Comm {
-  std::shared_ptr<Clique> c;
-  int rank = 0, device = 0;
-  uint64_t seq = 0;
-  std::atomic<int> refs{1};
-  std::atomic<bool> aborted{false};
-  std::atomic<int> async_error{ncclSuccess};
-  void unref() {
-    if (--refs == 0) delete this;
-  }
-};
-
-namespace {
-constexpr char kMagic[8] = {'d', 'f', 'e', 'm', 'u', 'n', 'c', 'l'};
 struct IdBody {
   char magic[8];
   uint64_t key;
-  int64_t pid;
 };
-
-std::mutex g_reg_mu;
-std::condition_variable g_reg_cv;
-std::map<uint64_t, std::shared_ptr<Clique>> g_pending; // ids whose ranks are still joining
+constexpr char kMagic[8] = {'d', 'f', 'e', 'm', 'u', 'n', 'c', 'l'};
 
 double timeout_s() {
   const char *env = getenv("DFLASH_EMU_NCCL_TIMEOUT");
   return env && *env ? atof(env) : 300.0;
+}
+
+void seg_name(uint64_t key, char *out, size_t n) {
+  snprintf(out, n, "/dfemu-nccl-%016" PRIx64, key);
+}
+
+// A robust process-shared mutex: a rank that died holding it does not block the others.
+void lock(Shared *s) {
+  if (pthread_mutex_lock(&s->mu) == EOWNERDEAD) pthread_mutex_consistent(&s->mu);
+}
+void unlock(Shared *s) { pthread_mutex_unlock(&s->mu); }
+// Wait on the condition for at most ms milliseconds.
+void timed_wait(Shared *s, int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)ms * 1000000L;
+  ts.tv_sec += ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == EOWNERDEAD) pthread_mutex_consistent(&s->mu);
 }
 
 size_t type_size(ncclDataType_t t) {
@@ -106,144 +113,178 @@ T apply(ncclRedOp_t op, T a, T b) {
   return a;
 }
 
-// out[i] = op over ranks q of in_q[i], i < n (in rank order).
+// out[i] = op over ranks q of in[q][i], i < n, in rank order.
 template <typename T>
-void reduce_typed(const std::vector<const void *> &in, void *out, size_t n, ncclRedOp_t op,
-                  bool bf16) {
-  size_t R = in.size();
-  std::vector<T> tmp(n);
+void reduce_typed(const unsigned char *const *in, int R, void *out, size_t n, ncclRedOp_t op) {
   for (size_t i = 0; i < n; i++) {
-    T acc = ((const T *)in[0])[i];
-    for (size_t q = 1; q < R; q++) acc = apply(op, acc, ((const T *)in[q])[i]);
+    T acc, v;
+    std::memcpy(&acc, in[0] + i * sizeof(T), sizeof(T));
+    for (int q = 1; q < R; q++) {
+      std::memcpy(&v, in[q] + i * sizeof(T), sizeof(T));
+      acc = apply(op, acc, v);
+    }
     if (op == ncclAvg) acc = (T)(acc / (T)R);
-    tmp[i] = acc;
+    std::memcpy((unsigned char *)out + i * sizeof(T), &acc, sizeof(T));
   }
-  (void)bf16;
-  std::memcpy(out, tmp.data(), n * sizeof(T));
 }
-void reduce_bf16(const std::vector<const void *> &in, void *out, size_t n, ncclRedOp_t op) {
-  size_t R = in.size();
-  std::vector<__nv_bfloat16> tmp(n);
+void reduce_bf16(const unsigned char *const *in, int R, void *out, size_t n, ncclRedOp_t op) {
   for (size_t i = 0; i < n; i++) {
-    float acc = __bfloat162float(((const __nv_bfloat16 *)in[0])[i]);
-    for (size_t q = 1; q < R; q++)
-      acc = __bfloat162float(__float2bfloat16_rn(
-          apply(op, acc, __bfloat162float(((const __nv_bfloat16 *)in[q])[i]))));
+    __nv_bfloat16 b;
+    std::memcpy(&b, in[0] + 2 * i, 2);
+    float acc = __bfloat162float(b);
+    for (int q = 1; q < R; q++) {
+      std::memcpy(&b, in[q] + 2 * i, 2);
+      acc = __bfloat162float(__float2bfloat16_rn(apply(op, acc, __bfloat162float(b))));
+    }
     if (op == ncclAvg) acc /= (float)R;
-    tmp[i] = __float2bfloat16_rn(acc);
+    b = __float2bfloat16_rn(acc);
+    std::memcpy((unsigned char *)out + 2 * i, &b, 2);
   }
-  std::memcpy(out, tmp.data(), n * 2);
 }
-void reduce(const std::vector<const void *> &in, void *out, size_t n, ncclDataType_t t,
-            ncclRedOp_t op) {
+void reduce(const unsigned char *const *in, int R, void *out, size_t bytes, int type, int op) {
+  auto t = (ncclDataType_t)type;
+  auto o = (ncclRedOp_t)op;
+  size_t n = bytes / type_size(t);
   switch (t) {
-    case ncclInt8: reduce_typed<int8_t>(in, out, n, op, false); break;
-    case ncclUint8: reduce_typed<uint8_t>(in, out, n, op, false); break;
-    case ncclInt32: reduce_typed<int32_t>(in, out, n, op, false); break;
-    case ncclUint32: reduce_typed<uint32_t>(in, out, n, op, false); break;
-    case ncclInt64: reduce_typed<int64_t>(in, out, n, op, false); break;
-    case ncclUint64: reduce_typed<uint64_t>(in, out, n, op, false); break;
-    case ncclFloat32: reduce_typed<float>(in, out, n, op, false); break;
-    case ncclFloat64: reduce_typed<double>(in, out, n, op, false); break;
-    case ncclBfloat16: reduce_bf16(in, out, n, op); break;
+    case ncclInt8: reduce_typed<int8_t>(in, R, out, n, o); break;
+    case ncclUint8: reduce_typed<uint8_t>(in, R, out, n, o); break;
+    case ncclInt32: reduce_typed<int32_t>(in, R, out, n, o); break;
+    case ncclUint32: reduce_typed<uint32_t>(in, R, out, n, o); break;
+    case ncclInt64: reduce_typed<int64_t>(in, R, out, n, o); break;
+    case ncclUint64: reduce_typed<uint64_t>(in, R, out, n, o); break;
+    case ncclFloat32: reduce_typed<float>(in, R, out, n, o); break;
+    case ncclFloat64: reduce_typed<double>(in, R, out, n, o); break;
+    case ncclBfloat16: reduce_bf16(in, R, out, n, o); break;
     case ncclFloat16: fatal("ncclFloat16 reductions are not emulated");
   }
 }
+}  // namespace
 
-// The data movement of one collective, for every rank (they all wait in it).
-void execute(std::vector<Desc> &d) {
-  size_t R = d.size(), n = d[0].count, es = type_size(d[0].type), bytes = n * es;
-  std::vector<const void *> in(R);
-  switch (d[0].kind) {
-    case 0: { // all-reduce: into a temporary, then to everyone (in place is fine)
-      std::vector<unsigned char> out(bytes);
-      for (size_t q = 0; q < R; q++) in[q] = d[q].send;
-      reduce(in, out.data(), n, d[0].type, d[0].op);
-      for (size_t q = 0; q < R; q++) std::memcpy(d[q].recv, out.data(), bytes);
-      break;
-    }
-    case 1: { // reduce-scatter: rank r gets the reduction of everyone's r-th slice
-      std::vector<std::vector<unsigned char>> out(R, std::vector<unsigned char>(bytes));
-      for (size_t r = 0; r < R; r++) {
-        for (size_t q = 0; q < R; q++) in[q] = (const char *)d[q].send + r * bytes;
-        reduce(in, out[r].data(), n, d[0].type, d[0].op);
-      }
-      for (size_t r = 0; r < R; r++) std::memcpy(d[r].recv, out[r].data(), bytes);
-      break;
-    }
-    case 2: { // all-gather: everyone's buffer, in rank order, to everyone
-      std::vector<unsigned char> all(R * bytes);
-      for (size_t q = 0; q < R; q++) std::memcpy(all.data() + q * bytes, d[q].send, bytes);
-      for (size_t r = 0; r < R; r++) std::memcpy(d[r].recv, all.data(), R * bytes);
-      break;
-    }
-    case 3: { // broadcast from root
-      std::vector<unsigned char> buf(bytes);
-      std::memcpy(buf.data(), d[(size_t)d[0].root].send, bytes);
-      for (size_t r = 0; r < R; r++) std::memcpy(d[r].recv, buf.data(), bytes);
-      break;
-    }
+struct Comm {
+  Shared *sh = nullptr; // nullptr: one rank, nothing to share
+  size_t map_bytes = 0;
+  int rank = 0, nranks = 1, device = 0;
+  uint64_t seq = 0;      // collectives queued
+  uint64_t barriers = 0; // barriers this rank has arrived at
+  std::atomic<int> refs{1};
+  std::atomic<bool> aborted{false};
+  std::atomic<int> async_error{ncclSuccess};
+  unsigned char *slot(int r) { return (unsigned char *)sh + kHeader + (size_t)r * kWindow; }
+  ~Comm() {
+    if (sh) munmap(sh, map_bytes);
   }
-}
-
-struct CollOp : Op {
-  Comm *comm;
-  uint64_t seq;
-  Desc d;
-  bool arrived = false;
-  ~CollOp() override { comm->unref(); }
-  bool step() override {
-    Clique &c = *comm->c;
-    std::unique_lock<std::mutex> g(c.mu);
-    if (comm->aborted) return true;
-    Instance &in = c.inst[seq];
-    if (!arrived) {
-      arrived = true;
-      if (in.d.empty()) in.d.resize((size_t)c.nranks);
-      in.d[(size_t)comm->rank] = d;
-      if (++in.arrived == c.nranks) {
-        const Desc &a = in.d[0];
-        for (int r = 1; r < c.nranks; r++) {
-          const Desc &b = in.d[(size_t)r];
-          if (b.kind != a.kind || b.count != a.count || b.type != a.type || b.op != a.op ||
-              b.root != a.root)
-            fatal("NCCL collective #%llu: rank 0 called %s(count %zu, type %d, op %d, root %d) "
-                  "but rank %d called %s(count %zu, type %d, op %d, root %d): NCCL hangs or "
-                  "corrupts memory", (unsigned long long)seq, kind_name(a.kind), a.count,
-                  (int)a.type, (int)a.op, a.root, r, kind_name(b.kind), b.count, (int)b.type,
-                  (int)b.op, b.root);
-        }
-        execute(in.d);
-        in.done = true;
-        c.cv.notify_all();
-      }
-    }
-    if (!in.done) return false;
-    if (++in.left == c.nranks) c.inst.erase(seq);
-    return true;
-  }
-  void wait() override {
-    Clique &c = *comm->c;
-    std::unique_lock<std::mutex> g(c.mu);
-    c.cv.wait_for(g, std::chrono::milliseconds(50), [&] {
-      auto it = c.inst.find(seq);
-      return comm->aborted || it == c.inst.end() || it->second.done;
-    });
+  void unref() {
+    if (--refs == 0) delete this;
   }
 };
 
-bool live_comm(ncclComm_t c) { return c && c->c; }
+namespace {
+struct CollOp : Op {
+  Comm *comm;
+  Desc d;
+  const unsigned char *send;
+  unsigned char *recv;
+  size_t total = 0, w = 0; // bytes of the send buffer, start of this window
+  int phase = 0;           // 0 stage, 1 wait to compute, 2 wait to go on
+  uint64_t barrier = 0;    // the barrier this rank waits at
+  ~CollOp() override { comm->unref(); }
 
-ncclResult_t enqueue_coll(ncclComm_t comm, cudaStream_t stream, Desc d, size_t send_bytes,
-                          size_t recv_bytes) {
+  size_t es() const { return type_size((ncclDataType_t)d.type); }
+  void arrive() {
+    barrier = comm->barriers++;
+    lock(comm->sh);
+    comm->sh->arrivals.fetch_add(1);
+    pthread_cond_broadcast(&comm->sh->cv);
+    unlock(comm->sh);
+  }
+  bool passed() const {
+    return comm->sh->arrivals.load() >= (barrier + 1) * (uint64_t)comm->nranks;
+  }
+  // This rank's part of the result for the window [w, w + len) of every rank's send buffer.
+  void compute(size_t len) {
+    const unsigned char *in[kMaxRanks];
+    int R = comm->nranks;
+    for (int q = 0; q < R; q++) in[q] = comm->slot(q);
+    size_t part = d.count * es();
+    switch (d.kind) {
+      case 0: reduce(in, R, recv + w, len, d.type, d.op); break;
+      case 1: { // this rank's slice [rank * part, (rank + 1) * part) of the window
+        size_t lo = (size_t)comm->rank * part, hi = lo + part;
+        size_t a = w > lo ? w : lo, b = w + len < hi ? w + len : hi;
+        if (a >= b) break;
+        for (int q = 0; q < R; q++) in[q] = comm->slot(q) + (a - w);
+        reduce(in, R, recv + (a - lo), b - a, d.type, d.op);
+        break;
+      }
+      case 2:
+        for (int q = 0; q < R; q++) std::memmove(recv + (size_t)q * part + w, in[q], len);
+        break;
+      case 3: std::memmove(recv + w, in[d.root], len); break;
+    }
+  }
+  void check_match() {
+    const Desc &a = comm->sh->desc[0];
+    for (int r = 1; r < comm->nranks; r++) {
+      const Desc &b = comm->sh->desc[r];
+      if (b.kind != a.kind || b.count != a.count || b.type != a.type || b.op != a.op ||
+          b.root != a.root || b.seq != a.seq)
+        fatal("NCCL collective: rank 0 called %s #%" PRIu64 " (count %zu, type %d, op %d, root "
+              "%d), rank %d %s #%" PRIu64 " (count %zu, type %d, op %d, root %d): NCCL hangs or "
+              "corrupts memory", kind_name(a.kind), a.seq, a.count, a.type, a.op, a.root, r,
+              kind_name(b.kind), b.seq, b.count, b.type, b.op, b.root);
+    }
+  }
+  bool step() override {
+    if (comm->aborted) return true; // abandoned with its communicator
+    if (!comm->sh) { // one rank: the result is the input
+      if (recv != send) std::memmove(recv, send, total);
+      return true;
+    }
+    for (;;) {
+      size_t len = total - w < kWindow ? total - w : kWindow;
+      switch (phase) {
+        case 0:
+          if (w == 0) comm->sh->desc[comm->rank] = d;
+          if (d.kind != 3 || comm->rank == d.root) std::memcpy(comm->slot(comm->rank), send + w, len);
+          arrive();
+          phase = 1;
+          break;
+        case 1:
+          if (!passed()) return false;
+          if (w == 0) check_match();
+          compute(len);
+          arrive();
+          phase = 2;
+          break;
+        case 2:
+          if (!passed()) return false;
+          w += len;
+          phase = 0;
+          if (w >= total) return true;
+          break;
+      }
+    }
+  }
+  void wait() override {
+    lock(comm->sh);
+    if (!passed() && !comm->aborted) timed_wait(comm->sh, 50);
+    unlock(comm->sh);
+  }
+};
+
+bool live_comm(ncclComm_t c) { return c != nullptr; }
+
+ncclResult_t enqueue_coll(ncclComm_t comm, cudaStream_t stream, Desc d, const void *send,
+                          void *recv, size_t send_bytes, size_t recv_bytes) {
   const char *name = kind_name(d.kind);
   if (!live_comm(comm)) return ncclInvalidArgument;
   if (comm->aborted) return ncclInvalidUsage;
-  if (!type_size(d.type) || d.type == ncclFloat16) {
-    report("%s: data type %d is not emulated", name, (int)d.type);
+  auto t = (ncclDataType_t)d.type;
+  if (!type_size(t) || t == ncclFloat16) {
+    report("%s: data type %d is not emulated", name, d.type);
     return ncclInvalidArgument;
   }
-  if ((unsigned)d.op > ncclAvg) return ncclInvalidArgument;
+  if (d.op < 0 || d.op > ncclAvg) return ncclInvalidArgument;
   Stream *s = resolve(stream);
   if (!s) {
     report("%s: %p is not a live stream", name, (void *)stream);
@@ -254,17 +295,18 @@ ncclResult_t enqueue_coll(ncclComm_t comm, cudaStream_t stream, Desc d, size_t s
            comm->rank, comm->device, s->device);
     return ncclInvalidUsage;
   }
-  if (current_device() != comm->device)
-    report("%s: rank %d calls from a host thread whose current device is %d, not its device %d",
-           name, comm->rank, current_device(), comm->device);
-  if ((send_bytes && !check_device(d.send, send_bytes, comm->device, name, "send buffer")) ||
-      (recv_bytes && !check_device(d.recv, recv_bytes, comm->device, name, "receive buffer")))
+  if ((send_bytes && !check_device(send, send_bytes, comm->device, name, "send buffer")) ||
+      (recv_bytes && !check_device(recv, recv_bytes, comm->device, name, "receive buffer")))
     return ncclInvalidArgument;
   auto *op = new CollOp();
   comm->refs++;
   op->comm = comm;
-  op->seq = comm->seq++;
+  d.seq = comm->seq++;
   op->d = d;
+  op->send = (const unsigned char *)send;
+  op->recv = (unsigned char *)recv;
+  // Every rank walks the same number of windows: over the largest send buffer of any rank.
+  op->total = d.kind == 1 ? d.count * type_size(t) * (size_t)comm->nranks : d.count * type_size(t);
   enqueue(s, std::unique_ptr<Op>(op));
   return ncclSuccess;
 }
@@ -292,8 +334,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   IdBody b;
   std::memcpy(b.magic, kMagic, 8);
   if (getrandom(&b.key, sizeof b.key, 0) != (ssize_t)sizeof b.key)
-    b.key = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
-  b.pid = getpid();
+    b.key = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count() ^
+            ((uint64_t)getpid() << 40);
   std::memset(id, 0, sizeof *id);
   std::memcpy(id->internal, &b, sizeof b);
   return ncclSuccess;
@@ -301,6 +343,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 
 ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
   if (!out || nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  if (nranks > kMaxRanks) {
+    report("ncclCommInitRank: %d ranks (the emulator has at most %d)", nranks, kMaxRanks);
+    return ncclInvalidArgument;
+  }
   IdBody b;
   std::memcpy(&b, id.internal, sizeof b);
   if (std::memcmp(b.magic, kMagic, 8)) {
@@ -312,52 +358,86 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     cudaGetLastError();
     return ncclUnhandledCudaError;
   }
-  if (b.pid != getpid() && nranks > 1) {
-    report("ncclCommInitRank: the id comes from process %lld; the emulated NCCL joins ranks "
-           "of one process only", (long long)b.pid);
-    return ncclSystemError;
-  }
   auto *c = new Comm();
-  c->rank = rank;
-  c->device = current_device();
-  std::unique_lock<std::mutex> g(g_reg_mu);
-  auto &slot = g_pending[b.key];
-  if (!slot) {
-    slot = std::make_shared<Clique>();
-    slot->nranks = nranks;
-    slot->ranks.assign((size_t)nranks, nullptr);
+  c->rank = rank, c->nranks = nranks, c->device = current_device();
+  if (nranks == 1) {
+    *out = c;
+    return ncclSuccess;
   }
-  std::shared_ptr<Clique> cl = slot;
   auto refuse = [&](ncclResult_t r, const char *why) {
     report("ncclCommInitRank (rank %d of %d, device %d): %s", rank, nranks, c->device, why);
-    cl->failed = true;
-    g_reg_cv.notify_all();
     delete c;
     return r;
   };
-  if (cl->failed) return refuse(ncclInvalidUsage, "another rank of this id failed to join");
-  if (cl->nranks != nranks) return refuse(ncclInvalidArgument, "another rank gave another nranks");
-  if (cl->ranks[(size_t)rank]) return refuse(ncclInvalidUsage, "this rank joined already");
-  for (Comm *o : cl->ranks)
-    if (o && o->device == c->device)
-      return refuse(ncclInvalidUsage, "Duplicate GPU detected: another rank of this "
-                                      "communicator uses the same device");
-  c->c = cl;
-  cl->ranks[(size_t)rank] = c;
-  if (++cl->joined == nranks) {
-    g_pending.erase(b.key);
-    g_reg_cv.notify_all();
+  char name[64];
+  seg_name(b.key, name, sizeof name);
+  size_t bytes = kHeader + (size_t)nranks * kWindow;
+  int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+  if (fd < 0 || ftruncate(fd, (off_t)bytes)) {
+    if (fd >= 0) close(fd);
+    return refuse(ncclSystemError, "cannot create the shared-memory segment");
+  }
+  void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return refuse(ncclSystemError, "cannot map the shared-memory segment");
+  c->sh = (Shared *)p;
+  c->map_bytes = bytes;
+  Shared *s = c->sh;
+  uint32_t fresh = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  auto waited = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  if (s->state.compare_exchange_strong(fresh, 1)) {
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&s->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    s->nranks = nranks;
+    s->state.store(2);
   } else {
-    bool ok = g_reg_cv.wait_for(g, std::chrono::duration<double>(timeout_s()),
-                                [&] { return cl->joined == nranks || cl->failed; });
-    if (!ok || cl->joined != nranks) {
-      cl->ranks[(size_t)rank] = nullptr;
-      cl->joined--;
-      c->c.reset();
-      return ok ? refuse(ncclInvalidUsage, "another rank of this id failed to join")
-                : refuse(ncclSystemError, "timed out waiting for the other ranks "
-                                          "(DFLASH_EMU_NCCL_TIMEOUT)");
+    while (s->state.load() != 2) {
+      if (waited() > timeout_s()) return refuse(ncclSystemError, "the segment was never set up");
+      usleep(1000);
     }
+  }
+  lock(s);
+  const char *why = nullptr;
+  ncclResult_t r = ncclSuccess;
+  if (s->failed) why = "another rank of this id failed to join", r = ncclInvalidUsage;
+  else if (s->nranks != nranks) why = "another rank gave another nranks", r = ncclInvalidArgument;
+  else if (s->members >> rank & 1) why = "this rank joined already", r = ncclInvalidUsage;
+  for (int q = 0; !why && q < nranks; q++)
+    if ((s->members >> q & 1) && s->device[q] == c->device)
+      why = "Duplicate GPU detected: another rank of this communicator uses the same device",
+      r = ncclInvalidUsage;
+  if (!why) {
+    s->members |= 1ull << rank;
+    s->device[rank] = c->device;
+    s->joined++;
+    pthread_cond_broadcast(&s->cv);
+    while (s->joined < nranks && !s->failed && waited() <= timeout_s()) timed_wait(s, 50);
+    if (s->failed) why = "another rank of this id failed to join", r = ncclInvalidUsage;
+    else if (s->joined < nranks) why = "timed out waiting for the other ranks "
+                                       "(DFLASH_EMU_NCCL_TIMEOUT)", r = ncclSystemError;
+  }
+  if (why) {
+    s->failed = 1;
+    pthread_cond_broadcast(&s->cv);
+  } else if (++s->unlinked == nranks) {
+    shm_unlink(name); // every rank has it mapped: the name can go
+  }
+  unlock(s);
+  if (why) {
+    shm_unlink(name);
+    return refuse(r, why);
   }
   *out = c;
   return ncclSuccess;
@@ -371,10 +451,11 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!live_comm(comm)) return ncclInvalidArgument;
-  {
-    std::lock_guard<std::mutex> g(comm->c->mu);
-    comm->aborted = true;
-    comm->c->cv.notify_all();
+  comm->aborted = true;
+  if (comm->sh) {
+    lock(comm->sh);
+    pthread_cond_broadcast(&comm->sh->cv);
+    unlock(comm->sh);
   }
   comm->unref();
   return ncclSuccess;
@@ -388,7 +469,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *e) {
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
   if (!live_comm(comm) || !count) return ncclInvalidArgument;
-  *count = comm->c->nranks;
+  *count = comm->nranks;
   return ncclSuccess;
 }
 
@@ -411,30 +492,30 @@ ncclResult_t ncclGroupEnd() { return ncclSuccess; }
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   size_t b = count * type_size(type);
-  return enqueue_coll(comm, stream, Desc{0, send, recv, count, type, op, 0}, b, b);
+  return enqueue_coll(comm, stream, Desc{0, type, op, 0, count, 0}, send, recv, b, b);
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount,
                                ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                cudaStream_t stream) {
   size_t b = recvcount * type_size(type);
-  int n = live_comm(comm) ? comm->c->nranks : 1;
-  return enqueue_coll(comm, stream, Desc{1, send, recv, recvcount, type, op, 0}, b * (size_t)n, b);
+  size_t n = live_comm(comm) ? (size_t)comm->nranks : 1;
+  return enqueue_coll(comm, stream, Desc{1, type, op, 0, recvcount, 0}, send, recv, b * n, b);
 }
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
   size_t b = sendcount * type_size(type);
-  int n = live_comm(comm) ? comm->c->nranks : 1;
-  return enqueue_coll(comm, stream, Desc{2, send, recv, sendcount, type, ncclSum, 0}, b,
-                      b * (size_t)n);
+  size_t n = live_comm(comm) ? (size_t)comm->nranks : 1;
+  return enqueue_coll(comm, stream, Desc{2, type, ncclSum, 0, sendcount, 0}, send, recv, b,
+                      b * n);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
-  if (!live_comm(comm) || root < 0 || root >= comm->c->nranks) return ncclInvalidArgument;
+  if (!live_comm(comm) || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
   size_t b = count * type_size(type);
   // Only the root's send buffer is read.
-  return enqueue_coll(comm, stream, Desc{3, send, recv, count, type, ncclSum, root},
+  return enqueue_coll(comm, stream, Desc{3, type, ncclSum, root, count, 0}, send, recv,
                       comm->rank == root ? b : 0, b);
 }

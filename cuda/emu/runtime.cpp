@@ -330,18 +330,25 @@ struct KernelOp : Op {
     return true;
   }
 };
+// A launch the hardware refuses: the error for cudaGetLastError, a line on stderr.
+void refuse_launch(const char *name, KernelBody body, cudaError_t e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void refuse_launch(const char *name, KernelBody body, cudaError_t e, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  report("launch of %s refused (%s): %s", name, cudaGetErrorName(e), msg);
+  body.destroy(const_cast<void *>(body.args));
+  fail(e);
+}
 }  // namespace
 
 void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t smem,
             Stream *stream, KernelBody body) {
   KernelRun k{name, kernel, grid, block, smem, body, 0, 0};
-  auto refuse = [&](cudaError_t e, const char *fmt, auto... a) {
-    char msg[512];
-    snprintf(msg, sizeof msg, fmt, a...);
-    report("launch of %s refused (%s): %s", name, cudaGetErrorName(e), msg);
-    body.destroy(const_cast<void *>(body.args));
-    fail(e);
-  };
+#define refuse(...) refuse_launch(name, body, __VA_ARGS__)
   if (!device_count()) return refuse(cudaErrorNoDevice, "no device");
   unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
   if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
@@ -364,6 +371,7 @@ void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t 
   k.seed = launch_seed(s->device);
   k.device = s->device;
   enqueue(s, std::unique_ptr<Op>(new KernelOp(k)));
+#undef refuse
 }
 
 }  // namespace dfemu

@@ -1,0 +1,141 @@
+/*
+ * dflash_train_run on the CUDA backend with two ranks, each a separate process on its own
+ * emulated device (LOCAL_RANK, DFLASH_EMU_DEVICES=2), gradients reduce-scattered and
+ * weights all-gathered over the emulated NCCL (ZeRO-1: each rank keeps half of the fp32
+ * masters and moments), against one process with the same global batch (suite 'cuda-emu').
+ *
+ * Tolerance: one process accumulates the second sequence's gradient onto the first one's
+ * inside each GEMM and reduction, two ranks compute each from zero and add the two buffers
+ * once, so fp32 gradients differ by an ulp or so (and, were an fp32 master moved across a
+ * bf16 rounding boundary, the next forward would see a weight one bf16 step away). Measured
+ * 1.1e-8 (every thread order gives the same numbers); the bounds are tests/train's for the
+ * CPU, and still ~3000x below what dropping the pairing costs (the control, one process with
+ * batch 1, differs by 6e-2).
+ */
+#include <dflash/dflash.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "synth.h"
+#include "testutil.h"
+
+#define PARAM_TOL 2e-5
+#define LOSS_RTOL 1e-4
+
+static double rel(double a, double b) {
+  return a == b ? 0 : (a > b ? a - b : b - a) / (b > 0 ? b : -b);
+}
+
+/* synth_spawn, with LOCAL_RANK: each rank on its own device, as torchrun sets it. */
+static pid_t spawn(const dflash_train_run_options *o, int rank, int world, int port,
+                   const char *report) {
+  fflush(NULL);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid > 0) return pid;
+  char s[32];
+  unsetenv("DFLASH_NCCL");
+  if (world > 1) {
+    snprintf(s, sizeof s, "%d", rank);
+    setenv("RANK", s, 1);
+    setenv("LOCAL_RANK", s, 1);
+    snprintf(s, sizeof s, "%d", world);
+    setenv("WORLD_SIZE", s, 1);
+    snprintf(s, sizeof s, "%d", port);
+    setenv("MASTER_PORT", s, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("DFLASH_DIST_TIMEOUT", "120", 1);
+  } else {
+    unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE");
+  }
+  dflash_status st = dflash_train_run(o);
+  FILE *f = fopen(report, "w");
+  if (f) {
+    fprintf(f, "%d\n%s\n", (int)st, st ? dflash_last_error() : "");
+    fclose(f);
+  }
+  _exit((int)st);
+}
+
+static void run_world(dflash_train_run_options *o, int world, const char *root) {
+  int port = synth_free_port();
+  pid_t pid[2];
+  char *rep[2];
+  for (int r = 0; r < world; r++) {
+    char name[32];
+    snprintf(name, sizeof name, "report-%d", r);
+    rep[r] = synth_path(root, name);
+    pid[r] = spawn(&o[r], r, world, port, rep[r]);
+  }
+  for (int r = 0; r < world; r++) {
+    int rc = synth_wait(pid[r], 300);
+    char msg[1024];
+    ck_assert_msg(rc == 0, "rank %d of %d exited with %d: %s", r, world, rc,
+                  synth_report(rep[r], msg, sizeof msg) ? msg : "");
+    free(rep[r]);
+  }
+}
+
+static void options(dflash_train_run_options *o, const char *root, const char *out) {
+  synth_run_options(o, root, out);
+  o->trainer.backend = DFLASH_BACKEND_CUDA;
+  o->epochs = 3;
+}
+
+START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
+  char *root = df_test_tmpdir();
+  synth_world(root, 7, 40, 1); /* global batches of 2, 2, 2, 1 per epoch: 12 steps */
+  char *one = synth_at(root, "one"), *dp = synth_at(root, "dp"), *dp1 = synth_at(root, "dp1");
+  char *b1 = synth_at(root, "batch1");
+  dflash_train_run_options o[2];
+  options(&o[0], root, one);
+  o[0].batch_size = 2;
+  run_world(o, 1, root);
+  options(&o[0], root, dp);
+  options(&o[1], root, dp1);
+  run_world(o, 2, root);
+  ck_assert_msg(!synth_exists(dp1), "rank 1 wrote into its out_dir");
+  double d = synth_max_abs_diff(one, dp);
+  synth_metric a[16], b[16];
+  size_t na = synth_metrics(one, a, 16), nb = synth_metrics(dp, b, 16);
+  ck_assert_uint_eq(na, 12);
+  ck_assert_uint_eq(nb, 12);
+  double worst = 0;
+  for (size_t i = 0; i < na; i++) {
+    ck_assert_int_eq(a[i].tokens, b[i].tokens);
+    ck_assert(a[i].lr == b[i].lr);
+    double r = rel(b[i].loss, a[i].loss) > rel(b[i].norm, a[i].norm) ? rel(b[i].loss, a[i].loss)
+                                                                       : rel(b[i].norm, a[i].norm);
+    worst = r > worst ? r : worst;
+  }
+  options(&o[0], root, b1);
+  run_world(o, 1, root);
+  double control = synth_max_abs_diff(one, b1);
+  printf("CUDA train run, 1 process x batch 2 vs 2 ranks x batch 1 (NCCL, ZeRO-1): max |param "
+         "diff| %.3g (bound %g), worst loss/norm rel. diff %.3g (bound %g); control, 1 process "
+         "x batch 1: %.3g\n", d, PARAM_TOL, worst, LOSS_RTOL, control);
+  ck_assert_msg(d <= PARAM_TOL, "parameters differ by %g", d);
+  ck_assert_msg(worst <= LOSS_RTOL, "losses or norms differ by %g", worst);
+  ck_assert_msg(control > 100 * PARAM_TOL, "control differs by only %g", control);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
+int main(void) {
+  setenv("DFLASH_EMU_DEVICES", "2", 1);
+  Suite *s = suite_create("cuda_emu_run_dist");
+  TCase *tc = tcase_create("dist");
+  tcase_set_timeout(tc, 900);
+  tcase_add_test(tc, cuda_two_ranks_zero1_equal_one_process_with_the_global_batch);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
