@@ -13,8 +13,11 @@
 
 const char *df_hidden_dtype_name(int32_t dtype);
 
-/* DFLASH_E_FORMAT naming the sample and the layer when one of its K layers is all zeros
- * (sanity.c). `x` is [len, K*H]. */
+/* The first of K layers that is all zeros in a sample [len, K*H] given as f32 or bf16 (one of
+ * them), or -1 (sanity.c). */
+int32_t df_hidden_zero_layer(const float *f32, const uint16_t *bf16, int64_t len, int32_t K,
+                             int32_t H);
+/* DFLASH_E_FORMAT naming the sample and the layer when one of its K layers is all zeros. */
 dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len, int32_t K,
                                      int32_t H);
 

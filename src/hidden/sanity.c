@@ -8,23 +8,31 @@
 
 #include "hidden.h"
 
-static bool row_is_zero(const float *x, int32_t n) {
+/* Whether n values from `f32` or `bf16` (one of them) at element `at` are all (+-)0. */
+static bool row_is_zero(const float *f32, const uint16_t *bf16, size_t at, int32_t n) {
   for (int32_t i = 0; i < n; i++)
-    if (x[i] != 0.0f) return false;
+    if (f32 ? f32[at + (size_t)i] != 0.0f : (bf16[at + (size_t)i] & 0x7fff) != 0) return false;
   return true;
+}
+
+int32_t df_hidden_zero_layer(const float *f32, const uint16_t *bf16, int64_t len, int32_t K,
+                             int32_t H) {
+  for (int32_t k = 0; k < K; k++) {
+    bool zero = true;
+    for (int64_t r = 0; zero && r < len; r++)
+      zero = row_is_zero(f32, bf16, ((size_t)r * (size_t)K + (size_t)k) * (size_t)H, H);
+    if (zero) return k;
+  }
+  return -1;
 }
 
 dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len, int32_t K,
                                      int32_t H) {
-  for (int32_t k = 0; k < K; k++) {
-    bool zero = true;
-    for (int64_t r = 0; zero && r < len; r++)
-      zero = row_is_zero(x + ((size_t)r * (size_t)K + (size_t)k) * (size_t)H, H);
-    if (zero)
-      return df_error(DFLASH_E_FORMAT, "sample %s: layer %d of %d of its hidden states is all "
-                      "zeros over its %lld tokens: the producer captured nothing for that layer "
-                      "(a wrong layer id or cache configuration?)", id, k, K, (long long)len);
-  }
+  int32_t k = df_hidden_zero_layer(x, NULL, len, K, H);
+  if (k >= 0)
+    return df_error(DFLASH_E_FORMAT, "sample %s: layer %d of %d of its hidden states is all "
+                    "zeros over its %lld tokens: the producer captured nothing for that layer "
+                    "(a wrong layer id or cache configuration?)", id, k, K, (long long)len);
   return DFLASH_OK;
 }
 

@@ -36,6 +36,7 @@ struct dflash_hidden_writer {
   uint64_t buf_bytes;
   char **shards; /* file names, relative to dir */
   size_t n_shards;
+  uint64_t zero_layer_samples; /* appended with an all-zero layer: training refuses them */
   bool finished;
 };
 
@@ -269,6 +270,10 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   if (!p.id) return df_error_nomem("sample id");
   dflash_status st = encode(w, &p, f32, bf16);
   if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
+  int32_t zk = st ? -1 : df_hidden_zero_layer(f32, bf16, len, w->K, w->H);
+  if (zk >= 0 && !w->zero_layer_samples++)
+    df_log(DFLASH_LOG_WARN, "hidden writer %s: sample %s: layer %d of %d is all zeros (nothing "
+           "captured?); dflash train and eval will refuse such samples", w->dir, id, zk, w->K);
   if (st) {
     free_pending(&p);
     return st;
@@ -376,5 +381,8 @@ dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w) {
   if (!st && w->n_shards == 0 && w->remote)
     st = df_stage_out(w->storage, w->dir, w->remote, DF_HIDDEN_INDEX);
   if (!st) w->finished = true;
+  if (!st && w->zero_layer_samples)
+    df_log(DFLASH_LOG_WARN, "hidden writer %s: %llu sample(s) have an all-zero layer", w->dir,
+           (unsigned long long)w->zero_layer_samples);
   return st;
 }

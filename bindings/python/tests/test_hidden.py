@@ -116,9 +116,17 @@ def test_stats_and_zero_layer_refused(tmp_path):
     hidden = {s[0]: rng.standard_normal((len(s[1]), K * H)).astype(np.float32) for s in samples}
     hidden["s1"][:, 2 * H:] = 0          # layer 2 of s1 never captured
     hidden["s2"][3, :H] = 0              # one zero row in layer 0: counted, not refused
-    with dflash.HiddenWriter(tmp_path / "h", num_layers=K, hidden_size=H) as w:
-        for k, v in hidden.items():
-            w.append(k, v)
+    seen = []
+    dflash.set_log_callback(lambda level, msg: seen.append(msg), max_level="warn")
+    try:
+        with dflash.HiddenWriter(tmp_path / "h", num_layers=K, hidden_size=H) as w:
+            for k, v in hidden.items():
+                w.append(k, v)
+    finally:
+        dflash.set_log_callback(None)
+    # The writer reports it as it happens and at the end (it stores what it is given).
+    assert any("sample s1: layer 2 of 3 is all zeros" in m for m in seen), seen
+    assert any("1 sample(s) have an all-zero layer" in m for m in seen), seen
     store = dflash.HiddenStore(tmp_path / "h")
     st = store.stats()
     dec = np.concatenate([store.read(i) for i in store.ids()]).astype(np.float64)
