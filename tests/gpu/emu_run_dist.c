@@ -2,7 +2,8 @@
  * dflash_train_run on the CUDA backend with two ranks, each a separate process on its own
  * emulated device (LOCAL_RANK, DFLASH_EMU_DEVICES=2), gradients reduce-scattered and
  * weights all-gathered over the emulated NCCL (ZeRO-1: each rank keeps half of the fp32
- * masters and moments), against one process with the same global batch (suite 'cuda-emu').
+ * masters and moments), against one process with the same global batch, and checkpoint +
+ * resume at world 2 (suite 'cuda-emu').
  *
  * Tolerance: one process accumulates the second sequence's gradient onto the first one's
  * inside each GEMM and reduction, two ranks compute each from zero and add the two buffers
@@ -126,12 +127,70 @@ START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
 }
 END_TEST
 
+/* Metrics lines without the timing fields. */
+static char **stable_lines(const char *dir, size_t *n) {
+  char *p = synth_path(dir, "metrics.jsonl");
+  char **lines = synth_lines(p, n);
+  ck_assert_msg(lines != NULL, "%s is missing", p);
+  for (size_t i = 0; i < *n; i++) {
+    char *cut = strstr(lines[i], ", \"tokens_per_s\"");
+    ck_assert_ptr_nonnull(cut);
+    *cut = 0;
+  }
+  free(p);
+  return lines;
+}
+
+/* Checkpoints gather the ZeRO-1 shards of masters and moments over NCCL; a resume scatters
+ * them again: stopped at step 5 and resumed, two CUDA ranks redo the uninterrupted run to
+ * the bit, and one process resumes their checkpoint with the same global batch. */
+START_TEST(cuda_resume_at_world_two_reproduces_the_uninterrupted_run) {
+  char *root = df_test_tmpdir();
+  synth_world(root, 7, 40, 1);
+  char *full = synth_at(root, "full"), *part = synth_at(root, "part");
+  char *other = synth_at(root, "other");
+  dflash_train_run_options o[2];
+  for (int r = 0; r < 2; r++) options(&o[r], root, full), o[r].save_every = 2;
+  run_world(o, 2, root);
+  for (int k = 0; k < 2; k++) {
+    for (int r = 0; r < 2; r++) o[r].out_dir = k ? other : part, o[r].max_steps = 5;
+    run_world(o, 2, root);
+  }
+  for (int r = 0; r < 2; r++) o[r].out_dir = part, o[r].max_steps = 0, o[r].resume = 1;
+  run_world(o, 2, root);
+  size_t na, nb;
+  char **a = stable_lines(full, &na), **b = stable_lines(part, &nb);
+  ck_assert_uint_eq(na, 12);
+  ck_assert_uint_eq(nb, na);
+  for (size_t i = 0; i < na; i++) ck_assert_str_eq(a[i], b[i]);
+  ck_assert(synth_max_abs_diff(full, part) == 0);
+  o[0].out_dir = other;
+  o[0].batch_size = 2;
+  run_world(o, 1, root);
+  synth_metric x[16], y[16];
+  ck_assert_uint_eq(synth_metrics(full, x, 16), 12);
+  ck_assert_uint_eq(synth_metrics(other, y, 16), 12);
+  for (size_t i = 0; i < 12; i++)
+    ck_assert_msg(rel(y[i].loss, x[i].loss) <= LOSS_RTOL, "step %ld: %.9g vs %.9g", x[i].step,
+                  x[i].loss, y[i].loss);
+  double d = synth_max_abs_diff(full, other);
+  printf("CUDA resume at world 2: bit-identical to the uninterrupted run; world 2 -> world 1 "
+         "resume: max |param diff| %.3g (bound %g)\n", d, PARAM_TOL);
+  ck_assert(d <= PARAM_TOL);
+  synth_free_lines(a, na);
+  synth_free_lines(b, nb);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 int main(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   Suite *s = suite_create("cuda_emu_run_dist");
   TCase *tc = tcase_create("dist");
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, cuda_two_ranks_zero1_equal_one_process_with_the_global_batch);
+  tcase_add_test(tc, cuda_resume_at_world_two_reproduces_the_uninterrupted_run);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
