@@ -538,7 +538,10 @@ int cmd_tokenize(int argc, char **argv) {
   dflash_chat_template *tmpl = NULL;
   dflash_dataset_writer *w = NULL;
   dflash_status st = open_all(&a, &j, &tok, &tmpl, &w);
-  if (st) return cli_fail("tokenize", st);
+  if (st) {
+    free(inputs);
+    return cli_fail("tokenize", st);
+  }
   tok_stats s = {0};
   s.rejects = open_side(a.out_dir, "rejected.jsonl");
   s.sources = open_side(a.out_dir, "sources.jsonl");
