@@ -43,7 +43,10 @@ void __tsan_switch_to_fiber(void *fiber, unsigned flags);
 }
 #endif
 
-#if !defined(__x86_64__)
+// DFEMU_UCONTEXT: the portable switch on x86-64 too (to test it).
+#if defined(__x86_64__) && !defined(DFEMU_UCONTEXT)
+#define DFEMU_X86_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -52,7 +55,7 @@ namespace dfemu {
 namespace {
 
 // ---- context switch -------------------------------------------------------------------------
-#if defined(__x86_64__)
+#ifdef DFEMU_X86_SWITCH
 extern "C" void dfemu_ctx_switch(void **save_sp, void *new_sp);
 extern "C" void dfemu_ctx_start();
 // Callee-saved registers, MXCSR and the x87 control word: what the System V ABI asks a
