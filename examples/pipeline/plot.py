@@ -1,6 +1,7 @@
 """out/report.png: training loss (and its moving average) by step, held-out
-tau (uniform anchors and speculative walk, untrained / trained; live) and
-per-position accuracy over every anchor position."""
+tau (uniform anchors and speculative walk, untrained / trained; PyTorch live;
+llama.cpp's tokens per verification step), per-position accuracy over every
+anchor position, and llama.cpp's decode speed with and without the drafters."""
 import argparse
 import json
 
@@ -13,7 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--metrics", required=True, help="metrics.jsonl of dflash train")
-    ap.add_argument("--summary-in", required=True, help="JSON: eval_untrained, eval_trained, live")
+    ap.add_argument("--summary-in", required=True,
+                    help="JSON: eval_untrained, eval_trained, live, llama_cpp (optional)")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     with open(a.metrics) as f:
@@ -24,7 +26,9 @@ def main():
     k = max(1, len(loss) // 20)
     avg = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
            for i in range(len(loss))]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    lc = s.get("llama_cpp")
+    fig, ax = plt.subplots(1, 4 if lc else 3, figsize=(21 if lc else 15, 4.6),
+                           gridspec_kw={"width_ratios": [1, 1.7, 1, 1] if lc else [1, 1, 1]})
     ax[0].plot(steps, loss, lw=0.5, alpha=0.4, label="loss per step")
     ax[0].plot(steps, avg, lw=1.8, label=f"moving average ({k} steps)")
     ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train",
@@ -34,13 +38,20 @@ def main():
     # live decoding should get) and the live tau, with 2-SE error bars.
     u, t, lv = s["eval_untrained"], s["eval_trained"], s["live"]
     names = ["untrained\nuniform", "trained\nuniform", "untrained\nwalk", "trained\nwalk",
-             "trained\nlive"]
+             "trained\nPyTorch\nlive"]
     taus = [u["position_tau"], t["position_tau"], u["walk_tau"], t["walk_tau"], lv["tau"]]
     ses = [u["position_tau_se"], t["position_tau_se"], u["walk_tau_se"], t["walk_tau_se"],
            lv["tau_se"]]
-    bars = ax[1].bar(names, taus, yerr=[2 * x for x in ses], capsize=4,
-                     color=["#999", "#1f77b4", "#bbb", "#ff7f0e", "#2ca02c"])
+    colors = ["#999", "#1f77b4", "#bbb", "#ff7f0e", "#2ca02c"]
+    if lc:
+        for name, c in (("untrained", "#ccc"), ("trained", "#d62728")):
+            names.append(f"{name}\nllama.cpp")
+            taus.append(lc[name]["tokens_per_step"])
+            ses.append(lc[name]["tokens_per_step_se"])
+            colors.append(c)
+    bars = ax[1].bar(names, taus, yerr=[2 * x for x in ses], capsize=4, color=colors)
     ax[1].bar_label(bars, fmt="%.3f", label_type="center")
+    ax[1].tick_params(axis="x", labelsize=8)
     ax[1].set(ylabel="tau (tokens per verification step)",
               title="held-out acceptance length (bars: 2 SE)", ylim=(0.9, None))
     for name in ("untrained", "trained"):
@@ -49,6 +60,15 @@ def main():
     ax[2].set(xlabel="block position", ylabel="greedy accuracy", title="per-position accuracy",
               ylim=(0, 1))
     ax[2].legend()
+    if lc:
+        keys = ["plain", "untrained", "trained"]
+        bars = ax[3].bar(["target alone", "untrained\ndrafter", "trained\ndrafter"],
+                         [lc[k]["decode_tok_s"] for k in keys], color=["#999", "#ccc", "#d62728"])
+        ax[3].bar_label(bars, labels=[f"{lc['plain']['decode_tok_s']:.1f} tok/s"] + [
+            f"{lc[k]['decode_tok_s']:.1f} tok/s\naccepted {lc[k]['acceptance']:.3f}" for k in keys[1:]],
+            label_type="center")
+        ax[3].set(ylabel="decode tokens/s",
+                  title=f"llama-server decoding, {lc['threads']} thread")
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(a.out)

@@ -11,11 +11,10 @@ batched: a scheduler thread takes whatever is waiting (up to --max-batch),
 runs one left-padded prefill and decodes the batch step by step, streaming
 every token to its request and dropping finished rows from the KV cache.
 
-Why not llama-cpp-python's server: PyPI has no binary wheel of it for this
-machine, and building it from source takes longer than the whole demo's time
-budget on two cores (see examples/pipeline/README.md). Serving the same
-PyTorch model that dumps the hidden states also makes the completions exactly
-the tokens the target predicts greedily.
+The pipeline's fallback (--server torch) when llama.cpp's llama-server is
+not built (scripts/llama_server.sh, ~20 min on two cores). Serving the same
+PyTorch model that dumps the hidden states makes the completions exactly
+the tokens the target predicts greedily, at about 1/4 of llama.cpp's speed.
 """
 import argparse
 import json

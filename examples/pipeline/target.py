@@ -7,7 +7,9 @@ ships it (one GGUF file, Q4_1 weights), turned into what the rest needs:
   * tokenizer.json rebuilt from the GGUF's own vocabulary and merges (for
     libdflash's tokenizer and for the server);
   * target.safetensors with the token embedding (the LM head is tied), the
-    frozen tensors `dflash train` reads.
+    frozen tensors `dflash train` reads;
+  * config.json, so that the folder is a Hugging Face model folder for
+    llama.cpp's converter (the drafter's GGUF takes the target's vocabulary).
 
 Nothing comes from a model hub: the only source is the GGUF in site-packages.
 """
@@ -162,16 +164,37 @@ class Target:
                       "merges": merges},
         }
 
+    def hf_config(self):
+        """config.json of the target as Hugging Face describes SmolLM2 (what
+        llama.cpp's convert_hf_to_gguf.py --target-model-dir reads)."""
+        tied = not any(t.name == "output.weight" for t in self.reader.tensors)
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "vocab_size": self.vocab, "hidden_size": self.hidden,
+                "intermediate_size": self.ffn, "num_hidden_layers": self.n_layers,
+                "num_attention_heads": self.n_head, "num_key_value_heads": self.n_kv,
+                "head_dim": self.hidden // self.n_head, "hidden_act": "silu",
+                "max_position_embeddings": self.ctx, "rms_norm_eps": self.eps,
+                "rope_theta": self.rope_theta, "rope_scaling": None,
+                "tie_word_embeddings": tied, "bos_token_id": self.bos,
+                "eos_token_id": self.eos, "attention_bias": False, "mlp_bias": False,
+                "torch_dtype": "float32"}
+
     def export(self, out_dir):
-        """Write out_dir/tokenizer.json, tokenizer_config.json and
+        """Write out_dir/config.json, tokenizer.json, tokenizer_config.json and
         target.safetensors (embedding, float32); returns out_dir."""
         from safetensors.numpy import save_file
         os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(self.hf_config(), f, indent=2)
         with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
             json.dump(self.tokenizer_json(), f, ensure_ascii=False)
         with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+            # GPT-2 class as SmolLM2's own: a Llama config would make transformers'
+            # LlamaTokenizerFast add an <unk> past the vocabulary (the converter loads it).
             json.dump({"chat_template": self.chat_template, "eos_token": self.tokens[self.eos],
-                       "bos_token": self.tokens[self.bos]}, f, ensure_ascii=False)
+                       "bos_token": self.tokens[self.bos], "unk_token": self.tokens[0],
+                       "tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False,
+                       "model_max_length": self.ctx}, f, ensure_ascii=False)
         from gguf.quants import dequantize
         emb = next(t for t in self.reader.tensors if t.name == "token_embd.weight")
         w = dequantize(emb.data, emb.tensor_type).reshape(self.vocab, self.hidden)
