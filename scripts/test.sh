@@ -6,7 +6,9 @@
 #   3. gcc and clang, --buildtype=release (-O3): unit suites, so an -O3-only warning shows here
 #   4. gcc with ASan + UBSan: unit suites and fuzz corpus
 #   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dflash
-#      tokenize, the fetcher's loop and writer, hidden-store prefetch, host communicator)
+#      tokenize, the fetcher's loop and writer, hidden-store prefetch, host communicator,
+#      the emulated CUDA device's fibers and NCCL ranks)
+#   The emulated CUDA device (suite cuda-emu) runs in every build without nvcc's backend.
 #   6. valgrind over the core unit suite
 # Usage: scripts/test.sh [--no-deps]
 set -euo pipefail
@@ -33,18 +35,19 @@ ninja -C build-gcc
 DFLASH_REQUIRE_ABI=1 run_tests build-gcc
 
 echo "== clang =="
-CC=clang setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
+CC=clang CXX=clang++ setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
 DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi
 
-# CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is.
+# CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is. The emulated
+# device (suite cuda-emu) is built where nvcc's backend is not, with CC and CXX of one kind.
 for cc in gcc clang; do
   echo "== $cc release =="
-  cuda=auto; [ "$cc" = gcc ] || cuda=disabled
-  CC=$cc setup "build-$cc-release" --buildtype=release -Dtests=enabled -Dpython=disabled \
-    -Dcuda=$cuda
+  cuda=auto; cxx=g++; [ "$cc" = gcc ] || { cuda=disabled; cxx=clang++; }
+  CC=$cc CXX=$cxx setup "build-$cc-release" --buildtype=release -Dtests=enabled \
+    -Dpython=disabled -Dcuda=$cuda
   ninja -C "build-$cc-release"
-  run_tests "build-$cc-release" --suite unit --suite fuzz
+  run_tests "build-$cc-release" --suite unit --suite fuzz --suite cuda-emu
 done
 
 echo "== ASan + UBSan =="
@@ -56,11 +59,12 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
 
 echo "== TSan =="
 # Only the binaries are instrumented; the Python drivers of the CLI tests run uninstrumented.
-CC=clang setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
+CC=clang CXX=clang++ setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=thread -Db_lundef=false
 ninja -C build-tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1 \
-  run_tests build-tsan core tokenizer chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3
+  run_tests build-tsan core tokenizer chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
+    cuda-emu-selftest cuda-emu-model
 
 echo "== valgrind =="
 run_tests build-gcc --setup=valgrind --suite core
