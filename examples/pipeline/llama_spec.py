@@ -12,8 +12,11 @@ llama.cpp's own counters give each number: drafted and accepted tokens
 (timings.draft_n, timings.draft_n_accepted of each response), verification
 steps (/metrics spec_decode_num_drafts_total before and after each request),
 tokens per verification step = 1 + accepted / steps (what the server logs as
-"mean len"; bootstrap SE over prompts), decode tokens/s (timings.predicted_n /
-predicted_ms, drafting included), the share of steps whose i-th draft was
+"mean len"; bootstrap SE over prompts), tokens per target decode after the
+prefill = (predicted_n - 1) / (predicted_n - 1 - accepted) (the walk's tau:
+it also counts the last decode, where the token cap leaves nothing to draft),
+decode tokens/s (timings.predicted_n / predicted_ms, drafting included), the
+share of steps whose i-th draft was
 accepted (spec_decode_num_accepted_tokens_per_pos_total), and whether each
 output equals the plain run's tokens (greedy verification is lossless up to
 floating-point differences between batch shapes).
@@ -170,11 +173,13 @@ def summarize(rows, per_pos, plain=None):
            "prompt_tok_s": round(float(col("prompt_n").sum() / col("prompt_ms").sum() * 1000), 1)}
     steps, acc, drafted = col("steps"), col("accepted"), col("drafted")
     if drafted.sum() > 0:
-        (tau,), (tau_se,), _ = stats.bootstrap([(acc + steps, steps)])
+        (tau, tpd), (tau_se, tpd_se), _ = stats.bootstrap([(acc + steps, steps),
+                                                           (n_tok - 1, n_tok - 1 - acc)])
         res.update({"drafted": int(drafted.sum()), "accepted": int(acc.sum()),
-                    "steps": int(steps.sum()),
+                    "steps": int(steps.sum()), "decodes": int((n_tok - 1 - acc).sum()),
                     "acceptance": round(float(acc.sum() / drafted.sum()), 4),
                     "tokens_per_step": round(tau, 4), "tokens_per_step_se": round(tau_se, 4),
+                    "tokens_per_decode": round(tpd, 4), "tokens_per_decode_se": round(tpd_se, 4),
                     "drafts_per_step": round(float(drafted.sum() / max(steps.sum(), 1)), 3),
                     "accepted_at_position": [round(v / max(steps.sum(), 1), 4) for v in per_pos]})
     if plain is not None:
@@ -220,7 +225,8 @@ def main():
         print(f"  {name}: {s['tokens']} tokens at {s['decode_tok_s']} tok/s" +
               (f"; accepted {s['accepted']}/{s['drafted']} = {s['acceptance']:.4f}, "
                f"{s['tokens_per_step']:.4f} +- {s['tokens_per_step_se']:.4f} tokens per "
-               f"verification step ({s['steps']} steps)" if "drafted" in s else "") +
+               f"verification step ({s['steps']} steps), {s['tokens_per_decode']:.4f} per target "
+               f"decode ({s['decodes']})" if "drafted" in s else "") +
               (f"; same tokens as plain {s['same_as_plain']}/{s['prompts']}" if "same_as_plain" in s else ""),
               flush=True)
     res["per_prompt"] = {k: [{kk: v for kk, v in r.items() if kk != "tokens"} for r in rows]

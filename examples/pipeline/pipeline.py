@@ -153,6 +153,10 @@ def check(summary, out):
     lt, lu, d = lc["trained"], lc["untrained"], lc["trained_vs_untrained"]
     assert lt["accepted"] > 0 and lt["acceptance"] > lu["acceptance"], (lt, lu)
     assert d["diff"] > max(3 * d["diff_se"], 0.02), f"llama.cpp trained vs untrained: {d}"
+    # ... and decodes as the walk predicts: the GGUF is the checkpoint (a layer
+    # off by one or a wrong mask token would put llama.cpp far below the walk).
+    w = lc["trained_vs_walk"]
+    assert abs(w["diff"]) <= max(3 * w["diff_se"], 0.02), f"llama.cpp vs walk: {w}"
     assert s["live"]["steps"] > 0 and s["live"]["tau"] >= 1.0, s["live"]
     # Loosely: live and the walk on the same samples within 3 standard
     # errors of their paired difference (the full run reports 2).
@@ -181,8 +185,10 @@ def llama_line(lc):
     return (f"\nllama.cpp (llama-server --spec-type draft-dflash, {t['prompts']} held-out prompts): "
             f"accepted / drafted untrained {u['acceptance']:.4f}, trained {t['acceptance']:.4f}; "
             f"tokens per verification step untrained {u['tokens_per_step']:.3f}, trained "
-            f"{t['tokens_per_step']:.3f} +- {t['tokens_per_step_se']:.3f} (walk {w['walk']:.3f}, "
-            f"diff {w['diff']:+.3f} +- {w['diff_se']:.3f}); decode tok/s plain {p['decode_tok_s']}, "
+            f"{t['tokens_per_step']:.3f} +- {t['tokens_per_step_se']:.3f}; per target decode "
+            f"{t['tokens_per_decode']:.3f} vs walk {w['walk']:.3f} (diff {w['diff']:+.3f} +- "
+            f"{w['diff_se']:.3f}, the same steps on {w['same_steps']}/{w['samples']} samples); "
+            f"decode tok/s plain {p['decode_tok_s']}, "
             f"untrained {u['decode_tok_s']}, trained {t['decode_tok_s']}")
 
 
@@ -387,14 +393,17 @@ def main():
     # (what `dflash eval` prints when they are all of them).
     summary["live_vs_eval"] = summary["live"]["agreement"]
     if "llama_cpp" in summary:
-        # llama.cpp's tokens per step against the walk on the same samples.
+        # llama.cpp's tokens per target decode against the walk on the same
+        # samples (the same count: every decode after the prefill), and the
+        # samples where both took exactly the same number of steps.
         walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
         rows = [r for r in spec["per_prompt"]["trained"] if r["id"] in walk]
-        summary["llama_cpp"]["trained_vs_walk"] = stats.agreement(
-            "llama_cpp", {"tokens": [r["accepted"] + r["steps"] for r in rows],
-                          "steps": [r["steps"] for r in rows]},
-            "walk", {"tokens": [walk[r["id"]]["walk_tokens"] for r in rows],
-                     "steps": [walk[r["id"]]["walk_steps"] for r in rows]})
+        lt = [(r["predicted_n"] - 1, r["predicted_n"] - 1 - r["accepted"]) for r in rows]
+        wt = [(walk[r["id"]]["walk_tokens"], walk[r["id"]]["walk_steps"]) for r in rows]
+        summary["llama_cpp"]["trained_vs_walk"] = dict(stats.agreement(
+            "llama_cpp", {"tokens": [t for t, _ in lt], "steps": [s for _, s in lt]},
+            "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
+            same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
     stage("live", t0)
 
     log("9. plot")
