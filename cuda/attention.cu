@@ -1,34 +1,102 @@
-// DFlash-masked attention on the GPU, flash-attention style: queries are the
-// B positions of one block, keys are the context prefix before the block's
-// anchor plus the block itself; scores live one key tile at a time in shared
-// memory with an online softmax, never as an S x S matrix. The mask is
-// ops.c's `visible`: context s < anchor (and, in sliding layers,
-// s >= anchor + j - (window - 1)); block keys all (sliding: j - (window-1)
-// .. j). Three kernels: forward; backward for dq and the block's own dk/dv
-// (one CTA per block and kv head, its query heads in order); backward for
-// the context dk/dv (one CTA per tile of context rows and kv head, summing
-// over blocks in order), so results do not depend on scheduling.
+// DFlash-masked attention on tensor cores (WMMA, bf16 in, fp32 accumulate), flash style: no
+// S x S matrix, scores exist one key tile at a time in shared memory with an online softmax.
+//
+// The mask is ops.c's `visible`: a block with anchor a sees context rows s < a (sliding
+// layers: s >= a + j - (window - 1)) and its own keys (sliding: j - (window - 1) .. j).
+//
+// Tiles (read by bench/gpu_model.py; every size below is in elements unless it says bytes):
+//   M tile   one CTA takes one block n and one kv head g: its B query rows times the
+//            grp = nh / nkv query heads sharing g, M = B * grp rows (row r = j * grp + hh:
+//            consecutive in memory), padded to Mp = 16 * ceil(M / 16) <= 128.
+//   N tile   keys per step: 64, or 32 / 16 when 64 does not fit the shared memory (see
+//            smem_bytes); context keys and the block's own keys are separate tiles.
+//   K        head_dim d (QK^T, dO V^T) or the N keys (PV, dS K); WMMA 16x16x16 fragments.
+//   warps    W = 8 when Mp > 64, else 4 (128 or 256 threads); a warp takes 16x16 output
+//            tiles round robin; the softmax and dS work is tpr threads per row.
+//   shared   bf16 rows of d are padded to ldh = d + 8, fp32 rows of N to ldn = N + 4, bf16
+//            rows of N to ldp = N + 8, fp32 rows of d to ldo = d + 4 (16 bytes: consecutive
+//            rows start 4 banks apart, so the 8 rows of a fragment load hit distinct banks);
+//            every region starts on 128 bytes. Bytes per CTA (bf16 = 2, fp32 = 4):
+//     attn_fwd        2*Mp*ldh + 4*N*ldh + 4*Mp*ldn + 2*Mp*ldp + 4*Mp*ldo + 8*Mp
+//     attn_bwd_q      4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 4*Mp*ldo + 4*N*ldo + 8*Mp
+//     attn_bwd_ctx    4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 8*N*ldo + 8*Mp
+//     (+ up to 127 bytes per region of alignment). E.g. d = 128, Mp = 64 (Qwen3-8B 32/8 at
+//     B 16), N = 64: 113 KB, 166 KB, 191 KB; Mp = 128 (Kimi 64/8): N = 64, 32, 32.
+//   FLOPs    forward 4 * Mp * keys * d per (block, kv head); backward: attn_bwd_q
+//            8 * Mp * keys * d (+ 4 * Mp * B * d for the block's dK/dV), attn_bwd_ctx
+//            8 * Mp * ctx_keys * d: QK^T and dO V^T are computed twice, once per pass.
+//
+// Kernels:
+//   attn_fwd      grid (n_blocks, nkv): out (bf16) and the row log-sum-exp lse (f32 [T, nh]),
+//                 kept for the backward.
+//   attn_bwd_q    grid (n_blocks, nkv): D = rowsum(dO * O) (saved for attn_bwd_ctx), dQ over
+//                 every key, and the block's own dK / dV (only this block sees its keys).
+//   attn_bwd_ctx  grid (ceil(Sc / N), nkv): context dK / dV of one key tile, summed over the
+//                 blocks that see it in block order, so results never depend on scheduling
+//                 (a single pass would need atomics across CTAs for either dQ or dK / dV).
 #include <float.h>
+#include <mma.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 
 namespace {
 
-constexpr int kTpr = 8;     // threads per query row
-constexpr int kKt = 64;     // keys per tile (forward, dq pass)
-constexpr int kKtCtx = 32;  // context keys per CTA (dk/dv pass)
-constexpr int kMaxDpt = 32; // head_dim / kTpr (head_dim <= 256)
+namespace wmma = nvcuda::wmma;
+
+constexpr int kMaxMp = 128; // packed rows per CTA
+constexpr int kMaxD = 256;
+constexpr int kPadH = 8, kPadF = 4; // bf16 / fp32 row padding (16 bytes)
 
 struct Shape {
   int B, Sc, nh, nkv, d, window;
   const int32_t *anchors;
   float scale;
+  int grp, M, Mp, N, warps; // packing and tiles (see the header)
+};
+
+// Shared memory of one CTA: offsets in bytes, each region on 128 bytes.
+struct Smem {
+  size_t q, dout, k, v, s, dp, p, ds, acc, acc2, st1, st2, total;
+};
+enum Kind { FWD, BWD_Q, BWD_CTX };
+
+__host__ __device__ inline size_t up128(size_t x) { return (x + 127) & ~(size_t)127; }
+
+__host__ __device__ inline Smem smem_layout(Kind kind, int Mp, int N, int d) {
+  size_t ldh = d + kPadH, ldn = N + kPadF, ldp = N + kPadH, ldo = d + kPadF, at = 0;
+  Smem m{};
+  auto take = [&at](size_t bytes) {
+    size_t o = at;
+    at = up128(at + bytes);
+    return o;
+  };
+  m.q = take(2 * Mp * ldh);
+  m.dout = kind == FWD ? 0 : take(2 * Mp * ldh);
+  m.k = take(2 * N * ldh);
+  m.v = take(2 * N * ldh);
+  m.s = take(4 * Mp * ldn);
+  m.dp = kind == FWD ? 0 : take(4 * Mp * ldn);
+  m.p = take(2 * Mp * ldp);
+  m.ds = kind == FWD ? 0 : take(2 * Mp * ldp);
+  // fwd: O [Mp][ldo]; bwd_q: dQ [Mp][ldo] and a [N][ldo] scratch; bwd_ctx: dK, dV [N][ldo].
+  m.acc = take(4 * (kind == BWD_CTX ? N : Mp) * ldo);
+  m.acc2 = kind == FWD ? 0 : take(4 * N * ldo);
+  m.st1 = take(4 * Mp);
+  m.st2 = take(4 * Mp);
+  m.total = at;
+  return m;
+}
+
+struct alignas(128) SmemBase {
+  float f[32];
 };
 
 __device__ __forceinline__ int n_ctx(const Shape &s, int a) { return a < s.Sc ? a : s.Sc; }
 
-// Whether query j (block with anchor a) sees key `key` (< nctx: context
-// row, else block row key - nctx).
+// Whether query j (block with anchor a) sees key `key` (< nctx: context row, else block row
+// key - nctx).
 __device__ __forceinline__ bool visible(const Shape &s, int a, int nctx, int j, int key) {
   if (key < nctx) return s.window <= 0 || key >= a + j - (s.window - 1);
   int p = key - nctx;
@@ -42,228 +110,340 @@ __device__ __forceinline__ int ctx_lo(const Shape &s, int a) {
   return lo > 0 ? lo : 0;
 }
 
-__device__ __forceinline__ const bf16 *key_row(const Shape &s, const bf16 *ctx, const bf16 *blk,
-                                               int n, int nctx, int key, int g) {
-  return key < nctx ? ctx + ((size_t)key * s.nkv + g) * s.d
-                    : blk + (((size_t)n * s.B + (key - nctx)) * s.nkv + g) * s.d;
+// Threads per row for the element-wise passes: a power of two with Mp * tpr <= threads.
+__device__ __forceinline__ int rows_tpr(const Shape &s) {
+  int t = 1;
+  while (2 * t * s.Mp <= 32 * s.warps) t *= 2;
+  return t;
 }
 
-// Load `cnt` key/value rows starting at `k0` into shared tiles.
-__device__ void load_tile(const Shape &s, bf16 *Ks, bf16 *Vs, const bf16 *kc, const bf16 *vc,
-                          const bf16 *kb, const bf16 *vb, int n, int nctx, int k0, int cnt,
-                          int g) {
-  for (int e = threadIdx.x; e < cnt * s.d; e += blockDim.x) {
-    int k = e / s.d, dd = e % s.d;
-    Ks[k * s.d + dd] = key_row(s, kc, kb, n, nctx, k0 + k, g)[dd];
-    Vs[k * s.d + dd] = key_row(s, vc, vb, n, nctx, k0 + k, g)[dd];
+// Global row of packed row r (j = r / grp, head g * grp + r % grp) of block n.
+__device__ __forceinline__ size_t q_row(const Shape &s, int n, int g, int r) {
+  return ((size_t)n * s.B + r / s.grp) * s.nh + (size_t)g * s.grp + r % s.grp;
+}
+
+// The block's packed query rows (q or dout) into shared bf16 [Mp][ldh]; padding rows zero
+// (never poison: a tensor-core product with NaN is NaN even where P is 0).
+__device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, int g) {
+  int ldh = s.d + kPadH;
+  for (int e = threadIdx.x; e < s.Mp * s.d; e += blockDim.x) {
+    int r = e / s.d, c = e % s.d;
+    dst[r * ldh + c] = r < s.M ? src[q_row(s, n, g, r) * s.d + c] : __float2bfloat16(0.0f);
   }
 }
 
-__device__ __forceinline__ float dot_fb(const float *a, const bf16 *b, int d) {
-  float s = 0;
-  for (int i = 0; i < d; i++) s += a[i] * __bfloat162float(b[i]);
-  return s;
+// cnt key / value rows of kv head g from `kc`/`vc` (row i at i * nkv + g) into shared
+// [N][ldh]; rows cnt.. zero.
+__device__ void load_kv_rows(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, const bf16 *vc,
+                             size_t row0, int cnt, int g) {
+  int ldh = s.d + kPadH;
+  for (int e = threadIdx.x; e < s.N * s.d; e += blockDim.x) {
+    int k = e / s.d, c = e % s.d;
+    size_t at = ((row0 + k) * s.nkv + g) * s.d + c;
+    K[k * ldh + c] = k < cnt ? kc[at] : __float2bfloat16(0.0f);
+    V[k * ldh + c] = k < cnt ? vc[at] : __float2bfloat16(0.0f);
+  }
 }
 
-__device__ __forceinline__ float row_sum8(float v) {
-  unsigned mask = __activemask(); // the last warp is partial when B * 8 % 32 != 0
-  for (int o = kTpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+// C (fp32 [M][ldc]) = A (M x K) * B (K x N) (+ C when acc), all in shared memory; each warp
+// takes 16x16 tiles of C round robin. A_COL: A(m, k) at A[k * lda + m], else A[m * lda + k];
+// B_COL: B(k, n) at B[n * ldb + k], else B[k * ldb + n].
+template <bool A_COL, bool B_COL>
+__device__ void warp_gemm(float *C, int ldc, const bf16 *A, int lda, const bf16 *Bm, int ldb,
+                          int M, int N, int K, bool acc) {
+  typedef typename std::conditional<A_COL, wmma::col_major, wmma::row_major>::type LA;
+  typedef typename std::conditional<B_COL, wmma::col_major, wmma::row_major>::type LB;
+  int warp = threadIdx.x / 32, warps = blockDim.x / 32, tn = N / 16;
+  for (int t = warp; t < (M / 16) * tn; t += warps) {
+    int m0 = t / tn * 16, n0 = t % tn * 16;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    if (acc) wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
+    else wmma::fill_fragment(c, 0.0f);
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> a;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> b;
+      wmma::load_matrix_sync(a, A_COL ? A + k0 * lda + m0 : A + m0 * lda + k0, lda);
+      wmma::load_matrix_sync(b, B_COL ? Bm + n0 * ldb + k0 : Bm + k0 * ldb + n0, ldb);
+      wmma::mma_sync(c, a, b, c);
+    }
+    wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+  }
+}
+
+__device__ __forceinline__ float row_max(float v, int tpr) {
+  for (int o = tpr / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o, tpr));
+  return v;
+}
+__device__ __forceinline__ float row_sum(float v, int tpr) {
+  for (int o = tpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, tpr);
   return v;
 }
 
-// ---- forward: one CTA per (block, head), B * 8 threads ----------------------------
+// One key tile: keys of the tile are tile-local k < cnt; key index (for visible()) k0 + k.
+struct Tile {
+  bool blk;     // the block's own keys
+  int k0, cnt;  // first key (ctx: context row; blk: nctx + block row) and how many
+};
+
+// Tiles of block n in order: context rows [lo, nctx) in steps of N, then the block's keys.
+__device__ __forceinline__ int n_tiles(const Shape &s, int lo, int nctx) {
+  return (nctx - lo + s.N - 1) / s.N + (s.B + s.N - 1) / s.N;
+}
+__device__ __forceinline__ Tile tile_at(const Shape &s, int lo, int nctx, int i) {
+  int nc = (nctx - lo + s.N - 1) / s.N;
+  if (i < nc) {
+    int k0 = lo + i * s.N;
+    return Tile{false, k0, nctx - k0 < s.N ? nctx - k0 : s.N};
+  }
+  int b0 = (i - nc) * s.N;
+  return Tile{true, nctx + b0, s.B - b0 < s.N ? s.B - b0 : s.N};
+}
+
+__device__ void load_tile(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, const bf16 *vc,
+                          const bf16 *kb, const bf16 *vb, int n, int nctx, Tile t, int g) {
+  if (t.blk) load_kv_rows(s, K, V, kb, vb, (size_t)n * s.B + (t.k0 - nctx), t.cnt, g);
+  else load_kv_rows(s, K, V, kc, vc, (size_t)t.k0, t.cnt, g);
+}
+
+// ---- forward -------------------------------------------------------------------------------
+// Online softmax of one tile for the rows of this thread: S (scaled, masked) -> P (bf16),
+// the row statistics m, l updated and O rescaled.
+__device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a, int nctx, Tile t,
+                             float &m, float &l) {
+  int tpr = rows_tpr(s), r = threadIdx.x / tpr, c = threadIdx.x % tpr;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH, ldo = s.d + kPadF;
+  bool row = r < s.Mp, real = r < s.M;
+  int j = r / s.grp;
+  float mx = m;
+  for (int k = c; row && k < s.N; k += tpr) {
+    float v = -FLT_MAX;
+    if (real && k < t.cnt && visible(s, a, nctx, j, t.k0 + k)) v = S[r * ldn + k] * s.scale;
+    S[r * ldn + k] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = row_max(mx, tpr);
+  float sum = 0;
+  for (int k = c; row && k < s.N; k += tpr) {
+    float v = S[r * ldn + k];
+    bf16 p = __float2bfloat16(v == -FLT_MAX ? 0.0f : __expf(v - mx));
+    P[r * ldp + k] = p;
+    sum += __bfloat162float(p); // the normaliser of exactly the P that PV multiplies
+  }
+  sum = row_sum(sum, tpr);
+  float alpha = __expf(m - mx); // 1 while the row has seen nothing (both -FLT_MAX)
+  l = l * alpha + sum;
+  m = mx;
+  for (int e = c; row && e < s.d; e += tpr) O[r * ldo + e] *= alpha;
+}
+
 __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf16 *kc,
                          const bf16 *vc, const bf16 *kb, const bf16 *vb) {
-  DF_DYN_SHARED(float, smem);
-  int n = blockIdx.x, h = blockIdx.y, g = h / (s.nh / s.nkv), d = s.d;
-  float *qs = smem;                          // [B][d]
-  float *S = qs + s.B * d;                   // [B][kKt]
-  bf16 *Ks = (bf16 *)(S + s.B * kKt);        // [kKt][d]
-  bf16 *Vs = Ks + kKt * d;
-  int j = threadIdx.x / kTpr, l = threadIdx.x % kTpr, dpt = d / kTpr;
-  for (int e = threadIdx.x; e < s.B * d; e += blockDim.x) {
-    size_t t = (size_t)n * s.B + e / d;
-    qs[e] = __bfloat162float(q[(t * s.nh + h) * d + e % d]);
+  DF_DYN_SHARED(SmemBase, smem_base);
+  char *sm = (char *)smem_base;
+  Smem L = smem_layout(FWD, s.Mp, s.N, s.d);
+  bf16 *Q = (bf16 *)(sm + L.q), *K = (bf16 *)(sm + L.k), *V = (bf16 *)(sm + L.v);
+  bf16 *P = (bf16 *)(sm + L.p);
+  float *S = (float *)(sm + L.s), *O = (float *)(sm + L.acc), *lrow = (float *)(sm + L.st1);
+  float *mrow = (float *)(sm + L.st2);
+  int n = blockIdx.x, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH;
+  load_q_rows(s, Q, q, n, g);
+  for (int e = threadIdx.x; e < s.Mp * ldo; e += blockDim.x) O[e] = 0.0f;
+  int a = s.anchors[n], nctx = n_ctx(s, a), lo = ctx_lo(s, a) < nctx ? ctx_lo(s, a) : nctx;
+  float m = -FLT_MAX, l = 0;
+  for (int i = 0; i < n_tiles(s, lo, nctx); i++) {
+    Tile t = tile_at(s, lo, nctx, i);
+    __syncthreads(); // the previous tile's K, V and O are done with
+    load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
+    __syncthreads();
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false); // S = Q K^T
+    __syncthreads();
+    softmax_tile(s, S, P, O, a, nctx, t, m, l);
+    __syncthreads();
+    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, d, s.N, true); // O += P V
   }
-  int a = s.anchors[n], nctx = n_ctx(s, a), k_begin = ctx_lo(s, a) < nctx ? ctx_lo(s, a) : nctx;
-  int nk = nctx + s.B;
-  float acc[kMaxDpt], m = -FLT_MAX, lsum = 0;
-  for (int i = 0; i < dpt; i++) acc[i] = 0;
-  for (int k0 = k_begin; k0 < nk; k0 += kKt) {
-    int cnt = nk - k0 < kKt ? nk - k0 : kKt;
-    __syncthreads();
-    load_tile(s, Ks, Vs, kc, vc, kb, vb, n, nctx, k0, cnt, g);
-    __syncthreads();
-    for (int k = l; k < cnt; k += kTpr)
-      S[j * kKt + k] = visible(s, a, nctx, j, k0 + k)
-                           ? dot_fb(qs + j * d, Ks + k * d, d) * s.scale : -FLT_MAX;
-    __syncthreads();
-    float tm = m;
-    for (int k = 0; k < cnt; k++) tm = fmaxf(tm, S[j * kKt + k]);
-    float rescale = __expf(m - tm);
-    lsum *= rescale;
-    for (int i = 0; i < dpt; i++) acc[i] *= rescale;
-    for (int k = 0; k < cnt; k++) {
-      float sc = S[j * kKt + k];
-      if (sc == -FLT_MAX) continue;
-      float p = __expf(sc - tm);
-      lsum += p;
-      const bf16 *v = Vs + k * d + l * dpt;
-      for (int i = 0; i < dpt; i++) acc[i] += p * __bfloat162float(v[i]);
-    }
-    m = tm;
+  int tpr = rows_tpr(s), r = threadIdx.x / tpr;
+  if (r < s.Mp && threadIdx.x % tpr == 0) lrow[r] = l, mrow[r] = m;
+  __syncthreads();
+  for (int e = threadIdx.x; e < s.M * d; e += blockDim.x) {
+    int rr = e / d, c = e % d;
+    float lr = lrow[rr];
+    out[q_row(s, n, g, rr) * d + c] = __float2bfloat16(lr > 0 ? O[rr * ldo + c] / lr : 0.0f);
   }
-  size_t t = (size_t)n * s.B + j;
-  float inv = lsum > 0 ? 1.0f / lsum : 0.0f;
-  for (int i = 0; i < dpt; i++)
-    out[(t * s.nh + h) * d + l * dpt + i] = __float2bfloat16(acc[i] * inv);
-  if (l == 0) lse[t * s.nh + h] = m + logf(lsum);
+  for (int rr = threadIdx.x; rr < s.M; rr += blockDim.x)
+    lse[q_row(s, n, g, rr)] = mrow[rr] + logf(lrow[rr]);
 }
 
-// ---- backward 1: dq, block dk/dv; one CTA per (block, kv head) -----------------------
-__global__ void attn_bwd_block(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg,
-                               const bf16 *dout, const bf16 *o, const float *lse, const bf16 *q,
-                               const bf16 *kc, const bf16 *vc, const bf16 *kb, const bf16 *vb) {
-  DF_DYN_SHARED(float, smem);
-  int n = blockIdx.x, g = blockIdx.y, d = s.d, grp = s.nh / s.nkv;
-  float *qs = smem, *dOs = qs + s.B * d;     // [B][d]
-  float *P = dOs + s.B * d, *dS = P + s.B * kKt; // [B][kKt]
-  bf16 *Ks = (bf16 *)(dS + s.B * kKt), *Vs = Ks + kKt * d;
-  int j = threadIdx.x / kTpr, l = threadIdx.x % kTpr, dpt = d / kTpr;
-  int a = s.anchors[n], nctx = n_ctx(s, a), k_begin = ctx_lo(s, a) < nctx ? ctx_lo(s, a) : nctx;
-  int nk = nctx + s.B;
-  float dkb_acc[kMaxDpt], dvb_acc[kMaxDpt]; // block key j's rows, dims l*dpt..
-  for (int i = 0; i < dpt; i++) dkb_acc[i] = dvb_acc[i] = 0;
-  for (int h = g * grp; h < (g + 1) * grp; h++) {
-    size_t th = ((size_t)n * s.B + j) * s.nh + h;
-    __syncthreads();
-    for (int e = threadIdx.x; e < s.B * d; e += blockDim.x) {
-      size_t r = (((size_t)n * s.B + e / d) * s.nh + h) * d + e % d;
-      qs[e] = __bfloat162float(q[r]);
-      dOs[e] = __bfloat162float(dout[r]);
+// ---- backward ------------------------------------------------------------------------------
+// P = exp(S * scale - lse) and dS = P * (dP - D) * scale of one tile, both to bf16.
+__device__ void ds_tile(const Shape &s, const float *S, const float *dP, bf16 *P, bf16 *dS,
+                        const float *Ls, const float *Ds, int a, int nctx, Tile t) {
+  int ldn = s.N + kPadF, ldp = s.N + kPadH;
+  for (int e = threadIdx.x; e < s.Mp * s.N; e += blockDim.x) {
+    int r = e / s.N, k = e % s.N;
+    float p = 0, ds = 0;
+    if (r < s.M && k < t.cnt && visible(s, a, nctx, r / s.grp, t.k0 + k)) {
+      p = __expf(S[r * ldn + k] * s.scale - Ls[r]);
+      ds = p * (dP[r * ldn + k] - Ds[r]) * s.scale;
     }
-    float part = 0;
-    for (int i = 0; i < dpt; i++)
-      part += __bfloat162float(dout[th * d + l * dpt + i]) *
-              __bfloat162float(o[th * d + l * dpt + i]);
-    float D = row_sum8(part), L = lse[th];
-    if (l == 0) Dg[th] = D;
-    float dq_acc[kMaxDpt];
-    for (int i = 0; i < dpt; i++) dq_acc[i] = 0;
-    for (int k0 = k_begin; k0 < nk; k0 += kKt) {
-      int cnt = nk - k0 < kKt ? nk - k0 : kKt;
-      __syncthreads();
-      load_tile(s, Ks, Vs, kc, vc, kb, vb, n, nctx, k0, cnt, g);
-      __syncthreads();
-      for (int k = l; k < cnt; k += kTpr) {
-        float p = 0, ds = 0;
-        if (visible(s, a, nctx, j, k0 + k)) {
-          p = __expf(dot_fb(qs + j * d, Ks + k * d, d) * s.scale - L);
-          ds = p * (dot_fb(dOs + j * d, Vs + k * d, d) - D) * s.scale;
-        }
-        P[j * kKt + k] = p;
-        dS[j * kKt + k] = ds;
-      }
-      __syncthreads();
-      for (int k = 0; k < cnt; k++) {
-        float ds = dS[j * kKt + k];
-        const bf16 *kr = Ks + k * d + l * dpt;
-        for (int i = 0; i < dpt; i++) dq_acc[i] += ds * __bfloat162float(kr[i]);
-      }
-      // Thread row j doubles as block key j for the block's own dk/dv.
-      int k = nctx + j - k0;
-      if (k >= 0 && k < cnt)
-        for (int jj = 0; jj < s.B; jj++) {
-          float ds = dS[jj * kKt + k], p = P[jj * kKt + k];
-          for (int i = 0; i < dpt; i++) {
-            dkb_acc[i] += ds * qs[jj * d + l * dpt + i];
-            dvb_acc[i] += p * dOs[jj * d + l * dpt + i];
-          }
-        }
-    }
-    for (int i = 0; i < dpt; i++) dq[th * d + l * dpt + i] = __float2bfloat16(dq_acc[i]);
-  }
-  size_t kr = (((size_t)n * s.B + j) * s.nkv + g) * d + l * dpt;
-  for (int i = 0; i < dpt; i++) {
-    dkb[kr + i] = __float2bfloat16(dkb_acc[i]);
-    dvb[kr + i] = __float2bfloat16(dvb_acc[i]);
+    P[r * ldp + k] = __float2bfloat16(p);
+    dS[r * ldp + k] = __float2bfloat16(ds);
   }
 }
 
-// ---- backward 2: context dk/dv; one CTA per (tile of context rows, kv head) -----------
+// Rows [0, cnt) of the fp32 [N][ldo] tile T to bf16 rows of kv head g at dst (row i at
+// (row0 + i) * nkv + g).
+__device__ void store_kv_rows(const Shape &s, bf16 *dst, const float *T, size_t row0, int cnt,
+                              int g) {
+  int ldo = s.d + kPadF;
+  for (int e = threadIdx.x; e < cnt * s.d; e += blockDim.x) {
+    int k = e / s.d, c = e % s.d;
+    dst[((row0 + k) * s.nkv + g) * s.d + c] = __float2bfloat16(T[k * ldo + c]);
+  }
+}
+
+// Per (block, kv head): D, dQ over every key, and the block's own dK / dV.
+__global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, const bf16 *dout,
+                           const bf16 *o, const float *lse, const bf16 *q, const bf16 *kc,
+                           const bf16 *vc, const bf16 *kb, const bf16 *vb) {
+  DF_DYN_SHARED(SmemBase, smem_base);
+  char *sm = (char *)smem_base;
+  Smem L = smem_layout(BWD_Q, s.Mp, s.N, s.d);
+  bf16 *Q = (bf16 *)(sm + L.q), *dO = (bf16 *)(sm + L.dout), *K = (bf16 *)(sm + L.k);
+  bf16 *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p), *dS = (bf16 *)(sm + L.ds);
+  float *S = (float *)(sm + L.s), *dP = (float *)(sm + L.dp), *dQ = (float *)(sm + L.acc);
+  float *T = (float *)(sm + L.acc2), *Ls = (float *)(sm + L.st1), *Ds = (float *)(sm + L.st2);
+  int n = blockIdx.x, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH;
+  load_q_rows(s, Q, q, n, g);
+  load_q_rows(s, dO, dout, n, g);
+  for (int e = threadIdx.x; e < s.Mp * ldo; e += blockDim.x) dQ[e] = 0.0f;
+  // D = rowsum(dO * O) from the rounded output the forward stored.
+  int tpr = rows_tpr(s), r = threadIdx.x / tpr, c = threadIdx.x % tpr;
+  float part = 0;
+  for (int e = c; r < s.M && e < d; e += tpr) {
+    size_t at = q_row(s, n, g, r) * d + e;
+    part += __bfloat162float(dout[at]) * __bfloat162float(o[at]);
+  }
+  part = row_sum(part, tpr);
+  if (r < s.Mp && c == 0) {
+    Ds[r] = r < s.M ? part : 0.0f;
+    Ls[r] = r < s.M ? lse[q_row(s, n, g, r)] : 0.0f;
+    if (r < s.M) Dg[q_row(s, n, g, r)] = part;
+  }
+  int a = s.anchors[n], nctx = n_ctx(s, a), lo = ctx_lo(s, a) < nctx ? ctx_lo(s, a) : nctx;
+  for (int i = 0; i < n_tiles(s, lo, nctx); i++) {
+    Tile t = tile_at(s, lo, nctx, i);
+    __syncthreads();
+    load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
+    __syncthreads();
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false);   // S = Q K^T
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, d, false); // dP = dO V^T
+    __syncthreads();
+    ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
+    __syncthreads();
+    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, d, s.N, true); // dQ += dS K
+    if (!t.blk) continue;
+    size_t row0 = (size_t)n * s.B + (t.k0 - nctx);
+    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, s.N, d, s.Mp, false);  // dK = dS^T Q
+    __syncthreads();
+    store_kv_rows(s, dkb, T, row0, t.cnt, g);
+    __syncthreads();
+    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, s.N, d, s.Mp, false);  // dV = P^T dO
+    __syncthreads();
+    store_kv_rows(s, dvb, T, row0, t.cnt, g);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < s.M * d; e += blockDim.x) {
+    int rr = e / d, cc = e % d;
+    dq[q_row(s, n, g, rr) * d + cc] = __float2bfloat16(dQ[rr * ldo + cc]);
+  }
+}
+
+// Per (context key tile, kv head): dK, dV of the tile over the blocks that see it.
 __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const float *Dg,
                              const bf16 *dout, const float *lse, const bf16 *q, const bf16 *kc,
                              const bf16 *vc) {
-  DF_DYN_SHARED(float, smem);
-  int p0 = blockIdx.x * kKtCtx, g = blockIdx.y, d = s.d, grp = s.nh / s.nkv;
-  int cnt = s.Sc - p0 < kKtCtx ? s.Sc - p0 : kKtCtx;
-  float *qs = smem, *dOs = qs + s.B * d;              // [B][d]
-  float *P = dOs + s.B * d, *dS = P + s.B * kKtCtx;   // [B][kKtCtx]
-  float *dk = dS + s.B * kKtCtx, *dv = dk + kKtCtx * d; // [kKtCtx][d]
-  bf16 *Ks = (bf16 *)(dv + kKtCtx * d), *Vs = Ks + kKtCtx * d;
-  int j = threadIdx.x / kTpr, l = threadIdx.x % kTpr;
-  for (int e = threadIdx.x; e < kKtCtx * d; e += blockDim.x) {
-    dk[e] = dv[e] = 0;
-    int k = e / d;
-    size_t r = ((size_t)(p0 + k) * s.nkv + g) * d + e % d;
-    Ks[e] = k < cnt ? kc[r] : __float2bfloat16(0.0f);
-    Vs[e] = k < cnt ? vc[r] : __float2bfloat16(0.0f);
-  }
+  DF_DYN_SHARED(SmemBase, smem_base);
+  char *sm = (char *)smem_base;
+  Smem L = smem_layout(BWD_CTX, s.Mp, s.N, s.d);
+  bf16 *Q = (bf16 *)(sm + L.q), *dO = (bf16 *)(sm + L.dout), *K = (bf16 *)(sm + L.k);
+  bf16 *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p), *dS = (bf16 *)(sm + L.ds);
+  float *S = (float *)(sm + L.s), *dP = (float *)(sm + L.dp), *dK = (float *)(sm + L.acc);
+  float *dV = (float *)(sm + L.acc2), *Ls = (float *)(sm + L.st1), *Ds = (float *)(sm + L.st2);
+  int p0 = blockIdx.x * s.N, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH;
+  int cnt = s.Sc - p0 < s.N ? s.Sc - p0 : s.N;
+  load_kv_rows(s, K, V, kc, vc, (size_t)p0, cnt, g);
+  for (int e = threadIdx.x; e < s.N * ldo; e += blockDim.x) dK[e] = dV[e] = 0.0f;
   for (int n = 0; n < n_blocks; n++) {
     int a = s.anchors[n], nctx = n_ctx(s, a);
     if (p0 >= nctx || p0 + cnt <= ctx_lo(s, a)) continue;
-    for (int h = g * grp; h < (g + 1) * grp; h++) {
-      __syncthreads();
-      for (int e = threadIdx.x; e < s.B * d; e += blockDim.x) {
-        size_t r = (((size_t)n * s.B + e / d) * s.nh + h) * d + e % d;
-        qs[e] = __bfloat162float(q[r]);
-        dOs[e] = __bfloat162float(dout[r]);
-      }
-      __syncthreads();
-      size_t th = ((size_t)n * s.B + j) * s.nh + h;
-      float L = lse[th], D = Dg[th];
-      for (int k = l; k < kKtCtx; k += kTpr) {
-        float p = 0, ds = 0;
-        // p0 + k >= nctx would read as a block key in visible(): not context.
-        if (k < cnt && p0 + k < nctx && visible(s, a, nctx, j, p0 + k)) {
-          p = __expf(dot_fb(qs + j * d, Ks + k * d, d) * s.scale - L);
-          ds = p * (dot_fb(dOs + j * d, Vs + k * d, d) - D) * s.scale;
-        }
-        P[j * kKtCtx + k] = p;
-        dS[j * kKtCtx + k] = ds;
-      }
-      __syncthreads();
-      for (int e = threadIdx.x; e < kKtCtx * d; e += blockDim.x) {
-        int k = e / d, dd = e % d;
-        float sk = 0, sv = 0;
-        for (int jj = 0; jj < s.B; jj++) {
-          sk += dS[jj * kKtCtx + k] * qs[jj * d + dd];
-          sv += P[jj * kKtCtx + k] * dOs[jj * d + dd];
-        }
-        dk[e] += sk;
-        dv[e] += sv;
-      }
+    // Keys of this tile past nctx are not context for block n: the tile is cut there.
+    Tile t{false, p0, nctx - p0 < cnt ? nctx - p0 : cnt};
+    __syncthreads();
+    load_q_rows(s, Q, q, n, g);
+    load_q_rows(s, dO, dout, n, g);
+    for (int r = threadIdx.x; r < s.Mp; r += blockDim.x) {
+      Ls[r] = r < s.M ? lse[q_row(s, n, g, r)] : 0.0f;
+      Ds[r] = r < s.M ? Dg[q_row(s, n, g, r)] : 0.0f;
     }
+    __syncthreads();
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false);
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, d, false);
+    __syncthreads();
+    ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
+    __syncthreads();
+    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, s.N, d, s.Mp, true);  // dK += dS^T Q
+    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, s.N, d, s.Mp, true);  // dV += P^T dO
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < cnt * d; e += blockDim.x) {
-    size_t r = ((size_t)(p0 + e / d) * s.nkv + g) * d + e % d;
-    dkc[r] = __float2bfloat16(dk[e]);
-    dvc[r] = __float2bfloat16(dv[e]);
+  store_kv_rows(s, dkc, dK, (size_t)p0, cnt, g);
+  store_kv_rows(s, dvc, dV, (size_t)p0, cnt, g);
+}
+
+// ---- host side -----------------------------------------------------------------------------
+int max_smem() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 0;
+  return v;
+}
+
+// The widest key tile whose shared memory fits; 0 when none does.
+int pick_n(Kind kind, int Mp, int d, size_t limit) {
+  for (int N = 64; N >= 16; N /= 2)
+    if (smem_layout(kind, Mp, N, d).total <= limit) return N;
+  return 0;
+}
+
+// The shape checks of both passes: a forward that runs must have a backward that runs.
+dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
+  int grp = a->nkv > 0 && a->nh % a->nkv == 0 ? a->nh / a->nkv : 0;
+  int M = a->B * grp, Mp = (M + 15) / 16 * 16;
+  if (a->d % 16 || a->d <= 0 || a->d > kMaxD || !grp || a->B <= 0 || Mp > kMaxMp)
+    return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d (a multiple of 16, at "
+                    "most %d), block size %d times %d query heads per kv head (%d over %d: at "
+                    "most %d rows) are not supported together", a->d, kMaxD, a->B, grp, a->nh,
+                    a->nkv, kMaxMp);
+  size_t limit = (size_t)max_smem();
+  int n_kind = 0, worst = 0;
+  for (int k = FWD; k <= BWD_CTX; k++) {
+    int N = pick_n((Kind)k, Mp, a->d, limit);
+    if (!N) {
+      worst = k;
+      size_t need = smem_layout((Kind)k, Mp, 16, a->d).total;
+      return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d with %d rows per CTA "
+                      "(block size %d times %d query heads per kv head) needs %zu bytes of "
+                      "shared memory in its %s, more than the %zu this device has per block",
+                      a->d, Mp, a->B, grp, need, worst == FWD ? "forward" : "backward", limit);
+    }
+    if (k == kind) n_kind = N;
   }
-}
-
-dflash_status check_shape(const df_attn_dev *a) {
-  if (a->d % kTpr || a->d / kTpr > kMaxDpt || a->d % 2 || a->B * kTpr > 1024 ||
-      a->nh % a->nkv)
-    return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d (a multiple of 8, at "
-                    "most %d), block size %d (at most 128) and %d heads over %d kv heads are "
-                    "not supported together", a->d, kTpr * kMaxDpt, a->B, a->nh, a->nkv);
+  *out = Shape{a->B, a->Sc, a->nh, a->nkv, a->d, a->window, a->anchors, a->scale,
+               grp, M, Mp, n_kind, Mp > 64 ? 8 : 4};
   return DFLASH_OK;
-}
-
-Shape shape_of(const df_attn_dev *a) {
-  return Shape{a->B, a->Sc, a->nh, a->nkv, a->d, a->window, a->anchors, a->scale};
 }
 
 template <typename K>
@@ -272,17 +452,25 @@ dflash_status launch_smem(K kernel, size_t bytes) {
   return DFLASH_OK;
 }
 
+size_t smem_of(Kind kind, const Shape &s) { return smem_layout(kind, s.Mp, s.N, s.d).total; }
+
 }  // namespace
+
+dflash_status k_attention_check(const df_attn_dev *a) {
+  Shape s;
+  return shape_of(a, FWD, &s);
+}
 
 dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, float *lse,
                               const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
                               const bf16 *vb) {
-  DF_TRY(check_shape(a));
+  Shape s;
+  DF_TRY(shape_of(a, FWD, &s));
   if (a->n_blocks <= 0) return DFLASH_OK;
-  size_t smem = sizeof(float) * (size_t)a->B * (a->d + kKt) + sizeof(bf16) * 2 * kKt * a->d;
+  size_t smem = smem_of(FWD, s);
   DF_TRY(launch_smem(attn_fwd, smem));
-  DF_LAUNCH(dim3(a->n_blocks, a->nh), a->B * kTpr, smem, st, attn_fwd)(shape_of(a), out, lse, q,
-                                                                       kc, vc, kb, vb);
+  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attn_fwd)(s, out, lse, q, kc, vc,
+                                                                        kb, vb);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
 }
@@ -291,20 +479,20 @@ dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, b
                               bf16 *dvc, bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout,
                               const bf16 *out, const float *lse, const bf16 *q, const bf16 *kc,
                               const bf16 *vc, const bf16 *kb, const bf16 *vb) {
-  DF_TRY(check_shape(a));
+  Shape s1, s2;
+  DF_TRY(shape_of(a, BWD_Q, &s1));
+  DF_TRY(shape_of(a, BWD_CTX, &s2));
   if (a->n_blocks <= 0) return DFLASH_OK;
-  Shape s = shape_of(a);
-  size_t smem1 = sizeof(float) * (size_t)a->B * 2 * (a->d + kKt) + sizeof(bf16) * 2 * kKt * a->d;
-  DF_TRY(launch_smem(attn_bwd_block, smem1));
-  DF_LAUNCH(dim3(a->n_blocks, a->nkv), a->B * kTpr, smem1, st, attn_bwd_block)(
-      s, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
+  size_t smem1 = smem_of(BWD_Q, s1);
+  DF_TRY(launch_smem(attn_bwd_q, smem1));
+  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s1.warps, smem1, st, attn_bwd_q)(
+      s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
   DF_CU(cudaGetLastError());
   if (a->Sc <= 0) return DFLASH_OK;
-  size_t smem2 = sizeof(float) * (2 * (size_t)a->B * (a->d + kKtCtx) + 2 * kKtCtx * a->d) +
-                 sizeof(bf16) * 2 * kKtCtx * a->d;
+  size_t smem2 = smem_of(BWD_CTX, s2);
   DF_TRY(launch_smem(attn_bwd_ctx, smem2));
-  DF_LAUNCH(dim3((a->Sc + kKtCtx - 1) / kKtCtx, a->nkv), a->B * kTpr, smem2, st, attn_bwd_ctx)(
-      s, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
+  DF_LAUNCH(dim3((a->Sc + s2.N - 1) / s2.N, a->nkv), 32 * s2.warps, smem2, st, attn_bwd_ctx)(
+      s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
 }

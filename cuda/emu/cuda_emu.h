@@ -66,9 +66,14 @@ inline constinit thread_local Coords t_coords{};
 void syncthreads(const char *file, int line);
 // A warp collective of the calling lane: every lane named in `mask` must make the same
 // call; returns this lane's result. kind: one of the Coll values.
-enum Coll : int { COLL_SYNCWARP, COLL_SHFL, COLL_BALLOT, COLL_ANY, COLL_ALL };
+enum Coll : int { COLL_SYNCWARP, COLL_SHFL, COLL_BALLOT, COLL_ANY, COLL_ALL, COLL_LANES };
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src_lane,
                          const char *what);
+// A warp-wide op on every lane's data (WMMA's fragment ops, mma.h): all 32 lanes of the warp
+// must call it with the same fn and what; when the last arrives, fn runs once with every
+// lane's arg (lane order), on that lane's fiber (the others' stacks are intact meanwhile).
+typedef void (*LanesFn)(void *const *lane_args, const char *what);
+void warp_all_lanes(LanesFn fn, void *arg, const char *what);
 unsigned active_mask();
 unsigned lane_id();
 [[noreturn]] void device_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

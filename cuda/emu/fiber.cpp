@@ -178,6 +178,7 @@ struct Warp {
   Coll kind = COLL_SYNCWARP;
   unsigned mask = 0, arrived = 0;
   const char *what = "";
+  LanesFn lanes_fn = nullptr; // COLL_LANES: runs once with every lane's argument
   uint64_t val[32], res[32];
   int src[32];
 };
@@ -366,6 +367,17 @@ void became_current(Exec *e, Thread *t) {
 void try_complete(Exec *e, Warp &w, unsigned warp_no) {
   if (!w.pending || (w.arrived & w.live) != (w.mask & w.live)) return;
   unsigned who = w.mask & w.live;
+  if (w.kind == COLL_LANES) {
+    // WMMA's fragment ops are warp-wide: a lane that exited or does not exist (a partial
+    // warp) never reaches them, and the hardware hangs or computes garbage.
+    if (who != 0xffffffffu)
+      block_fatal(e, "%s in warp %u is reached by lanes 0x%08x only (lanes that exited or do "
+                  "not exist: 0x%08x): every lane of the warp must call it", w.what, warp_no,
+                  w.arrived, ~w.live);
+    void *args[32];
+    for (unsigned l = 0; l < 32; l++) args[l] = (void *)(uintptr_t)w.val[l];
+    w.lanes_fn(args, w.what);
+  }
   uint64_t ballot = 0;
   for (unsigned l = 0; l < 32; l++)
     if (who >> l & 1) ballot |= (uint64_t)(w.val[l] != 0) << l;
@@ -383,7 +395,8 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
       case COLL_BALLOT: w.res[l] = ballot; break;
       case COLL_ANY: w.res[l] = ballot != 0; break;
       case COLL_ALL: w.res[l] = ballot == who; break;
-      case COLL_SYNCWARP: w.res[l] = 0; break;
+      case COLL_SYNCWARP:
+      case COLL_LANES: w.res[l] = 0; break;
     }
   }
   w.pending = false;
@@ -506,7 +519,9 @@ unsigned active_mask() {
   return e->warps[e->cur->tid / 32].live;
 }
 
-uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, const char *what) {
+namespace {
+uint64_t arrive(Coll kind, unsigned mask, uint64_t value, int src, const char *what,
+                LanesFn fn) {
   Exec *e = exec_or_die(what);
   Thread *t = e->cur;
   unsigned w = t->tid / 32, lane = t->tid % 32;
@@ -519,8 +534,10 @@ uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, cons
     wp.kind = kind;
     wp.mask = mask;
     wp.what = what;
+    wp.lanes_fn = fn;
     wp.arrived = 0;
-  } else if (wp.kind != kind || wp.mask != mask) {
+  } else if (wp.kind != kind || wp.mask != mask ||
+             (kind == COLL_LANES && (wp.lanes_fn != fn || strcmp(wp.what, what)))) {
     block_fatal(e, "warp %u lane %u calls %s with mask 0x%08x while lanes 0x%08x wait in %s "
                 "with mask 0x%08x", w, lane, what, mask, wp.arrived, wp.what, wp.mask);
   }
@@ -533,6 +550,15 @@ uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, cons
   try_complete(e, wp, w);
   wait_here(e, t);
   return wp.res[lane];
+}
+}  // namespace
+
+uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, const char *what) {
+  return arrive(kind, mask, value, src, what, nullptr);
+}
+
+void warp_all_lanes(LanesFn fn, void *arg, const char *what) {
+  arrive(COLL_LANES, 0xffffffffu, (uint64_t)(uintptr_t)arg, 0, what, fn);
 }
 
 void *static_shared(const void *tag, size_t bytes, size_t align) {
