@@ -436,6 +436,12 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
                     cudaGetErrorString(e));
       goto fail;
     }
+    {
+      // Refused here rather than at the first backward: a shape whose attention (forward or
+      // backward) needs more shared memory than the device has per block.
+      df_attn_dev shape{0, c->B, 0, c->nh, c->nkv, c->d, 0, nullptr, 0.0f};
+      TRY(k_attention_check(&shape));
+    }
     if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
         cublasCreate(&m->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(m->blas, m->st) != CUBLAS_STATUS_SUCCESS) {
