@@ -52,45 +52,50 @@ extern "C" dflash_status df_error(dflash_status status, const char *fmt, ...);
   } while (0)
 
 // ---- kernels.cu ----
-void k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
-                        long rows, int n, float eps);
+// Every launcher returns DFLASH_E_CUDA naming its kernel when the launch is refused.
+dflash_status df_launched(const char *kernel); // cudaGetLastError after a launch
+dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x,
+                                 const bf16 *w, long rows, int n, float eps);
 // dx (+)= ...; dx is float or bf16 (exactly one of dx32/dx16); dy bf16 or float.
-void k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16, const float *dy32,
-                   const bf16 *x, const bf16 *w, const float *rstd, long rows, int n, bool acc);
+dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
+                            const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
+                            long rows, int n, bool acc);
 // dw[i] += sum_r dy*x*rstd (fixed order); partial: scratch of rstd-sized floats * 256.
-void k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32, const bf16 *x,
-                  const float *rstd, long rows, int n, float *partial);
+dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
+                           const bf16 *x, const float *rstd, long rows, int n, float *partial);
 size_t k_rmsnorm_dw_scratch(int n);
-void k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
-            long rows, int heads, int d, float sign);
-void k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
-                  double attn_factor, int n_pos, int half);
-void k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);
-void k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
-                  const bf16 *u, size_t n);
-void k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx, long rows,
-                   int n);
-void k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
-                    int n);
-void k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n);
-void k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n);
-void k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B);
+dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
+                     const float *sin_t, long rows, int heads, int d, float sign);
+dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
+                           double attn_factor, int n_pos, int half);
+dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);
+dflash_status k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
+                           const bf16 *u, size_t n);
+dflash_status k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx,
+                            long rows, int n);
+dflash_status k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx,
+                             long n_rows, int n);
+dflash_status k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n);
+dflash_status k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n);
+dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B);
 // LM head + CE over one vocabulary chunk of logits [R, c] (online softmax).
-void k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
-                float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
-                bool grad);
-void k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
-                 const float *tl, const float *acc, const float *coef, const bf16 *E,
-                 const int32_t *target, int R, int H);
-void k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R);
-void k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i, int R,
-                    int c, int v0);
+dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
+                         float *sum, float *tl, float *acc, const int32_t *target, int R, int c,
+                         int v0, int H, bool grad);
+dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
+                          const float *sum, const float *tl, const float *acc, const float *coef,
+                          const bf16 *E, const int32_t *target, int R, int H);
+dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R);
+// Greedy over vocabulary chunks: init (best -FLT_MAX, index 0), then one call per chunk.
+dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R);
+dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i,
+                             int R, int c, int v0);
 // sum of squares (double, fixed order); partial holds 1024 doubles.
-void k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out);
-void k_scale(cudaStream_t s, float *x, float k, size_t n);
-void k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
-             size_t n, float gscale, float decay, float b1, float b2, float eps,
-             float step_size, float bc2_sqrt);
+dflash_status k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out);
+dflash_status k_scale(cudaStream_t s, float *x, float k, size_t n);
+dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
+                      size_t n, float gscale, float decay, float b1, float b2, float eps,
+                      float step_size, float bc2_sqrt);
 
 // ---- attention.cu ----
 struct df_attn_dev {

@@ -46,6 +46,8 @@ void df_cu_free(df_cu_model *m);
 dflash_status df_cu_zero_grad(df_cu_model *m);
 /* Forward (+ backward when coef): row_loss [R] on the host gets each row's CE. */
 dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss);
+/* Multiply the accumulated gradients by k. */
+dflash_status df_cu_scale_grads(df_cu_model *m, double k);
 /* Greedy token of each of b->R rows into pred. */
 dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
 
@@ -59,7 +61,9 @@ typedef struct df_cu_adam {
  * changes and DFLASH_E_RANGE. */
 dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
 /* Copy a whole flat buffer (fp32, n_params) to or from the host. With
- * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks). */
+ * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks), and
+ * so is to_host of the gradients after a step (each rank holds the reduced
+ * sum of its own slices; they are gathered). */
 dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
 
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */

@@ -238,7 +238,12 @@ __global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *s
     dx[(size_t)r * H + i] = __float2bfloat16(k * acc[(size_t)r * H + i] - cf * ld(et, i));
 }
 
-// Greedy: the first index of the largest logit (as the CPU loop picks it).
+// Greedy: the first index of the largest logit (as the CPU loop picks it). A row with no
+// logit above -FLT_MAX (all NaN, say) keeps index 0, as the CPU loop's does.
+__global__ void argmax_init(float *best, int32_t *best_i, int R) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < R) best[r] = -FLT_MAX, best_i[r] = 0;
+}
 __global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, int c, int v0) {
   DF_SHARED(float, sv, [1024]);
   DF_SHARED(int, si, [1024]);
@@ -310,15 +315,27 @@ __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2,
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------
-void k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
-                        long rows, int n, float eps) {
-  if (rows <= 0) return;
-  DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rms_fwd)(y, rstd, x, w, rows, n, eps);
+// Each returns the launch's status: a launch the device refuses (its configuration, shared
+// memory, registers, a stream of another device) never runs, and would otherwise leave its
+// outputs unwritten without a word.
+dflash_status df_launched(const char *kernel) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return DFLASH_OK;
+  return df_error(DFLASH_E_CUDA, "CUDA: launch of kernel %s failed: %s (%s)", kernel,
+                  cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-void k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16, const float *dy32,
-                   const bf16 *x, const bf16 *w, const float *rstd, long rows, int n, bool acc) {
-  if (rows <= 0) return;
+dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x,
+                                 const bf16 *w, long rows, int n, float eps) {
+  if (rows <= 0) return DFLASH_OK;
+  DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rms_fwd)(y, rstd, x, w, rows, n, eps);
+  return df_launched("rms_fwd");
+}
+
+dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
+                            const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
+                            long rows, int n, bool acc) {
+  if (rows <= 0) return DFLASH_OK;
   unsigned g = (unsigned)((rows + 7) / 8);
   if (dy16 && dx32)
     DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, float>)(dx32, dy16, x, w, rstd, rows, n, acc);
@@ -328,89 +345,127 @@ void k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16, co
     DF_LAUNCH(g, 256, 0, s, rms_bwd<float, float>)(dx32, dy32, x, w, rstd, rows, n, acc);
   else
     DF_LAUNCH(g, 256, 0, s, rms_bwd<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
+  return df_launched("rms_bwd");
 }
 
 size_t k_rmsnorm_dw_scratch(int n) { return (size_t)kDwSplit * n; }
 
-void k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32, const bf16 *x,
-                  const float *rstd, long rows, int n, float *partial) {
-  if (rows <= 0) return;
+dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
+                           const bf16 *x, const float *rstd, long rows, int n, float *partial) {
+  if (rows <= 0) return DFLASH_OK;
   long sp = (rows + 63) / 64;
   int splits = (int)(sp > kDwSplit ? kDwSplit : sp);
   dim3 grid((n + 31) / 32, splits), block(32, 8);
   if (dy16) DF_LAUNCH(grid, block, 0, s, rms_dw_partial<bf16>)(partial, dy16, x, rstd, rows, n);
   else DF_LAUNCH(grid, block, 0, s, rms_dw_partial<float>)(partial, dy32, x, rstd, rows, n);
+  DF_TRY(df_launched("rms_dw_partial"));
   DF_LAUNCH((n + 255) / 256, 256, 0, s, rms_dw_reduce)(dw, partial, n, splits);
+  return df_launched("rms_dw_reduce");
 }
 
-void k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
-            long rows, int heads, int d, float sign) {
+dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
+                     const float *sin_t, long rows, int heads, int d, float sign) {
   size_t n = (size_t)rows * heads * (d / 2);
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, sign);
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, sign);
+  return df_launched("rope");
 }
 
-void k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
-                  double attn_factor, int n_pos, int half) {
+dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
+                           double attn_factor, int n_pos, int half) {
   size_t n = (size_t)n_pos * half;
-  if (n)
-    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_table)(cos_t, sin_t, inv_freq, attn_factor,
-                                                         n_pos, half);
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_table)(cos_t, sin_t, inv_freq, attn_factor,
+                                                       n_pos, half);
+  return df_launched("rope_table");
 }
 
-void k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_fwd)(m, g, u, n);
+dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_fwd)(m, g, u, n);
+  return df_launched("swiglu_fwd");
 }
-void k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
-                  const bf16 *u, size_t n) {
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_bwd)(dg, du, dm, g, u, n);
+dflash_status k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
+                           const bf16 *u, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_bwd)(dg, du, dm, g, u, n);
+  return df_launched("swiglu_bwd");
 }
-void k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx, long rows,
-                   int n) {
+dflash_status k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx,
+                            long rows, int n) {
   size_t t = (size_t)rows * n;
-  if (t) DF_LAUNCH(blocks_for(t, 256), 256, 0, s, gather_rows)(out, table, idx, rows, n);
+  if (!t) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(t, 256), 256, 0, s, gather_rows)(out, table, idx, rows, n);
+  return df_launched("gather_rows");
 }
-void k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
-                    int n) {
+dflash_status k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx,
+                             long n_rows, int n) {
   size_t t = (size_t)n_rows * n;
-  if (t) DF_LAUNCH(blocks_for(t, 256), 256, 0, s, scatter_rows)(out, rows, idx, n_rows, n);
+  if (!t) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(t, 256), 256, 0, s, scatter_rows)(out, rows, idx, n_rows, n);
+  return df_launched("scatter_rows");
 }
-void k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n) {
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, f32_to_bf16)(out, in, n);
+dflash_status k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, f32_to_bf16)(out, in, n);
+  return df_launched("f32_to_bf16");
 }
-void k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n) {
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, bf16_to_f32)(out, in, n);
+dflash_status k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, bf16_to_f32)(out, in, n);
+  return df_launched("bf16_to_f32");
 }
-void k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B) {
-  if (A > 0 && B > 0) DF_LAUNCH((A * B + 255) / 256, 256, 0, s, positions)(pos, anchors, A, B);
+dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B) {
+  if (A <= 0 || B <= 0) return DFLASH_OK;
+  DF_LAUNCH((A * B + 255) / 256, 256, 0, s, positions)(pos, anchors, A, B);
+  return df_launched("positions");
 }
-void k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
-  if (R) DF_LAUNCH((R + 255) / 256, 256, 0, s, ce_init)(mx, sum, tl, R);
+dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
+  if (!R) return DFLASH_OK;
+  DF_LAUNCH((R + 255) / 256, 256, 0, s, ce_init)(mx, sum, tl, R);
+  return df_launched("ce_init");
 }
-void k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
-                float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
-                bool grad) {
-  if (R) DF_LAUNCH(R, 256, 0, s, ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
+dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
+                         float *sum, float *tl, float *acc, const int32_t *target, int R, int c,
+                         int v0, int H, bool grad) {
+  if (!R) return DFLASH_OK;
+  DF_LAUNCH(R, 256, 0, s, ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
+  return df_launched("ce_chunk");
 }
-void k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
-                 const float *tl, const float *acc, const float *coef, const bf16 *E,
-                 const int32_t *target, int R, int H) {
-  if (R) DF_LAUNCH(R, 256, 0, s, ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
+dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
+                          const float *sum, const float *tl, const float *acc, const float *coef,
+                          const bf16 *E, const int32_t *target, int R, int H) {
+  if (!R) return DFLASH_OK;
+  DF_LAUNCH(R, 256, 0, s, ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
+  return df_launched("ce_finish");
 }
-void k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i, int R,
-                    int c, int v0) {
-  if (R) DF_LAUNCH(R, 256, 0, s, argmax_chunk)(logits, best, best_i, c, v0);
+dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R) {
+  if (!R) return DFLASH_OK;
+  DF_LAUNCH((R + 255) / 256, 256, 0, s, argmax_init)(best, best_i, R);
+  return df_launched("argmax_init");
 }
-void k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out) {
+dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i,
+                             int R, int c, int v0) {
+  if (!R) return DFLASH_OK;
+  DF_LAUNCH(R, 256, 0, s, argmax_chunk)(logits, best, best_i, c, v0);
+  return df_launched("argmax_chunk");
+}
+dflash_status k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out) {
   DF_LAUNCH(kSumsqBlocks, 256, 0, s, sumsq_partial)(x, n, partial);
+  DF_TRY(df_launched("sumsq_partial"));
   DF_LAUNCH(1, 32, 0, s, sumsq_final)(partial, kSumsqBlocks, out);
+  return df_launched("sumsq_final");
 }
-void k_scale(cudaStream_t s, float *x, float k, size_t n) {
-  if (n) DF_LAUNCH(blocks_for(n, 256), 256, 0, s, scale)(x, k, n);
+dflash_status k_scale(cudaStream_t s, float *x, float k, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, scale)(x, k, n);
+  return df_launched("scale");
 }
-void k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
-             size_t n, float gscale, float decay, float b1, float b2, float eps,
-             float step_size, float bc2_sqrt) {
-  if (n)
-    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
-                                                    eps, step_size, bc2_sqrt);
+dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
+                      size_t n, float gscale, float decay, float b1, float b2, float eps,
+                      float step_size, float bc2_sqrt) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
+                                                  eps, step_size, bc2_sqrt);
+  return df_launched("adamw");
 }

@@ -47,6 +47,9 @@ struct df_cu_model {
 #ifdef DFLASH_HAVE_NCCL
   ncclComm_t comm = nullptr;
 #endif
+  // After a step over several ranks each rank's gradient buffer holds the reduced sum only
+  // in its own slices (reduce-scatter); the rest is its local part until gathered.
+  bool grads_sharded = false;
   double comm_timeout = 1800; // seconds one NCCL collective may take
   bool comm_failed = false;   // aborted: every later call fails
 };
@@ -116,6 +119,17 @@ dflash_status comm_usable(const df_cu_model *m) {
                   "cannot continue", m->rank);
 }
 
+// The current device is per host thread: every entry point makes the model's device current,
+// since a caller may use the trainer from another thread than the one that created it (whose
+// device may be 0 while this rank's is LOCAL_RANK).
+dflash_status use_device(const df_cu_model *m) {
+  cudaError_t e = cudaSetDevice(m->c.device);
+  if (e != cudaSuccess)
+    return df_error(DFLASH_E_CUDA, "CUDA: cannot make device %d current: %s", m->c.device,
+                    cudaGetErrorString(e));
+  return DFLASH_OK;
+}
+
 bf16 *w_of(df_cu_model *m, size_t i) { return m->w16 + m->offsets[i]; }
 float *g_of(df_cu_model *m, size_t i) { return m->grads + m->offsets[i]; }
 size_t lw(int l, int k) { return P_LAYER0 + (size_t)l * W_PER_LAYER + k; }
@@ -166,7 +180,7 @@ dflash_status ensure_rope(df_cu_model *m, int n_pos) {
   DF_TRY(dalloc(m, &m->cos_t, (size_t)n_pos * half, "RoPE tables"));
   DF_TRY(dalloc(m, &m->sin_t, (size_t)n_pos * half, "RoPE tables"));
   DF_TRY(dalloc(m, &m->iota, (size_t)n_pos, "positions"));
-  k_rope_table(m->st, m->cos_t, m->sin_t, m->inv_freq, m->c.attn_factor, n_pos, half);
+  DF_TRY(k_rope_table(m->st, m->cos_t, m->sin_t, m->inv_freq, m->c.attn_factor, n_pos, half));
   std::vector<int32_t> io((size_t)n_pos);
   for (int i = 0; i < n_pos; i++) io[(size_t)i] = i;
   DF_CU(cudaMemcpyAsync(m->iota, io.data(), io.size() * 4, cudaMemcpyHostToDevice, m->st));
@@ -213,7 +227,7 @@ dflash_status upload_batch(df_cu_model *m, const df_cu_batch *b) {
   if (b->coef) DF_TRY(upload(m, act<float>(m, DF_ACT_ROW_F32) + 3 * (size_t)b->R, b->coef,
                              4 * (size_t)b->R));
   DF_TRY(upload(m, act<bf16>(m, DF_ACT_HIDDEN), b->hidden, 2 * (size_t)b->Sc * m->c.KH));
-  k_positions(m->st, tok + b->T, act<int32_t>(m, DF_ACT_ANCHORS), b->A, m->c.B);
+  DF_TRY(k_positions(m->st, tok + b->T, act<int32_t>(m, DF_ACT_ANCHORS), b->A, m->c.B));
   return DFLASH_OK;
 }
 
@@ -230,8 +244,9 @@ df_attn_dev attn_shape(df_cu_model *m, int l) {
 dflash_status qk_forward(df_cu_model *m, bf16 *pre, float *rstd, bf16 *out, const bf16 *x,
                          size_t wi, size_t ni, const int32_t *pos, int rows, int heads) {
   DF_TRY(linear(m, pre, x, w_of(m, wi), rows, heads * m->c.d, m->c.H));
-  k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d, m->c.eps);
-  k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, 1.0f);
+  DF_TRY(k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d,
+                            m->c.eps));
+  DF_TRY(k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, 1.0f));
   return DFLASH_OK;
 }
 
@@ -242,7 +257,8 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
   bf16 *ctx = act<bf16>(m, DF_ACT_CTX);
 #define LA(id, ty) lact<ty>(m, l, DF_LACT_##id)
   bf16 *h_in = LA(H_IN, bf16), *xn1 = LA(XN1, bf16), *h_mid = LA(H_MID, bf16);
-  k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H, c.eps);
+  DF_TRY(k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H,
+                            c.eps));
   DF_TRY(qk_forward(m, LA(Q_PRE, bf16), LA(Q_RSTD, float), LA(Q, bf16), xn1, lw(l, W_Q),
                     lw(l, W_QN), pos_b, T, c.nh));
   DF_TRY(qk_forward(m, LA(KB_PRE, bf16), LA(KB_RSTD, float), LA(KB, bf16), xn1, lw(l, W_K),
@@ -257,11 +273,11 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
                          LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
   DF_CU(cudaMemcpyAsync(h_mid, h_in, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
   DF_TRY(linear(m, h_mid, LA(ATT, bf16), w_of(m, lw(l, W_O)), T, H, qd, true));
-  k_rmsnorm_fwd_bf16(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid, w_of(m, lw(l, W_POST_LN)),
-                     T, H, c.eps);
+  DF_TRY(k_rmsnorm_fwd_bf16(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid,
+                            w_of(m, lw(l, W_POST_LN)), T, H, c.eps));
   DF_TRY(linear(m, LA(G, bf16), LA(XN2, bf16), w_of(m, lw(l, W_G)), T, c.I, H));
   DF_TRY(linear(m, LA(U, bf16), LA(XN2, bf16), w_of(m, lw(l, W_U)), T, c.I, H));
-  k_swiglu_fwd(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I);
+  DF_TRY(k_swiglu_fwd(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I));
   DF_CU(cudaMemcpyAsync(out, h_mid, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
   return linear(m, out, LA(M, bf16), w_of(m, lw(l, W_D)), T, H, c.I, true);
 }
@@ -270,18 +286,18 @@ dflash_status model_forward(df_cu_model *m) {
   const df_cu_config &c = m->c;
   bf16 *ctx_pre = act<bf16>(m, DF_ACT_CTX_PRE);
   DF_TRY(linear(m, ctx_pre, act<bf16>(m, DF_ACT_HIDDEN), w_of(m, P_FC), m->Sc, c.H, c.KH));
-  k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD), ctx_pre,
-                     w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps);
-  k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed, act<int32_t>(m, DF_ACT_TOK),
-                m->T, c.H);
+  DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD),
+                            ctx_pre, w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps));
+  DF_TRY(k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed,
+                       act<int32_t>(m, DF_ACT_TOK), m->T, c.H));
   for (int l = 0; l < c.L; l++)
     DF_TRY(layer_forward(m, l, l + 1 < c.L ? lact<bf16>(m, l + 1, DF_LACT_H_IN)
                                            : act<bf16>(m, DF_ACT_H_OUT)));
-  k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
+  DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
                      act<bf16>(m, DF_ACT_H_OUT), w_of(m, m->offsets.size() - 1), m->T, c.H,
-                     c.eps);
+                     c.eps));
   int32_t *ri = act<int32_t>(m, DF_ACT_ROW_I32);
-  k_gather_rows(m->st, act<bf16>(m, DF_ACT_ROWS_X), act<bf16>(m, DF_ACT_HF), ri, m->R, c.H);
+  DF_TRY(k_gather_rows(m->st, act<bf16>(m, DF_ACT_ROWS_X), act<bf16>(m, DF_ACT_HF), ri, m->R, c.H));
   return DFLASH_OK;
 }
 
@@ -295,17 +311,17 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
   const int32_t *target = act<int32_t>(m, DF_ACT_ROW_I32) + R;
   float *logits = act<float>(m, DF_ACT_LOGITS);
   bf16 *probs = act<bf16>(m, DF_ACT_PROBS), *x = act<bf16>(m, DF_ACT_ROWS_X);
-  k_ce_init(m->st, mx, sum, tl, R);
+  DF_TRY(k_ce_init(m->st, mx, sum, tl, R));
   if (grad) DF_CU(cudaMemsetAsync(acc, 0, 4 * (size_t)R * H, m->st));
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
     int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
     const bf16 *Ec = m->head + (size_t)v0 * H;
     DF_TRY(gemm(m, false, true, R, cn, H, x, H, Ec, H, logits, cn, true, 0.0f));
-    k_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad);
+    DF_TRY(k_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad));
     if (grad) DF_TRY(gemm(m, false, false, R, H, cn, probs, cn, Ec, H, acc, H, true, 1.0f));
   }
-  k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl, acc, coef,
-              m->head, target, R, H);
+  DF_TRY(k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl,
+                     acc, coef, m->head, target, R, H));
   return DFLASH_OK;
 }
 
@@ -314,20 +330,20 @@ dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool
                           bool acc, size_t wi, size_t ni, const bf16 *pre, const float *rstd,
                           const bf16 *x, const int32_t *pos, int rows, int heads) {
   int d = m->c.d;
-  k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, -1.0f);
-  k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
-               m->dw_scratch);
-  k_rmsnorm_bwd(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd, (long)rows * heads,
-                d, false);
+  DF_TRY(k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, -1.0f));
+  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
+                      m->dw_scratch));
+  DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd,
+                       (long)rows * heads, d, false));
   DF_TRY(linear_dx(m, dx, dx32, dpre, w_of(m, wi), rows, heads * d, m->c.H, acc));
   return linear_dw(m, g_of(m, wi), dpre, x, rows, heads * d, m->c.H);
 }
 
 // RMSNorm backward with fp32 dy: dw, then dx (+)= into bf16.
-void norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x, size_t wi,
-                   const float *rstd, long rows, int n, bool acc) {
-  k_rmsnorm_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch);
-  k_rmsnorm_bwd(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n, acc);
+dflash_status norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x,
+                            size_t wi, const float *rstd, long rows, int n, bool acc) {
+  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch));
+  return k_rmsnorm_bwd(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n, acc);
 }
 
 dflash_status layer_backward(df_cu_model *m, int l) {
@@ -344,12 +360,13 @@ dflash_status layer_backward(df_cu_model *m, int l) {
   // MLP
   DF_TRY(linear_dx(m, dm, false, dh, w_of(m, lw(l, W_D)), T, H, I, false));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_D)), dh, LA(M, bf16), T, H, I));
-  k_swiglu_bwd(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I);
+  DF_TRY(k_swiglu_bwd(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I));
   DF_TRY(linear_dx(m, dx, true, dg, w_of(m, lw(l, W_G)), T, I, H, false));
   DF_TRY(linear_dx(m, dx, true, du, w_of(m, lw(l, W_U)), T, I, H, true));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_G)), dg, LA(XN2, bf16), T, I, H));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_U)), du, LA(XN2, bf16), T, I, H));
-  norm_backward(m, dh, dx, LA(H_MID, bf16), lw(l, W_POST_LN), LA(RSTD2, float), T, H, true);
+  DF_TRY(norm_backward(m, dh, dx, LA(H_MID, bf16), lw(l, W_POST_LN), LA(RSTD2, float), T, H,
+                      true));
   // attention
   DF_TRY(linear_dx(m, datt, false, dh, w_of(m, lw(l, W_O)), T, H, qd, false));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_O)), dh, LA(ATT, bf16), T, H, qd));
@@ -367,7 +384,7 @@ dflash_status layer_backward(df_cu_model *m, int l) {
                      LA(KC_PRE, bf16), LA(KC_RSTD, float), ctx, m->iota, Sc, c.nkv));
   DF_TRY(linear_dx(m, dctx, true, dvc, w_of(m, lw(l, W_V)), Sc, kd, H, true));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvc, ctx, Sc, kd, H));
-  norm_backward(m, dh, dx, LA(H_IN, bf16), lw(l, W_IN_LN), LA(RSTD1, float), T, H, true);
+  DF_TRY(norm_backward(m, dh, dx, LA(H_IN, bf16), lw(l, W_IN_LN), LA(RSTD1, float), T, H, true));
   return DFLASH_OK;
 }
 #undef LA
@@ -378,18 +395,19 @@ dflash_status model_backward(df_cu_model *m) {
   bf16 *dh = act<bf16>(m, DF_ACT_DH);
   size_t norm_i = m->offsets.size() - 1;
   DF_CU(cudaMemsetAsync(dh, 0, 2 * (size_t)T * H, m->st));
-  k_scatter_rows(m->st, dh, act<bf16>(m, DF_ACT_ROWS_DX), act<int32_t>(m, DF_ACT_ROW_I32), m->R,
-                 H);
+  DF_TRY(k_scatter_rows(m->st, dh, act<bf16>(m, DF_ACT_ROWS_DX), act<int32_t>(m, DF_ACT_ROW_I32),
+                        m->R, H));
   // dh holds d(hf); turn it into d(h_out) in place (dw first: it needs dy).
   const bf16 *h_out = act<bf16>(m, DF_ACT_H_OUT);
   const float *rstd_f = act<float>(m, DF_ACT_RSTD_F);
-  k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch);
-  k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H, false);
+  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch));
+  DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H,
+                       false));
   DF_CU(cudaMemsetAsync(act<float>(m, DF_ACT_DCTX), 0, 4 * (size_t)m->Sc * H, m->st));
   for (int l = c.L - 1; l >= 0; l--) DF_TRY(layer_backward(m, l));
   bf16 *dctx_tmp = act<bf16>(m, DF_ACT_DCTX_TMP);
-  norm_backward(m, dctx_tmp, act<float>(m, DF_ACT_DCTX), act<bf16>(m, DF_ACT_CTX_PRE),
-                P_HIDDEN_NORM, act<float>(m, DF_ACT_CTX_RSTD), m->Sc, H, false);
+  DF_TRY(norm_backward(m, dctx_tmp, act<float>(m, DF_ACT_DCTX), act<bf16>(m, DF_ACT_CTX_PRE),
+                       P_HIDDEN_NORM, act<float>(m, DF_ACT_CTX_RSTD), m->Sc, H, false));
   return linear_dw(m, g_of(m, P_FC), dctx_tmp, act<bf16>(m, DF_ACT_HIDDEN), m->Sc, H, c.KH);
 }
 
@@ -398,7 +416,7 @@ dflash_status upload_bf16(df_cu_model *m, bf16 *dst, const float *src, size_t n)
   for (size_t i = 0; i < n; i += kBucketElems) {
     size_t k = n - i < kBucketElems ? n - i : kBucketElems;
     DF_CU(cudaMemcpyAsync(m->tmp, src + i, 4 * k, cudaMemcpyHostToDevice, m->st));
-    k_f32_to_bf16(m->st, dst + i, m->tmp, k);
+    DF_TRY(k_f32_to_bf16(m->st, dst + i, m->tmp, k));
   }
   DF_CU(cudaStreamSynchronize(m->st));
   return DFLASH_OK;
@@ -409,6 +427,26 @@ void slice(const df_cu_model *m, size_t b, size_t *off, size_t *len) {
   const df_bucket *k = &m->buckets.buckets[b];
   *len = k->count / (size_t)m->world;
   *off = k->offset + (size_t)m->rank * *len;
+}
+
+// Every rank's reduced slices of the gradients into every rank's buffer, in place
+// (collective): what get_grad returns after a step over several ranks.
+dflash_status gather_grads(df_cu_model *m) {
+#ifdef DFLASH_HAVE_NCCL
+  DF_TRY(comm_usable(m));
+  for (size_t b = 0; m->comm && b < m->buckets.n_buckets; b++) {
+    size_t off, len;
+    slice(m, b, &off, &len);
+    ncclResult_t r = ncclAllGather(m->grads + off, m->grads + m->buckets.buckets[b].offset, len,
+                                   ncclFloat, m->comm, m->st);
+    if (r != ncclSuccess)
+      return df_error(DFLASH_E_CUDA, "NCCL all-gather of gradient bucket %zu: %s", b,
+                      ncclGetErrorString(r));
+  }
+  DF_TRY(wait_stream(m, "NCCL all-gather of the reduced gradients"));
+#endif
+  m->grads_sharded = false;
+  return DFLASH_OK;
 }
 
 float *shard_buf(df_cu_model *m, int kind) {
@@ -490,6 +528,7 @@ fail:
 
 extern "C" void df_cu_free(df_cu_model *m) {
   if (!m) return;
+  cudaSetDevice(m->c.device); // the frees and destroys below act on it
   if (m->st) cudaStreamSynchronize(m->st);
   void *bufs[] = {m->w16, m->embed, m->head, m->grads, m->master, m->m1, m->m2, m->tmp,
                   m->inv_freq, m->sumsq_part, m->cos_t, m->sin_t, m->dw_scratch, m->best,
@@ -506,12 +545,18 @@ extern "C" void df_cu_free(df_cu_model *m) {
 }
 
 extern "C" dflash_status df_cu_zero_grad(df_cu_model *m) {
+  DF_TRY(use_device(m));
+  m->grads_sharded = false;
   DF_CU(cudaMemsetAsync(m->grads, 0, 4 * m->buckets.n_padded, m->st));
   return DFLASH_OK;
 }
 
 extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
                                           float *row_loss) {
+  DF_TRY(use_device(m));
+  if (m->grads_sharded && b->coef)
+    return df_error(DFLASH_E_STATE, "rank %d: the gradients of a step over %d ranks are "
+                    "sharded: zero them before accumulating again", m->rank, m->world);
   if (b->A <= 0) return DFLASH_OK;
   DF_TRY(upload_batch(m, b));
   DF_TRY(model_forward(m));
@@ -525,6 +570,7 @@ extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
 }
 
 extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
+  DF_TRY(use_device(m));
   if (b->A <= 0 || b->R <= 0) return DFLASH_OK;
   DF_TRY(upload_batch(m, b));
   DF_TRY(model_forward(m));
@@ -533,13 +579,12 @@ extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int
   // best value / index: the row-f32 block's first two slots are free here.
   float *best = act<float>(m, DF_ACT_ROW_F32);
   int32_t *best_i = (int32_t *)(best + R);
-  std::vector<float> init((size_t)R, -3.4e38f);
-  DF_CU(cudaMemcpyAsync(best, init.data(), 4 * (size_t)R, cudaMemcpyHostToDevice, m->st));
+  DF_TRY(k_argmax_init(m->st, best, best_i, R)); // all-NaN rows: token 0, as on the CPU
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
     int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
     DF_TRY(gemm(m, false, true, R, cn, c.H, act<bf16>(m, DF_ACT_ROWS_X), c.H,
                 m->head + (size_t)v0 * c.H, c.H, act<float>(m, DF_ACT_LOGITS), cn, true, 0.0f));
-    k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0);
+    DF_TRY(k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0));
   }
   DF_CU(cudaMemcpyAsync(pred, best_i, 4 * (size_t)R, cudaMemcpyDeviceToHost, m->st));
   DF_CU(cudaStreamSynchronize(m->st));
@@ -547,6 +592,7 @@ extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int
 }
 
 extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) {
+  DF_TRY(use_device(m));
 #ifdef DFLASH_HAVE_NCCL
   DF_TRY(comm_usable(m));
   if (!m->comm || n <= 0) return DFLASH_OK;
@@ -563,11 +609,18 @@ extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) 
   return DFLASH_OK;
 }
 
+extern "C" dflash_status df_cu_scale_grads(df_cu_model *m, double k) {
+  DF_TRY(use_device(m));
+  return k_scale(m->st, m->grads, (float)k, m->buckets.n_padded);
+}
+
 extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
+  DF_TRY(use_device(m));
   size_t nb = m->buckets.n_buckets;
   if (nb > 4096) return df_error(DFLASH_E_INTERNAL, "%zu gradient buckets", nb);
   DF_TRY(comm_usable(m));
-  if (a->grad_factor != 1.0) k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded);
+  if (a->grad_factor != 1.0)
+    DF_TRY(k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded));
 #ifdef DFLASH_HAVE_NCCL
   // Reduce-scatter each bucket in place: this rank's slice gets the sum.
   for (size_t b = 0; m->comm && b < nb; b++) {
@@ -581,11 +634,12 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
                       ncclGetErrorString(r));
   }
 #endif
+  m->grads_sharded = m->world > 1;
   std::vector<double> part(nb);
   for (size_t b = 0; b < nb; b++) {
     size_t off, len;
     slice(m, b, &off, &len);
-    k_sumsq(m->st, m->grads + off, len, m->sumsq_part, m->sumsq_out + b);
+    DF_TRY(k_sumsq(m->st, m->grads + off, len, m->sumsq_part, m->sumsq_out + b));
   }
   DF_CU(cudaMemcpyAsync(part.data(), m->sumsq_out, 8 * nb, cudaMemcpyDeviceToHost, m->st));
   DF_TRY(wait_stream(m, "NCCL gradient reduce-scatter"));
@@ -599,9 +653,9 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
   for (size_t b = 0; b < nb; b++) {
     size_t off, len, sh = m->buckets.buckets[b].shard_offset;
     slice(m, b, &off, &len);
-    k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh, len,
-            (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt);
-    if (coef < 1.0) k_scale(m->st, m->grads + off, (float)coef, len);
+    DF_TRY(k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh,
+                   len, (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt));
+    if (coef < 1.0) DF_TRY(k_scale(m->st, m->grads + off, (float)coef, len));
   }
 #ifdef DFLASH_HAVE_NCCL
   for (size_t b = 0; m->comm && b < nb; b++) {
@@ -618,9 +672,12 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
 }
 
 extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
+  DF_TRY(use_device(m));
   size_t n = m->c.n_params;
   if (kind == DF_CU_GRADS) {
     // On m->st, after the work that wrote or reads them (zero_grad, the backward, a step).
+    if (to_host && m->grads_sharded) DF_TRY(gather_grads(m));
+    if (!to_host) m->grads_sharded = false;
     DF_CU(to_host ? cudaMemcpyAsync(host, m->grads, 4 * n, cudaMemcpyDeviceToHost, m->st)
                   : cudaMemcpyAsync(m->grads, host, 4 * n, cudaMemcpyHostToDevice, m->st));
     DF_CU(cudaStreamSynchronize(m->st));
@@ -677,6 +734,7 @@ extern "C" dflash_status df_cu_nccl_unique_id(void *id) {
 extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
                                         double timeout_s) {
 #ifdef DFLASH_HAVE_NCCL
+  DF_TRY(use_device(m));
   m->comm_timeout = timeout_s;
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);

@@ -127,8 +127,8 @@ struct Device {
   std::mutex mu; // streams, used
   Stream legacy;
   std::vector<Stream *> streams;
-  size_t used = 0;
-  std::atomic<uint64_t> launches{0}, kernels{0};
+  size_t used = 0, peak = 0; // bytes of device memory allocated, now and at most
+  std::atomic<uint64_t> launches{0}, kernels{0}, to_host{0}; // to_host: bytes copied D2H
 };
 
 Device *devices() {
@@ -330,6 +330,16 @@ struct KernelOp : Op {
     return true;
   }
 };
+// dfemu_refuse_kernel: launches of the kernel a test named are refused.
+std::mutex g_refuse_mu;
+std::string g_refuse;
+bool refused_by_test(const char *name) {
+  std::lock_guard<std::mutex> g(g_refuse_mu);
+  if (g_refuse.empty() || std::strncmp(name, g_refuse.c_str(), g_refuse.size())) return false;
+  char next = name[g_refuse.size()]; // the whole identifier: "rms_bwd" is not "rms_bwd_x"
+  return !(next == '_' || (next >= '0' && next <= '9') || (next >= 'a' && next <= 'z') ||
+           (next >= 'A' && next <= 'Z'));
+}
 // A launch the hardware refuses: the error for cudaGetLastError, a line on stderr.
 void refuse_launch(const char *name, KernelBody body, cudaError_t e, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -362,6 +372,9 @@ void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t 
   if (smem > lim || smem + st > kSmemOptin)
     return refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory (limit %zu for "
                   "this kernel, %zu with %zu static at most)", smem, lim, kSmemOptin - st, st);
+  if (refused_by_test(name))
+    return refuse(cudaErrorLaunchOutOfResources, "refused on request (dfemu_refuse_kernel), as "
+                  "the hardware refuses a kernel that needs more registers than a block has");
   Stream *s = resolve(stream);
   if (!s) return refuse(cudaErrorInvalidResourceHandle, "stream %p is not a live stream",
                         (void *)stream);
@@ -517,6 +530,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     std::lock_guard<std::mutex> g(d.mu);
     if (bytes > device_memory() - d.used) return fail(cudaErrorMemoryAllocation);
     d.used += bytes;
+    if (d.used > d.peak) d.peak = d.used;
   }
   void *q = nullptr;
   if (bytes > SIZE_MAX - kCanary - 256 || posix_memalign(&q, 256, bytes + kCanary)) {
@@ -672,6 +686,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
   if (!dst || !src || !sides(dst, src, n, kind, "cudaMemcpy", &ds, &ss))
     return fail(cudaErrorInvalidValue);
   Stream *legacy = resolve(nullptr);
+  if (ss == Side::DEVICE && ds != Side::DEVICE) dev(legacy->device).to_host += n;
   if (ds == Side::DEVICE && ss == Side::DEVICE) {
     enqueue(legacy, copy_op(dst, src, n, false)); // no host-side synchronisation
   } else if (ds == Side::DEVICE && ss == Side::PAGEABLE) {
@@ -695,6 +710,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
   Side ds, ss;
   if (!dst || !src || !sides(dst, src, n, kind, "cudaMemcpyAsync", &ds, &ss))
     return fail(cudaErrorInvalidValue);
+  if (ss == Side::DEVICE && ds != Side::DEVICE) dev(s->device).to_host += n;
   if (ds == Side::PAGEABLE && ss == Side::DEVICE) {
     // To pageable memory: returns only once the copy has happened.
     uint64_t id = enqueue(s, copy_op(dst, src, n, false));
@@ -905,4 +921,20 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned fl
   op->until = e->op;
   enqueue(s, std::unique_ptr<Op>(op));
   return cudaSuccess;
+}
+
+// ---- test controls with C linkage (tests/gpu/*.c) -----------------------------------------
+extern "C" void dfemu_refuse_kernel(const char *name) {
+  std::lock_guard<std::mutex> g(g_refuse_mu);
+  g_refuse = name ? name : "";
+}
+
+extern "C" void dfemu_memory_stats(int device, size_t *used, size_t *peak, uint64_t *to_host,
+                                   int reset) {
+  Device &d = dev(device);
+  std::lock_guard<std::mutex> g(d.mu);
+  if (used) *used = d.used;
+  if (peak) *peak = d.peak;
+  if (to_host) *to_host = d.to_host.load();
+  if (reset) d.peak = d.used, d.to_host = 0;
 }

@@ -113,6 +113,21 @@ static dflash_status cuda_zero_grad(df_backend *b) {
   return df_cu_zero_grad(cb(b)->dev);
 }
 
+/*
+ * Several ranks: the step undoes the callers' grad_scale (see cuda_step), so
+ * the device buffer must hold sum(grad) times one scale. A sequence scaled
+ * differently from the ones before first brings the buffer to its scale.
+ * (A scale of 0 adds nothing and counts no weight.)
+ */
+static dflash_status keep_scale(cuda_backend *c, double grad_scale, const df_cu_batch *b) {
+  if (c->env.world <= 1 || grad_scale == 0 || b->R == 0 || !b->coef) return DFLASH_OK;
+  dflash_status st = DFLASH_OK;
+  if (c->scale_used != 0 && grad_scale != c->scale_used)
+    st = df_cu_scale_grads(c->dev, grad_scale / c->scale_used);
+  if (!st) c->scale_used = grad_scale;
+  return st;
+}
+
 static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                      double *loss_sum, double *weight_sum) {
   cuda_backend *c = cb(b);
@@ -123,6 +138,7 @@ static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad
   df_cu_batch bt;
   if (!st) st = prepare(c, s, grad_scale, &bt);
   if (st) return st;
+  if ((st = keep_scale(c, grad_scale, &bt))) return st;
   float *loss = c->f32 + bt.R; /* second half of the f32 staging */
   if ((st = df_cu_accumulate(c->dev, &bt, loss))) return st;
   double lsum = 0, wsum = 0;
@@ -131,8 +147,7 @@ static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad
     lsum += w * loss[r];
     wsum += w;
   }
-  c->weight_local += wsum;
-  if (wsum > 0) c->scale_used = grad_scale;
+  if (grad_scale != 0) c->weight_local += wsum;
   if (loss_sum) *loss_sum = lsum;
   if (weight_sum) *weight_sum = wsum;
   return DFLASH_OK;
@@ -152,7 +167,8 @@ static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred)
  * Each rank scaled its gradients by its own 1/sum(w) (the caller's
  * grad_scale); the data-parallel loss is sum over ranks of sum(w*CE) over
  * the global sum(w), so before the reduction each rank's gradients are
- * multiplied by 1 / (grad_scale * global sum(w)).
+ * multiplied by 1 / (grad_scale * global sum(w)), grad_scale being the one
+ * keep_scale brought every sequence's contribution to.
  */
 static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_norm) {
   cuda_backend *c = cb(b);

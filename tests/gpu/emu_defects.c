@@ -1,0 +1,340 @@
+/*
+ * Defects of the CUDA backend found by review (issue 15, item 2), each shown on the emulated
+ * device (cuda/emu, suite 'cuda-emu'):
+ *   - a refused kernel launch (the emulator refuses a kernel by name, as the hardware refuses
+ *     one that needs more registers than a block has) is a DFLASH_E_CUDA naming the kernel,
+ *     from every launcher, never a silent no-op;
+ *   - a trainer created for device 1 (LOCAL_RANK=1) works from another host thread, whose
+ *     current device is 0 (the emulator refuses launches on another device's stream);
+ *   - predict on rows whose logits are all NaN gives the CPU backend's answer (token 0);
+ *   - two ranks (processes, NCCL, ZeRO-1) that scale each sequence differently: the step's
+ *     norm and get_grad afterwards are those of one rank with the global batch;
+ *   - creating a rank allocates only its ZeRO-1 shard of the fp32 masters and moments, and
+ *     only rank 0 copies optimizer state to the host for a checkpoint.
+ */
+#include <dflash/train.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu_common.h"
+#include "synth.h"
+#include "testutil.h"
+#include "train/trainer.h"
+
+/* Test controls of cuda/emu/runtime.cpp. */
+void dfemu_refuse_kernel(const char *name);
+void dfemu_memory_stats(int device, size_t *used, size_t *peak, uint64_t *to_host, int reset);
+
+static void small_config(dflash_drafter_config *c) {
+  dflash_drafter_config_default(c);
+  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
+  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
+  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
+  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
+}
+
+static dflash_status make_opt(const dflash_drafter_config *c, int backend, double clip,
+                              dflash_trainer **t) {
+  size_t vh = (size_t)c->vocab_size * c->hidden_size;
+  float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.backend = backend;
+  o.seed = 3;
+  o.vocab_chunk = 128;
+  o.init_std = 0.05;
+  o.warmup_ratio = 0;
+  o.total_steps = 10;
+  o.grad_clip = clip;
+  *t = NULL;
+  dflash_status st = dflash_trainer_create(c, E, Hd, &o, t);
+  free(E), free(Hd);
+  return st;
+}
+
+static dflash_trainer *make(const dflash_drafter_config *c, int backend) {
+  dflash_trainer *t;
+  ck_assert_ok(make_opt(c, backend, 1.0, &t));
+  return t;
+}
+
+/* Every gradient (or parameter), in table order, into out[n_params]. */
+static dflash_status dump_into(dflash_trainer *t, int grads, float *out) {
+  size_t numel, off = 0;
+  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
+    const char *name;
+    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
+    dflash_status st = grads ? dflash_trainer_get_grad(t, name, out + off, numel)
+                             : dflash_trainer_get_param(t, name, out + off, numel);
+    if (st) return st;
+    off += numel;
+  }
+  return DFLASH_OK;
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x = a[i], y = b[i];
+    num += (x - y) * (x - y), den += y * y;
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- a: every launch is checked ------------------------------------------------------------ */
+
+/* Create, one forward + backward, a clipped step (scale runs), predict. */
+static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, char *msg,
+                              size_t cap) {
+  dflash_trainer *t = NULL;
+  dflash_status st = make_opt(c, DFLASH_BACKEND_CUDA, 1e-6, &t);
+  double loss, norm;
+  if (!st) st = dflash_trainer_forward_backward(t, q->ids, q->mask, q->len, q->hidden,
+                                                q->anchors, q->na, &loss);
+  if (!st) st = dflash_trainer_step(t, &norm, NULL);
+  int32_t *pred = malloc(sizeof(int32_t) * (size_t)q->na * c->block_size);
+  if (!st) st = dflash_trainer_predict(t, q->ids, q->len, q->hidden, q->anchors, q->na, pred);
+  free(pred);
+  snprintf(msg, cap, "%s", st ? dflash_last_error() : "");
+  dflash_trainer_free(t);
+  return st;
+}
+
+START_TEST(a_refused_launch_fails_naming_its_kernel) {
+  static const char *kernels[] = {
+      "f32_to_bf16", "rope_table", "positions", "gather_rows", "rms_fwd", "rope",
+      "swiglu_fwd", "ce_init", "ce_chunk", "ce_finish", "scatter_rows", "rms_dw_partial",
+      "rms_dw_reduce", "rms_bwd", "swiglu_bwd", "sumsq_partial", "sumsq_final", "scale",
+      "adamw", "argmax_chunk"};
+  dflash_drafter_config c;
+  small_config(&c);
+  g_seq q;
+  ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
+  char msg[1024];
+  ck_assert_msg(exercise(&c, &q, msg, sizeof msg) == DFLASH_OK, "no refusal: %s", msg);
+  for (size_t k = 0; k < sizeof kernels / sizeof *kernels; k++) {
+    dfemu_refuse_kernel(kernels[k]);
+    dflash_status st = exercise(&c, &q, msg, sizeof msg);
+    dfemu_refuse_kernel(NULL);
+    ck_assert_msg(st == DFLASH_E_CUDA && strstr(msg, kernels[k]),
+                  "kernel %s refused: status %d, \"%s\"", kernels[k], (int)st, msg);
+  }
+  g_seq_free(&q);
+}
+END_TEST
+
+/* ---- b: the trainer's device from any host thread ------------------------------------------ */
+
+typedef struct use_job {
+  dflash_trainer *t;
+  const g_seq *q;
+  double loss, norm;
+  float *grads, *params;
+  int32_t *pred;
+  dflash_status st;
+  char err[512];
+} use_job;
+
+static void *use_trainer(void *arg) {
+  use_job *j = arg;
+  const g_seq *q = j->q;
+  dflash_status st = dflash_trainer_forward_backward(j->t, q->ids, q->mask, q->len, q->hidden,
+                                                     q->anchors, q->na, &j->loss);
+  if (!st) st = dump_into(j->t, 1, j->grads);
+  if (!st) st = dflash_trainer_step(j->t, &j->norm, NULL);
+  if (!st) st = dump_into(j->t, 0, j->params);
+  if (!st) st = dflash_trainer_predict(j->t, q->ids, q->len, q->hidden, q->anchors, q->na,
+                                       j->pred);
+  j->st = st;
+  if (st) snprintf(j->err, sizeof j->err, "%s", dflash_last_error());
+  return NULL;
+}
+
+START_TEST(b_other_host_thread_uses_the_trainers_device) {
+  dflash_drafter_config c;
+  small_config(&c);
+  setenv("LOCAL_RANK", "1", 1);
+  dflash_trainer *t1 = make(&c, DFLASH_BACKEND_CUDA);
+  unsetenv("LOCAL_RANK");
+  dflash_trainer *t0 = make(&c, DFLASH_BACKEND_CUDA); /* this thread is on device 0 now */
+  g_seq q;
+  ck_assert_int_eq(g_seq_make(&c, 60, 6, 23, &q), 0);
+  size_t n = t0->m.n_params, np = (size_t)q.na * (c.block_size - 1);
+  use_job j[2];
+  for (int k = 0; k < 2; k++)
+    j[k] = (use_job){.t = k ? t1 : t0, .q = &q, .grads = calloc(n, 4),
+                     .params = calloc(n, 4), .pred = calloc(np, 4)};
+  use_trainer(&j[0]);
+  ck_assert_msg(!j[0].st, "device 0 on its own thread: %s", j[0].err);
+  pthread_t th;
+  pthread_create(&th, NULL, use_trainer, &j[1]);
+  pthread_join(th, NULL);
+  ck_assert_msg(!j[1].st, "device 1 from another thread: %s", j[1].err);
+  ck_assert_msg(j[1].loss == j[0].loss && j[1].norm == j[0].norm,
+                "device 1 from another thread: loss %.9g norm %.9g, device 0 %.9g %.9g",
+                j[1].loss, j[1].norm, j[0].loss, j[0].norm);
+  ck_assert_msg(!memcmp(j[0].grads, j[1].grads, 4 * n) &&
+                !memcmp(j[0].params, j[1].params, 4 * n) &&
+                !memcmp(j[0].pred, j[1].pred, 4 * np), "devices 0 and 1 disagree");
+  for (int k = 0; k < 2; k++) free(j[k].grads), free(j[k].params), free(j[k].pred);
+  g_seq_free(&q);
+  dflash_trainer_free(t0), dflash_trainer_free(t1);
+}
+END_TEST
+
+/* ---- c: predict on all-NaN logits --------------------------------------------------------- */
+
+START_TEST(c_predict_on_nan_rows_matches_the_cpu) {
+  dflash_drafter_config c;
+  small_config(&c);
+  dflash_trainer *t[2] = {make(&c, DFLASH_BACKEND_CPU), make(&c, DFLASH_BACKEND_CUDA)};
+  /* The final norm's weight NaN: every hidden row, so every logit, is NaN. */
+  size_t last = dflash_trainer_param_count(t[0]) - 1, numel;
+  const char *name;
+  dflash_trainer_param_info(t[0], last, &name, NULL, NULL, &numel);
+  float *w = malloc(4 * numel);
+  for (size_t i = 0; i < numel; i++) w[i] = NAN;
+  g_seq q;
+  ck_assert_int_eq(g_seq_make(&c, 60, 6, 24, &q), 0);
+  size_t np = (size_t)q.na * (c.block_size - 1);
+  int32_t *pred[2];
+  for (int k = 0; k < 2; k++) {
+    ck_assert_ok(dflash_trainer_set_param(t[k], name, w, numel));
+    pred[k] = malloc(4 * np);
+    memset(pred[k], 0x5a, 4 * np);
+    ck_assert_ok(dflash_trainer_predict(t[k], q.ids, q.len, q.hidden, q.anchors, q.na,
+                                        pred[k]));
+  }
+  for (size_t i = 0; i < np; i++)
+    ck_assert_msg(pred[1][i] == pred[0][i], "row %zu of NaN logits: CUDA predicts %d, CPU %d",
+                  i, pred[1][i], pred[0][i]);
+  free(pred[0]), free(pred[1]), free(w);
+  g_seq_free(&q);
+  dflash_trainer_free(t[0]), dflash_trainer_free(t[1]);
+}
+END_TEST
+
+/* ---- d, e: two ranks in processes ------------------------------------------------------------ */
+
+enum { N_SEQ = 4 };
+
+typedef struct shared_out {
+  int st;
+  char err[512];
+  double norm;
+  size_t peak_create, used_create;
+  uint64_t to_host_ckpt;
+} shared_out;
+
+/* Rank `rank` of `world`: sequences rank*k .. of N_SEQ, each scaled by its own 1/weight
+ * (world 1: all of them, by the global 1/weight). */
+static void run_rank(int rank, int world, int port, const g_seq *q, const double *w,
+                     shared_out *out, float *grads, const char *ckpt) {
+  dflash_drafter_config c;
+  small_config(&c);
+  char s[32];
+  if (world > 1) {
+    snprintf(s, sizeof s, "%d", rank);
+    setenv("RANK", s, 1), setenv("LOCAL_RANK", s, 1);
+    snprintf(s, sizeof s, "%d", world);
+    setenv("WORLD_SIZE", s, 1);
+    snprintf(s, sizeof s, "%d", port);
+    setenv("MASTER_PORT", s, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("DFLASH_DIST_TIMEOUT", "120", 1);
+  }
+  dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
+  dflash_trainer *t = NULL;
+  dflash_status st = make_opt(&c, DFLASH_BACKEND_CUDA, 1.0, &t);
+  dfemu_memory_stats(rank, &out->used_create, &out->peak_create, NULL, 1);
+  double W = 0;
+  for (int i = 0; i < N_SEQ; i++) W += w[i];
+  if (!st) st = dflash_trainer_zero_grad(t);
+  int per = N_SEQ / world;
+  for (int i = rank * per; !st && i < (rank + 1) * per; i++)
+    st = dflash_trainer_accumulate(t, q[i].ids, q[i].mask, q[i].len, q[i].hidden, q[i].anchors,
+                                   q[i].na, world > 1 ? 1.0 / w[i] : 1.0 / W, NULL, NULL);
+  if (!st) st = dflash_trainer_step(t, &out->norm, NULL);
+  if (!st) st = dump_into(t, 1, grads);
+  (void)ckpt;
+  out->st = (int)st;
+  if (st) snprintf(out->err, sizeof out->err, "%s", dflash_last_error());
+  dflash_trainer_free(t);
+}
+
+START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
+  dflash_drafter_config c;
+  small_config(&c);
+  dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU);
+  size_t n = cpu->m.n_params;
+  g_seq q[N_SEQ];
+  double w[N_SEQ];
+  static const int lens[N_SEQ] = {70, 40, 64, 90}, nas[N_SEQ] = {6, 2, 5, 8};
+  for (int i = 0; i < N_SEQ; i++) {
+    ck_assert_int_eq(g_seq_make(&c, lens[i], nas[i], 41 + i, &q[i]), 0);
+    ck_assert_ok(dflash_trainer_weight_sum(cpu, q[i].mask, q[i].len, q[i].anchors, q[i].na,
+                                           &w[i]));
+  }
+  dflash_trainer_free(cpu);
+  /* One rank with the global batch (index 0), two ranks (1, 2), in shared memory. */
+  size_t bytes = 3 * (sizeof(shared_out) + 4 * n);
+  char *shm = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(shm, MAP_FAILED);
+  memset(shm, 0, bytes);
+  shared_out *out = (shared_out *)shm;
+  float *grads = (float *)(shm + 3 * sizeof(shared_out));
+  char *dir = df_test_tmpdir(), *ckpt = synth_path(dir, "ckpt");
+  int port = synth_free_port();
+  pid_t pid[3];
+  for (int k = 0; k < 3; k++) {
+    fflush(NULL);
+    pid[k] = fork();
+    ck_assert_int_ge(pid[k], 0);
+    if (pid[k] == 0) {
+      run_rank(k ? k - 1 : 0, k ? 2 : 1, port, q, w, &out[k], grads + k * n, k ? ckpt : NULL);
+      _exit(0);
+    }
+    if (k == 0) ck_assert_int_eq(synth_wait(pid[0], 300), 0); /* the device-0 run first */
+  }
+  for (int k = 1; k < 3; k++) ck_assert_int_eq(synth_wait(pid[k], 300), 0);
+  for (int k = 0; k < 3; k++) ck_assert_msg(!out[k].st, "run %d: %s", k, out[k].err);
+  printf("2 ranks vs 1: norm %.9g %.9g vs %.9g; get_grad rel. diff %.2e, %.2e\n", out[1].norm,
+         out[2].norm, out[0].norm, rel_diff(grads + n, grads, n),
+         rel_diff(grads + 2 * n, grads, n));
+  /* d: the norm over the reduced gradient, and get_grad returns it whole on every rank. */
+  for (int k = 1; k < 3; k++) {
+    ck_assert_msg(fabs(out[k].norm - out[0].norm) <= 1e-3 * out[0].norm,
+                  "rank %d: norm %.9g, one rank %.9g", k - 1, out[k].norm, out[0].norm);
+    double d = rel_diff(grads + k * n, grads, n);
+    ck_assert_msg(d <= 1e-2, "rank %d: get_grad after the step differs from one rank's by %.2e",
+                  k - 1, d);
+  }
+  munmap(shm, bytes);
+  for (int i = 0; i < N_SEQ; i++) g_seq_free(&q[i]);
+  df_test_rmtree(dir);
+  free(ckpt), free(dir);
+}
+END_TEST
+
+int main(void) {
+  setenv("DFLASH_EMU_DEVICES", "2", 1);
+  unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE"), unsetenv("DFLASH_NCCL");
+  Suite *s = suite_create("cuda_emu_defects");
+  TCase *tc = tcase_create("defects");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, a_refused_launch_fails_naming_its_kernel);
+  tcase_add_test(tc, b_other_host_thread_uses_the_trainers_device);
+  tcase_add_test(tc, c_predict_on_nan_rows_matches_the_cpu);
+  tcase_add_test(tc, d_e_two_ranks_scaling_each_sequence_equal_one_rank);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
