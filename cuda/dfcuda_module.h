@@ -36,7 +36,11 @@ typedef struct df_cu_host {
 
 #define DF_CU_MODULE_N_SIZES 8
 
-/* dfcuda.h as a table: each entry is the function of the same name there. */
+/* dfcuda.h as a table: each entry is the function of the same name there. A function added
+ * to dfcuda.h gets an entry here, in cuda/module.c's table and a forwarder in
+ * src/train/cuda_module.c; without the forwarder libdflash's link fails (undefined df_cu_*),
+ * and a library call added to a .cu file without a forwarder in module.c fails the
+ * module's. */
 typedef struct df_cu_module {
   uint32_t abi;                        /* DF_CU_MODULE_ABI */
   const char *version;                 /* DFLASH_VERSION_STRING */
@@ -47,6 +51,7 @@ typedef struct df_cu_module {
   void (*free)(df_cu_model *m);
   dflash_status (*zero_grad)(df_cu_model *m);
   dflash_status (*accumulate)(df_cu_model *m, const df_cu_batch *b, float *row_loss);
+  dflash_status (*scale_grads)(df_cu_model *m, double k);
   dflash_status (*predict)(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
   dflash_status (*step)(df_cu_model *m, const df_cu_adam *a, double *norm);
   dflash_status (*copy)(df_cu_model *m, int kind, float *host, int to_host);

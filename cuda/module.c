@@ -42,6 +42,7 @@ static const df_cu_module table = {
     .free = df_cu_free,
     .zero_grad = df_cu_zero_grad,
     .accumulate = df_cu_accumulate,
+    .scale_grads = df_cu_scale_grads,
     .predict = df_cu_predict,
     .step = df_cu_step,
     .copy = df_cu_copy,

@@ -161,6 +161,8 @@ dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_
   FORWARD(accumulate(m, b, row_loss));
 }
 
+dflash_status df_cu_scale_grads(df_cu_model *m, double k) { FORWARD(scale_grads(m, k)); }
+
 dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
   FORWARD(predict(m, b, pred));
 }
