@@ -1,16 +1,20 @@
 // The emulated CUDA device (cuda/emu) checked on its own: thread-order shuffling finds a
 // missing barrier, warp shuffles and votes under shuffled lanes, shared-memory poison, launch
 // limits, bounds-checked copies, stream order, events, cuBLAS's checks and arithmetic, NCCL
-// across ranks in threads, bf16 and fp8 conversions against src/train/bf16.h, and (in child
-// processes) the faults it aborts on. Suite 'cuda-emu'.
+// across ranks in threads, bf16 and fp8 conversions against src/train/bf16.h, WMMA fragments
+// (products, a layout-dependent read shown wrong, NaN until loaded), and (in child processes)
+// the faults it aborts on, WMMA misuse among them. Suite 'cuda-emu'.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <mma.h>
 
 #include "common.cuh"
 #include "nccl.h"
@@ -37,6 +41,82 @@ static T *dev_alloc(size_t n) {
 }
 
 // ---- kernels ------------------------------------------------------------------------------
+// ---- WMMA (mma.h) ---------------------------------------------------------------------------
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBt;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+// C [32 x 32] = A [32 x 48] B^T (B stored [32 x 48], so col_major) + C0, one 16x16 tile of C
+// per warp (4 warps), C0 loaded col-major, C stored row-major: every load/store flavour.
+__global__ void wmma_gemm(float *C, const bf16 *A, const bf16 *B, const float *C0) {
+  int w = threadIdx.x / 32, m0 = w / 2 * 16, n0 = w % 2 * 16;
+  FragC c;
+  wmma::load_matrix_sync(c, C0 + n0 * 32 + m0, 32, wmma::mem_col_major);
+  for (int k0 = 0; k0 < 48; k0 += 16) {
+    FragA a;
+    FragBt b;
+    wmma::load_matrix_sync(a, A + m0 * 48 + k0, 48);
+    wmma::load_matrix_sync(b, B + n0 * 48 + k0, 48);
+    wmma::mma_sync(c, a, b, c);
+  }
+  for (int i = 0; i < c.num_elements; i++) c.x[i] *= 2.0f; // element-wise: any mapping
+  wmma::store_matrix_sync(C + m0 * 32 + n0, c, 32, wmma::mem_row_major);
+}
+
+// Reads an accumulator's x[i] as sm_80's documented-nowhere layout (row lane / 4 + 8 * (i / 2
+// % 2), column lane % 4 * 2 + i % 2 + 8 * (i / 4)): code that relies on a layout.
+__global__ void wmma_assumes_layout(float *out, const float *in) {
+  FragC c;
+  wmma::load_matrix_sync(c, in, 16, wmma::mem_row_major);
+  int lane = threadIdx.x % 32;
+  for (int i = 0; i < c.num_elements; i++) {
+    int r = lane / 4 + 8 * (i / 2 % 2), col = lane % 4 * 2 + i % 2 + 8 * (i / 4);
+    out[r * 16 + col] = c.x[i];
+  }
+}
+
+__global__ void wmma_unfilled(float *out) {
+  FragC c; // neither loaded nor filled
+  FragA a;
+  FragBt b;
+  wmma::fill_fragment(a, __float2bfloat16(1.0f));
+  wmma::fill_fragment(b, __float2bfloat16(1.0f));
+  wmma::mma_sync(c, a, b, c);
+  wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+}
+
+// Misuse, each aborting on the emulator (and undefined on the hardware); 32 threads, out
+// holds 64 floats (256-byte aligned).
+__global__ void wmma_bad_ldm(float *out) {
+  FragC c;
+  wmma::load_matrix_sync(c, out, 18, wmma::mem_row_major); // not a multiple of 4 floats
+}
+__global__ void wmma_bad_align(float *out) {
+  FragC c;
+  wmma::load_matrix_sync(c, out + 4, 16, wmma::mem_row_major); // 16 bytes off
+}
+__global__ void wmma_lane_missing(float *out) {
+  FragC c;
+  wmma::fill_fragment(c, 0.0f);
+  if (threadIdx.x % 32 < 31) wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+}
+__global__ void wmma_lanes_disagree(float *out) {
+  FragC c;
+  wmma::fill_fragment(c, 0.0f);
+  wmma::store_matrix_sync(out + (threadIdx.x % 2) * 8, c, 16, wmma::mem_row_major);
+}
+__global__ void wmma_lanes_differ_in_op(float *out) {
+  FragC c;
+  if (threadIdx.x % 2) wmma::load_matrix_sync(c, out, 16, wmma::mem_row_major);
+  else wmma::fill_fragment(c, 0.0f), wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+}
+__global__ void wmma_partial_warp(float *out) { // launched with 16 threads
+  FragC c;
+  wmma::fill_fragment(c, 0.0f);
+  wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+}
+
 // A block-wide sum through a shared-memory tree: `barrier` 0 leaves out the __syncthreads
 // between the levels of the tree (a classic bug).
 __global__ void tree_sum(const float *x, float *out, int n, int barrier) {
@@ -494,6 +574,68 @@ static void test_conversions() {
   CHECK(bad == 0, "%d conversions differ from src/train/bf16.h", bad);
 }
 
+static void test_wmma() {
+  std::vector<uint16_t> ha(32 * 48), hb(32 * 48);
+  std::vector<float> hc0(32 * 32), ref(32 * 32);
+  for (int i = 0; i < 32 * 48; i++) {
+    ha[i] = df_f32_to_bf16((float)((i * 7) % 13 - 6) / 4.0f);
+    hb[i] = df_f32_to_bf16((float)((i * 5) % 11 - 5) / 8.0f);
+  }
+  for (int i = 0; i < 32 * 32; i++) hc0[i] = (float)(i % 9) - 4.0f; // stored col-major
+  for (int m = 0; m < 32; m++)
+    for (int n = 0; n < 32; n++) {
+      double acc = hc0[n * 32 + m];
+      for (int k = 0; k < 48; k++)
+        acc += (double)df_bf16_to_f32(ha[m * 48 + k]) * df_bf16_to_f32(hb[n * 48 + k]);
+      ref[m * 32 + n] = (float)(2 * acc); // every partial sum is exact in fp32
+    }
+  bf16 *A = dev_alloc<bf16>(32 * 48), *B = dev_alloc<bf16>(32 * 48);
+  float *C0 = dev_alloc<float>(32 * 32), *C = dev_alloc<float>(32 * 32);
+  cudaMemcpy(A, ha.data(), 2 * ha.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(B, hb.data(), 2 * hb.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(C0, hc0.data(), 4 * hc0.size(), cudaMemcpyHostToDevice);
+  int layout_wrong = 0, seeds = 4, mapping_differs = 0;
+  float *in = dev_alloc<float>(256), *out = dev_alloc<float>(256);
+  std::vector<float> hin(256), hout(256);
+  for (int i = 0; i < 256; i++) hin[i] = (float)i;
+  cudaMemcpy(in, hin.data(), 1024, cudaMemcpyHostToDevice);
+  int first[8];
+  for (int s = 1; s <= seeds; s++) {
+    dfemu::set_seed((uint64_t)s * 104729);
+    std::vector<float> hgot(32 * 32, NAN);
+    DF_LAUNCH(1, 128, 0, nullptr, wmma_gemm)(C, A, B, C0);
+    cudaMemcpy(hgot.data(), C, 4 * hgot.size(), cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (int i = 0; i < 32 * 32; i++) bad += hgot[i] != ref[i];
+    CHECK(bad == 0, "seed %d: %d of 1024 WMMA products differ from the reference", s, bad);
+    cudaMemset(out, 0, 1024);
+    DF_LAUNCH(1, 32, 0, nullptr, wmma_assumes_layout)(out, in);
+    cudaMemcpy(hout.data(), out, 1024, cudaMemcpyDeviceToHost);
+    int misplaced = 0;
+    for (int i = 0; i < 256; i++) misplaced += hout[i] != hin[i];
+    layout_wrong += misplaced > 0;
+    int same = 0;
+    for (int i = 0; i < 8; i++) {
+      int e = dfemu::frag_element(dfemu::FRAG_ACC, 0, i);
+      if (s == 1) first[i] = e;
+      same += first[i] == e;
+    }
+    mapping_differs += s > 1 && same < 8;
+  }
+  dfemu::set_seed(0);
+  printf("wmma: products exact under %d mappings; code assuming a fragment layout wrong under "
+         "%d of %d\n", seeds, layout_wrong, seeds);
+  CHECK(layout_wrong == seeds, "code that assumes a fragment layout was right under %d seeds",
+        seeds - layout_wrong);
+  CHECK(mapping_differs == seeds - 1, "the element mapping did not change with the seed");
+  DF_LAUNCH(1, 32, 0, nullptr, wmma_unfilled)(out);
+  cudaMemcpy(hout.data(), out, 1024, cudaMemcpyDeviceToHost);
+  int nan = 0;
+  for (int i = 0; i < 256; i++) nan += std::isnan(hout[i]);
+  CHECK(nan == 256, "an accumulator never loaded nor filled gave %d NaN of 256", nan);
+  cudaFree(A), cudaFree(B), cudaFree(C0), cudaFree(C), cudaFree(in), cudaFree(out);
+}
+
 // One element past its allocation: ASan reports it at once, without ASan the canary behind
 // every device allocation does at cudaFree.
 __global__ void write_past_end(float *p, int n) {
@@ -516,19 +658,32 @@ static void expect_oob_caught() {
         "unnoticed");
 }
 
-// A fault the hardware would hang on: the child aborts with a message naming it.
-static void expect_abort(const char *what, void (*k)(float *)) {
+// A fault the hardware would hang on: the child aborts with a message naming it (`says`,
+// when given, is looked for in what it writes to stderr).
+static void expect_abort(const char *what, void (*k)(float *), int threads = 32,
+                         const char *says = nullptr) {
   fflush(stdout);
+  int fd[2];
+  if (pipe(fd)) abort();
   pid_t pid = fork();
   if (pid == 0) {
+    close(fd[0]);
+    dup2(fd[1], 2);
     float *out = dev_alloc<float>(64);
-    DF_LAUNCH(1, 32, 0, nullptr, k)(out);
+    DF_LAUNCH(1, threads, 0, nullptr, k)(out);
     cudaDeviceSynchronize();
     _exit(0);
   }
+  close(fd[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) err.append(buf, (size_t)n);
+  close(fd[0]);
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "%s was not caught (status %d)", what, st);
+  CHECK(!says || err.find(says) != std::string::npos, "%s: the report does not say \"%s\": %s",
+        what, says, err.c_str());
 }
 
 int main() {
@@ -546,6 +701,15 @@ int main() {
   expect_abort("__syncthreads in divergent code", divergent_barrier);
   expect_abort("a shuffle whose lanes wait at __syncthreads", warp_op_vs_barrier);
   expect_oob_caught();
+  test_wmma();
+  expect_abort("a WMMA ldm of 18 floats", wmma_bad_ldm, 32, "ldm 18 is not a multiple of 4");
+  expect_abort("a WMMA pointer 16 bytes off", wmma_bad_align, 32, "not 256-bit");
+  expect_abort("a WMMA store one lane skips", wmma_lane_missing, 32, "every lane of the warp");
+  expect_abort("WMMA lanes passing different pointers", wmma_lanes_disagree, 32,
+               "must be the same on every lane");
+  expect_abort("WMMA lanes at a load and a store", wmma_lanes_differ_in_op, 32,
+               "wmma::store_matrix_sync");
+  expect_abort("WMMA in a partial warp", wmma_partial_warp, 16, "every lane of the warp");
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }
