@@ -30,6 +30,9 @@ else meson setup "$build" -Dcuda=enabled -Dtests=enabled -Dpython=disabled -Dbui
 grep -E "nccl|Cuda compiler" "$out/setup.log" | tee -a "$out/summary.txt"
 timeout 300 ninja -C "$build" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
 log "build ok"
+# The test programs link libdflash's internal archive, not libdflash.so: tell them where the
+# CUDA backend module is (src/train/cuda_module.c; libdflash.so finds it beside itself).
+if [ -f "$build/libdflash-cuda.so" ]; then export DFLASH_CUDA_MODULE="$PWD/$build/libdflash-cuda.so"; fi
 
 # 2. parity (fresh seed each run; DFLASH_GPU_SEED=N reproduces one)
 timeout 120 "$build/tests/gpu/gpu_parity" 2>&1 | tee "$out/parity.txt"
