@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "tokenizer"))
 sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
 
 import corpus  # noqa: E402
-import dflash  # noqa: E402
+import libdflash  # noqa: E402
 
 
 SPECIALS = {"cl100k": {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
@@ -99,7 +99,7 @@ def main():
                 continue
             ref = tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=ranks[name],
                                     special_tokens=SPECIALS[name])
-            with dflash.Tokenizer(path) as ours:
+            with libdflash.Tokenizer(path) as ours:
                 bad += bench_pair(name, "tiktoken", lambda s: ref.encode(s, allowed_special="all"),
                                   lambda ds: ref.encode_batch(ds, allowed_special="all",
                                                               num_threads=threads),
@@ -110,7 +110,7 @@ def main():
                                           ranks["o200k"])
                 ref = tiktoken.Encoding("kimi", pat_str=ot.KIMI, mergeable_ranks=ranks["o200k"],
                                         special_tokens=specials)
-                with dflash.Tokenizer(d) as ours:
+                with libdflash.Tokenizer(d) as ours:
                     bad += bench_pair("kimi-k2 pattern (o200k ranks)", "tiktoken",
                                       lambda s: ref.encode(s, allowed_special="all"),
                                       lambda ds: ref.encode_batch(ds, allowed_special="all",
@@ -123,7 +123,7 @@ def main():
     qdir = os.path.join(args.fixtures, "tokenizers", "qwen2")
     if oh and os.path.isdir(qdir) and (not only or "qwen2" in only):
         ref = oh.build(qdir, oh.QWEN2)
-        with dflash.Tokenizer(qdir) as ours:
+        with libdflash.Tokenizer(qdir) as ours:
             bad += bench_pair("qwen2", "HF tokenizers",
                               lambda s: ref.encode(s, add_special_tokens=False).ids,
                               lambda ds: [e.ids for e in ref.encode_batch(ds, add_special_tokens=False)],

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
 
 import torch  # noqa: E402
 import torch_drafter as ref  # noqa: E402
-from dflash.train import Trainer  # noqa: E402
+from libdflash.train import Trainer  # noqa: E402
 
 CFG = {
     "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,

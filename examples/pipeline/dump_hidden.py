@@ -1,5 +1,5 @@
 """Dump the target's hidden states for every sample of a tokenized dataset
-into a libdflash hidden-state store (dflash.HiddenWriter).
+into a libdflash hidden-state store (libdflash.HiddenWriter).
 
     python dump_hidden.py --data out/data/train --out out/hidden/train --layers 1,14,27
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dflash  # noqa: E402
+import libdflash  # noqa: E402
 from target import Target  # noqa: E402
 
 
@@ -58,8 +58,8 @@ def main():
     t = Target()
     body = truncated(t.model(), max(layers))
     t0, tokens = time.time(), 0
-    with dflash.Dataset(a.data) as ds, \
-            dflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
+    with libdflash.Dataset(a.data) as ds, \
+            libdflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
                                 dtype="bf16") as w:
         n = len(ds)
         for i, (sid, ids, _mask) in enumerate(ds):

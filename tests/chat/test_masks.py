@@ -31,8 +31,8 @@ except ImportError as e:
     print("SKIP:", e)
     sys.exit(77)
 
-import dflash  # noqa: E402
-from dflash.chat import ChatTemplate  # noqa: E402
+import libdflash  # noqa: E402
+from libdflash.chat import ChatTemplate  # noqa: E402
 
 QWEN_PAT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -159,7 +159,7 @@ def main():
             sub = "clean" if any(msgs is c for c, _ in clean) else "all"
             try:
                 r = tmpl.render_full(msgs, tools=tools)
-            except dflash.Error:
+            except libdflash.Error:
                 continue
             pieces = tok.pieces(r.text)
             if b"".join(pieces) != r.data:  # NFC changed the text: offsets would not apply

@@ -22,8 +22,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import gen_conversations  # noqa: E402
 import hf_jinja  # noqa: E402
 
-import dflash  # noqa: E402
-from dflash.chat import ChatTemplate  # noqa: E402
+import libdflash  # noqa: E402
+from libdflash.chat import ChatTemplate  # noqa: E402
 
 KIMI = ("kimi-k2-thinking", "kimi-k2.5", "kimi-k2.6")
 QWEN = ("qwen3", "qwen3.5", "qwen3.6")
@@ -69,7 +69,7 @@ def jinja_kwargs(name, o):
 def c_render(tmpl, msgs, tools, **o):
     try:
         return tmpl.render_full(msgs, tools=tools, **o), None
-    except dflash.Error as e:
+    except libdflash.Error as e:
         return None, e.message
 
 

@@ -27,7 +27,7 @@ except ImportError as e:
     print("SKIP:", e)
     sys.exit(77)
 
-from dflash.chat import ChatTemplate  # noqa: E402
+from libdflash.chat import ChatTemplate  # noqa: E402
 
 CLI = os.environ.get("DFLASH_CLI")
 TOK = hf_jinja.fixtures_dir() / "tokenizers" / "qwen2"

@@ -33,9 +33,9 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import gen_conversations  # noqa: E402
 import hf_jinja  # noqa: E402
 
-import dflash  # noqa: E402
-from dflash.chat import ChatTemplate  # noqa: E402
-from dflash.chat_tools import tools_typescript  # noqa: E402
+import libdflash  # noqa: E402
+from libdflash.chat import ChatTemplate  # noqa: E402
+from libdflash.chat_tools import tools_typescript  # noqa: E402
 
 REF = hf_jinja.load_tools_ts()
 if REF is None:
@@ -284,7 +284,7 @@ def ref_encode(tools):
 def c_encode(tools, sort_keys):
     try:
         return tools_typescript(tools, sort_keys=sort_keys), None
-    except dflash.Error as e:
+    except libdflash.Error as e:
         return None, e
 
 
@@ -367,7 +367,7 @@ def render_check(stats, failures, ref, n, rng):
             try:
                 c = ChatTemplate(name).render_full(msgs, tools=tools, **o).text
                 cerr = None
-            except dflash.Error as e:
+            except libdflash.Error as e:
                 c, cerr = None, e
             try:
                 j = ref.render(name, hf_jinja.normalize(name, msgs), tools=tools,

@@ -251,11 +251,11 @@ def test_train_reads_and_writes_s3(tmp_path, monkeypatch):
     if CLI_ONLY:
         pytest.skip("needs the Python bindings (not loadable in sanitizer builds)")
     pytest.importorskip("numpy")
-    import dflash
+    import libdflash
     sys.path.insert(0, os.path.join(ROOT, "bindings", "python", "tests"))
     import test_train_cli as ttc
 
-    real = dflash.HiddenWriter
+    real = libdflash.HiddenWriter
 
     class Tee:
         """Every hidden store goes to disk and, through the library, to S3 in small shards."""
@@ -276,7 +276,7 @@ def test_train_reads_and_writes_s3(tmp_path, monkeypatch):
             self.a.close()
             self.b.close()
 
-    monkeypatch.setattr(ttc.dflash, "HiddenWriter", Tee)
+    monkeypatch.setattr(ttc.libdflash, "HiddenWriter", Tee)
     ttc.make_world(tmp_path, n_train=24, n_test=6)
     shards = [k for k in keys("train/train-hidden/") if k.endswith(".safetensors")]
     assert len(shards) >= 3, shards
@@ -362,11 +362,11 @@ def test_stage_errors_name_url_not_secret(tmp_path):
         "head_dim": 8, "vocab_size": 17, "num_target_layers": 8, "block_size": 4,
         "dflash_config": {"mask_token_id": 16, "target_layer_ids": [3]}}))
     np = pytest.importorskip("numpy")
-    import dflash
-    from dflash.hidden import write_dataset
+    import libdflash
+    from libdflash.hidden import write_dataset
     write_dataset(url("err/data"), [("s0", np.arange(40, dtype=np.int32) % 16,
                                      np.ones(40, np.uint8))])
-    with dflash.HiddenWriter(url("err/hidden"), num_layers=1, hidden_size=32) as w:
+    with libdflash.HiddenWriter(url("err/hidden"), num_layers=1, hidden_size=32) as w:
         w.append("s0", np.ones((40, 32), np.float32))
     for target, data, want in ((url("err/not.safetensors"), url("err/data"),
                                 url("err/not.safetensors")),

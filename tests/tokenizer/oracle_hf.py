@@ -18,7 +18,7 @@ try:
     from tokenizers.models import BPE
 except ImportError:
     skip("tokenizers is not installed")
-import dflash
+import libdflash
 
 QWEN2 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
          r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -134,7 +134,7 @@ def main():
           f"({sum(len(d.encode()) for d in docs) / 1e6:.1f} MB per tokenizer), {len(bad)} invalid")
     tally = Tally()
     qwen2 = build(vocab_dir, QWEN2)
-    with dflash.Tokenizer(vocab_dir) as ours:  # vocab.json + merges.txt + config, as shipped
+    with libdflash.Tokenizer(vocab_dir) as ours:  # vocab.json + merges.txt + config, as shipped
         assert ours.vocab_size == qwen2.get_vocab_size(), (ours.vocab_size, qwen2.get_vocab_size())
         assert ours.token_to_id("<|im_end|>") == 151645 and ours.is_special(151645)
         compare(tally, "qwen2 directory", ours, qwen2, strings, docs, bad)
@@ -147,7 +147,7 @@ def main():
             path = os.path.join(tmp, f"tokenizer{i}.json")
             ref.save(path)
             small_docs = docs if i == 0 else docs[: max(1, len(docs) // 4)]
-            with dflash.Tokenizer(path, pattern=pattern) as ours:
+            with libdflash.Tokenizer(path, pattern=pattern) as ours:
                 compare(tally, name, ours, ref, strings, small_docs, bad)
         # a vocabulary missing single bytes: HF drops them from each piece before merging
         # (after the whole-piece lookup of ignore_merges)
@@ -155,13 +155,13 @@ def main():
                                          ("qwen2 missing bytes ignore_merges", 2))):
             path = os.path.join(tmp, f"gaps{j}.json")
             without_bytes(os.path.join(tmp, f"tokenizer{src}.json"), path, GAP_BYTES)
-            with dflash.Tokenizer(path) as ours:
+            with libdflash.Tokenizer(path) as ours:
                 compare(tally, name, ours, Tokenizer.from_file(path), strings + GAP_STRINGS,
                         docs[: max(1, len(docs) // 4)], bad)
         # the PCRE2 path (scanners off) on the same strings
         os.environ["DFLASH_TOKENIZER_NO_SCANNER"] = "1"
         for i in (0, 1):
-            with dflash.Tokenizer(os.path.join(tmp, f"tokenizer{i}.json")) as ours:
+            with libdflash.Tokenizer(os.path.join(tmp, f"tokenizer{i}.json")) as ours:
                 name, ref = variants[i][0], variants[i][1]
                 tally.check(f"{name} regex path strings", ours.encode_batch(strings),
                             hf_encode(ref, strings, "all"), strings)
@@ -175,11 +175,11 @@ def main():
             ref = build_split(vocab_dir, pattern, behavior, invert)
             path = os.path.join(tmp, f"split{k}.json")
             ref.save(path)
-            with dflash.Tokenizer(path) as ours:
+            with libdflash.Tokenizer(path) as ours:
                 name = f"Split {behavior} invert={invert} {'regex' if k < 8 or k == 9 else 'literal'}"
                 tally.check(name, ours.encode_batch(strings), hf_encode(ref, strings, "all"), strings)
         # the named pattern on the vocab directory equals the regex spelled in tokenizer.json
-        with dflash.Tokenizer(vocab_dir, pattern="qwen3.5") as ours:
+        with libdflash.Tokenizer(vocab_dir, pattern="qwen3.5") as ours:
             ref = variants[1][1]
             tally.check("qwen3.5 named pattern on the directory", ours.encode_batch(strings),
                         hf_encode(ref, strings, "all"), strings)

@@ -22,7 +22,7 @@ try:
     import target
 except ImportError as exc:
     skip(f"needs tokenizers, gguf and the example's target.py: {exc}")
-import dflash
+import libdflash
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
         with open(file, "w", encoding="utf-8") as f:
             json.dump(doc, f, ensure_ascii=False)
         ref = Tokenizer.from_file(file)
-        with dflash.Tokenizer(file) as ours:
+        with libdflash.Tokenizer(file) as ours:
             assert ours.vocab_size == ref.get_vocab_size(), (ours.vocab_size, ref.get_vocab_size())
             compare(tally, "smollm2 tokenizer.json (GGUF)", ours, ref, strings, docs, bad)
     sys.exit(tally.finish())

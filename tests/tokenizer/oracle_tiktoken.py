@@ -17,7 +17,7 @@ try:
     import tiktoken
 except ImportError:
     skip("tiktoken is not installed")
-import dflash
+import libdflash
 
 CL100K = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++"""
           r"""[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
@@ -73,7 +73,7 @@ def regex_path(path):
     """The same tokenizer with the hand-written scanners off (PCRE2 only)."""
     os.environ["DFLASH_TOKENIZER_NO_SCANNER"] = "1"
     try:
-        return dflash.Tokenizer(path)
+        return libdflash.Tokenizer(path)
     finally:
         del os.environ["DFLASH_TOKENIZER_NO_SCANNER"]
 
@@ -141,14 +141,14 @@ def main():
                                special_tokens={"<|endoftext|>": 100257, "<|fim_prefix|>": 100258,
                                                "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260,
                                                "<|endofprompt|>": 100276})
-    with dflash.Tokenizer(paths["cl100k"]) as ours:
+    with libdflash.Tokenizer(paths["cl100k"]) as ours:
         assert ours.vocab_size == cl_ref.n_vocab, (ours.vocab_size, cl_ref.n_vocab)
         compare(tally, "cl100k", ours, cl_ref, strings, docs, bad)
     compare_regex_path(tally, "cl100k", paths["cl100k"], cl_ref, strings, docs[:len(docs) // 4])
     o_ranks = load_ranks(paths["o200k"])
     o_ref = tiktoken.Encoding("o200k_base", pat_str=O200K, mergeable_ranks=o_ranks,
                               special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018})
-    with dflash.Tokenizer(paths["o200k"]) as ours:
+    with libdflash.Tokenizer(paths["o200k"]) as ours:
         assert ours.vocab_size == o_ref.n_vocab
         compare(tally, "o200k", ours, o_ref, strings, docs, bad)
     compare_regex_path(tally, "o200k", paths["o200k"], o_ref, strings, docs[:len(docs) // 4])
@@ -156,7 +156,7 @@ def main():
         d, specials = kimi_dir(tmp, paths["o200k"], o_ranks)
         k_ref = tiktoken.Encoding("kimi", pat_str=KIMI, mergeable_ranks=o_ranks,
                                   special_tokens=specials)
-        with dflash.Tokenizer(d) as ours:
+        with libdflash.Tokenizer(d) as ours:
             assert ours.vocab_size == len(o_ranks) + 256
             assert ours.id_to_token(len(o_ranks) + 2) == b"<|im_end|>"
             assert ours.id_to_token(len(o_ranks) + 5) == f"<|reserved_token_{len(o_ranks) + 5}|>".encode()

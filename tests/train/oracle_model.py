@@ -26,8 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import torch_drafter as ref  # noqa: E402
-import dflash  # noqa: E402
-from dflash.train import Trainer  # noqa: E402
+import libdflash  # noqa: E402
+from libdflash.train import Trainer  # noqa: E402
 
 GRAD_TOL = 1e-4
 LOSS_TOL = 1e-5
@@ -91,7 +91,7 @@ def run_case(name, cfg, S, anchors, mask_holes, gamma, vocab_chunk, seed):
         grads_c = tr.gradients()
 
     Pt = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in P.items()}
-    g_eff = gamma if gamma != 0 else dflash.train.default_loss_gamma(ref.block_size(cfg))
+    g_eff = gamma if gamma != 0 else libdflash.train.default_loss_gamma(ref.block_size(cfg))
     loss_t = ref.loss_fn(cfg, Pt, torch.tensor(embed, dtype=torch.float64),
                          torch.tensor(lm_head, dtype=torch.float64), torch.tensor(ids),
                          torch.tensor(loss_mask), torch.tensor(hidden, dtype=torch.float64),

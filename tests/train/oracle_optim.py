@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import torch_drafter as ref  # noqa: E402
 from oracle_model import make_config, random_params  # noqa: E402
-from dflash.train import Trainer  # noqa: E402
+from libdflash.train import Trainer  # noqa: E402
 
 OPT = dict(lr=3e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, adam_eps=1e-8, grad_clip=0.5,
            warmup_ratio=0.25, total_steps=8, min_lr_ratio=0.0)

@@ -5,7 +5,7 @@ YaRN, partial_rotary_factor), libdflash saves a checkpoint (config.json +
 model.safetensors, float32) and then:
 
 1. the reference model -- class DFlashDraftModel of PyPI dflash==0.1.0, its
-   model.py loaded by path (it imports only torch and transformers) --
+   `import dflash.model` (beside the bindings, now `libdflash`) --
    loads it with from_pretrained and strict key matching (no missing,
    unexpected or mismatched key; load_state_dict(strict=True) as well);
 2. its float32 logits for whole blocks equal dflash_trainer_logits: for an
@@ -84,10 +84,7 @@ except ImportError as exc:  # pragma: no cover
     sys.exit(77)
 
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
-try:  # the bindings' import name (issue 14 renames it to libdflash)
-    lib = importlib.import_module("libdflash")
-except ImportError:
-    lib = importlib.import_module("dflash")
+lib = importlib.import_module("libdflash")
 if not os.path.abspath(lib.__file__).startswith(os.path.join(ROOT, "bindings", "python")):
     print(f"FAIL: imported {lib.__file__}, not libdflash's bindings from this tree")
     sys.exit(1)
@@ -99,16 +96,19 @@ SPECULATORS_VERSION = "0.9.0"
 
 
 def load_reference_module():
-    """z-lab's dflash/model.py from the installed distribution, loaded by path
-    (the import name `dflash` may be libdflash's bindings on sys.path)."""
+    """z-lab's dflash.model, imported by its own name: libdflash's bindings are
+    `libdflash`, so `import dflash` beside them must find z-lab's package (a
+    failure here means the bindings shadow it again)."""
     dist = importlib.metadata.distribution("dflash")
     if dist.version != ZLAB_VERSION:
         raise RuntimeError(f"dflash {dist.version} is installed; the oracle pins {ZLAB_VERSION}")
-    path = dist.locate_file("dflash/model.py")
-    spec = importlib.util.spec_from_file_location("zlab_dflash_model", str(path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, str(path)
+    mod = importlib.import_module("dflash.model")
+    path = os.path.realpath(mod.__file__)
+    expected = os.path.realpath(str(dist.locate_file("dflash/model.py")))
+    if path != expected:
+        print(f"FAIL: `import dflash` found {path}, not z-lab's {expected}")
+        sys.exit(1)
+    return mod, path
 
 
 # ---- configurations -------------------------------------------------------------

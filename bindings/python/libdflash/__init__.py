@@ -5,9 +5,9 @@ where the C API allows.
 
 Errors
 ------
-Every failing library call raises a subclass of `dflash.Error` that also
+Every failing library call raises a subclass of `libdflash.Error` that also
 derives from the built-in exception a Python user would expect, so both
-`except dflash.Error` and, say, `except FileNotFoundError` catch it. Each
+`except libdflash.Error` and, say, `except FileNotFoundError` catch it. Each
 carries `.status` (the dflash_status name), `.code` (its number) and
 `.message` (the library's detail: the file, line, tensor, id or URL at fault);
 str(e) is "STATUS: message". OSError kinds also set `.errno` where one fits.
@@ -49,14 +49,14 @@ str(e) is "STATUS: message". OSError kinds also set `.errno` where one fits.
     DFLASH_E_HTTP          HTTPError              OSError
     DFLASH_E_NETWORK       NetworkError           ConnectionError
     DFLASH_E_TIMEOUT       DeadlineError          TimeoutError
-    DFLASH_E_CANCELLED     CancelledError         (dflash.Error only)
+    DFLASH_E_CANCELLED     CancelledError         (libdflash.Error only)
     DFLASH_E_CUDA          CudaError              RuntimeError
     DFLASH_E_NO_DEVICE     NoDeviceError          RuntimeError
     DFLASH_E_INTERNAL      InternalError          RuntimeError
     DFLASH_E_AUTH          AuthError              PermissionError
     DFLASH_E_EXISTS        ExistsError            FileExistsError
 
-A status this package does not know (a newer library) raises dflash.Error
+A status this package does not know (a newer library) raises libdflash.Error
 itself. Errors pickle (multiprocessing) as the same class, status and message.
 A closed handle raises ValueError ("Tokenizer is closed"), an argument of the
 wrong Python type TypeError or ValueError, as Python's own objects do.

@@ -37,7 +37,7 @@ def cuda_device_count():
 
 def last_error():
     """This thread's message of the last failing library call ("" when none).
-    dflash.Error carries it already; this is for code that calls `_lib` directly."""
+    libdflash.Error carries it already; this is for code that calls `_lib` directly."""
     return lib.dflash_last_error().decode("utf-8", "replace")
 
 
@@ -66,7 +66,7 @@ def set_log_callback(fn, max_level="info"):
     _log_callback = cb  # replaced only after C stopped using the old one
 
 
-def log_to_python(logger="dflash", max_level=None):
+def log_to_python(logger="libdflash", max_level=None):
     """Send library log messages to the `logging` logger named `logger` (or a
     Logger), at ERROR/WARNING/INFO/DEBUG. max_level None: what the logger's
     effective level lets through, decided now."""

@@ -33,7 +33,7 @@ BOUND = set()
 class Error(Exception):
     """A libdflash call failed: `status` is the dflash_status name ("DFLASH_E_IO"), `code`
     its number, `message` the detail. The base of every exception the library's statuses
-    raise (STATUS_CLASSES): `except dflash.Error` catches them all."""
+    raise (STATUS_CLASSES): `except libdflash.Error` catches them all."""
 
     def __init__(self, status, message):
         self.code = int(status)
@@ -227,7 +227,7 @@ ERROR_CLASSES = sorted(set(STATUS_CLASSES.values()) | {MissingFileError, Missing
                        key=lambda c: c.__name__)
 
 for _cls in ERROR_CLASSES + [Error]:
-    _cls.__module__ = "dflash"  # tracebacks and pickles name dflash.MissingFileError
+    _cls.__module__ = "libdflash"  # tracebacks and pickles name libdflash.MissingFileError
 del _cls
 
 # Refinements for bind(errors=...): what NOT_FOUND, IO and RANGE mean for that call.

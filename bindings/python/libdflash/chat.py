@@ -99,7 +99,7 @@ class Conversation(Handle):
 
 
 def tokenizer_nfc(tokenizer):
-    """True when `tokenizer` (a dflash.Tokenizer) normalises its input with NFC."""
+    """True when `tokenizer` (a libdflash.Tokenizer) normalises its input with NFC."""
     out = ctypes.c_int()
     _tok_nfc(tokenizer._handle(), ctypes.byref(out))
     return bool(out.value)

@@ -14,7 +14,7 @@ _ts = bind("dflash_chat_tools_typescript",
 def tools_typescript(tools, sort_keys=True):
     """The declaration of `tools` (a list of {"type": "function", "function": {...}}
     dicts, or its JSON text) as a str. sort_keys=True sorts every object's keys first,
-    as the tokenizer does. Raises dflash.Error: DFLASH_E_FORMAT where Moonshot's
+    as the tokenizer does. Raises libdflash.Error: DFLASH_E_FORMAT where Moonshot's
     converter raises (the tokenizer then declares JSON), DFLASH_E_UNSUPPORTED where it
     would print a Python repr."""
     if not isinstance(tools, (bytes, str)):

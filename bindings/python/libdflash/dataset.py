@@ -56,8 +56,8 @@ class Dataset(Handle):
 
     def __repr__(self):
         if not self._h:
-            return f"<dflash.Dataset {self.path!r} (closed)>"
-        return f"<dflash.Dataset {self.path!r}: {len(self)} samples, {self.tokens} tokens>"
+            return f"<libdflash.Dataset {self.path!r} (closed)>"
+        return f"<libdflash.Dataset {self.path!r}: {len(self)} samples, {self.tokens} tokens>"
 
     def __len__(self):
         return lib.dflash_dataset_count(self._handle())

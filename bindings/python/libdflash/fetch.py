@@ -1,6 +1,6 @@
 """Completion fetcher: regenerate assistant turns with OpenAI-compatible servers.
 
-    summary = dflash.fetch("prompts.jsonl", "out/", servers=["http://host:30000/v1"],
+    summary = libdflash.fetch("prompts.jsonl", "out/", servers=["http://host:30000/v1"],
                            model="kimi-k2", family="kimi", max_tokens=4096)
 
 writes out/completions.jsonl and out/errors.jsonl (see include/dflash/fetch.h)

@@ -5,7 +5,7 @@ the OUTPUT of decoder layer k; hidden_states[0] is the embedding):
 
     import torch, dflash
     layer_ids = [1, 9, 17, 25, 33]          # dflash_config.target_layer_ids
-    with dflash.HiddenWriter("hidden/", num_layers=len(layer_ids),
+    with libdflash.HiddenWriter("hidden/", num_layers=len(layer_ids),
                              hidden_size=model.config.hidden_size, dtype="bf16") as w:
         for sample_id, input_ids in dataset:   # the tokenized dataset's ids and tokens
             with torch.no_grad():
@@ -112,7 +112,7 @@ def _as_array(states):
 
 
 class HiddenWriter:
-    """dflash.HiddenWriter(dir, num_layers=K, hidden_size=H, dtype="bf16"|"fp8").
+    """libdflash.HiddenWriter(dir, num_layers=K, hidden_size=H, dtype="bf16"|"fp8").
 
     append(sample_id, array [S, K*H]) buffers a sample; shards of
     `shard_bytes` are written as they fill; close() (or leaving a `with`)
@@ -242,7 +242,7 @@ class SampleStream(Handle):
         return _s_count(self._handle())
 
     def check(self):
-        """Raise dflash.Error naming the first missing id / length mismatch."""
+        """Raise libdflash.Error naming the first missing id / length mismatch."""
         bad = ctypes.c_size_t()
         _s_check(self._handle(), ctypes.byref(bad))
 
@@ -284,7 +284,7 @@ def _copy(ptr, shape, dtype):
 def write_dataset(directory, samples, **options):
     """Write a tokenized dataset (the format `dflash tokenize` produces) from
     samples = [(id, input_ids, loss_mask), ...]; handy for tests and for
-    data tokenized elsewhere. `options` go to dflash.DatasetWriter."""
+    data tokenized elsewhere. `options` go to libdflash.DatasetWriter."""
     with DatasetWriter(directory, **options) as w:
         for sid, ids, mask in samples:
             w.add(sid, ids, mask)

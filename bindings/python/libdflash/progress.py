@@ -1,7 +1,7 @@
 """Progress reporting (include/dflash/progress.h) and the C `FILE *` streams the
 library writes progress to, made from Python files, paths or descriptors.
 
-    with dflash.Progress("train", "steps", total=100, stream="log.txt") as p:
+    with libdflash.Progress("train", "steps", total=100, stream="log.txt") as p:
         for step in range(100):
             p.update(step + 1, note=f"loss {loss:.3f}")
 """

@@ -159,7 +159,7 @@ _OPTION_NAMES = {f for f, _ in TrainerOptions._fields_} - {"struct_size"}
 
 
 class Trainer(Handle):
-    """dflash.Trainer(config, embed, lm_head, backend="cpu", seed=0, **options).
+    """libdflash.Trainer(config, embed, lm_head, backend="cpu", seed=0, **options).
 
     config: a dict in config.json form, JSON text or a path; embed and lm_head:
     float32 [vocab, hidden]. Extra keyword options are fields of

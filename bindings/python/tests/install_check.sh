@@ -48,19 +48,19 @@ vpy="$tmp/venv/bin/python"
 "$vpy" -m pip --version >/dev/null 2>&1 || skip "no pip in the venv"
 "$vpy" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --no-index \
   "$tmp/pkg"
-"$vpy" -m pip show dflash | grep -E '^(Name|Version|Location)'
+"$vpy" -m pip show libdflash | grep -E '^(Name|Version|Location)'
 
 # 3. Run from outside the source tree, with nothing pointing into it.
 cd "$tmp"
 unset DFLASH_LIBRARY PYTHONPATH LD_LIBRARY_PATH  # meson test points LD_LIBRARY_PATH at the build
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-check='import dflash, sys
-from dflash import _lib
-assert dflash.__file__.startswith(sys.argv[1]), dflash.__file__
-assert dflash.version() == dflash.__version__, (dflash.version(), dflash.__version__)
+check='import libdflash, sys
+from libdflash import _lib
+assert libdflash.__file__.startswith(sys.argv[1]), libdflash.__file__
+assert libdflash.version() == libdflash.__version__, (libdflash.version(), libdflash.__version__)
 mapped = {l.split()[-1] for l in open("/proc/self/maps") if "libdflash.so" in l}
 assert len(mapped) == 1 and min(mapped).startswith(sys.argv[2]), mapped
-print(f"dflash {dflash.__version__} from {dflash.__file__}, library {_lib.lib._name}")'
+print(f"libdflash {libdflash.__version__} from {libdflash.__file__}, library {_lib.lib._name}")'
 # 3a. found through the soname on LD_LIBRARY_PATH
 LD_LIBRARY_PATH="$libdir" "$vpy" -c "$check" "$site" "$libdir/"
 # 3b. found through pkg-config alone

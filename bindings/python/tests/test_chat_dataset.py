@@ -1,4 +1,4 @@
-"""dflash.ChatTemplate and dflash.Dataset against independent references:
+"""libdflash.ChatTemplate and libdflash.Dataset against independent references:
 jinja2 over the official templates (tests/chat/hf_jinja.py), the tokenizers
 library over the Qwen fixture, and safetensors' own reader for the shards."""
 import hashlib
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-import dflash
+import libdflash
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "chat"))
@@ -30,15 +30,15 @@ def test_render_matches_jinja():
         pytest.skip("template fixtures missing")
     for gen in (False, True):
         want = ref.render("qwen3", CONV, add_generation_prompt=gen, enable_thinking=True)
-        assert dflash.ChatTemplate("qwen3").render(CONV, add_generation_prompt=gen) == want
+        assert libdflash.ChatTemplate("qwen3").render(CONV, add_generation_prompt=gen) == want
 
 
 def test_unknown_template_and_bad_conversation():
-    with pytest.raises(dflash.Error) as e:
-        dflash.ChatTemplate("nope")
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.ChatTemplate("nope")
     assert e.value.status == "DFLASH_E_NOT_FOUND"
-    with pytest.raises(dflash.Error) as e:
-        dflash.ChatTemplate("qwen3").render([{"role": "robot", "content": "x"}])
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.ChatTemplate("qwen3").render([{"role": "robot", "content": "x"}])
     assert "unknown role" in e.value.message
 
 
@@ -58,7 +58,7 @@ def test_tokenize_cli_round_trip(tmp_path):
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
     assert [r["line"] for r in rejected] == [2, 3]
     assert "no assistant turn" in rejected[1]["reason"]
-    with dflash.Dataset(out) as ds:
+    with libdflash.Dataset(out) as ds:
         assert len(ds) == 1
         sid, ids, mask = ds[0]
         # No "id" in the record: fetch's derived id (SHA-256 of the key-sorted compact messages).
@@ -68,8 +68,8 @@ def test_tokenize_cli_round_trip(tmp_path):
         assert np.array_equal(shard["input_ids"], ids)
         assert np.array_equal(shard["loss_mask"], mask)
         assert list(shard["offsets"]) == [0, len(ids)]
-        tok = dflash.Tokenizer(str(FIX / "tokenizers" / "qwen2"))
-        text = dflash.ChatTemplate("qwen3").render(CONV, reasoning="keep_after_last_user")
+        tok = libdflash.Tokenizer(str(FIX / "tokenizers" / "qwen2"))
+        text = libdflash.ChatTemplate("qwen3").render(CONV, reasoning="keep_after_last_user")
         # Supervised tokens spell exactly what the target wrote after its prompt.
         sup = tok.decode([int(t) for t, m in zip(ids, mask) if m])
         assert sup.endswith("4<|im_end|>") and sup.startswith("<think>\nAdd them.")
@@ -81,7 +81,7 @@ def test_render_nfc():
     import unicodedata
     msgs = [{"role": "user", "content": "cafe\u0301 \u1100\u1161"},
             {"role": "assistant", "content": "A\u030a", "reasoning_content": "\u212b"}]
-    tmpl = dflash.ChatTemplate("qwen3")
+    tmpl = libdflash.ChatTemplate("qwen3")
     raw = tmpl.render(msgs)
     assert "e\u0301" in raw  # untouched by default
     got = tmpl.render(msgs, nfc=True)
@@ -91,7 +91,7 @@ def test_render_nfc():
 
 def test_tokenizer_hash(tmp_path):
     import hashlib
-    from dflash.dataset import tokenizer_hash
+    from libdflash.dataset import tokenizer_hash
     f = tmp_path / "ranks.tiktoken"
     f.write_bytes(b"some ranks")
     assert tokenizer_hash(str(f)) == "sha256:" + hashlib.sha256(b"some ranks").hexdigest()
@@ -102,36 +102,36 @@ def test_tokenizer_hash(tmp_path):
         data = (tmp_path / name).read_bytes()
         h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     assert tokenizer_hash(str(tmp_path)) == "sha256:" + h.hexdigest()
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         tokenizer_hash(str(tmp_path / "missing"))
     assert "missing" in e.value.message
 
 
 def test_template_names_and_conversations():
-    from dflash.chat import template_names
+    from libdflash.chat import template_names
     for name in template_names():
-        with dflash.ChatTemplate(name) as t:
+        with libdflash.ChatTemplate(name) as t:
             assert t.name == name
-    with dflash.Conversation(CONV) as c:
+    with libdflash.Conversation(CONV) as c:
         assert len(c) == 3
     # A fetch record: its completion counts as one more (assistant) message.
     record = {"messages": CONV[:2], "completion": {"role": "assistant", "content": "4"}}
-    with dflash.Conversation(json.dumps(record)) as c:
+    with libdflash.Conversation(json.dumps(record)) as c:
         assert len(c) == 3
-        assert dflash.ChatTemplate("qwen3").render(c) == \
-            dflash.ChatTemplate("qwen3").render(CONV[:2] + [{"role": "assistant", "content": "4"}])
+        assert libdflash.ChatTemplate("qwen3").render(c) == \
+            libdflash.ChatTemplate("qwen3").render(CONV[:2] + [{"role": "assistant", "content": "4"}])
     sharegpt = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
-    assert len(dflash.Conversation(sharegpt)) == 2
-    with pytest.raises(dflash.Error) as e:
-        dflash.Conversation("{not json")
+    assert len(libdflash.Conversation(sharegpt)) == 2
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.Conversation("{not json")
     assert e.value.status == "DFLASH_E_JSON"
 
 
 def test_conversation_nfc_in_place():
     import unicodedata
     msgs = [{"role": "user", "content": "cafe\u0301"}, {"role": "assistant", "content": "A\u030a"}]
-    tmpl = dflash.ChatTemplate("qwen3")
-    with dflash.Conversation(msgs) as c:
+    tmpl = libdflash.ChatTemplate("qwen3")
+    with libdflash.Conversation(msgs) as c:
         assert "e\u0301" in tmpl.render(c)
         c.normalize_nfc()
         assert tmpl.render(c) == unicodedata.normalize("NFC", tmpl.render(msgs))
@@ -141,17 +141,17 @@ def qwen2_tokenizer():
     path = FIX / "tokenizers" / "qwen2"
     if not (path / "vocab.json").exists():
         pytest.skip("qwen2 tokenizer fixture absent")
-    return dflash.Tokenizer(str(path))
+    return libdflash.Tokenizer(str(path))
 
 
 def test_tokenizer_nfc_probe():
-    from dflash.chat import tokenizer_nfc
+    from libdflash.chat import tokenizer_nfc
     with qwen2_tokenizer() as qwen:
         assert tokenizer_nfc(qwen)  # Qwen2's tokenizer.json normalises with NFC
         assert qwen.decode(qwen.encode("e\u0301")) == "\u00e9"
     cl100k = FIX / "tokenizers" / "openai" / "cl100k_base.tiktoken.gz"
     if cl100k.exists():
-        with dflash.Tokenizer(str(cl100k)) as tok:
+        with libdflash.Tokenizer(str(cl100k)) as tok:
             assert not tokenizer_nfc(tok)
 
 
@@ -160,20 +160,20 @@ def test_check_tokenizer_names_split_control_tokens():
     tags (Qwen3's own tokenizer adds them): chatml passes, qwen3 and kimi are refused."""
     with qwen2_tokenizer() as qwen:
         assert all(len(qwen.encode(t)) == 1 for t in ("<|im_start|>", "<|im_end|>"))
-        dflash.ChatTemplate("chatml").check_tokenizer(qwen)
-        with pytest.raises(dflash.Error) as e:
-            dflash.ChatTemplate("qwen3").check_tokenizer(qwen)
+        libdflash.ChatTemplate("chatml").check_tokenizer(qwen)
+        with pytest.raises(libdflash.Error) as e:
+            libdflash.ChatTemplate("qwen3").check_tokenizer(qwen)
         n = len(qwen.encode("<think>"))
         assert e.value.status == "DFLASH_E_MISMATCH"
         assert f"<think> ({n} ids)" in e.value.message and "<|im_start|>" not in e.value.message
-        with pytest.raises(dflash.Error) as e:
-            dflash.ChatTemplate("kimi-k2.6").check_tokenizer(qwen)
+        with pytest.raises(libdflash.Error) as e:
+            libdflash.ChatTemplate("kimi-k2.6").check_tokenizer(qwen)
         for tag in ("<|im_user|>", "<|im_middle|>", "<|tool_call_begin|>", "</think>"):
             assert tag in e.value.message, tag
 
 
 def test_chat_encode_equals_encode_plus_mask():
-    tmpl = dflash.ChatTemplate("qwen3")
+    tmpl = libdflash.ChatTemplate("qwen3")
     conv = CONV + [{"role": "user", "content": "And 3+3?"},
                    {"role": "assistant", "reasoning_content": "Add.", "content": "6"}]
     with qwen2_tokenizer() as tok:
@@ -192,7 +192,7 @@ def test_chat_encode_equals_encode_plus_mask():
         # Non-NFC text: the NFC tokenizer's tokens no longer spell the bytes.
         r = tmpl.render_full([{"role": "user", "content": "cafe\u0301"},
                               {"role": "assistant", "content": "ok"}])
-        with pytest.raises(dflash.Error) as e:
+        with pytest.raises(libdflash.Error) as e:
             r.encode(tok)
         assert e.value.status == "DFLASH_E_MISMATCH"
         r = tmpl.render_full([{"role": "user", "content": "cafe\u0301"},
@@ -206,7 +206,7 @@ def test_dataset_writer_options_and_shards(tmp_path):
     rng = np.random.default_rng(0)
     samples = [(f"id{i}", rng.integers(0, 1000, 10 + i).astype(np.int32),
                 (rng.random(10 + i) < 0.5).astype(np.uint8)) for i in range(7)]
-    with dflash.DatasetWriter(tmp_path / "ds", shard_tokens=25, tokenizer_hash="sha256:" + "0" * 64,
+    with libdflash.DatasetWriter(tmp_path / "ds", shard_tokens=25, tokenizer_hash="sha256:" + "0" * 64,
                               template="qwen3", options={"reasoning": "keep_all"}) as w:
         for s in samples:
             w.add(*s)
@@ -218,19 +218,19 @@ def test_dataset_writer_options_and_shards(tmp_path):
     assert [s["samples"] for s in manifest["shards"]] == [3, 2, 2]
     shard = st.load_file(str(tmp_path / "ds" / manifest["shards"][1]["file"]))
     np.testing.assert_array_equal(shard["input_ids"], np.concatenate([samples[3][1], samples[4][1]]))
-    with dflash.Dataset(tmp_path / "ds") as ds:
+    with libdflash.Dataset(tmp_path / "ds") as ds:
         for (sid, ids, mask), (wsid, wids, wmask) in zip(ds, samples):
             assert sid == wsid
             np.testing.assert_array_equal(ids, wids)
             np.testing.assert_array_equal(mask, wmask)
     # An exception inside the block leaves no manifest: the directory reads as unfinished.
     with pytest.raises(RuntimeError):
-        with dflash.DatasetWriter(tmp_path / "bad") as w:
+        with libdflash.DatasetWriter(tmp_path / "bad") as w:
             w.add("a", [1, 2], [1, 1])
             raise RuntimeError
     assert not (tmp_path / "bad" / "dataset.json").exists()
-    with pytest.raises(dflash.Error) as e:
-        dflash.DatasetWriter(tmp_path / "ds")
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.DatasetWriter(tmp_path / "ds")
     assert e.value.status == "DFLASH_E_EXISTS"
     with pytest.raises(ValueError):
-        dflash.DatasetWriter(tmp_path / "c").add("x", [1, 2, 3], [1])
+        libdflash.DatasetWriter(tmp_path / "c").add("x", [1, 2, 3], [1])

@@ -1,9 +1,9 @@
-"""dflash.chat_tools: the binding of dflash_chat_tools_typescript (the byte-exact
+"""libdflash.chat_tools: the binding of dflash_chat_tools_typescript (the byte-exact
 comparison with Moonshot's converter is tests/chat/test_tools_ts.py)."""
 import pytest
 
-import dflash
-from dflash.chat_tools import tools_typescript
+import libdflash
+from libdflash.chat_tools import tools_typescript
 
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city.",
@@ -37,18 +37,18 @@ def test_large_output_grows_buffer():
 
 
 def test_errors():
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         tools_typescript([{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object", "properties": {
                 "x": {"$ref": "#/definitions/X"}}}}}])
     assert e.value.status == "DFLASH_E_FORMAT"
     assert "tools[0] (function f)" in e.value.message
     assert "parameters.properties.x" in e.value.message
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         tools_typescript([{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object", "properties": {
                 "x": {"enum": [[1, 2], "a"]}}}}}])
     assert e.value.status == "DFLASH_E_UNSUPPORTED"
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         tools_typescript('{"not": "a list"}')
     assert e.value.status == "DFLASH_E_FORMAT"

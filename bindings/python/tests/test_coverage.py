@@ -11,13 +11,13 @@ import re
 
 import pytest
 
-import dflash
-from dflash import _lib
+import libdflash
+from libdflash import _lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # Public functions the package deliberately leaves unbound, each with the reason.
-# Empty: FILE * parameters are bound through dflash.progress.CFile (paths, files
+# Empty: FILE * parameters are bound through libdflash.progress.CFile (paths, files
 # or descriptors), callbacks through ctypes CFUNCTYPE objects.
 ALLOWED_UNBOUND = {}
 
@@ -41,8 +41,8 @@ def public_functions(folder):
 
 
 def bound_functions():
-    for mod in pkgutil.iter_modules(dflash.__path__):  # every module's bind() calls run
-        importlib.import_module(f"dflash.{mod.name}")
+    for mod in pkgutil.iter_modules(libdflash.__path__):  # every module's bind() calls run
+        importlib.import_module(f"libdflash.{mod.name}")
     return set(_lib.BOUND)
 
 
@@ -76,8 +76,8 @@ def test_bound_functions_exist_in_the_library():
 
 
 def test_package_version_matches_the_library():
-    assert dflash.__version__ == dflash.version()
-    major, minor = (int(x) for x in dflash.version().split(".")[:2])
+    assert libdflash.__version__ == libdflash.version()
+    major, minor = (int(x) for x in libdflash.version().split(".")[:2])
     assert (major, minor) == (_lib.ABI_MAJOR, _lib.ABI_MINOR)
 
 
@@ -86,20 +86,20 @@ def test_versions_agree_in_the_source_tree():
     if not meson.exists():
         pytest.skip("not run from a source tree")
     text = meson.read_text()
-    assert re.search(r"version:\s*'([^']+)'", text).group(1) == dflash.__version__
+    assert re.search(r"version:\s*'([^']+)'", text).group(1) == libdflash.__version__
     assert re.search(r"dflash_soversion\s*=\s*'(\d+)'", text).group(1) == str(_lib.SOVERSION)
     header = (ROOT / "include" / "dflash" / "dflash.h").read_text()
-    assert f'#define DFLASH_VERSION_STRING "{dflash.__version__}"' in header
+    assert f'#define DFLASH_VERSION_STRING "{libdflash.__version__}"' in header
     pyproject = (ROOT / "bindings" / "python" / "pyproject.toml").read_text()
-    # The wheel takes its version from dflash/_version.py.
-    assert re.search(r'version\s*=\s*\{\s*attr\s*=\s*"dflash\._version\.__version__"', pyproject)
+    # The wheel takes its version from libdflash/_version.py.
+    assert re.search(r'version\s*=\s*\{\s*attr\s*=\s*"libdflash\._version\.__version__"', pyproject)
 
 
 def test_installed_package_is_the_one_imported():
     expect = os.environ.get("DFLASH_EXPECT_PACKAGE_DIR")
     if not expect:
         pytest.skip("set by tests/install_check.sh only")
-    assert dflash.__file__.startswith(expect)
+    assert libdflash.__file__.startswith(expect)
     assert "DFLASH_LIBRARY" not in os.environ
 
 
@@ -107,10 +107,10 @@ def test_public_api_has_docstrings():
     import ctypes
     import inspect
     missing = []
-    for info in pkgutil.iter_modules(dflash.__path__):
+    for info in pkgutil.iter_modules(libdflash.__path__):
         if info.name.startswith("_"):
             continue
-        mod = importlib.import_module(f"dflash.{info.name}")
+        mod = importlib.import_module(f"libdflash.{info.name}")
         if not mod.__doc__:
             missing.append(mod.__name__)
         for name, obj in vars(mod).items():

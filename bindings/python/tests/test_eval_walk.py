@@ -1,4 +1,4 @@
-"""The speculative walk (dflash.train.walk / eval_walk, `dflash eval`):
+"""The speculative walk (libdflash.train.walk / eval_walk, `dflash eval`):
 checked against a walk written here in numpy over the drafter's own greedy
 predictions (Trainer.predict), on a small world a trained drafter partly
 predicts."""
@@ -9,9 +9,9 @@ import subprocess
 import numpy as np
 import pytest
 
-import dflash
-from dflash.hidden import write_dataset
-from dflash.train import eval_walk, walk
+import libdflash
+from libdflash.hidden import write_dataset
+from libdflash.train import eval_walk, walk
 
 V, H, B = 17, 32, 4
 
@@ -37,7 +37,7 @@ def make_world(root, n=12):
         samples.append((f"s{i}", np.array(x, np.int32), mask))
         hid[f"s{i}"] = codes[c][None] + 0.1 * rng.standard_normal((S, H)).astype(np.float32)
     write_dataset(root / "data", samples)
-    with dflash.HiddenWriter(root / "hidden", num_layers=1, hidden_size=H) as w:
+    with libdflash.HiddenWriter(root / "hidden", num_layers=1, hidden_size=H) as w:
         for sid, h in hid.items():
             w.append(sid, h)
     embed = rng.standard_normal((V, H)).astype(np.float32)
@@ -49,7 +49,7 @@ def make_world(root, n=12):
 
 
 def trained(samples, hid, embed, cfg, steps=150):
-    t = dflash.Trainer(cfg, embed, embed, seed=0, lr=1e-2, total_steps=steps, n_threads=1)
+    t = libdflash.Trainer(cfg, embed, embed, seed=0, lr=1e-2, total_steps=steps, n_threads=1)
     for k in range(steps):
         sid, ids, mask = samples[k % len(samples)]
         anchors = np.arange(4, len(ids) - B, dtype=np.int32)
@@ -144,7 +144,7 @@ CLI = os.environ.get("DFLASH_CLI")
 def test_cli_eval_prints_the_walk(tmp_path):
     samples, hid, embed, cfg = make_world(tmp_path)
     (tmp_path / "target").mkdir()
-    dflash.write_safetensors(tmp_path / "target" / "model.safetensors",
+    libdflash.write_safetensors(tmp_path / "target" / "model.safetensors",
                              {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
     with trained(samples, hid, embed, cfg) as t:
         t.save(tmp_path / "ckpt")

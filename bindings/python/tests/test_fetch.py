@@ -1,4 +1,4 @@
-"""dflash.fetch() against the fake OpenAI server of tests/fetch on loopback."""
+"""libdflash.fetch() against the fake OpenAI server of tests/fetch on loopback."""
 import hashlib
 import json
 import os
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import dflash
-from dflash.fetch import record_id
+import libdflash
+from libdflash.fetch import record_id
 
 SERVER = pathlib.Path(__file__).resolve().parents[3] / "tests" / "fetch" / "fake_server.py"
 sys.path.insert(0, str(SERVER.parent))
@@ -36,7 +36,7 @@ def write_prompts(path, n):
 def test_fetch_writes_what_the_server_generated(server, tmp_path):
     write_prompts(tmp_path / "in.jsonl", 25)
     seen = []
-    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+    summary = libdflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
                            family="qwen", max_tokens=8, temperature=0.0, progress=seen.append,
                            progress_interval=0.01, fsync_interval=0, extra={"top_k": 5})
     assert summary["completed"] == 25 and summary["failed"] == 0 and not summary["stopped"]
@@ -48,29 +48,29 @@ def test_fetch_writes_what_the_server_generated(server, tmp_path):
         assert r["completion"]["reasoning"] == "".join(reasoning)
         assert r["completion"]["content"] == "".join(content)
         assert r["finish_reason"] == finish and r["usage"]["completion_tokens"] == n
-    again = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", server, "fake")
+    again = libdflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", server, "fake")
     assert again["skipped"] == 25 and again["completed"] == 0
 
 
 def test_progress_can_stop_the_run(server, tmp_path):
     write_prompts(tmp_path / "in.jsonl", 40)
-    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+    summary = libdflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
                            progress=lambda s: True, progress_interval=0.001, concurrency=1)
     assert summary["stopped"]
     done = summary["completed"]
-    summary = dflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake")
+    summary = libdflash.fetch(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake")
     assert summary["skipped"] == done and done + summary["completed"] == 40
 
 
 def test_errors_carry_status_and_detail(tmp_path):
-    with pytest.raises(dflash.Error) as info:
-        dflash.fetch(tmp_path / "missing.jsonl", tmp_path / "out", ["http://127.0.0.1:9/v1"], "m")
+    with pytest.raises(libdflash.Error) as info:
+        libdflash.fetch(tmp_path / "missing.jsonl", tmp_path / "out", ["http://127.0.0.1:9/v1"], "m")
     assert info.value.status == "DFLASH_E_NOT_FOUND" and "missing.jsonl" in info.value.message
-    with pytest.raises(dflash.Error) as info:
-        dflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["gopher://x"], "m")
+    with pytest.raises(libdflash.Error) as info:
+        libdflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["gopher://x"], "m")
     assert info.value.status == "DFLASH_E_CONFIG"
     with pytest.raises(TypeError):
-        dflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["http://x"], "m", colour=1)
+        libdflash.fetch(tmp_path / "x.jsonl", tmp_path / "out", ["http://x"], "m", colour=1)
 
 
 def test_record_id_is_documented_sha256():
@@ -85,7 +85,7 @@ def test_fetcher_counters_agree_with_outputs(server, tmp_path):
     write_prompts(tmp_path / "in.jsonl", 12)
     with open(tmp_path / "in.jsonl", "a") as f:
         f.write("{broken\n")
-    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
                         max_tokens=6, concurrency=4) as fetcher:
         before = fetcher.stats()
         assert before["total"] == 13 and before["completed"] == 0 and before["input_errors"] == 1
@@ -108,7 +108,7 @@ def test_fetcher_counters_agree_with_outputs(server, tmp_path):
 def test_fetcher_stop_from_another_thread(server, tmp_path):
     import threading
     write_prompts(tmp_path / "in.jsonl", 200)
-    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
                         concurrency=1, drain_grace=5, progress_interval=0.005) as fetcher:
         stoppers = []
 
@@ -128,13 +128,13 @@ def test_fetcher_stop_from_another_thread(server, tmp_path):
 
 def test_fetcher_chunking_is_checked_and_set_before_run(server, tmp_path):
     write_prompts(tmp_path / "in.jsonl", 2)
-    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake") as fetcher:
-        with pytest.raises(dflash.Error) as e:
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake") as fetcher:
+        with pytest.raises(libdflash.Error) as e:
             fetcher.set_chunking(worker="a/b")
         assert e.value.status == "DFLASH_E_CONFIG" and "a/b" in e.value.message
         fetcher.set_chunking(worker="w1", max_records=1, max_seconds=5)  # local out: no effect
         fetcher.run()
-        with pytest.raises(dflash.Error) as e:
+        with pytest.raises(libdflash.Error) as e:
             fetcher.set_chunking(worker="w2")
         assert e.value.status == "DFLASH_E_STATE"
     assert len((tmp_path / "out" / "completions.jsonl").read_text().splitlines()) == 2
@@ -153,16 +153,16 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
             monkeypatch.setenv(k, v)
         write_prompts(tmp_path / "in.jsonl", 5)
         out = f"s3://{env.bucket}/chunked/"
-        with dflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4) as f:
+        with libdflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4) as f:
             f.set_chunking(worker="w1", max_records=2, max_seconds=600)
             assert f.run()
-        objects = dflash.Storage().list(out + "completions/")
+        objects = libdflash.Storage().list(out + "completions/")
         names = [loc[len(out) + len("completions/"):] for loc, _ in objects]
         # 5 records, at most 2 per chunk, named after the worker: 3 chunks.
         assert len(names) == 3 and all(n.startswith("w1-") and n.endswith(".jsonl")
                                        for n in names), names
         rows = [json.loads(x) for loc, _ in objects
-                for x in dflash.Storage().read(loc).decode().splitlines()]
+                for x in libdflash.Storage().read(loc).decode().splitlines()]
         assert sorted(r["id"] for r in rows) == [f"p{i}" for i in range(5)]
     finally:
         env.close()
@@ -173,19 +173,19 @@ def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
     only be set before run()."""
     write_prompts(tmp_path / "in.jsonl", 2)
     dead = "http://127.0.0.1:9/v1"
-    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "fake",
                         connect_timeout=2) as fetcher:
         fetcher.set_guards()
-        with pytest.raises(dflash.Error) as e:
+        with pytest.raises(libdflash.Error) as e:
             fetcher.run()
         assert "127.0.0.1:9" in e.value.message, e.value.message
     assert not (tmp_path / "out" / "completions.jsonl").exists() or \
         not (tmp_path / "out" / "completions.jsonl").read_text()
-    with dflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
                         connect_timeout=2) as fetcher:
         fetcher.set_guards(skip_bad_servers=True, settings_change="refuse")
         fetcher.run()
-        with pytest.raises(dflash.Error) as e:
+        with pytest.raises(libdflash.Error) as e:
             fetcher.set_guards()
         assert e.value.status == "DFLASH_E_STATE"
     assert len((tmp_path / "out2" / "completions.jsonl").read_text().splitlines()) == 2

@@ -4,17 +4,17 @@ import subprocess
 import numpy as np
 import pytest
 
-import dflash
-from dflash.hidden import write_dataset
+import libdflash
+from libdflash.hidden import write_dataset
 
 
 def test_writer_reader_round_trip_bf16(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((9, 2 * 16)).astype(np.float32)
-    with dflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=16) as w:
+    with libdflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=16) as w:
         w.append("a", x)
         w.append(7, x[:4])
-    store = dflash.HiddenStore(tmp_path / "h")
+    store = libdflash.HiddenStore(tmp_path / "h")
     assert sorted(store.ids()) == ["7", "a"]
     assert store.length("a") == 9
     y = store.read("a")
@@ -28,9 +28,9 @@ def test_fp8_codes_match_torch(tmp_path):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((6, 3 * 32)) * rng.uniform(0.01, 100, size=(6, 1))).astype(np.float32)
-    with dflash.HiddenWriter(tmp_path, num_layers=3, hidden_size=32, dtype="fp8") as w:
+    with libdflash.HiddenWriter(tmp_path, num_layers=3, hidden_size=32, dtype="fp8") as w:
         w.append("s", x)
-    st = dflash.SafeTensors(tmp_path)
+    st = libdflash.SafeTensors(tmp_path)
     codes, scales = st["h/s"], st["s/s"]
     assert scales.shape == (6, 3)
     rows = x.reshape(6 * 3, 32)
@@ -39,7 +39,7 @@ def test_fp8_codes_match_torch(tmp_path):
     scaled = torch.tensor(rows) / torch.tensor(ref_scale)[:, None]
     ref_codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
     np.testing.assert_array_equal(codes.reshape(18, 32), ref_codes)
-    decoded = dflash.HiddenStore(tmp_path).read("s")
+    decoded = libdflash.HiddenStore(tmp_path).read("s")
     err = np.sqrt(((decoded - x) ** 2).mean() / (x ** 2).mean())
     assert err < 0.05
 
@@ -47,20 +47,20 @@ def test_fp8_codes_match_torch(tmp_path):
 def test_writer_accepts_torch_bf16_bit_exact(tmp_path):
     torch = pytest.importorskip("torch")
     t = torch.randn(5, 8).to(torch.bfloat16)
-    with dflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=8) as w:
+    with libdflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=8) as w:
         w.append("x", t)
-    np.testing.assert_array_equal(dflash.HiddenStore(tmp_path).read("x"), t.float().numpy())
+    np.testing.assert_array_equal(libdflash.HiddenStore(tmp_path).read("x"), t.float().numpy())
 
 
 def test_writer_errors(tmp_path):
-    with dflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=4) as w:
+    with libdflash.HiddenWriter(tmp_path, num_layers=1, hidden_size=4) as w:
         w.append("a", np.zeros((3, 4), np.float32))
-        with pytest.raises(dflash.Error) as e:
+        with pytest.raises(libdflash.Error) as e:
             w.append("a", np.zeros((3, 4), np.float32))
         assert e.value.status == "DFLASH_E_DUPLICATE"
         bad = np.zeros((3, 4), np.float32)
         bad[2, 1] = np.nan
-        with pytest.raises(dflash.Error, match="sample b: hidden state at token 2, column 1 is NaN"):
+        with pytest.raises(libdflash.Error, match="sample b: hidden state at token 2, column 1 is NaN"):
             w.append("b", bad)
         with pytest.raises(ValueError):
             w.append("c", np.zeros((3, 5), np.float32))
@@ -72,10 +72,10 @@ def test_stream_joins_dataset(tmp_path):
                enumerate([5, 8, 3])]
     write_dataset(tmp_path / "data", samples)
     hidden = {s[0]: rng.standard_normal((len(s[1]), 8)).astype(np.float32) for s in samples}
-    with dflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=4) as w:
+    with libdflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=4) as w:
         for k, v in hidden.items():
             w.append(k, v)
-    stream = dflash.SampleStream(tmp_path / "data", tmp_path / "h", prefetch=2)
+    stream = libdflash.SampleStream(tmp_path / "data", tmp_path / "h", prefetch=2)
     stream.check()
     got = list(stream.iterate([2, 0, 1]))
     assert [g[1] for g in got] == ["id2", "id0", "id1"]
@@ -90,13 +90,13 @@ def test_stream_default_prefetch_and_explicit_agree(tmp_path):
     rng = np.random.default_rng(1)
     samples = [(f"s{i}", rng.integers(0, 50, 6 + i), np.ones(6 + i, np.uint8)) for i in range(5)]
     write_dataset(tmp_path / "ds", samples)
-    with dflash.HiddenWriter(tmp_path / "hid", num_layers=1, hidden_size=8) as w:
+    with libdflash.HiddenWriter(tmp_path / "hid", num_layers=1, hidden_size=8) as w:
         for sid, ids, _ in samples:
             w.append(sid, rng.standard_normal((len(ids), 8)))
     order = [4, 0, 3, 1, 2, 0]
     runs = []
     for prefetch in (None, 1, 8):  # None: the library's default
-        with dflash.SampleStream(tmp_path / "ds", tmp_path / "hid", prefetch=prefetch) as s:
+        with libdflash.SampleStream(tmp_path / "ds", tmp_path / "hid", prefetch=prefetch) as s:
             runs.append([(i, sid, ids.tolist(), h.tobytes()) for i, sid, ids, _, h in
                          s.iterate(order)])
     assert [r[0] for r in runs[0]] == order
@@ -117,24 +117,24 @@ def test_stats_and_zero_layer_refused(tmp_path):
     hidden["s1"][:, 2 * H:] = 0          # layer 2 of s1 never captured
     hidden["s2"][3, :H] = 0              # one zero row in layer 0: counted, not refused
     seen = []
-    dflash.set_log_callback(lambda level, msg: seen.append(msg), max_level="warn")
+    libdflash.set_log_callback(lambda level, msg: seen.append(msg), max_level="warn")
     try:
-        with dflash.HiddenWriter(tmp_path / "h", num_layers=K, hidden_size=H) as w:
+        with libdflash.HiddenWriter(tmp_path / "h", num_layers=K, hidden_size=H) as w:
             for k, v in hidden.items():
                 w.append(k, v)
     finally:
-        dflash.set_log_callback(None)
+        libdflash.set_log_callback(None)
     # The writer reports it as it happens and at the end (it stores what it is given).
     assert any("sample s1: layer 2 of 3 is all zeros" in m for m in seen), seen
     assert any("1 sample(s) have an all-zero layer" in m for m in seen), seen
-    store = dflash.HiddenStore(tmp_path / "h")
+    store = libdflash.HiddenStore(tmp_path / "h")
     st = store.stats()
     dec = np.concatenate([store.read(i) for i in store.ids()]).astype(np.float64)
     layers = dec.reshape(len(dec), K, H)
     np.testing.assert_allclose(st["rms"], np.sqrt((layers ** 2).mean(axis=(0, 2))), rtol=1e-12)
     assert st["rows"] == 20 and st["zero_rows"] == [1, 0, 4]
-    stream = dflash.SampleStream(tmp_path / "data", tmp_path / "h")
-    with pytest.raises(dflash.Error) as e:
+    stream = libdflash.SampleStream(tmp_path / "data", tmp_path / "h")
+    with pytest.raises(libdflash.Error) as e:
         list(stream.iterate([0, 1, 2]))
     assert "sample s1: layer 2 of 3" in e.value.message and "all zeros" in e.value.message
     cli = os.environ.get("DFLASH_CLI")

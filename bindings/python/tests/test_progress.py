@@ -1,16 +1,16 @@
-"""dflash.Progress and the C streams made from Python files (dflash.progress.CFile)."""
+"""libdflash.Progress and the C streams made from Python files (libdflash.progress.CFile)."""
 import os
 import re
 
 import pytest
 
-import dflash
-from dflash.progress import CFile
+import libdflash
+from libdflash.progress import CFile
 
 
 def test_progress_writes_plain_lines_to_a_file(tmp_path):
     log = tmp_path / "progress.log"
-    with dflash.Progress("tokenize", "samples", total=200, interval=1e-6, stream=log) as p:
+    with libdflash.Progress("tokenize", "samples", total=200, interval=1e-6, stream=log) as p:
         for done in range(0, 201, 50):
             p.update(done, note=f"step {done}")
     lines = log.read_text().splitlines()
@@ -25,7 +25,7 @@ def test_progress_interval_limits_lines(tmp_path):
     log = tmp_path / "quiet.log"
     with open(log, "w") as f:
         f.write("header\n")
-        p = dflash.Progress("job", "tok", total=0, interval=3600, stream=f)
+        p = libdflash.Progress("job", "tok", total=0, interval=3600, stream=f)
         for done in range(1000):
             p.update(done)
         p.finish()
@@ -41,7 +41,7 @@ def test_progress_interval_limits_lines(tmp_path):
 def test_progress_to_a_descriptor(tmp_path):
     r, w = os.pipe()
     try:
-        with dflash.Progress("pipe", "x", total=3, stream=w) as p:
+        with libdflash.Progress("pipe", "x", total=3, stream=w) as p:
             p.update(3)
         os.close(w)
         w = None

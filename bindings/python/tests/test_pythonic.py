@@ -1,4 +1,4 @@
-"""Python that feels like Python (issue 19, item 9): failures raise dflash.Error subclasses
+"""Python that feels like Python (issue 19, item 9): failures raise libdflash.Error subclasses
 that are also the built-in kinds (FileNotFoundError, KeyError, IndexError, ValueError, ...)
 with .status and .message; Dataset has a repr, slices and lookup by id; len(tokenizer);
 Tokenizer.decode gives str (decode_bytes the bytes); ChatTemplate.render takes Hugging
@@ -14,9 +14,9 @@ import re
 import numpy as np
 import pytest
 
-import dflash
-from dflash import _lib
-from dflash.hidden import write_dataset
+import libdflash
+from libdflash import _lib
+from libdflash.hidden import write_dataset
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = os.environ.get("DFLASH_FIXTURES") or os.path.join(
@@ -71,26 +71,26 @@ def test_every_status_has_a_class_that_is_also_a_builtin_kind():
     assert statuses and set(statuses) == set(TABLE), "TABLE must list dflash.h's statuses"
     for status in statuses:
         name, kinds = TABLE[status]
-        cls = getattr(dflash, name)
-        assert issubclass(cls, dflash.Error), cls
+        cls = getattr(libdflash, name)
+        assert issubclass(cls, libdflash.Error), cls
         assert all(issubclass(cls, k) for k in kinds), (status, cls.__mro__)
         code = _lib.status_code(status)
         e = _lib.error(code, "detail")
         assert type(e) is cls and e.status == status and e.code == code
         assert e.message == "detail" and str(e) == f"{status}: detail"
-        assert name in dflash.__doc__ and status in dflash.__doc__  # the table is documented
+        assert name in libdflash.__doc__ and status in libdflash.__doc__  # the table is documented
     # the per-call refinements
-    for cls, kinds in ((dflash.MissingFileError, (dflash.NotFoundError, FileNotFoundError)),
-                       (dflash.MissingKeyError, (dflash.NotFoundError, KeyError)),
-                       (dflash.IndexRangeError, (dflash.RangeError, IndexError))):
+    for cls, kinds in ((libdflash.MissingFileError, (libdflash.NotFoundError, FileNotFoundError)),
+                       (libdflash.MissingKeyError, (libdflash.NotFoundError, KeyError)),
+                       (libdflash.IndexRangeError, (libdflash.RangeError, IndexError))):
         assert all(issubclass(cls, k) for k in kinds), cls
-    assert _lib.error(999, "from a newer library").__class__ is dflash.Error
+    assert _lib.error(999, "from a newer library").__class__ is libdflash.Error
 
 
 def test_errors_pickle_as_the_same_class_status_and_message():
     for e in (_lib.error(_lib.status_code("DFLASH_E_NOT_FOUND"), "x.safetensors", _lib.files(0),
                          ("/nonexistent",)),
-              _lib.error(_lib.status_code("DFLASH_E_JSON"), "line 3"), dflash.Error(4, "bad")):
+              _lib.error(_lib.status_code("DFLASH_E_JSON"), "line 3"), libdflash.Error(4, "bad")):
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is type(e) and (back.status, back.code, back.message) == \
             (e.status, e.code, e.message) and str(back) == str(e)
@@ -98,66 +98,66 @@ def test_errors_pickle_as_the_same_class_status_and_message():
 
 def test_missing_files_are_file_not_found(tmp_path):
     missing = str(tmp_path / "nope")
-    calls = [lambda: dflash.SafeTensors(missing + ".safetensors"),
-             lambda: dflash.Tokenizer(missing + "/tokenizer.json"),  # the loader says DFLASH_E_IO
-             lambda: dflash.Dataset(missing),
-             lambda: dflash.HiddenStore(missing),
-             lambda: dflash.SampleStream(missing, missing),
-             lambda: dflash.train.load_config(missing + ".json"),
-             lambda: dflash.train.load_target_head(missing, 4, 4),
-             lambda: dflash.dataset.tokenizer_hash(missing),
-             lambda: dflash.Storage().read(missing),
-             lambda: dflash.Storage().stat(missing)]
+    calls = [lambda: libdflash.SafeTensors(missing + ".safetensors"),
+             lambda: libdflash.Tokenizer(missing + "/tokenizer.json"),  # the loader says DFLASH_E_IO
+             lambda: libdflash.Dataset(missing),
+             lambda: libdflash.HiddenStore(missing),
+             lambda: libdflash.SampleStream(missing, missing),
+             lambda: libdflash.train.load_config(missing + ".json"),
+             lambda: libdflash.train.load_target_head(missing, 4, 4),
+             lambda: libdflash.dataset.tokenizer_hash(missing),
+             lambda: libdflash.Storage().read(missing),
+             lambda: libdflash.Storage().stat(missing)]
     for call in calls:
         with pytest.raises(FileNotFoundError) as info:
             call()
         e = info.value
-        assert isinstance(e, dflash.Error) and isinstance(e, dflash.NotFoundError)
+        assert isinstance(e, libdflash.Error) and isinstance(e, libdflash.NotFoundError)
         assert e.status in ("DFLASH_E_NOT_FOUND", "DFLASH_E_IO") and missing in e.message
         assert e.errno == errno.ENOENT and str(e) == f"{e.status}: {e.message}"
 
 
 def test_a_name_missing_from_an_existing_file_is_not_file_not_found(tmp_path):
     path = str(tmp_path / "t.safetensors")
-    dflash.write_safetensors(path, {"x": np.zeros((2, 2), np.float32)})
-    with pytest.raises(dflash.NotFoundError) as info:
-        dflash.train.load_target_head(path, 4, 4)  # no embedding tensor in it
+    libdflash.write_safetensors(path, {"x": np.zeros((2, 2), np.float32)})
+    with pytest.raises(libdflash.NotFoundError) as info:
+        libdflash.train.load_target_head(path, 4, 4)  # no embedding tensor in it
     assert not isinstance(info.value, (FileNotFoundError, KeyError))
 
 
 def test_missing_names_and_ids_are_key_errors(tmp_path):
     path = str(tmp_path / "t.safetensors")
-    dflash.write_safetensors(path, {"x": np.zeros(3, np.float32)}, metadata={"k": "v"})
-    with pytest.raises(KeyError) as info, dflash.SafeTensors(path) as st:
+    libdflash.write_safetensors(path, {"x": np.zeros(3, np.float32)}, metadata={"k": "v"})
+    with pytest.raises(KeyError) as info, libdflash.SafeTensors(path) as st:
         st["y"]
     assert info.value.status == "DFLASH_E_NOT_FOUND" and '"y"' in info.value.message
     assert str(info.value) == f"DFLASH_E_NOT_FOUND: {info.value.message}"  # not KeyError's quotes
     with pytest.raises(KeyError):
-        dflash.ChatTemplate("no-such-template")
-    with dflash.HiddenWriter(tmp_path / "h", num_layers=1, hidden_size=4) as w:
+        libdflash.ChatTemplate("no-such-template")
+    with libdflash.HiddenWriter(tmp_path / "h", num_layers=1, hidden_size=4) as w:
         w.append("a", np.zeros((2, 4), np.float32))
-    with dflash.HiddenStore(tmp_path / "h") as hs:
+    with libdflash.HiddenStore(tmp_path / "h") as hs:
         assert hs.length("a") == 2
         with pytest.raises(KeyError) as info:
             hs.read("b")
-        assert isinstance(info.value, dflash.MissingKeyError) and "b" in info.value.message
+        assert isinstance(info.value, libdflash.MissingKeyError) and "b" in info.value.message
 
 
 def test_ranges_and_bad_input(tmp_path):
     with pytest.raises(ValueError) as info:  # DFLASH_E_INVALID_ARG
         _lib.bind("dflash_cuda_device_count", [ctypes.c_void_p])(None)
-    assert isinstance(info.value, dflash.InvalidArgumentError)
+    assert isinstance(info.value, libdflash.InvalidArgumentError)
     with pytest.raises(ValueError) as info:
-        dflash.Conversation('{"messages": [')
-    assert isinstance(info.value, dflash.Error) and info.value.status in ("DFLASH_E_JSON",
+        libdflash.Conversation('{"messages": [')
+    assert isinstance(info.value, libdflash.Error) and info.value.status in ("DFLASH_E_JSON",
                                                                           "DFLASH_E_FORMAT")
     bad = tmp_path / "x.safetensors"
     bad.write_bytes(b'{"id": "a", "messages": []}\n')
     with pytest.raises(ValueError) as info:
-        dflash.SafeTensors(str(bad))
-    assert isinstance(info.value, (dflash.FormatError, dflash.TruncatedError))
-    with dflash.SafeTensors(_small(tmp_path)) as st:
-        from dflash.safetensors import _get, _Tensor
+        libdflash.SafeTensors(str(bad))
+    assert isinstance(info.value, (libdflash.FormatError, libdflash.TruncatedError))
+    with libdflash.SafeTensors(_small(tmp_path)) as st:
+        from libdflash.safetensors import _get, _Tensor
         t = _Tensor(struct_size=ctypes.sizeof(_Tensor))
         with pytest.raises(IndexError) as info:
             _get(st._handle(), 5, ctypes.byref(t))
@@ -166,15 +166,15 @@ def test_ranges_and_bad_input(tmp_path):
 
 def _small(tmp_path):
     path = str(tmp_path / "small.safetensors")
-    dflash.write_safetensors(path, {"x": np.zeros(3, np.float32)})
+    libdflash.write_safetensors(path, {"x": np.zeros(3, np.float32)})
     return path
 
 
 def test_except_dflash_error_still_catches_every_kind(tmp_path):
-    for call in (lambda: dflash.SafeTensors(str(tmp_path / "nope")),
-                 lambda: dflash.ChatTemplate("nope"),
-                 lambda: dflash.Conversation("[")):
-        with pytest.raises(dflash.Error) as info:
+    for call in (lambda: libdflash.SafeTensors(str(tmp_path / "nope")),
+                 lambda: libdflash.ChatTemplate("nope"),
+                 lambda: libdflash.Conversation("[")):
+        with pytest.raises(libdflash.Error) as info:
             call()
         assert info.value.status.startswith("DFLASH_E_") and info.value.message
 
@@ -186,16 +186,16 @@ def dataset(tmp_path):
     samples = [(f"s{i}", np.arange(i + 1, dtype=np.int32) + 10 * i,
                 (np.arange(i + 1) % 2).astype(np.uint8)) for i in range(6)]
     write_dataset(tmp_path / "d", samples)
-    with dflash.Dataset(tmp_path / "d") as ds:
+    with libdflash.Dataset(tmp_path / "d") as ds:
         yield ds, samples, str(tmp_path / "d")
 
 
 def test_dataset_repr(dataset):
     ds, samples, path = dataset
     text = repr(ds)
-    assert text == f"<dflash.Dataset {path!r}: 6 samples, 21 tokens>"
+    assert text == f"<libdflash.Dataset {path!r}: 6 samples, 21 tokens>"
     ds.close()
-    assert repr(ds) == f"<dflash.Dataset {path!r} (closed)>"
+    assert repr(ds) == f"<libdflash.Dataset {path!r} (closed)>"
 
 
 def test_dataset_slices_are_lists_of_samples(dataset):
@@ -216,7 +216,7 @@ def test_dataset_indices(dataset):
     for i in (6, -7, 10**6):
         with pytest.raises(IndexError) as info:
             ds[i]
-        assert isinstance(info.value, dflash.Error) and info.value.status == "DFLASH_E_RANGE"
+        assert isinstance(info.value, libdflash.Error) and info.value.status == "DFLASH_E_RANGE"
     with pytest.raises(TypeError):
         ds[1.5]
     assert [s[0] for s in ds] == [s[0] for s in samples]
@@ -233,7 +233,7 @@ def test_dataset_lookup_by_id(dataset):
     for lookup in (lambda: ds["s9"], lambda: ds.by_id("s9"), lambda: ds.index_of("s9")):
         with pytest.raises(KeyError) as info:
             lookup()
-        assert isinstance(info.value, dflash.MissingKeyError) and "'s9'" in info.value.message
+        assert isinstance(info.value, libdflash.MissingKeyError) and "'s9'" in info.value.message
 
 
 # ---- Tokenizer ----------------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_dataset_lookup_by_id(dataset):
 def cl100k():
     if not os.path.exists(CL100K):
         pytest.skip(f"fixture {CL100K} is absent")
-    with dflash.Tokenizer(CL100K) as tok:
+    with libdflash.Tokenizer(CL100K) as tok:
         yield tok
 
 
@@ -283,7 +283,7 @@ CONV = [{"role": "user", "content": "What is 2+2?"},
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3.5", "qwen3.6"])
 def test_render_takes_enable_thinking_for_qwen(name):
-    t = dflash.ChatTemplate(name)
+    t = libdflash.ChatTemplate(name)
     on = t.render(CONV, add_generation_prompt=True)
     off = t.render(CONV, add_generation_prompt=True, thinking=False)
     assert on != off
@@ -308,16 +308,16 @@ def test_render_enable_thinking_matches_hf():
         pytest.skip("template fixtures missing")
     for flag in (False, True):
         want = ref.render("qwen3", CONV, add_generation_prompt=True, enable_thinking=flag)
-        got = dflash.ChatTemplate("qwen3").render(CONV, add_generation_prompt=True,
+        got = libdflash.ChatTemplate("qwen3").render(CONV, add_generation_prompt=True,
                                                   enable_thinking=flag)
         assert got == want
 
 
 def test_enable_thinking_is_refused_outside_the_qwen_family():
     with pytest.raises(TypeError, match="thinking="):
-        dflash.ChatTemplate("kimi-k2.6").render(CONV, enable_thinking=False)
+        libdflash.ChatTemplate("kimi-k2.6").render(CONV, enable_thinking=False)
 
 
 def test_builtins_are_not_shadowed():
-    # the class names chosen never hide a built-in of the same name in `from dflash import *`
-    assert not [n for n in dflash.__all__ if hasattr(builtins, n)]
+    # the class names chosen never hide a built-in of the same name in `from libdflash import *`
+    assert not [n for n in libdflash.__all__ if hasattr(builtins, n)]

@@ -10,7 +10,7 @@ import pytest
 from safetensors import deserialize, safe_open, serialize
 from safetensors.numpy import save_file
 
-import dflash
+import libdflash
 
 # safetensors dtype name -> (serialize() spelling, bytes per element)
 ALL_DTYPES = {
@@ -44,7 +44,7 @@ def test_reads_what_python_writes_every_dtype(tmp_path):
                       for k, (d, s, b) in tensors.items()}, metadata={"who": "python", "n": "90"})
     path = tmp_path / "py.safetensors"
     path.write_bytes(blob)
-    with dflash.SafeTensors(path) as st:
+    with libdflash.SafeTensors(path) as st:
         assert sorted(st.keys()) == sorted(tensors) and len(st) == len(tensors)
         assert st.metadata == {"who": "python", "n": "90"}
         for name, (dtype, shape, raw) in tensors.items():
@@ -59,10 +59,10 @@ def test_python_reads_what_dflash_writes_every_dtype(tmp_path):
     tensors = _python_tensors(1)
     arrays, dtypes = {}, {}
     for name, (dtype, shape, raw) in tensors.items():
-        arrays[name] = np.frombuffer(raw, dtype=dflash.DTYPES[dtype]).reshape(shape)
+        arrays[name] = np.frombuffer(raw, dtype=libdflash.DTYPES[dtype]).reshape(shape)
         dtypes[name] = dtype
     path = tmp_path / "df.safetensors"
-    dflash.write_safetensors(path, arrays, metadata={"format": "pt"}, dtypes=dtypes)
+    libdflash.write_safetensors(path, arrays, metadata={"format": "pt"}, dtypes=dtypes)
     header_len = struct.unpack("<Q", path.read_bytes()[:8])[0]
     assert (8 + header_len) % 8 == 0, "data section must start 8-byte aligned"
     got = dict(deserialize(path.read_bytes()))
@@ -85,7 +85,7 @@ def test_numpy_views_match_python_loader(tmp_path):
               "mask": rng.integers(0, 2, 1000).astype(np.uint8)}
     path = tmp_path / "np.safetensors"
     save_file(arrays, str(path))
-    with dflash.SafeTensors(path) as st:
+    with libdflash.SafeTensors(path) as st:
         views = {k: st[k] for k in arrays}
     for k, a in arrays.items():  # views outlive the closed handle
         assert np.array_equal(views[k], a)
@@ -105,13 +105,13 @@ def _make_shards(tmp_path):
 
 def test_shard_set_through_index_directory_and_writer(tmp_path):
     shards = _make_shards(tmp_path)
-    dflash.write_index(tmp_path / "model.safetensors.index.json", sorted(shards), {"format": "pt"})
+    libdflash.write_index(tmp_path / "model.safetensors.index.json", sorted(shards), {"format": "pt"})
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     total = sum(a.nbytes for arrays in shards.values() for a in arrays.values())
     assert index["metadata"] == {"format": "pt", "total_size": total}
     assert index["weight_map"] == {k: f for f, arrays in shards.items() for k in arrays}
     for path in (tmp_path / "model.safetensors.index.json", tmp_path):
-        with dflash.SafeTensors(path) as st:
+        with libdflash.SafeTensors(path) as st:
             assert st.file_count == 3 and len(st) == 12
             assert st.metadata["total_size"] == str(total)
             for f, arrays in shards.items():
@@ -125,15 +125,15 @@ def test_index_errors_name_the_shard(tmp_path):
     weight_map = {k: f for f, arrays in shards.items() for k in arrays}
     weight_map["extra"] = "model-00009-of-00009.safetensors"
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    with pytest.raises(dflash.Error) as e:
-        dflash.SafeTensors(tmp_path)
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.SafeTensors(tmp_path)
     assert e.value.status == "DFLASH_E_NOT_FOUND"
     assert "model-00009-of-00009.safetensors" in e.value.message
     del weight_map["extra"]
     weight_map["layer.0.0"] = "model-00002-of-00003.safetensors"
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    with pytest.raises(dflash.Error) as e:
-        dflash.SafeTensors(tmp_path)
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.SafeTensors(tmp_path)
     assert e.value.status == "DFLASH_E_MISMATCH" and "layer.0.0" in e.value.message
 
 
@@ -161,9 +161,9 @@ def test_shard_set_over_4_gib(tmp_path):
     big = 5 * (1 << 30)  # 5 GiB in one tensor, sparse on disk
     _sparse_file(tmp_path / "model-00001-of-00002.safetensors", {"huge": ("U8", (big,))}, big)
     save_file({"small": np.arange(10, dtype=np.int64)}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    dflash.write_index(tmp_path / "model.safetensors.index.json",
+    libdflash.write_index(tmp_path / "model.safetensors.index.json",
                        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"])
-    with dflash.SafeTensors(tmp_path) as st:
+    with libdflash.SafeTensors(tmp_path) as st:
         huge = st["huge"]
         assert huge.shape == (big,) and st.info("huge")[2] == big
         assert huge[-4:].tobytes() == b"\x01\x02\x03\x04" and huge[(1 << 32) + 7] == 0
@@ -179,7 +179,7 @@ def test_writer_streams_over_4_gib(tmp_path):
     big = (1 << 32) + 4096
     chunk = np.zeros(1 << 26, dtype=np.uint8)
     import ctypes
-    from dflash import safetensors as m
+    from libdflash import safetensors as m
     w = ctypes.c_void_p()
     m._w_create(str(path).encode(), ctypes.byref(w))
     try:
@@ -219,8 +219,8 @@ def test_malformed_files_get_specific_errors(tmp_path, mutate, status, needle):
     blob = path.read_bytes()
     assert b"[0,24]" in blob
     path.write_bytes(mutate(blob))
-    with pytest.raises(dflash.Error) as e:
-        dflash.SafeTensors(path)
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.SafeTensors(path)
     assert e.value.status == status, e.value.message
     assert needle in e.value.message and str(path) in e.value.message
 
@@ -239,18 +239,18 @@ def test_inspect_cli_lists_tensors(tmp_path):
 def test_metadata_lookup_matches_python_reader(tmp_path):
     path = tmp_path / "m.safetensors"
     meta = {"format": "pt", "note": "héllo ✓", "empty": ""}
-    dflash.write_safetensors(path, {"x": np.arange(3, dtype=np.float32)}, metadata=meta)
+    libdflash.write_safetensors(path, {"x": np.arange(3, dtype=np.float32)}, metadata=meta)
     with safe_open(str(path), "np") as f:
         assert f.metadata() == meta  # the reference reader sees what the writer wrote
-    with dflash.SafeTensors(path) as st:
+    with libdflash.SafeTensors(path) as st:
         for k, v in meta.items():
             assert st.get_metadata(k) == v
         assert st.get_metadata("missing") is None
         assert st.get_metadata("missing", "dflt") == "dflt"
     # A shard set answers from its index's "metadata".
-    dflash.write_index(tmp_path / "model.safetensors.index.json", ["m.safetensors"],
+    libdflash.write_index(tmp_path / "model.safetensors.index.json", ["m.safetensors"],
                        metadata={"origin": "test"})
-    with dflash.SafeTensors(tmp_path / "model.safetensors.index.json") as st:
+    with libdflash.SafeTensors(tmp_path / "model.safetensors.index.json") as st:
         assert st.get_metadata("origin") == "test"
         assert st.get_metadata("total_size") == "12"
     with pytest.raises(ValueError):
@@ -258,11 +258,11 @@ def test_metadata_lookup_matches_python_reader(tmp_path):
 
 
 def test_dtype_sizes_match_numpy():
-    from dflash.safetensors import dtype_code, dtype_size
-    for name, np_dtype in dflash.DTYPES.items():
+    from libdflash.safetensors import dtype_code, dtype_size
+    for name, np_dtype in libdflash.DTYPES.items():
         assert dtype_size(name) == np.dtype(np_dtype).itemsize, name
         assert dtype_size(dtype_code(name)) == dtype_size(name)
     assert dtype_size(10_000) == 0  # unknown value
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         dtype_size("F128")
     assert e.value.status == "DFLASH_E_DTYPE"

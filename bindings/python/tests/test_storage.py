@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-import dflash
-from dflash.storage import Storage
+import libdflash
+from libdflash.storage import Storage
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tests" / "storage"))
 import s3env  # noqa: E402
@@ -114,7 +114,7 @@ def test_safetensors_on_demand_matches_python_safetensors(s3, tmp_path):
             assert got.dtype == want.dtype and got.shape == want.shape
             assert got.tobytes() == want.tobytes()
     st.write(f"s3://{s3.bucket}/pyst/notes.txt", b"not a safetensors file at all")
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         st.open_safetensors(f"s3://{s3.bucket}/pyst/notes.txt")
     assert e.value.status in ("DFLASH_E_FORMAT", "DFLASH_E_TRUNCATED")
     assert f"s3://{s3.bucket}/pyst/notes.txt" in e.value.message
@@ -123,14 +123,14 @@ def test_safetensors_on_demand_matches_python_safetensors(s3, tmp_path):
 def test_errors_are_clear_and_hide_the_secret(s3):
     secret = s3.env["AWS_SECRET_ACCESS_KEY"]
     st = client(s3, secret_access_key=secret + "x")
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         st.read(f"s3://{s3.bucket}/anything")
     assert e.value.status == "DFLASH_E_AUTH" and "SignatureDoesNotMatch" in e.value.message
     assert secret not in e.value.message
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         client(s3).read("s3://no-such-bucket-x/k")
     assert e.value.status == "DFLASH_E_NOT_FOUND" and "NoSuchBucket" in e.value.message
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         client(s3).read(f"s3://{s3.bucket}/missing/key")
     assert e.value.status == "DFLASH_E_NOT_FOUND" and f"s3://{s3.bucket}/missing/key" in e.value.message
 
@@ -144,7 +144,7 @@ def test_local_paths_take_the_same_calls(tmp_path):
     with st.open_writer(str(tmp_path / "w.bin")) as w:
         w.write(b"x" * 10)
     assert st.stat(str(tmp_path / "w.bin"))[0] == 10
-    assert not dflash.is_remote(loc) and dflash.is_remote("s3://b/k")
+    assert not libdflash.is_remote(loc) and libdflash.is_remote("s3://b/k")
 
 
 def cli(s3, *args, **env):

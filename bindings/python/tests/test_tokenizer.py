@@ -1,4 +1,4 @@
-"""dflash.Tokenizer: the ctypes binding and the CLI over the tokenizer API."""
+"""libdflash.Tokenizer: the ctypes binding and the CLI over the tokenizer API."""
 import os
 import subprocess
 import tempfile
@@ -6,7 +6,7 @@ import tempfile
 import numpy as np
 import pytest
 
-import dflash
+import libdflash
 
 FIXTURES = os.environ.get("DFLASH_FIXTURES") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "..", "shared", "fixtures")
@@ -21,7 +21,7 @@ TEXTS = ["Hello, world!", "", "I'm here; you'RE there.\r\n\r\n  x", "日本語�
 def cl100k():
     if not os.path.exists(CL100K):
         pytest.skip(f"fixture {CL100K} is absent")
-    with dflash.Tokenizer(CL100K) as tok:
+    with libdflash.Tokenizer(CL100K) as tok:
         yield tok
 
 
@@ -71,24 +71,24 @@ def test_lookups(cl100k):
     assert cl100k.id_to_token(9906) == b"Hello"
     assert cl100k.token_to_id(b"Hello") == 9906
     assert cl100k.token_to_id(b"no such token \x00") is None
-    with pytest.raises(dflash.Error) as info:
+    with pytest.raises(libdflash.Error) as info:
         cl100k.id_to_token(100262)  # a hole between the specials
     assert info.value.status == "DFLASH_E_NOT_FOUND"
 
 
 def test_errors_name_what_is_wrong(cl100k):
-    with pytest.raises(dflash.Error) as info:
+    with pytest.raises(libdflash.Error) as info:
         cl100k.decode([9906, 10**6])
     assert info.value.status == "DFLASH_E_RANGE" and "position 1" in info.value.message
-    with pytest.raises(dflash.Error) as info:
-        dflash.Tokenizer("/nonexistent/tokenizer.json")
+    with pytest.raises(libdflash.Error) as info:
+        libdflash.Tokenizer("/nonexistent/tokenizer.json")
     assert info.value.status == "DFLASH_E_IO"
     with tempfile.TemporaryDirectory() as tmp:
         bad = os.path.join(tmp, "bad.tiktoken")
         with open(bad, "w") as f:
             f.write("IQ== 0\n@@@@ 1\n")
-        with pytest.raises(dflash.Error) as info:
-            dflash.Tokenizer(bad, pattern="cl100k")
+        with pytest.raises(libdflash.Error) as info:
+            libdflash.Tokenizer(bad, pattern="cl100k")
         assert info.value.status == "DFLASH_E_FORMAT" and "bad.tiktoken:2" in info.value.message
     with pytest.raises(ValueError):
         cl100k.encode("x", special="some")
@@ -97,7 +97,7 @@ def test_errors_name_what_is_wrong(cl100k):
 def test_close_and_context_manager():
     if not os.path.exists(CL100K):
         pytest.skip("fixture absent")
-    tok = dflash.Tokenizer(CL100K)
+    tok = libdflash.Tokenizer(CL100K)
     with tok:
         assert len(tok.encode("hi")) == 1
     with pytest.raises(ValueError):
@@ -120,7 +120,7 @@ def test_qwen2_directory_matches_hf():
                              behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     ref.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    with dflash.Tokenizer(QWEN2) as tok:
+    with libdflash.Tokenizer(QWEN2) as tok:
         assert tok.vocab_size == 151646
         for text in TEXTS + ["<|im_start|>user\ncafe\u0301<|im_end|>"]:
             assert list(tok.encode(text)) == ref.encode(text, add_special_tokens=False).ids

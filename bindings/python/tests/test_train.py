@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-import dflash
-from dflash import train
+import libdflash
+from libdflash import train
 
 CFG = {
     "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
@@ -17,7 +17,7 @@ CFG = {
 def make(**kw):
     rng = np.random.default_rng(0)
     e = rng.standard_normal((29, 16)).astype(np.float32)
-    return dflash.Trainer(CFG, e, e, seed=3, **kw), rng
+    return libdflash.Trainer(CFG, e, e, seed=3, **kw), rng
 
 
 def test_parameters_and_names():
@@ -31,7 +31,7 @@ def test_parameters_and_names():
     p["norm.weight"][:] = 2.0
     tr.set_parameters({"norm.weight": p["norm.weight"]})
     assert (tr.parameters()["norm.weight"] == 2.0).all()
-    with pytest.raises(dflash.Error, match="no parameter"):
+    with pytest.raises(libdflash.Error, match="no parameter"):
         tr.set_parameters({"nope": np.zeros(3)})
 
 
@@ -66,7 +66,7 @@ def test_config_round_trip_and_paths(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(d))
     assert train.config_to_dict(train.parse_config(str(tmp_path / "c.json"))) == d
     bad = dict(CFG, num_key_value_heads=3)
-    with pytest.raises(dflash.Error, match="multiple of num_key_value_heads"):
+    with pytest.raises(libdflash.Error, match="multiple of num_key_value_heads"):
         train.parse_config(bad)
 
 
@@ -84,7 +84,7 @@ def test_checkpoint_and_state(tmp_path):
     tr.forward_backward(ids, np.ones(20, np.uint8), hid, [2, 9])
     tr.step()
     tr.save(tmp_path / "ckpt")
-    st = dflash.SafeTensors(tmp_path / "ckpt" / "model.safetensors")
+    st = libdflash.SafeTensors(tmp_path / "ckpt" / "model.safetensors")
     np.testing.assert_array_equal(st["fc.weight"], tr.parameters()["fc.weight"])
     cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert cfg["dflash_config"]["target_layer_ids"] == [2, 6]
@@ -97,11 +97,11 @@ def test_checkpoint_and_state(tmp_path):
 
 def test_cuda_backend_fails_cleanly_without_a_device():
     try:
-        if dflash.cuda_device_count() > 0:
+        if libdflash.cuda_device_count() > 0:
             pytest.skip("a CUDA device is present: tests/gpu covers the backend")
-    except dflash.Error:
+    except libdflash.Error:
         pass
-    with pytest.raises(dflash.Error) as err:
+    with pytest.raises(libdflash.Error) as err:
         make(backend="cuda")
     assert err.value.status in ("DFLASH_E_NO_DEVICE", "DFLASH_E_UNSUPPORTED")
     assert "cuda" in str(err.value).lower()

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-import dflash
-from dflash.hidden import write_dataset
+import libdflash
+from libdflash.hidden import write_dataset
 
 V, H, B = 17, 32, 4
 CLI = os.environ.get("DFLASH_CLI")
@@ -37,14 +37,14 @@ def make_world(root, n_train=64, n_test=16, S=40):
             samples.append((sid, np.array(x, np.int32), np.ones(S, np.uint8)))
             hid[sid] = codes[c][None] + 0.1 * rng.standard_normal((S, H)).astype(np.float32)
         write_dataset(root / name, samples)
-        with dflash.HiddenWriter(root / f"{name}-hidden", num_layers=1, hidden_size=H) as w:
+        with libdflash.HiddenWriter(root / f"{name}-hidden", num_layers=1, hidden_size=H) as w:
             for sid, h in hid.items():
                 w.append(sid, h)
 
     split("train", n_train)
     split("test", n_test)
     (root / "target").mkdir()
-    dflash.write_safetensors(root / "target" / "model.safetensors", {
+    libdflash.write_safetensors(root / "target" / "model.safetensors", {
         "model.embed_tokens.weight": rng.standard_normal((V, H)).astype(np.float32),
         "lm_head.weight": rng.standard_normal((V, H)).astype(np.float32)})
     cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": H, "intermediate_size": 64,
@@ -85,8 +85,8 @@ def test_training_reaches_near_optimal_tau(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["dflash_config"]["block_size"] == cfg["block_size"] == B
     # What an engine loads: every top-level *.safetensors holds only drafter weights.
-    st = dflash.SafeTensors(out)
-    assert set(st.keys()) == set(dflash.Trainer(cfg, np.zeros((V, H), np.float32),
+    st = libdflash.SafeTensors(out)
+    assert set(st.keys()) == set(libdflash.Trainer(cfg, np.zeros((V, H), np.float32),
                                                 np.zeros((V, H), np.float32)).names())
 
 
@@ -165,7 +165,7 @@ def test_cli_reports_bad_inputs(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 1 and "K*H = 1*48" in r.stderr
     (tmp_path / "target" / "model.safetensors").unlink()
-    dflash.write_safetensors(tmp_path / "target" / "model.safetensors",
+    libdflash.write_safetensors(tmp_path / "target" / "model.safetensors",
                              {"other.weight": np.zeros((V, H), np.float32)})
     r = subprocess.run(train_cmd(tmp_path, tmp_path / "o2", "--quiet"), capture_output=True,
                        text=True)

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-import dflash
-from dflash import train
+import libdflash
+from libdflash import train
 
 CFG = {
     "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
@@ -26,7 +26,7 @@ def heads(rng):
 def test_logits_are_the_blocks_argmax_and_include_position_0():
     rng = np.random.default_rng(1)
     e, h = heads(rng)
-    with dflash.Trainer(CFG, e, h, seed=2, init_std=0.3) as tr:
+    with libdflash.Trainer(CFG, e, h, seed=2, init_std=0.3) as tr:
         ids = rng.integers(0, 28, 24).astype(np.int32)
         hid = rng.standard_normal((24, 32)).astype(np.float32)
         anchors = [0, 7, 20, 23]
@@ -35,7 +35,7 @@ def test_logits_are_the_blocks_argmax_and_include_position_0():
         np.testing.assert_array_equal(lg[:, 1:].argmax(-1), tr.predict(ids, hid, anchors))
         one = tr.logits(ids, hid, [20])
         np.testing.assert_allclose(one[0], lg[2], rtol=0, atol=1e-5)
-        with pytest.raises(dflash.Error, match="anchor 0 = 24"):
+        with pytest.raises(libdflash.Error, match="anchor 0 = 24"):
             tr.logits(ids, hid, [24])
 
 
@@ -45,7 +45,7 @@ def test_partial_rotary_factor_round_trip(tmp_path):
     e, h = heads(rng)
     cfg = dict(CFG, partial_rotary_factor=0.5)
     # DrafterConfig has no field for it: the plain parser refuses it.
-    with pytest.raises(dflash.Error, match="partial_rotary_factor") as err:
+    with pytest.raises(libdflash.Error, match="partial_rotary_factor") as err:
         train.parse_config(cfg)
     assert err.value.status == "DFLASH_E_UNSUPPORTED"
     c, ext = train.parse_config_ext(cfg)
@@ -53,8 +53,8 @@ def test_partial_rotary_factor_round_trip(tmp_path):
     assert train.config_to_dict_ext(c, ext)["partial_rotary_factor"] == 0.5
     ids = rng.integers(0, 28, 16).astype(np.int32)
     hid = rng.standard_normal((16, 32)).astype(np.float32)
-    with dflash.Trainer(cfg, e, h, seed=3, init_std=0.3) as tr, \
-            dflash.Trainer(CFG, e, h, seed=3, init_std=0.3) as full:
+    with libdflash.Trainer(cfg, e, h, seed=3, init_std=0.3) as tr, \
+            libdflash.Trainer(CFG, e, h, seed=3, init_std=0.3) as full:
         assert tr.config_ext.partial_rotary_factor == 0.5
         # Same weights, different rotation: different logits.
         assert not np.allclose(tr.logits(ids, hid, [9]), full.logits(ids, hid, [9]))
@@ -88,7 +88,7 @@ def test_partial_rotary_factor_round_trip(tmp_path):
 def test_refusals_name_the_key_and_file(tmp_path, change, status, needle):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(CFG, **change)))
-    with pytest.raises(dflash.Error) as err:
+    with pytest.raises(libdflash.Error) as err:
         train.load_config(str(path))
     assert err.value.status == status
     assert needle in err.value.message and str(path) in err.value.message
@@ -97,12 +97,12 @@ def test_refusals_name_the_key_and_file(tmp_path, change, status, needle):
 def test_no_num_target_layers_is_not_saved(tmp_path):
     cfg = {k: v for k, v in CFG.items() if k != "num_target_layers"}
     c = train.parse_config(cfg)  # explicit target_layer_ids: enough to train
-    with pytest.raises(dflash.Error, match="num_target_layers") as err:
+    with pytest.raises(libdflash.Error, match="num_target_layers") as err:
         train.save_config(c, str(tmp_path / "config.json"))
     assert err.value.status == "DFLASH_E_CONFIG"
     assert not (tmp_path / "config.json").exists()
     rng = np.random.default_rng(3)
     e, h = heads(rng)
-    with dflash.Trainer(c, e, h) as tr, pytest.raises(dflash.Error, match="num_target_layers"):
+    with libdflash.Trainer(c, e, h) as tr, pytest.raises(libdflash.Error, match="num_target_layers"):
         tr.save(tmp_path / "drafter")
     assert not (tmp_path / "drafter" / "model.safetensors").exists()

@@ -1,4 +1,4 @@
-"""dflash.train_run, Trainer.evaluate / acceptance / from_checkpoint, drafter
+"""libdflash.train_run, Trainer.evaluate / acceptance / from_checkpoint, drafter
 config files, target head loading and the GPU memory plan, on the synthetic
 world of test_train_cli (hidden states determine each sequence's future)."""
 import json
@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-import dflash
-from dflash import train
+import libdflash
+from libdflash import train
 from test_train_cli import B, H, V, make_world
 
 
@@ -21,7 +21,7 @@ def world(tmp_path_factory):
 def run(world, out, **kw):
     opts = dict(batch_size=4, num_anchors=16, seed=5, n_threads=2, lr=1e-2, epochs=40)
     opts.update(kw)
-    return dflash.train_run(json.loads((world / "drafter.json").read_text()), world / "target",
+    return libdflash.train_run(json.loads((world / "drafter.json").read_text()), world / "target",
                             world / "train", world / "train-hidden", out, **opts)
 
 
@@ -46,8 +46,8 @@ def test_train_run_writes_checkpoint_metrics_and_progress(world, trained):
     assert rows[-1]["loss"] < 0.2 * rows[0]["loss"]
     cfg = train.load_config(trained / "config.json")
     assert (cfg.hidden_size, cfg.vocab_size, cfg.block_size) == (H, V, B)
-    st = dflash.SafeTensors(trained / "model.safetensors")
-    with dflash.Trainer.from_checkpoint(trained, world / "target") as t:
+    st = libdflash.SafeTensors(trained / "model.safetensors")
+    with libdflash.Trainer.from_checkpoint(trained, world / "target") as t:
         assert sorted(st.keys()) == sorted(t.names())
         np.testing.assert_array_equal(t.parameters()["fc.weight"], st["fc.weight"])
     log = (world / "progress.log").read_text()
@@ -55,10 +55,10 @@ def test_train_run_writes_checkpoint_metrics_and_progress(world, trained):
 
 
 def test_evaluate_is_mean_acceptance_over_sampled_anchors(world, trained):
-    with dflash.Trainer.from_checkpoint(trained, world / "target") as t:
+    with libdflash.Trainer.from_checkpoint(trained, world / "target") as t:
         got = t.evaluate(world / "test", world / "test-hidden", anchors_per_seq=8, seed=3)
         taus, hits = [], np.zeros(B - 1)
-        with dflash.SampleStream(world / "test", world / "test-hidden") as s:
+        with libdflash.SampleStream(world / "test", world / "test-hidden") as s:
             for index, _, ids, mask, hid in s.iterate():
                 anchors = train.sample_anchors(mask, B, 8, seed=3, stream=index)
                 accept, pred = t.acceptance(ids, hid, anchors)
@@ -80,7 +80,7 @@ def test_training_raises_tau_above_an_untrained_drafter(world, trained, tmp_path
     run(world, untrained, max_steps=1, lr=0.0)
     taus = {}
     for name, ckpt in (("untrained", untrained), ("trained", trained)):
-        with dflash.Trainer.from_checkpoint(ckpt, world / "target") as t:
+        with libdflash.Trainer.from_checkpoint(ckpt, world / "target") as t:
             taus[name] = t.evaluate(world / "test", world / "test-hidden", anchors_per_seq=8)["tau"]
     print("held-out tau:", taus)
     assert taus["untrained"] < 1.5 and taus["trained"] > taus["untrained"] + 1
@@ -96,8 +96,8 @@ def test_resumed_run_reproduces_the_uninterrupted_one(world, tmp_path):
 
 
 def test_train_run_errors(world, tmp_path):
-    with pytest.raises(dflash.Error) as e:
-        dflash.train_run(world / "drafter.json", world / "target", world / "nope",
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.train_run(world / "drafter.json", world / "target", world / "nope",
                          world / "train-hidden", tmp_path / "o")
     assert "nope" in e.value.message
     with pytest.raises(TypeError):
@@ -115,17 +115,17 @@ def test_config_files_round_trip(world, tmp_path):
     assert train.config_to_dict(again) == written
     train.validate_config(again)
     again.num_key_value_heads = 3  # 4 heads are not a multiple of 3
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         train.validate_config(again)
     assert e.value.status == "DFLASH_E_CONFIG" and "num_key_value_heads" in e.value.message
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         train.load_config(tmp_path / "missing.json")
     assert "missing.json" in e.value.message
 
 
 def test_train_plan_terms(world):
     cfg = json.loads((world / "drafter.json").read_text())
-    with dflash.Trainer(cfg, np.zeros((V, H), np.float32), np.zeros((V, H), np.float32)) as t:
+    with libdflash.Trainer(cfg, np.zeros((V, H), np.float32), np.zeros((V, H), np.float32)) as t:
         n_params = sum(p.size for p in t.parameters().values())
     plan = train.train_plan(cfg, world_size=1, seq_len=64, num_anchors=8)
     assert plan["fits"] and plan["n_params"] == n_params
@@ -148,16 +148,16 @@ def test_target_head_loading(tmp_path):
     rng = np.random.default_rng(2)
     e = rng.standard_normal((V, H)).astype(np.float32)
     h = rng.standard_normal((V, H)).astype(np.float32)
-    dflash.write_safetensors(tmp_path / "a.safetensors",
+    libdflash.write_safetensors(tmp_path / "a.safetensors",
                              {"model.embed_tokens.weight": e, "lm_head.weight": h})
     got_e, got_h = train.load_target_head(tmp_path / "a.safetensors", V, H)
     np.testing.assert_array_equal(got_e, e)
     np.testing.assert_array_equal(got_h, h)
     (tmp_path / "tied").mkdir()
-    dflash.write_safetensors(tmp_path / "tied" / "model.safetensors", {"emb": e})
+    libdflash.write_safetensors(tmp_path / "tied" / "model.safetensors", {"emb": e})
     got_e, got_h = train.load_target_head(tmp_path / "tied", V, H, embed_name="emb")
     np.testing.assert_array_equal(got_e, e)
     np.testing.assert_array_equal(got_h, e)  # no LM head tensor: tied embeddings
-    with pytest.raises(dflash.Error) as err:
+    with pytest.raises(libdflash.Error) as err:
         train.load_target_head(tmp_path / "a.safetensors", V + 1, H)
     assert err.value.status in ("DFLASH_E_MISMATCH", "DFLASH_E_FORMAT")

@@ -17,7 +17,7 @@ CL100K = os.path.join(FIXTURES, "tokenizers", "openai", "cl100k_base.tiktoken.gz
 PRELUDE = """
 import gc, sys
 import numpy as np
-import dflash
+import libdflash
 tmp = sys.argv[1]
 
 def closed_raises(fn, *args):
@@ -45,9 +45,9 @@ def isolated(tmp_path, body, env=None):
 def test_dataset_array_read_after_close(tmp_path):
     """Issue 13: an array taken from a Dataset and read after close() segfaulted."""
     isolated(tmp_path, """
-    from dflash.hidden import write_dataset
+    from libdflash.hidden import write_dataset
     write_dataset(tmp + "/d", [("a", np.arange(1000, dtype=np.int32), np.ones(1000, np.uint8))])
-    ds = dflash.Dataset(tmp + "/d")
+    ds = libdflash.Dataset(tmp + "/d")
     sid, ids, mask = ds[0]
     ds.close()
     assert int(ids.sum()) == 999 * 1000 // 2 and int(mask.sum()) == 1000
@@ -58,12 +58,12 @@ def test_dataset_views_outlive_close(tmp_path):
     """Dataset samples are zero-copy views of the mapped shards: they keep the
     mapping until the last one goes (the old views read unmapped memory)."""
     isolated(tmp_path, """
-    from dflash.hidden import write_dataset
+    from libdflash.hidden import write_dataset
     rng = np.random.default_rng(0)
     samples = [(f"s{i}", rng.integers(0, 1 << 30, 40000 + i, dtype=np.int32),
                 rng.integers(0, 2, 40000 + i, dtype=np.uint8)) for i in range(40)]
     write_dataset(tmp + "/d", samples, shard_tokens=200000)
-    ds = dflash.Dataset(tmp + "/d")
+    ds = libdflash.Dataset(tmp + "/d")
     views = [ds[i] for i in range(len(ds))] + [ds[-1]]
     it_views = list(ds)
     ds.close()
@@ -77,10 +77,10 @@ def test_dataset_views_outlive_close(tmp_path):
             np.testing.assert_array_equal(mask, rmask)
             np.testing.assert_array_equal(other[1], rids)
     # Dropped without close(): a view alone keeps its shard mapped.
-    one = dflash.Dataset(tmp + "/d")[3][1]
+    one = libdflash.Dataset(tmp + "/d")[3][1]
     gc.collect()
     np.testing.assert_array_equal(one, samples[3][1])
-    ds = dflash.Dataset(tmp + "/d")
+    ds = libdflash.Dataset(tmp + "/d")
     ds.close()
     for fn, args in ((len, (ds,)), (ds.__getitem__, (0,)), (ds.length_histogram, ())):
         closed_raises(fn, *args)
@@ -91,8 +91,8 @@ def test_safetensors_views_outlive_close(tmp_path):
     isolated(tmp_path, """
     arrays = {"a": np.arange(300000, dtype=np.float32).reshape(600, 500),
               "b": np.arange(7, dtype=np.int64), "empty": np.zeros((0, 3), np.float16)}
-    dflash.write_safetensors(tmp + "/m.safetensors", arrays)
-    st = dflash.SafeTensors(tmp + "/m.safetensors")
+    libdflash.write_safetensors(tmp + "/m.safetensors", arrays)
+    st = libdflash.SafeTensors(tmp + "/m.safetensors")
     views = {k: st[k] for k in arrays}
     st.close()
     del st
@@ -101,7 +101,7 @@ def test_safetensors_views_outlive_close(tmp_path):
         for k, a in arrays.items():
             assert views[k].shape == a.shape and not views[k].flags.writeable
             np.testing.assert_array_equal(views[k], a)
-    st = dflash.SafeTensors(tmp + "/m.safetensors")
+    st = libdflash.SafeTensors(tmp + "/m.safetensors")
     st.close()
     for fn, args in ((len, (st,)), (st.__getitem__, ("a",)), (st.keys, ())):
         closed_raises(fn, *args)
@@ -112,10 +112,10 @@ def test_hidden_store_reads_are_copies(tmp_path):
     isolated(tmp_path, """
     rng = np.random.default_rng(1)
     x = rng.standard_normal((50, 2 * 64)).astype(np.float32)
-    with dflash.HiddenWriter(tmp + "/h", num_layers=2, hidden_size=64) as w:
+    with libdflash.HiddenWriter(tmp + "/h", num_layers=2, hidden_size=64) as w:
         w.append("a", x)
         w.append("b", x[:9])
-    store = dflash.HiddenStore(tmp + "/h")
+    store = libdflash.HiddenStore(tmp + "/h")
     got, ids = store.read("a"), store.ids()
     before = got.copy()
     store.close()
@@ -123,7 +123,7 @@ def test_hidden_store_reads_are_copies(tmp_path):
     gc.collect()
     assert ids == ["a", "b"] and got.flags.owndata
     np.testing.assert_array_equal(got, before)
-    store = dflash.HiddenStore(tmp + "/h")
+    store = libdflash.HiddenStore(tmp + "/h")
     store.close()
     for fn, args in ((store.read, ("a",)), (store.ids, ()), (store.length, ("a",))):
         closed_raises(fn, *args)
@@ -134,16 +134,16 @@ def test_hidden_store_reads_are_copies(tmp_path):
 
 def test_sample_stream_items_are_copies(tmp_path):
     isolated(tmp_path, """
-    from dflash.hidden import write_dataset
+    from libdflash.hidden import write_dataset
     rng = np.random.default_rng(2)
     samples = [(f"s{i}", rng.integers(0, 100, 30 + i, dtype=np.int32),
                 np.ones(30 + i, np.uint8)) for i in range(6)]
     write_dataset(tmp + "/d", samples)
-    with dflash.HiddenWriter(tmp + "/h", num_layers=1, hidden_size=8) as w:
+    with libdflash.HiddenWriter(tmp + "/h", num_layers=1, hidden_size=8) as w:
         for sid, ids, _ in samples:
             w.append(sid, rng.standard_normal((ids.size, 8)).astype(np.float32))
-    expect = dflash.HiddenStore(tmp + "/h")
-    stream = dflash.SampleStream(tmp + "/d", tmp + "/h", prefetch=2)
+    expect = libdflash.HiddenStore(tmp + "/h")
+    stream = libdflash.SampleStream(tmp + "/d", tmp + "/h", prefetch=2)
     items = list(stream.iterate())
     stream.close()
     del stream
@@ -154,7 +154,7 @@ def test_sample_stream_items_are_copies(tmp_path):
         np.testing.assert_array_equal(ids, rids)
         np.testing.assert_array_equal(mask, rmask)
         np.testing.assert_array_equal(hidden, expect.read(sid))
-    stream = dflash.SampleStream(tmp + "/d", tmp + "/h", prefetch=2)
+    stream = libdflash.SampleStream(tmp + "/d", tmp + "/h", prefetch=2)
     gen = stream.iterate()
     next(gen)
     stream.close()
@@ -168,7 +168,7 @@ def test_tokenizer_outputs_are_copies(tmp_path):
     if not os.path.exists(CL100K):
         pytest.skip(f"fixture {CL100K} is absent")
     isolated(tmp_path, f"""
-    tok = dflash.Tokenizer({CL100K!r})
+    tok = libdflash.Tokenizer({CL100K!r})
     ids = tok.encode("Hello, world! " * 200)
     batch = tok.encode_batch(["a b c", "<|endoftext|> x", ""])
     piece, text = tok.id_to_token(9906), tok.decode(ids)
@@ -180,7 +180,7 @@ def test_tokenizer_outputs_are_copies(tmp_path):
     for b, r in zip(batch, before[1]):
         np.testing.assert_array_equal(b, r)
     assert piece == b"Hello" and text == "Hello, world! " * 200
-    tok = dflash.Tokenizer({CL100K!r})
+    tok = libdflash.Tokenizer({CL100K!r})
     tok.close()
     for fn, args in ((tok.encode, ("x",)), (tok.decode, (ids,)), (tok.decode_bytes, (ids,)),
                      (tok.id_to_token, (1,)), (tok.encode_batch, (["x"],)), (len, (tok,))):
@@ -189,13 +189,13 @@ def test_tokenizer_outputs_are_copies(tmp_path):
 
 
 def test_rendered_and_template_outputs_are_copies(tmp_path):
-    tok_line = (f"tok = dflash.Tokenizer({CL100K!r})" if os.path.exists(CL100K)
+    tok_line = (f"tok = libdflash.Tokenizer({CL100K!r})" if os.path.exists(CL100K)
                 else "tok = None")
     isolated(tmp_path, "\n    " + tok_line + """
     messages = [{"role": "user", "content": "hi " * 500},
                 {"role": "assistant", "content": "hello " * 500}]
-    tpl = dflash.ChatTemplate("qwen3")
-    conv = dflash.Conversation(messages)
+    tpl = libdflash.ChatTemplate("qwen3")
+    conv = libdflash.Conversation(messages)
     r = tpl.render_full(conv)
     data, text, spans, name, eot = r.data, r.text, r.spans, tpl.name, tpl.end_of_turn
     begin = np.array([s["begin"] for s in spans], np.uint32)
@@ -213,8 +213,8 @@ def test_rendered_and_template_outputs_are_copies(tmp_path):
     if enc is not None:
         ids, m, sup = enc
         assert ids.size == m.size and sup == int(m.sum()) and tok.decode_bytes(ids) == data
-    tpl = dflash.ChatTemplate("qwen3")
-    conv = dflash.Conversation(messages)
+    tpl = libdflash.ChatTemplate("qwen3")
+    conv = libdflash.Conversation(messages)
     r = tpl.render_full(conv)
     r.close()
     closed_raises(r.loss_mask, begin, end)
@@ -233,8 +233,8 @@ def test_storage_outputs_are_copies(tmp_path):
     isolated(tmp_path, """
     blob = bytes(range(256)) * 4000
     arrays = {"w": np.arange(100000, dtype=np.float32)}
-    dflash.write_safetensors(tmp + "/m.safetensors", arrays)
-    s = dflash.Storage()
+    libdflash.write_safetensors(tmp + "/m.safetensors", arrays)
+    s = libdflash.Storage()
     s.write(tmp + "/blob", blob)
     data, part, listing = s.read(tmp + "/blob"), s.read_range(tmp + "/blob", 10, 1000), \\
         s.list(tmp + "/")
@@ -249,7 +249,7 @@ def test_storage_outputs_are_copies(tmp_path):
     np.testing.assert_array_equal(w, arrays["w"])
     # Objects made from a Storage borrow its client: closing the Storage first
     # leaves them working; the client goes with the last of them.
-    s = dflash.Storage()
+    s = libdflash.Storage()
     st = s.open_safetensors(tmp + "/m.safetensors")
     writer = s.open_writer(tmp + "/late")
     chunks = s.chunk_writer(tmp + "/chunks/", "c", max_records=2)
@@ -265,7 +265,7 @@ def test_storage_outputs_are_copies(tmp_path):
     chunks.close()
     del st, writer, chunks
     gc.collect()
-    s = dflash.Storage()
+    s = libdflash.Storage()
     assert s.read(tmp + "/late") == b"late data"
     assert len(s.list(tmp + "/chunks/")) == 2
     st = s.open_safetensors(tmp + "/m.safetensors")
@@ -282,7 +282,7 @@ def test_trainer_outputs_are_copies(tmp_path):
            "dflash_config": {"mask_token_id": 28, "target_layer_ids": [2, 6]}}
     rng = np.random.default_rng(0)
     e = rng.standard_normal((29, 16)).astype(np.float32)
-    tr = dflash.Trainer(cfg, e, e, seed=3)
+    tr = libdflash.Trainer(cfg, e, e, seed=3)
     ids = rng.integers(0, 28, 20).astype(np.int32)
     hid = rng.standard_normal((20, 32)).astype(np.float32)
     tr.forward_backward(ids, np.ones(20, np.uint8), hid, [0, 5])
@@ -296,7 +296,7 @@ def test_trainer_outputs_are_copies(tmp_path):
     for k in names:
         np.testing.assert_array_equal(params[k], before[0][k])
         np.testing.assert_array_equal(grads[k], before[1][k])
-    tr = dflash.Trainer(cfg, e, e, seed=3)
+    tr = libdflash.Trainer(cfg, e, e, seed=3)
     tr.close()
     mask = np.ones(20, np.uint8)
     for fn, args in ((tr.parameters, ()), (tr.gradients, ()), (tr.predict, (ids, hid, [0])),
@@ -320,8 +320,8 @@ def test_storage_objects_outlive_closed_client_s3(tmp_path):
         import os
         base = "s3://" + os.environ["DFLASH_TEST_S3_BUCKET"] + "/outlive/"
         arrays = {"a": np.arange(50000, dtype=np.float32), "b": np.arange(9, dtype=np.int16)}
-        dflash.write_safetensors(tmp + "/m.safetensors", arrays)
-        s = dflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
+        libdflash.write_safetensors(tmp + "/m.safetensors", arrays)
+        s = libdflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
         s.copy(tmp + "/m.safetensors", base + "m.safetensors")
         st = s.open_safetensors(base + "m.safetensors", readahead=4096)
         writer = s.open_writer(base + "late")
@@ -340,7 +340,7 @@ def test_storage_objects_outlive_closed_client_s3(tmp_path):
         chunks.close()
         del st, writer, chunks
         gc.collect()
-        s = dflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
+        s = libdflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
         assert s.read(base + "late") == b"late data"
         assert len(s.list(base + "chunks/")) == 2
         """, env=env.env)

@@ -9,8 +9,8 @@ import subprocess
 import numpy as np
 import pytest
 
-import dflash
-from dflash.hidden import write_dataset
+import libdflash
+from libdflash.hidden import write_dataset
 
 torch = pytest.importorskip("torch")
 st_torch = pytest.importorskip("safetensors.torch")
@@ -55,17 +55,17 @@ def test_vllm_files_join_by_token_ids(tmp_path, dtype):
     samples, order, items = world(tmp_path, rng, K, H)
     td = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
     decoded = write_vllm(tmp_path / "vllm", items, td)
-    store = dflash.HiddenStore(tmp_path / "vllm")
+    store = libdflash.HiddenStore(tmp_path / "vllm")
     assert (store.num_layers, store.hidden_size, len(store)) == (K, H, 4)
     assert store.ids() == ["hs_0", "hs_1", "hs_2", "hs_3"]
     np.testing.assert_array_equal(store.read("hs_1"), decoded[1][:, :K, :].reshape(-1, K * H))
-    stream = dflash.SampleStream(tmp_path / "data", tmp_path / "vllm")
+    stream = libdflash.SampleStream(tmp_path / "data", tmp_path / "vllm")
     got = {}
     for index, sid, ids, mask, hid in stream.iterate([0, 1, 2]):
         got[sid] = hid
     for f, j in enumerate(order):  # file f holds dataset sample j; its final-layer slot is dropped
         np.testing.assert_array_equal(got[samples[j][0]], decoded[f][:, :K, :].reshape(-1, K * H))
-    with pytest.raises(dflash.Error) as e:
+    with pytest.raises(libdflash.Error) as e:
         stream.check()
     assert "sample odd: no hs_*.safetensors file" in e.value.message
 
@@ -83,11 +83,11 @@ def test_training_on_vllm_files_equals_training_on_the_same_store(tmp_path):
     write_dataset(tmp_path / "data", samples)
     states = [rng.standard_normal((24, K + 1, H)).astype(np.float32) for _ in samples]
     decoded = write_vllm(tmp_path / "vllm", [(s[1], x) for s, x in zip(samples, states)][::-1])
-    with dflash.HiddenWriter(tmp_path / "store", num_layers=K, hidden_size=H) as w:
+    with libdflash.HiddenWriter(tmp_path / "store", num_layers=K, hidden_size=H) as w:
         for s, x in zip(samples, decoded[::-1]):
             w.append(s[0], x[:, :K, :].reshape(24, K * H))
     (tmp_path / "target").mkdir()
-    dflash.write_safetensors(tmp_path / "target" / "model.safetensors", {
+    libdflash.write_safetensors(tmp_path / "target" / "model.safetensors", {
         "model.embed_tokens.weight": rng.standard_normal((V, H)).astype(np.float32),
         "lm_head.weight": rng.standard_normal((V, H)).astype(np.float32)})
     cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": H, "intermediate_size": 32,
