@@ -9,9 +9,18 @@
 #      NCCL run bit-identical to plain CUDA;
 #   3. training-step benchmarks at the Qwen3-8B and Kimi drafter shapes: tokens/s, model
 #      TFLOP/s, MFU against the cuBLAS bf16 GEMM rate measured in the same run, memory;
-#   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated.
-# Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity or the run
-# loop check fails.
+#      each next to bench/gpu_model.py's prediction for this GPU (nvidia-smi's name: H200,
+#      B200 or RTX PRO 6000; H200 otherwise), and every distinct GEMM of the step timed alone
+#      (gpu_bench gemm) next to its predicted time;
+#   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated, and
+#      the model's full per-op tables (8 GPUs) for both shapes.
+# Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity, the run
+# loop check or a step of the check itself fails.
+#
+# DFLASH_GPU_CHECK_EMU=1 runs every step on the emulated device (cuda/emu) instead: a
+# -Dcuda=disabled build (DFLASH_GPU_CHECK_BUILD, default build-emu; DFLASH_GPU_CHECK_NO_BUILD=1
+# uses it as it is), the *_emu programs, the tiny shape. Its timings are the emulator's host
+# times and mean nothing; it shows that the check runs from start to end (suite cuda-emu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -19,40 +28,94 @@ out=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$out"
 log() { echo "$@" | tee -a "$out/summary.txt"; }
 : > "$out/summary.txt"
-log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-log "== git $(git rev-parse --short HEAD 2>/dev/null)"
+emu=${DFLASH_GPU_CHECK_EMU:-0}
+fail=0
+step_failed() { log "FAILED: $*"; fail=1; }
+py=$(command -v python3 || true)
+
+if [ "$emu" = 1 ]; then
+  build=${DFLASH_GPU_CHECK_BUILD:-build-emu}
+  sfx=_emu
+  shapes=("tiny 64 8 2")
+  gpu=H200
+  log "== $(date -u +%FT%TZ) EMULATED device (cuda/emu): timings are meaningless"
+else
+  build=build-gpu
+  sfx=
+  # the paper's recipe: sequence 3072, 512 anchors, block 16; SpecForge's: 768, 256
+  shapes=("qwen3-8b 3072 512 5" "qwen3-8b 768 256 5" "kimi 3072 512 3")
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$name" in
+    *B200*) gpu=B200 ;;
+    *"RTX PRO 6000"*) gpu=RTX-PRO-6000 ;;
+    *) gpu=H200 ;;
+  esac
+  log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+fi
+log "== git $(git rev-parse --short HEAD 2>/dev/null); predictions for $gpu (bench/gpu_model.py)"
 
 # 1. build (only the CUDA sm of this GPU would be faster, but check all of them build)
-build=build-gpu
-if [ -f "$build/build.ninja" ]; then meson setup --reconfigure "$build" -Dcuda=enabled -Dtests=enabled -Dpython=disabled >"$out/setup.log" 2>&1
-else meson setup "$build" -Dcuda=enabled -Dtests=enabled -Dpython=disabled -Dbuildtype=release >"$out/setup.log" 2>&1; fi \
-  || { log "meson setup failed (see setup.log)"; exit 2; }
-grep -E "nccl|Cuda compiler" "$out/setup.log" | tee -a "$out/summary.txt"
-timeout 300 ninja -C "$build" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
+if [ "$emu" = 1 ] && [ "${DFLASH_GPU_CHECK_NO_BUILD:-0}" = 1 ]; then
+  log "build: using $build as it is"
+else
+  cuda=enabled; [ "$emu" = 1 ] && cuda=disabled
+  if [ -f "$build/build.ninja" ]; then meson setup --reconfigure "$build" -Dcuda=$cuda -Dtests=enabled -Dpython=disabled >"$out/setup.log" 2>&1
+  else meson setup "$build" -Dcuda=$cuda -Dtests=enabled -Dpython=disabled -Dbuildtype=release >"$out/setup.log" 2>&1; fi \
+    || { log "meson setup failed (see setup.log)"; exit 2; }
+  grep -E "nccl|Cuda compiler|emulated" "$out/setup.log" | tee -a "$out/summary.txt"
+  targets=()
+  [ "$emu" = 1 ] && targets=(tests/gpu/gpu_parity_emu tests/gpu/gpu_run_emu tests/gpu/gpu_bench_emu tools/dflash/dflash)
+  timeout 300 ninja -C "$build" "${targets[@]}" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
+fi
+for p in gpu_parity gpu_run gpu_bench; do
+  [ -x "$build/tests/gpu/$p$sfx" ] || { log "missing $build/tests/gpu/$p$sfx"; exit 2; }
+done
 log "build ok"
 # The test programs link libdflash's internal archive, not libdflash.so: tell them where the
 # CUDA backend module is (src/train/cuda_module.c; libdflash.so finds it beside itself).
 if [ -f "$build/libdflash-cuda.so" ]; then export DFLASH_CUDA_MODULE="$PWD/$build/libdflash-cuda.so"; fi
 
 # 2. parity (fresh seed each run; DFLASH_GPU_SEED=N reproduces one)
-timeout 120 "$build/tests/gpu/gpu_parity" 2>&1 | tee "$out/parity.txt"
+timeout 120 "$build/tests/gpu/gpu_parity$sfx" 2>&1 | tee "$out/parity.txt"
 parity=${PIPESTATUS[0]}
 log "parity exit status $parity"
 # 2b. dflash_train_run on CUDA, plain and through NCCL with one rank
-timeout 180 "$build/tests/gpu/gpu_run" 2>&1 | tee "$out/run.txt"
+timeout 180 "$build/tests/gpu/gpu_run$sfx" 2>&1 | tee "$out/run.txt"
 run_rc=${PIPESTATUS[0]}
 grep -E "worst per-step|FAIL|fail" "$out/run.txt" >>"$out/summary.txt"
 log "train run loop (CPU / CUDA / NCCL 1 rank) exit status $run_rc"
 # the CPU unit suite on this machine too (quick; includes 2-rank CPU data-parallel runs)
-DFLASH_SKIP_ABI=1 timeout 120 meson test -C "$build" --suite train --print-errorlogs >"$out/unit.txt" 2>&1
-log "train unit suite exit status $?"
+if [ "${DFLASH_GPU_CHECK_NO_BUILD:-0}" = 1 ]; then
+  log "train unit suite: not run here (it is its own test in this build)"
+else
+  DFLASH_SKIP_ABI=1 timeout 120 meson test -C "$build" --suite train --print-errorlogs >"$out/unit.txt" 2>&1
+  log "train unit suite exit status $?"
+fi
 
-# 3. benchmarks (the paper's recipe: sequence 3072, 512 anchors, block 16; SpecForge's: 768, 256)
-for args in "qwen3-8b 3072 512 5" "qwen3-8b 768 256 5" "kimi 3072 512 3"; do
-  timeout 150 "$build/tests/gpu/gpu_bench" $args 2>&1 | tee -a "$out/bench.txt" "$out/summary.txt"
+# 3. benchmarks, each next to the model's prediction (one GPU, the backend's schedule)
+[ -n "$py" ] || step_failed "python3 not found: no predictions"
+: > "$out/bench.txt"
+for args in "${shapes[@]}"; do
+  set -- $args
+  timeout 150 "$build/tests/gpu/gpu_bench$sfx" "$@" 2>&1 | tee -a "$out/bench.txt" "$out/summary.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || step_failed "gpu_bench $args"
+done
+for shape in $(for a in "${shapes[@]}"; do echo "${a%% *}"; done | sort -u); do
+  [ -n "$py" ] || break
+  "$py" bench/gpu_model.py "$shape" --gemms > "$out/gemms_$shape.txt" || step_failed "gpu_model.py --gemms $shape"
+  timeout 120 "$build/tests/gpu/gpu_bench$sfx" gemm < "$out/gemms_$shape.txt" > "$out/bench_gemm_$shape.txt" 2>&1 \
+    || step_failed "gpu_bench gemm ($shape)"
+done
+for args in "${shapes[@]}"; do
+  [ -n "$py" ] || break
+  set -- $args
+  cat "$out/bench.txt" "$out/bench_gemm_$1.txt" > "$out/measured_$1.txt" 2>/dev/null
+  "$py" bench/gpu_model.py "$1" --gpu "$gpu" --seq-len "$2" --anchors "$3" --world 1 \
+    --compare "$out/measured_$1.txt" 2>&1 | tee -a "$out/summary.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || step_failed "gpu_model.py --compare $args"
 done
 
-# 4. the plan next to the measurement
+# 4. the plan next to the measurement, and the model's tables for an 8-GPU node
 cat > "$out/kimi.json" <<'JSON'
 {"hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 6, "num_attention_heads": 64,
  "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 163840, "num_target_layers": 61, "block_size": 16,
@@ -62,5 +125,12 @@ cat > "$out/kimi.json" <<'JSON'
 JSON
 "$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 8 --gpu-gb 80 | tee -a "$out/summary.txt"
 "$build/tools/dflash/dflash" train --plan --config "$out/kimi.json" --world 1 --gpu-gb 141 --vocab-chunk 16384 2>&1 | tee -a "$out/summary.txt"
-log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED), run loop $([ "$run_rc" = 0 ] && echo passed || echo FAILED)"
-[ "$parity" = 0 ] && [ "$run_rc" = 0 ]
+[ "${PIPESTATUS[0]}" = 0 ] || step_failed "dflash train --plan (Kimi, one GPU)"
+for shape in qwen3-8b kimi; do
+  [ -n "$py" ] || break
+  "$py" bench/gpu_model.py "$shape" --gpu "$gpu" --world 8 > "$out/model_$shape.txt" 2>&1 \
+    || step_failed "gpu_model.py $shape"
+  grep "^--" "$out/model_$shape.txt" | tee -a "$out/summary.txt"
+done
+log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED), run loop $([ "$run_rc" = 0 ] && echo passed || echo FAILED), check steps $([ "$fail" = 0 ] && echo passed || echo FAILED)"
+[ "$parity" = 0 ] && [ "$run_rc" = 0 ] && [ "$fail" = 0 ]

@@ -2,20 +2,36 @@
  * Training-step benchmark of the CUDA backend at a drafter shape (run by
  * bench/gpu_check.sh, not a test): tokens/s, achieved TFLOP/s, MFU against
  * the cuBLAS bf16 GEMM rate measured in this process, device memory.
- *   gpu_bench qwen3-8b|kimi [seq_len] [anchors] [steps]
+ *   gpu_bench qwen3-8b|kimi|tiny [seq_len] [anchors] [steps]
+ *   gpu_bench gemm < SHAPES     (lines "name M N K c_bytes beta", as
+ *                                bench/gpu_model.py --gemms prints them):
+ *                                each GEMM timed alone, as cuda/model.cu calls it
+ * Every result also goes out as one "json {...}" line for gpu_check.sh. Built as
+ * gpu_bench_emu (DFLASH_GPU_EMU) it runs on the emulated device, where times are
+ * host times of the emulation: meaningless, but every path runs.
  */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
 #include <string.h>
 
 #include "core/internal.h"
+#include "gpu_bench_cuda.h"
 #include "gpu_common.h"
+
+#ifdef DFLASH_GPU_EMU
+enum { kPeakN = 128, kReps = 1 }; /* the emulator multiplies on the CPU */
+#else
+enum { kPeakN = 8192, kReps = 5 }; /* 8192 x 16384 x 8192: cuBLAS's best case */
+#endif
 
 static void shape(const char *name, dflash_drafter_config *c) {
   dflash_drafter_config_default(c);
   c->num_attention_heads = 32, c->num_key_value_heads = 8, c->head_dim = 128;
   c->block_size = 16;
-  if (!strcmp(name, "kimi")) {
+  if (!strcmp(name, "tiny")) { /* bench/gpu_model.py BUILTIN["tiny"] */
+    c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
+    c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16;
+    c->vocab_size = 256, c->num_target_layers = 4, c->mask_token_id = 255, c->block_size = 4;
+    c->n_target_layer_ids = 2, c->target_layer_ids[0] = 0, c->target_layer_ids[1] = 1;
+  } else if (!strcmp(name, "kimi")) {
     int32_t ids[6] = {1, 12, 24, 35, 47, 58};
     c->hidden_size = 7168, c->intermediate_size = 18432, c->num_hidden_layers = 6;
     c->num_attention_heads = 64, c->vocab_size = 163840, c->num_target_layers = 61;
@@ -31,33 +47,6 @@ static void shape(const char *name, dflash_drafter_config *c) {
     memcpy(c->target_layer_ids, ids, sizeof ids);
     c->rope_theta = 1e6;
   }
-}
-
-/* Peak of this GPU for bf16 GEMMs with fp32 accumulation, as cuBLAS
- * reaches it: 8192^3 (and 16384x8192x8192) products, best of 20 runs. */
-static double cublas_bf16_tflops(void) {
-  const int n = 8192;
-  void *A, *B, *C;
-  cublasHandle_t h;
-  if (cudaMalloc(&A, 2ull * n * n * 2) || cudaMalloc(&B, 2ull * n * n) ||
-      cudaMalloc(&C, 2ull * n * n * 2) || cublasCreate(&h))
-    return 0;
-  cudaMemset(A, 0x3c, 2ull * n * n * 2), cudaMemset(B, 0x3c, 2ull * n * n);
-  float one = 1, zero = 0, best = 1e30f;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  for (int i = 0; i < 23; i++) {
-    cudaEventRecord(e0, 0);
-    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, 2 * n, n, &one, B, CUDA_R_16BF, n, A,
-                 CUDA_R_16BF, n, &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    cudaEventRecord(e1, 0);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (i >= 3 && ms < best) best = ms;
-  }
-  cublasDestroy(h), cudaFree(A), cudaFree(B), cudaFree(C);
-  return 2.0 * n * 2.0 * n * n / (best * 1e-3) / 1e12;
 }
 
 /* Model FLOPs of one forward + backward (what the GPU must do at least):
@@ -78,9 +67,27 @@ static double step_flops(const dflash_drafter_config *c, const g_seq *q) {
   return 2 * 2 * Sc * KH * H + c->num_hidden_layers * layer + 4 * R * c->vocab_size * H;
 }
 
+/* gpu_bench gemm: each line "name M N K c_bytes beta" of stdin timed alone. */
+static int gemm_mode(void) {
+  char line[512], name[256];
+  int bad = 0;
+  while (fgets(line, sizeof line, stdin)) {
+    int M, N, K, cb;
+    float beta;
+    if (line[0] == '#' || sscanf(line, "%255s %d %d %d %d %f", name, &M, &N, &K, &cb, &beta) != 6)
+      continue;
+    double ms = gb_time_gemm(M, N, K, cb == 4, beta, kReps);
+    if (ms < 0) bad++;
+    printf("json {\"gemm\": \"%s\", \"M\": %d, \"N\": %d, \"K\": %d, \"ms\": %.6f, "
+           "\"tflops\": %.3f}\n", name, M, N, K, ms, ms > 0 ? 2.0 * M * N * K / ms / 1e9 : 0.0);
+  }
+  return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   int n_dev = 0;
   if (dflash_cuda_device_count(&n_dev) || !n_dev) return printf("SKIP: %s\n", dflash_last_error()), 77;
+  if (argc > 1 && !strcmp(argv[1], "gemm")) return gemm_mode();
   const char *name = argc > 1 ? argv[1] : "qwen3-8b";
   int64_t len = argc > 2 ? atoll(argv[2]) : 3072;
   int32_t na = argc > 3 ? atoi(argv[3]) : 512;
@@ -88,7 +95,7 @@ int main(int argc, char **argv) {
   dflash_drafter_config c;
   shape(name, &c);
   if (dflash_drafter_config_validate(&c)) return printf("config: %s\n", dflash_last_error()), 1;
-  double peak = cublas_bf16_tflops();
+  double peak = gb_cublas_tflops(kPeakN);
   size_t vh = (size_t)c.vocab_size * c.hidden_size;
   float *E = g_random(vh, 1.0f, 1), *Hd = g_random(vh, 0.02f, 2);
   dflash_trainer_options o;
@@ -115,7 +122,7 @@ int main(int argc, char **argv) {
   }
   step_s /= steps;
   size_t fr = 0, tot = 0;
-  cudaMemGetInfo(&fr, &tot);
+  gb_mem_info(&fr, &tot);
   double tf = flops / step_s / 1e12;
   printf("%-9s seq %lld anchors %d x B%d: %.3f s/step, %.0f block tokens/s, %.0f seq tokens/s, "
          "%.1f TFLOP/s model, cuBLAS bf16 %.1f TFLOP/s, MFU %.1f%%, device memory in use %.1f GiB "
@@ -123,6 +130,11 @@ int main(int argc, char **argv) {
          name, (long long)len, q.na, c.block_size, step_s, q.na * c.block_size / step_s,
          len / step_s, tf, peak, 100 * tf / peak, (tot - fr) / 1073741824.0, tot / 1073741824.0,
          t_create);
+  printf("json {\"shape\": \"%s\", \"seq_len\": %lld, \"anchors\": %d, \"step_s\": %.6f, "
+         "\"block_tokens_per_s\": %.1f, \"model_tflop\": %.4f, \"cublas_tflops\": %.2f, "
+         "\"mfu_vs_cublas\": %.4f, \"device_in_use_gib\": %.3f, \"create_s\": %.2f}\n",
+         name, (long long)len, q.na, step_s, q.na * c.block_size / step_s, flops / 1e12, peak,
+         tf / peak, (tot - fr) / 1073741824.0, t_create);
   g_seq_free(&q);
   dflash_trainer_free(t);
   return 0;

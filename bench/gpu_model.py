@@ -1,0 +1,779 @@
+#!/usr/bin/env python3
+"""Performance model of one CUDA training step of a DFlash drafter.
+
+Lists every GEMM, kernel, copy and collective that cuda/model.cu, cuda/kernels.cu,
+cuda/attention.cu and src/train/backend_cuda.c issue for one step (accumulate one
+or more sequences, then the AdamW step), with its FLOPs and HBM bytes, and a
+predicted time per op from stated data about the GPU:
+
+  * GEMMs (cuBLAS bf16, fp32 accumulate): a roofline of FLOPs at GEMM_EFF of the
+    dense peak times a shape factor (wave quantization over the SMs with 128x256
+    output tiles, and K / (K + 128) for the prologue and epilogue of a short
+    reduction), and bytes at MEM_EFF of the HBM bandwidth; the slower of the two.
+  * memory-bound kernels, copies and memsets: their bytes at MEM_EFF of the HBM
+    bandwidth (each tensor read or written once: L1/L2 reuse inside a kernel is
+    assumed, none across kernels).
+  * attention (cuda/attention.cu, WMMA): the FLOPs its tiles compute (full N x Mp
+    tiles, so padding and masked entries cost), at the GPU's mma.sync ceiling, or the
+    shared-memory traffic of WMMA fragments staged through shared memory at
+    128 B/clock/SM if slower, divided by an occupancy factor (warps per SM / 8); the
+    old scalar-FP32 kernels (--attention scalar) by a shared-memory wavefront count.
+  * every launch costs LAUNCH_S more (launch latency and tail).
+  * collectives (ZeRO-1: gradient reduce-scatter in fp32, weight all-gather in
+    bf16): (world-1)/world of the buffer at the NCCL bus bandwidth; today they run
+    after the backward (not overlapped); the overlapped figure is printed too.
+
+Model FLOPs (the MFU numerator) count what training must compute: forward and
+both backward products of every trainable GEMM (fc and the LM head: no
+d(input) / no d(weight) respectively, as the backend does), attention forward
+over the visible keys plus twice that for its backward; recomputation, masked
+work and padding are not model FLOPs.
+
+  bench/gpu_model.py qwen3-8b|kimi|CONFIG.json [--gpu H200|B200|RTX-PRO-6000]
+      [--seq-len 3072] [--anchors 512] [--batch 1] [--world 8] [--vocab-chunk 16384]
+      [--attention wmma|scalar|both] [--json] [--ops]
+
+Python 3 standard library only. The emulated CI run uses the same code at tiny
+shapes (bench/gpu_check.sh with DFLASH_GPU_CHECK_EMU=1).
+"""
+import argparse
+import json
+import re
+import sys
+
+# ---- stated data ----------------------------------------------------------------------
+# Dense (no 2:4 sparsity) bf16 tensor-core peak with fp32 accumulation, FP32 CUDA-core
+# peak, HBM bandwidth, memory, SM count, and the NCCL bus bandwidth assumed for
+# reduce-scatter / all-gather inside one 8-GPU node. smem_block / smem_sm: shared memory
+# per block (opt-in) / per SM (CUDA C++ Programming Guide, compute capability table:
+# 227 / 228 KB on sm_90 and sm_100, 99 / 100 KB on sm_120); smem_bw: SMs x 128 B/clock
+# x the clock at which the tensor peak is quoted (peak / (SMs x dense FLOP/clock/SM));
+# mma_sync: the fraction of the dense peak warp-level mma.sync (what WMMA compiles to)
+# can reach - assumed: Hopper's and datacenter Blackwell's full rate needs wgmma /
+# tcgen05, which WMMA does not use; sm_120 has no such path.
+GPUS = {
+    # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 Tensor Core 1,979 TFLOPS
+    # "with sparsity" -> 989.5 dense; FP32 67 TFLOPS; 141 GB HBM3e at 4.8 TB/s; NVLink
+    # 900 GB/s (both directions). 132 SMs (GH100 as in the H100 SXM5). NCCL bus
+    # bandwidth: 360 GB/s assumed (80 % of the 450 GB/s one direction of NVLink 4).
+    # L2: 50 MB (GH100 as in the H100 SXM5, NVIDIA H100 Tensor Core GPU Architecture
+    # whitepaper); L2 bandwidth 5.5 TB/s assumed (no datasheet figure; microbenchmarks of
+    # the H100 SXM's L2 report about that).
+    "H200": dict(peak=989.5e12, fp32=67e12, bw=4.8e12, mem=141e9, sms=132, busbw=360e9,
+                 l2=50e6, l2bw=5.5e12, smem_block=232448, smem_sm=233472,
+                 smem_bw=132 * 128 * 1.83e9, mma_sync=0.65,
+                 source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+    # NVIDIA HGX B200 datasheet (per GPU of the 8-GPU board, 1000 W): BF16 Tensor Core
+    # 4.5 PFLOPS with sparsity -> 2.25 PFLOPS dense; FP32 80 TFLOPS; 1.44 TB HBM3e per
+    # board (180 GB per GPU) at 8 TB/s; NVLink 5 1.8 TB/s (both directions). 148 SMs.
+    # NCCL bus bandwidth: 720 GB/s assumed (80 % of 900 GB/s one direction).
+    # L2 126 MB and 10 TB/s assumed (no datasheet figure).
+    "B200": dict(peak=2250e12, fp32=80e12, bw=8.0e12, mem=180e9, sms=148, busbw=720e9,
+                 l2=126e6, l2bw=10e12, smem_block=232448, smem_sm=233472,
+                 smem_bw=148 * 128 * 1.86e9, mma_sync=0.5,
+                 source="NVIDIA HGX B200 datasheet (per GPU)"),
+    # NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet and the RTX Blackwell
+    # GPU architecture whitepaper: 503.8 TFLOPS dense FP16/BF16 tensor with FP32
+    # accumulate (1007.6 sparse); FP32 125 TFLOPS; 96 GB GDDR7 at 1792 GB/s; 188 SMs;
+    # no NVLink: PCIe Gen 5 x16 (64 GB/s one direction); NCCL bus bandwidth 40 GB/s
+    # assumed (peer-to-peer through the PCIe switch / host bridge).
+    # L2 128 MB (GB202); L2 bandwidth 5 TB/s assumed.
+    "RTX-PRO-6000": dict(peak=503.8e12, fp32=125e12, bw=1.792e12, mem=96e9, sms=188,
+                         busbw=40e9, l2=128e6, l2bw=5e12, smem_block=101376,
+                         smem_sm=102400, smem_bw=188 * 128 * 2.617e9, mma_sync=0.9,
+                         source="NVIDIA RTX PRO 6000 Blackwell datasheet / RTX Blackwell whitepaper"),
+}
+
+# ---- stated efficiencies (assumptions; gpu_check.sh prints measured next to them) -------
+GEMM_EFF = 0.75      # cuBLAS bf16 GEMM at large shapes, fraction of the dense peak
+GEMM_TILE = (128, 256)
+MEM_EFF = 0.80       # streaming kernels, fraction of the HBM bandwidth
+LAUNCH_S = 4e-6      # per kernel launch / cuBLAS call
+HOST_CHECK_BW = 5e9  # df_model_check_inputs' isfinite scan, one host thread (3.7 GB/s
+                     # measured on this project's loaded 2-core CI machine)
+HOST_CONV_BW = 10e9  # backend_cuda.c prepare(): fp32 -> bf16 on the thread pool (6 B/elem)
+PCIE_BW = 50e9       # pinned host-to-device copies, PCIe Gen 5 x16
+BUCKET_ELEMS = 1 << 26  # cuda/model.cu kBucketElems
+ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
+
+# ---- shapes ---------------------------------------------------------------------------
+BUILTIN = {
+    # tests/gpu/gpu_bench.c shape("qwen3-8b") and z-lab's Qwen3-8B drafter
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=5,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, block_size=16, target_layer_ids=[1, 9, 17, 25, 33],
+                     window=[0] * 5),
+    # tests/gpu/gpu_bench.c shape("kimi") and bench/gpu_check.sh's kimi.json
+    "kimi": dict(hidden_size=7168, intermediate_size=18432, num_hidden_layers=6,
+                 num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                 vocab_size=163840, block_size=16, target_layer_ids=[1, 12, 24, 35, 47, 58],
+                 window=[0] * 6),
+    # the emulated check's shape (tests/gpu/gpu_bench.c shape("tiny"))
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=256, block_size=4, target_layer_ids=[0, 1], window=[0, 0]),
+}
+
+
+def load_config(name):
+    """A built-in shape or a drafter config.json (the keys libdflash reads)."""
+    if name in BUILTIN:
+        return dict(BUILTIN[name], name=name)
+    with open(name, encoding="utf-8") as f:
+        j = json.load(f)
+    L = j["num_hidden_layers"]
+    ids = (j.get("dflash_config") or {}).get("target_layer_ids") or j.get("target_layer_ids")
+    if not ids:
+        raise SystemExit(f"{name}: no dflash_config.target_layer_ids")
+    types = j.get("layer_types") or ["full_attention"] * L
+    sw = j.get("sliding_window") or 0
+    return dict(name=name, hidden_size=j["hidden_size"], intermediate_size=j["intermediate_size"],
+                num_hidden_layers=L, num_attention_heads=j["num_attention_heads"],
+                num_key_value_heads=j.get("num_key_value_heads", j["num_attention_heads"]),
+                head_dim=j.get("head_dim", j["hidden_size"] // j["num_attention_heads"]),
+                vocab_size=j["vocab_size"], block_size=j.get("block_size", 16),
+                target_layer_ids=ids,
+                window=[sw if t == "sliding_attention" else 0 for t in types])
+
+
+def param_count(c):
+    """Trainable parameters in model.c's tensor order (src/train/plan.c param_count)."""
+    H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    qd, kd = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    layer = 2 * H + 2 * qd * H + 2 * kd * H + 2 * d + 3 * I * H
+    return H * len(c["target_layer_ids"]) * H + H + c["num_hidden_layers"] * layer + H
+
+
+def anchors_for(seq_len, n, B):
+    """Anchors as tests/gpu/gpu_bench.c draws them, in expectation: a uniform subset
+    of the candidates p in [len/8 + 1, len - B] (the prompt has no loss), here the
+    n evenly spaced quantiles."""
+    lo, hi = seq_len // 8 + 1, seq_len - B
+    n = max(0, min(n, hi - lo + 1))
+    return [int(lo + (i + 0.5) * (hi - lo + 1) / n) for i in range(n)]
+
+
+class Seq:
+    """Per-sequence sizes the backend derives (backend_cuda.c prepare())."""
+
+    def __init__(self, c, seq_len, n_anchors):
+        B = c["block_size"]
+        self.anchors = anchors_for(seq_len, n_anchors, B)
+        self.A = len(self.anchors)
+        self.T = self.A * B
+        self.Sc = max(self.anchors) if self.anchors else 0
+        self.R = sum(1 for a in self.anchors for j in range(1, B) if a + j < seq_len)
+        self.len = seq_len
+
+
+# ---- ops ------------------------------------------------------------------------------
+class Op:
+    __slots__ = ("name", "kernel", "kind", "flops", "bytes", "model_flops", "launches",
+                 "count", "extra")
+
+    def __init__(self, name, kernel, kind, flops=0.0, nbytes=0.0, model_flops=0.0,
+                 launches=1, count=1, extra=None):
+        self.name, self.kernel, self.kind = name, kernel, kind
+        self.flops, self.bytes, self.model_flops = flops, nbytes, model_flops
+        self.launches, self.count, self.extra = launches, count, extra or {}
+
+
+def gemm(name, M, N, K, a_bytes=2, c_bytes=2, beta=0.0, model=True, count=1, call=None):
+    """C[M,N] (+)= A[M,K] B[K,N] on cuBLAS: bf16 operands, bf16 or fp32 C. `call`: the
+    shape of one cuBLAS call when the op is several (the LM head's vocabulary chunks)."""
+    fl = 2.0 * M * N * K
+    by = a_bytes * (M * K + K * N) + c_bytes * M * N * (2 if beta else 1)
+    return Op(name, "cublasGemmEx", "gemm", fl, by, fl if model else 0.0, 1, count,
+              dict(M=M, N=N, K=K, c_bytes=c_bytes, beta=beta, call=call or (M, N, K)))
+
+
+def mem(name, kernel, nbytes, launches=1, count=1, flops=0.0):
+    return Op(name, kernel, "mem", flops, nbytes, 0.0, launches, count)
+
+
+def rms_fwd(name, rows, n):   # rms_fwd: x in, y out (bf16), rstd (f32)
+    return mem(name, "rms_fwd", 2 * rows * n * 2 + 4 * rows + 2 * n, flops=4.0 * rows * n)
+
+
+def rms_dw(name, rows, n, dy_bytes):  # rms_dw_partial + rms_dw_reduce
+    splits = min(256, (rows + 63) // 64)
+    return mem(name, "rms_dw_partial+rms_dw_reduce",
+               rows * n * (dy_bytes + 2) + 4 * rows + 4 * splits * n * 2 + 8 * n, launches=2)
+
+
+def rms_bwd(name, rows, n, dy_bytes, dx_bytes, acc):
+    return mem(name, "rms_bwd", rows * n * (dy_bytes + 2 + dx_bytes * (2 if acc else 1)) +
+               4 * rows + 2 * n, flops=6.0 * rows * n)
+
+
+def rope(name, rows, heads, d):  # in place, bf16, tables f32 (cached)
+    return mem(name, "rope", 2 * 2 * rows * heads * d + 4 * rows * d, flops=3.0 * rows * heads * d)
+
+
+def visible_keys(c, s, window):
+    """Visible (query, key) pairs per query head summed over blocks, for one layer,
+    and the block list of (context keys visible to some query, first context key)."""
+    B, pairs = c["block_size"], 0
+    for a in s.anchors:
+        nctx = min(a, s.Sc)
+        for j in range(B):
+            if window <= 0:
+                pairs += nctx + B
+            else:
+                lo = max(0, a + j - (window - 1))
+                pairs += max(0, nctx - lo) + min(j, window - 1) + 1
+    return pairs
+
+
+def key_span(c, s, window):
+    """Keys each block's CTA walks: from the first context key any query sees to the
+    block's end (attention.cu ctx_lo .. nctx + B)."""
+    B, spans = c["block_size"], []
+    for a in s.anchors:
+        nctx = min(a, s.Sc)
+        lo = 0 if window <= 0 else max(0, a - (window - 1))
+        spans.append(nctx + B - min(lo, nctx))
+    return spans
+
+
+def smem_layout(kind, Mp, N, d):
+    """cuda/attention.cu smem_layout(): bytes of one CTA's shared memory."""
+    ldh, ldn, ldp, ldo = d + 8, N + 4, N + 8, d + 4
+    up = lambda x: (x + 127) // 128 * 128
+    regions = [2 * Mp * ldh] + ([] if kind == "fwd" else [2 * Mp * ldh]) + [2 * N * ldh] * 2
+    regions += [4 * Mp * ldn] + ([] if kind == "fwd" else [4 * Mp * ldn]) + [2 * Mp * ldp]
+    regions += [] if kind == "fwd" else [2 * Mp * ldp]
+    regions += [4 * (N if kind == "bwd_ctx" else Mp) * ldo]
+    regions += [] if kind == "fwd" else [4 * N * ldo]
+    regions += [4 * Mp, 4 * Mp]
+    return sum(up(x) for x in regions)
+
+
+def pick_n(kind, Mp, d, limit):
+    """cuda/attention.cu pick_n(): the widest key tile (64, 32, 16) that fits."""
+    for N in (64, 32, 16):
+        if smem_layout(kind, Mp, N, d) <= limit:
+            return N
+    return 0
+
+
+def wmma_kernel_time(o, gpu):
+    """Tensor-core FLOPs at the mma.sync ceiling, WMMA fragments through shared memory
+    (SMs x 128 B/clock), both slowed by low occupancy (fewer than 8 warps per SM leave
+    the tensor pipes idle across barriers); HBM and L2 traffic overlap with it."""
+    x = o.extra
+    occ = min(1.0, x["ctas_per_sm"] * x["warps"] / 8.0)
+    tc = o.flops / (gpu["peak"] * gpu["mma_sync"])
+    sm = x["smem_traffic"] / gpu["smem_bw"]
+    x["eff"] = o.model_flops / (max(tc, sm) / occ) / gpu["peak"] if o.flops else 0.0
+    return max(max(tc, sm) / occ, o.bytes / (gpu["bw"] * MEM_EFF), x["l2"] / gpu["l2bw"])
+
+
+def wmma_attention(c, s, l, gpu, w, fwd_model, io):
+    """cuda/attention.cu as documented at its top: one CTA per (block, kv head) packs
+    M = B x nh/nkv query rows (padded to 16); keys walk in tiles of N (the widest of 64,
+    32, 16 whose shared memory fits), context tiles from the first visible row, then
+    one tile for the block's own keys; every tile is computed at its full N and Mp.
+    attn_bwd_q: S, dP, dQ per tile (+ dK, dV on the block tile); attn_bwd_ctx: one CTA
+    per (context tile, kv head) over the blocks that see it: S, dP, dK, dV."""
+    B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    grp = nh // nkv
+    M = B * grp
+    Mp = -(-M // 16) * 16
+    W = 8 if Mp > 64 else 4
+    ops, kv_bytes = [], 2 * 2 * s.Sc * nkv * d
+    in_l2 = kv_bytes <= gpu["l2"] / 2
+    spans_ctx = []
+    for a in s.anchors:
+        nctx = min(a, s.Sc)
+        lo = 0 if w <= 0 else max(0, a - (w - 1))
+        spans_ctx.append((min(lo, nctx), nctx))
+    for kind in ("fwd", "bwd_q", "bwd_ctx"):
+        N = pick_n(kind, Mp, d, gpu["smem_block"])
+        if not N:
+            raise SystemExit(f"attention {kind}: {Mp} rows x head_dim {d} do not fit the "
+                             f"{gpu['smem_block']} bytes of shared memory per block")
+        smem = smem_layout(kind, Mp, N, d)
+        ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), 2048 // (32 * W)))
+        ctx_tiles = sum(-(-(hi - lo) // N) for lo, hi in spans_ctx)
+        blk_tiles = s.A * -(-B // N)
+        tile = 2.0 * Mp * N * d  # one product over one tile
+        q_bytes = 2 * s.T * nh * d
+        if kind == "fwd":
+            fl = nkv * (ctx_tiles + blk_tiles) * 2 * tile
+            elem = nkv * (ctx_tiles + blk_tiles) * Mp * (N * 14 + d * 8)
+            l2 = nkv * (ctx_tiles + blk_tiles) * N * d * 2 * 2
+            hbm = 2 * q_bytes + 4 * s.T * nh + 2 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
+            name, mf = f"L{l} attention fwd (WMMA, M {M}, N {N})", fwd_model
+        elif kind == "bwd_q":
+            fl = nkv * ((ctx_tiles + blk_tiles) * 3 + blk_tiles * 2) * tile
+            elem = nkv * (ctx_tiles + blk_tiles) * Mp * (N * 20 + d * 8)
+            l2 = nkv * (ctx_tiles + blk_tiles) * N * d * 2 * 2
+            hbm = 4 * q_bytes + 8 * s.T * nh + 4 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
+            name, mf = f"L{l} attention bwd dQ + block dK/dV (WMMA, N {N})", fwd_model
+        else:
+            pairs = 0
+            for t0 in range(0, s.Sc, N):
+                t1 = min(s.Sc, t0 + N)
+                pairs += sum(1 for lo, hi in spans_ctx if t0 < hi and t1 > lo)
+            fl = nkv * pairs * 4 * tile
+            elem = nkv * pairs * Mp * (N * 20) + nkv * pairs * 2 * N * d * 8
+            l2 = nkv * pairs * (Mp * d * 2 * 2 + 8 * Mp)  # q, dO, lse, D per (tile, block)
+            waves = -(-(-(-s.Sc // N) * nkv) // (gpu["sms"] * ctas))
+            hbm = waves * (2 * q_bytes + 8 * s.T * nh) + 2 * kv_bytes
+            name, mf = f"L{l} attention bwd context dK/dV (WMMA, N {N})", fwd_model
+        ops.append(Op(name, "attn_" + kind, "attn", fl, hbm, mf,
+                      extra=dict(wmma=True, warps=W, ctas_per_sm=ctas, smem=smem, N=N, M=M,
+                                 smem_traffic=fl / 8 * 1.3 + elem, l2=l2)))
+    return ops
+
+
+def attention_ops(c, s, l, gpu, design):
+    """Forward and backward attention of layer l: model FLOPs, executed FLOPs, bytes."""
+    B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    w = c["window"][l]
+    pairs = visible_keys(c, s, w)             # per query head
+    fwd_model = 4.0 * pairs * d * nh          # QK^T and PV
+    spans = key_span(c, s, w)
+    io = 2 * d * (s.T * nh * 2 + s.Sc * nkv * 2 + s.T * nkv * 2)  # q,o + kc,vc + kb,vb
+    if design == "wmma":
+        return wmma_attention(c, s, l, gpu, w, fwd_model, io)
+    # Current scalar kernels: FMAs on CUDA cores, limited by shared-memory wavefronts.
+    # dot_fb (q.k, dO.v): per warp FMA one broadcast q load + the k row load, 8-way
+    # bank-conflicted (8 lanes of a row read 8 keys 2*d bytes apart): 9 wavefronts per
+    # 32 FMAs. Accumulations (p*v, ds*k, dk/dv sums): ~2 wavefronts per 32 FMAs.
+    dot_rate = gpu["fp32"] / 2 / 128 * 32 / 9  # FMA/s: sms*clock*32 lanes/9 wavefronts
+    acc_rate = gpu["fp32"] / 2 / 128 * 32 / 2
+    kt = 64
+    padded = sum(-(-k // kt) * kt for k in spans) * B * nh  # q rows x keys (fwd walk)
+    vis = pairs * nh
+    fwd_t = vis * d / dot_rate + vis * d / acc_rate
+    fwd = Op(f"L{l} attention fwd (scalar fp32)", "attn_fwd", "attn", 4.0 * vis * d,
+             io + 2 * 2 * d * nh * sum(spans), fwd_model, extra=dict(time=fwd_t))
+    # attn_bwd_block: 2 dots (visible) + dq accumulation over every walked key + block
+    # dk/dv; attn_bwd_ctx: 2 dots + 2 accumulations per visible context pair.
+    ctx_pairs = sum(max(0, k - B) for k in spans) * B * nh
+    blk_t = 2 * vis * d / dot_rate + padded * d / acc_rate + 2 * s.A * nh * B * B * d / acc_rate
+    ctx_t = 2 * ctx_pairs * d / dot_rate + 2 * ctx_pairs * d / acc_rate
+    b1 = Op(f"L{l} attention bwd dq + block dk/dv (scalar)", "attn_bwd_block", "attn",
+            2.0 * (3 * vis + 2 * s.A * nh * B * B) * d, 2 * io, fwd_model,
+            extra=dict(time=blk_t))
+    b2 = Op(f"L{l} attention bwd context dk/dv (scalar)", "attn_bwd_ctx", "attn",
+            8.0 * ctx_pairs * d, io, fwd_model, extra=dict(time=ctx_t))
+    return [fwd, b1, b2]
+
+
+def layer_forward(c, s, l, gpu, design):
+    T, Sc, H, I = s.T, s.Sc, c["hidden_size"], c["intermediate_size"]
+    d, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    qd, kd = nh * d, nkv * d
+    p = f"L{l} fwd "
+    ops = [rms_fwd(p + "input norm", T, H),
+           gemm(p + "q proj", T, qd, H), rms_fwd(p + "q norm", T * nh, d), rope(p + "q rope", T, nh, d),
+           gemm(p + "k proj (block)", T, kd, H), rms_fwd(p + "k norm (block)", T * nkv, d),
+           rope(p + "k rope (block)", T, nkv, d), gemm(p + "v proj (block)", T, kd, H),
+           gemm(p + "k proj (context)", Sc, kd, H), rms_fwd(p + "k norm (context)", Sc * nkv, d),
+           rope(p + "k rope (context)", Sc, nkv, d), gemm(p + "v proj (context)", Sc, kd, H)]
+    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel == "attn_fwd"]
+    ops += [mem(p + "residual copy h_mid = h_in", "cudaMemcpyAsync", 2 * 2 * T * H),
+            gemm(p + "o proj (+= residual)", T, H, qd, beta=1.0),
+            rms_fwd(p + "post-attention norm", T, H),
+            gemm(p + "gate proj", T, I, H), gemm(p + "up proj", T, I, H),
+            mem(p + "SwiGLU", "swiglu_fwd", 3 * 2 * T * I, flops=6.0 * T * I),
+            mem(p + "residual copy out = h_mid", "cudaMemcpyAsync", 2 * 2 * T * H),
+            gemm(p + "down proj (+= residual)", T, H, I, beta=1.0)]
+    return ops
+
+
+def qk_backward(p, rows, heads, d, H, acc, what):
+    n = rows * heads
+    return [rope(p + f"{what} rope^T", rows, heads, d),
+            rms_dw(p + f"{what} norm dw", n, d, 2),
+            rms_bwd(p + f"{what} norm dx", n, d, 2, 2, False),
+            gemm(p + f"{what} proj dx", rows, H, heads * d, c_bytes=4, beta=1.0 if acc else 0.0),
+            gemm(p + f"{what} proj dw", heads * d, H, rows, c_bytes=4, beta=1.0)]
+
+
+def layer_backward(c, s, l, gpu, design):
+    T, Sc, H, I = s.T, s.Sc, c["hidden_size"], c["intermediate_size"]
+    d, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    qd, kd = nh * d, nkv * d
+    p = f"L{l} bwd "
+    ops = [gemm(p + "down dx", T, I, H), gemm(p + "down dw", H, I, T, c_bytes=4, beta=1.0),
+           mem(p + "SwiGLU backward", "swiglu_bwd", 5 * 2 * T * I, flops=12.0 * T * I),
+           gemm(p + "gate dx", T, H, I, c_bytes=4), gemm(p + "up dx (+=)", T, H, I, c_bytes=4, beta=1.0),
+           gemm(p + "gate dw", I, H, T, c_bytes=4, beta=1.0),
+           gemm(p + "up dw", I, H, T, c_bytes=4, beta=1.0),
+           rms_dw(p + "post-attention norm dw", T, H, 4),
+           rms_bwd(p + "post-attention norm dx (+=)", T, H, 4, 2, True),
+           gemm(p + "o dx", T, qd, H), gemm(p + "o dw", H, qd, T, c_bytes=4, beta=1.0)]
+    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel != "attn_fwd"]
+    ops += qk_backward(p, T, nh, d, H, False, "q")
+    ops += qk_backward(p, T, nkv, d, H, True, "k (block)")
+    ops += [gemm(p + "v (block) dx (+=)", T, H, kd, c_bytes=4, beta=1.0),
+            gemm(p + "v (block) dw", kd, H, T, c_bytes=4, beta=1.0)]
+    ops += qk_backward(p, Sc, nkv, d, H, True, "k (context)")
+    ops += [gemm(p + "v (context) dx (+=)", Sc, H, kd, c_bytes=4, beta=1.0),
+            gemm(p + "v (context) dw", kd, H, Sc, c_bytes=4, beta=1.0),
+            rms_dw(p + "input norm dw", T, H, 4),
+            rms_bwd(p + "input norm dx (+=)", T, H, 4, 2, True)]
+    return ops
+
+
+def sequence_ops(c, s, gpu, design, chunk):
+    """One df_cu_accumulate: upload, forward, LM head + CE, backward."""
+    H, V, KH = c["hidden_size"], c["vocab_size"], c["hidden_size"] * len(c["target_layer_ids"])
+    T, Sc, R, A = s.T, s.Sc, s.R, s.A
+    ops = [Op("host: hidden states finite? (1 thread)", "df_model_check_inputs", "host", 0,
+              4 * s.len * KH, extra=dict(rate=HOST_CHECK_BW)),
+           Op("host: hidden states fp32 -> bf16 (pool)", "prepare", "host", 0, 6 * Sc * KH,
+              extra=dict(rate=HOST_CONV_BW)),
+           Op("upload ids, rows, coefficients, anchors (H2D)", "cudaMemcpyAsync", "h2d", 0,
+              4 * (A + T + 3 * R), launches=5),
+           Op("upload hidden states bf16 [Sc, KH] (H2D, pinned)", "cudaMemcpyAsync", "h2d", 0,
+              2 * Sc * KH),
+           mem("block positions", "positions", 8 * T + 4 * A),
+           gemm("fc: context = hidden [Sc,KH] x W_fc^T", Sc, H, KH),
+           rms_fwd("hidden norm (context)", Sc, H),
+           mem("embed block tokens", "gather_rows", 2 * 2 * T * H + 4 * T)]
+    for l in range(c["num_hidden_layers"]):
+        ops += layer_forward(c, s, l, gpu, design)
+    ops += [rms_fwd("final norm", T, H), mem("gather supervised rows", "gather_rows", 2 * 2 * R * H + 4 * R)]
+    nchunk = -(-V // chunk)
+    ops += [mem("CE init", "ce_init", 12 * R), mem("CE grad accumulator clear", "cudaMemsetAsync", 4 * R * H),
+            gemm(f"LM head logits ({nchunk} chunks, fp32 out)", R, V, H, c_bytes=4,
+                 call=(R, min(chunk, V), H)),
+            mem(f"CE chunk: max, exp, probs, rescale ({nchunk} chunks)", "ce_chunk",
+                V * R * (4 + 2) + nchunk * 8 * R * H, launches=nchunk, flops=4.0 * R * V),
+            gemm(f"LM head d(rows) = probs x E ({nchunk} chunks, fp32 +=)", R, H, V, c_bytes=4,
+                 beta=1.0, call=(R, H, min(chunk, V))),
+            mem("CE finish: loss, d(rows)", "ce_finish", R * H * (4 + 2 + 2) + 16 * R)]
+    for o in ops:
+        if o.name.startswith("LM head"):
+            o.launches = nchunk
+    ops += [mem("d(hidden) clear", "cudaMemsetAsync", 2 * T * H),
+            mem("scatter d(rows)", "scatter_rows", 2 * 2 * R * H + 4 * R),
+            rms_dw("final norm dw", T, H, 2), rms_bwd("final norm dx", T, H, 2, 2, False),
+            mem("d(context) clear", "cudaMemsetAsync", 4 * Sc * H)]
+    first_bwd = len(ops) - 5
+    for l in reversed(range(c["num_hidden_layers"])):
+        ops += layer_backward(c, s, l, gpu, design)
+    ops += [rms_dw("hidden norm dw", Sc, H, 4), rms_bwd("hidden norm dx", Sc, H, 4, 2, False),
+            gemm("fc dw", H, KH, Sc, c_bytes=4, beta=1.0),
+            Op("row losses (D2H)", "cudaMemcpyAsync", "d2h", 0, 4 * R)]
+    for o in ops[first_bwd:]:
+        o.extra["bwd"] = True
+    return ops
+
+
+def step_ops(c, n, world):
+    """df_cu_zero_grad + df_cu_step: norms, AdamW on this rank's shard, ZeRO-1 collectives."""
+    npad = -(-n // world) * world
+    shard = npad // world
+    per = max(world, BUCKET_ELEMS // world * world)
+    nb = -(-npad // per)
+    f = (world - 1) / world
+    ops = [mem("zero gradients", "cudaMemsetAsync", 4 * npad),
+           Op("gradient reduce-scatter (fp32)", "ncclReduceScatter", "comm", 0,
+              f * 4 * npad if world > 1 else 0, launches=nb if world > 1 else 0),
+           mem("gradient sum of squares", "sumsq_partial+sumsq_final", 4 * shard, launches=2 * nb),
+           mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
+               flops=14.0 * shard)]
+    if ADAM_CLIP_ACTIVE:
+        ops.append(mem("clip: scale gradients", "scale", 8 * shard, launches=nb))
+    ops.append(Op("weight all-gather (bf16)", "ncclAllGather", "comm", 0,
+                  f * 2 * npad if world > 1 else 0, launches=nb if world > 1 else 0))
+    return ops
+
+
+# Kernels launched outside a training step (the coverage test needs a row for each).
+NOT_IN_STEP = {
+    "rope_table": "once per new longest position (ensure_rope), then cached",
+    "f32_to_bf16": "uploads at create and load (embedding, LM head, weights)",
+    "bf16_to_f32": "not called by the trainer",
+    "argmax_init": "predict (evaluation) only",
+    "argmax_chunk": "predict (evaluation) only",
+}
+
+
+def model_kernels(r):
+    """Kernel and call names the model has a row for (the coverage test's list)."""
+    names = set(NOT_IN_STEP)
+    for o, _ in r["rows"]:
+        names.update(o.kernel.split("+"))
+    return names
+
+
+def gemm_time(o, gpu):
+    M, N, K = o.extra["M"], o.extra["N"], o.extra["K"]
+    tiles = -(-M // GEMM_TILE[0]) * -(-N // GEMM_TILE[1])
+    waves = -(-tiles // gpu["sms"])
+    wave_eff = tiles / (waves * gpu["sms"])
+    eff = GEMM_EFF * wave_eff * K / (K + 128)
+    o.extra["eff"] = eff
+    return max(o.flops / (gpu["peak"] * eff), o.bytes / (gpu["bw"] * MEM_EFF))
+
+
+def op_time(o, gpu, world):
+    t = o.launches * LAUNCH_S
+    if o.kind == "gemm":
+        t += gemm_time(o, gpu)
+    elif o.kind == "attn":
+        hbm = o.bytes / (gpu["bw"] * MEM_EFF)
+        l2 = o.extra.get("l2", 0) / gpu["l2bw"]
+        if o.extra.get("wmma"):
+            t += wmma_kernel_time(o, gpu)
+        elif "time" in o.extra:
+            t += max(o.extra["time"], hbm)
+        else:
+            t += max(o.flops / (gpu["peak"] * o.extra["eff"]), hbm, l2)
+    elif o.kind == "comm":
+        t = o.launches * LAUNCH_S + o.bytes / gpu["busbw"] if world > 1 else 0.0
+    elif o.kind in ("h2d", "d2h"):
+        t += o.bytes / PCIE_BW
+    elif o.kind == "host":
+        t = o.bytes / o.extra["rate"]
+    else:
+        t += o.bytes / (gpu["bw"] * MEM_EFF)
+    return t
+
+
+def arena_bytes(c, seq_len, anchors, chunk):
+    """src/train/plan.c df_act_layout_compute at --plan's dims (Sc = seq_len)."""
+    H, I, d, L = c["hidden_size"], c["intermediate_size"], c["head_dim"], c["num_hidden_layers"]
+    nh, nkv, B = c["num_attention_heads"], c["num_key_value_heads"], c["block_size"]
+    KH, qd, kd = H * len(c["target_layer_ids"]), nh * d, nkv * d
+    T, Sc, R, A = anchors * B, seq_len, anchors * (B - 1), anchors
+    ch = min(chunk, c["vocab_size"])
+    g = [2 * Sc * KH, 2 * Sc * H, 4 * Sc, 2 * Sc * H, 2 * T * H, 4 * T, 2 * T * H, 2 * T * H,
+         4 * T * H, 2 * T * qd, 2 * T * kd, 2 * T * kd, 2 * T * qd, 2 * T * I, 2 * T * I,
+         2 * T * I, 2 * T * max(qd, kd), 4 * T * nh, 2 * Sc * kd, 2 * Sc * kd, 4 * Sc * H,
+         2 * Sc * max(kd, H), 2 * R * H, 2 * R * H, 4 * R * H, 4 * R * ch, 2 * R * ch,
+         4 * 5 * R, 4 * 2 * R, 4 * 2 * T, 4 * A]
+    lay = [2 * T * H, 4 * T, 2 * T * H, 2 * T * qd, 4 * T * nh, 2 * T * qd, 2 * T * kd,
+           4 * T * nkv, 2 * T * kd, 2 * T * kd, 2 * Sc * kd, 4 * Sc * nkv, 2 * Sc * kd,
+           2 * Sc * kd, 2 * T * qd, 4 * T * nh, 2 * T * H, 4 * T, 2 * T * H, 2 * T * I,
+           2 * T * I, 2 * T * I]
+    up = lambda x: (x + 255) // 256 * 256
+    return sum(up(x) for x in g) + L * sum(up(x) for x in lay)
+
+
+def memory(c, n, world, seq_len, anchors, chunk):
+    """Steady-state device bytes per GPU (model.cu's allocations, ZeRO-1 shards)."""
+    npad = -(-n // world) * world
+    shard = npad // world
+    vh = c["vocab_size"] * c["hidden_size"]
+    parts = dict(weights=2 * npad, grads=4 * npad, masters=4 * shard, moments=8 * shard,
+                 frozen=2 * 2 * vh, staging=4 * BUCKET_ELEMS,
+                 norm_scratch=4 * 256 * max(c["hidden_size"], c["head_dim"]),
+                 rope=(seq_len + c["block_size"]) * (4 * c["head_dim"] + 4),
+                 activations=arena_bytes(c, seq_len, anchors, chunk))
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def model(c, gpu_name="H200", seq_len=3072, n_anchors=512, batch=1, world=1, chunk=16384,
+          design="wmma"):
+    """Per-op rows and totals of one step on one of `world` GPUs, in two schedules:
+    `now` (as the backend runs today: host preparation, upload, compute and the
+    collectives one after another) and `overlap` (issue 15 items 4 and 5: the check and
+    conversion on the device, the upload on a copy stream behind the previous
+    sequence, the reduce-scatter behind the backward; the all-gather stays exposed)."""
+    gpu = GPUS[gpu_name]
+    s = Seq(c, seq_len, n_anchors)
+    seq = sequence_ops(c, s, gpu, design, chunk)
+    for o in seq:
+        o.count = batch
+    n = param_count(c)
+    ops = seq + step_ops(c, n, world)
+    rows = [(o, op_time(o, gpu, world) * o.count) for o in ops]
+    by = lambda pred: sum(t for o, t in rows if pred(o))
+    dev = by(lambda o: o.kind in ("gemm", "mem", "attn", "d2h"))
+    host, h2d = by(lambda o: o.kind == "host"), by(lambda o: o.kind == "h2d")
+    rs = by(lambda o: o.kernel == "ncclReduceScatter")
+    ag = by(lambda o: o.kernel == "ncclAllGather")
+    bwd = by(lambda o: o.extra.get("bwd") and o.kind != "comm")
+    # Item 4: the stored bf16 rows read once more on the device for the check.
+    dev_check = batch * 2 * s.Sc * c["hidden_size"] * len(c["target_layer_ids"]) / (gpu["bw"] * MEM_EFF)
+    now = dev + host + h2d + rs + ag
+    overlap = max(dev + dev_check, h2d) + max(0.0, rs - bwd) + ag
+    single = dev + host + h2d  # one GPU: no collectives
+    model_flops = sum(o.model_flops * o.count for o in ops)
+    mem_ = memory(c, n, world, seq_len, n_anchors, chunk)
+    sched = {}
+    for name, step, compute in (("now", now, dev + host + h2d),
+                                ("overlap", overlap, max(dev + dev_check, h2d))):
+        sched[name] = dict(step_s=step, compute_s=compute, comm_s=step - compute,
+                           tokens_per_s=batch * s.T / step * world,
+                           seq_tokens_per_s=batch * seq_len / step * world,
+                           mfu=model_flops / (step * gpu["peak"]), scaling=compute / step)
+    return dict(config=c["name"], gpu=gpu_name, source=gpu["source"], seq_len=seq_len,
+                anchors=s.A, batch=batch, world=world, vocab_chunk=chunk, attention=design,
+                params=n, T=s.T, Sc=s.Sc, R=s.R, rows=rows, model_flops=model_flops,
+                exec_flops=sum(o.flops * o.count for o in ops), device_s=dev, host_s=host,
+                h2d_s=h2d, reduce_scatter_s=rs, all_gather_s=ag, backward_s=bwd,
+                single_gpu_mfu=model_flops / (single * gpu["peak"]), sched=sched,
+                step_s=now, memory=mem_, fits=mem_["total"] <= gpu["mem"])
+
+
+def groups(rows):
+    """Per-op rows merged across layers (L0..Ln of one op share one row)."""
+    out = {}
+    for o, t in rows:
+        key = o.name.split(" ", 1)[1] if o.name[:1] == "L" and o.name[1:2].isdigit() else o.name
+        g = out.setdefault(key, dict(name=key, kernel=o.kernel, kind=o.kind, n=0, flops=0.0,
+                                     bytes=0.0, model_flops=0.0, s=0.0))
+        g["n"] += o.count
+        g["flops"] += o.flops * o.count
+        g["bytes"] += o.bytes * o.count
+        g["model_flops"] += o.model_flops * o.count
+        g["s"] += t
+    return list(out.values())
+
+
+def print_table(r, ops=True, out=sys.stdout):
+    p = lambda *a: print(*a, file=out)
+    p(f"== {r['config']} on {r['gpu']} ({r['source']}): seq {r['seq_len']}, {r['anchors']} "
+      f"anchors (T {r['T']} block tokens, Sc {r['Sc']}, R {r['R']} supervised rows), batch "
+      f"{r['batch']}, world {r['world']}, vocab chunk {r['vocab_chunk']}, attention {r['attention']}")
+    if ops:
+        peak = GPUS[r["gpu"]]["peak"]
+        p(f"{'op (summed over layers)':52s} {'kernel':27s} {'n':>3s} {'GFLOP':>9s} {'GB':>7s} "
+          f"{'ms':>8s} {'%step':>5s} {'MFU%':>5s}")
+        for g in groups(r["rows"]):
+            eff = f"{100 * g['model_flops'] / (g['s'] * peak):5.1f}" if g["model_flops"] else "    -"
+            p(f"{g['name'][:52]:52s} {g['kernel'][:27]:27s} {g['n']:3d} {g['flops'] / 1e9:9.1f} "
+              f"{g['bytes'] / 1e9:7.3f} {g['s'] * 1e3:8.3f} {100 * g['s'] / r['step_s']:5.1f} {eff}")
+    m = r["memory"]
+    p(f"-- per step: device {r['device_s'] * 1e3:.1f} ms, host preparation {r['host_s'] * 1e3:.1f}, "
+      f"upload {r['h2d_s'] * 1e3:.1f}, reduce-scatter {r['reduce_scatter_s'] * 1e3:.1f}, "
+      f"all-gather {r['all_gather_s'] * 1e3:.1f} (backward {r['backward_s'] * 1e3:.1f})")
+    p(f"-- model {r['model_flops'] / 1e12:.2f} TFLOP per GPU-step (executed "
+      f"{r['exec_flops'] / 1e12:.2f}); 1 GPU, serial: MFU {100 * r['single_gpu_mfu']:.1f} %")
+    for name, what in (("now", "as the backend runs today (serial)"),
+                       ("overlap", "with items 4-5 (host work and reduce-scatter overlapped)")):
+        x = r["sched"][name]
+        p(f"-- {what}: step {x['step_s'] * 1e3:.1f} ms, {x['tokens_per_s']:.0f} block tokens/s "
+          f"({x['seq_tokens_per_s']:.0f} sequence tokens/s) on {r['world']} GPU(s), MFU "
+          f"{100 * x['mfu']:.1f} %, {r['world']}-GPU scaling {100 * x['scaling']:.1f} %")
+    p(f"-- memory per GPU {m['total'] / 2**30:.2f} GiB ({'fits' if r['fits'] else 'DOES NOT FIT'} "
+      f"{GPUS[r['gpu']]['mem'] / 2**30:.0f} GiB): weights {m['weights'] / 2**30:.2f}, grads "
+      f"{m['grads'] / 2**30:.2f}, masters {m['masters'] / 2**30:.2f}, moments "
+      f"{m['moments'] / 2**30:.2f}, frozen {m['frozen'] / 2**30:.2f}, activations "
+      f"{m['activations'] / 2**30:.2f}, staging {m['staging'] / 2**30:.2f}")
+
+
+def gemm_calls(r):
+    """One line per distinct GEMM of the step (layer 0 standing for every layer): a name,
+    the shape of one cuBLAS call, C's element size, beta, calls per step, and the
+    predicted ms of one call."""
+    gpu, seen, out = GPUS[r["gpu"]], set(), []
+    for o, _ in r["rows"]:
+        if o.kind != "gemm":
+            continue
+        name = o.name.split(" ", 1)[1] if o.name[:1] == "L" and o.name[1:2].isdigit() else o.name
+        key = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+        if key in seen:
+            continue
+        seen.add(key)
+        M, N, K = o.extra["call"]
+        x = dict(M=M, N=N, K=K)
+        one = Op(key, "cublasGemmEx", "gemm", 2.0 * M * N * K,
+                 2 * (M * K + K * N) + o.extra["c_bytes"] * M * N * (2 if o.extra["beta"] else 1),
+                 extra=x)
+        calls = o.launches * o.count * sum(1 for p, _ in r["rows"] if p.name.endswith(" " + name)
+                                           or p.name == name)
+        out.append(dict(name=key, M=M, N=N, K=K, c_bytes=o.extra["c_bytes"], beta=o.extra["beta"],
+                        calls=calls, ms=op_time(one, gpu, 1) * 1e3))
+    return out
+
+
+def compare(r, path, out=sys.stdout):
+    """Measured (gpu_bench "json" lines) next to predicted: the step, and each GEMM."""
+    p = lambda *a: print(*a, file=out)
+    steps, gemms = [], {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("json "):
+                continue
+            j = json.loads(line[5:])
+            if "gemm" in j:
+                gemms[j["gemm"]] = j
+            elif (j.get("shape") == r["config"] and j.get("seq_len") == r["seq_len"]
+                  and j.get("anchors") == r["anchors"]):
+                steps.append(j)
+    x, peak = r["sched"]["now"], GPUS[r["gpu"]]["peak"]
+    p(f"== measured vs predicted: {r['config']} seq {r['seq_len']} anchors {r['anchors']} on "
+      f"{r['gpu']} (1 GPU, the backend's serial schedule)")
+    for j in steps:
+        p(f"   step       predicted {x['step_s'] * 1e3:9.2f} ms   measured {j['step_s'] * 1e3:9.2f} ms"
+          f"   (x{j['step_s'] / x['step_s']:.2f})")
+        p(f"   tokens/s   predicted {x['tokens_per_s']:9.0f}      measured {j['block_tokens_per_s']:9.0f}")
+        p(f"   MFU        predicted {100 * x['mfu']:8.1f} %      measured {100 * r['model_flops'] / (j['step_s'] * peak):8.1f} %"
+          f" of the datasheet peak ({100 * j['mfu_vs_cublas']:.1f} % of cuBLAS's measured "
+          f"{j['cublas_tflops']:.0f} TFLOP/s); model TFLOP {r['model_flops'] / 1e12:.3f}, "
+          f"gpu_bench's count {j['model_tflop']:.3f}")
+        p(f"   memory     predicted {r['memory']['total'] / 2**30:8.2f} GiB    in use "
+          f"{j['device_in_use_gib']:8.2f} GiB (whole device, with the CUDA context)")
+    if not steps:
+        p("   (no step measurement for this shape)")
+    tp = tm = 0.0
+    rows = [g for g in gemm_calls(r) if g["name"] in gemms]
+    if rows:
+        p(f"   {'GEMM (one call)':44s} {'M':>6s} {'N':>6s} {'K':>6s} {'calls':>5s} "
+          f"{'pred ms':>8s} {'meas ms':>8s} {'ratio':>6s}")
+    for g in rows:
+        m = gemms[g["name"]]["ms"]
+        tp, tm = tp + g["calls"] * g["ms"], tm + g["calls"] * m
+        p(f"   {g['name'][:44]:44s} {g['M']:6d} {g['N']:6d} {g['K']:6d} {g['calls']:5d} "
+          f"{g['ms']:8.3f} {m:8.3f} {m / g['ms'] if g['ms'] else 0:6.2f}")
+    if rows:
+        p(f"   GEMMs of one step: predicted {tp:.2f} ms, measured {tm:.2f} ms")
+
+
+def to_json(r):
+    d = {k: v for k, v in r.items() if k != "rows"}
+    d["kernels"] = sorted(model_kernels(r))
+    d["ops"] = [dict(g, ms=g["s"] * 1e3) for g in groups(r["rows"])]
+    return d
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config", help="qwen3-8b, kimi, tiny, or a drafter config.json")
+    ap.add_argument("--gpu", default="H200", choices=sorted(GPUS))
+    ap.add_argument("--seq-len", type=int, default=3072)
+    ap.add_argument("--anchors", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1, help="sequences accumulated per step and GPU")
+    ap.add_argument("--world", type=int, default=8, help="GPUs (data parallel, ZeRO-1)")
+    ap.add_argument("--vocab-chunk", type=int, default=16384)
+    ap.add_argument("--attention", default="both", choices=["wmma", "scalar", "both"])
+    ap.add_argument("--json", action="store_true", help="one JSON object per design")
+    ap.add_argument("--no-ops", action="store_true", help="totals only")
+    ap.add_argument("--gemms", action="store_true",
+                    help="print the step's distinct GEMMs for `gpu_bench gemm` and exit")
+    ap.add_argument("--compare", metavar="BENCH_OUT",
+                    help="gpu_bench output (json lines): measured next to predicted")
+    a = ap.parse_args(argv)
+    c = load_config(a.config)
+    if a.gemms or a.compare:
+        r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
+                  "scalar" if a.attention == "scalar" else "wmma")
+        if a.gemms:
+            for g in gemm_calls(r):
+                print(f"{g['name']} {g['M']} {g['N']} {g['K']} {g['c_bytes']} {g['beta']:g}")
+        else:
+            compare(r, a.compare)
+        return 0
+    designs = ["wmma", "scalar"] if a.attention == "both" else [a.attention]
+    for i, dsg in enumerate(designs):
+        r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk, dsg)
+        if a.json:
+            print(json.dumps(to_json(r)))
+        else:
+            print_table(r, ops=not a.no_ops and i == 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+// gpu_bench's CUDA calls on the emulated device, whose headers are C++.
+#include "gpu_bench_cuda.c"

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Checks of bench/gpu_model.py (suite unit; no GPU, no timing):
+
+1. its model FLOPs equal an independent count: 6 x (matmul parameters of a layer)
+   x block tokens + the context k/v projections + fc (forward and weight gradient)
+   + LM head (forward and input gradient) + attention (3 x forward over the visible
+   (query, key) pairs, counted pair by pair from ops.c's mask);
+2. its parameter count and memory terms equal `dflash train --plan` (src/train/plan.c,
+   the arithmetic the CUDA backend allocates with);
+3. every kernel the CUDA sources launch (DF_LAUNCH in cuda/*.cu) and every cuBLAS /
+   NCCL call of cuda/model.cu has a row in the model, so a new kernel without one fails
+   here; the scan itself is shown to find a kernel the model lacks.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gpu_model as gm  # noqa: E402
+
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILS.append(what)
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1.0)
+
+
+# ---- 1. FLOPs -------------------------------------------------------------------------
+def visible_pairs_bruteforce(c, anchors, Sc, window):
+    """(query, key) pairs per query head as ops.c visible() defines them: key by key for
+    sliding layers, in closed form for full ones."""
+    B, n = c["block_size"], 0
+    if window <= 0:  # every context row before the anchor and the whole block
+        return sum((min(a, Sc) + B) * B for a in anchors)
+    for a in anchors:
+        hi = min(a, Sc)
+        for j in range(B):
+            for key in range(hi):  # context rows
+                n += window <= 0 or key >= a + j - (window - 1)
+            for p in range(B):     # block rows
+                n += window <= 0 or (j - (window - 1) <= p <= j)
+    return n
+
+
+def independent_flops(c, s):
+    H, I, d, L = c["hidden_size"], c["intermediate_size"], c["head_dim"], c["num_hidden_layers"]
+    nh, nkv, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
+    KH = H * len(c["target_layer_ids"])
+    layer_matmul = nh * d * H * 2 + nkv * d * H * 2 + 3 * I * H  # q, o, k, v, gate/up/down
+    f = 6.0 * s.T * L * layer_matmul
+    f += 6.0 * s.Sc * L * 2 * nkv * d * H  # context keys/values (same k/v weights)
+    f += 4.0 * s.Sc * KH * H               # fc: forward + dW (its input is frozen)
+    f += 4.0 * s.R * V * H                 # LM head: forward + d(rows) (frozen weight)
+    for l in range(L):
+        f += 3 * 4.0 * d * nh * visible_pairs_bruteforce(c, s.anchors, s.Sc, c["window"][l])
+    return f
+
+
+def sliding_config(path):
+    cfg = dict(hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
+               num_key_value_heads=2, head_dim=16, vocab_size=300, block_size=8,
+               sliding_window=24, use_sliding_window=True,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+               dflash_config={"mask_token_id": 299, "target_layer_ids": [0, 2]})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def test_flops(tmp):
+    cases = [("qwen3-8b", 3072, 512), ("kimi", 3072, 512), ("tiny", 64, 8),
+             (sliding_config(os.path.join(tmp, "sliding.json")), 200, 12)]
+    for name, seq, A in cases:
+        c = gm.load_config(name)
+        s = gm.Seq(c, seq, A)
+        ind = independent_flops(c, s)
+        for design in ("wmma", "scalar"):
+            r = gm.model(c, "H200", seq, A, 1, 1, 16384, design)
+            check(close(r["model_flops"], ind), f"{os.path.basename(name)} {design}: model FLOPs "
+                  f"{r['model_flops']:.6e} == independent count {ind:.6e}")
+            check(r["exec_flops"] >= r["model_flops"] * 0.999,
+                  f"{os.path.basename(name)} {design}: executed FLOPs >= model FLOPs")
+        # batch scales the per-sequence work, world only the optimizer and collectives
+        r2 = gm.model(c, "H200", seq, A, 3, 1, 16384, "wmma")
+        check(close(r2["model_flops"], 3 * ind), f"{os.path.basename(name)}: batch 3 = 3x FLOPs")
+
+
+# ---- 2. against dflash train --plan ---------------------------------------------------
+def plan(cli, cfg_path, world, seq, anchors, chunk):
+    out = subprocess.run([cli, "train", "--plan", "--config", cfg_path, "--world", str(world),
+                          "--seq-len", str(seq), "--anchors", str(anchors), "--vocab-chunk",
+                          str(chunk), "--gpu-gb", "100000"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"dflash train --plan failed: {out.stdout}{out.stderr}")
+    txt = out.stdout
+    n = int(re.search(r"(\d+) trainable parameters", txt).group(1))
+    gib = {k: float(re.search(re.escape(k) + r"[^\n]*?\s([\d.]+) GiB", txt).group(1))
+           for k in ("weights (bf16)", "master weights", "AdamW moments", "gradients",
+                     "activations", "frozen embedding")}
+    return n, gib
+
+
+def builtin_json(name, path):
+    c = gm.BUILTIN[name]
+    j = dict((k, c[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads", "num_key_value_heads", "head_dim",
+                                 "vocab_size", "block_size"))
+    j["num_target_layers"] = max(c["target_layer_ids"]) + 2
+    j["dflash_config"] = {"mask_token_id": c["vocab_size"] - 2,
+                          "target_layer_ids": c["target_layer_ids"]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f)
+    return path
+
+
+def test_plan(tmp):
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        print("skip plan comparison: DFLASH_CLI not set")
+        return
+    for name, world, seq, A, chunk in (("qwen3-8b", 1, 3072, 512, 16384), ("kimi", 8, 3072, 512, 8192),
+                                       ("tiny", 2, 64, 8, 100)):
+        path = builtin_json(name, os.path.join(tmp, name + ".json"))
+        n, g = plan(cli, path, world, seq, A, chunk)
+        c = gm.load_config(name)
+        check(n == gm.param_count(c), f"{name}: parameters {gm.param_count(c)} == plan's {n}")
+        m = gm.memory(c, n, world, seq, A, chunk)
+        for key, plan_key in (("weights", "weights (bf16)"), ("masters", "master weights"),
+                              ("moments", "AdamW moments"), ("grads", "gradients"),
+                              ("activations", "activations"), ("frozen", "frozen embedding")):
+            ours = m[key] / 2**30
+            check(abs(ours - g[plan_key]) <= 0.006, f"{name} world {world}: {key} {ours:.3f} GiB "
+                  f"== plan's {g[plan_key]:.2f}")
+
+
+# ---- 3. every kernel has a row --------------------------------------------------------
+def launched_kernels(text):
+    """Kernel names of DF_LAUNCH(grid, block, smem, stream, kernel<...>)(args): the last
+    top-level argument, template arguments dropped."""
+    names, i = set(), 0
+    while True:
+        i = text.find("DF_LAUNCH(", i)
+        if i < 0:
+            return names
+        j, depth, args, cur = i + len("DF_LAUNCH("), 1, [], ""
+        while depth:
+            ch = text[j]
+            if ch in "(<[":
+                depth += ch == "("
+                cur += ch
+                if ch == "<":
+                    k = text.index(">", j)
+                    cur += text[j + 1:k + 1]
+                    j = k
+            elif ch == ")":
+                depth -= 1
+                if depth:
+                    cur += ch
+            elif ch == "," and depth == 1:
+                args.append(cur)
+                cur = ""
+            else:
+                cur += ch
+            j += 1
+        args.append(cur)
+        names.add(re.sub(r"<.*", "", args[-1]).strip())
+        i = j
+
+
+def test_kernels():
+    srcs = {}
+    cuda = os.path.join(ROOT, "cuda")
+    for f in sorted(os.listdir(cuda)):
+        if f.endswith(".cu"):
+            with open(os.path.join(cuda, f), encoding="utf-8") as fh:
+                srcs[f] = fh.read()
+    launched = set()
+    for f, text in srcs.items():
+        launched |= launched_kernels(text)
+    check(len(launched) >= 20, f"found {len(launched)} launched kernels in cuda/*.cu")
+    have = gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "wmma")) | \
+        gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "scalar"))
+    missing = sorted(launched - have)
+    check(not missing, "every DF_LAUNCH kernel has a model row" +
+          (f"; missing: {', '.join(missing)}" if missing else ""))
+    calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|cudaMemcpyAsync|"
+                           r"cudaMemsetAsync)\(", srcs.get("model.cu", "")))
+    check(calls <= have, f"model.cu's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
+    # The scan can fail: a launch of a kernel the model does not know is found.
+    fake = "DF_LAUNCH(dim3((n + 1) / 2, g), 128, smem, st, attn_new_thing<bf16, 64>)(x);"
+    check(launched_kernels(fake) == {"attn_new_thing"} and "attn_new_thing" not in have,
+          "negative control: an unknown kernel is reported")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        test_flops(tmp)
+        test_plan(tmp)
+        test_kernels()
+    r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+    gm.print_table(r, ops=False)
+    if FAILS:
+        print(f"{len(FAILS)} check(s) failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
