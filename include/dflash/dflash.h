@@ -126,7 +126,9 @@ DFLASH_API void dflash_set_log_callback(dflash_log_fn fn, void *user, dflash_log
 /*
  * Number of CUDA devices this process can use. DFLASH_E_NO_DEVICE (with the
  * driver's reason) when there is no device or driver, DFLASH_E_UNSUPPORTED
- * when the library was built without CUDA.
+ * when the library was built without CUDA. The first CUDA call loads the CUDA
+ * backend module (libdflash-cuda.so beside the library, or $DFLASH_CUDA_MODULE);
+ * without it or its CUDA libraries, DFLASH_E_NO_DEVICE naming what is missing.
  */
 DFLASH_API dflash_status dflash_cuda_device_count(int *count);
 
