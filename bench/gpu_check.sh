@@ -130,7 +130,7 @@ for shape in qwen3-8b kimi; do
   [ -n "$py" ] || break
   "$py" bench/gpu_model.py "$shape" --gpu "$gpu" --world 8 > "$out/model_$shape.txt" 2>&1 \
     || step_failed "gpu_model.py $shape"
-  grep "^--" "$out/model_$shape.txt" | tee -a "$out/summary.txt"
+  grep "^==\|^--" "$out/model_$shape.txt" | tee -a "$out/summary.txt"
 done
 log "== done; parity $([ "$parity" = 0 ] && echo passed || echo FAILED), run loop $([ "$run_rc" = 0 ] && echo passed || echo FAILED), check steps $([ "$fail" = 0 ] && echo passed || echo FAILED)"
 [ "$parity" = 0 ] && [ "$run_rc" = 0 ] && [ "$fail" = 0 ]

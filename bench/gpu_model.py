@@ -236,6 +236,10 @@ def key_span(c, s, window):
     return spans
 
 
+class Unsupported(Exception):
+    """A shape the CUDA backend refuses on this GPU."""
+
+
 def smem_layout(kind, Mp, N, d):
     """cuda/attention.cu smem_layout(): bytes of one CTA's shared memory."""
     ldh, ldn, ldp, ldo = d + 8, N + 4, N + 8, d + 4
@@ -291,8 +295,10 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
     for kind in ("fwd", "bwd_q", "bwd_ctx"):
         N = pick_n(kind, Mp, d, gpu["smem_block"])
         if not N:
-            raise SystemExit(f"attention {kind}: {Mp} rows x head_dim {d} do not fit the "
-                             f"{gpu['smem_block']} bytes of shared memory per block")
+            raise Unsupported(f"CUDA attention {kind}: {Mp} rows x head_dim {d} need "
+                              f"{smem_layout(kind, Mp, 16, d)} bytes of shared memory even at "
+                              f"N 16, more than the {gpu['smem_block']} per block of this GPU: "
+                              f"the backend refuses this shape (DFLASH_E_UNSUPPORTED)")
         smem = smem_layout(kind, Mp, N, d)
         ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), 2048 // (32 * W)))
         ctx_tiles = sum(-(-(hi - lo) // N) for lo, hi in spans_ctx)
@@ -645,6 +651,11 @@ def print_table(r, ops=True, out=sys.stdout):
             p(f"{g['name'][:52]:52s} {g['kernel'][:27]:27s} {g['n']:3d} {g['flops'] / 1e9:9.1f} "
               f"{g['bytes'] / 1e9:7.3f} {g['s'] * 1e3:8.3f} {100 * g['s'] / r['step_s']:5.1f} {eff}")
     m = r["memory"]
+    peak = GPUS[r["gpu"]]["peak"]
+    lost = sorted(((g["s"] - g["model_flops"] / peak, g["name"]) for g in groups(r["rows"])),
+                  reverse=True)[:6]
+    p("-- time lost against the peak (op time - its model FLOPs at peak), largest: " +
+      ", ".join(f"{n} {t * 1e3:.1f} ms" for t, n in lost))
     p(f"-- per step: device {r['device_s'] * 1e3:.1f} ms, host preparation {r['host_s'] * 1e3:.1f}, "
       f"upload {r['h2d_s'] * 1e3:.1f}, reduce-scatter {r['reduce_scatter_s'] * 1e3:.1f}, "
       f"all-gather {r['all_gather_s'] * 1e3:.1f} (backward {r['backward_s'] * 1e3:.1f})")
@@ -767,7 +778,11 @@ def main(argv=None):
         return 0
     designs = ["wmma", "scalar"] if a.attention == "both" else [a.attention]
     for i, dsg in enumerate(designs):
-        r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk, dsg)
+        try:
+            r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk, dsg)
+        except Unsupported as e:
+            print(f"== {c['name']} on {a.gpu}: {e}")
+            continue
         if a.json:
             print(json.dumps(to_json(r)))
         else:
