@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
 
 /* ---- parameters ----------------------------------------------------------- */
 
@@ -122,17 +121,6 @@ void df_model_free(df_model *m) {
   free(m->arena);
   df_pool_free(m->pool);
   memset(m, 0, sizeof *m);
-}
-
-void df_model_init_params(df_model *m, uint64_t seed, double std) {
-  df_rng rng;
-  df_rng_seed(&rng, seed, 0x1417);
-  for (size_t i = 0; i < m->n_tensors; i++) {
-    const df_tensor_info *t = &m->tensors[i];
-    float *p = m->params + t->offset;
-    for (size_t k = 0; k < t->numel; k++)
-      p[k] = t->ndim == 1 ? 1.0f : (float)(std * df_rng_normal(&rng));
-  }
 }
 
 const df_tensor_info *df_model_find(const df_model *m, const char *name) {

@@ -82,8 +82,6 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
                             const dflash_drafter_config_ext *ext, int n_threads,
                             int vocab_chunk, double gamma);
 void df_model_free(df_model *m);
-/* Fill parameters: norm weights 1, linear weights N(0, std^2) from `seed`. */
-void df_model_init_params(df_model *m, uint64_t seed, double std);
 const df_tensor_info *df_model_find(const df_model *m, const char *name);
 
 /* The weight of block position k (1..B-1), before the loss mask. */

@@ -8,6 +8,7 @@ TCase *tc_backend(void);
 TCase *tc_dist(void);
 TCase *tc_run_dist(void);
 TCase *tc_eval(void);
+TCase *tc_init(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -19,5 +20,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_dist());
   suite_add_tcase(s, tc_run_dist());
   suite_add_tcase(s, tc_eval());
+  suite_add_tcase(s, tc_init());
   return s;
 }
