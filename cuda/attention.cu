@@ -10,11 +10,12 @@
 //            consecutive in memory), padded to Mp = 16 * ceil(M / 16) <= 128.
 //   N tile   keys per step: 64, or 32 / 16 when 64 does not fit the shared memory (see
 //            smem_bytes); context keys and the block's own keys are separate tiles.
-//   K        head_dim d (QK^T, dO V^T) or the N keys (PV, dS K); WMMA 16x16x16 fragments.
+//   K        head_dim d (QK^T, dO V^T; a multiple of 8, zero-padded to dp = 16 * ceil(d / 16)
+//            in shared memory) or the N keys (PV, dS K); WMMA 16x16x16 fragments.
 //   warps    W = 8 when Mp > 64, else 4 (128 or 256 threads); a warp takes 16x16 output
 //            tiles round robin; the softmax and dS work is tpr threads per row.
-//   shared   bf16 rows of d are padded to ldh = d + 8, fp32 rows of N to ldn = N + 4, bf16
-//            rows of N to ldp = N + 8, fp32 rows of d to ldo = d + 4 (16 bytes: consecutive
+//   shared   bf16 rows of dp are padded to ldh = dp + 8, fp32 rows of N to ldn = N + 4, bf16
+//            rows of N to ldp = N + 8, fp32 rows of dp to ldo = dp + 4 (16 bytes: consecutive
 //            rows start 4 banks apart, so the 8 rows of a fragment load hit distinct banks);
 //            every region starts on 128 bytes. Bytes per CTA (bf16 = 2, fp32 = 4):
 //     attn_fwd        2*Mp*ldh + 4*N*ldh + 4*Mp*ldn + 2*Mp*ldp + 4*Mp*ldo + 8*Mp
@@ -54,6 +55,7 @@ struct Shape {
   const int32_t *anchors;
   float scale;
   int grp, M, Mp, N, warps; // packing and tiles (see the header)
+  int dp;                   // head_dim padded to 16 in shared memory (the WMMA K)
 };
 
 // Shared memory of one CTA: offsets in bytes, each region on 128 bytes.
@@ -64,8 +66,8 @@ enum Kind { FWD, BWD_Q, BWD_CTX };
 
 __host__ __device__ inline size_t up128(size_t x) { return (x + 127) & ~(size_t)127; }
 
-__host__ __device__ inline Smem smem_layout(Kind kind, int Mp, int N, int d) {
-  size_t ldh = d + kPadH, ldn = N + kPadF, ldp = N + kPadH, ldo = d + kPadF, at = 0;
+__host__ __device__ inline Smem smem_layout(Kind kind, int Mp, int N, int dp) {
+  size_t ldh = dp + kPadH, ldn = N + kPadF, ldp = N + kPadH, ldo = dp + kPadF, at = 0;
   Smem m{};
   auto take = [&at](size_t bytes) {
     size_t o = at;
@@ -125,10 +127,11 @@ __device__ __forceinline__ size_t q_row(const Shape &s, int n, int g, int r) {
 // The block's packed query rows (q or dout) into shared bf16 [Mp][ldh]; padding rows zero
 // (never poison: a tensor-core product with NaN is NaN even where P is 0).
 __device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, int g) {
-  int ldh = s.d + kPadH;
-  for (int e = threadIdx.x; e < s.Mp * s.d; e += blockDim.x) {
-    int r = e / s.d, c = e % s.d;
-    dst[r * ldh + c] = r < s.M ? src[q_row(s, n, g, r) * s.d + c] : __float2bfloat16(0.0f);
+  int ldh = s.dp + kPadH;
+  for (int e = threadIdx.x; e < s.Mp * s.dp; e += blockDim.x) {
+    int r = e / s.dp, c = e % s.dp;
+    dst[r * ldh + c] = r < s.M && c < s.d ? src[q_row(s, n, g, r) * s.d + c]
+                                          : __float2bfloat16(0.0f);
   }
 }
 
@@ -136,12 +139,13 @@ __device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, i
 // [N][ldh]; rows cnt.. zero.
 __device__ void load_kv_rows(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, const bf16 *vc,
                              size_t row0, int cnt, int g) {
-  int ldh = s.d + kPadH;
-  for (int e = threadIdx.x; e < s.N * s.d; e += blockDim.x) {
-    int k = e / s.d, c = e % s.d;
+  int ldh = s.dp + kPadH;
+  for (int e = threadIdx.x; e < s.N * s.dp; e += blockDim.x) {
+    int k = e / s.dp, c = e % s.dp;
+    bool in = k < cnt && c < s.d;
     size_t at = ((row0 + k) * s.nkv + g) * s.d + c;
-    K[k * ldh + c] = k < cnt ? kc[at] : __float2bfloat16(0.0f);
-    V[k * ldh + c] = k < cnt ? vc[at] : __float2bfloat16(0.0f);
+    K[k * ldh + c] = in ? kc[at] : __float2bfloat16(0.0f);
+    V[k * ldh + c] = in ? vc[at] : __float2bfloat16(0.0f);
   }
 }
 
@@ -211,7 +215,7 @@ __device__ void load_tile(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, cons
 __device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a, int nctx, Tile t,
                              float &m, float &l) {
   int tpr = rows_tpr(s), r = threadIdx.x / tpr, c = threadIdx.x % tpr;
-  int ldn = s.N + kPadF, ldp = s.N + kPadH, ldo = s.d + kPadF;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH, ldo = s.dp + kPadF;
   bool row = r < s.Mp, real = r < s.M;
   int j = r / s.grp;
   float mx = m;
@@ -233,19 +237,19 @@ __device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a,
   float alpha = __expf(m - mx); // 1 while the row has seen nothing (both -FLT_MAX)
   l = l * alpha + sum;
   m = mx;
-  for (int e = c; row && e < s.d; e += tpr) O[r * ldo + e] *= alpha;
+  for (int e = c; row && e < s.dp; e += tpr) O[r * ldo + e] *= alpha;
 }
 
 __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf16 *kc,
                          const bf16 *vc, const bf16 *kb, const bf16 *vb) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
-  Smem L = smem_layout(FWD, s.Mp, s.N, s.d);
+  Smem L = smem_layout(FWD, s.Mp, s.N, s.dp);
   bf16 *Q = (bf16 *)(sm + L.q), *K = (bf16 *)(sm + L.k), *V = (bf16 *)(sm + L.v);
   bf16 *P = (bf16 *)(sm + L.p);
   float *S = (float *)(sm + L.s), *O = (float *)(sm + L.acc), *lrow = (float *)(sm + L.st1);
   float *mrow = (float *)(sm + L.st2);
-  int n = blockIdx.x, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int n = blockIdx.x, g = blockIdx.y, d = s.d, dp = s.dp, ldh = dp + kPadH, ldo = dp + kPadF;
   int ldn = s.N + kPadF, ldp = s.N + kPadH;
   load_q_rows(s, Q, q, n, g);
   for (int e = threadIdx.x; e < s.Mp * ldo; e += blockDim.x) O[e] = 0.0f;
@@ -256,11 +260,11 @@ __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf
     __syncthreads(); // the previous tile's K, V and O are done with
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false); // S = Q K^T
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false); // S = Q K^T
     __syncthreads();
     softmax_tile(s, S, P, O, a, nctx, t, m, l);
     __syncthreads();
-    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, d, s.N, true); // O += P V
+    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, dp, s.N, true); // O += P V
   }
   int tpr = rows_tpr(s), r = threadIdx.x / tpr;
   if (r < s.Mp && threadIdx.x % tpr == 0) lrow[r] = l, mrow[r] = m;
@@ -295,7 +299,7 @@ __device__ void ds_tile(const Shape &s, const float *S, const float *dP, bf16 *P
 // (row0 + i) * nkv + g).
 __device__ void store_kv_rows(const Shape &s, bf16 *dst, const float *T, size_t row0, int cnt,
                               int g) {
-  int ldo = s.d + kPadF;
+  int ldo = s.dp + kPadF;
   for (int e = threadIdx.x; e < cnt * s.d; e += blockDim.x) {
     int k = e / s.d, c = e % s.d;
     dst[((row0 + k) * s.nkv + g) * s.d + c] = __float2bfloat16(T[k * ldo + c]);
@@ -308,12 +312,12 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
                            const bf16 *vc, const bf16 *kb, const bf16 *vb) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
-  Smem L = smem_layout(BWD_Q, s.Mp, s.N, s.d);
+  Smem L = smem_layout(BWD_Q, s.Mp, s.N, s.dp);
   bf16 *Q = (bf16 *)(sm + L.q), *dO = (bf16 *)(sm + L.dout), *K = (bf16 *)(sm + L.k);
   bf16 *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p), *dS = (bf16 *)(sm + L.ds);
   float *S = (float *)(sm + L.s), *dP = (float *)(sm + L.dp), *dQ = (float *)(sm + L.acc);
   float *T = (float *)(sm + L.acc2), *Ls = (float *)(sm + L.st1), *Ds = (float *)(sm + L.st2);
-  int n = blockIdx.x, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int n = blockIdx.x, g = blockIdx.y, d = s.d, dp = s.dp, ldh = dp + kPadH, ldo = dp + kPadF;
   int ldn = s.N + kPadF, ldp = s.N + kPadH;
   load_q_rows(s, Q, q, n, g);
   load_q_rows(s, dO, dout, n, g);
@@ -337,19 +341,19 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
     __syncthreads();
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false);   // S = Q K^T
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, d, false); // dP = dO V^T
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false);   // S = Q K^T
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, dp, false); // dP = dO V^T
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, d, s.N, true); // dQ += dS K
+    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, dp, s.N, true); // dQ += dS K
     if (!t.blk) continue;
     size_t row0 = (size_t)n * s.B + (t.k0 - nctx);
-    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, s.N, d, s.Mp, false);  // dK = dS^T Q
+    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, s.N, dp, s.Mp, false);  // dK = dS^T Q
     __syncthreads();
     store_kv_rows(s, dkb, T, row0, t.cnt, g);
     __syncthreads();
-    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, s.N, d, s.Mp, false);  // dV = P^T dO
+    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, s.N, dp, s.Mp, false);  // dV = P^T dO
     __syncthreads();
     store_kv_rows(s, dvb, T, row0, t.cnt, g);
   }
@@ -366,12 +370,12 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
                              const bf16 *vc) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
-  Smem L = smem_layout(BWD_CTX, s.Mp, s.N, s.d);
+  Smem L = smem_layout(BWD_CTX, s.Mp, s.N, s.dp);
   bf16 *Q = (bf16 *)(sm + L.q), *dO = (bf16 *)(sm + L.dout), *K = (bf16 *)(sm + L.k);
   bf16 *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p), *dS = (bf16 *)(sm + L.ds);
   float *S = (float *)(sm + L.s), *dP = (float *)(sm + L.dp), *dK = (float *)(sm + L.acc);
   float *dV = (float *)(sm + L.acc2), *Ls = (float *)(sm + L.st1), *Ds = (float *)(sm + L.st2);
-  int p0 = blockIdx.x * s.N, g = blockIdx.y, d = s.d, ldh = d + kPadH, ldo = d + kPadF;
+  int p0 = blockIdx.x * s.N, g = blockIdx.y, dp = s.dp, ldh = dp + kPadH, ldo = dp + kPadF;
   int ldn = s.N + kPadF, ldp = s.N + kPadH;
   int cnt = s.Sc - p0 < s.N ? s.Sc - p0 : s.N;
   load_kv_rows(s, K, V, kc, vc, (size_t)p0, cnt, g);
@@ -389,13 +393,13 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
       Ds[r] = r < s.M ? Dg[q_row(s, n, g, r)] : 0.0f;
     }
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, d, false);
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, d, false);
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false);
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, dp, false);
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, s.N, d, s.Mp, true);  // dK += dS^T Q
-    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, s.N, d, s.Mp, true);  // dV += P^T dO
+    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, s.N, dp, s.Mp, true);  // dK += dS^T Q
+    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, s.N, dp, s.Mp, true);  // dV += P^T dO
   }
   __syncthreads();
   store_kv_rows(s, dkc, dK, (size_t)p0, cnt, g);
@@ -412,28 +416,28 @@ int max_smem() {
 }
 
 // The widest key tile whose shared memory fits; 0 when none does.
-int pick_n(Kind kind, int Mp, int d, size_t limit) {
+int pick_n(Kind kind, int Mp, int dp, size_t limit) {
   for (int N = 64; N >= 16; N /= 2)
-    if (smem_layout(kind, Mp, N, d).total <= limit) return N;
+    if (smem_layout(kind, Mp, N, dp).total <= limit) return N;
   return 0;
 }
 
 // The shape checks of both passes: a forward that runs must have a backward that runs.
 dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
   int grp = a->nkv > 0 && a->nh % a->nkv == 0 ? a->nh / a->nkv : 0;
-  int M = a->B * grp, Mp = (M + 15) / 16 * 16;
-  if (a->d % 16 || a->d <= 0 || a->d > kMaxD || !grp || a->B <= 0 || Mp > kMaxMp)
-    return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d (a multiple of 16, at "
+  int M = a->B * grp, Mp = (M + 15) / 16 * 16, dp = (a->d + 15) / 16 * 16;
+  if (a->d % 8 || a->d <= 0 || a->d > kMaxD || !grp || a->B <= 0 || Mp > kMaxMp)
+    return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d (a multiple of 8, at "
                     "most %d), block size %d times %d query heads per kv head (%d over %d: at "
                     "most %d rows) are not supported together", a->d, kMaxD, a->B, grp, a->nh,
                     a->nkv, kMaxMp);
   size_t limit = (size_t)max_smem();
   int n_kind = 0, worst = 0;
   for (int k = FWD; k <= BWD_CTX; k++) {
-    int N = pick_n((Kind)k, Mp, a->d, limit);
+    int N = pick_n((Kind)k, Mp, dp, limit);
     if (!N) {
       worst = k;
-      size_t need = smem_layout((Kind)k, Mp, 16, a->d).total;
+      size_t need = smem_layout((Kind)k, Mp, 16, dp).total;
       return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d with %d rows per CTA "
                       "(block size %d times %d query heads per kv head) needs %zu bytes of "
                       "shared memory in its %s, more than the %zu this device has per block",
@@ -442,7 +446,7 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
     if (k == kind) n_kind = N;
   }
   *out = Shape{a->B, a->Sc, a->nh, a->nkv, a->d, a->window, a->anchors, a->scale,
-               grp, M, Mp, n_kind, Mp > 64 ? 8 : 4};
+               grp, M, Mp, n_kind, Mp > 64 ? 8 : 4, dp};
   return DFLASH_OK;
 }
 
@@ -452,7 +456,7 @@ dflash_status launch_smem(K kernel, size_t bytes) {
   return DFLASH_OK;
 }
 
-size_t smem_of(Kind kind, const Shape &s) { return smem_layout(kind, s.Mp, s.N, s.d).total; }
+size_t smem_of(Kind kind, const Shape &s) { return smem_layout(kind, s.Mp, s.N, s.dp).total; }
 
 }  // namespace
 

@@ -1,11 +1,12 @@
 // cuda/attention.cu (WMMA tensor-core attention) on the emulated device against the CPU
 // reference (src/train/ops.c) on fresh random bf16 inputs: forward output and log-sum-exp,
-// dQ, dK and dV of context and block, for head_dim 64 and 128, block sizes 8, 10 and 16,
-// full and sliding layers (windows shorter and longer than the block), 1 to 8 query heads per
-// kv head, anchor 0 (no context) and anchors at the end of the sequence, context key tiles
-// cut by the anchor. Every output is poisoned (NaN) before the kernels run; each shape runs
-// under two thread-order seeds (so two element-to-lane mappings of the WMMA fragments), whose
-// results must be bit-identical (the kernels do not depend on scheduling).
+// dQ, dK and dV of context and block, for head_dim 64 and 128 (and 40, 8: padded to 16),
+// block sizes 4, 8, 10 and 16, full and sliding layers (windows shorter and longer than the
+// block), 1 to 8 query heads per kv head, anchor 0 (no context) and anchors at the end of the
+// sequence, context key tiles cut by the anchor. Every output is poisoned (NaN) before the
+// kernels run; each shape runs under two thread-order seeds (so two element-to-lane mappings
+// of the WMMA fragments), whose results must be bit-identical (the kernels do not depend on
+// scheduling).
 //
 // Tolerances (inputs are bf16-exact; the GPU rounds P and dS to bf16 before the tensor-core
 // products and its outputs to bf16, relative step 2^-8):
@@ -253,6 +254,8 @@ int main() {
       {"d128 B8 gqa2 sliding64", 128, 8, 4, 2, 64, 140, {139, 70, 128}},
       {"d64 B16 gqa6 sliding16", 64, 16, 6, 1, 16, 60, {59, 30, 8}},
       {"d64 B8 gqa2 anchors 0", 64, 8, 4, 2, 0, 40, {0, 0}},
+      {"d40 B10 gqa2 sliding12", 40, 10, 4, 2, 12, 50, {49, 20, 0}}, // head_dim padded to 48
+      {"d8 B4 gqa2 full", 8, 4, 4, 2, 0, 30, {29, 9, 0}},
   };
   for (const Case &c : cases) run_case(c, seed++);
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
