@@ -89,6 +89,7 @@ GEMM_EFF = 0.75      # cuBLAS bf16 GEMM at large shapes, fraction of the dense p
 GEMM_TILE = (128, 256)
 MEM_EFF = 0.80       # streaming kernels, fraction of the HBM bandwidth
 LAUNCH_S = 4e-6      # per kernel launch / cuBLAS call
+NCCL_LAT_S = 20e-6   # per NCCL collective call inside one node (ring / NVLS start-up)
 HOST_CHECK_BW = 5e9  # df_model_check_inputs' isfinite scan, one host thread (3.7 GB/s
                      # measured on this project's loaded 2-core CI machine)
 HOST_CONV_BW = 10e9  # backend_cuda.c prepare(): fp32 -> bf16 on the thread pool (6 B/elem)
@@ -483,6 +484,8 @@ def step_ops(c, n, world):
            Op("gradient reduce-scatter (fp32)", "ncclReduceScatter", "comm", 0,
               f * 4 * npad if world > 1 else 0, launches=nb if world > 1 else 0),
            mem("gradient sum of squares", "sumsq_partial+sumsq_final", 4 * shard, launches=2 * nb),
+           Op("gradient norm all-reduce (1 double)", "ncclAllReduce", "comm", 0,
+              8 if world > 1 else 0, launches=1 if world > 1 else 0),
            mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
                flops=14.0 * shard)]
     if ADAM_CLIP_ACTIVE:
@@ -534,7 +537,7 @@ def op_time(o, gpu, world):
         else:
             t += max(o.flops / (gpu["peak"] * o.extra["eff"]), hbm, l2)
     elif o.kind == "comm":
-        t = o.launches * LAUNCH_S + o.bytes / gpu["busbw"] if world > 1 else 0.0
+        t = o.launches * NCCL_LAT_S + o.bytes / gpu["busbw"] if world > 1 else 0.0
     elif o.kind in ("h2d", "d2h"):
         t += o.bytes / PCIE_BW
     elif o.kind == "host":

@@ -193,8 +193,8 @@ def test_kernels():
     missing = sorted(launched - have)
     check(not missing, "every DF_LAUNCH kernel has a model row" +
           (f"; missing: {', '.join(missing)}" if missing else ""))
-    calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|cudaMemcpyAsync|"
-                           r"cudaMemsetAsync)\(", srcs.get("model.cu", "")))
+    calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|ncclAllReduce|"
+                           r"cudaMemcpyAsync|cudaMemsetAsync)\(", srcs.get("model.cu", "")))
     check(calls <= have, f"model.cu's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
     # The scan can fail: a launch of a kernel the model does not know is found.
     fake = "DF_LAUNCH(dim3((n + 1) / 2, g), 128, smem, st, attn_new_thing<bf16, 64>)(x);"
