@@ -640,6 +640,18 @@ def groups(rows):
     return list(out.values())
 
 
+def print_markdown(r, out=sys.stdout):
+    """The per-op table as Markdown (for an issue note)."""
+    p = lambda *a: print(*a, file=out)
+    peak = GPUS[r["gpu"]]["peak"]
+    p(f"| op ({r['config']}, {r['gpu']}, summed over layers) | kernel | GFLOP | GB | ms | % of step | MFU % |")
+    p("|---|---|---:|---:|---:|---:|---:|")
+    for g in groups(r["rows"]):
+        eff = f"{100 * g['model_flops'] / (g['s'] * peak):.1f}" if g["model_flops"] else ""
+        p(f"| {g['name']} | {g['kernel']} | {g['flops'] / 1e9:.1f} | {g['bytes'] / 1e9:.3f} | "
+          f"{g['s'] * 1e3:.3f} | {100 * g['s'] / r['step_s']:.1f} | {eff} |")
+
+
 def print_table(r, ops=True, out=sys.stdout):
     p = lambda *a: print(*a, file=out)
     p(f"== {r['config']} on {r['gpu']} ({r['source']}): seq {r['seq_len']}, {r['anchors']} "
@@ -764,6 +776,7 @@ def main(argv=None):
     ap.add_argument("--attention", default="both", choices=["wmma", "scalar", "both"])
     ap.add_argument("--json", action="store_true", help="one JSON object per design")
     ap.add_argument("--no-ops", action="store_true", help="totals only")
+    ap.add_argument("--markdown", action="store_true", help="the per-op table as Markdown")
     ap.add_argument("--gemms", action="store_true",
                     help="print the step's distinct GEMMs for `gpu_bench gemm` and exit")
     ap.add_argument("--compare", metavar="BENCH_OUT",
@@ -788,6 +801,10 @@ def main(argv=None):
             continue
         if a.json:
             print(json.dumps(to_json(r)))
+        elif a.markdown:
+            if i == 0:
+                print_markdown(r)
+            print_table(r, ops=False)
         else:
             print_table(r, ops=not a.no_ops and i == 0)
     return 0
