@@ -65,7 +65,7 @@ else
   grep -E "nccl|Cuda compiler|emulated" "$out/setup.log" | tee -a "$out/summary.txt"
   targets=()
   [ "$emu" = 1 ] && targets=(tests/gpu/gpu_parity_emu tests/gpu/gpu_run_emu tests/gpu/gpu_bench_emu tools/dflash/dflash)
-  timeout 300 ninja -C "$build" "${targets[@]}" >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
+  timeout 300 ninja -C "$build" ${targets[@]+"${targets[@]}"} >"$out/build.log" 2>&1 || { log "build failed (see build.log)"; tail -20 "$out/build.log"; exit 2; }
 fi
 for p in gpu_parity gpu_run gpu_bench; do
   [ -x "$build/tests/gpu/$p$sfx" ] || { log "missing $build/tests/gpu/$p$sfx"; exit 2; }
@@ -100,18 +100,17 @@ for args in "${shapes[@]}"; do
   timeout 150 "$build/tests/gpu/gpu_bench$sfx" "$@" 2>&1 | tee -a "$out/bench.txt" "$out/summary.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || step_failed "gpu_bench $args"
 done
-for shape in $(for a in "${shapes[@]}"; do echo "${a%% *}"; done | sort -u); do
-  [ -n "$py" ] || break
-  "$py" bench/gpu_model.py "$shape" --gemms > "$out/gemms_$shape.txt" || step_failed "gpu_model.py --gemms $shape"
-  timeout 120 "$build/tests/gpu/gpu_bench$sfx" gemm < "$out/gemms_$shape.txt" > "$out/bench_gemm_$shape.txt" 2>&1 \
-    || step_failed "gpu_bench gemm ($shape)"
-done
 for args in "${shapes[@]}"; do
   [ -n "$py" ] || break
   set -- $args
-  cat "$out/bench.txt" "$out/bench_gemm_$1.txt" > "$out/measured_$1.txt" 2>/dev/null
+  tag="$1_$2_$3"
+  "$py" bench/gpu_model.py "$1" --seq-len "$2" --anchors "$3" --gemms > "$out/gemms_$tag.txt" \
+    || step_failed "gpu_model.py --gemms $args"
+  timeout 120 "$build/tests/gpu/gpu_bench$sfx" gemm < "$out/gemms_$tag.txt" > "$out/bench_gemm_$tag.txt" 2>&1 \
+    || step_failed "gpu_bench gemm ($args)"
+  cat "$out/bench.txt" "$out/bench_gemm_$tag.txt" > "$out/measured_$tag.txt"
   "$py" bench/gpu_model.py "$1" --gpu "$gpu" --seq-len "$2" --anchors "$3" --world 1 \
-    --compare "$out/measured_$1.txt" 2>&1 | tee -a "$out/summary.txt"
+    --compare "$out/measured_$tag.txt" 2>&1 | tee -a "$out/summary.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || step_failed "gpu_model.py --compare $args"
 done
 

@@ -242,8 +242,10 @@ class Unsupported(Exception):
 
 
 def smem_layout(kind, Mp, N, d):
-    """cuda/attention.cu smem_layout(): bytes of one CTA's shared memory."""
-    ldh, ldn, ldp, ldo = d + 8, N + 4, N + 8, d + 4
+    """cuda/attention.cu smem_layout(): bytes of one CTA's shared memory (head_dim d
+    zero-padded to dp, a multiple of 16, the WMMA K)."""
+    dp = -(-d // 16) * 16
+    ldh, ldn, ldp, ldo = dp + 8, N + 4, N + 8, dp + 4
     up = lambda x: (x + 127) // 128 * 128
     regions = [2 * Mp * ldh] + ([] if kind == "fwd" else [2 * Mp * ldh]) + [2 * N * ldh] * 2
     regions += [4 * Mp * ldn] + ([] if kind == "fwd" else [4 * Mp * ldn]) + [2 * Mp * ldp]
@@ -282,6 +284,7 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
     attn_bwd_q: S, dP, dQ per tile (+ dK, dV on the block tile); attn_bwd_ctx: one CTA
     per (context tile, kv head) over the blocks that see it: S, dP, dK, dV."""
     B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    dk = -(-d // 16) * 16  # the products run over head_dim padded to 16
     grp = nh // nkv
     M = B * grp
     Mp = -(-M // 16) * 16
@@ -304,7 +307,7 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
         ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), 2048 // (32 * W)))
         ctx_tiles = sum(-(-(hi - lo) // N) for lo, hi in spans_ctx)
         blk_tiles = s.A * -(-B // N)
-        tile = 2.0 * Mp * N * d  # one product over one tile
+        tile = 2.0 * Mp * N * dk  # one product over one tile
         q_bytes = 2 * s.T * nh * d
         if kind == "fwd":
             fl = nkv * (ctx_tiles + blk_tiles) * 2 * tile
@@ -724,7 +727,7 @@ def compare(r, path, out=sys.stdout):
                 continue
             j = json.loads(line[5:])
             if "gemm" in j:
-                gemms[j["gemm"]] = j
+                gemms[(j["gemm"], j["M"], j["N"], j["K"])] = j
             elif (j.get("shape") == r["config"] and j.get("seq_len") == r["seq_len"]
                   and j.get("anchors") == r["anchors"]):
                 steps.append(j)
@@ -744,12 +747,13 @@ def compare(r, path, out=sys.stdout):
     if not steps:
         p("   (no step measurement for this shape)")
     tp = tm = 0.0
-    rows = [g for g in gemm_calls(r) if g["name"] in gemms]
+    key = lambda g: (g["name"], g["M"], g["N"], g["K"])
+    rows = [g for g in gemm_calls(r) if key(g) in gemms]
     if rows:
         p(f"   {'GEMM (one call)':44s} {'M':>6s} {'N':>6s} {'K':>6s} {'calls':>5s} "
           f"{'pred ms':>8s} {'meas ms':>8s} {'ratio':>6s}")
     for g in rows:
-        m = gemms[g["name"]]["ms"]
+        m = gemms[key(g)]["ms"]
         tp, tm = tp + g["calls"] * g["ms"], tm + g["calls"] * m
         p(f"   {g['name'][:44]:44s} {g['M']:6d} {g['N']:6d} {g['K']:6d} {g['calls']:5d} "
           f"{g['ms']:8.3f} {m:8.3f} {m / g['ms'] if g['ms'] else 0:6.2f}")
