@@ -39,6 +39,12 @@ typedef struct dflash_hidden_writer_options {
   size_t struct_size;
   int32_t dtype;        /* dflash_hidden_dtype (bf16) */
   uint64_t shard_bytes; /* start a new shard past this many bytes (1 GiB) */
+  /* Spool mode (see "spool" below) when nonzero: `dir` is a spool holding at most this many
+   * bytes of unconsumed shards (plus the one being written); at least 2 * shard_bytes. (0) */
+  uint64_t spool_budget;
+  /* Spool full: how long a write waits for the trainer to consume shards, in seconds (0:
+   * not at all; < 0: forever). Past it the call fails with DFLASH_E_TIMEOUT. (0) */
+  double spool_wait_s;
 } dflash_hidden_writer_options;
 
 DFLASH_API void dflash_hidden_writer_options_default(dflash_hidden_writer_options *opts);
@@ -69,6 +75,81 @@ DFLASH_API dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w);
 DFLASH_API dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w);
 /* NULL-safe. Samples appended since the last flush/finish are dropped. */
 DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
+
+/* ---- spool: a bounded store that a trainer consumes while it is written ---- */
+
+/*
+ * Layout of a spool (a local folder or an s3:// prefix):
+ *   spool.json                      {"format": "dflash-spool-1", num_layers, hidden_size, dtype}
+ *   e00000-s000000.safetensors ...  shard s of epoch e: a hidden-store shard (tensors as above)
+ *   e00000-s000000.ids              its sample ids, one a line (the producer's record, kept)
+ *   e00000.end                      end of epoch e: "shards=N samples=M"
+ *   consumed                        "epoch=E shard=S": every shard before (E, S) is consumed
+ * A shard is visible once complete and durable: a local one is written under a temporary name,
+ * fsynced and renamed; an object is PUT whole (S3 shows an object whole or not at all). Its
+ * .ids is written before it, so a producer restarted after a crash knows every id it has
+ * published in the current epoch (dflash_hidden_writer_contains) and republishes a shard lost
+ * in the crash. A writer publishes a shard only while the shards present total less than
+ * spool_budget, so they never exceed the budget plus one shard; DFLASH_E_TIMEOUT (after
+ * spool_wait_s) says the spool is full. Appending a sample never takes it half: on
+ * DFLASH_E_TIMEOUT from append the sample was NOT taken (append it again later); a full
+ * shard that found no room is kept and published by the next append, flush or end_epoch.
+ * Within an epoch a sample id is accepted once. One producer per spool at a time.
+ */
+/* Publish the buffered samples and mark the end of the current epoch; the next sample goes to
+ * the next epoch (a re-prefill: the trainer draws fresh anchors per epoch). DFLASH_E_STATE
+ * on a plain store. */
+DFLASH_API dflash_status dflash_hidden_writer_end_epoch(dflash_hidden_writer *w);
+/* Whether `sample_id` is already taken in the current epoch (buffered or published; after a
+ * restart, published before the crash): 1 or 0. */
+DFLASH_API int dflash_hidden_writer_contains(const dflash_hidden_writer *w, const char *sample_id);
+/* Spool progress: current epoch, samples taken in it, shard bytes present in the spool at the
+ * last look, and the most ever seen there right after a publish (the high-water mark). */
+DFLASH_API dflash_status dflash_hidden_writer_spool_status(const dflash_hidden_writer *w,
+                                                           int32_t *epoch, uint64_t *samples,
+                                                           uint64_t *spool_bytes,
+                                                           uint64_t *high_water);
+
+/* The consumer side: samples in publication order (shard by shard, each in append order). */
+typedef struct dflash_spool dflash_spool;
+
+typedef struct dflash_spool_options {
+  size_t struct_size;
+  double wait_s;  /* how long to wait for spool.json or the next shard (600; < 0: forever) */
+  int32_t reuse;  /* 1: epoch e >= 1 replays epoch 0's shards, which are never deleted (0) */
+} dflash_spool_options;
+
+DFLASH_API void dflash_spool_options_default(dflash_spool_options *opts);
+/* Open (waiting for spool.json up to wait_s); the position is (epoch 0, shard 0, sample 0). */
+DFLASH_API dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
+                                           dflash_spool **out);
+DFLASH_API void dflash_spool_free(dflash_spool *sp);
+DFLASH_API dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers,
+                                           int32_t *hidden_size, int32_t *dtype);
+
+typedef struct dflash_spool_sample {
+  size_t struct_size;
+  const char *id;       /* borrowed until the next call on the spool */
+  int64_t len;
+  const float *hidden;  /* [len, K*H], borrowed likewise */
+  int32_t epoch;        /* where the sample is: epoch, shard, index in the shard */
+  uint64_t shard, offset;
+} dflash_spool_sample;
+
+/* Move to sample `offset` of shard `shard` of `epoch` (a resume). */
+DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard,
+                                           uint64_t offset);
+/* The position of the next sample dflash_spool_next returns. */
+DFLASH_API dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch,
+                                           uint64_t *shard, uint64_t *offset);
+/* The next sample, waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
+ * shard); or *end_of_epoch = 1 (no sample) at the producer's end marker, and the position moves
+ * to the next epoch. NaN/Inf and all-zero layers are refused naming the sample. */
+DFLASH_API dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out,
+                                           int *end_of_epoch);
+/* The caller's state is durable up to (epoch, shard): record that, then delete every shard
+ * before it (except epoch 0's with reuse), which makes room for the producer. */
+DFLASH_API dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t shard);
 
 /* ---- reading -------------------------------------------------------------- */
 

@@ -22,6 +22,53 @@ dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len
                                      int32_t H);
 
 
+typedef struct pending {
+  char *id;
+  int64_t len;
+  void *data;    /* bf16 or e4m3 codes */
+  float *scales; /* fp8 only: [len, K] */
+} pending;
+
+struct dflash_storage;
+
+struct dflash_hidden_writer {
+  char *dir;         /* local directory: for an s3:// store, its mirror in the cache */
+  char *remote;      /* s3:// store: shards and index uploaded as they are written */
+  struct dflash_storage *storage;
+  int32_t K, H, dtype;
+  uint64_t shard_bytes;
+  df_strset ids;
+  pending *buf;
+  size_t n_buf, cap_buf;
+  uint64_t buf_bytes;
+  char **shards; /* file names, relative to dir */
+  size_t n_shards;
+  uint64_t zero_layer_samples; /* appended with an all-zero layer: training refuses them */
+  bool finished;
+  /* spool mode (spool.c): `dir` (or `remote`) is the spool */
+  bool spool;
+  uint64_t budget;
+  double wait_s;
+  int32_t epoch;          /* current epoch */
+  uint64_t seq;           /* its next shard */
+  uint64_t epoch_samples; /* ids taken in it */
+  uint64_t present, high_water;
+};
+
+/* Write the writer's buffered samples as one safetensors shard at `path` (writer.c). */
+dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *path);
+void df_hidden_writer_drop_buffer(dflash_hidden_writer *w);
+/* Decode K layers of H values per token from bf16 or scaled e4m3 codes (reader.c). */
+void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, const void *scales,
+                      float *out, int64_t len);
+
+/* Spool mode of the writer (spool.c): create (opts->spool_budget set), publish the buffered
+ * samples as a shard (waiting up to wait_s, < 0 forever, for room), and the end marker. */
+dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
+                                     const dflash_hidden_writer_options *o,
+                                     dflash_hidden_writer **out);
+dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
+
 /* A store on object storage, read with ranged GETs (remote.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */
 typedef struct df_rhidden df_rhidden;

@@ -160,21 +160,26 @@ dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id
   return st;
 }
 
-static dflash_status decode(const dflash_hidden *h, const void *codes, const void *scales,
-                            float *out, int64_t len) {
-  size_t n = (size_t)len * h->K * h->H;
-  if (h->dtype == DFLASH_HIDDEN_BF16) {
+void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, const void *scales,
+                      float *out, int64_t len) {
+  size_t n = (size_t)len * K * H;
+  if (dtype == DFLASH_HIDDEN_BF16) {
     const uint16_t *p = codes;
     for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
-    return DFLASH_OK;
+    return;
   }
   const uint8_t *p = codes;
   const char *sc = scales;
-  for (size_t r = 0; r < (size_t)len * h->K; r++) {
+  for (size_t r = 0; r < (size_t)len * K; r++) {
     float scale;
     memcpy(&scale, sc + 4 * r, 4);
-    for (int32_t i = 0; i < h->H; i++) out[r * h->H + i] = df_e4m3_to_f32(p[r * h->H + i]) * scale;
+    for (int32_t i = 0; i < H; i++) out[r * H + i] = df_e4m3_to_f32(p[r * H + i]) * scale;
   }
+}
+
+static dflash_status decode(const dflash_hidden *h, const void *codes, const void *scales,
+                            float *out, int64_t len) {
+  df_hidden_decode(h->K, h->H, h->dtype, codes, scales, out, len);
   return DFLASH_OK;
 }
 

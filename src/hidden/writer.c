@@ -17,29 +17,6 @@
 #include "storage/stage.h"
 #include "train/bf16.h"
 
-typedef struct pending {
-  char *id;
-  int64_t len;
-  void *data;    /* bf16 or e4m3 codes */
-  float *scales; /* fp8 only: [len, K] */
-} pending;
-
-struct dflash_hidden_writer {
-  char *dir;         /* local directory: for an s3:// store, its mirror in the cache */
-  char *remote;      /* s3:// store: shards and index uploaded as they are written */
-  dflash_storage *storage;
-  int32_t K, H, dtype;
-  uint64_t shard_bytes;
-  df_strset ids;
-  pending *buf;
-  size_t n_buf, cap_buf;
-  uint64_t buf_bytes;
-  char **shards; /* file names, relative to dir */
-  size_t n_shards;
-  uint64_t zero_layer_samples; /* appended with an all-zero layer: training refuses them */
-  bool finished;
-};
-
 void dflash_hidden_writer_options_default(dflash_hidden_writer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
@@ -163,6 +140,7 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers,
                     "must be positive", num_layers, hidden_size);
   if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
+  if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
   bool remote = dflash_storage_is_remote(dir);
   dflash_status st = remote ? DFLASH_OK : make_dir(dir);
   if (st) return st;
@@ -258,7 +236,12 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
                     "bytes", DF_HIDDEN_MAX_ID);
   if (len <= 0) return df_error(DFLASH_E_RANGE, "sample %s: length %lld", id, (long long)len);
   if (df_strset_has(&w->ids, id))
-    return df_error(DFLASH_E_DUPLICATE, "sample %s: already in %s", id, w->dir);
+    return df_error(DFLASH_E_DUPLICATE, "sample %s: already in %s%s", id, w->remote ? w->remote
+                    : w->dir, w->spool ? " (this epoch)" : "");
+  /* A spool's full shard that found no room: publish it first, or refuse this sample. */
+  dflash_status pst = w->spool && w->buf_bytes >= w->shard_bytes ? df_spool_publish(w, w->wait_s)
+                                                                  : DFLASH_OK;
+  if (pst) return pst;
   if (w->n_buf == w->cap_buf) {
     size_t nc = w->cap_buf ? 2 * w->cap_buf : 64;
     pending *nb = realloc(w->buf, nc * sizeof *nb);
@@ -280,7 +263,13 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   }
   w->buf[w->n_buf++] = p;
   w->buf_bytes += pending_bytes(w, &p);
-  return w->buf_bytes >= w->shard_bytes ? dflash_hidden_writer_flush(w) : DFLASH_OK;
+  w->epoch_samples++;
+  if (w->buf_bytes < w->shard_bytes) return DFLASH_OK;
+  if (!w->spool) return dflash_hidden_writer_flush(w);
+  /* The sample is taken; a shard without room waits for the next call. */
+  st = df_spool_publish(w, 0);
+  if (st == DFLASH_E_TIMEOUT) dflash_clear_error(), st = DFLASH_OK;
+  return st;
 }
 
 dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
@@ -306,7 +295,7 @@ static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_st_wri
   return st;
 }
 
-static dflash_status write_shard(const dflash_hidden_writer *w, const char *path) {
+dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *path) {
   dflash_st_writer *sw;
   dflash_status st = dflash_st_writer_create(path, &sw);
   if (st) return st;
@@ -350,6 +339,7 @@ static dflash_status write_index(const dflash_hidden_writer *w) {
 dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w) {
   DF_CHECK_ARG(w);
   if (w->n_buf == 0) return DFLASH_OK;
+  if (w->spool) return df_spool_publish(w, w->wait_s);
   char name[64];
   snprintf(name, sizeof name, "hidden-%05zu.safetensors", w->n_shards);
   char *path = df_path_join(w->dir, name);
@@ -359,7 +349,7 @@ dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w) {
     free(path);
     return df_error_nomem("hidden shard");
   }
-  dflash_status st = write_shard(w, path);
+  dflash_status st = df_hidden_write_shard(w, path);
   free(path);
   if (st) {
     free(w->shards[w->n_shards]);
@@ -367,16 +357,24 @@ dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w) {
   }
   w->n_shards++;
   if ((st = write_index(w)) || (st = publish(w, name))) return st;
+  df_hidden_writer_drop_buffer(w);
+  return DFLASH_OK;
+}
+
+void df_hidden_writer_drop_buffer(dflash_hidden_writer *w) {
   for (size_t i = 0; i < w->n_buf; i++) free_pending(&w->buf[i]);
   w->n_buf = 0;
   w->buf_bytes = 0;
-  return DFLASH_OK;
 }
 
 dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w) {
   DF_CHECK_ARG(w);
   if (w->finished) return DFLASH_OK;
   dflash_status st = dflash_hidden_writer_flush(w);
+  if (w->spool) {
+    if (!st) w->finished = true;
+    return st;
+  }
   if (!st && w->n_shards == 0) st = write_index(w); /* an empty store is still a store */
   if (!st && w->n_shards == 0 && w->remote)
     st = df_stage_out(w->storage, w->dir, w->remote, DF_HIDDEN_INDEX);

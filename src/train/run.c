@@ -62,6 +62,18 @@ typedef struct run {
   /* position (global: the next sample of the epoch order to visit) */
   int32_t epoch;
   uint64_t pos;
+  /* --hidden spool:PATH (one process): samples in the producer's order */
+  dflash_spool *spool;
+  df_tokens *own_tok;          /* the dataset, opened without a store */
+  uint64_t *by_id;             /* dataset indices sorted by id */
+  uint8_t *is_usable;          /* [n_total] */
+  uint64_t *batch_idx;         /* the gathered batch: dataset indices and hidden states */
+  float **batch_h;
+  size_t *batch_cap;
+  uint64_t sp_shard, sp_off;   /* resume: the spool position within r->epoch */
+  int32_t rel_epoch;           /* shards before (rel_epoch, rel_shard) are released */
+  uint64_t rel_shard;
+  FILE *trace;                 /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
 } run;
 
 /* Samples that can carry at least one anchor (>= 2B supervised tokens and
@@ -80,6 +92,7 @@ static dflash_status find_usable(run *r) {
     dflash_status st = dflash_sample_anchors(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
+    if (r->is_usable) r->is_usable[i] = n > 0;
   }
   if (r->n_usable == 0)
     return df_error(DFLASH_E_NOT_FOUND, "%s: no sample has %d supervised tokens and room for a "
@@ -143,22 +156,33 @@ static dflash_status barrier(run *r) {
 /* Save the checkpoint and the state; (epoch, pos) is the next sample to
  * visit. Every rank gathers the state (collective on a sharded device
  * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
-static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
-  if (pos >= r->n_usable) epoch++, pos = 0;
+static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
+  if (!r->spool && pos >= r->n_usable) epoch++, pos = 0;
   dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && r->rank == 0) {
     long mbytes = r->metrics ? ftell(r->metrics) : 0;
     char blob[256];
+    int32_t se = 0;
+    uint64_t ss = 0, so = 0;
+    if (r->spool) dflash_spool_tell(r->spool, &se, &ss, &so);
     int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
                      " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
                      epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
                      r->elapsed + df_now_seconds() - r->t0);
-    st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
+    /* The spool position: shard and sample within it (the producer's order). */
+    if (r->spool && n > 0 && (size_t)n < sizeof blob)
+      n += snprintf(blob + n, sizeof blob - (size_t)n, " spool=%" PRIu64 ",%" PRIu64, ss, so);
+    if (n <= 0 || (size_t)n >= sizeof blob)
+      return df_error(DFLASH_E_INTERNAL, "training state position too long");
+    if (r->trace) fflush(r->trace);
+    st = model ? dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16) : DFLASH_OK;
     if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
     if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
   }
   return st ? st : barrier(r);
 }
+
+static dflash_status save(run *r, int32_t epoch, uint64_t pos) { return save_as(r, epoch, pos, true); }
 
 /* Every rank reads the same state (a shared directory or the bucket);
  * rank 0 alone trims metrics.jsonl. */
@@ -179,6 +203,14 @@ static dflash_status resume(run *r) {
   if (seed != r->o->trainer.seed)
     return df_error(DFLASH_E_MISMATCH, "%s was written with seed %" PRIu64 ", this run has %"
                     PRIu64, r->state_path, seed, r->o->trainer.seed);
+  const char *sp = strstr(blob, " spool=");
+  if (r->spool && (!sp || sscanf(sp, " spool=%" SCNu64 ",%" SCNu64, &r->sp_shard,
+                                 &r->sp_off) != 2))
+    return df_error(DFLASH_E_MISMATCH, "%s has no spool position: written by a run on an "
+                    "offline store", r->state_path);
+  if (!r->spool && sp)
+    return df_error(DFLASH_E_MISMATCH, "%s was written by a run on a spool; resume it with "
+                    "--hidden spool:PATH", r->state_path);
   if (samples != r->n_usable)
     return df_error(DFLASH_E_MISMATCH, "%s was written for %zu trainable samples, %s has %zu: "
                     "the data changed", r->state_path, samples, r->o->data_dir, r->n_usable);
@@ -227,6 +259,137 @@ static dflash_status check_ranks_agree(run *r) {
   return DFLASH_OK;
 }
 
+/* ---- --hidden spool:PATH ---------------------------------------------------------------- */
+
+static const char *spool_path(const char *hidden) {
+  return strncmp(hidden, "spool:", 6) ? NULL : hidden + 6;
+}
+
+static const df_tokens *g_sort_tok; /* qsort has no context argument */
+
+static const char *id_of(const df_tokens *t, uint64_t i) {
+  const char *id;
+  const int32_t *ids;
+  const uint8_t *mask;
+  int64_t len;
+  df_tokens_get(t, (size_t)i, &id, &ids, &mask, &len);
+  return id;
+}
+
+static int cmp_by_id(const void *a, const void *b) {
+  return strcmp(id_of(g_sort_tok, *(const uint64_t *)a), id_of(g_sort_tok, *(const uint64_t *)b));
+}
+
+/* The dataset index of a sample id, or -1. */
+static int64_t find_id(const run *r, const char *id) {
+  size_t lo = 0, hi = df_tokens_count(r->tok);
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(id_of(r->tok, r->by_id[mid]), id);
+    if (!c) return (int64_t)r->by_id[mid];
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return -1;
+}
+
+static double env_seconds(const char *name, double dflt) {
+  const char *v = getenv(name);
+  char *end;
+  double x = v && *v ? strtod(v, &end) : dflt;
+  return v && *v && *end ? dflt : x;
+}
+
+/* The dataset alone (the spool comes sample by sample), or the dataset joined with a store. */
+static dflash_status open_data(run *r) {
+  const dflash_train_run_options *o = r->o;
+  const char *path = spool_path(o->hidden_dir);
+  if (!path) {
+    dflash_status st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, NULL, &r->s);
+    if (!st) r->tok = df_sample_stream_tokens(r->s);
+    return st;
+  }
+  if (r->world > 1)
+    return df_error(DFLASH_E_UNSUPPORTED, "--hidden %s: a spool feeds one training process "
+                    "(world size is %d)", o->hidden_dir, r->world);
+  dflash_spool_options so;
+  dflash_spool_options_default(&so);
+  so.wait_s = env_seconds("DFLASH_SPOOL_WAIT", so.wait_s);
+  so.reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
+  dflash_status st = df_tokens_open(o->data_dir, &r->own_tok);
+  if (!st) st = dflash_spool_open(path, &so, &r->spool);
+  if (st) return st;
+  r->tok = r->own_tok;
+  size_t n = df_tokens_count(r->tok);
+  r->by_id = malloc((n ? n : 1) * sizeof *r->by_id);
+  r->is_usable = calloc(n ? n : 1, 1);
+  if (!r->by_id || !r->is_usable) return df_error_nomem("dataset ids");
+  for (size_t i = 0; i < n; i++) r->by_id[i] = i;
+  g_sort_tok = r->tok;
+  qsort(r->by_id, n, sizeof *r->by_id, cmp_by_id);
+  return DFLASH_OK;
+}
+
+static int64_t spool_width(const run *r) {
+  int32_t K, H;
+  dflash_spool_info(r->spool, &K, &H, NULL);
+  return (int64_t)K * H;
+}
+
+static dflash_status spool_buffers(run *r) {
+  size_t b = (size_t)r->o->batch_size;
+  r->batch_idx = malloc(b * sizeof *r->batch_idx);
+  r->batch_h = calloc(b, sizeof *r->batch_h);
+  r->batch_cap = calloc(b, sizeof *r->batch_cap);
+  return r->batch_idx && r->batch_h && r->batch_cap ? DFLASH_OK : df_error_nomem("batch");
+}
+
+/* The next trainable sample of the spool into slot i of the batch: *got = 0 at the end of the
+ * epoch. Samples that cannot carry an anchor are passed over, as offline. */
+static dflash_status spool_take(run *r, size_t i, int *got) {
+  for (;;) {
+    dflash_spool_sample smp;
+    int end;
+    dflash_status st = dflash_spool_next(r->spool, &smp, &end);
+    if (st || end) return *got = 0, st;
+    int64_t idx = find_id(r, smp.id);
+    if (idx < 0)
+      return df_error(DFLASH_E_NOT_FOUND, "spool sample %s is not in the dataset %s", smp.id,
+                      r->o->data_dir);
+    const char *id;
+    const int32_t *ids;
+    const uint8_t *mask;
+    int64_t len;
+    df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
+    if (len != smp.len)
+      return df_error(DFLASH_E_MISMATCH, "sample %s: %" PRId64 " tokens but %" PRId64 " rows of "
+                      "hidden states in the spool", id, len, smp.len);
+    if (!r->is_usable[idx]) continue;
+    size_t n = (size_t)len * (size_t)spool_width(r);
+    if (n > r->batch_cap[i]) {
+      free(r->batch_h[i]);
+      r->batch_cap[i] = 0;
+      if (!(r->batch_h[i] = malloc(n * sizeof(float)))) return df_error_nomem("batch");
+      r->batch_cap[i] = n;
+    }
+    memcpy(r->batch_h[i], smp.hidden, n * sizeof(float));
+    r->batch_idx[i] = (uint64_t)idx;
+    return *got = 1, DFLASH_OK;
+  }
+}
+
+/* Sample i of the gathered batch, as the stream would give it. */
+static dflash_status spool_sample(run *r, size_t i, dflash_train_sample *out, int *done) {
+  const char *id;
+  *done = 0;
+  out->struct_size = sizeof *out;
+  out->index = r->batch_idx[i];
+  df_tokens_get(r->tok, (size_t)out->index, &id, &out->input_ids, &out->loss_mask, &out->len);
+  out->id = id;
+  out->hidden = r->batch_h[i];
+  return DFLASH_OK;
+}
+
 /* Rank 0: out_dir, its train_state/ and metrics.jsonl. */
 static dflash_status open_outputs(run *r) {
   const dflash_train_run_options *o = r->o;
@@ -261,17 +424,17 @@ static dflash_status open_all(run *r) {
       st = df_error_wrap(st, "%s", o->config_path);
     }
   }
-  if (!st) st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, NULL, &r->s);
+  if (!st) st = open_data(r);
   if (st) return st;
-  r->tok = df_sample_stream_tokens(r->s);
   int64_t width = (int64_t)r->cfg.n_target_layer_ids * r->cfg.hidden_size;
-  if (dflash_sample_stream_width(r->s) != width)
+  int64_t have = r->spool ? spool_width(r) : dflash_sample_stream_width(r->s);
+  if (have != width)
     return df_error(DFLASH_E_MISMATCH, "%s holds %" PRId64 " features per token; the drafter "
-                    "config needs K*H = %d*%d = %" PRId64, o->hidden_dir,
-                    dflash_sample_stream_width(r->s), r->cfg.n_target_layer_ids,
-                    r->cfg.hidden_size, width);
-  if ((st = dflash_sample_stream_check(r->s, NULL))) return st;
+                    "config needs K*H = %d*%d = %" PRId64, o->hidden_dir, have,
+                    r->cfg.n_target_layer_ids, r->cfg.hidden_size, width);
+  if (!r->spool && (st = dflash_sample_stream_check(r->s, NULL))) return st;
   if ((st = find_usable(r))) return st;
+  if (r->spool && (st = spool_buffers(r))) return st;
   int32_t A = o->trainer.num_anchors;
   r->order = malloc(r->n_usable * sizeof *r->order);
   r->mine = malloc(r->n_usable * sizeof *r->mine);
@@ -292,6 +455,9 @@ static dflash_status open_all(run *r) {
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
   if (o->resume && (st = resume(r))) return st;
   if ((st = open_outputs(r))) return st;
+  if (r->rank == 0 && getenv("DFLASH_TRAIN_TRACE") && *getenv("DFLASH_TRAIN_TRACE") &&
+      !(r->trace = fopen(getenv("DFLASH_TRAIN_TRACE"), "a")))
+    return df_error(DFLASH_E_IO, "cannot open DFLASH_TRAIN_TRACE=%s", getenv("DFLASH_TRAIN_TRACE"));
   return check_ranks_agree(r);
 }
 
@@ -300,12 +466,12 @@ static dflash_status open_all(run *r) {
 static dflash_status train_step(run *r, size_t gb) {
   const dflash_train_run_options *o = r->o;
   int32_t A = o->trainer.num_anchors, B = r->cfg.block_size;
-  size_t lo, hi;
-  share(r, gb, &lo, &hi);
+  size_t lo = 0, hi = gb;
+  if (!r->spool) share(r, gb, &lo, &hi);
   size_t b = hi - lo;
   double sums[3] = {0, 0, 0}; /* weight, tokens, then sum(w*CE) */
   for (size_t i = 0; i < b; i++) {
-    uint64_t idx = r->order[r->pos + lo + i];
+    uint64_t idx = r->spool ? r->batch_idx[i] : r->order[r->pos + lo + i];
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
@@ -331,7 +497,7 @@ static dflash_status train_step(run *r, size_t gb) {
     dflash_train_sample smp;
     int done;
     double ls;
-    st = dflash_sample_stream_next(r->s, &smp, &done);
+    st = r->spool ? spool_sample(r, i, &smp, &done) : dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
     if (!st) st = dflash_trainer_accumulate(r->t, smp.input_ids, smp.loss_mask, smp.len,
                                             smp.hidden, r->anchors + i * (size_t)A,
@@ -348,6 +514,15 @@ static dflash_status train_step(run *r, size_t gb) {
   if (r->rank != 0) return DFLASH_OK;
   double now = df_now_seconds(), dt = now - t_start;
   int64_t step = dflash_trainer_steps(r->t);
+  for (size_t i = 0; r->trace && i < b; i++) {
+    const char *id;
+    const int32_t *ids;
+    const uint8_t *mask;
+    int64_t len;
+    df_tokens_get(r->tok, (size_t)(r->spool ? r->batch_idx[i] : r->order[r->pos + lo + i]), &id,
+                  &ids, &mask, &len);
+    fprintf(r->trace, "%d %" PRId64 " %s\n", r->epoch, step, id);
+  }
   fprintf(r->metrics, "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
           "%.9g, \"lr\": %.9g, \"tokens\": %" PRId64 ", \"tokens_per_s\": %.1f, \"elapsed_s\": "
           "%.3f}\n", step, r->epoch, lsum / W, norm, lr, r->tokens, dt > 0 ? tokens / dt : 0.0,
@@ -378,6 +553,60 @@ static dflash_status train_loop(run *r) {
     }
   }
   return save(r, r->epoch, 0);
+}
+
+/* The state is durable up to the spool's position: let the producer reuse the room. */
+static dflash_status spool_release(run *r) {
+  int32_t e;
+  uint64_t s;
+  dflash_spool_tell(r->spool, &e, &s, NULL);
+  if (e == r->rel_epoch && s == r->rel_shard) return DFLASH_OK;
+  dflash_status st = dflash_spool_release(r->spool, e, s);
+  if (!st) r->rel_epoch = e, r->rel_shard = s;
+  return st;
+}
+
+/*
+ * Training from a spool: each epoch is what the producer published for it, in its order, up to
+ * its end marker; a step takes the next batch_size trainable samples (fewer at the end). The
+ * state is saved (train_state only) whenever a shard has been used up, then the shards before
+ * the position are released; checkpoints as offline (save_every, max_steps, the end).
+ */
+static dflash_status spool_loop(run *r) {
+  const dflash_train_run_options *o = r->o;
+  dflash_status st = DFLASH_OK;
+  if (o->resume) { /* a kill between the state and the deletes: finish them */
+    dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off);
+    r->rel_epoch = -1;
+    if ((st = spool_release(r))) return st;
+  }
+  for (; r->epoch < o->epochs; r->epoch++, r->pos = 0, r->sp_shard = r->sp_off = 0) {
+    if ((st = dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off))) return st;
+    for (bool ended = false; !ended;) {
+      size_t got = 0;
+      int one = 1;
+      while (got < r->global_batch && one)
+        if ((st = spool_take(r, got, &one))) return st;
+        else got += (size_t)one;
+      ended = !one;
+      if (got && (st = train_step(r, got))) return st;
+      r->pos += got;
+      int64_t step = dflash_trainer_steps(r->t);
+      bool stop = o->max_steps > 0 && step >= o->max_steps;
+      bool full = stop || (got && o->save_every > 0 && step % o->save_every == 0);
+      int32_t e;
+      uint64_t s;
+      dflash_spool_tell(r->spool, &e, &s, NULL);
+      bool used_up = e != r->rel_epoch || s != r->rel_shard;
+      if ((full || used_up) && e < o->epochs) {
+        if ((st = save_as(r, e, ended ? 0 : r->pos, full))) return st;
+        if ((st = spool_release(r))) return st;
+      }
+      if (stop) return DFLASH_OK;
+    }
+  }
+  if ((st = save(r, r->epoch, 0))) return st;
+  return spool_release(r);
 }
 
 /* This process's rank, and the connections to the others when there are. */
@@ -413,13 +642,18 @@ dflash_status dflash_train_run(const dflash_train_run_options *o) {
     r.o = &r.local_o;
   }
   if (!st) st = open_all(&r);
-  if (!st) st = train_loop(&r);
+  if (!st) st = r.spool ? spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
   if (r.progress) dflash_progress_free(r.progress);
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);
   df_comm_free(r.comm);
   dflash_sample_stream_free(r.s);
+  if (r.trace) fclose(r.trace);
+  dflash_spool_free(r.spool);
+  df_tokens_free(r.own_tok);
+  for (size_t i = 0; r.batch_h && i < (size_t)o->batch_size; i++) free(r.batch_h[i]);
+  free(r.batch_h), free(r.batch_cap), free(r.batch_idx), free(r.by_id), free(r.is_usable);
   free(r.usable), free(r.order), free(r.mine), free(r.anchors), free(r.n_anchors);
   free(r.state_path), free(r.metrics_path);
   if (r.rank == 0) df_train_remote_end(&r.remote);

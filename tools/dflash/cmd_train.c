@@ -19,6 +19,7 @@ static const char TRAIN_USAGE[] =
     " [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
+    "                    [--spool-wait S] [--spool-reuse]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
@@ -31,6 +32,12 @@ static const char TRAIN_USAGE[] =
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
     "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
+    "--hidden spool:PATH (a folder or s3:// prefix) trains on a spool while a producer\n"
+    "writes it (libdflash.HiddenWriter(..., spool_budget=B)): each epoch is what the\n"
+    "producer published for it, in its order, up to its end-of-epoch marker; shards are\n"
+    "deleted once train_state/ records them. --spool-wait S (600; DFLASH_SPOOL_WAIT) bounds\n"
+    "the wait for a shard; --spool-reuse keeps epoch 0's shards and replays them for every\n"
+    "later epoch (DFLASH_SPOOL_REUSE=1; the budget must hold a whole epoch).\n"
     "Defaults: --backend cpu, --epochs 6, --batch 1, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
@@ -44,7 +51,8 @@ static int parse_backend(const char *v, void *dst) {
 }
 
 static int parse_train(int argc, char **argv, dflash_train_run_options *o, int *overwrite) {
-  int quiet = 0, resume = 0, bf16 = 0;
+  int quiet = 0, resume = 0, bf16 = 0, reuse = 0;
+  double spool_wait = -2;
   dflash_trainer_options *t = &o->trainer;
   const cli_opt opts[] = {
       {"--config", CLI_STR, &o->config_path, 0, 0, NULL},
@@ -71,11 +79,18 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o, int *
       {"--max-steps", CLI_I64, &o->max_steps, 0, (double)INT64_MAX, NULL},
       {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
       {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
+      {"--spool-wait", CLI_REAL, &spool_wait, -1, 1e9, NULL},
+      {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
       {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
   o->resume = resume, o->bf16 = bf16;
+  /* The spool's settings reach dflash_train_run through its environment variables. */
+  char wait[64];
+  snprintf(wait, sizeof wait, "%.17g", spool_wait);
+  if (spool_wait > -2) setenv("DFLASH_SPOOL_WAIT", wait, 1);
+  if (reuse) setenv("DFLASH_SPOOL_REUSE", "1", 1);
   static const char *const required[] = {"--config", "--target", "--data", "--hidden", "-o"};
   const char *const have[] = {o->config_path, o->target_path, o->data_dir, o->hidden_dir,
                               o->out_dir};

@@ -42,7 +42,22 @@ _P = ctypes.c_void_p
 class WriterOptions(ctypes.Structure):
     """Mirror of `dflash_hidden_writer_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
-                ("shard_bytes", ctypes.c_uint64)]
+                ("shard_bytes", ctypes.c_uint64), ("spool_budget", ctypes.c_uint64),
+                ("spool_wait_s", ctypes.c_double)]
+
+
+class SpoolOptions(ctypes.Structure):
+    """Mirror of `dflash_spool_options`."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("wait_s", ctypes.c_double),
+                ("reuse", ctypes.c_int32)]
+
+
+class SpoolSample(ctypes.Structure):
+    """Mirror of `dflash_spool_sample` (pointers borrowed from the spool)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("id", ctypes.c_char_p),
+                ("len", ctypes.c_int64), ("hidden", ctypes.POINTER(ctypes.c_float)),
+                ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
+                ("offset", ctypes.c_uint64)]
 
 
 class TrainSample(ctypes.Structure):
@@ -69,6 +84,26 @@ _w_append_bf16 = bind("dflash_hidden_writer_append_bf16", [_P, ctypes.c_char_p, 
 _w_flush = bind("dflash_hidden_writer_flush", [_P])
 _w_finish = bind("dflash_hidden_writer_finish", [_P])
 _w_free = bind("dflash_hidden_writer_free", [_P], None)
+_w_end_epoch = bind("dflash_hidden_writer_end_epoch", [_P])
+_w_contains = bind("dflash_hidden_writer_contains", [_P, ctypes.c_char_p], ctypes.c_int32,
+                   status=False)
+_w_spool_status = bind("dflash_hidden_writer_spool_status",
+                       [_P, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
+                        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)])
+_sp_defaults = bind("dflash_spool_options_default", [ctypes.POINTER(SpoolOptions)], None)
+_sp_open = bind("dflash_spool_open", [ctypes.c_char_p, ctypes.POINTER(SpoolOptions),
+                                      ctypes.POINTER(_P)], errors=files(0))
+_sp_free = bind("dflash_spool_free", [_P], None)
+_sp_info = bind("dflash_spool_info", [_P, ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_int32)])
+_sp_seek = bind("dflash_spool_seek", [_P, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])
+_sp_tell = bind("dflash_spool_tell", [_P, ctypes.POINTER(ctypes.c_int32),
+                                      ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.POINTER(ctypes.c_uint64)])
+_sp_next = bind("dflash_spool_next", [_P, ctypes.POINTER(SpoolSample),
+                                      ctypes.POINTER(ctypes.c_int)])
+_sp_release = bind("dflash_spool_release", [_P, ctypes.c_int32, ctypes.c_uint64])
 _h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)], errors=files(0))
 _h_free = bind("dflash_hidden_free", [_P], None)
 _h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
@@ -117,9 +152,45 @@ class HiddenWriter:
     append(sample_id, array [S, K*H]) buffers a sample; shards of
     `shard_bytes` are written as they fill; close() (or leaving a `with`)
     writes the rest. Reopening a directory appends to it.
+
+    Spool mode (spool_budget=BYTES, at least 2 * shard_bytes): `dir` (a folder or
+    an s3:// prefix) is a spool that `dflash train --hidden spool:DIR` consumes
+    while it is written; a shard is published only while the unconsumed shards
+    total less than the budget. spool_wait: seconds to wait for room (None:
+    forever; 0: raise at once); past it, libdflash.DeadlineError ("spool ... is
+    full") and an append that raised did NOT take its sample. end_epoch() ends
+    an epoch (the producer then re-prefills the next one); `sample_id in w` says
+    whether the current epoch already has it, also after a restart, so a killed
+    producer resumes with `if sid in w: continue`. spool_status() reports the
+    epoch, its samples, the spool's bytes and its high-water mark.
+
+    Producer recipes (the target writes, `dflash train --hidden spool:DIR` reads):
+
+        w = libdflash.HiddenWriter("s3://bucket/spool", num_layers=K, hidden_size=H,
+                                   shard_bytes=256 << 20, spool_budget=8 << 30)
+        for epoch in range(w.spool_status()["epoch"], epochs):
+            for sid, input_ids in dataset:             # same order every restart
+                if sid in w:
+                    continue                           # published before a crash
+                w.append(sid, prefill(input_ids))      # blocks while the spool is full
+            w.end_epoch()
+        w.close()
+
+    prefill() with SGLang: an engine with hidden-state capture, as SpecForge
+    drives it: `model_runner.model.set_eagle3_layers_to_capture([k + 1 for k in
+    layer_ids])` and a prefill-only request (max_new_tokens=0 or 1) with
+    CaptureHiddenMode.FULL; `logits_output.hidden_states` [S, K*H] is the
+    sample (see the module docstring for the layer offset). With vLLM:
+    speculators' extract_hidden_states method (`LLM(..., speculative_config=
+    {"method": "extract_hidden_states", ...})` with the hs-connector writing
+    [S, K+1, H] per request); drop the last slot (the final layer) and reshape
+    to [S, K*H] before append; vLLM's aux layer ids are z-lab's + 1. Several
+    target replicas: one spool each (one producer per spool), or a queue in
+    front of one writer.
     """
 
-    def __init__(self, directory, num_layers, hidden_size, dtype="bf16", shard_bytes=None):
+    def __init__(self, directory, num_layers, hidden_size, dtype="bf16", shard_bytes=None,
+                 spool_budget=None, spool_wait=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
         opts = WriterOptions()
@@ -127,6 +198,9 @@ class HiddenWriter:
         opts.dtype = DTYPES[dtype]
         if shard_bytes:
             opts.shard_bytes = int(shard_bytes)
+        if spool_budget:
+            opts.spool_budget = int(spool_budget)
+            opts.spool_wait_s = -1.0 if spool_wait is None else float(spool_wait)
         self.width = num_layers * hidden_size
         self._h = _P()
         _w_create(cstr(directory), num_layers, hidden_size, ctypes.byref(opts),
@@ -148,6 +222,21 @@ class HiddenWriter:
     def flush(self):
         """Write the buffered samples as a shard and update the index."""
         _w_flush(self._writer())
+
+    def end_epoch(self):
+        """Spool: publish the buffered samples and mark the end of the current epoch."""
+        _w_end_epoch(self._writer())
+
+    def __contains__(self, sample_id):
+        return bool(_w_contains(self._writer(), str(sample_id).encode()))
+
+    def spool_status(self):
+        """{"epoch", "samples" (taken in it), "spool_bytes", "high_water"}."""
+        e, n, b, hw = ctypes.c_int32(), ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        _w_spool_status(self._writer(), ctypes.byref(e), ctypes.byref(n), ctypes.byref(b),
+                        ctypes.byref(hw))
+        return {"epoch": e.value, "samples": n.value, "spool_bytes": b.value,
+                "high_water": hw.value}
 
     def close(self):
         """Write the buffered samples and the index, then release the writer."""
@@ -172,6 +261,58 @@ class HiddenWriter:
         h, self._h = getattr(self, "_h", None), None
         if h and _w_free is not None:
             _w_free(h)
+
+
+class Spool(Handle):
+    """The consumer side of a spool (what `dflash train --hidden spool:DIR` does):
+    Spool(dir, wait=600, reuse=False); iterate(epoch) yields (id, hidden [S, K*H]
+    copy, (epoch, shard, offset)) up to the producer's end of that epoch;
+    release(epoch, shard) deletes the shards before (epoch, shard) once your own
+    record of them is durable."""
+
+    _free = "dflash_spool_free"
+
+    def __init__(self, directory, wait=None, reuse=False):
+        opts = SpoolOptions()
+        _sp_defaults(ctypes.byref(opts))
+        if wait is not None:
+            opts.wait_s = float(wait)
+        opts.reuse = int(bool(reuse))
+        self._h = _P()
+        _sp_open(cstr(directory), ctypes.byref(opts), ctypes.byref(self._h))
+        K, H, dt = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32()
+        _sp_info(self._h, ctypes.byref(K), ctypes.byref(H), ctypes.byref(dt))
+        self.num_layers, self.hidden_size, self.dtype = K.value, H.value, _DTYPE_NAMES[dt.value]
+
+    def seek(self, epoch, shard=0, offset=0):
+        _sp_seek(self._handle(), int(epoch), int(shard), int(offset))
+
+    def tell(self):
+        e, s, o = ctypes.c_int32(), ctypes.c_uint64(), ctypes.c_uint64()
+        _sp_tell(self._handle(), ctypes.byref(e), ctypes.byref(s), ctypes.byref(o))
+        return e.value, s.value, o.value
+
+    def next(self):
+        """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch."""
+        smp, end = SpoolSample(), ctypes.c_int()
+        _sp_next(self._handle(), ctypes.byref(smp), ctypes.byref(end))
+        if end.value:
+            return None
+        width = self.num_layers * self.hidden_size
+        return (smp.id.decode(), _copy(smp.hidden, (smp.len, width), np.float32),
+                (smp.epoch, smp.shard, smp.offset))
+
+    def iterate(self, epoch=None):
+        if epoch is not None:
+            self.seek(epoch)
+        while True:
+            item = self.next()
+            if item is None:
+                return
+            yield item
+
+    def release(self, epoch, shard):
+        _sp_release(self._handle(), int(epoch), int(shard))
 
 
 class HiddenStore(Handle):

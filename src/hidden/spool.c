@@ -1,0 +1,684 @@
+/*
+ * The spool (include/dflash/hidden.h): a bounded hidden-state store that a
+ * trainer consumes while a producer writes it, as two processes that share
+ * nothing but the spool's files (a local folder or an s3:// prefix), so
+ * everything goes through dflash_storage and every step is crash-safe:
+ *
+ *   producer: wait until the shards present total < budget; PUT the shard's
+ *             .ids; write the shard (local: temp, fsync, rename; s3: one PUT
+ *             of a locally staged file). End of epoch: PUT eNNNNN.end.
+ *   consumer: read shards in order; after its own state is durable, PUT
+ *             "consumed" (epoch, shard), then delete the shards before it.
+ *
+ * A restarted producer rebuilds its epoch from the .ids files: a shard whose
+ * .ids exists but which is neither present nor consumed died in the crash,
+ * so it is dropped and its samples are taken again. "consumed" is read after
+ * the listing, and the consumer writes it before deleting, so a shard the
+ * listing misses because it was just deleted is always counted as consumed.
+ */
+#include <dflash/storage.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hidden.h"
+#include "storage/stage.h"
+
+#define DF_SPOOL_FORMAT "dflash-spool-1"
+
+enum { SP_SHARD, SP_IDS, SP_END };
+
+typedef struct sp_entry {
+  int kind;
+  int32_t epoch;
+  uint64_t seq, size;
+} sp_entry;
+
+typedef struct sp_scan {
+  sp_entry *e;
+  size_t n;
+} sp_scan;
+
+/* ---- names and small files ---------------------------------------------------------------- */
+
+static char *sp_path(const char *base, const char *name) { return df_stage_join(base, name); }
+
+static char *shard_loc(const char *base, int32_t e, uint64_t s, const char *ext) {
+  char name[64];
+  snprintf(name, sizeof name, "e%05d-s%06" PRIu64 ".%s", e, s, ext);
+  return sp_path(base, name);
+}
+
+static char *end_loc(const char *base, int32_t e) {
+  char name[32];
+  snprintf(name, sizeof name, "e%05d.end", e);
+  return sp_path(base, name);
+}
+
+static bool parse_name(const char *name, sp_entry *out) {
+  int e, n = 0;
+  unsigned long long s;
+  char ext[16];
+  if (sscanf(name, "e%5d.end%n", &e, &n) == 1 && n > 0 && !name[n]) {
+    *out = (sp_entry){SP_END, e, 0, 0};
+    return true;
+  }
+  n = 0;
+  if (sscanf(name, "e%5d-s%6llu.%15[a-z]%n", &e, &s, ext, &n) != 3 || name[n]) return false;
+  if (!strcmp(ext, "safetensors")) *out = (sp_entry){SP_SHARD, e, s, 0};
+  else if (!strcmp(ext, "ids")) *out = (sp_entry){SP_IDS, e, s, 0};
+  else return false;
+  return true;
+}
+
+static dflash_status scan(dflash_storage *st, const char *base, sp_scan *out) {
+  memset(out, 0, sizeof *out);
+  char *prefix = sp_path(base, "");
+  dflash_storage_listing *l = NULL;
+  dflash_status s = prefix ? dflash_storage_list(st, prefix, &l) : df_error_nomem("spool");
+  size_t n = s ? 0 : dflash_storage_listing_count(l), plen = prefix ? strlen(prefix) : 0;
+  if (!s && !(out->e = calloc(n + 1, sizeof *out->e))) s = df_error_nomem("spool listing");
+  for (size_t i = 0; !s && i < n; i++) {
+    const char *loc;
+    uint64_t size;
+    dflash_storage_listing_get(l, i, &loc, &size);
+    sp_entry e;
+    if (strchr(loc + plen, '/') || !parse_name(loc + plen, &e)) continue;
+    e.size = size;
+    out->e[out->n++] = e;
+  }
+  dflash_storage_listing_free(l);
+  free(prefix);
+  if (s) free(out->e), out->e = NULL;
+  return s;
+}
+
+static const sp_entry *scan_find(const sp_scan *sc, int kind, int32_t e, uint64_t s) {
+  for (size_t i = 0; i < sc->n; i++)
+    if (sc->e[i].kind == kind && sc->e[i].epoch == e && sc->e[i].seq == s) return &sc->e[i];
+  return NULL;
+}
+
+static uint64_t scan_shard_bytes(const sp_scan *sc) {
+  uint64_t b = 0;
+  for (size_t i = 0; i < sc->n; i++)
+    if (sc->e[i].kind == SP_SHARD) b += sc->e[i].size;
+  return b;
+}
+
+/* A small text object; DFLASH_E_NOT_FOUND (no message) when absent. */
+static dflash_status read_small(dflash_storage *st, const char *loc, char **text) {
+  size_t len;
+  void *data;
+  dflash_storage_info info = {.struct_size = sizeof info};
+  if (dflash_storage_stat(st, loc, &info)) {
+    dflash_clear_error();
+    return DFLASH_E_NOT_FOUND;
+  }
+  dflash_status s = dflash_storage_read(st, loc, &data, &len);
+  if (s) return s;
+  *text = df_strndup(data, len);
+  dflash_storage_buffer_free(data);
+  return *text ? DFLASH_OK : df_error_nomem("spool file");
+}
+
+/* The consumer's mark: every shard before (*e, *s) is consumed ((0, 0) when none is). */
+static dflash_status read_consumed(dflash_storage *st, const char *base, int32_t *e,
+                                   uint64_t *s) {
+  *e = 0, *s = 0;
+  char *loc = sp_path(base, "consumed"), *text = NULL;
+  if (!loc) return df_error_nomem("spool");
+  dflash_status r = read_small(st, loc, &text);
+  if (r == DFLASH_E_NOT_FOUND) r = DFLASH_OK;
+  else if (!r && sscanf(text, "epoch=%d shard=%" SCNu64, e, s) != 2)
+    r = df_error(DFLASH_E_FORMAT, "%s: unreadable \"%s\"", loc, text);
+  free(text);
+  free(loc);
+  return r;
+}
+
+static bool before(int32_t e, uint64_t s, int32_t me, uint64_t ms) {
+  return e < me || (e == me && s < ms);
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* Poll interval: quick at first, then at most a second. */
+static double poll_step(double waited) { return waited < 1 ? 0.02 : waited < 10 ? 0.2 : 1.0; }
+
+static dflash_status spool_meta(const char *base, int32_t K, int32_t H, int32_t dtype, char **out) {
+  *out = df_asprintf("{\"format\": \"%s\", \"num_layers\": %d, \"hidden_size\": %d, "
+                     "\"dtype\": \"%s\"}\n", DF_SPOOL_FORMAT, K, H, df_hidden_dtype_name(dtype));
+  (void)base;
+  return *out ? DFLASH_OK : df_error_nomem("spool.json");
+}
+
+static dflash_status parse_meta(const char *loc, const char *text, int32_t *K, int32_t *H,
+                                int32_t *dtype) {
+  char fmt[32], dt[32];
+  if (sscanf(text, "{\"format\": \"%31[^\"]\", \"num_layers\": %d, \"hidden_size\": %d, "
+             "\"dtype\": \"%31[^\"]\"}", fmt, K, H, dt) != 4 || strcmp(fmt, DF_SPOOL_FORMAT) ||
+      *K <= 0 || *H <= 0)
+    return df_error(DFLASH_E_FORMAT, "%s: not a %s manifest", loc, DF_SPOOL_FORMAT);
+  if (!strcmp(dt, "bf16")) *dtype = DFLASH_HIDDEN_BF16;
+  else if (!strcmp(dt, "fp8_e4m3")) *dtype = DFLASH_HIDDEN_FP8_E4M3;
+  else return df_error(DFLASH_E_DTYPE, "%s: unknown dtype \"%s\"", loc, dt);
+  return DFLASH_OK;
+}
+
+/* ---- producer ------------------------------------------------------------------------------ */
+
+static const char *wbase(const dflash_hidden_writer *w) { return w->remote ? w->remote : w->dir; }
+
+/* Temporary files of a killed producer would hold disk the budget does not see. */
+static void remove_stale_temps(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *de;
+  while ((de = readdir(d)))
+    if (strstr(de->d_name, ".tmp.") && de->d_name[0] == 'e') {
+      char *p = df_path_join(dir, de->d_name);
+      if (p) unlink(p);
+      free(p);
+    }
+  closedir(d);
+}
+
+static dflash_status add_ids(dflash_hidden_writer *w, const char *text) {
+  for (const char *p = text; *p;) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    char *id = df_strndup(p, n);
+    int r = id && n ? df_strset_add(&w->ids, id) : 0;
+    free(id);
+    if (!id || r < 0) return df_error_nomem("spool ids");
+    w->epoch_samples += (uint64_t)r;
+    p += n + (nl ? 1 : 0);
+  }
+  return DFLASH_OK;
+}
+
+/* Where a restarted producer stands: the epoch after the last ended one or the last one
+ * begun, its next shard, and the ids it has published there. */
+static dflash_status recover(dflash_hidden_writer *w) {
+  sp_scan sc;
+  dflash_status s = scan(w->storage, wbase(w), &sc);
+  int32_t ce;
+  uint64_t cs;
+  if (!s) s = read_consumed(w->storage, wbase(w), &ce, &cs);
+  if (s) return free(sc.e), s;
+  int32_t e = 0;
+  for (size_t i = 0; i < sc.n; i++)
+    if (sc.e[i].epoch > e) e = sc.e[i].epoch;
+  if (scan_find(&sc, SP_END, e, 0)) e++;
+  w->epoch = e;
+  w->present = scan_shard_bytes(&sc);
+  for (uint64_t q = 0; !s; q++) {
+    if (!scan_find(&sc, SP_IDS, e, q)) break;
+    char *ids = shard_loc(wbase(w), e, q, "ids"), *text = NULL;
+    if (!scan_find(&sc, SP_SHARD, e, q) && !before(e, q, ce, cs)) {
+      /* Lost in the crash before it became visible: publish it again. */
+      s = ids ? dflash_storage_delete(w->storage, ids) : df_error_nomem("spool");
+      free(ids);
+      break;
+    }
+    s = ids ? read_small(w->storage, ids, &text) : df_error_nomem("spool");
+    if (!s) s = add_ids(w, text);
+    w->seq = q + 1;
+    free(text);
+    free(ids);
+  }
+  free(sc.e);
+  return s;
+}
+
+static dflash_status writer_manifest(dflash_hidden_writer *w) {
+  char *loc = sp_path(wbase(w), "spool.json"), *text = NULL, *mine = NULL;
+  if (!loc) return df_error_nomem("spool");
+  dflash_status s = spool_meta(wbase(w), w->K, w->H, w->dtype, &mine);
+  dflash_status r = s ? s : read_small(w->storage, loc, &text);
+  if (r == DFLASH_E_NOT_FOUND) s = dflash_storage_write(w->storage, loc, mine, strlen(mine));
+  else if (!r && strcmp(text, mine))
+    s = df_error(DFLASH_E_MISMATCH, "%s holds %s; this writer has K=%d, H=%d, %s", loc, text,
+                 w->K, w->H, df_hidden_dtype_name(w->dtype));
+  else s = r;
+  free(loc), free(text), free(mine);
+  return s;
+}
+
+dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
+                                     const dflash_hidden_writer_options *o,
+                                     dflash_hidden_writer **out) {
+  uint64_t shard = o->shard_bytes ? o->shard_bytes : 1ULL << 30;
+  if (o->spool_budget < 2 * shard)
+    return df_error(DFLASH_E_INVALID_ARG, "spool %s: budget %" PRIu64 " bytes is under two "
+                    "shards (2 x %" PRIu64 "): the trainer holds one while the next is written",
+                    dir, o->spool_budget, shard);
+  dflash_hidden_writer *w = calloc(1, sizeof *w);
+  if (!w) return df_error_nomem("spool writer");
+  bool remote = dflash_storage_is_remote(dir);
+  w->spool = true;
+  w->K = K, w->H = H, w->dtype = o->dtype, w->shard_bytes = shard;
+  w->budget = o->spool_budget, w->wait_s = o->spool_wait_s;
+  dflash_status s = dflash_storage_create(NULL, &w->storage);
+  if (!s && remote && !(w->remote = df_strdup(dir))) s = df_error_nomem("spool");
+  if (!s && remote) s = df_stage_cache_path(dir, &w->dir); /* where shards are staged */
+  if (!s && !remote && !(w->dir = df_strdup(dir))) s = df_error_nomem("spool");
+  if (!s) s = df_mkdir_p(w->dir);
+  if (!s) remove_stale_temps(w->dir);
+  if (!s) s = writer_manifest(w);
+  if (!s) s = recover(w);
+  if (s) {
+    dflash_hidden_writer_free(w);
+    return df_error_wrap(s, "opening spool %s", dir);
+  }
+  *out = w;
+  return DFLASH_OK;
+}
+
+/* Wait until the shards present total less than the budget. */
+static dflash_status wait_for_room(dflash_hidden_writer *w, double wait_s) {
+  double t0 = df_now_seconds();
+  for (;;) {
+    sp_scan sc;
+    dflash_status s = scan(w->storage, wbase(w), &sc);
+    if (s) return s;
+    w->present = scan_shard_bytes(&sc);
+    free(sc.e);
+    if (w->present < w->budget) return DFLASH_OK;
+    double waited = df_now_seconds() - t0;
+    if (wait_s >= 0 && waited >= wait_s)
+      return df_error(DFLASH_E_TIMEOUT, "spool %s is full: %" PRIu64 " bytes of unconsumed "
+                      "shards, budget %" PRIu64 " (waited %.0f s for the trainer)", wbase(w),
+                      w->present, w->budget, waited);
+    sleep_s(poll_step(waited));
+  }
+}
+
+static dflash_status put_ids(dflash_hidden_writer *w) {
+  df_buf b = {0};
+  dflash_status s = DFLASH_OK;
+  for (size_t i = 0; !s && i < w->n_buf; i++) s = df_buf_printf(&b, "%s\n", w->buf[i].id);
+  char *loc = s ? NULL : shard_loc(wbase(w), w->epoch, w->seq, "ids");
+  if (!s && !loc) s = df_error_nomem("spool");
+  if (!s) s = dflash_storage_write(w->storage, loc, b.data ? b.data : "", b.len);
+  free(loc);
+  df_buf_free(&b);
+  return s;
+}
+
+static dflash_status put_shard(dflash_hidden_writer *w, uint64_t *size) {
+  char *local = shard_loc(w->dir, w->epoch, w->seq, "safetensors");
+  char *dst = w->remote ? shard_loc(w->remote, w->epoch, w->seq, "safetensors") : NULL;
+  dflash_status s = local && (dst || !w->remote) ? df_hidden_write_shard(w, local)
+                                                 : df_error_nomem("spool");
+  dflash_storage_info info = {.struct_size = sizeof info};
+  if (!s && !(s = dflash_storage_stat(w->storage, local, &info))) *size = info.size;
+  if (!s && dst) s = dflash_storage_copy(w->storage, local, dst);
+  if (dst && local) unlink(local); /* staged only */
+  free(local);
+  free(dst);
+  return s;
+}
+
+dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s) {
+  if (w->n_buf == 0) return DFLASH_OK;
+  dflash_status s = wait_for_room(w, wait_s);
+  uint64_t size = 0;
+  if (!s) s = put_ids(w);
+  if (!s) s = put_shard(w, &size);
+  if (s == DFLASH_E_TIMEOUT) return s;
+  if (s) return df_error_wrap(s, "spool %s: shard e%05d-s%06" PRIu64, wbase(w), w->epoch, w->seq);
+  w->present += size;
+  if (w->present > w->high_water) w->high_water = w->present;
+  w->seq++;
+  df_hidden_writer_drop_buffer(w);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_writer_end_epoch(dflash_hidden_writer *w) {
+  DF_CHECK_ARG(w);
+  if (!w->spool) return df_error(DFLASH_E_STATE, "hidden writer %s: not a spool", w->dir);
+  if (w->finished) return df_error(DFLASH_E_STATE, "spool %s: writer finished", wbase(w));
+  dflash_status s = df_spool_publish(w, w->wait_s);
+  char *loc = s ? NULL : end_loc(wbase(w), w->epoch);
+  char *text = loc ? df_asprintf("shards=%" PRIu64 " samples=%" PRIu64 "\n", w->seq,
+                                 w->epoch_samples) : NULL;
+  if (!s && !text) s = df_error_nomem("spool");
+  if (!s) s = dflash_storage_write(w->storage, loc, text, strlen(text));
+  free(loc);
+  free(text);
+  if (s) return s;
+  w->epoch++;
+  w->seq = 0;
+  w->epoch_samples = 0;
+  df_strset_free(&w->ids);
+  memset(&w->ids, 0, sizeof w->ids);
+  return DFLASH_OK;
+}
+
+int dflash_hidden_writer_contains(const dflash_hidden_writer *w, const char *sample_id) {
+  return w && sample_id && df_strset_has(&w->ids, sample_id) ? 1 : 0;
+}
+
+dflash_status dflash_hidden_writer_spool_status(const dflash_hidden_writer *w, int32_t *epoch,
+                                                uint64_t *samples, uint64_t *spool_bytes,
+                                                uint64_t *high_water) {
+  DF_CHECK_ARG(w);
+  if (epoch) *epoch = w->epoch;
+  if (samples) *samples = w->epoch_samples;
+  if (spool_bytes) *spool_bytes = w->present;
+  if (high_water) *high_water = w->high_water;
+  return DFLASH_OK;
+}
+
+/* ---- consumer ------------------------------------------------------------------------------ */
+
+typedef struct sp_tensor {
+  const char *id;
+  const void *codes, *scales;
+  int64_t len;
+} sp_tensor;
+
+struct dflash_spool {
+  char *base;
+  char *cache;  /* s3://: where the current shard is downloaded */
+  dflash_storage *st;
+  dflash_spool_options o;
+  int32_t K, H, dtype;
+  int32_t epoch;          /* position */
+  uint64_t shard, offset;
+  dflash_safetensors *cur; /* the open shard (of spool epoch cur_e), or NULL */
+  int32_t cur_e;
+  uint64_t cur_s;
+  char *cur_local;        /* its downloaded copy, removed when it is closed */
+  sp_tensor *ts;          /* its samples in append order */
+  size_t n_ts;
+  float *buf;
+  size_t cap;
+  bool waited_note;
+};
+
+void dflash_spool_options_default(dflash_spool_options *o) {
+  if (!o) return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->wait_s = 600;
+}
+
+static dflash_status open_meta(dflash_spool *sp) {
+  char *loc = sp_path(sp->base, "spool.json"), *text = NULL;
+  if (!loc) return df_error_nomem("spool");
+  double t0 = df_now_seconds();
+  dflash_status s;
+  while ((s = read_small(sp->st, loc, &text)) == DFLASH_E_NOT_FOUND) {
+    double waited = df_now_seconds() - t0;
+    if (sp->o.wait_s >= 0 && waited >= sp->o.wait_s) {
+      s = df_error(DFLASH_E_TIMEOUT, "spool %s: no spool.json after %.0f s (has a producer "
+                   "opened it?)", sp->base, waited);
+      break;
+    }
+    sleep_s(poll_step(waited));
+  }
+  if (!s) s = parse_meta(loc, text, &sp->K, &sp->H, &sp->dtype);
+  free(text);
+  free(loc);
+  return s;
+}
+
+dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
+                                dflash_spool **out) {
+  DF_CHECK_ARG(spool && out);
+  *out = NULL;
+  dflash_spool *sp = calloc(1, sizeof *sp);
+  if (!sp) return df_error_nomem("spool");
+  dflash_spool_options_default(&sp->o);
+  dflash_status s = DFLASH_OK;
+  if (opts) {
+    if (opts->struct_size > sizeof sp->o || opts->struct_size < sizeof(size_t))
+      s = df_error(DFLASH_E_INVALID_ARG, "spool options: unknown struct_size %zu",
+                   opts->struct_size);
+    else memcpy(&sp->o, opts, opts->struct_size);
+  }
+  size_t n = strlen(spool);
+  while (n > 1 && spool[n - 1] == '/') n--;
+  if (!s && !(sp->base = df_strndup(spool, n))) s = df_error_nomem("spool");
+  if (!s) s = dflash_storage_create(NULL, &sp->st);
+  if (!s && dflash_storage_is_remote(spool)) s = df_stage_cache_path(sp->base, &sp->cache);
+  if (!s && sp->cache) s = df_mkdir_p(sp->cache);
+  if (!s) s = open_meta(sp);
+  if (s) {
+    dflash_spool_free(sp);
+    return s;
+  }
+  *out = sp;
+  return DFLASH_OK;
+}
+
+static void close_shard(dflash_spool *sp) {
+  dflash_safetensors_free(sp->cur);
+  sp->cur = NULL;
+  if (sp->cur_local) unlink(sp->cur_local);
+  free(sp->cur_local);
+  sp->cur_local = NULL;
+  free(sp->ts);
+  sp->ts = NULL;
+  sp->n_ts = 0;
+}
+
+void dflash_spool_free(dflash_spool *sp) {
+  if (!sp) return;
+  close_shard(sp);
+  dflash_storage_free(sp->st);
+  free(sp->base);
+  free(sp->cache);
+  free(sp->buf);
+  free(sp);
+}
+
+dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers, int32_t *hidden_size,
+                                int32_t *dtype) {
+  DF_CHECK_ARG(sp);
+  if (num_layers) *num_layers = sp->K;
+  if (hidden_size) *hidden_size = sp->H;
+  if (dtype) *dtype = sp->dtype;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t offset) {
+  DF_CHECK_ARG(sp && epoch >= 0);
+  sp->epoch = epoch, sp->shard = shard, sp->offset = offset;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t *shard,
+                                uint64_t *offset) {
+  DF_CHECK_ARG(sp);
+  if (epoch) *epoch = sp->epoch;
+  if (shard) *shard = sp->shard;
+  if (offset) *offset = sp->offset;
+  return DFLASH_OK;
+}
+
+/* The epoch whose shards epoch `e` reads. */
+static int32_t source_epoch(const dflash_spool *sp, int32_t e) { return sp->o.reuse ? 0 : e; }
+
+static int cmp_data(const void *a, const void *b) {
+  const char *x = ((const sp_tensor *)a)->codes, *y = ((const sp_tensor *)b)->codes;
+  return x < y ? -1 : x > y;
+}
+
+/* The shard's samples in the order they were appended (their data follow each other). */
+static dflash_status index_shard(dflash_spool *sp, const char *loc) {
+  size_t n = dflash_safetensors_count(sp->cur);
+  const char *k, *h, *dt;
+  char want[32];
+  snprintf(want, sizeof want, "%d", sp->K);
+  if (dflash_safetensors_metadata_find(sp->cur, "num_layers", &k) || strcmp(k, want) ||
+      (snprintf(want, sizeof want, "%d", sp->H), dflash_safetensors_metadata_find(sp->cur,
+       "hidden_size", &h)) || strcmp(h, want) ||
+      dflash_safetensors_metadata_find(sp->cur, "dtype", &dt) ||
+      strcmp(dt, df_hidden_dtype_name(sp->dtype)))
+    return df_error(DFLASH_E_MISMATCH, "%s: layers, hidden size or dtype differ from the "
+                    "spool's spool.json", loc);
+  if (!(sp->ts = calloc(n + 1, sizeof *sp->ts))) return df_error_nomem("spool shard");
+  bool fp8 = sp->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+  for (size_t i = 0; i < n; i++) {
+    dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
+    dflash_safetensors_get(sp->cur, i, &t);
+    if (strncmp(t.name, "h/", 2)) continue;
+    if (t.dtype != want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
+      return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,
+                      dflash_dtype_name(want_dt), (long long)sp->K * sp->H);
+    sp_tensor *e = &sp->ts[sp->n_ts++];
+    *e = (sp_tensor){t.name + 2, t.data, NULL, t.shape[0]};
+    if (!fp8) continue;
+    char name[DF_HIDDEN_MAX_ID + 8];
+    snprintf(name, sizeof name, "s/%s", e->id);
+    if (dflash_safetensors_find(sp->cur, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 ||
+        sc.ndim != 2 || sc.shape[0] != e->len || sc.shape[1] != sp->K)
+      return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s missing or not F32 [%lld, %d]",
+                      loc, e->id, (long long)e->len, sp->K);
+    e->scales = sc.data;
+  }
+  qsort(sp->ts, sp->n_ts, sizeof *sp->ts, cmp_data);
+  return DFLASH_OK;
+}
+
+static dflash_status open_shard(dflash_spool *sp, const char *loc, int32_t e, uint64_t s) {
+  close_shard(sp);
+  const char *path = loc;
+  dflash_status r = DFLASH_OK;
+  if (sp->cache) {
+    sp->cur_local = shard_loc(sp->cache, e, s, "safetensors");
+    r = sp->cur_local ? dflash_storage_copy(sp->st, loc, sp->cur_local) : df_error_nomem("spool");
+    path = sp->cur_local;
+  }
+  if (!r) r = dflash_safetensors_open(path, &sp->cur);
+  if (!r) r = index_shard(sp, loc);
+  if (r) {
+    close_shard(sp);
+    return df_error_wrap(r, "spool shard %s", loc);
+  }
+  sp->cur_e = e, sp->cur_s = s;
+  return DFLASH_OK;
+}
+
+/* The end marker of epoch e: its shard count, or DFLASH_E_NOT_FOUND (no message). */
+static dflash_status end_shards(dflash_spool *sp, int32_t e, uint64_t *shards) {
+  char *loc = end_loc(sp->base, e), *text = NULL;
+  if (!loc) return df_error_nomem("spool");
+  dflash_status s = read_small(sp->st, loc, &text);
+  if (!s && sscanf(text, "shards=%" SCNu64, shards) != 1)
+    s = df_error(DFLASH_E_FORMAT, "%s: unreadable \"%s\"", loc, text);
+  free(loc);
+  free(text);
+  return s;
+}
+
+/* Make the shard at the position current: 1 when it is open, 0 at the end of the epoch. */
+static dflash_status reach_shard(dflash_spool *sp, int *have) {
+  int32_t e = source_epoch(sp, sp->epoch);
+  double t0 = df_now_seconds();
+  for (;;) {
+    if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard) {
+      if (sp->offset < sp->n_ts) return *have = 1, DFLASH_OK;
+      sp->shard++, sp->offset = 0;
+      continue;
+    }
+    char *loc = shard_loc(sp->base, e, sp->shard, "safetensors");
+    if (!loc) return df_error_nomem("spool");
+    dflash_storage_info info = {.struct_size = sizeof info};
+    dflash_status s = dflash_storage_stat(sp->st, loc, &info);
+    if (!s) s = open_shard(sp, loc, e, sp->shard);
+    else dflash_clear_error(), s = DFLASH_E_NOT_FOUND;
+    free(loc);
+    if (s != DFLASH_E_NOT_FOUND) {
+      if (!s) sp->waited_note = false;
+      if (s) return s;
+      continue;
+    }
+    uint64_t n;
+    s = end_shards(sp, e, &n);
+    if (!s && sp->shard >= n) return *have = 0, DFLASH_OK;
+    if (!s)
+      return df_error(DFLASH_E_NOT_FOUND, "spool %s: shard e%05d-s%06" PRIu64 " (of %" PRIu64
+                      ") is gone (deleted by another consumer?)", sp->base, e, sp->shard, n);
+    if (s != DFLASH_E_NOT_FOUND) return s;
+    double waited = df_now_seconds() - t0;
+    if (sp->o.wait_s >= 0 && waited >= sp->o.wait_s)
+      return df_error(DFLASH_E_TIMEOUT, "spool %s: no shard e%05d-s%06" PRIu64 " and no end of "
+                      "epoch %d after %.0f s (is the producer running?)", sp->base, e, sp->shard, e,
+                      waited);
+    if (waited >= 5 && !sp->waited_note) {
+      df_log(DFLASH_LOG_INFO, "waiting for spool %s: shard e%05d-s%06" PRIu64, sp->base, e, sp->shard);
+      sp->waited_note = true;
+    }
+    sleep_s(poll_step(waited));
+  }
+}
+
+dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+  DF_CHECK_ARG(sp && out && end_of_epoch);
+  int have;
+  dflash_status s = reach_shard(sp, &have);
+  if (s) return s;
+  *end_of_epoch = !have;
+  if (!have) {
+    sp->epoch++, sp->shard = 0, sp->offset = 0;
+    return DFLASH_OK;
+  }
+  const sp_tensor *t = &sp->ts[sp->offset];
+  size_t width = (size_t)sp->K * sp->H, need = (size_t)t->len * width;
+  if (need > sp->cap) {
+    free(sp->buf);
+    sp->cap = 0;
+    if (!(sp->buf = malloc(need * sizeof *sp->buf))) return df_error_nomem("spool sample");
+    sp->cap = need;
+  }
+  df_hidden_decode(sp->K, sp->H, sp->dtype, t->codes, t->scales, sp->buf, t->len);
+  for (size_t i = 0; i < need; i++)
+    if (!isfinite(sp->buf[i]))
+      return df_error(DFLASH_E_FORMAT, "spool %s: sample %s: hidden state at token %zu, column "
+                      "%zu is not finite", sp->base, t->id, i / width, i % width);
+  if ((s = df_hidden_check_sample(t->id, sp->buf, t->len, sp->K, sp->H))) return s;
+  *out = (dflash_spool_sample){.struct_size = sizeof *out, .id = t->id, .len = t->len,
+                               .hidden = sp->buf, .epoch = sp->epoch, .shard = sp->shard,
+                               .offset = sp->offset};
+  sp->offset++;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t shard) {
+  DF_CHECK_ARG(sp && epoch >= 0);
+  if (sp->o.reuse) { /* epoch 0's shards are the data of every epoch: keep them */
+    return DFLASH_OK;
+  }
+  char *loc = sp_path(sp->base, "consumed");
+  char *text = df_asprintf("epoch=%d shard=%" PRIu64 "\n", epoch, shard);
+  sp_scan sc = {0};
+  dflash_status s = loc && text ? dflash_storage_write(sp->st, loc, text, strlen(text))
+                                : df_error_nomem("spool");
+  if (!s) s = scan(sp->st, sp->base, &sc);
+  for (size_t i = 0; !s && i < sc.n; i++) {
+    const sp_entry *e = &sc.e[i];
+    if (e->kind != SP_SHARD || !before(e->epoch, e->seq, epoch, shard)) continue;
+    char *victim = shard_loc(sp->base, e->epoch, e->seq, "safetensors");
+    s = victim ? dflash_storage_delete(sp->st, victim) : df_error_nomem("spool");
+    free(victim);
+  }
+  free(sc.e);
+  free(loc);
+  free(text);
+  return s ? df_error_wrap(s, "releasing consumed shards of spool %s", sp->base) : DFLASH_OK;
+}
