@@ -23,9 +23,14 @@
 //     attn_bwd_ctx    4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 8*N*ldo + 8*Mp
 //     (+ up to 127 bytes per region of alignment). E.g. d = 128, Mp = 64 (Qwen3-8B 32/8 at
 //     B 16), N = 64: 113 KB, 166 KB, 191 KB; Mp = 128 (Kimi 64/8): N = 64, 32, 32.
-//   FLOPs    forward 4 * Mp * keys * d per (block, kv head); backward: attn_bwd_q
-//            8 * Mp * keys * d (+ 4 * Mp * B * d for the block's dK/dV), attn_bwd_ctx
-//            8 * Mp * ctx_keys * d: QK^T and dO V^T are computed twice, once per pass.
+//   FLOPs    (tensor-core, per CTA; a tile of cnt keys costs w = 16 * ceil(cnt / 16)
+//            columns; keys = the sum of w over the tiles visited: the context rows from the
+//            window's start to the anchor, in tiles of N, then the B block keys)
+//            forward 4 * Mp * keys * dp (QK^T, PV); attn_bwd_q 6 * Mp * keys * dp (QK^T,
+//            dO V^T, dS K) + 4 * Mp * B16 * dp (the block's dK, dV; B16 = 16 * ceil(B / 16));
+//            attn_bwd_ctx 8 * Mp * w * dp per block that sees its tile (QK^T, dO V^T,
+//            dS^T Q, P^T dO; w of the tile cut at that block's anchor). QK^T and dO V^T of
+//            context keys are computed in both passes: 7 products per score, not 5.
 //
 // Kernels:
 //   attn_fwd      grid (n_blocks, nkv): out (bf16) and the row log-sum-exp lse (f32 [T, nh]),
@@ -136,11 +141,11 @@ __device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, i
 }
 
 // cnt key / value rows of kv head g from `kc`/`vc` (row i at i * nkv + g) into shared
-// [N][ldh]; rows cnt.. zero.
+// [N][ldh]; rows cnt.. up to a multiple of 16 zero.
 __device__ void load_kv_rows(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, const bf16 *vc,
                              size_t row0, int cnt, int g) {
-  int ldh = s.dp + kPadH;
-  for (int e = threadIdx.x; e < s.N * s.dp; e += blockDim.x) {
+  int ldh = s.dp + kPadH, rows = (cnt + 15) / 16 * 16; // rows past that are never read
+  for (int e = threadIdx.x; e < rows * s.dp; e += blockDim.x) {
     int k = e / s.dp, c = e % s.dp;
     bool in = k < cnt && c < s.d;
     size_t at = ((row0 + k) * s.nkv + g) * s.d + c;
@@ -188,6 +193,9 @@ struct Tile {
   bool blk;     // the block's own keys
   int k0, cnt;  // first key (ctx: context row; blk: nctx + block row) and how many
 };
+// Columns of the tile the products cover: cnt rounded up to 16, so a block tile of B 16 in an
+// N 64 tile costs 16 columns, not 64 (columns past it are neither computed nor read).
+__device__ __forceinline__ int width(Tile t) { return (t.cnt + 15) / 16 * 16; }
 
 // Tiles of block n in order: context rows [lo, nctx) in steps of N, then the block's keys.
 __device__ __forceinline__ int n_tiles(const Shape &s, int lo, int nctx) {
@@ -219,7 +227,8 @@ __device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a,
   bool row = r < s.Mp, real = r < s.M;
   int j = r / s.grp;
   float mx = m;
-  for (int k = c; row && k < s.N; k += tpr) {
+  int nk = width(t);
+  for (int k = c; row && k < nk; k += tpr) {
     float v = -FLT_MAX;
     if (real && k < t.cnt && visible(s, a, nctx, j, t.k0 + k)) v = S[r * ldn + k] * s.scale;
     S[r * ldn + k] = v;
@@ -227,7 +236,7 @@ __device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a,
   }
   mx = row_max(mx, tpr);
   float sum = 0;
-  for (int k = c; row && k < s.N; k += tpr) {
+  for (int k = c; row && k < nk; k += tpr) {
     float v = S[r * ldn + k];
     bf16 p = __float2bfloat16(v == -FLT_MAX ? 0.0f : __expf(v - mx));
     P[r * ldp + k] = p;
@@ -260,11 +269,11 @@ __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf
     __syncthreads(); // the previous tile's K, V and O are done with
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false); // S = Q K^T
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, width(t), dp, false); // S = Q K^T
     __syncthreads();
     softmax_tile(s, S, P, O, a, nctx, t, m, l);
     __syncthreads();
-    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, dp, s.N, true); // O += P V
+    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, dp, width(t), true); // O += P V
   }
   int tpr = rows_tpr(s), r = threadIdx.x / tpr;
   if (r < s.Mp && threadIdx.x % tpr == 0) lrow[r] = l, mrow[r] = m;
@@ -282,9 +291,9 @@ __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf
 // P = exp(S * scale - lse) and dS = P * (dP - D) * scale of one tile, both to bf16.
 __device__ void ds_tile(const Shape &s, const float *S, const float *dP, bf16 *P, bf16 *dS,
                         const float *Ls, const float *Ds, int a, int nctx, Tile t) {
-  int ldn = s.N + kPadF, ldp = s.N + kPadH;
-  for (int e = threadIdx.x; e < s.Mp * s.N; e += blockDim.x) {
-    int r = e / s.N, k = e % s.N;
+  int ldn = s.N + kPadF, ldp = s.N + kPadH, nk = width(t);
+  for (int e = threadIdx.x; e < s.Mp * nk; e += blockDim.x) {
+    int r = e / nk, k = e % nk;
     float p = 0, ds = 0;
     if (r < s.M && k < t.cnt && visible(s, a, nctx, r / s.grp, t.k0 + k)) {
       p = __expf(S[r * ldn + k] * s.scale - Ls[r]);
@@ -341,19 +350,20 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
     __syncthreads();
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false);   // S = Q K^T
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, dp, false); // dP = dO V^T
+    int nk = width(t);
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);   // S = Q K^T
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false); // dP = dO V^T
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, dp, s.N, true); // dQ += dS K
+    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, dp, nk, true); // dQ += dS K
     if (!t.blk) continue;
     size_t row0 = (size_t)n * s.B + (t.k0 - nctx);
-    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, s.N, dp, s.Mp, false);  // dK = dS^T Q
+    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, false);  // dK = dS^T Q
     __syncthreads();
     store_kv_rows(s, dkb, T, row0, t.cnt, g);
     __syncthreads();
-    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, s.N, dp, s.Mp, false);  // dV = P^T dO
+    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, false);  // dV = P^T dO
     __syncthreads();
     store_kv_rows(s, dvb, T, row0, t.cnt, g);
   }
@@ -393,13 +403,14 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
       Ds[r] = r < s.M ? Dg[q_row(s, n, g, r)] : 0.0f;
     }
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, s.N, dp, false);
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, s.N, dp, false);
+    int nk = width(t);
+    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);
+    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false);
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, s.N, dp, s.Mp, true);  // dK += dS^T Q
-    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, s.N, dp, s.Mp, true);  // dV += P^T dO
+    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, true);  // dK += dS^T Q
+    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, true);  // dV += P^T dO
   }
   __syncthreads();
   store_kv_rows(s, dkc, dK, (size_t)p0, cnt, g);
