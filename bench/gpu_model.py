@@ -280,7 +280,8 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
     """cuda/attention.cu as documented at its top: one CTA per (block, kv head) packs
     M = B x nh/nkv query rows (padded to 16); keys walk in tiles of N (the widest of 64,
     32, 16 whose shared memory fits), context tiles from the first visible row, then
-    one tile for the block's own keys; every tile is computed at its full N and Mp.
+    one tile for the block's own keys; a tile of cnt keys costs 16 * ceil(cnt / 16)
+    columns of products at the full Mp (FLOPs as the header of attention.cu counts them).
     attn_bwd_q: S, dP, dQ per tile (+ dK, dV on the block tile); attn_bwd_ctx: one CTA
     per (context tile, kv head) over the blocks that see it: S, dP, dK, dV."""
     B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
@@ -305,28 +306,36 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
                               f"the backend refuses this shape (DFLASH_E_UNSUPPORTED)")
         smem = smem_layout(kind, Mp, N, d)
         ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), 2048 // (32 * W)))
+        w16 = lambda k: -(-k // 16) * 16  # a tile of k keys costs w16(k) columns
         ctx_tiles = sum(-(-(hi - lo) // N) for lo, hi in spans_ctx)
         blk_tiles = s.A * -(-B // N)
-        tile = 2.0 * Mp * N * dk  # one product over one tile
+        # keys: the sum of the tile widths each CTA visits (attention.cu's FLOPs header)
+        ctx_keys = sum((hi - lo) // N * N + w16((hi - lo) % N) for lo, hi in spans_ctx)
+        blk_keys = s.A * (B // N * N + w16(B % N))
+        keys = ctx_keys + blk_keys
+        tiles = ctx_tiles + blk_tiles
         q_bytes = 2 * s.T * nh * d
         if kind == "fwd":
-            fl = nkv * (ctx_tiles + blk_tiles) * 2 * tile
-            elem = nkv * (ctx_tiles + blk_tiles) * Mp * (N * 14 + d * 8)
-            l2 = nkv * (ctx_tiles + blk_tiles) * N * d * 2 * 2
+            fl = nkv * 4.0 * Mp * keys * dk
+            elem = nkv * tiles * Mp * (N * 14 + d * 8)
+            l2 = nkv * keys * d * 2 * 2
             hbm = 2 * q_bytes + 4 * s.T * nh + 2 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
             name, mf = f"L{l} attention fwd (WMMA, M {M}, N {N})", fwd_model
         elif kind == "bwd_q":
-            fl = nkv * ((ctx_tiles + blk_tiles) * 3 + blk_tiles * 2) * tile
-            elem = nkv * (ctx_tiles + blk_tiles) * Mp * (N * 20 + d * 8)
-            l2 = nkv * (ctx_tiles + blk_tiles) * N * d * 2 * 2
+            fl = nkv * (6.0 * Mp * keys * dk + s.A * 4.0 * Mp * w16(B) * dk)
+            elem = nkv * tiles * Mp * (N * 20 + d * 8)
+            l2 = nkv * keys * d * 2 * 2
             hbm = 4 * q_bytes + 8 * s.T * nh + 4 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
             name, mf = f"L{l} attention bwd dQ + block dK/dV (WMMA, N {N})", fwd_model
         else:
-            pairs = 0
+            pairs = cols = 0
             for t0 in range(0, s.Sc, N):
-                t1 = min(s.Sc, t0 + N)
-                pairs += sum(1 for lo, hi in spans_ctx if t0 < hi and t1 > lo)
-            fl = nkv * pairs * 4 * tile
+                cnt = min(N, s.Sc - t0)
+                for lo, hi in spans_ctx:
+                    if t0 < hi and t0 + cnt > lo:
+                        pairs += 1
+                        cols += w16(min(hi - t0, cnt))
+            fl = nkv * 8.0 * Mp * cols * dk
             elem = nkv * pairs * Mp * (N * 20) + nkv * pairs * 2 * N * d * 8
             l2 = nkv * pairs * (Mp * d * 2 * 2 + 8 * Mp)  # q, dO, lse, D per (tile, block)
             waves = -(-(-(-s.Sc // N) * nkv) // (gpu["sms"] * ctas))
@@ -575,11 +584,14 @@ def memory(c, n, world, seq_len, anchors, chunk):
     npad = -(-n // world) * world
     shard = npad // world
     vh = c["vocab_size"] * c["hidden_size"]
+    half, wide = c["head_dim"] // 2, max(c["hidden_size"], c["head_dim"])
     parts = dict(weights=2 * npad, grads=4 * npad, masters=4 * shard, moments=8 * shard,
-                 frozen=2 * 2 * vh, staging=4 * BUCKET_ELEMS,
-                 norm_scratch=4 * 256 * max(c["hidden_size"], c["head_dim"]),
-                 rope=(seq_len + c["block_size"]) * (4 * c["head_dim"] + 4),
-                 activations=arena_bytes(c, seq_len, anchors, chunk))
+                 frozen=2 * 2 * vh, activations=arena_bytes(c, seq_len, anchors, chunk),
+                 # cuda/dfcuda.h df_cu_fixed_scratch_bytes: staging, RoPE frequencies, norm
+                 # scratch, sum-of-squares partials, cos/sin tables and positions
+                 staging=4 * BUCKET_ELEMS,
+                 scratch=8 * half + 4 * 256 * wide + 8 * (1024 + 4096) +
+                 (seq_len + c["block_size"]) * (2 * half * 4 + 4))
     parts["total"] = sum(parts.values())
     return parts
 
