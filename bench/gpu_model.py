@@ -701,7 +701,9 @@ def print_table(r, ops=True, out=sys.stdout):
       f"{GPUS[r['gpu']]['mem'] / 2**30:.0f} GiB): weights {m['weights'] / 2**30:.2f}, grads "
       f"{m['grads'] / 2**30:.2f}, masters {m['masters'] / 2**30:.2f}, moments "
       f"{m['moments'] / 2**30:.2f}, frozen {m['frozen'] / 2**30:.2f}, activations "
-      f"{m['activations'] / 2**30:.2f}, staging {m['staging'] / 2**30:.2f}")
+      f"{m['activations'] / 2**30:.2f}, staging + scratch "
+      f"{(m['staging'] + m['scratch']) / 2**30:.2f} (the CUDA context and allocator slack not "
+      f"counted)")
 
 
 def gemm_calls(r):
