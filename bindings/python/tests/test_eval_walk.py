@@ -127,7 +127,9 @@ def test_walk_matches_a_numpy_walk(tmp_path, max_tokens):
     ptau, pse = ratio_se(px, pn)
     print(f"max_tokens {max_tokens}: walk tau {tau:.3f} +- {se:.3f} ({sum(st)} steps), "
           f"every-position tau {ptau:.3f} +- {pse:.3f}")
-    assert 1.2 < tau < ptau  # the drafter learned something; chaining lowers tau
+    # The drafter learned something: 3 SEs above an untrained drafter's 1.0 (a fixed
+    # threshold such as 1.2 held for one init seed in six); chaining lowers tau.
+    assert tau - 3 * se > 1.0 and tau < ptau
     assert (res["tokens"], res["steps"], res["sequences"]) == (sum(tok), sum(st), len(samples))
     assert res["positions"] == sum(pn)
     assert res["walk_tau"] == pytest.approx(tau, rel=1e-12)
