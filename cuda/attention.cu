@@ -43,6 +43,8 @@
 #include <float.h>
 #include <mma.h>
 
+#include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 #include "common.cuh"
@@ -129,14 +131,34 @@ __device__ __forceinline__ size_t q_row(const Shape &s, int n, int g, int r) {
   return ((size_t)n * s.B + r / s.grp) * s.nh + (size_t)g * s.grp + r % s.grp;
 }
 
-// The block's packed query rows (q or dout) into shared bf16 [Mp][ldh]; padding rows zero
-// (never poison: a tensor-core product with NaN is NaN even where P is 0).
+// 8 bf16 (16 bytes) at once: global rows are d * 2 bytes with d a multiple of 8, tensors
+// 16-byte aligned (checked by the launchers), shared rows (dp + 8) * 2 bytes.
+__device__ __forceinline__ void copy8(bf16 *dst, const bf16 *src) {
+#ifdef DFLASH_CUDA_EMU
+  if ((uintptr_t)dst % 16 || (uintptr_t)src % 16) // the hardware's misaligned address fault
+    ::dfemu::device_fault("attention: 16-byte copy %p <- %p not aligned", (void *)dst,
+                          (const void *)src);
+  std::memcpy(dst, src, 16); // host C++: no type punning
+#else
+  *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+#endif
+}
+__device__ __forceinline__ void zero8(bf16 *dst) {
+#ifdef DFLASH_CUDA_EMU
+  std::memset(dst, 0, 16);
+#else
+  *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// The block's packed query rows (q or dout) into shared bf16 [Mp][ldh]; padding rows and
+// columns zero (never poison: a tensor-core product with NaN is NaN even where P is 0).
 __device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, int g) {
-  int ldh = s.dp + kPadH;
-  for (int e = threadIdx.x; e < s.Mp * s.dp; e += blockDim.x) {
-    int r = e / s.dp, c = e % s.dp;
-    dst[r * ldh + c] = r < s.M && c < s.d ? src[q_row(s, n, g, r) * s.d + c]
-                                          : __float2bfloat16(0.0f);
+  int ldh = s.dp + kPadH, per_row = s.dp / 8;
+  for (int e = threadIdx.x; e < s.Mp * per_row; e += blockDim.x) {
+    int r = e / per_row, c = e % per_row * 8;
+    if (r < s.M && c < s.d) copy8(dst + r * ldh + c, src + q_row(s, n, g, r) * s.d + c);
+    else zero8(dst + r * ldh + c);
   }
 }
 
@@ -145,12 +167,17 @@ __device__ void load_q_rows(const Shape &s, bf16 *dst, const bf16 *src, int n, i
 __device__ void load_kv_rows(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, const bf16 *vc,
                              size_t row0, int cnt, int g) {
   int ldh = s.dp + kPadH, rows = (cnt + 15) / 16 * 16; // rows past that are never read
-  for (int e = threadIdx.x; e < rows * s.dp; e += blockDim.x) {
-    int k = e / s.dp, c = e % s.dp;
-    bool in = k < cnt && c < s.d;
+  int per_row = s.dp / 8;
+  for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
+    int k = e / per_row, c = e % per_row * 8;
     size_t at = ((row0 + k) * s.nkv + g) * s.d + c;
-    K[k * ldh + c] = in ? kc[at] : __float2bfloat16(0.0f);
-    V[k * ldh + c] = in ? vc[at] : __float2bfloat16(0.0f);
+    if (k < cnt && c < s.d) {
+      copy8(K + k * ldh + c, kc + at);
+      copy8(V + k * ldh + c, vc + at);
+    } else {
+      zero8(K + k * ldh + c);
+      zero8(V + k * ldh + c);
+    }
   }
 }
 
@@ -461,6 +488,15 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
   return DFLASH_OK;
 }
 
+// The kernels move rows 16 bytes at a time.
+dflash_status check_aligned(std::initializer_list<const void *> ptrs) {
+  for (const void *p : ptrs)
+    if ((uintptr_t)p % 16)
+      return df_error(DFLASH_E_INVALID_ARG, "CUDA attention: tensor %p is not 16-byte aligned",
+                      p);
+  return DFLASH_OK;
+}
+
 template <typename K>
 dflash_status launch_smem(K kernel, size_t bytes) {
   DF_CU(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -482,6 +518,7 @@ dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, 
   Shape s;
   DF_TRY(shape_of(a, FWD, &s));
   if (a->n_blocks <= 0) return DFLASH_OK;
+  DF_TRY(check_aligned({q, kc, vc, kb, vb}));
   size_t smem = smem_of(FWD, s);
   DF_TRY(launch_smem(attn_fwd, smem));
   DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attn_fwd)(s, out, lse, q, kc, vc,
@@ -498,6 +535,7 @@ dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, b
   DF_TRY(shape_of(a, BWD_Q, &s1));
   DF_TRY(shape_of(a, BWD_CTX, &s2));
   if (a->n_blocks <= 0) return DFLASH_OK;
+  DF_TRY(check_aligned({q, kc, vc, kb, vb, dout}));
   size_t smem1 = smem_of(BWD_Q, s1);
   DF_TRY(launch_smem(attn_bwd_q, smem1));
   DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s1.warps, smem1, st, attn_bwd_q)(
