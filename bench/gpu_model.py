@@ -655,6 +655,42 @@ def groups(rows):
     return list(out.values())
 
 
+def category(o):
+    """A coarse class of an op, for the summary table."""
+    if o.kind in ("host", "h2d", "d2h", "comm", "attn"):
+        return {"host": "host preparation (check, bf16 conversion)", "h2d": "uploads (H2D)",
+                "d2h": "uploads (H2D)", "comm": "NCCL collectives (ZeRO-1)",
+                "attn": "attention " + ("forward" if o.kernel == "attn_fwd" else "backward")}[o.kind]
+    if o.kind == "gemm":
+        if o.name.startswith("LM head"):
+            return "LM head GEMMs (chunked)"
+        if o.name.startswith("fc"):
+            return "fc GEMMs (fwd, dW)"
+        return "layer GEMMs " + ("backward" if o.extra.get("bwd") else "forward")
+    if o.kernel.startswith("ce_"):
+        return "CE kernels"
+    if o.kernel in ("adamw", "scale", "sumsq_partial+sumsq_final") or o.name == "zero gradients":
+        return "optimizer (zero, norm, AdamW, clip)"
+    return "norms, RoPE, SwiGLU, gathers, copies"
+
+
+def print_categories(r, out=sys.stdout):
+    """Per class of op: FLOPs, bytes, predicted ms (the serial schedule)."""
+    cats = {}
+    for o, t in r["rows"]:
+        c = cats.setdefault(category(o), [0.0, 0.0, 0.0, 0.0])
+        c[0] += o.flops * o.count
+        c[1] += o.bytes * o.count
+        c[2] += t
+        c[3] += o.model_flops * o.count
+    peak = GPUS[r["gpu"]]["peak"]
+    print(f"| {r['config']} on {r['gpu']} | TFLOP | GB | ms | MFU % of the op |", file=out)
+    print("|---|---:|---:|---:|---:|", file=out)
+    for k, (fl, by, t, mf) in cats.items():
+        print(f"| {k} | {fl / 1e12:.2f} | {by / 1e9:.2f} | {t * 1e3:.1f} | "
+              f"{100 * mf / (t * peak) if mf else 0:.1f} |", file=out)
+
+
 def print_markdown(r, out=sys.stdout):
     """The per-op table as Markdown (for an issue note)."""
     p = lambda *a: print(*a, file=out)
@@ -795,6 +831,7 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="one JSON object per design")
     ap.add_argument("--no-ops", action="store_true", help="totals only")
     ap.add_argument("--markdown", action="store_true", help="the per-op table as Markdown")
+    ap.add_argument("--categories", action="store_true", help="a Markdown table per class of op")
     ap.add_argument("--gemms", action="store_true",
                     help="print the step's distinct GEMMs for `gpu_bench gemm` and exit")
     ap.add_argument("--compare", metavar="BENCH_OUT",
@@ -819,9 +856,9 @@ def main(argv=None):
             continue
         if a.json:
             print(json.dumps(to_json(r)))
-        elif a.markdown:
+        elif a.markdown or a.categories:
             if i == 0:
-                print_markdown(r)
+                (print_markdown if a.markdown else print_categories)(r)
             print_table(r, ops=False)
         else:
             print_table(r, ops=not a.no_ops and i == 0)
