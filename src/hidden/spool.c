@@ -593,7 +593,7 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
   for (;;) {
     if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard) {
       if (sp->offset < sp->n_ts) return *have = 1, DFLASH_OK;
-      sp->shard++, sp->offset = 0;
+      sp->shard++, sp->offset = 0; /* a resume past its end, or an empty shard */
       continue;
     }
     char *loc = shard_loc(sp->base, e, sp->shard, "safetensors");
@@ -655,7 +655,9 @@ dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
   *out = (dflash_spool_sample){.struct_size = sizeof *out, .id = t->id, .len = t->len,
                                .hidden = sp->buf, .epoch = sp->epoch, .shard = sp->shard,
                                .offset = sp->offset};
-  sp->offset++;
+  /* Past a shard's last sample the position is the next shard's first, so that a caller that
+   * releases at its position frees the shard it has used up. */
+  if (++sp->offset >= sp->n_ts) sp->shard++, sp->offset = 0;
   return DFLASH_OK;
 }
 

@@ -458,6 +458,7 @@ static dflash_status open_all(run *r) {
   if (r->rank == 0 && getenv("DFLASH_TRAIN_TRACE") && *getenv("DFLASH_TRAIN_TRACE") &&
       !(r->trace = fopen(getenv("DFLASH_TRAIN_TRACE"), "a")))
     return df_error(DFLASH_E_IO, "cannot open DFLASH_TRAIN_TRACE=%s", getenv("DFLASH_TRAIN_TRACE"));
+  if (r->trace) fputs("# run\n", r->trace); /* a resumed run's lines redo the killed one's */
   return check_ranks_agree(r);
 }
 
