@@ -253,6 +253,96 @@ START_TEST(zero_layers_refused_and_counted) {
 }
 END_TEST
 
+/* The spool in one process (the two-process runs are bindings/python/tests/test_spool.py):
+ * order, budget, spool-full, end of epoch, release, producer recovery, bad arguments. */
+START_TEST(spool_order_budget_release) {
+  char *dir = df_test_tmpdir(), *sp = df_path_join(dir, "spool");
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  o.shard_bytes = 1000; /* 2 samples of 10 x 32 bf16 (640 B) */
+  o.spool_budget = 1500;
+  dflash_hidden_writer *w;
+  ck_assert_status(dflash_hidden_writer_create(sp, 2, 16, &o, &w), DFLASH_E_INVALID_ARG,
+                   "under two shards");
+  o.spool_budget = 2000;
+  ck_assert_ok(dflash_hidden_writer_create(sp, 2, 16, &o, &w));
+  dflash_hidden_writer *w2;
+  ck_assert_status(dflash_hidden_writer_create(sp, 2, 8, &o, &w2), DFLASH_E_MISMATCH, "spool.json");
+  float *x = states(10, 32, 0);
+  char id[32];
+  int taken = 0;
+  dflash_status st = DFLASH_OK;
+  while (!st && taken < 50) {
+    snprintf(id, sizeof id, "s%02d", taken);
+    if (!(st = dflash_hidden_writer_append(w, id, x, 10))) taken++;
+  }
+  ck_assert_status(st, DFLASH_E_TIMEOUT, "is full");
+  ck_assert_int_eq(dflash_hidden_writer_contains(w, id), 0); /* refused: not taken */
+  ck_assert_int_eq(dflash_hidden_writer_contains(w, "s00"), 1);
+  uint64_t bytes, high, samples;
+  int32_t epoch;
+  ck_assert_ok(dflash_hidden_writer_spool_status(w, &epoch, &samples, &bytes, &high));
+  ck_assert_int_eq(epoch, 0);
+  ck_assert_uint_eq(samples, (uint64_t)taken);
+  ck_assert_uint_ge(bytes, o.spool_budget);
+  ck_assert_uint_lt(high, o.spool_budget + 2 * o.shard_bytes); /* budget + one shard */
+  dflash_spool_options so;
+  dflash_spool_options_default(&so);
+  so.wait_s = 0;
+  dflash_spool *c;
+  ck_assert_ok(dflash_spool_open(sp, &so, &c));
+  dflash_spool_sample smp;
+  int end, got = 0;
+  while (!(st = dflash_spool_next(c, &smp, &end))) {
+    snprintf(id, sizeof id, "s%02d", got++);
+    ck_assert_str_eq(smp.id, id);
+    ck_assert_int_eq(smp.len, 10);
+    ck_assert_float_eq_tol(smp.hidden[5], x[5], 0.02f);
+  }
+  ck_assert_status(st, DFLASH_E_TIMEOUT, "no shard e00000-s000002");
+  ck_assert_int_eq(got, 4); /* two shards published, the third waits for room */
+  int32_t e;
+  uint64_t shard, off;
+  ck_assert_ok(dflash_spool_tell(c, &e, &shard, &off));
+  ck_assert_uint_eq(shard, 2);
+  ck_assert_ok(dflash_spool_release(c, e, shard));
+  ck_assert_ok(dflash_hidden_writer_end_epoch(w)); /* room now: the rest, then the marker */
+  while (!(st = dflash_spool_next(c, &smp, &end)) && !end) got++;
+  ck_assert_ok(st);
+  ck_assert_int_eq(got, taken);
+  ck_assert_ok(dflash_spool_tell(c, &e, &shard, &off));
+  ck_assert_int_eq(e, 1);
+  ck_assert_uint_eq(shard, 0);
+  ck_assert_int_eq(dflash_hidden_writer_contains(w, "s00"), 0); /* a new epoch */
+  ck_assert_ok(dflash_hidden_writer_append(w, "s00", x, 10));
+  ck_assert_ok(dflash_hidden_writer_flush(w));
+  dflash_hidden_writer_free(w);
+  /* A restarted producer: the same epoch and its ids. */
+  ck_assert_ok(dflash_hidden_writer_create(sp, 2, 16, &o, &w));
+  ck_assert_ok(dflash_hidden_writer_spool_status(w, &epoch, &samples, NULL, NULL));
+  ck_assert_int_eq(epoch, 1);
+  ck_assert_uint_eq(samples, 1);
+  ck_assert_status(dflash_hidden_writer_append(w, "s00", x, 10), DFLASH_E_DUPLICATE, "this epoch");
+  dflash_hidden_writer_free(w);
+  ck_assert_ok(dflash_spool_next(c, &smp, &end));
+  ck_assert_str_eq(smp.id, "s00");
+  ck_assert_int_eq(smp.epoch, 1);
+  dflash_spool_free(c);
+  /* Not a spool; a missing one. */
+  dflash_hidden_writer_options_default(&o);
+  ck_assert_ok(dflash_hidden_writer_create(dir, 2, 16, &o, &w));
+  ck_assert_status(dflash_hidden_writer_end_epoch(w), DFLASH_E_STATE, "not a spool");
+  dflash_hidden_writer_free(w);
+  char *none = df_path_join(dir, "none");
+  ck_assert_status(dflash_spool_open(none, &so, &c), DFLASH_E_TIMEOUT, "no spool.json");
+  free(none);
+  free(x);
+  free(sp);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
 Suite *df_test_suite(void) {
   Suite *s = suite_create("hidden");
   TCase *tc = tcase_create("hidden");
@@ -261,6 +351,7 @@ Suite *df_test_suite(void) {
   tcase_add_test(tc, shards_index_and_append);
   tcase_add_test(tc, stream_joins_and_reports);
   tcase_add_test(tc, zero_layers_refused_and_counted);
+  tcase_add_test(tc, spool_order_budget_release);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -285,9 +285,11 @@ class Spool(Handle):
         self.num_layers, self.hidden_size, self.dtype = K.value, H.value, _DTYPE_NAMES[dt.value]
 
     def seek(self, epoch, shard=0, offset=0):
+        """Move to sample `offset` of shard `shard` of `epoch` (a resume)."""
         _sp_seek(self._handle(), int(epoch), int(shard), int(offset))
 
     def tell(self):
+        """(epoch, shard, offset) of the sample next() returns next."""
         e, s, o = ctypes.c_int32(), ctypes.c_uint64(), ctypes.c_uint64()
         _sp_tell(self._handle(), ctypes.byref(e), ctypes.byref(s), ctypes.byref(o))
         return e.value, s.value, o.value
@@ -303,6 +305,7 @@ class Spool(Handle):
                 (smp.epoch, smp.shard, smp.offset))
 
     def iterate(self, epoch=None):
+        """Yield next() items up to the end of the epoch (from its start when `epoch` is given)."""
         if epoch is not None:
             self.seek(epoch)
         while True:
@@ -312,6 +315,7 @@ class Spool(Handle):
             yield item
 
     def release(self, epoch, shard):
+        """Record that shards before (epoch, shard) are consumed, and delete them."""
         _sp_release(self._handle(), int(epoch), int(shard))
 
 
