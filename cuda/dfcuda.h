@@ -24,7 +24,14 @@ typedef struct df_cu_config {
   const size_t *offsets;         /* [n_tensors], model.c's table order */
   size_t n_tensors;
   int device;
+  /* Data-parallel rank and world (0 means 1) this model is created for: the
+   * fp32 masters and moments are allocated as this rank's ZeRO-1 shard from
+   * the start, and df_cu_nccl_init must be called with the same pair. */
+  int rank, world;
 } df_cu_config;
+
+/* Gradient buckets (NCCL calls) and the staging buffer: 64 Mi elements. */
+#define DF_CU_BUCKET_ELEMS ((size_t)1 << 26)
 
 /* One sequence, prepared on the host (backend_cuda.c). */
 typedef struct df_cu_batch {
@@ -63,8 +70,22 @@ dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
 /* Copy a whole flat buffer (fp32, n_params) to or from the host. With
  * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks), and
  * so is to_host of the gradients after a step (each rank holds the reduced
- * sum of its own slices; they are gathered). */
+ * sum of its own slices; they are gathered). A NULL host with to_host
+ * takes part in the gather of masters or moments and copies nothing. */
 dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
+
+/* Device bytes the model allocates besides the weights, gradients, optimizer
+ * state, frozen tables and the activation arena, as df_cu_create and the
+ * first sequence allocate them: the fp32 staging buffer, RoPE frequencies,
+ * the norm-weight scratch (256 row slices), the norm-reduction partials and
+ * the cos/sin tables and positions for [0, n_pos). For `dflash train --plan`
+ * (plain C: the core library has no CUDA). */
+#define DF_CU_DW_SPLIT 256
+static inline size_t df_cu_fixed_scratch_bytes(int H, int d, int n_pos) {
+  size_t half = (size_t)d / 2, wide = (size_t)(H > d ? H : d);
+  return 4 * DF_CU_BUCKET_ELEMS + 8 * half + 4 * DF_CU_DW_SPLIT * wide + 8 * (1024 + 4096) +
+         (size_t)n_pos * (2 * half * 4 + 4);
+}
 
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */
 #define DF_CU_NCCL_ID_BYTES 128

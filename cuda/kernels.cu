@@ -85,7 +85,7 @@ __global__ void rms_bwd(DX *dx, const DY *dy, const bf16 *x, const bf16 *w, cons
 }
 
 // dw partial sums: block (32 columns x 8 row lanes), grid.y row slices.
-constexpr int kDwSplit = 256;
+constexpr int kDwSplit = DF_CU_DW_SPLIT;
 template <typename DY>
 __global__ void rms_dw_partial(float *partial, const DY *dy, const bf16 *x, const float *rstd,
                                long rows, int n) {

@@ -20,7 +20,7 @@ extern "C" {
 
 namespace {
 
-constexpr size_t kBucketElems = size_t(1) << 26; // 64 Mi elements (256 MB fp32)
+constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
 
 // Parameter tensors in model.c's table order.
 enum { P_FC, P_HIDDEN_NORM, P_LAYER0 };
@@ -486,7 +486,15 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
       st = df_error(DFLASH_E_CUDA, "CUDA: cannot create a stream and a cuBLAS handle");
       goto fail;
     }
-    TRY(df_bucket_layout_init(&m->buckets, c->n_params, 1, kBucketElems));
+    // Created as this rank's ZeRO-1 shard: no full fp32 masters and moments, on the device
+    // or the host, ever exist (df_cu_nccl_init only joins the communicator).
+    m->world = c->world > 1 ? c->world : 1;
+    m->rank = c->rank;
+    if (m->rank < 0 || m->rank >= m->world) {
+      st = df_error(DFLASH_E_INVALID_ARG, "CUDA: rank %d of %d", c->rank, m->world);
+      goto fail;
+    }
+    TRY(df_bucket_layout_init(&m->buckets, c->n_params, m->world, kBucketElems));
     size_t np = m->buckets.n_padded, vh = (size_t)c->V * c->H;
     TRY(dalloc(m, &m->w16, np, "bf16 weights"));
     TRY(dalloc(m, &m->grads, np, "fp32 gradients"));
@@ -702,7 +710,8 @@ extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int t
       }
 #endif
       size_t keep = k->offset >= n ? 0 : (n - k->offset < k->count ? n - k->offset : k->count);
-      DF_CU(cudaMemcpyAsync(host + k->offset, dst, 4 * keep, cudaMemcpyDeviceToHost, m->st));
+      if (host) // NULL: this rank only takes part in the gather
+        DF_CU(cudaMemcpyAsync(host + k->offset, dst, 4 * keep, cudaMemcpyDeviceToHost, m->st));
       DF_TRY(wait_stream(m, "NCCL all-gather of optimizer shards"));
     } else {
       size_t keep = off >= n ? 0 : (n - off < len ? n - off : len);
@@ -735,6 +744,10 @@ extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, co
                                         double timeout_s) {
 #ifdef DFLASH_HAVE_NCCL
   DF_TRY(use_device(m));
+  // The buffers were laid out for this rank at create: the communicator must agree.
+  if (rank != m->rank || world != m->world)
+    return df_error(DFLASH_E_STATE, "NCCL: joining as rank %d of %d, but the CUDA model was "
+                    "created for rank %d of %d", rank, world, m->rank, m->world);
   m->comm_timeout = timeout_s;
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);
@@ -742,28 +755,7 @@ extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, co
   if (r != ncclSuccess)
     return df_error(DFLASH_E_CUDA, "ncclCommInitRank (rank %d of %d): %s", rank, world,
                     ncclGetErrorString(r));
-  // Re-shard: gather the full masters/moments, then lay them out per rank.
-  size_t n = m->c.n_params;
-  std::vector<float> p(n), a(n), v(n);
-  DF_TRY(df_cu_copy(m, DF_CU_PARAMS, p.data(), 1));
-  DF_TRY(df_cu_copy(m, DF_CU_M1, a.data(), 1));
-  DF_TRY(df_cu_copy(m, DF_CU_M2, v.data(), 1));
-  cudaFree(m->master), cudaFree(m->m1), cudaFree(m->m2), cudaFree(m->grads), cudaFree(m->w16);
-  m->live -= 4 * 3 * m->buckets.shard_len + 6 * m->buckets.n_padded;
-  m->master = m->m1 = m->m2 = m->grads = nullptr;
-  m->w16 = nullptr;
-  df_bucket_layout_free(&m->buckets);
-  m->rank = rank, m->world = world;
-  DF_TRY(df_bucket_layout_init(&m->buckets, n, world, kBucketElems));
-  DF_TRY(dalloc(m, &m->w16, m->buckets.n_padded, "bf16 weights"));
-  DF_TRY(dalloc(m, &m->grads, m->buckets.n_padded, "fp32 gradients"));
-  DF_TRY(dalloc(m, &m->master, m->buckets.shard_len, "fp32 master weights (shard)"));
-  DF_TRY(dalloc(m, &m->m1, m->buckets.shard_len, "AdamW moments (shard)"));
-  DF_TRY(dalloc(m, &m->m2, m->buckets.shard_len, "AdamW moments (shard)"));
-  DF_TRY(df_cu_copy(m, DF_CU_PARAMS, p.data(), 0));
-  DF_TRY(df_cu_copy(m, DF_CU_M1, a.data(), 0));
-  DF_TRY(df_cu_copy(m, DF_CU_M2, v.data(), 0));
-  return df_cu_zero_grad(m);
+  return DFLASH_OK;
 #else
   (void)m, (void)rank, (void)world, (void)id, (void)timeout_s;
   return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without NCCL");

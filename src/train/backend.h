@@ -70,6 +70,10 @@ typedef struct df_backend_vt {
 struct df_backend {
   const df_backend_vt *vt;
   unsigned stale; /* df_buf_kind bits whose host copy is out of date */
+  /* Kinds a pull leaves out of this rank's host buffer (it only takes part in
+   * the gather; `stale` clears as on every rank, so the ranks' pulls stay
+   * matched): the optimizer state reaches rank 0 alone, which writes it. */
+  unsigned not_on_host;
 };
 
 /* The float32 reference on the CPU (trainer's own buffers, df_model). */

@@ -20,7 +20,7 @@ typedef struct cuda_backend {
   dflash_trainer *t;
   df_cu_model *dev;
   df_dist_env env;
-  bool nccl;
+  bool nccl; /* joins (or joined) NCCL: several ranks, or DFLASH_NCCL=1 */
   /* host staging, grown as needed */
   uint16_t *hidden; /* pinned */
   size_t hidden_cap;
@@ -192,7 +192,7 @@ static int cu_kind(df_buf_kind k) {
 }
 
 static dflash_status cuda_pull(df_backend *b, df_buf_kind kind, float *host) {
-  return df_cu_copy(cb(b)->dev, cu_kind(kind), host, 1);
+  return df_cu_copy(cb(b)->dev, cu_kind(kind), b->not_on_host & kind ? NULL : host, 1);
 }
 
 static dflash_status cuda_push(df_backend *b, df_buf_kind kind, const float *host) {
@@ -209,11 +209,16 @@ static const df_backend_vt cuda_vt = {
  * In a training run (t->comm) the id travels over the run's connections,
  * and they decide rank and world; a trainer created alone rendezvouses
  * from the environment. */
-static dflash_status join_ranks(cuda_backend *c) {
+static void find_ranks(cuda_backend *c) {
   df_comm *comm = c->t->comm;
   if (comm) c->env.rank = df_comm_rank(comm), c->env.world = df_comm_world(comm);
   const char *force = getenv("DFLASH_NCCL");
-  if (c->env.world <= 1 && !(force && !strcmp(force, "1"))) return DFLASH_OK;
+  c->nccl = c->env.world > 1 || (force && !strcmp(force, "1"));
+}
+
+static dflash_status join_ranks(cuda_backend *c) {
+  df_comm *comm = c->t->comm;
+  if (!c->nccl) return DFLASH_OK;
   unsigned char id[DF_CU_NCCL_ID_BYTES] = {0};
   double timeout;
   dflash_status st = df_dist_timeout(&timeout);
@@ -221,7 +226,10 @@ static dflash_status join_ranks(cuda_backend *c) {
   if (!st) st = comm ? df_comm_broadcast(comm, id, sizeof id)
                      : df_rendezvous(&c->env, id, sizeof id, timeout);
   if (!st) st = df_cu_nccl_init(c->dev, c->env.rank, c->env.world, id, timeout);
-  if (!st) c->nccl = true;
+  /* ZeRO-1: every rank takes part in gathering the moments, but they reach
+   * the host of rank 0 alone (the one that writes them); the masters reach
+   * every rank, whose host copy of the parameters exists anyway. */
+  if (!st && c->env.world > 1 && c->env.rank != 0) c->base.not_on_host = DF_BUF_M1 | DF_BUF_M2;
   return st ? df_error_wrap(st, "rank %d of %d", c->env.rank, c->env.world) : st;
 }
 
@@ -241,12 +249,14 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   if (!st && c->env.local_rank >= n_dev)
     st = df_error(DFLASH_E_NO_DEVICE, "trainer backend cuda: LOCAL_RANK %d but only %d CUDA "
                   "device(s) are visible", c->env.local_rank, n_dev);
+  find_ranks(c); /* the model is created as this rank's ZeRO-1 shard */
   df_model *m = &t->m;
   df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
                       .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
                       .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
                       .inv_freq = m->inv_freq, .n_params = m->n_params,
-                      .n_tensors = m->n_tensors, .device = c->env.local_rank};
+                      .n_tensors = m->n_tensors, .device = c->env.local_rank,
+                      .rank = c->nccl ? c->env.rank : 0, .world = c->nccl ? c->env.world : 1};
   for (int l = 0; l < m->L; l++)
     cfg.window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);

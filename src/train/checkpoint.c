@@ -173,6 +173,9 @@ dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *pat
   char num[64];
   dflash_st_writer *w;
   dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+  if (!st && (t->be->not_on_host & (DF_BUF_M1 | DF_BUF_M2)))
+    st = df_error(DFLASH_E_STATE, "training state: this rank holds no host copy of the AdamW "
+                  "moments (ZeRO-1 over several ranks: rank 0 gathers and writes the state)");
   if (!st) st = dflash_st_writer_create(path, &w);
   if (st) return st;
   int64_t n = (int64_t)m->n_params, ulen = (int64_t)user_len;

@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../../cuda/dfcuda.h"
 #include "backend.h"
+#include "dist.h"
 
 static size_t align_up(size_t x) { return (x + DF_ACT_ALIGN - 1) / DF_ACT_ALIGN * DF_ACT_ALIGN; }
 
@@ -110,18 +112,27 @@ dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                     opts->batch_size);
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
-  uint64_t n = param_count(cfg), w = (uint64_t)opts->world_size;
-  uint64_t shard = opts->zero1 ? (n + w - 1) / w : n;
+  /* As cuda/model.cu lays the buffers out: padded to the gradient buckets, the fp32
+   * masters and moments created as this rank's shard (so the peak is the steady state). */
+  uint64_t n = param_count(cfg);
+  df_bucket_layout b;
+  if ((st = df_bucket_layout_init(&b, (size_t)n, opts->zero1 ? opts->world_size : 1,
+                                  DF_CU_BUCKET_ELEMS)))
+    return st;
+  uint64_t padded = b.n_padded, shard = b.shard_len;
+  df_bucket_layout_free(&b);
   p->n_params = n;
-  p->weights = 2 * n;
+  p->weights = 2 * padded;
   p->masters = 4 * shard;
   p->moments = 8 * shard;
-  p->grads = 4 * n;
+  p->grads = 4 * padded;
   df_act_dims d;
   df_plan_dims(cfg, opts->seq_len, opts->num_anchors, opts->vocab_chunk, &d);
   df_act_layout lay;
   df_act_layout_compute(&d, &lay);
-  p->activations = lay.total;
+  /* The arena, plus the staging buffer and scratch the backend keeps beside it. */
+  p->activations = lay.total + df_cu_fixed_scratch_bytes(cfg->hidden_size, cfg->head_dim,
+                                                         opts->seq_len + cfg->block_size);
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;
   p->gpu_bytes = opts->gpu_bytes;

@@ -24,6 +24,7 @@
 #include "gpu_common.h"
 #include "synth.h"
 #include "testutil.h"
+#include "train/backend.h"
 #include "train/trainer.h"
 
 /* Test controls of cuda/emu/runtime.cpp. */
@@ -227,8 +228,10 @@ typedef struct shared_out {
   int st;
   char err[512];
   double norm;
-  size_t peak_create, used_create;
-  uint64_t to_host_ckpt;
+  size_t peak_create, used_create, peak_run;
+  uint64_t to_host_create, to_host_ckpt;
+  int save_other; /* rank 1's own save_state */
+  char save_msg[256];
 } shared_out;
 
 /* Rank `rank` of `world`: sequences rank*k .. of N_SEQ, each scaled by its own 1/weight
@@ -251,7 +254,7 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
   dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
   dflash_trainer *t = NULL;
   dflash_status st = make_opt(&c, DFLASH_BACKEND_CUDA, 1.0, &t);
-  dfemu_memory_stats(rank, &out->used_create, &out->peak_create, NULL, 1);
+  dfemu_memory_stats(rank, &out->used_create, &out->peak_create, &out->to_host_create, 1);
   double W = 0;
   for (int i = 0; i < N_SEQ; i++) W += w[i];
   if (!st) st = dflash_trainer_zero_grad(t);
@@ -261,7 +264,17 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
                                    q[i].na, world > 1 ? 1.0 / w[i] : 1.0 / W, NULL, NULL);
   if (!st) st = dflash_trainer_step(t, &out->norm, NULL);
   if (!st) st = dump_into(t, 1, grads);
-  (void)ckpt;
+  /* e: a checkpoint as dflash_train_run saves one: every rank gathers, rank 0 writes. */
+  if (!st) {
+    dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
+    st = df_trainer_pull(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+    if (!st && rank == 0) st = dflash_trainer_save_state(t, ckpt, NULL, 0);
+    dfemu_memory_stats(rank, NULL, &out->peak_run, &out->to_host_ckpt, 0);
+    if (!st && rank == 1) {
+      out->save_other = (int)dflash_trainer_save_state(t, ckpt, NULL, 0);
+      snprintf(out->save_msg, sizeof out->save_msg, "%s", dflash_last_error());
+    }
+  }
   out->st = (int)st;
   if (st) snprintf(out->err, sizeof out->err, "%s", dflash_last_error());
   dflash_trainer_free(t);
@@ -288,7 +301,7 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   memset(shm, 0, bytes);
   shared_out *out = (shared_out *)shm;
   float *grads = (float *)(shm + 3 * sizeof(shared_out));
-  char *dir = df_test_tmpdir(), *ckpt = synth_path(dir, "ckpt");
+  char *dir = df_test_tmpdir(), *ckpt = synth_path(dir, "state-2"), *ckpt1 = synth_path(dir, "state-1");
   int port = synth_free_port();
   pid_t pid[3];
   for (int k = 0; k < 3; k++) {
@@ -296,7 +309,7 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
     pid[k] = fork();
     ck_assert_int_ge(pid[k], 0);
     if (pid[k] == 0) {
-      run_rank(k ? k - 1 : 0, k ? 2 : 1, port, q, w, &out[k], grads + k * n, k ? ckpt : NULL);
+      run_rank(k ? k - 1 : 0, k ? 2 : 1, port, q, w, &out[k], grads + k * n, k ? ckpt : ckpt1);
       _exit(0);
     }
     if (k == 0) ck_assert_int_eq(synth_wait(pid[0], 300), 0); /* the device-0 run first */
@@ -314,10 +327,57 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
     ck_assert_msg(d <= 1e-2, "rank %d: get_grad after the step differs from one rank's by %.2e",
                   k - 1, d);
   }
+  /* e: a rank creates its ZeRO-1 shard of the fp32 masters and moments (12 bytes a
+   * parameter, half of them on each of 2 ranks) and copies nothing to the host for it;
+   * the plan's total is the peak; only rank 0 copies the moments to the host. */
+  printf("device bytes after create: 1 rank %zu (peak %zu), 2 ranks %zu / %zu (peaks %zu / "
+         "%zu); to host at create %llu / %llu; checkpoint to host %llu / %llu\n",
+         out[0].used_create, out[0].peak_create, out[1].used_create, out[2].used_create,
+         out[1].peak_create, out[2].peak_create, (unsigned long long)out[1].to_host_create,
+         (unsigned long long)out[2].to_host_create, (unsigned long long)out[1].to_host_ckpt,
+         (unsigned long long)out[2].to_host_ckpt);
+  for (int k = 1; k < 3; k++) {
+    ck_assert_msg(out[k].peak_create + 6 * n <= out[0].peak_create + 64 * 1024,
+                  "rank %d: peak at create %zu bytes, one rank %zu (a shard saves %zu)", k - 1,
+                  out[k].peak_create, out[0].peak_create, 6 * n);
+    ck_assert_msg(out[k].to_host_create == 0, "rank %d copied %llu bytes to the host at create",
+                  k - 1, (unsigned long long)out[k].to_host_create);
+  }
+  ck_assert_msg(out[1].to_host_ckpt >= 12 * n && out[2].to_host_ckpt <= 4 * n + 4096,
+                "checkpoint: rank 0 copied %llu bytes to the host, rank 1 %llu (n %zu)",
+                (unsigned long long)out[1].to_host_ckpt, (unsigned long long)out[2].to_host_ckpt,
+                n);
+  ck_assert_msg(out[2].save_other == DFLASH_E_STATE && strstr(out[2].save_msg, "rank 0"),
+                "rank 1's own save_state: %d \"%s\"", out[2].save_other, out[2].save_msg);
+  /* The state rank 0 wrote equals one rank's after the same step (the moments too). */
+  dflash_trainer *a, *b;
+  ck_assert_ok(make_opt(&c, DFLASH_BACKEND_CPU, 1.0, &a));
+  ck_assert_ok(make_opt(&c, DFLASH_BACKEND_CPU, 1.0, &b));
+  size_t ulen = 0;
+  ck_assert_ok(dflash_trainer_load_state(a, ckpt, NULL, &ulen));
+  ck_assert_ok(dflash_trainer_load_state(b, ckpt1, NULL, &ulen));
+  ck_assert(rel_diff(a->m1, b->m1, n) < 1e-2 && rel_diff(a->m2, b->m2, n) < 2e-2);
+  ck_assert(rel_diff(a->m.params, b->m.params, n) < 1e-4);
+  dflash_trainer_free(a), dflash_trainer_free(b);
+  /* The plan at this shape over 2 ranks (no reserve) bounds the measured peak. */
+  dflash_train_plan_options po;
+  dflash_train_plan_options_default(&po);
+  po.world_size = 2, po.seq_len = 100, po.num_anchors = 8, po.vocab_chunk = 128;
+  po.reserve_bytes = 0, po.gpu_bytes = UINT64_MAX;
+  dflash_train_plan plan;
+  ck_assert_ok(dflash_train_plan_compute(&c, &po, &plan));
+  printf("plan for 2 ranks: %llu bytes; measured peak %zu / %zu\n",
+         (unsigned long long)plan.total, out[1].peak_run, out[2].peak_run);
+  for (int k = 1; k < 3; k++)
+    ck_assert_msg(out[k].peak_run <= plan.total && out[k].peak_create >= plan.total -
+                  plan.activations, "rank %d: peak %zu (at create %zu), plan %llu (%llu without "
+                  "activations)", k - 1, out[k].peak_run, out[k].peak_create,
+                  (unsigned long long)plan.total,
+                  (unsigned long long)(plan.total - plan.activations));
   munmap(shm, bytes);
   for (int i = 0; i < N_SEQ; i++) g_seq_free(&q[i]);
   df_test_rmtree(dir);
-  free(ckpt), free(dir);
+  free(ckpt), free(ckpt1), free(dir);
 }
 END_TEST
 

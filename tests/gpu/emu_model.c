@@ -172,12 +172,14 @@ static double seq_weight(const df_model *m, const g_seq *s) {
   return w;
 }
 
-static df_cu_config cu_config(const df_model *m, size_t *offs, int device) {
+/* Rank `device` of `world` (one device per rank). */
+static df_cu_config cu_config(const df_model *m, size_t *offs, int device, int world) {
   df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
                       .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
                       .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
                       .inv_freq = m->inv_freq, .n_params = m->n_params,
-                      .n_tensors = m->n_tensors, .offsets = offs, .device = device};
+                      .n_tensors = m->n_tensors, .offsets = offs, .device = device,
+                      .rank = device, .world = world};
   for (size_t i = 0; i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
   return cfg;
 }
@@ -202,7 +204,7 @@ static void *rank_main(void *arg) {
   rank_job *j = arg;
   const df_model *m = j->m;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
-  df_cu_config cfg = cu_config(m, offs, j->rank);
+  df_cu_config cfg = cu_config(m, offs, j->rank, j->world);
   df_cu_model *dev = NULL;
   dflash_status st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &dev);
   if (!st && j->world > 1) st = df_cu_nccl_init(dev, j->rank, j->world, j->id, 60);
