@@ -11,7 +11,8 @@
 #      TFLOP/s, MFU against the cuBLAS bf16 GEMM rate measured in the same run, memory;
 #      each next to bench/gpu_model.py's prediction for this GPU (nvidia-smi's name: H200,
 #      B200 or RTX PRO 6000; H200 otherwise), and every distinct GEMM of the step timed alone
-#      (gpu_bench gemm) next to its predicted time;
+#      (gpu_bench gemm) next to its predicted time; with Nsight Systems installed, every
+#      kernel of the Qwen3-8B step measured (nsys) next to its predicted time;
 #   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated, and
 #      the model's full per-op tables (8 GPUs) for both shapes.
 # Results go to $OUT (if set) or ./gpu_check_out. Exit status: non-zero if parity, the run
@@ -113,6 +114,23 @@ for args in "${shapes[@]}"; do
     --compare "$out/measured_$tag.txt" 2>&1 | tee -a "$out/summary.txt"
   [ "${PIPESTATUS[0]}" = 0 ] || step_failed "gpu_model.py --compare $args"
 done
+
+# 3b. per kernel: one run of the paper's shape under Nsight Systems, when it is installed
+rep="$out/nsys_qwen3-8b"
+if [ "$emu" != 1 ] && command -v nsys >/dev/null && [ -n "$py" ]; then
+  if DFLASH_BENCH_NO_PEAK=1 timeout 300 nsys profile -t cuda -o "$rep" --force-overwrite true \
+       "$build/tests/gpu/gpu_bench" qwen3-8b 3072 512 2 >"$out/nsys.log" 2>&1 &&
+     { nsys stats -q --report cuda_gpu_kern_sum --format csv "$rep.nsys-rep" ||
+       nsys stats -q --report gpukernsum --format csv "$rep.nsys-rep"; } >"$out/kernels_qwen3-8b.csv" 2>>"$out/nsys.log"; then
+    # 3 steps profiled: the warm-up and 2 timed (trainer creation's uploads are in it too)
+    "$py" bench/gpu_model.py qwen3-8b --gpu "$gpu" --seq-len 3072 --anchors 512 --world 1 \
+      --compare-kernels "$out/kernels_qwen3-8b.csv" --runs 3 2>&1 | tee -a "$out/summary.txt"
+  else
+    log "per-kernel profile failed (see nsys.log)"
+  fi
+else
+  log "per-kernel times: skipped ($([ "$emu" = 1 ] && echo "emulated device" || echo "nsys not installed"))"
+fi
 
 # 4. the plan next to the measurement, and the model's tables for an 8-GPU node
 cat > "$out/kimi.json" <<'JSON'

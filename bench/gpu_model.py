@@ -811,6 +811,59 @@ def compare(r, path, out=sys.stdout):
         p(f"   GEMMs of one step: predicted {tp:.2f} ms, measured {tm:.2f} ms")
 
 
+def kernel_of(name, known):
+    """The model's kernel for one profiled kernel name (nsys's demangled name): a model
+    kernel named in it as a function (`attn_fwd(`, `rms_bwd<`), cuBLAS's own kernels
+    (gemm, xmma, cutlass, nvjet) as cublasGemmEx, NCCL's as its collectives."""
+    for k in sorted(known, key=len, reverse=True):
+        if re.search(r"(^|[^A-Za-z0-9_])" + re.escape(k) + r"\s*[(<]", name):
+            return k
+    low = name.lower()
+    if "nccl" in low:
+        return "ncclReduceScatter" if "reduce" in low else "ncclAllGather"
+    if any(t in low for t in ("gemm", "xmma", "cutlass", "nvjet", "splitk")):
+        return "cublasGemmEx"
+    return None
+
+
+def compare_kernels(r, path, runs, out=sys.stdout):
+    """Measured per kernel (nsys stats --report cuda_gpu_kern_sum --format csv, over `runs`
+    steps) next to the model's rows for the same kernel, per step."""
+    import csv
+    p = lambda *a: print(*a, file=out)
+    known = set()
+    for o, _ in r["rows"]:
+        known.update(k for k in o.kernel.split("+") if not k.startswith(("cuda", "nccl", "cublas")))
+    meas, other = {}, 0.0
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = [l for l in f if l.count(",") >= 3]
+    for row in csv.DictReader(lines):
+        name = row.get("Name") or row.get("name") or ""
+        ns = row.get("Total Time (ns)") or row.get("Total Time") or "0"
+        t = float(ns.replace(",", "")) / 1e6 / runs
+        k = kernel_of(name, known)
+        if k is None:
+            other += t
+        else:
+            meas[k] = meas.get(k, 0.0) + t
+    pred = {}
+    for o, t in r["rows"]:
+        if o.kind in ("host", "h2d", "d2h") or o.kernel.startswith("cuda"):
+            continue
+        ks = o.kernel.split("+")
+        for k in ks:
+            pred[k] = pred.get(k, 0.0) + t * 1e3 / len(ks)
+    p(f"== per kernel, ms per step (nsys, {runs} steps): {r['config']} seq {r['seq_len']} on {r['gpu']}")
+    p(f"   {'kernel':28s} {'predicted':>10s} {'measured':>10s} {'ratio':>6s}")
+    for k in sorted(set(pred) | set(meas), key=lambda k: -max(pred.get(k, 0), meas.get(k, 0))):
+        a, b = pred.get(k, 0.0), meas.get(k, 0.0)
+        p(f"   {k:28s} {a:10.3f} {b:10.3f} {b / a if a else 0:6.2f}")
+    p(f"   {'(kernels the model does not name)':28s} {'':10s} {other:10.3f}")
+    tot_p = sum(pred.values())
+    p(f"   {'all kernels':28s} {tot_p:10.3f} {sum(meas.values()) + other:10.3f}")
+    return meas
+
+
 def to_json(r):
     d = {k: v for k, v in r.items() if k != "rows"}
     d["kernels"] = sorted(model_kernels(r))
@@ -836,16 +889,22 @@ def main(argv=None):
                     help="print the step's distinct GEMMs for `gpu_bench gemm` and exit")
     ap.add_argument("--compare", metavar="BENCH_OUT",
                     help="gpu_bench output (json lines): measured next to predicted")
+    ap.add_argument("--compare-kernels", metavar="CSV",
+                    help="nsys stats --report cuda_gpu_kern_sum --format csv of gpu_bench: "
+                         "measured per kernel next to predicted")
+    ap.add_argument("--runs", type=int, default=1, help="steps the profile covers")
     a = ap.parse_args(argv)
     c = load_config(a.config)
-    if a.gemms or a.compare:
+    if a.gemms or a.compare or a.compare_kernels:
         r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
                   "scalar" if a.attention == "scalar" else "wmma")
         if a.gemms:
             for g in gemm_calls(r):
                 print(f"{g['name']} {g['M']} {g['N']} {g['K']} {g['c_bytes']} {g['beta']:g}")
-        else:
+        elif a.compare:
             compare(r, a.compare)
+        else:
+            compare_kernels(r, a.compare_kernels, a.runs)
         return 0
     designs = ["wmma", "scalar"] if a.attention == "both" else [a.attention]
     for i, dsg in enumerate(designs):

@@ -208,11 +208,37 @@ def test_kernels():
           "negative control: an unknown kernel is reported")
 
 
+def test_kernel_names(tmp):
+    """nsys's demangled names map to the model's kernels (gpu_check.sh's per-kernel table)."""
+    known = {"attn_bwd_ctx", "attn_bwd_q", "rms_bwd", "rms_fwd", "rms_dw_partial"}
+    cases = {
+        "(anonymous namespace)::attn_bwd_ctx((anonymous namespace)::Shape, int, float *)": "attn_bwd_ctx",
+        "void (anonymous namespace)::rms_bwd<__nv_bfloat16, float>(float *, long, int, bool)": "rms_bwd",
+        "void (anonymous namespace)::rms_dw_partial<float>(float *, const float *)": "rms_dw_partial",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_cublas": "cublasGemmEx",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, float>(float *)": "cublasGemmEx",
+        "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm *)": "ncclReduceScatter",
+        "some_other_kernel(int)": None,
+    }
+    for name, want in cases.items():
+        got = gm.kernel_of(name, known)
+        check(got == want, f"nsys name -> {want}: {got}")
+    csv = os.path.join(tmp, "k.csv")
+    with open(csv, "w", encoding="utf-8") as f:
+        f.write('Generating SQLite file\n"Time (%)","Total Time (ns)","Instances","Name"\n'
+                '50.0,"3,000,000",3,"(anonymous namespace)::attn_fwd((anonymous namespace)::Shape)"\n')
+    r = gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 1, 100, "wmma")
+    with open(os.devnull, "w", encoding="utf-8") as null:
+        meas = gm.compare_kernels(r, csv, 3, out=null)
+    check(abs(meas.get("attn_fwd", 0) - 1.0) < 1e-9, "a profile's total over 3 runs is 1 ms per step")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()
+        test_kernel_names(tmp)
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
     gm.print_table(r, ops=False)
     if FAILS:
