@@ -321,7 +321,8 @@ __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2,
 dflash_status df_launched(const char *kernel) {
   cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return DFLASH_OK;
-  return df_error(DFLASH_E_CUDA, "CUDA: launch of kernel %s failed: %s (%s)", kernel,
+  // A refused launch, or an earlier asynchronous fault that surfaced here.
+  return df_error(DFLASH_E_CUDA, "CUDA: launch of kernel %s: %s (%s)", kernel,
                   cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
