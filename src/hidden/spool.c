@@ -117,11 +117,12 @@ static dflash_status read_small(dflash_storage *st, const char *loc, char **text
   size_t len;
   void *data;
   dflash_storage_info info = {.struct_size = sizeof info};
-  if (dflash_storage_stat(st, loc, &info)) {
-    dflash_clear_error();
-    return DFLASH_E_NOT_FOUND;
-  }
-  dflash_status s = dflash_storage_read(st, loc, &data, &len);
+  /* Only a clear "absent" is absence: a failed request (after the client's retries) is an
+   * error, never taken for a shard or marker that is not there. */
+  dflash_status s = dflash_storage_stat(st, loc, &info);
+  if (s == DFLASH_E_NOT_FOUND) dflash_clear_error();
+  if (s) return s;
+  s = dflash_storage_read(st, loc, &data, &len);
   if (s) return s;
   *text = df_strndup(data, len);
   dflash_storage_buffer_free(data);
@@ -271,10 +272,12 @@ dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
   w->budget = o->spool_budget, w->wait_s = o->spool_wait_s;
   dflash_status s = dflash_storage_create(NULL, &w->storage);
   if (!s && remote && !(w->remote = df_strdup(dir))) s = df_error_nomem("spool");
-  if (!s && remote) s = df_stage_cache_path(dir, &w->dir); /* where shards are staged */
+  /* s3://: shards are staged in a directory of this process's own (the trainer may share the
+   * cache directory). */
+  if (!s && remote) s = df_stage_tmpdir("spool-writer", &w->dir);
   if (!s && !remote && !(w->dir = df_strdup(dir))) s = df_error_nomem("spool");
-  if (!s) s = df_mkdir_p(w->dir);
-  if (!s) remove_stale_temps(w->dir);
+  if (!s && !remote) s = df_mkdir_p(w->dir);
+  if (!s && !remote) remove_stale_temps(w->dir);
   if (!s) s = writer_manifest(w);
   if (!s) s = recover(w);
   if (s) {
@@ -453,8 +456,7 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
   while (n > 1 && spool[n - 1] == '/') n--;
   if (!s && !(sp->base = df_strndup(spool, n))) s = df_error_nomem("spool");
   if (!s) s = dflash_storage_create(NULL, &sp->st);
-  if (!s && dflash_storage_is_remote(spool)) s = df_stage_cache_path(sp->base, &sp->cache);
-  if (!s && sp->cache) s = df_mkdir_p(sp->cache);
+  if (!s && dflash_storage_is_remote(spool)) s = df_stage_tmpdir("spool-reader", &sp->cache);
   if (!s) s = open_meta(sp);
   if (s) {
     dflash_spool_free(sp);
@@ -478,6 +480,7 @@ static void close_shard(dflash_spool *sp) {
 void dflash_spool_free(dflash_spool *sp) {
   if (!sp) return;
   close_shard(sp);
+  if (sp->cache) df_stage_rmtree(sp->cache);
   dflash_storage_free(sp->st);
   free(sp->base);
   free(sp->cache);
@@ -590,6 +593,7 @@ static dflash_status end_shards(dflash_spool *sp, int32_t e, uint64_t *shards) {
 static dflash_status reach_shard(dflash_spool *sp, int *have) {
   int32_t e = source_epoch(sp, sp->epoch);
   double t0 = df_now_seconds();
+  bool retried = false;
   for (;;) {
     if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard) {
       if (sp->offset < sp->n_ts) return *have = 1, DFLASH_OK;
@@ -601,16 +605,22 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
     dflash_storage_info info = {.struct_size = sizeof info};
     dflash_status s = dflash_storage_stat(sp->st, loc, &info);
     if (!s) s = open_shard(sp, loc, e, sp->shard);
-    else dflash_clear_error(), s = DFLASH_E_NOT_FOUND;
+    else if (s == DFLASH_E_NOT_FOUND) dflash_clear_error();
     free(loc);
     if (s != DFLASH_E_NOT_FOUND) {
-      if (!s) sp->waited_note = false;
       if (s) return s;
+      sp->waited_note = retried = false;
       continue;
     }
     uint64_t n;
     s = end_shards(sp, e, &n);
     if (!s && sp->shard >= n) return *have = 0, DFLASH_OK;
+    /* The marker follows every shard of its epoch: a shard missing above was maybe published
+     * just before the marker we now see, so look again before calling it gone. */
+    if (!s && !retried) {
+      retried = true;
+      continue;
+    }
     if (!s)
       return df_error(DFLASH_E_NOT_FOUND, "spool %s: shard e%05d-s%06" PRIu64 " (of %" PRIu64
                       ") is gone (deleted by another consumer?)", sp->base, e, sp->shard, n);
@@ -630,7 +640,7 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
 
 dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
   DF_CHECK_ARG(sp && out && end_of_epoch);
-  int have;
+  int have = 0;
   dflash_status s = reach_shard(sp, &have);
   if (s) return s;
   *end_of_epoch = !have;

@@ -178,6 +178,7 @@ void dflash_hidden_writer_free(dflash_hidden_writer *w) {
   for (size_t i = 0; i < w->n_shards; i++) free(w->shards[i]);
   free(w->shards);
   df_strset_free(&w->ids);
+  if (w->spool && w->remote && w->dir) df_stage_rmtree(w->dir); /* the spool's staging */
   free(w->dir);
   free(w->remote);
   dflash_storage_free(w->storage);

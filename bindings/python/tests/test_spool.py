@@ -95,7 +95,7 @@ class Watch:
 
     def local_sizes(self):
         total = 0
-        for name in os.listdir(self.folder) if os.path.isdir(self.folder) else []:
+        for name in os.listdir(self.folder) if os.path.isdir(self.folder or "") else []:
             if ".safetensors" in name:
                 try:
                     total += os.path.getsize(os.path.join(self.folder, name))

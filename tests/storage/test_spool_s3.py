@@ -1,0 +1,107 @@
+"""The hidden-state spool on S3 (moto behind the fault proxy; tests/storage/s3env.py runs this
+file): producer (bindings/python/tests/spool_producer.py) and `dflash train --hidden
+spool:s3://...` as separate processes, with 500/503/reset answers on a fraction of requests and
+SIGKILL of either side, end at the offline run's checkpoint byte for byte, every sample once
+per epoch, and the bucket never holds more shard bytes than the budget plus one shard."""
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import urllib.request
+import json
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CLI = os.environ.get("DFLASH_CLI")
+BUCKET = os.environ.get("DFLASH_TEST_S3_BUCKET")
+if not CLI or not BUCKET:
+    pytest.skip("needs DFLASH_CLI and the s3env.py environment", allow_module_level=True)
+if os.environ.get("DFLASH_WIRE_CLI_ONLY") == "1":
+    pytest.skip("the producer needs the Python bindings (not loadable in sanitizer builds)",
+                allow_module_level=True)
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("numpy")
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python", "tests"))
+import test_spool as ts  # noqa: E402
+import test_train_cli as ttc  # noqa: E402
+
+
+def s3():
+    return boto3.client("s3", endpoint_url=os.environ["DFLASH_TEST_S3_DIRECT"],
+                        region_name=os.environ["AWS_REGION"],
+                        aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+
+
+def faults(**plan):
+    req = urllib.request.Request(os.environ["DFLASH_TEST_S3_FAULTS"],
+                                 data=json.dumps(plan).encode(), method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def listing(prefix):
+    client, out, token = s3(), [], None
+    while True:
+        kw = {"Bucket": BUCKET, "Prefix": prefix}
+        if token:
+            kw["ContinuationToken"] = token
+        r = client.list_objects_v2(**kw)
+        out += [(o["Key"], o["Size"]) for o in r.get("Contents", [])]
+        if not r.get("IsTruncated"):
+            return out
+        token = r["NextContinuationToken"]
+
+
+@pytest.fixture(autouse=True)
+def no_faults(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "cache"))
+    faults()
+    yield
+    faults()
+
+
+def test_spool_s3_kill9_with_faults(tmp_path):
+    ttc.make_world(tmp_path, n_train=24, n_test=4)
+    steps, order = ts.offline(tmp_path)
+    prefix = "spool-run/"
+    url = f"s3://{BUCKET}/{prefix}".rstrip("/")
+    shard_bytes = lambda: sum(size for key, size in listing(prefix)  # noqa: E731
+                              if key.endswith(".safetensors"))
+    watch = ts.Watch(None, shard_bytes)
+    faults(rate=0.05, kinds=["500", "503", "reset"], seed=4, retry_after="0")
+    out, trace = tmp_path / "run", tmp_path / "run.trace"
+    rng = random.Random(5)
+    prod = ts.producer(tmp_path, url, order, 0.01)
+    trainer = ts.train(tmp_path, f"spool:{url}", out, env=ts.trace_env(trace), wait=False)
+    kills = {"producer": 0, "trainer": 0}
+    deadline = time.time() + 240
+    while trainer.poll() is None or trainer.returncode != 0:
+        assert time.time() < deadline, "spool run did not finish"
+        if trainer.poll() is not None:
+            assert trainer.returncode == -signal.SIGKILL, trainer.stderr.read()
+            trainer = ts.train(tmp_path, f"spool:{url}", out, "--resume",
+                               env=ts.trace_env(trace), wait=False)
+        if prod.poll() not in (None, 0):
+            assert prod.returncode == -signal.SIGKILL, prod.stderr.read()
+            prod = ts.producer(tmp_path, url, order, 0.01)
+        time.sleep(rng.uniform(0.1, 0.6))
+        target = rng.choice(["producer", "trainer"])
+        p = prod if target == "producer" else trainer
+        if kills[target] < 3 and p.poll() is None and ts.lines(out / "metrics.jsonl") > 0:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            kills[target] += 1
+    assert prod.wait(timeout=120) == 0, prod.stderr.read()
+    counters = faults()
+    high = watch.close()
+    print("kills:", kills, "faults:", counters.get("injected"), "high water:", high)
+    assert kills["trainer"] >= 1 and kills["producer"] >= 1, kills
+    assert sum(counters.get("injected", {}).values()) > 0
+    ts.check_same_run(tmp_path, out, steps, trace)
+    assert 0 < high <= ts.BUDGET + ts.max_shard(tmp_path), high
+    assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]
