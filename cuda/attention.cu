@@ -394,6 +394,8 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
     __syncthreads();
     store_kv_rows(s, dvb, T, row0, t.cnt, g);
   }
+  // dQ's last product done (already so when the last tile is a block tile, as it always is;
+  // kept so that the order of the tiles may change).
   __syncthreads();
   for (int e = threadIdx.x; e < s.M * d; e += blockDim.x) {
     int rr = e / d, cc = e % d;

@@ -204,11 +204,18 @@ struct SharedSlot {
 struct Exec {
   const KernelRun *k = nullptr;
   Order ord = Order::RANDOM;
+  // Drawn per block under RANDOM: prefer the lanes of the warp that ran last, so one warp
+  // can run far ahead of the others (through many warp ops) while another thread has not
+  // yet finished the segment before a barrier - the race a missing barrier between a plain
+  // loop and warp-level work (WMMA) opens, which picking every thread uniformly rarely shows.
+  bool sticky = false;
+  unsigned last_warp = 0;
   unsigned nthreads = 0, alive = 0, at_barrier = 0;
   uint3 block{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   std::vector<unsigned> runnable;
+  std::vector<unsigned> pos; // pos[tid]: its index in runnable while it is there
   Thread *cur = nullptr;
   Rng rng{0};
   char *dyn = nullptr;
@@ -319,6 +326,7 @@ void block_fatal(Exec *e, const char *fmt, ...) {
 
 void make_runnable(Exec *e, Thread *t) {
   t->state = RUNNABLE;
+  e->pos[t->tid] = (unsigned)e->runnable.size();
   e->runnable.push_back(t->tid);
 }
 
@@ -345,14 +353,25 @@ int pick(Exec *e) {
     e->at_barrier = 0;
   }
   size_t i = 0, n = e->runnable.size();
-  if (e->ord == Order::RANDOM) {
+  if (e->ord == Order::RANDOM && e->sticky) {
+    unsigned lanes[32], same = 0; // the runnable lanes of last_warp (waiting, or unstarted)
+    for (unsigned l = 0; l < 32; l++) {
+      unsigned tid = e->last_warp * 32 + l;
+      if (tid < e->nthreads &&
+          (e->threads[tid].state == RUNNABLE || e->threads[tid].state == UNSTARTED))
+        lanes[same++] = tid;
+    }
+    i = same ? e->pos[lanes[e->rng.below(same)]] : e->rng.below(n);
+  } else if (e->ord == Order::RANDOM) {
     i = e->rng.below(n);
   } else { // lowest (forward) or highest (reverse) thread first
     for (size_t j = 1; j < n; j++)
       if ((e->runnable[j] < e->runnable[i]) == (e->ord == Order::FORWARD)) i = j;
   }
   unsigned t = e->runnable[i];
+  e->last_warp = t / 32;
   e->runnable[i] = e->runnable[n - 1];
+  e->pos[e->runnable[i]] = (unsigned)i;
   e->runnable.pop_back();
   return (int)t;
 }
@@ -479,6 +498,7 @@ void run_block(Exec *e) {
   t_coords.block = e->block;
   poison_shared(e);
   e->runnable.resize(n);
+  e->pos.resize(n);
   for (unsigned t = 0; t < n; t++) {
     Thread &th = e->threads[t];
     th.tid = t;
@@ -486,6 +506,7 @@ void run_block(Exec *e) {
     th.state = UNSTARTED;
     th.host = nullptr;
     e->runnable[t] = t;
+    e->pos[t] = t;
   }
   for (unsigned w = 0; w * 32 < n; w++) {
     Warp &wp = e->warps[w];
@@ -497,6 +518,7 @@ void run_block(Exec *e) {
   e->alive = n;
   e->at_barrier = 0;
   e->cur = nullptr;
+  e->sticky = e->ord == Order::RANDOM && e->rng.below(4) == 0; // a quarter of the blocks: it costs switches
   switch_to(get_runner()); // returns when the block is done
 }
 
