@@ -176,7 +176,8 @@ DFLASH_API void dflash_trainer_free(dflash_trainer *t);
 /* Trainable tensors, in buffer order, by checkpoint name ("fc.weight"...). */
 DFLASH_API size_t dflash_trainer_param_count(const dflash_trainer *t);
 /* Name (borrowed), rank (1 or 2), shape (2 entries; [n, 1] for vectors) and
- * element count of tensor `index`. */
+ * element count of tensor `index`. DFlash 2's base kernels, [2, k, H] in the
+ * checkpoint, are reported as rank 2, [2, k * H] (the same row-major data). */
 DFLASH_API dflash_status dflash_trainer_param_info(const dflash_trainer *t, size_t index,
                                                    const char **name, int32_t *ndim,
                                                    int64_t shape[2], size_t *numel);
@@ -469,6 +470,25 @@ typedef struct dflash_drafter_config_ext {
    * the rest pass through unrotated); in (0, 1], 1 by default. The CPU
    * backend implements it, the CUDA backend refuses a value below 1. */
   double partial_rotary_factor;
+  /* DFlash 2 (architectures ["DFlash2DraftModel"], z-lab's dflash 0.1.0):
+   * nonzero `dflash2` adds a grouped dynamic causal convolution around every
+   * attention and MLP sublayer and a candidate selector; the four sizes are
+   * dflash_config's (or the top level's) conv_kernel_size k >= 1,
+   * conv_group_size g (channels per group, hidden_size % g == 0),
+   * selector_top_k (1..vocab_size) and selector_rank r >= 1. 0 everywhere
+   * (the default) is DFlash 1. Parameters per layer:
+   * layers.N.{attention,mlp}_conv.base_kernel [2, k, H] and
+   * .kernel_projection.weight [2 k H / g, H]; candidate_selector.
+   * {predecessor,successor}_codebook [V, r] and .hidden_projection.weight
+   * [r, H]. A fresh drafter is initialised to compute exactly DFlash 1. The
+   * CPU backend runs the forward (dflash_trainer_logits, prediction); the
+   * backward is not implemented yet (training refuses: DFLASH_E_UNSUPPORTED),
+   * and the CUDA backend refuses DFlash 2 configs. */
+  int32_t dflash2;
+  int32_t conv_kernel_size;
+  int32_t conv_group_size;
+  int32_t selector_top_k;
+  int32_t selector_rank;
 } dflash_drafter_config_ext;
 
 DFLASH_API void dflash_drafter_config_ext_default(dflash_drafter_config_ext *ext);

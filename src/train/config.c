@@ -67,6 +67,35 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
     return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor %g rotates int(%d * %g) = %d "
                     "dims of each head; that must be even and at least 2", what, f,
                     cfg->head_dim, f, rot);
+  return df_dflash2_validate(cfg, ext, what);
+}
+
+dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
+                                  const dflash_drafter_config_ext *e, const char *what) {
+  if (e->dflash2 != 0 && e->dflash2 != 1)
+    return df_error(DFLASH_E_CONFIG, "%s: dflash2 must be 0 or 1 (got %d)", what, e->dflash2);
+  if (!e->dflash2) {
+    /* Sizes without the architecture would be dropped silently. */
+    if (e->conv_kernel_size || e->conv_group_size || e->selector_top_k || e->selector_rank)
+      return df_error(DFLASH_E_CONFIG, "%s: DFlash 2 sizes (conv_kernel_size %d, "
+                      "conv_group_size %d, selector_top_k %d, selector_rank %d) are set but "
+                      "dflash2 is 0", what, e->conv_kernel_size, e->conv_group_size,
+                      e->selector_top_k, e->selector_rank);
+    return DFLASH_OK;
+  }
+  /* The bounds keep 2 k H / g and V r inside int32 for the tensor table. */
+  if (e->conv_kernel_size < 1 || e->conv_kernel_size > 64)
+    return df_error(DFLASH_E_CONFIG, "%s: conv_kernel_size must be in 1..64 (got %d)", what,
+                    e->conv_kernel_size);
+  if (e->conv_group_size < 1 || cfg->hidden_size % e->conv_group_size)
+    return df_error(DFLASH_E_CONFIG, "%s: conv_group_size %d must be >= 1 and divide "
+                    "hidden_size %d", what, e->conv_group_size, cfg->hidden_size);
+  if (e->selector_top_k < 1 || e->selector_top_k > cfg->vocab_size)
+    return df_error(DFLASH_E_CONFIG, "%s: selector_top_k must be in 1..vocab_size=%d (got %d)",
+                    what, cfg->vocab_size, e->selector_top_k);
+  if (e->selector_rank < 1 || e->selector_rank > 65536)
+    return df_error(DFLASH_E_CONFIG, "%s: selector_rank must be in 1..65536 (got %d)", what,
+                    e->selector_rank);
   return DFLASH_OK;
 }
 
@@ -387,7 +416,7 @@ static dflash_status refuse_key(const parser *p, const char *where, const char *
 
 /* The reference model reads these from dflash_config, then the top level. */
 static dflash_status check_unimplemented(const parser *p, json_t *obj, const char *where,
-                                         const dflash_drafter_config *c) {
+                                         const dflash_drafter_config *c, bool dflash2) {
   if (!obj || !json_is_object(obj)) return DFLASH_OK;
   static const struct { const char *key; double neutral; const char *why; } scales[] = {
       {"input_embedding_scale", 1.0, "the block embedding is used unscaled; allowed: 1 or null"},
@@ -420,24 +449,50 @@ static dflash_status check_unimplemented(const parser *p, json_t *obj, const cha
   const char *key;
   json_t *val;
   json_object_foreach(obj, key, val) {
-    if ((!strncmp(key, "conv_", 5) || !strncmp(key, "selector_", 9)) && !json_is_off(val))
+    if (!dflash2 && (!strncmp(key, "conv_", 5) || !strncmp(key, "selector_", 9)) &&
+        !json_is_off(val))
       return refuse_key(p, where, key, val,
-                        "DFlash 2's convolutions and candidate selector; allowed: null, false "
+                        "DFlash 2's convolutions and candidate selector need \"architectures\": "
+                        "[\"DFlash2DraftModel\"]; with DFlashDraftModel allowed: null, false "
                         "or 0");
   }
   return DFLASH_OK;
 }
 
-static dflash_status check_architectures(const parser *p, json_t *root) {
+static dflash_status check_architectures(const parser *p, json_t *root, bool *dflash2) {
   json_t *a = json_object_get(root, "architectures");
+  *dflash2 = false;
   if (!a || json_is_null(a)) return DFLASH_OK;
-  if (json_is_array(a) && json_array_size(a) == 1 &&
-      json_is_string(json_array_get(a, 0)) &&
-      !strcmp(json_string_value(json_array_get(a, 0)), "DFlashDraftModel"))
+  const char *name = json_is_array(a) && json_array_size(a) == 1
+                         ? json_string_value(json_array_get(a, 0)) : NULL;
+  if (name && !strcmp(name, "DFlashDraftModel")) return DFLASH_OK;
+  if (name && !strcmp(name, "DFlash2DraftModel")) {
+    *dflash2 = true;
     return DFLASH_OK;
+  }
   return refuse_key(p, "", "architectures", a,
-                    "only [\"DFlashDraftModel\"] is; a DFlash2DraftModel's convolutions and "
-                    "candidate selector would be dropped");
+                    "only [\"DFlashDraftModel\"] and [\"DFlash2DraftModel\"] are");
+}
+
+/* DFlash 2's sizes, as z-lab's _draft_value reads them: dflash_config first,
+ * then the top level; the reference has no defaults, so each is required. */
+static dflash_status parse_dflash2(const parser *p, json_t *root, dflash_drafter_config_ext *e) {
+  json_t *dc = json_object_get(root, "dflash_config");
+  struct { const char *key; int32_t *out; } keys[] = {
+      {"conv_kernel_size", &e->conv_kernel_size}, {"conv_group_size", &e->conv_group_size},
+      {"selector_top_k", &e->selector_top_k},     {"selector_rank", &e->selector_rank},
+  };
+  for (size_t i = 0; i < DF_ARRAY_LEN(keys); i++) {
+    json_t *v = dc && json_is_object(dc) ? json_object_get(dc, keys[i].key) : NULL;
+    json_t *owner = v && !json_is_null(v) ? dc : root;
+    dflash_status st = get_int(p, owner, keys[i].key, keys[i].out, false);
+    if (st) return st;
+    if (!json_object_get(owner, keys[i].key) || json_is_null(json_object_get(owner, keys[i].key)))
+      return df_error(DFLASH_E_CONFIG, "%s: a DFlash2DraftModel needs \"%s\" (in dflash_config "
+                      "or at the top level)", p->what, keys[i].key);
+  }
+  e->dflash2 = 1;
+  return DFLASH_OK;
 }
 
 /* partial_rotary_factor: top level (transformers 4) or inside rope_parameters /
@@ -466,12 +521,25 @@ static dflash_status parse_partial_rotary(const parser *p, json_t *root, double 
   return DFLASH_OK;
 }
 
+/* The caller's ext (its struct_size; 0 without one) must hold DFlash 2's fields. */
+static dflash_status need_ext_for_dflash2(const parser *p, size_t ext_size) {
+  size_t need = offsetof(dflash_drafter_config_ext, selector_rank) + sizeof(int32_t);
+  if (ext_size >= need) return DFLASH_OK;
+  return df_error(DFLASH_E_UNSUPPORTED, "%s: \"architectures\" = [\"DFlash2DraftModel\"] does "
+                  "not fit in dflash_drafter_config%s: read this config with "
+                  "dflash_drafter_config_parse_ext / _load_ext and a current "
+                  "dflash_drafter_config_ext", p->what,
+                  ext_size ? "_ext of this struct_size" : "");
+}
+
 static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c,
-                                dflash_drafter_config_ext *ext, bool take_ext) {
+                                dflash_drafter_config_ext *ext, size_t ext_size) {
+  bool take_ext = ext_size > 0, dflash2;
   if (!json_is_object(root))
     return df_error(DFLASH_E_CONFIG, "%s: config must be a JSON object", p->what);
   dflash_status st;
-  if ((st = check_architectures(p, root))) return st;
+  if ((st = check_architectures(p, root, &dflash2))) return st;
+  if (dflash2 && (st = need_ext_for_dflash2(p, ext_size))) return st;
   if ((st = get_int(p, root, "hidden_size", &c->hidden_size, true)) ||
       (st = get_int(p, root, "intermediate_size", &c->intermediate_size, true)) ||
       (st = get_int(p, root, "num_hidden_layers", &c->num_hidden_layers, true)) ||
@@ -496,9 +564,12 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
       (st = parse_dflash(p, root, c)))
     return st;
   json_t *dc = json_object_get(root, "dflash_config");
-  if ((st = check_unimplemented(p, root, "", c)) ||
-      (st = check_unimplemented(p, dc, "dflash_config.", c)))
+  if ((st = check_unimplemented(p, root, "", c, dflash2)) ||
+      (st = check_unimplemented(p, dc, "dflash_config.", c, dflash2)))
     return st;
+  ext->dflash2 = ext->conv_kernel_size = ext->conv_group_size = 0;
+  ext->selector_top_k = ext->selector_rank = 0;
+  if (dflash2 && (st = parse_dflash2(p, root, ext))) return st;
   if ((st = dflash_drafter_config_validate(c))) return st;
   double prf = 1.0;
   if ((st = parse_partial_rotary(p, root, &prf))) return st;
@@ -521,7 +592,7 @@ static dflash_status parse_any(const char *json, size_t len, const char *what,
   if ((st = df_json_parse(json, len, p.what, &root))) return st;
   dflash_drafter_config c;
   dflash_drafter_config_default(&c);
-  st = parse_root(&p, root, &c, &ext, ext_out != NULL);
+  st = parse_root(&p, root, &c, &ext, ext_out ? ext_out->struct_size : 0);
   json_decref(root);
   if (st == DFLASH_OK) {
     *out = c;
@@ -595,7 +666,8 @@ static json_t *rope_json(const dflash_drafter_config *c) {
 static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e) {
   json_t *o = json_object();
   json_t *arch = json_array();
-  json_array_append_new(arch, json_string("DFlashDraftModel"));
+  json_array_append_new(arch,
+                        json_string(e->dflash2 ? "DFlash2DraftModel" : "DFlashDraftModel"));
   json_object_set_new(o, "architectures", arch);
   json_object_set_new(o, "model_type", json_string("qwen3"));
   json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
@@ -622,6 +694,12 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   json_object_set_new(dc, "target_layer_ids", int_array(c->target_layer_ids,
                                                         c->n_target_layer_ids));
   json_object_set_new(dc, "block_size", json_integer(c->block_size));
+  if (e->dflash2) {
+    json_object_set_new(dc, "conv_kernel_size", json_integer(e->conv_kernel_size));
+    json_object_set_new(dc, "conv_group_size", json_integer(e->conv_group_size));
+    json_object_set_new(dc, "selector_top_k", json_integer(e->selector_top_k));
+    json_object_set_new(dc, "selector_rank", json_integer(e->selector_rank));
+  }
   json_object_set_new(o, "dflash_config", dc);
   json_t *lt = json_array();
   bool sliding = false;

@@ -119,6 +119,9 @@ dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
 /* partial_rotary_factor in (0, 1] giving an even rotated width >= 2. */
 dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
                                      const dflash_drafter_config_ext *ext, const char *what);
+/* DFlash 2's fields of `ext` (the sizes, or all zero for DFlash 1). */
+dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
+                                  const dflash_drafter_config_ext *ext, const char *what);
 /* int(head_dim * partial_rotary_factor). */
 int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext);
 /* YaRN: factor == max_position_embeddings / original_max_position_embeddings. */

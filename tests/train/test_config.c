@@ -1,5 +1,6 @@
 #include <dflash/train.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -196,14 +197,17 @@ START_TEST(yarn_factor_must_match_ratio) {
 }
 END_TEST
 
-/* A DFlash 2 checkpoint parsed as DFlash 1 lost its extra weights silently. */
+/* A DFlash 2 checkpoint parsed as DFlash 1 lost its extra weights silently:
+ * dflash_drafter_config has no field for them, so only the _ext parsers
+ * take one. */
 START_TEST(architectures_must_be_dflash) {
   dflash_drafter_config c;
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\"], " CFG_TAIL "}", &c));
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": null, " CFG_TAIL "}", &c));
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], " CFG_TAIL "}", &c),
                    DFLASH_E_UNSUPPORTED,
-                   "t.json: \"architectures\" = [\"DFlash2DraftModel\"] is not implemented");
+                   "t.json: \"architectures\" = [\"DFlash2DraftModel\"] does not fit in "
+                   "dflash_drafter_config: read this config with dflash_drafter_config_parse_ext");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"Qwen3ForCausalLM\"], " CFG_TAIL "}", &c),
                    DFLASH_E_UNSUPPORTED, "\"architectures\" = [\"Qwen3ForCausalLM\"]");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\", \"X\"], " CFG_TAIL
@@ -346,6 +350,101 @@ START_TEST(partial_rotary_factor_in_ext) {
 }
 END_TEST
 
+#define DF2_HEAD CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], \"block_size\": 4, "
+#define DF2_KEYS "\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, " \
+                 "\"selector_rank\": 32"
+
+static dflash_status parse2(const char *text, dflash_drafter_config *c,
+                            dflash_drafter_config_ext *e) {
+  dflash_drafter_config_ext_default(e);
+  return dflash_drafter_config_parse_ext(text, strlen(text), "t.json", c, e);
+}
+
+/* DFlash2DraftModel: the four sizes, from dflash_config or the top level
+ * (z-lab's _draft_value: dflash_config first), written back and re-read. */
+START_TEST(dflash2_config_parsed_and_written) {
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  ck_assert_ok(parse2(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c,
+                      &e));
+  ck_assert_int_eq(e.dflash2, 1);
+  ck_assert_int_eq(e.conv_kernel_size, 2);
+  ck_assert_int_eq(e.conv_group_size, 16);
+  ck_assert_int_eq(e.selector_top_k, 8);
+  ck_assert_int_eq(e.selector_rank, 32);
+  /* Top level, with dflash_config taking precedence where both are given. */
+  ck_assert_ok(parse2(DF2_HEAD DF2_KEYS ", \"dflash_config\": {\"mask_token_id\": 1, "
+                      "\"conv_kernel_size\": 3}}", &c, &e));
+  ck_assert_int_eq(e.conv_kernel_size, 3);
+  ck_assert_int_eq(e.selector_rank, 32);
+  char buf[4096];
+  size_t len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, &len));
+  ck_assert_ptr_nonnull(strstr(buf, "\"DFlash2DraftModel\""));
+  ck_assert_ptr_nonnull(strstr(buf, "\"conv_kernel_size\": 3"));
+  ck_assert_ptr_nonnull(strstr(buf, "\"selector_top_k\": 8"));
+  dflash_drafter_config c2;
+  dflash_drafter_config_ext e2;
+  ck_assert_ok(parse2(buf, &c2, &e2));
+  ck_assert_mem_eq(&c2, &c, sizeof c);
+  ck_assert_mem_eq(&e2, &e, sizeof e);
+  /* A DFlash 1 ext writes DFlashDraftModel and no DFlash 2 key. */
+  dflash_drafter_config_ext_default(&e2);
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e2, buf, &len));
+  ck_assert_ptr_nonnull(strstr(buf, "\"DFlashDraftModel\""));
+  ck_assert_ptr_null(strstr(buf, "conv_"));
+  /* An ext of the first version (no DFlash 2 fields) cannot hold it. */
+  dflash_drafter_config_ext old = {.struct_size = offsetof(dflash_drafter_config_ext, dflash2),
+                                   .partial_rotary_factor = 1.0};
+  const char *t = DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}";
+  ck_assert_status(dflash_drafter_config_parse_ext(t, strlen(t), "t.json", &c, &old),
+                   DFLASH_E_UNSUPPORTED, "dflash_drafter_config_ext of this struct_size");
+}
+END_TEST
+
+/* Missing and invalid sizes name the key and the file. */
+START_TEST(dflash2_bad_sizes_refused) {
+  static const struct { const char *keys, *want; } bad[] = {
+      {"\"conv_group_size\": 16, \"selector_top_k\": 8, \"selector_rank\": 32",
+       "t.json: a DFlash2DraftModel needs \"conv_kernel_size\""},
+      {"\"conv_kernel_size\": 2, \"selector_top_k\": 8, \"selector_rank\": 32",
+       "t.json: a DFlash2DraftModel needs \"conv_group_size\""},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_rank\": 32",
+       "needs \"selector_top_k\""},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8",
+       "needs \"selector_rank\""},
+      {"\"conv_kernel_size\": 0, \"conv_group_size\": 16, \"selector_top_k\": 8, "
+       "\"selector_rank\": 32", "t.json: conv_kernel_size must be in 1..64 (got 0)"},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 12, \"selector_top_k\": 8, "
+       "\"selector_rank\": 32", "t.json: conv_group_size 12 must be >= 1 and divide hidden_size 64"},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 0, \"selector_top_k\": 8, "
+       "\"selector_rank\": 32", "conv_group_size 0 must be >= 1"},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 1001, "
+       "\"selector_rank\": 32", "t.json: selector_top_k must be in 1..vocab_size=1000 (got 1001)"},
+      {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, "
+       "\"selector_rank\": -1", "t.json: selector_rank must be in 1..65536 (got -1)"},
+      {"\"conv_kernel_size\": 2.5, \"conv_group_size\": 16, \"selector_top_k\": 8, "
+       "\"selector_rank\": 32", "t.json: \"conv_kernel_size\" must be a 32-bit integer"},
+  };
+  char text[1024];
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(text, sizeof text, DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, %s}}",
+             bad[i].keys);
+    ck_assert_status(parse2(text, &c, &e), DFLASH_E_CONFIG, bad[i].want);
+  }
+  /* Sizes in an ext without dflash2 would be dropped: the writer refuses. */
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
+  dflash_drafter_config_ext_default(&e);
+  e.selector_rank = 8;
+  size_t len = 0;
+  ck_assert_status(dflash_drafter_config_to_json_ext(&c, &e, NULL, &len), DFLASH_E_CONFIG,
+                   "dflash2 is 0");
+}
+END_TEST
+
 TCase *tc_config(void) {
   TCase *tc = tcase_create("config");
   tcase_add_test(tc, block_size_placements);
@@ -360,5 +459,7 @@ TCase *tc_config(void) {
   tcase_add_test(tc, head_dim_defaults_as_qwen3config);
   tcase_add_test(tc, sliding_layers_need_use_sliding_window);
   tcase_add_test(tc, partial_rotary_factor_in_ext);
+  tcase_add_test(tc, dflash2_config_parsed_and_written);
+  tcase_add_test(tc, dflash2_bad_sizes_refused);
   return tc;
 }

@@ -593,8 +593,11 @@ Trainer.eval_walk = eval_walk
 
 class DrafterConfigExt(ctypes.Structure):
     """Mirror of `dflash_drafter_config_ext`: config.json keys DrafterConfig has no
-    field for (partial_rotary_factor)."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("partial_rotary_factor", ctypes.c_double)]
+    field for (partial_rotary_factor; DFlash 2's flag and sizes)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("partial_rotary_factor", ctypes.c_double),
+                ("dflash2", ctypes.c_int32), ("conv_kernel_size", ctypes.c_int32),
+                ("conv_group_size", ctypes.c_int32), ("selector_top_k", ctypes.c_int32),
+                ("selector_rank", ctypes.c_int32)]
 
 
 _ext_default = bind("dflash_drafter_config_ext_default", [ctypes.POINTER(DrafterConfigExt)], None)
