@@ -351,6 +351,9 @@ int pick(Exec *e) {
     for (auto &t : e->threads)
       if (t.state == AT_BARRIER) make_runnable(e, &t);
     e->at_barrier = 0;
+    // Which warp runs ahead after a barrier is drawn, not the last one to arrive (that
+    // would always let the warp that finished first before the barrier go last after it).
+    e->last_warp = e->rng.below(e->warps.size());
   }
   size_t i = 0, n = e->runnable.size();
   if (e->ord == Order::RANDOM && e->sticky) {
@@ -518,7 +521,8 @@ void run_block(Exec *e) {
   e->alive = n;
   e->at_barrier = 0;
   e->cur = nullptr;
-  e->sticky = e->ord == Order::RANDOM && e->rng.below(4) == 0; // a quarter of the blocks: it costs switches
+  e->sticky = e->ord == Order::RANDOM && e->rng.below(4) == 0; // a quarter: it costs switches
+  e->last_warp = e->rng.below(e->warps.size());
   switch_to(get_runner()); // returns when the block is done
 }
 
