@@ -9,11 +9,13 @@
 //            grp = nh / nkv query heads sharing g, M = B * grp rows (row r = j * grp + hh:
 //            consecutive in memory), padded to Mp = 16 * ceil(M / 16) <= 128.
 //   N tile   keys per step: 64, or 32 / 16 when 64 does not fit the shared memory (see
-//            smem_bytes); context keys and the block's own keys are separate tiles.
+//            smem_layout); context keys and the block's own keys are separate tiles.
 //   K        head_dim d (QK^T, dO V^T; a multiple of 8, zero-padded to dp = 16 * ceil(d / 16)
 //            in shared memory) or the N keys (PV, dS K); WMMA 16x16x16 fragments.
-//   warps    W = 8 when Mp > 64, else 4 (128 or 256 threads); a warp takes 16x16 output
-//            tiles round robin; the softmax and dS work is tpr threads per row.
+//   warps    W = 8 when Mp >= 64, else 4 (256 or 128 threads; from Mp 64 a backward CTA's
+//            shared memory leaves room for one CTA per SM, so it brings 8 warps itself); a
+//            warp takes 16x16 output tiles round robin; the softmax and dS work is tpr
+//            threads per row.
 //   shared   bf16 rows of dp are padded to ldh = dp + 8, fp32 rows of N to ldn = N + 4, bf16
 //            rows of N to ldp = N + 8, fp32 rows of dp to ldo = dp + 4 (16 bytes: consecutive
 //            rows start 4 banks apart, so the 8 rows of a fragment load hit distinct banks);
@@ -486,7 +488,7 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
     if (k == kind) n_kind = N;
   }
   *out = Shape{a->B, a->Sc, a->nh, a->nkv, a->d, a->window, a->anchors, a->scale,
-               grp, M, Mp, n_kind, Mp > 64 ? 8 : 4, dp};
+               grp, M, Mp, n_kind, Mp >= 64 ? 8 : 4, dp};
   return DFLASH_OK;
 }
 
