@@ -28,6 +28,12 @@ typedef struct df_cu_config {
    * fp32 masters and moments are allocated as this rank's ZeRO-1 shard from
    * the start, and df_cu_nccl_init must be called with the same pair. */
   int rank, world;
+  /* Gradient bucket size in elements (0: DF_CU_BUCKET_ELEMS, the most allowed); tests use
+   * small ones so that a small model has several. */
+  size_t bucket_elems;
+  /* Nonzero: with several ranks, reduce-scatter after the backward instead of overlapping
+   * it (DFLASH_CUDA_OVERLAP=0; the same results to the bit). */
+  int no_overlap;
 } df_cu_config;
 
 /* Gradient buckets (NCCL calls) and the staging buffer: 64 Mi elements. */

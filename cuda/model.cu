@@ -32,6 +32,11 @@ struct df_cu_model {
   df_cu_config c;
   std::vector<size_t> offsets;
   cudaStream_t st = nullptr;
+  // The gradient reduce-scatters overlapped with the backward (several ranks): issued on
+  // comm_st bucket by bucket, each behind ev_ready recorded on st after the bucket's last dW;
+  // st waits for ev_comm (after the last one) before the optimizer.
+  cudaStream_t comm_st = nullptr;
+  cudaEvent_t ev_ready = nullptr, ev_comm = nullptr;
   cublasHandle_t blas = nullptr;
   bf16 *w16 = nullptr, *embed = nullptr, *head = nullptr;
   float *grads = nullptr, *master = nullptr, *m1 = nullptr, *m2 = nullptr, *tmp = nullptr;
@@ -40,6 +45,13 @@ struct df_cu_model {
   int32_t *iota = nullptr, *best_i = nullptr;
   int n_pos = 0, rank = 0, world = 1;
   df_bucket_layout buckets{};
+  // from[i]: the lowest flat offset of tensors i.. (table order): once the backward has
+  // finished tensor i and every later one, the gradients at and above from[i] are final.
+  std::vector<size_t> from;
+  // Several ranks overlap the reduce-scatter with the backward: the backward of the last
+  // sequence before a step is deferred (pending_bwd) to df_cu_step, which knows it is the
+  // last; any other call runs it first (the arena still holds that sequence).
+  bool overlap = false, pending_bwd = false;
   char *arena = nullptr;
   size_t arena_bytes = 0, live = 0, peak = 0;
   df_act_layout lay{};
@@ -78,12 +90,12 @@ dflash_status dalloc(df_cu_model *m, T **p, size_t count, const char *what) {
 // kernels spinning for ever, so give up after the collective timeout (or on
 // NCCL's own asynchronous error): abort the communicator and fail, naming
 // `what`; the model refuses collectives from then on.
-dflash_status wait_stream(df_cu_model *m, const char *what) {
+dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what) {
 #ifdef DFLASH_HAVE_NCCL
   if (m->comm) {
     auto start = std::chrono::steady_clock::now();
     for (;;) {
-      cudaError_t e = cudaStreamQuery(m->st);
+      cudaError_t e = cudaStreamQuery(s);
       if (e == cudaSuccess) return DFLASH_OK;
       if (e != cudaErrorNotReady)
         return df_error(DFLASH_E_CUDA, "rank %d: %s: %s", m->rank, what, cudaGetErrorString(e));
@@ -108,9 +120,10 @@ dflash_status wait_stream(df_cu_model *m, const char *what) {
   if (m->comm_failed)
     return df_error(DFLASH_E_STATE, "rank %d: %s: NCCL was aborted after an earlier failure",
                     m->rank, what);
-  DF_CU(cudaStreamSynchronize(m->st));
+  DF_CU(cudaStreamSynchronize(s));
   return DFLASH_OK;
 }
+dflash_status wait_stream(df_cu_model *m, const char *what) { return wait_on(m, m->st, what); }
 
 // Collectives need the communicator that an earlier failure may have aborted.
 dflash_status comm_usable(const df_cu_model *m) {
@@ -118,6 +131,18 @@ dflash_status comm_usable(const df_cu_model *m) {
   return df_error(DFLASH_E_STATE, "rank %d: NCCL was aborted after an earlier failure; the run "
                   "cannot continue", m->rank);
 }
+
+// The reduce-scatter overlaps the backward: several ranks joined over NCCL (and not turned
+// off, df_cu_config.no_overlap).
+bool joined(const df_cu_model *m) {
+#ifdef DFLASH_HAVE_NCCL
+  return m->comm != nullptr;
+#else
+  (void)m;
+  return false;
+#endif
+}
+bool overlapping(const df_cu_model *m) { return m->overlap && joined(m); }
 
 // The current device is per host thread: every entry point makes the model's device current,
 // since a caller may use the trainer from another thread than the one that created it (whose
@@ -389,7 +414,52 @@ dflash_status layer_backward(df_cu_model *m, int l) {
 }
 #undef LA
 
-dflash_status model_backward(df_cu_model *m) {
+void slice(const df_cu_model *m, size_t b, size_t *off, size_t *len);
+
+// Reduce-scatter bucket b in place on stream s: this rank's slice gets the sum.
+dflash_status reduce_scatter(df_cu_model *m, size_t b, cudaStream_t s) {
+#ifdef DFLASH_HAVE_NCCL
+  size_t off, len;
+  slice(m, b, &off, &len);
+  const df_bucket *k = &m->buckets.buckets[b];
+  ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat,
+                                     ncclSum, m->comm, s);
+  if (r != ncclSuccess)
+    return df_error(DFLASH_E_CUDA, "NCCL reduce-scatter of bucket %zu: %s", b,
+                    ncclGetErrorString(r));
+#else
+  (void)m, (void)b, (void)s;
+#endif
+  return DFLASH_OK;
+}
+
+// The reduce-scatters a backward issues as it goes (NULL: none): the next bucket (buckets
+// are numbered from the end of the buffer, the order the backward finishes them) and the
+// factor a bucket's gradients get before the reduction (df_cu_adam.grad_factor).
+struct rs_issuer {
+  size_t next;
+  bool scale;
+  float factor;
+};
+
+// Every bucket whose gradients are all final (at or above flat offset `done`) to the
+// communication stream, behind one event recorded on the compute stream now, i.e. after
+// the dW GEMMs that wrote them; the compute stream meanwhile runs on.
+dflash_status issue_ready(df_cu_model *m, rs_issuer *rs, size_t done) {
+  if (!rs || rs->next >= m->buckets.n_buckets || m->buckets.buckets[rs->next].offset < done)
+    return DFLASH_OK;
+  DF_CU(cudaEventRecord(m->ev_ready, m->st));
+  DF_CU(cudaStreamWaitEvent(m->comm_st, m->ev_ready, 0));
+  for (; rs->next < m->buckets.n_buckets && m->buckets.buckets[rs->next].offset >= done;
+       rs->next++) {
+    const df_bucket *k = &m->buckets.buckets[rs->next];
+    if (rs->scale) DF_TRY(k_scale(m->comm_st, m->grads + k->offset, rs->factor, k->count));
+    DF_TRY(reduce_scatter(m, rs->next, m->comm_st));
+  }
+  return DFLASH_OK;
+}
+
+dflash_status model_backward(df_cu_model *m, rs_issuer *rs) {
   const df_cu_config &c = m->c;
   int T = m->T, H = c.H;
   bf16 *dh = act<bf16>(m, DF_ACT_DH);
@@ -403,12 +473,25 @@ dflash_status model_backward(df_cu_model *m) {
   DF_TRY(k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch));
   DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H,
                        false));
+  DF_TRY(issue_ready(m, rs, m->from[norm_i]));
   DF_CU(cudaMemsetAsync(act<float>(m, DF_ACT_DCTX), 0, 4 * (size_t)m->Sc * H, m->st));
-  for (int l = c.L - 1; l >= 0; l--) DF_TRY(layer_backward(m, l));
+  for (int l = c.L - 1; l >= 0; l--) {
+    DF_TRY(layer_backward(m, l));
+    DF_TRY(issue_ready(m, rs, m->from[lw(l, 0)]));
+  }
   bf16 *dctx_tmp = act<bf16>(m, DF_ACT_DCTX_TMP);
   DF_TRY(norm_backward(m, dctx_tmp, act<float>(m, DF_ACT_DCTX), act<bf16>(m, DF_ACT_CTX_PRE),
                        P_HIDDEN_NORM, act<float>(m, DF_ACT_CTX_RSTD), m->Sc, H, false));
-  return linear_dw(m, g_of(m, P_FC), dctx_tmp, act<bf16>(m, DF_ACT_HIDDEN), m->Sc, H, c.KH);
+  DF_TRY(linear_dw(m, g_of(m, P_FC), dctx_tmp, act<bf16>(m, DF_ACT_HIDDEN), m->Sc, H, c.KH));
+  return issue_ready(m, rs, 0);
+}
+
+// The deferred backward of the last sequence, when something other than the step comes
+// next: in stream order, as if it had run at its accumulate.
+dflash_status flush_backward(df_cu_model *m) {
+  if (!m->pending_bwd) return DFLASH_OK;
+  m->pending_bwd = false;
+  return model_backward(m, nullptr);
 }
 
 // Upload `n` floats from the host as bf16 through the staging buffer.
@@ -481,9 +564,12 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
       TRY(k_attention_check(&shape));
     }
     if (cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&m->comm_st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_ready, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_comm, cudaEventDisableTiming) != cudaSuccess ||
         cublasCreate(&m->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(m->blas, m->st) != CUBLAS_STATUS_SUCCESS) {
-      st = df_error(DFLASH_E_CUDA, "CUDA: cannot create a stream and a cuBLAS handle");
+      st = df_error(DFLASH_E_CUDA, "CUDA: cannot create the streams, events and cuBLAS handle");
       goto fail;
     }
     // Created as this rank's ZeRO-1 shard: no full fp32 masters and moments, on the device
@@ -494,7 +580,17 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
       st = df_error(DFLASH_E_INVALID_ARG, "CUDA: rank %d of %d", c->rank, m->world);
       goto fail;
     }
-    TRY(df_bucket_layout_init(&m->buckets, c->n_params, m->world, kBucketElems));
+    if (c->bucket_elems > kBucketElems) {
+      st = df_error(DFLASH_E_INVALID_ARG, "CUDA: gradient buckets of %zu elements (at most %zu)",
+                    c->bucket_elems, kBucketElems);
+      goto fail;
+    }
+    TRY(df_bucket_layout_init(&m->buckets, c->n_params, m->world,
+                              c->bucket_elems ? c->bucket_elems : kBucketElems));
+    m->overlap = m->world > 1 && !c->no_overlap;
+    m->from.assign(m->offsets.size() + 1, c->n_params);
+    for (size_t i = m->offsets.size(); i-- > 0;)
+      m->from[i] = m->offsets[i] < m->from[i + 1] ? m->offsets[i] : m->from[i + 1];
     size_t np = m->buckets.n_padded, vh = (size_t)c->V * c->H;
     TRY(dalloc(m, &m->w16, np, "bf16 weights"));
     TRY(dalloc(m, &m->grads, np, "fp32 gradients"));
@@ -538,6 +634,7 @@ extern "C" void df_cu_free(df_cu_model *m) {
   if (!m) return;
   cudaSetDevice(m->c.device); // the frees and destroys below act on it
   if (m->st) cudaStreamSynchronize(m->st);
+  if (m->comm_st) cudaStreamSynchronize(m->comm_st);
   void *bufs[] = {m->w16, m->embed, m->head, m->grads, m->master, m->m1, m->m2, m->tmp,
                   m->inv_freq, m->sumsq_part, m->cos_t, m->sin_t, m->dw_scratch, m->best,
                   m->iota, m->best_i, m->arena};
@@ -547,6 +644,9 @@ extern "C" void df_cu_free(df_cu_model *m) {
   if (m->comm) ncclCommDestroy(m->comm);
 #endif
   if (m->blas) cublasDestroy(m->blas);
+  if (m->ev_ready) cudaEventDestroy(m->ev_ready);
+  if (m->ev_comm) cudaEventDestroy(m->ev_comm);
+  if (m->comm_st) cudaStreamDestroy(m->comm_st);
   if (m->st) cudaStreamDestroy(m->st);
   df_bucket_layout_free(&m->buckets);
   delete m;
@@ -555,6 +655,7 @@ extern "C" void df_cu_free(df_cu_model *m) {
 extern "C" dflash_status df_cu_zero_grad(df_cu_model *m) {
   DF_TRY(use_device(m));
   m->grads_sharded = false;
+  m->pending_bwd = false; // what it would add is cleared anyway
   DF_CU(cudaMemsetAsync(m->grads, 0, 4 * m->buckets.n_padded, m->st));
   return DFLASH_OK;
 }
@@ -566,10 +667,14 @@ extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
     return df_error(DFLASH_E_STATE, "rank %d: the gradients of a step over %d ranks are "
                     "sharded: zero them before accumulating again", m->rank, m->world);
   if (b->A <= 0) return DFLASH_OK;
+  DF_TRY(flush_backward(m)); // the arena is about to take this sequence
   DF_TRY(upload_batch(m, b));
   DF_TRY(model_forward(m));
   DF_TRY(lmhead_ce(m, b->coef != nullptr));
-  if (b->coef) DF_TRY(model_backward(m));
+  // With several ranks this may be the last sequence before the step, whose reduce-scatter
+  // then overlaps its backward: defer it (the row losses need only the forward).
+  if (b->coef && overlapping(m)) m->pending_bwd = true;
+  else if (b->coef) DF_TRY(model_backward(m, nullptr));
   if (b->R)
     DF_CU(cudaMemcpyAsync(row_loss, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)b->R,
                           4 * (size_t)b->R, cudaMemcpyDeviceToHost, m->st));
@@ -580,6 +685,7 @@ extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
 extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
   DF_TRY(use_device(m));
   if (b->A <= 0 || b->R <= 0) return DFLASH_OK;
+  DF_TRY(flush_backward(m));
   DF_TRY(upload_batch(m, b));
   DF_TRY(model_forward(m));
   const df_cu_config &c = m->c;
@@ -619,6 +725,7 @@ extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) 
 
 extern "C" dflash_status df_cu_scale_grads(df_cu_model *m, double k) {
   DF_TRY(use_device(m));
+  DF_TRY(flush_backward(m));
   return k_scale(m->st, m->grads, (float)k, m->buckets.n_padded);
 }
 
@@ -627,21 +734,25 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
   size_t nb = m->buckets.n_buckets;
   if (nb > 4096) return df_error(DFLASH_E_INTERNAL, "%zu gradient buckets", nb);
   DF_TRY(comm_usable(m));
-  if (a->grad_factor != 1.0)
-    DF_TRY(k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded));
-#ifdef DFLASH_HAVE_NCCL
-  // Reduce-scatter each bucket in place: this rank's slice gets the sum.
-  for (size_t b = 0; m->comm && b < nb; b++) {
-    size_t off, len;
-    slice(m, b, &off, &len);
-    const df_bucket *k = &m->buckets.buckets[b];
-    ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat,
-                                       ncclSum, m->comm, m->st);
-    if (r != ncclSuccess)
-      return df_error(DFLASH_E_CUDA, "NCCL reduce-scatter of bucket %zu: %s", b,
-                      ncclGetErrorString(r));
+  bool overlapped = m->pending_bwd;
+  if (overlapped) {
+    // The last sequence's backward, each bucket reduce-scattered on comm_st as soon as the
+    // backward has finished it (the same scaling and sums as below, bit for bit); the
+    // optimizer waits for the last one.
+    m->pending_bwd = false;
+    rs_issuer rs{0, a->grad_factor != 1.0, (float)a->grad_factor};
+    DF_TRY(model_backward(m, &rs));
+    DF_CU(cudaEventRecord(m->ev_comm, m->comm_st));
+    DF_CU(cudaStreamWaitEvent(m->st, m->ev_comm, 0));
+    // The host needs the norm, so the backward's end anyway: wait here, on the stream that
+    // runs the collectives, for a dead peer's timeout (this also drains comm_st before st,
+    // so on the emulator a bucket issued without its event reads unfinished gradients).
+    DF_TRY(wait_on(m, m->comm_st, "NCCL gradient reduce-scatter (overlapped)"));
+  } else {
+    if (a->grad_factor != 1.0)
+      DF_TRY(k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded));
+    for (size_t b = 0; joined(m) && b < nb; b++) DF_TRY(reduce_scatter(m, b, m->st));
   }
-#endif
   m->grads_sharded = m->world > 1;
   std::vector<double> part(nb);
   for (size_t b = 0; b < nb; b++) {
@@ -681,6 +792,7 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
 
 extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
   DF_TRY(use_device(m));
+  DF_TRY(flush_backward(m)); // it reads the weights and writes the gradients
   size_t n = m->c.n_params;
   if (kind == DF_CU_GRADS) {
     // On m->st, after the work that wrote or reads them (zero_grad, the backward, a step).

@@ -257,6 +257,10 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
                       .inv_freq = m->inv_freq, .n_params = m->n_params,
                       .n_tensors = m->n_tensors, .device = c->env.local_rank,
                       .rank = c->nccl ? c->env.rank : 0, .world = c->nccl ? c->env.world : 1};
+  /* DFLASH_CUDA_OVERLAP=0: the gradient reduce-scatter after the backward, not
+   * overlapping it (to compare; the results are the same to the bit). */
+  const char *ovl = getenv("DFLASH_CUDA_OVERLAP");
+  cfg.no_overlap = ovl && !strcmp(ovl, "0");
   for (int l = 0; l < m->L; l++)
     cfg.window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
