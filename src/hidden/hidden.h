@@ -68,6 +68,11 @@ dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
                                      const dflash_hidden_writer_options *o,
                                      dflash_hidden_writer **out);
 dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
+/* Whether dflash_spool_next would return without waiting (a failed look counts as ready). */
+bool df_spool_ready(dflash_spool *sp);
+/* Bytes of the shards present before (epoch, shard), and the producer's budget (0: unknown). */
+dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t *used,
+                                uint64_t *budget);
 
 /* A store on object storage, read with ranged GETs (remote.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */

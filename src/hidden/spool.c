@@ -256,6 +256,18 @@ static dflash_status writer_manifest(dflash_hidden_writer *w) {
   return s;
 }
 
+/* The producer's budget, for the trainer: it frees room in steps of half of it (each step
+ * costs it a state save). Rewritten by every producer start. */
+static dflash_status put_budget(dflash_hidden_writer *w) {
+  char *loc = sp_path(wbase(w), "budget");
+  char *text = df_asprintf("bytes=%" PRIu64 "\n", w->budget);
+  dflash_status s = loc && text ? dflash_storage_write(w->storage, loc, text, strlen(text))
+                                : df_error_nomem("spool");
+  free(loc);
+  free(text);
+  return s;
+}
+
 dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
                                      const dflash_hidden_writer_options *o,
                                      dflash_hidden_writer **out) {
@@ -279,6 +291,7 @@ dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
   if (!s && !remote) s = df_mkdir_p(w->dir);
   if (!s && !remote) remove_stale_temps(w->dir);
   if (!s) s = writer_manifest(w);
+  if (!s) s = put_budget(w);
   if (!s) s = recover(w);
   if (s) {
     dflash_hidden_writer_free(w);
@@ -693,4 +706,35 @@ dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t sha
   free(loc);
   free(text);
   return s ? df_error_wrap(s, "releasing consumed shards of spool %s", sp->base) : DFLASH_OK;
+}
+
+bool df_spool_ready(dflash_spool *sp) {
+  int32_t e = source_epoch(sp, sp->epoch);
+  if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard && sp->offset < sp->n_ts) return true;
+  char *loc = shard_loc(sp->base, e, sp->shard, "safetensors"), *end = end_loc(sp->base, e);
+  dflash_storage_info info = {.struct_size = sizeof info};
+  bool ready = !loc || !end || dflash_storage_stat(sp->st, loc, &info) != DFLASH_E_NOT_FOUND ||
+               dflash_storage_stat(sp->st, end, &info) != DFLASH_E_NOT_FOUND;
+  dflash_clear_error();
+  free(loc);
+  free(end);
+  return ready;
+}
+
+dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t *used,
+                                uint64_t *budget) {
+  sp_scan sc;
+  dflash_status s = scan(sp->st, sp->base, &sc);
+  *used = 0, *budget = 0;
+  for (size_t i = 0; !s && i < sc.n; i++)
+    if (sc.e[i].kind == SP_SHARD && before(sc.e[i].epoch, sc.e[i].seq, epoch, shard))
+      *used += sc.e[i].size;
+  free(sc.e);
+  char *loc = s ? NULL : sp_path(sp->base, "budget"), *text = NULL;
+  dflash_status r = loc ? read_small(sp->st, loc, &text) : DFLASH_OK;
+  if (!r && sscanf(text, "bytes=%" SCNu64, budget) != 1) *budget = 0;
+  if (r == DFLASH_E_NOT_FOUND) r = DFLASH_OK;
+  free(loc);
+  free(text);
+  return s ? s : r;
 }

@@ -73,6 +73,8 @@ typedef struct run {
   uint64_t sp_shard, sp_off;   /* resume: the spool position within r->epoch */
   int32_t rel_epoch;           /* shards before (rel_epoch, rel_shard) are released */
   uint64_t rel_shard;
+  int32_t bnd_epoch;           /* the spool position after the last step (or at the start) */
+  uint64_t bnd_shard, bnd_off, bnd_pos;
   FILE *trace;                 /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
 } run;
 
@@ -162,9 +164,7 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
   if (!st && r->rank == 0) {
     long mbytes = r->metrics ? ftell(r->metrics) : 0;
     char blob[256];
-    int32_t se = 0;
-    uint64_t ss = 0, so = 0;
-    if (r->spool) dflash_spool_tell(r->spool, &se, &ss, &so);
+    uint64_t ss = r->bnd_shard, so = r->bnd_off; /* the spool: the last step's position */
     int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
                      " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
                      epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
@@ -346,8 +346,16 @@ static dflash_status spool_buffers(run *r) {
 
 /* The next trainable sample of the spool into slot i of the batch: *got = 0 at the end of the
  * epoch. Samples that cannot carry an anchor are passed over, as offline. */
+static dflash_status spool_checkpoint(run *r, bool model);
+
 static dflash_status spool_take(run *r, size_t i, int *got) {
   for (;;) {
+    /* About to wait: the producer may be waiting for room, so give back what the last step used
+     * up (the state then is the last step's: nothing has changed since). */
+    bool unreleased = r->bnd_epoch != r->rel_epoch || r->bnd_shard != r->rel_shard;
+    dflash_status cst = unreleased && !df_spool_ready(r->spool) ? spool_checkpoint(r, false)
+                                                                 : DFLASH_OK;
+    if (cst) return cst;
     dflash_spool_sample smp;
     int end;
     dflash_status st = dflash_spool_next(r->spool, &smp, &end);
@@ -556,28 +564,51 @@ static dflash_status train_loop(run *r) {
   return save(r, r->epoch, 0);
 }
 
-/* The state is durable up to the spool's position: let the producer reuse the room. */
+/* The state is durable up to the last step's spool position: let the producer reuse the room. */
 static dflash_status spool_release(run *r) {
-  int32_t e;
-  uint64_t s;
-  dflash_spool_tell(r->spool, &e, &s, NULL);
-  if (e == r->rel_epoch && s == r->rel_shard) return DFLASH_OK;
-  dflash_status st = dflash_spool_release(r->spool, e, s);
-  if (!st) r->rel_epoch = e, r->rel_shard = s;
+  if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
+  dflash_status st = dflash_spool_release(r->spool, r->bnd_epoch, r->bnd_shard);
+  if (!st) r->rel_epoch = r->bnd_epoch, r->rel_shard = r->bnd_shard;
   return st;
+}
+
+/* Save the state as of the last step (and the checkpoint with `model`), then release. */
+static dflash_status spool_checkpoint(run *r, bool model) {
+  dflash_status st = save_as(r, r->bnd_epoch, r->bnd_pos, model);
+  return st ? st : spool_release(r);
+}
+
+static void spool_boundary(run *r, bool ended) {
+  dflash_spool_tell(r->spool, &r->bnd_epoch, &r->bnd_shard, &r->bnd_off);
+  r->bnd_pos = ended ? 0 : r->pos;
+}
+
+/* After a step that used up shards: a state save to free them only once they are half the
+ * producer's budget (every save writes the whole optimizer state), or always when the
+ * producer's budget is unknown. Waiting for a shard saves anyway (spool_take). */
+static dflash_status spool_maybe_free(run *r) {
+  if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
+  uint64_t used, budget;
+  dflash_status st = df_spool_pressure(r->spool, r->bnd_epoch, r->bnd_shard, &used, &budget);
+  if (st || (budget && 2 * used < budget)) return st;
+  return spool_checkpoint(r, false);
 }
 
 /*
  * Training from a spool: each epoch is what the producer published for it, in its order, up to
- * its end marker; a step takes the next batch_size trainable samples (fewer at the end). The
- * state is saved (train_state only) whenever a shard has been used up, then the shards before
- * the position are released; checkpoints as offline (save_every, max_steps, the end).
+ * its end marker; a step takes the next batch_size trainable samples (fewer at the end). Used-up
+ * shards are released after a state save (train_state only) when they reach half the budget or
+ * the trainer would wait; checkpoints as offline (save_every, max_steps, the end).
  */
 static dflash_status spool_loop(run *r) {
   const dflash_train_run_options *o = r->o;
   dflash_status st = DFLASH_OK;
+  bool reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
+  if ((st = dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off))) return st;
+  spool_boundary(r, false);
+  r->bnd_pos = r->pos;
+  r->rel_epoch = r->epoch, r->rel_shard = r->sp_shard;
   if (o->resume) { /* a kill between the state and the deletes: finish them */
-    dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off);
     r->rel_epoch = -1;
     if ((st = spool_release(r))) return st;
   }
@@ -592,22 +623,18 @@ static dflash_status spool_loop(run *r) {
       ended = !one;
       if (got && (st = train_step(r, got))) return st;
       r->pos += got;
+      spool_boundary(r, ended);
       int64_t step = dflash_trainer_steps(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       bool full = stop || (got && o->save_every > 0 && step % o->save_every == 0);
-      int32_t e;
-      uint64_t s;
-      dflash_spool_tell(r->spool, &e, &s, NULL);
-      bool used_up = e != r->rel_epoch || s != r->rel_shard;
-      if ((full || used_up) && e < o->epochs) {
-        if ((st = save_as(r, e, ended ? 0 : r->pos, full))) return st;
-        if ((st = spool_release(r))) return st;
-      }
+      if (r->bnd_epoch >= o->epochs) break; /* the final save follows */
+      if (full) st = spool_checkpoint(r, true);
+      else if (!reuse) st = spool_maybe_free(r);
+      if (st) return st;
       if (stop) return DFLASH_OK;
     }
   }
-  if ((st = save(r, r->epoch, 0))) return st;
-  return spool_release(r);
+  return spool_checkpoint(r, true);
 }
 
 /* This process's rank, and the connections to the others when there are. */
