@@ -1,6 +1,8 @@
 /* The drafter's forward and backward over one packed sequence (see model.h). */
 #include "model.h"
 
+#include "dflash2.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,10 +25,51 @@ static dflash_status add_tensor(df_model *m, size_t *cap, const char *name, int6
   t->offset = m->n_params;
   t->shape[0] = rows;
   t->shape[1] = cols;
+  t->shape[2] = 0;
   t->ndim = cols > 0 ? 2 : 1;
   t->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+  t->init = cols > 0 ? DF_INIT_NORMAL : DF_INIT_ONES;
   m->n_params += t->numel;
   return DFLASH_OK;
+}
+
+/* A tensor with an explicit init (and a third dim when d2 > 0). */
+static dflash_status add_tensor_init(df_model *m, size_t *cap, const char *name, int64_t d0,
+                                     int64_t d1, int64_t d2, df_init_kind init) {
+  dflash_status st = add_tensor(m, cap, name, d0, d1 * (d2 > 0 ? d2 : 1));
+  if (st) return st;
+  df_tensor_info *t = &m->tensors[m->n_tensors - 1];
+  if (d2 > 0) t->shape[1] = d1, t->shape[2] = d2, t->ndim = 3;
+  t->init = init;
+  return DFLASH_OK;
+}
+
+/* DFlash 2's tensors, after all of DFlash 1's (whose offsets, and so the
+ * DFlash 1 path, stay as they were). Initialised so that the drafter
+ * computes exactly DFlash 1: the convolutions pass their input through (tap
+ * 0 of the base kernel 1, dynamic kernels 0) and the selector adds nothing
+ * to the logits (hidden projection 0; the codebooks random, so the
+ * projection's gradient is not zero). */
+static dflash_status add_dflash2_tensors(df_model *m, size_t *cap) {
+  char name[96];
+  int64_t H = m->H, k = m->conv_k, proj = 2 * (int64_t)m->conv_k * m->conv_groups;
+  dflash_status st;
+  for (int l = 0; l < m->L; l++)
+    for (int c = 0; c < 2; c++) {
+      const char *which = c ? "mlp_conv" : "attention_conv";
+      snprintf(name, sizeof name, "layers.%d.%s.base_kernel", l, which);
+      if ((st = add_tensor_init(m, cap, name, 2, k, H, DF_INIT_CONV_IDENTITY))) return st;
+      snprintf(name, sizeof name, "layers.%d.%s.kernel_projection.weight", l, which);
+      if ((st = add_tensor_init(m, cap, name, proj, H, 0, DF_INIT_ZERO))) return st;
+    }
+  /* z-lab stores the codebooks without ".weight" (its from_pretrained maps them). */
+  if ((st = add_tensor_init(m, cap, "candidate_selector.predecessor_codebook", m->V,
+                            m->sel_rank, 0, DF_INIT_NORMAL)) ||
+      (st = add_tensor_init(m, cap, "candidate_selector.successor_codebook", m->V, m->sel_rank,
+                            0, DF_INIT_NORMAL)))
+    return st;
+  return add_tensor_init(m, cap, "candidate_selector.hidden_projection.weight", m->sel_rank, H,
+                         0, DF_INIT_ZERO);
 }
 
 /* The checkpoint's tensors in buffer order; `cols` 0 marks a vector. */
@@ -52,7 +95,8 @@ static dflash_status build_tensor_table(df_model *m) {
       if ((st = add_tensor(m, &cap, name, parts[i].rows, parts[i].cols))) return st;
     }
   }
-  return add_tensor(m, &cap, "norm.weight", H, 0);
+  if ((st = add_tensor(m, &cap, "norm.weight", H, 0))) return st;
+  return m->dflash2 ? add_dflash2_tensors(m, &cap) : DFLASH_OK;
 }
 
 /* Point the per-tensor views of `w` into `base` (params or grads). */
@@ -66,7 +110,18 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
                        &lw->k_norm, &lw->post_ln, &lw->wg, &lw->wu, &lw->wd};
     for (size_t k = 0; k < DF_ARRAY_LEN(slots); k++) *slots[k] = base + m->tensors[i++].offset;
   }
-  w->norm = base + m->tensors[i].offset;
+  w->norm = base + m->tensors[i++].offset;
+  if (!m->dflash2) return;
+  for (int l = 0; l < m->L; l++) {
+    df_layer_w *lw = &w->layer[l];
+    lw->att_conv.base = base + m->tensors[i++].offset;
+    lw->att_conv.proj = base + m->tensors[i++].offset;
+    lw->mlp_conv.base = base + m->tensors[i++].offset;
+    lw->mlp_conv.proj = base + m->tensors[i++].offset;
+  }
+  w->sel_pred = base + m->tensors[i++].offset;
+  w->sel_succ = base + m->tensors[i++].offset;
+  w->sel_hproj = base + m->tensors[i].offset;
 }
 
 dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
@@ -88,6 +143,11 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
   m->V = cfg->vocab_size;
   m->B = cfg->block_size;
   m->L = cfg->num_hidden_layers;
+  m->dflash2 = m->ext.dflash2 != 0;
+  m->conv_k = m->ext.conv_kernel_size;
+  m->conv_g = m->ext.conv_group_size;
+  m->conv_groups = m->dflash2 ? m->H / m->conv_g : 0;
+  m->sel_rank = m->ext.selector_rank;
   m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
   m->gamma = gamma == 0 ? dflash_default_loss_gamma(m->B) : gamma;
   if ((st = build_tensor_table(m))) goto fail;
@@ -174,6 +234,15 @@ static size_t layout(df_model *m, float *base, int T, int Sc, int R) {
     A->g = take(base, &cur, t * I);
     A->u = take(base, &cur, t * I);
     A->m = take(base, &cur, t * I);
+    /* DFlash 2 only (0 floats, so DFlash 1's layout is unchanged). */
+    size_t dyn = m->dflash2 ? t * 2 * (size_t)m->conv_k * m->conv_groups : 0;
+    size_t th = m->dflash2 ? t * H : 0;
+    A->att_dyn = take(base, &cur, dyn);
+    A->att_x = take(base, &cur, th);
+    A->att_y = take(base, &cur, th);
+    A->mlp_dyn = take(base, &cur, dyn);
+    A->mlp_x = take(base, &cur, th);
+    A->mlp_y = take(base, &cur, th);
   }
   a->h_out = take(base, &cur, t * H);
   a->rstd_f = take(base, &cur, t);
@@ -327,16 +396,53 @@ static void qk_forward(df_model *m, float *pre, float *rstd, float *out, const f
   df_rope_forward(m->pool, out, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
 }
 
+/* DFlash 2, z-lab's GroupedDynamicCausalConv.prepare: the dynamic kernels of
+ * both convolutions from the normed input x, and the first convolution. */
+static void conv_prepare(const df_model *m, const df_conv_w *w, float *dyn, float *out,
+                         const float *x) {
+  int n = 2 * m->conv_k * m->conv_groups;
+  df_matmul_forward(dyn, x, w->proj, m->T, n, m->H, false);
+  df2_conv_apply(m->pool, out, x, dyn, (size_t)n, w->base, NULL, m->T, m->B, m->H, m->conv_k,
+                 m->conv_g);
+}
+
+/* .finish: the second convolution (base_kernel[1], the dynamic kernels'
+ * second half) of the sublayer output y, added to the residual. */
+static void conv_finish(const df_model *m, const df_conv_w *w, const float *dyn, float *out,
+                        const float *y, const float *residual) {
+  size_t kg = (size_t)m->conv_k * m->conv_groups;
+  df2_conv_apply(m->pool, out, y, dyn + kg, 2 * kg, w->base + (size_t)m->conv_k * m->H,
+                 residual, m->T, m->B, m->H, m->conv_k, m->conv_g);
+}
+
+/* out = residual + sublayer output (x W^T), through the finishing
+ * convolution in DFlash 2. */
+static void sublayer_out(const df_model *m, const df_conv_w *cw, const float *dyn, float *y,
+                         float *out, const float *residual, const float *x, const float *w,
+                         int K) {
+  if (!m->dflash2) {
+    memcpy(out, residual, sizeof(float) * (size_t)m->T * m->H);
+    df_matmul_forward(out, x, w, m->T, m->H, K, true);
+    return;
+  }
+  df_matmul_forward(y, x, w, m->T, m->H, K, false);
+  conv_finish(m, cw, dyn, out, y, residual);
+}
+
 static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out) {
   const df_layer_w *W = &m->w.layer[l];
   df_layer_acts *A = &m->a.layer[l];
   int T = m->T, Sc = m->Sc, H = m->H, kd = m->nkv * m->d, qd = m->nh * m->d;
   float eps = (float)m->cfg.rms_norm_eps;
   df_rmsnorm_forward(m->pool, A->xn1, A->rstd1, A->h_in, W->in_ln, T, H, eps);
-  qk_forward(m, A->q_pre, A->q_rstd, A->q, A->xn1, W->wq, W->q_norm, m->a.pos_block, T, m->nh);
-  qk_forward(m, A->kb_pre, A->kb_rstd, A->kb, A->xn1, W->wk, W->k_norm, m->a.pos_block, T,
-             m->nkv);
-  df_matmul_forward(A->vb, A->xn1, W->wv, T, kd, H, false);
+  const float *xa = A->xn1; /* the attention's input (block rows) */
+  if (m->dflash2) {
+    conv_prepare(m, &W->att_conv, A->att_dyn, A->att_x, A->xn1);
+    xa = A->att_x;
+  }
+  qk_forward(m, A->q_pre, A->q_rstd, A->q, xa, W->wq, W->q_norm, m->a.pos_block, T, m->nh);
+  qk_forward(m, A->kb_pre, A->kb_rstd, A->kb, xa, W->wk, W->k_norm, m->a.pos_block, T, m->nkv);
+  df_matmul_forward(A->vb, xa, W->wv, T, kd, H, false);
   /* The context enters only as extra keys/values. */
   qk_forward(m, A->kc_pre, A->kc_rstd, A->kc, m->a.ctx, W->wk, W->k_norm, m->a.pos_ctx, Sc,
              m->nkv);
@@ -345,14 +451,17 @@ static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out
   attn_shape(m, l, anchors, &s);
   df_attention_forward(m->pool, &s, A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb,
                        m->a.work);
-  memcpy(A->h_mid, A->h_in, sizeof(float) * (size_t)T * H);
-  df_matmul_forward(A->h_mid, A->att, W->wo, T, H, qd, true);
+  sublayer_out(m, &W->att_conv, A->att_dyn, A->att_y, A->h_mid, A->h_in, A->att, W->wo, qd);
   df_rmsnorm_forward(m->pool, A->xn2, A->rstd2, A->h_mid, W->post_ln, T, H, eps);
-  df_matmul_forward(A->g, A->xn2, W->wg, T, m->I, H, false);
-  df_matmul_forward(A->u, A->xn2, W->wu, T, m->I, H, false);
+  const float *xm = A->xn2; /* the MLP's input */
+  if (m->dflash2) {
+    conv_prepare(m, &W->mlp_conv, A->mlp_dyn, A->mlp_x, A->xn2);
+    xm = A->mlp_x;
+  }
+  df_matmul_forward(A->g, xm, W->wg, T, m->I, H, false);
+  df_matmul_forward(A->u, xm, W->wu, T, m->I, H, false);
   df_swiglu_forward(m->pool, A->m, A->g, A->u, (size_t)T * m->I);
-  memcpy(out, A->h_mid, sizeof(float) * (size_t)T * H);
-  df_matmul_forward(out, A->m, W->wd, T, H, m->I, true);
+  sublayer_out(m, &W->mlp_conv, A->mlp_dyn, A->mlp_y, out, A->h_mid, A->m, W->wd, m->I);
 }
 
 static void model_forward(df_model *m, const float *hidden, const int32_t *anchors) {
@@ -435,6 +544,11 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
                             int32_t n_anchors, double grad_scale, bool backward,
                             double *loss_sum, double *weight_sum) {
   if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
+  /* Never train only the backbone of a DFlash 2 drafter. */
+  if (backward && m->dflash2)
+    return df_error(DFLASH_E_UNSUPPORTED, "training a DFlash 2 drafter (DFlash2DraftModel) is "
+                    "not implemented yet: the backward of its convolutions and candidate "
+                    "selector does not exist; its forward (logits, prediction) does");
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st) return st;
   double lsum = 0, wsum = 0;

@@ -10,21 +10,39 @@
 
 #include "ops.h"
 
+/* DFlash 2: one grouped dynamic causal convolution, base_kernel [2, k, H]
+ * and kernel_projection.weight [2 k H / g, H]. */
+typedef struct df_conv_w {
+  float *base, *proj;
+} df_conv_w;
+
 /* Per-layer parameter views (into params or grads). */
 typedef struct df_layer_w {
   float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
+  df_conv_w att_conv, mlp_conv; /* DFlash 2 only */
 } df_layer_w;
 
 typedef struct df_weights {
   float *fc, *hidden_norm, *norm;
   df_layer_w layer[DFLASH_DRAFTER_MAX_LAYERS];
+  /* DFlash 2's candidate selector: codebooks [V, r], hidden_projection [r, H] */
+  float *sel_pred, *sel_succ, *sel_hproj;
 } df_weights;
+
+/* How a fresh trainer fills a tensor (trainer.c). */
+typedef enum df_init_kind {
+  DF_INIT_NORMAL,        /* N(0, init_std) */
+  DF_INIT_ONES,          /* norms */
+  DF_INIT_ZERO,          /* DFlash 2's kernel and hidden projections */
+  DF_INIT_CONV_IDENTITY, /* base kernels: tap 0 is 1, the others 0 */
+} df_init_kind;
 
 typedef struct df_tensor_info {
   char name[96];
   size_t offset, numel;
-  int64_t shape[2];
+  int64_t shape[3];
   int ndim;
+  df_init_kind init;
 } df_tensor_info;
 
 /* Activations of one layer (pointers into the arena). */
@@ -36,6 +54,9 @@ typedef struct df_layer_acts {
   float *att, *lse;
   float *h_mid, *rstd2, *xn2;
   float *g, *u, *m;
+  /* DFlash 2: dynamic kernels [T, 2 k H/g] of each convolution, the
+   * convolved sublayer inputs and the sublayer outputs before finish */
+  float *att_dyn, *att_x, *att_y, *mlp_dyn, *mlp_x, *mlp_y;
 } df_layer_acts;
 
 typedef struct df_acts {
@@ -56,6 +77,8 @@ typedef struct df_model {
   dflash_drafter_config cfg;
   dflash_drafter_config_ext ext;
   int H, KH, nh, nkv, d, I, V, B, L;
+  bool dflash2;
+  int conv_k, conv_g, conv_groups, sel_rank; /* DFlash 2's sizes (ext) */
   int rot; /* rotated dims of each head (partial_rotary_factor): pairs (i, i + rot/2) */
   int vocab_chunk;
   double gamma;

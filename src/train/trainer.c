@@ -100,8 +100,13 @@ static void init_chunk(const init_ctx *c, size_t chunk) {
   size_t k0 = (chunk - c->first[lo]) * INIT_CHUNK;
   size_t k1 = t->numel - k0 < INIT_CHUNK ? t->numel : k0 + INIT_CHUNK;
   float *p = c->m->params + t->offset;
-  if (t->ndim == 1) {
-    for (size_t k = k0; k < k1; k++) p[k] = 1.0f;
+  if (t->init == DF_INIT_ONES || t->init == DF_INIT_ZERO) {
+    for (size_t k = k0; k < k1; k++) p[k] = t->init == DF_INIT_ONES ? 1.0f : 0.0f;
+    return;
+  }
+  if (t->init == DF_INIT_CONV_IDENTITY) { /* [2, k, H]: element (s, o, c) is 1 iff o == 0 */
+    size_t H = (size_t)t->shape[2], kh = (size_t)t->shape[1] * H;
+    for (size_t k = k0; k < k1; k++) p[k] = k % kh < H ? 1.0f : 0.0f;
     return;
   }
   df_rng rng;
@@ -148,6 +153,12 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg,
   if (!st)
     st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk,
                        t->opt.loss_gamma);
+  if (!st && t->m.dflash2 && t->opt.backend == DFLASH_BACKEND_CUDA) {
+    df_model_free(&t->m);
+    st = df_error(DFLASH_E_UNSUPPORTED, "the CUDA backend does not implement DFlash 2 "
+                  "(DFlash2DraftModel: convolutions and candidate selector) yet; use the CPU "
+                  "backend");
+  }
   if (st) {
     free(t);
     return st;
@@ -194,8 +205,10 @@ dflash_status dflash_trainer_param_info(const dflash_trainer *t, size_t index, c
                     t->m.n_tensors);
   const df_tensor_info *ti = &t->m.tensors[index];
   if (name) *name = ti->name;
-  if (ndim) *ndim = ti->ndim;
-  if (shape) shape[0] = ti->shape[0], shape[1] = ti->ndim == 2 ? ti->shape[1] : 1;
+  /* A rank-3 tensor (DFlash 2's base kernels) as [d0, d1 * d2]: the ABI has two dims. */
+  if (ndim) *ndim = ti->ndim > 2 ? 2 : ti->ndim;
+  if (shape)
+    shape[0] = ti->shape[0], shape[1] = ti->ndim >= 2 ? (int64_t)(ti->numel / ti->shape[0]) : 1;
   if (numel) *numel = ti->numel;
   return DFLASH_OK;
 }

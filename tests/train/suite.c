@@ -9,6 +9,7 @@ TCase *tc_dist(void);
 TCase *tc_run_dist(void);
 TCase *tc_eval(void);
 TCase *tc_init(void);
+TCase *tc_dflash2(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -21,5 +22,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_run_dist());
   suite_add_tcase(s, tc_eval());
   suite_add_tcase(s, tc_init());
+  suite_add_tcase(s, tc_dflash2());
   return s;
 }

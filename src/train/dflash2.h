@@ -1,0 +1,27 @@
+/*
+ * DFlash 2 (z-lab's dflash 0.1.0, DFlash2DraftModel) on the CPU: the grouped
+ * dynamic causal convolution around every attention and MLP sublayer, and
+ * the candidate selector's parameters.
+ */
+#ifndef DFLASH_TRAIN_DFLASH2_H
+#define DFLASH_TRAIN_DFLASH2_H
+
+#include <stddef.h>
+
+#include "core/internal.h"
+
+/*
+ * One grouped dynamic causal convolution over T = n_blocks * B rows of width
+ * H, each block on its own (the taps stop at the block's first position, as
+ * z-lab's zero padding does for the one block it drafts):
+ *   out[t, c] = residual[t, c] + sum_{o < k, j - o >= 0}
+ *               (base[o, c] + dyn[t, o, c / g]) * x[t - o, c],   j = t mod B,
+ * summed in z-lab's order (per tap the base term, then the dynamic term).
+ * dyn row t starts at dyn + t * dyn_stride and holds [k, H / g]; base is
+ * [k, H]; residual may be NULL (0). out must not alias x.
+ */
+void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
+                    size_t dyn_stride, const float *base, const float *residual, int T, int B,
+                    int H, int k, int g);
+
+#endif

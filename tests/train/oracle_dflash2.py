@@ -1,0 +1,242 @@
+"""Oracle: z-lab's reference DFlash2DraftModel against libdflash's DFlash 2 drafters.
+
+For tiny random DFlash 2 drafters (GQA, a sliding layer, conv_kernel_size 1..3,
+conv_group_size 8 and 16) libdflash saves a checkpoint (config.json with
+architectures ["DFlash2DraftModel"] + float32 model.safetensors) and then:
+
+1. z-lab's DFlash2DraftModel (PyPI dflash==0.1.0, `import dflash.model`) loads
+   it with from_pretrained and no missing / unexpected / mismatched key, and
+   every tensor of its state_dict equals ours (so no parameter is left at
+   torch.empty's garbage);
+2. its float32 logits (backbone + the grouped dynamic causal convolutions:
+   the candidate selector's rescoring is not part of dflash_trainer_logits)
+   equal dflash_trainer_logits for whole blocks, one reference forward per
+   block as dflash_generate drafts it, anchors 0 (no context), early, middle
+   and near the end; bound 1e-5 relative (max|l_c - l_ref| / max|l_ref|);
+3. negative control: the same reference model with its convolutions reset to
+   the identity differs from ours by far more than the bound, so the test
+   sees the convolutions;
+4. identity initialisation: a fresh DFlash 2 trainer's logits equal those of
+   a DFlash 1 trainer given the same backbone weights (bound 1e-6 absolute);
+5. training a DFlash 2 drafter is refused (DFLASH_E_UNSUPPORTED) until the
+   backward exists.
+
+Needs the second pinned environment (.venv-ref, see oracle_reference.py):
+it re-runs itself there and exits 77 (skip) when that is absent.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+def reexec_in_ref_env():
+    """Run under the reference environment's interpreter (as oracle_reference.py
+    finds it), or skip."""
+    if os.environ.get("DFLASH_REF_ACTIVE") == "1":
+        return
+    py = os.environ.get("DFLASH_REF_PYTHON") or os.path.join(
+        os.environ.get("DFLASH_REF_VENV") or os.path.join(ROOT, ".venv-ref"), "bin", "python")
+    if not os.path.exists(py):
+        print(f"skip: the reference environment is absent ({py} does not exist); "
+              f"scripts/deps.sh creates it from scripts/requirements-ref.txt")
+        sys.exit(77)
+    os.environ["DFLASH_REF_ACTIVE"] = "1"
+    sys.stdout.flush()
+    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+
+
+reexec_in_ref_env()
+sys.path.insert(0, HERE)
+import oracle_reference as ref  # noqa: E402  (its helpers: configs, anchors, reference logits)
+
+import tempfile  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+lib, libtrain = ref.lib, ref.libtrain
+REL_TOL = 1e-5
+IDENTITY_TOL = 1e-6
+
+
+def make_config(k, g, top_k=8, r=16, **kw):
+    cfg = ref.make_config(**kw)
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(conv_kernel_size=k, conv_group_size=g, selector_top_k=top_k,
+                                selector_rank=r)
+    return cfg
+
+
+CASES = [
+    ("GQA 4/2, k=2, g=16, B=8",
+     make_config(2, 16, H=64, I=96, L=2, nh=4, nkv=2, d=16, V=211, B=8, K=3), 48),
+    ("GQA 4/1, sliding (window 5) + full, k=3, g=8, B=6",
+     make_config(3, 8, H=48, I=64, L=3, nh=4, nkv=1, d=12, V=97, B=6, K=2,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                 window=5), 40),
+    ("GQA 8/2, k=3, g=16, B=16",
+     make_config(3, 16, H=64, I=80, L=2, nh=8, nkv=2, d=8, V=151, B=16, K=2), 64),
+    ("MHA 2/2, k=1, g=8, B=4",
+     make_config(1, 8, H=32, I=48, L=1, nh=2, nkv=2, d=16, V=73, B=4, K=1), 30),
+]
+
+
+def random_params(trainer, rng):
+    """Backbone as oracle_reference; the convolutions well away from the
+    identity (base kernels 1 + noise at tap 0, noise elsewhere; dynamic
+    kernels of order 1), random selector."""
+    P = ref.random_params(trainer, rng)
+    for name, shape in trainer._info:
+        if name.endswith("base_kernel"):
+            b = 0.4 * rng.standard_normal(shape)
+            H = trainer.config.hidden_size
+            b.reshape(2, -1, H)[:, 0, :] += 1.0
+            P[name] = b.astype(np.float32)
+        elif "kernel_projection" in name:
+            P[name] = (rng.standard_normal(shape) * 0.6 / np.sqrt(shape[1])).astype(np.float32)
+        elif name.startswith("candidate_selector."):
+            P[name] = rng.standard_normal(shape).astype(np.float32)
+    return P
+
+
+def zlab_name(name):
+    return name + ".weight" if name.endswith("_codebook") else name
+
+
+def load_reference(ref_mod, ckpt, ours):
+    problems = []
+    model, info = ref_mod.DFlash2DraftModel.from_pretrained(
+        ckpt, dtype=torch.float32, output_loading_info=True)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        if info.get(k):
+            problems.append(f"from_pretrained {k}: {sorted(info[k])[:8]}")
+    sd = model.state_dict()
+    want = {zlab_name(n): v for n, v in ours.items()}
+    extra = sorted(set(sd) - set(want) - {"rotary_emb.inv_freq", "rotary_emb.original_inv_freq"})
+    if extra:
+        problems.append(f"reference tensors libdflash lacks: {extra[:8]}")
+    for n, v in want.items():
+        if n not in sd:
+            problems.append(f"reference lacks {n}")
+        elif tuple(sd[n].shape) != v.shape:
+            problems.append(f"{n}: shape {tuple(sd[n].shape)} in the reference, ours {v.shape}")
+        elif not torch.equal(sd[n], torch.from_numpy(v)):
+            problems.append(f"{n} differs after loading")
+    return model.eval(), problems
+
+
+def conv_to_identity(model):
+    with torch.no_grad():
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                conv.base_kernel.zero_()
+                conv.base_kernel[:, 0, :] = 1.0
+                conv.kernel_projection.weight.zero_()
+
+
+def refused_to_train(tr, ids, hidden, anchors):
+    try:
+        tr.forward_backward(ids, np.ones(len(ids), np.uint8), hidden, anchors)
+    except lib.Error as exc:
+        if exc.status == "DFLASH_E_UNSUPPORTED" and "DFlash 2" in exc.message:
+            return None
+        return f"training refused with {exc.status}: {exc.message}"
+    return "training a DFlash 2 drafter was not refused"
+
+
+def identity_error(cfg, embed, lm_head, ids, hidden, anchors):
+    """max |fresh DFlash 2 - DFlash 1 with the same backbone|."""
+    cfg1 = dict(cfg, architectures=["DFlashDraftModel"])
+    cfg1["dflash_config"] = {k: v for k, v in cfg["dflash_config"].items()
+                             if not k.startswith(("conv_", "selector_"))}
+    with libtrain.Trainer(cfg, embed, lm_head, seed=3, n_threads=2) as t2, \
+            libtrain.Trainer(cfg1, embed, lm_head, seed=9, n_threads=2) as t1:
+        p2 = t2.parameters()
+        t1.set_parameters({n: p2[n] for n in t1.names()})
+        l2 = libtrain.logits(t2, ids, hidden, anchors)
+        l1 = libtrain.logits(t1, ids, hidden, anchors)
+        return float(np.max(np.abs(l2 - l1))), refused_to_train(t2, ids, hidden, anchors)
+
+
+def run_case(ref_mod, name, cfg, S, seed):
+    rng = np.random.default_rng(seed)
+    H, V, B = cfg["hidden_size"], cfg["vocab_size"], cfg["block_size"]
+    K = len(cfg["dflash_config"]["target_layer_ids"])
+    mask_id = cfg["dflash_config"]["mask_token_id"]
+    embed = rng.standard_normal((V, H)).astype(np.float32)
+    lm_head = (0.5 * rng.standard_normal((V, H))).astype(np.float32)
+    ids = rng.integers(0, V - 1, size=S).astype(np.int32)
+    hidden = rng.standard_normal((S, K * H)).astype(np.float32)
+    anchors = ref.anchors_for(S, B)
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="dflash2-ref-") as tmp:
+        ckpt = os.path.join(tmp, "drafter")
+        with libtrain.Trainer(cfg, embed, lm_head, seed=1, n_threads=2) as tr:
+            tr.set_parameters(random_params(tr, rng))
+            tr.save(ckpt)
+            ours = libtrain.logits(tr, ids, hidden, anchors)
+        from safetensors.numpy import load_file
+        saved = load_file(os.path.join(ckpt, "model.safetensors"))
+        model, problems = load_reference(ref_mod, ckpt, saved)
+        failures += problems
+        with libtrain.Trainer.from_checkpoint(ckpt, _target(tmp, embed, lm_head),
+                                              n_threads=2) as back:
+            if not np.array_equal(libtrain.logits(back, ids, hidden, anchors), ours):
+                failures.append("logits differ after save + from_checkpoint")
+    refl = ref.reference_logits(ref_mod, model, embed, lm_head, ids, hidden, anchors, B, mask_id)
+    errs = [ref.rel_err(ours[i], refl[i]) for i in range(len(anchors))]
+    worst = max(errs)
+    if not worst <= REL_TOL:
+        bad = [f"anchor {a}: {e:.2e}" for a, e in zip(anchors, errs) if not e <= REL_TOL]
+        failures.append(f"logits differ (bound {REL_TOL:g}): " + ", ".join(bad))
+    conv_to_identity(model)
+    plain = ref.reference_logits(ref_mod, model, embed, lm_head, ids, hidden, anchors, B, mask_id)
+    sens = min(ref.rel_err(ours[i], plain[i]) for i in range(len(anchors)))
+    if not sens > 100 * REL_TOL:
+        failures.append(f"negative control: identity convolutions change the logits by only "
+                        f"{sens:.2e}")
+    ident, refusal = identity_error(cfg, embed, lm_head, ids, hidden, anchors)
+    if not ident <= IDENTITY_TOL:
+        failures.append(f"fresh DFlash 2 vs DFlash 1 with the same backbone: max abs logit "
+                        f"difference {ident:.2e} > {IDENTITY_TOL:g}")
+    if refusal:
+        failures.append(refusal)
+    status = "ok" if not failures else "FAIL"
+    print(f"{status} {name}: {len(anchors)} blocks at anchors {anchors} (S={S}), max relative "
+          f"logit difference {worst:.2e}; identity convolutions in the reference {sens:.2e} "
+          f"away; fresh DFlash 2 vs DFlash 1 max abs {ident:.2e}")
+    for f in failures:
+        print("   ", f)
+    return not failures
+
+
+def _target(tmp, embed, lm_head):
+    from safetensors.numpy import save_file
+    path = os.path.join(tmp, "target.safetensors")
+    save_file({"model.embed_tokens.weight": embed, "lm_head.weight": lm_head}, path)
+    return path
+
+
+def main():
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    ref_mod, path = ref.load_reference_module()
+    print(f"reference: {path} (dflash {ref.ZLAB_VERSION}) DFlash2DraftModel, transformers "
+          f"{transformers.__version__}, torch {torch.__version__}; libdflash {lib.__file__}")
+    ok = 0
+    for i, (name, cfg, S) in enumerate(CASES):
+        ok += run_case(ref_mod, name, cfg, S, seed=1800 + i)
+    print(f"{ok} passed, {len(CASES) - ok} failed")
+    return 0 if ok == len(CASES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+/* DFlash 2 drafters on the CPU: the tensor table with z-lab's names and
+ * shapes, the identity initialisation, the checkpoint, the convolution
+ * against a direct evaluation, and the refusals (training, the CUDA
+ * backend). The forward against z-lab's DFlash2DraftModel is
+ * oracle_dflash2.py. */
+#include <dflash/safetensors.h>
+#include <dflash/train.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "testutil.h"
+#include "train/dflash2.h"
+
+enum { H = 32, V = 40, L = 2, K = 3, G = 8, R = 6, B = 4 };
+
+static void config(dflash_drafter_config *c, dflash_drafter_config_ext *e) {
+  dflash_drafter_config_default(c);
+  c->hidden_size = H, c->intermediate_size = 48, c->num_hidden_layers = L;
+  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 8, c->vocab_size = V;
+  c->num_target_layers = 8, c->block_size = B, c->mask_token_id = V - 1;
+  c->n_target_layer_ids = 1, c->target_layer_ids[0] = 3;
+  dflash_drafter_config_ext_default(e);
+  e->dflash2 = 1, e->conv_kernel_size = K, e->conv_group_size = G;
+  e->selector_top_k = 5, e->selector_rank = R;
+}
+
+static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
+
+static dflash_status make(int backend, dflash_trainer **t) {
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  config(&c, &e);
+  float *E = zeros((size_t)V * H), *Hd = zeros((size_t)V * H);
+  for (size_t i = 0; i < (size_t)V * H; i++) E[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.backend = backend;
+  o.seed = 5;
+  dflash_status st = dflash_trainer_create_ext(&c, &e, E, Hd, &o, t);
+  free(E), free(Hd);
+  return st;
+}
+
+static float *get(dflash_trainer *t, const char *name, size_t n) {
+  float *p = zeros(n);
+  ck_assert_ok(dflash_trainer_get_param(t, name, p, n));
+  return p;
+}
+
+/* z-lab's names and shapes, after DFlash 1's tensors; identity init. */
+START_TEST(tensors_named_and_initialised_as_identity) {
+  dflash_trainer *t;
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
+  size_t n1 = 3 + 11 * L; /* DFlash 1: fc, hidden_norm, norm + 11 per layer */
+  ck_assert_uint_eq(dflash_trainer_param_count(t), n1 + 4 * L + 3);
+  const char *name;
+  int32_t nd;
+  int64_t shape[2];
+  size_t numel;
+  ck_assert_ok(dflash_trainer_param_info(t, n1, &name, &nd, shape, &numel));
+  ck_assert_str_eq(name, "layers.0.attention_conv.base_kernel");
+  ck_assert_int_eq(nd, 2); /* [2, k, H] reported as [2, k * H] */
+  ck_assert_int_eq(shape[0], 2);
+  ck_assert_int_eq(shape[1], K * H);
+  ck_assert_ok(dflash_trainer_param_info(t, n1 + 1, &name, &nd, shape, &numel));
+  ck_assert_str_eq(name, "layers.0.attention_conv.kernel_projection.weight");
+  ck_assert_int_eq(shape[0], 2 * K * H / G);
+  ck_assert_int_eq(shape[1], H);
+  ck_assert_ok(dflash_trainer_param_info(t, n1 + 2, &name, NULL, NULL, NULL));
+  ck_assert_str_eq(name, "layers.0.mlp_conv.base_kernel");
+  ck_assert_ok(dflash_trainer_param_info(t, n1 + 4 * L, &name, NULL, shape, NULL));
+  ck_assert_str_eq(name, "candidate_selector.predecessor_codebook");
+  ck_assert_int_eq(shape[0], V);
+  ck_assert_int_eq(shape[1], R);
+  ck_assert_ok(dflash_trainer_param_info(t, n1 + 4 * L + 2, &name, NULL, shape, NULL));
+  ck_assert_str_eq(name, "candidate_selector.hidden_projection.weight");
+  ck_assert_int_eq(shape[0], R);
+  ck_assert_int_eq(shape[1], H);
+
+  float *bk = get(t, "layers.1.mlp_conv.base_kernel", 2 * K * H);
+  for (int s = 0; s < 2; s++)
+    for (int o = 0; o < K; o++)
+      for (int c = 0; c < H; c++)
+        ck_assert_float_eq(bk[(s * K + o) * H + c], o == 0 ? 1.0f : 0.0f);
+  free(bk);
+  float *kp = get(t, "layers.1.attention_conv.kernel_projection.weight", 2 * K * H / G * H);
+  for (int i = 0; i < 2 * K * H / G * H; i++) ck_assert_float_eq(kp[i], 0.0f);
+  free(kp);
+  float *hp = get(t, "candidate_selector.hidden_projection.weight", R * H);
+  for (int i = 0; i < R * H; i++) ck_assert_float_eq(hp[i], 0.0f);
+  free(hp);
+  float *cb = get(t, "candidate_selector.successor_codebook", V * R);
+  double ss = 0;
+  for (int i = 0; i < V * R; i++) ss += (double)cb[i] * cb[i];
+  ck_assert(ss > 0); /* random: the projection's gradient must not vanish */
+  free(cb);
+  dflash_trainer_free(t);
+}
+END_TEST
+
+/* Training would update only the backbone; the CUDA backend has no DFlash 2. */
+START_TEST(training_and_cuda_refused) {
+  dflash_trainer *t = NULL;
+  ck_assert_status(make(DFLASH_BACKEND_CUDA, &t), DFLASH_E_UNSUPPORTED,
+                   "the CUDA backend does not implement DFlash 2");
+  ck_assert_ptr_null(t);
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
+  int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, anchors[2] = {0, 3};
+  uint8_t mask[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  float hidden[8 * H] = {0};
+  double loss;
+  ck_assert_status(dflash_trainer_forward_backward(t, ids, mask, 8, hidden, anchors, 2, &loss),
+                   DFLASH_E_UNSUPPORTED, "training a DFlash 2 drafter");
+  ck_assert_ok(dflash_trainer_zero_grad(t));
+  ck_assert_status(dflash_trainer_accumulate(t, ids, mask, 8, hidden, anchors, 2, 1.0, NULL,
+                                             NULL), DFLASH_E_UNSUPPORTED, "backward");
+  /* The forward works. */
+  float *logits = zeros(2 * B * V);
+  ck_assert_ok(dflash_trainer_logits(t, ids, 8, hidden, anchors, 2, logits));
+  free(logits);
+  dflash_trainer_free(t);
+}
+END_TEST
+
+/* The checkpoint keeps z-lab's rank-3 base kernels and loads back. */
+START_TEST(checkpoint_round_trip) {
+  char *dir = df_test_tmpdir();
+  char *ckpt = df_path_join(dir, "d2");
+  dflash_trainer *a, *b;
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &a));
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &b));
+  float bk[2 * K * H];
+  for (int i = 0; i < 2 * K * H; i++) bk[i] = (float)i / 7.0f;
+  ck_assert_ok(dflash_trainer_set_param(a, "layers.1.attention_conv.base_kernel", bk,
+                                        2 * K * H));
+  ck_assert_ok(dflash_trainer_save(a, ckpt, 0));
+  dflash_safetensors *st;
+  ck_assert_ok(dflash_safetensors_open(ckpt, &st));
+  dflash_tensor ten = {.struct_size = sizeof ten};
+  ck_assert_ok(dflash_safetensors_find(st, "layers.1.attention_conv.base_kernel", &ten));
+  ck_assert_uint_eq(ten.ndim, 3);
+  ck_assert_int_eq(ten.shape[0], 2);
+  ck_assert_int_eq(ten.shape[1], K);
+  ck_assert_int_eq(ten.shape[2], H);
+  ck_assert_ok(dflash_safetensors_find(st, "candidate_selector.predecessor_codebook", &ten));
+  ck_assert_status(dflash_safetensors_find(st, "candidate_selector.predecessor_codebook.weight",
+                                           &ten), DFLASH_E_NOT_FOUND, "");
+  dflash_safetensors_free(st);
+  ck_assert_ok(dflash_trainer_load(b, ckpt));
+  float *back = get(b, "layers.1.attention_conv.base_kernel", 2 * K * H);
+  ck_assert_mem_eq(back, bk, sizeof bk);
+  free(back);
+  char *cfg = df_path_join(ckpt, "config.json");
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  dflash_drafter_config_ext_default(&e);
+  ck_assert_ok(dflash_drafter_config_load_ext(cfg, &c, &e));
+  ck_assert_int_eq(e.dflash2, 1);
+  ck_assert_int_eq(e.conv_kernel_size, K);
+  ck_assert_int_eq(e.conv_group_size, G);
+  free(cfg);
+  dflash_trainer_free(a);
+  dflash_trainer_free(b);
+  free(ckpt);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+/* df2_conv_apply against the formula, taps cut at block starts. */
+START_TEST(conv_matches_direct_evaluation) {
+  enum { T = 2 * B, HH = 16, GG = 4, KK = 3, NG = HH / GG, STRIDE = 2 * KK * NG };
+  float x[T * HH], dyn[T * STRIDE], base[KK * HH], res[T * HH], out[T * HH];
+  for (int i = 0; i < T * HH; i++) x[i] = sinf(0.7f * (float)i), res[i] = cosf((float)i);
+  for (int i = 0; i < T * STRIDE; i++) dyn[i] = 0.1f * (float)((i * 5) % 11) - 0.5f;
+  for (int i = 0; i < KK * HH; i++) base[i] = 0.05f * (float)((i * 3) % 17) - 0.3f;
+  df_pool *pool;
+  ck_assert_ok(df_pool_create(2, &pool));
+  df2_conv_apply(pool, out, x, dyn + KK * NG, STRIDE, base, res, T, B, HH, KK, GG);
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < HH; c++) {
+      double want = res[t * HH + c];
+      for (int o = 0; o < KK && o <= t % B; o++)
+        want += ((double)base[o * HH + c] + dyn[t * STRIDE + KK * NG + o * NG + c / GG]) *
+                x[(t - o) * HH + c];
+      ck_assert_msg(fabs(out[t * HH + c] - want) < 1e-5, "t %d c %d: %g vs %g", t, c,
+                    out[t * HH + c], want);
+    }
+  df_pool_free(pool);
+}
+END_TEST
+
+TCase *tc_dflash2(void) {
+  TCase *tc = tcase_create("dflash2");
+  tcase_add_test(tc, tensors_named_and_initialised_as_identity);
+  tcase_add_test(tc, training_and_cuda_refused);
+  tcase_add_test(tc, checkpoint_round_trip);
+  tcase_add_test(tc, conv_matches_direct_evaluation);
+  return tc;
+}
