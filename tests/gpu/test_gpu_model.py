@@ -9,7 +9,11 @@
    the arithmetic the CUDA backend allocates with);
 3. every kernel the CUDA sources launch (DF_LAUNCH in cuda/*.cu) and every cuBLAS /
    NCCL call of cuda/model.cu has a row in the model, so a new kernel without one fails
-   here; the scan itself is shown to find a kernel the model lacks.
+   here; the scan itself is shown to find a kernel the model lacks;
+4. the reduce-scatter overlapped with the backward (issue 15 item 5): the bucket layout is
+   dist.c's, the tensor offsets add up to the parameter count, the exposed tail lies
+   between 0 and the whole reduce-scatter, and with one bucket (ready only when the
+   backward ends) it is the whole reduce-scatter.
 """
 import json
 import os
@@ -233,12 +237,43 @@ def test_kernel_names(tmp):
     check(abs(meas.get("attn_fwd", 0) - 1.0) < 1e-9, "a profile's total over 3 runs is 1 ms per step")
 
 
+def test_overlap():
+    for name in ("qwen3-8b", "kimi"):
+        c = gm.load_config(name)
+        n, world = gm.param_count(c), 8
+        b = gm.buckets(n, world)
+        npad = -(-n // world) * world
+        ok = sum(k for _, k in b) == npad and b[0][0] + b[0][1] == npad and b[-1][0] == 0
+        ok = ok and all(k % world == 0 and k <= gm.BUCKET_ELEMS for _, k in b)
+        ok = ok and all(b[i + 1][0] + b[i + 1][1] == b[i][0] for i in range(len(b) - 1))
+        check(ok and len(b) > c["num_hidden_layers"], f"{name}: {len(b)} buckets tile the "
+              "padded buffer from its end, each a multiple of the world")
+        norm_off, layer_off = gm.tensor_starts(c)
+        check(norm_off + c["hidden_size"] == n and layer_off[0] < layer_off[-1] < norm_off,
+              f"{name}: the final norm ends the parameter table")
+        r = gm.model(c, "H200", 3072, 512, 1, world, 16384, "wmma")
+        e, rs = r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]
+        check(0 < e < rs, f"{name}: reduce-scatter {rs * 1e3:.1f} ms, {e * 1e3:.1f} ms past the "
+              "backward")
+        check(gm.model(c, "H200", 3072, 512, 1, 1, 16384, "wmma")["reduce_scatter_exposed_s"] == 0,
+              f"{name}: nothing to reduce on one GPU")
+    saved = gm.BUCKET_ELEMS
+    gm.BUCKET_ELEMS = 1 << 40  # one bucket: ready only once fc's dW is done
+    try:
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+    finally:
+        gm.BUCKET_ELEMS = saved
+    check(close(r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]),
+          "one bucket: the whole reduce-scatter runs after the backward")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()
         test_kernel_names(tmp)
+        test_overlap()
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
     gm.print_table(r, ops=False)
     if FAILS:
