@@ -85,6 +85,7 @@ DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
  *   e00000-s000000.ids              its sample ids, one a line (the producer's record, kept)
  *   e00000.end                      end of epoch e: "shards=N samples=M"
  *   consumed                        "epoch=E shard=S": every shard before (E, S) is consumed
+ *   budget                          "bytes=B": the producer's spool_budget (for the trainer)
  * A shard is visible once complete and durable: a local one is written under a temporary name,
  * fsynced and renamed; an object is PUT whole (S3 shows an object whole or not at all). Its
  * .ids is written before it, so a producer restarted after a crash knows every id it has
