@@ -93,6 +93,9 @@ dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
   if (e->selector_top_k < 1 || e->selector_top_k > cfg->vocab_size)
     return df_error(DFLASH_E_CONFIG, "%s: selector_top_k must be in 1..vocab_size=%d (got %d)",
                     what, cfg->vocab_size, e->selector_top_k);
+  if (e->selector_top_k > 1024) /* dflash2.c's candidate buffer */
+    return df_error(DFLASH_E_CONFIG, "%s: selector_top_k %d is above libdflash's limit of 1024",
+                    what, e->selector_top_k);
   if (e->selector_rank < 1 || e->selector_rank > 65536)
     return df_error(DFLASH_E_CONFIG, "%s: selector_rank must be in 1..65536 (got %d)", what,
                     e->selector_rank);

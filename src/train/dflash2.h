@@ -24,4 +24,18 @@ void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
                     size_t dyn_stride, const float *base, const float *residual, int T, int B,
                     int H, int k, int g);
 
+/*
+ * The candidate selector's greedy path over n consecutive drafted positions
+ * (z-lab's CandidateSelector.select at temperature 0): at position i the
+ * top_k tokens of logits[i] (the candidates, their logits the unary scores)
+ * are rescored unary(b) + <A(prev) * P(h_i), B(b)>, where A / B are rows of
+ * the predecessor / successor codebooks [V, r], P(h_i) = hproj[i] [r], and
+ * prev is the token chosen at the position before (the anchor's token at
+ * the first); path[i] gets the best. logits [n, V], hproj [n, r]. Ties go to
+ * the candidate with the larger logit, then the smaller id.
+ */
+void df2_select_greedy(const float *logits, const float *hproj, const float *pred_cb,
+                       const float *succ_cb, int n, int V, int r, int top_k, int32_t anchor_id,
+                       int32_t *path);
+
 #endif

@@ -577,6 +577,30 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
   return DFLASH_OK;
 }
 
+/* DFlash 2's prediction: the candidate selector's greedy path through each
+ * block's drafted positions 1..B-1 (hf rows n*B+1 .. n*B+B-1), from the
+ * block's own token, as z-lab's propose drafts at temperature 0. */
+static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_t *anchors,
+                                   int32_t n_anchors, int32_t *pred) {
+  int n = m->B - 1, r = m->sel_rank;
+  if (n <= 0) return DFLASH_OK;
+  float *logits = malloc(sizeof(float) * (size_t)n * m->V);
+  float *hp = malloc(sizeof(float) * (size_t)n * r);
+  if (!logits || !hp) {
+    free(logits), free(hp);
+    return df_error_nomem("candidate selector");
+  }
+  for (int32_t b = 0; b < n_anchors; b++) {
+    const float *rows = m->a.hf + ((size_t)b * m->B + 1) * m->H;
+    df_matmul_forward(logits, rows, m->lm_head, n, m->V, m->H, false);
+    df_matmul_forward(hp, rows, m->w.sel_hproj, n, r, m->H, false);
+    df2_select_greedy(logits, hp, m->w.sel_pred, m->w.sel_succ, n, m->V, r,
+                      m->ext.selector_top_k, ids[anchors[b]], pred + (size_t)b * n);
+  }
+  free(logits), free(hp);
+  return DFLASH_OK;
+}
+
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred) {
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
@@ -585,6 +609,7 @@ dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, con
   int R = n_anchors * (m->B - 1);
   if ((st = prepare(m, ids, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
+  if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, pred);
   df_acts *a = &m->a;
   int r = 0;
   for (int t = 0; t < m->T; t++)

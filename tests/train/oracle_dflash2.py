@@ -17,9 +17,14 @@ architectures ["DFlash2DraftModel"] + float32 model.safetensors) and then:
    the identity differs from ours by far more than the bound, so the test
    sees the convolutions;
 4. identity initialisation: a fresh DFlash 2 trainer's logits equal those of
-   a DFlash 1 trainer given the same backbone weights (bound 1e-6 absolute);
+   a DFlash 1 trainer given the same backbone weights (bound 1e-6 absolute),
+   and so do its predictions (the fresh selector adds nothing);
 5. training a DFlash 2 drafter is refused (DFLASH_E_UNSUPPORTED) until the
-   backward exists.
+   backward exists;
+6. the candidate selector: dflash_trainer_predict's tokens equal z-lab's
+   greedy propose (CandidateSelector.select at temperature 0, walking each
+   block from its anchor token) at every drafted position, and differ from
+   the plain argmax of the logits at some (so the test sees the rescoring).
 
 Needs the second pinned environment (.venv-ref, see oracle_reference.py):
 it re-runs itself there and exits 77 (skip) when that is absent.
@@ -159,7 +164,10 @@ def identity_error(cfg, embed, lm_head, ids, hidden, anchors):
         t1.set_parameters({n: p2[n] for n in t1.names()})
         l2 = libtrain.logits(t2, ids, hidden, anchors)
         l1 = libtrain.logits(t1, ids, hidden, anchors)
-        return float(np.max(np.abs(l2 - l1))), refused_to_train(t2, ids, hidden, anchors)
+        err = float(np.max(np.abs(l2 - l1)))
+        if not np.array_equal(t2.predict(ids, hidden, anchors), t1.predict(ids, hidden, anchors)):
+            err = max(err, float("inf"))  # the fresh selector must not change the argmax path
+        return err, refused_to_train(t2, ids, hidden, anchors)
 
 
 def run_case(ref_mod, name, cfg, S, seed):
@@ -179,6 +187,7 @@ def run_case(ref_mod, name, cfg, S, seed):
             tr.set_parameters(random_params(tr, rng))
             tr.save(ckpt)
             ours = libtrain.logits(tr, ids, hidden, anchors)
+            our_path = tr.predict(ids, hidden, anchors)
         from safetensors.numpy import load_file
         saved = load_file(os.path.join(ckpt, "model.safetensors"))
         model, problems = load_reference(ref_mod, ckpt, saved)
@@ -193,6 +202,14 @@ def run_case(ref_mod, name, cfg, S, seed):
     if not worst <= REL_TOL:
         bad = [f"anchor {a}: {e:.2e}" for a, e in zip(anchors, errs) if not e <= REL_TOL]
         failures.append(f"logits differ (bound {REL_TOL:g}): " + ", ".join(bad))
+    ref_path = reference_paths(model, embed, lm_head, ids, hidden, anchors, B, mask_id)
+    wrong = int(np.sum(our_path != ref_path))
+    if wrong:
+        failures.append(f"selector: {wrong} of {our_path.size} greedy tokens differ from z-lab's "
+                        f"propose")
+    rescored = int(np.sum(ref_path != np.argmax(ours[:, 1:], axis=-1)))
+    if not rescored:
+        failures.append("negative control: the selector's path equals the logits' argmax")
     conv_to_identity(model)
     plain = ref.reference_logits(ref_mod, model, embed, lm_head, ids, hidden, anchors, B, mask_id)
     sens = min(ref.rel_err(ours[i], plain[i]) for i in range(len(anchors)))
@@ -208,10 +225,29 @@ def run_case(ref_mod, name, cfg, S, seed):
     status = "ok" if not failures else "FAIL"
     print(f"{status} {name}: {len(anchors)} blocks at anchors {anchors} (S={S}), max relative "
           f"logit difference {worst:.2e}; identity convolutions in the reference {sens:.2e} "
-          f"away; fresh DFlash 2 vs DFlash 1 max abs {ident:.2e}")
+          f"away; fresh DFlash 2 vs DFlash 1 max abs {ident:.2e}; selector path "
+          f"{our_path.size - wrong}/{our_path.size} equal ({rescored} differ from the argmax)")
     for f in failures:
         print("   ", f)
     return not failures
+
+
+def reference_paths(model, embed, lm_head, ids, hidden, anchors, B, mask_id):
+    """z-lab's greedy propose for each block, as dflash_generate calls it."""
+    head = torch.nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False)
+    head.weight.data = torch.from_numpy(lm_head)
+    emb = torch.from_numpy(embed)
+    out = []
+    with torch.no_grad():
+        for a in anchors:
+            block = torch.tensor([int(ids[a])] + [mask_id] * (B - 1))
+            noise = torch.nn.functional.embedding(block, emb)[None]
+            ctx = torch.from_numpy(hidden[:a])[None]
+            h = model(position_ids=torch.arange(a + B)[None], noise_embedding=noise,
+                      target_hidden=ctx)[:, 1 - B:, :]
+            path, _, _ = model.propose(h, block[None, 0], head, 0.0)
+            out.append(path[0].numpy())
+    return np.stack(out).astype(np.int32)
 
 
 def _target(tmp, embed, lm_head):

@@ -192,11 +192,36 @@ START_TEST(conv_matches_direct_evaluation) {
 }
 END_TEST
 
+/* The greedy walk: each position's choice depends on the one before. */
+START_TEST(selector_walks_from_the_anchor) {
+  enum { VV = 5, RR = 1, N = 2 };
+  /* Logits: position 0 prefers 1 over 2, position 1 prefers 3 over 4. */
+  float logits[N * VV] = {0, 2.0f, 1.9f, 0, 0, 0, 0, 0, 1.0f, 0.9f};
+  float hproj[N * RR] = {1.0f, 1.0f}, pred[VV * RR] = {1, 0, 1, 0, 0}, succ[VV * RR];
+  for (int v = 0; v < VV; v++) succ[v] = v == 2 ? 0.5f : v == 4 ? 1.0f : 0.0f;
+  int32_t path[N];
+  /* From anchor 0 (A = 1): token 2 scores 1.9 + 0.5 > 2.0; then from 2 (A = 1) token 4
+   * scores 0.9 + 1 > 1.0. */
+  df2_select_greedy(logits, hproj, pred, succ, N, VV, RR, 2, 0, path);
+  ck_assert_int_eq(path[0], 2);
+  ck_assert_int_eq(path[1], 4);
+  /* From anchor 1 (A = 0): the logits alone. */
+  df2_select_greedy(logits, hproj, pred, succ, N, VV, RR, 2, 1, path);
+  ck_assert_int_eq(path[0], 1);
+  ck_assert_int_eq(path[1], 3);
+  /* top_k 1: no rescoring can leave the argmax. */
+  df2_select_greedy(logits, hproj, pred, succ, N, VV, RR, 1, 0, path);
+  ck_assert_int_eq(path[0], 1);
+  ck_assert_int_eq(path[1], 3);
+}
+END_TEST
+
 TCase *tc_dflash2(void) {
   TCase *tc = tcase_create("dflash2");
   tcase_add_test(tc, tensors_named_and_initialised_as_identity);
   tcase_add_test(tc, training_and_cuda_refused);
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, conv_matches_direct_evaluation);
+  tcase_add_test(tc, selector_walks_from_the_anchor);
   return tc;
 }
