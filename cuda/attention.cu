@@ -24,7 +24,8 @@
 //     attn_bwd_q      4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 4*Mp*ldo + 4*N*ldo + 8*Mp
 //     attn_bwd_ctx    4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 8*N*ldo + 8*Mp
 //     (+ up to 127 bytes per region of alignment). E.g. d = 128, Mp = 64 (Qwen3-8B 32/8 at
-//     B 16), N = 64: 113 KB, 166 KB, 191 KB; Mp = 128 (Kimi 64/8): N = 64, 32, 32.
+//     B 16), N = 64: 113,152 / 190,976 / 190,976 bytes; Mp = 128 (Kimi 64/8): N = 64, 32,
+//     32: 191,488 / 229,888 / 179,200 bytes (227 KiB = 232,448 on H100/H200/B200).
 //   FLOPs    (tensor-core, per CTA; a tile of cnt keys costs w = 16 * ceil(cnt / 16)
 //            columns; keys = the sum of w over the tiles visited: the context rows from the
 //            window's start to the anchor, in tiles of N, then the B block keys)
