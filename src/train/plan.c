@@ -95,14 +95,34 @@ void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t ancho
 
 static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
 
+/* DFlash 2's tensors (model.c's add_dflash2_tensors); 0 for DFlash 1. */
+static uint64_t dflash2_param_count(const dflash_drafter_config *c,
+                                    const dflash_drafter_config_ext *e) {
+  if (!e->dflash2) return 0;
+  uint64_t H = (uint64_t)c->hidden_size, k = (uint64_t)e->conv_kernel_size;
+  uint64_t conv = 2 * k * H + 2 * k * (H / (uint64_t)e->conv_group_size) * H;
+  uint64_t r = (uint64_t)e->selector_rank;
+  return (uint64_t)c->num_hidden_layers * 2 * conv + 2 * (uint64_t)c->vocab_size * r + r * H;
+}
+
 dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                         const dflash_train_plan_options *opts,
                                         dflash_train_plan *p) {
+  return dflash_train_plan_compute_ext(cfg, NULL, opts, p);
+}
+
+dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
+                                            const dflash_drafter_config_ext *ext_in,
+                                            const dflash_train_plan_options *opts,
+                                            dflash_train_plan *p) {
   DF_CHECK_ARG(cfg && opts && p);
   if (opts->struct_size != sizeof *opts)
     return df_error(DFLASH_E_INVALID_ARG, "plan options: struct_size %zu, expected %zu",
                     opts->struct_size, sizeof *opts);
   dflash_status st = dflash_drafter_config_validate(cfg);
+  dflash_drafter_config_ext ext;
+  if (!st) st = df_config_ext_copy(ext_in, &ext);
+  if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (st) return st;
   if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 ||
       opts->vocab_chunk < 1 || opts->batch_size < 1)
@@ -114,7 +134,7 @@ dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
   p->struct_size = sizeof *p;
   /* As cuda/model.cu lays the buffers out: padded to the gradient buckets, the fp32
    * masters and moments created as this rank's shard (so the peak is the steady state). */
-  uint64_t n = param_count(cfg);
+  uint64_t n = param_count(cfg) + dflash2_param_count(cfg, &ext);
   df_bucket_layout b;
   if ((st = df_bucket_layout_init(&b, (size_t)n, opts->zero1 ? opts->world_size : 1,
                                   DF_CU_BUCKET_ELEMS)))

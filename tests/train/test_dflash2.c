@@ -6,6 +6,7 @@
 #include <dflash/safetensors.h>
 #include <dflash/train.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,6 +217,36 @@ START_TEST(selector_walks_from_the_anchor) {
 }
 END_TEST
 
+/* --plan's parameter count is the trainer's, DFlash 2 tensors included. */
+START_TEST(plan_counts_dflash2_tensors) {
+  dflash_trainer *t;
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
+  size_t total = 0, d1 = 0, n1 = 3 + 11 * L;
+  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
+    size_t numel;
+    ck_assert_ok(dflash_trainer_param_info(t, i, NULL, NULL, NULL, &numel));
+    total += numel;
+    d1 += i < n1 ? numel : 0;
+  }
+  dflash_trainer_free(t);
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  config(&c, &e);
+  dflash_train_plan_options o;
+  dflash_train_plan_options_default(&o);
+  o.gpu_bytes = UINT64_MAX / 2;
+  dflash_train_plan p;
+  ck_assert_ok(dflash_train_plan_compute_ext(&c, &e, &o, &p));
+  ck_assert_uint_eq(p.n_params, total);
+  ck_assert_uint_eq(total - d1, 2 * L * (2 * K * H + 2 * K * H / G * H) + 2 * V * R + R * H);
+  ck_assert_ok(dflash_train_plan_compute(&c, &o, &p));
+  ck_assert_uint_eq(p.n_params, d1);
+  e.conv_group_size = 5; /* does not divide H */
+  ck_assert_status(dflash_train_plan_compute_ext(&c, &e, &o, &p), DFLASH_E_CONFIG,
+                   "conv_group_size 5");
+}
+END_TEST
+
 TCase *tc_dflash2(void) {
   TCase *tc = tcase_create("dflash2");
   tcase_add_test(tc, tensors_named_and_initialised_as_identity);
@@ -223,5 +254,6 @@ TCase *tc_dflash2(void) {
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, conv_matches_direct_evaluation);
   tcase_add_test(tc, selector_walks_from_the_anchor);
+  tcase_add_test(tc, plan_counts_dflash2_tensors);
   return tc;
 }

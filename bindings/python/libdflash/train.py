@@ -494,6 +494,10 @@ _plan_defaults = bind("dflash_train_plan_options_default", [ctypes.POINTER(Train
 _plan = bind("dflash_train_plan_compute", [ctypes.POINTER(DrafterConfig),
                                            ctypes.POINTER(TrainPlanOptions),
                                            ctypes.POINTER(TrainPlan)])
+_plan_ext = bind("dflash_train_plan_compute_ext", [ctypes.POINTER(DrafterConfig),
+                                                   ctypes.c_void_p,
+                                                   ctypes.POINTER(TrainPlanOptions),
+                                                   ctypes.POINTER(TrainPlan)])
 
 
 def train_plan(config, **options):
@@ -512,7 +516,9 @@ def train_plan(config, **options):
     plan = TrainPlan(struct_size=ctypes.sizeof(TrainPlan))
     out = {}
     try:
-        _plan(ctypes.byref(parse_config(config)), ctypes.byref(o), ctypes.byref(plan))
+        cfg, ext = parse_config_ext(config)  # DFlash 2's tensors are counted too
+        _plan_ext(ctypes.byref(cfg), ctypes.cast(ctypes.byref(ext), ctypes.c_void_p),
+                  ctypes.byref(o), ctypes.byref(plan))
     except Error as e:
         if e.status != "DFLASH_E_NOMEM":
             raise
