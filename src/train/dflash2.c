@@ -38,6 +38,70 @@ void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
   df_pool_for(pool, (size_t)T, 16, conv_rows, &c);
 }
 
+typedef struct conv_bwd_ctx {
+  float *dx, *ddyn, *dbase;
+  const float *dout, *x, *dyn, *base;
+  size_t dyn_stride;
+  int T, B, H, k, g;
+} conv_bwd_ctx;
+
+/* Rows s: dx[s, c] = sum over the taps o that read x[s] from row s + o of the
+ * same block of dout[s + o, c] (base[o, c] + dyn[s + o, o, c / g]); and
+ * ddyn[s, o, q] = sum over channels c of group q of dout[s, c] x[s - o, c]. */
+static void conv_bwd_rows(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  const conv_bwd_ctx *c = vc;
+  size_t H = (size_t)c->H, g = (size_t)c->g, G = H / g;
+  for (size_t s = b; s < e; s++) {
+    int j = (int)(s % (size_t)c->B);
+    int ahead = c->B - j < c->k ? c->B - j : c->k; /* rows s .. s+ahead-1 read x[s] */
+    int behind = j + 1 < c->k ? j + 1 : c->k;      /* taps row s has */
+    float *dx = c->dx + s * H;
+    for (size_t ch = 0; ch < H; ch++) {
+      float acc = 0.0f;
+      for (int o = 0; o < ahead; o++) {
+        size_t t = s + (size_t)o;
+        float w = c->base[(size_t)o * H + ch] + c->dyn[t * c->dyn_stride + (size_t)o * G + ch / g];
+        acc += c->dout[t * H + ch] * w;
+      }
+      dx[ch] = acc;
+    }
+    float *dd = c->ddyn + s * c->dyn_stride;
+    for (int o = 0; o < c->k; o++)
+      for (size_t q = 0; q < G; q++) {
+        float acc = 0.0f;
+        for (size_t ch = q * g; o < behind && ch < (q + 1) * g; ch++)
+          acc += c->dout[s * H + ch] * c->x[(s - (size_t)o) * H + ch];
+        dd[(size_t)o * G + q] = acc;
+      }
+  }
+}
+
+/* Channels ch: dbase[o, ch] += sum_t dout[t, ch] x[t - o, ch] (same block). */
+static void conv_bwd_base(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  const conv_bwd_ctx *c = vc;
+  size_t H = (size_t)c->H;
+  for (size_t ch = b; ch < e; ch++)
+    for (int o = 0; o < c->k; o++) {
+      double acc = 0;
+      for (size_t t = 0; t < (size_t)c->T; t++)
+        if ((int)(t % (size_t)c->B) >= o)
+          acc += (double)c->dout[t * H + ch] * c->x[(t - (size_t)o) * H + ch];
+      c->dbase[(size_t)o * H + ch] += (float)acc;
+    }
+}
+
+void df2_conv_backward(df_pool *pool, float *dx, float *ddyn, float *dbase, const float *dout,
+                       const float *x, const float *dyn, size_t dyn_stride, const float *base,
+                       int T, int B, int H, int k, int g) {
+  conv_bwd_ctx c = {.dx = dx, .ddyn = ddyn, .dbase = dbase, .dout = dout, .x = x, .dyn = dyn,
+                    .base = base, .dyn_stride = dyn_stride, .T = T, .B = B, .H = H, .k = k,
+                    .g = g};
+  df_pool_for(pool, (size_t)T, 16, conv_bwd_rows, &c);
+  df_pool_for(pool, (size_t)H, 8, conv_bwd_base, &c);
+}
+
 /* Insert candidate v (logit x) into the top list (k kept, by logit then id). */
 static int top_insert(int32_t *ids, float *vals, int n, int k, int32_t v, float x) {
   if (n == k && !(x > vals[n - 1])) return n; /* ties keep the smaller id, seen first */

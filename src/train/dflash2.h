@@ -25,6 +25,16 @@ void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
                     int H, int k, int g);
 
 /*
+ * The backward of df2_conv_apply for dout = d(out) (the residual's gradient
+ * is dout itself): dx [T, H] and ddyn (rows at ddyn + t * dyn_stride, [k,
+ * H/g] each) are overwritten, dbase [k, H] is accumulated (a gradient
+ * buffer). dx must not alias dout.
+ */
+void df2_conv_backward(df_pool *pool, float *dx, float *ddyn, float *dbase, const float *dout,
+                       const float *x, const float *dyn, size_t dyn_stride, const float *base,
+                       int T, int B, int H, int k, int g);
+
+/*
  * The candidate selector's greedy path over n consecutive drafted positions
  * (z-lab's CandidateSelector.select at temperature 0): at position i the
  * top_k tokens of logits[i] (the candidates, their logits the unary scores)
