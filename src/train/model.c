@@ -261,6 +261,10 @@ static size_t layout(df_model *m, float *base, int T, int Sc, int R) {
   a->dctx = take(base, &cur, sc * H);
   a->dtmp = take(base, &cur, t * (qd > kd ? qd : kd));
   a->dctx_tmp = take(base, &cur, sc * (kd > H ? kd : H));
+  size_t th2 = m->dflash2 ? t * H : 0;
+  a->d2_y = take(base, &cur, th2);
+  a->d2_x = take(base, &cur, th2);
+  a->d2_dyn = take(base, &cur, m->dflash2 ? t * 2 * (size_t)m->conv_k * m->conv_groups : 0);
   a->rows_x = take(base, &cur, (size_t)R * H);
   a->rows_dx = take(base, &cur, (size_t)R * H);
   a->coef = take(base, &cur, (size_t)R);
@@ -488,6 +492,30 @@ static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float 
   df_matmul_backward(dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
 }
 
+/* DFlash 2: d(out) = a->dh through finish (the residual keeps a->dh):
+ * returns d(sublayer output), accumulates the base kernel's gradient and
+ * writes the second half of d(dynamic kernels). */
+static const float *conv_finish_backward(df_model *m, const df_conv_w *W, df_conv_w *G,
+                                         const float *dyn, const float *y) {
+  size_t kg = (size_t)m->conv_k * m->conv_groups, kh = (size_t)m->conv_k * m->H;
+  df_acts *a = &m->a;
+  df2_conv_backward(m->pool, a->d2_y, a->d2_dyn + kg, G->base + kh, a->dh, y, dyn + kg, 2 * kg,
+                    W->base + kh, m->T, m->B, m->H, m->conv_k, m->conv_g);
+  return a->d2_y;
+}
+
+/* DFlash 2: d(convolved input) in a->d2_x through prepare: a->dx gets
+ * d(normed input) (the first convolution plus the kernel projection), the
+ * base kernel and projection their gradients. */
+static void conv_prepare_backward(df_model *m, const df_conv_w *W, df_conv_w *G,
+                                  const float *dyn, const float *xn) {
+  int n = 2 * m->conv_k * m->conv_groups;
+  df_acts *a = &m->a;
+  df2_conv_backward(m->pool, a->dx, a->d2_dyn, G->base, a->d2_x, xn, dyn, (size_t)n, W->base,
+                    m->T, m->B, m->H, m->conv_k, m->conv_g);
+  df_matmul_backward(a->dx, G->proj, a->d2_dyn, xn, W->proj, m->T, n, m->H, true);
+}
+
 /* a->dh holds d(layer output) on entry and d(layer input) on return. */
 static void layer_backward(df_model *m, int l, const int32_t *anchors, const float *out) {
   (void)out;
@@ -496,24 +524,34 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
   df_layer_acts *A = &m->a.layer[l];
   df_acts *a = &m->a;
   int T = m->T, Sc = m->Sc, H = m->H, kd = m->nkv * m->d, qd = m->nh * m->d, I = m->I;
-  /* MLP */
-  df_matmul_backward(a->dm, G->wd, a->dh, A->m, W->wd, T, H, I, false);
+  bool c2 = m->dflash2;
+  /* MLP (DFlash 2: its input is the convolved mlp_x, its output goes through finish) */
+  const float *dy = c2 ? conv_finish_backward(m, &W->mlp_conv, &G->mlp_conv, A->mlp_dyn,
+                                              A->mlp_y) : a->dh;
+  const float *xm = c2 ? A->mlp_x : A->xn2;
+  float *dxm = c2 ? a->d2_x : a->dx;
+  df_matmul_backward(a->dm, G->wd, dy, A->m, W->wd, T, H, I, false);
   df_swiglu_backward(m->pool, a->dg, a->du, a->dm, A->g, A->u, (size_t)T * I);
-  df_matmul_backward(a->dx, G->wg, a->dg, A->xn2, W->wg, T, I, H, false);
-  df_matmul_backward(a->dx, G->wu, a->du, A->xn2, W->wu, T, I, H, true);
+  df_matmul_backward(dxm, G->wg, a->dg, xm, W->wg, T, I, H, false);
+  df_matmul_backward(dxm, G->wu, a->du, xm, W->wu, T, I, H, true);
+  if (c2) conv_prepare_backward(m, &W->mlp_conv, &G->mlp_conv, A->mlp_dyn, A->xn2);
   df_rmsnorm_backward(m->pool, a->dh, G->post_ln, a->dx, A->h_mid, W->post_ln, A->rstd2, T, H,
                       true);
   /* attention */
-  df_matmul_backward(a->datt, G->wo, a->dh, A->att, W->wo, T, H, qd, false);
+  dy = c2 ? conv_finish_backward(m, &W->att_conv, &G->att_conv, A->att_dyn, A->att_y) : a->dh;
+  const float *xa = c2 ? A->att_x : A->xn1;
+  float *dxa = c2 ? a->d2_x : a->dx;
+  df_matmul_backward(a->datt, G->wo, dy, A->att, W->wo, T, H, qd, false);
   df_attn_shape s;
   attn_shape(m, l, anchors, &s);
   df_attention_backward(m->pool, &s, a->dq, a->dkc, a->dvc, a->dkb, a->dvb, a->work, a->datt,
                         A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb);
-  qk_backward(m, a->dq, a->dtmp, a->dx, G->wq, G->q_norm, A->q_pre, A->q_rstd, A->xn1, W->wq,
+  qk_backward(m, a->dq, a->dtmp, dxa, G->wq, G->q_norm, A->q_pre, A->q_rstd, xa, W->wq,
               W->q_norm, a->pos_block, T, m->nh, false);
-  qk_backward(m, a->dkb, a->dtmp, a->dx, G->wk, G->k_norm, A->kb_pre, A->kb_rstd, A->xn1, W->wk,
+  qk_backward(m, a->dkb, a->dtmp, dxa, G->wk, G->k_norm, A->kb_pre, A->kb_rstd, xa, W->wk,
               W->k_norm, a->pos_block, T, m->nkv, true);
-  df_matmul_backward(a->dx, G->wv, a->dvb, A->xn1, W->wv, T, kd, H, true);
+  df_matmul_backward(dxa, G->wv, a->dvb, xa, W->wv, T, kd, H, true);
+  if (c2) conv_prepare_backward(m, &W->att_conv, &G->att_conv, A->att_dyn, A->xn1);
   qk_backward(m, a->dkc, a->dctx_tmp, a->dctx, G->wk, G->k_norm, A->kc_pre, A->kc_rstd, a->ctx,
               W->wk, W->k_norm, a->pos_ctx, Sc, m->nkv, true);
   df_matmul_backward(a->dctx, G->wv, a->dvc, a->ctx, W->wv, Sc, kd, H, true);
@@ -544,11 +582,6 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
                             int32_t n_anchors, double grad_scale, bool backward,
                             double *loss_sum, double *weight_sum) {
   if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
-  /* Never train only the backbone of a DFlash 2 drafter. */
-  if (backward && m->dflash2)
-    return df_error(DFLASH_E_UNSUPPORTED, "training a DFlash 2 drafter (DFlash2DraftModel) is "
-                    "not implemented yet: the backward of its convolutions and candidate "
-                    "selector does not exist; its forward (logits, prediction) does");
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st) return st;
   double lsum = 0, wsum = 0;

@@ -65,6 +65,8 @@ typedef struct df_acts {
   float *h_out, *rstd_f, *hf;      /* [T, H] */
   /* gradients, shared by all layers */
   float *dh, *dx, *dq, *dkb, *dvb, *dkc, *dvc, *datt, *dg, *du, *dm, *dctx, *dtmp, *dctx_tmp;
+  /* DFlash 2: d(sublayer output before finish), d(convolved input), d(dynamic kernels) */
+  float *d2_y, *d2_x, *d2_dyn;
   /* loss rows */
   float *rows_x, *rows_dx, *coef;
   int32_t *rows_t, *rows_target;

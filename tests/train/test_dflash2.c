@@ -13,6 +13,7 @@
 #include "core/internal.h"
 #include "testutil.h"
 #include "train/dflash2.h"
+#include "train/trainer.h"
 
 enum { H = 32, V = 40, L = 2, K = 3, G = 8, R = 6, B = 4 };
 
@@ -34,7 +35,10 @@ static dflash_status make(int backend, dflash_trainer **t) {
   dflash_drafter_config_ext e;
   config(&c, &e);
   float *E = zeros((size_t)V * H), *Hd = zeros((size_t)V * H);
-  for (size_t i = 0; i < (size_t)V * H; i++) E[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+  for (size_t i = 0; i < (size_t)V * H; i++) {
+    E[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
+    Hd[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
+  }
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.backend = backend;
@@ -247,6 +251,68 @@ START_TEST(plan_counts_dflash2_tensors) {
 }
 END_TEST
 
+/* Loss sum(w * CE) of the DFlash 2 model (internal step, no refusal). */
+static double model_loss(df_model *m, const int32_t *ids, const uint8_t *mask, int64_t len,
+                         const float *hidden, const int32_t *anchors, int n, bool backward) {
+  double lsum = 0;
+  ck_assert_ok(df_model_step(m, ids, mask, len, hidden, anchors, n, 1.0, backward, &lsum, NULL));
+  return lsum;
+}
+
+/* The model's backward through both convolutions of every layer against
+ * central differences (float32 forward, step 1e-2: the error is ~1e-4 of the
+ * gradient's scale; a missing or wrong term is O(1) of it). */
+START_TEST(model_backward_through_convolutions) {
+  dflash_trainer *t;
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
+  df_model *m = &t->m;
+  uint64_t z = 12345;
+  for (size_t i = 0; i < m->n_params; i++) {
+    z = z * 6364136223846793005ULL + 1442695040888963407ULL;
+    m->params[i] += 0.3f * ((float)(z >> 40) / 16777216.0f - 0.5f);
+  }
+  enum { LEN = 14 };
+  int32_t ids[LEN], anchors[3] = {0, 5, 10};
+  uint8_t mask[LEN];
+  float hidden[LEN * H];
+  for (int i = 0; i < LEN; i++) ids[i] = (i * 11 + 3) % (V - 1), mask[i] = i % 5 != 2;
+  for (int i = 0; i < LEN * H; i++) hidden[i] = sinf(0.37f * (float)i);
+  memset(m->grads, 0, m->n_params * sizeof(float));
+  model_loss(m, ids, mask, LEN, hidden, anchors, 3, true);
+  const char *names[] = {"layers.0.attention_conv.base_kernel",
+                         "layers.0.attention_conv.kernel_projection.weight",
+                         "layers.1.mlp_conv.base_kernel",
+                         "layers.1.mlp_conv.kernel_projection.weight",
+                         "layers.0.mlp_conv.kernel_projection.weight",
+                         "layers.1.attention_conv.base_kernel",
+                         "layers.0.self_attn.q_proj.weight",
+                         "layers.0.input_layernorm.weight",
+                         "layers.1.mlp.gate_proj.weight",
+                         "fc.weight"};
+  for (size_t n = 0; n < sizeof names / sizeof *names; n++) {
+    const df_tensor_info *ti = df_model_find(m, names[n]);
+    ck_assert_ptr_nonnull(ti);
+    const float *g = m->grads + ti->offset;
+    double scale = 0;
+    for (size_t i = 0; i < ti->numel; i++) scale = fmax(scale, fabs(g[i]));
+    ck_assert_msg(scale > 0, "%s: zero gradient", names[n]);
+    for (int k = 0; k < 6; k++) {
+      size_t i = ((size_t)k * 7919 + 13) % ti->numel;
+      float *p = m->params + ti->offset + i, keep = *p, h = 1e-2f;
+      *p = keep + h;
+      double lp = model_loss(m, ids, mask, LEN, hidden, anchors, 3, false);
+      *p = keep - h;
+      double lm = model_loss(m, ids, mask, LEN, hidden, anchors, 3, false);
+      *p = keep;
+      double fd = (lp - lm) / (2.0 * h);
+      ck_assert_msg(fabs(fd - g[i]) <= 1e-2 * scale + 1e-5, "%s[%zu]: backward %g, central "
+                    "difference %g (scale %g)", names[n], i, g[i], fd, scale);
+    }
+  }
+  dflash_trainer_free(t);
+}
+END_TEST
+
 TCase *tc_dflash2(void) {
   TCase *tc = tcase_create("dflash2");
   tcase_add_test(tc, tensors_named_and_initialised_as_identity);
@@ -255,5 +321,6 @@ TCase *tc_dflash2(void) {
   tcase_add_test(tc, conv_matches_direct_evaluation);
   tcase_add_test(tc, selector_walks_from_the_anchor);
   tcase_add_test(tc, plan_counts_dflash2_tensors);
+  tcase_add_test(tc, model_backward_through_convolutions);
   return tc;
 }
