@@ -152,6 +152,13 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
       char alt[128];
       snprintf(alt, sizeof alt, "model.%s", ti->name);
       s = df_read_float_tensor(st, alt, ti->ndim, ti->shape, tmp + ti->offset);
+      /* DFlash 2's codebooks are nn.Embedding modules: a writer that does not
+       * map them back as z-lab's from_pretrained does names them ".weight". */
+      size_t nl = strlen(ti->name);
+      if (s == DFLASH_E_NOT_FOUND && nl > 9 && !strcmp(ti->name + nl - 9, "_codebook")) {
+        snprintf(alt, sizeof alt, "%s.weight", ti->name);
+        s = df_read_float_tensor(st, alt, ti->ndim, ti->shape, tmp + ti->offset);
+      }
       if (s == DFLASH_E_NOT_FOUND)
         s = df_error(DFLASH_E_NOT_FOUND, "%s: checkpoint lacks tensor %s", path, ti->name);
     }

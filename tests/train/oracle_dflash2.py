@@ -196,6 +196,16 @@ def run_case(ref_mod, name, cfg, S, seed):
                                               n_threads=2) as back:
             if not np.array_equal(libtrain.logits(back, ids, hidden, anchors), ours):
                 failures.append("logits differ after save + from_checkpoint")
+            # z-lab's own save_pretrained writes the codebooks without ".weight" too;
+            # a file with nn.Embedding's names loads as well.
+            from safetensors.numpy import load_file, save_file
+            renamed = os.path.join(tmp, "renamed.safetensors")
+            save_file({zlab_name(k): v for k, v in
+                       load_file(os.path.join(ckpt, "model.safetensors")).items()}, renamed)
+            back.set_parameters({n: np.zeros_like(v) for n, v in back.parameters().items()})
+            back.load(renamed)
+            if not np.array_equal(libtrain.logits(back, ids, hidden, anchors), ours):
+                failures.append("logits differ after loading codebooks named .weight")
     refl = ref.reference_logits(ref_mod, model, embed, lm_head, ids, hidden, anchors, B, mask_id)
     errs = [ref.rel_err(ours[i], refl[i]) for i in range(len(anchors))]
     worst = max(errs)
