@@ -65,7 +65,8 @@ dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const fl
                            const bf16 *x, const float *rstd, long rows, int n, float *partial);
 size_t k_rmsnorm_dw_scratch(int n);
 dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, long rows, int heads, int d, float sign);
+                     const float *sin_t, long rows, int heads, int d, int rot,
+                     float sign);
 dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
                            double attn_factor, int n_pos, int half);
 dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);

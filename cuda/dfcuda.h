@@ -19,7 +19,9 @@ typedef struct df_cu_config {
   float eps;
   int window[DF_ACT_MAX_LAYERS]; /* 0: full attention */
   double attn_factor;
-  const double *inv_freq;        /* [d/2] */
+  const double *inv_freq;        /* [rot/2] */
+  /* RoPE rotates the first rot dims of each head (partial_rotary_factor); 0 means d. */
+  int rot;
   size_t n_params;
   const size_t *offsets;         /* [n_tensors], model.c's table order */
   size_t n_tensors;

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Bump on any change below or in dfcuda.h's structs and functions. */
-#define DF_CU_MODULE_ABI 2
+#define DF_CU_MODULE_ABI 3
 #define DF_CU_MODULE_ENTRY "df_cuda_module_v1"
 /* The file the library looks for (beside itself, then on the loader's search path). */
 #define DF_CU_MODULE_FILE "libdflash-cuda.so"

@@ -113,9 +113,10 @@ __global__ void rms_dw_reduce(float *dw, const float *partial, int n, int splits
 }
 
 // ---- RoPE -----------------------------------------------------------------------
+// The first rot of each head's d dims rotate (pairs i, i + rot/2); the rest pass through.
 __global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
-                     long rows, int heads, int d, float sign) {
-  int half = d / 2;
+                     long rows, int heads, int d, int rot, float sign) {
+  int half = rot / 2;
   size_t n = (size_t)rows * heads * half;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
        t += (size_t)gridDim.x * blockDim.x) {
@@ -365,10 +366,11 @@ dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const fl
 }
 
 dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, long rows, int heads, int d, float sign) {
-  size_t n = (size_t)rows * heads * (d / 2);
+                     const float *sin_t, long rows, int heads, int d, int rot, float sign) {
+  size_t n = (size_t)rows * heads * (rot / 2);
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, sign);
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, rot,
+                                                 sign);
   return df_launched("rope");
 }
 

@@ -196,7 +196,7 @@ T *lact(df_cu_model *m, int l, int id) { return (T *)(m->arena + m->lay.loff[l][
 
 dflash_status ensure_rope(df_cu_model *m, int n_pos) {
   if (n_pos <= m->n_pos) return DFLASH_OK;
-  int half = m->c.d / 2;
+  int half = m->c.rot / 2;
   if (m->cos_t) cudaFree(m->cos_t), cudaFree(m->sin_t), cudaFree(m->iota);
   m->live -= (size_t)m->n_pos * (2 * half * 4 + 4);
   m->cos_t = m->sin_t = nullptr;
@@ -271,7 +271,7 @@ dflash_status qk_forward(df_cu_model *m, bf16 *pre, float *rstd, bf16 *out, cons
   DF_TRY(linear(m, pre, x, w_of(m, wi), rows, heads * m->c.d, m->c.H));
   DF_TRY(k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d,
                             m->c.eps));
-  DF_TRY(k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, 1.0f));
+  DF_TRY(k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, m->c.rot, 1.0f));
   return DFLASH_OK;
 }
 
@@ -363,7 +363,7 @@ dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool
                           bool acc, size_t wi, size_t ni, const bf16 *pre, const float *rstd,
                           const bf16 *x, const int32_t *pos, int rows, int heads) {
   int d = m->c.d;
-  DF_TRY(k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, -1.0f));
+  DF_TRY(k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, m->c.rot, -1.0f));
   DF_TRY(k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
                       m->dw_scratch));
   DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd,
@@ -553,6 +553,7 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
   df_cu_model *m = new (std::nothrow) df_cu_model();
   if (!m) return df_error(DFLASH_E_NOMEM, "CUDA model");
   m->c = *c;
+  if (m->c.rot <= 0) m->c.rot = m->c.d; // no partial_rotary_factor: whole heads
   m->offsets.assign(c->offsets, c->offsets + c->n_tensors);
   m->c.offsets = nullptr;
   m->c.inv_freq = nullptr;
@@ -608,13 +609,13 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     TRY(dalloc(m, &m->embed, vh, "frozen embedding"));
     TRY(dalloc(m, &m->head, vh, "frozen LM head"));
     TRY(dalloc(m, &m->tmp, kBucketElems, "staging"));
-    TRY(dalloc(m, &m->inv_freq, (size_t)c->d / 2, "RoPE frequencies"));
+    TRY(dalloc(m, &m->inv_freq, (size_t)m->c.rot / 2, "RoPE frequencies"));
     TRY(dalloc(m, &m->dw_scratch, k_rmsnorm_dw_scratch(c->H > c->d ? c->H : c->d), "norm scratch"));
     TRY(dalloc(m, &m->sumsq_part, 1024 + 4096, "norm scratch"));
     m->sumsq_out = m->sumsq_part + 1024;
     // Every copy and memset goes on m->st: the stream is non-blocking, so work on the legacy
     // stream (cudaMemcpy, cudaMemset) would be neither waited for nor ordered before it.
-    if (cudaMemcpyAsync(m->inv_freq, c->inv_freq, sizeof(double) * (c->d / 2),
+    if (cudaMemcpyAsync(m->inv_freq, c->inv_freq, sizeof(double) * (m->c.rot / 2),
                         cudaMemcpyHostToDevice, m->st) != cudaSuccess) {
       st = df_error(DFLASH_E_CUDA, "CUDA: cannot upload RoPE frequencies");
       goto fail;

@@ -234,10 +234,6 @@ static dflash_status join_ranks(cuda_backend *c) {
 }
 
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
-  if (t->m.rot != t->m.d) /* the kernels rotate whole heads */
-    return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: partial_rotary_factor %g "
-                    "(RoPE on %d of the %d dims of each head) is implemented by the CPU backend "
-                    "only", t->m.ext.partial_rotary_factor, t->m.rot, t->m.d);
   int n_dev = 0;
   dflash_status st = dflash_cuda_device_count(&n_dev);
   if (st) return df_error_wrap(st, "trainer backend cuda");
@@ -254,7 +250,7 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
                       .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
                       .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq, .n_params = m->n_params,
+                      .inv_freq = m->inv_freq, .rot = m->rot, .n_params = m->n_params,
                       .n_tensors = m->n_tensors, .device = c->env.local_rank,
                       .rank = c->nccl ? c->env.rank : 0, .world = c->nccl ? c->env.world : 1};
   /* DFLASH_CUDA_OVERLAP=0: the gradient reduce-scatter after the backward, not

@@ -91,8 +91,8 @@ static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *
   free(gc), free(gg);
 }
 
-static dflash_trainer *make(const dflash_drafter_config *c, const float *E, const float *Hd,
-                            int backend, dflash_status *st) {
+static dflash_trainer *make(const dflash_drafter_config *c, const dflash_drafter_config_ext *ext,
+                            const float *E, const float *Hd, int backend, dflash_status *st) {
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.backend = backend;
@@ -103,17 +103,18 @@ static dflash_trainer *make(const dflash_drafter_config *c, const float *E, cons
   o.vocab_chunk = 384; /* several chunks, the last one partial */
   o.init_std = 0.05;
   dflash_trainer *t = NULL;
-  *st = dflash_trainer_create(c, E, Hd, &o, &t);
+  *st = dflash_trainer_create_ext(c, ext, E, Hd, &o, &t);
   return t;
 }
 
-static void run_config(const dflash_drafter_config *c, const char *what, uint64_t seed) {
+static void run_config(const dflash_drafter_config *c, const dflash_drafter_config_ext *ext,
+                       const char *what, uint64_t seed) {
   size_t vh = (size_t)c->vocab_size * c->hidden_size;
   float *E = g_random(vh, 1.0f, seed + 1), *Hd = g_random(vh, 0.05f, seed + 2);
   round_bf16(E, vh), round_bf16(Hd, vh);
   dflash_status st;
-  dflash_trainer *cpu = make(c, E, Hd, DFLASH_BACKEND_CPU, &st);
-  dflash_trainer *gpu = make(c, E, Hd, DFLASH_BACKEND_CUDA, &st);
+  dflash_trainer *cpu = make(c, ext, E, Hd, DFLASH_BACKEND_CPU, &st);
+  dflash_trainer *gpu = make(c, ext, E, Hd, DFLASH_BACKEND_CUDA, &st);
   if (!cpu || !gpu) {
     CHECK(0, "%s: create: %s", what, dflash_last_error());
     return;
@@ -156,7 +157,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   printf("%s: greedy agreement %d / %d\n", what, same, tot);
   CHECK(same >= 0.95 * tot, "%s: predictions agree on %d of %d", what, same, tot);
   /* A third trainer, on the CPU, steps from the GPU's own gradients. */
-  dflash_trainer *twin = make(c, E, Hd, DFLASH_BACKEND_CPU, &st);
+  dflash_trainer *twin = make(c, ext, E, Hd, DFLASH_BACKEND_CPU, &st);
   float *gg = dump(gpu, 1);
   off = 0;
   for (size_t i = 0; twin && i < dflash_trainer_param_count(twin); i++) {
@@ -185,7 +186,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   dflash_trainer_free(twin);
   /* NCCL with one rank must change nothing. */
   setenv("DFLASH_NCCL", "1", 1);
-  dflash_trainer *nc1 = make(c, E, Hd, DFLASH_BACKEND_CUDA, &st);
+  dflash_trainer *nc1 = make(c, ext, E, Hd, DFLASH_BACKEND_CUDA, &st);
   unsetenv("DFLASH_NCCL");
   if (!nc1 && st == DFLASH_E_UNSUPPORTED) {
     printf("%s: NCCL path skipped: %s\n", what, dflash_last_error());
@@ -241,7 +242,12 @@ int main(void) {
   c.num_target_layers = 12, c.block_size = 8, c.mask_token_id = V - 1;
   c.n_target_layer_ids = 3, c.target_layer_ids[0] = 1, c.target_layer_ids[1] = 4;
   c.target_layer_ids[2] = 8;
-  run_config(&c, "full/rope", seed);
+  dflash_drafter_config_ext ext;
+  dflash_drafter_config_ext_default(&ext);
+  run_config(&c, &ext, "full/rope", seed);
+  ext.partial_rotary_factor = 0.5; /* RoPE on 32 of each head's 64 dims */
+  run_config(&c, &ext, "partial rotary 0.5", seed + 50);
+  ext.partial_rotary_factor = 1.0;
   c.hidden_size = H2, c.num_attention_heads = nh2, c.head_dim = 128, c.block_size = 16;
   c.rope_type = DFLASH_ROPE_YARN, c.rope_theta = 50000, c.rope_factor = 64;
   c.rope_original_max_position = 64, c.rope_attention_factor = 1.0;
@@ -250,7 +256,7 @@ int main(void) {
     printf("config: %s\n", dflash_last_error());
     return 1;
   }
-  run_config(&c, "yarn/sliding", seed + 100);
+  run_config(&c, &ext, "yarn/sliding", seed + 100);
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }
