@@ -132,10 +132,12 @@ static int cmd_plan(int argc, char **argv) {
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (!config) return cli_missing("train --plan", "--config");
   dflash_drafter_config cfg;
-  dflash_status st = dflash_drafter_config_load(config, &cfg);
+  dflash_drafter_config_ext ext; /* DFlash 2 and partial rotary configs plan too */
+  dflash_drafter_config_ext_default(&ext);
+  dflash_status st = dflash_drafter_config_load_ext(config, &cfg, &ext);
   if (st) return cli_fail("train --plan", st);
   dflash_train_plan p;
-  st = dflash_train_plan_compute(&cfg, &po, &p);
+  st = dflash_train_plan_compute_ext(&cfg, &ext, &po, &p);
   if (st && st != DFLASH_E_NOMEM) return cli_fail("train --plan", st);
   printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
          "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n", config,

@@ -2,6 +2,8 @@
 config files, target head loading and the GPU memory plan, on the synthetic
 world of test_train_cli (hidden states determine each sequence's future)."""
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -161,3 +163,25 @@ def test_target_head_loading(tmp_path):
     with pytest.raises(libdflash.Error) as err:
         train.load_target_head(tmp_path / "a.safetensors", V + 1, H)
     assert err.value.status in ("DFLASH_E_MISMATCH", "DFLASH_E_FORMAT")
+
+
+def test_cli_plan_counts_dflash2_tensors(world, tmp_path):
+    """`dflash train --plan` reads a DFlash 2 config (the _ext parser) and
+    counts its convolutions and selector, as the trainer allocates them."""
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        pytest.skip("DFLASH_CLI not set (run through meson test)")
+    cfg = json.loads((world / "drafter.json").read_text())
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_top_k=4,
+                                selector_rank=8)
+    (tmp_path / "d2.json").write_text(json.dumps(cfg))
+    with libdflash.Trainer(cfg, np.zeros((V, H), np.float32), np.zeros((V, H), np.float32)) as t:
+        n2 = sum(p.size for p in t.parameters().values())
+    out = subprocess.run([cli, "train", "--plan", "--config", str(tmp_path / "d2.json")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f": {n2} trainable parameters" in out.stdout, out.stdout
+    plain = subprocess.run([cli, "train", "--plan", "--config", str(world / "drafter.json")],
+                           capture_output=True, text=True, check=True).stdout
+    assert f": {n2} trainable parameters" not in plain  # the DFlash 2 tensors are counted
