@@ -1,6 +1,8 @@
 /* DFlash 2's grouped dynamic causal convolution (dflash2.h). */
 #include "dflash2.h"
+#include "ops.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 typedef struct conv_ctx {
@@ -139,4 +141,117 @@ void df2_select_greedy(const float *logits, const float *hproj, const float *pre
     }
     prev = path[i] = cand[best];
   }
+}
+
+void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int chunk, int top_k,
+                     int32_t *ids, float *vals, float *scratch) {
+  int k = top_k < SELECT_MAX_K ? top_k : SELECT_MAX_K;
+  int *n = calloc((size_t)R, sizeof *n);
+  if (!n) return; /* callers size top_k <= V and check the allocation of scratch */
+  for (int v0 = 0; v0 < V; v0 += chunk) {
+    int nv = V - v0 < chunk ? V - v0 : chunk;
+    df_matmul_forward(scratch, x, E + (size_t)v0 * H, R, nv, H, false);
+    for (int r = 0; r < R; r++)
+      for (int v = 0; v < nv; v++)
+        n[r] = top_insert(ids + (size_t)r * k, vals + (size_t)r * k, n[r], k, v0 + v,
+                          scratch[(size_t)r * nv + v]);
+  }
+  free(n);
+}
+
+int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
+                            float target_logit, bool inject) {
+  for (int c = 0; c < k; c++)
+    if (cand[c] == target) return c;
+  if (!inject) return -1;
+  cand[k - 1] = target, unary[k - 1] = target_logit;
+  return k - 1;
+}
+
+double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
+                        const float *h, const float *succ_cb, int r, float coef, float *da,
+                        float *dh, float *dsucc_cb, float *p) {
+  double mx = -INFINITY, z = 0;
+  for (int c = 0; c < k; c++) {
+    const float *b = succ_cb + (size_t)cand[c] * r;
+    float e = 0;
+    for (int j = 0; j < r; j++) e += a[j] * h[j] * b[j];
+    p[c] = unary[c] + e;
+    mx = p[c] > mx ? p[c] : mx;
+  }
+  for (int c = 0; c < k; c++) z += exp((double)p[c] - mx);
+  double loss = mx + log(z) - p[y];
+  if (!da) return loss;
+  for (int c = 0; c < k; c++) {
+    /* d(loss)/d(score c) = softmax_c - [c == y], scaled by the row's weight. */
+    float ds = coef * (float)(exp((double)p[c] - mx) / z - (c == y));
+    const float *b = succ_cb + (size_t)cand[c] * r;
+    float *db = dsucc_cb + (size_t)cand[c] * r;
+    for (int j = 0; j < r; j++) {
+      db[j] += ds * a[j] * h[j];
+      da[j] += ds * h[j] * b[j];
+      dh[j] += ds * a[j] * b[j];
+    }
+  }
+  return loss;
+}
+
+typedef struct sel_buf {
+  int32_t *cand;
+  float *unary, *hp, *dh, *p, *scratch;
+} sel_buf;
+
+static void sel_buf_free(sel_buf *b) {
+  free(b->cand), free(b->unary), free(b->hp), free(b->dh), free(b->p), free(b->scratch);
+}
+
+static dflash_status sel_buf_alloc(const df2_sel_args *s, sel_buf *b) {
+  size_t R = (size_t)s->R, r = (size_t)s->r, K = (size_t)s->K;
+  b->cand = malloc(sizeof(int32_t) * R * K);
+  b->unary = malloc(sizeof(float) * R * K);
+  b->hp = malloc(sizeof(float) * R * r);
+  b->dh = calloc(R * r, sizeof(float));
+  b->p = malloc(sizeof(float) * K);
+  b->scratch = malloc(sizeof(float) * R * (size_t)s->chunk);
+  if (b->cand && b->unary && b->hp && b->dh && b->p && b->scratch) return DFLASH_OK;
+  sel_buf_free(b);
+  return df_error_nomem("candidate selector loss");
+}
+
+static float dot(const float *x, const float *y, int n) {
+  float s = 0;
+  for (int j = 0; j < n; j++) s += x[j] * y[j];
+  return s;
+}
+
+dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hits) {
+  int R = s->R, r = s->r, K = s->K;
+  *loss = *hits = 0;
+  if (R <= 0) return DFLASH_OK;
+  if (K < 1 || K > SELECT_MAX_K || K > s->V || s->chunk < 1)
+    return df_error(DFLASH_E_RANGE, "selector loss: top-%d of %d tokens (chunk %d)", K, s->V,
+                    s->chunk);
+  sel_buf b;
+  dflash_status st = sel_buf_alloc(s, &b);
+  if (st) return st;
+  df2_lmhead_topk(s->x, s->E, R, s->H, s->V, s->chunk, K, b.cand, b.unary, b.scratch);
+  df_matmul_forward(b.hp, s->x, s->hproj, R, r, s->H, false);
+  for (int i = 0; i < R; i++) {
+    int32_t *cand = b.cand + (size_t)i * K, y_tok = s->target[i];
+    float *un = b.unary + (size_t)i * K;
+    float tl = dot(s->x + (size_t)i * s->H, s->E + (size_t)y_tok * s->H, s->H);
+    int y = df2_selector_candidates(cand, un, K, y_tok, tl, false);
+    *hits += y >= 0;
+    if (y < 0) y = df2_selector_candidates(cand, un, K, y_tok, tl, s->inject);
+    if (y < 0) continue; /* "drop": the true token is not a candidate */
+    size_t pa = (size_t)s->prev[i] * r;
+    double l = df2_selector_row(cand, un, K, y, s->pred + pa, b.hp + (size_t)i * r, s->succ, r,
+                                s->coef[i], s->dx ? s->dpred + pa : NULL,
+                                b.dh + (size_t)i * r, s->dsucc, b.p);
+    *loss += s->w[i] * l;
+  }
+  if (s->dx)
+    df_matmul_backward(s->dx, s->dhproj, b.dh, s->x, s->hproj, R, r, s->H, true);
+  sel_buf_free(&b);
+  return DFLASH_OK;
 }

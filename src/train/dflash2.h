@@ -6,7 +6,9 @@
 #ifndef DFLASH_TRAIN_DFLASH2_H
 #define DFLASH_TRAIN_DFLASH2_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/internal.h"
 
@@ -47,5 +49,58 @@ void df2_conv_backward(df_pool *pool, float *dx, float *ddyn, float *dbase, cons
 void df2_select_greedy(const float *logits, const float *hproj, const float *pred_cb,
                        const float *succ_cb, int n, int V, int r, int top_k, int32_t anchor_id,
                        int32_t *path);
+
+/*
+ * The selector loss's candidates: the top_k (by logit, ties to the smaller
+ * id) of each of R rows' logits x_r . E[v] (x [R, H], E [V, H]), computed
+ * vocabulary chunk by chunk so the [R, V] logits never exist; ids / vals
+ * [R, top_k] get them in descending order. scratch holds R * chunk floats.
+ */
+void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int chunk, int top_k,
+                     int32_t *ids, float *vals, float *scratch);
+
+/*
+ * The index of the true token `target` among the k candidates, or, when it
+ * is not one of them: -1 (mode "drop": the position leaves the selector
+ * loss) or, with `inject`, k - 1 after the true token (unary target_logit)
+ * replaced the lowest candidate (mode "inject").
+ */
+int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
+                            float target_logit, bool inject);
+
+/*
+ * One position's selector loss, the K-way cross-entropy of candidate y under
+ * the scores s_c = unary[c] + <a * h, B[cand[c]]> (a = A(true previous
+ * token), h = P(h_t), B the successor codebook [V, r]); the unary scores
+ * (the drafter's logits) are constants: the top-K selection and the logits
+ * are not differentiated through this loss. With da non-NULL, coef * d(loss)
+ * is accumulated into da [r], dh [r] and dsucc_cb [V, r]. p holds k floats.
+ */
+double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
+                        const float *h, const float *succ_cb, int r, float coef, float *da,
+                        float *dh, float *dsucc_cb, float *p);
+
+/* The selector loss over R rows (df2_selector_loss). */
+typedef struct df2_sel_args {
+  const float *x;      /* [R, H] the drafter's final (normed) hidden rows */
+  const float *E;      /* [V, H] the LM head */
+  const float *pred, *succ, *hproj; /* codebooks [V, r], hidden_projection [r, H] */
+  const int32_t *target, *prev;     /* [R] the true token and the true previous one */
+  const float *coef;   /* [R] gradient scale of each row's CE */
+  const double *w;     /* [R] loss weight of each row's CE */
+  int R, H, V, r, K, chunk;
+  bool inject;         /* "inject", else "drop" */
+  /* Backward when dx is non-NULL: all four are accumulated. */
+  float *dx, *dpred, *dsucc, *dhproj;
+} df2_sel_args;
+
+/*
+ * DFlash 2's selector loss (issue 18): for each row the top-K candidates of
+ * its logits (df2_lmhead_topk), the true token placed among them or the row
+ * dropped (df2_selector_candidates), and df2_selector_row's CE; *loss gets
+ * sum_i w[i] CE_i, *hits the rows whose true token was a candidate (before
+ * any injection). The gradient reaches x only through P(x).
+ */
+dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hits);
 
 #endif

@@ -148,6 +148,8 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
   m->conv_g = m->ext.conv_group_size;
   m->conv_groups = m->dflash2 ? m->H / m->conv_g : 0;
   m->sel_rank = m->ext.selector_rank;
+  m->sel_weight = 1.0;   /* provisional defaults: see src/train/README.md (DFlash 2) */
+  m->sel_inject = false;
   m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
   m->gamma = gamma == 0 ? dflash_default_loss_gamma(m->B) : gamma;
   if ((st = build_tensor_table(m))) goto fail;
@@ -577,6 +579,52 @@ static void model_backward(df_model *m, const float *hidden, const int32_t *anch
 
 /* ---- entry points --------------------------------------------------------- */
 
+/* The true token before supervised row r's position (teacher forcing):
+ * the block's own token at position 1. */
+static int32_t row_prev(const df_model *m, const int32_t *ids, const int32_t *anchors, int r) {
+  int t = m->a.rows_t[r];
+  return ids[anchors[t / m->B] + t % m->B - 1];
+}
+
+/*
+ * DFlash 2's selector loss on the supervised rows (issue 18, df2_selector_loss)
+ * with the true previous token as predecessor, weighted like the block CE
+ * and by sel_weight; *lsum gets it added. The backward feeds the codebooks,
+ * hidden_projection and, through P(hf), rows_dx (the block CE's d(hf) rows,
+ * which model_backward then carries into the drafter).
+ */
+static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_t *anchors,
+                                   bool backward, double *lsum) {
+  df_acts *a = &m->a;
+  m->sel_loss_sum = m->sel_rows = m->sel_hits = 0;
+  if (m->R == 0) return DFLASH_OK;
+  int32_t *prev = malloc(sizeof(int32_t) * m->R);
+  float *coef = malloc(sizeof(float) * m->R);
+  double *w = malloc(sizeof(double) * m->R);
+  if (!prev || !coef || !w) {
+    free(prev), free(coef), free(w);
+    return df_error_nomem("candidate selector loss");
+  }
+  for (int i = 0; i < m->R; i++) {
+    prev[i] = row_prev(m, ids, anchors, i);
+    coef[i] = (float)(a->coef[i] * m->sel_weight);
+    w[i] = df_position_weight(m, a->rows_t[i] % m->B);
+  }
+  df2_sel_args s = {.x = a->rows_x, .E = m->lm_head, .pred = m->w.sel_pred,
+                    .succ = m->w.sel_succ, .hproj = m->w.sel_hproj, .target = a->rows_target,
+                    .prev = prev, .coef = coef, .w = w, .R = m->R, .H = m->H, .V = m->V,
+                    .r = m->sel_rank, .K = m->ext.selector_top_k, .chunk = m->vocab_chunk,
+                    .inject = m->sel_inject};
+  if (backward)
+    s.dx = a->rows_dx, s.dpred = m->g.sel_pred, s.dsucc = m->g.sel_succ,
+    s.dhproj = m->g.sel_hproj;
+  dflash_status st = df2_selector_loss(&s, &m->sel_loss_sum, &m->sel_hits);
+  m->sel_rows = m->R;
+  *lsum += m->sel_weight * m->sel_loss_sum;
+  free(prev), free(coef), free(w);
+  return st;
+}
+
 dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
                             int64_t len, const float *hidden, const int32_t *anchors,
                             int32_t n_anchors, double grad_scale, bool backward,
@@ -603,6 +651,7 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
       lsum += w * a->row_loss[r];
       wsum += w;
     }
+    if (m->dflash2 && (st = selector_loss(m, ids, anchors, backward, &lsum))) return st;
     if (backward) model_backward(m, hidden, anchors);
   }
   if (loss_sum) *loss_sum = lsum;

@@ -100,6 +100,12 @@ typedef struct df_model {
   size_t arena_floats;
   df_acts a;
   int T, Sc, R; /* sizes of the current call */
+  /* DFlash 2's selector loss (ext): its weight, "inject" (else "drop"), and
+   * the last df_model_step's sums: weighted selector CE, supervised rows,
+   * rows whose true token was among the top-K (candidate recall). */
+  double sel_weight;
+  bool sel_inject;
+  double sel_loss_sum, sel_rows, sel_hits;
 } df_model;
 
 /* `ext` may be NULL (defaults). */
