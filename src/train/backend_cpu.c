@@ -27,12 +27,7 @@ static dflash_status cpu_zero_grad(df_backend *b) {
 
 static dflash_status cpu_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                     double *loss_sum, double *weight_sum) {
-  /* Never train only part of a DFlash 2 drafter: df_model_step's backward
-   * covers the convolutions, not the candidate selector's loss yet. */
-  if (trainer_of(b)->m.dflash2)
-    return df_error(DFLASH_E_UNSUPPORTED, "training a DFlash 2 drafter (DFlash2DraftModel) is "
-                    "not implemented yet: the candidate selector's loss and backward do not "
-                    "exist; its forward (logits, prediction) does");
+  /* DFlash 2 too: df_model_step adds the candidate selector's loss. */
   return df_model_step(&trainer_of(b)->m, s->ids, s->loss_mask, s->len, s->hidden, s->anchors,
                        s->n_anchors, grad_scale, true, loss_sum, weight_sum);
 }

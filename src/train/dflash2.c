@@ -170,7 +170,8 @@ int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
 
 double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
                         const float *h, const float *succ_cb, int r, float coef, float *da,
-                        float *dh, float *dsucc_cb, float *p) {
+                        float *dh, float *dsucc_cb, const float *E, int H, float *dx,
+                        float *p) {
   double mx = -INFINITY, z = 0;
   for (int c = 0; c < k; c++) {
     const float *b = succ_cb + (size_t)cand[c] * r;
@@ -192,6 +193,9 @@ double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, c
       da[j] += ds * h[j] * b[j];
       dh[j] += ds * a[j] * b[j];
     }
+    /* The unary score is x . E[cand]: d(x) += ds E[cand]. */
+    const float *e = E + (size_t)cand[c] * H;
+    for (int j = 0; j < H; j++) dx[j] += ds * e[j];
   }
   return loss;
 }
@@ -247,7 +251,8 @@ dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hit
     size_t pa = (size_t)s->prev[i] * r;
     double l = df2_selector_row(cand, un, K, y, s->pred + pa, b.hp + (size_t)i * r, s->succ, r,
                                 s->coef[i], s->dx ? s->dpred + pa : NULL,
-                                b.dh + (size_t)i * r, s->dsucc, b.p);
+                                b.dh + (size_t)i * r, s->dsucc, s->E, s->H,
+                                s->dx ? s->dx + (size_t)i * s->H : NULL, b.p);
     *loss += s->w[i] * l;
   }
   if (s->dx)

@@ -71,14 +71,16 @@ int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
 /*
  * One position's selector loss, the K-way cross-entropy of candidate y under
  * the scores s_c = unary[c] + <a * h, B[cand[c]]> (a = A(true previous
- * token), h = P(h_t), B the successor codebook [V, r]); the unary scores
- * (the drafter's logits) are constants: the top-K selection and the logits
- * are not differentiated through this loss. With da non-NULL, coef * d(loss)
- * is accumulated into da [r], dh [r] and dsucc_cb [V, r]. p holds k floats.
+ * token), h = P(h_t), B the successor codebook [V, r]); unary[c] is the
+ * drafter's logit x . E[cand[c]] (E the LM head [V, H]) and is differentiated
+ * (only the top-K selection is not). With da non-NULL, coef * d(loss) is
+ * accumulated into da [r], dh [r], dsucc_cb [V, r] and dx [H] (the unary
+ * path; P's is the caller's, from dh). p holds k floats.
  */
 double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
                         const float *h, const float *succ_cb, int r, float coef, float *da,
-                        float *dh, float *dsucc_cb, float *p);
+                        float *dh, float *dsucc_cb, const float *E, int H, float *dx,
+                        float *p);
 
 /* The selector loss over R rows (df2_selector_loss). */
 typedef struct df2_sel_args {
@@ -99,7 +101,7 @@ typedef struct df2_sel_args {
  * its logits (df2_lmhead_topk), the true token placed among them or the row
  * dropped (df2_selector_candidates), and df2_selector_row's CE; *loss gets
  * sum_i w[i] CE_i, *hits the rows whose true token was a candidate (before
- * any injection). The gradient reaches x only through P(x).
+ * any injection). The gradient reaches x through the unary logits and P(x).
  */
 dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hits);
 

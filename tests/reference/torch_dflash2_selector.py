@@ -1,8 +1,8 @@
 """DFlash 2's selector loss (src/train/dflash2.c, df2_selector_loss) against
 PyTorch autograd of the same objective written here (issue 18): for each row
 x_i (the drafter's final normed hidden), the top-K of its logits x_i E^T
-(torch.topk; values = unary scores, detached: the selection and the logits
-are not differentiated), scores unary + <A[prev_i] * (P x_i), B[cand]> as
+(torch.topk, not differentiated; the unary scores are the candidates'
+logits, differentiated), scores unary + <A[prev_i] * (P x_i), B[cand]> as
 z-lab's CandidateSelector.select scores them (dflash 0.1.0, model.py:
 predecessor codebook on the previous token, successor codebook on the
 candidates), and the K-way CE of the true token; rows whose true token is
@@ -53,12 +53,13 @@ CASES = [  # R, H, V, r, K, chunk
 def reference(x, E, A, B, P, target, prev, coef, K, inject):
     x, A, B, P = (torch.tensor(a, requires_grad=True) for a in (x, A, B, P))
     E = torch.tensor(E)
+    logits = x @ E.T
     with torch.no_grad():
-        unary, cand = torch.topk(x @ E.T, K, dim=-1)
+        _, cand = torch.topk(logits, K, dim=-1)
     total, hits = x.new_zeros(()), 0
     h = x @ P.T
     for i in range(x.shape[0]):
-        c, u = cand[i].clone(), unary[i].clone()
+        c = cand[i].clone()
         where = (c == int(target[i])).nonzero()
         if len(where):
             hits += 1
@@ -66,10 +67,9 @@ def reference(x, E, A, B, P, target, prev, coef, K, inject):
         elif inject:
             y = K - 1
             c[y] = int(target[i])
-            u[y] = (x[i] @ E[int(target[i])]).detach()
         else:
             continue
-        s = u + torch.einsum("r,kr->k", A[int(prev[i])] * h[i], B[c])
+        s = logits[i, c] + torch.einsum("r,kr->k", A[int(prev[i])] * h[i], B[c])
         total = total + float(coef[i]) * (torch.logsumexp(s, 0) - s[y])
     grads = torch.autograd.grad(total, (x, A, B, P), allow_unused=True)
     grads = [np.zeros(t.shape, np.float32) if g is None else g.numpy()
