@@ -156,7 +156,21 @@ typedef struct dflash_trainer_options {
   int32_t num_anchors;    /* per sequence (512) */
   int32_t vocab_chunk;    /* LM-head columns per chunk (4096) */
   double init_std;        /* std of the normal init of linear weights (0.02) */
+  /* DFlash 2 only (ignored for DFlash 1): loss = block CE + selector_loss_weight
+   * x the candidate selector's K-way CE over each supervised position's top-K
+   * candidates, the true previous token as predecessor, normalised like the
+   * block CE (1.0, >= 0). A position whose true token is not a candidate is
+   * left out of the selector term (DFLASH_SELECTOR_LOSS_DROP, the default;
+   * candidate recall counts it) or scored with it in place of the lowest
+   * candidate (DFLASH_SELECTOR_LOSS_INJECT). */
+  double selector_loss_weight;
+  int32_t selector_loss_mode;
 } dflash_trainer_options;
+
+typedef enum dflash_selector_loss_mode {
+  DFLASH_SELECTOR_LOSS_DROP = 0,
+  DFLASH_SELECTOR_LOSS_INJECT = 1
+} dflash_selector_loss_mode;
 
 DFLASH_API void dflash_trainer_options_default(dflash_trainer_options *opts);
 
@@ -481,9 +495,9 @@ typedef struct dflash_drafter_config_ext {
    * .kernel_projection.weight [2 k H / g, H]; candidate_selector.
    * {predecessor,successor}_codebook [V, r] and .hidden_projection.weight
    * [r, H]. A fresh drafter is initialised to compute exactly DFlash 1. The
-   * CPU backend runs the forward (dflash_trainer_logits, prediction); the
-   * backward is not implemented yet (training refuses: DFLASH_E_UNSUPPORTED),
-   * and the CUDA backend refuses DFlash 2 configs. */
+   * CPU backend trains it (the selector's loss: dflash_trainer_options'
+   * selector_loss_weight / _mode) and predicts with the selector; the CUDA
+   * backend refuses DFlash 2 configs. */
   int32_t dflash2;
   int32_t conv_kernel_size;
   int32_t conv_group_size;

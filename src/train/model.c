@@ -148,7 +148,7 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
   m->conv_g = m->ext.conv_group_size;
   m->conv_groups = m->dflash2 ? m->H / m->conv_g : 0;
   m->sel_rank = m->ext.selector_rank;
-  m->sel_weight = 1.0;   /* provisional defaults: see src/train/README.md (DFlash 2) */
+  m->sel_weight = 1.0; /* dflash_trainer_options' defaults; the trainer sets its own */
   m->sel_inject = false;
   m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
   m->gamma = gamma == 0 ? dflash_default_loss_gamma(m->B) : gamma;

@@ -27,6 +27,8 @@ void dflash_trainer_options_default(dflash_trainer_options *o) {
   o->num_anchors = 512;
   o->vocab_chunk = 4096;
   o->init_std = 0.02;
+  o->selector_loss_weight = 1.0;
+  o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
 }
 
 static dflash_status check_options(const dflash_trainer_options *in, dflash_trainer_options *o) {
@@ -53,6 +55,12 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
   NEED(o->min_lr_ratio >= 0 && o->min_lr_ratio <= 1, "min_lr_ratio must be in [0, 1]");
   NEED(o->num_anchors > 0, "num_anchors must be positive (got %d)", o->num_anchors);
   NEED(o->vocab_chunk > 0, "vocab_chunk must be positive (got %d)", o->vocab_chunk);
+  NEED(o->selector_loss_weight >= 0 && isfinite(o->selector_loss_weight),
+       "selector_loss_weight must be finite and >= 0 (got %g)", o->selector_loss_weight);
+  NEED(o->selector_loss_mode == DFLASH_SELECTOR_LOSS_DROP ||
+       o->selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT,
+       "selector_loss_mode must be DFLASH_SELECTOR_LOSS_DROP (0) or _INJECT (1) (got %d)",
+       o->selector_loss_mode);
 #undef NEED
   return DFLASH_OK;
 }
@@ -153,6 +161,10 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg,
   if (!st)
     st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk,
                        t->opt.loss_gamma);
+  if (!st) {
+    t->m.sel_weight = t->opt.selector_loss_weight;
+    t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;
+  }
   if (!st && t->m.dflash2 && t->opt.backend == DFLASH_BACKEND_CUDA) {
     df_model_free(&t->m);
     st = df_error(DFLASH_E_UNSUPPORTED, "the CUDA backend does not implement DFlash 2 "

@@ -30,7 +30,8 @@ static void config(dflash_drafter_config *c, dflash_drafter_config_ext *e) {
 
 static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 
-/* lr > 0: that constant learning rate (no warm-up), LM-head chunks of 16. */
+/* lr != 0: constant learning rate |lr| (no warm-up), LM-head chunks of 16;
+ * lr < 0 also the selector loss's inject mode. */
 static dflash_status make_lr(int backend, double lr, dflash_trainer **t) {
   dflash_drafter_config c;
   dflash_drafter_config_ext e;
@@ -44,7 +45,8 @@ static dflash_status make_lr(int backend, double lr, dflash_trainer **t) {
   dflash_trainer_options_default(&o);
   o.backend = backend;
   o.seed = 5;
-  if (lr > 0) o.lr = lr, o.warmup_ratio = 0, o.vocab_chunk = 16;
+  if (lr != 0) o.lr = fabs(lr), o.warmup_ratio = 0, o.vocab_chunk = 16;
+  if (lr < 0) o.selector_loss_mode = DFLASH_SELECTOR_LOSS_INJECT;
   dflash_status st = dflash_trainer_create_ext(&c, &e, E, Hd, &o, t);
   free(E), free(Hd);
   return st;
@@ -131,6 +133,33 @@ START_TEST(cuda_refused_cpu_trains) {
 }
 END_TEST
 
+/* The selector loss's options: defaults, checked, and absent from an older struct. */
+START_TEST(selector_loss_options) {
+  dflash_drafter_config c;
+  dflash_drafter_config_ext e;
+  config(&c, &e);
+  float *E = zeros((size_t)V * H);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  ck_assert_double_eq(o.selector_loss_weight, 1.0);
+  ck_assert_int_eq(o.selector_loss_mode, DFLASH_SELECTOR_LOSS_DROP);
+  dflash_trainer *t = NULL;
+  o.selector_loss_mode = 2;
+  ck_assert_status(dflash_trainer_create_ext(&c, &e, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+                   "selector_loss_mode");
+  o.selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP, o.selector_loss_weight = -1;
+  ck_assert_status(dflash_trainer_create_ext(&c, &e, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+                   "selector_loss_weight");
+  /* An older caller's struct (up to init_std) gets the defaults. */
+  o.selector_loss_weight = 0;
+  o.struct_size = offsetof(dflash_trainer_options, selector_loss_weight);
+  ck_assert_ok(dflash_trainer_create_ext(&c, &e, E, E, &o, &t));
+  ck_assert_double_eq(t->m.sel_weight, 1.0);
+  dflash_trainer_free(t);
+  free(E);
+}
+END_TEST
+
 /* Selector CE per scored row (drop: rows with the true token a candidate). */
 static double selector_ce(const df_model *m, bool inject) {
   double rows = inject ? m->sel_rows : m->sel_hits;
@@ -142,8 +171,8 @@ static double selector_ce(const df_model *m, bool inject) {
  * selector's loss, in both modes. */
 static void train_lowers_selector_loss(bool inject) {
   dflash_trainer *t;
-  ck_assert_ok(make_lr(DFLASH_BACKEND_CPU, 1e-2, &t));
-  t->m.sel_inject = inject;
+  ck_assert_ok(make_lr(DFLASH_BACKEND_CPU, inject ? -1e-2 : 1e-2, &t));
+  ck_assert(t->m.sel_inject == inject);
   enum { LEN = 24 };
   int32_t ids[LEN], anchors[5] = {0, 4, 9, 14, 19};
   uint8_t mask[LEN];
@@ -361,6 +390,7 @@ TCase *tc_dflash2(void) {
   tcase_add_test(tc, tensors_named_and_initialised_as_identity);
   tcase_add_test(tc, cuda_refused_cpu_trains);
   tcase_add_test(tc, training_lowers_selector_loss);
+  tcase_add_test(tc, selector_loss_options);
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, conv_matches_direct_evaluation);
   tcase_add_test(tc, selector_walks_from_the_anchor);

@@ -50,6 +50,7 @@ class TrainerOptions(ctypes.Structure):
         ("total_steps", ctypes.c_int64), ("min_lr_ratio", ctypes.c_double),
         ("loss_gamma", ctypes.c_double), ("num_anchors", ctypes.c_int32),
         ("vocab_chunk", ctypes.c_int32), ("init_std", ctypes.c_double),
+        ("selector_loss_weight", ctypes.c_double), ("selector_loss_mode", ctypes.c_int32),
     ]
 
 
