@@ -200,7 +200,7 @@ def llama_line(lc):
 
 def spool_files(d, seen):
     """One look at the spool folder: (bytes of every file, bytes of the published
-    shards present); `seen` collects the published shards' sample counts."""
+    shards present); `seen` collects the published shards' sample ids."""
     total = shards = 0
     for name in os.listdir(d) if os.path.isdir(d) else ():
         try:
@@ -213,9 +213,9 @@ def spool_files(d, seen):
             if name not in seen:
                 try:
                     with open(os.path.join(d, name[:-len(".safetensors")] + ".ids")) as f:
-                        seen[name] = sum(1 for ln in f if ln.strip())
+                        seen[name] = [ln for ln in f.read().splitlines() if ln.strip()]
                 except OSError:
-                    seen[name] = 0  # consumed and deleted meanwhile: seen, not counted
+                    seen[name] = []  # consumed and deleted meanwhile: seen, not counted
     return total, shards
 
 
@@ -229,13 +229,40 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def trainer_idle(seen, trace):
+    """Whether the trainer has trained the last sample published so far:
+    nothing to train until the next shard (trace: DFLASH_TRAIN_TRACE's
+    "epoch step id" lines). A sample the trainer skips (too short) is one
+    published in a finished epoch but never trained in it."""
+    try:
+        with open(trace) as f:
+            rows = [ln.rstrip("\n").split(" ", 2) for ln in f if ln.strip() and ln[0] != "#"]
+    except OSError:
+        rows = []
+    if not rows:
+        return not seen  # nothing published yet (else: starting its first step)
+    epoch, last = int(rows[-1][0]), rows[-1][2]
+    trained = {}
+    for e, _, sid in rows:
+        trained.setdefault(int(e), set()).add(sid)
+    skipped = set()
+    for name, ids in seen.items():
+        e = int(name[1:6])
+        if e < epoch:
+            skipped |= set(ids) - trained.get(e, set())
+    mine = [i for n in sorted(seen) if int(n[1:6]) == epoch for i in seen[n] if i not in skipped]
+    nxt = any(int(n[1:6]) == epoch + 1 for n in seen)
+    return bool(mine) and mine[-1] == last and not nxt
+
+
 def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
     """Producer (dump_hidden.py, re-prefilling every epoch) and `dflash train
     --hidden spool:` as two processes. Every 0.2 s the folder is measured (the
-    high-water mark) and the trainer counted as waiting in the intervals it
-    used under 10 % of a core while the producer ran (the trainer itself
-    records no waits; counting published against trained samples fails on the
-    samples the trainer skips as too short)."""
+    high-water mark) and the trainer counted as waiting while, the producer
+    still running, its last trained sample (DFLASH_TRAIN_TRACE) is the last one
+    published: it had nothing to train on (the trainer records no waits). A
+    second measure: the intervals it used under 10 % of a core (a state save
+    while waiting counts as busy there)."""
     d, ckpt = os.path.join(out, "spool"), os.path.join(out, "drafter_spool")
     shutil.rmtree(d, ignore_errors=True)
     status = os.path.join(out, "spool_producer.json")
@@ -249,13 +276,17 @@ def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
                  "--warmup-ratio", "0.05", "--seed", 0, "--overwrite", "--quiet",
                  "--spool-wait", 600]
     shutil.rmtree(ckpt, ignore_errors=True)
-    seen, hw_total, hw_shards, waited, first_shard = {}, 0, 0, 0.0, None
+    seen, hw_total, hw_shards, waited, idle_cpu, first_shard = {}, 0, 0, 0.0, 0.0, None
+    trace = os.path.join(out, "spool_train_trace.txt")
+    if os.path.exists(trace):
+        os.remove(trace)
     with open(os.path.join(out, "spool_producer.log"), "w") as plog:
         for c in (prod_cmd, train_cmd):
             print("$ " + " ".join(shlex.quote(str(x)) for x in c) + " &", flush=True)
         t0 = time.time()
         prod = subprocess.Popen([str(x) for x in prod_cmd], stdout=plog, stderr=subprocess.STDOUT)
-        trainer = subprocess.Popen([str(x) for x in train_cmd], stdout=subprocess.PIPE, text=True)
+        trainer = subprocess.Popen([str(x) for x in train_cmd], stdout=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, DFLASH_TRAIN_TRACE=trace))
         last, last_cpu = time.time(), 0.0
         while trainer.poll() is None:
             time.sleep(0.2)
@@ -264,11 +295,12 @@ def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
             now, cpu = time.time(), max(last_cpu, cpu_seconds(trainer.pid))
             if seen and first_shard is None:
                 first_shard = now - t0
-            # Waiting (polling for a shard or the epoch's end) takes no CPU; a
-            # training step takes both cores. Once the producer is done, an
-            # idle trainer is writing its checkpoint, not waiting.
-            if prod.poll() is None and cpu - last_cpu < 0.1 * (now - last):
+            # Once the producer is done, an idle trainer is writing its
+            # checkpoint, not waiting. Idle CPU: under 10 % of a core.
+            if prod.poll() is None and trainer_idle(seen, trace):
                 waited += now - last
+            if prod.poll() is None and cpu - last_cpu < 0.1 * (now - last):
+                idle_cpu += now - last
             last, last_cpu = now, cpu
         train_s = time.time() - t0
         if trainer.returncode:
@@ -283,8 +315,9 @@ def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
     return {"budget": budget, "shard_bytes": budget // 8, "epochs": p["epochs"],
             "high_water": pst["high_water"], "high_water_sampled": hw_shards,
             "disk_high_water_sampled": hw_total, "trainer_wait_s": round(waited, 1),
+            "trainer_idle_cpu_s": round(idle_cpu, 1),
             "trainer_wait_before_first_shard_s": round(first_shard or train_s, 1),
-            "trainer_steps": res["steps"], "samples_published": sum(seen.values()),
+            "trainer_steps": res["steps"], "samples_published": sum(len(v) for v in seen.values()),
             "trainer_cpu_s": round(last_cpu, 1),
             "trainer_s": round(train_s, 1), "producer": pst, "checkpoint": ckpt,
             "final_loss": res.get("final_loss")}
@@ -295,8 +328,9 @@ def spool_line(sp):
     return (f"spool: budget {sp['budget'] / mb:.1f} MB, high-water {sp['high_water'] / mb:.2f} MB "
             f"(library; sampled {sp['high_water_sampled'] / mb:.2f} MB of shards, "
             f"{sp['disk_high_water_sampled'] / mb:.2f} MB on disk); trainer {sp['trainer_s']} s, "
-            f"waited {sp['trainer_wait_s']} s in all (idle while the producer ran; the first "
-            f"shard came {sp['trainer_wait_before_first_shard_s']} s after the start); "
+            f"waited {sp['trainer_wait_s']} s for shards ({sp['trainer_idle_cpu_s']} s without "
+            f"CPU; the first shard came {sp['trainer_wait_before_first_shard_s']} s after the "
+            f"start); "
             f"producer {sp['producer']['wall_s']} s "
             f"(forward {sp['producer']['forward_s']} s, in append {sp['producer']['append_s']} s: "
             f"writing and blocked on the budget); walk tau {sp['walk_tau']:.3f} +- {sp['walk_tau_se']:.3f} "
