@@ -354,7 +354,7 @@ def main():
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     ap.add_argument("--spool", action="store_true",
-                    help="also train from a spool fed while training (see above)")
+                    help="also train from a spool while dump_hidden.py fills it (stage 6b, README)")
     ap.add_argument("--spool-budget", type=float, default=None,
                     help="the spool's budget in MiB (64; --quick: 4, a third of an epoch)")
     ap.add_argument("--check", action="store_true",
