@@ -62,7 +62,8 @@ echo "== TSan =="
 CC=clang CXX=clang++ setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=thread -Db_lundef=false
 ninja -C build-tsan
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OPENBLAS_NUM_THREADS=1 \
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/cuda/emu/tsan.supp \
+  OPENBLAS_NUM_THREADS=1 \
   run_tests build-tsan core tokenizer chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
     cuda-emu-selftest cuda-emu-model
 

@@ -232,6 +232,7 @@ struct Host {
   const void *stack_bottom = nullptr;
   size_t stack_size = 0;
   void *tsan = nullptr;
+  unsigned tsan_gen = 0; // g_fork_gen when `tsan` was taken
   ~Host() {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (Runner *r : all) {
@@ -245,6 +246,15 @@ struct Host {
 };
 thread_local Host t_host;
 
+#ifdef DFEMU_TSAN
+// fork() makes the child's thread a new thread to TSan: the host fiber taken in the parent
+// and the parent's parked runners are not this thread's any more (using them made TSan see
+// the death tests' children race with themselves). A child takes its own.
+unsigned g_fork_gen = 1;
+void on_fork_child() { g_fork_gen++; }
+const int g_atfork = pthread_atfork(nullptr, nullptr, on_fork_child);
+#endif
+
 std::mutex g_kernel_mu;
 std::map<const void *, size_t> g_static_smem; // per kernel, once seen
 std::map<const void *, size_t> g_dyn_limit;   // cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -255,7 +265,6 @@ void switch_to(Runner *to) {
   Context *fc = from ? &from->ctx : &t_host.ctx, *tc = to ? &to->ctx : &t_host.ctx;
   t_host.cur = to;
 #ifdef DFEMU_TSAN
-  if (!t_host.tsan) t_host.tsan = __tsan_get_current_fiber();
   __tsan_switch_to_fiber(to ? to->tsan : t_host.tsan, 0);
 #endif
 #ifdef DFEMU_ASAN
@@ -281,6 +290,15 @@ void runner_entry(void *arg) {
 }
 
 Runner *get_runner() {
+#ifdef DFEMU_TSAN
+  // First on this thread, or first in a forked child: run_block calls this from the host
+  // before its first switch, so the current fiber is the host's.
+  if (t_host.tsan_gen != g_fork_gen) {
+    t_host.tsan = __tsan_get_current_fiber();
+    t_host.tsan_gen = g_fork_gen;
+    t_host.parked.clear(); // the parent's runners: left alone, never resumed here
+  }
+#endif
   if (!t_host.parked.empty()) {
     Runner *r = t_host.parked.back();
     t_host.parked.pop_back();
