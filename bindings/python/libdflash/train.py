@@ -106,17 +106,21 @@ def _ptr(arr, ctype):
     return arr.ctypes.data_as(ctypes.POINTER(ctype))
 
 
+def _config_text(config):
+    """A config dict, JSON text or path -> (JSON bytes, the name messages give it)."""
+    if isinstance(config, dict):
+        return json.dumps(config).encode(), b"<dict>"
+    if isinstance(config, (str, os.PathLike)) and os.path.exists(config):
+        with open(config, "rb") as f:
+            return f.read(), cstr(config)
+    return (config.encode() if isinstance(config, str) else config), b"<text>"
+
+
 def parse_config(config):
     """A config dict, JSON text or path -> DrafterConfig (validated by the library)."""
     if isinstance(config, DrafterConfig):
         return config
-    if isinstance(config, dict):
-        text, what = json.dumps(config).encode(), b"<dict>"
-    elif isinstance(config, (str, os.PathLike)) and os.path.exists(config):
-        with open(config, "rb") as f:
-            text, what = f.read(), cstr(config)
-    else:
-        text, what = (config.encode() if isinstance(config, str) else config), b"<text>"
+    text, what = _config_text(config)
     cfg = DrafterConfig()
     _cfg_parse(text, len(text), what, ctypes.byref(cfg))
     return cfg
@@ -637,13 +641,7 @@ def parse_config_ext(config):
     _ext_default(ctypes.byref(ext))
     if isinstance(config, DrafterConfig):
         return config, ext
-    if isinstance(config, dict):
-        text, what = json.dumps(config).encode(), b"<dict>"
-    elif isinstance(config, (str, os.PathLike)) and os.path.exists(config):
-        with open(config, "rb") as f:
-            text, what = f.read(), cstr(config)
-    else:
-        text, what = (config.encode() if isinstance(config, str) else config), b"<text>"
+    text, what = _config_text(config)
     cfg = DrafterConfig()
     _cfg_parse_ext(text, len(text), what, ctypes.byref(cfg), ctypes.byref(ext))
     return cfg, ext
