@@ -25,20 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
-def reexec_in_ref_env():
-    if os.environ.get("DFLASH_REF_ACTIVE") == "1":
-        return
-    py = os.environ.get("DFLASH_REF_PYTHON") or os.path.join(
-        os.environ.get("DFLASH_REF_VENV") or os.path.join(ROOT, ".venv-ref"), "bin", "python")
-    if not os.path.exists(py):
-        print(f"skip: the reference environment is absent ({py} does not exist)")
-        sys.exit(77)
-    os.environ["DFLASH_REF_ACTIVE"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+sys.path.insert(0, HERE)
+from refenv import reexec_in_ref_env  # noqa: E402
 
-
-reexec_in_ref_env()
+reexec_in_ref_env(__file__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

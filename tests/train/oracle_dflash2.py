@@ -37,23 +37,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
-def reexec_in_ref_env():
-    """Run under the reference environment's interpreter (as oracle_reference.py
-    finds it), or skip."""
-    if os.environ.get("DFLASH_REF_ACTIVE") == "1":
-        return
-    py = os.environ.get("DFLASH_REF_PYTHON") or os.path.join(
-        os.environ.get("DFLASH_REF_VENV") or os.path.join(ROOT, ".venv-ref"), "bin", "python")
-    if not os.path.exists(py):
-        print(f"skip: the reference environment is absent ({py} does not exist); "
-              f"scripts/deps.sh creates it from scripts/requirements-ref.txt")
-        sys.exit(77)
-    os.environ["DFLASH_REF_ACTIVE"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+from refenv import reexec_in_ref_env  # noqa: E402
 
-
-reexec_in_ref_env()
+reexec_in_ref_env(__file__)
 sys.path.insert(0, HERE)
 import oracle_reference as ref  # noqa: E402  (its helpers: configs, anchors, reference logits)
 

@@ -37,33 +37,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-REF_ENV = "DFLASH_REF_PYTHON"
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+from refenv import reexec_in_ref_env  # noqa: E402
 
-
-def ref_python():
-    explicit = os.environ.get(REF_ENV)
-    if explicit:
-        return explicit
-    venv = os.environ.get("DFLASH_REF_VENV") or os.path.join(ROOT, ".venv-ref")
-    return os.path.join(venv, "bin", "python")
-
-
-def reexec_in_ref_env():
-    """Run under the reference environment's interpreter, or skip."""
-    if os.environ.get("DFLASH_REF_ACTIVE") == "1":
-        return
-    py = ref_python()
-    if not os.path.exists(py):
-        print(f"skip: the reference environment is absent ({py} does not exist); "
-              f"scripts/deps.sh creates it from scripts/requirements-ref.txt (z-lab's dflash "
-              f"0.1.0, transformers 5, speculators 0.9.0), or set {REF_ENV} to its python")
-        sys.exit(77)
-    os.environ["DFLASH_REF_ACTIVE"] = "1"
-    sys.stdout.flush()
-    os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-
-
-reexec_in_ref_env()
+reexec_in_ref_env(__file__)
 
 import importlib  # noqa: E402
 import importlib.metadata  # noqa: E402
