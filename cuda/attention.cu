@@ -13,9 +13,23 @@
 //   K        head_dim d (QK^T, dO V^T; a multiple of 8, zero-padded to dp = 16 * ceil(d / 16)
 //            in shared memory) or the N keys (PV, dS K); WMMA 16x16x16 fragments.
 //   warps    W = 8 when Mp >= 64, else 4 (256 or 128 threads; from Mp 64 a backward CTA's
-//            shared memory leaves room for one CTA per SM, so it brings 8 warps itself); a
-//            warp takes 16x16 output tiles round robin; the softmax and dS work is tpr
-//            threads per row.
+//            shared memory leaves room for one CTA per SM, so it brings 8 warps itself); the
+//            softmax and dS work is tpr threads per row.
+//   units    a warp computes rm x rn 16x16 output tiles of a product at once (warp_gemm),
+//            loading rm A and rn B fragments per K step, dealt round robin (S and dP, dK and
+//            dV dealt together): 2x2 for every product but the forward's S (1x2: its 64 x 64
+//            alone would leave 4 of 8 warps idle) and the block's dK, dV (1x1: 16 rows);
+//            clipped at the edges. Fragment bytes through shared memory per mma_sync:
+//            (rm + rn) / (2 rm rn) KB: 1/2 for 2x2, 3/4 for 1x2.
+//   held     accumulators kept in registers over the whole loop instead of loaded from and
+//            stored to shared memory by every product: attn_bwd_ctx's dK and dV when their
+//            2x2 units take at most 2 per warp (Qwen3-8B N 64: 16 units / 8 warps; Kimi N
+//            32: 8), attn_bwd_q's dQ at most 1 per warp (Qwen3-8B: 8 units / 8 warps; not
+//            Kimi's Mp 128). Otherwise in shared memory as before (template REG = false).
+//   registers  (ptxas -v, CUDA 13.0; no spills) sm_90 / sm_100 / sm_120: attn_fwd 114 /
+//            118 / 121; attn_bwd_q 164 / 226 / 246 (dQ held), 137 / 246 / 246; attn_bwd_ctx
+//            204 / 238 / 234 (dK, dV held), 116 / 252 / 254. At 256 threads one CTA per SM
+//            (what the shared memory of the backward leaves anyway); at 128 threads two.
 //   shared   bf16 rows of dp are padded to ldh = dp + 8, fp32 rows of N to ldn = N + 4, bf16
 //            rows of N to ldp = N + 8, fp32 rows of dp to ldo = dp + 4 (16 bytes: consecutive
 //            rows start 4 banks apart, so the 8 rows of a fragment load hit distinct banks);
@@ -33,7 +47,8 @@
 //            dO V^T, dS K) + 4 * Mp * B16 * dp (the block's dK, dV; B16 = 16 * ceil(B / 16));
 //            attn_bwd_ctx 8 * Mp * w * dp per block that sees its tile (QK^T, dO V^T,
 //            dS^T Q, P^T dO; w of the tile cut at that block's anchor). QK^T and dO V^T of
-//            context keys are computed in both passes: 7 products per score, not 5.
+//            context keys are computed in both passes: 7 products per score, not 5 (why
+//            not one pass: at the foot of this comment).
 //
 // Kernels:
 //   attn_fwd      grid (n_blocks, nkv): out (bf16) and the row log-sum-exp lse (f32 [T, nh]),
@@ -41,8 +56,21 @@
 //   attn_bwd_q    grid (n_blocks, nkv): D = rowsum(dO * O) (saved for attn_bwd_ctx), dQ over
 //                 every key, and the block's own dK / dV (only this block sees its keys).
 //   attn_bwd_ctx  grid (ceil(Sc / N), nkv): context dK / dV of one key tile, summed over the
-//                 blocks that see it in block order, so results never depend on scheduling
-//                 (a single pass would need atomics across CTAs for either dQ or dK / dV).
+//                 blocks that see it in block order, so results never depend on scheduling.
+//
+// Why two backward passes, not one: in one pass either dQ (KV-major CTAs) or the context
+// dK / dV (query-major CTAs) is summed across CTAs. Deterministically, that is per-CTA
+// partials reduced in a fixed order: fp32 dQ partials of Mp x d per (block, key tile) pair,
+// 32 KB each at Qwen3-8B, 3.6 GB per layer (14.5 GB at Kimi, N 32), twice the size of the
+// score matrix that flash attention exists not to store, in an arena this file does not
+// own. fp32 atomics are not deterministic (a 1-rank NCCL run is tested bit-equal to plain
+// CUDA; cuda-emu-attention compares two thread orders bit for bit); int64 fixed-point
+// atomics are, but that is 0.9 G 8-byte atomics per layer at Qwen3-8B, at an L2 atomic rate
+// nothing here states; CTAs spinning until their turn (flash-attention 3's deterministic
+// mode) assume co-resident CTAs, which CUDA does not guarantee and the emulator (blocks one
+// after another) cannot run. bench/attn_single_pass.py prices the fp32-partials pass with
+// gpu_model.py's terms: 11.6 ms against these two passes' 16.2 at Qwen3-8B (the scratch's
+// HBM traffic hidden under the products), 48.3 against 44.2 at Kimi.
 #include <float.h>
 #include <mma.h>
 
@@ -52,12 +80,22 @@
 
 #include "common.cuh"
 
+// Loop unrolling for nvcc; the emulator's host compilers do not know the pragma (and need
+// no unrolling to be right).
+#ifdef DFLASH_CUDA_EMU
+#define DF_UNROLL
+#define DF_NO_UNROLL
+#else
+#define DF_UNROLL _Pragma("unroll")
+#define DF_NO_UNROLL _Pragma("unroll 1")
+#endif
+
 namespace {
 
 namespace wmma = nvcuda::wmma;
 
-constexpr int kMaxMp = 128; // packed rows per CTA
-constexpr int kMaxD = 256;
+constexpr int kMaxMp = DF_CU_ATTN_MAX_ROWS; // packed rows per CTA (train/dfcuda.h)
+constexpr int kMaxD = DF_CU_ATTN_MAX_D;
 constexpr int kPadH = 8, kPadF = 4; // bf16 / fp32 row padding (16 bytes)
 
 struct Shape {
@@ -184,28 +222,168 @@ __device__ void load_kv_rows(const Shape &s, bf16 *K, bf16 *V, const bf16 *kc, c
   }
 }
 
-// C (fp32 [M][ldc]) = A (M x K) * B (K x N) (+ C when acc), all in shared memory; each warp
-// takes 16x16 tiles of C round robin. A_COL: A(m, k) at A[k * lda + m], else A[m * lda + k];
-// B_COL: B(k, n) at B[n * ldb + k], else B[k * ldb + n].
-template <bool A_COL, bool B_COL>
-__device__ void warp_gemm(float *C, int ldc, const bf16 *A, int lda, const bf16 *Bm, int ldb,
-                          int M, int N, int K, bool acc) {
+// Register blocking of the products: a warp computes a unit of RM x RN 16x16 output tiles,
+// loading RM A and RN B fragments per 16-wide K step for RM * RN mma_sync, so the fragment
+// traffic through shared memory is (RM + RN) / (2 * RM * RN) of one tile per warp's: 1 (1x1),
+// 3/4 (1x2), 1/2 (2x2). Each product has its unit fixed at compile time (chosen so that the
+// Qwen3-8B and Kimi shapes give every warp a unit) and clipped at the matrix edge: one
+// instantiation per call site, because ptxas, given a choice at run time between two units
+// at each call site, took 238-255 registers with spills on sm_100. The blocking never
+// changes the arithmetic: every output element is its own sum in k order whichever warp
+// computes it.
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
+
+// c[i][j] += A(tile row tm + i) * B(tile column tn + j) over K, for i < rm, j < rn: the
+// unit's rm A and rn B fragments loaded once per 16-wide K step. A_COL: A(m, k) at
+// A[k * lda + m], else A[m * lda + k]; B_COL: B(k, n) at B[n * ldb + k], else B[k * ldb + n].
+// The loops over the unit's tiles are unrolled so that the fragment arrays stay in
+// registers (left to the compiler they were not in the larger kernels: local memory and
+// spills on sm_100); the K loop is not, so that one step's fragments are live at a time.
+template <bool A_COL, bool B_COL, int RM, int RN>
+__device__ __forceinline__ void unit_mma(Acc (&c)[RM][RN], const bf16 *A, int lda, const bf16 *Bm,
+                                         int ldb, int tm, int tn, int rm, int rn, int K) {
   typedef typename std::conditional<A_COL, wmma::col_major, wmma::row_major>::type LA;
   typedef typename std::conditional<B_COL, wmma::col_major, wmma::row_major>::type LB;
-  int warp = threadIdx.x / 32, warps = blockDim.x / 32, tn = N / 16;
-  for (int t = warp; t < (M / 16) * tn; t += warps) {
-    int m0 = t / tn * 16, n0 = t % tn * 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-    if (acc) wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
-    else wmma::fill_fragment(c, 0.0f);
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> a;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> b;
-      wmma::load_matrix_sync(a, A_COL ? A + k0 * lda + m0 : A + m0 * lda + k0, lda);
-      wmma::load_matrix_sync(b, B_COL ? Bm + n0 * ldb + k0 : Bm + k0 * ldb + n0, ldb);
-      wmma::mma_sync(c, a, b, c);
+  DF_NO_UNROLL
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> fa[RM];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> fb[RN];
+    DF_UNROLL
+    for (int i = 0; i < RM; i++) {
+      int m0 = (tm + i) * 16;
+      if (i < rm) wmma::load_matrix_sync(fa[i], A_COL ? A + k0 * lda + m0 : A + m0 * lda + k0, lda);
     }
-    wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+    DF_UNROLL
+    for (int j = 0; j < RN; j++) {
+      int n0 = (tn + j) * 16;
+      if (j < rn)
+        wmma::load_matrix_sync(fb[j], B_COL ? Bm + n0 * ldb + k0 : Bm + k0 * ldb + n0, ldb);
+    }
+    DF_UNROLL
+    for (int i = 0; i < RM; i++) {
+      DF_UNROLL
+      for (int j = 0; j < RN; j++)
+        if (i < rm && j < rn) wmma::mma_sync(c[i][j], fa[i], fb[j], c[i][j]);
+    }
+  }
+}
+
+// C (fp32 [M][ldc]) = A (M x K) * B (K x N) (+ C when acc), all in shared memory, in units
+// of RM x RN tiles clipped at the edges. The call's units are numbers u0.. of a list dealt
+// round robin to the warps (so that two products issued one after the other share them).
+template <bool A_COL, bool B_COL, int RM, int RN>
+__device__ void gemm_units(float *C, int ldc, const bf16 *A, int lda, const bf16 *Bm, int ldb,
+                           int M, int N, int K, bool acc, int u0) {
+  int warp = threadIdx.x / 32, warps = blockDim.x / 32, mt = M / 16, nt = N / 16;
+  int un = (nt + RN - 1) / RN, units = ((mt + RM - 1) / RM) * un;
+  for (int u = ((warp - u0) % warps + warps) % warps; u < units; u += warps) {
+    int tm = u / un * RM, tn = u % un * RN; // first tile row / column of the unit
+    int rm = mt - tm < RM ? mt - tm : RM, rn = nt - tn < RN ? nt - tn : RN;
+    Acc c[RM][RN];
+    DF_UNROLL
+    for (int i = 0; i < RM; i++) {
+      DF_UNROLL
+      for (int j = 0; j < RN; j++) {
+        if (i >= rm || j >= rn) continue;
+        float *Ct = C + (tm + i) * 16 * ldc + (tn + j) * 16;
+        if (acc) wmma::load_matrix_sync(c[i][j], Ct, ldc, wmma::mem_row_major);
+        else wmma::fill_fragment(c[i][j], 0.0f);
+      }
+    }
+    unit_mma<A_COL, B_COL, RM, RN>(c, A, lda, Bm, ldb, tm, tn, rm, rn, K);
+    DF_UNROLL
+    for (int i = 0; i < RM; i++) {
+      DF_UNROLL
+      for (int j = 0; j < RN; j++)
+        if (i < rm && j < rn)
+          wmma::store_matrix_sync(C + (tm + i) * 16 * ldc + (tn + j) * 16, c[i][j], ldc,
+                                  wmma::mem_row_major);
+    }
+  }
+}
+
+// The product in units of RM x RN; returns the unit number after its own, for a product
+// dealt right after it (u0 = that number).
+template <bool A_COL, bool B_COL, int RM, int RN>
+__device__ int warp_gemm(float *C, int ldc, const bf16 *A, int lda, const bf16 *Bm, int ldb, int M,
+                         int N, int K, bool acc, int u0 = 0) {
+  gemm_units<A_COL, B_COL, RM, RN>(C, ldc, A, lda, Bm, ldb, M, N, K, acc, u0);
+  return u0 + ((M / 16 + RM - 1) / RM) * ((N / 16 + RN - 1) / RN);
+}
+
+// Accumulators held in the warps' registers across a kernel's loop, so that its products
+// neither load nor store them through shared memory each step: `mats` matrices of M x N
+// outputs in 2x2 units, dealt round robin to the warps (unit u, of the first matrix's then
+// the second's, at warp u % W in slot u / W), when every warp needs at most SLOTS slots
+// (4 fragments, 32 registers each); otherwise the kernel keeps them in shared memory.
+// attn_bwd_ctx holds its key tile's dK and dV (N x dp, over the blocks) in 2 slots: the
+// Qwen3-8B and Kimi shapes fit. attn_bwd_q holds its block's dQ (Mp x dp, over the key
+// tiles) in 1: Qwen3-8B fits, Kimi (Mp 128) does not (2 slots there took 255 registers
+// and spilled on sm_120).
+constexpr int kCtxSlots = 2, kQSlots = 1;
+__host__ __device__ inline int units22(int M, int N) {
+  return (M / 16 + 1) / 2 * ((N / 16 + 1) / 2);
+}
+__host__ __device__ inline bool held_fits(int slots, int mats, int M, int N, int warps) {
+  return mats * units22(M, N) <= slots * warps;
+}
+template <int SLOTS>
+struct Held {
+  Acc c[SLOTS][2][2];
+};
+
+template <int SLOTS>
+__device__ void held_zero(Held<SLOTS> &h) {
+  DF_UNROLL
+  for (int i = 0; i < SLOTS; i++) {
+    DF_UNROLL
+    for (int j = 0; j < 4; j++) wmma::fill_fragment(h.c[i][j / 2][j % 2], 0.0f);
+  }
+}
+
+// This warp's unit in `slot`: its matrix and first tile row / column; false if none.
+__device__ __forceinline__ bool held_slot(int mats, int M, int N, int slot, int &mat, int &tm,
+                                          int &tn) {
+  int per = units22(M, N), u = threadIdx.x / 32 + slot * (blockDim.x / 32);
+  if (u >= mats * per) return false;
+  int un = (N / 16 + 1) / 2;
+  mat = u / per, tm = u % per / un * 2, tn = u % per % un * 2;
+  return true;
+}
+
+// h[mat] += A_mat (M x K) * B_mat (K x N) for output rows below mvalid (the rest get
+// nothing); layouts as warp_gemm's.
+template <bool A_COL, bool B_COL, int SLOTS>
+__device__ void held_step(Held<SLOTS> &h, int mats, int M, int N, int K, int mvalid, const bf16 *A0,
+                          const bf16 *A1, int lda, const bf16 *B0, const bf16 *B1, int ldb) {
+  int mt = mvalid / 16, nt = N / 16;
+  DF_UNROLL
+  for (int slot = 0; slot < SLOTS; slot++) {
+    int mat, tm, tn;
+    if (!held_slot(mats, M, N, slot, mat, tm, tn) || tm >= mt) continue;
+    int rm = mt - tm < 2 ? mt - tm : 2, rn = nt - tn < 2 ? nt - tn : 2;
+    unit_mma<A_COL, B_COL, 2, 2>(h.c[slot], mat ? A1 : A0, lda, mat ? B1 : B0, ldb, tm, tn, rm, rn,
+                                 K);
+  }
+}
+
+// The registers into C0 / C1 (fp32 [M][ldc]).
+template <int SLOTS>
+__device__ void held_store(const Held<SLOTS> &h, int mats, int M, int N, float *C0, float *C1,
+                           int ldc) {
+  int mt = M / 16, nt = N / 16;
+  DF_UNROLL
+  for (int slot = 0; slot < SLOTS; slot++) {
+    int mat, tm, tn;
+    if (!held_slot(mats, M, N, slot, mat, tm, tn)) continue;
+    DF_UNROLL
+    for (int i = 0; i < 2; i++) {
+      DF_UNROLL
+      for (int j = 0; j < 2; j++)
+        if (tm + i < mt && tn + j < nt)
+          wmma::store_matrix_sync((mat ? C1 : C0) + (tm + i) * 16 * ldc + (tn + j) * 16,
+                                  h.c[slot][i][j], ldc, wmma::mem_row_major);
+    }
   }
 }
 
@@ -220,8 +398,8 @@ __device__ __forceinline__ float row_sum(float v, int tpr) {
 
 // One key tile: keys of the tile are tile-local k < cnt; key index (for visible()) k0 + k.
 struct Tile {
-  bool blk;     // the block's own keys
-  int k0, cnt;  // first key (ctx: context row; blk: nctx + block row) and how many
+  bool blk;    // the block's own keys
+  int k0, cnt; // first key (ctx: context row; blk: nctx + block row) and how many
 };
 // Columns of the tile the products cover: cnt rounded up to 16, so a block tile of B 16 in an
 // N 64 tile costs 16 columns, not 64 (columns past it are neither computed nor read).
@@ -299,11 +477,11 @@ __global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf
     __syncthreads(); // the previous tile's K, V and O are done with
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, width(t), dp, false); // S = Q K^T
+    warp_gemm<false, true, 1, 2>(S, ldn, Q, ldh, K, ldh, s.Mp, width(t), dp, false); // QK^T
     __syncthreads();
     softmax_tile(s, S, P, O, a, nctx, t, m, l);
     __syncthreads();
-    warp_gemm<false, false>(O, ldo, P, ldp, V, ldh, s.Mp, dp, width(t), true); // O += P V
+    warp_gemm<false, false, 2, 2>(O, ldo, P, ldp, V, ldh, s.Mp, dp, width(t), true); // O += PV
   }
   int tpr = rows_tpr(s), r = threadIdx.x / tpr;
   if (r < s.Mp && threadIdx.x % tpr == 0) lrow[r] = l, mrow[r] = m;
@@ -345,7 +523,9 @@ __device__ void store_kv_rows(const Shape &s, bf16 *dst, const float *T, size_t 
   }
 }
 
-// Per (block, kv head): D, dQ over every key, and the block's own dK / dV.
+// Per (block, kv head): D, dQ over every key, and the block's own dK / dV; REG: dQ held in
+// registers (held_fits), else in shared memory.
+template <bool REG>
 __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, const bf16 *dout,
                            const bf16 *o, const float *lse, const bf16 *q, const bf16 *kc,
                            const bf16 *vc, const bf16 *kb, const bf16 *vb) {
@@ -360,7 +540,10 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
   int ldn = s.N + kPadF, ldp = s.N + kPadH;
   load_q_rows(s, Q, q, n, g);
   load_q_rows(s, dO, dout, n, g);
-  for (int e = threadIdx.x; e < s.Mp * ldo; e += blockDim.x) dQ[e] = 0.0f;
+  Held<kQSlots> hq;
+  if (REG) held_zero(hq);
+  else
+    for (int e = threadIdx.x; e < s.Mp * ldo; e += blockDim.x) dQ[e] = 0.0f;
   // D = rowsum(dO * O) from the rounded output the forward stored.
   int tpr = rows_tpr(s), r = threadIdx.x / tpr, c = threadIdx.x % tpr;
   float part = 0;
@@ -381,22 +564,25 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
     load_tile(s, K, V, kc, vc, kb, vb, n, nctx, t, g);
     __syncthreads();
     int nk = width(t);
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);   // S = Q K^T
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false); // dP = dO V^T
+    // S = Q K^T and dP = dO V^T dealt to the warps together
+    int u = warp_gemm<false, true, 2, 2>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);
+    warp_gemm<false, true, 2, 2>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false, u);
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<false, false>(dQ, ldo, dS, ldp, K, ldh, s.Mp, dp, nk, true); // dQ += dS K
+    if (REG) held_step<false, false>(hq, 1, s.Mp, dp, nk, s.Mp, dS, dS, ldp, K, K, ldh);
+    else warp_gemm<false, false, 2, 2>(dQ, ldo, dS, ldp, K, ldh, s.Mp, dp, nk, true); // dQ += dS K
     if (!t.blk) continue;
     size_t row0 = (size_t)n * s.B + (t.k0 - nctx);
-    warp_gemm<true, false>(T, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, false);  // dK = dS^T Q
+    warp_gemm<true, false, 1, 1>(T, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, false); // dK = dS^T Q
     __syncthreads();
     store_kv_rows(s, dkb, T, row0, t.cnt, g);
     __syncthreads();
-    warp_gemm<true, false>(T, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, false);  // dV = P^T dO
+    warp_gemm<true, false, 1, 1>(T, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, false); // dV = P^T dO
     __syncthreads();
     store_kv_rows(s, dvb, T, row0, t.cnt, g);
   }
+  if (REG) held_store(hq, 1, s.Mp, dp, dQ, dQ, ldo); // dQ is written by these stores only
   // dQ's last product done (already so when the last tile is a block tile, as it always is;
   // kept so that the order of the tiles may change).
   __syncthreads();
@@ -406,7 +592,9 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
   }
 }
 
-// Per (context key tile, kv head): dK, dV of the tile over the blocks that see it.
+// Per (context key tile, kv head): dK, dV of the tile over the blocks that see it; REG: the
+// accumulators in registers (held_fits), else in shared memory.
+template <bool REG>
 __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const float *Dg,
                              const bf16 *dout, const float *lse, const bf16 *q, const bf16 *kc,
                              const bf16 *vc) {
@@ -421,7 +609,12 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
   int ldn = s.N + kPadF, ldp = s.N + kPadH;
   int cnt = s.Sc - p0 < s.N ? s.Sc - p0 : s.N;
   load_kv_rows(s, K, V, kc, vc, (size_t)p0, cnt, g);
-  for (int e = threadIdx.x; e < s.N * ldo; e += blockDim.x) dK[e] = dV[e] = 0.0f;
+  Held<kCtxSlots> kv;
+  if (REG) {
+    held_zero(kv);
+  } else {
+    for (int e = threadIdx.x; e < s.N * ldo; e += blockDim.x) dK[e] = dV[e] = 0.0f;
+  }
   for (int n = 0; n < n_blocks; n++) {
     int a = s.anchors[n], nctx = n_ctx(s, a);
     if (p0 >= nctx || p0 + cnt <= ctx_lo(s, a)) continue;
@@ -436,14 +629,20 @@ __global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const 
     }
     __syncthreads();
     int nk = width(t);
-    warp_gemm<false, true>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);
-    warp_gemm<false, true>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false);
+    int u = warp_gemm<false, true, 2, 2>(S, ldn, Q, ldh, K, ldh, s.Mp, nk, dp, false);
+    warp_gemm<false, true, 2, 2>(dP, ldn, dO, ldh, V, ldh, s.Mp, nk, dp, false, u);
     __syncthreads();
     ds_tile(s, S, dP, P, dS, Ls, Ds, a, nctx, t);
     __syncthreads();
-    warp_gemm<true, false>(dK, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, true);  // dK += dS^T Q
-    warp_gemm<true, false>(dV, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, true);  // dV += P^T dO
+    if (REG) {
+      // dK += dS^T Q, dV += P^T dO: keys past nk are not this block's
+      held_step<true, false>(kv, 2, s.N, dp, s.Mp, nk, dS, P, ldp, Q, dO, ldh);
+    } else {
+      u = warp_gemm<true, false, 2, 2>(dK, ldo, dS, ldp, Q, ldh, nk, dp, s.Mp, true); // dS^T Q
+      warp_gemm<true, false, 2, 2>(dV, ldo, P, ldp, dO, ldh, nk, dp, s.Mp, true, u);  // P^T dO
+    }
   }
+  if (REG) held_store(kv, 2, s.N, dp, dK, dV, ldo); // dK, dV are written by these stores only
   __syncthreads();
   store_kv_rows(s, dkc, dK, (size_t)p0, cnt, g);
   store_kv_rows(s, dvc, dV, (size_t)p0, cnt, g);
@@ -470,10 +669,11 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
   int grp = a->nkv > 0 && a->nh % a->nkv == 0 ? a->nh / a->nkv : 0;
   int M = a->B * grp, Mp = (M + 15) / 16 * 16, dp = (a->d + 15) / 16 * 16;
   if (a->d % 8 || a->d <= 0 || a->d > kMaxD || !grp || a->B <= 0 || Mp > kMaxMp)
-    return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d (a multiple of 8, at "
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "CUDA attention: head_dim %d (a multiple of 8, at "
                     "most %d), block size %d times %d query heads per kv head (%d over %d: at "
-                    "most %d rows) are not supported together", a->d, kMaxD, a->B, grp, a->nh,
-                    a->nkv, kMaxMp);
+                    "most %d rows) are not supported together",
+                    a->d, kMaxD, a->B, grp, a->nh, a->nkv, kMaxMp);
   size_t limit = (size_t)max_smem();
   int n_kind = 0, worst = 0;
   for (int k = FWD; k <= BWD_CTX; k++) {
@@ -481,15 +681,16 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
     if (!N) {
       worst = k;
       size_t need = smem_layout((Kind)k, Mp, 16, dp).total;
-      return df_error(DFLASH_E_UNSUPPORTED, "CUDA attention: head_dim %d with %d rows per CTA "
+      return df_error(DFLASH_E_UNSUPPORTED,
+                      "CUDA attention: head_dim %d with %d rows per CTA "
                       "(block size %d times %d query heads per kv head) needs %zu bytes of "
                       "shared memory in its %s, more than the %zu this device has per block",
                       a->d, Mp, a->B, grp, need, worst == FWD ? "forward" : "backward", limit);
     }
     if (k == kind) n_kind = N;
   }
-  *out = Shape{a->B, a->Sc, a->nh, a->nkv, a->d, a->window, a->anchors, a->scale,
-               grp, M, Mp, n_kind, Mp >= 64 ? 8 : 4, dp};
+  *out = Shape{a->B,     a->Sc, a->nh, a->nkv, a->d,   a->window,        a->anchors,
+               a->scale, grp,   M,     Mp,     n_kind, Mp >= 64 ? 8 : 4, dp};
   return DFLASH_OK;
 }
 
@@ -497,8 +698,7 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
 dflash_status check_aligned(std::initializer_list<const void *> ptrs) {
   for (const void *p : ptrs)
     if ((uintptr_t)p % 16)
-      return df_error(DFLASH_E_INVALID_ARG, "CUDA attention: tensor %p is not 16-byte aligned",
-                      p);
+      return df_error(DFLASH_E_INVALID_ARG, "CUDA attention: tensor %p is not 16-byte aligned", p);
   return DFLASH_OK;
 }
 
@@ -510,7 +710,7 @@ dflash_status launch_smem(K kernel, size_t bytes) {
 
 size_t smem_of(Kind kind, const Shape &s) { return smem_layout(kind, s.Mp, s.N, s.dp).total; }
 
-}  // namespace
+} // namespace
 
 dflash_status k_attention_check(const df_attn_dev *a) {
   Shape s;
@@ -526,31 +726,45 @@ dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, 
   DF_TRY(check_aligned({q, kc, vc, kb, vb}));
   size_t smem = smem_of(FWD, s);
   DF_TRY(launch_smem(attn_fwd, smem));
-  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attn_fwd)(s, out, lse, q, kc, vc,
-                                                                        kb, vb);
+  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attn_fwd)
+  (s, out, lse, q, kc, vc, kb, vb);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
 }
 
-dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, bf16 *dkc,
-                              bf16 *dvc, bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout,
-                              const bf16 *out, const float *lse, const bf16 *q, const bf16 *kc,
-                              const bf16 *vc, const bf16 *kb, const bf16 *vb) {
+dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, bf16 *dkc, bf16 *dvc,
+                              bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout, const bf16 *out,
+                              const float *lse, const bf16 *q, const bf16 *kc, const bf16 *vc,
+                              const bf16 *kb, const bf16 *vb) {
   Shape s1, s2;
   DF_TRY(shape_of(a, BWD_Q, &s1));
   DF_TRY(shape_of(a, BWD_CTX, &s2));
   if (a->n_blocks <= 0) return DFLASH_OK;
   DF_TRY(check_aligned({q, kc, vc, kb, vb, dout}));
   size_t smem1 = smem_of(BWD_Q, s1);
-  DF_TRY(launch_smem(attn_bwd_q, smem1));
-  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s1.warps, smem1, st, attn_bwd_q)(
-      s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
+  dim3 grid1(a->n_blocks, a->nkv);
+  if (held_fits(kQSlots, 1, s1.Mp, s1.dp, s1.warps)) {
+    DF_TRY(launch_smem(attn_bwd_q<true>, smem1));
+    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attn_bwd_q<true>)
+    (s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
+  } else {
+    DF_TRY(launch_smem(attn_bwd_q<false>, smem1));
+    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attn_bwd_q<false>)
+    (s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
+  }
   DF_CU(cudaGetLastError());
   if (a->Sc <= 0) return DFLASH_OK;
   size_t smem2 = smem_of(BWD_CTX, s2);
-  DF_TRY(launch_smem(attn_bwd_ctx, smem2));
-  DF_LAUNCH(dim3((a->Sc + s2.N - 1) / s2.N, a->nkv), 32 * s2.warps, smem2, st, attn_bwd_ctx)(
-      s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
+  dim3 grid2((a->Sc + s2.N - 1) / s2.N, a->nkv);
+  if (held_fits(kCtxSlots, 2, s2.N, s2.dp, s2.warps)) {
+    DF_TRY(launch_smem(attn_bwd_ctx<true>, smem2));
+    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attn_bwd_ctx<true>)
+    (s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
+  } else {
+    DF_TRY(launch_smem(attn_bwd_ctx<false>, smem2));
+    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attn_bwd_ctx<false>)
+    (s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
+  }
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
 }

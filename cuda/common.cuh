@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dfcuda.h"
+#include "train/dfcuda.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -31,31 +31,31 @@ typedef __nv_bfloat16 bf16;
 extern "C" dflash_status df_error(dflash_status status, const char *fmt, ...);
 
 // Turn a failed CUDA / cuBLAS call into DFLASH_E_CUDA naming the call.
-#define DF_CU(call)                                                                     \
-  do {                                                                                  \
-    cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess)                                                              \
-      return df_error(DFLASH_E_CUDA, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call,    \
-                      cudaGetErrorString(e_), cudaGetErrorName(e_));                    \
+#define DF_CU(call)                                                                   \
+  do {                                                                                \
+    cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess)                                                            \
+      return df_error(DFLASH_E_CUDA, "%s:%d: %s: %s (%s)", __FILE__, __LINE__, #call, \
+                      cudaGetErrorString(e_), cudaGetErrorName(e_));                  \
   } while (0)
-#define DF_BLAS(call)                                                                   \
-  do {                                                                                  \
-    cublasStatus_t s_ = (call);                                                         \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                    \
-      return df_error(DFLASH_E_CUDA, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__,  \
-                      #call, (int)s_);                                                  \
+#define DF_BLAS(call)                                                                          \
+  do {                                                                                         \
+    cublasStatus_t s_ = (call);                                                                \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+      return df_error(DFLASH_E_CUDA, "%s:%d: %s: cuBLAS status %d", __FILE__, __LINE__, #call, \
+                      (int)s_);                                                                \
   } while (0)
-#define DF_TRY(expr)                     \
-  do {                                   \
-    dflash_status st_ = (expr);          \
-    if (st_ != DFLASH_OK) return st_;    \
+#define DF_TRY(expr)                  \
+  do {                                \
+    dflash_status st_ = (expr);       \
+    if (st_ != DFLASH_OK) return st_; \
   } while (0)
 
 // ---- kernels.cu ----
 // Every launcher returns DFLASH_E_CUDA naming its kernel when the launch is refused.
 dflash_status df_launched(const char *kernel); // cudaGetLastError after a launch
-dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x,
-                                 const bf16 *w, long rows, int n, float eps);
+dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
+                                 long rows, int n, float eps);
 // dx (+)= ...; dx is float or bf16 (exactly one of dx32/dx16); dy bf16 or float.
 dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
                             const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
@@ -65,8 +65,7 @@ dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const fl
                            const bf16 *x, const float *rstd, long rows, int n, float *partial);
 size_t k_rmsnorm_dw_scratch(int n);
 dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, long rows, int heads, int d, int rot,
-                     float sign);
+                     const float *sin_t, long rows, int heads, int d, int rot, float sign);
 dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
                            double attn_factor, int n_pos, int half);
 dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);
@@ -78,14 +77,20 @@ dflash_status k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const 
                              long n_rows, int n);
 dflash_status k_f32_to_bf16(cudaStream_t s, bf16 *out, const float *in, size_t n);
 dflash_status k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n);
+// Stored context rows (DF_CU_HIDDEN_*) to bf16; the lowest non-finite index into *bad.
+dflash_status k_hidden_decode(cudaStream_t s, bf16 *out, const void *codes, const float *scales,
+                              int dtype, size_t n, int H, unsigned long long *bad);
+// *out = sum over r < R of wtab[rows_t[r] % B] * loss[r] (wtab NULL: weight 1), in double.
+dflash_status k_seq_loss(cudaStream_t s, const float *loss, const int32_t *rows_t,
+                         const float *wtab, int B, int R, double *out);
 dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B);
 // LM head + CE over one vocabulary chunk of logits [R, c] (online softmax).
-dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
-                         float *sum, float *tl, float *acc, const int32_t *target, int R, int c,
-                         int v0, int H, bool grad);
-dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
-                          const float *sum, const float *tl, const float *acc, const float *coef,
-                          const bf16 *E, const int32_t *target, int R, int H);
+dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
+                         float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
+                         bool grad);
+dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
+                          const float *tl, const float *acc, const float *coef, const bf16 *E,
+                          const int32_t *target, int R, int H);
 dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R);
 // Greedy over vocabulary chunks: init (best -FLT_MAX, index 0), then one call per chunk.
 dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R);
@@ -110,7 +115,7 @@ dflash_status k_attention_check(const df_attn_dev *a);
 dflash_status k_attention_fwd(cudaStream_t s, const df_attn_dev *a, bf16 *out, float *lse,
                               const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
                               const bf16 *vb);
-dflash_status k_attention_bwd(cudaStream_t s, const df_attn_dev *a, bf16 *dq, bf16 *dkc,
-                              bf16 *dvc, bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout,
-                              const bf16 *out, const float *lse, const bf16 *q, const bf16 *kc,
-                              const bf16 *vc, const bf16 *kb, const bf16 *vb);
+dflash_status k_attention_bwd(cudaStream_t s, const df_attn_dev *a, bf16 *dq, bf16 *dkc, bf16 *dvc,
+                              bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout, const bf16 *out,
+                              const float *lse, const bf16 *q, const bf16 *kc, const bf16 *vc,
+                              const bf16 *kb, const bf16 *vb);

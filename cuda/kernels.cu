@@ -1,5 +1,6 @@
 // Element-wise and row kernels of the drafter (the GPU twins of
 // src/train/ops.c): bf16 storage, float arithmetic.
+#include <cuda_fp8.h>
 #include <float.h>
 
 #include "common.cuh"
@@ -114,8 +115,8 @@ __global__ void rms_dw_reduce(float *dw, const float *partial, int n, int splits
 
 // ---- RoPE -----------------------------------------------------------------------
 // The first rot of each head's d dims rotate (pairs i, i + rot/2); the rest pass through.
-__global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
-                     long rows, int heads, int d, int rot, float sign) {
+__global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t, long rows,
+                     int heads, int d, int rot, float sign) {
   int half = rot / 2;
   size_t n = (size_t)rows * heads * half;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
@@ -130,8 +131,8 @@ __global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const floa
   }
 }
 
-__global__ void rope_table(float *cos_t, float *sin_t, const double *inv_freq, double af,
-                           int n_pos, int half) {
+__global__ void rope_table(float *cos_t, float *sin_t, const double *inv_freq, double af, int n_pos,
+                           int half) {
   size_t n = (size_t)n_pos * half;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
        t += (size_t)gridDim.x * blockDim.x) {
@@ -169,8 +170,7 @@ __global__ void gather_rows(bf16 *out, const bf16 *table, const int32_t *idx, lo
     out[t] = table[(size_t)idx[t / n] * n + t % n];
 }
 
-__global__ void scatter_rows(bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows,
-                             int n) {
+__global__ void scatter_rows(bf16 *out, const bf16 *rows, const int32_t *idx, long n_rows, int n) {
   size_t total = (size_t)n_rows * n;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < total;
        t += (size_t)gridDim.x * blockDim.x)
@@ -186,6 +186,42 @@ __global__ void bf16_to_f32(float *out, const bf16 *in, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     out[i] = __bfloat162float(in[i]);
+}
+// The context rows as stored (bf16, e4m3 x a float scale per row of H, or fp32) to bf16,
+// with the NaN/Inf check the host used to make: the lowest bad flat index into *bad.
+// e4m3 * scale in fp32, then round to bf16: the host's df_hidden_decode + df_f32_to_bf16.
+__global__ void hidden_decode(bf16 *out, const void *codes, const float *scales, int dtype,
+                              size_t n, int H, unsigned long long *bad) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float v;
+    if (dtype == DF_CU_HIDDEN_BF16) {
+      v = __bfloat162float(((const bf16 *)codes)[i]);
+    } else if (dtype == DF_CU_HIDDEN_FP8) {
+      __nv_fp8_e4m3 q;
+      q.__x = ((const uint8_t *)codes)[i];
+      v = (float)q * scales[i / (size_t)H];
+    } else {
+      v = ((const float *)codes)[i];
+    }
+    if (!isfinite(v)) atomicMin(bad, (unsigned long long)i);
+    out[i] = __float2bfloat16(v);
+  }
+}
+// One sequence's sum(w * CE) over its R rows, w by block position: one block, fixed order.
+__global__ void seq_loss(const float *loss, const int32_t *rows_t, const float *wtab, int B, int R,
+                         double *out) {
+  DF_SHARED(double, sh, [256]);
+  double s = 0;
+  for (int r = threadIdx.x; r < R; r += blockDim.x)
+    s += (double)(wtab ? wtab[rows_t[r] % B] : 1.0f) * loss[r];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (unsigned o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = sh[0];
 }
 __global__ void positions(int32_t *pos, const int32_t *anchors, int A, int B) {
   int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -227,9 +263,9 @@ __global__ void ce_chunk(const float *logits, bf16 *probs, float *mx, float *sum
   }
 }
 
-__global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *sum,
-                          const float *tl, const float *acc, const float *coef, const bf16 *E,
-                          const int32_t *target, int H) {
+__global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *sum, const float *tl,
+                          const float *acc, const float *coef, const bf16 *E, const int32_t *target,
+                          int H) {
   int r = blockIdx.x;
   if (threadIdx.x == 0) loss[r] = mx[r] + logf(sum[r]) - tl[r];
   if (!dx) return;
@@ -313,7 +349,7 @@ __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2,
   }
 }
 
-}  // namespace
+} // namespace
 
 // ---- launchers ----------------------------------------------------------------------
 // Each returns the launch's status: a launch the device refuses (its configuration, shared
@@ -327,8 +363,8 @@ dflash_status df_launched(const char *kernel) {
                   cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x,
-                                 const bf16 *w, long rows, int n, float eps) {
+dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
+                                 long rows, int n, float eps) {
   if (rows <= 0) return DFLASH_OK;
   DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rms_fwd)(y, rstd, x, w, rows, n, eps);
   return df_launched("rms_fwd");
@@ -341,12 +377,10 @@ dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 
   unsigned g = (unsigned)((rows + 7) / 8);
   if (dy16 && dx32)
     DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, float>)(dx32, dy16, x, w, rstd, rows, n, acc);
-  else if (dy16)
-    DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, bf16>)(dx16, dy16, x, w, rstd, rows, n, acc);
+  else if (dy16) DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, bf16>)(dx16, dy16, x, w, rstd, rows, n, acc);
   else if (dx32)
     DF_LAUNCH(g, 256, 0, s, rms_bwd<float, float>)(dx32, dy32, x, w, rstd, rows, n, acc);
-  else
-    DF_LAUNCH(g, 256, 0, s, rms_bwd<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
+  else DF_LAUNCH(g, 256, 0, s, rms_bwd<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
   return df_launched("rms_bwd");
 }
 
@@ -369,8 +403,7 @@ dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *c
                      const float *sin_t, long rows, int heads, int d, int rot, float sign) {
   size_t n = (size_t)rows * heads * (rot / 2);
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, rot,
-                                                 sign);
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, rot, sign);
   return df_launched("rope");
 }
 
@@ -378,8 +411,8 @@ dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const dou
                            double attn_factor, int n_pos, int half) {
   size_t n = (size_t)n_pos * half;
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_table)(cos_t, sin_t, inv_freq, attn_factor,
-                                                       n_pos, half);
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_table)
+  (cos_t, sin_t, inv_freq, attn_factor, n_pos, half);
   return df_launched("rope_table");
 }
 
@@ -418,6 +451,17 @@ dflash_status k_bf16_to_f32(cudaStream_t s, float *out, const bf16 *in, size_t n
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, bf16_to_f32)(out, in, n);
   return df_launched("bf16_to_f32");
 }
+dflash_status k_hidden_decode(cudaStream_t s, bf16 *out, const void *codes, const float *scales,
+                              int dtype, size_t n, int H, unsigned long long *bad) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, hidden_decode)(out, codes, scales, dtype, n, H, bad);
+  return df_launched("hidden_decode");
+}
+dflash_status k_seq_loss(cudaStream_t s, const float *loss, const int32_t *rows_t,
+                         const float *wtab, int B, int R, double *out) {
+  DF_LAUNCH(1, 256, 0, s, seq_loss)(loss, rows_t, wtab, B, R, out);
+  return df_launched("seq_loss");
+}
 dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B) {
   if (A <= 0 || B <= 0) return DFLASH_OK;
   DF_LAUNCH((A * B + 255) / 256, 256, 0, s, positions)(pos, anchors, A, B);
@@ -428,16 +472,16 @@ dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R)
   DF_LAUNCH((R + 255) / 256, 256, 0, s, ce_init)(mx, sum, tl, R);
   return df_launched("ce_init");
 }
-dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
-                         float *sum, float *tl, float *acc, const int32_t *target, int R, int c,
-                         int v0, int H, bool grad) {
+dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
+                         float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
+                         bool grad) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH(R, 256, 0, s, ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
   return df_launched("ce_chunk");
 }
-dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
-                          const float *sum, const float *tl, const float *acc, const float *coef,
-                          const bf16 *E, const int32_t *target, int R, int H) {
+dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
+                          const float *tl, const float *acc, const float *coef, const bf16 *E,
+                          const int32_t *target, int R, int H) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH(R, 256, 0, s, ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
   return df_launched("ce_finish");
@@ -468,7 +512,7 @@ dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float
                       size_t n, float gscale, float decay, float b1, float b2, float eps,
                       float step_size, float bc2_sqrt) {
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)(p, p16, g, m1, m2, n, gscale, decay, b1, b2,
-                                                  eps, step_size, bc2_sqrt);
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)
+  (p, p16, g, m1, m2, n, gscale, decay, b1, b2, eps, step_size, bc2_sqrt);
   return df_launched("adamw");
 }

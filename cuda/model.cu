@@ -13,6 +13,7 @@
 #endif
 
 #include "common.cuh"
+#include "dflash2.cuh"
 
 extern "C" {
 #include "train/dist.h"
@@ -21,12 +22,13 @@ extern "C" {
 namespace {
 
 constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
+constexpr size_t kPending = DF_CU_PENDING; // deferred sequences on the device between drains
 
 // Parameter tensors in model.c's table order.
 enum { P_FC, P_HIDDEN_NORM, P_LAYER0 };
 enum { W_IN_LN, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_POST_LN, W_G, W_U, W_D, W_PER_LAYER };
 
-}  // namespace
+} // namespace
 
 struct df_cu_model {
   df_cu_config c;
@@ -64,6 +66,28 @@ struct df_cu_model {
   bool grads_sharded = false;
   double comm_timeout = 1800; // seconds one NCCL collective may take
   bool comm_failed = false;   // aborted: every later call fails
+  df2_dev *df2 = nullptr;     // DFlash 2's convolutions and selector (dflash2.cu)
+  // The per-sequence host-to-device path (upload_batch): two pinned staging buffers, used in
+  // turn. Sequence k's context rows go up on copy_st into stages[k % 2].dev while sequence
+  // k - 1 computes on st; st waits for `copied` before decoding them into the arena, and
+  // records `used` once it has read the stage (host and device side). Before refilling a
+  // stage the host waits for its `used` (sequence k - 2's, long done), never for st.
+  struct stage {
+    char *pin = nullptr, *dev = nullptr;
+    size_t pin_cap = 0, dev_cap = 0;
+    cudaEvent_t copied = nullptr, used = nullptr;
+    bool armed = false; // `used` recorded at least once
+  } stages[2];
+  int next_stage = 0;
+  cudaStream_t copy_st = nullptr;
+  float *wtab = nullptr; // [B] position weights (NULL: 1)
+  // Deferred accumulates (row_loss NULL): each sequence's sum(w*CE) and first non-finite
+  // context index on the device (kPending slots; drained to the host vectors when full).
+  double *pend_loss = nullptr;
+  unsigned long long *pend_bad = nullptr; // [kPending + 1]: the last one for synchronous calls
+  size_t n_dev_pend = 0;
+  std::vector<double> host_loss;
+  std::vector<int64_t> host_bad;
 };
 
 namespace {
@@ -73,9 +97,11 @@ dflash_status dalloc(df_cu_model *m, void **p, size_t bytes, const char *what) {
   if (e != cudaSuccess) {
     size_t fr = 0, tot = 0;
     cudaMemGetInfo(&fr, &tot);
-    return df_error(DFLASH_E_NOMEM, "CUDA: cannot allocate %.2f GiB for %s (%.2f GiB free of "
-                    "%.2f GiB): %s", bytes / 1073741824.0, what, fr / 1073741824.0,
-                    tot / 1073741824.0, cudaGetErrorString(e));
+    return df_error(DFLASH_E_NOMEM,
+                    "CUDA: cannot allocate %.2f GiB for %s (%.2f GiB free of "
+                    "%.2f GiB): %s",
+                    bytes / 1073741824.0, what, fr / 1073741824.0, tot / 1073741824.0,
+                    cudaGetErrorString(e));
   }
   m->live += bytes;
   if (m->live > m->peak) m->peak = m->live;
@@ -101,7 +127,8 @@ dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what) {
         return df_error(DFLASH_E_CUDA, "rank %d: %s: %s", m->rank, what, cudaGetErrorString(e));
       ncclResult_t ae = ncclSuccess;
       ncclCommGetAsyncError(m->comm, &ae);
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if ((ae != ncclSuccess && ae != ncclInProgress) || waited > m->comm_timeout) {
         ncclCommAbort(m->comm);
         m->comm = nullptr;
@@ -109,9 +136,10 @@ dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what) {
         if (ae != ncclSuccess && ae != ncclInProgress)
           return df_error(DFLASH_E_CUDA, "rank %d: %s: NCCL: %s", m->rank, what,
                           ncclGetErrorString(ae));
-        return df_error(DFLASH_E_TIMEOUT, "rank %d: %s did not finish within %.0f s: a peer rank "
-                        "died or hangs (set DFLASH_DIST_TIMEOUT to wait longer)", m->rank, what,
-                        m->comm_timeout);
+        return df_error(DFLASH_E_TIMEOUT,
+                        "rank %d: %s did not finish within %.0f s: a peer rank "
+                        "died or hangs (set DFLASH_DIST_TIMEOUT to wait longer)",
+                        m->rank, what, m->comm_timeout);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -128,8 +156,10 @@ dflash_status wait_stream(df_cu_model *m, const char *what) { return wait_on(m, 
 // Collectives need the communicator that an earlier failure may have aborted.
 dflash_status comm_usable(const df_cu_model *m) {
   if (!m->comm_failed) return DFLASH_OK;
-  return df_error(DFLASH_E_STATE, "rank %d: NCCL was aborted after an earlier failure; the run "
-                  "cannot continue", m->rank);
+  return df_error(DFLASH_E_STATE,
+                  "rank %d: NCCL was aborted after an earlier failure; the run "
+                  "cannot continue",
+                  m->rank);
 }
 
 // The reduce-scatter overlaps the backward: several ranks joined over NCCL (and not turned
@@ -158,6 +188,14 @@ dflash_status use_device(const df_cu_model *m) {
 bf16 *w_of(df_cu_model *m, size_t i) { return m->w16 + m->offsets[i]; }
 float *g_of(df_cu_model *m, size_t i) { return m->grads + m->offsets[i]; }
 size_t lw(int l, int k) { return P_LAYER0 + (size_t)l * W_PER_LAYER + k; }
+// norm.weight, DFlash 1's last tensor; DFlash 2's follow it (model.c's table): per layer
+// attention_conv's base_kernel and kernel_projection, then mlp_conv's; then the selector's
+// predecessor and successor codebooks and hidden_projection.
+size_t norm_index(const df_cu_model *m) { return lw(m->c.L, 0); }
+size_t conv_w(const df_cu_model *m, int l, int which, int proj) {
+  return norm_index(m) + 1 + 4 * (size_t)l + 2 * which + proj;
+}
+size_t sel_w(const df_cu_model *m, int k) { return norm_index(m) + 1 + 4 * (size_t)m->c.L + k; }
 
 // Row-major C[M,N] = op(A) op(B) (+ beta C); A, B bf16; C bf16 or fp32.
 dflash_status gemm(df_cu_model *m, bool ta, bool tb, int M, int N, int K, const bf16 *A, int lda,
@@ -168,8 +206,8 @@ dflash_status gemm(df_cu_model *m, bool ta, bool tb, int M, int N, int K, const 
     if (beta == 0.0f) DF_CU(cudaMemsetAsync(C, 0, (size_t)M * ldc * (c32 ? 4 : 2), m->st));
     return DFLASH_OK;
   }
-  DF_BLAS(cublasGemmEx(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                       N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
+  DF_BLAS(cublasGemmEx(m->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N,
+                       M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C,
                        c32 ? CUDA_R_32F : CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F,
                        CUBLAS_GEMM_DEFAULT));
   return DFLASH_OK;
@@ -180,8 +218,8 @@ dflash_status linear(df_cu_model *m, bf16 *y, const bf16 *x, const bf16 *w, int 
   return gemm(m, false, true, M, N, K, x, K, w, K, y, N, false, acc ? 1.0f : 0.0f);
 }
 // dx[M,K] (+)= dy[M,N] w[N,K] (dx fp32 or bf16); dw[N,K] += dy^T x.
-dflash_status linear_dx(df_cu_model *m, void *dx, bool dx32, const bf16 *dy, const bf16 *w,
-                        int M, int N, int K, bool acc) {
+dflash_status linear_dx(df_cu_model *m, void *dx, bool dx32, const bf16 *dy, const bf16 *w, int M,
+                        int N, int K, bool acc) {
   return gemm(m, false, false, M, K, N, dy, N, w, K, dx, K, dx32, acc ? 1.0f : 0.0f);
 }
 dflash_status linear_dw(df_cu_model *m, float *dw, const bf16 *dy, const bf16 *x, int M, int N,
@@ -190,9 +228,13 @@ dflash_status linear_dw(df_cu_model *m, float *dw, const bf16 *dy, const bf16 *x
 }
 
 template <typename T>
-T *act(df_cu_model *m, int id) { return (T *)(m->arena + m->lay.off[id]); }
+T *act(df_cu_model *m, int id) {
+  return (T *)(m->arena + m->lay.off[id]);
+}
 template <typename T>
-T *lact(df_cu_model *m, int l, int id) { return (T *)(m->arena + m->lay.loff[l][id]); }
+T *lact(df_cu_model *m, int l, int id) {
+  return (T *)(m->arena + m->lay.loff[l][id]);
+}
 
 dflash_status ensure_rope(df_cu_model *m, int n_pos) {
   if (n_pos <= m->n_pos) return DFLASH_OK;
@@ -215,9 +257,9 @@ dflash_status ensure_rope(df_cu_model *m, int n_pos) {
 }
 
 dflash_status ensure_arena(df_cu_model *m, const df_cu_batch *b) {
-  df_act_dims d = {m->c.H, m->c.KH, m->c.nh, m->c.nkv, m->c.d, m->c.I, m->c.L,
-                   b->T, b->Sc, b->R, b->A, m->c.vocab_chunk < m->c.V ? m->c.vocab_chunk
-                                                                       : m->c.V};
+  df_act_dims d = {m->c.H, m->c.KH, m->c.nh, m->c.nkv,
+                   m->c.d, m->c.I,  m->c.L,  b->T,
+                   b->Sc,  b->R,    b->A,    m->c.vocab_chunk < m->c.V ? m->c.vocab_chunk : m->c.V};
   df_act_layout lay;
   df_act_layout_compute(&d, &lay);
   if (lay.total > m->arena_bytes) {
@@ -237,22 +279,139 @@ dflash_status upload(df_cu_model *m, void *dst, const void *src, size_t bytes) {
   return DFLASH_OK;
 }
 
-dflash_status upload_batch(df_cu_model *m, const df_cu_batch *b) {
+size_t align_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// Each stage big enough for this sequence (growing waits: cudaFree and cudaFreeHost wait for
+// the device; it happens while sequences grow, not per sequence).
+dflash_status grow_stage(df_cu_model *m, df_cu_model::stage &s, size_t pin, size_t dev) {
+  if (pin > s.pin_cap) {
+    if (s.pin) cudaFreeHost(s.pin);
+    s.pin = nullptr;
+    s.pin_cap = 0;
+    if (cudaMallocHost((void **)&s.pin, pin) != cudaSuccess)
+      return df_error(DFLASH_E_NOMEM,
+                      "CUDA: cannot allocate %.2f MiB of pinned host memory "
+                      "for the context rows' staging",
+                      pin / 1048576.0);
+    s.pin_cap = pin;
+  }
+  if (dev > s.dev_cap) {
+    if (s.dev) cudaFree(s.dev), m->live -= s.dev_cap;
+    s.dev = nullptr;
+    s.dev_cap = 0;
+    DF_TRY(dalloc(m, &s.dev, dev, "context rows as stored (staging)"));
+    s.dev_cap = dev;
+  }
+  return DFLASH_OK;
+}
+
+// Append `bytes` from `src` at *off of the stage's pinned buffer; its address in *at.
+const void *stage_put(char *pin, size_t *off, const void *src, size_t bytes) {
+  char *at = pin + *off;
+  if (bytes) memcpy(at, src, bytes);
+  *off += bytes;
+  return at;
+}
+
+// The context rows as stored: dtype, codes, scales and their byte sizes.
+struct stored_rows {
+  int dtype;
+  const void *codes;
+  const float *scales;
+  size_t n, code_bytes, scale_bytes;
+};
+
+dflash_status stored_of(const df_cu_model *m, const df_cu_batch *b, stored_rows *r) {
+  r->dtype = b->hidden_codes ? b->hidden_dtype : DF_CU_HIDDEN_BF16;
+  r->codes = b->hidden_codes ? b->hidden_codes : b->hidden;
+  r->scales = b->hidden_scales;
+  r->n = (size_t)b->Sc * m->c.KH;
+  if (r->dtype != DF_CU_HIDDEN_BF16 && r->dtype != DF_CU_HIDDEN_FP8 && r->dtype != DF_CU_HIDDEN_F32)
+    return df_error(DFLASH_E_INVALID_ARG, "CUDA: hidden states of unknown dtype %d", r->dtype);
+  if (r->n && (!r->codes || (r->dtype == DF_CU_HIDDEN_FP8 && !r->scales)))
+    return df_error(DFLASH_E_INVALID_ARG, "CUDA: %s",
+                    r->codes ? "fp8 hidden states without "
+                               "their scales"
+                             : "no hidden states");
+  r->code_bytes = r->n * (r->dtype == DF_CU_HIDDEN_FP8 ? 1 : r->dtype == DF_CU_HIDDEN_F32 ? 4 : 2);
+  r->scale_bytes = r->dtype == DF_CU_HIDDEN_FP8 ? 4 * (size_t)b->Sc * (m->c.KH / m->c.H) : 0;
+  return DFLASH_OK;
+}
+
+// One sequence to the device without waiting for the one before (see df_cu_model::stage):
+// the small per-row arrays from the pinned stage on st (the arena is the previous sequence's
+// until st reaches them), the context rows as stored on copy_st, then decoded and checked on
+// st; *bad (device) gets the lowest non-finite index, or ~0.
+dflash_status upload_batch(df_cu_model *m, const df_cu_batch *b, unsigned long long *bad) {
   DF_TRY(ensure_rope(m, b->max_pos));
   DF_TRY(ensure_arena(m, b));
+  stored_rows r{};
+  DF_TRY(stored_of(m, b, &r));
+  size_t small = 4 * ((size_t)b->A + (size_t)b->T + 2 * (size_t)b->R) +
+                 (b->coef ? 4 * (size_t)b->R : 0);
+  size_t dev_off = align_up(small), codes_off = align_up(r.scale_bytes);
+  size_t dev_bytes = codes_off + r.code_bytes;
+  df_cu_model::stage &s = m->stages[m->next_stage];
+  m->next_stage ^= 1;
+  // Its last readers are two sequences back (the previous sequence uses the other stage).
+  if (s.armed) DF_CU(cudaEventSynchronize(s.used));
+  DF_TRY(grow_stage(m, s, dev_off + dev_bytes, dev_bytes));
+  size_t off = 0;
+  const void *anchors = stage_put(s.pin, &off, b->anchors, 4 * (size_t)b->A);
+  const void *tok = stage_put(s.pin, &off, b->block_tok, 4 * (size_t)b->T);
+  const void *rows = stage_put(s.pin, &off, b->rows_t, 4 * (size_t)b->R);
+  const void *target = stage_put(s.pin, &off, b->rows_target, 4 * (size_t)b->R);
+  const void *coef = b->coef ? stage_put(s.pin, &off, b->coef, 4 * (size_t)b->R) : nullptr;
+  off = dev_off;
+  stage_put(s.pin, &off, r.scales, r.scale_bytes);
+  off = dev_off + codes_off;
+  stage_put(s.pin, &off, r.codes, r.code_bytes);
+  if (s.armed) DF_CU(cudaStreamWaitEvent(m->copy_st, s.used, 0));
+  if (dev_bytes)
+    DF_CU(cudaMemcpyAsync(s.dev, s.pin + dev_off, dev_bytes, cudaMemcpyHostToDevice, m->copy_st));
+  DF_CU(cudaEventRecord(s.copied, m->copy_st));
   // Tests poison the arena (0xff bytes: bf16/f32 NaN) so a read of anything
   // this call did not write shows up in the outputs.
   static const char *poison = getenv("DFLASH_CUDA_POISON");
   if (poison && *poison == '1') DF_CU(cudaMemsetAsync(m->arena, 0xff, m->lay.total, m->st));
-  int32_t *tok = act<int32_t>(m, DF_ACT_TOK), *ri = act<int32_t>(m, DF_ACT_ROW_I32);
-  DF_TRY(upload(m, act<int32_t>(m, DF_ACT_ANCHORS), b->anchors, 4 * (size_t)b->A));
-  DF_TRY(upload(m, tok, b->block_tok, 4 * (size_t)b->T));
-  DF_TRY(upload(m, ri, b->rows_t, 4 * (size_t)b->R));
-  DF_TRY(upload(m, ri + b->R, b->rows_target, 4 * (size_t)b->R));
-  if (b->coef) DF_TRY(upload(m, act<float>(m, DF_ACT_ROW_F32) + 3 * (size_t)b->R, b->coef,
-                             4 * (size_t)b->R));
-  DF_TRY(upload(m, act<bf16>(m, DF_ACT_HIDDEN), b->hidden, 2 * (size_t)b->Sc * m->c.KH));
-  DF_TRY(k_positions(m->st, tok + b->T, act<int32_t>(m, DF_ACT_ANCHORS), b->A, m->c.B));
+  if (m->df2) DF_TRY(df2_reserve(m->df2, m->st, b->T, b->R, poison && *poison == '1'));
+  int32_t *dtok = act<int32_t>(m, DF_ACT_TOK), *ri = act<int32_t>(m, DF_ACT_ROW_I32);
+  DF_TRY(upload(m, act<int32_t>(m, DF_ACT_ANCHORS), anchors, 4 * (size_t)b->A));
+  DF_TRY(upload(m, dtok, tok, 4 * (size_t)b->T));
+  DF_TRY(upload(m, ri, rows, 4 * (size_t)b->R));
+  DF_TRY(upload(m, ri + b->R, target, 4 * (size_t)b->R));
+  if (coef)
+    DF_TRY(upload(m, act<float>(m, DF_ACT_ROW_F32) + 3 * (size_t)b->R, coef, 4 * (size_t)b->R));
+  DF_CU(cudaMemsetAsync(bad, 0xff, sizeof *bad, m->st));
+  DF_CU(cudaStreamWaitEvent(m->st, s.copied, 0));
+  DF_TRY(k_hidden_decode(m->st, act<bf16>(m, DF_ACT_HIDDEN), s.dev + codes_off,
+                         (const float *)s.dev, r.dtype, r.n, m->c.H, bad));
+  DF_CU(cudaEventRecord(s.used, m->st));
+  s.armed = true;
+  DF_TRY(k_positions(m->st, dtok + b->T, act<int32_t>(m, DF_ACT_ANCHORS), b->A, m->c.B));
+  return DFLASH_OK;
+}
+
+// DFLASH_E_FORMAT naming token and column for a non-finite context value at flat index i.
+dflash_status bad_hidden(const df_cu_model *m, int64_t i) {
+  return df_error(DFLASH_E_FORMAT,
+                  "hidden state at position %lld, column %lld is not finite "
+                  "(checked on the device)",
+                  (long long)(i / m->c.KH), (long long)(i % m->c.KH));
+}
+
+// The deferred sequences' results from the device into host_loss / host_bad (one wait).
+dflash_status drain_pending(df_cu_model *m) {
+  size_t n = m->n_dev_pend, k = m->host_loss.size();
+  if (!n) return DFLASH_OK;
+  std::vector<unsigned long long> bad(n);
+  m->host_loss.resize(k + n);
+  DF_CU(
+      cudaMemcpyAsync(m->host_loss.data() + k, m->pend_loss, 8 * n, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaMemcpyAsync(bad.data(), m->pend_bad, 8 * n, cudaMemcpyDeviceToHost, m->st));
+  DF_TRY(wait_stream(m, "the deferred sequences' losses"));
+  for (unsigned long long v : bad) m->host_bad.push_back(v == ~0ull ? -1 : (int64_t)v);
+  m->n_dev_pend = 0;
   return DFLASH_OK;
 }
 
@@ -269,10 +428,23 @@ df_attn_dev attn_shape(df_cu_model *m, int l) {
 dflash_status qk_forward(df_cu_model *m, bf16 *pre, float *rstd, bf16 *out, const bf16 *x,
                          size_t wi, size_t ni, const int32_t *pos, int rows, int heads) {
   DF_TRY(linear(m, pre, x, w_of(m, wi), rows, heads * m->c.d, m->c.H));
-  DF_TRY(k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d,
-                            m->c.eps));
+  DF_TRY(
+      k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d, m->c.eps));
   DF_TRY(k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, m->c.rot, 1.0f));
   return DFLASH_OK;
+}
+
+// out = residual + x W^T, through DFlash 2's finishing convolution (`which` 0: attention,
+// 1: MLP) when the model has it.
+dflash_status sublayer_out(df_cu_model *m, int l, int which, bf16 *out, const bf16 *residual,
+                           const bf16 *x, size_t wi, int K) {
+  int T = m->T, H = m->c.H;
+  if (m->df2) {
+    DF_TRY(linear(m, df2_y(m->df2, l, which), x, w_of(m, wi), T, H, K));
+    return df2_finish(m->df2, m->st, l, which, out, residual, w_of(m, conv_w(m, l, which, 0)));
+  }
+  DF_CU(cudaMemcpyAsync(out, residual, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
+  return linear(m, out, x, w_of(m, wi), T, H, K, true);
 }
 
 // q/k/v and gate/up stay separate GEMMs. Their weights are contiguous (W_Q, W_K, W_V and
@@ -290,13 +462,17 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
   bf16 *ctx = act<bf16>(m, DF_ACT_CTX);
 #define LA(id, ty) lact<ty>(m, l, DF_LACT_##id)
   bf16 *h_in = LA(H_IN, bf16), *xn1 = LA(XN1, bf16), *h_mid = LA(H_MID, bf16);
-  DF_TRY(k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H,
-                            c.eps));
-  DF_TRY(qk_forward(m, LA(Q_PRE, bf16), LA(Q_RSTD, float), LA(Q, bf16), xn1, lw(l, W_Q),
-                    lw(l, W_QN), pos_b, T, c.nh));
-  DF_TRY(qk_forward(m, LA(KB_PRE, bf16), LA(KB_RSTD, float), LA(KB, bf16), xn1, lw(l, W_K),
+  DF_TRY(
+      k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H, c.eps));
+  const bf16 *xa = xn1; // the attention's input: DFlash 2 convolves it first
+  if (m->df2)
+    DF_TRY(df2_prepare(m->df2, m->st, m->blas, l, 0, xn1, w_of(m, conv_w(m, l, 0, 1)),
+                       w_of(m, conv_w(m, l, 0, 0)), &xa));
+  DF_TRY(qk_forward(m, LA(Q_PRE, bf16), LA(Q_RSTD, float), LA(Q, bf16), xa, lw(l, W_Q), lw(l, W_QN),
+                    pos_b, T, c.nh));
+  DF_TRY(qk_forward(m, LA(KB_PRE, bf16), LA(KB_RSTD, float), LA(KB, bf16), xa, lw(l, W_K),
                     lw(l, W_KN), pos_b, T, c.nkv));
-  DF_TRY(linear(m, LA(VB, bf16), xn1, w_of(m, lw(l, W_V)), T, kd, H));
+  DF_TRY(linear(m, LA(VB, bf16), xa, w_of(m, lw(l, W_V)), T, kd, H));
   // The context enters only as extra keys/values.
   DF_TRY(qk_forward(m, LA(KC_PRE, bf16), LA(KC_RSTD, float), LA(KC, bf16), ctx, lw(l, W_K),
                     lw(l, W_KN), m->iota, Sc, c.nkv));
@@ -304,15 +480,17 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
   df_attn_dev a = attn_shape(m, l);
   DF_TRY(k_attention_fwd(m->st, &a, LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16),
                          LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
-  DF_CU(cudaMemcpyAsync(h_mid, h_in, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
-  DF_TRY(linear(m, h_mid, LA(ATT, bf16), w_of(m, lw(l, W_O)), T, H, qd, true));
+  DF_TRY(sublayer_out(m, l, 0, h_mid, h_in, LA(ATT, bf16), lw(l, W_O), qd));
   DF_TRY(k_rmsnorm_fwd_bf16(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid,
                             w_of(m, lw(l, W_POST_LN)), T, H, c.eps));
-  DF_TRY(linear(m, LA(G, bf16), LA(XN2, bf16), w_of(m, lw(l, W_G)), T, c.I, H));
-  DF_TRY(linear(m, LA(U, bf16), LA(XN2, bf16), w_of(m, lw(l, W_U)), T, c.I, H));
+  const bf16 *xm = LA(XN2, bf16); // the MLP's input
+  if (m->df2)
+    DF_TRY(df2_prepare(m->df2, m->st, m->blas, l, 1, xm, w_of(m, conv_w(m, l, 1, 1)),
+                       w_of(m, conv_w(m, l, 1, 0)), &xm));
+  DF_TRY(linear(m, LA(G, bf16), xm, w_of(m, lw(l, W_G)), T, c.I, H));
+  DF_TRY(linear(m, LA(U, bf16), xm, w_of(m, lw(l, W_U)), T, c.I, H));
   DF_TRY(k_swiglu_fwd(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I));
-  DF_CU(cudaMemcpyAsync(out, h_mid, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, m->st));
-  return linear(m, out, LA(M, bf16), w_of(m, lw(l, W_D)), T, H, c.I, true);
+  return sublayer_out(m, l, 1, out, h_mid, LA(M, bf16), lw(l, W_D), c.I);
 }
 
 dflash_status model_forward(df_cu_model *m) {
@@ -321,14 +499,14 @@ dflash_status model_forward(df_cu_model *m) {
   DF_TRY(linear(m, ctx_pre, act<bf16>(m, DF_ACT_HIDDEN), w_of(m, P_FC), m->Sc, c.H, c.KH));
   DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD),
                             ctx_pre, w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps));
-  DF_TRY(k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed,
-                       act<int32_t>(m, DF_ACT_TOK), m->T, c.H));
+  DF_TRY(k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed, act<int32_t>(m, DF_ACT_TOK),
+                       m->T, c.H));
   for (int l = 0; l < c.L; l++)
-    DF_TRY(layer_forward(m, l, l + 1 < c.L ? lact<bf16>(m, l + 1, DF_LACT_H_IN)
-                                           : act<bf16>(m, DF_ACT_H_OUT)));
+    DF_TRY(layer_forward(m, l,
+                         l + 1 < c.L ? lact<bf16>(m, l + 1, DF_LACT_H_IN)
+                                     : act<bf16>(m, DF_ACT_H_OUT)));
   DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
-                     act<bf16>(m, DF_ACT_H_OUT), w_of(m, m->offsets.size() - 1), m->T, c.H,
-                     c.eps));
+                            act<bf16>(m, DF_ACT_H_OUT), w_of(m, norm_index(m)), m->T, c.H, c.eps));
   int32_t *ri = act<int32_t>(m, DF_ACT_ROW_I32);
   DF_TRY(k_gather_rows(m->st, act<bf16>(m, DF_ACT_ROWS_X), act<bf16>(m, DF_ACT_HF), ri, m->R, c.H));
   return DFLASH_OK;
@@ -346,22 +524,47 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
   bf16 *probs = act<bf16>(m, DF_ACT_PROBS), *x = act<bf16>(m, DF_ACT_ROWS_X);
   DF_TRY(k_ce_init(m->st, mx, sum, tl, R));
   if (grad) DF_CU(cudaMemsetAsync(acc, 0, 4 * (size_t)R * H, m->st));
+  if (m->df2) DF_TRY(df2_topk_init(m->df2, m->st, R)); // the selector's candidates
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
     int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
     const bf16 *Ec = m->head + (size_t)v0 * H;
     DF_TRY(gemm(m, false, true, R, cn, H, x, H, Ec, H, logits, cn, true, 0.0f));
+    if (m->df2) DF_TRY(df2_topk_chunk(m->df2, m->st, logits, R, cn, v0));
     DF_TRY(k_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad));
     if (grad) DF_TRY(gemm(m, false, false, R, H, cn, probs, cn, Ec, H, acc, H, true, 1.0f));
   }
-  DF_TRY(k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl,
-                     acc, coef, m->head, target, R, H));
+  DF_TRY(k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl, acc,
+                     coef, m->head, target, R, H));
   return DFLASH_OK;
 }
 
+// DFlash 2's selector loss on the rows (after lmhead_ce found their candidates): added to
+// the row losses; with grad, into rows_dx and the selector's gradients.
+dflash_status selector_loss(df_cu_model *m, const df_cu_batch *b, bool grad) {
+  float *rf = act<float>(m, DF_ACT_ROW_F32);
+  int R = m->R;
+  df2_sel_io io = {R,
+                   act<bf16>(m, DF_ACT_ROWS_X),
+                   m->head,
+                   act<int32_t>(m, DF_ACT_ROW_I32) + R,
+                   b->rows_prev,
+                   grad ? rf + 3 * (size_t)R : nullptr,
+                   rf + 4 * (size_t)R,
+                   act<bf16>(m, DF_ACT_ROWS_DX),
+                   w_of(m, sel_w(m, 0)),
+                   w_of(m, sel_w(m, 1)),
+                   w_of(m, sel_w(m, 2)),
+                   g_of(m, sel_w(m, 0)),
+                   g_of(m, sel_w(m, 1)),
+                   g_of(m, sel_w(m, 2)),
+                   act<bf16>(m, DF_ACT_PROBS)};
+  return df2_selector(m->df2, m->st, m->blas, &io);
+}
+
 // Through rope, per-head norm and projection; dx (+)= dpre W, dW += dpre^T x.
-dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool dx32,
-                          bool acc, size_t wi, size_t ni, const bf16 *pre, const float *rstd,
-                          const bf16 *x, const int32_t *pos, int rows, int heads) {
+dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool dx32, bool acc,
+                          size_t wi, size_t ni, const bf16 *pre, const float *rstd, const bf16 *x,
+                          const int32_t *pos, int rows, int heads) {
   int d = m->c.d;
   DF_TRY(k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, m->c.rot, -1.0f));
   DF_TRY(k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
@@ -373,10 +576,18 @@ dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool
 }
 
 // RMSNorm backward with fp32 dy: dw, then dx (+)= into bf16.
-dflash_status norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x,
-                            size_t wi, const float *rstd, long rows, int n, bool acc) {
+dflash_status norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x, size_t wi,
+                            const float *rstd, long rows, int n, bool acc) {
   DF_TRY(k_rmsnorm_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch));
   return k_rmsnorm_bwd(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n, acc);
+}
+
+// DFlash 2: dx = d(normed input xn) from d(convolved input) through prepare (its base
+// kernel and projection get their gradients).
+dflash_status conv_prepare_backward(df_cu_model *m, int l, int which, float *dx, const bf16 *xn) {
+  size_t b = conv_w(m, l, which, 0), p = conv_w(m, l, which, 1);
+  return df2_prepare_bwd(m->df2, m->st, m->blas, l, which, dx, xn, w_of(m, p), w_of(m, b),
+                         g_of(m, p), g_of(m, b));
 }
 
 dflash_status layer_backward(df_cu_model *m, int l) {
@@ -390,31 +601,42 @@ dflash_status layer_backward(df_cu_model *m, int l) {
        *dctx_tmp = act<bf16>(m, DF_ACT_DCTX_TMP), *ctx = act<bf16>(m, DF_ACT_CTX);
   float *dx = act<float>(m, DF_ACT_DX), *dctx = act<float>(m, DF_ACT_DCTX);
   const int32_t *pos_b = act<int32_t>(m, DF_ACT_TOK) + T;
-  // MLP
-  DF_TRY(linear_dx(m, dm, false, dh, w_of(m, lw(l, W_D)), T, H, I, false));
-  DF_TRY(linear_dw(m, g_of(m, lw(l, W_D)), dh, LA(M, bf16), T, H, I));
+  // MLP (DFlash 2: its output went through finish, its input is the convolved xm)
+  const bf16 *dy = dh, *xm = LA(XN2, bf16), *xa = LA(XN1, bf16);
+  float *dxs = dx; // d(sublayer input)
+  if (m->df2) {
+    DF_TRY(df2_finish_bwd(m->df2, m->st, l, 1, dh, w_of(m, conv_w(m, l, 1, 0)),
+                          g_of(m, conv_w(m, l, 1, 0)), &dy));
+    xm = df2_xc(m->df2, l, 1), xa = df2_xc(m->df2, l, 0), dxs = df2_dxc(m->df2);
+  }
+  DF_TRY(linear_dx(m, dm, false, dy, w_of(m, lw(l, W_D)), T, H, I, false));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_D)), dy, LA(M, bf16), T, H, I));
   DF_TRY(k_swiglu_bwd(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I));
-  DF_TRY(linear_dx(m, dx, true, dg, w_of(m, lw(l, W_G)), T, I, H, false));
-  DF_TRY(linear_dx(m, dx, true, du, w_of(m, lw(l, W_U)), T, I, H, true));
-  DF_TRY(linear_dw(m, g_of(m, lw(l, W_G)), dg, LA(XN2, bf16), T, I, H));
-  DF_TRY(linear_dw(m, g_of(m, lw(l, W_U)), du, LA(XN2, bf16), T, I, H));
-  DF_TRY(norm_backward(m, dh, dx, LA(H_MID, bf16), lw(l, W_POST_LN), LA(RSTD2, float), T, H,
-                      true));
+  DF_TRY(linear_dx(m, dxs, true, dg, w_of(m, lw(l, W_G)), T, I, H, false));
+  DF_TRY(linear_dx(m, dxs, true, du, w_of(m, lw(l, W_U)), T, I, H, true));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_G)), dg, xm, T, I, H));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_U)), du, xm, T, I, H));
+  if (m->df2) DF_TRY(conv_prepare_backward(m, l, 1, dx, LA(XN2, bf16)));
+  DF_TRY(norm_backward(m, dh, dx, LA(H_MID, bf16), lw(l, W_POST_LN), LA(RSTD2, float), T, H, true));
   // attention
-  DF_TRY(linear_dx(m, datt, false, dh, w_of(m, lw(l, W_O)), T, H, qd, false));
-  DF_TRY(linear_dw(m, g_of(m, lw(l, W_O)), dh, LA(ATT, bf16), T, H, qd));
+  if (m->df2)
+    DF_TRY(df2_finish_bwd(m->df2, m->st, l, 0, dh, w_of(m, conv_w(m, l, 0, 0)),
+                          g_of(m, conv_w(m, l, 0, 0)), &dy));
+  DF_TRY(linear_dx(m, datt, false, dy, w_of(m, lw(l, W_O)), T, H, qd, false));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_O)), dy, LA(ATT, bf16), T, H, qd));
   df_attn_dev a = attn_shape(m, l);
   DF_TRY(k_attention_bwd(m->st, &a, dq, dkc, dvc, dkb, dvb, act<float>(m, DF_ACT_D), datt,
                          LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16), LA(VC, bf16),
                          LA(KB, bf16), LA(VB, bf16)));
-  DF_TRY(qk_backward(m, dq, dtmp, dx, true, false, lw(l, W_Q), lw(l, W_QN), LA(Q_PRE, bf16),
-                     LA(Q_RSTD, float), LA(XN1, bf16), pos_b, T, c.nh));
-  DF_TRY(qk_backward(m, dkb, dtmp, dx, true, true, lw(l, W_K), lw(l, W_KN), LA(KB_PRE, bf16),
-                     LA(KB_RSTD, float), LA(XN1, bf16), pos_b, T, c.nkv));
-  DF_TRY(linear_dx(m, dx, true, dvb, w_of(m, lw(l, W_V)), T, kd, H, true));
-  DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvb, LA(XN1, bf16), T, kd, H));
-  DF_TRY(qk_backward(m, dkc, dctx_tmp, dctx, true, true, lw(l, W_K), lw(l, W_KN),
-                     LA(KC_PRE, bf16), LA(KC_RSTD, float), ctx, m->iota, Sc, c.nkv));
+  DF_TRY(qk_backward(m, dq, dtmp, dxs, true, false, lw(l, W_Q), lw(l, W_QN), LA(Q_PRE, bf16),
+                     LA(Q_RSTD, float), xa, pos_b, T, c.nh));
+  DF_TRY(qk_backward(m, dkb, dtmp, dxs, true, true, lw(l, W_K), lw(l, W_KN), LA(KB_PRE, bf16),
+                     LA(KB_RSTD, float), xa, pos_b, T, c.nkv));
+  DF_TRY(linear_dx(m, dxs, true, dvb, w_of(m, lw(l, W_V)), T, kd, H, true));
+  DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvb, xa, T, kd, H));
+  if (m->df2) DF_TRY(conv_prepare_backward(m, l, 0, dx, LA(XN1, bf16)));
+  DF_TRY(qk_backward(m, dkc, dctx_tmp, dctx, true, true, lw(l, W_K), lw(l, W_KN), LA(KC_PRE, bf16),
+                     LA(KC_RSTD, float), ctx, m->iota, Sc, c.nkv));
   DF_TRY(linear_dx(m, dctx, true, dvc, w_of(m, lw(l, W_V)), Sc, kd, H, true));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_V)), dvc, ctx, Sc, kd, H));
   DF_TRY(norm_backward(m, dh, dx, LA(H_IN, bf16), lw(l, W_IN_LN), LA(RSTD1, float), T, H, true));
@@ -430,8 +652,8 @@ dflash_status reduce_scatter(df_cu_model *m, size_t b, cudaStream_t s) {
   size_t off, len;
   slice(m, b, &off, &len);
   const df_bucket *k = &m->buckets.buckets[b];
-  ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat,
-                                     ncclSum, m->comm, s);
+  ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat, ncclSum,
+                                     m->comm, s);
   if (r != ncclSuccess)
     return df_error(DFLASH_E_CUDA, "NCCL reduce-scatter of bucket %zu: %s", b,
                     ncclGetErrorString(r));
@@ -471,7 +693,7 @@ dflash_status model_backward(df_cu_model *m, rs_issuer *rs) {
   const df_cu_config &c = m->c;
   int T = m->T, H = c.H;
   bf16 *dh = act<bf16>(m, DF_ACT_DH);
-  size_t norm_i = m->offsets.size() - 1;
+  size_t norm_i = norm_index(m);
   DF_CU(cudaMemsetAsync(dh, 0, 2 * (size_t)T * H, m->st));
   DF_TRY(k_scatter_rows(m->st, dh, act<bf16>(m, DF_ACT_ROWS_DX), act<int32_t>(m, DF_ACT_ROW_I32),
                         m->R, H));
@@ -479,8 +701,8 @@ dflash_status model_backward(df_cu_model *m, rs_issuer *rs) {
   const bf16 *h_out = act<bf16>(m, DF_ACT_H_OUT);
   const float *rstd_f = act<float>(m, DF_ACT_RSTD_F);
   DF_TRY(k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch));
-  DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H,
-                       false));
+  DF_TRY(
+      k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H, false));
   DF_TRY(issue_ready(m, rs, m->from[norm_i]));
   DF_CU(cudaMemsetAsync(act<float>(m, DF_ACT_DCTX), 0, 4 * (size_t)m->Sc * H, m->st));
   for (int l = c.L - 1; l >= 0; l--) {
@@ -544,11 +766,10 @@ float *shard_buf(df_cu_model *m, int kind) {
   return kind == DF_CU_PARAMS ? m->master : kind == DF_CU_M1 ? m->m1 : m->m2;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params,
-                                      const float *embed, const float *lm_head,
-                                      df_cu_model **out) {
+                                      const float *embed, const float *lm_head, df_cu_model **out) {
   *out = nullptr;
   df_cu_model *m = new (std::nothrow) df_cu_model();
   if (!m) return df_error(DFLASH_E_NOMEM, "CUDA model");
@@ -557,8 +778,12 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
   m->offsets.assign(c->offsets, c->offsets + c->n_tensors);
   m->c.offsets = nullptr;
   m->c.inv_freq = nullptr;
+  m->c.pos_weight = nullptr;
   dflash_status st = DFLASH_OK;
-#define TRY(x) do { if ((st = (x)) != DFLASH_OK) goto fail; } while (0)
+#define TRY(x)                              \
+  do {                                      \
+    if ((st = (x)) != DFLASH_OK) goto fail; \
+  } while (0)
   {
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) {
@@ -576,6 +801,11 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
         cudaStreamCreateWithFlags(&m->comm_st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_comm, cudaEventDisableTiming) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&m->copy_st, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->stages[0].copied, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->stages[0].used, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->stages[1].copied, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->stages[1].used, cudaEventDisableTiming) != cudaSuccess ||
         cublasCreate(&m->blas) != CUBLAS_STATUS_SUCCESS ||
         cublasSetStream(m->blas, m->st) != CUBLAS_STATUS_SUCCESS) {
       st = df_error(DFLASH_E_CUDA, "CUDA: cannot create the streams, events and cuBLAS handle");
@@ -596,7 +826,10 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     }
     TRY(df_bucket_layout_init(&m->buckets, c->n_params, m->world,
                               c->bucket_elems ? c->bucket_elems : kBucketElems));
-    m->overlap = m->world > 1 && !c->no_overlap;
+    // DFlash 2's gradients (after norm.weight in the table) are not final when the backward
+    // passes their offsets, which the overlapped reduce-scatter assumes: after the backward.
+    m->overlap = m->world > 1 && !c->no_overlap && !c->dflash2;
+    if (c->dflash2) TRY(df2_create(c, &m->df2));
     m->from.assign(m->offsets.size() + 1, c->n_params);
     for (size_t i = m->offsets.size(); i-- > 0;)
       m->from[i] = m->offsets[i] < m->from[i + 1] ? m->offsets[i] : m->from[i + 1];
@@ -613,6 +846,16 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     TRY(dalloc(m, &m->dw_scratch, k_rmsnorm_dw_scratch(c->H > c->d ? c->H : c->d), "norm scratch"));
     TRY(dalloc(m, &m->sumsq_part, 1024 + 4096, "norm scratch"));
     m->sumsq_out = m->sumsq_part + 1024;
+    TRY(dalloc(m, &m->pend_loss, kPending, "per-sequence losses"));
+    TRY(dalloc(m, &m->pend_bad, kPending + 1, "per-sequence NaN/Inf checks"));
+    if (c->pos_weight) {
+      TRY(dalloc(m, &m->wtab, (size_t)c->B, "position weights"));
+      if (cudaMemcpyAsync(m->wtab, c->pos_weight, 4 * (size_t)c->B, cudaMemcpyHostToDevice,
+                          m->st) != cudaSuccess) {
+        st = df_error(DFLASH_E_CUDA, "CUDA: cannot upload the position weights");
+        goto fail;
+      }
+    }
     // Every copy and memset goes on m->st: the stream is non-blocking, so work on the legacy
     // stream (cudaMemcpy, cudaMemset) would be neither waited for nor ordered before it.
     if (cudaMemcpyAsync(m->inv_freq, c->inv_freq, sizeof(double) * (m->c.rot / 2),
@@ -644,11 +887,21 @@ extern "C" void df_cu_free(df_cu_model *m) {
   cudaSetDevice(m->c.device); // the frees and destroys below act on it
   if (m->st) cudaStreamSynchronize(m->st);
   if (m->comm_st) cudaStreamSynchronize(m->comm_st);
-  void *bufs[] = {m->w16, m->embed, m->head, m->grads, m->master, m->m1, m->m2, m->tmp,
-                  m->inv_freq, m->sumsq_part, m->cos_t, m->sin_t, m->dw_scratch, m->best,
-                  m->iota, m->best_i, m->arena};
+  if (m->copy_st) cudaStreamSynchronize(m->copy_st);
+  void *bufs[] = {m->w16,       m->embed,   m->head,          m->grads,         m->master,
+                  m->m1,        m->m2,      m->tmp,           m->inv_freq,      m->sumsq_part,
+                  m->cos_t,     m->sin_t,   m->dw_scratch,    m->best,          m->iota,
+                  m->best_i,    m->arena,   m->stages[0].dev, m->stages[1].dev, m->wtab,
+                  m->pend_loss, m->pend_bad};
   for (void *p : bufs)
     if (p) cudaFree(p);
+  df2_free(m->df2);
+  for (auto &g : m->stages) {
+    if (g.pin) cudaFreeHost(g.pin);
+    if (g.copied) cudaEventDestroy(g.copied);
+    if (g.used) cudaEventDestroy(g.used);
+  }
+  if (m->copy_st) cudaStreamDestroy(m->copy_st);
 #ifdef DFLASH_HAVE_NCCL
   if (m->comm) ncclCommDestroy(m->comm);
 #endif
@@ -669,25 +922,72 @@ extern "C" dflash_status df_cu_zero_grad(df_cu_model *m) {
   return DFLASH_OK;
 }
 
-extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b,
-                                          float *row_loss) {
-  DF_TRY(use_device(m));
-  if (m->grads_sharded && b->coef)
-    return df_error(DFLASH_E_STATE, "rank %d: the gradients of a step over %d ranks are "
-                    "sharded: zero them before accumulating again", m->rank, m->world);
-  if (b->A <= 0) return DFLASH_OK;
-  DF_TRY(flush_backward(m)); // the arena is about to take this sequence
-  DF_TRY(upload_batch(m, b));
+namespace {
+
+// Forward, LM head + CE, backward (or deferred, see pending_bwd) of an uploaded sequence.
+dflash_status compute_sequence(df_cu_model *m, const df_cu_batch *b) {
   DF_TRY(model_forward(m));
   DF_TRY(lmhead_ce(m, b->coef != nullptr));
+  if (m->df2) DF_TRY(selector_loss(m, b, b->coef != nullptr));
   // With several ranks this may be the last sequence before the step, whose reduce-scatter
   // then overlaps its backward: defer it (the row losses need only the forward).
   if (b->coef && overlapping(m)) m->pending_bwd = true;
   else if (b->coef) DF_TRY(model_backward(m, nullptr));
-  if (b->R)
-    DF_CU(cudaMemcpyAsync(row_loss, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)b->R,
-                          4 * (size_t)b->R, cudaMemcpyDeviceToHost, m->st));
+  return DFLASH_OK;
+}
+
+// The synchronous call's wait: its row losses and its NaN/Inf check to the host.
+dflash_status finish_sync(df_cu_model *m, int R, float *row_loss) {
+  unsigned long long bad = 0;
+  if (R)
+    DF_CU(cudaMemcpyAsync(row_loss, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)R, 4 * (size_t)R,
+                          cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaMemcpyAsync(&bad, m->pend_bad + kPending, sizeof bad, cudaMemcpyDeviceToHost, m->st));
   DF_CU(cudaStreamSynchronize(m->st));
+  return bad == ~0ull ? DFLASH_OK : bad_hidden(m, (int64_t)bad);
+}
+
+} // namespace
+
+extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss) {
+  DF_TRY(use_device(m));
+  if (m->grads_sharded && b->coef)
+    return df_error(DFLASH_E_STATE,
+                    "rank %d: the gradients of a step over %d ranks are "
+                    "sharded: zero them before accumulating again",
+                    m->rank, m->world);
+  bool deferred = row_loss == nullptr;
+  if (deferred && m->n_dev_pend == kPending) DF_TRY(drain_pending(m));
+  size_t slot = deferred ? m->n_dev_pend : kPending;
+  if (b->A <= 0) {
+    if (!deferred) return DFLASH_OK;
+    DF_CU(cudaMemsetAsync(m->pend_loss + slot, 0, sizeof(double), m->st));
+    DF_CU(cudaMemsetAsync(m->pend_bad + slot, 0xff, sizeof(unsigned long long), m->st));
+    m->n_dev_pend++;
+    return DFLASH_OK;
+  }
+  DF_TRY(flush_backward(m)); // the arena is about to take this sequence
+  DF_TRY(upload_batch(m, b, m->pend_bad + slot));
+  DF_TRY(compute_sequence(m, b));
+  if (!deferred) return finish_sync(m, b->R, row_loss);
+  DF_TRY(k_seq_loss(m->st, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)b->R,
+                    act<int32_t>(m, DF_ACT_ROW_I32), m->wtab, m->c.B, b->R, m->pend_loss + slot));
+  m->n_dev_pend++;
+  return DFLASH_OK;
+}
+
+extern "C" dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n) {
+  DF_TRY(use_device(m));
+  DF_TRY(drain_pending(m));
+  size_t have = m->host_loss.size();
+  if (n != have)
+    return df_error(DFLASH_E_STATE, "CUDA: %zu deferred sequences, results asked for %zu", have, n);
+  for (size_t i = 0; i < n; i++) {
+    if (loss_sum) loss_sum[i] = m->host_loss[i];
+    if (bad) bad[i] = m->host_bad[i];
+  }
+  m->host_loss.clear();
+  m->host_bad.clear();
   return DFLASH_OK;
 }
 
@@ -695,23 +995,28 @@ extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int
   DF_TRY(use_device(m));
   if (b->A <= 0 || b->R <= 0) return DFLASH_OK;
   DF_TRY(flush_backward(m));
-  DF_TRY(upload_batch(m, b));
+  DF_TRY(upload_batch(m, b, m->pend_bad + kPending));
   DF_TRY(model_forward(m));
   const df_cu_config &c = m->c;
   int R = b->R, chunk = c.vocab_chunk < c.V ? c.vocab_chunk : c.V;
   // best value / index: the row-f32 block's first two slots are free here.
   float *best = act<float>(m, DF_ACT_ROW_F32);
   int32_t *best_i = (int32_t *)(best + R);
-  DF_TRY(k_argmax_init(m->st, best, best_i, R)); // all-NaN rows: token 0, as on the CPU
+  DF_TRY(k_argmax_init(m->st, best, best_i, R));       // all-NaN rows: token 0, as on the CPU
+  if (m->df2) DF_TRY(df2_topk_init(m->df2, m->st, R)); // DFlash 2: the selector's candidates
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
     int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
     DF_TRY(gemm(m, false, true, R, cn, c.H, act<bf16>(m, DF_ACT_ROWS_X), c.H,
                 m->head + (size_t)v0 * c.H, c.H, act<float>(m, DF_ACT_LOGITS), cn, true, 0.0f));
-    DF_TRY(k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0));
+    if (m->df2) DF_TRY(df2_topk_chunk(m->df2, m->st, act<float>(m, DF_ACT_LOGITS), R, cn, v0));
+    else DF_TRY(k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0));
   }
-  DF_CU(cudaMemcpyAsync(pred, best_i, 4 * (size_t)R, cudaMemcpyDeviceToHost, m->st));
-  DF_CU(cudaStreamSynchronize(m->st));
-  return DFLASH_OK;
+  if (m->df2) // the greedy path of each block, as the CPU's select_blocks
+    DF_TRY(df2_select_greedy(m->df2, m->st, m->blas, act<bf16>(m, DF_ACT_ROWS_X),
+                             act<int32_t>(m, DF_ACT_TOK), b->A, w_of(m, sel_w(m, 0)),
+                             w_of(m, sel_w(m, 1)), w_of(m, sel_w(m, 2)), pred));
+  else DF_CU(cudaMemcpyAsync(pred, best_i, 4 * (size_t)R, cudaMemcpyDeviceToHost, m->st));
+  return finish_sync(m, 0, nullptr);
 }
 
 extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) {
@@ -723,7 +1028,8 @@ extern "C" dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n) 
   if (n > 4096) return df_error(DFLASH_E_INTERNAL, "all-reduce of %d doubles", n);
   DF_CU(cudaMemcpyAsync(d, x, 8 * (size_t)n, cudaMemcpyHostToDevice, m->st));
   ncclResult_t r = ncclAllReduce(d, d, (size_t)n, ncclDouble, ncclSum, m->comm, m->st);
-  if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "NCCL all-reduce: %s", ncclGetErrorString(r));
+  if (r != ncclSuccess)
+    return df_error(DFLASH_E_CUDA, "NCCL all-reduce: %s", ncclGetErrorString(r));
   DF_CU(cudaMemcpyAsync(x, d, 8 * (size_t)n, cudaMemcpyDeviceToHost, m->st));
   DF_TRY(wait_stream(m, "NCCL all-reduce of host scalars"));
 #else
@@ -781,8 +1087,8 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
   for (size_t b = 0; b < nb; b++) {
     size_t off, len, sh = m->buckets.buckets[b].shard_offset;
     slice(m, b, &off, &len);
-    DF_TRY(k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh,
-                   len, (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt));
+    DF_TRY(k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh, len,
+                   (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt));
     if (coef < 1.0) DF_TRY(k_scale(m->st, m->grads + off, (float)coef, len));
   }
 #ifdef DFLASH_HAVE_NCCL
@@ -792,8 +1098,7 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
     ncclResult_t r = ncclAllGather(m->w16 + off, m->w16 + m->buckets.buckets[b].offset, len,
                                    ncclBfloat16, m->comm, m->st);
     if (r != ncclSuccess)
-      return df_error(DFLASH_E_CUDA, "NCCL all-gather of bucket %zu: %s", b,
-                      ncclGetErrorString(r));
+      return df_error(DFLASH_E_CUDA, "NCCL all-gather of bucket %zu: %s", b, ncclGetErrorString(r));
   }
 #endif
   return wait_stream(m, "NCCL all-gather of the updated weights");
@@ -821,13 +1126,13 @@ extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int t
     if (to_host) {
       // Gather every rank's slice of this bucket, then keep the unpadded part.
       float *dst = m->tmp;
-      if (m->world == 1) DF_CU(cudaMemcpyAsync(dst, sb + k->shard_offset, 4 * len,
-                                               cudaMemcpyDeviceToDevice, m->st));
+      if (m->world == 1)
+        DF_CU(cudaMemcpyAsync(dst, sb + k->shard_offset, 4 * len, cudaMemcpyDeviceToDevice, m->st));
 #ifdef DFLASH_HAVE_NCCL
       else {
         ncclResult_t r = ncclAllGather(sb + k->shard_offset, dst, len, ncclFloat, m->comm, m->st);
-        if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "NCCL all-gather: %s",
-                                              ncclGetErrorString(r));
+        if (r != ncclSuccess)
+          return df_error(DFLASH_E_CUDA, "NCCL all-gather: %s", ncclGetErrorString(r));
       }
 #endif
       size_t keep = k->offset >= n ? 0 : (n - k->offset < k->count ? n - k->offset : k->count);
@@ -853,7 +1158,8 @@ extern "C" dflash_status df_cu_nccl_unique_id(void *id) {
 #ifdef DFLASH_HAVE_NCCL
   static_assert(sizeof(ncclUniqueId) == DF_CU_NCCL_ID_BYTES, "NCCL id size");
   ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)id);
-  if (r != ncclSuccess) return df_error(DFLASH_E_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+  if (r != ncclSuccess)
+    return df_error(DFLASH_E_CUDA, "ncclGetUniqueId: %s", ncclGetErrorString(r));
   return DFLASH_OK;
 #else
   (void)id;
@@ -862,13 +1168,15 @@ extern "C" dflash_status df_cu_nccl_unique_id(void *id) {
 }
 
 extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
-                                        double timeout_s) {
+                                         double timeout_s) {
 #ifdef DFLASH_HAVE_NCCL
   DF_TRY(use_device(m));
   // The buffers were laid out for this rank at create: the communicator must agree.
   if (rank != m->rank || world != m->world)
-    return df_error(DFLASH_E_STATE, "NCCL: joining as rank %d of %d, but the CUDA model was "
-                    "created for rank %d of %d", rank, world, m->rank, m->world);
+    return df_error(DFLASH_E_STATE,
+                    "NCCL: joining as rank %d of %d, but the CUDA model was "
+                    "created for rank %d of %d",
+                    rank, world, m->rank, m->world);
   m->comm_timeout = timeout_s;
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);
@@ -884,8 +1192,9 @@ extern "C" dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, co
 }
 
 extern "C" void df_cu_memory(const df_cu_model *m, size_t *peak, size_t *now, size_t *arena) {
-  if (peak) *peak = m->peak;
-  if (now) *now = m->live;
+  // DFlash 2's buffers (dflash2.cu) are allocated apart from the arena.
+  if (peak) *peak = m->peak + df2_bytes(m->df2);
+  if (now) *now = m->live + df2_bytes(m->df2);
   if (arena) *arena = m->arena_bytes;
 }
 

@@ -7,7 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "dfcuda_module.h"
+#include "train/dfcuda_module.h"
 
 int df_cuda_device_count(int *count, char *msg, size_t msg_len); /* device.cu */
 
@@ -22,8 +22,7 @@ dflash_status df_error(dflash_status status, const char *fmt, ...) {
   return host->error(status, msg);
 }
 
-dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world,
-                                    size_t bucket_elems) {
+dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world, size_t bucket_elems) {
   return host->bucket_layout_init(l, n, world, bucket_elems);
 }
 
@@ -42,6 +41,7 @@ static const df_cu_module table = {
     .free = df_cu_free,
     .zero_grad = df_cu_zero_grad,
     .accumulate = df_cu_accumulate,
+    .results = df_cu_results,
     .scale_grads = df_cu_scale_grads,
     .predict = df_cu_predict,
     .step = df_cu_step,
@@ -55,8 +55,7 @@ static const df_cu_module table = {
 };
 
 /* The library calls this once, before anything else, and keeps the module loaded. */
-__attribute__((visibility("default"))) const df_cu_module *df_cuda_module_v1(
-    const df_cu_host *h) {
+__attribute__((visibility("default"))) const df_cu_module *df_cuda_module_v1(const df_cu_host *h) {
   host = h;
   return &table;
 }

@@ -15,9 +15,9 @@ static int fail(dflash_status st) {
 static int progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
   (void)user;
   fprintf(stderr, "\r%llu/%llu done, %llu failed, %llu in flight, %zu server(s)",
-          (unsigned long long)(s->completed + s->skipped),
-          (unsigned long long)s->total, (unsigned long long)s->failed,
-          (unsigned long long)s->in_flight, dflash_fetch_server_count(f));
+          (unsigned long long)(s->completed + s->skipped), (unsigned long long)s->total,
+          (unsigned long long)s->failed, (unsigned long long)s->in_flight,
+          dflash_fetch_server_count(f));
   return 0;
 }
 
@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
   o.servers = servers;
   o.n_servers = 1;
   o.model = argv[2];
-  o.temperature = 0;   /* greedy: the target's own most likely answer */
+  o.temperature = 0; /* greedy: the target's own most likely answer */
   o.max_tokens = 256;
   o.concurrency = 4;
   o.progress_interval_s = 0.2;

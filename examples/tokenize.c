@@ -34,8 +34,8 @@ int main(int argc, char **argv) {
   if (!ids || !back) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_tokenizer_encode(tok, text, len, DFLASH_SPECIAL_ALL, ids, cap, &n);
   if (!st) {
-    printf("vocabulary: %zu tokens\n%zu ids for %zu bytes:\n", dflash_tokenizer_vocab_size(tok),
-           n, len);
+    printf("vocabulary: %zu tokens\n%zu ids for %zu bytes:\n", dflash_tokenizer_vocab_size(tok), n,
+           len);
     for (size_t i = 0; i < n && !st; i++) {
       const char *bytes;
       size_t blen;

@@ -16,7 +16,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   enum { H = 64, K = 3, I = 192 };
-  const struct { const char *name; int64_t rows, cols; } tensors[] = {
+  const struct {
+    const char *name;
+    int64_t rows, cols;
+  } tensors[] = {
       {"fc.weight", H, K * H},
       {"hidden_norm.weight", H, 0},
       {"layers.0.mlp.gate_proj.weight", I, H},

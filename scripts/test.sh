@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Installs dependencies, then builds and runs every test. Warnings are errors here
+# Installs dependencies, then checks the format (scripts/check-format.sh, clang-format 14),
+# builds and runs every test. Warnings are errors here
 # (-Dwerror=true), never in a user's build (meson.build leaves werror off).
 #   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles)
 #   2. clang: unit suites
 #   3. gcc and clang, --buildtype=release (-O3): unit suites, so an -O3-only warning shows here
 #   4. gcc with ASan + UBSan: unit suites and fuzz corpus
-#   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dflash
-#      tokenize, the fetcher's loop and writer, hidden-store prefetch, host communicator,
-#      the emulated CUDA device's fibers and NCCL ranks)
+#   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dataset
+#      build and dflash tokenize, the fetcher's loop and writer, hidden-store prefetch,
+#      host communicator, the emulated CUDA device's fibers and NCCL ranks)
 #   The emulated CUDA device (suite cuda-emu) runs in every build without nvcc's backend.
 #   6. valgrind over the core unit suite
 # Usage: scripts/test.sh [--no-deps]
@@ -15,6 +16,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--no-deps" ] || scripts/deps.sh
 export PATH="$PATH:/usr/local/cuda/bin"
+
+echo "== format =="
+scripts/check-format.sh
 
 setup() { # setup DIR [meson args...]: configure a fresh or existing build folder
   local dir=$1; shift
@@ -64,7 +68,7 @@ CC=clang CXX=clang++ setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=d
 ninja -C build-tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/cuda/emu/tsan.supp \
   OPENBLAS_NUM_THREADS=1 \
-  run_tests build-tsan core tokenizer chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
+  run_tests build-tsan core tokenizer dataset chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
     cuda-emu-selftest cuda-emu-model
 
 echo "== valgrind =="

@@ -17,7 +17,9 @@ char *df_test_tmpdir(void) {
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb; (void)flag; (void)ftw;
+  (void)sb;
+  (void)flag;
+  (void)ftw;
   remove(path);
   return 0;
 }

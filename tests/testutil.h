@@ -16,13 +16,13 @@
   } while (0)
 
 /* Assert a call fails with `status` and that its message contains `needle`. */
-#define ck_assert_status(expr, status, needle)                                             \
-  do {                                                                                     \
-    dflash_status ck_st_ = (expr);                                                         \
-    ck_assert_msg(ck_st_ == (status), "%s -> %s (wanted %s): %s", #expr,                   \
+#define ck_assert_status(expr, status, needle)                                                \
+  do {                                                                                        \
+    dflash_status ck_st_ = (expr);                                                            \
+    ck_assert_msg(ck_st_ == (status), "%s -> %s (wanted %s): %s", #expr,                      \
                   dflash_status_str(ck_st_), dflash_status_str(status), dflash_last_error()); \
-    ck_assert_msg(strstr(dflash_last_error(), (needle)) != NULL,                           \
-                  "%s: message \"%s\" lacks \"%s\"", #expr, dflash_last_error(), (needle)); \
+    ck_assert_msg(strstr(dflash_last_error(), (needle)) != NULL,                              \
+                  "%s: message \"%s\" lacks \"%s\"", #expr, dflash_last_error(), (needle));   \
   } while (0)
 
 /* A fresh empty directory under $TMPDIR (malloc'd path); removed by df_test_rmtree. */

@@ -24,7 +24,7 @@ struct BlasHandle {
   cudaStream_t stream = nullptr;
   cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
 };
-}  // namespace dfemu
+} // namespace dfemu
 
 using namespace dfemu;
 
@@ -41,20 +41,20 @@ bool live(cublasHandle_t h) {
 
 size_t type_size(cudaDataType_t t) {
   switch (t) {
-    case CUDA_R_32F: return 4;
-    case CUDA_R_16BF: return 2;
-    default: return 0;
+  case CUDA_R_32F: return 4;
+  case CUDA_R_16BF: return 2;
+  default: return 0;
   }
 }
 const char *type_name(cudaDataType_t t) {
   switch (t) {
-    case CUDA_R_32F: return "CUDA_R_32F";
-    case CUDA_R_64F: return "CUDA_R_64F";
-    case CUDA_R_16F: return "CUDA_R_16F";
-    case CUDA_R_16BF: return "CUDA_R_16BF";
-    case CUDA_R_8I: return "CUDA_R_8I";
-    case CUDA_R_32I: return "CUDA_R_32I";
-    case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
+  case CUDA_R_32F: return "CUDA_R_32F";
+  case CUDA_R_64F: return "CUDA_R_64F";
+  case CUDA_R_16F: return "CUDA_R_16F";
+  case CUDA_R_16BF: return "CUDA_R_16BF";
+  case CUDA_R_8I: return "CUDA_R_8I";
+  case CUDA_R_32I: return "CUDA_R_32I";
+  case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
   }
   return "?";
 }
@@ -95,15 +95,17 @@ struct GemmOp : Op {
     std::vector<float> a((size_t)m * k), b((size_t)k * n), c((size_t)m * n);
     for (int p = 0; p < k; p++)
       for (int i = 0; i < m; i++)
-        a[(size_t)p * m + i] = narrow(load(A, at, ta == CUBLAS_OP_N ? (size_t)p * lda + i
-                                                                    : (size_t)i * lda + p), comp);
+        a[(size_t)p * m + i] =
+            narrow(load(A, at, ta == CUBLAS_OP_N ? (size_t)p * lda + i : (size_t)i * lda + p),
+                   comp);
     for (int j = 0; j < n; j++)
       for (int p = 0; p < k; p++)
-        b[(size_t)j * k + p] = narrow(load(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + p
-                                                                    : (size_t)p * ldb + j), comp);
+        b[(size_t)j * k + p] =
+            narrow(load(B, bt, tb == CUBLAS_OP_N ? (size_t)j * ldb + p : (size_t)p * ldb + j),
+                   comp);
     if (k > 0)
-      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a.data(), m,
-                  b.data(), k, 0.0f, c.data(), m);
+      cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, alpha, a.data(), m, b.data(),
+                  k, 0.0f, c.data(), m);
     for (int j = 0; j < n; j++)
       for (int i = 0; i < m; i++) {
         size_t o = (size_t)j * ldc + i;
@@ -119,7 +121,7 @@ struct GemmOp : Op {
 size_t extent(int rows, int cols, int ld) {
   return rows && cols ? (size_t)(cols - 1) * ld + rows : 0;
 }
-}  // namespace
+} // namespace
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
   if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
@@ -186,21 +188,24 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOp
                             cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
   (void)algo;
   if (!live(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  auto bad = [](cublasOperation_t t) { return t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C; };
+  auto bad = [](cublasOperation_t t) {
+    return t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C;
+  };
   int rows_a = transa == CUBLAS_OP_N ? m : k, cols_a = transa == CUBLAS_OP_N ? k : m;
   int rows_b = transb == CUBLAS_OP_N ? k : n, cols_b = transb == CUBLAS_OP_N ? n : k;
   if (bad(transa) || bad(transb) || m < 0 || n < 0 || k < 0 || lda < (rows_a > 1 ? rows_a : 1) ||
       ldb < (rows_b > 1 ? rows_b : 1) || ldc < (m > 1 ? m : 1) || !alpha || !beta) {
     report("cublasGemmEx: CUBLAS_STATUS_INVALID_VALUE: op %c%c m %d n %d k %d lda %d (needs >= "
-           "%d) ldb %d (needs >= %d) ldc %d (needs >= %d)", "NTC"[transa % 3], "NTC"[transb % 3],
-           m, n, k, lda, rows_a > 1 ? rows_a : 1, ldb, rows_b > 1 ? rows_b : 1, ldc,
-           m > 1 ? m : 1);
+           "%d) ldb %d (needs >= %d) ldc %d (needs >= %d)",
+           "NTC"[transa % 3], "NTC"[transb % 3], m, n, k, lda, rows_a > 1 ? rows_a : 1, ldb,
+           rows_b > 1 ? rows_b : 1, ldc, m > 1 ? m : 1);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   bool types_ok = Atype == Btype &&
                   ((Atype == CUDA_R_16BF && (Ctype == CUDA_R_16BF || Ctype == CUDA_R_32F)) ||
                    (Atype == CUDA_R_32F && Ctype == CUDA_R_32F));
-  bool compute_ok = computeType == CUBLAS_COMPUTE_32F || computeType == CUBLAS_COMPUTE_32F_PEDANTIC ||
+  bool compute_ok = computeType == CUBLAS_COMPUTE_32F ||
+                    computeType == CUBLAS_COMPUTE_32F_PEDANTIC ||
                     (Atype == CUDA_R_32F && (computeType == CUBLAS_COMPUTE_32F_FAST_16BF ||
                                              computeType == CUBLAS_COMPUTE_32F_FAST_TF32));
   if (!types_ok || !compute_ok) {
@@ -215,7 +220,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOp
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   size_t ea = extent(rows_a, cols_a, lda) * type_size(Atype),
-         eb = extent(rows_b, cols_b, ldb) * type_size(Btype), ec = extent(m, n, ldc) * type_size(Ctype);
+         eb = extent(rows_b, cols_b, ldb) * type_size(Btype),
+         ec = extent(m, n, ldc) * type_size(Ctype);
   if ((ea && !check_device(A, ea, h->device, "cublasGemmEx", "A")) ||
       (eb && !check_device(B, eb, h->device, "cublasGemmEx", "B")) ||
       !check_device(C, ec, h->device, "cublasGemmEx", "C"))

@@ -67,8 +67,7 @@ void syncthreads(const char *file, int line);
 // A warp collective of the calling lane: every lane named in `mask` must make the same
 // call; returns this lane's result. kind: one of the Coll values.
 enum Coll : int { COLL_SYNCWARP, COLL_SHFL, COLL_BALLOT, COLL_ANY, COLL_ALL, COLL_LANES };
-uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src_lane,
-                         const char *what);
+uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src_lane, const char *what);
 // A warp-wide op on every lane's data (WMMA's fragment ops, mma.h): all 32 lanes of the warp
 // must call it with the same fn and what; when the last arrives, fn runs once with every
 // lane's arg (lane order), on that lane's fiber (the others' stacks are intact meanwhile).
@@ -152,15 +151,16 @@ Launch<P...> make_launch(dim3 grid, dim3 block, size_t smem, Stream *stream, voi
   return Launch<P...>{k, grid, block, smem, stream, name};
 }
 
-}  // namespace dfemu
+} // namespace dfemu
 
 #define DFEMU_LAUNCH(grid, block, smem, stream, ...) \
   ::dfemu::make_launch((grid), (block), (smem), (stream), (__VA_ARGS__), #__VA_ARGS__)
-#define DFEMU_SHARED(type, name, dims)                                               \
-  static const char dfemu_shared_tag_##name = 0;                                     \
-  type(&name) dims = *static_cast<type(*) dims>(::dfemu::static_shared(              \
-      &dfemu_shared_tag_##name, sizeof(type dims), alignof(type dims)))
-#define DFEMU_DYN_SHARED(type, name) type *const name = static_cast<type *>(::dfemu::dynamic_shared())
+#define DFEMU_SHARED(type, name, dims)           \
+  static const char dfemu_shared_tag_##name = 0; \
+  type(&name) dims = *static_cast<type(*) dims>( \
+      ::dfemu::static_shared(&dfemu_shared_tag_##name, sizeof(type dims), alignof(type dims)))
+#define DFEMU_DYN_SHARED(type, name) \
+  type *const name = static_cast<type *>(::dfemu::dynamic_shared())
 
 // ---- built-in variables and device functions ---------------------------------------------
 #define threadIdx (::dfemu::t_coords.thread)
@@ -260,7 +260,9 @@ inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x; }
 
 template <typename T>
-inline T __ldg(const T *p) { return *p; }
+inline T __ldg(const T *p) {
+  return *p;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
@@ -317,14 +319,14 @@ inline uint8_t float_to_e4m3(float x) {
   if (a >= 448.0f) return sign | 0x7e;
   if (a == 0.0f) return sign;
   int e;
-  std::frexp(a, &e);                     // a = m 2^e, m in [0.5, 1): binade 2^(e-1)
-  int ex = e - 1 < -6 ? -6 : e - 1;      // below 2^-6: subnormals, steps of 2^-9
+  std::frexp(a, &e);                                  // a = m 2^e, m in [0.5, 1): binade 2^(e-1)
+  int ex = e - 1 < -6 ? -6 : e - 1;                   // below 2^-6: subnormals, steps of 2^-9
   int q = (int)std::nearbyint(std::ldexp(a, 3 - ex)); // half to even (default rounding)
   // Subnormal codes are q itself; a normal one is (ex + 7) << 3 | (q - 8), and q == 16
   // (rounded up into the next binade) lands on its code too.
   return (uint8_t)(sign | (((ex + 7) << 3) + q - 8));
 }
-}  // namespace dfemu
+} // namespace dfemu
 inline __nv_fp8_e4m3::__nv_fp8_e4m3(float f) : __x(::dfemu::float_to_e4m3(f)) {}
 inline __nv_fp8_e4m3::operator float() const { return ::dfemu::e4m3_to_float(__x); }
 
@@ -450,4 +452,4 @@ void set_seed(uint64_t s);
 uint64_t kernels_run();
 // Whether p points into a live device allocation, and its [base, size).
 bool device_range(const void *p, const void **base, size_t *size);
-}  // namespace dfemu
+} // namespace dfemu

@@ -111,12 +111,12 @@ void ctx_make(Context *c, char *stack, size_t size, void (*entry)(void *), void 
   uint32_t csr[2];
   asm volatile("stmxcsr %0; fnstcw %1" : "=m"(csr[0]), "=m"(csr[1]));
   std::memcpy(&sp[0], csr, 8);
-  sp[1] = 0;                    // r15
-  sp[2] = 0;                    // r14
-  sp[3] = (uint64_t)entry;      // r13
-  sp[4] = (uint64_t)arg;        // r12
-  sp[5] = 0;                    // rbx
-  sp[6] = 0;                    // rbp
+  sp[1] = 0;               // r15
+  sp[2] = 0;               // r14
+  sp[3] = (uint64_t)entry; // r13
+  sp[4] = (uint64_t)arg;   // r12
+  sp[5] = 0;               // rbx
+  sp[6] = 0;               // rbp
   sp[7] = (uint64_t)&dfemu_ctx_start;
   c->sp = sp;
 }
@@ -136,8 +136,8 @@ void ctx_make(Context *c, char *stack, size_t size, void (*entry)(void *), void 
   c->uc.uc_link = nullptr;
   // makecontext passes ints: the pointers travel in halves.
   uint64_t a = (uintptr_t)arg, e = (uintptr_t)entry;
-  makecontext(&c->uc, reinterpret_cast<void (*)()>(uc_entry), 4, (unsigned)e,
-              (unsigned)(e >> 32), (unsigned)a, (unsigned)(a >> 32));
+  makecontext(&c->uc, reinterpret_cast<void (*)()>(uc_entry), 4, (unsigned)e, (unsigned)(e >> 32),
+              (unsigned)a, (unsigned)(a >> 32));
 }
 inline void ctx_swap(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
 #endif
@@ -337,9 +337,8 @@ void block_fatal(Exec *e, const char *fmt, ...) {
   for (auto &t : e->threads) n[t.state]++;
   fatal("kernel %s, block (%u,%u,%u) of (%u,%u,%u), %u threads: %s [threads not started %u, "
         "runnable %u, at __syncthreads %u, in a warp op %u, done %u]",
-        e->k->name, e->block.x, e->block.y, e->block.z, e->k->grid.x, e->k->grid.y,
-        e->k->grid.z, e->nthreads, msg, n[UNSTARTED], n[RUNNABLE], n[AT_BARRIER],
-        n[IN_WARP_OP], n[DONE]);
+        e->k->name, e->block.x, e->block.y, e->block.z, e->k->grid.x, e->k->grid.y, e->k->grid.z,
+        e->nthreads, msg, n[UNSTARTED], n[RUNNABLE], n[AT_BARRIER], n[IN_WARP_OP], n[DONE]);
 }
 
 void make_runnable(Exec *e, Thread *t) {
@@ -362,9 +361,10 @@ int pick(Exec *e) {
       if (t.state != AT_BARRIER) continue;
       if (!first) first = &t;
       else if (t.bar_line != first->bar_line || strcmp(t.bar_file, first->bar_file))
-        block_fatal(e, "threads wait at different barriers: thread %u at __syncthreads %s:%d, "
-                    "thread %u at %s:%d (a barrier in divergent code)", first->tid,
-                    first->bar_file, first->bar_line, t.tid, t.bar_file, t.bar_line);
+        block_fatal(e,
+                    "threads wait at different barriers: thread %u at __syncthreads %s:%d, "
+                    "thread %u at %s:%d (a barrier in divergent code)",
+                    first->tid, first->bar_file, first->bar_line, t.tid, t.bar_file, t.bar_line);
     }
     for (auto &t : e->threads)
       if (t.state == AT_BARRIER) make_runnable(e, &t);
@@ -411,9 +411,10 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
     // WMMA's fragment ops are warp-wide: a lane that exited or does not exist (a partial
     // warp) never reaches them, and the hardware hangs or computes garbage.
     if (who != 0xffffffffu)
-      block_fatal(e, "%s in warp %u is reached by lanes 0x%08x only (lanes that exited or do "
-                  "not exist: 0x%08x): every lane of the warp must call it", w.what, warp_no,
-                  w.arrived, ~w.live);
+      block_fatal(e,
+                  "%s in warp %u is reached by lanes 0x%08x only (lanes that exited or do "
+                  "not exist: 0x%08x): every lane of the warp must call it",
+                  w.what, warp_no, w.arrived, ~w.live);
     void *args[32];
     for (unsigned l = 0; l < 32; l++) args[l] = (void *)(uintptr_t)w.val[l];
     w.lanes_fn(args, w.what);
@@ -424,19 +425,19 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
   for (unsigned l = 0; l < 32; l++) {
     if (!(who >> l & 1)) continue;
     switch (w.kind) {
-      case COLL_SHFL: {
-        // From a lane that does not take part (outside the mask, exited, or beyond a partial
-        // warp) the hardware returns an undefined value: poison (NaN, -1), so code that uses
-        // it unguarded computes garbage visibly, and code that guards its use is fine.
-        int s = w.src[l];
-        w.res[l] = s >= 0 && s < 32 && (who >> s & 1) ? w.val[s] : ~0ull;
-        break;
-      }
-      case COLL_BALLOT: w.res[l] = ballot; break;
-      case COLL_ANY: w.res[l] = ballot != 0; break;
-      case COLL_ALL: w.res[l] = ballot == who; break;
-      case COLL_SYNCWARP:
-      case COLL_LANES: w.res[l] = 0; break;
+    case COLL_SHFL: {
+      // From a lane that does not take part (outside the mask, exited, or beyond a partial
+      // warp) the hardware returns an undefined value: poison (NaN, -1), so code that uses
+      // it unguarded computes garbage visibly, and code that guards its use is fine.
+      int s = w.src[l];
+      w.res[l] = s >= 0 && s < 32 && (who >> s & 1) ? w.val[s] : ~0ull;
+      break;
+    }
+    case COLL_BALLOT: w.res[l] = ballot; break;
+    case COLL_ANY: w.res[l] = ballot != 0; break;
+    case COLL_ALL: w.res[l] = ballot == who; break;
+    case COLL_SYNCWARP:
+    case COLL_LANES: w.res[l] = 0; break;
     }
   }
   w.pending = false;
@@ -544,7 +545,7 @@ void run_block(Exec *e) {
   switch_to(get_runner()); // returns when the block is done
 }
 
-}  // namespace
+} // namespace
 
 void syncthreads(const char *file, int line) {
   Exec *e = exec_or_die("__syncthreads");
@@ -564,8 +565,7 @@ unsigned active_mask() {
 }
 
 namespace {
-uint64_t arrive(Coll kind, unsigned mask, uint64_t value, int src, const char *what,
-                LanesFn fn) {
+uint64_t arrive(Coll kind, unsigned mask, uint64_t value, int src, const char *what, LanesFn fn) {
   Exec *e = exec_or_die(what);
   Thread *t = e->cur;
   unsigned w = t->tid / 32, lane = t->tid % 32;
@@ -582,8 +582,10 @@ uint64_t arrive(Coll kind, unsigned mask, uint64_t value, int src, const char *w
     wp.arrived = 0;
   } else if (wp.kind != kind || wp.mask != mask ||
              (kind == COLL_LANES && (wp.lanes_fn != fn || strcmp(wp.what, what)))) {
-    block_fatal(e, "warp %u lane %u calls %s with mask 0x%08x while lanes 0x%08x wait in %s "
-                "with mask 0x%08x", w, lane, what, mask, wp.arrived, wp.what, wp.mask);
+    block_fatal(e,
+                "warp %u lane %u calls %s with mask 0x%08x while lanes 0x%08x wait in %s "
+                "with mask 0x%08x",
+                w, lane, what, mask, wp.arrived, wp.what, wp.mask);
   }
   wp.val[lane] = value;
   wp.src[lane] = src;
@@ -595,7 +597,7 @@ uint64_t arrive(Coll kind, unsigned mask, uint64_t value, int src, const char *w
   wait_here(e, t);
   return wp.res[lane];
 }
-}  // namespace
+} // namespace
 
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int src, const char *what) {
   return arrive(kind, mask, value, src, what, nullptr);
@@ -616,12 +618,13 @@ void *static_shared(const void *tag, size_t bytes, size_t align) {
   e->shared.push_back(SharedSlot{tag, (char *)p, bytes});
   e->static_bytes += bytes;
   if (e->static_bytes > kSmemStatic)
-    block_fatal(e, "%zu bytes of static shared memory (the hardware allows %zu)",
-                e->static_bytes, kSmemStatic);
+    block_fatal(e, "%zu bytes of static shared memory (the hardware allows %zu)", e->static_bytes,
+                kSmemStatic);
   if (e->static_bytes + e->k->smem > kSmemOptin)
-    block_fatal(e, "%zu bytes of static and %zu of dynamic shared memory: more than the %zu "
-                "a block can have (the launch fails on the hardware)", e->static_bytes,
-                e->k->smem, kSmemOptin);
+    block_fatal(e,
+                "%zu bytes of static and %zu of dynamic shared memory: more than the %zu "
+                "a block can have (the launch fails on the hardware)",
+                e->static_bytes, e->k->smem, kSmemOptin);
   return p;
 }
 
@@ -688,7 +691,7 @@ void run_kernel(const KernelRun &k) {
   note_kernel_run(k.device);
 }
 
-}  // namespace dfemu
+} // namespace dfemu
 
 // cudaFuncSetAttribute lives here, beside the limits the launch checks.
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {

@@ -27,9 +27,9 @@
 namespace dfemu {
 
 // H200 limits (CUDA C Programming Guide, compute capability 9.0).
-constexpr size_t kSmemOptin = 232448;    // 227 KiB: dynamic + static shared memory per block
-constexpr size_t kSmemDefault = 49152;   // 48 KiB without cudaFuncAttributeMaxDynamicSharedMemorySize
-constexpr size_t kSmemStatic = 49152;    // static __shared__ per block
+constexpr size_t kSmemOptin = 232448;  // 227 KiB: dynamic + static shared memory per block
+constexpr size_t kSmemDefault = 49152; // 48 KiB without cudaFuncAttributeMaxDynamicSharedMemorySize
+constexpr size_t kSmemStatic = 49152;  // static __shared__ per block
 constexpr unsigned kMaxThreads = 1024;
 constexpr size_t kDefaultMemory = 143771ull << 20; // what an H200 reports (143771 MiB)
 constexpr int kMaxDevices = 16;
@@ -124,4 +124,4 @@ size_t known_static_smem(const void *kernel);
 size_t dynamic_smem_limit(const void *kernel);
 void note_kernel_run(int device);
 
-}  // namespace dfemu
+} // namespace dfemu

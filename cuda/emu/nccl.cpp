@@ -94,10 +94,16 @@ void timed_wait(Shared *s, int ms) {
 
 size_t type_size(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+  case ncclInt8:
+  case ncclUint8: return 1;
+  case ncclFloat16:
+  case ncclBfloat16: return 2;
+  case ncclInt32:
+  case ncclUint32:
+  case ncclFloat32: return 4;
+  case ncclInt64:
+  case ncclUint64:
+  case ncclFloat64: return 8;
   }
   return 0;
 }
@@ -105,10 +111,11 @@ size_t type_size(ncclDataType_t t) {
 template <typename T>
 T apply(ncclRedOp_t op, T a, T b) {
   switch (op) {
-    case ncclSum: case ncclAvg: return a + b;
-    case ncclProd: return a * b;
-    case ncclMax: return a < b ? b : a;
-    case ncclMin: return b < a ? b : a;
+  case ncclSum:
+  case ncclAvg: return a + b;
+  case ncclProd: return a * b;
+  case ncclMax: return a < b ? b : a;
+  case ncclMin: return b < a ? b : a;
   }
   return a;
 }
@@ -146,19 +153,19 @@ void reduce(const unsigned char *const *in, int R, void *out, size_t bytes, int 
   auto o = (ncclRedOp_t)op;
   size_t n = bytes / type_size(t);
   switch (t) {
-    case ncclInt8: reduce_typed<int8_t>(in, R, out, n, o); break;
-    case ncclUint8: reduce_typed<uint8_t>(in, R, out, n, o); break;
-    case ncclInt32: reduce_typed<int32_t>(in, R, out, n, o); break;
-    case ncclUint32: reduce_typed<uint32_t>(in, R, out, n, o); break;
-    case ncclInt64: reduce_typed<int64_t>(in, R, out, n, o); break;
-    case ncclUint64: reduce_typed<uint64_t>(in, R, out, n, o); break;
-    case ncclFloat32: reduce_typed<float>(in, R, out, n, o); break;
-    case ncclFloat64: reduce_typed<double>(in, R, out, n, o); break;
-    case ncclBfloat16: reduce_bf16(in, R, out, n, o); break;
-    case ncclFloat16: fatal("ncclFloat16 reductions are not emulated");
+  case ncclInt8: reduce_typed<int8_t>(in, R, out, n, o); break;
+  case ncclUint8: reduce_typed<uint8_t>(in, R, out, n, o); break;
+  case ncclInt32: reduce_typed<int32_t>(in, R, out, n, o); break;
+  case ncclUint32: reduce_typed<uint32_t>(in, R, out, n, o); break;
+  case ncclInt64: reduce_typed<int64_t>(in, R, out, n, o); break;
+  case ncclUint64: reduce_typed<uint64_t>(in, R, out, n, o); break;
+  case ncclFloat32: reduce_typed<float>(in, R, out, n, o); break;
+  case ncclFloat64: reduce_typed<double>(in, R, out, n, o); break;
+  case ncclBfloat16: reduce_bf16(in, R, out, n, o); break;
+  case ncclFloat16: fatal("ncclFloat16 reductions are not emulated");
   }
 }
-}  // namespace
+} // namespace
 
 struct Comm {
   Shared *sh = nullptr; // nullptr: one rank, nothing to share
@@ -207,19 +214,19 @@ struct CollOp : Op {
     for (int q = 0; q < R; q++) in[q] = comm->slot(q);
     size_t part = d.count * es();
     switch (d.kind) {
-      case 0: reduce(in, R, recv + w, len, d.type, d.op); break;
-      case 1: { // this rank's slice [rank * part, (rank + 1) * part) of the window
-        size_t lo = (size_t)comm->rank * part, hi = lo + part;
-        size_t a = w > lo ? w : lo, b = w + len < hi ? w + len : hi;
-        if (a >= b) break;
-        for (int q = 0; q < R; q++) in[q] = comm->slot(q) + (a - w);
-        reduce(in, R, recv + (a - lo), b - a, d.type, d.op);
-        break;
-      }
-      case 2:
-        for (int q = 0; q < R; q++) std::memmove(recv + (size_t)q * part + w, in[q], len);
-        break;
-      case 3: std::memmove(recv + w, in[d.root], len); break;
+    case 0: reduce(in, R, recv + w, len, d.type, d.op); break;
+    case 1: { // this rank's slice [rank * part, (rank + 1) * part) of the window
+      size_t lo = (size_t)comm->rank * part, hi = lo + part;
+      size_t a = w > lo ? w : lo, b = w + len < hi ? w + len : hi;
+      if (a >= b) break;
+      for (int q = 0; q < R; q++) in[q] = comm->slot(q) + (a - w);
+      reduce(in, R, recv + (a - lo), b - a, d.type, d.op);
+      break;
+    }
+    case 2:
+      for (int q = 0; q < R; q++) std::memmove(recv + (size_t)q * part + w, in[q], len);
+      break;
+    case 3: std::memmove(recv + w, in[d.root], len); break;
     }
   }
   void check_match() {
@@ -230,38 +237,39 @@ struct CollOp : Op {
           b.root != a.root || b.seq != a.seq)
         fatal("NCCL collective: rank 0 called %s #%" PRIu64 " (count %zu, type %d, op %d, root "
               "%d), rank %d %s #%" PRIu64 " (count %zu, type %d, op %d, root %d): NCCL hangs or "
-              "corrupts memory", kind_name(a.kind), a.seq, a.count, a.type, a.op, a.root, r,
-              kind_name(b.kind), b.seq, b.count, b.type, b.op, b.root);
+              "corrupts memory",
+              kind_name(a.kind), a.seq, a.count, a.type, a.op, a.root, r, kind_name(b.kind), b.seq,
+              b.count, b.type, b.op, b.root);
     }
   }
   bool step() override {
     if (comm->aborted) return true; // abandoned with its communicator
-    if (!comm->sh) { // one rank: the result is the input
+    if (!comm->sh) {                // one rank: the result is the input
       if (recv != send) std::memmove(recv, send, total);
       return true;
     }
     for (;;) {
       size_t len = total - w < kWindow ? total - w : kWindow;
       switch (phase) {
-        case 0:
-          if (w == 0) comm->sh->desc[comm->rank] = d;
-          if (d.kind != 3 || comm->rank == d.root) std::memcpy(comm->slot(comm->rank), send + w, len);
-          arrive();
-          phase = 1;
-          break;
-        case 1:
-          if (!passed()) return false;
-          if (w == 0) check_match();
-          compute(len);
-          arrive();
-          phase = 2;
-          break;
-        case 2:
-          if (!passed()) return false;
-          w += len;
-          phase = 0;
-          if (w >= total) return true;
-          break;
+      case 0:
+        if (w == 0) comm->sh->desc[comm->rank] = d;
+        if (d.kind != 3 || comm->rank == d.root) std::memcpy(comm->slot(comm->rank), send + w, len);
+        arrive();
+        phase = 1;
+        break;
+      case 1:
+        if (!passed()) return false;
+        if (w == 0) check_match();
+        compute(len);
+        arrive();
+        phase = 2;
+        break;
+      case 2:
+        if (!passed()) return false;
+        w += len;
+        phase = 0;
+        if (w >= total) return true;
+        break;
       }
     }
   }
@@ -310,21 +318,21 @@ ncclResult_t enqueue_coll(ncclComm_t comm, cudaStream_t stream, Desc d, const vo
   enqueue(s, std::unique_ptr<Op>(op));
   return ncclSuccess;
 }
-}  // namespace
-}  // namespace dfemu
+} // namespace
+} // namespace dfemu
 
 using namespace dfemu;
 
 const char *ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
+  case ncclSuccess: return "no error";
+  case ncclUnhandledCudaError: return "unhandled cuda error";
+  case ncclSystemError: return "unhandled system error";
+  case ncclInternalError: return "internal error";
+  case ncclInvalidArgument: return "invalid argument";
+  case ncclInvalidUsage: return "invalid usage";
+  case ncclRemoteError: return "remote process exited or there was a network error";
+  case ncclInProgress: return "NCCL operation in progress";
   }
   return "unknown result code";
 }
@@ -425,8 +433,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     pthread_cond_broadcast(&s->cv);
     while (s->joined < nranks && !s->failed && waited() <= timeout_s()) timed_wait(s, 50);
     if (s->failed) why = "another rank of this id failed to join", r = ncclInvalidUsage;
-    else if (s->joined < nranks) why = "timed out waiting for the other ranks "
-                                       "(DFLASH_EMU_NCCL_TIMEOUT)", r = ncclSystemError;
+    else if (s->joined < nranks)
+      why = "timed out waiting for the other ranks "
+            "(DFLASH_EMU_NCCL_TIMEOUT)",
+      r = ncclSystemError;
   }
   if (why) {
     s->failed = 1;
@@ -495,9 +505,8 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
   return enqueue_coll(comm, stream, Desc{0, type, op, 0, count, 0}, send, recv, b, b);
 }
 
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount,
-                               ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                               cudaStream_t stream) {
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   size_t b = recvcount * type_size(type);
   size_t n = live_comm(comm) ? (size_t)comm->nranks : 1;
   return enqueue_coll(comm, stream, Desc{1, type, op, 0, recvcount, 0}, send, recv, b * n, b);
@@ -507,8 +516,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclD
                            ncclComm_t comm, cudaStream_t stream) {
   size_t b = sendcount * type_size(type);
   size_t n = live_comm(comm) ? (size_t)comm->nranks : 1;
-  return enqueue_coll(comm, stream, Desc{2, type, ncclSum, 0, sendcount, 0}, send, recv, b,
-                      b * n);
+  return enqueue_coll(comm, stream, Desc{2, type, ncclSum, 0, sendcount, 0}, send, recv, b, b * n);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type,

@@ -53,13 +53,14 @@ uint64_t drawn_seed() {
             ((uint64_t)getpid() << 32);
       v %= 1000000000000ull; // short enough to type
     }
-    fprintf(stderr, "cuda-emu: thread-order seed %" PRIu64 " (DFLASH_EMU_SEED=%" PRIu64
-            " repeats it)\n", v, v);
+    fprintf(stderr,
+            "cuda-emu: thread-order seed %" PRIu64 " (DFLASH_EMU_SEED=%" PRIu64 " repeats it)\n", v,
+            v);
     return v;
   }();
   return s;
 }
-}  // namespace
+} // namespace
 
 uint64_t seed() {
   uint64_t o = g_seed_override.load();
@@ -82,8 +83,10 @@ void fatal(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "cuda-emu: FATAL: %s (thread-order seed %" PRIu64 ", DFLASH_EMU_SEED=%" PRIu64
-          " repeats it)\n", msg, seed(), seed());
+  fprintf(stderr,
+          "cuda-emu: FATAL: %s (thread-order seed %" PRIu64 ", DFLASH_EMU_SEED=%" PRIu64
+          " repeats it)\n",
+          msg, seed(), seed());
   fflush(stderr);
   abort();
 }
@@ -129,6 +132,7 @@ struct Device {
   std::vector<Stream *> streams;
   size_t used = 0, peak = 0; // bytes of device memory allocated, now and at most
   std::atomic<uint64_t> launches{0}, kernels{0}, to_host{0}; // to_host: bytes copied D2H
+  std::atomic<uint64_t> from_host{0}; // bytes copied H2D (pageable or pinned)
 };
 
 Device *devices() {
@@ -167,9 +171,10 @@ std::set<Stream *> g_streams;
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
-}  // namespace
+} // namespace
 
 struct Event {
   Stream *s = nullptr; // the stream of the last record (nullptr: none, or it was destroyed)
@@ -181,11 +186,13 @@ struct Event {
 namespace {
 std::mutex g_event_mu;
 std::set<Event *> g_events;
-}  // namespace
+} // namespace
 
 int current_device() { return t_device; }
 
-uint64_t launch_seed(int device) { return mix(seed(), mix((uint64_t)device, dev(device).launches++)); }
+uint64_t launch_seed(int device) {
+  return mix(seed(), mix((uint64_t)device, dev(device).launches++));
+}
 
 void note_kernel_run(int device) { dev(device).kernels++; }
 
@@ -210,7 +217,7 @@ bool find_locked(uintptr_t p, Alloc *out) {
   *out = it->second;
   return true;
 }
-}  // namespace
+} // namespace
 
 bool find_alloc(const void *p, Alloc *out) {
   std::lock_guard<std::mutex> g(g_mem_mu);
@@ -236,8 +243,8 @@ bool check_device(const void *p, size_t n, int device, const char *call, const c
   uintptr_t end = (uintptr_t)p + n;
   if (end > a.base + a.size || end < (uintptr_t)p) {
     report("%s: %s [%p, +%zu bytes) runs %zu bytes past the end of its %zu-byte device "
-           "allocation at %p", call, what, p, n, (size_t)(end - (a.base + a.size)), a.size,
-           (void *)a.base);
+           "allocation at %p",
+           call, what, p, n, (size_t)(end - (a.base + a.size)), a.size, (void *)a.base);
     return false;
   }
   if (device >= 0 && a.device != device) {
@@ -271,7 +278,7 @@ std::vector<Stream *> streams_of(int device, bool blocking_only) {
     if (!blocking_only || !s->nonblocking) v.push_back(s);
   return v;
 }
-}  // namespace
+} // namespace
 
 uint64_t enqueue(Stream *s, std::unique_ptr<Op> op) {
   if (s->legacy) {
@@ -353,7 +360,7 @@ void refuse_launch(const char *name, KernelBody body, cudaError_t e, const char 
   body.destroy(const_cast<void *>(body.args));
   fail(e);
 }
-}  // namespace
+} // namespace
 
 void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t smem,
             Stream *stream, KernelBody body) {
@@ -363,73 +370,82 @@ void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t 
   unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
   if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 ||
       nt > kMaxThreads)
-    return refuse(cudaErrorInvalidConfiguration, "block (%u,%u,%u): at most 1024 threads, "
-                  "(1024,1024,64) per dimension", block.x, block.y, block.z);
+    return refuse(cudaErrorInvalidConfiguration,
+                  "block (%u,%u,%u): at most 1024 threads, "
+                  "(1024,1024,64) per dimension",
+                  block.x, block.y, block.z);
   if (!grid.x || !grid.y || !grid.z || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
-    return refuse(cudaErrorInvalidConfiguration, "grid (%u,%u,%u): each of x < 2^31, y, z <= "
-                  "65535 and none 0", grid.x, grid.y, grid.z);
+    return refuse(cudaErrorInvalidConfiguration,
+                  "grid (%u,%u,%u): each of x < 2^31, y, z <= "
+                  "65535 and none 0",
+                  grid.x, grid.y, grid.z);
   size_t lim = dynamic_smem_limit(kernel), st = known_static_smem(kernel);
   if (smem > lim || smem + st > kSmemOptin)
-    return refuse(cudaErrorInvalidValue, "%zu bytes of dynamic shared memory (limit %zu for "
-                  "this kernel, %zu with %zu static at most)", smem, lim, kSmemOptin - st, st);
+    return refuse(cudaErrorInvalidValue,
+                  "%zu bytes of dynamic shared memory (limit %zu for "
+                  "this kernel, %zu with %zu static at most)",
+                  smem, lim, kSmemOptin - st, st);
   if (refused_by_test(name))
-    return refuse(cudaErrorLaunchOutOfResources, "refused on request (dfemu_refuse_kernel), as "
+    return refuse(cudaErrorLaunchOutOfResources,
+                  "refused on request (dfemu_refuse_kernel), as "
                   "the hardware refuses a kernel that needs more registers than a block has");
   Stream *s = resolve(stream);
-  if (!s) return refuse(cudaErrorInvalidResourceHandle, "stream %p is not a live stream",
-                        (void *)stream);
+  if (!s)
+    return refuse(cudaErrorInvalidResourceHandle, "stream %p is not a live stream", (void *)stream);
   if (s->device != t_device)
-    return refuse(cudaErrorInvalidResourceHandle, "its stream belongs to device %d but the "
-                  "current device of this host thread is %d", s->device, t_device);
+    return refuse(cudaErrorInvalidResourceHandle,
+                  "its stream belongs to device %d but the "
+                  "current device of this host thread is %d",
+                  s->device, t_device);
   k.seed = launch_seed(s->device);
   k.device = s->device;
   enqueue(s, std::unique_ptr<Op>(new KernelOp(k)));
 #undef refuse
 }
 
-}  // namespace dfemu
+} // namespace dfemu
 
 using namespace dfemu;
 
 // ---- errors -------------------------------------------------------------------------------
 const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError: return "cudaErrorInitializationError";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInitializationError: return "cudaErrorInitializationError";
+  case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+  case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+  case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+  case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+  case cudaErrorNoDevice: return "cudaErrorNoDevice";
+  case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+  case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+  case cudaErrorNotReady: return "cudaErrorNotReady";
+  case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+  case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+  case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   }
   return "cudaErrorUnknown";
 }
 
 const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInitializationError: return "initialization error";
+  case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorInvalidDeviceFunction: return "invalid device function";
+  case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+  case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+  case cudaErrorNotReady: return "device not ready";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
   }
   return "unknown error";
 }
@@ -491,19 +507,23 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) 
   cudaError_t e = cudaGetDeviceProperties(&p, device);
   if (e || !value) return e ? e : fail(cudaErrorInvalidValue);
   switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
-    default: return fail(cudaErrorInvalidValue);
+  case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+  case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
+  case cudaDevAttrWarpSize: *value = 32; break;
+  case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+  case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+  case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+  case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
+  default: return fail(cudaErrorInvalidValue);
   }
   return cudaSuccess;
 }
 
+// Host waits, for tests that a path does not wait per sequence (dfemu_sync_counts).
+static std::atomic<uint64_t> g_stream_syncs{0}, g_event_syncs{0}, g_device_syncs{0};
+
 cudaError_t cudaDeviceSynchronize() {
+  g_device_syncs++;
   if (!device_count()) return fail(cudaErrorNoDevice);
   drain_device(t_device);
   return cudaSuccess;
@@ -567,7 +587,8 @@ cudaError_t cudaFree(void *p) {
   for (size_t i = 0; i < kCanary; i++)
     if (((unsigned char *)p)[a.size + i] != kCanaryByte)
       fatal("device memory written past the end of the %zu-byte allocation at %p (byte %zu "
-            "behind it): a kernel wrote out of bounds", a.size, p, i);
+            "behind it): a kernel wrote out of bounds",
+            a.size, p, i);
 #endif
   {
     std::lock_guard<std::mutex> g(g_mem_mu);
@@ -624,8 +645,8 @@ enum class Side { PAGEABLE, PINNED, DEVICE };
 
 // Where each end of a copy lives; false (after a message) when the kind contradicts the
 // pointers or a device range runs past its allocation.
-bool sides(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *call,
-           Side *ds, Side *ss) {
+bool sides(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *call, Side *ds,
+           Side *ss) {
   auto side_of = [&](const void *p, bool want_dev, bool any, const char *what, Side *out) {
     Alloc a;
     bool found = find_alloc(p, &a);
@@ -639,7 +660,8 @@ bool sides(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char
     }
     if (!any && want_dev) {
       report("%s: the %s %p is not device memory (a freed or host pointer), but the copy kind "
-             "says device", call, what, p);
+             "says device",
+             call, what, p);
       return false;
     }
     if (found && a.kind == Mem::PINNED && (uintptr_t)p + n > a.base + a.size) {
@@ -677,7 +699,7 @@ std::unique_ptr<Op> copy_op(void *dst, const void *src, size_t n, bool stage) {
   if (stage) op->staged.assign((const unsigned char *)src, (const unsigned char *)src + n);
   return std::unique_ptr<Op>(op);
 }
-}  // namespace
+} // namespace
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
   if (!n) return cudaSuccess;
@@ -687,6 +709,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     return fail(cudaErrorInvalidValue);
   Stream *legacy = resolve(nullptr);
   if (ss == Side::DEVICE && ds != Side::DEVICE) dev(legacy->device).to_host += n;
+  if (ds == Side::DEVICE && ss != Side::DEVICE) dev(legacy->device).from_host += n;
   if (ds == Side::DEVICE && ss == Side::DEVICE) {
     enqueue(legacy, copy_op(dst, src, n, false)); // no host-side synchronisation
   } else if (ds == Side::DEVICE && ss == Side::PAGEABLE) {
@@ -711,6 +734,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
   if (!dst || !src || !sides(dst, src, n, kind, "cudaMemcpyAsync", &ds, &ss))
     return fail(cudaErrorInvalidValue);
   if (ss == Side::DEVICE && ds != Side::DEVICE) dev(s->device).to_host += n;
+  if (ds == Side::DEVICE && ss != Side::DEVICE) dev(s->device).from_host += n;
   if (ds == Side::PAGEABLE && ss == Side::DEVICE) {
     // To pageable memory: returns only once the copy has happened.
     uint64_t id = enqueue(s, copy_op(dst, src, n, false));
@@ -736,7 +760,7 @@ bool memset_target(void *p, size_t n, const char *call, bool *pinned) {
     return *pinned = true;
   return check_device(p, n, -1, call, "target");
 }
-}  // namespace
+} // namespace
 
 cudaError_t cudaMemset(void *p, int value, size_t n) {
   if (!n) return cudaSuccess;
@@ -813,6 +837,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  g_stream_syncs++;
   Stream *s = resolve(stream);
   if (!s) return fail(cudaErrorInvalidResourceHandle);
   if (s->legacy) drain_legacy(s->device);
@@ -836,7 +861,7 @@ Event *event_of(cudaEvent_t e) {
   std::lock_guard<std::mutex> g(g_event_mu);
   return g_events.count((Event *)e) ? (Event *)e : nullptr;
 }
-}  // namespace
+} // namespace
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags) {
   if (!out) return fail(cudaErrorInvalidValue);
@@ -880,6 +905,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  g_event_syncs++;
   Event *e = event_of(ev);
   if (!e) return fail(cudaErrorInvalidResourceHandle);
   if (e->s) drain(e->s, e->op, true);
@@ -927,6 +953,21 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned fl
 extern "C" void dfemu_refuse_kernel(const char *name) {
   std::lock_guard<std::mutex> g(g_refuse_mu);
   g_refuse = name ? name : "";
+}
+
+extern "C" void dfemu_sync_counts(uint64_t *stream_syncs, uint64_t *event_syncs,
+                                  uint64_t *device_syncs, int reset) {
+  if (stream_syncs) *stream_syncs = g_stream_syncs.load();
+  if (event_syncs) *event_syncs = g_event_syncs.load();
+  if (device_syncs) *device_syncs = g_device_syncs.load();
+  if (reset) g_stream_syncs = 0, g_event_syncs = 0, g_device_syncs = 0;
+}
+
+extern "C" uint64_t dfemu_from_host_bytes(int device, int reset) {
+  Device &d = dev(device);
+  uint64_t n = d.from_host.load();
+  if (reset) d.from_host = 0;
+  return n;
 }
 
 extern "C" void dfemu_memory_stats(int device, size_t *used, size_t *peak, uint64_t *to_host,

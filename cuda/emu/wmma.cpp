@@ -68,7 +68,8 @@ void check_memory(const char *what, const void *p, unsigned ldm, int bytes) {
     device_fault("%s: pointer %p is not 256-bit (32-byte) aligned, as WMMA requires", what, p);
   if (ldm == 0 || ldm % (unsigned)(16 / bytes) || ldm < 16)
     device_fault("%s: ldm %u is not a multiple of %d elements (16 bytes) of at least 16, as "
-                 "WMMA requires for %d-byte elements", what, ldm, 16 / bytes, bytes);
+                 "WMMA requires for %d-byte elements",
+                 what, ldm, 16 / bytes, bytes);
 }
 
 template <typename A>
@@ -78,8 +79,8 @@ const A &same_on_every_lane(void *const *lanes, const char *what) {
     const A &al = *(const A *)lanes[l];
     if (al.p != a0.p || al.ldm != a0.ldm || al.col != a0.col)
       device_fault("%s: lane %d passes pointer %p, ldm %u, %s while lane 0 passes %p, %u, %s "
-                   "(the arguments of a WMMA op must be the same on every lane)", what, l,
-                   (const void *)al.p, al.ldm, al.col ? "col-major" : "row-major",
+                   "(the arguments of a WMMA op must be the same on every lane)",
+                   what, l, (const void *)al.p, al.ldm, al.col ? "col-major" : "row-major",
                    (const void *)a0.p, a0.ldm, a0.col ? "col-major" : "row-major");
   }
   return a0;
@@ -134,9 +135,12 @@ void gather(void *const *lanes, FragUse use, F field, float *tile) {
 
 void do_mma(void *const *lanes, const char *) {
   float A[256], B[256], C[256];
-  gather<__nv_bfloat16>(lanes, FRAG_A, [](const MmaArgs &m) { return m.a; }, A);
-  gather<__nv_bfloat16>(lanes, FRAG_B, [](const MmaArgs &m) { return m.b; }, B);
-  gather<float>(lanes, FRAG_ACC, [](const MmaArgs &m) { return m.c; }, C);
+  gather<__nv_bfloat16>(
+      lanes, FRAG_A, [](const MmaArgs &m) { return m.a; }, A);
+  gather<__nv_bfloat16>(
+      lanes, FRAG_B, [](const MmaArgs &m) { return m.b; }, B);
+  gather<float>(
+      lanes, FRAG_ACC, [](const MmaArgs &m) { return m.c; }, C);
   float D[256];
   for (int r = 0; r < 16; r++)
     for (int c = 0; c < 16; c++) {
@@ -151,7 +155,7 @@ void do_mma(void *const *lanes, const char *) {
   }
 }
 
-}  // namespace
+} // namespace
 
 int frag_element(FragUse use, unsigned lane, int i) {
   return mapping().elem[use][lane % 32 * kFragElems + i];
@@ -175,4 +179,4 @@ void wmma_mma(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const fl
   warp_all_lanes(do_mma, &m, "wmma::mma_sync");
 }
 
-}  // namespace dfemu
+} // namespace dfemu

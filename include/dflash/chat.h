@@ -93,14 +93,30 @@ typedef enum dflash_chat_reasoning {
 } dflash_chat_reasoning;
 
 typedef struct dflash_chat_options {
-  size_t struct_size;            /* sizeof(dflash_chat_options) */
-  int add_generation_prompt;     /* 0 (default) or 1 */
-  int thinking;                  /* 1 (default): thinking on; 0: `enable_thinking`/`thinking` = false */
-  int preserve_thinking;         /* 0 (default); kimi-k2.6 and qwen3.6 only */
+  size_t struct_size;        /* sizeof(dflash_chat_options) */
+  int add_generation_prompt; /* 0 (default) or 1 */
+  int thinking;              /* 1 (default): thinking on; 0: `enable_thinking`/`thinking` = false */
+  int preserve_thinking;     /* 0 (default); kimi-k2.6 and qwen3.6 only */
   dflash_chat_reasoning reasoning; /* default DFLASH_CHAT_REASONING_OFFICIAL */
 } dflash_chat_options;
 
-DFLASH_API void dflash_chat_options_default(dflash_chat_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_chat_options_default(&opts). */
+DFLASH_API void dflash_chat_options_init(dflash_chat_options *opts, size_t size);
+#define dflash_chat_options_default(opts) dflash_chat_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_chat_options_init. */
+DFLASH_API void(dflash_chat_options_default)(dflash_chat_options *opts);
+
+/*
+ * The reasoning modes' names, as the `dflash` CLI takes them and a dataset
+ * manifest records them: "official", "keep_all", "keep_after_last_user",
+ * "drop". The values are 0, 1, 2, ... so a caller lists every mode by asking
+ * for names from 0 until NULL. NULL for a value outside the enum.
+ */
+DFLASH_API const char *dflash_chat_reasoning_name(dflash_chat_reasoning mode);
+/* The mode named exactly `name`; DFLASH_E_NOT_FOUND (listing the names) for another. */
+DFLASH_API dflash_status dflash_chat_reasoning_from_name(const char *name,
+                                                         dflash_chat_reasoning *out);
 
 /* Built-in template names, in a fixed order; NULL past the end. */
 DFLASH_API const char *dflash_chat_template_name_at(size_t index);
@@ -114,7 +130,7 @@ DFLASH_API const char *dflash_chat_template_end_of_turn(const dflash_chat_templa
 
 /* Parse a conversation (see above). `len` bytes of UTF-8 JSON. */
 DFLASH_API dflash_status dflash_chat_conversation_parse(const char *json, size_t len,
-                                                       dflash_chat_conversation **out);
+                                                        dflash_chat_conversation **out);
 DFLASH_API void dflash_chat_conversation_free(dflash_chat_conversation *conv);
 DFLASH_API size_t dflash_chat_conversation_message_count(const dflash_chat_conversation *conv);
 
@@ -146,13 +162,13 @@ DFLASH_API dflash_status dflash_chat_template_check_tokenizer(const dflash_chat_
 
 /* Render. `opts` may be NULL (defaults). */
 DFLASH_API dflash_status dflash_chat_render(const dflash_chat_template *tmpl,
-                                           const dflash_chat_conversation *conv,
-                                           const dflash_chat_options *opts,
-                                           dflash_chat_rendered **out);
+                                            const dflash_chat_conversation *conv,
+                                            const dflash_chat_options *opts,
+                                            dflash_chat_rendered **out);
 /* Parse + render in one call. */
 DFLASH_API dflash_status dflash_chat_render_json(const dflash_chat_template *tmpl, const char *json,
-                                                size_t len, const dflash_chat_options *opts,
-                                                dflash_chat_rendered **out);
+                                                 size_t len, const dflash_chat_options *opts,
+                                                 dflash_chat_rendered **out);
 DFLASH_API void dflash_chat_rendered_free(dflash_chat_rendered *r);
 /* The rendered text: borrowed, NUL-terminated, `*len` bytes (may be NULL). */
 DFLASH_API const char *dflash_chat_rendered_text(const dflash_chat_rendered *r, size_t *len);
@@ -175,23 +191,23 @@ typedef enum dflash_chat_span_kind {
 } dflash_chat_span_kind;
 
 typedef struct dflash_chat_span {
-  size_t begin, end;  /* byte range [begin, end) of the rendered text */
-  int32_t kind;       /* dflash_chat_span_kind */
-  int32_t message;    /* index of the message it renders, -1 for none */
-  int32_t generated;  /* 1 when kind is a generated kind, else 0 */
+  size_t begin, end; /* byte range [begin, end) of the rendered text */
+  int32_t kind;      /* dflash_chat_span_kind */
+  int32_t message;   /* index of the message it renders, -1 for none */
+  int32_t generated; /* 1 when kind is a generated kind, else 0 */
 } dflash_chat_span;
 
 /* Spans cover the text in order, without gaps; adjacent equal spans merge. */
 DFLASH_API size_t dflash_chat_rendered_span_count(const dflash_chat_rendered *r);
 DFLASH_API dflash_status dflash_chat_rendered_span(const dflash_chat_rendered *r, size_t index,
-                                                  dflash_chat_span *out);
+                                                   dflash_chat_span *out);
 /* Index of the last assistant message, -1 when there is none. */
 DFLASH_API int32_t dflash_chat_rendered_last_assistant(const dflash_chat_rendered *r);
 
 /* Which assistant turns are trained. */
 typedef enum dflash_chat_turns {
-  DFLASH_CHAT_TURNS_ALL = 0,  /* every assistant turn */
-  DFLASH_CHAT_TURNS_LAST = 1  /* the last assistant turn only */
+  DFLASH_CHAT_TURNS_ALL = 0, /* every assistant turn */
+  DFLASH_CHAT_TURNS_LAST = 1 /* the last assistant turn only */
 } dflash_chat_turns;
 
 /*
@@ -205,9 +221,9 @@ typedef enum dflash_chat_turns {
  * Returns the number of supervised tokens through `*n_supervised` (may be NULL).
  */
 DFLASH_API dflash_status dflash_chat_loss_mask(const dflash_chat_rendered *r, const uint32_t *begin,
-                                              const uint32_t *end, size_t n_tokens,
-                                              dflash_chat_turns turns, uint8_t *mask,
-                                              size_t *n_supervised);
+                                               const uint32_t *end, size_t n_tokens,
+                                               dflash_chat_turns turns, uint8_t *mask,
+                                               size_t *n_supervised);
 
 /*
  * Tokenize a rendered conversation and build its loss mask in one call:
@@ -222,9 +238,9 @@ DFLASH_API dflash_status dflash_chat_loss_mask(const dflash_chat_rendered *r, co
  * masks need byte-exact offsets.
  */
 DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,
-                                           const struct dflash_tokenizer *tok,
-                                           dflash_chat_turns turns, int32_t *ids, uint8_t *mask,
-                                           size_t cap, size_t *n, size_t *n_supervised);
+                                            const struct dflash_tokenizer *tok,
+                                            dflash_chat_turns turns, int32_t *ids, uint8_t *mask,
+                                            size_t cap, size_t *n, size_t *n_supervised);
 
 /*
  * Kimi K2.5/K2.6 tool declarations in the TypeScript-like form the official
@@ -249,8 +265,8 @@ DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,
  * name that is one); the renderers refuse such tools.
  */
 DFLASH_API dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len,
-                                                     int sort_keys, char *buf, size_t cap,
-                                                     size_t *out_len);
+                                                      int sort_keys, char *buf, size_t cap,
+                                                      size_t *out_len);
 
 #ifdef __cplusplus
 }

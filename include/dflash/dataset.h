@@ -23,6 +23,7 @@
 #ifndef DFLASH_DATASET_H
 #define DFLASH_DATASET_H
 
+#include <dflash/chat.h>
 #include <dflash/dflash.h>
 
 #ifdef __cplusplus
@@ -40,15 +41,22 @@ typedef struct dflash_dataset_writer_options {
   const char *options_json;   /* a JSON object recorded as "options" (may be NULL) */
 } dflash_dataset_writer_options;
 
-DFLASH_API void dflash_dataset_writer_options_default(dflash_dataset_writer_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_dataset_writer_options_default(&opts). */
+DFLASH_API void dflash_dataset_writer_options_init(dflash_dataset_writer_options *opts,
+                                                   size_t size);
+#define dflash_dataset_writer_options_default(opts) \
+  dflash_dataset_writer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_dataset_writer_options_init. */
+DFLASH_API void(dflash_dataset_writer_options_default)(dflash_dataset_writer_options *opts);
 /* `dir` is created when missing; DFLASH_E_EXISTS when it already holds a dataset.json. */
 DFLASH_API dflash_status dflash_dataset_writer_create(const char *dir,
-                                                     const dflash_dataset_writer_options *opts,
-                                                     dflash_dataset_writer **out);
+                                                      const dflash_dataset_writer_options *opts,
+                                                      dflash_dataset_writer **out);
 /* Append one sample (`n` >= 1 tokens). `sample_id` is copied. */
 DFLASH_API dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, const char *sample_id,
-                                                  const int32_t *ids, const uint8_t *mask,
-                                                  size_t n);
+                                                   const int32_t *ids, const uint8_t *mask,
+                                                   size_t n);
 /* Write the last shard and the manifest. */
 DFLASH_API dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w);
 /* NULL-safe. Freeing an unfinished writer leaves finished shards but no manifest. */
@@ -61,15 +69,14 @@ DFLASH_API size_t dflash_dataset_count(const dflash_dataset *ds);
 DFLASH_API uint64_t dflash_dataset_tokens(const dflash_dataset *ds);
 /* Sample `index`: borrowed pointers into the mapped shard and its id. */
 DFLASH_API dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t index,
-                                              const int32_t **ids, const uint8_t **mask,
-                                              size_t *n, const char **sample_id);
+                                               const int32_t **ids, const uint8_t **mask, size_t *n,
+                                               const char **sample_id);
 /*
  * Histogram of sample lengths: counts[b] = samples with length in
  * [b * bin_width, (b + 1) * bin_width); the last bin also takes longer ones.
  */
-DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds,
-                                                        size_t bin_width, size_t n_bins,
-                                                        uint64_t *counts);
+DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds, size_t bin_width,
+                                                         size_t n_bins, uint64_t *counts);
 
 /* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
 #define DFLASH_TOKENIZER_HASH_LEN 72
@@ -87,6 +94,97 @@ DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *d
  * `cap` is smaller); DFLASH_E_NOT_FOUND for a directory without such files.
  */
 DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap);
+
+/*
+ * Building a dataset from conversations: what `dflash tokenize` does.
+ *
+ * Each input is JSONL of OpenAI `messages`, ShareGPT `conversations` or
+ * fetcher completion records, one per line (see chat.h). Every non-blank
+ * line becomes a sample or a line of OUT/rejected.jsonl
+ * {"file", "line", "reason"}; OUT/sources.jsonl gives each sample's
+ * {"id", "file", "line"}. A sample's id is its record's "id", else fetch's
+ * derived id (dflash_fetch_record_id); a repeated id is rejected. Lines are
+ * read in batches of batch_lines (or 32 MiB), each batch rendered and encoded
+ * on `threads` threads and written in input order, so the output is the same
+ * bytes for any thread count and batch size. The manifest's "options" records
+ * what shapes the samples: {"reasoning", "turns", "max_len", "truncate", "nfc"}.
+ * Inputs and OUT may be s3:// locations; an s3:// input ending in '/' stands
+ * for every *.jsonl object under it, in name order. An s3:// input that cannot
+ * be read or listed is logged (DFLASH_LOG_WARN, see dflash_set_log_callback),
+ * rejected (line 0, "cannot open file" or "cannot list the prefix") and counted
+ * in `unreadable`: the build goes on, and is refused at the end.
+ */
+
+/* Why a finished build is refused (dflash_dataset_build_stats.verdict). */
+typedef enum dflash_dataset_build_verdict {
+  DFLASH_DATASET_BUILD_OK = 0,
+  DFLASH_DATASET_BUILD_UNREADABLE = 1, /* an input could not be read */
+  DFLASH_DATASET_BUILD_EMPTY = 2,      /* no sample was written */
+  DFLASH_DATASET_BUILD_REJECTS = 3     /* more rejected lines than max_reject_ratio allows */
+} dflash_dataset_build_verdict;
+
+typedef struct dflash_dataset_build_stats {
+  size_t struct_size;                   /* sizeof(dflash_dataset_build_stats) */
+  uint64_t lines;                       /* input lines read so far, blank ones included */
+  uint64_t samples;                     /* samples written */
+  uint64_t tokens;                      /* their tokens */
+  uint64_t supervised_tokens;           /* their tokens with loss mask 1 */
+  uint64_t rejected;                    /* lines in rejected.jsonl (too_long included) */
+  uint64_t too_long;                    /* rejected as longer than max_len */
+  uint64_t unreadable;                  /* inputs that could not be read */
+  dflash_dataset_build_verdict verdict; /* set when the build has finished */
+} dflash_dataset_build_stats;
+
+/*
+ * Called on the calling thread once the outputs are created, then after every
+ * batch. `stats` is the library's (its struct_size says which fields it has).
+ * A non-zero return stops the build: DFLASH_E_CANCELLED, no manifest written.
+ */
+typedef int (*dflash_dataset_build_progress_fn)(const dflash_dataset_build_stats *stats,
+                                                void *user);
+
+typedef struct dflash_dataset_build_options {
+  size_t struct_size;              /* sizeof(dflash_dataset_build_options) */
+  const char *tokenizer_path;      /* required: what dflash_tokenizer_load() takes */
+  const char *template_name;       /* required: a built-in chat template */
+  dflash_chat_reasoning reasoning; /* default DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER */
+  int32_t last_turn_only;          /* 1: only the last assistant turn is supervised (default 0) */
+  uint64_t max_len;                /* longer samples are rejected, or cut (0: no limit) */
+  int32_t truncate;                /* 1: cut samples to max_len tokens instead (default 0) */
+  /* 1: accept a tokenizer that splits the template's control tokens (another
+   * family's); 0 (default): DFLASH_E_MISMATCH before any output. */
+  int32_t allow_split_control_tokens;
+  int32_t threads;      /* 0 (default): one per CPU; at most 256 are used */
+  uint64_t batch_lines; /* lines processed together (default 2048; a memory knob) */
+  /* Refuse a build where more than this fraction of the non-blank lines, over-long ones
+   * not counted, was rejected (default 0.05), in [0, 1]. */
+  double max_reject_ratio;
+  uint64_t shard_tokens;                     /* 0 (default): the writer's default (2^26) */
+  dflash_dataset_build_progress_fn progress; /* may be NULL */
+  void *progress_user;
+} dflash_dataset_build_options;
+
+/* The defaults, written up to `size` bytes (the caller's sizeof). Call it as
+ * dflash_dataset_build_options_default(&opts). */
+DFLASH_API void dflash_dataset_build_options_init(dflash_dataset_build_options *opts, size_t size);
+#define dflash_dataset_build_options_default(opts) \
+  dflash_dataset_build_options_init((opts), sizeof *(opts))
+
+/*
+ * Tokenize `n_inputs` JSONL inputs into the dataset directory `out_dir`
+ * (created; DFLASH_E_EXISTS when it holds a dataset.json). A local input that
+ * cannot be read, or is a directory, fails before any output is created
+ * (DFLASH_E_NOT_FOUND or DFLASH_E_IO, naming it). `opts` and `stats` (may
+ * be NULL) follow the versioned-struct rule (dflash.h); stats are written on
+ * failure too. When every line was processed but the
+ * verdict is not DFLASH_DATASET_BUILD_OK, the dataset is complete on disk
+ * and the call returns DFLASH_E_IO (UNREADABLE) or DFLASH_E_FORMAT (EMPTY,
+ * REJECTS) with a message saying why.
+ */
+DFLASH_API dflash_status dflash_dataset_build(const char *const *inputs, size_t n_inputs,
+                                              const char *out_dir,
+                                              const dflash_dataset_build_options *opts,
+                                              dflash_dataset_build_stats *stats);
 
 #ifdef __cplusplus
 }

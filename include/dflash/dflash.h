@@ -23,9 +23,16 @@
  * buffers the caller provides; a buffer that is too small yields
  * DFLASH_E_BUFFER and the required size through the size out-parameter.
  *
- * Options structs carry their own size in the first field; fill them with the
- * module's dflash_X_options_default() so fields can be appended later without
- * breaking the ABI.
+ * Versioned structs
+ * -----------------
+ * Options and output structs carry their size in the first field, struct_size,
+ * so fields can be appended without breaking the ABI. Fill options with the
+ * module's dflash_X_options_default(&opts), a macro that passes sizeof opts to
+ * dflash_X_options_init(). One rule for every struct (libbpf's): a caller's
+ * smaller struct (built against an older header) is accepted and its missing
+ * tail means the defaults; a larger one only if the bytes this library does not
+ * know are zero (else DFLASH_E_UNSUPPORTED); an output struct, and the defaults,
+ * are written up to the caller's struct_size and no further.
  */
 #ifndef DFLASH_DFLASH_H
 #define DFLASH_DFLASH_H

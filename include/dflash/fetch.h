@@ -60,53 +60,58 @@ typedef struct dflash_fetch_options {
    * {base}/chat/completions. Copied at create time. */
   const char *const *servers;
   size_t n_servers;
-  const char *model;       /* required */
-  int32_t family;          /* dflash_fetch_family */
-  int32_t thinking;        /* value of the family switch: 1 true (default), 0 false */
-  int32_t max_tokens;      /* 0: no cap sent */
-  double temperature;      /* < 0: not sent (default -1) */
-  double top_p;            /* < 0: not sent */
-  int32_t top_k;           /* < 1: not sent */
-  double min_p;            /* < 0: not sent */
-  int64_t seed;            /* < 0: not sent */
-  const char *stop_json;   /* JSON string or array for "stop"; NULL: none */
-  const char *extra_json;  /* JSON object merged into the body last; NULL: none */
-  int32_t stream;          /* 1 (default): SSE with stream_options.include_usage */
+  const char *model;      /* required */
+  int32_t family;         /* dflash_fetch_family */
+  int32_t thinking;       /* value of the family switch: 1 true (default), 0 false */
+  int32_t max_tokens;     /* 0: no cap sent */
+  double temperature;     /* < 0: not sent (default -1) */
+  double top_p;           /* < 0: not sent */
+  int32_t top_k;          /* < 1: not sent */
+  double min_p;           /* < 0: not sent */
+  int64_t seed;           /* < 0: not sent */
+  const char *stop_json;  /* JSON string or array for "stop"; NULL: none */
+  const char *extra_json; /* JSON object merged into the body last; NULL: none */
+  int32_t stream;         /* 1 (default): SSE with stream_options.include_usage */
   /* API key: the environment variable named here, else the first line of
    * this file; sent as "Authorization: Bearer", never logged or written. */
   const char *api_key_env;
   const char *api_key_file;
-  int32_t concurrency;       /* in-flight requests per server (default 64) */
-  double connect_timeout_s;  /* default 10 */
-  double idle_timeout_s;     /* streamed only: longest silence between bytes (default 120) */
+  int32_t concurrency;      /* in-flight requests per server (default 64) */
+  double connect_timeout_s; /* default 10 */
+  double idle_timeout_s;    /* streamed only: longest silence between bytes (default 120) */
   /* Overall deadline of one attempt: deadline_s when > 0, else
    * deadline_base_s + deadline_per_token_s * max_tokens (32768 tokens when
    * max_tokens is 0). Defaults 60 s + 0.25 s per token. */
   double deadline_s;
   double deadline_base_s;
   double deadline_per_token_s;
-  int32_t max_attempts;      /* per prompt, including the first (default 8) */
-  double backoff_base_s;     /* full-jitter exponential backoff: default 0.5 */
-  double backoff_max_s;      /* default 30 */
-  double retry_after_max_s;  /* longest Retry-After honoured (default 60) */
+  int32_t max_attempts;     /* per prompt, including the first (default 8) */
+  double backoff_base_s;    /* full-jitter exponential backoff: default 0.5 */
+  double backoff_max_s;     /* default 30 */
+  double retry_after_max_s; /* longest Retry-After honoured (default 60) */
   /* fsync both output files at most this often; 0: after every record.
    * Default 1 s. Records are written (to the page cache) immediately either
    * way, so a killed process loses nothing; fsync covers power loss. */
   double fsync_interval_s;
-  int32_t retry_errors;      /* 1: ids in errors.jsonl are fetched again (default 0) */
-  uint32_t shard_index;      /* process only ids whose hash % shard_count == shard_index */
-  uint32_t shard_count;      /* 0 or 1: no sharding */
-  int32_t fail_threshold;    /* consecutive failures that take a server out (default 3) */
-  double probe_interval_s;   /* 1-token probe of an unhealthy server (default 5) */
+  int32_t retry_errors;        /* 1: ids in errors.jsonl are fetched again (default 0) */
+  uint32_t shard_index;        /* process only ids whose hash % shard_count == shard_index */
+  uint32_t shard_count;        /* 0 or 1: no sharding */
+  int32_t fail_threshold;      /* consecutive failures that take a server out (default 3) */
+  double probe_interval_s;     /* 1-token probe of an unhealthy server (default 5) */
   uint64_t max_response_bytes; /* per attempt; larger responses fail (default 64 MiB) */
-  int32_t verify_tls;        /* 1 (default) */
-  int32_t all_turns;         /* 1: regenerate every assistant turn in order */
-  double drain_grace_s;      /* after stop: wait this long for in-flight work (default 30) */
-  double progress_interval_s; /* progress callback period (default 0.5) */
-  int32_t send_rid;          /* 1: send SGLang's "rid" = "<id>-<attempt>" (default 0) */
+  int32_t verify_tls;          /* 1 (default) */
+  int32_t all_turns;           /* 1: regenerate every assistant turn in order */
+  double drain_grace_s;        /* after stop: wait this long for in-flight work (default 30) */
+  double progress_interval_s;  /* progress callback period (default 0.5) */
+  int32_t send_rid;            /* 1: send SGLang's "rid" = "<id>-<attempt>" (default 0) */
 } dflash_fetch_options;
 
-DFLASH_API dflash_status dflash_fetch_options_default(dflash_fetch_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
+DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *opts, size_t size);
+#define dflash_fetch_options_default(opts) dflash_fetch_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_fetch_options_init. */
+DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *opts);
 
 typedef struct dflash_fetch_stats {
   size_t struct_size;
@@ -120,20 +125,20 @@ typedef struct dflash_fetch_stats {
   uint64_t empty;        /* completions with outcome "empty" */
   uint64_t retries;      /* attempts beyond the first */
   uint64_t in_flight;
-  uint64_t pending;      /* not yet finished, not in flight */
+  uint64_t pending; /* not yet finished, not in flight */
   uint64_t prompt_tokens;
   uint64_t completion_tokens;
   double elapsed_s;
   uint32_t servers_healthy;
-  uint32_t stopping;     /* 1 once stop was requested */
+  uint32_t stopping; /* 1 once stop was requested */
 } dflash_fetch_stats;
 
 typedef struct dflash_fetch_server_stats {
   size_t struct_size;
-  const char *url;       /* borrowed from the fetcher */
+  const char *url; /* borrowed from the fetcher */
   uint32_t healthy;
   uint32_t in_flight;
-  uint64_t requests;     /* attempts sent, probes excluded */
+  uint64_t requests; /* attempts sent, probes excluded */
   uint64_t completed;
   uint64_t failures;
   uint64_t completion_tokens;

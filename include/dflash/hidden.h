@@ -8,7 +8,9 @@
  *   hidden-00000.safetensors, hidden-00001.safetensors, ...  shards
  *   hidden.safetensors.index.json                             index
  * Each sample is tensor "h/<id>" [S, K*H]: BF16, or F8_E4M3 with a float32
- * scale tensor "s/<id>" [S, K] (one scale per token and layer: amax/448).
+ * scale tensor "s/<id>" [S, K] (one scale per token and layer: amax/448), and, when the
+ * producer gave them, "t/<id>" I32 [S]: the target's greedy token after each position
+ * (argmax of its logits there), the label `dflash train --labels target` trains on.
  * Shard and index metadata: format "dflash-hidden-1", num_layers, hidden_size,
  * dtype ("bf16" | "fp8_e4m3"). Shards are written whole and renamed into
  * place, and the index is rewritten after each shard, so a killed dump keeps
@@ -47,7 +49,13 @@ typedef struct dflash_hidden_writer_options {
   double spool_wait_s;
 } dflash_hidden_writer_options;
 
-DFLASH_API void dflash_hidden_writer_options_default(dflash_hidden_writer_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_hidden_writer_options_default(&opts). */
+DFLASH_API void dflash_hidden_writer_options_init(dflash_hidden_writer_options *opts, size_t size);
+#define dflash_hidden_writer_options_default(opts) \
+  dflash_hidden_writer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_hidden_writer_options_init. */
+DFLASH_API void(dflash_hidden_writer_options_default)(dflash_hidden_writer_options *opts);
 
 typedef struct dflash_hidden_writer dflash_hidden_writer;
 
@@ -62,13 +70,24 @@ DFLASH_API dflash_status dflash_hidden_writer_create(const char *dir, int32_t nu
                                                      dflash_hidden_writer **out);
 /* Append one sample: `states` float32 [len, K*H] row-major. Ids are unique
  * (DFLASH_E_DUPLICATE) and non-empty; NaN/Inf are rejected naming the id. */
-DFLASH_API dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w,
-                                                     const char *sample_id,
+DFLASH_API dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
                                                      const float *states, int64_t len);
 /* Same from bfloat16 bits (as a target model produces them). */
 DFLASH_API dflash_status dflash_hidden_writer_append_bf16(dflash_hidden_writer *w,
                                                           const char *sample_id,
                                                           const uint16_t *states, int64_t len);
+/* The same two with the target's own greedy tokens: target_ids[t] (int32 [len], >= 0) is the
+ * argmax of the target's logits at position t, i.e. its prediction of token t+1 (4 bytes per
+ * token; `dflash train --labels target` trains on them). In spool mode too. */
+DFLASH_API dflash_status dflash_hidden_writer_append_target(dflash_hidden_writer *w,
+                                                            const char *sample_id,
+                                                            const float *states,
+                                                            const int32_t *target_ids, int64_t len);
+DFLASH_API dflash_status dflash_hidden_writer_append_bf16_target(dflash_hidden_writer *w,
+                                                                 const char *sample_id,
+                                                                 const uint16_t *states,
+                                                                 const int32_t *target_ids,
+                                                                 int64_t len);
 /* Write the buffered samples as a shard and update the index. */
 DFLASH_API dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w);
 /* Flush; the writer accepts no more samples after this. */
@@ -116,11 +135,20 @@ typedef struct dflash_spool dflash_spool;
 
 typedef struct dflash_spool_options {
   size_t struct_size;
-  double wait_s;  /* how long to wait for spool.json or the next shard (600; < 0: forever) */
-  int32_t reuse;  /* 1: epoch e >= 1 replays epoch 0's shards, which are never deleted (0) */
+  double wait_s; /* how long to wait for spool.json or the next shard (600; < 0: forever) */
+  int32_t reuse; /* 1: epoch e >= 1 replays epoch 0's shards, which are never deleted (0) */
+  /* 1: samples carry their hidden rows as stored (hidden_codes, hidden_scales) and hidden is
+   * NULL: nothing is decoded and the NaN/Inf check is left to the consumer (the CUDA
+   * trainer makes it on the device); all-zero layers are still refused here. (0) */
+  int32_t stored_rows;
 } dflash_spool_options;
 
-DFLASH_API void dflash_spool_options_default(dflash_spool_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_spool_options_default(&opts). */
+DFLASH_API void dflash_spool_options_init(dflash_spool_options *opts, size_t size);
+#define dflash_spool_options_default(opts) dflash_spool_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_spool_options_init. */
+DFLASH_API void(dflash_spool_options_default)(dflash_spool_options *opts);
 /* Open (waiting for spool.json up to wait_s); the position is (epoch 0, shard 0, sample 0). */
 DFLASH_API dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
                                            dflash_spool **out);
@@ -130,19 +158,25 @@ DFLASH_API dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_
 
 typedef struct dflash_spool_sample {
   size_t struct_size;
-  const char *id;       /* borrowed until the next call on the spool */
+  const char *id; /* borrowed until the next call on the spool */
   int64_t len;
-  const float *hidden;  /* [len, K*H], borrowed likewise */
-  int32_t epoch;        /* where the sample is: epoch, shard, index in the shard */
+  const float *hidden; /* [len, K*H], borrowed likewise */
+  int32_t epoch;       /* where the sample is: epoch, shard, index in the shard */
   uint64_t shard, offset;
+  const int32_t *target_ids; /* [len], the target's greedy tokens, or NULL (none stored) */
+  /* With dflash_spool_options.stored_rows (else NULL): the codes [len, K*H] in dtype
+   * (dflash_hidden_dtype) and, for fp8, the float scales [len, K]; borrowed likewise. */
+  int32_t hidden_dtype;
+  const void *hidden_codes;
+  const float *hidden_scales;
 } dflash_spool_sample;
 
 /* Move to sample `offset` of shard `shard` of `epoch` (a resume). */
 DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard,
                                            uint64_t offset);
 /* The position of the next sample dflash_spool_next returns. */
-DFLASH_API dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch,
-                                           uint64_t *shard, uint64_t *offset);
+DFLASH_API dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t *shard,
+                                           uint64_t *offset);
 /* The next sample, waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
  * shard); or *end_of_epoch = 1 (no sample) at the producer's end marker, and the position moves
  * to the next epoch. NaN/Inf and all-zero layers are refused naming the sample. */
@@ -167,8 +201,7 @@ typedef struct dflash_hidden dflash_hidden;
 DFLASH_API dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out);
 DFLASH_API void dflash_hidden_free(dflash_hidden *h);
 DFLASH_API dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers,
-                                            int32_t *hidden_size, int32_t *dtype,
-                                            size_t *count);
+                                            int32_t *hidden_size, int32_t *dtype, size_t *count);
 /* Id of sample `index` (ordered by id); borrowed. */
 DFLASH_API dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char **id);
 /* Token count of a sample; DFLASH_E_NOT_FOUND naming the id when absent. */
@@ -177,6 +210,19 @@ DFLASH_API dflash_status dflash_hidden_length(const dflash_hidden *h, const char
 /* Decode a sample into float32 [len, K*H]; `len` must equal its length. */
 DFLASH_API dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id,
                                             float *out, int64_t len);
+/* Whether the store carries the target's greedy tokens: 1 when some sample has stored ids
+ * ("t/<id>"), 2 for vLLM's files (their final-layer slot, turned into ids through the target's
+ * final norm and LM head by the trainer), 0 when neither. */
+DFLASH_API int dflash_hidden_has_target_ids(const dflash_hidden *h);
+/* The stored greedy tokens of a sample into out [len]; DFLASH_E_NOT_FOUND naming the sample
+ * and the store when it has none. */
+DFLASH_API dflash_status dflash_hidden_read_target_ids(const dflash_hidden *h,
+                                                       const char *sample_id, int32_t *out,
+                                                       int64_t len);
+/* vLLM's files only: the final-layer slot (the last of K+1) of a sample as float32 [len, H];
+ * DFLASH_E_UNSUPPORTED for a store without it. */
+DFLASH_API dflash_status dflash_hidden_read_final(const dflash_hidden *h, const char *sample_id,
+                                                  float *out, int64_t len);
 /*
  * Sanity of a whole store (reads every sample): per layer k of K, the RMS over all its
  * values into rms[k] and the number of all-zero rows (tokens) into zero_rows[k]; the total
@@ -198,21 +244,42 @@ typedef struct dflash_sample_stream dflash_sample_stream;
 
 typedef struct dflash_sample_stream_options {
   size_t struct_size;
-  int32_t prefetch;  /* samples decoded ahead (4) */
+  int32_t prefetch; /* samples decoded ahead (4) */
+  /* 1: samples of a libdflash store (bf16 or fp8) carry their hidden rows as stored
+   * (dflash_train_sample.hidden_codes) and hidden is NULL: the prefetch thread only copies
+   * codes, and the NaN/Inf check is left to the consumer (the CUDA trainer makes it on the
+   * device; dflash_trainer_accumulate_sample decodes them for the CPU backend). A vLLM store
+   * still gives float32. All-zero layers are refused here either way. (0) */
+  int32_t stored_rows;
 } dflash_sample_stream_options;
 
-DFLASH_API void dflash_sample_stream_options_default(dflash_sample_stream_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_sample_stream_options_default(&opts). */
+DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *opts, size_t size);
+#define dflash_sample_stream_options_default(opts) \
+  dflash_sample_stream_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_sample_stream_options_init. */
+DFLASH_API void(dflash_sample_stream_options_default)(dflash_sample_stream_options *opts);
 
 /* One training sample; every pointer stays valid until the next
  * dflash_sample_stream_next / _start / _free on the stream. */
 typedef struct dflash_train_sample {
   size_t struct_size;
-  uint64_t index;          /* position in the dataset */
+  uint64_t index; /* position in the dataset */
   const char *id;
   int64_t len;
   const int32_t *input_ids;
   const uint8_t *loss_mask;
-  const float *hidden;     /* [len, K*H] */
+  const float *hidden; /* [len, K*H]; NULL when the rows come as stored (below) */
+  /* [len]: the target's greedy token after each position (stored by the producer, or from
+   * vLLM's final layer once a trainer gave the stream the target's head); NULL when none. */
+  const int32_t *target_ids;
+  /* The rows as stored, with dflash_sample_stream_options.stored_rows (else NULL): codes
+   * [len, K*H] in hidden_dtype (dflash_hidden_dtype), and for fp8 the float scales [len, K]
+   * (one per token and layer). */
+  int32_t hidden_dtype;
+  const void *hidden_codes;
+  const float *hidden_scales;
 } dflash_train_sample;
 
 DFLASH_API dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden_dir,
@@ -230,8 +297,8 @@ DFLASH_API int64_t dflash_sample_stream_width(const dflash_sample_stream *s);
  */
 DFLASH_API dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *n_bad);
 /* Visit dataset indices order[0..n) (copied); restarts the prefetcher. */
-DFLASH_API dflash_status dflash_sample_stream_start(dflash_sample_stream *s,
-                                                    const uint64_t *order, size_t n);
+DFLASH_API dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order,
+                                                    size_t n);
 /* Next sample, or *done = 1 at the end. A missing id, a length mismatch or
  * NaN/Inf is reported here with the sample id. */
 DFLASH_API dflash_status dflash_sample_stream_next(dflash_sample_stream *s,

@@ -49,14 +49,14 @@ DFLASH_API dflash_status dflash_dtype_from_name(const char *name, dflash_dtype *
 
 /* A view of one tensor; every pointer is borrowed from the open file/set. */
 typedef struct dflash_tensor {
-  size_t struct_size;   /* set by the caller: sizeof(dflash_tensor) */
+  size_t struct_size; /* set by the caller: sizeof(dflash_tensor) */
   const char *name;
   dflash_dtype dtype;
   uint32_t ndim;
   const int64_t *shape; /* ndim entries */
   const void *data;     /* nbytes of mapped file memory, read-only */
   uint64_t nbytes;
-  const char *file;     /* the file that holds it */
+  const char *file; /* the file that holds it */
 } dflash_tensor;
 
 typedef struct dflash_safetensors dflash_safetensors;
@@ -75,19 +75,19 @@ DFLASH_API void dflash_safetensors_free(dflash_safetensors *st);
 /* Number of tensors; tensors are ordered by name. */
 DFLASH_API size_t dflash_safetensors_count(const dflash_safetensors *st);
 DFLASH_API dflash_status dflash_safetensors_get(const dflash_safetensors *st, size_t index,
-                                               dflash_tensor *out);
+                                                dflash_tensor *out);
 /* DFLASH_E_NOT_FOUND when no tensor has that name. */
 DFLASH_API dflash_status dflash_safetensors_find(const dflash_safetensors *st, const char *name,
-                                                dflash_tensor *out);
+                                                 dflash_tensor *out);
 
 /* `__metadata__` entries (of the first file, or the index's "metadata"),
  * ordered by key. */
 DFLASH_API size_t dflash_safetensors_metadata_count(const dflash_safetensors *st);
 DFLASH_API dflash_status dflash_safetensors_metadata_get(const dflash_safetensors *st, size_t index,
-                                                        const char **key, const char **value);
+                                                         const char **key, const char **value);
 /* DFLASH_E_NOT_FOUND when absent. */
 DFLASH_API dflash_status dflash_safetensors_metadata_find(const dflash_safetensors *st,
-                                                         const char *key, const char **value);
+                                                          const char *key, const char **value);
 /* Number of files in the set (1 for a single file). */
 DFLASH_API size_t dflash_safetensors_file_count(const dflash_safetensors *st);
 
@@ -104,11 +104,11 @@ typedef struct dflash_st_writer dflash_st_writer;
 DFLASH_API dflash_status dflash_st_writer_create(const char *path, dflash_st_writer **out);
 /* Add a `__metadata__` string entry (before the first write). */
 DFLASH_API dflash_status dflash_st_writer_metadata(dflash_st_writer *w, const char *key,
-                                                  const char *value);
+                                                   const char *value);
 /* Declare a tensor (before the first write). Names must be unique. */
 DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const char *name,
-                                                 dflash_dtype dtype, uint32_t ndim,
-                                                 const int64_t *shape);
+                                                  dflash_dtype dtype, uint32_t ndim,
+                                                  const int64_t *shape);
 /* Stream `n` bytes of tensor data; more than declared is DFLASH_E_RANGE. */
 DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void *data, size_t n);
 DFLASH_API dflash_status dflash_st_writer_finish(dflash_st_writer *w);
@@ -122,9 +122,9 @@ DFLASH_API void dflash_st_writer_free(dflash_st_writer *w);
  * Written atomically.
  */
 DFLASH_API dflash_status dflash_safetensors_write_index(const char *path, size_t n_shards,
-                                                       const char *const *shard_files,
-                                                       size_t n_meta, const char *const *meta_keys,
-                                                       const char *const *meta_values);
+                                                        const char *const *shard_files,
+                                                        size_t n_meta, const char *const *meta_keys,
+                                                        const char *const *meta_values);
 
 #ifdef __cplusplus
 }

@@ -48,39 +48,44 @@ extern "C" {
 #endif
 
 typedef enum dflash_s3_addressing {
-  DFLASH_S3_ADDRESSING_AUTO = 0,    /* $DFLASH_S3_ADDRESSING, else the default above */
-  DFLASH_S3_ADDRESSING_PATH = 1,    /* https://endpoint/bucket/key */
-  DFLASH_S3_ADDRESSING_VIRTUAL = 2  /* https://bucket.endpoint/key */
+  DFLASH_S3_ADDRESSING_AUTO = 0,   /* $DFLASH_S3_ADDRESSING, else the default above */
+  DFLASH_S3_ADDRESSING_PATH = 1,   /* https://endpoint/bucket/key */
+  DFLASH_S3_ADDRESSING_VIRTUAL = 2 /* https://bucket.endpoint/key */
 } dflash_s3_addressing;
 
 typedef struct dflash_storage_options {
-  size_t struct_size;            /* sizeof(dflash_storage_options) */
+  size_t struct_size; /* sizeof(dflash_storage_options) */
   /* NULL: from the environment (see above). Copied by dflash_storage_create. */
   const char *region;
   const char *endpoint_url;
   const char *access_key_id;
   const char *secret_access_key;
   const char *session_token;
-  int32_t addressing;            /* a dflash_s3_addressing */
-  uint32_t max_attempts;         /* tries per request, default 8 */
-  uint32_t backoff_base_ms;      /* first backoff ceiling, default 200 ms */
-  uint32_t backoff_max_ms;       /* backoff ceiling, default 20 s (also caps Retry-After) */
-  uint32_t connect_timeout_ms;   /* default 10 s */
-  uint32_t idle_timeout_ms;      /* abort an attempt that moves no byte this long; default 60 s */
-  uint32_t request_timeout_ms;   /* whole-attempt limit, 0 (default): none */
-  uint64_t part_size;            /* multipart part size, default 8 MiB (S3 minimum 5 MiB) */
-  uint64_t multipart_threshold;  /* objects at least this big go multipart; default 16 MiB */
-  uint32_t trace;                /* non-zero: as DFLASH_S3_TRACE=1 */
+  int32_t addressing;           /* a dflash_s3_addressing */
+  uint32_t max_attempts;        /* tries per request, default 8 */
+  uint32_t backoff_base_ms;     /* first backoff ceiling, default 200 ms */
+  uint32_t backoff_max_ms;      /* backoff ceiling, default 20 s (also caps Retry-After) */
+  uint32_t connect_timeout_ms;  /* default 10 s */
+  uint32_t idle_timeout_ms;     /* abort an attempt that moves no byte this long; default 60 s */
+  uint32_t request_timeout_ms;  /* whole-attempt limit, 0 (default): none */
+  uint64_t part_size;           /* multipart part size, default 8 MiB (S3 minimum 5 MiB) */
+  uint64_t multipart_threshold; /* objects at least this big go multipart; default 16 MiB */
+  uint32_t trace;               /* non-zero: as DFLASH_S3_TRACE=1 */
 } dflash_storage_options;
 
-DFLASH_API void dflash_storage_options_default(dflash_storage_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_storage_options_default(&opts). */
+DFLASH_API void dflash_storage_options_init(dflash_storage_options *opts, size_t size);
+#define dflash_storage_options_default(opts) dflash_storage_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_storage_options_init. */
+DFLASH_API void(dflash_storage_options_default)(dflash_storage_options *opts);
 
 typedef struct dflash_storage dflash_storage;
 
 /* Create a client. `opts` may be NULL (all defaults). Credentials are read
  * here but only required by the first S3 call (local paths need none). */
 DFLASH_API dflash_status dflash_storage_create(const dflash_storage_options *opts,
-                                              dflash_storage **out);
+                                               dflash_storage **out);
 DFLASH_API void dflash_storage_free(dflash_storage *st);
 
 /* Whether `location` is an s3:// URL (1) or a local path (0). */
@@ -92,14 +97,14 @@ DFLASH_API void dflash_storage_buffer_free(void *buf);
 /* Read a whole object into a malloc'd buffer (NUL-terminated, the NUL not
  * counted in *len); free it with dflash_storage_buffer_free. */
 DFLASH_API dflash_status dflash_storage_read(dflash_storage *st, const char *location, void **data,
-                                            size_t *len);
+                                             size_t *len);
 
 /* Read up to `len` bytes at `offset` into `buf` (an S3 ranged GET).
  * *got < len only at the end of the object; an offset past the end gives
  * *got = 0. */
 DFLASH_API dflash_status dflash_storage_read_range(dflash_storage *st, const char *location,
-                                                  uint64_t offset, void *buf, size_t len,
-                                                  size_t *got);
+                                                   uint64_t offset, void *buf, size_t len,
+                                                   size_t *got);
 
 typedef struct dflash_storage_info {
   size_t struct_size; /* sizeof(dflash_storage_info) */
@@ -109,13 +114,13 @@ typedef struct dflash_storage_info {
 
 /* Size of an object or file; DFLASH_E_NOT_FOUND when it does not exist. */
 DFLASH_API dflash_status dflash_storage_stat(dflash_storage *st, const char *location,
-                                            dflash_storage_info *out);
+                                             dflash_storage_info *out);
 
 /* Write a whole object atomically: readers see the old object or the whole
  * new one. Local: temporary file, fsync, rename. S3: one PUT, or a multipart
  * upload from multipart_threshold on (aborted on failure). */
 DFLASH_API dflash_status dflash_storage_write(dflash_storage *st, const char *location,
-                                             const void *data, size_t len);
+                                              const void *data, size_t len);
 
 /* Delete an object or file. Deleting something absent succeeds (as S3 does). */
 DFLASH_API dflash_status dflash_storage_delete(dflash_storage *st, const char *location);
@@ -132,11 +137,11 @@ DFLASH_API dflash_status dflash_storage_delete(dflash_storage *st, const char *l
  */
 typedef struct dflash_storage_listing dflash_storage_listing;
 DFLASH_API dflash_status dflash_storage_list(dflash_storage *st, const char *prefix,
-                                            dflash_storage_listing **out);
+                                             dflash_storage_listing **out);
 DFLASH_API size_t dflash_storage_listing_count(const dflash_storage_listing *l);
 /* Borrowed location and size of entry `index`; DFLASH_E_RANGE past the end. */
 DFLASH_API dflash_status dflash_storage_listing_get(const dflash_storage_listing *l, size_t index,
-                                                   const char **location, uint64_t *size);
+                                                    const char **location, uint64_t *size);
 DFLASH_API void dflash_storage_listing_free(dflash_storage_listing *l);
 
 /*
@@ -150,9 +155,9 @@ DFLASH_API void dflash_storage_listing_free(dflash_storage_listing *l);
  */
 typedef struct dflash_storage_writer dflash_storage_writer;
 DFLASH_API dflash_status dflash_storage_writer_open(dflash_storage *st, const char *location,
-                                                   dflash_storage_writer **out);
+                                                    dflash_storage_writer **out);
 DFLASH_API dflash_status dflash_storage_writer_write(dflash_storage_writer *w, const void *data,
-                                                    size_t len);
+                                                     size_t len);
 DFLASH_API dflash_status dflash_storage_writer_commit(dflash_storage_writer *w);
 DFLASH_API void dflash_storage_writer_free(dflash_storage_writer *w);
 
@@ -188,20 +193,26 @@ typedef struct dflash_chunk_writer_options {
   const char *suffix;   /* default ".jsonl" */
 } dflash_chunk_writer_options;
 
-DFLASH_API void dflash_chunk_writer_options_default(dflash_chunk_writer_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_chunk_writer_options_default(&opts). */
+DFLASH_API void dflash_chunk_writer_options_init(dflash_chunk_writer_options *opts, size_t size);
+#define dflash_chunk_writer_options_default(opts) \
+  dflash_chunk_writer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_chunk_writer_options_init. */
+DFLASH_API void(dflash_chunk_writer_options_default)(dflash_chunk_writer_options *opts);
 
 typedef struct dflash_chunk_writer dflash_chunk_writer;
 /* `opts` may be NULL. `name` must be non-empty, without '/'. */
 DFLASH_API dflash_status dflash_chunk_writer_open(dflash_storage *st, const char *prefix,
-                                                 const char *name,
-                                                 const dflash_chunk_writer_options *opts,
-                                                 dflash_chunk_writer **out);
+                                                  const char *name,
+                                                  const dflash_chunk_writer_options *opts,
+                                                  dflash_chunk_writer **out);
 /* Append one record (one JSON line; a trailing '\n' is added when missing,
  * an embedded '\n' is DFLASH_E_FORMAT). May close and upload a chunk. On a
  * failed upload the chunk stays buffered and the next append, poll, flush or
  * close tries it again under the same name. */
 DFLASH_API dflash_status dflash_chunk_writer_append(dflash_chunk_writer *w, const char *record,
-                                                   size_t len);
+                                                    size_t len);
 /* Close the current chunk if it is older than max_seconds. */
 DFLASH_API dflash_status dflash_chunk_writer_poll(dflash_chunk_writer *w);
 /* Close the current chunk now (no-op when empty). */
@@ -231,21 +242,21 @@ typedef struct dflash_storage_st dflash_storage_st;
 /* readahead 0: default. A key that is not safetensors: DFLASH_E_FORMAT or
  * DFLASH_E_TRUNCATED naming the URL. */
 DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *location,
-                                               uint64_t readahead, dflash_storage_st **out);
+                                                uint64_t readahead, dflash_storage_st **out);
 DFLASH_API void dflash_storage_st_free(dflash_storage_st *f);
 /* Tensors are ordered by name, as in dflash_safetensors_get. */
 DFLASH_API size_t dflash_storage_st_count(const dflash_storage_st *f);
 DFLASH_API dflash_status dflash_storage_st_get(const dflash_storage_st *f, size_t index,
-                                              dflash_tensor *out);
-DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, const char *name,
                                                dflash_tensor *out);
+DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, const char *name,
+                                                dflash_tensor *out);
 /* `__metadata__` value for `key` (borrowed); DFLASH_E_NOT_FOUND when absent. */
 DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st *f,
-                                                        const char *key, const char **value);
+                                                         const char *key, const char **value);
 /* Copy tensor `name` into `buf`; DFLASH_E_BUFFER (and *needed) when buf_len
  * is smaller than the tensor. `needed` may be NULL. */
 DFLASH_API dflash_status dflash_storage_st_read(dflash_storage_st *f, const char *name, void *buf,
-                                               size_t buf_len, uint64_t *needed);
+                                                size_t buf_len, uint64_t *needed);
 
 #ifdef __cplusplus
 }

@@ -47,7 +47,12 @@ typedef struct dflash_tokenizer_options {
   const char *pattern;
 } dflash_tokenizer_options;
 
-DFLASH_API void dflash_tokenizer_options_default(dflash_tokenizer_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_tokenizer_options_default(&opts). */
+DFLASH_API void dflash_tokenizer_options_init(dflash_tokenizer_options *opts, size_t size);
+#define dflash_tokenizer_options_default(opts) dflash_tokenizer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_tokenizer_options_init. */
+DFLASH_API void(dflash_tokenizer_options_default)(dflash_tokenizer_options *opts);
 
 /* Load a tokenizer from a file or model directory (see above). opts may be NULL. */
 DFLASH_API dflash_status dflash_tokenizer_load(const char *path,
@@ -95,9 +100,8 @@ DFLASH_API dflash_status dflash_tokenizer_encode(const dflash_tokenizer *tok, co
  * over the texts always suffices.
  */
 DFLASH_API dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *tok,
-                                                       const char *const *texts,
-                                                       const size_t *lens, size_t n,
-                                                       dflash_special_mode special,
+                                                       const char *const *texts, const size_t *lens,
+                                                       size_t n, dflash_special_mode special,
                                                        int n_threads, int32_t *ids, size_t cap,
                                                        size_t *offsets);
 
@@ -108,13 +112,11 @@ DFLASH_API dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t
  * yields DFLASH_E_RANGE naming it and its position.
  */
 DFLASH_API dflash_status dflash_tokenizer_decode(const dflash_tokenizer *tok, const int32_t *ids,
-                                                 size_t n, char *out, size_t cap,
-                                                 size_t *out_len);
+                                                 size_t n, char *out, size_t cap, size_t *out_len);
 
 /* Id of the token with exactly these bytes (ordinary or special); DFLASH_E_NOT_FOUND if none. */
 DFLASH_API dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *tok,
-                                                      const char *bytes, size_t len,
-                                                      int32_t *id);
+                                                      const char *bytes, size_t len, int32_t *id);
 
 /*
  * Bytes of token `id` (borrowed; valid while the tokenizer lives; not NUL-

@@ -21,8 +21,8 @@
 extern "C" {
 #endif
 
-#define DFLASH_DRAFTER_MAX_LAYERS 64   /* drafter layers */
-#define DFLASH_DRAFTER_MAX_TARGET 128  /* target layer ids */
+#define DFLASH_DRAFTER_MAX_LAYERS 64  /* drafter layers */
+#define DFLASH_DRAFTER_MAX_TARGET 128 /* target layer ids */
 
 typedef enum dflash_rope_type {
   DFLASH_ROPE_DEFAULT = 0, /* plain RoPE, theta = rope_theta */
@@ -52,26 +52,31 @@ typedef struct dflash_drafter_config {
   double rms_norm_eps;
   double rope_theta;
   /* rope_scaling */
-  int32_t rope_type;                 /* dflash_rope_type */
-  double rope_factor;                /* yarn: "factor" */
-  double rope_attention_factor;      /* yarn: "attention_factor"; <= 0: derived */
-  double rope_beta_fast;             /* yarn: default 32 */
-  double rope_beta_slow;             /* yarn: default 1 */
-  int32_t rope_original_max_position;/* yarn: "original_max_position_embeddings" */
-  int32_t rope_truncate;             /* yarn: "truncate" (default 1) */
+  int32_t rope_type;                  /* dflash_rope_type */
+  double rope_factor;                 /* yarn: "factor" */
+  double rope_attention_factor;       /* yarn: "attention_factor"; <= 0: derived */
+  double rope_beta_fast;              /* yarn: default 32 */
+  double rope_beta_slow;              /* yarn: default 1 */
+  int32_t rope_original_max_position; /* yarn: "original_max_position_embeddings" */
+  int32_t rope_truncate;              /* yarn: "truncate" (default 1) */
   /* DFlash */
-  int32_t num_target_layers;         /* layers of the target model (L) */
+  int32_t num_target_layers; /* layers of the target model (L) */
   int32_t block_size;
   int32_t mask_token_id;
-  int32_t n_target_layer_ids;        /* K */
+  int32_t n_target_layer_ids; /* K */
   int32_t target_layer_ids[DFLASH_DRAFTER_MAX_TARGET];
   int32_t layer_types[DFLASH_DRAFTER_MAX_LAYERS]; /* dflash_layer_type per layer */
-  int32_t sliding_window;            /* 0 when no layer slides */
-  int32_t attention_bias;            /* must be 0 (biases unsupported) */
-  int32_t tie_word_embeddings;       /* written as-is */
+  int32_t sliding_window;                         /* 0 when no layer slides */
+  int32_t attention_bias;                         /* must be 0 (biases unsupported) */
+  int32_t tie_word_embeddings;                    /* written as-is */
 } dflash_drafter_config;
 
-DFLASH_API void dflash_drafter_config_default(dflash_drafter_config *cfg);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_drafter_config_default(&cfg). */
+DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size);
+#define dflash_drafter_config_default(cfg) dflash_drafter_config_init((cfg), sizeof *(cfg))
+/* The same at this library's size: for programs built before dflash_drafter_config_init. */
+DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg);
 
 /*
  * Parse config.json text. Accepts `block_size` at the top level or inside
@@ -87,8 +92,7 @@ DFLASH_API void dflash_drafter_config_default(dflash_drafter_config *cfg);
  * differs from max_position_embeddings / original_max_position_embeddings,
  * and sliding_attention layers without use_sliding_window (DFLASH_E_CONFIG).
  */
-DFLASH_API dflash_status dflash_drafter_config_parse(const char *json, size_t len,
-                                                     const char *what,
+DFLASH_API dflash_status dflash_drafter_config_parse(const char *json, size_t len, const char *what,
                                                      dflash_drafter_config *out);
 DFLASH_API dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out);
 
@@ -106,8 +110,8 @@ DFLASH_API dflash_status dflash_drafter_config_validate(const dflash_drafter_con
  * *len bytes including the terminating NUL into `buf`; *len gets the size
  * needed (DFLASH_E_BUFFER when `buf` is too small or NULL).
  */
-DFLASH_API dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg,
-                                                       char *buf, size_t *len);
+DFLASH_API dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
+                                                       size_t *len);
 /* Write config.json atomically. */
 DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg,
                                                     const char *path);
@@ -135,27 +139,24 @@ DFLASH_API dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t
 
 /* ---- trainer -------------------------------------------------------------- */
 
-typedef enum dflash_backend {
-  DFLASH_BACKEND_CPU = 0,
-  DFLASH_BACKEND_CUDA = 1
-} dflash_backend;
+typedef enum dflash_backend { DFLASH_BACKEND_CPU = 0, DFLASH_BACKEND_CUDA = 1 } dflash_backend;
 
 typedef struct dflash_trainer_options {
   size_t struct_size;
-  int32_t backend;        /* dflash_backend; only CPU here */
-  int32_t n_threads;      /* <= 0: one per CPU */
-  uint64_t seed;          /* parameter init and anchor sampling */
-  double lr;              /* peak learning rate (6e-4) */
-  double weight_decay;    /* AdamW decoupled decay (0) */
+  int32_t backend;               /* dflash_backend; only CPU here */
+  int32_t n_threads;             /* <= 0: one per CPU */
+  uint64_t seed;                 /* parameter init and anchor sampling */
+  double lr;                     /* peak learning rate (6e-4) */
+  double weight_decay;           /* AdamW decoupled decay (0) */
   double beta1, beta2, adam_eps; /* 0.9, 0.95, 1e-8 */
-  double grad_clip;       /* global-norm clip (1.0); <= 0 disables */
-  double warmup_ratio;    /* of total_steps (0.04) */
-  int64_t total_steps;    /* for the cosine schedule; 0: constant lr after warm-up */
-  double min_lr_ratio;    /* cosine floor as a fraction of lr (0) */
-  double loss_gamma;      /* 0: dflash_default_loss_gamma(B); < 0: no decay */
-  int32_t num_anchors;    /* per sequence (512) */
-  int32_t vocab_chunk;    /* LM-head columns per chunk (4096) */
-  double init_std;        /* std of the normal init of linear weights (0.02) */
+  double grad_clip;              /* global-norm clip (1.0); <= 0 disables */
+  double warmup_ratio;           /* of total_steps (0.04) */
+  int64_t total_steps;           /* for the cosine schedule; 0: constant lr after warm-up */
+  double min_lr_ratio;           /* cosine floor as a fraction of lr (0) */
+  double loss_gamma;             /* 0: dflash_default_loss_gamma(B); < 0: no decay */
+  int32_t num_anchors;           /* per sequence (512) */
+  int32_t vocab_chunk;           /* LM-head columns per chunk (4096) */
+  double init_std;               /* std of the normal init of linear weights (0.02) */
   /* DFlash 2 only (ignored for DFlash 1): loss = block CE + selector_loss_weight
    * x the candidate selector's K-way CE over each supervised position's top-K
    * candidates, the true previous token as predecessor, normalised like the
@@ -172,7 +173,12 @@ typedef enum dflash_selector_loss_mode {
   DFLASH_SELECTOR_LOSS_INJECT = 1
 } dflash_selector_loss_mode;
 
-DFLASH_API void dflash_trainer_options_default(dflash_trainer_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_trainer_options_default(&opts). */
+DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *opts, size_t size);
+#define dflash_trainer_options_default(opts) dflash_trainer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_trainer_options_init. */
+DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *opts);
 
 typedef struct dflash_trainer dflash_trainer;
 
@@ -181,8 +187,8 @@ typedef struct dflash_trainer dflash_trainer;
  * both float32 row-major [vocab_size, hidden_size] (copied). Parameters are
  * initialised like Qwen3 (norm weights 1, linear weights N(0, init_std²)).
  */
-DFLASH_API dflash_status dflash_trainer_create(const dflash_drafter_config *cfg,
-                                               const float *embed, const float *lm_head,
+DFLASH_API dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+                                               const float *lm_head,
                                                const dflash_trainer_options *opts,
                                                dflash_trainer **out);
 DFLASH_API void dflash_trainer_free(dflash_trainer *t);
@@ -210,18 +216,17 @@ DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const 
  * in [0, len). Sets the gradients (replacing earlier ones) of
  * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0).
  */
-DFLASH_API dflash_status dflash_trainer_forward_backward(dflash_trainer *t,
-                                                         const int32_t *input_ids,
-                                                         const uint8_t *loss_mask, int64_t len,
-                                                         const float *hidden,
-                                                         const int32_t *anchors,
-                                                         int32_t n_anchors, double *loss);
+DFLASH_API dflash_status dflash_trainer_forward_backward(
+    dflash_trainer *t, const int32_t *input_ids, const uint8_t *loss_mask, int64_t len,
+    const float *hidden, const int32_t *anchors, int32_t n_anchors, double *loss);
 
 /*
  * Batched training: zero_grad, then accumulate each sequence with
  * `grad_scale` (e.g. 1 / total weight of the batch), then step.
  * accumulate adds grad_scale * d(sum w*CE) and returns sum(w*CE) and sum(w)
- * (either pointer may be NULL).
+ * (either pointer may be NULL). On CUDA it waits for the device before it
+ * returns (its hidden rows are float32, checked on the host); a training loop
+ * that should not wait per sequence uses dflash_trainer_accumulate_sample.
  */
 DFLASH_API dflash_status dflash_trainer_zero_grad(dflash_trainer *t);
 DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
@@ -229,6 +234,30 @@ DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int3
                                                    const float *hidden, const int32_t *anchors,
                                                    int32_t n_anchors, double grad_scale,
                                                    double *loss_sum, double *weight_sum);
+/*
+ * accumulate for a sample of a dflash_sample_stream (or the spool), its hidden rows float32
+ * or as stored (bf16 / fp8 codes, dflash_sample_stream_options.stored_rows), without waiting
+ * for the device: the CUDA backend uploads the stored rows through pinned double buffers on
+ * a copy stream while the previous sequence computes, converts them and checks them for
+ * NaN/Inf on the device, and keeps the loss there. So this returns no loss: sum(w*CE) and
+ * sum(w) of every sequence accumulated this way come from dflash_trainer_collect (one wait
+ * for the device), and a NaN/Inf row found on the device fails collect naming the sample's
+ * id — or, if collect was not called, dflash_trainer_step, which then changes no parameter.
+ * The CPU backend computes at once (stored rows decoded on the host) and only defers the
+ * sums. Rows past the last anchor are never read, and on CUDA never checked. The sample's
+ * pointers need only stay valid until this returns.
+ */
+struct dflash_train_sample;
+DFLASH_API dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t,
+                                                          const struct dflash_train_sample *s,
+                                                          const int32_t *anchors, int32_t n_anchors,
+                                                          double grad_scale);
+/* sum(w*CE) and sum(w) (either may be NULL) of the accumulate_sample calls since the last
+ * collect; waits for the device. DFLASH_E_FORMAT naming the sample for a NaN/Inf hidden row
+ * (the sums then still count every sequence, and the bad one's gradients are in the buffer:
+ * zero_grad before accumulating again). */
+DFLASH_API dflash_status dflash_trainer_collect(dflash_trainer *t, double *loss_sum,
+                                                double *weight_sum);
 /* The position weights sum(w) that a sequence with these anchors carries. */
 DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t,
                                                    const uint8_t *loss_mask, int64_t len,
@@ -264,8 +293,7 @@ DFLASH_API dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t
  */
 DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *embed_name,
                                                  const char *lm_head_name, int32_t vocab_size,
-                                                 int32_t hidden_size, float *embed,
-                                                 float *lm_head);
+                                                 int32_t hidden_size, float *embed, float *lm_head);
 
 /* ---- checkpoints ---------------------------------------------------------- */
 
@@ -274,8 +302,7 @@ DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *e
  * model.safetensors (checkpoint names, F32 or BF16). The directory is
  * created if needed; files are written atomically.
  */
-DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir,
-                                             int bf16);
+DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16);
 /* Load parameters from a checkpoint directory or .safetensors file (F32 or
  * BF16); every trainable tensor must be present with its shape. */
 DFLASH_API dflash_status dflash_trainer_load(dflash_trainer *t, const char *path);
@@ -289,8 +316,8 @@ DFLASH_API dflash_status dflash_trainer_save_state(const dflash_trainer *t, cons
                                                    const void *user, size_t user_len);
 /* Restore state; the caller blob is copied into `user` (capacity *user_len,
  * required size returned in *user_len; user may be NULL to only query). */
-DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path,
-                                                   void *user, size_t *user_len);
+DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user,
+                                                   size_t *user_len);
 
 /* ---- evaluation ----------------------------------------------------------- */
 
@@ -325,10 +352,31 @@ typedef struct dflash_train_run_options {
   int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
   int32_t bf16;             /* write model.safetensors in bf16 */
   FILE *progress;           /* progress stream (NULL: none) */
-  dflash_trainer_options trainer; /* total_steps is computed from the data */
+  /* NULL: dflash_trainer_options_default. A pointer, so that either struct can grow on its
+   * own (by value, a larger trainer struct moved every field after it). total_steps is
+   * computed from the data. */
+  const dflash_trainer_options *trainer;
+  /* dflash_train_labels: what the CE trains each drafted position to predict (data). With
+   * DFLASH_LABELS_TARGET the label at position t is the target's greedy token after t-1 (what
+   * greedy verification accepts), from the store's target ids (HiddenWriter target_ids, in a
+   * store or a spool) or, for vLLM's files, from their final-layer slot through the target's
+   * final norm (final_norm_name, eps = rms_norm_eps of the target's config.json) and the LM
+   * head; the block input and the context stay the data's. A store with neither is refused. */
+  int32_t labels;
+  const char *final_norm_name; /* NULL: model.norm.weight and its usual variants */
 } dflash_train_run_options;
 
-DFLASH_API void dflash_train_run_options_default(dflash_train_run_options *opts);
+typedef enum dflash_train_labels {
+  DFLASH_LABELS_DATA = 0,  /* the data's next tokens */
+  DFLASH_LABELS_TARGET = 1 /* the target's greedy next tokens */
+} dflash_train_labels;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_train_run_options_default(&opts). */
+DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, size_t size);
+#define dflash_train_run_options_default(opts) dflash_train_run_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_train_run_options_init. */
+DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *opts);
 
 /*
  * Train: samples with fewer than 2*B supervised tokens are skipped; each
@@ -400,20 +448,35 @@ DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *i
 typedef struct dflash_eval_walk {
   size_t struct_size;
   /* in */
-  int32_t max_tokens;   /* per supervised run (0: all); set it to the generation cap */
-  double *accuracy;     /* NULL or [B-1]: per block position, over every anchor position */
-  int64_t *step_hist;   /* NULL or [B]: walk steps that gained 1..B tokens (zeroed first) */
+  int32_t max_tokens; /* per supervised run (0: all); set it to the generation cap */
+  double *accuracy;   /* NULL or [B-1]: per block position, over every anchor position */
+  int64_t *step_hist; /* NULL or [B]: walk steps that gained 1..B tokens (zeroed first) */
   /* out */
-  int64_t sequences;    /* samples with at least one walk step */
+  int64_t sequences; /* samples with at least one walk step */
   int64_t steps, tokens;
-  double walk_tau;      /* tokens / steps */
-  double walk_tau_se;   /* standard error, ratio estimator over sequences */
-  int64_t positions;    /* anchors at every position: the uniform-anchor mean */
-  double position_tau;  /* mean 1 + acceptance over them */
+  double walk_tau;     /* tokens / steps */
+  double walk_tau_se;  /* standard error, ratio estimator over sequences */
+  int64_t positions;   /* anchors at every position: the uniform-anchor mean */
+  double position_tau; /* mean 1 + acceptance over them */
   double position_tau_se;
+  /* out (appended): over the `scored` drafted positions of those anchors
+   * (block positions k with anchor + k inside the run), the fraction where
+   * the drafted token (DFlash 2: the selector's greedy path) equals the true
+   * token, where the drafter's plain argmax does (the backbone), and where
+   * the true token is among the top selector_top_k logits (the candidates;
+   * -1 for DFlash 1, which has none). */
+  int64_t scored;
+  double selector_accuracy;
+  double backbone_accuracy;
+  double candidate_recall;
 } dflash_eval_walk;
 
-DFLASH_API void dflash_eval_walk_default(dflash_eval_walk *w);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_eval_walk_default(&w). */
+DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
+#define dflash_eval_walk_default(w) dflash_eval_walk_init((w), sizeof *(w))
+/* The same at this library's size: for programs built before dflash_eval_walk_init. */
+DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w);
 
 /*
  * dflash_trainer_walk over every sample of a held-out dataset, plus the
@@ -441,7 +504,13 @@ typedef struct dflash_train_plan_options {
                              buffers, fragmentation (4 GiB) */
 } dflash_train_plan_options;
 
-DFLASH_API void dflash_train_plan_options_default(dflash_train_plan_options *opts);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_train_plan_options_default(&opts). */
+DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *opts, size_t size);
+#define dflash_train_plan_options_default(opts) \
+  dflash_train_plan_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_train_plan_options_init. */
+DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *opts);
 
 /* Bytes per GPU, each term as the CUDA backend allocates it. */
 typedef struct dflash_train_plan {
@@ -459,9 +528,10 @@ typedef struct dflash_train_plan {
 } dflash_train_plan;
 
 /*
- * Fill `plan` (ZeRO-1 shards use the buffer padded to a multiple of the
- * world size). When total > gpu_bytes, DFLASH_E_NOMEM with a message naming
- * the largest term and what shrinks it; `plan` is filled either way.
+ * Fill `plan` up to the plan.struct_size the caller sets (ZeRO-1 shards use
+ * the buffer padded to a multiple of the world size). When total > gpu_bytes,
+ * DFLASH_E_NOMEM with a message naming the largest term and what shrinks it;
+ * `plan` is filled either way.
  */
 DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                                    const dflash_train_plan_options *opts,
@@ -505,7 +575,12 @@ typedef struct dflash_drafter_config_ext {
   int32_t selector_rank;
 } dflash_drafter_config_ext;
 
-DFLASH_API void dflash_drafter_config_ext_default(dflash_drafter_config_ext *ext);
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_drafter_config_ext_default(&ext). */
+DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size);
+#define dflash_drafter_config_ext_default(ext) dflash_drafter_config_ext_init((ext), sizeof *(ext))
+/* The same at this library's size: for programs built before dflash_drafter_config_ext_init. */
+DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext);
 /* As dflash_drafter_config_parse / _load, also filling `ext` (may be NULL:
  * then a non-default extended key is refused as without _ext). */
 DFLASH_API dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len,
@@ -552,6 +627,50 @@ DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t 
                                                int64_t len, const float *hidden,
                                                const int32_t *anchors, int32_t n_anchors,
                                                float *logits);
+
+/*
+ * Drafting as z-lab's propose does (DFlash 2's CandidateSelector.select), with
+ * the sampling path for lossless rejection sampling. At each drafted
+ * position i of a block the candidates are the top selector_top_k tokens of
+ * the logits (descending logit, ties to the smaller id), scored
+ * s_c = logit_c + <A(prev) * P(h_i), B(c)> with prev the token drafted at
+ * i - 1 (the block's own token at the first); temperature 0 takes the best
+ * (exactly dflash_trainer_predict), temperature > 0 draws from
+ * q = softmax(s / temperature) over the candidates. A draw depends only on
+ * `seed`, the block's anchor position and the drafter: the same call, or the
+ * same anchor in another call, draws the same tokens.
+ */
+typedef struct dflash_propose_options {
+  size_t struct_size;
+  double temperature; /* 0 (default): greedy; > 0: sampled (DFlash 2 only) */
+  uint64_t seed;
+  /* Outputs, each NULL or the caller's buffer (DFlash 2 only for the first
+   * two): per drafted position [n_anchors, B-1, selector_top_k] its candidates
+   * and, with temperature > 0, q over them (what rejection sampling
+   * accepts against); [n_anchors, B-1] the drafter's plain argmax (DFlash
+   * 1's prediction, the backbone's for DFlash 2). */
+  int32_t *candidates;
+  float *probs;
+  int32_t *argmax;
+} dflash_propose_options;
+
+/* The defaults (greedy, seed 0, no outputs) written up to `size` bytes, the caller's
+ * sizeof (the versioned-struct rule of dflash.h). Call it as
+ * dflash_propose_options_default(&opts). */
+DFLASH_API void dflash_propose_options_init(dflash_propose_options *o, size_t size);
+#define dflash_propose_options_default(o) dflash_propose_options_init((o), sizeof *(o))
+
+/*
+ * Draft B-1 tokens after each anchor into `pred` [n_anchors, B-1] as above
+ * (opts NULL: greedy). Sampling or candidates from a DFlash 1 drafter:
+ * DFLASH_E_UNSUPPORTED; a negative or non-finite temperature: DFLASH_E_RANGE.
+ * Anything beyond the greedy tokens runs the float32 reference forward on
+ * the host copy of the parameters, as dflash_trainer_logits does.
+ */
+DFLASH_API dflash_status dflash_trainer_propose(dflash_trainer *t, const int32_t *input_ids,
+                                                int64_t len, const float *hidden,
+                                                const int32_t *anchors, int32_t n_anchors,
+                                                const dflash_propose_options *opts, int32_t *pred);
 
 #ifdef __cplusplus
 }

@@ -5,16 +5,16 @@
 #include "chat_internal.h"
 
 #define KIMI_TURNS "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"
-#define KIMI_TOOLS                                                                        \
-  "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",     \
+#define KIMI_TOOLS                                                                     \
+  "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>", \
       "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 /* Qwen3's <tools>, <function=...> and <parameter=...> are ordinary text in its tokenizer. */
 static const char *const kimi_controls[] = {KIMI_TURNS, KIMI_TOOLS, NULL};
 static const char *const kimi_think_controls[] = {KIMI_TURNS, KIMI_TOOLS, "<think>", "</think>",
                                                   NULL};
-static const char *const qwen_controls[] = {"<|im_start|>", "<|im_end|>", "<think>", "</think>",
-                                            "<tool_call>", "</tool_call>", "<tool_response>",
-                                            "</tool_response>", NULL};
+static const char *const qwen_controls[] = {"<|im_start|>",    "<|im_end|>",       "<think>",
+                                            "</think>",        "<tool_call>",      "</tool_call>",
+                                            "<tool_response>", "</tool_response>", NULL};
 static const char *const chatml_controls[] = {"<|im_start|>", "<|im_end|>", NULL};
 
 static const struct dflash_chat_template templates[] = {
@@ -36,12 +36,49 @@ struct dflash_chat_rendered {
   int32_t last_assistant;
 };
 
-void dflash_chat_options_default(dflash_chat_options *o) {
+static void chat_options_defaults(dflash_chat_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->thinking = 1;
   o->reasoning = DFLASH_CHAT_REASONING_OFFICIAL;
+}
+
+DFLASH_API void dflash_chat_options_init(dflash_chat_options *o, size_t size) {
+  dflash_chat_options d;
+  chat_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_chat_options_default)(dflash_chat_options *o) {
+  dflash_chat_options_init(o, sizeof *o);
+}
+
+/* Indexed by dflash_chat_reasoning: the one copy of the names (CLI, manifest, Python). */
+static const char *const reasoning_names[] = {"official", "keep_all", "keep_after_last_user",
+                                              "drop"};
+_Static_assert(DF_ARRAY_LEN(reasoning_names) == DFLASH_CHAT_REASONING_DROP + 1,
+               "a name for every reasoning mode");
+
+const char *dflash_chat_reasoning_name(dflash_chat_reasoning mode) {
+  size_t i = (size_t)mode; /* a negative value wraps past the table */
+  return i < DF_ARRAY_LEN(reasoning_names) ? reasoning_names[i] : NULL;
+}
+
+dflash_status dflash_chat_reasoning_from_name(const char *name, dflash_chat_reasoning *out) {
+  DF_CHECK_ARG(name && out);
+  for (size_t i = 0; i < DF_ARRAY_LEN(reasoning_names); i++)
+    if (!strcmp(name, reasoning_names[i])) {
+      *out = (dflash_chat_reasoning)i;
+      return DFLASH_OK;
+    }
+  df_buf known = {0};
+  for (size_t i = 0; i < DF_ARRAY_LEN(reasoning_names); i++)
+    df_buf_printf(&known, "%s%s", i ? ", " : "", reasoning_names[i]);
+  dflash_status st = df_error(DFLASH_E_NOT_FOUND, "unknown reasoning mode \"%s\" (known: %s)", name,
+                              known.data ? known.data : "");
+  df_buf_free(&known);
+  return st;
 }
 
 const char *dflash_chat_template_name_at(size_t index) {
@@ -63,8 +100,8 @@ dflash_status dflash_chat_template_create(const char *name, dflash_chat_template
   df_buf known = {0};
   for (size_t i = 0; i < DF_ARRAY_LEN(templates); i++)
     df_buf_printf(&known, "%s%s", i ? ", " : "", templates[i].name);
-  dflash_status st = df_error(DFLASH_E_NOT_FOUND, "unknown chat template \"%s\" (known: %s)",
-                              name, known.data ? known.data : "");
+  dflash_status st = df_error(DFLASH_E_NOT_FOUND, "unknown chat template \"%s\" (known: %s)", name,
+                              known.data ? known.data : "");
   df_buf_free(&known);
   return st;
 }
@@ -94,9 +131,6 @@ bool df_keep_reasoning(const dflash_chat_options *o, bool official, bool in_exch
 }
 
 static dflash_status check_options(const dflash_chat_options *o) {
-  if (o->struct_size < sizeof *o)
-    return df_error(DFLASH_E_INVALID_ARG, "dflash_chat_options: struct_size %zu < %zu",
-                    o->struct_size, sizeof *o);
   if (o->reasoning < DFLASH_CHAT_REASONING_OFFICIAL || o->reasoning > DFLASH_CHAT_REASONING_DROP)
     return df_error(DFLASH_E_INVALID_ARG, "dflash_chat_options: unknown reasoning mode %d",
                     (int)o->reasoning);
@@ -108,11 +142,12 @@ dflash_status dflash_chat_render(const dflash_chat_template *tmpl,
                                  const dflash_chat_options *opts, dflash_chat_rendered **out) {
   DF_CHECK_ARG(tmpl && conv && out);
   *out = NULL;
-  dflash_chat_options defaults;
-  dflash_chat_options_default(&defaults);
-  if (!opts) opts = &defaults;
-  dflash_status st = check_options(opts);
+  dflash_chat_options o;
+  dflash_chat_options_default(&o);
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_chat_options");
+  if (!st) st = check_options(&o);
   if (st) return st;
+  opts = &o;
   dflash_chat_rendered *r = calloc(1, sizeof *r);
   if (!r) return df_error_nomem("rendered chat");
   df_render_ctx ctx = {.tmpl = tmpl, .conv = conv, .opts = opts, .out = &r->out};
@@ -184,8 +219,9 @@ dflash_status dflash_chat_loss_mask(const dflash_chat_rendered *r, const uint32_
   const df_out *o = &r->out;
   for (size_t i = 0; i < n_tokens; i++) {
     if (begin[i] > end[i] || end[i] > o->text.len || (i && begin[i] < end[i - 1]))
-      return df_error(DFLASH_E_RANGE, "token %zu: bytes [%u, %u) out of order or past the %zu-byte text",
-                      i, begin[i], end[i], o->text.len);
+      return df_error(DFLASH_E_RANGE,
+                      "token %zu: bytes [%u, %u) out of order or past the %zu-byte text", i,
+                      begin[i], end[i], o->text.len);
     mask[i] = 0;
     if (begin[i] == end[i]) continue;
     /* Spans are sorted and contiguous: advance to the one holding begin[i],

@@ -26,18 +26,18 @@ typedef enum {
 } df_content_kind;
 
 typedef struct df_tool_call {
-  df_str id;                 /* s == NULL when absent */
-  df_str name;               /* s == NULL when absent */
-  bool has_function;         /* the call had a "function" object */
-  struct json_t *arguments;  /* borrowed; NULL when absent */
+  df_str id;                  /* s == NULL when absent */
+  df_str name;                /* s == NULL when absent */
+  bool has_function;          /* the call had a "function" object */
+  struct json_t *arguments;   /* borrowed; NULL when absent */
   struct json_t *args_object; /* string arguments parsed as JSON (owned), or NULL */
 } df_tool_call;
 
 typedef struct df_message {
   df_role role;
   df_content_kind content_kind;
-  df_str text;      /* string content, or the joined parts */
-  size_t n_parts;   /* number of text parts (DF_CONTENT_PARTS) */
+  df_str text;    /* string content, or the joined parts */
+  size_t n_parts; /* number of text parts (DF_CONTENT_PARTS) */
   bool has_reasoning;
   df_str reasoning; /* reasoning_content or reasoning */
   df_str name;      /* s == NULL when absent */

@@ -14,9 +14,10 @@ static dflash_status parse_role(const char *role, size_t i, df_role *out) {
   static const struct {
     const char *name;
     df_role role;
-  } roles[] = {{"system", DF_ROLE_SYSTEM}, {"user", DF_ROLE_USER},   {"human", DF_ROLE_USER},
-               {"assistant", DF_ROLE_ASSISTANT}, {"gpt", DF_ROLE_ASSISTANT},
-               {"tool", DF_ROLE_TOOL}, {"observation", DF_ROLE_TOOL}};
+  } roles[] = {{"system", DF_ROLE_SYSTEM},   {"user", DF_ROLE_USER},
+               {"human", DF_ROLE_USER},      {"assistant", DF_ROLE_ASSISTANT},
+               {"gpt", DF_ROLE_ASSISTANT},   {"tool", DF_ROLE_TOOL},
+               {"observation", DF_ROLE_TOOL}};
   for (size_t k = 0; k < DF_ARRAY_LEN(roles); k++)
     if (!strcmp(role, roles[k].name)) {
       *out = roles[k].role;
@@ -52,8 +53,8 @@ static dflash_status parse_parts(const json_t *list, size_t i, df_buf *store, df
         json_object_get(part, "video"))
       return df_error(DFLASH_E_UNSUPPORTED, "message %zu: content part %zu is media", i, k);
     if (!json_is_string(text))
-      return df_error(DFLASH_E_FORMAT, "message %zu: content part %zu has no string \"text\"",
-                      i, k);
+      return df_error(DFLASH_E_FORMAT, "message %zu: content part %zu has no string \"text\"", i,
+                      k);
     dflash_status st = df_buf_append(store, json_string_value(text), json_string_length(text));
     if (st) return st;
   }
@@ -69,8 +70,7 @@ static dflash_status parse_content(const json_t *v, size_t i, df_buf *store, df_
   else if (json_is_string(v)) {
     m->content_kind = DF_CONTENT_STRING;
     m->text = jstr(v);
-  } else if (json_is_array(v))
-    return parse_parts(v, i, store, m);
+  } else if (json_is_array(v)) return parse_parts(v, i, store, m);
   else
     return df_error(DFLASH_E_FORMAT, "message %zu: content is neither a string, null nor a list",
                     i);
@@ -84,8 +84,7 @@ static dflash_status parse_call(json_t *call, size_t i, size_t k, df_tool_call *
   tc->has_function = fn != NULL;
   if (!fn) fn = call;
   if (!json_is_object(fn))
-    return df_error(DFLASH_E_FORMAT, "message %zu: tool call %zu: function is not an object", i,
-                    k);
+    return df_error(DFLASH_E_FORMAT, "message %zu: tool call %zu: function is not an object", i, k);
   const json_t *id = json_object_get(call, "id");
   if (id && !json_is_null(id)) {
     if (!json_is_string(id))

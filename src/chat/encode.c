@@ -59,8 +59,10 @@ dflash_status dflash_chat_template_check_tokenizer(const dflash_chat_template *t
     if (!st && n != 1) df_buf_printf(&split, "%s%s (%zu ids)", split.len ? ", " : "", *c, n);
   }
   if (!st && split.len)
-    st = df_error(DFLASH_E_MISMATCH, "template %s: the tokenizer splits its control tokens: %s; "
-                  "is this the target's own tokenizer?", tmpl->name, split.data);
+    st = df_error(DFLASH_E_MISMATCH,
+                  "template %s: the tokenizer splits its control tokens: %s; "
+                  "is this the target's own tokenizer?",
+                  tmpl->name, split.data);
   df_buf_free(&split);
   return st;
 }

@@ -27,8 +27,7 @@ typedef struct {
 } jparser;
 
 static void skip_ws(jparser *j) {
-  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
-    j->p++;
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
 }
 
 /* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), 0 if invalid. */

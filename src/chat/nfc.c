@@ -55,8 +55,7 @@ static dflash_status nfc_keys(json_t *obj) {
       if (json_object_get(obj, keys[i]))
         st = df_error(DFLASH_E_DUPLICATE, "key \"%s\" occurs twice once normalised to NFC",
                       keys[i]);
-      else if (json_object_set(obj, keys[i], vals[i]))
-        st = df_error_nomem("NFC key");
+      else if (json_object_set(obj, keys[i], vals[i])) st = df_error_nomem("NFC key");
     }
   }
   for (size_t i = 0; i < k; i++) {

@@ -31,8 +31,8 @@ static void add_span(df_out *o, size_t begin, size_t end, int kind, int msg) {
     o->spans = s;
     o->cap_spans = cap;
   }
-  o->spans[o->n_spans++] = (dflash_chat_span){.begin = begin, .end = end, .kind = kind,
-                                              .message = msg, .generated = kind_generated(kind)};
+  o->spans[o->n_spans++] = (dflash_chat_span){
+      .begin = begin, .end = end, .kind = kind, .message = msg, .generated = kind_generated(kind)};
 }
 
 void df_out_put(df_out *o, const char *s, size_t n, int kind, int msg) {
@@ -182,8 +182,7 @@ static void py_float(df_out *o, double x, int kind, int msg) {
       buf[k++] = '.';
       if ((size_t)exp + 1 < nd)
         for (size_t i = (size_t)exp + 1; i < nd; i++) buf[k++] = digits[i];
-      else
-        buf[k++] = '0';
+      else buf[k++] = '0';
     }
     buf[k] = 0;
   } else {
@@ -224,8 +223,8 @@ static void py_json_string(df_out *o, const char *s, size_t n, int kind, int msg
   df_out_put(o, "\"", 1, kind, msg);
 }
 
-void df_pyjson_dump(df_out *o, const json_t *v, const char *item_sep, const char *key_sep,
-                    int kind, int msg) {
+void df_pyjson_dump(df_out *o, const json_t *v, const char *item_sep, const char *key_sep, int kind,
+                    int msg) {
   char num[32];
   switch (json_typeof(v)) {
   case JSON_OBJECT: {

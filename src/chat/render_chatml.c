@@ -6,8 +6,10 @@
 
 #include "chat_internal.h"
 
-static const char *const roles[] = {[DF_ROLE_SYSTEM] = "system", [DF_ROLE_USER] = "user",
-                                    [DF_ROLE_ASSISTANT] = "assistant", [DF_ROLE_TOOL] = "tool"};
+static const char *const roles[] = {[DF_ROLE_SYSTEM] = "system",
+                                    [DF_ROLE_USER] = "user",
+                                    [DF_ROLE_ASSISTANT] = "assistant",
+                                    [DF_ROLE_TOOL] = "tool"};
 
 static int text_kind(df_role r) {
   return r == DF_ROLE_SYSTEM ? DFLASH_CHAT_SPAN_SYSTEM

@@ -90,19 +90,18 @@ static void end_turn(df_out *o, const df_message *m, int i) {
 
 static dflash_status need_tool_call_id(const df_render_ctx *x, const df_message *m, int i) {
   if (m->role == DF_ROLE_TOOL && !m->tool_call_id.s)
-    return df_out_fail(x->out, DFLASH_E_FORMAT, "message %d: tool message without tool_call_id",
-                       i);
+    return df_out_fail(x->out, DFLASH_E_FORMAT, "message %d: tool message without tool_call_id", i);
   return DFLASH_OK;
 }
 
 /* ---- kimi-k2 (Instruct) ---------------------------------------------------- */
 
 static void instruct_header(df_out *o, df_role role, int i) {
-  static const char *const headers[] = {
-      [DF_ROLE_SYSTEM] = "<|im_system|>system<|im_middle|>",
-      [DF_ROLE_USER] = "<|im_user|>user<|im_middle|>",
-      [DF_ROLE_ASSISTANT] = "<|im_assistant|>assistant<|im_middle|>",
-      [DF_ROLE_TOOL] = "<|im_system|>tool<|im_middle|>"};
+  static const char *const headers[] = {[DF_ROLE_SYSTEM] = "<|im_system|>system<|im_middle|>",
+                                        [DF_ROLE_USER] = "<|im_user|>user<|im_middle|>",
+                                        [DF_ROLE_ASSISTANT] =
+                                            "<|im_assistant|>assistant<|im_middle|>",
+                                        [DF_ROLE_TOOL] = "<|im_system|>tool<|im_middle|>"};
   df_out_cstr(o, headers[role], SCAF, i);
 }
 
@@ -151,8 +150,8 @@ dflash_status df_render_kimi_instruct(const df_render_ctx *x) {
     const df_message *m = &c->msgs[n];
     int i = (int)n;
     if (n == 0 && m->role != DF_ROLE_SYSTEM)
-      df_out_cstr(o, "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>",
-                  SCAF, -1);
+      df_out_cstr(o, "<|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>", SCAF,
+                  -1);
     if (need_tool_call_id(x, m, i)) break;
     instruct_header(o, m->role, i);
     if (m->role == DF_ROLE_ASSISTANT && m->n_calls) {
@@ -177,11 +176,14 @@ dflash_status df_render_kimi_instruct(const df_render_ctx *x) {
 
 static void thinking_header(df_out *o, const df_message *m, int i) {
   /* `message.get('name') or message['role']`; system and tool use <|im_system|>. */
-  static const char *const roles[] = {[DF_ROLE_SYSTEM] = "system", [DF_ROLE_USER] = "user",
-                                      [DF_ROLE_ASSISTANT] = "assistant", [DF_ROLE_TOOL] = "tool"};
-  df_out_cstr(o, m->role == DF_ROLE_USER        ? "<|im_user|>"
-                 : m->role == DF_ROLE_ASSISTANT ? "<|im_assistant|>"
-                                                : "<|im_system|>",
+  static const char *const roles[] = {[DF_ROLE_SYSTEM] = "system",
+                                      [DF_ROLE_USER] = "user",
+                                      [DF_ROLE_ASSISTANT] = "assistant",
+                                      [DF_ROLE_TOOL] = "tool"};
+  df_out_cstr(o,
+              m->role == DF_ROLE_USER        ? "<|im_user|>"
+              : m->role == DF_ROLE_ASSISTANT ? "<|im_assistant|>"
+                                             : "<|im_system|>",
               SCAF, i);
   if (m->name.s && m->name.n) df_out_str(o, m->name, SCAF, i);
   else df_out_cstr(o, roles[m->role], SCAF, i);
@@ -256,7 +258,7 @@ dflash_status df_render_kimi_thinking(const df_render_ctx *x) {
   const dflash_chat_conversation *c = x->conv;
   df_out *o = x->out;
   int last = df_last_assistant(c);
-  int split = last_final_answer(c, (int)c->n);          /* the template's history/suffix split */
+  int split = last_final_answer(c, (int)c->n); /* the template's history/suffix split */
   int exchange = last_final_answer(c, last < 0 ? 0 : last); /* the split when `last` is generated */
   bool k25 = x->tmpl->family_flags & DF_FAM_K25;
   if (k25) k25_tools_declaration(x);
@@ -292,8 +294,8 @@ dflash_status df_render_kimi_thinking(const df_render_ctx *x) {
   if (x->opts->add_generation_prompt) {
     df_out_cstr(o, "<|im_assistant|>assistant<|im_middle|>", DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
     if (k25)
-      df_out_cstr(o, x->opts->thinking ? "<think>" : "<think></think>",
-                  DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
+      df_out_cstr(o, x->opts->thinking ? "<think>" : "<think></think>", DFLASH_CHAT_SPAN_GEN_PROMPT,
+                  -1);
   }
   return o->st;
 }

@@ -34,8 +34,10 @@ static const char qwen35_tools_tail[] =
     "and do not tell the user about function calls\n</IMPORTANT>";
 
 static const char *role_name(df_role r) {
-  static const char *const names[] = {[DF_ROLE_SYSTEM] = "system", [DF_ROLE_USER] = "user",
-                                      [DF_ROLE_ASSISTANT] = "assistant", [DF_ROLE_TOOL] = "tool"};
+  static const char *const names[] = {[DF_ROLE_SYSTEM] = "system",
+                                      [DF_ROLE_USER] = "user",
+                                      [DF_ROLE_ASSISTANT] = "assistant",
+                                      [DF_ROLE_TOOL] = "tool"};
   return names[r];
 }
 
@@ -100,8 +102,7 @@ static void gen_prompt(const df_render_ctx *x, bool qwen35) {
   df_out_cstr(x->out, "<|im_start|>assistant\n", DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
   if (!x->opts->thinking)
     df_out_cstr(x->out, "<think>\n\n</think>\n\n", DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
-  else if (qwen35)
-    df_out_cstr(x->out, "<think>\n", DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
+  else if (qwen35) df_out_cstr(x->out, "<think>\n", DFLASH_CHAT_SPAN_GEN_PROMPT, -1);
 }
 
 static bool is_tool_response(df_str s) {
@@ -262,8 +263,10 @@ static void qwen35_calls(df_out *o, const df_message *m, df_str content, int i) 
     const df_tool_call *tc = &m->calls[k];
     const json_t *args = qwen35_args(o, tc, i, k);
     if (!args) return;
-    df_out_cstr(o, k ? "\n<tool_call>\n<function=" : content.n ? "\n\n<tool_call>\n<function="
-                                                               : "<tool_call>\n<function=",
+    df_out_cstr(o,
+                k           ? "\n<tool_call>\n<function="
+                : content.n ? "\n\n<tool_call>\n<function="
+                            : "<tool_call>\n<function=",
                 CALL, i);
     df_out_str(o, tc->name, CALL, i);
     df_out_cstr(o, ">\n", CALL, i);
@@ -308,7 +311,8 @@ dflash_status df_render_qwen35(const df_render_ctx *x) {
     const df_message *m = &c->msgs[n];
     switch (m->role) {
     case DF_ROLE_SYSTEM:
-      if (n) df_out_fail(o, DFLASH_E_FORMAT, "message %zu: System message must be at the beginning.", n);
+      if (n)
+        df_out_fail(o, DFLASH_E_FORMAT, "message %zu: System message must be at the beginning.", n);
       break;
     case DF_ROLE_USER: plain_turn(o, m, qwen35_content(m), (int)n); break;
     case DF_ROLE_ASSISTANT: qwen35_assistant(x, n, lqi, last); break;

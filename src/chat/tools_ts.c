@@ -33,24 +33,24 @@ typedef struct ts_param {
 
 struct ts_node {
   ts_kind kind;
-  const json_t *schema;             /* the schema object; NULL for implicit "any"/"null" */
-  const char *const *constraints;   /* constraint keys this type shows, sorted; NULL-ended */
-  const char *name;                 /* implicit scalar or $ref name */
-  const json_t *value;              /* scalar "type", enum list, union list */
-  ts_param *props;                  /* object */
+  const json_t *schema;           /* the schema object; NULL for implicit "any"/"null" */
+  const char *const *constraints; /* constraint keys this type shows, sorted; NULL-ended */
+  const char *name;               /* implicit scalar or $ref name */
+  const json_t *value;            /* scalar "type", enum list, union list */
+  ts_param *props;                /* object */
   size_t n_props;
   ts_ap ap;
   ts_node *ap_node;
-  ts_node **items;                  /* array item (one) or anyOf members */
+  ts_node **items; /* array item (one) or anyOf members */
   size_t n_items;
   ts_node *next_alloc;
 };
 
 typedef struct ts_ctx {
-  json_t *defs;         /* the registry: $defs name -> schema, in registration order */
+  json_t *defs; /* the registry: $defs name -> schema, in registration order */
   bool has_self_ref;
   ts_node *allocs;
-  dflash_status st;     /* first failure where the reference raises: stops everything */
+  dflash_status st;          /* first failure where the reference raises: stops everything */
   dflash_status unsupported; /* a Python repr was needed: reported at the end */
   char unsupported_msg[512];
   df_out *out;
@@ -75,8 +75,7 @@ static void ts_raise(ts_ctx *c, const char *what) {
   if (c->st) return;
   char at[384];
   where(c, at, sizeof at);
-  c->st = df_error(DFLASH_E_FORMAT, "%s: %s (the reference tool_declaration_ts raises)", at,
-                   what);
+  c->st = df_error(DFLASH_E_FORMAT, "%s: %s (the reference tool_declaration_ts raises)", at, what);
 }
 
 static void nomem(ts_ctx *c) {
@@ -257,8 +256,8 @@ static bool is_required(ts_ctx *c, const json_t *required, const char *name) {
   if (json_is_string(required)) { /* set(str): its characters */
     size_t n = strlen(name), k = 1;
     while (k < n && (((unsigned char)name[k]) & 0xc0) == 0x80) k++;
-    return n && k == n && memmem(json_string_value(required), json_string_length(required),
-                                 name, n) != NULL;
+    return n && k == n &&
+           memmem(json_string_value(required), json_string_length(required), name, n) != NULL;
   }
   (void)c;
   return false;
@@ -390,9 +389,9 @@ static ts_node *parse_anyof(ts_ctx *c, const json_t *s) {
 }
 
 static const char *union_name(const json_t *t) {
-  static const char *const map[][2] = {{"string", "string"}, {"number", "number"},
-                                       {"integer", "number"}, {"boolean", "boolean"},
-                                       {"null", "null"},     {"object", "{}"},
+  static const char *const map[][2] = {{"string", "string"},   {"number", "number"},
+                                       {"integer", "number"},  {"boolean", "boolean"},
+                                       {"null", "null"},       {"object", "{}"},
                                        {"array", "Array<any>"}};
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (is_str(t, map[i][0])) return map[i][1];
@@ -785,8 +784,7 @@ dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len, i
     if (ts.text.len > cap)
       st = df_error(DFLASH_E_BUFFER, "tools: the declaration takes %zu bytes, the buffer %zu",
                     ts.text.len, cap);
-    else if (ts.text.len)
-      memcpy(buf, ts.text.data, ts.text.len);
+    else if (ts.text.len) memcpy(buf, ts.text.data, ts.text.len);
   }
   df_buf_free(&ts.text);
   free(ts.spans);

@@ -14,8 +14,8 @@ double df_rand01(uint64_t *state) {
   return (double)((x * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
 }
 
-double df_backoff_s(uint64_t *rng, unsigned attempt, double base_s, double max_s, double retry_after_s,
-                    double retry_after_max_s) {
+double df_backoff_s(uint64_t *rng, unsigned attempt, double base_s, double max_s,
+                    double retry_after_s, double retry_after_max_s) {
   double cap = base_s;
   for (unsigned i = 1; i < attempt && cap < max_s; i++) cap *= 2;
   if (cap > max_s) cap = max_s;

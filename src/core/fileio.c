@@ -14,20 +14,27 @@ dflash_status df_read_file(const char *path, char **out, size_t *out_len) {
   *out = NULL;
   if (out_len) *out_len = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
-                                    "%s: cannot open", path);
+  if (fd < 0)
+    return df_error_errno(errno == ENOENT ? DFLASH_E_NOT_FOUND : DFLASH_E_IO, errno,
+                          "%s: cannot open", path);
   df_buf b = {0};
   dflash_status st = DFLASH_OK;
   for (;;) {
     if ((st = df_buf_reserve(&b, 1 << 16))) break;
     ssize_t n = read(fd, b.data + b.len, b.cap - b.len - 1);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) { st = df_error_errno(DFLASH_E_IO, errno, "%s: read failed", path); break; }
+    if (n < 0) {
+      st = df_error_errno(DFLASH_E_IO, errno, "%s: read failed", path);
+      break;
+    }
     if (n == 0) break;
     b.len += (size_t)n;
   }
   close(fd);
-  if (st) { df_buf_free(&b); return st; }
+  if (st) {
+    df_buf_free(&b);
+    return st;
+  }
   if (!b.data && (st = df_buf_reserve(&b, 1))) return st;
   b.data[b.len] = '\0';
   *out = b.data;

@@ -29,18 +29,37 @@
  * so a failing path reads `return df_error(DFLASH_E_FORMAT, "%s: ...", path);` */
 dflash_status df_error(dflash_status status, const char *fmt, ...) DF_PRINTF(2, 3);
 /* Same, appending ": strerror(errnum)". */
-dflash_status df_error_errno(dflash_status status, int errnum, const char *fmt, ...) DF_PRINTF(3, 4);
+dflash_status df_error_errno(dflash_status status, int errnum, const char *fmt, ...)
+    DF_PRINTF(3, 4);
 /* Prefix the current last error with more context ("while loading X: ..."). */
 dflash_status df_error_wrap(dflash_status status, const char *fmt, ...) DF_PRINTF(2, 3);
 /* Shorthand for allocation failures. */
 dflash_status df_error_nomem(const char *what);
 
 /* Checked sizes: a NULL/guard argument check that records a message. */
-#define DF_CHECK_ARG(cond)                                                              \
-  do {                                                                                  \
-    if (!(cond)) return df_error(DFLASH_E_INVALID_ARG, "%s: invalid argument: %s",      \
-                                 __func__, #cond);                                     \
+#define DF_CHECK_ARG(cond)                                                                \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      return df_error(DFLASH_E_INVALID_ARG, "%s: invalid argument: %s", __func__, #cond); \
   } while (0)
+
+/* ---- versioned structs (opts.c) ----------------------------------------- */
+
+/*
+ * Every options and output struct starts with `size_t struct_size`: the size of the
+ * caller's struct, i.e. of the header it was built with. One rule for all of them
+ * (libbpf's OPTS_VALID): a smaller caller struct is accepted and its missing tail means
+ * the defaults; a larger one only when the bytes this library does not know are zero;
+ * an output struct is written up to the caller's size and no further.
+ */
+/* Copy the caller's `src` (NULL: keep the defaults) over `dst`, which holds the defaults at
+ * the library's `size`; dst's struct_size stays `size`. `what` names the struct in errors. */
+dflash_status df_opts_in(void *dst, const void *src, size_t size, const char *what);
+/* Write the library's `src` (`size` bytes) into the caller's `dst` up to dst's struct_size,
+ * zeroing fields newer than the library's; dst keeps its struct_size. */
+dflash_status df_opts_out(void *dst, const void *src, size_t size, const char *what);
+/* The _init(opts, caller_size) functions: the defaults up to the caller's size. */
+void df_opts_fill(void *dst, size_t caller_size, const void *defaults, size_t size);
 
 /* ---- logging (error.c) --------------------------------------------------- */
 
@@ -168,8 +187,8 @@ double df_rand01(uint64_t *state);
 /* Full-jitter exponential backoff before retry `attempt` (1-based): uniform in
  * [0, min(max_s, base_s * 2^(attempt-1))), raised to the server's Retry-After
  * (capped at retry_after_max_s) when it asked for longer. */
-double df_backoff_s(uint64_t *rng, unsigned attempt, double base_s, double max_s, double retry_after_s,
-                    double retry_after_max_s);
+double df_backoff_s(uint64_t *rng, unsigned attempt, double base_s, double max_s,
+                    double retry_after_s, double retry_after_max_s);
 /* Seconds from a Retry-After value (delta seconds or HTTP date) or a
  * Retry-After-Ms value; -1 when unparseable. */
 double df_parse_retry_after(const char *value, bool milliseconds);

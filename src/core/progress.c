@@ -46,7 +46,10 @@ DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label,
 }
 
 static void format_duration(double s, char *buf, size_t n) {
-  if (s < 0 || s > 1e8) { snprintf(buf, n, "?"); return; }
+  if (s < 0 || s > 1e8) {
+    snprintf(buf, n, "?");
+    return;
+  }
   unsigned long t = (unsigned long)(s + 0.5);
   if (t >= 3600) snprintf(buf, n, "%lu:%02lu:%02lu", t / 3600, (t / 60) % 60, t % 60);
   else snprintf(buf, n, "%lu:%02lu", t / 60, t % 60);
@@ -57,11 +60,14 @@ static void draw(dflash_progress *p, double now) {
   double rate = elapsed > 0 ? (double)p->done / elapsed : 0.0;
   char el[32], eta[32], bar[41];
   format_duration(elapsed, el, sizeof el);
-  if (p->total && rate > 0) format_duration((double)(p->total - (p->done < p->total ? p->done : p->total)) / rate, eta, sizeof eta);
+  if (p->total && rate > 0)
+    format_duration((double)(p->total - (p->done < p->total ? p->done : p->total)) / rate, eta,
+                    sizeof eta);
   else snprintf(eta, sizeof eta, "?");
   const char *sep = p->note[0] ? "  " : "";
   if (p->tty && p->total) {
-    size_t width = sizeof bar - 1, fill = (size_t)((double)width * (double)p->done / (double)p->total);
+    size_t width = sizeof bar - 1,
+           fill = (size_t)((double)width * (double)p->done / (double)p->total);
     if (fill > width) fill = width;
     memset(bar, '#', fill);
     memset(bar + fill, '.', width - fill);

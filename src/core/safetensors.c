@@ -21,13 +21,13 @@ static const struct {
   const char *name;
   size_t size;
 } dtype_info[] = {
-    [DFLASH_DTYPE_F64] = {"F64", 8},        [DFLASH_DTYPE_F32] = {"F32", 4},
-    [DFLASH_DTYPE_F16] = {"F16", 2},        [DFLASH_DTYPE_BF16] = {"BF16", 2},
+    [DFLASH_DTYPE_F64] = {"F64", 8},         [DFLASH_DTYPE_F32] = {"F32", 4},
+    [DFLASH_DTYPE_F16] = {"F16", 2},         [DFLASH_DTYPE_BF16] = {"BF16", 2},
     [DFLASH_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [DFLASH_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
-    [DFLASH_DTYPE_I64] = {"I64", 8},        [DFLASH_DTYPE_I32] = {"I32", 4},
-    [DFLASH_DTYPE_I16] = {"I16", 2},        [DFLASH_DTYPE_I8] = {"I8", 1},
-    [DFLASH_DTYPE_U8] = {"U8", 1},          [DFLASH_DTYPE_BOOL] = {"BOOL", 1},
-    [DFLASH_DTYPE_U16] = {"U16", 2},        [DFLASH_DTYPE_U32] = {"U32", 4},
+    [DFLASH_DTYPE_I64] = {"I64", 8},         [DFLASH_DTYPE_I32] = {"I32", 4},
+    [DFLASH_DTYPE_I16] = {"I16", 2},         [DFLASH_DTYPE_I8] = {"I8", 1},
+    [DFLASH_DTYPE_U8] = {"U8", 1},           [DFLASH_DTYPE_BOOL] = {"BOOL", 1},
+    [DFLASH_DTYPE_U16] = {"U16", 2},         [DFLASH_DTYPE_U32] = {"U32", 4},
     [DFLASH_DTYPE_U64] = {"U64", 8},
 };
 
@@ -222,15 +222,17 @@ dflash_status df_st_parse(df_st_file *f, size_t file_index) {
                     f->path, (unsigned long long)f->size);
   /* A safetensors file is an 8-byte little-endian length, then a JSON object. */
   if (f->size > 8 && f->base[8] != '{')
-    return df_error(DFLASH_E_FORMAT, "%s: not a safetensors file (byte 8 is not the '{' that "
-                    "opens its JSON header): it looks like %s", f->path,
-                    sniff(f->base, f->size));
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: not a safetensors file (byte 8 is not the '{' that "
+                    "opens its JSON header): it looks like %s",
+                    f->path, sniff(f->base, f->size));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | f->base[i];
   if (n > f->size - 8)
-    return df_error(DFLASH_E_TRUNCATED, "%s: truncated: header length %llu exceeds the %llu bytes "
-                    "that follow", f->path, (unsigned long long)n,
-                    (unsigned long long)(f->size - 8));
+    return df_error(DFLASH_E_TRUNCATED,
+                    "%s: truncated: header length %llu exceeds the %llu bytes "
+                    "that follow",
+                    f->path, (unsigned long long)n, (unsigned long long)(f->size - 8));
   if (n > DF_ST_MAX_HEADER)
     return df_error(DFLASH_E_FORMAT, "%s: header length %llu is above the 100 MB limit", f->path,
                     (unsigned long long)n);
@@ -327,7 +329,8 @@ static dflash_status index_tensors(dflash_safetensors *st) {
   st->sorted = calloc(total + 1, sizeof *st->sorted);
   if (!st->sorted) return df_error_nomem("tensor index");
   for (size_t i = 0; i < st->n_files; i++)
-    for (size_t j = 0; j < st->files[i].n_entries; j++) st->sorted[st->n++] = &st->files[i].entries[j];
+    for (size_t j = 0; j < st->files[i].n_entries; j++)
+      st->sorted[st->n++] = &st->files[i].entries[j];
   qsort(st->sorted, st->n, sizeof *st->sorted, cmp_entry_name);
   for (size_t i = 1; i < st->n; i++)
     if (!strcmp(st->sorted[i]->name, st->sorted[i - 1]->name))
@@ -367,7 +370,8 @@ static dflash_status alloc_files(dflash_safetensors *st, size_t n) {
 static dflash_status index_metadata(dflash_safetensors *st, json_t *meta, const char *path) {
   st->own_meta = true;
   if (!meta) return DFLASH_OK;
-  if (!json_is_object(meta)) return df_error(DFLASH_E_FORMAT, "%s: \"metadata\" is not an object", path);
+  if (!json_is_object(meta))
+    return df_error(DFLASH_E_FORMAT, "%s: \"metadata\" is not an object", path);
   size_t n = json_object_size(meta);
   st->meta_keys = calloc(n + 1, sizeof(char *));
   st->meta_values = calloc(n + 1, sizeof(char *));
@@ -396,8 +400,8 @@ static dflash_status check_weight_map(dflash_safetensors *st, json_t *map, const
                       json_string_value(file));
     const char *holder = st->files[e->file].path;
     const char *want = json_string_value(file);
-    if (!df_str_ends_with(holder, want) || (strlen(holder) > strlen(want) &&
-                                             holder[strlen(holder) - strlen(want) - 1] != '/'))
+    if (!df_str_ends_with(holder, want) ||
+        (strlen(holder) > strlen(want) && holder[strlen(holder) - strlen(want) - 1] != '/'))
       return df_error(DFLASH_E_MISMATCH, "%s: tensor \"%s\" is mapped to %s but found in %s", path,
                       name, want, holder);
   }
@@ -414,7 +418,8 @@ static dflash_status shard_names(json_t *map, const char *path, char ***out, siz
   json_object_foreach(map, tensor, file) {
     if (!json_is_string(file) || !json_string_length(file)) {
       free(names);
-      return df_error(DFLASH_E_FORMAT, "%s: weight_map entry \"%s\" is not a file name", path, tensor);
+      return df_error(DFLASH_E_FORMAT, "%s: weight_map entry \"%s\" is not a file name", path,
+                      tensor);
     }
     names[k++] = (char *)json_string_value(file);
   }
@@ -443,7 +448,8 @@ static dflash_status open_index(dflash_safetensors *st, const char *path) {
     for (size_t i = 0; i < n && !s; i++) {
       char *shard = df_path_join(dir, names[i]);
       s = shard ? add_file(st, shard) : df_error_nomem("path");
-      if (s == DFLASH_E_NOT_FOUND) s = df_error_wrap(s, "shard %s named by index %s", names[i], path);
+      if (s == DFLASH_E_NOT_FOUND)
+        s = df_error_wrap(s, "shard %s named by index %s", names[i], path);
       free(shard);
     }
     if (!s) s = index_tensors(st);
@@ -465,13 +471,17 @@ static dflash_status open_dir(dflash_safetensors *st, const char *path) {
   struct dirent *de;
   while (!s && (de = readdir(d))) {
     if (df_str_ends_with(de->d_name, ".safetensors.index.json")) {
-      if (index) s = df_error(DFLASH_E_DUPLICATE, "%s: more than one *.safetensors.index.json", path);
+      if (index)
+        s = df_error(DFLASH_E_DUPLICATE, "%s: more than one *.safetensors.index.json", path);
       else if (!(index = df_path_join(path, de->d_name))) s = df_error_nomem("path");
     } else if (df_str_ends_with(de->d_name, ".safetensors")) {
       if (n == cap) {
         cap = cap ? 2 * cap : 16;
         char **grown = realloc(files, cap * sizeof *files);
-        if (!grown) { s = df_error_nomem("file list"); break; }
+        if (!grown) {
+          s = df_error_nomem("file list");
+          break;
+        }
         files = grown;
       }
       if (!(files[n++] = df_path_join(path, de->d_name))) s = df_error_nomem("path");
@@ -479,7 +489,8 @@ static dflash_status open_dir(dflash_safetensors *st, const char *path) {
   }
   closedir(d);
   if (!s && index) s = open_index(st, index);
-  else if (!s && n == 0) s = df_error(DFLASH_E_NOT_FOUND, "%s: no .safetensors files in directory", path);
+  else if (!s && n == 0)
+    s = df_error(DFLASH_E_NOT_FOUND, "%s: no .safetensors files in directory", path);
   else if (!s) {
     qsort(files, n, sizeof *files, cmp_str);
     if (!(s = alloc_files(st, n)))
@@ -514,19 +525,18 @@ DFLASH_API dflash_status dflash_safetensors_open(const char *path, dflash_safete
 
 /* ---- accessors ----------------------------------------------------------- */
 
-static dflash_status fill_view(const dflash_safetensors *st, const df_st_entry *e, dflash_tensor *out) {
-  if (out->struct_size < sizeof(dflash_tensor))
-    return df_error(DFLASH_E_INVALID_ARG, "dflash_tensor.struct_size is %zu, expected at least %zu",
-                    out->struct_size, sizeof(dflash_tensor));
+static dflash_status fill_view(const dflash_safetensors *st, const df_st_entry *e,
+                               dflash_tensor *out) {
   const df_st_file *f = &st->files[e->file];
-  out->name = e->name;
-  out->dtype = e->dtype;
-  out->ndim = e->ndim;
-  out->shape = e->shape;
-  out->data = f->base + f->data_start + e->begin;
-  out->nbytes = e->end - e->begin;
-  out->file = f->path;
-  return DFLASH_OK;
+  dflash_tensor t = {.struct_size = sizeof t,
+                     .name = e->name,
+                     .dtype = e->dtype,
+                     .ndim = e->ndim,
+                     .shape = e->shape,
+                     .data = f->base + f->data_start + e->begin,
+                     .nbytes = e->end - e->begin,
+                     .file = f->path};
+  return df_opts_out(out, &t, sizeof t, "dflash_tensor");
 }
 
 DFLASH_API size_t dflash_safetensors_count(const dflash_safetensors *st) { return st ? st->n : 0; }
@@ -536,7 +546,7 @@ DFLASH_API size_t dflash_safetensors_file_count(const dflash_safetensors *st) {
 }
 
 DFLASH_API dflash_status dflash_safetensors_get(const dflash_safetensors *st, size_t index,
-                                               dflash_tensor *out) {
+                                                dflash_tensor *out) {
   DF_CHECK_ARG(st && out);
   if (index >= st->n)
     return df_error(DFLASH_E_RANGE, "tensor index %zu out of range (%zu tensors)", index, st->n);
@@ -544,7 +554,7 @@ DFLASH_API dflash_status dflash_safetensors_get(const dflash_safetensors *st, si
 }
 
 DFLASH_API dflash_status dflash_safetensors_find(const dflash_safetensors *st, const char *name,
-                                                dflash_tensor *out) {
+                                                 dflash_tensor *out) {
   DF_CHECK_ARG(st && name && out);
   const df_st_entry *e = find_entry(st, name);
   if (!e)
@@ -558,17 +568,18 @@ DFLASH_API size_t dflash_safetensors_metadata_count(const dflash_safetensors *st
 }
 
 DFLASH_API dflash_status dflash_safetensors_metadata_get(const dflash_safetensors *st, size_t index,
-                                                        const char **key, const char **value) {
+                                                         const char **key, const char **value) {
   DF_CHECK_ARG(st && key && value);
   if (index >= st->n_meta)
-    return df_error(DFLASH_E_RANGE, "metadata index %zu out of range (%zu entries)", index, st->n_meta);
+    return df_error(DFLASH_E_RANGE, "metadata index %zu out of range (%zu entries)", index,
+                    st->n_meta);
   *key = st->meta_keys[index];
   *value = st->meta_values[index];
   return DFLASH_OK;
 }
 
 DFLASH_API dflash_status dflash_safetensors_metadata_find(const dflash_safetensors *st,
-                                                         const char *key, const char **value) {
+                                                          const char *key, const char **value) {
   DF_CHECK_ARG(st && key && value);
   for (size_t i = 0; i < st->n_meta; i++) {
     if (!strcmp(st->meta_keys[i], key)) {

@@ -47,16 +47,16 @@ static dflash_status require_declaring(const dflash_st_writer *w, const char *wh
 }
 
 DFLASH_API dflash_status dflash_st_writer_metadata(dflash_st_writer *w, const char *key,
-                                                  const char *value) {
+                                                   const char *value) {
   DF_CHECK_ARG(w && key && value);
   dflash_status st = require_declaring(w, "metadata added");
   if (st) return st;
   if (!df_utf8_valid(key, strlen(key)) || !df_utf8_valid(value, strlen(value)))
     return df_error(DFLASH_E_UTF8, "%s: metadata \"%s\" is not valid UTF-8", w->file.path, key);
   if (!strcmp(key, "__metadata__"))
-    return df_error(DFLASH_E_INVALID_ARG, "%s: \"__metadata__\" is not a metadata key", w->file.path);
-  if (json_object_set_new(w->meta, key, json_string(value)))
-    return df_error_nomem("metadata");
+    return df_error(DFLASH_E_INVALID_ARG, "%s: \"__metadata__\" is not a metadata key",
+                    w->file.path);
+  if (json_object_set_new(w->meta, key, json_string(value))) return df_error_nomem("metadata");
   return DFLASH_OK;
 }
 
@@ -69,8 +69,8 @@ static json_t *tensor_info(dflash_dtype dtype, uint32_t ndim, const int64_t *sha
 }
 
 DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const char *name,
-                                                 dflash_dtype dtype, uint32_t ndim,
-                                                 const int64_t *shape) {
+                                                  dflash_dtype dtype, uint32_t ndim,
+                                                  const int64_t *shape) {
   DF_CHECK_ARG(w && name && (shape || ndim == 0));
   dflash_status st = require_declaring(w, "tensor declared");
   if (st) return st;
@@ -123,8 +123,8 @@ static dflash_status write_header(dflash_st_writer *w) {
 DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void *data, size_t n) {
   DF_CHECK_ARG(w && (data || n == 0));
   if (w->state == W_FINISHED || w->state == W_FAILED)
-    return df_error(DFLASH_E_STATE, "%s: write after the writer %s", w->file.path ? w->file.path : "",
-                    w->state == W_FAILED ? "failed" : "finished");
+    return df_error(DFLASH_E_STATE, "%s: write after the writer %s",
+                    w->file.path ? w->file.path : "", w->state == W_FAILED ? "failed" : "finished");
   dflash_status st = DFLASH_OK;
   if (w->state == W_DECLARING) {
     w->state = W_WRITING;
@@ -134,8 +134,9 @@ DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void 
     }
   }
   if (n > w->total - w->written)
-    return df_error(DFLASH_E_RANGE, "%s: %zu more bytes written than the %llu declared", w->file.path,
-                    n - (size_t)(w->total - w->written), (unsigned long long)w->total);
+    return df_error(DFLASH_E_RANGE, "%s: %zu more bytes written than the %llu declared",
+                    w->file.path, n - (size_t)(w->total - w->written),
+                    (unsigned long long)w->total);
   if ((st = df_atomic_write(&w->file, data, n))) {
     w->state = W_FAILED;
     return st;
@@ -181,9 +182,9 @@ static dflash_status add_shard_to_index(const char *dir, const char *shard, json
     dflash_tensor t = {.struct_size = sizeof t};
     if ((s = dflash_safetensors_get(st, i, &t))) break;
     if (json_object_get(map, t.name))
-      s = df_error(DFLASH_E_DUPLICATE, "tensor \"%s\" is in %s and in an earlier shard", t.name, shard);
-    else if (json_object_set_new(map, t.name, json_string(shard)))
-      s = df_error_nomem("weight map");
+      s = df_error(DFLASH_E_DUPLICATE, "tensor \"%s\" is in %s and in an earlier shard", t.name,
+                   shard);
+    else if (json_object_set_new(map, t.name, json_string(shard))) s = df_error_nomem("weight map");
     *total += t.nbytes;
   }
   dflash_safetensors_free(st);
@@ -191,15 +192,17 @@ static dflash_status add_shard_to_index(const char *dir, const char *shard, json
 }
 
 DFLASH_API dflash_status dflash_safetensors_write_index(const char *path, size_t n_shards,
-                                                       const char *const *shard_files,
-                                                       size_t n_meta, const char *const *meta_keys,
-                                                       const char *const *meta_values) {
-  DF_CHECK_ARG(path && (shard_files || n_shards == 0) && (n_meta == 0 || (meta_keys && meta_values)));
+                                                        const char *const *shard_files,
+                                                        size_t n_meta, const char *const *meta_keys,
+                                                        const char *const *meta_values) {
+  DF_CHECK_ARG(path && (shard_files || n_shards == 0) &&
+               (n_meta == 0 || (meta_keys && meta_values)));
   char *dir = df_path_dirname(path);
   json_t *map = json_object(), *meta = json_object();
   dflash_status s = (dir && map && meta) ? DFLASH_OK : df_error_nomem("index");
   uint64_t total = 0;
-  for (size_t i = 0; i < n_shards && !s; i++) s = add_shard_to_index(dir, shard_files[i], map, &total);
+  for (size_t i = 0; i < n_shards && !s; i++)
+    s = add_shard_to_index(dir, shard_files[i], map, &total);
   for (size_t i = 0; i < n_meta && !s; i++)
     if (json_object_set_new(meta, meta_keys[i], json_string(meta_values[i])))
       s = df_error(DFLASH_E_INVALID_ARG, "index metadata \"%s\" is not valid UTF-8", meta_keys[i]);

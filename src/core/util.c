@@ -53,13 +53,25 @@ bool df_utf8_valid(const char *str, size_t len) {
   size_t i = 0;
   while (i < len) {
     unsigned c = s[i];
-    if (c < 0x80) { i++; continue; }
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
     size_t n;
     unsigned cp, min;
-    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; min = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; min = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; min = 0x10000; }
-    else return false;
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+      min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+      min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+      min = 0x10000;
+    } else return false;
     if (len - i <= n) return false;
     for (size_t k = 1; k <= n; k++) {
       if ((s[i + k] & 0xC0) != 0x80) return false;
@@ -77,7 +89,10 @@ dflash_status df_buf_reserve(df_buf *b, size_t extra) {
   if (__builtin_add_overflow(b->len, extra + 1, &need)) return df_error_nomem("buffer");
   size_t cap = b->cap ? b->cap : 64;
   while (cap < need) {
-    if (cap > SIZE_MAX / 2) { cap = need; break; }
+    if (cap > SIZE_MAX / 2) {
+      cap = need;
+      break;
+    }
     cap *= 2;
   }
   char *p = realloc(b->data, cap);

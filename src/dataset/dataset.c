@@ -15,23 +15,33 @@
 #define MANIFEST "dataset.json"
 
 struct dflash_dataset_writer {
-  char *dir;            /* where shards are written: `remote`'s staging directory when set */
-  char *remote;         /* s3:// destination: shards are uploaded as they close */
+  char *dir;    /* where shards are written: `remote`'s staging directory when set */
+  char *remote; /* s3:// destination: shards are uploaded as they close */
   dflash_storage *storage;
   dflash_dataset_writer_options opts;
-  df_buf ids, mask;     /* current shard */
-  df_buf offsets;       /* int64 per sample + 1 */
-  json_t *sample_ids;   /* current shard's ids */
-  json_t *shards;       /* manifest entries */
+  df_buf ids, mask;   /* current shard */
+  df_buf offsets;     /* int64 per sample + 1 */
+  json_t *sample_ids; /* current shard's ids */
+  json_t *shards;     /* manifest entries */
   uint64_t samples, tokens, supervised;
   bool finished;
 };
 
-void dflash_dataset_writer_options_default(dflash_dataset_writer_options *o) {
+static void dataset_writer_options_defaults(dflash_dataset_writer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->shard_tokens = (uint64_t)1 << 26;
+}
+
+DFLASH_API void dflash_dataset_writer_options_init(dflash_dataset_writer_options *o, size_t size) {
+  dflash_dataset_writer_options d;
+  dataset_writer_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_dataset_writer_options_default)(dflash_dataset_writer_options *o) {
+  dflash_dataset_writer_options_init(o, sizeof *o);
 }
 
 static dflash_status start_shard(dflash_dataset_writer *w) {
@@ -124,14 +134,12 @@ static dflash_status create_writer(const char *dir, const dflash_dataset_writer_
   dflash_dataset_writer *w = calloc(1, sizeof *w);
   if (!w) return df_error_nomem("dataset writer");
   dflash_dataset_writer_options_default(&w->opts);
-  if (opts) {
-    if (opts->struct_size < sizeof *opts) {
-      free(w);
-      return df_error(DFLASH_E_INVALID_ARG, "dataset writer options: struct_size too small");
-    }
-    w->opts = *opts;
+  dflash_status st = df_opts_in(&w->opts, opts, sizeof w->opts, "dflash_dataset_writer_options");
+  if (st) {
+    free(w);
+    return st;
   }
-  dflash_status st = copy_strings(w);
+  st = copy_strings(w);
   if (dflash_storage_is_remote(dir)) {
     if (!st) st = open_remote(w, dir);
   } else {
@@ -175,9 +183,9 @@ static dflash_status flush_shard(dflash_dataset_writer *w) {
   if (!st) st = write_tensor(sw, &w->mask);
   if (!st) st = dflash_st_writer_finish(sw);
   if (!st) st = publish(w, name, true);
-  if (!st && json_array_append_new(w->shards, json_pack("{s:s,s:I,s:I}", "file", name, "samples",
-                                                        (json_int_t)n_samples, "tokens",
-                                                        (json_int_t)n_tok)))
+  if (!st && json_array_append_new(w->shards,
+                                   json_pack("{s:s,s:I,s:I}", "file", name, "samples",
+                                             (json_int_t)n_samples, "tokens", (json_int_t)n_tok)))
     st = df_error_nomem("manifest");
   dflash_st_writer_free(sw);
   free(path);
@@ -218,10 +226,10 @@ static json_t *manifest_json(const dflash_dataset_writer *w) {
                         "samples", (json_int_t)w->samples, "tokens", (json_int_t)w->tokens,
                         "supervised_tokens", (json_int_t)w->supervised, "shards", w->shards);
   if (!m) return NULL;
-  json_object_set_new(m, "tokenizer_hash", w->opts.tokenizer_hash
-                                               ? json_string(w->opts.tokenizer_hash) : json_null());
-  json_object_set_new(m, "template", w->opts.template_name ? json_string(w->opts.template_name)
-                                                           : json_null());
+  json_object_set_new(m, "tokenizer_hash",
+                      w->opts.tokenizer_hash ? json_string(w->opts.tokenizer_hash) : json_null());
+  json_object_set_new(m, "template",
+                      w->opts.template_name ? json_string(w->opts.template_name) : json_null());
   json_t *o = w->opts.options_json ? json_loads(w->opts.options_json, 0, NULL) : NULL;
   json_object_set_new(m, "options", o ? o : json_object());
   return m;
@@ -317,14 +325,20 @@ static dflash_status open_shard(const char *path, df_shard *sh) {
   dflash_status st = dflash_safetensors_open(path, &sh->st);
   size_t n_mask = 0, n_off = 0;
   const char *ids_json = NULL;
-  if (!st) st = tensor(sh->st, path, "input_ids", DFLASH_DTYPE_I32, (const void **)&sh->ids, &sh->n_tokens);
-  if (!st) st = tensor(sh->st, path, "loss_mask", DFLASH_DTYPE_U8, (const void **)&sh->mask, &n_mask);
-  if (!st) st = tensor(sh->st, path, "offsets", DFLASH_DTYPE_I64, (const void **)&sh->offsets, &n_off);
+  if (!st)
+    st = tensor(sh->st, path, "input_ids", DFLASH_DTYPE_I32, (const void **)&sh->ids,
+                &sh->n_tokens);
+  if (!st)
+    st = tensor(sh->st, path, "loss_mask", DFLASH_DTYPE_U8, (const void **)&sh->mask, &n_mask);
+  if (!st)
+    st = tensor(sh->st, path, "offsets", DFLASH_DTYPE_I64, (const void **)&sh->offsets, &n_off);
   if (!st) st = dflash_safetensors_metadata_find(sh->st, "sample_ids", &ids_json);
-  if (!st) st = align_tensor((const void **)&sh->ids, sh->n_tokens * sizeof *sh->ids,
-                             sizeof *sh->ids, &sh->owned[0]);
-  if (!st) st = align_tensor((const void **)&sh->offsets, n_off * sizeof *sh->offsets,
-                             sizeof *sh->offsets, &sh->owned[1]);
+  if (!st)
+    st = align_tensor((const void **)&sh->ids, sh->n_tokens * sizeof *sh->ids, sizeof *sh->ids,
+                      &sh->owned[0]);
+  if (!st)
+    st = align_tensor((const void **)&sh->offsets, n_off * sizeof *sh->offsets, sizeof *sh->offsets,
+                      &sh->owned[1]);
   if (st) return st;
   sh->n_samples = n_off ? n_off - 1 : 0;
   if (n_mask != sh->n_tokens || !n_off || sh->offsets[0] != 0 ||
@@ -361,8 +375,8 @@ static dflash_status open_all(dflash_dataset *ds, const char *dir, const json_t 
   }
   json_int_t want = json_integer_value(json_object_get(manifest, "samples"));
   if ((size_t)want != ds->n_samples)
-    return df_error(DFLASH_E_MISMATCH, "%s/" MANIFEST ": %lld samples listed, shards hold %zu",
-                    dir, (long long)want, ds->n_samples);
+    return df_error(DFLASH_E_MISMATCH, "%s/" MANIFEST ": %lld samples listed, shards hold %zu", dir,
+                    (long long)want, ds->n_samples);
   return DFLASH_OK;
 }
 

@@ -14,7 +14,7 @@
 
 /* The files a tokenizer directory is loaded from (src/tokenizer), in hash order. */
 static const char *const tokenizer_files[] = {
-    "tokenizer.json", "tokenizer_config.json", "vocab.json",    "merges.txt",
+    "tokenizer.json",    "tokenizer_config.json",   "vocab.json",     "merges.txt",
     "added_tokens.json", "special_tokens_map.json", "tiktoken.model",
 };
 
@@ -64,8 +64,10 @@ static dflash_status digest_dir(EVP_MD_CTX *md, const char *dir) {
     if (st) return st;
   }
   return found ? DFLASH_OK
-               : df_error(DFLASH_E_NOT_FOUND, "%s: no tokenizer files (tokenizer.json, "
-                                              "vocab.json, tiktoken.model...)", dir);
+               : df_error(DFLASH_E_NOT_FOUND,
+                          "%s: no tokenizer files (tokenizer.json, "
+                          "vocab.json, tiktoken.model...)",
+                          dir);
 }
 
 static dflash_status digest_path(EVP_MD_CTX *md, const char *path) {

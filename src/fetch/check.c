@@ -28,16 +28,15 @@ json_t *df_fetch_settings(const dflash_fetch *f) {
                     : c->family == DFLASH_FETCH_FAMILY_QWEN ? "enable_thinking"
                                                             : NULL;
   json_t *kwargs = key ? json_pack("{s:b}", key, c->thinking ? 1 : 0) : json_null();
-  return json_pack("{s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:O,s:O,s:b}", "model", c->model,
-                   "family", families[c->family], "chat_template_kwargs", kwargs,
-                   "max_tokens", int_or_null(c->max_tokens, c->max_tokens > 0),
-                   "temperature", num_or_null(c->temperature, c->temperature >= 0),
-                   "top_p", num_or_null(c->top_p, c->top_p >= 0),
-                   "top_k", int_or_null(c->top_k, c->top_k >= 1),
-                   "min_p", num_or_null(c->min_p, c->min_p >= 0),
-                   "seed", int_or_null(c->seed, c->seed >= 0),
-                   "stop", c->stop ? c->stop : json_null(),
-                   "extra", c->extra ? c->extra : json_null(), "all_turns", f->o.all_turns != 0);
+  return json_pack("{s:s,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:O,s:O,s:b}", "model", c->model, "family",
+                   families[c->family], "chat_template_kwargs", kwargs, "max_tokens",
+                   int_or_null(c->max_tokens, c->max_tokens > 0), "temperature",
+                   num_or_null(c->temperature, c->temperature >= 0), "top_p",
+                   num_or_null(c->top_p, c->top_p >= 0), "top_k",
+                   int_or_null(c->top_k, c->top_k >= 1), "min_p",
+                   num_or_null(c->min_p, c->min_p >= 0), "seed", int_or_null(c->seed, c->seed >= 0),
+                   "stop", c->stop ? c->stop : json_null(), "extra",
+                   c->extra ? c->extra : json_null(), "all_turns", f->o.all_turns != 0);
 }
 
 /* Numbers compare with a relative tolerance: the file keeps 15 significant digits. */
@@ -113,9 +112,10 @@ static dflash_status read_settings(dflash_fetch *f, const char *loc, json_t **do
   free(text);
   if (!j || !json_is_object(json_object_get(j, "settings"))) {
     json_decref(j);
-    return df_error(DFLASH_E_FORMAT, "fetch: %s is not the settings record dflash fetch writes "
-                    "(%s); move it away to start afresh", loc, j ? "no \"settings\" object"
-                                                                 : err.text);
+    return df_error(DFLASH_E_FORMAT,
+                    "fetch: %s is not the settings record dflash fetch writes "
+                    "(%s); move it away to start afresh",
+                    loc, j ? "no \"settings\" object" : err.text);
   }
   *doc = j;
   return DFLASH_OK;
@@ -152,22 +152,24 @@ dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write) {
   } else if (diff && f->guards.settings_change == DFLASH_FETCH_SETTINGS_REFUSE) {
     json_decref(earlier);
     f->stop_reason = "settings";
-    st = df_error(DFLASH_E_MISMATCH, "fetch: %s records other request settings than this run's: "
+    st = df_error(DFLASH_E_MISMATCH,
+                  "fetch: %s records other request settings than this run's: "
                   "%s. The outputs would mix them; run with the recorded settings, or allow the "
-                  "change (dflash fetch --allow-settings-change) to go on and record it", loc,
-                  diff);
+                  "change (dflash fetch --allow-settings-change) to go on and record it",
+                  loc, diff);
   } else {
     if (diff)
       df_log(f->guards.settings_change == DFLASH_FETCH_SETTINGS_ALLOW ? DFLASH_LOG_INFO
-                                                                     : DFLASH_LOG_WARN,
+                                                                      : DFLASH_LOG_WARN,
              "fetch: the request settings changed from the ones recorded in %s: %s; the "
-             "earlier ones are kept there under \"earlier\"", loc, diff);
+             "earlier ones are kept there under \"earlier\"",
+             loc, diff);
     if (old)
       json_array_append_new(earlier, json_pack("{s:O,s:O*,s:o}", "settings",
                                                json_object_get(old, "settings"), "since",
                                                json_object_get(old, "since"), "until", utc_now()));
-    *to_write = json_pack("{s:i,s:O,s:o,s:o}", "dflash_fetch_settings", 1, "settings",
-                          f->settings, "since", utc_now(), "earlier", earlier);
+    *to_write = json_pack("{s:i,s:O,s:o,s:o}", "dflash_fetch_settings", 1, "settings", f->settings,
+                          "since", utc_now(), "earlier", earlier);
     if (!*to_write) st = df_error_nomem("settings");
   }
   free(diff);
@@ -254,8 +256,9 @@ static dflash_status judge(dflash_fetch *f, check *c, CURLcode rc, char **msg) {
     return rc == CURLE_OPERATION_TIMEDOUT ? DFLASH_E_TIMEOUT : DFLASH_E_NETWORK;
   }
   long code = 0;
-  char *detail = http != 200 ? df_error_body_message(c->body.data ? c->body.data : "",
-                                                     c->body.len, &code) : NULL;
+  char *detail = http != 200
+                     ? df_error_body_message(c->body.data ? c->body.data : "", c->body.len, &code)
+                     : NULL;
   if (http == 401 || http == 403) {
     *msg = df_asprintf("%s: GET /models answered HTTP %ld (%s): the server refused %s", s->display,
                        http, detail ? detail : "no detail",
@@ -268,8 +271,8 @@ static dflash_status judge(dflash_fetch *f, check *c, CURLcode rc, char **msg) {
   if (http != 200) {
     *msg = df_asprintf("%s: GET %s/models answered HTTP %ld%s%s: is it the server's OpenAI base "
                        "URL, such as http://host:30000/v1? (--no-server-check skips this check "
-                       "for a server without /models)", s->display, s->display, http,
-                       detail ? ": " : "", detail ? detail : "");
+                       "for a server without /models)",
+                       s->display, s->display, http, detail ? ": " : "", detail ? detail : "");
     free(detail);
     return DFLASH_E_HTTP;
   }
@@ -278,7 +281,8 @@ static dflash_status judge(dflash_fetch *f, check *c, CURLcode rc, char **msg) {
   dflash_status st = DFLASH_OK;
   if (!json_is_array(data)) {
     *msg = df_asprintf("%s: GET /models answered HTTP 200 without a model list "
-                       "({\"data\": [{\"id\": ...}]})", s->display);
+                       "({\"data\": [{\"id\": ...}]})",
+                       s->display);
     st = DFLASH_E_FORMAT;
   } else {
     size_t i;
@@ -394,10 +398,13 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
       st = df_error(first, "fetch: no server passed the start-up check (GET /models): %s",
                     why.data);
     else
-      st = df_error(first, "fetch: %zu of %zu servers failed the start-up check (GET /models), "
-                    "so nothing was sent: %s%s", bad, n, why.data,
+      st = df_error(first,
+                    "fetch: %zu of %zu servers failed the start-up check (GET /models), "
+                    "so nothing was sent: %s%s",
+                    bad, n, why.data,
                     good ? ". --skip-bad-servers (skip_bad_servers) goes on with the ones that "
-                           "passed" : "");
+                           "passed"
+                         : "");
   } else if (!st && bad) {
     for (size_t i = 0; i < n; i++) {
       df_server *s = &f->servers[cs[i].server];

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-DFLASH_API dflash_status dflash_fetch_options_default(dflash_fetch_options *o) {
+static dflash_status fetch_options_defaults(dflash_fetch_options *o) {
   DF_CHECK_ARG(o);
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -38,6 +38,18 @@ DFLASH_API dflash_status dflash_fetch_options_default(dflash_fetch_options *o) {
   return DFLASH_OK;
 }
 
+DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *o, size_t size) {
+  DF_CHECK_ARG(o && size >= sizeof(size_t));
+  dflash_fetch_options d;
+  dflash_status st = fetch_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+  return st;
+}
+
+DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *o) {
+  return dflash_fetch_options_init(o, sizeof *o);
+}
+
 /* ---- options --------------------------------------------------------------- */
 
 static dflash_status parse_json_opt(const char *text, const char *what, json_t **out) {
@@ -48,21 +60,21 @@ static dflash_status parse_json_opt(const char *text, const char *what, json_t *
 }
 
 static dflash_status check_options(const dflash_fetch_options *o) {
-  if (o->struct_size < sizeof *o)
-    return df_error(DFLASH_E_INVALID_ARG, "fetch options: struct_size %zu, expected %zu (use "
-                    "dflash_fetch_options_default)", o->struct_size, sizeof *o);
   if (!o->model || !*o->model) return df_error(DFLASH_E_CONFIG, "fetch: no model name");
   if (!o->servers || o->n_servers == 0) return df_error(DFLASH_E_CONFIG, "fetch: no server URL");
   if (o->family < 0 || o->family > DFLASH_FETCH_FAMILY_QWEN)
     return df_error(DFLASH_E_CONFIG, "fetch: unknown family %d", (int)o->family);
   if (o->concurrency < 1 || o->max_attempts < 1 || o->fail_threshold < 1)
-    return df_error(DFLASH_E_CONFIG, "fetch: concurrency, max_attempts and fail_threshold must be >= 1");
+    return df_error(DFLASH_E_CONFIG,
+                    "fetch: concurrency, max_attempts and fail_threshold must be >= 1");
   if (o->shard_count > 1 && o->shard_index >= o->shard_count)
-    return df_error(DFLASH_E_CONFIG, "fetch: shard %u/%u out of range", o->shard_index, o->shard_count);
+    return df_error(DFLASH_E_CONFIG, "fetch: shard %u/%u out of range", o->shard_index,
+                    o->shard_count);
   if (o->connect_timeout_s <= 0 || o->idle_timeout_s <= 0 || o->probe_interval_s <= 0)
     return df_error(DFLASH_E_CONFIG, "fetch: timeouts must be positive");
   for (size_t i = 0; i < o->n_servers; i++)
-    if (!o->servers[i] || (strncmp(o->servers[i], "http://", 7) && strncmp(o->servers[i], "https://", 8)))
+    if (!o->servers[i] ||
+        (strncmp(o->servers[i], "http://", 7) && strncmp(o->servers[i], "https://", 8)))
       return df_error(DFLASH_E_CONFIG, "fetch: server %zu: not an http(s) URL: %s", i,
                       o->servers[i] ? o->servers[i] : "(null)");
   return DFLASH_OK;
@@ -72,7 +84,8 @@ static dflash_status check_options(const dflash_fetch_options *o) {
 static char *display_url(const char *url) {
   const char *scheme_end = strstr(url, "://") + 3;
   const char *slash = strchr(scheme_end, '/');
-  const char *at = memchr(scheme_end, '@', slash ? (size_t)(slash - scheme_end) : strlen(scheme_end));
+  const char *at = memchr(scheme_end, '@',
+                          slash ? (size_t)(slash - scheme_end) : strlen(scheme_end));
   if (!at) return df_strdup(url);
   return df_asprintf("%.*s***%s", (int)(scheme_end - url), url, at);
 }
@@ -107,10 +120,18 @@ static dflash_status copy_options(dflash_fetch *f, const dflash_fetch_options *o
     return df_error(DFLASH_E_CONFIG, "fetch: stop must be a JSON string or array");
   if (f->extra && !json_is_object(f->extra))
     return df_error(DFLASH_E_CONFIG, "fetch: extra JSON must be an object");
-  f->body_cfg = (df_body_cfg){.model = f->model, .family = o->family, .thinking = o->thinking,
-                              .max_tokens = o->max_tokens, .top_k = o->top_k, .stream = o->stream,
-                              .temperature = o->temperature, .top_p = o->top_p, .min_p = o->min_p,
-                              .seed = o->seed, .stop = f->stop, .extra = f->extra};
+  f->body_cfg = (df_body_cfg){.model = f->model,
+                              .family = o->family,
+                              .thinking = o->thinking,
+                              .max_tokens = o->max_tokens,
+                              .top_k = o->top_k,
+                              .stream = o->stream,
+                              .temperature = o->temperature,
+                              .top_p = o->top_p,
+                              .min_p = o->min_p,
+                              .seed = o->seed,
+                              .stop = f->stop,
+                              .extra = f->extra};
   return add_servers(f, o);
 }
 
@@ -414,12 +435,13 @@ DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *
 }
 
 DFLASH_API dflash_status dflash_fetch_set_guards(dflash_fetch *f, const dflash_fetch_guards *g) {
-  DF_CHECK_ARG(f && (!g || g->struct_size >= sizeof g->struct_size));
+  DF_CHECK_ARG(f);
   if (f->ran) return df_error(DFLASH_E_STATE, "fetch: set the guards before run");
-  dflash_fetch_guards v = {0};
-  if (g) memcpy(&v, g, g->struct_size < sizeof v ? g->struct_size : sizeof v);
-  v.struct_size = sizeof v;
-  if (v.settings_change < DFLASH_FETCH_SETTINGS_WARN || v.settings_change > DFLASH_FETCH_SETTINGS_ALLOW)
+  dflash_fetch_guards v = {.struct_size = sizeof v};
+  dflash_status st = df_opts_in(&v, g, sizeof v, "dflash_fetch_guards");
+  if (st) return st;
+  if (v.settings_change < DFLASH_FETCH_SETTINGS_WARN ||
+      v.settings_change > DFLASH_FETCH_SETTINGS_ALLOW)
     return df_error(DFLASH_E_CONFIG, "fetch: unknown settings_change %d", (int)v.settings_change);
   if (v.down_timeout_s != v.down_timeout_s)
     return df_error(DFLASH_E_CONFIG, "fetch: down_timeout_s is not a number");
@@ -433,8 +455,12 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
                                              dflash_fetch **out) {
   DF_CHECK_ARG(opts && input_path && out_dir && out);
   *out = NULL;
-  dflash_status st = check_options(opts);
+  dflash_fetch_options o;
+  dflash_fetch_options_default(&o);
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_fetch_options");
+  if (!st) st = check_options(&o);
   if (st) return st;
+  opts = &o;
   dflash_fetch *f = calloc(1, sizeof *f);
   if (!f) return df_error_nomem("fetcher");
   f->lock_fd = f->epfd = f->wake_r = f->wake_w = -1;
@@ -529,11 +555,10 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
   json_t *last = json_array_get(job->turn_info, job->n_turns - 1);
   const char *outcome = record_outcome(job->turn_info);
   size_t p = job->turns[job->n_turns - 1];
-  json_t *r = json_pack("{s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I}", "id", job->conv.id,
-                        "messages", prompt_slice(job), "completion",
-                        json_array_get(job->conv.messages, p), "finish_reason",
-                        json_object_get(last, "finish_reason"), "outcome", outcome, "usage",
-                        json_object_get(last, "usage"), "server", server, "latency_s",
+  json_t *r = json_pack("{s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I}", "id", job->conv.id, "messages",
+                        prompt_slice(job), "completion", json_array_get(job->conv.messages, p),
+                        "finish_reason", json_object_get(last, "finish_reason"), "outcome", outcome,
+                        "usage", json_object_get(last, "usage"), "server", server, "latency_s",
                         df_now_seconds() - job->started, "attempts", job->attempts_total, "line",
                         (json_int_t)job->line);
   if (r && job->n_turns > 1) json_object_set(r, "turns", job->turn_info);
@@ -600,48 +625,46 @@ DFLASH_API void dflash_fetch_stop(dflash_fetch *f) {
 }
 
 DFLASH_API dflash_status dflash_fetch_get_stats(const dflash_fetch *f, dflash_fetch_stats *s) {
-  DF_CHECK_ARG(f && s && s->struct_size >= sizeof *s);
-  size_t size = s->struct_size;
-  memset(s, 0, size);
-  s->struct_size = size;
+  DF_CHECK_ARG(f && s);
+  dflash_fetch_stats t = {.struct_size = sizeof t};
   uint64_t bad_left = f->n_bad - f->next_bad;
   /* total: every record this shard ends with: already done + prompts + malformed lines. */
-  s->total = f->skipped + f->n_prompts + f->n_bad;
-  s->input_errors = f->n_bad;
-  s->skipped = f->skipped;
-  s->completed = f->completed;
-  s->failed = f->failed;
-  s->duplicates = f->duplicates;
-  s->length = f->length;
-  s->empty = f->empty;
-  s->retries = f->retries;
-  s->in_flight = f->jobs_in_flight;
-  s->pending = (f->n_prompts - f->next_prompt) + f->n_waiting + bad_left;
-  s->prompt_tokens = f->prompt_tokens;
-  s->completion_tokens = f->completion_tokens;
-  s->elapsed_s = f->ran ? (f->elapsed > 0 ? f->elapsed : df_now_seconds() - f->start_time) : 0;
-  for (size_t i = 0; i < f->n_servers; i++) s->servers_healthy += f->servers[i].healthy;
-  s->stopping = f->stopping;
-  return DFLASH_OK;
+  t.total = f->skipped + f->n_prompts + f->n_bad;
+  t.input_errors = f->n_bad;
+  t.skipped = f->skipped;
+  t.completed = f->completed;
+  t.failed = f->failed;
+  t.duplicates = f->duplicates;
+  t.length = f->length;
+  t.empty = f->empty;
+  t.retries = f->retries;
+  t.in_flight = f->jobs_in_flight;
+  t.pending = (f->n_prompts - f->next_prompt) + f->n_waiting + bad_left;
+  t.prompt_tokens = f->prompt_tokens;
+  t.completion_tokens = f->completion_tokens;
+  t.elapsed_s = f->ran ? (f->elapsed > 0 ? f->elapsed : df_now_seconds() - f->start_time) : 0;
+  for (size_t i = 0; i < f->n_servers; i++) t.servers_healthy += f->servers[i].healthy;
+  t.stopping = f->stopping;
+  return df_opts_out(s, &t, sizeof t, "dflash_fetch_stats");
 }
 
-DFLASH_API size_t dflash_fetch_server_count(const dflash_fetch *f) {
-  return f ? f->n_servers : 0;
-}
+DFLASH_API size_t dflash_fetch_server_count(const dflash_fetch *f) { return f ? f->n_servers : 0; }
 
 DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, size_t i,
                                                        dflash_fetch_server_stats *s) {
-  DF_CHECK_ARG(f && s && s->struct_size >= sizeof *s);
+  DF_CHECK_ARG(f && s);
   if (i >= f->n_servers)
     return df_error(DFLASH_E_RANGE, "fetch: server %zu of %zu", i, f->n_servers);
   const df_server *v = &f->servers[i];
-  size_t size = s->struct_size;
-  memset(s, 0, size);
-  *s = (dflash_fetch_server_stats){.struct_size = size, .url = v->display, .healthy = v->healthy,
-                                   .in_flight = v->in_flight, .requests = v->requests,
-                                   .completed = v->completed, .failures = v->failures,
-                                   .completion_tokens = v->completion_tokens};
-  return DFLASH_OK;
+  dflash_fetch_server_stats t = {.struct_size = sizeof t,
+                                 .url = v->display,
+                                 .healthy = v->healthy,
+                                 .in_flight = v->in_flight,
+                                 .requests = v->requests,
+                                 .completed = v->completed,
+                                 .failures = v->failures,
+                                 .completion_tokens = v->completion_tokens};
+  return df_opts_out(s, &t, sizeof t, "dflash_fetch_server_stats");
 }
 
 DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, size_t cap,
@@ -652,42 +675,43 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
   json_t *servers = json_array();
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *v = &f->servers[i];
-    json_array_append_new(servers, json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:s?}", "url",
-                                             v->display, "healthy", v->healthy, "requests",
-                                             (json_int_t)v->requests, "completed",
-                                             (json_int_t)v->completed, "failures",
-                                             (json_int_t)v->failures, "completion_tokens",
-                                             (json_int_t)v->completion_tokens, "turns_uncounted",
-                                             (json_int_t)v->turns_uncounted, "probes_failed",
-                                             (json_int_t)v->probes_failed, "excluded",
-                                             v->excluded, "check", v->check_msg));
+    json_array_append_new(servers,
+                          json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:s?}", "url", v->display,
+                                    "healthy", v->healthy, "requests", (json_int_t)v->requests,
+                                    "completed", (json_int_t)v->completed, "failures",
+                                    (json_int_t)v->failures, "completion_tokens",
+                                    (json_int_t)v->completion_tokens, "turns_uncounted",
+                                    (json_int_t)v->turns_uncounted, "probes_failed",
+                                    (json_int_t)v->probes_failed, "excluded", v->excluded, "check",
+                                    v->check_msg));
   }
   /* completion_tokens sums the answers that came with a count (turns_counted); the rate is
    * null while answers came but none with a count, rather than a false 0 */
-  json_t *rate = f->turns_counted == 0 && f->turns_uncounted > 0 ? json_null()
-                 : json_real(s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0);
-  json_t *j = json_pack(
-      "{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:b}", "total",
-      (json_int_t)s.total, "skipped", (json_int_t)s.skipped, "completed", (json_int_t)s.completed,
-      "failed", (json_int_t)s.failed, "duplicates", (json_int_t)s.duplicates, "length",
-      (json_int_t)s.length, "empty", (json_int_t)s.empty, "retries", (json_int_t)s.retries,
-      "pending", (json_int_t)(s.pending + s.in_flight), "prompt_tokens",
-      (json_int_t)s.prompt_tokens, "completion_tokens", (json_int_t)s.completion_tokens,
-      "turns_counted", (json_int_t)f->turns_counted, "turns_uncounted",
-      (json_int_t)f->turns_uncounted, "elapsed_s", s.elapsed_s, "completion_tok_per_s", rate,
-      "stopped", (int)s.stopping);
+  json_t *rate = f->turns_counted == 0 && f->turns_uncounted > 0
+                     ? json_null()
+                     : json_real(s.elapsed_s > 0 ? (double)s.completion_tokens / s.elapsed_s : 0.0);
+  json_t *j =
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:b}", "total",
+                (json_int_t)s.total, "skipped", (json_int_t)s.skipped, "completed",
+                (json_int_t)s.completed, "failed", (json_int_t)s.failed, "duplicates",
+                (json_int_t)s.duplicates, "length", (json_int_t)s.length, "empty",
+                (json_int_t)s.empty, "retries", (json_int_t)s.retries, "pending",
+                (json_int_t)(s.pending + s.in_flight), "prompt_tokens", (json_int_t)s.prompt_tokens,
+                "completion_tokens", (json_int_t)s.completion_tokens, "turns_counted",
+                (json_int_t)f->turns_counted, "turns_uncounted", (json_int_t)f->turns_uncounted,
+                "elapsed_s", s.elapsed_s, "completion_tok_per_s", rate, "stopped", (int)s.stopping);
   if (j) { /* the guards' counters (dflash_fetch_set_guards); "servers" stays last */
     double now = f->end_time > 0 ? f->end_time : df_now_seconds();
     json_object_set_new(j, "attempts_failed", json_integer((json_int_t)f->attempts_failed));
     json_object_set_new(j, "probes_failed", json_integer((json_int_t)f->probes_failed));
     json_object_set_new(j, "errors_earlier", json_integer((json_int_t)f->errors_earlier));
-    json_object_set_new(j, "down_s", json_real(f->all_down_since >= 0 ? now - f->all_down_since
-                                                                      : 0.0));
-    json_object_set_new(j, "down_timeout_s", f->guards.down_timeout_s > 0
-                                                 ? json_real(f->guards.down_timeout_s)
-                                                 : json_null());
-    json_object_set_new(j, "stop_reason", f->stop_reason ? json_string(f->stop_reason)
-                                                         : json_null());
+    json_object_set_new(j, "down_s",
+                        json_real(f->all_down_since >= 0 ? now - f->all_down_since : 0.0));
+    json_object_set_new(j, "down_timeout_s",
+                        f->guards.down_timeout_s > 0 ? json_real(f->guards.down_timeout_s)
+                                                     : json_null());
+    json_object_set_new(j, "stop_reason",
+                        f->stop_reason ? json_string(f->stop_reason) : json_null());
     json_object_set(j, "servers", servers);
   }
   json_decref(servers);

@@ -93,9 +93,9 @@ bool df_http_retryable(long status);
 /* ---- input --------------------------------------------------------------- */
 
 typedef struct df_conv {
-  char *id;          /* explicit or derived */
+  char *id; /* explicit or derived */
   bool id_explicit;
-  json_t *messages;  /* normalised: [{role, content, ...}] */
+  json_t *messages; /* normalised: [{role, content, ...}] */
 } df_conv;
 
 /* Parse one JSONL line. On failure, returns the status with a message naming

@@ -41,11 +41,11 @@ typedef struct df_bad_line {
 /* One prompt being worked on: its turns, attempts and last error. */
 typedef struct df_job {
   uint64_t line;
-  df_conv conv;         /* messages; regenerated turns replace the originals in place */
+  df_conv conv; /* messages; regenerated turns replace the originals in place */
   size_t *turns;
   size_t n_turns, turn;
-  json_t *turn_info;    /* per-turn finish_reason/outcome/usage/attempts */
-  int attempts;         /* of the current turn */
+  json_t *turn_info; /* per-turn finish_reason/outcome/usage/attempts */
+  int attempts;      /* of the current turn */
   int attempts_total;
   double not_before;
   double started;
@@ -61,7 +61,7 @@ typedef struct df_xfer {
   CURL *easy;
   df_job *job;
   int server;
-  bool sse;         /* the response is an event stream */
+  bool sse; /* the response is an event stream */
   bool type_known;
   bool too_big;
   long http;
@@ -71,7 +71,7 @@ typedef struct df_xfer {
   char *body;
   df_sse parser;
   df_resp resp;
-  df_buf raw;       /* non-streamed body or error body */
+  df_buf raw; /* non-streamed body or error body */
   double started;
   char errbuf[CURL_ERROR_SIZE];
 } df_xfer;
@@ -113,14 +113,14 @@ struct dflash_fetch {
   uint64_t rng;
 
   dflash_fetch_guards guards; /* down_timeout_s resolved: > 0, or < 0 for never */
-  bool has_key;              /* an Authorization header is sent */
-  df_strset err_done;        /* ids (and "\1line:N" keys) found only in errors.jsonl */
-  uint64_t errors_earlier;   /* prompts of this input whose record is an error from a run before */
+  bool has_key;               /* an Authorization header is sent */
+  df_strset err_done;         /* ids (and "\1line:N" keys) found only in errors.jsonl */
+  uint64_t errors_earlier;    /* prompts of this input whose record is an error from a run before */
   uint64_t attempts_failed, probes_failed;
-  double all_down_since;     /* < 0 while a server in use is healthy */
-  double end_time;           /* when the run ended, 0 before */
-  const char *stop_reason;   /* NULL, "stop", "down_timeout", "server_check", "settings" */
-  json_t *settings;          /* this run's request settings (settings.json) */
+  double all_down_since;   /* < 0 while a server in use is healthy */
+  double end_time;         /* when the run ended, 0 before */
+  const char *stop_reason; /* NULL, "stop", "down_timeout", "server_check", "settings" */
+  json_t *settings;        /* this run's request settings (settings.json) */
 
   atomic_int stop_requests;
   bool stopping, ran, curl_inited;

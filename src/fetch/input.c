@@ -20,10 +20,10 @@ uint32_t df_shard_of(const char *id, uint32_t n) {
 /* ShareGPT speaker names seen in the wild (FastChat, Vicuna, SpecForge data). */
 static const char *sharegpt_role(const char *from) {
   static const char *const map[][2] = {
-      {"human", "user"},      {"user", "user"},           {"gpt", "assistant"},
+      {"human", "user"},          {"user", "user"},       {"gpt", "assistant"},
       {"assistant", "assistant"}, {"model", "assistant"}, {"chatgpt", "assistant"},
-      {"bing", "assistant"},  {"bard", "assistant"},      {"system", "system"},
-      {"tool", "tool"},       {"function", "tool"},       {"observation", "tool"},
+      {"bing", "assistant"},      {"bard", "assistant"},  {"system", "system"},
+      {"tool", "tool"},           {"function", "tool"},   {"observation", "tool"},
   };
   for (size_t i = 0; i < DF_ARRAY_LEN(map); i++)
     if (!strcmp(from, map[i][0])) return map[i][1];
@@ -165,7 +165,8 @@ static bool is_role(const json_t *m, const char *role) {
 /* A prompt needs something other than system messages to answer. */
 static bool answerable(const json_t *msgs, size_t p) {
   for (size_t i = 0; i < p; i++)
-    if (!is_role(json_array_get(msgs, i), "system") && !is_role(json_array_get(msgs, i), "assistant"))
+    if (!is_role(json_array_get(msgs, i), "system") &&
+        !is_role(json_array_get(msgs, i), "assistant"))
       return true;
   return false;
 }

@@ -218,7 +218,8 @@ static void set_easy_options(dflash_fetch *f, df_xfer *x, const df_server *s, si
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(f->o.connect_timeout_s * 1000));
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, x->job ? deadline_ms(f) : (long)(f->o.connect_timeout_s * 1000 + 60000));
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
+                   x->job ? deadline_ms(f) : (long)(f->o.connect_timeout_s * 1000 + 60000));
   if (streamed) { /* idle timeout: under 1 byte/s for idle_timeout_s seconds */
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)ceil(f->o.idle_timeout_s));
@@ -275,7 +276,8 @@ static dflash_status start_xfer(dflash_fetch *f, df_job *job, int si) {
     msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", "Hi");
   }
   size_t body_len = 0;
-  dflash_status st = msgs ? df_body_build(&f->body_cfg, msgs, rid_p, job == NULL, &x->body, &body_len)
+  dflash_status st = msgs ? df_body_build(&f->body_cfg, msgs, rid_p, job == NULL, &x->body,
+                                          &body_len)
                           : df_error_nomem("messages");
   json_decref(msgs);
   if (!st && !(x->easy = easy_get(f))) st = df_error_nomem("curl handle");
@@ -313,7 +315,7 @@ typedef struct result {
   const char *err_kind; /* "http", "network", "timeout", "response", "stream" */
   char *msg;            /* malloc'd */
   long http;
-  bool server_fault;    /* counts towards taking the server out */
+  bool server_fault; /* counts towards taking the server out */
 } result;
 
 static result fail(result_kind k, const char *err_kind, long http, bool server_fault, char *msg) {
@@ -332,7 +334,8 @@ static result from_curl(const df_xfer *x, CURLcode rc) {
 static result from_http_error(const df_xfer *x) {
   long code = 0;
   char *msg = df_error_body_message(x->raw.data ? x->raw.data : "", x->raw.len, &code);
-  char *text = df_asprintf("HTTP %ld: %.*s", x->http, msg ? 1000 : (int)(x->raw.len < 300 ? x->raw.len : 300),
+  char *text = df_asprintf("HTTP %ld: %.*s", x->http,
+                           msg ? 1000 : (int)(x->raw.len < 300 ? x->raw.len : 300),
                            msg ? msg : (x->raw.data ? x->raw.data : ""));
   free(msg);
   bool retry = df_http_retryable(x->http);
@@ -345,10 +348,12 @@ static char *unfinished_msg(const df_xfer *x) {
   const df_resp *r = &x->resp;
   if (!x->sse)
     return df_asprintf("the response (HTTP %ld, %llu bytes) has no finish_reason: the server "
-                       "did not finish the generation", x->http, (unsigned long long)x->bytes);
+                       "did not finish the generation",
+                       x->http, (unsigned long long)x->bytes);
   if (r->done)
     return df_asprintf("the stream ended with [DONE] after %llu events without a finish_reason: "
-                       "the server aborted the generation", (unsigned long long)r->chunks);
+                       "the server aborted the generation",
+                       (unsigned long long)r->chunks);
   return df_asprintf("the stream ended after %llu events without a finish_reason or [DONE]",
                      (unsigned long long)r->chunks);
 }
@@ -358,24 +363,25 @@ static result from_success(df_xfer *x, CURLcode rc) {
   df_resp *r = &x->resp;
   if (!x->sse) df_resp_body(r, x->raw.data ? x->raw.data : "", x->raw.len);
   switch (df_resp_judge(r)) {
-  case DF_RESP_COMPLETE:
-    return (result){.kind = RES_OK};
+  case DF_RESP_COMPLETE: return (result){.kind = RES_OK};
   case DF_RESP_ERROR: {
     bool retry = r->error_code == 0 || df_http_retryable(r->error_code);
     return fail(retry ? RES_RETRY : RES_FAIL, "stream", r->error_code, retry,
                 df_asprintf("error after HTTP %ld: %s", x->http, r->error));
   }
   case DF_RESP_ABORTED:
-    return fail(RES_RETRY, "stream", 0, true, df_asprintf("the server ended the generation with "
-                                                        "finish_reason \"%s\"", r->finish_reason));
+    return fail(RES_RETRY, "stream", 0, true,
+                df_asprintf("the server ended the generation with "
+                            "finish_reason \"%s\"",
+                            r->finish_reason));
   case DF_RESP_BAD_JSON:
-  case DF_RESP_UNFINISHED:
-    break;
+  case DF_RESP_UNFINISHED: break;
   }
   if (rc != CURLE_OK) return from_curl(x, rc);
   if (r->bad_json)
-    return fail(RES_RETRY, "response", 0, true, df_asprintf("invalid JSON in the %s (%llu bytes)",
-                x->sse ? "stream" : "response", (unsigned long long)x->bytes));
+    return fail(RES_RETRY, "response", 0, true,
+                df_asprintf("invalid JSON in the %s (%llu bytes)", x->sse ? "stream" : "response",
+                            (unsigned long long)x->bytes));
   return fail(RES_RETRY, "stream", 0, true, unfinished_msg(x));
 }
 
@@ -397,8 +403,8 @@ static result classify(df_xfer *x, CURLcode rc) {
 
 /* Full-jitter exponential backoff, at least what the server's Retry-After asks. */
 static double backoff_s(dflash_fetch *f, int attempt, double retry_after) {
-  return df_backoff_s(&f->rng, (unsigned)attempt, f->o.backoff_base_s, f->o.backoff_max_s, retry_after,
-                      f->o.retry_after_max_s);
+  return df_backoff_s(&f->rng, (unsigned)attempt, f->o.backoff_base_s, f->o.backoff_max_s,
+                      retry_after, f->o.retry_after_max_s);
 }
 
 static dflash_status push_waiting(dflash_fetch *f, df_job *job) {
@@ -472,8 +478,8 @@ static void server_result(dflash_fetch *f, df_server *s, const result *r, double
   if (++s->consecutive_failures >= f->o.fail_threshold && s->healthy) {
     s->healthy = false;
     s->next_probe = now + f->o.probe_interval_s;
-    df_log(DFLASH_LOG_WARN, "fetch: %s taken out after %d failures in a row (last: %s)",
-           s->display, s->consecutive_failures, r->msg);
+    df_log(DFLASH_LOG_WARN, "fetch: %s taken out after %d failures in a row (last: %s)", s->display,
+           s->consecutive_failures, r->msg);
   }
 }
 
@@ -525,8 +531,8 @@ static dflash_status turn_done(dflash_fetch *f, df_job *job, df_xfer *x, double 
   if (df_usage_count(usage, "prompt_tokens", &pt)) f->prompt_tokens += pt;
   json_array_append_new(job->turn_info,
                         json_pack("{s:s?,s:s,s:o,s:i}", "finish_reason", r->finish_reason,
-                                  "outcome", df_outcome(r), "usage",
-                                  usage ? usage : json_null(), "attempts", job->attempts));
+                                  "outcome", df_outcome(r), "usage", usage ? usage : json_null(),
+                                  "attempts", job->attempts));
   if (++job->turn < job->n_turns) { /* the next turn, at once */
     job->attempts = 0;
     job->not_before = now;
@@ -695,16 +701,19 @@ static void watch_down(dflash_fetch *f, double now) {
   if (f->all_down_since < 0) {
     f->all_down_since = now;
     if (limit > 0)
-      df_log(DFLASH_LOG_WARN, "fetch: every server is down; waiting up to %.0f s for one to "
-             "come back", limit);
-    else
-      df_log(DFLASH_LOG_WARN, "fetch: every server is down; waiting for one to come back");
+      df_log(DFLASH_LOG_WARN,
+             "fetch: every server is down; waiting up to %.0f s for one to "
+             "come back",
+             limit);
+    else df_log(DFLASH_LOG_WARN, "fetch: every server is down; waiting for one to come back");
   } else if (limit > 0 && now - f->all_down_since >= limit) {
     f->stop_reason = "down_timeout";
     f->stopping = true;
     f->stop_deadline = now + f->o.drain_grace_s;
-    df_log(DFLASH_LOG_ERROR, "fetch: every server has been down for %.0f s (the down timeout); "
-           "stopping", now - f->all_down_since);
+    df_log(DFLASH_LOG_ERROR,
+           "fetch: every server has been down for %.0f s (the down timeout); "
+           "stopping",
+           now - f->all_down_since);
   }
 }
 
@@ -755,9 +764,13 @@ dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, vo
   if (finished(f)) return DFLASH_OK;
   unsigned long long left = f->n_prompts - f->next_prompt + f->n_waiting + (f->n_bad - f->next_bad);
   if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout"))
-    return df_error(DFLASH_E_TIMEOUT, "fetch: every server was down for %.0f s (the down timeout); "
+    return df_error(DFLASH_E_TIMEOUT,
+                    "fetch: every server was down for %.0f s (the down timeout); "
                     "stopped with %llu prompts unfinished; run the same command again to resume "
-                    "once a server answers", f->guards.down_timeout_s, left);
-  return df_error(DFLASH_E_CANCELLED, "fetch stopped with %llu prompts unfinished; run the "
-                  "same command again to resume", left);
+                    "once a server answers",
+                    f->guards.down_timeout_s, left);
+  return df_error(DFLASH_E_CANCELLED,
+                  "fetch stopped with %llu prompts unfinished; run the "
+                  "same command again to resume",
+                  left);
 }

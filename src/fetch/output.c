@@ -62,7 +62,7 @@ typedef struct scan {
   df_out_record_fn fn;
   void *ctx;
   off_t size;
-  off_t first_bad;   /* offset of the first invalid line, -1 when none */
+  off_t first_bad; /* offset of the first invalid line, -1 when none */
   bool valid_after_bad;
   uint64_t records;
 } scan;
@@ -92,7 +92,10 @@ static dflash_status scan_file(int fd, const char *path, scan *s) {
   for (;;) {
     ssize_t n = pread(fd, block, 1 << 20, off + (off_t)pending.len);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) { st = df_error_errno(DFLASH_E_IO, errno, "%s: read failed", path); break; }
+    if (n < 0) {
+      st = df_error_errno(DFLASH_E_IO, errno, "%s: read failed", path);
+      break;
+    }
     if (n == 0) break;
     if ((st = df_buf_append(&pending, block, (size_t)n))) break;
     size_t start = 0;
@@ -209,7 +212,8 @@ dflash_status df_out_append(df_out *o, const json_t *record) {
   free(text);
   if (st) {
     /* Leave no partial line behind (ENOSPC mid-record); the open repair would anyway. */
-    if (before >= 0 && ftruncate(o->fd, before) != 0) df_log(DFLASH_LOG_ERROR, "%s: truncate failed", o->path);
+    if (before >= 0 && ftruncate(o->fd, before) != 0)
+      df_log(DFLASH_LOG_ERROR, "%s: truncate failed", o->path);
     return st;
   }
   o->dirty = true;

@@ -19,8 +19,8 @@
 
 /* Report every valid record of one chunk; invalid lines (another program's
  * objects under the prefix) are logged and skipped, as if absent. */
-static dflash_status scan_chunk(const char *loc, const char *text, size_t len,
-                                df_out_record_fn fn, void *ctx, uint64_t *records) {
+static dflash_status scan_chunk(const char *loc, const char *text, size_t len, df_out_record_fn fn,
+                                void *ctx, uint64_t *records) {
   dflash_status st = DFLASH_OK;
   uint64_t line = 0;
   for (size_t i = 0; !st && i < len;) {

@@ -42,13 +42,13 @@ dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char
   json_object_set(body, "messages", messages);
   bool stream = cfg->stream && !probe;
   if (probe) json_object_set_new(body, "max_tokens", json_integer(1));
-  else if (cfg->max_tokens > 0) json_object_set_new(body, "max_tokens", json_integer(cfg->max_tokens));
+  else if (cfg->max_tokens > 0)
+    json_object_set_new(body, "max_tokens", json_integer(cfg->max_tokens));
   set_sampling(cfg, body);
   json_object_set_new(body, "stream", json_boolean(stream));
   /* Without include_usage, OpenAI, vLLM, SGLang and llama-server (since
    * ggml-org/llama.cpp#16052) send no token counts in a stream. */
-  if (stream)
-    json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
+  if (stream) json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
   set_family(cfg, body);
   if (rid) json_object_set_new(body, "rid", json_string(rid));
   if (cfg->extra && json_object_update_recursive(body, cfg->extra) != 0) {
@@ -62,8 +62,7 @@ dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char
   /* stream_options goes with the stream the body finally asks for (extra may have
    * changed it): OpenAI and vLLM refuse it (400) on an unstreamed request, and a stream
    * that extra turned on still needs include_usage (unless extra set stream_options). */
-  if (!json_is_true(json_object_get(body, "stream")))
-    json_object_del(body, "stream_options");
+  if (!json_is_true(json_object_get(body, "stream"))) json_object_del(body, "stream_options");
   else if (!json_object_get(body, "stream_options"))
     json_object_set_new(body, "stream_options", json_pack("{s:b}", "include_usage", 1));
   char *text = json_dumps(body, JSON_COMPACT);

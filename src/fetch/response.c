@@ -120,8 +120,7 @@ bool df_usage_count(const json_t *usage, const char *key, uint64_t *n) {
 
 json_t *df_resp_usage(const df_resp *r) {
   uint64_t gen, processed, cached = 0;
-  if (r->usage && df_usage_count(r->usage, "completion_tokens", &gen))
-    return json_incref(r->usage);
+  if (r->usage && df_usage_count(r->usage, "completion_tokens", &gen)) return json_incref(r->usage);
   if (r->timings && df_usage_count(r->timings, "predicted_n", &gen)) {
     json_t *u = json_pack("{s:I}", "completion_tokens", (json_int_t)gen);
     if (u && df_usage_count(r->timings, "prompt_n", &processed)) {
@@ -197,4 +196,3 @@ const char *df_outcome(const df_resp *r) {
   if (empty) return "empty";
   return strcmp(r->finish_reason, "stop") ? r->finish_reason : "ok";
 }
-

@@ -48,7 +48,7 @@ static dflash_status process_line(df_sse *p, const char *s, size_t n, df_sse_eve
 
 dflash_status df_sse_feed(df_sse *p, const char *buf, size_t n, df_sse_event_fn fn, void *user) {
   size_t i = 0;
-  if (!n) return DFLASH_OK; /* an empty read must not forget a pending "\r" */
+  if (!n) return DFLASH_OK;                /* an empty read must not forget a pending "\r" */
   if (p->last_cr && buf[0] == '\n') i = 1; /* second half of a "\r\n" split by a read */
   p->last_cr = false;
   while (i < n) {

@@ -27,13 +27,14 @@ typedef struct pending {
   int64_t len;
   void *data;    /* bf16 or e4m3 codes */
   float *scales; /* fp8 only: [len, K] */
+  int32_t *tids; /* the target's greedy tokens [len], or NULL */
 } pending;
 
 struct dflash_storage;
 
 struct dflash_hidden_writer {
-  char *dir;         /* local directory: for an s3:// store, its mirror in the cache */
-  char *remote;      /* s3:// store: shards and index uploaded as they are written */
+  char *dir;    /* local directory: for an s3:// store, its mirror in the cache */
+  char *remote; /* s3:// store: shards and index uploaded as they are written */
   struct dflash_storage *storage;
   int32_t K, H, dtype;
   uint64_t shard_bytes;
@@ -61,6 +62,15 @@ void df_hidden_writer_drop_buffer(dflash_hidden_writer *w);
 /* Decode K layers of H values per token from bf16 or scaled e4m3 codes (reader.c). */
 void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, const void *scales,
                       float *out, int64_t len);
+
+/* A sample's rows as stored (no decoding): codes [len, K*H] (bf16: 2 bytes each, fp8: 1)
+ * and, for fp8, scales [len, K]. DFLASH_E_UNSUPPORTED for a vLLM store (reader.c). */
+dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id, int64_t len,
+                                   void *codes, float *scales);
+bool df_hidden_has_codes(const dflash_hidden *h);
+/* df_hidden_check_sample on stored rows (bf16, or e4m3 codes with scales [len, K]). */
+dflash_status df_hidden_check_codes(const char *id, int32_t dtype, const void *codes,
+                                    const float *scales, int64_t len, int32_t K, int32_t H);
 
 /* Spool mode of the writer (spool.c): create (opts->spool_budget set), publish the buffered
  * samples as a shard (waiting up to wait_s, < 0 forever, for room), and the end marker. */
@@ -101,6 +111,8 @@ const char *df_vhidden_id(const df_vhidden *v, size_t i);
 dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens);
 dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len);
 dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, int64_t len);
+/* Its final layer (slot K) as [len, H]. */
+dflash_status df_vhidden_read_final(const df_vhidden *v, const char *id, float *out, int64_t len);
 /* Joins a vLLM store to the dataset by token ids (nothing to do for a libdflash store). */
 dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens);
 dflash_status df_tokens_open(const char *dir, df_tokens **out);
@@ -110,7 +122,7 @@ size_t df_tokens_count(const df_tokens *t);
 void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t **ids,
                    const uint8_t **mask, int64_t *len);
 
-/* The dataset behind a stream (borrowed). */
-const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s);
+/* dflash_hidden_has_target_ids of the stream's store. */
+int df_sample_stream_has_target_ids(const dflash_sample_stream *s);
 
 #endif

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "hidden.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 
 struct dflash_hidden {
   dflash_safetensors *st; /* a local store, memory-mapped */
@@ -15,6 +15,7 @@ struct dflash_hidden {
   char *dir;
   int32_t K, H, dtype;
   size_t first, count; /* tensors [first, first+count) are the "h/" ones */
+  size_t n_tids;       /* "t/" tensors: samples with the target's greedy tokens */
 };
 
 /* The same questions of a mapped store or a remote one. */
@@ -44,8 +45,8 @@ static dflash_status meta_int(const dflash_hidden *h, const char *dir, const cha
     return df_error(DFLASH_E_FORMAT, "%s: hidden-state store lacks metadata \"%s\"", dir, key);
   long x = strtol(v, &end, 10);
   if (*end || x <= 0 || x > INT32_MAX)
-    return df_error(DFLASH_E_FORMAT, "%s: metadata %s = \"%s\" is not a positive integer", dir,
-                    key, v);
+    return df_error(DFLASH_E_FORMAT, "%s: metadata %s = \"%s\" is not a positive integer", dir, key,
+                    v);
   *out = (int32_t)x;
   return DFLASH_OK;
 }
@@ -53,8 +54,10 @@ static dflash_status meta_int(const dflash_hidden *h, const char *dir, const cha
 static dflash_status read_header(dflash_hidden *h) {
   const char *fmt, *dt;
   if (meta_find(h, "format", &fmt) || strcmp(fmt, DF_HIDDEN_FORMAT))
-    return df_error(DFLASH_E_FORMAT, "%s: not a libdflash hidden-state store (metadata format "
-                    "is not %s)", h->dir, DF_HIDDEN_FORMAT);
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: not a libdflash hidden-state store (metadata format "
+                    "is not %s)",
+                    h->dir, DF_HIDDEN_FORMAT);
   dflash_status st = meta_int(h, h->dir, "num_layers", &h->K);
   if (!st) st = meta_int(h, h->dir, "hidden_size", &h->H);
   if (st) return st;
@@ -72,6 +75,7 @@ static dflash_status read_header(dflash_hidden *h) {
       if (h->first == n) h->first = i;
       h->count++;
     }
+    h->n_tids += !strncmp(t.name, "t/", 2);
   }
   return DFLASH_OK;
 }
@@ -107,8 +111,8 @@ void dflash_hidden_free(dflash_hidden *h) {
   free(h);
 }
 
-dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers,
-                                 int32_t *hidden_size, int32_t *dtype, size_t *count) {
+dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers, int32_t *hidden_size,
+                                 int32_t *dtype, size_t *count) {
   DF_CHECK_ARG(h);
   if (num_layers) *num_layers = h->K;
   if (hidden_size) *hidden_size = h->H;
@@ -217,14 +221,75 @@ dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, 
   dflash_status st = states_tensor(h, sample_id, &t);
   if (st) return st;
   if (t.shape[0] != len)
-    return df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states "
-                    "in %s", sample_id, (long long)len, (long long)t.shape[0], t.file);
+    return df_error(DFLASH_E_MISMATCH,
+                    "sample %s: %lld tokens but %lld rows of hidden states "
+                    "in %s",
+                    sample_id, (long long)len, (long long)t.shape[0], t.file);
   if (h->remote) return read_remote(h, sample_id, &t, out, len);
   if (h->dtype == DFLASH_HIDDEN_BF16) return decode(h, t.data, NULL, out, len);
   if ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))) return st;
   return decode(h, t.data, s.data, out, len); /* scales may sit at any byte offset */
 }
 
+dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id, int64_t len,
+                                   void *codes, float *scales) {
+  if (h->vllm) return df_error(DFLASH_E_UNSUPPORTED, "%s: a vLLM store gives float32 only", h->dir);
+  dflash_tensor t, s = {.struct_size = sizeof s};
+  dflash_status st = states_tensor(h, sample_id, &t);
+  if (st) return st;
+  if (t.shape[0] != len)
+    return df_error(DFLASH_E_MISMATCH,
+                    "sample %s: %lld tokens but %lld rows of hidden states "
+                    "in %s",
+                    sample_id, (long long)len, (long long)t.shape[0], t.file);
+  bool fp8 = h->dtype != DFLASH_HIDDEN_BF16;
+  if (fp8 && ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))))
+    return st;
+  if (h->remote) {
+    st = df_rhidden_read(h->remote, t.name, codes, t.nbytes);
+    if (!st && fp8) st = df_rhidden_read(h->remote, s.name, scales, s.nbytes);
+    return st;
+  }
+  memcpy(codes, t.data, t.nbytes);
+  if (fp8) memcpy(scales, s.data, s.nbytes); /* scales may sit at any byte offset */
+  return DFLASH_OK;
+}
+
+bool df_hidden_has_codes(const dflash_hidden *h) { return !h->vllm; }
+
 dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens) {
   return h->vllm ? df_vhidden_bind(h->vllm, tokens) : DFLASH_OK;
+}
+
+int dflash_hidden_has_target_ids(const dflash_hidden *h) {
+  if (!h) return 0;
+  return h->vllm ? 2 : h->n_tids > 0;
+}
+
+dflash_status dflash_hidden_read_target_ids(const dflash_hidden *h, const char *sample_id,
+                                            int32_t *out, int64_t len) {
+  DF_CHECK_ARG(h && sample_id && out);
+  dflash_tensor t;
+  if (h->vllm || find(h, "t/", sample_id, &t))
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "%s: no stored target ids for sample %s (written "
+                    "without target_ids)",
+                    h->dir, sample_id);
+  if (t.dtype != DFLASH_DTYPE_I32 || t.ndim != 1 || t.shape[0] != len)
+    return df_error(DFLASH_E_FORMAT, "%s: target ids of sample %s are not I32 [%lld]", t.file,
+                    sample_id, (long long)len);
+  if (h->remote) return df_rhidden_read(h->remote, t.name, out, (size_t)len * 4);
+  memcpy(out, t.data, (size_t)len * 4); /* any byte offset */
+  return DFLASH_OK;
+}
+
+dflash_status dflash_hidden_read_final(const dflash_hidden *h, const char *sample_id, float *out,
+                                       int64_t len) {
+  DF_CHECK_ARG(h && sample_id && out);
+  if (!h->vllm)
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: a libdflash store keeps no final layer (only "
+                    "vLLM's hs_*.safetensors files do)",
+                    h->dir);
+  return df_vhidden_read_final(h->vllm, sample_id, out, len);
 }

@@ -76,8 +76,8 @@ static dflash_status index_tensors(df_rhidden *r) {
       dflash_tensor a = {.struct_size = sizeof a}, b = {.struct_size = sizeof b};
       df_rhidden_get(r, i - 1, &a);
       df_rhidden_get(r, i, &b);
-      return df_error(DFLASH_E_DUPLICATE, "tensor %s is in both %s and %s", r->ents[i].name,
-                      a.file, b.file);
+      return df_error(DFLASH_E_DUPLICATE, "tensor %s is in both %s and %s", r->ents[i].name, a.file,
+                      b.file);
     }
   return DFLASH_OK;
 }

@@ -30,9 +30,40 @@ dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len
                                      int32_t H) {
   int32_t k = df_hidden_zero_layer(x, NULL, len, K, H);
   if (k >= 0)
-    return df_error(DFLASH_E_FORMAT, "sample %s: layer %d of %d of its hidden states is all "
+    return df_error(DFLASH_E_FORMAT,
+                    "sample %s: layer %d of %d of its hidden states is all "
                     "zeros over its %lld tokens: the producer captured nothing for that layer "
-                    "(a wrong layer id or cache configuration?)", id, k, K, (long long)len);
+                    "(a wrong layer id or cache configuration?)",
+                    id, k, K, (long long)len);
+  return DFLASH_OK;
+}
+
+/* Row r of layer k of e4m3 codes is zero when its scale is or every code is (+-)0. */
+static bool fp8_row_is_zero(const uint8_t *codes, const float *scales, size_t row, int32_t H) {
+  float sc;
+  memcpy(&sc, (const char *)scales + 4 * row, 4); /* scales may sit at any byte offset */
+  if (sc == 0.0f) return true;
+  for (int32_t i = 0; i < H; i++)
+    if (codes[row * (size_t)H + (size_t)i] & 0x7f) return false;
+  return true;
+}
+
+dflash_status df_hidden_check_codes(const char *id, int32_t dtype, const void *codes,
+                                    const float *scales, int64_t len, int32_t K, int32_t H) {
+  int32_t bad = -1;
+  if (dtype == DFLASH_HIDDEN_BF16) bad = df_hidden_zero_layer(NULL, codes, len, K, H);
+  for (int32_t k = 0; dtype != DFLASH_HIDDEN_BF16 && bad < 0 && k < K; k++) {
+    bool zero = true;
+    for (int64_t r = 0; zero && r < len; r++)
+      zero = fp8_row_is_zero(codes, scales, (size_t)r * (size_t)K + (size_t)k, H);
+    if (zero) bad = k;
+  }
+  if (bad >= 0)
+    return df_error(DFLASH_E_FORMAT,
+                    "sample %s: layer %d of %d of its hidden states is all "
+                    "zeros over its %lld tokens: the producer captured nothing for that layer "
+                    "(a wrong layer id or cache configuration?)",
+                    id, bad, K, (long long)len);
   return DFLASH_OK;
 }
 
@@ -78,8 +109,7 @@ dflash_status dflash_hidden_stats(const dflash_hidden *h, double *rms, uint64_t 
     if (!st) add_sample(buf, len, K, H, sumsq, zero_rows);
     *rows += (uint64_t)len;
   }
-  for (int32_t k = 0; k < K; k++)
-    rms[k] = *rows ? sqrt(sumsq[k] / ((double)*rows * H)) : 0.0;
+  for (int32_t k = 0; k < K; k++) rms[k] = *rows ? sqrt(sumsq[k] / ((double)*rows * H)) : 0.0;
   free(buf);
   free(sumsq);
   return st;

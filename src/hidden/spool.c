@@ -130,8 +130,7 @@ static dflash_status read_small(dflash_storage *st, const char *loc, char **text
 }
 
 /* The consumer's mark: every shard before (*e, *s) is consumed ((0, 0) when none is). */
-static dflash_status read_consumed(dflash_storage *st, const char *base, int32_t *e,
-                                   uint64_t *s) {
+static dflash_status read_consumed(dflash_storage *st, const char *base, int32_t *e, uint64_t *s) {
   *e = 0, *s = 0;
   char *loc = sp_path(base, "consumed"), *text = NULL;
   if (!loc) return df_error_nomem("spool");
@@ -158,7 +157,8 @@ static double poll_step(double waited) { return waited < 1 ? 0.02 : waited < 10 
 
 static dflash_status spool_meta(const char *base, int32_t K, int32_t H, int32_t dtype, char **out) {
   *out = df_asprintf("{\"format\": \"%s\", \"num_layers\": %d, \"hidden_size\": %d, "
-                     "\"dtype\": \"%s\"}\n", DF_SPOOL_FORMAT, K, H, df_hidden_dtype_name(dtype));
+                     "\"dtype\": \"%s\"}\n",
+                     DF_SPOOL_FORMAT, K, H, df_hidden_dtype_name(dtype));
   (void)base;
   return *out ? DFLASH_OK : df_error_nomem("spool.json");
 }
@@ -166,9 +166,11 @@ static dflash_status spool_meta(const char *base, int32_t K, int32_t H, int32_t 
 static dflash_status parse_meta(const char *loc, const char *text, int32_t *K, int32_t *H,
                                 int32_t *dtype) {
   char fmt[32], dt[32];
-  if (sscanf(text, "{\"format\": \"%31[^\"]\", \"num_layers\": %d, \"hidden_size\": %d, "
-             "\"dtype\": \"%31[^\"]\"}", fmt, K, H, dt) != 4 || strcmp(fmt, DF_SPOOL_FORMAT) ||
-      *K <= 0 || *H <= 0)
+  if (sscanf(text,
+             "{\"format\": \"%31[^\"]\", \"num_layers\": %d, \"hidden_size\": %d, "
+             "\"dtype\": \"%31[^\"]\"}",
+             fmt, K, H, dt) != 4 ||
+      strcmp(fmt, DF_SPOOL_FORMAT) || *K <= 0 || *H <= 0)
     return df_error(DFLASH_E_FORMAT, "%s: not a %s manifest", loc, DF_SPOOL_FORMAT);
   if (!strcmp(dt, "bf16")) *dtype = DFLASH_HIDDEN_BF16;
   else if (!strcmp(dt, "fp8_e4m3")) *dtype = DFLASH_HIDDEN_FP8_E4M3;
@@ -249,8 +251,8 @@ static dflash_status writer_manifest(dflash_hidden_writer *w) {
   dflash_status r = s ? s : read_small(w->storage, loc, &text);
   if (r == DFLASH_E_NOT_FOUND) s = dflash_storage_write(w->storage, loc, mine, strlen(mine));
   else if (!r && strcmp(text, mine))
-    s = df_error(DFLASH_E_MISMATCH, "%s holds %s; this writer has K=%d, H=%d, %s", loc, text,
-                 w->K, w->H, df_hidden_dtype_name(w->dtype));
+    s = df_error(DFLASH_E_MISMATCH, "%s holds %s; this writer has K=%d, H=%d, %s", loc, text, w->K,
+                 w->H, df_hidden_dtype_name(w->dtype));
   else s = r;
   free(loc), free(text), free(mine);
   return s;
@@ -273,7 +275,8 @@ dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
                                      dflash_hidden_writer **out) {
   uint64_t shard = o->shard_bytes ? o->shard_bytes : 1ULL << 30;
   if (o->spool_budget < 2 * shard)
-    return df_error(DFLASH_E_INVALID_ARG, "spool %s: budget %" PRIu64 " bytes is under two "
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "spool %s: budget %" PRIu64 " bytes is under two "
                     "shards (2 x %" PRIu64 "): the trainer holds one while the next is written",
                     dir, o->spool_budget, shard);
   dflash_hidden_writer *w = calloc(1, sizeof *w);
@@ -313,9 +316,10 @@ static dflash_status wait_for_room(dflash_hidden_writer *w, double wait_s) {
     if (w->present < w->budget) return DFLASH_OK;
     double waited = df_now_seconds() - t0;
     if (wait_s >= 0 && waited >= wait_s)
-      return df_error(DFLASH_E_TIMEOUT, "spool %s is full: %" PRIu64 " bytes of unconsumed "
-                      "shards, budget %" PRIu64 " (waited %.0f s for the trainer)", wbase(w),
-                      w->present, w->budget, waited);
+      return df_error(DFLASH_E_TIMEOUT,
+                      "spool %s is full: %" PRIu64 " bytes of unconsumed "
+                      "shards, budget %" PRIu64 " (waited %.0f s for the trainer)",
+                      wbase(w), w->present, w->budget, waited);
     sleep_s(poll_step(waited));
   }
 }
@@ -368,7 +372,8 @@ dflash_status dflash_hidden_writer_end_epoch(dflash_hidden_writer *w) {
   dflash_status s = df_spool_publish(w, w->wait_s);
   char *loc = s ? NULL : end_loc(wbase(w), w->epoch);
   char *text = loc ? df_asprintf("shards=%" PRIu64 " samples=%" PRIu64 "\n", w->seq,
-                                 w->epoch_samples) : NULL;
+                                 w->epoch_samples)
+                   : NULL;
   if (!s && !text) s = df_error_nomem("spool");
   if (!s) s = dflash_storage_write(w->storage, loc, text, strlen(text));
   free(loc);
@@ -403,32 +408,45 @@ typedef struct sp_tensor {
   const char *id;
   const void *codes, *scales;
   int64_t len;
+  const void *tids; /* "t/<id>" I32 [len] in the shard, or NULL */
 } sp_tensor;
 
 struct dflash_spool {
   char *base;
-  char *cache;  /* s3://: where the current shard is downloaded */
+  char *cache; /* s3://: where the current shard is downloaded */
   dflash_storage *st;
   dflash_spool_options o;
   int32_t K, H, dtype;
-  int32_t epoch;          /* position */
+  int32_t epoch; /* position */
   uint64_t shard, offset;
   dflash_safetensors *cur; /* the open shard (of spool epoch cur_e), or NULL */
   int32_t cur_e;
   uint64_t cur_s;
-  char *cur_local;        /* its downloaded copy, removed when it is closed */
-  sp_tensor *ts;          /* its samples in append order */
+  char *cur_local; /* its downloaded copy, removed when it is closed */
+  sp_tensor *ts;   /* its samples in append order */
   size_t n_ts;
   float *buf;
   size_t cap;
+  int32_t *tbuf; /* the current sample's target ids (the shard's may be unaligned) */
+  size_t tcap;
   bool waited_note;
 };
 
-void dflash_spool_options_default(dflash_spool_options *o) {
+static void spool_options_defaults(dflash_spool_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->wait_s = 600;
+}
+
+DFLASH_API void dflash_spool_options_init(dflash_spool_options *o, size_t size) {
+  dflash_spool_options d;
+  spool_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_spool_options_default)(dflash_spool_options *o) {
+  dflash_spool_options_init(o, sizeof *o);
 }
 
 static dflash_status open_meta(dflash_spool *sp) {
@@ -439,8 +457,10 @@ static dflash_status open_meta(dflash_spool *sp) {
   while ((s = read_small(sp->st, loc, &text)) == DFLASH_E_NOT_FOUND) {
     double waited = df_now_seconds() - t0;
     if (sp->o.wait_s >= 0 && waited >= sp->o.wait_s) {
-      s = df_error(DFLASH_E_TIMEOUT, "spool %s: no spool.json after %.0f s (has a producer "
-                   "opened it?)", sp->base, waited);
+      s = df_error(DFLASH_E_TIMEOUT,
+                   "spool %s: no spool.json after %.0f s (has a producer "
+                   "opened it?)",
+                   sp->base, waited);
       break;
     }
     sleep_s(poll_step(waited));
@@ -458,13 +478,7 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
   dflash_spool *sp = calloc(1, sizeof *sp);
   if (!sp) return df_error_nomem("spool");
   dflash_spool_options_default(&sp->o);
-  dflash_status s = DFLASH_OK;
-  if (opts) {
-    if (opts->struct_size > sizeof sp->o || opts->struct_size < sizeof(size_t))
-      s = df_error(DFLASH_E_INVALID_ARG, "spool options: unknown struct_size %zu",
-                   opts->struct_size);
-    else memcpy(&sp->o, opts, opts->struct_size);
-  }
+  dflash_status s = df_opts_in(&sp->o, opts, sizeof sp->o, "dflash_spool_options");
   size_t n = strlen(spool);
   while (n > 1 && spool[n - 1] == '/') n--;
   if (!s && !(sp->base = df_strndup(spool, n))) s = df_error_nomem("spool");
@@ -498,6 +512,7 @@ void dflash_spool_free(dflash_spool *sp) {
   free(sp->base);
   free(sp->cache);
   free(sp->buf);
+  free(sp->tbuf);
   free(sp);
 }
 
@@ -540,12 +555,14 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
   char want[32];
   snprintf(want, sizeof want, "%d", sp->K);
   if (dflash_safetensors_metadata_find(sp->cur, "num_layers", &k) || strcmp(k, want) ||
-      (snprintf(want, sizeof want, "%d", sp->H), dflash_safetensors_metadata_find(sp->cur,
-       "hidden_size", &h)) || strcmp(h, want) ||
-      dflash_safetensors_metadata_find(sp->cur, "dtype", &dt) ||
+      (snprintf(want, sizeof want, "%d", sp->H),
+       dflash_safetensors_metadata_find(sp->cur, "hidden_size", &h)) ||
+      strcmp(h, want) || dflash_safetensors_metadata_find(sp->cur, "dtype", &dt) ||
       strcmp(dt, df_hidden_dtype_name(sp->dtype)))
-    return df_error(DFLASH_E_MISMATCH, "%s: layers, hidden size or dtype differ from the "
-                    "spool's spool.json", loc);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: layers, hidden size or dtype differ from the "
+                    "spool's spool.json",
+                    loc);
   if (!(sp->ts = calloc(n + 1, sizeof *sp->ts))) return df_error_nomem("spool shard");
   bool fp8 = sp->dtype == DFLASH_HIDDEN_FP8_E4M3;
   dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
@@ -557,14 +574,22 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
       return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,
                       dflash_dtype_name(want_dt), (long long)sp->K * sp->H);
     sp_tensor *e = &sp->ts[sp->n_ts++];
-    *e = (sp_tensor){t.name + 2, t.data, NULL, t.shape[0]};
-    if (!fp8) continue;
+    *e = (sp_tensor){t.name + 2, t.data, NULL, t.shape[0], NULL};
     char name[DF_HIDDEN_MAX_ID + 8];
+    dflash_tensor ti = {.struct_size = sizeof ti};
+    snprintf(name, sizeof name, "t/%s", e->id);
+    if (!dflash_safetensors_find(sp->cur, name, &ti)) {
+      if (ti.dtype != DFLASH_DTYPE_I32 || ti.ndim != 1 || ti.shape[0] != e->len)
+        return df_error(DFLASH_E_FORMAT, "%s: target ids of sample %s are not I32 [%lld]", loc,
+                        e->id, (long long)e->len);
+      e->tids = ti.data;
+    }
+    if (!fp8) continue;
     snprintf(name, sizeof name, "s/%s", e->id);
     if (dflash_safetensors_find(sp->cur, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 ||
         sc.ndim != 2 || sc.shape[0] != e->len || sc.shape[1] != sp->K)
-      return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s missing or not F32 [%lld, %d]",
-                      loc, e->id, (long long)e->len, sp->K);
+      return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s missing or not F32 [%lld, %d]", loc,
+                      e->id, (long long)e->len, sp->K);
     e->scales = sc.data;
   }
   qsort(sp->ts, sp->n_ts, sizeof *sp->ts, cmp_data);
@@ -635,20 +660,68 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
       continue;
     }
     if (!s)
-      return df_error(DFLASH_E_NOT_FOUND, "spool %s: shard e%05d-s%06" PRIu64 " (of %" PRIu64
-                      ") is gone (deleted by another consumer?)", sp->base, e, sp->shard, n);
+      return df_error(DFLASH_E_NOT_FOUND,
+                      "spool %s: shard e%05d-s%06" PRIu64 " (of %" PRIu64
+                      ") is gone (deleted by another consumer?)",
+                      sp->base, e, sp->shard, n);
     if (s != DFLASH_E_NOT_FOUND) return s;
     double waited = df_now_seconds() - t0;
     if (sp->o.wait_s >= 0 && waited >= sp->o.wait_s)
-      return df_error(DFLASH_E_TIMEOUT, "spool %s: no shard e%05d-s%06" PRIu64 " and no end of "
-                      "epoch %d after %.0f s (is the producer running?)", sp->base, e, sp->shard, e,
-                      waited);
+      return df_error(DFLASH_E_TIMEOUT,
+                      "spool %s: no shard e%05d-s%06" PRIu64 " and no end of "
+                      "epoch %d after %.0f s (is the producer running?)",
+                      sp->base, e, sp->shard, e, waited);
     if (waited >= 5 && !sp->waited_note) {
-      df_log(DFLASH_LOG_INFO, "waiting for spool %s: shard e%05d-s%06" PRIu64, sp->base, e, sp->shard);
+      df_log(DFLASH_LOG_INFO, "waiting for spool %s: shard e%05d-s%06" PRIu64, sp->base, e,
+             sp->shard);
       sp->waited_note = true;
     }
     sleep_s(poll_step(waited));
   }
+}
+
+/* The sample's target ids copied into sp->tbuf (the shard's may be unaligned); *out NULL
+ * when the shard stores none. */
+static dflash_status spool_tids(dflash_spool *sp, const sp_tensor *t, const int32_t **out) {
+  *out = NULL;
+  if (!t->tids) return DFLASH_OK;
+  if ((size_t)t->len > sp->tcap) {
+    free(sp->tbuf);
+    sp->tcap = 0;
+    if (!(sp->tbuf = malloc((size_t)t->len * sizeof *sp->tbuf))) return df_error_nomem("spool");
+    sp->tcap = (size_t)t->len;
+  }
+  memcpy(sp->tbuf, t->tids, (size_t)t->len * sizeof *sp->tbuf);
+  *out = sp->tbuf;
+  return DFLASH_OK;
+}
+
+/* A sample decoded to float32 into sp->buf, checked for NaN/Inf and all-zero layers. */
+static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_spool_sample *out) {
+  size_t width = (size_t)sp->K * sp->H, need = (size_t)t->len * width;
+  if (need > sp->cap) {
+    free(sp->buf);
+    sp->cap = 0;
+    if (!(sp->buf = malloc(need * sizeof *sp->buf))) return df_error_nomem("spool sample");
+    sp->cap = need;
+  }
+  df_hidden_decode(sp->K, sp->H, sp->dtype, t->codes, t->scales, sp->buf, t->len);
+  for (size_t i = 0; i < need; i++)
+    if (!isfinite(sp->buf[i]))
+      return df_error(DFLASH_E_FORMAT,
+                      "spool %s: sample %s: hidden state at token %zu, column "
+                      "%zu is not finite",
+                      sp->base, t->id, i / width, i % width);
+  dflash_status s = df_hidden_check_sample(t->id, sp->buf, t->len, sp->K, sp->H);
+  const int32_t *tids = NULL;
+  if (!s) s = spool_tids(sp, t, &tids);
+  if (s) return s;
+  /* Field by field: a caller that never asked for stored rows may have the older struct. */
+  out->struct_size = offsetof(dflash_spool_sample, hidden_dtype);
+  out->id = t->id, out->len = t->len, out->hidden = sp->buf;
+  out->epoch = sp->epoch, out->shard = sp->shard, out->offset = sp->offset;
+  out->target_ids = tids;
+  return DFLASH_OK;
 }
 
 dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
@@ -662,22 +735,25 @@ dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
     return DFLASH_OK;
   }
   const sp_tensor *t = &sp->ts[sp->offset];
-  size_t width = (size_t)sp->K * sp->H, need = (size_t)t->len * width;
-  if (need > sp->cap) {
-    free(sp->buf);
-    sp->cap = 0;
-    if (!(sp->buf = malloc(need * sizeof *sp->buf))) return df_error_nomem("spool sample");
-    sp->cap = need;
+  if (sp->o.stored_rows) { /* the shard's codes as they are: the consumer checks NaN/Inf */
+    const int32_t *tids = NULL;
+    if ((s = df_hidden_check_codes(t->id, sp->dtype, t->codes, t->scales, t->len, sp->K, sp->H)) ||
+        (s = spool_tids(sp, t, &tids)))
+      return s;
+    *out = (dflash_spool_sample){.struct_size = sizeof *out,
+                                 .id = t->id,
+                                 .len = t->len,
+                                 .epoch = sp->epoch,
+                                 .shard = sp->shard,
+                                 .offset = sp->offset,
+                                 .target_ids = tids,
+                                 .hidden_dtype = sp->dtype,
+                                 .hidden_codes = t->codes,
+                                 .hidden_scales = sp->dtype == DFLASH_HIDDEN_FP8_E4M3 ? t->scales
+                                                                                      : NULL};
+  } else if ((s = decode_sample(sp, t, out))) {
+    return s;
   }
-  df_hidden_decode(sp->K, sp->H, sp->dtype, t->codes, t->scales, sp->buf, t->len);
-  for (size_t i = 0; i < need; i++)
-    if (!isfinite(sp->buf[i]))
-      return df_error(DFLASH_E_FORMAT, "spool %s: sample %s: hidden state at token %zu, column "
-                      "%zu is not finite", sp->base, t->id, i / width, i % width);
-  if ((s = df_hidden_check_sample(t->id, sp->buf, t->len, sp->K, sp->H))) return s;
-  *out = (dflash_spool_sample){.struct_size = sizeof *out, .id = t->id, .len = t->len,
-                               .hidden = sp->buf, .epoch = sp->epoch, .shard = sp->shard,
-                               .offset = sp->offset};
   /* Past a shard's last sample the position is the next shard's first, so that a caller that
    * releases at its position frees the shard it has used up. */
   if (++sp->offset >= sp->n_ts) sp->shard++, sp->offset = 0;

@@ -15,13 +15,13 @@
 #include <string.h>
 
 #include "hidden.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 
 typedef struct vfile {
-  char *stem;      /* "hs_12": the store's id for the file */
-  char *alias;     /* the dataset sample joined to it (df_vhidden_bind), or NULL */
+  char *stem;  /* "hs_12": the store's id for the file */
+  char *alias; /* the dataset sample joined to it (df_vhidden_bind), or NULL */
   int64_t T;
-  uint64_t hash;   /* of its token ids */
+  uint64_t hash; /* of its token ids */
 } vfile;
 
 struct df_vhidden {
@@ -32,7 +32,7 @@ struct df_vhidden {
   size_t n;
   size_t *by_alias; /* file indices sorted by alias, after bind */
   size_t n_alias;
-  size_t *by_hash;  /* file indices sorted by token-id hash */
+  size_t *by_hash; /* file indices sorted by token-id hash */
 };
 
 static bool is_hs_name(const char *name) {
@@ -69,8 +69,10 @@ static dflash_status tensor(const dflash_safetensors *st, const char *path, cons
                             dflash_tensor *t) {
   t->struct_size = sizeof *t;
   if (dflash_safetensors_find(st, name, t))
-    return df_error(DFLASH_E_FORMAT, "%s: no tensor \"%s\" (a vLLM hidden-state file has "
-                    "hidden_states [T, K+1, H] and token_ids [T])", path, name);
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: no tensor \"%s\" (a vLLM hidden-state file has "
+                    "hidden_states [T, K+1, H] and token_ids [T])",
+                    path, name);
   return DFLASH_OK;
 }
 
@@ -81,9 +83,10 @@ static dflash_status check_file(df_vhidden *v, const char *path, const dflash_te
   if (hs->ndim != 3 || hs->shape[1] < 2 ||
       (hs->dtype != DFLASH_DTYPE_BF16 && hs->dtype != DFLASH_DTYPE_F16 &&
        hs->dtype != DFLASH_DTYPE_F32 && !fp8))
-    return df_error(DFLASH_E_FORMAT, "%s: hidden_states is %s with %u dims, not BF16/F16/F32/"
-                    "F8_E4M3 [T, K+1, H] with K >= 1", path, dflash_dtype_name(hs->dtype),
-                    hs->ndim);
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: hidden_states is %s with %u dims, not BF16/F16/F32/"
+                    "F8_E4M3 [T, K+1, H] with K >= 1",
+                    path, dflash_dtype_name(hs->dtype), hs->ndim);
   if (ids->dtype != DFLASH_DTYPE_I64 || ids->ndim != 1 || ids->shape[0] != hs->shape[0])
     return df_error(DFLASH_E_FORMAT, "%s: token_ids is not I64 [%lld]", path,
                     (long long)hs->shape[0]);
@@ -99,9 +102,11 @@ static dflash_status check_file(df_vhidden *v, const char *path, const dflash_te
   int32_t K = (int32_t)hs->shape[1] - 1, H = (int32_t)hs->shape[2];
   if (!v->K) v->K = K, v->H = H, v->fp8 = fp8;
   if (K != v->K || H != v->H || fp8 != v->fp8)
-    return df_error(DFLASH_E_MISMATCH, "%s: hidden_states [T, %d, %d] %s, the folder's first "
-                    "file has [T, %d, %d] %s", path, K + 1, H, dflash_dtype_name(hs->dtype),
-                    v->K + 1, v->H, v->fp8 ? "F8_E4M3" : "(16/32-bit)");
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: hidden_states [T, %d, %d] %s, the folder's first "
+                    "file has [T, %d, %d] %s",
+                    path, K + 1, H, dflash_dtype_name(hs->dtype), v->K + 1, v->H,
+                    v->fp8 ? "F8_E4M3" : "(16/32-bit)");
   return DFLASH_OK;
 }
 
@@ -153,7 +158,8 @@ static dflash_status list_files(df_vhidden *v) {
 }
 
 static int cmp_hash(const void *a, const void *b, void *ctx) {
-  const vfile *x = (const vfile *)ctx + *(const size_t *)a, *y = (const vfile *)ctx + *(const size_t *)b;
+  const vfile *x = (const vfile *)ctx + *(const size_t *)a,
+              *y = (const vfile *)ctx + *(const size_t *)b;
   return x->hash != y->hash ? (x->hash < y->hash ? -1 : 1) : 0;
 }
 
@@ -251,8 +257,10 @@ dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens) {
 dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len) {
   const vfile *f = lookup(v, id);
   if (!f)
-    return df_error(DFLASH_E_NOT_FOUND, "sample %s: no hs_*.safetensors file in %s has its "
-                    "token ids (tokenized differently from what the target saw?)", id, v->dir);
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "sample %s: no hs_*.safetensors file in %s has its "
+                    "token ids (tokenized differently from what the target saw?)",
+                    id, v->dir);
   *len = f->T;
   return DFLASH_OK;
 }
@@ -266,13 +274,15 @@ static float element(const dflash_tensor *hs, size_t i) {
   }
 }
 
-dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, int64_t len) {
+/* Slots [k0, k0+nk) of each row into out [T, nk*H] (the drafter's K, or the final one). */
+static dflash_status read_slots(const df_vhidden *v, const char *id, float *out, int64_t len,
+                                size_t k0, size_t nk) {
   int64_t T = 0;
   dflash_status s = df_vhidden_length(v, id, &T);
   if (s) return s;
   if (T != len)
-    return df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states",
-                    id, (long long)len, (long long)T);
+    return df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states", id,
+                    (long long)len, (long long)T);
   const vfile *f = lookup(v, id);
   char name[64];
   snprintf(name, sizeof name, "%s.safetensors", f->stem);
@@ -283,14 +293,24 @@ dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, i
   if (!s) s = tensor(st, path, "hidden_states", &hs);
   if (!s && v->fp8) s = tensor(st, path, "hidden_states_scales", &sc);
   size_t K = (size_t)v->K, H = (size_t)v->H;
-  for (size_t t = 0; !s && t < (size_t)T; t++) { /* slots 0..K-1 of row t; slot K is dropped */
+  for (size_t t = 0; !s && t < (size_t)T; t++) {
     float scale = 1.0f;
     if (v->fp8) memcpy(&scale, (const char *)sc.data + 4 * t, 4);
-    for (size_t k = 0; k < K; k++)
+    for (size_t k = 0; k < nk; k++)
       for (size_t i = 0; i < H; i++)
-        out[(t * K + k) * H + i] = element(&hs, (t * (K + 1) + k) * H + i) * scale;
+        out[(t * nk + k) * H + i] = element(&hs, (t * (K + 1) + k0 + k) * H + i) * scale;
   }
   dflash_safetensors_free(st);
   free(path);
   return s;
+}
+
+/* The drafter's K layers: slots 0..K-1 (slot K, the final layer, is dropped). */
+dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, int64_t len) {
+  return read_slots(v, id, out, len, 0, (size_t)v->K);
+}
+
+/* The target's final layer: slot K, the labels' source for --labels target. */
+dflash_status df_vhidden_read_final(const df_vhidden *v, const char *id, float *out, int64_t len) {
+  return read_slots(v, id, out, len, (size_t)v->K, 1);
 }

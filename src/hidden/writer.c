@@ -15,14 +15,24 @@
 #include <sys/stat.h>
 
 #include "storage/stage.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 
-void dflash_hidden_writer_options_default(dflash_hidden_writer_options *o) {
+static void hidden_writer_options_defaults(dflash_hidden_writer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->dtype = DFLASH_HIDDEN_BF16;
   o->shard_bytes = 1ULL << 30;
+}
+
+DFLASH_API void dflash_hidden_writer_options_init(dflash_hidden_writer_options *o, size_t size) {
+  dflash_hidden_writer_options d;
+  hidden_writer_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_hidden_writer_options_default)(dflash_hidden_writer_options *o) {
+  dflash_hidden_writer_options_init(o, sizeof *o);
 }
 
 const char *df_hidden_dtype_name(int32_t dtype) {
@@ -62,8 +72,10 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
   size_t n;
   dflash_hidden_info(h, &K, &H, &dt, &n);
   if (K != w->K || H != w->H || dt != w->dtype)
-    st = df_error(DFLASH_E_MISMATCH, "%s holds K=%d, H=%d, %s states; cannot append K=%d, H=%d, "
-                  "%s", w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
+    st = df_error(DFLASH_E_MISMATCH,
+                  "%s holds K=%d, H=%d, %s states; cannot append K=%d, H=%d, "
+                  "%s",
+                  w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
                   df_hidden_dtype_name(w->dtype));
   for (size_t i = 0; !st && i < n; i++) {
     const char *id;
@@ -121,23 +133,20 @@ static dflash_status publish(dflash_hidden_writer *w, const char *name) {
   return st;
 }
 
-dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers,
-                                          int32_t hidden_size,
+dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, int32_t hidden_size,
                                           const dflash_hidden_writer_options *opts,
                                           dflash_hidden_writer **out) {
   DF_CHECK_ARG(dir && out);
   *out = NULL;
   dflash_hidden_writer_options o;
   dflash_hidden_writer_options_default(&o);
-  if (opts) {
-    if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
-      return df_error(DFLASH_E_INVALID_ARG, "hidden writer options: unknown struct_size %zu",
-                      opts->struct_size);
-    memcpy(&o, opts, opts->struct_size);
-  }
+  dflash_status ost = df_opts_in(&o, opts, sizeof o, "dflash_hidden_writer_options");
+  if (ost) return ost;
   if (num_layers <= 0 || hidden_size <= 0)
-    return df_error(DFLASH_E_INVALID_ARG, "hidden writer: num_layers (%d) and hidden_size (%d) "
-                    "must be positive", num_layers, hidden_size);
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "hidden writer: num_layers (%d) and hidden_size (%d) "
+                    "must be positive",
+                    num_layers, hidden_size);
   if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
   if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
@@ -169,6 +178,7 @@ static void free_pending(pending *p) {
   free(p->id);
   free(p->data);
   free(p->scales);
+  free(p->tids);
 }
 
 void dflash_hidden_writer_free(dflash_hidden_writer *w) {
@@ -224,24 +234,38 @@ static dflash_status encode(const dflash_hidden_writer *w, pending *p, const flo
 }
 
 static uint64_t pending_bytes(const dflash_hidden_writer *w, const pending *p) {
-  uint64_t n = (uint64_t)p->len * w->K * w->H;
-  return w->dtype == DFLASH_HIDDEN_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4;
+  uint64_t n = (uint64_t)p->len * w->K * w->H, t = p->tids ? 4 * (uint64_t)p->len : 0;
+  return t + (w->dtype == DFLASH_HIDDEN_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4);
+}
+
+/* A copy of the target's greedy tokens (token ids are never negative). */
+static dflash_status copy_tids(pending *p, const int32_t *tids) {
+  if (!tids) return DFLASH_OK;
+  for (int64_t i = 0; i < p->len; i++)
+    if (tids[i] < 0)
+      return df_error(DFLASH_E_RANGE, "sample %s: target id at token %lld is %d", p->id,
+                      (long long)i, tids[i]);
+  if (!(p->tids = malloc((size_t)p->len * sizeof *p->tids))) return df_error_nomem("target ids");
+  memcpy(p->tids, tids, (size_t)p->len * sizeof *p->tids);
+  return DFLASH_OK;
 }
 
 static dflash_status append(dflash_hidden_writer *w, const char *id, const float *f32,
-                            const uint16_t *bf16, int64_t len) {
+                            const uint16_t *bf16, const int32_t *tids, int64_t len) {
   DF_CHECK_ARG(w && id && (f32 || bf16));
   if (w->finished) return df_error(DFLASH_E_STATE, "hidden writer %s: already finished", w->dir);
   if (!*id || strlen(id) > DF_HIDDEN_MAX_ID)
-    return df_error(DFLASH_E_INVALID_ARG, "hidden writer: sample id is empty or longer than %d "
-                    "bytes", DF_HIDDEN_MAX_ID);
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "hidden writer: sample id is empty or longer than %d "
+                    "bytes",
+                    DF_HIDDEN_MAX_ID);
   if (len <= 0) return df_error(DFLASH_E_RANGE, "sample %s: length %lld", id, (long long)len);
   if (df_strset_has(&w->ids, id))
-    return df_error(DFLASH_E_DUPLICATE, "sample %s: already in %s%s", id, w->remote ? w->remote
-                    : w->dir, w->spool ? " (this epoch)" : "");
+    return df_error(DFLASH_E_DUPLICATE, "sample %s: already in %s%s", id,
+                    w->remote ? w->remote : w->dir, w->spool ? " (this epoch)" : "");
   /* A spool's full shard that found no room: publish it first, or refuse this sample. */
   dflash_status pst = w->spool && w->buf_bytes >= w->shard_bytes ? df_spool_publish(w, w->wait_s)
-                                                                  : DFLASH_OK;
+                                                                 : DFLASH_OK;
   if (pst) return pst;
   if (w->n_buf == w->cap_buf) {
     size_t nc = w->cap_buf ? 2 * w->cap_buf : 64;
@@ -252,12 +276,15 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   }
   pending p = {.id = df_strdup(id), .len = len};
   if (!p.id) return df_error_nomem("sample id");
-  dflash_status st = encode(w, &p, f32, bf16);
+  dflash_status st = copy_tids(&p, tids);
+  if (!st) st = encode(w, &p, f32, bf16);
   if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   int32_t zk = st ? -1 : df_hidden_zero_layer(f32, bf16, len, w->K, w->H);
   if (zk >= 0 && !w->zero_layer_samples++)
-    df_log(DFLASH_LOG_WARN, "hidden writer %s: sample %s: layer %d of %d is all zeros (nothing "
-           "captured?); dflash train and eval will refuse such samples", w->dir, id, zk, w->K);
+    df_log(DFLASH_LOG_WARN,
+           "hidden writer %s: sample %s: layer %d of %d is all zeros (nothing "
+           "captured?); dflash train and eval will refuse such samples",
+           w->dir, id, zk, w->K);
   if (st) {
     free_pending(&p);
     return st;
@@ -276,13 +303,27 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
 dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
                                           const float *states, int64_t len) {
   DF_CHECK_ARG(states);
-  return append(w, sample_id, states, NULL, len);
+  return append(w, sample_id, states, NULL, NULL, len);
 }
 
 dflash_status dflash_hidden_writer_append_bf16(dflash_hidden_writer *w, const char *sample_id,
                                                const uint16_t *states, int64_t len) {
   DF_CHECK_ARG(states);
-  return append(w, sample_id, NULL, states, len);
+  return append(w, sample_id, NULL, states, NULL, len);
+}
+
+dflash_status dflash_hidden_writer_append_target(dflash_hidden_writer *w, const char *sample_id,
+                                                 const float *states, const int32_t *target_ids,
+                                                 int64_t len) {
+  DF_CHECK_ARG(states && target_ids);
+  return append(w, sample_id, states, NULL, target_ids, len);
+}
+
+dflash_status dflash_hidden_writer_append_bf16_target(dflash_hidden_writer *w,
+                                                      const char *sample_id, const uint16_t *states,
+                                                      const int32_t *target_ids, int64_t len) {
+  DF_CHECK_ARG(states && target_ids);
+  return append(w, sample_id, NULL, states, target_ids, len);
 }
 
 static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_st_writer *sw) {
@@ -311,12 +352,15 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
                                   shape);
     snprintf(name, sizeof name, "s/%s", p->id);
     if (!st && fp8) st = dflash_st_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, sshape);
+    snprintf(name, sizeof name, "t/%s", p->id);
+    if (!st && p->tids) st = dflash_st_writer_declare(sw, name, DFLASH_DTYPE_I32, 1, shape);
   }
   for (size_t i = 0; !st && i < w->n_buf; i++) {
     const pending *p = &w->buf[i];
     size_t n = (size_t)p->len * w->K * w->H;
     st = dflash_st_writer_write(sw, p->data, fp8 ? n : 2 * n);
     if (!st && fp8) st = dflash_st_writer_write(sw, p->scales, (size_t)p->len * w->K * 4);
+    if (!st && p->tids) st = dflash_st_writer_write(sw, p->tids, (size_t)p->len * 4);
   }
   if (!st) st = dflash_st_writer_finish(sw);
   dflash_st_writer_free(sw);

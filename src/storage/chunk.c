@@ -20,7 +20,7 @@ struct dflash_chunk_writer {
   char *last;         /* location of the last committed chunk */
 };
 
-DFLASH_API void dflash_chunk_writer_options_default(dflash_chunk_writer_options *o) {
+static void chunk_writer_options_defaults(dflash_chunk_writer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -28,6 +28,16 @@ DFLASH_API void dflash_chunk_writer_options_default(dflash_chunk_writer_options 
   o->max_bytes = 64u << 20;
   o->max_seconds = 300;
   o->suffix = ".jsonl";
+}
+
+DFLASH_API void dflash_chunk_writer_options_init(dflash_chunk_writer_options *o, size_t size) {
+  dflash_chunk_writer_options d;
+  chunk_writer_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_chunk_writer_options_default)(dflash_chunk_writer_options *o) {
+  dflash_chunk_writer_options_init(o, sizeof *o);
 }
 
 /* The sequence number in `location` when it is one of this writer's chunks. */
@@ -64,21 +74,18 @@ static dflash_status find_next_seq(dflash_chunk_writer *w) {
 }
 
 DFLASH_API dflash_status dflash_chunk_writer_open(dflash_storage *st, const char *prefix,
-                                                 const char *name,
-                                                 const dflash_chunk_writer_options *opts,
-                                                 dflash_chunk_writer **out) {
+                                                  const char *name,
+                                                  const dflash_chunk_writer_options *opts,
+                                                  dflash_chunk_writer **out) {
   DF_CHECK_ARG(st && prefix && name && out);
   *out = NULL;
   if (!*name || strchr(name, '/'))
-    return df_error(DFLASH_E_INVALID_ARG, "chunk writer name \"%s\": must be non-empty, no '/'", name);
+    return df_error(DFLASH_E_INVALID_ARG, "chunk writer name \"%s\": must be non-empty, no '/'",
+                    name);
   dflash_chunk_writer_options o;
   dflash_chunk_writer_options_default(&o);
-  if (opts) {
-    if (opts->struct_size < sizeof(size_t) || opts->struct_size > sizeof o)
-      return df_error(DFLASH_E_INVALID_ARG, "dflash_chunk_writer_options: struct_size %zu unknown",
-                      opts->struct_size);
-    memcpy(&o, opts, opts->struct_size);
-  }
+  dflash_status ost = df_opts_in(&o, opts, sizeof o, "dflash_chunk_writer_options");
+  if (ost) return ost;
   dflash_chunk_writer *w = calloc(1, sizeof *w);
   if (!w) return df_error_nomem("chunk writer");
   w->st = st;
@@ -103,7 +110,8 @@ DFLASH_API dflash_status dflash_chunk_writer_open(dflash_storage *st, const char
 DFLASH_API dflash_status dflash_chunk_writer_flush(dflash_chunk_writer *w) {
   DF_CHECK_ARG(w);
   if (!w->n_records) return DFLASH_OK;
-  char *loc = df_asprintf("%s%s-%08llu%s", w->prefix, w->name, (unsigned long long)w->seq, w->suffix);
+  char *loc = df_asprintf("%s%s-%08llu%s", w->prefix, w->name, (unsigned long long)w->seq,
+                          w->suffix);
   if (!loc) return df_error_nomem("chunk name");
   dflash_status s = dflash_storage_write(w->st, loc, w->buf.data, w->buf.len);
   if (s) {
@@ -125,7 +133,7 @@ static bool too_old(const dflash_chunk_writer *w) {
 }
 
 DFLASH_API dflash_status dflash_chunk_writer_append(dflash_chunk_writer *w, const char *record,
-                                                   size_t len) {
+                                                    size_t len) {
   DF_CHECK_ARG(w && record);
   if (len && record[len - 1] == '\n') len--;
   if (!len) return df_error(DFLASH_E_FORMAT, "%s%s: empty record", w->prefix, w->name);

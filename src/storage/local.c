@@ -71,9 +71,10 @@ static dflash_status walk(const char *dir, const char *shown, const char *prefix
                           dflash_storage_listing *out, int depth) {
   if (depth > 64) return DFLASH_OK;
   DIR *d = opendir(dir);
-  if (!d) return errno == ENOENT || errno == ENOTDIR ? DFLASH_OK
-                                                     : df_error_errno(DFLASH_E_IO, errno,
-                                                                      "%s: cannot list", dir);
+  if (!d)
+    return errno == ENOENT || errno == ENOTDIR
+               ? DFLASH_OK
+               : df_error_errno(DFLASH_E_IO, errno, "%s: cannot list", dir);
   dflash_status s = DFLASH_OK;
   struct dirent *e;
   size_t plen = strlen(prefix);
@@ -83,12 +84,12 @@ static dflash_status walk(const char *dir, const char *shown, const char *prefix
     char *name = df_asprintf("%s%s", shown, e->d_name);
     struct stat sb;
     if (!full || !name) s = df_error_nomem("listing");
-    else if (stat(full, &sb) != 0) { /* vanished meanwhile */
-    } else if (S_ISDIR(sb.st_mode)) {
+    else if (stat(full, &sb) != 0) { /* vanished meanwhile */ } else if (S_ISDIR(sb.st_mode)) {
       char *sub = df_asprintf("%s/", name);
       size_t n = sub ? strlen(sub) : 0;
       if (!sub) s = df_error_nomem("listing");
-      else if (!strncmp(sub, prefix, n < plen ? n : plen)) s = walk(full, sub, prefix, out, depth + 1);
+      else if (!strncmp(sub, prefix, n < plen ? n : plen))
+        s = walk(full, sub, prefix, out, depth + 1);
       free(sub);
     } else if (S_ISREG(sb.st_mode) && !strncmp(name, prefix, plen)) {
       s = df_listing_add(out, name, (uint64_t)sb.st_size);

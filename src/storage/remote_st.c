@@ -37,7 +37,8 @@ DFLASH_API void dflash_storage_st_free(dflash_storage_st *f) {
 static dflash_status fill_window(dflash_storage_st *f, uint64_t offset) {
   uint64_t want = f->size - offset < f->readahead ? f->size - offset : f->readahead;
   size_t got = 0;
-  dflash_status s = dflash_storage_read_range(f->st, f->location, offset, f->win, (size_t)want, &got);
+  dflash_status s = dflash_storage_read_range(f->st, f->location, offset, f->win, (size_t)want,
+                                              &got);
   f->win_off = offset;
   f->win_len = s ? 0 : got;
   if (!s && got != want)
@@ -66,7 +67,8 @@ static dflash_status parse_header(dflash_storage_st *f) {
     header = malloc((size_t)(8 + n));
     if (!header) return df_error_nomem("safetensors header");
     size_t got = 0;
-    dflash_status s = dflash_storage_read_range(f->st, f->location, 0, header, (size_t)(8 + n), &got);
+    dflash_status s = dflash_storage_read_range(f->st, f->location, 0, header, (size_t)(8 + n),
+                                                &got);
     if (!s && got != 8 + n) s = df_error(DFLASH_E_TRUNCATED, "%s: header cut short", f->location);
     if (s) {
       free(header);
@@ -82,7 +84,7 @@ static dflash_status parse_header(dflash_storage_st *f) {
 }
 
 DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *location,
-                                               uint64_t readahead, dflash_storage_st **out) {
+                                                uint64_t readahead, dflash_storage_st **out) {
   DF_CHECK_ARG(st && location && out);
   *out = NULL;
   dflash_storage_st *f = calloc(1, sizeof *f);
@@ -115,21 +117,19 @@ DFLASH_API size_t dflash_storage_st_count(const dflash_storage_st *f) {
 }
 
 static dflash_status view(const dflash_storage_st *f, const df_st_entry *e, dflash_tensor *out) {
-  if (out->struct_size < sizeof *out)
-    return df_error(DFLASH_E_INVALID_ARG, "dflash_tensor.struct_size is %zu, expected at least %zu",
-                    out->struct_size, sizeof *out);
-  out->name = e->name;
-  out->dtype = e->dtype;
-  out->ndim = e->ndim;
-  out->shape = e->shape;
-  out->data = NULL;
-  out->nbytes = e->end - e->begin;
-  out->file = f->location;
-  return DFLASH_OK;
+  dflash_tensor t = {.struct_size = sizeof t,
+                     .name = e->name,
+                     .dtype = e->dtype,
+                     .ndim = e->ndim,
+                     .shape = e->shape,
+                     .data = NULL,
+                     .nbytes = e->end - e->begin,
+                     .file = f->location};
+  return df_opts_out(out, &t, sizeof t, "dflash_tensor");
 }
 
 DFLASH_API dflash_status dflash_storage_st_get(const dflash_storage_st *f, size_t index,
-                                              dflash_tensor *out) {
+                                               dflash_tensor *out) {
   DF_CHECK_ARG(f && out);
   if (index >= f->file.n_entries)
     return df_error(DFLASH_E_RANGE, "%s: tensor index %zu of %zu", f->location, index,
@@ -150,7 +150,7 @@ static const df_st_entry *find(const dflash_storage_st *f, const char *name) {
 }
 
 DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, const char *name,
-                                               dflash_tensor *out) {
+                                                dflash_tensor *out) {
   DF_CHECK_ARG(f && name && out);
   const df_st_entry *e = find(f, name);
   if (!e) return df_error(DFLASH_E_NOT_FOUND, "%s: no tensor \"%s\"", f->location, name);
@@ -158,7 +158,7 @@ DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, cons
 }
 
 DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st *f,
-                                                        const char *key, const char **value) {
+                                                         const char *key, const char **value) {
   DF_CHECK_ARG(f && key && value);
   for (size_t i = 0; i < f->file.n_meta; i++)
     if (!strcmp(f->file.meta_keys[i], key)) {
@@ -169,7 +169,7 @@ DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st
 }
 
 DFLASH_API dflash_status dflash_storage_st_read(dflash_storage_st *f, const char *name, void *buf,
-                                               size_t buf_len, uint64_t *needed) {
+                                                size_t buf_len, uint64_t *needed) {
   DF_CHECK_ARG(f && name && (buf || !buf_len));
   const df_st_entry *e = find(f, name);
   if (!e) return df_error(DFLASH_E_NOT_FOUND, "%s: no tensor \"%s\"", f->location, name);

@@ -71,8 +71,7 @@ static dflash_status build_url(const dflash_storage *st, const df_s3_req *req, d
   dflash_status s;
   if (virt)
     s = df_buf_printf(url, "%.*s%s.%s/", (int)(hostpart - ep), ep, req->loc->bucket, hostpart);
-  else
-    s = df_buf_printf(url, "%s/%s%s", ep, req->loc->bucket, *req->loc->key ? "/" : "");
+  else s = df_buf_printf(url, "%s/%s%s", ep, req->loc->bucket, *req->loc->key ? "/" : "");
   if (!s) s = df_uri_encode(url, req->loc->key, strlen(req->loc->key), true);
   if (!s && req->query) s = df_buf_printf(url, "?%s", req->query);
   return s;
@@ -85,6 +84,10 @@ typedef struct xfer {
   size_t upload_pos;
   uint64_t skipped;
 } xfer;
+
+/* Receive-path sizes (bench/s3_read.py measures the client's CPU per GB). */
+#define DF_S3_RECV_BUFFER (512L << 10)
+#define DF_S3_PREALLOC_MAX ((uint64_t)4 << 30)
 
 static size_t on_read(char *dst, size_t size, size_t nitems, void *user) {
   xfer *x = user;
@@ -101,6 +104,16 @@ static int on_seek(void *user, curl_off_t offset, int origin) {
     return CURL_SEEKFUNC_CANTSEEK;
   x->upload_pos = (size_t)offset;
   return CURL_SEEKFUNC_OK;
+}
+
+/* The body of a whole object, allocated once at its announced size. */
+static bool prealloc_body(df_buf *b, size_t n) {
+  char *p = malloc(n + 1); /* df_buf keeps a NUL after the data */
+  if (!p) return false;
+  b->data = p;
+  b->cap = n + 1;
+  b->len = 0;
+  return true;
 }
 
 /* 2xx bodies go to the caller's buffer (ranged reads) or resp->body; error
@@ -126,6 +139,11 @@ static size_t on_write(char *data, size_t size, size_t nitems, void *user) {
     return n;
   }
   if (!ok && x->resp->body.len >= DF_S3_ERROR_BODY_CAP) return n;
+  /* A whole object: one allocation of its announced size, not a doubling series of copies. */
+  if (ok && x->resp->has_length && !x->resp->body.data &&
+      x->resp->content_length <= DF_S3_PREALLOC_MAX &&
+      !prealloc_body(&x->resp->body, (size_t)x->resp->content_length))
+    return 0;
   return df_buf_append(&x->resp->body, data, n) == DFLASH_OK ? n : 0;
 }
 
@@ -271,6 +289,8 @@ static CURLcode perform_once(dflash_storage *st, CURL *c, const char *url,
   curl_easy_setopt(c, CURLOPT_USERNAME, cfg->key_id);
   curl_easy_setopt(c, CURLOPT_PASSWORD, cfg->secret);
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+  /* Bodies arrive in pieces of this size: 16 KiB by default, a read() and a callback each. */
+  curl_easy_setopt(c, CURLOPT_BUFFERSIZE, DF_S3_RECV_BUFFER);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
@@ -279,7 +299,8 @@ static CURLcode perform_once(dflash_storage *st, CURL *c, const char *url,
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->connect_timeout_ms);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)((cfg->idle_timeout_ms + 999) / 1000));
-  if (cfg->request_timeout_ms) curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)cfg->request_timeout_ms);
+  if (cfg->request_timeout_ms)
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)cfg->request_timeout_ms);
   if (cfg->trace) {
     curl_easy_setopt(c, CURLOPT_DEBUGFUNCTION, on_debug);
     curl_easy_setopt(c, CURLOPT_DEBUGDATA, x);
@@ -293,19 +314,17 @@ static CURLcode perform_once(dflash_storage *st, CURL *c, const char *url,
 
 static bool curl_transient(CURLcode rc) {
   switch (rc) {
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_SEND_ERROR:
-    case CURLE_RECV_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-      return true;
-    default:
-      return false;
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_OPERATION_TIMEDOUT:
+  case CURLE_SEND_ERROR:
+  case CURLE_RECV_ERROR:
+  case CURLE_GOT_NOTHING:
+  case CURLE_PARTIAL_FILE:
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM: return true;
+  default: return false;
   }
 }
 
@@ -317,18 +336,25 @@ static bool code_is(const char *code, const char *const *names, size_t n) {
 
 static bool http_transient(long status, const char *code) {
   /* The last three: the body arrived damaged or short; sending it again helps. */
-  static const char *const codes[] = {"SlowDown", "InternalError", "RequestTimeout",
-                                      "ServiceUnavailable", "XAmzContentSHA256Mismatch",
-                                      "BadDigest", "IncompleteBody"};
+  static const char *const codes[] = {"SlowDown",
+                                      "InternalError",
+                                      "RequestTimeout",
+                                      "ServiceUnavailable",
+                                      "XAmzContentSHA256Mismatch",
+                                      "BadDigest",
+                                      "IncompleteBody"};
   return status >= 500 || status == 429 || code_is(code, codes, DF_ARRAY_LEN(codes));
 }
 
 static dflash_status status_for(long status, const char *code) {
-  static const char *const auth[] = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                                     "ExpiredToken", "InvalidToken", "TokenRefreshRequired",
-                                     "AllAccessDisabled", "InvalidSecurity", "AccountProblem"};
+  static const char *const auth[] = {"InvalidAccessKeyId", "SignatureDoesNotMatch",
+                                     "AccessDenied",       "ExpiredToken",
+                                     "InvalidToken",       "TokenRefreshRequired",
+                                     "AllAccessDisabled",  "InvalidSecurity",
+                                     "AccountProblem"};
   static const char *const missing[] = {"NoSuchKey", "NoSuchBucket", "NoSuchUpload"};
-  if (code_is(code, auth, DF_ARRAY_LEN(auth)) || status == 401 || status == 403) return DFLASH_E_AUTH;
+  if (code_is(code, auth, DF_ARRAY_LEN(auth)) || status == 401 || status == 403)
+    return DFLASH_E_AUTH;
   if (code_is(code, missing, DF_ARRAY_LEN(missing)) || status == 404) return DFLASH_E_NOT_FOUND;
   if (status == 301 || status == 307 || (code && !strcmp(code, "AuthorizationHeaderMalformed")))
     return DFLASH_E_CONFIG;
@@ -349,7 +375,8 @@ static dflash_status http_error(dflash_storage *st, const df_s3_req *req, const 
   else if (status == DFLASH_E_NOT_FOUND && !code)
     snprintf(hint, sizeof hint, " (no such bucket or key)");
   char *text = df_asprintf("%s: %s: HTTP %ld%s%s%s%s%s", req->loc->text, req->method, resp->status,
-                           code ? " " : "", code ? code : "", msg ? ": " : "", msg ? msg : "", hint);
+                           code ? " " : "", code ? code : "", msg ? ": " : "", msg ? msg : "",
+                           hint);
   free(code);
   free(msg);
   if (!text) return df_error_nomem("S3 error message");
@@ -393,7 +420,8 @@ static dflash_status check_config(const dflash_storage *st, const df_s3_req *req
 }
 
 /* Why an attempt failed, in words, for the log and the final message. */
-static void describe(const df_s3_resp *resp, CURLcode rc, const char *errbuf, char *out, size_t cap) {
+static void describe(const df_s3_resp *resp, CURLcode rc, const char *errbuf, char *out,
+                     size_t cap) {
   if (rc != CURLE_OK) snprintf(out, cap, "%s", errbuf[0] ? errbuf : curl_easy_strerror(rc));
   else snprintf(out, cap, "HTTP %ld", resp->status);
 }

@@ -32,8 +32,8 @@ dflash_status df_s3_get_range(dflash_storage *st, const df_loc *l, uint64_t offs
   char range[64];
   snprintf(range, sizeof range, "bytes=%llu-%llu", (unsigned long long)offset,
            (unsigned long long)(offset + len - 1));
-  df_s3_req req = {.method = "GET", .loc = l, .range = range, .buf = buf, .buf_cap = len,
-                   .buf_skip = offset};
+  df_s3_req req = {
+      .method = "GET", .loc = l, .range = range, .buf = buf, .buf_cap = len, .buf_skip = offset};
   df_s3_resp resp = {0};
   dflash_status s = df_s3_request(st, &req, &resp);
   df_s3_resp_free(&resp);
@@ -65,7 +65,8 @@ static dflash_status put_single(dflash_storage *st, const df_loc *l, const void 
   return s;
 }
 
-static dflash_status put_multipart(dflash_storage *st, const df_loc *l, const char *data, size_t n) {
+static dflash_status put_multipart(dflash_storage *st, const df_loc *l, const char *data,
+                                   size_t n) {
   df_s3_upload u = {0};
   dflash_status s = df_s3_mpu_create(st, l, &u);
   for (size_t off = 0; !s && off < n; off += st->cfg.part_size) {
@@ -142,8 +143,9 @@ dflash_status df_s3_list(dflash_storage *st, const df_loc *p, dflash_storage_lis
     char *truncated = s ? NULL : df_xml_first(resp.body.data, resp.body.len, "IsTruncated");
     if (truncated && !strcmp(truncated, "true")) {
       token = df_xml_first(resp.body.data, resp.body.len, "NextContinuationToken");
-      if (!token) s = df_error(DFLASH_E_FORMAT, "%s: truncated listing without a continuation token",
-                               p->text);
+      if (!token)
+        s = df_error(DFLASH_E_FORMAT, "%s: truncated listing without a continuation token",
+                     p->text);
     }
     free(truncated);
     df_buf_free(&q);
@@ -183,8 +185,8 @@ dflash_status df_s3_mpu_create(dflash_storage *st, const df_loc *l, df_s3_upload
   return s;
 }
 
-dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u,
-                             const void *data, size_t n) {
+dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u, const void *data,
+                             size_t n) {
   if (u->n_parts == u->cap) {
     size_t cap = u->cap ? u->cap * 2 : 16;
     char **e = realloc(u->etags, cap * sizeof *e);
@@ -250,8 +252,12 @@ dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc *l, df_s3_uplo
   df_buf body = {0}, q = {0};
   dflash_status s = complete_body(u, &body);
   if (!s) s = upload_query(u, 0, &q);
-  df_s3_req req = {.method = "POST", .loc = l, .query = q.data, .body = body.data,
-                   .body_len = body.len, .content_type = "application/xml"};
+  df_s3_req req = {.method = "POST",
+                   .loc = l,
+                   .query = q.data,
+                   .body = body.data,
+                   .body_len = body.len,
+                   .content_type = "application/xml"};
   for (uint32_t tries = 1; !s; tries++) {
     df_s3_resp resp = {0};
     s = df_s3_request(st, &req, &resp);
@@ -262,7 +268,8 @@ dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc *l, df_s3_uplo
       char *code = df_xml_first(resp.body.data, resp.body.len, "Code");
       again = tries < st->cfg.max_attempts;
       if (!again)
-        s = df_error(DFLASH_E_HTTP, "%s: CompleteMultipartUpload: %s", l->text, code ? code : "error");
+        s = df_error(DFLASH_E_HTTP, "%s: CompleteMultipartUpload: %s", l->text,
+                     code ? code : "error");
       else
         df_log(DFLASH_LOG_INFO, "%s: CompleteMultipartUpload: %s in a 200 answer; retrying",
                l->text, code ? code : "error");

@@ -7,7 +7,7 @@
 
 #include "storage_internal.h"
 
-DFLASH_API void dflash_storage_options_default(dflash_storage_options *o) {
+static void storage_options_defaults(dflash_storage_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -18,6 +18,16 @@ DFLASH_API void dflash_storage_options_default(dflash_storage_options *o) {
   o->idle_timeout_ms = 60000;
   o->part_size = 8u << 20;
   o->multipart_threshold = 16u << 20;
+}
+
+DFLASH_API void dflash_storage_options_init(dflash_storage_options *o, size_t size) {
+  dflash_storage_options d;
+  storage_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_storage_options_default)(dflash_storage_options *o) {
+  dflash_storage_options_init(o, sizeof *o);
 }
 
 /* An option, else the first set environment variable, else a default. */
@@ -35,7 +45,8 @@ static dflash_status resolve_addressing(df_s3_config *c, int opt) {
     return DFLASH_OK;
   }
   if (opt != DFLASH_S3_ADDRESSING_AUTO)
-    return df_error(DFLASH_E_INVALID_ARG, "storage options: addressing %d is not a dflash_s3_addressing", opt);
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "storage options: addressing %d is not a dflash_s3_addressing", opt);
   const char *env = getenv("DFLASH_S3_ADDRESSING");
   if (env && *env) {
     if (!strcmp(env, "path")) c->addressing = DFLASH_S3_ADDRESSING_PATH;
@@ -105,21 +116,16 @@ static void config_clear(df_s3_config *c) {
 }
 
 DFLASH_API dflash_status dflash_storage_create(const dflash_storage_options *opts,
-                                              dflash_storage **out) {
+                                               dflash_storage **out) {
   DF_CHECK_ARG(out);
   *out = NULL;
   dflash_storage_options d;
   dflash_storage_options_default(&d);
-  if (opts) {
-    if (opts->struct_size < offsetof(dflash_storage_options, trace) ||
-        opts->struct_size > sizeof d)
-      return df_error(DFLASH_E_INVALID_ARG, "dflash_storage_options: struct_size %zu unknown",
-                      opts->struct_size);
-    memcpy(&d, opts, opts->struct_size);
-  }
+  dflash_status s = df_opts_in(&d, opts, sizeof d, "dflash_storage_options");
+  if (s) return s;
   dflash_storage *st = calloc(1, sizeof *st);
   if (!st) return df_error_nomem("storage client");
-  dflash_status s = configure(&st->cfg, &d);
+  s = configure(&st->cfg, &d);
   if (s) {
     dflash_storage_free(st);
     return s;
@@ -147,7 +153,7 @@ DFLASH_API int dflash_storage_is_remote(const char *location) {
 DFLASH_API void dflash_storage_buffer_free(void *buf) { free(buf); }
 
 DFLASH_API dflash_status dflash_storage_read(dflash_storage *st, const char *location, void **data,
-                                            size_t *len) {
+                                             size_t *len) {
   DF_CHECK_ARG(st && data && len);
   *data = NULL;
   *len = 0;
@@ -173,12 +179,13 @@ DFLASH_API dflash_status dflash_storage_read(dflash_storage *st, const char *loc
 }
 
 DFLASH_API dflash_status dflash_storage_read_range(dflash_storage *st, const char *location,
-                                                  uint64_t offset, void *buf, size_t len,
-                                                  size_t *got) {
+                                                   uint64_t offset, void *buf, size_t len,
+                                                   size_t *got) {
   DF_CHECK_ARG(st && got && (buf || !len));
   *got = 0;
   uint64_t end;
-  if (!df_add_u64(offset, len, &end)) return df_error(DFLASH_E_OVERFLOW, "%s: range overflows", location);
+  if (!df_add_u64(offset, len, &end))
+    return df_error(DFLASH_E_OVERFLOW, "%s: range overflows", location);
   df_loc l;
   dflash_status s = df_loc_parse_object(location, &l);
   if (s) return s;
@@ -189,26 +196,28 @@ DFLASH_API dflash_status dflash_storage_read_range(dflash_storage *st, const cha
 }
 
 DFLASH_API dflash_status dflash_storage_stat(dflash_storage *st, const char *location,
-                                            dflash_storage_info *out) {
-  DF_CHECK_ARG(st && out && out->struct_size >= sizeof *out);
-  df_loc l;
-  dflash_status s = df_loc_parse_object(location, &l);
+                                             dflash_storage_info *out) {
+  DF_CHECK_ARG(st && out);
+  dflash_storage_info info = {.struct_size = sizeof info};
+  dflash_status s = df_opts_out(out, &info, sizeof info, "dflash_storage_info");
   if (s) return s;
-  out->size = 0;
-  out->mtime = 0;
-  s = l.s3 ? df_s3_head(st, &l, out) : df_local_stat(&l, out);
+  df_loc l;
+  s = df_loc_parse_object(location, &l);
+  if (s) return s;
+  s = l.s3 ? df_s3_head(st, &l, &info) : df_local_stat(&l, &info);
   df_loc_clear(&l);
-  return s;
+  return s ? s : df_opts_out(out, &info, sizeof info, "dflash_storage_info");
 }
 
 DFLASH_API dflash_status dflash_storage_write(dflash_storage *st, const char *location,
-                                             const void *data, size_t len) {
+                                              const void *data, size_t len) {
   DF_CHECK_ARG(st && (data || !len));
   df_loc l;
   dflash_status s = df_loc_parse_object(location, &l);
   if (s) return s;
   if (l.s3) s = df_s3_put(st, &l, data, len);
-  else if (!(s = df_local_mkdirs_for(l.path))) s = df_write_file_atomic(l.path, data ? data : "", len);
+  else if (!(s = df_local_mkdirs_for(l.path)))
+    s = df_write_file_atomic(l.path, data ? data : "", len);
   df_loc_clear(&l);
   return s;
 }
@@ -250,7 +259,7 @@ void df_listing_sort(dflash_storage_listing *l) {
 }
 
 DFLASH_API dflash_status dflash_storage_list(dflash_storage *st, const char *prefix,
-                                            dflash_storage_listing **out) {
+                                             dflash_storage_listing **out) {
   DF_CHECK_ARG(st && out);
   *out = NULL;
   df_loc p;
@@ -274,10 +283,9 @@ DFLASH_API size_t dflash_storage_listing_count(const dflash_storage_listing *l) 
 }
 
 DFLASH_API dflash_status dflash_storage_listing_get(const dflash_storage_listing *l, size_t index,
-                                                   const char **location, uint64_t *size) {
+                                                    const char **location, uint64_t *size) {
   DF_CHECK_ARG(l);
-  if (index >= l->n)
-    return df_error(DFLASH_E_RANGE, "listing entry %zu of %zu", index, l->n);
+  if (index >= l->n) return df_error(DFLASH_E_RANGE, "listing entry %zu of %zu", index, l->n);
   if (location) *location = l->items[index].name;
   if (size) *size = l->items[index].size;
   return DFLASH_OK;

@@ -46,7 +46,7 @@ char *df_xml_first(const char *xml, size_t len, const char *tag);
 
 typedef struct df_s3_config {
   char *region;
-  char *endpoint;      /* scheme://host[:port] with no trailing '/' */
+  char *endpoint; /* scheme://host[:port] with no trailing '/' */
   char *key_id, *secret, *token;
   bool endpoint_custom; /* set by option or environment */
   int addressing;       /* DFLASH_S3_ADDRESSING_PATH or _VIRTUAL once resolved */
@@ -58,10 +58,10 @@ typedef struct df_s3_config {
 
 struct dflash_storage {
   df_s3_config cfg;
-  void *curl;           /* CURL *, created on first use and reused for its connections */
-  uint64_t rng;         /* backoff jitter */
-  uint64_t n_requests;  /* HTTP attempts made */
-  uint64_t n_retries;   /* attempts that were retries */
+  void *curl;              /* CURL *, created on first use and reused for its connections */
+  uint64_t rng;            /* backoff jitter */
+  uint64_t n_requests;     /* HTTP attempts made */
+  uint64_t n_retries;      /* attempts that were retries */
   uint32_t list_page_size; /* max-keys for listings; 0: the server's default (tests set it) */
 };
 
@@ -78,30 +78,30 @@ void df_curl_cleanup(void *curl);
  * name, values URI-encoded, every name followed by '='): libcurl 7.88 signs
  * it as given. */
 typedef struct df_s3_req {
-  const char *method;       /* GET HEAD PUT POST DELETE */
-  const df_loc *loc;        /* bucket + key ("" for bucket-level calls) */
-  const char *query;        /* NULL or canonical query */
-  const char *range;        /* NULL or "bytes=a-b" */
-  const void *body;         /* PUT/POST payload */
+  const char *method; /* GET HEAD PUT POST DELETE */
+  const df_loc *loc;  /* bucket + key ("" for bucket-level calls) */
+  const char *query;  /* NULL or canonical query */
+  const char *range;  /* NULL or "bytes=a-b" */
+  const void *body;   /* PUT/POST payload */
   size_t body_len;
   const char *content_type; /* NULL: none */
   void *buf;                /* when set, a 2xx body is copied here (ranged reads) */
   size_t buf_cap;
-  uint64_t buf_skip;        /* bytes to skip when a server ignores Range and sends 200 */
+  uint64_t buf_skip; /* bytes to skip when a server ignores Range and sends 200 */
 } df_s3_req;
 
 typedef struct df_s3_resp {
   long status;
-  df_buf body;          /* the response body (unless req->buf took it) */
-  size_t got;           /* bytes copied into req->buf */
+  df_buf body; /* the response body (unless req->buf took it) */
+  size_t got;  /* bytes copied into req->buf */
   char etag[256];
   uint64_t content_length;
   bool has_length;
-  uint64_t total_size;  /* from Content-Range "bytes a-b/TOTAL" */
+  uint64_t total_size; /* from Content-Range "bytes a-b/TOTAL" */
   bool has_total;
   int64_t mtime;
-  double retry_after;   /* seconds; < 0 when absent */
-  char region[64];      /* x-amz-bucket-region */
+  double retry_after; /* seconds; < 0 when absent */
+  char region[64];    /* x-amz-bucket-region */
 } df_s3_resp;
 
 /* Perform with retries; on success (2xx) resp holds the answer. Every failure
@@ -129,8 +129,8 @@ typedef struct df_s3_upload {
 } df_s3_upload;
 dflash_status df_s3_mpu_create(dflash_storage *st, const df_loc *l, df_s3_upload *u);
 /* Upload the next part (number n_parts + 1). */
-dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u,
-                             const void *data, size_t n);
+dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u, const void *data,
+                             size_t n);
 dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc *l, df_s3_upload *u);
 /* Best effort; keeps this thread's last error as it was. Frees u's fields. */
 void df_s3_mpu_abort(dflash_storage *st, const df_loc *l, df_s3_upload *u);

@@ -8,15 +8,15 @@
 struct dflash_storage_writer {
   dflash_storage *st;
   df_loc loc;
-  bool done;    /* committed */
-  bool failed;  /* a write failed: only free is left */
+  bool done;           /* committed */
+  bool failed;         /* a write failed: only free is left */
   df_atomic_file file; /* local */
-  df_buf part;  /* S3: bytes of the part being filled (capacity part_size) */
+  df_buf part;         /* S3: bytes of the part being filled (capacity part_size) */
   df_s3_upload upload;
 };
 
 DFLASH_API dflash_status dflash_storage_writer_open(dflash_storage *st, const char *location,
-                                                   dflash_storage_writer **out) {
+                                                    dflash_storage_writer **out) {
   DF_CHECK_ARG(st && out);
   *out = NULL;
   dflash_storage_writer *w = calloc(1, sizeof *w);
@@ -65,7 +65,7 @@ static dflash_status s3_write(dflash_storage_writer *w, const char *data, size_t
 }
 
 DFLASH_API dflash_status dflash_storage_writer_write(dflash_storage_writer *w, const void *data,
-                                                    size_t len) {
+                                                     size_t len) {
   DF_CHECK_ARG(w && (data || !len));
   if (w->done || w->failed)
     return df_error(DFLASH_E_STATE, "%s: writer already %s", w->loc.text,

@@ -50,8 +50,10 @@ static int digit_value(char c, bool hex) {
  * (no sign, space or "0x": strtoul's extras) naming a character other than
  * U+0000 (a C string cannot hold it) and the surrogates. */
 static size_t entity(const char *s, size_t n, char *o, size_t *olen) {
-  static const struct { const char *name; char c; } named[] = {
-      {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
+  static const struct {
+    const char *name;
+    char c;
+  } named[] = {{"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
   for (size_t i = 0; i < DF_ARRAY_LEN(named); i++) {
     size_t k = strlen(named[i].name);
     if (n >= k && !memcmp(s, named[i].name, k)) {

@@ -119,8 +119,7 @@ static void heap_update(const df_pairmap *pairs, df_bpe_scratch *s, size_t *hn, 
   if (s->rank[i] != UINT32_MAX) heap_push(s->heap, hn, (uint64_t)s->rank[i] << 32 | i);
 }
 
-static dflash_status merge_heap(const df_pairmap *pairs, df_bpe_scratch *s, size_t n,
-                                df_ids *out) {
+static dflash_status merge_heap(const df_pairmap *pairs, df_bpe_scratch *s, size_t n, df_ids *out) {
   if (s->heap_cap < 3 * n) {
     uint64_t *h = realloc(s->heap, 3 * n * sizeof *h);
     if (!h) return df_error_nomem("BPE heap");

@@ -104,8 +104,9 @@ static dflash_status add_merge(dflash_tokenizer *t, json_t *vocab, const char *a
   if (!ja || !jb || !jab) {
     const char *missing = !ja ? a : !jb ? b : ab;
     size_t mlen = !ja ? alen : !jb ? blen : alen + blen;
-    st = df_error(DFLASH_E_FORMAT, "%s: merge \"%.*s %.*s\": token \"%.*s\" is not in the vocabulary",
-                  where, (int)alen, a, (int)blen, b, (int)mlen, missing);
+    st = df_error(DFLASH_E_FORMAT,
+                  "%s: merge \"%.*s %.*s\": token \"%.*s\" is not in the vocabulary", where,
+                  (int)alen, a, (int)blen, b, (int)mlen, missing);
   }
   if (!st)
     st = df_pairmap_put(&t->pairs, (uint32_t)json_integer_value(ja),
@@ -204,7 +205,8 @@ static dflash_status add_token_json(dflash_tokenizer *t, uint32_t id, json_t *o,
       return df_error(DFLASH_E_DUPLICATE, "%s: added token \"%s\" reuses id %u of another token",
                       what, content, id);
   } else {
-    dflash_status st = df_vocab_set(&t->vocab, id, content, len, special ? DF_TOK_SPECIAL : DF_TOK_ADDED);
+    dflash_status st = df_vocab_set(&t->vocab, id, content, len,
+                                    special ? DF_TOK_SPECIAL : DF_TOK_ADDED);
     if (st) return st;
   }
   for (size_t k = 0; k < t->n_added; k++)
@@ -242,10 +244,14 @@ static dflash_status parse_normalizer(dflash_tokenizer *t, json_t *n, const char
 }
 
 static dflash_status parse_behavior(const char *b, df_split_behavior *out, const char *what) {
-  static const struct { const char *name; df_split_behavior v; } names[] = {
-      {"Isolated", DF_SPLIT_ISOLATED}, {"Removed", DF_SPLIT_REMOVED},
-      {"MergedWithPrevious", DF_SPLIT_MERGED_PREV}, {"MergedWithNext", DF_SPLIT_MERGED_NEXT},
-      {"Contiguous", DF_SPLIT_CONTIGUOUS}};
+  static const struct {
+    const char *name;
+    df_split_behavior v;
+  } names[] = {{"Isolated", DF_SPLIT_ISOLATED},
+               {"Removed", DF_SPLIT_REMOVED},
+               {"MergedWithPrevious", DF_SPLIT_MERGED_PREV},
+               {"MergedWithNext", DF_SPLIT_MERGED_NEXT},
+               {"Contiguous", DF_SPLIT_CONTIGUOUS}};
   for (size_t i = 0; b && i < DF_ARRAY_LEN(names); i++)
     if (!strcmp(b, names[i].name)) {
       *out = names[i].v;
@@ -274,8 +280,9 @@ static dflash_status parse_pretok(dflash_tokenizer *t, json_t *p, const char *wh
     if (!rx && !lit) return df_error(DFLASH_E_FORMAT, "%s: Split without a pattern", what);
     df_split_behavior b = DF_SPLIT_ISOLATED;
     dflash_status st = parse_behavior(json_string_value(json_object_get(p, "behavior")), &b, what);
-    if (!st) st = df_pretok_add_regex(&t->pretok, rx ? rx : lit, !rx, b, flag(p, "invert", false),
-                                      true, NULL);
+    if (!st)
+      st = df_pretok_add_regex(&t->pretok, rx ? rx : lit, !rx, b, flag(p, "invert", false), true,
+                               NULL);
     return st ? df_error_wrap(st, "%s: Split pre-tokenizer", what) : DFLASH_OK;
   }
   if (!strcmp(type, "ByteLevel")) {
@@ -312,8 +319,8 @@ static dflash_status check_model(json_t *model, const char *what) {
                       empty_keys[i], s);
   }
   if (flag(model, "byte_fallback", false))
-    return df_error(DFLASH_E_UNSUPPORTED, "%s: BPE byte_fallback is not supported (byte-level only)",
-                    what);
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: BPE byte_fallback is not supported (byte-level only)", what);
   return DFLASH_OK;
 }
 
@@ -326,7 +333,9 @@ dflash_status df_load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
   json_array_foreach(added, i, e) json_array_append(ids, json_object_get(e, "id"));
   if (!st) st = fill_vocab(t, json_object_get(model, "vocab"), ids, path);
   json_decref(ids);
-  if (!st) st = merges_from_json(t, json_object_get(model, "vocab"), json_object_get(model, "merges"), path);
+  if (!st)
+    st = merges_from_json(t, json_object_get(model, "vocab"), json_object_get(model, "merges"),
+                          path);
   if (!st) st = parse_normalizer(t, json_object_get(doc, "normalizer"), path);
   bool byte_level = false;
   json_t *pre = json_object_get(doc, "pre_tokenizer");
@@ -340,15 +349,16 @@ dflash_status df_load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
   const char *dec_type = json_string_value(json_object_get(dec, "type"));
   if (dec_type && !strcmp(dec_type, "ByteLevel")) byte_level = true;
   if (!st && !byte_level)
-    st = df_error(DFLASH_E_UNSUPPORTED, "%s: not a byte-level BPE (no ByteLevel pre-tokenizer or "
-                  "decoder)", path);
+    st = df_error(DFLASH_E_UNSUPPORTED,
+                  "%s: not a byte-level BPE (no ByteLevel pre-tokenizer or "
+                  "decoder)",
+                  path);
   json_array_foreach(added, i, e) {
     if (st) break;
     json_int_t id = json_integer_value(json_object_get(e, "id"));
     if (!json_is_integer(json_object_get(e, "id")) || id < 0 || id >= INT32_MAX)
       st = df_error(DFLASH_E_FORMAT, "%s: added_tokens[%zu] has no valid id", path, i);
-    else
-      st = add_token_json(t, (uint32_t)id, e, false, path);
+    else st = add_token_json(t, (uint32_t)id, e, false, path);
   }
   t->family = DF_FAMILY_HF;
   t->whole_piece_lookup = flag(model, "ignore_merges", false);
@@ -379,7 +389,8 @@ static dflash_status dir_added_tokens(dflash_tokenizer *t, json_t *cfg, json_t *
     char *endp;
     unsigned long id = strtoul(key, &endp, 10);
     if (*endp || id >= INT32_MAX)
-      return df_error(DFLASH_E_FORMAT, "%s: added_tokens_decoder key \"%s\" is not an id", cfg_path, key);
+      return df_error(DFLASH_E_FORMAT, "%s: added_tokens_decoder key \"%s\" is not an id", cfg_path,
+                      key);
     dflash_status st = add_token_json(t, (uint32_t)id, e, true, cfg_path);
     if (st) return st;
   }
@@ -399,12 +410,13 @@ static json_t *added_ids(json_t *cfg, json_t *extra) {
   json_t *ids = json_array(), *e;
   const char *key;
   json_object_foreach(json_object_get(cfg, "added_tokens_decoder"), key, e)
-    json_array_append_new(ids, json_integer(strtol(key, NULL, 10)));
+      json_array_append_new(ids, json_integer(strtol(key, NULL, 10)));
   json_object_foreach(extra, key, e) json_array_append(ids, e);
   return ids;
 }
 
-static dflash_status load_optional_json(const char *dir, const char *name, json_t **out, char **path) {
+static dflash_status load_optional_json(const char *dir, const char *name, json_t **out,
+                                        char **path) {
   *out = NULL;
   *path = df_path_join(dir, name);
   if (!*path) return df_error_nomem("paths");

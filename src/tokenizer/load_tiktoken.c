@@ -77,8 +77,9 @@ typedef struct rank_line {
 } rank_line;
 
 /* Parse every line; fills lines[] and the decoded bytes. */
-static dflash_status parse_ranks(const char *path, const char *text, size_t text_len, rank_line **out,
-                                 size_t *n_out, df_buf *bytes, uint32_t *max_rank) {
+static dflash_status parse_ranks(const char *path, const char *text, size_t text_len,
+                                 rank_line **out, size_t *n_out, df_buf *bytes,
+                                 uint32_t *max_rank) {
   size_t cap = 1024, n = 0;
   rank_line *lines = malloc(cap * sizeof *lines);
   if (!lines) return df_error_nomem("rank file");
@@ -150,8 +151,8 @@ typedef struct openai_special {
 } openai_special;
 
 static const openai_special OPENAI_SPECIALS[] = {
-    {"cl100k", 100256, "<|endoftext|>", 100257}, {"cl100k", 100256, "<|fim_prefix|>", 100258},
-    {"cl100k", 100256, "<|fim_middle|>", 100259}, {"cl100k", 100256, "<|fim_suffix|>", 100260},
+    {"cl100k", 100256, "<|endoftext|>", 100257},   {"cl100k", 100256, "<|fim_prefix|>", 100258},
+    {"cl100k", 100256, "<|fim_middle|>", 100259},  {"cl100k", 100256, "<|fim_suffix|>", 100260},
     {"cl100k", 100256, "<|endofprompt|>", 100276}, {"o200k", 199998, "<|endoftext|>", 199999},
     {"o200k", 199998, "<|endofprompt|>", 200018},
 };
@@ -176,7 +177,8 @@ static dflash_status kimi_specials(dflash_tokenizer *t, json_t *cfg, const char 
     json_t *e = json_object_get(dec, key);
     const char *content = json_string_value(json_object_get(e, "content"));
     if (e && !content)
-      return df_error(DFLASH_E_FORMAT, "%s: added_tokens_decoder[\"%u\"] has no content", cfg_path, id);
+      return df_error(DFLASH_E_FORMAT, "%s: added_tokens_decoder[\"%u\"] has no content", cfg_path,
+                      id);
     if (!content) {
       snprintf(name, sizeof name, "<|reserved_token_%u|>", id);
       content = name;
@@ -259,9 +261,11 @@ dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const
   uint32_t max_rank = 0;
   dflash_status st = DFLASH_OK;
   if (!pat)
-    st = df_error(DFLASH_E_CONFIG,
-                  "%s: a bare rank file needs a pattern (cl100k, o200k, kimi-k2, qwen2, qwen3.5 or a "
-                  "regex)", name);
+    st = df_error(
+        DFLASH_E_CONFIG,
+        "%s: a bare rank file needs a pattern (cl100k, o200k, kimi-k2, qwen2, qwen3.5 or a "
+        "regex)",
+        name);
   if (!st) st = maybe_gunzip(name, data, data_len, &text, &len, &unz);
   if (!st) st = parse_ranks(name, text, len, &lines, &n, &bytes, &max_rank);
   if (!st && max_rank >= n + (1u << 20))
@@ -276,9 +280,10 @@ dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const
   if (!st) st = fill_ranks(t, name, lines, n, &bytes);
   if (!st) st = df_vocab_index(&t->vocab, true, name);
   if (!st) st = df_pairmap_from_ranks(&t->pairs, &t->vocab);
-  if (!st) st = kimi ? kimi_specials(t, cfg, cfg_name, (uint32_t)n)
-                     : openai_specials(t, pat, (uint32_t)n);
-  if (!st) st = df_pretok_add_regex(&t->pretok, pat, false, DF_SPLIT_ISOLATED, false, false, &t->nfc);
+  if (!st)
+    st = kimi ? kimi_specials(t, cfg, cfg_name, (uint32_t)n) : openai_specials(t, pat, (uint32_t)n);
+  if (!st)
+    st = df_pretok_add_regex(&t->pretok, pat, false, DF_SPLIT_ISOLATED, false, false, &t->nfc);
   t->family = DF_FAMILY_TIKTOKEN;
   t->whole_piece_lookup = true;
   free(lines);

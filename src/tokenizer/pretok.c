@@ -88,7 +88,8 @@ dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step) {
 static dflash_status compile(const char *pcre, bool literal, pcre2_code **out) {
   int err;
   PCRE2_SIZE off;
-  uint32_t flags = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY;
+  uint32_t flags = literal ? PCRE2_UTF | PCRE2_LITERAL
+                           : PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY;
   *out = pcre2_compile((PCRE2_SPTR)pcre, PCRE2_ZERO_TERMINATED, flags, &err, &off, NULL);
   if (!*out) {
     PCRE2_UCHAR msg[256];
@@ -112,7 +113,9 @@ dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool litera
   char *pcre = NULL;
   dflash_status st = literal ? DFLASH_OK : df_regex_translate(rx, &pcre);
   if (st) return df_error_wrap(st, "pattern /%s/", rx);
-  df_pretok_step step = {.kind = DF_STEP_REGEX, .behavior = behavior, .invert = invert,
+  df_pretok_step step = {.kind = DF_STEP_REGEX,
+                         .behavior = behavior,
+                         .invert = invert,
                          .keep_gaps = keep_gaps};
   st = compile(literal ? rx : pcre, literal, &step.re);
   free(pcre);
@@ -223,9 +226,7 @@ static dflash_status split_emit(split_state *ss, size_t b, size_t e, bool is_mat
   df_ranges *o = ss->out;
   dflash_status st = DFLASH_OK;
   switch (ss->behavior) {
-  case DF_SPLIT_ISOLATED:
-    st = df_ranges_push(o, b, e);
-    break;
+  case DF_SPLIT_ISOLATED: st = df_ranges_push(o, b, e); break;
   case DF_SPLIT_REMOVED:
     if (!is_match) st = df_ranges_push(o, b, e);
     break;
@@ -279,8 +280,8 @@ static dflash_status prefix_spaces(const char *text, const df_ranges *in, df_buf
   return DFLASH_OK;
 }
 
-dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
-                            df_pretok_scratch *s, const char **text_out, df_ranges **out) {
+dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len, df_pretok_scratch *s,
+                            const char **text_out, df_ranges **out) {
   df_ranges *cur = &s->a, *next = &s->b;
   cur->len = 0;
   dflash_status st = df_ranges_push(cur, 0, len);

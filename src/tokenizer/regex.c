@@ -51,9 +51,7 @@ static size_t copy_property(const char *rx, size_t i, df_buf *out, dflash_status
 }
 
 /* Length of the UTF-8 character starting with byte c. */
-static size_t char_len(unsigned char c) {
-  return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
+static size_t char_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
 /* End (index of the closing ']') of the class opening at rx[i]. */
 static size_t class_end(const char *rx, size_t i, dflash_status *st) {
@@ -93,7 +91,8 @@ static dflash_status translate_body(const char *rx, size_t b, size_t e, df_buf *
       j += n;
     } else if (rx[j] == '[') {
       return df_error(DFLASH_E_UNSUPPORTED,
-                      "regex: nested character class at offset %zu (only `&&[...]` is supported)", j);
+                      "regex: nested character class at offset %zu (only `&&[...]` is supported)",
+                      j);
     } else if (rx[j] == '\\' && (rx[j + 1] == 'p' || rx[j + 1] == 'P')) {
       j += copy_property(rx, j, out, &st);
     } else if (rx[j] == '\\' && rx[j + 1] == 's') {
@@ -137,7 +136,8 @@ static dflash_status translate_operand(const char *rx, size_t b, size_t e, df_bu
   if (st) return st;
   bool has_S = false;
   if ((st = df_buf_append(out, "[", 1)) || (st = translate_body(rx, b, e, out, &has_S))) return st;
-  if (has_S) return df_error(DFLASH_E_UNSUPPORTED, "regex: \\S inside an intersection at offset %zu", b);
+  if (has_S)
+    return df_error(DFLASH_E_UNSUPPORTED, "regex: \\S inside an intersection at offset %zu", b);
   return df_buf_append(out, "]", 1);
 }
 
@@ -167,7 +167,8 @@ static dflash_status translate_class(const char *rx, size_t i, size_t end, df_bu
     df_buf_free(&body);
     return st;
   }
-  if (!has_S) st = df_buf_printf(out, "[%s%.*s]", neg ? "^" : "", (int)body.len, body.data ? body.data : "");
+  if (!has_S)
+    st = df_buf_printf(out, "[%s%.*s]", neg ? "^" : "", (int)body.len, body.data ? body.data : "");
   else if (neg) /* [^\S X] = white space that is not X */
     st = body.len ? df_buf_printf(out, "(?:(?![%.*s])[%s])", (int)body.len, body.data, WS_BODY)
                   : df_buf_printf(out, "[%s]", WS_BODY);

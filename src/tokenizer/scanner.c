@@ -58,8 +58,15 @@ static dflash_status mark_class(const char *rx, uint8_t bit, const char *all, si
 }
 
 static size_t put_utf8(char *o, uint32_t c) {
-  if (c < 0x80) { o[0] = (char)c; return 1; }
-  if (c < 0x800) { o[0] = (char)(0xC0 | c >> 6); o[1] = (char)(0x80 | (c & 0x3F)); return 2; }
+  if (c < 0x80) {
+    o[0] = (char)c;
+    return 1;
+  }
+  if (c < 0x800) {
+    o[0] = (char)(0xC0 | c >> 6);
+    o[1] = (char)(0x80 | (c & 0x3F));
+    return 2;
+  }
   if (c < 0x10000) {
     o[0] = (char)(0xE0 | c >> 12);
     o[1] = (char)(0x80 | (c >> 6 & 0x3F));
@@ -86,10 +93,17 @@ static void build_classes(void) {
   size_t len = 0;
   for (uint32_t c = 0; c < N_CODEPOINTS; c++)
     if (c < 0xD800 || c > 0xDFFF) len += put_utf8(all + len, c);
-  static const struct { const char *rx; uint8_t bit; } classes[] = {
-      {"\\p{L}+", C_L}, {"\\p{N}+", C_N}, {"\\p{M}+", C_M},
-      {"[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+", C_UP}, {"[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+", C_LO},
-      {"\\s+", C_WS}, {"\\p{Han}+", C_HAN}, {"[\\r\\n]+", C_CRLF}};
+  static const struct {
+    const char *rx;
+    uint8_t bit;
+  } classes[] = {{"\\p{L}+", C_L},
+                 {"\\p{N}+", C_N},
+                 {"\\p{M}+", C_M},
+                 {"[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+", C_UP},
+                 {"[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+", C_LO},
+                 {"\\s+", C_WS},
+                 {"\\p{Han}+", C_HAN},
+                 {"[\\r\\n]+", C_CRLF}};
   for (size_t k = 0; k < DF_ARRAY_LEN(classes) && !g_init_status; k++)
     g_init_status = mark_class(classes[k].rx, classes[k].bit, all, len);
   free(all);
@@ -146,7 +160,9 @@ static inline bool is(const scan *x, size_t i, uint8_t all, uint8_t none) {
 }
 
 /* "Other" as in [^\r\n\p{L}\p{N}]. */
-static inline bool is_p1(const scan *x, size_t i) { return i < x->len && !(cls_at(x, i) & (C_CRLF | C_L | C_N)); }
+static inline bool is_p1(const scan *x, size_t i) {
+  return i < x->len && !(cls_at(x, i) & (C_CRLF | C_L | C_N));
+}
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d) at i: its length, or 0. PCRE2 folds case with
  * Unicode simple folding, where s also matches U+017F (long s). */
@@ -232,7 +248,7 @@ static size_t scan_cl100k(const scan *x, size_t i) {
   if (e) return e;
   e = run(x, i, C_WS, 0);
   if (e == i) return 0;
-  if (e == x->len) return e; /* \s++$ */
+  if (e == x->len) return e;   /* \s++$ */
   for (size_t q = e; q > i;) { /* \s*[\r\n] */
     q = prev_char(x, q);
     if (x->s[q] == '\r' || x->s[q] == '\n') return q + 1;

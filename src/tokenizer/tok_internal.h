@@ -23,10 +23,10 @@ typedef struct df_vslot {
 
 /* Bytes of every token by id, and a bytes -> id hash for the ordinary ones. */
 typedef struct df_vocab {
-  uint32_t n_ids;  /* one more than the largest id */
-  uint32_t *off;   /* [n_ids] into blob */
-  uint32_t *len;   /* [n_ids] */
-  uint8_t *kind;   /* [n_ids] DF_TOK_* */
+  uint32_t n_ids; /* one more than the largest id */
+  uint32_t *off;  /* [n_ids] into blob */
+  uint32_t *len;  /* [n_ids] */
+  uint8_t *kind;  /* [n_ids] DF_TOK_* */
   df_buf blob;
   /* open addressing over ordinary tokens; one cache line answers most probes */
   struct df_vslot *slots;
@@ -76,7 +76,9 @@ void df_pairmap_free(df_pairmap *m);
 dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged);
 /* Shrink the table to its final size once every pair is in. */
 dflash_status df_pairmap_compact(df_pairmap *m);
-static inline uint64_t df_pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << DF_PAIR_ID_BITS | b; }
+static inline uint64_t df_pair_key(uint32_t a, uint32_t b) {
+  return (uint64_t)a << DF_PAIR_ID_BITS | b;
+}
 static inline size_t df_pair_slot(uint64_t key, size_t mask) {
   return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
@@ -191,8 +193,8 @@ void df_pretok_scratch_free(df_pretok_scratch *s);
 
 /* Split text[0..len) (valid UTF-8) into pieces, as byte ranges into `*text_out`
  * (the text itself, or a copy with a prefix space). */
-dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
-                            df_pretok_scratch *s, const char **text_out, df_ranges **out);
+dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len, df_pretok_scratch *s,
+                            const char **text_out, df_ranges **out);
 /* One regex step over text[b..e), appending matches to out. */
 dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t b, size_t e,
                              df_pretok_scratch *s, df_ranges *out);
@@ -217,8 +219,15 @@ dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
 /* Decode one code point from valid UTF-8 at s[*i], advancing *i. */
 static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
   uint32_t c = s[*i];
-  if (c < 0x80) { *i += 1; return c; }
-  if (c < 0xE0) { uint32_t r = (c & 0x1F) << 6 | (s[*i + 1] & 0x3F); *i += 2; return r; }
+  if (c < 0x80) {
+    *i += 1;
+    return c;
+  }
+  if (c < 0xE0) {
+    uint32_t r = (c & 0x1F) << 6 | (s[*i + 1] & 0x3F);
+    *i += 2;
+    return r;
+  }
   if (c < 0xF0) {
     uint32_t r = (c & 0x0F) << 12 | (uint32_t)(s[*i + 1] & 0x3F) << 6 | (s[*i + 2] & 0x3F);
     *i += 3;
@@ -238,7 +247,7 @@ typedef struct df_added {
   char *text;
   size_t len;
   uint32_t id;
-  bool special;    /* skipped in DFLASH_SPECIAL_NONE */
+  bool special; /* skipped in DFLASH_SPECIAL_NONE */
   bool lstrip, rstrip;
   bool normalized; /* matched on normalised text (HF) */
 } df_added;

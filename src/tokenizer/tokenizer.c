@@ -14,10 +14,20 @@
 /* Pieces longer than this many bytes use the heap merge. */
 #define DF_BPE_HEAP_THRESHOLD 128
 
-void dflash_tokenizer_options_default(dflash_tokenizer_options *opts) {
+static void tokenizer_options_defaults(dflash_tokenizer_options *opts) {
   if (!opts) return;
   memset(opts, 0, sizeof *opts);
   opts->struct_size = sizeof *opts;
+}
+
+DFLASH_API void dflash_tokenizer_options_init(dflash_tokenizer_options *opts, size_t size) {
+  dflash_tokenizer_options d;
+  tokenizer_options_defaults(&d);
+  df_opts_fill(opts, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_tokenizer_options_default)(dflash_tokenizer_options *opts) {
+  dflash_tokenizer_options_init(opts, sizeof *opts);
 }
 
 void dflash_tokenizer_free(dflash_tokenizer *t) {
@@ -104,7 +114,8 @@ static dflash_status load_file(dflash_tokenizer *t, const char *path, const char
   if (df_str_ends_with(path, ".json")) return df_load_hf_json(t, path, pattern);
   const char *what = not_a_tokenizer(path);
   if (what)
-    return df_error(DFLASH_E_FORMAT, "%s is %s, not a tokenizer: give a model directory, a "
+    return df_error(DFLASH_E_FORMAT,
+                    "%s is %s, not a tokenizer: give a model directory, a "
                     "tokenizer.json, a vocab.json (beside merges.txt) or a tiktoken rank file",
                     path, what);
   /* A rank file inside a model directory takes that directory's special-token layout. */
@@ -135,19 +146,15 @@ dflash_status dflash_tokenizer_load(const char *path, const dflash_tokenizer_opt
   *out = NULL;
   dflash_tokenizer_options o;
   dflash_tokenizer_options_default(&o);
-  if (opts) {
-    if (opts->struct_size < sizeof(size_t) || opts->struct_size > sizeof o)
-      return df_error(DFLASH_E_INVALID_ARG, "tokenizer options: struct_size %zu unknown",
-                      opts->struct_size);
-    memcpy(&o, opts, opts->struct_size);
-  }
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_tokenizer_options");
+  if (st) return st;
   if (o.pattern && !*o.pattern) o.pattern = NULL;
   struct stat sb;
   if (stat(path, &sb) != 0) return df_error_errno(DFLASH_E_IO, errno, "tokenizer %s", path);
   dflash_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return df_error_nomem("tokenizer");
   t->serial = df_tokenizer_serial();
-  dflash_status st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);
+  st = is_dir(path) ? load_dir(t, path, o.pattern) : load_file(t, path, o.pattern);
   if (!st) st = df_tokenizer_finish(t);
   if (st) {
     dflash_tokenizer_free(t);
@@ -249,10 +256,11 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
 }
 
 /* Merge a piece and remember the result in the cache. */
-static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n,
-                               uint64_t h, enc_ctx *c) {
+static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
+                               enc_ctx *c) {
   size_t first = c->out.len;
-  dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs,
+                                   &c->out);
   if (!st) cache_put(c, h, p, n, first);
   return st;
 }
@@ -293,8 +301,8 @@ static bool has_gap(const df_vocab *v, const uint8_t *p, size_t n) {
 }
 
 /* Token ids of one piece. */
-static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
-                                  uint64_t h, enc_ctx *c) {
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
+                                  enc_ctx *c) {
   if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
   if (n == 1) return df_ids_push(&c->out, (int32_t)t->vocab.byte_id[p[0]]);
   if (cache_get(c, h, p, n)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
@@ -341,8 +349,8 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
 }
 
 /* Split by the added tokens of `trie`, encoding the text between with `plain`. */
-static dflash_status split_added(const dflash_tokenizer *t, const df_trie *trie,
-                                 const char *text, size_t len, enc_ctx *c,
+static dflash_status split_added(const dflash_tokenizer *t, const df_trie *trie, const char *text,
+                                 size_t len, enc_ctx *c,
                                  dflash_status (*plain)(const dflash_tokenizer *, const char *,
                                                         size_t, enc_ctx *)) {
   size_t pos = 0;
@@ -427,8 +435,7 @@ dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *tex
     *n_ids = c->out.len;
     if (c->out.len > cap)
       st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c->out.len, cap);
-    else if (c->out.len)
-      memcpy(ids, c->out.v, c->out.len * sizeof *ids);
+    else if (c->out.len) memcpy(ids, c->out.v, c->out.len * sizeof *ids);
   }
   ctx_trim(c);
   ctx_free(&local);
@@ -551,18 +558,21 @@ dflash_status dflash_tokenizer_decode(const dflash_tokenizer *t, const int32_t *
   for (size_t i = 0; i < n; i++) {
     int32_t id = ids[i];
     if (id < 0 || (uint32_t)id >= v->n_ids || v->kind[id] == DF_TOK_NONE)
-      return df_error(DFLASH_E_RANGE, "decode: id %d at position %zu is not a token (vocabulary "
-                      "size %u)", id, i, v->n_ids);
+      return df_error(DFLASH_E_RANGE,
+                      "decode: id %d at position %zu is not a token (vocabulary "
+                      "size %u)",
+                      id, i, v->n_ids);
     if (total + v->len[id] <= cap) memcpy(out + total, v->blob.data + v->off[id], v->len[id]);
     total += v->len[id];
   }
   *out_len = total;
-  if (total > cap) return df_error(DFLASH_E_BUFFER, "decode: %zu bytes do not fit in %zu", total, cap);
+  if (total > cap)
+    return df_error(DFLASH_E_BUFFER, "decode: %zu bytes do not fit in %zu", total, cap);
   return DFLASH_OK;
 }
 
-dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *t, const char *bytes,
-                                           size_t len, int32_t *id) {
+dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *t, const char *bytes, size_t len,
+                                           int32_t *id) {
   DF_CHECK_ARG(t && (bytes || !len) && id);
   for (size_t k = 0; k < t->n_added; k++)
     if (t->added[k].len == len && !memcmp(t->added[k].text, bytes, len)) {
@@ -570,8 +580,7 @@ dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *t, const char
       return DFLASH_OK;
     }
   uint32_t found = df_vocab_find(&t->vocab, bytes ? bytes : "", len);
-  if (found == UINT32_MAX)
-    return df_error(DFLASH_E_NOT_FOUND, "no token has these %zu bytes", len);
+  if (found == UINT32_MAX) return df_error(DFLASH_E_NOT_FOUND, "no token has these %zu bytes", len);
   *id = (int32_t)found;
   return DFLASH_OK;
 }
@@ -587,7 +596,8 @@ dflash_status dflash_tokenizer_id_to_token(const dflash_tokenizer *t, int32_t id
   *len = v->len[id];
   if (is_special) {
     *is_special = v->kind[id] != DF_TOK_ORDINARY;
-    for (size_t k = 0; k < t->n_added && !*is_special; k++) *is_special = t->added[k].id == (uint32_t)id;
+    for (size_t k = 0; k < t->n_added && !*is_special; k++)
+      *is_special = t->added[k].id == (uint32_t)id;
   }
   return DFLASH_OK;
 }

@@ -51,7 +51,8 @@ void df_vocab_free(df_vocab *v) {
 
 dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t len, int kind) {
   if (id >= v->n_ids) return df_error(DFLASH_E_RANGE, "token id %u outside [0, %u)", id, v->n_ids);
-  if (v->kind[id] != DF_TOK_NONE) return df_error(DFLASH_E_DUPLICATE, "token id %u appears twice", id);
+  if (v->kind[id] != DF_TOK_NONE)
+    return df_error(DFLASH_E_DUPLICATE, "token id %u appears twice", id);
   if (len > UINT32_MAX || v->blob.len + len > UINT32_MAX)
     return df_error(DFLASH_E_OVERFLOW, "token bytes exceed 4 GiB");
   v->off[id] = (uint32_t)v->blob.len;
@@ -166,11 +167,13 @@ static dflash_status pairmap_resize(df_pairmap *m, size_t expected) {
 
 dflash_status df_pairmap_compact(df_pairmap *m) { return pairmap_resize(m, m->count); }
 
-dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged) {
+dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank,
+                             uint32_t merged) {
   if (a > DF_PAIR_MAX_ID || b > DF_PAIR_MAX_ID || merged > DF_PAIR_MAX_ID)
     return df_error(DFLASH_E_UNSUPPORTED, "token ids above %u are not supported", DF_PAIR_MAX_ID);
   if (rank > DF_PAIR_MAX_RANK)
-    return df_error(DFLASH_E_UNSUPPORTED, "more than %u merges are not supported", DF_PAIR_MAX_RANK);
+    return df_error(DFLASH_E_UNSUPPORTED, "more than %u merges are not supported",
+                    DF_PAIR_MAX_RANK);
   if ((m->count + 1) * 2 > m->mask + 1 && pairmap_resize(m, (m->mask + 1))) return DFLASH_E_NOMEM;
   uint64_t key = df_pair_key(a, b);
   for (size_t i = df_pair_slot(key, m->mask); m->slots[i] != UINT64_MAX; i = (i + 1) & m->mask)

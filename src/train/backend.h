@@ -27,9 +27,16 @@ typedef struct df_seq {
   const int32_t *ids;
   const uint8_t *loss_mask; /* NULL for prediction */
   int64_t len;
-  const float *hidden;      /* [len, K*H] */
+  const float *hidden; /* [len, K*H] */
   const int32_t *anchors;
   int32_t n_anchors;
+  const int32_t *labels; /* CE targets [len] (the target's greedy tokens); NULL: ids */
+  /* The hidden rows as stored, for a backend with stored_rows (hidden is then NULL):
+   * DFLASH_HIDDEN_BF16 codes, or DFLASH_HIDDEN_FP8_E4M3 codes with scales [len, K]. */
+  int32_t hidden_dtype;
+  const void *hidden_codes;
+  const float *hidden_scales;
+  const char *id; /* the sample's id for a deferred error (NULL: unnamed) */
 } df_seq;
 
 /* One optimizer step's hyper-parameters (learning rate already scheduled). */
@@ -53,9 +60,17 @@ typedef struct df_backend_vt {
   const char *name;
   void (*destroy)(df_backend *b);
   dflash_status (*zero_grad)(df_backend *b);
-  /* Add grad_scale * d(sum w*CE) to the gradients; return sum(w*CE), sum(w). */
-  dflash_status (*accumulate)(df_backend *b, const df_seq *s, double grad_scale,
-                              double *loss_sum, double *weight_sum);
+  /* Add grad_scale * d(sum w*CE) to the gradients; return sum(w*CE), sum(w). With a
+   * collect entry and loss_sum NULL the call need not wait for the device: the sums (and a
+   * non-finite hidden row found on the device) come from collect. */
+  dflash_status (*accumulate)(df_backend *b, const df_seq *s, double grad_scale, double *loss_sum,
+                              double *weight_sum);
+  /* NULL, or: the sums of the accumulates since the last collect that passed loss_sum NULL
+   * (added to *loss_sum, *weight_sum); the first non-finite hidden row among them fails,
+   * naming its sample. */
+  dflash_status (*collect)(df_backend *b, double *loss_sum, double *weight_sum);
+  /* accumulate takes df_seq's stored rows (the others get float32 hidden). */
+  bool stored_rows;
   dflash_status (*predict)(df_backend *b, const df_seq *s, int32_t *pred);
   /* Global-norm clip + AdamW. With several ranks (the trainer's comm) the
    * gradients are first summed over the ranks, so the norm is global.
@@ -89,7 +104,7 @@ dflash_status df_trainer_push(const dflash_trainer *t, unsigned kinds);
 
 /* Activation-layout sizes for one call of `anchors` blocks over `seq_len`
  * context positions (plan.c); chunk is clamped to the vocabulary. */
-void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors,
-                  int64_t chunk, df_act_dims *d);
+void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors, int64_t chunk,
+                  df_act_dims *d);
 
 #endif

@@ -28,13 +28,13 @@ static dflash_status cpu_zero_grad(df_backend *b) {
 static dflash_status cpu_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                     double *loss_sum, double *weight_sum) {
   /* DFlash 2 too: df_model_step adds the candidate selector's loss. */
-  return df_model_step(&trainer_of(b)->m, s->ids, s->loss_mask, s->len, s->hidden, s->anchors,
-                       s->n_anchors, grad_scale, true, loss_sum, weight_sum);
+  return df_model_step_labels(&trainer_of(b)->m, s->ids, s->labels, s->loss_mask, s->len, s->hidden,
+                              s->anchors, s->n_anchors, grad_scale, true, loss_sum, weight_sum);
 }
 
 static dflash_status cpu_predict(df_backend *b, const df_seq *s, int32_t *pred) {
-  return df_model_predict(&trainer_of(b)->m, s->ids, s->len, s->hidden, s->anchors,
-                          s->n_anchors, pred);
+  return df_model_predict(&trainer_of(b)->m, s->ids, s->len, s->hidden, s->anchors, s->n_anchors,
+                          pred);
 }
 
 typedef struct adam_ctx {
@@ -79,8 +79,10 @@ static dflash_status cpu_step(df_backend *b, const df_adam *a, double *grad_norm
   double norm = sqrt(df_sumsq(m->pool, m->grads, m->n_params));
   *grad_norm = norm;
   if (!isfinite(norm))
-    return df_error(DFLASH_E_RANGE, "step %lld: gradient norm is not finite; parameters left "
-                    "unchanged", (long long)a->step - 1);
+    return df_error(DFLASH_E_RANGE,
+                    "step %lld: gradient norm is not finite; parameters left "
+                    "unchanged",
+                    (long long)a->step - 1);
   double coef = df_clip_coef(a->grad_clip, norm);
   if (coef < 1.0) {
     scale_ctx sc = {m->grads, (float)coef};
@@ -88,8 +90,15 @@ static dflash_status cpu_step(df_backend *b, const df_adam *a, double *grad_norm
   }
   df_adam_consts k;
   df_adam_constants(a, &k);
-  adam_ctx c = {.p = m->params, .g = m->grads, .m1 = t->m1, .m2 = t->m2, .decay = k.decay,
-                .b1 = k.b1, .b2 = k.b2, .eps = k.eps, .step_size = k.step_size,
+  adam_ctx c = {.p = m->params,
+                .g = m->grads,
+                .m1 = t->m1,
+                .m2 = t->m2,
+                .decay = k.decay,
+                .b1 = k.b1,
+                .b2 = k.b2,
+                .eps = k.eps,
+                .step_size = k.step_size,
                 .bc2_sqrt = k.bc2_sqrt};
   df_pool_for(m->pool, m->n_params, 1 << 14, adam_range, &c);
   return DFLASH_OK;
@@ -107,9 +116,14 @@ static dflash_status cpu_push(df_backend *b, df_buf_kind kind, const float *host
 }
 
 static const df_backend_vt cpu_vt = {
-    .name = "cpu", .destroy = cpu_destroy, .zero_grad = cpu_zero_grad,
-    .accumulate = cpu_accumulate, .predict = cpu_predict, .step = cpu_step,
-    .pull = cpu_pull, .push = cpu_push,
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .zero_grad = cpu_zero_grad,
+    .accumulate = cpu_accumulate,
+    .predict = cpu_predict,
+    .step = cpu_step,
+    .pull = cpu_pull,
+    .push = cpu_push,
 };
 
 dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend **out) {

@@ -1,18 +1,22 @@
 /*
  * The CUDA backend's host side: device and rank discovery, the NCCL
- * rendezvous, and per-sequence preparation (block tokens, supervised rows,
- * bf16 hidden states) for cuda/model.cu. Without CUDA in the build every
- * entry point fails with DFLASH_E_UNSUPPORTED, without a device with
- * DFLASH_E_NO_DEVICE.
+ * rendezvous, and per-sequence preparation (block tokens, supervised rows; the
+ * hidden rows are passed as stored: the device converts and checks them) for
+ * cuda/model.cu. Accumulates without a loss pointer do not wait for the
+ * device: their losses and NaN/Inf checks are collected at the step.
+ * Without CUDA in the build every entry point fails with
+ * DFLASH_E_UNSUPPORTED, without a device with DFLASH_E_NO_DEVICE.
  */
 #include "backend.h"
+
+#include <dflash/hidden.h>
 
 #include <stdlib.h>
 #include <string.h>
 
 #ifdef DFLASH_HAVE_CUDA
-#include "../../cuda/dfcuda.h"
-#include "bf16.h"
+#include "dfcuda.h"
+#include "core/bf16.h"
 #include "dist.h"
 
 typedef struct cuda_backend {
@@ -21,14 +25,16 @@ typedef struct cuda_backend {
   df_cu_model *dev;
   df_dist_env env;
   bool nccl; /* joins (or joined) NCCL: several ranks, or DFLASH_NCCL=1 */
-  /* host staging, grown as needed */
-  uint16_t *hidden; /* pinned */
-  size_t hidden_cap;
+  /* host staging, grown as needed (model.cu copies it into pinned memory) */
   int32_t *i32;
   float *f32;
   size_t i32_cap, f32_cap;
   /* gradient normalisation across ranks (see cuda_step) */
   double scale_used, weight_local;
+  /* accumulates whose losses are still on the device (df_cu_results): sum(w), sample id */
+  double *pend_w;
+  char **pend_id;
+  size_t n_pend, cap_pend;
 } cuda_backend;
 
 static cuda_backend *cb(df_backend *b) { return (cuda_backend *)b; }
@@ -42,21 +48,10 @@ static dflash_status grow(void **p, size_t *cap, size_t bytes) {
   return DFLASH_OK;
 }
 
-typedef struct to_bf16_ctx {
-  uint16_t *dst;
-  const float *src;
-} to_bf16_ctx;
-
-static void to_bf16_range(void *vc, size_t b, size_t e, int worker) {
-  (void)worker;
-  to_bf16_ctx *c = vc;
-  for (size_t i = b; i < e; i++) c->dst[i] = df_f32_to_bf16(c->src[i]);
-}
-
-/* Block tokens, supervised rows and weights, bf16 context features: what
- * model.c's prepare() computes, as arrays for the device. */
-static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale,
-                             df_cu_batch *b) {
+/* Block tokens, supervised rows and weights: what model.c's prepare()
+ * computes, as arrays for the device; the context rows as given (fp32, or the
+ * stored bf16 / fp8 codes), for the device to convert. */
+static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale, df_cu_batch *b) {
   df_model *m = &c->t->m;
   int A = s->n_anchors, Sc = 0, max_pos = (int)s->len, R = 0;
   for (int n = 0; n < A; n++) {
@@ -64,10 +59,11 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
     max_pos = s->anchors[n] + m->B > max_pos ? s->anchors[n] + m->B : max_pos;
   }
   int T = A * m->B, cap_r = A * (m->B - 1);
-  dflash_status st = grow((void **)&c->i32, &c->i32_cap, sizeof(int32_t) * ((size_t)T + 2 * cap_r));
+  dflash_status st = grow((void **)&c->i32, &c->i32_cap, sizeof(int32_t) * ((size_t)T + 3 * cap_r));
   if (!st) st = grow((void **)&c->f32, &c->f32_cap, sizeof(float) * 2 * (size_t)cap_r);
   if (st) return st;
   int32_t *tok = c->i32, *rows_t = tok + T, *rows_target = rows_t + cap_r;
+  int32_t *rows_prev = rows_target + cap_r; /* DFlash 2's selector: the true token before */
   float *coef = c->f32;
   for (int n = 0; n < A; n++)
     for (int j = 0; j < m->B; j++) {
@@ -77,31 +73,41 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
       if (s->loss_mask && !(p < s->len && s->loss_mask[p] && df_position_weight(m, j) > 0))
         continue;
       rows_t[R] = t;
-      rows_target[R] = s->loss_mask ? s->ids[p] : 0;
+      rows_target[R] = !s->loss_mask ? 0 : s->labels ? s->labels[p] : s->ids[p];
+      /* the predecessor as model.c's row_prev: the anchor token, else the previous label */
+      rows_prev[R] = p - 1 >= s->len      ? 0 /* predict: past the end */
+                     : s->labels && j > 1 ? s->labels[p - 1]
+                                          : s->ids[p - 1];
       coef[R] = (float)(df_position_weight(m, j) * grad_scale);
       R++;
     }
-  size_t nh = (size_t)Sc * (size_t)m->KH;
-  if (nh * 2 > c->hidden_cap) {
-    df_cu_host_free(c->hidden);
-    c->hidden = NULL;
-    c->hidden_cap = 0;
-    if ((st = df_cu_host_alloc(nh * 2, (void **)&c->hidden))) return st;
-    c->hidden_cap = nh * 2;
-  }
-  to_bf16_ctx tc = {c->hidden, s->hidden};
-  df_pool_for(m->pool, nh, 1 << 16, to_bf16_range, &tc);
-  *b = (df_cu_batch){.T = T, .Sc = Sc, .R = R, .A = A, .max_pos = max_pos,
-                     .anchors = s->anchors, .block_tok = tok, .rows_t = rows_t,
-                     .rows_target = rows_target, .coef = s->loss_mask ? coef : NULL,
-                     .hidden = c->hidden};
+  bool stored = s->hidden_codes != NULL;
+  *b = (df_cu_batch){.T = T,
+                     .Sc = Sc,
+                     .R = R,
+                     .A = A,
+                     .max_pos = max_pos,
+                     .anchors = s->anchors,
+                     .block_tok = tok,
+                     .rows_t = rows_t,
+                     .rows_target = rows_target,
+                     .coef = s->loss_mask ? coef : NULL,
+                     .rows_prev = rows_prev,
+                     .hidden_dtype = !stored ? DF_CU_HIDDEN_F32
+                                     : s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3
+                                         ? DF_CU_HIDDEN_FP8
+                                         : DF_CU_HIDDEN_BF16,
+                     .hidden_codes = stored ? s->hidden_codes : (const void *)s->hidden,
+                     .hidden_scales = s->hidden_scales};
   return DFLASH_OK;
 }
 
 static void cuda_destroy(df_backend *b) {
   cuda_backend *c = cb(b);
   df_cu_free(c->dev);
-  df_cu_host_free(c->hidden);
+  for (size_t i = 0; i < c->n_pend; i++) free(c->pend_id[i]);
+  free(c->pend_w);
+  free(c->pend_id);
   free(c->i32);
   free(c->f32);
   free(c);
@@ -128,29 +134,79 @@ static dflash_status keep_scale(cuda_backend *c, double grad_scale, const df_cu_
   return st;
 }
 
+/* Remember a deferred sequence: its weight and (for the error) its id. */
+static dflash_status defer(cuda_backend *c, double wsum, const char *id) {
+  if (c->n_pend == c->cap_pend) {
+    size_t cap = c->cap_pend ? 2 * c->cap_pend : 64;
+    double *w = realloc(c->pend_w, cap * sizeof *w);
+    if (w) c->pend_w = w;
+    char **ids = w ? realloc(c->pend_id, cap * sizeof *ids) : NULL;
+    if (!ids) return df_error_nomem("deferred sequences");
+    c->pend_id = ids;
+    c->cap_pend = cap;
+  }
+  char *copy = df_strdup(id ? id : "");
+  if (!copy) return df_error_nomem("deferred sequences");
+  c->pend_w[c->n_pend] = wsum;
+  c->pend_id[c->n_pend++] = copy;
+  return DFLASH_OK;
+}
+
 static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                      double *loss_sum, double *weight_sum) {
   cuda_backend *c = cb(b);
   df_model *m = &c->t->m;
   if (s->n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", s->n_anchors);
-  dflash_status st = df_model_check_inputs(m, s->ids, s->len, s->hidden, s->anchors,
-                                           s->n_anchors);
+  /* Stored rows are checked for NaN/Inf on the device (fp32 ones here, as before). */
+  dflash_status st = df_model_check_inputs(m, s->ids, s->len, s->hidden, s->anchors, s->n_anchors);
   df_cu_batch bt;
   if (!st) st = prepare(c, s, grad_scale, &bt);
   if (st) return st;
   if ((st = keep_scale(c, grad_scale, &bt))) return st;
+  double wsum = 0;
+  for (int r = 0; r < bt.R; r++) wsum += df_position_weight(m, bt.rows_t[r] % m->B);
+  if (grad_scale != 0) c->weight_local += wsum;
+  if (weight_sum) *weight_sum = wsum;
+  if (!loss_sum) { /* deferred: nothing waits for the device */
+    if ((st = df_cu_accumulate(c->dev, &bt, NULL))) return st;
+    return defer(c, wsum, s->id);
+  }
   float *loss = c->f32 + bt.R; /* second half of the f32 staging */
   if ((st = df_cu_accumulate(c->dev, &bt, loss))) return st;
-  double lsum = 0, wsum = 0;
-  for (int r = 0; r < bt.R; r++) {
-    double w = df_position_weight(m, bt.rows_t[r] % m->B);
-    lsum += w * loss[r];
-    wsum += w;
-  }
-  if (grad_scale != 0) c->weight_local += wsum;
-  if (loss_sum) *loss_sum = lsum;
-  if (weight_sum) *weight_sum = wsum;
+  double lsum = 0;
+  for (int r = 0; r < bt.R; r++) lsum += df_position_weight(m, bt.rows_t[r] % m->B) * loss[r];
+  *loss_sum = lsum;
   return DFLASH_OK;
+}
+
+/* The deferred sequences' sums (one wait for the device); a non-finite hidden row the
+ * device found fails, naming the first such sample. */
+static dflash_status cuda_collect(df_backend *b, double *loss_sum, double *weight_sum) {
+  cuda_backend *c = cb(b);
+  size_t n = c->n_pend;
+  if (!n) return DFLASH_OK;
+  double *loss = malloc(n * sizeof *loss);
+  int64_t *bad = malloc(n * sizeof *bad);
+  dflash_status st = loss && bad ? df_cu_results(c->dev, loss, bad, n)
+                                 : df_error_nomem("deferred losses");
+  size_t first = n;
+  for (size_t i = 0; !st && i < n; i++) {
+    if (bad[i] >= 0 && first == n) first = i;
+    *loss_sum += loss[i];
+    *weight_sum += c->pend_w[i];
+  }
+  if (!st && first < n) {
+    int64_t KH = c->t->m.KH;
+    st = df_error(DFLASH_E_FORMAT,
+                  "sample %s: hidden state at position %lld, column %lld is "
+                  "not finite (checked on the device)",
+                  c->pend_id[first], (long long)(bad[first] / KH), (long long)(bad[first] % KH));
+  }
+  for (size_t i = 0; i < n; i++) free(c->pend_id[i]);
+  c->n_pend = 0;
+  free(loss);
+  free(bad);
+  return st;
 }
 
 static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred) {
@@ -172,10 +228,20 @@ static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred)
  */
 static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_norm) {
   cuda_backend *c = cb(b);
+  if (c->n_pend) /* the trainer collects first; this only guards the parameters */
+    return df_error(DFLASH_E_STATE,
+                    "CUDA: %zu accumulated sequences not collected before the "
+                    "step",
+                    c->n_pend);
   df_adam_consts k;
   df_adam_constants(a, &k);
-  df_cu_adam ca = {.decay = k.decay, .b1 = k.b1, .b2 = k.b2, .eps = k.eps,
-                   .step_size = k.step_size, .bc2_sqrt = k.bc2_sqrt, .clip = a->grad_clip,
+  df_cu_adam ca = {.decay = k.decay,
+                   .b1 = k.b1,
+                   .b2 = k.b2,
+                   .eps = k.eps,
+                   .step_size = k.step_size,
+                   .bc2_sqrt = k.bc2_sqrt,
+                   .clip = a->grad_clip,
                    .grad_factor = 1.0};
   if (c->env.world > 1) {
     double w = c->weight_local;
@@ -187,8 +253,10 @@ static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_nor
 }
 
 static int cu_kind(df_buf_kind k) {
-  return k == DF_BUF_PARAMS ? DF_CU_PARAMS : k == DF_BUF_GRADS ? DF_CU_GRADS
-                                           : k == DF_BUF_M1 ? DF_CU_M1 : DF_CU_M2;
+  return k == DF_BUF_PARAMS  ? DF_CU_PARAMS
+         : k == DF_BUF_GRADS ? DF_CU_GRADS
+         : k == DF_BUF_M1    ? DF_CU_M1
+                             : DF_CU_M2;
 }
 
 static dflash_status cuda_pull(df_backend *b, df_buf_kind kind, float *host) {
@@ -200,9 +268,16 @@ static dflash_status cuda_push(df_backend *b, df_buf_kind kind, const float *hos
 }
 
 static const df_backend_vt cuda_vt = {
-    .name = "cuda", .destroy = cuda_destroy, .zero_grad = cuda_zero_grad,
-    .accumulate = cuda_accumulate, .predict = cuda_predict, .step = cuda_step,
-    .pull = cuda_pull, .push = cuda_push,
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .zero_grad = cuda_zero_grad,
+    .accumulate = cuda_accumulate,
+    .collect = cuda_collect,
+    .stored_rows = true,
+    .predict = cuda_predict,
+    .step = cuda_step,
+    .pull = cuda_pull,
+    .push = cuda_push,
 };
 
 /* NCCL when there are several ranks, or on request (DFLASH_NCCL=1) with one.
@@ -223,8 +298,9 @@ static dflash_status join_ranks(cuda_backend *c) {
   double timeout;
   dflash_status st = df_dist_timeout(&timeout);
   if (!st && c->env.rank == 0) st = df_cu_nccl_unique_id(id);
-  if (!st) st = comm ? df_comm_broadcast(comm, id, sizeof id)
-                     : df_rendezvous(&c->env, id, sizeof id, timeout);
+  if (!st)
+    st = comm ? df_comm_broadcast(comm, id, sizeof id)
+              : df_rendezvous(&c->env, id, sizeof id, timeout);
   if (!st) st = df_cu_nccl_init(c->dev, c->env.rank, c->env.world, id, timeout);
   /* ZeRO-1: every rank takes part in gathering the moments, but they reach
    * the host of rank 0 alone (the one that writes them); the masters reach
@@ -243,16 +319,43 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   c->t = t;
   st = df_dist_env_from_environ(&c->env);
   if (!st && c->env.local_rank >= n_dev)
-    st = df_error(DFLASH_E_NO_DEVICE, "trainer backend cuda: LOCAL_RANK %d but only %d CUDA "
-                  "device(s) are visible", c->env.local_rank, n_dev);
+    st = df_error(DFLASH_E_NO_DEVICE,
+                  "trainer backend cuda: LOCAL_RANK %d but only %d CUDA "
+                  "device(s) are visible",
+                  c->env.local_rank, n_dev);
   find_ranks(c); /* the model is created as this rank's ZeRO-1 shard */
   df_model *m = &t->m;
-  df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
-                      .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq, .rot = m->rot, .n_params = m->n_params,
-                      .n_tensors = m->n_tensors, .device = c->env.local_rank,
-                      .rank = c->nccl ? c->env.rank : 0, .world = c->nccl ? c->env.world : 1};
+  const char *why = df_cu_attn_shape_why(m->B, m->nh, m->nkv, m->d);
+  if (!st && why)
+    st = df_error(DFLASH_E_UNSUPPORTED,
+                  "trainer backend cuda: block size %d, %d query / %d kv heads, head_dim %d: %s",
+                  m->B, m->nh, m->nkv, m->d, why);
+  df_cu_config cfg = {.H = m->H,
+                      .KH = m->KH,
+                      .nh = m->nh,
+                      .nkv = m->nkv,
+                      .d = m->d,
+                      .I = m->I,
+                      .V = m->V,
+                      .B = m->B,
+                      .L = m->L,
+                      .vocab_chunk = m->vocab_chunk,
+                      .eps = (float)m->cfg.rms_norm_eps,
+                      .attn_factor = m->attn_factor,
+                      .inv_freq = m->inv_freq,
+                      .rot = m->rot,
+                      .n_params = m->n_params,
+                      .n_tensors = m->n_tensors,
+                      .device = c->env.local_rank,
+                      .rank = c->nccl ? c->env.rank : 0,
+                      .world = c->nccl ? c->env.world : 1,
+                      .dflash2 = m->dflash2,
+                      .conv_k = m->conv_k,
+                      .conv_g = m->conv_g,
+                      .sel_top_k = m->ext.selector_top_k,
+                      .sel_rank = m->sel_rank,
+                      .sel_inject = m->sel_inject,
+                      .sel_weight = m->sel_weight};
   /* DFLASH_CUDA_OVERLAP=0: the gradient reduce-scatter after the backward, not
    * overlapping it (to compare; the results are the same to the bit). */
   const char *ovl = getenv("DFLASH_CUDA_OVERLAP");
@@ -260,11 +363,15 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   for (int l = 0; l < m->L; l++)
     cfg.window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
-  if (!st && !offs) st = df_error_nomem("CUDA tensor table");
+  float *pw = malloc(sizeof(float) * (size_t)m->B);
+  if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
+  for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
+  cfg.pos_weight = pw;
   for (size_t i = 0; !st && i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
   cfg.offsets = offs;
   if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);
   free(offs);
+  free(pw);
   if (!st) st = join_ranks(c);
   if (st) {
     cuda_destroy(&c->base);
@@ -279,7 +386,7 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   (void)t, (void)out;
   return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
-                  "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+                                        "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
 }
 
 #endif

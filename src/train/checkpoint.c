@@ -14,7 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "bf16.h"
+#include "core/bf16.h"
 #include "remote.h"
 
 #define STATE_FORMAT "dflash-train-state-1"
@@ -58,8 +58,8 @@ dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int 
    * before anything lands in `dir`. */
   size_t json_len = 0;
   dflash_status st = dflash_drafter_config_to_json_ext(&t->m.cfg, &t->m.ext, NULL, &json_len);
-  if (st != DFLASH_E_BUFFER) return df_error_wrap(st ? st : DFLASH_E_INTERNAL,
-                                                  "saving checkpoint %s", dir);
+  if (st != DFLASH_E_BUFFER)
+    return df_error_wrap(st ? st : DFLASH_E_INTERNAL, "saving checkpoint %s", dir);
   dflash_clear_error();
   st = ensure_dir(dir);
   if (!st) st = df_trainer_pull(t, DF_BUF_PARAMS);
@@ -98,8 +98,8 @@ static dflash_status read_floats(const dflash_tensor *src, float *out, size_t n)
   }
 }
 
-dflash_status df_read_float_tensor(const dflash_safetensors *st, const char *name,
-                                   int ndim, const int64_t *shape, float *out) {
+dflash_status df_read_float_tensor(const dflash_safetensors *st, const char *name, int ndim,
+                                   const int64_t *shape, float *out) {
   dflash_tensor src = {.struct_size = sizeof src};
   dflash_status s = dflash_safetensors_find(st, name, &src);
   return s ? s : df_tensor_floats(&src, name, ndim, shape, out);
@@ -115,9 +115,10 @@ dflash_status df_tensor_floats(const dflash_tensor *t, const char *name, int ndi
     same = same && src.shape[d] == shape[d];
   }
   if (!same)
-    return df_error(DFLASH_E_MISMATCH, "%s: tensor %s has the wrong shape for this config "
-                    "(expected %lld x %lld)", src.file, name, (long long)shape[0],
-                    (long long)(ndim > 1 ? shape[1] : 1));
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: tensor %s has the wrong shape for this config "
+                    "(expected %lld x %lld)",
+                    src.file, name, (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 1));
   return read_floats(&src, out, n);
 }
 
@@ -128,8 +129,8 @@ static dflash_status load_remote(dflash_trainer *t, const char *url, bool state,
   char *local = NULL;
   bool object = state || df_str_ends_with(url, ".safetensors");
   dflash_status s = df_remote_fetch(url, object ? NULL : "model.safetensors", &local);
-  if (!s) s = state ? dflash_trainer_load_state(t, local, user, user_len)
-                    : dflash_trainer_load(t, local);
+  if (!s)
+    s = state ? dflash_trainer_load_state(t, local, user, user_len) : dflash_trainer_load(t, local);
   free(local);
   return s;
 }
@@ -172,8 +173,8 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
 
 /* ---- training state ------------------------------------------------------- */
 
-dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path,
-                                        const void *user, size_t user_len) {
+dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path, const void *user,
+                                        size_t user_len) {
   DF_CHECK_ARG(t && path && (user || user_len == 0));
   if (dflash_storage_is_remote(path)) return df_remote_save_state(t, path, user, user_len);
   const df_model *m = &t->m;
@@ -181,7 +182,8 @@ dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *pat
   dflash_st_writer *w;
   dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && (t->be->not_on_host & (DF_BUF_M1 | DF_BUF_M2)))
-    st = df_error(DFLASH_E_STATE, "training state: this rank holds no host copy of the AdamW "
+    st = df_error(DFLASH_E_STATE,
+                  "training state: this rank holds no host copy of the AdamW "
                   "moments (ZeRO-1 over several ranks: rank 0 gathers and writes the state)");
   if (!st) st = dflash_st_writer_create(path, &w);
   if (st) return st;
@@ -203,9 +205,8 @@ dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *pat
   return st;
 }
 
-static dflash_status state_tensor(const dflash_safetensors *st, const char *path,
-                                  const char *name, dflash_dtype dtype, uint64_t nbytes,
-                                  dflash_tensor *out) {
+static dflash_status state_tensor(const dflash_safetensors *st, const char *path, const char *name,
+                                  dflash_dtype dtype, uint64_t nbytes, dflash_tensor *out) {
   out->struct_size = sizeof *out;
   if (dflash_safetensors_find(st, name, out))
     return df_error(DFLASH_E_FORMAT, "%s: training state lacks tensor %s", path, name);
@@ -237,8 +238,9 @@ dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, voi
   if (!s) s = state_tensor(st, path, "user", DFLASH_DTYPE_U8, UINT64_MAX, &u);
   if (!s && (!user || *user_len < u.nbytes)) {
     *user_len = (size_t)u.nbytes;
-    if (user) s = df_error(DFLASH_E_BUFFER, "%s: user state needs %llu bytes", path,
-                           (unsigned long long)u.nbytes);
+    if (user)
+      s = df_error(DFLASH_E_BUFFER, "%s: user state needs %llu bytes", path,
+                   (unsigned long long)u.nbytes);
     dflash_safetensors_free(st);
     return s;
   }

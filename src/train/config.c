@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void dflash_drafter_config_default(dflash_drafter_config *cfg) {
+static void drafter_config_defaults(dflash_drafter_config *cfg) {
   if (!cfg) return;
   memset(cfg, 0, sizeof *cfg);
   cfg->struct_size = sizeof *cfg;
@@ -28,24 +28,37 @@ void dflash_drafter_config_default(dflash_drafter_config *cfg) {
   cfg->mask_token_id = -1;
 }
 
-void dflash_drafter_config_ext_default(dflash_drafter_config_ext *ext) {
+DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size) {
+  dflash_drafter_config d;
+  drafter_config_defaults(&d);
+  df_opts_fill(cfg, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg) {
+  dflash_drafter_config_init(cfg, sizeof *cfg);
+}
+
+static void drafter_config_ext_defaults(dflash_drafter_config_ext *ext) {
   if (!ext) return;
   memset(ext, 0, sizeof *ext);
   ext->struct_size = sizeof *ext;
   ext->partial_rotary_factor = 1.0;
 }
 
+DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size) {
+  dflash_drafter_config_ext d;
+  drafter_config_ext_defaults(&d);
+  df_opts_fill(ext, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext) {
+  dflash_drafter_config_ext_init(ext, sizeof *ext);
+}
+
 dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
                                  dflash_drafter_config_ext *out) {
   dflash_drafter_config_ext_default(out);
-  if (!in) return DFLASH_OK;
-  size_t v1 = offsetof(dflash_drafter_config_ext, partial_rotary_factor) + sizeof(double);
-  if (in->struct_size < v1 || in->struct_size > sizeof *out)
-    return df_error(DFLASH_E_INVALID_ARG, "drafter config ext: struct_size %zu is not a known "
-                    "version (%zu)", in->struct_size, sizeof *out);
-  memcpy(out, in, in->struct_size);
-  out->struct_size = sizeof *out;
-  return DFLASH_OK;
+  return df_opts_in(out, in, sizeof *out, "dflash_drafter_config_ext");
 }
 
 int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext) {
@@ -60,13 +73,14 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
   if (!ext) return DFLASH_OK;
   double f = ext->partial_rotary_factor;
   if (!(f > 0.0 && f <= 1.0))
-    return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor must be in (0, 1] (got %g)",
-                    what, f);
+    return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor must be in (0, 1] (got %g)", what,
+                    f);
   int rot = df_rotary_dims(cfg, ext);
   if (rot < 2 || rot % 2)
-    return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor %g rotates int(%d * %g) = %d "
-                    "dims of each head; that must be even and at least 2", what, f,
-                    cfg->head_dim, f, rot);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: partial_rotary_factor %g rotates int(%d * %g) = %d "
+                    "dims of each head; that must be even and at least 2",
+                    what, f, cfg->head_dim, f, rot);
   return df_dflash2_validate(cfg, ext, what);
 }
 
@@ -77,10 +91,12 @@ dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
   if (!e->dflash2) {
     /* Sizes without the architecture would be dropped silently. */
     if (e->conv_kernel_size || e->conv_group_size || e->selector_top_k || e->selector_rank)
-      return df_error(DFLASH_E_CONFIG, "%s: DFlash 2 sizes (conv_kernel_size %d, "
+      return df_error(DFLASH_E_CONFIG,
+                      "%s: DFlash 2 sizes (conv_kernel_size %d, "
                       "conv_group_size %d, selector_top_k %d, selector_rank %d) are set but "
-                      "dflash2 is 0", what, e->conv_kernel_size, e->conv_group_size,
-                      e->selector_top_k, e->selector_rank);
+                      "dflash2 is 0",
+                      what, e->conv_kernel_size, e->conv_group_size, e->selector_top_k,
+                      e->selector_rank);
     return DFLASH_OK;
   }
   /* The bounds keep 2 k H / g and V r inside int32 for the tensor table. */
@@ -88,8 +104,10 @@ dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
     return df_error(DFLASH_E_CONFIG, "%s: conv_kernel_size must be in 1..64 (got %d)", what,
                     e->conv_kernel_size);
   if (e->conv_group_size < 1 || cfg->hidden_size % e->conv_group_size)
-    return df_error(DFLASH_E_CONFIG, "%s: conv_group_size %d must be >= 1 and divide "
-                    "hidden_size %d", what, e->conv_group_size, cfg->hidden_size);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: conv_group_size %d must be >= 1 and divide "
+                    "hidden_size %d",
+                    what, e->conv_group_size, cfg->hidden_size);
   if (e->selector_top_k < 1 || e->selector_top_k > cfg->vocab_size)
     return df_error(DFLASH_E_CONFIG, "%s: selector_top_k must be in 1..vocab_size=%d (got %d)",
                     what, cfg->vocab_size, e->selector_top_k);
@@ -105,15 +123,19 @@ dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
 dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k, int32_t *out) {
   DF_CHECK_ARG(out);
   if (k < 1 || k > DFLASH_DRAFTER_MAX_TARGET || num_target_layers < 1)
-    return df_error(DFLASH_E_CONFIG, "default target layers: need 1 <= K <= %d and L >= 1 "
-                    "(got K=%d, L=%d)", DFLASH_DRAFTER_MAX_TARGET, k, num_target_layers);
+    return df_error(DFLASH_E_CONFIG,
+                    "default target layers: need 1 <= K <= %d and L >= 1 "
+                    "(got K=%d, L=%d)",
+                    DFLASH_DRAFTER_MAX_TARGET, k, num_target_layers);
   if (k == 1) {
     out[0] = num_target_layers / 2;
     return DFLASH_OK;
   }
   if (num_target_layers < 5)
-    return df_error(DFLASH_E_CONFIG, "default target layers: %d target layers are too few for "
-                    "K=%d (the rule spreads them over layers 1..L-3)", num_target_layers, k);
+    return df_error(DFLASH_E_CONFIG,
+                    "default target layers: %d target layers are too few for "
+                    "K=%d (the rule spreads them over layers 1..L-3)",
+                    num_target_layers, k);
   double span = (double)(num_target_layers - 4);
   /* Python's round() (half to even), as the reference trainer computes it. */
   for (int32_t i = 0; i < k; i++) out[i] = (int32_t)rint(1.0 + (double)i * span / (double)(k - 1));
@@ -143,19 +165,22 @@ dflash_status df_yarn_check(const dflash_drafter_config *c, const char *what) {
   if (c->rope_type != DFLASH_ROPE_YARN || c->rope_original_max_position <= 0) return DFLASH_OK;
   double ratio = (double)c->max_position_embeddings / c->rope_original_max_position;
   if (fabs(ratio - c->rope_factor) > 1e-9 * c->rope_factor)
-    return df_error(DFLASH_E_CONFIG, "%s: rope_scaling.factor %g differs from "
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: rope_scaling.factor %g differs from "
                     "max_position_embeddings / rope_scaling.original_max_position_embeddings = "
                     "%d / %d = %g (engines use the factor, transformers 4.51-4.55 the ratio); set "
-                    "max_position_embeddings to %.0f", what, c->rope_factor,
-                    c->max_position_embeddings, c->rope_original_max_position, ratio,
-                    c->rope_factor * c->rope_original_max_position);
+                    "max_position_embeddings to %.0f",
+                    what, c->rope_factor, c->max_position_embeddings, c->rope_original_max_position,
+                    ratio, c->rope_factor * c->rope_original_max_position);
   return DFLASH_OK;
 }
 
 dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
   DF_CHECK_ARG(c);
-#define NEED(cond, ...) \
-  do { if (!(cond)) return df_error(DFLASH_E_CONFIG, "drafter config: " __VA_ARGS__); } while (0)
+#define NEED(cond, ...)                                                            \
+  do {                                                                             \
+    if (!(cond)) return df_error(DFLASH_E_CONFIG, "drafter config: " __VA_ARGS__); \
+  } while (0)
   NEED(c->hidden_size > 0, "hidden_size must be positive (got %d)", c->hidden_size);
   NEED(c->intermediate_size > 0, "intermediate_size must be positive (got %d)",
        c->intermediate_size);
@@ -180,8 +205,8 @@ dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
   NEED(c->num_target_layers >= 0, "num_target_layers must not be negative (got %d)",
        c->num_target_layers);
   NEED(c->n_target_layer_ids > 0 && c->n_target_layer_ids <= DFLASH_DRAFTER_MAX_TARGET,
-       "dflash_config.target_layer_ids must have 1..%d entries (got %d)",
-       DFLASH_DRAFTER_MAX_TARGET, c->n_target_layer_ids);
+       "dflash_config.target_layer_ids must have 1..%d entries (got %d)", DFLASH_DRAFTER_MAX_TARGET,
+       c->n_target_layer_ids);
   for (int32_t i = 0; i < c->n_target_layer_ids; i++)
     NEED(c->target_layer_ids[i] >= 0 &&
              (c->num_target_layers == 0 || c->target_layer_ids[i] < c->num_target_layers),
@@ -226,8 +251,7 @@ static dflash_status get_int(const parser *p, json_t *obj, const char *key, int3
     if (required) return df_error(DFLASH_E_CONFIG, "%s: missing \"%s\"", p->what, key);
     return DFLASH_OK;
   }
-  if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
-      json_integer_value(v) > INT32_MAX)
+  if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX)
     return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be a 32-bit integer", p->what, key);
   *out = (int32_t)json_integer_value(v);
   return DFLASH_OK;
@@ -269,8 +293,10 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
   const char *name = type && json_is_string(type) ? json_string_value(type) : "default";
   if (!strcmp(name, "default")) return DFLASH_OK;
   if (strcmp(name, "yarn"))
-    return df_error(DFLASH_E_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported "
-                    "(default and yarn are)", p->what, name);
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: rope_scaling type \"%s\" is not supported "
+                    "(default and yarn are)",
+                    p->what, name);
   c->rope_type = DFLASH_ROPE_YARN;
   c->rope_original_max_position = 0;
   double mscale = 0, mscale_all = 0, attn = 0;
@@ -290,8 +316,10 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
   /* Engines disagree without it: transformers 5 takes max_position_embeddings,
    * vLLM and SGLang need the key. */
   if (c->rope_original_max_position <= 0)
-    return df_error(DFLASH_E_CONFIG, "%s: %s (yarn) needs a positive "
-                    "\"original_max_position_embeddings\"", p->what, key);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: %s (yarn) needs a positive "
+                    "\"original_max_position_embeddings\"",
+                    p->what, key);
   /* The default that Hugging Face derives when attention_factor is absent;
    * engines disagree on it, so it is written explicitly. */
   if (attn <= 0) {
@@ -299,7 +327,8 @@ static dflash_status parse_rope(const parser *p, json_t *root, dflash_drafter_co
                ? yarn_mscale(c->rope_factor, mscale) / yarn_mscale(c->rope_factor, mscale_all)
                : yarn_mscale(c->rope_factor, 1.0);
     if (attn != 1.0)
-      df_log(DFLASH_LOG_WARN, "%s: %s (yarn) has no attention_factor; using Hugging Face's "
+      df_log(DFLASH_LOG_WARN,
+             "%s: %s (yarn) has no attention_factor; using Hugging Face's "
              "default %.6g, which engines do not all share (checkpoints write it explicitly)",
              p->what, key, attn);
   }
@@ -338,28 +367,35 @@ static dflash_status parse_layer_types(const parser *p, json_t *root, dflash_dra
     for (size_t i = 0; i < json_array_size(lt); i++) {
       const char *s = json_string_value(json_array_get(lt, i));
       if (s && !strcmp(s, "sliding_attention"))
-        return df_error(DFLASH_E_CONFIG, "%s: layer_types[%zu] is \"sliding_attention\" but "
+        return df_error(DFLASH_E_CONFIG,
+                        "%s: layer_types[%zu] is \"sliding_attention\" but "
                         "\"use_sliding_window\" is not true, so transformers' Qwen3Config drops "
-                        "sliding_window; set \"use_sliding_window\": true", p->what, i);
+                        "sliding_window; set \"use_sliding_window\": true",
+                        p->what, i);
     }
   }
   if (!lt || json_is_null(lt)) {
     /* Qwen3Config's derivation when the list is absent. */
     for (int32_t i = 0; i < c->num_hidden_layers; i++)
       c->layer_types[i] = use_sliding && c->sliding_window > 0 && i >= max_window_layers
-                              ? DFLASH_LAYER_SLIDING : DFLASH_LAYER_FULL;
+                              ? DFLASH_LAYER_SLIDING
+                              : DFLASH_LAYER_FULL;
     return DFLASH_OK;
   }
   if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->num_hidden_layers)
-    return df_error(DFLASH_E_CONFIG, "%s: \"layer_types\" must list exactly num_hidden_layers=%d "
-                    "entries", p->what, c->num_hidden_layers);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: \"layer_types\" must list exactly num_hidden_layers=%d "
+                    "entries",
+                    p->what, c->num_hidden_layers);
   for (size_t i = 0; i < json_array_size(lt); i++) {
     const char *s = json_string_value(json_array_get(lt, i));
     if (s && !strcmp(s, "full_attention")) c->layer_types[i] = DFLASH_LAYER_FULL;
     else if (s && !strcmp(s, "sliding_attention")) c->layer_types[i] = DFLASH_LAYER_SLIDING;
     else
-      return df_error(DFLASH_E_CONFIG, "%s: layer_types[%zu] must be \"full_attention\" or "
-                      "\"sliding_attention\"", p->what, i);
+      return df_error(DFLASH_E_CONFIG,
+                      "%s: layer_types[%zu] must be \"full_attention\" or "
+                      "\"sliding_attention\"",
+                      p->what, i);
   }
   return DFLASH_OK;
 }
@@ -374,12 +410,16 @@ static dflash_status parse_dflash(const parser *p, json_t *root, dflash_drafter_
   if ((st = get_int(p, root, "block_size", &top_bs, false))) return st;
   if (dc && (st = get_int(p, dc, "block_size", &inner_bs, false))) return st;
   if (top_bs && inner_bs && top_bs != inner_bs)
-    return df_error(DFLASH_E_CONFIG, "%s: block_size %d at top level disagrees with "
-                    "dflash_config.block_size %d", p->what, top_bs, inner_bs);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: block_size %d at top level disagrees with "
+                    "dflash_config.block_size %d",
+                    p->what, top_bs, inner_bs);
   c->block_size = inner_bs ? inner_bs : top_bs;
   if (!c->block_size)
-    return df_error(DFLASH_E_CONFIG, "%s: missing \"block_size\" (top level or in "
-                    "dflash_config)", p->what);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: missing \"block_size\" (top level or in "
+                    "dflash_config)",
+                    p->what);
   if ((st = get_int(p, root, "mask_token_id", &c->mask_token_id, false))) return st;
   if (dc && (st = get_int(p, dc, "mask_token_id", &c->mask_token_id, false))) return st;
   if (c->mask_token_id < 0)
@@ -393,8 +433,10 @@ static dflash_status parse_dflash(const parser *p, json_t *root, dflash_drafter_
     return DFLASH_OK;
   }
   if (c->num_target_layers <= 0)
-    return df_error(DFLASH_E_CONFIG, "%s: neither dflash_config.target_layer_ids nor "
-                    "num_target_layers is given", p->what);
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: neither dflash_config.target_layer_ids nor "
+                    "num_target_layers is given",
+                    p->what);
   /* The reference trainer's default: one target layer per drafter layer. */
   c->n_target_layer_ids = c->num_hidden_layers;
   return dflash_default_target_layers(c->num_target_layers, c->num_hidden_layers,
@@ -411,8 +453,10 @@ static bool json_is_off(json_t *v) {
 static dflash_status refuse_key(const parser *p, const char *where, const char *key, json_t *v,
                                 const char *why) {
   char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-  dflash_status st = df_error(DFLASH_E_UNSUPPORTED, "%s: %s\"%s\" = %s is not implemented by "
-                              "libdflash (%s)", p->what, where, key, text ? text : "?", why);
+  dflash_status st = df_error(DFLASH_E_UNSUPPORTED,
+                              "%s: %s\"%s\" = %s is not implemented by "
+                              "libdflash (%s)",
+                              p->what, where, key, text ? text : "?", why);
   free(text);
   return st;
 }
@@ -421,15 +465,18 @@ static dflash_status refuse_key(const parser *p, const char *where, const char *
 static dflash_status check_unimplemented(const parser *p, json_t *obj, const char *where,
                                          const dflash_drafter_config *c, bool dflash2) {
   if (!obj || !json_is_object(obj)) return DFLASH_OK;
-  static const struct { const char *key; double neutral; const char *why; } scales[] = {
+  static const struct {
+    const char *key;
+    double neutral;
+    const char *why;
+  } scales[] = {
       {"input_embedding_scale", 1.0, "the block embedding is used unscaled; allowed: 1 or null"},
       {"output_multiplier", 1.0, "the logits are used unscaled; allowed: 1 or null"},
       {"attention_value_scale", 1.0, "values are used unscaled; allowed: 1 or null"},
   };
   for (size_t i = 0; i < DF_ARRAY_LEN(scales); i++) {
     json_t *v = json_object_get(obj, scales[i].key);
-    if (v && !json_is_null(v) &&
-        !(json_is_number(v) && json_number_value(v) == scales[i].neutral))
+    if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == scales[i].neutral))
       return refuse_key(p, where, scales[i].key, v, scales[i].why);
   }
   json_t *v = json_object_get(obj, "final_logit_softcapping");
@@ -439,8 +486,8 @@ static dflash_status check_unimplemented(const parser *p, json_t *obj, const cha
   v = json_object_get(obj, "is_causal");
   if (v && !json_is_null(v)) {
     if (!json_is_boolean(v))
-      return df_error(DFLASH_E_CONFIG, "%s: %s\"is_causal\" must be true, false or null",
-                      p->what, where);
+      return df_error(DFLASH_E_CONFIG, "%s: %s\"is_causal\" must be true, false or null", p->what,
+                      where);
     /* libdflash: causal inside the block exactly in sliding layers (the
      * reference's default); a forced value must agree on every layer. */
     for (int32_t l = 0; l < c->num_hidden_layers; l++)
@@ -467,7 +514,8 @@ static dflash_status check_architectures(const parser *p, json_t *root, bool *df
   *dflash2 = false;
   if (!a || json_is_null(a)) return DFLASH_OK;
   const char *name = json_is_array(a) && json_array_size(a) == 1
-                         ? json_string_value(json_array_get(a, 0)) : NULL;
+                         ? json_string_value(json_array_get(a, 0))
+                         : NULL;
   if (name && !strcmp(name, "DFlashDraftModel")) return DFLASH_OK;
   if (name && !strcmp(name, "DFlash2DraftModel")) {
     *dflash2 = true;
@@ -481,9 +529,14 @@ static dflash_status check_architectures(const parser *p, json_t *root, bool *df
  * then the top level; the reference has no defaults, so each is required. */
 static dflash_status parse_dflash2(const parser *p, json_t *root, dflash_drafter_config_ext *e) {
   json_t *dc = json_object_get(root, "dflash_config");
-  struct { const char *key; int32_t *out; } keys[] = {
-      {"conv_kernel_size", &e->conv_kernel_size}, {"conv_group_size", &e->conv_group_size},
-      {"selector_top_k", &e->selector_top_k},     {"selector_rank", &e->selector_rank},
+  struct {
+    const char *key;
+    int32_t *out;
+  } keys[] = {
+      {"conv_kernel_size", &e->conv_kernel_size},
+      {"conv_group_size", &e->conv_group_size},
+      {"selector_top_k", &e->selector_top_k},
+      {"selector_rank", &e->selector_rank},
   };
   for (size_t i = 0; i < DF_ARRAY_LEN(keys); i++) {
     json_t *v = dc && json_is_object(dc) ? json_object_get(dc, keys[i].key) : NULL;
@@ -491,8 +544,10 @@ static dflash_status parse_dflash2(const parser *p, json_t *root, dflash_drafter
     dflash_status st = get_int(p, owner, keys[i].key, keys[i].out, false);
     if (st) return st;
     if (!json_object_get(owner, keys[i].key) || json_is_null(json_object_get(owner, keys[i].key)))
-      return df_error(DFLASH_E_CONFIG, "%s: a DFlash2DraftModel needs \"%s\" (in dflash_config "
-                      "or at the top level)", p->what, keys[i].key);
+      return df_error(DFLASH_E_CONFIG,
+                      "%s: a DFlash2DraftModel needs \"%s\" (in dflash_config "
+                      "or at the top level)",
+                      p->what, keys[i].key);
   }
   e->dflash2 = 1;
   return DFLASH_OK;
@@ -510,13 +565,13 @@ static dflash_status parse_partial_rotary(const parser *p, json_t *root, double 
     json_t *v = json_object_get(obj, "partial_rotary_factor");
     if (!v || json_is_null(v)) continue;
     if (!json_is_number(v))
-      return df_error(DFLASH_E_CONFIG, "%s: \"partial_rotary_factor\" must be a number",
-                      p->what);
+      return df_error(DFLASH_E_CONFIG, "%s: \"partial_rotary_factor\" must be a number", p->what);
     double f = json_number_value(v);
     if (found_in && f != found)
-      return df_error(DFLASH_E_CONFIG, "%s: partial_rotary_factor %g in %s disagrees with %g "
-                      "in %s", p->what, f, owners[i] ? owners[i] : "the top level", found,
-                      found_in);
+      return df_error(DFLASH_E_CONFIG,
+                      "%s: partial_rotary_factor %g in %s disagrees with %g "
+                      "in %s",
+                      p->what, f, owners[i] ? owners[i] : "the top level", found, found_in);
     found = f;
     found_in = owners[i] ? owners[i] : "the top level";
   }
@@ -528,11 +583,12 @@ static dflash_status parse_partial_rotary(const parser *p, json_t *root, double 
 static dflash_status need_ext_for_dflash2(const parser *p, size_t ext_size) {
   size_t need = offsetof(dflash_drafter_config_ext, selector_rank) + sizeof(int32_t);
   if (ext_size >= need) return DFLASH_OK;
-  return df_error(DFLASH_E_UNSUPPORTED, "%s: \"architectures\" = [\"DFlash2DraftModel\"] does "
+  return df_error(DFLASH_E_UNSUPPORTED,
+                  "%s: \"architectures\" = [\"DFlash2DraftModel\"] does "
                   "not fit in dflash_drafter_config%s: read this config with "
                   "dflash_drafter_config_parse_ext / _load_ext and a current "
-                  "dflash_drafter_config_ext", p->what,
-                  ext_size ? "_ext of this struct_size" : "");
+                  "dflash_drafter_config_ext",
+                  p->what, ext_size ? "_ext of this struct_size" : "");
 }
 
 static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c,
@@ -577,9 +633,11 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
   double prf = 1.0;
   if ((st = parse_partial_rotary(p, root, &prf))) return st;
   if (prf != 1.0 && !take_ext)
-    return df_error(DFLASH_E_UNSUPPORTED, "%s: \"partial_rotary_factor\" = %g does not fit in "
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: \"partial_rotary_factor\" = %g does not fit in "
                     "dflash_drafter_config: read this config with "
-                    "dflash_drafter_config_parse_ext / _load_ext", p->what, prf);
+                    "dflash_drafter_config_parse_ext / _load_ext",
+                    p->what, prf);
   ext->partial_rotary_factor = prf;
   return df_config_ext_validate(c, ext, p->what);
 }
@@ -669,8 +727,7 @@ static json_t *rope_json(const dflash_drafter_config *c) {
 static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e) {
   json_t *o = json_object();
   json_t *arch = json_array();
-  json_array_append_new(arch,
-                        json_string(e->dflash2 ? "DFlash2DraftModel" : "DFlashDraftModel"));
+  json_array_append_new(arch, json_string(e->dflash2 ? "DFlash2DraftModel" : "DFlashDraftModel"));
   json_object_set_new(o, "architectures", arch);
   json_object_set_new(o, "model_type", json_string("qwen3"));
   json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
@@ -694,8 +751,8 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   json_object_set_new(o, "block_size", json_integer(c->block_size));
   json_t *dc = json_object();
   json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));
-  json_object_set_new(dc, "target_layer_ids", int_array(c->target_layer_ids,
-                                                        c->n_target_layer_ids));
+  json_object_set_new(dc, "target_layer_ids",
+                      int_array(c->target_layer_ids, c->n_target_layer_ids));
   json_object_set_new(dc, "block_size", json_integer(c->block_size));
   if (e->dflash2) {
     json_object_set_new(dc, "conv_kernel_size", json_integer(e->conv_kernel_size));
@@ -709,18 +766,18 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   for (int32_t i = 0; i < c->num_hidden_layers; i++) {
     sliding |= c->layer_types[i] == DFLASH_LAYER_SLIDING;
     json_array_append_new(lt, json_string(c->layer_types[i] == DFLASH_LAYER_SLIDING
-                                              ? "sliding_attention" : "full_attention"));
+                                              ? "sliding_attention"
+                                              : "full_attention"));
   }
   json_object_set_new(o, "layer_types", lt);
   json_object_set_new(o, "use_sliding_window", json_boolean(sliding));
-  json_object_set_new(o, "sliding_window",
-                      sliding ? json_integer(c->sliding_window) : json_null());
+  json_object_set_new(o, "sliding_window", sliding ? json_integer(c->sliding_window) : json_null());
   return o;
 }
 
 dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
-                                                const dflash_drafter_config_ext *ext_in,
-                                                char *buf, size_t *len) {
+                                                const dflash_drafter_config_ext *ext_in, char *buf,
+                                                size_t *len) {
   DF_CHECK_ARG(cfg && len);
   dflash_drafter_config_ext ext;
   dflash_status st = df_config_ext_copy(ext_in, &ext);
@@ -731,7 +788,8 @@ dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg
   /* The reference model reads num_target_layers even when target_layer_ids
    * are given (and so does mlx's loader): a config without it does not load. */
   if (cfg->num_target_layers <= 0)
-    return df_error(DFLASH_E_CONFIG, "drafter config: num_target_layers (the target model's "
+    return df_error(DFLASH_E_CONFIG,
+                    "drafter config: num_target_layers (the target model's "
                     "layer count) is unknown, and a config.json without it does not load in the "
                     "reference model; set it before saving");
   json_t *o = config_json(cfg, &ext);

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../cuda/dfcuda_module.h"
+#include "dfcuda_module.h"
 
 static dflash_status host_error(dflash_status st, const char *msg) {
   return df_error(st, "%s", msg);
@@ -47,29 +47,29 @@ static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
 static const df_cu_module *check_table(const df_cu_module *t, const char *path, char *msg,
                                        size_t len) {
   static const size_t want[DF_CU_MODULE_N_SIZES] = DF_CU_MODULE_SIZES;
-  if (t && t->abi == DF_CU_MODULE_ABI && t->version &&
-      !strcmp(t->version, DFLASH_VERSION_STRING) && !memcmp(t->sizes, want, sizeof want))
+  if (t && t->abi == DF_CU_MODULE_ABI && t->version && !strcmp(t->version, DFLASH_VERSION_STRING) &&
+      !memcmp(t->sizes, want, sizeof want))
     return t;
-  snprintf(msg, len, "the CUDA backend module %s is from another libdflash build (module "
+  snprintf(msg, len,
+           "the CUDA backend module %s is from another libdflash build (module "
            "abi %u, version %s; this library wants abi %u, version %s, and the same "
-           "structs); install the module of this build", path, t ? t->abi : 0,
-           t && t->version ? t->version : "?", DF_CU_MODULE_ABI, DFLASH_VERSION_STRING);
+           "structs); install the module of this build",
+           path, t ? t->abi : 0, t && t->version ? t->version : "?", DF_CU_MODULE_ABI,
+           DFLASH_VERSION_STRING);
   return NULL;
 }
 
 /* dlopen `path` and take its table; NULL with the reason in msg. */
-static const df_cu_module *open_module(const char *path, const char *how, char *msg,
-                                       size_t len) {
+static const df_cu_module *open_module(const char *path, const char *how, char *msg, size_t len) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
-    snprintf(msg, len, "cannot load the CUDA backend module %s (%s): %s", path, how,
-             dlerror());
+    snprintf(msg, len, "cannot load the CUDA backend module %s (%s): %s", path, how, dlerror());
     return NULL;
   }
   df_cu_module_entry_fn entry = (df_cu_module_entry_fn)dlsym(h, DF_CU_MODULE_ENTRY);
   if (!entry) {
-    snprintf(msg, len, "%s (%s) is not a libdflash CUDA backend module: no symbol %s", path,
-             how, DF_CU_MODULE_ENTRY);
+    snprintf(msg, len, "%s (%s) is not a libdflash CUDA backend module: no symbol %s", path, how,
+             DF_CU_MODULE_ENTRY);
     dlclose(h);
     return NULL;
   }
@@ -82,8 +82,7 @@ static const df_cu_module *open_module(const char *path, const char *how, char *
  * static archive. False when dladdr cannot tell. */
 static bool own_dir(char *out, size_t len) {
   Dl_info info;
-  if (!dladdr((void *)&host_services, &info) || !info.dli_fname || !info.dli_fname[0])
-    return false;
+  if (!dladdr((void *)&host_services, &info) || !info.dli_fname || !info.dli_fname[0]) return false;
   char copy[4096];
   if (snprintf(copy, sizeof copy, "%s", info.dli_fname) >= (int)sizeof copy) return false;
   return snprintf(out, len, "%s", dirname(copy)) < (int)len;
@@ -93,8 +92,7 @@ static const df_cu_module *find_module(char *msg, size_t len) {
   const char *env = getenv("DFLASH_CUDA_MODULE");
   if (env && env[0]) {
     if (access(env, F_OK) != 0) {
-      snprintf(msg, len, "the CUDA backend module %s (DFLASH_CUDA_MODULE) was not found",
-               env);
+      snprintf(msg, len, "the CUDA backend module %s (DFLASH_CUDA_MODULE) was not found", env);
       return NULL;
     }
     return open_module(env, "DFLASH_CUDA_MODULE", msg, len);
@@ -107,9 +105,10 @@ static const df_cu_module *find_module(char *msg, size_t len) {
   }
   const df_cu_module *t = open_module(DF_CU_MODULE_FILE, "the loader's search path", msg, len);
   if (!t && have_dir && strstr(msg, DF_CU_MODULE_FILE ": cannot open shared object file"))
-    snprintf(msg, len, "the CUDA backend module %s was not found (not in %s, not on the "
-             "loader's search path; set DFLASH_CUDA_MODULE to its path)", DF_CU_MODULE_FILE,
-             dir);
+    snprintf(msg, len,
+             "the CUDA backend module %s was not found (not in %s, not on the "
+             "loader's search path; set DFLASH_CUDA_MODULE to its path)",
+             DF_CU_MODULE_FILE, dir);
   return t;
 }
 
@@ -119,8 +118,7 @@ static const df_cu_module *module(char *msg, size_t len) {
   if (t) return t;
   pthread_mutex_lock(&load_lock);
   t = atomic_load_explicit(&loaded, memory_order_relaxed);
-  if (!t && (t = find_module(msg, len)))
-    atomic_store_explicit(&loaded, t, memory_order_release);
+  if (!t && (t = find_module(msg, len))) atomic_store_explicit(&loaded, t, memory_order_release);
   pthread_mutex_unlock(&load_lock);
   return t;
 }
@@ -159,6 +157,10 @@ dflash_status df_cu_zero_grad(df_cu_model *m) { FORWARD(zero_grad(m)); }
 
 dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss) {
   FORWARD(accumulate(m, b, row_loss));
+}
+
+dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n) {
+  FORWARD(results(m, loss_sum, bad, n));
 }
 
 dflash_status df_cu_scale_grads(df_cu_model *m, double k) { FORWARD(scale_grads(m, k)); }

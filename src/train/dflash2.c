@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct conv_ctx {
   float *out;
@@ -32,11 +33,18 @@ static void conv_rows(void *vc, size_t b, size_t e, int worker) {
   }
 }
 
-void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
-                    size_t dyn_stride, const float *base, const float *residual, int T, int B,
-                    int H, int k, int g) {
-  conv_ctx c = {.out = out, .x = x, .dyn = dyn, .base = base, .residual = residual,
-                .dyn_stride = dyn_stride, .B = B, .H = H, .k = k, .g = g};
+void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn, size_t dyn_stride,
+                    const float *base, const float *residual, int T, int B, int H, int k, int g) {
+  conv_ctx c = {.out = out,
+                .x = x,
+                .dyn = dyn,
+                .base = base,
+                .residual = residual,
+                .dyn_stride = dyn_stride,
+                .B = B,
+                .H = H,
+                .k = k,
+                .g = g};
   df_pool_for(pool, (size_t)T, 16, conv_rows, &c);
 }
 
@@ -97,50 +105,98 @@ static void conv_bwd_base(void *vc, size_t b, size_t e, int worker) {
 void df2_conv_backward(df_pool *pool, float *dx, float *ddyn, float *dbase, const float *dout,
                        const float *x, const float *dyn, size_t dyn_stride, const float *base,
                        int T, int B, int H, int k, int g) {
-  conv_bwd_ctx c = {.dx = dx, .ddyn = ddyn, .dbase = dbase, .dout = dout, .x = x, .dyn = dyn,
-                    .base = base, .dyn_stride = dyn_stride, .T = T, .B = B, .H = H, .k = k,
+  conv_bwd_ctx c = {.dx = dx,
+                    .ddyn = ddyn,
+                    .dbase = dbase,
+                    .dout = dout,
+                    .x = x,
+                    .dyn = dyn,
+                    .base = base,
+                    .dyn_stride = dyn_stride,
+                    .T = T,
+                    .B = B,
+                    .H = H,
+                    .k = k,
                     .g = g};
   df_pool_for(pool, (size_t)T, 16, conv_bwd_rows, &c);
   df_pool_for(pool, (size_t)H, 8, conv_bwd_base, &c);
 }
 
-/* Insert candidate v (logit x) into the top list (k kept, by logit then id). */
-static int top_insert(int32_t *ids, float *vals, int n, int k, int32_t v, float x) {
-  if (n == k && !(x > vals[n - 1])) return n; /* ties keep the smaller id, seen first */
-  int i = n < k ? n++ : n - 1;
-  while (i > 0 && x > vals[i - 1]) {
-    ids[i] = ids[i - 1], vals[i] = vals[i - 1];
-    i--;
-  }
-  ids[i] = v, vals[i] = x;
-  return n;
+enum { SELECT_MAX_K = 1024 };
+
+/* Row c's selector score: logit + <A(prev) * P(h), B(cand)>. */
+static float select_score(const float *a, const float *h, const float *succ_cb, int r, int32_t cand,
+                          float unary) {
+  const float *b = succ_cb + (size_t)cand * r;
+  float e = 0;
+  for (int j = 0; j < r; j++) e += a[j] * h[j] * b[j];
+  return unary + e;
 }
 
-enum { SELECT_MAX_K = 1024 };
+/* q = softmax(s / temperature) over m candidates (z-lab's _sampling_probs:
+ * the scores divided in float32, the softmax in double here), and the index
+ * the uniform draw u lands on. */
+static int select_sample(const float *s, int m, double temperature, double u, float *q) {
+  float t = (float)temperature;
+  double mx = -INFINITY, z = 0, acc = 0;
+  for (int c = 0; c < m; c++) mx = s[c] / t > mx ? s[c] / t : mx;
+  for (int c = 0; c < m; c++) z += exp((double)(s[c] / t) - mx);
+  int pick = -1, last = 0; /* last: the last candidate with q > 0 */
+  for (int c = 0; c < m; c++) {
+    double p = exp((double)(s[c] / t) - mx) / z;
+    q[c] = (float)p;
+    acc += p;
+    if (pick < 0 && u < acc) pick = c;
+    if (p > 0) last = c;
+  }
+  return pick >= 0 && q[pick] > 0 ? pick : last; /* u above the rounded total */
+}
+
+void df2_select(const df2_select_args *s, df_rng *rng, int32_t *path) {
+  int32_t cand_buf[SELECT_MAX_K];
+  float unary[SELECT_MAX_K], score[SELECT_MAX_K], q_buf[SELECT_MAX_K];
+  int k = s->top_k < SELECT_MAX_K ? s->top_k : SELECT_MAX_K;
+  bool sample = s->temperature > 0 && rng;
+  int32_t prev = s->anchor_id;
+  for (int i = 0; i < s->n; i++) {
+    const float *row = s->logits + (size_t)i * s->V;
+    int32_t *cand = s->cand ? s->cand + (size_t)i * k : cand_buf;
+    int m = 0;
+    for (int32_t v = 0; v < s->V; v++) m = df_topk_insert(cand, unary, m, k, v, row[v]);
+    const float *a = s->pred_cb + (size_t)prev * s->r, *h = s->hproj + (size_t)i * s->r;
+    int best = 0;
+    for (int c = 0; c < m; c++) {
+      score[c] = select_score(a, h, s->succ_cb, s->r, cand[c], unary[c]);
+      if (score[c] > score[best]) best = c;
+    }
+    if (sample) {
+      float *q = s->probs ? s->probs + (size_t)i * k : q_buf;
+      best = select_sample(score, m, s->temperature, df_rng_unit(rng), q);
+    }
+    prev = path[i] = cand[best];
+  }
+}
+
+int32_t df2_argmax(const float *row, int V) {
+  int32_t best = 0;
+  for (int32_t v = 1; v < V; v++)
+    if (row[v] > row[best]) best = v;
+  return best;
+}
 
 void df2_select_greedy(const float *logits, const float *hproj, const float *pred_cb,
                        const float *succ_cb, int n, int V, int r, int top_k, int32_t anchor_id,
                        int32_t *path) {
-  int32_t cand[SELECT_MAX_K];
-  float unary[SELECT_MAX_K];
-  int k = top_k < SELECT_MAX_K ? top_k : SELECT_MAX_K;
-  int32_t prev = anchor_id;
-  for (int i = 0; i < n; i++) {
-    const float *row = logits + (size_t)i * V;
-    int m = 0;
-    for (int32_t v = 0; v < V; v++) m = top_insert(cand, unary, m, k, v, row[v]);
-    const float *a = pred_cb + (size_t)prev * r, *h = hproj + (size_t)i * r;
-    int best = 0;
-    float best_s = 0;
-    for (int c = 0; c < m; c++) {
-      const float *b = succ_cb + (size_t)cand[c] * r;
-      float e = 0;
-      for (int j = 0; j < r; j++) e += a[j] * h[j] * b[j];
-      float s = unary[c] + e;
-      if (c == 0 || s > best_s) best = c, best_s = s;
-    }
-    prev = path[i] = cand[best];
-  }
+  df2_select_args s = {.logits = logits,
+                       .hproj = hproj,
+                       .pred_cb = pred_cb,
+                       .succ_cb = succ_cb,
+                       .n = n,
+                       .V = V,
+                       .r = r,
+                       .top_k = top_k,
+                       .anchor_id = anchor_id};
+  df2_select(&s, NULL, path);
 }
 
 void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int chunk, int top_k,
@@ -153,14 +209,14 @@ void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int ch
     df_matmul_forward(scratch, x, E + (size_t)v0 * H, R, nv, H, false);
     for (int r = 0; r < R; r++)
       for (int v = 0; v < nv; v++)
-        n[r] = top_insert(ids + (size_t)r * k, vals + (size_t)r * k, n[r], k, v0 + v,
-                          scratch[(size_t)r * nv + v]);
+        n[r] = df_topk_insert(ids + (size_t)r * k, vals + (size_t)r * k, n[r], k, v0 + v,
+                              scratch[(size_t)r * nv + v]);
   }
   free(n);
 }
 
-int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
-                            float target_logit, bool inject) {
+int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target, float target_logit,
+                            bool inject) {
   for (int c = 0; c < k; c++)
     if (cand[c] == target) return c;
   if (!inject) return -1;
@@ -170,8 +226,7 @@ int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
 
 double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
                         const float *h, const float *succ_cb, int r, float coef, float *da,
-                        float *dh, float *dsucc_cb, const float *E, int H, float *dx,
-                        float *p) {
+                        float *dh, float *dsucc_cb, const float *E, int H, float *dx, float *p) {
   double mx = -INFINITY, z = 0;
   for (int c = 0; c < k; c++) {
     const float *b = succ_cb + (size_t)cand[c] * r;
@@ -216,8 +271,9 @@ static dflash_status sel_buf_alloc(const df2_sel_args *s, sel_buf *b) {
   b->hp = malloc(sizeof(float) * R * r);
   b->dh = calloc(R * r, sizeof(float));
   b->p = malloc(sizeof(float) * K);
-  b->scratch = malloc(sizeof(float) * R * (size_t)s->chunk);
-  if (b->cand && b->unary && b->hp && b->dh && b->p && b->scratch) return DFLASH_OK;
+  /* Own candidates only without the CE pass's (a second LM-head pass). */
+  b->scratch = s->cand ? NULL : malloc(sizeof(float) * R * (size_t)s->chunk);
+  if (b->cand && b->unary && b->hp && b->dh && b->p && (s->cand || b->scratch)) return DFLASH_OK;
   sel_buf_free(b);
   return df_error_nomem("candidate selector loss");
 }
@@ -238,7 +294,12 @@ dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hit
   sel_buf b;
   dflash_status st = sel_buf_alloc(s, &b);
   if (st) return st;
-  df2_lmhead_topk(s->x, s->E, R, s->H, s->V, s->chunk, K, b.cand, b.unary, b.scratch);
+  if (s->cand) { /* copied: injection rewrites them */
+    memcpy(b.cand, s->cand, sizeof(int32_t) * (size_t)R * K);
+    memcpy(b.unary, s->unary, sizeof(float) * (size_t)R * K);
+  } else {
+    df2_lmhead_topk(s->x, s->E, R, s->H, s->V, s->chunk, K, b.cand, b.unary, b.scratch);
+  }
   df_matmul_forward(b.hp, s->x, s->hproj, R, r, s->H, false);
   for (int i = 0; i < R; i++) {
     int32_t *cand = b.cand + (size_t)i * K, y_tok = s->target[i];
@@ -250,13 +311,11 @@ dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hit
     if (y < 0) continue; /* "drop": the true token is not a candidate */
     size_t pa = (size_t)s->prev[i] * r;
     double l = df2_selector_row(cand, un, K, y, s->pred + pa, b.hp + (size_t)i * r, s->succ, r,
-                                s->coef[i], s->dx ? s->dpred + pa : NULL,
-                                b.dh + (size_t)i * r, s->dsucc, s->E, s->H,
-                                s->dx ? s->dx + (size_t)i * s->H : NULL, b.p);
+                                s->coef[i], s->dx ? s->dpred + pa : NULL, b.dh + (size_t)i * r,
+                                s->dsucc, s->E, s->H, s->dx ? s->dx + (size_t)i * s->H : NULL, b.p);
     *loss += s->w[i] * l;
   }
-  if (s->dx)
-    df_matmul_backward(s->dx, s->dhproj, b.dh, s->x, s->hproj, R, r, s->H, true);
+  if (s->dx) df_matmul_backward(s->dx, s->dhproj, b.dh, s->x, s->hproj, R, r, s->H, true);
   sel_buf_free(&b);
   return DFLASH_OK;
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/internal.h"
+#include "rng.h"
 
 /*
  * One grouped dynamic causal convolution over T = n_blocks * B rows of width
@@ -22,9 +23,8 @@
  * dyn row t starts at dyn + t * dyn_stride and holds [k, H / g]; base is
  * [k, H]; residual may be NULL (0). out must not alias x.
  */
-void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn,
-                    size_t dyn_stride, const float *base, const float *residual, int T, int B,
-                    int H, int k, int g);
+void df2_conv_apply(df_pool *pool, float *out, const float *x, const float *dyn, size_t dyn_stride,
+                    const float *base, const float *residual, int T, int B, int H, int k, int g);
 
 /*
  * The backward of df2_conv_apply for dout = d(out) (the residual's gradient
@@ -50,6 +50,31 @@ void df2_select_greedy(const float *logits, const float *hproj, const float *pre
                        const float *succ_cb, int n, int V, int r, int top_k, int32_t anchor_id,
                        int32_t *path);
 
+/* The first largest of V logits (df_lmhead_argmax's choice). */
+int32_t df2_argmax(const float *row, int V);
+
+/* One block's drafted positions through the candidate selector
+ * (df2_select). */
+typedef struct df2_select_args {
+  const float *logits;            /* [n, V] */
+  const float *hproj;             /* [n, r] P(h_i) */
+  const float *pred_cb, *succ_cb; /* [V, r] */
+  int n, V, r, top_k;
+  int32_t anchor_id;  /* the predecessor of position 0 */
+  double temperature; /* > 0 (with an rng): sample */
+  int32_t *cand;      /* NULL or [n, top_k]: the candidates, descending logit */
+  float *probs;       /* NULL or [n, top_k]: q when sampling */
+} df2_select_args;
+
+/*
+ * z-lab's CandidateSelector.select over one block: at temperature 0 (or
+ * without rng) df2_select_greedy's path; at temperature T > 0 position i's
+ * token is drawn (one df_rng_unit per position, inverse CDF in candidate
+ * order) from q = softmax(scores / T) over its candidates, the path's own
+ * draw as the next predecessor.
+ */
+void df2_select(const df2_select_args *s, df_rng *rng, int32_t *path);
+
 /*
  * The selector loss's candidates: the top_k (by logit, ties to the smaller
  * id) of each of R rows' logits x_r . E[v] (x [R, H], E [V, H]), computed
@@ -65,8 +90,8 @@ void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int ch
  * loss) or, with `inject`, k - 1 after the true token (unary target_logit)
  * replaced the lowest candidate (mode "inject").
  */
-int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
-                            float target_logit, bool inject);
+int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target, float target_logit,
+                            bool inject);
 
 /*
  * One position's selector loss, the K-way cross-entropy of candidate y under
@@ -79,26 +104,30 @@ int df2_selector_candidates(int32_t *cand, float *unary, int k, int32_t target,
  */
 double df2_selector_row(const int32_t *cand, const float *unary, int k, int y, const float *a,
                         const float *h, const float *succ_cb, int r, float coef, float *da,
-                        float *dh, float *dsucc_cb, const float *E, int H, float *dx,
-                        float *p);
+                        float *dh, float *dsucc_cb, const float *E, int H, float *dx, float *p);
 
 /* The selector loss over R rows (df2_selector_loss). */
 typedef struct df2_sel_args {
-  const float *x;      /* [R, H] the drafter's final (normed) hidden rows */
-  const float *E;      /* [V, H] the LM head */
+  const float *x;                   /* [R, H] the drafter's final (normed) hidden rows */
+  const float *E;                   /* [V, H] the LM head */
   const float *pred, *succ, *hproj; /* codebooks [V, r], hidden_projection [r, H] */
   const int32_t *target, *prev;     /* [R] the true token and the true previous one */
-  const float *coef;   /* [R] gradient scale of each row's CE */
-  const double *w;     /* [R] loss weight of each row's CE */
+  const float *coef;                /* [R] gradient scale of each row's CE */
+  const double *w;                  /* [R] loss weight of each row's CE */
   int R, H, V, r, K, chunk;
-  bool inject;         /* "inject", else "drop" */
+  bool inject; /* "inject", else "drop" */
+  /* [R, K] each row's top-K ids and logits, descending, as df_lmhead_ce_topk
+   * keeps them in the block CE's pass; NULL: a pass of df2_lmhead_topk's own
+   * (the LM head's logits computed a second time). */
+  const int32_t *cand;
+  const float *unary;
   /* Backward when dx is non-NULL: all four are accumulated. */
   float *dx, *dpred, *dsucc, *dhproj;
 } df2_sel_args;
 
 /*
  * DFlash 2's selector loss (issue 18): for each row the top-K candidates of
- * its logits (df2_lmhead_topk), the true token placed among them or the row
+ * its logits (s->cand, else df2_lmhead_topk), the true token placed among them or the row
  * dropped (df2_selector_candidates), and df2_selector_row's CE; *loss gets
  * sum_i w[i] CE_i, *hits the rows whose true token was a candidate (before
  * any injection). The gradient reaches x through the unary logits and P(x).

@@ -16,8 +16,8 @@
 /* ---- environment ---------------------------------------------------------- */
 
 /* *out = integer value of `name` in [lo, hi]; *found = whether it is set. */
-static dflash_status env_int(df_env_fn get, void *ctx, const char *name, long lo, long hi,
-                             int *out, bool *found) {
+static dflash_status env_int(df_env_fn get, void *ctx, const char *name, long lo, long hi, int *out,
+                             bool *found) {
   const char *v = get(ctx, name);
   *found = v && *v;
   if (!*found) return DFLASH_OK;
@@ -25,8 +25,10 @@ static dflash_status env_int(df_env_fn get, void *ctx, const char *name, long lo
   errno = 0;
   long x = strtol(v, &end, 10);
   if (errno || *end || end == v || x < lo || x > hi)
-    return df_error(DFLASH_E_CONFIG, "environment variable %s=\"%s\" is not an integer in "
-                    "[%ld, %ld]", name, v, lo, hi);
+    return df_error(DFLASH_E_CONFIG,
+                    "environment variable %s=\"%s\" is not an integer in "
+                    "[%ld, %ld]",
+                    name, v, lo, hi);
   *out = (int)x;
   return DFLASH_OK;
 }
@@ -52,12 +54,13 @@ dflash_status df_dist_env_parse(df_env_fn get, void *ctx, df_dist_env *out) {
       (st = env_int(get, ctx, "MASTER_PORT", 1, 65535, &out->master_port, &has_port)))
     return st;
   if (has_rank != has_world)
-    return df_error(DFLASH_E_CONFIG, "environment: %s is set but %s is not (set both RANK and "
-                    "WORLD_SIZE, as torchrun does)", has_rank ? "RANK" : "WORLD_SIZE",
-                    has_rank ? "WORLD_SIZE" : "RANK");
+    return df_error(DFLASH_E_CONFIG,
+                    "environment: %s is set but %s is not (set both RANK and "
+                    "WORLD_SIZE, as torchrun does)",
+                    has_rank ? "RANK" : "WORLD_SIZE", has_rank ? "WORLD_SIZE" : "RANK");
   if (out->rank >= out->world)
-    return df_error(DFLASH_E_CONFIG, "environment: RANK=%d is not below WORLD_SIZE=%d",
-                    out->rank, out->world);
+    return df_error(DFLASH_E_CONFIG, "environment: RANK=%d is not below WORLD_SIZE=%d", out->rank,
+                    out->world);
   if (!has_local) out->local_rank = out->world == 1 ? 0 : out->rank;
   const char *addr = get(ctx, "MASTER_ADDR");
   if (addr && *addr) {
@@ -91,8 +94,10 @@ dflash_status df_dist_timeout(double *seconds) {
   errno = 0;
   double x = strtod(v, &end);
   if (errno || *end || end == v || !(x > 0) || x > 1e9)
-    return df_error(DFLASH_E_CONFIG, "environment variable DFLASH_DIST_TIMEOUT=\"%s\" is not a "
-                    "positive number of seconds", v);
+    return df_error(DFLASH_E_CONFIG,
+                    "environment variable DFLASH_DIST_TIMEOUT=\"%s\" is not a "
+                    "positive number of seconds",
+                    v);
   *seconds = x;
   return DFLASH_OK;
 }
@@ -117,7 +122,7 @@ struct df_comm {
   double wait;    /* this rank's bound for the collective under way */
   uint32_t seq;   /* collectives so far */
   bool broken;
-  char what[96];  /* the collective under way, for messages */
+  char what[96]; /* the collective under way, for messages */
   /* A failure a peer reported (OP_ABORT), as rank 0 passes it on. */
   int abort_origin; /* -1: none */
   dflash_status abort_status;
@@ -158,17 +163,19 @@ static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, 
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0 && left > 1e6) continue;
     if (rc == 0)
-      return df_error(DFLASH_E_TIMEOUT, "rank %d: %s %s for %.0f s during %s (set "
-                      "DFLASH_DIST_TIMEOUT to wait longer)", c->rank, who,
-                      out ? "took no data" : "sent nothing", c->wait, c->what);
+      return df_error(DFLASH_E_TIMEOUT,
+                      "rank %d: %s %s for %.0f s during %s (set "
+                      "DFLASH_DIST_TIMEOUT to wait longer)",
+                      c->rank, who, out ? "took no data" : "sent nothing", c->wait, c->what);
     /* MSG_DONTWAIT: a blocking send of n bytes would wait, past the
      * deadline, until a stalled peer reads them all. */
     ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (k <= 0)
-      return df_error(DFLASH_E_NETWORK, "rank %d: %s closed its connection during %s (%s): it "
-                      "exited, was killed or lost the network", c->rank, who, c->what,
-                      k < 0 ? strerror(errno) : "end of stream");
+      return df_error(DFLASH_E_NETWORK,
+                      "rank %d: %s closed its connection during %s (%s): it "
+                      "exited, was killed or lost the network",
+                      c->rank, who, c->what, k < 0 ? strerror(errno) : "end of stream");
     p += k;
     n -= (size_t)k;
   }
@@ -179,8 +186,7 @@ static dflash_status xfer(df_comm *c, int peer, void *buf, size_t n, bool out, d
   return xfer_fd(c, fd_of(c, peer), peer, buf, n, out, deadline);
 }
 
-static dflash_status send_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
-                              double deadline) {
+static dflash_status send_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes, double deadline) {
   msg_hdr h = {.magic = COMM_MAGIC, .op = op, .origin = c->rank, .seq = c->seq, .bytes = bytes};
   return xfer(c, peer, &h, sizeof h, true, deadline);
 }
@@ -189,8 +195,12 @@ static dflash_status send_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
 static void send_abort(df_comm *c, int peer, int origin, dflash_status st, const char *why) {
   size_t len = strlen(why) < 512 ? strlen(why) : 512;
   char msg[sizeof(msg_hdr) + 512];
-  msg_hdr h = {.magic = COMM_MAGIC, .op = OP_ABORT, .origin = origin, .status = (int32_t)st,
-               .seq = c->seq, .bytes = len};
+  msg_hdr h = {.magic = COMM_MAGIC,
+               .op = OP_ABORT,
+               .origin = origin,
+               .status = (int32_t)st,
+               .seq = c->seq,
+               .bytes = len};
   memcpy(msg, &h, sizeof h);
   memcpy(msg + sizeof h, why, len);
   ssize_t k = send(fd_of(c, peer), msg, sizeof h + len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -198,14 +208,15 @@ static void send_abort(df_comm *c, int peer, int origin, dflash_status st, const
 }
 
 /* Read `peer`'s header for the collective under way and check it matches. */
-static dflash_status recv_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
-                              double deadline) {
+static dflash_status recv_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes, double deadline) {
   msg_hdr h;
   dflash_status st = xfer(c, peer, &h, sizeof h, false, deadline);
   if (st) return st;
   if (h.magic != COMM_MAGIC)
-    return df_error(DFLASH_E_NETWORK, "rank %d: rank %d sent a message that is not libdflash's "
-                    "during %s", c->rank, peer, c->what);
+    return df_error(DFLASH_E_NETWORK,
+                    "rank %d: rank %d sent a message that is not libdflash's "
+                    "during %s",
+                    c->rank, peer, c->what);
   if (h.op == OP_ABORT) {
     char *why = c->abort_why;
     size_t n = h.bytes < 512 ? (size_t)h.bytes : 512;
@@ -218,9 +229,10 @@ static dflash_status recv_hdr(df_comm *c, int peer, uint32_t op, uint64_t bytes,
                     why[0] ? ": " : "", why, c->what);
   }
   if (h.op != op || h.seq != c->seq || h.bytes != bytes)
-    return df_error(DFLASH_E_INTERNAL, "rank %d: rank %d is at collective #%u (%s of %llu bytes) "
-                    "while this rank is at %s: the ranks diverged", c->rank, peer, h.seq,
-                    op_name(h.op), (unsigned long long)h.bytes, c->what);
+    return df_error(DFLASH_E_INTERNAL,
+                    "rank %d: rank %d is at collective #%u (%s of %llu bytes) "
+                    "while this rank is at %s: the ranks diverged",
+                    c->rank, peer, h.seq, op_name(h.op), (unsigned long long)h.bytes, c->what);
   return DFLASH_OK;
 }
 
@@ -295,8 +307,7 @@ static dflash_status collective(df_comm *c, uint32_t op, void *buf, size_t bytes
   if (c->broken)
     return df_error(DFLASH_E_STATE, "rank %d: the ranks' connections failed earlier", c->rank);
   c->seq++;
-  snprintf(c->what, sizeof c->what, "collective #%u (%s of %zu bytes)", c->seq, op_name(op),
-           bytes);
+  snprintf(c->what, sizeof c->what, "collective #%u (%s of %zu bytes)", c->seq, op_name(op), bytes);
   if (c->world == 1) return DFLASH_OK;
   /* Rank 0 diagnoses a silent rank first and tells the others, so their
    * own (longer) deadline only fires when rank 0 itself is silent. */
@@ -354,7 +365,8 @@ void df_comm_free(df_comm *c) {
 /* ---- rendezvous ------------------------------------------------------------ */
 
 static dflash_status resolve(const df_dist_env *env, bool passive, struct addrinfo **out) {
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
                            .ai_flags = passive ? AI_PASSIVE : 0};
   char port[16];
   snprintf(port, sizeof port, "%d", env->master_port);
@@ -405,8 +417,10 @@ static dflash_status serve(df_comm *c, const df_dist_env *env, double deadline) 
     int ms = poll_ms(deadline - df_now_seconds()), rc = ms > 0 ? poll(&p, 1, ms) : 0;
     if (rc < 0 || (rc == 0 && ms == 1000 * 1000 * 1000)) continue; /* EINTR; a long wait */
     if (rc == 0) {
-      st = df_error(DFLASH_E_TIMEOUT, "rendezvous: only %d of %d ranks joined on port %d before "
-                    "the timeout", joined, env->world, env->master_port);
+      st = df_error(DFLASH_E_TIMEOUT,
+                    "rendezvous: only %d of %d ranks joined on port %d before "
+                    "the timeout",
+                    joined, env->world, env->master_port);
       break;
     }
     int a = accept(fd, NULL, NULL);
@@ -415,14 +429,16 @@ static dflash_status serve(df_comm *c, const df_dist_env *env, double deadline) 
     st = xfer_fd(c, a, -1, &h, sizeof h, false, df_now_seconds() + 10);
     int r = h.origin;
     if (!st && (h.magic != COMM_MAGIC || h.op != OP_HELLO))
-      st = df_error(DFLASH_E_IO, "rendezvous: something that is not a libdflash rank connected "
-                    "to port %d", env->master_port);
+      st = df_error(DFLASH_E_IO,
+                    "rendezvous: something that is not a libdflash rank connected "
+                    "to port %d",
+                    env->master_port);
     else if (!st && (int)h.bytes != env->world)
       st = df_error(DFLASH_E_CONFIG, "rendezvous: rank %d has WORLD_SIZE=%d, rank 0 has %d", r,
                     (int)h.bytes, env->world);
     else if (!st && (r <= 0 || r >= env->world || c->fd[r] >= 0))
-      st = df_error(DFLASH_E_IO, "rendezvous: a peer announced rank %d (world %d%s)", r,
-                    env->world, r > 0 && r < env->world ? ", already joined" : "");
+      st = df_error(DFLASH_E_IO, "rendezvous: a peer announced rank %d (world %d%s)", r, env->world,
+                    r > 0 && r < env->world ? ", already joined" : "");
     if (st) {
       close(a);
       break;
@@ -475,8 +491,9 @@ dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **o
   c->abort_origin = -1;
   snprintf(c->what, sizeof c->what, "the rendezvous");
   double deadline = df_now_seconds() + timeout_s;
-  dflash_status st = env->world <= 1 ? DFLASH_OK
-                     : env->rank == 0 ? serve(c, env, deadline) : join(c, env, deadline);
+  dflash_status st = env->world <= 1  ? DFLASH_OK
+                     : env->rank == 0 ? serve(c, env, deadline)
+                                      : join(c, env, deadline);
   if (st) {
     df_comm_free(c);
     return st;
@@ -496,8 +513,7 @@ dflash_status df_rendezvous(const df_dist_env *env, void *blob, size_t len, doub
 
 /* ---- buckets -------------------------------------------------------------- */
 
-dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world,
-                                    size_t bucket_elems) {
+dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world, size_t bucket_elems) {
   memset(l, 0, sizeof *l);
   if (world < 1 || n == 0)
     return df_error(DFLASH_E_INVALID_ARG, "bucket layout: %zu elements over %d ranks", n, world);

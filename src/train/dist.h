@@ -101,8 +101,7 @@ typedef struct df_bucket_layout {
   df_bucket *buckets;
 } df_bucket_layout;
 
-dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world,
-                                    size_t bucket_elems);
+dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world, size_t bucket_elems);
 void df_bucket_layout_free(df_bucket_layout *l);
 
 #endif

@@ -7,6 +7,8 @@
  */
 #include <dflash/hidden.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,22 +19,27 @@
  * once (a block of B positions times the vocabulary chunk each). */
 enum { EVAL_CHUNK = 64 };
 
-dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
-                                        int64_t len, const float *hidden,
-                                        const int32_t *anchors, int32_t n_anchors,
-                                        int32_t *accept, int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && accept && n_anchors >= 0 &&
-               (anchors || n_anchors == 0));
-  int B = t->m.B;
-  int32_t *p = pred ? pred : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
-  if (!p) return df_error_nomem("predictions");
-  dflash_status st = dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, p);
-  for (int32_t i = 0; !st && i < n_anchors; i++) {
+/* Leading drafts equal to input_ids (counting stops at len): accept[i]. */
+static void count_accept(int B, const int32_t *ids, int64_t len, const int32_t *anchors, int32_t n,
+                         const int32_t *p, int32_t *accept) {
+  for (int32_t i = 0; i < n; i++) {
     int k = 1;
-    while (k < B && anchors[i] + k < len && p[(size_t)i * (B - 1) + k - 1] == input_ids[anchors[i] + k])
+    while (k < B && anchors[i] + k < len && p[(size_t)i * (B - 1) + k - 1] == ids[anchors[i] + k])
       k++;
     accept[i] = k - 1;
   }
+}
+
+dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids, int64_t len,
+                                        const float *hidden, const int32_t *anchors,
+                                        int32_t n_anchors, int32_t *accept, int32_t *pred) {
+  DF_CHECK_ARG(t && input_ids && hidden && accept && n_anchors >= 0 && (anchors || n_anchors == 0));
+  int B = t->m.B;
+  int32_t *p = pred ? pred
+                    : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
+  if (!p) return df_error_nomem("predictions");
+  dflash_status st = dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, p);
+  if (!st) count_accept(B, input_ids, len, anchors, n_anchors, p, accept);
   if (!pred) free(p);
   return st;
 }
@@ -46,9 +53,10 @@ static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
   dflash_status st = dflash_sample_stream_open(data_dir, hidden_dir, NULL, &s);
   if (st) return st;
   if (dflash_sample_stream_width(s) != t->m.KH)
-    st = df_error(DFLASH_E_MISMATCH, "%s holds %lld features per token; the drafter needs "
-                  "K*H = %lld", hidden_dir, (long long)dflash_sample_stream_width(s),
-                  (long long)t->m.KH);
+    st = df_error(DFLASH_E_MISMATCH,
+                  "%s holds %lld features per token; the drafter needs "
+                  "K*H = %lld",
+                  hidden_dir, (long long)dflash_sample_stream_width(s), (long long)t->m.KH);
   size_t n = dflash_sample_stream_count(s);
   uint64_t *order = st ? NULL : malloc((n ? n : 1) * sizeof *order);
   if (!st && !order) st = df_error_nomem("evaluation order");
@@ -61,8 +69,8 @@ static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
 }
 
 dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
-                                int32_t anchors_per_seq, uint64_t seed, double *tau,
-                                double *acc, int64_t *n_blocks) {
+                                int32_t anchors_per_seq, uint64_t seed, double *tau, double *acc,
+                                int64_t *n_blocks) {
   DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
@@ -81,8 +89,8 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
     st = dflash_sample_anchors(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
                                &na);
-    if (!st) st = dflash_trainer_acceptance(t, smp.input_ids, smp.len, smp.hidden, anc, na,
-                                            accept, pred);
+    if (!st)
+      st = dflash_trainer_acceptance(t, smp.input_ids, smp.len, smp.hidden, anc, na, accept, pred);
     for (int32_t a = 0; !st && a < na; a++) {
       tau_sum += 1 + accept[a];
       blocks++;
@@ -92,7 +100,8 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
   }
   if (!st) {
     *tau = blocks ? tau_sum / (double)blocks : 0;
-    if (acc) for (int k = 0; k < B - 1; k++) acc[k] = blocks ? (double)hits[k] / blocks : 0;
+    if (acc)
+      for (int k = 0; k < B - 1; k++) acc[k] = blocks ? (double)hits[k] / blocks : 0;
     if (n_blocks) *n_blocks = blocks;
   }
   free(anc), free(accept), free(pred), free(hits);
@@ -109,26 +118,69 @@ static int64_t run_end(const uint8_t *mask, int64_t len, int64_t s, int32_t max_
   return max_tokens > 0 && e - s > max_tokens ? s + max_tokens : e;
 }
 
-/* Acceptance at anchors [s, e-1) of one run, counting stops at e; per block
- * position k, hits into hits[k-1] and predictions inside the run into
- * hits[B-1+k-1] (`hits` [2(B-1)], may be NULL). `anc`, `pred`: scratch of
- * EVAL_CHUNK anchors. */
+/* Per block position k (index k-1) of the anchors scored: the drafted
+ * token's hits, the positions inside the run (the denominator), the plain
+ * argmax's hits and the true token among the candidates (DFlash 2). */
+enum { HIT_DRAFT, HIT_SCORED, HIT_ARGMAX, HIT_CAND, HIT_KINDS };
+
+/* Scratch of one run_accept call: EVAL_CHUNK anchors' worth. */
+typedef struct eval_buf {
+  int32_t *anc, *pred, *argmax, *cand;
+  dflash_propose_options o; /* DFlash 2: argmax and candidates with the drafts */
+} eval_buf;
+
+static void eval_buf_free(eval_buf *b) {
+  free(b->anc), free(b->pred), free(b->argmax), free(b->cand);
+}
+
+static dflash_status eval_buf_alloc(const dflash_trainer *t, eval_buf *b) {
+  size_t n = EVAL_CHUNK * (size_t)(t->m.B - 1), K = (size_t)t->m.ext.selector_top_k;
+  memset(b, 0, sizeof *b);
+  b->anc = malloc(sizeof(int32_t) * EVAL_CHUNK);
+  b->pred = malloc(sizeof(int32_t) * n);
+  if (t->m.dflash2) {
+    b->argmax = malloc(sizeof(int32_t) * n);
+    b->cand = malloc(sizeof(int32_t) * n * K);
+    dflash_propose_options_default(&b->o);
+    b->o.argmax = b->argmax, b->o.candidates = b->cand;
+  }
+  if (b->anc && b->pred && (!t->m.dflash2 || (b->argmax && b->cand))) return DFLASH_OK;
+  eval_buf_free(b);
+  return df_error_nomem("speculative walk");
+}
+
+/* Add anchor i's per-position hits (`hits` [HIT_KINDS, B-1]). */
+static void add_hits(const dflash_trainer *t, const eval_buf *b, int32_t i, const int32_t *ids,
+                     int64_t e, int64_t *hits) {
+  int B = t->m.B, K = t->m.ext.selector_top_k;
+  size_t n = (size_t)(B - 1);
+  for (int k = 1; k < B && b->anc[i] + k < e; k++) {
+    size_t at = (size_t)i * n + (size_t)k - 1;
+    int32_t y = ids[b->anc[i] + k];
+    bool draft = b->pred[at] == y, cand = false;
+    for (int c = 0; b->cand && c < K; c++) cand |= b->cand[at * (size_t)K + (size_t)c] == y;
+    hits[HIT_DRAFT * n + k - 1] += draft;
+    hits[HIT_SCORED * n + k - 1]++;
+    hits[HIT_ARGMAX * n + k - 1] += b->argmax ? b->argmax[at] == y : draft;
+    hits[HIT_CAND * n + k - 1] += cand;
+  }
+}
+
+/* Acceptance at anchors [s, e-1) of one run, counting stops at e, into
+ * accept[]; per-position hits into `hits` (may be NULL). */
 static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const float *hidden,
-                                int64_t s, int64_t e, int32_t *anc, int32_t *pred,
-                                int32_t *accept, int64_t *hits) {
-  int B = t->m.B;
+                                int64_t s, int64_t e, eval_buf *b, int32_t *accept, int64_t *hits) {
   for (int64_t p0 = s; p0 < e - 1; p0 += EVAL_CHUNK) {
     int32_t n = (int32_t)(e - 1 - p0 < EVAL_CHUNK ? e - 1 - p0 : EVAL_CHUNK);
-    for (int32_t i = 0; i < n; i++) anc[i] = (int32_t)(p0 + i);
+    for (int32_t i = 0; i < n; i++) b->anc[i] = (int32_t)(p0 + i);
     /* Passing e as the length stops the count at the run's end; the
-     * context (strictly before each anchor) lies inside it too. */
-    dflash_status st = dflash_trainer_acceptance(t, ids, e, hidden, anc, n, accept + p0, pred);
+     * context (strictly before each anchor) lies inside it too. The
+     * selector's extras only when they are counted. */
+    dflash_status st = dflash_trainer_propose(t, ids, e, hidden, b->anc, n,
+                                              hits && t->m.dflash2 ? &b->o : NULL, b->pred);
     if (st) return st;
-    for (int32_t i = 0; hits && i < n; i++)
-      for (int k = 1; k < B && anc[i] + k < e; k++) {
-        hits[k - 1] += pred[(size_t)i * (B - 1) + k - 1] == ids[anc[i] + k];
-        hits[B - 1 + k - 1]++; /* positions inside the run: the denominator */
-      }
+    count_accept(t->m.B, ids, e, b->anc, n, b->pred, accept + p0);
+    for (int32_t i = 0; hits && i < n; i++) add_hits(t, b, i, ids, e, hits);
   }
   return DFLASH_OK;
 }
@@ -151,9 +203,16 @@ static dflash_status walk(dflash_trainer *t, const int32_t *ids, const uint8_t *
                           int32_t *accept, int64_t *step_hist, int64_t *hits) {
   int B = t->m.B;
   int32_t *acc = accept ? accept : malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
-  int32_t *anc = malloc(sizeof(int32_t) * EVAL_CHUNK);
-  int32_t *pred = malloc(sizeof(int32_t) * EVAL_CHUNK * (size_t)(B - 1));
-  dflash_status st = acc && anc && pred ? DFLASH_OK : df_error_nomem("speculative walk");
+  eval_buf b;
+  dflash_status st = eval_buf_alloc(t, &b);
+  if (!st && !acc) {
+    eval_buf_free(&b);
+    st = df_error_nomem("speculative walk");
+  }
+  if (st) {
+    if (acc != accept) free(acc);
+    return st;
+  }
   *tokens = *steps = 0;
   for (int64_t i = 0; !st && i < len; i++) acc[i] = -1;
   for (int64_t s = 0; !st && s < len;) {
@@ -162,13 +221,13 @@ static dflash_status walk(dflash_trainer *t, const int32_t *ids, const uint8_t *
       continue;
     }
     int64_t e = run_end(mask, len, s, max_tokens);
-    st = run_accept(t, ids, hidden, s, e, anc, pred, acc, hits);
+    st = run_accept(t, ids, hidden, s, e, &b, acc, hits);
     if (!st) run_walk(acc, s, e, B, tokens, steps, step_hist);
     s = e;
     while (s < len && mask[s]) s++; /* the rest of a run cut by max_tokens */
   }
   if (acc != accept) free(acc);
-  free(anc), free(pred);
+  eval_buf_free(&b);
   return st;
 }
 
@@ -182,10 +241,20 @@ dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
               NULL);
 }
 
-void dflash_eval_walk_default(dflash_eval_walk *w) {
+static void eval_walk_defaults(dflash_eval_walk *w) {
   if (!w) return;
   memset(w, 0, sizeof *w);
   w->struct_size = sizeof *w;
+}
+
+DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size) {
+  dflash_eval_walk d;
+  eval_walk_defaults(&d);
+  df_opts_fill(w, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w) {
+  dflash_eval_walk_init(w, sizeof *w);
 }
 
 /* Sums over sequences of x_i and n_i (and their squares and product) give
@@ -212,8 +281,8 @@ static void ratio_get(const ratio *r, double *value, double *se) {
 }
 
 /* Add one sample's walk and per-position acceptance to the totals. */
-static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, const int32_t *accept,
-                     int64_t len, int64_t tokens, int64_t steps) {
+static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, const int32_t *accept, int64_t len,
+                     int64_t tokens, int64_t steps) {
   double x = 0, n = 0;
   for (int64_t p = 0; p < len; p++)
     if (accept[p] >= 0) x += 1 + accept[p], n++;
@@ -222,15 +291,44 @@ static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, const int32_t *a
   w->tokens += tokens, w->steps += steps, w->positions += (int64_t)n;
 }
 
+/* The appended totals over every block position scored. */
+static void eval_totals(const dflash_trainer *t, const int64_t *hits, size_t n,
+                        dflash_eval_walk *w) {
+  int64_t sum[HIT_KINDS] = {0};
+  for (int h = 0; h < HIT_KINDS; h++)
+    for (size_t k = 0; k < n; k++) sum[h] += hits[(size_t)h * n + k];
+  double d = sum[HIT_SCORED] > 0 ? (double)sum[HIT_SCORED] : 1;
+  w->scored = sum[HIT_SCORED];
+  w->selector_accuracy = (double)sum[HIT_DRAFT] / d;
+  w->backbone_accuracy = (double)sum[HIT_ARGMAX] / d;
+  w->candidate_recall = t->m.dflash2 ? (double)sum[HIT_CAND] / d : -1;
+}
+
+/* The caller's struct is read (its inputs) and written (its outputs) at its own size, the
+ * walk itself done on a struct of the library's. */
+static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                               dflash_eval_walk *w);
+
 dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
-                                     const char *hidden_dir, dflash_eval_walk *w) {
-  DF_CHECK_ARG(t && data_dir && hidden_dir && w && w->struct_size >= sizeof *w &&
-               w->max_tokens >= 0);
+                                     const char *hidden_dir, dflash_eval_walk *out) {
+  DF_CHECK_ARG(t && data_dir && hidden_dir && out);
+  dflash_eval_walk w;
+  dflash_eval_walk_default(&w);
+  dflash_status st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
+  if (st) return st;
+  DF_CHECK_ARG(w.max_tokens >= 0);
+  st = eval_walk(t, data_dir, hidden_dir, &w);
+  dflash_status o = df_opts_out(out, &w, sizeof w, "dflash_eval_walk");
+  return st ? st : o;
+}
+
+static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                               dflash_eval_walk *w) {
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
-  int64_t *hits = calloc(2 * (size_t)B, sizeof *hits);
+  int64_t *hits = calloc(HIT_KINDS * (size_t)B, sizeof *hits);
   int32_t *accept = NULL;
   int64_t cap = 0;
   if (!hits) st = df_error_nomem("evaluation");
@@ -250,15 +348,19 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
       accept = grown, cap = smp.len;
     }
     int64_t tokens, steps;
-    st = walk(t, smp.input_ids, smp.loss_mask, smp.len, smp.hidden, w->max_tokens, &tokens,
-              &steps, accept, w->step_hist, hits);
+    st = walk(t, smp.input_ids, smp.loss_mask, smp.len, smp.hidden, w->max_tokens, &tokens, &steps,
+              accept, w->step_hist, hits);
     if (!st) eval_add(w, &wr, &pr, accept, smp.len, tokens, steps);
   }
   if (!st) {
     ratio_get(&wr, &w->walk_tau, &w->walk_tau_se);
     ratio_get(&pr, &w->position_tau, &w->position_tau_se);
-    for (int k = 0; w->accuracy && k < B - 1; k++)
-      w->accuracy[k] = hits[B - 1 + k] ? (double)hits[k] / (double)hits[B - 1 + k] : 0;
+    size_t n = (size_t)(B - 1);
+    for (size_t k = 0; w->accuracy && k < n; k++)
+      w->accuracy[k] = hits[HIT_SCORED * n + k]
+                           ? (double)hits[HIT_DRAFT * n + k] / (double)hits[HIT_SCORED * n + k]
+                           : 0;
+    eval_totals(t, hits, n, w);
   }
   free(hits), free(accept);
   dflash_sample_stream_free(s);

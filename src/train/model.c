@@ -63,13 +63,13 @@ static dflash_status add_dflash2_tensors(df_model *m, size_t *cap) {
       if ((st = add_tensor_init(m, cap, name, proj, H, 0, DF_INIT_ZERO))) return st;
     }
   /* z-lab stores the codebooks without ".weight" (its from_pretrained maps them). */
-  if ((st = add_tensor_init(m, cap, "candidate_selector.predecessor_codebook", m->V,
-                            m->sel_rank, 0, DF_INIT_NORMAL)) ||
-      (st = add_tensor_init(m, cap, "candidate_selector.successor_codebook", m->V, m->sel_rank,
-                            0, DF_INIT_NORMAL)))
+  if ((st = add_tensor_init(m, cap, "candidate_selector.predecessor_codebook", m->V, m->sel_rank, 0,
+                            DF_INIT_NORMAL)) ||
+      (st = add_tensor_init(m, cap, "candidate_selector.successor_codebook", m->V, m->sel_rank, 0,
+                            DF_INIT_NORMAL)))
     return st;
-  return add_tensor_init(m, cap, "candidate_selector.hidden_projection.weight", m->sel_rank, H,
-                         0, DF_INIT_ZERO);
+  return add_tensor_init(m, cap, "candidate_selector.hidden_projection.weight", m->sel_rank, H, 0,
+                         DF_INIT_ZERO);
 }
 
 /* The checkpoint's tensors in buffer order; `cols` 0 marks a vector. */
@@ -82,7 +82,10 @@ static dflash_status build_tensor_table(df_model *m) {
       (st = add_tensor(m, &cap, "hidden_norm.weight", H, 0)))
     return st;
   for (int l = 0; l < m->L; l++) {
-    struct { const char *suffix; int64_t rows, cols; } parts[] = {
+    struct {
+      const char *suffix;
+      int64_t rows, cols;
+    } parts[] = {
         {"input_layernorm.weight", H, 0},     {"self_attn.q_proj.weight", qd, H},
         {"self_attn.k_proj.weight", kd, H},   {"self_attn.v_proj.weight", kd, H},
         {"self_attn.o_proj.weight", H, qd},   {"self_attn.q_norm.weight", m->d, 0},
@@ -106,7 +109,7 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
   w->hidden_norm = base + m->tensors[i++].offset;
   for (int l = 0; l < m->L; l++) {
     df_layer_w *lw = &w->layer[l];
-    float **slots[] = {&lw->in_ln, &lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->q_norm,
+    float **slots[] = {&lw->in_ln,  &lw->wq,      &lw->wk, &lw->wv, &lw->wo, &lw->q_norm,
                        &lw->k_norm, &lw->post_ln, &lw->wg, &lw->wu, &lw->wd};
     for (size_t k = 0; k < DF_ARRAY_LEN(slots); k++) *slots[k] = base + m->tensors[i++].offset;
   }
@@ -125,8 +128,8 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
 }
 
 dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
-                            const dflash_drafter_config_ext *ext, int n_threads,
-                            int vocab_chunk, double gamma) {
+                            const dflash_drafter_config_ext *ext, int n_threads, int vocab_chunk,
+                            double gamma) {
   memset(m, 0, sizeof *m);
   dflash_status st = dflash_drafter_config_validate(cfg);
   if (!st) st = df_config_ext_copy(ext, &m->ext);
@@ -275,8 +278,8 @@ static size_t layout(df_model *m, float *base, int T, int Sc, int R) {
   a->row_loss = (double *)take(base, &cur, 2 * (size_t)R);
   a->pos_block = (int32_t *)take(base, &cur, t);
   a->pos_ctx = (int32_t *)take(base, &cur, sc);
-  df_attn_shape s = {.n_blocks = T / m->B, .B = m->B, .Sc = Sc, .nh = m->nh, .nkv = m->nkv,
-                     .d = m->d};
+  df_attn_shape s = {
+      .n_blocks = T / m->B, .B = m->B, .Sc = Sc, .nh = m->nh, .nkv = m->nkv, .d = m->d};
   size_t work = df_attention_work(m->pool, &s);
   size_t ce = df_lmhead_work(R > 0 ? R : 1, m->H, m->vocab_chunk);
   a->work = take(base, &cur, work > ce ? work : ce);
@@ -289,8 +292,7 @@ static dflash_status reserve(df_model *m, int T, int Sc, int R) {
     free(m->arena);
     m->arena = aligned_alloc(64, need * sizeof(float));
     m->arena_floats = m->arena ? need : 0;
-    if (!m->arena)
-      return df_error_nomem("drafter activations");
+    if (!m->arena) return df_error_nomem("drafter activations");
   }
   layout(m, m->arena, T, Sc, R);
   m->T = T, m->Sc = Sc, m->R = R;
@@ -330,7 +332,7 @@ dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64
     if (anchors[i] < 0 || anchors[i] >= len)
       return df_error(DFLASH_E_RANGE, "anchor %d = %d is outside the sequence [0, %lld)", i,
                       anchors[i], (long long)len);
-  size_t total = (size_t)len * (size_t)m->KH;
+  size_t total = hidden ? (size_t)len * (size_t)m->KH : 0; /* NULL: stored rows, checked later */
   for (size_t i = 0; i < total; i++)
     if (!isfinite(hidden[i]))
       return df_error(DFLASH_E_FORMAT, "hidden state at position %zu, column %zu is %s",
@@ -350,8 +352,9 @@ double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t 
 }
 
 /* Sizes, positions, block tokens and supervised rows of one call. */
-static dflash_status prepare(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
-                             int64_t len, const int32_t *anchors, int32_t n_anchors) {
+static dflash_status prepare(df_model *m, const int32_t *ids, const int32_t *labels,
+                             const uint8_t *loss_mask, int64_t len, const int32_t *anchors,
+                             int32_t n_anchors) {
   int Sc = 0, R = 0, max_pos = (int)len;
   for (int32_t n = 0; n < n_anchors; n++) {
     Sc = anchors[n] > Sc ? anchors[n] : Sc;
@@ -375,7 +378,7 @@ static dflash_status prepare(df_model *m, const int32_t *ids, const uint8_t *los
              sizeof(float) * m->H);
       if (loss_mask && j > 0 && p < len && loss_mask[p] && df_position_weight(m, j) > 0) {
         a->rows_t[r] = t;
-        a->rows_target[r] = ids[p];
+        a->rows_target[r] = labels ? labels[p] : ids[p]; /* --labels target: the target's */
         r++;
       }
     }
@@ -385,10 +388,16 @@ static dflash_status prepare(df_model *m, const int32_t *ids, const uint8_t *los
 /* ---- forward -------------------------------------------------------------- */
 
 static void attn_shape(const df_model *m, int l, const int32_t *anchors, df_attn_shape *s) {
-  *s = (df_attn_shape){.n_blocks = m->T / m->B, .B = m->B, .Sc = m->Sc, .nh = m->nh,
-                       .nkv = m->nkv, .d = m->d, .anchors = anchors,
+  *s = (df_attn_shape){.n_blocks = m->T / m->B,
+                       .B = m->B,
+                       .Sc = m->Sc,
+                       .nh = m->nh,
+                       .nkv = m->nkv,
+                       .d = m->d,
+                       .anchors = anchors,
                        .window = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING
-                                     ? m->cfg.sliding_window : 0};
+                                     ? m->cfg.sliding_window
+                                     : 0};
 }
 
 /* q/k projection, per-head norm and rotation: out = rope(norm(x W^T)). */
@@ -417,15 +426,14 @@ static void conv_prepare(const df_model *m, const df_conv_w *w, float *dyn, floa
 static void conv_finish(const df_model *m, const df_conv_w *w, const float *dyn, float *out,
                         const float *y, const float *residual) {
   size_t kg = (size_t)m->conv_k * m->conv_groups;
-  df2_conv_apply(m->pool, out, y, dyn + kg, 2 * kg, w->base + (size_t)m->conv_k * m->H,
-                 residual, m->T, m->B, m->H, m->conv_k, m->conv_g);
+  df2_conv_apply(m->pool, out, y, dyn + kg, 2 * kg, w->base + (size_t)m->conv_k * m->H, residual,
+                 m->T, m->B, m->H, m->conv_k, m->conv_g);
 }
 
 /* out = residual + sublayer output (x W^T), through the finishing
  * convolution in DFlash 2. */
 static void sublayer_out(const df_model *m, const df_conv_w *cw, const float *dyn, float *y,
-                         float *out, const float *residual, const float *x, const float *w,
-                         int K) {
+                         float *out, const float *residual, const float *x, const float *w, int K) {
   if (!m->dflash2) {
     memcpy(out, residual, sizeof(float) * (size_t)m->T * m->H);
     df_matmul_forward(out, x, w, m->T, m->H, K, true);
@@ -450,13 +458,11 @@ static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out
   qk_forward(m, A->kb_pre, A->kb_rstd, A->kb, xa, W->wk, W->k_norm, m->a.pos_block, T, m->nkv);
   df_matmul_forward(A->vb, xa, W->wv, T, kd, H, false);
   /* The context enters only as extra keys/values. */
-  qk_forward(m, A->kc_pre, A->kc_rstd, A->kc, m->a.ctx, W->wk, W->k_norm, m->a.pos_ctx, Sc,
-             m->nkv);
+  qk_forward(m, A->kc_pre, A->kc_rstd, A->kc, m->a.ctx, W->wk, W->k_norm, m->a.pos_ctx, Sc, m->nkv);
   df_matmul_forward(A->vc, m->a.ctx, W->wv, Sc, kd, H, false);
   df_attn_shape s;
   attn_shape(m, l, anchors, &s);
-  df_attention_forward(m->pool, &s, A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb,
-                       m->a.work);
+  df_attention_forward(m->pool, &s, A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb, m->a.work);
   sublayer_out(m, &W->att_conv, A->att_dyn, A->att_y, A->h_mid, A->h_in, A->att, W->wo, qd);
   df_rmsnorm_forward(m->pool, A->xn2, A->rstd2, A->h_mid, W->post_ln, T, H, eps);
   const float *xm = A->xn2; /* the MLP's input */
@@ -474,8 +480,7 @@ static void model_forward(df_model *m, const float *hidden, const int32_t *ancho
   df_acts *a = &m->a;
   float eps = (float)m->cfg.rms_norm_eps;
   df_matmul_forward(a->ctx_pre, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
-  df_rmsnorm_forward(m->pool, a->ctx, a->ctx_rstd, a->ctx_pre, m->w.hidden_norm, m->Sc, m->H,
-                     eps);
+  df_rmsnorm_forward(m->pool, a->ctx, a->ctx_rstd, a->ctx_pre, m->w.hidden_norm, m->Sc, m->H, eps);
   for (int l = 0; l < m->L; l++)
     layer_forward(m, l, anchors, l + 1 < m->L ? a->layer[l + 1].h_in : a->h_out);
   df_rmsnorm_forward(m->pool, a->hf, a->rstd_f, a->h_out, m->w.norm, m->T, m->H, eps);
@@ -484,13 +489,12 @@ static void model_forward(df_model *m, const float *hidden, const int32_t *ancho
 /* ---- backward ------------------------------------------------------------- */
 
 /* Through rope, per-head norm and projection: dW += dpre^T x, dx (+)= dpre W. */
-static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float *dw,
-                        float *dnorm_w, const float *pre, const float *rstd, const float *x,
-                        const float *w, const float *norm_w, const int32_t *pos, int rows,
-                        int heads, bool accumulate_dx) {
+static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float *dw, float *dnorm_w,
+                        const float *pre, const float *rstd, const float *x, const float *w,
+                        const float *norm_w, const int32_t *pos, int rows, int heads,
+                        bool accumulate_dx) {
   df_rope_backward(m->pool, dout, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
-  df_rmsnorm_backward(m->pool, dpre, dnorm_w, dout, pre, norm_w, rstd, rows * heads, m->d,
-                      false);
+  df_rmsnorm_backward(m->pool, dpre, dnorm_w, dout, pre, norm_w, rstd, rows * heads, m->d, false);
   df_matmul_backward(dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
 }
 
@@ -509,12 +513,12 @@ static const float *conv_finish_backward(df_model *m, const df_conv_w *W, df_con
 /* DFlash 2: d(convolved input) in a->d2_x through prepare: a->dx gets
  * d(normed input) (the first convolution plus the kernel projection), the
  * base kernel and projection their gradients. */
-static void conv_prepare_backward(df_model *m, const df_conv_w *W, df_conv_w *G,
-                                  const float *dyn, const float *xn) {
+static void conv_prepare_backward(df_model *m, const df_conv_w *W, df_conv_w *G, const float *dyn,
+                                  const float *xn) {
   int n = 2 * m->conv_k * m->conv_groups;
   df_acts *a = &m->a;
-  df2_conv_backward(m->pool, a->dx, a->d2_dyn, G->base, a->d2_x, xn, dyn, (size_t)n, W->base,
-                    m->T, m->B, m->H, m->conv_k, m->conv_g);
+  df2_conv_backward(m->pool, a->dx, a->d2_dyn, G->base, a->d2_x, xn, dyn, (size_t)n, W->base, m->T,
+                    m->B, m->H, m->conv_k, m->conv_g);
   df_matmul_backward(a->dx, G->proj, a->d2_dyn, xn, W->proj, m->T, n, m->H, true);
 }
 
@@ -528,8 +532,8 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
   int T = m->T, Sc = m->Sc, H = m->H, kd = m->nkv * m->d, qd = m->nh * m->d, I = m->I;
   bool c2 = m->dflash2;
   /* MLP (DFlash 2: its input is the convolved mlp_x, its output goes through finish) */
-  const float *dy = c2 ? conv_finish_backward(m, &W->mlp_conv, &G->mlp_conv, A->mlp_dyn,
-                                              A->mlp_y) : a->dh;
+  const float *dy = c2 ? conv_finish_backward(m, &W->mlp_conv, &G->mlp_conv, A->mlp_dyn, A->mlp_y)
+                       : a->dh;
   const float *xm = c2 ? A->mlp_x : A->xn2;
   float *dxm = c2 ? a->d2_x : a->dx;
   df_matmul_backward(a->dm, G->wd, dy, A->m, W->wd, T, H, I, false);
@@ -548,8 +552,8 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
   attn_shape(m, l, anchors, &s);
   df_attention_backward(m->pool, &s, a->dq, a->dkc, a->dvc, a->dkb, a->dvb, a->work, a->datt,
                         A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb);
-  qk_backward(m, a->dq, a->dtmp, dxa, G->wq, G->q_norm, A->q_pre, A->q_rstd, xa, W->wq,
-              W->q_norm, a->pos_block, T, m->nh, false);
+  qk_backward(m, a->dq, a->dtmp, dxa, G->wq, G->q_norm, A->q_pre, A->q_rstd, xa, W->wq, W->q_norm,
+              a->pos_block, T, m->nh, false);
   qk_backward(m, a->dkb, a->dtmp, dxa, G->wk, G->k_norm, A->kb_pre, A->kb_rstd, xa, W->wk,
               W->k_norm, a->pos_block, T, m->nkv, true);
   df_matmul_backward(dxa, G->wv, a->dvb, xa, W->wv, T, kd, H, true);
@@ -568,22 +572,23 @@ static void model_backward(df_model *m, const float *hidden, const int32_t *anch
            sizeof(float) * m->H);
   /* dh currently holds d(hf); turn it into d(h_out). */
   memcpy(a->dx, a->dh, sizeof(float) * (size_t)m->T * m->H);
-  df_rmsnorm_backward(m->pool, a->dh, m->g.norm, a->dx, a->h_out, m->w.norm, a->rstd_f, m->T,
-                      m->H, false);
+  df_rmsnorm_backward(m->pool, a->dh, m->g.norm, a->dx, a->h_out, m->w.norm, a->rstd_f, m->T, m->H,
+                      false);
   memset(a->dctx, 0, sizeof(float) * (size_t)m->Sc * m->H);
   for (int l = m->L - 1; l >= 0; l--) layer_backward(m, l, anchors, NULL);
-  df_rmsnorm_backward(m->pool, a->dctx_tmp, m->g.hidden_norm, a->dctx, a->ctx_pre,
-                      m->w.hidden_norm, a->ctx_rstd, m->Sc, m->H, false);
+  df_rmsnorm_backward(m->pool, a->dctx_tmp, m->g.hidden_norm, a->dctx, a->ctx_pre, m->w.hidden_norm,
+                      a->ctx_rstd, m->Sc, m->H, false);
   df_matmul_backward(NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
 }
 
 /* ---- entry points --------------------------------------------------------- */
 
 /* The true token before supervised row r's position (teacher forcing):
- * the block's own token at position 1. */
-static int32_t row_prev(const df_model *m, const int32_t *ids, const int32_t *anchors, int r) {
-  int t = m->a.rows_t[r];
-  return ids[anchors[t / m->B] + t % m->B - 1];
+ * the block's own token at position 1, else the previous position's label. */
+static int32_t row_prev(const df_model *m, const int32_t *ids, const int32_t *labels,
+                        const int32_t *anchors, int r) {
+  int t = m->a.rows_t[r], j = t % m->B, p = anchors[t / m->B] + j - 1;
+  return labels && j > 1 ? labels[p] : ids[p];
 }
 
 /*
@@ -593,7 +598,8 @@ static int32_t row_prev(const df_model *m, const int32_t *ids, const int32_t *an
  * hidden_projection and, through P(hf), rows_dx (the block CE's d(hf) rows,
  * which model_backward then carries into the drafter).
  */
-static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_t *anchors,
+static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_t *labels,
+                                   const int32_t *anchors, const int32_t *cand, const float *unary,
                                    bool backward, double *lsum) {
   df_acts *a = &m->a;
   m->sel_loss_sum = m->sel_rows = m->sel_hits = 0;
@@ -606,18 +612,30 @@ static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_
     return df_error_nomem("candidate selector loss");
   }
   for (int i = 0; i < m->R; i++) {
-    prev[i] = row_prev(m, ids, anchors, i);
+    prev[i] = row_prev(m, ids, labels, anchors, i);
     coef[i] = (float)(a->coef[i] * m->sel_weight);
     w[i] = df_position_weight(m, a->rows_t[i] % m->B);
   }
-  df2_sel_args s = {.x = a->rows_x, .E = m->lm_head, .pred = m->w.sel_pred,
-                    .succ = m->w.sel_succ, .hproj = m->w.sel_hproj, .target = a->rows_target,
-                    .prev = prev, .coef = coef, .w = w, .R = m->R, .H = m->H, .V = m->V,
-                    .r = m->sel_rank, .K = m->ext.selector_top_k, .chunk = m->vocab_chunk,
-                    .inject = m->sel_inject};
+  df2_sel_args s = {.x = a->rows_x,
+                    .E = m->lm_head,
+                    .pred = m->w.sel_pred,
+                    .succ = m->w.sel_succ,
+                    .hproj = m->w.sel_hproj,
+                    .target = a->rows_target,
+                    .prev = prev,
+                    .coef = coef,
+                    .w = w,
+                    .R = m->R,
+                    .H = m->H,
+                    .V = m->V,
+                    .r = m->sel_rank,
+                    .K = m->ext.selector_top_k,
+                    .chunk = m->vocab_chunk,
+                    .inject = m->sel_inject,
+                    .cand = cand,
+                    .unary = unary};
   if (backward)
-    s.dx = a->rows_dx, s.dpred = m->g.sel_pred, s.dsucc = m->g.sel_succ,
-    s.dhproj = m->g.sel_hproj;
+    s.dx = a->rows_dx, s.dpred = m->g.sel_pred, s.dsucc = m->g.sel_succ, s.dhproj = m->g.sel_hproj;
   dflash_status st = df2_selector_loss(&s, &m->sel_loss_sum, &m->sel_hits);
   m->sel_rows = m->R;
   *lsum += m->sel_weight * m->sel_loss_sum;
@@ -625,16 +643,53 @@ static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_
   return st;
 }
 
-dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
-                            int64_t len, const float *hidden, const int32_t *anchors,
-                            int32_t n_anchors, double grad_scale, bool backward,
-                            double *loss_sum, double *weight_sum) {
+/* The block CE over the supervised rows (row_loss, and rows_dx with
+ * backward). DFlash 2 keeps each row's top-K logits in the same LM-head
+ * pass: *cand / *unary [R, top_k] (the caller frees them) for the selector
+ * loss, so each logits chunk is computed once. */
+static dflash_status block_ce(df_model *m, bool backward, int32_t **cand, float **unary) {
+  df_acts *a = &m->a;
+  int K = m->dflash2 && m->R > 0 ? m->ext.selector_top_k : 0;
+  if (K) {
+    *cand = malloc(sizeof(int32_t) * (size_t)m->R * K);
+    *unary = malloc(sizeof(float) * (size_t)m->R * K);
+    if (!*cand || !*unary) return df_error_nomem("selector candidates");
+  }
+  df_lmhead_ce_topk(m->pool, a->row_loss, backward ? a->rows_dx : NULL, a->rows_x, m->lm_head,
+                    a->rows_target, a->coef, m->R, m->H, m->V, m->vocab_chunk, a->work, K, *cand,
+                    *unary);
+  return DFLASH_OK;
+}
+
+dflash_status df_model_check_labels(const df_model *m, const int32_t *labels, int64_t len) {
+  for (int64_t i = 0; labels && i < len; i++)
+    if (labels[i] < 0 || labels[i] >= m->V)
+      return df_error(DFLASH_E_RANGE,
+                      "label (target id) at position %lld = %d is outside the "
+                      "vocabulary [0, %d)",
+                      (long long)i, labels[i], m->V);
+  return DFLASH_OK;
+}
+
+dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask, int64_t len,
+                            const float *hidden, const int32_t *anchors, int32_t n_anchors,
+                            double grad_scale, bool backward, double *loss_sum,
+                            double *weight_sum) {
+  return df_model_step_labels(m, ids, NULL, loss_mask, len, hidden, anchors, n_anchors, grad_scale,
+                              backward, loss_sum, weight_sum);
+}
+
+dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_t *labels,
+                                   const uint8_t *loss_mask, int64_t len, const float *hidden,
+                                   const int32_t *anchors, int32_t n_anchors, double grad_scale,
+                                   bool backward, double *loss_sum, double *weight_sum) {
   if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  if (!st) st = df_model_check_labels(m, labels, len);
   if (st) return st;
   double lsum = 0, wsum = 0;
   if (n_anchors > 0) {
-    if ((st = prepare(m, ids, loss_mask, len, anchors, n_anchors))) return st;
+    if ((st = prepare(m, ids, labels, loss_mask, len, anchors, n_anchors))) return st;
     model_forward(m, hidden, anchors);
     df_acts *a = &m->a;
     for (int r = 0; r < m->R; r++) {
@@ -644,14 +699,18 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
       memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H,
              sizeof(float) * m->H);
     }
-    df_lmhead_ce(m->pool, a->row_loss, backward ? a->rows_dx : NULL, a->rows_x, m->lm_head,
-                 a->rows_target, a->coef, m->R, m->H, m->V, m->vocab_chunk, a->work);
-    for (int r = 0; r < m->R; r++) {
+    int32_t *cand = NULL;
+    float *unary = NULL;
+    st = block_ce(m, backward, &cand, &unary);
+    for (int r = 0; !st && r < m->R; r++) {
       double w = df_position_weight(m, a->rows_t[r] % m->B);
       lsum += w * a->row_loss[r];
       wsum += w;
     }
-    if (m->dflash2 && (st = selector_loss(m, ids, anchors, backward, &lsum))) return st;
+    if (!st && m->dflash2)
+      st = selector_loss(m, ids, labels, anchors, cand, unary, backward, &lsum);
+    free(cand), free(unary);
+    if (st) return st;
     if (backward) model_backward(m, hidden, anchors);
   }
   if (loss_sum) *loss_sum = lsum;
@@ -659,12 +718,15 @@ dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss
   return DFLASH_OK;
 }
 
-/* DFlash 2's prediction: the candidate selector's greedy path through each
+/* DFlash 2's prediction: the candidate selector's path through each
  * block's drafted positions 1..B-1 (hf rows n*B+1 .. n*B+B-1), from the
- * block's own token, as z-lab's propose drafts at temperature 0. */
+ * block's own token, as z-lab's propose drafts (greedy, or sampled with a
+ * stream of its own per anchor position, so a draw does not depend on which
+ * other blocks share the call). */
 static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_t *anchors,
-                                   int32_t n_anchors, int32_t *pred) {
-  int n = m->B - 1, r = m->sel_rank;
+                                   int32_t n_anchors, const dflash_propose_options *o,
+                                   int32_t *pred) {
+  int n = m->B - 1, r = m->sel_rank, K = m->ext.selector_top_k;
   if (n <= 0) return DFLASH_OK;
   float *logits = malloc(sizeof(float) * (size_t)n * m->V);
   float *hp = malloc(sizeof(float) * (size_t)n * r);
@@ -672,12 +734,28 @@ static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_
     free(logits), free(hp);
     return df_error_nomem("candidate selector");
   }
+  df2_select_args s = {.logits = logits,
+                       .hproj = hp,
+                       .pred_cb = m->w.sel_pred,
+                       .succ_cb = m->w.sel_succ,
+                       .n = n,
+                       .V = m->V,
+                       .r = r,
+                       .top_k = K,
+                       .temperature = o ? o->temperature : 0};
   for (int32_t b = 0; b < n_anchors; b++) {
     const float *rows = m->a.hf + ((size_t)b * m->B + 1) * m->H;
+    size_t at = (size_t)b * n;
     df_matmul_forward(logits, rows, m->lm_head, n, m->V, m->H, false);
     df_matmul_forward(hp, rows, m->w.sel_hproj, n, r, m->H, false);
-    df2_select_greedy(logits, hp, m->w.sel_pred, m->w.sel_succ, n, m->V, r,
-                      m->ext.selector_top_k, ids[anchors[b]], pred + (size_t)b * n);
+    s.anchor_id = ids[anchors[b]];
+    s.cand = o && o->candidates ? o->candidates + at * K : NULL;
+    s.probs = o && o->probs ? o->probs + at * K : NULL;
+    df_rng rng;
+    df_rng_seed(&rng, o ? o->seed : 0, (uint64_t)anchors[b]);
+    df2_select(&s, &rng, pred + at);
+    for (int i = 0; o && o->argmax && i < n; i++)
+      o->argmax[at + i] = df2_argmax(logits + (size_t)i * m->V, m->V);
   }
   free(logits), free(hp);
   return DFLASH_OK;
@@ -685,19 +763,26 @@ static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_
 
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred) {
+  return df_model_propose(m, ids, len, hidden, anchors, n_anchors, NULL, pred);
+}
+
+dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                               const int32_t *anchors, int32_t n_anchors,
+                               const dflash_propose_options *o, int32_t *pred) {
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st || n_anchors <= 0) return st;
   /* Every position 1..B-1 of every block is a row. */
   int R = n_anchors * (m->B - 1);
-  if ((st = prepare(m, ids, NULL, len, anchors, n_anchors))) return st;
+  if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
-  if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, pred);
+  if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, o, pred);
   df_acts *a = &m->a;
   int r = 0;
   for (int t = 0; t < m->T; t++)
-    if (t % m->B) memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H,
-                         sizeof(float) * m->H);
+    if (t % m->B)
+      memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H, sizeof(float) * m->H);
   df_lmhead_argmax(a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
+  if (o && o->argmax) memcpy(o->argmax, pred, sizeof(int32_t) * (size_t)R);
   return DFLASH_OK;
 }
 
@@ -705,7 +790,7 @@ dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, cons
                               const int32_t *anchors, int32_t n_anchors, float *logits) {
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st || n_anchors <= 0) return st;
-  if ((st = prepare(m, ids, NULL, len, anchors, n_anchors))) return st;
+  if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
   /* All B rows of every block, position 0 included: [T, V] = hf [T, H] lm_head^T. */
   df_matmul_forward(logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);

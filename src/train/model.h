@@ -62,7 +62,7 @@ typedef struct df_layer_acts {
 typedef struct df_acts {
   float *ctx_pre, *ctx_rstd, *ctx; /* [Sc, H] */
   df_layer_acts layer[DFLASH_DRAFTER_MAX_LAYERS];
-  float *h_out, *rstd_f, *hf;      /* [T, H] */
+  float *h_out, *rstd_f, *hf; /* [T, H] */
   /* gradients, shared by all layers */
   float *dh, *dx, *dq, *dkb, *dvb, *dkc, *dvc, *datt, *dg, *du, *dm, *dctx, *dtmp, *dctx_tmp;
   /* DFlash 2: d(sublayer output before finish), d(convolved input), d(dynamic kernels) */
@@ -110,8 +110,8 @@ typedef struct df_model {
 
 /* `ext` may be NULL (defaults). */
 dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
-                            const dflash_drafter_config_ext *ext, int n_threads,
-                            int vocab_chunk, double gamma);
+                            const dflash_drafter_config_ext *ext, int n_threads, int vocab_chunk,
+                            double gamma);
 void df_model_free(df_model *m);
 const df_tensor_info *df_model_find(const df_model *m, const char *name);
 
@@ -123,10 +123,17 @@ double df_position_weight(const df_model *m, int k);
  * grad_scale) are ADDED to m->grads when `backward`. Checks the inputs
  * (ids in the vocabulary, anchors in range, finite hidden states).
  */
-dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
-                            int64_t len, const float *hidden, const int32_t *anchors,
-                            int32_t n_anchors, double grad_scale, bool backward,
-                            double *loss_sum, double *weight_sum);
+dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask, int64_t len,
+                            const float *hidden, const int32_t *anchors, int32_t n_anchors,
+                            double grad_scale, bool backward, double *loss_sum, double *weight_sum);
+/* The same with CE targets labels[p] instead of ids[p] (NULL: ids): `--labels target`, the
+ * target's greedy tokens; the block input (anchor token) stays ids. */
+dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_t *labels,
+                                   const uint8_t *loss_mask, int64_t len, const float *hidden,
+                                   const int32_t *anchors, int32_t n_anchors, double grad_scale,
+                                   bool backward, double *loss_sum, double *weight_sum);
+/* Labels (may be NULL) inside the vocabulary (DFLASH_E_RANGE naming the position). */
+dflash_status df_model_check_labels(const df_model *m, const int32_t *labels, int64_t len);
 /* Ids inside the vocabulary, anchors inside the sequence, finite hidden
  * states (DFLASH_E_RANGE / DFLASH_E_FORMAT naming the position). */
 dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64_t len,
@@ -137,6 +144,12 @@ double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t 
 /* Greedy predictions for positions 1..B-1 of each block. */
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred);
+
+/* dflash_trainer_propose on the model (o NULL: greedy; the caller checked
+ * o, and that a DFlash 1 model is asked for nothing but argmax). */
+dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
+                               const int32_t *anchors, int32_t n_anchors,
+                               const dflash_propose_options *o, int32_t *pred);
 
 /* Logits [n_anchors, B, V] of every block position (see dflash_trainer_logits). */
 dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, const float *hidden,

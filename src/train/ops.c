@@ -21,8 +21,7 @@
 #define DF_SANITIZED 1
 #endif
 #endif
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(DF_SANITIZED) && \
-    defined(__has_attribute)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(DF_SANITIZED) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define DF_HOT __attribute__((target_clones("avx2", "default")))
 #endif
@@ -122,8 +121,8 @@ DF_HOT static void rms_dw_cols(void *vc, size_t b, size_t e, int worker) {
 
 void df_rmsnorm_backward(df_pool *pool, float *dx, float *dw, const float *dy, const float *x,
                          const float *w, const float *rstd, int rows, int n, bool accumulate_dx) {
-  rms_ctx c = {.dx = dx, .dw = dw, .x = x, .w = w, .dy = dy, .rstd_in = rstd, .n = n,
-               .acc = accumulate_dx};
+  rms_ctx c = {
+      .dx = dx, .dw = dw, .x = x, .w = w, .dy = dy, .rstd_in = rstd, .n = n, .acc = accumulate_dx};
   if (dx) df_pool_for(pool, (size_t)rows, 64, rms_bwd_rows, &c);
   if (dw) {
     rms_dw_ctx d = {&c, (size_t)rows};
@@ -286,7 +285,7 @@ static void transpose_context(attn_ctx *c) {
 /* Scaled scores of query row (t, h) against its visible keys into sc:
  * context first (hi - lo), then block (bhi - blo). Returns their count. */
 DF_INLINE int scores(const attn_ctx *c, int n, int j, int h, float *sc, int *lo, int *hi, int *blo,
-                  int *bhi) {
+                     int *bhi) {
   const df_attn_shape *s = c->s;
   int g = h / (s->nh / s->nkv), d = s->d;
   size_t t = (size_t)n * s->B + j;
@@ -335,7 +334,8 @@ DF_HOT static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
       memset(o, 0, sizeof(float) * d);
       float inv = (float)(1.0 / sum);
       int i = 0;
-      for (int p = lo; p < hi; p++) axpyf(o, sc[i++] * inv, c->vc + ((size_t)p * s->nkv + g) * d, d);
+      for (int p = lo; p < hi; p++)
+        axpyf(o, sc[i++] * inv, c->vc + ((size_t)p * s->nkv + g) * d, d);
       for (int p = blo; p < bhi; p++)
         axpyf(o, sc[i++] * inv, c->vb + (((size_t)n * s->B + p) * s->nkv + g) * d, d);
       c->lse[t * s->nh + h] = mx + (float)log(sum);
@@ -346,7 +346,14 @@ DF_HOT static void attn_fwd_task(void *vc, size_t b, size_t e, int worker) {
 void df_attention_forward(df_pool *pool, const df_attn_shape *s, float *out, float *lse,
                           const float *q, const float *kc, const float *vc, const float *kb,
                           const float *vb, float *work) {
-  attn_ctx c = {.s = s, .out = out, .lse = lse, .q = q, .kc = kc, .vc = vc, .kb = kb, .vb = vb,
+  attn_ctx c = {.s = s,
+                .out = out,
+                .lse = lse,
+                .q = q,
+                .kc = kc,
+                .vc = vc,
+                .kb = kb,
+                .vb = vb,
                 .scale = 1.0f / sqrtf((float)s->d)};
   attn_work(pool, s, work, &c);
   df_pool_for(pool, (size_t)s->n_blocks * s->nh, 1, attn_fwd_task, &c);
@@ -354,8 +361,8 @@ void df_attention_forward(df_pool *pool, const df_attn_shape *s, float *out, flo
 
 size_t df_attention_work(df_pool *pool, const df_attn_shape *s) {
   size_t sc8 = ((size_t)s->Sc + 7) & ~(size_t)7;
-  return ((size_t)s->Sc + s->B) * (size_t)df_pool_size(pool) +
-         (size_t)s->n_blocks * s->B * s->nh + 2 * (size_t)s->nkv * s->d * sc8;
+  return ((size_t)s->Sc + s->B) * (size_t)df_pool_size(pool) + (size_t)s->n_blocks * s->B * s->nh +
+         2 * (size_t)s->nkv * s->d * sc8;
 }
 
 /* D[t,h] = dout . out (the softmax backward's row term). */
@@ -423,7 +430,8 @@ DF_HOT static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
   size_t tiles = c->sc8 / 8;
   for (size_t task = b; task < e; task++) {
     int g = (int)(task / tiles), t0 = (int)(task % tiles) * 8;
-    const float *kt = c->kt + (size_t)g * d * c->sc8 + t0, *vt = c->vt + (size_t)g * d * c->sc8 + t0;
+    const float *kt = c->kt + (size_t)g * d * c->sc8 + t0,
+                *vt = c->vt + (size_t)g * d * c->sc8 + t0;
     float dkt[DF_MAX_HEAD_DIM][8], dvt[DF_MAX_HEAD_DIM][8]; /* [d][lane] */
     memset(dkt, 0, sizeof(float) * 8 * (size_t)d);
     memset(dvt, 0, sizeof(float) * 8 * (size_t)d);
@@ -459,14 +467,26 @@ DF_HOT static void attn_bwd_context(void *vc, size_t b, size_t e, int worker) {
   }
 }
 
-void df_attention_backward(df_pool *pool, const df_attn_shape *s, float *dq, float *dkc,
-                           float *dvc, float *dkb, float *dvb, float *work, const float *dout,
-                           const float *out, const float *lse, const float *q, const float *kc,
-                           const float *vc, const float *kb, const float *vb) {
+void df_attention_backward(df_pool *pool, const df_attn_shape *s, float *dq, float *dkc, float *dvc,
+                           float *dkb, float *dvb, float *work, const float *dout, const float *out,
+                           const float *lse, const float *q, const float *kc, const float *vc,
+                           const float *kb, const float *vb) {
   size_t T = (size_t)s->n_blocks * s->B;
-  attn_ctx c = {.s = s, .lse = (float *)lse, .dq = dq, .dkc = dkc, .dvc = dvc, .dkb = dkb,
-                .dvb = dvb, .q = q, .kc = kc, .vc = vc, .kb = kb, .vb = vb,
-                .dout = dout, .o = out, .scale = 1.0f / sqrtf((float)s->d)};
+  attn_ctx c = {.s = s,
+                .lse = (float *)lse,
+                .dq = dq,
+                .dkc = dkc,
+                .dvc = dvc,
+                .dkb = dkb,
+                .dvb = dvb,
+                .q = q,
+                .kc = kc,
+                .vc = vc,
+                .kb = kb,
+                .vb = vb,
+                .dout = dout,
+                .o = out,
+                .scale = 1.0f / sqrtf((float)s->d)};
   attn_work(pool, s, work, &c);
   df_pool_for(pool, T * s->nh, 256, attn_D_rows, &c);
   df_pool_for(pool, (size_t)s->n_blocks * s->nkv, 1, attn_bwd_block, &c);
@@ -519,7 +539,30 @@ typedef struct ce_ctx {
   const int32_t *target;
   int c, v0, H;
   bool grad;
+  int top_k;        /* > 0: also keep each row's top_k logits */
+  int32_t *top_ids; /* [R, top_k] */
+  float *top_vals;
 } ce_ctx;
+
+int df_topk_insert(int32_t *ids, float *vals, int n, int k, int32_t v, float x) {
+  if (n == k && !(x > vals[n - 1])) return n; /* ties keep the smaller id, seen first */
+  int i = n < k ? n++ : n - 1;
+  while (i > 0 && x > vals[i - 1]) {
+    ids[i] = ids[i - 1], vals[i] = vals[i - 1];
+    i--;
+  }
+  ids[i] = v, vals[i] = x;
+  return n;
+}
+
+/* The chunk's raw logits into row r's top list (before they become exps).
+ * Every column seen so far was offered, so the list holds min(v0, k). */
+static void ce_topk_row(const ce_ctx *x, size_t r, const float *l) {
+  int k = x->top_k, n = x->v0 < k ? x->v0 : k;
+  int32_t *ids = x->top_ids + r * (size_t)k;
+  float *vals = x->top_vals + r * (size_t)k;
+  for (int i = 0; i < x->c; i++) n = df_topk_insert(ids, vals, n, k, x->v0 + i, l[i]);
+}
 
 /* Online softmax update for one chunk of logits per row: new running max,
  * rescaled sum and accumulator, logits turned into exp(l - max). */
@@ -530,6 +573,7 @@ DF_HOT static void ce_chunk_rows(void *vc, size_t b, size_t e, int worker) {
     float *l = x->logits + r * (size_t)x->c;
     int tgt = x->target[r] - x->v0;
     if (tgt >= 0 && tgt < x->c) x->tl[r] = l[tgt];
+    if (x->top_k > 0) ce_topk_row(x, r, l);
     float m = x->mx[r];
     for (int i = 0; i < x->c; i++) m = l[i] > m ? l[i] : m;
     float rescale = expneg(x->mx[r] - m); /* 0 on the first chunk */
@@ -568,19 +612,34 @@ DF_HOT static void ce_finish_rows(void *vc, size_t b, size_t e, int worker) {
 void df_lmhead_ce(df_pool *pool, double *loss, float *dx, const float *x, const float *E,
                   const int32_t *target, const float *coef, int R, int H, int V, int chunk,
                   float *scratch) {
+  df_lmhead_ce_topk(pool, loss, dx, x, E, target, coef, R, H, V, chunk, scratch, 0, NULL, NULL);
+}
+
+void df_lmhead_ce_topk(df_pool *pool, double *loss, float *dx, const float *x, const float *E,
+                       const int32_t *target, const float *coef, int R, int H, int V, int chunk,
+                       float *scratch, int top_k, int32_t *top_ids, float *top_vals) {
   if (R <= 0) return;
   double *sum = (double *)scratch, *tl = sum + R; /* scratch is malloc-aligned */
   float *mx = (float *)(tl + R), *logits = mx + R, *acc = logits + (size_t)R * chunk;
   for (int r = 0; r < R; r++) mx[r] = -FLT_MAX, sum[r] = 0, tl[r] = 0;
   if (dx) memset(acc, 0, sizeof(float) * (size_t)R * H);
-  ce_ctx c = {.logits = logits, .acc = acc, .mx = mx, .sum = sum, .tl = tl, .target = target,
-              .H = H, .grad = dx != NULL};
+  ce_ctx c = {.logits = logits,
+              .acc = acc,
+              .mx = mx,
+              .sum = sum,
+              .tl = tl,
+              .target = target,
+              .H = H,
+              .grad = dx != NULL,
+              .top_k = top_ids && top_vals ? top_k : 0,
+              .top_ids = top_ids,
+              .top_vals = top_vals};
   for (int v0 = 0; v0 < V; v0 += chunk) {
     c.v0 = v0;
     c.c = V - v0 < chunk ? V - v0 : chunk;
     const float *Ec = E + (size_t)v0 * H;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f,
-                logits, c.c);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f, logits,
+                c.c);
     df_pool_for(pool, (size_t)R, 16, ce_chunk_rows, &c);
     if (dx)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, H, c.c, 1.0f, logits, c.c, Ec, H,
@@ -594,18 +653,19 @@ size_t df_lmhead_work(int R, int H, int chunk) {
   return (size_t)R * (5 + (size_t)chunk + (size_t)H);
 }
 
-void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V,
-                      int chunk, float *scratch) {
+void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V, int chunk,
+                      float *scratch) {
   if (R <= 0) return;
   float *best = scratch + (size_t)R * chunk;
   for (int r = 0; r < R; r++) best[r] = -FLT_MAX, out[r] = 0;
   for (int v0 = 0; v0 < V; v0 += chunk) {
     int cn = V - v0 < chunk ? V - v0 : chunk;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, cn, H, 1.0f, x, H,
-                E + (size_t)v0 * H, H, 0.0f, scratch, cn);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, cn, H, 1.0f, x, H, E + (size_t)v0 * H,
+                H, 0.0f, scratch, cn);
     for (int r = 0; r < R; r++)
       for (int i = 0; i < cn; i++)
-        if (scratch[(size_t)r * cn + i] > best[r]) best[r] = scratch[(size_t)r * cn + i], out[r] = v0 + i;
+        if (scratch[(size_t)r * cn + i] > best[r])
+          best[r] = scratch[(size_t)r * cn + i], out[r] = v0 + i;
   }
 }
 

@@ -71,10 +71,10 @@ void df_attention_forward(df_pool *pool, const df_attn_shape *s, float *out, flo
                           const float *q, const float *kc, const float *vc, const float *kb,
                           const float *vb, float *work);
 /* dq, dkb, dvb, dkc, dvc are overwritten. */
-void df_attention_backward(df_pool *pool, const df_attn_shape *s, float *dq, float *dkc,
-                           float *dvc, float *dkb, float *dvb, float *work, const float *dout,
-                           const float *out, const float *lse, const float *q, const float *kc,
-                           const float *vc, const float *kb, const float *vb);
+void df_attention_backward(df_pool *pool, const df_attn_shape *s, float *dq, float *dkc, float *dvc,
+                           float *dkb, float *dvb, float *work, const float *dout, const float *out,
+                           const float *lse, const float *q, const float *kc, const float *vc,
+                           const float *kb, const float *vb);
 
 /* ---- SwiGLU --------------------------------------------------------------- */
 
@@ -97,10 +97,24 @@ void df_swiglu_backward(df_pool *pool, float *dg, float *du, const float *dm, co
 void df_lmhead_ce(df_pool *pool, double *loss, float *dx, const float *x, const float *E,
                   const int32_t *target, const float *coef, int R, int H, int V, int chunk,
                   float *scratch);
+/*
+ * df_lmhead_ce that also keeps, in the same pass over each logits chunk
+ * (so the LM head's logits GEMM runs once for both), the top_k (<= V)
+ * logits of every row: top_ids / top_vals [R, top_k] in descending order,
+ * ties to the smaller id (df_topk_insert). top_k 0 (or NULL outputs): none,
+ * exactly df_lmhead_ce.
+ */
+void df_lmhead_ce_topk(df_pool *pool, double *loss, float *dx, const float *x, const float *E,
+                       const int32_t *target, const float *coef, int R, int H, int V, int chunk,
+                       float *scratch, int top_k, int32_t *top_ids, float *top_vals);
 size_t df_lmhead_work(int R, int H, int chunk);
+/* Offer token v with logit x to a top list of n (<= k) entries sorted by
+ * logit, descending; an equal logit goes after those already there (so,
+ * offered in id order, ties keep the smaller id). Returns the new count. */
+int df_topk_insert(int32_t *ids, float *vals, int n, int k, int32_t v, float x);
 /* Greedy prediction: argmax_v x_r . E[v] for each row (chunked). */
-void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V,
-                      int chunk, float *scratch);
+void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V, int chunk,
+                      float *scratch);
 
 /* ---- misc ----------------------------------------------------------------- */
 

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../cuda/dfcuda.h"
+#include "dfcuda.h"
 #include "backend.h"
 #include "dist.h"
 
@@ -18,30 +18,50 @@ void df_act_layout_compute(const df_act_dims *d, df_act_layout *o) {
   int64_t qd = d->nh * d->d, kd = d->nkv * d->d, T = d->T, Sc = d->Sc, R = d->R, H = d->H;
   /* element size * element count, in enum order */
   const int64_t g[DF_ACT_COUNT] = {
-      [DF_ACT_HIDDEN] = 2 * Sc * d->KH, [DF_ACT_CTX_PRE] = 2 * Sc * H,
-      [DF_ACT_CTX_RSTD] = 4 * Sc, [DF_ACT_CTX] = 2 * Sc * H,
-      [DF_ACT_H_OUT] = 2 * T * H, [DF_ACT_RSTD_F] = 4 * T, [DF_ACT_HF] = 2 * T * H,
-      [DF_ACT_DH] = 2 * T * H, [DF_ACT_DX] = 4 * T * H, [DF_ACT_DQ] = 2 * T * qd,
-      [DF_ACT_DKB] = 2 * T * kd, [DF_ACT_DVB] = 2 * T * kd, [DF_ACT_DATT] = 2 * T * qd,
-      [DF_ACT_DG] = 2 * T * d->I, [DF_ACT_DU] = 2 * T * d->I, [DF_ACT_DM] = 2 * T * d->I,
-      [DF_ACT_DTMP] = 2 * T * max64(qd, kd), [DF_ACT_D] = 4 * T * d->nh,
-      [DF_ACT_DKC] = 2 * Sc * kd, [DF_ACT_DVC] = 2 * Sc * kd, [DF_ACT_DCTX] = 4 * Sc * H,
+      [DF_ACT_HIDDEN] = 2 * Sc * d->KH,
+      [DF_ACT_CTX_PRE] = 2 * Sc * H,
+      [DF_ACT_CTX_RSTD] = 4 * Sc,
+      [DF_ACT_CTX] = 2 * Sc * H,
+      [DF_ACT_H_OUT] = 2 * T * H,
+      [DF_ACT_RSTD_F] = 4 * T,
+      [DF_ACT_HF] = 2 * T * H,
+      [DF_ACT_DH] = 2 * T * H,
+      [DF_ACT_DX] = 4 * T * H,
+      [DF_ACT_DQ] = 2 * T * qd,
+      [DF_ACT_DKB] = 2 * T * kd,
+      [DF_ACT_DVB] = 2 * T * kd,
+      [DF_ACT_DATT] = 2 * T * qd,
+      [DF_ACT_DG] = 2 * T * d->I,
+      [DF_ACT_DU] = 2 * T * d->I,
+      [DF_ACT_DM] = 2 * T * d->I,
+      [DF_ACT_DTMP] = 2 * T * max64(qd, kd),
+      [DF_ACT_D] = 4 * T * d->nh,
+      [DF_ACT_DKC] = 2 * Sc * kd,
+      [DF_ACT_DVC] = 2 * Sc * kd,
+      [DF_ACT_DCTX] = 4 * Sc * H,
       [DF_ACT_DCTX_TMP] = 2 * Sc * max64(kd, H),
-      [DF_ACT_ROWS_X] = 2 * R * H, [DF_ACT_ROWS_DX] = 2 * R * H, [DF_ACT_CE_ACC] = 4 * R * H,
-      [DF_ACT_LOGITS] = 4 * R * d->chunk, [DF_ACT_PROBS] = 2 * R * d->chunk,
-      [DF_ACT_ROW_F32] = 4 * 5 * R, [DF_ACT_ROW_I32] = 4 * 2 * R, [DF_ACT_TOK] = 4 * 2 * T,
+      [DF_ACT_ROWS_X] = 2 * R * H,
+      [DF_ACT_ROWS_DX] = 2 * R * H,
+      [DF_ACT_CE_ACC] = 4 * R * H,
+      [DF_ACT_LOGITS] = 4 * R * d->chunk,
+      [DF_ACT_PROBS] = 2 * R * d->chunk,
+      [DF_ACT_ROW_F32] = 4 * 5 * R,
+      [DF_ACT_ROW_I32] = 4 * 2 * R,
+      [DF_ACT_TOK] = 4 * 2 * T,
       [DF_ACT_ANCHORS] = 4 * d->A,
   };
   const int64_t l[DF_LACT_COUNT] = {
-      [DF_LACT_H_IN] = 2 * T * H, [DF_LACT_RSTD1] = 4 * T, [DF_LACT_XN1] = 2 * T * H,
-      [DF_LACT_Q_PRE] = 2 * T * qd, [DF_LACT_Q_RSTD] = 4 * T * d->nh, [DF_LACT_Q] = 2 * T * qd,
-      [DF_LACT_KB_PRE] = 2 * T * kd, [DF_LACT_KB_RSTD] = 4 * T * d->nkv,
-      [DF_LACT_KB] = 2 * T * kd, [DF_LACT_VB] = 2 * T * kd,
-      [DF_LACT_KC_PRE] = 2 * Sc * kd, [DF_LACT_KC_RSTD] = 4 * Sc * d->nkv,
-      [DF_LACT_KC] = 2 * Sc * kd, [DF_LACT_VC] = 2 * Sc * kd,
-      [DF_LACT_ATT] = 2 * T * qd, [DF_LACT_LSE] = 4 * T * d->nh,
-      [DF_LACT_H_MID] = 2 * T * H, [DF_LACT_RSTD2] = 4 * T, [DF_LACT_XN2] = 2 * T * H,
-      [DF_LACT_G] = 2 * T * d->I, [DF_LACT_U] = 2 * T * d->I, [DF_LACT_M] = 2 * T * d->I,
+      [DF_LACT_H_IN] = 2 * T * H,       [DF_LACT_RSTD1] = 4 * T,
+      [DF_LACT_XN1] = 2 * T * H,        [DF_LACT_Q_PRE] = 2 * T * qd,
+      [DF_LACT_Q_RSTD] = 4 * T * d->nh, [DF_LACT_Q] = 2 * T * qd,
+      [DF_LACT_KB_PRE] = 2 * T * kd,    [DF_LACT_KB_RSTD] = 4 * T * d->nkv,
+      [DF_LACT_KB] = 2 * T * kd,        [DF_LACT_VB] = 2 * T * kd,
+      [DF_LACT_KC_PRE] = 2 * Sc * kd,   [DF_LACT_KC_RSTD] = 4 * Sc * d->nkv,
+      [DF_LACT_KC] = 2 * Sc * kd,       [DF_LACT_VC] = 2 * Sc * kd,
+      [DF_LACT_ATT] = 2 * T * qd,       [DF_LACT_LSE] = 4 * T * d->nh,
+      [DF_LACT_H_MID] = 2 * T * H,      [DF_LACT_RSTD2] = 4 * T,
+      [DF_LACT_XN2] = 2 * T * H,        [DF_LACT_G] = 2 * T * d->I,
+      [DF_LACT_U] = 2 * T * d->I,       [DF_LACT_M] = 2 * T * d->I,
   };
   size_t cur = 0;
   for (int i = 0; i < DF_ACT_COUNT; i++) {
@@ -58,7 +78,7 @@ void df_act_layout_compute(const df_act_dims *d, df_act_layout *o) {
   o->total = cur;
 }
 
-void dflash_train_plan_options_default(dflash_train_plan_options *o) {
+static void train_plan_options_defaults(dflash_train_plan_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -72,6 +92,16 @@ void dflash_train_plan_options_default(dflash_train_plan_options *o) {
   o->reserve_bytes = 4ULL << 30;
 }
 
+DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *o, size_t size) {
+  dflash_train_plan_options d;
+  train_plan_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *o) {
+  dflash_train_plan_options_init(o, sizeof *o);
+}
+
 /* Trainable parameters: fc, hidden_norm, L x (2 norms, q/k/v/o, q/k norms,
  * gate/up/down), norm (the tensor table of model.c). */
 static uint64_t param_count(const dflash_drafter_config *c) {
@@ -79,17 +109,22 @@ static uint64_t param_count(const dflash_drafter_config *c) {
   uint64_t qd = (uint64_t)c->num_attention_heads * (uint64_t)c->head_dim;
   uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)c->head_dim;
   uint64_t layer = 2 * H + 2 * qd * H + 2 * kd * H + 2 * (uint64_t)c->head_dim + 3 * I * H;
-  return H * (uint64_t)c->n_target_layer_ids * H + H + (uint64_t)c->num_hidden_layers * layer +
-         H;
+  return H * (uint64_t)c->n_target_layer_ids * H + H + (uint64_t)c->num_hidden_layers * layer + H;
 }
 
-void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors,
-                  int64_t chunk, df_act_dims *d) {
-  *d = (df_act_dims){.H = c->hidden_size, .KH = (int64_t)c->n_target_layer_ids * c->hidden_size,
-                     .nh = c->num_attention_heads, .nkv = c->num_key_value_heads,
-                     .d = c->head_dim, .I = c->intermediate_size, .L = c->num_hidden_layers,
-                     .T = anchors * c->block_size, .Sc = seq_len,
-                     .R = anchors * (c->block_size - 1), .A = anchors,
+void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors, int64_t chunk,
+                  df_act_dims *d) {
+  *d = (df_act_dims){.H = c->hidden_size,
+                     .KH = (int64_t)c->n_target_layer_ids * c->hidden_size,
+                     .nh = c->num_attention_heads,
+                     .nkv = c->num_key_value_heads,
+                     .d = c->head_dim,
+                     .I = c->intermediate_size,
+                     .L = c->num_hidden_layers,
+                     .T = anchors * c->block_size,
+                     .Sc = seq_len,
+                     .R = anchors * (c->block_size - 1),
+                     .A = anchors,
                      .chunk = chunk < c->vocab_size ? chunk : c->vocab_size};
 }
 
@@ -111,22 +146,31 @@ dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
   return dflash_train_plan_compute_ext(cfg, NULL, opts, p);
 }
 
-dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
-                                            const dflash_drafter_config_ext *ext_in,
-                                            const dflash_train_plan_options *opts,
-                                            dflash_train_plan *p) {
-  DF_CHECK_ARG(cfg && opts && p);
-  if (opts->struct_size != sizeof *opts)
-    return df_error(DFLASH_E_INVALID_ARG, "plan options: struct_size %zu, expected %zu",
-                    opts->struct_size, sizeof *opts);
-  dflash_status st = dflash_drafter_config_validate(cfg);
+static dflash_status plan_fill(const dflash_drafter_config *cfg,
+                               const dflash_drafter_config_ext *ext_in,
+                               const dflash_train_plan_options *opts, dflash_train_plan *p) {
+  dflash_train_plan_options o;
+  dflash_train_plan_options_default(&o);
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_train_plan_options");
+  if (st) return st;
+  opts = &o;
+  st = dflash_drafter_config_validate(cfg);
   dflash_drafter_config_ext ext;
   if (!st) st = df_config_ext_copy(ext_in, &ext);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (st) return st;
-  if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 ||
-      opts->vocab_chunk < 1 || opts->batch_size < 1)
-    return df_error(DFLASH_E_INVALID_ARG, "plan options: world size %d, sequence length %d, "
+  const char *why = df_cu_attn_shape_why(cfg->block_size, cfg->num_attention_heads,
+                                         cfg->num_key_value_heads, cfg->head_dim);
+  if (why)
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "training plan: the CUDA trainer cannot run block size %d, %d query / %d kv "
+                    "heads, head_dim %d: %s",
+                    cfg->block_size, cfg->num_attention_heads, cfg->num_key_value_heads,
+                    cfg->head_dim, why);
+  if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 || opts->vocab_chunk < 1 ||
+      opts->batch_size < 1)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "plan options: world size %d, sequence length %d, "
                     "anchors %d, vocab chunk %d and batch %d must all be positive",
                     opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
                     opts->batch_size);
@@ -151,7 +195,9 @@ dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
   df_act_layout lay;
   df_act_layout_compute(&d, &lay);
   /* The arena, plus the staging buffer and scratch the backend keeps beside it. */
-  p->activations = lay.total + df_cu_fixed_scratch_bytes(cfg->hidden_size, cfg->head_dim,
+  p->activations = lay.total + df_cu_fixed_scratch_bytes(cfg->hidden_size,
+                                                         cfg->n_target_layer_ids * cfg->hidden_size,
+                                                         cfg->head_dim, cfg->block_size,
                                                          opts->seq_len + cfg->block_size);
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;
@@ -159,7 +205,10 @@ dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
   p->total = p->weights + p->masters + p->moments + p->grads + p->activations + p->frozen +
              p->reserve;
   if (p->total <= p->gpu_bytes) return DFLASH_OK;
-  struct { const char *name, *fix; uint64_t v; } terms[] = {
+  struct {
+    const char *name, *fix;
+    uint64_t v;
+  } terms[] = {
       {"weights", "fewer or smaller layers", p->weights},
       {"master weights", "more GPUs with ZeRO-1", p->masters},
       {"AdamW moments", "more GPUs with ZeRO-1", p->moments},
@@ -170,8 +219,23 @@ dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
   size_t big = 0;
   for (size_t i = 1; i < DF_ARRAY_LEN(terms); i++)
     if (terms[i].v > terms[big].v) big = i;
-  return df_error(DFLASH_E_NOMEM, "training plan does not fit: %.2f GiB per GPU needed, %.2f "
+  return df_error(DFLASH_E_NOMEM,
+                  "training plan does not fit: %.2f GiB per GPU needed, %.2f "
                   "GiB available; the largest term is %s (%.2f GiB): try %s",
                   gib(p->total), gib(p->gpu_bytes), terms[big].name, gib(terms[big].v),
                   terms[big].fix);
+}
+
+/* The plan is computed at the library's size, then written up to the caller's. */
+dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
+                                            const dflash_drafter_config_ext *ext_in,
+                                            const dflash_train_plan_options *opts,
+                                            dflash_train_plan *p) {
+  DF_CHECK_ARG(cfg && opts && p);
+  dflash_train_plan q = {.struct_size = sizeof q};
+  dflash_status st = df_opts_out(p, &q, sizeof q, "dflash_train_plan");
+  if (st) return st;
+  st = plan_fill(cfg, ext_in, opts, &q);
+  dflash_status out = df_opts_out(p, &q, sizeof q, "dflash_train_plan");
+  return st ? st : out;
 }

@@ -25,11 +25,11 @@
 
 struct df_rst {
   dflash_storage *st;
-  char *url;        /* as given, for messages */
-  char *base;       /* shard file names are relative to this prefix */
+  char *url;          /* as given, for messages */
+  char *base;         /* shard file names are relative to this prefix */
   json_t *weight_map; /* NULL: a single object, `single` */
   char *single;
-  char **files;     /* opened shards, by location */
+  char **files; /* opened shards, by location */
   dflash_storage_st **shards;
   size_t n_open;
 };
@@ -68,8 +68,10 @@ static dflash_status resolve(df_rst *r, const char *url) {
   if (!s && exists(r->st, index)) s = load_index(r, index);
   else if (!s && exists(r->st, one)) r->single = one, one = NULL;
   else if (!s)
-    s = df_error(DFLASH_E_NOT_FOUND, "%s: neither model.safetensors.index.json nor "
-                 "model.safetensors is there", url);
+    s = df_error(DFLASH_E_NOT_FOUND,
+                 "%s: neither model.safetensors.index.json nor "
+                 "model.safetensors is there",
+                 url);
   free(index);
   free(one);
   return s;

@@ -26,24 +26,35 @@
 #include "backend.h"
 #include "dist.h"
 #include "hidden/hidden.h"
+#include "stream.h"
 #include "rng.h"
 #include "remote.h"
 #include "trainer.h"
 
-void dflash_train_run_options_default(dflash_train_run_options *o) {
+static void train_run_options_defaults(dflash_train_run_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->epochs = 6;
   o->batch_size = 1;
-  dflash_trainer_options_default(&o->trainer);
+}
+
+DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *o, size_t size) {
+  dflash_train_run_options d;
+  train_run_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *o) {
+  dflash_train_run_options_init(o, sizeof *o);
 }
 
 typedef struct run {
   const dflash_train_run_options *o;
+  dflash_trainer_options topt;      /* o->trainer, or the defaults, at this library's size */
   dflash_train_run_options local_o; /* an s3:// out_dir: o with its local mirror */
   df_train_remote remote;
-  df_comm *comm;                    /* NULL: one process */
+  df_comm *comm; /* NULL: one process */
   int rank, world;
   dflash_drafter_config cfg;
   dflash_drafter_config_ext ext;
@@ -64,18 +75,26 @@ typedef struct run {
   uint64_t pos;
   /* --hidden spool:PATH (one process): samples in the producer's order */
   dflash_spool *spool;
-  df_tokens *own_tok;          /* the dataset, opened without a store */
-  uint64_t *by_id;             /* dataset indices sorted by id */
-  uint8_t *is_usable;          /* [n_total] */
-  uint64_t *batch_idx;         /* the gathered batch: dataset indices and hidden states */
-  float **batch_h;
+  df_tokens *own_tok;  /* the dataset, opened without a store */
+  uint64_t *by_id;     /* dataset indices sorted by id */
+  uint8_t *is_usable;  /* [n_total] */
+  uint64_t *batch_idx; /* the gathered batch: dataset indices and hidden states */
+  bool stored_rows;    /* samples carry their hidden rows as stored (see open_data) */
+  int32_t sp_dtype;    /* the spool's dtype */
+  char **batch_h;      /* float32 rows, or the codes then (fp8) the scales */
   size_t *batch_cap;
-  uint64_t sp_shard, sp_off;   /* resume: the spool position within r->epoch */
-  int32_t rel_epoch;           /* shards before (rel_epoch, rel_shard) are released */
+  uint64_t sp_shard, sp_off; /* resume: the spool position within r->epoch */
+  int32_t rel_epoch;         /* shards before (rel_epoch, rel_shard) are released */
   uint64_t rel_shard;
-  int32_t bnd_epoch;           /* the spool position after the last step (or at the start) */
+  int32_t bnd_epoch; /* the spool position after the last step (or at the start) */
   uint64_t bnd_shard, bnd_off, bnd_pos;
-  FILE *trace;                 /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
+  FILE *trace;       /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
+  int32_t **batch_t; /* the gathered batch's target ids (NULL: none) */
+  size_t *batch_tcap;
+  int32_t *labels; /* --labels target: one sequence's CE targets */
+  size_t labels_cap;
+  float *head, *norm_w; /* vLLM's final layer -> target ids: LM head, final norm */
+  double spool_wait;    /* seconds spent waiting for the spool's next shard */
 } run;
 
 /* Samples that can carry at least one anchor (>= 2B supervised tokens and
@@ -97,15 +116,17 @@ static dflash_status find_usable(run *r) {
     if (r->is_usable) r->is_usable[i] = n > 0;
   }
   if (r->n_usable == 0)
-    return df_error(DFLASH_E_NOT_FOUND, "%s: no sample has %d supervised tokens and room for a "
-                    "block", r->o->data_dir, 2 * r->cfg.block_size);
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "%s: no sample has %d supervised tokens and room for a "
+                    "block",
+                    r->o->data_dir, 2 * r->cfg.block_size);
   return DFLASH_OK;
 }
 
 static void epoch_order(run *r, int32_t epoch) {
   memcpy(r->order, r->usable, r->n_usable * sizeof *r->order);
   df_rng rng;
-  df_rng_seed(&rng, r->o->trainer.seed ^ 0x6f7264657273ULL, (uint64_t)epoch);
+  df_rng_seed(&rng, r->topt.seed ^ 0x6f7264657273ULL, (uint64_t)epoch);
   for (size_t i = r->n_usable; i > 1; i--) {
     size_t j = (size_t)df_rng_below(&rng, i);
     uint64_t tmp = r->order[i - 1];
@@ -138,14 +159,72 @@ static dflash_status start_epoch(run *r) {
   return dflash_sample_stream_start(r->s, r->mine, n);
 }
 
+/* --labels target on vLLM's files: the stream turns their final layer into the target's greedy
+ * tokens with its final norm and the LM head (r->head, kept). */
+static dflash_status target_head(run *r) {
+  float eps = 0;
+  int32_t H = r->cfg.hidden_size;
+  if (!(r->norm_w = malloc((size_t)H * sizeof *r->norm_w))) return df_error_nomem("final norm");
+  dflash_status st = df_target_load_final_norm(r->o->target_path, r->o->final_norm_name, H,
+                                               r->norm_w, &eps);
+  if (st) return df_error_wrap(st, "--labels target on %s", r->o->hidden_dir);
+  df_sample_stream_set_head(r->s, r->norm_w, eps, r->head, r->cfg.vocab_size);
+  return DFLASH_OK;
+}
+
+/* --labels target needs the target's tokens in the store (refused here) or on each spool
+ * sample (refused when it comes). */
+static dflash_status check_labels(const run *r) {
+  const dflash_train_run_options *o = r->o;
+  if (o->labels != DFLASH_LABELS_DATA && o->labels != DFLASH_LABELS_TARGET)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "train run options: labels %d is neither data (0) "
+                    "nor target (1)",
+                    o->labels);
+  if (o->labels == DFLASH_LABELS_TARGET && r->s && !df_sample_stream_has_target_ids(r->s))
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "--labels target: the hidden-state store %s carries "
+                    "neither the target's greedy tokens (written without target_ids) nor its "
+                    "final layer (vLLM's hs_*.safetensors)",
+                    o->hidden_dir);
+  return DFLASH_OK;
+}
+
+/* The CE targets of one sequence for --labels target: labels[t] = tids[t-1], the target's
+ * argmax at t-1 (its prediction of token t); NULL for data labels. */
+static dflash_status make_labels(run *r, const dflash_train_sample *smp, const int32_t **out) {
+  *out = NULL;
+  if (r->o->labels != DFLASH_LABELS_TARGET) return DFLASH_OK;
+  if (!smp->target_ids)
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "--labels target: sample %s in %s carries no target "
+                    "ids (written without target_ids)",
+                    smp->id, r->o->hidden_dir);
+  if ((size_t)smp->len > r->labels_cap) {
+    free(r->labels);
+    r->labels_cap = 0;
+    if (!(r->labels = malloc((size_t)smp->len * sizeof *r->labels)))
+      return df_error_nomem("labels");
+    r->labels_cap = (size_t)smp->len;
+  }
+  r->labels[0] = smp->input_ids[0]; /* never a CE target: blocks start at an anchor */
+  memcpy(r->labels + 1, smp->target_ids, (size_t)(smp->len - 1) * sizeof *r->labels);
+  *out = r->labels;
+  return DFLASH_OK;
+}
+
 static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   size_t vh = (size_t)r->cfg.vocab_size * (size_t)r->cfg.hidden_size;
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
   dflash_status st = e && h ? DFLASH_OK : df_error_nomem("target embedding and LM head");
-  if (!st) st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
-                                        r->cfg.vocab_size, r->cfg.hidden_size, e, h);
+  if (!st)
+    st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
+                                 r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, &r->ext, e, h, topt, r->comm, &r->t);
   free(e);
+  if (!st && r->s && df_sample_stream_has_target_ids(r->s) == 2 &&
+      r->o->labels == DFLASH_LABELS_TARGET)
+    return r->head = h, target_head(r);
   free(h);
   return st;
 }
@@ -165,13 +244,15 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
     long mbytes = r->metrics ? ftell(r->metrics) : 0;
     char blob[256];
     uint64_t ss = r->bnd_shard, so = r->bnd_off; /* the spool: the last step's position */
-    int n = snprintf(blob, sizeof blob, "epoch=%d pos=%" PRIu64 " tokens=%" PRId64
-                     " metrics_bytes=%ld seed=%" PRIu64 " samples=%zu elapsed=%.17g",
-                     epoch, pos, r->tokens, mbytes, r->o->trainer.seed, r->n_usable,
+    int n = snprintf(blob, sizeof blob,
+                     "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%ld seed=%" PRIu64
+                     " samples=%zu elapsed=%.17g",
+                     epoch, pos, r->tokens, mbytes, r->topt.seed, r->n_usable,
                      r->elapsed + df_now_seconds() - r->t0);
     /* The spool position: shard and sample within it (the producer's order). */
     if (r->spool && n > 0 && (size_t)n < sizeof blob)
-      n += snprintf(blob + n, sizeof blob - (size_t)n, " spool=%" PRIu64 ",%" PRIu64, ss, so);
+      n += snprintf(blob + n, sizeof blob - (size_t)n,
+                    " spool=%" PRIu64 ",%" PRIu64 " spool_wait=%.3f", ss, so, r->spool_wait);
     if (n <= 0 || (size_t)n >= sizeof blob)
       return df_error(DFLASH_E_INTERNAL, "training state position too long");
     if (r->trace) fflush(r->trace);
@@ -182,7 +263,9 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
   return st ? st : barrier(r);
 }
 
-static dflash_status save(run *r, int32_t epoch, uint64_t pos) { return save_as(r, epoch, pos, true); }
+static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
+  return save_as(r, epoch, pos, true);
+}
 
 /* Every rank reads the same state (a shared directory or the bucket);
  * rank 0 alone trims metrics.jsonl. */
@@ -196,24 +279,33 @@ static dflash_status resume(run *r) {
   long mbytes;
   uint64_t seed;
   size_t samples;
-  if (sscanf(blob, "epoch=%d pos=%" SCNu64 " tokens=%" SCNd64 " metrics_bytes=%ld seed=%" SCNu64
-             " samples=%zu elapsed=%lf", &r->epoch, &r->pos, &r->tokens, &mbytes, &seed,
-             &samples, &r->elapsed) != 7)
+  if (sscanf(blob,
+             "epoch=%d pos=%" SCNu64 " tokens=%" SCNd64 " metrics_bytes=%ld seed=%" SCNu64
+             " samples=%zu elapsed=%lf",
+             &r->epoch, &r->pos, &r->tokens, &mbytes, &seed, &samples, &r->elapsed) != 7)
     return df_error(DFLASH_E_FORMAT, "%s: unreadable data position \"%s\"", r->state_path, blob);
-  if (seed != r->o->trainer.seed)
-    return df_error(DFLASH_E_MISMATCH, "%s was written with seed %" PRIu64 ", this run has %"
-                    PRIu64, r->state_path, seed, r->o->trainer.seed);
+  if (seed != r->topt.seed)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
+                    seed, r->topt.seed);
   const char *sp = strstr(blob, " spool=");
-  if (r->spool && (!sp || sscanf(sp, " spool=%" SCNu64 ",%" SCNu64, &r->sp_shard,
-                                 &r->sp_off) != 2))
-    return df_error(DFLASH_E_MISMATCH, "%s has no spool position: written by a run on an "
-                    "offline store", r->state_path);
+  if (r->spool && (!sp || sscanf(sp, " spool=%" SCNu64 ",%" SCNu64, &r->sp_shard, &r->sp_off) != 2))
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s has no spool position: written by a run on an "
+                    "offline store",
+                    r->state_path);
   if (!r->spool && sp)
-    return df_error(DFLASH_E_MISMATCH, "%s was written by a run on a spool; resume it with "
-                    "--hidden spool:PATH", r->state_path);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written by a run on a spool; resume it with "
+                    "--hidden spool:PATH",
+                    r->state_path);
+  const char *sw = r->spool ? strstr(blob, " spool_wait=") : NULL;
+  if (sw) r->spool_wait = strtod(sw + 12, NULL); /* states before the counter: from 0 */
   if (samples != r->n_usable)
-    return df_error(DFLASH_E_MISMATCH, "%s was written for %zu trainable samples, %s has %zu: "
-                    "the data changed", r->state_path, samples, r->o->data_dir, r->n_usable);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written for %zu trainable samples, %s has %zu: "
+                    "the data changed",
+                    r->state_path, samples, r->o->data_dir, r->n_usable);
   /* Forget metrics lines written after the state was saved. */
   if (r->rank == 0 && truncate(r->metrics_path, mbytes) != 0 && mbytes > 0)
     return df_error(DFLASH_E_IO, "cannot truncate %s to %ld bytes", r->metrics_path, mbytes);
@@ -240,22 +332,27 @@ static dflash_status check_ranks_agree(run *r) {
   if (!r->comm) return DFLASH_OK;
   dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS);
   if (st) return st;
-  run_print mine = {.seed = r->o->trainer.seed, .n_usable = r->n_usable, .pos = r->pos,
+  run_print mine = {.seed = r->topt.seed,
+                    .n_usable = r->n_usable,
+                    .pos = r->pos,
                     .params_hash = fnv1a(r->t->m.params, r->t->m.n_params * sizeof(float)),
-                    .step = dflash_trainer_steps(r->t), .tokens = r->tokens,
-                    .total_steps = r->total_steps, .epoch = r->epoch,
+                    .step = dflash_trainer_steps(r->t),
+                    .tokens = r->tokens,
+                    .total_steps = r->total_steps,
+                    .epoch = r->epoch,
                     .batch_size = r->o->batch_size};
   run_print root = mine;
   if ((st = df_comm_broadcast(r->comm, &root, sizeof root))) return st;
   if (memcmp(&root, &mine, sizeof mine))
-    return df_error(DFLASH_E_MISMATCH, "rank %d disagrees with rank 0: samples %" PRIu64 " vs %"
-                    PRIu64 ", seed %" PRIu64 " vs %" PRIu64 ", batch %d vs %d, step %" PRId64
+    return df_error(DFLASH_E_MISMATCH,
+                    "rank %d disagrees with rank 0: samples %" PRIu64 " vs %" PRIu64
+                    ", seed %" PRIu64 " vs %" PRIu64 ", batch %d vs %d, step %" PRId64
                     " vs %" PRId64 ", epoch %d pos %" PRIu64 " vs epoch %d pos %" PRIu64 ", "
                     "parameters %s (every rank must see the same data, options and "
-                    "train_state)", r->rank, mine.n_usable, root.n_usable, mine.seed, root.seed,
-                    mine.batch_size, root.batch_size, mine.step, root.step, mine.epoch,
-                    mine.pos, root.epoch, root.pos,
-                    mine.params_hash == root.params_hash ? "equal" : "differ");
+                    "train_state)",
+                    r->rank, mine.n_usable, root.n_usable, mine.seed, root.seed, mine.batch_size,
+                    root.batch_size, mine.step, root.step, mine.epoch, mine.pos, root.epoch,
+                    root.pos, mine.params_hash == root.params_hash ? "equal" : "differ");
   return DFLASH_OK;
 }
 
@@ -300,24 +397,36 @@ static double env_seconds(const char *name, double dflt) {
   return v && *v && *end ? dflt : x;
 }
 
-/* The dataset alone (the spool comes sample by sample), or the dataset joined with a store. */
+/* The dataset alone (the spool comes sample by sample), or the dataset joined with a store.
+ * On CUDA the samples (from a store or the spool alike) carry their hidden rows as stored,
+ * for the device to convert and check (DFLASH_TRAIN_STORED_ROWS=0 / 1 overrides, e.g. to
+ * train the CPU backend through the same path). */
 static dflash_status open_data(run *r) {
   const dflash_train_run_options *o = r->o;
   const char *path = spool_path(o->hidden_dir);
+  const char *sr = getenv("DFLASH_TRAIN_STORED_ROWS");
+  r->stored_rows = sr && *sr ? !strcmp(sr, "1") : r->topt.backend == DFLASH_BACKEND_CUDA;
   if (!path) {
-    dflash_status st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, NULL, &r->s);
+    dflash_sample_stream_options so;
+    dflash_sample_stream_options_default(&so);
+    so.stored_rows = r->stored_rows;
+    dflash_status st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, &so, &r->s);
     if (!st) r->tok = df_sample_stream_tokens(r->s);
     return st;
   }
   if (r->world > 1)
-    return df_error(DFLASH_E_UNSUPPORTED, "--hidden %s: a spool feeds one training process "
-                    "(world size is %d)", o->hidden_dir, r->world);
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "--hidden %s: a spool feeds one training process "
+                    "(world size is %d)",
+                    o->hidden_dir, r->world);
   dflash_spool_options so;
   dflash_spool_options_default(&so);
   so.wait_s = env_seconds("DFLASH_SPOOL_WAIT", so.wait_s);
   so.reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
+  so.stored_rows = r->stored_rows;
   dflash_status st = df_tokens_open(o->data_dir, &r->own_tok);
   if (!st) st = dflash_spool_open(path, &so, &r->spool);
+  if (!st) st = dflash_spool_info(r->spool, NULL, NULL, &r->sp_dtype);
   if (st) return st;
   r->tok = r->own_tok;
   size_t n = df_tokens_count(r->tok);
@@ -341,12 +450,41 @@ static dflash_status spool_buffers(run *r) {
   r->batch_idx = malloc(b * sizeof *r->batch_idx);
   r->batch_h = calloc(b, sizeof *r->batch_h);
   r->batch_cap = calloc(b, sizeof *r->batch_cap);
-  return r->batch_idx && r->batch_h && r->batch_cap ? DFLASH_OK : df_error_nomem("batch");
+  r->batch_t = calloc(b, sizeof *r->batch_t);
+  r->batch_tcap = calloc(b, sizeof *r->batch_tcap);
+  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap
+             ? DFLASH_OK
+             : df_error_nomem("batch");
 }
 
 /* The next trainable sample of the spool into slot i of the batch: *got = 0 at the end of the
  * epoch. Samples that cannot carry an anchor are passed over, as offline. */
 static dflash_status spool_checkpoint(run *r, bool model);
+
+/* The spool sample's target ids into slot i of the batch (a flag of none). */
+static dflash_status keep_tids(run *r, size_t i, const dflash_spool_sample *smp) {
+  if (!smp->target_ids)
+    return r->batch_tcap[i] = 0, free(r->batch_t[i]), r->batch_t[i] = NULL, DFLASH_OK;
+  if ((size_t)smp->len > r->batch_tcap[i]) {
+    free(r->batch_t[i]);
+    r->batch_tcap[i] = 0;
+    if (!(r->batch_t[i] = malloc((size_t)smp->len * sizeof(int32_t))))
+      return df_error_nomem("batch");
+    r->batch_tcap[i] = (size_t)smp->len;
+  }
+  memcpy(r->batch_t[i], smp->target_ids, (size_t)smp->len * sizeof(int32_t));
+  return DFLASH_OK;
+}
+
+/* Bytes of a spool sample's codes (padded to 4) and scales, when the rows come as stored. */
+static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales) {
+  int32_t K, H;
+  dflash_spool_info(r->spool, &K, &H, NULL);
+  size_t n = (size_t)len * (size_t)K * (size_t)H;
+  bool fp8 = r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3;
+  *codes = ((fp8 ? n : 2 * n) + 3) & ~(size_t)3;
+  *scales = fp8 ? 4 * (size_t)len * (size_t)K : 0;
+}
 
 static dflash_status spool_take(run *r, size_t i, int *got) {
   for (;;) {
@@ -354,11 +492,15 @@ static dflash_status spool_take(run *r, size_t i, int *got) {
      * up (the state then is the last step's: nothing has changed since). */
     bool unreleased = r->bnd_epoch != r->rel_epoch || r->bnd_shard != r->rel_shard;
     dflash_status cst = unreleased && !df_spool_ready(r->spool) ? spool_checkpoint(r, false)
-                                                                 : DFLASH_OK;
+                                                                : DFLASH_OK;
     if (cst) return cst;
     dflash_spool_sample smp;
     int end;
+    /* The trainer's own wait counter: time in a next that had no shard ready to read. */
+    bool ready = df_spool_ready(r->spool);
+    double t_wait = df_now_seconds();
     dflash_status st = dflash_spool_next(r->spool, &smp, &end);
+    if (!ready) r->spool_wait += df_now_seconds() - t_wait;
     if (st || end) return *got = 0, st;
     int64_t idx = find_id(r, smp.id);
     if (idx < 0)
@@ -370,18 +512,28 @@ static dflash_status spool_take(run *r, size_t i, int *got) {
     int64_t len;
     df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
     if (len != smp.len)
-      return df_error(DFLASH_E_MISMATCH, "sample %s: %" PRId64 " tokens but %" PRId64 " rows of "
-                      "hidden states in the spool", id, len, smp.len);
+      return df_error(DFLASH_E_MISMATCH,
+                      "sample %s: %" PRId64 " tokens but %" PRId64 " rows of "
+                      "hidden states in the spool",
+                      id, len, smp.len);
     if (!r->is_usable[idx]) continue;
-    size_t n = (size_t)len * (size_t)spool_width(r);
-    if (n > r->batch_cap[i]) {
+    size_t n = (size_t)len * (size_t)spool_width(r), code_b, scale_b;
+    spool_bytes(r, len, &code_b, &scale_b);
+    size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
+    if (bytes > r->batch_cap[i]) {
       free(r->batch_h[i]);
       r->batch_cap[i] = 0;
-      if (!(r->batch_h[i] = malloc(n * sizeof(float)))) return df_error_nomem("batch");
-      r->batch_cap[i] = n;
+      if (!(r->batch_h[i] = malloc(bytes))) return df_error_nomem("batch");
+      r->batch_cap[i] = bytes;
     }
-    memcpy(r->batch_h[i], smp.hidden, n * sizeof(float));
+    if (!r->stored_rows) {
+      memcpy(r->batch_h[i], smp.hidden, n * sizeof(float));
+    } else {
+      memcpy(r->batch_h[i], smp.hidden_codes, r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3 ? n : 2 * n);
+      if (scale_b) memcpy(r->batch_h[i] + code_b, smp.hidden_scales, scale_b);
+    }
     r->batch_idx[i] = (uint64_t)idx;
+    if ((st = keep_tids(r, i, &smp))) return st;
     return *got = 1, DFLASH_OK;
   }
 }
@@ -394,7 +546,13 @@ static dflash_status spool_sample(run *r, size_t i, dflash_train_sample *out, in
   out->index = r->batch_idx[i];
   df_tokens_get(r->tok, (size_t)out->index, &id, &out->input_ids, &out->loss_mask, &out->len);
   out->id = id;
-  out->hidden = r->batch_h[i];
+  out->target_ids = r->batch_t[i];
+  out->hidden = r->stored_rows ? NULL : (const float *)r->batch_h[i];
+  out->hidden_dtype = r->sp_dtype;
+  out->hidden_codes = r->stored_rows ? r->batch_h[i] : NULL;
+  size_t code_b, scale_b;
+  spool_bytes(r, out->len, &code_b, &scale_b);
+  out->hidden_scales = r->stored_rows && scale_b ? (const float *)(r->batch_h[i] + code_b) : NULL;
   return DFLASH_OK;
 }
 
@@ -411,8 +569,7 @@ static dflash_status open_outputs(run *r) {
   r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
   if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
   /* The bar and ETA end where this run stops: --max-steps when it comes first. */
-  int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps
-                                                                    : r->total_steps;
+  int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
   if (o->progress)
     dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
   return DFLASH_OK;
@@ -437,13 +594,15 @@ static dflash_status open_all(run *r) {
   int64_t width = (int64_t)r->cfg.n_target_layer_ids * r->cfg.hidden_size;
   int64_t have = r->spool ? spool_width(r) : dflash_sample_stream_width(r->s);
   if (have != width)
-    return df_error(DFLASH_E_MISMATCH, "%s holds %" PRId64 " features per token; the drafter "
-                    "config needs K*H = %d*%d = %" PRId64, o->hidden_dir, have,
-                    r->cfg.n_target_layer_ids, r->cfg.hidden_size, width);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s holds %" PRId64 " features per token; the drafter "
+                    "config needs K*H = %d*%d = %" PRId64,
+                    o->hidden_dir, have, r->cfg.n_target_layer_ids, r->cfg.hidden_size, width);
   if (!r->spool && (st = dflash_sample_stream_check(r->s, NULL))) return st;
+  if ((st = check_labels(r))) return st;
   if ((st = find_usable(r))) return st;
   if (r->spool && (st = spool_buffers(r))) return st;
-  int32_t A = o->trainer.num_anchors;
+  int32_t A = r->topt.num_anchors;
   r->order = malloc(r->n_usable * sizeof *r->order);
   r->mine = malloc(r->n_usable * sizeof *r->mine);
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
@@ -452,7 +611,7 @@ static dflash_status open_all(run *r) {
   r->global_batch = (size_t)o->batch_size * (size_t)r->world;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
-  dflash_trainer_options topt = o->trainer;
+  dflash_trainer_options topt = r->topt;
   topt.total_steps = r->total_steps;
   if ((st = load_target(r, &topt))) return st;
   /* An s3:// run on rank 0 writes into its local mirror; the other ranks
@@ -473,8 +632,7 @@ static dflash_status open_all(run *r) {
 /* One optimizer step over the global batch order[pos, pos+gb): this rank's
  * share, gradients scaled by the global weight, summed over the ranks. */
 static dflash_status train_step(run *r, size_t gb) {
-  const dflash_train_run_options *o = r->o;
-  int32_t A = o->trainer.num_anchors, B = r->cfg.block_size;
+  int32_t A = r->topt.num_anchors, B = r->cfg.block_size;
   size_t lo = 0, hi = gb;
   if (!r->spool) share(r, gb, &lo, &hi);
   size_t b = hi - lo;
@@ -487,11 +645,12 @@ static dflash_status train_step(run *r, size_t gb) {
     int64_t len;
     double w;
     df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
-    dflash_status st = dflash_sample_anchors(mask, len, B, A, o->trainer.seed,
+    dflash_status st = dflash_sample_anchors(mask, len, B, A, r->topt.seed,
                                              (uint64_t)r->epoch * r->n_total + idx,
                                              r->anchors + i * (size_t)A, &r->n_anchors[i]);
-    if (!st) st = dflash_trainer_weight_sum(r->t, mask, len, r->anchors + i * (size_t)A,
-                                            r->n_anchors[i], &w);
+    if (!st)
+      st = dflash_trainer_weight_sum(r->t, mask, len, r->anchors + i * (size_t)A, r->n_anchors[i],
+                                     &w);
     if (st) return st;
     sums[0] += w;
     sums[1] += (double)len;
@@ -502,18 +661,21 @@ static dflash_status train_step(run *r, size_t gb) {
   int64_t tokens = (int64_t)sums[1];
   dflash_trainer_zero_grad(r->t);
   double t_start = df_now_seconds(), lsum = 0;
+  /* Offline store and spool alike: accumulate_sample does not wait for the device, whose
+   * losses (and NaN/Inf checks) are collected once, after the batch. */
   for (size_t i = 0; i < b; i++) {
-    dflash_train_sample smp;
+    dflash_train_sample smp = {.struct_size = sizeof smp};
     int done;
-    double ls;
     st = r->spool ? spool_sample(r, i, &smp, &done) : dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
-    if (!st) st = dflash_trainer_accumulate(r->t, smp.input_ids, smp.loss_mask, smp.len,
-                                            smp.hidden, r->anchors + i * (size_t)A,
-                                            r->n_anchors[i], 1.0 / W, &ls, NULL);
+    const int32_t *labels = NULL;
+    if (!st) st = make_labels(r, &smp, &labels);
+    if (!st)
+      st = df_trainer_accumulate_sample_labels(r->t, &smp, labels, r->anchors + i * (size_t)A,
+                                               r->n_anchors[i], 1.0 / W);
     if (st) return df_error_wrap(st, "sample %s", smp.id ? smp.id : "?");
-    lsum += ls;
   }
+  if ((st = dflash_trainer_collect(r->t, &lsum, NULL))) return st;
   /* Also the point where every rank is known alive before the backend's
    * own (NCCL) collectives, which could not time out as cleanly. */
   if (r->comm && (st = df_comm_sum_f64(r->comm, &lsum, 1))) return st;
@@ -532,10 +694,15 @@ static dflash_status train_step(run *r, size_t gb) {
                   &ids, &mask, &len);
     fprintf(r->trace, "%d %" PRId64 " %s\n", r->epoch, step, id);
   }
-  fprintf(r->metrics, "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
+  fprintf(r->metrics,
+          "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
           "%.9g, \"lr\": %.9g, \"tokens\": %" PRId64 ", \"tokens_per_s\": %.1f, \"elapsed_s\": "
-          "%.3f}\n", step, r->epoch, lsum / W, norm, lr, r->tokens, dt > 0 ? tokens / dt : 0.0,
+          "%.3f",
+          step, r->epoch, lsum / W, norm, lr, r->tokens, dt > 0 ? tokens / dt : 0.0,
           r->elapsed + now - r->t0);
+  /* A spool run: the seconds spent so far waiting for the producer's shards. */
+  if (r->spool) fprintf(r->metrics, ", \"spool_wait_s\": %.3f", r->spool_wait);
+  fputs("}\n", r->metrics);
   fflush(r->metrics);
   if (r->progress) {
     char note[96];
@@ -651,14 +818,21 @@ static dflash_status join_run(run *r) {
   return DFLASH_OK;
 }
 
-dflash_status dflash_train_run(const dflash_train_run_options *o) {
-  DF_CHECK_ARG(o && o->config_path && o->target_path && o->data_dir && o->hidden_dir &&
-               o->out_dir && o->epochs > 0 && o->batch_size > 0);
-  if (o->struct_size != sizeof *o)
-    return df_error(DFLASH_E_INVALID_ARG, "train run options: struct_size %zu, expected %zu",
-                    o->struct_size, sizeof *o);
+dflash_status dflash_train_run(const dflash_train_run_options *opts) {
+  DF_CHECK_ARG(opts);
+  /* The caller's structs at this library's size (the one rule, core/internal.h). */
+  dflash_train_run_options oo;
+  dflash_train_run_options_default(&oo);
+  dflash_status st = df_opts_in(&oo, opts, sizeof oo, "dflash_train_run_options");
+  if (st) return st;
+  const dflash_train_run_options *o = &oo;
+  DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
+               o->epochs > 0 && o->batch_size > 0);
   run r = {.o = o, .t0 = df_now_seconds()};
-  dflash_status st = join_run(&r);
+  dflash_trainer_options_default(&r.topt);
+  st = df_opts_in(&r.topt, o->trainer, sizeof r.topt, "dflash_train_run_options.trainer");
+  if (st) return st;
+  st = join_run(&r);
   if (!st && dflash_storage_is_remote(o->out_dir)) {
     /* Rank 0 mirrors the bucket; the barrier keeps the others from reading
      * the state before that mirror is rebuilt (it may share their cache). */
@@ -681,6 +855,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *o) {
   dflash_spool_free(r.spool);
   df_tokens_free(r.own_tok);
   for (size_t i = 0; r.batch_h && i < (size_t)o->batch_size; i++) free(r.batch_h[i]);
+  for (size_t i = 0; r.batch_t && i < (size_t)o->batch_size; i++) free(r.batch_t[i]);
+  free(r.batch_t), free(r.batch_tcap), free(r.labels), free(r.head), free(r.norm_w);
   free(r.batch_h), free(r.batch_cap), free(r.batch_idx), free(r.by_id), free(r.is_usable);
   free(r.usable), free(r.order), free(r.mine), free(r.anchors), free(r.n_anchors);
   free(r.state_path), free(r.metrics_path);

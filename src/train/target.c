@@ -2,8 +2,10 @@
  * its (sharded) safetensors checkpoint. */
 #include <dflash/safetensors.h>
 #include <dflash/storage.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "remote.h"
 #include "trainer.h"
@@ -27,12 +29,14 @@ static dflash_status read_floats(const tsrc *s, const char *name, const int64_t 
 }
 
 /* Where common architectures keep them. */
-static const char *const EMBED_NAMES[] = {
-    "model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-    "language_model.model.embed_tokens.weight", "embed_tokens.weight",
-    "transformer.wte.weight", NULL};
-static const char *const HEAD_NAMES[] = {
-    "lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight", NULL};
+static const char *const EMBED_NAMES[] = {"model.embed_tokens.weight",
+                                          "model.language_model.embed_tokens.weight",
+                                          "language_model.model.embed_tokens.weight",
+                                          "embed_tokens.weight",
+                                          "transformer.wte.weight",
+                                          NULL};
+static const char *const HEAD_NAMES[] = {"lm_head.weight", "language_model.lm_head.weight",
+                                         "model.lm_head.weight", NULL};
 
 /* The first of `names` present (or `given` alone when set). */
 static const char *pick(const tsrc *st, const char *given, const char *const *names) {
@@ -48,12 +52,15 @@ static dflash_status read_vh(const tsrc *st, const char *path, const char *name,
   if (st->remote) df_rst_find(st->remote, name, &t);
   else dflash_safetensors_find(st->st, name, &t);
   if (t.ndim != 2 || t.shape[1] != H)
-    return df_error(DFLASH_E_MISMATCH, "%s: %s has hidden size %lld, the drafter config says %d "
-                    "(hidden_size must equal the target's)", path, name,
-                    (long long)(t.ndim == 2 ? t.shape[1] : -1), H);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: %s has hidden size %lld, the drafter config says %d "
+                    "(hidden_size must equal the target's)",
+                    path, name, (long long)(t.ndim == 2 ? t.shape[1] : -1), H);
   if (t.shape[0] != V)
-    return df_error(DFLASH_E_MISMATCH, "%s: %s has %lld rows, the drafter config's vocab_size "
-                    "is %d", path, name, (long long)t.shape[0], V);
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: %s has %lld rows, the drafter config's vocab_size "
+                    "is %d",
+                    path, name, (long long)t.shape[0], V);
   int64_t shape[2] = {V, H};
   return read_floats(st, name, shape, out);
 }
@@ -73,15 +80,71 @@ dflash_status dflash_target_load_head(const char *path, const char *embed_name,
   if (!en && embed_name)
     s = df_error(DFLASH_E_NOT_FOUND, "%s: target checkpoint has no tensor %s", path, embed_name);
   else if (!en)
-    s = df_error(DFLASH_E_NOT_FOUND, "%s: target checkpoint has no token embedding (tried "
-                 "model.embed_tokens.weight and its variants; give its name explicitly)", path);
+    s = df_error(DFLASH_E_NOT_FOUND,
+                 "%s: target checkpoint has no token embedding (tried "
+                 "model.embed_tokens.weight and its variants; give its name explicitly)",
+                 path);
   else if (!hn && lm_head_name)
-    s = df_error(DFLASH_E_NOT_FOUND, "%s: target checkpoint has no tensor %s", path,
-                 lm_head_name);
+    s = df_error(DFLASH_E_NOT_FOUND, "%s: target checkpoint has no tensor %s", path, lm_head_name);
   if (!s) s = read_vh(st, path, en, vocab_size, hidden_size, embed);
   /* No separate head: tied word embeddings. */
   if (!s) s = read_vh(st, path, hn ? hn : en, vocab_size, hidden_size, lm_head);
   dflash_safetensors_free(mapped);
   df_rst_free(src.remote);
   return s;
+}
+
+static const char *const NORM_NAMES[] = {
+    "model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
+    "norm.weight",       "transformer.ln_f.weight",          NULL};
+
+/* rms_norm_eps of the target's config.json (beside its weights; text_config's for a
+ * multimodal one). */
+static dflash_status target_eps(const char *path, float *eps) {
+  struct stat sb;
+  bool dir = !stat(path, &sb) && S_ISDIR(sb.st_mode);
+  const char *slash = strrchr(path, '/');
+  char *cfg = dir     ? df_path_join(path, "config.json")
+              : slash ? df_asprintf("%.*s/config.json", (int)(slash - path), path)
+                      : df_strdup("config.json");
+  if (!cfg) return df_error_nomem("path");
+  json_error_t err;
+  json_t *root = json_load_file(cfg, 0, &err), *text = json_object_get(root, "text_config");
+  json_t *v = json_object_get(root, "rms_norm_eps");
+  if (!v) v = json_object_get(text, "rms_norm_eps");
+  dflash_status s = DFLASH_OK;
+  if (!root)
+    s = df_error(DFLASH_E_NOT_FOUND,
+                 "%s: cannot read the target's config (%s): --labels "
+                 "target on vLLM's files needs its rms_norm_eps",
+                 cfg, err.text);
+  else if (!json_is_number(v) || json_number_value(v) <= 0)
+    s = df_error(DFLASH_E_CONFIG, "%s: no positive rms_norm_eps (the target's final norm)", cfg);
+  else *eps = (float)json_number_value(v);
+  json_decref(root);
+  free(cfg);
+  return s;
+}
+
+dflash_status df_target_load_final_norm(const char *path, const char *norm_name,
+                                        int32_t hidden_size, float *norm_w, float *eps) {
+  if (dflash_storage_is_remote(path))
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: --labels target on vLLM's files reads the "
+                    "target's final norm from a local checkpoint",
+                    path);
+  dflash_safetensors *st = NULL;
+  dflash_status s = dflash_safetensors_open(path, &st);
+  if (s) return df_error_wrap(s, "opening target checkpoint");
+  tsrc src = {.st = st};
+  const char *n = pick(&src, norm_name, NORM_NAMES);
+  int64_t shape[1] = {hidden_size};
+  if (!n)
+    s = df_error(DFLASH_E_NOT_FOUND,
+                 "%s: target checkpoint has no final norm %s (--labels "
+                 "target on vLLM's files needs it; give its name with --final-norm-name)",
+                 path, norm_name ? norm_name : "model.norm.weight (or a variant)");
+  else s = df_read_float_tensor(st, n, 1, shape, norm_w);
+  dflash_safetensors_free(st);
+  return s ? s : target_eps(path, eps);
 }

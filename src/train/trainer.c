@@ -6,9 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hidden/hidden.h"
 #include "rng.h"
 
-void dflash_trainer_options_default(dflash_trainer_options *o) {
+static void trainer_options_defaults(dflash_trainer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -31,19 +32,26 @@ void dflash_trainer_options_default(dflash_trainer_options *o) {
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
 }
 
+DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *o, size_t size) {
+  dflash_trainer_options d;
+  trainer_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *o) {
+  dflash_trainer_options_init(o, sizeof *o);
+}
+
 static dflash_status check_options(const dflash_trainer_options *in, dflash_trainer_options *o) {
   dflash_trainer_options_default(o);
-  if (!in) return DFLASH_OK;
-  if (in->struct_size < offsetof(dflash_trainer_options, init_std) ||
-      in->struct_size > sizeof *o)
-    return df_error(DFLASH_E_INVALID_ARG, "trainer options: struct_size %zu is not a known "
-                    "version (%zu)", in->struct_size, sizeof *o);
-  memcpy(o, in, in->struct_size);
-  o->struct_size = sizeof *o;
-#define NEED(cond, ...) \
-  do { if (!(cond)) return df_error(DFLASH_E_INVALID_ARG, "trainer options: " __VA_ARGS__); } while (0)
-  NEED(o->backend == DFLASH_BACKEND_CPU || o->backend == DFLASH_BACKEND_CUDA,
-       "unknown backend %d", o->backend);
+  dflash_status st = df_opts_in(o, in, sizeof *o, "dflash_trainer_options");
+  if (st) return st;
+#define NEED(cond, ...)                                                                  \
+  do {                                                                                   \
+    if (!(cond)) return df_error(DFLASH_E_INVALID_ARG, "trainer options: " __VA_ARGS__); \
+  } while (0)
+  NEED(o->backend == DFLASH_BACKEND_CPU || o->backend == DFLASH_BACKEND_CUDA, "unknown backend %d",
+       o->backend);
   NEED(o->lr >= 0 && isfinite(o->lr), "lr must be finite and >= 0 (got %g)", o->lr);
   NEED(o->beta1 >= 0 && o->beta1 < 1 && o->beta2 >= 0 && o->beta2 < 1,
        "betas must be in [0, 1) (got %g, %g)", o->beta1, o->beta2);
@@ -58,7 +66,7 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
   NEED(o->selector_loss_weight >= 0 && isfinite(o->selector_loss_weight),
        "selector_loss_weight must be finite and >= 0 (got %g)", o->selector_loss_weight);
   NEED(o->selector_loss_mode == DFLASH_SELECTOR_LOSS_DROP ||
-       o->selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT,
+           o->selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT,
        "selector_loss_mode must be DFLASH_SELECTOR_LOSS_DROP (0) or _INJECT (1) (got %d)",
        o->selector_loss_mode);
 #undef NEED
@@ -72,9 +80,8 @@ dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const floa
 }
 
 dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
-                                        const dflash_drafter_config_ext *ext,
-                                        const float *embed, const float *lm_head,
-                                        const dflash_trainer_options *opts,
+                                        const dflash_drafter_config_ext *ext, const float *embed,
+                                        const float *lm_head, const dflash_trainer_options *opts,
                                         dflash_trainer **out) {
   return df_trainer_create(cfg, ext, embed, lm_head, opts, NULL, out);
 }
@@ -159,17 +166,10 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg,
   t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
   if (!st)
-    st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk,
-                       t->opt.loss_gamma);
+    st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;
-  }
-  if (!st && t->m.dflash2 && t->opt.backend == DFLASH_BACKEND_CUDA) {
-    df_model_free(&t->m);
-    st = df_error(DFLASH_E_UNSUPPORTED, "the CUDA backend does not implement DFlash 2 "
-                  "(DFlash2DraftModel: convolutions and candidate selector) yet; use the CPU "
-                  "backend");
   }
   if (st) {
     free(t);
@@ -202,6 +202,7 @@ void dflash_trainer_free(dflash_trainer *t) {
   if (!t) return;
   if (t->be) t->be->vt->destroy(t->be);
   df_model_free(&t->m);
+  free(t->decoded);
   free(t->m1);
   free(t->m2);
   free(t);
@@ -293,14 +294,111 @@ dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const uint8_t *
 }
 
 dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
-                                        const uint8_t *loss_mask, int64_t len,
-                                        const float *hidden, const int32_t *anchors,
-                                        int32_t n_anchors, double grad_scale, double *loss_sum,
-                                        double *weight_sum) {
+                                        const uint8_t *loss_mask, int64_t len, const float *hidden,
+                                        const int32_t *anchors, int32_t n_anchors,
+                                        double grad_scale, double *loss_sum, double *weight_sum) {
+  return df_trainer_accumulate_labels(t, input_ids, NULL, loss_mask, len, hidden, anchors,
+                                      n_anchors, grad_scale, loss_sum, weight_sum);
+}
+
+dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const int32_t *input_ids,
+                                           const int32_t *labels, const uint8_t *loss_mask,
+                                           int64_t len, const float *hidden, const int32_t *anchors,
+                                           int32_t n_anchors, double grad_scale, double *loss_sum,
+                                           double *weight_sum) {
   DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
-  df_seq s = {input_ids, loss_mask, len, hidden, anchors, n_anchors};
+  /* Every backend reads them; a device one would not check their range itself. */
+  dflash_status st = df_model_check_labels(&t->m, labels, len);
+  if (st) return st;
+  df_seq s = {.ids = input_ids,
+              .loss_mask = loss_mask,
+              .len = len,
+              .hidden = hidden,
+              .anchors = anchors,
+              .n_anchors = n_anchors,
+              .labels = labels};
   t->be->stale |= DF_BUF_GRADS;
-  return t->be->vt->accumulate(t->be, &s, grad_scale, loss_sum, weight_sum);
+  double ls; /* a loss pointer: the backend returns it now (CUDA: waits for the device) */
+  return t->be->vt->accumulate(t->be, &s, grad_scale, loss_sum ? loss_sum : &ls, weight_sum);
+}
+
+/* Stored rows to float32 for a backend that takes only those (the CPU one): the sample's
+ * hidden, or its codes decoded into t->decoded. */
+static dflash_status sample_hidden(dflash_trainer *t, const dflash_train_sample *s,
+                                   const float **out) {
+  *out = s->hidden;
+  if (s->hidden || t->be->vt->stored_rows) return DFLASH_OK;
+  if (!s->hidden_codes || (s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3 && !s->hidden_scales))
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", s->id ? s->id : "?");
+  if (s->hidden_dtype != DFLASH_HIDDEN_BF16 && s->hidden_dtype != DFLASH_HIDDEN_FP8_E4M3)
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: hidden dtype %d", s->id ? s->id : "?",
+                    s->hidden_dtype);
+  size_t n = (size_t)s->len * (size_t)t->m.KH;
+  if (n > t->decoded_cap) {
+    float *p = realloc(t->decoded, n * sizeof *p);
+    if (!p) return df_error_nomem("decoded hidden states");
+    t->decoded = p;
+    t->decoded_cap = n;
+  }
+  df_hidden_decode(t->m.KH / t->m.H, t->m.H, s->hidden_dtype, s->hidden_codes, s->hidden_scales,
+                   t->decoded, s->len);
+  *out = t->decoded;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_train_sample *s,
+                                               const int32_t *anchors, int32_t n_anchors,
+                                               double grad_scale) {
+  return df_trainer_accumulate_sample_labels(t, s, NULL, anchors, n_anchors, grad_scale);
+}
+
+dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflash_train_sample *s,
+                                                  const int32_t *labels, const int32_t *anchors,
+                                                  int32_t n_anchors, double grad_scale) {
+  DF_CHECK_ARG(t && s && s->input_ids && s->loss_mask && (anchors || n_anchors == 0));
+  dflash_status lst = df_model_check_labels(&t->m, labels, s->len);
+  if (lst) return lst;
+  if (s->struct_size < offsetof(dflash_train_sample, hidden_scales) + sizeof s->hidden_scales &&
+      !s->hidden)
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", s->id ? s->id : "?");
+  const float *hidden;
+  dflash_status st = sample_hidden(t, s, &hidden);
+  if (st) return st;
+  df_seq q = {.ids = s->input_ids,
+              .loss_mask = s->loss_mask,
+              .len = s->len,
+              .hidden = hidden,
+              .anchors = anchors,
+              .n_anchors = n_anchors,
+              .labels = labels,
+              .id = s->id};
+  if (!hidden) {
+    q.hidden_dtype = s->hidden_dtype;
+    q.hidden_codes = s->hidden_codes;
+    q.hidden_scales = s->hidden_scales;
+  }
+  t->be->stale |= DF_BUF_GRADS;
+  if (t->be->vt->collect) return t->be->vt->accumulate(t->be, &q, grad_scale, NULL, NULL);
+  double ls = 0, ws = 0;
+  if ((st = t->be->vt->accumulate(t->be, &q, grad_scale, &ls, &ws))) return st;
+  t->pend_loss += ls;
+  t->pend_weight += ws;
+  return DFLASH_OK;
+}
+
+/* The backend's deferred sums into the trainer's (one wait for the device). */
+static dflash_status collect_backend(dflash_trainer *t) {
+  if (!t->be->vt->collect) return DFLASH_OK;
+  return t->be->vt->collect(t->be, &t->pend_loss, &t->pend_weight);
+}
+
+dflash_status dflash_trainer_collect(dflash_trainer *t, double *loss_sum, double *weight_sum) {
+  DF_CHECK_ARG(t);
+  dflash_status st = collect_backend(t);
+  if (loss_sum) *loss_sum = t->pend_loss;
+  if (weight_sum) *weight_sum = t->pend_weight;
+  t->pend_loss = t->pend_weight = 0;
+  return st;
 }
 
 dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *input_ids,
@@ -320,18 +418,57 @@ dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *
 }
 
 dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                     const float *hidden, const int32_t *anchors,
-                                     int32_t n_anchors, int32_t *pred) {
+                                     const float *hidden, const int32_t *anchors, int32_t n_anchors,
+                                     int32_t *pred) {
   DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred);
-  df_seq s = {input_ids, NULL, len, hidden, anchors, n_anchors};
+  df_seq s = {
+      .ids = input_ids, .len = len, .hidden = hidden, .anchors = anchors, .n_anchors = n_anchors};
   return t->be->vt->predict(t->be, &s, pred);
 }
 
+void dflash_propose_options_init(dflash_propose_options *o, size_t size) {
+  dflash_propose_options d = {.struct_size = sizeof d};
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+/* What a propose call asks beyond dflash_trainer_predict, checked (o: the
+ * caller's options at the library's size). */
+static dflash_status propose_check(const dflash_trainer *t, const dflash_propose_options *o,
+                                   bool *plain) {
+  if (!(o->temperature >= 0) || !isfinite(o->temperature))
+    return df_error(DFLASH_E_RANGE, "propose: temperature %g (must be finite and >= 0)",
+                    o->temperature);
+  bool selector = o->temperature > 0 || o->candidates || o->probs;
+  if (selector && !t->m.dflash2)
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "propose: %s needs a DFlash 2 drafter (the candidate "
+                    "selector); this one is DFlash 1",
+                    o->temperature > 0 ? "sampling" : "candidates / probs");
+  *plain = !selector && !o->argmax;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_propose(dflash_trainer *t, const int32_t *input_ids, int64_t len,
+                                     const float *hidden, const int32_t *anchors, int32_t n_anchors,
+                                     const dflash_propose_options *opts, int32_t *pred) {
+  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred && n_anchors >= 0);
+  dflash_propose_options o;
+  dflash_propose_options_default(&o);
+  bool plain = true;
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_propose_options");
+  if (!st) st = propose_check(t, &o, &plain);
+  if (st || plain)
+    return st ? st : dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, pred);
+  /* The float32 reference on the host copy of the parameters (the CPU
+   * backend's own storage), as dflash_trainer_logits. */
+  if ((st = df_trainer_pull(t, DF_BUF_PARAMS))) return st;
+  return df_model_propose(&t->m, input_ids, len, hidden, anchors, n_anchors, &o, pred);
+}
+
 dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                    const float *hidden, const int32_t *anchors,
-                                    int32_t n_anchors, float *logits) {
-  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && logits &&
-               n_anchors >= 0);
+                                    const float *hidden, const int32_t *anchors, int32_t n_anchors,
+                                    float *logits) {
+  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && logits && n_anchors >= 0);
   /* The float32 reference forward on the host copy of the parameters,
    * whatever the backend (a device backend's are pulled first). */
   dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
@@ -364,8 +501,16 @@ dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *
   DF_CHECK_ARG(t);
   const dflash_trainer_options *o = &t->opt;
   double lr = dflash_trainer_lr_at(t, t->step), norm = 0;
-  df_adam a = {.lr = lr, .weight_decay = o->weight_decay, .beta1 = o->beta1,
-               .beta2 = o->beta2, .eps = o->adam_eps, .grad_clip = o->grad_clip,
+  /* A sample the device found NaN/Inf in fails here, before any parameter changes (its
+   * sums stay for dflash_trainer_collect). */
+  dflash_status cst = collect_backend(t);
+  if (cst) return cst;
+  df_adam a = {.lr = lr,
+               .weight_decay = o->weight_decay,
+               .beta1 = o->beta1,
+               .beta2 = o->beta2,
+               .eps = o->adam_eps,
+               .grad_clip = o->grad_clip,
                .step = t->step + 1};
   dflash_status st = t->be->vt->step(t->be, &a, &norm);
   if (grad_norm) *grad_norm = norm;
@@ -388,8 +533,8 @@ dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len, int32
                                     int32_t *out, int32_t *n_out) {
   DF_CHECK_ARG(loss_mask && out && n_out && block_size >= 2 && max_anchors >= 0 && len >= 0);
   *n_out = 0;
-  if (len > INT32_MAX) return df_error(DFLASH_E_RANGE, "sequence of %lld tokens is too long",
-                                       (long long)len);
+  if (len > INT32_MAX)
+    return df_error(DFLASH_E_RANGE, "sequence of %lld tokens is too long", (long long)len);
   int64_t supervised = 0;
   for (int64_t i = 0; i < len; i++) supervised += loss_mask[i] != 0;
   if (supervised < 2 * (int64_t)block_size || max_anchors == 0) return DFLASH_OK;

@@ -5,7 +5,8 @@ import subprocess
 import sys
 import tempfile
 
-cc, include_root = sys.argv[1], pathlib.Path(sys.argv[2])
+# argv: the include root, then the C compiler command (it may be a launcher such as ccache + gcc).
+include_root, cc = pathlib.Path(sys.argv[1]), sys.argv[2:]
 headers = sorted((include_root / "dflash").glob("*.h"))
 failed = 0
 with tempfile.TemporaryDirectory() as tmp:
@@ -14,7 +15,7 @@ with tempfile.TemporaryDirectory() as tmp:
         src = pathlib.Path(tmp) / "t.c"
         src.write_text(f"#include <{name}>\n#include <{name}>\nint main(void) {{ return 0; }}\n")
         for args in (["-std=c11", "-pedantic"], ["-std=c99", "-pedantic"]):
-            cmd = [cc, *args, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{include_root}", str(src)]
+            cmd = [*cc, *args, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{include_root}", str(src)]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode:
                 failed += 1

@@ -11,8 +11,12 @@ declared = set()
 for header in sorted(include_dir.glob("*.h")):
     text = header.read_text()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)  # comments mention names too
-    for m in re.finditer(r"\bDFLASH_API\b([^;{]*?)\b(dflash_\w+)\s*\(", text, flags=re.S):
-        declared.add(m.group(2))
+    for m in re.finditer(r"\bDFLASH_API\b([^;{]*)", text):
+        decl = m.group(1)
+        # `T (dflash_x)(...)`: a name kept beside a function-like macro of the same name.
+        f = re.search(r"\((dflash_\w+)\)\s*\(", decl) or re.search(r"\b(dflash_\w+)\s*\(", decl)
+        if f:
+            declared.add(f.group(1))
 
 nm = subprocess.run(["nm", "-D", "--defined-only", lib], check=True, capture_output=True, text=True)
 exported = set()

@@ -36,19 +36,59 @@ static int compare_str(const char *s) { return compare(s, strlen(s)); }
 
 START_TEST(test_edge_cases) {
   static const char *accept[] = {
-      "{}", "[]", " [ ] \n", "{\"a\": 1, \"b\": [true, false, null]}",
+      "{}",
+      "[]",
+      " [ ] \n",
+      "{\"a\": 1, \"b\": [true, false, null]}",
       "[\"\\u00e9\\ud83d\\ude00\\u0000x\", \"\\\"\\\\\\/\\b\\f\\n\\r\\t\"]",
       "[0, -0, 1, -1, 9223372036854775807, -9223372036854775808, 1.5, -2.25e-3, 1E+2, 0.1]",
-      "[1e-400, 123456789.125, 1e300]", "{\"\": \"\"}", "[\"caf\xc3\xa9 \xe6\x95\xb0 \xf0\x9f\x99\x82\"]",
-      "{\"k\": {\"nested\": [[[{}]]]}}", "[\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"]"};
-  static const char *refuse[] = {
-      "", " ", "1", "\"s\"", "null", "[1,]", "[1 2]", "{\"a\" 1}", "{\"a\": 1,}", "{a: 1}",
-      "[01]", "[1.]", "[.5]", "[1e]", "[-]", "[+1]", "[1e400]", "[9223372036854775808]",
-      "[-9223372036854775809]", "{\"a\": 1, \"a\": 2}", "{\"\\u0000\": 1}", "[\"\\ud800\"]",
-      "[\"\\udc00\"]", "[\"\\ud800\\u0041\"]", "[\"\\x\"]", "[\"\\u12\"]", "[\"a\tb\"]",
-      "[\"\xc0\x80\"]", "[\"\xe0\x80\x80\"]", "[\"\xed\xa0\x80\"]", "[\"\xf4\x90\x80\x80\"]",
-      "[\"\xc3\"]", "[\"\x80\"]", "[\"\xf8\x88\x80\x80\x80\"]", "[\"unterminated]", "[tru]",
-      "[truex]", "[nul]", "{} x", "[] []", "\xef\xbb\xbf[]", "[\"a\"\x00]"};
+      "[1e-400, 123456789.125, 1e300]",
+      "{\"\": \"\"}",
+      "[\"caf\xc3\xa9 \xe6\x95\xb0 \xf0\x9f\x99\x82\"]",
+      "{\"k\": {\"nested\": [[[{}]]]}}",
+      "[\"\xef\xbf\xbf\xf4\x8f\xbf\xbf\"]"};
+  static const char *refuse[] = {"",
+                                 " ",
+                                 "1",
+                                 "\"s\"",
+                                 "null",
+                                 "[1,]",
+                                 "[1 2]",
+                                 "{\"a\" 1}",
+                                 "{\"a\": 1,}",
+                                 "{a: 1}",
+                                 "[01]",
+                                 "[1.]",
+                                 "[.5]",
+                                 "[1e]",
+                                 "[-]",
+                                 "[+1]",
+                                 "[1e400]",
+                                 "[9223372036854775808]",
+                                 "[-9223372036854775809]",
+                                 "{\"a\": 1, \"a\": 2}",
+                                 "{\"\\u0000\": 1}",
+                                 "[\"\\ud800\"]",
+                                 "[\"\\udc00\"]",
+                                 "[\"\\ud800\\u0041\"]",
+                                 "[\"\\x\"]",
+                                 "[\"\\u12\"]",
+                                 "[\"a\tb\"]",
+                                 "[\"\xc0\x80\"]",
+                                 "[\"\xe0\x80\x80\"]",
+                                 "[\"\xed\xa0\x80\"]",
+                                 "[\"\xf4\x90\x80\x80\"]",
+                                 "[\"\xc3\"]",
+                                 "[\"\x80\"]",
+                                 "[\"\xf8\x88\x80\x80\x80\"]",
+                                 "[\"unterminated]",
+                                 "[tru]",
+                                 "[truex]",
+                                 "[nul]",
+                                 "{} x",
+                                 "[] []",
+                                 "\xef\xbb\xbf[]",
+                                 "[\"a\"\x00]"};
   for (size_t i = 0; i < DF_ARRAY_LEN(accept); i++)
     ck_assert_msg(compare_str(accept[i]) == 1, "not accepted: %s", accept[i]);
   for (size_t i = 0; i < DF_ARRAY_LEN(refuse); i++)
@@ -94,10 +134,9 @@ START_TEST(test_mutations) {
       size_t at = (size_t)(x >> 33) % len;
       int op = (int)(x >> 20) % 3;
       char c = alphabet[(x >> 40) % (sizeof alphabet - 1)];
-      if (op == 0) doc[at] = c;                                        /* replace */
+      if (op == 0) doc[at] = c;                                                 /* replace */
       else if (op == 1 && len > 1) memmove(doc + at, doc + at + 1, --len - at); /* delete */
-      else {                                                           /* insert */
-        memmove(doc + at + 1, doc + at, len++ - at);
+      else { /* insert */ memmove(doc + at + 1, doc + at, len++ - at);
         doc[at] = c;
       }
     }

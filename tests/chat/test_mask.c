@@ -38,14 +38,14 @@ START_TEST(test_straddle_rule) {
   uint8_t mask[7];
   size_t n;
   /* Offsets out of order are refused, so check pairs one at a time. */
-  for (int i = 0; i < 7; i++) ck_assert_ok(dflash_chat_loss_mask(r, begin + i, end + i, 1,
-                                                                 DFLASH_CHAT_TURNS_ALL, mask + i,
-                                                                 &n));
+  for (int i = 0; i < 7; i++)
+    ck_assert_ok(
+        dflash_chat_loss_mask(r, begin + i, end + i, 1, DFLASH_CHAT_TURNS_ALL, mask + i, &n));
   uint8_t want_all[] = {0, 1, 1, 1, 0, 1, 0};
   for (int i = 0; i < 7; i++) ck_assert_msg(mask[i] == want_all[i], "token %d: %d", i, mask[i]);
-  for (int i = 0; i < 7; i++) ck_assert_ok(dflash_chat_loss_mask(r, begin + i, end + i, 1,
-                                                                 DFLASH_CHAT_TURNS_LAST, mask + i,
-                                                                 NULL));
+  for (int i = 0; i < 7; i++)
+    ck_assert_ok(
+        dflash_chat_loss_mask(r, begin + i, end + i, 1, DFLASH_CHAT_TURNS_LAST, mask + i, NULL));
   uint8_t want_last[] = {0, 0, 0, 0, 0, 1, 0};
   for (int i = 0; i < 7; i++) ck_assert_msg(mask[i] == want_last[i], "token %d: %d", i, mask[i]);
   dflash_chat_rendered_free(r);

@@ -71,9 +71,8 @@ START_TEST(test_bad_input) {
                    DFLASH_E_FORMAT, "message 0: content");
   ck_assert_status(render_status("qwen3", "[{\"content\": \"x\"}]"), DFLASH_E_FORMAT,
                    "no string \"role\"");
-  ck_assert_status(render_status("kimi-k2-thinking",
-                                 "[{\"role\": \"user\", \"content\": \"q\"},"
-                                 " {\"role\": \"tool\", \"content\": \"r\"}]"),
+  ck_assert_status(render_status("kimi-k2-thinking", "[{\"role\": \"user\", \"content\": \"q\"},"
+                                                     " {\"role\": \"tool\", \"content\": \"r\"}]"),
                    DFLASH_E_FORMAT, "message 1: tool message without tool_call_id");
   ck_assert_status(render_status("qwen3", "[{\"role\": \"user\", \"content\": \"\xff\"}]"),
                    DFLASH_E_UTF8, "conversation");
@@ -110,10 +109,9 @@ START_TEST(test_qwen3_exact_and_spans) {
   size_t len;
   const char *text = dflash_chat_rendered_text(r, &len);
   /* Reasoning of turns before the last user query is dropped; the final turn keeps it. */
-  ck_assert_str_eq(text,
-                   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n"
-                   "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
-                   "<|im_start|>assistant\n<think>\nR2\n</think>\n\nA2<|im_end|>\n");
+  ck_assert_str_eq(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ1<|im_end|>\n"
+                         "<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
+                         "<|im_start|>assistant\n<think>\nR2\n</think>\n\nA2<|im_end|>\n");
   ck_assert_uint_eq(len, strlen(text));
   ck_assert_int_eq(dflash_chat_rendered_last_assistant(r), 4);
   ck_assert_int_eq(kind_at(r, "<think>", 0), DFLASH_CHAT_SPAN_THINK_MARKUP);
@@ -150,8 +148,9 @@ START_TEST(test_qwen3_exact_and_spans) {
 END_TEST
 
 START_TEST(test_kimi_thinking_final_turn) {
-  const char *conv = "[{\"role\": \"user\", \"content\": \"Q\"},"
-                     " {\"role\": \"assistant\", \"reasoning_content\": \"R\", \"content\": \"A\"}]";
+  const char *conv =
+      "[{\"role\": \"user\", \"content\": \"Q\"},"
+      " {\"role\": \"assistant\", \"reasoning_content\": \"R\", \"content\": \"A\"}]";
   /* The official template drops the final answer's reasoning: "<think></think>"
    * stands in for it and is scaffolding, not something the target wrote. */
   dflash_chat_rendered *r = render("kimi-k2-thinking", conv, NULL);
@@ -227,10 +226,9 @@ START_TEST(test_kimi_k26_thinking_switches) {
   o.thinking = 0;
   o.preserve_thinking = 1;
   r = render("kimi-k2.6", open, &o);
-  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
-                               "<think>R1</think>A1<|im_end|>"));
-  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
-                               "<|im_middle|><think></think>"));
+  ck_assert_ptr_nonnull(
+      strstr(dflash_chat_rendered_text(r, NULL), "<think>R1</think>A1<|im_end|>"));
+  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL), "<|im_middle|><think></think>"));
   dflash_chat_rendered_free(r);
 }
 END_TEST
@@ -259,10 +257,36 @@ START_TEST(test_json_numbers) {
                      "[{\"a\": [1.0, 1e16, 1e-05, 0.0001, -0.0, 123456789.125, 1e300, 2.5e-7],"
                      " \"s\": \"\\u0001\\\"\\\\\\n\\u00e9\\u2028\"}]}";
   dflash_chat_rendered *r = render("kimi-k2", conv, NULL);
-  ck_assert_ptr_nonnull(strstr(dflash_chat_rendered_text(r, NULL),
-                               "[{\"a\": [1.0, 1e+16, 1e-05, 0.0001, -0.0, 123456789.125, "
-                               "1e+300, 2.5e-07], \"s\": \"\\u0001\\\"\\\\\\n\xc3\xa9\xe2\x80\xa8\"}]"));
+  ck_assert_ptr_nonnull(
+      strstr(dflash_chat_rendered_text(r, NULL),
+             "[{\"a\": [1.0, 1e+16, 1e-05, 0.0001, -0.0, 123456789.125, "
+             "1e+300, 2.5e-07], \"s\": \"\\u0001\\\"\\\\\\n\xc3\xa9\xe2\x80\xa8\"}]"));
   dflash_chat_rendered_free(r);
+}
+END_TEST
+
+/* The reasoning modes' names: one per enum value, in order, and back. */
+START_TEST(test_reasoning_names) {
+  static const char *const want[] = {"official", "keep_all", "keep_after_last_user", "drop"};
+  const dflash_chat_reasoning modes[] = {DFLASH_CHAT_REASONING_OFFICIAL,
+                                         DFLASH_CHAT_REASONING_KEEP_ALL,
+                                         DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER,
+                                         DFLASH_CHAT_REASONING_DROP};
+  for (size_t i = 0; i < 4; i++) {
+    ck_assert_str_eq(dflash_chat_reasoning_name(modes[i]), want[i]);
+    dflash_chat_reasoning back = (dflash_chat_reasoning)-1;
+    ck_assert_ok(dflash_chat_reasoning_from_name(want[i], &back));
+    ck_assert_int_eq(back, modes[i]);
+  }
+  ck_assert_ptr_null(dflash_chat_reasoning_name((dflash_chat_reasoning)4));
+  ck_assert_ptr_null(dflash_chat_reasoning_name((dflash_chat_reasoning)-1));
+  dflash_chat_reasoning m = DFLASH_CHAT_REASONING_DROP;
+  ck_assert_status(dflash_chat_reasoning_from_name("Official", &m), DFLASH_E_NOT_FOUND,
+                   "\"Official\" (known: official, keep_all, keep_after_last_user, drop)");
+  ck_assert_int_eq(m, DFLASH_CHAT_REASONING_DROP); /* untouched on failure */
+  ck_assert_status(dflash_chat_reasoning_from_name("", &m), DFLASH_E_NOT_FOUND, "\"\"");
+  ck_assert_status(dflash_chat_reasoning_from_name(NULL, &m), DFLASH_E_INVALID_ARG, "name");
+  ck_assert_status(dflash_chat_reasoning_from_name("drop", NULL), DFLASH_E_INVALID_ARG, "out");
 }
 END_TEST
 
@@ -270,6 +294,7 @@ TCase *tc_chat_render(void) {
   TCase *tc = tcase_create("render");
   tcase_add_test(tc, test_names);
   tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_reasoning_names);
   tcase_add_test(tc, test_qwen3_exact_and_spans);
   tcase_add_test(tc, test_kimi_thinking_final_turn);
   tcase_add_test(tc, test_kimi_k26_thinking_switches);

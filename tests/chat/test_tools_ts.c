@@ -117,8 +117,10 @@ START_TEST(test_sorting_and_empty) {
   const char *tools = FN("{\"type\": \"object\", \"$defs\": {\"B\": {\"type\": \"string\"}, "
                          "\"A\": {\"type\": \"number\"}}}");
   char *sorted = ts(tools, 1), *given = ts(tools, 0);
-  ck_assert_str_eq(sorted, HEAD "interface A number\ninterface B string\ntype f = (_: {}) => any;" TAIL);
-  ck_assert_str_eq(given, HEAD "interface B string\ninterface A number\ntype f = (_: {}) => any;" TAIL);
+  ck_assert_str_eq(sorted,
+                   HEAD "interface A number\ninterface B string\ntype f = (_: {}) => any;" TAIL);
+  ck_assert_str_eq(given,
+                   HEAD "interface B string\ninterface A number\ntype f = (_: {}) => any;" TAIL);
   free(sorted);
   free(given);
   char *none = ts("[{\"type\": \"retrieval\"}, {\"type\": \"function\"}]", 1);
@@ -128,7 +130,8 @@ START_TEST(test_sorting_and_empty) {
 END_TEST
 
 START_TEST(test_errors_and_buffer) {
-  const char *tools = FN("{\"type\": \"object\", \"properties\": {\"x\": {\"description\": \"d\"}}}");
+  const char *tools = FN(
+      "{\"type\": \"object\", \"properties\": {\"x\": {\"description\": \"d\"}}}");
   size_t n = 0;
   ck_assert_status(dflash_chat_tools_typescript(tools, strlen(tools), 1, NULL, 0, &n),
                    DFLASH_E_FORMAT, "tools[0] (function f), parameters.properties.x");
@@ -148,8 +151,7 @@ START_TEST(test_errors_and_buffer) {
   ck_assert_status(dflash_chat_tools_typescript(tools, strlen(tools), 1, small, sizeof small, &n),
                    DFLASH_E_BUFFER, "bytes");
   ck_assert_uint_eq(n, strlen(HEAD "type f = (_: {}) => any;" TAIL));
-  ck_assert_status(dflash_chat_tools_typescript("{}", 2, 1, NULL, 0, &n), DFLASH_E_FORMAT,
-                   "list");
+  ck_assert_status(dflash_chat_tools_typescript("{}", 2, 1, NULL, 0, &n), DFLASH_E_FORMAT, "list");
 }
 END_TEST
 
@@ -192,9 +194,10 @@ START_TEST(test_kimi_renderers) {
   free(t);
   for (int k = 0; k < 2; k++) { /* tojson of the deep-sorted tools */
     t = render_text(k ? "kimi-k2" : "kimi-k2-thinking", bad);
-    ck_assert_ptr_nonnull(strstr(t, "<|im_middle|>[{\"function\": {\"name\": \"f\", "
-                                    "\"parameters\": {\"properties\": {\"x\": {\"a\": 2, "
-                                    "\"b\": 1}}, \"type\": \"object\"}}, \"type\": \"function\"}]"));
+    ck_assert_ptr_nonnull(strstr(t,
+                                 "<|im_middle|>[{\"function\": {\"name\": \"f\", "
+                                 "\"parameters\": {\"properties\": {\"x\": {\"a\": 2, "
+                                 "\"b\": 1}}, \"type\": \"object\"}}, \"type\": \"function\"}]"));
     free(t);
   }
   const char *repr = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": "
@@ -202,8 +205,8 @@ START_TEST(test_kimi_renderers) {
   dflash_chat_template *tm = NULL;
   dflash_chat_rendered *r = NULL;
   ck_assert_ok(dflash_chat_template_create("kimi-k2.5", &tm));
-  ck_assert_status(dflash_chat_render_json(tm, repr, strlen(repr), NULL, &r),
-                   DFLASH_E_UNSUPPORTED, "function name");
+  ck_assert_status(dflash_chat_render_json(tm, repr, strlen(repr), NULL, &r), DFLASH_E_UNSUPPORTED,
+                   "function name");
   ck_assert_ptr_null(r);
   dflash_chat_template_free(tm);
 }

@@ -3,6 +3,7 @@
 #include <dflash/safetensors.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -29,7 +30,8 @@ static void expect_open_error(const char *header, size_t data_len, dflash_status
   dflash_safetensors *st = (void *)1;
   ck_assert_status(dflash_safetensors_open(path, &st), want, needle);
   ck_assert_ptr_null(st);
-  ck_assert_msg(strstr(dflash_last_error(), path), "message lacks the path: %s", dflash_last_error());
+  ck_assert_msg(strstr(dflash_last_error(), path), "message lacks the path: %s",
+                dflash_last_error());
   free(path);
   df_test_rmtree(dir);
   free(dir);
@@ -48,7 +50,8 @@ START_TEST(rejects_malformed_headers_with_specific_status) {
   expect_open_error("{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
                     DFLASH_E_DTYPE, "\"Q4\"");
   expect_open_error("{\"a\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296],"
-                    "\"data_offsets\":[0,0]}}", 0, DFLASH_E_OVERFLOW, "\"a\"");
+                    "\"data_offsets\":[0,0]}}",
+                    0, DFLASH_E_OVERFLOW, "\"a\"");
   expect_open_error("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                     "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
                     2, DFLASH_E_DUPLICATE, "duplicate");
@@ -108,13 +111,15 @@ static void write_two(const char *path) {
   ck_assert_ok(dflash_st_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1));
   ck_assert_ok(dflash_st_writer_declare(w, "empty", DFLASH_DTYPE_BF16, 1, s0));
   ck_assert_ok(dflash_st_writer_declare(w, "scalar", DFLASH_DTYPE_I64, 0, NULL));
-  ck_assert_status(dflash_st_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1), DFLASH_E_DUPLICATE, "\"w\"");
+  ck_assert_status(dflash_st_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1), DFLASH_E_DUPLICATE,
+                   "\"w\"");
   float v[6] = {1, 2, 3, 4, 5, 6};
   int64_t scalar = -5;
   /* Data streams in arbitrary chunks. */
   ck_assert_ok(dflash_st_writer_write(w, v, 5));
   ck_assert_ok(dflash_st_writer_write(w, (char *)v + 5, sizeof v - 5));
-  ck_assert_status(dflash_st_writer_declare(w, "late", DFLASH_DTYPE_U8, 0, NULL), DFLASH_E_STATE, "after");
+  ck_assert_status(dflash_st_writer_declare(w, "late", DFLASH_DTYPE_U8, 0, NULL), DFLASH_E_STATE,
+                   "after");
   ck_assert_ok(dflash_st_writer_write(w, &scalar, sizeof scalar));
   ck_assert_status(dflash_st_writer_write(w, &scalar, 1), DFLASH_E_RANGE, "more bytes");
   ck_assert_ok(dflash_st_writer_finish(w));
@@ -147,7 +152,16 @@ START_TEST(writer_round_trips_through_reader) {
   ck_assert_str_eq(value, "pt");
   ck_assert_status(dflash_safetensors_find(st, "nope", &t), DFLASH_E_NOT_FOUND, "\"nope\"");
   ck_assert_status(dflash_safetensors_get(st, 3, &t), DFLASH_E_RANGE, "3");
-  dflash_tensor old = {.struct_size = 8};
+  /* A caller's older, smaller struct is written up to its size and no further. */
+  dflash_tensor old;
+  memset(&old, 0xab, sizeof old);
+  old.struct_size = offsetof(dflash_tensor, dtype);
+  ck_assert_ok(dflash_safetensors_get(st, 0, &old));
+  ck_assert_ptr_nonnull(old.name);
+  ck_assert_uint_eq(old.struct_size, offsetof(dflash_tensor, dtype));
+  for (size_t i = offsetof(dflash_tensor, dtype); i < sizeof old; i++)
+    ck_assert_uint_eq(((unsigned char *)&old)[i], 0xab);
+  old.struct_size = 3;
   ck_assert_status(dflash_safetensors_get(st, 0, &old), DFLASH_E_INVALID_ARG, "struct_size");
   dflash_safetensors_free(st);
   free(path);

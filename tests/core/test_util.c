@@ -5,11 +5,15 @@
 #include "testutil.h"
 
 START_TEST(utf8_validation_rejects_what_python_rejects) {
-  static const struct { const char *s; bool ok; } cases[] = {
-      {"plain", true}, {"caf\xc3\xa9", true}, {"\xe4\xb8\xad", true},
-      {"\xf0\x9f\x98\x80", true}, {"\xc3", false}, {"\xc0\xaf", false},
-      {"\xed\xa0\x80", false}, {"\xf4\x90\x80\x80", false}, {"\x80", false},
-      {"\xe0\x80\xaf", false},
+  static const struct {
+    const char *s;
+    bool ok;
+  } cases[] = {
+      {"plain", true},         {"caf\xc3\xa9", true},
+      {"\xe4\xb8\xad", true},  {"\xf0\x9f\x98\x80", true},
+      {"\xc3", false},         {"\xc0\xaf", false},
+      {"\xed\xa0\x80", false}, {"\xf4\x90\x80\x80", false},
+      {"\x80", false},         {"\xe0\x80\xaf", false},
   };
   for (size_t i = 0; i < DF_ARRAY_LEN(cases); i++)
     ck_assert_msg(df_utf8_valid(cases[i].s, strlen(cases[i].s)) == cases[i].ok, "case %zu", i);

@@ -121,8 +121,8 @@ START_TEST(module_found_beside_library) {
   snprintf(want, sizeof want, "%s/libdflash-cuda.so", dir);
   ck_assert_msg(mapped("libdflash-cuda.so", got, sizeof got), "module not mapped");
   char *got_real = realpath(got, NULL), *want_real = realpath(want, NULL);
-  ck_assert_msg(got_real && want_real && !strcmp(got_real, want_real), "module %s, wanted %s",
-                got, want);
+  ck_assert_msg(got_real && want_real && !strcmp(got_real, want_real), "module %s, wanted %s", got,
+                want);
   free(got_real);
   free(want_real);
   ck_assert_msg(mapped("libcudart", NULL, 0), "libcudart not mapped after the CUDA call");

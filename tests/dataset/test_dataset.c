@@ -318,12 +318,15 @@ START_TEST(test_bad_manifests) {
   expect_open_error(dir, DFLASH_E_FORMAT, "dataset.json: no shards");
   put(dir, "dataset.json", "{\"samples\": 5, \"shards\": [{\"file\": \"../x\"}]}");
   expect_open_error(dir, DFLASH_E_FORMAT, "shard 0 has no plain file name");
-  put(dir, "dataset.json", "{\"samples\": 5, \"shards\": [{\"file\": \"shard-00009.safetensors\"}]}");
+  put(dir, "dataset.json",
+      "{\"samples\": 5, \"shards\": [{\"file\": \"shard-00009.safetensors\"}]}");
   expect_open_error(dir, DFLASH_E_NOT_FOUND, "shard-00009.safetensors");
-  put(dir, "dataset.json", "{\"samples\": 6, \"shards\": [{\"file\": \"shard-00000.safetensors\"}]}");
+  put(dir, "dataset.json",
+      "{\"samples\": 6, \"shards\": [{\"file\": \"shard-00000.safetensors\"}]}");
   expect_open_error(dir, DFLASH_E_MISMATCH, "6 samples listed, shards hold 5");
   /* Bad shards, each named in the message. */
-  put(dir, "dataset.json", "{\"samples\": 2, \"shards\": [{\"file\": \"shard-00000.safetensors\"}]}");
+  put(dir, "dataset.json",
+      "{\"samples\": 2, \"shards\": [{\"file\": \"shard-00000.safetensors\"}]}");
   int64_t good[3] = {0, 1, 4}, short_[3] = {0, 1, 3}, flat[3] = {0, 4, 4};
   write_shard(dir, DFLASH_DTYPE_U32, good, 3, "[\"a\", \"b\"]");
   expect_open_error(dir, DFLASH_E_FORMAT, "loss_mask is not a 1-D U8");
@@ -365,8 +368,7 @@ START_TEST(test_tokenizer_hash) {
   ck_assert_ok(dflash_dataset_tokenizer_hash(file, hash, sizeof hash));
   ck_assert_str_eq(hash, "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   ck_assert_status(dflash_dataset_tokenizer_hash(file, hash, 71), DFLASH_E_BUFFER, "72 bytes");
-  ck_assert_status(dflash_dataset_tokenizer_hash(dir, hash, sizeof hash), DFLASH_E_NOT_FOUND,
-                   dir);
+  ck_assert_status(dflash_dataset_tokenizer_hash(dir, hash, sizeof hash), DFLASH_E_NOT_FOUND, dir);
   /* A directory hashes its tokenizer files: a change in any of them changes it. */
   put(dir, "vocab.json", "{}");
   put(dir, "merges.txt", "#v\n");

@@ -23,7 +23,8 @@ static void on_log(dflash_log_level level, const char *msg, void *user) {
 static dflash_fetch *make(const char *dir, double temperature) {
   char *in = df_path_join(dir, "in.jsonl");
   char *out = df_path_join(dir, "out");
-  static const char line[] = "{\"id\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n";
+  static const char line[] =
+      "{\"id\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n";
   ck_assert(df_test_write(in, line, sizeof line - 1));
   const char *servers[] = {"http://127.0.0.1:9/v1"};
   dflash_fetch_options o;
@@ -50,7 +51,7 @@ START_TEST(summary_size_query_is_quiet) {
   size_t len = 0;
   ck_assert_int_eq(dflash_fetch_summary(f, NULL, 0, &len), DFLASH_E_BUFFER);
   ck_assert_int_gt(len, 100);
-  ck_assert_int_eq(logged, 0);           /* `dflash fetch -v` printed it */
+  ck_assert_int_eq(logged, 0);               /* `dflash fetch -v` printed it */
   ck_assert_str_eq(dflash_last_error(), ""); /* and a stop printed it as the reason */
   char small[8];
   ck_assert_status(dflash_fetch_summary(f, small, sizeof small, &len), DFLASH_E_BUFFER, "needs");
@@ -78,11 +79,13 @@ START_TEST(guards_are_checked) {
   ck_assert_int_eq(dflash_fetch_set_guards(f, &g), DFLASH_E_INVALID_ARG);
   /* an older, shorter struct: the fields it has, defaults for the rest */
   g = (dflash_fetch_guards){.struct_size = offsetof(dflash_fetch_guards, down_timeout_s),
-                            .no_server_check = 1, .down_timeout_s = 5};
+                            .no_server_check = 1,
+                            .down_timeout_s = 5};
   ck_assert_ok(dflash_fetch_set_guards(f, &g));
   ck_assert_ok(dflash_fetch_set_guards(f, NULL));
   /* the start-up check refuses the dead port before anything is sent */
-  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_NETWORK, "127.0.0.1:9/v1: unreachable");
+  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_NETWORK,
+                   "127.0.0.1:9/v1: unreachable");
   ck_assert_status(dflash_fetch_set_guards(f, NULL), DFLASH_E_STATE, "before run");
   dflash_fetch_free(f);
   char *settings = df_path_join(dir, "out/settings.json");
@@ -96,7 +99,9 @@ END_TEST
 
 /* Runs that never reach a server: the down timeout (no server check) stops them. */
 static dflash_status run_quick(dflash_fetch *f, int settings_change) {
-  dflash_fetch_guards g = {.struct_size = sizeof g, .no_server_check = 1, .down_timeout_s = 0.3,
+  dflash_fetch_guards g = {.struct_size = sizeof g,
+                           .no_server_check = 1,
+                           .down_timeout_s = 0.3,
                            .settings_change = settings_change};
   ck_assert_ok(dflash_fetch_set_guards(f, &g));
   return dflash_fetch_run(f, NULL, NULL);
@@ -141,12 +146,14 @@ START_TEST(settings_recorded_then_refused_or_warned) {
   dflash_fetch_free(f);
   ck_assert_ok(df_read_file(path, &text, &len));
   json_t *doc = json_loads(text, 0, NULL);
-  ck_assert_double_eq(json_real_value(json_object_get(json_object_get(doc, "settings"),
-                                                      "temperature")), 1.25);
+  ck_assert_double_eq(json_real_value(
+                          json_object_get(json_object_get(doc, "settings"), "temperature")),
+                      1.25);
   json_t *earlier = json_object_get(doc, "earlier");
   ck_assert_int_eq(json_array_size(earlier), 1);
-  ck_assert_double_eq(json_real_value(json_object_get(
-                          json_object_get(json_array_get(earlier, 0), "settings"), "temperature")),
+  ck_assert_double_eq(json_real_value(
+                          json_object_get(json_object_get(json_array_get(earlier, 0), "settings"),
+                                          "temperature")),
                       0.5);
   json_decref(doc);
   free(text);

@@ -15,9 +15,11 @@ static dflash_status parse(const char *line, df_conv *c) {
 START_TEST(openai_and_sharegpt_agree) {
   df_conv a, b;
   ck_assert_ok(parse("{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
-                     "\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\"}]}", &a));
+                     "\"content\":\"Q\"},{\"role\":\"assistant\",\"content\":\"A\"}]}",
+                     &a));
   ck_assert_ok(parse("{\"system\":\"S\",\"conversations\":[{\"from\":\"human\",\"value\":\"Q\"},"
-                     "{\"from\":\"gpt\",\"value\":\"A\"}]}", &b));
+                     "{\"from\":\"gpt\",\"value\":\"A\"}]}",
+                     &b));
   ck_assert(json_equal(a.messages, b.messages));
   ck_assert_str_eq(a.id, b.id); /* same conversation, same derived id */
   ck_assert(!a.id_explicit);
@@ -34,13 +36,15 @@ START_TEST(explicit_ids) {
   ck_assert_str_eq(c.id, "42");
   ck_assert(c.id_explicit);
   df_conv_free(&c);
-  ck_assert_status(parse("{\"id\":[1],\"messages\":[]}", &c), DFLASH_E_FORMAT, "in.jsonl:7: \"id\"");
+  ck_assert_status(parse("{\"id\":[1],\"messages\":[]}", &c), DFLASH_E_FORMAT,
+                   "in.jsonl:7: \"id\"");
 }
 END_TEST
 
 START_TEST(malformed_lines_name_file_and_line) {
   df_conv c;
-  ck_assert_status(parse("{\"messages\":[", &c), DFLASH_E_JSON, "in.jsonl:7: invalid JSON at column 13");
+  ck_assert_status(parse("{\"messages\":[", &c), DFLASH_E_JSON,
+                   "in.jsonl:7: invalid JSON at column 13");
   ck_assert_status(parse("[1]", &c), DFLASH_E_FORMAT, "in.jsonl:7: not a JSON object");
   ck_assert_status(parse("{\"text\":\"x\"}", &c), DFLASH_E_FORMAT, "no \"messages\" or");
   ck_assert_status(parse("{\"messages\":[]}", &c), DFLASH_E_FORMAT, "empty");
@@ -67,13 +71,15 @@ static void turns_of(const char *line, bool all, const size_t *want, size_t n_wa
 }
 
 START_TEST(turn_positions) {
-  const char *conv = "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
-                     "{\"role\":\"user\",\"content\":\"1\"},{\"role\":\"assistant\",\"content\":\"a\"},"
-                     "{\"role\":\"user\",\"content\":\"2\"},{\"role\":\"assistant\",\"content\":\"b\"}]}";
+  const char *conv =
+      "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+      "{\"role\":\"user\",\"content\":\"1\"},{\"role\":\"assistant\",\"content\":\"a\"},"
+      "{\"role\":\"user\",\"content\":\"2\"},{\"role\":\"assistant\",\"content\":\"b\"}]}";
   turns_of(conv, false, (size_t[]){4}, 1);
   turns_of(conv, true, (size_t[]){2, 4}, 2);
-  const char *open_end = "{\"messages\":[{\"role\":\"user\",\"content\":\"1\"},"
-                         "{\"role\":\"assistant\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"2\"}]}";
+  const char *open_end =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"1\"},"
+      "{\"role\":\"assistant\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"2\"}]}";
   turns_of(open_end, false, (size_t[]){3}, 1);
   turns_of(open_end, true, (size_t[]){1, 3}, 2);
   df_conv c;
@@ -94,7 +100,8 @@ START_TEST(shards_partition_ids) {
     ck_assert_uint_eq(s, df_shard_of(id, 4)); /* deterministic */
     counts[s]++;
   }
-  for (int s = 0; s < 4; s++) ck_assert_msg(counts[s] > 850 && counts[s] < 1150, "shard %d: %d", s, counts[s]);
+  for (int s = 0; s < 4; s++)
+    ck_assert_msg(counts[s] > 850 && counts[s] < 1150, "shard %d: %d", s, counts[s]);
   ck_assert_uint_eq(df_shard_of("anything", 1), 0);
 }
 END_TEST
@@ -104,7 +111,8 @@ START_TEST(public_record_id) {
   const char *line = "{\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}]}";
   ck_assert_ok(dflash_fetch_record_id(line, strlen(line), out, sizeof out));
   ck_assert_int_eq(out[0], 'h');
-  ck_assert_status(dflash_fetch_record_id(line, strlen(line), out, 10), DFLASH_E_BUFFER, "34 bytes");
+  ck_assert_status(dflash_fetch_record_id(line, strlen(line), out, 10), DFLASH_E_BUFFER,
+                   "34 bytes");
 }
 END_TEST
 

@@ -26,10 +26,9 @@ static char *slurp(const char *path) {
   return t;
 }
 
-static const char good[] =
-    "{\"id\":\"a\",\"x\":1}\n"
-    "{\"id\":\"b\\\"q\",\"x\":2}\n"
-    "{\"id\":null,\"kind\":\"input\",\"line\":9}\n";
+static const char good[] = "{\"id\":\"a\",\"x\":1}\n"
+                           "{\"id\":\"b\\\"q\",\"x\":2}\n"
+                           "{\"id\":null,\"kind\":\"input\",\"line\":9}\n";
 
 START_TEST(torn_last_line_is_cut) {
   char *dir = df_test_tmpdir();

@@ -18,9 +18,16 @@ static json_t *build(const df_body_cfg *cfg, bool probe) {
 }
 
 static df_body_cfg base_cfg(void) {
-  return (df_body_cfg){.model = "m", .family = DFLASH_FETCH_FAMILY_KIMI, .thinking = 1,
-                       .max_tokens = 100, .stream = 1, .temperature = 0.6, .top_p = -1,
-                       .top_k = 0, .min_p = -1, .seed = 7};
+  return (df_body_cfg){.model = "m",
+                       .family = DFLASH_FETCH_FAMILY_KIMI,
+                       .thinking = 1,
+                       .max_tokens = 100,
+                       .stream = 1,
+                       .temperature = 0.6,
+                       .top_p = -1,
+                       .top_k = 0,
+                       .min_p = -1,
+                       .seed = 7};
 }
 
 START_TEST(kimi_streamed) {
@@ -29,7 +36,8 @@ START_TEST(kimi_streamed) {
   json_t *want = json_loads("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Q\"}],"
                             "\"max_tokens\":100,\"temperature\":0.6,\"seed\":7,\"stream\":true,"
                             "\"stream_options\":{\"include_usage\":true},"
-                            "\"chat_template_kwargs\":{\"thinking\":true},\"rid\":\"id-1\"}", 0, NULL);
+                            "\"chat_template_kwargs\":{\"thinking\":true},\"rid\":\"id-1\"}",
+                            0, NULL);
   ck_assert_msg(json_equal(j, want), "got %s", json_dumps(j, JSON_COMPACT));
   json_decref(j);
   json_decref(want);
@@ -41,7 +49,8 @@ START_TEST(qwen_extra_merge_and_probe) {
   cfg.family = DFLASH_FETCH_FAMILY_QWEN;
   cfg.thinking = 0;
   cfg.extra = json_loads("{\"chat_template_kwargs\":{\"x\":1},\"repetition_penalty\":1.1,"
-                         "\"stream\":true}", 0, NULL);
+                         "\"stream\":true}",
+                         0, NULL);
   json_t *j = build(&cfg, false);
   json_t *kw = json_object_get(j, "chat_template_kwargs");
   ck_assert(json_is_false(json_object_get(kw, "enable_thinking")));
@@ -58,7 +67,8 @@ START_TEST(qwen_extra_merge_and_probe) {
 END_TEST
 
 START_TEST(reasoning_not_sent_back) {
-  json_t *m = json_loads("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\"}]", 0, NULL);
+  json_t *m = json_loads("[{\"role\":\"assistant\",\"content\":\"a\",\"reasoning\":\"r\"}]", 0,
+                         NULL);
   json_t *s = df_messages_for_server(m);
   ck_assert_ptr_null(json_object_get(json_array_get(s, 0), "reasoning"));
   ck_assert_ptr_nonnull(json_object_get(json_array_get(m, 0), "reasoning"));

@@ -34,7 +34,9 @@ START_TEST(error_event_after_200) {
   ck_assert_int_eq(r.error_code, 503);
   df_resp_reset(&r);
   /* vLLM's ErrorResponse shape, code as a string */
-  feed(&r, "{\"object\":\"error\",\"message\":\"too long\",\"type\":\"BadRequestError\",\"code\":\"400\"}");
+  feed(
+      &r,
+      "{\"object\":\"error\",\"message\":\"too long\",\"type\":\"BadRequestError\",\"code\":\"400\"}");
   ck_assert_str_eq(r.error, "too long");
   ck_assert_int_eq(r.error_code, 400);
   ck_assert(!df_http_retryable(r.error_code) && df_http_retryable(503) && df_http_retryable(429));
@@ -74,7 +76,8 @@ END_TEST
 /* A stream that stops without a finish_reason was aborted by the server, whether
  * [DONE] or a clean end of the body follows; only a finish_reason completes it. */
 START_TEST(verdict_needs_finish_reason) {
-  static const char *text = "{\"choices\":[{\"delta\":{\"content\":\"partial\"},\"finish_reason\":null}]}";
+  static const char *text =
+      "{\"choices\":[{\"delta\":{\"content\":\"partial\"},\"finish_reason\":null}]}";
   df_resp r = {0};
   feed(&r, text);
   ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED); /* cut mid-stream */
@@ -114,8 +117,9 @@ START_TEST(verdict_whole_body) {
   df_resp_body(&r, "{\"choices\":[]}", 14);
   ck_assert_int_eq(df_resp_judge(&r), DF_RESP_UNFINISHED);
   df_resp_reset(&r);
-  const char *tools = "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"c\"}]},"
-                      "\"finish_reason\":\"tool_calls\"}]}";
+  const char *tools =
+      "{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":[{\"id\":\"c\"}]},"
+      "\"finish_reason\":\"tool_calls\"}]}";
   df_resp_body(&r, tools, strlen(tools));
   ck_assert_int_eq(df_resp_judge(&r), DF_RESP_COMPLETE);
   ck_assert_str_eq(df_outcome(&r), "tool_calls");

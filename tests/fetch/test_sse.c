@@ -19,27 +19,25 @@ static int collect(void *user, const char *event, const char *data, size_t len) 
   return 0;
 }
 
-static const char stream[] =
-    ": keep-alive\n\n"
-    "data: {\"a\":1}\n\n"
-    "data: {\"b\":\r\n"
-    "data: 2}\r\n\r\n"
-    "event: error\rdata: {\"error\":{\"message\":\"x\"}}\r\r"
-    ":comment\n"
-    "data:nospace\n"
-    "id: 7\n"
-    "retry: 100\n\n"
-    "data\n\n"
-    "data: [DONE]\n\n"
-    "data: unterminated";
+static const char stream[] = ": keep-alive\n\n"
+                             "data: {\"a\":1}\n\n"
+                             "data: {\"b\":\r\n"
+                             "data: 2}\r\n\r\n"
+                             "event: error\rdata: {\"error\":{\"message\":\"x\"}}\r\r"
+                             ":comment\n"
+                             "data:nospace\n"
+                             "id: 7\n"
+                             "retry: 100\n\n"
+                             "data\n\n"
+                             "data: [DONE]\n\n"
+                             "data: unterminated";
 
-static const char expected[] =
-    "|{\"a\":1}\n"
-    "|{\"b\":\n2}\n"
-    "error|{\"error\":{\"message\":\"x\"}}\n"
-    "|nospace\n"
-    "|\n"
-    "|[DONE]\n";
+static const char expected[] = "|{\"a\":1}\n"
+                               "|{\"b\":\n2}\n"
+                               "error|{\"error\":{\"message\":\"x\"}}\n"
+                               "|nospace\n"
+                               "|\n"
+                               "|[DONE]\n";
 
 START_TEST(whole_stream) {
   df_sse p = {0};
@@ -84,7 +82,8 @@ static int stop_at_first(void *user, const char *event, const char *data, size_t
 START_TEST(callback_can_stop) {
   df_sse p = {0};
   int calls = 0;
-  ck_assert_int_eq(df_sse_feed(&p, stream, strlen(stream), stop_at_first, &calls), DFLASH_E_CANCELLED);
+  ck_assert_int_eq(df_sse_feed(&p, stream, strlen(stream), stop_at_first, &calls),
+                   DFLASH_E_CANCELLED);
   ck_assert_int_eq(calls, 1);
   df_sse_free(&p);
 }

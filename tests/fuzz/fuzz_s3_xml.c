@@ -21,9 +21,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const char *const TAGS[] = {"Code",     "Message",     "Contents", "Key",
-                                   "Size",     "IsTruncated", "UploadId", "Upload",
-                                   "NextContinuationToken"};
+static const char *const TAGS[] = {"Code",     "Message", "Contents",
+                                   "Key",      "Size",    "IsTruncated",
+                                   "UploadId", "Upload",  "NextContinuationToken"};
 #define N_TAGS (sizeof TAGS / sizeof *TAGS)
 
 static bool put_utf8(df_buf *b, unsigned long cp) {

@@ -30,10 +30,15 @@ static void b64(const uint8_t *s, size_t n, df_buf *out) {
 
 /* 256 bytes, then merges of frequent pairs (letters, spaces, UTF-8 of common CJK). */
 static void build(void) {
-  static const char *const extra[] = {
-      "th", "he", "the", " t", " the", "in", "er", "an", "re", "on", " a", "en", "at", "es",
-      "  ", "    ", "\n\n", "'s", "'t", "ll", "ing", " in", "12", "123", "\xe6\x97", "\xe6\x97\xa5",
-      "\xe3\x80", "\xe3\x80\x82", "\xc3\xa9", "e\xcc", "e\xcc\x81", ".\n", ", ", "<|", "|>", NULL};
+  static const char *const extra[] = {"th",       "he",           "the",       " t",
+                                      " the",     "in",           "er",        "an",
+                                      "re",       "on",           " a",        "en",
+                                      "at",       "es",           "  ",        "    ",
+                                      "\n\n",     "'s",           "'t",        "ll",
+                                      "ing",      " in",          "12",        "123",
+                                      "\xe6\x97", "\xe6\x97\xa5", "\xe3\x80",  "\xe3\x80\x82",
+                                      "\xc3\xa9", "e\xcc",        "e\xcc\x81", ".\n",
+                                      ", ",       "<|",           "|>",        NULL};
   df_buf text = {0};
   int rank = 0;
   for (int b = 0; b < 256; b++, rank++) {

@@ -36,7 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!st) st = df_load_hf_doc(t, doc, "fuzz.json", NULL);
     json_decref(doc);
   } else {
-    static const char *const patterns[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5", "gpt2"};
+    static const char *const patterns[] = {"cl100k", "o200k",   "kimi-k2",
+                                           "qwen2",  "qwen3.5", "gpt2"};
     st = df_load_tiktoken_data(t, "fuzz.tiktoken", body, len, patterns[(data[0] >> 1) % 6], NULL,
                                NULL);
   }

@@ -3,10 +3,14 @@
 // dQ, dK and dV of context and block, for head_dim 64 and 128 (and 40, 8: padded to 16),
 // block sizes 4, 8, 10 and 16, full and sliding layers (windows shorter and longer than the
 // block), 1 to 8 query heads per kv head, anchor 0 (no context) and anchors at the end of the
-// sequence, context key tiles cut by the anchor. Every output is poisoned (NaN) before the
-// kernels run; each shape runs under two thread-order seeds (so two element-to-lane mappings
-// of the WMMA fragments), whose results must be bit-identical (the kernels do not depend on
-// scheduling).
+// sequence, context key tiles cut by the anchor, the Qwen3-8B (32/8) and Kimi (64/8) packings
+// at head_dim 128 and block 16; between them every product's register-blocked unit whole
+// and clipped at an edge (head_dim 40: 3 tiles), and both accumulator paths of each
+// backward kernel (held in registers: Mp <= 64 for dQ, N x dp small enough for dK / dV;
+// in shared memory: Kimi's dQ, d 128 at 4 warps for dK / dV). Every output is poisoned (NaN)
+// before the kernels run; each shape runs under two thread-order seeds (so two
+// element-to-lane mappings of the WMMA fragments), whose results must be bit-identical (the
+// kernels do not depend on scheduling).
 //
 // Tolerances (inputs are bf16-exact; the GPU rounds P and dS to bf16 before the tensor-core
 // products and its outputs to bf16, relative step 2^-8):
@@ -24,19 +28,19 @@
 #include "common.cuh"
 #include "dflash/train.h"
 extern "C" {
-#include "train/bf16.h"
+#include "core/bf16.h"
 #include "train/ops.h"
 }
 
 static int failures;
-#define CHECK(cond, ...)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      failures++;                                        \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);        \
-      printf(__VA_ARGS__);                               \
-      printf("\n");                                      \
-    }                                                    \
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      failures++;                                 \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+    }                                             \
   } while (0)
 
 namespace {
@@ -118,15 +122,15 @@ Result run_gpu(const Case &c, const Buf &q, const Buf &kc, const Buf &vc, const 
   void *out = out_buf(qn, 2), *lse = out_buf(T * c.nh, 4), *D = out_buf(T * c.nh, 4);
   void *dq = out_buf(qn, 2), *dkb = out_buf(kn, 2), *dvb = out_buf(kn, 2);
   void *dkc = out_buf(cn, 2), *dvc = out_buf(cn, 2);
-  dflash_status st = k_attention_fwd(nullptr, &a, (bf16 *)out, (float *)lse, q.b(), kc.b(),
-                                     vc.b(), kb.b(), vb.b());
+  dflash_status st = k_attention_fwd(nullptr, &a, (bf16 *)out, (float *)lse, q.b(), kc.b(), vc.b(),
+                                     kb.b(), vb.b());
   CHECK(st == DFLASH_OK, "%s: forward: %s", c.name, dflash_last_error());
-  st = k_attention_bwd(nullptr, &a, (bf16 *)dq, (bf16 *)dkc, (bf16 *)dvc, (bf16 *)dkb,
-                       (bf16 *)dvb, (float *)D, dout.b(), (const bf16 *)out,
-                       (const float *)lse, q.b(), kc.b(), vc.b(), kb.b(), vb.b());
+  st = k_attention_bwd(nullptr, &a, (bf16 *)dq, (bf16 *)dkc, (bf16 *)dvc, (bf16 *)dkb, (bf16 *)dvb,
+                       (float *)D, dout.b(), (const bf16 *)out, (const float *)lse, q.b(), kc.b(),
+                       vc.b(), kb.b(), vb.b());
   CHECK(st == DFLASH_OK, "%s: backward: %s", c.name, dflash_last_error());
   Result r{bf16_back(out, qn), f32_back(lse, T * c.nh), bf16_back(dq, qn), bf16_back(dkc, cn),
-           bf16_back(dvc, cn), bf16_back(dkb, kn), bf16_back(dvb, kn)};
+           bf16_back(dvc, cn), bf16_back(dkb, kn),      bf16_back(dvb, kn)};
   for (void *p : {out, lse, D, dq, dkb, dvb, dkc, dvc, (void *)anchors}) cudaFree(p);
   return r;
 }
@@ -139,7 +143,7 @@ Result run_cpu(const Case &c, const Buf &q, const Buf &kc, const Buf &vc, const 
   df_attn_shape s{A, c.B, c.Sc, c.nh, c.nkv, c.d, c.window, c.anchors.data()};
   std::vector<float> work(df_attention_work(nullptr, &s));
   Result r{std::vector<float>(qn), std::vector<float>(T * c.nh), std::vector<float>(qn),
-           std::vector<float>(cn), std::vector<float>(cn), std::vector<float>(kn),
+           std::vector<float>(cn), std::vector<float>(cn),       std::vector<float>(kn),
            std::vector<float>(kn)};
   df_attention_forward(nullptr, &s, r.out.data(), r.lse.data(), q.f.data(), kc.f.data(),
                        vc.f.data(), kb.f.data(), vb.f.data(), work.data());
@@ -179,7 +183,7 @@ void run_case(const Case &c, uint64_t seed) {
   struct {
     const char *what;
     const std::vector<float> &g, &r;
-  } t[] = {{"out", g1.out, cpu.out}, {"dq", g1.dq, cpu.dq},    {"dk ctx", g1.dkc, cpu.dkc},
+  } t[] = {{"out", g1.out, cpu.out},    {"dq", g1.dq, cpu.dq},       {"dk ctx", g1.dkc, cpu.dkc},
            {"dv ctx", g1.dvc, cpu.dvc}, {"dk blk", g1.dkb, cpu.dkb}, {"dv blk", g1.dvb, cpu.dvb}};
   printf("%-28s lse %.1e", c.name, lse_err);
   for (auto &x : t) {
@@ -203,11 +207,11 @@ void test_unsupported() {
     df_attn_dev a{1, b.B, 8, b.nh, b.nkv, b.d, 0, nullptr, 1.0f};
     dflash_status st = k_attention_check(&a);
     const char *msg = dflash_last_error();
-    CHECK(st == DFLASH_E_UNSUPPORTED, "d %d B %d %d/%d: status %d, not unsupported", b.d, b.B,
-          b.nh, b.nkv, (int)st);
+    CHECK(st == DFLASH_E_UNSUPPORTED, "d %d B %d %d/%d: status %d, not unsupported", b.d, b.B, b.nh,
+          b.nkv, (int)st);
     printf("refused d %d B %d %d/%d: %s\n", b.d, b.B, b.nh, b.nkv, msg);
-    st = k_attention_bwd(nullptr, &a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                         nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    st = k_attention_bwd(nullptr, &a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                         nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     CHECK(st == DFLASH_E_UNSUPPORTED, "backward of d %d B %d: status %d", b.d, b.B, (int)st);
   }
   // Through the public API: the trainer is refused at create (it used to be created, and
@@ -226,8 +230,10 @@ void test_unsupported() {
   dflash_status st = dflash_drafter_config_validate(&c);
   CHECK(st == DFLASH_OK, "config: %s", dflash_last_error());
   st = dflash_trainer_create(&c, E.data(), E.data(), &o, &t);
-  CHECK(st == DFLASH_E_UNSUPPORTED && !t, "a CUDA trainer at head_dim 192, 8 query heads per kv "
-        "head, block 16: status %d, not refused at create", (int)st);
+  CHECK(st == DFLASH_E_UNSUPPORTED && !t,
+        "a CUDA trainer at head_dim 192, 8 query heads per kv "
+        "head, block 16: status %d, not refused at create",
+        (int)st);
   printf("trainer refused: %s\n", dflash_last_error());
   dflash_trainer_free(t);
   df_attn_dev ok{1, 16, 8, 64, 8, 128, 0, nullptr, 1.0f}; // Kimi: 128 rows, d 128
@@ -235,7 +241,7 @@ void test_unsupported() {
         dflash_last_error());
 }
 
-}  // namespace
+} // namespace
 
 int main() {
   const char *fixed = getenv("DFLASH_GPU_SEED");
@@ -256,6 +262,11 @@ int main() {
       {"d64 B8 gqa2 anchors 0", 64, 8, 4, 2, 0, 40, {0, 0}},
       {"d40 B10 gqa2 sliding12", 40, 10, 4, 2, 12, 50, {49, 20, 0}}, // head_dim padded to 48
       {"d8 B4 gqa2 full", 8, 4, 4, 2, 0, 30, {29, 9, 0}},
+      // The drafters' packings: Qwen3-8B (32/8: 64 rows, 8 warps, every product's unit
+      // whole) and Kimi (64/8: 128 rows), with context tiles cut by the anchor.
+      {"d128 B16 gqa4 full", 128, 16, 4, 1, 0, 150, {149, 70, 0, 100}},
+      {"d128 B16 gqa4 sliding48", 128, 16, 8, 2, 48, 130, {129, 64, 10}},
+      {"d128 B16 gqa8 full", 128, 16, 8, 1, 0, 140, {139, 65, 3}},
   };
   for (const Case &c : cases) run_case(c, seed++);
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);

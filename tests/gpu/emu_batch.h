@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../cuda/dfcuda.h"
+#include "train/dfcuda.h"
 #include "gpu_common.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 #include "train/model.h"
 
 /* One sequence as backend_cuda.c's prepare() lays it out for the device. */
@@ -42,9 +42,17 @@ static inline void make_batch(const df_model *m, const g_seq *s, double grad_sca
   size_t nh = (size_t)Sc * m->KH;
   o->hidden = malloc(2 * nh + 2);
   for (size_t i = 0; i < nh; i++) o->hidden[i] = df_f32_to_bf16(s->hidden[i]);
-  o->b = (df_cu_batch){.T = T, .Sc = Sc, .R = R, .A = A, .max_pos = max_pos,
-                       .anchors = s->anchors, .block_tok = o->tok, .rows_t = o->rows_t,
-                       .rows_target = o->rows_target, .coef = o->coef, .hidden = o->hidden};
+  o->b = (df_cu_batch){.T = T,
+                       .Sc = Sc,
+                       .R = R,
+                       .A = A,
+                       .max_pos = max_pos,
+                       .anchors = s->anchors,
+                       .block_tok = o->tok,
+                       .rows_t = o->rows_t,
+                       .rows_target = o->rows_target,
+                       .coef = o->coef,
+                       .hidden = o->hidden};
 }
 
 static inline void free_batch(batch *o) {

@@ -95,8 +95,9 @@ static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, ch
   dflash_trainer *t = NULL;
   dflash_status st = make_opt(c, DFLASH_BACKEND_CUDA, 1e-6, &t);
   double loss, norm;
-  if (!st) st = dflash_trainer_forward_backward(t, q->ids, q->mask, q->len, q->hidden,
-                                                q->anchors, q->na, &loss);
+  if (!st)
+    st = dflash_trainer_forward_backward(t, q->ids, q->mask, q->len, q->hidden, q->anchors, q->na,
+                                         &loss);
   if (!st) st = dflash_trainer_step(t, &norm, NULL);
   int32_t *pred = malloc(sizeof(int32_t) * (size_t)q->na * c->block_size);
   if (!st) st = dflash_trainer_predict(t, q->ids, q->len, q->hidden, q->anchors, q->na, pred);
@@ -107,11 +108,11 @@ static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, ch
 }
 
 START_TEST(a_refused_launch_fails_naming_its_kernel) {
-  static const char *kernels[] = {
-      "f32_to_bf16", "rope_table", "positions", "gather_rows", "rms_fwd", "rope",
-      "swiglu_fwd", "ce_init", "ce_chunk", "ce_finish", "scatter_rows", "rms_dw_partial",
-      "rms_dw_reduce", "rms_bwd", "swiglu_bwd", "sumsq_partial", "sumsq_final", "scale",
-      "adamw", "argmax_chunk"};
+  static const char *kernels[] = {"f32_to_bf16",   "rope_table", "positions",    "gather_rows",
+                                  "rms_fwd",       "rope",       "swiglu_fwd",   "ce_init",
+                                  "ce_chunk",      "ce_finish",  "scatter_rows", "rms_dw_partial",
+                                  "rms_dw_reduce", "rms_bwd",    "swiglu_bwd",   "sumsq_partial",
+                                  "sumsq_final",   "scale",      "adamw",        "argmax_chunk"};
   dflash_drafter_config c;
   small_config(&c);
   g_seq q;
@@ -126,6 +127,38 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
                   "kernel %s refused: status %d, \"%s\"", kernels[k], (int)st, msg);
   }
   g_seq_free(&q);
+}
+END_TEST
+
+/* The attention's shape limits are refused when the trainer is created and by the plan, naming
+ * the limit, not at the first launch (issue 17 item 4); the CPU backend trains those shapes. */
+START_TEST(a_shape_limits_refused_at_create_and_by_the_plan) {
+  static const struct {
+    int d, nh, nkv, B;
+    const char *why;
+  } bad[] = {{12, 4, 2, 4, "multiple of 8"},
+             {264, 4, 2, 4, "at most 256"},
+             {16, 16, 1, 16, "at most 128 rows"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dflash_drafter_config c;
+    small_config(&c);
+    c.head_dim = bad[i].d, c.num_attention_heads = bad[i].nh;
+    c.num_key_value_heads = bad[i].nkv, c.block_size = bad[i].B;
+    ck_assert_ok(dflash_drafter_config_validate(&c));
+    dflash_trainer *t = NULL;
+    /* Refused by the backend before the device model is made (named as the backend's). */
+    ck_assert_status(make_opt(&c, DFLASH_BACKEND_CUDA, 1e-6, &t), DFLASH_E_UNSUPPORTED, bad[i].why);
+    ck_assert_msg(strstr(dflash_last_error(), "trainer backend cuda: block size"), "%s",
+                  dflash_last_error());
+    ck_assert_ptr_null(t);
+    ck_assert_ok(make_opt(&c, DFLASH_BACKEND_CPU, 1e-6, &t));
+    dflash_trainer_free(t);
+    dflash_train_plan_options po;
+    dflash_train_plan_options_default(&po);
+    dflash_train_plan p = {.struct_size = sizeof p};
+    ck_assert_status(dflash_train_plan_compute(&c, &po, &p), DFLASH_E_UNSUPPORTED,
+                     "training plan: the CUDA trainer cannot run");
+  }
 }
 END_TEST
 
@@ -149,8 +182,7 @@ static void *use_trainer(void *arg) {
   if (!st) st = dump_into(j->t, 1, j->grads);
   if (!st) st = dflash_trainer_step(j->t, &j->norm, NULL);
   if (!st) st = dump_into(j->t, 0, j->params);
-  if (!st) st = dflash_trainer_predict(j->t, q->ids, q->len, q->hidden, q->anchors, q->na,
-                                       j->pred);
+  if (!st) st = dflash_trainer_predict(j->t, q->ids, q->len, q->hidden, q->anchors, q->na, j->pred);
   j->st = st;
   if (st) snprintf(j->err, sizeof j->err, "%s", dflash_last_error());
   return NULL;
@@ -168,8 +200,11 @@ START_TEST(b_other_host_thread_uses_the_trainers_device) {
   size_t n = t0->m.n_params, np = (size_t)q.na * (c.block_size - 1);
   use_job j[2];
   for (int k = 0; k < 2; k++)
-    j[k] = (use_job){.t = k ? t1 : t0, .q = &q, .grads = calloc(n, 4),
-                     .params = calloc(n, 4), .pred = calloc(np, 4)};
+    j[k] = (use_job){.t = k ? t1 : t0,
+                     .q = &q,
+                     .grads = calloc(n, 4),
+                     .params = calloc(n, 4),
+                     .pred = calloc(np, 4)};
   use_trainer(&j[0]);
   ck_assert_msg(!j[0].st, "device 0 on its own thread: %s", j[0].err);
   pthread_t th;
@@ -177,11 +212,12 @@ START_TEST(b_other_host_thread_uses_the_trainers_device) {
   pthread_join(th, NULL);
   ck_assert_msg(!j[1].st, "device 1 from another thread: %s", j[1].err);
   ck_assert_msg(j[1].loss == j[0].loss && j[1].norm == j[0].norm,
-                "device 1 from another thread: loss %.9g norm %.9g, device 0 %.9g %.9g",
-                j[1].loss, j[1].norm, j[0].loss, j[0].norm);
+                "device 1 from another thread: loss %.9g norm %.9g, device 0 %.9g %.9g", j[1].loss,
+                j[1].norm, j[0].loss, j[0].norm);
   ck_assert_msg(!memcmp(j[0].grads, j[1].grads, 4 * n) &&
-                !memcmp(j[0].params, j[1].params, 4 * n) &&
-                !memcmp(j[0].pred, j[1].pred, 4 * np), "devices 0 and 1 disagree");
+                    !memcmp(j[0].params, j[1].params, 4 * n) &&
+                    !memcmp(j[0].pred, j[1].pred, 4 * np),
+                "devices 0 and 1 disagree");
   for (int k = 0; k < 2; k++) free(j[k].grads), free(j[k].params), free(j[k].pred);
   g_seq_free(&q);
   dflash_trainer_free(t0), dflash_trainer_free(t1);
@@ -208,12 +244,11 @@ START_TEST(c_predict_on_nan_rows_matches_the_cpu) {
     ck_assert_ok(dflash_trainer_set_param(t[k], name, w, numel));
     pred[k] = malloc(4 * np);
     memset(pred[k], 0x5a, 4 * np);
-    ck_assert_ok(dflash_trainer_predict(t[k], q.ids, q.len, q.hidden, q.anchors, q.na,
-                                        pred[k]));
+    ck_assert_ok(dflash_trainer_predict(t[k], q.ids, q.len, q.hidden, q.anchors, q.na, pred[k]));
   }
   for (size_t i = 0; i < np; i++)
-    ck_assert_msg(pred[1][i] == pred[0][i], "row %zu of NaN logits: CUDA predicts %d, CPU %d",
-                  i, pred[1][i], pred[0][i]);
+    ck_assert_msg(pred[1][i] == pred[0][i], "row %zu of NaN logits: CUDA predicts %d, CPU %d", i,
+                  pred[1][i], pred[0][i]);
   free(pred[0]), free(pred[1]), free(w);
   g_seq_free(&q);
   dflash_trainer_free(t[0]), dflash_trainer_free(t[1]);
@@ -290,8 +325,7 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   static const int lens[N_SEQ] = {70, 40, 64, 90}, nas[N_SEQ] = {6, 2, 5, 8};
   for (int i = 0; i < N_SEQ; i++) {
     ck_assert_int_eq(g_seq_make(&c, lens[i], nas[i], 41 + i, &q[i]), 0);
-    ck_assert_ok(dflash_trainer_weight_sum(cpu, q[i].mask, q[i].len, q[i].anchors, q[i].na,
-                                           &w[i]));
+    ck_assert_ok(dflash_trainer_weight_sum(cpu, q[i].mask, q[i].len, q[i].anchors, q[i].na, &w[i]));
   }
   dflash_trainer_free(cpu);
   /* One rank with the global batch (index 0), two ranks (1, 2), in shared memory. */
@@ -301,7 +335,8 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   memset(shm, 0, bytes);
   shared_out *out = (shared_out *)shm;
   float *grads = (float *)(shm + 3 * sizeof(shared_out));
-  char *dir = df_test_tmpdir(), *ckpt = synth_path(dir, "state-2"), *ckpt1 = synth_path(dir, "state-1");
+  char *dir = df_test_tmpdir(), *ckpt = synth_path(dir, "state-2"),
+       *ckpt1 = synth_path(dir, "state-1");
   int port = synth_free_port();
   pid_t pid[3];
   for (int k = 0; k < 3; k++) {
@@ -364,15 +399,16 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   dflash_train_plan_options_default(&po);
   po.world_size = 2, po.seq_len = 100, po.num_anchors = 8, po.vocab_chunk = 128;
   po.reserve_bytes = 0, po.gpu_bytes = UINT64_MAX;
-  dflash_train_plan plan;
+  dflash_train_plan plan = {.struct_size = sizeof plan};
   ck_assert_ok(dflash_train_plan_compute(&c, &po, &plan));
-  printf("plan for 2 ranks: %llu bytes; measured peak %zu / %zu\n",
-         (unsigned long long)plan.total, out[1].peak_run, out[2].peak_run);
+  printf("plan for 2 ranks: %llu bytes; measured peak %zu / %zu\n", (unsigned long long)plan.total,
+         out[1].peak_run, out[2].peak_run);
   for (int k = 1; k < 3; k++)
-    ck_assert_msg(out[k].peak_run <= plan.total && out[k].peak_create >= plan.total -
-                  plan.activations, "rank %d: peak %zu (at create %zu), plan %llu (%llu without "
-                  "activations)", k - 1, out[k].peak_run, out[k].peak_create,
-                  (unsigned long long)plan.total,
+    ck_assert_msg(out[k].peak_run <= plan.total &&
+                      out[k].peak_create >= plan.total - plan.activations,
+                  "rank %d: peak %zu (at create %zu), plan %llu (%llu without "
+                  "activations)",
+                  k - 1, out[k].peak_run, out[k].peak_create, (unsigned long long)plan.total,
                   (unsigned long long)(plan.total - plan.activations));
   munmap(shm, bytes);
   for (int i = 0; i < N_SEQ; i++) g_seq_free(&q[i]);
@@ -388,6 +424,7 @@ int main(void) {
   TCase *tc = tcase_create("defects");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, a_refused_launch_fails_naming_its_kernel);
+  tcase_add_test(tc, a_shape_limits_refused_at_create_and_by_the_plan);
   tcase_add_test(tc, b_other_host_thread_uses_the_trainers_device);
   tcase_add_test(tc, c_predict_on_nan_rows_matches_the_cpu);
   tcase_add_test(tc, d_e_two_ranks_scaling_each_sequence_equal_one_rank);

@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../cuda/dfcuda.h"
+#include "train/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
 #include "testutil.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 #include "train/trainer.h"
 
 static void small_config(dflash_drafter_config *c) {
@@ -71,8 +71,8 @@ START_TEST(zero_grad_then_get_grad_reads_zeros) {
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
   double loss;
-  ck_assert_ok(dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors,
-                                               q.na, &loss));
+  ck_assert_ok(
+      dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &loss));
   float *g = dump(t, 1);
   size_t n = n_params(t), nonzero = 0;
   for (size_t i = 0; i < n; i++) nonzero += g[i] != 0;
@@ -105,18 +105,20 @@ START_TEST(fresh_trainer_first_step_sees_its_uploads) {
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 22, &q), 0);
   double loss = NAN, lc = NAN, norm = NAN;
-  ck_assert_ok(dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors,
-                                               q.na, &loss));
-  ck_assert_ok(dflash_trainer_forward_backward(cpu, q.ids, q.mask, q.len, q.hidden, q.anchors,
-                                               q.na, &lc));
+  ck_assert_ok(
+      dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &loss));
+  ck_assert_ok(
+      dflash_trainer_forward_backward(cpu, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &lc));
   ck_assert_msg(isfinite(loss) && fabs(loss - lc) <= 0.02 * fabs(lc),
                 "first loss %f (CPU %f): the RoPE tables or weights were not there yet", loss, lc);
   ck_assert_ok(dflash_trainer_step(t, &norm, NULL));
   float *p1 = dump(t, 0);
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) bad += !isfinite(p1[i]);
-  ck_assert_msg(isfinite(norm) && bad == 0, "first step: norm %f, %zu non-finite parameters (the "
-                "AdamW moments were not zero yet)", norm, bad);
+  ck_assert_msg(isfinite(norm) && bad == 0,
+                "first step: norm %f, %zu non-finite parameters (the "
+                "AdamW moments were not zero yet)",
+                norm, bad);
   free(pc), free(pg), free(g), free(p1);
   g_seq_free(&q);
   dflash_trainer_free(t), dflash_trainer_free(cpu);
@@ -139,18 +141,36 @@ static double seq_weight(const df_model *m, const g_seq *s) {
 
 /* Rank `device` of `world` (one device per rank). */
 static df_cu_config cu_config(const df_model *m, size_t *offs, int device, int world) {
-  df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
-                      .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq, .n_params = m->n_params,
-                      .n_tensors = m->n_tensors, .offsets = offs, .device = device,
-                      .rank = device, .world = world};
+  df_cu_config cfg = {.H = m->H,
+                      .KH = m->KH,
+                      .nh = m->nh,
+                      .nkv = m->nkv,
+                      .d = m->d,
+                      .I = m->I,
+                      .V = m->V,
+                      .B = m->B,
+                      .L = m->L,
+                      .vocab_chunk = m->vocab_chunk,
+                      .eps = (float)m->cfg.rms_norm_eps,
+                      .attn_factor = m->attn_factor,
+                      .inv_freq = m->inv_freq,
+                      .n_params = m->n_params,
+                      .n_tensors = m->n_tensors,
+                      .offsets = offs,
+                      .device = device,
+                      .rank = device,
+                      .world = world};
   for (size_t i = 0; i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
   return cfg;
 }
 
-static const df_cu_adam kAdam = {.decay = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f,
-                                 .step_size = 1e-3f, .bc2_sqrt = 0.2236068f, .clip = 0,
+static const df_cu_adam kAdam = {.decay = 1.0f,
+                                 .b1 = 0.9f,
+                                 .b2 = 0.95f,
+                                 .eps = 1e-8f,
+                                 .step_size = 1e-3f,
+                                 .bc2_sqrt = 0.2236068f,
+                                 .clip = 0,
                                  .grad_factor = 1.0};
 
 typedef struct rank_job {
@@ -233,10 +253,11 @@ START_TEST(nccl_two_ranks_in_threads_equal_one_rank_with_both_sequences) {
   double ep = rel_diff(two[0].params, one.params, m->params, n);
   double e1 = rel_diff(two[0].m1, one.m1, NULL, n), e2 = rel_diff(two[0].m2, one.m2, NULL, n);
   printf("2 ranks vs 1 (global batch): norm %.9g vs %.9g; update rel. diff %.2e, m1 %.2e, m2 "
-         "%.2e\n", two[0].norm, one.norm, ep, e1, e2);
+         "%.2e\n",
+         two[0].norm, one.norm, ep, e1, e2);
   ck_assert(fabs(two[0].norm - one.norm) <= 1e-5 * one.norm && two[0].norm == two[1].norm);
   ck_assert_msg(!memcmp(two[0].params, two[1].params, n * 4) &&
-                !memcmp(two[0].m1, two[1].m1, n * 4) && !memcmp(two[0].m2, two[1].m2, n * 4),
+                    !memcmp(two[0].m1, two[1].m1, n * 4) && !memcmp(two[0].m2, two[1].m2, n * 4),
                 "the two ranks disagree after the step");
   /* fp32 gradients summed in another order: a few ulp, far below one bf16 step. */
   ck_assert_msg(ep <= 1e-4 && e1 <= 1e-5 && e2 <= 1e-5, "2 ranks differ from 1");

@@ -20,11 +20,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../cuda/dfcuda.h"
+#include "train/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
 #include "testutil.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 #include "train/dist.h"
 #include "train/trainer.h"
 
@@ -54,8 +54,13 @@ typedef struct rank_job {
 
 /* grad_factor != 1 (as backend_cuda.c passes with several ranks): the scaling runs per
  * bucket on the communication stream when overlapped, on the whole buffer when not. */
-static const df_cu_adam kAdam = {.decay = 0.99f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f,
-                                 .step_size = 1e-2f, .bc2_sqrt = 0.2236068f, .clip = 0.5,
+static const df_cu_adam kAdam = {.decay = 0.99f,
+                                 .b1 = 0.9f,
+                                 .b2 = 0.95f,
+                                 .eps = 1e-8f,
+                                 .step_size = 1e-2f,
+                                 .bc2_sqrt = 0.2236068f,
+                                 .clip = 0.5,
                                  .grad_factor = 0.75};
 
 /* Step 1: one sequence, step. Step 2: zero, one sequence, a predict and a
@@ -83,12 +88,26 @@ static void *rank_main(void *arg) {
   const df_model *m = j->m;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
   for (size_t i = 0; i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
-  df_cu_config cfg = {.H = m->H, .KH = m->KH, .nh = m->nh, .nkv = m->nkv, .d = m->d, .I = m->I,
-                      .V = m->V, .B = m->B, .L = m->L, .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps, .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq, .n_params = m->n_params,
-                      .n_tensors = m->n_tensors, .offsets = offs, .device = j->rank,
-                      .rank = j->rank, .world = WORLD, .bucket_elems = kBucket,
+  df_cu_config cfg = {.H = m->H,
+                      .KH = m->KH,
+                      .nh = m->nh,
+                      .nkv = m->nkv,
+                      .d = m->d,
+                      .I = m->I,
+                      .V = m->V,
+                      .B = m->B,
+                      .L = m->L,
+                      .vocab_chunk = m->vocab_chunk,
+                      .eps = (float)m->cfg.rms_norm_eps,
+                      .attn_factor = m->attn_factor,
+                      .inv_freq = m->inv_freq,
+                      .n_params = m->n_params,
+                      .n_tensors = m->n_tensors,
+                      .offsets = offs,
+                      .device = j->rank,
+                      .rank = j->rank,
+                      .world = WORLD,
+                      .bucket_elems = kBucket,
                       .no_overlap = j->no_overlap};
   df_cu_model *dev = NULL;
   dflash_status st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &dev);
@@ -110,8 +129,8 @@ static void run_mode(rank_job *jobs) {
   for (int r = 0; r < WORLD; r++) pthread_create(&th[r], NULL, rank_main, &jobs[r]);
   for (int r = 0; r < WORLD; r++) pthread_join(th[r], NULL);
   for (int r = 0; r < WORLD; r++)
-    ck_assert_msg(!jobs[r].st, "rank %d (%s): %s", r, jobs[r].no_overlap ? "not overlapped" :
-                  "overlapped", jobs[r].err);
+    ck_assert_msg(!jobs[r].st, "rank %d (%s): %s", r,
+                  jobs[r].no_overlap ? "not overlapped" : "overlapped", jobs[r].err);
 }
 
 static size_t first_diff(const float *a, const float *b, size_t n) {
@@ -143,13 +162,15 @@ static void same(const rank_job *o, const rank_job *p, size_t n, const batch *b)
                 !memcmp(o->loss[k][s], p->loss[k][s], sizeof(float) * (size_t)b[s].b.R));
   }
   ck_assert(!memcmp(o->pred, p->pred, sizeof(int32_t) * (size_t)b[0].b.R));
-  const float *bufs[4][2] = {{o->grads, p->grads}, {o->params, p->params},
-                             {o->m1, p->m1}, {o->m2, p->m2}};
+  const float *bufs[4][2] = {{o->grads, p->grads},
+                             {o->params, p->params},
+                             {o->m1, p->m1},
+                             {o->m2, p->m2}};
   const char *what[4] = {"gradients", "parameters", "first moments", "second moments"};
   for (int k = 0; k < 4; k++) {
     size_t i = first_diff(bufs[k][0], bufs[k][1], n);
-    ck_assert_msg(i == n, "rank %d: %s differ at %zu of %zu: %.9g overlapped, %.9g not",
-                  o->rank, what[k], i, n, bufs[k][0][i], bufs[k][1][i]);
+    ck_assert_msg(i == n, "rank %d: %s differ at %zu of %zu: %.9g overlapped, %.9g not", o->rank,
+                  what[k], i, n, bufs[k][0][i], bufs[k][1][i]);
   }
 }
 
@@ -182,8 +203,8 @@ START_TEST(overlapped_reduce_scatter_equals_the_one_after_the_backward) {
   rank_job jobs[2][WORLD];
   for (int mode = 0; mode < 2; mode++)
     for (int r = 0; r < WORLD; r++) {
-      jobs[mode][r] = (rank_job){.m = m, .rank = r, .no_overlap = mode,
-                                 .seqs = {&b[r][0], &b[r][1]}};
+      jobs[mode][r] =
+          (rank_job){.m = m, .rank = r, .no_overlap = mode, .seqs = {&b[r][0], &b[r][1]}};
       alloc_job(&jobs[mode][r], n, b[r]);
     }
   run_mode(jobs[0]);

@@ -83,7 +83,7 @@ static void run_world(dflash_train_run_options *o, int world, const char *root) 
 
 static void options(dflash_train_run_options *o, const char *root, const char *out) {
   synth_run_options(o, root, out);
-  o->trainer.backend = DFLASH_BACKEND_CUDA;
+  synth_trainer(o)->backend = DFLASH_BACKEND_CUDA;
   o->epochs = 3;
 }
 
@@ -110,7 +110,7 @@ START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
     ck_assert_int_eq(a[i].tokens, b[i].tokens);
     ck_assert(a[i].lr == b[i].lr);
     double r = rel(b[i].loss, a[i].loss) > rel(b[i].norm, a[i].norm) ? rel(b[i].loss, a[i].loss)
-                                                                       : rel(b[i].norm, a[i].norm);
+                                                                     : rel(b[i].norm, a[i].norm);
     worst = r > worst ? r : worst;
   }
   options(&o[0], root, b1);
@@ -118,7 +118,8 @@ START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
   double control = synth_max_abs_diff(one, b1);
   printf("CUDA train run, 1 process x batch 2 vs 2 ranks x batch 1 (NCCL, ZeRO-1): max |param "
          "diff| %.3g (bound %g), worst loss/norm rel. diff %.3g (bound %g); control, 1 process "
-         "x batch 1: %.3g\n", d, PARAM_TOL, worst, LOSS_RTOL, control);
+         "x batch 1: %.3g\n",
+         d, PARAM_TOL, worst, LOSS_RTOL, control);
   ck_assert_msg(d <= PARAM_TOL, "parameters differ by %g", d);
   ck_assert_msg(worst <= LOSS_RTOL, "losses or norms differ by %g", worst);
   ck_assert_msg(control > 100 * PARAM_TOL, "control differs by only %g", control);
@@ -175,7 +176,8 @@ START_TEST(cuda_resume_at_world_two_reproduces_the_uninterrupted_run) {
                   x[i].loss, y[i].loss);
   double d = synth_max_abs_diff(full, other);
   printf("CUDA resume at world 2: bit-identical to the uninterrupted run; world 2 -> world 1 "
-         "resume: max |param diff| %.3g (bound %g)\n", d, PARAM_TOL);
+         "resume: max |param diff| %.3g (bound %g)\n",
+         d, PARAM_TOL);
   ck_assert(d <= PARAM_TOL);
   synth_free_lines(a, na);
   synth_free_lines(b, nb);

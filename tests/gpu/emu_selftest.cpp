@@ -1,7 +1,7 @@
 // The emulated CUDA device (cuda/emu) checked on its own: thread-order shuffling finds a
 // missing barrier, warp shuffles and votes under shuffled lanes, shared-memory poison, launch
 // limits, bounds-checked copies, stream order, events, cuBLAS's checks and arithmetic, NCCL
-// across ranks in threads, bf16 and fp8 conversions against src/train/bf16.h, WMMA fragments
+// across ranks in threads, bf16 and fp8 conversions against src/core/bf16.h, WMMA fragments
 // (products, a layout-dependent read shown wrong, NaN until loaded), and (in child processes)
 // the faults it aborts on, WMMA misuse among them. Suite 'cuda-emu'.
 #include <sys/wait.h>
@@ -19,18 +19,18 @@
 #include "common.cuh"
 #include "nccl.h"
 extern "C" {
-#include "train/bf16.h"
+#include "core/bf16.h"
 }
 
 static int failures;
-#define CHECK(cond, ...)                                         \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      failures++;                                                \
-      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);     \
-      printf(__VA_ARGS__);                                       \
-      printf("\n");                                              \
-    }                                                            \
+#define CHECK(cond, ...)                                     \
+  do {                                                       \
+    if (!(cond)) {                                           \
+      failures++;                                            \
+      printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      printf(__VA_ARGS__);                                   \
+      printf("\n");                                          \
+    }                                                        \
   } while (0)
 
 template <typename T>
@@ -235,7 +235,8 @@ static void test_barrier_shuffling() {
     DF_LAUNCH(8, 256, 0, nullptr, tree_sum)(x, out, n, 0);
     cudaMemcpy(bad, out, 32, cudaMemcpyDeviceToHost);
     for (int b = 0; b < 8; b++)
-      CHECK(std::fabs(good[b] - ref) < 1e-3 * ref, "seed %d block %d: %f vs %f", s, b, good[b], ref);
+      CHECK(std::fabs(good[b] - ref) < 1e-3 * ref, "seed %d block %d: %f vs %f", s, b, good[b],
+            ref);
     int wrong = 0;
     for (int b = 0; b < 8; b++) wrong += std::fabs(bad[b] - ref) > 1e-3 * ref;
     wrong_with += wrong > 0;
@@ -293,12 +294,15 @@ static void test_poison_and_smem_limits() {
   // Dynamic shared memory: 48 KiB without the attribute, up to 227 KiB with it.
   cudaGetLastError();
   DF_LAUNCH(1, 64, 64 * 1024, nullptr, big_smem)(out);
-  CHECK(cudaGetLastError() == cudaErrorInvalidValue, "64 KiB of dynamic smem without the attribute");
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue,
+        "64 KiB of dynamic smem without the attribute");
   CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 240000) ==
-            cudaErrorInvalidValue, "240000 bytes accepted");
+            cudaErrorInvalidValue,
+        "240000 bytes accepted");
   cudaGetLastError();
   CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448) ==
-            cudaSuccess, "227 KiB refused");
+            cudaSuccess,
+        "227 KiB refused");
   DF_LAUNCH(1, 64, 232448, nullptr, big_smem)(out);
   CHECK(cudaGetLastError() == cudaSuccess, "227 KiB launch refused");
   DF_LAUNCH(1, 64, 232449, nullptr, big_smem)(out);
@@ -443,7 +447,10 @@ static void test_blas() {
   // Row-major C[M,N] = A[M,K] B[N,K]^T as model.cu calls it: column-major C^T = B A^T.
   std::vector<uint16_t> ha(M * K), hb(N * K);
   uint64_t s = 12345;
-  auto r = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)((s >> 33) % 2001) / 1000.0f - 1.0f; };
+  auto r = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((s >> 33) % 2001) / 1000.0f - 1.0f;
+  };
   for (auto &v : ha) v = df_f32_to_bf16(r());
   for (auto &v : hb) v = df_f32_to_bf16(r());
   bf16 *A = dev_alloc<bf16>(M * K), *B = dev_alloc<bf16>(N * K);
@@ -453,11 +460,13 @@ static void test_blas() {
   cudaMemcpy(B, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice);
   float one = 1, zero = 0;
   CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
-                     K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
-            CUBLAS_STATUS_SUCCESS, "GemmEx");
+                     K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+        "GemmEx");
   CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
-                     K, &zero, C16, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) ==
-            CUBLAS_STATUS_SUCCESS, "GemmEx bf16 out");
+                     K, &zero, C16, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+        "GemmEx bf16 out");
   std::vector<float> hc(M * N);
   std::vector<uint16_t> hc16(M * N);
   cudaMemcpy(hc.data(), C, hc.size() * 4, cudaMemcpyDeviceToHost);
@@ -477,22 +486,28 @@ static void test_blas() {
   // cuBLAS's own argument checks.
   CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K - 1, A,
                      CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "lda < k for op T");
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+        "lda < k for op T");
   CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N - 1, A,
                      CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "lda < m for op N");
-  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_T, N, M, K, &one, B, CUDA_R_16BF, K, A,
-                     CUDA_R_16BF, M - 1, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "ldb < n for op T");
-  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A,
-                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N - 1, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "ldc < m");
-  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, -1, &one, B, CUDA_R_16BF, K, A,
-                     CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE, "k < 0");
-  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A,
-                     CUDA_R_32F, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED, "mixed A/B types");
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+        "lda < m for op N");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_T, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
+                     M - 1, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+        "ldb < n for op T");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
+                     K, &zero, C, CUDA_R_32F, N - 1, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+        "ldc < m");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, -1, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF,
+                     K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE,
+        "k < 0");
+  CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_32F,
+                     K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED,
+        "mixed A/B types");
   // In bounds for cuBLAS, past the allocation for the emulator: an error, not a read.
   CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M + 1, K, &one, B, CUDA_R_16BF, K, A,
                      CUDA_R_16BF, K, &zero, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
@@ -567,8 +582,18 @@ static void test_nccl_threads(size_t n) {
   // Two ranks on one device: NCCL refuses ("Duplicate GPU detected").
   ncclGetUniqueId(&id);
   ncclResult_t res[2];
-  std::thread a([&] { cudaSetDevice(0); ncclComm_t c; res[0] = ncclCommInitRank(&c, 2, id, 0); if (!res[0]) ncclCommDestroy(c); });
-  std::thread b([&] { cudaSetDevice(0); ncclComm_t c; res[1] = ncclCommInitRank(&c, 2, id, 1); if (!res[1]) ncclCommDestroy(c); });
+  std::thread a([&] {
+    cudaSetDevice(0);
+    ncclComm_t c;
+    res[0] = ncclCommInitRank(&c, 2, id, 0);
+    if (!res[0]) ncclCommDestroy(c);
+  });
+  std::thread b([&] {
+    cudaSetDevice(0);
+    ncclComm_t c;
+    res[1] = ncclCommInitRank(&c, 2, id, 1);
+    if (!res[1]) ncclCommDestroy(c);
+  });
   a.join(), b.join();
   CHECK(res[0] == ncclInvalidUsage || res[1] == ncclInvalidUsage, "two ranks on device 0: %d %d",
         res[0], res[1]);
@@ -595,7 +620,7 @@ static void test_conversions() {
   bad += __bfloat16_as_ushort(__float2bfloat16(ft)) != 0x3f80;
   bad += __bfloat16_as_ushort(__float2bfloat16(ft2)) != 0x3f82;
   bad += __bfloat16_as_ushort(__float2bfloat16(FLT_MAX)) != 0x7f80; // rounds up to inf
-  CHECK(bad == 0, "%d conversions differ from src/train/bf16.h", bad);
+  CHECK(bad == 0, "%d conversions differ from src/core/bf16.h", bad);
 }
 
 static void test_wmma() {
@@ -648,7 +673,8 @@ static void test_wmma() {
   }
   dfemu::set_seed(0);
   printf("wmma: products exact under %d mappings; code assuming a fragment layout wrong under "
-         "%d of %d\n", seeds, layout_wrong, seeds);
+         "%d of %d\n",
+         seeds, layout_wrong, seeds);
   CHECK(layout_wrong == seeds, "code that assumes a fragment layout was right under %d seeds",
         seeds - layout_wrong);
   CHECK(mapping_differs == seeds - 1, "the element mapping did not change with the seed");
@@ -676,8 +702,8 @@ static void test_wmma() {
     }
   }
   dfemu::set_seed(0);
-  printf("wmma: the missing barrier before a warp's products caught under %d of %d seeds\n",
-         caught, seeds);
+  printf("wmma: the missing barrier before a warp's products caught under %d of %d seeds\n", caught,
+         seeds);
   CHECK(caught == seeds, "a warp running ahead through WMMA ops went unnoticed under %d seeds",
         seeds - caught);
   cudaFree(ow);
@@ -703,7 +729,7 @@ static void expect_oob_caught() {
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "a kernel's write past its allocation went "
-        "unnoticed");
+                                                  "unnoticed");
 }
 
 // A fault the hardware would hang on: the child aborts with a message naming it (`says`,

@@ -54,7 +54,8 @@ static void shape(const char *name, dflash_drafter_config *c) {
  * attention 3x forward over the visible keys, LM head forward + d(hidden). */
 static double step_flops(const dflash_drafter_config *c, const g_seq *q) {
   double H = c->hidden_size, I = c->intermediate_size, KH = H * c->n_target_layer_ids;
-  double qd = (double)c->num_attention_heads * c->head_dim, kd = (double)c->num_key_value_heads * c->head_dim;
+  double qd = (double)c->num_attention_heads * c->head_dim,
+         kd = (double)c->num_key_value_heads * c->head_dim;
   double T = (double)q->na * c->block_size, Sc = 0, keys = 0, R = 0;
   for (int n = 0; n < q->na; n++) {
     Sc = q->anchors[n] > Sc ? q->anchors[n] : Sc;
@@ -79,14 +80,16 @@ static int gemm_mode(void) {
     double ms = gb_time_gemm(M, N, K, cb == 4, beta, kReps);
     if (ms < 0) bad++;
     printf("json {\"gemm\": \"%s\", \"M\": %d, \"N\": %d, \"K\": %d, \"ms\": %.6f, "
-           "\"tflops\": %.3f}\n", name, M, N, K, ms, ms > 0 ? 2.0 * M * N * K / ms / 1e9 : 0.0);
+           "\"tflops\": %.3f}\n",
+           name, M, N, K, ms, ms > 0 ? 2.0 * M * N * K / ms / 1e9 : 0.0);
   }
   return bad ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
   int n_dev = 0;
-  if (dflash_cuda_device_count(&n_dev) || !n_dev) return printf("SKIP: %s\n", dflash_last_error()), 77;
+  if (dflash_cuda_device_count(&n_dev) || !n_dev)
+    return printf("SKIP: %s\n", dflash_last_error()), 77;
   if (argc > 1 && !strcmp(argv[1], "gemm")) return gemm_mode();
   const char *name = argc > 1 ? argv[1] : "qwen3-8b";
   int64_t len = argc > 2 ? atoll(argv[2]) : 3072;
@@ -105,7 +108,8 @@ int main(int argc, char **argv) {
   o.vocab_chunk = 16384;
   dflash_trainer *t;
   double t0 = df_now_seconds();
-  if (dflash_trainer_create(&c, E, Hd, &o, &t)) return printf("create: %s\n", dflash_last_error()), 1;
+  if (dflash_trainer_create(&c, E, Hd, &o, &t))
+    return printf("create: %s\n", dflash_last_error()), 1;
   double t_create = df_now_seconds() - t0;
   free(E), free(Hd);
   g_seq q;
@@ -115,8 +119,9 @@ int main(int argc, char **argv) {
     double a = df_now_seconds(), wsum = 0, loss;
     dflash_trainer_weight_sum(t, q.mask, q.len, q.anchors, q.na, &wsum);
     dflash_status st = dflash_trainer_zero_grad(t);
-    if (!st) st = dflash_trainer_accumulate(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na,
-                                           1.0 / wsum, &loss, NULL);
+    if (!st)
+      st = dflash_trainer_accumulate(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, 1.0 / wsum,
+                                     &loss, NULL);
     if (!st) st = dflash_trainer_step(t, NULL, NULL);
     if (st) return printf("step: %s\n", dflash_last_error()), 1;
     if (s >= 0) step_s += df_now_seconds() - a;
@@ -134,8 +139,8 @@ int main(int argc, char **argv) {
   printf("json {\"shape\": \"%s\", \"seq_len\": %lld, \"anchors\": %d, \"step_s\": %.6f, "
          "\"block_tokens_per_s\": %.1f, \"model_tflop\": %.6f, \"cublas_tflops\": %.2f, "
          "\"mfu_vs_cublas\": %.4f, \"device_in_use_gib\": %.3f, \"create_s\": %.2f}\n",
-         name, (long long)len, q.na, step_s, q.na * c.block_size / step_s, flops / 1e12, peak,
-         mfu, (tot - fr) / 1073741824.0, t_create);
+         name, (long long)len, q.na, step_s, q.na * c.block_size / step_s, flops / 1e12, peak, mfu,
+         (tot - fr) / 1073741824.0, t_create);
   g_seq_free(&q);
   dflash_trainer_free(t);
   return 0;

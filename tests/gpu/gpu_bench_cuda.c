@@ -12,8 +12,8 @@ static double gemm_ms(cublasHandle_t h, int M, int N, int K, const void *A, cons
   if (cudaEventCreate(&e0) != cudaSuccess) return -1;
   if (cudaEventCreate(&e1) != cudaSuccess) return cudaEventDestroy(e0), -1;
   cudaEventRecord(e0, 0);
-  cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K,
-                                   A, CUDA_R_16BF, K, &beta, C, c32 ? CUDA_R_32F : CUDA_R_16BF, N,
+  cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A,
+                                   CUDA_R_16BF, K, &beta, C, c32 ? CUDA_R_32F : CUDA_R_16BF, N,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   cudaEventRecord(e1, 0);
   if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
@@ -36,7 +36,10 @@ double gb_time_gemm(int M, int N, int K, int c32, float beta, int reps) {
     cudaMemset(C, 0, cb * (size_t)M * N);
     for (int i = 0; i <= reps; i++) {
       double ms = gemm_ms(h, M, N, K, A, B, C, c32, beta);
-      if (ms < 0) { best = -1; break; }
+      if (ms < 0) {
+        best = -1;
+        break;
+      }
       if (i > 0 && (best < 0 || ms < best)) best = ms;
     }
   }

@@ -27,7 +27,7 @@ static void run_one(const char *root, const char *out, int backend, bool nccl) {
   synth_run_options(&o, root, out);
   o.epochs = 2;
   o.batch_size = 2;
-  o.trainer.backend = backend;
+  synth_trainer(&o)->backend = backend;
   if (nccl) setenv("DFLASH_NCCL", "1", 1);
   char *rep = synth_path(root, nccl ? "report-nccl" : backend ? "report-cuda" : "report-cpu");
   pid_t pid = synth_spawn(&o, 0, 1, 0, 120, rep);
@@ -53,8 +53,7 @@ START_TEST(cuda_run_loop_matches_cpu_and_nccl_one_rank_is_exact) {
   for (int i = 0; i < 8; i++) {
     ck_assert_int_eq(c[i].tokens, g[i].tokens);
     ck_assert(c[i].lr == g[i].lr);
-    double r = (g[i].loss > c[i].loss ? g[i].loss - c[i].loss : c[i].loss - g[i].loss) /
-               c[i].loss;
+    double r = (g[i].loss > c[i].loss ? g[i].loss - c[i].loss : c[i].loss - g[i].loss) / c[i].loss;
     worst = r > worst ? r : worst;
     printf("step %ld: loss cpu %.6f cuda %.6f nccl-1 %.6f\n", c[i].step, c[i].loss, g[i].loss,
            n[i].loss);

@@ -9,7 +9,7 @@
 
 #include "core/internal.h"
 #include "testutil.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 
 static uint64_t lcg = 99;
 static double unif(void) {
@@ -38,7 +38,7 @@ START_TEST(e4m3_codes_round_trip) {
   }
   ck_assert_float_eq(df_e4m3_to_f32(0x7e), 448.0f);
   ck_assert_float_eq(df_e4m3_to_f32(0x01), ldexpf(1, -9));
-  ck_assert_int_eq(df_f32_to_e4m3(1000.0f), 0x7e); /* saturates */
+  ck_assert_int_eq(df_f32_to_e4m3(1000.0f), 0x7e);                 /* saturates */
   ck_assert_int_eq(df_f32_to_e4m3(1.0625f), df_f32_to_e4m3(1.0f)); /* ties to even */
 }
 END_TEST
@@ -103,7 +103,8 @@ START_TEST(shards_index_and_append) {
     free(x);
   }
   float *x = states(5, 16, 0);
-  ck_assert_status(dflash_hidden_writer_append(w, "sample-3", x, 5), DFLASH_E_DUPLICATE, "sample-3");
+  ck_assert_status(dflash_hidden_writer_append(w, "sample-3", x, 5), DFLASH_E_DUPLICATE,
+                   "sample-3");
   x[17] = INFINITY;
   ck_assert_status(dflash_hidden_writer_append(w, "bad", x, 5), DFLASH_E_FORMAT,
                    "sample bad: hidden state at token 1, column 1 is Inf");
@@ -112,7 +113,8 @@ START_TEST(shards_index_and_append) {
   /* Reopen and append: ids stay unique across sessions; K/H must match. */
   ck_assert_status(dflash_hidden_writer_create(dir, 3, 8, NULL, &w), DFLASH_E_MISMATCH, "K=2");
   ck_assert_ok(dflash_hidden_writer_create(dir, 2, 8, &o, &w));
-  ck_assert_status(dflash_hidden_writer_append(w, "sample-0", x, 5), DFLASH_E_DUPLICATE, "sample-0");
+  ck_assert_status(dflash_hidden_writer_append(w, "sample-0", x, 5), DFLASH_E_DUPLICATE,
+                   "sample-0");
   x[17] = 0;
   ck_assert_ok(dflash_hidden_writer_append(w, "late", x, 5));
   ck_assert_ok(dflash_hidden_writer_finish(w));
@@ -190,7 +192,8 @@ START_TEST(stream_joins_and_reports) {
   ck_assert_str_eq(smp.id, "sample-1");
   ck_assert_int_eq(smp.len, 12);
   ck_assert_int_eq(smp.input_ids[0], 7); /* token stream position 7 */
-  for (int i = 0; i < 12 * 4; i++) ck_assert_float_eq(smp.hidden[i], df_bf16_to_f32(df_f32_to_bf16(x[1][i])));
+  for (int i = 0; i < 12 * 4; i++)
+    ck_assert_float_eq(smp.hidden[i], df_bf16_to_f32(df_f32_to_bf16(x[1][i])));
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
   ck_assert_str_eq(smp.id, "sample-0");
   ck_assert_status(dflash_sample_stream_next(s, &smp, &done), DFLASH_E_NOT_FOUND, "sample-2");
@@ -218,9 +221,9 @@ START_TEST(zero_layers_refused_and_counted) {
   dflash_hidden_writer *w;
   ck_assert_ok(dflash_hidden_writer_create(hid, 2, 4, NULL, &w)); /* K = 2 layers, H = 4 */
   float x0[6 * 8], x1[10 * 8];
-  for (int i = 0; i < 6 * 8; i++) x0[i] = i % 8 < 4 ? 2.0f : -0.5f;      /* exact in bf16 */
-  for (int i = 0; i < 10 * 8; i++) x1[i] = i % 8 < 4 ? 2.0f : 0.0f;      /* layer 1 all zero */
-  x0[8 + 4] = x0[8 + 5] = x0[8 + 6] = x0[8 + 7] = 0.0f;                 /* one zero row */
+  for (int i = 0; i < 6 * 8; i++) x0[i] = i % 8 < 4 ? 2.0f : -0.5f; /* exact in bf16 */
+  for (int i = 0; i < 10 * 8; i++) x1[i] = i % 8 < 4 ? 2.0f : 0.0f; /* layer 1 all zero */
+  x0[8 + 4] = x0[8 + 5] = x0[8 + 6] = x0[8 + 7] = 0.0f;             /* one zero row */
   ck_assert_ok(dflash_hidden_writer_append(w, "sample-0", x0, 6));
   ck_assert_ok(dflash_hidden_writer_append(w, "sample-1", x1, 10));
   ck_assert_ok(dflash_hidden_writer_finish(w));

@@ -30,11 +30,13 @@ END_TEST
 /* Expected strings from the SigV4 rules (RFC 3986 unreserved kept, UTF-8
  * bytes as upper-case %XX), as botocore encodes them. */
 START_TEST(uri_encoding_follows_sigv4) {
-  static const struct { const char *in; bool slash; const char *out; } cases[] = {
-      {"a/pl+us.bin", true, "a/pl%2Bus.bin"},
-      {"a/sp ace~_-.x", true, "a/sp%20ace~_-.x"},
-      {"\xc3\xbc/%", true, "%C3%BC/%25"},
-      {"run1/chunk-", false, "run1%2Fchunk-"},
+  static const struct {
+    const char *in;
+    bool slash;
+    const char *out;
+  } cases[] = {
+      {"a/pl+us.bin", true, "a/pl%2Bus.bin"}, {"a/sp ace~_-.x", true, "a/sp%20ace~_-.x"},
+      {"\xc3\xbc/%", true, "%C3%BC/%25"},     {"run1/chunk-", false, "run1%2Fchunk-"},
       {"a=b&c", false, "a%3Db%26c"},
   };
   for (size_t i = 0; i < DF_ARRAY_LEN(cases); i++) {
@@ -74,7 +76,8 @@ START_TEST(xml_fields_decode_entities) {
   const char *x = "<R><Key>a&amp;b&lt;&#x263A;&#65;</Key><Key>second</Key><E>&bogus;</E></R>";
   size_t pos = 0;
   char *k = df_xml_next(x, strlen(x), "Key", &pos);
-  ck_assert_str_eq(k, "a&b<\xe2\x98\xba" "A");
+  ck_assert_str_eq(k, "a&b<\xe2\x98\xba"
+                      "A");
   free(k);
   k = df_xml_next(x, strlen(x), "Key", &pos);
   ck_assert_str_eq(k, "second");
@@ -299,7 +302,8 @@ void check_chunks(dflash_storage *st, const char *prefix, size_t n_chunks, int n
     for (char *line = data; line < (char *)data + len;) {
       char want[64];
       int k = snprintf(want, sizeof want, "{\"id\": %d}\n", next++);
-      ck_assert_msg(!strncmp(line, want, (size_t)k), "%s: record %d: got %.20s", loc, next - 1, line);
+      ck_assert_msg(!strncmp(line, want, (size_t)k), "%s: record %d: got %.20s", loc, next - 1,
+                    line);
       line += k;
     }
     dflash_storage_buffer_free(data);
@@ -344,7 +348,8 @@ START_TEST(chunk_writer_local_closes_by_count_and_age_and_resumes) {
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 4);
   dflash_chunk_writer_free(w);
   check_chunks(st, prefix, 4, 27);
-  ck_assert_status(dflash_chunk_writer_open(st, prefix, "a/b", NULL, &w), DFLASH_E_INVALID_ARG, "a/b");
+  ck_assert_status(dflash_chunk_writer_open(st, prefix, "a/b", NULL, &w), DFLASH_E_INVALID_ARG,
+                   "a/b");
   free(prefix);
   dflash_storage_free(st);
   df_test_rmtree(dir);
@@ -413,8 +418,8 @@ START_TEST(safetensors_on_demand_from_local_files) {
   char *dir = df_test_tmpdir();
   dflash_storage *st = client();
   char *path = make_safetensors(dir, 40, 300); /* header ~3 KB, tensors 1200 B */
-  check_remote_st(st, path, path, 4096);     /* window smaller than header + data */
-  check_remote_st(st, path, path, 0);        /* default window holds it all */
+  check_remote_st(st, path, path, 4096);       /* window smaller than header + data */
+  check_remote_st(st, path, path, 0);          /* default window holds it all */
   char *bad = join(dir, "records.jsonl");
   ck_assert(df_test_write(bad, "{\"id\": 1}\n{\"id\": 2}\n", 20));
   dflash_storage_st *f = (void *)1;

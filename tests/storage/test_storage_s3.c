@@ -167,7 +167,8 @@ START_TEST(multipart_three_parts_byte_exact_with_part_retries) {
   st->cfg.multipart_threshold = 5u << 20;
   char *loc = url("mp/big.bin");
   ck_assert_ok(dflash_storage_write(st, loc, data, n));
-  json_t *stats = faults("{\"script\": [\"lost\"], \"methods\": [\"POST\"], \"match\": \"uploadId\"}");
+  json_t *stats = faults(
+      "{\"script\": [\"lost\"], \"methods\": [\"POST\"], \"match\": \"uploadId\"}");
   ck_assert_int_eq(counter(stats, "reset"), 1);
   ck_assert_int_eq(counter(stats, "503"), 1);
   json_decref(stats);
@@ -223,7 +224,8 @@ START_TEST(failed_multipart_is_aborted) {
   char *data = calloc(1, n);
   ck_assert_uint_eq(open_uploads(st), 0);
   /* every part upload is refused: not retried, and the upload is aborted */
-  json_decref(faults("{\"rate\": 1, \"kinds\": [\"403\"], \"methods\": [\"PUT\"], \"match\": \"partNumber\"}"));
+  json_decref(faults(
+      "{\"rate\": 1, \"kinds\": [\"403\"], \"methods\": [\"PUT\"], \"match\": \"partNumber\"}"));
   char *loc = url("mp/refused.bin");
   dflash_storage_writer *w;
   ck_assert_ok(dflash_storage_writer_open(st, loc, &w));
@@ -299,7 +301,8 @@ START_TEST(stalled_answer_times_out_then_succeeds) {
   ck_assert_uint_eq(st->n_retries, before + 1);
   /* out of attempts: a timeout status naming the URL */
   st->cfg.max_attempts = 2;
-  json_decref(faults("{\"script\": [\"delay\", \"delay\"], \"delay_s\": 1.5, \"methods\": [\"GET\"]}"));
+  json_decref(
+      faults("{\"script\": [\"delay\", \"delay\"], \"delay_s\": 1.5, \"methods\": [\"GET\"]}"));
   void *d;
   size_t n;
   ck_assert_status(dflash_storage_read(st, loc, &d, &n), DFLASH_E_TIMEOUT, loc);
@@ -439,9 +442,10 @@ START_TEST(missing_bucket_and_injected_access_denied) {
   dflash_storage *st = s3_client();
   void *d;
   size_t n;
-  ck_assert_status(dflash_storage_read(st, "s3://no-such-bucket-here/k", &d, &n), DFLASH_E_NOT_FOUND,
-                   "NoSuchBucket");
-  ck_assert_msg(strstr(dflash_last_error(), "s3://no-such-bucket-here/k"), "%s", dflash_last_error());
+  ck_assert_status(dflash_storage_read(st, "s3://no-such-bucket-here/k", &d, &n),
+                   DFLASH_E_NOT_FOUND, "NoSuchBucket");
+  ck_assert_msg(strstr(dflash_last_error(), "s3://no-such-bucket-here/k"), "%s",
+                dflash_last_error());
   dflash_storage_listing *l;
   ck_assert_status(dflash_storage_list(st, "s3://no-such-bucket-here/", &l), DFLASH_E_NOT_FOUND,
                    "NoSuchBucket");

@@ -7,8 +7,8 @@
 #include "testutil.h"
 #include "tok_testutil.h"
 
-static const char *const EXTRA[] = {"he", "ll", "hell", "hello", " w", "or", " wor", " world",
-                                    NULL};
+static const char *const EXTRA[] = {"he", "ll",   "hell",   "hello", " w",
+                                    "or", " wor", " world", NULL};
 
 static dflash_tokenizer *synthetic(char **dir) {
   *dir = df_test_tmpdir();
@@ -43,7 +43,8 @@ START_TEST(encode_decode_and_buffers) {
   ck_assert_status(dflash_tokenizer_decode(t, bad, 2, out, sizeof out, &len), DFLASH_E_RANGE,
                    "id 5000 at position 1");
   bad[1] = -3;
-  ck_assert_status(dflash_tokenizer_decode(t, bad, 2, out, sizeof out, &len), DFLASH_E_RANGE, "id -3");
+  ck_assert_status(dflash_tokenizer_decode(t, bad, 2, out, sizeof out, &len), DFLASH_E_RANGE,
+                   "id -3");
   ck_assert_status(dflash_tokenizer_encode(NULL, "x", 1, DFLASH_SPECIAL_ALL, ids, 16, &n),
                    DFLASH_E_INVALID_ARG, "invalid argument");
   ck_assert_status(dflash_tokenizer_encode(t, "x", 1, (dflash_special_mode)7, ids, 16, &n),

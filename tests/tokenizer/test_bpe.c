@@ -6,8 +6,8 @@
 #include "tok_testutil.h"
 #include "tokenizer/tok_internal.h"
 
-static const char *const MERGES[] = {"ab", "bc", "abc", "aa", "aaaa", "ca", "cab", "bca",
-                                     "abca", "bb", "cc", "ccc", "aab", "bcab", NULL};
+static const char *const MERGES[] = {"ab",   "bc", "abc", "aa",  "aaaa", "ca",   "cab", "bca",
+                                     "abca", "bb", "cc",  "ccc", "aab",  "bcab", NULL};
 
 /* Merge `s` both ways and require the same ids. */
 static void same_both_ways(const dflash_tokenizer *t, const char *s, size_t n) {
@@ -78,7 +78,8 @@ START_TEST(heap_equals_flat_on_cl100k) {
   char buf[400];
   for (int iter = 0; iter < 2000; iter++) {
     size_t n = 1 + (size_t)(rand_r(&seed) % 399);
-    for (size_t i = 0; i < n; i++) buf[i] = (char)(rand_r(&seed) % 4 ? 'a' + rand_r(&seed) % 26 : 0x80 + rand_r(&seed) % 64);
+    for (size_t i = 0; i < n; i++)
+      buf[i] = (char)(rand_r(&seed) % 4 ? 'a' + rand_r(&seed) % 26 : 0x80 + rand_r(&seed) % 64);
     same_both_ways(t, buf, n);
   }
   dflash_tokenizer_free(t);

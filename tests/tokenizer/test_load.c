@@ -31,7 +31,8 @@ START_TEST(rank_file_errors) {
   ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "a.tiktoken:3: bad base64");
   free(p);
   p = tt_write(g_dir, "b.tiktoken", "IQ== 0\nIg== one\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "b.tiktoken:2: rank \"one\" is not an integer");
+  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT,
+                   "b.tiktoken:2: rank \"one\" is not an integer");
   free(p);
   p = tt_write(g_dir, "c.tiktoken", "IQ== 0\nIg== 1\nIw== 1\n");
   ck_assert_status(load(p, "cl100k"), DFLASH_E_DUPLICATE, "c.tiktoken:3: rank 1 appears twice");
@@ -143,26 +144,31 @@ START_TEST(tokenizer_json_errors) {
   char *vocab = byte_vocab_json();
   char *doc = df_asprintf(
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {%s, \"ab\": 256}, \"merges\": [\"a b\", \"a q\"]},"
-      " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", vocab);
+      " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+      vocab);
   p = tt_write(g_dir, "m.json", doc);
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "merges[1]: merge \"a q\": token \"aq\" is not in the vocabulary");
+  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT,
+                   "merges[1]: merge \"a q\": token \"aq\" is not in the vocabulary");
   free(p);
   free(doc);
   doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
-                    " \"pre_tokenizer\": {\"type\": \"Metaspace\"}}", vocab);
+                    " \"pre_tokenizer\": {\"type\": \"Metaspace\"}}",
+                    vocab);
   p = tt_write(g_dir, "meta.json", doc);
   ck_assert_status(load(p, NULL), DFLASH_E_UNSUPPORTED, "pre-tokenizer \"Metaspace\"");
   free(p);
   free(doc);
   doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
                     " \"normalizer\": {\"type\": \"Lowercase\"},"
-                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", vocab);
+                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+                    vocab);
   p = tt_write(g_dir, "norm.json", doc);
   ck_assert_status(load(p, NULL), DFLASH_E_UNSUPPORTED, "normalizer \"Lowercase\"");
   free(p);
   free(doc);
   doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
-                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", vocab);
+                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+                    vocab);
   p = tt_write(g_dir, "ok.json", doc);
   ck_assert_ok(load(p, NULL));
   free(p);
@@ -206,7 +212,8 @@ START_TEST(missing_byte_tokens) {
   char *vocab = byte_vocab_json_except("x\xff");
   char *doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s, \"ab\": 256},"
                           " \"merges\": [\"a b\"]}, \"pre_tokenizer\": {\"type\": \"ByteLevel\","
-                          " \"add_prefix_space\": false}}", vocab);
+                          " \"add_prefix_space\": false}}",
+                          vocab);
   char *p = tt_write(g_dir, "gaps.json", doc);
   char *q = df_asprintf("{%s, \"ab\": 256}", vocab);
   char *v = tt_write(g_dir, "vocab.json", q);
@@ -214,8 +221,8 @@ START_TEST(missing_byte_tokens) {
   const char *paths[] = {p, g_dir};
   for (size_t k = 0; k < DF_ARRAY_LEN(paths); k++) {
     dflash_tokenizer *t = tt_load(paths[k], NULL);
-    expect_ids(t, "x", NULL, 0);                                   /* n == 1, dropped */
-    expect_ids(t, "axb", (const int32_t[]){256}, 1);               /* neighbours merge */
+    expect_ids(t, "x", NULL, 0);                     /* n == 1, dropped */
+    expect_ids(t, "axb", (const int32_t[]){256}, 1); /* neighbours merge */
     expect_ids(t, "axb axb ab", (const int32_t[]){256, ' ', 256, ' ', 256}, 5); /* cache */
     expect_ids(t, "xxaxc", (const int32_t[]){'a', 'c'}, 2);
     expect_ids(t, "ab", (const int32_t[]){256}, 1);

@@ -7,24 +7,73 @@
 
 /* Characters chosen to sit on every class boundary the patterns care about. */
 static const char *const ALPHABET[] = {
-    "a", "z", "A", "Z", "s", "S", "t", "l", "L", "e", "r", "v", "d", "m", "0", "7", " ", " ",
-    "\t", "\r", "\n", "'", "'", ".", ",", "/", "!", "-", "_", "\xc5\xbf" /* long s */,
-    "\xcc\x81" /* U+0301 Mn */, "\xe0\xa4\x83" /* U+0903 Mc */, "\xc7\x85" /* U+01C5 Lt */,
-    "\xca\xb0" /* U+02B0 Lm */, "\xe6\x97\xa5" /* Han Lo */, "\xe3\x80\x85" /* U+3005 Lm Han */,
-    "\xe3\x80\x87" /* U+3007 Nl Han */, "\xe3\x80\x81" /* U+3001 */, "\xe3\x80\x82",
-    "\xc2\xa0" /* NBSP */, "\xe3\x80\x80" /* U+3000 */, "\xc2\x85" /* NEL */,
-    "\xe1\xa0\x8e" /* U+180E, not White_Space */, "\xe2\x80\xa8" /* U+2028 */, "\xc2\xbd" /* No */,
-    "\xd9\xa3" /* Arabic-Indic 3 */, "\xce\xa9", "\xc3\x9f", "\xf0\x9f\x98\x80" /* emoji */,
-    "\xef\xb8\x8f" /* VS16 Mn */, "\xe2\x80\x8d" /* ZWJ Cf */, "\xee\x80\x80" /* PUA */,
-    "\xe2\xba\x80" /* U+2E80 radical, Han So */, "\xf0\xa0\x80\x80" /* U+20000 Han */,
-    "\xe0\xb8\x81" /* Thai */, "\xe0\xb8\xb4" /* Thai Mn */, "\xd8\xa8" /* Arabic */,
-    "\xcb\x86" /* U+02C6 Lm */, "\xe1\xbe\x88" /* U+1F88 Lt */, "\xf0\x9d\x9f\x8e" /* math digit */,
+    "a",
+    "z",
+    "A",
+    "Z",
+    "s",
+    "S",
+    "t",
+    "l",
+    "L",
+    "e",
+    "r",
+    "v",
+    "d",
+    "m",
+    "0",
+    "7",
+    " ",
+    " ",
+    "\t",
+    "\r",
+    "\n",
+    "'",
+    "'",
+    ".",
+    ",",
+    "/",
+    "!",
+    "-",
+    "_",
+    "\xc5\xbf" /* long s */,
+    "\xcc\x81" /* U+0301 Mn */,
+    "\xe0\xa4\x83" /* U+0903 Mc */,
+    "\xc7\x85" /* U+01C5 Lt */,
+    "\xca\xb0" /* U+02B0 Lm */,
+    "\xe6\x97\xa5" /* Han Lo */,
+    "\xe3\x80\x85" /* U+3005 Lm Han */,
+    "\xe3\x80\x87" /* U+3007 Nl Han */,
+    "\xe3\x80\x81" /* U+3001 */,
+    "\xe3\x80\x82",
+    "\xc2\xa0" /* NBSP */,
+    "\xe3\x80\x80" /* U+3000 */,
+    "\xc2\x85" /* NEL */,
+    "\xe1\xa0\x8e" /* U+180E, not White_Space */,
+    "\xe2\x80\xa8" /* U+2028 */,
+    "\xc2\xbd" /* No */,
+    "\xd9\xa3" /* Arabic-Indic 3 */,
+    "\xce\xa9",
+    "\xc3\x9f",
+    "\xf0\x9f\x98\x80" /* emoji */,
+    "\xef\xb8\x8f" /* VS16 Mn */,
+    "\xe2\x80\x8d" /* ZWJ Cf */,
+    "\xee\x80\x80" /* PUA */,
+    "\xe2\xba\x80" /* U+2E80 radical, Han So */,
+    "\xf0\xa0\x80\x80" /* U+20000 Han */,
+    "\xe0\xb8\x81" /* Thai */,
+    "\xe0\xb8\xb4" /* Thai Mn */,
+    "\xd8\xa8" /* Arabic */,
+    "\xcb\x86" /* U+02C6 Lm */,
+    "\xe1\xbe\x88" /* U+1F88 Lt */,
+    "\xf0\x9d\x9f\x8e" /* math digit */,
 };
 
 static void compare(const char *pattern) {
   df_pretok with = {0}, without = {0};
   ck_assert_ok(df_pretok_add_regex(&with, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
-  ck_assert_ok(df_pretok_add_regex(&without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+  ck_assert_ok(
+      df_pretok_add_regex(&without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
   ck_assert_int_ne(with.steps[0].scanner, DF_SCAN_NONE);
   without.steps[0].scanner = DF_SCAN_NONE;
   df_pretok_scratch s1 = {0}, s2 = {0};
@@ -45,7 +94,8 @@ static void compare(const char *pattern) {
     ck_assert_ok(df_pretok_run(&with, text, len, &s1, &b1, &r1));
     ck_assert_ok(df_pretok_run(&without, text, len, &s2, &b2, &r2));
     bool same = r1->len == r2->len && !memcmp(r1->v, r2->v, r1->len * sizeof *r1->v);
-    ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", pattern, (int)len, text);
+    ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", pattern, (int)len,
+                  text);
   }
   df_pretok_scratch_free(&s1);
   df_pretok_scratch_free(&s2);

@@ -31,7 +31,8 @@ char *tt_write_ranks(const char *dir, const char *name, const char *const *extra
     ck_assert_int_eq(df_buf_printf(&b, "%s %d\n", tt_base64(&c, 1, enc), i), DFLASH_OK);
   }
   for (int k = 0; extra && extra[k]; k++)
-    ck_assert_int_eq(df_buf_printf(&b, "%s %d\n", tt_base64(extra[k], strlen(extra[k]), enc), 256 + k),
+    ck_assert_int_eq(df_buf_printf(&b, "%s %d\n", tt_base64(extra[k], strlen(extra[k]), enc),
+                                   256 + k),
                      DFLASH_OK);
   char *path = df_path_join(dir, name);
   ck_assert(df_test_write(path, b.data, b.len));

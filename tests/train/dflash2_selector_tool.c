@@ -1,7 +1,8 @@
 /* For tests/reference/torch_dflash2_selector.py: runs DFlash 2's selector
- * loss forward and backward (df2_selector_loss, src/train/dflash2.c) on the
- * inputs in argv[1] and writes the results to argv[2]. Input: int32 R, H, V,
- * r, K, chunk, inject, then float32 x [R, H], E [V, H], A [V, r], B [V, r],
+ * loss forward and backward (df2_selector_loss, src/train/dflash2.c, with
+ * the candidates of the block CE's pass, df_lmhead_ce_topk) on the inputs in
+ * argv[1] and writes the results to argv[2]. Input: int32 R, H, V, r, K,
+ * chunk, inject, then float32 x [R, H], E [V, H], A [V, r], B [V, r],
  * P [r, H], int32 target [R], prev [R], float32 coef [R] (also the loss
  * weights). Output: float32 loss, hits, dx [R, H], dA [V, r], dB [V, r],
  * dP [r, H] (the gradients of sum_i coef_i CE_i). */
@@ -10,6 +11,7 @@
 
 #include "core/internal.h"
 #include "train/dflash2.h"
+#include "train/ops.h"
 
 static void *read_n(FILE *f, size_t n) {
   void *p = malloc(n * 4);
@@ -47,12 +49,39 @@ int main(int argc, char **argv) {
   if (!x || !E || !A || !B || !P || !target || !prev || !coef || !w || !dx || !dA || !dB || !dP)
     return 2;
   for (int i = 0; i < R; i++) w[i] = coef[i];
-  df2_sel_args s = {.x = x, .E = E, .pred = A, .succ = B, .hproj = P, .target = target,
-                    .prev = prev, .coef = coef, .w = w, .R = R, .H = H, .V = V, .r = r,
-                    .K = d[4], .chunk = d[5], .inject = d[6] != 0, .dx = dx, .dpred = dA,
-                    .dsucc = dB, .dhproj = dP};
+  /* The candidates as training takes them: from the block CE's LM-head pass. */
+  int K = d[4] >= 1 && d[4] <= V ? d[4] : 1;
+  int32_t *cand = malloc(sizeof(int32_t) * R * K);
+  float *unary = malloc(sizeof(float) * R * K),
+        *work = malloc(sizeof(float) * df_lmhead_work(R, H, d[5] > 0 ? d[5] : 1));
+  double *ce = malloc(sizeof(double) * R);
+  if (!cand || !unary || !work || !ce || d[5] < 1) return 2;
+  df_lmhead_ce_topk(NULL, ce, NULL, x, E, target, coef, R, H, V, d[5], work, K, cand, unary);
+  df2_sel_args s = {.x = x,
+                    .E = E,
+                    .pred = A,
+                    .succ = B,
+                    .hproj = P,
+                    .target = target,
+                    .prev = prev,
+                    .coef = coef,
+                    .w = w,
+                    .R = R,
+                    .H = H,
+                    .V = V,
+                    .r = r,
+                    .K = d[4],
+                    .chunk = d[5],
+                    .inject = d[6] != 0,
+                    .dx = dx,
+                    .dpred = dA,
+                    .dsucc = dB,
+                    .dhproj = dP,
+                    .cand = cand,
+                    .unary = unary};
   double loss, hits;
   if (df2_selector_loss(&s, &loss, &hits)) return 2;
+  free(cand), free(unary), free(work), free(ce);
   float head[2] = {(float)loss, (float)hits};
   const float *outs[] = {head, dx, dA, dB, dP};
   size_t ns[] = {2, rh, vr, vr, hr};

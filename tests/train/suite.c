@@ -10,6 +10,7 @@ TCase *tc_run_dist(void);
 TCase *tc_eval(void);
 TCase *tc_init(void);
 TCase *tc_dflash2(void);
+TCase *tc_ref_ops(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -23,5 +24,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_eval());
   suite_add_tcase(s, tc_init());
   suite_add_tcase(s, tc_dflash2());
+  suite_add_tcase(s, tc_ref_ops());
   return s;
 }

@@ -80,8 +80,8 @@ static void write_target(const char *root, uint64_t *rng) {
   dflash_st_writer *sw;
   int64_t shape[2] = {V, H};
   ck_assert_ok(dflash_st_writer_create(path, &sw));
-  ck_assert_ok(dflash_st_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32, 2,
-                                        shape));
+  ck_assert_ok(
+      dflash_st_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32, 2, shape));
   ck_assert_ok(dflash_st_writer_declare(sw, "lm_head.weight", DFLASH_DTYPE_F32, 2, shape));
   for (int t = 0; t < 2; t++) {
     for (int i = 0; i < V * H; i++) w[i] = uniform(rng);
@@ -124,10 +124,20 @@ void synth_run_options(dflash_train_run_options *o, const char *root, const char
   o->data_dir = kept(synth_path(root, "train"));
   o->hidden_dir = kept(synth_path(root, "hidden"));
   o->out_dir = out;
-  o->trainer.n_threads = 1;
-  o->trainer.num_anchors = 8;
-  o->trainer.seed = 5;
-  o->trainer.lr = 5e-3;
+  /* Its own trainer options, kept like the paths (synth_trainer gives them back to change). */
+  dflash_trainer_options *t = malloc(sizeof *t);
+  ck_assert_ptr_nonnull(t);
+  kept((char *)t);
+  dflash_trainer_options_default(t);
+  t->n_threads = 1;
+  t->num_anchors = 8;
+  t->seed = 5;
+  t->lr = 5e-3;
+  o->trainer = t;
+}
+
+dflash_trainer_options *synth_trainer(dflash_train_run_options *o) {
+  return (dflash_trainer_options *)o->trainer; /* synth_run_options allocated it */
 }
 
 int synth_free_port(void) {
@@ -152,9 +162,9 @@ pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int po
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid > 0) return pid;
-  static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                     "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
-                                     "SLURM_LOCALID", "DFLASH_DIST_TIMEOUT"};
+  static const char *const vars[] = {"RANK",         "WORLD_SIZE",    "LOCAL_RANK",
+                                     "MASTER_ADDR",  "MASTER_PORT",   "SLURM_PROCID",
+                                     "SLURM_NTASKS", "SLURM_LOCALID", "DFLASH_DIST_TIMEOUT"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
   if (world > 1) {
     set_env("RANK", rank);
@@ -259,9 +269,12 @@ size_t synth_metrics(const char *dir, synth_metric *m, size_t cap) {
   ck_assert_msg(lines != NULL, "%s is missing", p);
   ck_assert_uint_le(n, cap);
   for (size_t i = 0; i < n; i++)
-    ck_assert_int_eq(sscanf(lines[i], "{\"step\": %ld, \"epoch\": %d, \"loss\": %lf, "
-                            "\"grad_norm\": %lf, \"lr\": %lf, \"tokens\": %ld", &m[i].step,
-                            &m[i].epoch, &m[i].loss, &m[i].norm, &m[i].lr, &m[i].tokens), 6);
+    ck_assert_int_eq(sscanf(lines[i],
+                            "{\"step\": %ld, \"epoch\": %d, \"loss\": %lf, "
+                            "\"grad_norm\": %lf, \"lr\": %lf, \"tokens\": %ld",
+                            &m[i].step, &m[i].epoch, &m[i].loss, &m[i].norm, &m[i].lr,
+                            &m[i].tokens),
+                     6);
   synth_free_lines(lines, n);
   free(p);
   return n;

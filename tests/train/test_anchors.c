@@ -59,8 +59,8 @@ START_TEST(anchors_uniform) {
     ck_assert_ok(dflash_sample_anchors(mask, S, 4, 1, 9, s, &a, &n));
     counts[a]++;
   }
-  for (int p = 0; p <= S - 4; p++) ck_assert_msg(counts[p] > 1800 && counts[p] < 2200,
-                                                 "position %d drawn %d times", p, counts[p]);
+  for (int p = 0; p <= S - 4; p++)
+    ck_assert_msg(counts[p] > 1800 && counts[p] < 2200, "position %d drawn %d times", p, counts[p]);
 }
 END_TEST
 

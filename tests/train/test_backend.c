@@ -49,7 +49,10 @@ static void kimi(dflash_drafter_config *c) {
  * frequencies 8 * 64, norm scratch 4 * 256 * 7168, reduction partials
  * 8 * 5120, cos/sin + positions for 3072 + 16 positions (3088 * 516)
  *                                                       =    277,410,368
- *   activations                                         = 14,637,396,544
+ * and the per-sequence path: results 8 * (2 * 1024 + 1), position weights
+ * 4 * 16, two stages of 3088 context rows at fp32's 4 B (2 * (4 * 3088 *
+ * 6H + 256))                                            =  1,062,486,600
+ *   activations                                         = 15,699,883,144
  * (P is a multiple of 8 in every bucket: no padding.)
  */
 START_TEST(plan_kimi_on_8x80gb) {
@@ -59,17 +62,17 @@ START_TEST(plan_kimi_on_8x80gb) {
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
   o.world_size = 8;
-  dflash_train_plan p;
+  dflash_train_plan p = {.struct_size = sizeof p};
   ck_assert_ok(dflash_train_plan_compute(&c, &o, &p));
   ck_assert_uint_eq(p.n_params, 3479277056ULL);
   ck_assert_uint_eq(p.weights, 6958554112ULL);
   ck_assert_uint_eq(p.grads, 13917108224ULL);
-  ck_assert_uint_eq(p.masters, 1739638528ULL);  /* 4 * P / 8 */
-  ck_assert_uint_eq(p.moments, 3479277056ULL);  /* 8 * P / 8 */
-  ck_assert_uint_eq(p.frozen, 4697620480ULL);   /* 2 * 2 * 163840 * 7168 */
-  ck_assert_uint_eq(p.activations, 14637396544ULL);
+  ck_assert_uint_eq(p.masters, 1739638528ULL); /* 4 * P / 8 */
+  ck_assert_uint_eq(p.moments, 3479277056ULL); /* 8 * P / 8 */
+  ck_assert_uint_eq(p.frozen, 4697620480ULL);  /* 2 * 2 * 163840 * 7168 */
+  ck_assert_uint_eq(p.activations, 15699883144ULL);
   ck_assert_uint_eq(p.reserve, 4ULL << 30);
-  ck_assert_uint_eq(p.total, 49724562240ULL);
+  ck_assert_uint_eq(p.total, 50787048840ULL);
   ck_assert_uint_le(p.total, 80000000000ULL);
 }
 END_TEST
@@ -79,10 +82,10 @@ START_TEST(plan_refuses_one_gpu_naming_the_term) {
   kimi(&c);
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
-  dflash_train_plan p;
-  /* Without sharding: 2P + 4P + 8P + 4P + the rest = 86,256,971,328 bytes. */
+  dflash_train_plan p = {.struct_size = sizeof p};
+  /* Without sharding: 2P + 4P + 8P + 4P + the rest = 87,319,457,928 bytes. */
   ck_assert_status(dflash_train_plan_compute(&c, &o, &p), DFLASH_E_NOMEM, "AdamW moments");
-  ck_assert_uint_eq(p.total, 86256971328ULL);
+  ck_assert_uint_eq(p.total, 87319457928ULL);
   ck_assert_uint_eq(p.moments, 8ULL * 3479277056ULL);
   /* 512 anchors over 12288 tokens: activations become the largest term. */
   o.world_size = 8;
@@ -114,8 +117,7 @@ START_TEST(cuda_backend_without_device) {
 #ifdef DFLASH_HAVE_CUDA
   ck_assert_status(dflash_trainer_create(&cfg, E, E, &o, &t), DFLASH_E_NO_DEVICE, "cuda");
 #else
-  ck_assert_status(dflash_trainer_create(&cfg, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
-                   "without CUDA");
+  ck_assert_status(dflash_trainer_create(&cfg, E, E, &o, &t), DFLASH_E_UNSUPPORTED, "without CUDA");
 #endif
   ck_assert_ptr_null(t);
   free(E);
@@ -178,24 +180,23 @@ START_TEST(dist_env_torchrun_slurm_and_errors) {
   ck_assert_ok(df_dist_env_parse(table_get, &none, &e));
   ck_assert_int_eq(e.world, 1);
   ck_assert_int_eq(e.rank, 0);
-  env_table torchrun = {{"RANK", "5", "WORLD_SIZE", "16", "LOCAL_RANK", "1", "MASTER_ADDR",
-                         "node0", "MASTER_PORT", "29500", NULL}};
+  env_table torchrun = {{"RANK", "5", "WORLD_SIZE", "16", "LOCAL_RANK", "1", "MASTER_ADDR", "node0",
+                         "MASTER_PORT", "29500", NULL}};
   ck_assert_ok(df_dist_env_parse(table_get, &torchrun, &e));
   ck_assert_int_eq(e.rank, 5);
   ck_assert_int_eq(e.world, 16);
   ck_assert_int_eq(e.local_rank, 1);
   ck_assert_str_eq(e.master_addr, "node0");
   ck_assert_int_eq(e.master_port, 29500);
-  env_table slurm = {{"SLURM_PROCID", "3", "SLURM_NTASKS", "4", "SLURM_LOCALID", "3",
-                      "MASTER_ADDR", "10.0.0.1", "MASTER_PORT", "1234", NULL}};
+  env_table slurm = {{"SLURM_PROCID", "3", "SLURM_NTASKS", "4", "SLURM_LOCALID", "3", "MASTER_ADDR",
+                      "10.0.0.1", "MASTER_PORT", "1234", NULL}};
   ck_assert_ok(df_dist_env_parse(table_get, &slurm, &e));
   ck_assert_int_eq(e.rank, 3);
   ck_assert_int_eq(e.world, 4);
   ck_assert_int_eq(e.local_rank, 3);
   env_table no_addr = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_PORT", "1", NULL}};
   ck_assert_status(df_dist_env_parse(table_get, &no_addr, &e), DFLASH_E_CONFIG, "MASTER_ADDR");
-  env_table bad = {{"RANK", "2", "WORLD_SIZE", "2", "MASTER_ADDR", "a", "MASTER_PORT", "1",
-                    NULL}};
+  env_table bad = {{"RANK", "2", "WORLD_SIZE", "2", "MASTER_ADDR", "a", "MASTER_PORT", "1", NULL}};
   ck_assert_status(df_dist_env_parse(table_get, &bad, &e), DFLASH_E_CONFIG, "not below");
   env_table junk = {{"RANK", "x1", "WORLD_SIZE", "2", NULL}};
   ck_assert_status(df_dist_env_parse(table_get, &junk, &e), DFLASH_E_CONFIG, "RANK=\"x1\"");

@@ -5,7 +5,7 @@
 
 #include "core/internal.h"
 #include "testutil.h"
-#include "train/bf16.h"
+#include "core/bf16.h"
 
 static const char *CFG =
     "{\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 2,"
@@ -35,7 +35,8 @@ static dflash_trainer *make(uint64_t seed, const float *E) {
 
 static float *all_params(dflash_trainer *t, size_t *total) {
   size_t n = 0, k = dflash_trainer_param_count(t), numel;
-  for (size_t i = 0; i < k; i++) dflash_trainer_param_info(t, i, NULL, NULL, NULL, &numel), n += numel;
+  for (size_t i = 0; i < k; i++)
+    dflash_trainer_param_info(t, i, NULL, NULL, NULL, &numel), n += numel;
   float *out = malloc(n * sizeof *out), *p = out;
   for (size_t i = 0; i < k; i++) {
     const char *name;

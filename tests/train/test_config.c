@@ -7,9 +7,9 @@
 
 #include "testutil.h"
 
-#define CFG_HEAD                                                                        \
-  "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "         \
-  "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "          \
+#define CFG_HEAD                                                                \
+  "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, " \
+  "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "  \
   "\"vocab_size\": 1000, \"num_target_layers\": 36, "
 
 static dflash_status parse(const char *text, dflash_drafter_config *c) {
@@ -18,14 +18,18 @@ static dflash_status parse(const char *text, dflash_drafter_config *c) {
 
 START_TEST(block_size_placements) {
   dflash_drafter_config c;
-  ck_assert_ok(parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
+  ck_assert_ok(
+      parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.block_size, 16);
   ck_assert_ok(parse(CFG_HEAD "\"dflash_config\": {\"mask_token_id\": 7, \"block_size\": 8}}", &c));
   ck_assert_int_eq(c.block_size, 8);
   ck_assert_ok(parse(CFG_HEAD "\"block_size\": 8, \"dflash_config\": {\"mask_token_id\": 7, "
-                     "\"block_size\": 8}}", &c));
+                              "\"block_size\": 8}}",
+                     &c));
   ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7, "
-                         "\"block_size\": 8}}", &c), DFLASH_E_CONFIG, "disagrees");
+                                  "\"block_size\": 8}}",
+                         &c),
+                   DFLASH_E_CONFIG, "disagrees");
   ck_assert_status(parse(CFG_HEAD "\"dflash_config\": {\"mask_token_id\": 7}}", &c),
                    DFLASH_E_CONFIG, "block_size");
 }
@@ -43,7 +47,8 @@ START_TEST(default_target_layers_follow_spec) {
   ck_assert_int_eq(ids[0], 18);
   /* Without target_layer_ids the config gets one per drafter layer. */
   dflash_drafter_config c;
-  ck_assert_ok(parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
+  ck_assert_ok(
+      parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.n_target_layer_ids, 2);
   ck_assert_int_eq(c.target_layer_ids[0], 1);
   ck_assert_int_eq(c.target_layer_ids[1], 33);
@@ -54,39 +59,53 @@ START_TEST(default_target_layers_follow_spec) {
   ck_assert_ok(parse(no_l, &c));
   ck_assert_int_eq(c.num_target_layers, 0);
   ck_assert_int_eq(c.head_dim, 128); /* Qwen3Config's default, not 64 / 4 */
-  ck_assert_status(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
-                         "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
-                         "\"dflash_config\": {\"mask_token_id\": 7}}", &c),
-                   DFLASH_E_CONFIG, "neither dflash_config.target_layer_ids nor num_target_layers");
+  ck_assert_status(
+      parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+            "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
+            "\"dflash_config\": {\"mask_token_id\": 7}}",
+            &c),
+      DFLASH_E_CONFIG, "neither dflash_config.target_layer_ids nor num_target_layers");
 }
 END_TEST
 
 START_TEST(validation_names_the_problem) {
   dflash_drafter_config c;
-  ck_assert_status(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
-                         "\"num_attention_heads\": 6, \"num_key_value_heads\": 4, \"head_dim\": 16,"
-                         "\"vocab_size\": 100, \"num_target_layers\": 8, \"block_size\": 4,"
-                         "\"dflash_config\": {\"mask_token_id\": 7}}", &c),
-                   DFLASH_E_CONFIG, "multiple of num_key_value_heads");
-  ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 1000}}", &c),
+  ck_assert_status(
+      parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+            "\"num_attention_heads\": 6, \"num_key_value_heads\": 4, \"head_dim\": 16,"
+            "\"vocab_size\": 100, \"num_target_layers\": 8, \"block_size\": 4,"
+            "\"dflash_config\": {\"mask_token_id\": 7}}",
+            &c),
+      DFLASH_E_CONFIG, "multiple of num_key_value_heads");
+  ck_assert_status(parse(CFG_HEAD
+                         "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 1000}}",
+                         &c),
                    DFLASH_E_CONFIG, "mask_token_id 1000 is outside the vocabulary");
   ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 1, "
-                         "\"target_layer_ids\": [1, 40]}}", &c),
+                                  "\"target_layer_ids\": [1, 40]}}",
+                         &c),
                    DFLASH_E_CONFIG, "target_layer_ids[1] = 40");
-  ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"layer_types\": [\"full_attention\", "
-                         "\"sliding_attention\"], \"dflash_config\": {\"mask_token_id\": 1}}", &c),
+  ck_assert_status(parse(CFG_HEAD
+                         "\"block_size\": 16, \"layer_types\": [\"full_attention\", "
+                         "\"sliding_attention\"], \"dflash_config\": {\"mask_token_id\": 1}}",
+                         &c),
                    DFLASH_E_CONFIG, "sliding_window");
   ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"layer_types\": [\"full_attention\"], "
-                         "\"dflash_config\": {\"mask_token_id\": 1}}", &c),
+                                  "\"dflash_config\": {\"mask_token_id\": 1}}",
+                         &c),
                    DFLASH_E_CONFIG, "layer_types");
   ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"rope_scaling\": {\"rope_type\": \"yarn\"},"
-                         "\"dflash_config\": {\"mask_token_id\": 1}}", &c),
+                                  "\"dflash_config\": {\"mask_token_id\": 1}}",
+                         &c),
                    DFLASH_E_CONFIG, "factor");
-  ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"rope_scaling\": {\"rope_type\": \"llama3\", "
-                         "\"factor\": 8}, \"dflash_config\": {\"mask_token_id\": 1}}", &c),
+  ck_assert_status(parse(CFG_HEAD
+                         "\"block_size\": 16, \"rope_scaling\": {\"rope_type\": \"llama3\", "
+                         "\"factor\": 8}, \"dflash_config\": {\"mask_token_id\": 1}}",
+                         &c),
                    DFLASH_E_UNSUPPORTED, "llama3");
   ck_assert_status(parse(CFG_HEAD "\"block_size\": 16, \"attention_bias\": true, "
-                         "\"dflash_config\": {\"mask_token_id\": 1}}", &c),
+                                  "\"dflash_config\": {\"mask_token_id\": 1}}",
+                         &c),
                    DFLASH_E_CONFIG, "attention_bias");
   ck_assert_status(parse("[1]", &c), DFLASH_E_CONFIG, "object");
   ck_assert_status(parse("{\"hidden_size\": 64}", &c), DFLASH_E_CONFIG, "intermediate_size");
@@ -126,8 +145,10 @@ START_TEST(yarn_and_round_trip) {
   ck_assert_mem_eq(&back, &c, sizeof c);
   free(buf);
   /* rope_parameters (transformers v5 spelling) carries the theta. */
-  ck_assert_ok(parse(CFG_HEAD "\"block_size\": 4, \"rope_parameters\": {\"rope_type\": \"default\","
-                     "\"rope_theta\": 1000000.0}, \"dflash_config\": {\"mask_token_id\": 1}}", &c));
+  ck_assert_ok(parse(CFG_HEAD
+                     "\"block_size\": 4, \"rope_parameters\": {\"rope_type\": \"default\","
+                     "\"rope_theta\": 1000000.0}, \"dflash_config\": {\"mask_token_id\": 1}}",
+                     &c));
   ck_assert_double_eq(c.rope_theta, 1e6);
   ck_assert_int_eq(c.rope_type, DFLASH_ROPE_DEFAULT);
 }
@@ -158,7 +179,8 @@ START_TEST(num_target_layers_written_or_refused) {
   free(buf);
   ck_assert_ok(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
                      "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
-                     "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2]}}", &c));
+                     "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2]}}",
+                     &c));
   ck_assert_status(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_CONFIG,
                    "num_target_layers");
   char dir[] = "/tmp/dflash-cfg-XXXXXX";
@@ -175,13 +197,14 @@ END_TEST
  * original_max_position_embeddings (transformers 4.51-4.55 use the ratio,
  * everything else the factor), and the original length must be given. */
 START_TEST(yarn_factor_must_match_ratio) {
-#define YARN(mpe, orig)                                                              \
-  CFG_HEAD "\"max_position_embeddings\": " mpe ", \"rope_scaling\": {\"rope_type\": "     \
+#define YARN(mpe, orig)                                                               \
+  CFG_HEAD "\"max_position_embeddings\": " mpe ", \"rope_scaling\": {\"rope_type\": " \
            "\"yarn\", \"factor\": 64.0" orig "}, " CFG_TAIL "}"
   dflash_drafter_config c;
   ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
   ck_assert_status(parse(YARN("131072", ", \"original_max_position_embeddings\": 4096"), &c),
-                   DFLASH_E_CONFIG, "t.json: rope_scaling.factor 64 differs from "
+                   DFLASH_E_CONFIG,
+                   "t.json: rope_scaling.factor 64 differs from "
                    "max_position_embeddings / rope_scaling.original_max_position_embeddings = "
                    "131072 / 4096 = 32");
   ck_assert_status(parse(YARN("262144", ""), &c), DFLASH_E_CONFIG,
@@ -210,8 +233,9 @@ START_TEST(architectures_must_be_dflash) {
                    "dflash_drafter_config: read this config with dflash_drafter_config_parse_ext");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"Qwen3ForCausalLM\"], " CFG_TAIL "}", &c),
                    DFLASH_E_UNSUPPORTED, "\"architectures\" = [\"Qwen3ForCausalLM\"]");
-  ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\", \"X\"], " CFG_TAIL
-                         "}", &c), DFLASH_E_UNSUPPORTED, "architectures");
+  ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\", \"X\"], " CFG_TAIL "}",
+                         &c),
+                   DFLASH_E_UNSUPPORTED, "architectures");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": \"DFlashDraftModel\", " CFG_TAIL "}", &c),
                    DFLASH_E_UNSUPPORTED, "architectures");
 }
@@ -221,7 +245,10 @@ END_TEST
  * implement: refused when set to anything but their neutral value, at the top
  * level or in dflash_config (the reference reads both). */
 START_TEST(unimplemented_keys_refused) {
-  static const struct { const char *set; const char *key; } bad[] = {
+  static const struct {
+    const char *set;
+    const char *key;
+  } bad[] = {
       {"\"input_embedding_scale\": 2.0", "\"input_embedding_scale\" = 2.0"},
       {"\"output_multiplier\": 0.5", "\"output_multiplier\" = 0.5"},
       {"\"final_logit_softcapping\": 30.0", "\"final_logit_softcapping\" = 30.0"},
@@ -233,10 +260,11 @@ START_TEST(unimplemented_keys_refused) {
       {"\"selector_top_k\": 8", "\"selector_top_k\" = 8"},
   };
   static const char *neutral[] = {
-      "\"input_embedding_scale\": 1.0", "\"output_multiplier\": 1", "\"output_multiplier\": null",
-      "\"final_logit_softcapping\": null", "\"final_logit_softcapping\": 0",
-      "\"attention_value_scale\": 1.0", "\"is_causal\": false", "\"is_causal\": null",
-      "\"conv_kernel_size\": null", "\"selector_rank\": 0",
+      "\"input_embedding_scale\": 1.0", "\"output_multiplier\": 1",
+      "\"output_multiplier\": null",    "\"final_logit_softcapping\": null",
+      "\"final_logit_softcapping\": 0", "\"attention_value_scale\": 1.0",
+      "\"is_causal\": false",           "\"is_causal\": null",
+      "\"conv_kernel_size\": null",     "\"selector_rank\": 0",
   };
   char text[1024];
   dflash_drafter_config c;
@@ -245,8 +273,10 @@ START_TEST(unimplemented_keys_refused) {
     char want[160];
     snprintf(want, sizeof want, "t.json: %s is not implemented by libdflash", bad[i].key);
     ck_assert_status(parse(text, &c), DFLASH_E_UNSUPPORTED, want);
-    snprintf(text, sizeof text, CFG_HEAD "\"block_size\": 4, \"dflash_config\": "
-             "{\"mask_token_id\": 1, %s}}", bad[i].set);
+    snprintf(text, sizeof text,
+             CFG_HEAD "\"block_size\": 4, \"dflash_config\": "
+                      "{\"mask_token_id\": 1, %s}}",
+             bad[i].set);
     snprintf(want, sizeof want, "t.json: dflash_config.%s is not implemented", bad[i].key);
     ck_assert_status(parse(text, &c), DFLASH_E_UNSUPPORTED, want);
   }
@@ -255,7 +285,8 @@ START_TEST(unimplemented_keys_refused) {
     ck_assert_msg(parse(text, &c) == DFLASH_OK, "%s: %s", neutral[i], dflash_last_error());
   }
   /* is_causal that agrees with every layer: true when all layers slide. */
-  const char *all_sliding = "{\"hidden_size\": 64, \"intermediate_size\": 96, "
+  const char *all_sliding =
+      "{\"hidden_size\": 64, \"intermediate_size\": 96, "
       "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"head_dim\": 16, "
       "\"vocab_size\": 100, \"num_target_layers\": 8, \"layer_types\": [\"sliding_attention\"], "
       "\"use_sliding_window\": true, \"sliding_window\": 8, \"is_causal\": %s, " CFG_TAIL "}";
@@ -269,13 +300,16 @@ END_TEST
 /* Qwen3Config (hence the reference model) defaults head_dim to 128. */
 START_TEST(head_dim_defaults_as_qwen3config) {
   dflash_drafter_config c;
-  ck_assert_ok(parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
-                     "\"num_attention_heads\": 8, \"vocab_size\": 100, \"num_target_layers\": 8,"
-                     CFG_TAIL "}", &c));
+  ck_assert_ok(
+      parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+            "\"num_attention_heads\": 8, \"vocab_size\": 100, \"num_target_layers\": 8," CFG_TAIL
+            "}",
+            &c));
   ck_assert_int_eq(c.head_dim, 128);
   ck_assert_ok(parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
                      "\"num_attention_heads\": 8, \"head_dim\": 32, \"vocab_size\": 100,"
-                     "\"num_target_layers\": 8, " CFG_TAIL "}", &c));
+                     "\"num_target_layers\": 8, " CFG_TAIL "}",
+                     &c));
   ck_assert_int_eq(c.head_dim, 32);
 }
 END_TEST
@@ -284,7 +318,7 @@ END_TEST
 START_TEST(sliding_layers_need_use_sliding_window) {
   dflash_drafter_config c;
   const char *fmt = CFG_HEAD "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
-                    "%s\"sliding_window\": 8, " CFG_TAIL "}";
+                             "%s\"sliding_window\": 8, " CFG_TAIL "}";
   char text[512];
   snprintf(text, sizeof text, fmt, "");
   ck_assert_status(parse(text, &c), DFLASH_E_CONFIG,
@@ -314,11 +348,12 @@ START_TEST(partial_rotary_factor_in_ext) {
   ck_assert_ok(parse(CFG_HEAD "\"partial_rotary_factor\": 1.0, " CFG_TAIL "}", &c));
   /* transformers 5 keeps it in rope_parameters. */
   const char *v5 = CFG_HEAD "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
-                   "10000.0, \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
+                            "10000.0, \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
   ck_assert_ok(dflash_drafter_config_parse_ext(v5, strlen(v5), "t.json", &c, &e));
   ck_assert_double_eq(e.partial_rotary_factor, 0.25);
-  const char *both = CFG_HEAD "\"partial_rotary_factor\": 0.5, \"rope_parameters\": {"
-                     "\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
+  const char *both = CFG_HEAD
+      "\"partial_rotary_factor\": 0.5, \"rope_parameters\": {"
+      "\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
   ck_assert_status(dflash_drafter_config_parse_ext(both, strlen(both), "t.json", &c, &e),
                    DFLASH_E_CONFIG, "disagrees");
   /* head_dim 16: 0.1875 rotates 3 dims (odd), 0 and 1.5 are outside (0, 1]. */
@@ -351,8 +386,9 @@ START_TEST(partial_rotary_factor_in_ext) {
 END_TEST
 
 #define DF2_HEAD CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], \"block_size\": 4, "
-#define DF2_KEYS "\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, " \
-                 "\"selector_rank\": 32"
+#define DF2_KEYS                                                              \
+  "\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, " \
+  "\"selector_rank\": 32"
 
 static dflash_status parse2(const char *text, dflash_drafter_config *c,
                             dflash_drafter_config_ext *e) {
@@ -365,8 +401,7 @@ static dflash_status parse2(const char *text, dflash_drafter_config *c,
 START_TEST(dflash2_config_parsed_and_written) {
   dflash_drafter_config c;
   dflash_drafter_config_ext e;
-  ck_assert_ok(parse2(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c,
-                      &e));
+  ck_assert_ok(parse2(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c, &e));
   ck_assert_int_eq(e.dflash2, 1);
   ck_assert_int_eq(e.conv_kernel_size, 2);
   ck_assert_int_eq(e.conv_group_size, 16);
@@ -374,7 +409,8 @@ START_TEST(dflash2_config_parsed_and_written) {
   ck_assert_int_eq(e.selector_rank, 32);
   /* Top level, with dflash_config taking precedence where both are given. */
   ck_assert_ok(parse2(DF2_HEAD DF2_KEYS ", \"dflash_config\": {\"mask_token_id\": 1, "
-                      "\"conv_kernel_size\": 3}}", &c, &e));
+                                        "\"conv_kernel_size\": 3}}",
+                      &c, &e));
   ck_assert_int_eq(e.conv_kernel_size, 3);
   ck_assert_int_eq(e.selector_rank, 32);
   char buf[4096];
@@ -405,7 +441,9 @@ END_TEST
 
 /* Missing and invalid sizes name the key and the file. */
 START_TEST(dflash2_bad_sizes_refused) {
-  static const struct { const char *keys, *want; } bad[] = {
+  static const struct {
+    const char *keys, *want;
+  } bad[] = {
       {"\"conv_group_size\": 16, \"selector_top_k\": 8, \"selector_rank\": 32",
        "t.json: a DFlash2DraftModel needs \"conv_kernel_size\""},
       {"\"conv_kernel_size\": 2, \"selector_top_k\": 8, \"selector_rank\": 32",
@@ -415,17 +453,23 @@ START_TEST(dflash2_bad_sizes_refused) {
       {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8",
        "needs \"selector_rank\""},
       {"\"conv_kernel_size\": 0, \"conv_group_size\": 16, \"selector_top_k\": 8, "
-       "\"selector_rank\": 32", "t.json: conv_kernel_size must be in 1..64 (got 0)"},
+       "\"selector_rank\": 32",
+       "t.json: conv_kernel_size must be in 1..64 (got 0)"},
       {"\"conv_kernel_size\": 2, \"conv_group_size\": 12, \"selector_top_k\": 8, "
-       "\"selector_rank\": 32", "t.json: conv_group_size 12 must be >= 1 and divide hidden_size 64"},
+       "\"selector_rank\": 32",
+       "t.json: conv_group_size 12 must be >= 1 and divide hidden_size 64"},
       {"\"conv_kernel_size\": 2, \"conv_group_size\": 0, \"selector_top_k\": 8, "
-       "\"selector_rank\": 32", "conv_group_size 0 must be >= 1"},
+       "\"selector_rank\": 32",
+       "conv_group_size 0 must be >= 1"},
       {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 1001, "
-       "\"selector_rank\": 32", "t.json: selector_top_k must be in 1..vocab_size=1000 (got 1001)"},
+       "\"selector_rank\": 32",
+       "t.json: selector_top_k must be in 1..vocab_size=1000 (got 1001)"},
       {"\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, "
-       "\"selector_rank\": -1", "t.json: selector_rank must be in 1..65536 (got -1)"},
+       "\"selector_rank\": -1",
+       "t.json: selector_rank must be in 1..65536 (got -1)"},
       {"\"conv_kernel_size\": 2.5, \"conv_group_size\": 16, \"selector_top_k\": 8, "
-       "\"selector_rank\": 32", "t.json: \"conv_kernel_size\" must be a 32-bit integer"},
+       "\"selector_rank\": 32",
+       "t.json: \"conv_kernel_size\" must be a 32-bit integer"},
   };
   char text[1024];
   dflash_drafter_config c;

@@ -1,11 +1,11 @@
 /* DFlash 2 drafters on the CPU: the tensor table with z-lab's names and
  * shapes, the identity initialisation, the checkpoint, the convolution
- * against a direct evaluation, and the refusals (training, the CUDA
- * backend). The forward against z-lab's DFlash2DraftModel is
+ * against a direct evaluation, and the refusals. The forward against z-lab's DFlash2DraftModel is
  * oracle_dflash2.py. */
 #include <dflash/safetensors.h>
 #include <dflash/train.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +13,7 @@
 #include "core/internal.h"
 #include "testutil.h"
 #include "train/dflash2.h"
+#include "train/ops.h"
 #include "train/trainer.h"
 
 enum { H = 32, V = 40, L = 2, K = 3, G = 8, R = 6, B = 4 };
@@ -93,8 +94,7 @@ START_TEST(tensors_named_and_initialised_as_identity) {
   float *bk = get(t, "layers.1.mlp_conv.base_kernel", 2 * K * H);
   for (int s = 0; s < 2; s++)
     for (int o = 0; o < K; o++)
-      for (int c = 0; c < H; c++)
-        ck_assert_float_eq(bk[(s * K + o) * H + c], o == 0 ? 1.0f : 0.0f);
+      for (int c = 0; c < H; c++) ck_assert_float_eq(bk[(s * K + o) * H + c], o == 0 ? 1.0f : 0.0f);
   free(bk);
   float *kp = get(t, "layers.1.attention_conv.kernel_projection.weight", 2 * K * H / G * H);
   for (int i = 0; i < 2 * K * H / G * H; i++) ck_assert_float_eq(kp[i], 0.0f);
@@ -111,13 +111,14 @@ START_TEST(tensors_named_and_initialised_as_identity) {
 }
 END_TEST
 
-/* The CUDA backend has no DFlash 2; the CPU backend trains it (the selector
- * loss exists), the forward as before. */
-START_TEST(cuda_refused_cpu_trains) {
+/* The CUDA backend takes DFlash 2 (cuda/dflash2.cu, against this backend on the emulated
+ * device in gpu_parity_emu): a library without CUDA or a device refuses it for that reason
+ * alone. The CPU backend trains it (the selector loss exists), the forward as before. */
+START_TEST(cuda_not_refused_cpu_trains) {
   dflash_trainer *t = NULL;
-  ck_assert_status(make(DFLASH_BACKEND_CUDA, &t), DFLASH_E_UNSUPPORTED,
-                   "the CUDA backend does not implement DFlash 2");
-  ck_assert_ptr_null(t);
+  if (make(DFLASH_BACKEND_CUDA, &t) == DFLASH_OK) dflash_trainer_free(t);
+  else ck_assert_msg(!strstr(dflash_last_error(), "DFlash 2"), "%s", dflash_last_error());
+  t = NULL;
   ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
   int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, anchors[2] = {0, 3};
   uint8_t mask[8] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -206,8 +207,7 @@ START_TEST(checkpoint_round_trip) {
   ck_assert_ok(make(DFLASH_BACKEND_CPU, &b));
   float bk[2 * K * H];
   for (int i = 0; i < 2 * K * H; i++) bk[i] = (float)i / 7.0f;
-  ck_assert_ok(dflash_trainer_set_param(a, "layers.1.attention_conv.base_kernel", bk,
-                                        2 * K * H));
+  ck_assert_ok(dflash_trainer_set_param(a, "layers.1.attention_conv.base_kernel", bk, 2 * K * H));
   ck_assert_ok(dflash_trainer_save(a, ckpt, 0));
   dflash_safetensors *st;
   ck_assert_ok(dflash_safetensors_open(ckpt, &st));
@@ -219,7 +219,8 @@ START_TEST(checkpoint_round_trip) {
   ck_assert_int_eq(ten.shape[2], H);
   ck_assert_ok(dflash_safetensors_find(st, "candidate_selector.predecessor_codebook", &ten));
   ck_assert_status(dflash_safetensors_find(st, "candidate_selector.predecessor_codebook.weight",
-                                           &ten), DFLASH_E_NOT_FOUND, "");
+                                           &ten),
+                   DFLASH_E_NOT_FOUND, "");
   dflash_safetensors_free(st);
   ck_assert_ok(dflash_trainer_load(b, ckpt));
   float *back = get(b, "layers.1.attention_conv.base_kernel", 2 * K * H);
@@ -289,6 +290,127 @@ START_TEST(selector_walks_from_the_anchor) {
 }
 END_TEST
 
+/* The top-K kept inside the block CE's LM-head pass (df_lmhead_ce_topk) is
+ * the separate pass's (df2_lmhead_topk) bit for bit, ties across chunk
+ * boundaries included (duplicated LM-head rows give equal logits: the
+ * smaller id first), and the CE and its gradient are df_lmhead_ce's. */
+START_TEST(topk_fused_into_the_ce_pass) {
+  enum { RR = 5, HH = 12, VV = 61, CH = 7, KK = 9 };
+  float x[RR * HH], E[VV * HH], coef[RR];
+  int32_t tgt[RR];
+  for (int i = 0; i < RR * HH; i++) x[i] = sinf(0.61f * (float)i + 0.3f);
+  for (int v = 0; v < VV; v++)
+    for (int j = 0; j < HH; j++) E[v * HH + j] = cosf(0.37f * (float)(v * HH + j));
+  /* Rows 0 and 2 get tokens 3 and 10 first, then ties: 3 = 40 (chunks 0 and
+   * 5), 10 = 11 = 59 (chunks 1 and 8). */
+  for (int j = 0; j < HH; j++)
+    E[3 * HH + j] = 3 * x[0 * HH + j], E[10 * HH + j] = 3 * x[2 * HH + j];
+  memcpy(E + 40 * HH, E + 3 * HH, sizeof(float) * HH);
+  memcpy(E + 11 * HH, E + 10 * HH, sizeof(float) * HH);
+  memcpy(E + 59 * HH, E + 10 * HH, sizeof(float) * HH);
+  for (int r = 0; r < RR; r++) tgt[r] = (r * 13) % VV, coef[r] = 0.5f + (float)r;
+  int32_t id1[RR * KK], id2[RR * KK];
+  float v1[RR * KK], v2[RR * KK], dx1[RR * HH], dx2[RR * HH], scratch[RR * CH];
+  float *work = malloc(sizeof(float) * df_lmhead_work(RR, HH, CH));
+  double l1[RR], l2[RR];
+  df2_lmhead_topk(x, E, RR, HH, VV, CH, KK, id1, v1, scratch);
+  df_lmhead_ce(NULL, l1, dx1, x, E, tgt, coef, RR, HH, VV, CH, work);
+  df_lmhead_ce_topk(NULL, l2, dx2, x, E, tgt, coef, RR, HH, VV, CH, work, KK, id2, v2);
+  ck_assert_mem_eq(id1, id2, sizeof id1);
+  ck_assert_mem_eq(v1, v2, sizeof v1);
+  ck_assert_mem_eq(l1, l2, sizeof l1);
+  ck_assert_mem_eq(dx1, dx2, sizeof dx1);
+  ck_assert_int_eq(id2[0], 3);
+  ck_assert_int_eq(id2[1], 40);
+  ck_assert_int_eq(id2[2 * KK], 10);
+  ck_assert_int_eq(id2[2 * KK + 1], 11);
+  ck_assert_int_eq(id2[2 * KK + 2], 59);
+  for (int r = 0; r < RR; r++)
+    for (int c = 1; c < KK; c++) ck_assert(v2[r * KK + c - 1] >= v2[r * KK + c]);
+  /* Forward only, and K = V (every token kept). */
+  int32_t all[RR * VV];
+  float allv[RR * VV];
+  df_lmhead_ce_topk(NULL, l2, NULL, x, E, tgt, coef, RR, HH, VV, CH, work, VV, all, allv);
+  ck_assert_mem_eq(l1, l2, sizeof l1);
+  ck_assert_mem_eq(all, id1, sizeof(int32_t) * KK); /* row 0's first KK */
+  free(work);
+}
+END_TEST
+
+/* dflash_trainer_propose: greedy is predict, a near-zero temperature the
+ * greedy path, q a distribution over the candidates (descending logit, the
+ * argmax first), the draw reproducible; bad options refused by name. */
+START_TEST(propose_samples_and_refuses) {
+  dflash_trainer *t;
+  ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
+  for (size_t i = 0; i < t->m.n_params; i++) /* a selector that rescores */
+    t->m.params[i] += 0.5f * sinf(0.37f * (float)i);
+  enum { LEN = 12, NA = 3, KK = 5, N = NA * (B - 1) };
+  int32_t ids[LEN], anchors[NA] = {0, 4, 7}, greedy[N], got[N], again[N], cand[N * KK];
+  int32_t argmax[N];
+  float hidden[LEN * H], probs[N * KK];
+  for (int i = 0; i < LEN; i++) ids[i] = (i * 7 + 2) % (V - 1);
+  for (int i = 0; i < LEN * H; i++) hidden[i] = cosf(0.23f * (float)i);
+  ck_assert_ok(dflash_trainer_predict(t, ids, LEN, hidden, anchors, NA, greedy));
+  dflash_propose_options o;
+  dflash_propose_options_default(&o);
+  ck_assert_uint_eq(o.struct_size, sizeof o);
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
+  ck_assert_mem_eq(got, greedy, sizeof got);
+  o.temperature = 1e-6, o.candidates = cand, o.probs = probs, o.argmax = argmax;
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
+  ck_assert_mem_eq(got, greedy, sizeof got);
+  o.temperature = 3.0, o.seed = 9;
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, again));
+  ck_assert_mem_eq(got, again, sizeof got);
+  for (int i = 0; i < N; i++) {
+    double sum = 0;
+    bool drawn = false;
+    for (int c = 0; c < KK; c++) {
+      sum += probs[i * KK + c];
+      drawn |= cand[i * KK + c] == got[i] && probs[i * KK + c] > 0;
+    }
+    ck_assert_msg(fabs(sum - 1) < 1e-5, "position %d: q sums to %g", i, sum);
+    ck_assert_msg(drawn, "position %d: token %d is not a candidate with q > 0", i, got[i]);
+    ck_assert_int_eq(argmax[i], cand[i * KK]);
+  }
+  o.temperature = -1;
+  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
+                   DFLASH_E_RANGE, "temperature -1");
+  o.temperature = NAN;
+  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
+                   DFLASH_E_RANGE, "temperature");
+  /* Versioned: an older caller's struct (no argmax) is its prefix; a newer one
+   * only with its unknown tail zero; a struct_size that is no size is refused. */
+  struct {
+    dflash_propose_options o;
+    uint64_t extra;
+  } big;
+  memset(&big, 0, sizeof big);
+  big.o = o, big.o.temperature = 3.0, big.o.struct_size = sizeof big;
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &big.o, again));
+  ck_assert_mem_eq(got, again, sizeof got);
+  big.extra = 1;
+  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &big.o, again),
+                   DFLASH_E_UNSUPPORTED, "newer libdflash");
+  o.temperature = 3.0, o.argmax = NULL, o.struct_size = offsetof(dflash_propose_options, argmax);
+  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, again));
+  ck_assert_mem_eq(got, again, sizeof got);
+  o.struct_size = 2;
+  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
+                   DFLASH_E_INVALID_ARG, "struct_size 2");
+  /* DFlash 1 has no selector to sample from; its argmax is the prediction. */
+  t->m.dflash2 = false;
+  dflash_propose_options_default(&o);
+  o.temperature = 0.5;
+  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
+                   DFLASH_E_UNSUPPORTED, "needs a DFlash 2 drafter");
+  t->m.dflash2 = true;
+  dflash_trainer_free(t);
+}
+END_TEST
+
 /* --plan's parameter count is the trainer's, DFlash 2 tensors included. */
 START_TEST(plan_counts_dflash2_tensors) {
   dflash_trainer *t;
@@ -307,7 +429,7 @@ START_TEST(plan_counts_dflash2_tensors) {
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
   o.gpu_bytes = UINT64_MAX / 2;
-  dflash_train_plan p;
+  dflash_train_plan p = {.struct_size = sizeof p};
   ck_assert_ok(dflash_train_plan_compute_ext(&c, &e, &o, &p));
   ck_assert_uint_eq(p.n_params, total);
   ck_assert_uint_eq(total - d1, 2 * L * (2 * K * H + 2 * K * H / G * H) + 2 * V * R + R * H);
@@ -377,8 +499,10 @@ START_TEST(model_backward_through_convolutions) {
       double lm = model_loss(m, ids, mask, LEN, hidden, anchors, 3, false);
       *p = keep;
       double fd = (lp - lm) / (2.0 * h);
-      ck_assert_msg(fabs(fd - g[i]) <= 1e-2 * scale + 1e-5, "%s[%zu]: backward %g, central "
-                    "difference %g (scale %g)", names[n], i, g[i], fd, scale);
+      ck_assert_msg(fabs(fd - g[i]) <= 1e-2 * scale + 1e-5,
+                    "%s[%zu]: backward %g, central "
+                    "difference %g (scale %g)",
+                    names[n], i, g[i], fd, scale);
     }
   }
   dflash_trainer_free(t);
@@ -388,12 +512,14 @@ END_TEST
 TCase *tc_dflash2(void) {
   TCase *tc = tcase_create("dflash2");
   tcase_add_test(tc, tensors_named_and_initialised_as_identity);
-  tcase_add_test(tc, cuda_refused_cpu_trains);
+  tcase_add_test(tc, cuda_not_refused_cpu_trains);
   tcase_add_test(tc, training_lowers_selector_loss);
   tcase_add_test(tc, selector_loss_options);
   tcase_add_test(tc, checkpoint_round_trip);
   tcase_add_test(tc, conv_matches_direct_evaluation);
   tcase_add_test(tc, selector_walks_from_the_anchor);
+  tcase_add_test(tc, topk_fused_into_the_ce_pass);
+  tcase_add_test(tc, propose_samples_and_refuses);
   tcase_add_test(tc, plan_counts_dflash2_tensors);
   tcase_add_test(tc, model_backward_through_convolutions);
   return tc;

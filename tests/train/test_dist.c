@@ -25,8 +25,16 @@ typedef struct peer {
   char msg[1024];
 } peer;
 
-enum { M_SUMS, M_ABORT_RANK2, M_SILENT_RANK1, M_CLOSE_RANK1, M_DIVERGE, M_BCAST_LEN,
-       M_STALLED_RANK0, M_BARRIER };
+enum {
+  M_SUMS,
+  M_ABORT_RANK2,
+  M_SILENT_RANK1,
+  M_CLOSE_RANK1,
+  M_DIVERGE,
+  M_BCAST_LEN,
+  M_STALLED_RANK0,
+  M_BARRIER
+};
 
 /* M_STALLED_RANK0: more than loopback's socket buffers hold, and the flag
  * rank 1 raises when its send gave up (rank 0 stays connected till then). */
@@ -66,12 +74,8 @@ static void *peer_main(void *arg) {
   case M_CLOSE_RANK1:
     if (r != 1) st = df_comm_sum_f64(c, p->small, 1);
     break;
-  case M_DIVERGE:
-    st = df_comm_sum_f64(c, p->small, r == 0 ? 2 : 3);
-    break;
-  case M_BCAST_LEN:
-    st = df_comm_broadcast(c, p->blob, r == 0 ? 16 : 8);
-    break;
+  case M_DIVERGE: st = df_comm_sum_f64(c, p->small, r == 0 ? 2 : 3); break;
+  case M_BCAST_LEN: st = df_comm_broadcast(c, p->blob, r == 0 ? 16 : 8); break;
   case M_STALLED_RANK0: /* rank 0 alive and connected, not reading */
     if (r == 1) {
       st = df_comm_sum_f32(c, p->big, NHUGE);
@@ -80,9 +84,7 @@ static void *peer_main(void *arg) {
     for (int i = 0; r == 0 && i < 3000 && !__atomic_load_n(&rank1_done, __ATOMIC_SEQ_CST); i++)
       usleep(10 * 1000);
     break;
-  case M_BARRIER:
-    st = df_comm_broadcast(c, NULL, 0);
-    break;
+  case M_BARRIER: st = df_comm_broadcast(c, NULL, 0); break;
   }
   keep(p, st);
   df_comm_free(c);

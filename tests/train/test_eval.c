@@ -2,6 +2,7 @@
  * the drafter's greedy drafts are accepted for a planned number of tokens at
  * each planned anchor, the walk must take exactly the planned steps. */
 #include <dflash/train.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,8 +79,8 @@ START_TEST(walk_takes_the_planned_steps) {
   build(t, w);
   int64_t tokens, steps, hist[B] = {0};
   int32_t accept[S];
-  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, accept,
-                                   hist));
+  ck_assert_ok(
+      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, accept, hist));
   ck_assert_int_eq(steps, w->steps);
   ck_assert_int_eq(tokens, w->tokens);
   ck_assert_int_gt(steps, 20);
@@ -102,8 +103,8 @@ START_TEST(walk_takes_the_planned_steps) {
     ck_assert_int_eq(accept[p], a);
   }
   /* NULL accept and hist are fine. */
-  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, NULL,
-                                   NULL));
+  ck_assert_ok(
+      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, NULL, NULL));
   ck_assert_int_eq(steps, w->steps);
   free(w);
   dflash_trainer_free(t);
@@ -119,8 +120,8 @@ START_TEST(walk_max_tokens_cuts_each_run) {
   enum { N = 9 };
   int64_t tokens, steps;
   int32_t accept[S];
-  ck_assert_ok(dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, N, &tokens, &steps, accept,
-                                   NULL));
+  ck_assert_ok(
+      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, N, &tokens, &steps, accept, NULL));
   int64_t want_steps = 0;
   const int starts[2] = {10, 52};
   for (int r = 0; r < 2; r++) {
@@ -157,7 +158,13 @@ START_TEST(walk_rejects_bad_arguments) {
   dflash_eval_walk ew;
   dflash_eval_walk_default(&ew);
   ck_assert_uint_eq(ew.struct_size, sizeof ew);
-  ew.struct_size = 8;
+  ew.struct_size = 8; /* an older caller's struct: accepted, so the missing folder is what fails */
+  dflash_status st = dflash_train_eval_walk(t, "d", "h", &ew);
+  ck_assert(st != DFLASH_OK && st != DFLASH_E_INVALID_ARG);
+  ew.struct_size = 3; /* not a struct size */
+  ck_assert_int_eq(dflash_train_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
+  ew.struct_size = sizeof ew;
+  ew.max_tokens = -1;
   ck_assert_int_eq(dflash_train_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
   dflash_trainer_free(t);
 }
@@ -171,11 +178,10 @@ START_TEST(eval_rejects_hidden_of_another_width) {
   synth_world(root, 3, 24, 1);
   char *data = synth_path(root, "train"), *hidden = synth_path(root, "hidden");
   static float E[17 * 32];
-  const char *fmt =
-      "{\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 1,"
-      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
-      "\"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4,"
-      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": %s}}";
+  const char *fmt = "{\"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 1,"
+                    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+                    "\"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4,"
+                    "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": %s}}";
   const char *layers[2] = {"[3]", "[3, 5]"};
   for (int i = 0; i < 2; i++) {
     char text[512];
@@ -190,12 +196,27 @@ START_TEST(eval_rejects_hidden_of_another_width) {
     if (i == 0) {
       ck_assert_ok(dflash_train_eval_walk(t, data, hidden, &ew));
       ck_assert_int_gt(ew.steps, 0);
+      /* Each anchor scores block positions 1..3 (B 4) inside its run, at least the first. */
+      ck_assert_int_ge(ew.scored, ew.positions);
+      ck_assert_int_le(ew.scored, 3 * ew.positions);
+      ck_assert_double_eq(ew.candidate_recall, -1); /* DFlash 1: no candidates */
+      ck_assert_double_eq(ew.backbone_accuracy, ew.selector_accuracy);
+      /* A caller built before the appended fields: they are left alone. */
+      dflash_eval_walk old;
+      memset(&old, 0x5a, sizeof old);
+      dflash_eval_walk_default(&old);
+      old.struct_size = offsetof(dflash_eval_walk, scored);
+      old.scored = 77;
+      ck_assert_ok(dflash_train_eval_walk(t, data, hidden, &old));
+      ck_assert_int_eq(old.steps, ew.steps);
+      ck_assert_int_eq(old.scored, 77);
+      old.struct_size = 3; /* not a struct size */
+      ck_assert_int_eq(dflash_train_eval_walk(t, data, hidden, &old), DFLASH_E_INVALID_ARG);
       ck_assert_ok(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL));
     } else {
-      ck_assert_status(dflash_train_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH,
-                           "K*H = 64");
+      ck_assert_status(dflash_train_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH, "K*H = 64");
       ck_assert_status(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL),
-                           DFLASH_E_MISMATCH, "32 features per token");
+                       DFLASH_E_MISMATCH, "32 features per token");
     }
     dflash_trainer_free(t);
   }

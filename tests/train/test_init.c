@@ -91,8 +91,8 @@ START_TEST(init_values_follow_the_counter_definition) {
         float v = ((float)((x >> 8) & 0xffffff) + 0.5f) * 0x1p-24f;
         float rad = 0.02f * sqrtf(-2.0f * logf(u)), a = 6.2831853f * v;
         ck_assert_msg(p[k] == rad * cosf(a) && (k + 1 >= n || p[k + 1] == rad * sinf(a)),
-                      "tensor %zu element %zu: %.9g %.9g, the definition gives %.9g %.9g", i,
-                      k, p[k], p[k + 1], rad * cosf(a), rad * sinf(a));
+                      "tensor %zu element %zu: %.9g %.9g, the definition gives %.9g %.9g", i, k,
+                      p[k], p[k + 1], rad * cosf(a), rad * sinf(a));
         checked += 2;
       }
     }

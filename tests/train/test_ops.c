@@ -44,13 +44,18 @@ static void fd_check(const char *what, objective f, void *ctx, float *x, const f
     double fm = f(ctx);
     x[i] = keep;
     double fd = (fp - fm) / (2.0 * h);
-    ck_assert_msg(fabs(fd - g[i]) <= 1e-2 * scale, "%s[%zu]: analytic %g, finite difference %g "
-                  "(scale %g)", what, i, g[i], fd, scale);
+    ck_assert_msg(fabs(fd - g[i]) <= 1e-2 * scale,
+                  "%s[%zu]: analytic %g, finite difference %g "
+                  "(scale %g)",
+                  what, i, g[i], fd, scale);
   }
 }
 
 /* ---- RMSNorm -------------------------------------------------------------- */
-typedef struct { float *x, *w, *c, *y, *rstd; int rows, n; } rms_t;
+typedef struct {
+  float *x, *w, *c, *y, *rstd;
+  int rows, n;
+} rms_t;
 static double rms_obj(void *v) {
   rms_t *p = v;
   df_rmsnorm_forward(NULL, p->y, p->rstd, p->x, p->w, p->rows, p->n, 1e-6f);
@@ -68,7 +73,11 @@ START_TEST(rmsnorm_fd) {
 END_TEST
 
 /* ---- RoPE ----------------------------------------------------------------- */
-typedef struct { float *x, *y, *c, *cos_t, *sin_t; int32_t *pos; int rot; } rope_t;
+typedef struct {
+  float *x, *y, *c, *cos_t, *sin_t;
+  int32_t *pos;
+  int rot;
+} rope_t;
 static double rope_obj(void *v) {
   rope_t *p = v;
   memcpy(p->y, p->x, 3 * 2 * 8 * sizeof(float));
@@ -90,12 +99,17 @@ static void rope_case(int rot) {
   df_rope_inv_freq(&cfg, rot, inv, &af);
   ck_assert_double_eq(af, 1.2);
   ck_assert_double_eq(inv[0], 1.0); /* theta^0, beyond the YaRN ramp */
-  rope_t p = {rnd(48, 1), rnd(48, 1), rnd(48, 1), malloc(40 * 4 * 4), malloc(40 * 4 * 4),
-              (int32_t[]){3, 17, 39}, rot};
+  rope_t p = {rnd(48, 1),
+              rnd(48, 1),
+              rnd(48, 1),
+              malloc(40 * 4 * 4),
+              malloc(40 * 4 * 4),
+              (int32_t[]){3, 17, 39},
+              rot};
   for (int q = 0; q < 40; q++)
     for (int i = 0; i < half; i++)
       p.cos_t[q * half + i] = (float)(cos(q * inv[i]) * af),
-      p.sin_t[q * half + i] = (float)(sin(q * inv[i]) * af);
+                         p.sin_t[q * half + i] = (float)(sin(q * inv[i]) * af);
   rope_obj(&p);
   for (int r = 0; r < 6; r++) {
     /* dim 0 pairs with dim `half` */
@@ -138,7 +152,13 @@ static double attn_obj(void *v) {
 }
 static void attention_fd(int window) {
   static const int32_t anchors[] = {2, 5, 9};
-  attn_t p = {.s = {.n_blocks = 3, .B = 4, .Sc = 9, .nh = 4, .nkv = 2, .d = 6, .window = window,
+  attn_t p = {.s = {.n_blocks = 3,
+                    .B = 4,
+                    .Sc = 9,
+                    .nh = 4,
+                    .nkv = 2,
+                    .d = 6,
+                    .window = window,
                     .anchors = anchors}};
   size_t T = 12, qn = T * 4 * 6, kbn = T * 2 * 6, kcn = 9 * 2 * 6;
   p.q = rnd(qn, 1), p.kc = rnd(kcn, 1), p.vc = rnd(kcn, 1), p.kb = rnd(kbn, 1), p.vb = rnd(kbn, 1);
@@ -181,7 +201,9 @@ START_TEST(attention_mask_blocks) {
 END_TEST
 
 /* ---- SwiGLU --------------------------------------------------------------- */
-typedef struct { float *g, *u, *m, *c; } swiglu_t;
+typedef struct {
+  float *g, *u, *m, *c;
+} swiglu_t;
 static double swiglu_obj(void *v) {
   swiglu_t *p = v;
   df_swiglu_forward(NULL, p->m, p->g, p->u, 40);
@@ -198,7 +220,11 @@ START_TEST(swiglu_fd) {
 END_TEST
 
 /* ---- LM head + CE (chunk 7 does not divide V = 30) ------------------------ */
-typedef struct { float *x, *E, *coef, *work; int32_t *tgt; double loss[4]; } ce_t;
+typedef struct {
+  float *x, *E, *coef, *work;
+  int32_t *tgt;
+  double loss[4];
+} ce_t;
 static double ce_obj(void *v) {
   ce_t *p = v;
   df_lmhead_ce(NULL, p->loss, NULL, p->x, p->E, p->tgt, p->coef, 4, 10, 30, 7, p->work);
@@ -207,8 +233,12 @@ static double ce_obj(void *v) {
   return s;
 }
 START_TEST(lmhead_ce_fd) {
-  ce_t p = {rnd(40, 1), rnd(300, 1), (float[]){1.0f, 0.5f, 0.25f, 2.0f},
-            malloc(df_lmhead_work(4, 10, 7) * sizeof(float)), (int32_t[]){0, 29, 13, 6}, {0}};
+  ce_t p = {rnd(40, 1),
+            rnd(300, 1),
+            (float[]){1.0f, 0.5f, 0.25f, 2.0f},
+            malloc(df_lmhead_work(4, 10, 7) * sizeof(float)),
+            (int32_t[]){0, 29, 13, 6},
+            {0}};
   float dx[40];
   df_lmhead_ce(NULL, p.loss, dx, p.x, p.E, p.tgt, p.coef, 4, 10, 30, 7, p.work);
   /* The loss itself against a direct log-softmax over all logits. */
@@ -234,13 +264,22 @@ static const char *TINY =
     "\"sliding_window\": 3,"
     "\"dflash_config\": {\"mask_token_id\": 22, \"target_layer_ids\": [1, 5]}}";
 
-typedef struct { dflash_trainer *t; int32_t ids[20]; uint8_t mask[20]; float *hid; int32_t anc[4];
-                 const char *name; float *p; size_t n; } model_t;
+typedef struct {
+  dflash_trainer *t;
+  int32_t ids[20];
+  uint8_t mask[20];
+  float *hid;
+  int32_t anc[4];
+  const char *name;
+  float *p;
+  size_t n;
+} model_t;
 static double model_obj(void *v) {
   model_t *m = v;
   ck_assert_ok(dflash_trainer_set_param(m->t, m->name, m->p, m->n));
   double loss;
-  ck_assert_ok(dflash_trainer_forward_backward(m->t, m->ids, m->mask, 20, m->hid, m->anc, 4, &loss));
+  ck_assert_ok(
+      dflash_trainer_forward_backward(m->t, m->ids, m->mask, 20, m->hid, m->anc, 4, &loss));
   return loss;
 }
 /* The tiny model with partial_rotary_factor 0.5: RoPE on 2 of the 4 dims. */

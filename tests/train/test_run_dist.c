@@ -215,7 +215,7 @@ START_TEST(a_rank_that_disagrees_stops_the_run) {
   dflash_train_run_options o[2];
   synth_run_options(&o[0], root, out);
   synth_run_options(&o[1], root, out);
-  o[1].trainer.seed = 6;
+  synth_trainer(&o[1])->seed = 6;
   int port = synth_free_port();
   pid_t pid[2];
   for (int r = 0; r < 2; r++) pid[r] = synth_spawn(&o[r], r, 2, port, 60, rep[r]);

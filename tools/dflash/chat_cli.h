@@ -6,20 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* "official" | "keep_all" | "keep_after_last_user" | "drop"; -1 when unknown. */
-static inline int chat_cli_reasoning(const char *s, dflash_chat_reasoning *out) {
-  static const char *const names[] = {"official", "keep_all", "keep_after_last_user", "drop"};
-  for (int i = 0; i < 4; i++)
-    if (!strcmp(s, names[i])) {
-      *out = (dflash_chat_reasoning)i;
-      return 0;
-    }
-  return -1;
-}
-
-/* chat_cli_reasoning as a cli_opt CLI_FN. */
+/* --reasoning NAME (dflash_chat_reasoning_from_name) as a cli_opt CLI_FN. */
 static inline int chat_cli_reasoning_opt(const char *s, void *dst) {
-  return chat_cli_reasoning(s, (dflash_chat_reasoning *)dst);
+  return dflash_chat_reasoning_from_name(s, (dflash_chat_reasoning *)dst) ? -1 : 0;
 }
 
 /* "Templates: kimi-k2, ..." from the library's registry. */

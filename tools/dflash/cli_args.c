@@ -57,10 +57,8 @@ static int store(const char *cmd, const cli_opt *o, const char *v) {
   bool bad = false;
   switch (o->kind) {
   case CLI_STR: *(const char **)o->dst = v; break;
-  case CLI_INT: *(int *)o->dst = (int)cli_int(o->name, v, bound(o->lo), bound(o->hi), &bad);
-    break;
-  case CLI_I64: *(int64_t *)o->dst = cli_int(o->name, v, bound(o->lo), bound(o->hi), &bad);
-    break;
+  case CLI_INT: *(int *)o->dst = (int)cli_int(o->name, v, bound(o->lo), bound(o->hi), &bad); break;
+  case CLI_I64: *(int64_t *)o->dst = cli_int(o->name, v, bound(o->lo), bound(o->hi), &bad); break;
   case CLI_REAL: *(double *)o->dst = cli_real(o->name, v, o->lo, o->hi, &bad); break;
   case CLI_FN:
     if (o->fn(v, o->dst)) return fail(cmd, "%s does not take '%s'", o->name, v);
@@ -119,6 +117,4 @@ int cli_parse_one(const char *cmd, const char *usage, int argc, char **argv, con
   return *arg ? 0 : cli_missing(cmd, what);
 }
 
-int cli_missing(const char *cmd, const char *what) {
-  return fail(cmd, "missing %s%s", what, "");
-}
+int cli_missing(const char *cmd, const char *what) { return fail(cmd, "missing %s%s", what, ""); }

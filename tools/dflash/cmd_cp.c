@@ -24,13 +24,13 @@ dflash_status cli_storage_create(dflash_storage **out) {
 }
 
 static const char USAGE[] =
-          "usage: dflash cp SRC DST        copy one object or file (DST '-': stdout;\n"
-          "                                DST ending in '/': keep SRC's name)\n"
-          "       dflash cp -r SRC/ DST/   copy everything under a prefix\n"
-          "SRC, DST: local paths or s3://bucket/key. Credentials and endpoint from\n"
-          "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
-          "AWS_ENDPOINT_URL; DFLASH_S3_ADDRESSING=path|virtual; DFLASH_S3_TRACE=1.\n"
-          "Exit status: 0 copied; 1 an error (message on stderr); 2 a usage error.\n";
+    "usage: dflash cp SRC DST        copy one object or file (DST '-': stdout;\n"
+    "                                DST ending in '/': keep SRC's name)\n"
+    "       dflash cp -r SRC/ DST/   copy everything under a prefix\n"
+    "SRC, DST: local paths or s3://bucket/key. Credentials and endpoint from\n"
+    "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+    "AWS_ENDPOINT_URL; DFLASH_S3_ADDRESSING=path|virtual; DFLASH_S3_TRACE=1.\n"
+    "Exit status: 0 copied; 1 an error (message on stderr); 2 a usage error.\n";
 
 static dflash_status to_stdout(dflash_storage *st, const char *src) {
   void *data;

@@ -8,8 +8,8 @@
 
 #include "commands.h"
 
-int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
-                       const char **path, const char **pattern, const char **special);
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv, const char **path,
+                       const char **pattern, const char **special);
 
 static const char USAGE[] =
     "usage: dflash decode --tokenizer PATH\n"
@@ -58,7 +58,8 @@ int cmd_decode(int argc, char **argv) {
   }
   st = dflash_tokenizer_decode(tok, ids, n, NULL, 0, &len);
   char *out = st == DFLASH_E_BUFFER ? malloc(len ? len : 1) : NULL;
-  if (st == DFLASH_E_BUFFER) st = out ? dflash_tokenizer_decode(tok, ids, n, out, len, &len) : DFLASH_E_NOMEM;
+  if (st == DFLASH_E_BUFFER)
+    st = out ? dflash_tokenizer_decode(tok, ids, n, out, len, &len) : DFLASH_E_NOMEM;
   if (!st && fwrite(out, 1, len, stdout) != len) st = DFLASH_E_IO;
   free(out);
   free(ids);

@@ -8,12 +8,12 @@
 #include "commands.h"
 
 static const char USAGE[] =
-          "usage: dflash encode --tokenizer PATH [--pattern NAME|REGEX] [--special all|none]\n"
-          "Reads UTF-8 text on stdin and prints its token ids, one per line.\n"
-          "PATH: tiktoken rank file, tokenizer.json, vocab.json or a model directory.\n"
-          "NAME: cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2 (needed for a bare rank file).\n"
-          "--special all (default) recognises special-token text; none encodes it as text.\n"
-          "Exit status: 0 encoded; 1 an error (message on stderr); 2 a usage error.\n";
+    "usage: dflash encode --tokenizer PATH [--pattern NAME|REGEX] [--special all|none]\n"
+    "Reads UTF-8 text on stdin and prints its token ids, one per line.\n"
+    "PATH: tiktoken rank file, tokenizer.json, vocab.json or a model directory.\n"
+    "NAME: cl100k, o200k, kimi-k2, qwen2, qwen3.5, gpt2 (needed for a bare rank file).\n"
+    "--special all (default) recognises special-token text; none encodes it as text.\n"
+    "Exit status: 0 encoded; 1 an error (message on stderr); 2 a usage error.\n";
 
 /* Read all of stdin into a malloc'd buffer. */
 static char *read_stdin(size_t *len) {
@@ -36,10 +36,10 @@ static char *read_stdin(size_t *len) {
 }
 
 /* Shared by encode and decode: --tokenizer (required), --pattern and --special (encode). */
-int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
-                       const char **path, const char **pattern, const char **special);
-int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv,
-                       const char **path, const char **pattern, const char **special) {
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv, const char **path,
+                       const char **pattern, const char **special);
+int cli_tokenizer_args(const char *cmd, const char *usage, int argc, char **argv, const char **path,
+                       const char **pattern, const char **special) {
   /* decode (no pattern) ends the table after --tokenizer. */
   const cli_opt opts[] = {{"--tokenizer", CLI_STR, path, 0, 0, NULL},
                           {pattern ? "--pattern" : NULL, CLI_STR, pattern, 0, 0, NULL},
@@ -75,7 +75,8 @@ int cmd_encode(int argc, char **argv) {
   size_t cap = dflash_tokenizer_max_ids(tok, len), n = 0;
   int32_t *ids = malloc(cap * sizeof *ids);
   st = ids ? dflash_tokenizer_encode(tok, text, len,
-                                     strcmp(special, "none") ? DFLASH_SPECIAL_ALL : DFLASH_SPECIAL_NONE,
+                                     strcmp(special, "none") ? DFLASH_SPECIAL_ALL
+                                                             : DFLASH_SPECIAL_NONE,
                                      ids, cap, &n)
            : DFLASH_E_NOMEM;
   for (size_t i = 0; !st && i < n; i++) printf("%d\n", ids[i]);

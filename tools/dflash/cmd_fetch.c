@@ -177,18 +177,21 @@ static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user)
     double down_s = summary_real(c->summary, "down_s");
     double limit = summary_real(c->summary, "down_timeout_s");
     if (down_s > 0 && limit > 0)
-      snprintf(down, sizeof down, "all servers down for %.0f s, waiting (stop at %.0f s) |",
-               down_s, limit);
+      snprintf(down, sizeof down, "all servers down for %.0f s, waiting (stop at %.0f s) |", down_s,
+               limit);
     else if (down_s > 0)
       snprintf(down, sizeof down, "all servers down for %.0f s, waiting |", down_s);
   }
   int n = down[0] ? snprintf(note, sizeof note, "%s", down)
                   : snprintf(note, sizeof note, "%.1f req/s %s",
                              (double)(s->completed + s->failed) / el, rate);
-  n += snprintf(note + n, sizeof note - (size_t)n, " retries %llu attempts failed %llu prompts "
-                "failed %llu%s", (unsigned long long)s->retries, attempts_failed,
-                (unsigned long long)s->failed, s->stopping ? " STOPPING" : "");
-  for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < sizeof note - 40; i++) {
+  n += snprintf(note + n, sizeof note - (size_t)n,
+                " retries %llu attempts failed %llu prompts "
+                "failed %llu%s",
+                (unsigned long long)s->retries, attempts_failed, (unsigned long long)s->failed,
+                s->stopping ? " STOPPING" : "");
+  for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < sizeof note - 40;
+       i++) {
     dflash_fetch_server_stats ss = {.struct_size = sizeof ss};
     if (dflash_fetch_get_server_stats(f, i, &ss) == DFLASH_OK)
       n += snprintf(note + n, sizeof note - (size_t)n, " | s%zu %u%s", i, ss.in_flight,
@@ -247,51 +250,52 @@ static int parse_args(int argc, char **argv, cli_args *a) {
   if (!a->servers) return 2;
   dflash_fetch_options *o = &a->o;
   const double big = 1e9;
-  const cli_opt opts[] = {
-      {"--server", CLI_FN, a, 0, 0, add_server},
-      {"--model", CLI_STR, &o->model, 0, 0, NULL},
-      {"--family", CLI_FN, o, 0, 0, parse_family},
-      {"--no-thinking", CLI_FLAG, &a->no_thinking, 0, 0, NULL},
-      {"--max-tokens", CLI_INT, &o->max_tokens, 0, INT32_MAX, NULL},
-      {"--temperature", CLI_REAL, &o->temperature, 0, 100, NULL},
-      {"--top-p", CLI_REAL, &o->top_p, 0, 1, NULL},
-      {"--top-k", CLI_INT, &o->top_k, -1, INT32_MAX, NULL},
-      {"--min-p", CLI_REAL, &o->min_p, 0, 1, NULL},
-      {"--seed", CLI_I64, &o->seed, 0, 9.2e18, NULL},
-      {"--stop", CLI_STR, &o->stop_json, 0, 0, NULL},
-      {"--extra", CLI_STR, &o->extra_json, 0, 0, NULL},
-      {"--no-stream", CLI_FLAG, &a->no_stream, 0, 0, NULL},
-      {"--all-turns", CLI_FLAG, &o->all_turns, 0, 0, NULL},
-      {"--api-key-env", CLI_STR, &o->api_key_env, 0, 0, NULL},
-      {"--api-key-file", CLI_STR, &o->api_key_file, 0, 0, NULL},
-      {"--concurrency", CLI_INT, &o->concurrency, 1, 100000, NULL},
-      {"--connect-timeout", CLI_REAL, &o->connect_timeout_s, 0.001, 3600, NULL},
-      {"--idle-timeout", CLI_REAL, &o->idle_timeout_s, 0.001, big, NULL},
-      {"--deadline", CLI_REAL, &o->deadline_s, 0, big, NULL},
-      {"--max-attempts", CLI_INT, &o->max_attempts, 1, 1000, NULL},
-      {"--backoff", CLI_REAL, &o->backoff_base_s, 0, 3600, NULL},
-      {"--fsync-interval", CLI_REAL, &o->fsync_interval_s, 0, 3600, NULL},
-      {"--retry-errors", CLI_FLAG, &o->retry_errors, 0, 0, NULL},
-      {"--shard", CLI_FN, o, 0, 0, parse_shard},
-      {"--fail-threshold", CLI_INT, &o->fail_threshold, 1, 1000000, NULL},
-      {"--probe-interval", CLI_REAL, &o->probe_interval_s, 0.001, 3600, NULL},
-      {"--max-response-bytes", CLI_I64, &o->max_response_bytes, 0, 9.2e18, NULL},
-      {"--grace", CLI_REAL, &o->drain_grace_s, 0, big, NULL},
-      {"--insecure", CLI_FLAG, &a->insecure, 0, 0, NULL},
-      {"--send-rid", CLI_FLAG, &o->send_rid, 0, 0, NULL},
-      {"--log-interval", CLI_REAL, &a->log_interval, 0, big, NULL},
-      {"--worker", CLI_STR, &a->worker, 0, 0, NULL},
-      {"--chunk-records", CLI_I64, &a->chunk_records, 0, big, NULL},
-      {"--chunk-seconds", CLI_REAL, &a->chunk_seconds, 0, big, NULL},
-      {"--down-timeout", CLI_REAL, &a->down_timeout, 0, big, NULL},
-      {"--no-server-check", CLI_FLAG, &a->g.no_server_check, 0, 0, NULL},
-      {"--skip-bad-servers", CLI_FLAG, &a->g.skip_bad_servers, 0, 0, NULL},
-      {"--allow-settings-change", CLI_FLAG, &a->allow_settings_change, 0, 0, NULL},
-      {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
-      {"--output", CLI_STR, &a->out_dir, 0, 0, NULL},
-      {"-v", CLI_FLAG, &a->verbose, 0, 0, NULL},
-      {"--verbose", CLI_FLAG, &a->verbose, 0, 0, NULL},
-      {NULL, 0, NULL, 0, 0, NULL}};
+  const cli_opt opts[] = {{"--server", CLI_FN, a, 0, 0, add_server},
+                          {"--model", CLI_STR, &o->model, 0, 0, NULL},
+                          {"--family", CLI_FN, o, 0, 0, parse_family},
+                          {"--no-thinking", CLI_FLAG, &a->no_thinking, 0, 0, NULL},
+                          {"--max-tokens", CLI_INT, &o->max_tokens, 0, INT32_MAX, NULL},
+                          {"--temperature", CLI_REAL, &o->temperature, 0, 100, NULL},
+                          {"--top-p", CLI_REAL, &o->top_p, 0, 1, NULL},
+                          {"--top-k", CLI_INT, &o->top_k, -1, INT32_MAX, NULL},
+                          {"--min-p", CLI_REAL, &o->min_p, 0, 1, NULL},
+                          {"--seed", CLI_I64, &o->seed, 0, 9.2e18, NULL},
+                          {"--stop", CLI_STR, &o->stop_json, 0, 0, NULL},
+                          {"--extra", CLI_STR, &o->extra_json, 0, 0, NULL},
+                          {"--no-stream", CLI_FLAG, &a->no_stream, 0, 0, NULL},
+                          {"--all-turns", CLI_FLAG, &o->all_turns, 0, 0, NULL},
+                          {"--api-key-env", CLI_STR, &o->api_key_env, 0, 0, NULL},
+                          {"--api-key-file", CLI_STR, &o->api_key_file, 0, 0, NULL},
+                          {"--concurrency", CLI_INT, &o->concurrency, 1, 100000, NULL},
+                          {"--connect-timeout", CLI_REAL, &o->connect_timeout_s, 0.001, 3600, NULL},
+                          {"--idle-timeout", CLI_REAL, &o->idle_timeout_s, 0.001, big, NULL},
+                          {"--deadline", CLI_REAL, &o->deadline_s, 0, big, NULL},
+                          {"--max-attempts", CLI_INT, &o->max_attempts, 1, 1000, NULL},
+                          {"--backoff", CLI_REAL, &o->backoff_base_s, 0, 3600, NULL},
+                          {"--fsync-interval", CLI_REAL, &o->fsync_interval_s, 0, 3600, NULL},
+                          {"--retry-errors", CLI_FLAG, &o->retry_errors, 0, 0, NULL},
+                          {"--shard", CLI_FN, o, 0, 0, parse_shard},
+                          {"--fail-threshold", CLI_INT, &o->fail_threshold, 1, 1000000, NULL},
+                          {"--probe-interval", CLI_REAL, &o->probe_interval_s, 0.001, 3600, NULL},
+                          {"--max-response-bytes", CLI_I64, &o->max_response_bytes, 0, 9.2e18,
+                           NULL},
+                          {"--grace", CLI_REAL, &o->drain_grace_s, 0, big, NULL},
+                          {"--insecure", CLI_FLAG, &a->insecure, 0, 0, NULL},
+                          {"--send-rid", CLI_FLAG, &o->send_rid, 0, 0, NULL},
+                          {"--log-interval", CLI_REAL, &a->log_interval, 0, big, NULL},
+                          {"--worker", CLI_STR, &a->worker, 0, 0, NULL},
+                          {"--chunk-records", CLI_I64, &a->chunk_records, 0, big, NULL},
+                          {"--chunk-seconds", CLI_REAL, &a->chunk_seconds, 0, big, NULL},
+                          {"--down-timeout", CLI_REAL, &a->down_timeout, 0, big, NULL},
+                          {"--no-server-check", CLI_FLAG, &a->g.no_server_check, 0, 0, NULL},
+                          {"--skip-bad-servers", CLI_FLAG, &a->g.skip_bad_servers, 0, 0, NULL},
+                          {"--allow-settings-change", CLI_FLAG, &a->allow_settings_change, 0, 0,
+                           NULL},
+                          {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
+                          {"--output", CLI_STR, &a->out_dir, 0, 0, NULL},
+                          {"-v", CLI_FLAG, &a->verbose, 0, 0, NULL},
+                          {"--verbose", CLI_FLAG, &a->verbose, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
   _Static_assert(sizeof(int32_t) == sizeof(int) && sizeof(uint64_t) == sizeof(int64_t),
                  "option destinations");
   int n_pos, rc = cli_parse("fetch", usage_text, opts, argc, argv, &a->input, 1, &n_pos);
@@ -306,8 +310,8 @@ static int parse_args(int argc, char **argv, cli_args *a) {
   o->servers = a->servers;
   o->n_servers = a->n_servers;
   a->g.down_timeout_s = a->down_timeout > 0 ? a->down_timeout : -1; /* 0: wait forever */
-  a->g.settings_change =
-      a->allow_settings_change ? DFLASH_FETCH_SETTINGS_ALLOW : DFLASH_FETCH_SETTINGS_REFUSE;
+  a->g.settings_change = a->allow_settings_change ? DFLASH_FETCH_SETTINGS_ALLOW
+                                                  : DFLASH_FETCH_SETTINGS_REFUSE;
   return 0;
 }
 
@@ -355,9 +359,11 @@ static int exit_status(const cli_args *a, dflash_status st, const char *err, con
   if (now + before == 0) return 0;
   size_t n = strlen(a->out_dir);
   while (n > 1 && a->out_dir[n - 1] == '/') n--;
-  fprintf(stderr, "dflash fetch: %llu prompts ended in %.*s/%s (%llu in this run, %llu before); "
+  fprintf(stderr,
+          "dflash fetch: %llu prompts ended in %.*s/%s (%llu in this run, %llu before); "
           "each record says why. --retry-errors fetches the failed requests again (malformed "
-          "input lines stay)\n", now + before, (int)n, a->out_dir,
+          "input lines stay)\n",
+          now + before, (int)n, a->out_dir,
           dflash_storage_is_remote(a->out_dir) ? "errors/" : "errors.jsonl", now, before);
   return 4;
 }

@@ -88,8 +88,10 @@ static char *drafter_json(json_t *t, const init_args *a) {
     return NULL;
   }
   if (mask < 0) {
-    fprintf(stderr, "dflash init-config: no known mask token for model_type %s with a "
-                    "%d-token vocabulary: pass --mask-token-id\n", type ? type : "(none)", vocab);
+    fprintf(stderr,
+            "dflash init-config: no known mask token for model_type %s with a "
+            "%d-token vocabulary: pass --mask-token-id\n",
+            type ? type : "(none)", vocab);
     return NULL;
   }
   int layers = a->layers ? a->layers : kimi ? 6 : 5;
@@ -100,14 +102,14 @@ static char *drafter_json(json_t *t, const init_args *a) {
   }
   json_t *ids_json = json_array();
   for (int i = 0; i < layers; i++) json_array_append_new(ids_json, json_integer(ids[i]));
-  json_t *d = json_pack(
-      "{s:[s],s:s,s:i,s:O,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:i,s:o,s:i}}", "architectures",
-      "DFlashDraftModel", "model_type", "qwen3", "hidden_size", hidden, "intermediate_size",
-      json_object_get(t, "intermediate_size"), "num_hidden_layers", layers,
-      "num_attention_heads", heads, "num_key_value_heads", kv ? kv : heads, "head_dim", head_dim,
-      "vocab_size", vocab, "num_target_layers", target_layers, "block_size", a->block,
-      "dflash_config", "mask_token_id", mask, "target_layer_ids", ids_json, "block_size",
-      a->block);
+  json_t *d = json_pack("{s:[s],s:s,s:i,s:O,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:i,s:o,s:i}}",
+                        "architectures", "DFlashDraftModel", "model_type", "qwen3", "hidden_size",
+                        hidden, "intermediate_size", json_object_get(t, "intermediate_size"),
+                        "num_hidden_layers", layers, "num_attention_heads", heads,
+                        "num_key_value_heads", kv ? kv : heads, "head_dim", head_dim, "vocab_size",
+                        vocab, "num_target_layers", target_layers, "block_size", a->block,
+                        "dflash_config", "mask_token_id", mask, "target_layer_ids", ids_json,
+                        "block_size", a->block);
   /* RoPE and norms as the target has them (the library derives YaRN's attention factor). */
   static const char *const copied[] = {"rms_norm_eps", "rope_theta", "rope_scaling",
                                        "max_position_embeddings", "partial_rotary_factor"};
@@ -118,11 +120,12 @@ static char *drafter_json(json_t *t, const init_args *a) {
   /* YaRN: transformers versions read the factor or max/original; make them agree (Qwen's
    * docs pair factor 4 with original 32768 on a 40960-position config). */
   json_t *rs = json_object_get(t, "rope_scaling");
-  json_t *f = json_object_get(rs, "factor"), *orig = json_object_get(rs, "original_max_position_embeddings");
+  json_t *f = json_object_get(rs, "factor"),
+         *orig = json_object_get(rs, "original_max_position_embeddings");
   if (d && json_is_number(f) && json_is_integer(orig))
-    json_object_set_new(d, "max_position_embeddings",
-                        json_integer((json_int_t)(json_number_value(f) *
-                                                  (double)json_integer_value(orig) + 0.5)));
+    json_object_set_new(
+        d, "max_position_embeddings",
+        json_integer((json_int_t)(json_number_value(f) * (double)json_integer_value(orig) + 0.5)));
   char *s = d ? json_dumps(d, JSON_COMPACT) : NULL;
   json_decref(d);
   return s;
@@ -135,8 +138,8 @@ int cmd_init_config(int argc, char **argv) {
   FILE *exists = fopen(a.out, "r");
   if (exists) {
     fclose(exists);
-    return fprintf(stderr, "dflash init-config: %s exists; remove it or pass another -o\n",
-                   a.out), 1;
+    return fprintf(stderr, "dflash init-config: %s exists; remove it or pass another -o\n", a.out),
+           1;
   }
   json_t *root;
   json_t *t = load_target(a.target, &root);

@@ -16,31 +16,30 @@ typedef struct {
 } render_args;
 
 static const char USAGE[] =
-          "usage: dflash render --template NAME [--tokenizer PATH] [--mask] [--last-turn-only]\n"
-          "                     [--generation-prompt] [--no-thinking] [--preserve-thinking]\n"
-          "                     [--reasoning official|keep_all|keep_after_last_user|drop]\n"
-          "Reads one conversation (JSON) on stdin and prints the rendered text. With --mask\n"
-          "(needs --tokenizer) prints {\"text\", \"ids\", \"loss_mask\"} instead. With a tokenizer\n"
-          "that normalises (NFC), the conversation is normalised first, so text and ids\n"
-          "match. Default reasoning: official (what the template renders); with --mask\n"
-          "keep_after_last_user, as `dflash tokenize` stores it.\n"
-          "Exit status: 0 rendered; 1 an error (message on stderr); 2 a usage error.\n";
+    "usage: dflash render --template NAME [--tokenizer PATH] [--mask] [--last-turn-only]\n"
+    "                     [--generation-prompt] [--no-thinking] [--preserve-thinking]\n"
+    "                     [--reasoning official|keep_all|keep_after_last_user|drop]\n"
+    "Reads one conversation (JSON) on stdin and prints the rendered text. With --mask\n"
+    "(needs --tokenizer) prints {\"text\", \"ids\", \"loss_mask\"} instead. With a tokenizer\n"
+    "that normalises (NFC), the conversation is normalised first, so text and ids\n"
+    "match. Default reasoning: official (what the template renders); with --mask\n"
+    "keep_after_last_user, as `dflash tokenize` stores it.\n"
+    "Exit status: 0 rendered; 1 an error (message on stderr); 2 a usage error.\n";
 
 static int parse_args(int argc, char **argv, render_args *a) {
   memset(a, 0, sizeof *a);
   dflash_chat_options_default(&a->o);
   a->o.reasoning = (dflash_chat_reasoning)-1; /* not given */
   int gen = 0, no_thinking = 0, preserve = 0;
-  const cli_opt opts[] = {
-      {"--template", CLI_STR, &a->tmpl_name, 0, 0, NULL},
-      {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
-      {"--mask", CLI_FLAG, &a->mask, 0, 0, NULL},
-      {"--last-turn-only", CLI_FLAG, &a->last_only, 0, 0, NULL},
-      {"--generation-prompt", CLI_FLAG, &gen, 0, 0, NULL},
-      {"--no-thinking", CLI_FLAG, &no_thinking, 0, 0, NULL},
-      {"--preserve-thinking", CLI_FLAG, &preserve, 0, 0, NULL},
-      {"--reasoning", CLI_FN, &a->o.reasoning, 0, 0, chat_cli_reasoning_opt},
-      {NULL, 0, NULL, 0, 0, NULL}};
+  const cli_opt opts[] = {{"--template", CLI_STR, &a->tmpl_name, 0, 0, NULL},
+                          {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+                          {"--mask", CLI_FLAG, &a->mask, 0, 0, NULL},
+                          {"--last-turn-only", CLI_FLAG, &a->last_only, 0, 0, NULL},
+                          {"--generation-prompt", CLI_FLAG, &gen, 0, 0, NULL},
+                          {"--no-thinking", CLI_FLAG, &no_thinking, 0, 0, NULL},
+                          {"--preserve-thinking", CLI_FLAG, &preserve, 0, 0, NULL},
+                          {"--reasoning", CLI_FN, &a->o.reasoning, 0, 0, chat_cli_reasoning_opt},
+                          {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("render", USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc == 1) chat_cli_list_templates(stdout);

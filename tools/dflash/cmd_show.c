@@ -197,8 +197,8 @@ int cli_hidden_summary(const char *dir) {
     for (int32_t k = 0; k < K; k++) {
       bool dead = rows && zero[k] == rows;
       bad += dead;
-      printf("  layer %d: rms %.6g, all-zero rows %llu%s\n", k, rms[k],
-             (unsigned long long)zero[k], dead ? "  <- never captured: training refuses it" : "");
+      printf("  layer %d: rms %.6g, all-zero rows %llu%s\n", k, rms[k], (unsigned long long)zero[k],
+             dead ? "  <- never captured: training refuses it" : "");
     }
     if (bad) printf("%d layer(s) hold only zeros\n", bad);
   }

@@ -19,14 +19,16 @@ static const char TRAIN_USAGE[] =
     " [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
-    "                    [--spool-wait S] [--spool-reuse]\n"
+    "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
+    "                    [--final-norm-name NAME]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
     "--resume) and metrics.jsonl (one line per step). A non-empty OUT is refused unless\n"
     "--resume continues the run in it or --overwrite replaces it. At the end a JSON summary\n"
-    "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint) goes to stdout.\n"
+    "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint; spool_wait_s on a spool)\n"
+    "goes to stdout.\n"
     "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
@@ -39,6 +41,12 @@ static const char TRAIN_USAGE[] =
     "producer's budget, or when waiting). --spool-wait S (600; DFLASH_SPOOL_WAIT) bounds\n"
     "the wait for a shard; --spool-reuse keeps epoch 0's shards and replays them for every\n"
     "later epoch (DFLASH_SPOOL_REUSE=1; the budget must hold a whole epoch).\n"
+    "--labels target trains each drafted position on the target's own greedy token (what\n"
+    "greedy verification accepts) instead of the data's: the store's target ids\n"
+    "(HiddenWriter.append(..., target_ids=logits.argmax(-1))), or for vLLM's hs_*.safetensors\n"
+    "their final layer through the target's final norm (--final-norm-name, default\n"
+    "model.norm.weight; rms_norm_eps from --target's config.json) and LM head. A store with\n"
+    "neither is refused. Default: --labels data.\n"
     "Defaults: --backend cpu, --epochs 6, --batch 1, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
@@ -51,38 +59,48 @@ static int parse_backend(const char *v, void *dst) {
   return 0;
 }
 
-static int parse_train(int argc, char **argv, dflash_train_run_options *o, int *overwrite) {
+static int parse_labels(const char *v, void *dst) {
+  int32_t *l = dst; /* dflash_train_labels */
+  if (!strcmp(v, "data")) *l = DFLASH_LABELS_DATA;
+  else if (!strcmp(v, "target")) *l = DFLASH_LABELS_TARGET;
+  else return -1;
+  return 0;
+}
+
+static int parse_train(int argc, char **argv, dflash_train_run_options *o,
+                       dflash_trainer_options *t, int *overwrite) {
   int quiet = 0, resume = 0, bf16 = 0, reuse = 0;
   double spool_wait = -2;
-  dflash_trainer_options *t = &o->trainer;
-  const cli_opt opts[] = {
-      {"--config", CLI_STR, &o->config_path, 0, 0, NULL},
-      {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
-      {"--data", CLI_STR, &o->data_dir, 0, 0, NULL},
-      {"--hidden", CLI_STR, &o->hidden_dir, 0, 0, NULL},
-      {"-o", CLI_STR, &o->out_dir, 0, 0, NULL},
-      {"--out", CLI_STR, &o->out_dir, 0, 0, NULL},
-      {"--embed-name", CLI_STR, &o->embed_name, 0, 0, NULL},
-      {"--lm-head-name", CLI_STR, &o->lm_head_name, 0, 0, NULL},
-      {"--backend", CLI_FN, &t->backend, 0, 0, parse_backend},
-      {"--resume", CLI_FLAG, &resume, 0, 0, NULL},
-      {"--overwrite", CLI_FLAG, overwrite, 0, 0, NULL},
-      {"--bf16", CLI_FLAG, &bf16, 0, 0, NULL},
-      {"--quiet", CLI_FLAG, &quiet, 0, 0, NULL},
-      {"--epochs", CLI_INT, &o->epochs, 1, INT32_MAX, NULL},
-      {"--batch", CLI_INT, &o->batch_size, 1, INT32_MAX, NULL},
-      {"--lr", CLI_REAL, &t->lr, 0, 1e9, NULL},
-      {"--warmup-ratio", CLI_REAL, &t->warmup_ratio, 0, 1, NULL},
-      {"--weight-decay", CLI_REAL, &t->weight_decay, 0, 1e9, NULL},
-      {"--clip", CLI_REAL, &t->grad_clip, 0, 1e300, NULL},
-      {"--anchors", CLI_INT, &t->num_anchors, 1, INT32_MAX, NULL},
-      {"--save-every", CLI_INT, &o->save_every, 0, INT32_MAX, NULL},
-      {"--max-steps", CLI_I64, &o->max_steps, 0, (double)INT64_MAX, NULL},
-      {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
-      {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
-      {"--spool-wait", CLI_REAL, &spool_wait, -1, 1e9, NULL},
-      {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
-      {NULL, 0, NULL, 0, 0, NULL}};
+  o->trainer = t;
+  const cli_opt opts[] = {{"--config", CLI_STR, &o->config_path, 0, 0, NULL},
+                          {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
+                          {"--data", CLI_STR, &o->data_dir, 0, 0, NULL},
+                          {"--hidden", CLI_STR, &o->hidden_dir, 0, 0, NULL},
+                          {"-o", CLI_STR, &o->out_dir, 0, 0, NULL},
+                          {"--out", CLI_STR, &o->out_dir, 0, 0, NULL},
+                          {"--embed-name", CLI_STR, &o->embed_name, 0, 0, NULL},
+                          {"--lm-head-name", CLI_STR, &o->lm_head_name, 0, 0, NULL},
+                          {"--backend", CLI_FN, &t->backend, 0, 0, parse_backend},
+                          {"--resume", CLI_FLAG, &resume, 0, 0, NULL},
+                          {"--overwrite", CLI_FLAG, overwrite, 0, 0, NULL},
+                          {"--bf16", CLI_FLAG, &bf16, 0, 0, NULL},
+                          {"--quiet", CLI_FLAG, &quiet, 0, 0, NULL},
+                          {"--epochs", CLI_INT, &o->epochs, 1, INT32_MAX, NULL},
+                          {"--batch", CLI_INT, &o->batch_size, 1, INT32_MAX, NULL},
+                          {"--lr", CLI_REAL, &t->lr, 0, 1e9, NULL},
+                          {"--warmup-ratio", CLI_REAL, &t->warmup_ratio, 0, 1, NULL},
+                          {"--weight-decay", CLI_REAL, &t->weight_decay, 0, 1e9, NULL},
+                          {"--clip", CLI_REAL, &t->grad_clip, 0, 1e300, NULL},
+                          {"--anchors", CLI_INT, &t->num_anchors, 1, INT32_MAX, NULL},
+                          {"--save-every", CLI_INT, &o->save_every, 0, INT32_MAX, NULL},
+                          {"--max-steps", CLI_I64, &o->max_steps, 0, (double)INT64_MAX, NULL},
+                          {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
+                          {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
+                          {"--spool-wait", CLI_REAL, &spool_wait, -1, 1e9, NULL},
+                          {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
+                          {"--labels", CLI_FN, &o->labels, 0, 0, parse_labels},
+                          {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
@@ -114,17 +132,16 @@ static int cmd_plan(int argc, char **argv) {
   const char *config = NULL;
   int plan = 0, no_zero1 = 0;
   double gpu_gb = -1;
-  const cli_opt opts[] = {
-      {"--plan", CLI_FLAG, &plan, 0, 0, NULL},
-      {"--no-zero1", CLI_FLAG, &no_zero1, 0, 0, NULL},
-      {"--config", CLI_STR, &config, 0, 0, NULL},
-      {"--world", CLI_INT, &po.world_size, 1, INT32_MAX, NULL},
-      {"--seq-len", CLI_INT, &po.seq_len, 1, INT32_MAX, NULL},
-      {"--anchors", CLI_INT, &po.num_anchors, 1, INT32_MAX, NULL},
-      {"--batch", CLI_INT, &po.batch_size, 1, INT32_MAX, NULL},
-      {"--gpu-gb", CLI_REAL, &gpu_gb, 0, 1e9, NULL},
-      {"--vocab-chunk", CLI_INT, &po.vocab_chunk, 1, INT32_MAX, NULL},
-      {NULL, 0, NULL, 0, 0, NULL}};
+  const cli_opt opts[] = {{"--plan", CLI_FLAG, &plan, 0, 0, NULL},
+                          {"--no-zero1", CLI_FLAG, &no_zero1, 0, 0, NULL},
+                          {"--config", CLI_STR, &config, 0, 0, NULL},
+                          {"--world", CLI_INT, &po.world_size, 1, INT32_MAX, NULL},
+                          {"--seq-len", CLI_INT, &po.seq_len, 1, INT32_MAX, NULL},
+                          {"--anchors", CLI_INT, &po.num_anchors, 1, INT32_MAX, NULL},
+                          {"--batch", CLI_INT, &po.batch_size, 1, INT32_MAX, NULL},
+                          {"--gpu-gb", CLI_REAL, &gpu_gb, 0, 1e9, NULL},
+                          {"--vocab-chunk", CLI_INT, &po.vocab_chunk, 1, INT32_MAX, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train --plan", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : rc;
@@ -136,12 +153,12 @@ static int cmd_plan(int argc, char **argv) {
   dflash_drafter_config_ext_default(&ext);
   dflash_status st = dflash_drafter_config_load_ext(config, &cfg, &ext);
   if (st) return cli_fail("train --plan", st);
-  dflash_train_plan p;
+  dflash_train_plan p = {.struct_size = sizeof p};
   st = dflash_train_plan_compute_ext(&cfg, &ext, &po, &p);
   if (st && st != DFLASH_E_NOMEM) return cli_fail("train --plan", st);
   printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
-         "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n", config,
-         (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
+         "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
+         config, (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
          cfg.block_size, po.batch_size, po.zero1 ? "on" : "off");
   plan_line("weights (bf16)", p.weights);
   plan_line("master weights (fp32)", p.masters);
@@ -169,8 +186,10 @@ static bool is_rank0(void) {
 static int out_nonempty(const char *out) {
   if (!dflash_storage_is_remote(out)) {
     DIR *d = opendir(out);
-    if (!d) return errno == ENOENT ? 0 : (fprintf(stderr, "dflash train: %s: %s\n", out,
-                                                  strerror(errno)), -1);
+    if (!d)
+      return errno == ENOENT
+                 ? 0
+                 : (fprintf(stderr, "dflash train: %s: %s\n", out, strerror(errno)), -1);
     struct dirent *e;
     int any = 0;
     while (!any && (e = readdir(d))) any = strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
@@ -209,6 +228,8 @@ static void print_summary(const char *out) {
                           "epoch", json_object_get(m, "epoch"), "tokens",
                           json_object_get(m, "tokens"), "final_loss", json_object_get(m, "loss"),
                           "elapsed_s", json_object_get(m, "elapsed_s"), "checkpoint", out);
+  json_t *wait = json_object_get(m, "spool_wait_s"); /* a spool run's wait for shards */
+  if (sum && wait) json_object_set(sum, "spool_wait_s", wait);
   char *s = sum ? json_dumps(sum, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
   if (s) printf("%s\n", s);
   free(s);
@@ -222,15 +243,20 @@ int cmd_train(int argc, char **argv) {
     if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
   dflash_train_run_options o;
   dflash_train_run_options_default(&o);
+  dflash_trainer_options topt;
+  dflash_trainer_options_default(&topt);
   int overwrite = 0;
-  int rc = parse_train(argc, argv, &o, &overwrite);
+  int rc = parse_train(argc, argv, &o, &topt, &overwrite);
   if (rc) return rc < 0 ? 0 : rc;
   if (!o.resume && !overwrite && is_rank0()) {
     int full = out_nonempty(o.out_dir);
     if (full < 0) return 1;
     if (full)
-      return fprintf(stderr, "dflash train: %s is not empty (an earlier run?): --resume "
-                     "continues it, --overwrite replaces it\n", o.out_dir), 1;
+      return fprintf(stderr,
+                     "dflash train: %s is not empty (an earlier run?): --resume "
+                     "continues it, --overwrite replaces it\n",
+                     o.out_dir),
+             1;
   }
   dflash_status st = dflash_train_run(&o);
   if (st) return cli_fail("train", st);
@@ -248,7 +274,10 @@ static const char EVAL_USAGE[] =
     "and the per-position accuracy; then the same mean over every position (uniform\n"
     "anchors, exact) and the speculative walk's tau = tokens / verification steps, the\n"
     "number live greedy speculative decoding gets, each with its standard error over\n"
-    "sequences. --max-tokens: walk at most N tokens per answer (the generation cap).\n"
+    "sequences. Then, over every position, the accuracy of the drafted tokens (DFlash 2:\n"
+    "the candidate selector's greedy path) and of the drafter's plain argmax, and for\n"
+    "DFlash 2 the candidate recall (true token among the top selector_top_k logits).\n"
+    "--max-tokens: walk at most N tokens per answer (the generation cap).\n"
     "--json: one JSON object instead. Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
 
@@ -267,26 +296,36 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
            (long long)blocks);
     print_doubles(", ", acc, B - 1);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
-           "\"position_accuracy\": [", w->position_tau, w->position_tau_se,
-           (long long)w->positions);
+           "\"position_accuracy\": [",
+           w->position_tau, w->position_tau_se, (long long)w->positions);
     print_doubles(", ", w->accuracy, B - 1);
     printf("], \"walk_tau\": %.6f, \"walk_tau_se\": %.6f, \"steps\": %lld, \"tokens\": %lld, "
-           "\"sequences\": %lld, \"tokens_per_step_histogram\": [", w->walk_tau,
-           w->walk_tau_se, (long long)w->steps, (long long)w->tokens, (long long)w->sequences);
+           "\"sequences\": %lld, \"tokens_per_step_histogram\": [",
+           w->walk_tau, w->walk_tau_se, (long long)w->steps, (long long)w->tokens,
+           (long long)w->sequences);
     print_ints(", ", w->step_hist, B);
-    printf("]}\n");
+    printf("], \"scored\": %lld, \"selector_accuracy\": %.6f, \"backbone_accuracy\": %.6f, "
+           "\"candidate_recall\": ",
+           (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
+    if (w->candidate_recall >= 0) printf("%.6f}\n", w->candidate_recall);
+    else printf("null}\n");
     return;
   }
   printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position: ", tau,
          (long long)blocks, B);
   print_doubles(" ", acc, B - 1);
   printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld)\n"
-         "accuracy by position: ", w->position_tau, w->position_tau_se, (long long)w->positions);
+         "accuracy by position: ",
+         w->position_tau, w->position_tau_se, (long long)w->positions);
   print_doubles(" ", w->accuracy, B - 1);
   printf("\nwalk tau %.4f +- %.4f: %lld tokens in %lld verification steps, %lld sequences\n"
-         "tokens per step 1..%d: ", w->walk_tau, w->walk_tau_se, (long long)w->tokens,
-         (long long)w->steps, (long long)w->sequences, B);
+         "tokens per step 1..%d: ",
+         w->walk_tau, w->walk_tau_se, (long long)w->tokens, (long long)w->steps,
+         (long long)w->sequences, B);
   print_ints(" ", w->step_hist, B);
+  printf("\naccuracy over every position (%lld): drafted %.4f, backbone argmax %.4f",
+         (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
+  if (w->candidate_recall >= 0) printf(", candidate recall (top-K) %.4f", w->candidate_recall);
   printf("\n");
 }
 
@@ -294,18 +333,17 @@ int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
   int anchors = 64, max_tokens = 0, json = 0;
   int64_t seed = 1;
-  const cli_opt opts[] = {
-      {"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
-      {"--target", CLI_STR, &target, 0, 0, NULL},
-      {"--data", CLI_STR, &data, 0, 0, NULL},
-      {"--hidden", CLI_STR, &hidden, 0, 0, NULL},
-      {"--anchors", CLI_INT, &anchors, 1, INT32_MAX, NULL},
-      {"--seed", CLI_I64, &seed, 0, (double)INT64_MAX, NULL},
-      {"--max-tokens", CLI_INT, &max_tokens, 0, INT32_MAX, NULL},
-      {"--json", CLI_FLAG, &json, 0, 0, NULL},
-      {"--embed-name", CLI_STR, &en, 0, 0, NULL},
-      {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
-      {NULL, 0, NULL, 0, 0, NULL}};
+  const cli_opt opts[] = {{"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
+                          {"--target", CLI_STR, &target, 0, 0, NULL},
+                          {"--data", CLI_STR, &data, 0, 0, NULL},
+                          {"--hidden", CLI_STR, &hidden, 0, 0, NULL},
+                          {"--anchors", CLI_INT, &anchors, 1, INT32_MAX, NULL},
+                          {"--seed", CLI_I64, &seed, 0, (double)INT64_MAX, NULL},
+                          {"--max-tokens", CLI_INT, &max_tokens, 0, INT32_MAX, NULL},
+                          {"--json", CLI_FLAG, &json, 0, 0, NULL},
+                          {"--embed-name", CLI_STR, &en, 0, 0, NULL},
+                          {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
+                          {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? 0 : rc;

@@ -34,7 +34,7 @@ typedef struct cli_opt {
   cli_kind kind;    /* FLAG: int set to 1; STR: const char *; INT: int (int32_t); I64: int64_t
                        (uint64_t, size_t); REAL: double; FN: fn(value, dst) */
   void *dst;
-  double lo, hi;    /* accepted range of a number */
+  double lo, hi;                           /* accepted range of a number */
   int (*fn)(const char *value, void *dst); /* 0 when the value is valid */
 } cli_opt;
 _Static_assert(sizeof(int) == 4 && sizeof(long long) == 8, "cli_opt destinations");

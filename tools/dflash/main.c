@@ -58,20 +58,21 @@ double cli_real(const char *opt, const char *v, double lo, double hi, bool *bad)
 }
 
 static void usage(FILE *out) {
-  fprintf(out,
-          "usage: dflash <command> [options]\n       dflash --version\n\n"
-          "The pipeline, in order:\n"
-          "  1. dflash fetch --server URL --model NAME prompts.jsonl -o gen/\n"
-          "       regenerate completions with the target's OpenAI-compatible servers\n"
-          "  2. dflash tokenize --tokenizer TARGET_DIR --template NAME gen/completions.jsonl -o data/\n"
-          "       render, tokenize and loss-mask them (check with dflash inspect/show data/)\n"
-          "  3. dump the target's hidden states (Python: dflash.HiddenWriter) into hidden/\n"
-          "  4. dflash init-config --target TARGET_DIR -o drafter.json\n"
-          "  5. dflash train --config drafter.json --target TARGET_DIR --data data/\n"
-          "                  --hidden hidden/ -o drafter/\n"
-          "  6. dflash eval --checkpoint drafter/ --target TARGET_DIR --data heldout/\n"
-          "                 --hidden heldout-hidden/\n\n"
-          "commands:\n");
+  fprintf(
+      out,
+      "usage: dflash <command> [options]\n       dflash --version\n\n"
+      "The pipeline, in order:\n"
+      "  1. dflash fetch --server URL --model NAME prompts.jsonl -o gen/\n"
+      "       regenerate completions with the target's OpenAI-compatible servers\n"
+      "  2. dflash tokenize --tokenizer TARGET_DIR --template NAME gen/completions.jsonl -o data/\n"
+      "       render, tokenize and loss-mask them (check with dflash inspect/show data/)\n"
+      "  3. dump the target's hidden states (Python: dflash.HiddenWriter) into hidden/\n"
+      "  4. dflash init-config --target TARGET_DIR -o drafter.json\n"
+      "  5. dflash train --config drafter.json --target TARGET_DIR --data data/\n"
+      "                  --hidden hidden/ -o drafter/\n"
+      "  6. dflash eval --checkpoint drafter/ --target TARGET_DIR --data heldout/\n"
+      "                 --hidden heldout-hidden/\n\n"
+      "commands:\n");
   for (size_t i = 0; commands[i].name; i++)
     fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].summary);
   fprintf(out, "\n`dflash <command> --help` describes each command: options, defaults, exit "

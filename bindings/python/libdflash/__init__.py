@@ -77,7 +77,7 @@ from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES
 from .tokenizer import Tokenizer
 from .chat import ChatTemplate, Conversation
 from .chat_tools import tools_typescript
-from .dataset import Dataset, DatasetWriter
+from .dataset import Dataset, DatasetWriter, build_dataset
 from .fetch import fetch, Fetcher
 from .storage import Storage, is_remote
 from .hidden import HiddenWriter, HiddenStore, SampleStream, Spool
@@ -88,5 +88,5 @@ __all__ = ["Error", "version", "status_name", "cuda_device_count",
            "Tokenizer", "ChatTemplate", "Dataset", "fetch", "Storage", "is_remote",
            "HiddenWriter", "HiddenStore", "SampleStream", "Spool", "Trainer",
            "last_error", "clear_error", "set_log_callback", "log_to_python", "Progress",
-           "DatasetWriter", "Conversation", "Fetcher", "train_run", "tools_typescript", "__version__"]
+           "DatasetWriter", "build_dataset", "Conversation", "Fetcher", "train_run", "tools_typescript", "__version__"]
 __all__ += [cls.__name__ for cls in ERROR_CLASSES]

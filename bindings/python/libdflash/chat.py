@@ -6,7 +6,6 @@ import numpy as np
 
 from ._lib import INDEX, KEY, Handle, bind, cstr, lib
 
-REASONING = {"official": 0, "keep_all": 1, "keep_after_last_user": 2, "drop": 3}
 SPAN_KINDS = ["scaffold", "system", "user", "tool_result", "tools", "gen_prompt",
               "think_markup", "reasoning", "content", "tool_call", "end_of_turn"]
 
@@ -23,7 +22,7 @@ class _Span(ctypes.Structure):
 
 
 _vp = ctypes.c_void_p
-bind("dflash_chat_options_default", [ctypes.POINTER(_Options)], None)
+bind("dflash_chat_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t], None)
 bind("dflash_chat_template_name_at", [ctypes.c_size_t], ctypes.c_char_p)
 _create = bind("dflash_chat_template_create", [ctypes.c_char_p, ctypes.POINTER(_vp)], errors=KEY)
 bind("dflash_chat_template_free", [_vp], None)
@@ -53,6 +52,32 @@ _u32p = ctypes.POINTER(ctypes.c_uint32)
 _mask = bind("dflash_chat_loss_mask", [_vp, _u32p, _u32p, ctypes.c_size_t, ctypes.c_int,
                                        ctypes.POINTER(ctypes.c_uint8),
                                        ctypes.POINTER(ctypes.c_size_t)])
+
+
+bind("dflash_chat_reasoning_name", [ctypes.c_int], ctypes.c_char_p)
+_reasoning_from_name = bind("dflash_chat_reasoning_from_name",
+                            [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], errors=KEY)
+
+
+def _reasoning_names():
+    """name -> value of every reasoning mode, from the library (chat.h's one copy)."""
+    names, i = {}, 0
+    while (name := lib.dflash_chat_reasoning_name(i)) is not None:
+        names[name.decode()] = i
+        i += 1
+    return names
+
+
+REASONING = _reasoning_names()
+
+
+def reasoning_mode(name):
+    """The dflash_chat_reasoning value of a mode name ("official", "keep_all",
+    "keep_after_last_user", "drop"); MissingKeyError (a KeyError) naming the known ones
+    for another."""
+    out = ctypes.c_int()
+    _reasoning_from_name(cstr(name), ctypes.byref(out))
+    return out.value
 
 
 def template_names():
@@ -184,11 +209,11 @@ class ChatTemplate(Handle):
     @staticmethod
     def _options(add_generation_prompt, thinking, preserve_thinking, reasoning):
         o = _Options()
-        lib.dflash_chat_options_default(ctypes.byref(o))
+        lib.dflash_chat_options_init(ctypes.byref(o), ctypes.sizeof(o))
         o.add_generation_prompt = int(bool(add_generation_prompt))
         o.thinking = int(bool(thinking))
         o.preserve_thinking = int(bool(preserve_thinking))
-        o.reasoning = REASONING[reasoning]
+        o.reasoning = reasoning_mode(reasoning)
         return o
 
     def render_full(self, messages, tools=None, add_generation_prompt=False, thinking=None,

@@ -1,4 +1,5 @@
-"""Tokenized datasets written by `dflash tokenize` (see dflash/dataset.h)."""
+"""Tokenized datasets: build_dataset (what `dflash tokenize` runs), Dataset, DatasetWriter
+(see dflash/dataset.h)."""
 import ctypes
 import json
 import operator
@@ -6,8 +7,9 @@ import os
 
 import numpy as np
 
-from ._lib import (INDEX, Handle, IndexRangeError, MissingKeyError, bind, cstr, files, lib,
-                   status_code)
+from ._lib import (INDEX, Error, Handle, IndexRangeError, MissingFileError, MissingKeyError,
+                   bind, cstr, files, lib, status_code)
+from .chat import reasoning_mode
 
 _vp = ctypes.c_void_p
 _open = bind("dflash_dataset_open", [ctypes.c_char_p, ctypes.POINTER(_vp)], errors=files(0))
@@ -140,8 +142,8 @@ class _WriterOptions(ctypes.Structure):
                 ("options_json", ctypes.c_char_p)]
 
 
-_w_defaults = bind("dflash_dataset_writer_options_default", [ctypes.POINTER(_WriterOptions)],
-                   None)
+_w_defaults = bind("dflash_dataset_writer_options_init",
+                   [ctypes.POINTER(_WriterOptions), ctypes.c_size_t], None)
 _w_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.POINTER(_WriterOptions),
                                                   ctypes.POINTER(_vp)])
 _w_add = bind("dflash_dataset_writer_add", [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
@@ -165,7 +167,7 @@ class DatasetWriter(Handle):
     def __init__(self, directory, shard_tokens=None, tokenizer_hash=None, template=None,
                  options=None):
         o = _WriterOptions()
-        _w_defaults(ctypes.byref(o))
+        _w_defaults(ctypes.byref(o), ctypes.sizeof(o))
         if shard_tokens is not None:
             o.shard_tokens = int(shard_tokens)
         o.tokenizer_hash = cstr(tokenizer_hash)
@@ -202,3 +204,119 @@ class DatasetWriter(Handle):
             self.finish()
         else:
             self.close()
+
+
+VERDICTS = ["ok", "unreadable", "empty", "rejects"]  # dflash_dataset_build_verdict
+
+
+class BuildStats(ctypes.Structure):
+    """Counters of a dataset build (see dflash_dataset_build_stats)."""
+    _fields_ = ([("struct_size", ctypes.c_size_t)] +
+                [(name, ctypes.c_uint64) for name in (
+                    "lines", "samples", "tokens", "supervised_tokens", "rejected", "too_long",
+                    "unreadable")] +
+                [("verdict", ctypes.c_int)])
+
+    def as_dict(self):
+        out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
+        out["verdict"] = VERDICTS[self.verdict]
+        return out
+
+
+_BUILD_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(BuildStats), ctypes.c_void_p)
+
+
+class _BuildOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("tokenizer_path", ctypes.c_char_p),
+                ("template_name", ctypes.c_char_p), ("reasoning", ctypes.c_int),
+                ("last_turn_only", ctypes.c_int32), ("max_len", ctypes.c_uint64),
+                ("truncate", ctypes.c_int32), ("allow_split_control_tokens", ctypes.c_int32),
+                ("threads", ctypes.c_int32), ("batch_lines", ctypes.c_uint64),
+                ("max_reject_ratio", ctypes.c_double), ("shard_tokens", ctypes.c_uint64),
+                ("progress", _BUILD_PROGRESS), ("progress_user", ctypes.c_void_p)]
+
+
+_b_init = bind("dflash_dataset_build_options_init", [ctypes.POINTER(_BuildOptions),
+                                                     ctypes.c_size_t], None)
+
+
+def _missing_file(args):
+    """MissingFileError when an input or the tokenizer is a local path that does not exist
+    (else the status's own class: an unknown template is NOT_FOUND too)."""
+    paths = list(args[0][:args[1]]) + [args[3]._obj.tokenizer_path]
+    for p in paths:
+        path = os.fsdecode(p or b"")
+        if path and "://" not in path and not os.path.exists(path):
+            return MissingFileError
+    return None
+
+
+_build = bind("dflash_dataset_build", [ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+                                       ctypes.c_char_p, ctypes.POINTER(_BuildOptions),
+                                       ctypes.POINTER(BuildStats)],
+              errors={"DFLASH_E_NOT_FOUND": _missing_file, "DFLASH_E_IO": _missing_file})
+
+
+def _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
+                   allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
+                   shard_tokens):
+    o = _BuildOptions()
+    _b_init(ctypes.byref(o), ctypes.sizeof(o))
+    o.tokenizer_path = cstr(tokenizer)
+    o.template_name = cstr(template)
+    o.reasoning = reasoning_mode(reasoning)
+    o.last_turn_only = int(bool(last_turn_only))
+    o.max_len = int(max_len or 0)
+    o.truncate = int(bool(truncate))
+    o.allow_split_control_tokens = int(bool(allow_split_control_tokens))
+    o.threads = int(threads)
+    if batch_lines is not None:
+        o.batch_lines = int(batch_lines)
+    if max_reject_ratio is not None:
+        o.max_reject_ratio = float(max_reject_ratio)
+    o.shard_tokens = int(shard_tokens or 0)
+    return o
+
+
+def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_last_user",
+                  last_turn_only=False, max_len=0, truncate=False,
+                  allow_split_control_tokens=False, threads=0, batch_lines=None,
+                  max_reject_ratio=None, shard_tokens=None, progress=None):
+    """Tokenize JSONL conversations into the dataset directory `out_dir`: what
+    `dflash tokenize` does, the same bytes for the same options (dflash_dataset_build).
+
+    inputs: a path or a list of them (s3:// locations too; an s3:// prefix ending in
+    '/' means every *.jsonl under it). tokenizer: what Tokenizer() takes; template: a
+    built-in template name; reasoning: a mode name (see chat.REASONING). batch_lines
+    and max_reject_ratio: None keeps the library's defaults (2048, 0.05).
+    progress: optional callable(stats: dict) -> bool, called once the outputs exist
+    and after every batch; True stops the build (CancelledError, no manifest), and so
+    does an exception it raises (KeyboardInterrupt included), raised again here. Returns the stats dict. When the finished dataset is refused
+    (unreadable inputs, no sample, too many rejections) the library's error is raised
+    with the stats as its `stats` attribute."""
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        inputs = [inputs]
+    enc = [cstr(p) for p in inputs]
+    arr = (ctypes.c_char_p * max(len(enc), 1))(*enc)
+    o = _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
+                       allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
+                       shard_tokens)
+    raised = []
+
+    def on_progress(stats, _user):
+        try:
+            return 1 if progress(stats.contents.as_dict()) else 0
+        except BaseException as exc:  # noqa: B036 - stops the build, raised again below
+            raised.append(exc)
+            return 1
+
+    o.progress = _BUILD_PROGRESS(on_progress) if progress else _BUILD_PROGRESS()
+    stats = BuildStats(struct_size=ctypes.sizeof(BuildStats))
+    try:
+        _build(arr, len(enc), cstr(out_dir), ctypes.byref(o), ctypes.byref(stats))
+    except Error as e:
+        if raised:
+            raise raised[0] from e
+        e.stats = stats.as_dict()
+        raise
+    return stats.as_dict()

@@ -87,7 +87,7 @@ class ServerStats(ctypes.Structure):
 
 _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Stats), ctypes.c_void_p)
 
-_defaults = bind("dflash_fetch_options_default", [ctypes.POINTER(_Options)])
+_defaults = bind("dflash_fetch_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t])
 _create = bind("dflash_fetch_create", [ctypes.POINTER(_Options), ctypes.c_char_p, ctypes.c_char_p,
                                        ctypes.POINTER(ctypes.c_void_p)])
 _run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])
@@ -130,7 +130,7 @@ _UNSET_IF_NONE = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_
 
 def _options(servers, model, family, kw, keep):
     o = _Options()
-    _defaults(ctypes.byref(o))
+    _defaults(ctypes.byref(o), ctypes.sizeof(o))
     if isinstance(servers, str):
         servers = [servers]
     arr = (ctypes.c_char_p * len(servers))(*[cstr(s) for s in servers])

@@ -49,7 +49,7 @@ class WriterOptions(ctypes.Structure):
 class SpoolOptions(ctypes.Structure):
     """Mirror of `dflash_spool_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("wait_s", ctypes.c_double),
-                ("reuse", ctypes.c_int32)]
+                ("reuse", ctypes.c_int32), ("stored_rows", ctypes.c_int32)]
 
 
 class SpoolSample(ctypes.Structure):
@@ -57,7 +57,9 @@ class SpoolSample(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("id", ctypes.c_char_p),
                 ("len", ctypes.c_int64), ("hidden", ctypes.POINTER(ctypes.c_float)),
                 ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
-                ("offset", ctypes.c_uint64)]
+                ("offset", ctypes.c_uint64), ("target_ids", ctypes.POINTER(ctypes.c_int32)),
+                ("hidden_dtype", ctypes.c_int32), ("hidden_codes", ctypes.c_void_p),
+                ("hidden_scales", ctypes.POINTER(ctypes.c_float))]
 
 
 class TrainSample(ctypes.Structure):
@@ -66,21 +68,30 @@ class TrainSample(ctypes.Structure):
                 ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
                 ("input_ids", ctypes.POINTER(ctypes.c_int32)),
                 ("loss_mask", ctypes.POINTER(ctypes.c_uint8)),
-                ("hidden", ctypes.POINTER(ctypes.c_float))]
+                ("hidden", ctypes.POINTER(ctypes.c_float)),
+                ("target_ids", ctypes.POINTER(ctypes.c_int32)), ("hidden_dtype", ctypes.c_int32),
+                ("hidden_codes", ctypes.c_void_p),
+                ("hidden_scales", ctypes.POINTER(ctypes.c_float))]
 
 
 class StreamOptions(ctypes.Structure):
     """Mirror of `dflash_sample_stream_options`."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32),
+                ("stored_rows", ctypes.c_int32)]
 
 
-_w_defaults = bind("dflash_hidden_writer_options_default", [ctypes.POINTER(WriterOptions)], None)
+_w_defaults = bind("dflash_hidden_writer_options_init",
+                   [ctypes.POINTER(WriterOptions), ctypes.c_size_t], None)
 _w_create = bind("dflash_hidden_writer_create", [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
                                                  ctypes.POINTER(WriterOptions), ctypes.POINTER(_P)])
 _w_append = bind("dflash_hidden_writer_append", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                  ctypes.c_int64])
 _w_append_bf16 = bind("dflash_hidden_writer_append_bf16", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                            ctypes.c_int64])
+_w_append_t = bind("dflash_hidden_writer_append_target", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                          ctypes.c_void_p, ctypes.c_int64])
+_w_append_bf16_t = bind("dflash_hidden_writer_append_bf16_target",
+                        [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64])
 _w_flush = bind("dflash_hidden_writer_flush", [_P])
 _w_finish = bind("dflash_hidden_writer_finish", [_P])
 _w_free = bind("dflash_hidden_writer_free", [_P], None)
@@ -90,7 +101,8 @@ _w_contains = bind("dflash_hidden_writer_contains", [_P, ctypes.c_char_p], ctype
 _w_spool_status = bind("dflash_hidden_writer_spool_status",
                        [_P, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
                         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)])
-_sp_defaults = bind("dflash_spool_options_default", [ctypes.POINTER(SpoolOptions)], None)
+_sp_defaults = bind("dflash_spool_options_init", [ctypes.POINTER(SpoolOptions), ctypes.c_size_t],
+                    None)
 _sp_open = bind("dflash_spool_open", [ctypes.c_char_p, ctypes.POINTER(SpoolOptions),
                                       ctypes.POINTER(_P)], errors=files(0))
 _sp_free = bind("dflash_spool_free", [_P], None)
@@ -116,10 +128,16 @@ _h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctype
               errors=KEY)
 _h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int64],
                errors=KEY)
+_h_has_t = bind("dflash_hidden_has_target_ids", [_P], ctypes.c_int, status=False)
+_h_read_t = bind("dflash_hidden_read_target_ids", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                   ctypes.c_int64], errors=KEY)
+_h_read_final = bind("dflash_hidden_read_final", [_P, ctypes.c_char_p, ctypes.c_void_p,
+                                                  ctypes.c_int64], errors=KEY)
 _h_stats = bind("dflash_hidden_stats", [_P, ctypes.POINTER(ctypes.c_double),
                                          ctypes.POINTER(ctypes.c_uint64),
                                          ctypes.POINTER(ctypes.c_uint64)])
-_s_defaults = bind("dflash_sample_stream_options_default", [ctypes.POINTER(StreamOptions)], None)
+_s_defaults = bind("dflash_sample_stream_options_init",
+                   [ctypes.POINTER(StreamOptions), ctypes.c_size_t], None)
 _s_open = bind("dflash_sample_stream_open", [ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(StreamOptions), ctypes.POINTER(_P)],
                errors=files(0, 1))
@@ -194,7 +212,7 @@ class HiddenWriter:
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
         opts = WriterOptions()
-        _w_defaults(ctypes.byref(opts))
+        _w_defaults(ctypes.byref(opts), ctypes.sizeof(opts))
         opts.dtype = DTYPES[dtype]
         if shard_bytes:
             opts.shard_bytes = int(shard_bytes)
@@ -211,13 +229,26 @@ class HiddenWriter:
             raise ValueError("HiddenWriter is closed")
         return self._h
 
-    def append(self, sample_id, states):
-        """Buffer one sample: float32 (or torch bf16, kept bit-exact) [S, K*H]."""
+    def append(self, sample_id, states, target_ids=None):
+        """Buffer one sample: float32 (or torch bf16, kept bit-exact) [S, K*H].
+        target_ids: the target's greedy token after each position, [S] integers
+        (logits.argmax(-1) of the same forward), stored for `dflash train --labels target`
+        (4 bytes per token)."""
         a, bf16 = _as_array(states)
         if a.ndim != 2 or a.shape[1] != self.width:
             raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
-        fn = _w_append_bf16 if bf16 else _w_append
-        fn(self._writer(), str(sample_id).encode(), a.ctypes.data, a.shape[0])
+        sid = str(sample_id).encode()
+        if target_ids is None:
+            fn = _w_append_bf16 if bf16 else _w_append
+            fn(self._writer(), sid, a.ctypes.data, a.shape[0])
+            return
+        if hasattr(target_ids, "detach"):  # a torch tensor
+            target_ids = target_ids.detach().cpu().numpy()
+        t = np.ascontiguousarray(target_ids, dtype=np.int32)
+        if t.shape != (a.shape[0],):
+            raise ValueError(f"target_ids have shape {t.shape}; expected [{a.shape[0]}]")
+        fn = _w_append_bf16_t if bf16 else _w_append_t
+        fn(self._writer(), sid, a.ctypes.data, t.ctypes.data, a.shape[0])
 
     def flush(self):
         """Write the buffered samples as a shard and update the index."""
@@ -274,7 +305,7 @@ class Spool(Handle):
 
     def __init__(self, directory, wait=None, reuse=False):
         opts = SpoolOptions()
-        _sp_defaults(ctypes.byref(opts))
+        _sp_defaults(ctypes.byref(opts), ctypes.sizeof(opts))
         if wait is not None:
             opts.wait_s = float(wait)
         opts.reuse = int(bool(reuse))
@@ -358,6 +389,25 @@ class HiddenStore(Handle):
         _h_read(self._handle(), str(sample_id).encode(), out.ctypes.data, n)
         return out
 
+    def has_target_ids(self):
+        """"stored" (the producer's target ids), "vllm" (vLLM's final layer, turned into ids
+        by the trainer) or None: what `dflash train --labels target` can train on."""
+        return {0: None, 1: "stored", 2: "vllm"}[_h_has_t(self._handle())]
+
+    def target_ids(self, sample_id):
+        """The stored target ids of a sample, int32 [S] (MissingKeyError when none)."""
+        n = self.length(sample_id)
+        out = np.empty((n,), dtype=np.int32)
+        _h_read_t(self._handle(), str(sample_id).encode(), out.ctypes.data, n)
+        return out
+
+    def final_layer(self, sample_id):
+        """vLLM's files: the final-layer slot of a sample, float32 [S, H]."""
+        n = self.length(sample_id)
+        out = np.empty((n, self.hidden_size), dtype=np.float32)
+        _h_read_final(self._handle(), str(sample_id).encode(), out.ctypes.data, n)
+        return out
+
     def stats(self):
         """Sanity of the whole store (reads every sample): {"rows": tokens, "rms": per-layer
         RMS list, "zero_rows": per-layer count of all-zero token rows}. A layer whose RMS is 0,
@@ -377,7 +427,7 @@ class SampleStream(Handle):
         """prefetch: samples decoded ahead on the background thread (None: the
         library's default)."""
         opts = StreamOptions()
-        _s_defaults(ctypes.byref(opts))
+        _s_defaults(ctypes.byref(opts), ctypes.sizeof(opts))
         if prefetch is not None:
             opts.prefetch = int(prefetch)
         self._h = _P()

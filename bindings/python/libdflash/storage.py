@@ -36,7 +36,7 @@ class _ChunkOptions(ctypes.Structure):
 
 
 _S = ctypes.c_char_p
-_opts_default = bind("dflash_storage_options_default", [ctypes.POINTER(_Options)], None)
+_opts_default = bind("dflash_storage_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t], None)
 _create = bind("dflash_storage_create", [ctypes.POINTER(_Options), ctypes.POINTER(_P)])
 _free = bind("dflash_storage_free", [_P], None)
 _buf_free = bind("dflash_storage_buffer_free", [_P], None)
@@ -59,7 +59,7 @@ _w_open = bind("dflash_storage_writer_open", [_P, _S, ctypes.POINTER(_P)])
 _w_write = bind("dflash_storage_writer_write", [_P, _P, ctypes.c_size_t])
 _w_commit = bind("dflash_storage_writer_commit", [_P])
 _w_free = bind("dflash_storage_writer_free", [_P], None)
-_c_default = bind("dflash_chunk_writer_options_default", [ctypes.POINTER(_ChunkOptions)], None)
+_c_default = bind("dflash_chunk_writer_options_init", [ctypes.POINTER(_ChunkOptions), ctypes.c_size_t], None)
 _c_open = bind("dflash_chunk_writer_open",
                [_P, _S, _S, ctypes.POINTER(_ChunkOptions), ctypes.POINTER(_P)])
 _c_append = bind("dflash_chunk_writer_append", [_P, _S, ctypes.c_size_t])
@@ -126,7 +126,7 @@ class Storage(_Owned):
     def __init__(self, region=None, endpoint_url=None, access_key_id=None,
                  secret_access_key=None, session_token=None, addressing=None, **numbers):
         o = _Options()
-        _opts_default(ctypes.byref(o))
+        _opts_default(ctypes.byref(o), ctypes.sizeof(o))
         o.region, o.endpoint_url = cstr(region), cstr(endpoint_url)
         o.access_key_id, o.secret_access_key = cstr(access_key_id), cstr(secret_access_key)
         o.session_token = cstr(session_token)
@@ -243,7 +243,7 @@ class ChunkWriter(_Owned):
 
     def __init__(self, storage, prefix, name, max_records, max_bytes, max_seconds, suffix):
         o = _ChunkOptions()
-        _c_default(ctypes.byref(o))
+        _c_default(ctypes.byref(o), ctypes.sizeof(o))
         if max_records is not None:
             o.max_records = max_records
         if max_bytes is not None:

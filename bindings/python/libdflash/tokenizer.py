@@ -14,7 +14,7 @@ class _Options(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("pattern", ctypes.c_char_p)]
 
 
-_options_default = bind("dflash_tokenizer_options_default", [ctypes.POINTER(_Options)], None)
+_options_default = bind("dflash_tokenizer_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t], None)
 _load = bind("dflash_tokenizer_load",
              [ctypes.c_char_p, ctypes.POINTER(_Options), ctypes.POINTER(ctypes.c_void_p)],
              errors=files(0))
@@ -69,7 +69,7 @@ class Tokenizer(Handle):
 
     def __init__(self, path, pattern=None):
         opts = _Options()
-        _options_default(ctypes.byref(opts))
+        _options_default(ctypes.byref(opts), ctypes.sizeof(opts))
         opts.pattern = cstr(pattern)
         handle = ctypes.c_void_p()
         _load(cstr(os.fspath(path)), ctypes.byref(opts), ctypes.byref(handle))

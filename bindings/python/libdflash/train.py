@@ -60,13 +60,15 @@ _I32 = ctypes.POINTER(ctypes.c_int32)
 _U8 = ctypes.POINTER(ctypes.c_uint8)
 _D = ctypes.POINTER(ctypes.c_double)
 
-_cfg_default = bind("dflash_drafter_config_default", [ctypes.POINTER(DrafterConfig)], None)
+_cfg_default = bind("dflash_drafter_config_init", [ctypes.POINTER(DrafterConfig), ctypes.c_size_t],
+                    None)
 _cfg_parse = bind("dflash_drafter_config_parse",
                   [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(DrafterConfig)])
 _cfg_json = bind("dflash_drafter_config_to_json",
                  [ctypes.POINTER(DrafterConfig), ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)])
 _default_layers = bind("dflash_default_target_layers", [ctypes.c_int32, ctypes.c_int32, _I32])
-_opts_default = bind("dflash_trainer_options_default", [ctypes.POINTER(TrainerOptions)], None)
+_opts_default = bind("dflash_trainer_options_init", [ctypes.POINTER(TrainerOptions), ctypes.c_size_t],
+                     None)
 _create = bind("dflash_trainer_create", [ctypes.POINTER(DrafterConfig), _F, _F,
                                          ctypes.POINTER(TrainerOptions), ctypes.POINTER(_P)])
 _free = bind("dflash_trainer_free", [_P], None)
@@ -84,12 +86,29 @@ _fb = bind("dflash_trainer_forward_backward",
 _zero = bind("dflash_trainer_zero_grad", [_P])
 _accum = bind("dflash_trainer_accumulate",
               [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, ctypes.c_double, _D, _D])
+_accum_sample = bind("dflash_trainer_accumulate_sample",
+                     [_P, ctypes.c_void_p, _I32, ctypes.c_int32, ctypes.c_double])
+_collect = bind("dflash_trainer_collect", [_P, _D, _D])
 _wsum = bind("dflash_trainer_weight_sum", [_P, _U8, ctypes.c_int64, _I32, ctypes.c_int32, _D])
 _step = bind("dflash_trainer_step", [_P, _D, _D])
 _steps = bind("dflash_trainer_steps", [_P], ctypes.c_int64)
 _lr_at = bind("dflash_trainer_lr_at", [_P, ctypes.c_int64], ctypes.c_double)
 _predict = bind("dflash_trainer_predict",
                 [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32])
+
+
+class ProposeOptions(ctypes.Structure):
+    """Mirror of `dflash_propose_options`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("temperature", ctypes.c_double),
+        ("seed", ctypes.c_uint64), ("candidates", _I32), ("probs", _F), ("argmax", _I32),
+    ]
+
+
+_propose_init = bind("dflash_propose_options_init",
+                     [ctypes.POINTER(ProposeOptions), ctypes.c_size_t], None)
+_propose = bind("dflash_trainer_propose", [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32,
+                                           ctypes.POINTER(ProposeOptions), _I32])
 _save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int])
 _load = bind("dflash_trainer_load", [_P, ctypes.c_char_p], errors=missing_path(1))
 _save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
@@ -178,7 +197,7 @@ class Trainer(Handle):
     def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
         self.config, self.config_ext = parse_config_ext(config)
         opts = TrainerOptions()
-        _opts_default(ctypes.byref(opts))
+        _opts_default(ctypes.byref(opts), ctypes.sizeof(opts))
         opts.backend = {"cpu": 0, "cuda": 1}[backend]
         opts.seed = seed
         for k, v in options.items():
@@ -278,6 +297,53 @@ class Trainer(Handle):
                ctypes.byref(ls), ctypes.byref(ws))
         return ls.value, ws.value
 
+    def accumulate_sample(self, input_ids, loss_mask, anchors, grad_scale, hidden=None,
+                          codes=None, scales=None, sample_id=None):
+        """accumulate without waiting for the device: hidden float32 [len, K*H], or codes as
+        stored (uint16 bf16 bits, or uint8 e4m3 with float32 scales [len, K]). The sums come
+        from collect(); a NaN/Inf row found on the device fails collect() or step(), naming
+        sample_id."""
+        from .hidden import TrainSample
+        ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+        mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
+        anc = np.ascontiguousarray(anchors, dtype=np.int32)
+        K, H = self.config.n_target_layer_ids, self.config.hidden_size
+        if mask.size != ids.size:
+            raise ValueError("loss_mask and input_ids differ in length")
+        smp = TrainSample(struct_size=ctypes.sizeof(TrainSample), len=ids.size,
+                          input_ids=_ptr(ids, ctypes.c_int32), loss_mask=_ptr(mask, ctypes.c_uint8),
+                          id=cstr(sample_id) if sample_id else None)
+        keep = [ids, mask, anc]
+        if hidden is not None:
+            hid = np.ascontiguousarray(hidden, dtype=np.float32)
+            if hid.shape != (ids.size, K * H):
+                raise ValueError(f"hidden has shape {hid.shape}; expected [{ids.size}, {K * H}]")
+            smp.hidden = _ptr(hid, ctypes.c_float)
+            keep.append(hid)
+        else:
+            c = np.ascontiguousarray(codes)
+            fp8 = c.dtype == np.uint8
+            if c.dtype not in (np.uint8, np.uint16) or c.shape != (ids.size, K * H):
+                raise ValueError(f"codes: uint16 (bf16) or uint8 (e4m3) [{ids.size}, {K * H}]")
+            smp.hidden_dtype = 1 if fp8 else 0
+            smp.hidden_codes = c.ctypes.data
+            keep.append(c)
+            if fp8:
+                sc = np.ascontiguousarray(scales, dtype=np.float32)
+                if sc.shape != (ids.size, K):
+                    raise ValueError(f"scales: float32 [{ids.size}, {K}]")
+                smp.hidden_scales = _ptr(sc, ctypes.c_float)
+                keep.append(sc)
+        _accum_sample(self._handle(), ctypes.addressof(smp), _ptr(anc, ctypes.c_int32), anc.size,
+                      grad_scale)
+        del keep
+
+    def collect(self):
+        """(sum w*CE, sum w) of the accumulate_sample calls since the last collect."""
+        ls, ws = ctypes.c_double(), ctypes.c_double()
+        _collect(self._handle(), ctypes.byref(ls), ctypes.byref(ws))
+        return ls.value, ws.value
+
     def step(self):
         """Clip, AdamW at the scheduled lr; returns (grad_norm, lr)."""
         norm, lr = ctypes.c_double(), ctypes.c_double()
@@ -299,6 +365,33 @@ class Trainer(Handle):
         out = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
         _predict(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
                  _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_int32))
+        return out
+
+    def propose(self, input_ids, hidden, anchors, temperature=0.0, seed=0):
+        """Draft as z-lab's propose (dflash_trainer_propose): dict tokens int32
+        [n_anchors, B-1] (greedy at temperature 0, else drawn from the candidate
+        selector's rescored distribution, reproducibly for a seed), argmax
+        [n_anchors, B-1] (the plain argmax) and, for DFlash 2, candidates
+        int32 / probs float32 [n_anchors, B-1, selector_top_k] (probs, q of
+        each candidate, only when temperature > 0)."""
+        ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
+        n = self.block_size - 1
+        out = {"tokens": np.zeros((anc.size, n), np.int32),
+               "argmax": np.zeros((anc.size, n), np.int32)}
+        o = ProposeOptions()
+        _propose_init(ctypes.byref(o), ctypes.sizeof(o))
+        o.temperature, o.seed = float(temperature), int(seed)
+        o.argmax = _ptr(out["argmax"], ctypes.c_int32)
+        if self.config_ext.dflash2:
+            K = self.config_ext.selector_top_k
+            out["candidates"] = np.zeros((anc.size, n, K), np.int32)
+            o.candidates = _ptr(out["candidates"], ctypes.c_int32)
+            if temperature > 0:
+                out["probs"] = np.zeros((anc.size, n, K), np.float32)
+                o.probs = _ptr(out["probs"], ctypes.c_float)
+        _propose(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
+                 _ptr(anc, ctypes.c_int32), anc.size, ctypes.byref(o),
+                 _ptr(out["tokens"], ctypes.c_int32))
         return out
 
     def save(self, directory, bf16=False):
@@ -421,11 +514,13 @@ class TrainRunOptions(ctypes.Structure):
         ("epochs", ctypes.c_int32), ("batch_size", ctypes.c_int32),
         ("save_every", ctypes.c_int32), ("resume", ctypes.c_int32),
         ("max_steps", ctypes.c_int64), ("bf16", ctypes.c_int32), ("progress", ctypes.c_void_p),
-        ("trainer", TrainerOptions),
+        ("trainer", ctypes.POINTER(TrainerOptions)), ("labels", ctypes.c_int32),
+        ("final_norm_name", ctypes.c_char_p),
     ]
 
 
-_run_defaults = bind("dflash_train_run_options_default", [ctypes.POINTER(TrainRunOptions)], None)
+_run_defaults = bind("dflash_train_run_options_init",
+                     [ctypes.POINTER(TrainRunOptions), ctypes.c_size_t], None)
 # The paths of a train_run call (its one argument: byref(TrainRunOptions)) that must exist.
 _RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
                    for f in ("config_path", "target_path", "data_dir", "hidden_dir"))
@@ -435,7 +530,8 @@ _RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps")
 
 
 def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=False,
-              progress=None, embed_name=None, lm_head_name=None, backend="cpu", **options):
+              progress=None, embed_name=None, lm_head_name=None, backend="cpu", labels="data",
+              final_norm_name=None, **options):
     """Train a drafter end to end (what `dflash train` runs) and return out_dir.
 
     config: a drafter config (path, dict, JSON text or DrafterConfig); target:
@@ -446,15 +542,25 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     object or descriptor the progress lines are appended to.
     Keyword options: epochs, batch_size, save_every, max_steps, and the trainer
     options of Trainer (lr, seed, num_anchors, n_threads, warmup_ratio, ...).
+    labels: "data" (the data's next tokens) or "target" (the target's greedy ones: the
+    store's target ids, or vLLM's final layer through the target's final norm
+    final_norm_name and LM head), as `dflash train --labels`.
     """
     o = TrainRunOptions()
-    _run_defaults(ctypes.byref(o))
-    o.trainer.backend = {"cpu": 0, "cuda": 1}[backend]
+    _run_defaults(ctypes.byref(o), ctypes.sizeof(o))
+    topt = TrainerOptions()  # o.trainer points at it: alive until the call returns
+    _opts_default(ctypes.byref(topt), ctypes.sizeof(topt))
+    o.trainer = ctypes.pointer(topt)
+    topt.backend = {"cpu": 0, "cuda": 1}[backend]
+    if labels not in ("data", "target"):
+        raise ValueError(f"labels must be 'data' or 'target', not {labels!r}")
+    o.labels = 1 if labels == "target" else 0
+    o.final_norm_name = cstr(final_norm_name)
     for k, v in options.items():
         if k in _RUN_FIELDS:
             setattr(o, k, v)
         elif k in _OPTION_NAMES:
-            setattr(o.trainer, k, v)
+            setattr(topt, k, v)
         else:
             raise TypeError(f"unknown train_run option {k!r}")
     o.target_path, o.data_dir = cstr(target), cstr(data_dir)
@@ -494,7 +600,8 @@ class TrainPlan(ctypes.Structure):
         "total", "gpu_bytes")]
 
 
-_plan_defaults = bind("dflash_train_plan_options_default", [ctypes.POINTER(TrainPlanOptions)],
+_plan_defaults = bind("dflash_train_plan_options_init",
+                      [ctypes.POINTER(TrainPlanOptions), ctypes.c_size_t],
                       None)
 _plan = bind("dflash_train_plan_compute", [ctypes.POINTER(DrafterConfig),
                                            ctypes.POINTER(TrainPlanOptions),
@@ -512,7 +619,7 @@ def train_plan(config, **options):
     does not fit, "reason" (the library's message). Options: world_size,
     seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes."""
     o = TrainPlanOptions()
-    _plan_defaults(ctypes.byref(o))
+    _plan_defaults(ctypes.byref(o), ctypes.sizeof(o))
     names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
     for k, v in options.items():
         if k not in names:
@@ -544,13 +651,16 @@ class EvalWalk(ctypes.Structure):
         ("walk_tau", ctypes.c_double), ("walk_tau_se", ctypes.c_double),
         ("positions", ctypes.c_int64), ("position_tau", ctypes.c_double),
         ("position_tau_se", ctypes.c_double),
+        ("scored", ctypes.c_int64), ("selector_accuracy", ctypes.c_double),
+        ("backbone_accuracy", ctypes.c_double), ("candidate_recall", ctypes.c_double),
     ]
 
 
 _I64 = ctypes.POINTER(ctypes.c_int64)
 _walk = bind("dflash_trainer_walk", [_P, _I32, _U8, ctypes.c_int64, _F, ctypes.c_int32, _I64,
                                      _I64, _I32, _I64])
-_eval_walk_default = bind("dflash_eval_walk_default", [ctypes.POINTER(EvalWalk)], None)
+_eval_walk_default = bind("dflash_eval_walk_init", [ctypes.POINTER(EvalWalk), ctypes.c_size_t],
+                          None)
 _eval_walk = bind("dflash_train_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(EvalWalk)], errors=missing_path(1, 2))
 
@@ -579,12 +689,15 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
     and its hidden-state store: dict with walk_tau (tokens / verification
     steps, what live greedy speculative decoding gets) and walk_tau_se,
     position_tau (uniform anchors, every position) and position_tau_se, the
-    counts, accuracy [B-1] by block position and step_hist [B]."""
+    counts, accuracy [B-1] by block position and step_hist [B]; over the
+    `scored` positions selector_accuracy (the drafted tokens: DFlash 2's
+    selector path), backbone_accuracy (the plain argmax) and candidate_recall
+    (the true token among the top-K candidates; None for DFlash 1)."""
     B = trainer.block_size
     acc = np.zeros(B - 1, dtype=np.float64)
     hist = np.zeros(B, dtype=np.int64)
     w = EvalWalk()
-    _eval_walk_default(ctypes.byref(w))
+    _eval_walk_default(ctypes.byref(w), ctypes.sizeof(w))
     w.max_tokens = max_tokens
     w.accuracy = _ptr(acc, ctypes.c_double)
     w.step_hist = _ptr(hist, ctypes.c_int64)
@@ -592,6 +705,8 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
     out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
            if f not in ("struct_size", "max_tokens", "accuracy", "step_hist")}
     out.update(accuracy=acc, step_hist=hist)
+    if out["candidate_recall"] < 0:
+        out["candidate_recall"] = None  # DFlash 1: no candidates
     return out
 
 
@@ -611,7 +726,8 @@ class DrafterConfigExt(ctypes.Structure):
                 ("selector_rank", ctypes.c_int32)]
 
 
-_ext_default = bind("dflash_drafter_config_ext_default", [ctypes.POINTER(DrafterConfigExt)], None)
+_ext_default = bind("dflash_drafter_config_ext_init", [ctypes.POINTER(DrafterConfigExt),
+                                                      ctypes.c_size_t], None)
 _cfg_parse_ext = bind("dflash_drafter_config_parse_ext",
                       [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
                        ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt)])
@@ -638,7 +754,7 @@ def parse_config_ext(config):
     if isinstance(config, tuple) and len(config) == 2:
         return config
     ext = DrafterConfigExt()
-    _ext_default(ctypes.byref(ext))
+    _ext_default(ctypes.byref(ext), ctypes.sizeof(ext))
     if isinstance(config, DrafterConfig):
         return config, ext
     text, what = _config_text(config)
@@ -651,7 +767,7 @@ def load_config_ext(path):
     """Read and validate a drafter config.json (a path or s3:// URL) ->
     (DrafterConfig, DrafterConfigExt)."""
     cfg, ext = DrafterConfig(), DrafterConfigExt()
-    _ext_default(ctypes.byref(ext))
+    _ext_default(ctypes.byref(ext), ctypes.sizeof(ext))
     _cfg_load_ext(cstr(path), ctypes.byref(cfg), ctypes.byref(ext))
     return cfg, ext
 

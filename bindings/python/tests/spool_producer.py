@@ -27,7 +27,9 @@ def main(spool, store, order_file, shard_bytes, budget, delay, epochs, log):
             for sid in order[epoch]:
                 if sid in w:  # published before a crash
                     continue
-                w.append(sid, src.read(sid))
+                # The target's greedy tokens travel with the sample when the store has them.
+                tids = src.target_ids(sid) if src.has_target_ids() == "stored" else None
+                w.append(sid, src.read(sid), target_ids=tids)
                 out.write(json.dumps(w.spool_status()) + "\n")
                 out.flush()
                 time.sleep(float(delay))

@@ -137,14 +137,29 @@ def test_walk_matches_a_numpy_walk(tmp_path, max_tokens):
     assert res["position_tau"] == pytest.approx(ptau, rel=1e-12)
     assert res["position_tau_se"] == pytest.approx(pse, rel=1e-9)
     np.testing.assert_allclose(res["accuracy"], hits / counts, rtol=1e-12)
+    # DFlash 1 drafts the plain argmax: both accuracies are the drafts', no candidates.
+    assert res["scored"] == counts.sum()
+    assert res["selector_accuracy"] == pytest.approx(hits.sum() / counts.sum(), rel=1e-12)
+    assert res["backbone_accuracy"] == res["selector_accuracy"]
+    assert res["candidate_recall"] is None
+
+
+def dflash2(cfg):
+    """The same drafter as DFlash 2 (top-4 candidates, rank 8)."""
+    cfg = dict(cfg, architectures=["DFlash2DraftModel"])
+    cfg["dflash_config"] = dict(cfg["dflash_config"], conv_kernel_size=2, conv_group_size=8,
+                                selector_top_k=4, selector_rank=8)
+    return cfg
 
 
 CLI = os.environ.get("DFLASH_CLI")
 
 
 @pytest.mark.skipif(not CLI, reason="DFLASH_CLI not set (run through meson test)")
-def test_cli_eval_prints_the_walk(tmp_path):
+@pytest.mark.parametrize("two", [False, True], ids=["dflash1", "dflash2"])
+def test_cli_eval_prints_the_walk(tmp_path, two):
     samples, hid, embed, cfg = make_world(tmp_path)
+    cfg = dflash2(cfg) if two else cfg
     (tmp_path / "target").mkdir()
     libdflash.write_safetensors(tmp_path / "target" / "model.safetensors",
                              {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
@@ -158,6 +173,18 @@ def test_cli_eval_prints_the_walk(tmp_path):
     for k in ("walk_tau", "walk_tau_se", "position_tau", "position_tau_se"):
         assert got[k] == pytest.approx(want[k], abs=1e-6), k
     assert (got["steps"], got["tokens"]) == (want["steps"], want["tokens"])
+    assert got["scored"] == want["scored"] > 0
+    for k in ("selector_accuracy", "backbone_accuracy"):
+        assert got[k] == pytest.approx(want[k], abs=1e-6), k
     text = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                           check=True).stdout
     assert f"walk tau {want['walk_tau']:.4f} +- {want['walk_tau_se']:.4f}" in text
+    line = (f"accuracy over every position ({want['scored']}): drafted "
+            f"{want['selector_accuracy']:.4f}, backbone argmax {want['backbone_accuracy']:.4f}")
+    if two:  # the selector's numbers (checked against z-lab's model in oracle_dflash2.py)
+        assert 0 < want["candidate_recall"] <= 1
+        assert got["candidate_recall"] == pytest.approx(want["candidate_recall"], abs=1e-6)
+        line += f", candidate recall (top-K) {want['candidate_recall']:.4f}"
+    else:
+        assert got["candidate_recall"] is None and want["candidate_recall"] is None
+    assert line + "\n" in text

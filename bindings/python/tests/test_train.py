@@ -58,6 +58,29 @@ def test_forward_backward_and_predict():
             tr.forward_backward(ids, mask, bad, [0])
 
 
+def test_accumulate_sample_and_collect_equal_accumulate():
+    """Stored bf16 codes (decoded on the host for the CPU backend) and float32 rows: the same
+    sums and gradients as accumulate; collect returns the sums once."""
+    tr, rng = make()
+    ids = rng.integers(0, 28, 20).astype(np.int32)
+    mask = np.ones(20, np.uint8)
+    hid = rng.standard_normal((20, 32)).astype(np.float32)
+    bits = (hid.view(np.uint32) >> 16).astype(np.uint16)  # truncated: exact bf16 values
+    exact = (bits.astype(np.uint32) << 16).view(np.float32)
+    tr.zero_grad()
+    want = tr.accumulate(ids, mask, exact, [0, 5, 16], 0.5)
+    g = tr.gradients()["fc.weight"].copy()
+    tr.zero_grad()
+    tr.accumulate_sample(ids, mask, [0, 5, 16], 0.5, codes=bits, sample_id="s1")
+    assert tr.collect() == want and tr.collect() == (0.0, 0.0)
+    np.testing.assert_array_equal(tr.gradients()["fc.weight"], g)
+    tr.zero_grad()
+    tr.accumulate_sample(ids, mask, [0, 5, 16], 0.5, hidden=exact)
+    assert tr.collect() == want
+    with pytest.raises(ValueError, match="codes"):
+        tr.accumulate_sample(ids, mask, [0], 0.5, codes=hid)
+
+
 def test_config_round_trip_and_paths(tmp_path):
     cfg = train.parse_config(CFG)
     d = train.config_to_dict(cfg)

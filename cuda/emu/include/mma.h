@@ -25,7 +25,7 @@ int frag_element(FragUse use, unsigned lane, int i);
 void wmma_load(FragUse use, void *x, const void *p, unsigned ldm, bool col_major, int bytes);
 void wmma_store(void *p, const float *x, unsigned ldm, bool col_major);
 void wmma_mma(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *b, const float *c);
-}  // namespace dfemu
+} // namespace dfemu
 
 namespace nvcuda {
 namespace wmma {
@@ -44,7 +44,7 @@ constexpr ::dfemu::FragUse use_of() {
   else if constexpr (std::is_same_v<Use, matrix_b>) return ::dfemu::FRAG_B;
   else return ::dfemu::FRAG_ACC;
 }
-}  // namespace detail
+} // namespace detail
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 class fragment {
@@ -69,8 +69,8 @@ inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, const T &v) {
 }
 
 template <typename Use, typename L>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, L> &f,
-                             const __nv_bfloat16 *p, unsigned ldm) {
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, L> &f, const __nv_bfloat16 *p,
+                             unsigned ldm) {
   ::dfemu::wmma_load(detail::use_of<Use>(), f.x, p, ldm, std::is_same_v<L, col_major>, 2);
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p,
@@ -89,5 +89,5 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
   ::dfemu::wmma_mma(d.x, a.x, b.x, c.x);
 }
 
-}  // namespace wmma
-}  // namespace nvcuda
+} // namespace wmma
+} // namespace nvcuda

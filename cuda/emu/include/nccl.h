@@ -22,15 +22,20 @@ enum ncclResult_t {
   ncclInProgress = 7,
 };
 enum ncclDataType_t {
-  ncclInt8 = 0, ncclChar = 0,
+  ncclInt8 = 0,
+  ncclChar = 0,
   ncclUint8 = 1,
-  ncclInt32 = 2, ncclInt = 2,
+  ncclInt32 = 2,
+  ncclInt = 2,
   ncclUint32 = 3,
   ncclInt64 = 4,
   ncclUint64 = 5,
-  ncclFloat16 = 6, ncclHalf = 6,
-  ncclFloat32 = 7, ncclFloat = 7,
-  ncclFloat64 = 8, ncclDouble = 8,
+  ncclFloat16 = 6,
+  ncclHalf = 6,
+  ncclFloat32 = 7,
+  ncclFloat = 7,
+  ncclFloat64 = 8,
+  ncclDouble = 8,
   ncclBfloat16 = 9,
 };
 enum ncclRedOp_t { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
@@ -55,5 +60,4 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
-                           ncclDataType_t datatype, int root, ncclComm_t comm,
-                           cudaStream_t stream);
+                           ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream);

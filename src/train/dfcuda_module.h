@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Bump on any change below or in dfcuda.h's structs and functions. */
-#define DF_CU_MODULE_ABI 3
+#define DF_CU_MODULE_ABI 5
 #define DF_CU_MODULE_ENTRY "df_cuda_module_v1"
 /* The file the library looks for (beside itself, then on the loader's search path). */
 #define DF_CU_MODULE_FILE "libdflash-cuda.so"
@@ -42,22 +42,22 @@ typedef struct df_cu_host {
  * and a library call added to a .cu file without a forwarder in module.c fails the
  * module's. */
 typedef struct df_cu_module {
-  uint32_t abi;                        /* DF_CU_MODULE_ABI */
-  const char *version;                 /* DFLASH_VERSION_STRING */
-  size_t sizes[DF_CU_MODULE_N_SIZES];  /* DF_CU_MODULE_SIZES */
+  uint32_t abi;                       /* DF_CU_MODULE_ABI */
+  const char *version;                /* DFLASH_VERSION_STRING */
+  size_t sizes[DF_CU_MODULE_N_SIZES]; /* DF_CU_MODULE_SIZES */
   int (*device_count)(int *count, char *msg, size_t msg_len);
   dflash_status (*create)(const df_cu_config *c, const float *params, const float *embed,
                           const float *lm_head, df_cu_model **out);
   void (*free)(df_cu_model *m);
   dflash_status (*zero_grad)(df_cu_model *m);
   dflash_status (*accumulate)(df_cu_model *m, const df_cu_batch *b, float *row_loss);
+  dflash_status (*results)(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n);
   dflash_status (*scale_grads)(df_cu_model *m, double k);
   dflash_status (*predict)(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
   dflash_status (*step)(df_cu_model *m, const df_cu_adam *a, double *norm);
   dflash_status (*copy)(df_cu_model *m, int kind, float *host, int to_host);
   dflash_status (*nccl_unique_id)(void *id);
-  dflash_status (*nccl_init)(df_cu_model *m, int rank, int world, const void *id,
-                             double timeout_s);
+  dflash_status (*nccl_init)(df_cu_model *m, int rank, int world, const void *id, double timeout_s);
   dflash_status (*allreduce_host)(df_cu_model *m, double *x, int n);
   void (*memory)(const df_cu_model *m, size_t *peak, size_t *now, size_t *arena);
   dflash_status (*host_alloc)(size_t bytes, void **out);
@@ -66,11 +66,10 @@ typedef struct df_cu_module {
 
 /* Every struct that crosses the boundary, so a stale module from another build is refused
  * rather than read with the wrong layout. */
-#define DF_CU_MODULE_SIZES                                                              \
-  {                                                                                     \
-    sizeof(df_cu_host), sizeof(df_cu_module), sizeof(df_cu_config), sizeof(df_cu_batch), \
-        sizeof(df_cu_adam), sizeof(df_bucket_layout), sizeof(df_act_dims),              \
-        sizeof(df_act_layout)                                                           \
+#define DF_CU_MODULE_SIZES                                                                       \
+  {                                                                                              \
+    sizeof(df_cu_host), sizeof(df_cu_module), sizeof(df_cu_config), sizeof(df_cu_batch),         \
+        sizeof(df_cu_adam), sizeof(df_bucket_layout), sizeof(df_act_dims), sizeof(df_act_layout) \
   }
 
 typedef const df_cu_module *(*df_cu_module_entry_fn)(const df_cu_host *host);

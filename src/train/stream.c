@@ -2,7 +2,9 @@
  * Training samples in a given order: a background thread decodes the hidden
  * states of the next `prefetch` samples into a ring of buffers while the
  * trainer works on the current one. Problems (missing id, length mismatch,
- * NaN/Inf) are carried to the consumer with the sample id.
+ * NaN/Inf) are carried to the consumer with the sample id. With stored_rows
+ * the thread copies the codes instead (no decoding, no NaN/Inf scan: the CUDA
+ * trainer does both on the device).
  */
 #include <math.h>
 #include <pthread.h>
@@ -10,11 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hidden.h"
+#include "stream.h"
 
 typedef struct slot {
   float *buf;
   size_t cap;
+  int32_t *tids; /* the target's greedy tokens, [tcap] */
+  float *fin;    /* vLLM: the final layer [len, H], for them */
+  size_t tcap;
+  bool has_tids;
+  void *codes; /* stored_rows: the codes and (fp8) scales */
+  float *scales;
+  size_t codes_cap, scales_cap;
   uint64_t index;
   dflash_status st;
   char msg[512];
@@ -23,7 +32,12 @@ typedef struct slot {
 struct dflash_sample_stream {
   df_tokens *tokens;
   dflash_hidden *hidden;
-  int32_t K, H; /* layers and hidden size of the store */
+  int has_tids;               /* dflash_hidden_has_target_ids */
+  const float *norm_w, *head; /* vLLM's final layer -> ids (df_sample_stream_set_head) */
+  float eps;
+  int32_t V;
+  int32_t K, H, dtype; /* layers, hidden size and dtype of the store */
+  bool stored;         /* samples carry codes (stored_rows on a libdflash store) */
   int64_t width;
   int depth;
   slot *slots;
@@ -37,11 +51,21 @@ struct dflash_sample_stream {
   size_t produced, released, taken;
 };
 
-void dflash_sample_stream_options_default(dflash_sample_stream_options *o) {
+static void sample_stream_options_defaults(dflash_sample_stream_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->prefetch = 4;
+}
+
+DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *o, size_t size) {
+  dflash_sample_stream_options d;
+  sample_stream_options_defaults(&d);
+  df_opts_fill(o, size, &d, sizeof d);
+}
+
+DFLASH_API void(dflash_sample_stream_options_default)(dflash_sample_stream_options *o) {
+  dflash_sample_stream_options_init(o, sizeof *o);
 }
 
 dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden_dir,
@@ -51,12 +75,8 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
   *out = NULL;
   dflash_sample_stream_options o;
   dflash_sample_stream_options_default(&o);
-  if (opts) {
-    if (opts->struct_size > sizeof o || opts->struct_size < sizeof(size_t))
-      return df_error(DFLASH_E_INVALID_ARG, "sample stream options: unknown struct_size %zu",
-                      opts->struct_size);
-    memcpy(&o, opts, opts->struct_size);
-  }
+  dflash_status ost = df_opts_in(&o, opts, sizeof o, "dflash_sample_stream_options");
+  if (ost) return ost;
   dflash_sample_stream *s = calloc(1, sizeof *s);
   if (!s) return df_error_nomem("sample stream");
   pthread_mutex_init(&s->mu, NULL);
@@ -71,8 +91,10 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
     dflash_sample_stream_free(s);
     return st;
   }
-  dflash_hidden_info(s->hidden, &s->K, &s->H, NULL, NULL);
+  dflash_hidden_info(s->hidden, &s->K, &s->H, &s->dtype, NULL);
+  s->has_tids = dflash_hidden_has_target_ids(s->hidden);
   s->width = (int64_t)s->K * s->H;
+  s->stored = o.stored_rows && df_hidden_has_codes(s->hidden);
   *out = s;
   return DFLASH_OK;
 }
@@ -90,7 +112,9 @@ static void stop_thread(dflash_sample_stream *s) {
 void dflash_sample_stream_free(dflash_sample_stream *s) {
   if (!s) return;
   stop_thread(s);
-  for (int i = 0; s->slots && i < s->depth; i++) free(s->slots[i].buf);
+  for (int i = 0; s->slots && i < s->depth; i++)
+    free(s->slots[i].buf), free(s->slots[i].tids), free(s->slots[i].fin), free(s->slots[i].codes),
+        free(s->slots[i].scales);
   free(s->slots);
   free(s->order);
   df_tokens_free(s->tokens);
@@ -119,8 +143,8 @@ dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *
     df_tokens_get(s->tokens, i, &id, &ids, &mask, &len);
     dflash_status st = dflash_hidden_length(s->hidden, id, &hl);
     if (!st && hl != len)
-      st = df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states",
-                    id, (long long)len, (long long)hl);
+      st = df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states", id,
+                    (long long)len, (long long)hl);
     if (st) {
       bad++;
       if (!first) first = st, snprintf(msg, sizeof msg, "%s", dflash_last_error());
@@ -129,6 +153,54 @@ dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *
   if (n_bad) *n_bad = bad;
   if (first) return df_error(first, "%s (%zu sample(s) affected)", msg, bad);
   return DFLASH_OK;
+}
+
+void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, float eps,
+                               const float *head, int32_t V) {
+  stop_thread(s); /* the prefetcher reads them; the next start picks them up */
+  s->norm_w = norm_w, s->eps = eps, s->head = head, s->V = V;
+}
+
+/* The sample's target ids into the slot: stored ones, or from vLLM's final layer through the
+ * head when the stream has one; none (has_tids false) otherwise. */
+static dflash_status produce_tids(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
+  sl->has_tids = false;
+  bool vllm = s->has_tids == 2 && s->head;
+  if (!(s->has_tids == 1 || vllm)) return DFLASH_OK;
+  if ((size_t)len > sl->tcap) {
+    free(sl->tids), free(sl->fin);
+    sl->tids = malloc((size_t)len * sizeof *sl->tids);
+    sl->fin = malloc((size_t)len * (size_t)s->H * sizeof *sl->fin);
+    sl->tcap = sl->tids && sl->fin ? (size_t)len : 0;
+    if (!sl->tcap) return df_error_nomem("target ids");
+  }
+  dflash_status st = vllm ? dflash_hidden_read_final(s->hidden, id, sl->fin, len)
+                          : dflash_hidden_read_target_ids(s->hidden, id, sl->tids, len);
+  if (st == DFLASH_E_NOT_FOUND && !vllm) return dflash_clear_error(), DFLASH_OK;
+  if (!st && vllm)
+    st = df_greedy_tokens(sl->fin, len, s->H, s->norm_w, s->eps, s->head, s->V, sl->tids);
+  sl->has_tids = !st;
+  return st;
+}
+
+/* Grow *p to `bytes` (its capacity in *cap). */
+static dflash_status grow(void **p, size_t *cap, size_t bytes) {
+  if (bytes <= *cap) return DFLASH_OK;
+  free(*p);
+  *p = malloc(bytes + 1);
+  *cap = *p ? bytes : 0;
+  return *p ? DFLASH_OK : df_error_nomem("hidden states");
+}
+
+/* The sample's codes as stored into its slot, and its all-zero-layer check. */
+static dflash_status produce_codes(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
+  size_t n = (size_t)len * (size_t)s->width;
+  bool fp8 = s->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  dflash_status st = grow(&sl->codes, &sl->codes_cap, fp8 ? n : 2 * n);
+  if (!st && fp8) st = grow((void **)&sl->scales, &sl->scales_cap, 4 * (size_t)len * s->K);
+  if (!st) st = df_hidden_read_codes(s->hidden, id, len, sl->codes, sl->scales);
+  if (!st) st = df_hidden_check_codes(id, s->dtype, sl->codes, sl->scales, len, s->K, s->H);
+  return st;
 }
 
 /* Decode one sample into its slot (called without the lock). */
@@ -140,6 +212,12 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
   sl->index = index;
   sl->st = DFLASH_OK;
   df_tokens_get(s->tokens, (size_t)index, &id, &ids, &mask, &len);
+  if (s->stored) {
+    sl->st = produce_codes(s, sl, id, len);
+    if (!sl->st) sl->st = produce_tids(s, sl, id, len);
+    if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
+    return;
+  }
   size_t need = (size_t)len * (size_t)s->width;
   if (need > sl->cap) {
     free(sl->buf);
@@ -150,9 +228,12 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
   if (!sl->st) sl->st = dflash_hidden_read(s->hidden, id, sl->buf, len);
   for (size_t i = 0; !sl->st && i < need; i++)
     if (!isfinite(sl->buf[i]))
-      sl->st = df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is "
-                        "not finite", id, i / (size_t)s->width, i % (size_t)s->width);
+      sl->st = df_error(DFLASH_E_FORMAT,
+                        "sample %s: hidden state at token %zu, column %zu is "
+                        "not finite",
+                        id, i / (size_t)s->width, i % (size_t)s->width);
   if (!sl->st) sl->st = df_hidden_check_sample(id, sl->buf, len, s->K, s->H);
+  if (!sl->st) sl->st = produce_tids(s, sl, id, len);
   if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
 }
 
@@ -175,15 +256,16 @@ static void *producer(void *arg) {
   return NULL;
 }
 
-dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order,
-                                         size_t n) {
+dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order, size_t n) {
   DF_CHECK_ARG(s && (order || n == 0));
   stop_thread(s);
   size_t count = df_tokens_count(s->tokens);
   for (size_t i = 0; i < n; i++)
     if (order[i] >= count)
-      return df_error(DFLASH_E_RANGE, "sample order[%zu] = %llu is outside the dataset's %zu "
-                      "samples", i, (unsigned long long)order[i], count);
+      return df_error(DFLASH_E_RANGE,
+                      "sample order[%zu] = %llu is outside the dataset's %zu "
+                      "samples",
+                      i, (unsigned long long)order[i], count);
   uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
   if (!copy) return df_error_nomem("sample order");
   if (n) memcpy(copy, order, n * sizeof *copy);
@@ -225,8 +307,15 @@ dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sa
   out->index = sl->index;
   df_tokens_get(s->tokens, (size_t)sl->index, &id, &out->input_ids, &out->loss_mask, &out->len);
   out->id = id;
-  out->hidden = sl->buf;
+  out->target_ids = sl->has_tids ? sl->tids : NULL;
+  out->hidden = s->stored ? NULL : sl->buf;
+  if (!s->stored) return DFLASH_OK; /* a caller that never asked may have the older struct */
+  out->hidden_dtype = s->dtype;
+  out->hidden_codes = sl->codes;
+  out->hidden_scales = s->dtype == DFLASH_HIDDEN_FP8_E4M3 ? sl->scales : NULL;
   return DFLASH_OK;
 }
+
+int df_sample_stream_has_target_ids(const dflash_sample_stream *s) { return s->has_tids; }
 
 const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }

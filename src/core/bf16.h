@@ -55,9 +55,9 @@ static inline uint8_t df_f32_to_e4m3(float x) {
   if (a >= 448.0f) return sign | 0x7e;
   if (a < ldexpf(1.0f, -10)) return sign; /* below half the smallest subnormal */
   int e;
-  frexpf(a, &e);      /* a = m * 2^e, m in [0.5, 1) */
+  frexpf(a, &e);       /* a = m * 2^e, m in [0.5, 1) */
   int exp = e - 1 + 7; /* biased exponent of 1.m form */
-  float q;            /* value in units of the last mantissa bit */
+  float q;             /* value in units of the last mantissa bit */
   if (exp <= 0) {
     q = rintf(ldexpf(a, 9)); /* subnormal: units of 2^-9 */
     if (q >= 8) return sign | 0x08;

@@ -14,16 +14,33 @@
 extern "C" {
 #endif
 
+/* The CUDA attention's shape limits (cuda/attention.cu packs a block's B rows times the query
+ * heads of one kv head into one CTA's M tile). Checked when a CUDA trainer is created and by
+ * the training plan, so that a shape the kernels cannot run is refused before any work; the
+ * shared-memory limit, which depends on the device, is checked at the first launch. */
+#define DF_CU_ATTN_MAX_D 256    /* head_dim, a multiple of 8 */
+#define DF_CU_ATTN_MAX_ROWS 128 /* block size x query heads per kv head, rounded up to 16 */
+
+/* NULL when the CUDA attention runs this shape, else what it breaks. */
+static inline const char *df_cu_attn_shape_why(int B, int nh, int nkv, int d) {
+  if (d <= 0 || d % 8 || d > DF_CU_ATTN_MAX_D)
+    return "head_dim must be a multiple of 8, at most 256";
+  if (nkv <= 0 || nh % nkv) return "the query heads must be a multiple of the kv heads";
+  if (B <= 0 || (B * (nh / nkv) + 15) / 16 * 16 > DF_CU_ATTN_MAX_ROWS)
+    return "block size times query heads per kv head must be at most 128 rows";
+  return NULL;
+}
+
 typedef struct df_cu_config {
   int H, KH, nh, nkv, d, I, V, B, L, vocab_chunk;
   float eps;
   int window[DF_ACT_MAX_LAYERS]; /* 0: full attention */
   double attn_factor;
-  const double *inv_freq;        /* [rot/2] */
+  const double *inv_freq; /* [rot/2] */
   /* RoPE rotates the first rot dims of each head (partial_rotary_factor); 0 means d. */
   int rot;
   size_t n_params;
-  const size_t *offsets;         /* [n_tensors], model.c's table order */
+  const size_t *offsets; /* [n_tensors], model.c's table order */
   size_t n_tensors;
   int device;
   /* Data-parallel rank and world (0 means 1) this model is created for: the
@@ -36,6 +53,14 @@ typedef struct df_cu_config {
   /* Nonzero: with several ranks, reduce-scatter after the backward instead of overlapping
    * it (DFLASH_CUDA_OVERLAP=0; the same results to the bit). */
   int no_overlap;
+  /* DFlash 2 (dflash2 nonzero; cuda/dflash2.cu): the convolutions' kernel size and group
+   * size, the selector's top-K and rank, its loss weight and mode (inject, else drop).
+   * Its tensors follow DFlash 1's in the table, as model.c lays them out. */
+  int dflash2, conv_k, conv_g, sel_top_k, sel_rank, sel_inject;
+  double sel_weight;
+  /* [B] the loss weight of block position j (df_position_weight), for the per-sequence
+   * sum(w*CE) a deferred accumulate keeps on the device; NULL: every weight 1. */
+  const float *pos_weight;
 } df_cu_config;
 
 /* Gradient buckets (NCCL calls) and the staging buffer: 64 Mi elements. */
@@ -44,12 +69,22 @@ typedef struct df_cu_config {
 /* One sequence, prepared on the host (backend_cuda.c). */
 typedef struct df_cu_batch {
   int T, Sc, R, A, max_pos;
-  const int32_t *anchors;            /* [A] */
-  const int32_t *block_tok;          /* [T] anchor token / mask token */
+  const int32_t *anchors;              /* [A] */
+  const int32_t *block_tok;            /* [T] anchor token / mask token */
   const int32_t *rows_t, *rows_target; /* [R] supervised (or predicted) rows */
-  const float *coef;                 /* [R] w * grad_scale (NULL: predict) */
-  const uint16_t *hidden;            /* bf16 [Sc, KH] */
+  const float *coef;                   /* [R] w * grad_scale (NULL: predict) */
+  const int32_t *rows_prev;            /* [R] DFlash 2: the true token before each row */
+  const uint16_t *hidden;              /* bf16 [Sc, KH] (when hidden_codes is NULL) */
+  /* The context rows [Sc, KH] as stored: DF_CU_HIDDEN_BF16 / _FP8 (e4m3 codes with a float
+   * scale per token and layer, hidden_scales [Sc, K]) / _F32. Host memory the call reads
+   * before it returns (copied into a pinned staging buffer); the device converts them to
+   * bf16 and checks them for NaN/Inf. NULL: `hidden`, as bf16. */
+  int hidden_dtype;
+  const void *hidden_codes;
+  const float *hidden_scales;
 } df_cu_batch;
+
+enum { DF_CU_HIDDEN_BF16 = 0, DF_CU_HIDDEN_FP8 = 1, DF_CU_HIDDEN_F32 = 2 };
 
 enum { DF_CU_PARAMS = 1, DF_CU_GRADS = 2, DF_CU_M1 = 4, DF_CU_M2 = 8 };
 
@@ -59,8 +94,15 @@ dflash_status df_cu_create(const df_cu_config *c, const float *params, const flo
                            const float *lm_head, df_cu_model **out);
 void df_cu_free(df_cu_model *m);
 dflash_status df_cu_zero_grad(df_cu_model *m);
-/* Forward (+ backward when coef): row_loss [R] on the host gets each row's CE. */
+/* Forward (+ backward when coef). With row_loss [R] the call waits for the device and
+ * row_loss gets each row's CE (a non-finite context row fails, DFLASH_E_FORMAT naming token
+ * and column). With row_loss NULL nothing waits: the context rows go up on the copy stream
+ * through one of two pinned staging buffers while the previous sequence computes, and the
+ * sequence's sum(w*CE) and its NaN/Inf check stay on the device until df_cu_results. */
 dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss);
+/* The deferred sequences since the last call, in order (exactly n of them): sum(w*CE) and
+ * the flat index into [Sc, KH] of its first non-finite context value, or -1. Waits once. */
+dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n);
 /* Multiply the accumulated gradients by k. */
 dflash_status df_cu_scale_grads(df_cu_model *m, double k);
 /* Greedy token of each of b->R rows into pred. */
@@ -82,17 +124,24 @@ dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
  * takes part in the gather of masters or moments and copies nothing. */
 dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
 
+/* Deferred sequences whose results the device holds between drains (df_cu_results). */
+#define DF_CU_PENDING 1024
+
 /* Device bytes the model allocates besides the weights, gradients, optimizer
  * state, frozen tables and the activation arena, as df_cu_create and the
  * first sequence allocate them: the fp32 staging buffer, RoPE frequencies,
- * the norm-weight scratch (256 row slices), the norm-reduction partials and
- * the cos/sin tables and positions for [0, n_pos). For `dflash train --plan`
- * (plain C: the core library has no CUDA). */
+ * the norm-weight scratch (256 row slices), the norm-reduction partials, the
+ * cos/sin tables and positions for [0, n_pos), the per-sequence results and
+ * position weights, and the two stages of context rows as stored (at most
+ * n_pos rows of KH values, bounded by the float32 path's 4 bytes a value;
+ * bf16 stores need half, fp8 a quarter plus the scales). For `dflash train
+ * --plan` (plain C: the core library has no CUDA). */
 #define DF_CU_DW_SPLIT 256
-static inline size_t df_cu_fixed_scratch_bytes(int H, int d, int n_pos) {
+static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int n_pos) {
   size_t half = (size_t)d / 2, wide = (size_t)(H > d ? H : d);
   return 4 * DF_CU_BUCKET_ELEMS + 8 * half + 4 * DF_CU_DW_SPLIT * wide + 8 * (1024 + 4096) +
-         (size_t)n_pos * (2 * half * 4 + 4);
+         (size_t)n_pos * (2 * half * 4 + 4) + 8 * (2 * (size_t)DF_CU_PENDING + 1) + 4 * (size_t)B +
+         2 * (4 * (size_t)n_pos * (size_t)KH + 256);
 }
 
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */

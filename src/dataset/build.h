@@ -1,0 +1,79 @@
+/* dflash_dataset_build's state, shared by build.c (batches) and build_io.c (inputs, side
+ * files). Internal. */
+#ifndef DFLASH_DATASET_BUILD_H
+#define DFLASH_DATASET_BUILD_H
+
+#include <dflash/chat.h>
+#include <dflash/dataset.h>
+#include <dflash/storage.h>
+#include <dflash/tokenizer.h>
+#include <stdio.h>
+
+#include "core/internal.h"
+
+/* One input line and what became of it. */
+typedef struct {
+  char *text;
+  size_t len;
+  const char *file; /* borrowed from the input list */
+  uint64_t line;
+  char *id; /* the sample id, set when accepted */
+  int32_t *ids;
+  uint8_t *mask;
+  size_t n, supervised;
+  char *why; /* rejection reason; NULL when accepted */
+  int too_long;
+} df_build_item;
+
+/* A worker's token buffers, kept across lines and batches. */
+typedef struct {
+  int32_t *ids;
+  uint8_t *mask;
+  size_t cap;
+} df_build_scratch;
+
+/* The input being read: local files line by line, s3:// objects read whole. */
+typedef struct {
+  char **files;
+  size_t n_files, at;
+  FILE *f;
+  uint64_t line;
+  char *buf;
+  size_t cap;
+  dflash_storage *storage;
+  void *object;
+} df_build_reader;
+
+typedef struct {
+  dflash_dataset_build_options opts;
+  const char *out_dir;
+  dflash_tokenizer *tok;
+  dflash_chat_template *tmpl;
+  int nfc;
+  dflash_dataset_writer *writer;
+  df_pool *pool;
+  df_build_scratch *scratch; /* one per pool thread; read-only to others while they run */
+  df_build_item *items;      /* the batch: opts.batch_lines slots */
+  size_t n_items;
+  df_build_reader in;
+  FILE *rejects, *sources; /* rejected.jsonl, sources.jsonl */
+  df_strset ids;           /* sample ids written so far */
+  dflash_dataset_build_stats stats;
+} df_build;
+
+/* Local inputs that cannot be read fail before any output is created. */
+dflash_status df_build_check_inputs(const char *const *inputs, size_t n);
+/* The input list into b->in: an s3:// input ending in '/' becomes every *.jsonl under it. */
+dflash_status df_build_expand_inputs(df_build *b, const char *const *inputs, size_t n);
+/* Fill b->items with the next batch of non-blank lines; none at the end of the input. */
+void df_build_read_batch(df_build *b);
+void df_build_close_input(df_build *b);
+void df_build_free_inputs(df_build *b);
+
+dflash_status df_build_open_side(df_build *b);
+void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why);
+void df_build_write_source(df_build *b, const df_build_item *it);
+/* Close (for an s3:// output: upload) rejected.jsonl and sources.jsonl. */
+dflash_status df_build_finish_side(df_build *b);
+
+#endif

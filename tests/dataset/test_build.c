@@ -1,0 +1,404 @@
+/* dflash_dataset_build: the options-size rule, stats written only up to the caller's size,
+ * options and inputs refused with a message, progress reports and stopping, the verdicts,
+ * and the same bytes for any thread count and batch size. The qwen2 tokenizer fixture
+ * with the qwen3 template (its think tags split, hence allow_split_control_tokens). */
+#include <dflash/dataset.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define CONV(q, a)                                                                           \
+  "{\"messages\": [{\"role\": \"user\", \"content\": \"" q "\"}, {\"role\": \"assistant\", " \
+  "\"content\": \"" a "\"}]}\n"
+
+/* Eight lines: five samples, a blank line, a line that is not JSON, one without an answer. */
+static const char INPUT[] = CONV("one", "1") CONV("two", "2") "\n{not json\n" CONV(
+    "three", "3") "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}]}\n" CONV("four", "4")
+    CONV("five plus some more words", "5 and a longer answer");
+
+typedef struct {
+  char *dir, *input, *tok;
+} fixture;
+
+static char *join(const char *dir, const char *name) {
+  char *p = malloc(strlen(dir) + strlen(name) + 2);
+  sprintf(p, "%s/%s", dir, name);
+  return p;
+}
+
+/* NULL (the test returns) without the tokenizer fixture. */
+static fixture *setup(const char *text) {
+  char *vocab = df_test_fixture("tokenizers/qwen2/vocab.json");
+  if (!vocab) return NULL;
+  fixture *f = calloc(1, sizeof *f);
+  f->tok = vocab;
+  f->dir = df_test_tmpdir();
+  f->input = join(f->dir, "in.jsonl");
+  ck_assert(df_test_write(f->input, text, strlen(text)));
+  return f;
+}
+
+static void teardown(fixture *f) {
+  df_test_rmtree(f->dir);
+  free(f->dir);
+  free(f->input);
+  free(f->tok);
+  free(f);
+}
+
+static dflash_dataset_build_options options(const fixture *f) {
+  dflash_dataset_build_options o;
+  dflash_dataset_build_options_default(&o);
+  o.tokenizer_path = f->tok;
+  o.template_name = "qwen3";
+  o.allow_split_control_tokens = 1;
+  o.max_reject_ratio = 1;
+  return o;
+}
+
+static dflash_status build(const fixture *f, const char *out, const dflash_dataset_build_options *o,
+                           dflash_dataset_build_stats *s) {
+  char *dir = join(f->dir, out);
+  const char *inputs[] = {f->input};
+  dflash_status st = dflash_dataset_build(inputs, 1, dir, o, s);
+  free(dir);
+  return st;
+}
+
+static int exists(const fixture *f, const char *out, const char *name) {
+  char *dir = join(f->dir, out), *path = join(dir, name);
+  int yes = access(path, F_OK) == 0;
+  free(path);
+  free(dir);
+  return yes;
+}
+
+static char *slurp(const char *path, size_t *n) {
+  FILE *fp = fopen(path, "rb");
+  ck_assert_ptr_nonnull(fp);
+  fseek(fp, 0, SEEK_END);
+  *n = (size_t)ftell(fp);
+  rewind(fp);
+  char *buf = malloc(*n + 1);
+  ck_assert_uint_eq(fread(buf, 1, *n, fp), *n);
+  fclose(fp);
+  buf[*n] = 0;
+  return buf;
+}
+
+static void same_file(const fixture *f, const char *a, const char *b, const char *name) {
+  char *da = join(f->dir, a), *db = join(f->dir, b), *pa = join(da, name), *pb = join(db, name);
+  size_t na, nb;
+  char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+  ck_assert_msg(na == nb && !memcmp(x, y, na), "%s differs between %s and %s", name, a, b);
+  free(x), free(y), free(pa), free(pb), free(da), free(db);
+}
+
+START_TEST(test_build_counts_and_side_files) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_stats s = {.struct_size = sizeof s};
+  ck_assert_ok(build(f, "out", &o, &s));
+  ck_assert_uint_eq(s.lines, 8);
+  ck_assert_uint_eq(s.samples, 5);
+  ck_assert_uint_eq(s.rejected, 2);
+  ck_assert_uint_eq(s.too_long, 0);
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_OK);
+  ck_assert(s.tokens > s.supervised_tokens && s.supervised_tokens > 0);
+  char *dir = join(f->dir, "out"), *rej = join(dir, "rejected.jsonl");
+  dflash_dataset *ds;
+  ck_assert_ok(dflash_dataset_open(dir, &ds));
+  ck_assert_uint_eq(dflash_dataset_count(ds), 5);
+  ck_assert_uint_eq(dflash_dataset_tokens(ds), s.tokens);
+  dflash_dataset_free(ds);
+  size_t n;
+  char *text = slurp(rej, &n);
+  ck_assert_msg(strstr(text, "\"line\": 4, \"reason\": \"") &&
+                    strstr(text, "\"line\": 6, "
+                                 "\"reason\": \"no assistant turn\"}\n"),
+                "%s", text);
+  free(text), free(rej), free(dir);
+  /* The same directory again: refused, the first dataset kept. */
+  ck_assert_status(build(f, "out", &o, NULL), DFLASH_E_EXISTS, "already holds a dataset");
+  teardown(f);
+}
+END_TEST
+
+/* Output is the same bytes for 1 and 4 threads, batches of 2048 and of 3 lines. */
+START_TEST(test_build_threads_do_not_change_bytes) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  o.threads = 1;
+  ck_assert_ok(build(f, "t1", &o, NULL));
+  o.threads = 4;
+  o.batch_lines = 3;
+  ck_assert_ok(build(f, "t4", &o, NULL));
+  const char *names[] = {"dataset.json", "shard-00000.safetensors", "rejected.jsonl",
+                         "sources.jsonl"};
+  for (size_t i = 0; i < 4; i++) same_file(f, "t1", "t4", names[i]);
+  teardown(f);
+}
+END_TEST
+
+/* A smaller options struct means defaults for its tail; a larger one needs a zero tail. */
+START_TEST(test_build_options_sizes) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  struct {
+    dflash_dataset_build_options o;
+    uint64_t extra;
+  } big = {.o = options(f)};
+  big.o.struct_size = sizeof big.o - 8; /* without progress_user */
+  ck_assert_ok(build(f, "small", &big.o, NULL));
+  /* Cut before max_reject_ratio: the default 0.05 applies, and 2 of 7 lines rejected fail it
+   * (the caller's 1 in the cut-off bytes is not read). */
+  big.o.struct_size = offsetof(dflash_dataset_build_options, max_reject_ratio);
+  dflash_dataset_build_stats s = {.struct_size = sizeof s};
+  ck_assert_status(build(f, "smaller", &big.o, &s), DFLASH_E_FORMAT, "max_reject_ratio 0.05");
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_REJECTS);
+  teardown(f);
+}
+END_TEST
+
+START_TEST(test_build_options_tail) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  struct {
+    dflash_dataset_build_options o;
+    uint64_t extra;
+  } big = {.o = options(f)};
+  big.o.struct_size = sizeof big;
+  ck_assert_ok(build(f, "zero-tail", &big.o, NULL));
+  big.extra = 1;
+  ck_assert_status(build(f, "tail", &big.o, NULL), DFLASH_E_UNSUPPORTED,
+                   "options of a newer libdflash");
+  ck_assert(!exists(f, "tail", "."));
+  big.o.struct_size = 4;
+  ck_assert_status(build(f, "tiny", &big.o, NULL), DFLASH_E_INVALID_ARG, "struct_size 4");
+  /* NULL: every default, and the tokenizer is required. */
+  ck_assert_status(build(f, "none", NULL, NULL), DFLASH_E_INVALID_ARG, "tokenizer_path is NULL");
+  /* _default writes no further than the caller's size. */
+  memset(&big, 0xab, sizeof big);
+  dflash_dataset_build_options_init(&big.o, offsetof(dflash_dataset_build_options, threads));
+  ck_assert_uint_eq(big.o.struct_size, offsetof(dflash_dataset_build_options, threads));
+  ck_assert_int_eq(big.o.reasoning, DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER);
+  ck_assert_int_eq(big.o.threads, (int32_t)0xabababab);
+  dflash_dataset_build_options_default(&big.o);
+  ck_assert_uint_eq(big.o.struct_size, sizeof big.o);
+  ck_assert_uint_eq(big.o.batch_lines, 2048);
+  ck_assert(big.o.max_reject_ratio == 0.05);
+  teardown(f);
+}
+END_TEST
+
+/* Stats are written up to the caller's struct_size and not a byte further. */
+START_TEST(test_build_stats_size) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  union {
+    dflash_dataset_build_stats s;
+    unsigned char bytes[sizeof(dflash_dataset_build_stats) + 8];
+  } u;
+  memset(&u, 0xab, sizeof u);
+  size_t cut = offsetof(dflash_dataset_build_stats, rejected);
+  u.s.struct_size = cut;
+  ck_assert_ok(build(f, "out", &o, &u.s));
+  ck_assert_uint_eq(u.s.struct_size, cut);
+  ck_assert_uint_eq(u.s.lines, 8);
+  ck_assert_uint_eq(u.s.samples, 5);
+  for (size_t i = cut; i < sizeof u; i++) ck_assert_uint_eq(u.bytes[i], 0xab);
+  /* A newer caller's larger struct: the library's fields, and zero in the fields it does not
+   * know. */
+  memset(&u, 0xab, sizeof u);
+  u.s.struct_size = sizeof u;
+  ck_assert_ok(build(f, "out2", &o, &u.s));
+  ck_assert_uint_eq(u.s.struct_size, sizeof u);
+  ck_assert_uint_eq(u.s.rejected, 2);
+  ck_assert_int_eq(u.s.verdict, DFLASH_DATASET_BUILD_OK);
+  for (size_t i = sizeof u.s; i < sizeof u; i++) ck_assert_uint_eq(u.bytes[i], 0);
+  /* A struct_size that is no size: refused before any work. */
+  u.s.struct_size = 0;
+  ck_assert_status(build(f, "out3", &o, &u.s), DFLASH_E_INVALID_ARG, "dflash_dataset_build_stats");
+  ck_assert(!exists(f, "out3", "."));
+  teardown(f);
+}
+END_TEST
+
+START_TEST(test_build_bad_options_and_inputs) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  o.tokenizer_path = NULL;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "tokenizer_path is NULL");
+  o = options(f), o.template_name = NULL;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "template_name is NULL");
+  o = options(f), o.reasoning = (dflash_chat_reasoning)7;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "unknown reasoning mode");
+  o = options(f), o.batch_lines = 0;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "batch_lines is 0");
+  o = options(f), o.threads = -1;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "threads is negative");
+  o = options(f), o.max_reject_ratio = 1.5;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "max_reject_ratio");
+  o = options(f), o.max_reject_ratio = NAN;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "max_reject_ratio");
+  o = options(f), o.template_name = "nope";
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_NOT_FOUND, "unknown chat template");
+  o = options(f), o.allow_split_control_tokens = 0;
+  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_MISMATCH, "<think>");
+  ck_assert(!exists(f, "x", ".")); /* every refusal before any output */
+  o = options(f);
+  char *out = join(f->dir, "x"), *missing = join(f->dir, "missing.jsonl");
+  const char *inputs[] = {f->input, missing};
+  ck_assert_status(dflash_dataset_build(inputs, 2, out, &o, NULL), DFLASH_E_NOT_FOUND,
+                   "cannot read input");
+  ck_assert_msg(strstr(dflash_last_error(), "missing.jsonl"), "%s", dflash_last_error());
+  ck_assert_status(dflash_dataset_build(inputs, 0, out, &o, NULL), DFLASH_E_INVALID_ARG,
+                   "no input");
+  ck_assert_status(dflash_dataset_build(inputs, 1, NULL, &o, NULL), DFLASH_E_INVALID_ARG,
+                   "out_dir");
+  ck_assert(!exists(f, "x", "."));
+  free(missing), free(out);
+  teardown(f);
+}
+END_TEST
+
+typedef struct {
+  int calls, stop_at;
+  uint64_t last_lines;
+  int ordered;
+} progress_log;
+
+static int on_progress(const dflash_dataset_build_stats *s, void *user) {
+  progress_log *p = user;
+  if (s->struct_size != sizeof *s || s->lines < p->last_lines) p->ordered = 0;
+  p->last_lines = s->lines;
+  return ++p->calls == p->stop_at;
+}
+
+/* Once when the outputs exist, then after every batch (8 lines in batches of 3: 3 more);
+ * a non-zero return stops the build without a manifest. */
+START_TEST(test_build_progress_and_stop) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  progress_log p = {.ordered = 1};
+  o.batch_lines = 3;
+  o.progress = on_progress;
+  o.progress_user = &p;
+  ck_assert_ok(build(f, "all", &o, NULL));
+  ck_assert_int_eq(p.calls, 4);
+  ck_assert(p.ordered);
+  ck_assert_uint_eq(p.last_lines, 8);
+  p = (progress_log){.ordered = 1, .stop_at = 2};
+  dflash_dataset_build_stats s = {.struct_size = sizeof s};
+  ck_assert_status(build(f, "stopped", &o, &s), DFLASH_E_CANCELLED, "stopped");
+  ck_assert_int_eq(p.calls, 2);
+  ck_assert_uint_eq(s.lines, 4); /* the first batch: 3 non-blank lines and the blank one */
+  ck_assert(!exists(f, "stopped", "dataset.json"));
+  ck_assert(exists(f, "stopped", "rejected.jsonl"));
+  teardown(f);
+}
+END_TEST
+
+/* A finished build that is refused: the dataset is on disk, the status and verdict say why. */
+START_TEST(test_build_verdicts) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  o.max_reject_ratio = 0.25; /* 2 of 7 non-blank lines: 0.29 */
+  dflash_dataset_build_stats s = {.struct_size = sizeof s};
+  ck_assert_status(build(f, "ratio", &o, &s), DFLASH_E_FORMAT,
+                   "28.6% of the lines were rejected, more than max_reject_ratio 0.25");
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_REJECTS);
+  ck_assert(exists(f, "ratio", "dataset.json"));
+  o.max_reject_ratio = 0.3;
+  ck_assert_ok(build(f, "ratio-ok", &o, &s));
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_OK);
+  /* Over-long samples do not count: the samples have 18, 18, 18, 18 and 26 tokens; with
+   * max_len 20 the last is rejected as too long, and the ratio stays 2 / 7. */
+  o.max_len = 20;
+  ck_assert_ok(build(f, "long", &o, &s));
+  ck_assert_uint_eq(s.too_long, 1);
+  ck_assert_uint_eq(s.rejected, 3);
+  o.truncate = 1;
+  ck_assert_ok(build(f, "cut", &o, &s));
+  ck_assert_uint_eq(s.samples, 5);
+  ck_assert_uint_eq(s.tokens, 4 * 18 + 20);
+  teardown(f);
+  f = setup("{not json\n[]\n");
+  if (!f) return;
+  o = options(f);
+  ck_assert_status(build(f, "junk", &o, &s), DFLASH_E_FORMAT, "no sample written");
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_EMPTY);
+  ck_assert_uint_eq(s.rejected, 2);
+  teardown(f);
+}
+END_TEST
+
+static int warnings;
+static void count_warning(dflash_log_level level, const char *msg, void *user) {
+  (void)user;
+  if (level == DFLASH_LOG_WARN && strstr(msg, "no AWS credentials")) warnings++;
+}
+
+/* A directory input is refused before any output. s3:// inputs that cannot be read (no
+ * credentials here: no request is sent) are logged, rejected, counted, and refuse the build. */
+START_TEST(test_build_unreadable_inputs) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  dflash_dataset_build_options o = options(f);
+  char *out = join(f->dir, "x");
+  const char *dir_input[] = {f->input, f->dir};
+  ck_assert_status(dflash_dataset_build(dir_input, 2, out, &o, NULL), DFLASH_E_IO, "a directory");
+  ck_assert(!exists(f, "x", "."));
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  warnings = 0;
+  dflash_set_log_callback(count_warning, NULL, DFLASH_LOG_WARN);
+  const char *inputs[] = {f->input, "s3://no-bucket/a.jsonl", "s3://no-bucket/prefix/"};
+  dflash_dataset_build_stats s = {.struct_size = sizeof s};
+  ck_assert_status(dflash_dataset_build(inputs, 3, out, &o, &s), DFLASH_E_IO,
+                   "2 input(s) could not be read");
+  dflash_set_log_callback(NULL, NULL, DFLASH_LOG_ERROR);
+  ck_assert_int_eq(warnings, 2);
+  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_UNREADABLE);
+  ck_assert_uint_eq(s.unreadable, 2);
+  ck_assert_uint_eq(s.samples, 5);
+  ck_assert_uint_eq(s.rejected, 4);
+  char *rej = join(out, "rejected.jsonl");
+  size_t n;
+  char *text = slurp(rej, &n);
+  ck_assert_msg(strstr(text, "{\"file\": \"s3://no-bucket/a.jsonl\", \"line\": 0, \"reason\": "
+                             "\"cannot open file\"}\n") &&
+                    strstr(text, "{\"file\": \"s3://no-bucket/prefix/\", \"line\": 0, "
+                                 "\"reason\": \"cannot list the prefix\"}\n"),
+                "%s", text);
+  free(text), free(rej), free(out);
+  teardown(f);
+}
+END_TEST
+
+TCase *tc_dataset_build(void) {
+  TCase *tc = tcase_create("dataset_build");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_build_counts_and_side_files);
+  tcase_add_test(tc, test_build_threads_do_not_change_bytes);
+  tcase_add_test(tc, test_build_options_sizes);
+  tcase_add_test(tc, test_build_options_tail);
+  tcase_add_test(tc, test_build_stats_size);
+  tcase_add_test(tc, test_build_bad_options_and_inputs);
+  tcase_add_test(tc, test_build_progress_and_stop);
+  tcase_add_test(tc, test_build_verdicts);
+  tcase_add_test(tc, test_build_unreadable_inputs);
+  return tc;
+}
