@@ -93,11 +93,11 @@ typedef enum dflash_chat_reasoning {
 } dflash_chat_reasoning;
 
 typedef struct dflash_chat_options {
-  size_t struct_size;        /* sizeof(dflash_chat_options) */
-  int add_generation_prompt; /* 0 (default) or 1 */
-  int thinking;              /* 1 (default): thinking on; 0: `enable_thinking`/`thinking` = false */
-  int preserve_thinking;     /* 0 (default); kimi-k2.6 and qwen3.6 only */
-  dflash_chat_reasoning reasoning; /* default DFLASH_CHAT_REASONING_OFFICIAL */
+  size_t struct_size;            /* sizeof(dflash_chat_options) */
+  int32_t add_generation_prompt; /* 0 (default) or 1 */
+  int32_t thinking;          /* 1 (default): thinking on; 0: `enable_thinking`/`thinking` = false */
+  int32_t preserve_thinking; /* 0 (default); kimi-k2.6 and qwen3.6 only */
+  int32_t reasoning;         /* dflash_chat_reasoning; default DFLASH_CHAT_REASONING_OFFICIAL */
 } dflash_chat_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -265,7 +265,7 @@ DFLASH_API dflash_status dflash_chat_encode(const dflash_chat_rendered *r,
  * name that is one); the renderers refuse such tools.
  */
 DFLASH_API dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len,
-                                                      int sort_keys, char *buf, size_t cap,
+                                                      int32_t sort_keys, char *buf, size_t cap,
                                                       size_t *out_len);
 
 #ifdef __cplusplus

@@ -124,15 +124,15 @@ typedef enum dflash_dataset_build_verdict {
 } dflash_dataset_build_verdict;
 
 typedef struct dflash_dataset_build_stats {
-  size_t struct_size;                   /* sizeof(dflash_dataset_build_stats) */
-  uint64_t lines;                       /* input lines read so far, blank ones included */
-  uint64_t samples;                     /* samples written */
-  uint64_t tokens;                      /* their tokens */
-  uint64_t supervised_tokens;           /* their tokens with loss mask 1 */
-  uint64_t rejected;                    /* lines in rejected.jsonl (too_long included) */
-  uint64_t too_long;                    /* rejected as longer than max_len */
-  uint64_t unreadable;                  /* inputs that could not be read */
-  dflash_dataset_build_verdict verdict; /* set when the build has finished */
+  size_t struct_size;         /* sizeof(dflash_dataset_build_stats) */
+  uint64_t lines;             /* input lines read so far, blank ones included */
+  uint64_t samples;           /* samples written */
+  uint64_t tokens;            /* their tokens */
+  uint64_t supervised_tokens; /* their tokens with loss mask 1 */
+  uint64_t rejected;          /* lines in rejected.jsonl (too_long included) */
+  uint64_t too_long;          /* rejected as longer than max_len */
+  uint64_t unreadable;        /* inputs that could not be read */
+  int32_t verdict;            /* dflash_dataset_build_verdict, set when the build has finished */
 } dflash_dataset_build_stats;
 
 /*
@@ -144,13 +144,13 @@ typedef int (*dflash_dataset_build_progress_fn)(const dflash_dataset_build_stats
                                                 void *user);
 
 typedef struct dflash_dataset_build_options {
-  size_t struct_size;              /* sizeof(dflash_dataset_build_options) */
-  const char *tokenizer_path;      /* required: what dflash_tokenizer_load() takes */
-  const char *template_name;       /* required: a built-in chat template */
-  dflash_chat_reasoning reasoning; /* default DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER */
-  int32_t last_turn_only;          /* 1: only the last assistant turn is supervised (default 0) */
-  uint64_t max_len;                /* longer samples are rejected, or cut (0: no limit) */
-  int32_t truncate;                /* 1: cut samples to max_len tokens instead (default 0) */
+  size_t struct_size;         /* sizeof(dflash_dataset_build_options) */
+  const char *tokenizer_path; /* required: what dflash_tokenizer_load() takes */
+  const char *template_name;  /* required: a built-in chat template */
+  int32_t reasoning; /* dflash_chat_reasoning; default DFLASH_CHAT_REASONING_KEEP_AFTER_LAST_USER */
+  int32_t last_turn_only; /* 1: only the last assistant turn is supervised (default 0) */
+  uint64_t max_len;       /* longer samples are rejected, or cut (0: no limit) */
+  int32_t truncate;       /* 1: cut samples to max_len tokens instead (default 0) */
   /* 1: accept a tokenizer that splits the template's control tokens (another
    * family's); 0 (default): DFLASH_E_MISMATCH before any output. */
   int32_t allow_split_control_tokens;

@@ -130,7 +130,7 @@ typedef struct dflash_fetch_stats {
   uint64_t completion_tokens;
   double elapsed_s;
   uint32_t servers_healthy;
-  uint32_t stopping; /* 1 once stop was requested */
+  int32_t stopping; /* 1 once stop was requested */
 } dflash_fetch_stats;
 
 typedef struct dflash_fetch_server_stats {

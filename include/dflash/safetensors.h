@@ -51,7 +51,7 @@ DFLASH_API dflash_status dflash_dtype_from_name(const char *name, dflash_dtype *
 typedef struct dflash_tensor {
   size_t struct_size; /* set by the caller: sizeof(dflash_tensor) */
   const char *name;
-  dflash_dtype dtype;
+  int32_t dtype; /* dflash_dtype */
   uint32_t ndim;
   const int64_t *shape; /* ndim entries */
   const void *data;     /* nbytes of mapped file memory, read-only */

@@ -61,16 +61,18 @@ typedef struct dflash_storage_options {
   const char *access_key_id;
   const char *secret_access_key;
   const char *session_token;
-  int32_t addressing;           /* a dflash_s3_addressing */
-  uint32_t max_attempts;        /* tries per request, default 8 */
-  uint32_t backoff_base_ms;     /* first backoff ceiling, default 200 ms */
-  uint32_t backoff_max_ms;      /* backoff ceiling, default 20 s (also caps Retry-After) */
-  uint32_t connect_timeout_ms;  /* default 10 s */
-  uint32_t idle_timeout_ms;     /* abort an attempt that moves no byte this long; default 60 s */
-  uint32_t request_timeout_ms;  /* whole-attempt limit, 0 (default): none */
+  int32_t addressing;    /* a dflash_s3_addressing */
+  uint32_t max_attempts; /* tries per request, default 8 */
+  /* Times in seconds (uint32_t milliseconds, *_ms, in SONAME 0); 0: the default;
+   * each finite, in [0, 2e6], else DFLASH_E_CONFIG at dflash_storage_create. */
+  double backoff_base_s;        /* first backoff ceiling, default 0.2 */
+  double backoff_max_s;         /* backoff ceiling, default 20 (also caps Retry-After) */
+  double connect_timeout_s;     /* default 10 */
+  double idle_timeout_s;        /* abort an attempt that moves no byte this long; default 60 */
+  double request_timeout_s;     /* whole-attempt limit, 0 (default): none */
   uint64_t part_size;           /* multipart part size, default 8 MiB (S3 minimum 5 MiB) */
   uint64_t multipart_threshold; /* objects at least this big go multipart; default 16 MiB */
-  uint32_t trace;               /* non-zero: as DFLASH_S3_TRACE=1 */
+  int32_t trace;                /* 1: as DFLASH_S3_TRACE=1 */
 } dflash_storage_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

@@ -102,7 +102,7 @@ DFLASH_API dflash_status dflash_tokenizer_encode(const dflash_tokenizer *tok, co
 DFLASH_API dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *tok,
                                                        const char *const *texts, const size_t *lens,
                                                        size_t n, dflash_special_mode special,
-                                                       int n_threads, int32_t *ids, size_t cap,
+                                                       int32_t n_threads, int32_t *ids, size_t cap,
                                                        size_t *offsets);
 
 /*

@@ -765,7 +765,7 @@ json_t *df_json_deep_sorted(const json_t *v) {
   return o;
 }
 
-dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len, int sort_keys,
+dflash_status dflash_chat_tools_typescript(const char *tools_json, size_t len, int32_t sort_keys,
                                            char *buf, size_t cap, size_t *out_len) {
   DF_CHECK_ARG(tools_json && out_len && (buf || !cap));
   *out_len = 0;

@@ -302,7 +302,7 @@ static dflash_status tensor(const dflash_safetensors *st, const char *path, cons
   dflash_tensor t = {.struct_size = sizeof t};
   dflash_status s = dflash_safetensors_find(st, name, &t);
   if (s) return df_error_wrap(s, "%s", path);
-  if (t.dtype != dtype || t.ndim != 1)
+  if (t.dtype != (int32_t)dtype || t.ndim != 1)
     return df_error(DFLASH_E_FORMAT, "%s: tensor %s is not a 1-D %s", path, name,
                     dflash_dtype_name(dtype));
   *data = t.data;

@@ -149,7 +149,7 @@ static dflash_status states_tensor(const dflash_hidden *h, const char *id, dflas
   dflash_status st = find(h, "h/", id, t);
   if (st) return st;
   dflash_dtype want = h->dtype == DFLASH_HIDDEN_BF16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F8_E4M3;
-  if (t->dtype != want || t->ndim != 2 || t->shape[1] != (int64_t)h->K * h->H)
+  if (t->dtype != (int32_t)want || t->ndim != 2 || t->shape[1] != (int64_t)h->K * h->H)
     return df_error(DFLASH_E_FORMAT, "%s: sample %s is not %s [S, %lld]", t->file, id,
                     dflash_dtype_name(want), (long long)h->K * h->H);
   return DFLASH_OK;

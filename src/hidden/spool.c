@@ -570,7 +570,7 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
     dflash_safetensors_get(sp->cur, i, &t);
     if (strncmp(t.name, "h/", 2)) continue;
-    if (t.dtype != want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
+    if (t.dtype != (int32_t)want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
       return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,
                       dflash_dtype_name(want_dt), (long long)sp->K * sp->H);
     sp_tensor *e = &sp->ts[sp->n_ts++];

@@ -1,5 +1,6 @@
 /* The public storage API: configuration from options and the environment,
  * and one function per operation dispatching to S3 or the local backend. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -12,10 +13,10 @@ static void storage_options_defaults(dflash_storage_options *o) {
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->max_attempts = 8;
-  o->backoff_base_ms = 200;
-  o->backoff_max_ms = 20000;
-  o->connect_timeout_ms = 10000;
-  o->idle_timeout_ms = 60000;
+  o->backoff_base_s = 0.2;
+  o->backoff_max_s = 20;
+  o->connect_timeout_s = 10;
+  o->idle_timeout_s = 60;
   o->part_size = 8u << 20;
   o->multipart_threshold = 16u << 20;
 }
@@ -76,6 +77,16 @@ static dflash_status resolve_endpoint(df_s3_config *c, const char *opt) {
 
 static uint32_t or_default(uint32_t v, uint32_t d) { return v ? v : d; }
 
+/* Seconds (an option) to whole milliseconds, rounded up so that a positive time stays
+ * positive; 0 gives `dflt_s`. DFLASH_E_CONFIG naming the field outside [0, 2e6] or NaN. */
+static dflash_status seconds_ms(double s, double dflt_s, const char *name, uint32_t *ms) {
+  if (!(s >= 0 && s <= 2e6))
+    return df_error(DFLASH_E_CONFIG, "storage options: %s %g is not a time in seconds in [0, 2e6]",
+                    name, s);
+  *ms = (uint32_t)ceil((s ? s : dflt_s) * 1000.0);
+  return DFLASH_OK;
+}
+
 static dflash_status configure(df_s3_config *c, const dflash_storage_options *o) {
   dflash_storage_options d;
   dflash_storage_options_default(&d);
@@ -89,11 +100,15 @@ static dflash_status configure(df_s3_config *c, const dflash_storage_options *o)
   dflash_status s = resolve_endpoint(c, o->endpoint_url);
   if (!s) s = resolve_addressing(c, o->addressing);
   c->max_attempts = or_default(o->max_attempts, d.max_attempts);
-  c->backoff_base_ms = or_default(o->backoff_base_ms, d.backoff_base_ms);
-  c->backoff_max_ms = or_default(o->backoff_max_ms, d.backoff_max_ms);
-  c->connect_timeout_ms = or_default(o->connect_timeout_ms, d.connect_timeout_ms);
-  c->idle_timeout_ms = or_default(o->idle_timeout_ms, d.idle_timeout_ms);
-  c->request_timeout_ms = o->request_timeout_ms;
+  if (!s)
+    s = seconds_ms(o->backoff_base_s, d.backoff_base_s, "backoff_base_s", &c->backoff_base_ms);
+  if (!s) s = seconds_ms(o->backoff_max_s, d.backoff_max_s, "backoff_max_s", &c->backoff_max_ms);
+  if (!s)
+    s = seconds_ms(o->connect_timeout_s, d.connect_timeout_s, "connect_timeout_s",
+                   &c->connect_timeout_ms);
+  if (!s)
+    s = seconds_ms(o->idle_timeout_s, d.idle_timeout_s, "idle_timeout_s", &c->idle_timeout_ms);
+  if (!s) s = seconds_ms(o->request_timeout_s, 0, "request_timeout_s", &c->request_timeout_ms);
   c->part_size = o->part_size ? o->part_size : d.part_size;
   c->multipart_threshold = o->multipart_threshold ? o->multipart_threshold : d.multipart_threshold;
   const char *trace = getenv("DFLASH_S3_TRACE");

@@ -508,7 +508,7 @@ static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *
 
 dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const char *const *texts,
                                             const size_t *lens, size_t n,
-                                            dflash_special_mode special, int n_threads,
+                                            dflash_special_mode special, int32_t n_threads,
                                             int32_t *ids, size_t cap, size_t *offsets) {
   DF_CHECK_ARG(t && (texts || !n) && (lens || !n) && (ids || !cap) && offsets);
   DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);

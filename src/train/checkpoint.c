@@ -51,13 +51,13 @@ static dflash_status write_model(const df_model *m, const char *path, bool bf16)
   return st;
 }
 
-dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int bf16) {
+dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int32_t bf16) {
   DF_CHECK_ARG(t && dir);
   if (dflash_storage_is_remote(dir)) return df_remote_save(t, dir, bf16);
   /* A config that cannot be written (no num_target_layers, ...) fails
    * before anything lands in `dir`. */
   size_t json_len = 0;
-  dflash_status st = dflash_drafter_config_to_json_ext(&t->m.cfg, &t->m.ext, NULL, &json_len);
+  dflash_status st = dflash_drafter_config_to_json_ext(&t->m.cfg, &t->m.ext, NULL, 0, &json_len);
   if (st != DFLASH_E_BUFFER)
     return df_error_wrap(st ? st : DFLASH_E_INTERNAL, "saving checkpoint %s", dir);
   dflash_clear_error();
@@ -125,19 +125,20 @@ dflash_status df_tensor_floats(const dflash_tensor *t, const char *name, int ndi
 /* An s3:// checkpoint (prefix or .safetensors object) or state: read from a
  * copy in the cache directory. */
 static dflash_status load_remote(dflash_trainer *t, const char *url, bool state, void *user,
-                                 size_t *user_len) {
+                                 size_t cap, size_t *user_len) {
   char *local = NULL;
   bool object = state || df_str_ends_with(url, ".safetensors");
   dflash_status s = df_remote_fetch(url, object ? NULL : "model.safetensors", &local);
   if (!s)
-    s = state ? dflash_trainer_load_state(t, local, user, user_len) : dflash_trainer_load(t, local);
+    s = state ? dflash_trainer_load_state(t, local, user, cap, user_len)
+              : dflash_trainer_load(t, local);
   free(local);
   return s;
 }
 
 dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
   DF_CHECK_ARG(t && path);
-  if (dflash_storage_is_remote(path)) return load_remote(t, path, false, NULL, NULL);
+  if (dflash_storage_is_remote(path)) return load_remote(t, path, false, NULL, 0, NULL);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return s;
@@ -210,16 +211,16 @@ static dflash_status state_tensor(const dflash_safetensors *st, const char *path
   out->struct_size = sizeof *out;
   if (dflash_safetensors_find(st, name, out))
     return df_error(DFLASH_E_FORMAT, "%s: training state lacks tensor %s", path, name);
-  if (out->dtype != dtype || (nbytes != UINT64_MAX && out->nbytes != nbytes))
+  if (out->dtype != (int32_t)dtype || (nbytes != UINT64_MAX && out->nbytes != nbytes))
     return df_error(DFLASH_E_MISMATCH, "%s: tensor %s does not match this drafter (%llu bytes)",
                     path, name, (unsigned long long)out->nbytes);
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user,
+dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user, size_t cap,
                                         size_t *user_len) {
   DF_CHECK_ARG(t && path && user_len);
-  if (dflash_storage_is_remote(path)) return load_remote(t, path, true, user, user_len);
+  if (dflash_storage_is_remote(path)) return load_remote(t, path, true, user, cap, user_len);
   dflash_safetensors *st;
   dflash_status s = dflash_safetensors_open(path, &st);
   if (s) return s;
@@ -236,7 +237,7 @@ dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, voi
   if (!s) s = state_tensor(st, path, "adam_m", DFLASH_DTYPE_F32, nb, &m1);
   if (!s) s = state_tensor(st, path, "adam_v", DFLASH_DTYPE_F32, nb, &m2);
   if (!s) s = state_tensor(st, path, "user", DFLASH_DTYPE_U8, UINT64_MAX, &u);
-  if (!s && (!user || *user_len < u.nbytes)) {
+  if (!s && (!user || cap < u.nbytes)) {
     *user_len = (size_t)u.nbytes;
     if (user)
       s = df_error(DFLASH_E_BUFFER, "%s: user state needs %llu bytes", path,

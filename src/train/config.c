@@ -777,7 +777,7 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
 
 dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
                                                 const dflash_drafter_config_ext *ext_in, char *buf,
-                                                size_t *len) {
+                                                size_t cap, size_t *len) {
   DF_CHECK_ARG(cfg && len);
   dflash_drafter_config_ext ext;
   dflash_status st = df_config_ext_copy(ext_in, &ext);
@@ -798,7 +798,7 @@ dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg
   json_decref(o);
   if (!s) return df_error_nomem("config JSON");
   size_t need = strlen(s) + 2; /* trailing newline + NUL */
-  if (!buf || *len < need) {
+  if (!buf || cap < need) {
     *len = need;
     free(s);
     return df_error(DFLASH_E_BUFFER, "config JSON needs %zu bytes", need);
@@ -809,9 +809,9 @@ dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg
   return DFLASH_OK;
 }
 
-dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
+dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf, size_t cap,
                                             size_t *len) {
-  return dflash_drafter_config_to_json_ext(cfg, NULL, buf, len);
+  return dflash_drafter_config_to_json_ext(cfg, NULL, buf, cap, len);
 }
 
 dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
@@ -819,12 +819,12 @@ dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
                                              const char *path) {
   DF_CHECK_ARG(cfg && path);
   size_t len = 0;
-  dflash_status st = dflash_drafter_config_to_json_ext(cfg, ext, NULL, &len);
+  dflash_status st = dflash_drafter_config_to_json_ext(cfg, ext, NULL, 0, &len);
   if (st != DFLASH_E_BUFFER) return st ? st : df_error(DFLASH_E_INTERNAL, "config size");
   dflash_clear_error();
   char *buf = malloc(len);
   if (!buf) return df_error_nomem("config JSON");
-  st = dflash_drafter_config_to_json_ext(cfg, ext, buf, &len);
+  st = dflash_drafter_config_to_json_ext(cfg, ext, buf, len, &len);
   if (!st) st = df_write_file_atomic(path, buf, strlen(buf));
   free(buf);
   return st;

@@ -6,6 +6,7 @@
 #ifndef DFLASH_TRAIN_MODEL_H
 #define DFLASH_TRAIN_MODEL_H
 
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 
 #include "ops.h"

@@ -170,7 +170,7 @@ dflash_status df_rst_read_floats(df_rst *r, const char *name, int ndim, const in
 
 /* ---- checkpoints ------------------------------------------------------------ */
 
-dflash_status df_remote_save(const dflash_trainer *t, const char *url, int bf16) {
+dflash_status df_remote_save(const dflash_trainer *t, const char *url, int32_t bf16) {
   char *tmp = NULL;
   dflash_storage *st = NULL;
   dflash_status s = df_stage_tmpdir("checkpoint", &tmp);

@@ -22,7 +22,7 @@ dflash_status df_rst_read_floats(df_rst *r, const char *name, int ndim, const in
                                  float *out);
 
 /* dflash_trainer_save / _save_state to s3:// (through a staging directory). */
-dflash_status df_remote_save(const dflash_trainer *t, const char *url, int bf16);
+dflash_status df_remote_save(const dflash_trainer *t, const char *url, int32_t bf16);
 dflash_status df_remote_save_state(const dflash_trainer *t, const char *url, const void *user,
                                    size_t user_len);
 /* Download url (or url/file when `file` is set) into the cache directory;

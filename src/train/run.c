@@ -271,8 +271,8 @@ static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
  * rank 0 alone trims metrics.jsonl. */
 static dflash_status resume(run *r) {
   char blob[256];
-  size_t len = sizeof blob;
-  dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, &len);
+  size_t len = 0;
+  dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, sizeof blob, &len);
   if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
   if (st) return df_error_wrap(st, "resuming");
   blob[sizeof blob - 1] = 0;
@@ -581,7 +581,7 @@ static dflash_status open_all(run *r) {
   dflash_status st = dflash_drafter_config_load_ext(o->config_path, &r->cfg, &r->ext);
   if (!st) { /* refuse now what the checkpoint save at the end would refuse */
     size_t json_len = 0;
-    st = dflash_drafter_config_to_json_ext(&r->cfg, &r->ext, NULL, &json_len);
+    st = dflash_drafter_config_to_json_ext(&r->cfg, &r->ext, NULL, 0, &json_len);
     if (st == DFLASH_E_BUFFER) {
       dflash_clear_error();
       st = DFLASH_OK;

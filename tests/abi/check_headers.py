@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Every public header compiles on its own, twice included, as strict C11 and as C++."""
+"""Every public header compiles on its own, twice included, as strict C11 and as C++; no
+stable header includes experimental.h (its calls are outside the stable ABI, a caller opts in);
+train.h is the umbrella over drafter.h, trainer.h and run.h."""
+import re
 import pathlib
 import subprocess
 import sys
@@ -27,5 +30,13 @@ with tempfile.TemporaryDirectory() as tmp:
         if r.returncode:
             failed += 1
             print(f"FAIL {name} as C++\n{r.stderr}")
+for header in headers:
+    included = set(re.findall(r"^#include <dflash/([a-z_]+\.h)>", header.read_text(), re.M))
+    if header.name != "experimental.h" and "experimental.h" in included:
+        failed += 1
+        print(f"FAIL dflash/{header.name} includes experimental.h (outside the stable ABI)")
+    if header.name == "train.h" and not {"drafter.h", "trainer.h", "run.h"} <= included:
+        failed += 1
+        print(f"FAIL dflash/train.h includes {sorted(included)}, not drafter.h, trainer.h, run.h")
 print(f"{len(headers)} headers checked, {failed} failures")
 sys.exit(1 if failed or not headers else 0)

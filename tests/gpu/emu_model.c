@@ -9,6 +9,7 @@
  *     must equal one rank that accumulates both ranks' sequences: same losses, parameters
  *     and moments after a step to fp32 summation order.
  */
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 #include <math.h>
 #include <pthread.h>

@@ -16,6 +16,7 @@
  *     (half the host-to-device bytes of the float32 path for bf16) with the same result.
  */
 #include <dflash/hidden.h>
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 #include <math.h>
 #include <stdio.h>

@@ -2,6 +2,7 @@
 #ifndef DFLASH_TESTS_GPU_COMMON_H
 #define DFLASH_TESTS_GPU_COMMON_H
 
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 #include <math.h>
 #include <stdint.h>

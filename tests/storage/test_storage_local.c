@@ -3,6 +3,7 @@
  * local files, and the credential checks that fail before any connection. */
 #include <dflash/storage.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -93,8 +94,8 @@ END_TEST
 static dflash_storage *client(void) {
   dflash_storage_options o;
   dflash_storage_options_default(&o);
-  o.backoff_base_ms = 100;
-  o.backoff_max_ms = 1000;
+  o.backoff_base_s = 0.1;
+  o.backoff_max_s = 1;
   dflash_storage *st = NULL;
   ck_assert_ok(dflash_storage_create(&o, &st));
   return st;
@@ -115,6 +116,36 @@ START_TEST(backoff_is_full_jitter_capped_and_honours_retry_after) {
   ck_assert(df_s3_backoff(st, 1, 0.7) >= 0.7);
   ck_assert(df_s3_backoff(st, 1, 30) <= 1.0); /* capped at backoff_max */
   dflash_storage_free(st);
+}
+END_TEST
+
+/* Times are seconds (double): 0 means the default, a positive one stays positive in
+ * whole milliseconds, a negative or NaN one is refused naming its field. */
+START_TEST(options_times_are_seconds) {
+  dflash_storage_options o;
+  dflash_storage_options_default(&o);
+  ck_assert(o.connect_timeout_s == 10 && o.idle_timeout_s == 60 && o.request_timeout_s == 0);
+  ck_assert(o.backoff_base_s == 0.2 && o.backoff_max_s == 20);
+  o.connect_timeout_s = 0.0004;
+  o.idle_timeout_s = 2.5;
+  o.request_timeout_s = 0.7;
+  o.backoff_max_s = 0;
+  dflash_storage *st = NULL;
+  ck_assert_ok(dflash_storage_create(&o, &st));
+  ck_assert_uint_eq(st->cfg.connect_timeout_ms, 1);
+  ck_assert_uint_eq(st->cfg.idle_timeout_ms, 2500);
+  ck_assert_uint_eq(st->cfg.request_timeout_ms, 700);
+  ck_assert_uint_eq(st->cfg.backoff_base_ms, 200);
+  ck_assert_uint_eq(st->cfg.backoff_max_ms, 20000);
+  dflash_storage_free(st);
+  o.idle_timeout_s = -1;
+  ck_assert_status(dflash_storage_create(&o, &st), DFLASH_E_CONFIG, "idle_timeout_s");
+  o.idle_timeout_s = 1;
+  o.backoff_base_s = NAN;
+  ck_assert_status(dflash_storage_create(&o, &st), DFLASH_E_CONFIG, "backoff_base_s");
+  o.backoff_base_s = 1;
+  o.request_timeout_s = 3e6;
+  ck_assert_status(dflash_storage_create(&o, &st), DFLASH_E_CONFIG, "request_timeout_s");
 }
 END_TEST
 
@@ -443,6 +474,7 @@ TCase *tc_storage_local(void) {
   tcase_add_test(tc, locations_parse_and_reject);
   tcase_add_test(tc, xml_fields_decode_entities);
   tcase_add_test(tc, backoff_is_full_jitter_capped_and_honours_retry_after);
+  tcase_add_test(tc, options_times_are_seconds);
   tcase_add_test(tc, options_validate_addressing_region_and_part_size);
   tcase_add_test(tc, missing_credentials_fail_before_connecting);
   tcase_add_test(tc, local_read_write_stat_list_delete);

@@ -59,8 +59,8 @@ static long counter(json_t *stats, const char *kind) {
 }
 
 static dflash_storage *s3_client_with(dflash_storage_options *o) {
-  o->backoff_base_ms = 5;
-  o->backoff_max_ms = 50;
+  o->backoff_base_s = 0.005;
+  o->backoff_max_s = 0.05;
   dflash_storage *st = NULL;
   ck_assert_ok(dflash_storage_create(o, &st));
   return st;
@@ -291,7 +291,7 @@ START_TEST(stalled_answer_times_out_then_succeeds) {
   json_decref(faults("{}"));
   dflash_storage_options o;
   dflash_storage_options_default(&o);
-  o.request_timeout_ms = 700;
+  o.request_timeout_s = 0.7;
   dflash_storage *st = s3_client_with(&o);
   char *loc = url("slow/x");
   ck_assert_ok(dflash_storage_write(st, loc, "payload", 7));

@@ -140,11 +140,14 @@ START_TEST(resume_is_exact) {
   const char blob[] = "epoch=0 pos=3";
   ck_assert_ok(dflash_trainer_save_state(first, state, blob, sizeof blob));
   size_t len = 0;
-  ck_assert_ok(dflash_trainer_load_state(resumed, state, NULL, &len));
+  ck_assert_ok(dflash_trainer_load_state(resumed, state, NULL, 0, &len));
   ck_assert_uint_eq(len, sizeof blob);
   char back[64];
-  len = sizeof back;
-  ck_assert_ok(dflash_trainer_load_state(resumed, state, back, &len));
+  len = 0;
+  ck_assert_int_eq(dflash_trainer_load_state(resumed, state, back, sizeof blob - 1, &len),
+                   DFLASH_E_BUFFER);
+  ck_assert_uint_eq(len, sizeof blob);
+  ck_assert_ok(dflash_trainer_load_state(resumed, state, back, sizeof back, &len));
   ck_assert_str_eq(back, blob);
   ck_assert_int_eq(dflash_trainer_steps(resumed), 3);
   double l_res = train_steps(resumed, 3, 6);

@@ -132,9 +132,9 @@ START_TEST(yarn_and_round_trip) {
   ck_assert_int_eq(c.n_target_layer_ids, 6);
   ck_assert_int_eq(c.target_layer_ids[5], 58);
   size_t len = 0;
-  ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_BUFFER);
+  ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_BUFFER);
   char *buf = malloc(len);
-  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   /* Both placements and an explicit attention factor are written. */
   ck_assert_ptr_nonnull(strstr(buf, "\"attention_factor\""));
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlashDraftModel\""));
@@ -172,16 +172,16 @@ START_TEST(num_target_layers_written_or_refused) {
   dflash_drafter_config c;
   ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
   size_t len = 0;
-  ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_BUFFER);
+  ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_BUFFER);
   char *buf = malloc(len);
-  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"num_target_layers\": 36"));
   free(buf);
   ck_assert_ok(parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
                      "\"num_attention_heads\": 4, \"vocab_size\": 100, \"block_size\": 4,"
                      "\"dflash_config\": {\"mask_token_id\": 7, \"target_layer_ids\": [2]}}",
                      &c));
-  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_CONFIG,
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_CONFIG,
                    "num_target_layers");
   char dir[] = "/tmp/dflash-cfg-XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -214,7 +214,7 @@ START_TEST(yarn_factor_must_match_ratio) {
   ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
   c.max_position_embeddings = 32768;
   size_t len = 0;
-  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, &len), DFLASH_E_CONFIG,
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_CONFIG,
                    "differs from max_position_embeddings");
 #undef YARN
 }
@@ -368,7 +368,7 @@ START_TEST(partial_rotary_factor_in_ext) {
   ck_assert_ok(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e));
   char buf[4096];
   size_t len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"partial_rotary_factor\": 0.5"));
   dflash_drafter_config c2;
   dflash_drafter_config_ext e2 = {.struct_size = sizeof e2};
@@ -376,7 +376,7 @@ START_TEST(partial_rotary_factor_in_ext) {
   ck_assert_double_eq(e2.partial_rotary_factor, 0.5);
   ck_assert_mem_eq(&c2, &c, sizeof c);
   len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   ck_assert_ptr_null(strstr(buf, "partial_rotary_factor"));
   /* An ext of an unknown version is refused. */
   e2.struct_size = 4;
@@ -415,7 +415,7 @@ START_TEST(dflash2_config_parsed_and_written) {
   ck_assert_int_eq(e.selector_rank, 32);
   char buf[4096];
   size_t len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlash2DraftModel\""));
   ck_assert_ptr_nonnull(strstr(buf, "\"conv_kernel_size\": 3"));
   ck_assert_ptr_nonnull(strstr(buf, "\"selector_top_k\": 8"));
@@ -427,7 +427,7 @@ START_TEST(dflash2_config_parsed_and_written) {
   /* A DFlash 1 ext writes DFlashDraftModel and no DFlash 2 key. */
   dflash_drafter_config_ext_default(&e2);
   len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e2, buf, &len));
+  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e2, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlashDraftModel\""));
   ck_assert_ptr_null(strstr(buf, "conv_"));
   /* An ext of the first version (no DFlash 2 fields) cannot hold it. */
@@ -484,7 +484,7 @@ START_TEST(dflash2_bad_sizes_refused) {
   dflash_drafter_config_ext_default(&e);
   e.selector_rank = 8;
   size_t len = 0;
-  ck_assert_status(dflash_drafter_config_to_json_ext(&c, &e, NULL, &len), DFLASH_E_CONFIG,
+  ck_assert_status(dflash_drafter_config_to_json_ext(&c, &e, NULL, 0, &len), DFLASH_E_CONFIG,
                    "dflash2 is 0");
 }
 END_TEST

@@ -3,6 +3,7 @@
  * against a direct evaluation, and the refusals. The forward against z-lab's DFlash2DraftModel is
  * oracle_dflash2.py. */
 #include <dflash/safetensors.h>
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 #include <math.h>
 #include <stddef.h>

@@ -4,6 +4,7 @@
  * float32 with step 1e-2: truncation ~h^2 and rounding ~eps/h keep the error
  * near 1e-4 of the gradient's scale; the bound is 1e-2 of it (a wrong term
  * is off by O(1)). */
+#include <dflash/experimental.h>
 #include <dflash/train.h>
 #include <math.h>
 #include <stdlib.h>

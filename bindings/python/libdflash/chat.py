@@ -11,9 +11,9 @@ SPAN_KINDS = ["scaffold", "system", "user", "tool_result", "tools", "gen_prompt"
 
 
 class _Options(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("add_generation_prompt", ctypes.c_int),
-                ("thinking", ctypes.c_int), ("preserve_thinking", ctypes.c_int),
-                ("reasoning", ctypes.c_int)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("add_generation_prompt", ctypes.c_int32),
+                ("thinking", ctypes.c_int32), ("preserve_thinking", ctypes.c_int32),
+                ("reasoning", ctypes.c_int32)]
 
 
 class _Span(ctypes.Structure):

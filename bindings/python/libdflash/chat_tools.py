@@ -7,7 +7,7 @@ import json
 from ._lib import Error, bind
 
 _ts = bind("dflash_chat_tools_typescript",
-           [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t,
+           [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
             ctypes.POINTER(ctypes.c_size_t)])
 
 

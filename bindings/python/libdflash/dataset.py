@@ -215,7 +215,7 @@ class BuildStats(ctypes.Structure):
                 [(name, ctypes.c_uint64) for name in (
                     "lines", "samples", "tokens", "supervised_tokens", "rejected", "too_long",
                     "unreadable")] +
-                [("verdict", ctypes.c_int)])
+                [("verdict", ctypes.c_int32)])
 
     def as_dict(self):
         out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
@@ -228,7 +228,7 @@ _BUILD_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(BuildStats), cty
 
 class _BuildOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("tokenizer_path", ctypes.c_char_p),
-                ("template_name", ctypes.c_char_p), ("reasoning", ctypes.c_int),
+                ("template_name", ctypes.c_char_p), ("reasoning", ctypes.c_int32),
                 ("last_turn_only", ctypes.c_int32), ("max_len", ctypes.c_uint64),
                 ("truncate", ctypes.c_int32), ("allow_split_control_tokens", ctypes.c_int32),
                 ("threads", ctypes.c_int32), ("batch_lines", ctypes.c_uint64),

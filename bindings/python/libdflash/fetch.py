@@ -65,7 +65,7 @@ class Stats(ctypes.Structure):
         "empty", "retries", "in_flight", "pending", "prompt_tokens", "completion_tokens")]
     _fields_ = ([("struct_size", ctypes.c_size_t)] + _fields_ +
                 [("elapsed_s", ctypes.c_double), ("servers_healthy", ctypes.c_uint32),
-                 ("stopping", ctypes.c_uint32)])
+                 ("stopping", ctypes.c_int32)])
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_[1:]}

@@ -24,7 +24,7 @@ _NUMPY_TO_NAME = {
 
 class _Tensor(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p),
-                ("dtype", ctypes.c_int), ("ndim", ctypes.c_uint32),
+                ("dtype", ctypes.c_int32), ("ndim", ctypes.c_uint32),
                 ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
                 ("nbytes", ctypes.c_uint64), ("file", ctypes.c_char_p)]
 

@@ -18,10 +18,10 @@ class _Options(ctypes.Structure):
                 ("endpoint_url", ctypes.c_char_p), ("access_key_id", ctypes.c_char_p),
                 ("secret_access_key", ctypes.c_char_p), ("session_token", ctypes.c_char_p),
                 ("addressing", ctypes.c_int32), ("max_attempts", ctypes.c_uint32),
-                ("backoff_base_ms", ctypes.c_uint32), ("backoff_max_ms", ctypes.c_uint32),
-                ("connect_timeout_ms", ctypes.c_uint32), ("idle_timeout_ms", ctypes.c_uint32),
-                ("request_timeout_ms", ctypes.c_uint32), ("part_size", ctypes.c_uint64),
-                ("multipart_threshold", ctypes.c_uint64), ("trace", ctypes.c_uint32)]
+                ("backoff_base_s", ctypes.c_double), ("backoff_max_s", ctypes.c_double),
+                ("connect_timeout_s", ctypes.c_double), ("idle_timeout_s", ctypes.c_double),
+                ("request_timeout_s", ctypes.c_double), ("part_size", ctypes.c_uint64),
+                ("multipart_threshold", ctypes.c_uint64), ("trace", ctypes.c_int32)]
 
 
 class _Info(ctypes.Structure):
@@ -119,8 +119,8 @@ class Storage(_Owned):
     """A storage client (one per thread). Every keyword is optional; unset ones
     come from AWS_* / DFLASH_S3_* environment variables (see storage.h).
 
-    addressing: "path" or "virtual"; the *_ms, part_size, multipart_threshold,
-    max_attempts and trace keywords match dflash_storage_options. Writers and
+    addressing: "path" or "virtual"; the *_s (seconds), part_size,
+    multipart_threshold, max_attempts and trace keywords match dflash_storage_options. Writers and
     RemoteSafeTensors made from it borrow its client: they keep it alive past close()."""
 
     def __init__(self, region=None, endpoint_url=None, access_key_id=None,
@@ -131,10 +131,11 @@ class Storage(_Owned):
         o.access_key_id, o.secret_access_key = cstr(access_key_id), cstr(secret_access_key)
         o.session_token = cstr(session_token)
         o.addressing = _ADDRESSING[addressing]
+        fields = dict(_Options._fields_)
         for name, value in numbers.items():
-            if name not in dict(_Options._fields_) or name in ("struct_size", "addressing"):
+            if name not in fields or name in ("struct_size", "addressing"):
                 raise TypeError(f"unknown storage option {name!r}")
-            setattr(o, name, int(value))
+            setattr(o, name, float(value) if fields[name] is ctypes.c_double else int(value))
         ptr = _P()
         _create(ctypes.byref(o), ctypes.byref(ptr))
         super().__init__(ptr, _free)

@@ -26,7 +26,7 @@ _encode = bind("dflash_tokenizer_encode",
                 ctypes.c_size_t, _c_size_p])
 _encode_batch = bind("dflash_tokenizer_encode_batch",
                      [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), _c_size_p,
-                      ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _i32_p, ctypes.c_size_t,
+                      ctypes.c_size_t, ctypes.c_int, ctypes.c_int32, _i32_p, ctypes.c_size_t,
                       _c_size_p])
 _decode = bind("dflash_tokenizer_decode",
                [ctypes.c_void_p, _i32_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,

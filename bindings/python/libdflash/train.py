@@ -18,7 +18,7 @@ MAX_TARGET = 128
 
 
 class DrafterConfig(ctypes.Structure):
-    """Mirror of `dflash_drafter_config` (include/dflash/train.h)."""
+    """Mirror of `dflash_drafter_config` (include/dflash/drafter.h)."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
         ("hidden_size", ctypes.c_int32), ("intermediate_size", ctypes.c_int32),
@@ -65,7 +65,8 @@ _cfg_default = bind("dflash_drafter_config_init", [ctypes.POINTER(DrafterConfig)
 _cfg_parse = bind("dflash_drafter_config_parse",
                   [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(DrafterConfig)])
 _cfg_json = bind("dflash_drafter_config_to_json",
-                 [ctypes.POINTER(DrafterConfig), ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)])
+                 [ctypes.POINTER(DrafterConfig), ctypes.c_char_p, ctypes.c_size_t,
+                  ctypes.POINTER(ctypes.c_size_t)])
 _default_layers = bind("dflash_default_target_layers", [ctypes.c_int32, ctypes.c_int32, _I32])
 _opts_default = bind("dflash_trainer_options_init", [ctypes.POINTER(TrainerOptions), ctypes.c_size_t],
                      None)
@@ -109,12 +110,12 @@ _propose_init = bind("dflash_propose_options_init",
                      [ctypes.POINTER(ProposeOptions), ctypes.c_size_t], None)
 _propose = bind("dflash_trainer_propose", [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32,
                                            ctypes.POINTER(ProposeOptions), _I32])
-_save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int])
+_save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int32])
 _load = bind("dflash_trainer_load", [_P, ctypes.c_char_p], errors=missing_path(1))
 _save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                  ctypes.c_size_t])
 _load_state = bind("dflash_trainer_load_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
-                                                 ctypes.POINTER(ctypes.c_size_t)],
+                                                 ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
                    errors=missing_path(1))
 _sample = bind("dflash_sample_anchors", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_uint64, ctypes.c_uint64, _I32, _I32])
@@ -149,11 +150,11 @@ def config_to_dict(cfg):
     """DrafterConfig -> the config.json dict the library writes."""
     n = ctypes.c_size_t(0)
     try:
-        _cfg_json(ctypes.byref(cfg), None, ctypes.byref(n))
+        _cfg_json(ctypes.byref(cfg), None, 0, ctypes.byref(n))
     except Exception:  # DFLASH_E_BUFFER reports the size
         pass
     buf = ctypes.create_string_buffer(n.value)
-    _cfg_json(ctypes.byref(cfg), buf, ctypes.byref(n))
+    _cfg_json(ctypes.byref(cfg), buf, n.value, ctypes.byref(n))
     return json.loads(buf.value.decode())
 
 
@@ -410,9 +411,9 @@ class Trainer(Handle):
     def load_state(self, path):
         """Restore optimizer state and parameters; returns the caller blob."""
         n = ctypes.c_size_t(0)
-        _load_state(self._handle(), cstr(path), None, ctypes.byref(n))
+        _load_state(self._handle(), cstr(path), None, 0, ctypes.byref(n))
         buf = ctypes.create_string_buffer(max(n.value, 1))
-        _load_state(self._handle(), cstr(path), buf, ctypes.byref(n))
+        _load_state(self._handle(), cstr(path), buf, len(buf), ctypes.byref(n))
         return buf.raw[:n.value]
 
     @classmethod
@@ -733,7 +734,7 @@ _cfg_parse_ext = bind("dflash_drafter_config_parse_ext",
                        ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt)])
 _cfg_json_ext = bind("dflash_drafter_config_to_json_ext",
                      [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
-                      ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)])
+                      ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
 _cfg_save_ext = bind("dflash_drafter_config_save_ext",
                      [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
                       ctypes.c_char_p])
@@ -776,11 +777,11 @@ def config_to_dict_ext(cfg, ext):
     """(DrafterConfig, DrafterConfigExt) -> the config.json dict the library writes."""
     n = ctypes.c_size_t(0)
     try:
-        _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), None, ctypes.byref(n))
+        _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), None, 0, ctypes.byref(n))
     except Exception:  # DFLASH_E_BUFFER reports the size
         pass
     buf = ctypes.create_string_buffer(n.value)
-    _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), buf, ctypes.byref(n))
+    _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), buf, n.value, ctypes.byref(n))
     return json.loads(buf.value.decode())
 
 

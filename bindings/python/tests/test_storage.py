@@ -30,7 +30,7 @@ def client(s3, **kw):
     e = s3.env
     opts = dict(endpoint_url=e["AWS_ENDPOINT_URL"], access_key_id=e["AWS_ACCESS_KEY_ID"],
                 secret_access_key=e["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
-                backoff_base_ms=5, backoff_max_ms=50)
+                backoff_base_s=0.005, backoff_max_s=0.05)
     opts.update(kw)
     return Storage(**opts)
 

@@ -321,7 +321,7 @@ def test_storage_objects_outlive_closed_client_s3(tmp_path):
         base = "s3://" + os.environ["DFLASH_TEST_S3_BUCKET"] + "/outlive/"
         arrays = {"a": np.arange(50000, dtype=np.float32), "b": np.arange(9, dtype=np.int16)}
         libdflash.write_safetensors(tmp + "/m.safetensors", arrays)
-        s = libdflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
+        s = libdflash.Storage(backoff_base_s=0.005, backoff_max_s=0.05)
         s.copy(tmp + "/m.safetensors", base + "m.safetensors")
         st = s.open_safetensors(base + "m.safetensors", readahead=4096)
         writer = s.open_writer(base + "late")
@@ -340,7 +340,7 @@ def test_storage_objects_outlive_closed_client_s3(tmp_path):
         chunks.close()
         del st, writer, chunks
         gc.collect()
-        s = libdflash.Storage(backoff_base_ms=5, backoff_max_ms=50)
+        s = libdflash.Storage(backoff_base_s=0.005, backoff_max_s=0.05)
         assert s.read(base + "late") == b"late data"
         assert len(s.list(base + "chunks/")) == 2
         """, env=env.env)

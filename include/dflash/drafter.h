@@ -1,0 +1,189 @@
+/*
+ * A DFlash drafter's architecture: dflash_drafter_config (the fields of
+ * config.json that the maths needs, as SGLang and vLLM load it), its companion
+ * dflash_drafter_config_ext for keys learnt later (DFlash 2, partial RoPE),
+ * parsing, validation and serialisation, and the spec's default target layers.
+ *
+ * The model is described in the project's spec (drafter.md): a stack of
+ * Qwen3-style layers whose queries are blocks of B positions (anchor token +
+ * B-1 mask tokens) and whose keys/values are the target's projected hidden
+ * states strictly before the anchor plus the block itself.
+ *
+ * A config is a plain struct. Part of train.h, which includes this header.
+ */
+#ifndef DFLASH_DRAFTER_H
+#define DFLASH_DRAFTER_H
+
+#include <dflash/dflash.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DFLASH_DRAFTER_MAX_LAYERS 64  /* drafter layers */
+#define DFLASH_DRAFTER_MAX_TARGET 128 /* target layer ids */
+
+typedef enum dflash_rope_type {
+  DFLASH_ROPE_DEFAULT = 0, /* plain RoPE, theta = rope_theta */
+  DFLASH_ROPE_YARN = 1     /* YaRN (rope_scaling.rope_type == "yarn") */
+} dflash_rope_type;
+
+typedef enum dflash_layer_type {
+  DFLASH_LAYER_FULL = 0,   /* "full_attention" */
+  DFLASH_LAYER_SLIDING = 1 /* "sliding_attention": window `sliding_window` */
+} dflash_layer_type;
+
+/*
+ * A drafter's architecture: the fields of config.json that the maths needs.
+ * Fill with dflash_drafter_config_default() (Qwen3-style defaults, nothing
+ * sized) or dflash_drafter_config_parse/load.
+ */
+typedef struct dflash_drafter_config {
+  size_t struct_size;
+  int32_t hidden_size;
+  int32_t intermediate_size;
+  int32_t num_hidden_layers;
+  int32_t num_attention_heads;
+  int32_t num_key_value_heads;
+  int32_t head_dim;
+  int32_t vocab_size;
+  int32_t max_position_embeddings;
+  double rms_norm_eps;
+  double rope_theta;
+  /* rope_scaling */
+  int32_t rope_type;                  /* dflash_rope_type */
+  double rope_factor;                 /* yarn: "factor" */
+  double rope_attention_factor;       /* yarn: "attention_factor"; <= 0: derived */
+  double rope_beta_fast;              /* yarn: default 32 */
+  double rope_beta_slow;              /* yarn: default 1 */
+  int32_t rope_original_max_position; /* yarn: "original_max_position_embeddings" */
+  int32_t rope_truncate;              /* yarn: "truncate" (default 1) */
+  /* DFlash */
+  int32_t num_target_layers; /* layers of the target model (L) */
+  int32_t block_size;
+  int32_t mask_token_id;
+  int32_t n_target_layer_ids; /* K */
+  int32_t target_layer_ids[DFLASH_DRAFTER_MAX_TARGET];
+  int32_t layer_types[DFLASH_DRAFTER_MAX_LAYERS]; /* dflash_layer_type per layer */
+  int32_t sliding_window;                         /* 0 when no layer slides */
+  int32_t attention_bias;                         /* must be 0 (biases unsupported) */
+  int32_t tie_word_embeddings;                    /* written as-is */
+} dflash_drafter_config;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_drafter_config_default(&cfg). */
+DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size);
+#define dflash_drafter_config_default(cfg) dflash_drafter_config_init((cfg), sizeof *(cfg))
+/* The same at this library's size: for programs built before dflash_drafter_config_init. */
+DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg);
+
+/*
+ * Parse config.json text. Accepts `block_size` at the top level or inside
+ * `dflash_config` (equal when both), `dflash_config.{mask_token_id,
+ * target_layer_ids}`, `layer_types`, `rope_scaling` (null, default or yarn;
+ * `type` or `rope_type`), `head_dim` (default 128, as Qwen3Config). Missing
+ * target_layer_ids take the spec's default for num_target_layers. The result
+ * is validated (dflash_drafter_config_validate). `what` names the source in
+ * errors (may be NULL). Refused, naming the key and `what`: `architectures`
+ * other than ["DFlashDraftModel"] and keys of models libdflash does not
+ * implement set to non-default values (DFLASH_E_UNSUPPORTED); a YaRN
+ * rope_scaling without original_max_position_embeddings, or whose factor
+ * differs from max_position_embeddings / original_max_position_embeddings,
+ * and sliding_attention layers without use_sliding_window (DFLASH_E_CONFIG).
+ */
+DFLASH_API dflash_status dflash_drafter_config_parse(const char *json, size_t len, const char *what,
+                                                     dflash_drafter_config *out);
+DFLASH_API dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out);
+
+/* Check sizes and relations: positive dims, heads divisible by kv heads,
+ * mask id inside the vocabulary, target ids inside [0, num_target_layers),
+ * layer types, sliding window, YaRN fields. DFLASH_E_CONFIG with the field. */
+DFLASH_API dflash_status dflash_drafter_config_validate(const dflash_drafter_config *cfg);
+
+/*
+ * Serialise as config.json (indented, both block_size placements,
+ * architectures ["DFlashDraftModel"], model_type "qwen3", num_target_layers:
+ * DFLASH_E_CONFIG when it is 0, since the reference model cannot load a
+ * config without it, nor one whose YaRN factor differs from
+ * max_position_embeddings / original_max_position_embeddings). Writes at most
+ * `cap` bytes including the terminating NUL into `buf`; *len gets the size
+ * needed, NUL included (DFLASH_E_BUFFER when `buf` is too small or NULL).
+ */
+DFLASH_API dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf,
+                                                       size_t cap, size_t *len);
+/* Write config.json atomically. */
+DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg,
+                                                    const char *path);
+
+/* The spec's default target layers: K=1 -> [L/2], else
+ * round(1 + i*(L-4)/(K-1)) for i in 0..K-1. `out` holds K entries. */
+DFLASH_API dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k,
+                                                      int32_t *out);
+
+/* ---- config.json keys beyond dflash_drafter_config ------------------------ */
+
+/*
+ * dflash_drafter_config is a fixed public struct; config.json keys that
+ * libdflash learnt later travel in this companion (fill it with
+ * dflash_drafter_config_ext_default; versioned by struct_size). The
+ * functions without _ext refuse a config.json that sets one of these keys to
+ * a non-default value (DFLASH_E_UNSUPPORTED naming the key and the file), so
+ * nothing is dropped silently; an `ext` argument of NULL means the defaults.
+ */
+typedef struct dflash_drafter_config_ext {
+  size_t struct_size;
+  /* RoPE on the first int(head_dim * factor) dims of each head (Hugging Face's
+   * partial_rotary_factor, top level or in rope_parameters / rope_scaling;
+   * the rest pass through unrotated); in (0, 1], 1 by default. The CPU
+   * backend implements it, the CUDA backend refuses a value below 1. */
+  double partial_rotary_factor;
+  /* DFlash 2 (architectures ["DFlash2DraftModel"], z-lab's dflash 0.1.0):
+   * nonzero `dflash2` adds a grouped dynamic causal convolution around every
+   * attention and MLP sublayer and a candidate selector; the four sizes are
+   * dflash_config's (or the top level's) conv_kernel_size k >= 1,
+   * conv_group_size g (channels per group, hidden_size % g == 0),
+   * selector_top_k (1..vocab_size) and selector_rank r >= 1. 0 everywhere
+   * (the default) is DFlash 1. Parameters per layer:
+   * layers.N.{attention,mlp}_conv.base_kernel [2, k, H] and
+   * .kernel_projection.weight [2 k H / g, H]; candidate_selector.
+   * {predecessor,successor}_codebook [V, r] and .hidden_projection.weight
+   * [r, H]. A fresh drafter is initialised to compute exactly DFlash 1. The
+   * CPU backend trains it (the selector's loss: dflash_trainer_options'
+   * selector_loss_weight / _mode) and predicts with the selector; the CUDA
+   * backend refuses DFlash 2 configs. */
+  int32_t dflash2;
+  int32_t conv_kernel_size;
+  int32_t conv_group_size;
+  int32_t selector_top_k;
+  int32_t selector_rank;
+} dflash_drafter_config_ext;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_drafter_config_ext_default(&ext). */
+DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size);
+#define dflash_drafter_config_ext_default(ext) dflash_drafter_config_ext_init((ext), sizeof *(ext))
+/* The same at this library's size: for programs built before dflash_drafter_config_ext_init. */
+DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext);
+/* As dflash_drafter_config_parse / _load, also filling `ext` (may be NULL:
+ * then a non-default extended key is refused as without _ext). */
+DFLASH_API dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len,
+                                                         const char *what,
+                                                         dflash_drafter_config *out,
+                                                         dflash_drafter_config_ext *ext);
+DFLASH_API dflash_status dflash_drafter_config_load_ext(const char *path,
+                                                        dflash_drafter_config *out,
+                                                        dflash_drafter_config_ext *ext);
+/* As dflash_drafter_config_to_json / _save, writing the extended keys that
+ * differ from their defaults. */
+DFLASH_API dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
+                                                           const dflash_drafter_config_ext *ext,
+                                                           char *buf, size_t cap, size_t *len);
+DFLASH_API dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
+                                                        const dflash_drafter_config_ext *ext,
+                                                        const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_DRAFTER_H */

@@ -1,0 +1,48 @@
+/*
+ * Experimental calls: OUTSIDE the stable ABI.
+ *
+ * What is declared here is exported (its symbols keep the dflash_ prefix) but
+ * may change or go in any release, minor or patch, without a SONAME bump and
+ * without a compatibility function left behind; the ABI check leaves it out.
+ * These are the hooks the project's oracles use to compare the trainer with
+ * independent implementations (tests/train/oracle_*.py, tests/gpu): raw
+ * gradients and whole-block logits, whose layout follows the implementation.
+ * A program that includes this header accepts that; train.h does not
+ * include it.
+ *
+ * The environment variable DFLASH_TRAIN_TRACE (the samples of every step of
+ * dflash_train_run, for checks) is experimental in the same sense.
+ */
+#ifndef DFLASH_EXPERIMENTAL_H
+#define DFLASH_EXPERIMENTAL_H
+
+#include <dflash/dflash.h>
+#include <dflash/trainer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Copy a parameter's gradient out (after forward_backward, or the accumulated
+ * batch); `n` must equal the tensor's element count. */
+DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const char *name,
+                                                 float *out, size_t n);
+
+/*
+ * The drafter's logits for whole blocks, as an engine drafts them: block n
+ * is input_ids[anchors[n]] followed by B-1 mask tokens at positions
+ * anchors[n] .. anchors[n]+B-1, seeing the context 0 .. anchors[n]-1 (the
+ * training mask). `logits` [n_anchors, B, vocab_size] float32 (caller's
+ * buffer) gets the LM head of the final norm at every block position,
+ * position 0 included.
+ */
+DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids,
+                                               int64_t len, const float *hidden,
+                                               const int32_t *anchors, int32_t n_anchors,
+                                               float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_EXPERIMENTAL_H */

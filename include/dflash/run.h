@@ -1,0 +1,104 @@
+/*
+ * A whole training run (`dflash train`): dflash_train_run_options and
+ * dflash_train_run, which reads a tokenized dataset and a hidden-state store
+ * (or spool), trains a drafter on one or several ranks, and writes
+ * checkpoints, the resumable state and metrics.jsonl.
+ *
+ * Part of train.h, which includes this header.
+ */
+#ifndef DFLASH_RUN_H
+#define DFLASH_RUN_H
+
+#include <dflash/dflash.h>
+#include <dflash/trainer.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- a whole training run ------------------------------------------------- */
+
+typedef struct dflash_train_run_options {
+  size_t struct_size;
+  const char *config_path;  /* drafter config.json */
+  const char *target_path;  /* target checkpoint: embedding + LM head */
+  const char *embed_name;   /* NULL: usual names */
+  const char *lm_head_name; /* NULL: usual names, else tied */
+  const char *data_dir;     /* tokenized dataset */
+  const char *hidden_dir;   /* hidden-state store */
+  const char *out_dir;      /* checkpoint, train_state/state.safetensors, metrics.jsonl */
+  int32_t epochs;           /* 6 */
+  int32_t batch_size;       /* sequences per optimizer step and rank (1); the global batch
+                               is batch_size * world size (see dflash_train_run) */
+  int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
+  int32_t resume;           /* continue from out_dir/train_state/state.safetensors (every
+                               rank reads it: a shared directory or s3:// for several ranks) */
+  int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
+  int32_t bf16;             /* write model.safetensors in bf16 */
+  FILE *progress;           /* progress stream (NULL: none) */
+  /* NULL: dflash_trainer_options_default. A pointer, so that either struct can grow on its
+   * own (by value, a larger trainer struct moved every field after it). total_steps is
+   * computed from the data. */
+  const dflash_trainer_options *trainer;
+  /* dflash_train_labels: what the CE trains each drafted position to predict (data). With
+   * DFLASH_LABELS_TARGET the label at position t is the target's greedy token after t-1 (what
+   * greedy verification accepts), from the store's target ids (HiddenWriter target_ids, in a
+   * store or a spool) or, for vLLM's files, from their final-layer slot through the target's
+   * final norm (final_norm_name, eps = rms_norm_eps of the target's config.json) and the LM
+   * head; the block input and the context stay the data's. A store with neither is refused. */
+  int32_t labels;
+  const char *final_norm_name; /* NULL: model.norm.weight and its usual variants */
+} dflash_train_run_options;
+
+typedef enum dflash_train_labels {
+  DFLASH_LABELS_DATA = 0,  /* the data's next tokens */
+  DFLASH_LABELS_TARGET = 1 /* the target's greedy next tokens */
+} dflash_train_labels;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_train_run_options_default(&opts). */
+DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, size_t size);
+#define dflash_train_run_options_default(opts) dflash_train_run_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_train_run_options_init. */
+DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *opts);
+
+/*
+ * Train: samples with fewer than 2*B supervised tokens are skipped; each
+ * epoch visits the rest in a fresh seeded order with fresh anchors; every
+ * step's metrics go to out_dir/metrics.jsonl (step, epoch, loss, grad_norm,
+ * lr, tokens, tokens_per_s, elapsed_s). The training state records the data
+ * position, and resuming truncates metrics.jsonl to what that state had
+ * seen, so a killed and resumed run reproduces the uninterrupted run's
+ * lines exactly (timings aside).
+ *
+ * Data parallel: one process per rank, found from the environment as
+ * torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+ * or Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID with MASTER_ADDR and
+ * MASTER_PORT); none of them set: one process. Every rank is given the same
+ * options. The global batch of a step is the next batch_size * world
+ * sequences of the epoch's seeded order (fewer at the end of an epoch);
+ * rank r takes its contiguous, balanced share of it (with a full batch,
+ * sequences [r * batch_size, (r+1) * batch_size)). The loss is sum(w*CE) /
+ * sum(w) over the whole global batch, so the gradients are summed over the
+ * ranks before global-norm clipping and AdamW, and N ranks with batch_size
+ * b train the same model as one process with batch_size N*b (up to float
+ * rounding). The CPU backend sums over TCP between the ranks (rank 0 adds
+ * in rank order: reproducible), the CUDA backend with NCCL. Rank 0 alone
+ * writes the checkpoint, the state and metrics.jsonl (loss and tokens of
+ * the global batch). The state's data position is global, so it resumes on
+ * any world size (the learning-rate schedule follows the new number of
+ * steps per epoch). Every rank checks with rank 0 that it has the same
+ * data, seed, options, position and parameters before the first step. A
+ * rank that fails tells the others, which stop with DFLASH_E_CANCELLED
+ * naming it; a rank that dies is reported as DFLASH_E_NETWORK, one that
+ * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
+ * (default 1800) in one collective.
+ */
+DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_RUN_H */

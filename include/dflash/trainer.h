@@ -1,0 +1,426 @@
+/*
+ * The drafter trainer: the float32 CPU reference and the CUDA backend
+ * (forward + backward of the whole drafter and its loss, AdamW, cosine
+ * schedule, clipping), anchor sampling, the target's frozen embedding and LM
+ * head, checkpoints and resumable training state, evaluation and drafting
+ * (predict, propose, the speculative walk), and the GPU memory plan.
+ *
+ * A trainer is single-owner (see dflash.h). Part of train.h, which includes
+ * this header; the oracle hooks (gradients, whole-block logits) are in
+ * experimental.h, outside the stable ABI.
+ */
+#ifndef DFLASH_TRAINER_H
+#define DFLASH_TRAINER_H
+
+#include <dflash/dflash.h>
+#include <dflash/drafter.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Default loss decay gamma for a block size: 7 (B=16), 5 (B=10), 4 (B=8),
+ * B/2 otherwise. */
+DFLASH_API double dflash_default_loss_gamma(int32_t block_size);
+
+/*
+ * Anchor sampling (spec): candidates are positions p with loss_mask[p] &&
+ * loss_mask[p+1] && p + block_size <= len; draw min(max_anchors, #candidates)
+ * distinct ones uniformly with the generator seeded by (seed, stream) and
+ * return them sorted in `out` (capacity max_anchors), count in *n_out. A
+ * sample with fewer than 2*block_size supervised tokens yields *n_out = 0.
+ */
+DFLASH_API dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len,
+                                               int32_t block_size, int32_t max_anchors,
+                                               uint64_t seed, uint64_t stream, int32_t *out,
+                                               int32_t *n_out);
+
+/* ---- trainer -------------------------------------------------------------- */
+
+typedef enum dflash_backend { DFLASH_BACKEND_CPU = 0, DFLASH_BACKEND_CUDA = 1 } dflash_backend;
+
+typedef struct dflash_trainer_options {
+  size_t struct_size;
+  int32_t backend;               /* dflash_backend; only CPU here */
+  int32_t n_threads;             /* <= 0: one per CPU */
+  uint64_t seed;                 /* parameter init and anchor sampling */
+  double lr;                     /* peak learning rate (6e-4) */
+  double weight_decay;           /* AdamW decoupled decay (0) */
+  double beta1, beta2, adam_eps; /* 0.9, 0.95, 1e-8 */
+  double grad_clip;              /* global-norm clip (1.0); <= 0 disables */
+  double warmup_ratio;           /* of total_steps (0.04) */
+  int64_t total_steps;           /* for the cosine schedule; 0: constant lr after warm-up */
+  double min_lr_ratio;           /* cosine floor as a fraction of lr (0) */
+  double loss_gamma;             /* 0: dflash_default_loss_gamma(B); < 0: no decay */
+  int32_t num_anchors;           /* per sequence (512) */
+  int32_t vocab_chunk;           /* LM-head columns per chunk (4096) */
+  double init_std;               /* std of the normal init of linear weights (0.02) */
+  /* DFlash 2 only (ignored for DFlash 1): loss = block CE + selector_loss_weight
+   * x the candidate selector's K-way CE over each supervised position's top-K
+   * candidates, the true previous token as predecessor, normalised like the
+   * block CE (1.0, >= 0). A position whose true token is not a candidate is
+   * left out of the selector term (DFLASH_SELECTOR_LOSS_DROP, the default;
+   * candidate recall counts it) or scored with it in place of the lowest
+   * candidate (DFLASH_SELECTOR_LOSS_INJECT). */
+  double selector_loss_weight;
+  int32_t selector_loss_mode;
+} dflash_trainer_options;
+
+typedef enum dflash_selector_loss_mode {
+  DFLASH_SELECTOR_LOSS_DROP = 0,
+  DFLASH_SELECTOR_LOSS_INJECT = 1
+} dflash_selector_loss_mode;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_trainer_options_default(&opts). */
+DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *opts, size_t size);
+#define dflash_trainer_options_default(opts) dflash_trainer_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_trainer_options_init. */
+DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *opts);
+
+typedef struct dflash_trainer dflash_trainer;
+
+/*
+ * A trainer for `cfg` with the target's frozen token embedding and LM head,
+ * both float32 row-major [vocab_size, hidden_size] (copied). Parameters are
+ * initialised like Qwen3 (norm weights 1, linear weights N(0, init_std²)).
+ */
+DFLASH_API dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+                                               const float *lm_head,
+                                               const dflash_trainer_options *opts,
+                                               dflash_trainer **out);
+DFLASH_API void dflash_trainer_free(dflash_trainer *t);
+
+/* Trainable tensors, in buffer order, by checkpoint name ("fc.weight"...). */
+DFLASH_API size_t dflash_trainer_param_count(const dflash_trainer *t);
+/* Name (borrowed), rank (1 or 2), shape (2 entries; [n, 1] for vectors) and
+ * element count of tensor `index`. DFlash 2's base kernels, [2, k, H] in the
+ * checkpoint, are reported as rank 2, [2, k * H] (the same row-major data). */
+DFLASH_API dflash_status dflash_trainer_param_info(const dflash_trainer *t, size_t index,
+                                                   const char **name, int32_t *ndim,
+                                                   int64_t shape[2], size_t *numel);
+/* Copy a parameter out, or in; `n` must equal the tensor's element count.
+ * (Its gradient: dflash_trainer_get_grad, experimental.h.) */
+DFLASH_API dflash_status dflash_trainer_get_param(const dflash_trainer *t, const char *name,
+                                                  float *out, size_t n);
+DFLASH_API dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name,
+                                                  const float *in, size_t n);
+/*
+ * One sequence with the given anchors (no sampling): input_ids [len],
+ * loss_mask [len], hidden [len, K*hidden_size] float32, anchors [n_anchors]
+ * in [0, len). Sets the gradients (replacing earlier ones) of
+ * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0).
+ */
+DFLASH_API dflash_status dflash_trainer_forward_backward(
+    dflash_trainer *t, const int32_t *input_ids, const uint8_t *loss_mask, int64_t len,
+    const float *hidden, const int32_t *anchors, int32_t n_anchors, double *loss);
+
+/*
+ * Batched training: zero_grad, then accumulate each sequence with
+ * `grad_scale` (e.g. 1 / total weight of the batch), then step.
+ * accumulate adds grad_scale * d(sum w*CE) and returns sum(w*CE) and sum(w)
+ * (either pointer may be NULL). On CUDA it waits for the device before it
+ * returns (its hidden rows are float32, checked on the host); a training loop
+ * that should not wait per sequence uses dflash_trainer_accumulate_sample.
+ */
+DFLASH_API dflash_status dflash_trainer_zero_grad(dflash_trainer *t);
+DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
+                                                   const uint8_t *loss_mask, int64_t len,
+                                                   const float *hidden, const int32_t *anchors,
+                                                   int32_t n_anchors, double grad_scale,
+                                                   double *loss_sum, double *weight_sum);
+/*
+ * accumulate for a sample of a dflash_sample_stream (or the spool), its hidden rows float32
+ * or as stored (bf16 / fp8 codes, dflash_sample_stream_options.stored_rows), without waiting
+ * for the device: the CUDA backend uploads the stored rows through pinned double buffers on
+ * a copy stream while the previous sequence computes, converts them and checks them for
+ * NaN/Inf on the device, and keeps the loss there. So this returns no loss: sum(w*CE) and
+ * sum(w) of every sequence accumulated this way come from dflash_trainer_collect (one wait
+ * for the device), and a NaN/Inf row found on the device fails collect naming the sample's
+ * id — or, if collect was not called, dflash_trainer_step, which then changes no parameter.
+ * The CPU backend computes at once (stored rows decoded on the host) and only defers the
+ * sums. Rows past the last anchor are never read, and on CUDA never checked. The sample's
+ * pointers need only stay valid until this returns.
+ */
+struct dflash_train_sample;
+DFLASH_API dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t,
+                                                          const struct dflash_train_sample *s,
+                                                          const int32_t *anchors, int32_t n_anchors,
+                                                          double grad_scale);
+/* sum(w*CE) and sum(w) (either may be NULL) of the accumulate_sample calls since the last
+ * collect; waits for the device. DFLASH_E_FORMAT naming the sample for a NaN/Inf hidden row
+ * (the sums then still count every sequence, and the bad one's gradients are in the buffer:
+ * zero_grad before accumulating again). */
+DFLASH_API dflash_status dflash_trainer_collect(dflash_trainer *t, double *loss_sum,
+                                                double *weight_sum);
+/* The position weights sum(w) that a sequence with these anchors carries. */
+DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t,
+                                                   const uint8_t *loss_mask, int64_t len,
+                                                   const int32_t *anchors, int32_t n_anchors,
+                                                   double *weight_sum);
+/* Clip the global gradient norm, apply AdamW at the scheduled learning
+ * rate, advance the step. Returns the pre-clip norm and the lr used. */
+DFLASH_API dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr);
+/* Optimizer steps taken so far. */
+DFLASH_API int64_t dflash_trainer_steps(const dflash_trainer *t);
+/* Learning rate of step `step` (0-based): linear warm-up over
+ * ceil(warmup_ratio*total_steps) steps, then cosine to min_lr_ratio*lr. */
+DFLASH_API double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step);
+
+/*
+ * Greedy block prediction for evaluation: for each anchor, the argmax token
+ * of block positions 1..B-1 into `pred` [n_anchors, B-1].
+ */
+DFLASH_API dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids,
+                                                int64_t len, const float *hidden,
+                                                const int32_t *anchors, int32_t n_anchors,
+                                                int32_t *pred);
+
+/* ---- target weights ------------------------------------------------------- */
+
+/*
+ * Read the target's frozen token embedding and LM head, float32 [vocab_size,
+ * hidden_size] each, from its checkpoint (a .safetensors file, an index, or
+ * a directory of shards). Names NULL: the usual ones are tried
+ * (model.embed_tokens.weight, lm_head.weight and their language_model.*
+ * variants); a target without an LM head tensor has tied embeddings. Shapes
+ * must match the config (hidden size and vocabulary) exactly.
+ */
+DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *embed_name,
+                                                 const char *lm_head_name, int32_t vocab_size,
+                                                 int32_t hidden_size, float *embed, float *lm_head);
+
+/* ---- checkpoints ---------------------------------------------------------- */
+
+/*
+ * Save a drafter checkpoint directory that SGLang/vLLM load: config.json +
+ * model.safetensors (checkpoint names, F32 or BF16). The directory is
+ * created if needed; files are written atomically.
+ */
+DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir,
+                                             int32_t bf16);
+/* Load parameters from a checkpoint directory or .safetensors file (F32 or
+ * BF16); every trainable tensor must be present with its shape. */
+DFLASH_API dflash_status dflash_trainer_load(dflash_trainer *t, const char *path);
+
+/*
+ * Training state (optimizer moments, step, master parameters, and a caller
+ * blob for data position and RNG state) in one safetensors file, written
+ * atomically, so a killed run resumes bit-for-bit.
+ */
+DFLASH_API dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *path,
+                                                   const void *user, size_t user_len);
+/* Restore state; the caller blob is copied into `user` (capacity `cap` bytes;
+ * its size in *user_len; DFLASH_E_BUFFER when cap is smaller). `user` NULL
+ * only asks for the size: *user_len set, DFLASH_OK, nothing restored. */
+DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, void *user,
+                                                   size_t cap, size_t *user_len);
+
+/* ---- evaluation ----------------------------------------------------------- */
+
+/*
+ * Acceptance at each anchor: accept[i] = number of leading block positions
+ * k = 1.. whose greedy prediction equals input_ids[anchor + k] (positions
+ * past the end stop the count), so tau_i = 1 + accept[i]. `pred` (may be
+ * NULL) receives the predictions [n_anchors, B-1].
+ */
+DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
+                                                   int64_t len, const float *hidden,
+                                                   const int32_t *anchors, int32_t n_anchors,
+                                                   int32_t *accept, int32_t *pred);
+
+/* ---- evaluation over a dataset ------------------------------------------- */
+
+/*
+ * Mean acceptance length tau over a held-out dataset: up to `anchors_per_seq`
+ * anchors per sample (the training rule, seeded by `seed`); per-position
+ * accuracy into acc [B-1] (may be NULL).
+ */
+DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir,
+                                           const char *hidden_dir, int32_t anchors_per_seq,
+                                           uint64_t seed, double *tau, double *acc,
+                                           int64_t *n_blocks);
+
+/*
+ * The speculative walk: what greedy speculative decoding gains on a sequence
+ * whose supervised tokens are the target's own greedy continuation. Live
+ * decoding chains its anchors (each step jumps past what it accepted), so
+ * easy stretches take few steps; its tau = tokens / steps is lower than the
+ * mean over uniformly drawn anchors, and this is the number to predict it.
+ *
+ * Per maximal run [s, e) of loss_mask = 1 (cut to s + max_tokens when
+ * max_tokens > 0): the first anchor is s (the token the target's prefill
+ * produces); a step at anchor p drafts p+1..p+B-1, keeps the leading drafts
+ * equal to input_ids (up to e-1) and gains them plus the target's next token,
+ * at most e-1-p in all; the next anchor is the last token gained. So a run
+ * gives e-1-s tokens. `accept` [len] (may be NULL) receives the acceptance
+ * at EVERY position p of a run with p < e-1 (as dflash_trainer_acceptance,
+ * counting stops at e) and -1 elsewhere. `step_hist` [B] (may be NULL) is
+ * incremented at index gain-1 for each step.
+ */
+DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
+                                             const uint8_t *loss_mask, int64_t len,
+                                             const float *hidden, int32_t max_tokens,
+                                             int64_t *tokens, int64_t *steps, int32_t *accept,
+                                             int64_t *step_hist);
+
+typedef struct dflash_eval_walk {
+  size_t struct_size;
+  /* in */
+  int32_t max_tokens; /* per supervised run (0: all); set it to the generation cap */
+  double *accuracy;   /* NULL or [B-1]: per block position, over every anchor position */
+  int64_t *step_hist; /* NULL or [B]: walk steps that gained 1..B tokens (zeroed first) */
+  /* out */
+  int64_t sequences; /* samples with at least one walk step */
+  int64_t steps, tokens;
+  double walk_tau;     /* tokens / steps */
+  double walk_tau_se;  /* standard error, ratio estimator over sequences */
+  int64_t positions;   /* anchors at every position: the uniform-anchor mean */
+  double position_tau; /* mean 1 + acceptance over them */
+  double position_tau_se;
+  /* out (appended): over the `scored` drafted positions of those anchors
+   * (block positions k with anchor + k inside the run), the fraction where
+   * the drafted token (DFlash 2: the selector's greedy path) equals the true
+   * token, where the drafter's plain argmax does (the backbone), and where
+   * the true token is among the top selector_top_k logits (the candidates;
+   * -1 for DFlash 1, which has none). */
+  int64_t scored;
+  double selector_accuracy;
+  double backbone_accuracy;
+  double candidate_recall;
+} dflash_eval_walk;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_eval_walk_default(&w). */
+DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
+#define dflash_eval_walk_default(w) dflash_eval_walk_init((w), sizeof *(w))
+/* The same at this library's size: for programs built before dflash_eval_walk_init. */
+DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w);
+
+/*
+ * dflash_trainer_walk over every sample of a held-out dataset, plus the
+ * acceptance at every position (the exact value that dflash_train_eval's
+ * sampled anchors estimate). Standard errors treat sequences as the
+ * independent units: se(sum x / sum n) by the delta method.
+ */
+DFLASH_API dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
+                                                const char *hidden_dir, dflash_eval_walk *w);
+
+
+/* ---- GPU memory plan (CUDA backend) --------------------------------------- */
+
+typedef struct dflash_train_plan_options {
+  size_t struct_size;
+  int32_t world_size;     /* data-parallel GPUs (1) */
+  int32_t seq_len;        /* longest sequence, tokens (3072) */
+  int32_t num_anchors;    /* blocks per sequence (512) */
+  int32_t batch_size;     /* sequences per step (1); accumulated one at a time, so
+                             memory does not depend on it */
+  int32_t vocab_chunk;    /* LM-head columns per chunk on the GPU (8192) */
+  int32_t zero1;          /* shard fp32 masters and AdamW moments over ranks (1) */
+  uint64_t gpu_bytes;     /* memory per GPU (80e9) */
+  uint64_t reserve_bytes; /* kept free: CUDA context, cuBLAS workspace, NCCL
+                             buffers, fragmentation (4 GiB) */
+} dflash_train_plan_options;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_train_plan_options_default(&opts). */
+DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *opts, size_t size);
+#define dflash_train_plan_options_default(opts) \
+  dflash_train_plan_options_init((opts), sizeof *(opts))
+/* The same at this library's size: for programs built before dflash_train_plan_options_init. */
+DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *opts);
+
+/* Bytes per GPU, each term as the CUDA backend allocates it. */
+typedef struct dflash_train_plan {
+  size_t struct_size;
+  uint64_t n_params;    /* trainable parameters */
+  uint64_t weights;     /* bf16 copies of the trainable weights: 2 B/param */
+  uint64_t masters;     /* fp32 master weights: 4 B/param, / world with ZeRO-1 */
+  uint64_t moments;     /* AdamW m and v: 8 B/param, / world with ZeRO-1 */
+  uint64_t grads;       /* fp32 gradients, whole on every rank: 4 B/param */
+  uint64_t activations; /* one sequence: saved activations + backward scratch */
+  uint64_t frozen;      /* bf16 target embedding + LM head: 2 * 2 * V * H */
+  uint64_t reserve;     /* reserve_bytes */
+  uint64_t total;       /* sum of the above */
+  uint64_t gpu_bytes;
+} dflash_train_plan;
+
+/*
+ * Fill `plan` up to the plan.struct_size the caller sets (ZeRO-1 shards use
+ * the buffer padded to a multiple of the world size). When total > gpu_bytes,
+ * DFLASH_E_NOMEM with a message naming the largest term and what shrinks it;
+ * `plan` is filled either way.
+ */
+DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
+                                                   const dflash_train_plan_options *opts,
+                                                   dflash_train_plan *plan);
+
+/* As dflash_train_plan_compute, counting the parameters the extended keys add
+ * (DFlash 2: per layer 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the
+ * selector; its codebooks alone are 2 V r, 84 M at V = 163840, r = 256).
+ * The CUDA backend does not train DFlash 2 yet: that plan is the size it
+ * would have, the activations are DFlash 1's. */
+DFLASH_API dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
+                                                       const dflash_drafter_config_ext *ext,
+                                                       const dflash_train_plan_options *opts,
+                                                       dflash_train_plan *plan);
+/* As dflash_trainer_create, for a config with extended keys; its checkpoints
+ * (dflash_trainer_save) write them back. */
+DFLASH_API dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
+                                                   const dflash_drafter_config_ext *ext,
+                                                   const float *embed, const float *lm_head,
+                                                   const dflash_trainer_options *opts,
+                                                   dflash_trainer **out);
+
+/* ---- drafting ------------------------------------------------------------- */
+
+/*
+ * Drafting as z-lab's propose does (DFlash 2's CandidateSelector.select), with
+ * the sampling path for lossless rejection sampling. At each drafted
+ * position i of a block the candidates are the top selector_top_k tokens of
+ * the logits (descending logit, ties to the smaller id), scored
+ * s_c = logit_c + <A(prev) * P(h_i), B(c)> with prev the token drafted at
+ * i - 1 (the block's own token at the first); temperature 0 takes the best
+ * (exactly dflash_trainer_predict), temperature > 0 draws from
+ * q = softmax(s / temperature) over the candidates. A draw depends only on
+ * `seed`, the block's anchor position and the drafter: the same call, or the
+ * same anchor in another call, draws the same tokens.
+ */
+typedef struct dflash_propose_options {
+  size_t struct_size;
+  double temperature; /* 0 (default): greedy; > 0: sampled (DFlash 2 only) */
+  uint64_t seed;
+  /* Outputs, each NULL or the caller's buffer (DFlash 2 only for the first
+   * two): per drafted position [n_anchors, B-1, selector_top_k] its candidates
+   * and, with temperature > 0, q over them (what rejection sampling
+   * accepts against); [n_anchors, B-1] the drafter's plain argmax (DFlash
+   * 1's prediction, the backbone's for DFlash 2). */
+  int32_t *candidates;
+  float *probs;
+  int32_t *argmax;
+} dflash_propose_options;
+
+/* The defaults (greedy, seed 0, no outputs) written up to `size` bytes, the caller's
+ * sizeof (the versioned-struct rule of dflash.h). Call it as
+ * dflash_propose_options_default(&opts). */
+DFLASH_API void dflash_propose_options_init(dflash_propose_options *o, size_t size);
+#define dflash_propose_options_default(o) dflash_propose_options_init((o), sizeof *(o))
+
+/*
+ * Draft B-1 tokens after each anchor into `pred` [n_anchors, B-1] as above
+ * (opts NULL: greedy). Sampling or candidates from a DFlash 1 drafter:
+ * DFLASH_E_UNSUPPORTED; a negative or non-finite temperature: DFLASH_E_RANGE.
+ * Anything beyond the greedy tokens runs the float32 reference forward on
+ * the host copy of the parameters, as dflash_trainer_logits does.
+ */
+DFLASH_API dflash_status dflash_trainer_propose(dflash_trainer *t, const int32_t *input_ids,
+                                                int64_t len, const float *hidden,
+                                                const int32_t *anchors, int32_t n_anchors,
+                                                const dflash_propose_options *opts, int32_t *pred);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_TRAINER_H */
