@@ -393,10 +393,27 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
    * nothing (the comparison below then compared two fresh trainers). */
   char ublob[256];
   size_t ulen = 0;
+  /* The step's update: the state's parameters less a fresh trainer's (the runs' init). */
+  float *up_a = malloc(n * sizeof *up_a), *up_b = malloc(n * sizeof *up_b);
+  ck_assert(up_a && up_b);
+  memcpy(up_a, a->m.params, n * sizeof *up_a);
+  memcpy(up_b, b->m.params, n * sizeof *up_b);
   ck_assert_ok(dflash_trainer_load_state(a, ckpt, ublob, sizeof ublob, &ulen));
   ck_assert_ok(dflash_trainer_load_state(b, ckpt1, ublob, sizeof ublob, &ulen));
-  ck_assert(rel_diff(a->m1, b->m1, n) < 1e-2 && rel_diff(a->m2, b->m2, n) < 2e-2);
-  ck_assert(rel_diff(a->m.params, b->m.params, n) < 1e-4);
+  for (size_t i = 0; i < n; i++)
+    up_a[i] = a->m.params[i] - up_a[i], up_b[i] = b->m.params[i] - up_b[i];
+  double d_m1 = rel_diff(a->m1, b->m1, n), d_m2 = rel_diff(a->m2, b->m2, n);
+  double d_p = rel_diff(a->m.params, b->m.params, n), d_u = rel_diff(up_a, up_b, n);
+  fprintf(stderr,
+          "state of 2 ranks vs 1 rank (relative): m1 %.3g, m2 %.3g, params %.3g, update %.3g\n",
+          d_m1, d_m2, d_p, d_u);
+  ck_assert_msg(d_m1 < 1e-2 && d_m2 < 2e-2, "moments differ: m1 %g, m2 %g", d_m1, d_m2);
+  /* Adam's first update is about lr * sign(g) per element: where bf16 rounding and the
+   * reduction order (2 ranks, 1 rank) flip the sign of a near-zero gradient, a fraction f of
+   * the elements, the updates differ by about 2 sqrt(f) (0.068 here, f ~ 0.1%). A rank 0
+   * that saved its own shard of the masters alone would leave half the update out (0.7). */
+  ck_assert_msg(d_u < 0.15, "the step's update differs by %g (the parameters by %g)", d_u, d_p);
+  free(up_a), free(up_b);
   dflash_trainer_free(a), dflash_trainer_free(b);
   /* The plan at this shape over 2 ranks (no reserve) bounds the measured peak. */
   dflash_train_plan_options po;
