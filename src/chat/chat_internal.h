@@ -61,7 +61,7 @@ struct dflash_chat_conversation {
 struct json_t *df_json_fast(const char *text, size_t len);
 
 /* (Re)build the message views of `c` from c->root. */
-dflash_status df_conv_build(dflash_chat_conversation *c);
+DF_MUST_CHECK dflash_status df_conv_build(dflash_chat_conversation *c);
 
 /* Span-tracking output. Errors are sticky so renderers read straight through. */
 typedef struct df_out {
@@ -76,7 +76,8 @@ static inline void df_out_str(df_out *o, df_str s, int kind, int msg) {
   df_out_put(o, s.s, s.n, kind, msg);
 }
 void df_out_cstr(df_out *o, const char *s, int kind, int msg);
-/* Record a rendering failure (first one wins); returns it. */
+/* Record a rendering failure (first one wins, kept in `o`); returns it. Not DF_MUST_CHECK,
+ * as df_error: the status is recorded either way. */
 dflash_status df_out_fail(df_out *o, dflash_status st, const char *fmt, ...) DF_PRINTF(3, 4);
 
 /* Python str helpers. */
@@ -103,7 +104,7 @@ void df_pystr(df_out *o, const struct json_t *v, int kind, int msg);
  * with DFLASH_E_FORMAT where that reference raises (the official tokenizer
  * then declares the tools as JSON) and DFLASH_E_UNSUPPORTED where it would
  * print a Python repr of a list or object; `out` then holds a partial text. */
-dflash_status df_tools_typescript(const struct json_t *tools, df_out *out);
+DF_MUST_CHECK dflash_status df_tools_typescript(const struct json_t *tools, df_out *out);
 /* A copy of `v` with the keys of every object sorted (deep_sort_dict of
  * tokenization_kimi.py); NULL when out of memory. */
 struct json_t *df_json_deep_sorted(const struct json_t *v);
@@ -135,11 +136,11 @@ enum {
   DF_FAM_ARGS_OBJECT = 4 /* tool-call arguments must be mappings (string ones are parsed) */
 };
 
-dflash_status df_render_kimi_instruct(const df_render_ctx *ctx);
-dflash_status df_render_kimi_thinking(const df_render_ctx *ctx);
-dflash_status df_render_qwen3(const df_render_ctx *ctx);
-dflash_status df_render_qwen35(const df_render_ctx *ctx);
-dflash_status df_render_chatml(const df_render_ctx *ctx);
+DF_MUST_CHECK dflash_status df_render_kimi_instruct(const df_render_ctx *ctx);
+DF_MUST_CHECK dflash_status df_render_kimi_thinking(const df_render_ctx *ctx);
+DF_MUST_CHECK dflash_status df_render_qwen3(const df_render_ctx *ctx);
+DF_MUST_CHECK dflash_status df_render_qwen35(const df_render_ctx *ctx);
+DF_MUST_CHECK dflash_status df_render_chatml(const df_render_ctx *ctx);
 
 /* Whether an assistant message's reasoning is shown, given the official
  * decision for it and the options' reasoning mode. `in_exchange` says whether

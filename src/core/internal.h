@@ -16,15 +16,27 @@
 #if defined(__GNUC__)
 #define DF_PRINTF(fmt_idx, arg_idx) __attribute__((format(printf, fmt_idx, arg_idx)))
 #define DF_UNUSED __attribute__((unused))
+#define DF_MUST_CHECK __attribute__((warn_unused_result))
 #else
 #define DF_PRINTF(fmt_idx, arg_idx)
 #define DF_UNUSED
+#define DF_MUST_CHECK
 #endif
+/* DF_MUST_CHECK marks a function whose dflash_status must be looked at: the compiler warns
+ * (an error under -Werror) where a call drops it. A call whose failure really does not
+ * matter says why and uses DF_IGNORE(call) (gcc does not take a (void) cast for it). */
+#define DF_IGNORE(call) \
+  do {                  \
+    if (call) {         \
+    }                   \
+  } while (0)
 
 #define DF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- errors (error.c) ---------------------------------------------------- */
 
+/* The df_error family is not DF_MUST_CHECK: it returns its `status` for convenience, and a
+ * call for the message alone is fine. */
 /* Record a formatted message as this thread's last error and return `status`,
  * so a failing path reads `return df_error(DFLASH_E_FORMAT, "%s: ...", path);` */
 dflash_status df_error(dflash_status status, const char *fmt, ...) DF_PRINTF(2, 3);
@@ -54,10 +66,10 @@ dflash_status df_error_nomem(const char *what);
  */
 /* Copy the caller's `src` (NULL: keep the defaults) over `dst`, which holds the defaults at
  * the library's `size`; dst's struct_size stays `size`. `what` names the struct in errors. */
-dflash_status df_opts_in(void *dst, const void *src, size_t size, const char *what);
+DF_MUST_CHECK dflash_status df_opts_in(void *dst, const void *src, size_t size, const char *what);
 /* Write the library's `src` (`size` bytes) into the caller's `dst` up to dst's struct_size,
  * zeroing fields newer than the library's; dst keeps its struct_size. */
-dflash_status df_opts_out(void *dst, const void *src, size_t size, const char *what);
+DF_MUST_CHECK dflash_status df_opts_out(void *dst, const void *src, size_t size, const char *what);
 /* The _init(opts, caller_size) functions: the defaults up to the caller's size. */
 void df_opts_fill(void *dst, size_t caller_size, const void *defaults, size_t size);
 
@@ -92,7 +104,8 @@ bool df_utf8_valid(const char *s, size_t len);
  * the full normalisation", not "not NFC". */
 bool df_utf8_quick_nfc(const char *s, size_t len);
 
-/* A growable byte buffer. */
+/* A growable byte buffer. Not DF_MUST_CHECK: most calls build a message, where a failed
+ * (out of memory) append only shortens it; a caller whose bytes matter checks the status. */
 typedef struct df_buf {
   char *data;
   size_t len;
@@ -106,7 +119,7 @@ void df_buf_free(df_buf *b);
 /* ---- durable files (fileio.c) -------------------------------------------- */
 
 /* Read a whole file into a malloc'd, NUL-terminated buffer. */
-dflash_status df_read_file(const char *path, char **out, size_t *out_len);
+DF_MUST_CHECK dflash_status df_read_file(const char *path, char **out, size_t *out_len);
 
 /*
  * A file written under a temporary name next to its destination and renamed
@@ -119,40 +132,41 @@ typedef struct df_atomic_file {
   char *path;     /* final name */
   char *tmp_path; /* where the bytes go until commit */
 } df_atomic_file;
-dflash_status df_atomic_open(const char *path, df_atomic_file *f);
-dflash_status df_atomic_write(df_atomic_file *f, const void *data, size_t n);
-dflash_status df_atomic_commit(df_atomic_file *f);
+DF_MUST_CHECK dflash_status df_atomic_open(const char *path, df_atomic_file *f);
+DF_MUST_CHECK dflash_status df_atomic_write(df_atomic_file *f, const void *data, size_t n);
+DF_MUST_CHECK dflash_status df_atomic_commit(df_atomic_file *f);
 /* Remove the temporary file; safe after commit or on a zeroed struct. */
 void df_atomic_abort(df_atomic_file *f);
 /* Write all `n` bytes to `fd` (retrying short writes and EINTR). */
-dflash_status df_write_all(int fd, const void *data, size_t n, const char *path);
+DF_MUST_CHECK dflash_status df_write_all(int fd, const void *data, size_t n, const char *path);
 /* fsync the directory holding `path`, making a rename or create durable. */
-dflash_status df_fsync_parent(const char *path);
+DF_MUST_CHECK dflash_status df_fsync_parent(const char *path);
 /* Create a directory and any missing parents (mkdir -p); new levels are
  * fsynced into their parents. DFLASH_E_EXISTS when a level is a file. */
-dflash_status df_mkdir_p(const char *path);
+DF_MUST_CHECK dflash_status df_mkdir_p(const char *path);
 /* Map a regular file read-only; an empty file gives base NULL and size 0.
  * Release with df_unmap_file. */
-dflash_status df_map_file(const char *path, const uint8_t **base, uint64_t *size);
+DF_MUST_CHECK dflash_status df_map_file(const char *path, const uint8_t **base, uint64_t *size);
 void df_unmap_file(const uint8_t *base, uint64_t size);
 /* Write a whole file atomically. */
-dflash_status df_write_file_atomic(const char *path, const void *data, size_t n);
+DF_MUST_CHECK dflash_status df_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* ---- JSON (json.c), over jansson ----------------------------------------- */
 
 struct json_t;
 /* Parse JSON text; errors name `what` (a file name) with line and column.
  * Rejects duplicate object keys. */
-dflash_status df_json_parse(const char *text, size_t len, const char *what, struct json_t **out);
-dflash_status df_json_load_file(const char *path, struct json_t **out);
+DF_MUST_CHECK dflash_status df_json_parse(const char *text, size_t len, const char *what,
+                                          struct json_t **out);
+DF_MUST_CHECK dflash_status df_json_load_file(const char *path, struct json_t **out);
 /* Serialise compactly (or indented when indent > 0) into a malloc'd string. */
-dflash_status df_json_dump(const struct json_t *json, int indent, char **out);
+DF_MUST_CHECK dflash_status df_json_dump(const struct json_t *json, int indent, char **out);
 
 /* ---- thread pool (threadpool.c) ------------------------------------------ */
 
 typedef struct df_pool df_pool;
 /* n_threads <= 0: one per online CPU. */
-dflash_status df_pool_create(int n_threads, df_pool **out);
+DF_MUST_CHECK dflash_status df_pool_create(int n_threads, df_pool **out);
 void df_pool_free(df_pool *pool);
 int df_pool_size(const df_pool *pool);
 /*

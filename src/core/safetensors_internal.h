@@ -32,7 +32,7 @@ typedef struct df_st_file {
 /* Validate and index the bytes of one file (`f->path`, `f->base`, `f->size`
  * set by the caller). Entries get file index `file_index`. On failure the
  * message names the file and the tensor. */
-dflash_status df_st_parse(df_st_file *f, size_t file_index);
+DF_MUST_CHECK dflash_status df_st_parse(df_st_file *f, size_t file_index);
 /* Release what df_st_parse allocated (not the bytes themselves). */
 void df_st_file_clear(df_st_file *f);
 

@@ -62,18 +62,19 @@ typedef struct {
 } df_build;
 
 /* Local inputs that cannot be read fail before any output is created. */
-dflash_status df_build_check_inputs(const char *const *inputs, size_t n);
+DF_MUST_CHECK dflash_status df_build_check_inputs(const char *const *inputs, size_t n);
 /* The input list into b->in: an s3:// input ending in '/' becomes every *.jsonl under it. */
-dflash_status df_build_expand_inputs(df_build *b, const char *const *inputs, size_t n);
+DF_MUST_CHECK dflash_status df_build_expand_inputs(df_build *b, const char *const *inputs,
+                                                   size_t n);
 /* Fill b->items with the next batch of non-blank lines; none at the end of the input. */
 void df_build_read_batch(df_build *b);
 void df_build_close_input(df_build *b);
 void df_build_free_inputs(df_build *b);
 
-dflash_status df_build_open_side(df_build *b);
+DF_MUST_CHECK dflash_status df_build_open_side(df_build *b);
 void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why);
 void df_build_write_source(df_build *b, const df_build_item *it);
 /* Close (for an s3:// output: upload) rejected.jsonl and sources.jsonl. */
-dflash_status df_build_finish_side(df_build *b);
+DF_MUST_CHECK dflash_status df_build_finish_side(df_build *b);
 
 #endif

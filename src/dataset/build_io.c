@@ -71,8 +71,8 @@ static dflash_status push_listing(df_build *b, size_t *cap, const char *prefix) 
   dflash_status st = DFLASH_OK;
   for (size_t e = 0; !st && e < dflash_storage_listing_count(l); e++) {
     const char *loc;
-    dflash_storage_listing_get(l, e, &loc, NULL);
-    if (is_jsonl(loc)) st = push(r, cap, loc);
+    st = dflash_storage_listing_get(l, e, &loc, NULL);
+    if (!st && is_jsonl(loc)) st = push(r, cap, loc);
   }
   dflash_storage_listing_free(l);
   return st;

@@ -253,8 +253,8 @@ static dflash_status move_retried_chunks(dflash_fetch *f, const char *prefix) {
   dflash_status st = dflash_storage_list(f->storage, prefix, &l);
   for (size_t i = 0; !st && i < dflash_storage_listing_count(l); i++) {
     const char *loc;
-    dflash_storage_listing_get(l, i, &loc, NULL);
-    if (df_str_ends_with(loc, ".jsonl")) st = move_retried_chunk(f, loc, strlen(prefix));
+    st = dflash_storage_listing_get(l, i, &loc, NULL);
+    if (!st && df_str_ends_with(loc, ".jsonl")) st = move_retried_chunk(f, loc, strlen(prefix));
   }
   dflash_storage_listing_free(l);
   return st;
@@ -456,8 +456,8 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   DF_CHECK_ARG(opts && input_path && out_dir && out);
   *out = NULL;
   dflash_fetch_options o;
-  dflash_fetch_options_default(&o);
-  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_fetch_options");
+  dflash_status st = dflash_fetch_options_default(&o);
+  if (!st) st = df_opts_in(&o, opts, sizeof o, "dflash_fetch_options");
   if (!st) st = check_options(&o);
   if (st) return st;
   opts = &o;
@@ -671,7 +671,8 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
                                               size_t *len) {
   DF_CHECK_ARG(f && len && (buf || cap == 0));
   dflash_fetch_stats s = {.struct_size = sizeof s};
-  dflash_fetch_get_stats(f, &s);
+  dflash_status st = dflash_fetch_get_stats(f, &s);
+  if (st) return st;
   json_t *servers = json_array();
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *v = &f->servers[i];
@@ -720,7 +721,7 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
   if (!text) return df_error_nomem("summary");
   size_t n = strlen(text) + 1;
   *len = n;
-  dflash_status st = DFLASH_OK;
+  st = DFLASH_OK;
   if (n > cap && !buf) st = DFLASH_E_BUFFER; /* a size query: no message, nothing logged */
   else if (n > cap) st = df_error(DFLASH_E_BUFFER, "fetch summary needs %zu bytes", n);
   else memcpy(buf, text, n);

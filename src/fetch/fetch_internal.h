@@ -29,7 +29,8 @@ typedef struct df_sse {
   bool last_cr; /* previous byte ended a line with '\r': swallow a following '\n' */
 } df_sse;
 
-dflash_status df_sse_feed(df_sse *p, const char *buf, size_t n, df_sse_event_fn fn, void *user);
+DF_MUST_CHECK dflash_status df_sse_feed(df_sse *p, const char *buf, size_t n, df_sse_event_fn fn,
+                                        void *user);
 void df_sse_reset(df_sse *p); /* keeps the buffers' memory */
 void df_sse_free(df_sse *p);
 
@@ -100,12 +101,13 @@ typedef struct df_conv {
 
 /* Parse one JSONL line. On failure, returns the status with a message naming
  * `path` and `line_no`; *id_out gets the line's explicit id when it had a valid one. */
-dflash_status df_conv_parse(const char *line, size_t len, const char *path, uint64_t line_no,
-                            df_conv *out, char **id_out);
+DF_MUST_CHECK dflash_status df_conv_parse(const char *line, size_t len, const char *path,
+                                          uint64_t line_no, df_conv *out, char **id_out);
 void df_conv_free(df_conv *c);
 /* Message positions to regenerate: position p means prompt = messages[0, p) and the
  * answer replaces messages[p] (or is appended when p == size). Last only, or all. */
-dflash_status df_conv_turns(const json_t *messages, bool all_turns, size_t **pos, size_t *n);
+DF_MUST_CHECK dflash_status df_conv_turns(const json_t *messages, bool all_turns, size_t **pos,
+                                          size_t *n);
 /* Deterministic shard of an id: first 8 bytes of SHA-256(id), big endian, mod n. */
 uint32_t df_shard_of(const char *id, uint32_t n);
 
@@ -122,8 +124,8 @@ typedef struct df_body_cfg {
 
 /* The JSON body of a chat completion for `messages` (borrowed). `rid` may be NULL.
  * `probe`: a 1-token non-streamed request. malloc'd text in *out. */
-dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char *rid, bool probe,
-                            char **out, size_t *out_len);
+DF_MUST_CHECK dflash_status df_body_build(const df_body_cfg *cfg, json_t *messages, const char *rid,
+                                          bool probe, char **out, size_t *out_len);
 /* Messages as sent to a server: role/content (+ name, tool fields), no "reasoning". */
 json_t *df_messages_for_server(const json_t *messages);
 
@@ -148,11 +150,12 @@ typedef dflash_status (*df_out_record_fn)(void *ctx, const char *id, uint64_t in
 /* Open (creating) `path` for appending after repairing it: a torn last line is
  * cut off; invalid lines elsewhere are moved to `path`.corrupt. Every valid
  * record is reported to `fn`. */
-dflash_status df_out_open(const char *path, df_out_record_fn fn, void *ctx, df_out *o);
+DF_MUST_CHECK dflash_status df_out_open(const char *path, df_out_record_fn fn, void *ctx,
+                                        df_out *o);
 /* Append one record (a JSON object, "id" first) as one line. */
-dflash_status df_out_append(df_out *o, const json_t *record);
+DF_MUST_CHECK dflash_status df_out_append(df_out *o, const json_t *record);
 /* fsync when dirty and `interval` seconds have passed since the last (0: always). */
-dflash_status df_out_sync(df_out *o, double interval, double now);
+DF_MUST_CHECK dflash_status df_out_sync(df_out *o, double interval, double now);
 void df_out_close(df_out *o);
 /* Check one record line (no '\n'): *id as in df_out_record_fn (malloc'd).
  * `full`: always parse the JSON, not only the fast prefix path. */
@@ -160,12 +163,12 @@ bool df_out_check_line(const char *line, size_t len, bool full, char **id, uint6
 /* Outputs in chunks on object storage (remote.c): report every record of
  * every chunk under `prefix` to `fn`; appends go nowhere until
  * df_out_start_chunks. */
-dflash_status df_out_open_remote(dflash_storage *st, const char *prefix, df_out_record_fn fn,
-                                 void *ctx, df_out *o);
-dflash_status df_out_start_chunks(df_out *o, dflash_storage *st, const char *name,
-                                  const dflash_chunk_writer_options *co);
+DF_MUST_CHECK dflash_status df_out_open_remote(dflash_storage *st, const char *prefix,
+                                               df_out_record_fn fn, void *ctx, df_out *o);
+DF_MUST_CHECK dflash_status df_out_start_chunks(df_out *o, dflash_storage *st, const char *name,
+                                                const dflash_chunk_writer_options *co);
 /* Upload the open chunk (remote outputs; a no-op for files). */
-dflash_status df_out_flush(df_out *o);
+DF_MUST_CHECK dflash_status df_out_flush(df_out *o);
 /* The "id" a record line starts with, decoded; fast path for our own lines.
  * Returns false when the line does not start that way. *id is NULL for null. */
 bool df_record_id_prefix(const char *line, size_t len, char **id);

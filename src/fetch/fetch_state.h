@@ -136,20 +136,22 @@ struct dflash_fetch {
 };
 
 /* fetch.c */
-dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const char *server);
-dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
-dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out);
+DF_MUST_CHECK dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job,
+                                                       const char *server);
+DF_MUST_CHECK dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
+DF_MUST_CHECK dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out);
 void df_job_free(df_job *job);
 
 /* check.c: the start-up check of the servers and the recorded settings */
 json_t *df_fetch_settings(const dflash_fetch *f);
-dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write);
-dflash_status df_fetch_write_settings(dflash_fetch *f, json_t *doc);
-dflash_status df_fetch_check_servers(dflash_fetch *f);
+DF_MUST_CHECK dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write);
+DF_MUST_CHECK dflash_status df_fetch_write_settings(dflash_fetch *f, json_t *doc);
+DF_MUST_CHECK dflash_status df_fetch_check_servers(dflash_fetch *f);
 
 /* loop.c */
-dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);
+DF_MUST_CHECK dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);
 void df_loop_free(dflash_fetch *f);
-dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user);
+DF_MUST_CHECK dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress,
+                                        void *user);
 
 #endif

@@ -168,7 +168,8 @@ static size_t on_write(char *buf, size_t size, size_t n, void *userp) {
     x->type_known = true;
   }
   if (x->sse) {
-    df_sse_feed(&x->parser, buf, len, on_event, &x->resp);
+    /* Out of memory in the parser: fail the transfer (retried), as for the raw body. */
+    if (df_sse_feed(&x->parser, buf, len, on_event, &x->resp)) return 0;
   } else if (x->http / 100 == 2 || x->raw.len < ERROR_BODY_MAX) {
     if (df_buf_append(&x->raw, buf, len)) return 0;
   }
@@ -681,7 +682,8 @@ static dflash_status sync_outputs(dflash_fetch *f, double interval, double now) 
 static void report(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user) {
   if (!progress) return;
   dflash_fetch_stats s = {.struct_size = sizeof s};
-  dflash_fetch_get_stats(f, &s);
+  /* Cannot fail: f is valid and s is this library's size. */
+  DF_IGNORE(dflash_fetch_get_stats(f, &s));
   /* A callback that keeps returning non-zero asks for one graceful stop, not a hard one. */
   if (progress(f, &s, user) && atomic_load(&f->stop_requests) == 0) dflash_fetch_stop(f);
 }

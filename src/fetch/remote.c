@@ -54,7 +54,7 @@ dflash_status df_out_open_remote(dflash_storage *st, const char *prefix, df_out_
     const char *loc;
     void *data;
     size_t len;
-    dflash_storage_listing_get(l, i, &loc, NULL);
+    if ((s = dflash_storage_listing_get(l, i, &loc, NULL))) break;
     if (!df_str_ends_with(loc, ".jsonl")) continue;
     if (!(s = dflash_storage_read(st, loc, &data, &len))) {
       s = scan_chunk(loc, data, len, fn, ctx, &o->records);

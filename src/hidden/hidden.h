@@ -18,8 +18,8 @@ const char *df_hidden_dtype_name(int32_t dtype);
 int32_t df_hidden_zero_layer(const float *f32, const uint16_t *bf16, int64_t len, int32_t K,
                              int32_t H);
 /* DFLASH_E_FORMAT naming the sample and the layer when one of its K layers is all zeros. */
-dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len, int32_t K,
-                                     int32_t H);
+DF_MUST_CHECK dflash_status df_hidden_check_sample(const char *id, const float *x, int64_t len,
+                                                   int32_t K, int32_t H);
 
 
 typedef struct pending {
@@ -57,7 +57,7 @@ struct dflash_hidden_writer {
 };
 
 /* Write the writer's buffered samples as one safetensors shard at `path` (writer.c). */
-dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *path);
+DF_MUST_CHECK dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *path);
 void df_hidden_writer_drop_buffer(dflash_hidden_writer *w);
 /* Decode K layers of H values per token from bf16 or scaled e4m3 codes (reader.c). */
 void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, const void *scales,
@@ -65,36 +65,39 @@ void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, co
 
 /* A sample's rows as stored (no decoding): codes [len, K*H] (bf16: 2 bytes each, fp8: 1)
  * and, for fp8, scales [len, K]. DFLASH_E_UNSUPPORTED for a vLLM store (reader.c). */
-dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id, int64_t len,
-                                   void *codes, float *scales);
+DF_MUST_CHECK dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id,
+                                                 int64_t len, void *codes, float *scales);
 bool df_hidden_has_codes(const dflash_hidden *h);
 /* df_hidden_check_sample on stored rows (bf16, or e4m3 codes with scales [len, K]). */
-dflash_status df_hidden_check_codes(const char *id, int32_t dtype, const void *codes,
-                                    const float *scales, int64_t len, int32_t K, int32_t H);
+DF_MUST_CHECK dflash_status df_hidden_check_codes(const char *id, int32_t dtype, const void *codes,
+                                                  const float *scales, int64_t len, int32_t K,
+                                                  int32_t H);
 
 /* Spool mode of the writer (spool.c): create (opts->spool_budget set), publish the buffered
  * samples as a shard (waiting up to wait_s, < 0 forever, for room), and the end marker. */
-dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
-                                     const dflash_hidden_writer_options *o,
-                                     dflash_hidden_writer **out);
-dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
+DF_MUST_CHECK dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
+                                                   const dflash_hidden_writer_options *o,
+                                                   dflash_hidden_writer **out);
+DF_MUST_CHECK dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
 /* Whether dflash_spool_next would return without waiting (a failed look counts as ready). */
 bool df_spool_ready(dflash_spool *sp);
 /* Bytes of the shards present before (epoch, shard), and the producer's budget (0: unknown). */
-dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t *used,
-                                uint64_t *budget);
+DF_MUST_CHECK dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard,
+                                              uint64_t *used, uint64_t *budget);
 
 /* A store on object storage, read with ranged GETs (remote.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */
 typedef struct df_rhidden df_rhidden;
-dflash_status df_rhidden_open(const char *url, df_rhidden **out);
+DF_MUST_CHECK dflash_status df_rhidden_open(const char *url, df_rhidden **out);
 void df_rhidden_free(df_rhidden *r);
-dflash_status df_rhidden_meta(const df_rhidden *r, const char *key, const char **value);
+DF_MUST_CHECK dflash_status df_rhidden_meta(const df_rhidden *r, const char *key,
+                                            const char **value);
 size_t df_rhidden_count(const df_rhidden *r);
 void df_rhidden_get(const df_rhidden *r, size_t i, dflash_tensor *t);
 /* DFLASH_E_NOT_FOUND without a message when absent. */
-dflash_status df_rhidden_find(const df_rhidden *r, const char *name, dflash_tensor *t);
-dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len);
+DF_MUST_CHECK dflash_status df_rhidden_find(const df_rhidden *r, const char *name,
+                                            dflash_tensor *t);
+DF_MUST_CHECK dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len);
 
 /* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
 typedef struct df_tokens df_tokens;
@@ -104,18 +107,20 @@ typedef struct df_tokens df_tokens;
  * a file's. */
 typedef struct df_vhidden df_vhidden;
 bool df_vhidden_is_layout(const char *dir);
-dflash_status df_vhidden_open(const char *dir, df_vhidden **out);
+DF_MUST_CHECK dflash_status df_vhidden_open(const char *dir, df_vhidden **out);
 void df_vhidden_free(df_vhidden *v);
 void df_vhidden_info(const df_vhidden *v, int32_t *K, int32_t *H, int32_t *dtype, size_t *n);
 const char *df_vhidden_id(const df_vhidden *v, size_t i);
-dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens);
-dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len);
-dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out, int64_t len);
+DF_MUST_CHECK dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens);
+DF_MUST_CHECK dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len);
+DF_MUST_CHECK dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out,
+                                            int64_t len);
 /* Its final layer (slot K) as [len, H]. */
-dflash_status df_vhidden_read_final(const df_vhidden *v, const char *id, float *out, int64_t len);
+DF_MUST_CHECK dflash_status df_vhidden_read_final(const df_vhidden *v, const char *id, float *out,
+                                                  int64_t len);
 /* Joins a vLLM store to the dataset by token ids (nothing to do for a libdflash store). */
-dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens);
-dflash_status df_tokens_open(const char *dir, df_tokens **out);
+DF_MUST_CHECK dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens);
+DF_MUST_CHECK dflash_status df_tokens_open(const char *dir, df_tokens **out);
 void df_tokens_free(df_tokens *t);
 size_t df_tokens_count(const df_tokens *t);
 /* Borrowed views of sample i. */

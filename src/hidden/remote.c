@@ -49,7 +49,7 @@ static dflash_status open_shards(df_rhidden *r, const char *url) {
   if (!s && !(r->shards = calloc(n + 1, sizeof *r->shards))) s = df_error_nomem("shards");
   for (size_t i = 0; !s && i < n; i++) {
     const char *loc;
-    dflash_storage_listing_get(l, i, &loc, NULL);
+    if ((s = dflash_storage_listing_get(l, i, &loc, NULL))) break;
     if (!is_shard(loc, plen)) continue;
     s = dflash_storage_st_open(r->st, loc, DF_RHIDDEN_READAHEAD, &r->shards[r->n_shards]);
     if (!s) r->n += dflash_storage_st_count(r->shards[r->n_shards++]);
@@ -67,7 +67,8 @@ static dflash_status index_tensors(df_rhidden *r) {
   for (size_t s = 0; s < r->n_shards; s++)
     for (size_t i = 0; i < dflash_storage_st_count(r->shards[s]); i++) {
       dflash_tensor t = {.struct_size = sizeof t};
-      dflash_storage_st_get(r->shards[s], i, &t);
+      dflash_status st = dflash_storage_st_get(r->shards[s], i, &t);
+      if (st) return st;
       r->ents[k++] = (rentry){t.name, (uint32_t)s};
     }
   qsort(r->ents, r->n, sizeof *r->ents, cmp_entry);
@@ -115,7 +116,8 @@ dflash_status df_rhidden_meta(const df_rhidden *r, const char *key, const char *
 size_t df_rhidden_count(const df_rhidden *r) { return r->n; }
 
 void df_rhidden_get(const df_rhidden *r, size_t i, dflash_tensor *t) {
-  dflash_storage_st_find(r->shards[r->ents[i].shard], r->ents[i].name, t);
+  /* Cannot fail: the entry was read from this shard's own index (build_index). */
+  DF_IGNORE(dflash_storage_st_find(r->shards[r->ents[i].shard], r->ents[i].name, t));
 }
 
 static const rentry *lookup(const df_rhidden *r, const char *name) {

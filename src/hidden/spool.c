@@ -87,7 +87,7 @@ static dflash_status scan(dflash_storage *st, const char *base, sp_scan *out) {
   for (size_t i = 0; !s && i < n; i++) {
     const char *loc;
     uint64_t size;
-    dflash_storage_listing_get(l, i, &loc, &size);
+    if ((s = dflash_storage_listing_get(l, i, &loc, &size))) break;
     sp_entry e;
     if (strchr(loc + plen, '/') || !parse_name(loc + plen, &e)) continue;
     e.size = size;
@@ -568,7 +568,8 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
   dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
-    dflash_safetensors_get(sp->cur, i, &t);
+    dflash_status st = dflash_safetensors_get(sp->cur, i, &t);
+    if (st) return st;
     if (strncmp(t.name, "h/", 2)) continue;
     if (t.dtype != (int32_t)want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
       return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,

@@ -70,8 +70,8 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
   if ((st = dflash_hidden_open(w->dir, &h))) return df_error_wrap(st, "reopening %s", w->dir);
   int32_t K, H, dt;
   size_t n;
-  dflash_hidden_info(h, &K, &H, &dt, &n);
-  if (K != w->K || H != w->H || dt != w->dtype)
+  st = dflash_hidden_info(h, &K, &H, &dt, &n);
+  if (!st && (K != w->K || H != w->H || dt != w->dtype))
     st = df_error(DFLASH_E_MISMATCH,
                   "%s holds K=%d, H=%d, %s states; cannot append K=%d, H=%d, "
                   "%s",
@@ -79,7 +79,7 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
                   df_hidden_dtype_name(w->dtype));
   for (size_t i = 0; !st && i < n; i++) {
     const char *id;
-    dflash_hidden_id(h, i, &id);
+    if ((st = dflash_hidden_id(h, i, &id))) break;
     if (df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   }
   dflash_hidden_free(h);
@@ -107,7 +107,7 @@ static dflash_status setup_remote(dflash_hidden_writer *w, const char *url) {
   for (size_t i = 0; !st && i < dflash_storage_listing_count(l); i++) {
     const char *loc, *name;
     uint64_t size;
-    dflash_storage_listing_get(l, i, &loc, &size);
+    if ((st = dflash_storage_listing_get(l, i, &loc, &size))) break;
     name = loc + strlen(prefix);
     if (strncmp(name, "hidden-", 7) || strchr(name, '/') || !df_str_ends_with(name, ".safetensors"))
       continue;

@@ -23,7 +23,7 @@ char *df_cache_dir(void);
 
 /* Where the remote location `remote` is mirrored in the cache (malloc'd):
  * <cache>/s3/<bucket>/<key without trailing '/'>. */
-dflash_status df_stage_cache_path(const char *remote, char **out);
+DF_MUST_CHECK dflash_status df_stage_cache_path(const char *remote, char **out);
 
 /* `dir` + '/' + `name`, for a local path or an s3:// prefix (one '/' between). */
 char *df_stage_join(const char *dir, const char *name);
@@ -33,19 +33,20 @@ char *df_stage_join(const char *dir, const char *name);
  * there with the object's size are not fetched again. *n_files (may be NULL)
  * gets the number of objects found; an empty prefix is DFLASH_E_NOT_FOUND
  * naming the URL. */
-dflash_status df_stage_in(dflash_storage *st, const char *remote, const char *local_dir,
-                          size_t *n_files);
+DF_MUST_CHECK dflash_status df_stage_in(dflash_storage *st, const char *remote,
+                                        const char *local_dir, size_t *n_files);
 
 /* Same into the cache: *local (malloc'd) is the mirrored directory. */
-dflash_status df_stage_in_cached(dflash_storage *st, const char *remote, char **local);
+DF_MUST_CHECK dflash_status df_stage_in_cached(dflash_storage *st, const char *remote,
+                                               char **local);
 
 /* Upload local_dir/name to remote/name (atomically: multipart when large). */
-dflash_status df_stage_out(dflash_storage *st, const char *local_dir, const char *remote,
-                           const char *name);
+DF_MUST_CHECK dflash_status df_stage_out(dflash_storage *st, const char *local_dir,
+                                         const char *remote, const char *name);
 
 /* A new empty local directory under the cache directory for staging an
  * output; `tag` goes into its name. */
-dflash_status df_stage_tmpdir(const char *tag, char **out);
+DF_MUST_CHECK dflash_status df_stage_tmpdir(const char *tag, char **out);
 
 /* Remove a local directory tree (best effort; used on staging directories). */
 void df_stage_rmtree(const char *dir);
@@ -55,8 +56,8 @@ void df_stage_rmtree(const char *dir);
  * bytes: its header, then a hole up to the object's size (a sparse file, so
  * it costs the header's blocks). Readers of the header (listings of tensors,
  * indexes) work on it; tensor bytes read as zeros. Written atomically. */
-dflash_status df_stage_st_stub(dflash_storage *st, const char *remote, uint64_t size,
-                               const char *local);
+DF_MUST_CHECK dflash_status df_stage_st_stub(dflash_storage *st, const char *remote, uint64_t size,
+                                             const char *local);
 
 /* Give back the data blocks of the local safetensors file `path`, keeping
  * its header and size (after its bytes were uploaded). Best effort: where
@@ -64,6 +65,6 @@ dflash_status df_stage_st_stub(dflash_storage *st, const char *remote, uint64_t 
 void df_stage_st_hollow(const char *path);
 
 /* mkdir -p `dir`. */
-dflash_status df_stage_mkdirs(const char *dir);
+DF_MUST_CHECK dflash_status df_stage_mkdirs(const char *dir);
 
 #endif

@@ -20,15 +20,15 @@ typedef struct df_loc {
 
 /* Parse "s3://bucket/key", "file:///path" or a plain path. Other schemes are
  * DFLASH_E_UNSUPPORTED; a malformed s3 URL is DFLASH_E_INVALID_ARG. */
-dflash_status df_loc_parse(const char *location, df_loc *out);
+DF_MUST_CHECK dflash_status df_loc_parse(const char *location, df_loc *out);
 /* Same, and the key or path must be non-empty and not end with '/'. */
-dflash_status df_loc_parse_object(const char *location, df_loc *out);
+DF_MUST_CHECK dflash_status df_loc_parse_object(const char *location, df_loc *out);
 void df_loc_clear(df_loc *l);
 
 /* Append `n` bytes of `s` to `out` URI-encoded as SigV4 wants it: RFC 3986
  * unreserved characters stay, every other byte becomes %XX (upper-case
  * hex); '/' stays when `keep_slash`. */
-dflash_status df_uri_encode(df_buf *out, const char *s, size_t n, bool keep_slash);
+DF_MUST_CHECK dflash_status df_uri_encode(df_buf *out, const char *s, size_t n, bool keep_slash);
 
 
 /* ---- XML fields (xml.c) -------------------------------------------------- */
@@ -106,19 +106,23 @@ typedef struct df_s3_resp {
 
 /* Perform with retries; on success (2xx) resp holds the answer. Every failure
  * is mapped to a status and message naming the location. Free resp->body. */
-dflash_status df_s3_request(dflash_storage *st, const df_s3_req *req, df_s3_resp *resp);
+DF_MUST_CHECK dflash_status df_s3_request(dflash_storage *st, const df_s3_req *req,
+                                          df_s3_resp *resp);
 void df_s3_resp_free(df_s3_resp *resp);
 
 /* Full-jitter backoff before retry `attempt` (1-based), in seconds. */
 double df_s3_backoff(dflash_storage *st, uint32_t attempt, double retry_after);
 
-dflash_status df_s3_get_all(dflash_storage *st, const df_loc *l, df_buf *out);
-dflash_status df_s3_get_range(dflash_storage *st, const df_loc *l, uint64_t offset, void *buf,
-                              size_t len, size_t *got);
-dflash_status df_s3_head(dflash_storage *st, const df_loc *l, dflash_storage_info *out);
-dflash_status df_s3_put(dflash_storage *st, const df_loc *l, const void *data, size_t n);
-dflash_status df_s3_delete(dflash_storage *st, const df_loc *l);
-dflash_status df_s3_list(dflash_storage *st, const df_loc *prefix, dflash_storage_listing *out);
+DF_MUST_CHECK dflash_status df_s3_get_all(dflash_storage *st, const df_loc *l, df_buf *out);
+DF_MUST_CHECK dflash_status df_s3_get_range(dflash_storage *st, const df_loc *l, uint64_t offset,
+                                            void *buf, size_t len, size_t *got);
+DF_MUST_CHECK dflash_status df_s3_head(dflash_storage *st, const df_loc *l,
+                                       dflash_storage_info *out);
+DF_MUST_CHECK dflash_status df_s3_put(dflash_storage *st, const df_loc *l, const void *data,
+                                      size_t n);
+DF_MUST_CHECK dflash_status df_s3_delete(dflash_storage *st, const df_loc *l);
+DF_MUST_CHECK dflash_status df_s3_list(dflash_storage *st, const df_loc *prefix,
+                                       dflash_storage_listing *out);
 
 /* A multipart upload in progress. */
 typedef struct df_s3_upload {
@@ -127,24 +131,25 @@ typedef struct df_s3_upload {
   size_t n_parts, cap;
   uint64_t total;
 } df_s3_upload;
-dflash_status df_s3_mpu_create(dflash_storage *st, const df_loc *l, df_s3_upload *u);
+DF_MUST_CHECK dflash_status df_s3_mpu_create(dflash_storage *st, const df_loc *l, df_s3_upload *u);
 /* Upload the next part (number n_parts + 1). */
-dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u, const void *data,
-                             size_t n);
-dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc *l, df_s3_upload *u);
+DF_MUST_CHECK dflash_status df_s3_mpu_part(dflash_storage *st, const df_loc *l, df_s3_upload *u,
+                                           const void *data, size_t n);
+DF_MUST_CHECK dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc *l,
+                                               df_s3_upload *u);
 /* Best effort; keeps this thread's last error as it was. Frees u's fields. */
 void df_s3_mpu_abort(dflash_storage *st, const df_loc *l, df_s3_upload *u);
 void df_s3_upload_clear(df_s3_upload *u);
 
 /* ---- local files (local.c) ----------------------------------------------- */
 
-dflash_status df_local_read_range(const df_loc *l, uint64_t offset, void *buf, size_t len,
-                                  size_t *got);
-dflash_status df_local_stat(const df_loc *l, dflash_storage_info *out);
+DF_MUST_CHECK dflash_status df_local_read_range(const df_loc *l, uint64_t offset, void *buf,
+                                                size_t len, size_t *got);
+DF_MUST_CHECK dflash_status df_local_stat(const df_loc *l, dflash_storage_info *out);
 /* Creates missing parent directories, then writes atomically. */
-dflash_status df_local_mkdirs_for(const char *path);
-dflash_status df_local_delete(const df_loc *l);
-dflash_status df_local_list(const df_loc *prefix, dflash_storage_listing *out);
+DF_MUST_CHECK dflash_status df_local_mkdirs_for(const char *path);
+DF_MUST_CHECK dflash_status df_local_delete(const df_loc *l);
+DF_MUST_CHECK dflash_status df_local_list(const df_loc *prefix, dflash_storage_listing *out);
 
 /* ---- listings (storage.c) ------------------------------------------------ */
 
@@ -157,7 +162,7 @@ struct dflash_storage_listing {
   size_t n, cap;
 };
 /* Append an entry; takes ownership of `name` (freed on failure too). */
-dflash_status df_listing_add(dflash_storage_listing *l, char *name, uint64_t size);
+DF_MUST_CHECK dflash_status df_listing_add(dflash_storage_listing *l, char *name, uint64_t size);
 void df_listing_sort(dflash_storage_listing *l);
 
 #endif

@@ -38,14 +38,15 @@ typedef struct df_vocab {
 } df_vocab;
 
 /* Create with room for ids [0, n_ids). */
-dflash_status df_vocab_init(df_vocab *v, uint32_t n_ids);
+DF_MUST_CHECK dflash_status df_vocab_init(df_vocab *v, uint32_t n_ids);
 void df_vocab_free(df_vocab *v);
 /* Set token `id`; kind DF_TOK_*. DFLASH_E_DUPLICATE when the id is taken. */
-dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t len, int kind);
+DF_MUST_CHECK dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t len,
+                                         int kind);
 /* Build the bytes -> id index over ordinary tokens. Duplicate bytes or a byte
  * without a single-byte token: error when `strict` (tiktoken), else the lowest
  * id wins and missing bytes set byte_gaps (Hugging Face). `what` names the file. */
-dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
+DF_MUST_CHECK dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what);
 /* Ordinary token with exactly these bytes, or UINT32_MAX. */
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
 /* Same, with hash = df_hash_bytes(bytes, len) already computed. */
@@ -69,13 +70,14 @@ typedef struct df_pairmap {
   size_t n_ranks;
 } df_pairmap;
 
-dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
+DF_MUST_CHECK dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
 void df_pairmap_free(df_pairmap *m);
 /* Insert unless present (a repeated merge keeps its first, lowest rank).
  * With merged_of_rank, also records merged for this rank. */
-dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t merged);
+DF_MUST_CHECK dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t rank,
+                                           uint32_t merged);
 /* Shrink the table to its final size once every pair is in. */
-dflash_status df_pairmap_compact(df_pairmap *m);
+DF_MUST_CHECK dflash_status df_pairmap_compact(df_pairmap *m);
 static inline uint64_t df_pair_key(uint32_t a, uint32_t b) {
   return (uint64_t)a << DF_PAIR_ID_BITS | b;
 }
@@ -99,7 +101,7 @@ static inline void df_pairmap_prefetch(const df_pairmap *m, uint32_t a, uint32_t
 }
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
  * ranked by that token. Enumerates every split of every ordinary token. */
-dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
+DF_MUST_CHECK dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
 
 /* ---- BPE (bpe.c) ---------------------------------------------------------- */
 
@@ -118,11 +120,12 @@ typedef struct df_ids {
   int32_t *v;
   size_t len, cap;
 } df_ids;
-dflash_status df_ids_push(df_ids *ids, int32_t id);
+DF_MUST_CHECK dflash_status df_ids_push(df_ids *ids, int32_t id);
 /* Room for n more ids. */
-dflash_status df_ids_reserve(df_ids *ids, size_t n);
-dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const uint8_t *piece,
-                            size_t n, size_t heap_threshold, df_bpe_scratch *s, df_ids *out);
+DF_MUST_CHECK dflash_status df_ids_reserve(df_ids *ids, size_t n);
+DF_MUST_CHECK dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs,
+                                          const uint8_t *piece, size_t n, size_t heap_threshold,
+                                          df_bpe_scratch *s, df_ids *out);
 
 /* ---- pre-tokenization (pretok.c) ------------------------------------------ */
 
@@ -162,16 +165,16 @@ typedef struct df_pretok {
 /* Append a regex step. `pattern` is a name (cl100k, o200k, kimi-k2, qwen2,
  * qwen3.5, gpt2) or a regex in Rust syntax; *nfc is set when the named
  * pattern implies NFC. `literal`: match the pattern text literally. */
-dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool literal,
-                                  df_split_behavior behavior, bool invert, bool keep_gaps,
-                                  bool *nfc);
-dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step);
+DF_MUST_CHECK dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool literal,
+                                                df_split_behavior behavior, bool invert,
+                                                bool keep_gaps, bool *nfc);
+DF_MUST_CHECK dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step);
 void df_pretok_free(df_pretok *p);
 /* Whether `name` is one of the named patterns. */
 bool df_pattern_is_named(const char *name);
 /* Translate a Rust-syntax regex to PCRE2 syntax (malloc'd): `&&` class
  * intersections and script names. */
-dflash_status df_regex_translate(const char *rx, char **out);
+DF_MUST_CHECK dflash_status df_regex_translate(const char *rx, char **out);
 
 typedef struct df_range {
   size_t begin, end;
@@ -180,7 +183,7 @@ typedef struct df_ranges {
   df_range *v;
   size_t len, cap;
 } df_ranges;
-dflash_status df_ranges_push(df_ranges *r, size_t b, size_t e);
+DF_MUST_CHECK dflash_status df_ranges_push(df_ranges *r, size_t b, size_t e);
 
 typedef struct df_pretok_scratch {
   pcre2_match_data *md;
@@ -193,11 +196,12 @@ void df_pretok_scratch_free(df_pretok_scratch *s);
 
 /* Split text[0..len) (valid UTF-8) into pieces, as byte ranges into `*text_out`
  * (the text itself, or a copy with a prefix space). */
-dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len, df_pretok_scratch *s,
-                            const char **text_out, df_ranges **out);
+DF_MUST_CHECK dflash_status df_pretok_run(const df_pretok *p, const char *text, size_t len,
+                                          df_pretok_scratch *s, const char **text_out,
+                                          df_ranges **out);
 /* One regex step over text[b..e), appending matches to out. */
-dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t b, size_t e,
-                             df_pretok_scratch *s, df_ranges *out);
+DF_MUST_CHECK dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t b,
+                                           size_t e, df_pretok_scratch *s, df_ranges *out);
 
 /* ---- hand-written scanners (scanner.c) ------------------------------------- */
 
@@ -206,16 +210,16 @@ dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t 
 size_t df_scan_next(df_scanner sc, const uint8_t *text, size_t len, size_t pos);
 /* Initialise the scanners' character-class table (from PCRE2's own Unicode
  * tables, so scanner and regex agree); thread-safe, runs once. */
-dflash_status df_scan_init(void);
+DF_MUST_CHECK dflash_status df_scan_init(void);
 
 /* ---- Unicode helpers (unicode.c) -------------------------------------------- */
 
 /* Replace invalid UTF-8 as Python's decode("utf-8", "replace") does. Returns
  * false (nothing written) when the input is already valid. */
-dflash_status df_utf8_repair(const char *s, size_t len, df_buf *out, bool *changed);
+DF_MUST_CHECK dflash_status df_utf8_repair(const char *s, size_t len, df_buf *out, bool *changed);
 /* NFC-normalise valid UTF-8 into out; *changed=false (out untouched) when
  * the text is already NFC by the quick check. */
-dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
+DF_MUST_CHECK dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
 /* Decode one code point from valid UTF-8 at s[*i], advancing *i. */
 static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
   uint32_t c = s[*i];
@@ -262,7 +266,8 @@ typedef struct df_trie {
   uint8_t first_bytes[32]; /* bitmap of bytes that start a token */
 } df_trie;
 
-dflash_status df_trie_build(df_trie *t, const df_added *added, size_t n, bool normalized);
+DF_MUST_CHECK dflash_status df_trie_build(df_trie *t, const df_added *added, size_t n,
+                                          bool normalized);
 void df_trie_free(df_trie *t);
 /* Find the leftmost-longest enabled token in text[from..len). Returns the
  * added[] index and its span (after lstrip/rstrip), or -1. */
@@ -288,29 +293,30 @@ struct dflash_tokenizer {
 };
 
 /* Loaders fill a zeroed tokenizer; the caller finishes (tries) or frees it. */
-dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path, const char *pattern,
-                               const char *config_path);
-dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path, const char *pattern);
+DF_MUST_CHECK dflash_status df_load_tiktoken(dflash_tokenizer *t, const char *path,
+                                             const char *pattern, const char *config_path);
+DF_MUST_CHECK dflash_status df_load_hf_json(dflash_tokenizer *t, const char *path,
+                                            const char *pattern);
 /* The same from memory (fuzzing, tests): `name` stands for the file in messages. */
 struct json_t;
-dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const char *data,
-                                    size_t len, const char *pattern, struct json_t *cfg,
-                                    const char *cfg_name);
-dflash_status df_load_hf_doc(dflash_tokenizer *t, struct json_t *doc, const char *name,
-                             const char *pattern);
+DF_MUST_CHECK dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name,
+                                                  const char *data, size_t len, const char *pattern,
+                                                  struct json_t *cfg, const char *cfg_name);
+DF_MUST_CHECK dflash_status df_load_hf_doc(dflash_tokenizer *t, struct json_t *doc,
+                                           const char *name, const char *pattern);
 /* A fresh serial number for a loaded tokenizer (tags per-thread caches). */
 uint64_t df_tokenizer_serial(void);
 /* Build the added-token tries once a loader is done. */
-dflash_status df_tokenizer_finish(dflash_tokenizer *t);
-dflash_status df_load_vocab_merges(dflash_tokenizer *t, const char *vocab_path,
-                                   const char *merges_path, const char *pattern);
+DF_MUST_CHECK dflash_status df_tokenizer_finish(dflash_tokenizer *t);
+DF_MUST_CHECK dflash_status df_load_vocab_merges(dflash_tokenizer *t, const char *vocab_path,
+                                                 const char *merges_path, const char *pattern);
 /* Append an added token (copied). */
-dflash_status df_tok_add_added(dflash_tokenizer *t, const char *text, size_t len, uint32_t id,
-                               bool special);
+DF_MUST_CHECK dflash_status df_tok_add_added(dflash_tokenizer *t, const char *text, size_t len,
+                                             uint32_t id, bool special);
 /* GPT-2 byte-level alphabet: the character standing for byte b, and back. */
 uint32_t df_byte_to_char(uint8_t b);
 /* Decode a byte-level token string into raw bytes. When a character is not
  * in the alphabet the token's UTF-8 itself is its bytes (as HF decodes). */
-dflash_status df_bytelevel_decode(const char *s, size_t len, df_buf *out);
+DF_MUST_CHECK dflash_status df_bytelevel_decode(const char *s, size_t len, df_buf *out);
 
 #endif

@@ -92,15 +92,15 @@ struct df_backend {
 };
 
 /* The float32 reference on the CPU (trainer's own buffers, df_model). */
-dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend **out);
+DF_MUST_CHECK dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend **out);
 /* cuda/: bf16 on the GPU with fp32 masters; DFLASH_E_UNSUPPORTED in a build
  * without CUDA, DFLASH_E_NO_DEVICE without a usable device. */
-dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
+DF_MUST_CHECK dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
 
 /* Bring host buffers `kinds` (df_buf_kind bits) up to date / send them to
  * the device. Callable on a const trainer: the host buffers are a cache. */
-dflash_status df_trainer_pull(const dflash_trainer *t, unsigned kinds);
-dflash_status df_trainer_push(const dflash_trainer *t, unsigned kinds);
+DF_MUST_CHECK dflash_status df_trainer_pull(const dflash_trainer *t, unsigned kinds);
+DF_MUST_CHECK dflash_status df_trainer_push(const dflash_trainer *t, unsigned kinds);
 
 /* Activation-layout sizes for one call of `anchors` blocks over `seq_len`
  * context positions (plan.c); chunk is clamped to the vocabulary. */

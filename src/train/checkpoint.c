@@ -226,8 +226,9 @@ dflash_status dflash_trainer_load_state(dflash_trainer *t, const char *path, voi
   if (s) return s;
   df_model *m = &t->m;
   const char *fmt = NULL, *step = NULL;
-  dflash_safetensors_metadata_find(st, "format", &fmt);
-  dflash_safetensors_metadata_find(st, "step", &step);
+  /* A missing key leaves NULL, refused just below. */
+  DF_IGNORE(dflash_safetensors_metadata_find(st, "format", &fmt));
+  DF_IGNORE(dflash_safetensors_metadata_find(st, "step", &step));
   dflash_tensor p, m1, m2, u;
   uint64_t nb = (uint64_t)m->n_params * sizeof(float);
   if (!fmt || strcmp(fmt, STATE_FORMAT) || !step)

@@ -10,6 +10,16 @@
 
 #include "train/act_layout.h"
 
+/* As core/internal.h's (not included here: the CUDA sources declare its error helpers
+ * themselves, with C++ linkage). */
+#ifndef DF_MUST_CHECK
+#if defined(__GNUC__)
+#define DF_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define DF_MUST_CHECK
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -90,23 +100,24 @@ enum { DF_CU_PARAMS = 1, DF_CU_GRADS = 2, DF_CU_M1 = 4, DF_CU_M2 = 8 };
 
 typedef struct df_cu_model df_cu_model;
 
-dflash_status df_cu_create(const df_cu_config *c, const float *params, const float *embed,
-                           const float *lm_head, df_cu_model **out);
+DF_MUST_CHECK dflash_status df_cu_create(const df_cu_config *c, const float *params,
+                                         const float *embed, const float *lm_head,
+                                         df_cu_model **out);
 void df_cu_free(df_cu_model *m);
-dflash_status df_cu_zero_grad(df_cu_model *m);
+DF_MUST_CHECK dflash_status df_cu_zero_grad(df_cu_model *m);
 /* Forward (+ backward when coef). With row_loss [R] the call waits for the device and
  * row_loss gets each row's CE (a non-finite context row fails, DFLASH_E_FORMAT naming token
  * and column). With row_loss NULL nothing waits: the context rows go up on the copy stream
  * through one of two pinned staging buffers while the previous sequence computes, and the
  * sequence's sum(w*CE) and its NaN/Inf check stay on the device until df_cu_results. */
-dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss);
+DF_MUST_CHECK dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, float *row_loss);
 /* The deferred sequences since the last call, in order (exactly n of them): sum(w*CE) and
  * the flat index into [Sc, KH] of its first non-finite context value, or -1. Waits once. */
-dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n);
+DF_MUST_CHECK dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n);
 /* Multiply the accumulated gradients by k. */
-dflash_status df_cu_scale_grads(df_cu_model *m, double k);
+DF_MUST_CHECK dflash_status df_cu_scale_grads(df_cu_model *m, double k);
 /* Greedy token of each of b->R rows into pred. */
-dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
+DF_MUST_CHECK dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
 
 typedef struct df_cu_adam {
   float decay, b1, b2, eps, step_size, bc2_sqrt;
@@ -116,13 +127,13 @@ typedef struct df_cu_adam {
 /* (All-)reduce gradients, global norm, clip, AdamW on this rank's shard,
  * gather the bf16 weights. *norm is the pre-clip norm; not finite: nothing
  * changes and DFLASH_E_RANGE. */
-dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
+DF_MUST_CHECK dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
 /* Copy a whole flat buffer (fp32, n_params) to or from the host. With
  * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks), and
  * so is to_host of the gradients after a step (each rank holds the reduced
  * sum of its own slices; they are gathered). A NULL host with to_host
  * takes part in the gather of masters or moments and copies nothing. */
-dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
+DF_MUST_CHECK dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host);
 
 /* Deferred sequences whose results the device holds between drains (df_cu_results). */
 #define DF_CU_PENDING 1024
@@ -146,20 +157,20 @@ static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int 
 
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */
 #define DF_CU_NCCL_ID_BYTES 128
-dflash_status df_cu_nccl_unique_id(void *id);
+DF_MUST_CHECK dflash_status df_cu_nccl_unique_id(void *id);
 /* Every later wait on a collective gives up after timeout_s: the
  * communicator is aborted and the call fails with DFLASH_E_TIMEOUT. */
-dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
-                              double timeout_s);
+DF_MUST_CHECK dflash_status df_cu_nccl_init(df_cu_model *m, int rank, int world, const void *id,
+                                            double timeout_s);
 /* Sum `n` doubles over ranks (in place); a no-op without NCCL. */
-dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n);
+DF_MUST_CHECK dflash_status df_cu_allreduce_host(df_cu_model *m, double *x, int n);
 
 /* Device memory: peak and current bytes this model allocated (arena
  * included), and the arena size of the last call. */
 void df_cu_memory(const df_cu_model *m, size_t *peak, size_t *now, size_t *arena);
 
 /* Pinned host memory for uploads. */
-dflash_status df_cu_host_alloc(size_t bytes, void **out);
+DF_MUST_CHECK dflash_status df_cu_host_alloc(size_t bytes, void **out);
 void df_cu_host_free(void *p);
 
 #ifdef __cplusplus

@@ -25,9 +25,9 @@ typedef const char *(*df_env_fn)(void *ctx, const char *name);
  * World > 1 requires MASTER_ADDR and MASTER_PORT. DFLASH_E_CONFIG names the
  * variable that is missing or malformed.
  */
-dflash_status df_dist_env_parse(df_env_fn get, void *ctx, df_dist_env *out);
+DF_MUST_CHECK dflash_status df_dist_env_parse(df_env_fn get, void *ctx, df_dist_env *out);
 /* The same over the process environment. */
-dflash_status df_dist_env_from_environ(df_dist_env *out);
+DF_MUST_CHECK dflash_status df_dist_env_from_environ(df_dist_env *out);
 
 /*
  * Give every rank rank 0's `len` bytes in `blob`: rank 0 listens on
@@ -36,14 +36,15 @@ dflash_status df_dist_env_from_environ(df_dist_env *out);
  * refused); the others connect, retrying until `timeout_s`. The same as
  * df_comm_open + df_comm_broadcast + df_comm_free.
  */
-dflash_status df_rendezvous(const df_dist_env *env, void *blob, size_t len, double timeout_s);
+DF_MUST_CHECK dflash_status df_rendezvous(const df_dist_env *env, void *blob, size_t len,
+                                          double timeout_s);
 
 /*
  * Seconds a rank waits for its peers in one collective before it gives up:
  * DFLASH_DIST_TIMEOUT (a positive number), else 1800 (torch's default for
  * NCCL). DFLASH_E_CONFIG when the variable is malformed.
  */
-dflash_status df_dist_timeout(double *seconds);
+DF_MUST_CHECK dflash_status df_dist_timeout(double *seconds);
 
 /*
  * A host communicator between the ranks of a data-parallel run: persistent
@@ -66,16 +67,16 @@ dflash_status df_dist_timeout(double *seconds);
  * mismatch is DFLASH_E_INTERNAL, "the ranks diverged").
  */
 typedef struct df_comm df_comm;
-dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **out);
+DF_MUST_CHECK dflash_status df_comm_open(const df_dist_env *env, double timeout_s, df_comm **out);
 /* NULL-safe. Closes the connections (peers see the rank leave). */
 void df_comm_free(df_comm *c);
 int df_comm_rank(const df_comm *c);
 int df_comm_world(const df_comm *c);
 /* Sum over ranks, in place. */
-dflash_status df_comm_sum_f32(df_comm *c, float *x, size_t n);
-dflash_status df_comm_sum_f64(df_comm *c, double *x, size_t n);
+DF_MUST_CHECK dflash_status df_comm_sum_f32(df_comm *c, float *x, size_t n);
+DF_MUST_CHECK dflash_status df_comm_sum_f64(df_comm *c, double *x, size_t n);
 /* Rank 0's `len` bytes to every rank (len must agree). len 0: a barrier. */
-dflash_status df_comm_broadcast(df_comm *c, void *buf, size_t len);
+DF_MUST_CHECK dflash_status df_comm_broadcast(df_comm *c, void *buf, size_t len);
 /* Tell the peers that this rank stops with `status` (the thread's last
  * error is sent as the reason). Best effort, never blocks; breaks c. */
 void df_comm_abort(df_comm *c, dflash_status status);
@@ -101,7 +102,8 @@ typedef struct df_bucket_layout {
   df_bucket *buckets;
 } df_bucket_layout;
 
-dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world, size_t bucket_elems);
+DF_MUST_CHECK dflash_status df_bucket_layout_init(df_bucket_layout *l, size_t n, int world,
+                                                  size_t bucket_elems);
 void df_bucket_layout_free(df_bucket_layout *l);
 
 #endif

@@ -110,9 +110,9 @@ typedef struct df_model {
 } df_model;
 
 /* `ext` may be NULL (defaults). */
-dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
-                            const dflash_drafter_config_ext *ext, int n_threads, int vocab_chunk,
-                            double gamma);
+DF_MUST_CHECK dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
+                                          const dflash_drafter_config_ext *ext, int n_threads,
+                                          int vocab_chunk, double gamma);
 void df_model_free(df_model *m);
 const df_tensor_info *df_model_find(const df_model *m, const char *name);
 
@@ -124,52 +124,62 @@ double df_position_weight(const df_model *m, int k);
  * grad_scale) are ADDED to m->grads when `backward`. Checks the inputs
  * (ids in the vocabulary, anchors in range, finite hidden states).
  */
-dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask, int64_t len,
-                            const float *hidden, const int32_t *anchors, int32_t n_anchors,
-                            double grad_scale, bool backward, double *loss_sum, double *weight_sum);
+DF_MUST_CHECK dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
+                                          int64_t len, const float *hidden, const int32_t *anchors,
+                                          int32_t n_anchors, double grad_scale, bool backward,
+                                          double *loss_sum, double *weight_sum);
 /* The same with CE targets labels[p] instead of ids[p] (NULL: ids): `--labels target`, the
  * target's greedy tokens; the block input (anchor token) stays ids. */
-dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_t *labels,
-                                   const uint8_t *loss_mask, int64_t len, const float *hidden,
-                                   const int32_t *anchors, int32_t n_anchors, double grad_scale,
-                                   bool backward, double *loss_sum, double *weight_sum);
+DF_MUST_CHECK dflash_status df_model_step_labels(df_model *m, const int32_t *ids,
+                                                 const int32_t *labels, const uint8_t *loss_mask,
+                                                 int64_t len, const float *hidden,
+                                                 const int32_t *anchors, int32_t n_anchors,
+                                                 double grad_scale, bool backward, double *loss_sum,
+                                                 double *weight_sum);
 /* Labels (may be NULL) inside the vocabulary (DFLASH_E_RANGE naming the position). */
-dflash_status df_model_check_labels(const df_model *m, const int32_t *labels, int64_t len);
+DF_MUST_CHECK dflash_status df_model_check_labels(const df_model *m, const int32_t *labels,
+                                                  int64_t len);
 /* Ids inside the vocabulary, anchors inside the sequence, finite hidden
  * states (DFLASH_E_RANGE / DFLASH_E_FORMAT naming the position). */
-dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64_t len,
-                                    const float *hidden, const int32_t *anchors, int32_t n);
+DF_MUST_CHECK dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids,
+                                                  int64_t len, const float *hidden,
+                                                  const int32_t *anchors, int32_t n);
 /* Sum of position weights for these anchors. */
 double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
                            const int32_t *anchors, int32_t n_anchors);
 /* Greedy predictions for positions 1..B-1 of each block. */
-dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
-                               const int32_t *anchors, int32_t n_anchors, int32_t *pred);
+DF_MUST_CHECK dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len,
+                                             const float *hidden, const int32_t *anchors,
+                                             int32_t n_anchors, int32_t *pred);
 
 /* dflash_trainer_propose on the model (o NULL: greedy; the caller checked
  * o, and that a DFlash 1 model is asked for nothing but argmax). */
-dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
-                               const int32_t *anchors, int32_t n_anchors,
-                               const dflash_propose_options *o, int32_t *pred);
+DF_MUST_CHECK dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len,
+                                             const float *hidden, const int32_t *anchors,
+                                             int32_t n_anchors, const dflash_propose_options *o,
+                                             int32_t *pred);
 
 /* Logits [n_anchors, B, V] of every block position (see dflash_trainer_logits). */
-dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
-                              const int32_t *anchors, int32_t n_anchors, float *logits);
+DF_MUST_CHECK dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len,
+                                            const float *hidden, const int32_t *anchors,
+                                            int32_t n_anchors, float *logits);
 
 /* ---- config helpers (config.c) --------------------------------------------- */
 
 /* A caller's ext (NULL: defaults; checked struct_size) as a full-size copy. */
-dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
-                                 dflash_drafter_config_ext *out);
+DF_MUST_CHECK dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
+                                               dflash_drafter_config_ext *out);
 /* partial_rotary_factor in (0, 1] giving an even rotated width >= 2. */
-dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
-                                     const dflash_drafter_config_ext *ext, const char *what);
+DF_MUST_CHECK dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
+                                                   const dflash_drafter_config_ext *ext,
+                                                   const char *what);
 /* DFlash 2's fields of `ext` (the sizes, or all zero for DFlash 1). */
-dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
-                                  const dflash_drafter_config_ext *ext, const char *what);
+DF_MUST_CHECK dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
+                                                const dflash_drafter_config_ext *ext,
+                                                const char *what);
 /* int(head_dim * partial_rotary_factor). */
 int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext);
 /* YaRN: factor == max_position_embeddings / original_max_position_embeddings. */
-dflash_status df_yarn_check(const dflash_drafter_config *cfg, const char *what);
+DF_MUST_CHECK dflash_status df_yarn_check(const dflash_drafter_config *cfg, const char *what);
 
 #endif

@@ -13,21 +13,21 @@ struct dflash_storage;
 /* A remote safetensors checkpoint: "s3://.../x.safetensors", an index JSON,
  * or a prefix with model.safetensors.index.json / model.safetensors. */
 typedef struct df_rst df_rst;
-dflash_status df_rst_open(const char *url, df_rst **out);
+DF_MUST_CHECK dflash_status df_rst_open(const char *url, df_rst **out);
 void df_rst_free(df_rst *r);
 /* DFLASH_E_NOT_FOUND (no message) when absent. The view's data is NULL. */
-dflash_status df_rst_find(df_rst *r, const char *name, dflash_tensor *t);
+DF_MUST_CHECK dflash_status df_rst_find(df_rst *r, const char *name, dflash_tensor *t);
 /* As df_read_float_tensor, with ranged GETs. */
-dflash_status df_rst_read_floats(df_rst *r, const char *name, int ndim, const int64_t *shape,
-                                 float *out);
+DF_MUST_CHECK dflash_status df_rst_read_floats(df_rst *r, const char *name, int ndim,
+                                               const int64_t *shape, float *out);
 
 /* dflash_trainer_save / _save_state to s3:// (through a staging directory). */
-dflash_status df_remote_save(const dflash_trainer *t, const char *url, int32_t bf16);
-dflash_status df_remote_save_state(const dflash_trainer *t, const char *url, const void *user,
-                                   size_t user_len);
+DF_MUST_CHECK dflash_status df_remote_save(const dflash_trainer *t, const char *url, int32_t bf16);
+DF_MUST_CHECK dflash_status df_remote_save_state(const dflash_trainer *t, const char *url,
+                                                 const void *user, size_t user_len);
 /* Download url (or url/file when `file` is set) into the cache directory;
  * *local (malloc'd) is the local copy. */
-dflash_status df_remote_fetch(const char *url, const char *file, char **local);
+DF_MUST_CHECK dflash_status df_remote_fetch(const char *url, const char *file, char **local);
 
 /* A training run whose output directory is s3://: the run writes into the
  * local mirror `local` (in the cache directory, rebuilt from the bucket;
@@ -38,8 +38,8 @@ typedef struct df_train_remote {
   struct dflash_storage *st;
   char *url, *local;
 } df_train_remote;
-dflash_status df_train_remote_begin(df_train_remote *r, const char *url, bool resume);
-dflash_status df_train_remote_publish(df_train_remote *r, FILE *metrics);
+DF_MUST_CHECK dflash_status df_train_remote_begin(df_train_remote *r, const char *url, bool resume);
+DF_MUST_CHECK dflash_status df_train_remote_publish(df_train_remote *r, FILE *metrics);
 void df_train_remote_end(df_train_remote *r);
 
 #endif

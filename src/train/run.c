@@ -439,9 +439,10 @@ static dflash_status open_data(run *r) {
   return DFLASH_OK;
 }
 
+/* dflash_spool_info cannot fail on an open spool with these pointers. */
 static int64_t spool_width(const run *r) {
-  int32_t K, H;
-  dflash_spool_info(r->spool, &K, &H, NULL);
+  int32_t K = 0, H = 0;
+  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL));
   return (int64_t)K * H;
 }
 
@@ -478,8 +479,8 @@ static dflash_status keep_tids(run *r, size_t i, const dflash_spool_sample *smp)
 
 /* Bytes of a spool sample's codes (padded to 4) and scales, when the rows come as stored. */
 static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales) {
-  int32_t K, H;
-  dflash_spool_info(r->spool, &K, &H, NULL);
+  int32_t K = 0, H = 0;
+  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL)); /* as in spool_width */
   size_t n = (size_t)len * (size_t)K * (size_t)H;
   bool fp8 = r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3;
   *codes = ((fp8 ? n : 2 * n) + 3) & ~(size_t)3;
@@ -571,7 +572,7 @@ static dflash_status open_outputs(run *r) {
   /* The bar and ETA end where this run stops: --max-steps when it comes first. */
   int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
   if (o->progress)
-    dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
+    return dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
   return DFLASH_OK;
 }
 
@@ -659,7 +660,7 @@ static dflash_status train_step(run *r, size_t gb) {
   if (st) return st;
   double W = sums[0];
   int64_t tokens = (int64_t)sums[1];
-  dflash_trainer_zero_grad(r->t);
+  if ((st = dflash_trainer_zero_grad(r->t))) return st;
   double t_start = df_now_seconds(), lsum = 0;
   /* Offline store and spool alike: accumulate_sample does not wait for the device, whose
    * losses (and NaN/Inf checks) are collected once, after the batch. */
@@ -746,7 +747,8 @@ static dflash_status spool_checkpoint(run *r, bool model) {
 }
 
 static void spool_boundary(run *r, bool ended) {
-  dflash_spool_tell(r->spool, &r->bnd_epoch, &r->bnd_shard, &r->bnd_off);
+  /* Cannot fail on an open spool with these pointers. */
+  DF_IGNORE(dflash_spool_tell(r->spool, &r->bnd_epoch, &r->bnd_shard, &r->bnd_off));
   r->bnd_pos = ended ? 0 : r->pos;
 }
 

@@ -91,7 +91,8 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
     dflash_sample_stream_free(s);
     return st;
   }
-  dflash_hidden_info(s->hidden, &s->K, &s->H, &s->dtype, NULL);
+  /* Cannot fail on an open store with these pointers. */
+  DF_IGNORE(dflash_hidden_info(s->hidden, &s->K, &s->H, &s->dtype, NULL));
   s->has_tids = dflash_hidden_has_target_ids(s->hidden);
   s->width = (int64_t)s->K * s->H;
   s->stored = o.stored_rows && df_hidden_has_codes(s->hidden);

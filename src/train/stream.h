@@ -8,8 +8,9 @@
 
 /* Argmax over the V rows of head [V, H] of rmsnorm(x[t]) * norm_w, per token of x [len, H]:
  * the target's greedy tokens from its final hidden states (labels.c). */
-dflash_status df_greedy_tokens(const float *x, int64_t len, int32_t H, const float *norm_w,
-                               float eps, const float *head, int32_t V, int32_t *out);
+DF_MUST_CHECK dflash_status df_greedy_tokens(const float *x, int64_t len, int32_t H,
+                                             const float *norm_w, float eps, const float *head,
+                                             int32_t V, int32_t *out);
 /* The stream computes target ids from vLLM's final layer with these (borrowed; stream.c). */
 void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, float eps,
                                const float *head, int32_t V);

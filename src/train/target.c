@@ -49,8 +49,9 @@ static const char *pick(const tsrc *st, const char *given, const char *const *na
 static dflash_status read_vh(const tsrc *st, const char *path, const char *name, int32_t V,
                              int32_t H, float *out) {
   dflash_tensor t = {.struct_size = sizeof t};
-  if (st->remote) df_rst_find(st->remote, name, &t);
-  else dflash_safetensors_find(st->st, name, &t);
+  dflash_status s = st->remote ? df_rst_find(st->remote, name, &t)
+                               : dflash_safetensors_find(st->st, name, &t);
+  if (s) return df_error_wrap(s, "%s", path);
   if (t.ndim != 2 || t.shape[1] != H)
     return df_error(DFLASH_E_MISMATCH,
                     "%s: %s has hidden size %lld, the drafter config says %d "

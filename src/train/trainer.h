@@ -30,23 +30,23 @@ struct dflash_trainer {
  * in the vocabulary: the target's greedy tokens of `--labels target`. */
 /* The target's final RMSNorm weight [H] (norm_name, NULL: model.norm.weight and variants)
  * from its local checkpoint, and rms_norm_eps from the config.json beside it (target.c). */
-dflash_status df_target_load_final_norm(const char *path, const char *norm_name,
-                                        int32_t hidden_size, float *norm_w, float *eps);
+DF_MUST_CHECK dflash_status df_target_load_final_norm(const char *path, const char *norm_name,
+                                                      int32_t hidden_size, float *norm_w,
+                                                      float *eps);
 /* dflash_trainer_accumulate_sample with CE targets `labels` [len] (NULL: the ids). */
 struct dflash_train_sample;
-dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t,
-                                                  const struct dflash_train_sample *s,
-                                                  const int32_t *labels, const int32_t *anchors,
-                                                  int32_t n_anchors, double grad_scale);
-dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const int32_t *input_ids,
-                                           const int32_t *labels, const uint8_t *loss_mask,
-                                           int64_t len, const float *hidden, const int32_t *anchors,
-                                           int32_t n_anchors, double grad_scale, double *loss_sum,
-                                           double *weight_sum);
-dflash_status df_trainer_create(const dflash_drafter_config *cfg,
-                                const dflash_drafter_config_ext *ext, const float *embed,
-                                const float *lm_head, const dflash_trainer_options *opts,
-                                struct df_comm *comm, dflash_trainer **out);
+DF_MUST_CHECK dflash_status df_trainer_accumulate_sample_labels(
+    dflash_trainer *t, const struct dflash_train_sample *s, const int32_t *labels,
+    const int32_t *anchors, int32_t n_anchors, double grad_scale);
+DF_MUST_CHECK dflash_status df_trainer_accumulate_labels(
+    dflash_trainer *t, const int32_t *input_ids, const int32_t *labels, const uint8_t *loss_mask,
+    int64_t len, const float *hidden, const int32_t *anchors, int32_t n_anchors, double grad_scale,
+    double *loss_sum, double *weight_sum);
+DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg,
+                                              const dflash_drafter_config_ext *ext,
+                                              const float *embed, const float *lm_head,
+                                              const dflash_trainer_options *opts,
+                                              struct df_comm *comm, dflash_trainer **out);
 
 int64_t df_warmup_steps(const dflash_trainer_options *o);
 
@@ -54,9 +54,10 @@ int64_t df_warmup_steps(const dflash_trainer_options *o);
 
 struct dflash_safetensors;
 /* Read tensor `name` (F32, BF16 or F16) of exactly `shape` into floats. */
-dflash_status df_read_float_tensor(const struct dflash_safetensors *st, const char *name, int ndim,
-                                   const int64_t *shape, float *out);
+DF_MUST_CHECK dflash_status df_read_float_tensor(const struct dflash_safetensors *st,
+                                                 const char *name, int ndim, const int64_t *shape,
+                                                 float *out);
 struct dflash_tensor;
 /* The same for a tensor view already found (its data in memory). */
-dflash_status df_tensor_floats(const struct dflash_tensor *t, const char *name, int ndim,
-                               const int64_t *shape, float *out);
+DF_MUST_CHECK dflash_status df_tensor_floats(const struct dflash_tensor *t, const char *name,
+                                             int ndim, const int64_t *shape, float *out);

@@ -69,7 +69,10 @@ static int copy_tree(dflash_storage *st, const char *src, const char *dst) {
   int rc = 0;
   for (size_t i = 0; i < n && !rc; i++) {
     const char *loc;
-    dflash_storage_listing_get(l, i, &loc, NULL);
+    if ((s = dflash_storage_listing_get(l, i, &loc, NULL))) {
+      rc = cli_fail("cp", s);
+      break;
+    }
     char *target = malloc(strlen(dst) + strlen(loc) + 1);
     if (!target) {
       rc = cli_fail("cp", DFLASH_E_NOMEM);

@@ -242,7 +242,7 @@ static int parse_family(const char *s, void *dst) {
 
 /* 0 parsed, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, cli_args *a) {
-  dflash_fetch_options_default(&a->o);
+  if (dflash_fetch_options_default(&a->o)) return 2;
   a->g = (dflash_fetch_guards){.struct_size = sizeof a->g};
   a->log_interval = 10;
   a->down_timeout = 600;
@@ -318,7 +318,7 @@ static int parse_args(int argc, char **argv, cli_args *a) {
 /* The summary JSON, malloc'd (NULL on failure); the size query logs nothing. */
 static char *summary_text(const dflash_fetch *f) {
   size_t len = 0;
-  dflash_fetch_summary(f, NULL, 0, &len);
+  if (dflash_fetch_summary(f, NULL, 0, &len) != DFLASH_E_BUFFER) return NULL;
   char *buf = len ? malloc(len) : NULL;
   if (buf && dflash_fetch_summary(f, buf, len, &len) != DFLASH_OK) {
     free(buf);
@@ -381,7 +381,11 @@ static int run(cli_args *a) {
     return rc;
   }
   dflash_fetch_stats s = {.struct_size = sizeof s};
-  dflash_fetch_get_stats(f, &s);
+  if ((st = dflash_fetch_get_stats(f, &s))) {
+    int rc = cli_fail("fetch", st);
+    dflash_fetch_free(f);
+    return rc;
+  }
   cli_state c = {.total = s.total, .log_interval = a->log_interval};
   c.cap = 4096 + 512 * dflash_fetch_server_count(f); /* the summary the progress note reads */
   c.summary = malloc(c.cap);

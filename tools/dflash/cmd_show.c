@@ -186,7 +186,10 @@ int cli_hidden_summary(const char *dir) {
   if (st) return cli_fail("inspect", st);
   int32_t K, H, dtype;
   size_t n;
-  dflash_hidden_info(h, &K, &H, &dtype, &n);
+  if ((st = dflash_hidden_info(h, &K, &H, &dtype, &n))) {
+    dflash_hidden_free(h);
+    return cli_fail("inspect", st);
+  }
   double *rms = calloc((size_t)K, sizeof *rms);
   uint64_t *zero = calloc((size_t)K, sizeof *zero), rows = 0;
   st = rms && zero ? dflash_hidden_stats(h, rms, zero, &rows) : DFLASH_E_NOMEM;

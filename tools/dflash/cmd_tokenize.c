@@ -75,7 +75,8 @@ static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, i
 /* The progress line, drawn from the first report on (the outputs exist then). */
 static int on_progress(const dflash_dataset_build_stats *s, void *user) {
   dflash_progress **p = user;
-  if (!*p) dflash_progress_create(stderr, "tokenize", "lines", 0, 0, p);
+  /* Out of memory for the bar: go on without it (*p stays NULL, update takes NULL). */
+  if (!*p && dflash_progress_create(stderr, "tokenize", "lines", 0, 0, p)) *p = NULL;
   dflash_progress_update(*p, s->lines, NULL);
   return 0;
 }
