@@ -17,6 +17,7 @@
 
 extern "C" {
 #include "train/dist.h"
+#include "train/tensors.h"
 }
 
 namespace {
@@ -24,9 +25,21 @@ namespace {
 constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
 constexpr size_t kPending = DF_CU_PENDING; // deferred sequences on the device between drains
 
-// Parameter tensors in model.c's table order.
-enum { P_FC, P_HIDDEN_NORM, P_LAYER0 };
-enum { W_IN_LN, W_Q, W_K, W_V, W_O, W_QN, W_KN, W_POST_LN, W_G, W_U, W_D, W_PER_LAYER };
+// Parameter tensors: the table of train/tensors.h, from which model.c builds the buffer.
+enum { P_FC = DF_TH_FC, P_HIDDEN_NORM = DF_TH_HIDDEN_NORM };
+enum {
+  W_IN_LN = DF_TL_IN_LN,
+  W_Q = DF_TL_Q,
+  W_K = DF_TL_K,
+  W_V = DF_TL_V,
+  W_O = DF_TL_O,
+  W_QN = DF_TL_QN,
+  W_KN = DF_TL_KN,
+  W_POST_LN = DF_TL_POST_LN,
+  W_G = DF_TL_G,
+  W_U = DF_TL_U,
+  W_D = DF_TL_D
+};
 
 } // namespace
 
@@ -187,15 +200,16 @@ dflash_status use_device(const df_cu_model *m) {
 
 bf16 *w_of(df_cu_model *m, size_t i) { return m->w16 + m->offsets[i]; }
 float *g_of(df_cu_model *m, size_t i) { return m->grads + m->offsets[i]; }
-size_t lw(int l, int k) { return P_LAYER0 + (size_t)l * W_PER_LAYER + k; }
-// norm.weight, DFlash 1's last tensor; DFlash 2's follow it (model.c's table): per layer
+size_t lw(int l, int k) { return df_tensor_layer(l, k); }
+// norm.weight, DFlash 1's last tensor; DFlash 2's follow it (train/tensors.h): per layer
 // attention_conv's base_kernel and kernel_projection, then mlp_conv's; then the selector's
 // predecessor and successor codebooks and hidden_projection.
-size_t norm_index(const df_cu_model *m) { return lw(m->c.L, 0); }
+size_t norm_index(const df_cu_model *m) { return df_tensor_tail(m->c.L, DF_TT_NORM); }
 size_t conv_w(const df_cu_model *m, int l, int which, int proj) {
-  return norm_index(m) + 1 + 4 * (size_t)l + 2 * which + proj;
+  return df_tensor_conv(m->c.L, l, which ? DF_CONV_MLP : DF_CONV_ATT,
+                        proj ? DF_TC_PROJ : DF_TC_BASE);
 }
-size_t sel_w(const df_cu_model *m, int k) { return norm_index(m) + 1 + 4 * (size_t)m->c.L + k; }
+size_t sel_w(const df_cu_model *m, int k) { return df_tensor_sel(m->c.L, k); }
 
 // Row-major C[M,N] = op(A) op(B) (+ beta C); A, B bf16; C bf16 or fp32.
 dflash_status gemm(df_cu_model *m, bool ta, bool tb, int M, int N, int K, const bf16 *A, int lda,

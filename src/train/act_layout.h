@@ -16,68 +16,78 @@ extern "C" {
 #define DF_ACT_ALIGN 256 /* bytes; every tensor starts aligned */
 #define DF_ACT_MAX_LAYERS 64
 
+/*
+ * Each activation once: X(id, bytes), the bytes an expression over T (block rows), Sc
+ * (context rows), R (supervised rows), A (anchors), H, KH, QD, KD, NH, NKV, I and CHUNK
+ * (df_act_layout_compute defines them from df_act_dims). The enums below and the sizes in
+ * plan.c come from these lists, so the arena the GPU carves and `dflash train --plan` agree.
+ */
 /* Tensors used once per call. */
-enum df_act_id {
-  DF_ACT_HIDDEN,   /* bf16 [Sc, KH] target features */
-  DF_ACT_CTX_PRE,  /* bf16 [Sc, H] */
-  DF_ACT_CTX_RSTD, /* f32 [Sc] */
-  DF_ACT_CTX,      /* bf16 [Sc, H] */
-  DF_ACT_H_OUT,    /* bf16 [T, H] */
-  DF_ACT_RSTD_F,   /* f32 [T] */
-  DF_ACT_HF,       /* bf16 [T, H] */
-  DF_ACT_DH,       /* bf16 [T, H] */
-  DF_ACT_DX,       /* f32 [T, H] */
-  DF_ACT_DQ,       /* bf16 [T, qd] */
-  DF_ACT_DKB,      /* bf16 [T, kd] */
-  DF_ACT_DVB,      /* bf16 [T, kd] */
-  DF_ACT_DATT,     /* bf16 [T, qd] */
-  DF_ACT_DG,       /* bf16 [T, I] */
-  DF_ACT_DU,       /* bf16 [T, I] */
-  DF_ACT_DM,       /* bf16 [T, I] */
-  DF_ACT_DTMP,     /* bf16 [T, max(qd, kd)] */
-  DF_ACT_D,        /* f32 [T, nh] attention row term */
-  DF_ACT_DKC,      /* bf16 [Sc, kd] */
-  DF_ACT_DVC,      /* bf16 [Sc, kd] */
-  DF_ACT_DCTX,     /* f32 [Sc, H] */
-  DF_ACT_DCTX_TMP, /* bf16 [Sc, max(kd, H)] */
-  DF_ACT_ROWS_X,   /* bf16 [R, H] */
-  DF_ACT_ROWS_DX,  /* bf16 [R, H] */
-  DF_ACT_CE_ACC,   /* f32 [R, H] */
-  DF_ACT_LOGITS,   /* f32 [R, chunk] */
-  DF_ACT_PROBS,    /* bf16 [R, chunk] */
-  DF_ACT_ROW_F32,  /* f32 [5, R]: max, sum, target logit, coef, loss */
-  DF_ACT_ROW_I32,  /* i32 [2, R]: row -> block row, target id */
-  DF_ACT_TOK,      /* i32 [2, T]: block tokens, block positions */
-  DF_ACT_ANCHORS,  /* i32 [A] */
-  DF_ACT_COUNT
-};
+#define DF_ACTS(X)                                                                          \
+  X(HIDDEN, 2 * Sc * KH)               /* bf16 [Sc, KH] target features */                  \
+  X(CTX_PRE, 2 * Sc * H)               /* bf16 [Sc, H] */                                   \
+  X(CTX_RSTD, 4 * Sc)                  /* f32 [Sc] */                                       \
+  X(CTX, 2 * Sc * H)                   /* bf16 [Sc, H] */                                   \
+  X(H_OUT, 2 * T * H)                  /* bf16 [T, H] */                                    \
+  X(RSTD_F, 4 * T)                     /* f32 [T] */                                        \
+  X(HF, 2 * T * H)                     /* bf16 [T, H] */                                    \
+  X(DH, 2 * T * H)                     /* bf16 [T, H] */                                    \
+  X(DX, 4 * T * H)                     /* f32 [T, H] */                                     \
+  X(DQ, 2 * T * QD)                    /* bf16 [T, qd] */                                   \
+  X(DKB, 2 * T * KD)                   /* bf16 [T, kd] */                                   \
+  X(DVB, 2 * T * KD)                   /* bf16 [T, kd] */                                   \
+  X(DATT, 2 * T * QD)                  /* bf16 [T, qd] */                                   \
+  X(DG, 2 * T * I)                     /* bf16 [T, I] */                                    \
+  X(DU, 2 * T * I)                     /* bf16 [T, I] */                                    \
+  X(DM, 2 * T * I)                     /* bf16 [T, I] */                                    \
+  X(DTMP, 2 * T * DF_MAX_(QD, KD))     /* bf16 [T, max(qd, kd)] */                          \
+  X(D, 4 * T * NH)                     /* f32 [T, nh] attention row term */                 \
+  X(DKC, 2 * Sc * KD)                  /* bf16 [Sc, kd] */                                  \
+  X(DVC, 2 * Sc * KD)                  /* bf16 [Sc, kd] */                                  \
+  X(DCTX, 4 * Sc * H)                  /* f32 [Sc, H] */                                    \
+  X(DCTX_TMP, 2 * Sc * DF_MAX_(KD, H)) /* bf16 [Sc, max(kd, H)] */                          \
+  X(ROWS_X, 2 * R * H)                 /* bf16 [R, H] */                                    \
+  X(ROWS_DX, 2 * R * H)                /* bf16 [R, H] */                                    \
+  X(CE_ACC, 4 * R * H)                 /* f32 [R, H] */                                     \
+  X(LOGITS, 4 * R * CHUNK)             /* f32 [R, chunk] */                                 \
+  X(PROBS, 2 * R * CHUNK)              /* bf16 [R, chunk] */                                \
+  X(ROW_F32, 4 * 5 * R)                /* f32 [5, R]: max, sum, target logit, coef, loss */ \
+  X(ROW_I32, 4 * 2 * R)                /* i32 [2, R]: row -> block row, target id */        \
+  X(TOK, 4 * 2 * T)                    /* i32 [2, T]: block tokens, block positions */      \
+  X(ANCHORS, 4 * A)                    /* i32 [A] */
 
 /* Tensors kept per layer for the backward pass. */
-enum df_lact_id {
-  DF_LACT_H_IN,
-  DF_LACT_RSTD1,
-  DF_LACT_XN1, /* bf16 [T,H], f32 [T], bf16 [T,H] */
-  DF_LACT_Q_PRE,
-  DF_LACT_Q_RSTD,
-  DF_LACT_Q, /* bf16 [T,qd], f32 [T,nh], bf16 */
-  DF_LACT_KB_PRE,
-  DF_LACT_KB_RSTD,
-  DF_LACT_KB,
-  DF_LACT_VB, /* [T,kd], f32 [T,nkv] */
-  DF_LACT_KC_PRE,
-  DF_LACT_KC_RSTD,
-  DF_LACT_KC,
-  DF_LACT_VC, /* [Sc,kd], f32 [Sc,nkv] */
-  DF_LACT_ATT,
-  DF_LACT_LSE, /* bf16 [T,qd], f32 [T,nh] */
-  DF_LACT_H_MID,
-  DF_LACT_RSTD2,
-  DF_LACT_XN2, /* bf16 [T,H], f32 [T], bf16 [T,H] */
-  DF_LACT_G,
-  DF_LACT_U,
-  DF_LACT_M, /* bf16 [T,I] */
-  DF_LACT_COUNT
-};
+#define DF_LACTS(X)                            \
+  X(H_IN, 2 * T * H)       /* bf16 [T, H] */   \
+  X(RSTD1, 4 * T)          /* f32 [T] */       \
+  X(XN1, 2 * T * H)        /* bf16 [T, H] */   \
+  X(Q_PRE, 2 * T * QD)     /* bf16 [T, qd] */  \
+  X(Q_RSTD, 4 * T * NH)    /* f32 [T, nh] */   \
+  X(Q, 2 * T * QD)         /* bf16 [T, qd] */  \
+  X(KB_PRE, 2 * T * KD)    /* bf16 [T, kd] */  \
+  X(KB_RSTD, 4 * T * NKV)  /* f32 [T, nkv] */  \
+  X(KB, 2 * T * KD)        /* bf16 [T, kd] */  \
+  X(VB, 2 * T * KD)        /* bf16 [T, kd] */  \
+  X(KC_PRE, 2 * Sc * KD)   /* bf16 [Sc, kd] */ \
+  X(KC_RSTD, 4 * Sc * NKV) /* f32 [Sc, nkv] */ \
+  X(KC, 2 * Sc * KD)       /* bf16 [Sc, kd] */ \
+  X(VC, 2 * Sc * KD)       /* bf16 [Sc, kd] */ \
+  X(ATT, 2 * T * QD)       /* bf16 [T, qd] */  \
+  X(LSE, 4 * T * NH)       /* f32 [T, nh] */   \
+  X(H_MID, 2 * T * H)      /* bf16 [T, H] */   \
+  X(RSTD2, 4 * T)          /* f32 [T] */       \
+  X(XN2, 2 * T * H)        /* bf16 [T, H] */   \
+  X(G, 2 * T * I)          /* bf16 [T, I] */   \
+  X(U, 2 * T * I)          /* bf16 [T, I] */   \
+  X(M, 2 * T * I)          /* bf16 [T, I] */
+
+#define DF_MAX_(a, b) ((a) > (b) ? (a) : (b))
+#define DF_ACT_ENUM_(id, bytes) DF_ACT_##id,
+#define DF_LACT_ENUM_(id, bytes) DF_LACT_##id,
+enum df_act_id { DF_ACTS(DF_ACT_ENUM_) DF_ACT_COUNT };
+enum df_lact_id { DF_LACTS(DF_LACT_ENUM_) DF_LACT_COUNT };
+#undef DF_ACT_ENUM_
+#undef DF_LACT_ENUM_
 
 typedef struct df_act_dims {
   int64_t H, KH, nh, nkv, d, I, L;

@@ -48,16 +48,12 @@ static dflash_status grow(void **p, size_t *cap, size_t bytes) {
   return DFLASH_OK;
 }
 
-/* Block tokens, supervised rows and weights: what model.c's prepare()
- * computes, as arrays for the device; the context rows as given (fp32, or the
- * stored bf16 / fp8 codes), for the device to convert. */
+/* Block tokens, supervised rows and weights (df_model_rows, as the CPU backend's), as
+ * arrays for the device; the context rows as given (fp32, or the stored bf16 / fp8 codes),
+ * for the device to convert. */
 static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale, df_cu_batch *b) {
   df_model *m = &c->t->m;
-  int A = s->n_anchors, Sc = 0, max_pos = (int)s->len, R = 0;
-  for (int n = 0; n < A; n++) {
-    Sc = s->anchors[n] > Sc ? s->anchors[n] : Sc;
-    max_pos = s->anchors[n] + m->B > max_pos ? s->anchors[n] + m->B : max_pos;
-  }
+  int A = s->n_anchors, Sc = 0, max_pos = 0;
   int T = A * m->B, cap_r = A * (m->B - 1);
   dflash_status st = grow((void **)&c->i32, &c->i32_cap, sizeof(int32_t) * ((size_t)T + 3 * cap_r));
   if (!st) st = grow((void **)&c->f32, &c->f32_cap, sizeof(float) * 2 * (size_t)cap_r);
@@ -65,22 +61,8 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
   int32_t *tok = c->i32, *rows_t = tok + T, *rows_target = rows_t + cap_r;
   int32_t *rows_prev = rows_target + cap_r; /* DFlash 2's selector: the true token before */
   float *coef = c->f32;
-  for (int n = 0; n < A; n++)
-    for (int j = 0; j < m->B; j++) {
-      int t = n * m->B + j, p = s->anchors[n] + j;
-      tok[t] = j == 0 ? s->ids[s->anchors[n]] : m->cfg.mask_token_id;
-      if (j == 0) continue;
-      if (s->loss_mask && !(p < s->len && s->loss_mask[p] && df_position_weight(m, j) > 0))
-        continue;
-      rows_t[R] = t;
-      rows_target[R] = !s->loss_mask ? 0 : s->labels ? s->labels[p] : s->ids[p];
-      /* the predecessor as model.c's row_prev: the anchor token, else the previous label */
-      rows_prev[R] = p - 1 >= s->len      ? 0 /* predict: past the end */
-                     : s->labels && j > 1 ? s->labels[p - 1]
-                                          : s->ids[p - 1];
-      coef[R] = (float)(df_position_weight(m, j) * grad_scale);
-      R++;
-    }
+  int R = df_model_rows(m, s->ids, s->labels, s->loss_mask, s->len, s->anchors, A, grad_scale, &Sc,
+                        &max_pos, tok, rows_t, rows_target, rows_prev, coef);
   bool stored = s->hidden_codes != NULL;
   *b = (df_cu_batch){.T = T,
                      .Sc = Sc,

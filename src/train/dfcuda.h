@@ -50,7 +50,7 @@ typedef struct df_cu_config {
   /* RoPE rotates the first rot dims of each head (partial_rotary_factor); 0 means d. */
   int rot;
   size_t n_params;
-  const size_t *offsets; /* [n_tensors], model.c's table order */
+  const size_t *offsets; /* [n_tensors], train/tensors.h's order */
   size_t n_tensors;
   int device;
   /* Data-parallel rank and world (0 means 1) this model is created for: the

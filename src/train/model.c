@@ -44,87 +44,88 @@ static dflash_status add_tensor_init(df_model *m, size_t *cap, const char *name,
   return DFLASH_OK;
 }
 
-/* DFlash 2's tensors, after all of DFlash 1's (whose offsets, and so the
- * DFlash 1 path, stay as they were). Initialised so that the drafter
- * computes exactly DFlash 1: the convolutions pass their input through (tap
- * 0 of the base kernel 1, dynamic kernels 0) and the selector adds nothing
- * to the logits (hidden projection 0; the codebooks random, so the
- * projection's gradient is not zero). */
-static dflash_status add_dflash2_tensors(df_model *m, size_t *cap) {
-  char name[96];
-  int64_t H = m->H, k = m->conv_k, proj = 2 * (int64_t)m->conv_k * m->conv_groups;
-  dflash_status st;
-  for (int l = 0; l < m->L; l++)
-    for (int c = 0; c < 2; c++) {
-      const char *which = c ? "mlp_conv" : "attention_conv";
-      snprintf(name, sizeof name, "layers.%d.%s.base_kernel", l, which);
-      if ((st = add_tensor_init(m, cap, name, 2, k, H, DF_INIT_CONV_IDENTITY))) return st;
-      snprintf(name, sizeof name, "layers.%d.%s.kernel_projection.weight", l, which);
-      if ((st = add_tensor_init(m, cap, name, proj, H, 0, DF_INIT_ZERO))) return st;
-    }
-  /* z-lab stores the codebooks without ".weight" (its from_pretrained maps them). */
-  if ((st = add_tensor_init(m, cap, "candidate_selector.predecessor_codebook", m->V, m->sel_rank, 0,
-                            DF_INIT_NORMAL)) ||
-      (st = add_tensor_init(m, cap, "candidate_selector.successor_codebook", m->V, m->sel_rank, 0,
-                            DF_INIT_NORMAL)))
-    return st;
-  return add_tensor_init(m, cap, "candidate_selector.hidden_projection.weight", m->sel_rank, H, 0,
-                         DF_INIT_ZERO);
+df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg,
+                                 const dflash_drafter_config_ext *ext) {
+  int dflash2 = ext && ext->dflash2;
+  int64_t H = cfg->hidden_size, g = dflash2 ? ext->conv_group_size : 0;
+  return (df_tensor_dims){
+      .H = H,
+      .KH = (int64_t)cfg->n_target_layer_ids * H,
+      .QD = (int64_t)cfg->num_attention_heads * cfg->head_dim,
+      .KD = (int64_t)cfg->num_key_value_heads * cfg->head_dim,
+      .HD = cfg->head_dim,
+      .I = cfg->intermediate_size,
+      .V = cfg->vocab_size,
+      .L = cfg->num_hidden_layers,
+      .CK = dflash2 ? ext->conv_kernel_size : 0,
+      .CP = dflash2 && g > 0 ? 2 * (int64_t)ext->conv_kernel_size * (H / g) : 0,
+      .SR = dflash2 ? ext->selector_rank : 0,
+      .dflash2 = dflash2,
+  };
 }
 
-/* The checkpoint's tensors in buffer order; `cols` 0 marks a vector. */
+/* One row of tensors.h's lists, named `prefix` + `name`. */
+#define ADD_(id, field, name, d0, d1, d2, init)                      \
+  if (!st) {                                                         \
+    snprintf(full, sizeof full, "%s%s", prefix, name);               \
+    st = add_tensor_init(m, &cap, full, d0, d1, d2, DF_INIT_##init); \
+  }
+
+/* The checkpoint's tensors in buffer order (tensors.h): DFlash 2's after all of DFlash 1's,
+ * whose offsets, and so the DFlash 1 path, do not depend on them. */
 static dflash_status build_tensor_table(df_model *m) {
   size_t cap = 0;
-  char name[96];
-  int H = m->H, qd = m->nh * m->d, kd = m->nkv * m->d;
-  dflash_status st;
-  if ((st = add_tensor(m, &cap, "fc.weight", H, m->KH)) ||
-      (st = add_tensor(m, &cap, "hidden_norm.weight", H, 0)))
-    return st;
+  char full[96], prefix[64] = "";
+  df_tensor_dims z = df_tensor_dims_of(&m->cfg, &m->ext);
+  dflash_status st = DFLASH_OK;
+  DF_TENSORS_HEAD(ADD_)
   for (int l = 0; l < m->L; l++) {
-    struct {
-      const char *suffix;
-      int64_t rows, cols;
-    } parts[] = {
-        {"input_layernorm.weight", H, 0},     {"self_attn.q_proj.weight", qd, H},
-        {"self_attn.k_proj.weight", kd, H},   {"self_attn.v_proj.weight", kd, H},
-        {"self_attn.o_proj.weight", H, qd},   {"self_attn.q_norm.weight", m->d, 0},
-        {"self_attn.k_norm.weight", m->d, 0}, {"post_attention_layernorm.weight", H, 0},
-        {"mlp.gate_proj.weight", m->I, H},    {"mlp.up_proj.weight", m->I, H},
-        {"mlp.down_proj.weight", H, m->I},
-    };
-    for (size_t i = 0; i < DF_ARRAY_LEN(parts); i++) {
-      snprintf(name, sizeof name, "layers.%d.%s", l, parts[i].suffix);
-      if ((st = add_tensor(m, &cap, name, parts[i].rows, parts[i].cols))) return st;
-    }
+    snprintf(prefix, sizeof prefix, "layers.%d.", l);
+    DF_TENSORS_LAYER(ADD_)
   }
-  if ((st = add_tensor(m, &cap, "norm.weight", H, 0))) return st;
-  return m->dflash2 ? add_dflash2_tensors(m, &cap) : DFLASH_OK;
+  prefix[0] = 0;
+  DF_TENSORS_TAIL(ADD_)
+  if (!m->dflash2) return st;
+  for (int l = 0; l < m->L; l++) {
+#define CONV_(id, field, name)                               \
+  snprintf(prefix, sizeof prefix, "layers.%d.%s.", l, name); \
+  DF_TENSORS_CONV(ADD_)
+    DF_CONVS(CONV_)
+#undef CONV_
+  }
+  prefix[0] = 0;
+  DF_TENSORS_SELECTOR(ADD_)
+  return st;
 }
+#undef ADD_
 
-/* Point the per-tensor views of `w` into `base` (params or grads). */
+/* Point the per-tensor views of `w` into `base` (params or grads), in the table's order. */
 static void bind_views(const df_model *m, float *base, df_weights *w) {
   size_t i = 0;
-  w->fc = base + m->tensors[i++].offset;
-  w->hidden_norm = base + m->tensors[i++].offset;
+#define BIND_(id, field, ...) w->field = base + m->tensors[i++].offset;
+  DF_TENSORS_HEAD(BIND_)
   for (int l = 0; l < m->L; l++) {
     df_layer_w *lw = &w->layer[l];
-    float **slots[] = {&lw->in_ln,  &lw->wq,      &lw->wk, &lw->wv, &lw->wo, &lw->q_norm,
-                       &lw->k_norm, &lw->post_ln, &lw->wg, &lw->wu, &lw->wd};
-    for (size_t k = 0; k < DF_ARRAY_LEN(slots); k++) *slots[k] = base + m->tensors[i++].offset;
+#define LAYER_BIND_(id, field, ...) lw->field = base + m->tensors[i++].offset;
+    DF_TENSORS_LAYER(LAYER_BIND_)
   }
-  w->norm = base + m->tensors[i++].offset;
+  DF_TENSORS_TAIL(BIND_)
   if (!m->dflash2) return;
   for (int l = 0; l < m->L; l++) {
     df_layer_w *lw = &w->layer[l];
-    lw->att_conv.base = base + m->tensors[i++].offset;
-    lw->att_conv.proj = base + m->tensors[i++].offset;
-    lw->mlp_conv.base = base + m->tensors[i++].offset;
-    lw->mlp_conv.proj = base + m->tensors[i++].offset;
+#define CONV_BIND_(id, field, ...) cw->field = base + m->tensors[i++].offset;
+#define CONV_(id, field, name)  \
+  {                             \
+    df_conv_w *cw = &lw->field; \
+    DF_TENSORS_CONV(CONV_BIND_) \
   }
-  w->sel_pred = base + m->tensors[i++].offset;
-  w->sel_succ = base + m->tensors[i++].offset;
-  w->sel_hproj = base + m->tensors[i].offset;
+    DF_CONVS(CONV_)
+#undef CONV_
+#undef CONV_BIND_
+#undef LAYER_BIND_
+  }
+  DF_TENSORS_SELECTOR(BIND_)
+#undef BIND_
 }
 
 dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
@@ -351,37 +352,58 @@ double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t 
   return s;
 }
 
-/* Sizes, positions, block tokens and supervised rows of one call. */
+int df_model_rows(const df_model *m, const int32_t *ids, const int32_t *labels,
+                  const uint8_t *loss_mask, int64_t len, const int32_t *anchors, int32_t n_anchors,
+                  double grad_scale, int *Sc, int *max_pos, int32_t *block_tok, int32_t *rows_t,
+                  int32_t *rows_target, int32_t *rows_prev, float *coef) {
+  int sc = 0, mp = (int)len, R = 0;
+  for (int32_t n = 0; n < n_anchors; n++) {
+    sc = anchors[n] > sc ? anchors[n] : sc;
+    mp = anchors[n] + m->B > mp ? anchors[n] + m->B : mp;
+    for (int j = 0; j < m->B; j++) {
+      int t = n * m->B + j, p = anchors[n] + j;
+      if (block_tok) block_tok[t] = j == 0 ? ids[anchors[n]] : m->cfg.mask_token_id;
+      if (j == 0) continue;
+      if (loss_mask && !(p < len && loss_mask[p] && df_position_weight(m, j) > 0)) continue;
+      if (rows_t) rows_t[R] = t;
+      /* --labels target: the target's greedy token */
+      if (rows_target) rows_target[R] = !loss_mask ? 0 : labels ? labels[p] : ids[p];
+      if (rows_prev)
+        rows_prev[R] = p - 1 >= len      ? 0 /* predict: past the end */
+                       : labels && j > 1 ? labels[p - 1]
+                                         : ids[p - 1];
+      if (coef) coef[R] = (float)(df_position_weight(m, j) * grad_scale);
+      R++;
+    }
+  }
+  if (Sc) *Sc = sc;
+  if (max_pos) *max_pos = mp;
+  return R;
+}
+
+/* Sizes, positions, block tokens and supervised rows of one call (df_model_rows). */
 static dflash_status prepare(df_model *m, const int32_t *ids, const int32_t *labels,
                              const uint8_t *loss_mask, int64_t len, const int32_t *anchors,
                              int32_t n_anchors) {
-  int Sc = 0, R = 0, max_pos = (int)len;
-  for (int32_t n = 0; n < n_anchors; n++) {
-    Sc = anchors[n] > Sc ? anchors[n] : Sc;
-    max_pos = anchors[n] + m->B > max_pos ? anchors[n] + m->B : max_pos;
-    for (int k = 1; loss_mask && k < m->B; k++)
-      R += anchors[n] + k < len && loss_mask[anchors[n] + k] && df_position_weight(m, k) > 0;
-  }
-  if (!loss_mask) R = n_anchors * (m->B - 1); /* prediction: every drafted position */
+  int Sc = 0, max_pos = 0;
+  int R = df_model_rows(m, ids, labels, loss_mask, len, anchors, n_anchors, 0, &Sc, &max_pos, NULL,
+                        NULL, NULL, NULL, NULL);
   dflash_status st = reserve(m, n_anchors * m->B, Sc, R);
   if (!st) st = rope_tables(m, max_pos);
   if (st) return st;
   df_acts *a = &m->a;
   for (int s = 0; s < Sc; s++) a->pos_ctx[s] = s;
-  int r = 0;
   for (int32_t n = 0; n < n_anchors; n++)
     for (int j = 0; j < m->B; j++) {
-      int t = n * m->B + j, p = anchors[n] + j;
-      a->pos_block[t] = p;
+      int t = n * m->B + j;
+      a->pos_block[t] = anchors[n] + j;
       int tok = j == 0 ? ids[anchors[n]] : m->cfg.mask_token_id;
       memcpy(a->layer[0].h_in + (size_t)t * m->H, m->embed + (size_t)tok * m->H,
              sizeof(float) * m->H);
-      if (loss_mask && j > 0 && p < len && loss_mask[p] && df_position_weight(m, j) > 0) {
-        a->rows_t[r] = t;
-        a->rows_target[r] = labels ? labels[p] : ids[p]; /* --labels target: the target's */
-        r++;
-      }
     }
+  if (loss_mask)
+    df_model_rows(m, ids, labels, loss_mask, len, anchors, n_anchors, 0, NULL, NULL, NULL,
+                  a->rows_t, a->rows_target, NULL, NULL);
   return DFLASH_OK;
 }
 

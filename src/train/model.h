@@ -10,24 +10,32 @@
 #include <dflash/train.h>
 
 #include "ops.h"
+#include "tensors.h"
+
+/* Parameter views (into params or grads), one float* per row of tensors.h's lists. */
+#define DF_TENSOR_FIELD_(id, field, ...) float *field;
+#define DF_CONV_FIELD_(id, field, name) df_conv_w field;
 
 /* DFlash 2: one grouped dynamic causal convolution, base_kernel [2, k, H]
  * and kernel_projection.weight [2 k H / g, H]. */
 typedef struct df_conv_w {
-  float *base, *proj;
+  DF_TENSORS_CONV(DF_TENSOR_FIELD_)
 } df_conv_w;
 
-/* Per-layer parameter views (into params or grads). */
+/* Per layer: in_ln, wq, wk, wv, wo, q_norm, k_norm, post_ln, wg, wu, wd; att_conv and
+ * mlp_conv for DFlash 2 only. */
 typedef struct df_layer_w {
-  float *in_ln, *wq, *wk, *wv, *wo, *q_norm, *k_norm, *post_ln, *wg, *wu, *wd;
-  df_conv_w att_conv, mlp_conv; /* DFlash 2 only */
+  DF_TENSORS_LAYER(DF_TENSOR_FIELD_)
+  DF_CONVS(DF_CONV_FIELD_)
 } df_layer_w;
 
+/* fc, hidden_norm, norm; DFlash 2's candidate selector sel_pred, sel_succ (codebooks
+ * [V, r]) and sel_hproj (hidden_projection [r, H]). */
 typedef struct df_weights {
-  float *fc, *hidden_norm, *norm;
+  DF_TENSORS_HEAD(DF_TENSOR_FIELD_)
+  DF_TENSORS_TAIL(DF_TENSOR_FIELD_)
   df_layer_w layer[DFLASH_DRAFTER_MAX_LAYERS];
-  /* DFlash 2's candidate selector: codebooks [V, r], hidden_projection [r, H] */
-  float *sel_pred, *sel_succ, *sel_hproj;
+  DF_TENSORS_SELECTOR(DF_TENSOR_FIELD_)
 } df_weights;
 
 /* How a fresh trainer fills a tensor (trainer.c). */
@@ -45,6 +53,10 @@ typedef struct df_tensor_info {
   int ndim;
   df_init_kind init;
 } df_tensor_info;
+
+/* The sizes tensors.h's shapes are made of, for a config (ext NULL: DFlash 1). */
+df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg,
+                                 const dflash_drafter_config_ext *ext);
 
 /* Activations of one layer (pointers into the arena). */
 typedef struct df_layer_acts {
@@ -145,6 +157,21 @@ DF_MUST_CHECK dflash_status df_model_check_inputs(const df_model *m, const int32
                                                   int64_t len, const float *hidden,
                                                   const int32_t *anchors, int32_t n);
 /* Sum of position weights for these anchors. */
+/*
+ * The rows of one sequence, for both backends (model.c's prepare, backend_cuda.c's): block n
+ * is anchors[n] followed by B-1 mask tokens, T = n_anchors * B block rows; the context is
+ * positions 0 .. max(anchors) - 1 (*Sc) and RoPE needs positions up to *max_pos. A drafted
+ * row (j >= 1 in its block) is supervised when loss_mask is set there, inside the sequence,
+ * and weighted above 0; with loss_mask NULL (prediction) every drafted row is. Returns their
+ * count R and fills, each array NULL or of room for n_anchors * (B - 1): rows_t (block row),
+ * rows_target (the label: labels[p], else ids[p]; 0 when predicting), rows_prev (DFlash 2's
+ * predecessor: the anchor token for j = 1, else the previous label; 0 past the end) and
+ * coef (weight * grad_scale); block_tok [T] (the anchor token or the mask token) NULL or set.
+ */
+int df_model_rows(const df_model *m, const int32_t *ids, const int32_t *labels,
+                  const uint8_t *loss_mask, int64_t len, const int32_t *anchors, int32_t n_anchors,
+                  double grad_scale, int *Sc, int *max_pos, int32_t *block_tok, int32_t *rows_t,
+                  int32_t *rows_target, int32_t *rows_prev, float *coef);
 double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
                            const int32_t *anchors, int32_t n_anchors);
 /* Greedy predictions for positions 1..B-1 of each block. */

@@ -11,58 +11,17 @@
 
 static size_t align_up(size_t x) { return (x + DF_ACT_ALIGN - 1) / DF_ACT_ALIGN * DF_ACT_ALIGN; }
 
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 void df_act_layout_compute(const df_act_dims *d, df_act_layout *o) {
   memset(o, 0, sizeof *o);
-  int64_t qd = d->nh * d->d, kd = d->nkv * d->d, T = d->T, Sc = d->Sc, R = d->R, H = d->H;
+  /* The names act_layout.h's lists are written in. */
+  const int64_t T = d->T, Sc = d->Sc, R = d->R, A = d->A, H = d->H, KH = d->KH, I = d->I;
+  const int64_t QD = d->nh * d->d, KD = d->nkv * d->d, NH = d->nh, NKV = d->nkv;
+  const int64_t CHUNK = d->chunk;
   /* element size * element count, in enum order */
-  const int64_t g[DF_ACT_COUNT] = {
-      [DF_ACT_HIDDEN] = 2 * Sc * d->KH,
-      [DF_ACT_CTX_PRE] = 2 * Sc * H,
-      [DF_ACT_CTX_RSTD] = 4 * Sc,
-      [DF_ACT_CTX] = 2 * Sc * H,
-      [DF_ACT_H_OUT] = 2 * T * H,
-      [DF_ACT_RSTD_F] = 4 * T,
-      [DF_ACT_HF] = 2 * T * H,
-      [DF_ACT_DH] = 2 * T * H,
-      [DF_ACT_DX] = 4 * T * H,
-      [DF_ACT_DQ] = 2 * T * qd,
-      [DF_ACT_DKB] = 2 * T * kd,
-      [DF_ACT_DVB] = 2 * T * kd,
-      [DF_ACT_DATT] = 2 * T * qd,
-      [DF_ACT_DG] = 2 * T * d->I,
-      [DF_ACT_DU] = 2 * T * d->I,
-      [DF_ACT_DM] = 2 * T * d->I,
-      [DF_ACT_DTMP] = 2 * T * max64(qd, kd),
-      [DF_ACT_D] = 4 * T * d->nh,
-      [DF_ACT_DKC] = 2 * Sc * kd,
-      [DF_ACT_DVC] = 2 * Sc * kd,
-      [DF_ACT_DCTX] = 4 * Sc * H,
-      [DF_ACT_DCTX_TMP] = 2 * Sc * max64(kd, H),
-      [DF_ACT_ROWS_X] = 2 * R * H,
-      [DF_ACT_ROWS_DX] = 2 * R * H,
-      [DF_ACT_CE_ACC] = 4 * R * H,
-      [DF_ACT_LOGITS] = 4 * R * d->chunk,
-      [DF_ACT_PROBS] = 2 * R * d->chunk,
-      [DF_ACT_ROW_F32] = 4 * 5 * R,
-      [DF_ACT_ROW_I32] = 4 * 2 * R,
-      [DF_ACT_TOK] = 4 * 2 * T,
-      [DF_ACT_ANCHORS] = 4 * d->A,
-  };
-  const int64_t l[DF_LACT_COUNT] = {
-      [DF_LACT_H_IN] = 2 * T * H,       [DF_LACT_RSTD1] = 4 * T,
-      [DF_LACT_XN1] = 2 * T * H,        [DF_LACT_Q_PRE] = 2 * T * qd,
-      [DF_LACT_Q_RSTD] = 4 * T * d->nh, [DF_LACT_Q] = 2 * T * qd,
-      [DF_LACT_KB_PRE] = 2 * T * kd,    [DF_LACT_KB_RSTD] = 4 * T * d->nkv,
-      [DF_LACT_KB] = 2 * T * kd,        [DF_LACT_VB] = 2 * T * kd,
-      [DF_LACT_KC_PRE] = 2 * Sc * kd,   [DF_LACT_KC_RSTD] = 4 * Sc * d->nkv,
-      [DF_LACT_KC] = 2 * Sc * kd,       [DF_LACT_VC] = 2 * Sc * kd,
-      [DF_LACT_ATT] = 2 * T * qd,       [DF_LACT_LSE] = 4 * T * d->nh,
-      [DF_LACT_H_MID] = 2 * T * H,      [DF_LACT_RSTD2] = 4 * T,
-      [DF_LACT_XN2] = 2 * T * H,        [DF_LACT_G] = 2 * T * d->I,
-      [DF_LACT_U] = 2 * T * d->I,       [DF_LACT_M] = 2 * T * d->I,
-  };
+#define BYTES_(id, bytes) bytes,
+  const int64_t g[DF_ACT_COUNT] = {DF_ACTS(BYTES_)};
+  const int64_t l[DF_LACT_COUNT] = {DF_LACTS(BYTES_)};
+#undef BYTES_
   size_t cur = 0;
   for (int i = 0; i < DF_ACT_COUNT; i++) {
     o->off[i] = cur;
@@ -102,16 +61,6 @@ DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *o)
   dflash_train_plan_options_init(o, sizeof *o);
 }
 
-/* Trainable parameters: fc, hidden_norm, L x (2 norms, q/k/v/o, q/k norms,
- * gate/up/down), norm (the tensor table of model.c). */
-static uint64_t param_count(const dflash_drafter_config *c) {
-  uint64_t H = (uint64_t)c->hidden_size, I = (uint64_t)c->intermediate_size;
-  uint64_t qd = (uint64_t)c->num_attention_heads * (uint64_t)c->head_dim;
-  uint64_t kd = (uint64_t)c->num_key_value_heads * (uint64_t)c->head_dim;
-  uint64_t layer = 2 * H + 2 * qd * H + 2 * kd * H + 2 * (uint64_t)c->head_dim + 3 * I * H;
-  return H * (uint64_t)c->n_target_layer_ids * H + H + (uint64_t)c->num_hidden_layers * layer + H;
-}
-
 void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors, int64_t chunk,
                   df_act_dims *d) {
   *d = (df_act_dims){.H = c->hidden_size,
@@ -129,16 +78,6 @@ void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t ancho
 }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
-
-/* DFlash 2's tensors (model.c's add_dflash2_tensors); 0 for DFlash 1. */
-static uint64_t dflash2_param_count(const dflash_drafter_config *c,
-                                    const dflash_drafter_config_ext *e) {
-  if (!e->dflash2) return 0;
-  uint64_t H = (uint64_t)c->hidden_size, k = (uint64_t)e->conv_kernel_size;
-  uint64_t conv = 2 * k * H + 2 * k * (H / (uint64_t)e->conv_group_size) * H;
-  uint64_t r = (uint64_t)e->selector_rank;
-  return (uint64_t)c->num_hidden_layers * 2 * conv + 2 * (uint64_t)c->vocab_size * r + r * H;
-}
 
 dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                         const dflash_train_plan_options *opts,
@@ -178,7 +117,7 @@ static dflash_status plan_fill(const dflash_drafter_config *cfg,
   p->struct_size = sizeof *p;
   /* As cuda/model.cu lays the buffers out: padded to the gradient buckets, the fp32
    * masters and moments created as this rank's shard (so the peak is the steady state). */
-  uint64_t n = param_count(cfg) + dflash2_param_count(cfg, &ext);
+  uint64_t n = df_tensor_params(df_tensor_dims_of(cfg, &ext)) /* tensors.h */;
   df_bucket_layout b;
   if ((st = df_bucket_layout_init(&b, (size_t)n, opts->zero1 ? opts->world_size : 1,
                                   DF_CU_BUCKET_ELEMS)))
