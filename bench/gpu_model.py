@@ -513,7 +513,7 @@ def sequence_ops(c, s, gpu, design, chunk):
             gemm(f"LM head d(rows) = probs x E ({nchunk} chunks, fp32 +=)", R, H, V, c_bytes=4,
                  beta=1.0, call=(R, H, min(chunk, V))),
             mem("CE finish: loss, d(rows)", "ce_finish", R * H * (4 + 2 + 2) + 16 * R),
-            # with several ranks the backward is deferred to the step, so this runs first
+            # the backward of a step's last sequence is deferred to the step: this runs first
             mem("sequence loss sum(w*CE), kept on the device", "seq_loss", 12 * R)]
     for o in ops:
         if o.name.startswith("LM head"):
@@ -533,7 +533,10 @@ def sequence_ops(c, s, gpu, design, chunk):
 
 
 def step_ops(c, n, world):
-    """df_cu_zero_grad + df_cu_step: norms, AdamW on this rank's shard, ZeRO-1 collectives."""
+    """df_cu_zero_grad + df_cu_step: norms, AdamW on this rank's shard, ZeRO-1 collectives.
+    The norm and clip factor are computed on the device (norm_sum, the all-reduce, norm_clip)
+    and AdamW and the clip scaling read them there; 32 bytes go to pinned host memory for
+    dflash_trainer_step_result, which waits for them alone."""
     npad = -(-n // world) * world
     shard = npad // world
     per = max(world, BUCKET_ELEMS // world * world)
@@ -545,12 +548,17 @@ def step_ops(c, n, world):
            Op("gradient reduce-scatter (fp32)", "ncclReduceScatter", "comm", 0,
               f * 4 * npad if world > 1 else 0, launches=nb if world > 1 else 0),
            mem("gradient sum of squares", "sumsq_partial+sumsq_final", 4 * shard, launches=2 * nb),
-           Op("gradient norm all-reduce (1 double)", "ncclAllReduce", "comm", 0,
+           mem("norm: bucket sums, then sqrt and clip factor (1 thread each)", "norm_sum+norm_clip",
+               8 * nb + 64, launches=2),
+           Op("gradient norm all-reduce (1 double, on the device)", "ncclAllReduce", "comm", 0,
               8 if world > 1 else 0, launches=1 if world > 1 else 0),
+           Op("norm and clip factor to pinned host memory (D2H, read by step_result)",
+              "cudaMemcpyAsync", "d2h", 0, 32),
            mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
                flops=14.0 * shard)]
-    if ADAM_CLIP_ACTIVE:
-        ops.append(mem("clip: scale gradients", "scale", 8 * shard, launches=nb))
+    # launched every step; it returns at once unless the factor is below 1
+    ops.append(mem("clip: scale gradients", "scale_clipped", 8 * shard if ADAM_CLIP_ACTIVE else 0,
+                   launches=nb))
     ops.append(Op("weight all-gather (bf16)", "ncclAllGather", "comm", 0,
                   f * 2 * npad if world > 1 else 0, launches=nb if world > 1 else 0))
     return ops
@@ -563,6 +571,9 @@ NOT_IN_STEP = {
     "bf16_to_f32": "not called by the trainer",
     "argmax_init": "predict (evaluation) only",
     "argmax_chunk": "predict (evaluation) only",
+    "scale": "df_cu_scale_grads (sequences of different grad_scale), and with several ranks the "
+             "factor 1 / (grad_scale x global weight) when it is not 1 (dflash_train_run's "
+             "grad_scale 1/W makes it 1 up to rounding)",
 }
 
 
@@ -661,7 +672,7 @@ def memory(c, n, world, seq_len, anchors, chunk):
                  # per-sequence results (1024 deferred) and position weights, and the two
                  # stages of context rows as stored (bounded at fp32's 4 bytes a value)
                  staging=4 * BUCKET_ELEMS,
-                 scratch=8 * half + 4 * 256 * wide + 8 * (1024 + 4096) +
+                 scratch=8 * half + 4 * 256 * wide + 8 * (1024 + 4096) + 32 +
                  (seq_len + c["block_size"]) * (2 * half * 4 + 4) + 8 * (2 * 1024 + 1) +
                  4 * c["block_size"] +
                  2 * (4 * (seq_len + c["block_size"]) * len(c["target_layer_ids"]) *
@@ -725,16 +736,21 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
 
 def model(c, gpu_name="H200", seq_len=3072, n_anchors=512, batch=1, world=1, chunk=16384,
           design="wmma"):
-    """Per-op rows and totals of one step on one of `world` GPUs, in three schedules:
+    """Per-op rows and totals of one step on one of `world` GPUs, in four schedules:
     `before` (the backend before item 4: fp32 rows checked and converted on the host,
-    then uploaded, then computed, one after another), `now` (as the backend runs: the rows
-    copied as stored into a pinned stage and uploaded on a copy stream while the previous
-    sequence computes, converted and checked on the device, no wait per sequence; the
-    first sequence of a step has nothing before it to hide behind, since the step waits
-    for its norm) and `overlap` (all host work and uploads hidden, the first sequence's
-    too). In each, the gradient reduce-scatter is overlapped with the last sequence's
-    backward, bucket by bucket (item 5), only its tail exposed; the all-gather follows the
-    optimizer."""
+    then uploaded, then computed, one after another), `sync` (the rows copied as stored
+    into a pinned stage and uploaded on a copy stream while the previous sequence
+    computes, converted and checked on the device, no wait per sequence; but the step
+    waits for its norm, so the first sequence of the next step has nothing to hide behind:
+    the backend before dflash_trainer_step_async, and DFLASH_TRAIN_SYNC_STEP=1 now), `now`
+    (as the backend runs: the last sequence's backward is deferred to the step, whose norm,
+    clip factor, AdamW and all-gather are enqueued without a host wait; the next step's
+    first sequence is copied into the free pinned stage and uploaded while they run, so
+    only what of its host copy + upload outlasts that backward + optimizer is exposed) and
+    `overlap` (all host work and uploads hidden, the first sequence's too). In each, the
+    gradient reduce-scatter is overlapped with the last sequence's backward, bucket by
+    bucket (item 5), only its tail exposed; the all-gather follows the optimizer. Host
+    latency between collect and the step's launches (microseconds) is not modelled."""
     gpu = GPUS[gpu_name]
     s = Seq(c, seq_len, n_anchors)
     seq = sequence_ops(c, s, gpu, design, chunk)
@@ -750,24 +766,33 @@ def model(c, gpu_name="H200", seq_len=3072, n_anchors=512, batch=1, world=1, chu
     ag = by(lambda o: o.kernel == "ncclAllGather")
     bwd = by(lambda o: o.extra.get("bwd") and o.kind != "comm")
     rs_exposed = exposed_reduce_scatter(c, seq, n, gpu, world)
-    # One sequence's host copy and upload: the first of a step's is exposed, the others run
-    # while the device computes the sequence before them.
+    # One sequence's host copy and upload: the others of a step run while the device computes
+    # the sequence before them; the first runs behind the step before it (`now`: the last
+    # backward, the optimizer and the collectives after the collect), or behind nothing
+    # (`sync`: the step waited for its norm).
     first = (host + h2d) / batch
     hidden = max(0.0, (host + h2d) - first - dev)
+    step_names = {o.name for o in step_ops(c, n, world)}
+    opt_dev = by(lambda o: o.name in step_names and o.kind in ("gemm", "mem", "attn", "d2h"))
+    behind = bwd / batch + opt_dev + rs_exposed + ag  # after collect, until the next forward
+    first_now = max(0.0, first - behind)
+    first_1 = max(0.0, first - (bwd / batch + opt_dev))  # one GPU: no collectives
     KH = c["hidden_size"] * len(c["target_layer_ids"])
     dec = by(lambda o: o.kernel == "hidden_decode")
     # before item 4: fp32 rows checked (one thread) and converted (pool) on the host, bf16
     # uploaded into the arena; no decode on the device.
     host_before = batch * (4 * s.len * KH / HOST_CHECK_BW + 6 * s.Sc * KH / HOST_CONV_BW)
     before = (dev - dec) + host_before + h2d + rs_exposed + ag
-    now = first + dev + hidden + rs_exposed + ag
+    sync = first + dev + hidden + rs_exposed + ag
+    now = first_now + dev + hidden + rs_exposed + ag
     overlap = max(dev, host + h2d) + rs_exposed + ag
-    single = first + dev + hidden  # one GPU: no collectives
+    single = first_1 + dev + hidden  # one GPU: no collectives
     model_flops = sum(o.model_flops * o.count for o in ops)
     mem_ = memory(c, n, world, seq_len, n_anchors, chunk)
     sched = {}
     for name, step, compute in (("before", before, (dev - dec) + host_before + h2d),
-                                ("now", now, first + dev + hidden),
+                                ("sync", sync, first + dev + hidden),
+                                ("now", now, first_now + dev + hidden),
                                 ("overlap", overlap, max(dev, host + h2d))):
         sched[name] = dict(step_s=step, compute_s=compute, comm_s=step - compute,
                            tokens_per_s=batch * s.T / step * world,
@@ -777,7 +802,8 @@ def model(c, gpu_name="H200", seq_len=3072, n_anchors=512, batch=1, world=1, chu
                 anchors=s.A, batch=batch, world=world, vocab_chunk=chunk, attention=design,
                 params=n, T=s.T, Sc=s.Sc, R=s.R, rows=rows, model_flops=model_flops,
                 exec_flops=sum(o.flops * o.count for o in ops), device_s=dev, host_s=host,
-                host_before_s=host_before, h2d_s=h2d, exposed_upload_s=first + hidden,
+                host_before_s=host_before, h2d_s=h2d, exposed_upload_s=first_now + hidden,
+                first_upload_s=first, first_behind_s=behind,
                 reduce_scatter_s=rs, reduce_scatter_exposed_s=rs_exposed, all_gather_s=ag,
                 backward_s=bwd, single_gpu_mfu=model_flops / (single * gpu["peak"]),
                 sched=sched, step_s=now, memory=mem_, fits=mem_["total"] <= gpu["mem"])
@@ -812,7 +838,8 @@ def category(o):
         return "layer GEMMs " + ("backward" if o.extra.get("bwd") else "forward")
     if o.kernel.startswith("ce_"):
         return "CE kernels"
-    if o.kernel in ("adamw", "scale", "sumsq_partial+sumsq_final") or o.name == "zero gradients":
+    if o.kernel in ("adamw", "scale_clipped", "sumsq_partial+sumsq_final", "norm_sum+norm_clip") \
+            or o.name == "zero gradients":
         return "optimizer (zero, norm, AdamW, clip)"
     return "norms, RoPE, SwiGLU, gathers, copies"
 
@@ -874,9 +901,14 @@ def print_table(r, ops=True, out=sys.stdout):
       f"all-gather {r['all_gather_s'] * 1e3:.1f} (backward {r['backward_s'] * 1e3:.1f})")
     p(f"-- model {r['model_flops'] / 1e12:.2f} TFLOP per GPU-step (executed "
       f"{r['exec_flops'] / 1e12:.2f}); 1 GPU, serial: MFU {100 * r['single_gpu_mfu']:.1f} %")
+    p(f"-- next step's first sequence: host copy + upload {r['first_upload_s'] * 1e3:.1f} ms "
+      f"behind the step's last backward + optimizer + collectives "
+      f"{r['first_behind_s'] * 1e3:.1f} ms")
     for name, what in (("before", "before item 4 (host check + conversion serial)"),
-                       ("now", "as the backend runs (item 4: rows as stored, copy stream; "
-                               "the first sequence's upload exposed)"),
+                       ("sync", "the step waiting for its norm (DFLASH_TRAIN_SYNC_STEP=1: the "
+                                "next step's first upload exposed)"),
+                       ("now", "as the backend runs (dflash_trainer_step_async: the first "
+                               "upload behind the step before)"),
                        ("overlap", "with every upload hidden (the first sequence's too)")):
         x = r["sched"][name]
         p(f"-- {what}: step {x['step_s'] * 1e3:.1f} ms, {x['tokens_per_s']:.0f} block tokens/s "

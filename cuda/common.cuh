@@ -99,8 +99,22 @@ dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, i
 // sum of squares (double, fixed order); partial holds 1024 doubles.
 dflash_status k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out);
 dflash_status k_scale(cudaStream_t s, float *x, float k, size_t n);
+// The optimizer's clip state, computed on the device (df_cu_step): the global sum of squares,
+// the pre-clip norm, the clip factor, whether the norm is finite (else AdamW changes nothing)
+// and whether the factor is below 1 (the gradients are then scaled by it).
+struct df_cu_clip {
+  double ss, norm;
+  float coef;
+  int32_t finite, clipped, pad;
+};
+// Sum the buckets' sums of squares in order into clip->ss; then (after the all-reduce over
+// ranks, if any) the norm and factor of torch's clip_grad_norm_ for max_norm (<= 0: off).
+dflash_status k_norm_sum(cudaStream_t s, const double *part, int n, df_cu_clip *clip);
+dflash_status k_norm_clip(cudaStream_t s, df_cu_clip *clip, double max_norm);
+dflash_status k_scale_clipped(cudaStream_t s, float *x, const df_cu_clip *clip, size_t n);
+// AdamW with the gradients times clip->coef; nothing when clip->finite is 0.
 dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
-                      size_t n, float gscale, float decay, float b1, float b2, float eps,
+                      size_t n, const df_cu_clip *clip, float decay, float b1, float b2, float eps,
                       float step_size, float bc2_sqrt);
 
 // ---- attention.cu ----

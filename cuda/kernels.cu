@@ -328,6 +328,35 @@ __global__ void sumsq_final(const double *partial, int n, double *out) {
   }
 }
 
+// The step's clip state (df_cu_clip) from the buckets' sums of squares, on the device so
+// that the optimizer needs no host round trip: the same double sum in bucket order, sqrt and
+// torch's clip_grad_norm_ factor as the host computed them before (bit for bit).
+__global__ void norm_sum(const double *part, int n, df_cu_clip *c) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += part[i];
+    c->ss = s;
+  }
+}
+__global__ void norm_clip(df_cu_clip *c, double clip) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    double norm = sqrt(c->ss);
+    double coef = clip > 0 && clip / (norm + 1e-6) < 1.0 ? clip / (norm + 1e-6) : 1.0;
+    c->norm = norm;
+    c->coef = (float)coef;
+    c->finite = isfinite(norm) ? 1 : 0;
+    c->clipped = coef < 1.0 ? 1 : 0;
+  }
+}
+// x *= the clip factor, when the step clips (and its norm is finite).
+__global__ void scale_clipped(float *x, const df_cu_clip *c, size_t n) {
+  if (!c->finite || !c->clipped) return;
+  float k = c->coef;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= k;
+}
+
 __global__ void scale(float *x, float k, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -335,9 +364,12 @@ __global__ void scale(float *x, float k, size_t n) {
 }
 
 // torch.optim.AdamW's single-tensor update in float32, then the bf16 copy.
+// A non-finite norm (clip->finite 0) changes nothing.
 __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2, size_t n,
-                      float gscale, float decay, float b1, float b2, float eps, float step_size,
-                      float bc2_sqrt) {
+                      const df_cu_clip *clip, float decay, float b1, float b2, float eps,
+                      float step_size, float bc2_sqrt) {
+  if (!clip->finite) return;
+  float gscale = clip->coef;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float gi = g[i] * gscale, pi = p[i] * decay;
@@ -509,10 +541,23 @@ dflash_status k_scale(cudaStream_t s, float *x, float k, size_t n) {
   return df_launched("scale");
 }
 dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
-                      size_t n, float gscale, float decay, float b1, float b2, float eps,
+                      size_t n, const df_cu_clip *clip, float decay, float b1, float b2, float eps,
                       float step_size, float bc2_sqrt) {
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, adamw)
-  (p, p16, g, m1, m2, n, gscale, decay, b1, b2, eps, step_size, bc2_sqrt);
+  (p, p16, g, m1, m2, n, clip, decay, b1, b2, eps, step_size, bc2_sqrt);
   return df_launched("adamw");
+}
+dflash_status k_norm_sum(cudaStream_t s, const double *part, int n, df_cu_clip *clip) {
+  DF_LAUNCH(1, 32, 0, s, norm_sum)(part, n, clip);
+  return df_launched("norm_sum");
+}
+dflash_status k_norm_clip(cudaStream_t s, df_cu_clip *clip, double max_norm) {
+  DF_LAUNCH(1, 32, 0, s, norm_clip)(clip, max_norm);
+  return df_launched("norm_clip");
+}
+dflash_status k_scale_clipped(cudaStream_t s, float *x, const df_cu_clip *clip, size_t n) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, scale_clipped)(x, clip, n);
+  return df_launched("scale_clipped");
 }

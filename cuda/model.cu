@@ -63,9 +63,9 @@ struct df_cu_model {
   // from[i]: the lowest flat offset of tensors i.. (table order): once the backward has
   // finished tensor i and every later one, the gradients at and above from[i] are final.
   std::vector<size_t> from;
-  // Several ranks overlap the reduce-scatter with the backward: the backward of the last
-  // sequence before a step is deferred (pending_bwd) to df_cu_step, which knows it is the
-  // last; any other call runs it first (the arena still holds that sequence).
+  // The backward of the last sequence before a step is deferred (pending_bwd) to df_cu_step,
+  // which knows it is the last (with several ranks it overlaps the reduce-scatter with it);
+  // any other call runs it first (the arena still holds that sequence).
   bool overlap = false, pending_bwd = false;
   char *arena = nullptr;
   size_t arena_bytes = 0, live = 0, peak = 0;
@@ -101,6 +101,12 @@ struct df_cu_model {
   size_t n_dev_pend = 0;
   std::vector<double> host_loss;
   std::vector<int64_t> host_bad;
+  // The step's clip state (kernels.cu df_cu_clip) on the device, copied after the norm into
+  // pinned clip_pin with ev_norm recorded behind it: a step made without waiting
+  // (step_pending) returns at once and df_cu_step_result waits for ev_norm alone.
+  df_cu_clip *clip = nullptr, *clip_pin = nullptr;
+  cudaEvent_t ev_norm = nullptr;
+  bool step_pending = false;
 };
 
 namespace {
@@ -129,12 +135,13 @@ dflash_status dalloc(df_cu_model *m, T **p, size_t count, const char *what) {
 // kernels spinning for ever, so give up after the collective timeout (or on
 // NCCL's own asynchronous error): abort the communicator and fail, naming
 // `what`; the model refuses collectives from then on.
-dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what) {
+// (With an event, what the stream had reached when it was recorded.)
+dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what, cudaEvent_t ev = nullptr) {
 #ifdef DFLASH_HAVE_NCCL
   if (m->comm) {
     auto start = std::chrono::steady_clock::now();
     for (;;) {
-      cudaError_t e = cudaStreamQuery(s);
+      cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
       if (e == cudaSuccess) return DFLASH_OK;
       if (e != cudaErrorNotReady)
         return df_error(DFLASH_E_CUDA, "rank %d: %s: %s", m->rank, what, cudaGetErrorString(e));
@@ -161,7 +168,7 @@ dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what) {
   if (m->comm_failed)
     return df_error(DFLASH_E_STATE, "rank %d: %s: NCCL was aborted after an earlier failure",
                     m->rank, what);
-  DF_CU(cudaStreamSynchronize(s));
+  DF_CU(ev ? cudaEventSynchronize(ev) : cudaStreamSynchronize(s));
   return DFLASH_OK;
 }
 dflash_status wait_stream(df_cu_model *m, const char *what) { return wait_on(m, m->st, what); }
@@ -815,6 +822,7 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
         cudaStreamCreateWithFlags(&m->comm_st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_comm, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_norm, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&m->copy_st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->stages[0].copied, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->stages[0].used, cudaEventDisableTiming) != cudaSuccess ||
@@ -862,6 +870,11 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
     m->sumsq_out = m->sumsq_part + 1024;
     TRY(dalloc(m, &m->pend_loss, kPending, "per-sequence losses"));
     TRY(dalloc(m, &m->pend_bad, kPending + 1, "per-sequence NaN/Inf checks"));
+    TRY(dalloc(m, &m->clip, 1, "gradient norm and clip factor"));
+    if (cudaMallocHost((void **)&m->clip_pin, sizeof *m->clip_pin) != cudaSuccess) {
+      st = df_error(DFLASH_E_NOMEM, "CUDA: cannot allocate pinned memory for the gradient norm");
+      goto fail;
+    }
     if (c->pos_weight) {
       TRY(dalloc(m, &m->wtab, (size_t)c->B, "position weights"));
       if (cudaMemcpyAsync(m->wtab, c->pos_weight, 4 * (size_t)c->B, cudaMemcpyHostToDevice,
@@ -902,14 +915,16 @@ extern "C" void df_cu_free(df_cu_model *m) {
   if (m->st) cudaStreamSynchronize(m->st);
   if (m->comm_st) cudaStreamSynchronize(m->comm_st);
   if (m->copy_st) cudaStreamSynchronize(m->copy_st);
-  void *bufs[] = {m->w16,       m->embed,   m->head,          m->grads,         m->master,
-                  m->m1,        m->m2,      m->tmp,           m->inv_freq,      m->sumsq_part,
-                  m->cos_t,     m->sin_t,   m->dw_scratch,    m->best,          m->iota,
-                  m->best_i,    m->arena,   m->stages[0].dev, m->stages[1].dev, m->wtab,
-                  m->pend_loss, m->pend_bad};
+  void *bufs[] = {m->w16,       m->embed,    m->head,          m->grads,         m->master,
+                  m->m1,        m->m2,       m->tmp,           m->inv_freq,      m->sumsq_part,
+                  m->cos_t,     m->sin_t,    m->dw_scratch,    m->best,          m->iota,
+                  m->best_i,    m->arena,    m->stages[0].dev, m->stages[1].dev, m->wtab,
+                  m->pend_loss, m->pend_bad, m->clip};
   for (void *p : bufs)
     if (p) cudaFree(p);
   df2_free(m->df2);
+  if (m->clip_pin) cudaFreeHost(m->clip_pin);
+  if (m->ev_norm) cudaEventDestroy(m->ev_norm);
   for (auto &g : m->stages) {
     if (g.pin) cudaFreeHost(g.pin);
     if (g.copied) cudaEventDestroy(g.copied);
@@ -943,10 +958,12 @@ dflash_status compute_sequence(df_cu_model *m, const df_cu_batch *b) {
   DF_TRY(model_forward(m));
   DF_TRY(lmhead_ce(m, b->coef != nullptr));
   if (m->df2) DF_TRY(selector_loss(m, b, b->coef != nullptr));
-  // With several ranks this may be the last sequence before the step, whose reduce-scatter
-  // then overlaps its backward: defer it (the row losses need only the forward).
-  if (b->coef && overlapping(m)) m->pending_bwd = true;
-  else if (b->coef) DF_TRY(model_backward(m, nullptr));
+  // This may be the last sequence before the step: defer its backward (the row losses need
+  // only the forward), so that collect waits for the forward alone and the backward runs
+  // inside the step, behind which the next step's first sequence uploads (df_cu_step with
+  // norm NULL); with several ranks the step overlaps its reduce-scatter with it. The next
+  // accumulate, or any other call, runs it first, in the same stream order as at once.
+  if (b->coef) m->pending_bwd = true;
   return DFLASH_OK;
 }
 
@@ -1058,52 +1075,75 @@ extern "C" dflash_status df_cu_scale_grads(df_cu_model *m, double k) {
   return k_scale(m->st, m->grads, (float)k, m->buckets.n_padded);
 }
 
+extern "C" dflash_status df_cu_step_result(df_cu_model *m, double *norm) {
+  DF_TRY(use_device(m));
+  if (!m->step_pending)
+    return df_error(DFLASH_E_STATE, "CUDA: no optimizer step is waiting for its result");
+  m->step_pending = false;
+  // The norm only: the optimizer and the all-gather behind it may still run.
+  DF_TRY(wait_on(m, m->st, "the gradient norm (NCCL reduce-scatter and all-reduce)", m->ev_norm));
+  if (norm) *norm = m->clip_pin->norm;
+  if (!m->clip_pin->finite)
+    return df_error(DFLASH_E_RANGE, "gradient norm is not finite; parameters left unchanged");
+  return DFLASH_OK;
+}
+
 extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
   DF_TRY(use_device(m));
   size_t nb = m->buckets.n_buckets;
   if (nb > 4096) return df_error(DFLASH_E_INTERNAL, "%zu gradient buckets", nb);
   DF_TRY(comm_usable(m));
-  bool overlapped = m->pending_bwd;
-  if (overlapped) {
+  if (m->step_pending) DF_TRY(df_cu_step_result(m, nullptr)); // one outstanding at a time
+  bool deferred = m->pending_bwd;
+  m->pending_bwd = false;
+  if (deferred && overlapping(m)) {
     // The last sequence's backward, each bucket reduce-scattered on comm_st as soon as the
     // backward has finished it (the same scaling and sums as below, bit for bit); the
     // optimizer waits for the last one.
-    m->pending_bwd = false;
     rs_issuer rs{0, a->grad_factor != 1.0, (float)a->grad_factor};
     DF_TRY(model_backward(m, &rs));
     DF_CU(cudaEventRecord(m->ev_comm, m->comm_st));
     DF_CU(cudaStreamWaitEvent(m->st, m->ev_comm, 0));
-    // The host needs the norm, so the backward's end anyway: wait here, on the stream that
-    // runs the collectives, for a dead peer's timeout (this also drains comm_st before st,
-    // so on the emulator a bucket issued without its event reads unfinished gradients).
-    DF_TRY(wait_on(m, m->comm_st, "NCCL gradient reduce-scatter (overlapped)"));
+    // A waiting step drains the stream that runs the collectives here, for a dead peer's
+    // timeout (so on the emulator a bucket issued without its event reads unfinished
+    // gradients); one that does not wait relies on the event alone (df_cu_step_result then
+    // waits on st, which has waited for comm_st).
+    if (norm) DF_TRY(wait_on(m, m->comm_st, "NCCL gradient reduce-scatter (overlapped)"));
   } else {
+    if (deferred) DF_TRY(model_backward(m, nullptr));
     if (a->grad_factor != 1.0)
       DF_TRY(k_scale(m->st, m->grads, (float)a->grad_factor, m->buckets.n_padded));
     for (size_t b = 0; joined(m) && b < nb; b++) DF_TRY(reduce_scatter(m, b, m->st));
   }
   m->grads_sharded = m->world > 1;
-  std::vector<double> part(nb);
+  // The norm and the clip factor on the device: sum of squares per bucket slice, their sum
+  // in bucket order, summed over ranks, then sqrt and the factor (kernels.cu norm_clip).
   for (size_t b = 0; b < nb; b++) {
     size_t off, len;
     slice(m, b, &off, &len);
     DF_TRY(k_sumsq(m->st, m->grads + off, len, m->sumsq_part, m->sumsq_out + b));
   }
-  DF_CU(cudaMemcpyAsync(part.data(), m->sumsq_out, 8 * nb, cudaMemcpyDeviceToHost, m->st));
-  DF_TRY(wait_stream(m, "NCCL gradient reduce-scatter"));
-  double ss = 0;
-  for (double p : part) ss += p;
-  DF_TRY(df_cu_allreduce_host(m, &ss, 1));
-  *norm = sqrt(ss);
-  if (!isfinite(*norm))
-    return df_error(DFLASH_E_RANGE, "gradient norm is not finite; parameters left unchanged");
-  double coef = a->clip > 0 && a->clip / (*norm + 1e-6) < 1.0 ? a->clip / (*norm + 1e-6) : 1.0;
+  DF_TRY(k_norm_sum(m->st, m->sumsq_out, (int)nb, m->clip));
+#ifdef DFLASH_HAVE_NCCL
+  if (m->comm) {
+    ncclResult_t r = ncclAllReduce(&m->clip->ss, &m->clip->ss, 1, ncclDouble, ncclSum, m->comm,
+                                   m->st);
+    if (r != ncclSuccess)
+      return df_error(DFLASH_E_CUDA, "NCCL all-reduce of the gradient norm: %s",
+                      ncclGetErrorString(r));
+  }
+#endif
+  DF_TRY(k_norm_clip(m->st, m->clip, a->clip));
+  DF_CU(cudaMemcpyAsync(m->clip_pin, m->clip, sizeof *m->clip, cudaMemcpyDeviceToHost, m->st));
+  DF_CU(cudaEventRecord(m->ev_norm, m->st));
+  m->step_pending = true;
+  // AdamW reads the factor on the device, and changes nothing for a non-finite norm.
   for (size_t b = 0; b < nb; b++) {
     size_t off, len, sh = m->buckets.buckets[b].shard_offset;
     slice(m, b, &off, &len);
     DF_TRY(k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh, len,
-                   (float)coef, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt));
-    if (coef < 1.0) DF_TRY(k_scale(m->st, m->grads + off, (float)coef, len));
+                   m->clip, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt));
+    DF_TRY(k_scale_clipped(m->st, m->grads + off, m->clip, len));
   }
 #ifdef DFLASH_HAVE_NCCL
   for (size_t b = 0; m->comm && b < nb; b++) {
@@ -1115,7 +1155,9 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
       return df_error(DFLASH_E_CUDA, "NCCL all-gather of bucket %zu: %s", b, ncclGetErrorString(r));
   }
 #endif
-  return wait_stream(m, "NCCL all-gather of the updated weights");
+  if (!norm) return DFLASH_OK; // the caller asks df_cu_step_result later
+  DF_TRY(wait_stream(m, "NCCL all-gather of the updated weights"));
+  return df_cu_step_result(m, norm);
 }
 
 extern "C" dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {

@@ -52,6 +52,7 @@ static const df_cu_module table = {
     .memory = df_cu_memory,
     .host_alloc = df_cu_host_alloc,
     .host_free = df_cu_host_free,
+    .step_result = df_cu_step_result,
 };
 
 /* The library calls this once, before anything else, and keeps the module loaded. */

@@ -161,6 +161,23 @@ DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t,
 /* Clip the global gradient norm, apply AdamW at the scheduled learning
  * rate, advance the step. Returns the pre-clip norm and the lr used. */
 DFLASH_API dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr);
+/*
+ * dflash_trainer_step without waiting for the device: the CUDA backend enqueues the last
+ * sequence's backward, the gradient reduce-scatter, the global norm, the clip factor and
+ * AdamW (which skips a non-finite norm) and the weight all-gather, all computed on the
+ * device, and returns, so that the next step's first sequence (dflash_trainer_zero_grad,
+ * dflash_trainer_accumulate_sample) is copied and uploaded while they run; stream order keeps
+ * the next forward behind the updated weights. The step counts at once (lr: the rate used).
+ * Its pre-clip norm comes from dflash_trainer_step_result, which waits for the step (not
+ * for what was enqueued after it); call it once per step_async (a later step or step_async
+ * calls it first, and fails as it would). The CPU backend steps at once and keeps the norm
+ * for step_result.
+ */
+DFLASH_API dflash_status dflash_trainer_step_async(dflash_trainer *t, double *lr);
+/* The pre-clip norm of the last dflash_trainer_step_async. A non-finite norm is
+ * DFLASH_E_RANGE: the step changed nothing and no longer counts (dflash_trainer_steps goes
+ * back by one). DFLASH_E_STATE when no step_async is outstanding. */
+DFLASH_API dflash_status dflash_trainer_step_result(dflash_trainer *t, double *grad_norm);
 /* Optimizer steps taken so far. */
 DFLASH_API int64_t dflash_trainer_steps(const dflash_trainer *t);
 /* Learning rate of step `step` (0-based): linear warm-up over

@@ -77,6 +77,11 @@ typedef struct df_backend_vt {
    * *grad_norm gets the pre-clip norm; a non-finite norm leaves everything
    * unchanged and fails. */
   dflash_status (*step)(df_backend *b, const df_adam *a, double *grad_norm);
+  /* NULL, or: step may be called with grad_norm NULL, and then need not wait for the device
+   * (the update is enqueued; what reads the parameters next is ordered behind it); this
+   * returns that step's pre-clip norm, waiting for it, and fails for a non-finite one (the
+   * step then changed nothing). */
+  dflash_status (*step_result)(df_backend *b, double *grad_norm);
   /* Copy buffer `kind` between the device and the trainer's host buffer. */
   dflash_status (*pull)(df_backend *b, df_buf_kind kind, float *host);
   dflash_status (*push)(df_backend *b, df_buf_kind kind, const float *host);

@@ -3,7 +3,9 @@
  * rendezvous, and per-sequence preparation (block tokens, supervised rows; the
  * hidden rows are passed as stored: the device converts and checks them) for
  * cuda/model.cu. Accumulates without a loss pointer do not wait for the
- * device: their losses and NaN/Inf checks are collected at the step.
+ * device: their losses and NaN/Inf checks are collected at the step. A step
+ * without a norm pointer does not wait either: the norm, clip factor and
+ * update run on the device and the norm comes from step_result.
  * Without CUDA in the build every entry point fails with
  * DFLASH_E_UNSUPPORTED, without a device with DFLASH_E_NO_DEVICE.
  */
@@ -231,7 +233,11 @@ static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_nor
     if (st) return st;
     if (c->scale_used > 0 && w > 0) ca.grad_factor = 1.0 / (c->scale_used * w);
   }
-  return df_cu_step(c->dev, &ca, grad_norm);
+  return df_cu_step(c->dev, &ca, grad_norm); /* NULL: enqueued, the norm from step_result */
+}
+
+static dflash_status cuda_step_result(df_backend *b, double *grad_norm) {
+  return df_cu_step_result(cb(b)->dev, grad_norm);
 }
 
 static int cu_kind(df_buf_kind k) {
@@ -258,6 +264,7 @@ static const df_backend_vt cuda_vt = {
     .stored_rows = true,
     .predict = cuda_predict,
     .step = cuda_step,
+    .step_result = cuda_step_result,
     .pull = cuda_pull,
     .push = cuda_push,
 };

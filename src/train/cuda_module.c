@@ -173,6 +173,8 @@ dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
   FORWARD(step(m, a, norm));
 }
 
+dflash_status df_cu_step_result(df_cu_model *m, double *norm) { FORWARD(step_result(m, norm)); }
+
 dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
   FORWARD(copy(m, kind, host, to_host));
 }

@@ -125,9 +125,17 @@ typedef struct df_cu_adam {
   double grad_factor; /* gradients are multiplied by this before the reduction */
 } df_cu_adam;
 /* (All-)reduce gradients, global norm, clip, AdamW on this rank's shard,
- * gather the bf16 weights. *norm is the pre-clip norm; not finite: nothing
- * changes and DFLASH_E_RANGE. */
+ * gather the bf16 weights. The norm, the clip factor and the skip of a non-finite norm are
+ * computed on the device, so nothing in between waits for the host. With norm, the call
+ * waits: *norm is the pre-clip norm; not finite: nothing changes and DFLASH_E_RANGE. With
+ * norm NULL nothing waits (a sequence accumulated next uploads while the step runs; stream
+ * order keeps the next forward behind the updated weights) and df_cu_step_result returns
+ * the norm later. A step whose result was not asked for is resolved first. */
 DF_MUST_CHECK dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
+/* The pre-clip norm of the last step made with norm NULL: waits for the norm only (not the
+ * optimizer after it); not finite: DFLASH_E_RANGE (the step changed nothing). DFLASH_E_STATE
+ * when no such step is outstanding. */
+DF_MUST_CHECK dflash_status df_cu_step_result(df_cu_model *m, double *norm);
 /* Copy a whole flat buffer (fp32, n_params) to or from the host. With
  * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks), and
  * so is to_host of the gradients after a step (each rank holds the reduced
@@ -150,7 +158,7 @@ DF_MUST_CHECK dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, in
 #define DF_CU_DW_SPLIT 256
 static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int n_pos) {
   size_t half = (size_t)d / 2, wide = (size_t)(H > d ? H : d);
-  return 4 * DF_CU_BUCKET_ELEMS + 8 * half + 4 * DF_CU_DW_SPLIT * wide + 8 * (1024 + 4096) +
+  return 4 * DF_CU_BUCKET_ELEMS + 8 * half + 4 * DF_CU_DW_SPLIT * wide + 8 * (1024 + 4096) + 32 +
          (size_t)n_pos * (2 * half * 4 + 4) + 8 * (2 * (size_t)DF_CU_PENDING + 1) + 4 * (size_t)B +
          2 * (4 * (size_t)n_pos * (size_t)KH + 256);
 }

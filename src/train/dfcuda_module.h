@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Bump on any change below or in dfcuda.h's structs and functions. */
-#define DF_CU_MODULE_ABI 5
+#define DF_CU_MODULE_ABI 6
 #define DF_CU_MODULE_ENTRY "df_cuda_module_v1"
 /* The file the library looks for (beside itself, then on the loader's search path). */
 #define DF_CU_MODULE_FILE "libdflash-cuda.so"
@@ -62,6 +62,7 @@ typedef struct df_cu_module {
   void (*memory)(const df_cu_model *m, size_t *peak, size_t *now, size_t *arena);
   dflash_status (*host_alloc)(size_t bytes, void **out);
   void (*host_free)(void *p);
+  dflash_status (*step_result)(df_cu_model *m, double *norm);
 } df_cu_module;
 
 /* Every struct that crosses the boundary, so a stale module from another build is refused

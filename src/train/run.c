@@ -95,6 +95,16 @@ typedef struct run {
   size_t labels_cap;
   float *head, *norm_w; /* vLLM's final layer -> target ids: LM head, final norm */
   double spool_wait;    /* seconds spent waiting for the spool's next shard */
+  /* A step's metrics line. Steps are made with dflash_trainer_step_async, so that the next
+   * step's first sequence uploads while the device runs the optimizer; the line waits for
+   * the norm (finish_step: after that sequence is enqueued, or before a save).
+   * DFLASH_TRAIN_SYNC_STEP=1 waits at every step instead (the same results, to the bit). */
+  bool sync_step, step_open;
+  struct {
+    int64_t step, total;
+    int32_t epoch;
+    double loss, lr, dt, elapsed, spool_wait, tokens;
+  } line;
 } run;
 
 /* Samples that can carry at least one anchor (>= 2B supervised tokens and
@@ -237,9 +247,12 @@ static dflash_status barrier(run *r) {
 /* Save the checkpoint and the state; (epoch, pos) is the next sample to
  * visit. Every rank gathers the state (collective on a sharded device
  * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
+static dflash_status finish_step(run *r);
+
 static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
   if (!r->spool && pos >= r->n_usable) epoch++, pos = 0;
-  dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+  dflash_status st = finish_step(r); /* the last step's metrics line before the state */
+  if (!st) st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && r->rank == 0) {
     long mbytes = r->metrics ? ftell(r->metrics) : 0;
     char blob[256];
@@ -630,6 +643,37 @@ static dflash_status open_all(run *r) {
   return check_ranks_agree(r);
 }
 
+/* The metrics line (and progress note) of the step in r->line, with its norm. */
+static void write_metrics(run *r, double norm) {
+  const double tok = r->line.tokens, dt = r->line.dt;
+  fprintf(r->metrics,
+          "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
+          "%.9g, \"lr\": %.9g, \"tokens\": %" PRId64 ", \"tokens_per_s\": %.1f, \"elapsed_s\": "
+          "%.3f",
+          r->line.step, r->line.epoch, r->line.loss, norm, r->line.lr, r->line.total,
+          dt > 0 ? tok / dt : 0.0, r->line.elapsed);
+  /* A spool run: the seconds spent so far waiting for the producer's shards. */
+  if (r->spool) fprintf(r->metrics, ", \"spool_wait_s\": %.3f", r->line.spool_wait);
+  fputs("}\n", r->metrics);
+  fflush(r->metrics);
+  if (r->progress) {
+    char note[96];
+    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", r->line.loss, dt > 0 ? tok / dt : 0.0);
+    dflash_progress_update(r->progress, (uint64_t)r->line.step, note);
+  }
+}
+
+/* The outstanding step's norm (every rank: a non-finite one fails the run here) and its
+ * metrics line (rank 0). */
+static dflash_status finish_step(run *r) {
+  if (!r->step_open) return DFLASH_OK;
+  r->step_open = false;
+  double norm = 0;
+  dflash_status st = dflash_trainer_step_result(r->t, &norm);
+  if (!st && r->rank == 0) write_metrics(r, norm);
+  return st;
+}
+
 /* One optimizer step over the global batch order[pos, pos+gb): this rank's
  * share, gradients scaled by the global weight, summed over the ranks. */
 static dflash_status train_step(run *r, size_t gb) {
@@ -663,7 +707,8 @@ static dflash_status train_step(run *r, size_t gb) {
   if ((st = dflash_trainer_zero_grad(r->t))) return st;
   double t_start = df_now_seconds(), lsum = 0;
   /* Offline store and spool alike: accumulate_sample does not wait for the device, whose
-   * losses (and NaN/Inf checks) are collected once, after the batch. */
+   * losses (and NaN/Inf checks) are collected once, after the batch. The step before's norm
+   * is asked for once the first sequence is on its way (it uploads behind the optimizer). */
   for (size_t i = 0; i < b; i++) {
     dflash_train_sample smp = {.struct_size = sizeof smp};
     int done;
@@ -675,17 +720,24 @@ static dflash_status train_step(run *r, size_t gb) {
       st = df_trainer_accumulate_sample_labels(r->t, &smp, labels, r->anchors + i * (size_t)A,
                                                r->n_anchors[i], 1.0 / W);
     if (st) return df_error_wrap(st, "sample %s", smp.id ? smp.id : "?");
+    if (i == 0 && (st = finish_step(r))) return st;
   }
+  if ((st = finish_step(r))) return st; /* no sequence on this rank */
   if ((st = dflash_trainer_collect(r->t, &lsum, NULL))) return st;
   /* Also the point where every rank is known alive before the backend's
    * own (NCCL) collectives, which could not time out as cleanly. */
   if (r->comm && (st = df_comm_sum_f64(r->comm, &lsum, 1))) return st;
-  double norm, lr;
-  if ((st = dflash_trainer_step(r->t, &norm, &lr))) return st;
+  double norm = 0, lr;
+  st = r->sync_step ? dflash_trainer_step(r->t, &norm, &lr) : dflash_trainer_step_async(r->t, &lr);
+  if (st) return st;
+  r->step_open = !r->sync_step;
   r->tokens += tokens;
-  if (r->rank != 0) return DFLASH_OK;
-  double now = df_now_seconds(), dt = now - t_start;
+  double now = df_now_seconds();
   int64_t step = dflash_trainer_steps(r->t);
+  r->line.step = step, r->line.epoch = r->epoch, r->line.loss = lsum / W, r->line.lr = lr;
+  r->line.dt = now - t_start, r->line.elapsed = r->elapsed + now - r->t0;
+  r->line.spool_wait = r->spool_wait, r->line.tokens = (double)tokens, r->line.total = r->tokens;
+  if (r->rank != 0) return DFLASH_OK;
   for (size_t i = 0; r->trace && i < b; i++) {
     const char *id;
     const int32_t *ids;
@@ -695,21 +747,7 @@ static dflash_status train_step(run *r, size_t gb) {
                   &ids, &mask, &len);
     fprintf(r->trace, "%d %" PRId64 " %s\n", r->epoch, step, id);
   }
-  fprintf(r->metrics,
-          "{\"step\": %" PRId64 ", \"epoch\": %d, \"loss\": %.9g, \"grad_norm\": "
-          "%.9g, \"lr\": %.9g, \"tokens\": %" PRId64 ", \"tokens_per_s\": %.1f, \"elapsed_s\": "
-          "%.3f",
-          step, r->epoch, lsum / W, norm, lr, r->tokens, dt > 0 ? tokens / dt : 0.0,
-          r->elapsed + now - r->t0);
-  /* A spool run: the seconds spent so far waiting for the producer's shards. */
-  if (r->spool) fprintf(r->metrics, ", \"spool_wait_s\": %.3f", r->spool_wait);
-  fputs("}\n", r->metrics);
-  fflush(r->metrics);
-  if (r->progress) {
-    char note[96];
-    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", lsum / W, dt > 0 ? tokens / dt : 0.0);
-    dflash_progress_update(r->progress, (uint64_t)step, note);
-  }
+  if (r->sync_step) write_metrics(r, norm);
   return DFLASH_OK;
 }
 
@@ -831,6 +869,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
                o->epochs > 0 && o->batch_size > 0);
   run r = {.o = o, .t0 = df_now_seconds()};
+  const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
+  r.sync_step = sync && !strcmp(sync, "1");
   dflash_trainer_options_default(&r.topt);
   st = df_opts_in(&r.topt, o->trainer, sizeof r.topt, "dflash_train_run_options.trainer");
   if (st) return st;

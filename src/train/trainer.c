@@ -497,14 +497,17 @@ double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
   return o->lr * (o->min_lr_ratio + (1.0 - o->min_lr_ratio) * cosine);
 }
 
-dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr_out) {
-  DF_CHECK_ARG(t);
+/* One update: sync, or (async and a backend that can) enqueued with its norm left for
+ * step_result. */
+static dflash_status take_step(dflash_trainer *t, bool async, double *grad_norm, double *lr_out) {
   const dflash_trainer_options *o = &t->opt;
+  /* An outstanding step first (its failure undoes it: this one does not run). */
+  dflash_status st = t->step_open ? dflash_trainer_step_result(t, NULL) : DFLASH_OK;
+  if (st) return st;
   double lr = dflash_trainer_lr_at(t, t->step), norm = 0;
   /* A sample the device found NaN/Inf in fails here, before any parameter changes (its
    * sums stay for dflash_trainer_collect). */
-  dflash_status cst = collect_backend(t);
-  if (cst) return cst;
+  if ((st = collect_backend(t))) return st;
   df_adam a = {.lr = lr,
                .weight_decay = o->weight_decay,
                .beta1 = o->beta1,
@@ -512,12 +515,40 @@ dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *
                .eps = o->adam_eps,
                .grad_clip = o->grad_clip,
                .step = t->step + 1};
-  dflash_status st = t->be->vt->step(t->be, &a, &norm);
+  bool defer = async && t->be->vt->step_result;
+  st = t->be->vt->step(t->be, &a, defer ? NULL : &norm);
   if (grad_norm) *grad_norm = norm;
   if (st) return st;
   t->be->stale |= DF_BUF_PARAMS | DF_BUF_GRADS | DF_BUF_M1 | DF_BUF_M2;
   t->step = a.step;
+  if (async) t->step_open = true, t->step_norm = norm;
   if (lr_out) *lr_out = lr;
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_norm, double *lr_out) {
+  DF_CHECK_ARG(t);
+  return take_step(t, false, grad_norm, lr_out);
+}
+
+dflash_status dflash_trainer_step_async(dflash_trainer *t, double *lr) {
+  DF_CHECK_ARG(t);
+  return take_step(t, true, NULL, lr);
+}
+
+dflash_status dflash_trainer_step_result(dflash_trainer *t, double *grad_norm) {
+  DF_CHECK_ARG(t);
+  if (!t->step_open)
+    return df_error(DFLASH_E_STATE, "dflash_trainer_step_result: no dflash_trainer_step_async "
+                                    "is waiting for its result");
+  t->step_open = false;
+  double norm = t->step_norm;
+  dflash_status st = t->be->vt->step_result ? t->be->vt->step_result(t->be, &norm) : DFLASH_OK;
+  if (grad_norm) *grad_norm = norm;
+  if (st) { /* the device left everything unchanged: the step did not happen */
+    t->step--;
+    return df_error_wrap(st, "step %lld", (long long)t->step);
+  }
   return DFLASH_OK;
 }
 

@@ -16,6 +16,10 @@ struct dflash_trainer {
   double pend_loss, pend_weight;
   float *decoded;
   size_t decoded_cap;
+  /* dflash_trainer_step_async: a step whose norm dflash_trainer_step_result has not returned
+   * (step_norm: a backend that stepped at once keeps its norm here). */
+  bool step_open;
+  double step_norm;
 };
 
 /*

@@ -109,11 +109,12 @@ static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, ch
 }
 
 START_TEST(a_refused_launch_fails_naming_its_kernel) {
-  static const char *kernels[] = {"f32_to_bf16",   "rope_table", "positions",    "gather_rows",
-                                  "rms_fwd",       "rope",       "swiglu_fwd",   "ce_init",
-                                  "ce_chunk",      "ce_finish",  "scatter_rows", "rms_dw_partial",
-                                  "rms_dw_reduce", "rms_bwd",    "swiglu_bwd",   "sumsq_partial",
-                                  "sumsq_final",   "scale",      "adamw",        "argmax_chunk"};
+  static const char *kernels[] = {"f32_to_bf16",   "rope_table",  "positions",    "gather_rows",
+                                  "rms_fwd",       "rope",        "swiglu_fwd",   "ce_init",
+                                  "ce_chunk",      "ce_finish",   "scatter_rows", "rms_dw_partial",
+                                  "rms_dw_reduce", "rms_bwd",     "swiglu_bwd",   "sumsq_partial",
+                                  "sumsq_final",   "norm_sum",    "norm_clip",    "scale_clipped",
+                                  "adamw",         "argmax_chunk"};
   dflash_drafter_config c;
   small_config(&c);
   g_seq q;

@@ -13,7 +13,11 @@
 4. the reduce-scatter overlapped with the backward (issue 15 item 5): the bucket layout is
    dist.c's, the tensor offsets add up to the parameter count, the exposed tail lies
    between 0 and the whole reduce-scatter, and with one bucket (ready only when the
-   backward ends) it is the whole reduce-scatter.
+   backward ends) it is the whole reduce-scatter;
+5. the schedules (dflash_trainer_step_async): `now` hides the next step's first host copy +
+   upload behind the step's last backward, optimizer and collectives, exactly what of it
+   fits there: `sync - now == min(first, behind)`, `overlap <= now <= sync`, and with the
+   upload made slow enough to outlast that window, what is left over shows in `now`.
 """
 import json
 import os
@@ -267,6 +271,34 @@ def test_overlap():
           "one bucket: the whole reduce-scatter runs after the backward")
 
 
+def test_schedules():
+    for name in ("qwen3-8b", "kimi"):
+        c = gm.load_config(name)
+        for world, batch in ((8, 1), (1, 1), (8, 4)):
+            r = gm.model(c, "H200", 3072, 512, batch, world, 16384, "wmma")
+            s = {k: v["step_s"] for k, v in r["sched"].items()}
+            first, behind = r["first_upload_s"], r["first_behind_s"]
+            check(close(s["sync"] - s["now"], min(first, behind)) and
+                  s["overlap"] <= s["now"] + 1e-12 <= s["sync"] + 1e-12,
+                  f"{name} world {world} batch {batch}: step {s['sync'] * 1e3:.1f} ms waiting for "
+                  f"the norm, {s['now'] * 1e3:.1f} ms with the first upload ({first * 1e3:.1f} "
+                  f"ms) behind {behind * 1e3:.1f} ms")
+            check(behind > first, f"{name} world {world} batch {batch}: the first upload fits "
+                  "behind the step before (so `now` hides it whole)")
+    saved = gm.PCIE_BW
+    gm.PCIE_BW = 1e9  # an upload slower than the step before it
+    try:
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+    finally:
+        gm.PCIE_BW = saved
+    first, behind = r["first_upload_s"], r["first_behind_s"]
+    left = r["sched"]["now"]["step_s"] - r["sched"]["overlap"]["step_s"]
+    check(first > behind and left > 0 and close(r["sched"]["sync"]["step_s"] -
+                                                  r["sched"]["now"]["step_s"], behind),
+          f"a slow upload ({first * 1e3:.0f} ms): {behind * 1e3:.0f} ms of it hidden, the rest "
+          "exposed")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
@@ -274,6 +306,7 @@ def main():
         test_kernels()
         test_kernel_names(tmp)
         test_overlap()
+        test_schedules()
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
     gm.print_table(r, ops=False)
     if FAILS:

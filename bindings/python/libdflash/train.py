@@ -92,6 +92,8 @@ _accum_sample = bind("dflash_trainer_accumulate_sample",
 _collect = bind("dflash_trainer_collect", [_P, _D, _D])
 _wsum = bind("dflash_trainer_weight_sum", [_P, _U8, ctypes.c_int64, _I32, ctypes.c_int32, _D])
 _step = bind("dflash_trainer_step", [_P, _D, _D])
+_step_async = bind("dflash_trainer_step_async", [_P, _D])
+_step_result = bind("dflash_trainer_step_result", [_P, _D])
 _steps = bind("dflash_trainer_steps", [_P], ctypes.c_int64)
 _lr_at = bind("dflash_trainer_lr_at", [_P, ctypes.c_int64], ctypes.c_double)
 _predict = bind("dflash_trainer_predict",
@@ -350,6 +352,18 @@ class Trainer(Handle):
         norm, lr = ctypes.c_double(), ctypes.c_double()
         _step(self._handle(), ctypes.byref(norm), ctypes.byref(lr))
         return norm.value, lr.value
+
+    def step_async(self):
+        """step without waiting for the device; returns the lr. The norm: step_result()."""
+        lr = ctypes.c_double()
+        _step_async(self._handle(), ctypes.byref(lr))
+        return lr.value
+
+    def step_result(self):
+        """The pre-clip norm of the last step_async (waits for it)."""
+        norm = ctypes.c_double()
+        _step_result(self._handle(), ctypes.byref(norm))
+        return norm.value
 
     @property
     def steps(self):

@@ -100,6 +100,28 @@ def test_default_layers_and_anchors():
     assert len(a) == 6 and (np.diff(a) > 0).all() and a.max() <= 32
 
 
+def test_step_async_equals_step():
+    """step_async + step_result: the same norm, lr, step count and parameters as step."""
+    out = []
+    for use_async in (False, True):
+        tr, rng = make(total_steps=4)
+        ids = rng.integers(0, 28, 20).astype(np.int32)
+        hid = rng.standard_normal((20, 32)).astype(np.float32)
+        norms = []
+        for _ in range(2):
+            tr.forward_backward(ids, np.ones(20, np.uint8), hid, [2, 9])
+            if use_async:
+                lr = tr.step_async()
+                norms.append((tr.step_result(), lr))
+            else:
+                norms.append(tr.step())
+        out.append((norms, tr.steps, tr.parameters()["fc.weight"]))
+    assert out[0][0] == out[1][0] and out[0][1] == out[1][1] == 2
+    np.testing.assert_array_equal(out[0][2], out[1][2])
+    with pytest.raises(libdflash.Error):
+        tr.step_result()  # nothing outstanding
+
+
 def test_checkpoint_and_state(tmp_path):
     tr, rng = make(total_steps=4)
     ids = rng.integers(0, 28, 20).astype(np.int32)
