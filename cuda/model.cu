@@ -102,10 +102,13 @@ struct df_cu_model {
   std::vector<double> host_loss;
   std::vector<int64_t> host_bad;
   // The step's clip state (kernels.cu df_cu_clip) on the device, copied after the norm into
-  // pinned clip_pin with ev_norm recorded behind it: a step made without waiting
-  // (step_pending) returns at once and df_cu_step_result waits for ev_norm alone.
+  // pinned clip_pin; ev_step is recorded after the step's last work (the all-gather). A step
+  // made without waiting (step_pending) returns at once; df_cu_step_result waits for ev_step,
+  // not for the sequences enqueued after the step. (Not for the norm alone: a rank with no
+  // sequence in the next step must still take part in the all-gather, which the emulated
+  // device runs only when its host waits; a GPU runs it anyway.)
   df_cu_clip *clip = nullptr, *clip_pin = nullptr;
-  cudaEvent_t ev_norm = nullptr;
+  cudaEvent_t ev_step = nullptr;
   bool step_pending = false;
 };
 
@@ -822,7 +825,7 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
         cudaStreamCreateWithFlags(&m->comm_st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_ready, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->ev_comm, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventCreateWithFlags(&m->ev_norm, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&m->ev_step, cudaEventDisableTiming) != cudaSuccess ||
         cudaStreamCreateWithFlags(&m->copy_st, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->stages[0].copied, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&m->stages[0].used, cudaEventDisableTiming) != cudaSuccess ||
@@ -924,7 +927,7 @@ extern "C" void df_cu_free(df_cu_model *m) {
     if (p) cudaFree(p);
   df2_free(m->df2);
   if (m->clip_pin) cudaFreeHost(m->clip_pin);
-  if (m->ev_norm) cudaEventDestroy(m->ev_norm);
+  if (m->ev_step) cudaEventDestroy(m->ev_step);
   for (auto &g : m->stages) {
     if (g.pin) cudaFreeHost(g.pin);
     if (g.copied) cudaEventDestroy(g.copied);
@@ -1080,8 +1083,9 @@ extern "C" dflash_status df_cu_step_result(df_cu_model *m, double *norm) {
   if (!m->step_pending)
     return df_error(DFLASH_E_STATE, "CUDA: no optimizer step is waiting for its result");
   m->step_pending = false;
-  // The norm only: the optimizer and the all-gather behind it may still run.
-  DF_TRY(wait_on(m, m->st, "the gradient norm (NCCL reduce-scatter and all-reduce)", m->ev_norm));
+  // The step only, not the sequences enqueued after it.
+  DF_TRY(wait_on(m, m->st, "the optimizer step (NCCL reduce-scatter, all-reduce, all-gather)",
+                 m->ev_step));
   if (norm) *norm = m->clip_pin->norm;
   if (!m->clip_pin->finite)
     return df_error(DFLASH_E_RANGE, "gradient norm is not finite; parameters left unchanged");
@@ -1135,8 +1139,6 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
 #endif
   DF_TRY(k_norm_clip(m->st, m->clip, a->clip));
   DF_CU(cudaMemcpyAsync(m->clip_pin, m->clip, sizeof *m->clip, cudaMemcpyDeviceToHost, m->st));
-  DF_CU(cudaEventRecord(m->ev_norm, m->st));
-  m->step_pending = true;
   // AdamW reads the factor on the device, and changes nothing for a non-finite norm.
   for (size_t b = 0; b < nb; b++) {
     size_t off, len, sh = m->buckets.buckets[b].shard_offset;
@@ -1155,6 +1157,8 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
       return df_error(DFLASH_E_CUDA, "NCCL all-gather of bucket %zu: %s", b, ncclGetErrorString(r));
   }
 #endif
+  DF_CU(cudaEventRecord(m->ev_step, m->st));
+  m->step_pending = true;
   if (!norm) return DFLASH_OK; // the caller asks df_cu_step_result later
   DF_TRY(wait_stream(m, "NCCL all-gather of the updated weights"));
   return df_cu_step_result(m, norm);

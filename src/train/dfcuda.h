@@ -132,9 +132,9 @@ typedef struct df_cu_adam {
  * order keeps the next forward behind the updated weights) and df_cu_step_result returns
  * the norm later. A step whose result was not asked for is resolved first. */
 DF_MUST_CHECK dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm);
-/* The pre-clip norm of the last step made with norm NULL: waits for the norm only (not the
- * optimizer after it); not finite: DFLASH_E_RANGE (the step changed nothing). DFLASH_E_STATE
- * when no such step is outstanding. */
+/* The pre-clip norm of the last step made with norm NULL: waits for that step (not for the
+ * sequences enqueued after it); not finite: DFLASH_E_RANGE (the step changed nothing).
+ * DFLASH_E_STATE when no such step is outstanding. */
 DF_MUST_CHECK dflash_status df_cu_step_result(df_cu_model *m, double *norm);
 /* Copy a whole flat buffer (fp32, n_params) to or from the host. With
  * ZeRO-1 sharding, to_host of masters/moments is collective (all ranks), and

@@ -5,10 +5,10 @@
  *     on the device), AdamW and returns without a single cudaStreamSynchronize /
  *     cudaEventSynchronize / cudaDeviceSynchronize; the next step's zero_grad and first
  *     accumulate_sample are enqueued behind it, and step_result then waits once, on the
- *     norm's event;
+ *     step's event;
  *   - several steps of that schedule (the next step's first sequence uploaded before the
  *     norm is asked for) equal dflash_trainer_step's, to the bit: norms, losses, parameters
- *     and gradients; a step_result read without the norm's event (checked by hand: the
+ *     and gradients; a step_result read without the step's event (checked by hand: the
  *     pinned copy has not run yet) returns the previous step's norm and fails this;
  *   - a non-finite norm found on the device leaves the parameters unchanged and fails
  *     step_result with DFLASH_E_RANGE, the step uncounted;
@@ -181,7 +181,7 @@ START_TEST(step_async_equals_step_to_the_bit) {
   ck_assert(a.norm[0] != a.norm[1] && a.norm[1] != a.norm[2]); /* a stale read would show */
   ck_assert_msg(dp == 0 && dg == 0, "%zu parameters, %zu gradients differ", dp, dg);
   ck_assert_uint_gt(n_differ(p0, a.params, n), n / 2); /* the steps moved the weights */
-  /* Nothing waited in step_async; step_result waited once, on the norm's event. */
+  /* Nothing waited in step_async; step_result waited once, on the step's event. */
   ck_assert(b.step_syncs[0] == 0 && b.step_syncs[1] == 0 && b.step_syncs[2] == 0);
   ck_assert(b.result_syncs[0] == 0 && b.result_syncs[1] == 1 && b.result_syncs[2] == 0);
   free(a.params), free(a.grads), free(b.params), free(b.grads), free(p0);
