@@ -137,7 +137,14 @@ def load_config(name):
         raise SystemExit(f"{name}: no dflash_config.target_layer_ids")
     types = j.get("layer_types") or ["full_attention"] * L
     sw = j.get("sliding_window") or 0
-    return dict(name=name, hidden_size=j["hidden_size"], intermediate_size=j["intermediate_size"],
+    df2 = None
+    if "DFlash2DraftModel" in (j.get("architectures") or []):  # config.c: dflash_config first
+        dc = j.get("dflash_config") or {}
+        v = lambda k: dc.get(k, j.get(k))
+        df2 = dict(k=v("conv_kernel_size"), g=v("conv_group_size"), K=v("selector_top_k"),
+                   r=v("selector_rank"))
+    return dict(name=name, dflash2=df2, hidden_size=j["hidden_size"],
+                intermediate_size=j["intermediate_size"],
                 num_hidden_layers=L, num_attention_heads=j["num_attention_heads"],
                 num_key_value_heads=j.get("num_key_value_heads", j["num_attention_heads"]),
                 head_dim=j.get("head_dim", j["hidden_size"] // j["num_attention_heads"]),
@@ -151,7 +158,88 @@ def param_count(c):
     H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     qd, kd = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     layer = 2 * H + 2 * qd * H + 2 * kd * H + 2 * d + 3 * I * H
-    return H * len(c["target_layer_ids"]) * H + H + c["num_hidden_layers"] * layer + H
+    n = H * len(c["target_layer_ids"]) * H + H + c["num_hidden_layers"] * layer + H
+    x = c.get("dflash2")
+    if x:  # per layer and convolution: base_kernel [2, k, H], kernel_projection [2kG, H];
+        # then the selector's two codebooks [V, r] and hidden_projection [r, H]
+        G = H // x["g"]
+        n += c["num_hidden_layers"] * 2 * (2 * x["k"] * H + 2 * x["k"] * G * H)
+        n += 2 * c["vocab_size"] * x["r"] + x["r"] * H
+    return n
+
+
+def df2_conv_forward(c, s, p, which):
+    """cuda/dflash2.cu df2_prepare (`which` 0: attention, 1: MLP): the dynamic kernels of the
+    sublayer's normed input (a GEMM into fp32 [T, 2kG]) and its convolution."""
+    x, T, H = c["dflash2"], s.T, c["hidden_size"]
+    kG = x["k"] * (H // x["g"])
+    return [gemm(p + f"conv {which} kernel projection (fp32 out)", T, 2 * kG, H, c_bytes=4),
+            mem(p + f"conv {which} prepare (convolve the input)", "df2_conv_fwd",
+                2 * 2 * T * H + 4 * T * kG + 2 * x["k"] * H, flops=2.0 * T * H * x["k"])]
+
+
+def df2_conv_finish(c, s, p, which):
+    """df2_finish: out = residual + the convolution of the sublayer's output y."""
+    x, T, H = c["dflash2"], s.T, c["hidden_size"]
+    kG = x["k"] * (H // x["g"])
+    return [mem(p + f"conv {which} finish (+ residual)", "df2_conv_fwd",
+                3 * 2 * T * H + 4 * T * kG + 2 * x["k"] * H, flops=2.0 * T * H * x["k"])]
+
+
+def df2_conv_backward(c, s, p, what, dy_bytes, dx_bytes):
+    """cuda/dflash2.cu conv_backward: d(input), d(dynamic kernels), d(base kernel)."""
+    x, T, H = c["dflash2"], s.T, c["hidden_size"]
+    kG, seg = x["k"] * (H // x["g"]), min(64, -(-T // 256))
+    return [mem(p + f"{what} dx", "df2_conv_bwd_dx", T * H * (dy_bytes + dx_bytes) + 4 * T * kG,
+                flops=2.0 * T * H * x["k"]),
+            mem(p + f"{what} d(dynamic kernels)", "df2_conv_bwd_ddyn",
+                T * H * (dy_bytes + 2) + 4 * T * kG, flops=2.0 * T * H * x["k"]),
+            mem(p + f"{what} d(base kernel)", "df2_conv_dbase_part+df2_conv_dbase_sum",
+                T * H * (dy_bytes + 2) + 2 * 4 * seg * x["k"] * H, launches=2)]
+
+
+def df2_layer_backward(c, s, p, which):
+    """df2_finish_bwd then df2_prepare_bwd of one sublayer (the sublayer's own GEMMs between)."""
+    x, T, H = c["dflash2"], s.T, c["hidden_size"]
+    kg2 = 2 * x["k"] * (H // x["g"])
+    fin = df2_conv_backward(c, s, p, f"conv {which} finish^T", 2, 2)
+    prep = df2_conv_backward(c, s, p, f"conv {which} prepare^T", 4, 4)
+    prep += [mem(p + f"conv {which} d(kernels) to bf16", "f32_to_bf16", 6 * T * kg2),
+             gemm(p + f"conv {which} kernel projection dx (+=)", T, H, kg2, c_bytes=4, beta=1.0),
+             gemm(p + f"conv {which} kernel projection dw", kg2, H, T, c_bytes=4, beta=1.0)]
+    return fin, prep
+
+
+def df2_selector_ops(c, s, chunk):
+    """cuda/dflash2.cu: the selector's top-K inside the CE pass, then df2_selector (scores,
+    CE, d(score)) and its gradients; the codebooks' d(W) are dense GEMMs over the sparse
+    [R, chunk] matrix per vocabulary chunk (model FLOPs: only its nonzeros)."""
+    x, R, H, V = c["dflash2"], s.R, c["hidden_size"], c["vocab_size"]
+    K, r = x["K"], x["r"]
+    nchunk = -(-V // chunk)
+    ops = [mem("selector top-K reset", "df2_topk_reset", 8 * R * K),
+           mem(f"selector top-K merge ({nchunk} chunks, beside ce_chunk)", "df2_topk_merge",
+               4 * R * V + nchunk * 8 * R * K, launches=nchunk),
+           Op("selector previous tokens (H2D)", "cudaMemcpyAsync", "h2d", 0, 4 * R),
+           mem("selector target logit", "df2_target_logit", 2 * 2 * R * H + 4 * R,
+               flops=2.0 * R * H),
+           gemm("selector hidden projection (fp32 out)", R, r, H, c_bytes=4),
+           mem("selector scores, CE, d(score) per row", "df2_sel_rows",
+               2 * R * K * H + 2 * 2 * R * K * r + 4 * R * (H + 3 * r),
+               flops=2.0 * R * K * (r + H)),
+           gemm("selector hidden projection dw", r, H, R, c_bytes=4, beta=1.0),
+           gemm("selector d(rows) through the projection", R, H, r, c_bytes=4, beta=1.0),
+           mem("selector d(rows) into the CE's", "df2_add_rows", R * H * (4 + 2 + 2))]
+    for cb, nz in (("successor", K), ("predecessor", 1)):
+        ops += [mem(f"selector {cb} codebook: clear the sparse chunk ({nchunk} chunks)",
+                    "cudaMemsetAsync", 2 * R * V, launches=nchunk),
+                mem(f"selector {cb} codebook: scatter d(score)", "df2_scatter_chunk",
+                    nchunk * (2 * R * nz + 8 * R * nz), launches=nchunk)]
+        g = gemm(f"selector {cb} codebook dw ({nchunk} chunks, dense over the sparse chunk)", V,
+                 r, R, c_bytes=4, beta=1.0, model=False, call=(min(chunk, V), r, R))
+        g.model_flops, g.launches = 2.0 * R * nz * r, nchunk
+        ops.append(g)
+    return ops
 
 
 def anchors_for(seq_len, n, B):
@@ -437,6 +525,13 @@ def layer_forward(c, s, l, gpu, design):
            gemm(p + "k proj (context)", Sc, kd, H), rms_fwd(p + "k norm (context)", Sc * nkv, d),
            rope(p + "k rope (context)", Sc, nkv, d), gemm(p + "v proj (context)", Sc, kd, H)]
     ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel == "attn_fwd"]
+    if c.get("dflash2"):  # DFlash 2: the sublayers' inputs and outputs convolved
+        ops[1:1] = df2_conv_forward(c, s, p, 0)
+        return ops + [gemm(p + "o proj", T, H, qd)] + df2_conv_finish(c, s, p, 0) + [
+            rms_fwd(p + "post-attention norm", T, H)] + df2_conv_forward(c, s, p, 1) + [
+            gemm(p + "gate proj", T, I, H), gemm(p + "up proj", T, I, H),
+            mem(p + "SwiGLU", "swiglu_fwd", 3 * 2 * T * I, flops=6.0 * T * I),
+            gemm(p + "down proj", T, H, I)] + df2_conv_finish(c, s, p, 1)
     ops += [mem(p + "residual copy h_mid = h_in", "cudaMemcpyAsync", 2 * 2 * T * H),
             gemm(p + "o proj (+= residual)", T, H, qd, beta=1.0),
             rms_fwd(p + "post-attention norm", T, H),
@@ -461,19 +556,22 @@ def layer_backward(c, s, l, gpu, design):
     d, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     qd, kd = nh * d, nkv * d
     p = f"L{l} bwd "
-    ops = [gemm(p + "down dx", T, I, H), gemm(p + "down dw", H, I, T, c_bytes=4, beta=1.0),
+    df2 = c.get("dflash2")
+    (fin1, prep1), (fin0, prep0) = (df2_layer_backward(c, s, p, 1), df2_layer_backward(c, s, p, 0)) \
+        if df2 else (([], []), ([], []))
+    ops = fin1 + [gemm(p + "down dx", T, I, H), gemm(p + "down dw", H, I, T, c_bytes=4, beta=1.0),
            mem(p + "SwiGLU backward", "swiglu_bwd", 5 * 2 * T * I, flops=12.0 * T * I),
            gemm(p + "gate dx", T, H, I, c_bytes=4), gemm(p + "up dx (+=)", T, H, I, c_bytes=4, beta=1.0),
            gemm(p + "gate dw", I, H, T, c_bytes=4, beta=1.0),
-           gemm(p + "up dw", I, H, T, c_bytes=4, beta=1.0),
+           gemm(p + "up dw", I, H, T, c_bytes=4, beta=1.0)] + prep1 + [
            rms_dw(p + "post-attention norm dw", T, H, 4),
-           rms_bwd(p + "post-attention norm dx (+=)", T, H, 4, 2, True),
+           rms_bwd(p + "post-attention norm dx (+=)", T, H, 4, 2, True)] + fin0 + [
            gemm(p + "o dx", T, qd, H), gemm(p + "o dw", H, qd, T, c_bytes=4, beta=1.0)]
     ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel != "attn_fwd"]
     ops += qk_backward(p, T, nh, d, H, False, "q")
     ops += qk_backward(p, T, nkv, d, H, True, "k (block)")
     ops += [gemm(p + "v (block) dx (+=)", T, H, kd, c_bytes=4, beta=1.0),
-            gemm(p + "v (block) dw", kd, H, T, c_bytes=4, beta=1.0)]
+            gemm(p + "v (block) dw", kd, H, T, c_bytes=4, beta=1.0)] + prep0
     ops += qk_backward(p, Sc, nkv, d, H, True, "k (context)")
     ops += [gemm(p + "v (context) dx (+=)", Sc, H, kd, c_bytes=4, beta=1.0),
             gemm(p + "v (context) dw", kd, H, Sc, c_bytes=4, beta=1.0),
@@ -512,7 +610,10 @@ def sequence_ops(c, s, gpu, design, chunk):
                 V * R * (4 + 2) + nchunk * 8 * R * H, launches=nchunk, flops=4.0 * R * V),
             gemm(f"LM head d(rows) = probs x E ({nchunk} chunks, fp32 +=)", R, H, V, c_bytes=4,
                  beta=1.0, call=(R, H, min(chunk, V))),
-            mem("CE finish: loss, d(rows)", "ce_finish", R * H * (4 + 2 + 2) + 16 * R),
+            mem("CE finish: loss, d(rows)", "ce_finish", R * H * (4 + 2 + 2) + 16 * R)]
+    if c.get("dflash2"):
+        ops += df2_selector_ops(c, s, chunk)
+    ops += [
             # the backward of a step's last sequence is deferred to the step: this runs first
             mem("sequence loss sum(w*CE), kept on the device", "seq_loss", 12 * R)]
     for o in ops:
@@ -536,7 +637,7 @@ def step_ops(c, n, world):
     """df_cu_zero_grad + df_cu_step: norms, AdamW on this rank's shard, ZeRO-1 collectives.
     The norm and clip factor are computed on the device (norm_sum, the all-reduce, norm_clip)
     and AdamW and the clip scaling read them there; 32 bytes go to pinned host memory for
-    dflash_trainer_step_result, which waits for them alone."""
+    dflash_trainer_step_result, which waits for the step (not for what follows it)."""
     npad = -(-n // world) * world
     shard = npad // world
     per = max(world, BUCKET_ELEMS // world * world)
@@ -578,9 +679,10 @@ NOT_IN_STEP = {
 
 
 def dflash2_kernels():
-    """The kernels of cuda/dflash2.cu (DFlash 2's convolutions and candidate selector). The
-    model prices DFlash 1 steps only: these have no time rows yet, only their names, so the
-    coverage test knows them (issue 18). What each costs, for a model row later:"""
+    """The kernels of cuda/dflash2.cu (DFlash 2's convolutions and candidate selector), each
+    priced by a row when the config is DFlash 2 (df2_conv_forward, df2_layer_backward,
+    df2_selector_ops; --dflash2); listed here too so the coverage test knows them with a
+    DFlash 1 config, and df2_greedy (predict only) has no step row:"""
     return {
         "df2_conv_fwd": "per conv and sublayer: read x [T,H] and k taps, write [T,H]",
         "df2_conv_bwd_dx": "per conv: read dout [T,H], write dx [T,H]",
@@ -677,6 +779,15 @@ def memory(c, n, world, seq_len, anchors, chunk):
                  4 * c["block_size"] +
                  2 * (4 * (seq_len + c["block_size"]) * len(c["target_layer_ids"]) *
                       c["hidden_size"] + 256))
+    x = c.get("dflash2")
+    if x:  # cuda/dflash2.cu layout(): its own buffers beside the arena (T block rows, R rows)
+        T, R, H = anchors * c["block_size"], anchors * (c["block_size"] - 1), c["hidden_size"]
+        kg2, L = 2 * x["k"] * (H // x["g"]), c["num_hidden_layers"]
+        up = lambda v: (v + 255) // 256 * 256
+        parts["dflash2"] = (L * 2 * (up(4 * T * kg2) + 2 * up(2 * T * H)) + up(2 * T * H) +
+                            up(4 * T * H) + up(4 * T * kg2) + up(2 * T * kg2) +
+                            up(4 * 64 * x["k"] * H) + 3 * up(4 * R * x["K"]) + 3 * up(4 * R) +
+                            up(4 * R * x["r"]) + 3 * up(2 * R * x["r"]) + up(4 * R * H))
     parts["total"] = sum(parts.values())
     return parts
 
@@ -712,6 +823,9 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
     the backward's end (compute assumed not slowed by the concurrent NCCL kernels)."""
     if world <= 1:
         return 0.0
+    if c.get("dflash2"):  # model.cu: DFlash 2's gradients are final only after the backward
+        return sum(NCCL_LAT_S + (world - 1) / world * 4 * k / gpu["busbw"]
+                   for _, k in buckets(n, world))
     norm_off, layer_off = tensor_starts(c)
     t, marks = 0.0, []  # (time, lowest flat offset whose gradients are final by then)
     L = c["num_hidden_layers"]
@@ -919,7 +1033,9 @@ def print_table(r, ops=True, out=sys.stdout):
       f"{m['grads'] / 2**30:.2f}, masters {m['masters'] / 2**30:.2f}, moments "
       f"{m['moments'] / 2**30:.2f}, frozen {m['frozen'] / 2**30:.2f}, activations "
       f"{m['activations'] / 2**30:.2f}, staging + scratch "
-      f"{(m['staging'] + m['scratch']) / 2**30:.2f} (the CUDA context and allocator slack not "
+      f"{(m['staging'] + m['scratch']) / 2**30:.2f}"
+      + (f", DFlash 2's buffers {m['dflash2'] / 2**30:.2f}" if "dflash2" in m else "") +
+      f" (the CUDA context and allocator slack not "
       f"counted)")
 
 
@@ -1062,6 +1178,10 @@ def main(argv=None):
     ap.add_argument("--world", type=int, default=8, help="GPUs (data parallel, ZeRO-1)")
     ap.add_argument("--vocab-chunk", type=int, default=16384)
     ap.add_argument("--attention", default="both", choices=["wmma", "scalar", "both"])
+    ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
+                    help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
+                         "and group size G, the selector's top-K and rank (a config.json with "
+                         "DFlash2DraftModel gives them itself)")
     ap.add_argument("--json", action="store_true", help="one JSON object per design")
     ap.add_argument("--no-ops", action="store_true", help="totals only")
     ap.add_argument("--markdown", action="store_true", help="the per-op table as Markdown")
@@ -1076,6 +1196,9 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=1, help="steps the profile covers")
     a = ap.parse_args(argv)
     c = load_config(a.config)
+    if a.dflash2:
+        k, g, K, r = (int(v) for v in a.dflash2.split(","))
+        c = dict(c, dflash2=dict(k=k, g=g, K=K, r=r), name=c["name"] + "-dflash2")
     if a.gemms or a.compare or a.compare_kernels:
         r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
                   "scalar" if a.attention == "scalar" else "wmma")

@@ -17,7 +17,12 @@
 5. the schedules (dflash_trainer_step_async): `now` hides the next step's first host copy +
    upload behind the step's last backward, optimizer and collectives, exactly what of it
    fits there: `sync - now == min(first, behind)`, `overlap <= now <= sync`, and with the
-   upload made slow enough to outlast that window, what is left over shows in `now`.
+   upload made slow enough to outlast that window, what is left over shows in `now`;
+6. DFlash 2 (--dflash2): its parameters add what src/train/README.md states for the plan's
+   count (95.0 M at H 2048, L 5, V 163840, k 2, g 16, r 256: 94,978,048), every kernel of
+   cuda/dflash2.cu a step launches has a priced row (not only a name), the reduce-scatter
+   runs whole after the backward (model.cu does not overlap it for DFlash 2), and the model
+   FLOPs grow by the convolutions' kernel projections and the selector.
 """
 import json
 import os
@@ -299,6 +304,34 @@ def test_schedules():
           "exposed")
 
 
+def test_dflash2():
+    c = dict(gm.load_config("qwen3-8b"), hidden_size=2048, num_hidden_layers=5, vocab_size=163840)
+    d2 = dict(c, dflash2=dict(k=2, g=16, K=32, r=256))
+    check(gm.param_count(d2) - gm.param_count(c) == 94978048,
+          f"DFlash 2 adds {gm.param_count(d2) - gm.param_count(c)} parameters (the plan: 95.0 M)")
+    q = gm.load_config("qwen3-8b")
+    q2 = dict(q, dflash2=dict(k=2, g=16, K=32, r=256))
+    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "wmma")
+    r2 = gm.model(q2, "H200", 3072, 512, 1, 8, 16384, "wmma")
+    priced = set()
+    for o, t in r2["rows"]:
+        if t > 0:
+            priced.update(o.kernel.split("+"))
+    want = set(gm.dflash2_kernels()) - {"df2_greedy"}
+    check(want <= priced, "every DFlash 2 kernel of a step has a priced row; missing: "
+          f"{sorted(want - priced)}")
+    check(close(r2["reduce_scatter_exposed_s"], r2["reduce_scatter_s"]) and
+          r1["reduce_scatter_exposed_s"] < r1["reduce_scatter_s"],
+          "DFlash 2: the reduce-scatter after the backward, whole")
+    H, T, R = q["hidden_size"], r2["T"], r2["R"]
+    kg2, L = 2 * 2 * (H // 16), q["num_hidden_layers"]
+    extra = L * 2 * 3 * 2.0 * T * kg2 * H  # kernel projection: forward, dx, dw per conv
+    extra += 3 * 2.0 * R * 256 * H + 2.0 * R * (32 + 1) * 256  # hidden projection, codebooks
+    check(close(r2["model_flops"] - r1["model_flops"], extra),
+          f"DFlash 2 model FLOPs +{(r2['model_flops'] - r1['model_flops']) / 1e12:.3f} TFLOP")
+    check("dflash2" in r2["memory"] and r2["memory"]["dflash2"] > 0, "DFlash 2's buffers counted")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
@@ -307,6 +340,7 @@ def main():
         test_kernel_names(tmp)
         test_overlap()
         test_schedules()
+        test_dflash2()
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
     gm.print_table(r, ops=False)
     if FAILS:
