@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """What a single-pass attention backward would cost, priced with bench/gpu_model.py's terms.
 
-cuda/attention.cu runs the backward as two passes (attn_bwd_q: dQ over every key and the
-block's own dK / dV; attn_bwd_ctx: the context dK / dV, recomputing QK^T and dO V^T). The
+cuda/attention.cu runs the backward as two passes (attention_backward_q: dQ over every key and the
+block's own dK / dV; attention_backward_ctx: the context dK / dV, recomputing QK^T and dO V^T). The
 deterministic single pass compared here is KV-major: one CTA per (context key tile, kv head)
 over the blocks that see it computes S, dP, dK += dS^T Q, dV += P^T dO and dQ's partial
 dS K, written as fp32 per (block, tile) pair and summed in tile order by a second kernel
-(what remains of attn_bwd_q, the block tiles and D, is kept at its share of the time).
+(what remains of attention_backward_q, the block tiles and D, is kept at its share of the time).
 Printed per drafter: the two passes' time, the single pass's, and the dQ partials' scratch
 per layer, which that design needs and the two passes do not.
 
@@ -27,8 +27,8 @@ def compare(name, gpu_name):
     two = one = scratch = 0.0
     for l in range(c["num_hidden_layers"]):
         ops = gm.attention_ops(c, s, l, g, "wmma")
-        q = next(o for o in ops if o.kernel == "attn_bwd_q")
-        x = next(o for o in ops if o.kernel == "attn_bwd_ctx")
+        q = next(o for o in ops if o.kernel == "attention_backward_q")
+        x = next(o for o in ops if o.kernel == "attention_backward_ctx")
         Mp, N = -(-x.extra["M"] // 16) * 16, x.extra["N"]
         cols = x.flops / (nkv * 8.0 * Mp * d)   # tile widths summed over (tile, block) pairs
         pairs = cols / N
@@ -37,7 +37,7 @@ def compare(name, gpu_name):
                   x.bytes + 2 * part, x.model_flops, extra=dict(x.extra))
         o.extra["smem_traffic"] = (x.extra["smem_traffic"] + part +
                                    nkv * 2.0 * Mp * d * cols * gm.frag_bytes(Mp, d, N, (2, 2), 0))
-        blk = s.A * 10.0 * Mp * 16 / (q.flops / nkv / d)  # attn_bwd_q's block-tile share
+        blk = s.A * 10.0 * Mp * 16 / (q.flops / nkv / d)  # attention_backward_q's block-tile share
         two += gm.op_time(q, g, 1) + gm.op_time(x, g, 1)
         one += gm.op_time(o, g, 1) + blk * gm.op_time(q, g, 1)
         scratch = max(scratch, part)

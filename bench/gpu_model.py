@@ -174,7 +174,7 @@ def df2_conv_forward(c, s, p, which):
     x, T, H = c["dflash2"], s.T, c["hidden_size"]
     kG = x["k"] * (H // x["g"])
     return [gemm(p + f"conv {which} kernel projection (fp32 out)", T, 2 * kG, H, c_bytes=4),
-            mem(p + f"conv {which} prepare (convolve the input)", "df2_conv_fwd",
+            mem(p + f"conv {which} prepare (convolve the input)", "df2_conv_apply",
                 2 * 2 * T * H + 4 * T * kG + 2 * x["k"] * H, flops=2.0 * T * H * x["k"])]
 
 
@@ -182,7 +182,7 @@ def df2_conv_finish(c, s, p, which):
     """df2_finish: out = residual + the convolution of the sublayer's output y."""
     x, T, H = c["dflash2"], s.T, c["hidden_size"]
     kG = x["k"] * (H // x["g"])
-    return [mem(p + f"conv {which} finish (+ residual)", "df2_conv_fwd",
+    return [mem(p + f"conv {which} finish (+ residual)", "df2_conv_apply",
                 3 * 2 * T * H + 4 * T * kG + 2 * x["k"] * H, flops=2.0 * T * H * x["k"])]
 
 
@@ -190,11 +190,11 @@ def df2_conv_backward(c, s, p, what, dy_bytes, dx_bytes):
     """cuda/dflash2.cu conv_backward: d(input), d(dynamic kernels), d(base kernel)."""
     x, T, H = c["dflash2"], s.T, c["hidden_size"]
     kG, seg = x["k"] * (H // x["g"]), min(64, -(-T // 256))
-    return [mem(p + f"{what} dx", "df2_conv_bwd_dx", T * H * (dy_bytes + dx_bytes) + 4 * T * kG,
+    return [mem(p + f"{what} dx", "df2_conv_backward_dx", T * H * (dy_bytes + dx_bytes) + 4 * T * kG,
                 flops=2.0 * T * H * x["k"]),
-            mem(p + f"{what} d(dynamic kernels)", "df2_conv_bwd_ddyn",
+            mem(p + f"{what} d(dynamic kernels)", "df2_conv_backward_ddyn",
                 T * H * (dy_bytes + 2) + 4 * T * kG, flops=2.0 * T * H * x["k"]),
-            mem(p + f"{what} d(base kernel)", "df2_conv_dbase_part+df2_conv_dbase_sum",
+            mem(p + f"{what} d(base kernel)", "df2_conv_backward_dbase_partial+df2_conv_backward_dbase_reduce",
                 T * H * (dy_bytes + 2) + 2 * 4 * seg * x["k"] * H, launches=2)]
 
 
@@ -217,14 +217,14 @@ def df2_selector_ops(c, s, chunk):
     x, R, H, V = c["dflash2"], s.R, c["hidden_size"], c["vocab_size"]
     K, r = x["K"], x["r"]
     nchunk = -(-V // chunk)
-    ops = [mem("selector top-K reset", "df2_topk_reset", 8 * R * K),
-           mem(f"selector top-K merge ({nchunk} chunks, beside ce_chunk)", "df2_topk_merge",
+    ops = [mem("selector top-K reset", "df2_lmhead_topk_init", 8 * R * K),
+           mem(f"selector top-K merge ({nchunk} chunks, beside lmhead_ce_chunk)", "df2_lmhead_topk_chunk",
                4 * R * V + nchunk * 8 * R * K, launches=nchunk),
            Op("selector previous tokens (H2D)", "cudaMemcpyAsync", "h2d", 0, 4 * R),
-           mem("selector target logit", "df2_target_logit", 2 * 2 * R * H + 4 * R,
+           mem("selector target logit", "df2_selector_target_logit", 2 * 2 * R * H + 4 * R,
                flops=2.0 * R * H),
            gemm("selector hidden projection (fp32 out)", R, r, H, c_bytes=4),
-           mem("selector scores, CE, d(score) per row", "df2_sel_rows",
+           mem("selector scores, CE, d(score) per row", "df2_selector_row",
                2 * R * K * H + 2 * 2 * R * K * r + 4 * R * (H + 3 * r),
                flops=2.0 * R * K * (r + H)),
            gemm("selector hidden projection dw", r, H, R, c_bytes=4, beta=1.0),
@@ -233,7 +233,7 @@ def df2_selector_ops(c, s, chunk):
     for cb, nz in (("successor", K), ("predecessor", 1)):
         ops += [mem(f"selector {cb} codebook: clear the sparse chunk ({nchunk} chunks)",
                     "cudaMemsetAsync", 2 * R * V, launches=nchunk),
-                mem(f"selector {cb} codebook: scatter d(score)", "df2_scatter_chunk",
+                mem(f"selector {cb} codebook: scatter d(score)", "df2_selector_scatter_chunk",
                     nchunk * (2 * R * nz + 8 * R * nz), launches=nchunk)]
         g = gemm(f"selector {cb} codebook dw ({nchunk} chunks, dense over the sparse chunk)", V,
                  r, R, c_bytes=4, beta=1.0, model=False, call=(min(chunk, V), r, R))
@@ -289,23 +289,23 @@ def mem(name, kernel, nbytes, launches=1, count=1, flops=0.0):
     return Op(name, kernel, "mem", flops, nbytes, 0.0, launches, count)
 
 
-def rms_fwd(name, rows, n):   # rms_fwd: x in, y out (bf16), rstd (f32)
-    return mem(name, "rms_fwd", 2 * rows * n * 2 + 4 * rows + 2 * n, flops=4.0 * rows * n)
+def rmsnorm_forward(name, rows, n):   # rmsnorm_forward: x in, y out (bf16), rstd (f32)
+    return mem(name, "rmsnorm_forward", 2 * rows * n * 2 + 4 * rows + 2 * n, flops=4.0 * rows * n)
 
 
-def rms_dw(name, rows, n, dy_bytes):  # rms_dw_partial + rms_dw_reduce
+def rms_dw(name, rows, n, dy_bytes):  # rmsnorm_backward_dw_partial + rmsnorm_backward_dw_reduce
     splits = min(256, (rows + 63) // 64)
-    return mem(name, "rms_dw_partial+rms_dw_reduce",
+    return mem(name, "rmsnorm_backward_dw_partial+rmsnorm_backward_dw_reduce",
                rows * n * (dy_bytes + 2) + 4 * rows + 4 * splits * n * 2 + 8 * n, launches=2)
 
 
-def rms_bwd(name, rows, n, dy_bytes, dx_bytes, acc):
-    return mem(name, "rms_bwd", rows * n * (dy_bytes + 2 + dx_bytes * (2 if acc else 1)) +
+def rmsnorm_backward(name, rows, n, dy_bytes, dx_bytes, acc):
+    return mem(name, "rmsnorm_backward", rows * n * (dy_bytes + 2 + dx_bytes * (2 if acc else 1)) +
                4 * rows + 2 * n, flops=6.0 * rows * n)
 
 
 def rope(name, rows, heads, d):  # in place, bf16, tables f32 (cached)
-    return mem(name, "rope", 2 * 2 * rows * heads * d + 4 * rows * d, flops=3.0 * rows * heads * d)
+    return mem(name, "rope_forward", 2 * 2 * rows * heads * d + 4 * rows * d, flops=3.0 * rows * heads * d)
 
 
 def visible_keys(c, s, window):
@@ -375,8 +375,8 @@ def frag_bytes(M, N, K, unit, acc):
 
 def held_fits(slots, mats, M, N, W):
     """attention.cu held_fits(): accumulators of `mats` M x N matrices stay in registers
-    across the loop when their 2x2 units take at most `slots` per warp (attn_bwd_ctx: dK
-    and dV, 2 slots; attn_bwd_q: dQ, 1 slot)."""
+    across the loop when their 2x2 units take at most `slots` per warp (attention_backward_ctx: dK
+    and dV, 2 slots; attention_backward_q: dQ, 1 slot)."""
     return mats * -(-(M // 16) // 2) * -(-(N // 16) // 2) <= slots * W
 
 
@@ -392,13 +392,18 @@ def wmma_kernel_time(o, gpu):
     return max(max(tc, sm) / occ, o.bytes / (gpu["bw"] * MEM_EFF), x["l2"] / gpu["l2bw"])
 
 
+# cuda/attention.cu's kernels, named after df_attention_forward / df_attention_backward.
+ATTN_KERNEL = {"fwd": "attention_forward", "bwd_q": "attention_backward_q",
+               "bwd_ctx": "attention_backward_ctx"}
+
+
 def wmma_attention(c, s, l, gpu, w, fwd_model, io):
     """cuda/attention.cu as documented at its top: one CTA per (block, kv head) packs
     M = B x nh/nkv query rows (padded to 16); keys walk in tiles of N (the widest of 64,
     32, 16 whose shared memory fits), context tiles from the first visible row, then
     one tile for the block's own keys; a tile of cnt keys costs 16 * ceil(cnt / 16)
     columns of products at the full Mp (FLOPs as the header of attention.cu counts them).
-    attn_bwd_q: S, dP, dQ per tile (+ dK, dV on the block tile); attn_bwd_ctx: one CTA
+    attention_backward_q: S, dP, dQ per tile (+ dK, dV on the block tile); attention_backward_ctx: one CTA
     per (context tile, kv head) over the blocks that see it: S, dP, dK, dV."""
     B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     dk = -(-d // 16) * 16  # the products run over head_dim padded to 16
@@ -472,7 +477,7 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
             waves = -(-(-(-s.Sc // N) * nkv) // (gpu["sms"] * ctas))
             hbm = waves * (2 * q_bytes + 8 * s.T * nh) + 2 * kv_bytes
             name, mf = f"L{l} attention bwd context dK/dV (WMMA, N {N})", fwd_model
-        ops.append(Op(name, "attn_" + kind, "attn", fl, hbm, mf,
+        ops.append(Op(name, ATTN_KERNEL[kind], "attn", fl, hbm, mf,
                       extra=dict(wmma=True, warps=W, ctas_per_sm=ctas, smem=smem, N=N, M=M,
                                  smem_traffic=traffic + elem, l2=l2)))
     return ops
@@ -498,17 +503,17 @@ def attention_ops(c, s, l, gpu, design):
     padded = sum(-(-k // kt) * kt for k in spans) * B * nh  # q rows x keys (fwd walk)
     vis = pairs * nh
     fwd_t = vis * d / dot_rate + vis * d / acc_rate
-    fwd = Op(f"L{l} attention fwd (scalar fp32)", "attn_fwd", "attn", 4.0 * vis * d,
+    fwd = Op(f"L{l} attention fwd (scalar fp32)", "attention_forward", "attn", 4.0 * vis * d,
              io + 2 * 2 * d * nh * sum(spans), fwd_model, extra=dict(time=fwd_t))
-    # attn_bwd_block: 2 dots (visible) + dq accumulation over every walked key + block
-    # dk/dv; attn_bwd_ctx: 2 dots + 2 accumulations per visible context pair.
+    # attention_backward_block: 2 dots (visible) + dq accumulation over every walked key + block
+    # dk/dv; attention_backward_ctx: 2 dots + 2 accumulations per visible context pair.
     ctx_pairs = sum(max(0, k - B) for k in spans) * B * nh
     blk_t = 2 * vis * d / dot_rate + padded * d / acc_rate + 2 * s.A * nh * B * B * d / acc_rate
     ctx_t = 2 * ctx_pairs * d / dot_rate + 2 * ctx_pairs * d / acc_rate
-    b1 = Op(f"L{l} attention bwd dq + block dk/dv (scalar)", "attn_bwd_block", "attn",
+    b1 = Op(f"L{l} attention bwd dq + block dk/dv (scalar)", "attention_backward_block", "attn",
             2.0 * (3 * vis + 2 * s.A * nh * B * B) * d, 2 * io, fwd_model,
             extra=dict(time=blk_t))
-    b2 = Op(f"L{l} attention bwd context dk/dv (scalar)", "attn_bwd_ctx", "attn",
+    b2 = Op(f"L{l} attention bwd context dk/dv (scalar)", "attention_backward_ctx", "attn",
             8.0 * ctx_pairs * d, io, fwd_model, extra=dict(time=ctx_t))
     return [fwd, b1, b2]
 
@@ -518,25 +523,25 @@ def layer_forward(c, s, l, gpu, design):
     d, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     qd, kd = nh * d, nkv * d
     p = f"L{l} fwd "
-    ops = [rms_fwd(p + "input norm", T, H),
-           gemm(p + "q proj", T, qd, H), rms_fwd(p + "q norm", T * nh, d), rope(p + "q rope", T, nh, d),
-           gemm(p + "k proj (block)", T, kd, H), rms_fwd(p + "k norm (block)", T * nkv, d),
+    ops = [rmsnorm_forward(p + "input norm", T, H),
+           gemm(p + "q proj", T, qd, H), rmsnorm_forward(p + "q norm", T * nh, d), rope(p + "q rope", T, nh, d),
+           gemm(p + "k proj (block)", T, kd, H), rmsnorm_forward(p + "k norm (block)", T * nkv, d),
            rope(p + "k rope (block)", T, nkv, d), gemm(p + "v proj (block)", T, kd, H),
-           gemm(p + "k proj (context)", Sc, kd, H), rms_fwd(p + "k norm (context)", Sc * nkv, d),
+           gemm(p + "k proj (context)", Sc, kd, H), rmsnorm_forward(p + "k norm (context)", Sc * nkv, d),
            rope(p + "k rope (context)", Sc, nkv, d), gemm(p + "v proj (context)", Sc, kd, H)]
-    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel == "attn_fwd"]
+    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel == "attention_forward"]
     if c.get("dflash2"):  # DFlash 2: the sublayers' inputs and outputs convolved
         ops[1:1] = df2_conv_forward(c, s, p, 0)
         return ops + [gemm(p + "o proj", T, H, qd)] + df2_conv_finish(c, s, p, 0) + [
-            rms_fwd(p + "post-attention norm", T, H)] + df2_conv_forward(c, s, p, 1) + [
+            rmsnorm_forward(p + "post-attention norm", T, H)] + df2_conv_forward(c, s, p, 1) + [
             gemm(p + "gate proj", T, I, H), gemm(p + "up proj", T, I, H),
-            mem(p + "SwiGLU", "swiglu_fwd", 3 * 2 * T * I, flops=6.0 * T * I),
+            mem(p + "SwiGLU", "swiglu_forward", 3 * 2 * T * I, flops=6.0 * T * I),
             gemm(p + "down proj", T, H, I)] + df2_conv_finish(c, s, p, 1)
     ops += [mem(p + "residual copy h_mid = h_in", "cudaMemcpyAsync", 2 * 2 * T * H),
             gemm(p + "o proj (+= residual)", T, H, qd, beta=1.0),
-            rms_fwd(p + "post-attention norm", T, H),
+            rmsnorm_forward(p + "post-attention norm", T, H),
             gemm(p + "gate proj", T, I, H), gemm(p + "up proj", T, I, H),
-            mem(p + "SwiGLU", "swiglu_fwd", 3 * 2 * T * I, flops=6.0 * T * I),
+            mem(p + "SwiGLU", "swiglu_forward", 3 * 2 * T * I, flops=6.0 * T * I),
             mem(p + "residual copy out = h_mid", "cudaMemcpyAsync", 2 * 2 * T * H),
             gemm(p + "down proj (+= residual)", T, H, I, beta=1.0)]
     return ops
@@ -546,7 +551,7 @@ def qk_backward(p, rows, heads, d, H, acc, what):
     n = rows * heads
     return [rope(p + f"{what} rope^T", rows, heads, d),
             rms_dw(p + f"{what} norm dw", n, d, 2),
-            rms_bwd(p + f"{what} norm dx", n, d, 2, 2, False),
+            rmsnorm_backward(p + f"{what} norm dx", n, d, 2, 2, False),
             gemm(p + f"{what} proj dx", rows, H, heads * d, c_bytes=4, beta=1.0 if acc else 0.0),
             gemm(p + f"{what} proj dw", heads * d, H, rows, c_bytes=4, beta=1.0)]
 
@@ -560,14 +565,14 @@ def layer_backward(c, s, l, gpu, design):
     (fin1, prep1), (fin0, prep0) = (df2_layer_backward(c, s, p, 1), df2_layer_backward(c, s, p, 0)) \
         if df2 else (([], []), ([], []))
     ops = fin1 + [gemm(p + "down dx", T, I, H), gemm(p + "down dw", H, I, T, c_bytes=4, beta=1.0),
-           mem(p + "SwiGLU backward", "swiglu_bwd", 5 * 2 * T * I, flops=12.0 * T * I),
+           mem(p + "SwiGLU backward", "swiglu_backward", 5 * 2 * T * I, flops=12.0 * T * I),
            gemm(p + "gate dx", T, H, I, c_bytes=4), gemm(p + "up dx (+=)", T, H, I, c_bytes=4, beta=1.0),
            gemm(p + "gate dw", I, H, T, c_bytes=4, beta=1.0),
            gemm(p + "up dw", I, H, T, c_bytes=4, beta=1.0)] + prep1 + [
            rms_dw(p + "post-attention norm dw", T, H, 4),
-           rms_bwd(p + "post-attention norm dx (+=)", T, H, 4, 2, True)] + fin0 + [
+           rmsnorm_backward(p + "post-attention norm dx (+=)", T, H, 4, 2, True)] + fin0 + [
            gemm(p + "o dx", T, qd, H), gemm(p + "o dw", H, qd, T, c_bytes=4, beta=1.0)]
-    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel != "attn_fwd"]
+    ops += [o for o in attention_ops(c, s, l, gpu, design) if o.kernel != "attention_forward"]
     ops += qk_backward(p, T, nh, d, H, False, "q")
     ops += qk_backward(p, T, nkv, d, H, True, "k (block)")
     ops += [gemm(p + "v (block) dx (+=)", T, H, kd, c_bytes=4, beta=1.0),
@@ -576,7 +581,7 @@ def layer_backward(c, s, l, gpu, design):
     ops += [gemm(p + "v (context) dx (+=)", Sc, H, kd, c_bytes=4, beta=1.0),
             gemm(p + "v (context) dw", kd, H, Sc, c_bytes=4, beta=1.0),
             rms_dw(p + "input norm dw", T, H, 4),
-            rms_bwd(p + "input norm dx (+=)", T, H, 4, 2, True)]
+            rmsnorm_backward(p + "input norm dx (+=)", T, H, 4, 2, True)]
     return ops
 
 
@@ -597,20 +602,20 @@ def sequence_ops(c, s, gpu, design, chunk):
            mem("hidden rows to bf16 + NaN/Inf check (device)", "hidden_decode", 4 * Sc * KH),
            mem("block positions", "positions", 8 * T + 4 * A),
            gemm("fc: context = hidden [Sc,KH] x W_fc^T", Sc, H, KH),
-           rms_fwd("hidden norm (context)", Sc, H),
+           rmsnorm_forward("hidden norm (context)", Sc, H),
            mem("embed block tokens", "gather_rows", 2 * 2 * T * H + 4 * T)]
     for l in range(c["num_hidden_layers"]):
         ops += layer_forward(c, s, l, gpu, design)
-    ops += [rms_fwd("final norm", T, H), mem("gather supervised rows", "gather_rows", 2 * 2 * R * H + 4 * R)]
+    ops += [rmsnorm_forward("final norm", T, H), mem("gather supervised rows", "gather_rows", 2 * 2 * R * H + 4 * R)]
     nchunk = -(-V // chunk)
-    ops += [mem("CE init", "ce_init", 12 * R), mem("CE grad accumulator clear", "cudaMemsetAsync", 4 * R * H),
+    ops += [mem("CE init", "lmhead_ce_init", 12 * R), mem("CE grad accumulator clear", "cudaMemsetAsync", 4 * R * H),
             gemm(f"LM head logits ({nchunk} chunks, fp32 out)", R, V, H, c_bytes=4,
                  call=(R, min(chunk, V), H)),
-            mem(f"CE chunk: max, exp, probs, rescale ({nchunk} chunks)", "ce_chunk",
+            mem(f"CE chunk: max, exp, probs, rescale ({nchunk} chunks)", "lmhead_ce_chunk",
                 V * R * (4 + 2) + nchunk * 8 * R * H, launches=nchunk, flops=4.0 * R * V),
             gemm(f"LM head d(rows) = probs x E ({nchunk} chunks, fp32 +=)", R, H, V, c_bytes=4,
                  beta=1.0, call=(R, H, min(chunk, V))),
-            mem("CE finish: loss, d(rows)", "ce_finish", R * H * (4 + 2 + 2) + 16 * R)]
+            mem("CE finish: loss, d(rows)", "lmhead_ce_finish", R * H * (4 + 2 + 2) + 16 * R)]
     if c.get("dflash2"):
         ops += df2_selector_ops(c, s, chunk)
     ops += [
@@ -621,12 +626,12 @@ def sequence_ops(c, s, gpu, design, chunk):
             o.launches = nchunk
     ops += [mem("d(hidden) clear", "cudaMemsetAsync", 2 * T * H),
             mem("scatter d(rows)", "scatter_rows", 2 * 2 * R * H + 4 * R),
-            rms_dw("final norm dw", T, H, 2), rms_bwd("final norm dx", T, H, 2, 2, False),
+            rms_dw("final norm dw", T, H, 2), rmsnorm_backward("final norm dx", T, H, 2, 2, False),
             mem("d(context) clear", "cudaMemsetAsync", 4 * Sc * H)]
     first_bwd = len(ops) - 5
     for l in reversed(range(c["num_hidden_layers"])):
         ops += layer_backward(c, s, l, gpu, design)
-    ops += [rms_dw("hidden norm dw", Sc, H, 4), rms_bwd("hidden norm dx", Sc, H, 4, 2, False),
+    ops += [rms_dw("hidden norm dw", Sc, H, 4), rmsnorm_backward("hidden norm dx", Sc, H, 4, 2, False),
             gemm("fc dw", H, KH, Sc, c_bytes=4, beta=1.0)]
     for o in ops[first_bwd:]:
         o.extra["bwd"] = True
@@ -670,8 +675,8 @@ NOT_IN_STEP = {
     "rope_table": "once per new longest position (ensure_rope), then cached",
     "f32_to_bf16": "uploads at create and load (embedding, LM head, weights)",
     "bf16_to_f32": "not called by the trainer",
-    "argmax_init": "predict (evaluation) only",
-    "argmax_chunk": "predict (evaluation) only",
+    "lmhead_argmax_init": "predict (evaluation) only",
+    "lmhead_argmax_chunk": "predict (evaluation) only",
     "scale": "df_cu_scale_grads (sequences of different grad_scale), and with several ranks the "
              "factor 1 / (grad_scale x global weight) when it is not 1 (dflash_train_run's "
              "grad_scale 1/W makes it 1 up to rounding)",
@@ -682,20 +687,20 @@ def dflash2_kernels():
     """The kernels of cuda/dflash2.cu (DFlash 2's convolutions and candidate selector), each
     priced by a row when the config is DFlash 2 (df2_conv_forward, df2_layer_backward,
     df2_selector_ops; --dflash2); listed here too so the coverage test knows them with a
-    DFlash 1 config, and df2_greedy (predict only) has no step row:"""
+    DFlash 1 config, and df2_select_greedy_block (predict only) has no step row:"""
     return {
-        "df2_conv_fwd": "per conv and sublayer: read x [T,H] and k taps, write [T,H]",
-        "df2_conv_bwd_dx": "per conv: read dout [T,H], write dx [T,H]",
-        "df2_conv_bwd_ddyn": "per conv: read dout and x [T,H], write [T,k,H/g]",
-        "df2_conv_dbase_part": "per conv: read dout and x [T,H], k partial rows per segment",
-        "df2_conv_dbase_sum": "per conv: sum <= 64 partials of [k,H]",
-        "df2_topk_reset": "per sequence: [R,K]",
-        "df2_topk_merge": "per vocabulary chunk: read logits [R,chunk] (beside ce_chunk)",
-        "df2_target_logit": "per sequence: R dot products of H",
-        "df2_sel_rows": "per sequence: R x K x (r + H) multiply-adds",
-        "df2_scatter_chunk": "per vocabulary chunk, twice: R x K writes",
+        "df2_conv_apply": "per conv and sublayer: read x [T,H] and k taps, write [T,H]",
+        "df2_conv_backward_dx": "per conv: read dout [T,H], write dx [T,H]",
+        "df2_conv_backward_ddyn": "per conv: read dout and x [T,H], write [T,k,H/g]",
+        "df2_conv_backward_dbase_partial": "per conv: read dout and x [T,H], k partial rows per segment",
+        "df2_conv_backward_dbase_reduce": "per conv: sum <= 64 partials of [k,H]",
+        "df2_lmhead_topk_init": "per sequence: [R,K]",
+        "df2_lmhead_topk_chunk": "per vocabulary chunk: read logits [R,chunk] (beside lmhead_ce_chunk)",
+        "df2_selector_target_logit": "per sequence: R dot products of H",
+        "df2_selector_row": "per sequence: R x K x (r + H) multiply-adds",
+        "df2_selector_scatter_chunk": "per vocabulary chunk, twice: R x K writes",
         "df2_add_rows": "per sequence: [R,H]",
-        "df2_greedy": "predict only: A x (B-1) x K x r",
+        "df2_select_greedy_block": "predict only: A x (B-1) x K x r",
     }
 
 
@@ -943,14 +948,14 @@ def category(o):
     if o.kind in ("host", "h2d", "d2h", "comm", "attn"):
         return {"host": "host: rows into the pinned stage", "h2d": "uploads (H2D)",
                 "d2h": "uploads (H2D)", "comm": "NCCL collectives (ZeRO-1)",
-                "attn": "attention " + ("forward" if o.kernel == "attn_fwd" else "backward")}[o.kind]
+                "attn": "attention " + ("forward" if o.kernel == "attention_forward" else "backward")}[o.kind]
     if o.kind == "gemm":
         if o.name.startswith("LM head"):
             return "LM head GEMMs (chunked)"
         if o.name.startswith("fc"):
             return "fc GEMMs (fwd, dW)"
         return "layer GEMMs " + ("backward" if o.extra.get("bwd") else "forward")
-    if o.kernel.startswith("ce_"):
+    if o.kernel.startswith("lmhead_ce_"):
         return "CE kernels"
     if o.kernel in ("adamw", "scale_clipped", "sumsq_partial+sumsq_final", "norm_sum+norm_clip") \
             or o.name == "zero gradients":
@@ -1110,7 +1115,7 @@ def compare(r, path, out=sys.stdout):
 
 def kernel_of(name, known):
     """The model's kernel for one profiled kernel name (nsys's demangled name): a model
-    kernel named in it as a function (`attn_fwd(`, `rms_bwd<`), cuBLAS's own kernels
+    kernel named in it as a function (`attention_forward(`, `rmsnorm_backward<`), cuBLAS's own kernels
     (gemm, xmma, cutlass, nvjet) as cublasGemmEx, NCCL's as its collectives."""
     for k in sorted(known, key=len, reverse=True):
         if re.search(r"(^|[^A-Za-z0-9_])" + re.escape(k) + r"\s*[(<]", name):
@@ -1151,13 +1156,13 @@ def compare_kernels(r, path, runs, out=sys.stdout):
         for k in ks:
             pred[k] = pred.get(k, 0.0) + t * 1e3 / len(ks)
     p(f"== per kernel, ms per step (nsys, {runs} steps): {r['config']} seq {r['seq_len']} on {r['gpu']}")
-    p(f"   {'kernel':28s} {'predicted':>10s} {'measured':>10s} {'ratio':>6s}")
+    p(f"   {'kernel':32s} {'predicted':>10s} {'measured':>10s} {'ratio':>6s}")
     for k in sorted(set(pred) | set(meas), key=lambda k: -max(pred.get(k, 0), meas.get(k, 0))):
         a, b = pred.get(k, 0.0), meas.get(k, 0.0)
-        p(f"   {k:28s} {a:10.3f} {b:10.3f} {b / a if a else 0:6.2f}")
-    p(f"   {'(kernels the model does not name)':28s} {'':10s} {other:10.3f}")
+        p(f"   {k:32s} {a:10.3f} {b:10.3f} {b / a if a else 0:6.2f}")
+    p(f"   {'(kernels the model does not name)':32s} {'':10s} {other:10.3f}")
     tot_p = sum(pred.values())
-    p(f"   {'all kernels':28s} {tot_p:10.3f} {sum(meas.values()) + other:10.3f}")
+    p(f"   {'all kernels':32s} {tot_p:10.3f} {sum(meas.values()) + other:10.3f}")
     return meas
 
 

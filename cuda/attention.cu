@@ -22,40 +22,40 @@
 //            clipped at the edges. Fragment bytes through shared memory per mma_sync:
 //            (rm + rn) / (2 rm rn) KB: 1/2 for 2x2, 3/4 for 1x2.
 //   held     accumulators kept in registers over the whole loop instead of loaded from and
-//            stored to shared memory by every product: attn_bwd_ctx's dK and dV when their
+//            stored to shared memory by every product: attention_backward_ctx's dK and dV when their
 //            2x2 units take at most 2 per warp (Qwen3-8B N 64: 16 units / 8 warps; Kimi N
-//            32: 8), attn_bwd_q's dQ at most 1 per warp (Qwen3-8B: 8 units / 8 warps; not
+//            32: 8), attention_backward_q's dQ at most 1 per warp (Qwen3-8B: 8 units / 8 warps; not
 //            Kimi's Mp 128). Otherwise in shared memory as before (template REG = false).
-//   registers  (ptxas -v, CUDA 13.0; no spills) sm_90 / sm_100 / sm_120: attn_fwd 114 /
-//            118 / 121; attn_bwd_q 164 / 226 / 246 (dQ held), 137 / 246 / 246; attn_bwd_ctx
+//   registers  (ptxas -v, CUDA 13.0; no spills) sm_90 / sm_100 / sm_120: attention_forward 114 /
+//            118 / 121; attention_backward_q 164 / 226 / 246 (dQ held), 137 / 246 / 246; attention_backward_ctx
 //            204 / 238 / 234 (dK, dV held), 116 / 252 / 254. At 256 threads one CTA per SM
 //            (what the shared memory of the backward leaves anyway); at 128 threads two.
 //   shared   bf16 rows of dp are padded to ldh = dp + 8, fp32 rows of N to ldn = N + 4, bf16
 //            rows of N to ldp = N + 8, fp32 rows of dp to ldo = dp + 4 (16 bytes: consecutive
 //            rows start 4 banks apart, so the 8 rows of a fragment load hit distinct banks);
 //            every region starts on 128 bytes. Bytes per CTA (bf16 = 2, fp32 = 4):
-//     attn_fwd        2*Mp*ldh + 4*N*ldh + 4*Mp*ldn + 2*Mp*ldp + 4*Mp*ldo + 8*Mp
-//     attn_bwd_q      4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 4*Mp*ldo + 4*N*ldo + 8*Mp
-//     attn_bwd_ctx    4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 8*N*ldo + 8*Mp
+//     attention_forward        2*Mp*ldh + 4*N*ldh + 4*Mp*ldn + 2*Mp*ldp + 4*Mp*ldo + 8*Mp
+//     attention_backward_q      4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 4*Mp*ldo + 4*N*ldo + 8*Mp
+//     attention_backward_ctx    4*Mp*ldh + 4*N*ldh + 8*Mp*ldn + 4*Mp*ldp + 8*N*ldo + 8*Mp
 //     (+ up to 127 bytes per region of alignment). E.g. d = 128, Mp = 64 (Qwen3-8B 32/8 at
 //     B 16), N = 64: 113,152 / 190,976 / 190,976 bytes; Mp = 128 (Kimi 64/8): N = 64, 32,
 //     32: 191,488 / 229,888 / 179,200 bytes (227 KiB = 232,448 on H100/H200/B200).
 //   FLOPs    (tensor-core, per CTA; a tile of cnt keys costs w = 16 * ceil(cnt / 16)
 //            columns; keys = the sum of w over the tiles visited: the context rows from the
 //            window's start to the anchor, in tiles of N, then the B block keys)
-//            forward 4 * Mp * keys * dp (QK^T, PV); attn_bwd_q 6 * Mp * keys * dp (QK^T,
+//            forward 4 * Mp * keys * dp (QK^T, PV); attention_backward_q 6 * Mp * keys * dp (QK^T,
 //            dO V^T, dS K) + 4 * Mp * B16 * dp (the block's dK, dV; B16 = 16 * ceil(B / 16));
-//            attn_bwd_ctx 8 * Mp * w * dp per block that sees its tile (QK^T, dO V^T,
+//            attention_backward_ctx 8 * Mp * w * dp per block that sees its tile (QK^T, dO V^T,
 //            dS^T Q, P^T dO; w of the tile cut at that block's anchor). QK^T and dO V^T of
 //            context keys are computed in both passes: 7 products per score, not 5 (why
 //            not one pass: at the foot of this comment).
 //
 // Kernels:
-//   attn_fwd      grid (n_blocks, nkv): out (bf16) and the row log-sum-exp lse (f32 [T, nh]),
+//   attention_forward      grid (n_blocks, nkv): out (bf16) and the row log-sum-exp lse (f32 [T, nh]),
 //                 kept for the backward.
-//   attn_bwd_q    grid (n_blocks, nkv): D = rowsum(dO * O) (saved for attn_bwd_ctx), dQ over
+//   attention_backward_q    grid (n_blocks, nkv): D = rowsum(dO * O) (saved for attention_backward_ctx), dQ over
 //                 every key, and the block's own dK / dV (only this block sees its keys).
-//   attn_bwd_ctx  grid (ceil(Sc / N), nkv): context dK / dV of one key tile, summed over the
+//   attention_backward_ctx  grid (ceil(Sc / N), nkv): context dK / dV of one key tile, summed over the
 //                 blocks that see it in block order, so results never depend on scheduling.
 //
 // Why two backward passes, not one: in one pass either dQ (KV-major CTAs) or the context
@@ -316,8 +316,8 @@ __device__ int warp_gemm(float *C, int ldc, const bf16 *A, int lda, const bf16 *
 // outputs in 2x2 units, dealt round robin to the warps (unit u, of the first matrix's then
 // the second's, at warp u % W in slot u / W), when every warp needs at most SLOTS slots
 // (4 fragments, 32 registers each); otherwise the kernel keeps them in shared memory.
-// attn_bwd_ctx holds its key tile's dK and dV (N x dp, over the blocks) in 2 slots: the
-// Qwen3-8B and Kimi shapes fit. attn_bwd_q holds its block's dQ (Mp x dp, over the key
+// attention_backward_ctx holds its key tile's dK and dV (N x dp, over the blocks) in 2 slots: the
+// Qwen3-8B and Kimi shapes fit. attention_backward_q holds its block's dQ (Mp x dp, over the key
 // tiles) in 1: Qwen3-8B fits, Kimi (Mp 128) does not (2 slots there took 255 registers
 // and spilled on sm_120).
 constexpr int kCtxSlots = 2, kQSlots = 1;
@@ -457,8 +457,8 @@ __device__ void softmax_tile(const Shape &s, float *S, bf16 *P, float *O, int a,
   for (int e = c; row && e < s.dp; e += tpr) O[r * ldo + e] *= alpha;
 }
 
-__global__ void attn_fwd(Shape s, bf16 *out, float *lse, const bf16 *q, const bf16 *kc,
-                         const bf16 *vc, const bf16 *kb, const bf16 *vb) {
+__global__ void attention_forward(Shape s, bf16 *out, float *lse, const bf16 *q, const bf16 *kc,
+                                  const bf16 *vc, const bf16 *kb, const bf16 *vb) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
   Smem L = smem_layout(FWD, s.Mp, s.N, s.dp);
@@ -526,9 +526,10 @@ __device__ void store_kv_rows(const Shape &s, bf16 *dst, const float *T, size_t 
 // Per (block, kv head): D, dQ over every key, and the block's own dK / dV; REG: dQ held in
 // registers (held_fits), else in shared memory.
 template <bool REG>
-__global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, const bf16 *dout,
-                           const bf16 *o, const float *lse, const bf16 *q, const bf16 *kc,
-                           const bf16 *vc, const bf16 *kb, const bf16 *vb) {
+__global__ void attention_backward_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg,
+                                     const bf16 *dout, const bf16 *o, const float *lse,
+                                     const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
+                                     const bf16 *vb) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
   Smem L = smem_layout(BWD_Q, s.Mp, s.N, s.dp);
@@ -595,9 +596,9 @@ __global__ void attn_bwd_q(Shape s, bf16 *dq, bf16 *dkb, bf16 *dvb, float *Dg, c
 // Per (context key tile, kv head): dK, dV of the tile over the blocks that see it; REG: the
 // accumulators in registers (held_fits), else in shared memory.
 template <bool REG>
-__global__ void attn_bwd_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const float *Dg,
-                             const bf16 *dout, const float *lse, const bf16 *q, const bf16 *kc,
-                             const bf16 *vc) {
+__global__ void attention_backward_ctx(Shape s, int n_blocks, bf16 *dkc, bf16 *dvc, const float *Dg,
+                                       const bf16 *dout, const float *lse, const bf16 *q,
+                                       const bf16 *kc, const bf16 *vc) {
   DF_DYN_SHARED(SmemBase, smem_base);
   char *sm = (char *)smem_base;
   Smem L = smem_layout(BWD_CTX, s.Mp, s.N, s.dp);
@@ -725,8 +726,8 @@ dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, 
   if (a->n_blocks <= 0) return DFLASH_OK;
   DF_TRY(check_aligned({q, kc, vc, kb, vb}));
   size_t smem = smem_of(FWD, s);
-  DF_TRY(launch_smem(attn_fwd, smem));
-  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attn_fwd)
+  DF_TRY(launch_smem(attention_forward, smem));
+  DF_LAUNCH(dim3(a->n_blocks, a->nkv), 32 * s.warps, smem, st, attention_forward)
   (s, out, lse, q, kc, vc, kb, vb);
   DF_CU(cudaGetLastError());
   return DFLASH_OK;
@@ -744,12 +745,12 @@ dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, b
   size_t smem1 = smem_of(BWD_Q, s1);
   dim3 grid1(a->n_blocks, a->nkv);
   if (held_fits(kQSlots, 1, s1.Mp, s1.dp, s1.warps)) {
-    DF_TRY(launch_smem(attn_bwd_q<true>, smem1));
-    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attn_bwd_q<true>)
+    DF_TRY(launch_smem(attention_backward_q<true>, smem1));
+    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attention_backward_q<true>)
     (s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
   } else {
-    DF_TRY(launch_smem(attn_bwd_q<false>, smem1));
-    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attn_bwd_q<false>)
+    DF_TRY(launch_smem(attention_backward_q<false>, smem1));
+    DF_LAUNCH(grid1, 32 * s1.warps, smem1, st, attention_backward_q<false>)
     (s1, dq, dkb, dvb, D, dout, out, lse, q, kc, vc, kb, vb);
   }
   DF_CU(cudaGetLastError());
@@ -757,12 +758,12 @@ dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, b
   size_t smem2 = smem_of(BWD_CTX, s2);
   dim3 grid2((a->Sc + s2.N - 1) / s2.N, a->nkv);
   if (held_fits(kCtxSlots, 2, s2.N, s2.dp, s2.warps)) {
-    DF_TRY(launch_smem(attn_bwd_ctx<true>, smem2));
-    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attn_bwd_ctx<true>)
+    DF_TRY(launch_smem(attention_backward_ctx<true>, smem2));
+    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attention_backward_ctx<true>)
     (s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
   } else {
-    DF_TRY(launch_smem(attn_bwd_ctx<false>, smem2));
-    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attn_bwd_ctx<false>)
+    DF_TRY(launch_smem(attention_backward_ctx<false>, smem2));
+    DF_LAUNCH(grid2, 32 * s2.warps, smem2, st, attention_backward_ctx<false>)
     (s2, a->n_blocks, dkc, dvc, D, dout, lse, q, kc, vc);
   }
   DF_CU(cudaGetLastError());

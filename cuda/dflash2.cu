@@ -1,6 +1,9 @@
 // DFlash 2 on the GPU (dflash2.cuh): the kernels and their launchers. bf16 storage, float
 // arithmetic in the CPU reference's order (src/train/dflash2.c), fixed summation orders
 // (no atomics), so a run repeats to the bit.
+// Kernels are named after the dflash2.h op they twin (df2_conv_apply, df2_selector_row), a
+// pass of one adds the pass (df2_conv_backward_dx, df2_lmhead_topk_chunk); the greedy kernel
+// is df2_select_greedy_block because its launcher is df2_select_greedy (kernels.cu's rule).
 #include <math.h>
 
 #include <vector>
@@ -62,9 +65,9 @@ dflash_status gemm32(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, co
 // ---- the convolution -----------------------------------------------------------------
 // out[t, c] = residual[t, c] + sum_{o < taps} (base[o, c] + dyn[t, o, c / g]) x[t - o, c],
 // taps = min(k, j + 1) for block position j = t mod B: never across a block's start.
-__global__ void df2_conv_fwd(bf16 *out, const bf16 *x, const float *dyn, int dyn_stride,
-                             const bf16 *base, const bf16 *residual, int T, int B, int H, int k,
-                             int g) {
+__global__ void df2_conv_apply(bf16 *out, const bf16 *x, const float *dyn, int dyn_stride,
+                               const bf16 *base, const bf16 *residual, int T, int B, int H, int k,
+                               int g) {
   size_t n = (size_t)T * H, G = (size_t)H / g;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -84,8 +87,8 @@ __global__ void df2_conv_fwd(bf16 *out, const bf16 *x, const float *dyn, int dyn
 // dx[s, c] = sum over the rows t = s + o of the same block that read x[s] of
 // dout[t, c] (base[o, c] + dyn[t, o, c / g]).
 template <typename DY, typename DX>
-__global__ void df2_conv_bwd_dx(DX *dx, const DY *dout, const float *dyn, int dyn_stride,
-                                const bf16 *base, int T, int B, int H, int k, int g) {
+__global__ void df2_conv_backward_dx(DX *dx, const DY *dout, const float *dyn, int dyn_stride,
+                                     const bf16 *base, int T, int B, int H, int k, int g) {
   size_t n = (size_t)T * H, G = (size_t)H / g;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -104,8 +107,8 @@ __global__ void df2_conv_bwd_dx(DX *dx, const DY *dout, const float *dyn, int dy
 // ddyn[s, o, q] = sum over the channels c of group q of dout[s, c] x[s - o, c] (0 for the
 // taps before the block's start).
 template <typename DY>
-__global__ void df2_conv_bwd_ddyn(float *ddyn, int dyn_stride, const DY *dout, const bf16 *x, int T,
-                                  int B, int H, int k, int g) {
+__global__ void df2_conv_backward_ddyn(float *ddyn, int dyn_stride, const DY *dout, const bf16 *x,
+                                       int T, int B, int H, int k, int g) {
   size_t G = (size_t)H / g, n = (size_t)T * k * G;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -121,8 +124,8 @@ __global__ void df2_conv_bwd_ddyn(float *ddyn, int dyn_stride, const DY *dout, c
 // Partial sums of dbase[o, c] = sum_t dout[t, c] x[t - o, c] (same block) over segments of
 // kSegRows rows: part[seg, o, c]. Grid (channel blocks, k, segments).
 template <typename DY>
-__global__ void df2_conv_dbase_part(float *part, const DY *dout, const bf16 *x, int T, int B, int H,
-                                    int k) {
+__global__ void df2_conv_backward_dbase_partial(float *part, const DY *dout, const bf16 *x, int T,
+                                                int B, int H, int k) {
   int ch = blockIdx.x * blockDim.x + threadIdx.x, o = blockIdx.y, seg = blockIdx.z;
   if (ch >= H) return;
   int t0 = seg * kSegRows, t1 = t0 + kSegRows < T ? t0 + kSegRows : T;
@@ -133,7 +136,7 @@ __global__ void df2_conv_dbase_part(float *part, const DY *dout, const bf16 *x, 
   part[((size_t)seg * k + o) * H + ch] = acc;
 }
 
-__global__ void df2_conv_dbase_sum(float *dbase, const float *part, int n_seg, int n) {
+__global__ void df2_conv_backward_dbase_reduce(float *dbase, const float *part, int n_seg, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (int s = 0; s < n_seg; s++) acc += part[(size_t)s * n + i];
@@ -142,7 +145,7 @@ __global__ void df2_conv_dbase_sum(float *dbase, const float *part, int n_seg, i
 }
 
 // ---- top-K inside the LM head's chunk pass ---------------------------------------------
-__global__ void df2_topk_reset(int32_t *ids, float *vals, size_t n) {
+__global__ void df2_lmhead_topk_init(int32_t *ids, float *vals, size_t n) {
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     ids[i] = 0, vals[i] = -INFINITY;
@@ -150,8 +153,8 @@ __global__ void df2_topk_reset(int32_t *ids, float *vals, size_t n) {
 
 // One warp per row: the lanes read 32 logits at a time, the ones above the row's K-th best
 // are inserted by lane 0 in token order (so ties keep the smaller id, as on the CPU).
-__global__ void df2_topk_merge(const float *logits, int32_t *ids, float *vals, int R, int cn,
-                               int v0, int K) {
+__global__ void df2_lmhead_topk_chunk(const float *logits, int32_t *ids, float *vals, int R, int cn,
+                                      int v0, int K) {
   int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (row >= R) return;
   const float *l = logits + (size_t)row * cn;
@@ -176,8 +179,8 @@ __global__ void df2_topk_merge(const float *logits, int32_t *ids, float *vals, i
 
 // ---- the selector loss ---------------------------------------------------------------
 // One warp per row: the true token's logit (for "inject").
-__global__ void df2_target_logit(float *tl, const bf16 *x, const bf16 *E, const int32_t *target,
-                                 int R, int H) {
+__global__ void df2_selector_target_logit(float *tl, const bf16 *x, const bf16 *E,
+                                          const int32_t *target, int R, int H) {
   int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   if (row >= R) return;
   float acc = 0;
@@ -205,7 +208,7 @@ struct sel_rows_args {
 // loss and, with coef, d(score) = coef * weight * (softmax - onehot) and from it the row's
 // d(P(h)), A(prev) * P(h) and P(h) * sum_c ds_c B(cand_c) (for the codebooks' GEMMs), and
 // the unary path's d(x) = sum_c ds_c E[cand_c].
-__global__ void df2_sel_rows(sel_rows_args a) {
+__global__ void df2_selector_row(sel_rows_args a) {
   int i = blockIdx.x, K = a.K, r = a.r;
   DF_SHARED(int, y_sh, [1]);
   DF_SHARED(double, mz, [2]);
@@ -268,8 +271,8 @@ __global__ void df2_sel_rows(sel_rows_args a) {
 
 // The rows' sparse [R, cn] matrix of chunk [v0, v0 + cn): ds at each candidate (codebook B),
 // or 1 at the previous token (codebook A, prev non-NULL). The buffer is zeroed first.
-__global__ void df2_scatter_chunk(bf16 *mat, const int32_t *cand, const float *ds,
-                                  const int32_t *prev, int R, int K, int cn, int v0) {
+__global__ void df2_selector_scatter_chunk(bf16 *mat, const int32_t *cand, const float *ds,
+                                           const int32_t *prev, int R, int K, int cn, int v0) {
   size_t n = prev ? (size_t)R : (size_t)R * K;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
@@ -289,9 +292,10 @@ __global__ void df2_add_rows(bf16 *dx, const float *sdx, size_t n) {
 
 // One thread per block (df2_select_greedy's twin): position by position, the candidate of
 // the best score given the token chosen before (the block's own token first).
-__global__ void df2_greedy(int32_t *pred, const int32_t *cand, const float *unary, const float *hp,
-                           const int32_t *block_tok, const bf16 *pred_cb, const bf16 *succ_cb,
-                           int A, int B, int K, int r) {
+__global__ void df2_select_greedy_block(int32_t *pred, const int32_t *cand, const float *unary,
+                                        const float *hp, const int32_t *block_tok,
+                                        const bf16 *pred_cb, const bf16 *succ_cb, int A, int B,
+                                        int K, int r) {
   int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= A) return;
   int32_t prev = block_tok[(size_t)n * B];
@@ -360,22 +364,22 @@ dflash_status conv_backward(df2_dev *d, cudaStream_t s, DX *dx, float *ddyn, flo
                             const DY *dout, const bf16 *x, const float *dyn, const bf16 *base) {
   int T = d->T, H = d->H, kg2 = 2 * d->k * d->G, seg = segments(T);
   size_t n = (size_t)T * H;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_bwd_dx<DY, DX>)
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_backward_dx<DY, DX>)
   (dx, dout, dyn, kg2, base, T, d->B, H, d->k, d->g);
-  DF_TRY(launched("df2_conv_bwd_dx"));
-  DF_LAUNCH(blocks_for((size_t)T * d->k * d->G, 256), 256, 0, s, df2_conv_bwd_ddyn<DY>)
+  DF_TRY(launched("df2_conv_backward_dx"));
+  DF_LAUNCH(blocks_for((size_t)T * d->k * d->G, 256), 256, 0, s, df2_conv_backward_ddyn<DY>)
   (ddyn, kg2, dout, x, T, d->B, H, d->k, d->g);
-  DF_TRY(launched("df2_conv_bwd_ddyn"));
-  DF_LAUNCH(dim3((H + 127) / 128, d->k, seg), 128, 0, s, df2_conv_dbase_part<DY>)
+  DF_TRY(launched("df2_conv_backward_ddyn"));
+  DF_LAUNCH(dim3((H + 127) / 128, d->k, seg), 128, 0, s, df2_conv_backward_dbase_partial<DY>)
   (d->dbase_part, dout, x, T, d->B, H, d->k);
-  DF_TRY(launched("df2_conv_dbase_part"));
-  DF_LAUNCH(blocks_for((size_t)d->k * H, 256), 256, 0, s, df2_conv_dbase_sum)
+  DF_TRY(launched("df2_conv_backward_dbase_partial"));
+  DF_LAUNCH(blocks_for((size_t)d->k * H, 256), 256, 0, s, df2_conv_backward_dbase_reduce)
   (dbase, d->dbase_part, seg, d->k * H);
-  return launched("df2_conv_dbase_sum");
+  return launched("df2_conv_backward_dbase_reduce");
 }
 
 // d(codebook)[v0 : v0 + cn] += mat^T rows for every vocabulary chunk, mat the sparse
-// [R, cn] matrix of df2_scatter_chunk: the sums over rows in a fixed order (a GEMM) where
+// [R, cn] matrix of df2_selector_scatter_chunk: the sums over rows in a fixed order (a GEMM) where
 // scattered atomics would not repeat to the bit.
 dflash_status codebook_grad(df2_dev *d, cudaStream_t s, cublasHandle_t h, float *dcb,
                             const bf16 *rows, const int32_t *prev, int R, bf16 *mat) {
@@ -383,9 +387,9 @@ dflash_status codebook_grad(df2_dev *d, cudaStream_t s, cublasHandle_t h, float 
     int cn = d->V - v0 < d->chunk ? d->V - v0 : d->chunk;
     DF_CU(cudaMemsetAsync(mat, 0, 2 * (size_t)R * cn, s));
     size_t n = prev ? (size_t)R : (size_t)R * d->K;
-    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_scatter_chunk)
+    DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_selector_scatter_chunk)
     (mat, d->cand, d->ds, prev, R, d->K, cn, v0);
-    DF_TRY(launched("df2_scatter_chunk"));
+    DF_TRY(launched("df2_selector_scatter_chunk"));
     DF_TRY(gemm32(h, true, false, cn, d->r, R, mat, cn, rows, d->r, dcb + (size_t)v0 * d->r, d->r,
                   1.0f));
   }
@@ -445,10 +449,10 @@ dflash_status df2_prepare(df2_dev *d, cudaStream_t s, cublasHandle_t h, int l, i
   float *dyn = d->dyn[l][which];
   DF_TRY(gemm32(h, false, true, T, kg2, H, xn, H, proj, H, dyn, kg2, 0.0f));
   size_t n = (size_t)T * H;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_fwd)
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_apply)
   (d->xc[l][which], xn, dyn, kg2, base, nullptr, T, d->B, H, d->k, d->g);
   *xc = d->xc[l][which];
-  return launched("df2_conv_fwd");
+  return launched("df2_conv_apply");
 }
 
 bf16 *df2_y(df2_dev *d, int l, int which) { return d->y[l][which]; }
@@ -459,10 +463,10 @@ dflash_status df2_finish(df2_dev *d, cudaStream_t s, int l, int which, bf16 *out
                          const bf16 *residual, const bf16 *base) {
   int T = d->T, H = d->H, kg = d->k * d->G;
   size_t n = (size_t)T * H;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_fwd)
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_apply)
   (out, d->y[l][which], d->dyn[l][which] + kg, 2 * kg, base + (size_t)d->k * H, residual, T, d->B,
    H, d->k, d->g);
-  return launched("df2_conv_fwd");
+  return launched("df2_conv_apply");
 }
 
 dflash_status df2_finish_bwd(df2_dev *d, cudaStream_t s, int l, int which, const bf16 *dout,
@@ -489,15 +493,16 @@ dflash_status df2_prepare_bwd(df2_dev *d, cudaStream_t s, cublasHandle_t h, int 
 dflash_status df2_topk_init(df2_dev *d, cudaStream_t s, int R) {
   size_t n = (size_t)R * d->K;
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_topk_reset)(d->cand, d->unary, n);
-  return launched("df2_topk_reset");
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_lmhead_topk_init)(d->cand, d->unary, n);
+  return launched("df2_lmhead_topk_init");
 }
 
 dflash_status df2_topk_chunk(df2_dev *d, cudaStream_t s, const float *logits, int R, int cn,
                              int v0) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_topk_merge)(logits, d->cand, d->unary, R, cn, v0, d->K);
-  return launched("df2_topk_merge");
+  DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_lmhead_topk_chunk)
+  (logits, d->cand, d->unary, R, cn, v0, d->K);
+  return launched("df2_lmhead_topk_chunk");
 }
 
 dflash_status df2_selector(df2_dev *d, cudaStream_t s, cublasHandle_t h, const df2_sel_io *io) {
@@ -506,14 +511,15 @@ dflash_status df2_selector(df2_dev *d, cudaStream_t s, cublasHandle_t h, const d
   if (!io->prev_host)
     return df_error(DFLASH_E_INTERNAL, "CUDA DFlash 2: the batch has no previous tokens");
   DF_CU(cudaMemcpyAsync(d->prev, io->prev_host, 4 * (size_t)R, cudaMemcpyHostToDevice, s));
-  DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_target_logit)(d->tl, io->x, io->E, io->target, R, H);
-  DF_TRY(launched("df2_target_logit"));
+  DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_selector_target_logit)
+  (d->tl, io->x, io->E, io->target, R, H);
+  DF_TRY(launched("df2_selector_target_logit"));
   DF_TRY(gemm32(h, false, true, R, r, H, io->x, H, io->hproj, H, d->hp, r, 0.0f));
   sel_rows_args a = {d->cand, d->unary, d->ds,    d->tl, d->hp,    io->coef,      io->target,
                      d->prev, io->pred, io->succ, io->E, io->loss, d->sdx,        d->dh16,
                      d->u16,  d->wv16,  d->K,     r,     H,        d->sel_weight, d->inject};
-  DF_LAUNCH(R, 128, 0, s, df2_sel_rows)(a);
-  DF_TRY(launched("df2_sel_rows"));
+  DF_LAUNCH(R, 128, 0, s, df2_selector_row)(a);
+  DF_TRY(launched("df2_selector_row"));
   if (!io->coef) return DFLASH_OK;
   // hidden_projection: d(P) += dh^T x; the rows' d(x) += dh P, then into rows_dx.
   DF_TRY(gemm32(h, true, false, r, H, R, d->dh16, r, io->x, H, io->dhproj, H, 1.0f));
@@ -531,9 +537,9 @@ dflash_status df2_select_greedy(df2_dev *d, cudaStream_t s, cublasHandle_t h, co
   int R = A * (d->B - 1);
   if (R <= 0) return DFLASH_OK;
   DF_TRY(gemm32(h, false, true, R, d->r, d->H, x, d->H, hproj, d->H, d->hp, d->r, 0.0f));
-  DF_LAUNCH((A + 63) / 64, 64, 0, s, df2_greedy)
+  DF_LAUNCH((A + 63) / 64, 64, 0, s, df2_select_greedy_block)
   (d->pred, d->cand, d->unary, d->hp, block_tok, pred_cb, succ_cb, A, d->B, d->K, d->r);
-  DF_TRY(launched("df2_greedy"));
+  DF_TRY(launched("df2_select_greedy_block"));
   DF_CU(cudaMemcpyAsync(pred, d->pred, 4 * (size_t)R, cudaMemcpyDeviceToHost, s));
   return DFLASH_OK;
 }

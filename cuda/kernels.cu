@@ -1,5 +1,11 @@
 // Element-wise and row kernels of the drafter (the GPU twins of
 // src/train/ops.c): bf16 storage, float arithmetic.
+//
+// Naming: a kernel that twins a CPU reference op is named after it without the df_ prefix
+// (df_rmsnorm_forward -> rmsnorm_forward, df_lmhead_ce -> lmhead_ce_*), a kernel that is one
+// pass of an op adds the pass (rmsnorm_backward_dw_partial, lmhead_ce_chunk); DFlash 2's
+// kernels (dflash2.cu) keep dflash2.h's df2_ names (df2_conv_apply, df2_selector_row).
+// Kernels with no CPU op (gather_rows, adamw, positions, ...) keep descriptive names.
 #include <cuda_fp8.h>
 #include <float.h>
 
@@ -50,8 +56,8 @@ unsigned blocks_for(size_t n, int threads) {
 }
 
 // ---- RMSNorm: one warp per row ------------------------------------------------
-__global__ void rms_fwd(bf16 *y, float *rstd, const bf16 *x, const bf16 *w, long rows, int n,
-                        float eps) {
+__global__ void rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const bf16 *w, long rows,
+                                int n, float eps) {
   long r = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -68,8 +74,8 @@ __global__ void rms_fwd(bf16 *y, float *rstd, const bf16 *x, const bf16 *w, long
 }
 
 template <typename DY, typename DX>
-__global__ void rms_bwd(DX *dx, const DY *dy, const bf16 *x, const bf16 *w, const float *rstd,
-                        long rows, int n, bool acc) {
+__global__ void rmsnorm_backward(DX *dx, const DY *dy, const bf16 *x, const bf16 *w,
+                                 const float *rstd, long rows, int n, bool acc) {
   long r = (long)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -88,8 +94,8 @@ __global__ void rms_bwd(DX *dx, const DY *dy, const bf16 *x, const bf16 *w, cons
 // dw partial sums: block (32 columns x 8 row lanes), grid.y row slices.
 constexpr int kDwSplit = DF_CU_DW_SPLIT;
 template <typename DY>
-__global__ void rms_dw_partial(float *partial, const DY *dy, const bf16 *x, const float *rstd,
-                               long rows, int n) {
+__global__ void rmsnorm_backward_dw_partial(float *partial, const DY *dy, const bf16 *x,
+                                            const float *rstd, long rows, int n) {
   DF_SHARED(float, sh, [8][33]);
   int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0;
@@ -105,7 +111,7 @@ __global__ void rms_dw_partial(float *partial, const DY *dy, const bf16 *x, cons
   }
 }
 
-__global__ void rms_dw_reduce(float *dw, const float *partial, int n, int splits) {
+__global__ void rmsnorm_backward_dw_reduce(float *dw, const float *partial, int n, int splits) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   float t = 0;
@@ -115,8 +121,9 @@ __global__ void rms_dw_reduce(float *dw, const float *partial, int n, int splits
 
 // ---- RoPE -----------------------------------------------------------------------
 // The first rot of each head's d dims rotate (pairs i, i + rot/2); the rest pass through.
-__global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t, long rows,
-                     int heads, int d, int rot, float sign) {
+// sign 1 is df_rope_forward, sign -1 (the transposed rotation) df_rope_backward.
+__global__ void rope_forward(bf16 *x, const int32_t *pos, const float *cos_t, const float *sin_t,
+                             long rows, int heads, int d, int rot, float sign) {
   int half = rot / 2;
   size_t n = (size_t)rows * heads * half;
   for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n;
@@ -131,6 +138,7 @@ __global__ void rope(bf16 *x, const int32_t *pos, const float *cos_t, const floa
   }
 }
 
+// The cos/sin tables of src/train/model.c's rope_tables (from df_rope_inv_freq's inv_freq).
 __global__ void rope_table(float *cos_t, float *sin_t, const double *inv_freq, double af, int n_pos,
                            int half) {
   size_t n = (size_t)n_pos * half;
@@ -143,7 +151,7 @@ __global__ void rope_table(float *cos_t, float *sin_t, const double *inv_freq, d
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------
-__global__ void swiglu_fwd(bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
+__global__ void swiglu_forward(bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float gv = __bfloat162float(g[i]);
@@ -151,8 +159,8 @@ __global__ void swiglu_fwd(bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
   }
 }
 
-__global__ void swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g, const bf16 *u,
-                           size_t n) {
+__global__ void swiglu_backward(bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g, const bf16 *u,
+                                size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x) {
     float gv = __bfloat162float(g[i]), d = __bfloat162float(dm[i]);
@@ -229,15 +237,16 @@ __global__ void positions(int32_t *pos, const int32_t *anchors, int A, int B) {
 }
 
 // ---- LM head + cross-entropy --------------------------------------------------------
-__global__ void ce_init(float *mx, float *sum, float *tl, int R) {
+__global__ void lmhead_ce_init(float *mx, float *sum, float *tl, int R) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < R) mx[r] = -FLT_MAX, sum[r] = 0, tl[r] = 0;
 }
 
 // One block per row: fold this chunk into the running max / sum, keep the
 // target logit, write exp(l - max) for the backward GEMM, rescale acc.
-__global__ void ce_chunk(const float *logits, bf16 *probs, float *mx, float *sum, float *tl,
-                         float *acc, const int32_t *target, int c, int v0, int H, bool grad) {
+__global__ void lmhead_ce_chunk(const float *logits, bf16 *probs, float *mx, float *sum, float *tl,
+                                float *acc, const int32_t *target, int c, int v0, int H,
+                                bool grad) {
   int r = blockIdx.x;
   const float *l = logits + (size_t)r * c;
   float cm = -FLT_MAX;
@@ -263,9 +272,9 @@ __global__ void ce_chunk(const float *logits, bf16 *probs, float *mx, float *sum
   }
 }
 
-__global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *sum, const float *tl,
-                          const float *acc, const float *coef, const bf16 *E, const int32_t *target,
-                          int H) {
+__global__ void lmhead_ce_finish(float *loss, bf16 *dx, const float *mx, const float *sum,
+                                 const float *tl, const float *acc, const float *coef,
+                                 const bf16 *E, const int32_t *target, int H) {
   int r = blockIdx.x;
   if (threadIdx.x == 0) loss[r] = mx[r] + logf(sum[r]) - tl[r];
   if (!dx) return;
@@ -277,11 +286,12 @@ __global__ void ce_finish(float *loss, bf16 *dx, const float *mx, const float *s
 
 // Greedy: the first index of the largest logit (as the CPU loop picks it). A row with no
 // logit above -FLT_MAX (all NaN, say) keeps index 0, as the CPU loop's does.
-__global__ void argmax_init(float *best, int32_t *best_i, int R) {
+__global__ void lmhead_argmax_init(float *best, int32_t *best_i, int R) {
   int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < R) best[r] = -FLT_MAX, best_i[r] = 0;
 }
-__global__ void argmax_chunk(const float *logits, float *best, int32_t *best_i, int c, int v0) {
+__global__ void lmhead_argmax_chunk(const float *logits, float *best, int32_t *best_i, int c,
+                                    int v0) {
   DF_SHARED(float, sv, [1024]);
   DF_SHARED(int, si, [1024]);
   int r = blockIdx.x;
@@ -398,8 +408,8 @@ dflash_status df_launched(const char *kernel) {
 dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
                                  long rows, int n, float eps) {
   if (rows <= 0) return DFLASH_OK;
-  DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rms_fwd)(y, rstd, x, w, rows, n, eps);
-  return df_launched("rms_fwd");
+  DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rmsnorm_forward)(y, rstd, x, w, rows, n, eps);
+  return df_launched("rmsnorm_forward");
 }
 
 dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
@@ -408,12 +418,13 @@ dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 
   if (rows <= 0) return DFLASH_OK;
   unsigned g = (unsigned)((rows + 7) / 8);
   if (dy16 && dx32)
-    DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, float>)(dx32, dy16, x, w, rstd, rows, n, acc);
-  else if (dy16) DF_LAUNCH(g, 256, 0, s, rms_bwd<bf16, bf16>)(dx16, dy16, x, w, rstd, rows, n, acc);
+    DF_LAUNCH(g, 256, 0, s, rmsnorm_backward<bf16, float>)(dx32, dy16, x, w, rstd, rows, n, acc);
+  else if (dy16)
+    DF_LAUNCH(g, 256, 0, s, rmsnorm_backward<bf16, bf16>)(dx16, dy16, x, w, rstd, rows, n, acc);
   else if (dx32)
-    DF_LAUNCH(g, 256, 0, s, rms_bwd<float, float>)(dx32, dy32, x, w, rstd, rows, n, acc);
-  else DF_LAUNCH(g, 256, 0, s, rms_bwd<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
-  return df_launched("rms_bwd");
+    DF_LAUNCH(g, 256, 0, s, rmsnorm_backward<float, float>)(dx32, dy32, x, w, rstd, rows, n, acc);
+  else DF_LAUNCH(g, 256, 0, s, rmsnorm_backward<float, bf16>)(dx16, dy32, x, w, rstd, rows, n, acc);
+  return df_launched("rmsnorm_backward");
 }
 
 size_t k_rmsnorm_dw_scratch(int n) { return (size_t)kDwSplit * n; }
@@ -424,19 +435,25 @@ dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const fl
   long sp = (rows + 63) / 64;
   int splits = (int)(sp > kDwSplit ? kDwSplit : sp);
   dim3 grid((n + 31) / 32, splits), block(32, 8);
-  if (dy16) DF_LAUNCH(grid, block, 0, s, rms_dw_partial<bf16>)(partial, dy16, x, rstd, rows, n);
-  else DF_LAUNCH(grid, block, 0, s, rms_dw_partial<float>)(partial, dy32, x, rstd, rows, n);
-  DF_TRY(df_launched("rms_dw_partial"));
-  DF_LAUNCH((n + 255) / 256, 256, 0, s, rms_dw_reduce)(dw, partial, n, splits);
-  return df_launched("rms_dw_reduce");
+  if (dy16) {
+    DF_LAUNCH(grid, block, 0, s, rmsnorm_backward_dw_partial<bf16>)
+    (partial, dy16, x, rstd, rows, n);
+  } else {
+    DF_LAUNCH(grid, block, 0, s, rmsnorm_backward_dw_partial<float>)
+    (partial, dy32, x, rstd, rows, n);
+  }
+  DF_TRY(df_launched("rmsnorm_backward_dw_partial"));
+  DF_LAUNCH((n + 255) / 256, 256, 0, s, rmsnorm_backward_dw_reduce)(dw, partial, n, splits);
+  return df_launched("rmsnorm_backward_dw_reduce");
 }
 
 dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
                      const float *sin_t, long rows, int heads, int d, int rot, float sign) {
   size_t n = (size_t)rows * heads * (rot / 2);
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope)(x, pos, cos_t, sin_t, rows, heads, d, rot, sign);
-  return df_launched("rope");
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_forward)
+  (x, pos, cos_t, sin_t, rows, heads, d, rot, sign);
+  return df_launched("rope_forward");
 }
 
 dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
@@ -450,14 +467,14 @@ dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const dou
 
 dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_fwd)(m, g, u, n);
-  return df_launched("swiglu_fwd");
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_forward)(m, g, u, n);
+  return df_launched("swiglu_forward");
 }
 dflash_status k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
                            const bf16 *u, size_t n) {
   if (!n) return DFLASH_OK;
-  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_bwd)(dg, du, dm, g, u, n);
-  return df_launched("swiglu_bwd");
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_backward)(dg, du, dm, g, u, n);
+  return df_launched("swiglu_backward");
 }
 dflash_status k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx,
                             long rows, int n) {
@@ -501,33 +518,33 @@ dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, 
 }
 dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH((R + 255) / 256, 256, 0, s, ce_init)(mx, sum, tl, R);
-  return df_launched("ce_init");
+  DF_LAUNCH((R + 255) / 256, 256, 0, s, lmhead_ce_init)(mx, sum, tl, R);
+  return df_launched("lmhead_ce_init");
 }
 dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
                          float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
                          bool grad) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH(R, 256, 0, s, ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
-  return df_launched("ce_chunk");
+  DF_LAUNCH(R, 256, 0, s, lmhead_ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
+  return df_launched("lmhead_ce_chunk");
 }
 dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
                           const float *tl, const float *acc, const float *coef, const bf16 *E,
                           const int32_t *target, int R, int H) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH(R, 256, 0, s, ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
-  return df_launched("ce_finish");
+  DF_LAUNCH(R, 256, 0, s, lmhead_ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
+  return df_launched("lmhead_ce_finish");
 }
 dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH((R + 255) / 256, 256, 0, s, argmax_init)(best, best_i, R);
-  return df_launched("argmax_init");
+  DF_LAUNCH((R + 255) / 256, 256, 0, s, lmhead_argmax_init)(best, best_i, R);
+  return df_launched("lmhead_argmax_init");
 }
 dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i,
                              int R, int c, int v0) {
   if (!R) return DFLASH_OK;
-  DF_LAUNCH(R, 256, 0, s, argmax_chunk)(logits, best, best_i, c, v0);
-  return df_launched("argmax_chunk");
+  DF_LAUNCH(R, 256, 0, s, lmhead_argmax_chunk)(logits, best, best_i, c, v0);
+  return df_launched("lmhead_argmax_chunk");
 }
 dflash_status k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out) {
   DF_LAUNCH(kSumsqBlocks, 256, 0, s, sumsq_partial)(x, n, partial);

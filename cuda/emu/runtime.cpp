@@ -343,7 +343,9 @@ std::string g_refuse;
 bool refused_by_test(const char *name) {
   std::lock_guard<std::mutex> g(g_refuse_mu);
   if (g_refuse.empty() || std::strncmp(name, g_refuse.c_str(), g_refuse.size())) return false;
-  char next = name[g_refuse.size()]; // the whole identifier: "rms_bwd" is not "rms_bwd_x"
+  char next = name
+      [g_refuse
+           .size()]; // the whole identifier: "rmsnorm_backward" is not "rmsnorm_backward_dw_partial"
   return !(next == '_' || (next >= '0' && next <= '9') || (next >= 'a' && next <= 'z') ||
            (next >= 'A' && next <= 'Z'));
 }

@@ -109,12 +109,28 @@ static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, ch
 }
 
 START_TEST(a_refused_launch_fails_naming_its_kernel) {
-  static const char *kernels[] = {"f32_to_bf16",   "rope_table",  "positions",    "gather_rows",
-                                  "rms_fwd",       "rope",        "swiglu_fwd",   "ce_init",
-                                  "ce_chunk",      "ce_finish",   "scatter_rows", "rms_dw_partial",
-                                  "rms_dw_reduce", "rms_bwd",     "swiglu_bwd",   "sumsq_partial",
-                                  "sumsq_final",   "norm_sum",    "norm_clip",    "scale_clipped",
-                                  "adamw",         "argmax_chunk"};
+  static const char *kernels[] = {"f32_to_bf16",
+                                  "rope_table",
+                                  "positions",
+                                  "gather_rows",
+                                  "rmsnorm_forward",
+                                  "rope_forward",
+                                  "swiglu_forward",
+                                  "lmhead_ce_init",
+                                  "lmhead_ce_chunk",
+                                  "lmhead_ce_finish",
+                                  "scatter_rows",
+                                  "rmsnorm_backward_dw_partial",
+                                  "rmsnorm_backward_dw_reduce",
+                                  "rmsnorm_backward",
+                                  "swiglu_backward",
+                                  "sumsq_partial",
+                                  "sumsq_final",
+                                  "norm_sum",
+                                  "norm_clip",
+                                  "scale_clipped",
+                                  "adamw",
+                                  "lmhead_argmax_chunk"};
   dflash_drafter_config c;
   small_config(&c);
   g_seq q;
