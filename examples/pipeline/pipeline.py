@@ -28,8 +28,10 @@ and the walk tau next to the offline run's.
 sizes: conv kernel 2, group 16, selector top-16, rank 256) beside the DFlash 1
 one in stage 5, on the same samples with the same epochs, lr and seed; stage 6
 evaluates it, stage 7 converts it with llama.cpp's converter and decodes with
-it; summary.json's "dflash2" and "llama_cpp" (trained2, dflash2_vs_dflash1)
-compare the two (the untrained drafter is left out of stage 7 then).
+it beside the untrained and DFlash 1 drafters; summary.json's "dflash2"
+(vs_dflash1: walk and every-position tau, llama.cpp's numbers paired over the
+same prompts) and "llama_cpp" (trained2, dflash2_vs_dflash1) compare the two,
+and report.png draws both. --llama-prompts N runs stage 7 on N held-out prompts.
 
 Every command is printed before it runs; out/summary.json collects the
 numbers and stage times.
