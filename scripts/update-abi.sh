@@ -9,4 +9,6 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 abidw --headers-dir include/dflash --suppressions abi/suppressions --no-corpus-path \
   --out-file abi/libdflash.abi "$build/libdflash.so"
-echo "wrote abi/libdflash.abi ($(grep -c "<elf-symbol name='dflash_" abi/libdflash.abi) functions)"
+all=$(grep -c "<elf-symbol name='dflash_" abi/libdflash.abi)
+exp=$(grep -c "<elf-symbol name='dflash_[a-z_0-9]*' version='DFLASH_EXPERIMENTAL'" abi/libdflash.abi || true)
+echo "wrote abi/libdflash.abi: $((all - exp)) stable functions ($exp experimental ones listed, not checked)"
