@@ -413,17 +413,16 @@ typedef struct sp_tensor {
 
 struct dflash_spool {
   char *base;
-  char *cache; /* s3://: where the current shard is downloaded */
   dflash_storage *st;
   dflash_spool_options o;
   int32_t K, H, dtype;
   int32_t epoch; /* position */
   uint64_t shard, offset;
-  dflash_safetensors *cur; /* the open shard (of spool epoch cur_e), or NULL */
+  df_stage_st *cur; /* the open shard (of spool epoch cur_e), or NULL */
   int32_t cur_e;
   uint64_t cur_s;
-  char *cur_local; /* its downloaded copy, removed when it is closed */
-  sp_tensor *ts;   /* its samples in append order */
+  df_stage_buf mem; /* s3://: the shard's bytes, one GET into a buffer reused shard after shard */
+  sp_tensor *ts;    /* its samples in append order */
   size_t n_ts;
   float *buf;
   size_t cap;
@@ -483,7 +482,6 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
   while (n > 1 && spool[n - 1] == '/') n--;
   if (!s && !(sp->base = df_strndup(spool, n))) s = df_error_nomem("spool");
   if (!s) s = dflash_storage_create(NULL, &sp->st);
-  if (!s && dflash_storage_is_remote(spool)) s = df_stage_tmpdir("spool-reader", &sp->cache);
   if (!s) s = open_meta(sp);
   if (s) {
     dflash_spool_free(sp);
@@ -494,11 +492,8 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
 }
 
 static void close_shard(dflash_spool *sp) {
-  dflash_safetensors_free(sp->cur);
+  df_stage_st_free(sp->cur);
   sp->cur = NULL;
-  if (sp->cur_local) unlink(sp->cur_local);
-  free(sp->cur_local);
-  sp->cur_local = NULL;
   free(sp->ts);
   sp->ts = NULL;
   sp->n_ts = 0;
@@ -507,10 +502,9 @@ static void close_shard(dflash_spool *sp) {
 void dflash_spool_free(dflash_spool *sp) {
   if (!sp) return;
   close_shard(sp);
-  if (sp->cache) df_stage_rmtree(sp->cache);
+  df_stage_buf_free(&sp->mem);
   dflash_storage_free(sp->st);
   free(sp->base);
-  free(sp->cache);
   free(sp->buf);
   free(sp->tbuf);
   free(sp);
@@ -543,21 +537,16 @@ dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t
 /* The epoch whose shards epoch `e` reads. */
 static int32_t source_epoch(const dflash_spool *sp, int32_t e) { return sp->o.reuse ? 0 : e; }
 
-static int cmp_data(const void *a, const void *b) {
-  const char *x = ((const sp_tensor *)a)->codes, *y = ((const sp_tensor *)b)->codes;
-  return x < y ? -1 : x > y;
-}
-
 /* The shard's samples in the order they were appended (their data follow each other). */
 static dflash_status index_shard(dflash_spool *sp, const char *loc) {
-  size_t n = dflash_safetensors_count(sp->cur);
+  size_t n = df_stage_st_count(sp->cur);
   const char *k, *h, *dt;
   char want[32];
   snprintf(want, sizeof want, "%d", sp->K);
-  if (dflash_safetensors_metadata_find(sp->cur, "num_layers", &k) || strcmp(k, want) ||
+  if (df_stage_st_metadata_find(sp->cur, "num_layers", &k) || strcmp(k, want) ||
       (snprintf(want, sizeof want, "%d", sp->H),
-       dflash_safetensors_metadata_find(sp->cur, "hidden_size", &h)) ||
-      strcmp(h, want) || dflash_safetensors_metadata_find(sp->cur, "dtype", &dt) ||
+       df_stage_st_metadata_find(sp->cur, "hidden_size", &h)) ||
+      strcmp(h, want) || df_stage_st_metadata_find(sp->cur, "dtype", &dt) ||
       strcmp(dt, df_hidden_dtype_name(sp->dtype)))
     return df_error(DFLASH_E_MISMATCH,
                     "%s: layers, hidden size or dtype differ from the "
@@ -568,7 +557,7 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
   dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
-    dflash_status st = dflash_safetensors_get(sp->cur, i, &t);
+    dflash_status st = df_stage_st_get(sp->cur, i, &t); /* file order: the order of appends */
     if (st) return st;
     if (strncmp(t.name, "h/", 2)) continue;
     if (t.dtype != (int32_t)want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
@@ -579,7 +568,7 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
     char name[DF_HIDDEN_MAX_ID + 8];
     dflash_tensor ti = {.struct_size = sizeof ti};
     snprintf(name, sizeof name, "t/%s", e->id);
-    if (!dflash_safetensors_find(sp->cur, name, &ti)) {
+    if (!df_stage_st_find(sp->cur, name, &ti)) {
       if (ti.dtype != DFLASH_DTYPE_I32 || ti.ndim != 1 || ti.shape[0] != e->len)
         return df_error(DFLASH_E_FORMAT, "%s: target ids of sample %s are not I32 [%lld]", loc,
                         e->id, (long long)e->len);
@@ -587,26 +576,20 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
     }
     if (!fp8) continue;
     snprintf(name, sizeof name, "s/%s", e->id);
-    if (dflash_safetensors_find(sp->cur, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 ||
-        sc.ndim != 2 || sc.shape[0] != e->len || sc.shape[1] != sp->K)
+    if (df_stage_st_find(sp->cur, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 || sc.ndim != 2 ||
+        sc.shape[0] != e->len || sc.shape[1] != sp->K)
       return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s missing or not F32 [%lld, %d]", loc,
                       e->id, (long long)e->len, sp->K);
     e->scales = sc.data;
   }
-  qsort(sp->ts, sp->n_ts, sizeof *sp->ts, cmp_data);
   return DFLASH_OK;
 }
 
-static dflash_status open_shard(dflash_spool *sp, const char *loc, int32_t e, uint64_t s) {
+/* s3://: one GET of the whole shard into sp->mem (no local copy); local: mapped. */
+static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size, int32_t e,
+                                uint64_t s) {
   close_shard(sp);
-  const char *path = loc;
-  dflash_status r = DFLASH_OK;
-  if (sp->cache) {
-    sp->cur_local = shard_loc(sp->cache, e, s, "safetensors");
-    r = sp->cur_local ? dflash_storage_copy(sp->st, loc, sp->cur_local) : df_error_nomem("spool");
-    path = sp->cur_local;
-  }
-  if (!r) r = dflash_safetensors_open(path, &sp->cur);
+  dflash_status r = df_stage_st_load(sp->st, loc, size, &sp->mem, &sp->cur);
   if (!r) r = index_shard(sp, loc);
   if (r) {
     close_shard(sp);
@@ -643,7 +626,7 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
     if (!loc) return df_error_nomem("spool");
     dflash_storage_info info = {.struct_size = sizeof info};
     dflash_status s = dflash_storage_stat(sp->st, loc, &info);
-    if (!s) s = open_shard(sp, loc, e, sp->shard);
+    if (!s) s = open_shard(sp, loc, info.size, e, sp->shard);
     else if (s == DFLASH_E_NOT_FOUND) dflash_clear_error();
     free(loc);
     if (s != DFLASH_E_NOT_FOUND) {

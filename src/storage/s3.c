@@ -106,9 +106,10 @@ static int on_seek(void *user, curl_off_t offset, int origin) {
   return CURL_SEEKFUNC_OK;
 }
 
-/* The body of a whole object, allocated once at its announced size. */
+/* The body of a whole object, allocated once at its announced size (in huge pages when large:
+ * one fault per 2 MiB). */
 static bool prealloc_body(df_buf *b, size_t n) {
-  char *p = malloc(n + 1); /* df_buf keeps a NUL after the data */
+  char *p = df_alloc_large(n + 1); /* df_buf keeps a NUL after the data */
   if (!p) return false;
   b->data = p;
   b->cap = n + 1;
@@ -291,6 +292,12 @@ static CURLcode perform_once(dflash_storage *st, CURL *c, const char *url,
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
   /* Bodies arrive in pieces of this size: 16 KiB by default, a read() and a callback each. */
   curl_easy_setopt(c, CURLOPT_BUFFERSIZE, DF_S3_RECV_BUFFER);
+  /* Objects are bytes as stored: no Accept-Encoding, no decoding (libcurl's defaults, said
+   * here because a decoder would cost CPU per byte and change what a range means). Small
+   * requests (HEAD, the consumed marker) go out without Nagle's delay. */
+  curl_easy_setopt(c, CURLOPT_ACCEPT_ENCODING, NULL);
+  curl_easy_setopt(c, CURLOPT_HTTP_CONTENT_DECODING, 0L);
+  curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);

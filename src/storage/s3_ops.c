@@ -22,7 +22,9 @@ dflash_status df_s3_get_all(dflash_storage *st, const df_loc *l, df_buf *out) {
                     (unsigned long long)resp.content_length);
   }
   *out = resp.body;
-  return df_buf_reserve(out, 1) ? DFLASH_E_NOMEM : (out->data[out->len] = 0, DFLASH_OK);
+  /* Room for the NUL only (reserve(n) keeps n bytes and a NUL free): the body was allocated
+   * at its size plus that byte; asking for more would double a whole object's buffer. */
+  return df_buf_reserve(out, 0) ? DFLASH_E_NOMEM : (out->data[out->len] = 0, DFLASH_OK);
 }
 
 dflash_status df_s3_get_range(dflash_storage *st, const df_loc *l, uint64_t offset, void *buf,

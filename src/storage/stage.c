@@ -4,12 +4,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/safetensors_internal.h"
 #include "storage_internal.h"
 
 char *df_cache_dir(void) {
@@ -182,4 +185,140 @@ dflash_status df_stage_mkdirs(const char *dir) {
   dflash_status s = marker ? df_local_mkdirs_for(marker) : df_error_nomem("path");
   free(marker);
   return s;
+}
+
+void df_stage_buf_free(df_stage_buf *b) {
+  free(b->data);
+  *b = (df_stage_buf){0};
+}
+
+dflash_status df_stage_read_object(dflash_storage *st, const char *location, uint64_t size,
+                                   df_stage_buf *b) {
+  b->len = 0;
+  /* One byte more than announced is asked for, so that an object that grew is seen. */
+  if (size >= SIZE_MAX / 2)
+    return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
+                    size);
+  size_t want = (size_t)size + 1;
+  if (want > b->cap) {
+    /* Room for shards up to 1/8 larger, in whole 2 MiB pages, so that shards of about the same
+     * size never grow it again. */
+    size_t cap = want + want / 8, page = (size_t)2 << 20;
+    cap = (cap + page - 1) / page * page;
+    uint8_t *p = df_alloc_large(cap);
+    if (!p)
+      return df_error(DFLASH_E_NOMEM, "%s: no memory for a %zu-byte read buffer", location, cap);
+    free(b->data);
+    b->data = p, b->cap = cap;
+  }
+  size_t got = 0;
+  dflash_status s = dflash_storage_read_range(st, location, 0, b->data, want, &got);
+  if (s) return s;
+  if (got < size)
+    return df_error(DFLASH_E_TRUNCATED, "%s: %zu of its %" PRIu64 " bytes came", location, got,
+                    size);
+  if (got > size)
+    return df_error(DFLASH_E_MISMATCH, "%s: more than the %" PRIu64 " bytes it had when listed",
+                    location, size);
+  b->len = got;
+  return DFLASH_OK;
+}
+
+struct df_stage_st {
+  char *location;
+  df_st_file file;
+  const uint8_t *map; /* a local object's mapping, or NULL */
+  uint64_t map_size;
+  df_st_entry **by_name;
+};
+
+void df_stage_st_free(df_stage_st *f) {
+  if (!f) return;
+  df_st_file_clear(&f->file);
+  if (f->map) df_unmap_file(f->map, f->map_size);
+  free(f->by_name);
+  free(f->location);
+  free(f);
+}
+
+static int cmp_entry_name(const void *a, const void *b) {
+  return strcmp((*(df_st_entry *const *)a)->name, (*(df_st_entry *const *)b)->name);
+}
+
+dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_t size,
+                               df_stage_buf *b, df_stage_st **out) {
+  *out = NULL;
+  df_stage_st *f = calloc(1, sizeof *f);
+  if (!f || !(f->location = df_strdup(location))) {
+    free(f);
+    return df_error_nomem("safetensors object");
+  }
+  dflash_status s;
+  if (dflash_storage_is_remote(location)) {
+    s = df_stage_read_object(st, location, size, b);
+    f->file.base = b->data, f->file.size = b->len;
+  } else {
+    df_loc l;
+    s = df_loc_parse_object(location, &l);
+    if (!s) {
+      s = df_map_file(l.path, &f->map, &f->map_size);
+      df_loc_clear(&l);
+    }
+    f->file.base = f->map ? f->map : (const uint8_t *)"", f->file.size = f->map_size;
+  }
+  f->file.path = f->location;
+  if (!s) s = df_st_parse(&f->file, 0);
+  if (!s && !(f->by_name = calloc(f->file.n_entries + 1, sizeof *f->by_name)))
+    s = df_error_nomem("tensor index");
+  if (s) {
+    f->file.path = NULL;
+    df_stage_st_free(f);
+    return s;
+  }
+  for (size_t i = 0; i < f->file.n_entries; i++) f->by_name[i] = &f->file.entries[i];
+  qsort(f->by_name, f->file.n_entries, sizeof *f->by_name, cmp_entry_name);
+  *out = f;
+  return DFLASH_OK;
+}
+
+size_t df_stage_st_count(const df_stage_st *f) { return f ? f->file.n_entries : 0; }
+
+static dflash_status st_view(const df_stage_st *f, const df_st_entry *e, dflash_tensor *out) {
+  dflash_tensor t = {.struct_size = sizeof t,
+                     .name = e->name,
+                     .dtype = e->dtype,
+                     .ndim = e->ndim,
+                     .shape = e->shape,
+                     .data = f->file.base + f->file.data_start + e->begin,
+                     .nbytes = e->end - e->begin,
+                     .file = f->location};
+  return df_opts_out(out, &t, sizeof t, "dflash_tensor");
+}
+
+dflash_status df_stage_st_get(const df_stage_st *f, size_t index, dflash_tensor *out) {
+  if (index >= f->file.n_entries)
+    return df_error(DFLASH_E_RANGE, "%s: tensor index %zu of %zu", f->location, index,
+                    f->file.n_entries);
+  return st_view(f, &f->file.entries[index], out);
+}
+
+dflash_status df_stage_st_find(const df_stage_st *f, const char *name, dflash_tensor *out) {
+  size_t lo = 0, hi = f->file.n_entries;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(f->by_name[mid]->name, name);
+    if (!c) return st_view(f, f->by_name[mid], out);
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return DFLASH_E_NOT_FOUND;
+}
+
+dflash_status df_stage_st_metadata_find(const df_stage_st *f, const char *key, const char **value) {
+  for (size_t i = 0; i < f->file.n_meta; i++)
+    if (!strcmp(f->file.meta_keys[i], key)) {
+      *value = f->file.meta_values[i];
+      return DFLASH_OK;
+    }
+  return DFLASH_E_NOT_FOUND;
 }

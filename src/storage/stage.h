@@ -64,6 +64,39 @@ DF_MUST_CHECK dflash_status df_stage_st_stub(dflash_storage *st, const char *rem
  * the file system cannot punch holes the file stays whole. */
 void df_stage_st_hollow(const char *path);
 
+/* A memory buffer that whole objects are read into, one after another (the spool consumer's
+ * S3 shards): it grows when an object does not fit and is otherwise reused, so that a stream
+ * of shards costs no allocation, no page faults after the first and no local file. */
+typedef struct df_stage_buf {
+  uint8_t *data;
+  size_t len; /* the last object's bytes */
+  size_t cap;
+} df_stage_buf;
+
+/* Read the object `location` of `size` bytes (from a listing or stat) whole into b: one GET of
+ * its bytes straight into b->data. An object of another size (changed since, or cut short) is
+ * DFLASH_E_TRUNCATED / DFLASH_E_MISMATCH naming it; a missing one DFLASH_E_NOT_FOUND. */
+dflash_status df_stage_read_object(dflash_storage *st, const char *location, uint64_t size,
+                                   df_stage_buf *b);
+void df_stage_buf_free(df_stage_buf *b);
+
+/* A safetensors object whole in memory: an s3:// object read into `b` by
+ * df_stage_read_object (no local file), a local one mapped; validated by the same df_st_parse
+ * as dflash_safetensors_open. Tensor views have `data` set, into b or the mapping: they are
+ * valid until df_stage_st_free and, for s3://, the next read into b. `size` is the object's
+ * (from a stat or listing). */
+typedef struct df_stage_st df_stage_st;
+dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_t size,
+                               df_stage_buf *b, df_stage_st **out);
+void df_stage_st_free(df_stage_st *f);
+size_t df_stage_st_count(const df_stage_st *f);
+/* Tensor `index` in file order (ascending data offsets). */
+dflash_status df_stage_st_get(const df_stage_st *f, size_t index, dflash_tensor *out);
+/* DFLASH_E_NOT_FOUND, with no message set, when there is no tensor `name`. */
+dflash_status df_stage_st_find(const df_stage_st *f, const char *name, dflash_tensor *out);
+/* `__metadata__` value (borrowed); DFLASH_E_NOT_FOUND, with no message, when absent. */
+dflash_status df_stage_st_metadata_find(const df_stage_st *f, const char *key, const char **value);
+
 /* mkdir -p `dir`. */
 DF_MUST_CHECK dflash_status df_stage_mkdirs(const char *dir);
 

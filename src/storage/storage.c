@@ -2,6 +2,7 @@
  * and one function per operation dispatching to S3 or the local backend. */
 #include <math.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,6 +167,16 @@ DFLASH_API int dflash_storage_is_remote(const char *location) {
 }
 
 DFLASH_API void dflash_storage_buffer_free(void *buf) { free(buf); }
+
+void *df_alloc_large(size_t n) {
+  if (n < DF_LARGE_ALLOC) return malloc(n ? n : 1);
+  void *p = NULL;
+  if (posix_memalign(&p, (size_t)2 << 20, n)) return NULL;
+#ifdef MADV_HUGEPAGE
+  madvise(p, n, MADV_HUGEPAGE); /* advice only: where THP is off nothing changes */
+#endif
+  return p;
+}
 
 DFLASH_API dflash_status dflash_storage_read(dflash_storage *st, const char *location, void **data,
                                              size_t *len) {

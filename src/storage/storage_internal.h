@@ -141,6 +141,14 @@ DF_MUST_CHECK dflash_status df_s3_mpu_complete(dflash_storage *st, const df_loc 
 void df_s3_mpu_abort(dflash_storage *st, const df_loc *l, df_s3_upload *u);
 void df_s3_upload_clear(df_s3_upload *u);
 
+/* ---- large buffers (storage.c) ------------------------------------------- */
+
+/* A buffer for a whole object (free()-able): from DF_LARGE_ALLOC bytes on, aligned to 2 MiB
+ * and advised as transparent huge pages, so that its first touch costs one fault per 2 MiB
+ * instead of one per 4 KiB (bench/s3_read.py: the faults were a third of a read's CPU). */
+#define DF_LARGE_ALLOC ((size_t)4 << 20)
+void *df_alloc_large(size_t n);
+
 /* ---- local files (local.c) ----------------------------------------------- */
 
 DF_MUST_CHECK dflash_status df_local_read_range(const df_loc *l, uint64_t offset, void *buf,

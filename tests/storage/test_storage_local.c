@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "storage/stage.h"
 #include "storage/storage_internal.h"
 #include "testutil.h"
 
@@ -445,12 +446,71 @@ void check_remote_st(dflash_storage *st, const char *location, const char *local
   dflash_safetensors_free(ref);
 }
 
+/* A whole object into a reused buffer (df_stage_read_object, df_stage_st_load: the spool
+ * consumer's read): the views equal the mmap'd local copy, in file order; a second object that
+ * fits reuses the buffer (same address); a size other than the object's is refused, naming it. */
+void check_stage_st(dflash_storage *st, const char *location, const char *local);
+void check_stage_st(dflash_storage *st, const char *location, const char *local) {
+  dflash_safetensors *ref;
+  ck_assert_ok(dflash_safetensors_open(local, &ref));
+  dflash_storage_info info = {.struct_size = sizeof info};
+  ck_assert_ok(dflash_storage_stat(st, location, &info));
+  df_stage_buf b = {0};
+  const uint8_t *first = NULL;
+  for (int round = 0; round < 2; round++) {
+    df_stage_st *f = NULL;
+    ck_assert_ok(df_stage_st_load(st, location, info.size, &b, &f));
+    ck_assert_uint_eq(df_stage_st_count(f), dflash_safetensors_count(ref));
+    const char *v;
+    ck_assert_ok(df_stage_st_metadata_find(f, "format", &v));
+    ck_assert_str_eq(v, "pt");
+    ck_assert_int_eq(df_stage_st_metadata_find(f, "nope", &v), DFLASH_E_NOT_FOUND);
+    const uint8_t *prev = NULL;
+    for (size_t i = 0; i < df_stage_st_count(f); i++) {
+      dflash_tensor t = {.struct_size = sizeof t}, r = {.struct_size = sizeof r};
+      ck_assert_ok(df_stage_st_get(f, i, &t));
+      ck_assert_ok(dflash_safetensors_find(ref, t.name, &r));
+      ck_assert_uint_eq(t.nbytes, r.nbytes);
+      ck_assert_msg(!memcmp(t.data, r.data, t.nbytes), "tensor %s differs", t.name);
+      ck_assert_msg(!prev || (const uint8_t *)t.data > prev, "not in file order at %s", t.name);
+      prev = t.data;
+      dflash_tensor u = {.struct_size = sizeof u};
+      ck_assert_ok(df_stage_st_find(f, t.name, &u));
+      ck_assert_ptr_eq(u.data, t.data);
+    }
+    dflash_tensor t = {.struct_size = sizeof t};
+    ck_assert_int_eq(df_stage_st_find(f, "nope", &t), DFLASH_E_NOT_FOUND);
+    ck_assert_uint_eq(df_stage_st_count(f), 40);
+    df_stage_st_free(f);
+    if (dflash_storage_is_remote(location)) { /* local objects are mapped, not read */
+      ck_assert_uint_eq(b.len, info.size);
+      if (round) ck_assert_ptr_eq(b.data, first);
+      first = b.data;
+    }
+  }
+  /* The size from an older listing: shorter or longer than the object now. */
+  ck_assert_status(df_stage_read_object(st, location, info.size + 1, &b), DFLASH_E_TRUNCATED,
+                   location);
+  ck_assert_status(df_stage_read_object(st, location, info.size - 1, &b), DFLASH_E_MISMATCH,
+                   location);
+  size_t cap = b.cap;
+  ck_assert_ok(df_stage_read_object(st, location, info.size, &b));
+  ck_assert_uint_eq(b.cap, cap);
+  ck_assert_uint_eq(b.len, info.size);
+  char *missing = df_asprintf("%s.missing", location);
+  ck_assert_int_eq(df_stage_read_object(st, missing, 10, &b), DFLASH_E_NOT_FOUND);
+  free(missing);
+  df_stage_buf_free(&b);
+  dflash_safetensors_free(ref);
+}
+
 START_TEST(safetensors_on_demand_from_local_files) {
   char *dir = df_test_tmpdir();
   dflash_storage *st = client();
   char *path = make_safetensors(dir, 40, 300); /* header ~3 KB, tensors 1200 B */
   check_remote_st(st, path, path, 4096);       /* window smaller than header + data */
   check_remote_st(st, path, path, 0);          /* default window holds it all */
+  check_stage_st(st, path, path);
   char *bad = join(dir, "records.jsonl");
   ck_assert(df_test_write(bad, "{\"id\": 1}\n{\"id\": 2}\n", 20));
   dflash_storage_st *f = (void *)1;

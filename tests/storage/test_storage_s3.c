@@ -18,6 +18,7 @@ void expect_same_bytes(dflash_storage *st, const char *a, const char *b);
 void append_records(dflash_chunk_writer *w, int from, int to);
 char *make_safetensors(const char *dir, int n, int elems);
 void check_remote_st(dflash_storage *st, const char *location, const char *local, uint64_t ra);
+void check_stage_st(dflash_storage *st, const char *location, const char *local);
 
 static const char *bucket(void) {
   const char *b = getenv("DFLASH_TEST_S3_BUCKET");
@@ -501,6 +502,7 @@ START_TEST(safetensors_on_demand_over_s3_with_read_ahead) {
   char *loc = url("st/model.safetensors");
   ck_assert_ok(dflash_storage_copy(st, path, loc));
   check_remote_st(st, loc, path, 4096);
+  check_stage_st(st, loc, path); /* the whole object in memory, as the spool reads a shard */
   /* with the default window, the header and every tensor take 1 HEAD + 1 GET */
   json_t *s0 = faults(NULL);
   long before = counter(s0, NULL);
