@@ -20,7 +20,11 @@ Throughput: tokens of steps 2..N over the elapsed time between step 1 and step N
 so that start-up (loading the target) is not counted; the whole run's tokens / elapsed_s is
 printed too, and tokens per CPU-second of the trainer process (user + system: the figure that
 other load on the machine disturbs least). The two runs must end at the same checkpoint
-(checked).
+(checked). The readers alone: the CPU-seconds per token of reading every sample of an epoch
+through the offline sample stream and through the spool consumer (float32 rows and their checks,
+as the CPU trainer gets them), and from those and the trainer's CPU per token the throughput
+ratio they predict for a trainer bound by its CPU: the part of the comparison that the
+machine's other load cannot blur.
 """
 import argparse
 import json
@@ -93,6 +97,70 @@ def train(cli, root, hidden, out, a, env):
             "model": (out / "model.safetensors").read_bytes()}
 
 
+# The readers alone, as the CPU trainer calls them (float32 rows, NaN/Inf and zero-layer checks):
+# the offline sample stream (its prefetch thread included) and the spool consumer, over the same
+# samples; CPU seconds of this process per token.
+READER = r"""
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+mode, data, where = sys.argv[2], sys.argv[3], sys.argv[4]
+P = ctypes.c_void_p
+class SpoolOpts(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("wait_s", ctypes.c_double),
+                ("reuse", ctypes.c_int32), ("stored_rows", ctypes.c_int32)]
+class Sample(ctypes.Structure):  # dflash_spool_sample / dflash_train_sample: len is what we read
+    _fields_ = [("struct_size", ctypes.c_size_t), ("a", P), ("len", ctypes.c_int64),
+                ("pad", ctypes.c_char * 256)]
+class TrainSample(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64), ("id", P),
+                ("len", ctypes.c_int64), ("pad", ctypes.c_char * 256)]
+def check(rc, what):
+    if rc:
+        lib.dflash_last_error.restype = ctypes.c_char_p
+        sys.exit(f"{what}: status {rc}: {lib.dflash_last_error()}")
+t0, tokens, end = time.process_time(), 0, ctypes.c_int()
+if mode == "spool":
+    o = SpoolOpts()
+    lib.dflash_spool_options_init(ctypes.byref(o), ctypes.c_size_t(ctypes.sizeof(o)))
+    o.wait_s = 10.0
+    sp = P()
+    check(lib.dflash_spool_open(where.encode(), ctypes.byref(o), ctypes.byref(sp)), "open")
+    smp = Sample()
+    smp.struct_size = 88  # sizeof either struct on LP64
+    while True:
+        check(lib.dflash_spool_next(sp, ctypes.byref(smp), ctypes.byref(end)), "next")
+        if end.value:
+            break
+        tokens += smp.len
+    lib.dflash_spool_free(sp)
+else:
+    st = P()
+    lib.dflash_sample_stream_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, P, P]
+    check(lib.dflash_sample_stream_open(data.encode(), where.encode(), None, ctypes.byref(st)),
+          "stream")
+    lib.dflash_sample_stream_count.restype = ctypes.c_size_t
+    n = lib.dflash_sample_stream_count(st)
+    order = (ctypes.c_uint64 * n)(*range(n))
+    check(lib.dflash_sample_stream_start(st, order, ctypes.c_size_t(n)), "start")
+    smp = TrainSample()
+    smp.struct_size = 88  # sizeof either struct on LP64
+    while True:
+        check(lib.dflash_sample_stream_next(st, ctypes.byref(smp), ctypes.byref(end)), "next")
+        if end.value:
+            break
+        tokens += smp.len
+    lib.dflash_sample_stream_free(st)
+print(tokens, time.process_time() - t0)
+"""
+
+
+def reader_cpu(lib, mode, data, where, env):
+    """CPU seconds per token of reading every sample (one epoch) with the library alone."""
+    out = subprocess.run([sys.executable, "-c", READER, lib, mode, str(data), where], env=env,
+                         check=True, stdout=subprocess.PIPE, text=True).stdout.split()
+    return float(out[1]) / int(out[0])
+
+
 def order_of(trace):
     lines = [x.split() for x in open(trace) if not x.startswith("#")]
     return "".join(f"{e} {sid}\n" for e, _, sid in lines)
@@ -128,7 +196,8 @@ def main():
     (tmp / "order.txt").write_text(order_of(trace))
     shard = max(1 << 20, epoch_bytes // 16)
     budget = (epoch_bytes // 4 if a.concurrent else (a.epochs + 1) * epoch_bytes) + 2 * shard
-    off, sp = [], []
+    off, sp, rd_off, rd_sp = [], [], [], []
+    lib = os.environ.get("DFLASH_LIBRARY") or str(pathlib.Path(cli).parents[2] / "libdflash.so")
     for rep in range(a.reps):
         off.append(train(cli, tmp, str(tmp / "store"), tmp / "offline", a, env))
         where = (f"s3://{s3_read.BUCKET}/spool{rep}" if a.s3 else str(tmp / f"spool{rep}"))
@@ -142,6 +211,9 @@ def main():
                 sys.exit(f"producer failed: {p.stderr.read()[-2000:]}")
         else:
             subprocess.run(prod, env=penv, check=True)
+            # The readers alone first (reading a spool deletes nothing; the trainer's run does).
+            rd_off.append(reader_cpu(lib, "store", tmp / "train", str(tmp / "store"), env))
+            rd_sp.append(reader_cpu(lib, "spool", tmp / "train", where, env))
             sp.append(train(cli, tmp, "spool:" + where, tmp / "spool-run", a, env))
         if sp[-1]["model"] != off[-1]["model"]:
             sys.exit("the spool run did not end at the offline run's checkpoint")
@@ -158,6 +230,13 @@ def main():
                      ("cpu", "tokens per trainer CPU-s")):
         print(f"  {label:28} {med[k][0]:9.1f} {med[k][1]:9.1f} {med[k][1] / med[k][0]:14.3f}")
     print(f"  {'trainer waited for shards':28} {'':9} {med['wait'][1]:8.2f}s")
+    if rd_off:
+        r_off, r_sp = statistics.median(rd_off), statistics.median(rd_sp)
+        step = 1 / med["cpu"][0]  # the offline trainer's CPU-s per token
+        print(f"  {'reader alone, CPU-us/token':28} {r_off * 1e6:9.2f} {r_sp * 1e6:9.2f}"
+              f"   (trainer: {step * 1e6:.0f} CPU-us/token)")
+        print(f"  predicted spool/offline throughput of a CPU-bound trainer: "
+              f"{step / (step - r_off + r_sp):.4f}")
     for k in ("steady", "cpu"):
         print(f"  runs ({'tokens/s' if k == 'steady' else 'tokens per CPU-s'}): offline " +
               " ".join(f"{r[k]:.0f}" for r in off) + "; spool " +

@@ -7,8 +7,10 @@
  *   producer: wait until the shards present total < budget; PUT the shard's
  *             .ids; write the shard (local: temp, fsync, rename; s3: one PUT
  *             of a locally staged file). End of epoch: PUT eNNNNN.end.
- *   consumer: read shards in order; after its own state is durable, PUT
- *             "consumed" (epoch, shard), then delete the shards before it.
+ *   consumer: read shards in order (s3: one GET each into a reused memory buffer, the next
+ *             shard read ahead on a thread while this one is used; local: mapped); after its
+ *             own state is durable, PUT "consumed" (epoch, shard), then delete the shards
+ *             before it. Reading ahead changes nothing in the spool.
  *
  * A restarted producer rebuilds its epoch from the .ids files: a shard whose
  * .ids exists but which is neither present nor consumed died in the crash,
@@ -21,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,6 +414,34 @@ typedef struct sp_tensor {
   const void *tids; /* "t/<id>" I32 [len] in the shard, or NULL */
 } sp_tensor;
 
+/* s3://: the next shard, read on a thread of its own (its own client) while the trainer uses the
+ * current one, so that a GET is not on the trainer's path. Only a hint: whatever it could not
+ * read (not published yet, gone, an error) is read again the plain way, which reports it. */
+typedef struct sp_ahead {
+  pthread_t th;
+  bool running;
+  dflash_storage *st;
+  char *loc;
+  int32_t e;
+  uint64_t s;
+  df_stage_buf buf;
+  dflash_status status;
+} sp_ahead;
+
+static void *ahead_main(void *arg) {
+  sp_ahead *a = arg;
+  dflash_storage_info info = {.struct_size = sizeof info};
+  a->status = dflash_storage_stat(a->st, a->loc, &info);
+  if (!a->status) a->status = df_stage_read_object(a->st, a->loc, info.size, &a->buf);
+  return NULL;
+}
+
+static void ahead_join(sp_ahead *a) {
+  if (!a->running) return;
+  pthread_join(a->th, NULL);
+  a->running = false;
+}
+
 struct dflash_spool {
   char *base;
   dflash_storage *st;
@@ -422,6 +453,7 @@ struct dflash_spool {
   int32_t cur_e;
   uint64_t cur_s;
   df_stage_buf mem; /* s3://: the shard's bytes, one GET into a buffer reused shard after shard */
+  sp_ahead ahead;   /* s3://: the next shard's, read meanwhile (two shards in memory at most) */
   sp_tensor *ts;    /* its samples in append order */
   size_t n_ts;
   float *buf;
@@ -502,6 +534,10 @@ static void close_shard(dflash_spool *sp) {
 void dflash_spool_free(dflash_spool *sp) {
   if (!sp) return;
   close_shard(sp);
+  ahead_join(&sp->ahead);
+  dflash_storage_free(sp->ahead.st);
+  free(sp->ahead.loc);
+  df_stage_buf_free(&sp->ahead.buf);
   df_stage_buf_free(&sp->mem);
   dflash_storage_free(sp->st);
   free(sp->base);
@@ -585,17 +621,44 @@ static dflash_status index_shard(dflash_spool *sp, const char *loc) {
   return DFLASH_OK;
 }
 
-/* s3://: one GET of the whole shard into sp->mem (no local copy); local: mapped. */
+/* Start reading shard (e, s) ahead; nothing when it cannot start (the plain read follows). */
+static void ahead_start(dflash_spool *sp, int32_t e, uint64_t s) {
+  sp_ahead *a = &sp->ahead;
+  ahead_join(a);
+  if (!a->st && dflash_storage_create(NULL, &a->st)) {
+    dflash_clear_error();
+    return;
+  }
+  free(a->loc);
+  if (!(a->loc = shard_loc(sp->base, e, s, "safetensors"))) return;
+  a->e = e, a->s = s, a->status = DFLASH_E_NOT_FOUND;
+  a->running = pthread_create(&a->th, NULL, ahead_main, a) == 0;
+}
+
+/* s3://: the shard read ahead when it is this one and of this size (swapped into sp->mem), else
+ * one GET of the whole shard into sp->mem (no local copy); local: mapped. */
 static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size, int32_t e,
                                 uint64_t s) {
   close_shard(sp);
-  dflash_status r = df_stage_st_load(sp->st, loc, size, &sp->mem, &sp->cur);
+  sp_ahead *a = &sp->ahead;
+  bool remote = dflash_storage_is_remote(sp->base);
+  ahead_join(a);
+  dflash_status r;
+  if (remote && a->loc && a->e == e && a->s == s && a->status == DFLASH_OK && a->buf.len == size) {
+    df_stage_buf t = sp->mem;
+    sp->mem = a->buf, a->buf = t;
+    a->status = DFLASH_E_NOT_FOUND; /* used */
+    r = df_stage_st_parse(loc, &sp->mem, &sp->cur);
+  } else {
+    r = df_stage_st_load(sp->st, loc, size, &sp->mem, &sp->cur);
+  }
   if (!r) r = index_shard(sp, loc);
   if (r) {
     close_shard(sp);
     return df_error_wrap(r, "spool shard %s", loc);
   }
   sp->cur_e = e, sp->cur_s = s;
+  if (remote) ahead_start(sp, e, s + 1);
   return DFLASH_OK;
 }
 

@@ -245,18 +245,18 @@ static int cmp_entry_name(const void *a, const void *b) {
   return strcmp((*(df_st_entry *const *)a)->name, (*(df_st_entry *const *)b)->name);
 }
 
-dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_t size,
-                               df_stage_buf *b, df_stage_st **out) {
+static dflash_status st_open(dflash_storage *st, const char *location, uint64_t size,
+                             df_stage_buf *b, bool read, df_stage_st **out) {
   *out = NULL;
   df_stage_st *f = calloc(1, sizeof *f);
   if (!f || !(f->location = df_strdup(location))) {
     free(f);
     return df_error_nomem("safetensors object");
   }
-  dflash_status s;
-  if (dflash_storage_is_remote(location)) {
-    s = df_stage_read_object(st, location, size, b);
-    f->file.base = b->data, f->file.size = b->len;
+  dflash_status s = DFLASH_OK;
+  if (b) {
+    if (read) s = df_stage_read_object(st, location, size, b);
+    f->file.base = b->data ? b->data : (const uint8_t *)"", f->file.size = b->len;
   } else {
     df_loc l;
     s = df_loc_parse_object(location, &l);
@@ -279,6 +279,15 @@ dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_
   qsort(f->by_name, f->file.n_entries, sizeof *f->by_name, cmp_entry_name);
   *out = f;
   return DFLASH_OK;
+}
+
+dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_t size,
+                               df_stage_buf *b, df_stage_st **out) {
+  return st_open(st, location, size, dflash_storage_is_remote(location) ? b : NULL, true, out);
+}
+
+dflash_status df_stage_st_parse(const char *location, const df_stage_buf *b, df_stage_st **out) {
+  return st_open(NULL, location, b->len, (df_stage_buf *)b, false, out);
 }
 
 size_t df_stage_st_count(const df_stage_st *f) { return f ? f->file.n_entries : 0; }

@@ -88,6 +88,8 @@ void df_stage_buf_free(df_stage_buf *b);
 typedef struct df_stage_st df_stage_st;
 dflash_status df_stage_st_load(dflash_storage *st, const char *location, uint64_t size,
                                df_stage_buf *b, df_stage_st **out);
+/* The same over the bytes already in `b` (read by df_stage_read_object, e.g. ahead of time). */
+dflash_status df_stage_st_parse(const char *location, const df_stage_buf *b, df_stage_st **out);
 void df_stage_st_free(df_stage_st *f);
 size_t df_stage_st_count(const df_stage_st *f);
 /* Tensor `index` in file order (ascending data offsets). */

@@ -497,6 +497,14 @@ void check_stage_st(dflash_storage *st, const char *location, const char *local)
   ck_assert_ok(df_stage_read_object(st, location, info.size, &b));
   ck_assert_uint_eq(b.cap, cap);
   ck_assert_uint_eq(b.len, info.size);
+  df_stage_st *g = NULL; /* the bytes read ahead, parsed later (the spool's next shard) */
+  ck_assert_ok(df_stage_st_parse(location, &b, &g));
+  ck_assert_uint_eq(df_stage_st_count(g), dflash_safetensors_count(ref));
+  dflash_tensor t0 = {.struct_size = sizeof t0}, r0 = {.struct_size = sizeof r0};
+  ck_assert_ok(df_stage_st_get(g, 0, &t0));
+  ck_assert_ok(dflash_safetensors_find(ref, t0.name, &r0));
+  ck_assert(!memcmp(t0.data, r0.data, r0.nbytes) && (const uint8_t *)t0.data > b.data);
+  df_stage_st_free(g);
   char *missing = df_asprintf("%s.missing", location);
   ck_assert_int_eq(df_stage_read_object(st, missing, 10, &b), DFLASH_E_NOT_FOUND);
   free(missing);
