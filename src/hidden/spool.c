@@ -426,6 +426,7 @@ typedef struct sp_ahead {
   uint64_t s;
   df_stage_buf buf;
   dflash_status status;
+  int done; /* set (release) by the thread when status and buf are final */
 } sp_ahead;
 
 static void *ahead_main(void *arg) {
@@ -433,6 +434,7 @@ static void *ahead_main(void *arg) {
   dflash_storage_info info = {.struct_size = sizeof info};
   a->status = dflash_storage_stat(a->st, a->loc, &info);
   if (!a->status) a->status = df_stage_read_object(a->st, a->loc, info.size, &a->buf);
+  __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
@@ -631,8 +633,16 @@ static void ahead_start(dflash_spool *sp, int32_t e, uint64_t s) {
   }
   free(a->loc);
   if (!(a->loc = shard_loc(sp->base, e, s, "safetensors"))) return;
-  a->e = e, a->s = s, a->status = DFLASH_E_NOT_FOUND;
+  a->e = e, a->s = s, a->status = DFLASH_E_NOT_FOUND, a->done = 0;
   a->running = pthread_create(&a->th, NULL, ahead_main, a) == 0;
+}
+
+/* Whether shard (e, s) is read ahead, whole, already (no request needed to know it is there). */
+static bool ahead_has(const dflash_spool *sp, int32_t e, uint64_t s) {
+  const sp_ahead *a = &sp->ahead;
+  if (!a->loc || a->e != e || a->s != s) return false;
+  if (a->running && !__atomic_load_n(&a->done, __ATOMIC_ACQUIRE)) return false;
+  return a->status == DFLASH_OK;
 }
 
 /* s3://: the shard read ahead when it is this one and of this size (swapped into sp->mem), else
@@ -688,7 +698,10 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
     char *loc = shard_loc(sp->base, e, sp->shard, "safetensors");
     if (!loc) return df_error_nomem("spool");
     dflash_storage_info info = {.struct_size = sizeof info};
-    dflash_status s = dflash_storage_stat(sp->st, loc, &info);
+    /* A shard read ahead needs no HEAD: it is there, and its size is the one it was read at. */
+    bool have_ahead = ahead_has(sp, e, sp->shard);
+    if (have_ahead) info.size = sp->ahead.buf.len;
+    dflash_status s = have_ahead ? DFLASH_OK : dflash_storage_stat(sp->st, loc, &info);
     if (!s) s = open_shard(sp, loc, info.size, e, sp->shard);
     else if (s == DFLASH_E_NOT_FOUND) dflash_clear_error();
     free(loc);
@@ -834,6 +847,7 @@ dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t sha
 bool df_spool_ready(dflash_spool *sp) {
   int32_t e = source_epoch(sp, sp->epoch);
   if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard && sp->offset < sp->n_ts) return true;
+  if (ahead_has(sp, e, sp->shard)) return true;
   char *loc = shard_loc(sp->base, e, sp->shard, "safetensors"), *end = end_loc(sp->base, e);
   dflash_storage_info info = {.struct_size = sizeof info};
   bool ready = !loc || !end || dflash_storage_stat(sp->st, loc, &info) != DFLASH_E_NOT_FOUND ||
