@@ -29,6 +29,7 @@ whole, shard after shard, in one process per client:
                   per shard a HEAD and one GET into a reused buffer, the NaN/Inf check of the
                   codes, no local file
   spool-f32       dflash_spool_next decoding to float32 (as the CPU trainer reads it)
+  spool-no-ahead  spool with DFLASH_SPOOL_READ_AHEAD=0: no next shard read on a thread meanwhile
   curl            one curl for all the shard URLs, -o /dev/null each
   boto3           get_object()["Body"].read(1 MiB) of each shard
 """
@@ -246,7 +247,9 @@ def main():
         py = [sys.executable, "-c", LIB_READ, lib]
         clients = {
             "spool": per_spool(lambda p, keys: py + ["spool", f"s3://{BUCKET}/{p}"]),
-            "spool-f32": per_spool(lambda p, keys: py + ["spool-f32", f"s3://{BUCKET}/{p}"])}
+            "spool-f32": per_spool(lambda p, keys: py + ["spool-f32", f"s3://{BUCKET}/{p}"]),
+            "spool-no-ahead": per_spool(lambda p, keys: [
+                "env", "DFLASH_SPOOL_READ_AHEAD=0"] + py + ["spool", f"s3://{BUCKET}/{p}"])}
         if have_curl:
             clients["curl"] = per_spool(lambda p, keys: curl + [
                 x for k in keys for x in (f"{url}/{BUCKET}/{k}", "-o", "/dev/null")])

@@ -456,6 +456,7 @@ struct dflash_spool {
   uint64_t cur_s;
   df_stage_buf mem; /* s3://: the shard's bytes, one GET into a buffer reused shard after shard */
   sp_ahead ahead;   /* s3://: the next shard's, read meanwhile (two shards in memory at most) */
+  bool read_ahead;  /* off with DFLASH_SPOOL_READ_AHEAD=0 (bench/s3_read.py compares) */
   sp_tensor *ts;    /* its samples in append order */
   size_t n_ts;
   float *buf;
@@ -516,6 +517,8 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
   while (n > 1 && spool[n - 1] == '/') n--;
   if (!s && !(sp->base = df_strndup(spool, n))) s = df_error_nomem("spool");
   if (!s) s = dflash_storage_create(NULL, &sp->st);
+  const char *ra = getenv("DFLASH_SPOOL_READ_AHEAD");
+  sp->read_ahead = !ra || strcmp(ra, "0");
   if (!s) s = open_meta(sp);
   if (s) {
     dflash_spool_free(sp);
@@ -668,7 +671,7 @@ static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size
     return df_error_wrap(r, "spool shard %s", loc);
   }
   sp->cur_e = e, sp->cur_s = s;
-  if (remote) ahead_start(sp, e, s + 1);
+  if (remote && sp->read_ahead) ahead_start(sp, e, s + 1);
   return DFLASH_OK;
 }
 
