@@ -52,6 +52,7 @@ static void init_spool(void *o, size_t n) { dflash_spool_options_init(o, n); }
 static void init_stream(void *o, size_t n) { dflash_sample_stream_options_init(o, n); }
 static void init_run(void *o, size_t n) { dflash_train_run_options_init(o, n); }
 static void init_eval_walk(void *o, size_t n) { dflash_eval_walk_init(o, n); }
+static void init_build(void *o, size_t n) { dflash_dataset_build_options_init(o, n); }
 
 /* Output structs and the guards have no _init: the caller zeroes them and sets the size. */
 static void init_zero(void *o, size_t n) {
@@ -317,6 +318,23 @@ static dflash_status call_eval_walk(void *o, ctx *c) {
   return accepted ? DFLASH_OK : st;
 }
 
+/* dflash_dataset_build with a missing input: a struct it accepts fails there
+ * (DFLASH_E_NOT_FOUND), one it refuses at the struct. `o` is its options or its stats. */
+static dflash_status build_missing(dflash_dataset_build_options *opts,
+                                   dflash_dataset_build_stats *stats, ctx *c) {
+  char *missing = df_path_join(c->dir, "missing.jsonl"), *out = df_path_join(c->dir, "build");
+  dflash_dataset_build_options d;
+  if (!opts) dflash_dataset_build_options_default(opts = &d);
+  opts->tokenizer_path = missing;
+  opts->template_name = "qwen3";
+  const char *inputs[1] = {missing};
+  dflash_status st = dflash_dataset_build(inputs, 1, out, opts, stats);
+  free(missing), free(out);
+  return st == DFLASH_E_NOT_FOUND ? DFLASH_OK : st;
+}
+static dflash_status call_build(void *o, ctx *c) { return build_missing(o, NULL, c); }
+static dflash_status call_build_stats(void *o, ctx *c) { return build_missing(NULL, o, c); }
+
 static const opts_case CASES[] = {
     {"dflash_tokenizer_options", sizeof(dflash_tokenizer_options), init_tokenizer, call_tokenizer,
      false},
@@ -346,6 +364,10 @@ static const opts_case CASES[] = {
      false},
     {"dflash_train_run_options", sizeof(dflash_train_run_options), init_run, call_run, false},
     {"dflash_eval_walk", sizeof(dflash_eval_walk), init_eval_walk, call_eval_walk, false},
+    {"dflash_dataset_build_options", sizeof(dflash_dataset_build_options), init_build, call_build,
+     false},
+    {"dflash_dataset_build_stats", sizeof(dflash_dataset_build_stats), init_zero, call_build_stats,
+     true},
 };
 
 /* ---- harness -------------------------------------------------------------- */
