@@ -167,6 +167,11 @@ thread_local int t_device = 0;
 
 std::mutex g_stream_mu;
 std::set<Stream *> g_streams;
+// Destroyed streams are kept, empty, until exit: another host thread (an emulated rank on the
+// same device) may have copied the device's stream list and be about to drain one (TSan saw
+// cudaStreamDestroy's delete race with drain_device's lock of that stream). Draining an empty
+// stream returns at once. Reachable from here, so not a leak.
+std::vector<std::unique_ptr<Stream>> g_dead_streams;
 
 
 double now_ms() {
@@ -834,7 +839,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     for (auto *e : g_events)
       if (e->s == s) e->s = nullptr;
   }
-  delete s;
+  std::lock_guard<std::mutex> g(g_stream_mu);
+  g_dead_streams.emplace_back(s);
   return cudaSuccess;
 }
 
