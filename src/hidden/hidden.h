@@ -81,9 +81,21 @@ DF_MUST_CHECK dflash_status df_spool_writer_create(const char *dir, int32_t K, i
 DF_MUST_CHECK dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
 /* Whether dflash_spool_next would return without waiting (a failed look counts as ready). */
 bool df_spool_ready(dflash_spool *sp);
-/* Bytes of the shards present before (epoch, shard), and the producer's budget (0: unknown). */
+/* Bytes of the shards this consumer opened before (epoch, shard) and has not released (no
+ * request), and the producer's budget (0: unknown; read after each release and while unknown). */
 DF_MUST_CHECK dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard,
                                               uint64_t *used, uint64_t *budget);
+/* The consumer's own accounting of a release another process (rank 0) made. */
+void df_spool_forget(dflash_spool *sp, int32_t epoch, uint64_t shard);
+/* dflash_spool_next without the sample's data (not read, decoded or checked): its id and
+ * length, for a training process that leaves it to another rank. */
+DF_MUST_CHECK dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out,
+                                          int *end_of_epoch);
+/* A sample's place in the spool (dflash_spool_seek's arguments). */
+typedef struct df_spool_pos {
+  int32_t epoch;
+  uint64_t shard, offset;
+} df_spool_pos;
 
 /* A store on object storage, read with ranged GETs (remote.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */

@@ -444,6 +444,11 @@ static void ahead_join(sp_ahead *a) {
   a->running = false;
 }
 
+typedef struct sp_opened {
+  int32_t e;
+  uint64_t s, size;
+} sp_opened;
+
 struct dflash_spool {
   char *base;
   dflash_storage *st;
@@ -464,6 +469,11 @@ struct dflash_spool {
   int32_t *tbuf; /* the current sample's target ids (the shard's may be unaligned) */
   size_t tcap;
   bool waited_note;
+  /* The shards opened and not released yet, with their sizes, and the producer's budget once
+   * read: the trainer's room accounting without a listing of the spool per shard. */
+  sp_opened *opened;
+  size_t n_opened, cap_opened;
+  uint64_t budget;
 };
 
 static void spool_options_defaults(dflash_spool_options *o) {
@@ -548,6 +558,7 @@ void dflash_spool_free(dflash_spool *sp) {
   free(sp->base);
   free(sp->buf);
   free(sp->tbuf);
+  free(sp->opened);
   free(sp);
 }
 
@@ -648,6 +659,28 @@ static bool ahead_has(const dflash_spool *sp, int32_t e, uint64_t s) {
   return a->status == DFLASH_OK;
 }
 
+/* Shard (e, s) of `size` bytes now takes room until released (not with reuse: never). */
+static dflash_status note_opened(dflash_spool *sp, int32_t e, uint64_t s, uint64_t size) {
+  if (sp->o.reuse) return DFLASH_OK;
+  if (sp->n_opened && sp->opened[sp->n_opened - 1].e == e && sp->opened[sp->n_opened - 1].s == s)
+    return DFLASH_OK; /* opened again (a seek back within it) */
+  if (sp->n_opened == sp->cap_opened) {
+    size_t cap = sp->cap_opened ? 2 * sp->cap_opened : 16;
+    sp_opened *p = realloc(sp->opened, cap * sizeof *p);
+    if (!p) return df_error_nomem("spool shards");
+    sp->opened = p, sp->cap_opened = cap;
+  }
+  sp->opened[sp->n_opened++] = (sp_opened){e, s, size};
+  return DFLASH_OK;
+}
+
+void df_spool_forget(dflash_spool *sp, int32_t epoch, uint64_t shard) {
+  size_t k = 0;
+  for (size_t i = 0; i < sp->n_opened; i++)
+    if (!before(sp->opened[i].e, sp->opened[i].s, epoch, shard)) sp->opened[k++] = sp->opened[i];
+  sp->n_opened = k;
+}
+
 /* s3://: the shard read ahead when it is this one and of this size (swapped into sp->mem), else
  * one GET of the whole shard into sp->mem (no local copy); local: mapped. */
 static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size, int32_t e,
@@ -672,7 +705,7 @@ static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size
   }
   sp->cur_e = e, sp->cur_s = s;
   if (remote && sp->read_ahead) ahead_start(sp, e, s + 1);
-  return DFLASH_OK;
+  return note_opened(sp, e, s, size);
 }
 
 /* The end marker of epoch e: its shard count, or DFLASH_E_NOT_FOUND (no message). */
@@ -787,17 +820,42 @@ static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_
   return DFLASH_OK;
 }
 
-dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
-  DF_CHECK_ARG(sp && out && end_of_epoch);
+/* Past a shard's last sample the position is the next shard's first, so that a caller that
+ * releases at its position frees the shard it has used up. */
+static void advance(dflash_spool *sp) {
+  if (++sp->offset >= sp->n_ts) sp->shard++, sp->offset = 0;
+}
+
+/* Reach the next sample's shard: *t the sample, or NULL at the end of the epoch (the position
+ * then moves to the next epoch). */
+static dflash_status next_tensor(dflash_spool *sp, const sp_tensor **t) {
   int have = 0;
   dflash_status s = reach_shard(sp, &have);
+  *t = !s && have ? &sp->ts[sp->offset] : NULL;
+  if (!s && !have) sp->epoch++, sp->shard = 0, sp->offset = 0;
+  return s;
+}
+
+dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+  const sp_tensor *t;
+  dflash_status s = next_tensor(sp, &t);
   if (s) return s;
-  *end_of_epoch = !have;
-  if (!have) {
-    sp->epoch++, sp->shard = 0, sp->offset = 0;
-    return DFLASH_OK;
-  }
-  const sp_tensor *t = &sp->ts[sp->offset];
+  *end_of_epoch = !t;
+  if (!t) return DFLASH_OK;
+  out->struct_size = offsetof(dflash_spool_sample, hidden_dtype);
+  out->id = t->id, out->len = t->len, out->hidden = NULL, out->target_ids = NULL;
+  out->epoch = sp->epoch, out->shard = sp->shard, out->offset = sp->offset;
+  advance(sp);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+  DF_CHECK_ARG(sp && out && end_of_epoch);
+  const sp_tensor *t;
+  dflash_status s = next_tensor(sp, &t);
+  if (s) return s;
+  *end_of_epoch = !t;
+  if (!t) return DFLASH_OK;
   if (sp->o.stored_rows) { /* the shard's codes as they are: the consumer checks NaN/Inf */
     const int32_t *tids = NULL;
     if ((s = df_hidden_check_codes(t->id, sp->dtype, t->codes, t->scales, t->len, sp->K, sp->H)) ||
@@ -817,9 +875,7 @@ dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
   } else if ((s = decode_sample(sp, t, out))) {
     return s;
   }
-  /* Past a shard's last sample the position is the next shard's first, so that a caller that
-   * releases at its position frees the shard it has used up. */
-  if (++sp->offset >= sp->n_ts) sp->shard++, sp->offset = 0;
+  advance(sp);
   return DFLASH_OK;
 }
 
@@ -844,6 +900,8 @@ dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t sha
   free(sc.e);
   free(loc);
   free(text);
+  if (!s) df_spool_forget(sp, epoch, shard);
+  sp->budget = 0; /* read again: a restarted producer may have another */
   return s ? df_error_wrap(s, "releasing consumed shards of spool %s", sp->base) : DFLASH_OK;
 }
 
@@ -863,18 +921,19 @@ bool df_spool_ready(dflash_spool *sp) {
 
 dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t *used,
                                 uint64_t *budget) {
-  sp_scan sc;
-  dflash_status s = scan(sp->st, sp->base, &sc);
-  *used = 0, *budget = 0;
-  for (size_t i = 0; !s && i < sc.n; i++)
-    if (sc.e[i].kind == SP_SHARD && before(sc.e[i].epoch, sc.e[i].seq, epoch, shard))
-      *used += sc.e[i].size;
-  free(sc.e);
-  char *loc = s ? NULL : sp_path(sp->base, "budget"), *text = NULL;
-  dflash_status r = loc ? read_small(sp->st, loc, &text) : DFLASH_OK;
-  if (!r && sscanf(text, "bytes=%" SCNu64, budget) != 1) *budget = 0;
-  if (r == DFLASH_E_NOT_FOUND) r = DFLASH_OK;
-  free(loc);
-  free(text);
-  return s ? s : r;
+  *used = 0;
+  for (size_t i = 0; i < sp->n_opened; i++)
+    if (before(sp->opened[i].e, sp->opened[i].s, epoch, shard)) *used += sp->opened[i].size;
+  /* The producer writes its budget before its first shard; read once (again while none). */
+  dflash_status r = DFLASH_OK;
+  if (!sp->budget) {
+    char *loc = sp_path(sp->base, "budget"), *text = NULL;
+    r = loc ? read_small(sp->st, loc, &text) : df_error_nomem("spool");
+    if (!r && sscanf(text, "bytes=%" SCNu64, &sp->budget) != 1) sp->budget = 0;
+    if (r == DFLASH_E_NOT_FOUND) dflash_clear_error(), r = DFLASH_OK;
+    free(loc);
+    free(text);
+  }
+  *budget = sp->budget;
+  return r;
 }

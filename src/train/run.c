@@ -73,7 +73,8 @@ typedef struct run {
   /* position (global: the next sample of the epoch order to visit) */
   int32_t epoch;
   uint64_t pos;
-  /* --hidden spool:PATH (one process): samples in the producer's order */
+  /* --hidden spool:PATH: samples in the producer's order. Every rank reads the same order and
+   * forms the same global batches; it keeps its share of each and passes over the rest. */
   dflash_spool *spool;
   df_tokens *own_tok;  /* the dataset, opened without a store */
   uint64_t *by_id;     /* dataset indices sorted by id */
@@ -88,8 +89,10 @@ typedef struct run {
   uint64_t rel_shard;
   int32_t bnd_epoch; /* the spool position after the last step (or at the start) */
   uint64_t bnd_shard, bnd_off, bnd_pos;
-  FILE *trace;       /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
-  int32_t **batch_t; /* the gathered batch's target ids (NULL: none) */
+  df_spool_pos *batch_pos; /* [global_batch]: where the batch's samples are in the spool */
+  size_t n_mine;           /* this rank's samples of the gathered batch (slots 0..n_mine-1) */
+  FILE *trace;             /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
+  int32_t **batch_t;       /* the gathered batch's target ids (NULL: none) */
   size_t *batch_tcap;
   int32_t *labels; /* --labels target: one sequence's CE targets */
   size_t labels_cap;
@@ -427,11 +430,6 @@ static dflash_status open_data(run *r) {
     if (!st) r->tok = df_sample_stream_tokens(r->s);
     return st;
   }
-  if (r->world > 1)
-    return df_error(DFLASH_E_UNSUPPORTED,
-                    "--hidden %s: a spool feeds one training process "
-                    "(world size is %d)",
-                    o->hidden_dir, r->world);
   dflash_spool_options so;
   dflash_spool_options_default(&so);
   so.wait_s = env_seconds("DFLASH_SPOOL_WAIT", so.wait_s);
@@ -466,7 +464,8 @@ static dflash_status spool_buffers(run *r) {
   r->batch_cap = calloc(b, sizeof *r->batch_cap);
   r->batch_t = calloc(b, sizeof *r->batch_t);
   r->batch_tcap = calloc(b, sizeof *r->batch_tcap);
-  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap
+  r->batch_pos = calloc(r->global_batch, sizeof *r->batch_pos);
+  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap && r->batch_pos
              ? DFLASH_OK
              : df_error_nomem("batch");
 }
@@ -500,20 +499,46 @@ static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales
   *scales = fp8 ? 4 * (size_t)len * (size_t)K : 0;
 }
 
-static dflash_status spool_take(run *r, size_t i, int *got) {
+/* The spool sample's hidden rows (float32, or as stored) into slot i of the batch. */
+static dflash_status keep_rows(run *r, size_t i, const dflash_spool_sample *smp) {
+  size_t n = (size_t)smp->len * (size_t)spool_width(r), code_b, scale_b;
+  spool_bytes(r, smp->len, &code_b, &scale_b);
+  size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
+  if (bytes > r->batch_cap[i]) {
+    free(r->batch_h[i]);
+    r->batch_cap[i] = 0;
+    if (!(r->batch_h[i] = malloc(bytes))) return df_error_nomem("batch");
+    r->batch_cap[i] = bytes;
+  }
+  if (!r->stored_rows) {
+    memcpy(r->batch_h[i], smp->hidden, n * sizeof(float));
+  } else {
+    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3 ? n : 2 * n);
+    if (scale_b) memcpy(r->batch_h[i] + code_b, smp->hidden_scales, scale_b);
+  }
+  return DFLASH_OK;
+}
+
+/* The next trainable sample of the spool: its data into slot i when `keep` (else passed over,
+ * unread: another rank's), its place in *at; *got = 0 at the end of the epoch. Samples that
+ * cannot carry an anchor are passed over, as offline. */
+static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_pos *at) {
   for (;;) {
     /* About to wait: the producer may be waiting for room, so give back what the last step used
-     * up (the state then is the last step's: nothing has changed since). */
+     * up (the state then is the last step's: nothing has changed since). One process only: the
+     * save is collective, and ranks do not wait at the same moments (spool_maybe_free). */
     bool unreleased = r->bnd_epoch != r->rel_epoch || r->bnd_shard != r->rel_shard;
-    dflash_status cst = unreleased && !df_spool_ready(r->spool) ? spool_checkpoint(r, false)
-                                                                : DFLASH_OK;
+    dflash_status cst = r->world == 1 && unreleased && !df_spool_ready(r->spool)
+                            ? spool_checkpoint(r, false)
+                            : DFLASH_OK;
     if (cst) return cst;
-    dflash_spool_sample smp;
+    dflash_spool_sample smp = {.struct_size = sizeof smp};
     int end;
     /* The trainer's own wait counter: time in a next that had no shard ready to read. */
     bool ready = df_spool_ready(r->spool);
     double t_wait = df_now_seconds();
-    dflash_status st = dflash_spool_next(r->spool, &smp, &end);
+    dflash_status st = keep ? dflash_spool_next(r->spool, &smp, &end)
+                            : df_spool_pass(r->spool, &smp, &end);
     if (!ready) r->spool_wait += df_now_seconds() - t_wait;
     if (st || end) return *got = 0, st;
     int64_t idx = find_id(r, smp.id);
@@ -531,25 +556,47 @@ static dflash_status spool_take(run *r, size_t i, int *got) {
                       "hidden states in the spool",
                       id, len, smp.len);
     if (!r->is_usable[idx]) continue;
-    size_t n = (size_t)len * (size_t)spool_width(r), code_b, scale_b;
-    spool_bytes(r, len, &code_b, &scale_b);
-    size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
-    if (bytes > r->batch_cap[i]) {
-      free(r->batch_h[i]);
-      r->batch_cap[i] = 0;
-      if (!(r->batch_h[i] = malloc(bytes))) return df_error_nomem("batch");
-      r->batch_cap[i] = bytes;
-    }
-    if (!r->stored_rows) {
-      memcpy(r->batch_h[i], smp.hidden, n * sizeof(float));
-    } else {
-      memcpy(r->batch_h[i], smp.hidden_codes, r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3 ? n : 2 * n);
-      if (scale_b) memcpy(r->batch_h[i] + code_b, smp.hidden_scales, scale_b);
-    }
+    *at = (df_spool_pos){smp.epoch, smp.shard, smp.offset};
+    if (!keep) return *got = 1, DFLASH_OK;
+    if ((st = keep_rows(r, i, &smp))) return st;
     r->batch_idx[i] = (uint64_t)idx;
     if ((st = keep_tids(r, i, &smp))) return st;
     return *got = 1, DFLASH_OK;
   }
+}
+
+/* Gather the next global batch (*n samples; *ended at the epoch's end marker) and keep this
+ * rank's share: the full batch's share as the samples come, and for a short last batch, whose
+ * share is known only at the end, the samples of that share read again. */
+static dflash_status spool_batch(run *r, size_t *n, bool *ended) {
+  size_t B = (size_t)r->o->batch_size, lo = B * (size_t)r->rank, hi = lo + B, lo2, hi2;
+  int one = 1;
+  dflash_status st = DFLASH_OK;
+  for (*n = 0; *n < r->global_batch && one && !st; *n += (size_t)one) {
+    bool keep = *n >= lo && *n < hi;
+    st = spool_take(r, keep ? *n - lo : 0, keep, &one, &r->batch_pos[*n]);
+  }
+  if (st) return st;
+  *ended = !one;
+  share(r, *n, &lo2, &hi2);
+  hi = hi < *n ? hi : *n;
+  r->n_mine = hi > lo ? hi - lo : 0;
+  if (lo2 == lo && hi2 == hi) return DFLASH_OK; /* always with one rank */
+  df_spool_pos back;
+  st = dflash_spool_tell(r->spool, &back.epoch, &back.shard, &back.offset);
+  for (size_t k = lo2; k < hi2 && !st; k++) {
+    const df_spool_pos *p = &r->batch_pos[k];
+    df_spool_pos at;
+    st = dflash_spool_seek(r->spool, p->epoch, p->shard, p->offset);
+    if (!st) st = spool_take(r, k - lo2, true, &one, &at);
+    if (!st && (!one || at.epoch != p->epoch || at.shard != p->shard || at.offset != p->offset))
+      st = df_error(DFLASH_E_INTERNAL,
+                    "spool %s: sample at e%d s%" PRIu64 " +%" PRIu64 " not found again",
+                    r->o->hidden_dir, p->epoch, p->shard, p->offset);
+  }
+  if (!st) st = dflash_spool_seek(r->spool, back.epoch, back.shard, back.offset);
+  r->n_mine = hi2 - lo2;
+  return st;
 }
 
 /* Sample i of the gathered batch, as the stream would give it. */
@@ -615,6 +662,7 @@ static dflash_status open_all(run *r) {
   if (!r->spool && (st = dflash_sample_stream_check(r->s, NULL))) return st;
   if ((st = check_labels(r))) return st;
   if ((st = find_usable(r))) return st;
+  r->global_batch = (size_t)o->batch_size * (size_t)r->world;
   if (r->spool && (st = spool_buffers(r))) return st;
   int32_t A = r->topt.num_anchors;
   r->order = malloc(r->n_usable * sizeof *r->order);
@@ -622,7 +670,6 @@ static dflash_status open_all(run *r) {
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
   if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
-  r->global_batch = (size_t)o->batch_size * (size_t)r->world;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = r->topt;
@@ -678,7 +725,7 @@ static dflash_status finish_step(run *r) {
  * share, gradients scaled by the global weight, summed over the ranks. */
 static dflash_status train_step(run *r, size_t gb) {
   int32_t A = r->topt.num_anchors, B = r->cfg.block_size;
-  size_t lo = 0, hi = gb;
+  size_t lo = 0, hi = r->n_mine; /* the spool's: gathered by spool_batch */
   if (!r->spool) share(r, gb, &lo, &hi);
   size_t b = hi - lo;
   double sums[3] = {0, 0, 0}; /* weight, tokens, then sum(w*CE) */
@@ -773,7 +820,9 @@ static dflash_status train_loop(run *r) {
 /* The state is durable up to the last step's spool position: let the producer reuse the room. */
 static dflash_status spool_release(run *r) {
   if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
-  dflash_status st = dflash_spool_release(r->spool, r->bnd_epoch, r->bnd_shard);
+  dflash_status st = DFLASH_OK;
+  if (r->rank == 0) st = dflash_spool_release(r->spool, r->bnd_epoch, r->bnd_shard);
+  else df_spool_forget(r->spool, r->bnd_epoch, r->bnd_shard); /* rank 0 deletes */
   if (!st) r->rel_epoch = r->bnd_epoch, r->rel_shard = r->bnd_shard;
   return st;
 }
@@ -792,13 +841,20 @@ static void spool_boundary(run *r, bool ended) {
 
 /* After a step that used up shards: a state save to free them only once they are half the
  * producer's budget (every save writes the whole optimizer state), or always when the
- * producer's budget is unknown. Waiting for a shard saves anyway (spool_take). */
+ * producer's budget is unknown. Waiting for a shard saves anyway (spool_take); with several
+ * ranks, which cannot agree on when to wait, rank 0 decides here instead, saving also when
+ * the next shard is not there yet, and tells the others. */
 static dflash_status spool_maybe_free(run *r) {
   if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
-  uint64_t used, budget;
-  dflash_status st = df_spool_pressure(r->spool, r->bnd_epoch, r->bnd_shard, &used, &budget);
-  if (st || (budget && 2 * used < budget)) return st;
-  return spool_checkpoint(r, false);
+  uint64_t used = 0, budget = 0;
+  int32_t save = 0;
+  dflash_status st = DFLASH_OK;
+  if (r->rank == 0) {
+    st = df_spool_pressure(r->spool, r->bnd_epoch, r->bnd_shard, &used, &budget);
+    save = !budget || 2 * used >= budget || (r->world > 1 && !df_spool_ready(r->spool));
+  }
+  if (!st && r->comm) st = df_comm_broadcast(r->comm, &save, sizeof save);
+  return st || !save ? st : spool_checkpoint(r, false);
 }
 
 /*
@@ -823,11 +879,7 @@ static dflash_status spool_loop(run *r) {
     if ((st = dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off))) return st;
     for (bool ended = false; !ended;) {
       size_t got = 0;
-      int one = 1;
-      while (got < r->global_batch && one)
-        if ((st = spool_take(r, got, &one))) return st;
-        else got += (size_t)one;
-      ended = !one;
+      if ((st = spool_batch(r, &got, &ended))) return st;
       if (got && (st = train_step(r, got))) return st;
       r->pos += got;
       spool_boundary(r, ended);
@@ -898,7 +950,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   df_tokens_free(r.own_tok);
   for (size_t i = 0; r.batch_h && i < (size_t)o->batch_size; i++) free(r.batch_h[i]);
   for (size_t i = 0; r.batch_t && i < (size_t)o->batch_size; i++) free(r.batch_t[i]);
-  free(r.batch_t), free(r.batch_tcap), free(r.labels), free(r.head), free(r.norm_w);
+  free(r.batch_t), free(r.batch_pos), free(r.batch_tcap), free(r.labels), free(r.head),
+      free(r.norm_w);
   free(r.batch_h), free(r.batch_cap), free(r.batch_idx), free(r.by_id), free(r.is_usable);
   free(r.usable), free(r.order), free(r.mine), free(r.anchors), free(r.n_anchors);
   free(r.state_path), free(r.metrics_path);

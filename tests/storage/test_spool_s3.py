@@ -105,3 +105,29 @@ def test_spool_s3_kill9_with_faults(tmp_path):
     ts.check_same_run(tmp_path, out, steps, trace)
     assert 0 < high <= ts.BUDGET + ts.max_shard(tmp_path), high
     assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]
+
+
+def test_spool_s3_two_ranks_with_faults(tmp_path):
+    """Two training processes on one S3 spool (each GETs every shard: the rank that keeps none
+    of a shard's samples still reads its header), 500/503/resets on 5 % of requests: the
+    offline two-rank run's checkpoint, byte for byte; the bucket holds at most budget + shard."""
+    ttc.make_world(tmp_path, n_train=22, n_test=4)
+    _, order = ts.offline(tmp_path)
+    ts.train_world(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2)
+    prefix = "spool-ranks/"
+    url = f"s3://{BUCKET}/{prefix}".rstrip("/")
+    watch = ts.Watch(None, lambda: sum(size for key, size in listing(prefix)
+                                       if key.endswith(".safetensors")))
+    faults(rate=0.05, kinds=["500", "503", "reset"], seed=6, retry_after="0")
+    prod = ts.producer(tmp_path, url, order, 0.005)
+    ts.train_world(tmp_path, f"spool:{url}", tmp_path / "run2", 2)
+    assert prod.wait(timeout=120) == 0, prod.stderr.read()
+    counters = faults()
+    high = watch.close()
+    assert sum(counters.get("injected", {}).values()) > 0
+    assert (tmp_path / "run2" / "model.safetensors").read_bytes() == \
+        (tmp_path / "offline2" / "model.safetensors").read_bytes()
+    assert ts.stable_metrics((tmp_path / "run2" / "metrics.jsonl").read_text()) == \
+        ts.stable_metrics((tmp_path / "offline2" / "metrics.jsonl").read_text())
+    assert 0 < high <= ts.BUDGET + ts.max_shard(tmp_path), high
+    assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]

@@ -148,6 +148,50 @@ def test_spool_run_equals_offline_run(tmp_path):
     assert max(s["high_water"] for s in status) <= BUDGET + max_shard(tmp_path)
 
 
+def train_world(root, hidden, out, world, *extra, trace=None):
+    """`dflash train` as ranks 0..world-1 on loopback (torchrun's variables), to the end."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    args = [a if ARGS[i - 1] != "--batch" else "2" for i, a in enumerate(ARGS)]  # global 2 x world
+    procs = []
+    for rank in range(world):
+        env = {**(trace_env(trace) if trace and rank == 0 else os.environ), "RANK": str(rank),
+               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1"}
+        cmd = [CLI, "train", "--config", str(root / "drafter.json"), "--target",
+               str(root / "target"), "--data", str(root / "train"), "--hidden", hidden, "-o",
+               str(out), *args, *extra]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    for rank, p in enumerate(procs):
+        _, err = p.communicate(timeout=200)
+        assert p.returncode == 0, f"rank {rank}: {err}"
+
+
+def test_spool_two_ranks_equal_offline_two_ranks(tmp_path):
+    """Two training processes on one spool: every rank reads the producer's order, keeps its
+    share of each global batch and passes over the rest; rank 0 alone releases shards. The run
+    equals the offline two-rank run, byte for byte, also in the short last batch of each epoch
+    (22 samples, global batch 4: its share is known only at the end marker, and re-read)."""
+    ttc.make_world(tmp_path, n_train=22, n_test=4)
+    _, order = offline(tmp_path)  # the epoch order does not depend on the world size
+    train_world(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2)
+    spool = tmp_path / "spool"
+    watch = Watch(str(spool))
+    prod = producer(tmp_path, str(spool), order, 0.002)
+    train_world(tmp_path, f"spool:{spool}", tmp_path / "run2", 2)
+    assert prod.wait(timeout=120) == 0, prod.stderr.read()
+    high = watch.close()
+    assert (tmp_path / "run2" / "model.safetensors").read_bytes() == \
+        (tmp_path / "offline2" / "model.safetensors").read_bytes()
+    assert stable_metrics((tmp_path / "run2" / "metrics.jsonl").read_text()) == \
+        stable_metrics((tmp_path / "offline2" / "metrics.jsonl").read_text())
+    assert 0 < high <= BUDGET + max_shard(tmp_path), high
+    assert not [n for n in os.listdir(spool) if n.endswith(".safetensors")]
+
+
 def lines(path):
     return sum(1 for _ in open(path)) if os.path.exists(path) else 0
 
