@@ -14,7 +14,11 @@ CPU-s per GB, not throughput.
 Every client runs on a large input and on a small one (1 MiB; a one-shard spool); CPU-s/GB is
 the difference of the two over the difference of their bytes: what a further GB costs, without
 the fixed cost of starting the process (libdflash's OpenBLAS threads spin a few tens of ms at
-load, boto3's import takes 0.7 s). "raw" is the large run's CPU over its bytes.
+load, boto3's import takes 0.7 s). "raw" is the large run's CPU over its bytes. The spool table
+adds "steady": the difference against a spool of two shards of the same size, over the
+difference in bytes, which leaves out the consumer's one-time cost of its two read buffers
+(the kernel zeroing ~2 x 1.125 shard of fresh pages at their first touch): what a further GB
+costs in a long run (the issue's 150 TB stream).
 
 One object (--mib):
   libdflash       `dflash cp s3://B/K -` to /dev/null: dflash_storage_read (one GET into memory)
@@ -164,26 +168,35 @@ print(tokens)
 
 
 def measure(clients, reps, env):
-    """clients: name -> (cmd_large, bytes_large, cmd_small, bytes_small). Median CPU of each;
-    name -> (marginal CPU-s/GB, raw CPU-s/GB, wall s of the large run)."""
+    """clients: name -> (cmd_large, bytes_large, cmd_small, bytes_small[, cmd_mid, bytes_mid]).
+    Median CPU of each; name -> (marginal CPU-s/GB, raw CPU-s/GB, wall s of the large run,
+    steady CPU-s/GB: large against mid, or None)."""
     rows = {}
-    for name, (big, nbig, small, nsmall) in clients.items():
+    for name, (big, nbig, small, nsmall, *mid) in clients.items():
         runs = [child_cpu(big, env) for _ in range(reps)]
         cpu_big = statistics.median(r[0] for r in runs)
         cpu_small = statistics.median(child_cpu(small, env)[0] for _ in range(reps))
+        steady = None
+        if mid:
+            cpu_mid = statistics.median(child_cpu(mid[0], env)[0] for _ in range(reps))
+            steady = (cpu_big - cpu_mid) / ((nbig - mid[1]) / 1e9)
         rows[name] = ((cpu_big - cpu_small) / ((nbig - nsmall) / 1e9), cpu_big / (nbig / 1e9),
-                      statistics.median(r[1] for r in runs))
+                      statistics.median(r[1] for r in runs), steady)
     return rows
 
 
 def table(title, rows, pairs):
     print(title)
-    print(f"  {'client':15} {'CPU-s/GB':>9} {'raw':>7} {'wall s':>7}")
-    for name, (cpu_gb, raw, wall) in rows.items():
-        print(f"  {name:15} {cpu_gb:9.3f} {raw:7.3f} {wall:7.2f}")
+    steady = any(r[3] is not None for r in rows.values())
+    print(f"  {'client':15} {'CPU-s/GB':>9} {'raw':>7} {'wall s':>7}" +
+          (f" {'steady':>7}" if steady else ""))
+    for name, (cpu_gb, raw, wall, st) in rows.items():
+        print(f"  {name:15} {cpu_gb:9.3f} {raw:7.3f} {wall:7.2f}" +
+              (f" {st:7.3f}" if steady else ""))
     for mine, peer in pairs:
         if mine in rows and peer in rows:
-            print(f"  {mine} / {peer}: {rows[mine][0] / rows[peer][0]:.2f}x CPU per GB")
+            print(f"  {mine} / {peer}: {rows[mine][0] / rows[peer][0]:.2f}x CPU per GB" +
+                  (f", steady {rows[mine][3] / rows[peer][3]:.2f}x" if steady else ""))
 
 
 def main():
@@ -238,11 +251,14 @@ def main():
     if args.only != "object":
         n_big = write_spool("spool", nbytes, args.shard_mib << 20, 1)
         write_spool("spool-small", SMALL, args.shard_mib << 20, 2)
+        write_spool("spool-two", 2 * (args.shard_mib << 20), args.shard_mib << 20, 3)
         big_keys, big_bytes = spool_shards(s3, "spool")
         small_keys, small_bytes = spool_shards(s3, "spool-small")
+        two_keys, two_bytes = spool_shards(s3, "spool-two")
 
         def per_spool(f):
-            return (f("spool", big_keys), big_bytes, f("spool-small", small_keys), small_bytes)
+            return (f("spool", big_keys), big_bytes, f("spool-small", small_keys), small_bytes,
+                    f("spool-two", two_keys), two_bytes)
 
         py = [sys.executable, "-c", LIB_READ, lib]
         clients = {
@@ -257,7 +273,7 @@ def main():
         rows = measure(clients, args.reps, env)
         table(f"spool of {big_bytes / 2**20:.0f} MiB: {len(big_keys)} shards, {n_big} samples of "
               f"[{min(2048, nbytes // (K * H * 2))}, {K}x{H}] bf16 (small: one shard, "
-              f"{small_bytes / 2**20:.2f} MiB)", rows,
+              f"{small_bytes / 2**20:.2f} MiB; steady: against a two-shard spool)", rows,
               (("spool", "curl"), ("spool", "boto3")))
     shutil.rmtree(tmp, ignore_errors=True)
 

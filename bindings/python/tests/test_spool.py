@@ -148,8 +148,8 @@ def test_spool_run_equals_offline_run(tmp_path):
     assert max(s["high_water"] for s in status) <= BUDGET + max_shard(tmp_path)
 
 
-def train_world(root, hidden, out, world, *extra, trace=None):
-    """`dflash train` as ranks 0..world-1 on loopback (torchrun's variables), to the end."""
+def start_world(root, hidden, out, world, *extra):
+    """`dflash train` as ranks 0..world-1 on loopback (torchrun's variables), started."""
     import socket
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
@@ -157,15 +157,19 @@ def train_world(root, hidden, out, world, *extra, trace=None):
     args = [a if ARGS[i - 1] != "--batch" else "2" for i, a in enumerate(ARGS)]  # global 2 x world
     procs = []
     for rank in range(world):
-        env = {**(trace_env(trace) if trace and rank == 0 else os.environ), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         cmd = [CLI, "train", "--config", str(root / "drafter.json"), "--target",
                str(root / "target"), "--data", str(root / "train"), "--hidden", hidden, "-o",
                str(out), *args, *extra]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True))
-    for rank, p in enumerate(procs):
+    return procs
+
+
+def train_world(root, hidden, out, world, *extra):
+    """start_world, to the end; every rank must succeed."""
+    for rank, p in enumerate(start_world(root, hidden, out, world, *extra)):
         _, err = p.communicate(timeout=200)
         assert p.returncode == 0, f"rank {rank}: {err}"
 
@@ -190,6 +194,38 @@ def test_spool_two_ranks_equal_offline_two_ranks(tmp_path):
         stable_metrics((tmp_path / "offline2" / "metrics.jsonl").read_text())
     assert 0 < high <= BUDGET + max_shard(tmp_path), high
     assert not [n for n in os.listdir(spool) if n.endswith(".safetensors")]
+
+
+def test_spool_two_ranks_kill9_and_resume(tmp_path):
+    """Two ranks on one spool, one of them SIGKILLed twice mid-run (the other then stops,
+    naming it), both restarted with --resume: the offline two-rank run, byte for byte."""
+    ttc.make_world(tmp_path, n_train=22, n_test=4)
+    _, order = offline(tmp_path)
+    train_world(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2)
+    spool, out = tmp_path / "spool", tmp_path / "run2"
+    prod = producer(tmp_path, str(spool), order, 0.01)
+    procs, kills, extra = start_world(tmp_path, f"spool:{spool}", out, 2), 0, []
+    deadline = time.time() + 240
+    while True:
+        assert time.time() < deadline, "two-rank spool run did not finish"
+        if all(p.poll() == 0 for p in procs):
+            break
+        if any(p.poll() not in (None, 0) for p in procs):  # one killed: the other stops too
+            for p in procs:
+                p.wait(timeout=120)
+            procs = start_world(tmp_path, f"spool:{spool}", out, 2, "--resume")
+            continue
+        done = lines(out / "metrics.jsonl")
+        if kills < 2 and done >= 4 + 5 * kills and all(p.poll() is None for p in procs):
+            procs[1 - kills % 2].send_signal(signal.SIGKILL)  # rank 1, then rank 0
+            kills += 1
+        time.sleep(0.02)
+    assert prod.wait(timeout=120) == 0, prod.stderr.read()
+    assert kills == 2
+    assert (out / "model.safetensors").read_bytes() == \
+        (tmp_path / "offline2" / "model.safetensors").read_bytes()
+    assert stable_metrics((out / "metrics.jsonl").read_text()) == \
+        stable_metrics((tmp_path / "offline2" / "metrics.jsonl").read_text())
 
 
 def lines(path):
