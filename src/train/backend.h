@@ -101,6 +101,11 @@ DF_MUST_CHECK dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend 
 /* cuda/: bf16 on the GPU with fp32 masters; DFLASH_E_UNSUPPORTED in a build
  * without CUDA, DFLASH_E_NO_DEVICE without a usable device. */
 DF_MUST_CHECK dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
+/* The CUDA module's description of model m (backend_cuda.c): shapes, rotary tables, layer
+ * windows, DFlash 2 and the tensor offsets (written to `offsets`, m->n_tensors of them). The
+ * placement (device, rank; world 1), buckets, overlap and position weights are the caller's. */
+struct df_cu_config;
+void df_cu_config_of(const df_model *m, size_t *offsets, struct df_cu_config *out);
 
 /* Bring host buffers `kinds` (df_buf_kind bits) up to date / send them to
  * the device. Callable on a const trainer: the host buffers are a cache. */

@@ -280,6 +280,37 @@ static void find_ranks(cuda_backend *c) {
   c->nccl = c->env.world > 1 || (force && !strcmp(force, "1"));
 }
 
+void df_cu_config_of(const df_model *m, size_t *offsets, df_cu_config *out) {
+  *out = (df_cu_config){.H = m->H,
+                        .KH = m->KH,
+                        .nh = m->nh,
+                        .nkv = m->nkv,
+                        .d = m->d,
+                        .I = m->I,
+                        .V = m->V,
+                        .B = m->B,
+                        .L = m->L,
+                        .vocab_chunk = m->vocab_chunk,
+                        .eps = (float)m->cfg.rms_norm_eps,
+                        .attn_factor = m->attn_factor,
+                        .inv_freq = m->inv_freq,
+                        .rot = m->rot,
+                        .n_params = m->n_params,
+                        .n_tensors = m->n_tensors,
+                        .offsets = offsets,
+                        .world = 1,
+                        .dflash2 = m->dflash2,
+                        .conv_k = m->conv_k,
+                        .conv_g = m->conv_g,
+                        .sel_top_k = m->ext.selector_top_k,
+                        .sel_rank = m->sel_rank,
+                        .sel_inject = m->sel_inject,
+                        .sel_weight = m->sel_weight};
+  for (int l = 0; l < m->L; l++)
+    out->window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
+  for (size_t i = 0; i < m->n_tensors; i++) offsets[i] = m->tensors[i].offset;
+}
+
 static dflash_status join_ranks(cuda_backend *c) {
   df_comm *comm = c->t->comm;
   if (!c->nccl) return DFLASH_OK;
@@ -319,45 +350,20 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
     st = df_error(DFLASH_E_UNSUPPORTED,
                   "trainer backend cuda: block size %d, %d query / %d kv heads, head_dim %d: %s",
                   m->B, m->nh, m->nkv, m->d, why);
-  df_cu_config cfg = {.H = m->H,
-                      .KH = m->KH,
-                      .nh = m->nh,
-                      .nkv = m->nkv,
-                      .d = m->d,
-                      .I = m->I,
-                      .V = m->V,
-                      .B = m->B,
-                      .L = m->L,
-                      .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps,
-                      .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq,
-                      .rot = m->rot,
-                      .n_params = m->n_params,
-                      .n_tensors = m->n_tensors,
-                      .device = c->env.local_rank,
-                      .rank = c->nccl ? c->env.rank : 0,
-                      .world = c->nccl ? c->env.world : 1,
-                      .dflash2 = m->dflash2,
-                      .conv_k = m->conv_k,
-                      .conv_g = m->conv_g,
-                      .sel_top_k = m->ext.selector_top_k,
-                      .sel_rank = m->sel_rank,
-                      .sel_inject = m->sel_inject,
-                      .sel_weight = m->sel_weight};
+  df_cu_config cfg = {.world = 1};
+  size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
+  if (offs) df_cu_config_of(m, offs, &cfg);
+  cfg.device = c->env.local_rank;
+  cfg.rank = c->nccl ? c->env.rank : 0;
+  cfg.world = c->nccl ? c->env.world : 1;
   /* DFLASH_CUDA_OVERLAP=0: the gradient reduce-scatter after the backward, not
    * overlapping it (to compare; the results are the same to the bit). */
   const char *ovl = getenv("DFLASH_CUDA_OVERLAP");
   cfg.no_overlap = ovl && !strcmp(ovl, "0");
-  for (int l = 0; l < m->L; l++)
-    cfg.window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
-  size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
   float *pw = malloc(sizeof(float) * (size_t)m->B);
   if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
   for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
   cfg.pos_weight = pw;
-  for (size_t i = 0; !st && i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
-  cfg.offsets = offs;
   if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);
   free(offs);
   free(pw);

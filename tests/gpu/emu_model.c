@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/backend.h"
 #include "train/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
@@ -142,26 +143,9 @@ static double seq_weight(const df_model *m, const g_seq *s) {
 
 /* Rank `device` of `world` (one device per rank). */
 static df_cu_config cu_config(const df_model *m, size_t *offs, int device, int world) {
-  df_cu_config cfg = {.H = m->H,
-                      .KH = m->KH,
-                      .nh = m->nh,
-                      .nkv = m->nkv,
-                      .d = m->d,
-                      .I = m->I,
-                      .V = m->V,
-                      .B = m->B,
-                      .L = m->L,
-                      .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps,
-                      .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq,
-                      .n_params = m->n_params,
-                      .n_tensors = m->n_tensors,
-                      .offsets = offs,
-                      .device = device,
-                      .rank = device,
-                      .world = world};
-  for (size_t i = 0; i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
+  df_cu_config cfg;
+  df_cu_config_of(m, offs, &cfg);
+  cfg.device = cfg.rank = device, cfg.world = world;
   return cfg;
 }
 

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "train/backend.h"
 #include "train/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
@@ -102,28 +103,10 @@ static void *rank_main(void *arg) {
   rank_job *j = arg;
   const df_model *m = j->m;
   size_t *offs = malloc(sizeof(size_t) * m->n_tensors);
-  for (size_t i = 0; i < m->n_tensors; i++) offs[i] = m->tensors[i].offset;
-  df_cu_config cfg = {.H = m->H,
-                      .KH = m->KH,
-                      .nh = m->nh,
-                      .nkv = m->nkv,
-                      .d = m->d,
-                      .I = m->I,
-                      .V = m->V,
-                      .B = m->B,
-                      .L = m->L,
-                      .vocab_chunk = m->vocab_chunk,
-                      .eps = (float)m->cfg.rms_norm_eps,
-                      .attn_factor = m->attn_factor,
-                      .inv_freq = m->inv_freq,
-                      .n_params = m->n_params,
-                      .n_tensors = m->n_tensors,
-                      .offsets = offs,
-                      .device = j->rank,
-                      .rank = j->rank,
-                      .world = WORLD,
-                      .bucket_elems = kBucket,
-                      .no_overlap = j->no_overlap};
+  df_cu_config cfg;
+  df_cu_config_of(m, offs, &cfg);
+  cfg.device = cfg.rank = j->rank, cfg.world = WORLD;
+  cfg.bucket_elems = kBucket, cfg.no_overlap = j->no_overlap;
   df_cu_model *dev = NULL;
   dflash_status st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &dev);
   if (!st) st = df_cu_nccl_init(dev, j->rank, WORLD, j->id, 60);
