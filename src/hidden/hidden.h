@@ -91,6 +91,19 @@ void df_spool_forget(dflash_spool *sp, int32_t epoch, uint64_t shard);
  * length, for a training process that leaves it to another rank. */
 DF_MUST_CHECK dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out,
                                           int *end_of_epoch);
+/* Several consumers of one spool, each this one's share (the ranks of a training run): the
+ * usable sample k of an epoch (counted from 0, in the producer's order) is this consumer's when
+ * k mod global_batch is in [lo, hi). On S3 it then reads each shard's header and only its
+ * samples' bytes (the next shard's on a thread), and any other sample when it is asked for;
+ * `usable` must be thread-safe. Without it every shard is read whole. */
+typedef bool (*df_spool_usable_fn)(void *ctx, const char *id);
+void df_spool_share(dflash_spool *sp, df_spool_usable_fn usable, void *ctx, uint64_t global_batch,
+                    uint64_t lo, uint64_t hi);
+/* dflash_spool_seek, with the number of usable samples of the epoch before the position (for
+ * df_spool_share; dflash_spool_seek's is unknown: the shard's samples are then read when
+ * asked for). */
+DF_MUST_CHECK dflash_status df_spool_seek_k(dflash_spool *sp, int32_t epoch, uint64_t shard,
+                                            uint64_t offset, uint64_t k);
 /* A sample's place in the spool (dflash_spool_seek's arguments). */
 typedef struct df_spool_pos {
   int32_t epoch;

@@ -411,7 +411,10 @@ typedef struct sp_tensor {
   const char *id;
   const void *codes, *scales;
   int64_t len;
-  const void *tids; /* "t/<id>" I32 [len] in the shard, or NULL */
+  const void *tids;    /* "t/<id>" I32 [len] in the shard, or NULL */
+  uint64_t begin, end; /* its tensors' bytes in the shard (they follow each other) */
+  bool keep;           /* shared (df_spool_share): this consumer's, so read with the header */
+  bool loaded;         /* its bytes are in memory (always, but for a shared spool on S3) */
 } sp_tensor;
 
 /* s3://: the next shard, read on a thread of its own (its own client) while the trainer uses the
@@ -428,6 +431,28 @@ typedef struct sp_ahead {
   dflash_status status;
   int done; /* set (release) by the thread when status and buf are final */
 } sp_ahead;
+
+#define K_UNKNOWN UINT64_MAX /* a count of usable samples not known (sp_sparse, df_spool_seek) */
+
+/* A shared spool on S3: the next shard's header, index and kept samples, read on a thread of its
+ * own (its own client). Its fields are the thread's until `done`; a hint like sp_ahead. */
+typedef struct sp_sparse {
+  pthread_t th;
+  bool running;
+  dflash_storage *st;
+  const struct dflash_spool *sp; /* read only: K, H, dtype and the share */
+  char *loc;
+  int32_t e;
+  uint64_t s, k, k_after; /* usable samples of the epoch before and after the shard */
+  df_stage_buf buf;
+  df_stage_st *cur;
+  sp_tensor *ts;
+  size_t n_ts;
+  dflash_status status;
+  int done;
+} sp_sparse;
+
+static void sparse_drop(sp_sparse *a);
 
 static void *ahead_main(void *arg) {
   sp_ahead *a = arg;
@@ -474,6 +499,14 @@ struct dflash_spool {
   sp_opened *opened;
   size_t n_opened, cap_opened;
   uint64_t budget;
+  /* Shared by several consumers (df_spool_share): on S3 this one reads every shard's header
+   * and only its own samples' bytes, the next shard's on a thread (`next`). */
+  df_spool_usable_fn usable;
+  void *uctx;
+  uint64_t G, lo, hi;
+  uint64_t k_seek, k_after; /* usable samples of the epoch before the seek / after cur */
+  bool seeked;
+  sp_sparse next;
 };
 
 static void spool_options_defaults(dflash_spool_options *o) {
@@ -553,6 +586,9 @@ void dflash_spool_free(dflash_spool *sp) {
   dflash_storage_free(sp->ahead.st);
   free(sp->ahead.loc);
   df_stage_buf_free(&sp->ahead.buf);
+  sparse_drop(&sp->next);
+  dflash_storage_free(sp->next.st);
+  df_stage_buf_free(&sp->next.buf);
   df_stage_buf_free(&sp->mem);
   dflash_storage_free(sp->st);
   free(sp->base);
@@ -572,8 +608,14 @@ dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers, int
 }
 
 dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t offset) {
+  return df_spool_seek_k(sp, epoch, shard, offset, K_UNKNOWN);
+}
+
+dflash_status df_spool_seek_k(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t offset,
+                              uint64_t k) {
   DF_CHECK_ARG(sp && epoch >= 0);
   sp->epoch = epoch, sp->shard = shard, sp->offset = offset;
+  sp->k_seek = k, sp->seeked = true;
   return DFLASH_OK;
 }
 
@@ -589,52 +631,206 @@ dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t
 /* The epoch whose shards epoch `e` reads. */
 static int32_t source_epoch(const dflash_spool *sp, int32_t e) { return sp->o.reuse ? 0 : e; }
 
-/* The shard's samples in the order they were appended (their data follow each other). */
-static dflash_status index_shard(dflash_spool *sp, const char *loc) {
-  size_t n = df_stage_st_count(sp->cur);
+/* Bytes [begin, end) of a tensor view, relative to base. */
+static void span(const dflash_tensor *t, const uint8_t *base, uint64_t *begin, uint64_t *end) {
+  uint64_t b = (uint64_t)((const uint8_t *)t->data - base), e = b + t->nbytes;
+  if (b < *begin) *begin = b;
+  if (e > *end) *end = e;
+}
+
+/* The samples of shard f (at `loc`, its bytes from `base`) in the order they were appended
+ * (their data follow each other), into *out / *n_out; every one marked loaded. */
+static dflash_status index_into(const dflash_spool *sp, const df_stage_st *f, const uint8_t *base,
+                                const char *loc, sp_tensor **out, size_t *n_out) {
+  size_t n = df_stage_st_count(f);
   const char *k, *h, *dt;
   char want[32];
   snprintf(want, sizeof want, "%d", sp->K);
-  if (df_stage_st_metadata_find(sp->cur, "num_layers", &k) || strcmp(k, want) ||
-      (snprintf(want, sizeof want, "%d", sp->H),
-       df_stage_st_metadata_find(sp->cur, "hidden_size", &h)) ||
-      strcmp(h, want) || df_stage_st_metadata_find(sp->cur, "dtype", &dt) ||
+  if (df_stage_st_metadata_find(f, "num_layers", &k) || strcmp(k, want) ||
+      (snprintf(want, sizeof want, "%d", sp->H), df_stage_st_metadata_find(f, "hidden_size", &h)) ||
+      strcmp(h, want) || df_stage_st_metadata_find(f, "dtype", &dt) ||
       strcmp(dt, df_hidden_dtype_name(sp->dtype)))
     return df_error(DFLASH_E_MISMATCH,
                     "%s: layers, hidden size or dtype differ from the "
                     "spool's spool.json",
                     loc);
-  if (!(sp->ts = calloc(n + 1, sizeof *sp->ts))) return df_error_nomem("spool shard");
+  sp_tensor *ts = calloc(n + 1, sizeof *ts);
+  if (!(*out = ts)) return df_error_nomem("spool shard");
+  *n_out = 0;
   bool fp8 = sp->dtype == DFLASH_HIDDEN_FP8_E4M3;
   dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
-    dflash_status st = df_stage_st_get(sp->cur, i, &t); /* file order: the order of appends */
+    dflash_status st = df_stage_st_get(f, i, &t); /* file order: the order of appends */
     if (st) return st;
     if (strncmp(t.name, "h/", 2)) continue;
     if (t.dtype != (int32_t)want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
       return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,
                       dflash_dtype_name(want_dt), (long long)sp->K * sp->H);
-    sp_tensor *e = &sp->ts[sp->n_ts++];
-    *e = (sp_tensor){t.name + 2, t.data, NULL, t.shape[0], NULL};
+    sp_tensor *e = &ts[(*n_out)++];
+    *e = (sp_tensor){.id = t.name + 2, .codes = t.data, .len = t.shape[0], .loaded = true};
+    e->begin = UINT64_MAX, e->end = 0;
+    span(&t, base, &e->begin, &e->end);
     char name[DF_HIDDEN_MAX_ID + 8];
     dflash_tensor ti = {.struct_size = sizeof ti};
     snprintf(name, sizeof name, "t/%s", e->id);
-    if (!df_stage_st_find(sp->cur, name, &ti)) {
+    if (!df_stage_st_find(f, name, &ti)) {
       if (ti.dtype != DFLASH_DTYPE_I32 || ti.ndim != 1 || ti.shape[0] != e->len)
         return df_error(DFLASH_E_FORMAT, "%s: target ids of sample %s are not I32 [%lld]", loc,
                         e->id, (long long)e->len);
       e->tids = ti.data;
+      span(&ti, base, &e->begin, &e->end);
     }
     if (!fp8) continue;
     snprintf(name, sizeof name, "s/%s", e->id);
-    if (df_stage_st_find(sp->cur, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 || sc.ndim != 2 ||
+    if (df_stage_st_find(f, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 || sc.ndim != 2 ||
         sc.shape[0] != e->len || sc.shape[1] != sp->K)
       return df_error(DFLASH_E_FORMAT, "%s: scales of sample %s missing or not F32 [%lld, %d]", loc,
                       e->id, (long long)e->len, sp->K);
     e->scales = sc.data;
+    span(&sc, base, &e->begin, &e->end);
   }
   return DFLASH_OK;
+}
+
+static dflash_status index_shard(dflash_spool *sp, const char *loc) {
+  return index_into(sp, sp->cur, sp->mem.data, loc, &sp->ts, &sp->n_ts);
+}
+
+/* ---- a spool shared by several consumers, on S3 ---------------------------------------------- */
+
+/* Mark this consumer's samples of ts[from..n) (usable sample k of the epoch is its when
+ * k mod G is in [lo, hi)) as kept, the others not loaded; the count after them. With k
+ * unknown (after a seek without it) none is kept: each is then read when it is asked for. */
+static uint64_t mark_keep(const dflash_spool *sp, sp_tensor *ts, size_t n, size_t from,
+                          uint64_t k) {
+  for (size_t i = 0; i < n; i++) {
+    ts[i].loaded = false, ts[i].keep = false;
+    if (i < from || k == K_UNKNOWN || !sp->usable(sp->uctx, ts[i].id)) continue;
+    ts[i].keep = k % sp->G >= sp->lo && k % sp->G < sp->hi;
+    k++;
+  }
+  return k;
+}
+
+/* Read the kept samples' bytes of shard `loc` into base, one ranged GET per run of them. */
+static dflash_status fetch_kept(dflash_storage *st, const char *loc, uint8_t *base, sp_tensor *ts,
+                                size_t n) {
+  for (size_t i = 0; i < n;) {
+    if (!ts[i].keep) {
+      i++;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < n && ts[j].keep && ts[j].begin == ts[j - 1].end) j++;
+    size_t len = (size_t)(ts[j - 1].end - ts[i].begin), got = 0;
+    dflash_status s = dflash_storage_read_range(st, loc, ts[i].begin, base + ts[i].begin, len,
+                                                &got);
+    if (!s && got != len)
+      s = df_error(DFLASH_E_TRUNCATED, "%s: %zu of %zu bytes at %" PRIu64, loc, got, len,
+                   ts[i].begin);
+    if (s) return s;
+    for (size_t m = i; m < j; m++) ts[m].loaded = true;
+    i = j;
+  }
+  return DFLASH_OK;
+}
+
+/* Header, index and kept samples of shard `loc` (`size` bytes, 0: stat it) into b / *cur / *ts. */
+static dflash_status sparse_read(const dflash_spool *sp, dflash_storage *st, const char *loc,
+                                 uint64_t size, size_t from, uint64_t k, df_stage_buf *b,
+                                 df_stage_st **cur, sp_tensor **ts, size_t *n, uint64_t *k_after) {
+  dflash_storage_info info = {.struct_size = sizeof info};
+  dflash_status s = size ? DFLASH_OK : dflash_storage_stat(st, loc, &info);
+  if (!size) size = info.size;
+  if (!s) s = df_stage_read_header(st, loc, size, b);
+  if (!s) s = df_stage_st_parse(loc, b, cur);
+  if (!s) s = index_into(sp, *cur, b->data, loc, ts, n);
+  if (!s) *k_after = mark_keep(sp, *ts, *n, from, k);
+  return s ? s : fetch_kept(st, loc, b->data, *ts, *n);
+}
+
+static void *sparse_main(void *arg) {
+  sp_sparse *a = arg;
+  a->status = sparse_read(a->sp, a->st, a->loc, 0, 0, a->k, &a->buf, &a->cur, &a->ts, &a->n_ts,
+                          &a->k_after);
+  __atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+/* Wait for the thread, and forget what it read (the buffer stays, for reuse). */
+static void sparse_drop(sp_sparse *a) {
+  if (a->running) pthread_join(a->th, NULL);
+  a->running = false;
+  df_stage_st_free(a->cur);
+  free(a->ts);
+  a->cur = NULL, a->ts = NULL, a->n_ts = 0;
+  free(a->loc);
+  a->loc = NULL;
+}
+
+/* Start reading shard (e, s), whose first usable sample is the epoch's k-th, ahead. */
+static void sparse_start(dflash_spool *sp, int32_t e, uint64_t s, uint64_t k) {
+  sp_sparse *a = &sp->next;
+  sparse_drop(a);
+  if (k == K_UNKNOWN || (!a->st && dflash_storage_create(NULL, &a->st))) {
+    dflash_clear_error();
+    return;
+  }
+  if (!(a->loc = shard_loc(sp->base, e, s, "safetensors"))) return;
+  a->sp = sp, a->e = e, a->s = s, a->k = k, a->status = DFLASH_E_NOT_FOUND, a->done = 0;
+  a->running = pthread_create(&a->th, NULL, sparse_main, a) == 0;
+}
+
+/* Whether shard (e, s) is read ahead already (header, index and kept samples). */
+static bool sparse_has(const dflash_spool *sp, int32_t e, uint64_t s) {
+  const sp_sparse *a = &sp->next;
+  if (!a->loc || a->e != e || a->s != s || !a->running) return false;
+  return __atomic_load_n(&a->done, __ATOMIC_ACQUIRE) && a->status == DFLASH_OK;
+}
+
+static bool shared_s3(const dflash_spool *sp) {
+  return sp->usable && dflash_storage_is_remote(sp->base);
+}
+
+/* Shard (e, s) of a shared spool on S3: the one read ahead when it is this one, else its
+ * header and this consumer's samples from the position on, read now. */
+static dflash_status sparse_open(dflash_spool *sp, const char *loc, uint64_t size, int32_t e,
+                                 uint64_t s) {
+  sp_sparse *a = &sp->next;
+  if (a->running) pthread_join(a->th, NULL), a->running = false;
+  dflash_status r;
+  if (!sp->seeked && a->loc && a->e == e && a->s == s && a->status == DFLASH_OK &&
+      a->buf.len == size) {
+    df_stage_buf t = sp->mem;
+    sp->mem = a->buf, a->buf = t;
+    sp->cur = a->cur, sp->ts = a->ts, sp->n_ts = a->n_ts, sp->k_after = a->k_after;
+    a->cur = NULL, a->ts = NULL, a->n_ts = 0;
+    r = DFLASH_OK;
+  } else {
+    uint64_t k = sp->seeked ? sp->k_seek : sp->k_after;
+    r = sparse_read(sp, sp->st, loc, size, sp->seeked ? (size_t)sp->offset : 0, k, &sp->mem,
+                    &sp->cur, &sp->ts, &sp->n_ts, &sp->k_after);
+  }
+  sparse_drop(a);
+  return r;
+}
+
+/* A sample of a shared spool that was not read with its shard (not this consumer's as far as
+ * the shard's reading knew, e.g. a short last batch's share): its bytes now. */
+static dflash_status load_sample(dflash_spool *sp, sp_tensor *t) {
+  if (t->loaded) return DFLASH_OK;
+  char *loc = shard_loc(sp->base, sp->cur_e, sp->cur_s, "safetensors");
+  if (!loc) return df_error_nomem("spool");
+  t->keep = true;
+  dflash_status s = fetch_kept(sp->st, loc, sp->mem.data, t, 1);
+  free(loc);
+  return s;
+}
+
+void df_spool_share(dflash_spool *sp, df_spool_usable_fn usable, void *ctx, uint64_t global_batch,
+                    uint64_t lo, uint64_t hi) {
+  sp->usable = usable, sp->uctx = ctx, sp->G = global_batch, sp->lo = lo, sp->hi = hi;
 }
 
 /* Start reading shard (e, s) ahead; nothing when it cannot start (the plain read follows). */
@@ -690,7 +886,10 @@ static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size
   bool remote = dflash_storage_is_remote(sp->base);
   ahead_join(a);
   dflash_status r;
-  if (remote && a->loc && a->e == e && a->s == s && a->status == DFLASH_OK && a->buf.len == size) {
+  if (shared_s3(sp)) {
+    r = sparse_open(sp, loc, size, e, s);
+  } else if (remote && a->loc && a->e == e && a->s == s && a->status == DFLASH_OK &&
+             a->buf.len == size) {
     df_stage_buf t = sp->mem;
     sp->mem = a->buf, a->buf = t;
     a->status = DFLASH_E_NOT_FOUND; /* used */
@@ -698,13 +897,14 @@ static dflash_status open_shard(dflash_spool *sp, const char *loc, uint64_t size
   } else {
     r = df_stage_st_load(sp->st, loc, size, &sp->mem, &sp->cur);
   }
-  if (!r) r = index_shard(sp, loc);
+  if (!r && !shared_s3(sp)) r = index_shard(sp, loc); /* sparse_open indexes its own */
   if (r) {
     close_shard(sp);
     return df_error_wrap(r, "spool shard %s", loc);
   }
-  sp->cur_e = e, sp->cur_s = s;
-  if (remote && sp->read_ahead) ahead_start(sp, e, s + 1);
+  sp->cur_e = e, sp->cur_s = s, sp->seeked = false;
+  if (shared_s3(sp)) sparse_start(sp, e, s + 1, sp->k_after);
+  else if (remote && sp->read_ahead) ahead_start(sp, e, s + 1);
   return note_opened(sp, e, s, size);
 }
 
@@ -727,6 +927,7 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
   bool retried = false;
   for (;;) {
     if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard) {
+      sp->seeked = false; /* a seek within the open shard: its reading stands */
       if (sp->offset < sp->n_ts) return *have = 1, DFLASH_OK;
       sp->shard++, sp->offset = 0; /* a resume past its end, or an empty shard */
       continue;
@@ -735,8 +936,8 @@ static dflash_status reach_shard(dflash_spool *sp, int *have) {
     if (!loc) return df_error_nomem("spool");
     dflash_storage_info info = {.struct_size = sizeof info};
     /* A shard read ahead needs no HEAD: it is there, and its size is the one it was read at. */
-    bool have_ahead = ahead_has(sp, e, sp->shard);
-    if (have_ahead) info.size = sp->ahead.buf.len;
+    bool have_ahead = ahead_has(sp, e, sp->shard) || sparse_has(sp, e, sp->shard);
+    if (have_ahead) info.size = shared_s3(sp) ? sp->next.buf.len : sp->ahead.buf.len;
     dflash_status s = have_ahead ? DFLASH_OK : dflash_storage_stat(sp->st, loc, &info);
     if (!s) s = open_shard(sp, loc, info.size, e, sp->shard);
     else if (s == DFLASH_E_NOT_FOUND) dflash_clear_error();
@@ -832,7 +1033,7 @@ static dflash_status next_tensor(dflash_spool *sp, const sp_tensor **t) {
   int have = 0;
   dflash_status s = reach_shard(sp, &have);
   *t = !s && have ? &sp->ts[sp->offset] : NULL;
-  if (!s && !have) sp->epoch++, sp->shard = 0, sp->offset = 0;
+  if (!s && !have) sp->epoch++, sp->shard = 0, sp->offset = 0, sp->k_after = 0;
   return s;
 }
 
@@ -856,6 +1057,7 @@ dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
   if (s) return s;
   *end_of_epoch = !t;
   if (!t) return DFLASH_OK;
+  if ((s = load_sample(sp, &sp->ts[sp->offset]))) return s;
   if (sp->o.stored_rows) { /* the shard's codes as they are: the consumer checks NaN/Inf */
     const int32_t *tids = NULL;
     if ((s = df_hidden_check_codes(t->id, sp->dtype, t->codes, t->scales, t->len, sp->K, sp->H)) ||
@@ -908,7 +1110,7 @@ dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t sha
 bool df_spool_ready(dflash_spool *sp) {
   int32_t e = source_epoch(sp, sp->epoch);
   if (sp->cur && sp->cur_e == e && sp->cur_s == sp->shard && sp->offset < sp->n_ts) return true;
-  if (ahead_has(sp, e, sp->shard)) return true;
+  if (ahead_has(sp, e, sp->shard) || sparse_has(sp, e, sp->shard)) return true;
   char *loc = shard_loc(sp->base, e, sp->shard, "safetensors"), *end = end_loc(sp->base, e);
   dflash_storage_info info = {.struct_size = sizeof info};
   bool ready = !loc || !end || dflash_storage_stat(sp->st, loc, &info) != DFLASH_E_NOT_FOUND ||

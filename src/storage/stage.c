@@ -192,6 +192,52 @@ void df_stage_buf_free(df_stage_buf *b) {
   *b = (df_stage_buf){0};
 }
 
+/* Room for `want` bytes in b; for objects up to 1/8 larger, in whole 2 MiB pages, so that shards
+ * of about the same size never grow it again. */
+static dflash_status reserve(df_stage_buf *b, size_t want, const char *location) {
+  if (want <= b->cap) return DFLASH_OK;
+  size_t cap = want + want / 8, page = (size_t)2 << 20;
+  cap = (cap + page - 1) / page * page;
+  uint8_t *p = df_alloc_large(cap);
+  if (!p)
+    return df_error(DFLASH_E_NOMEM, "%s: no memory for a %zu-byte read buffer", location, cap);
+  free(b->data);
+  b->data = p, b->cap = cap;
+  return DFLASH_OK;
+}
+
+dflash_status df_stage_read_header(dflash_storage *st, const char *location, uint64_t size,
+                                   df_stage_buf *b) {
+  b->len = 0;
+  if (size >= SIZE_MAX / 2)
+    return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
+                    size);
+  if (size < 8)
+    return df_error(DFLASH_E_TRUNCATED, "%s: %" PRIu64 " bytes, too short for a safetensors header",
+                    location, size);
+  dflash_status s = reserve(b, (size_t)size, location);
+  /* Its length, then exactly the header: two small GETs (a guess at the length would read
+   * tensor bytes that the caller may not want). */
+  size_t got = 0;
+  if (!s) s = dflash_storage_read_range(st, location, 0, b->data, 8, &got);
+  if (!s && got < 8)
+    s = df_error(DFLASH_E_TRUNCATED, "%s: %zu bytes came of its header", location, got);
+  if (s) return s;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = n << 8 | b->data[i];
+  if (n > size - 8)
+    return df_error(DFLASH_E_FORMAT, "%s: header of %" PRIu64 " bytes in a %" PRIu64 "-byte object",
+                    location, n, size);
+  size_t have = got, need = (size_t)(8 + n);
+  while (!s && have < need) {
+    s = dflash_storage_read_range(st, location, have, b->data + have, need - have, &got);
+    if (!s && !got) s = df_error(DFLASH_E_TRUNCATED, "%s: its header ended early", location);
+    have += got;
+  }
+  if (!s) b->len = (size_t)size;
+  return s;
+}
+
 dflash_status df_stage_read_object(dflash_storage *st, const char *location, uint64_t size,
                                    df_stage_buf *b) {
   b->len = 0;
@@ -200,19 +246,10 @@ dflash_status df_stage_read_object(dflash_storage *st, const char *location, uin
     return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
                     size);
   size_t want = (size_t)size + 1;
-  if (want > b->cap) {
-    /* Room for shards up to 1/8 larger, in whole 2 MiB pages, so that shards of about the same
-     * size never grow it again. */
-    size_t cap = want + want / 8, page = (size_t)2 << 20;
-    cap = (cap + page - 1) / page * page;
-    uint8_t *p = df_alloc_large(cap);
-    if (!p)
-      return df_error(DFLASH_E_NOMEM, "%s: no memory for a %zu-byte read buffer", location, cap);
-    free(b->data);
-    b->data = p, b->cap = cap;
-  }
+  dflash_status s = reserve(b, want, location);
+  if (s) return s;
   size_t got = 0;
-  dflash_status s = dflash_storage_read_range(st, location, 0, b->data, want, &got);
+  s = dflash_storage_read_range(st, location, 0, b->data, want, &got);
   if (s) return s;
   if (got < size)
     return df_error(DFLASH_E_TRUNCATED, "%s: %zu of its %" PRIu64 " bytes came", location, got,

@@ -78,6 +78,12 @@ typedef struct df_stage_buf {
  * DFLASH_E_TRUNCATED / DFLASH_E_MISMATCH naming it; a missing one DFLASH_E_NOT_FOUND. */
 dflash_status df_stage_read_object(dflash_storage *st, const char *location, uint64_t size,
                                    df_stage_buf *b);
+/* Only the safetensors header of the object `location` of `size` bytes, into b at offset 0
+ * (two ranged GETs: its length, then the header); b->len is `size`, the bytes after the header
+ * are not read (a caller fetches the tensors it needs with dflash_storage_read_range at their
+ * offsets, e.g. the spool's ranks, each for its samples). */
+DF_MUST_CHECK dflash_status df_stage_read_header(dflash_storage *st, const char *location,
+                                                 uint64_t size, df_stage_buf *b);
 void df_stage_buf_free(df_stage_buf *b);
 
 /* A safetensors object whole in memory: an s3:// object read into `b` by

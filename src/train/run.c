@@ -406,6 +406,13 @@ static int64_t find_id(const run *r, const char *id) {
   return -1;
 }
 
+/* df_spool_share's test (read only: safe on the spool's thread). */
+static bool spool_usable(void *ctx, const char *id) {
+  const run *r = ctx;
+  int64_t idx = find_id(r, id);
+  return idx >= 0 && r->is_usable[idx];
+}
+
 static double env_seconds(const char *name, double dflt) {
   const char *v = getenv(name);
   char *end;
@@ -594,7 +601,8 @@ static dflash_status spool_batch(run *r, size_t *n, bool *ended) {
                     "spool %s: sample at e%d s%" PRIu64 " +%" PRIu64 " not found again",
                     r->o->hidden_dir, p->epoch, p->shard, p->offset);
   }
-  if (!st) st = dflash_spool_seek(r->spool, back.epoch, back.shard, back.offset);
+  /* Back to where the end marker left it: the next epoch's start (no usable sample before). */
+  if (!st) st = df_spool_seek_k(r->spool, back.epoch, back.shard, back.offset, 0);
   r->n_mine = hi2 - lo2;
   return st;
 }
@@ -664,6 +672,11 @@ static dflash_status open_all(run *r) {
   if ((st = find_usable(r))) return st;
   r->global_batch = (size_t)o->batch_size * (size_t)r->world;
   if (r->spool && (st = spool_buffers(r))) return st;
+  /* Several ranks: on S3 each reads only its share's samples (and every shard's header). */
+  if (r->spool && r->world > 1)
+    df_spool_share(r->spool, spool_usable, r, r->global_batch,
+                   (uint64_t)o->batch_size * (uint64_t)r->rank,
+                   (uint64_t)o->batch_size * ((uint64_t)r->rank + 1));
   int32_t A = r->topt.num_anchors;
   r->order = malloc(r->n_usable * sizeof *r->order);
   r->mine = malloc(r->n_usable * sizeof *r->mine);
@@ -867,7 +880,7 @@ static dflash_status spool_loop(run *r) {
   const dflash_train_run_options *o = r->o;
   dflash_status st = DFLASH_OK;
   bool reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
-  if ((st = dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off))) return st;
+  if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
   spool_boundary(r, false);
   r->bnd_pos = r->pos;
   r->rel_epoch = r->epoch, r->rel_shard = r->sp_shard;
@@ -876,7 +889,7 @@ static dflash_status spool_loop(run *r) {
     if ((st = spool_release(r))) return st;
   }
   for (; r->epoch < o->epochs; r->epoch++, r->pos = 0, r->sp_shard = r->sp_off = 0) {
-    if ((st = dflash_spool_seek(r->spool, r->epoch, r->sp_shard, r->sp_off))) return st;
+    if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
     for (bool ended = false; !ended;) {
       size_t got = 0;
       if ((st = spool_batch(r, &got, &ended))) return st;

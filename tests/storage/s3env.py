@@ -23,8 +23,8 @@ Faults: PUT a JSON object to DFLASH_TEST_S3_FAULTS:
      "match": "uploadId",                       # optional: only requests whose target has this
      "delay_s": 0.3, "retry_after": "0"}
 The answer holds the counters of the plan replaced (they restart at zero);
-GET gives the current ones: {"requests": N, "forwarded": N,
-"injected": {"503": N, ...}, "pending_script": N, "last_host": "..."}.
+GET gives the current ones: {"requests": N, "forwarded": N, "get_bytes": N (the
+bodies of the GETs of *.safetensors objects forwarded), "injected": {"503": N, ...}, "pending_script": N, "last_host": "..."}.
 Kinds: "500" (InternalError), "503" (SlowDown, with Retry-After), "403"
 (AccessDenied), "reset" (read half the body, then reset the connection),
 "lost" (forward, then reset instead of answering: the request took effect but
@@ -64,7 +64,7 @@ class Faults:
         """Install a plan; returns the counters of the plan it replaces."""
         with self.lock:
             before = self.stats_locked() if hasattr(self, "requests") else {}
-            self.requests = self.forwarded = 0
+            self.requests = self.forwarded = self.get_bytes = 0
             self.injected = {}
             self.script = list(plan.get("script", []))
             self.rate = float(plan.get("rate", 0))
@@ -100,6 +100,7 @@ class Faults:
 
     def stats_locked(self):
         return {"requests": self.requests, "forwarded": self.forwarded,
+                "get_bytes": self.get_bytes,
                 "injected": dict(self.injected), "pending_script": len(self.script),
                 "last_host": self.last_host}
 
@@ -181,6 +182,8 @@ class ProxyHandler(socketserver.StreamRequestHandler):
         status, reason, rheaders, rbody = self.forward(method, target, headers, body)
         with self.server.faults.lock:
             self.server.faults.forwarded += 1
+            if method == "GET" and ".safetensors" in target:
+                self.server.faults.get_bytes += len(rbody)
         if kind == "lost":
             self.reset()
             return False

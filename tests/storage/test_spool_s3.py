@@ -107,10 +107,19 @@ def test_spool_s3_kill9_with_faults(tmp_path):
     assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]
 
 
+def shard_data_bytes(root, epochs):
+    """The bf16 hidden-state bytes of every sample of the store, x epochs."""
+    import libdflash
+    h = libdflash.HiddenStore(str(root / "train-hidden"))
+    width = h.num_layers * h.hidden_size * 2
+    return epochs * sum(h.length(i) * width for i in h.ids())
+
+
 def test_spool_s3_two_ranks_with_faults(tmp_path):
-    """Two training processes on one S3 spool (each GETs every shard: the rank that keeps none
-    of a shard's samples still reads its header), 500/503/resets on 5 % of requests: the
-    offline two-rank run's checkpoint, byte for byte; the bucket holds at most budget + shard."""
+    """Two training processes on one S3 spool, 500/503/resets on 5 % of requests: the offline
+    two-rank run's checkpoint, byte for byte; the bucket holds at most budget + shard. Each rank
+    GETs every shard's header but only its own samples' bytes: the GETs' bodies total about one
+    copy of the data (two ranks reading whole shards would be two)."""
     ttc.make_world(tmp_path, n_train=22, n_test=4)
     _, order = ts.offline(tmp_path)
     ts.train_world(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2)
@@ -125,6 +134,9 @@ def test_spool_s3_two_ranks_with_faults(tmp_path):
     counters = faults()
     high = watch.close()
     assert sum(counters.get("injected", {}).values()) > 0
+    data = shard_data_bytes(tmp_path, 3)
+    print("GET bytes:", counters["get_bytes"], "data bytes:", data)
+    assert 0.9 * data < counters["get_bytes"] < 1.5 * data, (counters["get_bytes"], data)
     assert (tmp_path / "run2" / "model.safetensors").read_bytes() == \
         (tmp_path / "offline2" / "model.safetensors").read_bytes()
     assert ts.stable_metrics((tmp_path / "run2" / "metrics.jsonl").read_text()) == \
