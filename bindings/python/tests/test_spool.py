@@ -196,6 +196,27 @@ def test_spool_two_ranks_equal_offline_two_ranks(tmp_path):
     assert not [n for n in os.listdir(spool) if n.endswith(".safetensors")]
 
 
+def world_with_kills(root, hidden, out, kills_wanted=2):
+    """Two ranks to the end; SIGKILL rank 1, then rank 0, mid-run (the other rank then stops),
+    restarting both with --resume after each. The number of kills made."""
+    procs, kills = start_world(root, hidden, out, 2), 0
+    deadline = time.time() + 240
+    while True:
+        assert time.time() < deadline, "two-rank spool run did not finish"
+        if all(p.poll() == 0 for p in procs):
+            return kills
+        if any(p.poll() not in (None, 0) for p in procs):  # one killed: the other stops too
+            for p in procs:
+                p.wait(timeout=120)
+            procs = start_world(root, hidden, out, 2, "--resume")
+            continue
+        done = lines(out / "metrics.jsonl")
+        if kills < kills_wanted and done >= 4 + 5 * kills and all(p.poll() is None for p in procs):
+            procs[1 - kills % 2].send_signal(signal.SIGKILL)  # rank 1, then rank 0
+            kills += 1
+        time.sleep(0.02)
+
+
 def test_spool_two_ranks_kill9_and_resume(tmp_path):
     """Two ranks on one spool, one of them SIGKILLed twice mid-run (the other then stops,
     naming it), both restarted with --resume: the offline two-rank run, byte for byte."""
@@ -204,24 +225,8 @@ def test_spool_two_ranks_kill9_and_resume(tmp_path):
     train_world(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2)
     spool, out = tmp_path / "spool", tmp_path / "run2"
     prod = producer(tmp_path, str(spool), order, 0.01)
-    procs, kills, extra = start_world(tmp_path, f"spool:{spool}", out, 2), 0, []
-    deadline = time.time() + 240
-    while True:
-        assert time.time() < deadline, "two-rank spool run did not finish"
-        if all(p.poll() == 0 for p in procs):
-            break
-        if any(p.poll() not in (None, 0) for p in procs):  # one killed: the other stops too
-            for p in procs:
-                p.wait(timeout=120)
-            procs = start_world(tmp_path, f"spool:{spool}", out, 2, "--resume")
-            continue
-        done = lines(out / "metrics.jsonl")
-        if kills < 2 and done >= 4 + 5 * kills and all(p.poll() is None for p in procs):
-            procs[1 - kills % 2].send_signal(signal.SIGKILL)  # rank 1, then rank 0
-            kills += 1
-        time.sleep(0.02)
+    assert world_with_kills(tmp_path, f"spool:{spool}", out) == 2
     assert prod.wait(timeout=120) == 0, prod.stderr.read()
-    assert kills == 2
     assert (out / "model.safetensors").read_bytes() == \
         (tmp_path / "offline2" / "model.safetensors").read_bytes()
     assert stable_metrics((out / "metrics.jsonl").read_text()) == \
