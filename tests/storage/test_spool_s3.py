@@ -128,7 +128,7 @@ def test_spool_s3_two_ranks_with_faults(tmp_path):
     watch = ts.Watch(None, lambda: sum(size for key, size in listing(prefix)
                                        if key.endswith(".safetensors")))
     faults(rate=0.05, kinds=["500", "503", "reset"], seed=6, retry_after="0")
-    prod = ts.producer(tmp_path, url, order, 0.005)
+    prod = ts.producer(tmp_path, url, order, 0.005, ts.WORLD_BUDGET)
     ts.train_world(tmp_path, f"spool:{url}", tmp_path / "run2", 2)
     assert prod.wait(timeout=120) == 0, prod.stderr.read()
     counters = faults(rate=0.05, kinds=["500", "503", "reset"], seed=7, retry_after="0")
@@ -144,10 +144,10 @@ def test_spool_s3_two_ranks_with_faults(tmp_path):
     # The same again with each rank killed once (and both resumed): the resumed ranks seek
     # into a shard and read their share from there.
     url_k = f"s3://{BUCKET}/spool-ranks-kill"
-    prod_k = ts.producer(tmp_path, url_k, order, 0.01)
+    prod_k = ts.producer(tmp_path, url_k, order, 0.01, ts.WORLD_BUDGET)
     assert ts.world_with_kills(tmp_path, f"spool:{url_k}", tmp_path / "run2k") == 2
     assert prod_k.wait(timeout=120) == 0, prod_k.stderr.read()
     assert (tmp_path / "run2k" / "model.safetensors").read_bytes() == \
         (tmp_path / "offline2" / "model.safetensors").read_bytes()
-    assert 0 < high <= ts.BUDGET + ts.max_shard(tmp_path), high
+    assert 0 < high <= ts.WORLD_BUDGET + ts.max_shard(tmp_path), high
     assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]
