@@ -192,9 +192,14 @@ void df_stage_buf_free(df_stage_buf *b) {
   *b = (df_stage_buf){0};
 }
 
-/* Room for `want` bytes in b; for objects up to 1/8 larger, in whole 2 MiB pages, so that shards
- * of about the same size never grow it again. */
-static dflash_status reserve(df_stage_buf *b, size_t want, const char *location) {
+/* Room for size + extra bytes in b (a size past memory is DFLASH_E_OVERFLOW naming it); for
+ * objects up to 1/8 larger, in whole 2 MiB pages, so that shards of about the same size never
+ * grow it again. */
+static dflash_status reserve(df_stage_buf *b, uint64_t size, size_t extra, const char *location) {
+  if (size >= SIZE_MAX / 2)
+    return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
+                    size);
+  size_t want = (size_t)size + extra;
   if (want <= b->cap) return DFLASH_OK;
   size_t cap = want + want / 8, page = (size_t)2 << 20;
   cap = (cap + page - 1) / page * page;
@@ -209,13 +214,10 @@ static dflash_status reserve(df_stage_buf *b, size_t want, const char *location)
 dflash_status df_stage_read_header(dflash_storage *st, const char *location, uint64_t size,
                                    df_stage_buf *b) {
   b->len = 0;
-  if (size >= SIZE_MAX / 2)
-    return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
-                    size);
   if (size < 8)
     return df_error(DFLASH_E_TRUNCATED, "%s: %" PRIu64 " bytes, too short for a safetensors header",
                     location, size);
-  dflash_status s = reserve(b, (size_t)size, location);
+  dflash_status s = reserve(b, size, 0, location);
   /* Its length, then exactly the header: two small GETs (a guess at the length would read
    * tensor bytes that the caller may not want). */
   size_t got = 0;
@@ -242,11 +244,8 @@ dflash_status df_stage_read_object(dflash_storage *st, const char *location, uin
                                    df_stage_buf *b) {
   b->len = 0;
   /* One byte more than announced is asked for, so that an object that grew is seen. */
-  if (size >= SIZE_MAX / 2)
-    return df_error(DFLASH_E_OVERFLOW, "%s: %" PRIu64 " bytes do not fit in memory", location,
-                    size);
   size_t want = (size_t)size + 1;
-  dflash_status s = reserve(b, want, location);
+  dflash_status s = reserve(b, size, 1, location);
   if (s) return s;
   size_t got = 0;
   s = dflash_storage_read_range(st, location, 0, b->data, want, &got);
