@@ -68,7 +68,8 @@ dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int3
   if (!model || !cfg) st = df_error_nomem("checkpoint paths");
   /* Weights first: config.json is what makes the directory loadable. */
   if (!st) st = write_model(&t->m, model, bf16 != 0);
-  if (!st) st = dflash_drafter_config_save_ext(&t->m.cfg, &t->m.ext, cfg);
+  if (!st)
+    st = df_drafter_config_save_dtype(&t->m.cfg, &t->m.ext, bf16 ? "bfloat16" : "float32", cfg);
   if (st) df_error_wrap(st, "saving checkpoint %s", dir);
   free(model);
   free(cfg);

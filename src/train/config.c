@@ -709,6 +709,27 @@ static json_t *int_array(const int32_t *v, int32_t n) {
   return a;
 }
 
+/* The mscale with mscale_all_dim = 1 whose YaRN ratio
+ * (0.1 m ln f + 1) / (0.1 ln f + 1) is the attention factor A:
+ * m = (A (0.1 ln f + 1) - 1) / (0.1 ln f). For f = 1 every mscale gives 1,
+ * which yarn_scale_check makes sure A is. */
+static double yarn_mscale_for(const dflash_drafter_config *c) {
+  double lf = 0.1 * log(c->rope_factor);
+  if (c->rope_factor <= 1.0) return 1.0;
+  return (c->rope_attention_factor * (lf + 1.0) - 1.0) / lf;
+}
+
+/* SGLang cannot express an attention factor other than 1 when the YaRN
+ * factor is 1 (its scale is then 1 whatever mscale says): refused on writing. */
+static dflash_status yarn_scale_check(const dflash_drafter_config *c, const char *what) {
+  if (c->rope_type != DFLASH_ROPE_YARN || c->rope_factor > 1.0 || c->rope_attention_factor == 1.0)
+    return DFLASH_OK;
+  return df_error(DFLASH_E_CONFIG,
+                  "%s: rope_scaling.factor 1 with attention_factor %g: SGLang scales YaRN "
+                  "attention by 1 at factor 1, so engines would disagree; use attention_factor 1",
+                  what, c->rope_attention_factor);
+}
+
 static json_t *rope_json(const dflash_drafter_config *c) {
   if (c->rope_type != DFLASH_ROPE_YARN) return json_null();
   json_t *r = json_object();
@@ -716,15 +737,21 @@ static json_t *rope_json(const dflash_drafter_config *c) {
   json_object_set_new(r, "factor", json_real(c->rope_factor));
   json_object_set_new(r, "original_max_position_embeddings",
                       json_integer(c->rope_original_max_position));
-  /* Explicit: engines disagree on the default. */
+  /* Explicit: engines disagree on the default. vLLM 0.33 and transformers
+   * take attention_factor; SGLang 0.5.23 ignores it and scales by
+   * mscale(f, mscale) / mscale(f, mscale_all_dim) (rotary_embedding/yarn.py):
+   * the pair written gives that ratio = attention_factor. */
   json_object_set_new(r, "attention_factor", json_real(c->rope_attention_factor));
+  json_object_set_new(r, "mscale", json_real(yarn_mscale_for(c)));
+  json_object_set_new(r, "mscale_all_dim", json_real(1.0));
   json_object_set_new(r, "beta_fast", json_real(c->rope_beta_fast));
   json_object_set_new(r, "beta_slow", json_real(c->rope_beta_slow));
   if (!c->rope_truncate) json_object_set_new(r, "truncate", json_false());
   return r;
 }
 
-static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e) {
+static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e,
+                           const char *dtype) {
   json_t *o = json_object();
   json_t *arch = json_array();
   json_array_append_new(arch, json_string(e->dflash2 ? "DFlash2DraftModel" : "DFlashDraftModel"));
@@ -745,6 +772,12 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
   json_object_set_new(o, "attention_dropout", json_real(0.0));
   json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+  if (dtype) {
+    /* The stored weights' dtype, under transformers 5's key and 4's: SGLang
+     * (--dtype auto) builds the draft in it, and in float16 when it is absent. */
+    json_object_set_new(o, "dtype", json_string(dtype));
+    json_object_set_new(o, "torch_dtype", json_string(dtype));
+  }
   json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
   if (e->partial_rotary_factor != 1.0)
     json_object_set_new(o, "partial_rotary_factor", json_real(e->partial_rotary_factor));
@@ -775,15 +808,16 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   return o;
 }
 
-dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
-                                                const dflash_drafter_config_ext *ext_in, char *buf,
-                                                size_t cap, size_t *len) {
+static dflash_status to_json(const dflash_drafter_config *cfg,
+                             const dflash_drafter_config_ext *ext_in, const char *dtype, char *buf,
+                             size_t cap, size_t *len) {
   DF_CHECK_ARG(cfg && len);
   dflash_drafter_config_ext ext;
   dflash_status st = df_config_ext_copy(ext_in, &ext);
   if (!st) st = dflash_drafter_config_validate(cfg);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (!st) st = df_yarn_check(cfg, "drafter config");
+  if (!st) st = yarn_scale_check(cfg, "drafter config");
   if (st) return st;
   /* The reference model reads num_target_layers even when target_layer_ids
    * are given (and so does mlx's loader): a config without it does not load. */
@@ -792,7 +826,7 @@ dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg
                     "drafter config: num_target_layers (the target model's "
                     "layer count) is unknown, and a config.json without it does not load in the "
                     "reference model; set it before saving");
-  json_t *o = config_json(cfg, &ext);
+  json_t *o = config_json(cfg, &ext, dtype);
   if (!o) return df_error_nomem("config JSON");
   char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
   json_decref(o);
@@ -809,25 +843,37 @@ dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg
   return DFLASH_OK;
 }
 
+dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
+                                                const dflash_drafter_config_ext *ext, char *buf,
+                                                size_t cap, size_t *len) {
+  return to_json(cfg, ext, NULL, buf, cap, len);
+}
+
 dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf, size_t cap,
                                             size_t *len) {
   return dflash_drafter_config_to_json_ext(cfg, NULL, buf, cap, len);
 }
 
-dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
-                                             const dflash_drafter_config_ext *ext,
-                                             const char *path) {
+dflash_status df_drafter_config_save_dtype(const dflash_drafter_config *cfg,
+                                           const dflash_drafter_config_ext *ext, const char *dtype,
+                                           const char *path) {
   DF_CHECK_ARG(cfg && path);
   size_t len = 0;
-  dflash_status st = dflash_drafter_config_to_json_ext(cfg, ext, NULL, 0, &len);
+  dflash_status st = to_json(cfg, ext, dtype, NULL, 0, &len);
   if (st != DFLASH_E_BUFFER) return st ? st : df_error(DFLASH_E_INTERNAL, "config size");
   dflash_clear_error();
   char *buf = malloc(len);
   if (!buf) return df_error_nomem("config JSON");
-  st = dflash_drafter_config_to_json_ext(cfg, ext, buf, len, &len);
+  st = to_json(cfg, ext, dtype, buf, len, &len);
   if (!st) st = df_write_file_atomic(path, buf, strlen(buf));
   free(buf);
   return st;
+}
+
+dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
+                                             const dflash_drafter_config_ext *ext,
+                                             const char *path) {
+  return df_drafter_config_save_dtype(cfg, ext, NULL, path);
 }
 
 dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg, const char *path) {

@@ -208,5 +208,10 @@ DF_MUST_CHECK dflash_status df_dflash2_validate(const dflash_drafter_config *cfg
 int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext);
 /* YaRN: factor == max_position_embeddings / original_max_position_embeddings. */
 DF_MUST_CHECK dflash_status df_yarn_check(const dflash_drafter_config *cfg, const char *what);
+/* config.json with "dtype" / "torch_dtype" = `dtype` ("bfloat16", "float32";
+ * NULL: neither key), the stored weights' dtype, which SGLang builds the draft in. */
+DF_MUST_CHECK dflash_status df_drafter_config_save_dtype(const dflash_drafter_config *cfg,
+                                                         const dflash_drafter_config_ext *ext,
+                                                         const char *dtype, const char *path);
 
 #endif
