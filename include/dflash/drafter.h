@@ -105,7 +105,11 @@ DFLASH_API dflash_status dflash_drafter_config_validate(const dflash_drafter_con
  * architectures ["DFlashDraftModel"], model_type "qwen3", num_target_layers:
  * DFLASH_E_CONFIG when it is 0, since the reference model cannot load a
  * config without it, nor one whose YaRN factor differs from
- * max_position_embeddings / original_max_position_embeddings). Writes at most
+ * max_position_embeddings / original_max_position_embeddings, nor a YaRN
+ * factor of 1 with an attention factor other than 1, which SGLang cannot
+ * express). YaRN writes attention_factor and an mscale / mscale_all_dim pair
+ * giving SGLang the same scale. No "dtype": these files describe no weights
+ * (dflash_trainer_save writes it). Writes at most
  * `cap` bytes including the terminating NUL into `buf`; *len gets the size
  * needed, NUL included (DFLASH_E_BUFFER when `buf` is too small or NULL).
  */

@@ -27,8 +27,8 @@ static const char TRAIN_USAGE[] =
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
     "--resume) and metrics.jsonl (one line per step). A non-empty OUT is refused unless\n"
     "--resume continues the run in it or --overwrite replaces it. At the end a JSON summary\n"
-    "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint; spool_wait_s on a spool)\n"
-    "goes to stdout.\n"
+    "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint; spool_wait_s on a spool;\n"
+    "launch: the vLLM and SGLang flags that serve OUT) goes to stdout.\n"
     "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
@@ -210,6 +210,39 @@ static int out_nonempty(const char *out) {
   return n > 0;
 }
 
+/* The serving flags for checkpoint `dir` (README "Serving the checkpoint"):
+ * {"vllm": ..., "sglang": ...}. vLLM needs the method (it guesses it from the
+ * folder name) and num_speculative_tokens = block_size - 1 (it never reads
+ * block_size); SGLang builds the draft in config.json's dtype under --dtype
+ * auto, and a float32 one in float16, so such a checkpoint gets --dtype. */
+static json_t *launch_json(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s%sconfig.json", dir, dir[strlen(dir) - 1] == '/' ? "" : "/");
+  void *data = NULL;
+  size_t len = 0;
+  dflash_storage *st = NULL;
+  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, &len)) len = 0;
+  dflash_storage_free(st);
+  json_t *c = len ? json_loadb(data, len, 0, NULL) : NULL;
+  dflash_storage_buffer_free(data);
+  json_t *dc = json_object_get(c, "dflash_config"), *bs = json_object_get(dc, "block_size");
+  const char *dtype = json_string_value(json_object_get(c, "dtype"));
+  bool half = dtype && (!strcmp(dtype, "bfloat16") || !strcmp(dtype, "float16"));
+  int B = (int)json_integer_value(bs ? bs : json_object_get(c, "block_size"));
+  json_decref(c);
+  if (B < 2) return NULL;
+  char v[4300], g[4400];
+  snprintf(v, sizeof v,
+           "--speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
+           "\"num_speculative_tokens\": %d}'",
+           dir, B - 1);
+  snprintf(g, sizeof g,
+           "--speculative-algorithm DFLASH --speculative-draft-model-path %s "
+           "--speculative-num-draft-tokens %d%s",
+           dir, B, half ? "" : " --dtype bfloat16");
+  return json_pack("{s:s,s:s}", "vllm", v, "sglang", g);
+}
+
 /* The run's JSON summary from the last line of metrics.jsonl (what rank 0 wrote). */
 static void print_summary(const char *out) {
   char path[4096];
@@ -230,6 +263,7 @@ static void print_summary(const char *out) {
                           "elapsed_s", json_object_get(m, "elapsed_s"), "checkpoint", out);
   json_t *wait = json_object_get(m, "spool_wait_s"); /* a spool run's wait for shards */
   if (sum && wait) json_object_set(sum, "spool_wait_s", wait);
+  if (sum) json_object_set_new(sum, "launch", launch_json(out));
   char *s = sum ? json_dumps(sum, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
   if (s) printf("%s\n", s);
   free(s);
@@ -278,7 +312,8 @@ static const char EVAL_USAGE[] =
     "the candidate selector's greedy path) and of the drafter's plain argmax, and for\n"
     "DFlash 2 the candidate recall (true token among the top selector_top_k logits).\n"
     "--max-tokens: walk at most N tokens per answer (the generation cap).\n"
-    "--json: one JSON object instead. Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
+    "--json: one JSON object instead (with launch: the vLLM and SGLang flags that serve\n"
+    "the checkpoint). Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
 
 static void print_doubles(const char *sep, const double *v, int n) {
@@ -290,7 +325,7 @@ static void print_ints(const char *sep, const int64_t *v, int n) {
 }
 
 static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
-                       const dflash_eval_walk *w) {
+                       const dflash_eval_walk *w, const char *ckpt) {
   if (json) {
     printf("{\"block_size\": %d, \"tau\": %.6f, \"blocks\": %lld, \"accuracy\": [", B, tau,
            (long long)blocks);
@@ -307,8 +342,13 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
     printf("], \"scored\": %lld, \"selector_accuracy\": %.6f, \"backbone_accuracy\": %.6f, "
            "\"candidate_recall\": ",
            (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
-    if (w->candidate_recall >= 0) printf("%.6f}\n", w->candidate_recall);
-    else printf("null}\n");
+    if (w->candidate_recall >= 0) printf("%.6f", w->candidate_recall);
+    else printf("null");
+    json_t *l = launch_json(ckpt);
+    char *ls = l ? json_dumps(l, JSON_COMPACT) : NULL;
+    printf(", \"launch\": %s}\n", ls ? ls : "null");
+    free(ls);
+    json_decref(l);
     return;
   }
   printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position: ", tau,
@@ -375,7 +415,7 @@ int cmd_eval(int argc, char **argv) {
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);
-  if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w);
+  if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w, ckpt);
   dflash_trainer_free(t);
   free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
   return st ? cli_fail("eval", st) : 0;

@@ -28,6 +28,7 @@ mscale/mscale_all_dim (SGLang's scale is then mscale(f) = 1.416 at factor 64 whe
 libdflash trained with 1.0)."""
 import json
 import math
+import pathlib
 import struct
 
 import numpy as np
@@ -227,6 +228,10 @@ def test_engines_load_every_tensor(tmp_path, yarn, two, bf16):
     cfg, tensors = save(tmp_path, config(yarn, two), bf16)
     check_engine(cfg, tensors, "", sglang_rename)
     check_engine(cfg, tensors, "model.", vllm_rename)
+    rs = cfg.get("rope_scaling")
+    if rs:  # the factor libdflash trained with, in every engine
+        for f in (hf_scale, vllm_scale, sglang_scale):
+            assert f(rs) == pytest.approx(rs["attention_factor"], rel=1e-12), (f.__name__, rs)
 
 
 @pytest.mark.parametrize("yarn,two,bf16", CASES)
@@ -260,3 +265,30 @@ def test_yarn_factor_1_with_another_scale_is_refused(tmp_path):
                   "attention_factor": 1.2})
     with pytest.raises(libdflash.Error, match="SGLang"):
         save(tmp_path, cfg, True)
+
+
+# ---- the serving flags: README "Serving the checkpoint", `dflash train`'s summary and
+# `dflash eval --json` (test_train_cli.py, test_eval_walk.py check the CLI prints these)
+
+
+def launch(ckpt, block, dtype):
+    """vLLM: the method (else guessed from the folder name) and num_speculative_tokens =
+    block_size - 1 (vLLM never reads block_size; DFlash 2's convolutions are built with
+    1 + num_speculative_tokens). SGLang: DFLASH, the draft path, the block as draft tokens,
+    and --dtype bfloat16 for a float32 checkpoint (--dtype auto would build it in float16)."""
+    return {"vllm": "--speculative-config '" + json.dumps(
+                {"method": "dflash", "model": str(ckpt), "num_speculative_tokens": block - 1})
+                    + "'",
+            "sglang": f"--speculative-algorithm DFLASH --speculative-draft-model-path {ckpt} "
+                      f"--speculative-num-draft-tokens {block}"
+                      + ("" if dtype in ("bfloat16", "float16") else " --dtype bfloat16")}
+
+
+def test_readme_launch_lines_are_the_checked_ones():
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
+    sec = readme[readme.index("## Serving the checkpoint"):]
+    sec = sec[:sec.index("\n## ", 5)]
+    lines = [ln.strip() for ln in sec.splitlines()]
+    for dtype in ("bfloat16", "float32"):
+        for engine, flags in launch("drafter/", 16, dtype).items():
+            assert flags in lines, (engine, dtype, flags)  # the whole line, as printed

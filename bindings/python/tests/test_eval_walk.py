@@ -12,6 +12,7 @@ import pytest
 import libdflash
 from libdflash.hidden import write_dataset
 from libdflash.train import eval_walk, walk
+from test_engine_checkpoint import launch
 
 V, H, B = 17, 32, 4
 
@@ -165,6 +166,7 @@ def test_cli_eval_prints_the_walk(tmp_path, two):
                              {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
     with trained(samples, hid, embed, cfg) as t:
         t.save(tmp_path / "ckpt")
+        t.save(tmp_path / "ckpt16", bf16=True)
         want = eval_walk(t, tmp_path / "data", tmp_path / "hidden", max_tokens=20)
     cmd = [CLI, "eval", "--checkpoint", tmp_path / "ckpt", "--target", tmp_path / "target",
            "--data", tmp_path / "data", "--hidden", tmp_path / "hidden", "--max-tokens", "20"]
@@ -176,6 +178,12 @@ def test_cli_eval_prints_the_walk(tmp_path, two):
     assert got["scored"] == want["scored"] > 0
     for k in ("selector_accuracy", "backbone_accuracy"):
         assert got[k] == pytest.approx(want[k], abs=1e-6), k
+    # the serving flags (README "Serving the checkpoint"; test_engine_checkpoint.py)
+    assert got["launch"] == launch(tmp_path / "ckpt", B, "float32")
+    cmd16 = [str(c) for c in cmd] + ["--json"]
+    cmd16[cmd16.index(str(tmp_path / "ckpt"))] = str(tmp_path / "ckpt16")
+    got16 = json.loads(subprocess.run(cmd16, capture_output=True, text=True, check=True).stdout)
+    assert got16["launch"] == launch(tmp_path / "ckpt16", B, "bfloat16")
     text = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                           check=True).stdout
     assert f"walk tau {want['walk_tau']:.4f} +- {want['walk_tau_se']:.4f}" in text

@@ -11,6 +11,7 @@ import pytest
 
 import libdflash
 from libdflash.hidden import write_dataset
+from test_engine_checkpoint import launch
 
 V, H, B = 17, 32, 4
 CLI = os.environ.get("DFLASH_CLI")
@@ -133,7 +134,7 @@ def test_never_overwrites_by_accident(tmp_path):
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert summary == {"steps": 5, "epoch": last["epoch"], "tokens": last["tokens"],
                        "final_loss": last["loss"], "elapsed_s": last["elapsed_s"],
-                       "checkpoint": str(out)}, (summary, last)
+                       "checkpoint": str(out), "launch": launch(out, B, "float32")}, (summary, last)
     # 3 epochs of 4 steps would be 12: the bar and ETA stop at --max-steps.
     assert "5/5" in r.stderr and "/12" not in r.stderr, r.stderr
     model = (out / "model.safetensors").read_bytes()
