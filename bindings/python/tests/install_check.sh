@@ -12,7 +12,8 @@
 #    pytest suite passes against that package, library and CLI.
 # 3. The system library for C users: BUILD_DIR's `meson install` (into a temporary root,
 #    relocated there) is found, once the package's own library is removed, through its
-#    soname on LD_LIBRARY_PATH and through `pkg-config dflash` with nothing else set.
+#    soname on LD_LIBRARY_PATH and through `pkg-config dflash` with nothing else set; and
+#    test_cuda_module.py runs against that layout (libdflash-cuda.so beside the library).
 # Exit 77 (skip) when venv, pip, meson-python or git (for the sdist) is missing, or
 # SOURCE_ROOT is not a git checkout.
 # DFLASH_INSTALL_CHECK_PYTEST: extra pytest arguments (e.g. -k to narrow the suite).
@@ -108,4 +109,8 @@ sed -i "s|^prefix=.*|prefix=$prefix|" "$pcdir/dflash.pc"
 rm "$bundled"
 LD_LIBRARY_PATH="$libdir" "$vpy" -c "$check" "$site" "$(readlink -f "$lib")"
 PKG_CONFIG_PATH="$pcdir" "$vpy" -c "$check" "$site" "$(readlink -f "$lib")"
+# The CUDA module as `meson install` lays it out (beside the library in the libdir, when
+# BUILD_DIR has CUDA): the wheel above is the CPU one.
+LD_LIBRARY_PATH="$libdir" "$vpy" -m pytest -q -p no:cacheprovider \
+  "$src/bindings/python/tests/test_cuda_module.py"
 echo "install check passed"
