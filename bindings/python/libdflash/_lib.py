@@ -1,10 +1,11 @@
 """Loading libdflash and declaring its functions (ctypes, no compiled extension).
 
-Search order: $DFLASH_LIBRARY (alone when set), a libdflash.so next to this
-package, the soname libdflash.so.N through the dynamic loader
-(LD_LIBRARY_PATH, ld.so.cache), ctypes.util.find_library, then the libdir
-that `pkg-config dflash` names. The first library whose version matches the
-MAJOR.MINOR this package was written for is used.
+Search order: the library inside this package (lib/libdflash.so.N, what `pip install` of the
+repository puts there; or a libdflash.so beside it), then $DFLASH_LIBRARY, then, only when DFLASH_LIBRARY is unset, the
+system's: the soname libdflash.so.N through the dynamic loader (LD_LIBRARY_PATH,
+ld.so.cache), ctypes.util.find_library, then the libdir that `pkg-config dflash` names. The
+first library whose version equals this package's (__version__) is used; when none does,
+import fails naming the package's version and each library tried with its own.
 
 Every function the package calls is declared through `bind`, which records
 its name in BOUND (tests/test_coverage.py checks it against the headers).
@@ -292,14 +293,14 @@ def _pkg_config_libdir():
 
 
 def _candidates():
+    here = pathlib.Path(__file__).resolve().parent
+    for name in (f"lib/libdflash.so.{SOVERSION}", "libdflash.so", "libdflash.dylib"):
+        if (here / name).exists():
+            yield str(here / name)
     env = os.environ.get("DFLASH_LIBRARY")
     if env:
         yield env
         return
-    here = pathlib.Path(__file__).resolve().parent
-    for name in ("libdflash.so", f"libdflash.so.{SOVERSION}", "libdflash.dylib"):
-        if (here / name).exists():
-            yield str(here / name)
     yield f"libdflash.so.{SOVERSION}"
     found = ctypes.util.find_library("dflash")
     if found:
@@ -312,7 +313,8 @@ def _candidates():
 def _library_version(candidate):
     fn = candidate.dflash_version_number
     fn.argtypes, fn.restype = [], ctypes.c_int
-    return fn()
+    v = fn()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
 
 
 def _load():
@@ -323,13 +325,18 @@ def _load():
         except OSError as exc:
             tried.append(f"{path}: {exc}")
             continue
-        v = _library_version(candidate)
-        if (v // 10000, v // 100 % 100) == (ABI_MAJOR, ABI_MINOR):
+        try:
+            v = _library_version(candidate)
+        except AttributeError:  # some other library of that name
+            tried.append(f"{path}: no dflash_version_number, not libdflash")
+            continue
+        if v == __version__:
             return candidate
-        tried.append(f"{path}: version {v // 10000}.{v // 100 % 100}.{v % 100}")
+        tried.append(f"{path}: libdflash {v}")
     raise ImportError(
-        f"no libdflash {ABI_MAJOR}.{ABI_MINOR}.x found; set DFLASH_LIBRARY to the path of "
-        "libdflash.so or install the library" + "".join("\n  tried " + t for t in tried))
+        f"the Python package libdflash {__version__} needs the library libdflash {__version__}, "
+        "and none was found; reinstall the package (pip install), or set DFLASH_LIBRARY to "
+        "the path of libdflash.so" + "".join("\n  tried " + t for t in tried))
 
 
 lib = _load()
