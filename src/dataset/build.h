@@ -23,6 +23,7 @@ typedef struct {
   size_t n, supervised;
   char *why; /* rejection reason; NULL when accepted */
   int too_long;
+  int unfinished; /* a fetch record the target did not finish (outcome length or empty) */
 } df_build_item;
 
 /* A worker's token buffers, kept across lines and batches. */
@@ -30,6 +31,7 @@ typedef struct {
   int32_t *ids;
   uint8_t *mask;
   size_t cap;
+  char why[256]; /* a rejection reason written for the item being encoded */
 } df_build_scratch;
 
 /* The input being read: local files line by line, s3:// objects read whole. */
