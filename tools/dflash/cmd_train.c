@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,8 @@ static const char TRAIN_USAGE[] =
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
-    "                    [--final-norm-name NAME]\n"
+    "                    [--final-norm-name NAME] [--save-minutes M]\n"
+    "                    [--allow-settings-change]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
@@ -29,7 +31,14 @@ static const char TRAIN_USAGE[] =
     "--resume continues the run in it or --overwrite replaces it. At the end a JSON summary\n"
     "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint; spool_wait_s on a spool)\n"
     "goes to stdout.\n"
-    "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error.\n"
+    "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error; 3 stopped by\n"
+    "Ctrl-C/SIGTERM: the step in flight is finished, the checkpoint and train_state/ saved,\n"
+    "and --resume continues byte for byte (a second signal ends it at once).\n"
+    "The state also saves every --save-minutes (30; 0: never) besides --save-every, so a\n"
+    "kill -9 loses at most that. A sample that cannot be read stops the run with the state\n"
+    "saved as of the step before. The state records the run's settings (--lr, --batch,\n"
+    "--anchors, --warmup-ratio, --epochs, --weight-decay, --clip, --labels, ...): --resume\n"
+    "with other ones is refused naming each change, unless --allow-settings-change.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
@@ -69,8 +78,8 @@ static int parse_labels(const char *v, void *dst) {
 
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
-  int quiet = 0, resume = 0, bf16 = 0, reuse = 0;
-  double spool_wait = -2;
+  int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
+  double spool_wait = -2, minutes = o->save_every_s / 60;
   o->trainer = t;
   const cli_opt opts[] = {{"--config", CLI_STR, &o->config_path, 0, 0, NULL},
                           {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
@@ -100,11 +109,14 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
                           {"--labels", CLI_FN, &o->labels, 0, 0, parse_labels},
                           {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
+                          {"--save-minutes", CLI_REAL, &minutes, 0, 1e9, NULL},
+                          {"--allow-settings-change", CLI_FLAG, &allow, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
-  o->resume = resume, o->bf16 = bf16;
+  o->resume = resume, o->bf16 = bf16, o->allow_settings_change = allow;
+  o->save_every_s = minutes * 60;
   /* The spool's settings reach dflash_train_run through its environment variables. */
   char wait[64];
   snprintf(wait, sizeof wait, "%.17g", spool_wait);
@@ -238,6 +250,32 @@ static void print_summary(const char *out) {
   dflash_storage_buffer_free(data);
 }
 
+/* Ctrl-C / SIGTERM (Slurm's preemption): the run stops after the step in flight, with its
+ * state saved; a second signal ends the process at once (the default action). */
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  g_stop = 1;
+  signal(sig, SIG_DFL);
+}
+
+static int should_stop(void *user) {
+  (void)user;
+  return g_stop;
+}
+
+static dflash_status run_with_signals(dflash_train_run_options *o) {
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  o->stop = should_stop;
+  dflash_status st = dflash_train_run(o);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  return st;
+}
+
 int cmd_train(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
@@ -258,7 +296,11 @@ int cmd_train(int argc, char **argv) {
                      o.out_dir),
              1;
   }
-  dflash_status st = dflash_train_run(&o);
+  dflash_status st = run_with_signals(&o);
+  if (st == DFLASH_E_CANCELLED && g_stop) {
+    fprintf(stderr, "dflash train: interrupted: %s\n", dflash_last_error());
+    return 3;
+  }
   if (st) return cli_fail("train", st);
   fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
   if (is_rank0()) print_summary(o.out_dir);

@@ -122,6 +122,77 @@ def test_resume_after_kill_is_exact(tmp_path):
     assert a == b
 
 
+def test_sigterm_saves_and_resumes_exactly(tmp_path):
+    """SIGTERM (Slurm's preemption) without --save-every: the step in flight is finished, the
+    state saved, exit 3; --resume gives the uninterrupted run's checkpoint byte for byte."""
+    make_world(tmp_path, n_train=64)
+    args = ["--epochs", "40", "--lr", "5e-3", "--quiet"]  # 16 steps an epoch
+    subprocess.run(train_cmd(tmp_path, tmp_path / "full", *args), check=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd(tmp_path, killed, *args), stderr=subprocess.PIPE, text=True)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 150:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate()[1]
+    assert proc.returncode == 3, err
+    assert "interrupted" in err and "state saved" in err and "--resume" in err, err
+    n_stopped = metrics.read_text().count("\n")
+    assert 150 <= n_stopped < 640 and (killed / "train_state" / "state.safetensors").exists()
+    print(f"stopped after step {n_stopped} (step {n_stopped % 16} of its epoch)")
+    subprocess.run(train_cmd(tmp_path, killed, *args, "--resume"), check=True)
+    assert _stable(metrics) == _stable(tmp_path / "full" / "metrics.jsonl")
+    assert (tmp_path / "full" / "model.safetensors").read_bytes() == \
+        (killed / "model.safetensors").read_bytes()
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    """--resume with other hyperparameters is refused naming each change (the schedule and
+    the data position would move silently); --allow-settings-change takes them."""
+    make_world(tmp_path, n_train=16)
+    out = tmp_path / "run"
+    args = ["--epochs", "2", "--lr", "5e-3", "--quiet"]
+    subprocess.run(train_cmd(tmp_path, out, *args, "--max-steps", "3"), check=True)
+    state = (out / "train_state" / "state.safetensors").read_bytes()
+    r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "3", "--lr", "1e-3", "--quiet",
+                                 "--resume"), capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "lr 0.005 -> 0.001" in r.stderr and "epochs 2 -> 3" in r.stderr, r.stderr
+    assert "batch" not in r.stderr.split("other settings")[1].split("(")[0]  # only the changes
+    assert "--allow-settings-change" in r.stderr
+    assert (out / "train_state" / "state.safetensors").read_bytes() == state  # untouched
+    subprocess.run(train_cmd(tmp_path, out, *args, "--resume"), check=True)  # the same: fine
+    subprocess.run(train_cmd(tmp_path, tmp_path / "b", *args, "--max-steps", "3"), check=True)
+    r = subprocess.run(train_cmd(tmp_path, tmp_path / "b", "--epochs", "3", "--quiet", "--resume",
+                                 "--lr", "5e-3", "--allow-settings-change"),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 12
+
+
+def test_bad_sample_stops_with_state_saved(tmp_path):
+    """A sample found bad mid-run (here: no target ids for --labels target, which the others
+    have) stops the run naming it, with train_state/ saved as of the step before."""
+    make_world(tmp_path, n_train=16)
+    rng = np.random.default_rng(1)
+    with libdflash.HiddenWriter(tmp_path / "t-hidden", num_layers=1, hidden_size=H) as w:
+        for i in range(16):
+            states = rng.standard_normal((40, H)).astype(np.float32)
+            w.append(f"train-{i}", states, None if i == 9 else np.zeros(40, np.int32))
+    out = tmp_path / "run"
+    cmd = train_cmd(tmp_path, out, "--epochs", "2", "--quiet", "--labels", "target")
+    cmd[cmd.index("--hidden") + 1] = str(tmp_path / "t-hidden")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "train-9" in r.stderr and "no target ids" in r.stderr, r.stderr
+    assert "state saved in train_state/" in r.stderr and "--resume" in r.stderr, r.stderr
+    assert (out / "train_state" / "state.safetensors").exists()
+
+
 def test_never_overwrites_by_accident(tmp_path):
     """A non-empty -o without --resume is refused and left as it was; --overwrite replaces it;
     the run ends with a JSON summary on stdout; the progress total follows --max-steps."""
