@@ -61,7 +61,9 @@ typedef struct dflash_train_run_options {
   double save_every_s;
   /* The state records the run's settings (lr, batch, anchors, warmup_ratio, epochs, ...);
    * resume with other ones is DFLASH_E_MISMATCH naming each change, unless this is 1: the
-   * new ones are then taken from the state's step on. */
+   * new ones are then taken from the state's step on, and the learning rate continues
+   * without a jump: from the rate the saved schedule had reached it decays by the cosine to
+   * the new floor (lr * min_lr_ratio) at the new end (total steps of the new epochs). */
   int32_t allow_settings_change;
 } dflash_train_run_options;
 

@@ -294,7 +294,24 @@ static int print_settings(const run *r, char *buf, size_t cap) {
     if (k < 0 || (size_t)k >= cap - n) return -1;
     n += (size_t)k;
   }
-  return (int)n;
+  int64_t step = dflash_trainer_steps(r->t);
+  int k = snprintf(buf + n, cap - n, " next_lr=%.17g sched=%" PRId64 ",%.17g",
+                   dflash_trainer_lr_at(r->t, step), r->t->sched_from, r->t->sched_lr0);
+  if (k < 0 || (size_t)k >= cap - n) return -1;
+  return (int)(n + (size_t)k);
+}
+
+/* The learning rate after a resume: the saved continuation, if any, and when the settings
+ * changed the rate the next step would take, a new continuation from the rate the saved
+ * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
+static void continue_schedule(const run *r, const char *blob) {
+  const char *nl = strstr(blob, " next_lr=");
+  if (!nl) return; /* a state from before the rate was recorded */
+  double next = strtod(nl + 9, NULL);
+  int64_t step = dflash_trainer_steps(r->t);
+  if (dflash_trainer_lr_at(r->t, step) == next) return;
+  r->t->sched_from = step > 0 ? step : 1;
+  r->t->sched_lr0 = next;
 }
 
 /* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
@@ -315,7 +332,8 @@ static dflash_status check_settings(const run *r, const char *blob) {
                      was, s[i].value);
     if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
   }
-  if (!n || r->o->allow_settings_change) return DFLASH_OK;
+  if (!n) return DFLASH_OK;
+  if (r->o->allow_settings_change) return continue_schedule(r, blob), DFLASH_OK;
   return df_error(DFLASH_E_MISMATCH,
                   "%s was written with other settings: %s (resume with the run's own, or "
                   "allow the change: --allow-settings-change)",
@@ -382,6 +400,9 @@ static dflash_status resume(run *r) {
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
                     seed, r->topt.seed);
+  const char *sc = strstr(blob, " sched="); /* an earlier settings change's continuation */
+  if (sc && sscanf(sc, " sched=%" SCNd64 ",%lf", &r->t->sched_from, &r->t->sched_lr0) != 2)
+    return df_error(DFLASH_E_FORMAT, "%s: unreadable schedule \"%s\"", r->state_path, sc);
   dflash_status cs = check_settings(r, blob);
   if (cs) return cs;
   const char *sp = strstr(blob, " spool=");

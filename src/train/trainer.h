@@ -20,6 +20,12 @@ struct dflash_trainer {
    * (step_norm: a backend that stepped at once keeps its norm here). */
   bool step_open;
   double step_norm;
+  /* A run resumed with other settings (dflash_train_run_options.allow_settings_change): from
+   * step sched_from on (0: never) the learning rate decays by the cosine from sched_lr0, the
+   * rate the saved schedule had reached, to the new floor at the new total_steps, instead of
+   * jumping to the new schedule's value. */
+  int64_t sched_from;
+  double sched_lr0;
 };
 
 /*

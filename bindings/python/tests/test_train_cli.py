@@ -171,7 +171,13 @@ def test_resume_refuses_changed_settings(tmp_path):
                                  "--lr", "5e-3", "--allow-settings-change"),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 12
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lrs) == 12
+    # No jump: step 4 takes the rate the 2-epoch schedule had reached, then decays to 0.
+    subprocess.run(train_cmd(tmp_path, tmp_path / "c", *args), check=True)
+    two = [json.loads(x)["lr"] for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[:4] == two[:4], (lrs, two)
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < 0.1 * lrs[3], lrs
 
 
 def test_bad_sample_stops_with_state_saved(tmp_path):
