@@ -312,7 +312,8 @@ int cmd_train(int argc, char **argv) {
 static const char EVAL_USAGE[] =
     "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
     "                   [--anchors N] [--seed N] [--max-tokens N] [--json]\n"
-    "                   [--embed-name NAME] [--lm-head-name NAME]\n"
+    "                   [--embed-name NAME] [--lm-head-name NAME] [--labels data|target]\n"
+    "                   [--threads N]\n"
     "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
     "prediction equals the target's token) over --anchors sampled anchors per sample\n"
     "and the per-position accuracy; then the same mean over every position (uniform\n"
@@ -322,6 +323,14 @@ static const char EVAL_USAGE[] =
     "the candidate selector's greedy path) and of the drafter's plain argmax, and for\n"
     "DFlash 2 the candidate recall (true token among the top selector_top_k logits).\n"
     "--max-tokens: walk at most N tokens per answer (the generation cap).\n"
+    "--labels: what a draft is compared with in the uniform-anchor and walk numbers: the\n"
+    "data's next token (data, default) or the target's greedy token from the store's\n"
+    "target ids (target: what greedy verification accepts). Live greedy acceptance is the\n"
+    "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
+    "README's K2.6 recipe), the walk tau with --labels target; the walk tau with data\n"
+    "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
+    "line says which labels it used.\n"
+    "--threads N: CPU threads (0, default: one per CPU).\n"
     "--json: one JSON object instead. Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
 
@@ -335,9 +344,11 @@ static void print_ints(const char *sep, const int64_t *v, int n) {
 
 static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
                        const dflash_eval_walk *w) {
+  const char *lab = w->labels == DFLASH_LABELS_TARGET ? "target" : "data";
   if (json) {
-    printf("{\"block_size\": %d, \"tau\": %.6f, \"blocks\": %lld, \"accuracy\": [", B, tau,
-           (long long)blocks);
+    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"blocks\": %lld, "
+           "\"accuracy\": [",
+           B, lab, tau, (long long)blocks);
     print_doubles(", ", acc, B - 1);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
            "\"position_accuracy\": [",
@@ -355,16 +366,16 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
     else printf("null}\n");
     return;
   }
-  printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position: ", tau,
+  printf("tau %.4f over %lld blocks (block size %d; data labels)\naccuracy by position: ", tau,
          (long long)blocks, B);
   print_doubles(" ", acc, B - 1);
-  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld)\n"
+  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld; %s labels)\n"
          "accuracy by position: ",
-         w->position_tau, w->position_tau_se, (long long)w->positions);
+         w->position_tau, w->position_tau_se, (long long)w->positions, lab);
   print_doubles(" ", w->accuracy, B - 1);
-  printf("\nwalk tau %.4f +- %.4f: %lld tokens in %lld verification steps, %lld sequences\n"
-         "tokens per step 1..%d: ",
-         w->walk_tau, w->walk_tau_se, (long long)w->tokens, (long long)w->steps,
+  printf("\nwalk tau %.4f +- %.4f (%s labels): %lld tokens in %lld verification steps, %lld "
+         "sequences\ntokens per step 1..%d: ",
+         w->walk_tau, w->walk_tau_se, lab, (long long)w->tokens, (long long)w->steps,
          (long long)w->sequences, B);
   print_ints(" ", w->step_hist, B);
   printf("\naccuracy over every position (%lld): drafted %.4f, backbone argmax %.4f",
@@ -375,7 +386,8 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
 
 int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
-  int anchors = 64, max_tokens = 0, json = 0;
+  int anchors = 64, max_tokens = 0, json = 0, threads = 0;
+  int32_t labels = DFLASH_LABELS_DATA;
   int64_t seed = 1;
   const cli_opt opts[] = {{"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
                           {"--target", CLI_STR, &target, 0, 0, NULL},
@@ -387,6 +399,8 @@ int cmd_eval(int argc, char **argv) {
                           {"--json", CLI_FLAG, &json, 0, 0, NULL},
                           {"--embed-name", CLI_STR, &en, 0, 0, NULL},
                           {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
+                          {"--labels", CLI_FN, &labels, 0, 0, parse_labels},
+                          {"--threads", CLI_INT, &threads, 0, 4096, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
@@ -411,11 +425,15 @@ int cmd_eval(int argc, char **argv) {
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
   w.max_tokens = max_tokens;
+  w.labels = labels;
+  dflash_trainer_options topt;
+  dflash_trainer_options_default(&topt);
+  topt.n_threads = threads;
   w.accuracy = calloc((size_t)cfg.block_size, sizeof *w.accuracy);
   w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
   if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, NULL, &t);
+  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);

@@ -12,7 +12,8 @@ import signal
 
 import numpy as np
 
-from ._lib import INDEX, KEY, ExistsError, Handle, bind, cstr, files, missing_path
+from ._lib import (INDEX, KEY, ExistsError, Handle, bind, cstr, files, missing_path,
+                   status_code)
 
 MAX_LAYERS = 64
 MAX_TARGET = 128
@@ -549,9 +550,6 @@ _train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)],
 _RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s")
 
 
-_E_EXISTS = 28  # DFLASH_E_EXISTS (dflash.h): what the command's refusal would be
-
-
 def _holds_anything(out_dir):
     """Whether out_dir (a folder or s3:// prefix) holds anything, as `dflash train` checks."""
     path = os.fsdecode(out_dir)
@@ -612,7 +610,7 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
     if not resume and not overwrite and _holds_anything(out_dir):
-        raise ExistsError(_E_EXISTS, f"{os.fsdecode(out_dir)} is not empty (an earlier run?): "
+        raise ExistsError(status_code("DFLASH_E_EXISTS"), f"{os.fsdecode(out_dir)} is not empty (an earlier run?): "
                           "resume=True continues it, overwrite=True replaces it")
     o = TrainRunOptions()
     _run_defaults(ctypes.byref(o), ctypes.sizeof(o))
@@ -722,6 +720,7 @@ class EvalWalk(ctypes.Structure):
         ("position_tau_se", ctypes.c_double),
         ("scored", ctypes.c_int64), ("selector_accuracy", ctypes.c_double),
         ("backbone_accuracy", ctypes.c_double), ("candidate_recall", ctypes.c_double),
+        ("labels", ctypes.c_int32),
     ]
 
 
@@ -753,7 +752,7 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
             "accept": accept, "step_hist": hist}
 
 
-def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
+def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0, labels="data"):
     """Held-out evaluation (dflash_train_eval_walk) over a tokenized dataset
     and its hidden-state store: dict with walk_tau (tokens / verification
     steps, what live greedy speculative decoding gets) and walk_tau_se,
@@ -761,18 +760,24 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
     counts, accuracy [B-1] by block position and step_hist [B]; over the
     `scored` positions selector_accuracy (the drafted tokens: DFlash 2's
     selector path), backbone_accuracy (the plain argmax) and candidate_recall
-    (the true token among the top-K candidates; None for DFlash 1)."""
+    (the true token among the top-K candidates; None for DFlash 1). labels: "data"
+    (drafts compared with the data's next tokens) or "target" (with the store's target ids:
+    what greedy verification accepts; the number to compare with live acceptance when the
+    held-out answers were sampled at T > 0), as `dflash eval --labels`."""
+    if labels not in ("data", "target"):
+        raise ValueError(f"labels must be 'data' or 'target', not {labels!r}")
     B = trainer.block_size
     acc = np.zeros(B - 1, dtype=np.float64)
     hist = np.zeros(B, dtype=np.int64)
     w = EvalWalk()
     _eval_walk_default(ctypes.byref(w), ctypes.sizeof(w))
     w.max_tokens = max_tokens
+    w.labels = 1 if labels == "target" else 0
     w.accuracy = _ptr(acc, ctypes.c_double)
     w.step_hist = _ptr(hist, ctypes.c_int64)
     _eval_walk(trainer._handle(), cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
     out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
-           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist")}
+           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist", "labels")}
     out.update(accuracy=acc, step_hist=hist)
     if out["candidate_recall"] < 0:
         out["candidate_recall"] = None  # DFlash 1: no candidates

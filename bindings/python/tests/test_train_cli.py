@@ -199,6 +199,48 @@ def test_bad_sample_stops_with_state_saved(tmp_path):
     assert (out / "train_state" / "state.safetensors").exists()
 
 
+def eval_json(root, ckpt, hidden, *extra):
+    r = subprocess.run([CLI, "eval", "--checkpoint", str(ckpt), "--target", str(root / "target"),
+                        "--data", str(root / "test"), "--hidden", str(hidden), "--anchors", "8",
+                        "--json", "--threads", "2", *extra], capture_output=True, text=True)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else r.stderr)
+
+
+def test_eval_labels_target_compares_with_the_targets_tokens(tmp_path):
+    """eval --labels target scores drafts against the store's target ids: equal to the data's
+    next tokens, the numbers are the data labels' exactly; one token off everywhere, no draft
+    of a drafter trained on the data is accepted but by chance (walk tau near 1). Each line
+    names its labels."""
+    make_world(tmp_path)
+    out = tmp_path / "run"
+    subprocess.run(train_cmd(tmp_path, out, "--epochs", "20", "--lr", "1e-2", "--quiet"),
+                   check=True)
+    data = libdflash.Dataset(tmp_path / "test")
+    store = libdflash.HiddenStore(tmp_path / "test-hidden")
+    for name, shift in (("same", 0), ("off", 1)):
+        with libdflash.HiddenWriter(tmp_path / name, num_layers=1, hidden_size=H) as w:
+            for i in range(len(data)):
+                sid, ids, _ = data[i]
+                nxt = np.append(ids[1:], ids[-1]).astype(np.int32)  # target_ids[t]: after t
+                w.append(sid, store.read(sid), (nxt + shift) % 16)
+    rc, base = eval_json(tmp_path, out, tmp_path / "same")
+    assert rc == 0 and base["labels"] == "data", base
+    rc, same = eval_json(tmp_path, out, tmp_path / "same", "--labels", "target")
+    assert rc == 0 and same["labels"] == "target", same
+    for k in ("walk_tau", "position_tau", "position_accuracy", "tokens", "steps"):
+        assert same[k] == base[k], (k, same[k], base[k])
+    assert base["walk_tau"] > 2
+    rc, off = eval_json(tmp_path, out, tmp_path / "off", "--labels", "target")
+    assert rc == 0 and off["walk_tau"] < 1.1 and off["walk_tau"] < base["walk_tau"] - 1, off
+    rc, err = eval_json(tmp_path, out, tmp_path / "test-hidden", "--labels", "target")
+    assert rc == 1 and "carries no target ids" in err, err
+    text = subprocess.run([CLI, "eval", "--checkpoint", str(out), "--target",
+                           str(tmp_path / "target"), "--data", str(tmp_path / "test"),
+                           "--hidden", str(tmp_path / "same"), "--labels", "target"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "walk tau" in text and "(target labels)" in text and "data labels" in text, text
+
+
 def test_never_overwrites_by_accident(tmp_path):
     """A non-empty -o without --resume is refused and left as it was; --overwrite replaces it;
     the run ends with a JSON summary on stdout; the progress total follows --max-steps."""
