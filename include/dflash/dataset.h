@@ -176,6 +176,11 @@ typedef struct dflash_dataset_build_options {
    * 1 keeps the text the target wrote, with the closing tokens the template adds after it
    * (closing think tag, end of turn) unsupervised (dflash_chat_conversation_unfinished). */
   int32_t keep_unfinished;
+  /* 1: a dataset already at out_dir (its dataset.json, shards, rejected.jsonl and
+   * sources.jsonl; nothing else) is removed once the tokenizer and template are checked,
+   * instead of DFLASH_E_EXISTS; 0 (default) refuses it. A build refused by its verdict
+   * (UNREADABLE, EMPTY, REJECTS, TOO_LONG) leaves its dataset, reasons in rejected.jsonl. */
+  int32_t overwrite;
 } dflash_dataset_build_options;
 
 /* The defaults, written up to `size` bytes (the caller's sizeof). Call it as

@@ -256,6 +256,7 @@ static dflash_status open_all(df_build *b, const char *out_dir) {
   if (!st && !b->opts.allow_split_control_tokens)
     st = dflash_chat_template_check_tokenizer(b->tmpl, b->tok);
   if (!st) st = dflash_chat_tokenizer_nfc(b->tok, &b->nfc);
+  if (!st && b->opts.overwrite) st = df_build_clear_old(out_dir);
   if (!st) st = create_writer(b, out_dir);
   return st;
 }

@@ -75,6 +75,9 @@ void df_build_free_inputs(df_build *b);
 
 DF_MUST_CHECK dflash_status df_build_open_side(df_build *b);
 void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why);
+/* Remove the files of a dataset at `dir` (local or s3://): its manifest, shards and side
+ * files, nothing else (dataset build's overwrite). */
+DF_MUST_CHECK dflash_status df_build_clear_old(const char *dir);
 void df_build_write_source(df_build *b, const df_build_item *it);
 /* Close (for an s3:// output: upload) rejected.jsonl and sources.jsonl. */
 DF_MUST_CHECK dflash_status df_build_finish_side(df_build *b);

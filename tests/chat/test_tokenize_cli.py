@@ -215,6 +215,15 @@ def check_unfinished(d):
         assert mask_ok[end] == 1 and mask[end] == 0, cut["id"]
         if not cut["completion"]["content"]:  # cut while thinking: </think> is the template's, not supervised
             assert sum(mask_ok) - sum(mask) > 1, (sum(mask_ok), sum(mask))
+    # A dataset already there: refused, or replaced with --overwrite (other files kept).
+    (d / "unf-drop" / "notes.txt").write_text("mine")
+    r = run_tokenize(d / "unf-drop", [src], "--keep-unfinished")
+    assert r.returncode == 1 and "already holds a dataset" in r.stderr, r.stderr
+    r = run_tokenize(d / "unf-drop", [src], "--keep-unfinished", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert sample_ids(d / "unf-drop") == sample_ids(d / "unf-keep")
+    assert (d / "unf-drop" / "rejected.jsonl").read_text() == ""
+    assert (d / "unf-drop" / "notes.txt").read_text() == "mine"
     print("unfinished answers: 3 of 4 dropped by default, kept with --keep-unfinished with "
           "no closing token supervised (render --mask alike)")
 

@@ -24,7 +24,7 @@ static const char USAGE[] =
     "                       [--last-turn-only] [--reasoning official|keep_all|\n"
     "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
     "                       [--max-reject-ratio X] [--allow-split-control-tokens]\n"
-    "                       [--keep-unfinished]\n"
+    "                       [--keep-unfinished] [--overwrite]\n"
     "                       -o DIR IN.jsonl...\n"
     "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
     "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
@@ -45,6 +45,8 @@ static const char USAGE[] =
     "fetch's --max-tokens; or \"empty\") is dropped (rejected.jsonl says why); with\n"
     "--keep-unfinished its text is kept and the closing tokens the template adds after\n"
     "it (</think>, end of turn) are not supervised (`dflash render --mask` shows it).\n"
+    "A DIR that holds a dataset is refused; --overwrite replaces it (its dataset.json,\n"
+    "shards, rejected.jsonl and sources.jsonl), e.g. to retry a refused build.\n"
     "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written,\n"
     "more rejected lines than --max-reject-ratio (default 0.05; over-long and unfinished\n"
     "samples are not counted) of the non-blank lines, or more over-long lines than that;\n"
@@ -68,6 +70,7 @@ static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, i
                            0, 0, NULL},
                           {"--last-turn-only", CLI_FLAG, &o->last_turn_only, 0, 0, NULL},
                           {"--keep-unfinished", CLI_FLAG, &o->keep_unfinished, 0, 0, NULL},
+                          {"--overwrite", CLI_FLAG, &o->overwrite, 0, 0, NULL},
                           {"--reasoning", CLI_FN, &o->reasoning, 0, 0, chat_cli_reasoning_opt},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int rc = cli_parse("tokenize", USAGE, opts, argc, argv, inputs, argc, n_inputs);
