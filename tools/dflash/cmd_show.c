@@ -3,6 +3,7 @@
  * metadata line of every sample id). */
 #include <dflash/dataset.h>
 #include <dflash/hidden.h>
+#include <dflash/storage.h>
 #include <dflash/tokenizer.h>
 #include <dirent.h>
 #include <jansson.h>
@@ -16,16 +17,20 @@
 
 static const char USAGE[] =
     "usage: dflash show DATASET (--index N | --id ID) [--tokenizer PATH] [--color|--no-color]\n"
+    "                   [--allow-tokenizer-mismatch]\n"
     "Prints one sample of a tokenized dataset: its id, length and supervised count, then its\n"
     "text (decoded with --tokenizer, the one `dflash tokenize` used) or its token ids, with\n"
     "the supervised tokens (loss_mask 1, what the drafter learns to predict) highlighted:\n"
-    "in colour on a terminal, between [[ and ]] otherwise.\n"
+    "in colour on a terminal, between [[ and ]] otherwise. A --tokenizer whose hash is not\n"
+    "the dataset's recorded tokenizer_hash is refused (its ids would decode to other\n"
+    "tokens) unless --allow-tokenizer-mismatch.\n"
     "Exit status: 0 shown; 1 an error (no such sample, unreadable dataset); 2 a usage error.\n";
 
 typedef struct {
   const char *dir, *id, *tok_path;
   long long index;
   int color; /* -1: when stdout is a terminal */
+  int allow_mismatch;
 } show_args;
 
 static int parse(int argc, char **argv, show_args *a) {
@@ -35,6 +40,7 @@ static int parse(int argc, char **argv, show_args *a) {
   const cli_opt opts[] = {{"--index", CLI_I64, &index, 0, 9.2e18, NULL},
                           {"--id", CLI_STR, &a->id, 0, 0, NULL},
                           {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &a->allow_mismatch, 0, 0, NULL},
                           {"--color", CLI_FLAG, &color, 0, 0, NULL},
                           {"--no-color", CLI_FLAG, &no_color, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
@@ -90,10 +96,35 @@ static dflash_status print_tokens(const show_args *a, const dflash_tokenizer *to
   return DFLASH_OK;
 }
 
+int cli_tokenizer_matches(const char *cmd, const char *data_dir, const char *tok_path,
+                          bool required) {
+  if (dflash_storage_is_remote(data_dir)) return 0; /* the manifest is read where it lies */
+  char path[4096], hash[DFLASH_TOKENIZER_HASH_LEN];
+  snprintf(path, sizeof path, "%s/dataset.json", data_dir);
+  json_t *m = json_load_file(path, 0, NULL);
+  const char *want = json_string_value(json_object_get(m, "tokenizer_hash"));
+  dflash_status st = want ? dflash_dataset_tokenizer_hash(tok_path, hash, sizeof hash) : 0;
+  int rc = 0;
+  if (st == DFLASH_E_NOT_FOUND && !required) dflash_clear_error(); /* no tokenizer files there */
+  else if (st) rc = cli_fail(cmd, st);
+  else if (want && strcmp(want, hash)) {
+    fprintf(stderr,
+            "dflash %s: %s was tokenized with another tokenizer than %s (%s, not %s): its ids "
+            "would mean other tokens; use the tokenizer `dflash tokenize` used, or "
+            "--allow-tokenizer-mismatch\n",
+            cmd, data_dir, tok_path, want, hash);
+    rc = 1;
+  }
+  json_decref(m);
+  return rc;
+}
+
 int cmd_show(int argc, char **argv) {
   show_args a;
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
+  if (a.tok_path && !a.allow_mismatch && cli_tokenizer_matches("show", a.dir, a.tok_path, true))
+    return 1;
   dflash_dataset *ds = NULL;
   dflash_tokenizer *tok = NULL;
   dflash_status st = dflash_dataset_open(a.dir, &ds);

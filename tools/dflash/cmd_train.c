@@ -22,7 +22,7 @@ static const char TRAIN_USAGE[] =
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
     "                    [--final-norm-name NAME] [--save-minutes M]\n"
-    "                    [--allow-settings-change]\n"
+    "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states\n"
@@ -41,6 +41,9 @@ static const char TRAIN_USAGE[] =
     "--anchors, --warmup-ratio, --epochs, --weight-decay, --clip, --labels, ...): --resume\n"
     "with other ones is refused naming each change, unless --allow-settings-change (the\n"
     "learning rate then decays from where it was to the new end, without a jump).\n"
+    "When --target holds tokenizer files, their hash must be the dataset's recorded\n"
+    "tokenizer_hash (else refused: the ids would mean other tokens) unless\n"
+    "--allow-tokenizer-mismatch.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
@@ -78,6 +81,9 @@ static int parse_labels(const char *v, void *dst) {
   return 0;
 }
 
+/* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
+static int g_allow_tok;
+
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
   int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
@@ -113,6 +119,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
                           {"--save-minutes", CLI_REAL, &minutes, 0, 1e9, NULL},
                           {"--allow-settings-change", CLI_FLAG, &allow, 0, 0, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
@@ -288,6 +295,7 @@ int cmd_train(int argc, char **argv) {
   int overwrite = 0;
   int rc = parse_train(argc, argv, &o, &topt, &overwrite);
   if (rc) return rc < 0 ? 0 : rc;
+  if (!g_allow_tok && cli_tokenizer_matches("train", o.data_dir, o.target_path, false)) return 1;
   if (!o.resume && !overwrite && is_rank0()) {
     int full = out_nonempty(o.out_dir);
     if (full < 0) return 1;
@@ -313,7 +321,7 @@ static const char EVAL_USAGE[] =
     "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
     "                   [--anchors N] [--seed N] [--max-tokens N] [--json]\n"
     "                   [--embed-name NAME] [--lm-head-name NAME] [--labels data|target]\n"
-    "                   [--threads N]\n"
+    "                   [--threads N] [--allow-tokenizer-mismatch]\n"
     "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
     "prediction equals the target's token) over --anchors sampled anchors per sample\n"
     "and the per-position accuracy; then the same mean over every position (uniform\n"
@@ -331,6 +339,8 @@ static const char EVAL_USAGE[] =
     "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
     "line says which labels it used.\n"
     "--threads N: CPU threads (0, default: one per CPU).\n"
+    "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
+    "unless --allow-tokenizer-mismatch.\n"
     "--json: one JSON object instead. Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
 
@@ -401,6 +411,7 @@ int cmd_eval(int argc, char **argv) {
                           {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
                           {"--labels", CLI_FN, &labels, 0, 0, parse_labels},
                           {"--threads", CLI_INT, &threads, 0, 4096, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
@@ -409,6 +420,7 @@ int cmd_eval(int argc, char **argv) {
   const char *const have[] = {ckpt, target, data, hidden};
   for (int i = 0; i < 4; i++)
     if (!have[i]) return cli_missing("eval", required[i]);
+  if (!g_allow_tok && cli_tokenizer_matches("eval", data, target, false)) return 1;
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
   dflash_drafter_config cfg;
