@@ -104,12 +104,14 @@ typedef struct run {
    * the norm (finish_step: after that sequence is enqueued, or before a save).
    * DFLASH_TRAIN_SYNC_STEP=1 waits at every step instead (the same results, to the bit). */
   bool sync_step, step_open;
+  bool cfg_dflash2; /* a DFlash 2 drafter: its loss is reported by component */
   double last_save; /* when the state was last saved (or the run started) */
   bool bad_sample;  /* the failing step failed on its data (a sample), not the trainer */
   struct {
     int64_t step, total;
     int32_t epoch;
     double loss, lr, dt, elapsed, spool_wait, tokens;
+    double sel_loss; /* DFlash 2: the selector's part of loss */
   } line;
 } run;
 
@@ -784,6 +786,7 @@ static dflash_status open_all(run *r) {
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
   if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
+  r->cfg_dflash2 = r->ext.dflash2 != 0;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = r->topt;
@@ -815,6 +818,11 @@ static void write_metrics(run *r, double norm) {
           dt > 0 ? tok / dt : 0.0, r->line.elapsed);
   /* A spool run: the seconds spent so far waiting for the producer's shards. */
   if (r->spool) fprintf(r->metrics, ", \"spool_wait_s\": %.3f", r->line.spool_wait);
+  /* DFlash 2: loss is the block CE plus the weighted selector loss; each apart, since they
+   * move apart (the block CE can fall, and tau rise, while the selector's grows). */
+  if (r->cfg_dflash2)
+    fprintf(r->metrics, ", \"block_loss\": %.9g, \"selector_loss\": %.9g",
+            r->line.loss - r->line.sel_loss, r->line.sel_loss);
   fputs("}\n", r->metrics);
   fflush(r->metrics);
   if (r->progress) {
@@ -886,9 +894,12 @@ static dflash_status train_step(run *r, size_t gb) {
   }
   if ((st = finish_step(r))) return st; /* no sequence on this rank */
   if ((st = dflash_trainer_collect(r->t, &lsum, NULL))) return st;
+  double losses[2] = {lsum, r->t->pend_sel}; /* the whole loss, DFlash 2's selector part */
+  r->t->pend_sel = 0;
   /* Also the point where every rank is known alive before the backend's
    * own (NCCL) collectives, which could not time out as cleanly. */
-  if (r->comm && (st = df_comm_sum_f64(r->comm, &lsum, 1))) return st;
+  if (r->comm && (st = df_comm_sum_f64(r->comm, losses, 2))) return st;
+  lsum = losses[0];
   double norm = 0, lr;
   st = r->sync_step ? dflash_trainer_step(r->t, &norm, &lr) : dflash_trainer_step_async(r->t, &lr);
   if (st) return st;
@@ -897,6 +908,7 @@ static dflash_status train_step(run *r, size_t gb) {
   double now = df_now_seconds();
   int64_t step = dflash_trainer_steps(r->t);
   r->line.step = step, r->line.epoch = r->epoch, r->line.loss = lsum / W, r->line.lr = lr;
+  r->line.sel_loss = losses[1] / W;
   r->line.dt = now - t_start, r->line.elapsed = r->elapsed + now - r->t0;
   r->line.spool_wait = r->spool_wait, r->line.tokens = (double)tokens, r->line.total = r->tokens;
   if (r->rank != 0) return DFLASH_OK;

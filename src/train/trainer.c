@@ -381,6 +381,7 @@ dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflas
   if (t->be->vt->collect) return t->be->vt->accumulate(t->be, &q, grad_scale, NULL, NULL);
   double ls = 0, ws = 0;
   if ((st = t->be->vt->accumulate(t->be, &q, grad_scale, &ls, &ws))) return st;
+  if (t->m.dflash2) t->pend_sel += t->m.sel_weight * t->m.sel_loss_sum;
   t->pend_loss += ls;
   t->pend_weight += ws;
   return DFLASH_OK;

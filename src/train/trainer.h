@@ -14,6 +14,7 @@ struct dflash_trainer {
   /* dflash_trainer_accumulate_sample: the sums not yet returned by dflash_trainer_collect,
    * and a float32 buffer for stored rows a backend takes only decoded */
   double pend_loss, pend_weight;
+  double pend_sel; /* DFlash 2: the selector's part of pend_loss (the run reports it apart) */
   float *decoded;
   size_t decoded_cap;
   /* dflash_trainer_step_async: a step whose norm dflash_trainer_step_result has not returned

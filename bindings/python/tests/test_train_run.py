@@ -220,6 +220,31 @@ def test_target_head_loading(tmp_path):
     assert err.value.status in ("DFLASH_E_MISMATCH", "DFLASH_E_FORMAT")
 
 
+def test_dflash2_loss_is_reported_by_component(world, tmp_path):
+    """A DFlash 2 run's metrics give the block CE and the selector's weighted loss apart
+    (their sum is `loss`), and the selector's part is its own: 0 with selector_loss_weight 0,
+    the block CE then being the whole loss."""
+    cfg = json.loads((world / "drafter.json").read_text())
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_top_k=4,
+                                selector_rank=8)
+    rows = {}
+    for w in (1.0, 0.0):
+        out = tmp_path / f"w{w}"
+        libdflash.train_run(cfg, world / "target", world / "train", world / "train-hidden", out,
+                            batch_size=4, num_anchors=16, seed=5, n_threads=2, lr=1e-2,
+                            epochs=2, selector_loss_weight=w)
+        rows[w] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for r in rows[1.0]:
+        assert r["selector_loss"] > 0 and r["block_loss"] > 0, r
+        assert abs(r["block_loss"] + r["selector_loss"] - r["loss"]) <= 1e-6 * r["loss"], r
+    for r in rows[0.0]:
+        assert r["selector_loss"] == 0 and r["block_loss"] == r["loss"], r
+    plain = [json.loads(x) for x in (world / "run" / "metrics.jsonl").read_text().splitlines()
+             ] if (world / "run").exists() else []
+    assert all("selector_loss" not in r for r in plain)  # DFlash 1: one loss
+
+
 def test_cli_plan_counts_dflash2_tensors(world, tmp_path):
     """`dflash train --plan` reads a DFlash 2 config (the _ext parser) and
     counts its convolutions and selector, as the trainer allocates them."""
