@@ -108,7 +108,7 @@ DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *o
  * on `threads` threads and written in input order, so the output is the same
  * bytes for any thread count and batch size. The manifest's "options" records
  * what shapes the samples: {"reasoning", "turns", "max_len", "truncate", "nfc"}, and
- * "unfinished": "keep" with keep_unfinished.
+ * "unfinished": "keep" with keep_unfinished, "thinking": false with no_thinking.
  * Inputs and OUT may be s3:// locations; an s3:// input ending in '/' stands
  * for every *.jsonl object under it, in name order. An s3:// input that cannot
  * be read or listed is logged (DFLASH_LOG_WARN, see dflash_set_log_callback),
@@ -181,6 +181,10 @@ typedef struct dflash_dataset_build_options {
    * instead of DFLASH_E_EXISTS; 0 (default) refuses it. A build refused by its verdict
    * (UNREADABLE, EMPTY, REJECTS, TOO_LONG) leaves its dataset, reasons in rejected.jsonl. */
   int32_t overwrite;
+  /* 1: render with thinking off (dflash_chat_options.thinking = 0), for answers the target
+   * wrote without thinking: the empty think block is then the template's prompt, never
+   * supervised; 0 (default): thinking on. */
+  int32_t no_thinking;
 } dflash_dataset_build_options;
 
 /* The defaults, written up to `size` bytes (the caller's sizeof). Call it as

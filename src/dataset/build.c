@@ -82,6 +82,7 @@ static dflash_status render(const df_build *b, df_build_item *it, dflash_chat_re
   dflash_chat_options o;
   dflash_chat_options_default(&o);
   o.reasoning = b->opts.reasoning;
+  o.thinking = !b->opts.no_thinking;
   dflash_chat_conversation *conv;
   *out = NULL;
   dflash_status st = dflash_chat_conversation_parse(it->text, it->len, &conv);
@@ -223,10 +224,11 @@ static char *options_json(const dflash_dataset_build_options *o, int nfc) {
   if (s)
     snprintf(s, 256,
              "{\"reasoning\": \"%s\", \"turns\": \"%s\", \"max_len\": %llu, \"truncate\": %s, "
-             "\"nfc\": %s%s}",
+             "\"nfc\": %s%s%s}",
              dflash_chat_reasoning_name(o->reasoning), o->last_turn_only ? "last" : "all",
              (unsigned long long)o->max_len, o->truncate ? "true" : "false", nfc ? "true" : "false",
-             o->keep_unfinished ? ", \"unfinished\": \"keep\"" : "");
+             o->keep_unfinished ? ", \"unfinished\": \"keep\"" : "",
+             o->no_thinking ? ", \"thinking\": false" : "");
   return s;
 }
 

@@ -228,6 +228,46 @@ def check_unfinished(d):
           "no closing token supervised (render --mask alike)")
 
 
+def stored_masks(out):
+    """The loss masks a dataset stores, per sample, read with the safetensors package."""
+    from safetensors import safe_open
+    masks = []
+    for shard in sorted(glob.glob(str(out / "*.safetensors"))):
+        with safe_open(shard, "np") as f:
+            meta = json.loads(f.metadata()["sample_ids"])
+            mask, offsets = f.get_tensor("loss_mask"), f.get_tensor("offsets")
+            masks += [mask[offsets[i]:offsets[i + 1]].tolist() for i in range(len(meta))]
+    return masks
+
+
+def check_no_thinking(d):
+    """--no-thinking: an answer written with thinking off gets no supervised think block
+    (the template's empty <think></think> is prompt), as render --no-thinking --mask shows."""
+    rec = {"id": "plain", "messages": [{"role": "user", "content": "Say hello."}],
+           "completion": {"role": "assistant", "content": "Hello there, friend."},
+           "finish_reason": "stop", "outcome": "ok"}
+    src = d / "plain.jsonl"
+    src.write_text(json.dumps(rec) + "\n", encoding="utf-8")
+    runs = {}
+    for name, extra in (("think", ()), ("nothink", ("--no-thinking",))):
+        r = run_tokenize(d / name, [src], *extra)
+        assert r.returncode == 0, r.stderr
+        runs[name] = float(re.search(r"supervised ([0-9.]+)%", r.stderr).group(1))
+        r = subprocess.run([CLI, "render", "--template", "qwen3", "--tokenizer", str(TOK),
+                            "--mask", *extra], input=json.dumps(rec), capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        mask = json.loads(r.stdout)["loss_mask"]
+        assert abs(100.0 * sum(mask) / len(mask) - runs[name]) < 0.05, (name, runs[name])
+        masks = stored_masks(d / name)
+        assert masks == [mask], name
+    opts = json.loads((d / "nothink" / "dataset.json").read_text())["options"]
+    assert opts["thinking"] is False, opts
+    assert runs["nothink"] < runs["think"], runs
+    print(f"--no-thinking: supervised {runs['nothink']}% instead of {runs['think']}% (the empty "
+          f"think block is prompt)")
+
+
 def check_too_long(d, inputs):
     """Over-long samples dominating (the length limit is wrong, not the data): exit 1."""
     r = run_tokenize(d / "long", inputs, "--max-len", "8", "--max-reject-ratio", "0.5")
@@ -288,6 +328,7 @@ def main():
               f"({sum(1 for s in sources if not s['id'].startswith('h'))} explicit)")
         check_failures(d, inputs)
         check_unfinished(d)
+        check_no_thinking(d)
         check_too_long(d, inputs)
         # Over-long samples: dropped by default, cut with --truncate.
         r = run_tokenize(d / "drop", inputs, "--max-len", "64", "--max-reject-ratio", "0.9")

@@ -24,7 +24,7 @@ static const char USAGE[] =
     "                       [--last-turn-only] [--reasoning official|keep_all|\n"
     "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
     "                       [--max-reject-ratio X] [--allow-split-control-tokens]\n"
-    "                       [--keep-unfinished] [--overwrite]\n"
+    "                       [--keep-unfinished] [--overwrite] [--no-thinking]\n"
     "                       -o DIR IN.jsonl...\n"
     "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
     "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
@@ -45,6 +45,8 @@ static const char USAGE[] =
     "fetch's --max-tokens; or \"empty\") is dropped (rejected.jsonl says why); with\n"
     "--keep-unfinished its text is kept and the closing tokens the template adds after\n"
     "it (</think>, end of turn) are not supervised (`dflash render --mask` shows it).\n"
+    "--no-thinking: answers written with thinking off (enable_thinking/thinking false):\n"
+    "the empty think block is the prompt's, not supervised (render --no-thinking).\n"
     "A DIR that holds a dataset is refused; --overwrite replaces it (its dataset.json,\n"
     "shards, rejected.jsonl and sources.jsonl), e.g. to retry a refused build.\n"
     "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written,\n"
@@ -71,6 +73,7 @@ static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, i
                           {"--last-turn-only", CLI_FLAG, &o->last_turn_only, 0, 0, NULL},
                           {"--keep-unfinished", CLI_FLAG, &o->keep_unfinished, 0, 0, NULL},
                           {"--overwrite", CLI_FLAG, &o->overwrite, 0, 0, NULL},
+                          {"--no-thinking", CLI_FLAG, &o->no_thinking, 0, 0, NULL},
                           {"--reasoning", CLI_FN, &o->reasoning, 0, 0, chat_cli_reasoning_opt},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int rc = cli_parse("tokenize", USAGE, opts, argc, argv, inputs, argc, n_inputs);

@@ -234,7 +234,8 @@ class _BuildOptions(ctypes.Structure):
                 ("threads", ctypes.c_int32), ("batch_lines", ctypes.c_uint64),
                 ("max_reject_ratio", ctypes.c_double), ("shard_tokens", ctypes.c_uint64),
                 ("progress", _BUILD_PROGRESS), ("progress_user", ctypes.c_void_p),
-                ("keep_unfinished", ctypes.c_int32), ("overwrite", ctypes.c_int32)]
+                ("keep_unfinished", ctypes.c_int32), ("overwrite", ctypes.c_int32),
+                ("no_thinking", ctypes.c_int32)]
 
 
 _b_init = bind("dflash_dataset_build_options_init", [ctypes.POINTER(_BuildOptions),
@@ -260,7 +261,7 @@ _build = bind("dflash_dataset_build", [ctypes.POINTER(ctypes.c_char_p), ctypes.c
 
 def _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
                    allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
-                   shard_tokens, keep_unfinished=False, overwrite=False):
+                   shard_tokens, keep_unfinished=False, overwrite=False, no_thinking=False):
     o = _BuildOptions()
     _b_init(ctypes.byref(o), ctypes.sizeof(o))
     o.tokenizer_path = cstr(tokenizer)
@@ -278,6 +279,7 @@ def _build_options(tokenizer, template, reasoning, last_turn_only, max_len, trun
     o.shard_tokens = int(shard_tokens or 0)
     o.keep_unfinished = int(bool(keep_unfinished))
     o.overwrite = int(bool(overwrite))
+    o.no_thinking = int(bool(no_thinking))
     return o
 
 
@@ -285,7 +287,7 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
                   last_turn_only=False, max_len=0, truncate=False,
                   allow_split_control_tokens=False, threads=0, batch_lines=None,
                   max_reject_ratio=None, shard_tokens=None, progress=None,
-                  keep_unfinished=False, overwrite=False):
+                  keep_unfinished=False, overwrite=False, no_thinking=False):
     """Tokenize JSONL conversations into the dataset directory `out_dir`: what
     `dflash tokenize` does, the same bytes for the same options (dflash_dataset_build).
 
@@ -294,7 +296,8 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
     built-in template name; reasoning: a mode name (see chat.REASONING). keep_unfinished:
     keep fetch records the target did not finish (outcome length or empty) with no closing
     token supervised, instead of rejecting them (`tokenize --keep-unfinished`). overwrite:
-    replace a dataset already in out_dir (`tokenize --overwrite`). batch_lines
+    replace a dataset already in out_dir (`tokenize --overwrite`). no_thinking: answers
+    written with thinking off (`tokenize --no-thinking`). batch_lines
     and max_reject_ratio: None keeps the library's defaults (2048, 0.05).
     progress: optional callable(stats: dict) -> bool, called once the outputs exist
     and after every batch; True stops the build (CancelledError, no manifest), and so
@@ -307,7 +310,7 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
     arr = (ctypes.c_char_p * max(len(enc), 1))(*enc)
     o = _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
                        allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
-                       shard_tokens, keep_unfinished, overwrite)
+                       shard_tokens, keep_unfinished, overwrite, no_thinking)
     raised = []
 
     def on_progress(stats, _user):
