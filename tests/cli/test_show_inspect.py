@@ -125,6 +125,14 @@ def main():
         r = cli("show", out, "--index", 0, "--tokenizer", other, "--no-color",
                 "--allow-tokenizer-mismatch")
         assert r.stdout == text
+        # train and eval check --target's tokenizer files the same way, before any work.
+        for target, refused in ((other, True), (TOK, False), (Path(tmp), False)):
+            for cmd in (["train", "-o", Path(tmp) / "run", "--config", "missing.json"],
+                        ["eval", "--checkpoint", "nowhere"]):
+                r = cli(*cmd, "--target", target, "--data", out, "--hidden", "nowhere",
+                        check=False)
+                assert r.returncode == 1, r
+                assert ("another tokenizer" in r.stderr) == refused, (cmd, target, r.stderr)
         # inspect: a summary, not the tensors and a line of every id.
         summary = cli("inspect", out).stdout
         assert f"1 samples, {len(ids)} tokens" in summary, summary

@@ -96,27 +96,46 @@ static dflash_status print_tokens(const show_args *a, const dflash_tokenizer *to
   return DFLASH_OK;
 }
 
+/* Whether the tokenizer at `path` hashes to `want`: the path itself, or for a directory that
+ * is not a tokenizer directory of its own (--target) also its tokenizer.json or tiktoken.model
+ * alone, as `dflash tokenize --tokenizer DIR/tokenizer.json` records them. -1: no tokenizer
+ * files there (error cleared); -2: an error (printed). */
+static int hash_matches(const char *cmd, const char *path, const char *want, bool required,
+                        char *got) {
+  static const char *const alone[] = {"", "/tokenizer.json", "/tiktoken.model"};
+  int found = 0;
+  for (size_t i = 0; i < sizeof alone / sizeof *alone && (i == 0 || !required); i++) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s%s", path, alone[i]);
+    if (i && access(p, R_OK)) continue;
+    dflash_status st = dflash_dataset_tokenizer_hash(p, got, DFLASH_TOKENIZER_HASH_LEN);
+    if (st == DFLASH_E_NOT_FOUND && !required) {
+      dflash_clear_error();
+      continue;
+    }
+    if (st) return cli_fail(cmd, st), -2;
+    if (!strcmp(want, got)) return 1;
+    found = 1;
+  }
+  return found ? 0 : -1;
+}
+
 int cli_tokenizer_matches(const char *cmd, const char *data_dir, const char *tok_path,
                           bool required) {
   if (dflash_storage_is_remote(data_dir)) return 0; /* the manifest is read where it lies */
-  char path[4096], hash[DFLASH_TOKENIZER_HASH_LEN];
+  char path[4096], hash[DFLASH_TOKENIZER_HASH_LEN] = "";
   snprintf(path, sizeof path, "%s/dataset.json", data_dir);
   json_t *m = json_load_file(path, 0, NULL);
   const char *want = json_string_value(json_object_get(m, "tokenizer_hash"));
-  dflash_status st = want ? dflash_dataset_tokenizer_hash(tok_path, hash, sizeof hash) : 0;
-  int rc = 0;
-  if (st == DFLASH_E_NOT_FOUND && !required) dflash_clear_error(); /* no tokenizer files there */
-  else if (st) rc = cli_fail(cmd, st);
-  else if (want && strcmp(want, hash)) {
+  int match = want ? hash_matches(cmd, tok_path, want, required, hash) : 1;
+  if (!match)
     fprintf(stderr,
             "dflash %s: %s was tokenized with another tokenizer than %s (%s, not %s): its ids "
             "would mean other tokens; use the tokenizer `dflash tokenize` used, or "
             "--allow-tokenizer-mismatch\n",
             cmd, data_dir, tok_path, want, hash);
-    rc = 1;
-  }
   json_decref(m);
-  return rc;
+  return match == 0 || match == -2;
 }
 
 int cmd_show(int argc, char **argv) {
