@@ -208,7 +208,9 @@ typedef struct dflash_chat_span {
   size_t begin, end; /* byte range [begin, end) of the rendered text */
   int32_t kind;      /* dflash_chat_span_kind */
   int32_t message;   /* index of the message it renders, -1 for none */
-  int32_t generated; /* 1 when kind is a generated kind, else 0 */
+  int32_t generated; /* 1 when kind is a generated kind, else 0; 0 also for the closing
+                        tokens after the text of an answer the target did not finish
+                        (dflash_chat_conversation_unfinished) */
 } dflash_chat_span;
 
 /* Spans cover the text in order, without gaps; adjacent equal spans merge. */
