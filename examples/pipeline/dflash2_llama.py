@@ -94,7 +94,7 @@ def make_data(dflash_cli, t, target_dir, ldir, out):
     data, hidden = os.path.join(out, "data"), os.path.join(out, "hidden")
     shutil.rmtree(data, ignore_errors=True)
     run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
-         "--template", "smollm2", "-o", data, files["train"]])
+         "--template", "smollm2", "--keep-unfinished", "-o", data, files["train"]])
     shutil.rmtree(hidden, ignore_errors=True)
     run([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data", data, "--out", hidden,
          "--layers", LAYERS])

@@ -696,8 +696,11 @@ def main():
     os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
     for k in ("train", "heldout"):
         shutil.rmtree(os.path.join(out, "data", k), ignore_errors=True)
+        # Answers cut at the token cap are kept (their text; the end of turn the target never
+        # wrote is not supervised): the held-out walk runs over them too.
         run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
-             "--template", "smollm2", "-o", os.path.join(out, "data", k), files[k]])
+             "--template", "smollm2", "--keep-unfinished", "-o", os.path.join(out, "data", k),
+             files[k]])
     stage("tokenize", t0)
 
     t0 = time.time()

@@ -133,6 +133,20 @@ DFLASH_API dflash_status dflash_chat_conversation_parse(const char *json, size_t
                                                         dflash_chat_conversation **out);
 DFLASH_API void dflash_chat_conversation_free(dflash_chat_conversation *conv);
 DFLASH_API size_t dflash_chat_conversation_message_count(const dflash_chat_conversation *conv);
+/*
+ * A fetch completion record's outcome: its "outcome" ("ok", "length", "empty", ...; fetch
+ * writes the first turn's that was not "ok"), else "length" when its "finish_reason" is,
+ * else NULL (no such field, or not a completion record). Borrowed from the conversation.
+ */
+DFLASH_API const char *dflash_chat_conversation_outcome(const dflash_chat_conversation *conv);
+/*
+ * The index of the assistant message the target did not finish, -1 for none: a completion
+ * record whose last turn was cut by the length limit (finish_reason "length") or came back
+ * empty. Rendering keeps the text the target wrote; the closing tokens the template adds
+ * after it (a closing think tag, the end of turn) are spans of that message that are not
+ * generated, so no loss mask supervises them.
+ */
+DFLASH_API int32_t dflash_chat_conversation_unfinished(const dflash_chat_conversation *conv);
 
 struct dflash_tokenizer;
 
@@ -194,7 +208,9 @@ typedef struct dflash_chat_span {
   size_t begin, end; /* byte range [begin, end) of the rendered text */
   int32_t kind;      /* dflash_chat_span_kind */
   int32_t message;   /* index of the message it renders, -1 for none */
-  int32_t generated; /* 1 when kind is a generated kind, else 0 */
+  int32_t generated; /* 1 when kind is a generated kind, else 0; 0 also for the closing
+                        tokens after the text of an answer the target did not finish
+                        (dflash_chat_conversation_unfinished) */
 } dflash_chat_span;
 
 /* Spans cover the text in order, without gaps; adjacent equal spans merge. */

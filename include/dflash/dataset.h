@@ -107,7 +107,8 @@ DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *o
  * read in batches of batch_lines (or 32 MiB), each batch rendered and encoded
  * on `threads` threads and written in input order, so the output is the same
  * bytes for any thread count and batch size. The manifest's "options" records
- * what shapes the samples: {"reasoning", "turns", "max_len", "truncate", "nfc"}.
+ * what shapes the samples: {"reasoning", "turns", "max_len", "truncate", "nfc"}, and
+ * "unfinished": "keep" with keep_unfinished, "thinking": false with no_thinking.
  * Inputs and OUT may be s3:// locations; an s3:// input ending in '/' stands
  * for every *.jsonl object under it, in name order. An s3:// input that cannot
  * be read or listed is logged (DFLASH_LOG_WARN, see dflash_set_log_callback),
@@ -120,7 +121,10 @@ typedef enum dflash_dataset_build_verdict {
   DFLASH_DATASET_BUILD_OK = 0,
   DFLASH_DATASET_BUILD_UNREADABLE = 1, /* an input could not be read */
   DFLASH_DATASET_BUILD_EMPTY = 2,      /* no sample was written */
-  DFLASH_DATASET_BUILD_REJECTS = 3     /* more rejected lines than max_reject_ratio allows */
+  DFLASH_DATASET_BUILD_REJECTS = 3,    /* more rejected lines than max_reject_ratio allows */
+  /* more lines longer than max_len than max_reject_ratio allows (the length limit, not the
+   * data, is likely wrong: fetch's max_tokens plus the prompt must fit) */
+  DFLASH_DATASET_BUILD_TOO_LONG = 4
 } dflash_dataset_build_verdict;
 
 typedef struct dflash_dataset_build_stats {
@@ -133,6 +137,10 @@ typedef struct dflash_dataset_build_stats {
   uint64_t too_long;          /* rejected as longer than max_len */
   uint64_t unreadable;        /* inputs that could not be read */
   int32_t verdict;            /* dflash_dataset_build_verdict, set when the build has finished */
+  /* Fetch records whose answer the target did not finish (outcome "length" or "empty"):
+   * rejected (counted in `rejected` too), or with keep_unfinished kept without supervised
+   * closing tokens. */
+  uint64_t unfinished;
 } dflash_dataset_build_stats;
 
 /*
@@ -156,12 +164,27 @@ typedef struct dflash_dataset_build_options {
   int32_t allow_split_control_tokens;
   int32_t threads;      /* 0 (default): one per CPU; at most 256 are used */
   uint64_t batch_lines; /* lines processed together (default 2048; a memory knob) */
-  /* Refuse a build where more than this fraction of the non-blank lines, over-long ones
-   * not counted, was rejected (default 0.05), in [0, 1]. */
+  /* Refuse a build where more than this fraction of the non-blank lines was rejected,
+   * over-long and unfinished ones not counted (default 0.05), in [0, 1]; or where more than
+   * this fraction is longer than max_len (DFLASH_DATASET_BUILD_TOO_LONG). */
   double max_reject_ratio;
   uint64_t shard_tokens;                     /* 0 (default): the writer's default (2^26) */
   dflash_dataset_build_progress_fn progress; /* may be NULL */
   void *progress_user;
+  /* A fetch record whose answer the target did not finish (outcome "length": cut by the
+   * length limit, or "empty"): 0 (default) rejects it ("the target did not finish ...");
+   * 1 keeps the text the target wrote, with the closing tokens the template adds after it
+   * (closing think tag, end of turn) unsupervised (dflash_chat_conversation_unfinished). */
+  int32_t keep_unfinished;
+  /* 1: a dataset already at out_dir (its dataset.json, shards, rejected.jsonl and
+   * sources.jsonl; nothing else) is removed once the tokenizer and template are checked,
+   * instead of DFLASH_E_EXISTS; 0 (default) refuses it. A build refused by its verdict
+   * (UNREADABLE, EMPTY, REJECTS, TOO_LONG) leaves its dataset, reasons in rejected.jsonl. */
+  int32_t overwrite;
+  /* 1: render with thinking off (dflash_chat_options.thinking = 0), for answers the target
+   * wrote without thinking: the empty think block is then the template's prompt, never
+   * supervised; 0 (default): thinking on. */
+  int32_t no_thinking;
 } dflash_dataset_build_options;
 
 /* The defaults, written up to `size` bytes (the caller's sizeof). Call it as
@@ -179,7 +202,7 @@ DFLASH_API void dflash_dataset_build_options_init(dflash_dataset_build_options *
  * failure too. When every line was processed but the
  * verdict is not DFLASH_DATASET_BUILD_OK, the dataset is complete on disk
  * and the call returns DFLASH_E_IO (UNREADABLE) or DFLASH_E_FORMAT (EMPTY,
- * REJECTS) with a message saying why.
+ * REJECTS, TOO_LONG) with a message saying why.
  */
 DFLASH_API dflash_status dflash_dataset_build(const char *const *inputs, size_t n_inputs,
                                               const char *out_dir,

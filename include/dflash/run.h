@@ -49,6 +49,22 @@ typedef struct dflash_train_run_options {
    * head; the block input and the context stay the data's. A store with neither is refused. */
   int32_t labels;
   const char *final_norm_name; /* NULL: model.norm.weight and its usual variants */
+  /* Asked on the calling thread after every optimizer step (rank 0's answer counts); non-zero
+   * stops the run there: the checkpoint and train_state/ are saved as of that step and the
+   * call returns DFLASH_E_CANCELLED ("--resume continues"). For a signal handler or another
+   * thread to stop a run without losing it. NULL: never. */
+  int (*stop)(void *user);
+  void *stop_user;
+  /* Also save the checkpoint and train_state/ after the first step that ends at least this
+   * many seconds after the last save (rank 0's clock), bounding what a kill -9 loses.
+   * Default 1800 (30 minutes); 0: only save_every, max_steps and the end. */
+  double save_every_s;
+  /* The state records the run's settings (lr, batch, anchors, warmup_ratio, epochs, ...);
+   * resume with other ones is DFLASH_E_MISMATCH naming each change, unless this is 1: the
+   * new ones are then taken from the state's step on, and the learning rate continues
+   * without a jump: from the rate the saved schedule had reached it decays by the cosine to
+   * the new floor (lr * min_lr_ratio) at the new end (total steps of the new epochs). */
+  int32_t allow_settings_change;
 } dflash_train_run_options;
 
 typedef enum dflash_train_labels {
@@ -71,6 +87,11 @@ DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *opts
  * position, and resuming truncates metrics.jsonl to what that state had
  * seen, so a killed and resumed run reproduces the uninterrupted run's
  * lines exactly (timings aside).
+ *
+ * A sample that cannot be read or is malformed (its hidden states, or --labels target's
+ * ids) stops a one-process run with the state saved as of the step before it
+ * (train_state/, "--resume continues" in the message); the options' `stop` and
+ * `save_every_s` bound what an interruption loses.
  *
  * Data parallel: one process per rank, found from the environment as
  * torchrun sets it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)

@@ -306,6 +306,12 @@ typedef struct dflash_eval_walk {
   double selector_accuracy;
   double backbone_accuracy;
   double candidate_recall;
+  /* in (appended): dflash_train_labels, what a draft is compared with: the data's next token
+   * (DFLASH_LABELS_DATA, default: right for greedy data only), or the target's greedy token
+   * from the store's target ids (DFLASH_LABELS_TARGET: what greedy verification accepts,
+   * also on data sampled at T > 0; a sample without them is DFLASH_E_NOT_FOUND). The
+   * context stays the data's. */
+  int32_t labels;
 } dflash_eval_walk;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

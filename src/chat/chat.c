@@ -161,6 +161,7 @@ dflash_status dflash_chat_render(const dflash_chat_template *tmpl,
   }
   r->out.text.data[r->out.text.len] = 0;
   r->last_assistant = df_last_assistant(conv);
+  if (conv->unfinished >= 0) df_out_unfinish(&r->out, conv->unfinished);
   *out = r;
   return DFLASH_OK;
 }
@@ -204,6 +205,20 @@ dflash_status dflash_chat_rendered_span(const dflash_chat_rendered *r, size_t in
 
 int32_t dflash_chat_rendered_last_assistant(const dflash_chat_rendered *r) {
   return r ? r->last_assistant : -1;
+}
+
+static bool text_span(const dflash_chat_span *s) {
+  return s->end > s->begin &&
+         (s->kind == DFLASH_CHAT_SPAN_REASONING || s->kind == DFLASH_CHAT_SPAN_CONTENT ||
+          s->kind == DFLASH_CHAT_SPAN_TOOL_CALL);
+}
+
+void df_out_unfinish(df_out *o, int msg) {
+  size_t from = 0; /* the spans after the message's last text span */
+  for (size_t i = 0; i < o->n_spans; i++)
+    if (o->spans[i].message == msg && text_span(&o->spans[i])) from = i + 1;
+  for (size_t i = from; i < o->n_spans; i++)
+    if (o->spans[i].message == msg) o->spans[i].generated = 0;
 }
 
 static bool span_trained(const dflash_chat_rendered *r, const dflash_chat_span *s,

@@ -53,7 +53,13 @@ struct dflash_chat_conversation {
   size_t n;
   struct json_t *tools; /* borrowed array, NULL when absent or empty */
   char *parts_text;     /* storage for joined text parts */
+  /* A fetch record's outcome ("outcome", else "length" from finish_reason; NULL: none), and
+   * the assistant message the target did not finish (its last turn cut by the length limit,
+   * or empty), -1 for none: its closing tokens are not the target's (see df_out_unfinish). */
+  const char *outcome;
+  int unfinished;
 };
+
 
 /* Parse JSON text as json_loadb(JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL)
  * would, faster; NULL when it does not accept the text (re-parse with
@@ -79,6 +85,11 @@ void df_out_cstr(df_out *o, const char *s, int kind, int msg);
 /* Record a rendering failure (first one wins, kept in `o`); returns it. Not DF_MUST_CHECK,
  * as df_error: the status is recorded either way. */
 dflash_status df_out_fail(df_out *o, dflash_status st, const char *fmt, ...) DF_PRINTF(3, 4);
+
+/* The target stopped writing message `msg` where its last text span ends: the generated
+ * spans of `msg` after it (closing think tag, end of turn) are the template's, not the
+ * target's, and lose their `generated` flag. */
+void df_out_unfinish(df_out *o, int msg);
 
 /* Python str helpers. */
 df_str df_str_of(const char *s);

@@ -224,12 +224,42 @@ static dflash_status parse_all(dflash_chat_conversation *c, json_t *list, json_t
   return st;
 }
 
+static bool cut_off(const char *outcome) {
+  return outcome && (!strcmp(outcome, "length") || !strcmp(outcome, "empty"));
+}
+
+/* A fetch record's outcome, and whether its completion (its last turn) is unfinished: the
+ * record's outcome is its first turn that was not "ok", its last turn's is in "turns". */
+static void find_outcome(dflash_chat_conversation *c, const json_t *completion) {
+  c->outcome = NULL;
+  c->unfinished = -1;
+  if (!completion || !json_is_object(c->root)) return;
+  const char *fr = json_string_value(json_object_get(c->root, "finish_reason"));
+  c->outcome = json_string_value(json_object_get(c->root, "outcome"));
+  if (!c->outcome && fr && !strcmp(fr, "length")) c->outcome = "length";
+  const json_t *turns = json_object_get(c->root, "turns");
+  const char *last = c->outcome;
+  if (json_is_array(turns) && json_array_size(turns))
+    last = json_string_value(
+        json_object_get(json_array_get(turns, json_array_size(turns) - 1), "outcome"));
+  if (cut_off(last) || (fr && !strcmp(fr, "length"))) c->unfinished = (int)c->n - 1;
+}
+
 dflash_status df_conv_build(dflash_chat_conversation *c) {
   clear_messages(c);
   json_t *list = NULL, *completion = NULL;
   dflash_status st = collect(c->root, &list, &completion, &c->tools);
   if (!st) st = parse_all(c, list, completion);
+  if (!st) find_outcome(c, completion);
   return st;
+}
+
+const char *dflash_chat_conversation_outcome(const dflash_chat_conversation *c) {
+  return c ? c->outcome : NULL;
+}
+
+int32_t dflash_chat_conversation_unfinished(const dflash_chat_conversation *c) {
+  return c ? c->unfinished : -1;
 }
 
 dflash_status dflash_chat_conversation_parse(const char *json, size_t len,

@@ -57,16 +57,39 @@ static const char *grow(scratch *s, size_t need) {
   return NULL;
 }
 
-/* Parse, NFC-normalise when the tokenizer does, and render. */
-static dflash_status render(const df_build *b, const df_build_item *it,
-                            dflash_chat_rendered **out) {
+/* A fetch record the target did not finish: the reason it is rejected, NULL when it is kept
+ * (keep_unfinished: rendering leaves the template's closing tokens unsupervised) or finished.
+ * Its earlier turn cut (its last one whole) is rejected either way: the closing tokens of a
+ * middle turn are not marked. */
+static const char *unfinished(const df_build *b, const dflash_chat_conversation *conv,
+                              df_build_item *it, char *why, size_t cap) {
+  const char *outcome = dflash_chat_conversation_outcome(conv);
+  int last = dflash_chat_conversation_unfinished(conv) >= 0;
+  if (!last && !(outcome && (!strcmp(outcome, "length") || !strcmp(outcome, "empty")))) return NULL;
+  it->unfinished = 1;
+  if (last && b->opts.keep_unfinished) return NULL;
+  snprintf(why, cap,
+           "the target did not finish %s (outcome \"%.32s\"): not trained as a finished answer%s",
+           last ? "this answer" : "an earlier turn", outcome ? outcome : "length",
+           last ? " (--keep-unfinished keeps its text)" : "");
+  return why;
+}
+
+/* Parse, NFC-normalise when the tokenizer does, and render; *why when the record is rejected
+ * as unfinished. */
+static dflash_status render(const df_build *b, df_build_item *it, dflash_chat_rendered **out,
+                            const char **why, char *buf, size_t cap) {
   dflash_chat_options o;
   dflash_chat_options_default(&o);
   o.reasoning = b->opts.reasoning;
+  o.thinking = !b->opts.no_thinking;
   dflash_chat_conversation *conv;
+  *out = NULL;
   dflash_status st = dflash_chat_conversation_parse(it->text, it->len, &conv);
-  if (!st && b->nfc) st = dflash_chat_conversation_normalize_nfc(conv);
-  if (!st) st = dflash_chat_render(b->tmpl, conv, &o, out);
+  if (!st && !(*why = unfinished(b, conv, it, buf, cap))) {
+    if (b->nfc) st = dflash_chat_conversation_normalize_nfc(conv);
+    if (!st) st = dflash_chat_render(b->tmpl, conv, &o, out);
+  }
   dflash_chat_conversation_free(conv);
   return st;
 }
@@ -102,8 +125,10 @@ static const char *limit_length(const df_build *b, df_build_item *it, const scra
 /* Render + encode one record into `it`; returns a reason on rejection. */
 static const char *encode_item(const df_build *b, df_build_item *it, scratch *s) {
   dflash_chat_rendered *r;
-  if (render(b, it, &r)) return dflash_last_error();
-  const char *why = encode(b, r, it, s);
+  const char *why = NULL;
+  if (render(b, it, &r, &why, s->why, sizeof s->why)) return dflash_last_error();
+  if (why) return why;
+  why = encode(b, r, it, s);
   dflash_chat_rendered_free(r);
   if (!why) why = limit_length(b, it, s);
   if (why) return why;
@@ -166,9 +191,11 @@ static dflash_status write_batch(df_build *b) {
     } else if (it->why) {
       df_build_reject(b, it->file, it->line, it->why);
       b->stats.too_long += (uint64_t)it->too_long;
+      b->stats.unfinished += (uint64_t)it->unfinished;
     } else if (!st && dup < 0) {
       st = df_error_nomem("dataset build: sample ids");
     } else if (!st) {
+      b->stats.unfinished += (uint64_t)it->unfinished;
       st = write_sample(b, it);
     }
     item_free(it);
@@ -197,10 +224,11 @@ static char *options_json(const dflash_dataset_build_options *o, int nfc) {
   if (s)
     snprintf(s, 256,
              "{\"reasoning\": \"%s\", \"turns\": \"%s\", \"max_len\": %llu, \"truncate\": %s, "
-             "\"nfc\": %s}",
+             "\"nfc\": %s%s%s}",
              dflash_chat_reasoning_name(o->reasoning), o->last_turn_only ? "last" : "all",
-             (unsigned long long)o->max_len, o->truncate ? "true" : "false",
-             nfc ? "true" : "false");
+             (unsigned long long)o->max_len, o->truncate ? "true" : "false", nfc ? "true" : "false",
+             o->keep_unfinished ? ", \"unfinished\": \"keep\"" : "",
+             o->no_thinking ? ", \"thinking\": false" : "");
   return s;
 }
 
@@ -230,6 +258,7 @@ static dflash_status open_all(df_build *b, const char *out_dir) {
   if (!st && !b->opts.allow_split_control_tokens)
     st = dflash_chat_template_check_tokenizer(b->tmpl, b->tok);
   if (!st) st = dflash_chat_tokenizer_nfc(b->tok, &b->nfc);
+  if (!st && b->opts.overwrite) st = df_build_clear_old(out_dir);
   if (!st) st = create_writer(b, out_dir);
   return st;
 }
@@ -282,8 +311,10 @@ static dflash_status run_batches(df_build *b) {
 /* The build's verdict beyond errors: the output cannot be what the caller meant. */
 static dflash_status judge(df_build *b) {
   const dflash_dataset_build_stats *s = &b->stats;
-  uint64_t lines = s->samples + s->rejected; /* non-blank */
-  double ratio = lines ? (double)(s->rejected - s->too_long) / (double)lines : 0;
+  uint64_t lines = s->samples + s->rejected;                      /* non-blank */
+  uint64_t dropped = b->opts.keep_unfinished ? 0 : s->unfinished; /* all of them rejected */
+  double ratio = lines ? (double)(s->rejected - s->too_long - dropped) / (double)lines : 0;
+  double long_ratio = lines ? (double)s->too_long / (double)lines : 0;
   if (s->unreadable) {
     b->stats.verdict = DFLASH_DATASET_BUILD_UNREADABLE;
     return df_error(DFLASH_E_IO,
@@ -295,6 +326,15 @@ static dflash_status judge(df_build *b) {
     b->stats.verdict = DFLASH_DATASET_BUILD_EMPTY;
     return df_error(DFLASH_E_FORMAT, "dataset build: no sample written: is this the right "
                                      "input and template?");
+  }
+  if (long_ratio > b->opts.max_reject_ratio) {
+    b->stats.verdict = DFLASH_DATASET_BUILD_TOO_LONG;
+    return df_error(DFLASH_E_FORMAT,
+                    "dataset build: %.1f%% of the lines are longer than max_len %llu, more "
+                    "than max_reject_ratio %g allows: raise the limit (the prompt plus fetch's "
+                    "max_tokens) or truncate",
+                    100 * long_ratio, (unsigned long long)b->opts.max_len,
+                    b->opts.max_reject_ratio);
   }
   if (ratio > b->opts.max_reject_ratio) {
     b->stats.verdict = DFLASH_DATASET_BUILD_REJECTS;

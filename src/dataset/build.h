@@ -23,6 +23,7 @@ typedef struct {
   size_t n, supervised;
   char *why; /* rejection reason; NULL when accepted */
   int too_long;
+  int unfinished; /* a fetch record the target did not finish (outcome length or empty) */
 } df_build_item;
 
 /* A worker's token buffers, kept across lines and batches. */
@@ -30,6 +31,7 @@ typedef struct {
   int32_t *ids;
   uint8_t *mask;
   size_t cap;
+  char why[256]; /* a rejection reason written for the item being encoded */
 } df_build_scratch;
 
 /* The input being read: local files line by line, s3:// objects read whole. */
@@ -73,6 +75,9 @@ void df_build_free_inputs(df_build *b);
 
 DF_MUST_CHECK dflash_status df_build_open_side(df_build *b);
 void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why);
+/* Remove the files of a dataset at `dir` (local or s3://): its manifest, shards and side
+ * files, nothing else (dataset build's overwrite). */
+DF_MUST_CHECK dflash_status df_build_clear_old(const char *dir);
 void df_build_write_source(df_build *b, const df_build_item *it);
 /* Close (for an s3:// output: upload) rejected.jsonl and sources.jsonl. */
 DF_MUST_CHECK dflash_status df_build_finish_side(df_build *b);

@@ -63,8 +63,10 @@ static dflash_status push_listing(df_build *b, size_t *cap, const char *prefix) 
   df_build_reader *r = &b->in;
   dflash_storage_listing *l = NULL;
   if (storage(r) || dflash_storage_list(r->storage, prefix, &l)) {
+    char why[1024];
+    snprintf(why, sizeof why, "cannot list the prefix: %s", dflash_last_error());
     df_log(DFLASH_LOG_WARN, "%s", dflash_last_error());
-    df_build_reject(b, prefix, 0, "cannot list the prefix");
+    df_build_reject(b, prefix, 0, why);
     b->stats.unreadable++;
     return DFLASH_OK;
   }
@@ -92,11 +94,17 @@ dflash_status df_build_expand_inputs(df_build *b, const char *const *inputs, siz
 
 /* A local file, or an s3:// object read whole and parsed from memory; NULL (logged for an
  * object) when it cannot be opened. */
-static FILE *open_input(df_build_reader *r, const char *name) {
-  if (!dflash_storage_is_remote(name)) return fopen(name, "r");
+/* The input opened for reading; NULL with the reason in why[cap] (rejected.jsonl keeps it). */
+static FILE *open_input(df_build_reader *r, const char *name, char *why, size_t cap) {
+  if (!dflash_storage_is_remote(name)) {
+    FILE *f = fopen(name, "r");
+    if (!f) snprintf(why, cap, "cannot open file: %s", strerror(errno));
+    return f;
+  }
   size_t len;
   if (storage(r) || dflash_storage_read(r->storage, name, &r->object, &len)) {
     df_log(DFLASH_LOG_WARN, "%s", dflash_last_error());
+    snprintf(why, cap, "cannot open file: %s", dflash_last_error());
     return NULL;
   }
   return len ? fmemopen(r->object, len, "r") : fopen("/dev/null", "r");
@@ -128,8 +136,9 @@ static ssize_t next_line(df_build *b) {
     if (!r->f) {
       if (r->at >= r->n_files) return 0;
       r->line = 0;
-      if (!(r->f = open_input(r, r->files[r->at]))) {
-        df_build_reject(b, r->files[r->at++], 0, "cannot open file");
+      char why[1024];
+      if (!(r->f = open_input(r, r->files[r->at], why, sizeof why))) {
+        df_build_reject(b, r->files[r->at++], 0, why);
         b->stats.unreadable++;
         continue;
       }
@@ -245,4 +254,33 @@ dflash_status df_build_finish_side(df_build *b) {
   dflash_status st = finish_side(&b->rejects, b->out_dir, "rejected.jsonl");
   dflash_status st2 = finish_side(&b->sources, b->out_dir, "sources.jsonl");
   return st ? st : st2;
+}
+
+/* A file a dataset build writes at the top of its directory (dataset.h). */
+static bool dataset_file(const char *name) {
+  size_t n = strlen(name);
+  return !strcmp(name, "dataset.json") || !strcmp(name, "rejected.jsonl") ||
+         !strcmp(name, "sources.jsonl") ||
+         (!strncmp(name, "shard-", 6) && n > 18 && !strcmp(name + n - 12, ".safetensors"));
+}
+
+dflash_status df_build_clear_old(const char *dir) {
+  size_t n = strlen(dir);
+  char *prefix = df_asprintf("%s%s", dir, n && dir[n - 1] == '/' ? "" : "/");
+  if (!prefix) return df_error_nomem("dataset build: overwrite");
+  dflash_storage *st = NULL;
+  dflash_storage_listing *l = NULL;
+  dflash_status s = dflash_storage_create(NULL, &st);
+  if (!s) s = dflash_storage_list(st, prefix, &l);
+  for (size_t i = 0; !s && i < dflash_storage_listing_count(l); i++) {
+    const char *loc;
+    s = dflash_storage_listing_get(l, i, &loc, NULL);
+    const char *name = s ? "" : loc + strlen(prefix);
+    if (!s && !strchr(name, '/') && dataset_file(name)) s = dflash_storage_delete(st, loc);
+  }
+  dflash_storage_listing_free(l);
+  dflash_storage_free(st);
+  free(prefix);
+  return s ? df_error_wrap(s, "dataset build: removing the dataset in %s (overwrite)", dir)
+           : DFLASH_OK;
 }

@@ -6,6 +6,7 @@
  * number a live run measures.
  */
 #include <dflash/hidden.h>
+#include <dflash/run.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -168,8 +169,9 @@ static void add_hits(const dflash_trainer *t, const eval_buf *b, int32_t i, cons
 
 /* Acceptance at anchors [s, e-1) of one run, counting stops at e, into
  * accept[]; per-position hits into `hits` (may be NULL). */
-static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const float *hidden,
-                                int64_t s, int64_t e, eval_buf *b, int32_t *accept, int64_t *hits) {
+static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const int32_t *lab,
+                                const float *hidden, int64_t s, int64_t e, eval_buf *b,
+                                int32_t *accept, int64_t *hits) {
   for (int64_t p0 = s; p0 < e - 1; p0 += EVAL_CHUNK) {
     int32_t n = (int32_t)(e - 1 - p0 < EVAL_CHUNK ? e - 1 - p0 : EVAL_CHUNK);
     for (int32_t i = 0; i < n; i++) b->anc[i] = (int32_t)(p0 + i);
@@ -179,8 +181,8 @@ static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const flo
     dflash_status st = dflash_trainer_propose(t, ids, e, hidden, b->anc, n,
                                               hits && t->m.dflash2 ? &b->o : NULL, b->pred);
     if (st) return st;
-    count_accept(t->m.B, ids, e, b->anc, n, b->pred, accept + p0);
-    for (int32_t i = 0; hits && i < n; i++) add_hits(t, b, i, ids, e, hits);
+    count_accept(t->m.B, lab, e, b->anc, n, b->pred, accept + p0);
+    for (int32_t i = 0; hits && i < n; i++) add_hits(t, b, i, lab, e, hits);
   }
   return DFLASH_OK;
 }
@@ -197,10 +199,12 @@ static void run_walk(const int32_t *accept, int64_t s, int64_t e, int B, int64_t
   }
 }
 
-/* dflash_trainer_walk with per-position hits for the dataset evaluation. */
-static dflash_status walk(dflash_trainer *t, const int32_t *ids, const uint8_t *mask, int64_t len,
-                          const float *hidden, int32_t max_tokens, int64_t *tokens, int64_t *steps,
-                          int32_t *accept, int64_t *step_hist, int64_t *hits) {
+/* dflash_trainer_walk with per-position hits for the dataset evaluation; drafts are compared
+ * with lab (the target's greedy tokens, labels target) or, NULL, with ids. */
+static dflash_status walk(dflash_trainer *t, const int32_t *ids, const int32_t *lab,
+                          const uint8_t *mask, int64_t len, const float *hidden, int32_t max_tokens,
+                          int64_t *tokens, int64_t *steps, int32_t *accept, int64_t *step_hist,
+                          int64_t *hits) {
   int B = t->m.B;
   int32_t *acc = accept ? accept : malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
   eval_buf b;
@@ -221,7 +225,7 @@ static dflash_status walk(dflash_trainer *t, const int32_t *ids, const uint8_t *
       continue;
     }
     int64_t e = run_end(mask, len, s, max_tokens);
-    st = run_accept(t, ids, hidden, s, e, &b, acc, hits);
+    st = run_accept(t, ids, lab ? lab : ids, hidden, s, e, &b, acc, hits);
     if (!st) run_walk(acc, s, e, B, tokens, steps, step_hist);
     s = e;
     while (s < len && mask[s]) s++; /* the rest of a run cut by max_tokens */
@@ -237,8 +241,8 @@ dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
                                   int32_t *accept, int64_t *step_hist) {
   DF_CHECK_ARG(t && input_ids && loss_mask && hidden && tokens && steps && len >= 0 &&
                max_tokens >= 0);
-  return walk(t, input_ids, loss_mask, len, hidden, max_tokens, tokens, steps, accept, step_hist,
-              NULL);
+  return walk(t, input_ids, NULL, loss_mask, len, hidden, max_tokens, tokens, steps, accept,
+              step_hist, NULL);
 }
 
 static void eval_walk_defaults(dflash_eval_walk *w) {
@@ -317,9 +321,27 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
   dflash_status st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
   if (st) return st;
   DF_CHECK_ARG(w.max_tokens >= 0);
+  if (w.labels != DFLASH_LABELS_DATA && w.labels != DFLASH_LABELS_TARGET)
+    return df_error(DFLASH_E_INVALID_ARG, "eval walk: labels %d is neither data (0) nor target (1)",
+                    w.labels);
   st = eval_walk(t, data_dir, hidden_dir, &w);
   dflash_status o = df_opts_out(out, &w, sizeof w, "dflash_eval_walk");
   return st ? st : o;
+}
+
+/* labels target: lab[p] = the target's greedy token after p-1 (what greedy verification
+ * accepts at p); lab[0] is never compared (blocks start after an anchor). */
+static dflash_status target_labels(const dflash_train_sample *smp, const char *hidden_dir,
+                                   int32_t *lab) {
+  if (!smp->target_ids)
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "eval labels target: sample %s in %s carries no target ids (a store "
+                    "written with HiddenWriter.append(..., target_ids=...); vLLM's files are "
+                    "not read for it yet)",
+                    smp->id, hidden_dir);
+  lab[0] = smp->input_ids[0];
+  memcpy(lab + 1, smp->target_ids, (size_t)(smp->len - 1) * sizeof *lab);
+  return DFLASH_OK;
 }
 
 static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
@@ -329,8 +351,9 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
   if (st) return st;
   int B = t->m.B;
   int64_t *hits = calloc(HIT_KINDS * (size_t)B, sizeof *hits);
-  int32_t *accept = NULL;
+  int32_t *accept = NULL, *lab = NULL;
   int64_t cap = 0;
+  bool target = w->labels == DFLASH_LABELS_TARGET;
   if (!hits) st = df_error_nomem("evaluation");
   w->sequences = w->steps = w->tokens = w->positions = 0;
   if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
@@ -341,15 +364,19 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
     if (smp.len > cap) {
       int32_t *grown = realloc(accept, sizeof(int32_t) * (size_t)smp.len);
-      if (!grown) {
+      if (grown) accept = grown;
+      int32_t *grown_lab = grown ? realloc(lab, sizeof(int32_t) * (size_t)smp.len) : NULL;
+      if (grown_lab) lab = grown_lab;
+      if (!grown || !grown_lab) {
         st = df_error_nomem("acceptance per position");
         break;
       }
-      accept = grown, cap = smp.len;
+      cap = smp.len;
     }
+    if (target && smp.len > 0 && (st = target_labels(&smp, hidden_dir, lab))) break;
     int64_t tokens, steps;
-    st = walk(t, smp.input_ids, smp.loss_mask, smp.len, smp.hidden, w->max_tokens, &tokens, &steps,
-              accept, w->step_hist, hits);
+    st = walk(t, smp.input_ids, target ? lab : NULL, smp.loss_mask, smp.len, smp.hidden,
+              w->max_tokens, &tokens, &steps, accept, w->step_hist, hits);
     if (!st) eval_add(w, &wr, &pr, accept, smp.len, tokens, steps);
   }
   if (!st) {
@@ -362,7 +389,7 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
                            : 0;
     eval_totals(t, hits, n, w);
   }
-  free(hits), free(accept);
+  free(hits), free(accept), free(lab);
   dflash_sample_stream_free(s);
   return st;
 }

@@ -37,6 +37,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   o->struct_size = sizeof *o;
   o->epochs = 6;
   o->batch_size = 1;
+  o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
 }
 
 DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *o, size_t size) {
@@ -103,10 +104,14 @@ typedef struct run {
    * the norm (finish_step: after that sequence is enqueued, or before a save).
    * DFLASH_TRAIN_SYNC_STEP=1 waits at every step instead (the same results, to the bit). */
   bool sync_step, step_open;
+  bool cfg_dflash2; /* a DFlash 2 drafter: its loss is reported by component */
+  double last_save; /* when the state was last saved (or the run started) */
+  bool bad_sample;  /* the failing step failed on its data (a sample), not the trainer */
   struct {
     int64_t step, total;
     int32_t epoch;
     double loss, lr, dt, elapsed, spool_wait, tokens;
+    double sel_loss; /* DFlash 2: the selector's part of loss */
   } line;
 } run;
 
@@ -247,6 +252,96 @@ static dflash_status barrier(run *r) {
   return r->comm ? df_comm_broadcast(r->comm, NULL, 0) : DFLASH_OK;
 }
 
+/* ---- the run's settings, recorded with the state ------------------------------------------ */
+
+/* What shapes the training and must not change silently on --resume (the world size, threads
+ * and backend may: the data position and the global batch are global, the maths the same). */
+typedef struct setting {
+  const char *name;
+  double value;
+} setting;
+
+enum { N_SETTINGS = 15 };
+
+static void settings_of(const run *r, setting *s) {
+  const dflash_trainer_options *t = &r->topt;
+  const dflash_train_run_options *o = r->o;
+  const setting all[N_SETTINGS] = {
+      {"lr", t->lr},
+      {"global_batch", (double)o->batch_size * r->world}, /* any world with the same one */
+      {"anchors", t->num_anchors},
+      {"warmup_ratio", t->warmup_ratio},
+      {"epochs", o->epochs},
+      {"weight_decay", t->weight_decay},
+      {"clip", t->grad_clip},
+      {"labels", o->labels},
+      {"beta1", t->beta1},
+      {"beta2", t->beta2},
+      {"adam_eps", t->adam_eps},
+      {"min_lr_ratio", t->min_lr_ratio},
+      {"loss_gamma", t->loss_gamma},
+      {"selector_loss_weight", t->selector_loss_weight},
+      {"selector_loss_mode", t->selector_loss_mode},
+  };
+  memcpy(s, all, sizeof all);
+}
+
+/* " name=value" for each setting, after the position in the state's text. */
+static int print_settings(const run *r, char *buf, size_t cap) {
+  setting s[N_SETTINGS];
+  settings_of(r, s);
+  size_t n = 0;
+  for (int i = 0; i < N_SETTINGS; i++) {
+    int k = snprintf(buf + n, cap - n, " %s=%.17g", s[i].name, s[i].value);
+    if (k < 0 || (size_t)k >= cap - n) return -1;
+    n += (size_t)k;
+  }
+  int64_t step = dflash_trainer_steps(r->t);
+  int k = snprintf(buf + n, cap - n, " next_lr=%.17g sched=%" PRId64 ",%.17g",
+                   dflash_trainer_lr_at(r->t, step), r->t->sched_from, r->t->sched_lr0);
+  if (k < 0 || (size_t)k >= cap - n) return -1;
+  return (int)(n + (size_t)k);
+}
+
+/* The learning rate after a resume: the saved continuation, if any, and when the settings
+ * changed the rate the next step would take, a new continuation from the rate the saved
+ * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
+static void continue_schedule(const run *r, const char *blob) {
+  const char *nl = strstr(blob, " next_lr=");
+  if (!nl) return; /* a state from before the rate was recorded */
+  double next = strtod(nl + 9, NULL);
+  int64_t step = dflash_trainer_steps(r->t);
+  if (dflash_trainer_lr_at(r->t, step) == next) return;
+  r->t->sched_from = step > 0 ? step : 1;
+  r->t->sched_lr0 = next;
+}
+
+/* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
+ * allow_settings_change. A state written before settings were recorded has none to compare. */
+static dflash_status check_settings(const run *r, const char *blob) {
+  setting s[N_SETTINGS];
+  settings_of(r, s);
+  char changes[1024] = "";
+  size_t n = 0;
+  for (int i = 0; i < N_SETTINGS; i++) {
+    char key[40];
+    snprintf(key, sizeof key, " %s=", s[i].name);
+    const char *at = strstr(blob, key);
+    if (!at) continue;
+    double was = strtod(at + strlen(key), NULL);
+    if (was == s[i].value) continue;
+    int k = snprintf(changes + n, sizeof changes - n, "%s%s %.9g -> %.9g", n ? ", " : "", s[i].name,
+                     was, s[i].value);
+    if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
+  }
+  if (!n) return DFLASH_OK;
+  if (r->o->allow_settings_change) return continue_schedule(r, blob), DFLASH_OK;
+  return df_error(DFLASH_E_MISMATCH,
+                  "%s was written with other settings: %s (resume with the run's own, or "
+                  "allow the change: --allow-settings-change)",
+                  r->state_path, changes);
+}
+
 /* Save the checkpoint and the state; (epoch, pos) is the next sample to
  * visit. Every rank gathers the state (collective on a sharded device
  * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
@@ -258,7 +353,7 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
   if (!st) st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && r->rank == 0) {
     long mbytes = r->metrics ? ftell(r->metrics) : 0;
-    char blob[256];
+    char blob[1024];
     uint64_t ss = r->bnd_shard, so = r->bnd_off; /* the spool: the last step's position */
     int n = snprintf(blob, sizeof blob,
                      "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%ld seed=%" PRIu64
@@ -269,13 +364,16 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
     if (r->spool && n > 0 && (size_t)n < sizeof blob)
       n += snprintf(blob + n, sizeof blob - (size_t)n,
                     " spool=%" PRIu64 ",%" PRIu64 " spool_wait=%.3f", ss, so, r->spool_wait);
-    if (n <= 0 || (size_t)n >= sizeof blob)
-      return df_error(DFLASH_E_INTERNAL, "training state position too long");
+    int k = n > 0 && (size_t)n < sizeof blob ? print_settings(r, blob + n, sizeof blob - (size_t)n)
+                                             : -1;
+    if (k < 0) return df_error(DFLASH_E_INTERNAL, "training state position too long");
+    n += k;
     if (r->trace) fflush(r->trace);
     st = model ? dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16) : DFLASH_OK;
     if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
     if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
   }
+  r->last_save = df_now_seconds();
   return st ? st : barrier(r);
 }
 
@@ -286,7 +384,7 @@ static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
 /* Every rank reads the same state (a shared directory or the bucket);
  * rank 0 alone trims metrics.jsonl. */
 static dflash_status resume(run *r) {
-  char blob[256];
+  char blob[1024];
   size_t len = 0;
   dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, sizeof blob, &len);
   if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
@@ -304,6 +402,11 @@ static dflash_status resume(run *r) {
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
                     seed, r->topt.seed);
+  const char *sc = strstr(blob, " sched="); /* an earlier settings change's continuation */
+  if (sc && sscanf(sc, " sched=%" SCNd64 ",%lf", &r->t->sched_from, &r->t->sched_lr0) != 2)
+    return df_error(DFLASH_E_FORMAT, "%s: unreadable schedule \"%s\"", r->state_path, sc);
+  dflash_status cs = check_settings(r, blob);
+  if (cs) return cs;
   const char *sp = strstr(blob, " spool=");
   if (r->spool && (!sp || sscanf(sp, " spool=%" SCNu64 ",%" SCNu64, &r->sp_shard, &r->sp_off) != 2))
     return df_error(DFLASH_E_MISMATCH,
@@ -683,6 +786,7 @@ static dflash_status open_all(run *r) {
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
   if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
+  r->cfg_dflash2 = r->ext.dflash2 != 0;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = r->topt;
@@ -714,6 +818,11 @@ static void write_metrics(run *r, double norm) {
           dt > 0 ? tok / dt : 0.0, r->line.elapsed);
   /* A spool run: the seconds spent so far waiting for the producer's shards. */
   if (r->spool) fprintf(r->metrics, ", \"spool_wait_s\": %.3f", r->line.spool_wait);
+  /* DFlash 2: loss is the block CE plus the weighted selector loss; each apart, since they
+   * move apart (the block CE can fall, and tau rise, while the selector's grows). */
+  if (r->cfg_dflash2)
+    fprintf(r->metrics, ", \"block_loss\": %.9g, \"selector_loss\": %.9g",
+            r->line.loss - r->line.sel_loss, r->line.sel_loss);
   fputs("}\n", r->metrics);
   fflush(r->metrics);
   if (r->progress) {
@@ -776,6 +885,7 @@ static dflash_status train_step(run *r, size_t gb) {
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
     const int32_t *labels = NULL;
     if (!st) st = make_labels(r, &smp, &labels);
+    r->bad_sample = st != DFLASH_OK;
     if (!st)
       st = df_trainer_accumulate_sample_labels(r->t, &smp, labels, r->anchors + i * (size_t)A,
                                                r->n_anchors[i], 1.0 / W);
@@ -784,9 +894,12 @@ static dflash_status train_step(run *r, size_t gb) {
   }
   if ((st = finish_step(r))) return st; /* no sequence on this rank */
   if ((st = dflash_trainer_collect(r->t, &lsum, NULL))) return st;
+  double losses[2] = {lsum, r->t->pend_sel}; /* the whole loss, DFlash 2's selector part */
+  r->t->pend_sel = 0;
   /* Also the point where every rank is known alive before the backend's
    * own (NCCL) collectives, which could not time out as cleanly. */
-  if (r->comm && (st = df_comm_sum_f64(r->comm, &lsum, 1))) return st;
+  if (r->comm && (st = df_comm_sum_f64(r->comm, losses, 2))) return st;
+  lsum = losses[0];
   double norm = 0, lr;
   st = r->sync_step ? dflash_trainer_step(r->t, &norm, &lr) : dflash_trainer_step_async(r->t, &lr);
   if (st) return st;
@@ -795,6 +908,7 @@ static dflash_status train_step(run *r, size_t gb) {
   double now = df_now_seconds();
   int64_t step = dflash_trainer_steps(r->t);
   r->line.step = step, r->line.epoch = r->epoch, r->line.loss = lsum / W, r->line.lr = lr;
+  r->line.sel_loss = losses[1] / W;
   r->line.dt = now - t_start, r->line.elapsed = r->elapsed + now - r->t0;
   r->line.spool_wait = r->spool_wait, r->line.tokens = (double)tokens, r->line.total = r->tokens;
   if (r->rank != 0) return DFLASH_OK;
@@ -811,6 +925,43 @@ static dflash_status train_step(run *r, size_t gb) {
   return DFLASH_OK;
 }
 
+/* After a step: nothing, a save (save_every_s has passed) or a stop (the caller's `stop`).
+ * Rank 0 decides and tells the others (a broadcast a step, only with several ranks). */
+enum { ACT_NONE, ACT_SAVE, ACT_STOP };
+
+static dflash_status next_action(run *r, bool last_step, int32_t *act) {
+  const dflash_train_run_options *o = r->o;
+  *act = ACT_NONE;
+  if (r->rank == 0 && !last_step) {
+    if (o->stop && o->stop(o->stop_user)) *act = ACT_STOP;
+    else if (o->save_every_s > 0 && df_now_seconds() - r->last_save >= o->save_every_s)
+      *act = ACT_SAVE;
+  }
+  return r->comm ? df_comm_broadcast(r->comm, act, sizeof *act) : DFLASH_OK;
+}
+
+static dflash_status stopped(const run *r) {
+  return df_error(DFLASH_E_CANCELLED,
+                  "training stopped on request after step %" PRId64
+                  ": checkpoint and state saved in %s; --resume continues",
+                  dflash_trainer_steps(r->t), r->o->out_dir);
+}
+
+/* A step that failed on a sample's data (one process): the state as of the step before is
+ * saved, so that nothing is lost, and the error says so. */
+static dflash_status failed_on_sample(run *r, dflash_status st) {
+  if (!r->bad_sample || r->comm) return st;
+  char *why = df_strdup(dflash_last_error());
+  dflash_status saved = save(r, r->epoch, r->pos);
+  st = df_error(st, "%s; the run stopped at step %" PRId64 " with %s", why ? why : "",
+                dflash_trainer_steps(r->t),
+                saved ? "its state NOT saved"
+                      : "its state saved in train_state/ (--resume continues once the "
+                        "sample is fixed)");
+  free(why);
+  return st;
+}
+
 static dflash_status train_loop(run *r) {
   const dflash_train_run_options *o = r->o;
   for (; r->epoch < o->epochs; r->epoch++, r->pos = 0) {
@@ -818,13 +969,17 @@ static dflash_status train_loop(run *r) {
     if (st) return st;
     while (r->pos < r->n_usable) {
       size_t gb = batch_at(r, r->pos);
-      if ((st = train_step(r, gb))) return st;
+      if ((st = train_step(r, gb))) return failed_on_sample(r, st);
       r->pos += gb;
       int64_t step = dflash_trainer_steps(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
-      if ((o->save_every > 0 && step % o->save_every == 0) || stop)
+      bool last = stop || (r->epoch + 1 >= o->epochs && r->pos >= r->n_usable);
+      int32_t act;
+      if ((st = next_action(r, last, &act))) return st;
+      if ((o->save_every > 0 && step % o->save_every == 0) || stop || act != ACT_NONE)
         if ((st = save(r, r->epoch, r->pos))) return st;
       if (stop) return DFLASH_OK;
+      if (act == ACT_STOP) return stopped(r);
     }
   }
   return save(r, r->epoch, 0);
@@ -899,11 +1054,14 @@ static dflash_status spool_loop(run *r) {
       int64_t step = dflash_trainer_steps(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       bool full = stop || (got && o->save_every > 0 && step % o->save_every == 0);
+      int32_t act;
+      if ((st = next_action(r, stop || r->bnd_epoch >= o->epochs, &act))) return st;
       if (r->bnd_epoch >= o->epochs) break; /* the final save follows */
-      if (full) st = spool_checkpoint(r, true);
+      if (full || act != ACT_NONE) st = spool_checkpoint(r, true);
       else if (!reuse) st = spool_maybe_free(r);
       if (st) return st;
       if (stop) return DFLASH_OK;
+      if (act == ACT_STOP) return stopped(r);
     }
   }
   return spool_checkpoint(r, true);
@@ -934,6 +1092,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
                o->epochs > 0 && o->batch_size > 0);
   run r = {.o = o, .t0 = df_now_seconds()};
+  r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
   r.sync_step = sync && !strcmp(sync, "1");
   dflash_trainer_options_default(&r.topt);

@@ -381,6 +381,7 @@ dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflas
   if (t->be->vt->collect) return t->be->vt->accumulate(t->be, &q, grad_scale, NULL, NULL);
   double ls = 0, ws = 0;
   if ((st = t->be->vt->accumulate(t->be, &q, grad_scale, &ls, &ws))) return st;
+  if (t->m.dflash2) t->pend_sel += t->m.sel_weight * t->m.sel_loss_sum;
   t->pend_loss += ls;
   t->pend_weight += ws;
   return DFLASH_OK;
@@ -487,6 +488,13 @@ double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
   if (!t) return 0;
   const dflash_trainer_options *o = &t->opt;
   int64_t warm = df_warmup_steps(o);
+  if (t->sched_from > 0 && step >= t->sched_from) { /* continued after a settings change */
+    double span = (double)(o->total_steps - t->sched_from > 1 ? o->total_steps - t->sched_from : 1);
+    double p = (double)(step - t->sched_from) / span;
+    double cosine = p < 1 ? 0.5 * (1.0 + cos(M_PI * p)) : 0;
+    double floor = o->lr * o->min_lr_ratio;
+    return floor + (t->sched_lr0 - floor) * cosine;
+  }
   /* Hugging Face's get_cosine_schedule_with_warmup, with an optional floor. */
   if (step < warm) return o->lr * (double)step / (double)(warm > 1 ? warm : 1);
   if (o->total_steps <= 0) return o->lr;

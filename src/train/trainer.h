@@ -14,12 +14,19 @@ struct dflash_trainer {
   /* dflash_trainer_accumulate_sample: the sums not yet returned by dflash_trainer_collect,
    * and a float32 buffer for stored rows a backend takes only decoded */
   double pend_loss, pend_weight;
+  double pend_sel; /* DFlash 2: the selector's part of pend_loss (the run reports it apart) */
   float *decoded;
   size_t decoded_cap;
   /* dflash_trainer_step_async: a step whose norm dflash_trainer_step_result has not returned
    * (step_norm: a backend that stepped at once keeps its norm here). */
   bool step_open;
   double step_norm;
+  /* A run resumed with other settings (dflash_train_run_options.allow_settings_change): from
+   * step sched_from on (0: never) the learning rate decays by the cosine from sched_lr0, the
+   * rate the saved schedule had reached, to the new floor at the new total_steps, instead of
+   * jumping to the new schedule's value. */
+  int64_t sched_from;
+  double sched_lr0;
 };
 
 /*

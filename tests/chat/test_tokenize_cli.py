@@ -160,6 +160,122 @@ def check_failures(d, inputs):
           "tokens -> exit 1")
 
 
+def fetch_record(rid, reasoning, content, finish, outcome):
+    """A fetch completion record as fetch writes it (fetch.c, df_fetch_record_completion)."""
+    return {"id": rid, "messages": [{"role": "user", "content": "Count to twenty, slowly."}],
+            "completion": {"role": "assistant", "reasoning_content": reasoning,
+                           "content": content},
+            "finish_reason": finish, "outcome": outcome}
+
+
+def render_mask(record):
+    r = subprocess.run([CLI, "render", "--template", "qwen3", "--tokenizer", str(TOK), "--mask"],
+                       input=json.dumps(record), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    return out["ids"], out["loss_mask"]
+
+
+def check_unfinished(d):
+    """An answer the target never finished (finish_reason length, or empty) is not trained as
+    finished: dropped by default, or kept with no closing token (</think>, <|im_end|>)
+    supervised; render --mask shows the same mask."""
+    thought = "one, two, three, four, five, six, seven, eight, nine, ten, eleven"
+    records = [fetch_record("ok", thought, "Twenty.", "stop", "ok"),
+               fetch_record("cut-thinking", thought, "", "length", "length"),
+               fetch_record("cut-answer", thought, "One, two, three", "length", "length"),
+               fetch_record("empty", thought, " ", "stop", "empty")]
+    src = d / "unfinished.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    r = run_tokenize(d / "unf-drop", [src], "--max-reject-ratio", "0")
+    assert r.returncode == 0, r.stderr
+    assert "3 rejected (0 too long, 3 unfinished dropped)" in r.stderr, r.stderr
+    assert sample_ids(d / "unf-drop") == ["ok"]
+    rejected = [json.loads(x) for x in (d / "unf-drop" / "rejected.jsonl").read_text().split("\n")
+                if x]
+    assert [x["line"] for x in rejected] == [2, 3, 4], rejected
+    assert all("the target did not finish this answer" in x["reason"] for x in rejected)
+    assert 'outcome "length"' in rejected[0]["reason"] and 'outcome "empty"' in rejected[2]["reason"]
+    r = run_tokenize(d / "unf-keep", [src], "--max-reject-ratio", "0", "--keep-unfinished")
+    assert r.returncode == 0, r.stderr
+    assert "0 rejected (0 too long, 3 unfinished kept)" in r.stderr, r.stderr
+    assert sample_ids(d / "unf-keep") == ["ok", "cut-thinking", "cut-answer", "empty"]
+    opts = json.loads((d / "unf-keep" / "dataset.json").read_text())["options"]
+    assert opts["unfinished"] == "keep", opts
+    im_end = json.loads((TOK / "added_tokens.json").read_text())["<|im_end|>"]
+    for cut in records[1:]:
+        whole = dict(cut, finish_reason="stop", outcome="ok")
+        ids, mask = render_mask(cut)
+        ids_ok, mask_ok = render_mask(whole)
+        assert ids == ids_ok  # the same text; only what is supervised differs
+        last = max(i for i, m in enumerate(mask) if m)
+        assert mask[:last + 1] == mask_ok[:last + 1], cut["id"]
+        assert not any(mask[last + 1:]) and any(mask_ok[last + 1:]), cut["id"]
+        end = len(ids) - 1 - ids[::-1].index(im_end)  # the completion's end of turn
+        assert mask_ok[end] == 1 and mask[end] == 0, cut["id"]
+        if not cut["completion"]["content"]:  # cut while thinking: </think> is the template's, not supervised
+            assert sum(mask_ok) - sum(mask) > 1, (sum(mask_ok), sum(mask))
+    # A dataset already there: refused, or replaced with --overwrite (other files kept).
+    (d / "unf-drop" / "notes.txt").write_text("mine")
+    r = run_tokenize(d / "unf-drop", [src], "--keep-unfinished")
+    assert r.returncode == 1 and "already holds a dataset" in r.stderr, r.stderr
+    r = run_tokenize(d / "unf-drop", [src], "--keep-unfinished", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert sample_ids(d / "unf-drop") == sample_ids(d / "unf-keep")
+    assert (d / "unf-drop" / "rejected.jsonl").read_text() == ""
+    assert (d / "unf-drop" / "notes.txt").read_text() == "mine"
+    print("unfinished answers: 3 of 4 dropped by default, kept with --keep-unfinished with "
+          "no closing token supervised (render --mask alike)")
+
+
+def stored_masks(out):
+    """The loss masks a dataset stores, per sample, read with the safetensors package."""
+    from safetensors import safe_open
+    masks = []
+    for shard in sorted(glob.glob(str(out / "*.safetensors"))):
+        with safe_open(shard, "np") as f:
+            meta = json.loads(f.metadata()["sample_ids"])
+            mask, offsets = f.get_tensor("loss_mask"), f.get_tensor("offsets")
+            masks += [mask[offsets[i]:offsets[i + 1]].tolist() for i in range(len(meta))]
+    return masks
+
+
+def check_no_thinking(d):
+    """--no-thinking: an answer written with thinking off gets no supervised think block
+    (the template's empty <think></think> is prompt), as render --no-thinking --mask shows."""
+    rec = {"id": "plain", "messages": [{"role": "user", "content": "Say hello."}],
+           "completion": {"role": "assistant", "content": "Hello there, friend."},
+           "finish_reason": "stop", "outcome": "ok"}
+    src = d / "plain.jsonl"
+    src.write_text(json.dumps(rec) + "\n", encoding="utf-8")
+    runs = {}
+    for name, extra in (("think", ()), ("nothink", ("--no-thinking",))):
+        r = run_tokenize(d / name, [src], *extra)
+        assert r.returncode == 0, r.stderr
+        runs[name] = float(re.search(r"supervised ([0-9.]+)%", r.stderr).group(1))
+        r = subprocess.run([CLI, "render", "--template", "qwen3", "--tokenizer", str(TOK),
+                            "--mask", *extra], input=json.dumps(rec), capture_output=True,
+                           text=True)
+        assert r.returncode == 0, r.stderr
+        mask = json.loads(r.stdout)["loss_mask"]
+        assert abs(100.0 * sum(mask) / len(mask) - runs[name]) < 0.05, (name, runs[name])
+        masks = stored_masks(d / name)
+        assert masks == [mask], name
+    opts = json.loads((d / "nothink" / "dataset.json").read_text())["options"]
+    assert opts["thinking"] is False, opts
+    assert runs["nothink"] < runs["think"], runs
+    print(f"--no-thinking: supervised {runs['nothink']}% instead of {runs['think']}% (the empty "
+          f"think block is prompt)")
+
+
+def check_too_long(d, inputs):
+    """Over-long samples dominating (the length limit is wrong, not the data): exit 1."""
+    r = run_tokenize(d / "long", inputs, "--max-len", "8", "--max-reject-ratio", "0.5")
+    assert r.returncode == 1 and "longer than --max-len 8" in r.stderr, r.stderr
+    assert "--max-tokens" in r.stderr, r.stderr
+    print("over-long samples above --max-reject-ratio -> exit 1")
+
+
 def same_tree(a, b):
     cmp = filecmp.dircmp(a, b)
     assert not cmp.left_only and not cmp.right_only, (cmp.left_only, cmp.right_only)
@@ -211,8 +327,12 @@ def main():
         print(f"ids: {len(sources)} samples named by their record's id or the hash id "
               f"({sum(1 for s in sources if not s['id'].startswith('h'))} explicit)")
         check_failures(d, inputs)
+        check_unfinished(d)
+        check_no_thinking(d)
+        check_too_long(d, inputs)
         # Over-long samples: dropped by default, cut with --truncate.
-        tokenize(d / "drop", inputs, "--max-len", "64")
+        r = run_tokenize(d / "drop", inputs, "--max-len", "64", "--max-reject-ratio", "0.9")
+        assert r.returncode == 0 and "longer than --max-len 64" in r.stderr, r.stderr  # warned
         tokenize(d / "cut", inputs, "--max-len", "64", "--truncate")
         drop = json.loads((d / "drop" / "dataset.json").read_text())
         cut = json.loads((d / "cut" / "dataset.json").read_text())

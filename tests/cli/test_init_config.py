@@ -104,6 +104,24 @@ def main():
         assert r.returncode == 1 and "nowhere" in r.stderr
         r = init(d, d / "qwen", "--layers", "zero")
         assert r.returncode == 2 and "--layers" in r.stderr
+        # A vocabulary above 2^32 is refused by name, not cut to 32 bits (2^32 + 7 was 7).
+        (d / "huge.json").write_text(json.dumps(dict(QWEN3_8B, vocab_size=2**32 + 7)))
+        r = init(d, d / "huge.json", "-o", "h.json", "--mask-token-id", "1")
+        assert r.returncode == 1 and "vocab_size 4294967303" in r.stderr, r.stderr
+        assert not (d / "h.json").exists()
+        # DFlash 2: the architecture and its sizes, which the library parses back.
+        r = init(d, d / "qwen", "-o", "d2.json", "--arch", "dflash2", "--selector-top-k", "8")
+        assert r.returncode == 0 and "DFlash 2" in r.stderr, r.stderr
+        d2 = json.loads((d / "d2.json").read_text())
+        assert d2["architectures"] == ["DFlash2DraftModel"], d2
+        got = {k: d2["dflash_config"].get(k, d2.get(k)) for k in
+               ("conv_kernel_size", "conv_group_size", "selector_top_k", "selector_rank")}
+        assert got == {"conv_kernel_size": 2, "conv_group_size": 16, "selector_top_k": 8,
+                       "selector_rank": 256}, d2
+        assert {k: d2[k] for k in ("hidden_size", "num_hidden_layers")} == \
+            {"hidden_size": 4096, "num_hidden_layers": 5}
+        r = init(d, d / "qwen", "-o", "d3.json", "--arch", "dflash3")
+        assert r.returncode == 2 and "--arch" in r.stderr
     print("init-config: Qwen3-8B and Kimi K2.6 shapes give z-lab's drafter configs: OK")
 
 

@@ -8,6 +8,7 @@ tokenizer fixture, `tokenizers` and `safetensors` (exit 77 without)."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,6 +113,26 @@ def main():
         assert plain == want
         r = cli("show", out, "--id", "nope", check=False)
         assert r.returncode == 1 and "nope" in r.stderr
+        # Another tokenizer than the one tokenize used (here: one file changed) is refused,
+        # naming both hashes, unless --allow-tokenizer-mismatch (it printed garbage, exit 0).
+        other = Path(tmp) / "other-tok"
+        shutil.copytree(TOK, other)
+        with open(other / "special_tokens_map.json", "a") as f:
+            f.write("\n")
+        r = cli("show", out, "--index", 0, "--tokenizer", other, "--no-color", check=False)
+        assert r.returncode == 1 and "another tokenizer" in r.stderr, r.stderr
+        assert r.stderr.count("sha256:") == 2 and r.stdout == "", r
+        r = cli("show", out, "--index", 0, "--tokenizer", other, "--no-color",
+                "--allow-tokenizer-mismatch")
+        assert r.stdout == text
+        # train and eval check --target's tokenizer files the same way, before any work.
+        for target, refused in ((other, True), (TOK, False), (Path(tmp), False)):
+            for cmd in (["train", "-o", Path(tmp) / "run", "--config", "missing.json"],
+                        ["eval", "--checkpoint", "nowhere"]):
+                r = cli(*cmd, "--target", target, "--data", out, "--hidden", "nowhere",
+                        check=False)
+                assert r.returncode == 1, r
+                assert ("another tokenizer" in r.stderr) == refused, (cmd, target, r.stderr)
         # inspect: a summary, not the tensors and a line of every id.
         summary = cli("inspect", out).stdout
         assert f"1 samples, {len(ids)} tokens" in summary, summary

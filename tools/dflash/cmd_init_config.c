@@ -13,7 +13,8 @@
 
 static const char USAGE[] =
     "usage: dflash init-config --target DIR [--layers N] [--block B] [--mask-token-id ID]\n"
-    "                          [-o drafter.json]\n"
+    "                          [--arch dflash|dflash2] [--conv-kernel K] [--conv-group G]\n"
+    "                          [--selector-top-k N] [--selector-rank R] [-o drafter.json]\n"
     "Writes a DFlash drafter config.json (z-lab's layout, what `dflash train --config` and\n"
     "the engines read) for the target whose config.json is in DIR (or DIR itself is that\n"
     "file; a multimodal config's text_config is used):\n"
@@ -24,22 +25,46 @@ static const char USAGE[] =
     "  heads as the target's (Kimi: 64 query / 8 KV heads of 128, z-lab's Kimi drafter);\n"
     "  --block B (16); the mask token of the family (Qwen3 vocabulary: 151669, Kimi:\n"
     "  163838; other targets need --mask-token-id).\n"
+    "--arch dflash2: a DFlash 2 drafter (DFlash2DraftModel: a grouped dynamic causal\n"
+    "  convolution around every sublayer and a candidate selector; `dflash train` trains it\n"
+    "  on the CPU backend) with --conv-kernel 2, --conv-group 16, --selector-top-k 16,\n"
+    "  --selector-rank 256 (examples/pipeline's sizes). Default --arch dflash.\n"
     "-o: the output file (default drafter.json; an existing file is refused).\n"
     "Exit status: 0 written; 1 an error (message on stderr); 2 a usage error.\n";
 
 typedef struct {
   const char *target, *out;
   int layers, block, mask;
+  int dflash2, kernel, group, top_k, rank;
 } init_args;
 
+static int parse_arch(const char *v, void *dst) {
+  int *dflash2 = dst;
+  if (!strcmp(v, "dflash")) *dflash2 = 0;
+  else if (!strcmp(v, "dflash2")) *dflash2 = 1;
+  else return -1;
+  return 0;
+}
+
 static int parse(int argc, char **argv, init_args *a) {
-  *a = (init_args){.out = "drafter.json", .block = 16, .mask = -1};
+  *a = (init_args){.out = "drafter.json",
+                   .block = 16,
+                   .mask = -1,
+                   .kernel = 2,
+                   .group = 16,
+                   .top_k = 16,
+                   .rank = 256};
   const cli_opt opts[] = {{"--target", CLI_STR, &a->target, 0, 0, NULL},
                           {"-o", CLI_STR, &a->out, 0, 0, NULL},
                           {"--out", CLI_STR, &a->out, 0, 0, NULL},
                           {"--layers", CLI_INT, &a->layers, 1, 64, NULL},
                           {"--block", CLI_INT, &a->block, 2, 1024, NULL},
                           {"--mask-token-id", CLI_INT, &a->mask, 0, INT32_MAX, NULL},
+                          {"--arch", CLI_FN, &a->dflash2, 0, 0, parse_arch},
+                          {"--conv-kernel", CLI_INT, &a->kernel, 1, 64, NULL},
+                          {"--conv-group", CLI_INT, &a->group, 1, INT32_MAX, NULL},
+                          {"--selector-top-k", CLI_INT, &a->top_k, 1, 1024, NULL},
+                          {"--selector-rank", CLI_INT, &a->rank, 1, 65536, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos, rc = cli_parse("init-config", USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
@@ -71,11 +96,30 @@ static int get_int(json_t *t, const char *key) {
   return json_is_integer(v) ? (int)json_integer_value(v) : 0;
 }
 
+/* The sizes the drafter takes from the target, refused (named) outside 1..2^31-1 instead of
+ * being cut to 32 bits. */
+static bool sizes_in_range(json_t *t) {
+  static const char *const keys[] = {
+      "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+      "head_dim",    "vocab_size",        "num_hidden_layers"};
+  for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+    json_t *v = json_object_get(t, keys[i]);
+    json_int_t x = json_is_integer(v) ? json_integer_value(v) : 1;
+    if (x < 1 || x > INT32_MAX) {
+      fprintf(stderr, "dflash init-config: the target's %s %lld is outside 1..%d\n", keys[i],
+              (long long)x, INT32_MAX);
+      return false;
+    }
+  }
+  return true;
+}
+
 /* The drafter's JSON text from the target's config; NULL (message printed) when a field the
  * drafter needs is missing. */
 static char *drafter_json(json_t *t, const init_args *a) {
   const char *type = json_string_value(json_object_get(t, "model_type"));
   bool kimi = is_kimi(type);
+  if (!sizes_in_range(t)) return NULL;
   int heads = get_int(t, "num_attention_heads"), kv = get_int(t, "num_key_value_heads");
   int hidden = get_int(t, "hidden_size"), vocab = get_int(t, "vocab_size");
   int head_dim = get_int(t, "head_dim"), target_layers = get_int(t, "num_hidden_layers");
@@ -110,6 +154,14 @@ static char *drafter_json(json_t *t, const init_args *a) {
                         vocab, "num_target_layers", target_layers, "block_size", a->block,
                         "dflash_config", "mask_token_id", mask, "target_layer_ids", ids_json,
                         "block_size", a->block);
+  if (d && a->dflash2) {
+    json_object_set_new(d, "architectures", json_pack("[s]", "DFlash2DraftModel"));
+    json_t *dc = json_object_get(d, "dflash_config");
+    json_object_set_new(dc, "conv_kernel_size", json_integer(a->kernel));
+    json_object_set_new(dc, "conv_group_size", json_integer(a->group));
+    json_object_set_new(dc, "selector_top_k", json_integer(a->top_k));
+    json_object_set_new(dc, "selector_rank", json_integer(a->rank));
+  }
   /* RoPE and norms as the target has them (the library derives YaRN's attention factor). */
   static const char *const copied[] = {"rms_norm_eps", "rope_theta", "rope_scaling",
                                        "max_position_embeddings", "partial_rotary_factor"};
@@ -157,7 +209,11 @@ int cmd_init_config(int argc, char **argv) {
           cfg.num_hidden_layers);
   for (int i = 0; i < cfg.n_target_layer_ids; i++)
     fprintf(stderr, "%s%d", i ? ", " : " ", cfg.target_layer_ids[i]);
-  fprintf(stderr, " of %d, block %d, mask token %d\n", cfg.num_target_layers, cfg.block_size,
+  fprintf(stderr, " of %d, block %d, mask token %d", cfg.num_target_layers, cfg.block_size,
           cfg.mask_token_id);
+  if (ext.dflash2)
+    fprintf(stderr, "; DFlash 2: conv kernel %d, group %d, selector top-%d, rank %d",
+            ext.conv_kernel_size, ext.conv_group_size, ext.selector_top_k, ext.selector_rank);
+  fputc('\n', stderr);
   return 0;
 }

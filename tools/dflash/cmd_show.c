@@ -3,7 +3,9 @@
  * metadata line of every sample id). */
 #include <dflash/dataset.h>
 #include <dflash/hidden.h>
+#include <dflash/storage.h>
 #include <dflash/tokenizer.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,16 +17,20 @@
 
 static const char USAGE[] =
     "usage: dflash show DATASET (--index N | --id ID) [--tokenizer PATH] [--color|--no-color]\n"
+    "                   [--allow-tokenizer-mismatch]\n"
     "Prints one sample of a tokenized dataset: its id, length and supervised count, then its\n"
     "text (decoded with --tokenizer, the one `dflash tokenize` used) or its token ids, with\n"
     "the supervised tokens (loss_mask 1, what the drafter learns to predict) highlighted:\n"
-    "in colour on a terminal, between [[ and ]] otherwise.\n"
+    "in colour on a terminal, between [[ and ]] otherwise. A --tokenizer whose hash is not\n"
+    "the dataset's recorded tokenizer_hash is refused (its ids would decode to other\n"
+    "tokens) unless --allow-tokenizer-mismatch.\n"
     "Exit status: 0 shown; 1 an error (no such sample, unreadable dataset); 2 a usage error.\n";
 
 typedef struct {
   const char *dir, *id, *tok_path;
   long long index;
   int color; /* -1: when stdout is a terminal */
+  int allow_mismatch;
 } show_args;
 
 static int parse(int argc, char **argv, show_args *a) {
@@ -34,6 +40,7 @@ static int parse(int argc, char **argv, show_args *a) {
   const cli_opt opts[] = {{"--index", CLI_I64, &index, 0, 9.2e18, NULL},
                           {"--id", CLI_STR, &a->id, 0, 0, NULL},
                           {"--tokenizer", CLI_STR, &a->tok_path, 0, 0, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &a->allow_mismatch, 0, 0, NULL},
                           {"--color", CLI_FLAG, &color, 0, 0, NULL},
                           {"--no-color", CLI_FLAG, &no_color, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
@@ -89,10 +96,54 @@ static dflash_status print_tokens(const show_args *a, const dflash_tokenizer *to
   return DFLASH_OK;
 }
 
+/* Whether the tokenizer at `path` hashes to `want`: the path itself, or for a directory that
+ * is not a tokenizer directory of its own (--target) also its tokenizer.json or tiktoken.model
+ * alone, as `dflash tokenize --tokenizer DIR/tokenizer.json` records them. -1: no tokenizer
+ * files there (error cleared); -2: an error (printed). */
+static int hash_matches(const char *cmd, const char *path, const char *want, bool required,
+                        char *got) {
+  static const char *const alone[] = {"", "/tokenizer.json", "/tiktoken.model"};
+  int found = 0;
+  for (size_t i = 0; i < sizeof alone / sizeof *alone && (i == 0 || !required); i++) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s%s", path, alone[i]);
+    if (i && access(p, R_OK)) continue;
+    dflash_status st = dflash_dataset_tokenizer_hash(p, got, DFLASH_TOKENIZER_HASH_LEN);
+    if (st == DFLASH_E_NOT_FOUND && !required) {
+      dflash_clear_error();
+      continue;
+    }
+    if (st) return cli_fail(cmd, st), -2;
+    if (!strcmp(want, got)) return 1;
+    found = 1;
+  }
+  return found ? 0 : -1;
+}
+
+int cli_tokenizer_matches(const char *cmd, const char *data_dir, const char *tok_path,
+                          bool required) {
+  if (dflash_storage_is_remote(data_dir)) return 0; /* the manifest is read where it lies */
+  char path[4096], hash[DFLASH_TOKENIZER_HASH_LEN] = "";
+  snprintf(path, sizeof path, "%s/dataset.json", data_dir);
+  json_t *m = json_load_file(path, 0, NULL);
+  const char *want = json_string_value(json_object_get(m, "tokenizer_hash"));
+  int match = want ? hash_matches(cmd, tok_path, want, required, hash) : 1;
+  if (!match)
+    fprintf(stderr,
+            "dflash %s: %s was tokenized with another tokenizer than %s (%s, not %s): its ids "
+            "would mean other tokens; use the tokenizer `dflash tokenize` used, or "
+            "--allow-tokenizer-mismatch\n",
+            cmd, data_dir, tok_path, want, hash);
+  json_decref(m);
+  return match == 0 || match == -2;
+}
+
 int cmd_show(int argc, char **argv) {
   show_args a;
   int rc = parse(argc, argv, &a);
   if (rc) return rc < 0 ? 0 : rc;
+  if (a.tok_path && !a.allow_mismatch && cli_tokenizer_matches("show", a.dir, a.tok_path, true))
+    return 1;
   dflash_dataset *ds = NULL;
   dflash_tokenizer *tok = NULL;
   dflash_status st = dflash_dataset_open(a.dir, &ds);
@@ -174,10 +225,25 @@ int cli_dataset_summary(const char *dir) {
 
 /* ---- `dflash inspect HIDDEN` ----------------------------------------------------------- */
 
+/* vLLM's hidden-state files: hs_<digits>.safetensors (what dflash_hidden_open reads too). */
+static bool is_vllm_file(const char *name) {
+  size_t n = strlen(name);
+  if (n <= 3 + 12 || strncmp(name, "hs_", 3) || strcmp(name + n - 12, ".safetensors")) return false;
+  for (size_t i = 3; i < n - 12; i++)
+    if (name[i] < '0' || name[i] > '9') return false;
+  return true;
+}
+
+/* A libdflash store (its index), or a folder of vLLM's hs_*.safetensors files. */
 int cli_is_hidden_store(const char *path) {
   char p[4096];
   snprintf(p, sizeof p, "%s/hidden.safetensors.index.json", path);
-  return access(p, R_OK) == 0;
+  if (access(p, R_OK) == 0) return 1;
+  DIR *d = opendir(path);
+  bool found = false;
+  for (struct dirent *e; d && !found && (e = readdir(d));) found = is_vllm_file(e->d_name);
+  if (d) closedir(d);
+  return found;
 }
 
 int cli_hidden_summary(const char *dir) {

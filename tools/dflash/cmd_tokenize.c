@@ -24,6 +24,7 @@ static const char USAGE[] =
     "                       [--last-turn-only] [--reasoning official|keep_all|\n"
     "                        keep_after_last_user|drop] [--threads N] [--batch-lines N]\n"
     "                       [--max-reject-ratio X] [--allow-split-control-tokens]\n"
+    "                       [--keep-unfinished] [--overwrite] [--no-thinking]\n"
     "                       -o DIR IN.jsonl...\n"
     "DIR and the inputs may be s3:// locations; an s3:// input ending in '/' means every\n"
     "*.jsonl object under it (e.g. a fetch output's completions/ chunks).\n"
@@ -38,10 +39,20 @@ static const char USAGE[] =
     "accepts another family's tokenizer anyway.\n"
     "--threads: 0 (default) = one per CPU; the output is identical for any count.\n"
     "--batch-lines: lines read and processed together (default 2048; memory knob).\n"
-    "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate.\n"
-    "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written, or\n"
-    "more rejected lines than --max-reject-ratio (default 0.05; over-long samples are\n"
-    "not counted) of the non-blank lines; 2 a usage error.\n";
+    "Over-long samples (--max-len) are dropped, or cut to N tokens with --truncate; the\n"
+    "limit must hold the prompt plus fetch's --max-tokens.\n"
+    "A fetch record whose answer the target did not finish (outcome \"length\": cut by\n"
+    "fetch's --max-tokens; or \"empty\") is dropped (rejected.jsonl says why); with\n"
+    "--keep-unfinished its text is kept and the closing tokens the template adds after\n"
+    "it (</think>, end of turn) are not supervised (`dflash render --mask` shows it).\n"
+    "--no-thinking: answers written with thinking off (enable_thinking/thinking false):\n"
+    "the empty think block is the prompt's, not supervised (render --no-thinking).\n"
+    "A DIR that holds a dataset is refused; --overwrite replaces it (its dataset.json,\n"
+    "shards, rejected.jsonl and sources.jsonl), e.g. to retry a refused build.\n"
+    "Exit status: 0 done; 1 an error, an input that cannot be read, no sample written,\n"
+    "more rejected lines than --max-reject-ratio (default 0.05; over-long and unfinished\n"
+    "samples are not counted) of the non-blank lines, or more over-long lines than that;\n"
+    "2 a usage error.\n";
 
 /* The inputs are the positional arguments, in `inputs` (argc entries). */
 static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, int *n_inputs) {
@@ -60,6 +71,9 @@ static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, i
                           {"--allow-split-control-tokens", CLI_FLAG, &o->allow_split_control_tokens,
                            0, 0, NULL},
                           {"--last-turn-only", CLI_FLAG, &o->last_turn_only, 0, 0, NULL},
+                          {"--keep-unfinished", CLI_FLAG, &o->keep_unfinished, 0, 0, NULL},
+                          {"--overwrite", CLI_FLAG, &o->overwrite, 0, 0, NULL},
+                          {"--no-thinking", CLI_FLAG, &o->no_thinking, 0, 0, NULL},
                           {"--reasoning", CLI_FN, &o->reasoning, 0, 0, chat_cli_reasoning_opt},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int rc = cli_parse("tokenize", USAGE, opts, argc, argv, inputs, argc, n_inputs);
@@ -86,20 +100,29 @@ static void on_log(dflash_log_level level, const char *msg, void *user) {
   fprintf(stderr, "dflash tokenize: %s\n", msg);
 }
 
-static void summary(const dflash_dataset_build_stats *s) {
-  fprintf(
-      stderr,
-      "tokenize: %llu samples, %llu tokens, supervised %.1f%%, %llu rejected (%llu too long)%s\n",
-      (unsigned long long)s->samples, (unsigned long long)s->tokens,
-      s->tokens ? 100.0 * (double)s->supervised_tokens / (double)s->tokens : 0.0,
-      (unsigned long long)s->rejected, (unsigned long long)s->too_long,
-      s->rejected ? "; see rejected.jsonl" : "");
+static void summary(const tok_args *a, const dflash_dataset_build_stats *s) {
+  fprintf(stderr,
+          "tokenize: %llu samples, %llu tokens, supervised %.1f%%, %llu rejected (%llu too long, "
+          "%llu unfinished %s)%s\n",
+          (unsigned long long)s->samples, (unsigned long long)s->tokens,
+          s->tokens ? 100.0 * (double)s->supervised_tokens / (double)s->tokens : 0.0,
+          (unsigned long long)s->rejected, (unsigned long long)s->too_long,
+          (unsigned long long)s->unfinished, a->o.keep_unfinished ? "kept" : "dropped",
+          s->rejected ? "; see rejected.jsonl" : "");
+  uint64_t lines = s->samples + s->rejected;
+  if (lines && s->too_long && s->verdict != DFLASH_DATASET_BUILD_TOO_LONG &&
+      10 * s->too_long >= lines)
+    fprintf(stderr,
+            "dflash tokenize: warning: %.1f%% of the lines are longer than --max-len %llu: "
+            "raise it to hold the prompt plus fetch's --max-tokens\n",
+            100.0 * (double)s->too_long / (double)lines, (unsigned long long)a->o.max_len);
 }
 
 /* A finished build the library refused, in the CLI's words (its option names). */
 static int verdict(const tok_args *a, const dflash_dataset_build_stats *s) {
   uint64_t lines = s->samples + s->rejected; /* non-blank */
-  double ratio = lines ? (double)(s->rejected - s->too_long) / (double)lines : 0;
+  uint64_t dropped = a->o.keep_unfinished ? 0 : s->unfinished;
+  double ratio = lines ? (double)(s->rejected - s->too_long - dropped) / (double)lines : 0;
   switch (s->verdict) {
   case DFLASH_DATASET_BUILD_UNREADABLE:
     fprintf(stderr, "dflash tokenize: %llu input(s) could not be read (rejected.jsonl)\n",
@@ -108,6 +131,14 @@ static int verdict(const tok_args *a, const dflash_dataset_build_stats *s) {
   case DFLASH_DATASET_BUILD_EMPTY:
     fprintf(stderr, "dflash tokenize: no sample written: is this the right input and "
                     "template?\n");
+    break;
+  case DFLASH_DATASET_BUILD_TOO_LONG:
+    fprintf(stderr,
+            "dflash tokenize: %.1f%% of the lines are longer than --max-len %llu, more than "
+            "--max-reject-ratio %g allows: raise --max-len to hold the prompt plus fetch's "
+            "--max-tokens, or --truncate\n",
+            lines ? 100.0 * (double)s->too_long / (double)lines : 0.0,
+            (unsigned long long)a->o.max_len, a->o.max_reject_ratio);
     break;
   case DFLASH_DATASET_BUILD_REJECTS:
     fprintf(stderr,
@@ -139,7 +170,7 @@ int cmd_tokenize(int argc, char **argv) {
   if (p) { /* the outputs were created: the run is summed up whatever its end */
     dflash_progress_finish(p);
     dflash_progress_free(p);
-    summary(&s);
+    summary(&a, &s);
   }
   if (st && s.verdict != DFLASH_DATASET_BUILD_OK) return verdict(&a, &s);
   return st ? cli_fail("tokenize", st) : 0;

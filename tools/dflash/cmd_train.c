@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,16 +21,29 @@ static const char TRAIN_USAGE[] =
     "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
-    "                    [--final-norm-name NAME]\n"
+    "                    [--final-norm-name NAME] [--save-minutes M]\n"
+    "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu-gb X] [--vocab-chunk N] [--no-zero1]\n"
-    "Trains a DFlash drafter on a tokenized dataset and offline target hidden states.\n"
+    "Trains a DFlash drafter on a tokenized dataset and offline target hidden states\n"
+    "(a DFlash 2 drafter, `dflash init-config --arch dflash2`, on --backend cpu).\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
     "--resume) and metrics.jsonl (one line per step). A non-empty OUT is refused unless\n"
     "--resume continues the run in it or --overwrite replaces it. At the end a JSON summary\n"
     "(steps, epoch, tokens, final_loss, elapsed_s, checkpoint; spool_wait_s on a spool;\n"
     "launch: the vLLM and SGLang flags that serve OUT) goes to stdout.\n"
-    "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error.\n"
+    "Exit status: 0 trained; 1 an error (message on stderr); 2 a usage error; 3 stopped by\n"
+    "Ctrl-C/SIGTERM: the step in flight is finished, the checkpoint and train_state/ saved,\n"
+    "and --resume continues byte for byte (a second signal ends it at once).\n"
+    "The state also saves every --save-minutes (30; 0: never) besides --save-every, so a\n"
+    "kill -9 loses at most that. A sample that cannot be read stops the run with the state\n"
+    "saved as of the step before. The state records the run's settings (--lr, --batch,\n"
+    "--anchors, --warmup-ratio, --epochs, --weight-decay, --clip, --labels, ...): --resume\n"
+    "with other ones is refused naming each change, unless --allow-settings-change (the\n"
+    "learning rate then decays from where it was to the new end, without a jump).\n"
+    "When --target holds tokenizer files, their hash must be the dataset's recorded\n"
+    "tokenizer_hash (else refused: the ids would mean other tokens) unless\n"
+    "--allow-tokenizer-mismatch.\n"
     "--plan prints the CUDA backend's memory per GPU and exits 1 when it does not fit.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
@@ -67,10 +81,13 @@ static int parse_labels(const char *v, void *dst) {
   return 0;
 }
 
+/* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
+static int g_allow_tok;
+
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
-  int quiet = 0, resume = 0, bf16 = 0, reuse = 0;
-  double spool_wait = -2;
+  int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
+  double spool_wait = -2, minutes = o->save_every_s / 60;
   o->trainer = t;
   const cli_opt opts[] = {{"--config", CLI_STR, &o->config_path, 0, 0, NULL},
                           {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
@@ -100,11 +117,15 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
                           {"--labels", CLI_FN, &o->labels, 0, 0, parse_labels},
                           {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
+                          {"--save-minutes", CLI_REAL, &minutes, 0, 1e9, NULL},
+                          {"--allow-settings-change", CLI_FLAG, &allow, 0, 0, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
-  o->resume = resume, o->bf16 = bf16;
+  o->resume = resume, o->bf16 = bf16, o->allow_settings_change = allow;
+  o->save_every_s = minutes * 60;
   /* The spool's settings reach dflash_train_run through its environment variables. */
   char wait[64];
   snprintf(wait, sizeof wait, "%.17g", spool_wait);
@@ -272,6 +293,32 @@ static void print_summary(const char *out) {
   dflash_storage_buffer_free(data);
 }
 
+/* Ctrl-C / SIGTERM (Slurm's preemption): the run stops after the step in flight, with its
+ * state saved; a second signal ends the process at once (the default action). */
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  g_stop = 1;
+  signal(sig, SIG_DFL);
+}
+
+static int should_stop(void *user) {
+  (void)user;
+  return g_stop;
+}
+
+static dflash_status run_with_signals(dflash_train_run_options *o) {
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  o->stop = should_stop;
+  dflash_status st = dflash_train_run(o);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  return st;
+}
+
 int cmd_train(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--plan")) return cmd_plan(argc, argv);
@@ -282,6 +329,7 @@ int cmd_train(int argc, char **argv) {
   int overwrite = 0;
   int rc = parse_train(argc, argv, &o, &topt, &overwrite);
   if (rc) return rc < 0 ? 0 : rc;
+  if (!g_allow_tok && cli_tokenizer_matches("train", o.data_dir, o.target_path, false)) return 1;
   if (!o.resume && !overwrite && is_rank0()) {
     int full = out_nonempty(o.out_dir);
     if (full < 0) return 1;
@@ -292,7 +340,11 @@ int cmd_train(int argc, char **argv) {
                      o.out_dir),
              1;
   }
-  dflash_status st = dflash_train_run(&o);
+  dflash_status st = run_with_signals(&o);
+  if (st == DFLASH_E_CANCELLED && g_stop) {
+    fprintf(stderr, "dflash train: interrupted: %s\n", dflash_last_error());
+    return 3;
+  }
   if (st) return cli_fail("train", st);
   fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
   if (is_rank0()) print_summary(o.out_dir);
@@ -302,7 +354,8 @@ int cmd_train(int argc, char **argv) {
 static const char EVAL_USAGE[] =
     "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
     "                   [--anchors N] [--seed N] [--max-tokens N] [--json]\n"
-    "                   [--embed-name NAME] [--lm-head-name NAME]\n"
+    "                   [--embed-name NAME] [--lm-head-name NAME] [--labels data|target]\n"
+    "                   [--threads N] [--allow-tokenizer-mismatch]\n"
     "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
     "prediction equals the target's token) over --anchors sampled anchors per sample\n"
     "and the per-position accuracy; then the same mean over every position (uniform\n"
@@ -312,6 +365,16 @@ static const char EVAL_USAGE[] =
     "the candidate selector's greedy path) and of the drafter's plain argmax, and for\n"
     "DFlash 2 the candidate recall (true token among the top selector_top_k logits).\n"
     "--max-tokens: walk at most N tokens per answer (the generation cap).\n"
+    "--labels: what a draft is compared with in the uniform-anchor and walk numbers: the\n"
+    "data's next token (data, default) or the target's greedy token from the store's\n"
+    "target ids (target: what greedy verification accepts). Live greedy acceptance is the\n"
+    "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
+    "README's K2.6 recipe), the walk tau with --labels target; the walk tau with data\n"
+    "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
+    "line says which labels it used.\n"
+    "--threads N: CPU threads (0, default: one per CPU).\n"
+    "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
+    "unless --allow-tokenizer-mismatch.\n"
     "--json: one JSON object instead (with launch: the vLLM and SGLang flags that serve\n"
     "the checkpoint). Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
@@ -326,9 +389,11 @@ static void print_ints(const char *sep, const int64_t *v, int n) {
 
 static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
                        const dflash_eval_walk *w, const char *ckpt) {
+  const char *lab = w->labels == DFLASH_LABELS_TARGET ? "target" : "data";
   if (json) {
-    printf("{\"block_size\": %d, \"tau\": %.6f, \"blocks\": %lld, \"accuracy\": [", B, tau,
-           (long long)blocks);
+    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"blocks\": %lld, "
+           "\"accuracy\": [",
+           B, lab, tau, (long long)blocks);
     print_doubles(", ", acc, B - 1);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
            "\"position_accuracy\": [",
@@ -351,16 +416,16 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
     json_decref(l);
     return;
   }
-  printf("tau %.4f over %lld blocks (block size %d)\naccuracy by position: ", tau,
+  printf("tau %.4f over %lld blocks (block size %d; data labels)\naccuracy by position: ", tau,
          (long long)blocks, B);
   print_doubles(" ", acc, B - 1);
-  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld)\n"
+  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld; %s labels)\n"
          "accuracy by position: ",
-         w->position_tau, w->position_tau_se, (long long)w->positions);
+         w->position_tau, w->position_tau_se, (long long)w->positions, lab);
   print_doubles(" ", w->accuracy, B - 1);
-  printf("\nwalk tau %.4f +- %.4f: %lld tokens in %lld verification steps, %lld sequences\n"
-         "tokens per step 1..%d: ",
-         w->walk_tau, w->walk_tau_se, (long long)w->tokens, (long long)w->steps,
+  printf("\nwalk tau %.4f +- %.4f (%s labels): %lld tokens in %lld verification steps, %lld "
+         "sequences\ntokens per step 1..%d: ",
+         w->walk_tau, w->walk_tau_se, lab, (long long)w->tokens, (long long)w->steps,
          (long long)w->sequences, B);
   print_ints(" ", w->step_hist, B);
   printf("\naccuracy over every position (%lld): drafted %.4f, backbone argmax %.4f",
@@ -371,7 +436,8 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
 
 int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
-  int anchors = 64, max_tokens = 0, json = 0;
+  int anchors = 64, max_tokens = 0, json = 0, threads = 0;
+  int32_t labels = DFLASH_LABELS_DATA;
   int64_t seed = 1;
   const cli_opt opts[] = {{"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
                           {"--target", CLI_STR, &target, 0, 0, NULL},
@@ -383,6 +449,9 @@ int cmd_eval(int argc, char **argv) {
                           {"--json", CLI_FLAG, &json, 0, 0, NULL},
                           {"--embed-name", CLI_STR, &en, 0, 0, NULL},
                           {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
+                          {"--labels", CLI_FN, &labels, 0, 0, parse_labels},
+                          {"--threads", CLI_INT, &threads, 0, 4096, NULL},
+                          {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
@@ -391,6 +460,7 @@ int cmd_eval(int argc, char **argv) {
   const char *const have[] = {ckpt, target, data, hidden};
   for (int i = 0; i < 4; i++)
     if (!have[i]) return cli_missing("eval", required[i]);
+  if (!g_allow_tok && cli_tokenizer_matches("eval", data, target, false)) return 1;
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
   dflash_drafter_config cfg;
@@ -407,11 +477,15 @@ int cmd_eval(int argc, char **argv) {
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
   w.max_tokens = max_tokens;
+  w.labels = labels;
+  dflash_trainer_options topt;
+  dflash_trainer_options_default(&topt);
+  topt.n_threads = threads;
   w.accuracy = calloc((size_t)cfg.block_size, sizeof *w.accuracy);
   w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
   if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, NULL, &t);
+  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);

@@ -25,6 +25,12 @@ int cli_is_dataset(const char *path);
 int cli_dataset_summary(const char *dir);
 /* `dflash inspect` of a hidden-state store: per-layer RMS and all-zero rows. */
 int cli_is_hidden_store(const char *path);
+/* 0 when the dataset at data_dir (local) records the hash of the tokenizer at tok_path, or
+ * records none, or (not required: a --target directory) tok_path holds no tokenizer files or
+ * its tokenizer.json / tiktoken.model alone has the hash; else 1, the mismatch or error
+ * printed as `dflash CMD: ...`. */
+int cli_tokenizer_matches(const char *cmd, const char *data_dir, const char *tok_path,
+                          bool required);
 int cli_hidden_summary(const char *dir);
 
 /* Options of a subcommand, for cli_parse (a table ended by a NULL name). */

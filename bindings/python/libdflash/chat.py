@@ -34,6 +34,8 @@ _parse = bind("dflash_chat_conversation_parse", [ctypes.c_char_p, ctypes.c_size_
                                                ctypes.POINTER(_vp)])
 bind("dflash_chat_conversation_free", [_vp], None)
 bind("dflash_chat_conversation_message_count", [_vp], ctypes.c_size_t)
+bind("dflash_chat_conversation_outcome", [_vp], ctypes.c_char_p)
+bind("dflash_chat_conversation_unfinished", [_vp], ctypes.c_int32, status=False)
 _tok_nfc = bind("dflash_chat_tokenizer_nfc", [_vp, ctypes.POINTER(ctypes.c_int)])
 _check_tok = bind("dflash_chat_template_check_tokenizer", [_vp, _vp])
 _encode = bind("dflash_chat_encode", [_vp, _vp, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
@@ -116,6 +118,19 @@ class Conversation(Handle):
 
     def __len__(self):
         return lib.dflash_chat_conversation_message_count(self._handle())
+
+    @property
+    def outcome(self):
+        """A fetch record's outcome ("ok", "length", "empty", ...), None without one."""
+        v = lib.dflash_chat_conversation_outcome(self._handle())
+        return v.decode() if v is not None else None
+
+    @property
+    def unfinished(self):
+        """Index of the assistant message the target did not finish (cut by the length
+        limit, or empty), None for none: its closing tokens are not supervised."""
+        i = lib.dflash_chat_conversation_unfinished(self._handle())
+        return None if i < 0 else i
 
     def normalize_nfc(self):
         """Normalise every string to Unicode NFC in place (for NFC tokenizers)."""

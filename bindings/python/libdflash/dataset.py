@@ -206,7 +206,7 @@ class DatasetWriter(Handle):
             self.close()
 
 
-VERDICTS = ["ok", "unreadable", "empty", "rejects"]  # dflash_dataset_build_verdict
+VERDICTS = ["ok", "unreadable", "empty", "rejects", "too_long"]  # dflash_dataset_build_verdict
 
 
 class BuildStats(ctypes.Structure):
@@ -215,7 +215,7 @@ class BuildStats(ctypes.Structure):
                 [(name, ctypes.c_uint64) for name in (
                     "lines", "samples", "tokens", "supervised_tokens", "rejected", "too_long",
                     "unreadable")] +
-                [("verdict", ctypes.c_int32)])
+                [("verdict", ctypes.c_int32), ("unfinished", ctypes.c_uint64)])
 
     def as_dict(self):
         out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
@@ -233,7 +233,9 @@ class _BuildOptions(ctypes.Structure):
                 ("truncate", ctypes.c_int32), ("allow_split_control_tokens", ctypes.c_int32),
                 ("threads", ctypes.c_int32), ("batch_lines", ctypes.c_uint64),
                 ("max_reject_ratio", ctypes.c_double), ("shard_tokens", ctypes.c_uint64),
-                ("progress", _BUILD_PROGRESS), ("progress_user", ctypes.c_void_p)]
+                ("progress", _BUILD_PROGRESS), ("progress_user", ctypes.c_void_p),
+                ("keep_unfinished", ctypes.c_int32), ("overwrite", ctypes.c_int32),
+                ("no_thinking", ctypes.c_int32)]
 
 
 _b_init = bind("dflash_dataset_build_options_init", [ctypes.POINTER(_BuildOptions),
@@ -259,7 +261,7 @@ _build = bind("dflash_dataset_build", [ctypes.POINTER(ctypes.c_char_p), ctypes.c
 
 def _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
                    allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
-                   shard_tokens):
+                   shard_tokens, keep_unfinished=False, overwrite=False, no_thinking=False):
     o = _BuildOptions()
     _b_init(ctypes.byref(o), ctypes.sizeof(o))
     o.tokenizer_path = cstr(tokenizer)
@@ -275,19 +277,27 @@ def _build_options(tokenizer, template, reasoning, last_turn_only, max_len, trun
     if max_reject_ratio is not None:
         o.max_reject_ratio = float(max_reject_ratio)
     o.shard_tokens = int(shard_tokens or 0)
+    o.keep_unfinished = int(bool(keep_unfinished))
+    o.overwrite = int(bool(overwrite))
+    o.no_thinking = int(bool(no_thinking))
     return o
 
 
 def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_last_user",
                   last_turn_only=False, max_len=0, truncate=False,
                   allow_split_control_tokens=False, threads=0, batch_lines=None,
-                  max_reject_ratio=None, shard_tokens=None, progress=None):
+                  max_reject_ratio=None, shard_tokens=None, progress=None,
+                  keep_unfinished=False, overwrite=False, no_thinking=False):
     """Tokenize JSONL conversations into the dataset directory `out_dir`: what
     `dflash tokenize` does, the same bytes for the same options (dflash_dataset_build).
 
     inputs: a path or a list of them (s3:// locations too; an s3:// prefix ending in
     '/' means every *.jsonl under it). tokenizer: what Tokenizer() takes; template: a
-    built-in template name; reasoning: a mode name (see chat.REASONING). batch_lines
+    built-in template name; reasoning: a mode name (see chat.REASONING). keep_unfinished:
+    keep fetch records the target did not finish (outcome length or empty) with no closing
+    token supervised, instead of rejecting them (`tokenize --keep-unfinished`). overwrite:
+    replace a dataset already in out_dir (`tokenize --overwrite`). no_thinking: answers
+    written with thinking off (`tokenize --no-thinking`). batch_lines
     and max_reject_ratio: None keeps the library's defaults (2048, 0.05).
     progress: optional callable(stats: dict) -> bool, called once the outputs exist
     and after every batch; True stops the build (CancelledError, no manifest), and so
@@ -300,7 +310,7 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
     arr = (ctypes.c_char_p * max(len(enc), 1))(*enc)
     o = _build_options(tokenizer, template, reasoning, last_turn_only, max_len, truncate,
                        allow_split_control_tokens, threads, batch_lines, max_reject_ratio,
-                       shard_tokens)
+                       shard_tokens, keep_unfinished, overwrite, no_thinking)
     raised = []
 
     def on_progress(stats, _user):

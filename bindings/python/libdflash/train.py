@@ -8,10 +8,12 @@ PyTorch).
 import ctypes
 import json
 import os
+import signal
 
 import numpy as np
 
-from ._lib import INDEX, KEY, Handle, bind, cstr, files, missing_path
+from ._lib import (INDEX, KEY, ExistsError, Handle, bind, cstr, files, missing_path,
+                   status_code)
 
 MAX_LAYERS = 64
 MAX_TARGET = 128
@@ -519,6 +521,9 @@ def load_target_head(path, vocab_size, hidden_size, embed_name=None, lm_head_nam
     return embed, lm_head
 
 
+_STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
 class TrainRunOptions(ctypes.Structure):
     """Mirror of `dflash_train_run_options`."""
     _fields_ = [
@@ -530,7 +535,8 @@ class TrainRunOptions(ctypes.Structure):
         ("save_every", ctypes.c_int32), ("resume", ctypes.c_int32),
         ("max_steps", ctypes.c_int64), ("bf16", ctypes.c_int32), ("progress", ctypes.c_void_p),
         ("trainer", ctypes.POINTER(TrainerOptions)), ("labels", ctypes.c_int32),
-        ("final_norm_name", ctypes.c_char_p),
+        ("final_norm_name", ctypes.c_char_p), ("stop", _STOP), ("stop_user", ctypes.c_void_p),
+        ("save_every_s", ctypes.c_double), ("allow_settings_change", ctypes.c_int32),
     ]
 
 
@@ -541,12 +547,45 @@ _RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
                    for f in ("config_path", "target_path", "data_dir", "hidden_dir"))
 _train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)],
                   errors=missing_path(*_RUN_PATHS))
-_RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps")
+_RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s")
+
+
+def _holds_anything(out_dir):
+    """Whether out_dir (a folder or s3:// prefix) holds anything, as `dflash train` checks."""
+    path = os.fsdecode(out_dir)
+    if "://" not in path:
+        return os.path.isdir(path) and any(os.scandir(path))
+    from .storage import Storage
+    with Storage() as st:
+        return bool(st.list(path if path.endswith("/") else path + "/"))
+
+
+def _run_interruptibly(o):
+    """dflash_train_run with Ctrl-C: while it runs (on the main thread), SIGINT only sets a
+    flag, which the run's stop callback (between steps) answers; the run saves its state and
+    stops, and KeyboardInterrupt is raised here (the CancelledError chained)."""
+    interrupted = []
+    o.stop = _STOP(lambda _user: 1 if interrupted else 0)
+    try:
+        old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    except ValueError:  # not the main thread: Ctrl-C is not this thread's to take
+        old = None
+    try:
+        _train_run(ctypes.byref(o))
+    except Error as e:
+        if interrupted and e.status == "DFLASH_E_CANCELLED":
+            raise KeyboardInterrupt(str(e)) from e
+        raise
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+    if interrupted:  # after the last step: the run is whole, the interrupt still the caller's
+        raise KeyboardInterrupt
 
 
 def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=False,
               progress=None, embed_name=None, lm_head_name=None, backend="cpu", labels="data",
-              final_norm_name=None, **options):
+              final_norm_name=None, overwrite=False, allow_settings_change=False, **options):
     """Train a drafter end to end (what `dflash train` runs) and return out_dir.
 
     config: a drafter config (path, dict, JSON text or DrafterConfig); target:
@@ -560,7 +599,19 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     labels: "data" (the data's next tokens) or "target" (the target's greedy ones: the
     store's target ids, or vLLM's final layer through the target's final norm
     final_norm_name and LM head), as `dflash train --labels`.
+    As the command: an out_dir that holds anything is refused (ExistsError) unless resume
+    continues the run in it or overwrite=True replaces it; resume with other settings
+    (lr, batch_size, num_anchors, warmup_ratio, epochs, ...) than the run's is refused
+    (MismatchError naming each change) unless allow_settings_change=True. Ctrl-C
+    (KeyboardInterrupt) stops the run after the step in flight with its checkpoint and
+    train_state/ saved (resume=True continues it), then raises KeyboardInterrupt; the
+    state is also saved every save_every_s seconds (1800; 0: never).
     """
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other")
+    if not resume and not overwrite and _holds_anything(out_dir):
+        raise ExistsError(status_code("DFLASH_E_EXISTS"), f"{os.fsdecode(out_dir)} is not empty (an earlier run?): "
+                          "resume=True continues it, overwrite=True replaces it")
     o = TrainRunOptions()
     _run_defaults(ctypes.byref(o), ctypes.sizeof(o))
     topt = TrainerOptions()  # o.trainer points at it: alive until the call returns
@@ -582,6 +633,7 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     o.hidden_dir, o.out_dir = cstr(hidden_dir), cstr(out_dir)
     o.embed_name, o.lm_head_name = cstr(embed_name), cstr(lm_head_name)
     o.resume, o.bf16 = int(bool(resume)), int(bool(bf16))
+    o.allow_settings_change = int(bool(allow_settings_change))
     from .progress import CFile
     with tempfile.TemporaryDirectory(prefix="dflash-config-") as tmp:
         if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
@@ -592,7 +644,7 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
         stream = None if progress is None else CFile(None if progress is True else progress)
         try:
             o.progress = stream.ptr if stream else None
-            _train_run(ctypes.byref(o))
+            _run_interruptibly(o)
         finally:
             if stream:
                 stream.close()
@@ -668,6 +720,7 @@ class EvalWalk(ctypes.Structure):
         ("position_tau_se", ctypes.c_double),
         ("scored", ctypes.c_int64), ("selector_accuracy", ctypes.c_double),
         ("backbone_accuracy", ctypes.c_double), ("candidate_recall", ctypes.c_double),
+        ("labels", ctypes.c_int32),
     ]
 
 
@@ -699,7 +752,7 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
             "accept": accept, "step_hist": hist}
 
 
-def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
+def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0, labels="data"):
     """Held-out evaluation (dflash_train_eval_walk) over a tokenized dataset
     and its hidden-state store: dict with walk_tau (tokens / verification
     steps, what live greedy speculative decoding gets) and walk_tau_se,
@@ -707,18 +760,24 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0):
     counts, accuracy [B-1] by block position and step_hist [B]; over the
     `scored` positions selector_accuracy (the drafted tokens: DFlash 2's
     selector path), backbone_accuracy (the plain argmax) and candidate_recall
-    (the true token among the top-K candidates; None for DFlash 1)."""
+    (the true token among the top-K candidates; None for DFlash 1). labels: "data"
+    (drafts compared with the data's next tokens) or "target" (with the store's target ids:
+    what greedy verification accepts; the number to compare with live acceptance when the
+    held-out answers were sampled at T > 0), as `dflash eval --labels`."""
+    if labels not in ("data", "target"):
+        raise ValueError(f"labels must be 'data' or 'target', not {labels!r}")
     B = trainer.block_size
     acc = np.zeros(B - 1, dtype=np.float64)
     hist = np.zeros(B, dtype=np.int64)
     w = EvalWalk()
     _eval_walk_default(ctypes.byref(w), ctypes.sizeof(w))
     w.max_tokens = max_tokens
+    w.labels = 1 if labels == "target" else 0
     w.accuracy = _ptr(acc, ctypes.c_double)
     w.step_hist = _ptr(hist, ctypes.c_int64)
     _eval_walk(trainer._handle(), cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
     out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
-           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist")}
+           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist", "labels")}
     out.update(accuracy=acc, step_hist=hist)
     if out["candidate_recall"] < 0:
         out["candidate_recall"] = None  # DFlash 1: no candidates

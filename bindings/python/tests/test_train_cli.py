@@ -123,6 +123,125 @@ def test_resume_after_kill_is_exact(tmp_path):
     assert a == b
 
 
+def test_sigterm_saves_and_resumes_exactly(tmp_path):
+    """SIGTERM (Slurm's preemption) without --save-every: the step in flight is finished, the
+    state saved, exit 3; --resume gives the uninterrupted run's checkpoint byte for byte."""
+    make_world(tmp_path, n_train=64)
+    args = ["--epochs", "40", "--lr", "5e-3", "--quiet"]  # 16 steps an epoch
+    subprocess.run(train_cmd(tmp_path, tmp_path / "full", *args), check=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd(tmp_path, killed, *args), stderr=subprocess.PIPE, text=True)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 150:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate()[1]
+    assert proc.returncode == 3, err
+    assert "interrupted" in err and "state saved" in err and "--resume" in err, err
+    n_stopped = metrics.read_text().count("\n")
+    assert 150 <= n_stopped < 640 and (killed / "train_state" / "state.safetensors").exists()
+    print(f"stopped after step {n_stopped} (step {n_stopped % 16} of its epoch)")
+    subprocess.run(train_cmd(tmp_path, killed, *args, "--resume"), check=True)
+    assert _stable(metrics) == _stable(tmp_path / "full" / "metrics.jsonl")
+    assert (tmp_path / "full" / "model.safetensors").read_bytes() == \
+        (killed / "model.safetensors").read_bytes()
+
+
+def test_resume_refuses_changed_settings(tmp_path):
+    """--resume with other hyperparameters is refused naming each change (the schedule and
+    the data position would move silently); --allow-settings-change takes them."""
+    make_world(tmp_path, n_train=16)
+    out = tmp_path / "run"
+    args = ["--epochs", "2", "--lr", "5e-3", "--quiet"]
+    subprocess.run(train_cmd(tmp_path, out, *args, "--max-steps", "3"), check=True)
+    state = (out / "train_state" / "state.safetensors").read_bytes()
+    r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "3", "--lr", "1e-3", "--quiet",
+                                 "--resume"), capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "lr 0.005 -> 0.001" in r.stderr and "epochs 2 -> 3" in r.stderr, r.stderr
+    assert "batch" not in r.stderr.split("other settings")[1].split("(")[0]  # only the changes
+    assert "--allow-settings-change" in r.stderr
+    assert (out / "train_state" / "state.safetensors").read_bytes() == state  # untouched
+    subprocess.run(train_cmd(tmp_path, out, *args, "--resume"), check=True)  # the same: fine
+    subprocess.run(train_cmd(tmp_path, tmp_path / "b", *args, "--max-steps", "3"), check=True)
+    r = subprocess.run(train_cmd(tmp_path, tmp_path / "b", "--epochs", "3", "--quiet", "--resume",
+                                 "--lr", "5e-3", "--allow-settings-change"),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lrs) == 12
+    # No jump: step 4 takes the rate the 2-epoch schedule had reached, then decays to 0.
+    subprocess.run(train_cmd(tmp_path, tmp_path / "c", *args), check=True)
+    two = [json.loads(x)["lr"] for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[:4] == two[:4], (lrs, two)
+    assert all(a > b for a, b in zip(lrs[3:], lrs[4:])) and lrs[-1] < 0.1 * lrs[3], lrs
+
+
+def test_bad_sample_stops_with_state_saved(tmp_path):
+    """A sample found bad mid-run (here: no target ids for --labels target, which the others
+    have) stops the run naming it, with train_state/ saved as of the step before."""
+    make_world(tmp_path, n_train=16)
+    rng = np.random.default_rng(1)
+    with libdflash.HiddenWriter(tmp_path / "t-hidden", num_layers=1, hidden_size=H) as w:
+        for i in range(16):
+            states = rng.standard_normal((40, H)).astype(np.float32)
+            w.append(f"train-{i}", states, None if i == 9 else np.zeros(40, np.int32))
+    out = tmp_path / "run"
+    cmd = train_cmd(tmp_path, out, "--epochs", "2", "--quiet", "--labels", "target")
+    cmd[cmd.index("--hidden") + 1] = str(tmp_path / "t-hidden")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    assert "train-9" in r.stderr and "no target ids" in r.stderr, r.stderr
+    assert "state saved in train_state/" in r.stderr and "--resume" in r.stderr, r.stderr
+    assert (out / "train_state" / "state.safetensors").exists()
+
+
+def eval_json(root, ckpt, hidden, *extra):
+    r = subprocess.run([CLI, "eval", "--checkpoint", str(ckpt), "--target", str(root / "target"),
+                        "--data", str(root / "test"), "--hidden", str(hidden), "--anchors", "8",
+                        "--json", "--threads", "2", *extra], capture_output=True, text=True)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else r.stderr)
+
+
+def test_eval_labels_target_compares_with_the_targets_tokens(tmp_path):
+    """eval --labels target scores drafts against the store's target ids: equal to the data's
+    next tokens, the numbers are the data labels' exactly; one token off everywhere, no draft
+    of a drafter trained on the data is accepted but by chance (walk tau near 1). Each line
+    names its labels."""
+    make_world(tmp_path)
+    out = tmp_path / "run"
+    subprocess.run(train_cmd(tmp_path, out, "--epochs", "20", "--lr", "1e-2", "--quiet"),
+                   check=True)
+    data = libdflash.Dataset(tmp_path / "test")
+    store = libdflash.HiddenStore(tmp_path / "test-hidden")
+    for name, shift in (("same", 0), ("off", 1)):
+        with libdflash.HiddenWriter(tmp_path / name, num_layers=1, hidden_size=H) as w:
+            for i in range(len(data)):
+                sid, ids, _ = data[i]
+                nxt = np.append(ids[1:], ids[-1]).astype(np.int32)  # target_ids[t]: after t
+                w.append(sid, store.read(sid), (nxt + shift) % 16)
+    rc, base = eval_json(tmp_path, out, tmp_path / "same")
+    assert rc == 0 and base["labels"] == "data", base
+    rc, same = eval_json(tmp_path, out, tmp_path / "same", "--labels", "target")
+    assert rc == 0 and same["labels"] == "target", same
+    for k in ("walk_tau", "position_tau", "position_accuracy", "tokens", "steps"):
+        assert same[k] == base[k], (k, same[k], base[k])
+    assert base["walk_tau"] > 2
+    rc, off = eval_json(tmp_path, out, tmp_path / "off", "--labels", "target")
+    assert rc == 0 and off["walk_tau"] < 1.1 and off["walk_tau"] < base["walk_tau"] - 1, off
+    rc, err = eval_json(tmp_path, out, tmp_path / "test-hidden", "--labels", "target")
+    assert rc == 1 and "carries no target ids" in err, err
+    text = subprocess.run([CLI, "eval", "--checkpoint", str(out), "--target",
+                           str(tmp_path / "target"), "--data", str(tmp_path / "test"),
+                           "--hidden", str(tmp_path / "same"), "--labels", "target"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "walk tau" in text and "(target labels)" in text and "data labels" in text, text
+
+
 def test_never_overwrites_by_accident(tmp_path):
     """A non-empty -o without --resume is refused and left as it was; --overwrite replaces it;
     the run ends with a JSON summary on stdout; the progress total follows --max-steps."""

@@ -97,6 +97,61 @@ def test_resumed_run_reproduces_the_uninterrupted_one(world, tmp_path):
         (tmp_path / "full" / "model.safetensors").read_bytes()
 
 
+def test_train_run_never_replaces_a_run_by_accident(world, tmp_path):
+    """As `dflash train`: a non-empty out_dir is refused unless resume or overwrite."""
+    out = tmp_path / "o"
+    run(world, out, max_steps=1)
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(libdflash.ExistsError) as e:
+        run(world, out, max_steps=2)
+    assert "overwrite=True" in str(e.value) and "resume=True" in str(e.value)
+    assert (out / "model.safetensors").read_bytes() == before
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+    run(world, out, max_steps=2, overwrite=True)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    with pytest.raises(ValueError):
+        run(world, out, resume=True, overwrite=True)
+
+
+CTRL_C = """
+import json, os, signal, sys, threading, time
+import libdflash
+world, out = sys.argv[1], sys.argv[2]
+def interrupt():  # Ctrl-C once 20 steps are written
+    m = os.path.join(out, "metrics.jsonl")
+    while not (os.path.exists(m) and open(m).read().count("\\n") >= 20):
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=interrupt, daemon=True).start()
+try:
+    libdflash.train_run(json.load(open(os.path.join(world, "drafter.json"))),
+                        os.path.join(world, "target"), os.path.join(world, "train"),
+                        os.path.join(world, "train-hidden"), out, batch_size=4, num_anchors=16,
+                        seed=5, n_threads=2, lr=1e-2, epochs=100)
+except KeyboardInterrupt as e:
+    print("interrupted:", e)
+    sys.exit(42)
+"""
+
+
+def test_ctrl_c_stops_train_run_with_its_state_saved(world, tmp_path):
+    """Ctrl-C during train_run: the run stops after the step in flight with its state saved,
+    KeyboardInterrupt is raised, and resume=True ends where the uninterrupted run does."""
+    out = tmp_path / "part"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in __import__("sys").path if p))
+    r = subprocess.run([__import__("sys").executable, "-c", CTRL_C, str(world), str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 42, (r.stdout, r.stderr)
+    assert "state saved" in r.stdout and "--resume" in r.stdout, r.stdout
+    n = len((out / "metrics.jsonl").read_text().splitlines())
+    assert 20 <= n < 800 and (out / "train_state" / "state.safetensors").exists()
+    run(world, out, epochs=100, resume=True)
+    run(world, tmp_path / "full", epochs=100)
+    assert stable(out / "metrics.jsonl") == stable(tmp_path / "full" / "metrics.jsonl")
+    assert (out / "model.safetensors").read_bytes() == \
+        (tmp_path / "full" / "model.safetensors").read_bytes()
+
+
 def test_train_run_errors(world, tmp_path):
     with pytest.raises(libdflash.Error) as e:
         libdflash.train_run(world / "drafter.json", world / "target", world / "nope",
@@ -163,6 +218,31 @@ def test_target_head_loading(tmp_path):
     with pytest.raises(libdflash.Error) as err:
         train.load_target_head(tmp_path / "a.safetensors", V + 1, H)
     assert err.value.status in ("DFLASH_E_MISMATCH", "DFLASH_E_FORMAT")
+
+
+def test_dflash2_loss_is_reported_by_component(world, tmp_path):
+    """A DFlash 2 run's metrics give the block CE and the selector's weighted loss apart
+    (their sum is `loss`), and the selector's part is its own: 0 with selector_loss_weight 0,
+    the block CE then being the whole loss."""
+    cfg = json.loads((world / "drafter.json").read_text())
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=8, selector_top_k=4,
+                                selector_rank=8)
+    rows = {}
+    for w in (1.0, 0.0):
+        out = tmp_path / f"w{w}"
+        libdflash.train_run(cfg, world / "target", world / "train", world / "train-hidden", out,
+                            batch_size=4, num_anchors=16, seed=5, n_threads=2, lr=1e-2,
+                            epochs=2, selector_loss_weight=w)
+        rows[w] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for r in rows[1.0]:
+        assert r["selector_loss"] > 0 and r["block_loss"] > 0, r
+        assert abs(r["block_loss"] + r["selector_loss"] - r["loss"]) <= 1e-6 * r["loss"], r
+    for r in rows[0.0]:
+        assert r["selector_loss"] == 0 and r["block_loss"] == r["loss"], r
+    plain = [json.loads(x) for x in (world / "run" / "metrics.jsonl").read_text().splitlines()
+             ] if (world / "run").exists() else []
+    assert all("selector_loss" not in r for r in plain)  # DFlash 1: one loss
 
 
 def test_cli_plan_counts_dflash2_tensors(world, tmp_path):

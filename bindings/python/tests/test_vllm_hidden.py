@@ -48,6 +48,27 @@ def world(tmp_path, rng, K=2, H=8):
     return samples, order, items
 
 
+@pytest.mark.skipif(not os.environ.get("DFLASH_CLI"), reason="needs DFLASH_CLI")
+def test_inspect_reads_the_vllm_layout_train_reads(tmp_path):
+    """`dflash inspect` on a folder of hs_*.safetensors: the store summary (samples, rows,
+    per-layer RMS as numpy computes it over the K drafter layers), as train and eval read it."""
+    rng = np.random.default_rng(5)
+    K, H = 2, 8
+    _, _, items = world(tmp_path, rng, K, H)
+    decoded = write_vllm(tmp_path / "vllm", items)
+    r = subprocess.run([os.environ["DFLASH_CLI"], "inspect", str(tmp_path / "vllm")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = sum(len(d) for d in decoded)
+    assert f"4 samples, {rows} tokens, {K} layers x {H} (bf16)" in r.stdout, r.stdout
+    for k in range(K):
+        x = np.concatenate([d[:, k, :] for d in decoded]).astype(np.float64)
+        rms = float(np.sqrt(np.mean(x * x)))
+        line = next(x for x in r.stdout.splitlines() if x.strip().startswith(f"layer {k}:"))
+        got = float(line.split("rms ")[1].split(",")[0])
+        assert abs(got - rms) <= 1e-5 * rms, (k, got, rms)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_vllm_files_join_by_token_ids(tmp_path, dtype):
     rng = np.random.default_rng(3)
