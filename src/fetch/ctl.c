@@ -146,8 +146,7 @@ static bool follow_slots(df_ctl *c, const char **why) {
 }
 
 /* Whether this tick completes a window; resets it when it cannot count. */
-static bool window_ready(df_ctl *c, double now, uint32_t in_flight, uint32_t queued,
-                         bool starved) {
+static bool window_ready(df_ctl *c, double now, uint32_t in_flight, uint32_t queued, bool starved) {
   double dt = now - c->last_tick;
   c->last_tick = now;
   uint32_t slack = c->limit / 16 ? c->limit / 16 : 1;

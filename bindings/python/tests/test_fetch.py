@@ -103,6 +103,21 @@ def test_fetcher_counters_agree_with_outputs(server, tmp_path):
     assert len(servers) == 1 and servers[0]["healthy"] and servers[0]["completed"] == 12
     assert servers[0]["requests"] >= 12 and servers[0]["completion_tokens"] == tokens
     assert summary["completed"] == 12
+    # --concurrency N is fixed: the controller never moves it and logs no decision
+    assert servers[0]["concurrency"] == 4
+    assert summary["controller"]["mode"] == "fixed" and summary["controller"]["decisions"] == []
+
+
+def test_fetcher_adaptive_by_default(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 6)
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                        max_tokens=6, max_concurrency=3) as fetcher:
+        assert fetcher.run() is True
+        servers = fetcher.server_stats()
+        summary = fetcher.summary()
+    assert summary["controller"]["mode"] == "adaptive" and summary["completed"] == 6
+    assert 1 <= servers[0]["concurrency"] <= 3  # the cap holds from the first request
+    assert summary["servers"][0]["concurrency"] == servers[0]["concurrency"]
 
 
 def test_fetcher_stop_from_another_thread(server, tmp_path):
