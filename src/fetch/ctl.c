@@ -15,7 +15,10 @@
 #define START_GAIN 0.15 /* a doubling must raise the rate this much to go on */
 #define UP_GAIN 0.02    /* an UP probe must beat the base by this much */
 #define DOWN_LOSS 0.01  /* a DOWN probe may lose this much and still be kept */
-#define QUEUE_FRAC 0.1  /* a queue over this fraction of the limit: more streams only wait */
+#define QUEUE_FRAC 0.1  /* a reported queue over this fraction of the limit: more only wait */
+/* Blind, a stream counts as queued until its first token, which every short
+ * request spends a good part of its life doing: only half of them is a queue. */
+#define BLIND_QUEUE_FRAC 0.5
 #define WINDOW_TOKENS 8 /* a window counts at least this many tokens per stream */
 
 static uint32_t clamp_limit(const df_ctl *c, double v) {
@@ -183,7 +186,8 @@ bool df_ctl_tick(df_ctl *c, double now, uint32_t in_flight, uint32_t queued, boo
   double len = now - c->win_start;
   c->rate = (double)c->win_tokens / len;
   double limit = c->limit;
-  bool queue = c->win_queue_s / len > (limit * QUEUE_FRAC > 1 ? limit * QUEUE_FRAC : 1);
+  double frac = c->have_state && c->st.waiting >= 0 ? QUEUE_FRAC : BLIND_QUEUE_FRAC;
+  bool queue = c->win_queue_s / len > (limit * frac > 1 ? limit * frac : 1);
   uint32_t before = c->limit;
   *why = decide(c, c->rate, queue);
   if (c->limit == before) { /* same limit, new phase: measure again */
