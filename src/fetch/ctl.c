@@ -20,6 +20,13 @@
  * request spends a good part of its life doing: only half of them is a queue. */
 #define BLIND_QUEUE_FRAC 0.5
 #define WINDOW_TOKENS 8 /* a window counts at least this many tokens per stream */
+/* Probes near the best are judged over LIFE_WINDOW request lifetimes after
+ * LIFE_SETTLE of one: a limit moved up shows at once (more streams decode), its
+ * cost in KV pressure and preemptions only as the new requests grow. The
+ * doubling at the start needs neither: a queue or a flat rate shows at once. */
+#define LIFE_WINDOW 1.0
+#define LIFE_SETTLE 0.5
+#define LIFE_WEIGHT 0.05 /* EWMA weight of one request's lifetime */
 
 static uint32_t clamp_limit(const df_ctl *c, double v) {
   if (v < 1) return 1;
@@ -33,8 +40,8 @@ void df_ctl_init(df_ctl *c, uint32_t initial, uint32_t max, bool fixed, double n
   c->limit = c->base = clamp_limit(c, initial);
   c->step = c->limit / 4 ? c->limit / 4 : 1;
   c->phase = fixed ? DF_CTL_FIXED : DF_CTL_START;
-  c->window_s = 5;
-  c->settle_s = 2;
+  c->window_s = 0.5;
+  c->settle_s = 0.25;
   c->win_start = -1;
   c->last_tick = now;
   c->st = (df_ctl_state){-1, -1, -1, -1, -1};
@@ -43,6 +50,22 @@ void df_ctl_init(df_ctl *c, uint32_t initial, uint32_t max, bool fixed, double n
 void df_ctl_tokens(df_ctl *c, uint64_t n) {
   c->tokens_total += n;
   if (c->win_start >= 0) c->win_tokens += n;
+}
+
+void df_ctl_done(df_ctl *c, double seconds) {
+  if (!(seconds >= 0)) return;
+  c->life_s = c->life_s > 0 ? c->life_s + LIFE_WEIGHT * (seconds - c->life_s) : seconds;
+}
+
+/* The settle time and the window of the phase being measured. */
+static double settle_time(const df_ctl *c) {
+  double l = c->phase == DF_CTL_START ? 0 : LIFE_SETTLE * c->life_s;
+  return l > c->settle_s ? l : c->settle_s;
+}
+
+static double window_time(const df_ctl *c) {
+  double l = c->phase == DF_CTL_START ? 0 : LIFE_WINDOW * c->life_s;
+  return l > c->window_s ? l : c->window_s;
 }
 
 void df_ctl_state_set(df_ctl *c, const df_ctl_state *s) {
@@ -61,8 +84,10 @@ static void set_limit(df_ctl *c, uint32_t limit, df_ctl_phase phase) {
 
 static uint32_t min_step(const df_ctl *c) { return c->base / 16 ? c->base / 16 : 1; }
 
+/* At most a quarter of the base: a probe down by half would cost a third of
+ * the rate for a whole window on the steep side of the hill. */
 static void grow_step(df_ctl *c) {
-  uint32_t cap = c->base / 2 ? c->base / 2 : 1;
+  uint32_t cap = c->base / 4 ? c->base / 4 : 1;
   c->step = c->step * 2 < cap ? c->step * 2 : cap;
 }
 
@@ -87,7 +112,7 @@ static const char *probe(df_ctl *c, bool queue) {
 
 static const char *decide_start(df_ctl *c, double rate, bool queue) {
   bool grew = c->prev_rate <= 0 || rate > c->prev_rate * (1 + START_GAIN);
-  if (grew && !queue && c->limit < c->max) {
+  if (grew && c->limit < c->max) { /* the rate is the evidence, whatever queues */
     c->prev_rate = rate;
     c->base = c->limit;
     set_limit(c, (double)c->limit * 2, DF_CTL_START);
@@ -108,7 +133,7 @@ static const char *decide(df_ctl *c, double rate, bool queue) {
   case DF_CTL_START: return decide_start(c, rate, queue);
   case DF_CTL_BASE: c->base_rate = rate; return probe(c, queue);
   case DF_CTL_UP:
-    if (!queue && rate > c->base_rate * (1 + UP_GAIN)) {
+    if (rate > c->base_rate * (1 + UP_GAIN)) {
       c->base = c->limit;
       c->base_rate = rate;
       grow_step(c);
@@ -164,7 +189,7 @@ static bool window_ready(df_ctl *c, double now, uint32_t in_flight, uint32_t que
     c->held_since = now;
   }
   if (c->win_start < 0) {
-    if (now - c->held_since < c->settle_s) return false;
+    if (now - c->held_since < settle_time(c)) return false;
     c->win_start = now;
     c->win_tokens = 0;
     c->win_queue_s = 0;
@@ -174,7 +199,7 @@ static bool window_ready(df_ctl *c, double now, uint32_t in_flight, uint32_t que
   double q = c->have_state && c->st.waiting >= 0 ? c->st.waiting : (double)queued;
   c->win_queue_s += q * dt;
   double len = now - c->win_start;
-  return len >= c->window_s && c->win_tokens >= (uint64_t)WINDOW_TOKENS * c->limit;
+  return len >= window_time(c) && c->win_tokens >= (uint64_t)WINDOW_TOKENS * c->limit;
 }
 
 bool df_ctl_tick(df_ctl *c, double now, uint32_t in_flight, uint32_t queued, bool starved,
@@ -192,7 +217,7 @@ bool df_ctl_tick(df_ctl *c, double now, uint32_t in_flight, uint32_t queued, boo
   *why = decide(c, c->rate, queue);
   if (c->limit == before) { /* same limit, new phase: measure again */
     c->held = true;
-    c->held_since = now - c->settle_s;
+    c->held_since = now - settle_time(c);
     c->win_start = -1;
   }
   return c->limit != before;

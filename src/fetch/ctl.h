@@ -11,7 +11,10 @@
  * still triples) and the best concurrency tolerates some preemption, so the
  * only reliable objective is the rate itself. A limit is judged only once the
  * server holds it (in flight == limit) and a settle time has passed, because
- * fewer streams take effect only as requests finish. Server state narrows the
+ * fewer streams take effect only as requests finish. The windows are measured
+ * in request lifetimes (a change shows fully only after about one), with short
+ * floors, so the same controller follows a llama.cpp server whose requests last
+ * seconds and a Kimi node whose requests last minutes. Server state narrows the
  * search: llama.cpp's slot count is the answer; a queue on the server (vLLM
  * or SGLang "waiting", or streams in flight that have not started) means more
  * streams only wait, so the climber does not go up while it lasts. */
@@ -47,6 +50,7 @@ typedef struct df_ctl {
   df_ctl_phase phase;
   double window_s; /* shortest measuring window */
   double settle_s; /* after the limit is reached, before measuring */
+  double life_s;   /* mean time a request takes (sent to done); 0 until one is */
   /* the window being measured */
   bool held;         /* in flight reached the limit */
   double held_since; /* when it did (settle runs from here) */
@@ -66,6 +70,8 @@ typedef struct df_ctl {
 void df_ctl_init(df_ctl *c, uint32_t initial, uint32_t max, bool fixed, double now);
 /* Tokens streamed by the server since the last call. */
 void df_ctl_tokens(df_ctl *c, uint64_t n);
+/* A request took `seconds` from sent to done: the controller's time scale. */
+void df_ctl_done(df_ctl *c, double seconds);
 /* The server's own report (df_ctl_state fields < 0 when unknown). */
 void df_ctl_state_set(df_ctl *c, const df_ctl_state *s);
 /* Periodic decision. `in_flight`: requests sent to the server; `queued`: of

@@ -796,6 +796,7 @@ static dflash_status xfer_done(dflash_fetch *f, df_xfer *x, CURLcode rc) {
     result r = classify(x, rc);
     if (r.kind != RES_OK) f->attempts_failed++;
     server_result(f, s, &r, now);
+    if (r.kind == RES_OK) df_ctl_done(&s->ctl, now - x->started);
     st = r.kind == RES_OK ? turn_done(f, x->job, x, now) : job_failed(f, x->job, x, &r, now);
     free(r.msg);
   }

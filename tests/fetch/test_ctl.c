@@ -53,6 +53,7 @@ typedef struct sim {
   df_ctl ctl;
   double now, in_flight, carry;
   int changes;
+  bool feed_life; /* tell the controller how long requests take */
 } sim;
 
 static void sim_init(sim *s, uint32_t initial, uint32_t max, bool fixed) {
@@ -75,6 +76,7 @@ static double run(sim *s, const model *m, double seconds, bool starved) {
     double tok = r * dt + s->carry;
     s->carry = tok - floor(tok);
     df_ctl_tokens(&s->ctl, (uint64_t)tok);
+    if (s->feed_life) df_ctl_done(&s->ctl, m->lifetime_s);
     if (m->report || m->slots > 0) {
       df_ctl_state st = {m->slots > 0 ? m->slots : -1, B, s->in_flight - B, -1, -1};
       df_ctl_state_set(&s->ctl, &st);
@@ -134,6 +136,30 @@ START_TEST(follows_a_moving_knee) {
 }
 END_TEST
 
+/* With requests that take 80 s, a probe near the knee is judged over about one
+ * lifetime after half of one (a cost in KV shows only as the requests grow),
+ * while the doubling at the start stays quick; and it still climbs. */
+START_TEST(measures_in_request_lifetimes) {
+  model m = kimi_bf16();
+  sim s;
+  sim_init(&s, 8, 512, false);
+  s.feed_life = true;
+  double t0 = s.now;
+  while (s.ctl.phase == DF_CTL_START && s.now - t0 < 600) (void)run(&s, &m, 0.25, false);
+  ck_assert_int_ne(s.ctl.phase, DF_CTL_START);
+  ck_assert_double_lt(s.now - t0, 30); /* 8 -> 64 in a few short windows */
+  uint64_t d0 = s.ctl.decisions;
+  (void)run(&s, &m, 0.5 * 80 + 80 - 5, false);
+  ck_assert_uint_eq(s.ctl.decisions, d0);
+  (void)run(&s, &m, 10, false);
+  ck_assert_uint_gt(s.ctl.decisions, d0);
+  double at, best = best_rate(&m, &at);
+  double got = run(&s, &m, 4000, false);
+  ck_assert_msg(got >= 0.9 * best, "%.1f tok/s of the best %.1f (at %.0f), limit %u", got, best, at,
+                s.ctl.limit);
+}
+END_TEST
+
 START_TEST(takes_the_slot_count) {
   model m = {20, 2.0, 0, 0, 0, 0.3, 8 * 32768, 1000, 0, 40, 8, false};
   sim s;
@@ -183,6 +209,7 @@ TCase *tc_ctl(void) {
   TCase *tc = tcase_create("ctl");
   tcase_add_test(tc, climbs_to_the_knee);
   tcase_add_test(tc, follows_a_moving_knee);
+  tcase_add_test(tc, measures_in_request_lifetimes);
   tcase_add_test(tc, takes_the_slot_count);
   tcase_add_test(tc, fixed_never_moves);
   tcase_add_test(tc, stays_under_the_cap);
