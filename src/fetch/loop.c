@@ -994,12 +994,24 @@ dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, vo
   if (st || (st = sync)) return st;
   if (finished(f)) return DFLASH_OK;
   unsigned long long left = f->n_prompts - f->next_prompt + f->n_waiting + (f->n_bad - f->next_bad);
-  if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout"))
-    return df_error(DFLASH_E_TIMEOUT,
-                    "fetch: every server was down for %.0f s (the down timeout); "
-                    "stopped with %llu prompts unfinished; run the same command again to resume "
-                    "once a server answers",
-                    f->guards.down_timeout_s, left);
+  if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout")) {
+    df_buf names = {0};
+    for (size_t i = 0; i < f->n_servers; i++) {
+      const df_server *s = &f->servers[i];
+      if (s->excluded) continue;
+      const char *what = s->check_msg ? s->check_msg : s->display;
+      if (names.len) df_buf_append(&names, "; ", 2);
+      df_buf_append(&names, what, strlen(what));
+    }
+    df_buf_append(&names, "", 1);
+    st = df_error(DFLASH_E_TIMEOUT,
+                  "fetch: every server was down for %.0f s (the down timeout): %s; "
+                  "stopped with %llu prompts unfinished; run the same command again to resume "
+                  "once a server answers",
+                  f->guards.down_timeout_s, names.data ? names.data : "", left);
+    df_buf_free(&names);
+    return st;
+  }
   return df_error(DFLASH_E_CANCELLED,
                   "fetch stopped with %llu prompts unfinished; run the "
                   "same command again to resume",
