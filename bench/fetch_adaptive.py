@@ -164,7 +164,7 @@ def run_scenario(name, cli, size, tmp):
     best, vec, blog, bengines = sweep(presets, work, size["scale"], events)
     sweep_s = time.monotonic() - t
     makespan = max(t for t, _ in blog)
-    size = dict(size, speed=max(1.0, min(makespan / size["wall"], MAX_EVENTS / best)))
+    size = dict(size, speed=max(0.25, min(makespan / size["wall"], MAX_EVENTS / best)))
     d = live_run(cli, presets, work, size, events, metrics, [], tmp, "default")
     f64 = live_run(cli, presets, work, size, events, metrics, ["--concurrency", "64"], tmp,
                    "fixed64")

@@ -421,9 +421,10 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
                     "fetch: %zu of %zu servers failed the start-up check (GET /models), "
                     "so nothing was sent: %s%s",
                     bad, n, why.data,
-                    good + down ? ". --skip-bad-servers (skip_bad_servers) goes on with the ones that "
-                           "passed"
-                         : "");
+                    good + down
+                        ? ". --skip-bad-servers (skip_bad_servers) goes on with the ones that "
+                          "passed"
+                        : "");
   } else if (!st && bad) {
     for (size_t i = 0; i < n; i++) {
       df_server *s = &f->servers[cs[i].server];
