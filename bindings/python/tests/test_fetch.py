@@ -184,16 +184,17 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
 
 
 def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
-    """With the start-up check, a dead server is named before anything is sent; guards can
-    only be set before run()."""
+    """With the start-up check, a model the servers do not serve is named before anything
+    is sent; a dead server is a server restarting (kept down, probed), not a refusal;
+    guards can only be set before run()."""
     write_prompts(tmp_path / "in.jsonl", 2)
     dead = "http://127.0.0.1:9/v1"
-    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "nope",
                         connect_timeout=2) as fetcher:
         fetcher.set_guards()
         with pytest.raises(libdflash.Error) as e:
             fetcher.run()
-        assert "127.0.0.1:9" in e.value.message, e.value.message
+        assert 'does not serve model "nope"' in e.value.message, e.value.message
     assert not (tmp_path / "out" / "completions.jsonl").exists() or \
         not (tmp_path / "out" / "completions.jsonl").read_text()
     with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
