@@ -53,6 +53,10 @@ GRID = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 384,
 SIZES = {"quick": {"scale": 32, "n": 900, "wall": 20},
          "full": {"scale": 32, "n": 2500, "wall": 60}}
 MAX_EVENTS = 5000
+# a faster server gets more prompts, so that every run holds about as many request
+# lifetimes at each server's best (the 10-90 % window must dwarf the controller's start)
+PROMPTS = {"kimi-pcie-bf16": 1.0, "kimi-pcie-fp8": 2.5, "kimi-pcie-noP2P": 0.7,
+           "h200-fast": 3.0, "llamacpp-8slot": 0.5}
 
 
 def best_rate(presets, conc, work, scale, events):
@@ -107,8 +111,7 @@ def live_run(cli, presets, work, size, events, metrics, extra, tmp, tag):
         write_input(inp, work)
     out = os.path.join(tmp, tag)
     cmd = [cli, "fetch", inp, "-o", out, "--model", "sim", "--max-tokens",
-           str(sim.MAX_TOKENS // size["scale"]), "--log-interval", "3600", "--probe-interval",
-           "1", "--idle-timeout", "600"]
+           str(sim.MAX_TOKENS // size["scale"]), "--log-interval", "3600"]
     for p in ports:
         cmd += ["--server", f"http://127.0.0.1:{p}/v1"]
     t0 = time.monotonic()
@@ -158,7 +161,7 @@ def preempts(engines):
 
 def run_scenario(name, cli, size, tmp):
     presets, drift, events, metrics = SCENARIOS[name]
-    n = size["n"] * len(presets)
+    n = round(size["n"] * sum(PROMPTS[p] for p in presets))
     work = sim.workload(n, size["scale"], drift)
     t = time.monotonic()
     best, vec, blog, bengines = sweep(presets, work, size["scale"], events)

@@ -504,8 +504,8 @@ class Live:
             elif path == "/props" and e.policy == "llamacpp":
                 self.reply(writer, 200, {"total_slots": LLAMACPP_SLOTS, "model_path": "sim"})
             elif path == "/slots" and e.policy == "llamacpp":
-                busy = {r.rid for r in e.running}
-                self.reply(writer, 200, [{"id": k, "is_processing": k < len(busy)}
+                busy = len(e.running)
+                self.reply(writer, 200, [{"id": k, "is_processing": k < busy}
                                          for k in range(LLAMACPP_SLOTS)])
             else:
                 self.reply(writer, 404, {"error": "not found"})

@@ -12,10 +12,11 @@
 #include <math.h>
 #include <string.h>
 
-#define START_GAIN 0.15 /* a doubling must raise the rate this much to go on */
-#define UP_GAIN 0.02    /* an UP probe must beat the base by this much */
-#define DOWN_LOSS 0.01  /* a DOWN probe may lose this much and still be kept */
-#define QUEUE_FRAC 0.1  /* a reported queue over this fraction of the limit: more only wait */
+#define START_GAIN 0.15  /* a doubling must raise the rate this much to go on */
+#define START_LINEAR 0.8 /* a rate that grows this near linearly quadruples the next step */
+#define UP_GAIN 0.02     /* an UP probe must beat the base by this much */
+#define DOWN_LOSS 0.01   /* a DOWN probe may lose this much and still be kept */
+#define QUEUE_FRAC 0.1   /* a reported queue over this fraction of the limit: more only wait */
 /* Blind, a stream counts as queued until its first token, which every short
  * request spends a good part of its life doing: only half of them is a queue. */
 #define BLIND_QUEUE_FRAC 0.5
@@ -113,10 +114,15 @@ static const char *probe(df_ctl *c, bool queue) {
 static const char *decide_start(df_ctl *c, double rate, bool queue) {
   bool grew = c->prev_rate <= 0 || rate > c->prev_rate * (1 + START_GAIN);
   if (grew && c->limit < c->max) { /* the rate is the evidence, whatever queues */
+    /* Far below the knee the rate grows with the streams: then the next step
+     * quadruples (the start is paid in windows, and an overshoot shows at once
+     * as a flat rate, which ends the start a quarter lower). */
+    double k = c->base > 0 && c->limit > c->base ? (double)c->limit / c->base : 2;
+    bool linear = c->prev_rate > 0 && rate >= c->prev_rate * k * START_LINEAR;
     c->prev_rate = rate;
     c->base = c->limit;
-    set_limit(c, (double)c->limit * 2, DF_CTL_START);
-    return "start: rate grew, doubling";
+    set_limit(c, (double)c->limit * (linear ? 4 : 2), DF_CTL_START);
+    return linear ? "start: rate grew with the streams, quadrupling" : "start: rate grew, doubling";
   }
   /* The best lies between the last two limits: settle in the middle of them
    * (or at the last one when it still gained something). */
