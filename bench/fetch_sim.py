@@ -210,8 +210,8 @@ class Engine:
             r.kv += 1
             self.kv_used += 1
             fin = None
-            if r.out >= r.target:
-                fin = "length" if r.out >= r.cap else "stop"
+            if r.out >= min(r.target, r.cap):
+                fin = "stop" if r.out >= r.target and r.out < r.cap else "length"
             elif self.policy == "llamacpp" and r.prompt + r.out >= self.slot_ctx:
                 fin = "length"
             events.append((r, 1, fin))
@@ -527,6 +527,21 @@ class Live:
         r = Req(0, prompt, target, cap, sink=lambda n, fin: q.put_nowait((n, fin)))
         e.add(r)
         self.wake[i].set()
+        if not req.get("stream"):  # a whole body (the fetcher's 1-token probe)
+            fin = None
+            while not fin:
+                _, fin = await q.get()
+            if fin == "abort!":
+                writer.transport.abort()
+                return False
+            self.reply(writer, 200, {
+                "object": "chat.completion", "model": "sim",
+                "choices": [{"index": 0, "finish_reason": fin,
+                             "message": {"role": "assistant", "content": "x " * r.out}}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": r.out,
+                          "total_tokens": prompt + r.out}})
+            await writer.drain()
+            return True
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")
         tok = b'data: {"object":"chat.completion.chunk","choices":[{"index":0,' \
