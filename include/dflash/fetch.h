@@ -76,7 +76,9 @@ typedef struct dflash_fetch_options {
    * this file; sent as "Authorization: Bearer", never logged or written. */
   const char *api_key_env;
   const char *api_key_file;
-  int32_t concurrency;      /* in-flight requests per server (default 64) */
+  /* In-flight requests per server. 0 (the default): each server's own, found
+   * and followed by a controller (see max_concurrency); N >= 1: exactly N, fixed. */
+  int32_t concurrency;
   double connect_timeout_s; /* default 10 */
   double idle_timeout_s;    /* streamed only: longest silence between bytes (default 120) */
   /* Overall deadline of one attempt: deadline_s when > 0, else
@@ -104,6 +106,19 @@ typedef struct dflash_fetch_options {
   double drain_grace_s;        /* after stop: wait this long for in-flight work (default 30) */
   double progress_interval_s;  /* progress callback period (default 0.5) */
   int32_t send_rid;            /* 1: send SGLang's "rid" = "<id>-<attempt>" (default 0) */
+  /* The controller (concurrency 0) keeps on each server the number of requests
+   * that gives the highest generated-token rate, measured from the streams, and
+   * follows it as it moves (output lengths drift, a server slows or restarts);
+   * a server's own report narrows it (llama.cpp's GET /props total_slots, vLLM's
+   * or SGLang's /metrics queue: see server_state). Routing sends each request to
+   * the server with the lowest load relative to its limit. The summary records
+   * every decision ("controller"). */
+  int32_t max_concurrency; /* the controller's cap per server (default 512) */
+  /* 1 (default): read each server's own load report (GET {root}/props, /metrics,
+   * {root} being the URL without a trailing /v1) from the event loop every
+   * state_interval_s; 0: the stream signals only. */
+  int32_t server_state;
+  double state_interval_s; /* default 2 */
 } dflash_fetch_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -142,6 +157,8 @@ typedef struct dflash_fetch_server_stats {
   uint64_t completed;
   uint64_t failures;
   uint64_t completion_tokens;
+  uint32_t concurrency; /* the requests it is allowed now (the controller's limit or the fixed N) */
+  double tok_per_s;     /* tokens streamed per second, smoothed over ~5 s */
 } dflash_fetch_server_stats;
 
 /*

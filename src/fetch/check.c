@@ -365,6 +365,25 @@ static dflash_status run_checks(dflash_fetch *f, check *cs, size_t n, dflash_sta
   return st;
 }
 
+/* A server that refuses connections or times out is one that is restarting, not
+ * a misconfiguration: it is kept, marked down and probed at once, and joins
+ * when it answers (the run goes on with the others; every server down past
+ * down_timeout_s stops it). Its verdict is cleared; returns how many. */
+static size_t mark_down(dflash_fetch *f, const check *cs, dflash_status *verdict, size_t n) {
+  size_t down = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (verdict[i] != DFLASH_E_NETWORK && verdict[i] != DFLASH_E_TIMEOUT) continue;
+    df_server *s = &f->servers[cs[i].server];
+    s->healthy = false;
+    s->next_probe = 0;
+    verdict[i] = DFLASH_OK;
+    down++;
+    df_log(DFLASH_LOG_WARN, "fetch: %s; it is probed and joins when it answers",
+           s->check_msg ? s->check_msg : s->display);
+  }
+  return down;
+}
+
 dflash_status df_fetch_check_servers(dflash_fetch *f) {
   size_t n = 0;
   for (size_t i = 0; i < f->n_servers; i++) n += !f->servers[i].excluded;
@@ -379,7 +398,7 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
     if (!f->servers[i].excluded) cs[k++].server = i;
   for (size_t i = 0; i < n; i++) verdict[i] = DFLASH_E_INTERNAL; /* until judged */
   dflash_status st = run_checks(f, cs, n, verdict);
-  size_t bad = 0;
+  size_t bad = 0, down = mark_down(f, cs, verdict, st ? 0 : n);
   dflash_status first = DFLASH_OK;
   df_buf why = {0};
   for (size_t i = 0; !st && i < n; i++) {
@@ -391,10 +410,10 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
     if (s->check_msg) df_buf_append(&why, s->check_msg, strlen(s->check_msg));
   }
   df_buf_append(&why, "", 1);
-  size_t good = n - bad;
-  if (!st && bad && (!f->guards.skip_bad_servers || good == 0)) {
+  size_t good = n - bad - down;
+  if (!st && bad && (!f->guards.skip_bad_servers || good + down == 0)) {
     f->stop_reason = "server_check";
-    if (good == 0 && f->guards.skip_bad_servers)
+    if (good + down == 0 && f->guards.skip_bad_servers)
       st = df_error(first, "fetch: no server passed the start-up check (GET /models): %s",
                     why.data);
     else
@@ -402,9 +421,10 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
                     "fetch: %zu of %zu servers failed the start-up check (GET /models), "
                     "so nothing was sent: %s%s",
                     bad, n, why.data,
-                    good ? ". --skip-bad-servers (skip_bad_servers) goes on with the ones that "
-                           "passed"
-                         : "");
+                    good + down
+                        ? ". --skip-bad-servers (skip_bad_servers) goes on with the ones that "
+                          "passed"
+                        : "");
   } else if (!st && bad) {
     for (size_t i = 0; i < n; i++) {
       df_server *s = &f->servers[cs[i].server];
@@ -413,7 +433,7 @@ dflash_status df_fetch_check_servers(dflash_fetch *f) {
       s->healthy = false;
       df_log(DFLASH_LOG_WARN, "fetch: leaving out %s", s->check_msg);
     }
-    df_log(DFLASH_LOG_WARN, "fetch: going on with %zu of %zu servers", good, n);
+    df_log(DFLASH_LOG_WARN, "fetch: going on with %zu of %zu servers", good + down, n);
   }
   for (size_t i = 0; i < n; i++) df_buf_free(&cs[i].body);
   df_buf_free(&why);

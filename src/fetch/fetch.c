@@ -19,7 +19,10 @@ static dflash_status fetch_options_defaults(dflash_fetch_options *o) {
   o->temperature = o->top_p = o->min_p = -1;
   o->seed = -1;
   o->stream = 1;
-  o->concurrency = 64;
+  o->concurrency = 0; /* the controller */
+  o->max_concurrency = 512;
+  o->server_state = 1;
+  o->state_interval_s = 2;
   o->connect_timeout_s = 10;
   o->idle_timeout_s = 120;
   o->deadline_base_s = 60;
@@ -64,9 +67,14 @@ static dflash_status check_options(const dflash_fetch_options *o) {
   if (!o->servers || o->n_servers == 0) return df_error(DFLASH_E_CONFIG, "fetch: no server URL");
   if (o->family < 0 || o->family > DFLASH_FETCH_FAMILY_QWEN)
     return df_error(DFLASH_E_CONFIG, "fetch: unknown family %d", (int)o->family);
-  if (o->concurrency < 1 || o->max_attempts < 1 || o->fail_threshold < 1)
-    return df_error(DFLASH_E_CONFIG,
-                    "fetch: concurrency, max_attempts and fail_threshold must be >= 1");
+  if (o->concurrency < 0 || o->max_attempts < 1 || o->fail_threshold < 1)
+    return df_error(DFLASH_E_CONFIG, "fetch: max_attempts and fail_threshold must be >= 1, "
+                                     "concurrency >= 0 (0: the controller)");
+  if (o->concurrency == 0 && o->max_concurrency < 1)
+    return df_error(DFLASH_E_CONFIG, "fetch: max_concurrency must be >= 1 (it is %d)",
+                    (int)o->max_concurrency);
+  if (o->server_state && o->state_interval_s <= 0)
+    return df_error(DFLASH_E_CONFIG, "fetch: state_interval_s must be positive");
   if (o->shard_count > 1 && o->shard_index >= o->shard_count)
     return df_error(DFLASH_E_CONFIG, "fetch: shard %u/%u out of range", o->shard_index,
                     o->shard_count);
@@ -102,7 +110,10 @@ static dflash_status add_servers(dflash_fetch *f, const dflash_fetch_options *o)
     s->url = s->base ? df_asprintf("%s/chat/completions", s->base) : NULL;
     s->display = s->base ? display_url(s->base) : NULL;
     s->healthy = true;
-    if (!s->url || !s->display) return df_error_nomem("server URL");
+    /* the load reports live at the root, not under the OpenAI prefix */
+    size_t r = n >= 3 && !strncmp(s->base + n - 3, "/v1", 3) ? n - 3 : n;
+    s->root = s->base ? df_strndup(s->base, r) : NULL;
+    if (!s->url || !s->display || !s->root) return df_error_nomem("server URL");
   }
   return DFLASH_OK;
 }
@@ -663,7 +674,9 @@ DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, si
                                  .requests = v->requests,
                                  .completed = v->completed,
                                  .failures = v->failures,
-                                 .completion_tokens = v->completion_tokens};
+                                 .completion_tokens = v->completion_tokens,
+                                 .concurrency = v->ctl.limit,
+                                 .tok_per_s = v->tok_rate};
   return df_opts_out(s, &t, sizeof t, "dflash_fetch_server_stats");
 }
 
@@ -676,15 +689,18 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
   json_t *servers = json_array();
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *v = &f->servers[i];
-    json_array_append_new(servers,
-                          json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:s?}", "url", v->display,
-                                    "healthy", v->healthy, "requests", (json_int_t)v->requests,
-                                    "completed", (json_int_t)v->completed, "failures",
-                                    (json_int_t)v->failures, "completion_tokens",
-                                    (json_int_t)v->completion_tokens, "turns_uncounted",
-                                    (json_int_t)v->turns_uncounted, "probes_failed",
-                                    (json_int_t)v->probes_failed, "excluded", v->excluded, "check",
-                                    v->check_msg));
+    json_t *one = json_pack("{s:s,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:s?}", "url", v->display,
+                            "healthy", v->healthy, "requests", (json_int_t)v->requests, "completed",
+                            (json_int_t)v->completed, "failures", (json_int_t)v->failures,
+                            "completion_tokens", (json_int_t)v->completion_tokens,
+                            "turns_uncounted", (json_int_t)v->turns_uncounted, "probes_failed",
+                            (json_int_t)v->probes_failed, "excluded", v->excluded, "check",
+                            v->check_msg);
+    if (one) { /* the limit the loop admits now and the smoothed streamed rate */
+      json_object_set_new(one, "concurrency", json_integer((json_int_t)v->ctl.limit));
+      json_object_set_new(one, "tok_per_s", json_real(v->tok_rate));
+    }
+    json_array_append_new(servers, one);
   }
   /* completion_tokens sums the answers that came with a count (turns_counted); the rate is
    * null while answers came but none with a count, rather than a false 0 */
@@ -713,6 +729,10 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
                                                      : json_null());
     json_object_set_new(j, "stop_reason",
                         f->stop_reason ? json_string(f->stop_reason) : json_null());
+    json_t *ctl = json_pack("{s:s,s:O,s:I}", "mode", f->o.concurrency ? "fixed" : "adaptive",
+                            "decisions", f->decisions ? f->decisions : json_null(), "dropped",
+                            (json_int_t)f->decisions_dropped);
+    json_object_set_new(j, "controller", ctl);
     json_object_set(j, "servers", servers);
   }
   json_decref(servers);
@@ -754,8 +774,10 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
     free(f->servers[i].base);
     free(f->servers[i].url);
     free(f->servers[i].display);
+    free(f->servers[i].root);
   }
   free(f->servers);
+  json_decref(f->decisions);
   json_decref(f->stop);
   json_decref(f->extra);
   free(f->model);

@@ -6,6 +6,7 @@
 #include <curl/curl.h>
 #include <stdatomic.h>
 
+#include "ctl.h"
 #include "fetch_internal.h"
 
 typedef struct df_server {
@@ -22,6 +23,17 @@ typedef struct df_server {
   uint64_t probes_failed;
   bool excluded;   /* failed the start-up check (skip_bad_servers): never used */
   char *check_msg; /* why it failed the start-up check, NULL when it passed or none ran */
+  /* the concurrency controller and what it is fed */
+  df_ctl ctl;
+  uint64_t tokens;      /* streamed events (~tokens) and counted non-streamed tokens */
+  uint64_t tokens_tick; /* `tokens` at the last controller tick */
+  double tok_rate;      /* smoothed tokens/s, for the progress line and the summary */
+  /* the server's own load report: GET {root}/props, then {root}/metrics */
+  char *root;      /* base without a trailing /v1 */
+  int state_kind;  /* STATE_* in loop.c */
+  uint32_t queued; /* requests in flight not streaming yet (this tick) */
+  bool state_busy;
+  double next_state;
 } df_server;
 
 /* A valid input line still to fetch. */
@@ -61,12 +73,14 @@ typedef struct df_xfer {
   CURL *easy;
   df_job *job;
   int server;
-  bool sse; /* the response is an event stream */
+  bool state; /* a GET of the server's load report (job NULL) */
+  bool sse;   /* the response is an event stream */
   bool type_known;
   bool too_big;
   long http;
   double retry_after; /* seconds, < 0 when absent */
   uint64_t bytes;
+  uint64_t tokens;    /* events seen, not yet given to the server's controller */
   uint64_t max_bytes; /* response cap of this attempt */
   char *body;
   df_sse parser;
@@ -111,6 +125,10 @@ struct dflash_fetch {
   CURL **easy_pool;
   size_t n_easy_pool, cap_easy_pool;
   uint64_t rng;
+  double next_ctl;   /* the controllers' next tick */
+  bool out_of_work;  /* the last dispatch found a free slot and nothing to send */
+  json_t *decisions; /* [{t, server, concurrency, tok_per_s, why}], at most CTL_LOG_MAX */
+  uint64_t decisions_dropped;
 
   dflash_fetch_guards guards; /* down_timeout_s resolved: > 0, or < 0 for never */
   bool has_key;               /* an Authorization header is sent */

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,13 @@
 #include <unistd.h>
 
 #define ERROR_BODY_MAX 4096
+#define STATE_BODY_MAX (8u << 20) /* a vLLM /metrics page is ~100 KB */
+#define CTL_TICK_S 0.25
+#define CTL_INITIAL 8     /* the controller's first limit (it doubles from there) */
+#define CTL_LOG_MAX 10000 /* decisions kept for the summary */
+
+/* What a server's load report is, once known. */
+enum { STATE_PROPS = 0, STATE_METRICS, STATE_NONE, STATE_SLOTS };
 
 /* ---- API key and shared headers ------------------------------------------ */
 
@@ -101,13 +109,23 @@ dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts) {
   struct epoll_event ev = {.events = EPOLLIN, .data.fd = f->wake_r};
   epoll_ctl(f->epfd, EPOLL_CTL_ADD, f->wake_r, &ev);
   if (!(f->multi = curl_multi_init())) return df_error_nomem("curl multi handle");
-  long total = (long)f->o.concurrency * (long)f->n_servers;
+  long per = f->o.concurrency ? f->o.concurrency : f->o.max_concurrency;
+  long total = per * (long)f->n_servers;
   curl_multi_setopt(f->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
   curl_multi_setopt(f->multi, CURLMOPT_SOCKETDATA, f);
   curl_multi_setopt(f->multi, CURLMOPT_TIMERFUNCTION, on_timer);
   curl_multi_setopt(f->multi, CURLMOPT_TIMERDATA, f);
   curl_multi_setopt(f->multi, CURLMOPT_MAXCONNECTS, total + 2 * (long)f->n_servers);
   f->timer_at = -1;
+  double now = df_now_seconds();
+  for (size_t i = 0; i < f->n_servers; i++) {
+    df_server *s = &f->servers[i];
+    bool fixed = f->o.concurrency > 0;
+    df_ctl_init(&s->ctl, fixed ? (uint32_t)f->o.concurrency : CTL_INITIAL,
+                fixed ? (uint32_t)f->o.concurrency : (uint32_t)f->o.max_concurrency, fixed, now);
+    s->state_kind = f->o.server_state && !fixed ? STATE_PROPS : STATE_NONE;
+  }
+  if (!(f->decisions = json_array())) return df_error_nomem("controller log");
   f->rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
   return DFLASH_OK;
 }
@@ -146,9 +164,12 @@ static size_t on_header(char *buf, size_t size, size_t n, void *userp) {
   return len;
 }
 
+/* Each event of a stream carries about one token: the controller's rate. */
 static int on_event(void *user, const char *event, const char *data, size_t len) {
   (void)event;
-  df_resp_chunk(user, data, len);
+  df_xfer *x = user;
+  df_resp_chunk(&x->resp, data, len);
+  x->tokens++;
   return 0;
 }
 
@@ -169,7 +190,7 @@ static size_t on_write(char *buf, size_t size, size_t n, void *userp) {
   }
   if (x->sse) {
     /* Out of memory in the parser: fail the transfer (retried), as for the raw body. */
-    if (df_sse_feed(&x->parser, buf, len, on_event, &x->resp)) return 0;
+    if (df_sse_feed(&x->parser, buf, len, on_event, x)) return 0;
   } else if (x->http / 100 == 2 || x->raw.len < ERROR_BODY_MAX) {
     if (df_buf_append(&x->raw, buf, len)) return 0;
   }
@@ -433,23 +454,32 @@ static df_job *pop_due(dflash_fetch *f, double now) {
   return job;
 }
 
-/* Least-loaded healthy server with a free slot; -1 when none. */
+/* The healthy server with a free slot and the lowest load relative to its
+ * limit (a slow server has a lower limit, so it is given fewer streams); -1
+ * when none. */
 static int pick_server(const dflash_fetch *f) {
   int best = -1;
+  double best_load = 0;
   for (size_t i = 0; i < f->n_servers; i++) {
     const df_server *s = &f->servers[i];
-    if (!s->healthy || s->in_flight >= (uint32_t)f->o.concurrency) continue;
-    if (best < 0 || s->in_flight < f->servers[best].in_flight) best = (int)i;
+    if (!s->healthy || s->in_flight >= s->ctl.limit) continue;
+    double load = (double)s->in_flight / (double)s->ctl.limit;
+    if (best < 0 || load < best_load) {
+      best = (int)i;
+      best_load = load;
+    }
   }
   return best;
 }
 
 static dflash_status dispatch(dflash_fetch *f, double now) {
   int si;
+  f->out_of_work = false;
   while ((si = pick_server(f)) >= 0) {
     df_job *job = pop_due(f, now);
     dflash_status st = DFLASH_OK;
-    if (!job && ((st = df_fetch_next_job(f, &job)) || !job)) return st;
+    if (!job && !(st = df_fetch_next_job(f, &job)) && !job) f->out_of_work = true;
+    if (st || !job) return st;
     if ((st = start_xfer(f, job, si))) {
       df_job_free(job);
       return st;
@@ -466,6 +496,184 @@ static dflash_status start_probes(dflash_fetch *f, double now) {
     if (st) return st;
   }
   return DFLASH_OK;
+}
+
+/* ---- the servers' own load reports ----------------------------------------------- */
+
+static dflash_status start_state(dflash_fetch *f, int si, double now) {
+  df_server *s = &f->servers[si];
+  df_xfer *x = calloc(1, sizeof *x);
+  char *url = df_asprintf("%s%s", s->root, s->state_kind == STATE_METRICS ? "/metrics" : "/props");
+  if (!x || !url || !(x->easy = easy_get(f))) {
+    free(url);
+    free(x);
+    return df_error_nomem("load report request");
+  }
+  x->state = true;
+  x->server = si;
+  x->retry_after = -1;
+  x->max_bytes = STATE_BODY_MAX;
+  x->started = now;
+  CURL *e = x->easy;
+  curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps its own copy */
+  free(url);
+  curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, f->headers);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(e, CURLOPT_PRIVATE, x);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(f->o.connect_timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(f->o.connect_timeout_s * 1000 + 10000));
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, f->o.verify_tls ? 1L : 0L);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, f->o.verify_tls ? 2L : 0L);
+  if (curl_multi_add_handle(f->multi, e) != CURLM_OK) {
+    easy_put(f, e);
+    xfer_free(x);
+    return df_error(DFLASH_E_INTERNAL, "fetch: curl_multi_add_handle failed");
+  }
+  link_xfer(f, x);
+  s->state_busy = true;
+  return DFLASH_OK;
+}
+
+static dflash_status start_states(dflash_fetch *f, double now) {
+  for (size_t i = 0; i < f->n_servers; i++) {
+    df_server *s = &f->servers[i];
+    if (s->excluded || !s->healthy || s->state_busy || s->state_kind == STATE_NONE ||
+        s->next_state > now || s->ctl.phase == DF_CTL_FIXED)
+      continue;
+    dflash_status st = start_state(f, (int)i, now);
+    if (st) return st;
+  }
+  return DFLASH_OK;
+}
+
+/* llama.cpp's GET /props: total_slots, or -1. */
+static double props_slots(const char *text, size_t len) {
+  json_t *j = json_loadb(text, len, 0, NULL);
+  json_t *v = json_object_get(j, "total_slots");
+  double slots = json_is_integer(v) ? (double)json_integer_value(v) : -1;
+  json_decref(j);
+  return slots;
+}
+
+/* One Prometheus sample line "name{labels} value": adds value to the field it feeds. */
+static void metrics_line(const char *l, const char *end, df_ctl_state *st) {
+  static const struct {
+    const char *name;
+    size_t field;
+  } names[] = {
+      {"vllm:num_requests_waiting", offsetof(df_ctl_state, waiting)},
+      {"sglang:num_queue_reqs", offsetof(df_ctl_state, waiting)},
+      {"vllm:num_requests_running", offsetof(df_ctl_state, running)},
+      {"sglang:num_running_reqs", offsetof(df_ctl_state, running)},
+      {"vllm:kv_cache_usage_perc", offsetof(df_ctl_state, kv_usage)},
+      {"vllm:gpu_cache_usage_perc", offsetof(df_ctl_state, kv_usage)},
+      {"sglang:token_usage", offsetof(df_ctl_state, kv_usage)},
+      {"vllm:num_preemptions_total", offsetof(df_ctl_state, preemptions)},
+      {"sglang:num_retracted_reqs", offsetof(df_ctl_state, preemptions)},
+  };
+  size_t n = strcspn(l, "{ \n");
+  const char *v = l + n;
+  if (*v == '{') v = memchr(v, '}', (size_t)(end - v));
+  if (!v || v >= end) return;
+  char *e;
+  double x = strtod(v + (*v == '}'), &e);
+  if (e == v + (*v == '}') || x != x) return;
+  for (size_t i = 0; i < DF_ARRAY_LEN(names); i++)
+    if (strlen(names[i].name) == n && !strncmp(l, names[i].name, n)) {
+      double *field = (double *)((char *)st + names[i].field);
+      *field = *field < 0 ? x : *field + x; /* summed over label sets (DP ranks, engines) */
+    }
+}
+
+/* vLLM's or SGLang's /metrics; false when it names none of their queue gauges. */
+static bool parse_metrics(const char *text, size_t len, df_ctl_state *st) {
+  *st = (df_ctl_state){-1, -1, -1, -1, -1};
+  char *copy = df_strndup(text, len); /* NUL-terminated for strtod */
+  if (!copy) return false;
+  for (char *l = copy; l && *l;) {
+    char *nl = strchr(l, '\n');
+    char *end = nl ? nl : l + strlen(l);
+    if (*l != '#') metrics_line(l, end, st);
+    l = nl ? nl + 1 : NULL;
+  }
+  free(copy);
+  return st->waiting >= 0 || st->running >= 0;
+}
+
+static void state_done(dflash_fetch *f, df_xfer *x, CURLcode rc, double now) {
+  df_server *s = &f->servers[x->server];
+  s->state_busy = false;
+  s->next_state = now + f->o.state_interval_s;
+  if (rc != CURLE_OK || x->http == 0) return; /* not answering: ask the same again later */
+  bool ok = x->http == 200 && x->raw.data;
+  df_ctl_state st = {-1, -1, -1, -1, -1};
+  if (s->state_kind == STATE_PROPS || s->state_kind == STATE_SLOTS) {
+    st.slots = ok ? props_slots(x->raw.data, x->raw.len) : -1;
+    if (st.slots > 0) {
+      if (s->state_kind == STATE_PROPS)
+        df_log(DFLASH_LOG_INFO, "fetch: %s runs %.0f slots (GET /props)", s->display, st.slots);
+      s->state_kind = STATE_SLOTS;
+      s->next_state = now + 30 * f->o.state_interval_s; /* a restart may change it */
+      df_ctl_state_set(&s->ctl, &st);
+    } else if (s->state_kind == STATE_PROPS) {
+      s->state_kind = STATE_METRICS;
+      s->next_state = now;
+    }
+  } else if (ok && parse_metrics(x->raw.data, x->raw.len, &st)) {
+    df_ctl_state_set(&s->ctl, &st);
+  } else if (!s->ctl.have_state) {
+    s->state_kind = STATE_NONE; /* no report we read: the stream signals alone */
+  }
+}
+
+/* ---- the controllers ------------------------------------------------------------- */
+
+static void log_decision(dflash_fetch *f, size_t i, double now, const char *why) {
+  df_server *s = &f->servers[i];
+  df_log(DFLASH_LOG_DEBUG, "fetch: %s: concurrency %u (%s; %.0f tok/s)", s->display, s->ctl.limit,
+         why, s->ctl.rate);
+  if (json_array_size(f->decisions) >= CTL_LOG_MAX) {
+    f->decisions_dropped++;
+    return;
+  }
+  json_array_append_new(f->decisions,
+                        json_pack("{s:f,s:I,s:I,s:f,s:s}", "t", now - f->start_time, "server",
+                                  (json_int_t)i, "concurrency", (json_int_t)s->ctl.limit,
+                                  "tok_per_s", s->ctl.rate, "why", why));
+}
+
+/* Tokens streamed since the last tick, and the requests not streaming yet. */
+static void collect_streams(dflash_fetch *f) {
+  for (size_t i = 0; i < f->n_servers; i++) f->servers[i].queued = 0;
+  for (df_xfer *x = f->xfers; x; x = x->next) {
+    if (!x->job) continue;
+    f->servers[x->server].tokens += x->tokens;
+    x->tokens = 0;
+    if (x->resp.chunks == 0) f->servers[x->server].queued++;
+  }
+}
+
+static void ctl_tick(dflash_fetch *f, double now) {
+  if (now < f->next_ctl) return;
+  double dt = now - f->next_ctl + CTL_TICK_S;
+  f->next_ctl = now + CTL_TICK_S;
+  collect_streams(f);
+  double a = dt / 5 < 1 ? dt / 5 : 1; /* ~5 s smoothing of the displayed rate */
+  for (size_t i = 0; i < f->n_servers; i++) {
+    df_server *s = &f->servers[i];
+    uint64_t n = s->tokens - s->tokens_tick;
+    s->tokens_tick = s->tokens;
+    s->tok_rate += a * ((double)n / dt - s->tok_rate);
+    df_ctl_tokens(&s->ctl, n);
+    const char *why;
+    bool starved = !s->healthy || s->excluded || f->out_of_work;
+    if (df_ctl_tick(&s->ctl, now, s->in_flight, s->queued, starved, &why))
+      log_decision(f, i, now, why);
+  }
 }
 
 static void server_result(dflash_fetch *f, df_server *s, const result *r, double now) {
@@ -524,6 +732,7 @@ static dflash_status turn_done(dflash_fetch *f, df_job *job, df_xfer *x, double 
   if (df_usage_count(usage, "completion_tokens", &ct)) {
     f->completion_tokens += ct;
     s->completion_tokens += ct;
+    if (!x->sse) s->tokens += ct; /* no events to count: the controller's rate */
     f->turns_counted++;
   } else {
     f->turns_uncounted++;
@@ -573,7 +782,12 @@ static dflash_status job_failed(dflash_fetch *f, df_job *job, df_xfer *x, result
 static dflash_status xfer_done(dflash_fetch *f, df_xfer *x, CURLcode rc) {
   double now = df_now_seconds();
   df_server *s = &f->servers[x->server];
+  if (x->state) {
+    state_done(f, x, rc, now);
+    return DFLASH_OK;
+  }
   s->in_flight--;
+  s->tokens += x->tokens;
   dflash_status st = DFLASH_OK;
   if (!x->job) {
     probe_done(f, x, rc, now);
@@ -582,6 +796,7 @@ static dflash_status xfer_done(dflash_fetch *f, df_xfer *x, CURLcode rc) {
     result r = classify(x, rc);
     if (r.kind != RES_OK) f->attempts_failed++;
     server_result(f, s, &r, now);
+    if (r.kind == RES_OK) df_ctl_done(&s->ctl, now - x->started);
     st = r.kind == RES_OK ? turn_done(f, x->job, x, now) : job_failed(f, x->job, x, &r, now);
     free(r.msg);
   }
@@ -614,6 +829,12 @@ static void abort_all(dflash_fetch *f) {
     df_xfer *x = f->xfers;
     unlink_xfer(f, x);
     curl_multi_remove_handle(f->multi, x->easy);
+    if (x->state) {
+      f->servers[x->server].state_busy = false;
+      easy_put(f, x->easy);
+      xfer_free(x);
+      continue;
+    }
     f->servers[x->server].in_flight--;
     if (x->job) {
       f->jobs_in_flight--;
@@ -641,10 +862,14 @@ static int wait_ms(const dflash_fetch *f, double now, double tick) {
   if (!f->stopping && pick_server(f) >= 0)
     for (size_t i = 0; i < f->n_waiting; i++)
       if (f->waiting[i]->not_before < t) t = f->waiting[i]->not_before;
-  for (size_t i = 0; !f->stopping && i < f->n_servers; i++)
-    if (!f->servers[i].excluded && !f->servers[i].healthy && !f->servers[i].probing &&
-        f->servers[i].next_probe < t)
-      t = f->servers[i].next_probe;
+  for (size_t i = 0; !f->stopping && i < f->n_servers; i++) {
+    const df_server *s = &f->servers[i];
+    if (!s->excluded && !s->healthy && !s->probing && s->next_probe < t) t = s->next_probe;
+    if (s->state_kind != STATE_NONE && !s->excluded && !s->state_busy && s->healthy &&
+        s->next_state < t)
+      t = s->next_state;
+  }
+  if (!f->stopping && f->next_ctl < t) t = f->next_ctl;
   if (f->stopping && f->stop_deadline < t) t = f->stop_deadline;
   double ms = ceil((t - now) * 1000.0);
   return ms < 0 ? 0 : ms > 1000 ? 1000 : (int)ms;
@@ -736,6 +961,8 @@ static bool step(dflash_fetch *f, dflash_status *st, double tick) {
   } else {
     if ((*st = dispatch(f, now)) || finished(f)) return false;
     if ((*st = start_probes(f, now))) return false;
+    if ((*st = start_states(f, now))) return false;
+    ctl_tick(f, now);
     watch_down(f, now);
   }
   poll_once(f, wait_ms(f, now, tick));
@@ -745,6 +972,8 @@ static bool step(dflash_fetch *f, dflash_status *st, double tick) {
 
 dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user) {
   f->start_time = df_now_seconds();
+  f->next_ctl = f->start_time + CTL_TICK_S;
+  for (size_t i = 0; i < f->n_servers; i++) f->servers[i].ctl.last_tick = f->start_time;
   double interval = f->o.progress_interval_s > 0 ? f->o.progress_interval_s : 0.5;
   double next_report = f->start_time + interval;
   dflash_status st = DFLASH_OK;
@@ -765,12 +994,24 @@ dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, vo
   if (st || (st = sync)) return st;
   if (finished(f)) return DFLASH_OK;
   unsigned long long left = f->n_prompts - f->next_prompt + f->n_waiting + (f->n_bad - f->next_bad);
-  if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout"))
-    return df_error(DFLASH_E_TIMEOUT,
-                    "fetch: every server was down for %.0f s (the down timeout); "
-                    "stopped with %llu prompts unfinished; run the same command again to resume "
-                    "once a server answers",
-                    f->guards.down_timeout_s, left);
+  if (f->stop_reason && !strcmp(f->stop_reason, "down_timeout")) {
+    df_buf names = {0};
+    for (size_t i = 0; i < f->n_servers; i++) {
+      const df_server *s = &f->servers[i];
+      if (s->excluded) continue;
+      const char *what = s->check_msg ? s->check_msg : s->display;
+      if (names.len) df_buf_append(&names, "; ", 2);
+      df_buf_append(&names, what, strlen(what));
+    }
+    df_buf_append(&names, "", 1);
+    st = df_error(DFLASH_E_TIMEOUT,
+                  "fetch: every server was down for %.0f s (the down timeout): %s; "
+                  "stopped with %llu prompts unfinished; run the same command again to resume "
+                  "once a server answers",
+                  f->guards.down_timeout_s, names.data ? names.data : "", left);
+    df_buf_free(&names);
+    return st;
+  }
   return df_error(DFLASH_E_CANCELLED,
                   "fetch stopped with %llu prompts unfinished; run the "
                   "same command again to resume",

@@ -6,6 +6,7 @@ TCase *tc_input(void);
 TCase *tc_output(void);
 TCase *tc_request(void);
 TCase *tc_guards(void);
+TCase *tc_ctl(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("fetch");
@@ -15,5 +16,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_output());
   suite_add_tcase(s, tc_request());
   suite_add_tcase(s, tc_guards());
+  suite_add_tcase(s, tc_ctl());
   return s;
 }

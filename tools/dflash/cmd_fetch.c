@@ -41,7 +41,11 @@ static const char usage_text[] =
     "  --all-turns           regenerate every assistant turn, feeding new turns back\n"
     "  --api-key-env VAR     read the API key from this environment variable\n"
     "  --api-key-file PATH   or from this file\n"
-    "  --concurrency N       requests in flight per server (default 64)\n"
+    "  --concurrency N       exactly N requests in flight per server, fixed (default: each\n"
+    "                        server's own best, found and followed by a controller)\n"
+    "  --max-concurrency N   the controller's cap per server (default 512)\n"
+    "  --no-server-state     the controller reads only the streams, not the servers' load\n"
+    "                        reports (llama.cpp /props slots; vLLM or SGLang /metrics)\n"
     "  --connect-timeout S   (default 10)\n"
     "  --idle-timeout S      longest silence inside a stream (default 120)\n"
     "  --deadline S          whole-request limit (default 60 + 0.25 per max token)\n"
@@ -80,6 +84,8 @@ static const char usage_text[] =
     "  5  every server was down for --down-timeout seconds: what finished is kept; run the\n"
     "     same command again to resume\n"
     "  6  a server failed the start-up check: nothing was sent\n"
+    "The progress line shows each server as sN IN_FLIGHT/CONCURRENCY and its streamed tok/s;\n"
+    "the summary's \"controller\" lists the controller's decisions over time.\n"
     "The final summary is printed to stdout as JSON (\"stop_reason\": null, \"stop\",\n"
     "\"down_timeout\", \"server_check\" or \"settings\").\n"
     "The progress line counts retries (attempts sent again), failed (prompts written to\n"
@@ -168,7 +174,7 @@ static void tok_rate(dflash_fetch *f, const dflash_fetch_stats *s, cli_state *c,
  * server is down, how long for and when the run gives up. */
 static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
   cli_state *c = user;
-  char note[640], rate[64], down[128] = "";
+  char note[1024], rate[64], down[128] = "";
   double el = s->elapsed_s > 0 ? s->elapsed_s : 1e-9;
   tok_rate(f, s, c, el, rate, sizeof rate);
   unsigned long long attempts_failed = 0;
@@ -194,8 +200,8 @@ static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user)
        i++) {
     dflash_fetch_server_stats ss = {.struct_size = sizeof ss};
     if (dflash_fetch_get_server_stats(f, i, &ss) == DFLASH_OK)
-      n += snprintf(note + n, sizeof note - (size_t)n, " | s%zu %u%s", i, ss.in_flight,
-                    ss.healthy ? "" : " DOWN");
+      n += snprintf(note + n, sizeof note - (size_t)n, " | s%zu %u/%u %.0f tok/s%s", i,
+                    ss.in_flight, ss.concurrency, ss.tok_per_s, ss.healthy ? "" : " DOWN");
   }
   if (!c->progress &&
       dflash_progress_create(stderr, "fetch", "prompts", c->total, c->log_interval, &c->progress))
@@ -212,7 +218,7 @@ typedef struct cli_args {
   const char *input, *out_dir, *worker;
   double log_interval, chunk_seconds, down_timeout;
   int64_t chunk_records;
-  int verbose, no_thinking, no_stream, insecure, allow_settings_change;
+  int verbose, no_thinking, no_stream, insecure, allow_settings_change, no_server_state;
 } cli_args;
 
 static int add_server(const char *v, void *dst) {
@@ -267,6 +273,8 @@ static int parse_args(int argc, char **argv, cli_args *a) {
                           {"--api-key-env", CLI_STR, &o->api_key_env, 0, 0, NULL},
                           {"--api-key-file", CLI_STR, &o->api_key_file, 0, 0, NULL},
                           {"--concurrency", CLI_INT, &o->concurrency, 1, 100000, NULL},
+                          {"--max-concurrency", CLI_INT, &o->max_concurrency, 1, 100000, NULL},
+                          {"--no-server-state", CLI_FLAG, &a->no_server_state, 0, 0, NULL},
                           {"--connect-timeout", CLI_REAL, &o->connect_timeout_s, 0.001, 3600, NULL},
                           {"--idle-timeout", CLI_REAL, &o->idle_timeout_s, 0.001, big, NULL},
                           {"--deadline", CLI_REAL, &o->deadline_s, 0, big, NULL},
@@ -306,6 +314,7 @@ static int parse_args(int argc, char **argv, cli_args *a) {
   if (!a->out_dir) return cli_missing("fetch", "-o OUTDIR");
   if (a->no_thinking) o->thinking = 0;
   if (a->no_stream) o->stream = 0;
+  if (a->no_server_state) o->server_state = 0;
   if (a->insecure) o->verify_tls = 0;
   o->servers = a->servers;
   o->n_servers = a->n_servers;

@@ -55,6 +55,9 @@ class _Options(ctypes.Structure):
         ("drain_grace_s", ctypes.c_double),
         ("progress_interval_s", ctypes.c_double),
         ("send_rid", ctypes.c_int32),
+        ("max_concurrency", ctypes.c_int32),
+        ("server_state", ctypes.c_int32),
+        ("state_interval_s", ctypes.c_double),
     ]
 
 
@@ -76,7 +79,8 @@ class ServerStats(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("url", ctypes.c_char_p),
                 ("healthy", ctypes.c_uint32), ("in_flight", ctypes.c_uint32),
                 ("requests", ctypes.c_uint64), ("completed", ctypes.c_uint64),
-                ("failures", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64)]
+                ("failures", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
+                ("concurrency", ctypes.c_uint32), ("tok_per_s", ctypes.c_double)]
 
     def as_dict(self):
         out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
@@ -120,10 +124,12 @@ _SIMPLE = {
     "backoff_max": "backoff_max_s", "fsync_interval": "fsync_interval_s",
     "fail_threshold": "fail_threshold", "probe_interval": "probe_interval_s",
     "max_response_bytes": "max_response_bytes", "drain_grace": "drain_grace_s",
-    "progress_interval": "progress_interval_s",
+    "progress_interval": "progress_interval_s", "max_concurrency": "max_concurrency",
+    "state_interval": "state_interval_s",
 }
 _FLAGS = {"thinking": "thinking", "stream": "stream", "retry_errors": "retry_errors",
-          "verify_tls": "verify_tls", "all_turns": "all_turns", "send_rid": "send_rid"}
+          "verify_tls": "verify_tls", "all_turns": "all_turns", "send_rid": "send_rid",
+          "server_state": "server_state"}
 _UNSET_IF_NONE = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
                   "seed": "seed"}
 
@@ -273,7 +279,8 @@ def fetch(input, out_dir, servers, model, family="none", progress=None, **option
     stops the run after in-flight requests drain.
     Other options mirror dflash_fetch_options (max_tokens, temperature, top_p,
     top_k, min_p, seed, stop, extra (a dict), stream, api_key_env, api_key_file,
-    concurrency, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
+    concurrency (0, the default: each server's own, found by a controller capped at
+    max_concurrency; N: exactly N per server), server_state, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
     fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes, ...).
     Returns the summary dict; summary["stopped"] is True when the run was stopped.
     Fetcher gives the same job step by step.

@@ -103,6 +103,21 @@ def test_fetcher_counters_agree_with_outputs(server, tmp_path):
     assert len(servers) == 1 and servers[0]["healthy"] and servers[0]["completed"] == 12
     assert servers[0]["requests"] >= 12 and servers[0]["completion_tokens"] == tokens
     assert summary["completed"] == 12
+    # --concurrency N is fixed: the controller never moves it and logs no decision
+    assert servers[0]["concurrency"] == 4
+    assert summary["controller"]["mode"] == "fixed" and summary["controller"]["decisions"] == []
+
+
+def test_fetcher_adaptive_by_default(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 6)
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                        max_tokens=6, max_concurrency=3) as fetcher:
+        assert fetcher.run() is True
+        servers = fetcher.server_stats()
+        summary = fetcher.summary()
+    assert summary["controller"]["mode"] == "adaptive" and summary["completed"] == 6
+    assert 1 <= servers[0]["concurrency"] <= 3  # the cap holds from the first request
+    assert summary["servers"][0]["concurrency"] == servers[0]["concurrency"]
 
 
 def test_fetcher_stop_from_another_thread(server, tmp_path):
@@ -169,16 +184,17 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
 
 
 def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
-    """With the start-up check, a dead server is named before anything is sent; guards can
-    only be set before run()."""
+    """With the start-up check, a model the servers do not serve is named before anything
+    is sent; a dead server is a server restarting (kept down, probed), not a refusal;
+    guards can only be set before run()."""
     write_prompts(tmp_path / "in.jsonl", 2)
     dead = "http://127.0.0.1:9/v1"
-    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "fake",
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "nope",
                         connect_timeout=2) as fetcher:
         fetcher.set_guards()
         with pytest.raises(libdflash.Error) as e:
             fetcher.run()
-        assert "127.0.0.1:9" in e.value.message, e.value.message
+        assert 'does not serve model "nope"' in e.value.message, e.value.message
     assert not (tmp_path / "out" / "completions.jsonl").exists() or \
         not (tmp_path / "out" / "completions.jsonl").read_text()
     with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
