@@ -126,9 +126,10 @@ def split_completions(fetch_dirs, held, out):
     return paths, counts
 
 
-def fetch_one(dflash_cli, urls, parallel, p, prompts, fdir, temperature, out, total):
+def fetch_one(dflash_cli, urls, fixed, p, prompts, fdir, temperature, out, total):
     """dflash fetch of out/PROMPTS into out/FDIR at `temperature`; the summary's counts
-    added to `total`'s."""
+    added to `total`'s. `fixed`: a --concurrency, or None for fetch's default (its
+    controller, which reads llama-server's slots from GET /props)."""
     cmd = [dflash_cli, "fetch"]
     for u in urls:
         cmd += ["--server", u]
@@ -141,8 +142,9 @@ def fetch_one(dflash_cli, urls, parallel, p, prompts, fdir, temperature, out, to
         extra.update(top_k=0, top_p=1.0, min_p=0.0)
     cmd += ["--model", "smollm2", "--family", "none", "--temperature", f"{temperature:g}",
             "--max-tokens", p["max_tokens"], "--extra", json.dumps(extra),
-            "--concurrency", parallel, "--log-interval", 15,
-            os.path.join(out, prompts), "-o", os.path.join(out, fdir)]
+            "--log-interval", 15, os.path.join(out, prompts), "-o", os.path.join(out, fdir)]
+    if fixed is not None:
+        cmd[-3:-3] = ["--concurrency", fixed]
     r = run(cmd, stdout=subprocess.PIPE, text=True)
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for k, v in res.items():
@@ -186,6 +188,11 @@ def check(summary, out):
     s = summary
     assert s["fetch"]["failed"] == 0 and s["fetch"]["completed"] + s["fetch"]["skipped"] == \
         s["fetch"]["total"], s["fetch"]
+    if "server_slots" in s:  # the controller held llama-server's slots plus a quarter queued
+        n = s["server_slots"]
+        want = n + -(-n // 4)
+        got = [v["concurrency"] for v in s["fetch"]["servers"]]
+        assert got == [want] * len(got), f"fetch concurrency {got}, slots {n}: want {want}"
     with open(os.path.join(out, "drafter", "metrics.jsonl")) as f:
         loss = [json.loads(ln)["loss"] for ln in f]
     q = max(1, len(loss) // 4)
@@ -571,7 +578,7 @@ def main():
                     help="llama: llama.cpp's llama-server (auto when scripts/llama_server.sh built it)")
     ap.add_argument("--servers", type=int, default=2, help="server processes for the fetch")
     ap.add_argument("--parallel", type=int, default=1,
-                    help="slots per llama-server = dflash fetch --concurrency")
+                    help="slots per llama-server (-np; dflash fetch reads them from GET /props)")
     ap.add_argument("--llama-dir", default=None,
                     help=f"llama.cpp built by scripts/llama_server.sh (default {llama_spec.DEFAULT_DIR})")
     ap.add_argument("--llama-threads", type=int, default=1,
@@ -680,8 +687,12 @@ def main():
                        ("prompts-heldout.jsonl", "fetch-heldout", 0.0)]
         summary["fetch"] = {}
         for prompts, fdir, temp in fetches:
-            summary["fetch"] = fetch_one(dflash_cli, urls, parallel, p, prompts, fdir, temp,
-                                         out, summary["fetch"])
+            # llama-server: fetch's default, which settles on the slots /props reports;
+            # serve.py answers one request at a time and reports nothing.
+            summary["fetch"] = fetch_one(dflash_cli, urls, None if kind == "llama" else 1, p,
+                                         prompts, fdir, temp, out, summary["fetch"])
+        if kind == "llama":
+            summary["server_slots"] = parallel
         stage("fetch", t0)
     finally:
         for pr in procs:
