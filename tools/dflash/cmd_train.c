@@ -231,19 +231,27 @@ static int out_nonempty(const char *out) {
   return n > 0;
 }
 
+/* The whole of file NAME in folder DIR (local or s3://), or NULL with *len 0 when it cannot
+ * be read; free with dflash_storage_buffer_free. */
+static void *read_in(const char *dir, const char *name, size_t *len) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
+  void *data = NULL;
+  dflash_storage *st = NULL;
+  *len = 0;
+  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, len)) *len = 0;
+  dflash_storage_free(st);
+  return data;
+}
+
 /* The serving flags for checkpoint `dir` (README "Serving the checkpoint"):
  * {"vllm": ..., "sglang": ...}. vLLM needs the method (it guesses it from the
  * folder name) and num_speculative_tokens = block_size - 1 (it never reads
  * block_size); SGLang builds the draft in config.json's dtype under --dtype
  * auto, and a float32 one in float16, so such a checkpoint gets --dtype. */
 static json_t *launch_json(const char *dir) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s%sconfig.json", dir, dir[strlen(dir) - 1] == '/' ? "" : "/");
-  void *data = NULL;
-  size_t len = 0;
-  dflash_storage *st = NULL;
-  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, &len)) len = 0;
-  dflash_storage_free(st);
+  size_t len;
+  void *data = read_in(dir, "config.json", &len);
   json_t *c = len ? json_loadb(data, len, 0, NULL) : NULL;
   dflash_storage_buffer_free(data);
   json_t *dc = json_object_get(c, "dflash_config"), *bs = json_object_get(dc, "block_size");
@@ -266,13 +274,8 @@ static json_t *launch_json(const char *dir) {
 
 /* The run's JSON summary from the last line of metrics.jsonl (what rank 0 wrote). */
 static void print_summary(const char *out) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s%smetrics.jsonl", out, out[strlen(out) - 1] == '/' ? "" : "/");
-  void *data = NULL;
-  size_t len = 0;
-  dflash_storage *st = NULL;
-  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, &len)) len = 0;
-  dflash_storage_free(st);
+  size_t len;
+  void *data = read_in(out, "metrics.jsonl", &len);
   const char *text = data, *last = text;
   for (size_t i = 0; i + 1 < len; i++)
     if (text[i] == '\n') last = text + i + 1;
