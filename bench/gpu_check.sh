@@ -2,8 +2,9 @@
 # One-shot GPU check of the CUDA trainer backend (about 5 minutes on one H200):
 #   1. builds with -Dcuda=enabled (nvcc, cuBLAS, NCCL);
 #   2. CUDA vs CPU parity on fresh random inputs, outputs poisoned (tests/gpu/gpu_parity.c
-#      states the bf16 tolerances: loss 1%, each gradient tensor 5% relative L2, AdamW update
-#      10%, greedy agreement 95%), including the NCCL path with one rank (bit-identical);
+#      states the bf16 tolerances: loss 1%, each gradient tensor 5% relative L2 (DFlash 2's
+#      selector in inject mode 8%), AdamW update 25%, greedy agreement 95% (DFlash 2: 90%)),
+#      including the NCCL path with one rank (bit-identical);
 #   2b. the whole training loop (dflash_train_run, tests/gpu/gpu_run.c) on CPU, CUDA, and CUDA
 #      over NCCL with one rank (DFLASH_NCCL=1): per-step loss within 3% of the CPU run, the
 #      NCCL run bit-identical to plain CUDA;

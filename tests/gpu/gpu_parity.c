@@ -8,6 +8,7 @@
  * Tolerances (bf16 has an 8-bit mantissa, relative step 2^-8 = 0.0039):
  *   loss                     |gpu - cpu| / |cpu|             <= 0.01
  *   every gradient tensor    ||gpu - cpu|| / ||cpu||          <= 0.05
+ *     (DFlash 2's selector tensors in inject mode with K < vocabulary: 0.08, see run_config)
  *   AdamW update from the same gradients (the CPU optimizer given the GPU's)
  *                            ||dp_gpu - dp_cpu|| / ||dp_cpu|| <= 1e-4
  *   AdamW update, each from its own gradients                 <= 0.25
@@ -15,7 +16,7 @@
  *     gradient lies within bf16 noise of zero may flip sign, a full 2 lr; 0.10-0.12 measured
  *     on the emulated device, so this only catches gross errors; the line above checks the
  *     optimizer itself)
- *   greedy predictions       agreement                        >= 0.95
+ *   greedy predictions       agreement                        >= 0.95 (DFlash 2: 0.90)
  *   NCCL with one rank vs without: bit-identical gradients and parameters.
  *   --labels target (CE targets other than the ids, df_seq.labels): loss <= 0.01 and gradients
  *   <= 0.05 as above, and a loss unlike the ids' (the labels reach both backends' CE).
@@ -84,7 +85,9 @@ static double rel_l2(const float *a, const float *b, const float *base, size_t n
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *what) {
+/* tol_sel bounds the candidate selector's tensors, tol_other the rest. */
+static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *what,
+                          double tol_sel) {
   float *gc = dump(cpu, 1), *gg = dump(gpu, 1);
   size_t off = 0, numel;
   double worst = 0;
@@ -94,7 +97,8 @@ static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *
     dflash_trainer_param_info(cpu, i, &name, NULL, NULL, &numel);
     double e = rel_l2(gg + off, gc + off, NULL, numel);
     if (!(e <= worst)) worst = e, worst_name = name;
-    CHECK(e <= 0.05, "%s: gradient %s relative L2 error %.4f > 0.05", what, name, e);
+    double tol = strncmp(name, "candidate_selector.", 19) ? 0.05 : tol_sel;
+    CHECK(e <= tol, "%s: gradient %s relative L2 error %.4f > %.2f", what, name, e, tol);
     off += numel;
   }
   printf("%s: worst gradient relative L2 error %.4f (%s)\n", what, worst, worst_name);
@@ -167,7 +171,7 @@ static void check_labels(dflash_trainer *cpu, dflash_trainer *gpu, const g_seq *
   double le = fabs(lg - lc) / fabs(lc);
   printf("%s: loss cpu %.6f gpu %.6f (relative %.2e)\n", name, lc, lg, le);
   CHECK(le <= 0.01, "%s: loss relative error %.4f > 0.01", name, le);
-  compare_grads(cpu, gpu, name);
+  compare_grads(cpu, gpu, name, 0.05);
   /* The labels reach both CEs: the whole gradient moves far more between labels and ids than
    * the GPU's is off the CPU's (an untrained drafter's loss is near log V for any targets, so
    * the gradient, not the loss, shows it). */
@@ -258,7 +262,14 @@ static void run_config(const dflash_drafter_config *c, const dflash_drafter_conf
   if (ext->dflash2) /* the drop mode's rows: a true token among the candidates */
     printf("%s: selector CE %.4f on the CPU; the true token a candidate in %.0f of %.0f rows\n",
            what, cpu->m.sel_loss_sum, cpu->m.sel_hits, cpu->m.sel_rows);
-  compare_grads(cpu, gpu, what);
+  /* Inject mode with K below the vocabulary: which K tokens are candidates is a discrete top-K
+   * choice of the logits, and bf16 noise moves a token across the K-th place in some rows; the
+   * selector's gradients follow that set. Measured on the emulator over 60 fresh seeds: worst
+   * selector tensor 0.034 (one CI run: 0.041); the rest <= 0.05 as everywhere. A wrong kernel
+   * gives errors of order 1. */
+  bool flips = ext->dflash2 && g_sel_mode == DFLASH_SELECTOR_LOSS_INJECT &&
+               ext->selector_top_k < c->vocab_size;
+  compare_grads(cpu, gpu, what, flips ? 0.08 : 0.05);
   /* Greedy predictions from the same (bf16-exact) parameters, before the step. */
   int32_t *pr_c = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
   int32_t *pr_g = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
@@ -282,7 +293,13 @@ static void run_config(const dflash_drafter_config *c, const dflash_drafter_conf
   if (!ext->dflash2 && same < tot) ties = near_ties(cpu, &q, c, pr_c, pr_g, what);
   printf("%s: greedy agreement %d / %d (%d / %d with the same predecessor; %d near ties)\n", what,
          same, tot, same_cond, n_cond, ties);
-  CHECK(same_cond + ties >= 0.95 * n_cond, "%s: predictions agree on %d of %d (+%d near ties)",
+  /* DFlash 2's picks have no near-tie test (each is a top-K candidate set, then the selector's
+   * pair scores: two discrete choices bf16 noise can flip). Measured on the emulator over 60 fresh
+   * seeds of the inject case: 0.8 misses in 74-84 positions on average, at most 3 (96 %), where
+   * 95 % allows 3 at 76: a CI run failed there. 90 % keeps a margin (Poisson tail below 1e-4),
+   * and a wrong kernel misses most positions. */
+  double agree = ext->dflash2 ? 0.90 : 0.95;
+  CHECK(same_cond + ties >= agree * n_cond, "%s: predictions agree on %d of %d (+%d near ties)",
         what, same_cond, n_cond, ties);
   /* A third trainer, on the CPU, steps from the GPU's own gradients. */
   dflash_trainer *twin = make(c, ext, E, Hd, DFLASH_BACKEND_CPU, &st);
