@@ -83,7 +83,7 @@ static dflash_status get_int(const reader *r, const json_t *o, const char *key, 
 }
 
 static dflash_status get_u64(const reader *r, const json_t *o, const char *key, uint64_t *out) {
-  int64_t v;
+  int64_t v = 0;
   dflash_status st = get_int(r, o, key, 0, &v);
   if (!st) *out = (uint64_t)v;
   return st;
