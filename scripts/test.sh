@@ -37,8 +37,9 @@ done
 [ "$tier" != full ] || [ "$deps" = 0 ] || scripts/deps.sh
 export PATH="$PATH:/usr/local/cuda/bin"
 
-echo "== format =="
+echo "== format, include layering =="
 scripts/check-format.sh
+scripts/include-graph.sh --check
 
 setup() { # setup DIR [meson args...]: configure a fresh or existing build folder
   local dir=$1; shift
