@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """DFlash 2 training step on the CPU: the LM-head work of two libdflash builds
-on the same input (issue 18: the selector loss's top-K candidates kept inside
+on the same input (the selector loss's top-K candidates kept inside
 the block CE's chunked LM-head pass instead of a second pass over the LM head).
 
 The demo's drafter shape (examples/pipeline: SmolLM2-135M target, hidden 576,

@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# Installs dependencies, then checks the format (scripts/check-format.sh, clang-format 14),
-# builds and runs every test. Warnings are errors here
-# (-Dwerror=true), never in a user's build (meson.build leaves werror off).
-#   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles)
-#   2. clang: unit suites
-#   3. gcc and clang, --buildtype=release (-O3): unit suites, so an -O3-only warning shows here
-#   4. gcc with ASan + UBSan: unit suites and fuzz corpus
+# The test run, in three tiers (HACKING.md, "Which tests to run when", says what each costs):
+#   --quick  one build folder (build-dev, or $DFLASH_BUILD_DIR; gcc, the emulated CUDA device):
+#            the format check, suites unit, abi and fuzz (committed corpora), and the emulated
+#            CUDA device's smoke tests (its self-test, the attention kernels, a training run
+#            against the CPU's). Minutes.
+#   --dev    the same build folder: every suite but the llama.cpp pipeline (oracles, Python,
+#            the command line, fetch end-to-end, S3 against moto, examples, the fault-injection
+#            loop, the emulated device whole).
+#   (none)   the full run CI makes (.ci/run): scripts/deps.sh first (--no-deps skips it), the
+#            format check, then warnings as errors (-Dwerror=true, never in a user's build):
+#   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles, the
+#      fault-injection loop, the llama.cpp pipeline: the only build that runs it)
+#   2. clang: every suite but abi and python (the emulated CUDA device, the fault loop)
+#   3. gcc and clang, --buildtype=release (-O3): unit suites and fuzz corpus, so an -O3-only
+#      warning or optimiser-dependent bug shows here, and clang's emulated CUDA parity; gcc's
+#      builds the nvcc backend where nvcc is installed (cuda=auto)
+#   4. gcc with ASan + UBSan: every suite but abi and the oracles (the emulated CUDA device, and
+#      the fault loop with LeakSanitizer after every injected failure)
 #   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dataset
 #      build and dflash tokenize, the fetcher's loop and writer, hidden-store prefetch,
 #      host communicator, the emulated CUDA device's fibers and NCCL ranks)
-#   The emulated CUDA device (suite cuda-emu) runs in every build without nvcc's backend.
 #   6. valgrind over the core unit suite
-# Usage: scripts/test.sh [--no-deps]
+# Usage: scripts/test.sh [--quick | --dev] [--no-deps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ "${1:-}" = "--no-deps" ] || scripts/deps.sh
+tier=full deps=1
+for arg in "$@"; do
+  case "$arg" in
+    --quick) tier=quick ;;
+    --dev) tier=dev ;;
+    --no-deps) deps=0 ;;
+    *) echo "usage: scripts/test.sh [--quick | --dev] [--no-deps]" >&2; exit 2 ;;
+  esac
+done
+# The quick and dev tiers are for a working tree whose dependencies are installed.
+[ "$tier" != full ] || [ "$deps" = 0 ] || scripts/deps.sh
 export PATH="$PATH:/usr/local/cuda/bin"
 
-echo "== format =="
+echo "== format, include layering =="
 scripts/check-format.sh
+scripts/include-graph.sh --check
 
 setup() { # setup DIR [meson args...]: configure a fresh or existing build folder
   local dir=$1; shift
@@ -32,6 +53,22 @@ run_tests() { # run_tests DIR [meson test args...]
   local dir=$1; shift
   meson test -C "$dir" --print-errorlogs --num-processes "$(nproc)" "$@"
 }
+
+if [ "$tier" != full ]; then
+  dir=${DFLASH_BUILD_DIR:-build-dev}
+  echo "== $tier: $dir =="
+  setup "$dir" -Dtests=enabled -Dpython=enabled -Dcuda=disabled
+  ninja -C "$dir"
+  if [ "$tier" = quick ]; then
+    run_tests "$dir" --no-rebuild --suite unit --suite abi --suite fuzz
+    OPENBLAS_NUM_THREADS=1 run_tests "$dir" --no-rebuild cuda-emu-selftest cuda-emu-attention \
+      cuda-emu-run
+  else
+    OPENBLAS_NUM_THREADS=1 run_tests "$dir" --no-rebuild --no-suite pipeline
+  fi
+  echo "$tier tests passed"
+  exit 0
+fi
 
 echo "== gcc =="
 setup build-gcc -Dtests=enabled -Dpython=enabled
@@ -51,7 +88,10 @@ for cc in gcc clang; do
   CC=$cc CXX=$cxx setup "build-$cc-release" --buildtype=release -Dtests=enabled \
     -Dpython=disabled -Dcuda=$cuda
   ninja -C "build-$cc-release"
-  run_tests "build-$cc-release" --suite unit --suite fuzz --suite cuda-emu
+  run_tests "build-$cc-release" --suite unit --suite fuzz
+  # The emulated device's whole suite runs in the clang (-O2), ASan and TSan builds; at -O3 its
+  # CUDA-vs-CPU parity alone (the whole suite here cost minutes and repeated clang's).
+  [ "$cc" = gcc ] || OPENBLAS_NUM_THREADS=1 run_tests "build-$cc-release" cuda-emu-parity
 done
 
 echo "== ASan + UBSan =="

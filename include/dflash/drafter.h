@@ -4,7 +4,7 @@
  * dflash_drafter_config_ext for keys learnt later (DFlash 2, partial RoPE),
  * parsing, validation and serialisation, and the spec's default target layers.
  *
- * The model is described in the project's spec (drafter.md): a stack of
+ * The model is described in docs/drafter.md (the project's spec): a stack of
  * Qwen3-style layers whose queries are blocks of B positions (anchor token +
  * B-1 mask tokens) and whose keys/values are the target's projected hidden
  * states strictly before the anchor plus the block itself.

@@ -12,6 +12,7 @@ dflash_status df_json_parse(const char *text, size_t len, const char *what, json
   json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
   if (!j) {
     dflash_status st = DFLASH_E_JSON;
+    if (json_error_code(&err) == json_error_out_of_memory) return df_error_nomem(what);
     if (json_error_code(&err) == json_error_duplicate_key) st = DFLASH_E_DUPLICATE;
     else if (json_error_code(&err) == json_error_invalid_utf8) st = DFLASH_E_UTF8;
     /* One-line texts (JSONL records) are named by their file and line in `what`: a "line 1"

@@ -63,7 +63,11 @@ DFLASH_API dflash_status dflash_st_writer_metadata(dflash_st_writer *w, const ch
 static json_t *tensor_info(dflash_dtype dtype, uint32_t ndim, const int64_t *shape, uint64_t begin,
                            uint64_t end) {
   json_t *dims = json_array();
-  for (uint32_t d = 0; dims && d < ndim; d++) json_array_append_new(dims, json_integer(shape[d]));
+  for (uint32_t d = 0; dims && d < ndim; d++)
+    if (json_array_append_new(dims, json_integer(shape[d]))) { /* out of memory: no dims */
+      json_decref(dims);
+      return NULL;
+    }
   return json_pack("{s:s, s:o, s:[I,I]}", "dtype", dflash_dtype_name(dtype), "shape", dims,
                    "data_offsets", (json_int_t)begin, (json_int_t)end);
 }
@@ -102,9 +106,10 @@ DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const cha
 static dflash_status write_header(dflash_st_writer *w) {
   json_t *root = json_object();
   if (!root) return df_error_nomem("header");
-  if (json_object_size(w->meta)) json_object_set(root, "__metadata__", w->meta);
-  json_object_update(root, w->tensors);
-  char *text = json_dumps(root, JSON_COMPACT);
+  /* A failed set or update (out of memory) would write a header without those tensors. */
+  bool lost = json_object_size(w->meta) && json_object_set(root, "__metadata__", w->meta);
+  lost = json_object_update(root, w->tensors) || lost;
+  char *text = lost ? NULL : json_dumps(root, JSON_COMPACT);
   json_decref(root);
   if (!text) return df_error_nomem("header");
   size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
@@ -204,12 +209,15 @@ DFLASH_API dflash_status dflash_safetensors_write_index(const char *path, size_t
   for (size_t i = 0; i < n_shards && !s; i++)
     s = add_shard_to_index(dir, shard_files[i], map, &total);
   for (size_t i = 0; i < n_meta && !s; i++)
-    if (json_object_set_new(meta, meta_keys[i], json_string(meta_values[i])))
+    if (!df_utf8_valid(meta_values[i], strlen(meta_values[i])))
       s = df_error(DFLASH_E_INVALID_ARG, "index metadata \"%s\" is not valid UTF-8", meta_keys[i]);
+    else if (json_object_set_new(meta, meta_keys[i], json_string(meta_values[i])))
+      s = df_error_nomem("index metadata");
   char *text = NULL;
   if (!s) {
-    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
-    json_t *root = json_pack("{s:O, s:O}", "metadata", meta, "weight_map", map);
+    json_t *root = json_object_set_new(meta, "total_size", json_integer((json_int_t)total))
+                       ? NULL
+                       : json_pack("{s:O, s:O}", "metadata", meta, "weight_map", map);
     text = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(root);
     s = text ? df_write_file_atomic(path, text, strlen(text)) : df_error_nomem("index text");

@@ -46,13 +46,27 @@ void dflash_dataset_build_options_init(dflash_dataset_build_options *o, size_t s
 
 typedef df_build_scratch scratch;
 
-static const char *grow(scratch *s, size_t need) {
+/* An allocation failure is the build's, never the line's: it marks the item (the calling
+ * thread fails the build with DFLASH_E_NOMEM) and returns this reason, which is not recorded. */
+static const char OUT_OF_MEMORY[] = "out of memory";
+
+static const char *nomem(df_build_item *it) {
+  it->nomem = 1;
+  return OUT_OF_MEMORY;
+}
+
+/* A failed library call: out of memory, or the reason the line is rejected. */
+static const char *failed(df_build_item *it, dflash_status st) {
+  return st == DFLASH_E_NOMEM ? nomem(it) : dflash_last_error();
+}
+
+static const char *grow(scratch *s, df_build_item *it, size_t need) {
   if (need <= s->cap) return NULL;
   int32_t *ids = realloc(s->ids, need * sizeof *ids);
   if (ids) s->ids = ids;
   uint8_t *mask = realloc(s->mask, need);
   if (mask) s->mask = mask;
-  if (!ids || !mask) return "out of memory";
+  if (!ids || !mask) return nomem(it);
   s->cap = need;
   return NULL;
 }
@@ -100,12 +114,12 @@ static const char *encode(const df_build *b, const dflash_chat_rendered *r, df_b
   size_t tlen;
   dflash_chat_rendered_text(r, &tlen);
   if (dflash_chat_rendered_last_assistant(r) < 0) return "no assistant turn";
-  const char *why = grow(s, dflash_tokenizer_max_ids(b->tok, tlen));
+  const char *why = grow(s, it, dflash_tokenizer_max_ids(b->tok, tlen));
   if (why) return why;
   dflash_chat_turns turns = b->opts.last_turn_only ? DFLASH_CHAT_TURNS_LAST : DFLASH_CHAT_TURNS_ALL;
-  if (dflash_chat_encode(r, b->tok, turns, s->ids, s->mask, s->cap, &it->n, &it->supervised))
-    return dflash_last_error();
-  return NULL;
+  dflash_status st = dflash_chat_encode(r, b->tok, turns, s->ids, s->mask, s->cap, &it->n,
+                                        &it->supervised);
+  return st ? failed(it, st) : NULL;
 }
 
 /* max_len: reject the item, or cut it (the supervised count follows the cut). */
@@ -126,18 +140,20 @@ static const char *limit_length(const df_build *b, df_build_item *it, const scra
 static const char *encode_item(const df_build *b, df_build_item *it, scratch *s) {
   dflash_chat_rendered *r;
   const char *why = NULL;
-  if (render(b, it, &r, &why, s->why, sizeof s->why)) return dflash_last_error();
+  if (!it->text) return nomem(it); /* the line's copy (build_io.c) */
+  dflash_status st = render(b, it, &r, &why, s->why, sizeof s->why);
+  if (st) return failed(it, st);
   if (why) return why;
   why = encode(b, r, it, s);
   dflash_chat_rendered_free(r);
   if (!why) why = limit_length(b, it, s);
   if (why) return why;
   char id[ID_CAP];
-  if (dflash_fetch_record_id(it->text, it->len, id, sizeof id)) return dflash_last_error();
+  if ((st = dflash_fetch_record_id(it->text, it->len, id, sizeof id))) return failed(it, st);
   it->id = df_strdup(id);
   it->ids = malloc(it->n * sizeof *it->ids);
   it->mask = malloc(it->n);
-  if (!it->id || !it->ids || !it->mask) return "out of memory";
+  if (!it->id || !it->ids || !it->mask) return nomem(it);
   memcpy(it->ids, s->ids, it->n * sizeof *it->ids);
   memcpy(it->mask, s->mask, it->n);
   return NULL;
@@ -147,8 +163,9 @@ static const char *encode_item(const df_build *b, df_build_item *it, scratch *s)
 static void encode_range(void *ctx, size_t begin, size_t end, int worker) {
   df_build *b = ctx;
   for (size_t k = begin; k < end; k++) {
-    const char *why = encode_item(b, &b->items[k], &b->scratch[worker]);
-    if (why) b->items[k].why = df_strdup(why);
+    df_build_item *it = &b->items[k];
+    const char *why = encode_item(b, it, &b->scratch[worker]);
+    if (why && !it->nomem && !(it->why = df_strdup(why))) it->nomem = 1;
   }
 }
 
@@ -183,8 +200,12 @@ static dflash_status write_batch(df_build *b) {
   dflash_status st = DFLASH_OK;
   for (size_t k = 0; k < b->n_items; k++) {
     df_build_item *it = &b->items[k];
-    int dup = !it->why && !st ? seen_before(b, it) : 0;
-    if (dup > 0) {
+    int dup = !it->why && !it->nomem && !st ? seen_before(b, it) : 0;
+    if (it->nomem) {
+      if (!st)
+        st = df_error(DFLASH_E_NOMEM, "dataset build: out of memory at %s line %llu", it->file,
+                      (unsigned long long)it->line);
+    } else if (dup > 0) {
       char why[ID_CAP + 64];
       snprintf(why, sizeof why, "duplicate id \"%s\" (an earlier line has it)", it->id);
       df_build_reject(b, it->file, it->line, why);

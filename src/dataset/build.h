@@ -24,6 +24,7 @@ typedef struct {
   char *why; /* rejection reason; NULL when accepted */
   int too_long;
   int unfinished; /* a fetch record the target did not finish (outcome length or empty) */
+  int nomem;      /* out of memory while encoding it: the build fails (not a rejection) */
 } df_build_item;
 
 /* A worker's token buffers, kept across lines and batches. */

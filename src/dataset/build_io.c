@@ -164,7 +164,7 @@ void df_build_read_batch(df_build *b) {
     memset(it, 0, sizeof *it);
     it->text = malloc((size_t)len);
     if (it->text) memcpy(it->text, r->buf, (size_t)len);
-    it->len = it->text ? (size_t)len : 0; /* out of memory: rejected as unparsable */
+    it->len = it->text ? (size_t)len : 0; /* out of memory: the build fails (build.c) */
     it->file = r->files[r->at];
     it->line = r->line;
     bytes += (size_t)len;

@@ -199,8 +199,10 @@ dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, const char *sa
   if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
   /* Check the id before touching the shard, and undo a partial append, so a
    * refused sample leaves the shard consistent. */
+  if (!df_utf8_valid(sample_id, strlen(sample_id)))
+    return df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
   json_t *sid = json_string(sample_id);
-  if (!sid) return df_error(DFLASH_E_UTF8, "sample id \"%s\" is not valid UTF-8", sample_id);
+  if (!sid) return df_error_nomem("sample id");
   size_t ids_len = w->ids.len, mask_len = w->mask.len, off_len = w->offsets.len;
   dflash_status st = df_buf_append(&w->ids, ids, n * sizeof *ids);
   if (!st) st = df_buf_append(&w->mask, mask, n);
@@ -226,13 +228,17 @@ static json_t *manifest_json(const dflash_dataset_writer *w) {
                         "samples", (json_int_t)w->samples, "tokens", (json_int_t)w->tokens,
                         "supervised_tokens", (json_int_t)w->supervised, "shards", w->shards);
   if (!m) return NULL;
-  json_object_set_new(m, "tokenizer_hash",
-                      w->opts.tokenizer_hash ? json_string(w->opts.tokenizer_hash) : json_null());
-  json_object_set_new(m, "template",
-                      w->opts.template_name ? json_string(w->opts.template_name) : json_null());
-  json_t *o = w->opts.options_json ? json_loads(w->opts.options_json, 0, NULL) : NULL;
-  json_object_set_new(m, "options", o ? o : json_object());
-  return m;
+  /* Out of memory in any of these would write a manifest without the field: none at all. */
+  int lost = json_object_set_new(m, "tokenizer_hash",
+                                 w->opts.tokenizer_hash ? json_string(w->opts.tokenizer_hash)
+                                                        : json_null());
+  lost |= json_object_set_new(m, "template",
+                              w->opts.template_name ? json_string(w->opts.template_name)
+                                                    : json_null());
+  json_t *o = w->opts.options_json ? json_loads(w->opts.options_json, 0, NULL) : json_object();
+  lost |= json_object_set_new(m, "options", o);
+  if (lost) json_decref(m);
+  return lost ? NULL : m;
 }
 
 dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w) {

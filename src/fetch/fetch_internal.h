@@ -157,9 +157,10 @@ DF_MUST_CHECK dflash_status df_out_append(df_out *o, const json_t *record);
 /* fsync when dirty and `interval` seconds have passed since the last (0: always). */
 DF_MUST_CHECK dflash_status df_out_sync(df_out *o, double interval, double now);
 void df_out_close(df_out *o);
-/* Check one record line (no '\n'): *id as in df_out_record_fn (malloc'd).
- * `full`: always parse the JSON, not only the fast prefix path. */
-bool df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line);
+/* Check one record line (no '\n'): 1 a record, *id as in df_out_record_fn (malloc'd); 0 not
+ * one; -1 out of memory (the message recorded). `full`: always parse the JSON, not only the
+ * fast prefix path. */
+int df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line);
 /* Outputs in chunks on object storage (remote.c): report every record of
  * every chunk under `prefix` to `fn`; appends go nowhere until
  * df_out_start_chunks. */

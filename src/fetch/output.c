@@ -35,24 +35,33 @@ bool df_record_id_prefix(const char *line, size_t len, char **id) {
   return *id != NULL;
 }
 
-/* Full check of one line: a JSON object whose "id" is a string or null. */
-static bool parse_record(const char *line, size_t len, char **id, uint64_t *input_line) {
-  json_t *root = json_loadb(line, len, 0, NULL);
+/* Full check of one line: a JSON object whose "id" is a string or null (1; 0 when not, -1 out
+ * of memory: a valid record taken for an invalid one would be cut or moved aside). */
+static int parse_record(const char *line, size_t len, char **id, uint64_t *input_line) {
+  json_error_t err;
+  json_t *root = json_loadb(line, len, 0, &err);
+  if (!root && json_error_code(&err) == json_error_out_of_memory) {
+    df_error_nomem("fetch record");
+    return -1;
+  }
   const json_t *idv = json_object_get(root, "id");
-  bool ok = json_is_object(root) && (json_is_string(idv) || json_is_null(idv));
-  if (ok && json_is_string(idv)) ok = (*id = df_strdup(json_string_value(idv))) != NULL;
+  int ok = json_is_object(root) && (json_is_string(idv) || json_is_null(idv));
+  if (ok && json_is_string(idv) && !(*id = df_strdup(json_string_value(idv)))) {
+    df_error_nomem("fetch record id");
+    ok = -1;
+  }
   const json_t *ln = json_object_get(root, "line");
-  if (ok && json_is_integer(ln)) *input_line = (uint64_t)json_integer_value(ln);
+  if (ok > 0 && json_is_integer(ln)) *input_line = (uint64_t)json_integer_value(ln);
   json_decref(root);
   return ok;
 }
 
-bool df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line) {
+int df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line) {
   *id = NULL;
   *input_line = 0;
   if (!full && line[len - 1] == '}' && !memchr(line, '\0', len) &&
       df_record_id_prefix(line, len, id) && *id)
-    return true;
+    return 1;
   free(*id);
   *id = NULL;
   return parse_record(line, len, id, input_line);
@@ -71,7 +80,9 @@ static dflash_status scan_line(scan *s, const char *line, size_t len, off_t off)
   char *id;
   uint64_t input_line;
   bool full = s->size - off <= (off_t)FULL_CHECK_TAIL;
-  if (len == 0 || !df_out_check_line(line, len, full, &id, &input_line)) {
+  int ok = len ? df_out_check_line(line, len, full, &id, &input_line) : 0;
+  if (ok < 0) return DFLASH_E_NOMEM;
+  if (!ok) {
     if (s->first_bad < 0) s->first_bad = off;
     return DFLASH_OK;
   }
@@ -130,7 +141,12 @@ static dflash_status rewrite_without_bad(int fd, const char *path) {
     size_t n = nl ? (size_t)(nl - text) - i : len - i;
     char *id;
     uint64_t ln;
-    bool ok = nl && n && df_out_check_line(text + i, n, true, &id, &ln);
+    int checked = nl && n ? df_out_check_line(text + i, n, true, &id, &ln) : 0;
+    if (checked < 0) {
+      st = DFLASH_E_NOMEM;
+      break;
+    }
+    bool ok = checked > 0;
     if (ok) free(id);
     df_buf *to = ok ? &good : &bad;
     if (!(st = df_buf_append(to, text + i, n))) st = df_buf_append(to, "\n", 1);

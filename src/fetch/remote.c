@@ -29,7 +29,9 @@ static dflash_status scan_chunk(const char *loc, const char *text, size_t len, d
     char *id;
     uint64_t input_line;
     line++;
-    if (n && nl && df_out_check_line(text + i, n, false, &id, &input_line)) {
+    int ok = n && nl ? df_out_check_line(text + i, n, false, &id, &input_line) : 0;
+    if (ok < 0) st = DFLASH_E_NOMEM;
+    else if (ok) {
       (*records)++;
       if (fn) st = fn(ctx, id, input_line, text + i, n);
       free(id);

@@ -69,6 +69,7 @@ static dflash_status fill_vocab(dflash_tokenizer *t, json_t *vocab, json_t *adde
   if (!json_is_object(vocab))
     return df_error(DFLASH_E_FORMAT, "%s: the vocabulary is not a JSON object", what);
   dflash_status st = df_vocab_init(&t->vocab, max_id(vocab, added_ids));
+  if (st) return st;
   df_buf bytes = {0};
   const char *k;
   json_t *v;
@@ -330,7 +331,13 @@ dflash_status df_load_hf_doc(dflash_tokenizer *t, json_t *doc, const char *path,
   dflash_status st = check_model(model, path);
   json_t *added = json_object_get(doc, "added_tokens"), *ids = json_array(), *e;
   size_t i;
-  json_array_foreach(added, i, e) json_array_append(ids, json_object_get(e, "id"));
+  /* The vocabulary's size counts the added ids: one lost here would make a later one "out of
+   * range". */
+  if (!st && !ids) st = df_error_nomem("added token ids");
+  json_array_foreach(added, i, e) {
+    json_t *id = json_object_get(e, "id"); /* none: refused below */
+    if (!st && id && json_array_append(ids, id)) st = df_error_nomem("added token ids");
+  }
   if (!st) st = fill_vocab(t, json_object_get(model, "vocab"), ids, path);
   json_decref(ids);
   if (!st)

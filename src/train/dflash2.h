@@ -126,7 +126,7 @@ typedef struct df2_sel_args {
 } df2_sel_args;
 
 /*
- * DFlash 2's selector loss (issue 18): for each row the top-K candidates of
+ * DFlash 2's selector loss: for each row the top-K candidates of
  * its logits (s->cand, else df2_lmhead_topk), the true token placed among them or the row
  * dropped (df2_selector_candidates), and df2_selector_row's CE; *loss gets
  * sum_i w[i] CE_i, *hits the rows whose true token was a candidate (before

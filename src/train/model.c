@@ -614,7 +614,7 @@ static int32_t row_prev(const df_model *m, const int32_t *ids, const int32_t *la
 }
 
 /*
- * DFlash 2's selector loss on the supervised rows (issue 18, df2_selector_loss)
+ * DFlash 2's selector loss on the supervised rows (df2_selector_loss)
  * with the true previous token as predecessor, weighted like the block CE
  * and by sel_weight; *lsum gets it added. The backward feeds the codebooks,
  * hidden_projection and, through P(hf), rows_dx (the block CE's d(hf) rows,

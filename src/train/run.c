@@ -26,6 +26,7 @@
 #include "backend.h"
 #include "dist.h"
 #include "hidden/hidden.h"
+#include "position.h"
 #include "stream.h"
 #include "rng.h"
 #include "remote.h"
@@ -286,60 +287,74 @@ static void settings_of(const run *r, setting *s) {
   memcpy(s, all, sizeof all);
 }
 
-/* " name=value" for each setting, after the position in the state's text. */
-static int print_settings(const run *r, char *buf, size_t cap) {
-  setting s[N_SETTINGS];
-  settings_of(r, s);
-  size_t n = 0;
-  for (int i = 0; i < N_SETTINGS; i++) {
-    int k = snprintf(buf + n, cap - n, " %s=%.17g", s[i].name, s[i].value);
-    if (k < 0 || (size_t)k >= cap - n) return -1;
-    n += (size_t)k;
-  }
-  int64_t step = dflash_trainer_steps(r->t);
-  int k = snprintf(buf + n, cap - n, " next_lr=%.17g sched=%" PRId64 ",%.17g",
-                   dflash_trainer_lr_at(r->t, step), r->t->sched_from, r->t->sched_lr0);
-  if (k < 0 || (size_t)k >= cap - n) return -1;
-  return (int)(n + (size_t)k);
-}
-
 /* The learning rate after a resume: the saved continuation, if any, and when the settings
  * changed the rate the next step would take, a new continuation from the rate the saved
  * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
-static void continue_schedule(const run *r, const char *blob) {
-  const char *nl = strstr(blob, " next_lr=");
-  if (!nl) return; /* a state from before the rate was recorded */
-  double next = strtod(nl + 9, NULL);
+static void continue_schedule(const run *r, const df_position *p) {
+  if (!p->has_schedule) return; /* a state from before the rate was recorded */
   int64_t step = dflash_trainer_steps(r->t);
-  if (dflash_trainer_lr_at(r->t, step) == next) return;
+  if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
   r->t->sched_from = step > 0 ? step : 1;
-  r->t->sched_lr0 = next;
+  r->t->sched_lr0 = p->next_lr;
 }
 
 /* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
- * allow_settings_change. A state written before settings were recorded has none to compare. */
-static dflash_status check_settings(const run *r, const char *blob) {
+ * allow_settings_change. A state written before settings were recorded has none to compare;
+ * one that records a setting this library does not know is refused. */
+static dflash_status check_settings(const run *r, const df_position *p) {
   setting s[N_SETTINGS];
   settings_of(r, s);
+  for (size_t k = 0; k < p->n_settings; k++) {
+    int i = 0;
+    while (i < N_SETTINGS && strcmp(s[i].name, p->settings[k].name)) i++;
+    if (i == N_SETTINGS)
+      return df_error(DFLASH_E_UNSUPPORTED,
+                      "%s records the setting \"%s\", which this libdflash does not know "
+                      "(written by a newer one?)",
+                      r->state_path, p->settings[k].name);
+  }
   char changes[1024] = "";
   size_t n = 0;
   for (int i = 0; i < N_SETTINGS; i++) {
-    char key[40];
-    snprintf(key, sizeof key, " %s=", s[i].name);
-    const char *at = strstr(blob, key);
-    if (!at) continue;
-    double was = strtod(at + strlen(key), NULL);
-    if (was == s[i].value) continue;
+    const df_position_setting *was = df_position_setting_find(p, s[i].name);
+    if (!was || was->value == s[i].value) continue;
     int k = snprintf(changes + n, sizeof changes - n, "%s%s %.9g -> %.9g", n ? ", " : "", s[i].name,
-                     was, s[i].value);
+                     was->value, s[i].value);
     if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
   }
   if (!n) return DFLASH_OK;
-  if (r->o->allow_settings_change) return continue_schedule(r, blob), DFLASH_OK;
+  if (r->o->allow_settings_change) return continue_schedule(r, p), DFLASH_OK;
   return df_error(DFLASH_E_MISMATCH,
                   "%s was written with other settings: %s (resume with the run's own, or "
                   "allow the change: --allow-settings-change)",
                   r->state_path, changes);
+}
+
+/* Where the run stands after the last step, for the state (position.h). */
+static void position_of(const run *r, int32_t epoch, uint64_t pos, df_position *p) {
+  memset(p, 0, sizeof *p);
+  p->epoch = epoch;
+  p->pos = pos;
+  p->tokens = r->tokens;
+  p->metrics_bytes = r->metrics ? ftell(r->metrics) : 0;
+  p->seed = r->topt.seed;
+  p->samples = r->n_usable;
+  p->elapsed_s = r->elapsed + df_now_seconds() - r->t0;
+  p->spool = r->spool != NULL;
+  p->spool_shard = r->bnd_shard; /* the spool: the last step's position (the producer's order) */
+  p->spool_offset = r->bnd_off;
+  p->spool_wait_s = r->spool_wait;
+  p->has_schedule = true;
+  p->next_lr = dflash_trainer_lr_at(r->t, dflash_trainer_steps(r->t));
+  p->sched_from = r->t->sched_from;
+  p->sched_lr0 = r->t->sched_lr0;
+  setting s[N_SETTINGS];
+  settings_of(r, s);
+  for (int i = 0; i < N_SETTINGS; i++) {
+    snprintf(p->settings[i].name, sizeof p->settings[i].name, "%s", s[i].name);
+    p->settings[i].value = s[i].value;
+  }
+  p->n_settings = N_SETTINGS;
 }
 
 /* Save the checkpoint and the state; (epoch, pos) is the next sample to
@@ -352,26 +367,15 @@ static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
   dflash_status st = finish_step(r); /* the last step's metrics line before the state */
   if (!st) st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && r->rank == 0) {
-    long mbytes = r->metrics ? ftell(r->metrics) : 0;
-    char blob[1024];
-    uint64_t ss = r->bnd_shard, so = r->bnd_off; /* the spool: the last step's position */
-    int n = snprintf(blob, sizeof blob,
-                     "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%ld seed=%" PRIu64
-                     " samples=%zu elapsed=%.17g",
-                     epoch, pos, r->tokens, mbytes, r->topt.seed, r->n_usable,
-                     r->elapsed + df_now_seconds() - r->t0);
-    /* The spool position: shard and sample within it (the producer's order). */
-    if (r->spool && n > 0 && (size_t)n < sizeof blob)
-      n += snprintf(blob + n, sizeof blob - (size_t)n,
-                    " spool=%" PRIu64 ",%" PRIu64 " spool_wait=%.3f", ss, so, r->spool_wait);
-    int k = n > 0 && (size_t)n < sizeof blob ? print_settings(r, blob + n, sizeof blob - (size_t)n)
-                                             : -1;
-    if (k < 0) return df_error(DFLASH_E_INTERNAL, "training state position too long");
-    n += k;
+    df_position p;
+    position_of(r, epoch, pos, &p);
+    char *blob = NULL;
     if (r->trace) fflush(r->trace);
-    st = model ? dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16) : DFLASH_OK;
-    if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, (size_t)n + 1);
+    st = df_position_to_json(&p, &blob);
+    if (!st && model) st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
+    if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, strlen(blob) + 1);
     if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
+    free(blob);
   }
   r->last_save = df_now_seconds();
   return st ? st : barrier(r);
@@ -384,50 +388,43 @@ static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
 /* Every rank reads the same state (a shared directory or the bucket);
  * rank 0 alone trims metrics.jsonl. */
 static dflash_status resume(run *r) {
-  char blob[1024];
+  char blob[4096];
   size_t len = 0;
   dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, sizeof blob, &len);
   if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
   if (st) return df_error_wrap(st, "resuming");
-  blob[sizeof blob - 1] = 0;
-  long mbytes;
-  uint64_t seed;
-  size_t samples;
-  if (sscanf(blob,
-             "epoch=%d pos=%" SCNu64 " tokens=%" SCNd64 " metrics_bytes=%ld seed=%" SCNu64
-             " samples=%zu elapsed=%lf",
-             &r->epoch, &r->pos, &r->tokens, &mbytes, &seed, &samples, &r->elapsed) != 7)
-    return df_error(DFLASH_E_FORMAT, "%s: unreadable data position \"%s\"", r->state_path, blob);
-  if (seed != r->topt.seed)
+  df_position p;
+  if ((st = df_position_parse(blob, len, r->state_path, &p))) return st;
+  if (p.seed != r->topt.seed)
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
-                    seed, r->topt.seed);
-  const char *sc = strstr(blob, " sched="); /* an earlier settings change's continuation */
-  if (sc && sscanf(sc, " sched=%" SCNd64 ",%lf", &r->t->sched_from, &r->t->sched_lr0) != 2)
-    return df_error(DFLASH_E_FORMAT, "%s: unreadable schedule \"%s\"", r->state_path, sc);
-  dflash_status cs = check_settings(r, blob);
+                    p.seed, r->topt.seed);
+  r->epoch = p.epoch, r->pos = p.pos, r->tokens = p.tokens, r->elapsed = p.elapsed_s;
+  if (p.has_schedule) /* an earlier settings change's continuation */
+    r->t->sched_from = p.sched_from, r->t->sched_lr0 = p.sched_lr0;
+  dflash_status cs = check_settings(r, &p);
   if (cs) return cs;
-  const char *sp = strstr(blob, " spool=");
-  if (r->spool && (!sp || sscanf(sp, " spool=%" SCNu64 ",%" SCNu64, &r->sp_shard, &r->sp_off) != 2))
+  if (r->spool && !p.spool)
     return df_error(DFLASH_E_MISMATCH,
                     "%s has no spool position: written by a run on an "
                     "offline store",
                     r->state_path);
-  if (!r->spool && sp)
+  if (!r->spool && p.spool)
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written by a run on a spool; resume it with "
                     "--hidden spool:PATH",
                     r->state_path);
-  const char *sw = r->spool ? strstr(blob, " spool_wait=") : NULL;
-  if (sw) r->spool_wait = strtod(sw + 12, NULL); /* states before the counter: from 0 */
-  if (samples != r->n_usable)
+  r->sp_shard = p.spool_shard, r->sp_off = p.spool_offset;
+  if (r->spool) r->spool_wait = p.spool_wait_s; /* states before the counter: from 0 */
+  if (p.samples != r->n_usable)
     return df_error(DFLASH_E_MISMATCH,
-                    "%s was written for %zu trainable samples, %s has %zu: "
+                    "%s was written for %" PRIu64 " trainable samples, %s has %zu: "
                     "the data changed",
-                    r->state_path, samples, r->o->data_dir, r->n_usable);
+                    r->state_path, p.samples, r->o->data_dir, r->n_usable);
   /* Forget metrics lines written after the state was saved. */
-  if (r->rank == 0 && truncate(r->metrics_path, mbytes) != 0 && mbytes > 0)
-    return df_error(DFLASH_E_IO, "cannot truncate %s to %ld bytes", r->metrics_path, mbytes);
+  if (r->rank == 0 && truncate(r->metrics_path, (off_t)p.metrics_bytes) != 0 && p.metrics_bytes > 0)
+    return df_error(DFLASH_E_IO, "cannot truncate %s to %" PRId64 " bytes", r->metrics_path,
+                    p.metrics_bytes);
   return DFLASH_OK;
 }
 

@@ -1,5 +1,5 @@
 /*
- * The drafter's trainable tensors, declared once (issue 17, item 4). model.c builds the
+ * The drafter's trainable tensors, declared once. model.c builds the
  * parameter buffer and its checkpoint names from these lists and binds its weight views with
  * them, plan.c counts the parameters with them, and the CUDA backend (cuda/model.cu) finds a
  * tensor by the indices below: the buffer holds, in this order,

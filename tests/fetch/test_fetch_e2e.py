@@ -416,7 +416,7 @@ def test_all_servers_down_at_start(tmp_path):
 
 
 def test_resume_with_one_of_three_servers_down(tmp_path):
-    """Issue 27: a resume with one server restarting goes on with the other two and takes
+    """A resume with one server restarting goes on with the other two and takes
     the third back when it answers; nothing lost or duplicated."""
     farm = Farm(3, "--token-delay", "0.01")
     try:
@@ -709,7 +709,7 @@ def test_stream_options_follow_the_stream_the_body_asks_for(farm, tmp_path):
     assert [b.get("stream_options") for b in bodies] == [None] * 4 + [{"include_usage": True}] * 4
 
 
-# ---- never hang, never call failure success (issue 19, item 2) -----------------------
+# ---- never hang, never call failure success --------------------------------------------
 
 DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens, connections are refused
 

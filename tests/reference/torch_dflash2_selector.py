@@ -1,5 +1,5 @@
 """DFlash 2's selector loss (src/train/dflash2.c, df2_selector_loss) against
-PyTorch autograd of the same objective written here (issue 18): for each row
+PyTorch autograd of the same objective written here: for each row
 x_i (the drafter's final normed hidden), the top-K of its logits x_i E^T
 (torch.topk, not differentiated; the unary scores are the candidates'
 logits, differentiated), scores unary + <A[prev_i] * (P x_i), B[cand]> as

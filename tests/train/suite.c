@@ -11,6 +11,7 @@ TCase *tc_eval(void);
 TCase *tc_init(void);
 TCase *tc_dflash2(void);
 TCase *tc_ref_ops(void);
+TCase *tc_position(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -25,5 +26,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_init());
   suite_add_tcase(s, tc_dflash2());
   suite_add_tcase(s, tc_ref_ops());
+  suite_add_tcase(s, tc_position());
   return s;
 }

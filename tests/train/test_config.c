@@ -161,7 +161,7 @@ START_TEST(gamma_table) {
 }
 END_TEST
 
-/* ---- refusals found by comparing with the reference loaders (issue 14) ---- */
+/* ---- refusals found by comparing with the reference loaders ---- */
 
 #define CFG_TAIL "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1}"
 

@@ -1,0 +1,248 @@
+/* The resume position of train_state (src/train/position.h): versioned JSON, refusals of what
+ * this library does not understand, and states written before the format was versioned
+ * ("epoch=... pos=..."), read and then resumed exactly. */
+#include <dflash/safetensors.h>
+#include <dflash/train.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "synth.h"
+#include "testutil.h"
+#include "train/position.h"
+
+static df_position sample(void) {
+  df_position p = {.epoch = 1,
+                   .pos = 3,
+                   .tokens = 96,
+                   .metrics_bytes = 712,
+                   .seed = UINT64_MAX, /* past jansson's integers: written as a string */
+                   .samples = 8,
+                   .elapsed_s = 0.5,
+                   .has_schedule = true,
+                   .next_lr = 0.001,
+                   .sched_from = 2,
+                   .sched_lr0 = 0.25,
+                   .n_settings = 2};
+  snprintf(p.settings[0].name, sizeof p.settings[0].name, "lr");
+  p.settings[0].value = 0.005;
+  snprintf(p.settings[1].name, sizeof p.settings[1].name, "anchors");
+  p.settings[1].value = 8;
+  return p;
+}
+
+static dflash_status parse(const char *text, df_position *p) {
+  return df_position_parse(text, strlen(text), "state.safetensors", p);
+}
+
+START_TEST(json_is_the_documented_format) {
+  df_position p = sample();
+  char *text;
+  ck_assert_ok(df_position_to_json(&p, &text));
+  /* The layout src/train/README.md documents, written out by hand. */
+  ck_assert_str_eq(text, "{\"format\":\"dflash-train-position\",\"version\":1,\"epoch\":1,"
+                         "\"pos\":3,\"tokens\":96,\"metrics_bytes\":712,"
+                         "\"seed\":\"18446744073709551615\",\"samples\":8,\"elapsed_s\":0.5,"
+                         "\"settings\":{\"lr\":0.0050000000000000001,\"anchors\":8.0},"
+                         "\"schedule\":{\"next_lr\":0.001,\"from\":2,\"lr0\":0.25}}");
+  df_position back;
+  ck_assert_ok(parse(text, &back));
+  ck_assert_int_eq(back.epoch, 1);
+  ck_assert_uint_eq(back.pos, 3);
+  ck_assert_int_eq(back.tokens, 96);
+  ck_assert_int_eq(back.metrics_bytes, 712);
+  ck_assert_uint_eq(back.seed, UINT64_MAX);
+  ck_assert_uint_eq(back.samples, 8);
+  ck_assert(back.elapsed_s == 0.5 && back.has_schedule && back.next_lr == 0.001);
+  ck_assert(back.sched_from == 2 && back.sched_lr0 == 0.25 && !back.spool);
+  ck_assert_uint_eq(back.n_settings, 2);
+  ck_assert(df_position_setting_find(&back, "lr")->value == 0.005);
+  ck_assert(df_position_setting_find(&back, "anchors")->value == 8);
+  ck_assert_ptr_null(df_position_setting_find(&back, "clip"));
+  free(text);
+  p.spool = true, p.spool_shard = 4, p.spool_offset = 2, p.spool_wait_s = 1.5;
+  ck_assert_ok(df_position_to_json(&p, &text));
+  ck_assert_ok(parse(text, &back));
+  ck_assert(back.spool && back.spool_shard == 4 && back.spool_offset == 2);
+  ck_assert(back.spool_wait_s == 1.5);
+  free(text);
+}
+END_TEST
+
+#define V1 "\"format\":\"dflash-train-position\",\"version\":1"
+#define FIELDS                                                                              \
+  "\"epoch\":0,\"pos\":3,\"tokens\":96,\"metrics_bytes\":712,\"seed\":\"5\",\"samples\":8," \
+  "\"elapsed_s\":0.5,\"settings\":{}"
+
+START_TEST(what_it_does_not_understand_is_refused) {
+  df_position p;
+  ck_assert_ok(parse("{" V1 "," FIELDS "}", &p));
+  ck_assert_status(parse("{\"format\":\"dflash-train-position\",\"version\":2," FIELDS "}", &p),
+                   DFLASH_E_UNSUPPORTED, "version 2 was written by a newer libdflash");
+  ck_assert_status(parse("{" V1 "," FIELDS ",\"rng\":7}", &p), DFLASH_E_UNSUPPORTED,
+                   "field \"rng\" is unknown");
+  ck_assert_status(parse("{" V1 "," FIELDS ",\"spool\":{\"shard\":1,\"offset\":0,\"wait_s\":0,"
+                         "\"lane\":2}}",
+                         &p),
+                   DFLASH_E_UNSUPPORTED, "field \"lane\" in \"spool\" is unknown");
+  ck_assert_status(parse("{\"format\":\"dflash-hidden-1\",\"version\":1," FIELDS "}", &p),
+                   DFLASH_E_FORMAT, "not \"dflash-train-position\"");
+  ck_assert_status(parse("{\"version\":1," FIELDS "}", &p), DFLASH_E_FORMAT, "format missing");
+  ck_assert_status(parse("{" V1 ",\"epoch\":0,\"tokens\":96,\"metrics_bytes\":712,\"seed\":\"5\","
+                         "\"samples\":8,\"elapsed_s\":0.5,\"settings\":{}}",
+                         &p),
+                   DFLASH_E_FORMAT, "field \"pos\" is not an integer >= 0");
+  ck_assert_status(parse("{" V1 ",\"epoch\":0,\"pos\":-1,\"tokens\":96,\"metrics_bytes\":712,"
+                         "\"seed\":\"5\",\"samples\":8,\"elapsed_s\":0.5,\"settings\":{}}",
+                         &p),
+                   DFLASH_E_FORMAT, "\"pos\" is not an integer >= 0");
+  ck_assert_status(parse("{" V1 ",\"epoch\":0,\"pos\":3,\"tokens\":96,\"metrics_bytes\":712,"
+                         "\"seed\":5,\"samples\":8,\"elapsed_s\":0.5,\"settings\":{}}",
+                         &p),
+                   DFLASH_E_FORMAT, "\"seed\" is not a decimal string");
+  ck_assert_status(
+      parse("{" V1 ",\"epoch\":0,\"pos\":3,\"tokens\":96,\"metrics_bytes\":712,"
+            "\"seed\":\"5\",\"samples\":8,\"elapsed_s\":0.5,\"settings\":{\"lr\":\"x\"}}",
+            &p),
+      DFLASH_E_FORMAT, "\"lr\" is not a number");
+  ck_assert_status(parse("{" V1 "," FIELDS ",\"schedule\":{\"next_lr\":1}}", &p), DFLASH_E_FORMAT,
+                   "\"from\" in \"schedule\" is not");
+  ck_assert_status(parse("[1, 2]", &p), DFLASH_E_FORMAT, "not a JSON object");
+  ck_assert_status(parse("{" V1, &p), DFLASH_E_JSON, "state.safetensors");
+}
+END_TEST
+
+/* Texts as the writer before the versioned format wrote them (run.c's snprintf of the day). */
+static const char OLD[] =
+    "epoch=1 pos=3 tokens=96 metrics_bytes=712 seed=5 samples=8 elapsed=0.52000000000000002 "
+    "lr=0.0050000000000000001 anchors=8 next_lr=0.001 sched=2,0.25";
+static const char OLD_SPOOL[] = "epoch=0 pos=0 tokens=10 metrics_bytes=0 seed=5 samples=8 "
+                                "elapsed=1 spool=4,2 spool_wait=1.500";
+static const char OLDEST[] = "epoch=0 pos=5 tokens=10 metrics_bytes=9 seed=5 samples=8 elapsed=1";
+
+START_TEST(unversioned_states_are_read) {
+  df_position p;
+  ck_assert_ok(parse(OLD, &p));
+  ck_assert(p.epoch == 1 && p.pos == 3 && p.tokens == 96 && p.metrics_bytes == 712);
+  ck_assert(p.seed == 5 && p.samples == 8 && p.elapsed_s == 0.52 && !p.spool);
+  ck_assert(p.has_schedule && p.next_lr == 0.001 && p.sched_from == 2 && p.sched_lr0 == 0.25);
+  ck_assert_uint_eq(p.n_settings, 2);
+  ck_assert(df_position_setting_find(&p, "lr")->value == 0.005);
+  ck_assert_ok(parse(OLD_SPOOL, &p));
+  ck_assert(p.spool && p.spool_shard == 4 && p.spool_offset == 2 && p.spool_wait_s == 1.5);
+  ck_assert_ok(parse(OLDEST, &p));
+  ck_assert(!p.has_schedule && !p.n_settings && p.pos == 5);
+  ck_assert_status(parse("epoch=0 pos=5 tokens=10 seed=5 samples=8 elapsed=1", &p), DFLASH_E_FORMAT,
+                   "lacks a field");
+  ck_assert_status(parse("epoch=0 pos=x tokens=10 metrics_bytes=9 seed=5 samples=8 elapsed=1", &p),
+                   DFLASH_E_FORMAT, "unreadable resume position field \"pos=x\"");
+  ck_assert_status(parse("epoch=0 pos=5 tokens=10 metrics_bytes=9 seed=5 samples=8 elapsed=1 "
+                         "next_lr=0.1",
+                         &p),
+                   DFLASH_E_FORMAT, "half a schedule");
+  ck_assert_status(parse("epoch=0 pos=5 tokens=10 metrics_bytes=9 seed=5 samples=8 elapsed=1 "
+                         "spool=4",
+                         &p),
+                   DFLASH_E_FORMAT, "\"spool=4\"");
+}
+END_TEST
+
+/* ---- a whole run resumed from an unversioned state ------------------------------------- */
+
+/* Rewrite state.safetensors with `user` as its position (every other tensor as it was). */
+static void replace_position(const char *path, const char *user) {
+  dflash_safetensors *in;
+  ck_assert_ok(dflash_safetensors_open(path, &in));
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.new", path);
+  dflash_st_writer *w;
+  ck_assert_ok(dflash_st_writer_create(tmp, &w));
+  for (size_t i = 0; i < dflash_safetensors_metadata_count(in); i++) {
+    const char *k, *v;
+    ck_assert_ok(dflash_safetensors_metadata_get(in, i, &k, &v));
+    ck_assert_ok(dflash_st_writer_metadata(w, k, v));
+  }
+  size_t n = dflash_safetensors_count(in);
+  int64_t ulen = (int64_t)strlen(user) + 1;
+  for (size_t i = 0; i < n; i++) {
+    dflash_tensor t = {.struct_size = sizeof t};
+    ck_assert_ok(dflash_safetensors_get(in, i, &t));
+    bool u = !strcmp(t.name, "user");
+    ck_assert_ok(dflash_st_writer_declare(w, t.name, t.dtype, u ? 1 : t.ndim, u ? &ulen : t.shape));
+  }
+  for (size_t i = 0; i < n; i++) {
+    dflash_tensor t = {.struct_size = sizeof t};
+    ck_assert_ok(dflash_safetensors_get(in, i, &t));
+    bool u = !strcmp(t.name, "user");
+    ck_assert_ok(dflash_st_writer_write(w, u ? user : t.data, u ? (size_t)ulen : t.nbytes));
+  }
+  ck_assert_ok(dflash_st_writer_finish(w));
+  dflash_st_writer_free(w);
+  dflash_safetensors_free(in);
+  ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/* The position a state holds, as text. */
+static char *position_text(const char *path) {
+  dflash_safetensors *st;
+  ck_assert_ok(dflash_safetensors_open(path, &st));
+  dflash_tensor t = {.struct_size = sizeof t};
+  ck_assert_ok(dflash_safetensors_find(st, "user", &t));
+  char *text = strndup(t.data, t.nbytes);
+  dflash_safetensors_free(st);
+  return text;
+}
+
+START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
+  char *root = df_test_tmpdir(), *full = synth_path(root, "full"), *part = synth_path(root, "part");
+  synth_world(root, 8, 16, 3);
+  dflash_train_run_options o;
+  synth_run_options(&o, root, full);
+  o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
+  ck_assert_ok(dflash_train_run(&o));
+  o.out_dir = part, o.max_steps = 2;
+  ck_assert_ok(dflash_train_run(&o));
+  /* The same position as the old writer put it. */
+  char *state = synth_path(part, "train_state/state.safetensors");
+  char *json = position_text(state);
+  df_position p;
+  ck_assert_ok(parse(json, &p));
+  ck_assert(p.has_schedule && p.n_settings == 15);
+  char old[2048];
+  int n = snprintf(old, sizeof old,
+                   "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64
+                   " seed=%" PRIu64 " samples=%" PRIu64 " elapsed=%.17g",
+                   p.epoch, p.pos, p.tokens, p.metrics_bytes, p.seed, p.samples, p.elapsed_s);
+  for (size_t i = 0; i < p.n_settings; i++)
+    n += snprintf(old + n, sizeof old - (size_t)n, " %s=%.17g", p.settings[i].name,
+                  p.settings[i].value);
+  snprintf(old + n, sizeof old - (size_t)n, " next_lr=%.17g sched=%" PRId64 ",%.17g", p.next_lr,
+           p.sched_from, p.sched_lr0);
+  replace_position(state, old);
+  char *back = position_text(state);
+  ck_assert_str_eq(back, old);
+  o.max_steps = 4, o.resume = 1;
+  ck_assert_ok(dflash_train_run(&o));
+  ck_assert(synth_max_abs_diff(full, part) == 0);
+  char *after = position_text(state);
+  ck_assert_msg(!strncmp(after, "{\"format\":\"dflash-train-position\",\"version\":1,", 45), "%s",
+                after);
+  /* A state from a newer library is refused, naming it. */
+  replace_position(state, "{\"format\":\"dflash-train-position\",\"version\":2}");
+  ck_assert_status(dflash_train_run(&o), DFLASH_E_UNSUPPORTED, "version 2");
+  df_test_rmtree(root);
+  free(root), free(full), free(part), free(state), free(json), free(back), free(after);
+}
+END_TEST
+
+TCase *tc_position(void);
+TCase *tc_position(void) {
+  TCase *tc = tcase_create("position");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, json_is_the_documented_format);
+  tcase_add_test(tc, what_it_does_not_understand_is_refused);
+  tcase_add_test(tc, unversioned_states_are_read);
+  tcase_add_test(tc, an_unversioned_state_resumes_exactly_and_is_saved_as_json);
+  return tc;
+}
