@@ -74,8 +74,6 @@ typedef struct dflash_drafter_config {
  * program built against an older header. Call it as dflash_drafter_config_default(&cfg). */
 DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size);
 #define dflash_drafter_config_default(cfg) dflash_drafter_config_init((cfg), sizeof *(cfg))
-/* The same at this library's size: for programs built before dflash_drafter_config_init. */
-DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg);
 
 /*
  * Parse config.json text. Accepts `block_size` at the top level or inside
@@ -166,8 +164,6 @@ typedef struct dflash_drafter_config_ext {
  * program built against an older header. Call it as dflash_drafter_config_ext_default(&ext). */
 DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size);
 #define dflash_drafter_config_ext_default(ext) dflash_drafter_config_ext_init((ext), sizeof *(ext))
-/* The same at this library's size: for programs built before dflash_drafter_config_ext_init. */
-DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext);
 /* As dflash_drafter_config_parse / _load, also filling `ext` (may be NULL:
  * then a non-default extended key is refused as without _ext). */
 DFLASH_API dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len,

@@ -125,8 +125,6 @@ typedef struct dflash_fetch_options {
  * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
 DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *opts, size_t size);
 #define dflash_fetch_options_default(opts) dflash_fetch_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_fetch_options_init. */
-DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *opts);
 
 typedef struct dflash_fetch_stats {
   size_t struct_size;

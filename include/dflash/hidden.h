@@ -54,8 +54,6 @@ typedef struct dflash_hidden_writer_options {
 DFLASH_API void dflash_hidden_writer_options_init(dflash_hidden_writer_options *opts, size_t size);
 #define dflash_hidden_writer_options_default(opts) \
   dflash_hidden_writer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_hidden_writer_options_init. */
-DFLASH_API void(dflash_hidden_writer_options_default)(dflash_hidden_writer_options *opts);
 
 typedef struct dflash_hidden_writer dflash_hidden_writer;
 
@@ -147,8 +145,6 @@ typedef struct dflash_spool_options {
  * program built against an older header. Call it as dflash_spool_options_default(&opts). */
 DFLASH_API void dflash_spool_options_init(dflash_spool_options *opts, size_t size);
 #define dflash_spool_options_default(opts) dflash_spool_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_spool_options_init. */
-DFLASH_API void(dflash_spool_options_default)(dflash_spool_options *opts);
 /* Open (waiting for spool.json up to wait_s); the position is (epoch 0, shard 0, sample 0). */
 DFLASH_API dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
                                            dflash_spool **out);
@@ -258,8 +254,6 @@ typedef struct dflash_sample_stream_options {
 DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *opts, size_t size);
 #define dflash_sample_stream_options_default(opts) \
   dflash_sample_stream_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_sample_stream_options_init. */
-DFLASH_API void(dflash_sample_stream_options_default)(dflash_sample_stream_options *opts);
 
 /* One training sample; every pointer stays valid until the next
  * dflash_sample_stream_next / _start / _free on the stream. */

@@ -75,8 +75,6 @@ typedef enum dflash_selector_loss_mode {
  * program built against an older header. Call it as dflash_trainer_options_default(&opts). */
 DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *opts, size_t size);
 #define dflash_trainer_options_default(opts) dflash_trainer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_trainer_options_init. */
-DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *opts);
 
 typedef struct dflash_trainer dflash_trainer;
 
@@ -318,8 +316,6 @@ typedef struct dflash_eval_walk {
  * program built against an older header. Call it as dflash_eval_walk_default(&w). */
 DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
 #define dflash_eval_walk_default(w) dflash_eval_walk_init((w), sizeof *(w))
-/* The same at this library's size: for programs built before dflash_eval_walk_init. */
-DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w);
 
 /*
  * dflash_trainer_walk over every sample of a held-out dataset, plus the
@@ -352,8 +348,6 @@ typedef struct dflash_train_plan_options {
 DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *opts, size_t size);
 #define dflash_train_plan_options_default(opts) \
   dflash_train_plan_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_train_plan_options_init. */
-DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *opts);
 
 /* Bytes per GPU, each term as the CUDA backend allocates it. */
 typedef struct dflash_train_plan {

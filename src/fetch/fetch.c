@@ -49,10 +49,6 @@ DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *o, size
   return st;
 }
 
-DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *o) {
-  return dflash_fetch_options_init(o, sizeof *o);
-}
-
 /* ---- options --------------------------------------------------------------- */
 
 static dflash_status parse_json_opt(const char *text, const char *what, json_t **out) {

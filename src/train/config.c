@@ -28,14 +28,12 @@ static void drafter_config_defaults(dflash_drafter_config *cfg) {
   cfg->mask_token_id = -1;
 }
 
-DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size) {
-  dflash_drafter_config d;
-  drafter_config_defaults(&d);
-  df_opts_fill(cfg, size, &d, sizeof d);
-}
+DF_DEFINE_INIT(dflash_drafter_config, drafter_config_defaults)
 
-DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg) {
-  dflash_drafter_config_init(cfg, sizeof *cfg);
+dflash_status df_config_in(const dflash_drafter_config *in, dflash_drafter_config *cfg) {
+  drafter_config_defaults(cfg);
+  if (!in) return df_error(DFLASH_E_INVALID_ARG, "dflash_drafter_config: NULL");
+  return df_opts_in(cfg, in, sizeof *cfg, "dflash_drafter_config");
 }
 
 static void drafter_config_ext_defaults(dflash_drafter_config_ext *ext) {
@@ -45,15 +43,7 @@ static void drafter_config_ext_defaults(dflash_drafter_config_ext *ext) {
   ext->partial_rotary_factor = 1.0;
 }
 
-DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size) {
-  dflash_drafter_config_ext d;
-  drafter_config_ext_defaults(&d);
-  df_opts_fill(ext, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext) {
-  dflash_drafter_config_ext_init(ext, sizeof *ext);
-}
+DF_DEFINE_INIT(dflash_drafter_config_ext, drafter_config_ext_defaults)
 
 dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
                                  dflash_drafter_config_ext *out) {
@@ -175,8 +165,11 @@ dflash_status df_yarn_check(const dflash_drafter_config *c, const char *what) {
   return DFLASH_OK;
 }
 
-dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
-  DF_CHECK_ARG(c);
+dflash_status dflash_drafter_config_validate(const dflash_drafter_config *caller) {
+  DF_CHECK_ARG(caller);
+  dflash_drafter_config full, *c = &full;
+  dflash_status in = df_config_in(caller, &full);
+  if (in) return in;
 #define NEED(cond, ...)                                                            \
   do {                                                                             \
     if (!(cond)) return df_error(DFLASH_E_CONFIG, "drafter config: " __VA_ARGS__); \
@@ -656,8 +649,9 @@ static dflash_status parse_any(const char *json, size_t len, const char *what,
   st = parse_root(&p, root, &c, &ext, ext_out ? ext_out->struct_size : 0);
   json_decref(root);
   if (st == DFLASH_OK) {
-    *out = c;
-    if (ext_out) {
+    /* An output struct: written up to the caller's struct_size (the one rule). */
+    st = df_opts_out(out, &c, sizeof c, "dflash_drafter_config");
+    if (!st && ext_out) {
       size_t n = ext_out->struct_size;
       memcpy(ext_out, &ext, n);
       ext_out->struct_size = n;
@@ -808,12 +802,14 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   return o;
 }
 
-static dflash_status to_json(const dflash_drafter_config *cfg,
+static dflash_status to_json(const dflash_drafter_config *caller,
                              const dflash_drafter_config_ext *ext_in, const char *dtype, char *buf,
                              size_t cap, size_t *len) {
-  DF_CHECK_ARG(cfg && len);
+  DF_CHECK_ARG(caller && len);
+  dflash_drafter_config full, *cfg = &full;
   dflash_drafter_config_ext ext;
-  dflash_status st = df_config_ext_copy(ext_in, &ext);
+  dflash_status st = df_config_in(caller, &full);
+  if (!st) st = df_config_ext_copy(ext_in, &ext);
   if (!st) st = dflash_drafter_config_validate(cfg);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (!st) st = df_yarn_check(cfg, "drafter config");

@@ -132,11 +132,12 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
                             const dflash_drafter_config_ext *ext, int n_threads, int vocab_chunk,
                             double gamma) {
   memset(m, 0, sizeof *m);
-  dflash_status st = dflash_drafter_config_validate(cfg);
+  dflash_status st = df_config_in(cfg, &m->cfg);
+  if (!st) st = dflash_drafter_config_validate(&m->cfg);
   if (!st) st = df_config_ext_copy(ext, &m->ext);
-  if (!st) st = df_config_ext_validate(cfg, &m->ext, "drafter config");
+  if (!st) st = df_config_ext_validate(&m->cfg, &m->ext, "drafter config");
   if (st) return st;
-  m->cfg = *cfg;
+  cfg = &m->cfg; /* the library's full struct from here on */
   m->rot = df_rotary_dims(cfg, &m->ext);
   m->H = cfg->hidden_size;
   m->KH = cfg->n_target_layer_ids * cfg->hidden_size;

@@ -193,6 +193,9 @@ DF_MUST_CHECK dflash_status df_model_logits(df_model *m, const int32_t *ids, int
 
 /* ---- config helpers (config.c) --------------------------------------------- */
 
+/* A caller's config (any struct_size, by the one rule) as the library's full struct. */
+DF_MUST_CHECK dflash_status df_config_in(const dflash_drafter_config *in,
+                                         dflash_drafter_config *cfg);
 /* A caller's ext (NULL: defaults; checked struct_size) as a full-size copy. */
 DF_MUST_CHECK dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
                                                dflash_drafter_config_ext *out);

@@ -51,15 +51,7 @@ static void train_plan_options_defaults(dflash_train_plan_options *o) {
   o->reserve_bytes = 4ULL << 30;
 }
 
-DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *o, size_t size) {
-  dflash_train_plan_options d;
-  train_plan_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *o) {
-  dflash_train_plan_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_train_plan_options, train_plan_options_defaults)
 
 void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors, int64_t chunk,
                   df_act_dims *d) {
@@ -85,12 +77,14 @@ dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
   return dflash_train_plan_compute_ext(cfg, NULL, opts, p);
 }
 
-static dflash_status plan_fill(const dflash_drafter_config *cfg,
+static dflash_status plan_fill(const dflash_drafter_config *caller,
                                const dflash_drafter_config_ext *ext_in,
                                const dflash_train_plan_options *opts, dflash_train_plan *p) {
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
+  dflash_drafter_config full, *cfg = &full;
   dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_train_plan_options");
+  if (!st) st = df_config_in(caller, &full);
   if (st) return st;
   opts = &o;
   st = dflash_drafter_config_validate(cfg);

@@ -40,15 +40,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
 }
 
-DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *o, size_t size) {
-  dflash_train_run_options d;
-  train_run_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *o) {
-  dflash_train_run_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
 
 typedef struct run {
   const dflash_train_run_options *o;
@@ -749,6 +741,7 @@ static dflash_status open_outputs(run *r) {
 
 static dflash_status open_all(run *r) {
   const dflash_train_run_options *o = r->o;
+  dflash_drafter_config_default(&r->cfg);
   dflash_drafter_config_ext_default(&r->ext);
   dflash_status st = dflash_drafter_config_load_ext(o->config_path, &r->cfg, &r->ext);
   if (!st) { /* refuse now what the checkpoint save at the end would refuse */

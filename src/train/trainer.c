@@ -32,15 +32,7 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
 }
 
-DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *o, size_t size) {
-  dflash_trainer_options d;
-  trainer_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *o) {
-  dflash_trainer_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
 
 static dflash_status check_options(const dflash_trainer_options *in, dflash_trainer_options *o) {
   dflash_trainer_options_default(o);
@@ -352,15 +344,17 @@ dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_t
   return df_trainer_accumulate_sample_labels(t, s, NULL, anchors, n_anchors, grad_scale);
 }
 
-dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflash_train_sample *s,
+dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t,
+                                                  const dflash_train_sample *caller,
                                                   const int32_t *labels, const int32_t *anchors,
                                                   int32_t n_anchors, double grad_scale) {
-  DF_CHECK_ARG(t && s && s->input_ids && s->loss_mask && (anchors || n_anchors == 0));
-  dflash_status lst = df_model_check_labels(&t->m, labels, s->len);
+  DF_CHECK_ARG(t && caller && (anchors || n_anchors == 0));
+  /* The one rule: an older caller's struct lacks the stored-rows fields (they read as none). */
+  dflash_train_sample smp = {.struct_size = sizeof smp}, *s = &smp;
+  dflash_status lst = df_opts_in(&smp, caller, sizeof smp, "dflash_train_sample");
   if (lst) return lst;
-  if (s->struct_size < offsetof(dflash_train_sample, hidden_scales) + sizeof s->hidden_scales &&
-      !s->hidden)
-    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", s->id ? s->id : "?");
+  DF_CHECK_ARG(s->input_ids && s->loss_mask);
+  if ((lst = df_model_check_labels(&t->m, labels, s->len))) return lst;
   const float *hidden;
   dflash_status st = sample_hidden(t, s, &hidden);
   if (st) return st;

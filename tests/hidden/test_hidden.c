@@ -186,7 +186,7 @@ START_TEST(stream_joins_and_reports) {
   ck_assert_uint_eq(bad, 2);
   uint64_t order[] = {1, 0, 2, 3, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 5));
-  dflash_train_sample smp;
+  dflash_train_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
   ck_assert_str_eq(smp.id, "sample-1");
@@ -243,7 +243,7 @@ START_TEST(zero_layers_refused_and_counted) {
   ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
   uint64_t order[] = {0, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 2));
-  dflash_train_sample smp;
+  dflash_train_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done)); /* one zero row is not a zero layer */
   ck_assert_str_eq(smp.id, "sample-0");
@@ -294,7 +294,7 @@ START_TEST(spool_order_budget_release) {
   so.wait_s = 0;
   dflash_spool *c;
   ck_assert_ok(dflash_spool_open(sp, &so, &c));
-  dflash_spool_sample smp;
+  dflash_spool_sample smp = {.struct_size = sizeof smp};
   int end, got = 0;
   while (!(st = dflash_spool_next(c, &smp, &end))) {
     snprintf(id, sizeof id, "s%02d", got++);

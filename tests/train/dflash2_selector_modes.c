@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
   double wt = atof(argv[3]);
   z = 7;
   for (int v = 0; v < V; v++) succ[v] = (int)(u() * (V - 1));
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   dflash_drafter_config_default(&c);
   c.hidden_size = H, c.intermediate_size = 64, c.num_hidden_layers = 1, c.num_attention_heads = 4,

@@ -17,7 +17,7 @@ static dflash_status parse(const char *text, dflash_drafter_config *c) {
 }
 
 START_TEST(block_size_placements) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.block_size, 16);
@@ -46,7 +46,7 @@ START_TEST(default_target_layers_follow_spec) {
   ck_assert_ok(dflash_default_target_layers(36, 1, ids));
   ck_assert_int_eq(ids[0], 18);
   /* Without target_layer_ids the config gets one per drafter layer. */
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.n_target_layer_ids, 2);
@@ -69,7 +69,7 @@ START_TEST(default_target_layers_follow_spec) {
 END_TEST
 
 START_TEST(validation_names_the_problem) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_status(
       parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
             "\"num_attention_heads\": 6, \"num_key_value_heads\": 4, \"head_dim\": 16,"
@@ -124,7 +124,7 @@ START_TEST(yarn_and_round_trip) {
       "\"max_position_embeddings\": 262144, \"vocab_size\": 163840, \"num_target_layers\": 61,"
       "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 163838,"
       "\"target_layer_ids\": [1, 12, 24, 35, 47, 58]}}";
-  dflash_drafter_config c, back;
+  dflash_drafter_config c = {.struct_size = sizeof c}, back = {.struct_size = sizeof back};
   ck_assert_ok(parse(kimi, &c));
   ck_assert_int_eq(c.rope_type, DFLASH_ROPE_YARN);
   ck_assert_double_eq_tol(c.rope_attention_factor, 0.1 * log(64.0) + 1.0, 1e-12);
@@ -169,7 +169,7 @@ END_TEST
  * target_layer_ids are given: it is always written, and a config without it
  * cannot be saved (nothing is written). */
 START_TEST(num_target_layers_written_or_refused) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
   size_t len = 0;
   ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_BUFFER);
@@ -200,7 +200,7 @@ START_TEST(yarn_factor_must_match_ratio) {
 #define YARN(mpe, orig)                                                               \
   CFG_HEAD "\"max_position_embeddings\": " mpe ", \"rope_scaling\": {\"rope_type\": " \
            "\"yarn\", \"factor\": 64.0" orig "}, " CFG_TAIL "}"
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
   ck_assert_status(parse(YARN("131072", ", \"original_max_position_embeddings\": 4096"), &c),
                    DFLASH_E_CONFIG,
@@ -224,7 +224,7 @@ END_TEST
  * dflash_drafter_config has no field for them, so only the _ext parsers
  * take one. */
 START_TEST(architectures_must_be_dflash) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\"], " CFG_TAIL "}", &c));
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": null, " CFG_TAIL "}", &c));
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], " CFG_TAIL "}", &c),
@@ -267,7 +267,7 @@ START_TEST(unimplemented_keys_refused) {
       "\"conv_kernel_size\": null",     "\"selector_rank\": 0",
   };
   char text[1024];
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(text, sizeof text, CFG_HEAD "%s, " CFG_TAIL "}", bad[i].set);
     char want[160];
@@ -299,7 +299,7 @@ END_TEST
 
 /* Qwen3Config (hence the reference model) defaults head_dim to 128. */
 START_TEST(head_dim_defaults_as_qwen3config) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
             "\"num_attention_heads\": 8, \"vocab_size\": 100, \"num_target_layers\": 8," CFG_TAIL
@@ -316,7 +316,7 @@ END_TEST
 
 /* Qwen3Config drops sliding_window unless use_sliding_window is true. */
 START_TEST(sliding_layers_need_use_sliding_window) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   const char *fmt = CFG_HEAD "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
                              "%s\"sliding_window\": 8, " CFG_TAIL "}";
   char text[512];
@@ -335,7 +335,7 @@ END_TEST
 /* partial_rotary_factor has no field in dflash_drafter_config: the _ext
  * functions carry it, the others refuse it. */
 START_TEST(partial_rotary_factor_in_ext) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   dflash_drafter_config_ext_default(&e);
   ck_assert_double_eq(e.partial_rotary_factor, 1.0);
@@ -370,7 +370,7 @@ START_TEST(partial_rotary_factor_in_ext) {
   size_t len = sizeof buf;
   ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"partial_rotary_factor\": 0.5"));
-  dflash_drafter_config c2;
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
   dflash_drafter_config_ext e2 = {.struct_size = sizeof e2};
   ck_assert_ok(dflash_drafter_config_parse_ext(buf, strlen(buf), "back", &c2, &e2));
   ck_assert_double_eq(e2.partial_rotary_factor, 0.5);
@@ -399,7 +399,7 @@ static dflash_status parse2(const char *text, dflash_drafter_config *c,
 /* DFlash2DraftModel: the four sizes, from dflash_config or the top level
  * (z-lab's _draft_value: dflash_config first), written back and re-read. */
 START_TEST(dflash2_config_parsed_and_written) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   ck_assert_ok(parse2(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c, &e));
   ck_assert_int_eq(e.dflash2, 1);
@@ -419,7 +419,7 @@ START_TEST(dflash2_config_parsed_and_written) {
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlash2DraftModel\""));
   ck_assert_ptr_nonnull(strstr(buf, "\"conv_kernel_size\": 3"));
   ck_assert_ptr_nonnull(strstr(buf, "\"selector_top_k\": 8"));
-  dflash_drafter_config c2;
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
   dflash_drafter_config_ext e2;
   ck_assert_ok(parse2(buf, &c2, &e2));
   ck_assert_mem_eq(&c2, &c, sizeof c);
@@ -472,7 +472,7 @@ START_TEST(dflash2_bad_sizes_refused) {
        "t.json: \"conv_kernel_size\" must be a 32-bit integer"},
   };
   char text[1024];
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(text, sizeof text, DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, %s}}",

@@ -35,7 +35,7 @@ static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 /* lr != 0: constant learning rate |lr| (no warm-up), LM-head chunks of 16;
  * lr < 0 also the selector loss's inject mode. */
 static dflash_status make_lr(int backend, double lr, dflash_trainer **t) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   config(&c, &e);
   float *E = zeros((size_t)V * H), *Hd = zeros((size_t)V * H);
@@ -137,7 +137,7 @@ END_TEST
 
 /* The selector loss's options: defaults, checked, and absent from an older struct. */
 START_TEST(selector_loss_options) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   config(&c, &e);
   float *E = zeros((size_t)V * H);
@@ -228,7 +228,7 @@ START_TEST(checkpoint_round_trip) {
   ck_assert_mem_eq(back, bk, sizeof bk);
   free(back);
   char *cfg = df_path_join(ckpt, "config.json");
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   dflash_drafter_config_ext_default(&e);
   ck_assert_ok(dflash_drafter_config_load_ext(cfg, &c, &e));
@@ -424,7 +424,7 @@ START_TEST(plan_counts_dflash2_tensors) {
     d1 += i < n1 ? numel : 0;
   }
   dflash_trainer_free(t);
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_ext e;
   config(&c, &e);
   dflash_train_plan_options o;

@@ -198,7 +198,7 @@ int cmd_init_config(int argc, char **argv) {
   char *text = t ? drafter_json(t, &a) : NULL;
   json_decref(root);
   if (!text) return 1;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   dflash_drafter_config_ext ext;
   dflash_drafter_config_ext_default(&ext);
   dflash_status st = dflash_drafter_config_parse_ext(text, strlen(text), a.target, &cfg, &ext);

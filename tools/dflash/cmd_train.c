@@ -169,7 +169,7 @@ static int cmd_plan(int argc, char **argv) {
   if (no_zero1) po.zero1 = 0;
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (!config) return cli_missing("train --plan", "--config");
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   dflash_drafter_config_ext ext; /* DFlash 2 and partial rotary configs plan too */
   dflash_drafter_config_ext_default(&ext);
   dflash_status st = dflash_drafter_config_load_ext(config, &cfg, &ext);
@@ -466,7 +466,7 @@ int cmd_eval(int argc, char **argv) {
   if (!g_allow_tok && cli_tokenizer_matches("eval", data, target, false)) return 1;
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   dflash_drafter_config_ext ext;
   dflash_drafter_config_ext_default(&ext);
   dflash_status st = dflash_drafter_config_load_ext(path, &cfg, &ext);

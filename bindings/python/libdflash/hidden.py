@@ -327,7 +327,7 @@ class Spool(Handle):
 
     def next(self):
         """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch."""
-        smp, end = SpoolSample(), ctypes.c_int()
+        smp, end = SpoolSample(struct_size=ctypes.sizeof(SpoolSample)), ctypes.c_int()
         _sp_next(self._handle(), ctypes.byref(smp), ctypes.byref(end))
         if end.value:
             return None
@@ -450,7 +450,7 @@ class SampleStream(Handle):
                                      dtype=np.uint64)
         _s_start(self._handle(), order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
                  order.size)
-        s, done = TrainSample(), ctypes.c_int()
+        s, done = TrainSample(struct_size=ctypes.sizeof(TrainSample)), ctypes.c_int()
         while True:
             h = self._handle()
             _s_next(h, ctypes.byref(s), ctypes.byref(done))

@@ -40,6 +40,11 @@ class DrafterConfig(ctypes.Structure):
         ("tie_word_embeddings", ctypes.c_int32),
     ]
 
+    def __init__(self, *args, **kw):
+        # A versioned struct (the one rule): parse and load write up to its struct_size.
+        kw.setdefault("struct_size", ctypes.sizeof(DrafterConfig))
+        super().__init__(*args, **kw)
+
 
 class TrainerOptions(ctypes.Structure):
     """Mirror of `dflash_trainer_options`."""
