@@ -232,7 +232,7 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, &r->ext, e, h, topt, r->comm, &r->t);
   free(e);
-  if (!st && r->s && df_sample_stream_has_target_ids(r->s) == 2 &&
+  if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_LABELS_TARGET)
     return r->head = h, target_head(r);
   free(h);

@@ -32,7 +32,7 @@ typedef struct slot {
 struct dflash_sample_stream {
   df_tokens *tokens;
   dflash_hidden *hidden;
-  int has_tids;               /* dflash_hidden_has_target_ids */
+  dflash_hidden_target_ids has_tids;
   const float *norm_w, *head; /* vLLM's final layer -> ids (df_sample_stream_set_head) */
   float eps;
   int32_t V;
@@ -158,8 +158,8 @@ void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, flo
  * head when the stream has one; none (has_tids false) otherwise. */
 static dflash_status produce_tids(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
   sl->has_tids = false;
-  bool vllm = s->has_tids == 2 && s->head;
-  if (!(s->has_tids == 1 || vllm)) return DFLASH_OK;
+  bool vllm = s->has_tids == DFLASH_HIDDEN_TARGET_IDS_VLLM && s->head;
+  if (!(s->has_tids == DFLASH_HIDDEN_TARGET_IDS_STORED || vllm)) return DFLASH_OK;
   if ((size_t)len > sl->tcap) {
     free(sl->tids), free(sl->fin);
     sl->tids = malloc((size_t)len * sizeof *sl->tids);
@@ -318,6 +318,8 @@ dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sa
   return st;
 }
 
-int df_sample_stream_has_target_ids(const dflash_sample_stream *s) { return s->has_tids; }
+dflash_hidden_target_ids df_sample_stream_has_target_ids(const dflash_sample_stream *s) {
+  return s->has_tids;
+}
 
 const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }
