@@ -368,28 +368,15 @@ typedef struct dflash_train_plan {
  * Fill `plan` up to the plan.struct_size the caller sets (ZeRO-1 shards use
  * the buffer padded to a multiple of the world size). When total > gpu_bytes,
  * DFLASH_E_NOMEM with a message naming the largest term and what shrinks it;
- * `plan` is filled either way.
+ * `plan` is filled either way. DFlash 2 counts its parameters (per layer
+ * 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the selector; its codebooks
+ * alone are 2 V r, 84 M at V = 163840, r = 256); the CUDA backend does not
+ * train DFlash 2 yet: that plan is the size it would have, the activations
+ * are DFlash 1's.
  */
 DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                                    const dflash_train_plan_options *opts,
                                                    dflash_train_plan *plan);
-
-/* As dflash_train_plan_compute, counting the parameters the extended keys add
- * (DFlash 2: per layer 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the
- * selector; its codebooks alone are 2 V r, 84 M at V = 163840, r = 256).
- * The CUDA backend does not train DFlash 2 yet: that plan is the size it
- * would have, the activations are DFlash 1's. */
-DFLASH_API dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
-                                                       const dflash_drafter_config_ext *ext,
-                                                       const dflash_train_plan_options *opts,
-                                                       dflash_train_plan *plan);
-/* As dflash_trainer_create, for a config with extended keys; its checkpoints
- * (dflash_trainer_save) write them back. */
-DFLASH_API dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
-                                                   const dflash_drafter_config_ext *ext,
-                                                   const float *embed, const float *lm_head,
-                                                   const dflash_trainer_options *opts,
-                                                   dflash_trainer **out);
 
 /* ---- drafting ------------------------------------------------------------- */
 

@@ -50,7 +50,6 @@ typedef struct run {
   df_comm *comm; /* NULL: one process */
   int rank, world;
   dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
   dflash_trainer *t;
   dflash_sample_stream *s;
   const df_tokens *tok;
@@ -230,7 +229,7 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   if (!st)
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
-  if (!st) st = df_trainer_create(&r->cfg, &r->ext, e, h, topt, r->comm, &r->t);
+  if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
   free(e);
   if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_LABELS_TARGET)
@@ -742,11 +741,10 @@ static dflash_status open_outputs(run *r) {
 static dflash_status open_all(run *r) {
   const dflash_train_run_options *o = r->o;
   dflash_drafter_config_default(&r->cfg);
-  dflash_drafter_config_ext_default(&r->ext);
-  dflash_status st = dflash_drafter_config_load_ext(o->config_path, &r->cfg, &r->ext);
+  dflash_status st = dflash_drafter_config_load(o->config_path, &r->cfg);
   if (!st) { /* refuse now what the checkpoint save at the end would refuse */
     size_t json_len = 0;
-    st = dflash_drafter_config_to_json_ext(&r->cfg, &r->ext, NULL, 0, &json_len);
+    st = dflash_drafter_config_to_json(&r->cfg, NULL, 0, &json_len);
     if (st == DFLASH_E_BUFFER) {
       dflash_clear_error();
       st = DFLASH_OK;
@@ -779,7 +777,7 @@ static dflash_status open_all(run *r) {
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
   if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
-  r->cfg_dflash2 = r->ext.dflash2 != 0;
+  r->cfg_dflash2 = r->cfg.dflash2 != 0;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = r->topt;

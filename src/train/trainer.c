@@ -68,14 +68,7 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
 dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                     const float *lm_head, const dflash_trainer_options *opts,
                                     dflash_trainer **out) {
-  return df_trainer_create(cfg, NULL, embed, lm_head, opts, NULL, out);
-}
-
-dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
-                                        const dflash_drafter_config_ext *ext, const float *embed,
-                                        const float *lm_head, const dflash_trainer_options *opts,
-                                        dflash_trainer **out) {
-  return df_trainer_create(cfg, ext, embed, lm_head, opts, NULL, out);
+  return df_trainer_create(cfg, embed, lm_head, opts, NULL, out);
 }
 
 /*
@@ -147,8 +140,7 @@ static dflash_status init_params(df_model *m, uint64_t seed, double std) {
   return DFLASH_OK;
 }
 
-dflash_status df_trainer_create(const dflash_drafter_config *cfg,
-                                const dflash_drafter_config_ext *ext, const float *embed,
+dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                 const float *lm_head, const dflash_trainer_options *opts,
                                 struct df_comm *comm, dflash_trainer **out) {
   DF_CHECK_ARG(cfg && embed && lm_head && out);
@@ -157,8 +149,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg,
   if (!t) return df_error_nomem("trainer");
   t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
-  if (!st)
-    st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
+  if (!st) st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;

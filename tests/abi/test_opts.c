@@ -44,7 +44,6 @@ static void init_chunk(void *o, size_t n) { dflash_chunk_writer_options_init(o, 
 static void init_fetch(void *o, size_t n) { ck_assert_ok(dflash_fetch_options_init(o, n)); }
 static void init_trainer(void *o, size_t n) { dflash_trainer_options_init(o, n); }
 static void init_plan_opts(void *o, size_t n) { dflash_train_plan_options_init(o, n); }
-static void init_ext(void *o, size_t n) { dflash_drafter_config_ext_init(o, n); }
 static void init_propose(void *o, size_t n) { dflash_propose_options_init(o, n); }
 static void init_dataset_writer(void *o, size_t n) { dflash_dataset_writer_options_init(o, n); }
 static void init_hidden_writer(void *o, size_t n) { dflash_hidden_writer_options_init(o, n); }
@@ -199,16 +198,6 @@ static dflash_status call_plan_opts(void *o, ctx *c) {
   small_drafter(&cfg);
   dflash_train_plan p = {.struct_size = sizeof p};
   return dflash_train_plan_compute(&cfg, o, &p);
-}
-
-static dflash_status call_ext(void *o, ctx *c) {
-  (void)c;
-  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
-  small_drafter(&cfg);
-  dflash_train_plan_options po;
-  dflash_train_plan_options_default(&po);
-  dflash_train_plan p = {.struct_size = sizeof p};
-  return dflash_train_plan_compute_ext(&cfg, o, &po, &p);
 }
 
 static dflash_status call_plan(void *o, ctx *c) {
@@ -467,7 +456,6 @@ static const opts_case CASES[] = {
     {"dflash_trainer_options", sizeof(dflash_trainer_options), init_trainer, call_trainer, false},
     {"dflash_train_plan_options", sizeof(dflash_train_plan_options), init_plan_opts, call_plan_opts,
      false},
-    {"dflash_drafter_config_ext", sizeof(dflash_drafter_config_ext), init_ext, call_ext, false},
     {"dflash_train_plan", sizeof(dflash_train_plan), init_zero, call_plan, true},
     {"dflash_propose_options", sizeof(dflash_propose_options), init_propose, call_propose, false},
     {"dflash_dataset_writer_options", sizeof(dflash_dataset_writer_options), init_dataset_writer,
