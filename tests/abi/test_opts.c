@@ -53,7 +53,7 @@ static void init_run(void *o, size_t n) { dflash_train_run_options_init(o, n); }
 static void init_eval_walk(void *o, size_t n) { dflash_eval_walk_init(o, n); }
 static void init_build(void *o, size_t n) { dflash_dataset_build_options_init(o, n); }
 
-/* Output structs and the guards have no _init: the caller zeroes them and sets the size. */
+/* Output structs have no _init: the caller zeroes them and sets the size. */
 static void init_zero(void *o, size_t n) {
   memset(o, 0, n);
   memcpy(o, &n, sizeof n);
@@ -129,7 +129,6 @@ static dflash_status call_fetch(void *o, ctx *c) {
   return st;
 }
 
-static dflash_status call_guards(void *o, ctx *c) { return dflash_fetch_set_guards(c->fetch, o); }
 static dflash_status call_fetch_stats(void *o, ctx *c) {
   return dflash_fetch_get_stats(c->fetch, o);
 }
@@ -447,7 +446,6 @@ static const opts_case CASES[] = {
     {"dflash_chunk_writer_options", sizeof(dflash_chunk_writer_options), init_chunk, call_chunk,
      false},
     {"dflash_fetch_options", sizeof(dflash_fetch_options), init_fetch, call_fetch, false},
-    {"dflash_fetch_guards", sizeof(dflash_fetch_guards), init_zero, call_guards, false},
     {"dflash_fetch_stats", sizeof(dflash_fetch_stats), init_zero, call_fetch_stats, true},
     {"dflash_fetch_server_stats", sizeof(dflash_fetch_server_stats), init_zero, call_server_stats,
      true},

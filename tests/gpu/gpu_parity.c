@@ -397,7 +397,7 @@ int main(void) {
   c.selector_top_k = 128;
   /* ...and inject mode (weight 0.5) at the first config's shapes, k2 g16. */
   c = c0;
-  c.conv_kernel_size = 2, c.conv_group_size = 16, c.selector_top_k = 16;
+  c.dflash2 = 1, c.conv_kernel_size = 2, c.conv_group_size = 16, c.selector_top_k = 16;
   c.selector_rank = 64;
   g_sel_mode = DFLASH_SELECTOR_LOSS_INJECT, g_sel_weight = 0.5;
   run_config(&c, "dflash2 k2 g16 inject", seed + 200);
