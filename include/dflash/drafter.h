@@ -107,7 +107,7 @@ DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t si
 
 /*
  * Parse config.json text into `out`, whose struct_size the caller set
- * (dflash_drafter_config_default). Accepts `block_size` at the top level or inside
+ * (with dflash_drafter_config_default). Accepts `block_size` at the top level or inside
  * `dflash_config` (equal when both), `dflash_config.{mask_token_id,
  * target_layer_ids}`, `layer_types`, `rope_scaling` (null, default or yarn;
  * `type` or `rope_type`), `head_dim` (default 128, as Qwen3Config). Missing
