@@ -156,7 +156,7 @@ lib.dflash_spool_options_init(ctypes.byref(o), ctypes.c_size_t(ctypes.sizeof(o))
 o.wait_s, o.stored_rows = 10.0, int(mode == "spool")
 sp = P()
 check(lib.dflash_spool_open(where.encode(), ctypes.byref(o), ctypes.byref(sp)), "open")
-smp, end = Sample(), ctypes.c_int()
+smp, end = Sample(struct_size=ctypes.sizeof(Sample)), ctypes.c_int()
 while True:
     check(lib.dflash_spool_next(sp, ctypes.byref(smp), ctypes.byref(end)), "next")
     if end.value:

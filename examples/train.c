@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     ids[i] = (7 + 5 * i) % 60, mask[i] = 1;
     for (int j = 0; j < H; j++) hidden[i * H + j] = embed[ids[i] * H + j];
   }
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   drafter_config(&cfg);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);

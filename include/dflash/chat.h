@@ -104,8 +104,6 @@ typedef struct dflash_chat_options {
  * program built against an older header. Call it as dflash_chat_options_default(&opts). */
 DFLASH_API void dflash_chat_options_init(dflash_chat_options *opts, size_t size);
 #define dflash_chat_options_default(opts) dflash_chat_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_chat_options_init. */
-DFLASH_API void(dflash_chat_options_default)(dflash_chat_options *opts);
 
 /*
  * The reasoning modes' names, as the `dflash` CLI takes them and a dataset
@@ -204,7 +202,9 @@ typedef enum dflash_chat_span_kind {
   DFLASH_CHAT_SPAN_END_OF_TURN = 10  /* the end-of-turn token ending an assistant turn */
 } dflash_chat_span_kind;
 
+/* An output struct (dflash.h): set struct_size before dflash_chat_rendered_span. */
 typedef struct dflash_chat_span {
+  size_t struct_size;
   size_t begin, end; /* byte range [begin, end) of the rendered text */
   int32_t kind;      /* dflash_chat_span_kind */
   int32_t message;   /* index of the message it renders, -1 for none */

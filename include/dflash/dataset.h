@@ -47,8 +47,6 @@ DFLASH_API void dflash_dataset_writer_options_init(dflash_dataset_writer_options
                                                    size_t size);
 #define dflash_dataset_writer_options_default(opts) \
   dflash_dataset_writer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_dataset_writer_options_init. */
-DFLASH_API void(dflash_dataset_writer_options_default)(dflash_dataset_writer_options *opts);
 /* `dir` is created when missing; DFLASH_E_EXISTS when it already holds a dataset.json. */
 DFLASH_API dflash_status dflash_dataset_writer_create(const char *dir,
                                                       const dflash_dataset_writer_options *opts,

@@ -1,8 +1,9 @@
 /*
  * libdflash: data and training pipeline for DFlash block-diffusion drafters.
  *
- * This is the umbrella header: version, status codes, error detail, logging.
- * Module headers (safetensors.h, tokenizer.h, ...) include it.
+ * This is the base header: version, status codes, error detail, logging.
+ * Module headers (safetensors.h, tokenizer.h, ...) include it; libdflash.h
+ * includes every stable header at once.
  *
  * Thread safety
  * -------------

@@ -1,8 +1,8 @@
 /*
  * A DFlash drafter's architecture: dflash_drafter_config (the fields of
- * config.json that the maths needs, as SGLang and vLLM load it), its companion
- * dflash_drafter_config_ext for keys learnt later (DFlash 2, partial RoPE),
- * parsing, validation and serialisation, and the spec's default target layers.
+ * config.json that the maths needs, as SGLang and vLLM load it, DFlash 2 and
+ * partial RoPE included), parsing, validation and serialisation, and the spec's
+ * default target layers.
  *
  * The model is described in docs/drafter.md (the project's spec): a stack of
  * Qwen3-style layers whose queries are blocks of B positions (anchor token +
@@ -36,7 +36,13 @@ typedef enum dflash_layer_type {
 /*
  * A drafter's architecture: the fields of config.json that the maths needs.
  * Fill with dflash_drafter_config_default() (Qwen3-style defaults, nothing
- * sized) or dflash_drafter_config_parse/load.
+ * sized), then dflash_drafter_config_parse/load if wanted. A versioned struct
+ * (dflash.h): every function reads it by the one rule (a smaller struct's
+ * missing tail is the defaults), and parse/load write it up to its
+ * struct_size; a config.json that sets a key whose field lies past the
+ * caller's struct_size to a non-default value is refused
+ * (DFLASH_E_UNSUPPORTED naming the key and the file), so nothing is dropped
+ * silently.
  */
 typedef struct dflash_drafter_config {
   size_t struct_size;
@@ -68,17 +74,40 @@ typedef struct dflash_drafter_config {
   int32_t sliding_window;                         /* 0 when no layer slides */
   int32_t attention_bias;                         /* must be 0 (biases unsupported) */
   int32_t tie_word_embeddings;                    /* written as-is */
+  /* RoPE on the first int(head_dim * factor) dims of each head (Hugging Face's
+   * partial_rotary_factor, top level or in rope_parameters / rope_scaling;
+   * the rest pass through unrotated); in (0, 1], 1 by default. The CPU
+   * backend implements it, the CUDA backend refuses a value below 1. */
+  double partial_rotary_factor;
+  /* DFlash 2 (architectures ["DFlash2DraftModel"], z-lab's dflash 0.1.0):
+   * nonzero `dflash2` adds a grouped dynamic causal convolution around every
+   * attention and MLP sublayer and a candidate selector; the four sizes are
+   * dflash_config's (or the top level's) conv_kernel_size k >= 1,
+   * conv_group_size g (channels per group, hidden_size % g == 0),
+   * selector_top_k (1..vocab_size) and selector_rank r >= 1. 0 everywhere
+   * (the default) is DFlash 1. Parameters per layer:
+   * layers.N.{attention,mlp}_conv.base_kernel [2, k, H] and
+   * .kernel_projection.weight [2 k H / g, H]; candidate_selector.
+   * {predecessor,successor}_codebook [V, r] and .hidden_projection.weight
+   * [r, H]. A fresh drafter is initialised to compute exactly DFlash 1. The
+   * CPU backend trains it (the selector's loss: dflash_trainer_options'
+   * selector_loss_weight / _mode) and predicts with the selector; the CUDA
+   * backend refuses DFlash 2 configs. */
+  int32_t dflash2;
+  int32_t conv_kernel_size;
+  int32_t conv_group_size;
+  int32_t selector_top_k;
+  int32_t selector_rank;
 } dflash_drafter_config;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
  * program built against an older header. Call it as dflash_drafter_config_default(&cfg). */
 DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size);
 #define dflash_drafter_config_default(cfg) dflash_drafter_config_init((cfg), sizeof *(cfg))
-/* The same at this library's size: for programs built before dflash_drafter_config_init. */
-DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg);
 
 /*
- * Parse config.json text. Accepts `block_size` at the top level or inside
+ * Parse config.json text into `out`, whose struct_size the caller set
+ * (with dflash_drafter_config_default). Accepts `block_size` at the top level or inside
  * `dflash_config` (equal when both), `dflash_config.{mask_token_id,
  * target_layer_ids}`, `layer_types`, `rope_scaling` (null, default or yarn;
  * `type` or `rope_type`), `head_dim` (default 128, as Qwen3Config). Missing
@@ -123,68 +152,6 @@ DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config 
  * round(1 + i*(L-4)/(K-1)) for i in 0..K-1. `out` holds K entries. */
 DFLASH_API dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k,
                                                       int32_t *out);
-
-/* ---- config.json keys beyond dflash_drafter_config ------------------------ */
-
-/*
- * dflash_drafter_config is a fixed public struct; config.json keys that
- * libdflash learnt later travel in this companion (fill it with
- * dflash_drafter_config_ext_default; versioned by struct_size). The
- * functions without _ext refuse a config.json that sets one of these keys to
- * a non-default value (DFLASH_E_UNSUPPORTED naming the key and the file), so
- * nothing is dropped silently; an `ext` argument of NULL means the defaults.
- */
-typedef struct dflash_drafter_config_ext {
-  size_t struct_size;
-  /* RoPE on the first int(head_dim * factor) dims of each head (Hugging Face's
-   * partial_rotary_factor, top level or in rope_parameters / rope_scaling;
-   * the rest pass through unrotated); in (0, 1], 1 by default. The CPU
-   * backend implements it, the CUDA backend refuses a value below 1. */
-  double partial_rotary_factor;
-  /* DFlash 2 (architectures ["DFlash2DraftModel"], z-lab's dflash 0.1.0):
-   * nonzero `dflash2` adds a grouped dynamic causal convolution around every
-   * attention and MLP sublayer and a candidate selector; the four sizes are
-   * dflash_config's (or the top level's) conv_kernel_size k >= 1,
-   * conv_group_size g (channels per group, hidden_size % g == 0),
-   * selector_top_k (1..vocab_size) and selector_rank r >= 1. 0 everywhere
-   * (the default) is DFlash 1. Parameters per layer:
-   * layers.N.{attention,mlp}_conv.base_kernel [2, k, H] and
-   * .kernel_projection.weight [2 k H / g, H]; candidate_selector.
-   * {predecessor,successor}_codebook [V, r] and .hidden_projection.weight
-   * [r, H]. A fresh drafter is initialised to compute exactly DFlash 1. The
-   * CPU backend trains it (the selector's loss: dflash_trainer_options'
-   * selector_loss_weight / _mode) and predicts with the selector; the CUDA
-   * backend refuses DFlash 2 configs. */
-  int32_t dflash2;
-  int32_t conv_kernel_size;
-  int32_t conv_group_size;
-  int32_t selector_top_k;
-  int32_t selector_rank;
-} dflash_drafter_config_ext;
-
-/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
- * program built against an older header. Call it as dflash_drafter_config_ext_default(&ext). */
-DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size);
-#define dflash_drafter_config_ext_default(ext) dflash_drafter_config_ext_init((ext), sizeof *(ext))
-/* The same at this library's size: for programs built before dflash_drafter_config_ext_init. */
-DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext);
-/* As dflash_drafter_config_parse / _load, also filling `ext` (may be NULL:
- * then a non-default extended key is refused as without _ext). */
-DFLASH_API dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len,
-                                                         const char *what,
-                                                         dflash_drafter_config *out,
-                                                         dflash_drafter_config_ext *ext);
-DFLASH_API dflash_status dflash_drafter_config_load_ext(const char *path,
-                                                        dflash_drafter_config *out,
-                                                        dflash_drafter_config_ext *ext);
-/* As dflash_drafter_config_to_json / _save, writing the extended keys that
- * differ from their defaults. */
-DFLASH_API dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
-                                                           const dflash_drafter_config_ext *ext,
-                                                           char *buf, size_t cap, size_t *len);
-DFLASH_API dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
-                                                        const dflash_drafter_config_ext *ext,
-                                                        const char *path);
 
 #ifdef __cplusplus
 }

@@ -54,6 +54,13 @@ typedef enum dflash_fetch_family {
   DFLASH_FETCH_FAMILY_QWEN = 2  /* {"enable_thinking": true} */
 } dflash_fetch_family;
 
+/* What a resumed run does when its request settings differ (dflash_fetch_options). */
+typedef enum dflash_fetch_settings_change {
+  DFLASH_FETCH_SETTINGS_WARN = 0,
+  DFLASH_FETCH_SETTINGS_REFUSE = 1,
+  DFLASH_FETCH_SETTINGS_ALLOW = 2
+} dflash_fetch_settings_change;
+
 typedef struct dflash_fetch_options {
   size_t struct_size;
   /* Base URLs such as "http://host:30000/v1"; requests go to
@@ -119,14 +126,57 @@ typedef struct dflash_fetch_options {
    * state_interval_s; 0: the stream signals only. */
   int32_t server_state;
   double state_interval_s; /* default 2 */
+  /*
+   * Guards of a run (the fields of dflash_fetch_options after state_interval_s),
+   * checked by dflash_fetch_run before any work, so that a run never hangs and
+   * never mixes settings silently. Zero gives the defaults.
+   *
+   * Start-up check (unless no_server_check, or when no prompt is left to send):
+   * GET {base}/models of every server, concurrently, with the API key. A server fails it when it is unreachable
+   * (DFLASH_E_NETWORK), refuses the key or its absence with 401/403
+   * (DFLASH_E_AUTH), answers another status (DFLASH_E_HTTP) or no model list
+   * (DFLASH_E_FORMAT), or does not list the model by its id (DFLASH_E_NOT_FOUND,
+   * the message gives the ids it serves). Each failure is one message naming
+   * the server. When any fails the run is refused with the first failure's
+   * status, the message listing them all, unless skip_bad_servers: then the
+   * failures are logged as warnings and the run goes on without those servers
+   * (they are never sent work or probed; "excluded" in the summary). A run with
+   * no server left is refused either way. The summary's "stop_reason" is then
+   * "server_check".
+   *
+   * Down timeout: when every server in use has been taken out (fail_threshold
+   * failures in a row, probes failing) for down_timeout_s seconds while work is
+   * left, the run stops as after dflash_fetch_stop and returns DFLASH_E_TIMEOUT;
+   * what finished is on disk and running again resumes. Default 600 s; < 0:
+   * wait forever. The summary's "down_s" says how long all have been down
+   * (0 while one is up), "stop_reason" "down_timeout" after such a stop.
+   *
+   * Settings: the request settings (model, family and chat_template_kwargs,
+   * max_tokens, temperature, top_p, top_k, min_p, seed, stop, extra,
+   * all_turns) are recorded in OUT/settings.json (written atomically and
+   * synced, after the start-up check, before any request; an s3:// OUT gets an
+   * object). When the file exists and this run's settings differ, what changed
+   * is named ("temperature 0.6 -> 1") and settings_change decides:
+   * DFLASH_FETCH_SETTINGS_WARN (0, the default): a warning, the file is updated
+   * and the old settings kept in its "earlier" list; _REFUSE: the run is
+   * refused with DFLASH_E_MISMATCH before anything is sent or written
+   * ("stop_reason" "settings"); _ALLOW: updated as WARN, logged at info level.
+   */
+  int32_t no_server_check;  /* 1: skip the start-up check (servers without GET /models) */
+  int32_t skip_bad_servers; /* 1: go on with the servers that pass it */
+  double down_timeout_s;    /* 0: the default, 600 s; < 0: never stop for servers down */
+  int32_t settings_change;  /* dflash_fetch_settings_change */
+  /* Chunks of an s3:// output (see "Object storage" below; no effect on a local one): the
+   * worker name (NULL: "<hostname>-<pid>"; non-empty, no '/'), and when a chunk closes. */
+  const char *chunk_worker;
+  uint64_t chunk_max_records; /* 0: 1000 */
+  double chunk_max_seconds;   /* 0: 60 */
 } dflash_fetch_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
  * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
 DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *opts, size_t size);
 #define dflash_fetch_options_default(opts) dflash_fetch_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_fetch_options_init. */
-DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *opts);
 
 typedef struct dflash_fetch_stats {
   size_t struct_size;
@@ -192,11 +242,9 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
  * uploaded when a process dies are fetched again. No lock file: concurrent
  * workers on one OUT need distinct worker names (the default is
  * "<hostname>-<pid>") and disjoint inputs (shard_index / shard_count).
- * Call before dflash_fetch_run; `worker` NULL and 0 values keep the
- * defaults. Without an s3:// output it changes nothing.
+ * dflash_fetch_options.chunk_worker, chunk_max_records and chunk_max_seconds
+ * set them. Without an s3:// output they change nothing.
  */
-DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *worker,
-                                                   uint64_t max_records, double max_seconds);
 
 /*
  * Fetch everything. Returns DFLASH_OK when every prompt has a record (some
@@ -204,7 +252,7 @@ DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *
  * them), DFLASH_E_CANCELLED after a stop (what finished is on disk; run again
  * to resume), DFLASH_E_TIMEOUT after every server stayed down for the down
  * timeout (likewise resumable), the start-up check's or the settings check's
- * status (see dflash_fetch_set_guards; nothing was sent), or an I/O error when
+ * status (see the guards of dflash_fetch_options; nothing was sent), or an I/O error when
  * an output file cannot be written.
  */
 DFLASH_API dflash_status dflash_fetch_run(dflash_fetch *f, dflash_fetch_progress_fn progress,
@@ -245,60 +293,6 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f);
  */
 DFLASH_API dflash_status dflash_fetch_record_id(const char *line, size_t len, char *out,
                                                 size_t cap);
-
-/*
- * Guards of a run, checked by dflash_fetch_run before any work, so that a run
- * never hangs and never mixes settings silently. A zero-initialised struct
- * (struct_size set) gives the defaults, which also apply when this is never
- * called. Call before dflash_fetch_run.
- *
- * Start-up check (unless no_server_check, or when no prompt is left to send):
- * GET {base}/models of every server, concurrently, with the API key. A server fails it when it is unreachable
- * (DFLASH_E_NETWORK), refuses the key or its absence with 401/403
- * (DFLASH_E_AUTH), answers another status (DFLASH_E_HTTP) or no model list
- * (DFLASH_E_FORMAT), or does not list the model by its id (DFLASH_E_NOT_FOUND,
- * the message gives the ids it serves). Each failure is one message naming
- * the server. When any fails the run is refused with the first failure's
- * status, the message listing them all, unless skip_bad_servers: then the
- * failures are logged as warnings and the run goes on without those servers
- * (they are never sent work or probed; "excluded" in the summary). A run with
- * no server left is refused either way. The summary's "stop_reason" is then
- * "server_check".
- *
- * Down timeout: when every server in use has been taken out (fail_threshold
- * failures in a row, probes failing) for down_timeout_s seconds while work is
- * left, the run stops as after dflash_fetch_stop and returns DFLASH_E_TIMEOUT;
- * what finished is on disk and running again resumes. Default 600 s; < 0:
- * wait forever. The summary's "down_s" says how long all have been down
- * (0 while one is up), "stop_reason" "down_timeout" after such a stop.
- *
- * Settings: the request settings (model, family and chat_template_kwargs,
- * max_tokens, temperature, top_p, top_k, min_p, seed, stop, extra,
- * all_turns) are recorded in OUT/settings.json (written atomically and
- * synced, after the start-up check, before any request; an s3:// OUT gets an
- * object). When the file exists and this run's settings differ, what changed
- * is named ("temperature 0.6 -> 1") and settings_change decides:
- * DFLASH_FETCH_SETTINGS_WARN (0, the default): a warning, the file is updated
- * and the old settings kept in its "earlier" list; _REFUSE: the run is
- * refused with DFLASH_E_MISMATCH before anything is sent or written
- * ("stop_reason" "settings"); _ALLOW: updated as WARN, logged at info level.
- */
-typedef enum dflash_fetch_settings_change {
-  DFLASH_FETCH_SETTINGS_WARN = 0,
-  DFLASH_FETCH_SETTINGS_REFUSE = 1,
-  DFLASH_FETCH_SETTINGS_ALLOW = 2
-} dflash_fetch_settings_change;
-
-typedef struct dflash_fetch_guards {
-  size_t struct_size;
-  int32_t no_server_check;  /* 1: skip the start-up check (servers without GET /models) */
-  int32_t skip_bad_servers; /* 1: go on with the servers that pass it */
-  double down_timeout_s;    /* 0: the default, 600 s; < 0: never stop for servers down */
-  int32_t settings_change;  /* dflash_fetch_settings_change */
-} dflash_fetch_guards;
-
-/* `g` NULL restores the defaults. DFLASH_E_STATE after dflash_fetch_run. */
-DFLASH_API dflash_status dflash_fetch_set_guards(dflash_fetch *f, const dflash_fetch_guards *g);
 
 #ifdef __cplusplus
 }

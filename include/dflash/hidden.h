@@ -54,8 +54,6 @@ typedef struct dflash_hidden_writer_options {
 DFLASH_API void dflash_hidden_writer_options_init(dflash_hidden_writer_options *opts, size_t size);
 #define dflash_hidden_writer_options_default(opts) \
   dflash_hidden_writer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_hidden_writer_options_init. */
-DFLASH_API void(dflash_hidden_writer_options_default)(dflash_hidden_writer_options *opts);
 
 typedef struct dflash_hidden_writer dflash_hidden_writer;
 
@@ -147,8 +145,6 @@ typedef struct dflash_spool_options {
  * program built against an older header. Call it as dflash_spool_options_default(&opts). */
 DFLASH_API void dflash_spool_options_init(dflash_spool_options *opts, size_t size);
 #define dflash_spool_options_default(opts) dflash_spool_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_spool_options_init. */
-DFLASH_API void(dflash_spool_options_default)(dflash_spool_options *opts);
 /* Open (waiting for spool.json up to wait_s); the position is (epoch 0, shard 0, sample 0). */
 DFLASH_API dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
                                            dflash_spool **out);
@@ -190,6 +186,19 @@ DFLASH_API dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, u
 
 typedef struct dflash_hidden dflash_hidden;
 
+/* What a local folder holds, as dflash_hidden_open tells them apart. */
+typedef enum dflash_hidden_layout {
+  DFLASH_HIDDEN_LAYOUT_NONE = 0,  /* neither (or no such folder) */
+  DFLASH_HIDDEN_LAYOUT_STORE = 1, /* a libdflash store (hidden.safetensors.index.json) */
+  DFLASH_HIDDEN_LAYOUT_VLLM = 2   /* vLLM's hidden-state files, hs_<digits>.safetensors */
+} dflash_hidden_layout;
+
+/* The layout of the folder `dir` (its index file, else its file names; nothing is opened). */
+DFLASH_API dflash_hidden_layout dflash_hidden_layout_of(const char *dir);
+/* 1 when `name` (a file name, no folder) is one of vLLM's hidden-state files,
+ * hs_<digits>.safetensors, else 0. */
+DFLASH_API int dflash_hidden_is_vllm_file(const char *name);
+
 /* Open a store directory (memory-mapped; nothing is read up front beyond
  * the headers). A local folder of vLLM's hidden-state files (hs_{idx}.safetensors from the
  * extract_hidden_states connector or speculators' generate-offline-data: hidden_states
@@ -210,10 +219,17 @@ DFLASH_API dflash_status dflash_hidden_length(const dflash_hidden *h, const char
 /* Decode a sample into float32 [len, K*H]; `len` must equal its length. */
 DFLASH_API dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id,
                                             float *out, int64_t len);
-/* Whether the store carries the target's greedy tokens: 1 when some sample has stored ids
- * ("t/<id>"), 2 for vLLM's files (their final-layer slot, turned into ids through the target's
- * final norm and LM head by the trainer), 0 when neither. */
-DFLASH_API int dflash_hidden_has_target_ids(const dflash_hidden *h);
+/* Where a store's target greedy tokens come from. */
+typedef enum dflash_hidden_target_ids {
+  DFLASH_HIDDEN_TARGET_IDS_NONE = 0,   /* nowhere */
+  DFLASH_HIDDEN_TARGET_IDS_STORED = 1, /* some sample has stored ids ("t/<id>") */
+  /* vLLM's files: their final-layer slot, turned into ids through the target's final norm and
+   * LM head by the trainer */
+  DFLASH_HIDDEN_TARGET_IDS_VLLM = 2
+} dflash_hidden_target_ids;
+
+/* Whether (and how) the store carries the target's greedy tokens. */
+DFLASH_API dflash_hidden_target_ids dflash_hidden_has_target_ids(const dflash_hidden *h);
 /* The stored greedy tokens of a sample into out [len]; DFLASH_E_NOT_FOUND naming the sample
  * and the store when it has none. */
 DFLASH_API dflash_status dflash_hidden_read_target_ids(const dflash_hidden *h,
@@ -258,8 +274,6 @@ typedef struct dflash_sample_stream_options {
 DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *opts, size_t size);
 #define dflash_sample_stream_options_default(opts) \
   dflash_sample_stream_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_sample_stream_options_init. */
-DFLASH_API void(dflash_sample_stream_options_default)(dflash_sample_stream_options *opts);
 
 /* One training sample; every pointer stays valid until the next
  * dflash_sample_stream_next / _start / _free on the stream. */

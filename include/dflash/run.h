@@ -76,8 +76,6 @@ typedef enum dflash_train_labels {
  * program built against an older header. Call it as dflash_train_run_options_default(&opts). */
 DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, size_t size);
 #define dflash_train_run_options_default(opts) dflash_train_run_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_train_run_options_init. */
-DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *opts);
 
 /*
  * Train: samples with fewer than 2*B supervised tokens are skipped; each

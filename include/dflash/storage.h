@@ -79,8 +79,6 @@ typedef struct dflash_storage_options {
  * program built against an older header. Call it as dflash_storage_options_default(&opts). */
 DFLASH_API void dflash_storage_options_init(dflash_storage_options *opts, size_t size);
 #define dflash_storage_options_default(opts) dflash_storage_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_storage_options_init. */
-DFLASH_API void(dflash_storage_options_default)(dflash_storage_options *opts);
 
 typedef struct dflash_storage dflash_storage;
 
@@ -200,8 +198,6 @@ typedef struct dflash_chunk_writer_options {
 DFLASH_API void dflash_chunk_writer_options_init(dflash_chunk_writer_options *opts, size_t size);
 #define dflash_chunk_writer_options_default(opts) \
   dflash_chunk_writer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_chunk_writer_options_init. */
-DFLASH_API void(dflash_chunk_writer_options_default)(dflash_chunk_writer_options *opts);
 
 typedef struct dflash_chunk_writer dflash_chunk_writer;
 /* `opts` may be NULL. `name` must be non-empty, without '/'. */

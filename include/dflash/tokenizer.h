@@ -51,8 +51,6 @@ typedef struct dflash_tokenizer_options {
  * program built against an older header. Call it as dflash_tokenizer_options_default(&opts). */
 DFLASH_API void dflash_tokenizer_options_init(dflash_tokenizer_options *opts, size_t size);
 #define dflash_tokenizer_options_default(opts) dflash_tokenizer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_tokenizer_options_init. */
-DFLASH_API void(dflash_tokenizer_options_default)(dflash_tokenizer_options *opts);
 
 /* Load a tokenizer from a file or model directory (see above). opts may be NULL. */
 DFLASH_API dflash_status dflash_tokenizer_load(const char *path,

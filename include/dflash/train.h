@@ -1,6 +1,6 @@
 /*
  * Training a DFlash drafter: the umbrella over
- *   drafter.h  the drafter's configuration (config.json) and its _ext keys;
+ *   drafter.h  the drafter's configuration (config.json);
  *   trainer.h  the trainer object: create, accumulate, step, checkpoints,
  *              state, evaluation, drafting, the GPU memory plan;
  *   run.h      a whole training run (dflash train).

@@ -75,8 +75,6 @@ typedef enum dflash_selector_loss_mode {
  * program built against an older header. Call it as dflash_trainer_options_default(&opts). */
 DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *opts, size_t size);
 #define dflash_trainer_options_default(opts) dflash_trainer_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_trainer_options_init. */
-DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *opts);
 
 typedef struct dflash_trainer dflash_trainer;
 
@@ -318,8 +316,6 @@ typedef struct dflash_eval_walk {
  * program built against an older header. Call it as dflash_eval_walk_default(&w). */
 DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
 #define dflash_eval_walk_default(w) dflash_eval_walk_init((w), sizeof *(w))
-/* The same at this library's size: for programs built before dflash_eval_walk_init. */
-DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w);
 
 /*
  * dflash_trainer_walk over every sample of a held-out dataset, plus the
@@ -352,8 +348,6 @@ typedef struct dflash_train_plan_options {
 DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *opts, size_t size);
 #define dflash_train_plan_options_default(opts) \
   dflash_train_plan_options_init((opts), sizeof *(opts))
-/* The same at this library's size: for programs built before dflash_train_plan_options_init. */
-DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *opts);
 
 /* Bytes per GPU, each term as the CUDA backend allocates it. */
 typedef struct dflash_train_plan {
@@ -374,28 +368,15 @@ typedef struct dflash_train_plan {
  * Fill `plan` up to the plan.struct_size the caller sets (ZeRO-1 shards use
  * the buffer padded to a multiple of the world size). When total > gpu_bytes,
  * DFLASH_E_NOMEM with a message naming the largest term and what shrinks it;
- * `plan` is filled either way.
+ * `plan` is filled either way. DFlash 2 counts its parameters (per layer
+ * 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the selector; its codebooks
+ * alone are 2 V r, 84 M at V = 163840, r = 256); the CUDA backend does not
+ * train DFlash 2 yet: that plan is the size it would have, the activations
+ * are DFlash 1's.
  */
 DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
                                                    const dflash_train_plan_options *opts,
                                                    dflash_train_plan *plan);
-
-/* As dflash_train_plan_compute, counting the parameters the extended keys add
- * (DFlash 2: per layer 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the
- * selector; its codebooks alone are 2 V r, 84 M at V = 163840, r = 256).
- * The CUDA backend does not train DFlash 2 yet: that plan is the size it
- * would have, the activations are DFlash 1's. */
-DFLASH_API dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
-                                                       const dflash_drafter_config_ext *ext,
-                                                       const dflash_train_plan_options *opts,
-                                                       dflash_train_plan *plan);
-/* As dflash_trainer_create, for a config with extended keys; its checkpoints
- * (dflash_trainer_save) write them back. */
-DFLASH_API dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
-                                                   const dflash_drafter_config_ext *ext,
-                                                   const float *embed, const float *lm_head,
-                                                   const dflash_trainer_options *opts,
-                                                   dflash_trainer **out);
 
 /* ---- drafting ------------------------------------------------------------- */
 

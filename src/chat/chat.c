@@ -44,15 +44,7 @@ static void chat_options_defaults(dflash_chat_options *o) {
   o->reasoning = DFLASH_CHAT_REASONING_OFFICIAL;
 }
 
-DFLASH_API void dflash_chat_options_init(dflash_chat_options *o, size_t size) {
-  dflash_chat_options d;
-  chat_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_chat_options_default)(dflash_chat_options *o) {
-  dflash_chat_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_chat_options, chat_options_defaults)
 
 /* Indexed by dflash_chat_reasoning: the one copy of the names (CLI, manifest, Python). */
 static const char *const reasoning_names[] = {"official", "keep_all", "keep_after_last_user",
@@ -199,8 +191,7 @@ dflash_status dflash_chat_rendered_span(const dflash_chat_rendered *r, size_t in
   DF_CHECK_ARG(r && out);
   if (index >= r->out.n_spans)
     return df_error(DFLASH_E_RANGE, "span %zu of %zu", index, r->out.n_spans);
-  *out = r->out.spans[index];
-  return DFLASH_OK;
+  return df_opts_out(out, &r->out.spans[index], sizeof *out, "dflash_chat_span");
 }
 
 int32_t dflash_chat_rendered_last_assistant(const dflash_chat_rendered *r) {

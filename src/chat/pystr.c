@@ -31,8 +31,12 @@ static void add_span(df_out *o, size_t begin, size_t end, int kind, int msg) {
     o->spans = s;
     o->cap_spans = cap;
   }
-  o->spans[o->n_spans++] = (dflash_chat_span){
-      .begin = begin, .end = end, .kind = kind, .message = msg, .generated = kind_generated(kind)};
+  o->spans[o->n_spans++] = (dflash_chat_span){.struct_size = sizeof(dflash_chat_span),
+                                              .begin = begin,
+                                              .end = end,
+                                              .kind = kind,
+                                              .message = msg,
+                                              .generated = kind_generated(kind)};
 }
 
 void df_out_put(df_out *o, const char *s, size_t n, int kind, int msg) {

@@ -72,6 +72,15 @@ DF_MUST_CHECK dflash_status df_opts_in(void *dst, const void *src, size_t size, 
 DF_MUST_CHECK dflash_status df_opts_out(void *dst, const void *src, size_t size, const char *what);
 /* The _init(opts, caller_size) functions: the defaults up to the caller's size. */
 void df_opts_fill(void *dst, size_t caller_size, const void *defaults, size_t size);
+/* The public `T_init(T *o, size_t size)` of a versioned struct T, written once (libgit2's
+ * GIT_INIT_STRUCTURE_FROM_TEMPLATE): `defaults(&d)` fills the library's struct, df_opts_fill
+ * copies it up to the caller's size. */
+#define DF_DEFINE_INIT(T, defaults)             \
+  DFLASH_API void T##_init(T *o, size_t size) { \
+    T d_;                                       \
+    defaults(&d_);                              \
+    df_opts_fill(o, size, &d_, sizeof d_);      \
+  }
 
 /* ---- logging (error.c) --------------------------------------------------- */
 

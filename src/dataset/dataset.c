@@ -34,15 +34,7 @@ static void dataset_writer_options_defaults(dflash_dataset_writer_options *o) {
   o->shard_tokens = (uint64_t)1 << 26;
 }
 
-DFLASH_API void dflash_dataset_writer_options_init(dflash_dataset_writer_options *o, size_t size) {
-  dflash_dataset_writer_options d;
-  dataset_writer_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_dataset_writer_options_default)(dflash_dataset_writer_options *o) {
-  dflash_dataset_writer_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_dataset_writer_options, dataset_writer_options_defaults)
 
 static dflash_status start_shard(dflash_dataset_writer *w) {
   w->ids.len = w->mask.len = w->offsets.len = 0;

@@ -1,4 +1,4 @@
-/* What dflash_fetch_run checks before any work (see dflash_fetch_set_guards):
+/* What dflash_fetch_run checks before any work (the guards of dflash_fetch_options):
  * every server answers GET {base}/models with the model in its list, and the
  * request settings equal the ones recorded in OUT/settings.json. */
 #include "fetch_state.h"

@@ -49,10 +49,6 @@ DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *o, size
   return st;
 }
 
-DFLASH_API dflash_status(dflash_fetch_options_default)(dflash_fetch_options *o) {
-  return dflash_fetch_options_init(o, sizeof *o);
-}
-
 /* ---- options --------------------------------------------------------------- */
 
 static dflash_status parse_json_opt(const char *text, const char *what, json_t **out) {
@@ -60,6 +56,20 @@ static dflash_status parse_json_opt(const char *text, const char *what, json_t *
   if (!text) return DFLASH_OK;
   dflash_status st = df_json_parse(text, strlen(text), what, out);
   return st ? df_error_wrap(DFLASH_E_CONFIG, "option") : DFLASH_OK;
+}
+
+static dflash_status check_guards_and_chunking(const dflash_fetch_options *o) {
+  if (o->settings_change < DFLASH_FETCH_SETTINGS_WARN ||
+      o->settings_change > DFLASH_FETCH_SETTINGS_ALLOW)
+    return df_error(DFLASH_E_CONFIG, "fetch: unknown settings_change %d", (int)o->settings_change);
+  if (o->down_timeout_s != o->down_timeout_s)
+    return df_error(DFLASH_E_CONFIG, "fetch: down_timeout_s is not a number");
+  const char *w = o->chunk_worker;
+  if (w && (!*w || strchr(w, '/')))
+    return df_error(DFLASH_E_CONFIG, "fetch: worker name \"%s\" must be non-empty, no '/'", w);
+  if (!(o->chunk_max_seconds >= 0))
+    return df_error(DFLASH_E_CONFIG, "fetch: chunk_max_seconds must be >= 0 (0: 60)");
+  return DFLASH_OK;
 }
 
 static dflash_status check_options(const dflash_fetch_options *o) {
@@ -85,7 +95,7 @@ static dflash_status check_options(const dflash_fetch_options *o) {
         (strncmp(o->servers[i], "http://", 7) && strncmp(o->servers[i], "https://", 8)))
       return df_error(DFLASH_E_CONFIG, "fetch: server %zu: not an http(s) URL: %s", i,
                       o->servers[i] ? o->servers[i] : "(null)");
-  return DFLASH_OK;
+  return check_guards_and_chunking(o);
 }
 
 /* Credentials in a URL (user:secret@host) become ***@host: they never reach logs. */
@@ -427,37 +437,19 @@ static dflash_status open_storage(dflash_fetch *f) {
   return dflash_storage_create(NULL, &f->storage);
 }
 
-DFLASH_API dflash_status dflash_fetch_set_chunking(dflash_fetch *f, const char *worker,
-                                                   uint64_t max_records, double max_seconds) {
-  DF_CHECK_ARG(f);
-  if (f->ran) return df_error(DFLASH_E_STATE, "fetch: set chunking before run");
-  if (worker) {
-    if (!*worker || strchr(worker, '/'))
-      return df_error(DFLASH_E_CONFIG, "fetch: worker name \"%s\" must be non-empty, no '/'",
-                      worker);
-    char *w = df_strdup(worker);
-    if (!w) return df_error_nomem("worker name");
-    free(f->worker);
-    f->worker = w;
-  }
-  if (max_records) f->chunk_opts.max_records = max_records;
-  if (max_seconds != 0) f->chunk_opts.max_seconds = max_seconds;
-  return DFLASH_OK;
-}
-
-DFLASH_API dflash_status dflash_fetch_set_guards(dflash_fetch *f, const dflash_fetch_guards *g) {
-  DF_CHECK_ARG(f);
-  if (f->ran) return df_error(DFLASH_E_STATE, "fetch: set the guards before run");
-  dflash_fetch_guards v = {.struct_size = sizeof v};
-  dflash_status st = df_opts_in(&v, g, sizeof v, "dflash_fetch_guards");
-  if (st) return st;
-  if (v.settings_change < DFLASH_FETCH_SETTINGS_WARN ||
-      v.settings_change > DFLASH_FETCH_SETTINGS_ALLOW)
-    return df_error(DFLASH_E_CONFIG, "fetch: unknown settings_change %d", (int)v.settings_change);
-  if (v.down_timeout_s != v.down_timeout_s)
-    return df_error(DFLASH_E_CONFIG, "fetch: down_timeout_s is not a number");
-  if (v.down_timeout_s == 0) v.down_timeout_s = 600;
-  f->guards = v;
+/* The guards and the chunking of the options (checked by check_options). */
+static dflash_status take_guards_and_chunking(dflash_fetch *f, const dflash_fetch_options *o) {
+  f->guards.no_server_check = o->no_server_check != 0;
+  f->guards.skip_bad_servers = o->skip_bad_servers != 0;
+  f->guards.settings_change = o->settings_change;
+  f->guards.down_timeout_s = o->down_timeout_s == 0 ? 600 : o->down_timeout_s;
+  if (o->chunk_max_records) f->chunk_opts.max_records = o->chunk_max_records;
+  if (o->chunk_max_seconds != 0) f->chunk_opts.max_seconds = o->chunk_max_seconds;
+  if (!o->chunk_worker || !f->worker) return DFLASH_OK; /* a local output has no worker */
+  char *w = df_strdup(o->chunk_worker);
+  if (!w) return df_error_nomem("worker name");
+  free(f->worker);
+  f->worker = w;
   return DFLASH_OK;
 }
 
@@ -475,13 +467,13 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   dflash_fetch *f = calloc(1, sizeof *f);
   if (!f) return df_error_nomem("fetcher");
   f->lock_fd = f->epfd = f->wake_r = f->wake_w = -1;
-  f->guards = (dflash_fetch_guards){.struct_size = sizeof f->guards, .down_timeout_s = 600};
   f->all_down_since = -1;
   f->completions.fd = f->errors.fd = -1;
   f->input_path = df_strdup(input_path);
   f->out_dir = df_strdup(out_dir);
   if (!f->input_path || !f->out_dir) st = df_error_nomem("paths");
   if (!st) st = open_storage(f);
+  if (!st) st = take_guards_and_chunking(f, opts);
   if (!st) st = copy_options(f, opts);
   if (!st) st = df_loop_init(f, opts); /* reads the API key: fail before touching files */
   if (!st) st = lock_dir(f);
@@ -717,7 +709,7 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
                 "completion_tokens", (json_int_t)s.completion_tokens, "turns_counted",
                 (json_int_t)f->turns_counted, "turns_uncounted", (json_int_t)f->turns_uncounted,
                 "elapsed_s", s.elapsed_s, "completion_tok_per_s", rate, "stopped", (int)s.stopping);
-  if (j) { /* the guards' counters (dflash_fetch_set_guards); "servers" stays last */
+  if (j) { /* the guards' counters (dflash_fetch_options); "servers" stays last */
     double now = f->end_time > 0 ? f->end_time : df_now_seconds();
     json_object_set_new(j, "attempts_failed", json_integer((json_int_t)f->attempts_failed));
     json_object_set_new(j, "probes_failed", json_integer((json_int_t)f->probes_failed));

@@ -130,10 +130,14 @@ struct dflash_fetch {
   json_t *decisions; /* [{t, server, concurrency, tok_per_s, why}], at most CTL_LOG_MAX */
   uint64_t decisions_dropped;
 
-  dflash_fetch_guards guards; /* down_timeout_s resolved: > 0, or < 0 for never */
-  bool has_key;               /* an Authorization header is sent */
-  df_strset err_done;         /* ids (and "\1line:N" keys) found only in errors.jsonl */
-  uint64_t errors_earlier;    /* prompts of this input whose record is an error from a run before */
+  /* The guards of dflash_fetch_options; down_timeout_s resolved: > 0, or < 0 for never. */
+  struct {
+    int32_t no_server_check, skip_bad_servers, settings_change;
+    double down_timeout_s;
+  } guards;
+  bool has_key;            /* an Authorization header is sent */
+  df_strset err_done;      /* ids (and "\1line:N" keys) found only in errors.jsonl */
+  uint64_t errors_earlier; /* prompts of this input whose record is an error from a run before */
   uint64_t attempts_failed, probes_failed;
   double all_down_since;   /* < 0 while a server in use is healthy */
   double end_time;         /* when the run ended, 0 before */

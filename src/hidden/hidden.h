@@ -153,6 +153,6 @@ void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t 
                    const uint8_t **mask, int64_t *len);
 
 /* dflash_hidden_has_target_ids of the stream's store. */
-int df_sample_stream_has_target_ids(const dflash_sample_stream *s);
+dflash_hidden_target_ids df_sample_stream_has_target_ids(const dflash_sample_stream *s);
 
 #endif

@@ -262,9 +262,10 @@ dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens) {
   return h->vllm ? df_vhidden_bind(h->vllm, tokens) : DFLASH_OK;
 }
 
-int dflash_hidden_has_target_ids(const dflash_hidden *h) {
-  if (!h) return 0;
-  return h->vllm ? 2 : h->n_tids > 0;
+dflash_hidden_target_ids dflash_hidden_has_target_ids(const dflash_hidden *h) {
+  if (!h) return DFLASH_HIDDEN_TARGET_IDS_NONE;
+  if (h->vllm) return DFLASH_HIDDEN_TARGET_IDS_VLLM;
+  return h->n_tids > 0 ? DFLASH_HIDDEN_TARGET_IDS_STORED : DFLASH_HIDDEN_TARGET_IDS_NONE;
 }
 
 dflash_status dflash_hidden_read_target_ids(const dflash_hidden *h, const char *sample_id,

@@ -516,15 +516,7 @@ static void spool_options_defaults(dflash_spool_options *o) {
   o->wait_s = 600;
 }
 
-DFLASH_API void dflash_spool_options_init(dflash_spool_options *o, size_t size) {
-  dflash_spool_options d;
-  spool_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_spool_options_default)(dflash_spool_options *o) {
-  dflash_spool_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_spool_options, spool_options_defaults)
 
 static dflash_status open_meta(dflash_spool *sp) {
   char *loc = sp_path(sp->base, "spool.json"), *text = NULL;
@@ -1013,8 +1005,6 @@ static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_
   const int32_t *tids = NULL;
   if (!s) s = spool_tids(sp, t, &tids);
   if (s) return s;
-  /* Field by field: a caller that never asked for stored rows may have the older struct. */
-  out->struct_size = offsetof(dflash_spool_sample, hidden_dtype);
   out->id = t->id, out->len = t->len, out->hidden = sp->buf;
   out->epoch = sp->epoch, out->shard = sp->shard, out->offset = sp->offset;
   out->target_ids = tids;
@@ -1043,15 +1033,14 @@ dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out, int *end
   if (s) return s;
   *end_of_epoch = !t;
   if (!t) return DFLASH_OK;
-  out->struct_size = offsetof(dflash_spool_sample, hidden_dtype);
   out->id = t->id, out->len = t->len, out->hidden = NULL, out->target_ids = NULL;
   out->epoch = sp->epoch, out->shard = sp->shard, out->offset = sp->offset;
   advance(sp);
   return DFLASH_OK;
 }
 
-dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
-  DF_CHECK_ARG(sp && out && end_of_epoch);
+/* The next sample into the library's struct `out` (zeroed, at this library's size). */
+static dflash_status spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
   const sp_tensor *t;
   dflash_status s = next_tensor(sp, &t);
   if (s) return s;
@@ -1079,6 +1068,16 @@ dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
   }
   advance(sp);
   return DFLASH_OK;
+}
+
+dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+  DF_CHECK_ARG(sp && out && end_of_epoch);
+  dflash_spool_sample v = {.struct_size = sizeof v};
+  /* The caller's struct_size is checked (and its struct cleared) before a sample is taken. */
+  dflash_status s = df_opts_out(out, &v, sizeof v, "dflash_spool_sample");
+  if (!s) s = spool_next(sp, &v, end_of_epoch);
+  if (!s && !*end_of_epoch) s = df_opts_out(out, &v, sizeof v, "dflash_spool_sample");
+  return s;
 }
 
 dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t shard) {

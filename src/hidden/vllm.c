@@ -35,24 +35,31 @@ struct df_vhidden {
   size_t *by_hash; /* file indices sorted by token-id hash */
 };
 
-static bool is_hs_name(const char *name) {
+int dflash_hidden_is_vllm_file(const char *name) {
+  if (!name) return 0;
   size_t n = strlen(name);
   if (n <= 3 + 12 || strncmp(name, "hs_", 3) || strcmp(name + n - 12, ".safetensors")) return false;
   for (size_t i = 3; i < n - 12; i++)
-    if (name[i] < '0' || name[i] > '9') return false;
-  return true;
+    if (name[i] < '0' || name[i] > '9') return 0;
+  return 1;
 }
 
-bool df_vhidden_is_layout(const char *dir) {
+dflash_hidden_layout dflash_hidden_layout_of(const char *dir) {
+  if (!dir) return DFLASH_HIDDEN_LAYOUT_NONE;
   char *index = df_path_join(dir, DF_HIDDEN_INDEX);
   FILE *f = index ? fopen(index, "r") : NULL;
   free(index);
-  if (f) return fclose(f), false; /* a libdflash store */
+  if (f) return fclose(f), DFLASH_HIDDEN_LAYOUT_STORE;
   DIR *d = opendir(dir);
   bool found = false;
-  for (struct dirent *e; d && !found && (e = readdir(d));) found = is_hs_name(e->d_name);
+  for (struct dirent *e; d && !found && (e = readdir(d));)
+    found = dflash_hidden_is_vllm_file(e->d_name);
   if (d) closedir(d);
-  return found;
+  return found ? DFLASH_HIDDEN_LAYOUT_VLLM : DFLASH_HIDDEN_LAYOUT_NONE;
+}
+
+bool df_vhidden_is_layout(const char *dir) {
+  return dflash_hidden_layout_of(dir) == DFLASH_HIDDEN_LAYOUT_VLLM;
 }
 
 /* FNV-1a over the ids as int64, so int32 dataset ids and int64 file ids hash alike. */
@@ -139,7 +146,7 @@ static dflash_status list_files(df_vhidden *v) {
   size_t cap = 0;
   dflash_status s = DFLASH_OK;
   for (struct dirent *e; !s && (e = readdir(d));) {
-    if (!is_hs_name(e->d_name)) continue;
+    if (!dflash_hidden_is_vllm_file(e->d_name)) continue;
     if (v->n == cap) {
       vfile *more = realloc(v->files, (cap = cap ? 2 * cap : 64) * sizeof *more);
       if (!more) s = df_error_nomem("vLLM file list");

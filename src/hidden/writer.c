@@ -25,15 +25,7 @@ static void hidden_writer_options_defaults(dflash_hidden_writer_options *o) {
   o->shard_bytes = 1ULL << 30;
 }
 
-DFLASH_API void dflash_hidden_writer_options_init(dflash_hidden_writer_options *o, size_t size) {
-  dflash_hidden_writer_options d;
-  hidden_writer_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_hidden_writer_options_default)(dflash_hidden_writer_options *o) {
-  dflash_hidden_writer_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_hidden_writer_options, hidden_writer_options_defaults)
 
 const char *df_hidden_dtype_name(int32_t dtype) {
   return dtype == DFLASH_HIDDEN_FP8_E4M3 ? "fp8_e4m3" : "bf16";

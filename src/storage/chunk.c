@@ -30,15 +30,7 @@ static void chunk_writer_options_defaults(dflash_chunk_writer_options *o) {
   o->suffix = ".jsonl";
 }
 
-DFLASH_API void dflash_chunk_writer_options_init(dflash_chunk_writer_options *o, size_t size) {
-  dflash_chunk_writer_options d;
-  chunk_writer_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_chunk_writer_options_default)(dflash_chunk_writer_options *o) {
-  dflash_chunk_writer_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_chunk_writer_options, chunk_writer_options_defaults)
 
 /* The sequence number in `location` when it is one of this writer's chunks. */
 static bool chunk_seq(const dflash_chunk_writer *w, const char *location, const char *stem,

@@ -22,15 +22,7 @@ static void storage_options_defaults(dflash_storage_options *o) {
   o->multipart_threshold = 16u << 20;
 }
 
-DFLASH_API void dflash_storage_options_init(dflash_storage_options *o, size_t size) {
-  dflash_storage_options d;
-  storage_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_storage_options_default)(dflash_storage_options *o) {
-  dflash_storage_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_storage_options, storage_options_defaults)
 
 /* An option, else the first set environment variable, else a default. */
 static char *pick(const char *opt, const char *env1, const char *env2, const char *dflt) {

@@ -20,15 +20,7 @@ static void tokenizer_options_defaults(dflash_tokenizer_options *opts) {
   opts->struct_size = sizeof *opts;
 }
 
-DFLASH_API void dflash_tokenizer_options_init(dflash_tokenizer_options *opts, size_t size) {
-  dflash_tokenizer_options d;
-  tokenizer_options_defaults(&d);
-  df_opts_fill(opts, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_tokenizer_options_default)(dflash_tokenizer_options *opts) {
-  dflash_tokenizer_options_init(opts, sizeof *opts);
-}
+DF_DEFINE_INIT(dflash_tokenizer_options, tokenizer_options_defaults)
 
 void dflash_tokenizer_free(dflash_tokenizer *t) {
   if (!t) return;

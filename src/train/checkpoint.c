@@ -57,7 +57,7 @@ dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int3
   /* A config that cannot be written (no num_target_layers, ...) fails
    * before anything lands in `dir`. */
   size_t json_len = 0;
-  dflash_status st = dflash_drafter_config_to_json_ext(&t->m.cfg, &t->m.ext, NULL, 0, &json_len);
+  dflash_status st = dflash_drafter_config_to_json(&t->m.cfg, NULL, 0, &json_len);
   if (st != DFLASH_E_BUFFER)
     return df_error_wrap(st ? st : DFLASH_E_INTERNAL, "saving checkpoint %s", dir);
   dflash_clear_error();
@@ -68,8 +68,7 @@ dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir, int3
   if (!model || !cfg) st = df_error_nomem("checkpoint paths");
   /* Weights first: config.json is what makes the directory loadable. */
   if (!st) st = write_model(&t->m, model, bf16 != 0);
-  if (!st)
-    st = df_drafter_config_save_dtype(&t->m.cfg, &t->m.ext, bf16 ? "bfloat16" : "float32", cfg);
+  if (!st) st = df_drafter_config_save_dtype(&t->m.cfg, bf16 ? "bfloat16" : "float32", cfg);
   if (st) df_error_wrap(st, "saving checkpoint %s", dir);
   free(model);
   free(cfg);

@@ -26,50 +26,39 @@ static void drafter_config_defaults(dflash_drafter_config *cfg) {
   cfg->rope_beta_slow = 1.0;
   cfg->rope_truncate = 1;
   cfg->mask_token_id = -1;
+  cfg->partial_rotary_factor = 1.0;
 }
 
-DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t size) {
-  dflash_drafter_config d;
-  drafter_config_defaults(&d);
-  df_opts_fill(cfg, size, &d, sizeof d);
+DF_DEFINE_INIT(dflash_drafter_config, drafter_config_defaults)
+
+dflash_status df_config_in(const dflash_drafter_config *in, dflash_drafter_config *cfg) {
+  drafter_config_defaults(cfg);
+  if (!in) return df_error(DFLASH_E_INVALID_ARG, "dflash_drafter_config: NULL");
+  return df_opts_in(cfg, in, sizeof *cfg, "dflash_drafter_config");
 }
 
-DFLASH_API void(dflash_drafter_config_default)(dflash_drafter_config *cfg) {
-  dflash_drafter_config_init(cfg, sizeof *cfg);
+void df_config_ext_of(const dflash_drafter_config *cfg, df_config_ext *ext) {
+  *ext = (df_config_ext){.partial_rotary_factor = cfg->partial_rotary_factor,
+                         .dflash2 = cfg->dflash2,
+                         .conv_kernel_size = cfg->conv_kernel_size,
+                         .conv_group_size = cfg->conv_group_size,
+                         .selector_top_k = cfg->selector_top_k,
+                         .selector_rank = cfg->selector_rank};
 }
 
-static void drafter_config_ext_defaults(dflash_drafter_config_ext *ext) {
-  if (!ext) return;
-  memset(ext, 0, sizeof *ext);
-  ext->struct_size = sizeof *ext;
-  ext->partial_rotary_factor = 1.0;
-}
+/* Whether a caller's struct of `size` bytes holds `field` (fields are appended, never moved). */
+#define CFG_HOLDS(size, field) \
+  ((size) >= offsetof(dflash_drafter_config, field) + sizeof(((dflash_drafter_config *)0)->field))
 
-DFLASH_API void dflash_drafter_config_ext_init(dflash_drafter_config_ext *ext, size_t size) {
-  dflash_drafter_config_ext d;
-  drafter_config_ext_defaults(&d);
-  df_opts_fill(ext, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_drafter_config_ext_default)(dflash_drafter_config_ext *ext) {
-  dflash_drafter_config_ext_init(ext, sizeof *ext);
-}
-
-dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
-                                 dflash_drafter_config_ext *out) {
-  dflash_drafter_config_ext_default(out);
-  return df_opts_in(out, in, sizeof *out, "dflash_drafter_config_ext");
-}
-
-int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext) {
+int df_rotary_dims(const dflash_drafter_config *cfg, const df_config_ext *ext) {
   /* Python's int(head_dim * partial_rotary_factor), as transformers and
    * llama.cpp's converter compute it. */
   double f = ext ? ext->partial_rotary_factor : 1.0;
   return f >= 1.0 ? cfg->head_dim : (int)((double)cfg->head_dim * f);
 }
 
-dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
-                                     const dflash_drafter_config_ext *ext, const char *what) {
+dflash_status df_config_ext_validate(const dflash_drafter_config *cfg, const df_config_ext *ext,
+                                     const char *what) {
   if (!ext) return DFLASH_OK;
   double f = ext->partial_rotary_factor;
   if (!(f > 0.0 && f <= 1.0))
@@ -84,8 +73,8 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
   return df_dflash2_validate(cfg, ext, what);
 }
 
-dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
-                                  const dflash_drafter_config_ext *e, const char *what) {
+dflash_status df_dflash2_validate(const dflash_drafter_config *cfg, const df_config_ext *e,
+                                  const char *what) {
   if (e->dflash2 != 0 && e->dflash2 != 1)
     return df_error(DFLASH_E_CONFIG, "%s: dflash2 must be 0 or 1 (got %d)", what, e->dflash2);
   if (!e->dflash2) {
@@ -175,8 +164,11 @@ dflash_status df_yarn_check(const dflash_drafter_config *c, const char *what) {
   return DFLASH_OK;
 }
 
-dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
-  DF_CHECK_ARG(c);
+dflash_status dflash_drafter_config_validate(const dflash_drafter_config *caller) {
+  DF_CHECK_ARG(caller);
+  dflash_drafter_config full, *c = &full;
+  dflash_status in = df_config_in(caller, &full);
+  if (in) return in;
 #define NEED(cond, ...)                                                            \
   do {                                                                             \
     if (!(cond)) return df_error(DFLASH_E_CONFIG, "drafter config: " __VA_ARGS__); \
@@ -234,7 +226,9 @@ dflash_status dflash_drafter_config_validate(const dflash_drafter_config *c) {
          "rope_scaling.beta_fast/beta_slow must be positive");
   }
 #undef NEED
-  return DFLASH_OK;
+  df_config_ext ext; /* partial RoPE and DFlash 2 */
+  df_config_ext_of(c, &ext);
+  return df_config_ext_validate(c, &ext, "drafter config");
 }
 
 /* ---- parsing -------------------------------------------------------------- */
@@ -527,7 +521,7 @@ static dflash_status check_architectures(const parser *p, json_t *root, bool *df
 
 /* DFlash 2's sizes, as z-lab's _draft_value reads them: dflash_config first,
  * then the top level; the reference has no defaults, so each is required. */
-static dflash_status parse_dflash2(const parser *p, json_t *root, dflash_drafter_config_ext *e) {
+static dflash_status parse_dflash2(const parser *p, json_t *root, df_config_ext *e) {
   json_t *dc = json_object_get(root, "dflash_config");
   struct {
     const char *key;
@@ -579,26 +573,26 @@ static dflash_status parse_partial_rotary(const parser *p, json_t *root, double 
   return DFLASH_OK;
 }
 
-/* The caller's ext (its struct_size; 0 without one) must hold DFlash 2's fields. */
-static dflash_status need_ext_for_dflash2(const parser *p, size_t ext_size) {
-  size_t need = offsetof(dflash_drafter_config_ext, selector_rank) + sizeof(int32_t);
-  if (ext_size >= need) return DFLASH_OK;
+/* The caller's config (its struct_size) must hold DFlash 2's fields. */
+static dflash_status need_size_for_dflash2(const parser *p, size_t size) {
+  if (CFG_HOLDS(size, selector_rank)) return DFLASH_OK;
   return df_error(DFLASH_E_UNSUPPORTED,
                   "%s: \"architectures\" = [\"DFlash2DraftModel\"] does "
-                  "not fit in dflash_drafter_config%s: read this config with "
-                  "dflash_drafter_config_parse_ext / _load_ext and a current "
-                  "dflash_drafter_config_ext",
-                  p->what, ext_size ? "_ext of this struct_size" : "");
+                  "not fit in a dflash_drafter_config of struct_size %zu (an older header's): "
+                  "rebuild against a current libdflash",
+                  p->what, size);
 }
 
+/* Into the library's full `c`; `size` is the caller's struct_size, which must hold every
+ * field the file sets to a non-default value. */
 static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_config *c,
-                                dflash_drafter_config_ext *ext, size_t ext_size) {
-  bool take_ext = ext_size > 0, dflash2;
+                                size_t size) {
+  bool dflash2;
   if (!json_is_object(root))
     return df_error(DFLASH_E_CONFIG, "%s: config must be a JSON object", p->what);
   dflash_status st;
   if ((st = check_architectures(p, root, &dflash2))) return st;
-  if (dflash2 && (st = need_ext_for_dflash2(p, ext_size))) return st;
+  if (dflash2 && (st = need_size_for_dflash2(p, size))) return st;
   if ((st = get_int(p, root, "hidden_size", &c->hidden_size, true)) ||
       (st = get_int(p, root, "intermediate_size", &c->intermediate_size, true)) ||
       (st = get_int(p, root, "num_hidden_layers", &c->num_hidden_layers, true)) ||
@@ -626,59 +620,45 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
   if ((st = check_unimplemented(p, root, "", c, dflash2)) ||
       (st = check_unimplemented(p, dc, "dflash_config.", c, dflash2)))
     return st;
-  ext->dflash2 = ext->conv_kernel_size = ext->conv_group_size = 0;
-  ext->selector_top_k = ext->selector_rank = 0;
-  if (dflash2 && (st = parse_dflash2(p, root, ext))) return st;
+  df_config_ext ext = {.partial_rotary_factor = 1.0};
+  if (dflash2 && (st = parse_dflash2(p, root, &ext))) return st;
   if ((st = dflash_drafter_config_validate(c))) return st;
   double prf = 1.0;
   if ((st = parse_partial_rotary(p, root, &prf))) return st;
-  if (prf != 1.0 && !take_ext)
+  if (prf != 1.0 && !CFG_HOLDS(size, partial_rotary_factor))
     return df_error(DFLASH_E_UNSUPPORTED,
-                    "%s: \"partial_rotary_factor\" = %g does not fit in "
-                    "dflash_drafter_config: read this config with "
-                    "dflash_drafter_config_parse_ext / _load_ext",
-                    p->what, prf);
-  ext->partial_rotary_factor = prf;
-  return df_config_ext_validate(c, ext, p->what);
-}
-
-static dflash_status parse_any(const char *json, size_t len, const char *what,
-                               dflash_drafter_config *out, dflash_drafter_config_ext *ext_out) {
-  DF_CHECK_ARG(json && out);
-  parser p = {what ? what : "config.json"};
-  dflash_drafter_config_ext ext;
-  dflash_status st = df_config_ext_copy(ext_out, &ext);
-  if (st) return st;
-  json_t *root;
-  if ((st = df_json_parse(json, len, p.what, &root))) return st;
-  dflash_drafter_config c;
-  dflash_drafter_config_default(&c);
-  st = parse_root(&p, root, &c, &ext, ext_out ? ext_out->struct_size : 0);
-  json_decref(root);
-  if (st == DFLASH_OK) {
-    *out = c;
-    if (ext_out) {
-      size_t n = ext_out->struct_size;
-      memcpy(ext_out, &ext, n);
-      ext_out->struct_size = n;
-    }
-  }
-  return st;
-}
-
-dflash_status dflash_drafter_config_parse_ext(const char *json, size_t len, const char *what,
-                                              dflash_drafter_config *out,
-                                              dflash_drafter_config_ext *ext) {
-  return parse_any(json, len, what, out, ext);
+                    "%s: \"partial_rotary_factor\" = %g does not fit in a "
+                    "dflash_drafter_config of struct_size %zu (an older header's): rebuild "
+                    "against a current libdflash",
+                    p->what, prf, size);
+  ext.partial_rotary_factor = prf;
+  if ((st = df_config_ext_validate(c, &ext, p->what))) return st;
+  c->partial_rotary_factor = ext.partial_rotary_factor;
+  c->dflash2 = ext.dflash2;
+  c->conv_kernel_size = ext.conv_kernel_size;
+  c->conv_group_size = ext.conv_group_size;
+  c->selector_top_k = ext.selector_top_k;
+  c->selector_rank = ext.selector_rank;
+  return DFLASH_OK;
 }
 
 dflash_status dflash_drafter_config_parse(const char *json, size_t len, const char *what,
                                           dflash_drafter_config *out) {
-  return parse_any(json, len, what, out, NULL);
+  DF_CHECK_ARG(json && out);
+  parser p = {what ? what : "config.json"};
+  json_t *root;
+  dflash_status st = df_json_parse(json, len, p.what, &root);
+  if (st) return st;
+  dflash_drafter_config c;
+  dflash_drafter_config_default(&c);
+  st = parse_root(&p, root, &c, out->struct_size);
+  json_decref(root);
+  /* An output struct: written up to the caller's struct_size (the one rule). */
+  if (!st) st = df_opts_out(out, &c, sizeof c, "dflash_drafter_config");
+  return st;
 }
 
-dflash_status dflash_drafter_config_load_ext(const char *path, dflash_drafter_config *out,
-                                             dflash_drafter_config_ext *ext) {
+dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out) {
   DF_CHECK_ARG(path && out);
   char *text;
   size_t len;
@@ -692,13 +672,9 @@ dflash_status dflash_drafter_config_load_ext(const char *path, dflash_drafter_co
     st = df_read_file(path, &text, &len);
   }
   if (st) return st;
-  st = parse_any(text, len, path, out, ext);
+  st = dflash_drafter_config_parse(text, len, path, out);
   free(text);
   return st;
-}
-
-dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config *out) {
-  return dflash_drafter_config_load_ext(path, out, NULL);
 }
 
 /* ---- writing -------------------------------------------------------------- */
@@ -750,7 +726,7 @@ static json_t *rope_json(const dflash_drafter_config *c) {
   return r;
 }
 
-static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_config_ext *e,
+static json_t *config_json(const dflash_drafter_config *c, const df_config_ext *e,
                            const char *dtype) {
   json_t *o = json_object();
   json_t *arch = json_array();
@@ -808,12 +784,13 @@ static json_t *config_json(const dflash_drafter_config *c, const dflash_drafter_
   return o;
 }
 
-static dflash_status to_json(const dflash_drafter_config *cfg,
-                             const dflash_drafter_config_ext *ext_in, const char *dtype, char *buf,
+static dflash_status to_json(const dflash_drafter_config *caller, const char *dtype, char *buf,
                              size_t cap, size_t *len) {
-  DF_CHECK_ARG(cfg && len);
-  dflash_drafter_config_ext ext;
-  dflash_status st = df_config_ext_copy(ext_in, &ext);
+  DF_CHECK_ARG(caller && len);
+  dflash_drafter_config full, *cfg = &full;
+  df_config_ext ext;
+  dflash_status st = df_config_in(caller, &full);
+  if (!st) df_config_ext_of(&full, &ext);
   if (!st) st = dflash_drafter_config_validate(cfg);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (!st) st = df_yarn_check(cfg, "drafter config");
@@ -843,39 +820,26 @@ static dflash_status to_json(const dflash_drafter_config *cfg,
   return DFLASH_OK;
 }
 
-dflash_status dflash_drafter_config_to_json_ext(const dflash_drafter_config *cfg,
-                                                const dflash_drafter_config_ext *ext, char *buf,
-                                                size_t cap, size_t *len) {
-  return to_json(cfg, ext, NULL, buf, cap, len);
-}
-
 dflash_status dflash_drafter_config_to_json(const dflash_drafter_config *cfg, char *buf, size_t cap,
                                             size_t *len) {
-  return dflash_drafter_config_to_json_ext(cfg, NULL, buf, cap, len);
+  return to_json(cfg, NULL, buf, cap, len);
 }
 
-dflash_status df_drafter_config_save_dtype(const dflash_drafter_config *cfg,
-                                           const dflash_drafter_config_ext *ext, const char *dtype,
+dflash_status df_drafter_config_save_dtype(const dflash_drafter_config *cfg, const char *dtype,
                                            const char *path) {
   DF_CHECK_ARG(cfg && path);
   size_t len = 0;
-  dflash_status st = to_json(cfg, ext, dtype, NULL, 0, &len);
+  dflash_status st = to_json(cfg, dtype, NULL, 0, &len);
   if (st != DFLASH_E_BUFFER) return st ? st : df_error(DFLASH_E_INTERNAL, "config size");
   dflash_clear_error();
   char *buf = malloc(len);
   if (!buf) return df_error_nomem("config JSON");
-  st = to_json(cfg, ext, dtype, buf, len, &len);
+  st = to_json(cfg, dtype, buf, len, &len);
   if (!st) st = df_write_file_atomic(path, buf, strlen(buf));
   free(buf);
   return st;
 }
 
-dflash_status dflash_drafter_config_save_ext(const dflash_drafter_config *cfg,
-                                             const dflash_drafter_config_ext *ext,
-                                             const char *path) {
-  return df_drafter_config_save_dtype(cfg, ext, NULL, path);
-}
-
 dflash_status dflash_drafter_config_save(const dflash_drafter_config *cfg, const char *path) {
-  return dflash_drafter_config_save_ext(cfg, NULL, path);
+  return df_drafter_config_save_dtype(cfg, NULL, path);
 }

@@ -85,7 +85,7 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
   double tau_sum = 0;
   int64_t blocks = 0;
   for (;;) {
-    dflash_train_sample smp;
+    dflash_train_sample smp = {.struct_size = sizeof smp};
     int done, na;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
     st = dflash_sample_anchors(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
@@ -251,15 +251,7 @@ static void eval_walk_defaults(dflash_eval_walk *w) {
   w->struct_size = sizeof *w;
 }
 
-DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size) {
-  dflash_eval_walk d;
-  eval_walk_defaults(&d);
-  df_opts_fill(w, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_eval_walk_default)(dflash_eval_walk *w) {
-  dflash_eval_walk_init(w, sizeof *w);
-}
+DF_DEFINE_INIT(dflash_eval_walk, eval_walk_defaults)
 
 /* Sums over sequences of x_i and n_i (and their squares and product) give
  * the ratio R = sum x / sum n and its delta-method standard error
@@ -359,7 +351,7 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
   if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
   ratio wr = {0}, pr = {0};
   for (;;) {
-    dflash_train_sample smp;
+    dflash_train_sample smp = {.struct_size = sizeof smp};
     int done;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
     if (smp.len > cap) {

@@ -44,8 +44,7 @@ static dflash_status add_tensor_init(df_model *m, size_t *cap, const char *name,
   return DFLASH_OK;
 }
 
-df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg,
-                                 const dflash_drafter_config_ext *ext) {
+df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg, const df_config_ext *ext) {
   int dflash2 = ext && ext->dflash2;
   int64_t H = cfg->hidden_size, g = dflash2 ? ext->conv_group_size : 0;
   return (df_tensor_dims){
@@ -128,15 +127,15 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
 #undef BIND_
 }
 
-dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
-                            const dflash_drafter_config_ext *ext, int n_threads, int vocab_chunk,
-                            double gamma) {
+dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n_threads,
+                            int vocab_chunk, double gamma) {
   memset(m, 0, sizeof *m);
-  dflash_status st = dflash_drafter_config_validate(cfg);
-  if (!st) st = df_config_ext_copy(ext, &m->ext);
-  if (!st) st = df_config_ext_validate(cfg, &m->ext, "drafter config");
+  dflash_status st = df_config_in(cfg, &m->cfg);
+  if (!st) st = dflash_drafter_config_validate(&m->cfg);
+  df_config_ext_of(&m->cfg, &m->ext);
+  if (!st) st = df_config_ext_validate(&m->cfg, &m->ext, "drafter config");
   if (st) return st;
-  m->cfg = *cfg;
+  cfg = &m->cfg; /* the library's full struct from here on */
   m->rot = df_rotary_dims(cfg, &m->ext);
   m->H = cfg->hidden_size;
   m->KH = cfg->n_target_layer_ids * cfg->hidden_size;

@@ -12,6 +12,17 @@
 #include "ops.h"
 #include "tensors.h"
 
+/* The fields of dflash_drafter_config beyond DFlash 1 with full RoPE (partial RoPE, DFlash 2),
+ * apart: what the model's shapes and ops branch on (df_config_ext_of). */
+typedef struct df_config_ext {
+  double partial_rotary_factor;
+  int32_t dflash2;
+  int32_t conv_kernel_size;
+  int32_t conv_group_size;
+  int32_t selector_top_k;
+  int32_t selector_rank;
+} df_config_ext;
+
 /* Parameter views (into params or grads), one float* per row of tensors.h's lists. */
 #define DF_TENSOR_FIELD_(id, field, ...) float *field;
 #define DF_CONV_FIELD_(id, field, name) df_conv_w field;
@@ -55,8 +66,7 @@ typedef struct df_tensor_info {
 } df_tensor_info;
 
 /* The sizes tensors.h's shapes are made of, for a config (ext NULL: DFlash 1). */
-df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg,
-                                 const dflash_drafter_config_ext *ext);
+df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg, const df_config_ext *ext);
 
 /* Activations of one layer (pointers into the arena). */
 typedef struct df_layer_acts {
@@ -90,7 +100,7 @@ typedef struct df_acts {
 
 typedef struct df_model {
   dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
+  df_config_ext ext;
   int H, KH, nh, nkv, d, I, V, B, L;
   bool dflash2;
   int conv_k, conv_g, conv_groups, sel_rank; /* DFlash 2's sizes (ext) */
@@ -121,10 +131,9 @@ typedef struct df_model {
   double sel_loss_sum, sel_rows, sel_hits;
 } df_model;
 
-/* `ext` may be NULL (defaults). */
+/* `cfg` is the caller's (any struct_size, by the one rule). */
 DF_MUST_CHECK dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg,
-                                          const dflash_drafter_config_ext *ext, int n_threads,
-                                          int vocab_chunk, double gamma);
+                                          int n_threads, int vocab_chunk, double gamma);
 void df_model_free(df_model *m);
 const df_tensor_info *df_model_find(const df_model *m, const char *name);
 
@@ -193,25 +202,24 @@ DF_MUST_CHECK dflash_status df_model_logits(df_model *m, const int32_t *ids, int
 
 /* ---- config helpers (config.c) --------------------------------------------- */
 
-/* A caller's ext (NULL: defaults; checked struct_size) as a full-size copy. */
-DF_MUST_CHECK dflash_status df_config_ext_copy(const dflash_drafter_config_ext *in,
-                                               dflash_drafter_config_ext *out);
+/* A caller's config (any struct_size, by the one rule) as the library's full struct. */
+DF_MUST_CHECK dflash_status df_config_in(const dflash_drafter_config *in,
+                                         dflash_drafter_config *cfg);
+/* The partial RoPE and DFlash 2 fields of a full-size config. */
+void df_config_ext_of(const dflash_drafter_config *cfg, df_config_ext *ext);
 /* partial_rotary_factor in (0, 1] giving an even rotated width >= 2. */
 DF_MUST_CHECK dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
-                                                   const dflash_drafter_config_ext *ext,
-                                                   const char *what);
+                                                   const df_config_ext *ext, const char *what);
 /* DFlash 2's fields of `ext` (the sizes, or all zero for DFlash 1). */
 DF_MUST_CHECK dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
-                                                const dflash_drafter_config_ext *ext,
-                                                const char *what);
+                                                const df_config_ext *ext, const char *what);
 /* int(head_dim * partial_rotary_factor). */
-int df_rotary_dims(const dflash_drafter_config *cfg, const dflash_drafter_config_ext *ext);
+int df_rotary_dims(const dflash_drafter_config *cfg, const df_config_ext *ext);
 /* YaRN: factor == max_position_embeddings / original_max_position_embeddings. */
 DF_MUST_CHECK dflash_status df_yarn_check(const dflash_drafter_config *cfg, const char *what);
 /* config.json with "dtype" / "torch_dtype" = `dtype` ("bfloat16", "float32";
  * NULL: neither key), the stored weights' dtype, which SGLang builds the draft in. */
 DF_MUST_CHECK dflash_status df_drafter_config_save_dtype(const dflash_drafter_config *cfg,
-                                                         const dflash_drafter_config_ext *ext,
                                                          const char *dtype, const char *path);
 
 #endif

@@ -51,15 +51,7 @@ static void train_plan_options_defaults(dflash_train_plan_options *o) {
   o->reserve_bytes = 4ULL << 30;
 }
 
-DFLASH_API void dflash_train_plan_options_init(dflash_train_plan_options *o, size_t size) {
-  dflash_train_plan_options d;
-  train_plan_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_train_plan_options_default)(dflash_train_plan_options *o) {
-  dflash_train_plan_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_train_plan_options, train_plan_options_defaults)
 
 void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t anchors, int64_t chunk,
                   df_act_dims *d) {
@@ -79,23 +71,18 @@ void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t ancho
 
 static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
 
-dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
-                                        const dflash_train_plan_options *opts,
-                                        dflash_train_plan *p) {
-  return dflash_train_plan_compute_ext(cfg, NULL, opts, p);
-}
-
-static dflash_status plan_fill(const dflash_drafter_config *cfg,
-                               const dflash_drafter_config_ext *ext_in,
+static dflash_status plan_fill(const dflash_drafter_config *caller,
                                const dflash_train_plan_options *opts, dflash_train_plan *p) {
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
+  dflash_drafter_config full, *cfg = &full;
   dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_train_plan_options");
+  if (!st) st = df_config_in(caller, &full);
   if (st) return st;
   opts = &o;
   st = dflash_drafter_config_validate(cfg);
-  dflash_drafter_config_ext ext;
-  if (!st) st = df_config_ext_copy(ext_in, &ext);
+  df_config_ext ext;
+  df_config_ext_of(&full, &ext);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
   if (st) return st;
   const char *why = df_cu_attn_shape_why(cfg->block_size, cfg->num_attention_heads,
@@ -166,15 +153,14 @@ static dflash_status plan_fill(const dflash_drafter_config *cfg,
 }
 
 /* The plan is computed at the library's size, then written up to the caller's. */
-dflash_status dflash_train_plan_compute_ext(const dflash_drafter_config *cfg,
-                                            const dflash_drafter_config_ext *ext_in,
-                                            const dflash_train_plan_options *opts,
-                                            dflash_train_plan *p) {
+dflash_status dflash_train_plan_compute(const dflash_drafter_config *cfg,
+                                        const dflash_train_plan_options *opts,
+                                        dflash_train_plan *p) {
   DF_CHECK_ARG(cfg && opts && p);
   dflash_train_plan q = {.struct_size = sizeof q};
   dflash_status st = df_opts_out(p, &q, sizeof q, "dflash_train_plan");
   if (st) return st;
-  st = plan_fill(cfg, ext_in, opts, &q);
+  st = plan_fill(cfg, opts, &q);
   dflash_status out = df_opts_out(p, &q, sizeof q, "dflash_train_plan");
   return st ? st : out;
 }

@@ -41,15 +41,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
 }
 
-DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *o, size_t size) {
-  dflash_train_run_options d;
-  train_run_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_train_run_options_default)(dflash_train_run_options *o) {
-  dflash_train_run_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
 
 typedef struct run {
   const dflash_train_run_options *o;
@@ -59,7 +51,6 @@ typedef struct run {
   df_comm *comm; /* NULL: one process */
   int rank, world;
   dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
   dflash_trainer *t;
   dflash_sample_stream *s;
   const df_tokens *tok;
@@ -239,9 +230,9 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   if (!st)
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
-  if (!st) st = df_trainer_create(&r->cfg, &r->ext, e, h, topt, r->comm, &r->t);
+  if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
   free(e);
-  if (!st && r->s && df_sample_stream_has_target_ids(r->s) == 2 &&
+  if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_LABELS_TARGET)
     return r->head = h, target_head(r);
   free(h);
@@ -746,11 +737,11 @@ static dflash_status open_outputs(run *r) {
 
 static dflash_status open_all(run *r) {
   const dflash_train_run_options *o = r->o;
-  dflash_drafter_config_ext_default(&r->ext);
-  dflash_status st = dflash_drafter_config_load_ext(o->config_path, &r->cfg, &r->ext);
+  dflash_drafter_config_default(&r->cfg);
+  dflash_status st = dflash_drafter_config_load(o->config_path, &r->cfg);
   if (!st) { /* refuse now what the checkpoint save at the end would refuse */
     size_t json_len = 0;
-    st = dflash_drafter_config_to_json_ext(&r->cfg, &r->ext, NULL, 0, &json_len);
+    st = dflash_drafter_config_to_json(&r->cfg, NULL, 0, &json_len);
     if (st == DFLASH_E_BUFFER) {
       dflash_clear_error();
       st = DFLASH_OK;
@@ -783,7 +774,7 @@ static dflash_status open_all(run *r) {
   r->anchors = malloc((size_t)o->batch_size * (size_t)A * sizeof *r->anchors);
   r->n_anchors = malloc((size_t)o->batch_size * sizeof *r->n_anchors);
   if (!r->order || !r->mine || !r->anchors || !r->n_anchors) return df_error_nomem("run buffers");
-  r->cfg_dflash2 = r->ext.dflash2 != 0;
+  r->cfg_dflash2 = r->cfg.dflash2 != 0;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
   dflash_trainer_options topt = r->topt;

@@ -32,7 +32,7 @@ typedef struct slot {
 struct dflash_sample_stream {
   df_tokens *tokens;
   dflash_hidden *hidden;
-  int has_tids;               /* dflash_hidden_has_target_ids */
+  dflash_hidden_target_ids has_tids;
   const float *norm_w, *head; /* vLLM's final layer -> ids (df_sample_stream_set_head) */
   float eps;
   int32_t V;
@@ -58,15 +58,7 @@ static void sample_stream_options_defaults(dflash_sample_stream_options *o) {
   o->prefetch = 4;
 }
 
-DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *o, size_t size) {
-  dflash_sample_stream_options d;
-  sample_stream_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_sample_stream_options_default)(dflash_sample_stream_options *o) {
-  dflash_sample_stream_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_sample_stream_options, sample_stream_options_defaults)
 
 dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden_dir,
                                         const dflash_sample_stream_options *opts,
@@ -166,8 +158,8 @@ void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, flo
  * head when the stream has one; none (has_tids false) otherwise. */
 static dflash_status produce_tids(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
   sl->has_tids = false;
-  bool vllm = s->has_tids == 2 && s->head;
-  if (!(s->has_tids == 1 || vllm)) return DFLASH_OK;
+  bool vllm = s->has_tids == DFLASH_HIDDEN_TARGET_IDS_VLLM && s->head;
+  if (!(s->has_tids == DFLASH_HIDDEN_TARGET_IDS_STORED || vllm)) return DFLASH_OK;
   if ((size_t)len > sl->tcap) {
     free(sl->tids), free(sl->fin);
     sl->tids = malloc((size_t)len * sizeof *sl->tids);
@@ -281,9 +273,8 @@ dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t
   return DFLASH_OK;
 }
 
-dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sample *out,
-                                        int *done) {
-  DF_CHECK_ARG(s && out && done);
+/* The next sample into the library's struct `out` (zeroed, at this library's size). */
+static dflash_status stream_next(dflash_sample_stream *s, dflash_train_sample *out, int *done) {
   if (!s->running) return df_error(DFLASH_E_STATE, "sample stream: call start first");
   pthread_mutex_lock(&s->mu);
   if (s->holding) {
@@ -304,19 +295,31 @@ dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sa
   slot *sl = &s->slots[k % (size_t)s->depth];
   if (sl->st) return df_error(sl->st, "%s", sl->msg);
   const char *id;
-  out->struct_size = sizeof *out;
   out->index = sl->index;
   df_tokens_get(s->tokens, (size_t)sl->index, &id, &out->input_ids, &out->loss_mask, &out->len);
   out->id = id;
   out->target_ids = sl->has_tids ? sl->tids : NULL;
   out->hidden = s->stored ? NULL : sl->buf;
-  if (!s->stored) return DFLASH_OK; /* a caller that never asked may have the older struct */
+  if (!s->stored) return DFLASH_OK;
   out->hidden_dtype = s->dtype;
   out->hidden_codes = sl->codes;
   out->hidden_scales = s->dtype == DFLASH_HIDDEN_FP8_E4M3 ? sl->scales : NULL;
   return DFLASH_OK;
 }
 
-int df_sample_stream_has_target_ids(const dflash_sample_stream *s) { return s->has_tids; }
+dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sample *out,
+                                        int *done) {
+  DF_CHECK_ARG(s && out && done);
+  dflash_train_sample v = {.struct_size = sizeof v};
+  /* The caller's struct_size is checked (and its struct cleared) before a sample is taken. */
+  dflash_status st = df_opts_out(out, &v, sizeof v, "dflash_train_sample");
+  if (!st) st = stream_next(s, &v, done);
+  if (!st && !*done) st = df_opts_out(out, &v, sizeof v, "dflash_train_sample");
+  return st;
+}
+
+dflash_hidden_target_ids df_sample_stream_has_target_ids(const dflash_sample_stream *s) {
+  return s->has_tids;
+}
 
 const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }

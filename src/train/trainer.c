@@ -32,15 +32,7 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
 }
 
-DFLASH_API void dflash_trainer_options_init(dflash_trainer_options *o, size_t size) {
-  dflash_trainer_options d;
-  trainer_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-}
-
-DFLASH_API void(dflash_trainer_options_default)(dflash_trainer_options *o) {
-  dflash_trainer_options_init(o, sizeof *o);
-}
+DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
 
 static dflash_status check_options(const dflash_trainer_options *in, dflash_trainer_options *o) {
   dflash_trainer_options_default(o);
@@ -76,14 +68,7 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
 dflash_status dflash_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                     const float *lm_head, const dflash_trainer_options *opts,
                                     dflash_trainer **out) {
-  return df_trainer_create(cfg, NULL, embed, lm_head, opts, NULL, out);
-}
-
-dflash_status dflash_trainer_create_ext(const dflash_drafter_config *cfg,
-                                        const dflash_drafter_config_ext *ext, const float *embed,
-                                        const float *lm_head, const dflash_trainer_options *opts,
-                                        dflash_trainer **out) {
-  return df_trainer_create(cfg, ext, embed, lm_head, opts, NULL, out);
+  return df_trainer_create(cfg, embed, lm_head, opts, NULL, out);
 }
 
 /*
@@ -155,8 +140,7 @@ static dflash_status init_params(df_model *m, uint64_t seed, double std) {
   return DFLASH_OK;
 }
 
-dflash_status df_trainer_create(const dflash_drafter_config *cfg,
-                                const dflash_drafter_config_ext *ext, const float *embed,
+dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                 const float *lm_head, const dflash_trainer_options *opts,
                                 struct df_comm *comm, dflash_trainer **out) {
   DF_CHECK_ARG(cfg && embed && lm_head && out);
@@ -165,8 +149,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg,
   if (!t) return df_error_nomem("trainer");
   t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
-  if (!st)
-    st = df_model_init(&t->m, cfg, ext, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
+  if (!st) st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;
@@ -352,15 +335,17 @@ dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_t
   return df_trainer_accumulate_sample_labels(t, s, NULL, anchors, n_anchors, grad_scale);
 }
 
-dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflash_train_sample *s,
+dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t,
+                                                  const dflash_train_sample *caller,
                                                   const int32_t *labels, const int32_t *anchors,
                                                   int32_t n_anchors, double grad_scale) {
-  DF_CHECK_ARG(t && s && s->input_ids && s->loss_mask && (anchors || n_anchors == 0));
-  dflash_status lst = df_model_check_labels(&t->m, labels, s->len);
+  DF_CHECK_ARG(t && caller && (anchors || n_anchors == 0));
+  /* The one rule: an older caller's struct lacks the stored-rows fields (they read as none). */
+  dflash_train_sample smp = {.struct_size = sizeof smp}, *s = &smp;
+  dflash_status lst = df_opts_in(&smp, caller, sizeof smp, "dflash_train_sample");
   if (lst) return lst;
-  if (s->struct_size < offsetof(dflash_train_sample, hidden_scales) + sizeof s->hidden_scales &&
-      !s->hidden)
-    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", s->id ? s->id : "?");
+  DF_CHECK_ARG(s->input_ids && s->loss_mask);
+  if ((lst = df_model_check_labels(&t->m, labels, s->len))) return lst;
   const float *hidden;
   dflash_status st = sample_hidden(t, s, &hidden);
   if (st) return st;

@@ -53,9 +53,8 @@ DF_MUST_CHECK dflash_status df_trainer_accumulate_labels(
     dflash_trainer *t, const int32_t *input_ids, const int32_t *labels, const uint8_t *loss_mask,
     int64_t len, const float *hidden, const int32_t *anchors, int32_t n_anchors, double grad_scale,
     double *loss_sum, double *weight_sum);
-DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg,
-                                              const dflash_drafter_config_ext *ext,
-                                              const float *embed, const float *lm_head,
+DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
+                                              const float *lm_head,
                                               const dflash_trainer_options *opts,
                                               struct df_comm *comm, dflash_trainer **out);
 

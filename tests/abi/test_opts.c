@@ -44,7 +44,6 @@ static void init_chunk(void *o, size_t n) { dflash_chunk_writer_options_init(o, 
 static void init_fetch(void *o, size_t n) { ck_assert_ok(dflash_fetch_options_init(o, n)); }
 static void init_trainer(void *o, size_t n) { dflash_trainer_options_init(o, n); }
 static void init_plan_opts(void *o, size_t n) { dflash_train_plan_options_init(o, n); }
-static void init_ext(void *o, size_t n) { dflash_drafter_config_ext_init(o, n); }
 static void init_propose(void *o, size_t n) { dflash_propose_options_init(o, n); }
 static void init_dataset_writer(void *o, size_t n) { dflash_dataset_writer_options_init(o, n); }
 static void init_hidden_writer(void *o, size_t n) { dflash_hidden_writer_options_init(o, n); }
@@ -54,7 +53,7 @@ static void init_run(void *o, size_t n) { dflash_train_run_options_init(o, n); }
 static void init_eval_walk(void *o, size_t n) { dflash_eval_walk_init(o, n); }
 static void init_build(void *o, size_t n) { dflash_dataset_build_options_init(o, n); }
 
-/* Output structs and the guards have no _init: the caller zeroes them and sets the size. */
+/* Output structs have no _init: the caller zeroes them and sets the size. */
 static void init_zero(void *o, size_t n) {
   memset(o, 0, n);
   memcpy(o, &n, sizeof n);
@@ -130,7 +129,6 @@ static dflash_status call_fetch(void *o, ctx *c) {
   return st;
 }
 
-static dflash_status call_guards(void *o, ctx *c) { return dflash_fetch_set_guards(c->fetch, o); }
 static dflash_status call_fetch_stats(void *o, ctx *c) {
   return dflash_fetch_get_stats(c->fetch, o);
 }
@@ -164,19 +162,20 @@ static dflash_status call_tensor(void *o, ctx *c) {
 }
 
 /* A small drafter: 2 layers, hidden 64, vocabulary 1000. */
-static void small_drafter(dflash_drafter_config *c) {
+static dflash_status parse_small(dflash_drafter_config *c) {
   static const char json[] =
       "{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
       "\"vocab_size\": 1000, \"num_target_layers\": 36, \"block_size\": 4, "
       "\"dflash_config\": {\"mask_token_id\": 1}}";
-  ck_assert_ok(dflash_drafter_config_parse(json, sizeof json - 1, "small.json", c));
+  return dflash_drafter_config_parse(json, sizeof json - 1, "small.json", c);
 }
+static void small_drafter(dflash_drafter_config *c) { ck_assert_ok(parse_small(c)); }
 
 /* A trainer of the small drafter, its embedding and head zero (kept for the process). */
 static dflash_status small_trainer(const dflash_trainer_options *o, dflash_trainer **t) {
   static float *embed;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   small_drafter(&cfg);
   if (!embed) embed = calloc((size_t)cfg.vocab_size * (size_t)cfg.hidden_size, sizeof *embed);
   ck_assert_ptr_nonnull(embed);
@@ -194,25 +193,15 @@ static dflash_status call_trainer(void *o, ctx *c) {
 
 static dflash_status call_plan_opts(void *o, ctx *c) {
   (void)c;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   small_drafter(&cfg);
   dflash_train_plan p = {.struct_size = sizeof p};
   return dflash_train_plan_compute(&cfg, o, &p);
 }
 
-static dflash_status call_ext(void *o, ctx *c) {
-  (void)c;
-  dflash_drafter_config cfg;
-  small_drafter(&cfg);
-  dflash_train_plan_options po;
-  dflash_train_plan_options_default(&po);
-  dflash_train_plan p = {.struct_size = sizeof p};
-  return dflash_train_plan_compute_ext(&cfg, o, &po, &p);
-}
-
 static dflash_status call_plan(void *o, ctx *c) {
   (void)c;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   small_drafter(&cfg);
   dflash_train_plan_options po;
   dflash_train_plan_options_default(&po);
@@ -221,7 +210,7 @@ static dflash_status call_plan(void *o, ctx *c) {
 
 static dflash_status call_propose(void *o, ctx *c) {
   (void)c;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   small_drafter(&cfg);
   dflash_trainer *t;
   ck_assert_ok(small_trainer(NULL, &t));
@@ -333,6 +322,120 @@ static dflash_status build_missing(dflash_dataset_build_options *opts,
   return st == DFLASH_E_NOT_FOUND ? DFLASH_OK : st;
 }
 static dflash_status call_build(void *o, ctx *c) { return build_missing(o, NULL, c); }
+
+/* The library's struct's fields past struct_size into the caller's `o` of its own size. */
+static void copy_fields(void *o, const void *full, size_t size) {
+  size_t n;
+  memcpy(&n, o, sizeof n);
+  if (n <= sizeof n) return; /* not a struct: the call refuses it */
+  memcpy((char *)o + sizeof n, (const char *)full + sizeof n, (n < size ? n : size) - sizeof n);
+}
+
+static void init_config(void *o, size_t n) { dflash_drafter_config_init(o, n); }
+
+/* A config as input: the small drafter in the caller's struct, validated. */
+static dflash_status call_config_in(void *o, ctx *c) {
+  (void)c;
+  dflash_drafter_config full;
+  dflash_drafter_config_default(&full);
+  small_drafter(&full);
+  copy_fields(o, &full, sizeof full);
+  return dflash_drafter_config_validate(o);
+}
+
+/* ... and as output: parsed into the caller's struct. */
+static dflash_status call_config_out(void *o, ctx *c) {
+  (void)c;
+  return parse_small(o);
+}
+
+static dflash_status call_span(void *o, ctx *c) {
+  (void)c;
+  dflash_chat_template *tmpl;
+  ck_assert_ok(dflash_chat_template_create("qwen3", &tmpl));
+  static const char conv[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+  dflash_chat_rendered *r = NULL;
+  ck_assert_ok(dflash_chat_render_json(tmpl, conv, sizeof conv - 1, NULL, &r));
+  dflash_status st = dflash_chat_rendered_span(r, 0, o);
+  dflash_chat_rendered_free(r);
+  dflash_chat_template_free(tmpl);
+  return st;
+}
+
+/* A sample stream over one sample (3 tokens), started. */
+static dflash_sample_stream *one_sample_stream(ctx *c) {
+  char *data = df_path_join(c->dir, "smp-data"), *hidden = df_path_join(c->dir, "smp-hs");
+  df_test_rmtree(data);
+  static const int32_t ids[3] = {5, 6, 7};
+  static const uint8_t mask[3] = {0, 1, 1};
+  dflash_dataset_writer *dw;
+  ck_assert_ok(dflash_dataset_writer_create(data, NULL, &dw));
+  ck_assert_ok(dflash_dataset_writer_add(dw, "s0", ids, mask, 3));
+  ck_assert_ok(dflash_dataset_writer_finish(dw));
+  dflash_dataset_writer_free(dw);
+  ck_assert_ok(write_store(c->dir, "smp-hs", NULL));
+  dflash_sample_stream *s;
+  ck_assert_ok(dflash_sample_stream_open(data, hidden, NULL, &s));
+  static const uint64_t order[1] = {0};
+  ck_assert_ok(dflash_sample_stream_start(s, order, 1));
+  free(data), free(hidden);
+  return s;
+}
+
+static dflash_status call_train_sample(void *o, ctx *c) {
+  dflash_sample_stream *s = one_sample_stream(c);
+  int done = -1;
+  dflash_status st = dflash_sample_stream_next(s, o, &done);
+  if (!st) ck_assert_int_eq(done, 0);
+  if (!st) ck_assert_uint_eq(((dflash_train_sample *)o)->len, 3);
+  dflash_sample_stream_free(s);
+  return st;
+}
+
+/* A sample as input: 8 tokens of the small drafter (zero hidden states), one anchor. */
+static dflash_status call_train_sample_in(void *o, ctx *c) {
+  (void)c;
+  dflash_drafter_config cfg;
+  dflash_drafter_config_default(&cfg);
+  small_drafter(&cfg);
+  dflash_trainer *t;
+  ck_assert_ok(small_trainer(NULL, &t));
+  static const int32_t ids[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+  static const uint8_t mask[8] = {0, 0, 1, 1, 1, 1, 1, 1};
+  float *hidden = calloc(8 * (size_t)cfg.n_target_layer_ids * (size_t)cfg.hidden_size,
+                         sizeof *hidden);
+  ck_assert_ptr_nonnull(hidden);
+  dflash_train_sample full = {.struct_size = sizeof full,
+                              .id = "s0",
+                              .len = 8,
+                              .input_ids = ids,
+                              .loss_mask = mask,
+                              .hidden = hidden};
+  copy_fields(o, &full, sizeof full);
+  int32_t anchor = 2;
+  dflash_status st = dflash_trainer_accumulate_sample(t, o, &anchor, 1, 1.0);
+  free(hidden);
+  dflash_trainer_free(t);
+  return st;
+}
+
+static dflash_status call_spool_sample(void *o, ctx *c) {
+  char *path = df_path_join(c->dir, "smp-spool");
+  dflash_hidden_writer_options wo;
+  dflash_hidden_writer_options_default(&wo);
+  wo.spool_budget = 1 << 20;
+  wo.shard_bytes = 1 << 16;
+  ck_assert_ok(write_store(c->dir, "smp-spool", &wo));
+  dflash_spool *sp;
+  ck_assert_ok(dflash_spool_open(path, NULL, &sp));
+  int end = -1;
+  dflash_status st = dflash_spool_next(sp, o, &end);
+  if (!st) ck_assert_int_eq(end, 0);
+  if (!st) ck_assert_uint_eq(((dflash_spool_sample *)o)->len, 3);
+  dflash_spool_free(sp);
+  free(path);
+  return st;
+}
 static dflash_status call_build_stats(void *o, ctx *c) { return build_missing(NULL, o, c); }
 
 static const opts_case CASES[] = {
@@ -343,7 +446,6 @@ static const opts_case CASES[] = {
     {"dflash_chunk_writer_options", sizeof(dflash_chunk_writer_options), init_chunk, call_chunk,
      false},
     {"dflash_fetch_options", sizeof(dflash_fetch_options), init_fetch, call_fetch, false},
-    {"dflash_fetch_guards", sizeof(dflash_fetch_guards), init_zero, call_guards, false},
     {"dflash_fetch_stats", sizeof(dflash_fetch_stats), init_zero, call_fetch_stats, true},
     {"dflash_fetch_server_stats", sizeof(dflash_fetch_server_stats), init_zero, call_server_stats,
      true},
@@ -352,7 +454,6 @@ static const opts_case CASES[] = {
     {"dflash_trainer_options", sizeof(dflash_trainer_options), init_trainer, call_trainer, false},
     {"dflash_train_plan_options", sizeof(dflash_train_plan_options), init_plan_opts, call_plan_opts,
      false},
-    {"dflash_drafter_config_ext", sizeof(dflash_drafter_config_ext), init_ext, call_ext, false},
     {"dflash_train_plan", sizeof(dflash_train_plan), init_zero, call_plan, true},
     {"dflash_propose_options", sizeof(dflash_propose_options), init_propose, call_propose, false},
     {"dflash_dataset_writer_options", sizeof(dflash_dataset_writer_options), init_dataset_writer,
@@ -368,6 +469,12 @@ static const opts_case CASES[] = {
      false},
     {"dflash_dataset_build_stats", sizeof(dflash_dataset_build_stats), init_zero, call_build_stats,
      true},
+    {"dflash_drafter_config", sizeof(dflash_drafter_config), init_config, call_config_in, false},
+    {"dflash_drafter_config", sizeof(dflash_drafter_config), init_config, call_config_out, true},
+    {"dflash_chat_span", sizeof(dflash_chat_span), init_zero, call_span, true},
+    {"dflash_train_sample", sizeof(dflash_train_sample), init_zero, call_train_sample, true},
+    {"dflash_train_sample", sizeof(dflash_train_sample), init_zero, call_train_sample_in, false},
+    {"dflash_spool_sample", sizeof(dflash_spool_sample), init_zero, call_spool_sample, true},
 };
 
 /* ---- harness -------------------------------------------------------------- */

@@ -40,7 +40,7 @@ static int kind_at(const dflash_chat_rendered *r, const char *needle, size_t fro
   ck_assert_msg(p, "\"%s\" not in rendered text", needle);
   size_t pos = (size_t)(p - text);
   for (size_t i = 0; i < dflash_chat_rendered_span_count(r); i++) {
-    dflash_chat_span s;
+    dflash_chat_span s = {.struct_size = sizeof s};
     ck_assert_ok(dflash_chat_rendered_span(r, i, &s));
     if (s.begin <= pos && pos < s.end) return s.kind;
   }
@@ -125,7 +125,7 @@ START_TEST(test_qwen3_exact_and_spans) {
   /* Spans tile the text and agree with their kinds on `generated`. */
   size_t pos = 0;
   for (size_t i = 0; i < dflash_chat_rendered_span_count(r); i++) {
-    dflash_chat_span s;
+    dflash_chat_span s = {.struct_size = sizeof s};
     ck_assert_ok(dflash_chat_rendered_span(r, i, &s));
     ck_assert_uint_eq(s.begin, pos);
     ck_assert(s.end > s.begin);
@@ -133,7 +133,7 @@ START_TEST(test_qwen3_exact_and_spans) {
     pos = s.end;
   }
   ck_assert_uint_eq(pos, len);
-  dflash_chat_span s;
+  dflash_chat_span s = {.struct_size = sizeof s};
   ck_assert_status(dflash_chat_rendered_span(r, 999, &s), DFLASH_E_RANGE, "span 999");
   dflash_chat_rendered_free(r);
 

@@ -56,7 +56,7 @@ static dflash_status cuda_trainer(void) {
       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,"
       "\"vocab_size\": 31, \"num_target_layers\": 8, \"block_size\": 4,"
       "\"dflash_config\": {\"mask_token_id\": 30, \"target_layer_ids\": [1, 5]}}";
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(cfg_json, strlen(cfg_json), "cfg", &cfg));
   float *E = calloc(31 * 16, sizeof *E);
   dflash_trainer_options o;

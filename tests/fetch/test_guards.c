@@ -1,4 +1,4 @@
-/* dflash_fetch_set_guards and what dflash_fetch_run checks before any work, without a
+/* The guards of dflash_fetch_options and what dflash_fetch_run checks before any work, without a
  * network: the settings record (settings.json), and a summary size query that logs nothing. */
 #include <dflash/fetch.h>
 #include <jansson.h>
@@ -19,26 +19,49 @@ static void on_log(dflash_log_level level, const char *msg, void *user) {
     saw_change = 1;
 }
 
-/* A fetcher of one prompt in a fresh folder; the server is the discard port. */
-static dflash_fetch *make(const char *dir, double temperature) {
+/* Options of one prompt; the server is the discard port. */
+static void base_options(dflash_fetch_options *o, double temperature) {
+  static const char *servers[] = {"http://127.0.0.1:9/v1"};
+  ck_assert_ok(dflash_fetch_options_default(o));
+  o->servers = servers;
+  o->n_servers = 1;
+  o->model = "m";
+  o->temperature = temperature;
+  o->connect_timeout_s = 2;
+  o->fail_threshold = 1;
+}
+
+/* A fetcher of one prompt in `dir` (its input written there). */
+static dflash_status create(const char *dir, const dflash_fetch_options *o, dflash_fetch **f) {
   char *in = df_path_join(dir, "in.jsonl");
   char *out = df_path_join(dir, "out");
   static const char line[] =
       "{\"id\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n";
   ck_assert(df_test_write(in, line, sizeof line - 1));
-  const char *servers[] = {"http://127.0.0.1:9/v1"};
-  dflash_fetch_options o;
-  ck_assert_ok(dflash_fetch_options_default(&o));
-  o.servers = servers;
-  o.n_servers = 1;
-  o.model = "m";
-  o.temperature = temperature;
-  o.connect_timeout_s = 2;
-  o.fail_threshold = 1;
-  dflash_fetch *f;
-  ck_assert_ok(dflash_fetch_create(&o, in, out, &f));
+  *f = NULL;
+  dflash_status st = dflash_fetch_create(o, in, out, f);
   free(in);
   free(out);
+  return st;
+}
+
+static dflash_fetch *make(const char *dir, double temperature) {
+  dflash_fetch_options o;
+  base_options(&o, temperature);
+  dflash_fetch *f;
+  ck_assert_ok(create(dir, &o, &f));
+  return f;
+}
+
+/* Runs that never reach a server: the down timeout (no server check) stops them. */
+static dflash_fetch *make_quick(const char *dir, double temperature, int settings_change) {
+  dflash_fetch_options o;
+  base_options(&o, temperature);
+  o.no_server_check = 1;
+  o.down_timeout_s = 0.3;
+  o.settings_change = settings_change;
+  dflash_fetch *f;
+  ck_assert_ok(create(dir, &o, &f));
   return f;
 }
 
@@ -69,27 +92,29 @@ END_TEST
 
 START_TEST(guards_are_checked) {
   char *dir = df_test_tmpdir();
-  dflash_fetch *f = make(dir, -1);
-  dflash_fetch_guards g = {.struct_size = sizeof g, .settings_change = 7};
-  ck_assert_status(dflash_fetch_set_guards(f, &g), DFLASH_E_CONFIG, "settings_change");
-  g.settings_change = DFLASH_FETCH_SETTINGS_REFUSE;
-  g.down_timeout_s = 0.0 / 0.0;
-  ck_assert_status(dflash_fetch_set_guards(f, &g), DFLASH_E_CONFIG, "down_timeout_s");
-  g.struct_size = 0;
-  ck_assert_int_eq(dflash_fetch_set_guards(f, &g), DFLASH_E_INVALID_ARG);
-  /* an older, shorter struct: the fields it has, defaults for the rest */
-  g = (dflash_fetch_guards){.struct_size = offsetof(dflash_fetch_guards, down_timeout_s),
-                            .no_server_check = 1,
-                            .down_timeout_s = 5};
-  ck_assert_ok(dflash_fetch_set_guards(f, &g));
-  ck_assert_ok(dflash_fetch_set_guards(f, NULL));
+  dflash_fetch_options o;
+  base_options(&o, -1);
+  dflash_fetch *f;
+  o.settings_change = 7;
+  ck_assert_status(create(dir, &o, &f), DFLASH_E_CONFIG, "settings_change");
+  o.settings_change = DFLASH_FETCH_SETTINGS_REFUSE;
+  o.down_timeout_s = 0.0 / 0.0;
+  ck_assert_status(create(dir, &o, &f), DFLASH_E_CONFIG, "down_timeout_s");
+  o.down_timeout_s = 0;
+  o.chunk_worker = "a/b";
+  ck_assert_status(create(dir, &o, &f), DFLASH_E_CONFIG, "worker name \"a/b\"");
+  o.chunk_worker = "";
+  ck_assert_status(create(dir, &o, &f), DFLASH_E_CONFIG, "worker name");
+  o.chunk_worker = "w1"; /* a local output: no effect */
+  o.chunk_max_seconds = -1;
+  ck_assert_status(create(dir, &o, &f), DFLASH_E_CONFIG, "chunk_max_seconds");
+  o.chunk_max_seconds = 0;
   /* a dead port at start is a server restarting: kept and probed; the run stops
    * only after the down timeout, naming it (nothing recorded: the prompts wait) */
-  g = (dflash_fetch_guards){.struct_size = sizeof g, .down_timeout_s = 0.3};
-  ck_assert_ok(dflash_fetch_set_guards(f, &g));
+  o.down_timeout_s = 0.3;
+  ck_assert_ok(create(dir, &o, &f));
   ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_TIMEOUT,
                    "127.0.0.1:9/v1: unreachable");
-  ck_assert_status(dflash_fetch_set_guards(f, NULL), DFLASH_E_STATE, "before run");
   dflash_fetch_free(f);
   char *comps = df_path_join(dir, "out/completions.jsonl");
   char *text = NULL;
@@ -102,20 +127,10 @@ START_TEST(guards_are_checked) {
 }
 END_TEST
 
-/* Runs that never reach a server: the down timeout (no server check) stops them. */
-static dflash_status run_quick(dflash_fetch *f, int settings_change) {
-  dflash_fetch_guards g = {.struct_size = sizeof g,
-                           .no_server_check = 1,
-                           .down_timeout_s = 0.3,
-                           .settings_change = settings_change};
-  ck_assert_ok(dflash_fetch_set_guards(f, &g));
-  return dflash_fetch_run(f, NULL, NULL);
-}
-
 START_TEST(settings_recorded_then_refused_or_warned) {
   char *dir = df_test_tmpdir();
-  dflash_fetch *f = make(dir, 0.5);
-  ck_assert_status(run_quick(f, DFLASH_FETCH_SETTINGS_REFUSE), DFLASH_E_TIMEOUT, "down timeout");
+  dflash_fetch *f = make_quick(dir, 0.5, DFLASH_FETCH_SETTINGS_REFUSE);
+  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_TIMEOUT, "down timeout");
   dflash_fetch_free(f);
   char *path = df_path_join(dir, "out/settings.json");
   char *text;
@@ -124,13 +139,12 @@ START_TEST(settings_recorded_then_refused_or_warned) {
   ck_assert(strstr(text, "\"temperature\": 0.5") && strstr(text, "\"model\": \"m\""));
   free(text);
   /* the same settings: fine (and the down timeout again) */
-  f = make(dir, 0.5);
-  ck_assert_status(run_quick(f, DFLASH_FETCH_SETTINGS_REFUSE), DFLASH_E_TIMEOUT, "down timeout");
+  f = make_quick(dir, 0.5, DFLASH_FETCH_SETTINGS_REFUSE);
+  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_TIMEOUT, "down timeout");
   dflash_fetch_free(f);
   /* other settings: refused, naming the change; the record stays */
-  f = make(dir, 1.25);
-  ck_assert_status(run_quick(f, DFLASH_FETCH_SETTINGS_REFUSE), DFLASH_E_MISMATCH,
-                   "temperature 0.5 -> 1.25");
+  f = make_quick(dir, 1.25, DFLASH_FETCH_SETTINGS_REFUSE);
+  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_MISMATCH, "temperature 0.5 -> 1.25");
   size_t n = 0;
   dflash_fetch_summary(f, NULL, 0, &n);
   char *sum = malloc(n);
@@ -144,8 +158,8 @@ START_TEST(settings_recorded_then_refused_or_warned) {
   /* the library's default: a warning, the change recorded, the old settings kept */
   dflash_set_log_callback(on_log, NULL, DFLASH_LOG_WARN);
   saw_change = 0;
-  f = make(dir, 1.25);
-  ck_assert_status(run_quick(f, DFLASH_FETCH_SETTINGS_WARN), DFLASH_E_TIMEOUT, "down timeout");
+  f = make_quick(dir, 1.25, DFLASH_FETCH_SETTINGS_WARN);
+  ck_assert_status(dflash_fetch_run(f, NULL, NULL), DFLASH_E_TIMEOUT, "down timeout");
   ck_assert(saw_change);
   dflash_set_log_callback(NULL, NULL, DFLASH_LOG_WARN);
   dflash_fetch_free(f);

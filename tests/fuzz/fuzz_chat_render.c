@@ -35,7 +35,7 @@ static void same_result(const dflash_chat_rendered *a, const dflash_chat_rendere
       dflash_chat_rendered_last_assistant(a) != dflash_chat_rendered_last_assistant(b))
     __builtin_trap();
   for (size_t i = 0; i < n; i++) {
-    dflash_chat_span x, y;
+    dflash_chat_span x = {.struct_size = sizeof x}, y = {.struct_size = sizeof y};
     if (dflash_chat_rendered_span(a, i, &x) || dflash_chat_rendered_span(b, i, &y) ||
         x.begin != y.begin || x.end != y.end || x.kind != y.kind || x.message != y.message ||
         x.generated != y.generated)
@@ -99,6 +99,7 @@ static void check_rendered(const dflash_chat_rendered *r, const dflash_chat_conv
   if (!sp) __builtin_trap();
   size_t at = 0;
   for (size_t k = 0; k < n_sp; k++) {
+    sp[k].struct_size = sizeof sp[k];
     if (dflash_chat_rendered_span(r, k, &sp[k])) __builtin_trap();
     const dflash_chat_span *s = &sp[k];
     if (s->begin != at || s->end <= s->begin || s->end > len) __builtin_trap();

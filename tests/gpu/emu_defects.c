@@ -131,7 +131,7 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
                                   "scale_clipped",
                                   "adamw",
                                   "lmhead_argmax_chunk"};
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
@@ -158,7 +158,7 @@ START_TEST(a_shape_limits_refused_at_create_and_by_the_plan) {
              {264, 4, 2, 4, "at most 256"},
              {16, 16, 1, 16, "at most 128 rows"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    dflash_drafter_config c;
+    dflash_drafter_config c = {.struct_size = sizeof c};
     small_config(&c);
     c.head_dim = bad[i].d, c.num_attention_heads = bad[i].nh;
     c.num_key_value_heads = bad[i].nkv, c.block_size = bad[i].B;
@@ -207,7 +207,7 @@ static void *use_trainer(void *arg) {
 }
 
 START_TEST(b_other_host_thread_uses_the_trainers_device) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   setenv("LOCAL_RANK", "1", 1);
   dflash_trainer *t1 = make(&c, DFLASH_BACKEND_CUDA);
@@ -245,7 +245,7 @@ END_TEST
 /* ---- c: predict on all-NaN logits --------------------------------------------------------- */
 
 START_TEST(c_predict_on_nan_rows_matches_the_cpu) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   dflash_trainer *t[2] = {make(&c, DFLASH_BACKEND_CPU), make(&c, DFLASH_BACKEND_CUDA)};
   /* The final norm's weight NaN: every hidden row, so every logit, is NaN. */
@@ -291,7 +291,7 @@ typedef struct shared_out {
  * (world 1: all of them, by the global 1/weight). */
 static void run_rank(int rank, int world, int port, const g_seq *q, const double *w,
                      shared_out *out, float *grads, const char *ckpt) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   char s[32];
   if (world > 1) {
@@ -334,7 +334,7 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
 }
 
 START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU);
   size_t n = cpu->m.n_params;

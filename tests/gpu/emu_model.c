@@ -66,7 +66,7 @@ static float *dump(dflash_trainer *t, int grads) {
 }
 
 START_TEST(zero_grad_then_get_grad_reads_zeros) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   float *E, *Hd;
   dflash_trainer *t = make(&c, DFLASH_BACKEND_CUDA, &E, &Hd);
@@ -93,7 +93,7 @@ START_TEST(zero_grad_then_get_grad_reads_zeros) {
 END_TEST
 
 START_TEST(fresh_trainer_first_step_sees_its_uploads) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   float *E, *Hd, *E2, *Hd2;
   dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU, &E, &Hd);
@@ -200,7 +200,7 @@ static double rel_diff(const float *a, const float *b, const float *base, size_t
 }
 
 START_TEST(nccl_two_ranks_in_threads_equal_one_rank_with_both_sequences) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   float *E, *Hd;
   dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU, &E, &Hd);

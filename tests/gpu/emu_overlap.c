@@ -177,7 +177,7 @@ static void same(const rank_job *o, const rank_job *p, size_t n, const batch *b)
 }
 
 START_TEST(overlapped_reduce_scatter_equals_the_one_after_the_backward) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   small_config(&c);
   size_t vh = (size_t)c.vocab_size * c.hidden_size;
   float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);

@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
   int64_t len = argc > 2 ? atoll(argv[2]) : 3072;
   int32_t na = argc > 3 ? atoi(argv[3]) : 512;
   int steps = argc > 4 ? atoi(argv[4]) : 5;
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   shape(name, &c);
   if (dflash_drafter_config_validate(&c)) return printf("config: %s\n", dflash_last_error()), 1;
   /* DFLASH_BENCH_NO_PEAK: no reference GEMMs (a kernel profile of the step alone) */

@@ -186,7 +186,7 @@ START_TEST(stream_joins_and_reports) {
   ck_assert_uint_eq(bad, 2);
   uint64_t order[] = {1, 0, 2, 3, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 5));
-  dflash_train_sample smp;
+  dflash_train_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
   ck_assert_str_eq(smp.id, "sample-1");
@@ -243,7 +243,7 @@ START_TEST(zero_layers_refused_and_counted) {
   ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
   uint64_t order[] = {0, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 2));
-  dflash_train_sample smp;
+  dflash_train_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done)); /* one zero row is not a zero layer */
   ck_assert_str_eq(smp.id, "sample-0");
@@ -294,7 +294,7 @@ START_TEST(spool_order_budget_release) {
   so.wait_s = 0;
   dflash_spool *c;
   ck_assert_ok(dflash_spool_open(sp, &so, &c));
-  dflash_spool_sample smp;
+  dflash_spool_sample smp = {.struct_size = sizeof smp};
   int end, got = 0;
   while (!(st = dflash_spool_next(c, &smp, &end))) {
     snprintf(id, sizeof id, "s%02d", got++);
@@ -346,6 +346,36 @@ START_TEST(spool_order_budget_release) {
 }
 END_TEST
 
+/* The one test of vLLM's file names and of a folder's layout (the CLI asks the library). */
+START_TEST(vllm_names_and_layouts) {
+  static const char *yes[] = {"hs_0.safetensors", "hs_123456.safetensors"};
+  static const char *no[] = {"hs_.safetensors",   "hs_1a.safetensors",    "hs_1.safetensor",
+                             "xhs_1.safetensors", "hs_1.safetensors.tmp", ""};
+  for (size_t i = 0; i < DF_ARRAY_LEN(yes); i++)
+    ck_assert_msg(dflash_hidden_is_vllm_file(yes[i]) == 1, "%s", yes[i]);
+  for (size_t i = 0; i < DF_ARRAY_LEN(no); i++)
+    ck_assert_msg(dflash_hidden_is_vllm_file(no[i]) == 0, "%s", no[i]);
+  ck_assert_int_eq(dflash_hidden_is_vllm_file(NULL), 0);
+  char *dir = df_test_tmpdir(), *store = df_path_join(dir, "store");
+  ck_assert_int_eq(dflash_hidden_layout_of(dir), DFLASH_HIDDEN_LAYOUT_NONE);
+  ck_assert_int_eq(dflash_hidden_layout_of(store), DFLASH_HIDDEN_LAYOUT_NONE); /* no folder */
+  char *hs = df_path_join(dir, "hs_7.safetensors");
+  ck_assert(df_test_write(hs, "x", 1)); /* the name is what counts; nothing is opened */
+  ck_assert_int_eq(dflash_hidden_layout_of(dir), DFLASH_HIDDEN_LAYOUT_VLLM);
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(store, 1, 4, NULL, &w));
+  static const float rows[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ck_assert_ok(dflash_hidden_writer_append(w, "s0", rows, 2));
+  ck_assert_ok(dflash_hidden_writer_finish(w));
+  dflash_hidden_writer_free(w);
+  ck_assert_int_eq(dflash_hidden_layout_of(store), DFLASH_HIDDEN_LAYOUT_STORE);
+  ck_assert_int_eq(dflash_hidden_layout_of(NULL), DFLASH_HIDDEN_LAYOUT_NONE);
+  free(hs), free(store);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
 Suite *df_test_suite(void) {
   Suite *s = suite_create("hidden");
   TCase *tc = tcase_create("hidden");
@@ -355,6 +385,7 @@ Suite *df_test_suite(void) {
   tcase_add_test(tc, stream_joins_and_reports);
   tcase_add_test(tc, zero_layers_refused_and_counted);
   tcase_add_test(tc, spool_order_budget_release);
+  tcase_add_test(tc, vllm_names_and_layouts);
   suite_add_tcase(s, tc);
   return s;
 }

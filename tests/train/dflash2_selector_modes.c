@@ -31,15 +31,13 @@ int main(int argc, char **argv) {
   double wt = atof(argv[3]);
   z = 7;
   for (int v = 0; v < V; v++) succ[v] = (int)(u() * (V - 1));
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   dflash_drafter_config_default(&c);
   c.hidden_size = H, c.intermediate_size = 64, c.num_hidden_layers = 1, c.num_attention_heads = 4,
   c.num_key_value_heads = 2, c.head_dim = 8, c.vocab_size = V, c.num_target_layers = 4,
   c.block_size = B, c.mask_token_id = V - 1, c.n_target_layer_ids = 1, c.target_layer_ids[0] = 1;
-  dflash_drafter_config_ext_default(&e);
-  e.dflash2 = 1, e.conv_kernel_size = 2, e.conv_group_size = 8, e.selector_top_k = K,
-  e.selector_rank = 16;
+  c.dflash2 = 1, c.conv_kernel_size = 2, c.conv_group_size = 8, c.selector_top_k = K,
+  c.selector_rank = 16;
   float *E = malloc(sizeof(float) * V * H), *Hd = malloc(sizeof(float) * V * H);
   z = 99;
   for (int i = 0; i < V * H; i++) E[i] = (float)(u() - 0.5), Hd[i] = (float)(u() - 0.5);
@@ -48,7 +46,7 @@ int main(int argc, char **argv) {
   o.seed = (uint64_t)atoi(argv[4]), o.lr = 3e-3, o.warmup_ratio = 0, o.selector_loss_mode = mode,
   o.selector_loss_weight = wt;
   dflash_trainer *t;
-  if (dflash_trainer_create_ext(&c, &e, E, Hd, &o, &t)) {
+  if (dflash_trainer_create(&c, E, Hd, &o, &t)) {
     printf("create failed\n");
     return 1;
   }

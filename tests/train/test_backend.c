@@ -57,7 +57,7 @@ static void kimi(dflash_drafter_config *c) {
  * (P is a multiple of 8 in every bucket: no padding.)
  */
 START_TEST(plan_kimi_on_8x80gb) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   kimi(&c);
   ck_assert_ok(dflash_drafter_config_validate(&c));
   dflash_train_plan_options o;
@@ -79,7 +79,7 @@ START_TEST(plan_kimi_on_8x80gb) {
 END_TEST
 
 START_TEST(plan_refuses_one_gpu_naming_the_term) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   kimi(&c);
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
@@ -108,7 +108,7 @@ START_TEST(cuda_backend_without_device) {
       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 4,"
       "\"vocab_size\": 31, \"num_target_layers\": 8, \"block_size\": 4,"
       "\"dflash_config\": {\"mask_token_id\": 30, \"target_layer_ids\": [1, 5]}}";
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(cfg_json, strlen(cfg_json), "cfg", &cfg));
   float *E = calloc(31 * 16, sizeof *E);
   dflash_trainer_options o;
@@ -135,28 +135,25 @@ START_TEST(cuda_backend_takes_partial_rotary) {
       "\"vocab_size\": 31, \"num_target_layers\": 8, \"block_size\": 4,"
       "\"partial_rotary_factor\": 0.5,"
       "\"dflash_config\": {\"mask_token_id\": 30, \"target_layer_ids\": [1, 5]}}";
-  dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
-  dflash_drafter_config_ext_default(&ext);
-  ck_assert_ok(dflash_drafter_config_parse_ext(cfg_json, strlen(cfg_json), "cfg", &cfg, &ext));
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
+  ck_assert_ok(dflash_drafter_config_parse(cfg_json, strlen(cfg_json), "cfg", &cfg));
   float *E = calloc(31 * 16, sizeof *E);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.backend = DFLASH_BACKEND_CUDA;
   dflash_trainer *t = (dflash_trainer *)1;
 #ifdef DFLASH_HAVE_CUDA
-  dflash_status st = dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t);
+  dflash_status st = dflash_trainer_create(&cfg, E, E, &o, &t);
   ck_assert_msg(st == DFLASH_OK || st == DFLASH_E_NO_DEVICE, "%s: %s", dflash_status_str(st),
                 dflash_last_error());
   dflash_trainer_free(st ? NULL : t);
   if (!st) t = NULL;
 #else
-  ck_assert_status(dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
-                   "without CUDA");
+  ck_assert_status(dflash_trainer_create(&cfg, E, E, &o, &t), DFLASH_E_UNSUPPORTED, "without CUDA");
 #endif
   ck_assert_ptr_null(t);
   o.backend = DFLASH_BACKEND_CPU;
-  ck_assert_ok(dflash_trainer_create_ext(&cfg, &ext, E, E, &o, &t));
+  ck_assert_ok(dflash_trainer_create(&cfg, E, E, &o, &t));
   dflash_trainer_free(t);
   free(E);
 }

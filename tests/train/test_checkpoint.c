@@ -20,7 +20,7 @@ static float *embed(void) {
 }
 
 static dflash_trainer *make(uint64_t seed, const float *E) {
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(CFG, strlen(CFG), "cfg", &cfg));
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
@@ -63,7 +63,7 @@ START_TEST(save_load_round_trip) {
   ck_assert_mem_eq(pa, pb, n * 4);
   /* config.json reads back as the same config; names are the spec's. */
   char *cfgpath = df_path_join(ckpt, "config.json");
-  dflash_drafter_config c1, c2;
+  dflash_drafter_config c1 = {.struct_size = sizeof c1}, c2 = {.struct_size = sizeof c2};
   ck_assert_ok(dflash_drafter_config_load(cfgpath, &c1));
   ck_assert_ok(dflash_drafter_config_parse(CFG, strlen(CFG), "cfg", &c2));
   ck_assert_mem_eq(&c1, &c2, sizeof c1);

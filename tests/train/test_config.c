@@ -17,7 +17,7 @@ static dflash_status parse(const char *text, dflash_drafter_config *c) {
 }
 
 START_TEST(block_size_placements) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.block_size, 16);
@@ -46,7 +46,7 @@ START_TEST(default_target_layers_follow_spec) {
   ck_assert_ok(dflash_default_target_layers(36, 1, ids));
   ck_assert_int_eq(ids[0], 18);
   /* Without target_layer_ids the config gets one per drafter layer. */
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse(CFG_HEAD "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 7}}", &c));
   ck_assert_int_eq(c.n_target_layer_ids, 2);
@@ -69,7 +69,7 @@ START_TEST(default_target_layers_follow_spec) {
 END_TEST
 
 START_TEST(validation_names_the_problem) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_status(
       parse("{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
             "\"num_attention_heads\": 6, \"num_key_value_heads\": 4, \"head_dim\": 16,"
@@ -124,7 +124,7 @@ START_TEST(yarn_and_round_trip) {
       "\"max_position_embeddings\": 262144, \"vocab_size\": 163840, \"num_target_layers\": 61,"
       "\"block_size\": 16, \"dflash_config\": {\"mask_token_id\": 163838,"
       "\"target_layer_ids\": [1, 12, 24, 35, 47, 58]}}";
-  dflash_drafter_config c, back;
+  dflash_drafter_config c = {.struct_size = sizeof c}, back = {.struct_size = sizeof back};
   ck_assert_ok(parse(kimi, &c));
   ck_assert_int_eq(c.rope_type, DFLASH_ROPE_YARN);
   ck_assert_double_eq_tol(c.rope_attention_factor, 0.1 * log(64.0) + 1.0, 1e-12);
@@ -169,7 +169,7 @@ END_TEST
  * target_layer_ids are given: it is always written, and a config without it
  * cannot be saved (nothing is written). */
 START_TEST(num_target_layers_written_or_refused) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
   size_t len = 0;
   ck_assert_int_eq(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_BUFFER);
@@ -200,7 +200,7 @@ START_TEST(yarn_factor_must_match_ratio) {
 #define YARN(mpe, orig)                                                               \
   CFG_HEAD "\"max_position_embeddings\": " mpe ", \"rope_scaling\": {\"rope_type\": " \
            "\"yarn\", \"factor\": 64.0" orig "}, " CFG_TAIL "}"
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(YARN("262144", ", \"original_max_position_embeddings\": 4096"), &c));
   ck_assert_status(parse(YARN("131072", ", \"original_max_position_embeddings\": 4096"), &c),
                    DFLASH_E_CONFIG,
@@ -224,13 +224,12 @@ END_TEST
  * dflash_drafter_config has no field for them, so only the _ext parsers
  * take one. */
 START_TEST(architectures_must_be_dflash) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\"], " CFG_TAIL "}", &c));
   ck_assert_ok(parse(CFG_HEAD "\"architectures\": null, " CFG_TAIL "}", &c));
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlash2DraftModel\"], " CFG_TAIL "}", &c),
-                   DFLASH_E_UNSUPPORTED,
-                   "t.json: \"architectures\" = [\"DFlash2DraftModel\"] does not fit in "
-                   "dflash_drafter_config: read this config with dflash_drafter_config_parse_ext");
+                   DFLASH_E_CONFIG, /* DFlash 2 is read, and needs its sizes */
+                   "t.json: a DFlash2DraftModel needs \"conv_kernel_size\"");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"Qwen3ForCausalLM\"], " CFG_TAIL "}", &c),
                    DFLASH_E_UNSUPPORTED, "\"architectures\" = [\"Qwen3ForCausalLM\"]");
   ck_assert_status(parse(CFG_HEAD "\"architectures\": [\"DFlashDraftModel\", \"X\"], " CFG_TAIL "}",
@@ -267,7 +266,7 @@ START_TEST(unimplemented_keys_refused) {
       "\"conv_kernel_size\": null",     "\"selector_rank\": 0",
   };
   char text[1024];
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(text, sizeof text, CFG_HEAD "%s, " CFG_TAIL "}", bad[i].set);
     char want[160];
@@ -299,7 +298,7 @@ END_TEST
 
 /* Qwen3Config (hence the reference model) defaults head_dim to 128. */
 START_TEST(head_dim_defaults_as_qwen3config) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(
       parse("{\"hidden_size\": 256, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
             "\"num_attention_heads\": 8, \"vocab_size\": 100, \"num_target_layers\": 8," CFG_TAIL
@@ -316,7 +315,7 @@ END_TEST
 
 /* Qwen3Config drops sliding_window unless use_sliding_window is true. */
 START_TEST(sliding_layers_need_use_sliding_window) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   const char *fmt = CFG_HEAD "\"layer_types\": [\"full_attention\", \"sliding_attention\"], "
                              "%s\"sliding_window\": 8, " CFG_TAIL "}";
   char text[512];
@@ -332,56 +331,71 @@ START_TEST(sliding_layers_need_use_sliding_window) {
 }
 END_TEST
 
-/* partial_rotary_factor has no field in dflash_drafter_config: the _ext
- * functions carry it, the others refuse it. */
-START_TEST(partial_rotary_factor_in_ext) {
+/* A caller's config of an older header: struct_size ends before `field`. */
+#define OLDER_THAN(field) offsetof(dflash_drafter_config, field)
+
+/* partial_rotary_factor: a field of the config, refused when the caller's struct ends before
+ * it (an older header's), so nothing is dropped silently. */
+START_TEST(partial_rotary_factor_parsed_or_refused) {
   dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  dflash_drafter_config_ext_default(&e);
-  ck_assert_double_eq(e.partial_rotary_factor, 1.0);
+  dflash_drafter_config_default(&c);
+  ck_assert_double_eq(c.partial_rotary_factor, 1.0);
   const char *half = CFG_HEAD "\"partial_rotary_factor\": 0.5, " CFG_TAIL "}";
-  ck_assert_status(parse(half, &c), DFLASH_E_UNSUPPORTED,
-                   "t.json: \"partial_rotary_factor\" = 0.5 does not fit");
-  ck_assert_ok(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e));
-  ck_assert_double_eq(e.partial_rotary_factor, 0.5);
-  /* A factor of 1 is the default, accepted by both. */
+  ck_assert_ok(parse(half, &c));
+  ck_assert_double_eq(c.partial_rotary_factor, 0.5);
+  /* A factor of 1 is the default, accepted in any struct. */
   ck_assert_ok(parse(CFG_HEAD "\"partial_rotary_factor\": 1.0, " CFG_TAIL "}", &c));
+  ck_assert_double_eq(c.partial_rotary_factor, 1.0);
   /* transformers 5 keeps it in rope_parameters. */
   const char *v5 = CFG_HEAD "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": "
                             "10000.0, \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
-  ck_assert_ok(dflash_drafter_config_parse_ext(v5, strlen(v5), "t.json", &c, &e));
-  ck_assert_double_eq(e.partial_rotary_factor, 0.25);
+  ck_assert_ok(parse(v5, &c));
+  ck_assert_double_eq(c.partial_rotary_factor, 0.25);
   const char *both = CFG_HEAD
       "\"partial_rotary_factor\": 0.5, \"rope_parameters\": {"
       "\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}, " CFG_TAIL "}";
-  ck_assert_status(dflash_drafter_config_parse_ext(both, strlen(both), "t.json", &c, &e),
-                   DFLASH_E_CONFIG, "disagrees");
+  ck_assert_status(parse(both, &c), DFLASH_E_CONFIG, "disagrees");
   /* head_dim 16: 0.1875 rotates 3 dims (odd), 0 and 1.5 are outside (0, 1]. */
   static const char *bad[] = {"0.1875", "0", "1.5", "\"half\""};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char text[512];
     snprintf(text, sizeof text, CFG_HEAD "\"partial_rotary_factor\": %s, " CFG_TAIL "}", bad[i]);
-    ck_assert_status(dflash_drafter_config_parse_ext(text, strlen(text), "t.json", &c, &e),
-                     DFLASH_E_CONFIG, "partial_rotary_factor");
+    ck_assert_status(parse(text, &c), DFLASH_E_CONFIG, "partial_rotary_factor");
   }
-  /* Written back by the _ext writer (and only there). */
-  ck_assert_ok(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e));
+  /* Written back when it is not the default, and read again. */
+  ck_assert_ok(parse(half, &c));
   char buf[4096];
   size_t len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, len, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"partial_rotary_factor\": 0.5"));
-  dflash_drafter_config c2;
-  dflash_drafter_config_ext e2 = {.struct_size = sizeof e2};
-  ck_assert_ok(dflash_drafter_config_parse_ext(buf, strlen(buf), "back", &c2, &e2));
-  ck_assert_double_eq(e2.partial_rotary_factor, 0.5);
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
+  ck_assert_ok(dflash_drafter_config_parse(buf, strlen(buf), "back", &c2));
   ck_assert_mem_eq(&c2, &c, sizeof c);
+  c.partial_rotary_factor = 1.0;
   len = sizeof buf;
   ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   ck_assert_ptr_null(strstr(buf, "partial_rotary_factor"));
-  /* An ext of an unknown version is refused. */
-  e2.struct_size = 4;
-  ck_assert_status(dflash_drafter_config_parse_ext(half, strlen(half), "t.json", &c, &e2),
-                   DFLASH_E_INVALID_ARG, "struct_size");
+  /* An older caller's struct, ending before the field: refused, and left as it was. */
+  dflash_drafter_config old;
+  dflash_drafter_config_init(&old, OLDER_THAN(partial_rotary_factor));
+  old.hidden_size = 7;
+  ck_assert_status(parse(half, &old), DFLASH_E_UNSUPPORTED,
+                   "t.json: \"partial_rotary_factor\" = 0.5 does not fit in a "
+                   "dflash_drafter_config of struct_size");
+  ck_assert_int_eq(old.hidden_size, 7);
+  /* ... which reads a config without it, and writes no byte past its struct_size. */
+  memset((char *)&old + OLDER_THAN(partial_rotary_factor), 0xab,
+         sizeof old - OLDER_THAN(partial_rotary_factor));
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &old));
+  ck_assert_uint_eq(old.struct_size, OLDER_THAN(partial_rotary_factor));
+  ck_assert_int_eq(old.hidden_size, 64);
+  for (size_t i = OLDER_THAN(partial_rotary_factor); i < sizeof old; i++)
+    ck_assert_uint_eq(((unsigned char *)&old)[i], 0xab);
+  /* ... and its missing tail means the defaults to every reader. */
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&old, buf, len, &len));
+  ck_assert_ptr_null(strstr(buf, "partial_rotary_factor"));
+  ck_assert_ok(dflash_drafter_config_validate(&old));
 }
 END_TEST
 
@@ -390,52 +404,45 @@ END_TEST
   "\"conv_kernel_size\": 2, \"conv_group_size\": 16, \"selector_top_k\": 8, " \
   "\"selector_rank\": 32"
 
-static dflash_status parse2(const char *text, dflash_drafter_config *c,
-                            dflash_drafter_config_ext *e) {
-  dflash_drafter_config_ext_default(e);
-  return dflash_drafter_config_parse_ext(text, strlen(text), "t.json", c, e);
-}
-
 /* DFlash2DraftModel: the four sizes, from dflash_config or the top level
  * (z-lab's _draft_value: dflash_config first), written back and re-read. */
 START_TEST(dflash2_config_parsed_and_written) {
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  ck_assert_ok(parse2(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c, &e));
-  ck_assert_int_eq(e.dflash2, 1);
-  ck_assert_int_eq(e.conv_kernel_size, 2);
-  ck_assert_int_eq(e.conv_group_size, 16);
-  ck_assert_int_eq(e.selector_top_k, 8);
-  ck_assert_int_eq(e.selector_rank, 32);
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(parse(DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}", &c));
+  ck_assert_int_eq(c.dflash2, 1);
+  ck_assert_int_eq(c.conv_kernel_size, 2);
+  ck_assert_int_eq(c.conv_group_size, 16);
+  ck_assert_int_eq(c.selector_top_k, 8);
+  ck_assert_int_eq(c.selector_rank, 32);
   /* Top level, with dflash_config taking precedence where both are given. */
-  ck_assert_ok(parse2(DF2_HEAD DF2_KEYS ", \"dflash_config\": {\"mask_token_id\": 1, "
-                                        "\"conv_kernel_size\": 3}}",
-                      &c, &e));
-  ck_assert_int_eq(e.conv_kernel_size, 3);
-  ck_assert_int_eq(e.selector_rank, 32);
+  ck_assert_ok(parse(DF2_HEAD DF2_KEYS ", \"dflash_config\": {\"mask_token_id\": 1, "
+                                       "\"conv_kernel_size\": 3}}",
+                     &c));
+  ck_assert_int_eq(c.conv_kernel_size, 3);
+  ck_assert_int_eq(c.selector_rank, 32);
   char buf[4096];
   size_t len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e, buf, len, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlash2DraftModel\""));
   ck_assert_ptr_nonnull(strstr(buf, "\"conv_kernel_size\": 3"));
   ck_assert_ptr_nonnull(strstr(buf, "\"selector_top_k\": 8"));
-  dflash_drafter_config c2;
-  dflash_drafter_config_ext e2;
-  ck_assert_ok(parse2(buf, &c2, &e2));
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
+  ck_assert_ok(parse(buf, &c2));
   ck_assert_mem_eq(&c2, &c, sizeof c);
-  ck_assert_mem_eq(&e2, &e, sizeof e);
-  /* A DFlash 1 ext writes DFlashDraftModel and no DFlash 2 key. */
-  dflash_drafter_config_ext_default(&e2);
+  /* DFlash 1 fields write DFlashDraftModel and no DFlash 2 key. */
+  c2.dflash2 = c2.conv_kernel_size = c2.conv_group_size = 0;
+  c2.selector_top_k = c2.selector_rank = 0;
   len = sizeof buf;
-  ck_assert_ok(dflash_drafter_config_to_json_ext(&c, &e2, buf, len, &len));
+  ck_assert_ok(dflash_drafter_config_to_json(&c2, buf, len, &len));
   ck_assert_ptr_nonnull(strstr(buf, "\"DFlashDraftModel\""));
   ck_assert_ptr_null(strstr(buf, "conv_"));
-  /* An ext of the first version (no DFlash 2 fields) cannot hold it. */
-  dflash_drafter_config_ext old = {.struct_size = offsetof(dflash_drafter_config_ext, dflash2),
-                                   .partial_rotary_factor = 1.0};
+  /* A caller's struct of an older header (no DFlash 2 fields) cannot hold it. */
+  dflash_drafter_config old;
+  dflash_drafter_config_init(&old, OLDER_THAN(dflash2));
   const char *t = DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, " DF2_KEYS "}}";
-  ck_assert_status(dflash_drafter_config_parse_ext(t, strlen(t), "t.json", &c, &old),
-                   DFLASH_E_UNSUPPORTED, "dflash_drafter_config_ext of this struct_size");
+  ck_assert_status(parse(t, &old), DFLASH_E_UNSUPPORTED,
+                   "t.json: \"architectures\" = [\"DFlash2DraftModel\"] does not fit in a "
+                   "dflash_drafter_config of struct_size");
 }
 END_TEST
 
@@ -472,20 +479,19 @@ START_TEST(dflash2_bad_sizes_refused) {
        "t.json: \"conv_kernel_size\" must be a 32-bit integer"},
   };
   char text[1024];
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     snprintf(text, sizeof text, DF2_HEAD "\"dflash_config\": {\"mask_token_id\": 1, %s}}",
              bad[i].keys);
-    ck_assert_status(parse2(text, &c, &e), DFLASH_E_CONFIG, bad[i].want);
+    ck_assert_status(parse(text, &c), DFLASH_E_CONFIG, bad[i].want);
   }
-  /* Sizes in an ext without dflash2 would be dropped: the writer refuses. */
+  /* Sizes without dflash2 would be dropped: the writer and validate refuse. */
   ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
-  dflash_drafter_config_ext_default(&e);
-  e.selector_rank = 8;
+  c.selector_rank = 8;
   size_t len = 0;
-  ck_assert_status(dflash_drafter_config_to_json_ext(&c, &e, NULL, 0, &len), DFLASH_E_CONFIG,
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_CONFIG,
                    "dflash2 is 0");
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "dflash2 is 0");
 }
 END_TEST
 
@@ -502,7 +508,7 @@ TCase *tc_config(void) {
   tcase_add_test(tc, unimplemented_keys_refused);
   tcase_add_test(tc, head_dim_defaults_as_qwen3config);
   tcase_add_test(tc, sliding_layers_need_use_sliding_window);
-  tcase_add_test(tc, partial_rotary_factor_in_ext);
+  tcase_add_test(tc, partial_rotary_factor_parsed_or_refused);
   tcase_add_test(tc, dflash2_config_parsed_and_written);
   tcase_add_test(tc, dflash2_bad_sizes_refused);
   return tc;

@@ -19,15 +19,14 @@
 
 enum { H = 32, V = 40, L = 2, K = 3, G = 8, R = 6, B = 4 };
 
-static void config(dflash_drafter_config *c, dflash_drafter_config_ext *e) {
+static void config(dflash_drafter_config *c) {
   dflash_drafter_config_default(c);
   c->hidden_size = H, c->intermediate_size = 48, c->num_hidden_layers = L;
   c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 8, c->vocab_size = V;
   c->num_target_layers = 8, c->block_size = B, c->mask_token_id = V - 1;
   c->n_target_layer_ids = 1, c->target_layer_ids[0] = 3;
-  dflash_drafter_config_ext_default(e);
-  e->dflash2 = 1, e->conv_kernel_size = K, e->conv_group_size = G;
-  e->selector_top_k = 5, e->selector_rank = R;
+  c->dflash2 = 1, c->conv_kernel_size = K, c->conv_group_size = G;
+  c->selector_top_k = 5, c->selector_rank = R;
 }
 
 static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
@@ -35,9 +34,8 @@ static float *zeros(size_t n) { return calloc(n, sizeof(float)); }
 /* lr != 0: constant learning rate |lr| (no warm-up), LM-head chunks of 16;
  * lr < 0 also the selector loss's inject mode. */
 static dflash_status make_lr(int backend, double lr, dflash_trainer **t) {
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  config(&c, &e);
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  config(&c);
   float *E = zeros((size_t)V * H), *Hd = zeros((size_t)V * H);
   for (size_t i = 0; i < (size_t)V * H; i++) {
     E[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
@@ -49,7 +47,7 @@ static dflash_status make_lr(int backend, double lr, dflash_trainer **t) {
   o.seed = 5;
   if (lr != 0) o.lr = fabs(lr), o.warmup_ratio = 0, o.vocab_chunk = 16;
   if (lr < 0) o.selector_loss_mode = DFLASH_SELECTOR_LOSS_INJECT;
-  dflash_status st = dflash_trainer_create_ext(&c, &e, E, Hd, &o, t);
+  dflash_status st = dflash_trainer_create(&c, E, Hd, &o, t);
   free(E), free(Hd);
   return st;
 }
@@ -137,9 +135,8 @@ END_TEST
 
 /* The selector loss's options: defaults, checked, and absent from an older struct. */
 START_TEST(selector_loss_options) {
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  config(&c, &e);
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  config(&c);
   float *E = zeros((size_t)V * H);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
@@ -147,15 +144,15 @@ START_TEST(selector_loss_options) {
   ck_assert_int_eq(o.selector_loss_mode, DFLASH_SELECTOR_LOSS_DROP);
   dflash_trainer *t = NULL;
   o.selector_loss_mode = 2;
-  ck_assert_status(dflash_trainer_create_ext(&c, &e, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
                    "selector_loss_mode");
   o.selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP, o.selector_loss_weight = -1;
-  ck_assert_status(dflash_trainer_create_ext(&c, &e, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
                    "selector_loss_weight");
   /* An older caller's struct (up to init_std) gets the defaults. */
   o.selector_loss_weight = 0;
   o.struct_size = offsetof(dflash_trainer_options, selector_loss_weight);
-  ck_assert_ok(dflash_trainer_create_ext(&c, &e, E, E, &o, &t));
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
   ck_assert_double_eq(t->m.sel_weight, 1.0);
   dflash_trainer_free(t);
   free(E);
@@ -228,13 +225,11 @@ START_TEST(checkpoint_round_trip) {
   ck_assert_mem_eq(back, bk, sizeof bk);
   free(back);
   char *cfg = df_path_join(ckpt, "config.json");
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  dflash_drafter_config_ext_default(&e);
-  ck_assert_ok(dflash_drafter_config_load_ext(cfg, &c, &e));
-  ck_assert_int_eq(e.dflash2, 1);
-  ck_assert_int_eq(e.conv_kernel_size, K);
-  ck_assert_int_eq(e.conv_group_size, G);
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(dflash_drafter_config_load(cfg, &c));
+  ck_assert_int_eq(c.dflash2, 1);
+  ck_assert_int_eq(c.conv_kernel_size, K);
+  ck_assert_int_eq(c.conv_group_size, G);
   free(cfg);
   dflash_trainer_free(a);
   dflash_trainer_free(b);
@@ -424,21 +419,22 @@ START_TEST(plan_counts_dflash2_tensors) {
     d1 += i < n1 ? numel : 0;
   }
   dflash_trainer_free(t);
-  dflash_drafter_config c;
-  dflash_drafter_config_ext e;
-  config(&c, &e);
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  config(&c);
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
   o.gpu_bytes = UINT64_MAX / 2;
   dflash_train_plan p = {.struct_size = sizeof p};
-  ck_assert_ok(dflash_train_plan_compute_ext(&c, &e, &o, &p));
+  ck_assert_ok(dflash_train_plan_compute(&c, &o, &p));
   ck_assert_uint_eq(p.n_params, total);
   ck_assert_uint_eq(total - d1, 2 * L * (2 * K * H + 2 * K * H / G * H) + 2 * V * R + R * H);
-  ck_assert_ok(dflash_train_plan_compute(&c, &o, &p));
+  dflash_drafter_config d1_cfg = c; /* the same drafter as DFlash 1 */
+  d1_cfg.dflash2 = d1_cfg.conv_kernel_size = d1_cfg.conv_group_size = 0;
+  d1_cfg.selector_top_k = d1_cfg.selector_rank = 0;
+  ck_assert_ok(dflash_train_plan_compute(&d1_cfg, &o, &p));
   ck_assert_uint_eq(p.n_params, d1);
-  e.conv_group_size = 5; /* does not divide H */
-  ck_assert_status(dflash_train_plan_compute_ext(&c, &e, &o, &p), DFLASH_E_CONFIG,
-                   "conv_group_size 5");
+  c.conv_group_size = 5; /* does not divide H */
+  ck_assert_status(dflash_train_plan_compute(&c, &o, &p), DFLASH_E_CONFIG, "conv_group_size 5");
 }
 END_TEST
 

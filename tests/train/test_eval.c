@@ -20,7 +20,7 @@ enum { S = 90, B = 4, V = 30 /* real tokens; 30 is the mask */, KH = 32 };
 static dflash_trainer *make(void) {
   static float E[31 * 16];
   for (int i = 0; i < 31 * 16; i++) E[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(CFG, strlen(CFG), "cfg", &cfg));
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
@@ -186,7 +186,7 @@ START_TEST(eval_rejects_hidden_of_another_width) {
   for (int i = 0; i < 2; i++) {
     char text[512];
     snprintf(text, sizeof text, fmt, layers[i]);
-    dflash_drafter_config cfg;
+    dflash_drafter_config cfg = {.struct_size = sizeof cfg};
     ck_assert_ok(dflash_drafter_config_parse(text, strlen(text), "cfg", &cfg));
     dflash_trainer *t;
     ck_assert_ok(dflash_trainer_create(&cfg, E, E, NULL, &t));

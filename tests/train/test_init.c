@@ -20,7 +20,7 @@ static void config(dflash_drafter_config *c) {
 }
 
 static dflash_trainer *make(int threads, uint64_t seed) {
-  dflash_drafter_config c;
+  dflash_drafter_config c = {.struct_size = sizeof c};
   config(&c);
   size_t vh = (size_t)c.vocab_size * c.hidden_size;
   float *E = calloc(vh, 4), *H = calloc(vh, 4);

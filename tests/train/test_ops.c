@@ -285,18 +285,16 @@ static double model_obj(void *v) {
 }
 /* The tiny model with partial_rotary_factor 0.5: RoPE on 2 of the 4 dims. */
 static void model_fd_case(double partial_rotary_factor) {
-  dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
-  dflash_drafter_config_ext_default(&ext);
-  ck_assert_ok(dflash_drafter_config_parse_ext(TINY, strlen(TINY), "tiny", &cfg, &ext));
-  ext.partial_rotary_factor = partial_rotary_factor;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
+  ck_assert_ok(dflash_drafter_config_parse(TINY, strlen(TINY), "tiny", &cfg));
+  cfg.partial_rotary_factor = partial_rotary_factor;
   float *E = rnd(23 * 16, 1), *W = rnd(23 * 16, 1);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.init_std = 0.3;
   o.n_threads = 2;
   model_t m = {.hid = rnd(20 * 32, 1), .anc = {0, 3, 9, 18}};
-  ck_assert_ok(dflash_trainer_create_ext(&cfg, &ext, E, W, &o, &m.t));
+  ck_assert_ok(dflash_trainer_create(&cfg, E, W, &o, &m.t));
   for (int i = 0; i < 20; i++) m.ids[i] = (i * 7) % 22, m.mask[i] = i != 5 && i != 11;
   for (size_t k = 0; k < dflash_trainer_param_count(m.t); k++) {
     int32_t nd;
@@ -322,7 +320,7 @@ END_TEST
  * a block's logits do not depend on the other blocks packed with it, and
  * position 0 is included. */
 START_TEST(logits_of_blocks) {
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(TINY, strlen(TINY), "tiny", &cfg));
   float *E = rnd(23 * 16, 1), *W = rnd(23 * 16, 1), *hid = rnd(20 * 32, 1);
   dflash_trainer_options o;
@@ -359,7 +357,7 @@ END_TEST
 
 /* Bad inputs: clear errors, no crash. */
 START_TEST(model_rejects_bad_inputs) {
-  dflash_drafter_config cfg;
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(TINY, strlen(TINY), "tiny", &cfg));
   float *E = rnd(23 * 16, 1), *hid = rnd(20 * 32, 1);
   dflash_trainer *t;

@@ -212,7 +212,6 @@ static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user)
 
 typedef struct cli_args {
   dflash_fetch_options o;
-  dflash_fetch_guards g;
   const char **servers;
   size_t n_servers;
   const char *input, *out_dir, *worker;
@@ -249,7 +248,6 @@ static int parse_family(const char *s, void *dst) {
 /* 0 parsed, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, cli_args *a) {
   if (dflash_fetch_options_default(&a->o)) return 2;
-  a->g = (dflash_fetch_guards){.struct_size = sizeof a->g};
   a->log_interval = 10;
   a->down_timeout = 600;
   a->servers = calloc((size_t)argc, sizeof *a->servers);
@@ -295,8 +293,8 @@ static int parse_args(int argc, char **argv, cli_args *a) {
                           {"--chunk-records", CLI_I64, &a->chunk_records, 0, big, NULL},
                           {"--chunk-seconds", CLI_REAL, &a->chunk_seconds, 0, big, NULL},
                           {"--down-timeout", CLI_REAL, &a->down_timeout, 0, big, NULL},
-                          {"--no-server-check", CLI_FLAG, &a->g.no_server_check, 0, 0, NULL},
-                          {"--skip-bad-servers", CLI_FLAG, &a->g.skip_bad_servers, 0, 0, NULL},
+                          {"--no-server-check", CLI_FLAG, &a->o.no_server_check, 0, 0, NULL},
+                          {"--skip-bad-servers", CLI_FLAG, &a->o.skip_bad_servers, 0, 0, NULL},
                           {"--allow-settings-change", CLI_FLAG, &a->allow_settings_change, 0, 0,
                            NULL},
                           {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
@@ -318,9 +316,12 @@ static int parse_args(int argc, char **argv, cli_args *a) {
   if (a->insecure) o->verify_tls = 0;
   o->servers = a->servers;
   o->n_servers = a->n_servers;
-  a->g.down_timeout_s = a->down_timeout > 0 ? a->down_timeout : -1; /* 0: wait forever */
-  a->g.settings_change = a->allow_settings_change ? DFLASH_FETCH_SETTINGS_ALLOW
-                                                  : DFLASH_FETCH_SETTINGS_REFUSE;
+  o->down_timeout_s = a->down_timeout > 0 ? a->down_timeout : -1; /* 0: wait forever */
+  o->settings_change = a->allow_settings_change ? DFLASH_FETCH_SETTINGS_ALLOW
+                                                : DFLASH_FETCH_SETTINGS_REFUSE;
+  o->chunk_worker = a->worker;
+  o->chunk_max_records = (uint64_t)a->chunk_records;
+  o->chunk_max_seconds = a->chunk_seconds;
   return 0;
 }
 
@@ -382,13 +383,6 @@ static int run(cli_args *a) {
   dflash_fetch *f;
   dflash_status st = dflash_fetch_create(&a->o, a->input, a->out_dir, &f);
   if (st) return cli_fail("fetch", st);
-  st = dflash_fetch_set_chunking(f, a->worker, (uint64_t)a->chunk_records, a->chunk_seconds);
-  if (!st) st = dflash_fetch_set_guards(f, &a->g);
-  if (st) {
-    int rc = cli_fail("fetch", st);
-    dflash_fetch_free(f);
-    return rc;
-  }
   dflash_fetch_stats s = {.struct_size = sizeof s};
   if ((st = dflash_fetch_get_stats(f, &s))) {
     int rc = cli_fail("fetch", st);

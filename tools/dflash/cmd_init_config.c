@@ -198,12 +198,10 @@ int cmd_init_config(int argc, char **argv) {
   char *text = t ? drafter_json(t, &a) : NULL;
   json_decref(root);
   if (!text) return 1;
-  dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
-  dflash_drafter_config_ext_default(&ext);
-  dflash_status st = dflash_drafter_config_parse_ext(text, strlen(text), a.target, &cfg, &ext);
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
+  dflash_status st = dflash_drafter_config_parse(text, strlen(text), a.target, &cfg);
   free(text);
-  if (!st) st = dflash_drafter_config_save_ext(&cfg, &ext, a.out);
+  if (!st) st = dflash_drafter_config_save(&cfg, a.out);
   if (st) return cli_fail("init-config", st);
   fprintf(stderr, "dflash init-config: %s: %d layers over target layers", a.out,
           cfg.num_hidden_layers);
@@ -211,9 +209,9 @@ int cmd_init_config(int argc, char **argv) {
     fprintf(stderr, "%s%d", i ? ", " : " ", cfg.target_layer_ids[i]);
   fprintf(stderr, " of %d, block %d, mask token %d", cfg.num_target_layers, cfg.block_size,
           cfg.mask_token_id);
-  if (ext.dflash2)
+  if (cfg.dflash2)
     fprintf(stderr, "; DFlash 2: conv kernel %d, group %d, selector top-%d, rank %d",
-            ext.conv_kernel_size, ext.conv_group_size, ext.selector_top_k, ext.selector_rank);
+            cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_top_k, cfg.selector_rank);
   fputc('\n', stderr);
   return 0;
 }

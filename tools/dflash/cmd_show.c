@@ -225,25 +225,9 @@ int cli_dataset_summary(const char *dir) {
 
 /* ---- `dflash inspect HIDDEN` ----------------------------------------------------------- */
 
-/* vLLM's hidden-state files: hs_<digits>.safetensors (what dflash_hidden_open reads too). */
-static bool is_vllm_file(const char *name) {
-  size_t n = strlen(name);
-  if (n <= 3 + 12 || strncmp(name, "hs_", 3) || strcmp(name + n - 12, ".safetensors")) return false;
-  for (size_t i = 3; i < n - 12; i++)
-    if (name[i] < '0' || name[i] > '9') return false;
-  return true;
-}
-
 /* A libdflash store (its index), or a folder of vLLM's hs_*.safetensors files. */
 int cli_is_hidden_store(const char *path) {
-  char p[4096];
-  snprintf(p, sizeof p, "%s/hidden.safetensors.index.json", path);
-  if (access(p, R_OK) == 0) return 1;
-  DIR *d = opendir(path);
-  bool found = false;
-  for (struct dirent *e; d && !found && (e = readdir(d));) found = is_vllm_file(e->d_name);
-  if (d) closedir(d);
-  return found;
+  return dflash_hidden_layout_of(path) != DFLASH_HIDDEN_LAYOUT_NONE;
 }
 
 int cli_hidden_summary(const char *dir) {

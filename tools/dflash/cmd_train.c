@@ -169,13 +169,11 @@ static int cmd_plan(int argc, char **argv) {
   if (no_zero1) po.zero1 = 0;
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (!config) return cli_missing("train --plan", "--config");
-  dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext; /* DFlash 2 and partial rotary configs plan too */
-  dflash_drafter_config_ext_default(&ext);
-  dflash_status st = dflash_drafter_config_load_ext(config, &cfg, &ext);
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
+  dflash_status st = dflash_drafter_config_load(config, &cfg);
   if (st) return cli_fail("train --plan", st);
   dflash_train_plan p = {.struct_size = sizeof p};
-  st = dflash_train_plan_compute_ext(&cfg, &ext, &po, &p);
+  st = dflash_train_plan_compute(&cfg, &po, &p);
   if (st && st != DFLASH_E_NOMEM) return cli_fail("train --plan", st);
   printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
          "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
@@ -466,10 +464,8 @@ int cmd_eval(int argc, char **argv) {
   if (!g_allow_tok && cli_tokenizer_matches("eval", data, target, false)) return 1;
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", ckpt);
-  dflash_drafter_config cfg;
-  dflash_drafter_config_ext ext;
-  dflash_drafter_config_ext_default(&ext);
-  dflash_status st = dflash_drafter_config_load_ext(path, &cfg, &ext);
+  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
+  dflash_status st = dflash_drafter_config_load(path, &cfg);
   if (st) return cli_fail("eval", st);
   size_t vh = (size_t)cfg.vocab_size * (size_t)cfg.hidden_size;
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
@@ -488,7 +484,7 @@ int cmd_eval(int argc, char **argv) {
   w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
   if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create_ext(&cfg, &ext, e, h, &topt, &t);
+  if (!st) st = dflash_trainer_create(&cfg, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
   if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);

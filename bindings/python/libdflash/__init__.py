@@ -80,13 +80,14 @@ from .chat_tools import tools_typescript
 from .dataset import Dataset, DatasetWriter, build_dataset
 from .fetch import fetch, Fetcher
 from .storage import Storage, is_remote
-from .hidden import HiddenWriter, HiddenStore, SampleStream, Spool
+from .hidden import HiddenWriter, HiddenStore, SampleStream, Spool, hidden_layout, is_vllm_hidden_file
 from .train import Trainer, train_run
 
 __all__ = ["Error", "version", "status_name", "cuda_device_count",
            "SafeTensors", "write_safetensors", "write_index", "DTYPES",
            "Tokenizer", "ChatTemplate", "Dataset", "fetch", "Storage", "is_remote",
            "HiddenWriter", "HiddenStore", "SampleStream", "Spool", "Trainer",
+           "hidden_layout", "is_vllm_hidden_file",
            "last_error", "clear_error", "set_log_callback", "log_to_python", "Progress",
            "DatasetWriter", "build_dataset", "Conversation", "Fetcher", "train_run", "tools_typescript", "__version__"]
 __all__ += [cls.__name__ for cls in ERROR_CLASSES]

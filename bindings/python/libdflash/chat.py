@@ -17,7 +17,7 @@ class _Options(ctypes.Structure):
 
 
 class _Span(ctypes.Structure):
-    _fields_ = [("begin", ctypes.c_size_t), ("end", ctypes.c_size_t), ("kind", ctypes.c_int32),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("begin", ctypes.c_size_t), ("end", ctypes.c_size_t), ("kind", ctypes.c_int32),
                 ("message", ctypes.c_int32), ("generated", ctypes.c_int32)]
 
 
@@ -159,7 +159,7 @@ class Rendered(Handle):
         self.text = self.data.decode("utf-8")
         self.last_assistant = lib.dflash_chat_rendered_last_assistant(handle)
         self.spans = []
-        s = _Span()
+        s = _Span(struct_size=ctypes.sizeof(_Span))
         for i in range(lib.dflash_chat_rendered_span_count(handle)):
             _span(handle, i, ctypes.byref(s))
             self.spans.append({"begin": s.begin, "end": s.end, "kind": SPAN_KINDS[s.kind],

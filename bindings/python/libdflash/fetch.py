@@ -58,6 +58,11 @@ class _Options(ctypes.Structure):
         ("max_concurrency", ctypes.c_int32),
         ("server_state", ctypes.c_int32),
         ("state_interval_s", ctypes.c_double),
+        # the guards and the chunking of s3:// outputs
+        ("no_server_check", ctypes.c_int32), ("skip_bad_servers", ctypes.c_int32),
+        ("down_timeout_s", ctypes.c_double), ("settings_change", ctypes.c_int32),
+        ("chunk_worker", ctypes.c_char_p), ("chunk_max_records", ctypes.c_uint64),
+        ("chunk_max_seconds", ctypes.c_double),
     ]
 
 
@@ -98,16 +103,7 @@ _run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])
 _summary = bind("dflash_fetch_summary", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)])
 _free = bind("dflash_fetch_free", [ctypes.c_void_p], None)
-class _Guards(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("no_server_check", ctypes.c_int32),
-                ("skip_bad_servers", ctypes.c_int32), ("down_timeout_s", ctypes.c_double),
-                ("settings_change", ctypes.c_int32)]
-
-
 _SETTINGS_CHANGE = {"warn": 0, "refuse": 1, "allow": 2}
-_set_guards = bind("dflash_fetch_set_guards", [ctypes.c_void_p, ctypes.POINTER(_Guards)])
-_chunking = bind("dflash_fetch_set_chunking", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
-                                               ctypes.c_double])
 _stop = bind("dflash_fetch_stop", [ctypes.c_void_p], None)
 _get_stats = bind("dflash_fetch_get_stats", [ctypes.c_void_p, ctypes.POINTER(Stats)])
 _server_count = bind("dflash_fetch_server_count", [ctypes.c_void_p], ctypes.c_size_t)
@@ -125,11 +121,12 @@ _SIMPLE = {
     "fail_threshold": "fail_threshold", "probe_interval": "probe_interval_s",
     "max_response_bytes": "max_response_bytes", "drain_grace": "drain_grace_s",
     "progress_interval": "progress_interval_s", "max_concurrency": "max_concurrency",
-    "state_interval": "state_interval_s",
+    "state_interval": "state_interval_s", "down_timeout": "down_timeout_s",
+    "chunk_records": "chunk_max_records", "chunk_seconds": "chunk_max_seconds",
 }
 _FLAGS = {"thinking": "thinking", "stream": "stream", "retry_errors": "retry_errors",
           "verify_tls": "verify_tls", "all_turns": "all_turns", "send_rid": "send_rid",
-          "server_state": "server_state"}
+          "server_state": "server_state", "skip_bad_servers": "skip_bad_servers"}
 _UNSET_IF_NONE = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
                   "seed": "seed"}
 
@@ -161,6 +158,12 @@ def _options(servers, model, family, kw, keep):
             setattr(o, key, cstr(value))
         elif key == "shard":
             o.shard_index, o.shard_count = value
+        elif key == "server_check":
+            o.no_server_check = 0 if value else 1
+        elif key == "settings_change":
+            o.settings_change = _SETTINGS_CHANGE[value]
+        elif key == "worker":
+            o.chunk_worker = cstr(value)
         else:
             raise TypeError(f"fetch() got an unexpected keyword argument {key!r}")
     return o
@@ -200,23 +203,6 @@ class Fetcher(Handle):
         if not self._h:
             raise ValueError("Fetcher is closed")
         return self._h
-
-    def set_chunking(self, worker=None, max_records=0, max_seconds=0.0):
-        """Chunking of s3:// outputs (worker name, records and seconds per chunk;
-        None/0 keep the defaults); call before run(). No effect on local outputs."""
-        _chunking(self._fetcher(), cstr(worker), int(max_records), float(max_seconds))
-
-    def set_guards(self, server_check=True, skip_bad_servers=False, down_timeout=0.0,
-                   settings_change="warn"):
-        """What protects a long run; call before run(). server_check: GET /models on every
-        server first (unreachable, auth refused or the model not served: an Error naming the
-        server); skip_bad_servers: go on with the servers that pass; down_timeout: seconds all
-        servers may stay down before the run stops (0: 600, < 0: never); settings_change:
-        "warn", "refuse" or "allow" a resume whose request settings differ from
-        OUTDIR/settings.json."""
-        g = _Guards(ctypes.sizeof(_Guards), 0 if server_check else 1, 1 if skip_bad_servers else 0,
-                    float(down_timeout), _SETTINGS_CHANGE[settings_change])
-        _set_guards(self._fetcher(), ctypes.byref(g))
 
     def run(self, progress=None):
         """Fetch every prompt. progress: optional callable(stats: dict) -> bool,
@@ -281,7 +267,10 @@ def fetch(input, out_dir, servers, model, family="none", progress=None, **option
     top_k, min_p, seed, stop, extra (a dict), stream, api_key_env, api_key_file,
     concurrency (0, the default: each server's own, found by a controller capped at
     max_concurrency; N: exactly N per server), server_state, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
-    fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes, ...).
+    fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes; the guards
+    server_check (True), skip_bad_servers, down_timeout (0: 600 s; < 0: never),
+    settings_change ("warn", "refuse", "allow"); s3:// chunks: worker, chunk_records,
+    chunk_seconds, ...).
     Returns the summary dict; summary["stopped"] is True when the run was stopped.
     Fetcher gives the same job step by step.
     """

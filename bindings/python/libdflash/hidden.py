@@ -30,6 +30,7 @@ per request. The rows must align with the dataset's input_ids (same tokens,
 same length); the stream reports every sample whose lengths differ.
 """
 import ctypes
+import os
 
 import numpy as np
 
@@ -131,6 +132,8 @@ _h_read = bind("dflash_hidden_read", [_P, ctypes.c_char_p, ctypes.c_void_p, ctyp
 _h_has_t = bind("dflash_hidden_has_target_ids", [_P], ctypes.c_int, status=False)
 _h_read_t = bind("dflash_hidden_read_target_ids", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                    ctypes.c_int64], errors=KEY)
+_layout_of = bind("dflash_hidden_layout_of", [ctypes.c_char_p], ctypes.c_int, status=False)
+_is_vllm_file = bind("dflash_hidden_is_vllm_file", [ctypes.c_char_p], ctypes.c_int, status=False)
 _h_read_final = bind("dflash_hidden_read_final", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                   ctypes.c_int64], errors=KEY)
 _h_stats = bind("dflash_hidden_stats", [_P, ctypes.POINTER(ctypes.c_double),
@@ -327,7 +330,7 @@ class Spool(Handle):
 
     def next(self):
         """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch."""
-        smp, end = SpoolSample(), ctypes.c_int()
+        smp, end = SpoolSample(struct_size=ctypes.sizeof(SpoolSample)), ctypes.c_int()
         _sp_next(self._handle(), ctypes.byref(smp), ctypes.byref(end))
         if end.value:
             return None
@@ -450,7 +453,7 @@ class SampleStream(Handle):
                                      dtype=np.uint64)
         _s_start(self._handle(), order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
                  order.size)
-        s, done = TrainSample(), ctypes.c_int()
+        s, done = TrainSample(struct_size=ctypes.sizeof(TrainSample)), ctypes.c_int()
         while True:
             h = self._handle()
             _s_next(h, ctypes.byref(s), ctypes.byref(done))
@@ -483,3 +486,14 @@ def write_dataset(directory, samples, **options):
     with DatasetWriter(directory, **options) as w:
         for sid, ids, mask in samples:
             w.add(sid, ids, mask)
+
+
+def hidden_layout(path):
+    """What the local folder `path` holds: "store" (a libdflash store), "vllm" (vLLM's
+    hs_<digits>.safetensors files) or None."""
+    return {0: None, 1: "store", 2: "vllm"}[_layout_of(os.fsencode(os.fspath(path)))]
+
+
+def is_vllm_hidden_file(name):
+    """Whether a file name is one of vLLM's hidden-state files, hs_<digits>.safetensors."""
+    return bool(_is_vllm_file(os.fsencode(os.fspath(name))))

@@ -38,7 +38,17 @@ class DrafterConfig(ctypes.Structure):
         ("layer_types", ctypes.c_int32 * MAX_LAYERS),
         ("sliding_window", ctypes.c_int32), ("attention_bias", ctypes.c_int32),
         ("tie_word_embeddings", ctypes.c_int32),
+        # partial RoPE and DFlash 2 (drafter.h)
+        ("partial_rotary_factor", ctypes.c_double),
+        ("dflash2", ctypes.c_int32), ("conv_kernel_size", ctypes.c_int32),
+        ("conv_group_size", ctypes.c_int32), ("selector_top_k", ctypes.c_int32),
+        ("selector_rank", ctypes.c_int32),
     ]
+
+    def __init__(self, *args, **kw):
+        # A versioned struct (the one rule): parse and load write up to its struct_size.
+        kw.setdefault("struct_size", ctypes.sizeof(DrafterConfig))
+        super().__init__(*args, **kw)
 
 
 class TrainerOptions(ctypes.Structure):
@@ -200,7 +210,7 @@ class Trainer(Handle):
     _free = "dflash_trainer_free"
 
     def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
-        self.config, self.config_ext = parse_config_ext(config)
+        self.config = parse_config(config)
         opts = TrainerOptions()
         _opts_default(ctypes.byref(opts), ctypes.sizeof(opts))
         opts.backend = {"cpu": 0, "cuda": 1}[backend]
@@ -216,9 +226,8 @@ class Trainer(Handle):
             if a.shape != (V, H):
                 raise ValueError(f"{name} has shape {a.shape}, the config needs {(V, H)}")
         self._h = _P()
-        _create_ext(ctypes.byref(self.config), ctypes.byref(self.config_ext),
-                    _ptr(embed, ctypes.c_float), _ptr(lm_head, ctypes.c_float),
-                    ctypes.byref(opts), ctypes.byref(self._h))
+        _create(ctypes.byref(self.config), _ptr(embed, ctypes.c_float),
+                _ptr(lm_head, ctypes.c_float), ctypes.byref(opts), ctypes.byref(self._h))
         self._info = []
         for i in range(_pcount(self._h)):
             name, ndim = ctypes.c_char_p(), ctypes.c_int32()
@@ -399,8 +408,8 @@ class Trainer(Handle):
         _propose_init(ctypes.byref(o), ctypes.sizeof(o))
         o.temperature, o.seed = float(temperature), int(seed)
         o.argmax = _ptr(out["argmax"], ctypes.c_int32)
-        if self.config_ext.dflash2:
-            K = self.config_ext.selector_top_k
+        if self.config.dflash2:
+            K = self.config.selector_top_k
             out["candidates"] = np.zeros((anc.size, n, K), np.int32)
             o.candidates = _ptr(out["candidates"], ctypes.c_int32)
             if temperature > 0:
@@ -438,8 +447,8 @@ class Trainer(Handle):
         embedding and LM head from `target` (see load_target_head), then the
         checkpoint's weights. kwargs as for Trainer (backend, seed, options)."""
         folder = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
-        cfg = load_config_ext(os.path.join(os.fspath(folder), "config.json"))
-        embed, lm_head = load_target_head(target, cfg[0].vocab_size, cfg[0].hidden_size,
+        cfg = load_config(os.path.join(os.fspath(folder), "config.json"))
+        embed, lm_head = load_target_head(target, cfg.vocab_size, cfg.hidden_size,
                                           embed_name, lm_head_name)
         t = cls(cfg, embed, lm_head, **kwargs)
         try:
@@ -498,10 +507,8 @@ def load_config(path):
 
 
 def save_config(config, path):
-    """Write a config (dict, JSON text, path, DrafterConfig or a (DrafterConfig,
-    DrafterConfigExt) pair) as config.json, atomically."""
-    cfg, ext = parse_config_ext(config)
-    _cfg_save_ext(ctypes.byref(cfg), ctypes.byref(ext), cstr(path))
+    """Write a config (dict, JSON text, path or DrafterConfig) as config.json, atomically."""
+    _cfg_save(ctypes.byref(parse_config(config)), cstr(path))
 
 
 def validate_config(cfg):
@@ -673,10 +680,6 @@ _plan_defaults = bind("dflash_train_plan_options_init",
 _plan = bind("dflash_train_plan_compute", [ctypes.POINTER(DrafterConfig),
                                            ctypes.POINTER(TrainPlanOptions),
                                            ctypes.POINTER(TrainPlan)])
-_plan_ext = bind("dflash_train_plan_compute_ext", [ctypes.POINTER(DrafterConfig),
-                                                   ctypes.c_void_p,
-                                                   ctypes.POINTER(TrainPlanOptions),
-                                                   ctypes.POINTER(TrainPlan)])
 
 
 def train_plan(config, **options):
@@ -695,9 +698,7 @@ def train_plan(config, **options):
     plan = TrainPlan(struct_size=ctypes.sizeof(TrainPlan))
     out = {}
     try:
-        cfg, ext = parse_config_ext(config)  # DFlash 2's tensors are counted too
-        _plan_ext(ctypes.byref(cfg), ctypes.cast(ctypes.byref(ext), ctypes.c_void_p),
-                  ctypes.byref(o), ctypes.byref(plan))
+        _plan(ctypes.byref(parse_config(config)), ctypes.byref(o), ctypes.byref(plan))
     except Error as e:
         if e.status != "DFLASH_E_NOMEM":
             raise
@@ -788,74 +789,11 @@ Trainer.walk = walk
 Trainer.eval_walk = eval_walk
 
 
-# ---- config.json keys beyond DrafterConfig; block logits --------------------------
+# ---- block logits --------------------------
 
 
-class DrafterConfigExt(ctypes.Structure):
-    """Mirror of `dflash_drafter_config_ext`: config.json keys DrafterConfig has no
-    field for (partial_rotary_factor; DFlash 2's flag and sizes)."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("partial_rotary_factor", ctypes.c_double),
-                ("dflash2", ctypes.c_int32), ("conv_kernel_size", ctypes.c_int32),
-                ("conv_group_size", ctypes.c_int32), ("selector_top_k", ctypes.c_int32),
-                ("selector_rank", ctypes.c_int32)]
-
-
-_ext_default = bind("dflash_drafter_config_ext_init", [ctypes.POINTER(DrafterConfigExt),
-                                                      ctypes.c_size_t], None)
-_cfg_parse_ext = bind("dflash_drafter_config_parse_ext",
-                      [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
-                       ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt)])
-_cfg_json_ext = bind("dflash_drafter_config_to_json_ext",
-                     [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
-                      ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)])
-_cfg_save_ext = bind("dflash_drafter_config_save_ext",
-                     [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt),
-                      ctypes.c_char_p])
-_create_ext = bind("dflash_trainer_create_ext",
-                   [ctypes.POINTER(DrafterConfig), ctypes.POINTER(DrafterConfigExt), _F, _F,
-                    ctypes.POINTER(TrainerOptions), ctypes.POINTER(_P)])
-_cfg_load_ext = bind("dflash_drafter_config_load_ext",
-                     [ctypes.c_char_p, ctypes.POINTER(DrafterConfig),
-                      ctypes.POINTER(DrafterConfigExt)], errors=files(0))
 _logits = bind("dflash_trainer_logits",
                [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _F])
-
-
-def parse_config_ext(config):
-    """Like parse_config, with the keys DrafterConfig cannot hold: returns
-    (DrafterConfig, DrafterConfigExt). Also takes such a pair, or a DrafterConfig
-    (default extension)."""
-    if isinstance(config, tuple) and len(config) == 2:
-        return config
-    ext = DrafterConfigExt()
-    _ext_default(ctypes.byref(ext), ctypes.sizeof(ext))
-    if isinstance(config, DrafterConfig):
-        return config, ext
-    text, what = _config_text(config)
-    cfg = DrafterConfig()
-    _cfg_parse_ext(text, len(text), what, ctypes.byref(cfg), ctypes.byref(ext))
-    return cfg, ext
-
-
-def load_config_ext(path):
-    """Read and validate a drafter config.json (a path or s3:// URL) ->
-    (DrafterConfig, DrafterConfigExt)."""
-    cfg, ext = DrafterConfig(), DrafterConfigExt()
-    _ext_default(ctypes.byref(ext), ctypes.sizeof(ext))
-    _cfg_load_ext(cstr(path), ctypes.byref(cfg), ctypes.byref(ext))
-    return cfg, ext
-
-
-def config_to_dict_ext(cfg, ext):
-    """(DrafterConfig, DrafterConfigExt) -> the config.json dict the library writes."""
-    n = ctypes.c_size_t(0)
-    try:
-        _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), None, 0, ctypes.byref(n))
-    except Exception:  # DFLASH_E_BUFFER reports the size
-        pass
-    buf = ctypes.create_string_buffer(n.value)
-    _cfg_json_ext(ctypes.byref(cfg), ctypes.byref(ext), buf, n.value, ctypes.byref(n))
-    return json.loads(buf.value.decode())
 
 
 def logits(trainer, input_ids, hidden, anchors):

@@ -31,16 +31,11 @@ def header_dir():
 
 
 def public_functions(folder):
-    """Names declared DFLASH_API in the headers (comments stripped: they mention names).
-    A name declared in parentheses, `T (dflash_x_default)(...)`, is the compatibility
-    function beside the function-like macro of that name, for programs built before its
-    `_init` replacement; the package binds the `_init` function instead."""
+    """Names declared DFLASH_API in the headers (comments stripped: they mention names)."""
     names = set()
     for header in sorted(folder.glob("*.h")):
         text = re.sub(r"/\*.*?\*/", " ", header.read_text(), flags=re.S)
         for m in re.finditer(r"\bDFLASH_API\b([^;{]*)", text):
-            if re.search(r"\((dflash_\w+)\)\s*\(", m.group(1)):
-                continue
             f = re.search(r"\b(dflash_\w+)\s*\(", m.group(1))
             if f:
                 names.add(f.group(1))

@@ -141,17 +141,14 @@ def test_fetcher_stop_from_another_thread(server, tmp_path):
     assert done == stats["completed"]
 
 
-def test_fetcher_chunking_is_checked_and_set_before_run(server, tmp_path):
+def test_fetcher_chunking_is_checked(server, tmp_path):
     write_prompts(tmp_path / "in.jsonl", 2)
-    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake") as fetcher:
-        with pytest.raises(libdflash.Error) as e:
-            fetcher.set_chunking(worker="a/b")
-        assert e.value.status == "DFLASH_E_CONFIG" and "a/b" in e.value.message
-        fetcher.set_chunking(worker="w1", max_records=1, max_seconds=5)  # local out: no effect
+    with pytest.raises(libdflash.Error) as e:
+        libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake", worker="a/b")
+    assert e.value.status == "DFLASH_E_CONFIG" and "a/b" in e.value.message
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", server, "fake", worker="w1",
+                           chunk_records=1, chunk_seconds=5) as fetcher:  # local out: no effect
         fetcher.run()
-        with pytest.raises(libdflash.Error) as e:
-            fetcher.set_chunking(worker="w2")
-        assert e.value.status == "DFLASH_E_STATE"
     assert len((tmp_path / "out" / "completions.jsonl").read_text().splitlines()) == 2
     with pytest.raises(ValueError):
         fetcher.stats()  # closed
@@ -168,8 +165,8 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
             monkeypatch.setenv(k, v)
         write_prompts(tmp_path / "in.jsonl", 5)
         out = f"s3://{env.bucket}/chunked/"
-        with libdflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4) as f:
-            f.set_chunking(worker="w1", max_records=2, max_seconds=600)
+        with libdflash.Fetcher(tmp_path / "in.jsonl", out, server, "fake", max_tokens=4,
+                               worker="w1", chunk_records=2, chunk_seconds=600) as f:
             assert f.run()
         objects = libdflash.Storage().list(out + "completions/")
         names = [loc[len(out) + len("completions/"):] for loc, _ in objects]
@@ -185,23 +182,18 @@ def test_fetcher_chunking_names_and_sizes_s3_chunks(server, tmp_path, monkeypatc
 
 def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
     """With the start-up check, a model the servers do not serve is named before anything
-    is sent; a dead server is a server restarting (kept down, probed), not a refusal;
-    guards can only be set before run()."""
+    is sent; a dead server is a server restarting (kept down, probed), not a refusal."""
     write_prompts(tmp_path / "in.jsonl", 2)
     dead = "http://127.0.0.1:9/v1"
     with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server, dead], "nope",
                         connect_timeout=2) as fetcher:
-        fetcher.set_guards()
         with pytest.raises(libdflash.Error) as e:
             fetcher.run()
         assert 'does not serve model "nope"' in e.value.message, e.value.message
     assert not (tmp_path / "out" / "completions.jsonl").exists() or \
         not (tmp_path / "out" / "completions.jsonl").read_text()
     with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out2", [server, dead], "fake",
-                        connect_timeout=2) as fetcher:
-        fetcher.set_guards(skip_bad_servers=True, settings_change="refuse")
+                           connect_timeout=2, skip_bad_servers=True,
+                           settings_change="refuse") as fetcher:
         fetcher.run()
-        with pytest.raises(libdflash.Error) as e:
-            fetcher.set_guards()
-        assert e.value.status == "DFLASH_E_STATE"
     assert len((tmp_path / "out2" / "completions.jsonl").read_text().splitlines()) == 2

@@ -145,3 +145,18 @@ def test_stats_and_zero_layer_refused(tmp_path):
         for k in range(K):
             assert f"layer {k}: rms {st['rms'][k]:.6g}, all-zero rows {st['zero_rows'][k]}" in out
         assert "never captured" not in out  # no layer is zero in every sample
+
+
+def test_layout_and_file_names(tmp_path):
+    """The library's one test of vLLM's hs_<digits>.safetensors names, and of a folder."""
+    assert libdflash.is_vllm_hidden_file("hs_12.safetensors")
+    assert not libdflash.is_vllm_hidden_file("hs_1x.safetensors")
+    assert not libdflash.is_vllm_hidden_file("hs_.safetensors")
+    assert libdflash.hidden_layout(tmp_path) is None
+    (tmp_path / "hs_3.safetensors").write_bytes(b"x")
+    assert libdflash.hidden_layout(tmp_path) == "vllm"
+    store = tmp_path / "store"
+    w = libdflash.HiddenWriter(store, num_layers=1, hidden_size=4)
+    w.append("s0", np.ones((2, 4), dtype=np.float32))
+    w.close()
+    assert libdflash.hidden_layout(store) == "store"

@@ -1,5 +1,5 @@
 """Drafter configs the reference loaders read differently are refused (issue 14);
-partial_rotary_factor travels in DrafterConfigExt; Trainer.logits."""
+partial_rotary_factor is a DrafterConfig field; Trainer.logits."""
 import json
 
 import numpy as np
@@ -44,18 +44,15 @@ def test_partial_rotary_factor_round_trip(tmp_path):
     rng = np.random.default_rng(2)
     e, h = heads(rng)
     cfg = dict(CFG, partial_rotary_factor=0.5)
-    # DrafterConfig has no field for it: the plain parser refuses it.
-    with pytest.raises(libdflash.Error, match="partial_rotary_factor") as err:
-        train.parse_config(cfg)
-    assert err.value.status == "DFLASH_E_UNSUPPORTED"
-    c, ext = train.parse_config_ext(cfg)
-    assert ext.partial_rotary_factor == 0.5
-    assert train.config_to_dict_ext(c, ext)["partial_rotary_factor"] == 0.5
+    c = train.parse_config(cfg)
+    assert c.partial_rotary_factor == 0.5
+    assert train.config_to_dict(c)["partial_rotary_factor"] == 0.5
+    assert train.parse_config(CFG).partial_rotary_factor == 1.0
     ids = rng.integers(0, 28, 16).astype(np.int32)
     hid = rng.standard_normal((16, 32)).astype(np.float32)
     with libdflash.Trainer(cfg, e, h, seed=3, init_std=0.3) as tr, \
             libdflash.Trainer(CFG, e, h, seed=3, init_std=0.3) as full:
-        assert tr.config_ext.partial_rotary_factor == 0.5
+        assert tr.config.partial_rotary_factor == 0.5
         # Same weights, different rotation: different logits.
         assert not np.allclose(tr.logits(ids, hid, [9]), full.logits(ids, hid, [9]))
         tr.save(tmp_path / "drafter")
@@ -66,16 +63,17 @@ def test_partial_rotary_factor_round_trip(tmp_path):
               str(tmp_path / "target.safetensors"))
     with train.Trainer.from_checkpoint(str(tmp_path / "drafter"),
                                        str(tmp_path / "target.safetensors")) as back:
-        assert back.config_ext.partial_rotary_factor == 0.5
+        assert back.config.partial_rotary_factor == 0.5
         np.testing.assert_array_equal(back.logits(ids, hid, [0, 9, 15]), want)
     # save_config keeps it too.
     train.save_config(cfg, str(tmp_path / "c.json"))
     assert json.loads((tmp_path / "c.json").read_text())["partial_rotary_factor"] == 0.5
-    assert train.load_config_ext(str(tmp_path / "c.json"))[1].partial_rotary_factor == 0.5
+    assert train.load_config(str(tmp_path / "c.json")).partial_rotary_factor == 0.5
 
 
 @pytest.mark.parametrize("change, status, needle", [
-    ({"architectures": ["DFlash2DraftModel"]}, "DFLASH_E_UNSUPPORTED", '"architectures"'),
+    ({"architectures": ["DFlash2DraftModel"]}, "DFLASH_E_CONFIG",
+     'a DFlash2DraftModel needs "conv_kernel_size"'),
     ({"output_multiplier": 2.0}, "DFLASH_E_UNSUPPORTED", '"output_multiplier" = 2.0'),
     ({"dflash_config": dict(CFG["dflash_config"], selector_rank=16)}, "DFLASH_E_UNSUPPORTED",
      "dflash_config.\"selector_rank\""),
