@@ -386,6 +386,14 @@ int main(void) {
     return 1;
   }
   run_config(&c, &ext, "yarn/sliding", seed + 100);
+  /* Kimi K2.6's drafter heads (issue 26): 64 query / 8 kv heads of 128 at block 16, 128 rows
+   * per attention CTA, on tensor cores on every emulated arch (sm_120: 99 KB per block). */
+  dflash_drafter_config kimi = c;
+  kimi.num_attention_heads = 64, kimi.num_key_value_heads = 8;
+  int len0 = g_len, anchors0 = g_anchors;
+  g_len = 100, g_anchors = 6; /* 16 times the heads: a shorter sequence keeps it seconds */
+  run_config(&kimi, &ext, "kimi heads 64/8 x 128", seed + 130);
+  g_len = len0, g_anchors = anchors0;
   /* DFlash 2 (issue 18): the convolutions around every sublayer, the selector's loss and
    * greedy path; drop mode with the second config's sliding layer... */
   ext.dflash2 = 1, ext.conv_kernel_size = 3, ext.conv_group_size = 8;

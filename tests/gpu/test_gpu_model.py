@@ -97,14 +97,14 @@ def test_flops(tmp):
         c = gm.load_config(name)
         s = gm.Seq(c, seq, A)
         ind = independent_flops(c, s)
-        for design in ("wmma", "scalar"):
+        for design in ("mma", "scalar"):
             r = gm.model(c, "H200", seq, A, 1, 1, 16384, design)
             check(close(r["model_flops"], ind), f"{os.path.basename(name)} {design}: model FLOPs "
                   f"{r['model_flops']:.6e} == independent count {ind:.6e}")
             check(r["exec_flops"] >= r["model_flops"] * 0.999,
                   f"{os.path.basename(name)} {design}: executed FLOPs >= model FLOPs")
         # batch scales the per-sequence work, world only the optimizer and collectives
-        r2 = gm.model(c, "H200", seq, A, 3, 1, 16384, "wmma")
+        r2 = gm.model(c, "H200", seq, A, 3, 1, 16384, "mma")
         check(close(r2["model_flops"], 3 * ind), f"{os.path.basename(name)}: batch 3 = 3x FLOPs")
 
 
@@ -207,7 +207,7 @@ def test_kernels():
     for f, text in srcs.items():
         launched |= launched_kernels(text)
     check(len(launched) >= 20, f"found {len(launched)} launched kernels in cuda/*.cu")
-    have = gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "wmma")) | \
+    have = gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "mma")) | \
         gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "scalar"))
     missing = sorted(launched - have)
     check(not missing, "every DF_LAUNCH kernel has a model row" +
@@ -240,7 +240,7 @@ def test_kernel_names(tmp):
     with open(csv, "w", encoding="utf-8") as f:
         f.write('Generating SQLite file\n"Time (%)","Total Time (ns)","Instances","Name"\n'
                 '50.0,"3,000,000",3,"(anonymous namespace)::attention_forward((anonymous namespace)::Shape)"\n')
-    r = gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 1, 100, "wmma")
+    r = gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 1, 100, "mma")
     with open(os.devnull, "w", encoding="utf-8") as null:
         meas = gm.compare_kernels(r, csv, 3, out=null)
     check(abs(meas.get("attention_forward", 0) - 1.0) < 1e-9, "a profile's total over 3 runs is 1 ms per step")
@@ -260,16 +260,16 @@ def test_overlap():
         norm_off, layer_off = gm.tensor_starts(c)
         check(norm_off + c["hidden_size"] == n and layer_off[0] < layer_off[-1] < norm_off,
               f"{name}: the final norm ends the parameter table")
-        r = gm.model(c, "H200", 3072, 512, 1, world, 16384, "wmma")
+        r = gm.model(c, "H200", 3072, 512, 1, world, 16384, "mma")
         e, rs = r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]
         check(0 < e < rs, f"{name}: reduce-scatter {rs * 1e3:.1f} ms, {e * 1e3:.1f} ms past the "
               "backward")
-        check(gm.model(c, "H200", 3072, 512, 1, 1, 16384, "wmma")["reduce_scatter_exposed_s"] == 0,
+        check(gm.model(c, "H200", 3072, 512, 1, 1, 16384, "mma")["reduce_scatter_exposed_s"] == 0,
               f"{name}: nothing to reduce on one GPU")
     saved = gm.BUCKET_ELEMS
     gm.BUCKET_ELEMS = 1 << 40  # one bucket: ready only once fc's dW is done
     try:
-        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     finally:
         gm.BUCKET_ELEMS = saved
     check(close(r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]),
@@ -280,7 +280,7 @@ def test_schedules():
     for name in ("qwen3-8b", "kimi"):
         c = gm.load_config(name)
         for world, batch in ((8, 1), (1, 1), (8, 4)):
-            r = gm.model(c, "H200", 3072, 512, batch, world, 16384, "wmma")
+            r = gm.model(c, "H200", 3072, 512, batch, world, 16384, "mma")
             s = {k: v["step_s"] for k, v in r["sched"].items()}
             first, behind = r["first_upload_s"], r["first_behind_s"]
             check(close(s["sync"] - s["now"], min(first, behind)) and
@@ -293,7 +293,7 @@ def test_schedules():
     saved = gm.PCIE_BW
     gm.PCIE_BW = 1e9  # an upload slower than the step before it
     try:
-        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     finally:
         gm.PCIE_BW = saved
     first, behind = r["first_upload_s"], r["first_behind_s"]
@@ -311,8 +311,8 @@ def test_dflash2():
           f"DFlash 2 adds {gm.param_count(d2) - gm.param_count(c)} parameters (the plan: 95.0 M)")
     q = gm.load_config("qwen3-8b")
     q2 = dict(q, dflash2=dict(k=2, g=16, K=32, r=256))
-    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "wmma")
-    r2 = gm.model(q2, "H200", 3072, 512, 1, 8, 16384, "wmma")
+    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "mma")
+    r2 = gm.model(q2, "H200", 3072, 512, 1, 8, 16384, "mma")
     priced = set()
     for o, t in r2["rows"]:
         if t > 0:
@@ -341,7 +341,7 @@ def main():
         test_overlap()
         test_schedules()
         test_dflash2()
-    r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+    r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.print_table(r, ops=False)
     if FAILS:
         print(f"{len(FAILS)} check(s) failed")
