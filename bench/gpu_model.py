@@ -53,9 +53,10 @@ import sys
 # per block (opt-in) / per SM (CUDA C++ Programming Guide, compute capability table:
 # 227 / 228 KB on sm_90 and sm_100, 99 / 100 KB on sm_120); smem_bw: SMs x 128 B/clock
 # x the clock at which the tensor peak is quoted (peak / (SMs x dense FLOP/clock/SM));
-# mma_sync: the fraction of the dense peak warp-level mma.sync (what WMMA compiles to)
+# mma_sync: the fraction of the dense peak warp-level mma.sync (cuda/attention.cu's kernels)
 # can reach - assumed: Hopper's and datacenter Blackwell's full rate needs wgmma /
-# tcgen05, which WMMA does not use; sm_120 has no such path.
+# tcgen05, which mma.sync does not use; sm_120 has no such path. clock: the clock of the
+# tensor peak; sfu: ex2 per clock per SM; threads_sm: resident threads per SM.
 GPUS = {
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 Tensor Core 1,979 TFLOPS
     # "with sparsity" -> 989.5 dense; FP32 67 TFLOPS; 141 GB HBM3e at 4.8 TB/s; NVLink
@@ -1189,8 +1190,9 @@ def main(argv=None):
                          "and group size G, the selector's top-K and rank (a config.json with "
                          "DFlash2DraftModel gives them itself)")
     ap.add_argument("--json", action="store_true",
-                    help="one JSON object per design, then a last line with the step predicted "
-                         "for the path the backend takes (mfu_pct, step_ms, attention, refused)")
+                    help="one JSON object per design, then a last line with the first design's "
+                         "step (mfu_pct, step_ms, attention; all null and `refused` saying why "
+                         "when the backend refuses the shape)")
     ap.add_argument("--no-ops", action="store_true", help="totals only")
     ap.add_argument("--markdown", action="store_true", help="the per-op table as Markdown")
     ap.add_argument("--categories", action="store_true", help="a Markdown table per class of op")
@@ -1221,15 +1223,17 @@ def main(argv=None):
             compare_kernels(r, a.compare_kernels, a.runs)
         return 0
     designs = ["mma", "scalar"] if a.attention == "both" else [a.attention]
-    chosen, refused = None, None  # the path the backend takes, and why the tensor cores not
+    # The last --json line: the first design's step (the tensor-core path with "both": what
+    # the backend runs; it has no scalar fallback, a shape it refuses has no step).
+    chosen, refused = None, None
     for i, dsg in enumerate(designs):
         try:
             r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk, dsg)
         except Unsupported as e:
             print(f"== {c['name']} on {a.gpu}: {e}")
-            refused = refused or str(e)
+            refused = refused or (str(e) if i == 0 else None)
             continue
-        chosen = chosen or r
+        chosen = r if i == 0 else chosen
         if a.json:
             print(json.dumps(to_json(r)))
         elif a.markdown or a.categories:

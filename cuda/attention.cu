@@ -32,7 +32,12 @@
 //     e.g. d 128 (ld 128), Mp 128 (Kimi 64/8 at B 16), N 64: 65,536 / 98,304 / 99,328 bytes,
 //     all <= 101,376 (sm_120); Mp 64 (Qwen3-8B 32/8): 49,152 / 65,536 / 66,048.
 //   registers  per lane: S (and dP) N / 2 floats, the O / dQ accumulator dp / 2 floats (dK,
-//            dV dp / 2 each); kernels are instantiated for dp <= 64, 128, 256.
+//            dV dp / 2 each); kernels are instantiated for dp <= 64, 128, 256, every loop
+//            over fragments unrolled to those bounds so that the arrays stay in registers.
+//            ptxas -v (CUDA 13.0, sm_120) at dp <= 128: attention_forward 146,
+//            attention_backward_q 167, attention_backward_kv 237 (context) / 199 (block),
+//            no spills (at 256 threads one forward CTA per SM, as the shared memory leaves
+//            it); dp 256 spills (255 registers).
 //   FLOPs    (tensor-core, per CTA; keys = the sum of w over the tiles visited)
 //            forward 4 * Mp * keys * dp (QK^T, PV); attention_backward_q 6 * Mp * keys * dp
 //            (QK^T, dO V^T, dS K); attention_backward_kv 8 * Mp * w * dp per block that sees

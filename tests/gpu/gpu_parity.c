@@ -22,9 +22,10 @@
  *
  * Built as gpu_parity_emu (DFLASH_GPU_EMU) it runs on the emulated device (cuda/emu) at
  * smaller shapes: the same code paths (head_dim 64 and 128, block 8 and 16, full and sliding
- * layers, several vocabulary chunks), a few seconds on one core. The attention kernels alone
- * (WMMA) are checked against ops.c at more shapes (GQA 1-8, block 4-16, anchor 0, anchors
- * at the sequence end) by tests/gpu/emu_attention.cpp.
+ * layers, several vocabulary chunks, Kimi's 64/8 heads), a few seconds on one core; CI runs
+ * it at DFLASH_EMU_ARCH=sm_120 (99 KB of shared memory per block). The attention kernels
+ * alone (mma.sync) are checked against ops.c at more shapes (GQA 1-8, block 4-16, anchor 0,
+ * anchors at the sequence end) by tests/gpu/emu_attention.cpp.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -22,7 +22,12 @@
    count (95.0 M at H 2048, L 5, V 163840, k 2, g 16, r 256: 94,978,048), every kernel of
    cuda/dflash2.cu a step launches has a priced row (not only a name), the reduce-scatter
    runs whole after the backward (model.cu does not overlap it for DFlash 2), and the model
-   FLOPs grow by the convolutions' kernel projections and the selector.
+   FLOPs grow by the convolutions' kernel projections and the selector;
+7. the targets of issue 26: the shared-memory bytes cuda/attention.cu's header states for the
+   Kimi and Qwen3-8B packings equal the model's smem_layout (which mirrors the kernel's),
+   both fit the RTX PRO 6000's 101,376 bytes per block at N 64, neither shape is refused
+   there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
+   per CTA: refused on sm_120 with the reason, no step: the backend has no other path).
 """
 import json
 import os
@@ -332,6 +337,40 @@ def test_dflash2():
     check("dflash2" in r2["memory"] and r2["memory"]["dflash2"] > 0, "DFlash 2's buffers counted")
 
 
+def test_targets(tmp):
+    src = open(os.path.join(ROOT, "cuda", "attention.cu")).read()
+    m = re.search(r"e\.g\. d 128 \(ld 128\), Mp 128 .*?N 64: ([\d,]+) / ([\d,]+) / ([\d,]+) bytes"
+                  r".*?Mp 64 \(Qwen3-8B 32/8\): ([\d,]+) / ([\d,]+) / ([\d,]+)\.", src, re.S)
+    check(m is not None, "attention.cu's header states the bytes of both packings")
+    if m:
+        stated = [int(v.replace(",", "")) for v in m.groups()]
+        model = [gm.smem_layout(k, Mp, 64, 128) for Mp in (128, 64)
+                 for k in ("fwd", "bwd_q", "bwd_kv")]
+        check(stated == model, f"header bytes {stated} == smem_layout {model}")
+        check(max(model) <= gm.GPUS["RTX-PRO-6000"]["smem_block"], "all fit sm_120 at N 64")
+    for name in ("kimi", "qwen3-8b"):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"), name,
+                              "--gpu", "RTX-PRO-6000", "--world", "8", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        last = json.loads(out.strip().splitlines()[-1])
+        check({"mfu_pct", "step_ms", "attention", "refused"} <= set(last),
+              f"{name}: --json's last line has mfu_pct, step_ms, attention, refused")
+        check(last.get("attention") == "mma" and last.get("refused") is None
+              and last.get("busbw_gbs") == 25.0 and last.get("mfu_pct", 0) > 0,
+              f"{name} on RTX-PRO-6000: tensor cores, not refused, 25 GB/s: {last}")
+    big = dict(json.load(open(builtin_json("kimi", os.path.join(tmp, "k256.json")))),
+               head_dim=256)
+    with open(os.path.join(tmp, "k256.json"), "w") as f:
+        json.dump(big, f)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"),
+                          os.path.join(tmp, "k256.json"), "--gpu", "RTX-PRO-6000", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    last = json.loads(out.strip().splitlines()[-1])
+    check(last.get("attention") is None and last.get("mfu_pct") is None
+          and "shared memory" in (last.get("refused") or ""),
+          f"head_dim 256 at 128 rows on sm_120: refused, no step: {last}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
@@ -341,6 +380,7 @@ def main():
         test_overlap()
         test_schedules()
         test_dflash2()
+        test_targets(tmp)
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.print_table(r, ops=False)
     if FAILS:
