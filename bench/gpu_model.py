@@ -376,6 +376,12 @@ def pick_n(kind, Mp, d, limit):
     return 0
 
 
+def kv_groups(Mp, N, dp):
+    """cuda/attention.cu kv_groups(): attention_backward_kv's row groups (2: 8 warps at N 64)
+    when N x dp fp32 partial sums fit over the Q and dO rows and Mp >= 64."""
+    return 2 if N * dp <= Mp * row_len(dp) and Mp >= 64 else 1
+
+
 def mma_kernel_time(o, gpu):
     """Tensor-core FLOPs at the mma.sync ceiling, ldmatrix traffic through shared memory
     (SMs x 128 B/clock) and the exponentials on the SFUs (ex2 per clock per SM), the
@@ -435,7 +441,7 @@ def mma_attention(c, s, l, gpu, w, fwd_model, io):
                               f"N 16, more than the {gpu['smem_block']} per block of this GPU: "
                               f"the backend refuses this shape (DFLASH_E_UNSUPPORTED)")
         smem = smem_layout(kind, Mp, N, d)
-        W = N // 16 if kind == "bwd_kv" else Mp // 16
+        W = N // 16 * kv_groups(Mp, N, dk) if kind == "bwd_kv" else Mp // 16
         ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), gpu["threads_sm"] // (32 * W)))
         # keys: the sum of the tile widths each CTA visits (attention.cu's FLOPs header)
         ctx_keys = sum((hi - lo) // N * N + w16((hi - lo) % N) for lo, hi in spans_ctx)

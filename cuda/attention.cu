@@ -18,10 +18,12 @@
 //            created); context keys and the block's own keys are separate tiles, a tile of
 //            cnt keys costs w = 16 * ceil(cnt / 16) columns.
 //   kv CTAs  attention_backward_kv takes N keys of one kv head (context keys, or a block's own
-//            keys) with N / 16 warps, warp w owning keys 16w .. 16w + 15 (swap-AB: it computes
-//            S^T = K Q^T and dP^T = V dO^T, so P^T and dS^T are A fragments of dV += P^T dO
-//            and dK += dS^T Q), over the query rows of each block that sees them, 32 at a
-//            time.
+//            keys), a warp per 16 keys (swap-AB: it computes S^T = K Q^T and dP^T = V dO^T,
+//            so P^T and dS^T are A fragments of dV += P^T dO and dK += dS^T Q), over the query
+//            rows of each block that sees them, 32 at a time; kvg = 2 row groups of N / 16
+//            warps (8 at N 64) take alternate 32-row chunks and their sums are added at the
+//            end, group 0's + group 1's through shared memory over the Q / dO rows, when
+//            N x dp fp32 fits there and Mp >= 64 (kv_groups), else kvg = 1.
 //   shared   bf16 rows of dp = 16 * ceil(d / 16) elements; when dp is a multiple of 64 the
 //            rows are unpadded and their 16-byte chunks XOR-swizzled (chunk ^ row % 8: the 8
 //            rows an ldmatrix reads hit distinct banks), else padded to ld = dp + 8. Every
@@ -35,9 +37,9 @@
 //            dV dp / 2 each); kernels are instantiated for dp <= 64, 128, 256, every loop
 //            over fragments unrolled to those bounds so that the arrays stay in registers.
 //            ptxas -v (CUDA 13.0, sm_120) at dp <= 128: attention_forward 146,
-//            attention_backward_q 167, attention_backward_kv 237 (context) / 199 (block),
-//            no spills (at 256 threads one forward CTA per SM, as the shared memory leaves
-//            it); dp 256 spills (255 registers).
+//            attention_backward_q 167, attention_backward_kv 224 (context) / 195 (block),
+//            no spills (at 256 threads one CTA per SM, as the shared memory leaves it); dp
+//            256 takes 255 (256 threads x 255 still fit 65,536 per block) and spills.
 //   FLOPs    (tensor-core, per CTA; keys = the sum of w over the tiles visited)
 //            forward 4 * Mp * keys * dp (QK^T, PV); attention_backward_q 6 * Mp * keys * dp
 //            (QK^T, dO V^T, dS K); attention_backward_kv 8 * Mp * w * dp per block that sees
@@ -86,6 +88,7 @@ struct Shape {
   const int32_t *anchors;
   float scale;
   int grp, M, Mp, N; // packing and key tile (see the header)
+  int kvg;           // attention_backward_kv: warps per 16 keys, each on every kvg-th row chunk
   int dp, ld;        // head_dim padded to 16; shared row length (dp: swizzled, else dp + 8)
 };
 enum Kind { FWD, BWD_Q, BWD_KV };
@@ -459,6 +462,21 @@ __global__ void attention_backward_q(Shape s, bf16 *dq, float *Dg, const bf16 *d
   }
 }
 
+// acc of row group 0 += acc of row group 1 (warps with the same keys k0w), through `part`.
+template <int DT>
+__device__ void combine(const Shape &s, float (&acc)[DT][4], float *part, int rg, int k0w) {
+  __syncthreads(); // every warp is done with the rows (and the previous combine's part)
+  DF_UNROLL
+  for (int nt = 0; nt < DT; nt++) DF_UNROLL
+  for (int i = 0; i < 4; i++)
+    if (rg == 1 && nt < s.dp / 8) part[(k0w + frag_row(i)) * s.dp + frag_col(nt, i)] = acc[nt][i];
+  __syncthreads();
+  DF_UNROLL
+  for (int nt = 0; nt < DT; nt++) DF_UNROLL
+  for (int i = 0; i < 4; i++)
+    if (rg == 0 && nt < s.dp / 8) acc[nt][i] += part[(k0w + frag_row(i)) * s.dp + frag_col(nt, i)];
+}
+
 // Per (key tile, kv head): dK, dV of N keys (warp w: keys 16w..) over the query rows that see
 // them: BLK false, context keys p0.. of every block that sees them, in block order; BLK true,
 // block n's own keys b0...
@@ -472,7 +490,9 @@ __global__ void attention_backward_kv(Shape s, int n_blocks, bf16 *dk, bf16 *dv,
   bf16 *Q = (bf16 *)(sm + L.q), *dO = (bf16 *)(sm + L.dout), *K = (bf16 *)(sm + L.k);
   bf16 *V = (bf16 *)(sm + L.v);
   float *Ls = (float *)(sm + L.ls), *Ds = (float *)(sm + L.ds);
-  int g = blockIdx.y, k0w = (int)threadIdx.x / 32 * 16;
+  // Warp w: keys k0w.. (16), query-row chunks rg, rg + kvg, ... of each block.
+  int g = blockIdx.y, kw = s.N / 16, k0w = (int)threadIdx.x / 32 % kw * 16;
+  int rg = (int)threadIdx.x / 32 / kw;
   int per = (s.B + s.N - 1) / s.N; // BLK: key tiles per block
   int nb = BLK ? (int)blockIdx.x / per : 0, b0 = BLK ? (int)blockIdx.x % per * s.N : 0;
   int p0 = BLK ? nb * s.B + b0 : (int)blockIdx.x * s.N; // first key row in kx / vx
@@ -502,7 +522,7 @@ __global__ void attention_backward_kv(Shape s, int n_blocks, bf16 *dk, bf16 *dv,
     tc_cp_wait<0>();
     __syncthreads();
     if (k0w >= kcnt) continue; // this warp's keys are past the tile's (warp-uniform)
-    for (int rc = 0; rc < s.Mp; rc += kRowChunk) {
+    for (int rc = rg * kRowChunk; rc < s.Mp; rc += s.kvg * kRowChunk) {
       int w = s.Mp - rc < kRowChunk ? s.Mp - rc : kRowChunk;
       scores(s, S, K, k0w, Q, rc, w);   // S^T = K Q^T
       scores(s, dP, V, k0w, dO, rc, w); // dP^T = V dO^T
@@ -517,6 +537,12 @@ __global__ void attention_backward_kv(Shape s, int n_blocks, bf16 *dk, bf16 *dv,
       accumulate(s, dK, dP, Q, rc, w); // dK += dS^T Q
     }
   }
+  if (s.kvg == 2) { // the second row group's sums added to the first's, in that order
+    float *part = (float *)(sm + L.q); // N x dp fp32: fits the Q and dO rows (kv_groups)
+    combine(s, dK, part, rg, k0w);
+    combine(s, dV, part, rg, k0w);
+  }
+  if (rg) return;
   DF_UNROLL
   for (int nt = 0; nt < DT; nt++) DF_UNROLL
   for (int i = 0; i < 4; i++) {
@@ -545,6 +571,14 @@ int pick_n(Kind kind, int Mp, int dp, size_t limit) {
   return 0;
 }
 
+// attention_backward_kv's row groups: 2 (8 warps at N 64: one CTA per SM on sm_120 brings 8
+// warps itself) when the two groups' partial dK / dV (N x dp fp32) fit over the Q and dO rows,
+// else 1.
+int kv_groups(Kind kind, int Mp, int N, int dp) {
+  if (kind != BWD_KV) return 1;
+  return (size_t)4 * N * dp <= (size_t)4 * Mp * row_len(dp) && Mp >= 2 * kRowChunk ? 2 : 1;
+}
+
 // The shape checks of every pass (a forward that runs must have a backward that runs); the
 // key tile of `kind` from the device's shared memory per block.
 dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
@@ -570,8 +604,21 @@ dflash_status shape_of(const df_attn_dev *a, Kind kind, Shape *out) {
     }
     if (k == kind) n_kind = N;
   }
-  *out = Shape{a->B,     a->Sc, a->nh, a->nkv, a->d,   a->window, a->anchors,
-               a->scale, grp,   M,     Mp,     n_kind, dp,        row_len(dp)};
+  *out = Shape{a->B,
+               a->Sc,
+               a->nh,
+               a->nkv,
+               a->d,
+               a->window,
+               a->anchors,
+               a->scale,
+               grp,
+               M,
+               Mp,
+               n_kind,
+               kv_groups((Kind)kind, Mp, n_kind, dp),
+               dp,
+               row_len(dp)};
   return DFLASH_OK;
 }
 
@@ -620,7 +667,7 @@ struct Launch {
                          : (unsigned)((s.Sc + s.N - 1) / s.N);
     DF_CU(cudaFuncSetAttribute(attention_backward_kv<DT, BLK>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    DF_LAUNCH(dim3(tiles, a->nkv), 2 * s.N, smem, st, attention_backward_kv<DT, BLK>)
+    DF_LAUNCH(dim3(tiles, a->nkv), 2 * s.N * s.kvg, smem, st, attention_backward_kv<DT, BLK>)
     (s, a->n_blocks, dk, dv, D, dout, lse, q, kx, vx);
     DF_CU(cudaGetLastError());
     return DFLASH_OK;
