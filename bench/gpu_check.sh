@@ -10,8 +10,8 @@
 #      NCCL run bit-identical to plain CUDA;
 #   3. training-step benchmarks at the Qwen3-8B and Kimi drafter shapes: tokens/s, model
 #      TFLOP/s, MFU against the cuBLAS bf16 GEMM rate measured in the same run, memory;
-#      each next to bench/gpu_model.py's prediction for this GPU (nvidia-smi's name: H200,
-#      B200 or RTX PRO 6000; H200 otherwise), and every distinct GEMM of the step timed alone
+#      each next to bench/gpu_model.py's prediction for this GPU (nvidia-smi's compute
+#      capability: 9.0 H200, 10.0 B200, 10.3 B300, 12.x RTX PRO 6000), and every distinct GEMM of the step timed alone
 #      (gpu_bench gemm) next to its predicted time; with Nsight Systems installed, every
 #      kernel of the Qwen3-8B step measured (nsys) next to its predicted time;
 #   4. the memory plan for the Kimi drafter on 8 x 80 GB next to what one GPU allocated, and
@@ -39,19 +39,29 @@ if [ "$emu" = 1 ]; then
   build=${DFLASH_GPU_CHECK_BUILD:-build-emu}
   sfx=_emu
   shapes=("tiny 64 8 2")
-  gpu=H200
+  case "${DFLASH_EMU_ARCH:-sm_90}" in # the emulated device's arch (cuda/emu/README.md)
+    sm_120) gpu=RTX-PRO-6000 ;;
+    sm_100) gpu=B200 ;;
+    *) gpu=H200 ;;
+  esac
   log "== $(date -u +%FT%TZ) EMULATED device (cuda/emu): timings are meaningless"
 else
   build=build-gpu
   sfx=
   # the paper's recipe: sequence 3072, 512 anchors, block 16; SpecForge's: 768, 256
   shapes=("qwen3-8b 3072 512 5" "qwen3-8b 768 256 5" "kimi 3072 512 3")
+  # the architecture (compute capability) decides the model's row: 12.x RTX PRO 6000
+  # Blackwell (99 KB of shared memory per block, PCIe), 10.3 B300, 10.0 B200, else H200;
+  # the name where the driver's nvidia-smi has no compute_cap field
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  case "$name" in
-    *B200*) gpu=B200 ;;
-    *"RTX PRO 6000"*) gpu=RTX-PRO-6000 ;;
+  cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  case "$cap|$name" in
+    12.*|*"RTX PRO 6000"*) gpu=RTX-PRO-6000 ;;
+    10.3*|*B300*) gpu=B300 ;;
+    10.*|*B200*) gpu=B200 ;;
     *) gpu=H200 ;;
   esac
+  log "== compute capability ${cap:-unknown} ($name): modelled as $gpu"
   log "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 fi
 log "== git $(git rev-parse --short HEAD 2>/dev/null); predictions for $gpu (bench/gpu_model.py)"

@@ -13,12 +13,11 @@ predicted time per op from stated data about the GPU:
   * memory-bound kernels, copies and memsets: their bytes at MEM_EFF of the HBM
     bandwidth (each tensor read or written once: L1/L2 reuse inside a kernel is
     assumed, none across kernels).
-  * attention (cuda/attention.cu, WMMA): the FLOPs its tiles compute (full N x Mp
-    tiles, so padding and masked entries cost), at the GPU's mma.sync ceiling, or the
-    shared-memory traffic at 128 B/clock/SM if slower (WMMA fragments per mma_sync as
-    each product's register blocking gives them, accumulator loads and stores unless the
-    kernel holds them in registers, and the element-wise passes), divided by an occupancy
-    factor (warps per SM / 8); the old scalar-FP32 kernels (--attention scalar) by a
+  * attention (cuda/attention.cu, mma.sync FlashAttention-2): the FLOPs its tiles compute
+    (full 16-row by 16-key tiles, so padding and masked entries cost), at the GPU's mma.sync
+    ceiling, the ldmatrix traffic through shared memory at 128 B/clock/SM, or the
+    exponentials at the SFU rate, whichever is slowest, divided by an occupancy factor
+    (warps per SM / 8); the old scalar-FP32 kernels (--attention scalar) by a
     shared-memory wavefront count.
   * every launch costs LAUNCH_S more (launch latency and tail).
   * collectives (ZeRO-1: gradient reduce-scatter in fp32, weight all-gather in
@@ -35,9 +34,9 @@ d(input) / no d(weight) respectively, as the backend does), attention forward
 over the visible keys plus twice that for its backward; recomputation, masked
 work and padding are not model FLOPs.
 
-  bench/gpu_model.py qwen3-8b|kimi|CONFIG.json [--gpu H200|B200|RTX-PRO-6000]
+  bench/gpu_model.py qwen3-8b|kimi|CONFIG.json [--gpu H200|B200|B300|RTX-PRO-6000]
       [--seq-len 3072] [--anchors 512] [--batch 1] [--world 8] [--vocab-chunk 16384]
-      [--attention wmma|scalar|both] [--json] [--ops]
+      [--attention mma|scalar|both] [--busbw GB/S] [--json] [--ops]
 
 Python 3 standard library only. The emulated CI run uses the same code at tiny
 shapes (bench/gpu_check.sh with DFLASH_GPU_CHECK_EMU=1).
@@ -54,9 +53,10 @@ import sys
 # per block (opt-in) / per SM (CUDA C++ Programming Guide, compute capability table:
 # 227 / 228 KB on sm_90 and sm_100, 99 / 100 KB on sm_120); smem_bw: SMs x 128 B/clock
 # x the clock at which the tensor peak is quoted (peak / (SMs x dense FLOP/clock/SM));
-# mma_sync: the fraction of the dense peak warp-level mma.sync (what WMMA compiles to)
+# mma_sync: the fraction of the dense peak warp-level mma.sync (cuda/attention.cu's kernels)
 # can reach - assumed: Hopper's and datacenter Blackwell's full rate needs wgmma /
-# tcgen05, which WMMA does not use; sm_120 has no such path.
+# tcgen05, which mma.sync does not use; sm_120 has no such path. clock: the clock of the
+# tensor peak; sfu: ex2 per clock per SM; threads_sm: resident threads per SM.
 GPUS = {
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 Tensor Core 1,979 TFLOPS
     # "with sparsity" -> 989.5 dense; FP32 67 TFLOPS; 141 GB HBM3e at 4.8 TB/s; NVLink
@@ -67,8 +67,8 @@ GPUS = {
     # the H100 SXM's L2 report about that).
     "H200": dict(peak=989.5e12, fp32=67e12, bw=4.8e12, mem=141e9, sms=132, busbw=360e9,
                  l2=50e6, l2bw=5.5e12, smem_block=232448, smem_sm=233472,
-                 smem_bw=132 * 128 * 1.83e9, mma_sync=0.65,
-                 source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+                 smem_bw=132 * 128 * 1.83e9, mma_sync=0.65, clock=1.83e9, sfu=16,
+                 threads_sm=2048, source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
     # NVIDIA HGX B200 datasheet (per GPU of the 8-GPU board, 1000 W): BF16 Tensor Core
     # 4.5 PFLOPS with sparsity -> 2.25 PFLOPS dense; FP32 80 TFLOPS; 1.44 TB HBM3e per
     # board (180 GB per GPU) at 8 TB/s; NVLink 5 1.8 TB/s (both directions). 148 SMs.
@@ -76,17 +76,29 @@ GPUS = {
     # L2 126 MB and 10 TB/s assumed (no datasheet figure).
     "B200": dict(peak=2250e12, fp32=80e12, bw=8.0e12, mem=180e9, sms=148, busbw=720e9,
                  l2=126e6, l2bw=10e12, smem_block=232448, smem_sm=233472,
-                 smem_bw=148 * 128 * 1.86e9, mma_sync=0.5,
-                 source="NVIDIA HGX B200 datasheet (per GPU)"),
+                 smem_bw=148 * 128 * 1.86e9, mma_sync=0.5, clock=1.86e9, sfu=16,
+                 threads_sm=2048, source="NVIDIA HGX B200 datasheet (per GPU)"),
+    # B300 SXM (Blackwell Ultra, sm_103; ../shared/spec/gpu-targets.md): dense BF16 2.25
+    # PFLOPS as the B200, 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s (NCCL bus bandwidth
+    # 720 GB/s assumed as for the B200), doubled SFU ex2 rate (32 per clock per SM). 160 SMs
+    # (NVIDIA's Blackwell Ultra technical blog); the clock is the peak over 160 SMs x 8192
+    # dense FLOP/clock (a derived guess); L2 and its bandwidth assumed as the B200's.
+    "B300": dict(peak=2250e12, fp32=80e12, bw=8.0e12, mem=288e9, sms=160, busbw=720e9,
+                 l2=126e6, l2bw=10e12, smem_block=232448, smem_sm=233472,
+                 smem_bw=160 * 128 * 1.717e9, mma_sync=0.5, clock=1.717e9, sfu=32,
+                 threads_sm=2048, source="B300 figures of ../shared/spec/gpu-targets.md"),
     # NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet and the RTX Blackwell
     # GPU architecture whitepaper: 503.8 TFLOPS dense FP16/BF16 tensor with FP32
     # accumulate (1007.6 sparse); FP32 125 TFLOPS; 96 GB GDDR7 at 1792 GB/s; 188 SMs;
-    # no NVLink: PCIe Gen 5 x16 (64 GB/s one direction); NCCL bus bandwidth 40 GB/s
-    # assumed (peer-to-peer through the PCIe switch / host bridge).
+    # no NVLink: PCIe Gen 5 x16 (64 GB/s one direction). NCCL bus bandwidth of 8 of them
+    # over PCIe: 25 GB/s by default (--busbw; 15-42 measured on such boxes: 22 with NCCL's
+    # default 2 channels on dual EPYC, 38-41 tuned or behind PCIe switches with
+    # NCCL_MIN_NCHANNELS=8; ../shared/spec/gpu-targets.md). 48 warps (1536 threads) per SM.
     # L2 128 MB (GB202); L2 bandwidth 5 TB/s assumed.
     "RTX-PRO-6000": dict(peak=503.8e12, fp32=125e12, bw=1.792e12, mem=96e9, sms=188,
-                         busbw=40e9, l2=128e6, l2bw=5e12, smem_block=101376,
+                         busbw=25e9, l2=128e6, l2bw=5e12, smem_block=101376,
                          smem_sm=102400, smem_bw=188 * 128 * 2.617e9, mma_sync=0.9,
+                         clock=2.617e9, sfu=16, threads_sm=1536,
                          source="NVIDIA RTX PRO 6000 Blackwell datasheet / RTX Blackwell whitepaper"),
 }
 
@@ -338,18 +350,21 @@ class Unsupported(Exception):
     """A shape the CUDA backend refuses on this GPU."""
 
 
+def row_len(dp):
+    """cuda/attention.cu row_len(): shared rows unpadded (XOR-swizzled) when dp is a multiple
+    of 64, else padded by 8 elements."""
+    return dp if dp % 64 == 0 else dp + 8
+
+
 def smem_layout(kind, Mp, N, d):
     """cuda/attention.cu smem_layout(): bytes of one CTA's shared memory (head_dim d
-    zero-padded to dp, a multiple of 16, the WMMA K)."""
+    zero-padded to dp, a multiple of 16): Q (and dO) rows, K and V tiles, and the kv pass's
+    lse / D rows."""
     dp = -(-d // 16) * 16
-    ldh, ldn, ldp, ldo = dp + 8, N + 4, N + 8, dp + 4
+    ld = row_len(dp)
     up = lambda x: (x + 127) // 128 * 128
-    regions = [2 * Mp * ldh] + ([] if kind == "fwd" else [2 * Mp * ldh]) + [2 * N * ldh] * 2
-    regions += [4 * Mp * ldn] + ([] if kind == "fwd" else [4 * Mp * ldn]) + [2 * Mp * ldp]
-    regions += [] if kind == "fwd" else [2 * Mp * ldp]
-    regions += [4 * (N if kind == "bwd_ctx" else Mp) * ldo]
-    regions += [] if kind == "fwd" else [4 * N * ldo]
-    regions += [4 * Mp, 4 * Mp]
+    regions = [2 * Mp * ld] + ([] if kind == "fwd" else [2 * Mp * ld]) + [2 * N * ld] * 2
+    regions += [4 * Mp, 4 * Mp] if kind == "bwd_kv" else []
     return sum(up(x) for x in regions)
 
 
@@ -361,56 +376,54 @@ def pick_n(kind, Mp, d, limit):
     return 0
 
 
-def frag_bytes(M, N, K, unit, acc):
-    """Shared-memory bytes per tensor-core FLOP of one attention.cu product of M x N outputs
-    over K, computed by warps in units of rm x rn 16x16 tiles (warp_gemm<..., RM, RN>, the
-    unit clipped at the matrix edge): a 16x16x16 mma_sync is 8192 FLOPs and loads a
-    512-byte A and B fragment, shared within the unit, so (rm + rn) / (2 rm rn) / 8 B/FLOP;
-    plus each output tile's 1 KB fp32 store (and load when it accumulates: acc 1) over its
-    2 x 256 x K FLOPs; acc None: the accumulators stay in registers across calls."""
-    rm, rn = min(unit[0], max(1, M // 16)), min(unit[1], max(1, N // 16))
-    frag = (rm + rn) / (2.0 * rm * rn) / 8
-    return frag if acc is None else frag + (2.0 if acc else 1.0) * 1024 / (512.0 * K)
+def kv_groups(Mp, N, dp):
+    """cuda/attention.cu kv_groups(): attention_backward_kv's row groups (2: 8 warps at N 64)
+    when N x dp fp32 partial sums fit over the Q and dO rows and Mp >= 64."""
+    return 2 if N * dp <= Mp * row_len(dp) and Mp >= 64 else 1
 
 
-def held_fits(slots, mats, M, N, W):
-    """attention.cu held_fits(): accumulators of `mats` M x N matrices stay in registers
-    across the loop when their 2x2 units take at most `slots` per warp (attention_backward_ctx: dK
-    and dV, 2 slots; attention_backward_q: dQ, 1 slot)."""
-    return mats * -(-(M // 16) // 2) * -(-(N // 16) // 2) <= slots * W
-
-
-def wmma_kernel_time(o, gpu):
-    """Tensor-core FLOPs at the mma.sync ceiling, WMMA fragments through shared memory
-    (SMs x 128 B/clock), both slowed by low occupancy (fewer than 8 warps per SM leave
-    the tensor pipes idle across barriers); HBM and L2 traffic overlap with it."""
+def mma_kernel_time(o, gpu):
+    """Tensor-core FLOPs at the mma.sync ceiling, ldmatrix traffic through shared memory
+    (SMs x 128 B/clock) and the exponentials on the SFUs (ex2 per clock per SM), the
+    slowest of the three, slowed by low occupancy (fewer than 8 warps per SM leave the
+    tensor pipes idle across barriers and ldmatrix latency); HBM and L2 traffic overlap."""
     x = o.extra
     occ = min(1.0, x["ctas_per_sm"] * x["warps"] / 8.0)
     tc = o.flops / (gpu["peak"] * gpu["mma_sync"])
     sm = x["smem_traffic"] / gpu["smem_bw"]
-    x["eff"] = o.model_flops / (max(tc, sm) / occ) / gpu["peak"] if o.flops else 0.0
-    return max(max(tc, sm) / occ, o.bytes / (gpu["bw"] * MEM_EFF), x["l2"] / gpu["l2bw"])
+    sfu = x["exps"] / (gpu["sms"] * gpu["sfu"] * gpu["clock"])
+    busy = max(tc, sm, sfu) / occ
+    x["eff"] = o.model_flops / busy / gpu["peak"] if o.flops else 0.0
+    return max(busy, o.bytes / (gpu["bw"] * MEM_EFF), x["l2"] / gpu["l2bw"])
 
 
 # cuda/attention.cu's kernels, named after df_attention_forward / df_attention_backward.
 ATTN_KERNEL = {"fwd": "attention_forward", "bwd_q": "attention_backward_q",
-               "bwd_ctx": "attention_backward_ctx"}
+               "bwd_kv": "attention_backward_kv"}
 
 
-def wmma_attention(c, s, l, gpu, w, fwd_model, io):
-    """cuda/attention.cu as documented at its top: one CTA per (block, kv head) packs
-    M = B x nh/nkv query rows (padded to 16); keys walk in tiles of N (the widest of 64,
-    32, 16 whose shared memory fits), context tiles from the first visible row, then
-    one tile for the block's own keys; a tile of cnt keys costs 16 * ceil(cnt / 16)
-    columns of products at the full Mp (FLOPs as the header of attention.cu counts them).
-    attention_backward_q: S, dP, dQ per tile (+ dK, dV on the block tile); attention_backward_ctx: one CTA
-    per (context tile, kv head) over the blocks that see it: S, dP, dK, dV."""
+def ldsm_bytes(w, dp):
+    """Shared-memory bytes per tensor-core FLOP of one warp's product of 16 rows by w
+    columns over dp (cuda/attention.cu scores()): per 16-wide k step one 512-byte A fragment
+    and a 512-byte B fragment per 16 columns (2 mma.sync m16n8k16, 8192 FLOPs); a product
+    whose A comes from registers (P V, dS K, P^T dO, dS^T Q: accumulate()) pays only its
+    B, 1/16 B/FLOP."""
+    return 1.0 / 16 + 1.0 / w
+
+
+def mma_attention(c, s, l, gpu, w, fwd_model, io):
+    """cuda/attention.cu as documented at its top (FlashAttention-2 on mma.sync): one CTA
+    per (block, kv head) packs M = B x nh/nkv query rows (padded to 16), a warp per 16
+    rows; keys walk in tiles of N (the widest of 64, 32, 16 whose shared memory fits),
+    context tiles from the first visible row, then the block's own keys; a tile of cnt keys
+    costs 16 * ceil(cnt / 16) columns at the full Mp. attention_backward_q: S, dP, dQ per
+    tile; attention_backward_kv: one CTA per (N keys, kv head), a warp per 16 keys, over the
+    blocks that see them (context tiles; each block's own keys): S^T, dP^T, dK, dV."""
     B, d, nh, nkv = c["block_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
     dk = -(-d // 16) * 16  # the products run over head_dim padded to 16
     grp = nh // nkv
     M = B * grp
     Mp = -(-M // 16) * 16
-    W = 8 if Mp >= 64 else 4  # attention.cu shape_of()
     ops, kv_bytes = [], 2 * 2 * s.Sc * nkv * d
     in_l2 = kv_bytes <= gpu["l2"] / 2
     spans_ctx = []
@@ -418,7 +431,9 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
         nctx = min(a, s.Sc)
         lo = 0 if w <= 0 else max(0, a - (w - 1))
         spans_ctx.append((min(lo, nctx), nctx))
-    for kind in ("fwd", "bwd_q", "bwd_ctx"):
+    w16 = lambda k: -(-k // 16) * 16  # a tile of k keys costs w16(k) columns
+    q_bytes = 2 * s.T * nh * d
+    for kind in ("fwd", "bwd_q", "bwd_kv"):
         N = pick_n(kind, Mp, d, gpu["smem_block"])
         if not N:
             raise Unsupported(f"CUDA attention {kind}: {Mp} rows x head_dim {d} need "
@@ -426,40 +441,27 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
                               f"N 16, more than the {gpu['smem_block']} per block of this GPU: "
                               f"the backend refuses this shape (DFLASH_E_UNSUPPORTED)")
         smem = smem_layout(kind, Mp, N, d)
-        ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), 2048 // (32 * W)))
-        w16 = lambda k: -(-k // 16) * 16  # a tile of k keys costs w16(k) columns
-        ctx_tiles = sum(-(-(hi - lo) // N) for lo, hi in spans_ctx)
-        blk_tiles = s.A * -(-B // N)
+        W = N // 16 * kv_groups(Mp, N, dk) if kind == "bwd_kv" else Mp // 16
+        ctas = max(1, min(gpu["smem_sm"] // (smem + 1024), gpu["threads_sm"] // (32 * W)))
         # keys: the sum of the tile widths each CTA visits (attention.cu's FLOPs header)
         ctx_keys = sum((hi - lo) // N * N + w16((hi - lo) % N) for lo, hi in spans_ctx)
         blk_keys = s.A * (B // N * N + w16(B % N))
         keys = ctx_keys + blk_keys
-        tiles = ctx_tiles + blk_tiles
-        q_bytes = 2 * s.T * nh * d
-        # shared-memory traffic of the products (frag_bytes: each product's unit as
-        # attention.cu's warp_gemm calls give it; context tiles of N keys, block tiles of
-        # w16(B)); per key of a tile, each product is 2 * Mp * dk FLOPs
-        fb = frag_bytes
         if kind == "fwd":
             fl = nkv * 4.0 * Mp * keys * dk
-            traffic = nkv * 2.0 * Mp * dk * (
-                ctx_keys * (fb(Mp, N, dk, (1, 2), 0) + fb(Mp, dk, N, (2, 2), 1)) +
-                blk_keys * (fb(Mp, w16(B), dk, (1, 2), 0) + fb(Mp, dk, w16(B), (2, 2), 1)))
-            elem = nkv * tiles * Mp * (N * 14 + d * 8)
-            l2 = nkv * keys * d * 2 * 2
-            hbm = 2 * q_bytes + 4 * s.T * nh + 2 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
-            name, mf = f"L{l} attention fwd (WMMA, M {M}, N {N})", fwd_model
+            wt = min(N, w16(B)) if keys == blk_keys else N
+            traffic = nkv * 2.0 * Mp * dk * keys * (ldsm_bytes(wt, dk) + 1.0 / 16)
+            exps = nkv * Mp * keys
+            l2 = nkv * keys * d * 2 * 2  # each CTA's K and V tiles through L2
+            hbm = 2 * q_bytes + 4 * s.T * nh + 2 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else nkv * keys * d * 4)
+            name, mf = f"L{l} attention fwd (mma.sync, M {M}, N {N})", fwd_model
         elif kind == "bwd_q":
-            fl = nkv * (6.0 * Mp * keys * dk + s.A * 4.0 * Mp * w16(B) * dk)
-            dq = None if held_fits(1, 1, Mp, dk, W) else 1
-            traffic = nkv * 2.0 * Mp * dk * (
-                ctx_keys * (2 * fb(Mp, N, dk, (2, 2), 0) + fb(Mp, dk, N, (2, 2), dq)) +
-                blk_keys * (2 * fb(Mp, w16(B), dk, (2, 2), 0) + fb(Mp, dk, w16(B), (2, 2), dq)) +
-                s.A * w16(B) * 2 * fb(w16(B), dk, Mp, (1, 1), 0))
-            elem = nkv * tiles * Mp * (N * 20 + d * 8)
+            fl = nkv * 6.0 * Mp * keys * dk
+            traffic = nkv * 2.0 * Mp * dk * keys * (2 * ldsm_bytes(N, dk) + 1.0 / 16)
+            exps = nkv * Mp * keys
             l2 = nkv * keys * d * 2 * 2
-            hbm = 4 * q_bytes + 8 * s.T * nh + 4 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else l2)
-            name, mf = f"L{l} attention bwd dQ + block dK/dV (WMMA, N {N})", fwd_model
+            hbm = 4 * q_bytes + 8 * s.T * nh + 2 * 2 * s.T * nkv * d + (kv_bytes if in_l2 else nkv * keys * d * 4)
+            name, mf = f"L{l} attention bwd dQ (mma.sync, N {N})", fwd_model
         else:
             pairs = cols = 0
             for t0 in range(0, s.Sc, N):
@@ -468,18 +470,19 @@ def wmma_attention(c, s, l, gpu, w, fwd_model, io):
                     if t0 < hi and t0 + cnt > lo:
                         pairs += 1
                         cols += w16(min(hi - t0, cnt))
+            pairs += s.A * -(-B // N)  # each block's own keys
+            cols += s.A * (B // N * N + w16(B % N))
             fl = nkv * 8.0 * Mp * cols * dk
-            traffic = nkv * 2.0 * Mp * dk * cols * 2 * (
-                fb(Mp, N, dk, (2, 2), 0) +
-                fb(N, dk, Mp, (2, 2), None if held_fits(2, 2, N, dk, W) else 1))
-            elem = nkv * pairs * Mp * (N * 20) + nkv * pairs * 2 * N * d * 8
+            # S^T, dP^T: A = K / V rows (16 keys), B = 32 query rows per step; dV, dK: B only
+            traffic = nkv * 2.0 * Mp * dk * cols * 2 * (ldsm_bytes(32, dk) + 1.0 / 16)
+            exps = nkv * Mp * cols
             l2 = nkv * pairs * (Mp * d * 2 * 2 + 8 * Mp)  # q, dO, lse, D per (tile, block)
             waves = -(-(-(-s.Sc // N) * nkv) // (gpu["sms"] * ctas))
-            hbm = waves * (2 * q_bytes + 8 * s.T * nh) + 2 * kv_bytes
-            name, mf = f"L{l} attention bwd context dK/dV (WMMA, N {N})", fwd_model
+            hbm = waves * (2 * q_bytes + 8 * s.T * nh) + 2 * kv_bytes + 2 * 2 * s.T * nkv * d
+            name, mf = f"L{l} attention bwd dK/dV (mma.sync, N {N})", fwd_model
         ops.append(Op(name, ATTN_KERNEL[kind], "attn", fl, hbm, mf,
-                      extra=dict(wmma=True, warps=W, ctas_per_sm=ctas, smem=smem, N=N, M=M,
-                                 smem_traffic=traffic + elem, l2=l2)))
+                      extra=dict(mma=True, warps=W, ctas_per_sm=ctas, smem=smem, N=N, M=M,
+                                 smem_traffic=traffic, exps=exps, l2=l2)))
     return ops
 
 
@@ -491,8 +494,8 @@ def attention_ops(c, s, l, gpu, design):
     fwd_model = 4.0 * pairs * d * nh          # QK^T and PV
     spans = key_span(c, s, w)
     io = 2 * d * (s.T * nh * 2 + s.Sc * nkv * 2 + s.T * nkv * 2)  # q,o + kc,vc + kb,vb
-    if design == "wmma":
-        return wmma_attention(c, s, l, gpu, w, fwd_model, io)
+    if design in ("mma", "wmma"):  # "wmma": the former name of the tensor-core path
+        return mma_attention(c, s, l, gpu, w, fwd_model, io)
     # Current scalar kernels: FMAs on CUDA cores, limited by shared-memory wavefronts.
     # dot_fb (q.k, dO.v): per warp FMA one broadcast q load + the k row load, 8-way
     # bank-conflicted (8 lanes of a row read 8 keys 2*d bytes apart): 9 wavefronts per
@@ -729,8 +732,8 @@ def op_time(o, gpu, world):
     elif o.kind == "attn":
         hbm = o.bytes / (gpu["bw"] * MEM_EFF)
         l2 = o.extra.get("l2", 0) / gpu["l2bw"]
-        if o.extra.get("wmma"):
-            t += wmma_kernel_time(o, gpu)
+        if o.extra.get("mma"):
+            t += mma_kernel_time(o, gpu)
         elif "time" in o.extra:
             t += max(o.extra["time"], hbm)
         else:
@@ -854,7 +857,7 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
 
 
 def model(c, gpu_name="H200", seq_len=3072, n_anchors=512, batch=1, world=1, chunk=16384,
-          design="wmma"):
+          design="mma"):
     """Per-op rows and totals of one step on one of `world` GPUs, in four schedules:
     `before` (the backend before item 4: fp32 rows checked and converted on the host,
     then uploaded, then computed, one after another), `sync` (the rows copied as stored
@@ -1182,12 +1185,20 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1, help="sequences accumulated per step and GPU")
     ap.add_argument("--world", type=int, default=8, help="GPUs (data parallel, ZeRO-1)")
     ap.add_argument("--vocab-chunk", type=int, default=16384)
-    ap.add_argument("--attention", default="both", choices=["wmma", "scalar", "both"])
+    ap.add_argument("--attention", default="both", choices=["mma", "wmma", "scalar", "both"],
+                    help="the tensor-core kernels (mma; wmma: their former name), the old "
+                         "scalar ones, or both (the default)")
+    ap.add_argument("--busbw", type=float, metavar="GB/S",
+                    help="NCCL bus bandwidth instead of the GPU's stated one (RTX-PRO-6000: 25 "
+                         "by default, 15-42 measured on 8-GPU PCIe boxes)")
     ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "
                          "DFlash2DraftModel gives them itself)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per design")
+    ap.add_argument("--json", action="store_true",
+                    help="one JSON object per design, then a last line with the first design's "
+                         "step (mfu_pct, step_ms, attention; all null and `refused` saying why "
+                         "when the backend refuses the shape)")
     ap.add_argument("--no-ops", action="store_true", help="totals only")
     ap.add_argument("--markdown", action="store_true", help="the per-op table as Markdown")
     ap.add_argument("--categories", action="store_true", help="a Markdown table per class of op")
@@ -1200,13 +1211,15 @@ def main(argv=None):
                          "measured per kernel next to predicted")
     ap.add_argument("--runs", type=int, default=1, help="steps the profile covers")
     a = ap.parse_args(argv)
+    if a.busbw:
+        GPUS[a.gpu] = dict(GPUS[a.gpu], busbw=a.busbw * 1e9)
     c = load_config(a.config)
     if a.dflash2:
         k, g, K, r = (int(v) for v in a.dflash2.split(","))
         c = dict(c, dflash2=dict(k=k, g=g, K=K, r=r), name=c["name"] + "-dflash2")
     if a.gemms or a.compare or a.compare_kernels:
         r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
-                  "scalar" if a.attention == "scalar" else "wmma")
+                  "scalar" if a.attention == "scalar" else "mma")
         if a.gemms:
             for g in gemm_calls(r):
                 print(f"{g['name']} {g['M']} {g['N']} {g['K']} {g['c_bytes']} {g['beta']:g}")
@@ -1215,13 +1228,18 @@ def main(argv=None):
         else:
             compare_kernels(r, a.compare_kernels, a.runs)
         return 0
-    designs = ["wmma", "scalar"] if a.attention == "both" else [a.attention]
+    designs = ["mma", "scalar"] if a.attention == "both" else [a.attention]
+    # The last --json line: the first design's step (the tensor-core path with "both": what
+    # the backend runs; it has no scalar fallback, a shape it refuses has no step).
+    chosen, refused = None, None
     for i, dsg in enumerate(designs):
         try:
             r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk, dsg)
         except Unsupported as e:
             print(f"== {c['name']} on {a.gpu}: {e}")
+            refused = refused or (str(e) if i == 0 else None)
             continue
+        chosen = r if i == 0 else chosen
         if a.json:
             print(json.dumps(to_json(r)))
         elif a.markdown or a.categories:
@@ -1230,6 +1248,13 @@ def main(argv=None):
             print_table(r, ops=False)
         else:
             print_table(r, ops=not a.no_ops and i == 0)
+    if a.json:
+        last = dict(config=c["name"], gpu=a.gpu, world=a.world, batch=a.batch,
+                    busbw_gbs=GPUS[a.gpu]["busbw"] / 1e9, refused=refused,
+                    attention=chosen["attention"] if chosen else None,
+                    mfu_pct=round(100 * chosen["sched"]["now"]["mfu"], 2) if chosen else None,
+                    step_ms=round(chosen["step_s"] * 1e3, 2) if chosen else None)
+        print(json.dumps(last))
     return 0
 
 

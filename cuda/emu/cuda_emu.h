@@ -11,7 +11,8 @@
 //
 // Host side (cuda/emu/runtime.cpp): device memory, copies, memsets, streams and events with
 // stream-order semantics that delay work as long as CUDA allows, pinned memory, launch
-// checks against an H200's limits; cuBLAS's GemmEx (cuda/emu/blas.cpp) and NCCL's
+// checks against the limits of the emulated architecture (DFLASH_EMU_ARCH: sm_90 H200,
+// sm_100 B200, sm_120 RTX PRO 6000 Blackwell); cuBLAS's GemmEx (cuda/emu/blas.cpp) and NCCL's
 // collectives for ranks in threads of one process (cuda/emu/nccl.cpp).
 //
 // Nothing here is CUDA's code or CUDA's headers: the names and semantics are those of the
@@ -76,6 +77,24 @@ void warp_all_lanes(LanesFn fn, void *arg, const char *what);
 unsigned active_mask();
 unsigned lane_id();
 [[noreturn]] void device_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// ---- raw tensor-core and async-copy instructions (mma_sync.cpp, fiber.cpp; cuda/tc.cuh) ----
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 of the calling lane: a warp-wide op
+// (all 32 lanes, converged) on the PTX ISA's fragment layouts (cuda/tc.cuh states them).
+void mma_m16n8k16_bf16(float *d, const uint32_t *a, const uint32_t *b, const float *c);
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16: lanes 8j..8j+7 give matrix j's
+// row addresses (16-byte aligned, in the block's shared memory); r[j] of lane l is matrix j's
+// row l / 4, columns 2 (l % 4) and + 1 (the lower column in the low half), of the
+// transposed matrix with .trans.
+void ldmatrix(uint32_t *r, int nmat, bool trans, const void *row_addr);
+// cp.async.{ca,cg}.shared.global of `bytes` (4, 8, 16): dst is poisoned (0xff) until a
+// cp.async.wait_group (or the thread's end) completes the copy's commit group.
+void cp_async(void *dst, const void *src, unsigned bytes);
+void cp_async_commit();
+// Completes every committed group but the newest n.
+void cp_async_wait(unsigned n);
+// Whether [p, p + n) lies in the running block's shared memory.
+bool in_shared(const void *p, size_t n);
 
 // Shared memory of the running block: `tag` names the DF_SHARED declaration.
 void *static_shared(const void *tag, size_t bytes, size_t align);

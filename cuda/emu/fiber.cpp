@@ -163,8 +163,18 @@ struct Runner {
 
 enum State : uint8_t { UNSTARTED, RUNNING, RUNNABLE, AT_BARRIER, IN_WARP_OP, DONE };
 
+// A cp.async in flight: done when its commit group is waited for (group == ~0u: not yet
+// committed).
+struct AsyncCopy {
+  void *dst;
+  const void *src;
+  unsigned bytes, group;
+};
+
 struct Thread {
   uint3 idx{};
+  std::vector<AsyncCopy> async; // this thread's cp.async not yet waited for
+  unsigned groups = 0;          // commit groups so far
   unsigned tid = 0;
   State state = UNSTARTED;
   Runner *host = nullptr;         // the runner holding its stack once started
@@ -453,9 +463,13 @@ void try_complete(Exec *e, Warp &w, unsigned warp_no) {
 void run_thread(Exec *e, Runner *r, unsigned tid) {
   Thread *t = &e->threads[tid];
   t->host = r;
+  t->async.clear();
+  t->groups = 0;
   became_current(e, t);
   e->k->body.run(e->k->body.args);
   e = t_exec;
+  for (AsyncCopy &c : t->async) std::memcpy(c.dst, c.src, c.bytes); // they land anyway
+  t->async.clear();
   t->state = DONE;
   e->cur = nullptr;
   e->alive--;
@@ -620,12 +634,54 @@ void *static_shared(const void *tag, size_t bytes, size_t align) {
   if (e->static_bytes > kSmemStatic)
     block_fatal(e, "%zu bytes of static shared memory (the hardware allows %zu)", e->static_bytes,
                 kSmemStatic);
-  if (e->static_bytes + e->k->smem > kSmemOptin)
+  if (e->static_bytes + e->k->smem > arch().smem_optin)
     block_fatal(e,
                 "%zu bytes of static and %zu of dynamic shared memory: more than the %zu "
-                "a block can have (the launch fails on the hardware)",
-                e->static_bytes, e->k->smem, kSmemOptin);
+                "a block can have on %s (the launch fails on the hardware)",
+                e->static_bytes, e->k->smem, arch().smem_optin, arch().name);
   return p;
+}
+
+bool in_shared(const void *p, size_t n) {
+  Exec *e = exec_or_die("shared memory check");
+  auto inside = [p, n](const char *base, size_t size) {
+    return (const char *)p >= base && (const char *)p + n <= base + size;
+  };
+  if (inside(e->dyn, e->k->smem)) return true;
+  for (auto &sl : e->shared)
+    if (inside(sl.mem, sl.size)) return true;
+  return false;
+}
+
+void cp_async(void *dst, const void *src, unsigned bytes) {
+  Exec *e = exec_or_die("cp.async");
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    device_fault("cp.async of %u bytes (4, 8 or 16)", bytes);
+  if ((uintptr_t)dst % bytes || (uintptr_t)src % bytes)
+    device_fault("cp.async: %u-byte copy %p <- %p not aligned to its size", bytes, dst, src);
+  if (!in_shared(dst, bytes))
+    device_fault("cp.async: destination %p is not in the block's shared memory", dst);
+  if (!is_device(src)) device_fault("cp.async: source %p is not device memory", src);
+  std::memset(dst, 0xff, bytes); // unreadable until waited for
+  e->cur->async.push_back(AsyncCopy{dst, src, bytes, ~0u});
+}
+
+void cp_async_commit() {
+  Thread *t = exec_or_die("cp.async.commit_group")->cur;
+  for (AsyncCopy &c : t->async)
+    if (c.group == ~0u) c.group = t->groups;
+  t->groups++;
+}
+
+void cp_async_wait(unsigned n) {
+  Thread *t = exec_or_die("cp.async.wait_group")->cur;
+  unsigned upto = t->groups > n ? t->groups - n : 0; // groups [0, upto) complete
+  size_t kept = 0;
+  for (AsyncCopy &c : t->async) {
+    if (c.group != ~0u && c.group < upto) std::memcpy(c.dst, c.src, c.bytes);
+    else t->async[kept++] = c;
+  }
+  t->async.resize(kept);
 }
 
 void *dynamic_shared() { return exec_or_die("dynamic shared memory")->dyn; }
@@ -699,7 +755,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
   if (!func) return fail(cudaErrorInvalidDeviceFunction);
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     // The hardware refuses more than the opt-in maximum less the kernel's static shared memory.
-    if (value < 0 || (size_t)value + known_static_smem(func) > kSmemOptin)
+    if (value < 0 || (size_t)value + known_static_smem(func) > arch().smem_optin)
       return fail(cudaErrorInvalidValue);
     std::lock_guard<std::mutex> g(g_kernel_mu);
     g_dyn_limit[func] = (size_t)value;

@@ -26,12 +26,23 @@
 
 namespace dfemu {
 
-// H200 limits (CUDA C Programming Guide, compute capability 9.0).
-constexpr size_t kSmemOptin = 232448;  // 227 KiB: dynamic + static shared memory per block
+// The emulated architecture (DFLASH_EMU_ARCH=sm_90|sm_100|sm_120, default sm_90): the
+// properties cudaGetDeviceProperties reports and the limits a launch is checked against.
+// Figures: CUDA C Programming Guide (compute capabilities 9.0, 10.0, 12.0) and the cards'
+// datasheets (../shared/spec/gpu-targets.md); `memory` is what the driver reports.
+struct Arch {
+  const char *name, *card; // "sm_120", "RTX PRO 6000 Blackwell"
+  int major, minor, sms, clock_khz, mem_clock_khz, bus_bits;
+  size_t smem_optin;  // dynamic + static shared memory per block, opted in
+  size_t smem_per_sm; // shared memory per SM
+  int regs_per_sm, regs_per_block, threads_per_sm;
+  size_t l2, memory;
+};
+// The arch of this process (read once; an unknown name aborts naming the known ones).
+const Arch &arch();
 constexpr size_t kSmemDefault = 49152; // 48 KiB without cudaFuncAttributeMaxDynamicSharedMemorySize
 constexpr size_t kSmemStatic = 49152;  // static __shared__ per block
 constexpr unsigned kMaxThreads = 1024;
-constexpr size_t kDefaultMemory = 143771ull << 20; // what an H200 reports (143771 MiB)
 constexpr int kMaxDevices = 16;
 
 // Diagnostics go to stderr, prefixed "cuda-emu: ".

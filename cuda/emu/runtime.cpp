@@ -28,6 +28,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -35,6 +36,29 @@
 #include "internal.h"
 
 namespace dfemu {
+
+const Arch &arch() {
+  // H200 (9.0): 227 KiB per block of 228 per SM; B200 (10.0): the same shared memory, 148
+  // SMs, 192 GB nominal (the reported figure a guess); RTX PRO 6000 Blackwell (12.0): 99 KiB
+  // per block (101,376 B) of 100 per SM, 48 warps per SM, 97,887 MiB reported.
+  static const Arch table[] = {
+      {"sm_90", "H200", 9, 0, 132, 1980000, 2619000, 6144, 232448, 233472, 65536, 65536, 2048,
+       50u << 20, 143771ull << 20},
+      {"sm_100", "B200", 10, 0, 148, 1965000, 3996000, 8192, 232448, 233472, 65536, 65536, 2048,
+       126u << 20, 183105ull << 20},
+      {"sm_120", "RTX PRO 6000 Blackwell", 12, 0, 188, 2617000, 14000000, 512, 101376, 102400,
+       65536, 65536, 1536, 128u << 20, 97887ull << 20},
+  };
+  static const Arch &a = []() -> const Arch & {
+    const char *env = getenv("DFLASH_EMU_ARCH");
+    if (!env || !*env) return table[0];
+    for (const Arch &t : table)
+      if (!strcmp(env, t.name)) return t;
+    fatal("DFLASH_EMU_ARCH=%s: not an emulated architecture (sm_90, sm_100 or sm_120)", env);
+  }();
+  return a;
+}
+
 
 // ---- diagnostics, seed --------------------------------------------------------------------
 namespace {
@@ -158,7 +182,7 @@ int device_count() {
 size_t device_memory() {
   static const size_t n = [] {
     const char *env = getenv("DFLASH_EMU_DEVICE_MEMORY");
-    return env && *env ? (size_t)strtoull(env, nullptr, 10) : kDefaultMemory;
+    return env && *env ? (size_t)strtoull(env, nullptr, 10) : arch().memory;
   }();
   return n;
 }
@@ -387,11 +411,12 @@ void launch(const char *name, const void *kernel, dim3 grid, dim3 block, size_t 
                   "65535 and none 0",
                   grid.x, grid.y, grid.z);
   size_t lim = dynamic_smem_limit(kernel), st = known_static_smem(kernel);
-  if (smem > lim || smem + st > kSmemOptin)
+  size_t optin = arch().smem_optin;
+  if (smem > lim || smem + st > optin)
     return refuse(cudaErrorInvalidValue,
                   "%zu bytes of dynamic shared memory (limit %zu for "
-                  "this kernel, %zu with %zu static at most)",
-                  smem, lim, kSmemOptin - st, st);
+                  "this kernel, %zu with %zu static at most on %s)",
+                  smem, lim, optin - (st < optin ? st : optin), st, arch().name);
   if (refused_by_test(name))
     return refuse(cudaErrorLaunchOutOfResources,
                   "refused on request (dfemu_refuse_kernel), as "
@@ -489,23 +514,24 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
   if (!p) return fail(cudaErrorInvalidValue);
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   std::memset(p, 0, sizeof *p);
-  snprintf(p->name, sizeof p->name, "cuda-emu (H200 limits)");
+  const Arch &a = arch();
+  snprintf(p->name, sizeof p->name, "cuda-emu %s (%s limits)", a.name, a.card);
   p->totalGlobalMem = device_memory();
   p->sharedMemPerBlock = kSmemDefault;
-  p->sharedMemPerBlockOptin = kSmemOptin;
-  p->sharedMemPerMultiprocessor = 233472;
-  p->regsPerBlock = 65536;
+  p->sharedMemPerBlockOptin = a.smem_optin;
+  p->sharedMemPerMultiprocessor = a.smem_per_sm;
+  p->regsPerBlock = a.regs_per_block;
   p->warpSize = 32;
   p->maxThreadsPerBlock = 1024;
   p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
   p->maxGridSize[0] = 2147483647, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
-  p->multiProcessorCount = 132;
-  p->major = 9, p->minor = 0;
-  p->clockRate = 1980000;
-  p->memoryClockRate = 2619000;
-  p->memoryBusWidth = 6144;
-  p->l2CacheSize = 50 << 20;
-  p->maxThreadsPerMultiProcessor = 2048;
+  p->multiProcessorCount = a.sms;
+  p->major = a.major, p->minor = a.minor;
+  p->clockRate = a.clock_khz;
+  p->memoryClockRate = a.mem_clock_khz;
+  p->memoryBusWidth = a.bus_bits;
+  p->l2CacheSize = (int)a.l2;
+  p->maxThreadsPerMultiProcessor = a.threads_per_sm;
   return cudaSuccess;
 }
 

@@ -2,7 +2,9 @@
 // missing barrier, warp shuffles and votes under shuffled lanes, shared-memory poison, launch
 // limits, bounds-checked copies, stream order, events, cuBLAS's checks and arithmetic, NCCL
 // across ranks in threads, bf16 and fp8 conversions against src/core/bf16.h, WMMA fragments
-// (products, a layout-dependent read shown wrong, NaN until loaded), and (in child processes)
+// (products, a layout-dependent read shown wrong, NaN until loaded), mma.sync / ldmatrix /
+// cp.async on the PTX ISA's layouts (three routes to the fragments exact, one index off and a
+// missing wait_group wrong), and (in child processes)
 // the faults it aborts on, WMMA misuse among them. Suite 'cuda-emu'.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <cfloat>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +20,7 @@
 #include <mma.h>
 
 #include "common.cuh"
+#include "tc.cuh"
 #include "nccl.h"
 extern "C" {
 #include "core/bf16.h"
@@ -139,6 +143,96 @@ __global__ void wmma_partial_warp(float *out) { // launched with 16 threads
   FragC c;
   wmma::fill_fragment(c, 0.0f);
   wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+}
+
+// ---- raw tensor-core instructions (cuda/tc.cuh: mma.sync, ldmatrix, cp.async) ----------------
+// One warp: C (16 x 8) = A (16 x 32) B (32 x 8) + C0 in two k steps of m16n8k16, A and B
+// brought to shared memory by cp.async. The modes reach the documented fragments by
+// different routes, so a layout wrong in the emulator fails at least one of them:
+//   MMA_LDSM   A row-major by ldmatrix.x4, B row-major (k x n) by ldmatrix.x2.trans
+//   MMA_HAND   A, B and C0 packed by hand from global memory with the PTX ISA's formulas
+//   MMA_TRANS  A^T (k x m) by ldmatrix.x4.trans, B^T (n x k) by two ldmatrix.x1
+//   MMA_OFF    MMA_LDSM with one fragment index off (a[1] and a[2] swapped): must be wrong
+//   MMA_NOWAIT MMA_LDSM without its cp.async.wait_group: must read poison
+enum { MMA_LDSM, MMA_HAND, MMA_TRANS, MMA_OFF, MMA_NOWAIT };
+__global__ void mma_gemm(float *C, const bf16 *A, const bf16 *At, const bf16 *B, const bf16 *Bt,
+                         const float *C0, int mode) {
+  DF_SHARED(bf16, sa, [16 * 32]); // A, or A^T [32][16]
+  DF_SHARED(bf16, sb, [32 * 8]);  // B [32][8], or B^T [8][32]
+  int l = threadIdx.x, g = l / 4, t = l % 4;
+  const bf16 *ga = mode == MMA_TRANS ? At : A, *gb = mode == MMA_TRANS ? Bt : B;
+  for (int i = l; i < 64; i += 32) tc_cp_async16(sa + i * 8, ga + i * 8);
+  tc_cp_async16(sb + l * 8, gb + l * 8);
+  tc_cp_commit();
+  if (mode != MMA_NOWAIT) tc_cp_wait<0>();
+  __syncthreads();
+  float c[4];
+  for (int i = 0; i < 4; i++) c[i] = C0[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)];
+  for (int ks = 0; ks < 2; ks++) {
+    uint32_t a[4], b[2];
+    if (mode == MMA_HAND) {
+      auto at = [&](int r, int k) { return __bfloat162float(A[r * 32 + ks * 16 + k]); };
+      for (int r = 0; r < 4; r++) {
+        int row = g + (r & 1) * 8, col = 2 * t + (r >> 1) * 8;
+        a[r] = tc_pack(at(row, col), at(row, col + 1));
+      }
+      for (int r = 0; r < 2; r++) {
+        int k = ks * 16 + 2 * t + r * 8;
+        b[r] = tc_pack(__bfloat162float(B[k * 8 + g]), __bfloat162float(B[(k + 1) * 8 + g]));
+      }
+    } else if (mode == MMA_TRANS) {
+      // matrix j: k rows ks*16 + (j / 2) * 8 .., m columns (j % 2) * 8 .. of A^T
+      int j = l / 8;
+      tc_ldmatrix<4, true>(a, sa + (ks * 16 + (j / 2) * 8 + l % 8) * 16 + (j % 2) * 8);
+      uint32_t b0[1], b1[1];
+      tc_ldmatrix<1, false>(b0, sb + (l % 8) * 32 + ks * 16);
+      tc_ldmatrix<1, false>(b1, sb + (l % 8) * 32 + ks * 16 + 8);
+      b[0] = b0[0], b[1] = b1[0];
+    } else {
+      // matrix j: rows (j % 2) * 8 .., columns ks*16 + (j / 2) * 8 ..
+      int j = l / 8;
+      tc_ldmatrix<4, false>(a, sa + ((j % 2) * 8 + l % 8) * 32 + ks * 16 + (j / 2) * 8);
+      tc_ldmatrix<2, true>(b, sb + (ks * 16 + l % 16) * 8);
+      if (mode == MMA_OFF) std::swap(a[1], a[2]);
+    }
+    tc_mma(c, a, b, c);
+  }
+  for (int i = 0; i < 4; i++) C[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = c[i];
+}
+
+// cp.async groups: two committed groups, wait_group 1 completes the first only.
+__global__ void cp_groups(float *out, const bf16 *src) {
+  DF_SHARED(bf16, sh, [2 * 32 * 8]);
+  int l = threadIdx.x;
+  tc_cp_async16(sh + l * 8, src + l * 8);
+  tc_cp_commit();
+  tc_cp_async16(sh + 256 + l * 8, src + 256 + l * 8);
+  tc_cp_commit();
+  tc_cp_wait<1>();
+  out[l] = __bfloat162float(sh[l * 8]), out[32 + l] = __bfloat162float(sh[256 + l * 8]);
+  tc_cp_wait<0>();
+  out[64 + l] = __bfloat162float(sh[256 + l * 8]);
+}
+
+// Misuse the hardware would hang on or fault: one lane skips the mma, lanes at different
+// ldmatrix shapes, ldmatrix from global memory.
+__global__ void mma_lane_missing(float *out) {
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float c[4] = {0, 0, 0, 0};
+  if (threadIdx.x != 5) tc_mma(c, a, b, c);
+  out[threadIdx.x] = c[0];
+}
+__global__ void ldsm_lanes_differ(float *out) {
+  DF_SHARED(bf16, sh, [32 * 8]);
+  uint32_t r4[4], r2[2];
+  if (threadIdx.x < 16) tc_ldmatrix<2, false>(r2, sh + threadIdx.x * 8);
+  else tc_ldmatrix<4, false>(r4, sh + threadIdx.x * 8);
+  out[threadIdx.x] = 0;
+}
+__global__ void ldsm_global(float *out) {
+  uint32_t r[1];
+  tc_ldmatrix<1, false>(r, out + (threadIdx.x % 8) * 4);
+  out[threadIdx.x] = (float)r[0];
 }
 
 // A block-wide sum through a shared-memory tree: `barrier` 0 leaves out the __syncthreads
@@ -281,6 +375,25 @@ static void test_warp_ops() {
   }
 }
 
+// The published figures of the emulated architectures (DFLASH_EMU_ARCH; CUDA C Programming
+// Guide, compute capabilities 9.0 / 10.0 / 12.0, and the cards' datasheets), written here
+// independently of cuda/emu/runtime.cpp's table.
+struct ArchFigures {
+  const char *name;
+  size_t optin, per_sm;
+  int sms, major, threads_per_sm;
+  unsigned long long mib;
+};
+static const ArchFigures &arch_figures() {
+  static const ArchFigures t[] = {{"sm_90", 232448, 233472, 132, 9, 2048, 143771},
+                                  {"sm_100", 232448, 233472, 148, 10, 2048, 183105},
+                                  {"sm_120", 101376, 102400, 188, 12, 1536, 97887}};
+  const char *e = getenv("DFLASH_EMU_ARCH");
+  for (const ArchFigures &f : t)
+    if (e && !strcmp(e, f.name)) return f;
+  return t[0];
+}
+
 static void test_poison_and_smem_limits() {
   float *out = dev_alloc<float>(128);
   std::vector<float> h(128);
@@ -291,22 +404,39 @@ static void test_poison_and_smem_limits() {
     for (float v : h) nan += std::isnan(v);
     CHECK(nan == 128, "unwritten shared memory read as numbers (%d of 128 NaN)", nan);
   }
-  // Dynamic shared memory: 48 KiB without the attribute, up to 227 KiB with it.
+  // Dynamic shared memory: 48 KiB without the attribute, up to the arch's opt-in maximum
+  // (227 KiB on sm_90 / sm_100, 99 KiB on sm_120) with it.
+  const ArchFigures &af = arch_figures();
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess, "properties");
+  CHECK(prop.sharedMemPerBlockOptin == af.optin && prop.sharedMemPerMultiprocessor == af.per_sm &&
+            prop.multiProcessorCount == af.sms && prop.major == af.major &&
+            prop.regsPerBlock == 65536 && prop.maxThreadsPerMultiProcessor == af.threads_per_sm,
+        "%s: %s reports %zu / %zu B shared, %d SMs, %d.%d, %d threads per SM", af.name, prop.name,
+        prop.sharedMemPerBlockOptin, prop.sharedMemPerMultiprocessor, prop.multiProcessorCount,
+        prop.major, prop.minor, prop.maxThreadsPerMultiProcessor);
+  int attr = 0;
+  cudaDeviceGetAttribute(&attr, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+  CHECK((size_t)attr == af.optin, "attribute optin %d", attr);
   cudaGetLastError();
   DF_LAUNCH(1, 64, 64 * 1024, nullptr, big_smem)(out);
   CHECK(cudaGetLastError() == cudaErrorInvalidValue,
         "64 KiB of dynamic smem without the attribute");
-  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 240000) ==
-            cudaErrorInvalidValue,
-        "240000 bytes accepted");
+  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)af.optin + 1) == cudaErrorInvalidValue,
+        "%zu bytes accepted", af.optin + 1);
   cudaGetLastError();
-  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448) ==
-            cudaSuccess,
-        "227 KiB refused");
-  DF_LAUNCH(1, 64, 232448, nullptr, big_smem)(out);
-  CHECK(cudaGetLastError() == cudaSuccess, "227 KiB launch refused");
-  DF_LAUNCH(1, 64, 232449, nullptr, big_smem)(out);
-  CHECK(cudaGetLastError() == cudaErrorInvalidValue, "227 KiB + 1 launched");
+  CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)af.optin) == cudaSuccess,
+        "%zu bytes refused", af.optin);
+  DF_LAUNCH(1, 64, af.optin, nullptr, big_smem)(out);
+  CHECK(cudaGetLastError() == cudaSuccess, "a launch at the opt-in maximum refused");
+  DF_LAUNCH(1, 64, af.optin + 1, nullptr, big_smem)(out);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue, "opt-in maximum + 1 launched");
+  if (af.optin < 232448) { // what an H200 runs, refused here as the hardware refuses it
+    DF_LAUNCH(1, 64, 102400, nullptr, big_smem)(out);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "100 KiB launched on %s", af.name);
+  }
   cudaDeviceSynchronize();
   cudaMemcpy(h.data(), out, 256, cudaMemcpyDeviceToHost);
   CHECK(h[0] == 1.0f && h[63] == 0.0f, "big_smem %f %f", h[0], h[63]);
@@ -343,13 +473,13 @@ static void test_memory_checks() {
   float *e = dev_alloc<float>(1 << 20);
   cudaMemGetInfo(&fr1, &tot);
   CHECK(fr0 - fr1 == 4u << 20, "cudaMemGetInfo: %zu bytes fewer", fr0 - fr1);
-  CHECK(tot == 143771ull << 20, "H200 total %zu", tot);
+  CHECK(tot == arch_figures().mib << 20, "%s total %zu", arch_figures().name, tot);
   std::vector<float> fresh(4);
   cudaMemcpy(fresh.data(), e, 16, cudaMemcpyDeviceToHost);
   CHECK(std::isnan(fresh[0]) && std::isnan(fresh[3]), "fresh device memory is not poisoned");
   cudaFree(e), cudaFree(d);
   void *big = nullptr;
-  CHECK(cudaMalloc(&big, 200ull << 30) == cudaErrorMemoryAllocation, "200 GiB on an H200");
+  CHECK(cudaMalloc(&big, 200ull << 30) == cudaErrorMemoryAllocation, "200 GiB on one GPU");
   cudaGetLastError();
   int n = 0;
   CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n == 3, "DFLASH_EMU_DEVICES=3: %d", n);
@@ -716,6 +846,70 @@ __global__ void write_past_end(float *p, int n) {
   if (threadIdx.x == 0) p[n] = 1.0f;
 }
 
+static void test_mma_sync() {
+  // Small integers over 8: every product and sum exact in fp32, so results must be equal.
+  std::vector<bf16> A(16 * 32), At(32 * 16), B(32 * 8), Bt(8 * 32);
+  std::vector<float> C0(16 * 8), ref(16 * 8);
+  for (int r = 0; r < 16; r++)
+    for (int k = 0; k < 32; k++)
+      A[r * 32 + k] = At[k * 16 + r] = __float2bfloat16((float)((r * 7 + k * 3) % 11 - 5) / 8);
+  for (int k = 0; k < 32; k++)
+    for (int n = 0; n < 8; n++)
+      B[k * 8 + n] = Bt[n * 32 + k] = __float2bfloat16((float)((k * 5 + n * 13) % 9 - 4) / 4);
+  for (int i = 0; i < 128; i++) C0[i] = (float)(i % 17) - 8;
+  for (int r = 0; r < 16; r++)
+    for (int n = 0; n < 8; n++) {
+      double s = C0[r * 8 + n];
+      for (int k = 0; k < 32; k++)
+        s += (double)__bfloat162float(A[r * 32 + k]) * __bfloat162float(B[k * 8 + n]);
+      ref[r * 8 + n] = (float)s;
+    }
+  bf16 *dA = dev_alloc<bf16>(512), *dAt = dev_alloc<bf16>(512), *dB = dev_alloc<bf16>(256),
+       *dBt = dev_alloc<bf16>(256);
+  float *dC0 = dev_alloc<float>(128), *dC = dev_alloc<float>(128);
+  cudaMemcpy(dA, A.data(), 1024, cudaMemcpyHostToDevice);
+  cudaMemcpy(dAt, At.data(), 1024, cudaMemcpyHostToDevice);
+  cudaMemcpy(dB, B.data(), 512, cudaMemcpyHostToDevice);
+  cudaMemcpy(dBt, Bt.data(), 512, cudaMemcpyHostToDevice);
+  cudaMemcpy(dC0, C0.data(), 512, cudaMemcpyHostToDevice);
+  const char *names[] = {"ldmatrix.x4 + x2.trans", "hand-packed", "ldmatrix.x4.trans + x1",
+                         "a[1]/a[2] swapped", "no cp.async.wait_group"};
+  for (int mode = MMA_LDSM; mode <= MMA_NOWAIT; mode++) {
+    DF_LAUNCH(1, 32, 0, nullptr, mma_gemm)(dC, dA, dAt, dB, dBt, dC0, mode);
+    std::vector<float> h(128);
+    cudaMemcpy(h.data(), dC, 512, cudaMemcpyDeviceToHost);
+    int wrong = 0, nan = 0;
+    for (int i = 0; i < 128; i++) wrong += h[i] != ref[i], nan += std::isnan(h[i]);
+    printf("mma.sync %s: %d of 128 wrong (%d NaN)\n", names[mode], wrong, nan);
+    if (mode <= MMA_TRANS) CHECK(wrong == 0, "%s: %d of 128 wrong", names[mode], wrong);
+    else CHECK(wrong > 0, "%s: right although it should not be", names[mode]);
+    if (mode == MMA_NOWAIT) CHECK(nan == 128, "without the wait %d of 128 NaN", nan);
+  }
+  // wait_group 1 of 2 groups: the first has landed, the second reads poison until waited.
+  std::vector<bf16> src(512);
+  for (int i = 0; i < 512; i++) src[i] = __float2bfloat16((float)(i % 64));
+  bf16 *dsrc = dev_alloc<bf16>(512);
+  float *dout = dev_alloc<float>(96);
+  cudaMemcpy(dsrc, src.data(), 1024, cudaMemcpyHostToDevice);
+  DF_LAUNCH(1, 32, 0, nullptr, cp_groups)(dout, dsrc);
+  std::vector<float> o(96);
+  cudaMemcpy(o.data(), dout, 384, cudaMemcpyDeviceToHost);
+  int first = 0, second = 0, after = 0;
+  for (int l = 0; l < 32; l++) {
+    first += o[l] == (float)(l * 8 % 64);
+    second += std::isnan(o[32 + l]);
+    after += o[64 + l] == (float)((256 + l * 8) % 64);
+  }
+  CHECK(first == 32 && second == 32 && after == 32,
+        "wait_group 1: %d of 32 of the first group landed, %d of the second poisoned, %d "
+        "landed after wait_group 0",
+        first, second, after);
+  // bf16x2 packing: cvt.rn.bf16x2.f32 puts the first operand (hi) in the upper half.
+  CHECK(tc_pack(1.0f, -2.0f) == (0xc0000000u | 0x3f80u), "tc_pack %08x", tc_pack(1.0f, -2.0f));
+  cudaFree(dA), cudaFree(dAt), cudaFree(dB), cudaFree(dBt), cudaFree(dC0), cudaFree(dC);
+  cudaFree(dsrc), cudaFree(dout);
+}
+
 static void expect_oob_caught() {
   fflush(stdout);
   pid_t pid = fork();
@@ -784,6 +978,10 @@ int main() {
   expect_abort("WMMA lanes at a load and a store", wmma_lanes_differ_in_op, 32,
                "wmma::store_matrix_sync");
   expect_abort("WMMA in a partial warp", wmma_partial_warp, 16, "every lane of the warp");
+  test_mma_sync();
+  expect_abort("an mma.sync one lane skips", mma_lane_missing, 32, "every lane of the warp");
+  expect_abort("lanes at ldmatrix.x2 and .x4", ldsm_lanes_differ, 32, "ldmatrix.m8n8.x");
+  expect_abort("ldmatrix from global memory", ldsm_global, 32, "not in the block's shared memory");
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }

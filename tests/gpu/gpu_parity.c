@@ -23,9 +23,10 @@
  *
  * Built as gpu_parity_emu (DFLASH_GPU_EMU) it runs on the emulated device (cuda/emu) at
  * smaller shapes: the same code paths (head_dim 64 and 128, block 8 and 16, full and sliding
- * layers, several vocabulary chunks), a few seconds on one core. The attention kernels alone
- * (WMMA) are checked against ops.c at more shapes (GQA 1-8, block 4-16, anchor 0, anchors
- * at the sequence end) by tests/gpu/emu_attention.cpp.
+ * layers, several vocabulary chunks, Kimi's 64/8 heads), a few seconds on one core; CI runs
+ * it at DFLASH_EMU_ARCH=sm_120 (99 KB of shared memory per block). The attention kernels
+ * alone (mma.sync) are checked against ops.c at more shapes (GQA 1-8, block 4-16, anchor 0,
+ * anchors at the sequence end) by tests/gpu/emu_attention.cpp.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -400,6 +401,20 @@ int main(void) {
     return 1;
   }
   run_config(&c, "yarn/sliding", seed + 100);
+  /* Kimi K2.6's drafter heads: 64 query / 8 kv heads of 128 at block 16, 128 rows
+   * per attention CTA, on tensor cores on every emulated arch (sm_120: 99 KB per block). */
+  dflash_drafter_config kimi = c;
+  kimi.num_attention_heads = 64, kimi.num_key_value_heads = 8;
+  int len0 = g_len, anchors0 = g_anchors;
+  g_len = 100, g_anchors = 6; /* 16 times the heads: a shorter sequence keeps it seconds */
+#ifdef DFLASH_GPU_EMU
+  /* Emulated: at sm_120 only (CI's cuda-emu-parity); at sm_90 (bench/gpu_check.sh's run) the
+   * same kernels at this packing are cuda-emu-attention's "d128 B16 gqa8" cases. */
+  const char *arch = getenv("DFLASH_EMU_ARCH");
+  if (arch && !strcmp(arch, "sm_120"))
+#endif
+    run_config(&kimi, "kimi heads 64/8 x 128", seed + 130);
+  g_len = len0, g_anchors = anchors0;
   /* DFlash 2 (issue 18): the convolutions around every sublayer, the selector's loss and
    * greedy path; drop mode with the second config's sliding layer... */
   c.dflash2 = 1, c.conv_kernel_size = 3, c.conv_group_size = 8;

@@ -22,7 +22,12 @@
    count (95.0 M at H 2048, L 5, V 163840, k 2, g 16, r 256: 94,978,048), every kernel of
    cuda/dflash2.cu a step launches has a priced row (not only a name), the reduce-scatter
    runs whole after the backward (model.cu does not overlap it for DFlash 2), and the model
-   FLOPs grow by the convolutions' kernel projections and the selector.
+   FLOPs grow by the convolutions' kernel projections and the selector;
+7. the targets of issue 26: the shared-memory bytes cuda/attention.cu's header states for the
+   Kimi and Qwen3-8B packings equal the model's smem_layout (which mirrors the kernel's),
+   both fit the RTX PRO 6000's 101,376 bytes per block at N 64, neither shape is refused
+   there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
+   per CTA: refused on sm_120 with the reason, no step: the backend has no other path).
 """
 import json
 import os
@@ -97,14 +102,14 @@ def test_flops(tmp):
         c = gm.load_config(name)
         s = gm.Seq(c, seq, A)
         ind = independent_flops(c, s)
-        for design in ("wmma", "scalar"):
+        for design in ("mma", "scalar"):
             r = gm.model(c, "H200", seq, A, 1, 1, 16384, design)
             check(close(r["model_flops"], ind), f"{os.path.basename(name)} {design}: model FLOPs "
                   f"{r['model_flops']:.6e} == independent count {ind:.6e}")
             check(r["exec_flops"] >= r["model_flops"] * 0.999,
                   f"{os.path.basename(name)} {design}: executed FLOPs >= model FLOPs")
         # batch scales the per-sequence work, world only the optimizer and collectives
-        r2 = gm.model(c, "H200", seq, A, 3, 1, 16384, "wmma")
+        r2 = gm.model(c, "H200", seq, A, 3, 1, 16384, "mma")
         check(close(r2["model_flops"], 3 * ind), f"{os.path.basename(name)}: batch 3 = 3x FLOPs")
 
 
@@ -207,7 +212,7 @@ def test_kernels():
     for f, text in srcs.items():
         launched |= launched_kernels(text)
     check(len(launched) >= 20, f"found {len(launched)} launched kernels in cuda/*.cu")
-    have = gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "wmma")) | \
+    have = gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "mma")) | \
         gm.model_kernels(gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 2, 100, "scalar"))
     missing = sorted(launched - have)
     check(not missing, "every DF_LAUNCH kernel has a model row" +
@@ -240,7 +245,7 @@ def test_kernel_names(tmp):
     with open(csv, "w", encoding="utf-8") as f:
         f.write('Generating SQLite file\n"Time (%)","Total Time (ns)","Instances","Name"\n'
                 '50.0,"3,000,000",3,"(anonymous namespace)::attention_forward((anonymous namespace)::Shape)"\n')
-    r = gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 1, 100, "wmma")
+    r = gm.model(gm.load_config("tiny"), "H200", 64, 8, 1, 1, 100, "mma")
     with open(os.devnull, "w", encoding="utf-8") as null:
         meas = gm.compare_kernels(r, csv, 3, out=null)
     check(abs(meas.get("attention_forward", 0) - 1.0) < 1e-9, "a profile's total over 3 runs is 1 ms per step")
@@ -260,16 +265,16 @@ def test_overlap():
         norm_off, layer_off = gm.tensor_starts(c)
         check(norm_off + c["hidden_size"] == n and layer_off[0] < layer_off[-1] < norm_off,
               f"{name}: the final norm ends the parameter table")
-        r = gm.model(c, "H200", 3072, 512, 1, world, 16384, "wmma")
+        r = gm.model(c, "H200", 3072, 512, 1, world, 16384, "mma")
         e, rs = r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]
         check(0 < e < rs, f"{name}: reduce-scatter {rs * 1e3:.1f} ms, {e * 1e3:.1f} ms past the "
               "backward")
-        check(gm.model(c, "H200", 3072, 512, 1, 1, 16384, "wmma")["reduce_scatter_exposed_s"] == 0,
+        check(gm.model(c, "H200", 3072, 512, 1, 1, 16384, "mma")["reduce_scatter_exposed_s"] == 0,
               f"{name}: nothing to reduce on one GPU")
     saved = gm.BUCKET_ELEMS
     gm.BUCKET_ELEMS = 1 << 40  # one bucket: ready only once fc's dW is done
     try:
-        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     finally:
         gm.BUCKET_ELEMS = saved
     check(close(r["reduce_scatter_exposed_s"], r["reduce_scatter_s"]),
@@ -280,7 +285,7 @@ def test_schedules():
     for name in ("qwen3-8b", "kimi"):
         c = gm.load_config(name)
         for world, batch in ((8, 1), (1, 1), (8, 4)):
-            r = gm.model(c, "H200", 3072, 512, batch, world, 16384, "wmma")
+            r = gm.model(c, "H200", 3072, 512, batch, world, 16384, "mma")
             s = {k: v["step_s"] for k, v in r["sched"].items()}
             first, behind = r["first_upload_s"], r["first_behind_s"]
             check(close(s["sync"] - s["now"], min(first, behind)) and
@@ -293,7 +298,7 @@ def test_schedules():
     saved = gm.PCIE_BW
     gm.PCIE_BW = 1e9  # an upload slower than the step before it
     try:
-        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+        r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     finally:
         gm.PCIE_BW = saved
     first, behind = r["first_upload_s"], r["first_behind_s"]
@@ -311,8 +316,8 @@ def test_dflash2():
           f"DFlash 2 adds {gm.param_count(d2) - gm.param_count(c)} parameters (the plan: 95.0 M)")
     q = gm.load_config("qwen3-8b")
     q2 = dict(q, dflash2=dict(k=2, g=16, K=32, r=256))
-    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "wmma")
-    r2 = gm.model(q2, "H200", 3072, 512, 1, 8, 16384, "wmma")
+    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "mma")
+    r2 = gm.model(q2, "H200", 3072, 512, 1, 8, 16384, "mma")
     priced = set()
     for o, t in r2["rows"]:
         if t > 0:
@@ -332,6 +337,40 @@ def test_dflash2():
     check("dflash2" in r2["memory"] and r2["memory"]["dflash2"] > 0, "DFlash 2's buffers counted")
 
 
+def test_targets(tmp):
+    src = open(os.path.join(ROOT, "cuda", "attention.cu")).read()
+    m = re.search(r"e\.g\. d 128 \(ld 128\), Mp 128 .*?N 64: ([\d,]+) / ([\d,]+) / ([\d,]+) bytes"
+                  r".*?Mp 64 \(Qwen3-8B 32/8\): ([\d,]+) / ([\d,]+) / ([\d,]+)\.", src, re.S)
+    check(m is not None, "attention.cu's header states the bytes of both packings")
+    if m:
+        stated = [int(v.replace(",", "")) for v in m.groups()]
+        model = [gm.smem_layout(k, Mp, 64, 128) for Mp in (128, 64)
+                 for k in ("fwd", "bwd_q", "bwd_kv")]
+        check(stated == model, f"header bytes {stated} == smem_layout {model}")
+        check(max(model) <= gm.GPUS["RTX-PRO-6000"]["smem_block"], "all fit sm_120 at N 64")
+    for name in ("kimi", "qwen3-8b"):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"), name,
+                              "--gpu", "RTX-PRO-6000", "--world", "8", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        last = json.loads(out.strip().splitlines()[-1])
+        check({"mfu_pct", "step_ms", "attention", "refused"} <= set(last),
+              f"{name}: --json's last line has mfu_pct, step_ms, attention, refused")
+        check(last.get("attention") == "mma" and last.get("refused") is None
+              and last.get("busbw_gbs") == 25.0 and last.get("mfu_pct", 0) > 0,
+              f"{name} on RTX-PRO-6000: tensor cores, not refused, 25 GB/s: {last}")
+    big = dict(json.load(open(builtin_json("kimi", os.path.join(tmp, "k256.json")))),
+               head_dim=256)
+    with open(os.path.join(tmp, "k256.json"), "w") as f:
+        json.dump(big, f)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"),
+                          os.path.join(tmp, "k256.json"), "--gpu", "RTX-PRO-6000", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    last = json.loads(out.strip().splitlines()[-1])
+    check(last.get("attention") is None and last.get("mfu_pct") is None
+          and "shared memory" in (last.get("refused") or ""),
+          f"head_dim 256 at 128 rows on sm_120: refused, no step: {last}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_flops(tmp)
@@ -341,7 +380,8 @@ def main():
         test_overlap()
         test_schedules()
         test_dflash2()
-    r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "wmma")
+        test_targets(tmp)
+    r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.print_table(r, ops=False)
     if FAILS:
         print(f"{len(FAILS)} check(s) failed")
