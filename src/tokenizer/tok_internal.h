@@ -3,6 +3,7 @@
 #define DFLASH_TOKENIZER_INTERNAL_H
 
 #include <dflash/tokenizer.h>
+#include <stdatomic.h>
 
 #include "core/internal.h"
 
@@ -290,6 +291,11 @@ struct dflash_tokenizer {
   df_trie raw_trie;  /* matched before normalisation */
   df_trie norm_trie; /* HF added tokens with normalized=true */
   df_pretok pretok;
+  /* encode_batch's thread pool, made on first use and kept with the tokenizer, so
+   * its workers keep their per-thread piece caches across calls. One batch at a
+   * time holds it (pool_busy); a concurrent batch makes a pool of its own. */
+  atomic_bool pool_busy;
+  struct df_pool *pool;
 };
 
 /* Loaders fill a zeroed tokenizer; the caller finishes (tries) or frees it. */

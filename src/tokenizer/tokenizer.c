@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tok_internal.h"
 
@@ -39,6 +40,7 @@ void dflash_tokenizer_free(dflash_tokenizer *t) {
   df_trie_free(&t->raw_trie);
   df_trie_free(&t->norm_trie);
   df_pretok_free(&t->pretok);
+  df_pool_free(t->pool);
   free(t);
 }
 
@@ -437,8 +439,8 @@ dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *tex
       st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c->out.len, cap);
     else if (c->out.len) memcpy(ids, c->out.v, c->out.len * sizeof *ids);
   }
-  ctx_trim(c);
-  ctx_free(&local);
+  if (c == &local) ctx_free(&local);
+  else ctx_trim(c);
   return st;
 }
 
@@ -467,7 +469,8 @@ static dflash_status ids_append(df_ids *dst, const int32_t *v, size_t n) {
 
 static void batch_range(void *arg, size_t begin, size_t end, int worker) {
   batch_job *j = arg;
-  enc_ctx *c = &j->ctx[worker];
+  enc_ctx *c = thread_ctx(); /* the pool's threads live on, and so do their caches */
+  if (!c) c = &j->ctx[worker];
   cache_for(c, j->t);
   df_ids *arena = &j->arena[worker];
   for (size_t i = begin; i < end && !j->status[worker]; i++) {
@@ -483,6 +486,7 @@ static void batch_range(void *arg, size_t begin, size_t end, int worker) {
     j->count[i] = c->out.len;
     j->worker_of[i] = worker;
   }
+  ctx_trim(c);
 }
 
 static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *ids, size_t cap,
@@ -506,14 +510,42 @@ static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *
   return DFLASH_OK;
 }
 
+/* The tokenizer's own pool when no other batch holds it (made or remade for this thread
+ * count), else a pool for this call only (*own). The tokenizer is shared read-only; its
+ * pool is the one field a batch changes, under pool_busy. */
+static dflash_status batch_pool(const dflash_tokenizer *ct, int32_t n_threads, df_pool **out,
+                                bool *own) {
+  dflash_tokenizer *t = (dflash_tokenizer *)ct;
+  if (n_threads <= 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = cpus > 0 ? (int32_t)cpus : 1;
+  }
+  *own = atomic_exchange(&t->pool_busy, true);
+  if (*own) return df_pool_create(n_threads, out);
+  if (t->pool && df_pool_size(t->pool) != n_threads) {
+    df_pool_free(t->pool);
+    t->pool = NULL;
+  }
+  dflash_status st = t->pool ? DFLASH_OK : df_pool_create(n_threads, &t->pool);
+  if (st) atomic_store(&t->pool_busy, false);
+  *out = t->pool;
+  return st;
+}
+
+static void batch_pool_release(const dflash_tokenizer *ct, df_pool *pool, bool own) {
+  if (own) df_pool_free(pool);
+  else if (pool) atomic_store(&((dflash_tokenizer *)ct)->pool_busy, false);
+}
+
 dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const char *const *texts,
                                             const size_t *lens, size_t n,
                                             dflash_special_mode special, int32_t n_threads,
                                             int32_t *ids, size_t cap, size_t *offsets) {
   DF_CHECK_ARG(t && (texts || !n) && (lens || !n) && (ids || !cap) && offsets);
   DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);
+  bool own = false;
   df_pool *pool = NULL;
-  dflash_status st = n > 1 ? df_pool_create(n_threads, &pool) : DFLASH_OK;
+  dflash_status st = n > 1 ? batch_pool(t, n_threads, &pool, &own) : DFLASH_OK;
   if (st) return st;
   int workers = df_pool_size(pool);
   batch_job j = {.t = t, .texts = texts, .lens = lens, .mode = special};
@@ -544,7 +576,7 @@ dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const cha
   free(j.where);
   free(j.count);
   free(j.worker_of);
-  df_pool_free(pool);
+  batch_pool_release(t, pool, own);
   return st;
 }
 
