@@ -180,7 +180,7 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
  * piece bytes, so a hit is exact. */
-#define DF_CACHE_BITS 12
+#define DF_CACHE_BITS 14
 #define DF_CACHE_PIECE 24
 #define DF_CACHE_IDS 6
 
