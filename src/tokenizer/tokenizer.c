@@ -190,6 +190,7 @@ typedef struct piece_entry {
   uint8_t bytes[DF_CACHE_PIECE];
   uint32_t ids[DF_CACHE_IDS];
 } piece_entry;
+_Static_assert(sizeof(piece_entry) == 64, "a piece-cache entry is one cache line");
 
 typedef struct enc_ctx {
   df_buf repaired, normed;
@@ -232,7 +233,8 @@ static void ctx_trim(enc_ctx *c) {
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   if (c->cache && c->cache_serial == t->serial) return;
-  if (!c->cache) c->cache = malloc(sizeof *c->cache << DF_CACHE_BITS);
+  /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
+  if (!c->cache) c->cache = aligned_alloc(64, sizeof *c->cache << DF_CACHE_BITS);
   if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
   c->cache_serial = t->serial;
 }
@@ -320,6 +322,13 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return merge_put(t, p, n, h, c);
 }
 
+/* Start loading what a piece with hash h looks up first: its piece-cache entry (1 MiB, often
+ * out of L2) and its vocabulary slot. */
+static inline void prefetch_piece(const df_vocab *v, const enc_ctx *c, uint64_t h) {
+  if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+  __builtin_prefetch(&v->slots[(uint32_t)h & v->mask]);
+}
+
 /* Pre-tokenize and merge text that holds no added token. */
 static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
                                   enc_ctx *c) {
@@ -327,6 +336,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   const char *base;
   df_ranges *pieces;
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
+  if (st) return st;
   const df_vocab *v = &t->vocab;
   enum { AHEAD = 4 };
   uint64_t hashes[AHEAD] = {0};
@@ -335,7 +345,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
     const df_range *r = &pieces->v[i];
     hashes[i] = df_hash_bytes(base + r->begin, r->end - r->begin);
-    __builtin_prefetch(&v->slots[(uint32_t)hashes[i] & v->mask]);
+    prefetch_piece(v, c, hashes[i]);
   }
   for (size_t i = 0; i < pieces->len && !st; i++) {
     const df_range *r = &pieces->v[i];
@@ -343,7 +353,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
     if (i + AHEAD < pieces->len) {
       const df_range *ra = &pieces->v[i + AHEAD];
       hashes[i % AHEAD] = df_hash_bytes(base + ra->begin, ra->end - ra->begin);
-      __builtin_prefetch(&v->slots[(uint32_t)hashes[i % AHEAD] & v->mask]);
+      prefetch_piece(v, c, hashes[i % AHEAD]);
     }
     st = encode_piece(t, (const uint8_t *)base + r->begin, r->end - r->begin, h, c);
   }
