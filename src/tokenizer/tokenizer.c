@@ -135,10 +135,12 @@ uint64_t df_tokenizer_serial(void) {
   return atomic_fetch_add(&serials, 1);
 }
 
-/* Tries over added tokens, once the loader has filled them in. */
+/* Tries over added tokens and the byte-pair rank table, once the loader has filled in
+ * the tokens and merges. */
 dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
+  if (!st) st = df_pairmap_byte_ranks(&t->pairs, &t->vocab);
   return st;
 }
 
