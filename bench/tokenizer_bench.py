@@ -1,133 +1,284 @@
 #!/usr/bin/env python3
-"""Tokenizer throughput: libdflash vs tiktoken (cl100k, o200k, Kimi K2 pattern) and vs
-Hugging Face `tokenizers` (Qwen2), one thread and all threads, on the same generated corpus.
+"""Tokenizer throughput: libdflash against every exact peer on PyPI, on the o200k, Kimi K2
+(o200k ranks) and Qwen2 patterns (cl100k with --only cl100k).
 
-  DFLASH_LIBRARY=build/libdflash.so PYTHONPATH=bindings/python:tests/tokenizer \
-      python3 bench/tokenizer_bench.py [--mb 20] [--fixtures ../shared/fixtures]
+  python3 bench/tokenizer_bench.py --setup        # once: .venv-tok with the pinned peers
+  DFLASH_LIBRARY=build-x/libdflash.so python3 bench/tokenizer_bench.py [--mb 2] [--rounds 3]
 
-Prints MB/s and tokens/s per engine and the ratio libdflash / peer. Every libdflash result is
-checked against the peer's ids on the corpus (a fast wrong answer does not count)."""
+The peers live in a venv of the bench's own (.venv-tok, gitignored, PEERS below); when it
+exists the bench runs itself with it. A peer that is absent or cannot load the pattern is
+skipped with the reason. Every round encodes text no encoder has seen before (a new corpus
+seed per round and per thread count, so no piece cache is flattered). One thread: a loop of
+single-text encode calls, MB per CPU-second. Two threads: each engine's batch call with 2
+threads, MB per wall-second (and its CPU/wall, which says whether both threads really ran).
+Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
+tiktoken patterns, Hugging Face `tokenizers` for Qwen2): an engine with mismatches is listed
+as not exact and is left out of the ratios."""
 import argparse
+import gzip
 import os
+import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "tokenizer"))
-sys.path.insert(0, os.path.join(HERE, "..", "bindings", "python"))
+ROOT = os.path.dirname(HERE)
+VENV = os.path.join(ROOT, ".venv-tok")
+PEERS = ["gigatoken==0.10.0", "fastokens==0.3.5", "quicktok-v1==0.4.0", "basetenkenizer==0.2.8",
+         "tiktoken==0.14.0", "tokenizers==0.23.3", "numpy"]
+THREADS = 2
+os.environ.setdefault("RAYON_NUM_THREADS", str(THREADS))  # HF tokenizers, gigatoken pools
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+sys.path.insert(0, os.path.join(ROOT, "tests", "tokenizer"))
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 
-import corpus  # noqa: E402
-import libdflash  # noqa: E402
+
+def setup():
+    """Create .venv-tok and install the pinned peers into it (never into .venv-ref)."""
+    if not os.path.exists(os.path.join(VENV, "bin", "python")):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    subprocess.run([os.path.join(VENV, "bin", "pip"), "install", "-q", *PEERS], check=True)
+    print(f"peers installed in {VENV}; run the bench without --setup")
 
 
-SPECIALS = {"cl100k": {"<|endoftext|>": 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
-                       "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276},
-            "o200k": {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}}
+def reexec_in_venv():
+    py = os.path.join(VENV, "bin", "python")
+    if os.path.exists(py) and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+        os.execv(py, [py, *sys.argv])
 
 
-def timed(fn, repeat):
-    """Best of `repeat` runs: (wall s, CPU s, result, CPU s of the fastest run). On a shared machine
-    CPU time is the fairer measure of one thread; wall time is the one for all threads."""
-    best_wall = best_cpu = float("inf")
-    out = None
-    for _ in range(repeat):
+class Engine:
+    """one(text) -> ids; batch(texts) -> list of ids (THREADS threads), or None."""
+
+    def __init__(self, name, one, batch=None):
+        self.name, self.one, self.batch = name, one, batch
+
+
+def peer(name, make):
+    """An Engine from make(), or None with the reason printed."""
+    try:
+        return make()
+    except ImportError as e:
+        print(f"  skipped {name}: not installed ({e}); run bench/tokenizer_bench.py --setup")
+    except Exception as e:  # noqa: BLE001 - a peer that cannot load this pattern
+        print(f"  skipped {name}: {type(e).__name__}: {str(e)[:160]}")
+    return None
+
+
+def as_list(ids):
+    return [int(i) for i in ids]
+
+
+# ---- engines per pattern ---------------------------------------------------------------------
+
+def tiktoken_engines(case, pat, ranks, plain, lib_path):
+    """Engines for a tiktoken pattern, all without special tokens (encode_ordinary)."""
+    import libdflash
+    out = []
+
+    def tk():
+        import tiktoken
+        enc = tiktoken.Encoding(case, pat_str=pat, mergeable_ranks=ranks, special_tokens={})
+        return Engine(f"tiktoken {tiktoken.__version__ if hasattr(tiktoken, '__version__') else ''}",
+                      enc.encode_ordinary,
+                      lambda ds: enc.encode_ordinary_batch(ds, num_threads=THREADS))
+    out.append(peer("tiktoken", tk))
+
+    def ours():
+        t = libdflash.Tokenizer(lib_path)
+        return Engine("libdflash", lambda s: t.encode(s, special="none"),
+                      lambda ds: t.encode_batch(ds, special="none", n_threads=THREADS))
+    out.append(peer("libdflash", ours))
+
+    def giga():
+        import gigatoken
+        pre = {"o200k": "o200k", "cl100k": "cl100k", "kimi": "kimi"}[case]
+        t = gigatoken.Tokenizer.from_tiktoken(plain, pretokenizer=pre, special_tokens={})
+        return Engine("gigatoken 0.10.0", t.encode,
+                      lambda ds: t.encode_batch_list(ds, parallel=True))
+    out.append(peer("gigatoken", giga))
+
+    def fast():
+        import fastokens
+        t = fastokens.Tokenizer.from_tiktoken(plain, pattern=pat, special_tokens={})
+        return Engine("fastokens 0.3.5", lambda s: t.encode(s).ids,
+                      lambda ds: [e.ids for e in t.encode_batch(ds)])
+    out.append(peer("fastokens", fast))
+
+    if case in ("o200k", "cl100k"):
+        def quick():
+            import quicktok
+            t = quicktok.get_encoding(f"{case}_base")
+
+            def batch(ds):
+                toks, offs = t.encode_batch(ds, THREADS, False)
+                return [toks[offs[i]:offs[i + 1]] for i in range(len(ds))]
+            return Engine("quicktok-v1 0.4.0", t.encode_ordinary, batch)
+        out.append(peer("quicktok-v1", quick))
+    else:
+        print("  skipped quicktok-v1: no Kimi K2 encoding")
+
+    def baseten():
+        import basetenkenizer
+        import tiktoken
+        enc = tiktoken.Encoding(case, pat_str=pat, mergeable_ranks=ranks, special_tokens={})
+        t = basetenkenizer.Tokenizer.from_json_str(basetenkenizer.tiktoken_to_tokenizer_json(enc))
+        return Engine("basetenkenizer 0.2.8", lambda s: t.encode(s).ids,
+                      lambda ds: [e.ids for e in t.encode_batch(ds)])
+    out.append(peer("basetenkenizer", baseten))
+    return [e for e in out if e]
+
+
+def qwen2_engines(qdir, tmp):
+    import libdflash
+    import oracle_hf as oh
+    ref = oh.build(qdir, oh.QWEN2)
+    tj = os.path.join(tmp, "tokenizer.json")
+    with open(tj, "w") as f:
+        f.write(ref.to_str())
+    out = [Engine("HF tokenizers", lambda s: ref.encode(s, add_special_tokens=False).ids,
+                  lambda ds: [e.ids for e in ref.encode_batch(ds, add_special_tokens=False)])]
+
+    def ours():
+        t = libdflash.Tokenizer(qdir)
+        return Engine("libdflash", t.encode, lambda ds: t.encode_batch(ds, n_threads=THREADS))
+    out.append(peer("libdflash", ours))
+
+    def giga():
+        import gigatoken
+        with open(tj) as f:
+            t = gigatoken.Tokenizer.from_json(f.read())
+        return Engine("gigatoken 0.10.0", t.encode, lambda ds: t.encode_batch_list(ds, parallel=True))
+    out.append(peer("gigatoken", giga))
+
+    def fast():
+        import fastokens
+        t = fastokens.Tokenizer.from_file(tj)
+        return Engine("fastokens 0.3.5", lambda s: t.encode(s).ids,
+                      lambda ds: [e.ids for e in t.encode_batch(ds)])
+    out.append(peer("fastokens", fast))
+
+    def quick():
+        import quicktok
+        t = quicktok.get_encoding("qwen3")
+
+        def batch(ds):
+            toks, offs = t.encode_batch(ds, THREADS, True)
+            return [toks[offs[i]:offs[i + 1]] for i in range(len(ds))]
+        return Engine("quicktok-v1 0.4.0 (qwen3)", lambda s: t.encode(s, allowed_special="all"),
+                      batch)
+    out.append(peer("quicktok-v1", quick))
+
+    def baseten():
+        import basetenkenizer
+        t = basetenkenizer.Tokenizer.from_file(tj)
+        return Engine("basetenkenizer 0.2.8", lambda s: t.encode(s).ids,
+                      lambda ds: [e.ids for e in t.encode_batch(ds)])
+    out.append(peer("basetenkenizer", baseten))
+    return [e for e in out if e]
+
+
+# ---- measurement -----------------------------------------------------------------------------
+
+def run_rounds(fn, rounds, per_doc):
+    """(bytes, CPU s, wall s, ids per round) over rounds of fresh documents."""
+    nbytes = cpu = wall = 0.0
+    ids = []
+    for docs in rounds:
         w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        best_cpu = min(best_cpu, cpu)
-        if wall < best_wall:
-            best_wall, cpu_of_best_wall = wall, cpu
-    return best_wall, best_cpu, out, cpu_of_best_wall
+        got = [fn(d) for d in docs] if per_doc else fn(docs)
+        wall += time.perf_counter() - w0
+        cpu += time.process_time() - c0
+        nbytes += sum(len(d.encode()) for d in docs)
+        ids.append(got)
+    return nbytes, cpu, wall, ids
 
 
-def row(name, secs, nbytes, ntok, clock):
-    print(f"  {name:<36} {nbytes / secs / 1e6:8.2f} MB/s {ntok / secs / 1e6:8.2f} Mtok/s  ({clock})",
-          flush=True)
-    return nbytes / secs
+def mismatches(got, ref):
+    return sum(as_list(a) != as_list(b) for ga, ra in zip(got, ref) for a, b in zip(ga, ra))
 
 
-def bench_pair(label, peer_name, peer_one, peer_all, ours, docs, repeat):
-    nbytes = sum(len(d.encode()) for d in docs)
-    print(f"{label}: {len(docs)} documents, {nbytes / 1e6:.1f} MB")
-    _, c_p1, ref, _ = timed(lambda: [peer_one(d) for d in docs], repeat)
-    w_pn, _, _, _ = timed(lambda: peer_all(docs), repeat)
-    _, c_o1, got1, _ = timed(lambda: [ours.encode(d) for d in docs], repeat)
-    w_o1, _, _, _ = timed(lambda: [ours.encode(d) for d in docs], 1)
-    w_on, _, gotn, c_on = timed(lambda: ours.encode_batch(docs), repeat)
-    ntok = sum(len(r) for r in ref)
-    bad = sum(list(a) != list(b) for a, b in zip(got1, ref)) + \
-        sum(list(a) != list(b) for a, b in zip(gotn, ref))
-    p1 = row(f"{peer_name} 1 thread", c_p1, nbytes, ntok, "CPU time")
-    pn = row(f"{peer_name} all threads", w_pn, nbytes, ntok, "wall")
-    o1 = row("libdflash 1 thread", c_o1, nbytes, ntok, "CPU time")
-    o1w = row("libdflash 1 thread", w_o1, nbytes, ntok, "wall")
-    # cpu/wall near the thread count means the threads really ran in parallel; near 1 means
-    # other processes held the cores (then the scaling figure says nothing about libdflash)
-    on = row(f"libdflash batch ({os.cpu_count()} threads)", w_on, nbytes, ntok,
-             f"wall, best run's cpu/wall {c_on / w_on:.2f}")
-    print(f"  RATIO {label}: 1 thread {o1 / p1:.2f}x {peer_name}, all threads {on / pn:.2f}x "
-          f"{peer_name}, libdflash thread scaling {on / o1w:.2f}x, mismatches {bad}")
-    return bad
+def bench_case(label, engines, one_rounds, two_rounds, warm):
+    print(f"{label}: {len(one_rounds)} rounds x {len(one_rounds[0])} documents per thread count, "
+          f"each round unseen text", flush=True)
+    ref1 = ref2 = None
+    res = {}
+    # first-call costs (tables, thread pools) are not throughput: warm up on other text
+    for e in engines:
+        try:
+            run_rounds(e.one, [warm], True)
+            if e.batch:
+                run_rounds(e.batch, [warm], False)
+            b1, c1, _, ids1 = run_rounds(e.one, one_rounds, True)
+            r2 = run_rounds(e.batch, two_rounds, False) if e.batch else None
+        except Exception as ex:  # noqa: BLE001
+            print(f"  {e.name:<30} failed: {type(ex).__name__}: {str(ex)[:160]}")
+            continue
+        if ref1 is None:
+            ref1, ref2 = ids1, r2[3] if r2 else None
+        bad = mismatches(ids1, ref1) + (mismatches(r2[3], ref2) if r2 and ref2 else 0)
+        one = b1 / c1 / 1e6
+        line = f"  {e.name:<30} 1 thread {one:8.2f} MB/CPU-s"
+        two = None
+        if r2:
+            two = r2[0] / r2[2] / 1e6
+            line += f"  {THREADS} threads {two:8.2f} MB/s wall (cpu/wall {r2[1] / r2[2]:.2f})"
+        line += f"  mismatches {bad}" + ("" if not bad else "  NOT EXACT")
+        print(line, flush=True)
+        res[e.name] = (one, two, bad)
+    ours = res.get("libdflash")
+    if not ours:
+        return 1
+    peers = {k: v for k, v in res.items() if k != "libdflash" and not v[2]}
+    for k, (one, two, _) in sorted(peers.items(), key=lambda kv: -kv[1][0]):
+        two_ratio = f", {THREADS} threads {ours[1] / two:.2f}x" if two and ours[1] else ""
+        print(f"  RATIO {label}: libdflash / {k}: 1 thread {ours[0] / one:.2f}x{two_ratio}")
+    if peers:
+        best = max(peers.items(), key=lambda kv: kv[1][0])
+        print(f"  RATIO {label}: libdflash / fastest exact peer ({best[0]}): "
+              f"{ours[0] / best[1][0]:.2f}x on 1 thread")
+    return 1 if ours[2] else 0
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=float, default=20.0)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--setup", action="store_true", help="create .venv-tok with the peers")
+    ap.add_argument("--mb", type=float, default=2.0, help="megabytes of text per round")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fixtures", default=os.environ.get("DFLASH_FIXTURES",
-                                                         os.path.join(HERE, "..", "..", "shared", "fixtures")))
-    ap.add_argument("--only", default="", help="comma list: cl100k,o200k,kimi,qwen2")
+                                                         os.path.join(ROOT, "..", "shared", "fixtures")))
+    ap.add_argument("--only", default="", help="comma list: o200k,kimi,qwen2,cl100k")
     args = ap.parse_args()
-    only = set(filter(None, args.only.split(",")))
-    docs = corpus.documents(args.mb)
-    import oracle_tiktoken as ot  # patterns and Kimi layout helpers
-    bad = 0
+    if args.setup:
+        return setup()
+    reexec_in_venv()
+    only = set(filter(None, args.only.split(","))) or {"o200k", "kimi", "qwen2"}
+    import corpus
+    one_rounds = [corpus.documents(args.mb, seed=1000 + r) for r in range(args.rounds)]
+    two_rounds = [corpus.documents(args.mb, seed=2000 + r) for r in range(args.rounds)]
+    warm = corpus.documents(0.1, seed=3000)
+    import oracle_tiktoken as ot
     openai = os.path.join(args.fixtures, "tokenizers", "openai")
-    try:
-        import tiktoken
-    except ImportError:
-        tiktoken = None
-    if tiktoken:
-        threads = os.cpu_count()
-        cases = [("cl100k", ot.CL100K), ("o200k", ot.O200K)]
-        ranks = {}
-        for name, pat in cases:
-            path = os.path.join(openai, f"{name}_base.tiktoken.gz")
-            ranks[name] = ot.load_ranks(path)
-            if only and name not in only:
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, pat in (("cl100k", ot.CL100K), ("o200k", ot.O200K), ("kimi", ot.KIMI)):
+            if case not in only:
                 continue
-            ref = tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=ranks[name],
-                                    special_tokens=SPECIALS[name])
-            with libdflash.Tokenizer(path) as ours:
-                bad += bench_pair(name, "tiktoken", lambda s: ref.encode(s, allowed_special="all"),
-                                  lambda ds: ref.encode_batch(ds, allowed_special="all",
-                                                              num_threads=threads),
-                                  ours, docs, args.repeat)
-        if not only or "kimi" in only:
-            with tempfile.TemporaryDirectory() as tmp:
-                d, specials = ot.kimi_dir(tmp, os.path.join(openai, "o200k_base.tiktoken.gz"),
-                                          ranks["o200k"])
-                ref = tiktoken.Encoding("kimi", pat_str=ot.KIMI, mergeable_ranks=ranks["o200k"],
-                                        special_tokens=specials)
-                with libdflash.Tokenizer(d) as ours:
-                    bad += bench_pair("kimi-k2 pattern (o200k ranks)", "tiktoken",
-                                      lambda s: ref.encode(s, allowed_special="all"),
-                                      lambda ds: ref.encode_batch(ds, allowed_special="all",
-                                                                  num_threads=threads),
-                                      ours, docs, args.repeat)
-    try:
-        import oracle_hf as oh
-    except SystemExit:
-        oh = None
-    qdir = os.path.join(args.fixtures, "tokenizers", "qwen2")
-    if oh and os.path.isdir(qdir) and (not only or "qwen2" in only):
-        ref = oh.build(qdir, oh.QWEN2)
-        with libdflash.Tokenizer(qdir) as ours:
-            bad += bench_pair("qwen2", "HF tokenizers",
-                              lambda s: ref.encode(s, add_special_tokens=False).ids,
-                              lambda ds: [e.ids for e in ref.encode_batch(ds, add_special_tokens=False)],
-                              ours, docs, args.repeat)
+            base = "o200k" if case == "kimi" else case
+            gz = os.path.join(openai, f"{base}_base.tiktoken.gz")
+            ranks = ot.load_ranks(gz)
+            plain = os.path.join(tmp, f"{base}_base.tiktoken")
+            if not os.path.exists(plain):
+                with gzip.open(gz) as src, open(plain, "wb") as dst:
+                    dst.write(src.read())
+            lib_path = ot.kimi_dir(tmp, gz, ranks)[0] if case == "kimi" else gz
+            label = "kimi-k2 pattern (o200k ranks)" if case == "kimi" else case
+            engines = tiktoken_engines(case, pat, ranks, plain, lib_path)
+            bad += bench_case(label, engines, one_rounds, two_rounds, warm)
+        qdir = os.path.join(args.fixtures, "tokenizers", "qwen2")
+        if "qwen2" in only and os.path.isdir(qdir):
+            bad += bench_case("qwen2", qwen2_engines(qdir, tmp), one_rounds, two_rounds, warm)
     return 1 if bad else 0
 
 

@@ -57,10 +57,15 @@ static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
 }
 
 /* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
-static size_t merge_flat(const df_pairmap *pairs, uint32_t *ids, uint32_t *rank, size_t n) {
-  /* The pair table is larger than the cache: start every first-round miss at once. */
-  for (size_t i = 0; i + 1 < n; i++) df_pairmap_prefetch(pairs, ids[i], ids[i + 1]);
-  for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_rank(pairs, ids[i], ids[i + 1]);
+static size_t merge_flat(const df_pairmap *pairs, const uint8_t *piece, uint32_t *ids,
+                         uint32_t *rank, size_t n) {
+  if (pairs->byte_rank) { /* first round: every pair is two bytes */
+    for (size_t i = 0; i + 1 < n; i++) rank[i] = pairs->byte_rank[piece[i] << 8 | piece[i + 1]];
+  } else {
+    /* The pair table is larger than the cache: start every first-round miss at once. */
+    for (size_t i = 0; i + 1 < n; i++) df_pairmap_prefetch(pairs, ids[i], ids[i + 1]);
+    for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_rank(pairs, ids[i], ids[i + 1]);
+  }
   rank[n - 1] = UINT32_MAX;
   while (n > 1) {
     size_t best = 0;
@@ -157,6 +162,6 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
   for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
   if (n > heap_threshold) return merge_heap(pairs, s, n, out);
-  size_t m = merge_flat(pairs, s->ids, s->rank, n);
+  size_t m = merge_flat(pairs, piece, s->ids, s->rank, n);
   return emit(out, s->ids, m);
 }

@@ -3,6 +3,7 @@
 #define DFLASH_TOKENIZER_INTERNAL_H
 
 #include <dflash/tokenizer.h>
+#include <stdatomic.h>
 
 #include "core/internal.h"
 
@@ -68,6 +69,10 @@ typedef struct df_pairmap {
   size_t count;
   uint32_t *merged_of_rank; /* NULL: the rank is the merged id */
   size_t n_ranks;
+  /* [a << 8 | b]: df_pairmap_rank of the single-byte tokens of bytes a and b, so the first
+   * round of a merge (all byte pairs) reads 256 KiB instead of the whole table. NULL until
+   * df_pairmap_byte_ranks. */
+  uint32_t *byte_rank;
 } df_pairmap;
 
 DF_MUST_CHECK dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
@@ -99,6 +104,9 @@ static inline uint32_t df_pairmap_merged(const df_pairmap *m, uint32_t rank) {
 static inline void df_pairmap_prefetch(const df_pairmap *m, uint32_t a, uint32_t b) {
   __builtin_prefetch(&m->slots[df_pair_slot(df_pair_key(a, b), m->mask)]);
 }
+/* Fill byte_rank from the table and the single-byte tokens (v->byte_id); call once every
+ * pair is in. */
+DF_MUST_CHECK dflash_status df_pairmap_byte_ranks(df_pairmap *m, const struct df_vocab *v);
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
  * ranked by that token. Enumerates every split of every ordinary token. */
 DF_MUST_CHECK dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
@@ -290,6 +298,11 @@ struct dflash_tokenizer {
   df_trie raw_trie;  /* matched before normalisation */
   df_trie norm_trie; /* HF added tokens with normalized=true */
   df_pretok pretok;
+  /* encode_batch's thread pool, made on first use and kept with the tokenizer, so
+   * its workers keep their per-thread piece caches across calls. One batch at a
+   * time holds it (pool_busy); a concurrent batch makes a pool of its own. */
+  atomic_bool pool_busy;
+  struct df_pool *pool;
 };
 
 /* Loaders fill a zeroed tokenizer; the caller finishes (tries) or frees it. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tok_internal.h"
 
@@ -31,6 +32,7 @@ void dflash_tokenizer_free(dflash_tokenizer *t) {
   df_trie_free(&t->raw_trie);
   df_trie_free(&t->norm_trie);
   df_pretok_free(&t->pretok);
+  df_pool_free(t->pool);
   free(t);
 }
 
@@ -125,10 +127,12 @@ uint64_t df_tokenizer_serial(void) {
   return atomic_fetch_add(&serials, 1);
 }
 
-/* Tries over added tokens, once the loader has filled them in. */
+/* Tries over added tokens and the byte-pair rank table, once the loader has filled in
+ * the tokens and merges. */
 dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
+  if (!st) st = df_pairmap_byte_ranks(&t->pairs, &t->vocab);
   return st;
 }
 
@@ -170,7 +174,7 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
  * piece bytes, so a hit is exact. */
-#define DF_CACHE_BITS 12
+#define DF_CACHE_BITS 14
 #define DF_CACHE_PIECE 24
 #define DF_CACHE_IDS 6
 
@@ -180,6 +184,7 @@ typedef struct piece_entry {
   uint8_t bytes[DF_CACHE_PIECE];
   uint32_t ids[DF_CACHE_IDS];
 } piece_entry;
+_Static_assert(sizeof(piece_entry) == 64, "a piece-cache entry is one cache line");
 
 typedef struct enc_ctx {
   df_buf repaired, normed;
@@ -222,7 +227,8 @@ static void ctx_trim(enc_ctx *c) {
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   if (c->cache && c->cache_serial == t->serial) return;
-  if (!c->cache) c->cache = malloc(sizeof *c->cache << DF_CACHE_BITS);
+  /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
+  if (!c->cache) c->cache = aligned_alloc(64, sizeof *c->cache << DF_CACHE_BITS);
   if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
   c->cache_serial = t->serial;
 }
@@ -310,6 +316,13 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return merge_put(t, p, n, h, c);
 }
 
+/* Start loading what a piece with hash h looks up first: its piece-cache entry (1 MiB, often
+ * out of L2) and its vocabulary slot. */
+static inline void prefetch_piece(const df_vocab *v, const enc_ctx *c, uint64_t h) {
+  if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+  __builtin_prefetch(&v->slots[(uint32_t)h & v->mask]);
+}
+
 /* Pre-tokenize and merge text that holds no added token. */
 static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
                                   enc_ctx *c) {
@@ -317,6 +330,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   const char *base;
   df_ranges *pieces;
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
+  if (st) return st;
   const df_vocab *v = &t->vocab;
   enum { AHEAD = 4 };
   uint64_t hashes[AHEAD] = {0};
@@ -325,7 +339,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
     const df_range *r = &pieces->v[i];
     hashes[i] = df_hash_bytes(base + r->begin, r->end - r->begin);
-    __builtin_prefetch(&v->slots[(uint32_t)hashes[i] & v->mask]);
+    prefetch_piece(v, c, hashes[i]);
   }
   for (size_t i = 0; i < pieces->len && !st; i++) {
     const df_range *r = &pieces->v[i];
@@ -333,7 +347,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
     if (i + AHEAD < pieces->len) {
       const df_range *ra = &pieces->v[i + AHEAD];
       hashes[i % AHEAD] = df_hash_bytes(base + ra->begin, ra->end - ra->begin);
-      __builtin_prefetch(&v->slots[(uint32_t)hashes[i % AHEAD] & v->mask]);
+      prefetch_piece(v, c, hashes[i % AHEAD]);
     }
     st = encode_piece(t, (const uint8_t *)base + r->begin, r->end - r->begin, h, c);
   }
@@ -429,8 +443,8 @@ dflash_status dflash_tokenizer_encode(const dflash_tokenizer *t, const char *tex
       st = df_error(DFLASH_E_BUFFER, "encode: %zu ids do not fit in %zu", c->out.len, cap);
     else if (c->out.len) memcpy(ids, c->out.v, c->out.len * sizeof *ids);
   }
-  ctx_trim(c);
-  ctx_free(&local);
+  if (c == &local) ctx_free(&local);
+  else ctx_trim(c);
   return st;
 }
 
@@ -459,7 +473,8 @@ static dflash_status ids_append(df_ids *dst, const int32_t *v, size_t n) {
 
 static void batch_range(void *arg, size_t begin, size_t end, int worker) {
   batch_job *j = arg;
-  enc_ctx *c = &j->ctx[worker];
+  enc_ctx *c = thread_ctx(); /* the pool's threads live on, and so do their caches */
+  if (!c) c = &j->ctx[worker];
   cache_for(c, j->t);
   df_ids *arena = &j->arena[worker];
   for (size_t i = begin; i < end && !j->status[worker]; i++) {
@@ -475,6 +490,7 @@ static void batch_range(void *arg, size_t begin, size_t end, int worker) {
     j->count[i] = c->out.len;
     j->worker_of[i] = worker;
   }
+  ctx_trim(c);
 }
 
 static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *ids, size_t cap,
@@ -498,14 +514,42 @@ static dflash_status batch_gather(batch_job *j, size_t n, int workers, int32_t *
   return DFLASH_OK;
 }
 
+/* The tokenizer's own pool when no other batch holds it (made or remade for this thread
+ * count), else a pool for this call only (*own). The tokenizer is shared read-only; its
+ * pool is the one field a batch changes, under pool_busy. */
+static dflash_status batch_pool(const dflash_tokenizer *ct, int32_t n_threads, df_pool **out,
+                                bool *own) {
+  dflash_tokenizer *t = (dflash_tokenizer *)ct;
+  if (n_threads <= 0) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    n_threads = cpus > 0 ? (int32_t)cpus : 1;
+  }
+  *own = atomic_exchange(&t->pool_busy, true);
+  if (*own) return df_pool_create(n_threads, out);
+  if (t->pool && df_pool_size(t->pool) != n_threads) {
+    df_pool_free(t->pool);
+    t->pool = NULL;
+  }
+  dflash_status st = t->pool ? DFLASH_OK : df_pool_create(n_threads, &t->pool);
+  if (st) atomic_store(&t->pool_busy, false);
+  *out = t->pool;
+  return st;
+}
+
+static void batch_pool_release(const dflash_tokenizer *ct, df_pool *pool, bool own) {
+  if (own) df_pool_free(pool);
+  else if (pool) atomic_store(&((dflash_tokenizer *)ct)->pool_busy, false);
+}
+
 dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const char *const *texts,
                                             const size_t *lens, size_t n,
                                             dflash_special_mode special, int32_t n_threads,
                                             int32_t *ids, size_t cap, size_t *offsets) {
   DF_CHECK_ARG(t && (texts || !n) && (lens || !n) && (ids || !cap) && offsets);
   DF_CHECK_ARG(special == DFLASH_SPECIAL_ALL || special == DFLASH_SPECIAL_NONE);
+  bool own = false;
   df_pool *pool = NULL;
-  dflash_status st = n > 1 ? df_pool_create(n_threads, &pool) : DFLASH_OK;
+  dflash_status st = n > 1 ? batch_pool(t, n_threads, &pool, &own) : DFLASH_OK;
   if (st) return st;
   int workers = df_pool_size(pool);
   batch_job j = {.t = t, .texts = texts, .lens = lens, .mode = special};
@@ -536,7 +580,7 @@ dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const cha
   free(j.where);
   free(j.count);
   free(j.worker_of);
-  df_pool_free(pool);
+  batch_pool_release(t, pool, own);
   return st;
 }
 

@@ -138,9 +138,21 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
   return DFLASH_OK;
 }
 
+dflash_status df_pairmap_byte_ranks(df_pairmap *m, const df_vocab *v) {
+  if (!m->slots) return DFLASH_OK; /* no merges: nothing to look up */
+  free(m->byte_rank);
+  m->byte_rank = malloc(256 * 256 * sizeof *m->byte_rank);
+  if (!m->byte_rank) return df_error_nomem("byte-pair ranks");
+  for (unsigned a = 0; a < 256; a++)
+    for (unsigned b = 0; b < 256; b++)
+      m->byte_rank[a << 8 | b] = df_pairmap_rank(m, v->byte_id[a], v->byte_id[b]);
+  return DFLASH_OK;
+}
+
 void df_pairmap_free(df_pairmap *m) {
   free(m->slots);
   free(m->merged_of_rank);
+  free(m->byte_rank);
   memset(m, 0, sizeof *m);
 }
 

@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "tokenizer/tok_internal.h"
 
@@ -68,6 +69,16 @@ static void build(void) {
   df_buf_free(&text);
 }
 
+/* df_nfc normalises only the spans that may change; utf8proc over the whole
+ * text must give the same bytes. */
+static void check_nfc_spans(const char *s, size_t n, const char *got, size_t got_n) {
+  utf8proc_uint8_t *want = NULL;
+  utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &want,
+                                    UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+  if (m < 0 || (size_t)m != got_n || memcmp(want, got, got_n)) __builtin_trap();
+  free(want);
+}
+
 /* The text as the library reads it: UTF-8 repaired, NFC when the pattern implies it. */
 static void expected(const dflash_tokenizer *t, const char *s, size_t n, df_buf *out) {
   bool changed;
@@ -79,6 +90,7 @@ static void expected(const dflash_tokenizer *t, const char *s, size_t n, df_buf 
   if (t->nfc) {
     /* specials are matched before normalisation: NFC applies between them */
     if (df_nfc(x, xn, &nfc, &changed)) __builtin_trap();
+    check_nfc_spans(x, xn, changed ? nfc.data : x, changed ? nfc.len : xn);
     if (changed) x = nfc.data, xn = nfc.len;
   }
   df_buf_append(out, x, xn);

@@ -130,6 +130,25 @@ static void *encode_all(void *arg) {
   return NULL;
 }
 
+/* One encode_batch of every text, for running several at once on one tokenizer. */
+typedef struct batch_worker {
+  const dflash_tokenizer *t;
+  const char *const *texts;
+  const size_t *lens;
+  size_t n, cap;
+  int32_t *ids;
+  size_t *offsets;
+  dflash_status st;
+} batch_worker;
+
+static void *batch_all(void *arg) {
+  batch_worker *b = arg;
+  for (int round = 0; round < 4 && !b->st; round++)
+    b->st = dflash_tokenizer_encode_batch(b->t, b->texts, b->lens, b->n, DFLASH_SPECIAL_ALL, 2,
+                                          b->ids, b->cap, b->offsets);
+  return NULL;
+}
+
 START_TEST(shared_across_threads_and_batch) {
   char *path = df_test_fixture("tokenizers/openai/o200k_base.tiktoken.gz");
   if (!path) return;
@@ -164,6 +183,30 @@ START_TEST(shared_across_threads_and_batch) {
     }
     ck_assert_uint_eq(offsets[i + 1] - offsets[i], w[0].counts[i]);
     ck_assert(!memcmp(batch + offsets[i], w[0].ids + i * 256, w[0].counts[i] * sizeof(int32_t)));
+  }
+  /* Batches at once: one holds the tokenizer's kept pool, the others make their own;
+   * each, repeated on the kept pool's workers (whose caches persist), gives the same ids. */
+  enum { BATCHES = 3 };
+  batch_worker bw[BATCHES];
+  pthread_t bth[BATCHES];
+  for (int k = 0; k < BATCHES; k++) {
+    bw[k] = (batch_worker){t,
+                           (const char *const *)texts,
+                           lens,
+                           N,
+                           cap,
+                           malloc(cap * sizeof(int32_t)),
+                           malloc((N + 1) * sizeof(size_t)),
+                           DFLASH_OK};
+    pthread_create(&bth[k], NULL, batch_all, &bw[k]);
+  }
+  for (int k = 0; k < BATCHES; k++) {
+    pthread_join(bth[k], NULL);
+    ck_assert_int_eq(bw[k].st, DFLASH_OK);
+    ck_assert(!memcmp(bw[k].offsets, offsets, (N + 1) * sizeof *offsets));
+    ck_assert(!memcmp(bw[k].ids, batch, offsets[N] * sizeof *batch));
+    free(bw[k].ids);
+    free(bw[k].offsets);
   }
   ck_assert_status(dflash_tokenizer_encode_batch(t, (const char *const *)texts, lens, N,
                                                  DFLASH_SPECIAL_ALL, 2, batch, 3, offsets),

@@ -1,6 +1,7 @@
 /* Text helpers: regex translation, UTF-8 repair (Python's "replace"), NFC. */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "testutil.h"
 #include "tokenizer/tok_internal.h"
@@ -70,10 +71,63 @@ START_TEST(nfc) {
 }
 END_TEST
 
+/* Characters around which NFC spans begin and end: letters that compose with
+ * a following mark, marks of several classes (reordered), Hangul L/V/T jamo and
+ * LV syllables, singletons (U+212B, U+0340), starters that compose as second
+ * (U+0CD5 after U+0CBF, U+0DCA..), precomposed letters that compose again
+ * (U+00EA + U+0301), CJK and ASCII. */
+static const uint32_t NFC_ALPHABET[] = {'a',    'e',    'o',    ' ',    'A',    0x00EA, 0x00E9,
+                                        0x01B0, 0x0300, 0x0301, 0x0302, 0x0308, 0x0323, 0x0327,
+                                        0x031B, 0x0345, 0x05B0, 0x0591, 0x1100, 0x1161, 0x11A8,
+                                        0xAC00, 0xAC01, 0x212B, 0x0340, 0x0344, 0x0CBF, 0x0CD5,
+                                        0x0DD9, 0x0DCA, 0x0DCF, 0x0B47, 0x0B3E, 0x0B57, 0x3099,
+                                        0x304B, 0x65E5, 0x1E0D, 0x0391, 0x1F00, 0x0915, 0x093C,
+                                        0x1D15E};
+
+static size_t put_utf8(uint32_t c, char *o) {
+  if (c < 0x80) return o[0] = (char)c, 1;
+  if (c < 0x800) return o[0] = (char)(0xC0 | c >> 6), o[1] = (char)(0x80 | (c & 0x3F)), 2;
+  if (c < 0x10000)
+    return o[0] = (char)(0xE0 | c >> 12), o[1] = (char)(0x80 | (c >> 6 & 0x3F)),
+           o[2] = (char)(0x80 | (c & 0x3F)), 3;
+  return o[0] = (char)(0xF0 | c >> 18), o[1] = (char)(0x80 | (c >> 12 & 0x3F)),
+         o[2] = (char)(0x80 | (c >> 6 & 0x3F)), o[3] = (char)(0x80 | (c & 0x3F)), 4;
+}
+
+/* df_nfc normalises only spans; utf8proc over the whole text is the reference. */
+START_TEST(nfc_spans_match_whole_text) {
+  enum { N_ALPHA = sizeof NFC_ALPHABET / sizeof *NFC_ALPHABET };
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  char text[4 * 24];
+  df_buf b = {0};
+  for (int round = 0; round < 200000; round++) {
+    size_t n = 0, k = 1 + (size_t)(round % 24);
+    for (size_t j = 0; j < k; j++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      n += put_utf8(NFC_ALPHABET[(rng >> 33) % N_ALPHA], text + n);
+    }
+    utf8proc_uint8_t *want = NULL;
+    utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &want,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    ck_assert_int_ge(m, 0);
+    bool changed;
+    ck_assert_ok(df_nfc(text, n, &b, &changed));
+    const char *got = changed ? b.data : text;
+    size_t got_n = changed ? b.len : n;
+    if (got_n != (size_t)m || memcmp(got, want, got_n))
+      ck_abort_msg("NFC differs from utf8proc on round %d (%zu bytes)", round, n);
+    ck_assert(changed == ((size_t)m != n || memcmp(want, text, n) != 0));
+    free(want);
+  }
+  df_buf_free(&b);
+}
+END_TEST
+
 TCase *tc_tok_text(void) {
   TCase *tc = tcase_create("text");
   tcase_add_test(tc, regex_translation);
   tcase_add_test(tc, utf8_repair_matches_python);
   tcase_add_test(tc, nfc);
+  tcase_add_test(tc, nfc_spans_match_whole_text);
   return tc;
 }

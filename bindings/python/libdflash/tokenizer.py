@@ -1,10 +1,11 @@
 """Tokenizers: exact tiktoken / Hugging Face byte-level BPE (see include/dflash/tokenizer.h)."""
 import ctypes
 import os
+import threading
 
 import numpy as np
 
-from ._lib import INDEX, KEY, Handle, Error, bind, cstr, files
+from ._lib import INDEX, KEY, Handle, Error, bind, cstr, files, lib
 
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 _i32_p = ctypes.POINTER(ctypes.c_int32)
@@ -24,6 +25,14 @@ _max_ids = bind("dflash_tokenizer_max_ids", [ctypes.c_void_p, ctypes.c_size_t], 
 _encode = bind("dflash_tokenizer_encode",
                [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, _i32_p,
                 ctypes.c_size_t, _c_size_p])
+# encode's fast path: the function through PyDLL, which keeps the GIL during the call (for
+# a short text, releasing and taking it back costs more than the encoding), without
+# argtypes or errcheck: the caller passes ctypes objects made once per thread (a bytes
+# object goes as its char *, a small int as an int) and checks the status itself.
+_encode_gil = ctypes.PyDLL(lib._name, handle=lib._handle)["dflash_tokenizer_encode"]
+_encode_gil.argtypes = None
+_encode_gil.restype = ctypes.c_int
+_c_size = ctypes.c_size_t
 _encode_batch = bind("dflash_tokenizer_encode_batch",
                      [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p), _c_size_p,
                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int32, _i32_p, ctypes.c_size_t,
@@ -38,6 +47,11 @@ _id_to_token = bind("dflash_tokenizer_id_to_token",
                      ctypes.POINTER(ctypes.c_int)], errors=INDEX | KEY)
 
 _SPECIAL = {"all": 0, "none": 1}
+# Texts up to _GIL_BYTES bytes are encoded holding the GIL (a few microseconds at most),
+# into a per-thread buffer of _FAST_IDS ids, which they cannot overflow (at most 3 ids a
+# byte, 6 with a prefix space); longer ones release the GIL and get an array of their own.
+_GIL_BYTES = 2048
+_FAST_IDS = 6 * _GIL_BYTES + 16
 
 
 def _utf8(text):
@@ -73,7 +87,8 @@ class Tokenizer(Handle):
         opts.pattern = cstr(pattern)
         handle = ctypes.c_void_p()
         _load(cstr(os.fspath(path)), ctypes.byref(opts), ctypes.byref(handle))
-        self._h = handle
+        self._tls = threading.local()
+        self._h = handle.value
 
     @property
     def vocab_size(self):
@@ -88,17 +103,51 @@ class Tokenizer(Handle):
         """Ids that encoding `n_bytes` bytes of text can produce at most."""
         return int(_max_ids(self._handle(), int(n_bytes)))
 
+    def _scratch(self):
+        """This thread's output buffer and count cell, as the ctypes objects encode passes,
+        kept between calls (a Tokenizer is shared across threads: each has its own)."""
+        tls = self._tls
+        buf = tls.buf = np.empty(_FAST_IDS, dtype=np.int32)
+        tls.buf_p, tls.cap = ctypes.c_void_p(buf.ctypes.data), _c_size(len(buf))
+        tls.n = _c_size(0)
+        tls.n_p = ctypes.c_void_p(ctypes.addressof(tls.n))
+        tls.h_p = ctypes.c_void_p(self._h)
+        return tls
+
     def encode(self, text, special="all"):
         """Token ids of `text` (str or UTF-8 bytes) as a numpy int32 array."""
-        data = _utf8(text)
-        h = self._handle()
+        if type(text) is str:
+            try:
+                data = text.encode()
+            except UnicodeEncodeError:
+                data = _utf8(text)
+        else:
+            data = _utf8(text)
+        mode = 0 if special == "all" else _mode(special)
+        if not self._h:
+            self._handle()  # raises: closed
+        n = len(data)
+        if n > _GIL_BYTES:  # long: let other Python threads run meanwhile
+            return self._encode_slow(self._h, data, mode)
+        tls = self._tls
+        try:
+            buf = tls.buf
+        except AttributeError:
+            tls = self._scratch()
+            buf = tls.buf
+        if _encode_gil(tls.h_p, data, _c_size(n), mode, tls.buf_p, tls.cap, tls.n_p) == 0:
+            return buf[:tls.n.value].copy()
+        return self._encode_slow(self._h, data, mode)
+
+    def _encode_slow(self, h, data, mode):
+        """encode of a long text (into an array of its own, without the GIL), or of one
+        that fails (again, to raise the error)."""
         cap = len(data) // 2 + 16
         while True:
             out = np.empty(cap, dtype=np.int32)
             n = ctypes.c_size_t(0)
             try:
-                _encode(h, data, len(data), _mode(special),
-                        out.ctypes.data_as(_i32_p), cap, ctypes.byref(n))
+                _encode(h, data, len(data), mode, out.ctypes.data_as(_i32_p), cap, ctypes.byref(n))
                 return out[:n.value]
             except Error as e:
                 if e.status != "DFLASH_E_BUFFER":

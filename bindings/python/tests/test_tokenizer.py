@@ -64,6 +64,51 @@ def test_batch_equals_one_by_one(cl100k):
     assert cl100k.encode_batch([]) == []
 
 
+def test_short_and_long_paths_and_threads_agree_with_tiktoken(cl100k, tiktoken_cl100k):
+    """encode keeps the GIL and a per-thread buffer for short texts and releases it for long
+    ones; encode_batch reuses the tokenizer's pool across calls and thread counts. Every
+    path, from several Python threads at once, gives tiktoken's ids; the returned arrays
+    are copies, not views of the reused buffer."""
+    import threading
+    texts = [t * k for t in TEXTS for k in (1, 7, 300)]  # up to ~10 KB: both paths
+    want = [tiktoken_cl100k.encode(t, allowed_special="all") for t in texts]
+    first = cl100k.encode(texts[0])
+    cl100k.encode(texts[3])
+    assert list(first) == want[0]
+    errors = []
+
+    def worker(seed):
+        try:
+            for r in range(20):
+                i = (seed * 7 + r) % len(texts)
+                if list(cl100k.encode(texts[i])) != want[i]:
+                    errors.append(("encode", seed, i))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for n_threads in (1, 2, 1, 0, 2):
+        got = cl100k.encode_batch(texts, n_threads=n_threads)
+        assert [list(g) for g in got] == want
+    # two batches at once: one holds the tokenizer's pool, the other makes its own
+    results = [None, None]
+
+    def batch(k):
+        results[k] = [list(g) for g in cl100k.encode_batch(texts * 3, n_threads=2)]
+
+    threads = [threading.Thread(target=batch, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [want * 3, want * 3]
+
+
 def test_lookups(cl100k):
     assert cl100k.vocab_size == 100277
     assert cl100k.token_to_id("<|endoftext|>") == 100257
