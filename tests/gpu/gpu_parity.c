@@ -267,8 +267,8 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
    * selector's gradients follow that set. Measured on the emulator over 60 fresh seeds: worst
    * selector tensor 0.034 (one CI run: 0.041); the rest <= 0.05 as everywhere. A wrong kernel
    * gives errors of order 1. */
-  bool flips = ext->dflash2 && g_sel_mode == DFLASH_SELECTOR_LOSS_INJECT &&
-               ext->selector_top_k < c->vocab_size;
+  bool flips = c->dflash2 && g_sel_mode == DFLASH_SELECTOR_LOSS_INJECT &&
+               c->selector_top_k < c->vocab_size;
   compare_grads(cpu, gpu, what, flips ? 0.08 : 0.05);
   /* Greedy predictions from the same (bf16-exact) parameters, before the step. */
   int32_t *pr_c = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
@@ -298,7 +298,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
    * seeds of the inject case: 0.8 misses in 74-84 positions on average, at most 3 (96 %), where
    * 95 % allows 3 at 76: a CI run failed there. 90 % keeps a margin (Poisson tail below 1e-4),
    * and a wrong kernel misses most positions. */
-  double agree = ext->dflash2 ? 0.90 : 0.95;
+  double agree = c->dflash2 ? 0.90 : 0.95;
   CHECK(same_cond + ties >= agree * n_cond, "%s: predictions agree on %d of %d (+%d near ties)",
         what, same_cond, n_cond, ties);
   /* A third trainer, on the CPU, steps from the GPU's own gradients. */
