@@ -114,3 +114,53 @@ def _save_hf_dataset(cols, out_dir):
             json.dump(cols, f)
         return
     datasets.Dataset.from_dict(cols).save_to_disk(out_dir)
+
+
+def read_safetensors_raw(path):
+    """name -> (dtype string, shape, raw bytes) of a safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def keep_tensors(src_files, dst, names):
+    """The tensors of `names` from src_files into one safetensors file dst (a peer's
+    checkpoint also holds the frozen verifier head and norm, which z-lab's layout
+    leaves to the target); returns the names that were not found."""
+    got = {}
+    for f in src_files:
+        got.update({k: v for k, v in read_safetensors_raw(f).items() if k in names})
+    write_safetensors(dst, {k: got[k] for k in sorted(got)})
+    return sorted(set(names) - set(got))
+
+
+def add_validation_copy(out_dir):
+    """speculators 0.9.0 insists on a validation split (train_data_ratio in (0, 1)): the
+    first sample is appended once more as the last row, and the returned ratio keeps
+    every original sample in the training split and the copy alone in validation
+    (validation never steers its training here: no --save-best). The dataset is saved
+    in torch format, as speculators compares its rows with tensors."""
+    import datasets
+    hs = os.path.join(out_dir, "hidden_states")
+    marker = os.path.join(out_dir, "validation_copy")
+    ds = datasets.load_from_disk(out_dir)
+    if not os.path.exists(marker):
+        n = len(ds)
+        with open(os.path.join(hs, "hs_0.safetensors"), "rb") as f, \
+                open(os.path.join(hs, f"hs_{n}.safetensors"), "wb") as g:
+            g.write(f.read())
+        ds = datasets.concatenate_datasets([ds, ds.select([0])])
+    ds = ds.with_format("torch")
+    tmp = out_dir.rstrip("/") + ".tmp"
+    ds.save_to_disk(tmp)
+    rows = len(ds)
+    del ds
+    for f in os.listdir(tmp):
+        os.replace(os.path.join(tmp, f), os.path.join(out_dir, f))
+    os.rmdir(tmp)
+    open(marker, "w").close()
+    return (rows - 0.5) / rows

@@ -22,7 +22,7 @@ into OUT/peers/ at run time):
   float32, offline .ckpt features; `specforge export --to hf` writes z-lab's layout.
 - speculators: --draft-attn-impl sdpa --loss-implementation eager --hidden-states-dtype
   float32 --num-workers 0 --mask-token-id; a shim keeps the model on the CPU (it moves it
-  to cuda:0 and calls torch.accelerator.synchronize); its checkpoint's config is rewritten
+  to cuda:0 and calls torch.accelerator.synchronize, moves batches to its local rank); its checkpoint's config is rewritten
   for z-lab's loader (target layer ids - 1, dflash_config, num_target_layers).
 """
 import argparse
@@ -182,23 +182,11 @@ def train_specforge(out, work, st, build):
          os.path.join(d, "features")], os.path.join(d, "prepare.log"), env=env)
     wall, cpu = run([os.path.join(VENV, "bin", "specforge"), "train", "-c",
                      specforge_yaml(out, d, st)], os.path.join(d, "train.log"), env=env, cwd=d)
-    ck = latest_checkpoint(os.path.join(d, "run"))
+    ck = os.path.join(d, "run")  # export follows its {run_id}-latest link
     run([os.path.join(VENV, "bin", "specforge"), "export", "--to", "hf", "--checkpoint", ck,
          "--draft-config", os.path.join(d, "draft.json"), "--output-dir", os.path.join(d, "hf")],
         os.path.join(d, "export.log"), env=env, cwd=d)
     return os.path.join(d, "hf"), {"wall": wall, "cpu": cpu, "steps": st["epochs"] * st["n_train"]}
-
-
-def latest_checkpoint(run_dir):
-    """The newest checkpoint folder SpecForge wrote under its output_dir."""
-    cands = []
-    for root, dirs, files in os.walk(run_dir):
-        for x in dirs:
-            if "epoch" in x or "step" in x or "checkpoint" in x:
-                cands.append(os.path.join(root, x))
-    if not cands:
-        raise FileNotFoundError(f"{run_dir}: SpecForge wrote no checkpoint")
-    return max(cands, key=os.path.getmtime)
 
 
 # ---- speculators ---------------------------------------------------------------------
@@ -209,12 +197,17 @@ machine without CUDA both become the CPU."""
 import sys
 import torch
 
+def _gpu(x):  # "cuda", "cuda:0", torch.device("cuda", 0), or a bare rank (an int)
+    return (isinstance(x, int) and not isinstance(x, bool)) or (
+        isinstance(x, (str, torch.device)) and str(x).startswith("cuda"))
+def _cpu_args(a, k):
+    a = tuple("cpu" if _gpu(x) else x for x in a)
+    if "device" in k and _gpu(k["device"]):
+        k["device"] = "cpu"
+    return a, k
 _to = torch.nn.Module.to
 def _cpu_to(self, *a, **k):
-    a = tuple("cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x
-              for x in a)
-    if str(k.get("device", "")).startswith("cuda"):
-        k["device"] = "cpu"
+    a, k = _cpu_args(a, k)
     return _to(self, *a, **k)
 torch.nn.Module.to = _cpu_to
 torch.nn.Module.cuda = lambda self, *a, **k: self
@@ -222,10 +215,7 @@ torch.accelerator.synchronize = lambda *a, **k: None
 torch.cuda.synchronize = lambda *a, **k: None
 _tensor_to = torch.Tensor.to
 def _tensor_cpu_to(self, *a, **k):
-    a = tuple("cpu" if isinstance(x, (str, torch.device)) and str(x).startswith("cuda") else x
-              for x in a)
-    if str(k.get("device", "")).startswith("cuda"):
-        k["device"] = "cpu"
+    a, k = _cpu_args(a, k)
     return _tensor_to(self, *a, **k)
 torch.Tensor.to = _tensor_cpu_to
 _load = torch.load
@@ -242,24 +232,33 @@ app()
 
 def train_speculators(out, work, st, build):
     d = os.path.join(work, "speculators")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    for x in ("run", "hf", "logs"):
+        shutil.rmtree(os.path.join(d, x), ignore_errors=True)
+    os.makedirs(d, exist_ok=True)
     env = peer_env(build)
     env_ref = dict(env, PATH=os.environ["PATH"])
-    run([PY_REF, os.path.join(HERE, "peer_final.py"), "--out", out, "--dir", d],
-        os.path.join(d, "prepare.log"), env=env_ref)
+    hs = os.path.join(d, "data", "hidden_states")
+    if not (os.path.isdir(hs) and len(os.listdir(hs)) in (st["n_train"], st["n_train"] + 1)
+            and os.path.exists(os.path.join(d, "verifier", "model.safetensors"))):
+        run([PY_REF, os.path.join(HERE, "peer_final.py"), "--out", out, "--dir", d],
+            os.path.join(d, "prepare.log"), env=env_ref)  # a forward of the target: reused
     py = os.path.join(VENV, "bin", "python")
     if os.path.exists(os.path.join(d, "data", "columns.json")):  # .venv-ref lacked datasets
         run([py, "-c", "import json, sys, peer_adapters as p; "
              "p._save_hf_dataset(json.load(open(sys.argv[1] + '/columns.json')), sys.argv[1])",
              os.path.join(d, "data")], os.path.join(d, "dataset.log"), env=env)
+    ratio_file = os.path.join(d, "train_data_ratio")
+    run([py, "-c", "import sys, peer_adapters as p; "
+         "open(sys.argv[2], 'w').write(repr(p.add_validation_copy(sys.argv[1])))",
+         os.path.join(d, "data"), ratio_file], os.path.join(d, "validation.log"), env=env)
+    ratio = open(ratio_file).read().strip()
     shim = os.path.join(d, "speculators_cpu.py")
     open(shim, "w").write(SHIM)
     cmd = [py, shim, "train", "--speculator-type", "dflash",
            "--verifier-name-or-path", os.path.join(d, "verifier"),
-           "--data-path", os.path.join(d, "data"), "--train-data-ratio", "1.0",
+           "--data-path", os.path.join(d, "data"), "--train-data-ratio", ratio,
            "--num-layers", "1", "--block-size", str(st["block"]),
-           "--target-layer-ids", *[str(x) for x in st["layers"]],
+           "--target-layer-ids", *[str(x + 1) for x in st["layers"]],  # vLLM's numbering
            "--full-attention-indices", "0", "--mask-token-id", str(st["mask"]),
            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
            "--hidden-states-dtype", "float32", "--num-workers", "0",
@@ -270,22 +269,35 @@ def train_speculators(out, work, st, build):
            str(st["gamma"]), "--seed", str(st["seed"]), "--save-path", os.path.join(d, "run"),
            "--log-dir", os.path.join(d, "logs")]
     wall, cpu = run(cmd, os.path.join(d, "train.log"), env=env, cwd=d)
-    ck = zlab_from_speculators(latest_checkpoint(os.path.join(d, "run")), os.path.join(d, "hf"),
-                               st)
+    ck = zlab_from_speculators(speculators_latest(os.path.join(d, "run")),
+                               os.path.join(d, "hf"), st, out)
     return ck, {"wall": wall, "cpu": cpu, "steps": st["epochs"] * st["n_train"]}
 
 
-def zlab_from_speculators(src, dst, st):
-    """speculators' checkpoint already has z-lab's tensor names; its config gets
-    z-lab's keys: target layer ids - 1 (speculators counts the embedding as layer 0),
-    dflash_config and num_target_layers."""
+def zlab_from_speculators(src, dst, st, out):
+    """speculators' checkpoint has z-lab's tensor names (plus its frozen verifier head and
+    norm, dropped); its config becomes z-lab's (the demo's drafter.json: the target
+    layer ids speculators counts from the embedding, minus 1, in dflash_config, and
+    num_target_layers)."""
+    sys.path.insert(0, HERE)
+    import peer_adapters
     os.makedirs(dst, exist_ok=True)
-    for f in os.listdir(src):
-        if f.endswith(".safetensors"):
-            shutil.copy(os.path.join(src, f), os.path.join(dst, f))
-    cfg = dict(st["config"])
-    json.dump(cfg, open(os.path.join(dst, "config.json"), "w"), indent=1)
+    names = peer_adapters.read_safetensors_raw(
+        os.path.join(out, "drafter", "model.safetensors")).keys()
+    files = [os.path.join(src, f) for f in sorted(os.listdir(src)) if f.endswith(".safetensors")]
+    missing = peer_adapters.keep_tensors(files, os.path.join(dst, "model.safetensors"), set(names))
+    if missing:
+        raise KeyError(f"{src}: speculators' checkpoint lacks {missing}")
+    json.dump(st["config"], open(os.path.join(dst, "config.json"), "w"), indent=1)
     return dst
+
+
+def speculators_latest(run_dir):
+    """speculators saves epoch e's model under save_path/e/."""
+    eps = [int(x) for x in os.listdir(run_dir) if x.isdigit()]
+    if not eps:
+        raise FileNotFoundError(f"{run_dir}: speculators wrote no checkpoint")
+    return os.path.join(run_dir, str(max(eps)))
 
 
 # ---- scoring ---------------------------------------------------------------------------
@@ -367,7 +379,7 @@ def main():
         rows.append(row)
         log(table([row]).splitlines()[-1])
     json.dump({"settings": {k: v for k, v in st.items() if k != "config"}, "results": res},
-              open(os.path.join(work, "results.json"), "w"), indent=1)
+              open(os.path.join(work, f"results-{a.only.replace(',', '+')}.json"), "w"), indent=1)
     print(table(rows))
     if a.json:
         print(json.dumps({k: res[k] for k in ("libdflash", "specforge", "speculators") if k in res}))
