@@ -129,14 +129,15 @@ def settings(out, a):
 # ---- libdflash -----------------------------------------------------------------------
 
 
-def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libdflash"):
+def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libdflash",
+                    target=None):
     d = os.path.join(work, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     cli = os.path.join(build, "tools", "dflash", "dflash")
     cmd = [cli, "train", "--config", os.path.join(out, "drafter.json"),
-           "--target", os.path.join(out, "target"), "--data", os.path.join(out, "data", "train"),
-           "--hidden", hidden or os.path.join(out, "hidden", "train"), "-o", os.path.join(d, "ck"),
+           "--target", target or os.path.join(out, "target"),
+           "--data", os.path.join(out, "data", "train"), "--hidden", hidden or os.path.join(out, "hidden", "train"), "-o", os.path.join(d, "ck"),
            "--epochs", str(st["epochs"]), "--anchors", str(st["anchors"]), "--lr", str(st["lr"]),
            "--warmup-ratio", str(st["warmup"]), "--clip", str(st["clip"]), "--seed", str(st["seed"]),
            "--threads", "1", "--quiet", "--labels", labels]
@@ -252,6 +253,7 @@ def train_speculators(out, work, st, build):
          "open(sys.argv[2], 'w').write(repr(p.add_validation_copy(sys.argv[1])))",
          os.path.join(d, "data"), ratio_file], os.path.join(d, "validation.log"), env=env)
     ratio = open(ratio_file).read().strip()
+    longest = max(hs_rows(os.path.join(hs, f)) for f in os.listdir(hs))
     shim = os.path.join(d, "speculators_cpu.py")
     open(shim, "w").write(SHIM)
     cmd = [py, shim, "train", "--speculator-type", "dflash",
@@ -262,7 +264,10 @@ def train_speculators(out, work, st, build):
            "--full-attention-indices", "0", "--mask-token-id", str(st["mask"]),
            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
            "--hidden-states-dtype", "float32", "--num-workers", "0",
-           "--max-anchors", str(st["anchors"]), "--epochs", str(st["epochs"]),
+           # speculators packs a batch up to --total-seq-len tokens (8192): the whole quick
+           # data set would be one step with max-anchors over all of it. At the longest
+           # sample's length a step holds one sample, or a few short ones.
+           "--total-seq-len", str(longest), "--max-anchors", str(st["anchors"]), "--epochs", str(st["epochs"]),
            "--optimizer", "adamw", "--lr", str(st["lr"]), "--weight-decay", "0",
            "--scheduler-type", "cosine", "--scheduler-warmup-ratio", str(st["warmup"]),
            "--per-position-loss-weight", "fixed-exp-decay", "--dflash-decay-gamma",
@@ -271,7 +276,17 @@ def train_speculators(out, work, st, build):
     wall, cpu = run(cmd, os.path.join(d, "train.log"), env=env, cwd=d)
     ck = zlab_from_speculators(speculators_latest(os.path.join(d, "run")),
                                os.path.join(d, "hf"), st, out)
-    return ck, {"wall": wall, "cpu": cpu, "steps": st["epochs"] * st["n_train"]}
+    last = speculators_latest(os.path.join(d, "run"))
+    steps = json.load(open(os.path.join(last, "training_state.json")))["global_step"]
+    return ck, {"wall": wall, "cpu": cpu, "steps": steps}
+
+
+def hs_rows(path):
+    """Token count of a vLLM-layout hidden-state file, from its safetensors header."""
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))["token_ids"]["shape"][0]
 
 
 def zlab_from_speculators(src, dst, st, out):
@@ -355,7 +370,8 @@ def main():
             "libdflash-target": (lambda: train_libdflash(
                 out, work, st, build, "target", os.path.join(work, "speculators", "data",
                                                              "hidden_states"),
-                "libdflash-target"), "target argmax")}
+                "libdflash-target", os.path.join(work, "speculators", "verifier")),
+                "target argmax")}  # the verifier folder: the target's embedding, head and norm
     want = a.only.split(",")
     if "speculators" in want and "libdflash" in want:
         want.append("libdflash-target")
