@@ -80,8 +80,8 @@ namespace {
 
 constexpr int kMaxMp = DF_CU_ATTN_MAX_ROWS; // packed rows per CTA (train/dfcuda.h)
 constexpr int kMaxD = DF_CU_ATTN_MAX_D;
-constexpr int kMaxN = 64;     // keys per tile (S: N / 2 floats per lane)
-constexpr int kRowChunk = 32; // query rows per step of attention_backward_kv
+constexpr int kMaxN = DF_CU_ATTN_MAX_N; // keys per tile (S: N / 2 floats per lane)
+constexpr int kRowChunk = 32;           // query rows per step of attention_backward_kv
 
 struct Shape {
   int B, Sc, nh, nkv, d, window;
@@ -91,31 +91,14 @@ struct Shape {
   int kvg;           // attention_backward_kv: warps per 16 keys, each on every kvg-th row chunk
   int dp, ld;        // head_dim padded to 16; shared row length (dp: swizzled, else dp + 8)
 };
-enum Kind { FWD, BWD_Q, BWD_KV };
+enum Kind { FWD = DF_CU_ATTN_FWD, BWD_Q = DF_CU_ATTN_BWD_Q, BWD_KV = DF_CU_ATTN_BWD_KV };
 
-__host__ __device__ inline size_t up128(size_t x) { return (x + 127) & ~(size_t)127; }
-__host__ __device__ inline int row_len(int dp) { return dp % 64 ? dp + 8 : dp; }
+__host__ __device__ inline int row_len(int dp) { return df_cu_attn_row_len(dp); }
 
-// Shared memory of one CTA: byte offsets, each region on 128 bytes.
-struct Smem {
-  size_t q, dout, k, v, ls, ds, total;
-};
+// Shared memory of one CTA (train/dfcuda.h, which the training plan reads too).
+using Smem = df_cu_attn_smem;
 __host__ __device__ inline Smem smem_layout(Kind kind, int Mp, int N, int dp) {
-  size_t ld = row_len(dp), at = 0;
-  Smem m{};
-  auto take = [&at](size_t bytes) {
-    size_t o = at;
-    at = up128(at + bytes);
-    return o;
-  };
-  m.q = take(2 * Mp * ld);
-  m.dout = kind == FWD ? 0 : take(2 * Mp * ld);
-  m.k = take(2 * N * ld);
-  m.v = take(2 * N * ld);
-  m.ls = kind == BWD_KV ? take(4 * Mp) : 0;
-  m.ds = kind == BWD_KV ? take(4 * Mp) : 0;
-  m.total = at;
-  return m;
+  return df_cu_attn_smem_layout((int)kind, Mp, N, dp);
 }
 
 struct alignas(128) SmemBase {
@@ -564,11 +547,8 @@ int max_smem() {
   return v;
 }
 
-// The widest key tile whose shared memory fits; 0 when none does.
 int pick_n(Kind kind, int Mp, int dp, size_t limit) {
-  for (int N = kMaxN; N >= 16; N /= 2)
-    if (smem_layout(kind, Mp, N, dp).total <= limit) return N;
-  return 0;
+  return df_cu_attn_pick_n((int)kind, Mp, dp, limit);
 }
 
 // attention_backward_kv's row groups: 2 (8 warps at N 64: one CTA per SM on sm_120 brings 8

@@ -331,16 +331,19 @@ DFLASH_API dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *d
 
 typedef struct dflash_train_plan_options {
   size_t struct_size;
-  int32_t world_size;     /* data-parallel GPUs (1) */
-  int32_t seq_len;        /* longest sequence, tokens (3072) */
-  int32_t num_anchors;    /* blocks per sequence (512) */
-  int32_t batch_size;     /* sequences per step (1); accumulated one at a time, so
+  int32_t world_size;      /* data-parallel GPUs (1) */
+  int32_t seq_len;         /* longest sequence, tokens (3072) */
+  int32_t num_anchors;     /* blocks per sequence (512) */
+  int32_t batch_size;      /* sequences per step (1); accumulated one at a time, so
                              memory does not depend on it */
-  int32_t vocab_chunk;    /* LM-head columns per chunk on the GPU (8192) */
-  int32_t zero1;          /* shard fp32 masters and AdamW moments over ranks (1) */
-  uint64_t gpu_bytes;     /* memory per GPU (80e9) */
-  uint64_t reserve_bytes; /* kept free: CUDA context, cuBLAS workspace, NCCL
+  int32_t vocab_chunk;     /* LM-head columns per chunk on the GPU (8192) */
+  int32_t zero1;           /* shard fp32 masters and AdamW moments over ranks (1) */
+  uint64_t gpu_bytes;      /* memory per GPU (80e9) */
+  uint64_t reserve_bytes;  /* kept free: CUDA context, cuBLAS workspace, NCCL
                              buffers, fragmentation (4 GiB) */
+  uint64_t smem_per_block; /* the GPU's shared memory per block (opt-in), bytes, from which
+                              the attention's tiles are chosen (232448: H100, H200, B200,
+                              B300; 101376: RTX PRO 6000 and other sm_120); 0: not checked */
 } dflash_train_plan_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -362,13 +365,22 @@ typedef struct dflash_train_plan {
   uint64_t reserve;     /* reserve_bytes */
   uint64_t total;       /* sum of the above */
   uint64_t gpu_bytes;
+  int32_t attention_rows;     /* query rows per attention CTA: block size x query heads
+                                 per kv head, rounded up to 16 */
+  int32_t attention_key_tile; /* keys per tile, the narrowest of the three kernels (64,
+                                 32 or 16); 0 when one of them does not fit */
+  uint64_t attention_smem;    /* shared memory per block of the widest kernel at those
+                                 tiles (or, when one does not fit, its need at 16 keys) */
+  int32_t sequences_per_step; /* per GPU per optimizer step: batch_size, accumulated one
+                                 at a time with one reduce-scatter and one all-gather */
 } dflash_train_plan;
 
 /*
  * Fill `plan` up to the plan.struct_size the caller sets (ZeRO-1 shards use
  * the buffer padded to a multiple of the world size). When total > gpu_bytes,
  * DFLASH_E_NOMEM with a message naming the largest term and what shrinks it;
- * `plan` is filled either way. DFlash 2 counts its parameters (per layer
+ * when the attention's tiles do not fit smem_per_block, DFLASH_E_UNSUPPORTED naming
+ * the kernel and the bytes; `plan` is filled either way. DFlash 2 counts its parameters (per layer
  * 2 x (2 k H + 2 k H / g x H), and 2 V r + r H for the selector; its codebooks
  * alone are 2 V r, 84 M at V = 163840, r = 256); the CUDA backend does not
  * train DFlash 2 yet: that plan is the size it would have, the activations

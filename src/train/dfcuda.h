@@ -41,6 +41,53 @@ static inline const char *df_cu_attn_shape_why(int B, int nh, int nkv, int d) {
   return NULL;
 }
 
+/* Host and device alike under nvcc; plain C elsewhere (the emulator, the training plan). */
+#ifdef __CUDACC__
+#define DF_CU_HD __host__ __device__
+#else
+#define DF_CU_HD
+#endif
+
+/* One attention CTA's shared memory, as cuda/attention.cu lays it out and the training plan
+ * reports it: the byte offset of each region, each on 128 bytes, and the total. kind:
+ * DF_CU_ATTN_FWD, _BWD_Q (dQ) or _BWD_KV (dK / dV); Mp packed query rows (a multiple of 16),
+ * N keys per tile, dp head_dim rounded up to 16. Rows are dp bf16 long, dp + 8 when dp is not
+ * a multiple of 64 (the swizzle needs 64; the pad keeps ldmatrix free of bank conflicts). */
+enum { DF_CU_ATTN_FWD, DF_CU_ATTN_BWD_Q, DF_CU_ATTN_BWD_KV };
+#define DF_CU_ATTN_MAX_N 64 /* keys per tile; 32 and 16 where 64 does not fit */
+typedef struct df_cu_attn_smem {
+  size_t q, dout, k, v, ls, ds, total;
+} df_cu_attn_smem;
+
+static inline DF_CU_HD int df_cu_attn_row_len(int dp) { return dp % 64 ? dp + 8 : dp; }
+
+static inline DF_CU_HD size_t df_cu_attn_take(size_t *at, size_t bytes) {
+  size_t o = *at;
+  *at = (*at + bytes + 127) & ~(size_t)127;
+  return o;
+}
+
+static inline DF_CU_HD df_cu_attn_smem df_cu_attn_smem_layout(int kind, int Mp, int N, int dp) {
+  size_t ld = (size_t)df_cu_attn_row_len(dp), at = 0;
+  df_cu_attn_smem m = {0, 0, 0, 0, 0, 0, 0};
+  m.q = df_cu_attn_take(&at, 2 * (size_t)Mp * ld);
+  m.dout = kind == DF_CU_ATTN_FWD ? 0 : df_cu_attn_take(&at, 2 * (size_t)Mp * ld);
+  m.k = df_cu_attn_take(&at, 2 * (size_t)N * ld);
+  m.v = df_cu_attn_take(&at, 2 * (size_t)N * ld);
+  m.ls = kind == DF_CU_ATTN_BWD_KV ? df_cu_attn_take(&at, 4 * (size_t)Mp) : 0;
+  m.ds = kind == DF_CU_ATTN_BWD_KV ? df_cu_attn_take(&at, 4 * (size_t)Mp) : 0;
+  m.total = at;
+  return m;
+}
+
+/* The widest key tile (64, 32, 16) of `kind` whose shared memory fits `limit` bytes per
+ * block; 0 when none does. */
+static inline int df_cu_attn_pick_n(int kind, int Mp, int dp, size_t limit) {
+  for (int N = DF_CU_ATTN_MAX_N; N >= 16; N /= 2)
+    if (df_cu_attn_smem_layout(kind, Mp, N, dp).total <= limit) return N;
+  return 0;
+}
+
 typedef struct df_cu_config {
   int H, KH, nh, nkv, d, I, V, B, L, vocab_chunk;
   float eps;

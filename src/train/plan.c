@@ -49,6 +49,7 @@ static void train_plan_options_defaults(dflash_train_plan_options *o) {
   o->zero1 = 1;
   o->gpu_bytes = 80000000000ULL;
   o->reserve_bytes = 4ULL << 30;
+  o->smem_per_block = 232448; /* sm_90 / sm_100: 227 KB */
 }
 
 DF_DEFINE_INIT(dflash_train_plan_options, train_plan_options_defaults)
@@ -70,6 +71,33 @@ void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t ancho
 }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
+
+/* The attention's tiles as cuda/attention.cu picks them from the device's shared memory per
+ * block (train/dfcuda.h): DFLASH_E_UNSUPPORTED naming the first kernel that does not fit. */
+static dflash_status plan_attention(const dflash_drafter_config *c, uint64_t limit,
+                                    dflash_train_plan *p) {
+  static const char *kernel[] = {"forward", "backward dQ", "backward dK/dV"};
+  int grp = c->num_attention_heads / c->num_key_value_heads;
+  int Mp = (c->block_size * grp + 15) / 16 * 16, dp = (c->head_dim + 15) / 16 * 16;
+  p->attention_rows = Mp;
+  p->attention_key_tile = DF_CU_ATTN_MAX_N;
+  for (int k = DF_CU_ATTN_FWD; k <= DF_CU_ATTN_BWD_KV; k++) {
+    int N = limit ? df_cu_attn_pick_n(k, Mp, dp, (size_t)limit) : DF_CU_ATTN_MAX_N;
+    uint64_t need = df_cu_attn_smem_layout(k, Mp, N ? N : 16, dp).total;
+    if (!N) {
+      p->attention_key_tile = 0, p->attention_smem = need;
+      return df_error(DFLASH_E_UNSUPPORTED,
+                      "training plan: the CUDA attention's %s needs %llu bytes of shared "
+                      "memory per block at head_dim %d with %d rows per CTA (block size %d "
+                      "times %d query heads per kv head); the GPU allows %llu",
+                      kernel[k], (unsigned long long)need, c->head_dim, Mp, c->block_size, grp,
+                      (unsigned long long)limit);
+    }
+    if (N < p->attention_key_tile) p->attention_key_tile = N;
+    if (need > p->attention_smem) p->attention_smem = need;
+  }
+  return DFLASH_OK;
+}
 
 static dflash_status plan_fill(const dflash_drafter_config *caller,
                                const dflash_train_plan_options *opts, dflash_train_plan *p) {
@@ -130,6 +158,8 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   p->gpu_bytes = opts->gpu_bytes;
   p->total = p->weights + p->masters + p->moments + p->grads + p->activations + p->frozen +
              p->reserve;
+  p->sequences_per_step = opts->batch_size;
+  if ((st = plan_attention(cfg, opts->smem_per_block, p))) return st;
   if (p->total <= p->gpu_bytes) return DFLASH_OK;
   struct {
     const char *name, *fix;

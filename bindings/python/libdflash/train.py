@@ -664,14 +664,16 @@ class TrainPlanOptions(ctypes.Structure):
                 ("seq_len", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
                 ("batch_size", ctypes.c_int32), ("vocab_chunk", ctypes.c_int32),
                 ("zero1", ctypes.c_int32), ("gpu_bytes", ctypes.c_uint64),
-                ("reserve_bytes", ctypes.c_uint64)]
+                ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64)]
 
 
 class TrainPlan(ctypes.Structure):
     """Mirror of `dflash_train_plan`: bytes per GPU by term."""
     _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_uint64) for name in (
         "n_params", "weights", "masters", "moments", "grads", "activations", "frozen", "reserve",
-        "total", "gpu_bytes")]
+        "total", "gpu_bytes")] + [
+        ("attention_rows", ctypes.c_int32), ("attention_key_tile", ctypes.c_int32),
+        ("attention_smem", ctypes.c_uint64), ("sequences_per_step", ctypes.c_int32)]
 
 
 _plan_defaults = bind("dflash_train_plan_options_init",
@@ -685,9 +687,12 @@ _plan = bind("dflash_train_plan_compute", [ctypes.POINTER(DrafterConfig),
 def train_plan(config, **options):
     """GPU memory per rank of the CUDA backend for `config` (what `dflash train
     --plan` prints): a dict of byte counts (n_params, weights, masters, moments,
-    grads, activations, frozen, reserve, total, gpu_bytes), "fits" and, when it
-    does not fit, "reason" (the library's message). Options: world_size,
-    seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes."""
+    grads, activations, frozen, reserve, total, gpu_bytes), the attention's
+    tiles (attention_rows, attention_key_tile, attention_smem: bytes per block),
+    sequences_per_step, "fits" and, when the memory or the attention's shared
+    memory does not fit, "reason" (the library's message). Options: world_size,
+    seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes,
+    smem_per_block (the GPU's shared memory per block; 0: not checked)."""
     o = TrainPlanOptions()
     _plan_defaults(ctypes.byref(o), ctypes.sizeof(o))
     names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
@@ -700,7 +705,7 @@ def train_plan(config, **options):
     try:
         _plan(ctypes.byref(parse_config(config)), ctypes.byref(o), ctypes.byref(plan))
     except Error as e:
-        if e.status != "DFLASH_E_NOMEM":
+        if e.status not in ("DFLASH_E_NOMEM", "DFLASH_E_UNSUPPORTED"):
             raise
         out["reason"] = e.message
     out.update({name: getattr(plan, name) for name, _ in TrainPlan._fields_[1:]})

@@ -265,3 +265,68 @@ def test_cli_plan_counts_dflash2_tensors(world, tmp_path):
     plain = subprocess.run([cli, "train", "--plan", "--config", str(world / "drafter.json")],
                            capture_output=True, text=True, check=True).stdout
     assert f": {n2} trainable parameters" not in plain  # the DFlash 2 tensors are counted
+
+
+def _gpu_model():
+    """bench/gpu_model.py, the performance model, whose smem_layout / pick_n mirror
+    cuda/attention.cu's in Python (test_gpu_model checks it against the kernel's header)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench", "gpu_model.py")
+    spec = importlib.util.spec_from_file_location("gpu_model", path)
+    gm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gm)
+    return gm
+
+
+@pytest.mark.parametrize("heads,d", [((64, 8), 128), ((32, 8), 128), ((64, 8), 256)])
+def test_train_plan_attention_tiles(world, heads, d):
+    """The plan's attention tiles at the Kimi (64/8 heads of 128, block 16: 128 rows per CTA)
+    and Qwen3-8B (32/8: 64 rows) packings and at head_dim 256, on sm_120's 99 KB per block and
+    sm_90's 227 KB: the key tile and bytes the performance model's mirror of the kernel picks,
+    and a refusal naming the kernel where nothing fits."""
+    gm = _gpu_model()
+    cfg = json.loads((world / "drafter.json").read_text())
+    cfg.update(num_attention_heads=heads[0], num_key_value_heads=heads[1], head_dim=d,
+               block_size=16)
+    cfg["dflash_config"]["block_size"] = 16
+    rows = 16 * heads[0] // heads[1]
+    for limit in (101376, 232448):
+        plan = train.train_plan(cfg, smem_per_block=limit, batch_size=3)
+        tiles = {k: gm.pick_n(k, rows, d, limit) for k in ("fwd", "bwd_q", "bwd_kv")}
+        assert plan["attention_rows"] == rows and plan["sequences_per_step"] == 3
+        if all(tiles.values()):
+            assert plan["fits"], plan.get("reason")
+            assert plan["attention_key_tile"] == min(tiles.values())
+            assert plan["attention_smem"] == max(gm.smem_layout(k, rows, n, d)
+                                                 for k, n in tiles.items())
+            assert plan["attention_smem"] <= limit
+        else:
+            assert not plan["fits"] and plan["attention_key_tile"] == 0
+            assert "shared memory" in plan["reason"] and str(limit) in plan["reason"]
+    # Kimi's and Qwen3-8B's packings fit sm_120; head_dim 256 at 128 rows does not.
+    small = train.train_plan(cfg, smem_per_block=101376)
+    assert small["fits"] == (d == 128)
+
+
+def test_cli_plan_gpu(world, tmp_path):
+    """`dflash train --plan --gpu NAME` takes the GPU's memory and shared memory per block."""
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        pytest.skip("DFLASH_CLI not set (run through meson test)")
+    cfg = json.loads((world / "drafter.json").read_text())
+    cfg.update(num_attention_heads=64, num_key_value_heads=8, head_dim=128, block_size=16)
+    cfg["dflash_config"]["block_size"] = 16
+    (tmp_path / "k.json").write_text(json.dumps(cfg))
+    run = lambda *a: subprocess.run([cli, "train", "--plan", "--config", str(tmp_path / "k.json"),
+                                     *a], capture_output=True, text=True)
+    out = run("--gpu", "rtx-pro-6000", "--world", "8")
+    assert out.returncode == 0, out.stderr
+    assert "128 rows per CTA, 64 keys per tile" in out.stdout and "of 101376" in out.stdout
+    assert "89.41 GiB" in out.stdout  # 96e9 bytes of GPU memory
+    assert "--batch 4" in out.stdout  # the PCIe note at one sequence per step
+    assert "--batch 4" not in run("--gpu", "rtx-pro-6000", "--world", "8", "--batch", "4").stdout
+    assert "of 232448" in run("--gpu", "h200").stdout
+    small = run("--gpu", "rtx-pro-6000", "--smem-kb", "48")
+    assert small.returncode == 1 and "shared memory" in small.stderr, small.stderr
+    bad = run("--gpu", "a100")
+    assert bad.returncode == 2 and "unknown --gpu 'a100'" in bad.stderr
