@@ -31,12 +31,18 @@ extern "C" {
 #define DF_CU_ATTN_MAX_D 256    /* head_dim, a multiple of 8 */
 #define DF_CU_ATTN_MAX_ROWS 128 /* block size x query heads per kv head, rounded up to 16 */
 
+/* Packed query rows of one attention CTA: block size B times the query heads per kv head,
+ * rounded up to 16 (nkv > 0 and nh % nkv == 0). */
+static inline int df_cu_attn_rows(int B, int nh, int nkv) {
+  return (B * (nh / nkv) + 15) / 16 * 16;
+}
+
 /* NULL when the CUDA attention runs this shape, else what it breaks. */
 static inline const char *df_cu_attn_shape_why(int B, int nh, int nkv, int d) {
   if (d <= 0 || d % 8 || d > DF_CU_ATTN_MAX_D)
     return "head_dim must be a multiple of 8, at most 256";
   if (nkv <= 0 || nh % nkv) return "the query heads must be a multiple of the kv heads";
-  if (B <= 0 || (B * (nh / nkv) + 15) / 16 * 16 > DF_CU_ATTN_MAX_ROWS)
+  if (B <= 0 || df_cu_attn_rows(B, nh, nkv) > DF_CU_ATTN_MAX_ROWS)
     return "block size times query heads per kv head must be at most 128 rows";
   return NULL;
 }

@@ -78,7 +78,8 @@ static dflash_status plan_attention(const dflash_drafter_config *c, uint64_t lim
                                     dflash_train_plan *p) {
   static const char *kernel[] = {"forward", "backward dQ", "backward dK/dV"};
   int grp = c->num_attention_heads / c->num_key_value_heads;
-  int Mp = (c->block_size * grp + 15) / 16 * 16, dp = (c->head_dim + 15) / 16 * 16;
+  int Mp = df_cu_attn_rows(c->block_size, c->num_attention_heads, c->num_key_value_heads);
+  int dp = (c->head_dim + 15) / 16 * 16;
   p->attention_rows = Mp;
   p->attention_key_tile = DF_CU_ATTN_MAX_N;
   for (int k = DF_CU_ATTN_FWD; k <= DF_CU_ATTN_BWD_KV; k++) {

@@ -265,17 +265,27 @@ static dflash_status call_spool(void *o, ctx *c) {
   return st;
 }
 
-static dflash_status call_stream(void *o, ctx *c) {
-  char *data = df_path_join(c->dir, "stream-data"), *hidden = df_path_join(c->dir, "stream-hs");
-  df_test_rmtree(data);
+/* A dataset of one sample (3 tokens) in c->dir/NAME-data and its hidden store in NAME-hs; the
+ * two paths returned are the caller's to free. */
+static void one_sample_set(ctx *c, const char *name, char **data, char **hidden) {
+  char dname[64], hname[64];
+  snprintf(dname, sizeof dname, "%s-data", name);
+  snprintf(hname, sizeof hname, "%s-hs", name);
+  *data = df_path_join(c->dir, dname), *hidden = df_path_join(c->dir, hname);
+  df_test_rmtree(*data);
   static const int32_t ids[3] = {5, 6, 7};
   static const uint8_t mask[3] = {0, 1, 1};
   dflash_dataset_writer *dw;
-  ck_assert_ok(dflash_dataset_writer_create(data, NULL, &dw));
+  ck_assert_ok(dflash_dataset_writer_create(*data, NULL, &dw));
   ck_assert_ok(dflash_dataset_writer_add(dw, "s0", ids, mask, 3));
   ck_assert_ok(dflash_dataset_writer_finish(dw));
   dflash_dataset_writer_free(dw);
-  ck_assert_ok(write_store(c->dir, "stream-hs", NULL));
+  ck_assert_ok(write_store(c->dir, hname, NULL));
+}
+
+static dflash_status call_stream(void *o, ctx *c) {
+  char *data, *hidden;
+  one_sample_set(c, "stream", &data, &hidden);
   dflash_sample_stream *s = NULL;
   dflash_status st = dflash_sample_stream_open(data, hidden, o, &s);
   dflash_sample_stream_free(s);
@@ -364,16 +374,8 @@ static dflash_status call_span(void *o, ctx *c) {
 
 /* A sample stream over one sample (3 tokens), started. */
 static dflash_sample_stream *one_sample_stream(ctx *c) {
-  char *data = df_path_join(c->dir, "smp-data"), *hidden = df_path_join(c->dir, "smp-hs");
-  df_test_rmtree(data);
-  static const int32_t ids[3] = {5, 6, 7};
-  static const uint8_t mask[3] = {0, 1, 1};
-  dflash_dataset_writer *dw;
-  ck_assert_ok(dflash_dataset_writer_create(data, NULL, &dw));
-  ck_assert_ok(dflash_dataset_writer_add(dw, "s0", ids, mask, 3));
-  ck_assert_ok(dflash_dataset_writer_finish(dw));
-  dflash_dataset_writer_free(dw);
-  ck_assert_ok(write_store(c->dir, "smp-hs", NULL));
+  char *data, *hidden;
+  one_sample_set(c, "smp", &data, &hidden);
   dflash_sample_stream *s;
   ck_assert_ok(dflash_sample_stream_open(data, hidden, NULL, &s));
   static const uint64_t order[1] = {0};

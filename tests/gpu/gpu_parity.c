@@ -86,7 +86,7 @@ static double rel_l2(const float *a, const float *b, const float *base, size_t n
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* tol_sel bounds the candidate selector's tensors, tol_other the rest. */
+/* tol_sel bounds the candidate selector's tensors; every other tensor 0.05. */
 static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *what,
                           double tol_sel) {
   float *gc = dump(cpu, 1), *gg = dump(gpu, 1);
