@@ -31,6 +31,7 @@
 #include "rng.h"
 #include "remote.h"
 #include "trainer.h"
+#include "run_internal.h"
 
 static void train_run_options_defaults(dflash_train_run_options *o) {
   if (!o) return;
@@ -42,70 +43,6 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
 }
 
 DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
-
-typedef struct run {
-  const dflash_train_run_options *o;
-  dflash_trainer_options topt;      /* o->trainer, or the defaults, at this library's size */
-  dflash_train_run_options local_o; /* an s3:// out_dir: o with its local mirror */
-  df_train_remote remote;
-  df_comm *comm; /* NULL: one process */
-  int rank, world;
-  dflash_drafter_config cfg;
-  dflash_trainer *t;
-  dflash_sample_stream *s;
-  const df_tokens *tok;
-  uint64_t *usable, *order, *mine; /* mine: this rank's share of order, from pos on */
-  size_t n_usable, n_total, global_batch;
-  int32_t *anchors; /* batch_size * num_anchors */
-  int32_t *n_anchors;
-  char *state_path, *metrics_path;
-  FILE *metrics;
-  dflash_progress *progress;
-  int64_t total_steps, tokens;
-  double elapsed, t0;
-  /* position (global: the next sample of the epoch order to visit) */
-  int32_t epoch;
-  uint64_t pos;
-  /* --hidden spool:PATH: samples in the producer's order. Every rank reads the same order and
-   * forms the same global batches; it keeps its share of each and passes over the rest. */
-  dflash_spool *spool;
-  df_tokens *own_tok;  /* the dataset, opened without a store */
-  uint64_t *by_id;     /* dataset indices sorted by id */
-  uint8_t *is_usable;  /* [n_total] */
-  uint64_t *batch_idx; /* the gathered batch: dataset indices and hidden states */
-  bool stored_rows;    /* samples carry their hidden rows as stored (see open_data) */
-  int32_t sp_dtype;    /* the spool's dtype */
-  char **batch_h;      /* float32 rows, or the codes then (fp8) the scales */
-  size_t *batch_cap;
-  uint64_t sp_shard, sp_off; /* resume: the spool position within r->epoch */
-  int32_t rel_epoch;         /* shards before (rel_epoch, rel_shard) are released */
-  uint64_t rel_shard;
-  int32_t bnd_epoch; /* the spool position after the last step (or at the start) */
-  uint64_t bnd_shard, bnd_off, bnd_pos;
-  df_spool_pos *batch_pos; /* [global_batch]: where the batch's samples are in the spool */
-  size_t n_mine;           /* this rank's samples of the gathered batch (slots 0..n_mine-1) */
-  FILE *trace;             /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
-  int32_t **batch_t;       /* the gathered batch's target ids (NULL: none) */
-  size_t *batch_tcap;
-  int32_t *labels; /* --labels target: one sequence's CE targets */
-  size_t labels_cap;
-  float *head, *norm_w; /* vLLM's final layer -> target ids: LM head, final norm */
-  double spool_wait;    /* seconds spent waiting for the spool's next shard */
-  /* A step's metrics line. Steps are made with dflash_trainer_step_async, so that the next
-   * step's first sequence uploads while the device runs the optimizer; the line waits for
-   * the norm (finish_step: after that sequence is enqueued, or before a save).
-   * DFLASH_TRAIN_SYNC_STEP=1 waits at every step instead (the same results, to the bit). */
-  bool sync_step, step_open;
-  bool cfg_dflash2; /* a DFlash 2 drafter: its loss is reported by component */
-  double last_save; /* when the state was last saved (or the run started) */
-  bool bad_sample;  /* the failing step failed on its data (a sample), not the trainer */
-  struct {
-    int64_t step, total;
-    int32_t epoch;
-    double loss, lr, dt, elapsed, spool_wait, tokens;
-    double sel_loss; /* DFlash 2: the selector's part of loss */
-  } line;
-} run;
 
 /* Samples that can carry at least one anchor (>= 2B supervised tokens and
  * a candidate position). */
@@ -148,7 +85,7 @@ static void epoch_order(run *r, int32_t epoch) {
 /* This rank's share [*lo, *hi) of the global batch order[pos, pos+n):
  * contiguous and balanced, so a full batch gives every rank batch_size
  * sequences and a short last one may leave a rank none. */
-static void share(const run *r, size_t n, size_t *lo, size_t *hi) {
+void df_run_share(const run *r, size_t n, size_t *lo, size_t *hi) {
   *lo = n * (size_t)r->rank / (size_t)r->world;
   *hi = n * ((size_t)r->rank + 1) / (size_t)r->world;
 }
@@ -163,7 +100,7 @@ static dflash_status start_epoch(run *r) {
   size_t n = 0;
   for (uint64_t p = r->pos; p < r->n_usable; p += batch_at(r, p)) {
     size_t lo, hi;
-    share(r, batch_at(r, p), &lo, &hi);
+    df_run_share(r, batch_at(r, p), &lo, &hi);
     for (size_t i = lo; i < hi; i++) r->mine[n++] = r->order[p + i];
   }
   return dflash_sample_stream_start(r->s, r->mine, n);
@@ -240,481 +177,10 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
 }
 
 /* Wait for every rank (rank 0's failures reach the others here). */
-static dflash_status barrier(run *r) {
+dflash_status df_run_barrier(run *r) {
   return r->comm ? df_comm_broadcast(r->comm, NULL, 0) : DFLASH_OK;
 }
 
-/* ---- the run's settings, recorded with the state ------------------------------------------ */
-
-/* What shapes the training and must not change silently on --resume (the world size, threads
- * and backend may: the data position and the global batch are global, the maths the same). */
-typedef struct setting {
-  const char *name;
-  double value;
-} setting;
-
-enum { N_SETTINGS = 15 };
-
-static void settings_of(const run *r, setting *s) {
-  const dflash_trainer_options *t = &r->topt;
-  const dflash_train_run_options *o = r->o;
-  const setting all[N_SETTINGS] = {
-      {"lr", t->lr},
-      {"global_batch", (double)o->batch_size * r->world}, /* any world with the same one */
-      {"anchors", t->num_anchors},
-      {"warmup_ratio", t->warmup_ratio},
-      {"epochs", o->epochs},
-      {"weight_decay", t->weight_decay},
-      {"clip", t->grad_clip},
-      {"labels", o->labels},
-      {"beta1", t->beta1},
-      {"beta2", t->beta2},
-      {"adam_eps", t->adam_eps},
-      {"min_lr_ratio", t->min_lr_ratio},
-      {"loss_gamma", t->loss_gamma},
-      {"selector_loss_weight", t->selector_loss_weight},
-      {"selector_loss_mode", t->selector_loss_mode},
-  };
-  memcpy(s, all, sizeof all);
-}
-
-/* The learning rate after a resume: the saved continuation, if any, and when the settings
- * changed the rate the next step would take, a new continuation from the rate the saved
- * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
-static void continue_schedule(const run *r, const df_position *p) {
-  if (!p->has_schedule) return; /* a state from before the rate was recorded */
-  int64_t step = dflash_trainer_steps(r->t);
-  if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
-  r->t->sched_from = step > 0 ? step : 1;
-  r->t->sched_lr0 = p->next_lr;
-}
-
-/* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
- * allow_settings_change. A state written before settings were recorded has none to compare;
- * one that records a setting this library does not know is refused. */
-static dflash_status check_settings(const run *r, const df_position *p) {
-  setting s[N_SETTINGS];
-  settings_of(r, s);
-  for (size_t k = 0; k < p->n_settings; k++) {
-    int i = 0;
-    while (i < N_SETTINGS && strcmp(s[i].name, p->settings[k].name)) i++;
-    if (i == N_SETTINGS)
-      return df_error(DFLASH_E_UNSUPPORTED,
-                      "%s records the setting \"%s\", which this libdflash does not know "
-                      "(written by a newer one?)",
-                      r->state_path, p->settings[k].name);
-  }
-  char changes[1024] = "";
-  size_t n = 0;
-  for (int i = 0; i < N_SETTINGS; i++) {
-    const df_position_setting *was = df_position_setting_find(p, s[i].name);
-    if (!was || was->value == s[i].value) continue;
-    int k = snprintf(changes + n, sizeof changes - n, "%s%s %.9g -> %.9g", n ? ", " : "", s[i].name,
-                     was->value, s[i].value);
-    if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
-  }
-  if (!n) return DFLASH_OK;
-  if (r->o->allow_settings_change) return continue_schedule(r, p), DFLASH_OK;
-  return df_error(DFLASH_E_MISMATCH,
-                  "%s was written with other settings: %s (resume with the run's own, or "
-                  "allow the change: --allow-settings-change)",
-                  r->state_path, changes);
-}
-
-/* Where the run stands after the last step, for the state (position.h). */
-static void position_of(const run *r, int32_t epoch, uint64_t pos, df_position *p) {
-  memset(p, 0, sizeof *p);
-  p->epoch = epoch;
-  p->pos = pos;
-  p->tokens = r->tokens;
-  p->metrics_bytes = r->metrics ? ftell(r->metrics) : 0;
-  p->seed = r->topt.seed;
-  p->samples = r->n_usable;
-  p->elapsed_s = r->elapsed + df_now_seconds() - r->t0;
-  p->spool = r->spool != NULL;
-  p->spool_shard = r->bnd_shard; /* the spool: the last step's position (the producer's order) */
-  p->spool_offset = r->bnd_off;
-  p->spool_wait_s = r->spool_wait;
-  p->has_schedule = true;
-  p->next_lr = dflash_trainer_lr_at(r->t, dflash_trainer_steps(r->t));
-  p->sched_from = r->t->sched_from;
-  p->sched_lr0 = r->t->sched_lr0;
-  setting s[N_SETTINGS];
-  settings_of(r, s);
-  for (int i = 0; i < N_SETTINGS; i++) {
-    snprintf(p->settings[i].name, sizeof p->settings[i].name, "%s", s[i].name);
-    p->settings[i].value = s[i].value;
-  }
-  p->n_settings = N_SETTINGS;
-}
-
-/* Save the checkpoint and the state; (epoch, pos) is the next sample to
- * visit. Every rank gathers the state (collective on a sharded device
- * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
-static dflash_status finish_step(run *r);
-
-static dflash_status save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
-  if (!r->spool && pos >= r->n_usable) epoch++, pos = 0;
-  dflash_status st = finish_step(r); /* the last step's metrics line before the state */
-  if (!st) st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
-  if (!st && r->rank == 0) {
-    df_position p;
-    position_of(r, epoch, pos, &p);
-    char *blob = NULL;
-    if (r->trace) fflush(r->trace);
-    st = df_position_to_json(&p, &blob);
-    if (!st && model) st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
-    if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, strlen(blob) + 1);
-    if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
-    free(blob);
-  }
-  r->last_save = df_now_seconds();
-  return st ? st : barrier(r);
-}
-
-static dflash_status save(run *r, int32_t epoch, uint64_t pos) {
-  return save_as(r, epoch, pos, true);
-}
-
-/* Every rank reads the same state (a shared directory or the bucket);
- * rank 0 alone trims metrics.jsonl. */
-static dflash_status resume(run *r) {
-  char blob[4096];
-  size_t len = 0;
-  dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, sizeof blob, &len);
-  if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
-  if (st) return df_error_wrap(st, "resuming");
-  df_position p;
-  if ((st = df_position_parse(blob, len, r->state_path, &p))) return st;
-  if (p.seed != r->topt.seed)
-    return df_error(DFLASH_E_MISMATCH,
-                    "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
-                    p.seed, r->topt.seed);
-  r->epoch = p.epoch, r->pos = p.pos, r->tokens = p.tokens, r->elapsed = p.elapsed_s;
-  if (p.has_schedule) /* an earlier settings change's continuation */
-    r->t->sched_from = p.sched_from, r->t->sched_lr0 = p.sched_lr0;
-  dflash_status cs = check_settings(r, &p);
-  if (cs) return cs;
-  if (r->spool && !p.spool)
-    return df_error(DFLASH_E_MISMATCH,
-                    "%s has no spool position: written by a run on an "
-                    "offline store",
-                    r->state_path);
-  if (!r->spool && p.spool)
-    return df_error(DFLASH_E_MISMATCH,
-                    "%s was written by a run on a spool; resume it with "
-                    "--hidden spool:PATH",
-                    r->state_path);
-  r->sp_shard = p.spool_shard, r->sp_off = p.spool_offset;
-  if (r->spool) r->spool_wait = p.spool_wait_s; /* states before the counter: from 0 */
-  if (p.samples != r->n_usable)
-    return df_error(DFLASH_E_MISMATCH,
-                    "%s was written for %" PRIu64 " trainable samples, %s has %zu: "
-                    "the data changed",
-                    r->state_path, p.samples, r->o->data_dir, r->n_usable);
-  /* Forget metrics lines written after the state was saved. */
-  if (r->rank == 0 && truncate(r->metrics_path, (off_t)p.metrics_bytes) != 0 && p.metrics_bytes > 0)
-    return df_error(DFLASH_E_IO, "cannot truncate %s to %" PRId64 " bytes", r->metrics_path,
-                    p.metrics_bytes);
-  return DFLASH_OK;
-}
-
-/* What every rank must agree on before the first step. */
-typedef struct run_print {
-  uint64_t seed, n_usable, pos, params_hash;
-  int64_t step, tokens, total_steps;
-  int32_t epoch, batch_size;
-} run_print;
-
-static uint64_t fnv1a(const void *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ULL;
-  return h;
-}
-
-/* Rank 0's fingerprint against this rank's: same data, seed, position,
- * schedule and parameters (a rank that read another state, or none, stops
- * here instead of training on a different model). */
-static dflash_status check_ranks_agree(run *r) {
-  if (!r->comm) return DFLASH_OK;
-  dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS);
-  if (st) return st;
-  run_print mine = {.seed = r->topt.seed,
-                    .n_usable = r->n_usable,
-                    .pos = r->pos,
-                    .params_hash = fnv1a(r->t->m.params, r->t->m.n_params * sizeof(float)),
-                    .step = dflash_trainer_steps(r->t),
-                    .tokens = r->tokens,
-                    .total_steps = r->total_steps,
-                    .epoch = r->epoch,
-                    .batch_size = r->o->batch_size};
-  run_print root = mine;
-  if ((st = df_comm_broadcast(r->comm, &root, sizeof root))) return st;
-  if (memcmp(&root, &mine, sizeof mine))
-    return df_error(DFLASH_E_MISMATCH,
-                    "rank %d disagrees with rank 0: samples %" PRIu64 " vs %" PRIu64
-                    ", seed %" PRIu64 " vs %" PRIu64 ", batch %d vs %d, step %" PRId64
-                    " vs %" PRId64 ", epoch %d pos %" PRIu64 " vs epoch %d pos %" PRIu64 ", "
-                    "parameters %s (every rank must see the same data, options and "
-                    "train_state)",
-                    r->rank, mine.n_usable, root.n_usable, mine.seed, root.seed, mine.batch_size,
-                    root.batch_size, mine.step, root.step, mine.epoch, mine.pos, root.epoch,
-                    root.pos, mine.params_hash == root.params_hash ? "equal" : "differ");
-  return DFLASH_OK;
-}
-
-/* ---- --hidden spool:PATH ---------------------------------------------------------------- */
-
-static const char *spool_path(const char *hidden) {
-  return strncmp(hidden, "spool:", 6) ? NULL : hidden + 6;
-}
-
-static const df_tokens *g_sort_tok; /* qsort has no context argument */
-
-static const char *id_of(const df_tokens *t, uint64_t i) {
-  const char *id;
-  const int32_t *ids;
-  const uint8_t *mask;
-  int64_t len;
-  df_tokens_get(t, (size_t)i, &id, &ids, &mask, &len);
-  return id;
-}
-
-static int cmp_by_id(const void *a, const void *b) {
-  return strcmp(id_of(g_sort_tok, *(const uint64_t *)a), id_of(g_sort_tok, *(const uint64_t *)b));
-}
-
-/* The dataset index of a sample id, or -1. */
-static int64_t find_id(const run *r, const char *id) {
-  size_t lo = 0, hi = df_tokens_count(r->tok);
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(id_of(r->tok, r->by_id[mid]), id);
-    if (!c) return (int64_t)r->by_id[mid];
-    if (c < 0) lo = mid + 1;
-    else hi = mid;
-  }
-  return -1;
-}
-
-/* df_spool_share's test (read only: safe on the spool's thread). */
-static bool spool_usable(void *ctx, const char *id) {
-  const run *r = ctx;
-  int64_t idx = find_id(r, id);
-  return idx >= 0 && r->is_usable[idx];
-}
-
-static double env_seconds(const char *name, double dflt) {
-  const char *v = getenv(name);
-  char *end;
-  double x = v && *v ? strtod(v, &end) : dflt;
-  return v && *v && *end ? dflt : x;
-}
-
-/* The dataset alone (the spool comes sample by sample), or the dataset joined with a store.
- * On CUDA the samples (from a store or the spool alike) carry their hidden rows as stored,
- * for the device to convert and check (DFLASH_TRAIN_STORED_ROWS=0 / 1 overrides, e.g. to
- * train the CPU backend through the same path). */
-static dflash_status open_data(run *r) {
-  const dflash_train_run_options *o = r->o;
-  const char *path = spool_path(o->hidden_dir);
-  const char *sr = getenv("DFLASH_TRAIN_STORED_ROWS");
-  r->stored_rows = sr && *sr ? !strcmp(sr, "1") : r->topt.backend == DFLASH_BACKEND_CUDA;
-  if (!path) {
-    dflash_sample_stream_options so;
-    dflash_sample_stream_options_default(&so);
-    so.stored_rows = r->stored_rows;
-    dflash_status st = dflash_sample_stream_open(o->data_dir, o->hidden_dir, &so, &r->s);
-    if (!st) r->tok = df_sample_stream_tokens(r->s);
-    return st;
-  }
-  dflash_spool_options so;
-  dflash_spool_options_default(&so);
-  so.wait_s = env_seconds("DFLASH_SPOOL_WAIT", so.wait_s);
-  so.reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
-  so.stored_rows = r->stored_rows;
-  dflash_status st = df_tokens_open(o->data_dir, &r->own_tok);
-  if (!st) st = dflash_spool_open(path, &so, &r->spool);
-  if (!st) st = dflash_spool_info(r->spool, NULL, NULL, &r->sp_dtype);
-  if (st) return st;
-  r->tok = r->own_tok;
-  size_t n = df_tokens_count(r->tok);
-  r->by_id = malloc((n ? n : 1) * sizeof *r->by_id);
-  r->is_usable = calloc(n ? n : 1, 1);
-  if (!r->by_id || !r->is_usable) return df_error_nomem("dataset ids");
-  for (size_t i = 0; i < n; i++) r->by_id[i] = i;
-  g_sort_tok = r->tok;
-  qsort(r->by_id, n, sizeof *r->by_id, cmp_by_id);
-  return DFLASH_OK;
-}
-
-/* dflash_spool_info cannot fail on an open spool with these pointers. */
-static int64_t spool_width(const run *r) {
-  int32_t K = 0, H = 0;
-  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL));
-  return (int64_t)K * H;
-}
-
-static dflash_status spool_buffers(run *r) {
-  size_t b = (size_t)r->o->batch_size;
-  r->batch_idx = malloc(b * sizeof *r->batch_idx);
-  r->batch_h = calloc(b, sizeof *r->batch_h);
-  r->batch_cap = calloc(b, sizeof *r->batch_cap);
-  r->batch_t = calloc(b, sizeof *r->batch_t);
-  r->batch_tcap = calloc(b, sizeof *r->batch_tcap);
-  r->batch_pos = calloc(r->global_batch, sizeof *r->batch_pos);
-  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap && r->batch_pos
-             ? DFLASH_OK
-             : df_error_nomem("batch");
-}
-
-/* The next trainable sample of the spool into slot i of the batch: *got = 0 at the end of the
- * epoch. Samples that cannot carry an anchor are passed over, as offline. */
-static dflash_status spool_checkpoint(run *r, bool model);
-
-/* The spool sample's target ids into slot i of the batch (a flag of none). */
-static dflash_status keep_tids(run *r, size_t i, const dflash_spool_sample *smp) {
-  if (!smp->target_ids)
-    return r->batch_tcap[i] = 0, free(r->batch_t[i]), r->batch_t[i] = NULL, DFLASH_OK;
-  if ((size_t)smp->len > r->batch_tcap[i]) {
-    free(r->batch_t[i]);
-    r->batch_tcap[i] = 0;
-    if (!(r->batch_t[i] = malloc((size_t)smp->len * sizeof(int32_t))))
-      return df_error_nomem("batch");
-    r->batch_tcap[i] = (size_t)smp->len;
-  }
-  memcpy(r->batch_t[i], smp->target_ids, (size_t)smp->len * sizeof(int32_t));
-  return DFLASH_OK;
-}
-
-/* Bytes of a spool sample's codes (padded to 4) and scales, when the rows come as stored. */
-static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales) {
-  int32_t K = 0, H = 0;
-  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL)); /* as in spool_width */
-  size_t n = (size_t)len * (size_t)K * (size_t)H;
-  bool fp8 = r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3;
-  *codes = ((fp8 ? n : 2 * n) + 3) & ~(size_t)3;
-  *scales = fp8 ? 4 * (size_t)len * (size_t)K : 0;
-}
-
-/* The spool sample's hidden rows (float32, or as stored) into slot i of the batch. */
-static dflash_status keep_rows(run *r, size_t i, const dflash_spool_sample *smp) {
-  size_t n = (size_t)smp->len * (size_t)spool_width(r), code_b, scale_b;
-  spool_bytes(r, smp->len, &code_b, &scale_b);
-  size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
-  if (bytes > r->batch_cap[i]) {
-    free(r->batch_h[i]);
-    r->batch_cap[i] = 0;
-    if (!(r->batch_h[i] = malloc(bytes))) return df_error_nomem("batch");
-    r->batch_cap[i] = bytes;
-  }
-  if (!r->stored_rows) {
-    memcpy(r->batch_h[i], smp->hidden, n * sizeof(float));
-  } else {
-    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3 ? n : 2 * n);
-    if (scale_b) memcpy(r->batch_h[i] + code_b, smp->hidden_scales, scale_b);
-  }
-  return DFLASH_OK;
-}
-
-/* The next trainable sample of the spool: its data into slot i when `keep` (else passed over,
- * unread: another rank's), its place in *at; *got = 0 at the end of the epoch. Samples that
- * cannot carry an anchor are passed over, as offline. */
-static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_pos *at) {
-  for (;;) {
-    /* About to wait: the producer may be waiting for room, so give back what the last step used
-     * up (the state then is the last step's: nothing has changed since). One process only: the
-     * save is collective, and ranks do not wait at the same moments (spool_maybe_free). */
-    bool unreleased = r->bnd_epoch != r->rel_epoch || r->bnd_shard != r->rel_shard;
-    dflash_status cst = r->world == 1 && unreleased && !df_spool_ready(r->spool)
-                            ? spool_checkpoint(r, false)
-                            : DFLASH_OK;
-    if (cst) return cst;
-    dflash_spool_sample smp = {.struct_size = sizeof smp};
-    int end;
-    /* The trainer's own wait counter: time in a next that had no shard ready to read. */
-    bool ready = df_spool_ready(r->spool);
-    double t_wait = df_now_seconds();
-    dflash_status st = keep ? dflash_spool_next(r->spool, &smp, &end)
-                            : df_spool_pass(r->spool, &smp, &end);
-    if (!ready) r->spool_wait += df_now_seconds() - t_wait;
-    if (st || end) return *got = 0, st;
-    int64_t idx = find_id(r, smp.id);
-    if (idx < 0)
-      return df_error(DFLASH_E_NOT_FOUND, "spool sample %s is not in the dataset %s", smp.id,
-                      r->o->data_dir);
-    const char *id;
-    const int32_t *ids;
-    const uint8_t *mask;
-    int64_t len;
-    df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
-    if (len != smp.len)
-      return df_error(DFLASH_E_MISMATCH,
-                      "sample %s: %" PRId64 " tokens but %" PRId64 " rows of "
-                      "hidden states in the spool",
-                      id, len, smp.len);
-    if (!r->is_usable[idx]) continue;
-    *at = (df_spool_pos){smp.epoch, smp.shard, smp.offset};
-    if (!keep) return *got = 1, DFLASH_OK;
-    if ((st = keep_rows(r, i, &smp))) return st;
-    r->batch_idx[i] = (uint64_t)idx;
-    if ((st = keep_tids(r, i, &smp))) return st;
-    return *got = 1, DFLASH_OK;
-  }
-}
-
-/* Gather the next global batch (*n samples; *ended at the epoch's end marker) and keep this
- * rank's share: the full batch's share as the samples come, and for a short last batch, whose
- * share is known only at the end, the samples of that share read again. */
-static dflash_status spool_batch(run *r, size_t *n, bool *ended) {
-  size_t B = (size_t)r->o->batch_size, lo = B * (size_t)r->rank, hi = lo + B, lo2, hi2;
-  int one = 1;
-  dflash_status st = DFLASH_OK;
-  for (*n = 0; *n < r->global_batch && one && !st; *n += (size_t)one) {
-    bool keep = *n >= lo && *n < hi;
-    st = spool_take(r, keep ? *n - lo : 0, keep, &one, &r->batch_pos[*n]);
-  }
-  if (st) return st;
-  *ended = !one;
-  share(r, *n, &lo2, &hi2);
-  hi = hi < *n ? hi : *n;
-  r->n_mine = hi > lo ? hi - lo : 0;
-  if (lo2 == lo && hi2 == hi) return DFLASH_OK; /* always with one rank */
-  df_spool_pos back;
-  st = dflash_spool_tell(r->spool, &back.epoch, &back.shard, &back.offset);
-  for (size_t k = lo2; k < hi2 && !st; k++) {
-    const df_spool_pos *p = &r->batch_pos[k];
-    df_spool_pos at;
-    st = dflash_spool_seek(r->spool, p->epoch, p->shard, p->offset);
-    if (!st) st = spool_take(r, k - lo2, true, &one, &at);
-    if (!st && (!one || at.epoch != p->epoch || at.shard != p->shard || at.offset != p->offset))
-      st = df_error(DFLASH_E_INTERNAL,
-                    "spool %s: sample at e%d s%" PRIu64 " +%" PRIu64 " not found again",
-                    r->o->hidden_dir, p->epoch, p->shard, p->offset);
-  }
-  /* Back to where the end marker left it: the next epoch's start (no usable sample before). */
-  if (!st) st = df_spool_seek_k(r->spool, back.epoch, back.shard, back.offset, 0);
-  r->n_mine = hi2 - lo2;
-  return st;
-}
-
-/* Sample i of the gathered batch, as the stream would give it. */
-static dflash_status spool_sample(run *r, size_t i, dflash_train_sample *out, int *done) {
-  const char *id;
-  *done = 0;
-  out->struct_size = sizeof *out;
-  out->index = r->batch_idx[i];
-  df_tokens_get(r->tok, (size_t)out->index, &id, &out->input_ids, &out->loss_mask, &out->len);
-  out->id = id;
-  out->target_ids = r->batch_t[i];
-  out->hidden = r->stored_rows ? NULL : (const float *)r->batch_h[i];
-  out->hidden_dtype = r->sp_dtype;
-  out->hidden_codes = r->stored_rows ? r->batch_h[i] : NULL;
-  size_t code_b, scale_b;
-  spool_bytes(r, out->len, &code_b, &scale_b);
-  out->hidden_scales = r->stored_rows && scale_b ? (const float *)(r->batch_h[i] + code_b) : NULL;
-  return DFLASH_OK;
-}
 
 /* Rank 0: out_dir, its train_state/ and metrics.jsonl. */
 static dflash_status open_outputs(run *r) {
@@ -749,10 +215,10 @@ static dflash_status open_all(run *r) {
       st = df_error_wrap(st, "%s", o->config_path);
     }
   }
-  if (!st) st = open_data(r);
+  if (!st) st = df_run_open_data(r);
   if (st) return st;
   int64_t width = (int64_t)r->cfg.n_target_layer_ids * r->cfg.hidden_size;
-  int64_t have = r->spool ? spool_width(r) : dflash_sample_stream_width(r->s);
+  int64_t have = r->spool ? df_run_spool_width(r) : dflash_sample_stream_width(r->s);
   if (have != width)
     return df_error(DFLASH_E_MISMATCH,
                     "%s holds %" PRId64 " features per token; the drafter "
@@ -762,10 +228,10 @@ static dflash_status open_all(run *r) {
   if ((st = check_labels(r))) return st;
   if ((st = find_usable(r))) return st;
   r->global_batch = (size_t)o->batch_size * (size_t)r->world;
-  if (r->spool && (st = spool_buffers(r))) return st;
+  if (r->spool && (st = df_run_spool_buffers(r))) return st;
   /* Several ranks: on S3 each reads only its share's samples (and every shard's header). */
   if (r->spool && r->world > 1)
-    df_spool_share(r->spool, spool_usable, r, r->global_batch,
+    df_spool_share(r->spool, df_run_spool_usable, r, r->global_batch,
                    (uint64_t)o->batch_size * (uint64_t)r->rank,
                    (uint64_t)o->batch_size * ((uint64_t)r->rank + 1));
   int32_t A = r->topt.num_anchors;
@@ -786,13 +252,13 @@ static dflash_status open_all(run *r) {
   r->state_path = df_asprintf("%s/train_state/state.safetensors", state_base);
   r->metrics_path = df_path_join(o->out_dir, "metrics.jsonl");
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
-  if (o->resume && (st = resume(r))) return st;
+  if (o->resume && (st = df_run_resume(r))) return st;
   if ((st = open_outputs(r))) return st;
   if (r->rank == 0 && getenv("DFLASH_TRAIN_TRACE") && *getenv("DFLASH_TRAIN_TRACE") &&
       !(r->trace = fopen(getenv("DFLASH_TRAIN_TRACE"), "a")))
     return df_error(DFLASH_E_IO, "cannot open DFLASH_TRAIN_TRACE=%s", getenv("DFLASH_TRAIN_TRACE"));
   if (r->trace) fputs("# run\n", r->trace); /* a resumed run's lines redo the killed one's */
-  return check_ranks_agree(r);
+  return df_run_check_ranks_agree(r);
 }
 
 /* The metrics line (and progress note) of the step in r->line, with its norm. */
@@ -822,7 +288,7 @@ static void write_metrics(run *r, double norm) {
 
 /* The outstanding step's norm (every rank: a non-finite one fails the run here) and its
  * metrics line (rank 0). */
-static dflash_status finish_step(run *r) {
+dflash_status df_run_finish_step(run *r) {
   if (!r->step_open) return DFLASH_OK;
   r->step_open = false;
   double norm = 0;
@@ -833,10 +299,10 @@ static dflash_status finish_step(run *r) {
 
 /* One optimizer step over the global batch order[pos, pos+gb): this rank's
  * share, gradients scaled by the global weight, summed over the ranks. */
-static dflash_status train_step(run *r, size_t gb) {
+dflash_status df_run_train_step(run *r, size_t gb) {
   int32_t A = r->topt.num_anchors, B = r->cfg.block_size;
   size_t lo = 0, hi = r->n_mine; /* the spool's: gathered by spool_batch */
-  if (!r->spool) share(r, gb, &lo, &hi);
+  if (!r->spool) df_run_share(r, gb, &lo, &hi);
   size_t b = hi - lo;
   double sums[3] = {0, 0, 0}; /* weight, tokens, then sum(w*CE) */
   for (size_t i = 0; i < b; i++) {
@@ -869,7 +335,8 @@ static dflash_status train_step(run *r, size_t gb) {
   for (size_t i = 0; i < b; i++) {
     dflash_train_sample smp = {.struct_size = sizeof smp};
     int done;
-    st = r->spool ? spool_sample(r, i, &smp, &done) : dflash_sample_stream_next(r->s, &smp, &done);
+    st = r->spool ? df_run_spool_sample(r, i, &smp, &done)
+                  : dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
     const int32_t *labels = NULL;
     if (!st) st = make_labels(r, &smp, &labels);
@@ -878,9 +345,9 @@ static dflash_status train_step(run *r, size_t gb) {
       st = df_trainer_accumulate_sample_labels(r->t, &smp, labels, r->anchors + i * (size_t)A,
                                                r->n_anchors[i], 1.0 / W);
     if (st) return df_error_wrap(st, "sample %s", smp.id ? smp.id : "?");
-    if (i == 0 && (st = finish_step(r))) return st;
+    if (i == 0 && (st = df_run_finish_step(r))) return st;
   }
-  if ((st = finish_step(r))) return st; /* no sequence on this rank */
+  if ((st = df_run_finish_step(r))) return st; /* no sequence on this rank */
   if ((st = dflash_trainer_collect(r->t, &lsum, NULL))) return st;
   double losses[2] = {lsum, r->t->pend_sel}; /* the whole loss, DFlash 2's selector part */
   r->t->pend_sel = 0;
@@ -913,11 +380,7 @@ static dflash_status train_step(run *r, size_t gb) {
   return DFLASH_OK;
 }
 
-/* After a step: nothing, a save (save_every_s has passed) or a stop (the caller's `stop`).
- * Rank 0 decides and tells the others (a broadcast a step, only with several ranks). */
-enum { ACT_NONE, ACT_SAVE, ACT_STOP };
-
-static dflash_status next_action(run *r, bool last_step, int32_t *act) {
+dflash_status df_run_next_action(run *r, bool last_step, int32_t *act) {
   const dflash_train_run_options *o = r->o;
   *act = ACT_NONE;
   if (r->rank == 0 && !last_step) {
@@ -928,7 +391,7 @@ static dflash_status next_action(run *r, bool last_step, int32_t *act) {
   return r->comm ? df_comm_broadcast(r->comm, act, sizeof *act) : DFLASH_OK;
 }
 
-static dflash_status stopped(const run *r) {
+dflash_status df_run_stopped(const run *r) {
   return df_error(DFLASH_E_CANCELLED,
                   "training stopped on request after step %" PRId64
                   ": checkpoint and state saved in %s; --resume continues",
@@ -940,7 +403,7 @@ static dflash_status stopped(const run *r) {
 static dflash_status failed_on_sample(run *r, dflash_status st) {
   if (!r->bad_sample || r->comm) return st;
   char *why = df_strdup(dflash_last_error());
-  dflash_status saved = save(r, r->epoch, r->pos);
+  dflash_status saved = df_run_save(r, r->epoch, r->pos);
   st = df_error(st, "%s; the run stopped at step %" PRId64 " with %s", why ? why : "",
                 dflash_trainer_steps(r->t),
                 saved ? "its state NOT saved"
@@ -957,102 +420,20 @@ static dflash_status train_loop(run *r) {
     if (st) return st;
     while (r->pos < r->n_usable) {
       size_t gb = batch_at(r, r->pos);
-      if ((st = train_step(r, gb))) return failed_on_sample(r, st);
+      if ((st = df_run_train_step(r, gb))) return failed_on_sample(r, st);
       r->pos += gb;
       int64_t step = dflash_trainer_steps(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       bool last = stop || (r->epoch + 1 >= o->epochs && r->pos >= r->n_usable);
       int32_t act;
-      if ((st = next_action(r, last, &act))) return st;
+      if ((st = df_run_next_action(r, last, &act))) return st;
       if ((o->save_every > 0 && step % o->save_every == 0) || stop || act != ACT_NONE)
-        if ((st = save(r, r->epoch, r->pos))) return st;
+        if ((st = df_run_save(r, r->epoch, r->pos))) return st;
       if (stop) return DFLASH_OK;
-      if (act == ACT_STOP) return stopped(r);
+      if (act == ACT_STOP) return df_run_stopped(r);
     }
   }
-  return save(r, r->epoch, 0);
-}
-
-/* The state is durable up to the last step's spool position: let the producer reuse the room. */
-static dflash_status spool_release(run *r) {
-  if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
-  dflash_status st = DFLASH_OK;
-  if (r->rank == 0) st = dflash_spool_release(r->spool, r->bnd_epoch, r->bnd_shard);
-  else df_spool_forget(r->spool, r->bnd_epoch, r->bnd_shard); /* rank 0 deletes */
-  if (!st) r->rel_epoch = r->bnd_epoch, r->rel_shard = r->bnd_shard;
-  return st;
-}
-
-/* Save the state as of the last step (and the checkpoint with `model`), then release. */
-static dflash_status spool_checkpoint(run *r, bool model) {
-  dflash_status st = save_as(r, r->bnd_epoch, r->bnd_pos, model);
-  return st ? st : spool_release(r);
-}
-
-static void spool_boundary(run *r, bool ended) {
-  /* Cannot fail on an open spool with these pointers. */
-  DF_IGNORE(dflash_spool_tell(r->spool, &r->bnd_epoch, &r->bnd_shard, &r->bnd_off));
-  r->bnd_pos = ended ? 0 : r->pos;
-}
-
-/* After a step that used up shards: a state save to free them only once they are half the
- * producer's budget (every save writes the whole optimizer state), or always when the
- * producer's budget is unknown. Waiting for a shard saves anyway (spool_take); with several
- * ranks, which cannot agree on when to wait, rank 0 decides here instead, saving also when
- * the next shard is not there yet, and tells the others. */
-static dflash_status spool_maybe_free(run *r) {
-  if (r->bnd_epoch == r->rel_epoch && r->bnd_shard == r->rel_shard) return DFLASH_OK;
-  uint64_t used = 0, budget = 0;
-  int32_t save = 0;
-  dflash_status st = DFLASH_OK;
-  if (r->rank == 0) {
-    st = df_spool_pressure(r->spool, r->bnd_epoch, r->bnd_shard, &used, &budget);
-    save = !budget || 2 * used >= budget || (r->world > 1 && !df_spool_ready(r->spool));
-  }
-  if (!st && r->comm) st = df_comm_broadcast(r->comm, &save, sizeof save);
-  return st || !save ? st : spool_checkpoint(r, false);
-}
-
-/*
- * Training from a spool: each epoch is what the producer published for it, in its order, up to
- * its end marker; a step takes the next batch_size trainable samples (fewer at the end). Used-up
- * shards are released after a state save (train_state only) when they reach half the budget or
- * the trainer would wait; checkpoints as offline (save_every, max_steps, the end).
- */
-static dflash_status spool_loop(run *r) {
-  const dflash_train_run_options *o = r->o;
-  dflash_status st = DFLASH_OK;
-  bool reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
-  if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
-  spool_boundary(r, false);
-  r->bnd_pos = r->pos;
-  r->rel_epoch = r->epoch, r->rel_shard = r->sp_shard;
-  if (o->resume) { /* a kill between the state and the deletes: finish them */
-    r->rel_epoch = -1;
-    if ((st = spool_release(r))) return st;
-  }
-  for (; r->epoch < o->epochs; r->epoch++, r->pos = 0, r->sp_shard = r->sp_off = 0) {
-    if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
-    for (bool ended = false; !ended;) {
-      size_t got = 0;
-      if ((st = spool_batch(r, &got, &ended))) return st;
-      if (got && (st = train_step(r, got))) return st;
-      r->pos += got;
-      spool_boundary(r, ended);
-      int64_t step = dflash_trainer_steps(r->t);
-      bool stop = o->max_steps > 0 && step >= o->max_steps;
-      bool full = stop || (got && o->save_every > 0 && step % o->save_every == 0);
-      int32_t act;
-      if ((st = next_action(r, stop || r->bnd_epoch >= o->epochs, &act))) return st;
-      if (r->bnd_epoch >= o->epochs) break; /* the final save follows */
-      if (full || act != ACT_NONE) st = spool_checkpoint(r, true);
-      else if (!reuse) st = spool_maybe_free(r);
-      if (st) return st;
-      if (stop) return DFLASH_OK;
-      if (act == ACT_STOP) return stopped(r);
-    }
-  }
-  return spool_checkpoint(r, true);
+  return df_run_save(r, r->epoch, 0);
 }
 
 /* This process's rank, and the connections to the others when there are. */
@@ -1092,13 +473,13 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
      * the state before that mirror is rebuilt (it may share their cache). */
     if (r.rank == 0) st = df_train_remote_begin(&r.remote, o->out_dir, o->resume != 0);
     else r.remote.url = (char *)o->out_dir;
-    if (!st) st = barrier(&r);
+    if (!st) st = df_run_barrier(&r);
     r.local_o = *o;
     r.local_o.out_dir = r.rank == 0 ? r.remote.local : o->out_dir;
     r.o = &r.local_o;
   }
   if (!st) st = open_all(&r);
-  if (!st) st = r.spool ? spool_loop(&r) : train_loop(&r);
+  if (!st) st = r.spool ? df_run_spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
   if (r.progress) dflash_progress_free(r.progress);
   if (r.metrics) fclose(r.metrics);

@@ -1,0 +1,241 @@
+/*
+ * A training run's state: the settings it records, the save of the checkpoint and the
+ * resume position (position.h), the exact resume, and the ranks' agreement before the
+ * first step. Split out of run.c (the run struct: run_internal.h).
+ */
+#include <dflash/hidden.h>
+#include <dflash/progress.h>
+#include <dflash/storage.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "dist.h"
+#include "hidden/hidden.h"
+#include "position.h"
+#include "stream.h"
+#include "rng.h"
+#include "remote.h"
+#include "trainer.h"
+#include "run_internal.h"
+
+/* ---- the run's settings, recorded with the state ------------------------------------------ */
+
+/* What shapes the training and must not change silently on --resume (the world size, threads
+ * and backend may: the data position and the global batch are global, the maths the same). */
+typedef struct setting {
+  const char *name;
+  double value;
+} setting;
+
+enum { N_SETTINGS = 15 };
+
+static void settings_of(const run *r, setting *s) {
+  const dflash_trainer_options *t = &r->topt;
+  const dflash_train_run_options *o = r->o;
+  const setting all[N_SETTINGS] = {
+      {"lr", t->lr},
+      {"global_batch", (double)o->batch_size * r->world}, /* any world with the same one */
+      {"anchors", t->num_anchors},
+      {"warmup_ratio", t->warmup_ratio},
+      {"epochs", o->epochs},
+      {"weight_decay", t->weight_decay},
+      {"clip", t->grad_clip},
+      {"labels", o->labels},
+      {"beta1", t->beta1},
+      {"beta2", t->beta2},
+      {"adam_eps", t->adam_eps},
+      {"min_lr_ratio", t->min_lr_ratio},
+      {"loss_gamma", t->loss_gamma},
+      {"selector_loss_weight", t->selector_loss_weight},
+      {"selector_loss_mode", t->selector_loss_mode},
+  };
+  memcpy(s, all, sizeof all);
+}
+
+/* The learning rate after a resume: the saved continuation, if any, and when the settings
+ * changed the rate the next step would take, a new continuation from the rate the saved
+ * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
+static void continue_schedule(const run *r, const df_position *p) {
+  if (!p->has_schedule) return; /* a state from before the rate was recorded */
+  int64_t step = dflash_trainer_steps(r->t);
+  if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
+  r->t->sched_from = step > 0 ? step : 1;
+  r->t->sched_lr0 = p->next_lr;
+}
+
+/* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
+ * allow_settings_change. A state written before settings were recorded has none to compare;
+ * one that records a setting this library does not know is refused. */
+static dflash_status check_settings(const run *r, const df_position *p) {
+  setting s[N_SETTINGS];
+  settings_of(r, s);
+  for (size_t k = 0; k < p->n_settings; k++) {
+    int i = 0;
+    while (i < N_SETTINGS && strcmp(s[i].name, p->settings[k].name)) i++;
+    if (i == N_SETTINGS)
+      return df_error(DFLASH_E_UNSUPPORTED,
+                      "%s records the setting \"%s\", which this libdflash does not know "
+                      "(written by a newer one?)",
+                      r->state_path, p->settings[k].name);
+  }
+  char changes[1024] = "";
+  size_t n = 0;
+  for (int i = 0; i < N_SETTINGS; i++) {
+    const df_position_setting *was = df_position_setting_find(p, s[i].name);
+    if (!was || was->value == s[i].value) continue;
+    int k = snprintf(changes + n, sizeof changes - n, "%s%s %.9g -> %.9g", n ? ", " : "", s[i].name,
+                     was->value, s[i].value);
+    if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
+  }
+  if (!n) return DFLASH_OK;
+  if (r->o->allow_settings_change) return continue_schedule(r, p), DFLASH_OK;
+  return df_error(DFLASH_E_MISMATCH,
+                  "%s was written with other settings: %s (resume with the run's own, or "
+                  "allow the change: --allow-settings-change)",
+                  r->state_path, changes);
+}
+
+/* Where the run stands after the last step, for the state (position.h). */
+static void position_of(const run *r, int32_t epoch, uint64_t pos, df_position *p) {
+  memset(p, 0, sizeof *p);
+  p->epoch = epoch;
+  p->pos = pos;
+  p->tokens = r->tokens;
+  p->metrics_bytes = r->metrics ? ftell(r->metrics) : 0;
+  p->seed = r->topt.seed;
+  p->samples = r->n_usable;
+  p->elapsed_s = r->elapsed + df_now_seconds() - r->t0;
+  p->spool = r->spool != NULL;
+  p->spool_shard = r->bnd_shard; /* the spool: the last step's position (the producer's order) */
+  p->spool_offset = r->bnd_off;
+  p->spool_wait_s = r->spool_wait;
+  p->has_schedule = true;
+  p->next_lr = dflash_trainer_lr_at(r->t, dflash_trainer_steps(r->t));
+  p->sched_from = r->t->sched_from;
+  p->sched_lr0 = r->t->sched_lr0;
+  setting s[N_SETTINGS];
+  settings_of(r, s);
+  for (int i = 0; i < N_SETTINGS; i++) {
+    snprintf(p->settings[i].name, sizeof p->settings[i].name, "%s", s[i].name);
+    p->settings[i].value = s[i].value;
+  }
+  p->n_settings = N_SETTINGS;
+}
+
+/* Save the checkpoint and the state; (epoch, pos) is the next sample to
+ * visit. Every rank gathers the state (collective on a sharded device
+ * backend), rank 0 writes it, and the barrier makes its outcome everyone's. */
+dflash_status df_run_save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
+  if (!r->spool && pos >= r->n_usable) epoch++, pos = 0;
+  dflash_status st = df_run_finish_step(r); /* the last step's metrics line before the state */
+  if (!st) st = df_trainer_pull(r->t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
+  if (!st && r->rank == 0) {
+    df_position p;
+    position_of(r, epoch, pos, &p);
+    char *blob = NULL;
+    if (r->trace) fflush(r->trace);
+    st = df_position_to_json(&p, &blob);
+    if (!st && model) st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
+    if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, strlen(blob) + 1);
+    if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
+    free(blob);
+  }
+  r->last_save = df_now_seconds();
+  return st ? st : df_run_barrier(r);
+}
+
+dflash_status df_run_save(run *r, int32_t epoch, uint64_t pos) {
+  return df_run_save_as(r, epoch, pos, true);
+}
+
+/* Every rank reads the same state (a shared directory or the bucket);
+ * rank 0 alone trims metrics.jsonl. */
+dflash_status df_run_resume(run *r) {
+  char blob[4096];
+  size_t len = 0;
+  dflash_status st = dflash_trainer_load_state(r->t, r->state_path, blob, sizeof blob, &len);
+  if (st && r->world > 1) return df_error_wrap(st, "resuming (rank %d)", r->rank);
+  if (st) return df_error_wrap(st, "resuming");
+  df_position p;
+  if ((st = df_position_parse(blob, len, r->state_path, &p))) return st;
+  if (p.seed != r->topt.seed)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
+                    p.seed, r->topt.seed);
+  r->epoch = p.epoch, r->pos = p.pos, r->tokens = p.tokens, r->elapsed = p.elapsed_s;
+  if (p.has_schedule) /* an earlier settings change's continuation */
+    r->t->sched_from = p.sched_from, r->t->sched_lr0 = p.sched_lr0;
+  dflash_status cs = check_settings(r, &p);
+  if (cs) return cs;
+  if (r->spool && !p.spool)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s has no spool position: written by a run on an "
+                    "offline store",
+                    r->state_path);
+  if (!r->spool && p.spool)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written by a run on a spool; resume it with "
+                    "--hidden spool:PATH",
+                    r->state_path);
+  r->sp_shard = p.spool_shard, r->sp_off = p.spool_offset;
+  if (r->spool) r->spool_wait = p.spool_wait_s; /* states before the counter: from 0 */
+  if (p.samples != r->n_usable)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written for %" PRIu64 " trainable samples, %s has %zu: "
+                    "the data changed",
+                    r->state_path, p.samples, r->o->data_dir, r->n_usable);
+  /* Forget metrics lines written after the state was saved. */
+  if (r->rank == 0 && truncate(r->metrics_path, (off_t)p.metrics_bytes) != 0 && p.metrics_bytes > 0)
+    return df_error(DFLASH_E_IO, "cannot truncate %s to %" PRId64 " bytes", r->metrics_path,
+                    p.metrics_bytes);
+  return DFLASH_OK;
+}
+
+/* What every rank must agree on before the first step. */
+typedef struct run_print {
+  uint64_t seed, n_usable, pos, params_hash;
+  int64_t step, tokens, total_steps;
+  int32_t epoch, batch_size;
+} run_print;
+
+static uint64_t fnv1a(const void *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+/* Rank 0's fingerprint against this rank's: same data, seed, position,
+ * schedule and parameters (a rank that read another state, or none, stops
+ * here instead of training on a different model). */
+dflash_status df_run_check_ranks_agree(run *r) {
+  if (!r->comm) return DFLASH_OK;
+  dflash_status st = df_trainer_pull(r->t, DF_BUF_PARAMS);
+  if (st) return st;
+  run_print mine = {.seed = r->topt.seed,
+                    .n_usable = r->n_usable,
+                    .pos = r->pos,
+                    .params_hash = fnv1a(r->t->m.params, r->t->m.n_params * sizeof(float)),
+                    .step = dflash_trainer_steps(r->t),
+                    .tokens = r->tokens,
+                    .total_steps = r->total_steps,
+                    .epoch = r->epoch,
+                    .batch_size = r->o->batch_size};
+  run_print root = mine;
+  if ((st = df_comm_broadcast(r->comm, &root, sizeof root))) return st;
+  if (memcmp(&root, &mine, sizeof mine))
+    return df_error(DFLASH_E_MISMATCH,
+                    "rank %d disagrees with rank 0: samples %" PRIu64 " vs %" PRIu64
+                    ", seed %" PRIu64 " vs %" PRIu64 ", batch %d vs %d, step %" PRId64
+                    " vs %" PRId64 ", epoch %d pos %" PRIu64 " vs epoch %d pos %" PRIu64 ", "
+                    "parameters %s (every rank must see the same data, options and "
+                    "train_state)",
+                    r->rank, mine.n_usable, root.n_usable, mine.seed, root.seed, mine.batch_size,
+                    root.batch_size, mine.step, root.step, mine.epoch, mine.pos, root.epoch,
+                    root.pos, mine.params_hash == root.params_hash ? "equal" : "differ");
+  return DFLASH_OK;
+}
