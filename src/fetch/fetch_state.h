@@ -157,7 +157,7 @@ struct dflash_fetch {
   double elapsed;
 };
 
-/* fetch.c */
+/* jobs.c */
 DF_MUST_CHECK dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job,
                                                        const char *server);
 DF_MUST_CHECK dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job);
@@ -169,6 +169,22 @@ json_t *df_fetch_settings(const dflash_fetch *f);
 DF_MUST_CHECK dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write);
 DF_MUST_CHECK dflash_status df_fetch_write_settings(dflash_fetch *f, json_t *doc);
 DF_MUST_CHECK dflash_status df_fetch_check_servers(dflash_fetch *f);
+
+/* classify.c: a finished transfer's outcome, a server's load report */
+typedef enum { RES_OK, RES_RETRY, RES_FAIL } result_kind;
+
+typedef struct result {
+  result_kind kind;
+  const char *err_kind; /* "http", "network", "timeout", "response", "stream" */
+  char *msg;            /* malloc'd */
+  long http;
+  bool server_fault; /* counts towards taking the server out */
+} result;
+
+
+result df_fetch_classify(df_xfer *x, CURLcode rc);
+double df_fetch_props_slots(const char *text, size_t len);
+bool df_fetch_parse_metrics(const char *text, size_t len, df_ctl_state *st);
 
 /* loop.c */
 DF_MUST_CHECK dflash_status df_loop_init(dflash_fetch *f, const dflash_fetch_options *opts);
