@@ -9,18 +9,24 @@
 #            loop, the emulated device whole).
 #   (none)   the full run CI makes (.ci/run): scripts/deps.sh first (--no-deps skips it), the
 #            format check, then warnings as errors (-Dwerror=true, never in a user's build):
-#   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles, the
-#      fault-injection loop, the llama.cpp pipeline: the only build that runs it)
-#   2. clang: every suite but abi and python (the emulated CUDA device, the fault loop)
+#   1. gcc: all suites (unit, ABI/symbols/headers, fuzz corpus, Python, reference oracles on
+#      their full corpora, the fault-injection loop, the llama.cpp pipeline: the only build that
+#      runs it); gcc builds the nvcc backend where nvcc is installed, so no emulated device here
+#   2. clang: every suite but abi, python (with it the Python oracles) and bench
+#      (fetch-adaptive, gpu-model: gcc's), and the emulated CUDA device whole: the one build
+#      that runs its parity and bench/gpu_check.sh at full shapes (suite cuda-emu-heavy, at
+#      sm_90 and sm_120)
 #   3. gcc and clang, --buildtype=release (-O3): unit suites and fuzz corpus, so an -O3-only
-#      warning or optimiser-dependent bug shows here, and clang's emulated CUDA parity; gcc's
-#      builds the nvcc backend where nvcc is installed (cuda=auto)
-#   4. gcc with ASan + UBSan: every suite but abi and the oracles (the emulated CUDA device, and
-#      the fault loop with LeakSanitizer after every injected failure)
+#      warning or optimiser-dependent bug shows here; gcc's builds the nvcc backend where nvcc
+#      is installed (cuda=auto)
+#   4. gcc with ASan + UBSan: every suite but abi, the oracles, bench and cuda-emu-heavy (the
+#      emulated device's other tests run its kernels at smaller shapes; the fault loop with
+#      LeakSanitizer after every injected failure)
 #   5. clang with TSan: the suites that run threads (thread pool, batch tokenizer, dataset
 #      build and dflash tokenize, the fetcher's loop and writer, hidden-store prefetch,
 #      host communicator, the emulated CUDA device's fibers and NCCL ranks)
 #   6. valgrind over the core unit suite
+# HACKING.md ("Which tests to run when") has the times of each tier and stage.
 # Usage: scripts/test.sh [--quick | --dev] [--no-deps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,7 +84,7 @@ DFLASH_REQUIRE_ABI=1 run_tests build-gcc
 echo "== clang =="
 CC=clang CXX=clang++ setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
-DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi
+DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi --no-suite bench
 
 # CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is. The emulated
 # device (suite cuda-emu) is built where nvcc's backend is not, with CC and CXX of one kind.
@@ -89,9 +95,6 @@ for cc in gcc clang; do
     -Dpython=disabled -Dcuda=$cuda
   ninja -C "build-$cc-release"
   run_tests "build-$cc-release" --suite unit --suite fuzz
-  # The emulated device's whole suite runs in the clang (-O2), ASan and TSan builds; at -O3 its
-  # CUDA-vs-CPU parity alone (the whole suite here cost minutes and repeated clang's).
-  [ "$cc" = gcc ] || OPENBLAS_NUM_THREADS=1 run_tests "build-$cc-release" cuda-emu-parity
 done
 
 echo "== ASan + UBSan =="
@@ -99,7 +102,8 @@ setup build-asan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=address,undefined -Db_lundef=false
 ninja -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  DFLASH_SKIP_ABI=1 run_tests build-asan --no-suite abi --no-suite oracle  # Python oracles load the lib into an uninstrumented interpreter
+  DFLASH_SKIP_ABI=1 run_tests build-asan --no-suite abi --no-suite oracle \
+  --no-suite bench --no-suite cuda-emu-heavy  # oracles: an uninstrumented interpreter
 
 echo "== TSan =="
 # Only the binaries are instrumented; the Python drivers of the CLI tests run uninstrumented.
