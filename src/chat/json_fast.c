@@ -67,17 +67,8 @@ static int hex4(const unsigned char *p, const unsigned char *end) {
 
 static bool put_utf8(df_buf *b, uint32_t cp) {
   char u[4];
-  size_t n;
-  if (cp < 0x80) u[0] = (char)cp, n = 1;
-  else if (cp < 0x800) u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F)), n = 2;
-  else if (cp < 0x10000) {
-    u[0] = (char)(0xE0 | cp >> 12), u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    u[2] = (char)(0x80 | (cp & 0x3F)), n = 3;
-  } else {
-    u[0] = (char)(0xF0 | cp >> 18), u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    u[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[3] = (char)(0x80 | (cp & 0x3F)), n = 4;
-  }
-  return df_buf_append(b, u, n) == DFLASH_OK;
+  size_t n = df_utf8_put(u, cp);
+  return n && df_buf_append(b, u, n) == DFLASH_OK;
 }
 
 /* One escape after the backslash at j->p; appends its bytes. */

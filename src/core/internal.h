@@ -108,6 +108,21 @@ char *df_path_dirname(const char *path);
 bool df_str_ends_with(const char *s, const char *suffix);
 /* Whether `len` bytes at `s` are valid UTF-8 (no surrogates, no overlongs). */
 bool df_utf8_valid(const char *s, size_t len);
+/* Code point `cp` as UTF-8 at `o` (room for 4 bytes); the bytes written, 0 for a surrogate
+ * or a value above U+10FFFF. Inline: the tokenizer's scanner calls it per code point. */
+static inline size_t df_utf8_put(char *o, uint32_t cp) {
+  if (cp < 0x80) return o[0] = (char)cp, 1;
+  if (cp < 0x800) return o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), 2;
+  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
+  if (cp < 0x10000) {
+    o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | (cp >> 6 & 0x3F));
+    return o[2] = (char)(0x80 | (cp & 0x3F)), 3;
+  }
+  if (cp > 0x10FFFF) return 0;
+  o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | (cp >> 12 & 0x3F));
+  o[2] = (char)(0x80 | (cp >> 6 & 0x3F)), o[3] = (char)(0x80 | (cp & 0x3F));
+  return 4;
+}
 /* True when `len` bytes of UTF-8 are certainly unchanged by NFC (every code
  * point a starter that neither decomposes nor composes); false means "run
  * the full normalisation", not "not NFC". */

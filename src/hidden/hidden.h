@@ -124,8 +124,9 @@ DF_MUST_CHECK dflash_status df_rhidden_find(const df_rhidden *r, const char *nam
                                             dflash_tensor *t);
 DF_MUST_CHECK dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len);
 
-/* The tokenized dataset (a dflash_dataset, include/dflash/dataset.h). */
-typedef struct df_tokens df_tokens;
+/* The tokenized dataset: a dflash_dataset (include/dflash/dataset.h) under the name the
+ * hidden store and the trainer use. */
+typedef struct dflash_dataset df_tokens;
 
 /* A folder of vLLM's hs_{idx}.safetensors (vllm.c): read-only, local. Its ids are the file
  * stems, and after df_vhidden_bind also the ids of the dataset samples whose token ids equal

@@ -156,6 +156,18 @@ static dflash_status states_tensor(const dflash_hidden *h, const char *id, dflas
   return DFLASH_OK;
 }
 
+/* The sample's states tensor, checked to have one row per token of its `len`. */
+static dflash_status states_rows(const dflash_hidden *h, const char *id, int64_t len,
+                                 dflash_tensor *t) {
+  dflash_status st = states_tensor(h, id, t);
+  if (st) return st;
+  if (t->shape[0] != len)
+    return df_error(DFLASH_E_MISMATCH,
+                    "sample %s: %lld tokens but %lld rows of hidden states in %s", id,
+                    (long long)len, (long long)t->shape[0], t->file);
+  return DFLASH_OK;
+}
+
 dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id, int64_t *len) {
   DF_CHECK_ARG(h && sample_id && len);
   if (h->vllm) return df_vhidden_length(h->vllm, sample_id, len);
@@ -219,13 +231,8 @@ dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, 
   DF_CHECK_ARG(h && sample_id && out);
   if (h->vllm) return df_vhidden_read(h->vllm, sample_id, out, len);
   dflash_tensor t, s;
-  dflash_status st = states_tensor(h, sample_id, &t);
+  dflash_status st = states_rows(h, sample_id, len, &t);
   if (st) return st;
-  if (t.shape[0] != len)
-    return df_error(DFLASH_E_MISMATCH,
-                    "sample %s: %lld tokens but %lld rows of hidden states "
-                    "in %s",
-                    sample_id, (long long)len, (long long)t.shape[0], t.file);
   if (h->remote) return read_remote(h, sample_id, &t, out, len);
   if (h->dtype == DFLASH_HIDDEN_BF16) return decode(h, t.data, NULL, out, len);
   if ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))) return st;
@@ -236,13 +243,8 @@ dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id
                                    void *codes, float *scales) {
   if (h->vllm) return df_error(DFLASH_E_UNSUPPORTED, "%s: a vLLM store gives float32 only", h->dir);
   dflash_tensor t, s = {.struct_size = sizeof s};
-  dflash_status st = states_tensor(h, sample_id, &t);
+  dflash_status st = states_rows(h, sample_id, len, &t);
   if (st) return st;
-  if (t.shape[0] != len)
-    return df_error(DFLASH_E_MISMATCH,
-                    "sample %s: %lld tokens but %lld rows of hidden states "
-                    "in %s",
-                    sample_id, (long long)len, (long long)t.shape[0], t.file);
   bool fp8 = h->dtype != DFLASH_HIDDEN_BF16;
   if (fp8 && ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))))
     return st;

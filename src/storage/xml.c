@@ -11,31 +11,6 @@
 
 #include "storage_internal.h"
 
-/* Encode code point `cp` as UTF-8 at `o`; returns bytes written (0: invalid). */
-static size_t put_utf8(char *o, unsigned long cp) {
-  if (cp < 0x80) {
-    o[0] = (char)cp;
-    return 1;
-  }
-  if (cp < 0x800) {
-    o[0] = (char)(0xC0 | (cp >> 6));
-    o[1] = (char)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
-  if (cp < 0x10000) {
-    o[0] = (char)(0xE0 | (cp >> 12));
-    o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[2] = (char)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  if (cp > 0x10FFFF) return 0;
-  o[0] = (char)(0xF0 | (cp >> 18));
-  o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-  o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-  o[3] = (char)(0x80 | (cp & 0x3F));
-  return 4;
-}
 
 static int digit_value(char c, bool hex) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -70,7 +45,7 @@ static size_t entity(const char *s, size_t n, char *o, size_t *olen) {
   for (; i < n && (d = digit_value(s[i], hex)) >= 0; i++)
     if ((cp = cp * (hex ? 16 : 10) + (unsigned long)d) > 0x10FFFF) cp = 0x110000; /* invalid */
   if (i == first || i == n || s[i] != ';' || cp == 0) return 0;
-  size_t k = put_utf8(o, cp);
+  size_t k = df_utf8_put(o, (uint32_t)cp); /* cp <= 0x110000 here */
   if (!k || k > i + 1) return 0;
   *olen = k;
   return i + 1;

@@ -57,28 +57,6 @@ static dflash_status mark_class(const char *rx, uint8_t bit, const char *all, si
   return DFLASH_OK;
 }
 
-static size_t put_utf8(char *o, uint32_t c) {
-  if (c < 0x80) {
-    o[0] = (char)c;
-    return 1;
-  }
-  if (c < 0x800) {
-    o[0] = (char)(0xC0 | c >> 6);
-    o[1] = (char)(0x80 | (c & 0x3F));
-    return 2;
-  }
-  if (c < 0x10000) {
-    o[0] = (char)(0xE0 | c >> 12);
-    o[1] = (char)(0x80 | (c >> 6 & 0x3F));
-    o[2] = (char)(0x80 | (c & 0x3F));
-    return 3;
-  }
-  o[0] = (char)(0xF0 | c >> 18);
-  o[1] = (char)(0x80 | (c >> 12 & 0x3F));
-  o[2] = (char)(0x80 | (c >> 6 & 0x3F));
-  o[3] = (char)(0x80 | (c & 0x3F));
-  return 4;
-}
 
 static void build_classes(void) {
   g_class = calloc(N_CODEPOINTS, 1);
@@ -92,7 +70,7 @@ static void build_classes(void) {
   }
   size_t len = 0;
   for (uint32_t c = 0; c < N_CODEPOINTS; c++)
-    if (c < 0xD800 || c > 0xDFFF) len += put_utf8(all + len, c);
+    if (c < 0xD800 || c > 0xDFFF) len += df_utf8_put(all + len, c);
   static const struct {
     const char *rx;
     uint8_t bit;
