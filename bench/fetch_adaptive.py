@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does `dflash fetch` keep each server at its best throughput with default flags?
 
-Scenarios S1-S7 of ../shared/spec/fetch-throughput.md against the simulated servers
+Scenarios S1-S7 (fetch_sim.py) against the simulated servers
 of bench/fetch_sim.py (step-time model, vLLM/SGLang/llama.cpp policies, their real
 load endpoints) on a sped-up clock. Per scenario:
   best fixed: the fixed per-server concurrency vector with the highest rate, swept

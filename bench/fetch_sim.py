@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The simulated inference server of ../shared/spec/fetch-throughput.md, stdlib only.
+"""A simulated inference server (step-time model, engine admission and preemption), stdlib only.
 
 One engine step per loop iteration; step time in ms
     t = max(a + b*B, m0 + b2*B) + c*K + p*P

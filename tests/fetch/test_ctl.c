@@ -1,6 +1,6 @@
 /* The concurrency controller (src/fetch/ctl.c) on a simulated clock against a
  * fluid model of one inference server: the step time of
- * ../shared/spec/fetch-throughput.md (kimi-pcie-bf16: t = max(a + bB, m0 + b2 B) + cK ms)
+ * bench/fetch_sim.py (kimi-pcie-bf16: t = max(a + bB, m0 + b2 B) + cK ms)
  * with a KV cache that holds `kv / per_stream` decoding streams; the streams
  * beyond it are preempted and wait, and each costs recompute (prefill) time
  * every step, so the rate peaks at the KV knee and falls after it. The best
