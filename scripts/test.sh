@@ -17,8 +17,8 @@
 #      that runs its parity and bench/gpu_check.sh at full shapes (suite cuda-emu-heavy, at
 #      sm_90 and sm_120)
 #   3. gcc and clang, --buildtype=release (-O3): unit suites and fuzz corpus, so an -O3-only
-#      warning or optimiser-dependent bug shows here; gcc's builds the nvcc backend where nvcc
-#      is installed (cuda=auto)
+#      warning or optimiser-dependent bug in the library shows here; only what those tests
+#      need is built (not the emulated device, not the nvcc module: builds 1 and 2 have them)
 #   4. gcc with ASan + UBSan: every suite but abi, the oracles, bench and cuda-emu-heavy (the
 #      emulated device's other tests run its kernels at smaller shapes; the fault loop with
 #      LeakSanitizer after every injected failure)
@@ -93,7 +93,9 @@ for cc in gcc clang; do
   cuda=auto; cxx=g++; [ "$cc" = gcc ] || { cuda=disabled; cxx=clang++; }
   CC=$cc CXX=$cxx setup "build-$cc-release" --buildtype=release -Dtests=enabled \
     -Dpython=disabled -Dcuda=$cuda
-  ninja -C "build-$cc-release"
+  # No whole-tree ninja: meson test builds what the selected tests need (the library, the
+  # unit and fuzz programs, the CLI), not the emulated device or the nvcc module, which the
+  # clang and gcc builds compile already with warnings as errors (minutes at -O3).
   run_tests "build-$cc-release" --suite unit --suite fuzz
 done
 
@@ -109,7 +111,7 @@ echo "== TSan =="
 # Only the binaries are instrumented; the Python drivers of the CLI tests run uninstrumented.
 CC=clang CXX=clang++ setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=thread -Db_lundef=false
-ninja -C build-tsan
+# meson test builds only what the listed tests need (no whole-tree ninja, as for -O3).
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/cuda/emu/tsan.supp \
   OPENBLAS_NUM_THREADS=1 \
   run_tests build-tsan core tokenizer dataset chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
