@@ -112,10 +112,16 @@ static dflash_status conv_parse(const char *line, size_t len, const char *path, 
     return LINE_ERR(DFLASH_E_FORMAT, "not a JSON object", path, (unsigned long long)ln);
   }
   const json_t *idv = json_object_get(root, "id");
-  if (idv && !json_is_null(idv) && !(*id_out = explicit_id(idv))) {
+  bool id_ok = !idv || json_is_null(idv) || json_is_integer(idv) ||
+               (json_is_string(idv) && json_string_length(idv));
+  if (!id_ok) {
     json_decref(root);
     return LINE_ERR(DFLASH_E_FORMAT, "\"id\" must be a non-empty string or an integer", path,
                     (unsigned long long)ln);
+  }
+  if (idv && !json_is_null(idv) && !(*id_out = explicit_id(idv))) {
+    json_decref(root);
+    return df_error_nomem("id");
   }
   json_t *msgs = json_object_get(root, "messages");
   const json_t *convs = json_object_get(root, "conversations");

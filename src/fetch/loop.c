@@ -291,8 +291,9 @@ static dflash_status start_xfer(dflash_fetch *f, df_job *job, int si) {
   const char *rid_p = NULL;
   if (job) {
     json_t *prompt = json_array();
-    for (size_t i = 0; i < job->turns[job->turn]; i++)
-      json_array_append(prompt, json_array_get(job->conv.messages, i));
+    for (size_t i = 0; prompt && i < job->turns[job->turn]; i++)
+      if (json_array_append(prompt, json_array_get(job->conv.messages, i)))
+        json_decref(prompt), prompt = NULL; /* out of memory: NULL messages below */
     msgs = df_messages_for_server(prompt);
     json_decref(prompt);
     if (f->o.send_rid) {

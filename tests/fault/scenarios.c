@@ -359,6 +359,54 @@ static dflash_status fetch_op(const char *root, const char *out) {
 /* The file is append-only by design: a failed append leaves the records before it. */
 static const char *const fetch_varying[] = {"completions.jsonl", "completions.jsonl.corrupt", NULL};
 
+/* ---- fetch's requests: a conversation line parsed, its answer's and a probe's bodies ------ */
+
+static const char REQ_LINE[] =
+    "{\"id\": \"r1\", \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+    "{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
+    "\"Hello\", \"reasoning\": \"greet\"}, {\"role\": \"user\", \"content\": \"2+2?\"}]}";
+
+static void fetch_req_prepare(const char *root) { (void)root; }
+
+static dflash_status write_body(const char *out, const char *name, const df_body_cfg *cfg,
+                                json_t *msgs, bool probe) {
+  char p[PATH_CAP], *body = NULL;
+  size_t len = 0;
+  dflash_status st = df_body_build(cfg, msgs, probe ? NULL : "r1-0", probe, &body, &len);
+  if (!st) st = df_write_file_atomic(at(p, out, name), body, len);
+  free(body);
+  return st;
+}
+
+static dflash_status fetch_req_op(const char *root, const char *out) {
+  (void)root;
+  df_conv c;
+  char *explicit_id = NULL;
+  dflash_status st = df_conv_parse(REQ_LINE, sizeof REQ_LINE - 1, "in.jsonl", 1, &c, &explicit_id);
+  free(explicit_id);
+  if (st) return st;
+  json_t *stop = json_pack("[s]", "</answer>"), *extra = json_pack("{s:i}", "n", 1);
+  json_t *msgs = df_messages_for_server(c.messages);
+  df_body_cfg cfg = {.model = "kimi-k2.6",
+                     .family = DFLASH_FETCH_FAMILY_KIMI,
+                     .thinking = 1,
+                     .max_tokens = 64,
+                     .top_k = 20,
+                     .stream = 1,
+                     .temperature = 1.0,
+                     .top_p = 0.95,
+                     .min_p = -1,
+                     .seed = 7,
+                     .stop = stop,
+                     .extra = extra};
+  if (!stop || !extra || !msgs) st = df_error_nomem("request scenario");
+  if (!st) st = write_body(out, "body.json", &cfg, msgs, false);
+  if (!st) st = write_body(out, "probe.json", &cfg, msgs, true);
+  json_decref(stop), json_decref(extra), json_decref(msgs);
+  df_conv_free(&c);
+  return st;
+}
+
 const fault_scenario fault_scenarios[] = {
     {"tokenizer", tok_prepare, NULL, tok_op, NULL, NULL, NULL},
     {"dataset-build", build_prepare, NULL, build_op, build_varying, NULL, NULL},
@@ -368,5 +416,6 @@ const fault_scenario fault_scenarios[] = {
      NULL},
     {"train-resume", train_prepare, train_setup, train_op, train_varying, NULL, train_known},
     {"fetch-output", fetch_prepare, fetch_setup, fetch_op, fetch_varying, NULL, NULL},
+    {"fetch-request", fetch_req_prepare, NULL, fetch_req_op, NULL, NULL, NULL},
 };
 const int fault_n_scenarios = (int)DF_ARRAY_LEN(fault_scenarios);
