@@ -681,7 +681,8 @@ dflash_status dflash_drafter_config_load(const char *path, dflash_drafter_config
 
 static json_t *int_array(const int32_t *v, int32_t n) {
   json_t *a = json_array();
-  for (int32_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer(v[i]));
+  for (int32_t i = 0; a && i < n; i++)
+    if (json_array_append_new(a, json_integer(v[i]))) json_decref(a), a = NULL;
   return a;
 }
 
@@ -709,20 +710,21 @@ static dflash_status yarn_scale_check(const dflash_drafter_config *c, const char
 static json_t *rope_json(const dflash_drafter_config *c) {
   if (c->rope_type != DFLASH_ROPE_YARN) return json_null();
   json_t *r = json_object();
-  json_object_set_new(r, "rope_type", json_string("yarn"));
-  json_object_set_new(r, "factor", json_real(c->rope_factor));
-  json_object_set_new(r, "original_max_position_embeddings",
-                      json_integer(c->rope_original_max_position));
+  int bad = json_object_set_new(r, "rope_type", json_string("yarn"));
+  bad |= json_object_set_new(r, "factor", json_real(c->rope_factor));
+  bad |= json_object_set_new(r, "original_max_position_embeddings",
+                             json_integer(c->rope_original_max_position));
   /* Explicit: engines disagree on the default. vLLM 0.33 and transformers
    * take attention_factor; SGLang 0.5.23 ignores it and scales by
    * mscale(f, mscale) / mscale(f, mscale_all_dim) (rotary_embedding/yarn.py):
    * the pair written gives that ratio = attention_factor. */
-  json_object_set_new(r, "attention_factor", json_real(c->rope_attention_factor));
-  json_object_set_new(r, "mscale", json_real(yarn_mscale_for(c)));
-  json_object_set_new(r, "mscale_all_dim", json_real(1.0));
-  json_object_set_new(r, "beta_fast", json_real(c->rope_beta_fast));
-  json_object_set_new(r, "beta_slow", json_real(c->rope_beta_slow));
-  if (!c->rope_truncate) json_object_set_new(r, "truncate", json_false());
+  bad |= json_object_set_new(r, "attention_factor", json_real(c->rope_attention_factor));
+  bad |= json_object_set_new(r, "mscale", json_real(yarn_mscale_for(c)));
+  bad |= json_object_set_new(r, "mscale_all_dim", json_real(1.0));
+  bad |= json_object_set_new(r, "beta_fast", json_real(c->rope_beta_fast));
+  bad |= json_object_set_new(r, "beta_slow", json_real(c->rope_beta_slow));
+  if (!c->rope_truncate) bad |= json_object_set_new(r, "truncate", json_false());
+  if (bad) json_decref(r), r = NULL; /* out of memory: the caller's set fails too */
   return r;
 }
 
@@ -730,57 +732,61 @@ static json_t *config_json(const dflash_drafter_config *c, const df_config_ext *
                            const char *dtype) {
   json_t *o = json_object();
   json_t *arch = json_array();
-  json_array_append_new(arch, json_string(e->dflash2 ? "DFlash2DraftModel" : "DFlashDraftModel"));
-  json_object_set_new(o, "architectures", arch);
-  json_object_set_new(o, "model_type", json_string("qwen3"));
-  json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
-  json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
-  json_object_set_new(o, "num_hidden_layers", json_integer(c->num_hidden_layers));
-  json_object_set_new(o, "num_attention_heads", json_integer(c->num_attention_heads));
-  json_object_set_new(o, "num_key_value_heads", json_integer(c->num_key_value_heads));
-  json_object_set_new(o, "head_dim", json_integer(c->head_dim));
-  json_object_set_new(o, "hidden_act", json_string("silu"));
-  json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
-  json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
-  json_object_set_new(o, "rope_scaling", rope_json(c));
-  json_object_set_new(o, "max_position_embeddings", json_integer(c->max_position_embeddings));
-  json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
-  json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
-  json_object_set_new(o, "attention_dropout", json_real(0.0));
-  json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+  int bad = json_array_append_new(arch, json_string(e->dflash2 ? "DFlash2DraftModel"
+                                                               : "DFlashDraftModel"));
+  bad |= json_object_set_new(o, "architectures", arch);
+  bad |= json_object_set_new(o, "model_type", json_string("qwen3"));
+  bad |= json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+  bad |= json_object_set_new(o, "intermediate_size", json_integer(c->intermediate_size));
+  bad |= json_object_set_new(o, "num_hidden_layers", json_integer(c->num_hidden_layers));
+  bad |= json_object_set_new(o, "num_attention_heads", json_integer(c->num_attention_heads));
+  bad |= json_object_set_new(o, "num_key_value_heads", json_integer(c->num_key_value_heads));
+  bad |= json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+  bad |= json_object_set_new(o, "hidden_act", json_string("silu"));
+  bad |= json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
+  bad |= json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+  bad |= json_object_set_new(o, "rope_scaling", rope_json(c));
+  bad |= json_object_set_new(o, "max_position_embeddings",
+                             json_integer(c->max_position_embeddings));
+  bad |= json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
+  bad |= json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+  bad |= json_object_set_new(o, "attention_dropout", json_real(0.0));
+  bad |= json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
   if (dtype) {
     /* The stored weights' dtype, under transformers 5's key and 4's: SGLang
      * (--dtype auto) builds the draft in it, and in float16 when it is absent. */
-    json_object_set_new(o, "dtype", json_string(dtype));
-    json_object_set_new(o, "torch_dtype", json_string(dtype));
+    bad |= json_object_set_new(o, "dtype", json_string(dtype));
+    bad |= json_object_set_new(o, "torch_dtype", json_string(dtype));
   }
-  json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
+  bad |= json_object_set_new(o, "num_target_layers", json_integer(c->num_target_layers));
   if (e->partial_rotary_factor != 1.0)
-    json_object_set_new(o, "partial_rotary_factor", json_real(e->partial_rotary_factor));
-  json_object_set_new(o, "block_size", json_integer(c->block_size));
+    bad |= json_object_set_new(o, "partial_rotary_factor", json_real(e->partial_rotary_factor));
+  bad |= json_object_set_new(o, "block_size", json_integer(c->block_size));
   json_t *dc = json_object();
-  json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));
-  json_object_set_new(dc, "target_layer_ids",
-                      int_array(c->target_layer_ids, c->n_target_layer_ids));
-  json_object_set_new(dc, "block_size", json_integer(c->block_size));
+  bad |= json_object_set_new(dc, "mask_token_id", json_integer(c->mask_token_id));
+  bad |= json_object_set_new(dc, "target_layer_ids",
+                             int_array(c->target_layer_ids, c->n_target_layer_ids));
+  bad |= json_object_set_new(dc, "block_size", json_integer(c->block_size));
   if (e->dflash2) {
-    json_object_set_new(dc, "conv_kernel_size", json_integer(e->conv_kernel_size));
-    json_object_set_new(dc, "conv_group_size", json_integer(e->conv_group_size));
-    json_object_set_new(dc, "selector_top_k", json_integer(e->selector_top_k));
-    json_object_set_new(dc, "selector_rank", json_integer(e->selector_rank));
+    bad |= json_object_set_new(dc, "conv_kernel_size", json_integer(e->conv_kernel_size));
+    bad |= json_object_set_new(dc, "conv_group_size", json_integer(e->conv_group_size));
+    bad |= json_object_set_new(dc, "selector_top_k", json_integer(e->selector_top_k));
+    bad |= json_object_set_new(dc, "selector_rank", json_integer(e->selector_rank));
   }
-  json_object_set_new(o, "dflash_config", dc);
+  bad |= json_object_set_new(o, "dflash_config", dc);
   json_t *lt = json_array();
   bool sliding = false;
   for (int32_t i = 0; i < c->num_hidden_layers; i++) {
     sliding |= c->layer_types[i] == DFLASH_LAYER_SLIDING;
-    json_array_append_new(lt, json_string(c->layer_types[i] == DFLASH_LAYER_SLIDING
-                                              ? "sliding_attention"
-                                              : "full_attention"));
+    bad |= json_array_append_new(lt, json_string(c->layer_types[i] == DFLASH_LAYER_SLIDING
+                                                     ? "sliding_attention"
+                                                     : "full_attention"));
   }
-  json_object_set_new(o, "layer_types", lt);
-  json_object_set_new(o, "use_sliding_window", json_boolean(sliding));
-  json_object_set_new(o, "sliding_window", sliding ? json_integer(c->sliding_window) : json_null());
+  bad |= json_object_set_new(o, "layer_types", lt);
+  bad |= json_object_set_new(o, "use_sliding_window", json_boolean(sliding));
+  bad |= json_object_set_new(o, "sliding_window",
+                             sliding ? json_integer(c->sliding_window) : json_null());
+  if (bad) json_decref(o), o = NULL; /* out of memory: a config without a field is never written */
   return o;
 }
 
