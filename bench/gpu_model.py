@@ -28,6 +28,10 @@ predicted time per op from stated data about the GPU:
     kernels' own use of SMs and HBM during the backward is not modelled). The
     all-gather follows the optimizer.
 
+Sequences per GPU per step: --batch, else the count the trainer picks itself (auto_batch,
+train/dfcuda.h's df_cu_auto_sequences: 1, or 4 with several ranks on PCIe GPUs such as the
+RTX PRO 6000), accumulated one after another with one reduce-scatter and one all-gather.
+
 Model FLOPs (the MFU numerator) count what training must compute: forward and
 both backward products of every trainable GEMM (fc and the LM head: no
 d(input) / no d(weight) respectively, as the backend does), attention forward
@@ -35,7 +39,7 @@ over the visible keys plus twice that for its backward; recomputation, masked
 work and padding are not model FLOPs.
 
   bench/gpu_model.py qwen3-8b|kimi|CONFIG.json [--gpu H200|B200|B300|RTX-PRO-6000]
-      [--seq-len 3072] [--anchors 512] [--batch 1] [--world 8] [--vocab-chunk 16384]
+      [--seq-len 3072] [--anchors 512] [--batch N] [--world 8] [--vocab-chunk 16384]
       [--attention mma|scalar|both] [--busbw GB/S] [--json] [--ops]
 
 Python 3 standard library only. The emulated CI run uses the same code at tiny
@@ -98,9 +102,23 @@ GPUS = {
     "RTX-PRO-6000": dict(peak=503.8e12, fp32=125e12, bw=1.792e12, mem=96e9, sms=188,
                          busbw=25e9, l2=128e6, l2bw=5e12, smem_block=101376,
                          smem_sm=102400, smem_bw=188 * 128 * 2.617e9, mma_sync=0.9,
-                         clock=2.617e9, sfu=16, threads_sm=1536,
+                         clock=2.617e9, sfu=16, threads_sm=1536, pcie=True,
                          source="NVIDIA RTX PRO 6000 Blackwell datasheet / RTX Blackwell whitepaper"),
 }
+
+# The trainer's own choice of sequences per GPU per optimizer step when none is asked for
+# (dflash_train_run_options.batch_size 0, `dflash train` without --batch): 1, or
+# PCIE_SEQUENCES with several ranks on GPUs without NVLink (the `pcie` rows). The rule is
+# train/dfcuda.h's df_cu_auto_sequences, DF_CU_PCIE_SEQUENCES the count (4: the smallest at
+# which this model predicts >= 50 % MFU for the Kimi and Qwen3-8B drafters on 8 RTX PRO 6000
+# at 25 GB/s); tests/gpu/test_gpu_model.py reads the header and checks the two agree.
+PCIE_SEQUENCES = 4
+
+
+def auto_batch(gpu_name, world):
+    """Sequences per GPU per step the trainer picks on `world` GPUs of this kind."""
+    return PCIE_SEQUENCES if world > 1 and GPUS[gpu_name].get("pcie") else 1
+
 
 # ---- stated efficiencies (assumptions; gpu_check.sh prints measured next to them) -------
 GEMM_EFF = 0.75      # cuBLAS bf16 GEMM at large shapes, fraction of the dense peak
@@ -1182,7 +1200,9 @@ def main(argv=None):
     ap.add_argument("--gpu", default="H200", choices=sorted(GPUS))
     ap.add_argument("--seq-len", type=int, default=3072)
     ap.add_argument("--anchors", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=1, help="sequences accumulated per step and GPU")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences accumulated per step and GPU (default: the trainer's pick, "
+                         "auto_batch: 1, or 4 with several ranks on PCIe GPUs)")
     ap.add_argument("--world", type=int, default=8, help="GPUs (data parallel, ZeRO-1)")
     ap.add_argument("--vocab-chunk", type=int, default=16384)
     ap.add_argument("--attention", default="both", choices=["mma", "wmma", "scalar", "both"],
@@ -1211,6 +1231,8 @@ def main(argv=None):
                          "measured per kernel next to predicted")
     ap.add_argument("--runs", type=int, default=1, help="steps the profile covers")
     a = ap.parse_args(argv)
+    if a.batch is None:
+        a.batch = auto_batch(a.gpu, a.world)
     if a.busbw:
         GPUS[a.gpu] = dict(GPUS[a.gpu], busbw=a.busbw * 1e9)
     c = load_config(a.config)

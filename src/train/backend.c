@@ -2,6 +2,7 @@
 #include "backend.h"
 
 #include <math.h>
+#include <stdio.h>
 
 void df_adam_constants(const df_adam *a, df_adam_consts *k) {
   double n = (double)a->step;
@@ -53,5 +54,14 @@ dflash_status df_trainer_push(const dflash_trainer *t, unsigned kinds) {
     if (st) return st;
     b->stale &= ~(unsigned)k;
   }
+  return DFLASH_OK;
+}
+
+dflash_status df_backend_auto_sequences(int32_t backend, int world, int32_t *out, char *note,
+                                        size_t note_len) {
+  if (backend == DFLASH_BACKEND_CUDA)
+    return df_backend_cuda_auto_sequences(world, out, note, note_len);
+  *out = 1; /* the CPU's compute outlasts its TCP sums */
+  snprintf(note, note_len, "1 sequence per rank per optimizer step (CPU backend)");
   return DFLASH_OK;
 }

@@ -376,10 +376,36 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   return DFLASH_OK;
 }
 
+dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note, size_t note_len) {
+  df_dist_env env;
+  df_cu_props p;
+  dflash_status st = df_dist_env_from_environ(&env);
+  if (!st) st = df_cu_device_props(env.local_rank, &p);
+  if (st) return df_error_wrap(st, "trainer backend cuda: sequences per step");
+  int pcie = df_cu_arch_pcie(p.major, p.minor);
+  *out = df_cu_auto_sequences(world, pcie);
+  const char *why = world <= 1 ? "one GPU: no collectives"
+                    : pcie     ? "PCIe, no NVLink: each step's one gradient reduce-scatter and "
+                                 "one weight all-gather spread over several sequences"
+                               : "NVLink: the collectives hide behind one sequence";
+  snprintf(note, note_len,
+           "%d sequence(s) per GPU per optimizer step, chosen for %d rank(s) on %s (sm_%d%d; "
+           "%s); --batch sets it",
+           *out, world, p.name, p.major, p.minor, why);
+  return DFLASH_OK;
+}
+
 #else /* no CUDA in this build */
 
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   (void)t, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
+                                        "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note, size_t note_len) {
+  (void)world, (void)note, (void)note_len;
+  *out = 1;
   return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
                                         "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
 }

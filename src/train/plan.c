@@ -44,7 +44,7 @@ static void train_plan_options_defaults(dflash_train_plan_options *o) {
   o->world_size = 1;
   o->seq_len = 3072;
   o->num_anchors = 512;
-  o->batch_size = 1;
+  o->batch_size = 0; /* the trainer's pick (df_cu_auto_sequences) */
   o->vocab_chunk = 8192;
   o->zero1 = 1;
   o->gpu_bytes = 80000000000ULL;
@@ -123,10 +123,10 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                     cfg->block_size, cfg->num_attention_heads, cfg->num_key_value_heads,
                     cfg->head_dim, why);
   if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 || opts->vocab_chunk < 1 ||
-      opts->batch_size < 1)
+      opts->batch_size < 0)
     return df_error(DFLASH_E_INVALID_ARG,
                     "plan options: world size %d, sequence length %d, "
-                    "anchors %d, vocab chunk %d and batch %d must all be positive",
+                    "anchors %d and vocab chunk %d must be positive, batch %d not negative",
                     opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
                     opts->batch_size);
   memset(p, 0, sizeof *p);
@@ -159,7 +159,9 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   p->gpu_bytes = opts->gpu_bytes;
   p->total = p->weights + p->masters + p->moments + p->grads + p->activations + p->frozen +
              p->reserve;
-  p->sequences_per_step = opts->batch_size;
+  p->sequences_per_step = opts->batch_size
+                              ? opts->batch_size
+                              : df_cu_auto_sequences(opts->world_size, opts->pcie != 0);
   if ((st = plan_attention(cfg, opts->smem_per_block, p))) return st;
   if (p->total <= p->gpu_bytes) return DFLASH_OK;
   struct {

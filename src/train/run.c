@@ -37,7 +37,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->epochs = 6;
-  o->batch_size = 1;
+  o->batch_size = 0;      /* the backend picks (df_backend_auto_sequences) */
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
 }
 
@@ -1069,6 +1069,17 @@ static dflash_status join_run(run *r) {
   return DFLASH_OK;
 }
 
+/* batch_size 0: the backend picks the sequences per rank and step (backend.h) for this
+ * world and device; rank 0 says which on the progress stream. Every rank picks for itself,
+ * and check_ranks_agree refuses ranks that picked differently. */
+static dflash_status pick_batch(run *r, dflash_train_run_options *o) {
+  char note[512];
+  dflash_status st = df_backend_auto_sequences(r->topt.backend, r->world, &o->batch_size, note,
+                                               sizeof note);
+  if (!st && r->rank == 0 && o->progress) fprintf(o->progress, "train: %s\n", note);
+  return st;
+}
+
 dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   DF_CHECK_ARG(opts);
   /* The caller's structs at this library's size (the one rule, core/internal.h). */
@@ -1078,7 +1089,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   if (st) return st;
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
-               o->epochs > 0 && o->batch_size > 0);
+               o->epochs > 0 && o->batch_size >= 0);
   run r = {.o = o, .t0 = df_now_seconds()};
   r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
@@ -1087,6 +1098,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   st = df_opts_in(&r.topt, o->trainer, sizeof r.topt, "dflash_train_run_options.trainer");
   if (st) return st;
   st = join_run(&r);
+  if (!st && oo.batch_size == 0) st = pick_batch(&r, &oo);
   if (!st && dflash_storage_is_remote(o->out_dir)) {
     /* Rank 0 mirrors the bucket; the barrier keeps the others from reading
      * the state before that mirror is rebuilt (it may share their cache). */

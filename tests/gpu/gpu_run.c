@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "synth.h"
+#include "train/backend.h"
 #include "testutil.h"
 
 static void run_one(const char *root, const char *out, int backend, bool nccl) {
@@ -69,6 +70,36 @@ START_TEST(cuda_run_loop_matches_cpu_and_nccl_one_rank_is_exact) {
 }
 END_TEST
 
+/* dflash_train_run's batch_size 0: the sequences per step the CUDA backend picks from the
+ * device it reads. The emulated RTX PRO 6000 (sm_120, no NVLink) takes 4 with several ranks;
+ * the emulated H200 (sm_90), and any device with one rank, 1. On a real GPU only the one-rank
+ * answer is known here. */
+START_TEST(cuda_picks_sequences_per_step_from_the_device) {
+  const char *arch = getenv("DFLASH_EMU_ARCH");
+  char note[512];
+  int32_t n = -1;
+  ck_assert_int_eq(df_backend_auto_sequences(DFLASH_BACKEND_CUDA, 1, &n, note, sizeof note),
+                   DFLASH_OK);
+  ck_assert_int_eq(n, 1);
+  ck_assert_msg(strstr(note, "one GPU"), "%s", note);
+  ck_assert_int_eq(df_backend_auto_sequences(DFLASH_BACKEND_CUDA, 8, &n, note, sizeof note),
+                   DFLASH_OK);
+  printf("8 ranks: %s\n", note);
+  if (arch && !strcmp(arch, "sm_120")) {
+    ck_assert_int_eq(n, 4);
+    ck_assert_msg(strstr(note, "sm_120") && strstr(note, "PCIe"), "%s", note);
+  } else if (arch) {
+    ck_assert_int_eq(n, 1);
+    ck_assert_msg(strstr(note, "NVLink"), "%s", note);
+  } else {
+    ck_assert(n == 1 || n == 4);
+  }
+  ck_assert_int_eq(df_backend_auto_sequences(DFLASH_BACKEND_CPU, 8, &n, note, sizeof note),
+                   DFLASH_OK);
+  ck_assert_int_eq(n, 1);
+}
+END_TEST
+
 /* Whether this machine has a CUDA device; asked in a child so that this
  * process (which forks the runs) never initialises CUDA. */
 static bool have_device(void) {
@@ -92,6 +123,9 @@ int main(void) {
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, cuda_run_loop_matches_cpu_and_nccl_one_rank_is_exact);
   suite_add_tcase(s, tc);
+  TCase *auto_tc = tcase_create("auto"); /* CK_RUN_CASE=auto: this one alone */
+  tcase_add_test(auto_tc, cuda_picks_sequences_per_step_from_the_device);
+  suite_add_tcase(s, auto_tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

@@ -27,7 +27,12 @@
    Kimi and Qwen3-8B packings equal the model's smem_layout (which mirrors the kernel's),
    both fit the RTX PRO 6000's 101,376 bytes per block at N 64, neither shape is refused
    there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
-   per CTA: refused on sm_120 with the reason, no step: the backend has no other path).
+   per CTA: refused on sm_120 with the reason, no step: the backend has no other path);
+8. the trainer's own sequences per step (issue 26): gpu_model.py's PCIE_SEQUENCES is
+   train/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
+   reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
+   >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer
+   does not (the count is the smallest that does), and the NVLink GPUs keep one.
 """
 import json
 import os
@@ -371,8 +376,56 @@ def test_targets(tmp):
           f"head_dim 256 at 128 rows on sm_120: refused, no step: {last}")
 
 
+# ---- 8. the trainer's sequences per step -----------------------------------------------
+def cli_sequences(cli, cfg_path, gpu, world):
+    out = subprocess.run([cli, "train", "--plan", "--config", cfg_path, "--gpu", gpu,
+                          "--world", str(world), "--gpu-gb", "100000"],
+                         capture_output=True, text=True)
+    m = re.search(r"sequences per GPU per step: (\d+)", out.stdout)
+    return int(m.group(1)) if m else None
+
+
+def predicted(name, gpu, *extra):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"), name,
+                          "--gpu", gpu, "--world", "8", "--json", *extra],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_auto_batch(tmp):
+    hdr = open(os.path.join(ROOT, "src", "train", "dfcuda.h")).read()
+    m = re.search(r"#define DF_CU_PCIE_SEQUENCES (\d+)", hdr)
+    check(m is not None and int(m.group(1)) == gm.PCIE_SEQUENCES,
+          f"DF_CU_PCIE_SEQUENCES {m and m.group(1)} == gpu_model.PCIE_SEQUENCES "
+          f"{gm.PCIE_SEQUENCES}")
+    for name in ("kimi", "qwen3-8b"):
+        last = predicted(name, "RTX-PRO-6000")
+        check(last["batch"] == gm.PCIE_SEQUENCES and last["mfu_pct"] >= 50.0
+              and last["refused"] is None,
+              f"{name} on 8 RTX-PRO-6000 at 25 GB/s, the trainer's {last['batch']} sequences: "
+              f"{last['mfu_pct']} % MFU >= 50")
+        h = predicted(name, "H200")
+        check(h["batch"] == 1, f"{name} on 8 H200: one sequence per step ({h['batch']})")
+    fewer = [predicted(n, "RTX-PRO-6000", "--batch", str(gm.PCIE_SEQUENCES - 1))["mfu_pct"]
+             for n in ("kimi", "qwen3-8b")]
+    check(min(fewer) < 50.0, f"{gm.PCIE_SEQUENCES - 1} sequences fall short somewhere: {fewer}")
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        print("skip plan's sequences per step: DFLASH_CLI not set")
+        return
+    path = builtin_json("kimi", os.path.join(tmp, "kimi-seq.json"))
+    for cli_name, gm_name in (("h200", "H200"), ("b200", "B200"), ("b300", "B300"),
+                              ("rtx-pro-6000", "RTX-PRO-6000")):
+        for world in (1, 8):
+            got = cli_sequences(cli, path, cli_name, world)
+            check(got == gm.auto_batch(gm_name, world),
+                  f"--plan --gpu {cli_name} --world {world}: {got} sequences per step == "
+                  f"auto_batch {gm.auto_batch(gm_name, world)}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        test_auto_batch(tmp)
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()

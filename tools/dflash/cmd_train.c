@@ -65,7 +65,12 @@ static const char TRAIN_USAGE[] =
     "their final layer through the target's final norm (--final-norm-name, default\n"
     "model.norm.weight; rms_norm_eps from --target's config.json) and LM head. A store with\n"
     "neither is refused. Default: --labels data.\n"
-    "Defaults: --backend cpu, --epochs 6, --batch 1, --lr 6e-4, --warmup-ratio 0.04,\n"
+    "--batch: sequences per rank and optimizer step, accumulated one at a time (one\n"
+    "gradient reduce-scatter and one weight all-gather per step). Without it the trainer\n"
+    "picks: 1, or 4 when several ranks run on GPUs without NVLink (sm_86, sm_89, sm_120:\n"
+    "RTX PRO 6000 Blackwell), whose PCIe collectives would otherwise decide the step;\n"
+    "the choice is printed at the start. --plan reports the same count for --gpu NAME.\n"
+    "Defaults: --backend cpu, --epochs 6, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
 
@@ -173,12 +178,15 @@ static void plan_attention_lines(const dflash_train_plan *p, const dflash_train_
          "block of %llu\n",
          p->attention_rows, p->attention_key_tile, (unsigned long long)p->attention_smem,
          (unsigned long long)po->smem_per_block);
-  printf("  sequences per GPU per step: %d (--batch; one reduce-scatter and one all-gather "
-         "per step)\n",
-         p->sequences_per_step);
+  printf("  sequences per GPU per step: %d (%s; one reduce-scatter and one all-gather per "
+         "step)\n",
+         p->sequences_per_step,
+         po->batch_size                   ? "--batch"
+         : po->pcie && po->world_size > 1 ? "the trainer's pick for PCIe GPUs"
+                                          : "the trainer's pick");
   if (gpu && gpu->pcie && po->world_size > 1 && p->sequences_per_step < 4)
     printf("  note: %s GPUs talk over PCIe, where one sequence per step leaves the step to "
-           "the collectives; --batch 4 or more spreads them (bench/gpu_model.py --gpu "
+           "the collectives; 4 or more spread them (bench/gpu_model.py --gpu "
            "RTX-PRO-6000 --world %d --batch N predicts the step)\n",
            gpu->name, po->world_size);
 }
@@ -214,7 +222,7 @@ static int cmd_plan(int argc, char **argv) {
             gpu_name);
     return 2;
   }
-  if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem;
+  if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem, po.pcie = gpu->pcie;
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (smem_kb >= 0) po.smem_per_block = (uint64_t)(smem_kb * 1024);
   if (!config) return cli_missing("train --plan", "--config");
@@ -227,7 +235,7 @@ static int cmd_plan(int argc, char **argv) {
   printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
          "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
          config, (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
-         cfg.block_size, po.batch_size, po.zero1 ? "on" : "off");
+         cfg.block_size, p.sequences_per_step, po.zero1 ? "on" : "off");
   plan_line("weights (bf16)", p.weights);
   plan_line("master weights (fp32)", p.masters);
   plan_line("AdamW moments (fp32)", p.moments);

@@ -664,7 +664,8 @@ class TrainPlanOptions(ctypes.Structure):
                 ("seq_len", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
                 ("batch_size", ctypes.c_int32), ("vocab_chunk", ctypes.c_int32),
                 ("zero1", ctypes.c_int32), ("gpu_bytes", ctypes.c_uint64),
-                ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64)]
+                ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64),
+                ("pcie", ctypes.c_int32)]
 
 
 class TrainPlan(ctypes.Structure):
@@ -691,8 +692,9 @@ def train_plan(config, **options):
     tiles (attention_rows, attention_key_tile, attention_smem: bytes per block),
     sequences_per_step, "fits" and, when the memory or the attention's shared
     memory does not fit, "reason" (the library's message). Options: world_size,
-    seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes,
-    smem_per_block (the GPU's shared memory per block; 0: not checked)."""
+    seq_len, num_anchors, batch_size (0: the trainer's pick), vocab_chunk, zero1, gpu_bytes,
+    reserve_bytes, smem_per_block (the GPU's shared memory per block; 0: not checked), pcie
+    (1: GPUs without NVLink, where several ranks take 4 sequences per step)."""
     o = TrainPlanOptions()
     _plan_defaults(ctypes.byref(o), ctypes.sizeof(o))
     names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
