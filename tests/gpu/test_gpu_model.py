@@ -8,7 +8,7 @@
 2. its parameter count and memory terms equal `dflash train --plan` (src/train/plan.c,
    the arithmetic the CUDA backend allocates with);
 3. every kernel the CUDA sources launch (DF_LAUNCH in cuda/*.cu) and every cuBLAS /
-   NCCL call of cuda/model.cu has a row in the model, so a new kernel without one fails
+   NCCL call of cuda/model.cu, backend.cu, dist.cu and arena.cu has a row in the model, so a new kernel without one fails
    here; the scan itself is shown to find a kernel the model lacks;
 4. the reduce-scatter overlapped with the backward (issue 15 item 5): the bucket layout is
    dist.c's, the tensor offsets add up to the parameter count, the exposed tail lies
@@ -222,9 +222,14 @@ def test_kernels():
     missing = sorted(launched - have)
     check(not missing, "every DF_LAUNCH kernel has a model row" +
           (f"; missing: {', '.join(missing)}" if missing else ""))
+    # The model's files (model.cuh names them): forward and backward, the step, NCCL, uploads.
+    model_files = ("model.cu", "backend.cu", "dist.cu", "arena.cu")
     calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|ncclAllReduce|"
-                           r"cudaMemcpyAsync|cudaMemsetAsync)\(", srcs.get("model.cu", "")))
-    check(calls <= have, f"model.cu's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
+                           r"cudaMemcpyAsync|cudaMemsetAsync)\(",
+                           "".join(srcs.get(f, "") for f in model_files)))
+    check(all(f in srcs for f in model_files) and len(calls) == 6,
+          f"the model's files hold its cuBLAS, NCCL and copy calls: {sorted(calls)}")
+    check(calls <= have, f"the model's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
     # The scan can fail: a launch of a kernel the model does not know is found.
     fake = "DF_LAUNCH(dim3((n + 1) / 2, g), 128, smem, st, attn_new_thing<bf16, 64>)(x);"
     check(launched_kernels(fake) == {"attn_new_thing"} and "attn_new_thing" not in have,
