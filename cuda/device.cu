@@ -5,6 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#ifdef DFLASH_HAVE_NCCL
+#include <nccl.h>
+#endif
+
 #include "common.cuh"
 
 extern "C" int df_cuda_device_count(int *count, char *msg, size_t msg_len) {
@@ -30,5 +34,17 @@ extern "C" dflash_status df_cu_device_props(int device, df_cu_props *out) {
   out->major = p.major, out->minor = p.minor, out->sms = p.multiProcessorCount;
   out->smem_per_block = p.sharedMemPerBlockOptin;
   out->total_mem = p.totalGlobalMem;
+  out->n_devices = n, out->p2p_missing = -1;
+  for (int o = 0; o < n; o++) {
+    int can = 0;
+    if (o == device) continue;
+    DF_CU(cudaDeviceCanAccessPeer(&can, device, o));
+    if (can) out->p2p_peers++;
+    else if (out->p2p_missing < 0) out->p2p_missing = o;
+  }
+  out->nccl_version = -1;
+#ifdef DFLASH_HAVE_NCCL
+  if (ncclGetVersion(&out->nccl_version) != ncclSuccess) out->nccl_version = 0;
+#endif
   return DFLASH_OK;
 }

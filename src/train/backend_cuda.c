@@ -395,10 +395,28 @@ dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note
   return DFLASH_OK;
 }
 
+static const char *env_var(const char *name) { return getenv(name); }
+
+dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {
+  df_dist_env env;
+  df_cu_props p;
+  dflash_status st = df_dist_env_from_environ(&env);
+  if (!st) st = df_cu_device_props(env.local_rank, &p);
+  if (st) return df_error_wrap(st, "trainer backend cuda: the devices' links");
+  df_link_note(&p, env.local_rank, world, env_var, out, len);
+  return DFLASH_OK;
+}
+
 #else /* no CUDA in this build */
 
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   (void)t, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
+                                        "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {
+  (void)world, (void)out, (void)len;
   return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
                                         "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
 }

@@ -124,6 +124,10 @@ typedef struct df_cu_props {
   int major, minor, sms;
   size_t smem_per_block; /* opt-in */
   size_t total_mem;
+  /* How it reaches the others: the visible devices, how many of the others it can access
+   * directly (cudaDeviceCanAccessPeer), the first it cannot (-1: none), and NCCL's version
+   * (major * 10000 + minor * 100 + patch; 0 unknown, -1 built without NCCL). */
+  int n_devices, p2p_peers, p2p_missing, nccl_version;
 } df_cu_props;
 
 typedef struct df_cu_config {

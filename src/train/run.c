@@ -1071,13 +1071,22 @@ static dflash_status join_run(run *r) {
 
 /* batch_size 0: the backend picks the sequences per rank and step (backend.h) for this
  * world and device; rank 0 says which on the progress stream. Every rank picks for itself,
- * and check_ranks_agree refuses ranks that picked differently. */
-static dflash_status pick_batch(run *r, dflash_train_run_options *o) {
-  char note[512];
-  dflash_status st = df_backend_auto_sequences(r->topt.backend, r->world, &o->batch_size, note,
-                                               sizeof note);
-  if (!st && r->rank == 0 && o->progress) fprintf(o->progress, "train: %s\n", note);
-  return st;
+ * and check_ranks_agree refuses ranks that picked differently. On CUDA rank 0 also says
+ * how its GPU reaches the others (P2P, NCCL and its settings), so that a mis-tuned PCIe box
+ * shows before the first step; a device that cannot be read fails at the trainer instead. */
+static dflash_status start_notes(run *r, dflash_train_run_options *o) {
+  char note[1536];
+  bool say = r->rank == 0 && o->progress;
+  if (o->batch_size == 0) {
+    dflash_status st = df_backend_auto_sequences(r->topt.backend, r->world, &o->batch_size, note,
+                                                 sizeof note);
+    if (st) return st;
+    if (say) fprintf(o->progress, "train: %s\n", note);
+  }
+  if (!say || r->topt.backend != DFLASH_BACKEND_CUDA) return DFLASH_OK;
+  if (df_backend_cuda_link_note(r->world, note, sizeof note)) dflash_clear_error();
+  else fprintf(o->progress, "train: %s\n", note);
+  return DFLASH_OK;
 }
 
 dflash_status dflash_train_run(const dflash_train_run_options *opts) {
@@ -1098,7 +1107,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   st = df_opts_in(&r.topt, o->trainer, sizeof r.topt, "dflash_train_run_options.trainer");
   if (st) return st;
   st = join_run(&r);
-  if (!st && oo.batch_size == 0) st = pick_batch(&r, &oo);
+  if (!st) st = start_notes(&r, &oo);
   if (!st && dflash_storage_is_remote(o->out_dir)) {
     /* Rank 0 mirrors the bucket; the barrier keeps the others from reading
      * the state before that mirror is rebuilt (it may share their cache). */

@@ -76,7 +76,9 @@ END_TEST
  * answer is known here. */
 START_TEST(cuda_picks_sequences_per_step_from_the_device) {
   const char *arch = getenv("DFLASH_EMU_ARCH");
-  char note[512];
+  /* On the emulator: two devices without P2P, for the start-up line below. */
+  if (arch) setenv("DFLASH_EMU_DEVICES", "2", 1), setenv("DFLASH_EMU_P2P", "0", 1);
+  char note[1536];
   int32_t n = -1;
   ck_assert_int_eq(df_backend_auto_sequences(DFLASH_BACKEND_CUDA, 1, &n, note, sizeof note),
                    DFLASH_OK);
@@ -97,6 +99,17 @@ START_TEST(cuda_picks_sequences_per_step_from_the_device) {
   ck_assert_int_eq(df_backend_auto_sequences(DFLASH_BACKEND_CPU, 8, &n, note, sizeof note),
                    DFLASH_OK);
   ck_assert_int_eq(n, 1);
+  /* The start-up line reads P2P and NCCL's version from the device and the library. */
+  unsetenv("NCCL_MIN_NCHANNELS");
+  ck_assert_int_eq(df_backend_cuda_link_note(8, note, sizeof note), DFLASH_OK);
+  printf("start-up line: %s\n", note);
+  ck_assert_msg(strstr(note, "device 0 of ") && strstr(note, "NCCL_MIN_NCHANNELS="), "%s", note);
+  if (arch) {
+    ck_assert_msg(strstr(note, "P2P to 0 of 1") && strstr(note, "no P2P to device 1") &&
+                      strstr(note, "NCCL (version unknown)"),
+                  "%s", note);
+    ck_assert_msg(!strcmp(arch, "sm_120") == !!strstr(note, "NCCL_MIN_NCHANNELS=8 ("), "%s", note);
+  }
 }
 END_TEST
 
