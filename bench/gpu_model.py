@@ -133,7 +133,11 @@ HOST_CONV_BW = 10e9  # the fp32 path's host fp32 -> bf16 on the thread pool (6 B
 HOST_COPY_BW = 8e9   # upload_batch's memcpy of the stored rows into the pinned stage, one
                      # host thread (bytes copied per second)
 PCIE_BW = 50e9       # pinned host-to-device copies, PCIe Gen 5 x16
-BUCKET_ELEMS = 1 << 26  # cuda/model.cu kBucketElems
+BUCKET_ELEMS = 1 << 26  # cuda/model.cuh kBucketElems
+# Bytes per gradient element through the reduce-scatter: fp32, or 2 with --rs-bf16
+# (DFLASH_CUDA_RS_BF16=1: each bucket rounded to bf16 before NCCL, this rank's slice widened
+# after it, cuda/dist.cu reduce_scatter; two more streaming kernels per bucket).
+RS_BYTES = 4
 ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
 
 # ---- shapes ---------------------------------------------------------------------------
@@ -672,8 +676,9 @@ def step_ops(c, n, world):
     ops = [Op("deferred losses and NaN/Inf checks (D2H, once per step)", "cudaMemcpyAsync",
               "d2h", 0, 16),
            mem("zero gradients", "cudaMemsetAsync", 4 * npad),
-           Op("gradient reduce-scatter (fp32)", "ncclReduceScatter", "comm", 0,
-              f * 4 * npad if world > 1 else 0, launches=nb if world > 1 else 0),
+           Op(f"gradient reduce-scatter ({'bf16' if RS_BYTES == 2 else 'fp32'})",
+              "ncclReduceScatter", "comm", 0,
+              f * RS_BYTES * npad if world > 1 else 0, launches=nb if world > 1 else 0),
            mem("gradient sum of squares", "sumsq_partial+sumsq_final", 4 * shard, launches=2 * nb),
            mem("norm: bucket sums, then sqrt and clip factor (1 thread each)", "norm_sum+norm_clip",
                8 * nb + 64, launches=2),
@@ -683,6 +688,10 @@ def step_ops(c, n, world):
               "cudaMemcpyAsync", "d2h", 0, 32),
            mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
                flops=14.0 * shard)]
+    if RS_BYTES == 2 and world > 1:  # bf16 reduce-scatter: round every bucket, widen the slice
+        ops.append(mem("gradients to bf16 for the reduce-scatter", "f32_to_bf16", 6 * npad,
+                       launches=nb))
+        ops.append(mem("reduced slice back to fp32", "bf16_to_f32", 6 * shard, launches=nb))
     # launched every step; it returns at once unless the factor is below 1
     ops.append(mem("clip: scale gradients", "scale_clipped", 8 * shard if ADAM_CLIP_ACTIVE else 0,
                    launches=nb))
@@ -694,8 +703,9 @@ def step_ops(c, n, world):
 # Kernels launched outside a training step (the coverage test needs a row for each).
 NOT_IN_STEP = {
     "rope_table": "once per new longest position (ensure_rope), then cached",
-    "f32_to_bf16": "uploads at create and load (embedding, LM head, weights)",
-    "bf16_to_f32": "not called by the trainer",
+    "f32_to_bf16": "uploads at create and load (embedding, LM head, weights); in the step only "
+                   "with the bf16 reduce-scatter (--rs-bf16)",
+    "bf16_to_f32": "only with the bf16 reduce-scatter (--rs-bf16)",
     "lmhead_argmax_init": "predict (evaluation) only",
     "lmhead_argmax_chunk": "predict (evaluation) only",
     "scale": "df_cu_scale_grads (sequences of different grad_scale), and with several ranks the "
@@ -850,7 +860,7 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
     if world <= 1:
         return 0.0
     if c.get("dflash2"):  # model.cu: DFlash 2's gradients are final only after the backward
-        return sum(NCCL_LAT_S + (world - 1) / world * 4 * k / gpu["busbw"]
+        return sum(NCCL_LAT_S + (world - 1) / world * RS_BYTES * k / gpu["busbw"]
                    for _, k in buckets(n, world))
     norm_off, layer_off = tensor_starts(c)
     t, marks = 0.0, []  # (time, lowest flat offset whose gradients are final by then)
@@ -870,7 +880,7 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
     end, free, f = t, 0.0, (world - 1) / world
     for off, count in buckets(n, world):
         ready = next(tm for tm, done in marks if done <= off)
-        free = max(free, ready) + NCCL_LAT_S + f * 4 * count / gpu["busbw"]
+        free = max(free, ready) + NCCL_LAT_S + f * RS_BYTES * count / gpu["busbw"]
     return max(0.0, free - end)
 
 
@@ -1211,6 +1221,9 @@ def main(argv=None):
     ap.add_argument("--busbw", type=float, metavar="GB/S",
                     help="NCCL bus bandwidth instead of the GPU's stated one (RTX-PRO-6000: 25 "
                          "by default, 15-42 measured on 8-GPU PCIe boxes)")
+    ap.add_argument("--rs-bf16", action="store_true",
+                    help="the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1): half its "
+                         "bytes, two conversion kernels per bucket")
     ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "
@@ -1233,6 +1246,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.batch is None:
         a.batch = auto_batch(a.gpu, a.world)
+    global RS_BYTES
+    RS_BYTES = 2 if a.rs_bf16 else 4
     if a.busbw:
         GPUS[a.gpu] = dict(GPUS[a.gpu], busbw=a.busbw * 1e9)
     c = load_config(a.config)
@@ -1272,6 +1287,7 @@ def main(argv=None):
             print_table(r, ops=not a.no_ops and i == 0)
     if a.json:
         last = dict(config=c["name"], gpu=a.gpu, world=a.world, batch=a.batch,
+                    reduce_scatter="bf16" if a.rs_bf16 else "fp32",
                     busbw_gbs=GPUS[a.gpu]["busbw"] / 1e9, refused=refused,
                     attention=chosen["attention"] if chosen else None,
                     mfu_pct=round(100 * chosen["sched"]["now"]["mfu"], 2) if chosen else None,

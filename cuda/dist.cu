@@ -77,14 +77,25 @@ void slice(const df_cu_model *m, size_t b, size_t *off, size_t *len) {
   *off = k->offset + (size_t)m->rank * *len;
 }
 
-// Reduce-scatter bucket b in place on stream s: this rank's slice gets the sum.
+// Reduce-scatter bucket b in place on stream s: this rank's slice gets the sum. With rs_bf16
+// through the fp32 staging buffer m->tmp as bf16 (kBucketElems floats hold any bucket twice
+// over; nothing else uses it during a step): rounded, reduced in place there, and this
+// rank's slice widened back into the gradients.
 dflash_status reduce_scatter(df_cu_model *m, size_t b, cudaStream_t s) {
 #ifdef DFLASH_HAVE_NCCL
   size_t off, len;
   slice(m, b, &off, &len);
   const df_bucket *k = &m->buckets.buckets[b];
-  ncclResult_t r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat, ncclSum,
-                                     m->comm, s);
+  ncclResult_t r;
+  if (m->c.rs_bf16) {
+    bf16 *x = (bf16 *)m->tmp, *mine = x + (size_t)m->rank * len;
+    DF_TRY(k_f32_to_bf16(s, x, m->grads + k->offset, k->count));
+    r = ncclReduceScatter(x, mine, len, ncclBfloat16, ncclSum, m->comm, s);
+    if (r == ncclSuccess) DF_TRY(k_bf16_to_f32(s, m->grads + off, mine, len));
+  } else {
+    r = ncclReduceScatter(m->grads + k->offset, m->grads + off, len, ncclFloat, ncclSum, m->comm,
+                          s);
+  }
   if (r != ncclSuccess)
     return df_error(DFLASH_E_CUDA, "NCCL reduce-scatter of bucket %zu: %s", b,
                     ncclGetErrorString(r));

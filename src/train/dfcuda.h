@@ -152,6 +152,13 @@ typedef struct df_cu_config {
   /* Nonzero: with several ranks, reduce-scatter after the backward instead of overlapping
    * it (DFLASH_CUDA_OVERLAP=0; the same results to the bit). */
   int no_overlap;
+  /* Nonzero: with several ranks, the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1):
+   * each bucket rounded to bf16 (round to nearest even), summed by NCCL in bf16, this rank's
+   * slice widened back to fp32. Half the bytes over the bus; an element of the sum is off by
+   * at most about (world + 1) * 2^-9 times the sum of the ranks' magnitudes (one rounding of
+   * each rank's value, one per addition in NCCL's ring), against fp32's 2^-24 per addition.
+   * Not bit-reproducible across world sizes or NCCL algorithms. docs/gpu.md. */
+  int rs_bf16;
   /* DFlash 2 (dflash2 nonzero; cuda/dflash2.cu): the convolutions' kernel size and group
    * size, the selector's top-K and rank, its loss weight and mode (inject, else drop).
    * Its tensors follow DFlash 1's in the table, as model.c lays them out. */

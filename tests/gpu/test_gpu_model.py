@@ -32,7 +32,8 @@
    train/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
    reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
    >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer
-   does not (the count is the smallest that does), and the NVLink GPUs keep one.
+   does not (the count is the smallest that does), and the NVLink GPUs keep one;
+9. --rs-bf16 halves the reduce-scatter's bytes and prices its two conversion kernels.
 """
 import json
 import os
@@ -428,9 +429,31 @@ def test_auto_batch(tmp):
                   f"auto_batch {gm.auto_batch(gm_name, world)}")
 
 
+def test_rs_bf16():
+    """--rs-bf16 (DFLASH_CUDA_RS_BF16=1): half the reduce-scatter's bytes, the two conversion
+    kernels of cuda/dist.cu priced per bucket, and no other change to the step."""
+    c = gm.load_config("kimi")
+    f32 = gm.model(c, "RTX-PRO-6000", 3072, 512, 4, 8, 16384, "mma")
+    gm.RS_BYTES = 2
+    try:
+        b16 = gm.model(c, "RTX-PRO-6000", 3072, 512, 4, 8, 16384, "mma")
+    finally:
+        gm.RS_BYTES = 4
+    rs = lambda r: sum(o.bytes * o.count for o, _ in r["rows"] if o.kernel == "ncclReduceScatter")
+    check(close(rs(b16), rs(f32) / 2), f"bf16 reduce-scatter bytes {rs(b16):.4g} = half {rs(f32):.4g}")
+    kern = {o.kernel for o, _ in b16["rows"]} - {o.kernel for o, _ in f32["rows"]}
+    check(kern == {"f32_to_bf16", "bf16_to_f32"}, f"its conversion kernels priced: {sorted(kern)}")
+    check(b16["step_s"] < f32["step_s"] and close(b16["model_flops"], f32["model_flops"]),
+          f"step {b16['step_s'] * 1e3:.1f} ms < fp32's {f32['step_s'] * 1e3:.1f} at 25 GB/s")
+    src = open(os.path.join(ROOT, "cuda", "dist.cu")).read()
+    check("ncclBfloat16, ncclSum" in src and "k_bf16_to_f32" in src,
+          "cuda/dist.cu reduce-scatters in bf16 and widens the slice, as priced")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_auto_batch(tmp)
+        test_rs_bf16()
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()
