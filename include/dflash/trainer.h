@@ -348,6 +348,9 @@ typedef struct dflash_train_plan_options {
   int32_t pcie;            /* 1: the GPUs talk over PCIe, no NVLink (RTX PRO 6000 and other
                               sm_120, sm_89, sm_86 machines); with batch_size 0 and several
                               ranks the trainer then takes 4 sequences per step (0) */
+  int32_t device;          /* >= 0: read gpu_bytes, smem_per_block and pcie from this CUDA
+                              device (DFLASH_E_NO_DEVICE / _UNSUPPORTED when there is none or
+                              the library has no CUDA); -1: as set above (-1) */
 } dflash_train_plan_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -378,6 +381,8 @@ typedef struct dflash_train_plan {
   int32_t sequences_per_step; /* per GPU per optimizer step: batch_size, or the trainer's
                                  pick when it is 0; accumulated one at a time with one
                                  reduce-scatter and one all-gather */
+  char device_name[96];       /* with options.device: the device's name and architecture
+                                 ("NVIDIA H200 (sm_90)"); else empty */
 } dflash_train_plan;
 
 /*

@@ -117,6 +117,9 @@ DF_MUST_CHECK dflash_status df_backend_cuda_auto_sequences(int world, int32_t *o
 struct df_cu_props;
 void df_link_note(const struct df_cu_props *p, int device, int world,
                   const char *(*env)(const char *), char *out, size_t len);
+/* The properties of CUDA device `device` (dfcuda.h df_cu_device_props); DFLASH_E_UNSUPPORTED
+ * without CUDA in the build. */
+DF_MUST_CHECK dflash_status df_backend_cuda_props(int device, struct df_cu_props *out);
 /* This rank's line (LOCAL_RANK's device); CUDA's errors as df_backend_cuda_create's. */
 DF_MUST_CHECK dflash_status df_backend_cuda_link_note(int world, char *out, size_t len);
 /* The CUDA module's description of model m (backend_cuda.c): shapes, rotary tables, layer

@@ -398,6 +398,10 @@ dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note
   return DFLASH_OK;
 }
 
+dflash_status df_backend_cuda_props(int device, df_cu_props *out) {
+  return df_cu_device_props(device, out);
+}
+
 static const char *env_var(const char *name) { return getenv(name); }
 
 dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {
@@ -416,6 +420,12 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   (void)t, (void)out;
   return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
                                         "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_props(int device, struct df_cu_props *out) {
+  (void)device, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without CUDA (meson setup "
+                                        "-Dcuda=enabled with nvcc installed)");
 }
 
 dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {

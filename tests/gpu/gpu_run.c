@@ -110,6 +110,30 @@ START_TEST(cuda_picks_sequences_per_step_from_the_device) {
                   "%s", note);
     ck_assert_msg(!strcmp(arch, "sm_120") == !!strstr(note, "NCCL_MIN_NCHANNELS=8 ("), "%s", note);
   }
+  /* dflash train --plan without --gpu: the plan read from the device present. */
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  dflash_drafter_config_default(&c);
+  c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 1, c.vocab_size = 1000;
+  c.num_target_layers = 4, c.mask_token_id = 999, c.n_target_layer_ids = 1;
+  c.target_layer_ids[0] = 1;
+  c.num_attention_heads = 64, c.num_key_value_heads = 8, c.head_dim = 128, c.block_size = 16;
+  dflash_train_plan_options po;
+  dflash_train_plan_options_default(&po);
+  po.device = 0, po.world_size = 8, po.gpu_bytes = 1; /* both read from the device instead */
+  dflash_train_plan p = {.struct_size = sizeof p};
+  dflash_status st = dflash_train_plan_compute(&c, &po, &p);
+  printf(
+      "plan on %s: %d sequences per step, %llu bytes of shared memory per block, %llu of memory, %s\n",
+      p.device_name, p.sequences_per_step, (unsigned long long)p.attention_smem,
+      (unsigned long long)p.gpu_bytes, st ? dflash_last_error() : "fits");
+  ck_assert_msg(strstr(p.device_name, "(sm_"), "%s", p.device_name);
+  ck_assert_uint_gt(p.gpu_bytes, 1);
+  if (arch && !strcmp(arch, "sm_120")) {
+    ck_assert_int_eq(p.sequences_per_step, 4);
+    ck_assert_uint_eq(p.attention_smem, 99328); /* Kimi's packing at 64 keys on 99 KB */
+  } else if (arch) {
+    ck_assert_int_eq(p.sequences_per_step, 1);
+  }
 }
 END_TEST
 

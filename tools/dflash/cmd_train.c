@@ -48,7 +48,8 @@ static const char TRAIN_USAGE[] =
     "--plan prints the CUDA backend's memory per GPU, the attention's tiles and shared\n"
     "memory per block, and exits 1 when either does not fit. --gpu h100|h200|b200|b300|\n"
     "rtx-pro-6000 sets the memory and shared memory per block (--gpu-gb, --smem-kb\n"
-    "override them; the default is an 80 GB GPU with 227 KB, as an H100).\n"
+    "override them; without any of them, the CUDA device present (device 0), else an\n"
+    "80 GB GPU with 227 KB, as an H100).\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
     "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
@@ -223,6 +224,11 @@ static int cmd_plan(int argc, char **argv) {
     return 2;
   }
   if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem, po.pcie = gpu->pcie;
+  /* Neither --gpu nor its figures: the CUDA device present, if any (device 0). */
+  int n_dev = 0;
+  if (!gpu && gpu_gb < 0 && smem_kb < 0 && !dflash_cuda_device_count(&n_dev) && n_dev > 0)
+    po.device = 0;
+  dflash_clear_error();
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (smem_kb >= 0) po.smem_per_block = (uint64_t)(smem_kb * 1024);
   if (!config) return cli_missing("train --plan", "--config");
@@ -236,6 +242,7 @@ static int cmd_plan(int argc, char **argv) {
          "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
          config, (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
          cfg.block_size, p.sequences_per_step, po.zero1 ? "on" : "off");
+  if (p.device_name[0]) printf("  GPU: CUDA device %d, %s\n", po.device, p.device_name);
   plan_line("weights (bf16)", p.weights);
   plan_line("master weights (fp32)", p.masters);
   plan_line("AdamW moments (fp32)", p.moments);

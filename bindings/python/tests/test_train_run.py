@@ -321,6 +321,11 @@ def test_train_plan_sequences_per_step(world):
     with pytest.raises(train.Error) as e:
         train.train_plan(cfg, batch_size=-1)
     assert "batch -1 not negative" in str(e.value)
+    # device >= 0 reads the GPU; without CUDA in the library (this build) it says so.
+    plan = train.train_plan(cfg, device=0)
+    if not plan["fits"]:
+        assert "CUDA device 0" in plan["reason"], plan["reason"]
+    assert plan["device_name"] == "" or "(sm_" in plan["device_name"]
 
 
 def test_cli_plan_gpu(world, tmp_path):
