@@ -28,6 +28,10 @@ predicted time per op from stated data about the GPU:
     kernels' own use of SMs and HBM during the backward is not modelled). The
     all-gather follows the optimizer.
 
+Sequences per GPU per step: --batch, else the count the trainer picks itself (auto_batch,
+train/dfcuda.h's df_cu_auto_sequences: 1, or 4 with several ranks on PCIe GPUs such as the
+RTX PRO 6000), accumulated one after another with one reduce-scatter and one all-gather.
+
 Model FLOPs (the MFU numerator) count what training must compute: forward and
 both backward products of every trainable GEMM (fc and the LM head: no
 d(input) / no d(weight) respectively, as the backend does), attention forward
@@ -35,7 +39,7 @@ over the visible keys plus twice that for its backward; recomputation, masked
 work and padding are not model FLOPs.
 
   bench/gpu_model.py qwen3-8b|kimi|CONFIG.json [--gpu H200|B200|B300|RTX-PRO-6000]
-      [--seq-len 3072] [--anchors 512] [--batch 1] [--world 8] [--vocab-chunk 16384]
+      [--seq-len 3072] [--anchors 512] [--batch N] [--world 8] [--vocab-chunk 16384]
       [--attention mma|scalar|both] [--busbw GB/S] [--json] [--ops]
 
 Python 3 standard library only. The emulated CI run uses the same code at tiny
@@ -98,9 +102,23 @@ GPUS = {
     "RTX-PRO-6000": dict(peak=503.8e12, fp32=125e12, bw=1.792e12, mem=96e9, sms=188,
                          busbw=25e9, l2=128e6, l2bw=5e12, smem_block=101376,
                          smem_sm=102400, smem_bw=188 * 128 * 2.617e9, mma_sync=0.9,
-                         clock=2.617e9, sfu=16, threads_sm=1536,
+                         clock=2.617e9, sfu=16, threads_sm=1536, pcie=True,
                          source="NVIDIA RTX PRO 6000 Blackwell datasheet / RTX Blackwell whitepaper"),
 }
+
+# The trainer's own choice of sequences per GPU per optimizer step when none is asked for
+# (dflash_train_run_options.batch_size 0, `dflash train` without --batch): 1, or
+# PCIE_SEQUENCES with several ranks on GPUs without NVLink (the `pcie` rows). The rule is
+# train/dfcuda.h's df_cu_auto_sequences, DF_CU_PCIE_SEQUENCES the count (4: the smallest at
+# which this model predicts >= 50 % MFU for the Kimi and Qwen3-8B drafters on 8 RTX PRO 6000
+# at 25 GB/s); tests/gpu/test_gpu_model.py reads the header and checks the two agree.
+PCIE_SEQUENCES = 4
+
+
+def auto_batch(gpu_name, world):
+    """Sequences per GPU per step the trainer picks on `world` GPUs of this kind."""
+    return PCIE_SEQUENCES if world > 1 and GPUS[gpu_name].get("pcie") else 1
+
 
 # ---- stated efficiencies (assumptions; gpu_check.sh prints measured next to them) -------
 GEMM_EFF = 0.75      # cuBLAS bf16 GEMM at large shapes, fraction of the dense peak
@@ -115,7 +133,11 @@ HOST_CONV_BW = 10e9  # the fp32 path's host fp32 -> bf16 on the thread pool (6 B
 HOST_COPY_BW = 8e9   # upload_batch's memcpy of the stored rows into the pinned stage, one
                      # host thread (bytes copied per second)
 PCIE_BW = 50e9       # pinned host-to-device copies, PCIe Gen 5 x16
-BUCKET_ELEMS = 1 << 26  # cuda/model.cu kBucketElems
+BUCKET_ELEMS = 1 << 26  # cuda/model.cuh kBucketElems
+# Bytes per gradient element through the reduce-scatter: fp32, or 2 with --rs-bf16
+# (DFLASH_CUDA_RS_BF16=1: each bucket rounded to bf16 before NCCL, this rank's slice widened
+# after it, cuda/dist.cu reduce_scatter; two more streaming kernels per bucket).
+RS_BYTES = 4
 ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
 
 # ---- shapes ---------------------------------------------------------------------------
@@ -654,8 +676,9 @@ def step_ops(c, n, world):
     ops = [Op("deferred losses and NaN/Inf checks (D2H, once per step)", "cudaMemcpyAsync",
               "d2h", 0, 16),
            mem("zero gradients", "cudaMemsetAsync", 4 * npad),
-           Op("gradient reduce-scatter (fp32)", "ncclReduceScatter", "comm", 0,
-              f * 4 * npad if world > 1 else 0, launches=nb if world > 1 else 0),
+           Op(f"gradient reduce-scatter ({'bf16' if RS_BYTES == 2 else 'fp32'})",
+              "ncclReduceScatter", "comm", 0,
+              f * RS_BYTES * npad if world > 1 else 0, launches=nb if world > 1 else 0),
            mem("gradient sum of squares", "sumsq_partial+sumsq_final", 4 * shard, launches=2 * nb),
            mem("norm: bucket sums, then sqrt and clip factor (1 thread each)", "norm_sum+norm_clip",
                8 * nb + 64, launches=2),
@@ -665,6 +688,10 @@ def step_ops(c, n, world):
               "cudaMemcpyAsync", "d2h", 0, 32),
            mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
                flops=14.0 * shard)]
+    if RS_BYTES == 2 and world > 1:  # bf16 reduce-scatter: round every bucket, widen the slice
+        ops.append(mem("gradients to bf16 for the reduce-scatter", "f32_to_bf16", 6 * npad,
+                       launches=nb))
+        ops.append(mem("reduced slice back to fp32", "bf16_to_f32", 6 * shard, launches=nb))
     # launched every step; it returns at once unless the factor is below 1
     ops.append(mem("clip: scale gradients", "scale_clipped", 8 * shard if ADAM_CLIP_ACTIVE else 0,
                    launches=nb))
@@ -676,8 +703,9 @@ def step_ops(c, n, world):
 # Kernels launched outside a training step (the coverage test needs a row for each).
 NOT_IN_STEP = {
     "rope_table": "once per new longest position (ensure_rope), then cached",
-    "f32_to_bf16": "uploads at create and load (embedding, LM head, weights)",
-    "bf16_to_f32": "not called by the trainer",
+    "f32_to_bf16": "uploads at create and load (embedding, LM head, weights); in the step only "
+                   "with the bf16 reduce-scatter (--rs-bf16)",
+    "bf16_to_f32": "only with the bf16 reduce-scatter (--rs-bf16)",
     "lmhead_argmax_init": "predict (evaluation) only",
     "lmhead_argmax_chunk": "predict (evaluation) only",
     "scale": "df_cu_scale_grads (sequences of different grad_scale), and with several ranks the "
@@ -832,7 +860,7 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
     if world <= 1:
         return 0.0
     if c.get("dflash2"):  # model.cu: DFlash 2's gradients are final only after the backward
-        return sum(NCCL_LAT_S + (world - 1) / world * 4 * k / gpu["busbw"]
+        return sum(NCCL_LAT_S + (world - 1) / world * RS_BYTES * k / gpu["busbw"]
                    for _, k in buckets(n, world))
     norm_off, layer_off = tensor_starts(c)
     t, marks = 0.0, []  # (time, lowest flat offset whose gradients are final by then)
@@ -852,7 +880,7 @@ def exposed_reduce_scatter(c, seq, n, gpu, world):
     end, free, f = t, 0.0, (world - 1) / world
     for off, count in buckets(n, world):
         ready = next(tm for tm, done in marks if done <= off)
-        free = max(free, ready) + NCCL_LAT_S + f * 4 * count / gpu["busbw"]
+        free = max(free, ready) + NCCL_LAT_S + f * RS_BYTES * count / gpu["busbw"]
     return max(0.0, free - end)
 
 
@@ -1182,7 +1210,9 @@ def main(argv=None):
     ap.add_argument("--gpu", default="H200", choices=sorted(GPUS))
     ap.add_argument("--seq-len", type=int, default=3072)
     ap.add_argument("--anchors", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=1, help="sequences accumulated per step and GPU")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="sequences accumulated per step and GPU (default: the trainer's pick, "
+                         "auto_batch: 1, or 4 with several ranks on PCIe GPUs)")
     ap.add_argument("--world", type=int, default=8, help="GPUs (data parallel, ZeRO-1)")
     ap.add_argument("--vocab-chunk", type=int, default=16384)
     ap.add_argument("--attention", default="both", choices=["mma", "wmma", "scalar", "both"],
@@ -1191,6 +1221,9 @@ def main(argv=None):
     ap.add_argument("--busbw", type=float, metavar="GB/S",
                     help="NCCL bus bandwidth instead of the GPU's stated one (RTX-PRO-6000: 25 "
                          "by default, 15-42 measured on 8-GPU PCIe boxes)")
+    ap.add_argument("--rs-bf16", action="store_true",
+                    help="the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1): half its "
+                         "bytes, two conversion kernels per bucket")
     ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "
@@ -1211,6 +1244,10 @@ def main(argv=None):
                          "measured per kernel next to predicted")
     ap.add_argument("--runs", type=int, default=1, help="steps the profile covers")
     a = ap.parse_args(argv)
+    if a.batch is None:
+        a.batch = auto_batch(a.gpu, a.world)
+    global RS_BYTES
+    RS_BYTES = 2 if a.rs_bf16 else 4
     if a.busbw:
         GPUS[a.gpu] = dict(GPUS[a.gpu], busbw=a.busbw * 1e9)
     c = load_config(a.config)
@@ -1250,6 +1287,7 @@ def main(argv=None):
             print_table(r, ops=not a.no_ops and i == 0)
     if a.json:
         last = dict(config=c["name"], gpu=a.gpu, world=a.world, batch=a.batch,
+                    reduce_scatter="bf16" if a.rs_bf16 else "fp32",
                     busbw_gbs=GPUS[a.gpu]["busbw"] / 1e9, refused=refused,
                     attention=chosen["attention"] if chosen else None,
                     mfu_pct=round(100 * chosen["sched"]["now"]["mfu"], 2) if chosen else None,

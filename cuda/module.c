@@ -53,6 +53,7 @@ static const df_cu_module table = {
     .host_alloc = df_cu_host_alloc,
     .host_free = df_cu_host_free,
     .step_result = df_cu_step_result,
+    .device_props = df_cu_device_props,
 };
 
 /* The library calls this once, before anything else, and keeps the module loaded. */

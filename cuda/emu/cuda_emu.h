@@ -413,6 +413,9 @@ cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 
 cudaError_t cudaGetDeviceCount(int *count);
+// Every pair of distinct emulated devices can access each other, unless DFLASH_EMU_P2P=0
+// (a box whose GPUs have no P2P, as 8 RTX 5090s: what the trainer's start-up line flags).
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device);

@@ -496,6 +496,15 @@ cudaError_t cudaGetDeviceCount(int *count) {
   return *count ? cudaSuccess : fail(cudaErrorNoDevice);
 }
 
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+  if (!can) return fail(cudaErrorInvalidValue);
+  int n = device_count();
+  if (device < 0 || device >= n || peer < 0 || peer >= n) return fail(cudaErrorInvalidDevice);
+  const char *env = getenv("DFLASH_EMU_P2P");
+  *can = device != peer && !(env && !strcmp(env, "0"));
+  return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
   if (!device_count()) return fail(cudaErrorNoDevice);
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);

@@ -29,8 +29,12 @@ typedef struct dflash_train_run_options {
   const char *hidden_dir;   /* hidden-state store */
   const char *out_dir;      /* checkpoint, train_state/state.safetensors, metrics.jsonl */
   int32_t epochs;           /* 6 */
-  int32_t batch_size;       /* sequences per optimizer step and rank (1); the global batch
-                               is batch_size * world size (see dflash_train_run) */
+  int32_t batch_size;       /* sequences per optimizer step and rank; the global batch is
+                               batch_size * world size (see dflash_train_run). 0 (the
+                               default): the trainer picks 1, or 4 when several ranks run on
+                               CUDA GPUs without NVLink (sm_86, sm_89, sm_12x: the PCIe
+                               collectives would decide a one-sequence step), and says so on
+                               `progress` */
   int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
   int32_t resume;           /* continue from out_dir/train_state/state.safetensors (every
                                rank reads it: a shared directory or s3:// for several ranks) */

@@ -334,8 +334,9 @@ typedef struct dflash_train_plan_options {
   int32_t world_size;      /* data-parallel GPUs (1) */
   int32_t seq_len;         /* longest sequence, tokens (3072) */
   int32_t num_anchors;     /* blocks per sequence (512) */
-  int32_t batch_size;      /* sequences per step (1); accumulated one at a time, so
-                             memory does not depend on it */
+  int32_t batch_size;      /* sequences per GPU per step; accumulated one at a time, so
+                             memory does not depend on it. 0 (the default): the count the
+                             trainer picks, 1 or, with several ranks and pcie, 4 */
   int32_t vocab_chunk;     /* LM-head columns per chunk on the GPU (8192) */
   int32_t zero1;           /* shard fp32 masters and AdamW moments over ranks (1) */
   uint64_t gpu_bytes;      /* memory per GPU (80e9) */
@@ -344,6 +345,12 @@ typedef struct dflash_train_plan_options {
   uint64_t smem_per_block; /* the GPU's shared memory per block (opt-in), bytes, from which
                               the attention's tiles are chosen (232448: H100, H200, B200,
                               B300; 101376: RTX PRO 6000 and other sm_120); 0: not checked */
+  int32_t pcie;            /* 1: the GPUs talk over PCIe, no NVLink (RTX PRO 6000 and other
+                              sm_120, sm_89, sm_86 machines); with batch_size 0 and several
+                              ranks the trainer then takes 4 sequences per step (0) */
+  int32_t device;          /* >= 0: read gpu_bytes, smem_per_block and pcie from this CUDA
+                              device (DFLASH_E_NO_DEVICE / _UNSUPPORTED when there is none or
+                              the library has no CUDA); -1: as set above (-1) */
 } dflash_train_plan_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -371,8 +378,11 @@ typedef struct dflash_train_plan {
                                  32 or 16); 0 when one of them does not fit */
   uint64_t attention_smem;    /* shared memory per block of the widest kernel at those
                                  tiles (or, when one does not fit, its need at 16 keys) */
-  int32_t sequences_per_step; /* per GPU per optimizer step: batch_size, accumulated one
-                                 at a time with one reduce-scatter and one all-gather */
+  int32_t sequences_per_step; /* per GPU per optimizer step: batch_size, or the trainer's
+                                 pick when it is 0; accumulated one at a time with one
+                                 reduce-scatter and one all-gather */
+  char device_name[96];       /* with options.device: the device's name and architecture
+                                 ("NVIDIA H200 (sm_90)"); else empty */
 } dflash_train_plan;
 
 /*

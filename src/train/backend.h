@@ -101,6 +101,27 @@ DF_MUST_CHECK dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend 
 /* cuda/: bf16 on the GPU with fp32 masters; DFLASH_E_UNSUPPORTED in a build
  * without CUDA, DFLASH_E_NO_DEVICE without a usable device. */
 DF_MUST_CHECK dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
+/* The sequences per GPU per optimizer step a run takes when its options ask for none
+ * (batch_size 0): 1 on the CPU; on CUDA df_cu_auto_sequences (train/dfcuda.h) for `world`
+ * ranks on this rank's device (LOCAL_RANK), which it reads. `note` gets a line saying what
+ * was chosen and why. CUDA's errors as df_backend_cuda_create's. */
+DF_MUST_CHECK dflash_status df_backend_auto_sequences(int32_t backend, int world, int32_t *out,
+                                                      char *note, size_t note_len);
+DF_MUST_CHECK dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note,
+                                                           size_t note_len);
+/* The start-up line on how this rank's GPU (`device`, as df_cu_device_props read it)
+ * reaches the others of `world` ranks: P2P to each other visible device, NCCL's version and
+ * the NCCL_* settings in effect (read through `env`, getenv's signature), then what a box
+ * with several ranks lacks: a device without P2P, and on PCIe GPUs (df_cu_arch_pcie) the
+ * NCCL_MIN_NCHANNELS and NCCL_P2P_LEVEL docs/gpu.md gives. */
+struct df_cu_props;
+void df_link_note(const struct df_cu_props *p, int device, int world,
+                  const char *(*env)(const char *), char *out, size_t len);
+/* The properties of CUDA device `device` (dfcuda.h df_cu_device_props); DFLASH_E_UNSUPPORTED
+ * without CUDA in the build. */
+DF_MUST_CHECK dflash_status df_backend_cuda_props(int device, struct df_cu_props *out);
+/* This rank's line (LOCAL_RANK's device); CUDA's errors as df_backend_cuda_create's. */
+DF_MUST_CHECK dflash_status df_backend_cuda_link_note(int world, char *out, size_t len);
 /* The CUDA module's description of model m (backend_cuda.c): shapes, rotary tables, layer
  * windows, DFlash 2 and the tensor offsets (written to `offsets`, m->n_tensors of them). The
  * placement (device, rank; world 1), buckets, overlap and position weights are the caller's. */

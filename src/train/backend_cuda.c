@@ -360,6 +360,9 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
    * overlapping it (to compare; the results are the same to the bit). */
   const char *ovl = getenv("DFLASH_CUDA_OVERLAP");
   cfg.no_overlap = ovl && !strcmp(ovl, "0");
+  /* DFLASH_CUDA_RS_BF16=1: the gradient reduce-scatter in bf16 (dfcuda.h states its error). */
+  const char *rs16 = getenv("DFLASH_CUDA_RS_BF16");
+  cfg.rs_bf16 = rs16 && !strcmp(rs16, "1");
   float *pw = malloc(sizeof(float) * (size_t)m->B);
   if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
   for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
@@ -376,10 +379,64 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   return DFLASH_OK;
 }
 
+dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note, size_t note_len) {
+  df_dist_env env;
+  df_cu_props p;
+  dflash_status st = df_dist_env_from_environ(&env);
+  if (!st) st = df_cu_device_props(env.local_rank, &p);
+  if (st) return df_error_wrap(st, "trainer backend cuda: sequences per step");
+  int pcie = df_cu_arch_pcie(p.major, p.minor);
+  *out = df_cu_auto_sequences(world, pcie);
+  const char *why = world <= 1 ? "one GPU: no collectives"
+                    : pcie     ? "PCIe, no NVLink: each step's one gradient reduce-scatter and "
+                                 "one weight all-gather spread over several sequences"
+                               : "NVLink: the collectives hide behind one sequence";
+  snprintf(note, note_len,
+           "%d sequence(s) per GPU per optimizer step, chosen for %d rank(s) on %s (sm_%d%d; "
+           "%s); --batch sets it",
+           *out, world, p.name, p.major, p.minor, why);
+  return DFLASH_OK;
+}
+
+dflash_status df_backend_cuda_props(int device, df_cu_props *out) {
+  return df_cu_device_props(device, out);
+}
+
+static const char *env_var(const char *name) { return getenv(name); }
+
+dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {
+  df_dist_env env;
+  df_cu_props p;
+  dflash_status st = df_dist_env_from_environ(&env);
+  if (!st) st = df_cu_device_props(env.local_rank, &p);
+  if (st) return df_error_wrap(st, "trainer backend cuda: the devices' links");
+  df_link_note(&p, env.local_rank, world, env_var, out, len);
+  return DFLASH_OK;
+}
+
 #else /* no CUDA in this build */
 
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   (void)t, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
+                                        "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_props(int device, struct df_cu_props *out) {
+  (void)device, (void)out;
+  return df_error(DFLASH_E_UNSUPPORTED, "libdflash was built without CUDA (meson setup "
+                                        "-Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_link_note(int world, char *out, size_t len) {
+  (void)world, (void)out, (void)len;
+  return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
+                                        "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
+}
+
+dflash_status df_backend_cuda_auto_sequences(int world, int32_t *out, char *note, size_t note_len) {
+  (void)world, (void)note, (void)note_len;
+  *out = 1;
   return df_error(DFLASH_E_UNSUPPORTED, "trainer backend cuda: libdflash was built without "
                                         "CUDA (meson setup -Dcuda=enabled with nvcc installed)");
 }

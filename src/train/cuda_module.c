@@ -175,6 +175,10 @@ dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double *norm) {
 
 dflash_status df_cu_step_result(df_cu_model *m, double *norm) { FORWARD(step_result(m, norm)); }
 
+dflash_status df_cu_device_props(int device, df_cu_props *out) {
+  FORWARD(device_props(device, out));
+}
+
 dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, int to_host) {
   FORWARD(copy(m, kind, host, to_host));
 }

@@ -94,6 +94,42 @@ static inline int df_cu_attn_pick_n(int kind, int Mp, int dp, size_t limit) {
   return 0;
 }
 
+/* Sequences per GPU per optimizer step the trainer picks when none is asked for
+ * (dflash_train_run_options.batch_size 0, the default; the training plan's batch_size 0), in
+ * the gradient-accumulation form: the sequences run one after another into one fp32
+ * gradient buffer, then one reduce-scatter and one all-gather per step, so device memory
+ * does not depend on the count. One sequence per step unless several ranks talk over PCIe:
+ * there the fp32 gradient reduce-scatter and the bf16 weight all-gather (~6 bytes per
+ * parameter through a 15-42 GB/s NCCL bus) outlast one sequence's compute, and
+ * DF_CU_PCIE_SEQUENCES spread them. 4 is the smallest count at which
+ * bench/gpu_model.py predicts >= 50 % MFU for both the Kimi and the Qwen3-8B drafter on
+ * 8 RTX PRO 6000 at 25 GB/s (3: Qwen3-8B 49.3 %); gpu_model.py's auto_batch is this rule
+ * and tests/gpu/test_gpu_model.py checks the two agree. */
+#define DF_CU_PCIE_SEQUENCES 4
+static inline int df_cu_auto_sequences(int world, int pcie) {
+  return world > 1 && pcie ? DF_CU_PCIE_SEQUENCES : 1;
+}
+
+/* Whether 8-GPU machines of this compute capability talk over PCIe: no part of sm_86
+ * (RTX A6000, A40), sm_89 (L40S, RTX 6000 Ada) or sm_12x (RTX PRO 6000 Blackwell, RTX 5090)
+ * has an NVLink switch (at most a two-GPU bridge); sm_80, sm_90 and sm_10x machines of 8
+ * are NVLink (SXM) boards. A PCIe card of those (H100 PCIe) passes --batch itself. */
+static inline int df_cu_arch_pcie(int major, int minor) {
+  return major == 12 || (major == 8 && (minor == 6 || minor == 9));
+}
+
+/* What the trainer reads of a device before it creates a model (df_cu_device_props). */
+typedef struct df_cu_props {
+  char name[256];
+  int major, minor, sms;
+  size_t smem_per_block; /* opt-in */
+  size_t total_mem;
+  /* How it reaches the others: the visible devices, how many of the others it can access
+   * directly (cudaDeviceCanAccessPeer), the first it cannot (-1: none), and NCCL's version
+   * (major * 10000 + minor * 100 + patch; 0 unknown, -1 built without NCCL). */
+  int n_devices, p2p_peers, p2p_missing, nccl_version;
+} df_cu_props;
+
 typedef struct df_cu_config {
   int H, KH, nh, nkv, d, I, V, B, L, vocab_chunk;
   float eps;
@@ -116,6 +152,13 @@ typedef struct df_cu_config {
   /* Nonzero: with several ranks, reduce-scatter after the backward instead of overlapping
    * it (DFLASH_CUDA_OVERLAP=0; the same results to the bit). */
   int no_overlap;
+  /* Nonzero: with several ranks, the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1):
+   * each bucket rounded to bf16 (round to nearest even), summed by NCCL in bf16, this rank's
+   * slice widened back to fp32. Half the bytes over the bus; an element of the sum is off by
+   * at most about (world + 1) * 2^-9 times the sum of the ranks' magnitudes (one rounding of
+   * each rank's value, one per addition in NCCL's ring), against fp32's 2^-24 per addition.
+   * Not bit-reproducible across world sizes or NCCL algorithms. docs/gpu.md. */
+  int rs_bf16;
   /* DFlash 2 (dflash2 nonzero; cuda/dflash2.cu): the convolutions' kernel size and group
    * size, the selector's top-K and rank, its loss weight and mode (inject, else drop).
    * Its tensors follow DFlash 1's in the table, as model.c lays them out. */
@@ -215,6 +258,9 @@ static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int 
          (size_t)n_pos * (2 * half * 4 + 4) + 8 * (2 * (size_t)DF_CU_PENDING + 1) + 4 * (size_t)B +
          2 * (4 * (size_t)n_pos * (size_t)KH + 256);
 }
+
+/* The properties of CUDA device `device` (DFLASH_E_NO_DEVICE when there is none). */
+DF_MUST_CHECK dflash_status df_cu_device_props(int device, df_cu_props *out);
 
 /* NCCL: rank 0 makes the id (128 bytes), every rank joins with it. */
 #define DF_CU_NCCL_ID_BYTES 128

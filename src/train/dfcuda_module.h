@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Bump on any change below or in dfcuda.h's structs and functions. */
-#define DF_CU_MODULE_ABI 6
+#define DF_CU_MODULE_ABI 7
 #define DF_CU_MODULE_ENTRY "df_cuda_module_v1"
 /* The file the library looks for (beside itself, then on the loader's search path). */
 #define DF_CU_MODULE_FILE "libdflash-cuda.so"
@@ -34,7 +34,7 @@ typedef struct df_cu_host {
   void (*act_layout_compute)(const df_act_dims *d, df_act_layout *o);
 } df_cu_host;
 
-#define DF_CU_MODULE_N_SIZES 8
+#define DF_CU_MODULE_N_SIZES 9
 
 /* dfcuda.h as a table: each entry is the function of the same name there. A function added
  * to dfcuda.h gets an entry here, in cuda/module.c's table and a forwarder in
@@ -63,14 +63,16 @@ typedef struct df_cu_module {
   dflash_status (*host_alloc)(size_t bytes, void **out);
   void (*host_free)(void *p);
   dflash_status (*step_result)(df_cu_model *m, double *norm);
+  dflash_status (*device_props)(int device, df_cu_props *out);
 } df_cu_module;
 
 /* Every struct that crosses the boundary, so a stale module from another build is refused
  * rather than read with the wrong layout. */
-#define DF_CU_MODULE_SIZES                                                                       \
-  {                                                                                              \
-    sizeof(df_cu_host), sizeof(df_cu_module), sizeof(df_cu_config), sizeof(df_cu_batch),         \
-        sizeof(df_cu_adam), sizeof(df_bucket_layout), sizeof(df_act_dims), sizeof(df_act_layout) \
+#define DF_CU_MODULE_SIZES                                                                        \
+  {                                                                                               \
+    sizeof(df_cu_host), sizeof(df_cu_module), sizeof(df_cu_config), sizeof(df_cu_batch),          \
+        sizeof(df_cu_adam), sizeof(df_bucket_layout), sizeof(df_act_dims), sizeof(df_act_layout), \
+        sizeof(df_cu_props)                                                                       \
   }
 
 typedef const df_cu_module *(*df_cu_module_entry_fn)(const df_cu_host *host);

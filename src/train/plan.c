@@ -44,12 +44,13 @@ static void train_plan_options_defaults(dflash_train_plan_options *o) {
   o->world_size = 1;
   o->seq_len = 3072;
   o->num_anchors = 512;
-  o->batch_size = 1;
+  o->batch_size = 0; /* the trainer's pick (df_cu_auto_sequences) */
   o->vocab_chunk = 8192;
   o->zero1 = 1;
   o->gpu_bytes = 80000000000ULL;
   o->reserve_bytes = 4ULL << 30;
   o->smem_per_block = 232448; /* sm_90 / sm_100: 227 KB */
+  o->device = -1;
 }
 
 DF_DEFINE_INIT(dflash_train_plan_options, train_plan_options_defaults)
@@ -100,6 +101,18 @@ static dflash_status plan_attention(const dflash_drafter_config *c, uint64_t lim
   return DFLASH_OK;
 }
 
+/* options.device: the GPU's memory, shared memory per block and links from the device. */
+static dflash_status plan_device(dflash_train_plan_options *o, dflash_train_plan *p) {
+  df_cu_props d;
+  dflash_status st = df_backend_cuda_props(o->device, &d);
+  if (st) return df_error_wrap(st, "training plan for CUDA device %d", o->device);
+  o->gpu_bytes = d.total_mem;
+  o->smem_per_block = d.smem_per_block;
+  o->pcie = df_cu_arch_pcie(d.major, d.minor);
+  snprintf(p->device_name, sizeof p->device_name, "%.80s (sm_%d%d)", d.name, d.major, d.minor);
+  return DFLASH_OK;
+}
+
 static dflash_status plan_fill(const dflash_drafter_config *caller,
                                const dflash_train_plan_options *opts, dflash_train_plan *p) {
   dflash_train_plan_options o;
@@ -123,14 +136,15 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                     cfg->block_size, cfg->num_attention_heads, cfg->num_key_value_heads,
                     cfg->head_dim, why);
   if (opts->world_size < 1 || opts->seq_len < 1 || opts->num_anchors < 1 || opts->vocab_chunk < 1 ||
-      opts->batch_size < 1)
+      opts->batch_size < 0)
     return df_error(DFLASH_E_INVALID_ARG,
                     "plan options: world size %d, sequence length %d, "
-                    "anchors %d, vocab chunk %d and batch %d must all be positive",
+                    "anchors %d and vocab chunk %d must be positive, batch %d not negative",
                     opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
                     opts->batch_size);
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
+  if (o.device >= 0 && (st = plan_device(&o, p))) return st;
   /* As cuda/model.cu lays the buffers out: padded to the gradient buckets, the fp32
    * masters and moments created as this rank's shard (so the peak is the steady state). */
   uint64_t n = df_tensor_params(df_tensor_dims_of(cfg, &ext)) /* tensors.h */;
@@ -159,7 +173,9 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   p->gpu_bytes = opts->gpu_bytes;
   p->total = p->weights + p->masters + p->moments + p->grads + p->activations + p->frozen +
              p->reserve;
-  p->sequences_per_step = opts->batch_size;
+  p->sequences_per_step = opts->batch_size
+                              ? opts->batch_size
+                              : df_cu_auto_sequences(opts->world_size, opts->pcie != 0);
   if ((st = plan_attention(cfg, opts->smem_per_block, p))) return st;
   if (p->total <= p->gpu_bytes) return DFLASH_OK;
   struct {

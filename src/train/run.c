@@ -38,7 +38,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->epochs = 6;
-  o->batch_size = 1;
+  o->batch_size = 0;      /* the backend picks (df_backend_auto_sequences) */
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
 }
 
@@ -450,6 +450,26 @@ static dflash_status join_run(run *r) {
   return DFLASH_OK;
 }
 
+/* batch_size 0: the backend picks the sequences per rank and step (backend.h) for this
+ * world and device; rank 0 says which on the progress stream. Every rank picks for itself,
+ * and check_ranks_agree refuses ranks that picked differently. On CUDA rank 0 also says
+ * how its GPU reaches the others (P2P, NCCL and its settings), so that a mis-tuned PCIe box
+ * shows before the first step; a device that cannot be read fails at the trainer instead. */
+static dflash_status start_notes(run *r, dflash_train_run_options *o) {
+  char note[1536];
+  bool say = r->rank == 0 && o->progress;
+  if (o->batch_size == 0) {
+    dflash_status st = df_backend_auto_sequences(r->topt.backend, r->world, &o->batch_size, note,
+                                                 sizeof note);
+    if (st) return st;
+    if (say) fprintf(o->progress, "train: %s\n", note);
+  }
+  if (!say || r->topt.backend != DFLASH_BACKEND_CUDA) return DFLASH_OK;
+  if (df_backend_cuda_link_note(r->world, note, sizeof note)) dflash_clear_error();
+  else fprintf(o->progress, "train: %s\n", note);
+  return DFLASH_OK;
+}
+
 dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   DF_CHECK_ARG(opts);
   /* The caller's structs at this library's size (the one rule, core/internal.h). */
@@ -459,7 +479,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   if (st) return st;
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
-               o->epochs > 0 && o->batch_size > 0);
+               o->epochs > 0 && o->batch_size >= 0);
   run r = {.o = o, .t0 = df_now_seconds()};
   r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
@@ -468,6 +488,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   st = df_opts_in(&r.topt, o->trainer, sizeof r.topt, "dflash_train_run_options.trainer");
   if (st) return st;
   st = join_run(&r);
+  if (!st) st = start_notes(&r, &oo);
   if (!st && dflash_storage_is_remote(o->out_dir)) {
     /* Rank 0 mirrors the bucket; the barrier keeps the others from reading
      * the state before that mirror is rebuilt (it may share their cache). */

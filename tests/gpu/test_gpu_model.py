@@ -8,7 +8,7 @@
 2. its parameter count and memory terms equal `dflash train --plan` (src/train/plan.c,
    the arithmetic the CUDA backend allocates with);
 3. every kernel the CUDA sources launch (DF_LAUNCH in cuda/*.cu) and every cuBLAS /
-   NCCL call of cuda/model.cu has a row in the model, so a new kernel without one fails
+   NCCL call of cuda/model.cu, backend.cu, dist.cu and arena.cu has a row in the model, so a new kernel without one fails
    here; the scan itself is shown to find a kernel the model lacks;
 4. the reduce-scatter overlapped with the backward (issue 15 item 5): the bucket layout is
    dist.c's, the tensor offsets add up to the parameter count, the exposed tail lies
@@ -27,7 +27,13 @@
    Kimi and Qwen3-8B packings equal the model's smem_layout (which mirrors the kernel's),
    both fit the RTX PRO 6000's 101,376 bytes per block at N 64, neither shape is refused
    there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
-   per CTA: refused on sm_120 with the reason, no step: the backend has no other path).
+   per CTA: refused on sm_120 with the reason, no step: the backend has no other path);
+8. the trainer's own sequences per step (issue 26): gpu_model.py's PCIE_SEQUENCES is
+   train/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
+   reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
+   >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer
+   does not (the count is the smallest that does), and the NVLink GPUs keep one;
+9. --rs-bf16 halves the reduce-scatter's bytes and prices its two conversion kernels.
 """
 import json
 import os
@@ -217,9 +223,14 @@ def test_kernels():
     missing = sorted(launched - have)
     check(not missing, "every DF_LAUNCH kernel has a model row" +
           (f"; missing: {', '.join(missing)}" if missing else ""))
+    # The model's files (model.cuh names them): forward and backward, the step, NCCL, uploads.
+    model_files = ("model.cu", "backend.cu", "dist.cu", "arena.cu")
     calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|ncclAllReduce|"
-                           r"cudaMemcpyAsync|cudaMemsetAsync)\(", srcs.get("model.cu", "")))
-    check(calls <= have, f"model.cu's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
+                           r"cudaMemcpyAsync|cudaMemsetAsync)\(",
+                           "".join(srcs.get(f, "") for f in model_files)))
+    check(all(f in srcs for f in model_files) and len(calls) == 6,
+          f"the model's files hold its cuBLAS, NCCL and copy calls: {sorted(calls)}")
+    check(calls <= have, f"the model's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
     # The scan can fail: a launch of a kernel the model does not know is found.
     fake = "DF_LAUNCH(dim3((n + 1) / 2, g), 128, smem, st, attn_new_thing<bf16, 64>)(x);"
     check(launched_kernels(fake) == {"attn_new_thing"} and "attn_new_thing" not in have,
@@ -371,8 +382,78 @@ def test_targets(tmp):
           f"head_dim 256 at 128 rows on sm_120: refused, no step: {last}")
 
 
+# ---- 8. the trainer's sequences per step -----------------------------------------------
+def cli_sequences(cli, cfg_path, gpu, world):
+    out = subprocess.run([cli, "train", "--plan", "--config", cfg_path, "--gpu", gpu,
+                          "--world", str(world), "--gpu-gb", "100000"],
+                         capture_output=True, text=True)
+    m = re.search(r"sequences per GPU per step: (\d+)", out.stdout)
+    return int(m.group(1)) if m else None
+
+
+def predicted(name, gpu, *extra):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_model.py"), name,
+                          "--gpu", gpu, "--world", "8", "--json", *extra],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_auto_batch(tmp):
+    hdr = open(os.path.join(ROOT, "src", "train", "dfcuda.h")).read()
+    m = re.search(r"#define DF_CU_PCIE_SEQUENCES (\d+)", hdr)
+    check(m is not None and int(m.group(1)) == gm.PCIE_SEQUENCES,
+          f"DF_CU_PCIE_SEQUENCES {m and m.group(1)} == gpu_model.PCIE_SEQUENCES "
+          f"{gm.PCIE_SEQUENCES}")
+    for name in ("kimi", "qwen3-8b"):
+        last = predicted(name, "RTX-PRO-6000")
+        check(last["batch"] == gm.PCIE_SEQUENCES and last["mfu_pct"] >= 50.0
+              and last["refused"] is None,
+              f"{name} on 8 RTX-PRO-6000 at 25 GB/s, the trainer's {last['batch']} sequences: "
+              f"{last['mfu_pct']} % MFU >= 50")
+        h = predicted(name, "H200")
+        check(h["batch"] == 1, f"{name} on 8 H200: one sequence per step ({h['batch']})")
+    fewer = [predicted(n, "RTX-PRO-6000", "--batch", str(gm.PCIE_SEQUENCES - 1))["mfu_pct"]
+             for n in ("kimi", "qwen3-8b")]
+    check(min(fewer) < 50.0, f"{gm.PCIE_SEQUENCES - 1} sequences fall short somewhere: {fewer}")
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        print("skip plan's sequences per step: DFLASH_CLI not set")
+        return
+    path = builtin_json("kimi", os.path.join(tmp, "kimi-seq.json"))
+    for cli_name, gm_name in (("h200", "H200"), ("b200", "B200"), ("b300", "B300"),
+                              ("rtx-pro-6000", "RTX-PRO-6000")):
+        for world in (1, 8):
+            got = cli_sequences(cli, path, cli_name, world)
+            check(got == gm.auto_batch(gm_name, world),
+                  f"--plan --gpu {cli_name} --world {world}: {got} sequences per step == "
+                  f"auto_batch {gm.auto_batch(gm_name, world)}")
+
+
+def test_rs_bf16():
+    """--rs-bf16 (DFLASH_CUDA_RS_BF16=1): half the reduce-scatter's bytes, the two conversion
+    kernels of cuda/dist.cu priced per bucket, and no other change to the step."""
+    c = gm.load_config("kimi")
+    f32 = gm.model(c, "RTX-PRO-6000", 3072, 512, 4, 8, 16384, "mma")
+    gm.RS_BYTES = 2
+    try:
+        b16 = gm.model(c, "RTX-PRO-6000", 3072, 512, 4, 8, 16384, "mma")
+    finally:
+        gm.RS_BYTES = 4
+    rs = lambda r: sum(o.bytes * o.count for o, _ in r["rows"] if o.kernel == "ncclReduceScatter")
+    check(close(rs(b16), rs(f32) / 2), f"bf16 reduce-scatter bytes {rs(b16):.4g} = half {rs(f32):.4g}")
+    kern = {o.kernel for o, _ in b16["rows"]} - {o.kernel for o, _ in f32["rows"]}
+    check(kern == {"f32_to_bf16", "bf16_to_f32"}, f"its conversion kernels priced: {sorted(kern)}")
+    check(b16["step_s"] < f32["step_s"] and close(b16["model_flops"], f32["model_flops"]),
+          f"step {b16['step_s'] * 1e3:.1f} ms < fp32's {f32['step_s'] * 1e3:.1f} at 25 GB/s")
+    src = open(os.path.join(ROOT, "cuda", "dist.cu")).read()
+    check("ncclBfloat16, ncclSum" in src and "k_bf16_to_f32" in src,
+          "cuda/dist.cu reduce-scatters in bf16 and widens the slice, as priced")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
+        test_auto_batch(tmp)
+        test_rs_bf16()
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()

@@ -5,11 +5,14 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "synth.h"
 #include "testutil.h"
+#include "train/backend.h"
+#include "train/dfcuda.h"
 #include "train/dist.h"
 
 /* The Kimi K2.5/K2.6 drafter (spec table). */
@@ -279,9 +282,64 @@ START_TEST(buckets_cover_the_buffer_and_shard_it) {
 }
 END_TEST
 
+/* Two environments for df_link_note: nothing set, and a PCIe box tuned as docs/gpu.md says. */
+static const char *env_none(const char *name) {
+  (void)name;
+  return NULL;
+}
+static const char *env_tuned(const char *name) {
+  if (!strcmp(name, "NCCL_P2P_LEVEL")) return "SYS";
+  if (!strcmp(name, "NCCL_MIN_NCHANNELS")) return "8";
+  return NULL;
+}
+
+/* The start-up line names device, P2P, NCCL and its settings, and says what a PCIe box with
+ * several ranks lacks: a peer without P2P, NCCL_MIN_NCHANNELS < 8, no NCCL_P2P_LEVEL; an
+ * NVLink box or one rank gets no advice. */
+START_TEST(link_note_flags_a_mistuned_pcie_box) {
+  df_cu_props rtx = {.name = "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                     .major = 12,
+                     .n_devices = 8,
+                     .p2p_peers = 6,
+                     .p2p_missing = 5,
+                     .nccl_version = 22703};
+  char out[1536];
+  df_link_note(&rtx, 2, 8, env_none, out, sizeof out);
+  printf("%s\n", out);
+  ck_assert_msg(strstr(out, "device 2 of 8: NVIDIA RTX PRO 6000") && strstr(out, "sm_120") &&
+                    strstr(out, "PCIe, no NVLink") && strstr(out, "P2P to 6 of 7") &&
+                    strstr(out, "NCCL 2.27.3") && strstr(out, "NCCL_P2P_LEVEL=(unset)"),
+                "%s", out);
+  ck_assert_msg(strstr(out, "no P2P to device 5") && strstr(out, "NCCL_MIN_NCHANNELS=8 (") &&
+                    strstr(out, "NCCL_P2P_LEVEL=SYS ("),
+                "%s", out);
+  rtx.p2p_peers = 7, rtx.p2p_missing = -1;
+  df_link_note(&rtx, 0, 8, env_tuned, out, sizeof out);
+  ck_assert_msg(strstr(out, "NCCL_MIN_NCHANNELS=8,") || strstr(out, "NCCL_MIN_NCHANNELS=8 "), "%s",
+                out);
+  ck_assert_msg(!strstr(out, "check:") && strstr(out, "settings of docs/gpu.md are in effect"),
+                "%s", out);
+  df_link_note(&rtx, 0, 1, env_none, out, sizeof out); /* one rank: nothing to advise */
+  ck_assert_msg(!strstr(out, "check:"), "%s", out);
+  df_cu_props h200 = {.name = "NVIDIA H200",
+                      .major = 9,
+                      .n_devices = 8,
+                      .p2p_peers = 7,
+                      .p2p_missing = -1,
+                      .nccl_version = -1};
+  df_link_note(&h200, 0, 8, env_none, out, sizeof out);
+  ck_assert_msg(strstr(out, "NVLink") && strstr(out, "NCCL not built in") && !strstr(out, "check:"),
+                "%s", out);
+  char tiny[24]; /* cut, still a string */
+  df_link_note(&rtx, 0, 8, env_none, tiny, sizeof tiny);
+  ck_assert_uint_eq(strlen(tiny), sizeof tiny - 1);
+}
+END_TEST
+
 TCase *tc_backend(void) {
   TCase *tc = tcase_create("backend");
   tcase_add_test(tc, plan_kimi_on_8x80gb);
+  tcase_add_test(tc, link_note_flags_a_mistuned_pcie_box);
   tcase_add_test(tc, plan_refuses_one_gpu_naming_the_term);
   tcase_add_test(tc, cuda_backend_without_device);
   tcase_add_test(tc, cuda_backend_takes_partial_rotary);

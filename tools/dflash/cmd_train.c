@@ -48,7 +48,8 @@ static const char TRAIN_USAGE[] =
     "--plan prints the CUDA backend's memory per GPU, the attention's tiles and shared\n"
     "memory per block, and exits 1 when either does not fit. --gpu h100|h200|b200|b300|\n"
     "rtx-pro-6000 sets the memory and shared memory per block (--gpu-gb, --smem-kb\n"
-    "override them; the default is an 80 GB GPU with 227 KB, as an H100).\n"
+    "override them; without any of them, the CUDA device present (device 0), else an\n"
+    "80 GB GPU with 227 KB, as an H100).\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
     "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
@@ -65,7 +66,12 @@ static const char TRAIN_USAGE[] =
     "their final layer through the target's final norm (--final-norm-name, default\n"
     "model.norm.weight; rms_norm_eps from --target's config.json) and LM head. A store with\n"
     "neither is refused. Default: --labels data.\n"
-    "Defaults: --backend cpu, --epochs 6, --batch 1, --lr 6e-4, --warmup-ratio 0.04,\n"
+    "--batch: sequences per rank and optimizer step, accumulated one at a time (one\n"
+    "gradient reduce-scatter and one weight all-gather per step). Without it the trainer\n"
+    "picks: 1, or 4 when several ranks run on GPUs without NVLink (sm_86, sm_89, sm_120:\n"
+    "RTX PRO 6000 Blackwell), whose PCIe collectives would otherwise decide the step;\n"
+    "the choice is printed at the start. --plan reports the same count for --gpu NAME.\n"
+    "Defaults: --backend cpu, --epochs 6, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
 
@@ -173,12 +179,15 @@ static void plan_attention_lines(const dflash_train_plan *p, const dflash_train_
          "block of %llu\n",
          p->attention_rows, p->attention_key_tile, (unsigned long long)p->attention_smem,
          (unsigned long long)po->smem_per_block);
-  printf("  sequences per GPU per step: %d (--batch; one reduce-scatter and one all-gather "
-         "per step)\n",
-         p->sequences_per_step);
+  printf("  sequences per GPU per step: %d (%s; one reduce-scatter and one all-gather per "
+         "step)\n",
+         p->sequences_per_step,
+         po->batch_size                   ? "--batch"
+         : po->pcie && po->world_size > 1 ? "the trainer's pick for PCIe GPUs"
+                                          : "the trainer's pick");
   if (gpu && gpu->pcie && po->world_size > 1 && p->sequences_per_step < 4)
     printf("  note: %s GPUs talk over PCIe, where one sequence per step leaves the step to "
-           "the collectives; --batch 4 or more spreads them (bench/gpu_model.py --gpu "
+           "the collectives; 4 or more spread them (bench/gpu_model.py --gpu "
            "RTX-PRO-6000 --world %d --batch N predicts the step)\n",
            gpu->name, po->world_size);
 }
@@ -214,7 +223,12 @@ static int cmd_plan(int argc, char **argv) {
             gpu_name);
     return 2;
   }
-  if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem;
+  if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem, po.pcie = gpu->pcie;
+  /* Neither --gpu nor its figures: the CUDA device present, if any (device 0). */
+  int n_dev = 0;
+  if (!gpu && gpu_gb < 0 && smem_kb < 0 && !dflash_cuda_device_count(&n_dev) && n_dev > 0)
+    po.device = 0;
+  dflash_clear_error();
   if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
   if (smem_kb >= 0) po.smem_per_block = (uint64_t)(smem_kb * 1024);
   if (!config) return cli_missing("train --plan", "--config");
@@ -227,7 +241,8 @@ static int cmd_plan(int argc, char **argv) {
   printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
          "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
          config, (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
-         cfg.block_size, po.batch_size, po.zero1 ? "on" : "off");
+         cfg.block_size, p.sequences_per_step, po.zero1 ? "on" : "off");
+  if (p.device_name[0]) printf("  GPU: CUDA device %d, %s\n", po.device, p.device_name);
   plan_line("weights (bf16)", p.weights);
   plan_line("master weights (fp32)", p.masters);
   plan_line("AdamW moments (fp32)", p.moments);

@@ -664,7 +664,8 @@ class TrainPlanOptions(ctypes.Structure):
                 ("seq_len", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
                 ("batch_size", ctypes.c_int32), ("vocab_chunk", ctypes.c_int32),
                 ("zero1", ctypes.c_int32), ("gpu_bytes", ctypes.c_uint64),
-                ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64)]
+                ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64),
+                ("pcie", ctypes.c_int32), ("device", ctypes.c_int32)]
 
 
 class TrainPlan(ctypes.Structure):
@@ -673,7 +674,8 @@ class TrainPlan(ctypes.Structure):
         "n_params", "weights", "masters", "moments", "grads", "activations", "frozen", "reserve",
         "total", "gpu_bytes")] + [
         ("attention_rows", ctypes.c_int32), ("attention_key_tile", ctypes.c_int32),
-        ("attention_smem", ctypes.c_uint64), ("sequences_per_step", ctypes.c_int32)]
+        ("attention_smem", ctypes.c_uint64), ("sequences_per_step", ctypes.c_int32),
+        ("device_name", ctypes.c_char * 96)]
 
 
 _plan_defaults = bind("dflash_train_plan_options_init",
@@ -691,8 +693,10 @@ def train_plan(config, **options):
     tiles (attention_rows, attention_key_tile, attention_smem: bytes per block),
     sequences_per_step, "fits" and, when the memory or the attention's shared
     memory does not fit, "reason" (the library's message). Options: world_size,
-    seq_len, num_anchors, batch_size, vocab_chunk, zero1, gpu_bytes, reserve_bytes,
-    smem_per_block (the GPU's shared memory per block; 0: not checked)."""
+    seq_len, num_anchors, batch_size (0: the trainer's pick), vocab_chunk, zero1, gpu_bytes,
+    reserve_bytes, smem_per_block (the GPU's shared memory per block; 0: not checked), pcie
+    (1: GPUs without NVLink, where several ranks take 4 sequences per step), device (>= 0:
+    the memory, shared memory and links of that CUDA device; its name in "device_name")."""
     o = TrainPlanOptions()
     _plan_defaults(ctypes.byref(o), ctypes.sizeof(o))
     names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
@@ -705,10 +709,11 @@ def train_plan(config, **options):
     try:
         _plan(ctypes.byref(parse_config(config)), ctypes.byref(o), ctypes.byref(plan))
     except Error as e:
-        if e.status not in ("DFLASH_E_NOMEM", "DFLASH_E_UNSUPPORTED"):
+        if e.status not in ("DFLASH_E_NOMEM", "DFLASH_E_UNSUPPORTED", "DFLASH_E_NO_DEVICE"):
             raise
         out["reason"] = e.message
     out.update({name: getattr(plan, name) for name, _ in TrainPlan._fields_[1:]})
+    out["device_name"] = plan.device_name.decode("utf-8", "replace")
     out["fits"] = "reason" not in out
     return out
 

@@ -308,6 +308,26 @@ def test_train_plan_attention_tiles(world, heads, d):
     assert small["fits"] == (d == 128)
 
 
+def test_train_plan_sequences_per_step(world):
+    """batch_size 0 (the default) is the trainer's pick: 4 sequences per step with several
+    ranks on PCIe GPUs (pcie 1), else 1; a batch_size given is taken as it is; a negative one
+    is refused."""
+    cfg = json.loads((world / "drafter.json").read_text())
+    pick = lambda **o: train.train_plan(cfg, **o)["sequences_per_step"]
+    assert pick(world_size=8, pcie=1) == 4
+    assert pick(world_size=1, pcie=1) == 1
+    assert pick(world_size=8) == 1
+    assert pick(world_size=8, pcie=1, batch_size=2) == 2
+    with pytest.raises(train.Error) as e:
+        train.train_plan(cfg, batch_size=-1)
+    assert "batch -1 not negative" in str(e.value)
+    # device >= 0 reads the GPU; without CUDA in the library (this build) it says so.
+    plan = train.train_plan(cfg, device=0)
+    if not plan["fits"]:
+        assert "CUDA device 0" in plan["reason"], plan["reason"]
+    assert plan["device_name"] == "" or "(sm_" in plan["device_name"]
+
+
 def test_cli_plan_gpu(world, tmp_path):
     """`dflash train --plan --gpu NAME` takes the GPU's memory and shared memory per block."""
     cli = os.environ.get("DFLASH_CLI")
@@ -323,8 +343,13 @@ def test_cli_plan_gpu(world, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "128 rows per CTA, 64 keys per tile" in out.stdout and "of 101376" in out.stdout
     assert "89.41 GiB" in out.stdout  # 96e9 bytes of GPU memory
-    assert "--batch 4" in out.stdout  # the PCIe note at one sequence per step
-    assert "--batch 4" not in run("--gpu", "rtx-pro-6000", "--world", "8", "--batch", "4").stdout
+    # Without --batch the trainer's pick: 4 sequences per step on 8 PCIe GPUs, no note.
+    assert "sequences per GPU per step: 4 (the trainer's pick for PCIe GPUs" in out.stdout
+    assert "note:" not in out.stdout
+    one = run("--gpu", "rtx-pro-6000", "--world", "8", "--batch", "1").stdout
+    assert "sequences per GPU per step: 1 (--batch" in one and "4 or more spread" in one
+    assert "sequences per GPU per step: 1 (the trainer's pick;" in run(
+        "--gpu", "h200", "--world", "8").stdout
     assert "of 232448" in run("--gpu", "h200").stdout
     small = run("--gpu", "rtx-pro-6000", "--smem-kb", "48")
     assert small.returncode == 1 and "shared memory" in small.stderr, small.stderr

@@ -42,6 +42,8 @@ enum ncclRedOp_t { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg 
 
 const char *ncclGetErrorString(ncclResult_t r);
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+// 0: the emulator is no NCCL release (a real one gives major * 10000 + minor * 100 + patch).
+ncclResult_t ncclGetVersion(int *version);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);

@@ -1,0 +1,2 @@
+// cuda/dist.cu compiled for the emulated device (cuda/emu/cuda_emu.h).
+#include "../dist.cu"
