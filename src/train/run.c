@@ -14,7 +14,6 @@
  * tokens). The data position is global, so a state resumes on any world.
  */
 #include <dflash/hidden.h>
-#include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -60,7 +59,8 @@ typedef struct run {
   int32_t *n_anchors;
   char *state_path, *metrics_path;
   FILE *metrics;
-  dflash_progress *progress;
+  dflash_train_stats stats; /* rank 0: the last step, for the progress callback */
+  bool stop_asked;          /* the progress callback asked for a stop */
   int64_t total_steps, tokens;
   double elapsed, t0;
   /* position (global: the next sample of the epoch order to visit) */
@@ -120,7 +120,7 @@ static dflash_status find_usable(run *r) {
     int64_t len;
     int32_t a, n;
     df_tokens_get(r->tok, i, &id, &ids, &mask, &len);
-    dflash_status st = dflash_sample_anchors(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
+    dflash_status st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
     if (r->is_usable) r->is_usable[i] = n > 0;
@@ -202,7 +202,7 @@ static dflash_status check_labels(const run *r) {
 
 /* The CE targets of one sequence for --labels target: labels[t] = tids[t-1], the target's
  * argmax at t-1 (its prediction of token t); NULL for data labels. */
-static dflash_status make_labels(run *r, const dflash_train_sample *smp, const int32_t **out) {
+static dflash_status make_labels(run *r, const dflash_sample *smp, const int32_t **out) {
   *out = NULL;
   if (r->o->labels != DFLASH_LABELS_TARGET) return DFLASH_OK;
   if (!smp->target_ids)
@@ -573,7 +573,7 @@ static dflash_status spool_buffers(run *r) {
 static dflash_status spool_checkpoint(run *r, bool model);
 
 /* The spool sample's target ids into slot i of the batch (a flag of none). */
-static dflash_status keep_tids(run *r, size_t i, const dflash_spool_sample *smp) {
+static dflash_status keep_tids(run *r, size_t i, const dflash_sample *smp) {
   if (!smp->target_ids)
     return r->batch_tcap[i] = 0, free(r->batch_t[i]), r->batch_t[i] = NULL, DFLASH_OK;
   if ((size_t)smp->len > r->batch_tcap[i]) {
@@ -598,7 +598,7 @@ static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales
 }
 
 /* The spool sample's hidden rows (float32, or as stored) into slot i of the batch. */
-static dflash_status keep_rows(run *r, size_t i, const dflash_spool_sample *smp) {
+static dflash_status keep_rows(run *r, size_t i, const dflash_sample *smp) {
   size_t n = (size_t)smp->len * (size_t)spool_width(r), code_b, scale_b;
   spool_bytes(r, smp->len, &code_b, &scale_b);
   size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
@@ -630,8 +630,8 @@ static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_
                             ? spool_checkpoint(r, false)
                             : DFLASH_OK;
     if (cst) return cst;
-    dflash_spool_sample smp = {.struct_size = sizeof smp};
-    int end;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t end;
     /* The trainer's own wait counter: time in a next that had no shard ready to read. */
     bool ready = df_spool_ready(r->spool);
     double t_wait = df_now_seconds();
@@ -699,7 +699,7 @@ static dflash_status spool_batch(run *r, size_t *n, bool *ended) {
 }
 
 /* Sample i of the gathered batch, as the stream would give it. */
-static dflash_status spool_sample(run *r, size_t i, dflash_train_sample *out, int *done) {
+static dflash_status spool_sample(run *r, size_t i, dflash_sample *out, int32_t *done) {
   const char *id;
   *done = 0;
   out->struct_size = sizeof *out;
@@ -728,10 +728,9 @@ static dflash_status open_outputs(run *r) {
   if (st) return st;
   r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
   if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
-  /* The bar and ETA end where this run stops: --max-steps when it comes first. */
+  /* The last step of the progress stats: --max-steps when it comes first. */
   int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
-  if (o->progress)
-    return dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
+  r->stats.last_step = last;
   return DFLASH_OK;
 }
 
@@ -795,7 +794,7 @@ static dflash_status open_all(run *r) {
   return check_ranks_agree(r);
 }
 
-/* The metrics line (and progress note) of the step in r->line, with its norm. */
+/* The metrics line (and progress stats) of the step in r->line, with its norm. */
 static void write_metrics(run *r, double norm) {
   const double tok = r->line.tokens, dt = r->line.dt;
   fprintf(r->metrics,
@@ -813,11 +812,11 @@ static void write_metrics(run *r, double norm) {
             r->line.loss - r->line.sel_loss, r->line.sel_loss);
   fputs("}\n", r->metrics);
   fflush(r->metrics);
-  if (r->progress) {
-    char note[96];
-    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", r->line.loss, dt > 0 ? tok / dt : 0.0);
-    dflash_progress_update(r->progress, (uint64_t)r->line.step, note);
-  }
+  dflash_train_stats *s = &r->stats;
+  s->step = r->line.step, s->epoch = r->line.epoch, s->loss = r->line.loss;
+  s->grad_norm = norm, s->lr = r->line.lr, s->tokens = r->line.total;
+  s->tokens_per_s = dt > 0 ? tok / dt : 0.0, s->elapsed_s = r->line.elapsed;
+  if (r->o->progress && r->o->progress(s, r->o->progress_user)) r->stop_asked = true;
 }
 
 /* The outstanding step's norm (every rank: a non-finite one fails the run here) and its
@@ -847,7 +846,7 @@ static dflash_status train_step(run *r, size_t gb) {
     int64_t len;
     double w;
     df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
-    dflash_status st = dflash_sample_anchors(mask, len, B, A, r->topt.seed,
+    dflash_status st = dflash_anchors_sample(mask, len, B, A, r->topt.seed,
                                              (uint64_t)r->epoch * r->n_total + idx,
                                              r->anchors + i * (size_t)A, &r->n_anchors[i]);
     if (!st)
@@ -867,8 +866,8 @@ static dflash_status train_step(run *r, size_t gb) {
    * losses (and NaN/Inf checks) are collected once, after the batch. The step before's norm
    * is asked for once the first sequence is on its way (it uploads behind the optimizer). */
   for (size_t i = 0; i < b; i++) {
-    dflash_train_sample smp = {.struct_size = sizeof smp};
-    int done;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t done;
     st = r->spool ? spool_sample(r, i, &smp, &done) : dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
     const int32_t *labels = NULL;
@@ -913,7 +912,7 @@ static dflash_status train_step(run *r, size_t gb) {
   return DFLASH_OK;
 }
 
-/* After a step: nothing, a save (save_every_s has passed) or a stop (the caller's `stop`).
+/* After a step: nothing, a save (save_every_s has passed) or a stop (the progress callback asked).
  * Rank 0 decides and tells the others (a broadcast a step, only with several ranks). */
 enum { ACT_NONE, ACT_SAVE, ACT_STOP };
 
@@ -921,7 +920,7 @@ static dflash_status next_action(run *r, bool last_step, int32_t *act) {
   const dflash_train_run_options *o = r->o;
   *act = ACT_NONE;
   if (r->rank == 0 && !last_step) {
-    if (o->stop && o->stop(o->stop_user)) *act = ACT_STOP;
+    if (r->stop_asked) *act = ACT_STOP;
     else if (o->save_every_s > 0 && df_now_seconds() - r->last_save >= o->save_every_s)
       *act = ACT_SAVE;
   }
@@ -1069,17 +1068,19 @@ static dflash_status join_run(run *r) {
   return DFLASH_OK;
 }
 
-dflash_status dflash_train_run(const dflash_train_run_options *opts) {
+dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_train_stats *stats) {
   DF_CHECK_ARG(opts);
   /* The caller's structs at this library's size (the one rule, core/internal.h). */
   dflash_train_run_options oo;
   dflash_train_run_options_default(&oo);
   dflash_status st = df_opts_in(&oo, opts, sizeof oo, "dflash_train_run_options");
+  const dflash_train_stats none = {.struct_size = sizeof none};
+  if (!st && stats) st = df_opts_out(stats, &none, sizeof none, "dflash_train_stats");
   if (st) return st;
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
                o->epochs > 0 && o->batch_size > 0);
-  run r = {.o = o, .t0 = df_now_seconds()};
+  run r = {.o = o, .t0 = df_now_seconds(), .stats = none};
   r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
   r.sync_step = sync && !strcmp(sync, "1");
@@ -1100,7 +1101,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   if (!st) st = open_all(&r);
   if (!st) st = r.spool ? spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
-  if (r.progress) dflash_progress_free(r.progress);
+  r.stats.step = r.t ? dflash_trainer_steps(r.t) : 0;
+  if (stats) DF_IGNORE(df_opts_out(stats, &r.stats, sizeof r.stats, "dflash_train_stats"));
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);
   df_comm_free(r.comm);
