@@ -142,10 +142,11 @@ class Opts(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("wait_s", ctypes.c_double),
                 ("reuse", ctypes.c_int32), ("stored_rows", ctypes.c_int32)]
 class Sample(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("id", ctypes.c_char_p),
-                ("len", ctypes.c_int64), ("hidden", P), ("epoch", ctypes.c_int32),
-                ("shard", ctypes.c_uint64), ("offset", ctypes.c_uint64), ("target_ids", P),
-                ("hidden_dtype", ctypes.c_int32), ("hidden_codes", P), ("hidden_scales", P)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
+                ("id", ctypes.c_char_p), ("len", ctypes.c_int64), ("input_ids", P),
+                ("loss_mask", P), ("hidden", P), ("target_ids", P),
+                ("hidden_dtype", ctypes.c_int32), ("hidden_codes", P), ("hidden_scales", P),
+                ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64), ("offset", ctypes.c_uint64)]
 def check(rc, what):
     if rc:
         lib.dflash_last_error.restype = ctypes.c_char_p

@@ -108,10 +108,7 @@ P = ctypes.c_void_p
 class SpoolOpts(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("wait_s", ctypes.c_double),
                 ("reuse", ctypes.c_int32), ("stored_rows", ctypes.c_int32)]
-class Sample(ctypes.Structure):  # dflash_spool_sample / dflash_train_sample: len is what we read
-    _fields_ = [("struct_size", ctypes.c_size_t), ("a", P), ("len", ctypes.c_int64),
-                ("pad", ctypes.c_char * 256)]
-class TrainSample(ctypes.Structure):
+class Sample(ctypes.Structure):  # dflash_sample: len is what we read
     _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64), ("id", P),
                 ("len", ctypes.c_int64), ("pad", ctypes.c_char * 256)]
 def check(rc, what):
@@ -126,7 +123,7 @@ if mode == "spool":
     sp = P()
     check(lib.dflash_spool_open(where.encode(), ctypes.byref(o), ctypes.byref(sp)), "open")
     smp = Sample()
-    smp.struct_size = 88  # sizeof either struct on LP64
+    smp.struct_size = 112  # sizeof(dflash_sample) on LP64
     while True:
         check(lib.dflash_spool_next(sp, ctypes.byref(smp), ctypes.byref(end)), "next")
         if end.value:
@@ -142,8 +139,8 @@ else:
     n = lib.dflash_sample_stream_count(st)
     order = (ctypes.c_uint64 * n)(*range(n))
     check(lib.dflash_sample_stream_start(st, order, ctypes.c_size_t(n)), "start")
-    smp = TrainSample()
-    smp.struct_size = 88  # sizeof either struct on LP64
+    smp = Sample()
+    smp.struct_size = 112  # sizeof(dflash_sample) on LP64
     while True:
         check(lib.dflash_sample_stream_next(st, ctypes.byref(smp), ctypes.byref(end)), "next")
         if end.value:

@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
   for (int s = 0; s < steps && !st; s++) {
     int32_t anchors[ANCHORS], n = 0;
     double norm, lr;
-    st = dflash_sample_anchors(mask, LEN, B, ANCHORS, 1, (uint64_t)s, anchors, &n);
+    st = dflash_anchors_sample(mask, LEN, B, ANCHORS, 1, (uint64_t)s, anchors, &n);
     if (!st) st = dflash_trainer_forward_backward(t, ids, mask, LEN, hidden, anchors, n, &loss);
     if (!st) st = dflash_trainer_step(t, &norm, &lr);
     if (!st && (s % 50 == 0 || s == steps - 1))

@@ -25,26 +25,26 @@ int main(int argc, char **argv) {
       {"layers.0.mlp.gate_proj.weight", I, H},
       {"norm.weight", H, 0},
   };
-  dflash_st_writer *w;
-  dflash_status st = dflash_st_writer_create(argv[1], &w);
+  dflash_safetensors_writer *w;
+  dflash_status st = dflash_safetensors_writer_create(argv[1], &w);
   if (st) return fail(st);
-  if ((st = dflash_st_writer_metadata(w, "format", "pt"))) goto out;
+  if ((st = dflash_safetensors_writer_metadata(w, "format", "pt"))) goto out;
   for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
     int64_t shape[2] = {tensors[i].rows, tensors[i].cols};
-    if ((st = dflash_st_writer_declare(w, tensors[i].name, DFLASH_DTYPE_F32,
-                                       tensors[i].cols ? 2 : 1, shape)))
+    if ((st = dflash_safetensors_writer_declare(w, tensors[i].name, DFLASH_DTYPE_F32,
+                                                tensors[i].cols ? 2 : 1, shape)))
       goto out;
   }
   for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
     int64_t n = tensors[i].rows * (tensors[i].cols ? tensors[i].cols : 1);
     for (int64_t j = 0; j < n; j++) { /* stream one row-sized value at a time */
       float v = tensors[i].cols ? (float)((j * 7919) % 1000) / 1000.0f - 0.5f : 1.0f;
-      if ((st = dflash_st_writer_write(w, &v, sizeof v))) goto out;
+      if ((st = dflash_safetensors_writer_write(w, &v, sizeof v))) goto out;
     }
   }
-  st = dflash_st_writer_finish(w);
+  st = dflash_safetensors_writer_commit(w);
 out:
-  dflash_st_writer_free(w);
+  dflash_safetensors_writer_free(w);
   if (st) return fail(st);
   printf("wrote %s\n", argv[1]);
   return 0;

@@ -57,3 +57,13 @@ bool df_test_write(const char *path, const void *data, size_t n) {
   bool ok = fwrite(data, 1, n, f) == n;
   return fclose(f) == 0 && ok;
 }
+
+dflash_status df_test_hidden_add(dflash_hidden_writer *w, const char *id, const float *states,
+                                 const int32_t *target_ids, int64_t len) {
+  dflash_hidden_rows r;
+  dflash_hidden_rows_default(&r);
+  r.len = len;
+  r.states = states;
+  r.target_ids = target_ids;
+  return dflash_hidden_writer_add(w, id, &r);
+}

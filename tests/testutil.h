@@ -4,6 +4,7 @@
 
 #include <check.h>
 #include <dflash/dflash.h>
+#include <dflash/hidden.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -35,5 +36,8 @@ const char *df_test_fixtures(void);
 char *df_test_fixture(const char *relative);
 /* Write bytes to a file; returns false on failure. */
 bool df_test_write(const char *path, const void *data, size_t n);
+/* dflash_hidden_writer_add of float32 rows [len, K*H] and, when not NULL, target ids [len]. */
+dflash_status df_test_hidden_add(dflash_hidden_writer *w, const char *id, const float *states,
+                                 const int32_t *target_ids, int64_t len);
 
 #endif

@@ -161,7 +161,8 @@ struct dflash_tokenizer;
  */
 DFLASH_API dflash_status dflash_chat_conversation_normalize_nfc(dflash_chat_conversation *conv);
 /* *nfc = 1 when `tok` normalises its input with NFC (probed through encode/decode), else 0. */
-DFLASH_API dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int *nfc);
+DFLASH_API dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok,
+                                                   int32_t *nfc);
 
 /*
  * DFLASH_OK when `tok` encodes each control token of `tmpl` (turn markers, think and tool-call

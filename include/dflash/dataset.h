@@ -56,7 +56,7 @@ DFLASH_API dflash_status dflash_dataset_writer_add(dflash_dataset_writer *w, con
                                                    const int32_t *ids, const uint8_t *mask,
                                                    size_t n);
 /* Write the last shard and the manifest. */
-DFLASH_API dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w);
+DFLASH_API dflash_status dflash_dataset_writer_commit(dflash_dataset_writer *w);
 /* NULL-safe. Freeing an unfinished writer leaves finished shards but no manifest. */
 DFLASH_API void dflash_dataset_writer_free(dflash_dataset_writer *w);
 

@@ -24,6 +24,14 @@
  * buffers the caller provides; a buffer that is too small yields
  * DFLASH_E_BUFFER and the required size through the size out-parameter.
  *
+ * Writers
+ * -------
+ * Every writer (dflash_dataset_writer, dflash_hidden_writer, dflash_safetensors_writer,
+ * dflash_storage_writer, dflash_chunk_writer) has one life cycle: create or open, then add
+ * (records, samples) or write (bytes), then commit, then free. Free without commit discards
+ * what was not committed (a temporary file removed, an upload aborted, buffered records
+ * dropped); free after commit only releases memory.
+ *
  * Versioned structs
  * -----------------
  * Options and output structs carry their size in the first field, struct_size,
@@ -138,7 +146,7 @@ DFLASH_API void dflash_set_log_callback(dflash_log_fn fn, void *user, dflash_log
  * backend module (libdflash-cuda.so beside the library, or $DFLASH_CUDA_MODULE);
  * without it or its CUDA libraries, DFLASH_E_NO_DEVICE naming what is missing.
  */
-DFLASH_API dflash_status dflash_cuda_device_count(int *count);
+DFLASH_API dflash_status dflash_cuda_device_count(int32_t *count);
 
 #ifdef __cplusplus
 }

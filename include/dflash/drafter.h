@@ -150,8 +150,8 @@ DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config 
 
 /* The spec's default target layers: K=1 -> [L/2], else
  * round(1 + i*(L-4)/(K-1)) for i in 0..K-1. `out` holds K entries. */
-DFLASH_API dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k,
-                                                      int32_t *out);
+DFLASH_API dflash_status dflash_drafter_default_target_layers(int32_t num_target_layers, int32_t k,
+                                                              int32_t *out);
 
 #ifdef __cplusplus
 }

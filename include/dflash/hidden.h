@@ -27,6 +27,8 @@
 #define DFLASH_HIDDEN_H
 
 #include <dflash/dflash.h>
+#include <dflash/safetensors.h>
+#include <dflash/sample.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,31 +68,33 @@ DFLASH_API dflash_status dflash_hidden_writer_create(const char *dir, int32_t nu
                                                      int32_t hidden_size,
                                                      const dflash_hidden_writer_options *opts,
                                                      dflash_hidden_writer **out);
-/* Append one sample: `states` float32 [len, K*H] row-major. Ids are unique
- * (DFLASH_E_DUPLICATE) and non-empty; NaN/Inf are rejected naming the id. */
-DFLASH_API dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
-                                                     const float *states, int64_t len);
-/* Same from bfloat16 bits (as a target model produces them). */
-DFLASH_API dflash_status dflash_hidden_writer_append_bf16(dflash_hidden_writer *w,
-                                                          const char *sample_id,
-                                                          const uint16_t *states, int64_t len);
-/* The same two with the target's own greedy tokens: target_ids[t] (int32 [len], >= 0) is the
- * argmax of the target's logits at position t, i.e. its prediction of token t+1 (4 bytes per
- * token; `dflash train --labels target` trains on them). In spool mode too. */
-DFLASH_API dflash_status dflash_hidden_writer_append_target(dflash_hidden_writer *w,
-                                                            const char *sample_id,
-                                                            const float *states,
-                                                            const int32_t *target_ids, int64_t len);
-DFLASH_API dflash_status dflash_hidden_writer_append_bf16_target(dflash_hidden_writer *w,
-                                                                 const char *sample_id,
-                                                                 const uint16_t *states,
-                                                                 const int32_t *target_ids,
-                                                                 int64_t len);
+/* One sample's rows for dflash_hidden_writer_add (a versioned struct, dflash.h). */
+typedef struct dflash_hidden_rows {
+  size_t struct_size;
+  int32_t dtype;      /* dflash_dtype of `states`: DFLASH_DTYPE_F32 (default) or _BF16 (bits, as a
+                         target model produces them; kept bit-exact in a bf16 store) */
+  int64_t len;        /* tokens */
+  const void *states; /* [len, K*H] row-major */
+  /* NULL, or the target's own greedy tokens: target_ids[t] (int32 [len], >= 0) is the argmax
+   * of the target's logits at position t, i.e. its prediction of token t+1 (4 bytes per token;
+   * `dflash train --labels target` trains on them). In spool mode too. */
+  const int32_t *target_ids;
+} dflash_hidden_rows;
+
+/* The defaults (F32, nothing set), written up to `size` bytes: the caller's sizeof. Call it
+ * as dflash_hidden_rows_default(&rows). */
+DFLASH_API void dflash_hidden_rows_init(dflash_hidden_rows *rows, size_t size);
+#define dflash_hidden_rows_default(rows) dflash_hidden_rows_init((rows), sizeof *(rows))
+
+/* Add one sample. Ids are unique (DFLASH_E_DUPLICATE) and non-empty; NaN/Inf are rejected
+ * naming the id; a dtype other than F32 or BF16 is DFLASH_E_DTYPE. */
+DFLASH_API dflash_status dflash_hidden_writer_add(dflash_hidden_writer *w, const char *sample_id,
+                                                  const dflash_hidden_rows *rows);
 /* Write the buffered samples as a shard and update the index. */
 DFLASH_API dflash_status dflash_hidden_writer_flush(dflash_hidden_writer *w);
 /* Flush; the writer accepts no more samples after this. */
-DFLASH_API dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w);
-/* NULL-safe. Samples appended since the last flush/finish are dropped. */
+DFLASH_API dflash_status dflash_hidden_writer_commit(dflash_hidden_writer *w);
+/* NULL-safe. Samples added since the last flush or commit are dropped (flushed shards stay). */
 DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
 
 /* ---- spool: a bounded store that a trainer consumes while it is written ---- */
@@ -110,8 +114,8 @@ DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
  * in the crash. A writer publishes a shard only while the shards present total less than
  * spool_budget, so they never exceed the budget plus one shard; DFLASH_E_TIMEOUT (after
  * spool_wait_s) says the spool is full. Appending a sample never takes it half: on
- * DFLASH_E_TIMEOUT from append the sample was NOT taken (append it again later); a full
- * shard that found no room is kept and published by the next append, flush or end_epoch.
+ * DFLASH_E_TIMEOUT from add the sample was NOT taken (add it again later); a full
+ * shard that found no room is kept and published by the next add, flush or end_epoch.
  * Within an epoch a sample id is accepted once. One producer per spool at a time.
  */
 /* Publish the buffered samples and mark the end of the current epoch; the next sample goes to
@@ -128,7 +132,7 @@ DFLASH_API dflash_status dflash_hidden_writer_spool_status(const dflash_hidden_w
                                                            uint64_t *spool_bytes,
                                                            uint64_t *high_water);
 
-/* The consumer side: samples in publication order (shard by shard, each in append order). */
+/* The consumer side: samples in publication order (shard by shard, each in the order added). */
 typedef struct dflash_spool dflash_spool;
 
 typedef struct dflash_spool_options {
@@ -152,20 +156,6 @@ DFLASH_API void dflash_spool_free(dflash_spool *sp);
 DFLASH_API dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers,
                                            int32_t *hidden_size, int32_t *dtype);
 
-typedef struct dflash_spool_sample {
-  size_t struct_size;
-  const char *id; /* borrowed until the next call on the spool */
-  int64_t len;
-  const float *hidden; /* [len, K*H], borrowed likewise */
-  int32_t epoch;       /* where the sample is: epoch, shard, index in the shard */
-  uint64_t shard, offset;
-  const int32_t *target_ids; /* [len], the target's greedy tokens, or NULL (none stored) */
-  /* With dflash_spool_options.stored_rows (else NULL): the codes [len, K*H] in dtype
-   * (dflash_hidden_dtype) and, for fp8, the float scales [len, K]; borrowed likewise. */
-  int32_t hidden_dtype;
-  const void *hidden_codes;
-  const float *hidden_scales;
-} dflash_spool_sample;
 
 /* Move to sample `offset` of shard `shard` of `epoch` (a resume). */
 DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard,
@@ -173,11 +163,12 @@ DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint
 /* The position of the next sample dflash_spool_next returns. */
 DFLASH_API dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t *shard,
                                            uint64_t *offset);
-/* The next sample, waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
+/* The next sample (its id, len, hidden rows or stored codes, target_ids, and epoch, shard and
+ * offset: where it is; no tokens), waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
  * shard); or *end_of_epoch = 1 (no sample) at the producer's end marker, and the position moves
  * to the next epoch. NaN/Inf and all-zero layers are refused naming the sample. */
-DFLASH_API dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out,
-                                           int *end_of_epoch);
+DFLASH_API dflash_status dflash_spool_next(dflash_spool *sp, dflash_sample *out,
+                                           int32_t *end_of_epoch);
 /* The caller's state is durable up to (epoch, shard): record that, then delete every shard
  * before it (except epoch 0's with reuse), which makes room for the producer. */
 DFLASH_API dflash_status dflash_spool_release(dflash_spool *sp, int32_t epoch, uint64_t shard);
@@ -247,76 +238,6 @@ DFLASH_API dflash_status dflash_hidden_read_final(const dflash_hidden *h, const 
  */
 DFLASH_API dflash_status dflash_hidden_stats(const dflash_hidden *h, double *rms,
                                              uint64_t *zero_rows, uint64_t *rows);
-
-/* ---- training samples: tokens joined with hidden states ------------------- */
-
-/*
- * A tokenized dataset directory (include/dflash/dataset.h, as `dflash
- * tokenize` writes it) joined by sample id with a hidden-state store,
- * streamed in a caller-given order with decoding done ahead on a background
- * thread.
- */
-typedef struct dflash_sample_stream dflash_sample_stream;
-
-typedef struct dflash_sample_stream_options {
-  size_t struct_size;
-  int32_t prefetch; /* samples decoded ahead (4) */
-  /* 1: samples of a libdflash store (bf16 or fp8) carry their hidden rows as stored
-   * (dflash_train_sample.hidden_codes) and hidden is NULL: the prefetch thread only copies
-   * codes, and the NaN/Inf check is left to the consumer (the CUDA trainer makes it on the
-   * device; dflash_trainer_accumulate_sample decodes them for the CPU backend). A vLLM store
-   * still gives float32. All-zero layers are refused here either way. (0) */
-  int32_t stored_rows;
-} dflash_sample_stream_options;
-
-/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
- * program built against an older header. Call it as dflash_sample_stream_options_default(&opts). */
-DFLASH_API void dflash_sample_stream_options_init(dflash_sample_stream_options *opts, size_t size);
-#define dflash_sample_stream_options_default(opts) \
-  dflash_sample_stream_options_init((opts), sizeof *(opts))
-
-/* One training sample; every pointer stays valid until the next
- * dflash_sample_stream_next / _start / _free on the stream. */
-typedef struct dflash_train_sample {
-  size_t struct_size;
-  uint64_t index; /* position in the dataset */
-  const char *id;
-  int64_t len;
-  const int32_t *input_ids;
-  const uint8_t *loss_mask;
-  const float *hidden; /* [len, K*H]; NULL when the rows come as stored (below) */
-  /* [len]: the target's greedy token after each position (stored by the producer, or from
-   * vLLM's final layer once a trainer gave the stream the target's head); NULL when none. */
-  const int32_t *target_ids;
-  /* The rows as stored, with dflash_sample_stream_options.stored_rows (else NULL): codes
-   * [len, K*H] in hidden_dtype (dflash_hidden_dtype), and for fp8 the float scales [len, K]
-   * (one per token and layer). */
-  int32_t hidden_dtype;
-  const void *hidden_codes;
-  const float *hidden_scales;
-} dflash_train_sample;
-
-DFLASH_API dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden_dir,
-                                                   const dflash_sample_stream_options *opts,
-                                                   dflash_sample_stream **out);
-DFLASH_API void dflash_sample_stream_free(dflash_sample_stream *s);
-/* Samples in the dataset, and K*H of the store. */
-DFLASH_API size_t dflash_sample_stream_count(const dflash_sample_stream *s);
-DFLASH_API int64_t dflash_sample_stream_width(const dflash_sample_stream *s);
-/*
- * Check the join without decoding: every dataset id has hidden states of
- * the same length. Returns the first problem (DFLASH_E_NOT_FOUND for a
- * missing id, DFLASH_E_MISMATCH for a length) with the id; *n_bad (may be
- * NULL) gets how many samples are affected.
- */
-DFLASH_API dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *n_bad);
-/* Visit dataset indices order[0..n) (copied); restarts the prefetcher. */
-DFLASH_API dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order,
-                                                    size_t n);
-/* Next sample, or *done = 1 at the end. A missing id, a length mismatch or
- * NaN/Inf is reported here with the sample id. */
-DFLASH_API dflash_status dflash_sample_stream_next(dflash_sample_stream *s,
-                                                   dflash_train_sample *out, int *done);
 
 #ifdef __cplusplus
 }

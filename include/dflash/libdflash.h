@@ -17,6 +17,7 @@
 #include <dflash/hidden.h>
 #include <dflash/progress.h>
 #include <dflash/safetensors.h>
+#include <dflash/sample.h>
 #include <dflash/storage.h>
 #include <dflash/tokenizer.h>
 #include <dflash/train.h>

@@ -1,8 +1,12 @@
 /*
- * Progress reporting for long jobs (fetch, tokenize, train).
+ * Drawing progress for long jobs (fetch, tokenize, train).
  *
- * The library never prints by itself: a reporter writes only to the stream
- * the caller hands it. On a terminal it redraws one live line (bar, count,
+ * The long jobs report through callbacks with a stats struct
+ * (dflash_fetch_progress_fn, dflash_dataset_build_progress_fn,
+ * dflash_train_progress_fn); a caller that wants a bar draws it from there
+ * with a reporter, as the dflash command and the Python package do. The
+ * library never prints by itself: a reporter writes only to the stream the
+ * caller hands it. On a terminal it redraws one live line (bar, count,
  * rate, ETA); on anything else (a log file, a pipe) it writes a plain line at
  * most every `interval_s` seconds, so logs stay readable.
  *

@@ -11,13 +11,32 @@
 
 #include <dflash/dflash.h>
 #include <dflash/trainer.h>
-#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* ---- a whole training run ------------------------------------------------- */
+
+/* A run's progress, as rank 0 sees it after an optimizer step: handed to the options'
+ * `progress` callback after every step, and written to dflash_train_run's `stats` at the end
+ * (the one versioned-struct rule, dflash.h). The fields of metrics.jsonl's line. */
+typedef struct dflash_train_stats {
+  size_t struct_size;
+  int64_t step;        /* optimizer steps taken */
+  int64_t last_step;   /* the step this run ends at: max_steps when it comes first */
+  int32_t epoch;       /* of the last step */
+  double loss;         /* the last step's sum(w*CE) / sum(w) over its global batch */
+  double grad_norm;    /* its pre-clip global norm */
+  double lr;           /* its learning rate */
+  int64_t tokens;      /* tokens trained on so far, every rank's */
+  double tokens_per_s; /* the last step's */
+  double elapsed_s;    /* since the run began (a resumed run: since the first one began) */
+} dflash_train_stats;
+
+/* Called on the calling thread of rank 0 after each optimizer step; `stats` is the library's
+ * (its struct_size says which fields it has). A non-zero return stops the run. */
+typedef int (*dflash_train_progress_fn)(const dflash_train_stats *stats, void *user);
 
 typedef struct dflash_train_run_options {
   size_t struct_size;
@@ -33,14 +52,13 @@ typedef struct dflash_train_run_options {
                                batch_size * world size (see dflash_train_run). 0 (the
                                default): the trainer picks 1, or 4 when several ranks run on
                                CUDA GPUs without NVLink (sm_86, sm_89, sm_12x: the PCIe
-                               collectives would decide a one-sequence step), and says so on
-                               `progress` */
+                               collectives would decide a one-sequence step), and says so in
+                               the library's log (INFO) */
   int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
   int32_t resume;           /* continue from out_dir/train_state/state.safetensors (every
                                rank reads it: a shared directory or s3:// for several ranks) */
   int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
   int32_t bf16;             /* write model.safetensors in bf16 */
-  FILE *progress;           /* progress stream (NULL: none) */
   /* NULL: dflash_trainer_options_default. A pointer, so that either struct can grow on its
    * own (by value, a larger trainer struct moved every field after it). total_steps is
    * computed from the data. */
@@ -53,12 +71,13 @@ typedef struct dflash_train_run_options {
    * head; the block input and the context stay the data's. A store with neither is refused. */
   int32_t labels;
   const char *final_norm_name; /* NULL: model.norm.weight and its usual variants */
-  /* Asked on the calling thread after every optimizer step (rank 0's answer counts); non-zero
-   * stops the run there: the checkpoint and train_state/ are saved as of that step and the
-   * call returns DFLASH_E_CANCELLED ("--resume continues"). For a signal handler or another
-   * thread to stop a run without losing it. NULL: never. */
-  int (*stop)(void *user);
-  void *stop_user;
+  /* Progress (the command line draws its bar from it), called after every optimizer step
+   * (see dflash_train_progress_fn; NULL: none). A non-zero return stops the run at the next
+   * step boundary (rank 0's answer counts): the checkpoint and train_state/ are saved as of
+   * that step and the call returns DFLASH_E_CANCELLED ("--resume continues"). For a signal
+   * handler or another thread to stop a run without losing it. */
+  dflash_train_progress_fn progress;
+  void *progress_user;
   /* Also save the checkpoint and train_state/ after the first step that ends at least this
    * many seconds after the last save (rank 0's clock), bounding what a kill -9 loses.
    * Default 1800 (30 minutes); 0: only save_every, max_steps and the end. */
@@ -117,8 +136,12 @@ DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, si
  * naming it; a rank that dies is reported as DFLASH_E_NETWORK, one that
  * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
  * (default 1800) in one collective.
+ *
+ * `stats` (may be NULL) gets the last step's dflash_train_stats, on failure too (zeros
+ * before the first step; on ranks other than 0 only `step`).
  */
-DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts);
+DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts,
+                                          dflash_train_stats *stats);
 
 #ifdef __cplusplus
 }

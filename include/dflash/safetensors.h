@@ -70,49 +70,51 @@ typedef struct dflash_safetensors dflash_safetensors;
  * index but missing.
  */
 DFLASH_API dflash_status dflash_safetensors_open(const char *path, dflash_safetensors **out);
-DFLASH_API void dflash_safetensors_free(dflash_safetensors *st);
+DFLASH_API void dflash_safetensors_free(dflash_safetensors *sf);
 
 /* Number of tensors; tensors are ordered by name. */
-DFLASH_API size_t dflash_safetensors_count(const dflash_safetensors *st);
-DFLASH_API dflash_status dflash_safetensors_get(const dflash_safetensors *st, size_t index,
+DFLASH_API size_t dflash_safetensors_count(const dflash_safetensors *sf);
+DFLASH_API dflash_status dflash_safetensors_get(const dflash_safetensors *sf, size_t index,
                                                 dflash_tensor *out);
 /* DFLASH_E_NOT_FOUND when no tensor has that name. */
-DFLASH_API dflash_status dflash_safetensors_find(const dflash_safetensors *st, const char *name,
+DFLASH_API dflash_status dflash_safetensors_find(const dflash_safetensors *sf, const char *name,
                                                  dflash_tensor *out);
 
 /* `__metadata__` entries (of the first file, or the index's "metadata"),
  * ordered by key. */
-DFLASH_API size_t dflash_safetensors_metadata_count(const dflash_safetensors *st);
-DFLASH_API dflash_status dflash_safetensors_metadata_get(const dflash_safetensors *st, size_t index,
+DFLASH_API size_t dflash_safetensors_metadata_count(const dflash_safetensors *sf);
+DFLASH_API dflash_status dflash_safetensors_metadata_get(const dflash_safetensors *sf, size_t index,
                                                          const char **key, const char **value);
 /* DFLASH_E_NOT_FOUND when absent. */
-DFLASH_API dflash_status dflash_safetensors_metadata_find(const dflash_safetensors *st,
+DFLASH_API dflash_status dflash_safetensors_metadata_find(const dflash_safetensors *sf,
                                                           const char *key, const char **value);
 /* Number of files in the set (1 for a single file). */
-DFLASH_API size_t dflash_safetensors_file_count(const dflash_safetensors *st);
+DFLASH_API size_t dflash_safetensors_file_count(const dflash_safetensors *sf);
 
 /*
  * Streaming writer. Declare every tensor first (name, dtype, shape), then
- * stream their bytes in declaration order with dflash_st_writer_write (any
- * chunking), then dflash_st_writer_finish. Bytes go to `<path>.tmp.<pid>`;
- * finish checks every declared byte arrived, fsyncs and renames onto `path`.
- * Freeing an unfinished writer removes the temporary file, so a reader never
+ * stream their bytes in declaration order with dflash_safetensors_writer_write (any
+ * chunking), then dflash_safetensors_writer_commit. Bytes go to `<path>.tmp.<pid>`;
+ * commit checks every declared byte arrived, fsyncs and renames onto `path`.
+ * Freeing an uncommitted writer removes the temporary file, so a reader never
  * sees a partial file.
  */
-typedef struct dflash_st_writer dflash_st_writer;
+typedef struct dflash_safetensors_writer dflash_safetensors_writer;
 
-DFLASH_API dflash_status dflash_st_writer_create(const char *path, dflash_st_writer **out);
+DFLASH_API dflash_status dflash_safetensors_writer_create(const char *path,
+                                                          dflash_safetensors_writer **out);
 /* Add a `__metadata__` string entry (before the first write). */
-DFLASH_API dflash_status dflash_st_writer_metadata(dflash_st_writer *w, const char *key,
-                                                   const char *value);
+DFLASH_API dflash_status dflash_safetensors_writer_metadata(dflash_safetensors_writer *w,
+                                                            const char *key, const char *value);
 /* Declare a tensor (before the first write). Names must be unique. */
-DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const char *name,
-                                                  dflash_dtype dtype, uint32_t ndim,
-                                                  const int64_t *shape);
+DFLASH_API dflash_status dflash_safetensors_writer_declare(dflash_safetensors_writer *w,
+                                                           const char *name, dflash_dtype dtype,
+                                                           uint32_t ndim, const int64_t *shape);
 /* Stream `n` bytes of tensor data; more than declared is DFLASH_E_RANGE. */
-DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void *data, size_t n);
-DFLASH_API dflash_status dflash_st_writer_finish(dflash_st_writer *w);
-DFLASH_API void dflash_st_writer_free(dflash_st_writer *w);
+DFLASH_API dflash_status dflash_safetensors_writer_write(dflash_safetensors_writer *w,
+                                                         const void *data, size_t n);
+DFLASH_API dflash_status dflash_safetensors_writer_commit(dflash_safetensors_writer *w);
+DFLASH_API void dflash_safetensors_writer_free(dflash_safetensors_writer *w);
 
 /*
  * Write `model.safetensors.index.json`-style index `path` for shards already

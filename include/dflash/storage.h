@@ -86,7 +86,7 @@ typedef struct dflash_storage dflash_storage;
  * here but only required by the first S3 call (local paths need none). */
 DFLASH_API dflash_status dflash_storage_create(const dflash_storage_options *opts,
                                                dflash_storage **out);
-DFLASH_API void dflash_storage_free(dflash_storage *st);
+DFLASH_API void dflash_storage_free(dflash_storage *storage);
 
 /* Whether `location` is an s3:// URL (1) or a local path (0). */
 DFLASH_API int dflash_storage_is_remote(const char *location);
@@ -96,13 +96,13 @@ DFLASH_API void dflash_storage_buffer_free(void *buf);
 
 /* Read a whole object into a malloc'd buffer (NUL-terminated, the NUL not
  * counted in *len); free it with dflash_storage_buffer_free. */
-DFLASH_API dflash_status dflash_storage_read(dflash_storage *st, const char *location, void **data,
-                                             size_t *len);
+DFLASH_API dflash_status dflash_storage_read(dflash_storage *storage, const char *location,
+                                             void **data, size_t *len);
 
 /* Read up to `len` bytes at `offset` into `buf` (an S3 ranged GET).
  * *got < len only at the end of the object; an offset past the end gives
  * *got = 0. */
-DFLASH_API dflash_status dflash_storage_read_range(dflash_storage *st, const char *location,
+DFLASH_API dflash_status dflash_storage_read_range(dflash_storage *storage, const char *location,
                                                    uint64_t offset, void *buf, size_t len,
                                                    size_t *got);
 
@@ -113,17 +113,17 @@ typedef struct dflash_storage_info {
 } dflash_storage_info;
 
 /* Size of an object or file; DFLASH_E_NOT_FOUND when it does not exist. */
-DFLASH_API dflash_status dflash_storage_stat(dflash_storage *st, const char *location,
+DFLASH_API dflash_status dflash_storage_stat(dflash_storage *storage, const char *location,
                                              dflash_storage_info *out);
 
 /* Write a whole object atomically: readers see the old object or the whole
  * new one. Local: temporary file, fsync, rename. S3: one PUT, or a multipart
  * upload from multipart_threshold on (aborted on failure). */
-DFLASH_API dflash_status dflash_storage_write(dflash_storage *st, const char *location,
+DFLASH_API dflash_status dflash_storage_write(dflash_storage *storage, const char *location,
                                               const void *data, size_t len);
 
 /* Delete an object or file. Deleting something absent succeeds (as S3 does). */
-DFLASH_API dflash_status dflash_storage_delete(dflash_storage *st, const char *location);
+DFLASH_API dflash_status dflash_storage_delete(dflash_storage *storage, const char *location);
 
 /*
  * List every object whose location starts with `prefix` (a plain string
@@ -136,7 +136,7 @@ DFLASH_API dflash_status dflash_storage_delete(dflash_storage *st, const char *l
  * DFLASH_E_NOT_FOUND.
  */
 typedef struct dflash_storage_listing dflash_storage_listing;
-DFLASH_API dflash_status dflash_storage_list(dflash_storage *st, const char *prefix,
+DFLASH_API dflash_status dflash_storage_list(dflash_storage *storage, const char *prefix,
                                              dflash_storage_listing **out);
 DFLASH_API size_t dflash_storage_listing_count(const dflash_storage_listing *l);
 /* Borrowed location and size of entry `index`; DFLASH_E_RANGE past the end. */
@@ -154,7 +154,7 @@ DFLASH_API void dflash_storage_listing_free(dflash_storage_listing *l);
  * temporary file.
  */
 typedef struct dflash_storage_writer dflash_storage_writer;
-DFLASH_API dflash_status dflash_storage_writer_open(dflash_storage *st, const char *location,
+DFLASH_API dflash_status dflash_storage_writer_open(dflash_storage *storage, const char *location,
                                                     dflash_storage_writer **out);
 DFLASH_API dflash_status dflash_storage_writer_write(dflash_storage_writer *w, const void *data,
                                                      size_t len);
@@ -164,7 +164,8 @@ DFLASH_API void dflash_storage_writer_free(dflash_storage_writer *w);
 /* Copy one object or file to another location (any combination of local and
  * S3), streaming in part_size pieces; the destination is written
  * atomically. */
-DFLASH_API dflash_status dflash_storage_copy(dflash_storage *st, const char *src, const char *dst);
+DFLASH_API dflash_status dflash_storage_copy(dflash_storage *storage, const char *src,
+                                             const char *dst);
 
 /*
  * Chunked append writer for JSONL outputs (completions, errors). Records are
@@ -181,7 +182,7 @@ DFLASH_API dflash_status dflash_storage_copy(dflash_storage *st, const char *src
  * Records not yet in a committed chunk when the process dies are simply not
  * there, and are redone on resume.
  *
- * There is no background thread: the age limit is checked on every append
+ * There is no background thread: the age limit is checked on every add
  * and by dflash_chunk_writer_poll(), which an idle caller should call now and
  * then.
  */
@@ -201,16 +202,16 @@ DFLASH_API void dflash_chunk_writer_options_init(dflash_chunk_writer_options *op
 
 typedef struct dflash_chunk_writer dflash_chunk_writer;
 /* `opts` may be NULL. `name` must be non-empty, without '/'. */
-DFLASH_API dflash_status dflash_chunk_writer_open(dflash_storage *st, const char *prefix,
+DFLASH_API dflash_status dflash_chunk_writer_open(dflash_storage *storage, const char *prefix,
                                                   const char *name,
                                                   const dflash_chunk_writer_options *opts,
                                                   dflash_chunk_writer **out);
 /* Append one record (one JSON line; a trailing '\n' is added when missing,
  * an embedded '\n' is DFLASH_E_FORMAT). May close and upload a chunk. On a
- * failed upload the chunk stays buffered and the next append, poll, flush or
- * close tries it again under the same name. */
-DFLASH_API dflash_status dflash_chunk_writer_append(dflash_chunk_writer *w, const char *record,
-                                                    size_t len);
+ * failed upload the chunk stays buffered and the next add, poll, flush or
+ * commit tries it again under the same name. */
+DFLASH_API dflash_status dflash_chunk_writer_add(dflash_chunk_writer *w, const char *record,
+                                                 size_t len);
 /* Close the current chunk if it is older than max_seconds. */
 DFLASH_API dflash_status dflash_chunk_writer_poll(dflash_chunk_writer *w);
 /* Close the current chunk now (no-op when empty). */
@@ -219,9 +220,10 @@ DFLASH_API dflash_status dflash_chunk_writer_flush(dflash_chunk_writer *w);
 DFLASH_API uint64_t dflash_chunk_writer_next_seq(const dflash_chunk_writer *w);
 /* Location of the last committed chunk (borrowed; "" before the first). */
 DFLASH_API const char *dflash_chunk_writer_last_chunk(const dflash_chunk_writer *w);
-/* Flush, then free. The writer is freed even when the flush fails (its
- * records are then lost, and redone on resume). */
-DFLASH_API dflash_status dflash_chunk_writer_close(dflash_chunk_writer *w);
+/* Flush the open chunk; the writer takes no more records (DFLASH_E_STATE). When the upload
+ * fails the chunk stays buffered and commit may be called again; free the writer after it
+ * either way (records never committed are lost, and redone on resume). */
+DFLASH_API dflash_status dflash_chunk_writer_commit(dflash_chunk_writer *w);
 /* Free without flushing (buffered records are dropped). NULL-safe. */
 DFLASH_API void dflash_chunk_writer_free(dflash_chunk_writer *w);
 
@@ -232,29 +234,31 @@ DFLASH_API void dflash_chunk_writer_free(dflash_chunk_writer *w);
  * caller buffers. Reads go through a read-ahead window (default 16 MiB or the
  * tensor, whichever is larger), so tensors read in file order cost one
  * request per window, not one per tensor. Works on local paths too. Borrows
- * `st`; single-owner.
+ * `storage`; single-owner.
  *
  * Tensor views (dflash_tensor) have data == NULL; `file` is the location.
  */
-typedef struct dflash_storage_st dflash_storage_st;
+typedef struct dflash_storage_safetensors dflash_storage_safetensors;
 /* readahead 0: default. A key that is not safetensors: DFLASH_E_FORMAT or
  * DFLASH_E_TRUNCATED naming the URL. */
-DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *location,
-                                                uint64_t readahead, dflash_storage_st **out);
-DFLASH_API void dflash_storage_st_free(dflash_storage_st *f);
+DFLASH_API dflash_status dflash_storage_safetensors_open(dflash_storage *storage,
+                                                         const char *location, uint64_t readahead,
+                                                         dflash_storage_safetensors **out);
+DFLASH_API void dflash_storage_safetensors_free(dflash_storage_safetensors *f);
 /* Tensors are ordered by name, as in dflash_safetensors_get. */
-DFLASH_API size_t dflash_storage_st_count(const dflash_storage_st *f);
-DFLASH_API dflash_status dflash_storage_st_get(const dflash_storage_st *f, size_t index,
-                                               dflash_tensor *out);
-DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, const char *name,
-                                                dflash_tensor *out);
+DFLASH_API size_t dflash_storage_safetensors_count(const dflash_storage_safetensors *f);
+DFLASH_API dflash_status dflash_storage_safetensors_get(const dflash_storage_safetensors *f,
+                                                        size_t index, dflash_tensor *out);
+DFLASH_API dflash_status dflash_storage_safetensors_find(const dflash_storage_safetensors *f,
+                                                         const char *name, dflash_tensor *out);
 /* `__metadata__` value for `key` (borrowed); DFLASH_E_NOT_FOUND when absent. */
-DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st *f,
-                                                         const char *key, const char **value);
+DFLASH_API dflash_status dflash_storage_safetensors_metadata_find(
+    const dflash_storage_safetensors *f, const char *key, const char **value);
 /* Copy tensor `name` into `buf`; DFLASH_E_BUFFER (and *needed) when buf_len
  * is smaller than the tensor. `needed` may be NULL. */
-DFLASH_API dflash_status dflash_storage_st_read(dflash_storage_st *f, const char *name, void *buf,
-                                                size_t buf_len, uint64_t *needed);
+DFLASH_API dflash_status dflash_storage_safetensors_read(dflash_storage_safetensors *f,
+                                                         const char *name, void *buf,
+                                                         size_t buf_len, uint64_t *needed);
 
 #ifdef __cplusplus
 }

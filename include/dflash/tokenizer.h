@@ -124,7 +124,7 @@ DFLASH_API dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *to
  */
 DFLASH_API dflash_status dflash_tokenizer_id_to_token(const dflash_tokenizer *tok, int32_t id,
                                                       const char **bytes, size_t *len,
-                                                      int *is_special);
+                                                      int32_t *is_special);
 
 #ifdef __cplusplus
 }

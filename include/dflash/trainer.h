@@ -21,7 +21,7 @@ extern "C" {
 
 /* Default loss decay gamma for a block size: 7 (B=16), 5 (B=10), 4 (B=8),
  * B/2 otherwise. */
-DFLASH_API double dflash_default_loss_gamma(int32_t block_size);
+DFLASH_API double dflash_trainer_default_loss_gamma(int32_t block_size);
 
 /*
  * Anchor sampling (spec): candidates are positions p with loss_mask[p] &&
@@ -30,7 +30,7 @@ DFLASH_API double dflash_default_loss_gamma(int32_t block_size);
  * return them sorted in `out` (capacity max_anchors), count in *n_out. A
  * sample with fewer than 2*block_size supervised tokens yields *n_out = 0.
  */
-DFLASH_API dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len,
+DFLASH_API dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len,
                                                int32_t block_size, int32_t max_anchors,
                                                uint64_t seed, uint64_t stream, int32_t *out,
                                                int32_t *n_out);
@@ -51,7 +51,7 @@ typedef struct dflash_trainer_options {
   double warmup_ratio;           /* of total_steps (0.04) */
   int64_t total_steps;           /* for the cosine schedule; 0: constant lr after warm-up */
   double min_lr_ratio;           /* cosine floor as a fraction of lr (0) */
-  double loss_gamma;             /* 0: dflash_default_loss_gamma(B); < 0: no decay */
+  double loss_gamma;             /* 0: dflash_trainer_default_loss_gamma(B); < 0: no decay */
   int32_t num_anchors;           /* per sequence (512) */
   int32_t vocab_chunk;           /* LM-head columns per chunk (4096) */
   double init_std;               /* std of the normal init of linear weights (0.02) */
@@ -140,9 +140,9 @@ DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int3
  * sums. Rows past the last anchor are never read, and on CUDA never checked. The sample's
  * pointers need only stay valid until this returns.
  */
-struct dflash_train_sample;
+struct dflash_sample;
 DFLASH_API dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t,
-                                                          const struct dflash_train_sample *s,
+                                                          const struct dflash_sample *s,
                                                           const int32_t *anchors, int32_t n_anchors,
                                                           double grad_scale);
 /* sum(w*CE) and sum(w) (either may be NULL) of the accumulate_sample calls since the last
@@ -252,10 +252,10 @@ DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int3
  * anchors per sample (the training rule, seeded by `seed`); per-position
  * accuracy into acc [B-1] (may be NULL).
  */
-DFLASH_API dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir,
-                                           const char *hidden_dir, int32_t anchors_per_seq,
-                                           uint64_t seed, double *tau, double *acc,
-                                           int64_t *n_blocks);
+DFLASH_API dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir,
+                                             const char *hidden_dir, int32_t anchors_per_seq,
+                                             uint64_t seed, double *tau, double *acc,
+                                             int64_t *n_blocks);
 
 /*
  * The speculative walk: what greedy speculative decoding gains on a sequence
@@ -319,12 +319,12 @@ DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
 
 /*
  * dflash_trainer_walk over every sample of a held-out dataset, plus the
- * acceptance at every position (the exact value that dflash_train_eval's
+ * acceptance at every position (the exact value that dflash_trainer_eval's
  * sampled anchors estimate). Standard errors treat sequences as the
  * independent units: se(sum x / sum n) by the delta method.
  */
-DFLASH_API dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
-                                                const char *hidden_dir, dflash_eval_walk *w);
+DFLASH_API dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
+                                                  const char *hidden_dir, dflash_eval_walk *w);
 
 
 /* ---- GPU memory plan (CUDA backend) --------------------------------------- */

@@ -91,7 +91,7 @@ dflash_status dflash_chat_conversation_normalize_nfc(dflash_chat_conversation *c
   return st ? df_error_wrap(st, "conversation") : DFLASH_OK;
 }
 
-dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int *nfc) {
+dflash_status dflash_chat_tokenizer_nfc(const struct dflash_tokenizer *tok, int32_t *nfc) {
   DF_CHECK_ARG(tok && nfc);
   /* "e" + COMBINING ACUTE ACCENT composes to U+00E9 under NFC and under no
    * other normalisation this tokenizer supports. */

@@ -7,7 +7,7 @@
 int df_cuda_device_count(int *count, char *msg, size_t msg_len);
 #endif
 
-DFLASH_API dflash_status dflash_cuda_device_count(int *count) {
+DFLASH_API dflash_status dflash_cuda_device_count(int32_t *count) {
   DF_CHECK_ARG(count);
   *count = 0;
 #ifdef DFLASH_HAVE_CUDA

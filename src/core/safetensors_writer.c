@@ -13,7 +13,7 @@
 
 enum writer_state { W_DECLARING, W_WRITING, W_FINISHED, W_FAILED };
 
-struct dflash_st_writer {
+struct dflash_safetensors_writer {
   df_atomic_file file;
   json_t *tensors; /* name -> info, in declaration order */
   json_t *meta;
@@ -22,10 +22,11 @@ struct dflash_st_writer {
   enum writer_state state;
 };
 
-DFLASH_API dflash_status dflash_st_writer_create(const char *path, dflash_st_writer **out) {
+DFLASH_API dflash_status dflash_safetensors_writer_create(const char *path,
+                                                          dflash_safetensors_writer **out) {
   DF_CHECK_ARG(path && out);
   *out = NULL;
-  dflash_st_writer *w = calloc(1, sizeof *w);
+  dflash_safetensors_writer *w = calloc(1, sizeof *w);
   if (!w) return df_error_nomem("safetensors writer");
   w->file.fd = -1;
   w->tensors = json_object();
@@ -33,21 +34,21 @@ DFLASH_API dflash_status dflash_st_writer_create(const char *path, dflash_st_wri
   dflash_status st = (w->tensors && w->meta) ? df_atomic_open(path, &w->file)
                                              : df_error_nomem("safetensors writer");
   if (st) {
-    dflash_st_writer_free(w);
+    dflash_safetensors_writer_free(w);
     return st;
   }
   *out = w;
   return DFLASH_OK;
 }
 
-static dflash_status require_declaring(const dflash_st_writer *w, const char *what) {
+static dflash_status require_declaring(const dflash_safetensors_writer *w, const char *what) {
   if (w->state != W_DECLARING)
     return df_error(DFLASH_E_STATE, "%s: %s after data was written", w->file.path, what);
   return DFLASH_OK;
 }
 
-DFLASH_API dflash_status dflash_st_writer_metadata(dflash_st_writer *w, const char *key,
-                                                   const char *value) {
+DFLASH_API dflash_status dflash_safetensors_writer_metadata(dflash_safetensors_writer *w,
+                                                            const char *key, const char *value) {
   DF_CHECK_ARG(w && key && value);
   dflash_status st = require_declaring(w, "metadata added");
   if (st) return st;
@@ -72,9 +73,9 @@ static json_t *tensor_info(dflash_dtype dtype, uint32_t ndim, const int64_t *sha
                    "data_offsets", (json_int_t)begin, (json_int_t)end);
 }
 
-DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const char *name,
-                                                  dflash_dtype dtype, uint32_t ndim,
-                                                  const int64_t *shape) {
+DFLASH_API dflash_status dflash_safetensors_writer_declare(dflash_safetensors_writer *w,
+                                                           const char *name, dflash_dtype dtype,
+                                                           uint32_t ndim, const int64_t *shape) {
   DF_CHECK_ARG(w && name && (shape || ndim == 0));
   dflash_status st = require_declaring(w, "tensor declared");
   if (st) return st;
@@ -103,7 +104,7 @@ DFLASH_API dflash_status dflash_st_writer_declare(dflash_st_writer *w, const cha
 
 /* Header: metadata first, then tensors in declaration order, padded with
  * spaces so the data section starts 8-byte aligned (as Python's writer does). */
-static dflash_status write_header(dflash_st_writer *w) {
+static dflash_status write_header(dflash_safetensors_writer *w) {
   json_t *root = json_object();
   if (!root) return df_error_nomem("header");
   /* A failed set or update (out of memory) would write a header without those tensors. */
@@ -125,7 +126,8 @@ static dflash_status write_header(dflash_st_writer *w) {
   return st;
 }
 
-DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void *data, size_t n) {
+DFLASH_API dflash_status dflash_safetensors_writer_write(dflash_safetensors_writer *w,
+                                                         const void *data, size_t n) {
   DF_CHECK_ARG(w && (data || n == 0));
   if (w->state == W_FINISHED || w->state == W_FAILED)
     return df_error(DFLASH_E_STATE, "%s: write after the writer %s",
@@ -150,9 +152,10 @@ DFLASH_API dflash_status dflash_st_writer_write(dflash_st_writer *w, const void 
   return DFLASH_OK;
 }
 
-DFLASH_API dflash_status dflash_st_writer_finish(dflash_st_writer *w) {
+DFLASH_API dflash_status dflash_safetensors_writer_commit(dflash_safetensors_writer *w) {
   DF_CHECK_ARG(w);
-  dflash_status st = dflash_st_writer_write(w, "", 0); /* writes the header if no data came */
+  dflash_status st = dflash_safetensors_writer_write(w, "",
+                                                     0); /* writes the header if no data came */
   if (st) return st;
   if (w->written != w->total)
     return df_error(DFLASH_E_TRUNCATED, "%s: only %llu of %llu declared bytes were written",
@@ -165,7 +168,7 @@ DFLASH_API dflash_status dflash_st_writer_finish(dflash_st_writer *w) {
   return DFLASH_OK;
 }
 
-DFLASH_API void dflash_st_writer_free(dflash_st_writer *w) {
+DFLASH_API void dflash_safetensors_writer_free(dflash_safetensors_writer *w) {
   if (!w) return;
   df_atomic_abort(&w->file); /* removes the temporary file of an unfinished writer */
   json_decref(w->tensors);

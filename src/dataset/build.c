@@ -375,7 +375,7 @@ static dflash_status produce(df_build *b, const char *const *inputs, size_t n_in
   if (!st) st = df_build_expand_inputs(b, inputs, n_inputs);
   if (!st) st = run_batches(b);
   df_build_close_input(b);
-  if (!st) st = dflash_dataset_writer_finish(b->writer);
+  if (!st) st = dflash_dataset_writer_commit(b->writer);
   dflash_status side = df_build_finish_side(b);
   return st ? st : side;
 }

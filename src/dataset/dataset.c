@@ -148,8 +148,8 @@ static dflash_status create_writer(const char *dir, const dflash_dataset_writer_
   return DFLASH_OK;
 }
 
-static dflash_status write_tensor(dflash_st_writer *sw, const df_buf *b) {
-  return dflash_st_writer_write(sw, b->data ? b->data : "", b->len);
+static dflash_status write_tensor(dflash_safetensors_writer *sw, const df_buf *b) {
+  return dflash_safetensors_writer_write(sw, b->data ? b->data : "", b->len);
 }
 
 static dflash_status flush_shard(dflash_dataset_writer *w) {
@@ -159,27 +159,27 @@ static dflash_status flush_shard(dflash_dataset_writer *w) {
   snprintf(name, sizeof name, "shard-%05zu.safetensors", json_array_size(w->shards));
   char *path = df_path_join(w->dir, name);
   char *ids_json = json_dumps(w->sample_ids, JSON_COMPACT | JSON_ENSURE_ASCII);
-  dflash_st_writer *sw = NULL;
-  dflash_status st = (path && ids_json) ? dflash_st_writer_create(path, &sw)
+  dflash_safetensors_writer *sw = NULL;
+  dflash_status st = (path && ids_json) ? dflash_safetensors_writer_create(path, &sw)
                                         : df_error_nomem("shard");
   int64_t n_tok = (int64_t)(w->ids.len / sizeof(int32_t)), n_off = (int64_t)n_samples + 1;
-  if (!st) st = dflash_st_writer_metadata(sw, "sample_ids", ids_json);
+  if (!st) st = dflash_safetensors_writer_metadata(sw, "sample_ids", ids_json);
   /* Stored in declaration order, widest first, so every tensor is aligned to
    * its element size in the (8-aligned) data section: offsets, input_ids,
    * loss_mask. Readers find them by name. */
-  if (!st) st = dflash_st_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
-  if (!st) st = dflash_st_writer_declare(sw, "input_ids", DFLASH_DTYPE_I32, 1, &n_tok);
-  if (!st) st = dflash_st_writer_declare(sw, "loss_mask", DFLASH_DTYPE_U8, 1, &n_tok);
+  if (!st) st = dflash_safetensors_writer_declare(sw, "offsets", DFLASH_DTYPE_I64, 1, &n_off);
+  if (!st) st = dflash_safetensors_writer_declare(sw, "input_ids", DFLASH_DTYPE_I32, 1, &n_tok);
+  if (!st) st = dflash_safetensors_writer_declare(sw, "loss_mask", DFLASH_DTYPE_U8, 1, &n_tok);
   if (!st) st = write_tensor(sw, &w->offsets);
   if (!st) st = write_tensor(sw, &w->ids);
   if (!st) st = write_tensor(sw, &w->mask);
-  if (!st) st = dflash_st_writer_finish(sw);
+  if (!st) st = dflash_safetensors_writer_commit(sw);
   if (!st) st = publish(w, name, true);
   if (!st && json_array_append_new(w->shards,
                                    json_pack("{s:s,s:I,s:I}", "file", name, "samples",
                                              (json_int_t)n_samples, "tokens", (json_int_t)n_tok)))
     st = df_error_nomem("manifest");
-  dflash_st_writer_free(sw);
+  dflash_safetensors_writer_free(sw);
   free(path);
   free(ids_json);
   return st ? st : start_shard(w);
@@ -233,7 +233,7 @@ static json_t *manifest_json(const dflash_dataset_writer *w) {
   return lost ? NULL : m;
 }
 
-dflash_status dflash_dataset_writer_finish(dflash_dataset_writer *w) {
+dflash_status dflash_dataset_writer_commit(dflash_dataset_writer *w) {
   DF_CHECK_ARG(w);
   if (w->finished) return df_error(DFLASH_E_STATE, "dataset writer: already finished");
   dflash_status st = flush_shard(w);

@@ -217,7 +217,7 @@ dflash_status df_out_append(df_out *o, const json_t *record) {
   if (!text) return df_error_nomem("record");
   size_t n = strlen(text);
   if (o->cw) {
-    dflash_status cs = dflash_chunk_writer_append(o->cw, text, n);
+    dflash_status cs = dflash_chunk_writer_add(o->cw, text, n);
     free(text);
     if (!cs) o->records++;
     return cs;
@@ -247,9 +247,10 @@ dflash_status df_out_sync(df_out *o, double interval, double now) {
 }
 
 void df_out_close(df_out *o) {
-  if (o->cw && dflash_chunk_writer_close(o->cw))
+  if (o->cw && dflash_chunk_writer_commit(o->cw))
     df_log(DFLASH_LOG_ERROR, "%s: last chunk not uploaded (its records are redone on resume): %s",
            o->path, dflash_last_error());
+  dflash_chunk_writer_free(o->cw);
   if (o->fd >= 0) {
     if (o->dirty && fdatasync(o->fd) != 0) df_log(DFLASH_LOG_ERROR, "%s: fsync failed", o->path);
     close(o->fd);

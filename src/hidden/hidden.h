@@ -89,8 +89,8 @@ DF_MUST_CHECK dflash_status df_spool_pressure(dflash_spool *sp, int32_t epoch, u
 void df_spool_forget(dflash_spool *sp, int32_t epoch, uint64_t shard);
 /* dflash_spool_next without the sample's data (not read, decoded or checked): its id and
  * length, for a training process that leaves it to another rank. */
-DF_MUST_CHECK dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out,
-                                          int *end_of_epoch);
+DF_MUST_CHECK dflash_status df_spool_pass(dflash_spool *sp, dflash_sample *out,
+                                          int32_t *end_of_epoch);
 /* Several consumers of one spool, each this one's share (the ranks of a training run): the
  * usable sample k of an epoch (counted from 0, in the producer's order) is this consumer's when
  * k mod global_batch is in [lo, hi). On S3 it then reads each shard's header and only its

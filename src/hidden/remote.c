@@ -24,7 +24,7 @@ typedef struct rentry {
 struct df_rhidden {
   dflash_storage *st;
   pthread_mutex_t mu;
-  dflash_storage_st **shards;
+  dflash_storage_safetensors **shards;
   size_t n_shards;
   rentry *ents; /* every tensor of every shard, sorted by name */
   size_t n;
@@ -51,8 +51,8 @@ static dflash_status open_shards(df_rhidden *r, const char *url) {
     const char *loc;
     if ((s = dflash_storage_listing_get(l, i, &loc, NULL))) break;
     if (!is_shard(loc, plen)) continue;
-    s = dflash_storage_st_open(r->st, loc, DF_RHIDDEN_READAHEAD, &r->shards[r->n_shards]);
-    if (!s) r->n += dflash_storage_st_count(r->shards[r->n_shards++]);
+    s = dflash_storage_safetensors_open(r->st, loc, DF_RHIDDEN_READAHEAD, &r->shards[r->n_shards]);
+    if (!s) r->n += dflash_storage_safetensors_count(r->shards[r->n_shards++]);
   }
   if (!s && r->n_shards == 0)
     s = df_error(DFLASH_E_NOT_FOUND, "%s: no hidden-*.safetensors shards under this prefix", url);
@@ -65,9 +65,9 @@ static dflash_status index_tensors(df_rhidden *r) {
   if (!(r->ents = malloc((r->n + 1) * sizeof *r->ents))) return df_error_nomem("tensor index");
   size_t k = 0;
   for (size_t s = 0; s < r->n_shards; s++)
-    for (size_t i = 0; i < dflash_storage_st_count(r->shards[s]); i++) {
+    for (size_t i = 0; i < dflash_storage_safetensors_count(r->shards[s]); i++) {
       dflash_tensor t = {.struct_size = sizeof t};
-      dflash_status st = dflash_storage_st_get(r->shards[s], i, &t);
+      dflash_status st = dflash_storage_safetensors_get(r->shards[s], i, &t);
       if (st) return st;
       r->ents[k++] = (rentry){t.name, (uint32_t)s};
     }
@@ -101,7 +101,7 @@ dflash_status df_rhidden_open(const char *url, df_rhidden **out) {
 
 void df_rhidden_free(df_rhidden *r) {
   if (!r) return;
-  for (size_t i = 0; i < r->n_shards; i++) dflash_storage_st_free(r->shards[i]);
+  for (size_t i = 0; i < r->n_shards; i++) dflash_storage_safetensors_free(r->shards[i]);
   free(r->shards);
   free(r->ents);
   dflash_storage_free(r->st);
@@ -110,14 +110,14 @@ void df_rhidden_free(df_rhidden *r) {
 }
 
 dflash_status df_rhidden_meta(const df_rhidden *r, const char *key, const char **value) {
-  return dflash_storage_st_metadata_find(r->shards[0], key, value);
+  return dflash_storage_safetensors_metadata_find(r->shards[0], key, value);
 }
 
 size_t df_rhidden_count(const df_rhidden *r) { return r->n; }
 
 void df_rhidden_get(const df_rhidden *r, size_t i, dflash_tensor *t) {
   /* Cannot fail: the entry was read from this shard's own index (build_index). */
-  DF_IGNORE(dflash_storage_st_find(r->shards[r->ents[i].shard], r->ents[i].name, t));
+  DF_IGNORE(dflash_storage_safetensors_find(r->shards[r->ents[i].shard], r->ents[i].name, t));
 }
 
 static const rentry *lookup(const df_rhidden *r, const char *name) {
@@ -128,14 +128,14 @@ static const rentry *lookup(const df_rhidden *r, const char *name) {
 dflash_status df_rhidden_find(const df_rhidden *r, const char *name, dflash_tensor *t) {
   const rentry *e = lookup(r, name);
   if (!e) return DFLASH_E_NOT_FOUND;
-  return dflash_storage_st_find(r->shards[e->shard], name, t);
+  return dflash_storage_safetensors_find(r->shards[e->shard], name, t);
 }
 
 dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len) {
   const rentry *e = lookup(r, name);
   if (!e) return df_error(DFLASH_E_NOT_FOUND, "no tensor %s in the remote store", name);
   pthread_mutex_lock(&r->mu);
-  dflash_status s = dflash_storage_st_read(r->shards[e->shard], name, buf, len, NULL);
+  dflash_status s = dflash_storage_safetensors_read(r->shards[e->shard], name, buf, len, NULL);
   pthread_mutex_unlock(&r->mu);
   return s;
 }

@@ -389,7 +389,7 @@ static dflash_status spool_tids(dflash_spool *sp, const sp_tensor *t, const int3
 }
 
 /* A sample decoded to float32 into sp->buf, checked for NaN/Inf and all-zero layers. */
-static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_spool_sample *out) {
+static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_sample *out) {
   size_t width = (size_t)sp->K * sp->H, need = (size_t)t->len * width;
   if (need > sp->cap) {
     free(sp->buf);
@@ -430,7 +430,7 @@ static dflash_status next_tensor(dflash_spool *sp, const sp_tensor **t) {
   return s;
 }
 
-dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+dflash_status df_spool_pass(dflash_spool *sp, dflash_sample *out, int32_t *end_of_epoch) {
   const sp_tensor *t;
   dflash_status s = next_tensor(sp, &t);
   if (s) return s;
@@ -443,7 +443,7 @@ dflash_status df_spool_pass(dflash_spool *sp, dflash_spool_sample *out, int *end
 }
 
 /* The next sample into the library's struct `out` (zeroed, at this library's size). */
-static dflash_status spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+static dflash_status spool_next(dflash_spool *sp, dflash_sample *out, int32_t *end_of_epoch) {
   const sp_tensor *t;
   dflash_status s = next_tensor(sp, &t);
   if (s) return s;
@@ -455,17 +455,16 @@ static dflash_status spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
     if ((s = df_hidden_check_codes(t->id, sp->dtype, t->codes, t->scales, t->len, sp->K, sp->H)) ||
         (s = spool_tids(sp, t, &tids)))
       return s;
-    *out = (dflash_spool_sample){.struct_size = sizeof *out,
-                                 .id = t->id,
-                                 .len = t->len,
-                                 .epoch = sp->epoch,
-                                 .shard = sp->shard,
-                                 .offset = sp->offset,
-                                 .target_ids = tids,
-                                 .hidden_dtype = sp->dtype,
-                                 .hidden_codes = t->codes,
-                                 .hidden_scales = sp->dtype == DFLASH_HIDDEN_FP8_E4M3 ? t->scales
-                                                                                      : NULL};
+    *out = (dflash_sample){.struct_size = sizeof *out,
+                           .id = t->id,
+                           .len = t->len,
+                           .epoch = sp->epoch,
+                           .shard = sp->shard,
+                           .offset = sp->offset,
+                           .target_ids = tids,
+                           .hidden_dtype = sp->dtype,
+                           .hidden_codes = t->codes,
+                           .hidden_scales = sp->dtype == DFLASH_HIDDEN_FP8_E4M3 ? t->scales : NULL};
   } else if ((s = decode_sample(sp, t, out))) {
     return s;
   }
@@ -473,13 +472,13 @@ static dflash_status spool_next(dflash_spool *sp, dflash_spool_sample *out, int 
   return DFLASH_OK;
 }
 
-dflash_status dflash_spool_next(dflash_spool *sp, dflash_spool_sample *out, int *end_of_epoch) {
+dflash_status dflash_spool_next(dflash_spool *sp, dflash_sample *out, int32_t *end_of_epoch) {
   DF_CHECK_ARG(sp && out && end_of_epoch);
-  dflash_spool_sample v = {.struct_size = sizeof v};
+  dflash_sample v = {.struct_size = sizeof v};
   /* The caller's struct_size is checked (and its struct cleared) before a sample is taken. */
-  dflash_status s = df_opts_out(out, &v, sizeof v, "dflash_spool_sample");
+  dflash_status s = df_opts_out(out, &v, sizeof v, "dflash_sample");
   if (!s) s = spool_next(sp, &v, end_of_epoch);
-  if (!s && !*end_of_epoch) s = df_opts_out(out, &v, sizeof v, "dflash_spool_sample");
+  if (!s && !*end_of_epoch) s = df_opts_out(out, &v, sizeof v, "dflash_sample");
   return s;
 }
 

@@ -292,46 +292,43 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   return st;
 }
 
-dflash_status dflash_hidden_writer_append(dflash_hidden_writer *w, const char *sample_id,
-                                          const float *states, int64_t len) {
-  DF_CHECK_ARG(states);
-  return append(w, sample_id, states, NULL, NULL, len);
+static void hidden_rows_defaults(dflash_hidden_rows *r) {
+  memset(r, 0, sizeof *r);
+  r->struct_size = sizeof *r;
+  r->dtype = DFLASH_DTYPE_F32;
 }
 
-dflash_status dflash_hidden_writer_append_bf16(dflash_hidden_writer *w, const char *sample_id,
-                                               const uint16_t *states, int64_t len) {
-  DF_CHECK_ARG(states);
-  return append(w, sample_id, NULL, states, NULL, len);
+DF_DEFINE_INIT(dflash_hidden_rows, hidden_rows_defaults)
+
+dflash_status dflash_hidden_writer_add(dflash_hidden_writer *w, const char *sample_id,
+                                       const dflash_hidden_rows *rows) {
+  DF_CHECK_ARG(rows);
+  dflash_hidden_rows r;
+  hidden_rows_defaults(&r);
+  dflash_status st = df_opts_in(&r, rows, sizeof r, "dflash_hidden_rows");
+  if (st) return st;
+  DF_CHECK_ARG(r.states);
+  if (r.dtype != DFLASH_DTYPE_F32 && r.dtype != DFLASH_DTYPE_BF16)
+    return df_error(DFLASH_E_DTYPE, "sample %s: rows of dtype %d: F32 or BF16 are taken",
+                    sample_id ? sample_id : "(null)", r.dtype);
+  int bf16 = r.dtype == DFLASH_DTYPE_BF16;
+  return append(w, sample_id, bf16 ? NULL : r.states, bf16 ? r.states : NULL, r.target_ids, r.len);
 }
 
-dflash_status dflash_hidden_writer_append_target(dflash_hidden_writer *w, const char *sample_id,
-                                                 const float *states, const int32_t *target_ids,
-                                                 int64_t len) {
-  DF_CHECK_ARG(states && target_ids);
-  return append(w, sample_id, states, NULL, target_ids, len);
-}
-
-dflash_status dflash_hidden_writer_append_bf16_target(dflash_hidden_writer *w,
-                                                      const char *sample_id, const uint16_t *states,
-                                                      const int32_t *target_ids, int64_t len) {
-  DF_CHECK_ARG(states && target_ids);
-  return append(w, sample_id, NULL, states, target_ids, len);
-}
-
-static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_st_writer *sw) {
+static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_safetensors_writer *sw) {
   char k[32], h[32];
   snprintf(k, sizeof k, "%d", w->K);
   snprintf(h, sizeof h, "%d", w->H);
-  dflash_status st = dflash_st_writer_metadata(sw, "format", DF_HIDDEN_FORMAT);
-  if (!st) st = dflash_st_writer_metadata(sw, "num_layers", k);
-  if (!st) st = dflash_st_writer_metadata(sw, "hidden_size", h);
-  if (!st) st = dflash_st_writer_metadata(sw, "dtype", df_hidden_dtype_name(w->dtype));
+  dflash_status st = dflash_safetensors_writer_metadata(sw, "format", DF_HIDDEN_FORMAT);
+  if (!st) st = dflash_safetensors_writer_metadata(sw, "num_layers", k);
+  if (!st) st = dflash_safetensors_writer_metadata(sw, "hidden_size", h);
+  if (!st) st = dflash_safetensors_writer_metadata(sw, "dtype", df_hidden_dtype_name(w->dtype));
   return st;
 }
 
 dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *path) {
-  dflash_st_writer *sw;
-  dflash_status st = dflash_st_writer_create(path, &sw);
+  dflash_safetensors_writer *sw;
+  dflash_status st = dflash_safetensors_writer_create(path, &sw);
   if (st) return st;
   st = shard_metadata(w, sw);
   bool fp8 = w->dtype == DFLASH_HIDDEN_FP8_E4M3;
@@ -340,22 +337,23 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
     const pending *p = &w->buf[i];
     int64_t shape[2] = {p->len, (int64_t)w->K * w->H}, sshape[2] = {p->len, w->K};
     snprintf(name, sizeof name, "h/%s", p->id);
-    st = dflash_st_writer_declare(sw, name, fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16, 2,
-                                  shape);
+    st = dflash_safetensors_writer_declare(sw, name, fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16,
+                                           2, shape);
     snprintf(name, sizeof name, "s/%s", p->id);
-    if (!st && fp8) st = dflash_st_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, sshape);
+    if (!st && fp8) st = dflash_safetensors_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, sshape);
     snprintf(name, sizeof name, "t/%s", p->id);
-    if (!st && p->tids) st = dflash_st_writer_declare(sw, name, DFLASH_DTYPE_I32, 1, shape);
+    if (!st && p->tids)
+      st = dflash_safetensors_writer_declare(sw, name, DFLASH_DTYPE_I32, 1, shape);
   }
   for (size_t i = 0; !st && i < w->n_buf; i++) {
     const pending *p = &w->buf[i];
     size_t n = (size_t)p->len * w->K * w->H;
-    st = dflash_st_writer_write(sw, p->data, fp8 ? n : 2 * n);
-    if (!st && fp8) st = dflash_st_writer_write(sw, p->scales, (size_t)p->len * w->K * 4);
-    if (!st && p->tids) st = dflash_st_writer_write(sw, p->tids, (size_t)p->len * 4);
+    st = dflash_safetensors_writer_write(sw, p->data, fp8 ? n : 2 * n);
+    if (!st && fp8) st = dflash_safetensors_writer_write(sw, p->scales, (size_t)p->len * w->K * 4);
+    if (!st && p->tids) st = dflash_safetensors_writer_write(sw, p->tids, (size_t)p->len * 4);
   }
-  if (!st) st = dflash_st_writer_finish(sw);
-  dflash_st_writer_free(sw);
+  if (!st) st = dflash_safetensors_writer_commit(sw);
+  dflash_safetensors_writer_free(sw);
   return st;
 }
 
@@ -404,7 +402,7 @@ void df_hidden_writer_drop_buffer(dflash_hidden_writer *w) {
   w->buf_bytes = 0;
 }
 
-dflash_status dflash_hidden_writer_finish(dflash_hidden_writer *w) {
+dflash_status dflash_hidden_writer_commit(dflash_hidden_writer *w) {
   DF_CHECK_ARG(w);
   if (w->finished) return DFLASH_OK;
   dflash_status st = dflash_hidden_writer_flush(w);

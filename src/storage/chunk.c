@@ -18,6 +18,7 @@ struct dflash_chunk_writer {
   double opened_at;   /* when the first record of the open chunk came */
   uint64_t seq;       /* of the open chunk */
   char *last;         /* location of the last committed chunk */
+  bool committed;     /* after dflash_chunk_writer_commit: no more records */
 };
 
 static void chunk_writer_options_defaults(dflash_chunk_writer_options *o) {
@@ -124,9 +125,11 @@ static bool too_old(const dflash_chunk_writer *w) {
   return w->n_records && w->max_seconds > 0 && df_now_seconds() - w->opened_at >= w->max_seconds;
 }
 
-DFLASH_API dflash_status dflash_chunk_writer_append(dflash_chunk_writer *w, const char *record,
-                                                    size_t len) {
+DFLASH_API dflash_status dflash_chunk_writer_add(dflash_chunk_writer *w, const char *record,
+                                                 size_t len) {
   DF_CHECK_ARG(w && record);
+  if (w->committed)
+    return df_error(DFLASH_E_STATE, "%s%s: chunk writer already committed", w->prefix, w->name);
   if (len && record[len - 1] == '\n') len--;
   if (!len) return df_error(DFLASH_E_FORMAT, "%s%s: empty record", w->prefix, w->name);
   if (memchr(record, '\n', len))
@@ -156,10 +159,11 @@ DFLASH_API const char *dflash_chunk_writer_last_chunk(const dflash_chunk_writer 
   return w && w->last ? w->last : "";
 }
 
-DFLASH_API dflash_status dflash_chunk_writer_close(dflash_chunk_writer *w) {
-  if (!w) return DFLASH_OK;
+DFLASH_API dflash_status dflash_chunk_writer_commit(dflash_chunk_writer *w) {
+  DF_CHECK_ARG(w);
+  if (w->committed) return DFLASH_OK;
   dflash_status s = dflash_chunk_writer_flush(w);
-  dflash_chunk_writer_free(w);
+  if (!s) w->committed = true; /* a failed upload stays buffered: commit can be retried */
   return s;
 }
 

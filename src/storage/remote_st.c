@@ -12,7 +12,7 @@
 #define DF_ST_DEFAULT_READAHEAD (16u << 20)
 #define DF_ST_HEADER_LIMIT (100u * 1000u * 1000u) /* as the local reader */
 
-struct dflash_storage_st {
+struct dflash_storage_safetensors {
   dflash_storage *st;
   char *location;
   uint64_t size;
@@ -24,7 +24,7 @@ struct dflash_storage_st {
   size_t win_len;
 };
 
-DFLASH_API void dflash_storage_st_free(dflash_storage_st *f) {
+DFLASH_API void dflash_storage_safetensors_free(dflash_storage_safetensors *f) {
   if (!f) return;
   df_st_file_clear(&f->file);
   free(f->by_name);
@@ -34,7 +34,7 @@ DFLASH_API void dflash_storage_st_free(dflash_storage_st *f) {
 }
 
 /* Fill the window with up to `readahead` bytes at `offset`. */
-static dflash_status fill_window(dflash_storage_st *f, uint64_t offset) {
+static dflash_status fill_window(dflash_storage_safetensors *f, uint64_t offset) {
   uint64_t want = f->size - offset < f->readahead ? f->size - offset : f->readahead;
   size_t got = 0;
   dflash_status s = dflash_storage_read_range(f->st, f->location, offset, f->win, (size_t)want,
@@ -53,7 +53,7 @@ static int cmp_name(const void *a, const void *b) {
 
 /* Parse the header: from the window when it holds it all, else from a
  * second read of exactly the header. */
-static dflash_status parse_header(dflash_storage_st *f) {
+static dflash_status parse_header(dflash_storage_safetensors *f) {
   df_st_file *h = &f->file;
   h->path = f->location;
   h->size = f->size;
@@ -83,11 +83,12 @@ static dflash_status parse_header(dflash_storage_st *f) {
   return s;
 }
 
-DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *location,
-                                                uint64_t readahead, dflash_storage_st **out) {
+DFLASH_API dflash_status dflash_storage_safetensors_open(dflash_storage *st, const char *location,
+                                                         uint64_t readahead,
+                                                         dflash_storage_safetensors **out) {
   DF_CHECK_ARG(st && location && out);
   *out = NULL;
-  dflash_storage_st *f = calloc(1, sizeof *f);
+  dflash_storage_safetensors *f = calloc(1, sizeof *f);
   if (!f) return df_error_nomem("remote safetensors");
   f->st = st;
   f->readahead = readahead ? readahead : DF_ST_DEFAULT_READAHEAD;
@@ -103,7 +104,7 @@ DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *
   if (!s && !(f->by_name = calloc(f->file.n_entries + 1, sizeof *f->by_name)))
     s = df_error_nomem("tensor index");
   if (s) {
-    dflash_storage_st_free(f);
+    dflash_storage_safetensors_free(f);
     return s;
   }
   for (size_t i = 0; i < f->file.n_entries; i++) f->by_name[i] = &f->file.entries[i];
@@ -112,11 +113,12 @@ DFLASH_API dflash_status dflash_storage_st_open(dflash_storage *st, const char *
   return DFLASH_OK;
 }
 
-DFLASH_API size_t dflash_storage_st_count(const dflash_storage_st *f) {
+DFLASH_API size_t dflash_storage_safetensors_count(const dflash_storage_safetensors *f) {
   return f ? f->file.n_entries : 0;
 }
 
-static dflash_status view(const dflash_storage_st *f, const df_st_entry *e, dflash_tensor *out) {
+static dflash_status view(const dflash_storage_safetensors *f, const df_st_entry *e,
+                          dflash_tensor *out) {
   dflash_tensor t = {.struct_size = sizeof t,
                      .name = e->name,
                      .dtype = e->dtype,
@@ -128,8 +130,8 @@ static dflash_status view(const dflash_storage_st *f, const df_st_entry *e, dfla
   return df_opts_out(out, &t, sizeof t, "dflash_tensor");
 }
 
-DFLASH_API dflash_status dflash_storage_st_get(const dflash_storage_st *f, size_t index,
-                                               dflash_tensor *out) {
+DFLASH_API dflash_status dflash_storage_safetensors_get(const dflash_storage_safetensors *f,
+                                                        size_t index, dflash_tensor *out) {
   DF_CHECK_ARG(f && out);
   if (index >= f->file.n_entries)
     return df_error(DFLASH_E_RANGE, "%s: tensor index %zu of %zu", f->location, index,
@@ -137,7 +139,7 @@ DFLASH_API dflash_status dflash_storage_st_get(const dflash_storage_st *f, size_
   return view(f, f->by_name[index], out);
 }
 
-static const df_st_entry *find(const dflash_storage_st *f, const char *name) {
+static const df_st_entry *find(const dflash_storage_safetensors *f, const char *name) {
   size_t lo = 0, hi = f->file.n_entries;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -149,16 +151,16 @@ static const df_st_entry *find(const dflash_storage_st *f, const char *name) {
   return NULL;
 }
 
-DFLASH_API dflash_status dflash_storage_st_find(const dflash_storage_st *f, const char *name,
-                                                dflash_tensor *out) {
+DFLASH_API dflash_status dflash_storage_safetensors_find(const dflash_storage_safetensors *f,
+                                                         const char *name, dflash_tensor *out) {
   DF_CHECK_ARG(f && name && out);
   const df_st_entry *e = find(f, name);
   if (!e) return df_error(DFLASH_E_NOT_FOUND, "%s: no tensor \"%s\"", f->location, name);
   return view(f, e, out);
 }
 
-DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st *f,
-                                                         const char *key, const char **value) {
+DFLASH_API dflash_status dflash_storage_safetensors_metadata_find(
+    const dflash_storage_safetensors *f, const char *key, const char **value) {
   DF_CHECK_ARG(f && key && value);
   for (size_t i = 0; i < f->file.n_meta; i++)
     if (!strcmp(f->file.meta_keys[i], key)) {
@@ -168,8 +170,9 @@ DFLASH_API dflash_status dflash_storage_st_metadata_find(const dflash_storage_st
   return df_error(DFLASH_E_NOT_FOUND, "%s: no metadata key \"%s\"", f->location, key);
 }
 
-DFLASH_API dflash_status dflash_storage_st_read(dflash_storage_st *f, const char *name, void *buf,
-                                                size_t buf_len, uint64_t *needed) {
+DFLASH_API dflash_status dflash_storage_safetensors_read(dflash_storage_safetensors *f,
+                                                         const char *name, void *buf,
+                                                         size_t buf_len, uint64_t *needed) {
   DF_CHECK_ARG(f && name && (buf || !buf_len));
   const df_st_entry *e = find(f, name);
   if (!e) return df_error(DFLASH_E_NOT_FOUND, "%s: no tensor \"%s\"", f->location, name);

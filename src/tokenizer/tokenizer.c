@@ -622,7 +622,7 @@ dflash_status dflash_tokenizer_token_to_id(const dflash_tokenizer *t, const char
 }
 
 dflash_status dflash_tokenizer_id_to_token(const dflash_tokenizer *t, int32_t id,
-                                           const char **bytes, size_t *len, int *is_special) {
+                                           const char **bytes, size_t *len, int32_t *is_special) {
   DF_CHECK_ARG(t && bytes && len);
   const df_vocab *v = &t->vocab;
   if (id < 0 || (uint32_t)id >= v->n_ids)

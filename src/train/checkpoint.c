@@ -22,32 +22,33 @@
 static dflash_status ensure_dir(const char *dir) { return df_mkdir_p(dir); }
 
 /* Stream `n` floats as F32 or BF16 through the writer. */
-static dflash_status write_floats(dflash_st_writer *w, const float *x, size_t n, bool bf16) {
-  if (!bf16) return dflash_st_writer_write(w, x, n * sizeof(float));
+static dflash_status write_floats(dflash_safetensors_writer *w, const float *x, size_t n,
+                                  bool bf16) {
+  if (!bf16) return dflash_safetensors_writer_write(w, x, n * sizeof(float));
   uint16_t buf[4096];
   for (size_t i = 0; i < n; i += DF_ARRAY_LEN(buf)) {
     size_t k = n - i < DF_ARRAY_LEN(buf) ? n - i : DF_ARRAY_LEN(buf);
     for (size_t j = 0; j < k; j++) buf[j] = df_f32_to_bf16(x[i + j]);
-    dflash_status st = dflash_st_writer_write(w, buf, k * sizeof(uint16_t));
+    dflash_status st = dflash_safetensors_writer_write(w, buf, k * sizeof(uint16_t));
     if (st) return st;
   }
   return DFLASH_OK;
 }
 
 static dflash_status write_model(const df_model *m, const char *path, bool bf16) {
-  dflash_st_writer *w;
-  dflash_status st = dflash_st_writer_create(path, &w);
+  dflash_safetensors_writer *w;
+  dflash_status st = dflash_safetensors_writer_create(path, &w);
   if (st) return st;
-  st = dflash_st_writer_metadata(w, "format", "pt");
+  st = dflash_safetensors_writer_metadata(w, "format", "pt");
   for (size_t i = 0; !st && i < m->n_tensors; i++) {
     const df_tensor_info *t = &m->tensors[i];
-    st = dflash_st_writer_declare(w, t->name, bf16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32,
-                                  (uint32_t)t->ndim, t->shape);
+    st = dflash_safetensors_writer_declare(w, t->name, bf16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32,
+                                           (uint32_t)t->ndim, t->shape);
   }
   for (size_t i = 0; !st && i < m->n_tensors; i++)
     st = write_floats(w, m->params + m->tensors[i].offset, m->tensors[i].numel, bf16);
-  if (!st) st = dflash_st_writer_finish(w);
-  dflash_st_writer_free(w);
+  if (!st) st = dflash_safetensors_writer_commit(w);
+  dflash_safetensors_writer_free(w);
   return st;
 }
 
@@ -180,29 +181,29 @@ dflash_status dflash_trainer_save_state(const dflash_trainer *t, const char *pat
   if (dflash_storage_is_remote(path)) return df_remote_save_state(t, path, user, user_len);
   const df_model *m = &t->m;
   char num[64];
-  dflash_st_writer *w;
+  dflash_safetensors_writer *w;
   dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2);
   if (!st && (t->be->not_on_host & (DF_BUF_M1 | DF_BUF_M2)))
     st = df_error(DFLASH_E_STATE,
                   "training state: this rank holds no host copy of the AdamW "
                   "moments (ZeRO-1 over several ranks: rank 0 gathers and writes the state)");
-  if (!st) st = dflash_st_writer_create(path, &w);
+  if (!st) st = dflash_safetensors_writer_create(path, &w);
   if (st) return st;
   int64_t n = (int64_t)m->n_params, ulen = (int64_t)user_len;
-  st = dflash_st_writer_metadata(w, "format", STATE_FORMAT);
+  st = dflash_safetensors_writer_metadata(w, "format", STATE_FORMAT);
   snprintf(num, sizeof num, "%lld", (long long)t->step);
-  if (!st) st = dflash_st_writer_metadata(w, "step", num);
+  if (!st) st = dflash_safetensors_writer_metadata(w, "step", num);
   snprintf(num, sizeof num, "%zu", m->n_tensors);
-  if (!st) st = dflash_st_writer_metadata(w, "n_tensors", num);
+  if (!st) st = dflash_safetensors_writer_metadata(w, "n_tensors", num);
   const char *names[] = {"params", "adam_m", "adam_v"};
   const float *bufs[] = {m->params, t->m1, t->m2};
   for (size_t i = 0; !st && i < 3; i++)
-    st = dflash_st_writer_declare(w, names[i], DFLASH_DTYPE_F32, 1, &n);
-  if (!st) st = dflash_st_writer_declare(w, "user", DFLASH_DTYPE_U8, 1, &ulen);
+    st = dflash_safetensors_writer_declare(w, names[i], DFLASH_DTYPE_F32, 1, &n);
+  if (!st) st = dflash_safetensors_writer_declare(w, "user", DFLASH_DTYPE_U8, 1, &ulen);
   for (size_t i = 0; !st && i < 3; i++) st = write_floats(w, bufs[i], m->n_params, false);
-  if (!st && user_len) st = dflash_st_writer_write(w, user, user_len);
-  if (!st) st = dflash_st_writer_finish(w);
-  dflash_st_writer_free(w);
+  if (!st && user_len) st = dflash_safetensors_writer_write(w, user, user_len);
+  if (!st) st = dflash_safetensors_writer_commit(w);
+  dflash_safetensors_writer_free(w);
   return st;
 }
 

@@ -109,7 +109,8 @@ dflash_status df_dflash2_validate(const dflash_drafter_config *cfg, const df_con
   return DFLASH_OK;
 }
 
-dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k, int32_t *out) {
+dflash_status dflash_drafter_default_target_layers(int32_t num_target_layers, int32_t k,
+                                                   int32_t *out) {
   DF_CHECK_ARG(out);
   if (k < 1 || k > DFLASH_DRAFTER_MAX_TARGET || num_target_layers < 1)
     return df_error(DFLASH_E_CONFIG,
@@ -131,7 +132,7 @@ dflash_status dflash_default_target_layers(int32_t num_target_layers, int32_t k,
   return DFLASH_OK;
 }
 
-double dflash_default_loss_gamma(int32_t block_size) {
+double dflash_trainer_default_loss_gamma(int32_t block_size) {
   switch (block_size) {
   case 16: return 7.0;
   case 10: return 5.0;
@@ -433,8 +434,8 @@ static dflash_status parse_dflash(const parser *p, json_t *root, dflash_drafter_
                     p->what);
   /* The reference trainer's default: one target layer per drafter layer. */
   c->n_target_layer_ids = c->num_hidden_layers;
-  return dflash_default_target_layers(c->num_target_layers, c->num_hidden_layers,
-                                      c->target_layer_ids);
+  return dflash_drafter_default_target_layers(c->num_target_layers, c->num_hidden_layers,
+                                              c->target_layer_ids);
 }
 
 /* ---- keys of models that libdflash does not implement ----------------------- */

@@ -1,7 +1,7 @@
 /*
  * Held-out evaluation of a drafter: acceptance at given anchors, the mean
- * over sampled anchors (dflash_train_eval), and the speculative walk
- * (dflash_trainer_walk, dflash_train_eval_walk) that chains anchors the way
+ * over sampled anchors (dflash_trainer_eval), and the speculative walk
+ * (dflash_trainer_walk, dflash_trainer_eval_walk) that chains anchors the way
  * live greedy speculative decoding does, so its tau = tokens / steps is the
  * number a live run measures.
  */
@@ -69,9 +69,9 @@ static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
   return st;
 }
 
-dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
-                                int32_t anchors_per_seq, uint64_t seed, double *tau, double *acc,
-                                int64_t *n_blocks) {
+dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                                  int32_t anchors_per_seq, uint64_t seed, double *tau, double *acc,
+                                  int64_t *n_blocks) {
   DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
@@ -85,10 +85,10 @@ dflash_status dflash_train_eval(dflash_trainer *t, const char *data_dir, const c
   double tau_sum = 0;
   int64_t blocks = 0;
   for (;;) {
-    dflash_train_sample smp = {.struct_size = sizeof smp};
-    int done, na;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t done, na;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
-    st = dflash_sample_anchors(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
+    st = dflash_anchors_sample(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
                                &na);
     if (!st)
       st = dflash_trainer_acceptance(t, smp.input_ids, smp.len, smp.hidden, anc, na, accept, pred);
@@ -305,8 +305,8 @@ static void eval_totals(const dflash_trainer *t, const int64_t *hits, size_t n,
 static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
                                dflash_eval_walk *w);
 
-dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
-                                     const char *hidden_dir, dflash_eval_walk *out) {
+dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
+                                       const char *hidden_dir, dflash_eval_walk *out) {
   DF_CHECK_ARG(t && data_dir && hidden_dir && out);
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
@@ -323,8 +323,7 @@ dflash_status dflash_train_eval_walk(dflash_trainer *t, const char *data_dir,
 
 /* labels target: lab[p] = the target's greedy token after p-1 (what greedy verification
  * accepts at p); lab[0] is never compared (blocks start after an anchor). */
-static dflash_status target_labels(const dflash_train_sample *smp, const char *hidden_dir,
-                                   int32_t *lab) {
+static dflash_status target_labels(const dflash_sample *smp, const char *hidden_dir, int32_t *lab) {
   if (!smp->target_ids)
     return df_error(DFLASH_E_NOT_FOUND,
                     "eval labels target: sample %s in %s carries no target ids (a store "
@@ -351,8 +350,8 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
   if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
   ratio wr = {0}, pr = {0};
   for (;;) {
-    dflash_train_sample smp = {.struct_size = sizeof smp};
-    int done;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t done;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
     if (smp.len > cap) {
       int32_t *grown = realloc(accept, sizeof(int32_t) * (size_t)smp.len);

@@ -154,7 +154,7 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   m->sel_weight = 1.0; /* dflash_trainer_options' defaults; the trainer sets its own */
   m->sel_inject = false;
   m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
-  m->gamma = gamma == 0 ? dflash_default_loss_gamma(m->B) : gamma;
+  m->gamma = gamma == 0 ? dflash_trainer_default_loss_gamma(m->B) : gamma;
   if ((st = build_tensor_table(m))) goto fail;
   m->params = calloc(m->n_params, sizeof(float));
   m->grads = calloc(m->n_params, sizeof(float));

@@ -30,11 +30,11 @@ struct df_rst {
   json_t *weight_map; /* NULL: a single object, `single` */
   char *single;
   char **files; /* opened shards, by location */
-  dflash_storage_st **shards;
+  dflash_storage_safetensors **shards;
   size_t n_open;
 };
 
-static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_st **out);
+static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_safetensors **out);
 
 static bool exists(dflash_storage *st, const char *loc) {
   dflash_storage_info info = {.struct_size = sizeof info};
@@ -86,7 +86,7 @@ dflash_status df_rst_open(const char *url, df_rst **out) {
   }
   dflash_status s = dflash_storage_create(NULL, &r->st);
   if (!s) s = resolve(r, url);
-  dflash_storage_st *first;
+  dflash_storage_safetensors *first;
   if (!s && r->single) s = shard_of(r, "", &first); /* surface access errors here */
   if (s) {
     df_rst_free(r);
@@ -99,7 +99,7 @@ dflash_status df_rst_open(const char *url, df_rst **out) {
 void df_rst_free(df_rst *r) {
   if (!r) return;
   for (size_t i = 0; i < r->n_open; i++) {
-    dflash_storage_st_free(r->shards[i]);
+    dflash_storage_safetensors_free(r->shards[i]);
     free(r->files[i]);
   }
   free(r->shards);
@@ -113,7 +113,7 @@ void df_rst_free(df_rst *r) {
 }
 
 /* The opened shard holding `name`, or NULL (and DFLASH_E_NOT_FOUND). */
-static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_st **out) {
+static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_safetensors **out) {
   *out = NULL;
   char *loc = NULL;
   if (r->single) {
@@ -132,9 +132,9 @@ static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_st **o
     }
   char **f = realloc(r->files, (r->n_open + 1) * sizeof *f);
   if (f) r->files = f;
-  dflash_storage_st **sh = f ? realloc(r->shards, (r->n_open + 1) * sizeof *sh) : NULL;
+  dflash_storage_safetensors **sh = f ? realloc(r->shards, (r->n_open + 1) * sizeof *sh) : NULL;
   if (sh) r->shards = sh;
-  dflash_status s = sh ? dflash_storage_st_open(r->st, loc, 0, &r->shards[r->n_open])
+  dflash_status s = sh ? dflash_storage_safetensors_open(r->st, loc, 0, &r->shards[r->n_open])
                        : df_error_nomem("shards");
   if (s) {
     free(loc);
@@ -146,22 +146,22 @@ static dflash_status shard_of(df_rst *r, const char *name, dflash_storage_st **o
 }
 
 dflash_status df_rst_find(df_rst *r, const char *name, dflash_tensor *t) {
-  dflash_storage_st *sh;
+  dflash_storage_safetensors *sh;
   dflash_status s = shard_of(r, name, &sh);
   if (s) return s;
-  return dflash_storage_st_find(sh, name, t) ? DFLASH_E_NOT_FOUND : DFLASH_OK;
+  return dflash_storage_safetensors_find(sh, name, t) ? DFLASH_E_NOT_FOUND : DFLASH_OK;
 }
 
 dflash_status df_rst_read_floats(df_rst *r, const char *name, int ndim, const int64_t *shape,
                                  float *out) {
-  dflash_storage_st *sh;
+  dflash_storage_safetensors *sh;
   dflash_tensor t = {.struct_size = sizeof t};
   dflash_status s = shard_of(r, name, &sh);
-  if (!s) s = dflash_storage_st_find(sh, name, &t);
+  if (!s) s = dflash_storage_safetensors_find(sh, name, &t);
   if (s) return s;
   void *buf = malloc(t.nbytes ? t.nbytes : 1);
   if (!buf) return df_error_nomem(name);
-  s = dflash_storage_st_read(sh, name, buf, t.nbytes, NULL);
+  s = dflash_storage_safetensors_read(sh, name, buf, t.nbytes, NULL);
   t.data = buf;
   if (!s) s = df_tensor_floats(&t, name, ndim, shape, out);
   free(buf);

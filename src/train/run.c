@@ -14,7 +14,6 @@
  * tokens). The data position is global, so a state resumes on any world.
  */
 #include <dflash/hidden.h>
-#include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -57,7 +56,7 @@ static dflash_status find_usable(run *r) {
     int64_t len;
     int32_t a, n;
     df_tokens_get(r->tok, i, &id, &ids, &mask, &len);
-    dflash_status st = dflash_sample_anchors(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
+    dflash_status st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
     if (r->is_usable) r->is_usable[i] = n > 0;
@@ -139,7 +138,7 @@ static dflash_status check_labels(const run *r) {
 
 /* The CE targets of one sequence for --labels target: labels[t] = tids[t-1], the target's
  * argmax at t-1 (its prediction of token t); NULL for data labels. */
-static dflash_status make_labels(run *r, const dflash_train_sample *smp, const int32_t **out) {
+static dflash_status make_labels(run *r, const dflash_sample *smp, const int32_t **out) {
   *out = NULL;
   if (r->o->labels != DFLASH_LABELS_TARGET) return DFLASH_OK;
   if (!smp->target_ids)
@@ -194,10 +193,9 @@ static dflash_status open_outputs(run *r) {
   if (st) return st;
   r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
   if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
-  /* The bar and ETA end where this run stops: --max-steps when it comes first. */
+  /* The last step of the progress stats: --max-steps when it comes first. */
   int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
-  if (o->progress)
-    return dflash_progress_create(o->progress, "train", "steps", (uint64_t)last, 0, &r->progress);
+  r->stats.last_step = last;
   return DFLASH_OK;
 }
 
@@ -261,7 +259,7 @@ static dflash_status open_all(run *r) {
   return df_run_check_ranks_agree(r);
 }
 
-/* The metrics line (and progress note) of the step in r->line, with its norm. */
+/* The metrics line (and progress stats) of the step in r->line, with its norm. */
 static void write_metrics(run *r, double norm) {
   const double tok = r->line.tokens, dt = r->line.dt;
   fprintf(r->metrics,
@@ -279,11 +277,11 @@ static void write_metrics(run *r, double norm) {
             r->line.loss - r->line.sel_loss, r->line.sel_loss);
   fputs("}\n", r->metrics);
   fflush(r->metrics);
-  if (r->progress) {
-    char note[96];
-    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", r->line.loss, dt > 0 ? tok / dt : 0.0);
-    dflash_progress_update(r->progress, (uint64_t)r->line.step, note);
-  }
+  dflash_train_stats *s = &r->stats;
+  s->step = r->line.step, s->epoch = r->line.epoch, s->loss = r->line.loss;
+  s->grad_norm = norm, s->lr = r->line.lr, s->tokens = r->line.total;
+  s->tokens_per_s = dt > 0 ? tok / dt : 0.0, s->elapsed_s = r->line.elapsed;
+  if (r->o->progress && r->o->progress(s, r->o->progress_user)) r->stop_asked = true;
 }
 
 /* The outstanding step's norm (every rank: a non-finite one fails the run here) and its
@@ -313,7 +311,7 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     int64_t len;
     double w;
     df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
-    dflash_status st = dflash_sample_anchors(mask, len, B, A, r->topt.seed,
+    dflash_status st = dflash_anchors_sample(mask, len, B, A, r->topt.seed,
                                              (uint64_t)r->epoch * r->n_total + idx,
                                              r->anchors + i * (size_t)A, &r->n_anchors[i]);
     if (!st)
@@ -333,8 +331,8 @@ dflash_status df_run_train_step(run *r, size_t gb) {
    * losses (and NaN/Inf checks) are collected once, after the batch. The step before's norm
    * is asked for once the first sequence is on its way (it uploads behind the optimizer). */
   for (size_t i = 0; i < b; i++) {
-    dflash_train_sample smp = {.struct_size = sizeof smp};
-    int done;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t done;
     st = r->spool ? df_run_spool_sample(r, i, &smp, &done)
                   : dflash_sample_stream_next(r->s, &smp, &done);
     if (!st && done) st = df_error(DFLASH_E_INTERNAL, "sample stream ended early");
@@ -384,7 +382,7 @@ dflash_status df_run_next_action(run *r, bool last_step, int32_t *act) {
   const dflash_train_run_options *o = r->o;
   *act = ACT_NONE;
   if (r->rank == 0 && !last_step) {
-    if (o->stop && o->stop(o->stop_user)) *act = ACT_STOP;
+    if (r->stop_asked) *act = ACT_STOP;
     else if (o->save_every_s > 0 && df_now_seconds() - r->last_save >= o->save_every_s)
       *act = ACT_SAVE;
   }
@@ -451,36 +449,38 @@ static dflash_status join_run(run *r) {
 }
 
 /* batch_size 0: the backend picks the sequences per rank and step (backend.h) for this
- * world and device; rank 0 says which on the progress stream. Every rank picks for itself,
+ * world and device; rank 0 says which in the library's log (INFO). Every rank picks for itself,
  * and check_ranks_agree refuses ranks that picked differently. On CUDA rank 0 also says
  * how its GPU reaches the others (P2P, NCCL and its settings), so that a mis-tuned PCIe box
  * shows before the first step; a device that cannot be read fails at the trainer instead. */
 static dflash_status start_notes(run *r, dflash_train_run_options *o) {
   char note[1536];
-  bool say = r->rank == 0 && o->progress;
+  bool say = r->rank == 0;
   if (o->batch_size == 0) {
     dflash_status st = df_backend_auto_sequences(r->topt.backend, r->world, &o->batch_size, note,
                                                  sizeof note);
     if (st) return st;
-    if (say) fprintf(o->progress, "train: %s\n", note);
+    if (say) df_log(DFLASH_LOG_INFO, "train: %s", note);
   }
   if (!say || r->topt.backend != DFLASH_BACKEND_CUDA) return DFLASH_OK;
   if (df_backend_cuda_link_note(r->world, note, sizeof note)) dflash_clear_error();
-  else fprintf(o->progress, "train: %s\n", note);
+  else df_log(DFLASH_LOG_INFO, "train: %s", note);
   return DFLASH_OK;
 }
 
-dflash_status dflash_train_run(const dflash_train_run_options *opts) {
+dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_train_stats *stats) {
   DF_CHECK_ARG(opts);
   /* The caller's structs at this library's size (the one rule, core/internal.h). */
   dflash_train_run_options oo;
   dflash_train_run_options_default(&oo);
   dflash_status st = df_opts_in(&oo, opts, sizeof oo, "dflash_train_run_options");
+  const dflash_train_stats none = {.struct_size = sizeof none};
+  if (!st && stats) st = df_opts_out(stats, &none, sizeof none, "dflash_train_stats");
   if (st) return st;
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
                o->epochs > 0 && o->batch_size >= 0);
-  run r = {.o = o, .t0 = df_now_seconds()};
+  run r = {.o = o, .t0 = df_now_seconds(), .stats = none};
   r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");
   r.sync_step = sync && !strcmp(sync, "1");
@@ -502,7 +502,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts) {
   if (!st) st = open_all(&r);
   if (!st) st = r.spool ? df_run_spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
-  if (r.progress) dflash_progress_free(r.progress);
+  r.stats.step = r.t ? dflash_trainer_steps(r.t) : 0;
+  if (stats) DF_IGNORE(df_opts_out(stats, &r.stats, sizeof r.stats, "dflash_train_stats"));
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);
   df_comm_free(r.comm);

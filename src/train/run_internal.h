@@ -7,7 +7,6 @@
 #define DFLASH_TRAIN_RUN_INTERNAL_H
 
 #include <dflash/hidden.h>
-#include <dflash/progress.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -34,7 +33,8 @@ typedef struct run {
   int32_t *n_anchors;
   char *state_path, *metrics_path;
   FILE *metrics;
-  dflash_progress *progress;
+  dflash_train_stats stats; /* rank 0: the last step, for the progress callback */
+  bool stop_asked;          /* the progress callback asked for a stop */
   int64_t total_steps, tokens;
   double elapsed, t0;
   /* position (global: the next sample of the epoch order to visit) */
@@ -104,8 +104,8 @@ DF_MUST_CHECK dflash_status df_run_open_data(run *r);
 int64_t df_run_spool_width(const run *r);
 DF_MUST_CHECK dflash_status df_run_spool_buffers(run *r);
 bool df_run_spool_usable(void *ctx, const char *id);
-DF_MUST_CHECK dflash_status df_run_spool_sample(run *r, size_t i, dflash_train_sample *out,
-                                                int *done);
+DF_MUST_CHECK dflash_status df_run_spool_sample(run *r, size_t i, dflash_sample *out,
+                                                int32_t *done);
 DF_MUST_CHECK dflash_status df_run_spool_loop(run *r);
 
 #endif

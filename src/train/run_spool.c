@@ -5,7 +5,6 @@
  * after a state save. Split out of run.c (the run struct: run_internal.h).
  */
 #include <dflash/hidden.h>
-#include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -134,7 +133,7 @@ dflash_status df_run_spool_buffers(run *r) {
 static dflash_status spool_checkpoint(run *r, bool model);
 
 /* The spool sample's target ids into slot i of the batch (a flag of none). */
-static dflash_status keep_tids(run *r, size_t i, const dflash_spool_sample *smp) {
+static dflash_status keep_tids(run *r, size_t i, const dflash_sample *smp) {
   if (!smp->target_ids)
     return r->batch_tcap[i] = 0, free(r->batch_t[i]), r->batch_t[i] = NULL, DFLASH_OK;
   if ((size_t)smp->len > r->batch_tcap[i]) {
@@ -159,7 +158,7 @@ static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales
 }
 
 /* The spool sample's hidden rows (float32, or as stored) into slot i of the batch. */
-static dflash_status keep_rows(run *r, size_t i, const dflash_spool_sample *smp) {
+static dflash_status keep_rows(run *r, size_t i, const dflash_sample *smp) {
   size_t n = (size_t)smp->len * (size_t)df_run_spool_width(r), code_b, scale_b;
   spool_bytes(r, smp->len, &code_b, &scale_b);
   size_t bytes = r->stored_rows ? code_b + scale_b : n * sizeof(float);
@@ -191,8 +190,8 @@ static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_
                             ? spool_checkpoint(r, false)
                             : DFLASH_OK;
     if (cst) return cst;
-    dflash_spool_sample smp = {.struct_size = sizeof smp};
-    int end;
+    dflash_sample smp = {.struct_size = sizeof smp};
+    int32_t end;
     /* The trainer's own wait counter: time in a next that had no shard ready to read. */
     bool ready = df_spool_ready(r->spool);
     double t_wait = df_now_seconds();
@@ -260,7 +259,7 @@ static dflash_status spool_batch(run *r, size_t *n, bool *ended) {
 }
 
 /* Sample i of the gathered batch, as the stream would give it. */
-dflash_status df_run_spool_sample(run *r, size_t i, dflash_train_sample *out, int *done) {
+dflash_status df_run_spool_sample(run *r, size_t i, dflash_sample *out, int32_t *done) {
   const char *id;
   *done = 0;
   out->struct_size = sizeof *out;

@@ -4,7 +4,6 @@
  * first step. Split out of run.c (the run struct: run_internal.h).
  */
 #include <dflash/hidden.h>
-#include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <inttypes.h>
 #include <stdio.h>

@@ -274,7 +274,7 @@ dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t
 }
 
 /* The next sample into the library's struct `out` (zeroed, at this library's size). */
-static dflash_status stream_next(dflash_sample_stream *s, dflash_train_sample *out, int *done) {
+static dflash_status stream_next(dflash_sample_stream *s, dflash_sample *out, int32_t *done) {
   if (!s->running) return df_error(DFLASH_E_STATE, "sample stream: call start first");
   pthread_mutex_lock(&s->mu);
   if (s->holding) {
@@ -307,14 +307,14 @@ static dflash_status stream_next(dflash_sample_stream *s, dflash_train_sample *o
   return DFLASH_OK;
 }
 
-dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_train_sample *out,
-                                        int *done) {
+dflash_status dflash_sample_stream_next(dflash_sample_stream *s, dflash_sample *out,
+                                        int32_t *done) {
   DF_CHECK_ARG(s && out && done);
-  dflash_train_sample v = {.struct_size = sizeof v};
+  dflash_sample v = {.struct_size = sizeof v};
   /* The caller's struct_size is checked (and its struct cleared) before a sample is taken. */
-  dflash_status st = df_opts_out(out, &v, sizeof v, "dflash_train_sample");
+  dflash_status st = df_opts_out(out, &v, sizeof v, "dflash_sample");
   if (!st) st = stream_next(s, &v, done);
-  if (!st && !*done) st = df_opts_out(out, &v, sizeof v, "dflash_train_sample");
+  if (!st && !*done) st = df_opts_out(out, &v, sizeof v, "dflash_sample");
   return st;
 }
 

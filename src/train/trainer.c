@@ -307,8 +307,7 @@ dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const int32_t *inp
 
 /* Stored rows to float32 for a backend that takes only those (the CPU one): the sample's
  * hidden, or its codes decoded into t->decoded. */
-static dflash_status sample_hidden(dflash_trainer *t, const dflash_train_sample *s,
-                                   const float **out) {
+static dflash_status sample_hidden(dflash_trainer *t, const dflash_sample *s, const float **out) {
   *out = s->hidden;
   if (s->hidden || t->be->vt->stored_rows) return DFLASH_OK;
   if (!s->hidden_codes || (s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3 && !s->hidden_scales))
@@ -329,20 +328,19 @@ static dflash_status sample_hidden(dflash_trainer *t, const dflash_train_sample 
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_train_sample *s,
+dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_sample *s,
                                                const int32_t *anchors, int32_t n_anchors,
                                                double grad_scale) {
   return df_trainer_accumulate_sample_labels(t, s, NULL, anchors, n_anchors, grad_scale);
 }
 
-dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t,
-                                                  const dflash_train_sample *caller,
+dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflash_sample *caller,
                                                   const int32_t *labels, const int32_t *anchors,
                                                   int32_t n_anchors, double grad_scale) {
   DF_CHECK_ARG(t && caller && (anchors || n_anchors == 0));
   /* The one rule: an older caller's struct lacks the stored-rows fields (they read as none). */
-  dflash_train_sample smp = {.struct_size = sizeof smp}, *s = &smp;
-  dflash_status lst = df_opts_in(&smp, caller, sizeof smp, "dflash_train_sample");
+  dflash_sample smp = {.struct_size = sizeof smp}, *s = &smp;
+  dflash_status lst = df_opts_in(&smp, caller, sizeof smp, "dflash_sample");
   if (lst) return lst;
   DF_CHECK_ARG(s->input_ids && s->loss_mask);
   if ((lst = df_model_check_labels(&t->m, labels, s->len))) return lst;
@@ -552,7 +550,7 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-dflash_status dflash_sample_anchors(const uint8_t *loss_mask, int64_t len, int32_t block_size,
+dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len, int32_t block_size,
                                     int32_t max_anchors, uint64_t seed, uint64_t stream,
                                     int32_t *out, int32_t *n_out) {
   DF_CHECK_ARG(loss_mask && out && n_out && block_size >= 2 && max_anchors >= 0 && len >= 0);

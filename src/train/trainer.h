@@ -45,10 +45,10 @@ DF_MUST_CHECK dflash_status df_target_load_final_norm(const char *path, const ch
                                                       int32_t hidden_size, float *norm_w,
                                                       float *eps);
 /* dflash_trainer_accumulate_sample with CE targets `labels` [len] (NULL: the ids). */
-struct dflash_train_sample;
+struct dflash_sample;
 DF_MUST_CHECK dflash_status df_trainer_accumulate_sample_labels(
-    dflash_trainer *t, const struct dflash_train_sample *s, const int32_t *labels,
-    const int32_t *anchors, int32_t n_anchors, double grad_scale);
+    dflash_trainer *t, const struct dflash_sample *s, const int32_t *labels, const int32_t *anchors,
+    int32_t n_anchors, double grad_scale);
 DF_MUST_CHECK dflash_status df_trainer_accumulate_labels(
     dflash_trainer *t, const int32_t *input_ids, const int32_t *labels, const uint8_t *loss_mask,
     int64_t len, const float *hidden, const int32_t *anchors, int32_t n_anchors, double grad_scale,

@@ -11,6 +11,7 @@
 #include <dflash/storage.h>
 #include <dflash/tokenizer.h>
 #include <dflash/train.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,7 @@ static void init_stream(void *o, size_t n) { dflash_sample_stream_options_init(o
 static void init_run(void *o, size_t n) { dflash_train_run_options_init(o, n); }
 static void init_eval_walk(void *o, size_t n) { dflash_eval_walk_init(o, n); }
 static void init_build(void *o, size_t n) { dflash_dataset_build_options_init(o, n); }
+static void init_rows(void *o, size_t n) { dflash_hidden_rows_init(o, n); }
 
 /* Output structs have no _init: the caller zeroes them and sets the size. */
 static void init_zero(void *o, size_t n) {
@@ -242,8 +244,8 @@ static dflash_status write_store(const char *dir, const char *name,
   static const float rows[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
   dflash_hidden_writer *w = NULL;
   dflash_status st = dflash_hidden_writer_create(path, 1, 4, o, &w);
-  if (!st) st = dflash_hidden_writer_append(w, "s0", rows, 3);
-  if (!st) st = dflash_hidden_writer_finish(w);
+  if (!st) st = df_test_hidden_add(w, "s0", rows, NULL, 3);
+  if (!st) st = dflash_hidden_writer_commit(w);
   dflash_hidden_writer_free(w);
   free(path);
   return st;
@@ -278,7 +280,7 @@ static void one_sample_set(ctx *c, const char *name, char **data, char **hidden)
   dflash_dataset_writer *dw;
   ck_assert_ok(dflash_dataset_writer_create(*data, NULL, &dw));
   ck_assert_ok(dflash_dataset_writer_add(dw, "s0", ids, mask, 3));
-  ck_assert_ok(dflash_dataset_writer_finish(dw));
+  ck_assert_ok(dflash_dataset_writer_commit(dw));
   dflash_dataset_writer_free(dw);
   ck_assert_ok(write_store(c->dir, hname, NULL));
 }
@@ -299,10 +301,23 @@ static dflash_status call_run(void *o, ctx *c) {
   dflash_train_run_options *r = o;
   char *missing = df_path_join(c->dir, "missing");
   r->config_path = r->target_path = r->data_dir = r->hidden_dir = r->out_dir = missing;
-  dflash_status st = dflash_train_run(r);
+  dflash_status st = dflash_train_run(r, NULL);
   free(missing);
   bool accepted = st != DFLASH_E_INVALID_ARG && st != DFLASH_E_UNSUPPORTED;
   return accepted ? DFLASH_OK : st;
+}
+
+/* The run's stats, written on failure too: a run that fails at the missing config. */
+static dflash_status call_train_stats(void *o, ctx *c) {
+  dflash_train_run_options r;
+  dflash_train_run_options_default(&r);
+  char *missing = df_path_join(c->dir, "missing");
+  r.config_path = r.target_path = r.data_dir = r.hidden_dir = r.out_dir = missing;
+  dflash_status st = dflash_train_run(&r, o);
+  free(missing);
+  if (st == DFLASH_E_INVALID_ARG || st == DFLASH_E_UNSUPPORTED) return st;
+  ck_assert_int_eq(((dflash_train_stats *)o)->step, 0);
+  return DFLASH_OK;
 }
 
 /* In and out: a struct it accepts fails at the missing folders, one it refuses at the struct. */
@@ -310,7 +325,7 @@ static dflash_status call_eval_walk(void *o, ctx *c) {
   dflash_trainer *t;
   ck_assert_ok(small_trainer(NULL, &t));
   char *missing = df_path_join(c->dir, "missing");
-  dflash_status st = dflash_train_eval_walk(t, missing, missing, o);
+  dflash_status st = dflash_trainer_eval_walk(t, missing, missing, o);
   free(missing);
   dflash_trainer_free(t);
   bool accepted = st != DFLASH_E_INVALID_ARG && st != DFLASH_E_UNSUPPORTED;
@@ -389,7 +404,7 @@ static dflash_status call_train_sample(void *o, ctx *c) {
   int done = -1;
   dflash_status st = dflash_sample_stream_next(s, o, &done);
   if (!st) ck_assert_int_eq(done, 0);
-  if (!st) ck_assert_uint_eq(((dflash_train_sample *)o)->len, 3);
+  if (!st) ck_assert_uint_eq(((dflash_sample *)o)->len, 3);
   dflash_sample_stream_free(s);
   return st;
 }
@@ -407,12 +422,12 @@ static dflash_status call_train_sample_in(void *o, ctx *c) {
   float *hidden = calloc(8 * (size_t)cfg.n_target_layer_ids * (size_t)cfg.hidden_size,
                          sizeof *hidden);
   ck_assert_ptr_nonnull(hidden);
-  dflash_train_sample full = {.struct_size = sizeof full,
-                              .id = "s0",
-                              .len = 8,
-                              .input_ids = ids,
-                              .loss_mask = mask,
-                              .hidden = hidden};
+  dflash_sample full = {.struct_size = sizeof full,
+                        .id = "s0",
+                        .len = 8,
+                        .input_ids = ids,
+                        .loss_mask = mask,
+                        .hidden = hidden};
   copy_fields(o, &full, sizeof full);
   int32_t anchor = 2;
   dflash_status st = dflash_trainer_accumulate_sample(t, o, &anchor, 1, 1.0);
@@ -433,12 +448,30 @@ static dflash_status call_spool_sample(void *o, ctx *c) {
   int end = -1;
   dflash_status st = dflash_spool_next(sp, o, &end);
   if (!st) ck_assert_int_eq(end, 0);
-  if (!st) ck_assert_uint_eq(((dflash_spool_sample *)o)->len, 3);
+  if (!st) ck_assert_uint_eq(((dflash_sample *)o)->len, 3);
   dflash_spool_free(sp);
   free(path);
   return st;
 }
 static dflash_status call_build_stats(void *o, ctx *c) { return build_missing(NULL, o, c); }
+
+/* A sample's rows as input: 3 tokens of K 1, H 4 added to a fresh store. */
+static dflash_status call_rows(void *o, ctx *c) {
+  static const float x[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  dflash_hidden_rows full;
+  dflash_hidden_rows_default(&full);
+  full.len = 3;
+  full.states = x;
+  copy_fields(o, &full, sizeof full);
+  char *path = df_path_join(c->dir, "rows");
+  df_test_rmtree(path);
+  dflash_hidden_writer *w = NULL;
+  dflash_status st = dflash_hidden_writer_create(path, 1, 4, NULL, &w);
+  if (!st) st = dflash_hidden_writer_add(w, "s0", o);
+  dflash_hidden_writer_free(w);
+  free(path);
+  return st;
+}
 
 static const opts_case CASES[] = {
     {"dflash_tokenizer_options", sizeof(dflash_tokenizer_options), init_tokenizer, call_tokenizer,
@@ -474,9 +507,11 @@ static const opts_case CASES[] = {
     {"dflash_drafter_config", sizeof(dflash_drafter_config), init_config, call_config_in, false},
     {"dflash_drafter_config", sizeof(dflash_drafter_config), init_config, call_config_out, true},
     {"dflash_chat_span", sizeof(dflash_chat_span), init_zero, call_span, true},
-    {"dflash_train_sample", sizeof(dflash_train_sample), init_zero, call_train_sample, true},
-    {"dflash_train_sample", sizeof(dflash_train_sample), init_zero, call_train_sample_in, false},
-    {"dflash_spool_sample", sizeof(dflash_spool_sample), init_zero, call_spool_sample, true},
+    {"dflash_sample", sizeof(dflash_sample), init_zero, call_train_sample, true},
+    {"dflash_sample", sizeof(dflash_sample), init_zero, call_train_sample_in, false},
+    {"dflash_sample", sizeof(dflash_sample), init_zero, call_spool_sample, true},
+    {"dflash_hidden_rows", sizeof(dflash_hidden_rows), init_rows, call_rows, false},
+    {"dflash_train_stats", sizeof(dflash_train_stats), init_zero, call_train_stats, true},
 };
 
 /* ---- harness -------------------------------------------------------------- */

@@ -104,26 +104,26 @@ START_TEST(names_files_that_are_not_safetensors) {
 END_TEST
 
 static void write_two(const char *path) {
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(path, &w));
+  dflash_safetensors_writer *w;
+  ck_assert_ok(dflash_safetensors_writer_create(path, &w));
   int64_t s1[2] = {2, 3}, s0[1] = {0};
-  ck_assert_ok(dflash_st_writer_metadata(w, "format", "pt"));
-  ck_assert_ok(dflash_st_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1));
-  ck_assert_ok(dflash_st_writer_declare(w, "empty", DFLASH_DTYPE_BF16, 1, s0));
-  ck_assert_ok(dflash_st_writer_declare(w, "scalar", DFLASH_DTYPE_I64, 0, NULL));
-  ck_assert_status(dflash_st_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1), DFLASH_E_DUPLICATE,
-                   "\"w\"");
+  ck_assert_ok(dflash_safetensors_writer_metadata(w, "format", "pt"));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "empty", DFLASH_DTYPE_BF16, 1, s0));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "scalar", DFLASH_DTYPE_I64, 0, NULL));
+  ck_assert_status(dflash_safetensors_writer_declare(w, "w", DFLASH_DTYPE_F32, 2, s1),
+                   DFLASH_E_DUPLICATE, "\"w\"");
   float v[6] = {1, 2, 3, 4, 5, 6};
   int64_t scalar = -5;
   /* Data streams in arbitrary chunks. */
-  ck_assert_ok(dflash_st_writer_write(w, v, 5));
-  ck_assert_ok(dflash_st_writer_write(w, (char *)v + 5, sizeof v - 5));
-  ck_assert_status(dflash_st_writer_declare(w, "late", DFLASH_DTYPE_U8, 0, NULL), DFLASH_E_STATE,
-                   "after");
-  ck_assert_ok(dflash_st_writer_write(w, &scalar, sizeof scalar));
-  ck_assert_status(dflash_st_writer_write(w, &scalar, 1), DFLASH_E_RANGE, "more bytes");
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_write(w, v, 5));
+  ck_assert_ok(dflash_safetensors_writer_write(w, (char *)v + 5, sizeof v - 5));
+  ck_assert_status(dflash_safetensors_writer_declare(w, "late", DFLASH_DTYPE_U8, 0, NULL),
+                   DFLASH_E_STATE, "after");
+  ck_assert_ok(dflash_safetensors_writer_write(w, &scalar, sizeof scalar));
+  ck_assert_status(dflash_safetensors_writer_write(w, &scalar, 1), DFLASH_E_RANGE, "more bytes");
+  ck_assert_ok(dflash_safetensors_writer_commit(w));
+  dflash_safetensors_writer_free(w);
 }
 
 START_TEST(writer_round_trips_through_reader) {
@@ -174,13 +174,13 @@ START_TEST(unfinished_writer_leaves_nothing_and_keeps_old_file) {
   char *dir = df_test_tmpdir();
   char *path = df_path_join(dir, "w.safetensors");
   write_two(path);
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(path, &w));
+  dflash_safetensors_writer *w;
+  ck_assert_ok(dflash_safetensors_writer_create(path, &w));
   int64_t s[1] = {4};
-  ck_assert_ok(dflash_st_writer_declare(w, "x", DFLASH_DTYPE_U8, 1, s));
-  ck_assert_ok(dflash_st_writer_write(w, "ab", 2));
-  ck_assert_status(dflash_st_writer_finish(w), DFLASH_E_TRUNCATED, "2 of 4");
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "x", DFLASH_DTYPE_U8, 1, s));
+  ck_assert_ok(dflash_safetensors_writer_write(w, "ab", 2));
+  ck_assert_status(dflash_safetensors_writer_commit(w), DFLASH_E_TRUNCATED, "2 of 4");
+  dflash_safetensors_writer_free(w);
   dflash_safetensors *st; /* the previous complete file is still there */
   ck_assert_ok(dflash_safetensors_open(path, &st));
   ck_assert_uint_eq(dflash_safetensors_count(st), 3);

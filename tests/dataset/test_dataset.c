@@ -46,7 +46,7 @@ static char *write_dataset(size_t n, uint64_t shard_tokens) {
   dflash_dataset_writer *w;
   ck_assert_ok(dflash_dataset_writer_create(dir, &o, &w));
   add_samples(w, 0, n);
-  ck_assert_ok(dflash_dataset_writer_finish(w));
+  ck_assert_ok(dflash_dataset_writer_commit(w));
   dflash_dataset_writer_free(w);
   return dir;
 }
@@ -260,10 +260,10 @@ START_TEST(test_writer_errors) {
   ck_assert_status(dflash_dataset_writer_add(w, "bad\xff", ids, mask, 2), DFLASH_E_UTF8,
                    "not valid UTF-8");
   ck_assert_ok(dflash_dataset_writer_add(w, "ok", ids, mask, 2));
-  ck_assert_ok(dflash_dataset_writer_finish(w));
+  ck_assert_ok(dflash_dataset_writer_commit(w));
   ck_assert_status(dflash_dataset_writer_add(w, "late", ids, mask, 2), DFLASH_E_STATE,
                    "already finished");
-  ck_assert_status(dflash_dataset_writer_finish(w), DFLASH_E_STATE, "already finished");
+  ck_assert_status(dflash_dataset_writer_commit(w), DFLASH_E_STATE, "already finished");
   dflash_dataset_writer_free(w);
   dflash_dataset_writer_free(NULL);
   df_test_rmtree(dir);
@@ -283,22 +283,23 @@ static void put(const char *dir, const char *name, const char *text) {
 static void write_shard(const char *dir, dflash_dtype mask_dtype, const int64_t *offsets,
                         size_t n_off, const char *sample_ids) {
   char *p = path_in(dir, "shard-00000.safetensors");
-  dflash_st_writer *w;
+  dflash_safetensors_writer *w;
   int32_t ids[4] = {1, 2, 3, 4};
   uint32_t mask32[4] = {1, 1, 1, 1};
   uint8_t mask8[4] = {1, 1, 1, 1};
   int64_t n = 4, no = (int64_t)n_off;
-  ck_assert_ok(dflash_st_writer_create(p, &w));
-  if (sample_ids) ck_assert_ok(dflash_st_writer_metadata(w, "sample_ids", sample_ids));
-  ck_assert_ok(dflash_st_writer_declare(w, "input_ids", DFLASH_DTYPE_I32, 1, &n));
-  ck_assert_ok(dflash_st_writer_declare(w, "loss_mask", mask_dtype, 1, &n));
-  ck_assert_ok(dflash_st_writer_declare(w, "offsets", DFLASH_DTYPE_I64, 1, &no));
-  ck_assert_ok(dflash_st_writer_write(w, ids, sizeof ids));
-  if (mask_dtype == DFLASH_DTYPE_U8) ck_assert_ok(dflash_st_writer_write(w, mask8, sizeof mask8));
-  else ck_assert_ok(dflash_st_writer_write(w, mask32, sizeof mask32));
-  ck_assert_ok(dflash_st_writer_write(w, offsets, n_off * sizeof *offsets));
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_create(p, &w));
+  if (sample_ids) ck_assert_ok(dflash_safetensors_writer_metadata(w, "sample_ids", sample_ids));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "input_ids", DFLASH_DTYPE_I32, 1, &n));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "loss_mask", mask_dtype, 1, &n));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "offsets", DFLASH_DTYPE_I64, 1, &no));
+  ck_assert_ok(dflash_safetensors_writer_write(w, ids, sizeof ids));
+  if (mask_dtype == DFLASH_DTYPE_U8)
+    ck_assert_ok(dflash_safetensors_writer_write(w, mask8, sizeof mask8));
+  else ck_assert_ok(dflash_safetensors_writer_write(w, mask32, sizeof mask32));
+  ck_assert_ok(dflash_safetensors_writer_write(w, offsets, n_off * sizeof *offsets));
+  ck_assert_ok(dflash_safetensors_writer_commit(w));
+  dflash_safetensors_writer_free(w);
   free(p);
 }
 

@@ -153,8 +153,7 @@ static dflash_status append_some(dflash_hidden_writer *w, int from, int to, bool
     char id[16];
     snprintf(id, sizeof id, "s%d", i);
     rows(h, i);
-    st = target ? dflash_hidden_writer_append_target(w, id, h, ids, HS)
-                : dflash_hidden_writer_append(w, id, h, HS);
+    st = target ? df_test_hidden_add(w, id, h, ids, HS) : df_test_hidden_add(w, id, h, NULL, HS);
   }
   return st;
 }
@@ -167,7 +166,7 @@ static dflash_status write_store(const char *dir, int dtype, int from, int to, b
   dflash_hidden_writer *w = NULL;
   dflash_status st = dflash_hidden_writer_create(dir, HK, HH, &o, &w);
   if (!st) st = append_some(w, from, to, target);
-  if (!st) st = dflash_hidden_writer_finish(w);
+  if (!st) st = dflash_hidden_writer_commit(w);
   dflash_hidden_writer_free(w);
   return st;
 }
@@ -207,7 +206,7 @@ static dflash_status produce(const char *dir) {
     st = append_some(w, 0, 4, e == 1);
     if (!st) st = dflash_hidden_writer_end_epoch(w);
   }
-  if (!st) st = dflash_hidden_writer_finish(w);
+  if (!st) st = dflash_hidden_writer_commit(w);
   dflash_hidden_writer_free(w);
   return st;
 }
@@ -219,7 +218,7 @@ static dflash_status consume(const char *dir) {
   dflash_spool *sp = NULL;
   dflash_status st = dflash_spool_open(dir, &o, &sp);
   for (int epochs = 0; !st && epochs < 2;) {
-    dflash_spool_sample s = {.struct_size = sizeof s};
+    dflash_sample s = {.struct_size = sizeof s};
     int end = 0;
     st = dflash_spool_next(sp, &s, &end);
     if (!st && end) epochs++;
@@ -294,7 +293,7 @@ static void train_setup(const char *root, const char *out) {
   if (access(first, F_OK) != 0) {
     dflash_train_run_options o;
     run_options(&o, root, first, 2);
-    dflash_status st = dflash_train_run(&o);
+    dflash_status st = dflash_train_run(&o, NULL);
     if (st) fault_die("the first two steps", st);
   }
   df_test_rmtree(out);
@@ -304,7 +303,7 @@ static void train_setup(const char *root, const char *out) {
 
 static dflash_status train_op(const char *root, const char *out) {
   (void)root;
-  return dflash_train_run(&g_resume[strcmp(out, g_resume[0].out_dir) != 0]);
+  return dflash_train_run(&g_resume[strcmp(out, g_resume[0].out_dir) != 0], NULL);
 }
 
 /* The state holds the run's time; metrics.jsonl its speed. A sample the stream cannot read

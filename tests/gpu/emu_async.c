@@ -103,12 +103,12 @@ static size_t n_differ(const float *a, const float *b, size_t n) {
 
 static void accumulate(dflash_trainer *t, const world *w, int k, int i) {
   const g_seq *q = &w->q[k][i];
-  dflash_train_sample smp = {.struct_size = sizeof smp,
-                             .id = w->id[k][i],
-                             .len = q->len,
-                             .input_ids = q->ids,
-                             .loss_mask = q->mask,
-                             .hidden = q->hidden};
+  dflash_sample smp = {.struct_size = sizeof smp,
+                       .id = w->id[k][i],
+                       .len = q->len,
+                       .input_ids = q->ids,
+                       .loss_mask = q->mask,
+                       .hidden = q->hidden};
   ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, q->anchors, q->na, 0.02));
 }
 
@@ -231,7 +231,7 @@ static void cuda_run(const char *root, const char *out, bool sync) {
   o.save_every = 2;
   synth_trainer(&o)->backend = DFLASH_BACKEND_CUDA;
   if (sync) setenv("DFLASH_TRAIN_SYNC_STEP", "1", 1);
-  dflash_status st = dflash_train_run(&o);
+  dflash_status st = dflash_train_run(&o, NULL);
   unsetenv("DFLASH_TRAIN_SYNC_STEP");
   ck_assert_msg(st == DFLASH_OK, "%s: %s", out, dflash_last_error());
 }

@@ -53,7 +53,7 @@ static pid_t spawn(const dflash_train_run_options *o, int rank, int world, int p
   } else {
     unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE");
   }
-  dflash_status st = dflash_train_run(o);
+  dflash_status st = dflash_train_run(o, NULL);
   FILE *f = fopen(report, "w");
   if (f) {
     fprintf(f, "%d\n%s\n", (int)st, st ? dflash_last_error() : "");

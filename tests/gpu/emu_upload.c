@@ -133,15 +133,15 @@ static void stored_free(stored_seq *s) {
   free(s->codes), free(s->scales), free(s->decoded);
 }
 
-static dflash_train_sample as_sample(const stored_seq *s) {
-  return (dflash_train_sample){.struct_size = sizeof(dflash_train_sample),
-                               .id = s->id,
-                               .len = s->q.len,
-                               .input_ids = s->q.ids,
-                               .loss_mask = s->q.mask,
-                               .hidden_dtype = s->dtype,
-                               .hidden_codes = s->codes,
-                               .hidden_scales = s->scales};
+static dflash_sample as_sample(const stored_seq *s) {
+  return (dflash_sample){.struct_size = sizeof(dflash_sample),
+                         .id = s->id,
+                         .len = s->q.len,
+                         .input_ids = s->q.ids,
+                         .loss_mask = s->q.mask,
+                         .hidden_dtype = s->dtype,
+                         .hidden_codes = s->codes,
+                         .hidden_scales = s->scales};
 }
 
 typedef struct outcome {
@@ -162,7 +162,7 @@ static void train(const world *w, stored_seq *seqs, int n, bool stored, outcome 
     double ws = 0, ls = 0;
     ck_assert_ok(dflash_trainer_weight_sum(t, q->mask, q->len, q->anchors, q->na, &ws));
     if (stored) {
-      dflash_train_sample smp = as_sample(&seqs[i]);
+      dflash_sample smp = as_sample(&seqs[i]);
       ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, q->anchors, q->na, 0.01));
     } else {
       ck_assert_ok(dflash_trainer_accumulate(t, q->ids, q->mask, q->len, seqs[i].decoded,
@@ -227,7 +227,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   ck_assert_ok(dflash_trainer_zero_grad(t));
   double one_loss = 0;
   for (int i = 0; i < N; i++) {
-    dflash_train_sample smp = as_sample(&seqs[i]);
+    dflash_sample smp = as_sample(&seqs[i]);
     double ls;
     ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
     ck_assert_ok(dflash_trainer_collect(t, &ls, NULL));
@@ -245,7 +245,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   size_t bytes = (size_t)56 * w.c.n_target_layer_ids * w.c.hidden_size * 2;
   for (int i = 0; i < N; i++) {
     memcpy(scratch.codes, seqs[i].codes, bytes);
-    dflash_train_sample smp = as_sample(&scratch);
+    dflash_sample smp = as_sample(&scratch);
     smp.input_ids = seqs[i].q.ids, smp.loss_mask = seqs[i].q.mask;
     ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
     memset(scratch.codes, 0xff, bytes); /* NaN everywhere: read late, it would fail */
@@ -274,7 +274,7 @@ START_TEST(accumulate_sample_never_waits_per_sequence) {
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
   ck_assert_ok(dflash_trainer_zero_grad(t));
   /* The first sequence sizes the arena, RoPE tables and stages (each grows once). */
-  dflash_train_sample smp = as_sample(&seqs[0]);
+  dflash_sample smp = as_sample(&seqs[0]);
   ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[0].q.anchors, seqs[0].q.na, 0.01));
   ck_assert_ok(dflash_trainer_collect(t, NULL, NULL));
   uint64_t ss, es, ds;
@@ -331,7 +331,7 @@ static void check_refused(int32_t dtype, bool at_step) {
   size_t n = t->m.n_params;
   ck_assert_ok(dflash_trainer_zero_grad(t));
   for (int i = 0; i < 3; i++) { /* accepted: the check is on the device */
-    dflash_train_sample smp = as_sample(&seqs[i]);
+    dflash_sample smp = as_sample(&seqs[i]);
     ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
   }
   double norm = 0;
@@ -384,11 +384,11 @@ static void write_spool(const char *root, const char *dir) {
     ck_assert_ok(dflash_hidden_length(h, id, &len));
     float *x = malloc(sizeof(float) * (size_t)len * K * H);
     ck_assert_ok(dflash_hidden_read(h, id, x, len));
-    ck_assert_ok(dflash_hidden_writer_append(w, id, x, len));
+    ck_assert_ok(df_test_hidden_add(w, id, x, NULL, len));
     free(x);
   }
   ck_assert_ok(dflash_hidden_writer_end_epoch(w));
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   dflash_hidden_free(h);
   free(hid);
@@ -404,7 +404,7 @@ static uint64_t cuda_run(const char *root, const char *hidden, const char *out, 
   synth_trainer(&o)->backend = DFLASH_BACKEND_CUDA;
   setenv("DFLASH_TRAIN_STORED_ROWS", stored ? "1" : "0", 1);
   dfemu_from_host_bytes(0, 1);
-  dflash_status st = dflash_train_run(&o);
+  dflash_status st = dflash_train_run(&o, NULL);
   uint64_t bytes = dfemu_from_host_bytes(0, 1);
   unsetenv("DFLASH_TRAIN_STORED_ROWS");
   ck_assert_msg(st == DFLASH_OK, "%s: %s", out, dflash_last_error());

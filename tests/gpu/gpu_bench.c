@@ -125,13 +125,13 @@ int main(int argc, char **argv) {
   size_t nh = (size_t)q.len * c.n_target_layer_ids * c.hidden_size;
   uint16_t *codes = malloc(2 * nh);
   for (size_t i = 0; codes && i < nh; i++) codes[i] = df_f32_to_bf16(q.hidden[i]);
-  dflash_train_sample smp = {.struct_size = sizeof smp,
-                             .id = "bench",
-                             .len = q.len,
-                             .input_ids = q.ids,
-                             .loss_mask = q.mask,
-                             .hidden_dtype = DFLASH_HIDDEN_BF16,
-                             .hidden_codes = codes};
+  dflash_sample smp = {.struct_size = sizeof smp,
+                       .id = "bench",
+                       .len = q.len,
+                       .input_ids = q.ids,
+                       .loss_mask = q.mask,
+                       .hidden_dtype = DFLASH_HIDDEN_BF16,
+                       .hidden_codes = codes};
   bool open = false;
   for (int s = -1; s < steps; s++) { /* one warm-up step */
     if (s == 0) a = df_now_seconds();

@@ -45,7 +45,7 @@ static inline int g_seq_make(const dflash_drafter_config *c, int64_t len, int32_
     q->mask[i] = i > len / 8; /* a prompt without loss */
   q->hidden = g_random((size_t)len * c->n_target_layer_ids * c->hidden_size, 1.0f, seed + 7);
   if (!q->ids || !q->mask || !q->anchors || !q->hidden) return -1;
-  return dflash_sample_anchors(q->mask, len, c->block_size, na, seed, 0, q->anchors, &q->na) ? -1
+  return dflash_anchors_sample(q->mask, len, c->block_size, na, seed, 0, q->anchors, &q->na) ? -1
                                                                                              : 0;
 }
 

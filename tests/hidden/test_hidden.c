@@ -53,8 +53,8 @@ static double store_error(int dtype, int heavy) {
   dflash_hidden_writer *w;
   ck_assert_ok(dflash_hidden_writer_create(dir, K, H, &o, &w));
   float *x = states(LEN, K * H, heavy);
-  ck_assert_ok(dflash_hidden_writer_append(w, "s0", x, LEN));
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(df_test_hidden_add(w, "s0", x, NULL, LEN));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   dflash_hidden *h;
   ck_assert_ok(dflash_hidden_open(dir, &h));
@@ -99,25 +99,29 @@ START_TEST(shards_index_and_append) {
   for (int i = 0; i < 10; i++) {
     float *x = states(20 + i, 16, 0);
     snprintf(id, sizeof id, "sample-%d", i);
-    ck_assert_ok(dflash_hidden_writer_append(w, id, x, 20 + i));
+    ck_assert_ok(df_test_hidden_add(w, id, x, NULL, 20 + i));
     free(x);
   }
   float *x = states(5, 16, 0);
-  ck_assert_status(dflash_hidden_writer_append(w, "sample-3", x, 5), DFLASH_E_DUPLICATE,
-                   "sample-3");
+  ck_assert_status(df_test_hidden_add(w, "sample-3", x, NULL, 5), DFLASH_E_DUPLICATE, "sample-3");
+  dflash_hidden_rows r;
+  dflash_hidden_rows_default(&r);
+  r.len = 5, r.states = x, r.dtype = DFLASH_DTYPE_F16;
+  ck_assert_status(dflash_hidden_writer_add(w, "f16", &r), DFLASH_E_DTYPE, "sample f16");
+  r.states = NULL, r.dtype = DFLASH_DTYPE_F32;
+  ck_assert_status(dflash_hidden_writer_add(w, "none", &r), DFLASH_E_INVALID_ARG, "states");
   x[17] = INFINITY;
-  ck_assert_status(dflash_hidden_writer_append(w, "bad", x, 5), DFLASH_E_FORMAT,
+  ck_assert_status(df_test_hidden_add(w, "bad", x, NULL, 5), DFLASH_E_FORMAT,
                    "sample bad: hidden state at token 1, column 1 is Inf");
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   /* Reopen and append: ids stay unique across sessions; K/H must match. */
   ck_assert_status(dflash_hidden_writer_create(dir, 3, 8, NULL, &w), DFLASH_E_MISMATCH, "K=2");
   ck_assert_ok(dflash_hidden_writer_create(dir, 2, 8, &o, &w));
-  ck_assert_status(dflash_hidden_writer_append(w, "sample-0", x, 5), DFLASH_E_DUPLICATE,
-                   "sample-0");
+  ck_assert_status(df_test_hidden_add(w, "sample-0", x, NULL, 5), DFLASH_E_DUPLICATE, "sample-0");
   x[17] = 0;
-  ck_assert_ok(dflash_hidden_writer_append(w, "late", x, 5));
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(df_test_hidden_add(w, "late", x, NULL, 5));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   free(x);
   dflash_hidden *h;
@@ -156,7 +160,7 @@ static void write_dataset(const char *dir, int n, const int *lens) {
     snprintf(id, sizeof id, "sample-%d", i);
     ck_assert_ok(dflash_dataset_writer_add(w, id, ids, mask, (size_t)lens[i]));
   }
-  ck_assert_ok(dflash_dataset_writer_finish(w));
+  ck_assert_ok(dflash_dataset_writer_commit(w));
   dflash_dataset_writer_free(w);
 }
 
@@ -174,9 +178,9 @@ START_TEST(stream_joins_and_reports) {
     char id[16];
     snprintf(id, sizeof id, "sample-%d", i);
     x[i] = states(lens[i], 4, 0);
-    if (i != 2) ck_assert_ok(dflash_hidden_writer_append(w, id, x[i], i == 3 ? 14 : lens[i]));
+    if (i != 2) ck_assert_ok(df_test_hidden_add(w, id, x[i], NULL, i == 3 ? 14 : lens[i]));
   }
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   dflash_sample_stream *s;
   ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
@@ -186,7 +190,7 @@ START_TEST(stream_joins_and_reports) {
   ck_assert_uint_eq(bad, 2);
   uint64_t order[] = {1, 0, 2, 3, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 5));
-  dflash_train_sample smp = {.struct_size = sizeof smp};
+  dflash_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done));
   ck_assert_str_eq(smp.id, "sample-1");
@@ -224,9 +228,9 @@ START_TEST(zero_layers_refused_and_counted) {
   for (int i = 0; i < 6 * 8; i++) x0[i] = i % 8 < 4 ? 2.0f : -0.5f; /* exact in bf16 */
   for (int i = 0; i < 10 * 8; i++) x1[i] = i % 8 < 4 ? 2.0f : 0.0f; /* layer 1 all zero */
   x0[8 + 4] = x0[8 + 5] = x0[8 + 6] = x0[8 + 7] = 0.0f;             /* one zero row */
-  ck_assert_ok(dflash_hidden_writer_append(w, "sample-0", x0, 6));
-  ck_assert_ok(dflash_hidden_writer_append(w, "sample-1", x1, 10));
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(df_test_hidden_add(w, "sample-0", x0, NULL, 6));
+  ck_assert_ok(df_test_hidden_add(w, "sample-1", x1, NULL, 10));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   dflash_hidden *h;
   ck_assert_ok(dflash_hidden_open(hid, &h));
@@ -243,7 +247,7 @@ START_TEST(zero_layers_refused_and_counted) {
   ck_assert_ok(dflash_sample_stream_open(data, hid, NULL, &s));
   uint64_t order[] = {0, 1};
   ck_assert_ok(dflash_sample_stream_start(s, order, 2));
-  dflash_train_sample smp = {.struct_size = sizeof smp};
+  dflash_sample smp = {.struct_size = sizeof smp};
   int done;
   ck_assert_ok(dflash_sample_stream_next(s, &smp, &done)); /* one zero row is not a zero layer */
   ck_assert_str_eq(smp.id, "sample-0");
@@ -277,7 +281,7 @@ START_TEST(spool_order_budget_release) {
   dflash_status st = DFLASH_OK;
   while (!st && taken < 50) {
     snprintf(id, sizeof id, "s%02d", taken);
-    if (!(st = dflash_hidden_writer_append(w, id, x, 10))) taken++;
+    if (!(st = df_test_hidden_add(w, id, x, NULL, 10))) taken++;
   }
   ck_assert_status(st, DFLASH_E_TIMEOUT, "is full");
   ck_assert_int_eq(dflash_hidden_writer_contains(w, id), 0); /* refused: not taken */
@@ -294,7 +298,7 @@ START_TEST(spool_order_budget_release) {
   so.wait_s = 0;
   dflash_spool *c;
   ck_assert_ok(dflash_spool_open(sp, &so, &c));
-  dflash_spool_sample smp = {.struct_size = sizeof smp};
+  dflash_sample smp = {.struct_size = sizeof smp};
   int end, got = 0;
   while (!(st = dflash_spool_next(c, &smp, &end))) {
     snprintf(id, sizeof id, "s%02d", got++);
@@ -317,7 +321,7 @@ START_TEST(spool_order_budget_release) {
   ck_assert_int_eq(e, 1);
   ck_assert_uint_eq(shard, 0);
   ck_assert_int_eq(dflash_hidden_writer_contains(w, "s00"), 0); /* a new epoch */
-  ck_assert_ok(dflash_hidden_writer_append(w, "s00", x, 10));
+  ck_assert_ok(df_test_hidden_add(w, "s00", x, NULL, 10));
   ck_assert_ok(dflash_hidden_writer_flush(w));
   dflash_hidden_writer_free(w);
   /* A restarted producer: the same epoch and its ids. */
@@ -325,7 +329,7 @@ START_TEST(spool_order_budget_release) {
   ck_assert_ok(dflash_hidden_writer_spool_status(w, &epoch, &samples, NULL, NULL));
   ck_assert_int_eq(epoch, 1);
   ck_assert_uint_eq(samples, 1);
-  ck_assert_status(dflash_hidden_writer_append(w, "s00", x, 10), DFLASH_E_DUPLICATE, "this epoch");
+  ck_assert_status(df_test_hidden_add(w, "s00", x, NULL, 10), DFLASH_E_DUPLICATE, "this epoch");
   dflash_hidden_writer_free(w);
   ck_assert_ok(dflash_spool_next(c, &smp, &end));
   ck_assert_str_eq(smp.id, "s00");
@@ -365,8 +369,8 @@ START_TEST(vllm_names_and_layouts) {
   dflash_hidden_writer *w;
   ck_assert_ok(dflash_hidden_writer_create(store, 1, 4, NULL, &w));
   static const float rows[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-  ck_assert_ok(dflash_hidden_writer_append(w, "s0", rows, 2));
-  ck_assert_ok(dflash_hidden_writer_finish(w));
+  ck_assert_ok(df_test_hidden_add(w, "s0", rows, NULL, 2));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
   dflash_hidden_writer_free(w);
   ck_assert_int_eq(dflash_hidden_layout_of(store), DFLASH_HIDDEN_LAYOUT_STORE);
   ck_assert_int_eq(dflash_hidden_layout_of(NULL), DFLASH_HIDDEN_LAYOUT_NONE);

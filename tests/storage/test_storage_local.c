@@ -349,7 +349,7 @@ void append_records(dflash_chunk_writer *w, int from, int to) {
   for (int i = from; i < to; i++) {
     char rec[64];
     int k = snprintf(rec, sizeof rec, "{\"id\": %d}", i);
-    ck_assert_ok(dflash_chunk_writer_append(w, rec, (size_t)k));
+    ck_assert_ok(dflash_chunk_writer_add(w, rec, (size_t)k));
   }
 }
 
@@ -366,8 +366,11 @@ START_TEST(chunk_writer_local_closes_by_count_and_age_and_resumes) {
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 0);
   append_records(w, 0, 25);
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 2);
-  ck_assert_status(dflash_chunk_writer_append(w, "a\nb", 3), DFLASH_E_FORMAT, "newline");
-  ck_assert_ok(dflash_chunk_writer_close(w));
+  ck_assert_status(dflash_chunk_writer_add(w, "a\nb", 3), DFLASH_E_FORMAT, "newline");
+  ck_assert_ok(dflash_chunk_writer_commit(w));
+  ck_assert_ok(dflash_chunk_writer_commit(w)); /* again: nothing more to do */
+  ck_assert_status(dflash_chunk_writer_add(w, "{}", 2), DFLASH_E_STATE, "committed");
+  dflash_chunk_writer_free(w);
   check_chunks(st, prefix, 3, 25);
   /* a restarted worker continues after the last chunk, never overwriting it */
   o.max_seconds = 0.05;
@@ -393,22 +396,22 @@ END_TEST
 char *make_safetensors(const char *dir, int n, int elems);
 char *make_safetensors(const char *dir, int n, int elems) {
   char *path = df_path_join(dir, "model.safetensors");
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(path, &w));
-  ck_assert_ok(dflash_st_writer_metadata(w, "format", "pt"));
+  dflash_safetensors_writer *w;
+  ck_assert_ok(dflash_safetensors_writer_create(path, &w));
+  ck_assert_ok(dflash_safetensors_writer_metadata(w, "format", "pt"));
   for (int i = 0; i < n; i++) {
     char name[32];
     snprintf(name, sizeof name, "t%03d", i);
     int64_t shape[1] = {elems};
-    ck_assert_ok(dflash_st_writer_declare(w, name, DFLASH_DTYPE_F32, 1, shape));
+    ck_assert_ok(dflash_safetensors_writer_declare(w, name, DFLASH_DTYPE_F32, 1, shape));
   }
   for (int i = 0; i < n; i++)
     for (int j = 0; j < elems; j++) {
       float v = (float)i * 1000.0f + (float)j;
-      ck_assert_ok(dflash_st_writer_write(w, &v, sizeof v));
+      ck_assert_ok(dflash_safetensors_writer_write(w, &v, sizeof v));
     }
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_commit(w));
+  dflash_safetensors_writer_free(w);
   return path;
 }
 
@@ -417,32 +420,32 @@ void check_remote_st(dflash_storage *st, const char *location, const char *local
 void check_remote_st(dflash_storage *st, const char *location, const char *local, uint64_t ra) {
   dflash_safetensors *ref;
   ck_assert_ok(dflash_safetensors_open(local, &ref));
-  dflash_storage_st *f;
-  ck_assert_ok(dflash_storage_st_open(st, location, ra, &f));
-  ck_assert_uint_eq(dflash_storage_st_count(f), dflash_safetensors_count(ref));
+  dflash_storage_safetensors *f;
+  ck_assert_ok(dflash_storage_safetensors_open(st, location, ra, &f));
+  ck_assert_uint_eq(dflash_storage_safetensors_count(f), dflash_safetensors_count(ref));
   const char *v;
-  ck_assert_ok(dflash_storage_st_metadata_find(f, "format", &v));
+  ck_assert_ok(dflash_storage_safetensors_metadata_find(f, "format", &v));
   ck_assert_str_eq(v, "pt");
-  for (size_t i = 0; i < dflash_storage_st_count(f); i++) {
+  for (size_t i = 0; i < dflash_storage_safetensors_count(f); i++) {
     dflash_tensor t = {.struct_size = sizeof t}, r = {.struct_size = sizeof r};
-    ck_assert_ok(dflash_storage_st_get(f, i, &t));
+    ck_assert_ok(dflash_storage_safetensors_get(f, i, &t));
     ck_assert_ok(dflash_safetensors_get(ref, i, &r));
     ck_assert_str_eq(t.name, r.name);
     ck_assert_uint_eq(t.nbytes, r.nbytes);
     ck_assert_ptr_null(t.data);
     void *buf = malloc(t.nbytes + 1);
     uint64_t need = 0;
-    ck_assert_ok(dflash_storage_st_read(f, t.name, buf, t.nbytes, &need));
+    ck_assert_ok(dflash_storage_safetensors_read(f, t.name, buf, t.nbytes, &need));
     ck_assert_uint_eq(need, t.nbytes);
     ck_assert_msg(!memcmp(buf, r.data, t.nbytes), "tensor %s differs", t.name);
     if (t.nbytes)
-      ck_assert_status(dflash_storage_st_read(f, t.name, buf, t.nbytes - 1, &need), DFLASH_E_BUFFER,
-                       t.name);
+      ck_assert_status(dflash_storage_safetensors_read(f, t.name, buf, t.nbytes - 1, &need),
+                       DFLASH_E_BUFFER, t.name);
     free(buf);
   }
   dflash_tensor t = {.struct_size = sizeof t};
-  ck_assert_status(dflash_storage_st_find(f, "nope", &t), DFLASH_E_NOT_FOUND, location);
-  dflash_storage_st_free(f);
+  ck_assert_status(dflash_storage_safetensors_find(f, "nope", &t), DFLASH_E_NOT_FOUND, location);
+  dflash_storage_safetensors_free(f);
   dflash_safetensors_free(ref);
 }
 
@@ -521,8 +524,8 @@ START_TEST(safetensors_on_demand_from_local_files) {
   check_stage_st(st, path, path);
   char *bad = join(dir, "records.jsonl");
   ck_assert(df_test_write(bad, "{\"id\": 1}\n{\"id\": 2}\n", 20));
-  dflash_storage_st *f = (void *)1;
-  dflash_status s = dflash_storage_st_open(st, bad, 0, &f);
+  dflash_storage_safetensors *f = (void *)1;
+  dflash_status s = dflash_storage_safetensors_open(st, bad, 0, &f);
   ck_assert_msg(s == DFLASH_E_TRUNCATED || s == DFLASH_E_FORMAT, "%s", dflash_status_str(s));
   ck_assert_msg(strstr(dflash_last_error(), bad), "%s", dflash_last_error());
   ck_assert_ptr_null(f);

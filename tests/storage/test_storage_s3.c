@@ -336,14 +336,15 @@ START_TEST(chunk_writer_never_duplicates_records_across_retries) {
   ck_assert_int_eq(counter(stats, "reset"), 1);
   ck_assert_int_eq(json_integer_value(json_object_get(stats, "pending_script")), 0);
   json_decref(stats);
-  ck_assert_status(dflash_chunk_writer_append(w, "{\"id\": 41}", 10), DFLASH_E_HTTP, "SlowDown");
+  ck_assert_status(dflash_chunk_writer_add(w, "{\"id\": 41}", 10), DFLASH_E_HTTP, "SlowDown");
   ck_assert_msg(strstr(dflash_last_error(), "w0-00000005.jsonl"), "%s", dflash_last_error());
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 5);
   append_records(w, 42, 43);
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 6);
   append_records(w, 43, 50);
   ck_assert_uint_eq(dflash_chunk_writer_next_seq(w), 7);
-  ck_assert_ok(dflash_chunk_writer_close(w));
+  ck_assert_ok(dflash_chunk_writer_commit(w));
+  dflash_chunk_writer_free(w);
   stats = faults("{}");
   ck_assert_int_eq(counter(stats, "503"), 2);
   json_decref(stats);
@@ -507,15 +508,15 @@ START_TEST(safetensors_on_demand_over_s3_with_read_ahead) {
   json_t *s0 = faults(NULL);
   long before = counter(s0, NULL);
   json_decref(s0);
-  dflash_storage_st *f;
-  ck_assert_ok(dflash_storage_st_open(st, loc, 0, &f));
+  dflash_storage_safetensors *f;
+  ck_assert_ok(dflash_storage_safetensors_open(st, loc, 0, &f));
   char buf[1200];
-  for (size_t i = 0; i < dflash_storage_st_count(f); i++) {
+  for (size_t i = 0; i < dflash_storage_safetensors_count(f); i++) {
     dflash_tensor t = {.struct_size = sizeof t};
-    ck_assert_ok(dflash_storage_st_get(f, i, &t));
-    ck_assert_ok(dflash_storage_st_read(f, t.name, buf, sizeof buf, NULL));
+    ck_assert_ok(dflash_storage_safetensors_get(f, i, &t));
+    ck_assert_ok(dflash_storage_safetensors_read(f, t.name, buf, sizeof buf, NULL));
   }
-  dflash_storage_st_free(f);
+  dflash_storage_safetensors_free(f);
   json_t *s1 = faults(NULL);
   ck_assert_int_eq(counter(s1, NULL) - before, 2);
   json_decref(s1);
@@ -523,12 +524,13 @@ START_TEST(safetensors_on_demand_over_s3_with_read_ahead) {
   char *bad = url("st/records.jsonl");
   ck_assert_ok(dflash_storage_write(st, bad, "{\"id\": 1}\n{\"id\": 2}\n", 20));
   f = (void *)1;
-  dflash_status s = dflash_storage_st_open(st, bad, 0, &f);
+  dflash_status s = dflash_storage_safetensors_open(st, bad, 0, &f);
   ck_assert_msg(s == DFLASH_E_TRUNCATED || s == DFLASH_E_FORMAT, "%s", dflash_status_str(s));
   ck_assert_msg(strstr(dflash_last_error(), bad), "%s", dflash_last_error());
   ck_assert_ptr_null(f);
   char *missing = url("st/none.safetensors");
-  ck_assert_status(dflash_storage_st_open(st, missing, 0, &f), DFLASH_E_NOT_FOUND, missing);
+  ck_assert_status(dflash_storage_safetensors_open(st, missing, 0, &f), DFLASH_E_NOT_FOUND,
+                   missing);
 
   /* copy back down: byte-exact */
   char *back = df_path_join(dir, "back.safetensors");

@@ -35,7 +35,7 @@ architectures ["DFlash2DraftModel"] + float32 model.safetensors) and then:
    shares the call with other anchors or not, another seed other tokens;
    greedy propose is predict; and the first drafted token's frequencies
    over 600 seeds match its q (4.5 standard errors);
-8. evaluation (first config): dflash_train_eval_walk's selector accuracy,
+8. evaluation (first config): dflash_trainer_eval_walk's selector accuracy,
    backbone accuracy and candidate recall over a dataset written here equal
    the counts computed from z-lab's model at every anchor position (greedy
    propose, argmax and torch.topk of its logits).
@@ -423,7 +423,7 @@ def runs(mask):
 
 
 def eval_failures(tr, model, embed, lm_head, B, mask_id, cfg, rng):
-    """Item 8: dflash_train_eval_walk's new fields against eval_reference, on
+    """Item 8: dflash_trainer_eval_walk's new fields against eval_reference, on
     samples whose supervised tokens follow the drafter's own greedy path in
     part (so the accuracies are neither 0 nor 1)."""
     import libdflash

@@ -63,10 +63,10 @@ static void write_samples(const char *root, int n, int S, uint64_t *rng) {
     char id[32];
     snprintf(id, sizeof id, "s%03d", i);
     ck_assert_ok(dflash_dataset_writer_add(dw, id, ids, mask, (size_t)S));
-    ck_assert_ok(dflash_hidden_writer_append(hw, id, h, S));
+    ck_assert_ok(df_test_hidden_add(hw, id, h, NULL, S));
   }
-  ck_assert_ok(dflash_dataset_writer_finish(dw));
-  ck_assert_ok(dflash_hidden_writer_finish(hw));
+  ck_assert_ok(dflash_dataset_writer_commit(dw));
+  ck_assert_ok(dflash_hidden_writer_commit(hw));
   dflash_dataset_writer_free(dw);
   dflash_hidden_writer_free(hw);
   free(ids), free(mask), free(h), free(data), free(hid);
@@ -77,18 +77,18 @@ static void write_target(const char *root, uint64_t *rng) {
   ck_assert_int_eq(mkdir(dir, 0755), 0);
   char *path = synth_path(dir, "model.safetensors");
   float *w = malloc(sizeof(float) * V * H);
-  dflash_st_writer *sw;
+  dflash_safetensors_writer *sw;
   int64_t shape[2] = {V, H};
-  ck_assert_ok(dflash_st_writer_create(path, &sw));
-  ck_assert_ok(
-      dflash_st_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32, 2, shape));
-  ck_assert_ok(dflash_st_writer_declare(sw, "lm_head.weight", DFLASH_DTYPE_F32, 2, shape));
+  ck_assert_ok(dflash_safetensors_writer_create(path, &sw));
+  ck_assert_ok(dflash_safetensors_writer_declare(sw, "model.embed_tokens.weight", DFLASH_DTYPE_F32,
+                                                 2, shape));
+  ck_assert_ok(dflash_safetensors_writer_declare(sw, "lm_head.weight", DFLASH_DTYPE_F32, 2, shape));
   for (int t = 0; t < 2; t++) {
     for (int i = 0; i < V * H; i++) w[i] = uniform(rng);
-    ck_assert_ok(dflash_st_writer_write(sw, w, sizeof(float) * V * H));
+    ck_assert_ok(dflash_safetensors_writer_write(sw, w, sizeof(float) * V * H));
   }
-  ck_assert_ok(dflash_st_writer_finish(sw));
-  dflash_st_writer_free(sw);
+  ck_assert_ok(dflash_safetensors_writer_commit(sw));
+  dflash_safetensors_writer_free(sw);
   free(w), free(path), free(dir);
 }
 
@@ -177,7 +177,7 @@ pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int po
     snprintf(s, sizeof s, "%g", timeout_s);
     setenv("DFLASH_DIST_TIMEOUT", s, 1);
   }
-  dflash_status st = dflash_train_run(o);
+  dflash_status st = dflash_train_run(o, NULL);
   FILE *f = fopen(report, "w");
   if (f) {
     fprintf(f, "%d\n%s\n", (int)st, st ? dflash_last_error() : "");

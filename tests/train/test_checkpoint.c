@@ -92,14 +92,14 @@ END_TEST
 START_TEST(load_reports_missing_tensor) {
   char *dir = df_test_tmpdir();
   char *path = df_path_join(dir, "partial.safetensors");
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(path, &w));
+  dflash_safetensors_writer *w;
+  ck_assert_ok(dflash_safetensors_writer_create(path, &w));
   int64_t shape[2] = {16, 32};
-  ck_assert_ok(dflash_st_writer_declare(w, "fc.weight", DFLASH_DTYPE_F32, 2, shape));
+  ck_assert_ok(dflash_safetensors_writer_declare(w, "fc.weight", DFLASH_DTYPE_F32, 2, shape));
   float z[512] = {0};
-  ck_assert_ok(dflash_st_writer_write(w, z, sizeof z));
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_write(w, z, sizeof z));
+  ck_assert_ok(dflash_safetensors_writer_commit(w));
+  dflash_safetensors_writer_free(w);
   float *E = embed();
   dflash_trainer *t = make(1, E);
   ck_assert_status(dflash_trainer_load(t, path), DFLASH_E_NOT_FOUND, "hidden_norm.weight");
@@ -121,7 +121,7 @@ static double train_steps(dflash_trainer *t, int from, int to) {
     for (int i = 0; i < 24; i++) ids[i] = (i * 5 + s) % 30, mask[i] = i > 2;
     for (int i = 0; i < 24 * 32; i++) hid[i] = (float)(((i + s) * 17) % 29) / 14.0f - 1.0f;
     int32_t anc[8], n;
-    ck_assert_ok(dflash_sample_anchors(mask, 24, 4, 8, 5, (uint64_t)s, anc, &n));
+    ck_assert_ok(dflash_anchors_sample(mask, 24, 4, 8, 5, (uint64_t)s, anc, &n));
     double loss, norm, lr;
     ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, 24, hid, anc, n, &loss));
     ck_assert_ok(dflash_trainer_step(t, &norm, &lr));

@@ -1,6 +1,7 @@
 #include <dflash/train.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,13 +38,13 @@ END_TEST
 
 START_TEST(default_target_layers_follow_spec) {
   int32_t ids[8];
-  ck_assert_ok(dflash_default_target_layers(36, 5, ids));
+  ck_assert_ok(dflash_drafter_default_target_layers(36, 5, ids));
   int32_t qwen[] = {1, 9, 17, 25, 33};
   ck_assert_mem_eq(ids, qwen, sizeof qwen);
-  ck_assert_ok(dflash_default_target_layers(61, 6, ids));
+  ck_assert_ok(dflash_drafter_default_target_layers(61, 6, ids));
   int32_t kimi[] = {1, 12, 24, 35, 47, 58};
   ck_assert_mem_eq(ids, kimi, sizeof kimi);
-  ck_assert_ok(dflash_default_target_layers(36, 1, ids));
+  ck_assert_ok(dflash_drafter_default_target_layers(36, 1, ids));
   ck_assert_int_eq(ids[0], 18);
   /* Without target_layer_ids the config gets one per drafter layer. */
   dflash_drafter_config c = {.struct_size = sizeof c};
@@ -155,9 +156,9 @@ START_TEST(yarn_and_round_trip) {
 END_TEST
 
 START_TEST(gamma_table) {
-  ck_assert_double_eq(dflash_default_loss_gamma(16), 7.0);
-  ck_assert_double_eq(dflash_default_loss_gamma(10), 5.0);
-  ck_assert_double_eq(dflash_default_loss_gamma(8), 4.0);
+  ck_assert_double_eq(dflash_trainer_default_loss_gamma(16), 7.0);
+  ck_assert_double_eq(dflash_trainer_default_loss_gamma(10), 5.0);
+  ck_assert_double_eq(dflash_trainer_default_loss_gamma(8), 4.0);
 }
 END_TEST
 

@@ -2,6 +2,7 @@
  * rank-ordered sums, broadcast, and every way a peer can fail. */
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>

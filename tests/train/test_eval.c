@@ -3,6 +3,7 @@
  * each planned anchor, the walk must take exactly the planned steps. */
 #include <dflash/train.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,13 +160,13 @@ START_TEST(walk_rejects_bad_arguments) {
   dflash_eval_walk_default(&ew);
   ck_assert_uint_eq(ew.struct_size, sizeof ew);
   ew.struct_size = 8; /* an older caller's struct: accepted, so the missing folder is what fails */
-  dflash_status st = dflash_train_eval_walk(t, "d", "h", &ew);
+  dflash_status st = dflash_trainer_eval_walk(t, "d", "h", &ew);
   ck_assert(st != DFLASH_OK && st != DFLASH_E_INVALID_ARG);
   ew.struct_size = 3; /* not a struct size */
-  ck_assert_int_eq(dflash_train_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
+  ck_assert_int_eq(dflash_trainer_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
   ew.struct_size = sizeof ew;
   ew.max_tokens = -1;
-  ck_assert_int_eq(dflash_train_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
+  ck_assert_int_eq(dflash_trainer_eval_walk(t, "d", "h", &ew), DFLASH_E_INVALID_ARG);
   dflash_trainer_free(t);
 }
 END_TEST
@@ -194,7 +195,7 @@ START_TEST(eval_rejects_hidden_of_another_width) {
     dflash_eval_walk_default(&ew);
     double tau;
     if (i == 0) {
-      ck_assert_ok(dflash_train_eval_walk(t, data, hidden, &ew));
+      ck_assert_ok(dflash_trainer_eval_walk(t, data, hidden, &ew));
       ck_assert_int_gt(ew.steps, 0);
       /* Each anchor scores block positions 1..3 (B 4) inside its run, at least the first. */
       ck_assert_int_ge(ew.scored, ew.positions);
@@ -207,15 +208,16 @@ START_TEST(eval_rejects_hidden_of_another_width) {
       dflash_eval_walk_default(&old);
       old.struct_size = offsetof(dflash_eval_walk, scored);
       old.scored = 77;
-      ck_assert_ok(dflash_train_eval_walk(t, data, hidden, &old));
+      ck_assert_ok(dflash_trainer_eval_walk(t, data, hidden, &old));
       ck_assert_int_eq(old.steps, ew.steps);
       ck_assert_int_eq(old.scored, 77);
       old.struct_size = 3; /* not a struct size */
-      ck_assert_int_eq(dflash_train_eval_walk(t, data, hidden, &old), DFLASH_E_INVALID_ARG);
-      ck_assert_ok(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL));
+      ck_assert_int_eq(dflash_trainer_eval_walk(t, data, hidden, &old), DFLASH_E_INVALID_ARG);
+      ck_assert_ok(dflash_trainer_eval(t, data, hidden, 4, 1, &tau, NULL, NULL));
     } else {
-      ck_assert_status(dflash_train_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH, "K*H = 64");
-      ck_assert_status(dflash_train_eval(t, data, hidden, 4, 1, &tau, NULL, NULL),
+      ck_assert_status(dflash_trainer_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH,
+                       "K*H = 64");
+      ck_assert_status(dflash_trainer_eval(t, data, hidden, 4, 1, &tau, NULL, NULL),
                        DFLASH_E_MISMATCH, "32 features per token");
     }
     dflash_trainer_free(t);

@@ -156,12 +156,12 @@ static void replace_position(const char *path, const char *user) {
   ck_assert_ok(dflash_safetensors_open(path, &in));
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.new", path);
-  dflash_st_writer *w;
-  ck_assert_ok(dflash_st_writer_create(tmp, &w));
+  dflash_safetensors_writer *w;
+  ck_assert_ok(dflash_safetensors_writer_create(tmp, &w));
   for (size_t i = 0; i < dflash_safetensors_metadata_count(in); i++) {
     const char *k, *v;
     ck_assert_ok(dflash_safetensors_metadata_get(in, i, &k, &v));
-    ck_assert_ok(dflash_st_writer_metadata(w, k, v));
+    ck_assert_ok(dflash_safetensors_writer_metadata(w, k, v));
   }
   size_t n = dflash_safetensors_count(in);
   int64_t ulen = (int64_t)strlen(user) + 1;
@@ -169,16 +169,18 @@ static void replace_position(const char *path, const char *user) {
     dflash_tensor t = {.struct_size = sizeof t};
     ck_assert_ok(dflash_safetensors_get(in, i, &t));
     bool u = !strcmp(t.name, "user");
-    ck_assert_ok(dflash_st_writer_declare(w, t.name, t.dtype, u ? 1 : t.ndim, u ? &ulen : t.shape));
+    ck_assert_ok(
+        dflash_safetensors_writer_declare(w, t.name, t.dtype, u ? 1 : t.ndim, u ? &ulen : t.shape));
   }
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t};
     ck_assert_ok(dflash_safetensors_get(in, i, &t));
     bool u = !strcmp(t.name, "user");
-    ck_assert_ok(dflash_st_writer_write(w, u ? user : t.data, u ? (size_t)ulen : t.nbytes));
+    ck_assert_ok(
+        dflash_safetensors_writer_write(w, u ? user : t.data, u ? (size_t)ulen : t.nbytes));
   }
-  ck_assert_ok(dflash_st_writer_finish(w));
-  dflash_st_writer_free(w);
+  ck_assert_ok(dflash_safetensors_writer_commit(w));
+  dflash_safetensors_writer_free(w);
   dflash_safetensors_free(in);
   ck_assert_int_eq(rename(tmp, path), 0);
 }
@@ -200,9 +202,9 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   dflash_train_run_options o;
   synth_run_options(&o, root, full);
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
-  ck_assert_ok(dflash_train_run(&o));
+  ck_assert_ok(dflash_train_run(&o, NULL));
   o.out_dir = part, o.max_steps = 2;
-  ck_assert_ok(dflash_train_run(&o));
+  ck_assert_ok(dflash_train_run(&o, NULL));
   /* The same position as the old writer put it. */
   char *state = synth_path(part, "train_state/state.safetensors");
   char *json = position_text(state);
@@ -223,16 +225,83 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   char *back = position_text(state);
   ck_assert_str_eq(back, old);
   o.max_steps = 4, o.resume = 1;
-  ck_assert_ok(dflash_train_run(&o));
+  ck_assert_ok(dflash_train_run(&o, NULL));
   ck_assert(synth_max_abs_diff(full, part) == 0);
   char *after = position_text(state);
   ck_assert_msg(!strncmp(after, "{\"format\":\"dflash-train-position\",\"version\":1,", 45), "%s",
                 after);
   /* A state from a newer library is refused, naming it. */
   replace_position(state, "{\"format\":\"dflash-train-position\",\"version\":2}");
-  ck_assert_status(dflash_train_run(&o), DFLASH_E_UNSUPPORTED, "version 2");
+  ck_assert_status(dflash_train_run(&o, NULL), DFLASH_E_UNSUPPORTED, "version 2");
   df_test_rmtree(root);
   free(root), free(full), free(part), free(state), free(json), free(back), free(after);
+}
+END_TEST
+
+/* What the progress callback saw: each step's stats, and the step to ask for a stop at. */
+typedef struct seen {
+  int n;
+  dflash_train_stats s[8];
+  int64_t stop_at;
+} seen;
+
+static int record(const dflash_train_stats *s, void *user) {
+  seen *v = user;
+  ck_assert_uint_eq(s->struct_size, sizeof *s);
+  if (v->n < 8) v->s[v->n++] = *s;
+  return s->step == v->stop_at;
+}
+
+/* The "loss" of every line of metrics.jsonl in `out` into loss[] (at most 8); the count. */
+static int metrics_losses(const char *out, double *loss) {
+  char *path = synth_path(out, "metrics.jsonl"), line[4096];
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  int n = 0;
+  while (n < 8 && fgets(line, sizeof line, f)) {
+    const char *l = strstr(line, "\"loss\": ");
+    ck_assert_ptr_nonnull(l);
+    loss[n++] = strtod(l + 8, NULL);
+  }
+  fclose(f);
+  free(path);
+  return n;
+}
+
+START_TEST(progress_reports_every_step_and_stops_the_run) {
+  char *root = df_test_tmpdir(), *out = synth_path(root, "out");
+  synth_world(root, 8, 16, 3);
+  dflash_train_run_options o;
+  synth_run_options(&o, root, out);
+  seen v = {.stop_at = -1};
+  o.epochs = 1, o.max_steps = 4, o.save_every_s = 0, o.progress = record, o.progress_user = &v;
+  dflash_train_stats end = {.struct_size = sizeof end};
+  ck_assert_ok(dflash_train_run(&o, &end));
+  double loss[8];
+  ck_assert_int_eq(metrics_losses(out, loss), 4);
+  ck_assert_int_eq(v.n, 4);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_int_eq(v.s[i].step, i + 1);
+    ck_assert_int_eq(v.s[i].last_step, 4);
+    ck_assert_double_eq_tol(v.s[i].loss, loss[i], 1e-6 * loss[i]);
+    ck_assert(v.s[i].lr > 0 && v.s[i].grad_norm > 0 && v.s[i].tokens > 0);
+  }
+  ck_assert_int_eq(end.step, 4);
+  ck_assert_double_eq(end.loss, v.s[3].loss);
+  /* Asked to stop at step 2, whose report comes while step 3 computes: the run stops after
+   * step 3 with its state saved, and --resume (here: resume = 1) finishes it. */
+  df_test_rmtree(out);
+  v = (seen){.stop_at = 2};
+  ck_assert_status(dflash_train_run(&o, &end), DFLASH_E_CANCELLED, "--resume continues");
+  ck_assert_int_eq(end.step, 3);
+  ck_assert_int_eq(v.n, 3);
+  v = (seen){.stop_at = -1};
+  o.resume = 1;
+  ck_assert_ok(dflash_train_run(&o, &end));
+  ck_assert_int_eq(end.step, 4);
+  ck_assert_int_eq(v.n, 1);
+  df_test_rmtree(root);
+  free(root), free(out);
 }
 END_TEST
 
@@ -244,5 +313,6 @@ TCase *tc_position(void) {
   tcase_add_test(tc, what_it_does_not_understand_is_refused);
   tcase_add_test(tc, unversioned_states_are_read);
   tcase_add_test(tc, an_unversioned_state_resumes_exactly_and_is_saved_as_json);
+  tcase_add_test(tc, progress_reports_every_step_and_stops_the_run);
   return tc;
 }

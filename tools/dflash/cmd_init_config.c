@@ -140,7 +140,7 @@ static char *drafter_json(json_t *t, const init_args *a) {
   }
   int layers = a->layers ? a->layers : kimi ? 6 : 5;
   int ids[64];
-  if (dflash_default_target_layers(target_layers, layers, ids)) {
+  if (dflash_drafter_default_target_layers(target_layers, layers, ids)) {
     cli_fail("init-config", DFLASH_E_CONFIG);
     return NULL;
   }

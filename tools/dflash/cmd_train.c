@@ -1,5 +1,6 @@
 /* `dflash train` and `dflash eval`: thin callers of dflash_train_run,
- * dflash_train_eval and dflash_train_eval_walk. */
+ * dflash_trainer_eval and dflash_trainer_eval_walk. */
+#include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <dflash/train.h>
 #include <dirent.h>
@@ -93,6 +94,8 @@ static int parse_labels(const char *v, void *dst) {
 
 /* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
 static int g_allow_tok;
+/* --quiet: no progress bar. */
+static int g_quiet;
 
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
@@ -148,7 +151,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
     if (!have[i]) return cli_missing("train", required[i]);
   if (o->resume && *overwrite)
     return fputs("dflash train: --resume and --overwrite exclude each other\n", stderr), 2;
-  o->progress = quiet ? NULL : stderr;
+  g_quiet = quiet;
   return 0;
 }
 
@@ -368,20 +371,42 @@ static void on_signal(int sig) {
   signal(sig, SIG_DFL);
 }
 
-static int should_stop(void *user) {
-  (void)user;
+/* The progress bar (unless --quiet), drawn from the run's stats; the answer is the signal's
+ * flag, which stops the run. */
+static int on_progress(const dflash_train_stats *s, void *user) {
+  dflash_progress **bar = user;
+  if (!g_quiet && !*bar &&
+      dflash_progress_create(stderr, "train", "steps", (uint64_t)s->last_step, 0, bar))
+    *bar = NULL;
+  if (*bar) {
+    char note[96];
+    snprintf(note, sizeof note, "loss %.4f  %.0f tok/s", s->loss, s->tokens_per_s);
+    dflash_progress_update(*bar, (uint64_t)s->step, note);
+  }
   return g_stop;
 }
 
+/* The run's start-up notes (sequences per step, GPU links and NCCL settings) and warnings,
+ * unless --quiet (warnings and errors always). */
+static void on_log(dflash_log_level level, const char *msg, void *user) {
+  (void)user;
+  if (level <= DFLASH_LOG_WARN || !g_quiet) fprintf(stderr, "%s\n", msg);
+}
+
 static dflash_status run_with_signals(dflash_train_run_options *o) {
+  dflash_set_log_callback(on_log, NULL, DFLASH_LOG_INFO);
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  o->stop = should_stop;
-  dflash_status st = dflash_train_run(o);
+  dflash_progress *bar = NULL;
+  o->progress = on_progress;
+  o->progress_user = &bar;
+  dflash_status st = dflash_train_run(o, NULL);
+  dflash_progress_free(bar); /* the bar's last state, before the outcome's message */
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
+  dflash_set_log_callback(NULL, NULL, DFLASH_LOG_ERROR);
   return st;
 }
 
@@ -551,8 +576,8 @@ int cmd_eval(int argc, char **argv) {
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
   if (!st) st = dflash_trainer_create(&cfg, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
-  if (!st) st = dflash_train_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
-  if (!st) st = dflash_train_eval_walk(t, data, hidden, &w);
+  if (!st) st = dflash_trainer_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
+  if (!st) st = dflash_trainer_eval_walk(t, data, hidden, &w);
   if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w, ckpt);
   dflash_trainer_free(t);
   free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);

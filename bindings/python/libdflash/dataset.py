@@ -148,7 +148,7 @@ _w_create = bind("dflash_dataset_writer_create", [ctypes.c_char_p, ctypes.POINTE
                                                   ctypes.POINTER(_vp)])
 _w_add = bind("dflash_dataset_writer_add", [_vp, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32),
                                             ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t])
-_w_finish = bind("dflash_dataset_writer_finish", [_vp])
+_w_finish = bind("dflash_dataset_writer_commit", [_vp])
 bind("dflash_dataset_writer_free", [_vp], None)
 
 

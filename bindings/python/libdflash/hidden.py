@@ -53,18 +53,8 @@ class SpoolOptions(ctypes.Structure):
                 ("reuse", ctypes.c_int32), ("stored_rows", ctypes.c_int32)]
 
 
-class SpoolSample(ctypes.Structure):
-    """Mirror of `dflash_spool_sample` (pointers borrowed from the spool)."""
-    _fields_ = [("struct_size", ctypes.c_size_t), ("id", ctypes.c_char_p),
-                ("len", ctypes.c_int64), ("hidden", ctypes.POINTER(ctypes.c_float)),
-                ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
-                ("offset", ctypes.c_uint64), ("target_ids", ctypes.POINTER(ctypes.c_int32)),
-                ("hidden_dtype", ctypes.c_int32), ("hidden_codes", ctypes.c_void_p),
-                ("hidden_scales", ctypes.POINTER(ctypes.c_float))]
-
-
-class TrainSample(ctypes.Structure):
-    """Mirror of `dflash_train_sample` (pointers borrowed from the stream)."""
+class Sample(ctypes.Structure):
+    """Mirror of `dflash_sample` (pointers borrowed from the stream or spool that gave it)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
                 ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
                 ("input_ids", ctypes.POINTER(ctypes.c_int32)),
@@ -72,7 +62,9 @@ class TrainSample(ctypes.Structure):
                 ("hidden", ctypes.POINTER(ctypes.c_float)),
                 ("target_ids", ctypes.POINTER(ctypes.c_int32)), ("hidden_dtype", ctypes.c_int32),
                 ("hidden_codes", ctypes.c_void_p),
-                ("hidden_scales", ctypes.POINTER(ctypes.c_float))]
+                ("hidden_scales", ctypes.POINTER(ctypes.c_float)),
+                ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
+                ("offset", ctypes.c_uint64)]
 
 
 class StreamOptions(ctypes.Structure):
@@ -85,16 +77,20 @@ _w_defaults = bind("dflash_hidden_writer_options_init",
                    [ctypes.POINTER(WriterOptions), ctypes.c_size_t], None)
 _w_create = bind("dflash_hidden_writer_create", [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32,
                                                  ctypes.POINTER(WriterOptions), ctypes.POINTER(_P)])
-_w_append = bind("dflash_hidden_writer_append", [_P, ctypes.c_char_p, ctypes.c_void_p,
-                                                 ctypes.c_int64])
-_w_append_bf16 = bind("dflash_hidden_writer_append_bf16", [_P, ctypes.c_char_p, ctypes.c_void_p,
-                                                           ctypes.c_int64])
-_w_append_t = bind("dflash_hidden_writer_append_target", [_P, ctypes.c_char_p, ctypes.c_void_p,
-                                                          ctypes.c_void_p, ctypes.c_int64])
-_w_append_bf16_t = bind("dflash_hidden_writer_append_bf16_target",
-                        [_P, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64])
+_DTYPE_F32, _DTYPE_BF16 = 1, 3  # dflash_dtype (safetensors.h)
+
+
+class Rows(ctypes.Structure):
+    """dflash_hidden_rows: one sample's rows for dflash_hidden_writer_add."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
+                ("len", ctypes.c_int64), ("states", ctypes.c_void_p),
+                ("target_ids", ctypes.c_void_p)]
+
+
+_rows_init = bind("dflash_hidden_rows_init", [ctypes.POINTER(Rows), ctypes.c_size_t], None)
+_w_add = bind("dflash_hidden_writer_add", [_P, ctypes.c_char_p, ctypes.POINTER(Rows)])
 _w_flush = bind("dflash_hidden_writer_flush", [_P])
-_w_finish = bind("dflash_hidden_writer_finish", [_P])
+_w_finish = bind("dflash_hidden_writer_commit", [_P])
 _w_free = bind("dflash_hidden_writer_free", [_P], None)
 _w_end_epoch = bind("dflash_hidden_writer_end_epoch", [_P])
 _w_contains = bind("dflash_hidden_writer_contains", [_P, ctypes.c_char_p], ctypes.c_int32,
@@ -114,7 +110,7 @@ _sp_seek = bind("dflash_spool_seek", [_P, ctypes.c_int32, ctypes.c_uint64, ctype
 _sp_tell = bind("dflash_spool_tell", [_P, ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_uint64),
                                       ctypes.POINTER(ctypes.c_uint64)])
-_sp_next = bind("dflash_spool_next", [_P, ctypes.POINTER(SpoolSample),
+_sp_next = bind("dflash_spool_next", [_P, ctypes.POINTER(Sample),
                                       ctypes.POINTER(ctypes.c_int)])
 _sp_release = bind("dflash_spool_release", [_P, ctypes.c_int32, ctypes.c_uint64])
 _h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)], errors=files(0))
@@ -149,7 +145,7 @@ _s_count = bind("dflash_sample_stream_count", [_P], ctypes.c_size_t)
 _s_check = bind("dflash_sample_stream_check", [_P, ctypes.POINTER(ctypes.c_size_t)], errors=KEY)
 _s_start = bind("dflash_sample_stream_start", [_P, ctypes.POINTER(ctypes.c_uint64),
                                                ctypes.c_size_t], errors=INDEX)
-_s_next = bind("dflash_sample_stream_next", [_P, ctypes.POINTER(TrainSample),
+_s_next = bind("dflash_sample_stream_next", [_P, ctypes.POINTER(Sample),
                                              ctypes.POINTER(ctypes.c_int)])
 
 DTYPES = {"bf16": 0, "bfloat16": 0, "fp8": 1, "fp8_e4m3": 1, "float8_e4m3fn": 1}
@@ -240,18 +236,19 @@ class HiddenWriter:
         a, bf16 = _as_array(states)
         if a.ndim != 2 or a.shape[1] != self.width:
             raise ValueError(f"states have shape {a.shape}; expected [S, {self.width}]")
-        sid = str(sample_id).encode()
-        if target_ids is None:
-            fn = _w_append_bf16 if bf16 else _w_append
-            fn(self._writer(), sid, a.ctypes.data, a.shape[0])
-            return
-        if hasattr(target_ids, "detach"):  # a torch tensor
-            target_ids = target_ids.detach().cpu().numpy()
-        t = np.ascontiguousarray(target_ids, dtype=np.int32)
-        if t.shape != (a.shape[0],):
-            raise ValueError(f"target_ids have shape {t.shape}; expected [{a.shape[0]}]")
-        fn = _w_append_bf16_t if bf16 else _w_append_t
-        fn(self._writer(), sid, a.ctypes.data, t.ctypes.data, a.shape[0])
+        r = Rows()
+        _rows_init(ctypes.byref(r), ctypes.sizeof(r))
+        r.dtype = _DTYPE_BF16 if bf16 else _DTYPE_F32
+        r.len, r.states = a.shape[0], a.ctypes.data
+        t = None
+        if target_ids is not None:
+            if hasattr(target_ids, "detach"):  # a torch tensor
+                target_ids = target_ids.detach().cpu().numpy()
+            t = np.ascontiguousarray(target_ids, dtype=np.int32)
+            if t.shape != (a.shape[0],):
+                raise ValueError(f"target_ids have shape {t.shape}; expected [{a.shape[0]}]")
+            r.target_ids = t.ctypes.data
+        _w_add(self._writer(), str(sample_id).encode(), ctypes.byref(r))
 
     def flush(self):
         """Write the buffered samples as a shard and update the index."""
@@ -330,7 +327,7 @@ class Spool(Handle):
 
     def next(self):
         """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch."""
-        smp, end = SpoolSample(struct_size=ctypes.sizeof(SpoolSample)), ctypes.c_int()
+        smp, end = Sample(struct_size=ctypes.sizeof(Sample)), ctypes.c_int()
         _sp_next(self._handle(), ctypes.byref(smp), ctypes.byref(end))
         if end.value:
             return None
@@ -453,7 +450,7 @@ class SampleStream(Handle):
                                      dtype=np.uint64)
         _s_start(self._handle(), order.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)),
                  order.size)
-        s, done = TrainSample(struct_size=ctypes.sizeof(TrainSample)), ctypes.c_int()
+        s, done = Sample(struct_size=ctypes.sizeof(Sample)), ctypes.c_int()
         while True:
             h = self._handle()
             _s_next(h, ctypes.byref(s), ctypes.byref(done))

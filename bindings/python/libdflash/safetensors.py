@@ -45,13 +45,13 @@ _meta_find = bind("dflash_safetensors_metadata_find",
 _dtype_name = bind("dflash_dtype_name", [ctypes.c_int], ctypes.c_char_p)
 _dtype_size = bind("dflash_dtype_size", [ctypes.c_int], ctypes.c_size_t)
 _dtype_from = bind("dflash_dtype_from_name", [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)])
-_w_create = bind("dflash_st_writer_create", [ctypes.c_char_p, ctypes.POINTER(_P)])
-_w_meta = bind("dflash_st_writer_metadata", [_P, ctypes.c_char_p, ctypes.c_char_p])
-_w_declare = bind("dflash_st_writer_declare",
+_w_create = bind("dflash_safetensors_writer_create", [ctypes.c_char_p, ctypes.POINTER(_P)])
+_w_meta = bind("dflash_safetensors_writer_metadata", [_P, ctypes.c_char_p, ctypes.c_char_p])
+_w_declare = bind("dflash_safetensors_writer_declare",
                   [_P, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int64)])
-_w_write = bind("dflash_st_writer_write", [_P, ctypes.c_void_p, ctypes.c_size_t])
-_w_finish = bind("dflash_st_writer_finish", [_P])
-_w_free = bind("dflash_st_writer_free", [_P], None)
+_w_write = bind("dflash_safetensors_writer_write", [_P, ctypes.c_void_p, ctypes.c_size_t])
+_w_finish = bind("dflash_safetensors_writer_commit", [_P])
+_w_free = bind("dflash_safetensors_writer_free", [_P], None)
 _write_index = bind("dflash_safetensors_write_index",
                     [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p),
                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)])

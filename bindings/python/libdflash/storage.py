@@ -62,23 +62,23 @@ _w_free = bind("dflash_storage_writer_free", [_P], None)
 _c_default = bind("dflash_chunk_writer_options_init", [ctypes.POINTER(_ChunkOptions), ctypes.c_size_t], None)
 _c_open = bind("dflash_chunk_writer_open",
                [_P, _S, _S, ctypes.POINTER(_ChunkOptions), ctypes.POINTER(_P)])
-_c_append = bind("dflash_chunk_writer_append", [_P, _S, ctypes.c_size_t])
+_c_append = bind("dflash_chunk_writer_add", [_P, _S, ctypes.c_size_t])
 _c_poll = bind("dflash_chunk_writer_poll", [_P])
 _c_flush = bind("dflash_chunk_writer_flush", [_P])
 _c_next = bind("dflash_chunk_writer_next_seq", [_P], ctypes.c_uint64)
 _c_last = bind("dflash_chunk_writer_last_chunk", [_P], ctypes.c_char_p)
-_c_close = bind("dflash_chunk_writer_close", [_P])
+_c_close = bind("dflash_chunk_writer_commit", [_P])
 _c_free = bind("dflash_chunk_writer_free", [_P], None)
-_st_open = bind("dflash_storage_st_open", [_P, _S, ctypes.c_uint64, ctypes.POINTER(_P)],
+_st_open = bind("dflash_storage_safetensors_open", [_P, _S, ctypes.c_uint64, ctypes.POINTER(_P)],
                 errors=files(1))
-_st_free = bind("dflash_storage_st_free", [_P], None)
-_st_count = bind("dflash_storage_st_count", [_P], ctypes.c_size_t)
-_st_get = bind("dflash_storage_st_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)],
+_st_free = bind("dflash_storage_safetensors_free", [_P], None)
+_st_count = bind("dflash_storage_safetensors_count", [_P], ctypes.c_size_t)
+_st_get = bind("dflash_storage_safetensors_get", [_P, ctypes.c_size_t, ctypes.POINTER(_Tensor)],
                errors=INDEX)
-_st_find = bind("dflash_storage_st_find", [_P, _S, ctypes.POINTER(_Tensor)], errors=KEY)
-_st_meta = bind("dflash_storage_st_metadata_find", [_P, _S, ctypes.POINTER(ctypes.c_char_p)],
+_st_find = bind("dflash_storage_safetensors_find", [_P, _S, ctypes.POINTER(_Tensor)], errors=KEY)
+_st_meta = bind("dflash_storage_safetensors_metadata_find", [_P, _S, ctypes.POINTER(ctypes.c_char_p)],
                 errors=KEY)
-_st_read = bind("dflash_storage_st_read",
+_st_read = bind("dflash_storage_safetensors_read",
                 [_P, _S, _P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)], errors=KEY)
 _is_remote = bind("dflash_storage_is_remote", [_S], ctypes.c_uint)  # a flag, not a status
 
@@ -291,7 +291,10 @@ class ChunkWriter(_Owned):
         owner, self.ptr, self._owner = getattr(self, "_owner", None), None, None
         ptr = owner.detach() if owner is not None else None
         if ptr:
-            _c_close(ptr)  # while `owner` still holds the storage client
+            try:
+                _c_close(ptr)  # while `owner` still holds the storage client
+            finally:
+                _c_free(ptr)
 
     def __del__(self):
         self.ptr, self._owner = None, None

@@ -79,7 +79,7 @@ _cfg_parse = bind("dflash_drafter_config_parse",
 _cfg_json = bind("dflash_drafter_config_to_json",
                  [ctypes.POINTER(DrafterConfig), ctypes.c_char_p, ctypes.c_size_t,
                   ctypes.POINTER(ctypes.c_size_t)])
-_default_layers = bind("dflash_default_target_layers", [ctypes.c_int32, ctypes.c_int32, _I32])
+_default_layers = bind("dflash_drafter_default_target_layers", [ctypes.c_int32, ctypes.c_int32, _I32])
 _opts_default = bind("dflash_trainer_options_init", [ctypes.POINTER(TrainerOptions), ctypes.c_size_t],
                      None)
 _create = bind("dflash_trainer_create", [ctypes.POINTER(DrafterConfig), _F, _F,
@@ -131,9 +131,9 @@ _save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_v
 _load_state = bind("dflash_trainer_load_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
                                                  ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
                    errors=missing_path(1))
-_sample = bind("dflash_sample_anchors", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
+_sample = bind("dflash_anchors_sample", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_uint64, ctypes.c_uint64, _I32, _I32])
-_gamma = bind("dflash_default_loss_gamma", [ctypes.c_int32], ctypes.c_double)
+_gamma = bind("dflash_trainer_default_loss_gamma", [ctypes.c_int32], ctypes.c_double)
 
 
 def _ptr(arr, ctype):
@@ -317,14 +317,14 @@ class Trainer(Handle):
         stored (uint16 bf16 bits, or uint8 e4m3 with float32 scales [len, K]). The sums come
         from collect(); a NaN/Inf row found on the device fails collect() or step(), naming
         sample_id."""
-        from .hidden import TrainSample
+        from .hidden import Sample
         ids = np.ascontiguousarray(input_ids, dtype=np.int32)
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         K, H = self.config.n_target_layer_ids, self.config.hidden_size
         if mask.size != ids.size:
             raise ValueError("loss_mask and input_ids differ in length")
-        smp = TrainSample(struct_size=ctypes.sizeof(TrainSample), len=ids.size,
+        smp = Sample(struct_size=ctypes.sizeof(Sample), len=ids.size,
                           input_ids=_ptr(ids, ctypes.c_int32), loss_mask=_ptr(mask, ctypes.c_uint8),
                           id=cstr(sample_id) if sample_id else None)
         keep = [ids, mask, anc]
@@ -487,7 +487,7 @@ from ._lib import Error  # noqa: E402
 
 _acceptance = bind("dflash_trainer_acceptance",
                    [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32, _I32])
-_train_eval = bind("dflash_train_eval", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+_train_eval = bind("dflash_trainer_eval", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
                                          ctypes.c_uint64, _D, _D, ctypes.POINTER(ctypes.c_int64)],
                    errors=missing_path(1, 2))
 _cfg_load = bind("dflash_drafter_config_load", [ctypes.c_char_p, ctypes.POINTER(DrafterConfig)],
@@ -528,7 +528,16 @@ def load_target_head(path, vocab_size, hidden_size, embed_name=None, lm_head_nam
     return embed, lm_head
 
 
-_STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+class TrainStats(ctypes.Structure):
+    """Mirror of `dflash_train_stats`: a run's last step, as its progress callback sees it."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("step", ctypes.c_int64),
+                ("last_step", ctypes.c_int64), ("epoch", ctypes.c_int32),
+                ("loss", ctypes.c_double), ("grad_norm", ctypes.c_double),
+                ("lr", ctypes.c_double), ("tokens", ctypes.c_int64),
+                ("tokens_per_s", ctypes.c_double), ("elapsed_s", ctypes.c_double)]
+
+
+_TRAIN_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(TrainStats), ctypes.c_void_p)
 
 
 class TrainRunOptions(ctypes.Structure):
@@ -540,9 +549,10 @@ class TrainRunOptions(ctypes.Structure):
         ("hidden_dir", ctypes.c_char_p), ("out_dir", ctypes.c_char_p),
         ("epochs", ctypes.c_int32), ("batch_size", ctypes.c_int32),
         ("save_every", ctypes.c_int32), ("resume", ctypes.c_int32),
-        ("max_steps", ctypes.c_int64), ("bf16", ctypes.c_int32), ("progress", ctypes.c_void_p),
+        ("max_steps", ctypes.c_int64), ("bf16", ctypes.c_int32),
         ("trainer", ctypes.POINTER(TrainerOptions)), ("labels", ctypes.c_int32),
-        ("final_norm_name", ctypes.c_char_p), ("stop", _STOP), ("stop_user", ctypes.c_void_p),
+        ("final_norm_name", ctypes.c_char_p), ("progress", _TRAIN_PROGRESS),
+        ("progress_user", ctypes.c_void_p),
         ("save_every_s", ctypes.c_double), ("allow_settings_change", ctypes.c_int32),
     ]
 
@@ -552,7 +562,7 @@ _run_defaults = bind("dflash_train_run_options_init",
 # The paths of a train_run call (its one argument: byref(TrainRunOptions)) that must exist.
 _RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
                    for f in ("config_path", "target_path", "data_dir", "hidden_dir"))
-_train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions)],
+_train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions), ctypes.POINTER(TrainStats)],
                   errors=missing_path(*_RUN_PATHS))
 _RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s")
 
@@ -567,23 +577,37 @@ def _holds_anything(out_dir):
         return bool(st.list(path if path.endswith("/") else path + "/"))
 
 
-def _run_interruptibly(o):
+def _run_interruptibly(o, progress):
     """dflash_train_run with Ctrl-C: while it runs (on the main thread), SIGINT only sets a
-    flag, which the run's stop callback (between steps) answers; the run saves its state and
-    stops, and KeyboardInterrupt is raised here (the CancelledError chained)."""
-    interrupted = []
-    o.stop = _STOP(lambda _user: 1 if interrupted else 0)
+    flag, which the run's progress callback (after each step) answers; the run saves its state
+    and stops, and KeyboardInterrupt is raised here (the CancelledError chained). The callback
+    also draws the progress bar to `progress` (None: no bar; True: standard error)."""
+    interrupted, bar = [], []
+
+    def on_progress(stats, _user):
+        s = stats.contents
+        if progress is not None:
+            if not bar:
+                from .progress import Progress
+                bar.append(Progress("train", "steps", total=s.last_step,
+                                    stream=None if progress is True else progress))
+            bar[0].update(s.step, note=f"loss {s.loss:.4f}  {s.tokens_per_s:.0f} tok/s")
+        return 1 if interrupted else 0
+
+    o.progress = _TRAIN_PROGRESS(on_progress)
     try:
         old = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     except ValueError:  # not the main thread: Ctrl-C is not this thread's to take
         old = None
     try:
-        _train_run(ctypes.byref(o))
+        _train_run(ctypes.byref(o), None)
     except Error as e:
         if interrupted and e.status == "DFLASH_E_CANCELLED":
             raise KeyboardInterrupt(str(e)) from e
         raise
     finally:
+        if bar:
+            bar[0].close()
         if old is not None:
             signal.signal(signal.SIGINT, old)
     if interrupted:  # after the last step: the run is whole, the interrupt still the caller's
@@ -641,20 +665,13 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     o.embed_name, o.lm_head_name = cstr(embed_name), cstr(lm_head_name)
     o.resume, o.bf16 = int(bool(resume)), int(bool(bf16))
     o.allow_settings_change = int(bool(allow_settings_change))
-    from .progress import CFile
     with tempfile.TemporaryDirectory(prefix="dflash-config-") as tmp:
         if isinstance(config, (str, os.PathLike)) and os.path.isfile(config):
             o.config_path = cstr(config)
         else:
             o.config_path = cstr(os.path.join(tmp, "config.json"))
             save_config(config, o.config_path.decode())
-        stream = None if progress is None else CFile(None if progress is True else progress)
-        try:
-            o.progress = stream.ptr if stream else None
-            _run_interruptibly(o)
-        finally:
-            if stream:
-                stream.close()
+        _run_interruptibly(o, progress)
     return out_dir
 
 
@@ -740,7 +757,7 @@ _walk = bind("dflash_trainer_walk", [_P, _I32, _U8, ctypes.c_int64, _F, ctypes.c
                                      _I64, _I32, _I64])
 _eval_walk_default = bind("dflash_eval_walk_init", [ctypes.POINTER(EvalWalk), ctypes.c_size_t],
                           None)
-_eval_walk = bind("dflash_train_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
+_eval_walk = bind("dflash_trainer_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.POINTER(EvalWalk)], errors=missing_path(1, 2))
 
 
@@ -764,7 +781,7 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
 
 
 def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0, labels="data"):
-    """Held-out evaluation (dflash_train_eval_walk) over a tokenized dataset
+    """Held-out evaluation (dflash_trainer_eval_walk) over a tokenized dataset
     and its hidden-state store: dict with walk_tau (tokens / verification
     steps, what live greedy speculative decoding gets) and walk_tau_se,
     position_tau (uniform anchors, every position) and position_tau_se, the
