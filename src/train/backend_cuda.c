@@ -13,6 +13,7 @@
 
 #include <dflash/hidden.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
