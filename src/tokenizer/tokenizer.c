@@ -194,6 +194,7 @@ typedef struct enc_ctx {
   df_ids out;
   dflash_special_mode mode;
   piece_entry *cache;
+  uint64_t *pair_cache; /* lent to bs */
   uint64_t cache_serial;
 } enc_ctx;
 
@@ -205,6 +206,7 @@ static void ctx_free(enc_ctx *c) {
   df_bpe_scratch_free(&c->bs);
   free(c->out.v);
   free(c->cache);
+  free(c->pair_cache);
   memset(c, 0, sizeof *c);
 }
 
@@ -226,10 +228,14 @@ static void ctx_trim(enc_ctx *c) {
 
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
-  if (c->cache && c->cache_serial == t->serial) return;
+  c->bs.pair_cache = c->pair_cache; /* a trim may have cleared the loan */
+  if (c->cache && c->pair_cache && c->cache_serial == t->serial) return;
   /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
   if (!c->cache) c->cache = aligned_alloc(64, sizeof *c->cache << DF_CACHE_BITS);
   if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
+  if (!c->pair_cache) c->pair_cache = aligned_alloc(64, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
+  if (c->pair_cache) memset(c->pair_cache, 0xFF, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
+  c->bs.pair_cache = c->pair_cache;
   c->cache_serial = t->serial;
 }
 
