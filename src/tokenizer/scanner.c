@@ -272,6 +272,29 @@ static size_t cased_word(const scan *x, size_t i, uint8_t none) {
   return 0;
 }
 
+/* The cased-word alternatives of o200k and Kimi when the word is ASCII: an optional
+ * [^\r\n\p{L}\p{N}] then upper-case letters then lower-case ones, decided without the
+ * backtracking of cased_word. ASCII letters are Lu or Ll only, so [UP]* cannot give back a
+ * character [LO]+ would take, and alternative 2 takes the upper-case run. Returns the end,
+ * or 0 when a character that decides the match is not ASCII (the caller runs cased_word). */
+static size_t ascii_cased_word(const scan *x, size_t i) {
+  const uint8_t *s = x->s;
+  size_t p = i, n = x->len;
+  if (s[p] >= 0x80) return 0;
+  if (!(g_ascii[s[p]] & C_L)) { /* the optional character, taken when a letter follows */
+    if ((g_ascii[s[p]] & (C_CRLF | C_N)) || p + 1 >= n || s[p + 1] >= 0x80 ||
+        !(g_ascii[s[p + 1]] & C_L))
+      return 0;
+    p++;
+  }
+  size_t u = p;
+  while (u < n && s[u] < 0x80 && (g_ascii[s[u]] & C_UP)) u++;
+  size_t e = u;
+  while (e < n && s[e] < 0x80 && (g_ascii[s[e]] & C_LO)) e++;
+  if (e < n && s[e] >= 0x80) return 0; /* the run may go on with a non-ASCII letter or mark */
+  return e + contraction(x, e);
+}
+
 /* ---- the patterns ----------------------------------------------------------- */
 
 static size_t scan_cl100k(const scan *x, size_t i) {
@@ -294,7 +317,9 @@ static size_t scan_cl100k(const scan *x, size_t i) {
 }
 
 static size_t scan_o200k(const scan *x, size_t i) {
-  size_t e = cased_word(x, i, 0);
+  size_t e = ascii_cased_word(x, i);
+  if (e) return e;
+  e = cased_word(x, i, 0);
   if (e) return e;
   if (is(x, i, C_N, 0)) return digits(x, i, 3);
   e = punct_run(x, i, C_WS | C_L | C_N, true);
@@ -302,8 +327,10 @@ static size_t scan_o200k(const scan *x, size_t i) {
 }
 
 static size_t scan_kimi(const scan *x, size_t i) {
+  size_t e = ascii_cased_word(x, i); /* ASCII is never Han */
+  if (e) return e;
   if (is(x, i, C_HAN, 0)) return run(x, i, C_HAN, 0);
-  size_t e = cased_word(x, i, C_HAN);
+  e = cased_word(x, i, C_HAN);
   if (e) return e;
   if (is(x, i, C_N, 0)) return digits(x, i, 3);
   e = punct_run(x, i, C_WS | C_L | C_N, false);
