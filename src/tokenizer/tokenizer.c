@@ -323,9 +323,10 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
 }
 
 /* Start loading what a piece with hash h looks up first: its piece-cache entry (1 MiB, often
- * out of L2) and its vocabulary slot. */
+ * out of L2), its word of the vocabulary filter and its vocabulary slot. */
 static inline void prefetch_piece(const df_vocab *v, const enc_ctx *c, uint64_t h) {
   if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+  if (v->filter.words) __builtin_prefetch(&v->filter.words[(uint32_t)(h >> 20) & v->filter.mask]);
   __builtin_prefetch(&v->slots[(uint32_t)h & v->mask]);
 }
 
@@ -338,7 +339,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
   if (st) return st;
   const df_vocab *v = &t->vocab;
-  enum { AHEAD = 4 };
+  enum { AHEAD = 8 };
   uint64_t hashes[AHEAD] = {0};
   /* Hash a few pieces ahead and prefetch their vocabulary slots, so the
    * lookups' cache misses overlap. */
