@@ -27,13 +27,31 @@ dflash_status df_ids_push(df_ids *ids, int32_t id) {
   return DFLASH_OK;
 }
 
+/* df_pairmap_rank through the scratch's pair cache: a slot holds the key and the rank as the
+ * table does, with an all-ones rank for a pair that does not merge. */
+#define NO_MERGE ((1u << DF_PAIR_RANK_BITS) - 1)
+static inline uint32_t pair_rank(const df_pairmap *m, uint64_t *cache, uint32_t a, uint32_t b) {
+  if (!cache) return df_pairmap_rank(m, a, b);
+  uint64_t key = df_pair_key(a, b);
+  uint64_t *slot = &cache[(key * 0x9E3779B97F4A7C15ull) >> (64 - DF_PAIR_CACHE_BITS)];
+  if (*slot >> DF_PAIR_RANK_BITS == key) {
+    uint32_t r = (uint32_t)(*slot & NO_MERGE);
+    return r == NO_MERGE ? UINT32_MAX : r;
+  }
+  uint32_t r = df_pairmap_rank(m, a, b);
+  *slot = key << DF_PAIR_RANK_BITS | (r == UINT32_MAX ? NO_MERGE : r);
+  return r;
+}
+
 void df_bpe_scratch_free(df_bpe_scratch *s) {
   free(s->ids);
   free(s->rank);
   free(s->prev);
   free(s->next);
   free(s->heap);
+  uint64_t *cache = s->pair_cache; /* not ours */
   memset(s, 0, sizeof *s);
+  s->pair_cache = cache;
 }
 
 static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
@@ -57,8 +75,8 @@ static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
 }
 
 /* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
-static size_t merge_flat(const df_pairmap *pairs, const uint8_t *piece, uint32_t *ids,
-                         uint32_t *rank, size_t n) {
+static size_t merge_flat(const df_pairmap *pairs, uint64_t *cache, const uint8_t *piece,
+                         uint32_t *ids, uint32_t *rank, size_t n) {
   if (pairs->byte_rank) { /* first round: every pair is two bytes */
     for (size_t i = 0; i + 1 < n; i++) rank[i] = pairs->byte_rank[piece[i] << 8 | piece[i + 1]];
   } else {
@@ -79,10 +97,10 @@ static size_t merge_flat(const df_pairmap *pairs, const uint8_t *piece, uint32_t
     memmove(rank + best + 1, rank + best + 2, tail * sizeof *rank);
     n--;
     rank[n - 1] = UINT32_MAX;
-    if (best + 1 < n) df_pairmap_prefetch(pairs, ids[best], ids[best + 1]);
-    if (best > 0) df_pairmap_prefetch(pairs, ids[best - 1], ids[best]);
-    if (best + 1 < n) rank[best] = df_pairmap_rank(pairs, ids[best], ids[best + 1]);
-    if (best > 0) rank[best - 1] = df_pairmap_rank(pairs, ids[best - 1], ids[best]);
+    if (!cache && best + 1 < n) df_pairmap_prefetch(pairs, ids[best], ids[best + 1]);
+    if (!cache && best > 0) df_pairmap_prefetch(pairs, ids[best - 1], ids[best]);
+    if (best + 1 < n) rank[best] = pair_rank(pairs, cache, ids[best], ids[best + 1]);
+    if (best > 0) rank[best - 1] = pair_rank(pairs, cache, ids[best - 1], ids[best]);
   }
   return n;
 }
@@ -120,7 +138,7 @@ static uint64_t heap_pop(uint64_t *h, size_t *n) {
 
 static void heap_update(const df_pairmap *pairs, df_bpe_scratch *s, size_t *hn, uint32_t i) {
   uint32_t j = s->next[i];
-  s->rank[i] = j == DF_NIL ? UINT32_MAX : df_pairmap_rank(pairs, s->ids[i], s->ids[j]);
+  s->rank[i] = j == DF_NIL ? UINT32_MAX : pair_rank(pairs, s->pair_cache, s->ids[i], s->ids[j]);
   if (s->rank[i] != UINT32_MAX) heap_push(s->heap, hn, (uint64_t)s->rank[i] << 32 | i);
 }
 
@@ -162,6 +180,6 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
   for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
   if (n > heap_threshold) return merge_heap(pairs, s, n, out);
-  size_t m = merge_flat(pairs, piece, s->ids, s->rank, n);
+  size_t m = merge_flat(pairs, s->pair_cache, piece, s->ids, s->rank, n);
   return emit(out, s->ids, m);
 }

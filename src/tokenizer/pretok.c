@@ -251,11 +251,29 @@ static dflash_status split_emit(split_state *ss, size_t b, size_t e, bool is_mat
   return st;
 }
 
+/* The common case, a scanner splitting into isolated pieces: push what it matches back to
+ * back without the per-piece dispatch of the general loop. Returns where it stopped (a
+ * place where the scanner matches nothing, or e). */
+static size_t scan_isolated(const df_pretok_step *st, const char *text, size_t b, size_t e,
+                            df_ranges *out, dflash_status *rc) {
+  size_t pos = b;
+  while (pos < e) {
+    size_t n = df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
+    if (!n) break;
+    if (out->len < out->cap) out->v[out->len++] = (df_range){pos, pos + n};
+    else if ((*rc = df_ranges_push(out, pos, pos + n))) break; /* grows the list */
+    pos += n;
+  }
+  return pos;
+}
+
 dflash_status df_regex_split(const df_pretok_step *st, const char *text, size_t b, size_t e,
                              df_pretok_scratch *s, df_ranges *out) {
   dflash_status rc = scratch_ready(s);
   split_state ss = {.out = out, .behavior = st->behavior};
   size_t pos = b;
+  if (!rc && st->scanner != DF_SCAN_NONE && st->behavior == DF_SPLIT_ISOLATED && !st->invert)
+    pos = scan_isolated(st, text, b, e, out, &rc);
   while (!rc && pos < e) {
     size_t mb = e, me = e;
     if ((rc = next_match(st, text, b, e, pos, s, &mb, &me))) break;

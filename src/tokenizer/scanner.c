@@ -24,7 +24,15 @@ enum {
 };
 
 #define N_CODEPOINTS 0x110000
-static uint8_t *g_class; /* [N_CODEPOINTS], read-only once built */
+/* The classes of every code point, as a two-level table: g_stage1[c >> 7] picks one of the
+ * distinct 128-code-point blocks in g_blocks. A flat table (1.1 MB) misses the cache on
+ * nearly every character of text that mixes scripts; this one is about 50 KB. Read-only
+ * once built. */
+#define BLOCK_BITS 7
+static uint16_t *g_stage1; /* [N_CODEPOINTS >> BLOCK_BITS] */
+static uint8_t *g_blocks;
+static uint8_t g_ascii[128];
+static uint8_t *g_class; /* [N_CODEPOINTS] while building */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static dflash_status g_init_status;
 
@@ -58,6 +66,35 @@ static dflash_status mark_class(const char *rx, uint8_t bit, const char *all, si
 }
 
 
+/* g_stage1 and g_blocks from the flat g_class (identical blocks stored once). */
+static dflash_status build_stages(void) {
+  enum { B = 1 << BLOCK_BITS, N_BLOCKS = N_CODEPOINTS >> BLOCK_BITS };
+  g_stage1 = malloc(N_BLOCKS * sizeof *g_stage1);
+  uint8_t *blocks = malloc((size_t)N_BLOCKS * B);
+  if (!g_stage1 || !blocks) {
+    free(g_stage1);
+    free(blocks);
+    g_stage1 = NULL;
+    return df_error_nomem("scanner tables");
+  }
+  size_t n = 0;
+  for (size_t b = 0; b < N_BLOCKS; b++) {
+    const uint8_t *cls = g_class + b * B;
+    size_t k = n && !memcmp(blocks + (n - 1) * B, cls, B) ? n - 1 : 0; /* runs of equal blocks */
+    while (k < n && memcmp(blocks + k * B, cls, B)) k++;
+    if (k == n) memcpy(blocks + n++ * B, cls, B);
+    g_stage1[b] = (uint16_t)k;
+  }
+  g_blocks = realloc(blocks, n * B);
+  if (!g_blocks) g_blocks = blocks; /* shrinking failed: keep the larger block */
+  memcpy(g_ascii, g_class, sizeof g_ascii);
+  return DFLASH_OK;
+}
+
+static inline uint8_t class_of(uint32_t c) {
+  return g_blocks[(size_t)g_stage1[c >> BLOCK_BITS] << BLOCK_BITS | (c & ((1u << BLOCK_BITS) - 1))];
+}
+
 static void build_classes(void) {
   g_class = calloc(N_CODEPOINTS, 1);
   char *all = malloc((size_t)N_CODEPOINTS * 4);
@@ -85,15 +122,14 @@ static void build_classes(void) {
   for (size_t k = 0; k < DF_ARRAY_LEN(classes) && !g_init_status; k++)
     g_init_status = mark_class(classes[k].rx, classes[k].bit, all, len);
   free(all);
-  if (g_init_status) {
-    free(g_class);
-    g_class = NULL;
-  }
+  if (!g_init_status) g_init_status = build_stages();
+  free(g_class);
+  g_class = NULL;
 }
 
 dflash_status df_scan_init(void) {
   pthread_once(&g_once, build_classes);
-  return g_class ? DFLASH_OK : g_init_status ? g_init_status : DFLASH_E_NOMEM;
+  return g_blocks ? DFLASH_OK : g_init_status ? g_init_status : DFLASH_E_NOMEM;
 }
 
 /* ---- scanning helpers ----------------------------------------------------- */
@@ -105,9 +141,9 @@ typedef struct scan {
 
 static inline uint8_t cls_at(const scan *x, size_t i) {
   if (i >= x->len) return 0;
-  if (x->s[i] < 0x80) return g_class[x->s[i]];
+  if (x->s[i] < 0x80) return g_ascii[x->s[i]];
   size_t j = i;
-  return g_class[df_utf8_next(x->s, &j)];
+  return class_of(df_utf8_next(x->s, &j));
 }
 
 static inline size_t next_char(const scan *x, size_t i) {
@@ -214,6 +250,29 @@ static size_t cased_word(const scan *x, size_t i, uint8_t none) {
   return 0;
 }
 
+/* The cased-word alternatives of o200k and Kimi when the word is ASCII: an optional
+ * [^\r\n\p{L}\p{N}] then upper-case letters then lower-case ones, decided without the
+ * backtracking of cased_word. ASCII letters are Lu or Ll only, so [UP]* cannot give back a
+ * character [LO]+ would take, and alternative 2 takes the upper-case run. Returns the end,
+ * or 0 when a character that decides the match is not ASCII (the caller runs cased_word). */
+static size_t ascii_cased_word(const scan *x, size_t i) {
+  const uint8_t *s = x->s;
+  size_t p = i, n = x->len;
+  if (s[p] >= 0x80) return 0;
+  if (!(g_ascii[s[p]] & C_L)) { /* the optional character, taken when a letter follows */
+    if ((g_ascii[s[p]] & (C_CRLF | C_N)) || p + 1 >= n || s[p + 1] >= 0x80 ||
+        !(g_ascii[s[p + 1]] & C_L))
+      return 0;
+    p++;
+  }
+  size_t u = p;
+  while (u < n && s[u] < 0x80 && (g_ascii[s[u]] & C_UP)) u++;
+  size_t e = u;
+  while (e < n && s[e] < 0x80 && (g_ascii[s[e]] & C_LO)) e++;
+  if (e < n && s[e] >= 0x80) return 0; /* the run may go on with a non-ASCII letter or mark */
+  return e + contraction(x, e);
+}
+
 /* ---- the patterns ----------------------------------------------------------- */
 
 static size_t scan_cl100k(const scan *x, size_t i) {
@@ -236,7 +295,9 @@ static size_t scan_cl100k(const scan *x, size_t i) {
 }
 
 static size_t scan_o200k(const scan *x, size_t i) {
-  size_t e = cased_word(x, i, 0);
+  size_t e = ascii_cased_word(x, i);
+  if (e) return e;
+  e = cased_word(x, i, 0);
   if (e) return e;
   if (is(x, i, C_N, 0)) return digits(x, i, 3);
   e = punct_run(x, i, C_WS | C_L | C_N, true);
@@ -244,8 +305,10 @@ static size_t scan_o200k(const scan *x, size_t i) {
 }
 
 static size_t scan_kimi(const scan *x, size_t i) {
+  size_t e = ascii_cased_word(x, i); /* ASCII is never Han */
+  if (e) return e;
   if (is(x, i, C_HAN, 0)) return run(x, i, C_HAN, 0);
-  size_t e = cased_word(x, i, C_HAN);
+  e = cased_word(x, i, C_HAN);
   if (e) return e;
   if (is(x, i, C_N, 0)) return digits(x, i, 3);
   e = punct_run(x, i, C_WS | C_L | C_N, false);

@@ -10,6 +10,33 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+/* ---- membership filter (vocab.c) ------------------------------------------ */
+
+/* A register-blocked Bloom filter: each key sets three bits of one 64-bit word, so a query
+ * reads one word. About 10 bits per key (a few % false positives): small enough for L2,
+ * where the tables it guards (several MiB each) are not, so most lookups of keys that are
+ * absent never touch those tables. Read-only once built; NULL words: everything passes. */
+typedef struct df_filter {
+  uint64_t *words;
+  uint32_t mask; /* words - 1 */
+} df_filter;
+
+static inline uint64_t df_filter_bits(uint64_t h) {
+  return 1ull << (h >> 46 & 63) | 1ull << (h >> 52 & 63) | 1ull << (h >> 58);
+}
+/* h: a well-mixed 64-bit hash of the key. */
+static inline bool df_filter_may_have(const df_filter *f, uint64_t h) {
+  if (!f->words) return true;
+  uint64_t bits = df_filter_bits(h);
+  return (f->words[(uint32_t)(h >> 20) & f->mask] & bits) == bits;
+}
+static inline void df_filter_add(df_filter *f, uint64_t h) {
+  f->words[(uint32_t)(h >> 20) & f->mask] |= df_filter_bits(h);
+}
+/* Room for n keys (all bits clear). */
+DF_MUST_CHECK dflash_status df_filter_init(df_filter *f, size_t n);
+void df_filter_free(df_filter *f);
+
 /* ---- vocabulary (vocab.c) ------------------------------------------------- */
 
 enum { DF_TOK_NONE = 0, DF_TOK_ORDINARY = 1, DF_TOK_SPECIAL = 2, DF_TOK_ADDED = 3 };
@@ -36,6 +63,7 @@ typedef struct df_vocab {
   /* Some byte has no token (only when not strict): encoding drops such bytes
    * from each piece before merging, as Hugging Face does without unk_token. */
   bool byte_gaps;
+  df_filter filter; /* over the hashes of the ordinary tokens */
 } df_vocab;
 
 /* Create with room for ids [0, n_ids). */
@@ -73,6 +101,7 @@ typedef struct df_pairmap {
    * round of a merge (all byte pairs) reads 256 KiB instead of the whole table. NULL until
    * df_pairmap_byte_ranks. */
   uint32_t *byte_rank;
+  df_filter filter; /* over the pairs' keys; built by df_pairmap_byte_ranks */
 } df_pairmap;
 
 DF_MUST_CHECK dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
@@ -90,8 +119,10 @@ static inline size_t df_pair_slot(uint64_t key, size_t mask) {
   return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
 /* Rank of merging a then b, UINT32_MAX when they do not merge. */
+static inline uint64_t df_pair_filter_hash(uint64_t key) { return key * 0xD6E8FEB86659FD93ull; }
 static inline uint32_t df_pairmap_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
   uint64_t key = df_pair_key(a, b);
+  if (!df_filter_may_have(&m->filter, df_pair_filter_hash(key))) return UINT32_MAX;
   for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
     uint64_t s = m->slots[i];
     if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
@@ -119,7 +150,13 @@ typedef struct df_bpe_scratch {
   uint32_t *prev, *next;
   uint64_t *heap;
   size_t cap, heap_cap;
+  /* Not owned, may be NULL: a per-thread cache of pair ranks (DF_PAIR_CACHE_SLOTS slots, all
+   * UINT64_MAX when empty) for one pair table. The table is several MiB, out of L2, while the
+   * pairs one text merges repeat: most lookups are then one L2 read. */
+  uint64_t *pair_cache;
 } df_bpe_scratch;
+#define DF_PAIR_CACHE_BITS 15
+#define DF_PAIR_CACHE_SLOTS ((size_t)1 << DF_PAIR_CACHE_BITS)
 
 void df_bpe_scratch_free(df_bpe_scratch *s);
 /* Merge the bytes of one piece into token ids appended to `out`.

@@ -194,6 +194,7 @@ typedef struct enc_ctx {
   df_ids out;
   dflash_special_mode mode;
   piece_entry *cache;
+  uint64_t *pair_cache; /* lent to bs */
   uint64_t cache_serial;
 } enc_ctx;
 
@@ -205,6 +206,7 @@ static void ctx_free(enc_ctx *c) {
   df_bpe_scratch_free(&c->bs);
   free(c->out.v);
   free(c->cache);
+  free(c->pair_cache);
   memset(c, 0, sizeof *c);
 }
 
@@ -226,10 +228,14 @@ static void ctx_trim(enc_ctx *c) {
 
 /* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
-  if (c->cache && c->cache_serial == t->serial) return;
+  c->bs.pair_cache = c->pair_cache; /* a trim may have cleared the loan */
+  if (c->cache && c->pair_cache && c->cache_serial == t->serial) return;
   /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
   if (!c->cache) c->cache = aligned_alloc(64, sizeof *c->cache << DF_CACHE_BITS);
   if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
+  if (!c->pair_cache) c->pair_cache = aligned_alloc(64, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
+  if (c->pair_cache) memset(c->pair_cache, 0xFF, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
+  c->bs.pair_cache = c->pair_cache;
   c->cache_serial = t->serial;
 }
 
@@ -317,9 +323,10 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
 }
 
 /* Start loading what a piece with hash h looks up first: its piece-cache entry (1 MiB, often
- * out of L2) and its vocabulary slot. */
+ * out of L2), its word of the vocabulary filter and its vocabulary slot. */
 static inline void prefetch_piece(const df_vocab *v, const enc_ctx *c, uint64_t h) {
   if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+  if (v->filter.words) __builtin_prefetch(&v->filter.words[(uint32_t)(h >> 20) & v->filter.mask]);
   __builtin_prefetch(&v->slots[(uint32_t)h & v->mask]);
 }
 
@@ -332,7 +339,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
   if (st) return st;
   const df_vocab *v = &t->vocab;
-  enum { AHEAD = 4 };
+  enum { AHEAD = 8 };
   uint64_t hashes[AHEAD] = {0};
   /* Hash a few pieces ahead and prefetch their vocabulary slots, so the
    * lookups' cache misses overlap. */

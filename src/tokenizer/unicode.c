@@ -36,8 +36,10 @@ dflash_status df_utf8_repair(const char *str, size_t len, df_buf *out, bool *cha
   *changed = false;
   size_t i = 0, copied = 0;
   while (i < len) {
-    if (s[i] < 0x80) {
+    if (s[i] < 0x80) { /* ASCII: skip it eight bytes at a time */
       i++;
+      uint64_t w;
+      while (i + 8 <= len && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) i += 8;
       continue;
     }
     size_t need, k = valid_prefix(s + i, len - i, &need);

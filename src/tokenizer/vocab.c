@@ -29,6 +29,20 @@ uint64_t df_hash_bytes(const void *p, size_t n) {
   return h ^ (h >> 32);
 }
 
+dflash_status df_filter_init(df_filter *f, size_t n) {
+  size_t words = 64;
+  while (words * 64 < n * 10) words <<= 1;
+  f->words = calloc(words, sizeof *f->words);
+  if (!f->words) return df_error_nomem("membership filter");
+  f->mask = (uint32_t)(words - 1);
+  return DFLASH_OK;
+}
+
+void df_filter_free(df_filter *f) {
+  free(f->words);
+  memset(f, 0, sizeof *f);
+}
+
 dflash_status df_vocab_init(df_vocab *v, uint32_t n_ids) {
   memset(v, 0, sizeof *v);
   v->n_ids = n_ids;
@@ -45,6 +59,7 @@ void df_vocab_free(df_vocab *v) {
   free(v->len);
   free(v->kind);
   free(v->slots);
+  df_filter_free(&v->filter);
   df_buf_free(&v->blob);
   memset(v, 0, sizeof *v);
 }
@@ -82,7 +97,7 @@ uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len) {
 }
 
 uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash) {
-  if (!v->slots) return UINT32_MAX;
+  if (!v->slots || !df_filter_may_have(&v->filter, hash)) return UINT32_MAX;
   uint64_t head = head8(bytes, len);
   for (uint32_t i = (uint32_t)hash & v->mask;; i = (i + 1) & v->mask) {
     const df_vslot *s = &v->slots[i];
@@ -111,6 +126,13 @@ dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what) {
     }
     if (!v->slots[i].id_plus1) v->slots[i] = (df_vslot){head, id + 1, v->len[id]};
   }
+  df_filter_free(&v->filter);
+  df_filter tmp = {0};
+  if (df_filter_init(&tmp, v->n_ids)) return DFLASH_E_NOMEM;
+  for (uint32_t id = 0; id < v->n_ids; id++)
+    if (v->kind[id] == DF_TOK_ORDINARY)
+      df_filter_add(&tmp, df_hash_bytes(v->blob.data + v->off[id], v->len[id]));
+  v->filter = tmp; /* set last: lookups while building pass through */
   v->byte_gaps = false;
   for (int b = 0; b < 256; b++) {
     if (v->byte_id[b] != UINT32_MAX) continue;
@@ -138,8 +160,21 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
   return DFLASH_OK;
 }
 
+/* The filter over every pair in the table. */
+static dflash_status pairmap_filter(df_pairmap *m) {
+  df_filter_free(&m->filter);
+  df_filter f = {0};
+  if (df_filter_init(&f, m->count)) return DFLASH_E_NOMEM;
+  for (size_t i = 0; i <= m->mask; i++)
+    if (m->slots[i] != UINT64_MAX)
+      df_filter_add(&f, df_pair_filter_hash(m->slots[i] >> DF_PAIR_RANK_BITS));
+  m->filter = f;
+  return DFLASH_OK;
+}
+
 dflash_status df_pairmap_byte_ranks(df_pairmap *m, const df_vocab *v) {
   if (!m->slots) return DFLASH_OK; /* no merges: nothing to look up */
+  if (pairmap_filter(m)) return DFLASH_E_NOMEM;
   free(m->byte_rank);
   m->byte_rank = malloc(256 * 256 * sizeof *m->byte_rank);
   if (!m->byte_rank) return df_error_nomem("byte-pair ranks");
@@ -153,6 +188,7 @@ void df_pairmap_free(df_pairmap *m) {
   free(m->slots);
   free(m->merged_of_rank);
   free(m->byte_rank);
+  df_filter_free(&m->filter);
   memset(m, 0, sizeof *m);
 }
 

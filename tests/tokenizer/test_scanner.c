@@ -103,6 +103,71 @@ static void compare(const char *pattern) {
   df_pretok_free(&without);
 }
 
+static size_t put_utf8(char *o, uint32_t c) {
+  if (c < 0x80) {
+    o[0] = (char)c;
+    return 1;
+  }
+  if (c < 0x800) {
+    o[0] = (char)(0xC0 | c >> 6);
+    o[1] = (char)(0x80 | (c & 0x3F));
+    return 2;
+  }
+  if (c < 0x10000) {
+    o[0] = (char)(0xE0 | c >> 12);
+    o[1] = (char)(0x80 | (c >> 6 & 0x3F));
+    o[2] = (char)(0x80 | (c & 0x3F));
+    return 3;
+  }
+  o[0] = (char)(0xF0 | c >> 18);
+  o[1] = (char)(0x80 | (c >> 12 & 0x3F));
+  o[2] = (char)(0x80 | (c >> 6 & 0x3F));
+  o[3] = (char)(0x80 | (c & 0x3F));
+  return 4;
+}
+
+/* A code point anywhere in Unicode (no surrogates), or ASCII half the time, so every
+ * block of the scanner's two-level class table is read with ASCII around it. */
+static uint32_t random_code_point(unsigned *seed) {
+  uint32_t r = (uint32_t)rand_r(seed);
+  if (r % 2) return (uint32_t)rand_r(seed) % 128;
+  uint32_t c = (uint32_t)rand_r(seed) % (r % 3 ? 0x10000u : 0x110000u); /* favour the BMP */
+  return c >= 0xD800 && c <= 0xDFFF ? c - 0x800 : c;
+}
+
+/* The scanner against the regex on strings of code points drawn from all of Unicode. */
+static void compare_random_unicode(const char *pattern) {
+  df_pretok with = {0}, without = {0};
+  ck_assert_ok(df_pretok_add_regex(&with, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+  ck_assert_ok(
+      df_pretok_add_regex(&without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+  without.steps[0].scanner = DF_SCAN_NONE;
+  df_pretok_scratch s1 = {0}, s2 = {0};
+  unsigned seed = 7;
+  char text[16 * 4];
+  for (int iter = 0; iter < 40000; iter++) {
+    size_t len = 0, n = 1 + (size_t)(rand_r(&seed) % 16);
+    for (size_t k = 0; k < n; k++) len += put_utf8(text + len, random_code_point(&seed));
+    const char *b1, *b2;
+    df_ranges *r1, *r2;
+    ck_assert_ok(df_pretok_run(&with, text, len, &s1, &b1, &r1));
+    ck_assert_ok(df_pretok_run(&without, text, len, &s2, &b2, &r2));
+    bool same = r1->len == r2->len && !memcmp(r1->v, r2->v, r1->len * sizeof *r1->v);
+    ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", pattern, (int)len,
+                  text);
+  }
+  df_pretok_scratch_free(&s1);
+  df_pretok_scratch_free(&s2);
+  df_pretok_free(&with);
+  df_pretok_free(&without);
+}
+
+START_TEST(scanners_agree_on_random_unicode) {
+  static const char *const names[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5"};
+  compare_random_unicode(names[_i]);
+}
+END_TEST
+
 START_TEST(scanners_agree_with_regex) {
   static const char *const names[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5"};
   compare(names[_i]);
@@ -113,5 +178,6 @@ TCase *tc_tok_scanner(void);
 TCase *tc_tok_scanner(void) {
   TCase *tc = tcase_create("scanner");
   tcase_add_loop_test(tc, scanners_agree_with_regex, 0, 5);
+  tcase_add_loop_test(tc, scanners_agree_on_random_unicode, 0, 5);
   return tc;
 }
