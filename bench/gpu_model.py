@@ -82,7 +82,7 @@ GPUS = {
                  l2=126e6, l2bw=10e12, smem_block=232448, smem_sm=233472,
                  smem_bw=148 * 128 * 1.86e9, mma_sync=0.5, clock=1.86e9, sfu=16,
                  threads_sm=2048, source="NVIDIA HGX B200 datasheet (per GPU)"),
-    # B300 SXM (Blackwell Ultra, sm_103; ../shared/spec/gpu-targets.md): dense BF16 2.25
+    # B300 SXM (Blackwell Ultra, sm_103; NVIDIA's datasheet): dense BF16 2.25
     # PFLOPS as the B200, 288 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s (NCCL bus bandwidth
     # 720 GB/s assumed as for the B200), doubled SFU ex2 rate (32 per clock per SM). 160 SMs
     # (NVIDIA's Blackwell Ultra technical blog); the clock is the peak over 160 SMs x 8192
@@ -90,14 +90,14 @@ GPUS = {
     "B300": dict(peak=2250e12, fp32=80e12, bw=8.0e12, mem=288e9, sms=160, busbw=720e9,
                  l2=126e6, l2bw=10e12, smem_block=232448, smem_sm=233472,
                  smem_bw=160 * 128 * 1.717e9, mma_sync=0.5, clock=1.717e9, sfu=32,
-                 threads_sm=2048, source="B300 figures of ../shared/spec/gpu-targets.md"),
+                 threads_sm=2048, source="B300 figures of NVIDIA's published datasheets"),
     # NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet and the RTX Blackwell
     # GPU architecture whitepaper: 503.8 TFLOPS dense FP16/BF16 tensor with FP32
     # accumulate (1007.6 sparse); FP32 125 TFLOPS; 96 GB GDDR7 at 1792 GB/s; 188 SMs;
     # no NVLink: PCIe Gen 5 x16 (64 GB/s one direction). NCCL bus bandwidth of 8 of them
     # over PCIe: 25 GB/s by default (--busbw; 15-42 measured on such boxes: 22 with NCCL's
     # default 2 channels on dual EPYC, 38-41 tuned or behind PCIe switches with
-    # NCCL_MIN_NCHANNELS=8; ../shared/spec/gpu-targets.md). 48 warps (1536 threads) per SM.
+    # NCCL_MIN_NCHANNELS=8; NVIDIA's datasheet). 48 warps (1536 threads) per SM.
     # L2 128 MB (GB202); L2 bandwidth 5 TB/s assumed.
     "RTX-PRO-6000": dict(peak=503.8e12, fp32=125e12, bw=1.792e12, mem=96e9, sms=188,
                          busbw=25e9, l2=128e6, l2bw=5e12, smem_block=101376,

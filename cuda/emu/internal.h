@@ -29,7 +29,7 @@ namespace dfemu {
 // The emulated architecture (DFLASH_EMU_ARCH=sm_90|sm_100|sm_120, default sm_90): the
 // properties cudaGetDeviceProperties reports and the limits a launch is checked against.
 // Figures: CUDA C Programming Guide (compute capabilities 9.0, 10.0, 12.0) and the cards'
-// datasheets (../shared/spec/gpu-targets.md); `memory` is what the driver reports.
+// datasheets (see docs/gpu.md); `memory` is what the driver reports.
 struct Arch {
   const char *name, *card; // "sm_120", "RTX PRO 6000 Blackwell"
   int major, minor, sms, clock_khz, mem_clock_khz, bus_bits;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`dflash init-config` against z-lab's published drafter shapes (spec/drafter.md's table):
+"""`dflash init-config` against z-lab's published drafter shapes (docs/drafter.md):
 a Qwen3-8B-shaped and a Kimi-K2.6-shaped target config.json (K2.6 nests the text model in
 text_config, attends with MLA and uses DeepSeek-style YaRN) give the reference drafters'
 layers, target layers, heads, vocabulary and mask token; YaRN's attention factor is the one

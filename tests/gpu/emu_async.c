@@ -1,5 +1,5 @@
 /*
- * The optimizer step without a host wait (issue 15, performance target), on the emulated
+ * The optimizer step without a host wait, on the emulated
  * device (suite 'cuda-emu'), whose streams run work only when something forces them:
  *   - dflash_trainer_step_async enqueues the last backward, the norm, the clip factor (all
  *     on the device), AdamW and returns without a single cudaStreamSynchronize /

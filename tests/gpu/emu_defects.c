@@ -1,5 +1,5 @@
 /*
- * Defects of the CUDA backend found by review (issue 15, item 2), each shown on the emulated
+ * Defects of the CUDA backend found by review, each shown on the emulated
  * device (cuda/emu, suite 'cuda-emu'):
  *   - a refused kernel launch (the emulator refuses a kernel by name, as the hardware refuses
  *     one that needs more registers than a block has) is a DFLASH_E_CUDA naming the kernel,
@@ -149,7 +149,7 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
 END_TEST
 
 /* The attention's shape limits are refused when the trainer is created and by the plan, naming
- * the limit, not at the first launch (issue 17 item 4); the CPU backend trains those shapes. */
+ * the limit, not at the first launch; the CPU backend trains those shapes. */
 START_TEST(a_shape_limits_refused_at_create_and_by_the_plan) {
   static const struct {
     int d, nh, nkv, B;

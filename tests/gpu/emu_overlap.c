@@ -1,5 +1,5 @@
 /*
- * Issue 15 item 5: with several ranks, cuda/model.cu reduce-scatters the gradients bucket by
+ * With several ranks, cuda/model.cu reduce-scatters the gradients bucket by
  * bucket on a communication stream while the backward of the step's last sequence runs,
  * each bucket behind an event recorded after its last dW GEMM. Two ranks over NCCL
  * (threads of this process, one emulated device each) with small buckets (many per layer)

@@ -1,5 +1,5 @@
 /*
- * The CUDA trainer's host path off the critical path (issue 15, item 4), on the emulated
+ * The CUDA trainer's host path off the critical path, on the emulated
  * device (suite 'cuda-emu'), whose streams run work only when something forces them, so a
  * staging buffer refilled before its copy ran, or a missing wait, reads the wrong rows:
  *   - hidden rows uploaded as stored (bf16, or fp8 e4m3 with a scale per token and layer)

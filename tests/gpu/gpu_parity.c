@@ -415,7 +415,7 @@ int main(void) {
 #endif
     run_config(&kimi, "kimi heads 64/8 x 128", seed + 130);
   g_len = len0, g_anchors = anchors0;
-  /* DFlash 2 (issue 18): the convolutions around every sublayer, the selector's loss and
+  /* DFlash 2: the convolutions around every sublayer, the selector's loss and
    * greedy path; drop mode with the second config's sliding layer... */
   c.dflash2 = 1, c.conv_kernel_size = 3, c.conv_group_size = 8;
   c.selector_top_k = 128, c.selector_rank = 32; /* the true token a candidate in 1/4 */

@@ -10,7 +10,7 @@
 3. every kernel the CUDA sources launch (DF_LAUNCH in cuda/*.cu) and every cuBLAS /
    NCCL call of cuda/model.cu, backend.cu, dist.cu and arena.cu has a row in the model, so a new kernel without one fails
    here; the scan itself is shown to find a kernel the model lacks;
-4. the reduce-scatter overlapped with the backward (issue 15 item 5): the bucket layout is
+4. the reduce-scatter overlapped with the backward: the bucket layout is
    dist.c's, the tensor offsets add up to the parameter count, the exposed tail lies
    between 0 and the whole reduce-scatter, and with one bucket (ready only when the
    backward ends) it is the whole reduce-scatter;
@@ -23,12 +23,12 @@
    cuda/dflash2.cu a step launches has a priced row (not only a name), the reduce-scatter
    runs whole after the backward (model.cu does not overlap it for DFlash 2), and the model
    FLOPs grow by the convolutions' kernel projections and the selector;
-7. the targets of issue 26: the shared-memory bytes cuda/attention.cu's header states for the
+7. the shared-memory targets: the shared-memory bytes cuda/attention.cu's header states for the
    Kimi and Qwen3-8B packings equal the model's smem_layout (which mirrors the kernel's),
    both fit the RTX PRO 6000's 101,376 bytes per block at N 64, neither shape is refused
    there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
    per CTA: refused on sm_120 with the reason, no step: the backend has no other path);
-8. the trainer's own sequences per step (issue 26): gpu_model.py's PCIE_SEQUENCES is
+8. the trainer's own sequences per step: gpu_model.py's PCIE_SEQUENCES is
    train/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
    reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
    >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer

@@ -1,5 +1,5 @@
 """An independent PyTorch implementation of the DFlash drafter and its loss,
-written from the spec (shared/spec/drafter.md) and the public reference
+written from the model description (docs/drafter.md) and the public reference
 trainer's conventions, with a dense attention mask and full logits: the
 opposite of libdflash's packed, chunked C code, so the two share no shortcut.
 

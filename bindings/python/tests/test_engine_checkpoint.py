@@ -1,4 +1,4 @@
-"""Checkpoints that SGLang and vLLM run as they are (issue 33).
+"""Checkpoints that SGLang and vLLM run as they are.
 
 Neither engine imports without CUDA, so each engine's reading of a checkpoint is
 re-stated here from its own code, read (not copied) in the pinned wheels:
@@ -85,7 +85,7 @@ BASE = {
     "num_target_layers": 12, "block_size": 4, "rope_theta": 50000.0,
     "dflash_config": {"mask_token_id": 40, "target_layer_ids": [2, 6, 9]},
 }
-# The Kimi K2.x target's YaRN (spec/drafter.md): factor 64 over 4096, mscale 1/1,
+# The Kimi K2.x target's YaRN (docs/drafter.md): factor 64 over 4096, mscale 1/1,
 # so transformers' attention factor is 1.0.
 KIMI_YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
              "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}

@@ -1,4 +1,4 @@
-"""Python that feels like Python (issue 19, item 9): failures raise libdflash.Error subclasses
+"""Python that feels like Python: failures raise libdflash.Error subclasses
 that are also the built-in kinds (FileNotFoundError, KeyError, IndexError, ValueError, ...)
 with .status and .message; Dataset has a repr, slices and lookup by id; len(tokenizer);
 Tokenizer.decode gives str (decode_bytes the bytes); ChatTemplate.render takes Hugging

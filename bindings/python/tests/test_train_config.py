@@ -1,4 +1,4 @@
-"""Drafter configs the reference loaders read differently are refused (issue 14);
+"""Drafter configs the reference loaders read differently are refused;
 partial_rotary_factor is a DrafterConfig field; Trainer.logits."""
 import json
 

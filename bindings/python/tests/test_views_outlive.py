@@ -43,7 +43,7 @@ def isolated(tmp_path, body, env=None):
 
 
 def test_dataset_array_read_after_close(tmp_path):
-    """Issue 13: an array taken from a Dataset and read after close() segfaulted."""
+    """An array taken from a Dataset and read after close() segfaulted."""
     isolated(tmp_path, """
     from libdflash.hidden import write_dataset
     write_dataset(tmp + "/d", [("a", np.arange(1000, dtype=np.int32), np.ones(1000, np.uint8))])
