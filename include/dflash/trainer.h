@@ -64,7 +64,30 @@ typedef struct dflash_trainer_options {
    * candidate (DFLASH_SELECTOR_LOSS_INJECT). */
   double selector_loss_weight;
   int32_t selector_loss_mode;
+  /* The learning rate after the warm-up (dflash_lr_schedule): DFLASH_LR_COSINE (the default)
+   * or DFLASH_LR_LINEAR decays to min_lr_ratio x lr at total_steps; DFLASH_LR_CONSTANT keeps
+   * lr. total_steps 0 keeps lr constant under any schedule. */
+  int32_t lr_schedule;
+  /* The per-position loss weights (dflash_position_weighting): DFLASH_WEIGHTS_DECAY, the
+   * default, weighs block position k by exp(-(k-1) / loss_gamma) (1 when loss_gamma < 0);
+   * DFLASH_WEIGHTS_ADAPTIVE (CPU backend only; CUDA refuses it) weighs each supervised
+   * position of a block by the drafter's current probability of reaching it, the product of
+   * its probabilities of the true tokens at the block's earlier positions (not
+   * differentiated), rescaled so that each block's weights sum to its supervised positions
+   * (so dflash_trainer_weight_sum counts 1 per position). It costs one more LM-head pass. */
+  int32_t position_weighting;
 } dflash_trainer_options;
+
+typedef enum dflash_lr_schedule {
+  DFLASH_LR_COSINE = 0,
+  DFLASH_LR_LINEAR = 1,
+  DFLASH_LR_CONSTANT = 2
+} dflash_lr_schedule;
+
+typedef enum dflash_position_weighting {
+  DFLASH_WEIGHTS_DECAY = 0,
+  DFLASH_WEIGHTS_ADAPTIVE = 1
+} dflash_position_weighting;
 
 typedef enum dflash_selector_loss_mode {
   DFLASH_SELECTOR_LOSS_DROP = 0,
@@ -179,7 +202,8 @@ DFLASH_API dflash_status dflash_trainer_step_result(dflash_trainer *t, double *g
 /* Optimizer steps taken so far. */
 DFLASH_API int64_t dflash_trainer_steps(const dflash_trainer *t);
 /* Learning rate of step `step` (0-based): linear warm-up over
- * ceil(warmup_ratio*total_steps) steps, then cosine to min_lr_ratio*lr. */
+ * warmup_ratio*total_steps steps, then the lr_schedule (cosine by default) to
+ * min_lr_ratio*lr. */
 DFLASH_API double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step);
 
 /*

@@ -196,7 +196,7 @@ const df_tensor_info *df_model_find(const df_model *m, const char *name) {
 
 double df_position_weight(const df_model *m, int k) {
   if (k < 1) return 0;
-  return m->gamma > 0 ? exp(-(double)(k - 1) / m->gamma) : 1.0;
+  return m->gamma > 0 && !m->adaptive ? exp(-(double)(k - 1) / m->gamma) : 1.0;
 }
 
 /* ---- workspace ------------------------------------------------------------ */
@@ -635,7 +635,7 @@ static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_
   for (int i = 0; i < m->R; i++) {
     prev[i] = row_prev(m, ids, labels, anchors, i);
     coef[i] = (float)(a->coef[i] * m->sel_weight);
-    w[i] = df_position_weight(m, a->rows_t[i] % m->B);
+    w[i] = m->row_w ? m->row_w[i] : df_position_weight(m, a->rows_t[i] % m->B);
   }
   df2_sel_args s = {.x = a->rows_x,
                     .E = m->lm_head,
@@ -682,6 +682,29 @@ static dflash_status block_ce(df_model *m, bool backward, int32_t **cand, float 
   return DFLASH_OK;
 }
 
+/*
+ * DFLASH_WEIGHTS_ADAPTIVE: a row's weight is the drafter's probability of reaching its
+ * position in a greedy walk, prod exp(-CE) of the block's earlier supervised rows (a
+ * forward-only LM-head pass; not differentiated: it only weighs the CE), rescaled so that
+ * each block's weights sum to its row count, as the unit weights dflash_trainer_weight_sum
+ * counts. Rows are in block order (df_model_rows), so a block is a run of equal
+ * rows_t / B.
+ */
+static void adaptive_weights(df_model *m, double *w) {
+  df_acts *a = &m->a;
+  df_lmhead_ce_topk(m->pool, a->row_loss, NULL, a->rows_x, m->lm_head, a->rows_target, a->coef,
+                    m->R, m->H, m->V, m->vocab_chunk, a->work, 0, NULL, NULL);
+  for (int r0 = 0, r1; r0 < m->R; r0 = r1) {
+    double reach = 1, sum = 0;
+    for (r1 = r0; r1 < m->R && a->rows_t[r1] / m->B == a->rows_t[r0] / m->B; r1++) {
+      w[r1] = reach;
+      sum += reach;
+      reach *= exp(-a->row_loss[r1]);
+    }
+    for (int r = r0; r < r1; r++) w[r] = sum > 0 ? w[r] * (double)(r1 - r0) / sum : 1.0;
+  }
+}
+
 dflash_status df_model_check_labels(const df_model *m, const int32_t *labels, int64_t len) {
   for (int64_t i = 0; labels && i < len; i++)
     if (labels[i] < 0 || labels[i] >= m->V)
@@ -713,24 +736,27 @@ dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_
     if ((st = prepare(m, ids, labels, loss_mask, len, anchors, n_anchors))) return st;
     model_forward(m, hidden, anchors);
     df_acts *a = &m->a;
+    double *w = malloc(sizeof(double) * (size_t)(m->R > 0 ? m->R : 1));
+    if (!w) return df_error_nomem("position weights");
     for (int r = 0; r < m->R; r++) {
-      int k = a->rows_t[r] % m->B;
-      double w = df_position_weight(m, k);
-      a->coef[r] = (float)(w * grad_scale);
+      w[r] = df_position_weight(m, a->rows_t[r] % m->B);
       memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H,
              sizeof(float) * m->H);
     }
+    if (m->adaptive) adaptive_weights(m, w);
+    for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
     int32_t *cand = NULL;
     float *unary = NULL;
     st = block_ce(m, backward, &cand, &unary);
     for (int r = 0; !st && r < m->R; r++) {
-      double w = df_position_weight(m, a->rows_t[r] % m->B);
-      lsum += w * a->row_loss[r];
-      wsum += w;
+      lsum += w[r] * a->row_loss[r];
+      wsum += w[r];
     }
+    m->row_w = m->adaptive ? w : NULL;
     if (!st && m->dflash2)
       st = selector_loss(m, ids, labels, anchors, cand, unary, backward, &lsum);
-    free(cand), free(unary);
+    m->row_w = NULL;
+    free(cand), free(unary), free(w);
     if (st) return st;
     if (backward) model_backward(m, hidden, anchors);
   }

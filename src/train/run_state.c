@@ -31,7 +31,7 @@ typedef struct setting {
   double value;
 } setting;
 
-enum { N_SETTINGS = 15 };
+enum { N_SETTINGS = 17 };
 
 static void settings_of(const run *r, setting *s) {
   const dflash_trainer_options *t = &r->topt;
@@ -52,6 +52,8 @@ static void settings_of(const run *r, setting *s) {
       {"loss_gamma", t->loss_gamma},
       {"selector_loss_weight", t->selector_loss_weight},
       {"selector_loss_mode", t->selector_loss_mode},
+      {"lr_schedule", t->lr_schedule},
+      {"position_weighting", t->position_weighting},
   };
   memcpy(s, all, sizeof all);
 }

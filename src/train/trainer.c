@@ -30,6 +30,8 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->init_std = 0.02;
   o->selector_loss_weight = 1.0;
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
+  o->lr_schedule = DFLASH_LR_COSINE;
+  o->position_weighting = DFLASH_WEIGHTS_DECAY;
 }
 
 DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
@@ -61,7 +63,18 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
            o->selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT,
        "selector_loss_mode must be DFLASH_SELECTOR_LOSS_DROP (0) or _INJECT (1) (got %d)",
        o->selector_loss_mode);
+  NEED(o->lr_schedule >= DFLASH_LR_COSINE && o->lr_schedule <= DFLASH_LR_CONSTANT,
+       "lr_schedule must be DFLASH_LR_COSINE (0), _LINEAR (1) or _CONSTANT (2) (got %d)",
+       o->lr_schedule);
+  NEED(o->position_weighting == DFLASH_WEIGHTS_DECAY ||
+           o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE,
+       "position_weighting must be DFLASH_WEIGHTS_DECAY (0) or _ADAPTIVE (1) (got %d)",
+       o->position_weighting);
 #undef NEED
+  if (o->backend == DFLASH_BACKEND_CUDA && o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE)
+    return df_error(DFLASH_E_UNSUPPORTED, "trainer options: position_weighting "
+                                          "DFLASH_WEIGHTS_ADAPTIVE runs on the CPU backend only "
+                                          "(the CUDA backend has no second LM-head pass)");
   return DFLASH_OK;
 }
 
@@ -153,6 +166,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;
+    t->m.adaptive = t->opt.position_weighting == DFLASH_WEIGHTS_ADAPTIVE;
   }
   if (st) {
     free(t);
@@ -474,18 +488,22 @@ double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
   if (t->sched_from > 0 && step >= t->sched_from) { /* continued after a settings change */
     double span = (double)(o->total_steps - t->sched_from > 1 ? o->total_steps - t->sched_from : 1);
     double p = (double)(step - t->sched_from) / span;
-    double cosine = p < 1 ? 0.5 * (1.0 + cos(M_PI * p)) : 0;
+    double left = p >= 1                                 ? 0
+                  : o->lr_schedule == DFLASH_LR_CONSTANT ? 1
+                  : o->lr_schedule == DFLASH_LR_LINEAR   ? 1 - p
+                                                         : 0.5 * (1.0 + cos(M_PI * p));
     double floor = o->lr * o->min_lr_ratio;
-    return floor + (t->sched_lr0 - floor) * cosine;
+    return floor + (t->sched_lr0 - floor) * left;
   }
   /* Hugging Face's get_cosine_schedule_with_warmup, with an optional floor. */
   if (step < warm) return o->lr * (double)step / (double)(warm > 1 ? warm : 1);
-  if (o->total_steps <= 0) return o->lr;
+  if (o->total_steps <= 0 || o->lr_schedule == DFLASH_LR_CONSTANT) return o->lr;
   double span = (double)(o->total_steps - warm > 1 ? o->total_steps - warm : 1);
   double progress = (double)(step - warm) / span;
-  double cosine = 0.5 * (1.0 + cos(M_PI * progress));
-  if (cosine < 0) cosine = 0;
-  return o->lr * (o->min_lr_ratio + (1.0 - o->min_lr_ratio) * cosine);
+  double left = o->lr_schedule == DFLASH_LR_LINEAR ? 1.0 - progress /* transformers' linear */
+                                                   : 0.5 * (1.0 + cos(M_PI * progress));
+  if (left < 0) left = 0;
+  return o->lr * (o->min_lr_ratio + (1.0 - o->min_lr_ratio) * left);
 }
 
 /* One update: sync, or (async and a backend that can) enqueued with its norm left for

@@ -1,6 +1,7 @@
 """Oracle: libdflash's optimizer step (global-norm clipping, AdamW, cosine
 schedule with warm-up) vs torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW
-+ LambdaLR with Hugging Face's cosine-with-warm-up rule.
++ LambdaLR with Hugging Face's cosine-with-warm-up rule (and its linear and
+constant-with-warm-up rules for lr_schedule DFLASH_LR_LINEAR / _CONSTANT).
 
 1. Isolated: at every step torch gets the C trainer's own parameters and
    gradients and takes one float32 step; the updated parameters must agree
@@ -10,6 +11,8 @@ schedule with warm-up) vs torch.nn.utils.clip_grad_norm_ + torch.optim.AdamW
    drafter + AdamW; the loss trajectories must agree to 1e-4 relative (the
    C side is float32 throughout; Adam normalises updates, so float32 noise
    in tiny gradients reaches the parameters at ~1e-5).
+3. The same with position_weighting DFLASH_WEIGHTS_ADAPTIVE, the weights
+   computed here from the float64 drafter's own CE (adaptive_loss).
 Exit 77 when torch is missing.
 """
 import math
@@ -43,6 +46,42 @@ def hf_cosine(warmup, total):
     return f
 
 
+def hf_linear(warmup, total):
+    def f(step):
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return f
+
+
+def hf_constant(warmup, total):
+    return lambda step: step / max(1, warmup) if step < warmup else 1.0
+
+
+# lr_schedule (dflash_lr_schedule) -> Hugging Face's rule
+SCHEDULES = {0: hf_cosine, 1: hf_linear, 2: hf_constant}
+
+
+def adaptive_loss(cfg, P, embed, lm_head, ids, mask, hidden, anchors):
+    """sum(w * CE) and the supervised rows: each supervised block position weighted by the
+    product of exp(-CE) (not differentiated) of the block's earlier supervised positions,
+    each block's weights rescaled to sum to its supervised positions."""
+    B = ref.block_size(cfg)
+    hf = ref.final_hidden(cfg, P, embed, ids, hidden, anchors)
+    w0, lp = ref.position_weights(cfg, mask, anchors, -1.0)  # 1 where supervised
+    ce = torch.nn.functional.cross_entropy(hf @ lm_head.T, ids[lp].long(), reduction="none")
+    w = torch.zeros_like(ce)
+    for n in range(len(anchors)):
+        rows = [n * B + k for k in range(B) if w0[n * B + k] > 0]
+        reach, raw = 1.0, []
+        for r in rows:
+            raw.append(reach)
+            reach *= math.exp(-ce[r].item())
+        for r, x in zip(rows, raw):
+            w[r] = x * len(rows) / sum(raw)
+    return (w * ce).sum(), float(w0.sum())
+
+
 def make_data(cfg, rng, n_seq=2, S=36):
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     K = len(cfg["dflash_config"]["target_layer_ids"])
@@ -67,20 +106,22 @@ def c_step(tr, data):
     return lsum / total_w
 
 
-def torch_optimizer(params, warmup):
+def torch_optimizer(params, warmup, schedule=0):
     opt = torch.optim.AdamW(params, lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]),
                             eps=OPT["adam_eps"], weight_decay=OPT["weight_decay"], foreach=False)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, hf_cosine(warmup, OPT["total_steps"]))
+    rule = SCHEDULES[schedule](warmup, OPT["total_steps"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, rule)
     return opt, sched
 
 
-def isolated(cfg, embed, lm_head, P, data):
+def isolated(cfg, embed, lm_head, P, data, schedule=0):
     worst = 0.0
-    with Trainer(cfg, embed, lm_head, n_threads=2, **OPT) as tr:
+    with Trainer(cfg, embed, lm_head, n_threads=2, lr_schedule=schedule, **OPT) as tr:
         tr.set_parameters(P)
         names = tr.names()
         tp = {n: torch.tensor(P[n], requires_grad=True) for n in names}
-        opt, sched = torch_optimizer(list(tp.values()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
+        opt, sched = torch_optimizer(list(tp.values()), int(OPT["warmup_ratio"] * OPT["total_steps"]),
+                                     schedule)
         for step in range(OPT["total_steps"]):
             c_step(tr, data)
             grads = tr.gradients()
@@ -110,9 +151,10 @@ def isolated(cfg, embed, lm_head, P, data):
     return True, worst
 
 
-def end_to_end(cfg, embed, lm_head, P, data, gamma):
+def end_to_end(cfg, embed, lm_head, P, data, gamma, adaptive=False):
     losses_c, losses_t = [], []
-    with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma, **OPT) as tr:
+    with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma,
+                 position_weighting=int(adaptive), **OPT) as tr:
         tr.set_parameters(P)
         for _ in range(OPT["total_steps"]):
             losses_c.append(c_step(tr, data))
@@ -125,6 +167,11 @@ def end_to_end(cfg, embed, lm_head, P, data, gamma):
         opt.zero_grad()
         num, den = 0.0, 0.0
         for ids, m, h, a in data:
+            if adaptive:
+                l, n = adaptive_loss(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
+                                     torch.tensor(h, dtype=torch.float64), a)
+                num, den = num + l, den + n
+                continue
             w, _ = ref.position_weights(cfg, torch.tensor(m), a, gamma)
             l = ref.loss_fn(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
                             torch.tensor(h, dtype=torch.float64), a, gamma)
@@ -150,17 +197,19 @@ def main():
     lm_head = (0.5 * rng.standard_normal((89, 32))).astype(np.float32)
     P = random_params(cfg, rng)
     data = make_data(cfg, rng)
-    passed = 0
-    ok, worst = isolated(cfg, embed, lm_head, P, data)
-    print(f"{'ok' if ok else 'FAIL'} isolated AdamW+clip+cosine, {OPT['total_steps']} steps: "
-          f"worst parameter rel err {worst:.2e}")
-    passed += ok
-    ok, worst = end_to_end(cfg, embed, lm_head, P, data, 3.0)
-    print(f"{'ok' if ok else 'FAIL'} end-to-end training, {OPT['total_steps']} steps: "
-          f"worst loss rel err {worst:.2e}")
-    passed += ok
-    print(f"{passed} passed, {2 - passed} failed")
-    return 0 if passed == 2 else 1
+    passed, total = 0, 0
+    for schedule, name in ((0, "cosine"), (1, "linear"), (2, "constant")):
+        ok, worst = isolated(cfg, embed, lm_head, P, data, schedule)
+        print(f"{'ok' if ok else 'FAIL'} isolated AdamW+clip+{name}, {OPT['total_steps']} "
+              f"steps: worst parameter rel err {worst:.2e}")
+        passed, total = passed + ok, total + 1
+    for adaptive, name in ((False, "gamma 3"), (True, "adaptive weights")):
+        ok, worst = end_to_end(cfg, embed, lm_head, P, data, 3.0, adaptive)
+        print(f"{'ok' if ok else 'FAIL'} end-to-end training ({name}), {OPT['total_steps']} "
+              f"steps: worst loss rel err {worst:.2e}")
+        passed, total = passed + ok, total + 1
+    print(f"{passed} passed, {total - passed} failed")
+    return 0 if passed == total else 1
 
 
 if __name__ == "__main__":

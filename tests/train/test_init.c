@@ -3,6 +3,7 @@
  * any order and the values never depend on the thread count. */
 #include <dflash/train.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,9 +107,53 @@ START_TEST(init_values_follow_the_counter_definition) {
 }
 END_TEST
 
+/* The recipe knobs (lr_schedule, position_weighting): defaults, refusals, an older
+ * caller's struct, and the schedules' rates at hand-computed steps (warm-up 2 of 10 steps:
+ * linear = lr * (10 - s) / 8 after it, constant = lr). */
+START_TEST(recipe_options_checked) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  config(&c);
+  size_t vh = (size_t)c.vocab_size * c.hidden_size;
+  float *E = calloc(vh, 4);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  ck_assert_int_eq(o.lr_schedule, DFLASH_LR_COSINE);
+  ck_assert_int_eq(o.position_weighting, DFLASH_WEIGHTS_DECAY);
+  dflash_trainer *t = NULL;
+  o.lr_schedule = 3;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "lr_schedule");
+  o.lr_schedule = DFLASH_LR_COSINE, o.position_weighting = 2;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+                   "position_weighting");
+  /* Refused by the options check, before any device is looked for. */
+  o.position_weighting = DFLASH_WEIGHTS_ADAPTIVE, o.backend = DFLASH_BACKEND_CUDA;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "CPU backend only");
+  o.backend = DFLASH_BACKEND_CPU, o.lr = 1.0, o.warmup_ratio = 0.2, o.total_steps = 10;
+  o.lr_schedule = DFLASH_LR_LINEAR;
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
+  const double linear[] = {0, 0.5, 1, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125, 0, 0};
+  for (int s = 0; s < 12; s++)
+    ck_assert_double_eq_tol(dflash_trainer_lr_at(t, s), linear[s], 1e-15);
+  dflash_trainer_free(t);
+  o.lr_schedule = DFLASH_LR_CONSTANT;
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
+  ck_assert_double_eq(dflash_trainer_lr_at(t, 1), 0.5);
+  for (int s = 2; s < 12; s++) ck_assert_double_eq(dflash_trainer_lr_at(t, s), 1.0);
+  dflash_trainer_free(t);
+  /* An older caller's struct (up to selector_loss_mode) gets the defaults: cosine. */
+  o.struct_size = offsetof(dflash_trainer_options, lr_schedule);
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
+  ck_assert_double_eq_tol(dflash_trainer_lr_at(t, 6), 0.5, 1e-15); /* cosine half-way */
+  dflash_trainer_free(t);
+  free(E);
+}
+END_TEST
+
 TCase *tc_init(void) {
   TCase *tc = tcase_create("init");
   tcase_add_test(tc, init_is_the_same_for_any_thread_count);
   tcase_add_test(tc, init_values_follow_the_counter_definition);
+  tcase_add_test(tc, recipe_options_checked);
   return tc;
 }

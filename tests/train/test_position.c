@@ -210,7 +210,7 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   char *json = position_text(state);
   df_position p;
   ck_assert_ok(parse(json, &p));
-  ck_assert(p.has_schedule && p.n_settings == 15);
+  ck_assert(p.has_schedule && p.n_settings == 17);
   char old[2048];
   int n = snprintf(old, sizeof old,
                    "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64

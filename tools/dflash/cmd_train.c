@@ -23,6 +23,8 @@ static const char TRAIN_USAGE[] =
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
     "                    [--final-norm-name NAME] [--save-minutes M]\n"
+    "                    [--schedule cosine|linear|constant] [--min-lr-ratio X]\n"
+    "                    [--weighting decay|none|adaptive] [--loss-gamma X]\n"
     "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu NAME] [--gpu-gb X]\n"
@@ -72,6 +74,13 @@ static const char TRAIN_USAGE[] =
     "picks: 1, or 4 when several ranks run on GPUs without NVLink (sm_86, sm_89, sm_120:\n"
     "RTX PRO 6000 Blackwell), whose PCIe collectives would otherwise decide the step;\n"
     "the choice is printed at the start. --plan reports the same count for --gpu NAME.\n"
+    "--schedule: the learning rate after the warm-up: cosine (default) or linear decay to\n"
+    "--min-lr-ratio x --lr (0) at the last step, or constant. --weighting: each drafted\n"
+    "block position k's loss weight: decay (default) exp(-(k-1)/gamma), gamma --loss-gamma\n"
+    "(default 7, 5, 4 for block 16, 10, 8, else block/2); none: 1; adaptive (CPU only): the\n"
+    "drafter's current probability of reaching k, the product of its probabilities of the\n"
+    "true tokens before k in the block, each block's weights rescaled to sum to its positions\n"
+    "(src/train/README.md has the study behind the defaults).\n"
     "Defaults: --backend cpu, --epochs 6, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
@@ -92,6 +101,26 @@ static int parse_labels(const char *v, void *dst) {
   return 0;
 }
 
+static int parse_schedule(const char *v, void *dst) {
+  int32_t *l = dst; /* dflash_lr_schedule */
+  if (!strcmp(v, "cosine")) *l = DFLASH_LR_COSINE;
+  else if (!strcmp(v, "linear")) *l = DFLASH_LR_LINEAR;
+  else if (!strcmp(v, "constant")) *l = DFLASH_LR_CONSTANT;
+  else return -1;
+  return 0;
+}
+
+/* --weighting none is the decay with no decay (loss_gamma < 0); a later --loss-gamma
+ * overrides it, so none is kept apart and applied after parsing. */
+static int parse_weighting(const char *v, void *dst) {
+  int32_t *w = dst; /* dflash_position_weighting, or -1: none */
+  if (!strcmp(v, "decay")) *w = DFLASH_WEIGHTS_DECAY;
+  else if (!strcmp(v, "adaptive")) *w = DFLASH_WEIGHTS_ADAPTIVE;
+  else if (!strcmp(v, "none")) *w = -1;
+  else return -1;
+  return 0;
+}
+
 /* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
 static int g_allow_tok;
 /* --quiet: no progress bar. */
@@ -100,6 +129,8 @@ static int g_quiet;
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
   int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
+  int32_t weighting = DFLASH_WEIGHTS_DECAY;
+  double gamma = 0;
   double spool_wait = -2, minutes = o->save_every_s / 60;
   o->trainer = t;
   const cli_opt opts[] = {{"--config", CLI_STR, &o->config_path, 0, 0, NULL},
@@ -133,10 +164,18 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--save-minutes", CLI_REAL, &minutes, 0, 1e9, NULL},
                           {"--allow-settings-change", CLI_FLAG, &allow, 0, 0, NULL},
                           {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
+                          {"--schedule", CLI_FN, &t->lr_schedule, 0, 0, parse_schedule},
+                          {"--min-lr-ratio", CLI_REAL, &t->min_lr_ratio, 0, 1, NULL},
+                          {"--weighting", CLI_FN, &weighting, 0, 0, parse_weighting},
+                          {"--loss-gamma", CLI_REAL, &gamma, 0, 1e9, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
+  if (weighting == -1 && gamma > 0)
+    return fputs("dflash train: --weighting none and --loss-gamma exclude each other\n", stderr), 2;
+  t->position_weighting = weighting == -1 ? DFLASH_WEIGHTS_DECAY : weighting;
+  t->loss_gamma = weighting == -1 ? -1 : gamma;
   o->resume = resume, o->bf16 = bf16, o->allow_settings_change = allow;
   o->save_every_s = minutes * 60;
   /* The spool's settings reach dflash_train_run through its environment variables. */

@@ -63,7 +63,13 @@ class TrainerOptions(ctypes.Structure):
         ("loss_gamma", ctypes.c_double), ("num_anchors", ctypes.c_int32),
         ("vocab_chunk", ctypes.c_int32), ("init_std", ctypes.c_double),
         ("selector_loss_weight", ctypes.c_double), ("selector_loss_mode", ctypes.c_int32),
+        ("lr_schedule", ctypes.c_int32), ("position_weighting", ctypes.c_int32),
     ]
+
+
+# dflash_lr_schedule and dflash_position_weighting
+LR_COSINE, LR_LINEAR, LR_CONSTANT = 0, 1, 2
+WEIGHTS_DECAY, WEIGHTS_ADAPTIVE = 0, 1
 
 
 _P = ctypes.c_void_p
@@ -204,7 +210,8 @@ class Trainer(Handle):
     float32 [vocab, hidden]. Extra keyword options are fields of
     dflash_trainer_options (lr, weight_decay, beta1, beta2, adam_eps,
     grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
-    num_anchors, vocab_chunk, init_std, n_threads).
+    num_anchors, vocab_chunk, init_std, n_threads, lr_schedule: LR_*,
+    position_weighting: WEIGHTS_*).
     """
 
     _free = "dflash_trainer_free"

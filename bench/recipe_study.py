@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The recipe study: libdflash's training recipe, one factor at a time.
+
+    nice -n 15 python3 bench/recipe_study.py --out OUT --build BUILD [--arch dflash|dflash2]
+        [--seeds 0,1] [--epochs 2] [--jobs 2] [--only default,anchors32,...]
+
+OUT is a demo output folder (examples/pipeline/pipeline.py) with target/, data/{train,heldout}
+and hidden/{train,heldout} (the training store with the target's greedy ids,
+dump_hidden.py --target-ids, for the labels row). Every config below changes one knob of
+today's default (`dflash train --anchors 8 --lr 3e-3 --warmup-ratio 0.05`, cosine schedule,
+gamma-decay weights, data labels, AdamW) and is trained once per seed with `dflash train`,
+then scored with `dflash eval --max-tokens 128` on the held-out set: the walk tau (what greedy
+speculative decoding gets) +- its SE over samples. Runs land in OUT/recipe/ARCH/NAME-sSEED/
+and a finished run is not trained again, so the study resumes. It prints one row per config
+and seed, then per config the mean over seeds +- SE (sqrt(mean of the squared eval SEs +
+the seeds' variance) / sqrt(seeds)) and the difference from the default +- the two SEs
+combined; the last line is a JSON object {arch: {config: {"tau", "se", "diff", "diff_se",
+"cpu_s_per_step", "seeds": [...]}}}.
+
+Not studied: Muon for the matrices (speculators' optimizer). Its Newton-Schulz iterations
+cost 5 x 3 matrix products per weight matrix and step, several CPU-seconds per step at
+SmolLM2's shape against ~0.3 for the rest, and it is not in the trainer.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPE = os.path.join(ROOT, "examples", "pipeline")
+
+# Today's default (the demo's): every config below is this plus one change.
+BASE = ["--anchors", "8", "--lr", "3e-3", "--warmup-ratio", "0.05"]
+CONFIGS = {  # in the order the study runs them
+    "default": [],
+    "weights_none": ["--weighting", "none"],
+    "anchors32": ["--anchors", "32"],
+    "weights_adaptive": ["--weighting", "adaptive"],
+    "lr1e-2": ["--lr", "1e-2"],
+    "linear": ["--schedule", "linear"],
+    "constant": ["--schedule", "constant"],
+    "lr1e-3": ["--lr", "1e-3"],
+    "anchors_all": ["--anchors", "512"],  # every valid position (answers are <= 128 tokens)
+    "labels_target": ["--labels", "target"],  # needs dump_hidden.py --target-ids
+}
+
+
+def args_of(name):
+    """BASE with CONFIGS[name]'s flags replacing BASE's own."""
+    extra = CONFIGS[name]
+    out, keys = [], set(extra[0::2])
+    for k, v in zip(BASE[0::2], BASE[1::2]):
+        if k not in keys:
+            out += [k, v]
+    return out + extra
+
+
+def write_config(out, arch):
+    """The demo's drafter config (pipeline.drafter_config; DFlash 2: dflash2_config)."""
+    sys.path.insert(0, PIPE)
+    import pipeline
+    from target import Target
+    cfg = pipeline.drafter_config(Target(), [1, 14, 27], 8)
+    if arch == "dflash2":
+        cfg = pipeline.dflash2_config(cfg)
+    path = os.path.join(out, "recipe", f"{arch}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    return path
+
+
+def run_timed(cmd, log):
+    """Run cmd (stdout to the caller), its CPU seconds (user + system) from wait4."""
+    with open(log, "a") as lf:
+        lf.write("$ " + " ".join(cmd) + "\n")
+        lf.flush()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=lf, text=True)
+        out = p.stdout.read()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise RuntimeError(f"{cmd[1]} failed ({p.returncode}): see {log}")
+    return out, ru.ru_utime + ru.ru_stime
+
+
+def one_run(a, cfg_path, name, seed):
+    """Train and evaluate one config and seed (skipped when its result exists)."""
+    d = os.path.join(a.out, "recipe", a.arch, f"{name}-s{seed}")
+    res = os.path.join(d, "result.json")
+    if os.path.exists(res):
+        with open(res) as f:
+            return json.load(f)
+    os.makedirs(d, exist_ok=True)
+    cli = os.path.join(a.build, "tools", "dflash", "dflash")
+    ckpt = os.path.join(d, "drafter")
+    train = [cli, "train", "--config", cfg_path, "--target", os.path.join(a.out, "target"),
+             "--data", os.path.join(a.out, "data", "train"),
+             "--hidden", os.path.join(a.out, "hidden", "train"), "-o", ckpt,
+             "--epochs", str(a.epochs), "--seed", str(seed), "--threads", str(a.threads),
+             "--overwrite", "--quiet"] + args_of(name)
+    t0 = time.time()
+    out, cpu = run_timed(train, os.path.join(d, "log.txt"))
+    wall = time.time() - t0
+    tr = json.loads(out)
+    ev, ecpu = run_timed([cli, "eval", "--checkpoint", ckpt, "--target",
+                          os.path.join(a.out, "target"),
+                          "--data", os.path.join(a.out, "data", "heldout"),
+                          "--hidden", os.path.join(a.out, "hidden", "heldout"),
+                          "--max-tokens", "128", "--threads", str(a.threads), "--json"],
+                         os.path.join(d, "log.txt"))
+    e = json.loads(ev)
+    r = {"config": name, "seed": seed, "args": args_of(name), "epochs": a.epochs,
+         "tau": e["walk_tau"], "se": e["walk_tau_se"], "steps_walk": e["steps"],
+         "position_tau": e["position_tau"], "accuracy": e["accuracy"],
+         "train_steps": tr["steps"], "final_loss": tr.get("final_loss"),
+         "train_cpu_s": round(cpu, 1), "train_wall_s": round(wall, 1),
+         "cpu_s_per_step": round(cpu / max(tr["steps"], 1), 4), "eval_cpu_s": round(ecpu, 1)}
+    with open(res, "w") as f:
+        json.dump(r, f, indent=2)
+    print(f"{a.arch} {name} seed {seed}: walk tau {r['tau']:.4f} +- {r['se']:.4f}, "
+          f"{r['train_steps']} steps, {r['cpu_s_per_step']} CPU-s/step", flush=True)
+    return r
+
+
+def summarize(rows):
+    """Per config: mean tau over seeds and its SE (eval SE and seed spread together)."""
+    n = len(rows)
+    mean = sum(r["tau"] for r in rows) / n
+    var_seed = sum((r["tau"] - mean) ** 2 for r in rows) / (n - 1) if n > 1 else 0.0
+    var_eval = sum(r["se"] ** 2 for r in rows) / n
+    return mean, math.sqrt((var_eval + var_seed) / n)
+
+
+def table(arch, results, names):
+    print(f"\n{arch}: walk tau on the held-out set, per seed and per config")
+    print(f"| config | flags | seed | walk tau +- SE | every-position tau | final loss | "
+          f"steps | CPU-s/step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        for r in results[name]:
+            print(f"| {name} | `{' '.join(CONFIGS[name]) or '(today)'}` | {r['seed']} | "
+                  f"{r['tau']:.4f} +- {r['se']:.4f} | {r['position_tau']:.4f} | "
+                  f"{r['final_loss']:.3f} | {r['train_steps']} | {r['cpu_s_per_step']} |")
+    out = {}
+    base = summarize(results["default"]) if "default" in results else None
+    print(f"\n| config | seeds | mean walk tau +- SE | minus default +- SE | CPU-s/step |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        m, se = summarize(results[name])
+        cps = sum(r["cpu_s_per_step"] for r in results[name]) / len(results[name])
+        d, dse = (m - base[0], math.hypot(se, base[1])) if base else (0.0, 0.0)
+        tag = "" if name == "default" else (" (beyond 1 SE)" if abs(d) > dse else "")
+        print(f"| {name} | {len(results[name])} | {m:.4f} +- {se:.4f} | "
+              f"{d:+.4f} +- {dse:.4f}{tag} | {cps:.3f} |")
+        out[name] = {"tau": round(m, 4), "se": round(se, 4), "diff": round(d, 4),
+                     "diff_se": round(dse, 4), "cpu_s_per_step": round(cps, 4),
+                     "seeds": [round(r["tau"], 4) for r in results[name]]}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="the demo's output folder")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--arch", choices=["dflash", "dflash2"], default="dflash")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at the same time")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    ap.add_argument("--only", default=",".join(CONFIGS), help="configs, comma-separated")
+    ap.add_argument("--config", default=None,
+                    help="drafter config.json (default: the demo's, from the target)")
+    a = ap.parse_args()
+    a.out = os.path.abspath(a.out)
+    names = [n for n in a.only.split(",") if n]
+    for n in names:
+        if n not in CONFIGS:
+            raise SystemExit(f"unknown config {n!r} (known: {', '.join(CONFIGS)})")
+    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
+    sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+    cfg_path = os.path.abspath(a.config) if a.config else write_config(a.out, a.arch)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    jobs = [(n, s) for n in names for s in seeds]  # config by config: a cut-short study
+    # still has every seed of the configs it reached
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(a.threads)
+    with ThreadPoolExecutor(a.jobs) as ex:
+        done = list(ex.map(lambda j: one_run(a, cfg_path, *j), jobs))
+    results = {n: [r for r in done if r["config"] == n] for n in names}
+    print(json.dumps({a.arch: table(a.arch, results, names)}))
+
+
+if __name__ == "__main__":
+    main()
