@@ -69,14 +69,44 @@ static const char *const ALPHABET[] = {
     "\xf0\x9d\x9f\x8e" /* math digit */,
 };
 
-static void compare(const char *pattern) {
-  df_pretok with = {0}, without = {0};
-  ck_assert_ok(df_pretok_add_regex(&with, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+/* One pattern twice: with its hand-written scanner and with the PCRE2 regex alone. */
+typedef struct scan_pair {
+  const char *pattern;
+  df_pretok with, without;
+  df_pretok_scratch s1, s2;
+} scan_pair;
+
+static void pair_open(scan_pair *p, const char *pattern) {
+  *p = (scan_pair){.pattern = pattern};
   ck_assert_ok(
-      df_pretok_add_regex(&without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
-  ck_assert_int_ne(with.steps[0].scanner, DF_SCAN_NONE);
-  without.steps[0].scanner = DF_SCAN_NONE;
-  df_pretok_scratch s1 = {0}, s2 = {0};
+      df_pretok_add_regex(&p->with, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+  ck_assert_ok(
+      df_pretok_add_regex(&p->without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
+  ck_assert_int_ne(p->with.steps[0].scanner, DF_SCAN_NONE);
+  p->without.steps[0].scanner = DF_SCAN_NONE;
+}
+
+/* Both split `text` into the same pieces. */
+static void pair_check(scan_pair *p, const char *text, size_t len) {
+  const char *b1, *b2;
+  df_ranges *r1, *r2;
+  ck_assert_ok(df_pretok_run(&p->with, text, len, &p->s1, &b1, &r1));
+  ck_assert_ok(df_pretok_run(&p->without, text, len, &p->s2, &b2, &r2));
+  bool same = r1->len == r2->len && !memcmp(r1->v, r2->v, r1->len * sizeof *r1->v);
+  ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", p->pattern, (int)len,
+                text);
+}
+
+static void pair_close(scan_pair *p) {
+  df_pretok_scratch_free(&p->s1);
+  df_pretok_scratch_free(&p->s2);
+  df_pretok_free(&p->with);
+  df_pretok_free(&p->without);
+}
+
+static void compare(const char *pattern) {
+  scan_pair p;
+  pair_open(&p, pattern);
   unsigned seed = 2024;
   char text[512];
   for (int iter = 0; iter < 60000; iter++) {
@@ -89,41 +119,9 @@ static void compare(const char *pattern) {
       memcpy(text + len, c, strlen(c));
       len += strlen(c);
     }
-    const char *b1, *b2;
-    df_ranges *r1, *r2;
-    ck_assert_ok(df_pretok_run(&with, text, len, &s1, &b1, &r1));
-    ck_assert_ok(df_pretok_run(&without, text, len, &s2, &b2, &r2));
-    bool same = r1->len == r2->len && !memcmp(r1->v, r2->v, r1->len * sizeof *r1->v);
-    ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", pattern, (int)len,
-                  text);
+    pair_check(&p, text, len);
   }
-  df_pretok_scratch_free(&s1);
-  df_pretok_scratch_free(&s2);
-  df_pretok_free(&with);
-  df_pretok_free(&without);
-}
-
-static size_t put_utf8(char *o, uint32_t c) {
-  if (c < 0x80) {
-    o[0] = (char)c;
-    return 1;
-  }
-  if (c < 0x800) {
-    o[0] = (char)(0xC0 | c >> 6);
-    o[1] = (char)(0x80 | (c & 0x3F));
-    return 2;
-  }
-  if (c < 0x10000) {
-    o[0] = (char)(0xE0 | c >> 12);
-    o[1] = (char)(0x80 | (c >> 6 & 0x3F));
-    o[2] = (char)(0x80 | (c & 0x3F));
-    return 3;
-  }
-  o[0] = (char)(0xF0 | c >> 18);
-  o[1] = (char)(0x80 | (c >> 12 & 0x3F));
-  o[2] = (char)(0x80 | (c >> 6 & 0x3F));
-  o[3] = (char)(0x80 | (c & 0x3F));
-  return 4;
+  pair_close(&p);
 }
 
 /* A code point anywhere in Unicode (no surrogates), or ASCII half the time, so every
@@ -137,29 +135,16 @@ static uint32_t random_code_point(unsigned *seed) {
 
 /* The scanner against the regex on strings of code points drawn from all of Unicode. */
 static void compare_random_unicode(const char *pattern) {
-  df_pretok with = {0}, without = {0};
-  ck_assert_ok(df_pretok_add_regex(&with, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
-  ck_assert_ok(
-      df_pretok_add_regex(&without, pattern, false, DF_SPLIT_ISOLATED, false, false, NULL));
-  without.steps[0].scanner = DF_SCAN_NONE;
-  df_pretok_scratch s1 = {0}, s2 = {0};
+  scan_pair p;
+  pair_open(&p, pattern);
   unsigned seed = 7;
   char text[16 * 4];
   for (int iter = 0; iter < 40000; iter++) {
     size_t len = 0, n = 1 + (size_t)(rand_r(&seed) % 16);
-    for (size_t k = 0; k < n; k++) len += put_utf8(text + len, random_code_point(&seed));
-    const char *b1, *b2;
-    df_ranges *r1, *r2;
-    ck_assert_ok(df_pretok_run(&with, text, len, &s1, &b1, &r1));
-    ck_assert_ok(df_pretok_run(&without, text, len, &s2, &b2, &r2));
-    bool same = r1->len == r2->len && !memcmp(r1->v, r2->v, r1->len * sizeof *r1->v);
-    ck_assert_msg(same, "%s: scanner and regex split \"%.*s\" differently", pattern, (int)len,
-                  text);
+    for (size_t k = 0; k < n; k++) len += df_utf8_put(text + len, random_code_point(&seed));
+    pair_check(&p, text, len);
   }
-  df_pretok_scratch_free(&s1);
-  df_pretok_scratch_free(&s2);
-  df_pretok_free(&with);
-  df_pretok_free(&without);
+  pair_close(&p);
 }
 
 START_TEST(scanners_agree_on_random_unicode) {
