@@ -117,4 +117,10 @@ int cli_parse_one(const char *cmd, const char *usage, int argc, char **argv, con
   return *arg ? 0 : cli_missing(cmd, what);
 }
 
+void cli_log_to_stderr(dflash_log_level level, const char *message, void *user) {
+  (void)level;
+  (void)user;
+  fprintf(stderr, "%s\n", message);
+}
+
 int cli_missing(const char *cmd, const char *what) { return fail(cmd, "missing %s%s", what, ""); }

@@ -9,17 +9,11 @@
 
 dflash_status cli_storage_create(dflash_storage **out);
 
-static void log_to_stderr(dflash_log_level level, const char *message, void *user) {
-  (void)level;
-  (void)user;
-  fprintf(stderr, "%s\n", message);
-}
-
 /* Library messages on stderr: warnings, and everything when tracing S3. */
 dflash_status cli_storage_create(dflash_storage **out) {
   const char *trace = getenv("DFLASH_S3_TRACE");
   bool verbose = trace && *trace && strcmp(trace, "0");
-  dflash_set_log_callback(log_to_stderr, NULL, verbose ? DFLASH_LOG_DEBUG : DFLASH_LOG_WARN);
+  dflash_set_log_callback(cli_log_to_stderr, NULL, verbose ? DFLASH_LOG_DEBUG : DFLASH_LOG_WARN);
   return dflash_storage_create(NULL, out);
 }
 

@@ -425,15 +425,10 @@ static int on_progress(const dflash_train_stats *s, void *user) {
   return g_stop;
 }
 
-/* The run's start-up notes (sequences per step, GPU links and NCCL settings) and warnings,
- * unless --quiet (warnings and errors always). */
-static void on_log(dflash_log_level level, const char *msg, void *user) {
-  (void)user;
-  if (level <= DFLASH_LOG_WARN || !g_quiet) fprintf(stderr, "%s\n", msg);
-}
-
 static dflash_status run_with_signals(dflash_train_run_options *o) {
-  dflash_set_log_callback(on_log, NULL, DFLASH_LOG_INFO);
+  /* The run's start-up notes (sequences per step, GPU links, NCCL settings) are INFO; --quiet
+   * keeps warnings and errors only. */
+  dflash_set_log_callback(cli_log_to_stderr, NULL, g_quiet ? DFLASH_LOG_WARN : DFLASH_LOG_INFO);
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);

@@ -59,6 +59,8 @@ int cli_parse_one(const char *cmd, const char *usage, int argc, char **argv, con
                   const char **arg);
 /* "dflash CMD: missing WHAT" on stderr; returns 2. */
 int cli_missing(const char *cmd, const char *what);
+/* A dflash_log_fn writing each library message on its own line of standard error. */
+void cli_log_to_stderr(dflash_log_level level, const char *message, void *user);
 
 /* Print "dflash <cmd>: <status>: <last error>" to stderr and return 1. */
 int cli_fail(const char *cmd, dflash_status st);
