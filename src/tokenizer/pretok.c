@@ -132,13 +132,20 @@ void df_pretok_free(df_pretok *p) {
   memset(p, 0, sizeof *p);
 }
 
+/* Double the capacity of r (256 at first). */
+static dflash_status ranges_grow(df_ranges *r) {
+  size_t cap = r->cap ? r->cap * 2 : 256;
+  df_range *v = realloc(r->v, cap * sizeof *v);
+  if (!v) return df_error_nomem("pre-tokenizer pieces");
+  r->v = v;
+  r->cap = cap;
+  return DFLASH_OK;
+}
+
 dflash_status df_ranges_push(df_ranges *r, size_t b, size_t e) {
   if (r->len == r->cap) {
-    size_t cap = r->cap ? r->cap * 2 : 256;
-    df_range *v = realloc(r->v, cap * sizeof *v);
-    if (!v) return df_error_nomem("pre-tokenizer pieces");
-    r->v = v;
-    r->cap = cap;
+    dflash_status st = ranges_grow(r);
+    if (st) return st;
   }
   r->v[r->len++] = (df_range){b, e};
   return DFLASH_OK;
@@ -251,18 +258,19 @@ static dflash_status split_emit(split_state *ss, size_t b, size_t e, bool is_mat
   return st;
 }
 
-/* The common case, a scanner splitting into isolated pieces: push what it matches back to
- * back without the per-piece dispatch of the general loop. Returns where it stopped (a
- * place where the scanner matches nothing, or e). */
+/* The common case, a scanner splitting into isolated pieces: the scanner writes what it
+ * matches straight into the list, without the per-piece dispatch of the general loop.
+ * Returns where it stopped (a place where the scanner matches nothing, or e). */
 static size_t scan_isolated(const df_pretok_step *st, const char *text, size_t b, size_t e,
                             df_ranges *out, dflash_status *rc) {
   size_t pos = b;
   while (pos < e) {
-    size_t n = df_scan_next(st->scanner, (const uint8_t *)text + b, e - b, pos - b);
+    if (out->len == out->cap && (*rc = ranges_grow(out))) break;
+    size_t stop, n = df_scan_pieces(st->scanner, (const uint8_t *)text + b, e - b, pos - b, b,
+                                    out->v + out->len, out->cap - out->len, &stop);
+    out->len += n;
+    pos = b + stop;
     if (!n) break;
-    if (out->len < out->cap) out->v[out->len++] = (df_range){pos, pos + n};
-    else if ((*rc = df_ranges_push(out, pos, pos + n))) break; /* grows the list */
-    pos += n;
   }
   return pos;
 }

@@ -95,6 +95,8 @@ static inline uint8_t class_of(uint32_t c) {
   return g_blocks[(size_t)g_stage1[c >> BLOCK_BITS] << BLOCK_BITS | (c & ((1u << BLOCK_BITS) - 1))];
 }
 
+static void choose_impl(void);
+
 static void build_classes(void) {
   g_class = calloc(N_CODEPOINTS, 1);
   char *all = malloc((size_t)N_CODEPOINTS * 4);
@@ -125,6 +127,7 @@ static void build_classes(void) {
   if (!g_init_status) g_init_status = build_stages();
   free(g_class);
   g_class = NULL;
+  if (!g_init_status) choose_impl();
 }
 
 dflash_status df_scan_init(void) {
@@ -347,4 +350,229 @@ size_t df_scan_next(df_scanner sc, const uint8_t *text, size_t len, size_t pos) 
   case DF_SCAN_NONE: break;
   }
   return end > pos ? end - pos : 0;
+}
+
+/* ---- the block scanner ------------------------------------------------------ */
+/*
+ * Most text is ASCII pieces: " word", "Word", "123", " ...", "  ". df_scan_pieces reads
+ * 64 bytes at a time as bitmasks of byte classes and finds where such a piece ends with
+ * shifts and a count of trailing zeros instead of a table lookup per character. A piece
+ * the masks do not decide (one that reaches a non-ASCII byte, which may continue a word
+ * or a run of spaces, or the end of the 64 bytes) goes to df_scan_next. ASCII letters are
+ * Lu or Ll and never marks or Han, so for ASCII the cased-word alternatives of o200k and
+ * Kimi reduce to "upper-case run, then lower-case run" (see ascii_cased_word).
+ */
+
+static df_scan_impl g_impl = DF_SCAN_PIECE;
+static bool g_block_ok, g_avx2_ok; /* set once by build_classes */
+static void (*g_masks)(const uint8_t *p, df_scan_masks *m);
+
+/* The masks from the class table: the reference the AVX2 masks are checked against. */
+static void masks_portable(const uint8_t *p, df_scan_masks *m) {
+  *m = (df_scan_masks){0};
+  for (unsigned i = 0; i < 64; i++) {
+    uint64_t b = 1ull << i;
+    if (p[i] >= 0x80) {
+      m->high |= b;
+      continue;
+    }
+    uint8_t c = g_ascii[p[i]];
+    if (c & C_L) *(c & C_UP ? &m->up : &m->lo) |= b;
+    else if (c & C_N) m->digit |= b;
+    else if (c & C_WS) m->space |= b;
+    else m->other |= b;
+    if (c & C_CRLF) m->nl |= b;
+    if (p[i] == '/') m->slash |= b;
+  }
+}
+
+/* What the block scanner assumes of ASCII, checked against the table from PCRE2: a letter
+ * is upper or lower case (never a mark or Han), letters, digits and spaces are apart, and
+ * line breaks are spaces. */
+static bool ascii_fits_blocks(void) {
+  for (unsigned c = 0; c < 128; c++) {
+    uint8_t k = g_ascii[c];
+    bool letter = k & C_L, up = k & C_UP, lo = k & C_LO;
+    if ((k & (C_M | C_HAN)) || (letter ? up == lo : up || lo)) return false;
+    if (letter + !!(k & C_N) + !!(k & C_WS) > 1 || ((k & C_CRLF) && !(k & C_WS))) return false;
+  }
+  return true;
+}
+
+/* The AVX2 masks equal the portable ones on every byte value. */
+static bool avx2_agrees(void) {
+  if (!df_scan_cpu_has_avx2()) return false;
+  for (unsigned base = 0; base < 256; base += 64) {
+    uint8_t p[64];
+    for (unsigned i = 0; i < 64; i++) p[i] = (uint8_t)(base + i);
+    df_scan_masks a, b;
+    masks_portable(p, &a);
+    df_scan_masks_avx2(p, &b);
+    if (memcmp(&a, &b, sizeof a)) return false;
+  }
+  return true;
+}
+
+static void choose_impl(void) {
+  g_block_ok = ascii_fits_blocks();
+  g_avx2_ok = g_block_ok && avx2_agrees();
+  const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
+  bool no_simd = e && *e && strcmp(e, "0") != 0;
+  df_scan_set_impl(g_avx2_ok && !no_simd ? DF_SCAN_BLOCK_AVX2 : DF_SCAN_PIECE);
+}
+
+bool df_scan_set_impl(df_scan_impl impl) {
+  if ((impl == DF_SCAN_BLOCK && !g_block_ok) || (impl == DF_SCAN_BLOCK_AVX2 && !g_avx2_ok))
+    return false;
+  g_impl = impl;
+  g_masks = impl == DF_SCAN_BLOCK_AVX2 ? df_scan_masks_avx2 : masks_portable;
+  return true;
+}
+
+df_scan_impl df_scan_get_impl(void) { return g_impl; }
+
+typedef struct window {
+  df_scan_masks m;
+  size_t at;   /* text offset of bit 0 */
+  unsigned n;  /* bytes of text in the window (bits at and past n are clear) */
+  bool at_end; /* the text ends at n */
+} window;
+
+static void load_window(const scan *x, size_t at, window *w) {
+  size_t left = x->len - at;
+  w->at = at;
+  w->n = left < 64 ? (unsigned)left : 64;
+  w->at_end = left <= 64;
+  if (left >= 64) {
+    g_masks(x->s + at, &w->m);
+    return;
+  }
+  uint8_t pad[64] = {0};
+  memcpy(pad, x->s + at, left);
+  g_masks(pad, &w->m);
+  uint64_t valid = (1ull << left) - 1, *m = &w->m.up;
+  for (size_t k = 0; k < sizeof w->m / sizeof *m; k++) m[k] &= valid;
+}
+
+/* End of the run of set bits of m from bit k (64 when it reaches the top). */
+static inline unsigned run_end(uint64_t m, unsigned k) {
+  if (k >= 64) return 64;
+  uint64_t r = ~(m >> k);
+  return r ? k + (unsigned)__builtin_ctzll(r) : 64;
+}
+
+static inline bool bit(uint64_t m, unsigned k) { return k < 64 && (m >> k & 1); }
+
+/* Whether a run that stops at e really ends there: at an ASCII byte, or at the text end. */
+static inline bool decided(const window *w, unsigned e) {
+  return e < w->n ? !bit(w->m.high, e) : w->at_end;
+}
+
+/* The white-space alternatives on ASCII spaces from k (cl100k: `\s++$` first). */
+static unsigned block_space(const window *w, unsigned k, bool cl100k) {
+  unsigned e = run_end(w->m.space, k);
+  if (!decided(w, e)) return 0;
+  bool text_end = e == w->n && w->at_end;
+  if (cl100k && text_end) return e;
+  uint64_t below_e = e >= 64 ? ~0ull : (1ull << e) - 1;
+  uint64_t breaks = w->m.nl & below_e & (~0ull << k);
+  if (breaks) return 64 - (unsigned)__builtin_clzll(breaks); /* just past the last break */
+  if (text_end) return e;
+  return e - 1 > k ? e - 1 : e; /* \s+(?!\S) leaves the last space to the next piece */
+}
+
+/* The end (relative to w->at, > k) of the piece at bit k, or 0 when the masks do not
+ * decide it. Mirrors the scan_* functions above on ASCII. */
+static inline unsigned block_piece(df_scanner sc, const scan *x, const window *w, unsigned k) {
+  const df_scan_masks *m = &w->m;
+  if (bit(m->high, k)) return 0;
+  bool cased = sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI;
+  size_t at = w->at;
+  if (!cased && x->s[at + k] == '\'') { /* cl100k and Qwen try contractions first */
+    size_t c = contraction(x, at + k);
+    if (c) return k + (unsigned)c;
+  }
+  uint64_t letter = m->up | m->lo;
+  bool opt = bit((m->other | m->space) & ~m->nl, k); /* [^\r\n\p{L}\p{N}] */
+  if (opt && !decided(w, k + 1)) return 0;
+  unsigned p = bit(letter, k) ? k : opt && bit(letter, k + 1) ? k + 1 : 64;
+  if (p < 64) {
+    unsigned e = cased ? run_end(m->lo, run_end(m->up, p)) : run_end(letter, p);
+    if (!decided(w, e)) return 0;
+    return cased ? e + (unsigned)contraction(x, at + e) : e;
+  }
+  if (bit(m->digit, k)) {
+    if (sc == DF_SCAN_QWEN2 || sc == DF_SCAN_QWEN35) return k + 1;
+    unsigned e = run_end(m->digit, k);
+    return e - k >= 3 ? k + 3 : decided(w, e) ? e : 0;
+  }
+  unsigned q = bit(m->other, k) ? k : x->s[at + k] == ' ' && bit(m->other, k + 1) ? k + 1 : 64;
+  if (q < 64) { /* ` ?[^\s\p{L}\p{N}]+` then line breaks (and '/' in o200k) */
+    unsigned e = run_end(m->other, q);
+    if (!decided(w, e)) return 0;
+    if (e >= w->n) return e;
+    unsigned t = run_end(m->nl | (sc == DF_SCAN_O200K ? m->slash : 0), e);
+    return t < w->n || w->at_end ? t : 0;
+  }
+  return block_space(w, k, sc == DF_SCAN_CL100K);
+}
+
+/* Pieces by df_scan_next from `pos` while the text there is not ASCII (where the block
+ * scanner would only fall back again), at least one. */
+static size_t piece_run(df_scanner sc, const scan *x, size_t pos, size_t shift, df_range *out,
+                        size_t cap, size_t *n_out, bool one) {
+  size_t n = *n_out;
+  while (pos < x->len && n < cap) {
+    size_t k = df_scan_next(sc, x->s, x->len, pos);
+    if (!k) break;
+    out[n++] = (df_range){shift + pos, shift + pos + k};
+    pos += k;
+    if (one && (pos + 1 >= x->len || (x->s[pos] < 0x80 && x->s[pos + 1] < 0x80))) break;
+  }
+  *n_out = n;
+  return pos;
+}
+
+/* The block loop for one pattern (inlined per pattern, so `sc` is a constant). */
+static inline size_t block_pieces(df_scanner sc, const scan *x, size_t pos, size_t shift,
+                                  df_range *out, size_t cap, size_t *stop) {
+  size_t n = 0;
+  window w;
+  while (pos < x->len && n < cap) {
+    load_window(x, pos, &w);
+    unsigned k = 0, end;
+    while (k < w.n && n < cap && (end = block_piece(sc, x, &w, k))) {
+      out[n++] = (df_range){shift + pos + k, shift + pos + end};
+      k = end;
+    }
+    if (k == 0 && n < cap) { /* not decided even at the window's start */
+      size_t before = n;
+      pos = piece_run(sc, x, pos, shift, out, cap, &n, true);
+      if (n == before) break; /* nothing matches here */
+    } else {
+      pos += k;
+    }
+  }
+  *stop = pos;
+  return n;
+}
+
+size_t df_scan_pieces(df_scanner sc, const uint8_t *text, size_t len, size_t pos, size_t shift,
+                      df_range *out, size_t cap, size_t *stop) {
+  scan x = {text, len};
+  size_t n = 0;
+  if (g_impl == DF_SCAN_PIECE) {
+    *stop = piece_run(sc, &x, pos, shift, out, cap, &n, false);
+    return n;
+  }
+  switch (sc) {
+  case DF_SCAN_CL100K: return block_pieces(DF_SCAN_CL100K, &x, pos, shift, out, cap, stop);
+  case DF_SCAN_O200K: return block_pieces(DF_SCAN_O200K, &x, pos, shift, out, cap, stop);
+  case DF_SCAN_KIMI: return block_pieces(DF_SCAN_KIMI, &x, pos, shift, out, cap, stop);
+  case DF_SCAN_QWEN2: return block_pieces(DF_SCAN_QWEN2, &x, pos, shift, out, cap, stop);
+  case DF_SCAN_QWEN35: return block_pieces(DF_SCAN_QWEN35, &x, pos, shift, out, cap, stop);
+  case DF_SCAN_NONE: break;
+  }
+  *stop = pos;
+  return 0;
 }

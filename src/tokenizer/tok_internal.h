@@ -256,6 +256,29 @@ size_t df_scan_next(df_scanner sc, const uint8_t *text, size_t len, size_t pos);
 /* Initialise the scanners' character-class table (from PCRE2's own Unicode
  * tables, so scanner and regex agree); thread-safe, runs once. */
 DF_MUST_CHECK dflash_status df_scan_init(void);
+/* Match pieces back to back from text[pos] (pos < len), writing at most `cap` (> 0) of
+ * them to `out` as ranges shifted by `shift`. Returns how many; *stop is where it stopped
+ * (len, where `out` filled, or where the pattern matches nothing). */
+size_t df_scan_pieces(df_scanner sc, const uint8_t *text, size_t len, size_t pos, size_t shift,
+                      df_range *out, size_t cap, size_t *stop);
+
+/* How df_scan_pieces finds pieces: one df_scan_next call each, or from bitmasks of byte
+ * classes 64 bytes at a time, built by portable C or by AVX2. The default is the fastest
+ * this CPU has (DFLASH_TOKENIZER_NO_SIMD=1 at first load: no AVX2); tests pick one. */
+typedef enum df_scan_impl { DF_SCAN_PIECE, DF_SCAN_BLOCK, DF_SCAN_BLOCK_AVX2 } df_scan_impl;
+/* Use `impl` from now on (not thread-safe; for tests). False when this CPU lacks it. */
+bool df_scan_set_impl(df_scan_impl impl);
+df_scan_impl df_scan_get_impl(void);
+
+/* Byte classes of 64 bytes, bit i for byte i (scanner_avx2.c builds them with AVX2). */
+typedef struct df_scan_masks {
+  uint64_t up, lo, digit; /* A-Z, a-z, 0-9 */
+  uint64_t space, nl;     /* ASCII \s; \r or \n */
+  uint64_t slash, other;  /* '/'; the rest of ASCII (not letter, digit or space) */
+  uint64_t high;          /* bytes >= 0x80 */
+} df_scan_masks;
+void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m);
+bool df_scan_cpu_has_avx2(void);
 
 /* ---- Unicode helpers (unicode.c) -------------------------------------------- */
 

@@ -104,9 +104,7 @@ static void pair_close(scan_pair *p) {
   df_pretok_free(&p->without);
 }
 
-static void compare(const char *pattern) {
-  scan_pair p;
-  pair_open(&p, pattern);
+static void compare(scan_pair *p) {
   unsigned seed = 2024;
   char text[512];
   for (int iter = 0; iter < 60000; iter++) {
@@ -119,9 +117,8 @@ static void compare(const char *pattern) {
       memcpy(text + len, c, strlen(c));
       len += strlen(c);
     }
-    pair_check(&p, text, len);
+    pair_check(p, text, len);
   }
-  pair_close(&p);
 }
 
 /* A code point anywhere in Unicode (no surrogates), or ASCII half the time, so every
@@ -134,35 +131,175 @@ static uint32_t random_code_point(unsigned *seed) {
 }
 
 /* The scanner against the regex on strings of code points drawn from all of Unicode. */
-static void compare_random_unicode(const char *pattern) {
-  scan_pair p;
-  pair_open(&p, pattern);
+static void compare_random_unicode(scan_pair *p) {
   unsigned seed = 7;
   char text[16 * 4];
   for (int iter = 0; iter < 40000; iter++) {
     size_t len = 0, n = 1 + (size_t)(rand_r(&seed) % 16);
     for (size_t k = 0; k < n; k++) len += df_utf8_put(text + len, random_code_point(&seed));
-    pair_check(&p, text, len);
+    pair_check(p, text, len);
   }
-  pair_close(&p);
+}
+
+static const char *const PATTERNS[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5"};
+static const df_scan_impl IMPLS[] = {DF_SCAN_PIECE, DF_SCAN_BLOCK, DF_SCAN_BLOCK_AVX2};
+
+/* Loop index -> (pattern, implementation); false when this CPU lacks the implementation
+ * (AVX2), after which the test checks nothing. Call after pair_open (which loads the
+ * scanner tables); undo with df_scan_set_impl(saved). */
+static bool pick_impl(int i, df_scan_impl *saved) {
+  *saved = df_scan_get_impl();
+  return df_scan_set_impl(IMPLS[i % DF_ARRAY_LEN(IMPLS)]);
 }
 
 START_TEST(scanners_agree_on_random_unicode) {
-  static const char *const names[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5"};
-  compare_random_unicode(names[_i]);
+  scan_pair p;
+  pair_open(&p, PATTERNS[_i / 3]);
+  df_scan_impl saved;
+  if (pick_impl(_i, &saved)) compare_random_unicode(&p);
+  df_scan_set_impl(saved);
+  pair_close(&p);
 }
 END_TEST
 
 START_TEST(scanners_agree_with_regex) {
-  static const char *const names[] = {"cl100k", "o200k", "kimi-k2", "qwen2", "qwen3.5"};
-  compare(names[_i]);
+  scan_pair p;
+  pair_open(&p, PATTERNS[_i / 3]);
+  df_scan_impl saved;
+  if (pick_impl(_i, &saved)) compare(&p);
+  df_scan_set_impl(saved);
+  pair_close(&p);
+}
+END_TEST
+
+/* Text that puts `piece` at byte `at` of ASCII filler `fill` (repeated) and ends after
+ * `tail` more bytes of it: every piece at every position of a 64-byte block. */
+static size_t place(char *text, const char *fill, size_t at, const char *piece, size_t tail) {
+  size_t len = 0, f = strlen(fill);
+  for (size_t k = 0; k < at; k++) text[len++] = fill[k % f];
+  memcpy(text + len, piece, strlen(piece));
+  len += strlen(piece);
+  for (size_t k = 0; k < tail; k++) text[len++] = fill[k % f];
+  return len;
+}
+
+/* Pieces the block scanner decides from its masks, and the characters that make it fall
+ * back, put across the 64-byte block boundaries in every position. */
+static void compare_block_boundaries(scan_pair *p) {
+  static const char *const fills[] = {"a", " ", ".", "Ab c1'", "xY\n 9/", "  \t"};
+  static const char *const pieces[] = {
+      "Hello",
+      " world",
+      "'s",
+      "'RE x",
+      "don't",
+      "123456",
+      "12",
+      " \n\n  x",
+      "a  \r\n",
+      "...",
+      " ...\n/\n/",
+      "ABCdef",
+      "ABC",
+      "\xc3\xa9t\xc3\xa9",
+      "\xe6\x97\xa5\xe6\x9c\xac",
+      " \xc2\xa0x",
+      "x\xcc\x81y",
+      "'\xc5\xbf",
+      "7\xd9\xa3",
+      ".\xc3\xa9",
+      " \xe3\x80\x82",
+      "\xf0\x9f\x98\x80!",
+      "A\xc7\x85"
+      "b",
+      "  ",
+      "\t.",
+  };
+  char text[256];
+  for (size_t f = 0; f < DF_ARRAY_LEN(fills); f++)
+    for (size_t k = 0; k < DF_ARRAY_LEN(pieces); k++)
+      for (size_t at = 0; at < 140; at++) {
+        pair_check(p, text, place(text, fills[f], at, pieces[k], 0));
+        pair_check(p, text, place(text, fills[f], at, pieces[k], 3));
+        pair_check(p, text, place(text, fills[f], at, pieces[k], 70));
+      }
+}
+
+/* Runs longer than a block (spaces, letters, digits, punctuation, line breaks), each
+ * broken at every position by a non-ASCII or another ASCII character. */
+static void compare_long_runs(scan_pair *p) {
+  static const char *const runs[] = {" ", "a", "Z", "7", "-", "\n", " \n", "aB", "/"};
+  static const char *const breaks[] = {"x",        " ",        "'s", "\xc2\xa0",
+                                       "\xc3\xa9", "\xd9\xa3", "\n", "."};
+  char text[512];
+  for (size_t r = 0; r < DF_ARRAY_LEN(runs); r++)
+    for (size_t b = 0; b < DF_ARRAY_LEN(breaks); b++)
+      for (size_t at = 0; at < 200; at += 1 + at / 40)
+        for (size_t tail = 0; tail < 200; tail += 67)
+          pair_check(p, text, place(text, runs[r], at, breaks[b], tail));
+}
+
+START_TEST(block_scanner_agrees_across_blocks) {
+  scan_pair p;
+  pair_open(&p, PATTERNS[_i / 3]);
+  df_scan_impl saved;
+  if (pick_impl(_i, &saved)) {
+    compare_block_boundaries(&p);
+    compare_long_runs(&p);
+  }
+  df_scan_set_impl(saved);
+  pair_close(&p);
+}
+END_TEST
+
+/* Long random texts, mostly ASCII with non-ASCII characters among them, so blocks mix. */
+static void compare_long_mixed(scan_pair *p) {
+  unsigned seed = 99;
+  char text[400 * 4];
+  for (int iter = 0; iter < 3000; iter++) {
+    size_t len = 0, n = 1 + (size_t)(rand_r(&seed) % 400);
+    unsigned ascii_share = (unsigned)rand_r(&seed) % 100;
+    for (size_t k = 0; k < n; k++) {
+      const char *c = ALPHABET[(size_t)rand_r(&seed) % DF_ARRAY_LEN(ALPHABET)];
+      if ((unsigned)rand_r(&seed) % 100 < ascii_share)
+        while ((uint8_t)c[0] >= 0x80) c = ALPHABET[(size_t)rand_r(&seed) % DF_ARRAY_LEN(ALPHABET)];
+      memcpy(text + len, c, strlen(c));
+      len += strlen(c);
+    }
+    pair_check(p, text, len);
+  }
+}
+
+START_TEST(block_scanner_agrees_on_long_mixed_text) {
+  scan_pair p;
+  pair_open(&p, PATTERNS[_i / 3]);
+  df_scan_impl saved;
+  if (pick_impl(_i, &saved)) compare_long_mixed(&p);
+  df_scan_set_impl(saved);
+  pair_close(&p);
+}
+END_TEST
+
+/* The default is the block scanner with AVX2 where the CPU has it: the fast path is the
+ * one that runs (unless DFLASH_TOKENIZER_NO_SIMD is set for the test). */
+START_TEST(block_scanner_is_the_default_with_avx2) {
+  scan_pair p;
+  pair_open(&p, "o200k");
+  const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
+  bool avx2 = df_scan_cpu_has_avx2() && !(e && *e && strcmp(e, "0"));
+  ck_assert_int_eq(df_scan_get_impl(), avx2 ? DF_SCAN_BLOCK_AVX2 : DF_SCAN_PIECE);
+  pair_close(&p);
 }
 END_TEST
 
 TCase *tc_tok_scanner(void);
 TCase *tc_tok_scanner(void) {
   TCase *tc = tcase_create("scanner");
-  tcase_add_loop_test(tc, scanners_agree_with_regex, 0, 5);
-  tcase_add_loop_test(tc, scanners_agree_on_random_unicode, 0, 5);
+  int n = (int)(DF_ARRAY_LEN(PATTERNS) * DF_ARRAY_LEN(IMPLS));
+  tcase_add_loop_test(tc, scanners_agree_with_regex, 0, n);
+  tcase_add_loop_test(tc, scanners_agree_on_random_unicode, 0, n);
+  tcase_add_loop_test(tc, block_scanner_agrees_across_blocks, 0, n);
+  tcase_add_loop_test(tc, block_scanner_agrees_on_long_mixed_text, 0, n);
+  tcase_add_test(tc, block_scanner_is_the_default_with_avx2);
   return tc;
 }
