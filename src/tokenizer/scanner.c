@@ -227,6 +227,21 @@ static size_t digits(const scan *x, size_t i, int max) {
   return p;
 }
 
+/* `[UP]*[LO]+` at p: its end, or 0. [UP]* takes the whole upper run, then backtracking
+ * gives characters back until [LO]+ fits: at the run's end if a [LO] character follows
+ * (then [LO]+ runs on), else at the run's last [LO] character, where [LO]+ takes just
+ * that one (the characters after it are not [LO]). So one pass finds it. */
+static size_t up_then_lo(const scan *x, size_t p, uint8_t none) {
+  size_t last_lo_end = 0;
+  while (p < x->len) {
+    uint8_t c = cls_at(x, p);
+    if (!(c & C_UP) || (c & none)) break;
+    p = next_char(x, p);
+    if (c & C_LO) last_lo_end = p;
+  }
+  return is(x, p, C_LO, none) ? run(x, p, C_LO, none) : last_lo_end;
+}
+
 /* [^\r\n\p{L}\p{N}]?[UP]*[LO]+C? then [^\r\n\p{L}\p{N}]?[UP]+[LO]*C? (o200k; Kimi with Han
  * excluded from both classes via `none`). */
 static size_t cased_word(const scan *x, size_t i, uint8_t none) {
@@ -234,15 +249,9 @@ static size_t cased_word(const scan *x, size_t i, uint8_t none) {
   int n_starts = 0;
   if (is_p1(x, i)) starts[n_starts++] = next_char(x, i); /* the optional char, taken first */
   starts[n_starts++] = i;
-  for (int k = 0; k < n_starts; k++) { /* alternative 1: [UP]* backs off until [LO]+ fits */
-    size_t p = starts[k], e = run(x, p, C_UP, none);
-    for (size_t q = e;; q = prev_char(x, q)) {
-      if (is(x, q, C_LO, none)) {
-        size_t end = run(x, q, C_LO, none);
-        return end + contraction(x, end);
-      }
-      if (q == p) break;
-    }
+  for (int k = 0; k < n_starts; k++) { /* alternative 1 */
+    size_t end = up_then_lo(x, starts[k], none);
+    if (end) return end + contraction(x, end);
   }
   for (int k = 0; k < n_starts; k++) { /* alternative 2 */
     size_t p = starts[k];
@@ -433,9 +442,13 @@ df_scan_impl df_scan_get_impl(void) { return g_impl; }
 
 typedef struct window {
   df_scan_masks m;
-  size_t at;   /* text offset of bit 0 */
-  unsigned n;  /* bytes of text in the window (bits at and past n are clear) */
-  bool at_end; /* the text ends at n */
+  uint64_t letter; /* up | lo */
+  uint64_t opt;    /* [^\r\n\p{L}\p{N}] (ASCII) */
+  uint64_t word;   /* where a word piece starts: a letter, or `opt` then a letter */
+  uint64_t known;  /* where a run may end: an ASCII byte, or the text's end */
+  size_t at;       /* text offset of bit 0 */
+  unsigned n;      /* bytes of text in the window (bits at and past n are clear) */
+  bool at_end;     /* the text ends at n */
 } window;
 
 static void load_window(const scan *x, size_t at, window *w) {
@@ -443,15 +456,22 @@ static void load_window(const scan *x, size_t at, window *w) {
   w->at = at;
   w->n = left < 64 ? (unsigned)left : 64;
   w->at_end = left <= 64;
+  uint64_t valid = ~0ull;
   if (left >= 64) {
     g_masks(x->s + at, &w->m);
-    return;
+  } else {
+    uint8_t pad[64] = {0};
+    memcpy(pad, x->s + at, left);
+    g_masks(pad, &w->m);
+    valid = (1ull << left) - 1;
+    uint64_t *m = &w->m.up;
+    for (size_t k = 0; k < sizeof w->m / sizeof *m; k++) m[k] &= valid;
   }
-  uint8_t pad[64] = {0};
-  memcpy(pad, x->s + at, left);
-  g_masks(pad, &w->m);
-  uint64_t valid = (1ull << left) - 1, *m = &w->m.up;
-  for (size_t k = 0; k < sizeof w->m / sizeof *m; k++) m[k] &= valid;
+  const df_scan_masks *m = &w->m;
+  w->letter = m->up | m->lo;
+  w->opt = (m->other | m->space) & ~m->nl;
+  w->word = w->letter | (w->opt & w->letter >> 1);
+  w->known = (~m->high & valid) | (left < 64 ? 1ull << left : 0);
 }
 
 /* End of the run of set bits of m from bit k (64 when it reaches the top). */
@@ -465,7 +485,7 @@ static inline bool bit(uint64_t m, unsigned k) { return k < 64 && (m >> k & 1); 
 
 /* Whether a run that stops at e really ends there: at an ASCII byte, or at the text end. */
 static inline bool decided(const window *w, unsigned e) {
-  return e < w->n ? !bit(w->m.high, e) : w->at_end;
+  return e < 64 ? w->known >> e & 1 : w->at_end;
 }
 
 /* The white-space alternatives on ASCII spaces from k (cl100k: `\s++$` first). */
@@ -485,28 +505,27 @@ static unsigned block_space(const window *w, unsigned k, bool cl100k) {
  * decide it. Mirrors the scan_* functions above on ASCII. */
 static inline unsigned block_piece(df_scanner sc, const scan *x, const window *w, unsigned k) {
   const df_scan_masks *m = &w->m;
-  if (bit(m->high, k)) return 0;
   bool cased = sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI;
   size_t at = w->at;
+  uint64_t kb = 1ull << k;
   if (!cased && x->s[at + k] == '\'') { /* cl100k and Qwen try contractions first */
     size_t c = contraction(x, at + k);
     if (c) return k + (unsigned)c;
   }
-  uint64_t letter = m->up | m->lo;
-  bool opt = bit((m->other | m->space) & ~m->nl, k); /* [^\r\n\p{L}\p{N}] */
-  if (opt && !decided(w, k + 1)) return 0;
-  unsigned p = bit(letter, k) ? k : opt && bit(letter, k + 1) ? k + 1 : 64;
-  if (p < 64) {
-    unsigned e = cased ? run_end(m->lo, run_end(m->up, p)) : run_end(letter, p);
+  if (w->word & kb) { /* letters, after an optional [^\r\n\p{L}\p{N}] */
+    unsigned p = k + !(w->letter & kb);
+    unsigned e = cased ? run_end(m->lo, run_end(m->up, p)) : run_end(w->letter, p);
     if (!decided(w, e)) return 0;
-    return cased ? e + (unsigned)contraction(x, at + e) : e;
+    if (cased && at + e < x->len && x->s[at + e] == '\'') e += (unsigned)contraction(x, at + e);
+    return e;
   }
-  if (bit(m->digit, k)) {
+  if ((m->high & kb) || ((w->opt & kb) && !decided(w, k + 1))) return 0;
+  if (m->digit & kb) {
     if (sc == DF_SCAN_QWEN2 || sc == DF_SCAN_QWEN35) return k + 1;
     unsigned e = run_end(m->digit, k);
     return e - k >= 3 ? k + 3 : decided(w, e) ? e : 0;
   }
-  unsigned q = bit(m->other, k) ? k : x->s[at + k] == ' ' && bit(m->other, k + 1) ? k + 1 : 64;
+  unsigned q = m->other & kb ? k : x->s[at + k] == ' ' && bit(m->other, k + 1) ? k + 1 : 64;
   if (q < 64) { /* ` ?[^\s\p{L}\p{N}]+` then line breaks (and '/' in o200k) */
     unsigned e = run_end(m->other, q);
     if (!decided(w, e)) return 0;
