@@ -149,6 +149,17 @@ static inline uint8_t cls_at(const scan *x, size_t i) {
   return class_of(df_utf8_next(x->s, &j));
 }
 
+/* The class of the character at i (< len), and where the next one starts: one decode for
+ * the loops that walk runs. */
+static inline uint8_t cls_step(const scan *x, size_t *i) {
+  uint8_t b = x->s[*i];
+  if (b < 0x80) {
+    *i += 1;
+    return g_ascii[b];
+  }
+  return class_of(df_utf8_next(x->s, i));
+}
+
 static inline size_t next_char(const scan *x, size_t i) {
   if (x->s[i] < 0x80) return i + 1;
   if (x->s[i] < 0xE0) return i + 2;
@@ -164,9 +175,10 @@ static inline size_t prev_char(const scan *x, size_t i) {
 /* End of the run of characters whose class has all bits of `all` and none of `none`. */
 static inline size_t run(const scan *x, size_t i, uint8_t all, uint8_t none) {
   while (i < x->len) {
-    uint8_t c = cls_at(x, i);
+    size_t next = i;
+    uint8_t c = cls_step(x, &next);
     if ((c & all) != all || (c & none)) break;
-    i = next_char(x, i);
+    i = next;
   }
   return i;
 }
@@ -234,9 +246,10 @@ static size_t digits(const scan *x, size_t i, int max) {
 static size_t up_then_lo(const scan *x, size_t p, uint8_t none) {
   size_t last_lo_end = 0;
   while (p < x->len) {
-    uint8_t c = cls_at(x, p);
+    size_t next = p;
+    uint8_t c = cls_step(x, &next);
     if (!(c & C_UP) || (c & none)) break;
-    p = next_char(x, p);
+    p = next;
     if (c & C_LO) last_lo_end = p;
   }
   return is(x, p, C_LO, none) ? run(x, p, C_LO, none) : last_lo_end;
@@ -327,21 +340,25 @@ static size_t scan_kimi(const scan *x, size_t i) {
   return e ? e : space_tail(x, i);
 }
 
+/* End of the run of characters with any class bit of `letters`. */
+static size_t letter_run(const scan *x, size_t p, uint8_t letters) {
+  while (p < x->len) {
+    size_t next = p;
+    if (!(cls_step(x, &next) & letters)) break;
+    p = next;
+  }
+  return p;
+}
+
 /* Qwen2 (`letters` = L) and Qwen3.5 (`letters` = L or M). */
 static size_t scan_qwen(const scan *x, size_t i, bool marks) {
   size_t c = contraction(x, i);
   if (c) return i + c;
   uint8_t letters = marks ? C_L | C_M : C_L;
   if (is_p1(x, i) && next_char(x, i) < x->len && (cls_at(x, next_char(x, i)) & letters)) {
-    size_t p = next_char(x, i);
-    while (p < x->len && (cls_at(x, p) & letters)) p = next_char(x, p);
-    return p;
+    return letter_run(x, next_char(x, i), letters);
   }
-  if (cls_at(x, i) & letters) {
-    size_t p = i;
-    while (p < x->len && (cls_at(x, p) & letters)) p = next_char(x, p);
-    return p;
-  }
+  if (cls_at(x, i) & letters) return letter_run(x, i, letters);
   if (is(x, i, C_N, 0)) return next_char(x, i);
   size_t e = punct_run(x, i, C_WS | C_N | letters, false);
   return e ? e : space_tail(x, i);
@@ -503,7 +520,8 @@ static unsigned block_space(const window *w, unsigned k, bool cl100k) {
 
 /* The end (relative to w->at, > k) of the piece at bit k, or 0 when the masks do not
  * decide it. Mirrors the scan_* functions above on ASCII. */
-static inline unsigned block_piece(df_scanner sc, const scan *x, const window *w, unsigned k) {
+__attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc, const scan *x,
+                                                                  const window *w, unsigned k) {
   const df_scan_masks *m = &w->m;
   bool cased = sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI;
   size_t at = w->at;
@@ -552,9 +570,12 @@ static size_t piece_run(df_scanner sc, const scan *x, size_t pos, size_t shift, 
   return pos;
 }
 
-/* The block loop for one pattern (inlined per pattern, so `sc` is a constant). */
-static inline size_t block_pieces(df_scanner sc, const scan *x, size_t pos, size_t shift,
-                                  df_range *out, size_t cap, size_t *stop) {
+/* The block loop for one pattern (inlined per pattern, so `sc` is a constant and the
+ * tests on it fold away). */
+__attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, const scan *x,
+                                                                 size_t pos, size_t shift,
+                                                                 df_range *out, size_t cap,
+                                                                 size_t *stop) {
   size_t n = 0;
   window w;
   while (pos < x->len && n < cap) {
