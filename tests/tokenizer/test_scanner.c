@@ -210,8 +210,7 @@ static void compare_block_boundaries(scan_pair *p) {
       ".\xc3\xa9",
       " \xe3\x80\x82",
       "\xf0\x9f\x98\x80!",
-      "A\xc7\x85"
-      "b",
+      "A\xc7\x85\x62" /* Lt between ASCII letters */,
       "  ",
       "\t.",
   };
