@@ -585,12 +585,14 @@ __attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, 
       out[n++] = (df_range){shift + pos + k, shift + pos + end};
       k = end;
     }
-    if (k == 0 && n < cap) { /* not decided even at the window's start */
+    pos += k;
+    /* Undecided at k: if a non-ASCII byte lies ahead in the window, the piece reached it
+     * (an ASCII run that reaches the window's end passes none), and a new window would
+     * stop there again; so would one that starts at k = 0. Else it straddles the end. */
+    if (n < cap && k < w.n && (k == 0 || w.m.high >> k)) {
       size_t before = n;
       pos = piece_run(sc, x, pos, shift, out, cap, &n, true);
       if (n == before) break; /* nothing matches here */
-    } else {
-      pos += k;
     }
   }
   *stop = pos;
