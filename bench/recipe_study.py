@@ -2,7 +2,7 @@
 """The recipe study: libdflash's training recipe, one factor at a time.
 
     nice -n 15 python3 bench/recipe_study.py --out OUT --build BUILD [--arch dflash|dflash2]
-        [--seeds 0,1] [--epochs 2] [--jobs 2] [--only default,anchors32,...]
+        [--seeds 0,1] [--epochs 2] [--jobs 2] [--only default,anchors32,...] [--dry-run]
 
 OUT is a demo output folder (examples/pipeline/pipeline.py) with target/, data/{train,heldout}
 and hidden/{train,heldout} (the training store with the target's greedy ids,
@@ -17,9 +17,12 @@ the seeds' variance) / sqrt(seeds)) and the difference from the default +- the t
 combined; the last line is a JSON object {arch: {config: {"tau", "se", "diff", "diff_se",
 "cpu_s_per_step", "seeds": [...]}}}.
 
-Not studied: Muon for the matrices (speculators' optimizer). Its Newton-Schulz iterations
-cost 5 x 3 matrix products per weight matrix and step, several CPU-seconds per step at
-SmolLM2's shape against ~0.3 for the rest, and it is not in the trainer.
+The muon config is speculators' optimizer recipe (vLLM speculators 0.9.0's defaults for
+--optimizer muon): torch.optim.Muon on the weight matrices with lr 1e-3, Nesterov momentum
+0.95, decoupled weight decay 0.1 and the match_rms_adamw step scale (dflash train's Muon
+defaults), AdamW with lr 1e-3 and weight decay 0.01 on the rest (here the norms). Its
+schedule stays the default's (speculators' is linear: the linear row measures that knob).
+--dry-run prints each run's `dflash train` command and runs nothing.
 """
 import argparse
 import json
@@ -46,6 +49,7 @@ CONFIGS = {  # in the order the study runs them
     "lr1e-3": ["--lr", "1e-3"],
     "anchors_all": ["--anchors", "512"],  # every valid position (answers are <= 128 tokens)
     "labels_target": ["--labels", "target"],  # needs dump_hidden.py --target-ids
+    "muon": ["--optimizer", "muon", "--lr", "1e-3", "--weight-decay", "0.01"],  # speculators'
 }
 
 
@@ -88,9 +92,24 @@ def run_timed(cmd, log):
     return out, ru.ru_utime + ru.ru_stime
 
 
+def run_dir(a, name, seed):
+    return os.path.join(a.out, "recipe", a.arch, f"{name}-s{seed}")
+
+
+def train_cmd(a, cfg_path, name, seed):
+    """The `dflash train` command of one config and seed."""
+    cli = os.path.join(a.build, "tools", "dflash", "dflash")
+    return [cli, "train", "--config", cfg_path, "--target", os.path.join(a.out, "target"),
+            "--data", os.path.join(a.out, "data", "train"),
+            "--hidden", os.path.join(a.out, "hidden", "train"),
+            "-o", os.path.join(run_dir(a, name, seed), "drafter"),
+            "--epochs", str(a.epochs), "--seed", str(seed), "--threads", str(a.threads),
+            "--overwrite", "--quiet"] + args_of(name)
+
+
 def one_run(a, cfg_path, name, seed):
     """Train and evaluate one config and seed (skipped when its result exists)."""
-    d = os.path.join(a.out, "recipe", a.arch, f"{name}-s{seed}")
+    d = run_dir(a, name, seed)
     res = os.path.join(d, "result.json")
     if os.path.exists(res):
         with open(res) as f:
@@ -98,11 +117,7 @@ def one_run(a, cfg_path, name, seed):
     os.makedirs(d, exist_ok=True)
     cli = os.path.join(a.build, "tools", "dflash", "dflash")
     ckpt = os.path.join(d, "drafter")
-    train = [cli, "train", "--config", cfg_path, "--target", os.path.join(a.out, "target"),
-             "--data", os.path.join(a.out, "data", "train"),
-             "--hidden", os.path.join(a.out, "hidden", "train"), "-o", ckpt,
-             "--epochs", str(a.epochs), "--seed", str(seed), "--threads", str(a.threads),
-             "--overwrite", "--quiet"] + args_of(name)
+    train = train_cmd(a, cfg_path, name, seed)
     t0 = time.time()
     out, cpu = run_timed(train, os.path.join(d, "log.txt"))
     wall = time.time() - t0
@@ -175,12 +190,21 @@ def main():
     ap.add_argument("--only", default=",".join(CONFIGS), help="configs, comma-separated")
     ap.add_argument("--config", default=None,
                     help="drafter config.json (default: the demo's, from the target)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print each run's dflash train command, run nothing")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)
     names = [n for n in a.only.split(",") if n]
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"unknown config {n!r} (known: {', '.join(CONFIGS)})")
+    if a.dry_run:
+        cfg = os.path.abspath(a.config) if a.config else \
+            os.path.join(a.out, "recipe", f"{a.arch}.json")
+        for n in names:
+            for s in a.seeds.split(","):
+                print(" ".join(train_cmd(a, cfg, n, int(s))))
+        return
     os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
     sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
     cfg_path = os.path.abspath(a.config) if a.config else write_config(a.out, a.arch)

@@ -63,7 +63,8 @@ dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t ro
     }
   if (rows > cols) memcpy(x, y, sizeof(float) * n);
   newton_schulz(x, y, g, gg, r, c);
-  float decay = (float)(1.0 - a->lr * a->muon_weight_decay), step = (float)adjusted_lr(a, rows, cols);
+  float decay = (float)(1.0 - a->lr * a->muon_weight_decay),
+        step = (float)adjusted_lr(a, rows, cols);
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++) {
       size_t at = (size_t)i * (size_t)cols + (size_t)j;
