@@ -78,9 +78,9 @@ typedef struct dflash_trainer_options {
   int32_t position_weighting;
   /* The optimizer (dflash_optimizer, below). DFLASH_OPTIM_MUON (CPU backend only; CUDA
    * refuses it) is torch.optim.Muon, as vLLM speculators trains with it, on every 2-D weight
-   * matrix with both sides > 1 (fc, the attention and MLP projections, DFlash 2's selector
-   * matrices); AdamW (lr, weight_decay, betas, adam_eps above) keeps the norms and DFlash 2's
-   * kernels. Both groups share lr and its schedule. The Muon group's Nesterov momentum
+   * matrix with both sides > 1 but the vocabulary-sized codebooks (fc, the attention and MLP
+   * projections, DFlash 2's kernel and hidden projections); AdamW (lr, weight_decay, betas,
+   * adam_eps above) keeps the norms and DFlash 2's base kernels and codebooks. Both groups share lr and its schedule. The Muon group's Nesterov momentum
    * (0.95, in [0, 1)) and decoupled weight decay (0.1, >= 0): p *= 1 - lr x decay. The
    * doubles come first so that the struct grows past its old size (no field in its old
    * padding). */

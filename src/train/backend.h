@@ -49,7 +49,7 @@ typedef struct df_adam {
   double muon_momentum, muon_weight_decay;
   int32_t muon_adjust_lr; /* dflash_muon_adjust_lr */
 } df_adam;
-/* Whether Muon updates tensor `ti` (speculators' split: 2-D, both sides > 1). */
+/* Whether Muon updates tensor `ti` (speculators' split: 2-D, both sides > 1, no codebook). */
 bool df_muon_takes(const df_tensor_info *ti);
 /* One Muon update of matrix p [rows, cols] from its (clipped) gradient, its momentum buffer
  * `buf` updated in place (optim_muon.c). Fails only for memory. */

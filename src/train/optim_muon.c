@@ -13,8 +13,10 @@
 static const float NS_A = 3.4445f, NS_B = -4.7750f, NS_C = 2.0315f, NS_EPS = 1e-7f;
 enum { NS_STEPS = 5 };
 
+/* speculators' split: matrices, but not vocabulary-sized ones (its name hints; here DFlash
+ * 2's selector codebooks [V, r]; the embedding and LM head are frozen). */
 bool df_muon_takes(const df_tensor_info *ti) {
-  return ti->ndim == 2 && ti->shape[0] > 1 && ti->shape[1] > 1;
+  return ti->ndim == 2 && ti->shape[0] > 1 && ti->shape[1] > 1 && !strstr(ti->name, "codebook");
 }
 
 /* x [r, c], r <= c, in place: x /= max(|x|_F, eps), then NS_STEPS of

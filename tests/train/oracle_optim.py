@@ -138,9 +138,12 @@ ADJUST = {0: "match_rms_adamw", 1: "original"}  # dflash_muon_adjust_lr
 
 
 def muon_optimizers(named, warmup, adjust=0):
-    """speculators' split: 2-D with both sides > 1 to Muon, the rest to AdamW; one schedule."""
-    mats = [p for n, p in named if p.ndim == 2 and min(p.shape) > 1]
-    rest = [p for n, p in named if not (p.ndim == 2 and min(p.shape) > 1)]
+    """speculators' split: 2-D with both sides > 1 and no vocabulary-sized codebook to Muon,
+    the rest to AdamW; one schedule."""
+    def takes(n, p):
+        return p.ndim == 2 and min(p.shape) > 1 and "codebook" not in n
+    mats = [p for n, p in named if takes(n, p)]
+    rest = [p for n, p in named if not takes(n, p)]
     rule = SCHEDULES[0](warmup, OPT["total_steps"])
     muon = MuonRef(mats, OPT["lr"], MUON["muon_weight_decay"], MUON["muon_momentum"],
                    ADJUST[adjust], ns_dtype=mats[0].dtype)
