@@ -23,6 +23,14 @@ The muon config is speculators' optimizer recipe (vLLM speculators 0.9.0's defau
 defaults), AdamW with lr 1e-3 and weight decay 0.01 on the rest (here the norms). Its
 schedule stays the default's (speculators' is linear: the linear row measures that knob).
 --dry-run prints each run's `dflash train` command and runs nothing.
+
+    python3 bench/recipe_study.py --out DIR --build BUILD --optimizer-cost [--steps 10]
+
+times the optimizers alone, no demo needed: in DIR a synthetic store at the demo drafter's
+shape (SmolLM2: hidden 576, intermediate 1536, 9/3 heads of 64, vocabulary 49152, target
+layers 1/14/27, block 8, one layer; 24 random samples of 160 tokens), then `dflash train
+--anchors 8 --threads 1` with --optimizer adamw and muon, twice each; CPU-s per step is the
+difference of a 2-step and a (2 + steps)-step run (start-up cancels), from wait4.
 """
 import argparse
 import json
@@ -142,6 +150,60 @@ def one_run(a, cfg_path, name, seed):
     return r
 
 
+SMOL_DRAFTER = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576,
+                "intermediate_size": 1536, "num_hidden_layers": 1, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "num_target_layers": 30,
+                "block_size": 8, "tie_word_embeddings": True,
+                "dflash_config": {"mask_token_id": 16, "target_layer_ids": [1, 14, 27]}}
+
+
+def synthetic_store(root):
+    """SMOL_DRAFTER's config, a random target (embed = LM head) and 24 samples."""
+    import numpy as np
+    import libdflash
+    from libdflash.hidden import write_dataset
+    H, V, K, S = 576, 49152, 3, 160
+    if os.path.exists(os.path.join(root, "drafter.json")):
+        return
+    rng = np.random.default_rng(0)
+    samples = []
+    with libdflash.HiddenWriter(os.path.join(root, "hidden"), num_layers=K, hidden_size=H) as w:
+        for i in range(24):
+            mask = np.ones(S, np.uint8)
+            mask[:32] = 0
+            samples.append((f"s{i}", rng.integers(0, V - 1, S).astype(np.int32), mask))
+            w.append(f"s{i}", rng.standard_normal((S, K * H)).astype(np.float32))
+    write_dataset(os.path.join(root, "data"), samples)
+    os.makedirs(os.path.join(root, "target"), exist_ok=True)
+    e = (0.02 * rng.standard_normal((V, H))).astype(np.float32)
+    libdflash.write_safetensors(os.path.join(root, "target", "model.safetensors"),
+                                {"model.embed_tokens.weight": e, "lm_head.weight": e})
+    with open(os.path.join(root, "drafter.json"), "w") as f:
+        json.dump(SMOL_DRAFTER, f)
+
+
+def optimizer_cost(a):
+    """CPU-s per step of `dflash train` with AdamW and Muon on synthetic_store."""
+    synthetic_store(a.out)
+    cli = os.path.join(a.build, "tools", "dflash", "dflash")
+
+    def cpu(opt, n):
+        cmd = [cli, "train", "--config", os.path.join(a.out, "drafter.json"),
+               "--target", os.path.join(a.out, "target"), "--data", os.path.join(a.out, "data"),
+               "--hidden", os.path.join(a.out, "hidden"), "-o", os.path.join(a.out, "run-" + opt),
+               "--epochs", "1", "--max-steps", str(n), "--anchors", "8", "--threads", "1",
+               "--overwrite", "--quiet", "--optimizer", opt]
+        return run_timed(cmd, os.path.join(a.out, "log.txt"))[1]
+
+    out = {}
+    for opt in ("adamw", "muon", "adamw", "muon"):
+        per = (cpu(opt, 2 + a.steps) - cpu(opt, 2)) / a.steps
+        out.setdefault(opt, []).append(round(per, 3))
+        print(f"{opt}: {per:.3f} CPU-s/step", flush=True)
+    print(json.dumps(out))
+
+
 def summarize(rows):
     """Per config: mean tau over seeds and its SE (eval SE and seed spread together)."""
     n = len(rows)
@@ -190,6 +252,9 @@ def main():
     ap.add_argument("--only", default=",".join(CONFIGS), help="configs, comma-separated")
     ap.add_argument("--config", default=None,
                     help="drafter config.json (default: the demo's, from the target)")
+    ap.add_argument("--optimizer-cost", action="store_true",
+                    help="time adamw vs muon on a synthetic store in --out, nothing else")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (--optimizer-cost)")
     ap.add_argument("--dry-run", action="store_true",
                     help="print each run's dflash train command, run nothing")
     a = ap.parse_args()
@@ -198,6 +263,12 @@ def main():
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"unknown config {n!r} (known: {', '.join(CONFIGS)})")
+    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
+    sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+    if a.optimizer_cost:
+        os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
+        os.makedirs(a.out, exist_ok=True)
+        return optimizer_cost(a)
     if a.dry_run:
         cfg = os.path.abspath(a.config) if a.config else \
             os.path.join(a.out, "recipe", f"{a.arch}.json")
