@@ -2,7 +2,7 @@
 """The recipe study: libdflash's training recipe, one factor at a time.
 
     nice -n 15 python3 bench/recipe_study.py --out OUT --build BUILD [--arch dflash|dflash2]
-        [--seeds 0,1] [--epochs 2] [--jobs 2] [--only default,anchors32,...]
+        [--seeds 0,1] [--epochs 2] [--jobs 2] [--only default,anchors32,...] [--dry-run]
 
 OUT is a demo output folder (examples/pipeline/pipeline.py) with target/, data/{train,heldout}
 and hidden/{train,heldout} (the training store with the target's greedy ids,
@@ -17,9 +17,20 @@ the seeds' variance) / sqrt(seeds)) and the difference from the default +- the t
 combined; the last line is a JSON object {arch: {config: {"tau", "se", "diff", "diff_se",
 "cpu_s_per_step", "seeds": [...]}}}.
 
-Not studied: Muon for the matrices (speculators' optimizer). Its Newton-Schulz iterations
-cost 5 x 3 matrix products per weight matrix and step, several CPU-seconds per step at
-SmolLM2's shape against ~0.3 for the rest, and it is not in the trainer.
+The muon config is speculators' optimizer recipe (vLLM speculators 0.9.0's defaults for
+--optimizer muon): torch.optim.Muon on the weight matrices with lr 1e-3, Nesterov momentum
+0.95, decoupled weight decay 0.1 and the match_rms_adamw step scale (dflash train's Muon
+defaults), AdamW with lr 1e-3 and weight decay 0.01 on the rest (here the norms). Its
+schedule stays the default's (speculators' is linear: the linear row measures that knob).
+--dry-run prints each run's `dflash train` command and runs nothing.
+
+    python3 bench/recipe_study.py --out DIR --build BUILD --optimizer-cost [--steps 10]
+
+times the optimizers alone, no demo needed: in DIR a synthetic store at the demo drafter's
+shape (SmolLM2: hidden 576, intermediate 1536, 9/3 heads of 64, vocabulary 49152, target
+layers 1/14/27, block 8, one layer; 24 random samples of 160 tokens), then `dflash train
+--anchors 8 --threads 1` with --optimizer adamw and muon, twice each; CPU-s per step is the
+difference of a 2-step and a (2 + steps)-step run (start-up cancels), from wait4.
 """
 import argparse
 import json
@@ -46,6 +57,7 @@ CONFIGS = {  # in the order the study runs them
     "lr1e-3": ["--lr", "1e-3"],
     "anchors_all": ["--anchors", "512"],  # every valid position (answers are <= 128 tokens)
     "labels_target": ["--labels", "target"],  # needs dump_hidden.py --target-ids
+    "muon": ["--optimizer", "muon", "--lr", "1e-3", "--weight-decay", "0.01"],  # speculators'
 }
 
 
@@ -88,9 +100,24 @@ def run_timed(cmd, log):
     return out, ru.ru_utime + ru.ru_stime
 
 
+def run_dir(a, name, seed):
+    return os.path.join(a.out, "recipe", a.arch, f"{name}-s{seed}")
+
+
+def train_cmd(a, cfg_path, name, seed):
+    """The `dflash train` command of one config and seed."""
+    cli = os.path.join(a.build, "tools", "dflash", "dflash")
+    return [cli, "train", "--config", cfg_path, "--target", os.path.join(a.out, "target"),
+            "--data", os.path.join(a.out, "data", "train"),
+            "--hidden", os.path.join(a.out, "hidden", "train"),
+            "-o", os.path.join(run_dir(a, name, seed), "drafter"),
+            "--epochs", str(a.epochs), "--seed", str(seed), "--threads", str(a.threads),
+            "--overwrite", "--quiet"] + args_of(name)
+
+
 def one_run(a, cfg_path, name, seed):
     """Train and evaluate one config and seed (skipped when its result exists)."""
-    d = os.path.join(a.out, "recipe", a.arch, f"{name}-s{seed}")
+    d = run_dir(a, name, seed)
     res = os.path.join(d, "result.json")
     if os.path.exists(res):
         with open(res) as f:
@@ -98,11 +125,7 @@ def one_run(a, cfg_path, name, seed):
     os.makedirs(d, exist_ok=True)
     cli = os.path.join(a.build, "tools", "dflash", "dflash")
     ckpt = os.path.join(d, "drafter")
-    train = [cli, "train", "--config", cfg_path, "--target", os.path.join(a.out, "target"),
-             "--data", os.path.join(a.out, "data", "train"),
-             "--hidden", os.path.join(a.out, "hidden", "train"), "-o", ckpt,
-             "--epochs", str(a.epochs), "--seed", str(seed), "--threads", str(a.threads),
-             "--overwrite", "--quiet"] + args_of(name)
+    train = train_cmd(a, cfg_path, name, seed)
     t0 = time.time()
     out, cpu = run_timed(train, os.path.join(d, "log.txt"))
     wall = time.time() - t0
@@ -125,6 +148,60 @@ def one_run(a, cfg_path, name, seed):
     print(f"{a.arch} {name} seed {seed}: walk tau {r['tau']:.4f} +- {r['se']:.4f}, "
           f"{r['train_steps']} steps, {r['cpu_s_per_step']} CPU-s/step", flush=True)
     return r
+
+
+SMOL_DRAFTER = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 576,
+                "intermediate_size": 1536, "num_hidden_layers": 1, "num_attention_heads": 9,
+                "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+                "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "num_target_layers": 30,
+                "block_size": 8, "tie_word_embeddings": True,
+                "dflash_config": {"mask_token_id": 16, "target_layer_ids": [1, 14, 27]}}
+
+
+def synthetic_store(root):
+    """SMOL_DRAFTER's config, a random target (embed = LM head) and 24 samples."""
+    import numpy as np
+    import libdflash
+    from libdflash.hidden import write_dataset
+    H, V, K, S = 576, 49152, 3, 160
+    if os.path.exists(os.path.join(root, "drafter.json")):
+        return
+    rng = np.random.default_rng(0)
+    samples = []
+    with libdflash.HiddenWriter(os.path.join(root, "hidden"), num_layers=K, hidden_size=H) as w:
+        for i in range(24):
+            mask = np.ones(S, np.uint8)
+            mask[:32] = 0
+            samples.append((f"s{i}", rng.integers(0, V - 1, S).astype(np.int32), mask))
+            w.append(f"s{i}", rng.standard_normal((S, K * H)).astype(np.float32))
+    write_dataset(os.path.join(root, "data"), samples)
+    os.makedirs(os.path.join(root, "target"), exist_ok=True)
+    e = (0.02 * rng.standard_normal((V, H))).astype(np.float32)
+    libdflash.write_safetensors(os.path.join(root, "target", "model.safetensors"),
+                                {"model.embed_tokens.weight": e, "lm_head.weight": e})
+    with open(os.path.join(root, "drafter.json"), "w") as f:
+        json.dump(SMOL_DRAFTER, f)
+
+
+def optimizer_cost(a):
+    """CPU-s per step of `dflash train` with AdamW and Muon on synthetic_store."""
+    synthetic_store(a.out)
+    cli = os.path.join(a.build, "tools", "dflash", "dflash")
+
+    def cpu(opt, n):
+        cmd = [cli, "train", "--config", os.path.join(a.out, "drafter.json"),
+               "--target", os.path.join(a.out, "target"), "--data", os.path.join(a.out, "data"),
+               "--hidden", os.path.join(a.out, "hidden"), "-o", os.path.join(a.out, "run-" + opt),
+               "--epochs", "1", "--max-steps", str(n), "--anchors", "8", "--threads", "1",
+               "--overwrite", "--quiet", "--optimizer", opt]
+        return run_timed(cmd, os.path.join(a.out, "log.txt"))[1]
+
+    out = {}
+    for opt in ("adamw", "muon", "adamw", "muon"):
+        per = (cpu(opt, 2 + a.steps) - cpu(opt, 2)) / a.steps
+        out.setdefault(opt, []).append(round(per, 3))
+        print(f"{opt}: {per:.3f} CPU-s/step", flush=True)
+    print(json.dumps(out))
 
 
 def summarize(rows):
@@ -175,12 +252,30 @@ def main():
     ap.add_argument("--only", default=",".join(CONFIGS), help="configs, comma-separated")
     ap.add_argument("--config", default=None,
                     help="drafter config.json (default: the demo's, from the target)")
+    ap.add_argument("--optimizer-cost", action="store_true",
+                    help="time adamw vs muon on a synthetic store in --out, nothing else")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (--optimizer-cost)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print each run's dflash train command, run nothing")
     a = ap.parse_args()
     a.out = os.path.abspath(a.out)
     names = [n for n in a.only.split(",") if n]
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"unknown config {n!r} (known: {', '.join(CONFIGS)})")
+    os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
+    sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+    if a.optimizer_cost:
+        os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
+        os.makedirs(a.out, exist_ok=True)
+        return optimizer_cost(a)
+    if a.dry_run:
+        cfg = os.path.abspath(a.config) if a.config else \
+            os.path.join(a.out, "recipe", f"{a.arch}.json")
+        for n in names:
+            for s in a.seeds.split(","):
+                print(" ".join(train_cmd(a, cfg, n, int(s))))
+        return
     os.environ.setdefault("DFLASH_LIBRARY", os.path.join(a.build, "libdflash.so"))
     sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
     cfg_path = os.path.abspath(a.config) if a.config else write_config(a.out, a.arch)

@@ -76,7 +76,29 @@ typedef struct dflash_trainer_options {
    * differentiated), rescaled so that each block's weights sum to its supervised positions
    * (so dflash_trainer_weight_sum counts 1 per position). It costs one more LM-head pass. */
   int32_t position_weighting;
+  /* The optimizer (dflash_optimizer, below). DFLASH_OPTIM_MUON (CPU backend only; CUDA
+   * refuses it) is torch.optim.Muon, as vLLM speculators trains with it, on every 2-D weight
+   * matrix with both sides > 1 but the vocabulary-sized codebooks (fc, the attention and MLP
+   * projections, DFlash 2's kernel and hidden projections); AdamW (lr, weight_decay, betas,
+   * adam_eps above) keeps the norms and DFlash 2's base kernels and codebooks. Both groups share lr and its schedule. The Muon group's Nesterov momentum
+   * (0.95, in [0, 1)) and decoupled weight decay (0.1, >= 0): p *= 1 - lr x decay. The
+   * doubles come first so that the struct grows past its old size (no field in its old
+   * padding). */
+  double muon_momentum;
+  double muon_weight_decay;
+  int32_t optimizer;
+  /* The Muon update's scale (dflash_muon_adjust_lr): DFLASH_MUON_MATCH_RMS_ADAMW, the
+   * default (speculators'), lr x 0.2 sqrt(max(rows, cols)); DFLASH_MUON_ORIGINAL (torch's
+   * default) lr x sqrt(max(1, rows / cols)). */
+  int32_t muon_adjust_lr;
 } dflash_trainer_options;
+
+typedef enum dflash_optimizer { DFLASH_OPTIM_ADAMW = 0, DFLASH_OPTIM_MUON = 1 } dflash_optimizer;
+
+typedef enum dflash_muon_adjust_lr {
+  DFLASH_MUON_MATCH_RMS_ADAMW = 0,
+  DFLASH_MUON_ORIGINAL = 1
+} dflash_muon_adjust_lr;
 
 typedef enum dflash_lr_schedule {
   DFLASH_LR_COSINE = 0,

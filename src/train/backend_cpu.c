@@ -1,5 +1,6 @@
 /* The float32 CPU reference backend: the trainer's host buffers are the
- * storage, df_model does forward/backward, AdamW runs on the thread pool.
+ * storage, df_model does forward/backward, AdamW runs on the thread pool (Muon, when
+ * asked, on the matrices: optim_muon.c).
  * With several ranks (t->comm) it is also the CPU twin of the CUDA
  * backend's NCCL data parallelism: gradients are summed over the ranks'
  * TCP connections before the clip and AdamW. */
@@ -67,6 +68,23 @@ static void scale_range(void *vc, size_t b, size_t e, int worker) {
   for (size_t i = b; i < e; i++) c->x[i] *= c->k;
 }
 
+/* DFLASH_OPTIM_MUON: Muon on the matrices (its momentum in m1), AdamW `c` on the rest. */
+static dflash_status muon_and_adam(df_model *m, float *m1, const df_adam *a, const adam_ctx *c) {
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const df_tensor_info *ti = &m->tensors[i];
+    if (df_muon_takes(ti)) {
+      dflash_status st = df_muon_update(m->params + ti->offset, m->grads + ti->offset,
+                                        m1 + ti->offset, ti->shape[0], ti->shape[1], a);
+      if (st) return df_error_wrap(st, "step %lld: Muon on %s", (long long)a->step - 1, ti->name);
+      continue;
+    }
+    adam_ctx one = *c;
+    one.p += ti->offset, one.g += ti->offset, one.m1 += ti->offset, one.m2 += ti->offset;
+    df_pool_for(m->pool, ti->numel, 1 << 14, adam_range, &one);
+  }
+  return DFLASH_OK;
+}
+
 static dflash_status cpu_step(df_backend *b, const df_adam *a, double *grad_norm) {
   dflash_trainer *t = trainer_of(b);
   df_model *m = &t->m;
@@ -100,8 +118,11 @@ static dflash_status cpu_step(df_backend *b, const df_adam *a, double *grad_norm
                 .eps = k.eps,
                 .step_size = k.step_size,
                 .bc2_sqrt = k.bc2_sqrt};
-  df_pool_for(m->pool, m->n_params, 1 << 14, adam_range, &c);
-  return DFLASH_OK;
+  if (!a->muon) {
+    df_pool_for(m->pool, m->n_params, 1 << 14, adam_range, &c);
+    return DFLASH_OK;
+  }
+  return muon_and_adam(m, t->m1, a, &c);
 }
 
 /* The host buffers are the storage: nothing to move. */

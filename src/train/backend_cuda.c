@@ -213,6 +213,8 @@ static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred)
  */
 static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_norm) {
   cuda_backend *c = cb(b);
+  if (a->muon) /* trainer options refuse it first; this guards the kernels' AdamW-only step */
+    return df_error(DFLASH_E_UNSUPPORTED, "CUDA: the Muon optimizer runs on the CPU backend only");
   if (c->n_pend) /* the trainer collects first; this only guards the parameters */
     return df_error(DFLASH_E_STATE,
                     "CUDA: %zu accumulated sequences not collected before the "

@@ -31,7 +31,7 @@ typedef struct setting {
   double value;
 } setting;
 
-enum { N_SETTINGS = 17 };
+enum { N_SETTINGS = 21 };
 
 static void settings_of(const run *r, setting *s) {
   const dflash_trainer_options *t = &r->topt;
@@ -54,6 +54,10 @@ static void settings_of(const run *r, setting *s) {
       {"selector_loss_mode", t->selector_loss_mode},
       {"lr_schedule", t->lr_schedule},
       {"position_weighting", t->position_weighting},
+      {"optimizer", t->optimizer},
+      {"muon_momentum", t->muon_momentum},
+      {"muon_weight_decay", t->muon_weight_decay},
+      {"muon_adjust_lr", t->muon_adjust_lr},
   };
   memcpy(s, all, sizeof all);
 }
@@ -94,6 +98,14 @@ static dflash_status check_settings(const run *r, const df_position *p) {
     if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
   }
   if (!n) return DFLASH_OK;
+  /* adam_m holds Muon's momentum on the matrices and adam_v nothing there: neither
+   * optimizer can continue from the other's state. */
+  const df_position_setting *opt = df_position_setting_find(p, "optimizer");
+  if (opt && opt->value != r->topt.optimizer)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written with optimizer %s; a run cannot change its optimizer (the "
+                    "saved moments are the other optimizer's)",
+                    r->state_path, opt->value == DFLASH_OPTIM_MUON ? "muon" : "adamw");
   if (r->o->allow_settings_change) return continue_schedule(r, p), DFLASH_OK;
   return df_error(DFLASH_E_MISMATCH,
                   "%s was written with other settings: %s (resume with the run's own, or "

@@ -32,6 +32,10 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
   o->lr_schedule = DFLASH_LR_COSINE;
   o->position_weighting = DFLASH_WEIGHTS_DECAY;
+  o->optimizer = DFLASH_OPTIM_ADAMW;
+  o->muon_momentum = 0.95; /* speculators' (and torch.optim.Muon's) defaults */
+  o->muon_weight_decay = 0.1;
+  o->muon_adjust_lr = DFLASH_MUON_MATCH_RMS_ADAMW;
 }
 
 DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
@@ -70,11 +74,25 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
            o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE,
        "position_weighting must be DFLASH_WEIGHTS_DECAY (0) or _ADAPTIVE (1) (got %d)",
        o->position_weighting);
+  NEED(o->optimizer == DFLASH_OPTIM_ADAMW || o->optimizer == DFLASH_OPTIM_MUON,
+       "optimizer must be DFLASH_OPTIM_ADAMW (0) or _MUON (1) (got %d)", o->optimizer);
+  NEED(o->muon_momentum >= 0 && o->muon_momentum < 1, "muon_momentum must be in [0, 1) (got %g)",
+       o->muon_momentum);
+  NEED(o->muon_weight_decay >= 0 && isfinite(o->muon_weight_decay),
+       "muon_weight_decay must be finite and >= 0 (got %g)", o->muon_weight_decay);
+  NEED(o->muon_adjust_lr == DFLASH_MUON_MATCH_RMS_ADAMW ||
+           o->muon_adjust_lr == DFLASH_MUON_ORIGINAL,
+       "muon_adjust_lr must be DFLASH_MUON_MATCH_RMS_ADAMW (0) or _ORIGINAL (1) (got %d)",
+       o->muon_adjust_lr);
 #undef NEED
   if (o->backend == DFLASH_BACKEND_CUDA && o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE)
     return df_error(DFLASH_E_UNSUPPORTED, "trainer options: position_weighting "
                                           "DFLASH_WEIGHTS_ADAPTIVE runs on the CPU backend only "
                                           "(the CUDA backend has no second LM-head pass)");
+  if (o->backend == DFLASH_BACKEND_CUDA && o->optimizer == DFLASH_OPTIM_MUON)
+    return df_error(DFLASH_E_UNSUPPORTED, "trainer options: optimizer DFLASH_OPTIM_MUON runs on "
+                                          "the CPU backend only (the CUDA backend's step is "
+                                          "AdamW alone)");
   return DFLASH_OK;
 }
 
@@ -523,7 +541,11 @@ static dflash_status take_step(dflash_trainer *t, bool async, double *grad_norm,
                .beta2 = o->beta2,
                .eps = o->adam_eps,
                .grad_clip = o->grad_clip,
-               .step = t->step + 1};
+               .step = t->step + 1,
+               .muon = o->optimizer == DFLASH_OPTIM_MUON,
+               .muon_momentum = o->muon_momentum,
+               .muon_weight_decay = o->muon_weight_decay,
+               .muon_adjust_lr = o->muon_adjust_lr};
   bool defer = async && t->be->vt->step_result;
   st = t->be->vt->step(t->be, &a, defer ? NULL : &norm);
   if (grad_norm) *grad_norm = norm;

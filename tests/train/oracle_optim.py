@@ -13,6 +13,17 @@ constant-with-warm-up rules for lr_schedule DFLASH_LR_LINEAR / _CONSTANT).
    in tiny gradients reaches the parameters at ~1e-5).
 3. The same with position_weighting DFLASH_WEIGHTS_ADAPTIVE, the weights
    computed here from the float64 drafter's own CE (adaptive_loss).
+4. optimizer DFLASH_OPTIM_MUON, isolated as in 1 (both adjust_lr rules) and end to end as
+   in 2: MuonRef below on the matrices (fc, q/k/v/o, gate/up/down), torch's AdamW on the
+   norms. MuonRef is torch.optim.Muon (torch 2.11; CI's torch 2.5.1 has none) written here
+   from its algorithm: buf.lerp_(g, 1 - mu); u = g.lerp(buf, mu); Newton-Schulz (3.4445,
+   -4.7750, 2.0315) x 5 on u / max(|u|_F, 1e-7), transposed when rows > cols; p *= 1 - lr wd;
+   p -= lr * (0.2 sqrt(max(rows, cols)) or sqrt(max(1, rows / cols))) * O. torch runs the
+   iterations in bfloat16, libdflash in float32; MuonRef takes the dtype. Where torch has
+   torch.optim.Muon (>= 2.9) versus_torch_muon checks MuonRef in bfloat16 against it; run
+   by hand with torch 2.11 (/work/main/.venv-peers/bin/python, 2026-12-04; 8 steps, shapes
+   32x64, 32x32, 16x32, 48x32, 32x48, both rules): max |difference| of the parameters and
+   momentum buffers 0.0 (bit-identical).
 Exit 77 when torch is missing.
 """
 import math
@@ -80,6 +91,150 @@ def adaptive_loss(cfg, P, embed, lm_head, ids, mask, hidden, anchors):
         for r, x in zip(rows, raw):
             w[r] = x * len(rows) / sum(raw)
     return (w * ce).sum(), float(w0.sum())
+
+
+NS_COEFFS, NS_STEPS, NS_EPS = (3.4445, -4.7750, 2.0315), 5, 1e-7
+
+
+def newton_schulz(u, dtype):
+    a, b, c = NS_COEFFS
+    x = u.to(dtype)
+    tall = u.size(0) > u.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=NS_EPS)
+    for _ in range(NS_STEPS):  # addmm as torch's, so that bfloat16 rounds the same
+        g = x @ x.T
+        x = torch.addmm(x, torch.addmm(g, g, g, beta=b, alpha=c), x, beta=a)
+    return (x.T if tall else x).to(u.dtype)
+
+
+class MuonRef(torch.optim.Optimizer):
+    """torch.optim.Muon's single-tensor step (Nesterov), ns_dtype for the iterations."""
+
+    def __init__(self, params, lr, weight_decay=0.1, momentum=0.95, adjust="match_rms_adamw",
+                 ns_dtype=torch.float32):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum))
+        self.adjust, self.ns_dtype = adjust, ns_dtype
+
+    @torch.no_grad()
+    def step(self):
+        for grp in self.param_groups:
+            lr, wd, mu = grp["lr"], grp["weight_decay"], grp["momentum"]
+            for p in grp["params"]:
+                st = self.state[p]
+                buf = st.setdefault("momentum_buffer", torch.zeros_like(p))
+                buf.lerp_(p.grad, 1 - mu)
+                o = newton_schulz(p.grad.lerp(buf, mu), self.ns_dtype)
+                A, B = p.shape
+                k = 0.2 * math.sqrt(max(A, B)) if self.adjust == "match_rms_adamw" \
+                    else math.sqrt(max(1, A / B))
+                p.mul_(1 - lr * wd)
+                p.add_(o, alpha=-lr * k)
+
+
+MUON = dict(optimizer=1, muon_momentum=0.9, muon_weight_decay=0.2)
+ADJUST = {0: "match_rms_adamw", 1: "original"}  # dflash_muon_adjust_lr
+
+
+def muon_optimizers(named, warmup, adjust=0):
+    """speculators' split: 2-D with both sides > 1 and no vocabulary-sized codebook to Muon,
+    the rest to AdamW; one schedule."""
+    def takes(n, p):
+        return p.ndim == 2 and min(p.shape) > 1 and "codebook" not in n
+    mats = [p for n, p in named if takes(n, p)]
+    rest = [p for n, p in named if not takes(n, p)]
+    rule = SCHEDULES[0](warmup, OPT["total_steps"])
+    muon = MuonRef(mats, OPT["lr"], MUON["muon_weight_decay"], MUON["muon_momentum"],
+                   ADJUST[adjust], ns_dtype=mats[0].dtype)
+    adam = torch.optim.AdamW(rest, lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]),
+                             eps=OPT["adam_eps"], weight_decay=OPT["weight_decay"], foreach=False)
+    return [(o, torch.optim.lr_scheduler.LambdaLR(o, rule)) for o in (muon, adam)], len(mats)
+
+
+def isolated_muon(cfg, embed, lm_head, P, data, adjust):
+    worst, warm = 0.0, int(OPT["warmup_ratio"] * OPT["total_steps"])
+    with Trainer(cfg, embed, lm_head, n_threads=2, muon_adjust_lr=adjust, **MUON, **OPT) as tr:
+        tr.set_parameters(P)
+        names = tr.names()
+        tp = {n: torch.tensor(P[n], requires_grad=True) for n in names}
+        opts, n_mats = muon_optimizers(list(tp.items()), warm, adjust)
+        assert n_mats == 1 + 7 * cfg["num_hidden_layers"], n_mats  # fc + 7 per layer
+        for step in range(OPT["total_steps"]):
+            c_step(tr, data)
+            grads = tr.gradients()
+            for n in names:
+                tp[n].grad = torch.tensor(grads[n])
+            torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
+            for o, sched in opts:
+                o.step()
+                sched.step()
+            tr.step()
+            pc = tr.parameters()
+            for n in names:
+                ref_p = tp[n].detach().numpy()
+                e = float(np.max(np.abs(pc[n] - ref_p)) / np.max(np.abs(ref_p)))
+                worst = max(worst, e)
+                if e > 1e-5:
+                    print(f"FAIL step {step}: {n} rel err {e:.2e}")
+                    return False, worst
+                tp[n].data = torch.tensor(pc[n])  # continue from identical parameters
+    return True, worst
+
+
+def end_to_end_muon(cfg, embed, lm_head, P, data, gamma):
+    losses_c, losses_t = [], []
+    with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma, **MUON, **OPT) as tr:
+        tr.set_parameters(P)
+        for _ in range(OPT["total_steps"]):
+            losses_c.append(c_step(tr, data))
+            tr.step()
+    tp = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in P.items()}
+    opts, _ = muon_optimizers(list(tp.items()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
+    E = torch.tensor(embed, dtype=torch.float64)
+    W = torch.tensor(lm_head, dtype=torch.float64)
+    for _ in range(OPT["total_steps"]):
+        for p in tp.values():
+            p.grad = None
+        num, den = 0.0, 0.0
+        for ids, m, h, a in data:
+            w, _ = ref.position_weights(cfg, torch.tensor(m), a, gamma)
+            l = ref.loss_fn(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
+                            torch.tensor(h, dtype=torch.float64), a, gamma)
+            num = num + l * w.sum()
+            den += w.sum().item()
+        loss = num / den
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
+        for o, sched in opts:
+            o.step()
+            sched.step()
+        losses_t.append(loss.item())
+    errs = [abs(a - b) / abs(b) for a, b in zip(losses_c, losses_t)]
+    print("   C     losses:", " ".join(f"{x:.6f}" for x in losses_c))
+    print("   torch losses:", " ".join(f"{x:.6f}" for x in losses_t))
+    return max(errs) <= 1e-4, max(errs)
+
+
+def versus_torch_muon():
+    """MuonRef (bfloat16 iterations) against torch.optim.Muon: the largest difference."""
+    gen = torch.Generator().manual_seed(0)
+    shapes, worst = [(32, 64), (32, 32), (16, 32), (48, 32), (32, 48)], 0.0
+    for adjust in ("match_rms_adamw", "original"):
+        a = [0.1 * torch.randn(s, generator=gen) for s in shapes]
+        b = [x.clone() for x in a]
+        mine = MuonRef(a, 3e-3, 0.2, 0.9, adjust, ns_dtype=torch.bfloat16)
+        theirs = torch.optim.Muon(b, lr=3e-3, weight_decay=0.2, momentum=0.9, adjust_lr_fn=adjust)
+        for _ in range(8):
+            for p, q in zip(a, b):
+                p.grad = torch.randn(p.shape, generator=gen)
+                q.grad = p.grad.clone()
+            mine.step()
+            theirs.step()
+        for p, q in zip(a, b):
+            bufs = mine.state[p]["momentum_buffer"] - theirs.state[q]["momentum_buffer"]
+            worst = max(worst, (p - q).abs().max().item(), bufs.abs().max().item())
+    return worst
 
 
 def make_data(cfg, rng, n_seq=2, S=36):
@@ -208,6 +363,23 @@ def main():
         print(f"{'ok' if ok else 'FAIL'} end-to-end training ({name}), {OPT['total_steps']} "
               f"steps: worst loss rel err {worst:.2e}")
         passed, total = passed + ok, total + 1
+    for adjust in (0, 1):
+        ok, worst = isolated_muon(cfg, embed, lm_head, P, data, adjust)
+        print(f"{'ok' if ok else 'FAIL'} isolated Muon ({ADJUST[adjust]})+AdamW+clip+cosine, "
+              f"{OPT['total_steps']} steps: worst parameter rel err {worst:.2e}")
+        passed, total = passed + ok, total + 1
+    if hasattr(torch.optim, "Muon"):
+        worst = versus_torch_muon()
+        ok = worst <= 1e-6
+        print(f"{'ok' if ok else 'FAIL'} MuonRef (bfloat16) vs torch.optim.Muon of torch "
+              f"{torch.__version__}: max abs difference {worst:.2e}")
+        passed, total = passed + ok, total + 1
+    else:
+        print(f"note: torch {torch.__version__} has no torch.optim.Muon; MuonRef alone")
+    ok, worst = end_to_end_muon(cfg, embed, lm_head, P, data, 3.0)
+    print(f"{'ok' if ok else 'FAIL'} end-to-end training (Muon, gamma 3), {OPT['total_steps']} "
+          f"steps: worst loss rel err {worst:.2e}")
+    passed, total = passed + ok, total + 1
     print(f"{passed} passed, {total - passed} failed")
     return 0 if passed == total else 1
 

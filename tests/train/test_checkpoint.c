@@ -19,7 +19,8 @@ static float *embed(void) {
   return e;
 }
 
-static dflash_trainer *make(uint64_t seed, const float *E) {
+/* optimizer: dflash_optimizer (Muon keeps its momentum where AdamW keeps adam_m). */
+static dflash_trainer *make_with(uint64_t seed, const float *E, int32_t optimizer) {
   dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   ck_assert_ok(dflash_drafter_config_parse(CFG, strlen(CFG), "cfg", &cfg));
   dflash_trainer_options o;
@@ -28,9 +29,14 @@ static dflash_trainer *make(uint64_t seed, const float *E) {
   o.total_steps = 10;
   o.lr = 1e-2;
   o.n_threads = 2;
+  o.optimizer = optimizer;
   dflash_trainer *t;
   ck_assert_ok(dflash_trainer_create(&cfg, E, E, &o, &t));
   return t;
+}
+
+static dflash_trainer *make(uint64_t seed, const float *E) {
+  return make_with(seed, E, DFLASH_OPTIM_ADAMW);
 }
 
 static float *all_params(dflash_trainer *t, size_t *total) {
@@ -130,11 +136,13 @@ static double train_steps(dflash_trainer *t, int from, int to) {
   return last;
 }
 
+/* _i: dflash_optimizer; Muon's momentum travels as adam_m, so its resume is exact too. */
 START_TEST(resume_is_exact) {
   char *dir = df_test_tmpdir();
   char *state = df_path_join(dir, "state.safetensors");
   float *E = embed();
-  dflash_trainer *full = make(3, E), *first = make(3, E), *resumed = make(99, E);
+  dflash_trainer *full = make_with(3, E, _i), *first = make_with(3, E, _i),
+                 *resumed = make_with(99, E, _i);
   double l_full = train_steps(full, 0, 6);
   train_steps(first, 0, 3);
   const char blob[] = "epoch=0 pos=3";
@@ -166,6 +174,6 @@ TCase *tc_checkpoint(void) {
   TCase *tc = tcase_create("checkpoint");
   tcase_add_test(tc, save_load_round_trip);
   tcase_add_test(tc, load_reports_missing_tensor);
-  tcase_add_test(tc, resume_is_exact);
+  tcase_add_loop_test(tc, resume_is_exact, DFLASH_OPTIM_ADAMW, DFLASH_OPTIM_MUON + 1);
   return tc;
 }

@@ -150,10 +150,49 @@ START_TEST(recipe_options_checked) {
 }
 END_TEST
 
+/* A Muon run's first step moves each matrix by lr x 0.2 sqrt(max side) x an orthogonalised
+ * update (the oracle checks its values): here the options' checks and refusals. */
+START_TEST(muon_options_checked) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  config(&c);
+  float *E = calloc((size_t)c.vocab_size * c.hidden_size, 4);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  ck_assert_int_eq(o.optimizer, DFLASH_OPTIM_ADAMW);
+  ck_assert_double_eq(o.muon_momentum, 0.95);
+  ck_assert_double_eq(o.muon_weight_decay, 0.1);
+  ck_assert_int_eq(o.muon_adjust_lr, DFLASH_MUON_MATCH_RMS_ADAMW);
+  dflash_trainer *t = NULL;
+  o.optimizer = 2;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "optimizer");
+  o.optimizer = DFLASH_OPTIM_MUON, o.muon_momentum = 1.0;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "muon_momentum");
+  o.muon_momentum = 0.95, o.muon_weight_decay = -0.1;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
+                   "muon_weight_decay");
+  o.muon_weight_decay = 0.1, o.muon_adjust_lr = 2;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "muon_adjust_lr");
+  /* Refused by the options check, before any device is looked for. */
+  o.muon_adjust_lr = DFLASH_MUON_ORIGINAL, o.backend = DFLASH_BACKEND_CUDA;
+  ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "DFLASH_OPTIM_MUON runs on the CPU backend only");
+  o.backend = DFLASH_BACKEND_CPU;
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
+  dflash_trainer_free(t);
+  /* An older caller's struct (up to position_weighting) gets the defaults: what lies past
+   * its size is not read (an invalid optimizer there is no error). */
+  o.struct_size = offsetof(dflash_trainer_options, muon_momentum), o.optimizer = 7;
+  ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
+  dflash_trainer_free(t);
+  free(E);
+}
+END_TEST
+
 TCase *tc_init(void) {
   TCase *tc = tcase_create("init");
   tcase_add_test(tc, init_is_the_same_for_any_thread_count);
   tcase_add_test(tc, init_values_follow_the_counter_definition);
   tcase_add_test(tc, recipe_options_checked);
+  tcase_add_test(tc, muon_options_checked);
   return tc;
 }

@@ -210,7 +210,7 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   char *json = position_text(state);
   df_position p;
   ck_assert_ok(parse(json, &p));
-  ck_assert(p.has_schedule && p.n_settings == 17);
+  ck_assert(p.has_schedule && p.n_settings == 21);
   char old[2048];
   int n = snprintf(old, sizeof old,
                    "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64
@@ -235,6 +235,30 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   ck_assert_status(dflash_train_run(&o, NULL), DFLASH_E_UNSUPPORTED, "version 2");
   df_test_rmtree(root);
   free(root), free(full), free(part), free(state), free(json), free(back), free(after);
+}
+END_TEST
+
+/* A Muon run resumes exactly (its momentum is the state's adam_m); a resume that changes the
+ * optimizer is refused even with allow_settings_change (the saved moments are the other
+ * optimizer's). */
+START_TEST(a_muon_run_resumes_exactly_and_keeps_its_optimizer) {
+  char *root = df_test_tmpdir(), *full = synth_path(root, "full"), *part = synth_path(root, "part");
+  synth_world(root, 8, 16, 3);
+  dflash_train_run_options o;
+  synth_run_options(&o, root, full);
+  synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON;
+  o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  o.out_dir = part, o.max_steps = 2;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  o.max_steps = 4, o.resume = 1, o.allow_settings_change = 1;
+  synth_trainer(&o)->optimizer = DFLASH_OPTIM_ADAMW;
+  ck_assert_status(dflash_train_run(&o, NULL), DFLASH_E_MISMATCH, "optimizer muon");
+  synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON, o.allow_settings_change = 0;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  ck_assert(synth_max_abs_diff(full, part) == 0);
+  df_test_rmtree(root);
+  free(root), free(full), free(part);
 }
 END_TEST
 
@@ -313,6 +337,7 @@ TCase *tc_position(void) {
   tcase_add_test(tc, what_it_does_not_understand_is_refused);
   tcase_add_test(tc, unversioned_states_are_read);
   tcase_add_test(tc, an_unversioned_state_resumes_exactly_and_is_saved_as_json);
+  tcase_add_test(tc, a_muon_run_resumes_exactly_and_keeps_its_optimizer);
   tcase_add_test(tc, progress_reports_every_step_and_stops_the_run);
   return tc;
 }

@@ -25,6 +25,8 @@ static const char TRAIN_USAGE[] =
     "                    [--final-norm-name NAME] [--save-minutes M]\n"
     "                    [--schedule cosine|linear|constant] [--min-lr-ratio X]\n"
     "                    [--weighting decay|none|adaptive] [--loss-gamma X]\n"
+    "                    [--optimizer adamw|muon] [--muon-momentum X]\n"
+    "                    [--muon-weight-decay X] [--muon-adjust-lr match-rms-adamw|original]\n"
     "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu NAME] [--gpu-gb X]\n"
@@ -80,6 +82,11 @@ static const char TRAIN_USAGE[] =
     "(default 7, 5, 4 for block 16, 10, 8, else block/2); none: 1; adaptive (CPU only): the\n"
     "drafter's current probability of reaching k, the product of its probabilities of the\n"
     "true tokens before k in the block, each block's weights rescaled to sum to its positions\n"
+    "--optimizer muon (CPU only): torch.optim.Muon, as vLLM speculators trains with it, on\n"
+    "the weight matrices (Nesterov momentum --muon-momentum 0.95, decoupled decay\n"
+    "--muon-weight-decay 0.1, step scaled by --muon-adjust-lr, default match-rms-adamw:\n"
+    "0.2 sqrt(max side)), AdamW (--lr, --weight-decay) on the norms; speculators' recipe\n"
+    "adds --lr 1e-3 --weight-decay 0.01 --schedule linear.\n"
     "(src/train/README.md has the study behind the defaults).\n"
     "Defaults: --backend cpu, --epochs 6, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
@@ -97,6 +104,22 @@ static int parse_labels(const char *v, void *dst) {
   int32_t *l = dst; /* dflash_train_labels */
   if (!strcmp(v, "data")) *l = DFLASH_LABELS_DATA;
   else if (!strcmp(v, "target")) *l = DFLASH_LABELS_TARGET;
+  else return -1;
+  return 0;
+}
+
+static int parse_optimizer(const char *v, void *dst) {
+  int32_t *o = dst; /* dflash_optimizer */
+  if (!strcmp(v, "adamw")) *o = DFLASH_OPTIM_ADAMW;
+  else if (!strcmp(v, "muon")) *o = DFLASH_OPTIM_MUON;
+  else return -1;
+  return 0;
+}
+
+static int parse_adjust_lr(const char *v, void *dst) {
+  int32_t *a = dst; /* dflash_muon_adjust_lr */
+  if (!strcmp(v, "match-rms-adamw")) *a = DFLASH_MUON_MATCH_RMS_ADAMW;
+  else if (!strcmp(v, "original")) *a = DFLASH_MUON_ORIGINAL;
   else return -1;
   return 0;
 }
@@ -168,6 +191,10 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--min-lr-ratio", CLI_REAL, &t->min_lr_ratio, 0, 1, NULL},
                           {"--weighting", CLI_FN, &weighting, 0, 0, parse_weighting},
                           {"--loss-gamma", CLI_REAL, &gamma, 0, 1e9, NULL},
+                          {"--optimizer", CLI_FN, &t->optimizer, 0, 0, parse_optimizer},
+                          {"--muon-momentum", CLI_REAL, &t->muon_momentum, 0, 0.999999, NULL},
+                          {"--muon-weight-decay", CLI_REAL, &t->muon_weight_decay, 0, 1e9, NULL},
+                          {"--muon-adjust-lr", CLI_FN, &t->muon_adjust_lr, 0, 0, parse_adjust_lr},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);

@@ -64,12 +64,17 @@ class TrainerOptions(ctypes.Structure):
         ("vocab_chunk", ctypes.c_int32), ("init_std", ctypes.c_double),
         ("selector_loss_weight", ctypes.c_double), ("selector_loss_mode", ctypes.c_int32),
         ("lr_schedule", ctypes.c_int32), ("position_weighting", ctypes.c_int32),
+        ("muon_momentum", ctypes.c_double), ("muon_weight_decay", ctypes.c_double),
+        ("optimizer", ctypes.c_int32), ("muon_adjust_lr", ctypes.c_int32),
     ]
 
 
 # dflash_lr_schedule and dflash_position_weighting
 LR_COSINE, LR_LINEAR, LR_CONSTANT = 0, 1, 2
 WEIGHTS_DECAY, WEIGHTS_ADAPTIVE = 0, 1
+# dflash_optimizer and dflash_muon_adjust_lr
+OPTIM_ADAMW, OPTIM_MUON = 0, 1
+MUON_MATCH_RMS_ADAMW, MUON_ORIGINAL = 0, 1
 
 
 _P = ctypes.c_void_p
@@ -211,7 +216,8 @@ class Trainer(Handle):
     dflash_trainer_options (lr, weight_decay, beta1, beta2, adam_eps,
     grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
     num_anchors, vocab_chunk, init_std, n_threads, lr_schedule: LR_*,
-    position_weighting: WEIGHTS_*).
+    position_weighting: WEIGHTS_*, optimizer: OPTIM_*, muon_momentum,
+    muon_weight_decay, muon_adjust_lr: MUON_*).
     """
 
     _free = "dflash_trainer_free"

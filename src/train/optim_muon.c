@@ -1,0 +1,78 @@
+/* Muon (torch.optim.Muon, as vLLM speculators trains DFlash drafters with it) for the CPU
+ * backend: Nesterov momentum, then the gradient's Newton-Schulz orthogonalisation, then a
+ * decoupled weight decay and a shape-scaled step. torch runs the iterations in bfloat16 on
+ * the GPU; here they are float32 cblas_sgemm (OpenBLAS's threads). */
+#include "backend.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Keller Jordan's quintic coefficients, steps and eps, torch.optim.Muon's defaults. */
+static const float NS_A = 3.4445f, NS_B = -4.7750f, NS_C = 2.0315f, NS_EPS = 1e-7f;
+enum { NS_STEPS = 5 };
+
+/* speculators' split: matrices, but not vocabulary-sized ones (its name hints; here DFlash
+ * 2's selector codebooks [V, r]; the embedding and LM head are frozen). */
+bool df_muon_takes(const df_tensor_info *ti) {
+  return ti->ndim == 2 && ti->shape[0] > 1 && ti->shape[1] > 1 && !strstr(ti->name, "codebook");
+}
+
+/* x [r, c], r <= c, in place: x /= max(|x|_F, eps), then NS_STEPS of
+ * x = a x + (b G + c G G) x with G = x x^T. g, gg [r, r] and y [r, c] are scratch. */
+static void newton_schulz(float *x, float *y, float *g, float *gg, int r, int c) {
+  double ss = 0;
+  for (size_t i = 0; i < (size_t)r * c; i++) ss += (double)x[i] * x[i];
+  float norm = (float)sqrt(ss), k = 1.0f / (norm > NS_EPS ? norm : NS_EPS);
+  for (size_t i = 0; i < (size_t)r * c; i++) x[i] *= k;
+  for (int s = 0; s < NS_STEPS; s++) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, r, c, 1.0f, x, c, x, c, 0.0f, g, r);
+    memcpy(gg, g, sizeof(float) * (size_t)r * r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, r, r, NS_C, g, r, g, r, NS_B, gg, r);
+    memcpy(y, x, sizeof(float) * (size_t)r * c);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, c, r, 1.0f, gg, r, x, c, NS_A, y, c);
+    memcpy(x, y, sizeof(float) * (size_t)r * c);
+  }
+}
+
+static double adjusted_lr(const df_adam *a, int64_t rows, int64_t cols) {
+  if (a->muon_adjust_lr == DFLASH_MUON_ORIGINAL)
+    return a->lr * sqrt(rows > cols ? (double)rows / (double)cols : 1.0);
+  return a->lr * 0.2 * sqrt((double)(rows > cols ? rows : cols));
+}
+
+dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t rows, int64_t cols,
+                             const df_adam *a) {
+  int r = (int)(rows < cols ? rows : cols), c = (int)(rows < cols ? cols : rows);
+  size_t n = (size_t)rows * (size_t)cols;
+  float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+  float *g = malloc(sizeof(float) * (size_t)r * r), *gg = malloc(sizeof(float) * (size_t)r * r);
+  if (!x || !y || !g || !gg) {
+    free(x), free(y), free(g), free(gg);
+    return df_error_nomem("Muon workspace");
+  }
+  float mu = (float)a->muon_momentum;
+  /* buf.lerp_(grad, 1 - mu); update = grad.lerp(buf, mu) (Nesterov), transposed when
+   * rows > cols so that the Gram matrix is the small side. */
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      size_t at = (size_t)i * (size_t)cols + (size_t)j;
+      buf[at] += (grad[at] - buf[at]) * (1.0f - mu);
+      float u = grad[at] + (buf[at] - grad[at]) * mu;
+      if (rows > cols) y[(size_t)j * (size_t)rows + (size_t)i] = u;
+      else x[at] = u;
+    }
+  if (rows > cols) memcpy(x, y, sizeof(float) * n);
+  newton_schulz(x, y, g, gg, r, c);
+  float decay = (float)(1.0 - a->lr * a->muon_weight_decay),
+        step = (float)adjusted_lr(a, rows, cols);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) {
+      size_t at = (size_t)i * (size_t)cols + (size_t)j;
+      float o = rows > cols ? x[(size_t)j * (size_t)rows + (size_t)i] : x[at];
+      p[at] = p[at] * decay - step * o;
+    }
+  free(x), free(y), free(g), free(gg);
+  return DFLASH_OK;
+}
