@@ -152,6 +152,21 @@ def muon_optimizers(named, warmup, adjust=0):
     return [(o, torch.optim.lr_scheduler.LambdaLR(o, rule)) for o in (muon, adam)], len(mats)
 
 
+def same_params(tr, tp, names, tol, step, worst):
+    """Compare the trainer's parameters with torch's (relative to each tensor's largest
+    magnitude), then continue torch from the trainer's so errors do not compound."""
+    pc = tr.parameters()
+    for n in names:
+        ref_p = tp[n].detach().numpy()
+        e = float(np.max(np.abs(pc[n] - ref_p)) / np.max(np.abs(ref_p)))
+        worst = max(worst, e)
+        if e > tol:
+            print(f"FAIL step {step}: {n} rel err {e:.2e}")
+            return False, worst
+        tp[n].data = torch.tensor(pc[n])
+    return True, worst
+
+
 def isolated_muon(cfg, embed, lm_head, P, data, adjust):
     worst, warm = 0.0, int(OPT["warmup_ratio"] * OPT["total_steps"])
     with Trainer(cfg, embed, lm_head, n_threads=2, muon_adjust_lr=adjust, **MUON, **OPT) as tr:
@@ -170,15 +185,9 @@ def isolated_muon(cfg, embed, lm_head, P, data, adjust):
                 o.step()
                 sched.step()
             tr.step()
-            pc = tr.parameters()
-            for n in names:
-                ref_p = tp[n].detach().numpy()
-                e = float(np.max(np.abs(pc[n] - ref_p)) / np.max(np.abs(ref_p)))
-                worst = max(worst, e)
-                if e > 1e-5:
-                    print(f"FAIL step {step}: {n} rel err {e:.2e}")
-                    return False, worst
-                tp[n].data = torch.tensor(pc[n])  # continue from identical parameters
+            ok, worst = same_params(tr, tp, names, 1e-5, step, worst)
+            if not ok:
+                return False, worst
     return True, worst
 
 
@@ -294,15 +303,9 @@ def isolated(cfg, embed, lm_head, P, data, schedule=0):
             if abs(norm_c - norm_t) > 1e-5 * norm_t:
                 print(f"FAIL step {step}: grad norm {norm_c} vs torch {norm_t}")
                 return False, worst
-            pc = tr.parameters()
-            for n in names:
-                ref_p = tp[n].detach().numpy()
-                e = float(np.max(np.abs(pc[n] - ref_p)) / np.max(np.abs(ref_p)))
-                worst = max(worst, e)
-                if e > 2e-6:
-                    print(f"FAIL step {step}: {n} rel err {e:.2e}")
-                    return False, worst
-                tp[n].data = torch.tensor(pc[n])  # continue from identical parameters
+            ok, worst = same_params(tr, tp, names, 2e-6, step, worst)
+            if not ok:
+                return False, worst
     return True, worst
 
 
