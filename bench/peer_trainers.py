@@ -390,9 +390,10 @@ def llama_column(out, cks, st, build, work):
     spec_json = os.path.join(work, "llama_spec.json")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"),
                DFLASH_LIBRARY=libdflash_so(build))
-    pipeline.run(pipeline.llama_spec_cmd(ldir, tg, os.path.join(out, "data", "heldout"),
-                                         st["max_tokens"], st["block"], 1, 0)
-                 + configs + ["-o", spec_json], env=env)
+    with open(os.path.join(work, "llama_spec.log"), "w") as f:
+        pipeline.run(pipeline.llama_spec_cmd(ldir, tg, os.path.join(out, "data", "heldout"),
+                                             st["max_tokens"], st["block"], 1, 0)
+                     + configs + ["-o", spec_json], env=env, stdout=f, stderr=subprocess.STDOUT)
     with open(spec_json) as f:
         spec = json.load(f)["configs"]
     return {k: {"tokens_per_step": v["tokens_per_step"], "se": v["tokens_per_step_se"],
