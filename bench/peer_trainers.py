@@ -2,19 +2,23 @@
 """libdflash's DFlash drafter training beside two peers' trainers on the same data:
 SpecForge 0.2.0 and vLLM speculators 0.9.0 (PyPI), all on CPU, at matched settings
 (block 8, 1 layer, target layers 1/14/27, full attention, the same samples, epochs,
-anchors per sequence, lr and schedule, γ 4), every checkpoint in z-lab's layout, every
-drafter scored by `dflash eval` (walk τ ± SE on the held-out set).
+anchors per sequence, lr and schedule, γ 4) and, without --quick, each peer at its own
+default recipe (scaled to CPU: the demo's epochs, the matched drafter shape); every
+checkpoint in z-lab's layout, every drafter scored by `dflash eval` (walk τ ± SE on the
+held-out set) and by llama.cpp (tokens per verification step ± SE on the same samples:
+the demo's stage 7, pipeline.to_gguf and llama_spec.py).
 
     bench/peer_trainers.py --setup                 # .venv-peers, pinned (bench/peer_requirements.txt)
-    bench/peer_trainers.py --out OUT [--quick] [--json] [--build BUILD]
+    bench/peer_trainers.py --out OUT [--quick] [--json] [--build BUILD] [--no-llama]
 
 OUT is the demo's output folder (scripts/demo.sh --no-deps --quick, or pipeline.py).
 Labels: SpecForge trains on the data's next tokens, speculators on the target's
 argmax (the logits of its final layer, which it reads from vLLM-layout hidden-state
 files); libdflash is trained both ways, `--labels data` on our store beside SpecForge
 and `--labels target` on speculators' own files beside speculators. With --json the
-last line is {"libdflash": {"tau", "se", "cpu_s_per_step"}, "specforge": ..., "speculators": ...}
-(libdflash: the data-label run). Work files go to OUT/peers/.
+last line is {"libdflash": {"tau", "se", "cpu_s_per_step", "llama_cpp": {"tokens_per_step",
+"se"}}, "specforge": ..., "speculators": ...} (the matched runs; libdflash: the data-label
+run). Work files go to OUT/peers/.
 
 What the peers need on CPU (nothing of theirs is committed; the shim below is written
 into OUT/peers/ at run time):
@@ -160,16 +164,17 @@ def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libd
 # epochs and seed (matched), so anchors (every valid position), lr, optimizer, schedule,
 # warm-up, clipping, per-position weights and labels are the peer's.
 # The table's recipe text for each (the peers' 0.2.0 / 0.9.0 defaults, read from
-# specforge/config/schema.py and speculators/train/config/schema.py).
-ARCH = "1 layer, block 8, layers 1/14/27 (the demo's drafter.json, as matched)"
-SPECFORGE_DEFAULT = ("SpecForge's defaults: anchors 512 (every valid position here), AdamW "
-                     "lr 1e-4, cosine, warm-up 1.5 %, clip 0.5, no position weights, data "
-                     "labels; scaled: the demo's epochs (its default 1), " + ARCH)
-SPECULATORS_DEFAULT = ("speculators' defaults: anchors 512 (every valid position here), Muon "
-                       "1e-3 on matrices + AdamW 1e-3 (weight decay 0.1 / 0.01), linear "
-                       "schedule, D-PACE weights (α 0.5), CE on the target's argmax; scaled: "
-                       "the demo's epochs (its default 20), " + ARCH + " (its default 5 "
-                       "layers, block 16), --total-seq-len the longest sample (its 8192)")
+# specforge/config/schema.py and speculators/train/config/schema.py; what is scaled from
+# what: examples/pipeline/README.md). Kept: anchors 512 (every valid position of these
+# samples), optimizer, lr, schedule, warm-up, clipping, weights, labels. Scaled: epochs
+# (SpecForge's 1, speculators' 20: the demo's), the drafter's shape (speculators' 5 layers,
+# block 16: the demo's drafter.json, as matched), speculators' --total-seq-len 8192.
+SCALED = "; scaled: the demo's epochs, matched shape"
+SPECFORGE_DEFAULT = ("its defaults (every position, AdamW 1e-4 cosine, clip 0.5, no weights, "
+                     "data labels)" + SCALED)
+SPECULATORS_DEFAULT = ("its defaults (every position, Muon + AdamW 1e-3 linear, D-PACE, "
+                       "target argmax)" + SCALED + ", --total-seq-len and --max-anchors the "
+                       "longest sample")
 SPECFORGE_RECIPE = ("learning_rate", "lr_scheduler", "warmup_ratio", "max_grad_norm",
                     "num_anchors", "loss_decay_gamma")
 
@@ -307,7 +312,11 @@ def train_speculators(out, work, st, build, default=False):
            # (also in its default run: 8192 makes the quick data one step per epoch)
            "--total-seq-len", str(longest), "--epochs", str(st["epochs"]),
            "--seed", str(st["seed"]), "--save-path", os.path.join(d, "run" + tag),
-           "--log-dir", os.path.join(d, "logs" + tag)] + ([] if default else speculators_recipe(st))
+           "--log-dir", os.path.join(d, "logs" + tag)]
+    # Its default 512 anchors: every valid position of these samples, but speculators pads
+    # every step to 512 blocks (~20 CPU-s a step here); at the longest sample's length it
+    # still takes every valid position, without the padding.
+    cmd += ["--max-anchors", str(longest)] if default else speculators_recipe(st)
     wall, cpu = run(cmd, os.path.join(d, f"train{tag}.log"), env=env, cwd=d)
     last = speculators_latest(os.path.join(d, "run" + tag))
     ck = zlab_from_speculators(last, os.path.join(d, "hf" + tag), st, out)
