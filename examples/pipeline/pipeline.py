@@ -33,6 +33,12 @@ it beside the untrained and DFlash 1 drafters; summary.json's "dflash2"
 same prompts) and "llama_cpp" (trained2, dflash2_vs_dflash1) compare the two,
 and report.png draws both. --llama-prompts N runs stage 7 on N held-out prompts.
 
+--peers (off by default; needs .venv-peers, bench/peer_trainers.py --setup) runs
+bench/peer_trainers.py --quick after stage 7: SpecForge's and speculators'
+trainers beside libdflash's at matched settings on the same data, each drafter's
+walk tau, llama.cpp tokens per verification step and CPU-s per step in
+summary.json's "peers" and report.png's last panel.
+
 Every command is printed before it runs; out/summary.json collects the
 numbers and stage times.
 """
@@ -372,6 +378,76 @@ def dflash2_finish(job, dflash_cli, out, target_dir, p):
             "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
 
 
+def to_gguf(ldir, ckpt, target_dir, gguf):
+    """A z-lab-layout checkpoint as a drafter GGUF, by llama.cpp's converter (it loads
+    its own gguf-py: the DFlash architecture is newer than PyPI's gguf). The target
+    folder gives it the vocabulary (config.json, tokenizer.json, tokenizer_config.json);
+    float32 keeps the trained weights exactly. Its log goes beside the GGUF."""
+    conv_log = os.path.splitext(gguf)[0] + ".convert.log"
+    with open(conv_log, "w") as lf:
+        try:
+            run([sys.executable, os.path.join(ldir, "src", "convert_hf_to_gguf.py"), ckpt,
+                 "--target-model-dir", target_dir, "--outtype", "f32", "--outfile", gguf],
+                stdout=lf, stderr=subprocess.STDOUT)
+        except subprocess.CalledProcessError:
+            with open(conv_log) as f:
+                print("".join(f.readlines()[-20:]), file=sys.stderr)
+            raise
+
+
+def llama_spec_cmd(ldir, target_gguf, data, max_new, block, threads, n):
+    """llama_spec.py on the held-out samples of `data` (n: the first n, 0: all);
+    the caller appends its --config NAME=GGUF and -o."""
+    return [sys.executable, os.path.join(HERE, "llama_spec.py"), "--llama-dir", ldir,
+            "--target-gguf", target_gguf, "--data", data, "--max-new", max_new,
+            "--block-size", block, "--threads", threads, "--n", n]
+
+
+PEER_DRAFTERS = ("libdflash", "specforge", "speculators")
+
+
+def run_peers(out, build):
+    """--peers: bench/peer_trainers.py at matched settings (--quick) on this run's out/:
+    its JSON last line, {drafter: {tau, se, cpu_s_per_step, llama_cpp}}, or None with a
+    message when the peers' venv is missing."""
+    if not os.path.exists(os.path.join(ROOT, ".venv-peers", "bin", "python")):
+        print("--peers: skipped, no .venv-peers (bench/peer_trainers.py --setup creates it)",
+              flush=True)
+        return None
+    t0 = time.time()
+    try:
+        r = run([sys.executable, os.path.join(ROOT, "bench", "peer_trainers.py"), "--out", out,
+                 "--build", build, "--quick", "--json"], stdout=subprocess.PIPE, text=True)
+    except subprocess.CalledProcessError as e:  # the demo's own results stand
+        print(f"--peers: bench/peer_trainers.py failed ({e.returncode}): {e.stdout[-2000:]}",
+              flush=True)
+        return None
+    print(r.stdout, end="", flush=True)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"recipe": "matched (bench/peer_trainers.py --quick)", "drafters": res,
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def check_peers(peers):
+    """What a run with --peers must hold: every drafter scored by the walk and llama.cpp,
+    with its CPU time per step (examples/pipeline/test_summary.py)."""
+    d = peers["drafters"]
+    for k in PEER_DRAFTERS:
+        assert k in d and "error" not in d[k], f"peers: {k}: {d.get(k)}"
+        r = d[k]
+        assert r["tau"] >= 1.0 and r["se"] >= 0 and r["cpu_s_per_step"] > 0, f"peers: {k}: {r}"
+        lc = r.get("llama_cpp")
+        assert lc and lc["tokens_per_step"] >= 1.0 and lc["se"] >= 0, f"peers: {k}: llama.cpp {lc}"
+
+
+def peers_line(peers):
+    return "\npeer trainers at matched settings (walk tau, llama.cpp tokens/step, CPU-s/step): " \
+        + "; ".join(f"{k} {r['tau']:.3f} +- {r['se']:.3f}, " + (
+            f"{r['llama_cpp']['tokens_per_step']:.3f} +- {r['llama_cpp']['se']:.3f}"
+            if "llama_cpp" in r else "no llama.cpp") + f", {r['cpu_s_per_step']:.3f}"
+            for k, r in peers["drafters"].items() if "tau" in r)
+
+
 def llama_drafters(gg, dflash2, untrained=True):
     """llama_spec.py's drafter configs: the untrained drafter (the baseline, unless
     `untrained` is false: --labels both compares two trained drafters), the DFlash 1
@@ -616,6 +692,10 @@ def main():
                          "compare the two (walk tau, llama.cpp), stage 5b")
     ap.add_argument("--llama-prompts", type=int, default=0,
                     help="stage 7 on the first N held-out prompts only (0: all)")
+    ap.add_argument("--peers", action="store_true",
+                    help="after the llama.cpp stage, bench/peer_trainers.py --quick: SpecForge's "
+                         "and speculators' trainers beside libdflash's at matched settings "
+                         "(needs .venv-peers: bench/peer_trainers.py --setup)")
     ap.add_argument("--check", action="store_true",
                     help="test mode: exit 77 when the model or PyTorch is missing, and fail "
                          "unless every stage's result holds")
@@ -820,33 +900,16 @@ def main():
         log("7. the drafters in llama.cpp: convert, then speculative decoding on held-out prompts")
         gg = os.path.join(out, "gguf")
         os.makedirs(gg, exist_ok=True)
-        src = os.path.join(ldir, "src")
-        # The converter is llama.cpp's; it loads its own gguf-py (the DFlash
-        # architecture is newer than PyPI's gguf). The target folder gives it
-        # the vocabulary (config.json, tokenizer.json, tokenizer_config.json);
-        # float32 keeps the trained weights exactly.
         convs = [("untrained", os.path.join(out, "untrained")), ("drafter", ckpt)]
         if a.labels == "both":
             convs.append(("drafter_target", ckpt_t))
         if "dflash2" in summary:
             convs.append(("drafter2", summary["dflash2"]["checkpoint"]))
         for name, d in convs:
-            conv_log = os.path.join(gg, f"{name}.convert.log")
-            with open(conv_log, "w") as lf:
-                try:
-                    run([sys.executable, os.path.join(src, "convert_hf_to_gguf.py"), d,
-                         "--target-model-dir", target_dir, "--outtype", "f32",
-                         "--outfile", os.path.join(gg, f"{name}.gguf")],
-                        stdout=lf, stderr=subprocess.STDOUT)
-                except subprocess.CalledProcessError:
-                    with open(conv_log) as f:
-                        print("".join(f.readlines()[-20:]), file=sys.stderr)
-                    raise
+            to_gguf(ldir, d, target_dir, os.path.join(gg, f"{name}.gguf"))
         spec_json = os.path.join(out, "llama_spec.json")
-        run([sys.executable, os.path.join(HERE, "llama_spec.py"), "--llama-dir", ldir,
-             "--target-gguf", t.path, "--data", os.path.join(out, "data", "heldout"),
-             "--max-new", p["max_tokens"], "--block-size", p["block"],
-             "--threads", a.llama_threads, "--n", a.llama_prompts]
+        run(llama_spec_cmd(ldir, t.path, os.path.join(out, "data", "heldout"), p["max_tokens"],
+                           p["block"], a.llama_threads, a.llama_prompts)
             # --labels both: the two trained drafters only (the comparison; time).
             + ([] if a.labels == "both" else ["--config", "plain="])
             + llama_drafters(gg, "dflash2" in summary, untrained=a.labels != "both")
@@ -864,6 +927,16 @@ def main():
     if a.labels == "both":
         summary["labels"] = labels_summary(summary, a.fetch_temperature)
         print(labels_line(summary["labels"]), flush=True)
+
+    if a.peers:
+        t0 = time.time()
+        log("7b. the peers' trainers on the same data (bench/peer_trainers.py --quick)")
+        peers = run_peers(out, os.path.abspath(a.build))
+        if peers:
+            summary["peers"] = peers
+            print(peers_line(peers), flush=True)
+        stage("peers", t0)
+        save()
 
     if a.skip_live and "dflash2" not in summary:  # --arch both goes on to the plot
         save()
@@ -908,6 +981,8 @@ def main():
     save()
     if a.check:
         check(summary, out)
+        if a.peers and "peers" in summary:
+            check_peers(summary["peers"])
     if "live" not in summary:
         print(result_lines(summary, ckpt, out))
         return

@@ -4,7 +4,9 @@ llama.cpp's tokens per verification step), per-position accuracy over every
 anchor position, and llama.cpp's decode speed with and without the drafters.
 With a DFlash 2 drafter (pipeline.py --arch both) each panel shows it beside
 the DFlash 1 one: its loss, walk and every-position tau, llama.cpp's tokens per
-verification step and decode speed, per-position accuracy.
+verification step and decode speed, per-position accuracy. With pipeline.py
+--peers a last panel has the trainers at matched settings (libdflash, SpecForge,
+speculators): walk tau and llama.cpp's tokens per verification step, CPU-s per step.
 
     python plot.py --metrics out/drafter/metrics.jsonl --summary out/summary.json \
         [--metrics2 out/drafter2/metrics.jsonl] -o out/report.png
@@ -70,6 +72,37 @@ def speed_bars(s):
     return out
 
 
+def peer_bars(s):
+    """The peers panel (pipeline.py --peers): per drafter (label with its CPU-s per
+    step, walk tau, SE, llama.cpp tokens per step, SE; None where llama.cpp did not run)."""
+    out = []
+    for name, r in s["peers"]["drafters"].items():
+        if "tau" not in r:
+            continue
+        lc = r.get("llama_cpp") or {}
+        out.append((f"{name}\n{r['cpu_s_per_step']:.2f} CPU-s/step", r["tau"], r["se"],
+                    lc.get("tokens_per_step"), lc.get("se")))
+    return out
+
+
+def draw_peers(ax, s):
+    names, taus, ses, lts, lses = zip(*peer_bars(s))
+    x = range(len(names))
+    bars = ax.bar([i - 0.2 for i in x], taus, 0.4, yerr=[2 * e for e in ses], capsize=4,
+                  color="#ff7f0e", label="walk (dflash eval)")
+    ax.bar_label(bars, fmt="%.3f", label_type="center", fontsize=8)
+    have = [i for i in x if lts[i] is not None]
+    if have:
+        bars = ax.bar([i + 0.2 for i in have], [lts[i] for i in have], 0.4,
+                      yerr=[2 * lses[i] for i in have], capsize=4, color="#d62728",
+                      label="llama.cpp")
+        ax.bar_label(bars, fmt="%.3f", label_type="center", fontsize=8)
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set(ylabel="tau (tokens per verification step)", ylim=(0.9, None),
+           title="trainers at matched settings (bars: 2 SE)")
+    ax.legend(fontsize=8)
+
+
 def figure(rows, s, rows2=None):
     """The report's figure: rows = metrics.jsonl of the DFlash 1 run, s = summary.json
     (eval_untrained, eval_trained; live, llama_cpp, dflash2 when there), rows2 = the
@@ -78,8 +111,9 @@ def figure(rows, s, rows2=None):
     loss = [r["loss"] for r in rows]
     k = max(1, len(loss) // 20)
     lc = s.get("llama_cpp")
-    fig, ax = plt.subplots(1, 4 if lc else 3, figsize=(23 if lc else 16, 4.8),
-                           gridspec_kw={"width_ratios": [1, 2, 1, 1] if lc else [1, 1.4, 1]})
+    widths = ([1, 2, 1, 1] if lc else [1, 1.4, 1]) + [1.2] * ("peers" in s)
+    fig, ax = plt.subplots(1, len(widths), figsize=(5.5 * sum(widths) / 1.2 + 1, 4.8),
+                           gridspec_kw={"width_ratios": widths})
     two = "dflash2" in s
     ax[0].plot(steps, loss, lw=0.5, alpha=0.4, label="loss per step")
     ax[0].plot(steps, moving_average(loss, k), lw=1.8,
@@ -116,6 +150,8 @@ def figure(rows, s, rows2=None):
         ax[3].set(ylabel="decode tokens/s",
                   title=f"llama-server decoding, {lc['threads']} thread, "
                         f"{lc['trained']['prompts']} prompts")
+    if "peers" in s:  # pipeline.py --peers
+        draw_peers(ax[-1], s)
     fig.tight_layout()
     return fig
 

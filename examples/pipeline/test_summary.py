@@ -6,7 +6,8 @@ plot.py draws from them, for the run kinds pipeline.py has:
   - the default run (untrained and trained drafters in llama.cpp, the live stage);
   - --arch both (DFlash 1 and DFlash 2 and the untrained drafter in llama.cpp),
     with and without the live stage;
-  - --labels both (two trained drafters, no plain run, no untrained one).
+  - --labels both (two trained drafters, no plain run, no untrained one);
+  - --peers (the trainers' rows of bench/peer_trainers.py, what --check requires of them).
 
 The inputs are made with the pipeline's own code where it has some
 (llama_spec.summarize over per-prompt rows of the form run_config returns),
@@ -133,6 +134,51 @@ def live_part(s, spec):
         same_steps=len(rows), samples=len(rows))
 
 
+def peer_row(tau, se, cpu, llama=None):
+    r = {"tau": tau, "se": se, "cpu_s_per_step": cpu}
+    if llama:
+        r["llama_cpp"] = {"tokens_per_step": llama[0], "se": llama[1]}
+    return r
+
+
+def peers_demo(s1, out):
+    """What a run with --peers must contain (pipeline.check_peers, which --check applies
+    to it): every trainer's walk tau, llama.cpp tokens per step and CPU-s per step, in
+    summary.json, the closing text and report.png's last panel."""
+    drafters = {"libdflash": peer_row(1.086, 0.021, 0.305, (1.071, 0.018)),
+                "specforge": peer_row(1.091, 0.022, 0.497, (1.069, 0.019)),
+                "speculators": peer_row(1.093, 0.027, 0.646, (1.074, 0.02))}
+    peers = {"recipe": "matched", "drafters": json.loads(json.dumps(drafters)), "wall_s": 1.0}
+    pipeline.check_peers(peers)
+    for k, broken in (("speculators", peer_row(1.09, 0.02, 0.6)),  # no llama.cpp
+                      ("specforge", {"error": "specforge train failed"}),
+                      ("libdflash", None)):
+        d = dict(drafters, **{k: broken})
+        if broken is None:
+            del d[k]
+        try:
+            pipeline.check_peers({"drafters": d})
+        except AssertionError as e:
+            assert k in str(e), e
+        else:
+            raise AssertionError(f"check_peers passed without {k}'s full row: {d[k] if broken else None}")
+    text = pipeline.peers_line(peers)
+    for want in ("libdflash 1.086 +- 0.021, 1.071 +- 0.018, 0.305", "speculators 1.093"):
+        assert want in text, f"{want!r} not in {text!r}"
+    s4 = dict(s1, peers=peers)
+    check_plot(s4, None, ["untrained\nuniform", "trained\nuniform", "untrained\nwalk",
+                          "trained\nwalk", "trained\nPyTorch\nlive", "untrained\nllama.cpp",
+                          "trained\nllama.cpp"],
+               ["target alone", "untrained\ndrafter", "trained\ndrafter"], out, "peers")
+    fig = plot.figure(metrics(40, 8.0), s4)
+    assert len(fig.axes) == 5, len(fig.axes)
+    got = labels(fig.axes[4])
+    assert got == ["libdflash\n0.30 CPU-s/step", "specforge\n0.50 CPU-s/step",
+                   "speculators\n0.65 CPU-s/step"], got
+    heights = [round(b.get_height(), 3) for b in fig.axes[4].patches]
+    assert heights == [1.086, 1.091, 1.093, 1.071, 1.069, 1.074], heights
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
@@ -195,6 +241,9 @@ def main():
                           "trained\nwalk", "trained\nPyTorch\nlive", "untrained\nllama.cpp",
                           "trained\nllama.cpp"],
                ["target alone", "untrained\ndrafter", "trained\ndrafter"], out, "default")
+
+    # --peers: the trainers' rows, bench/peer_trainers.py --quick --json's last line
+    peers_demo(s1, out)
 
     # --labels both: two trained drafters, no plain run, no untrained drafter
     spec2 = spec_json([("trained", "/g/drafter.gguf", 0.3),
