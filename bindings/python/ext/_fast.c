@@ -165,11 +165,12 @@ static PyObject *array_of(const int32_t *ids, size_t n) {
   return arr;
 }
 
-/* Encode into an array of its own, sized len / 2 + 16 and regrown on DFLASH_E_BUFFER, then
- * shrunk to the ids written; without the GIL when the text is long. */
+/* Encode into an array of its own, of `cap` ids (0: sized as the ctypes path sizes it),
+ * regrown on DFLASH_E_BUFFER, then shrunk to the ids written; without the GIL when the text
+ * is long. */
 static PyObject *encode_to_array(const dflash_tokenizer *tok, const char *data, size_t len,
-                                 int mode) {
-  size_t cap = len / 2 + 16;
+                                 int mode, size_t cap) {
+  if (!cap) cap = len / 2 + 16;
   for (;;) {
     npy_intp dim = (npy_intp)cap;
     PyArrayObject *arr = (PyArrayObject *)PyArray_SimpleNew(1, &dim, NPY_INT32);
@@ -177,10 +178,10 @@ static PyObject *encode_to_array(const dflash_tokenizer *tok, const char *data, 
     size_t n = 0;
     dflash_status st;
     int32_t *ids = PyArray_DATA(arr);
-    if (len > GIL_BYTES) {
-      Py_BEGIN_ALLOW_THREADS st = lib_encode(tok, data, len, (dflash_special_mode)mode, ids, cap,
-                                             &n);
-      Py_END_ALLOW_THREADS
+    if (len > GIL_BYTES) { /* other Python threads run meanwhile */
+      PyThreadState *ts = PyEval_SaveThread();
+      st = lib_encode(tok, data, len, (dflash_special_mode)mode, ids, cap, &n);
+      PyEval_RestoreThread(ts);
     } else {
       st = lib_encode(tok, data, len, (dflash_special_mode)mode, ids, cap, &n);
     }
@@ -222,9 +223,9 @@ static PyObject *fast_encode(PyObject *self, PyObject *const *args, Py_ssize_t n
   int mode = special_mode(args[2]);
   const dflash_tokenizer *tok = PyLong_AsVoidPtr(args[0]);
   if (mode < 0 || (!tok && PyErr_Occurred())) goto done;
+  size_t n = 0; /* after DFLASH_E_BUFFER: the ids the text needs */
   if (t.len <= GIL_BYTES) {
     int32_t ids[STACK_IDS];
-    size_t n = 0;
     dflash_status st = lib_encode(tok, t.data, t.len, (dflash_special_mode)mode, ids, STACK_IDS,
                                   &n);
     if (st == DFLASH_OK) {
@@ -236,7 +237,7 @@ static PyObject *fast_encode(PyObject *self, PyObject *const *args, Py_ssize_t n
       goto done;
     }
   }
-  out = encode_to_array(tok, t.data, t.len, mode);
+  out = encode_to_array(tok, t.data, t.len, mode, n);
 done:
   Py_XDECREF(t.keep);
   return out;
@@ -311,11 +312,11 @@ static PyArrayObject *batch_run(const dflash_tokenizer *tok, batch_texts *b, siz
     PyArrayObject *ids = (PyArrayObject *)PyArray_SimpleNew(1, &dim, NPY_INT32);
     if (!ids) return NULL;
     int32_t *out = PyArray_DATA(ids);
-    dflash_status st;
-    Py_BEGIN_ALLOW_THREADS st = lib_encode_batch(tok, b->data, b->lens, b->n,
-                                                 (dflash_special_mode)mode, n_threads, out, cap,
-                                                 b->offsets);
-    Py_END_ALLOW_THREADS if (st == DFLASH_OK) {
+    PyThreadState *ts = PyEval_SaveThread();
+    dflash_status st = lib_encode_batch(tok, b->data, b->lens, b->n, (dflash_special_mode)mode,
+                                        n_threads, out, cap, b->offsets);
+    PyEval_RestoreThread(ts);
+    if (st == DFLASH_OK) {
       npy_intp used = (npy_intp)b->offsets[b->n];
       PyArray_Dims shape = {&used, 1};
       PyObject *r = used < dim ? PyArray_Resize(ids, &shape, 0, NPY_CORDER) : Py_NewRef(Py_None);
