@@ -116,6 +116,9 @@ static size_t utf8_bound(PyObject *s) {
 static int text_utf8(PyObject *text, char *scratch, size_t cap, utf8_text *out) {
   out->keep = NULL;
   if (PyUnicode_CheckExact(text)) {
+#if PY_VERSION_HEX < 0x030C0000 /* a legacy string of the old C API, before 3.12 */
+    if (PyUnicode_READY(text) < 0) return -1;
+#endif
     if (PyUnicode_IS_COMPACT_ASCII(text)) {
       out->data = PyUnicode_DATA(text);
       out->len = (size_t)PyUnicode_GET_LENGTH(text);
