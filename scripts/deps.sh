@@ -7,7 +7,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   meson ninja-build pkg-config gcc clang libclang-rt-14-dev libfuzzer-14-dev \
   libcurl4-openssl-dev libpcre2-dev check libsubunit-dev libjansson-dev libutf8proc-dev \
-  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-pip python3-venv g++ cmake \
+  libopenblas-dev libssl-dev abigail-tools valgrind python3 python3-dev python3-pip python3-venv g++ cmake \
   clang-format-14 >/dev/null  # scripts/check-format.sh: 14.0.6, bookworm's (other versions lay out differently)
 PY=${PYTHON:-python3}
 $PY -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/requirements.txt"

@@ -1,4 +1,5 @@
-"""Loading libdflash and declaring its functions (ctypes, no compiled extension).
+"""Loading libdflash and declaring its functions (ctypes; tokenizer.py adds an optional compiled
+extension, libdflash._fast, that calls the functions of the library loaded here).
 
 Search order: the library inside this package (lib/libdflash.so.N, what `pip install` of the
 repository puts there; or a libdflash.so beside it), then $DFLASH_LIBRARY, then, only when DFLASH_LIBRARY is unset, the

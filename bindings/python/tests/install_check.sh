@@ -32,7 +32,7 @@ git -C "$src" rev-parse --git-dir >/dev/null 2>&1 || skip "$src is not a git che
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dflash-install-check.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # Nothing from meson test's environment may point into the source or build tree.
-unset DFLASH_LIBRARY DFLASH_CUDA_MODULE PYTHONPATH LD_LIBRARY_PATH
+unset DFLASH_LIBRARY DFLASH_CUDA_MODULE DFLASH_PYEXT PYTHONPATH LD_LIBRARY_PATH
 
 # 1. sdist, then the wheel from it (one build of the library).
 if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
@@ -54,15 +54,19 @@ pipq=(-m pip -q --disable-pip-version-check)
   { cat "$tmp/wheel.log"; echo "FAIL: pip wheel of the sdist"; exit 1; }
 wheel=$(find "$tmp/dist" -name 'libdflash-*.whl')
 echo "wheel: $(basename "$wheel")"
-# What the wheel holds besides the package's .py files: the library, the CLI, the script;
-# no headers, pkg-config file or CUDA module (this is the CPU build).
+# What the wheel holds besides the package's .py files: the library, the CLI, the script,
+# the compiled encode (libdflash._fast, when this Python has its headers); no headers,
+# pkg-config file or CUDA module (this is the CPU build).
 "$vpy" - "$wheel" <<'PY'
-import os, sys, zipfile
+import os, sys, sysconfig, zipfile
 version = os.path.basename(sys.argv[1]).split("-")[1]
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 native = sorted(n for n in names if not n.endswith(".py") and ".dist-info/" not in n)
-assert native == [f"libdflash-{version}.data/scripts/dflash", "libdflash/bin/dflash",
-                  "libdflash/lib/libdflash.so.1"], native
+ext = ["libdflash/_fast" + sysconfig.get_config_var("EXT_SUFFIX")]
+if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    ext = []
+assert native == sorted([f"libdflash-{version}.data/scripts/dflash", "libdflash/bin/dflash",
+                         "libdflash/lib/libdflash.so.1", *ext]), native
 assert "libdflash/_lib.py" in names and "libdflash/__init__.py" in names, names
 PY
 
@@ -76,6 +80,10 @@ from libdflash import _lib
 assert libdflash.__file__.startswith(sys.argv[1]), libdflash.__file__
 assert libdflash.version() == libdflash.__version__, (libdflash.version(), libdflash.__version__)
 print(libdflash.Tokenizer)
+import glob
+from libdflash import tokenizer
+if glob.glob(sys.argv[1] + "/libdflash/_fast.*"):  # the package has its extension: it loads
+    assert tokenizer._fast and tokenizer._fast.__file__.startswith(sys.argv[1]), tokenizer._fast
 mapped = {l.split()[-1] for l in open("/proc/self/maps") if "libdflash.so" in l}
 assert mapped == {sys.argv[2]}, mapped
 print(f"libdflash {libdflash.__version__} from {libdflash.__file__}, library {_lib.lib._name}")'
