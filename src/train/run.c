@@ -191,12 +191,30 @@ static dflash_status open_outputs(run *r) {
   dflash_status st = df_mkdir_p(state_dir); /* creates out_dir too */
   free(state_dir);
   if (st) return st;
-  r->metrics = fopen(r->metrics_path, o->resume ? "a" : "w");
+  r->metrics = fopen(r->metrics_path, r->resumed ? "a" : "w");
   if (!r->metrics) return df_error(DFLASH_E_IO, "cannot open %s", r->metrics_path);
   /* The last step of the progress stats: --max-steps when it comes first. */
   int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
   r->stats.last_step = last;
   return DFLASH_OK;
+}
+
+/* --resume of a one-process local run that was stopped before its first state save: its
+ * train_state/ exists (made at the start) but holds no state, and nothing of it is lost (a
+ * spool releases shards only after a save), so it starts again from the first step. A folder
+ * without train_state/ (a mistyped -o) still fails to resume. */
+static bool never_saved(run *r) {
+  struct stat sb;
+  if (r->world > 1 || r->remote.url || stat(r->state_path, &sb) == 0) return false;
+  char *dir = df_path_join(r->o->out_dir, "train_state");
+  bool started = dir && stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode);
+  free(dir);
+  if (started)
+    df_log(DFLASH_LOG_INFO,
+           "train: %s holds no state yet (stopped before its first save): "
+           "starting from the first step",
+           r->o->out_dir);
+  return started;
 }
 
 static dflash_status open_all(run *r) {
@@ -250,7 +268,8 @@ static dflash_status open_all(run *r) {
   r->state_path = df_asprintf("%s/train_state/state.safetensors", state_base);
   r->metrics_path = df_path_join(o->out_dir, "metrics.jsonl");
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
-  if (o->resume && (st = df_run_resume(r))) return st;
+  r->resumed = o->resume && !never_saved(r);
+  if (r->resumed && (st = df_run_resume(r))) return st;
   if ((st = open_outputs(r))) return st;
   if (r->rank == 0 && getenv("DFLASH_TRAIN_TRACE") && *getenv("DFLASH_TRAIN_TRACE") &&
       !(r->trace = fopen(getenv("DFLASH_TRAIN_TRACE"), "a")))

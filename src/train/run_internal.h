@@ -35,6 +35,7 @@ typedef struct run {
   FILE *metrics;
   dflash_train_stats stats; /* rank 0: the last step, for the progress callback */
   bool stop_asked;          /* the progress callback asked for a stop */
+  bool resumed;             /* continues a saved state (--resume, and a state exists) */
   int64_t total_steps, tokens;
   double elapsed, t0;
   /* position (global: the next sample of the epoch order to visit) */

@@ -330,7 +330,7 @@ dflash_status df_run_spool_loop(run *r) {
   spool_boundary(r, false);
   r->bnd_pos = r->pos;
   r->rel_epoch = r->epoch, r->rel_shard = r->sp_shard;
-  if (o->resume) { /* a kill between the state and the deletes: finish them */
+  if (r->resumed) { /* a kill between the state and the deletes: finish them */
     r->rel_epoch = -1;
     if ((st = spool_release(r))) return st;
   }

@@ -123,6 +123,25 @@ def test_resume_after_kill_is_exact(tmp_path):
     assert a == b
 
 
+def test_resume_before_the_first_save_starts_over(tmp_path):
+    """A run killed before its first state save leaves train_state/ empty and some metrics
+    lines: --resume starts it again from the first step and ends as the uninterrupted run
+    (its metrics rewritten, not appended to). A folder that never held a run still fails."""
+    make_world(tmp_path, n_train=16)
+    args = ["--epochs", "2", "--lr", "5e-3", "--quiet"]
+    subprocess.run(train_cmd(tmp_path, tmp_path / "full", *args), check=True)
+    killed = tmp_path / "killed"
+    (killed / "train_state").mkdir(parents=True)  # what a run makes at its start
+    (killed / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')  # its first line
+    subprocess.run(train_cmd(tmp_path, killed, *args, "--resume"), check=True)
+    assert _stable(killed / "metrics.jsonl") == _stable(tmp_path / "full" / "metrics.jsonl")
+    assert (killed / "model.safetensors").read_bytes() == \
+        (tmp_path / "full" / "model.safetensors").read_bytes()
+    typo = subprocess.run(train_cmd(tmp_path, tmp_path / "no-such-run", *args, "--resume"),
+                          capture_output=True, text=True)
+    assert typo.returncode != 0 and "DFLASH_E_NOT_FOUND" in typo.stderr, typo.stderr
+
+
 def test_sigterm_saves_and_resumes_exactly(tmp_path):
     """SIGTERM (Slurm's preemption) without --save-every: the step in flight is finished, the
     state saved, exit 3; --resume gives the uninterrupted run's checkpoint byte for byte."""
