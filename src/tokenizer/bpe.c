@@ -75,11 +75,16 @@ static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
 }
 
 /* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
-static size_t merge_flat(const df_pairmap *pairs, uint64_t *cache, const uint8_t *piece,
-                         uint32_t *ids, uint32_t *rank, size_t n) {
+static size_t merge_flat(const df_pairmap *pairs, uint64_t *cache, const uint32_t *byte_id,
+                         const uint8_t *piece, uint32_t *ids, uint32_t *rank, size_t n) {
   if (pairs->byte_rank) { /* first round: every pair is two bytes */
-    for (size_t i = 0; i + 1 < n; i++) rank[i] = pairs->byte_rank[piece[i] << 8 | piece[i + 1]];
+    for (size_t i = 0; i + 1 < n; i++) {
+      ids[i] = byte_id[piece[i]];
+      rank[i] = pairs->byte_rank[piece[i] << 8 | piece[i + 1]];
+    }
+    ids[n - 1] = byte_id[piece[n - 1]];
   } else {
+    for (size_t i = 0; i < n; i++) ids[i] = byte_id[piece[i]];
     /* The pair table is larger than the cache: start every first-round miss at once. */
     for (size_t i = 0; i + 1 < n; i++) df_pairmap_prefetch(pairs, ids[i], ids[i + 1]);
     for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_rank(pairs, ids[i], ids[i + 1]);
@@ -178,8 +183,10 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (n == 1) return df_ids_push(out, (int32_t)v->byte_id[piece[0]]);
   if (n > UINT32_MAX - 1) return df_error(DFLASH_E_OVERFLOW, "piece of %zu bytes", n);
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
-  for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
-  if (n > heap_threshold) return merge_heap(pairs, s, n, out);
-  size_t m = merge_flat(pairs, s->pair_cache, piece, s->ids, s->rank, n);
+  if (n > heap_threshold) {
+    for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
+    return merge_heap(pairs, s, n, out);
+  }
+  size_t m = merge_flat(pairs, s->pair_cache, v->byte_id, piece, s->ids, s->rank, n);
   return emit(out, s->ids, m);
 }

@@ -4,6 +4,7 @@
 
 #include <dflash/tokenizer.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "core/internal.h"
 
@@ -81,6 +82,20 @@ uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
 /* Same, with hash = df_hash_bytes(bytes, len) already computed. */
 uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash);
 uint64_t df_hash_bytes(const void *p, size_t n);
+
+/* The n <= 8 bytes at s as a little-endian word, zero-extended, without reading outside them:
+ * memcpy with a variable length is a call into libc whose size dispatch mispredicts on
+ * nearly every piece. Two overlapping loads; the overlap holds the same bytes twice. */
+static inline uint64_t df_load_upto8(const uint8_t *s, size_t n) {
+  if (n >= 4) {
+    uint32_t lo, hi;
+    memcpy(&lo, s, 4);
+    memcpy(&hi, s + n - 4, 4);
+    return (uint64_t)lo | (uint64_t)hi << (8 * (n - 4));
+  }
+  if (!n) return 0;
+  return (uint64_t)s[0] | (uint64_t)s[n / 2] << (8 * (n / 2)) | (uint64_t)s[n - 1] << (8 * (n - 1));
+}
 
 /*
  * (left id, right id) -> rank, packed in one 8-byte slot (21 + 21 bits of key,

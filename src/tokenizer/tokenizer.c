@@ -239,10 +239,27 @@ static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   c->cache_serial = t->serial;
 }
 
+/* Whether the n <= DF_CACHE_PIECE bytes at p equal those at q (n of the entry's bytes): whole
+ * words, overlapping at the end, instead of a memcmp call (see df_load_upto8). */
+static inline bool piece_equal(const uint8_t *q, const uint8_t *p, size_t n) {
+  if (n <= 8) return df_load_upto8(q, n) == df_load_upto8(p, n);
+  uint64_t a, b, x, y;
+  memcpy(&a, q, 8);
+  memcpy(&b, p, 8);
+  memcpy(&x, q + n - 8, 8);
+  memcpy(&y, p + n - 8, 8);
+  if (a != b || x != y) return false;
+  if (n <= 16) return true;
+  memcpy(&a, q + 8, 8);
+  memcpy(&b, p + 8, 8);
+  return a == b; /* n <= 24: bytes 8..15, then the last 8 */
+}
+_Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words");
+
 static bool cache_get(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n) {
   if (!c->cache || n > DF_CACHE_PIECE) return false;
   const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
-  if (e->hash != h || e->len != n || memcmp(e->bytes, p, n)) return false;
+  if (e->hash != h || e->len != n || !piece_equal(e->bytes, p, n)) return false;
   if (c->out.cap - c->out.len < e->n) return false; /* let the slow path grow it */
   for (int k = 0; k < e->n; k++) c->out.v[c->out.len++] = (int32_t)e->ids[k];
   return true;

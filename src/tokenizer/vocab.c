@@ -7,8 +7,7 @@
 uint64_t df_hash_bytes(const void *p, size_t n) {
   const uint8_t *s = p;
   if (n <= 8) { /* most pieces: one multiply, high bits folded down for the mask */
-    uint64_t w = 0;
-    memcpy(&w, s, n);
+    uint64_t w = df_load_upto8(s, n);
     uint64_t h = (w ^ (n * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
     return h ^ (h >> 29) ^ (h >> 47);
   }
@@ -21,8 +20,7 @@ uint64_t df_hash_bytes(const void *p, size_t n) {
     s += 8;
     n -= 8;
   }
-  uint64_t w = 0;
-  memcpy(&w, s, n); /* n < 8 */
+  uint64_t w = df_load_upto8(s, n); /* n < 8 */
   h = (h ^ w) * 0x94D049BB133111EBull;
   h ^= h >> 29;
   h *= 0xBF58476D1CE4E5B9ull;
@@ -80,9 +78,7 @@ dflash_status df_vocab_set(df_vocab *v, uint32_t id, const void *bytes, size_t l
 }
 
 static uint64_t head8(const void *bytes, size_t len) {
-  uint64_t h = 0;
-  memcpy(&h, bytes, len < 8 ? len : 8);
-  return h;
+  return df_load_upto8(bytes, len < 8 ? len : 8);
 }
 
 static bool slot_matches(const df_vocab *v, const df_vslot *s, uint64_t head, const void *bytes,
