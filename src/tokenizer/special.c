@@ -57,7 +57,10 @@ dflash_status df_trie_build(df_trie *t, const df_added *added, size_t n, bool no
     }
     if (t->token[node] < 0) t->token[node] = (int32_t)k; /* first declaration wins */
     uint8_t b0 = (uint8_t)added[k].text[0];
+    if (!(t->first_bytes[b0 >> 3] & (1u << (b0 & 7))) && t->n_first++ < 2)
+      t->first[t->n_first - 1] = b0;
     t->first_bytes[b0 >> 3] |= (uint8_t)(1u << (b0 & 7));
+    t->has_ordinary |= !added[k].special;
   }
   return DFLASH_OK;
 }
@@ -93,12 +96,35 @@ static size_t prev_char_start(const char *s, size_t i) {
   return i;
 }
 
+/* The first position in [p, len) whose byte may start a token, or len. With one or two
+ * first bytes, memchr for each (na, nb: the next of each, kept across calls of one search). */
+static size_t next_start(const df_trie *t, const char *text, size_t p, size_t len, size_t *na,
+                         size_t *nb) {
+  if (t->n_first > 2) {
+    for (; p < len; p++) {
+      uint8_t b = (uint8_t)text[p];
+      if (t->first_bytes[b >> 3] & (1u << (b & 7))) return p;
+    }
+    return len;
+  }
+  if (*na == SIZE_MAX || *na < p) {
+    const char *q = memchr(text + p, t->first[0], len - p);
+    *na = q ? (size_t)(q - text) : len;
+  }
+  if (t->n_first == 2 && (*nb == SIZE_MAX || *nb < p)) {
+    const char *q = memchr(text + p, t->first[1], len - p);
+    *nb = q ? (size_t)(q - text) : len;
+  }
+  return t->n_first == 2 && *nb < *na ? *nb : *na;
+}
+
 int df_trie_find(const df_trie *t, const df_added *added, dflash_special_mode mode,
                  const char *text, size_t from, size_t len, size_t *mb, size_t *me) {
   if (!t->n || t->first_child[0] == NO_NODE) return -1;
+  if (mode == DFLASH_SPECIAL_NONE && !t->has_ordinary) return -1; /* nothing can match */
+  size_t na = SIZE_MAX, nb = SIZE_MAX;                            /* not searched yet */
   for (size_t p = from; p < len; p++) {
-    uint8_t b = (uint8_t)text[p];
-    if (!(t->first_bytes[b >> 3] & (1u << (b & 7)))) continue;
+    if ((p = next_start(t, text, p, len, &na, &nb)) >= len) break;
     size_t end;
     int k = longest_at(t, added, mode, text, p, len, &end);
     if (k < 0) continue;

@@ -347,6 +347,11 @@ typedef struct df_trie {
   int32_t *token; /* index into added[], -1 */
   size_t n, cap;
   uint8_t first_bytes[32]; /* bitmap of bytes that start a token */
+  /* The distinct first bytes when there are at most two (the usual "<" of "<|...|>", or "<"
+   * and "["): the search then jumps between them with memchr instead of testing every byte. */
+  uint8_t first[2];
+  int n_first;       /* distinct first bytes, counted up to 3 */
+  bool has_ordinary; /* a token that DFLASH_SPECIAL_NONE still matches */
 } df_trie;
 
 DF_MUST_CHECK dflash_status df_trie_build(df_trie *t, const df_added *added, size_t n,
