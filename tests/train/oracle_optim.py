@@ -152,6 +152,31 @@ def muon_optimizers(named, warmup, adjust=0):
     return [(o, torch.optim.lr_scheduler.LambdaLR(o, rule)) for o in (muon, adam)], len(mats)
 
 
+def torch_loss(cfg, tp, E, W, data, gamma, adaptive=False):
+    """The float64 reference's loss of one step over `data`: each sequence's weighted CE
+    (position weights: the gamma decay, or the adaptive ones), normalised by the weight sum
+    as the trainer does."""
+    num, den = 0.0, 0.0
+    for ids, m, h, a in data:
+        ids_t, m_t, h_t = torch.tensor(ids), torch.tensor(m), torch.tensor(h, dtype=torch.float64)
+        if adaptive:
+            l, n = adaptive_loss(cfg, tp, E, W, ids_t, m_t, h_t, a)
+            num, den = num + l, den + n
+            continue
+        w, _ = ref.position_weights(cfg, m_t, a, gamma)
+        num = num + ref.loss_fn(cfg, tp, E, W, ids_t, m_t, h_t, a, gamma) * w.sum()
+        den += w.sum().item()
+    return num / den
+
+
+def same_losses(losses_c, losses_t):
+    """(whether the trainer's losses are within 1e-4 relative of torch's, the worst)."""
+    errs = [abs(a - b) / abs(b) for a, b in zip(losses_c, losses_t)]
+    print("   C     losses:", " ".join(f"{x:.6f}" for x in losses_c))
+    print("   torch losses:", " ".join(f"{x:.6f}" for x in losses_t))
+    return max(errs) <= 1e-4, max(errs)
+
+
 def same_params(tr, tp, names, tol, step, worst):
     """Compare the trainer's parameters with torch's (relative to each tensor's largest
     magnitude), then continue torch from the trainer's so errors do not compound."""
@@ -205,24 +230,14 @@ def end_to_end_muon(cfg, embed, lm_head, P, data, gamma):
     for _ in range(OPT["total_steps"]):
         for p in tp.values():
             p.grad = None
-        num, den = 0.0, 0.0
-        for ids, m, h, a in data:
-            w, _ = ref.position_weights(cfg, torch.tensor(m), a, gamma)
-            l = ref.loss_fn(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
-                            torch.tensor(h, dtype=torch.float64), a, gamma)
-            num = num + l * w.sum()
-            den += w.sum().item()
-        loss = num / den
+        loss = torch_loss(cfg, tp, E, W, data, gamma)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
         for o, sched in opts:
             o.step()
             sched.step()
         losses_t.append(loss.item())
-    errs = [abs(a - b) / abs(b) for a, b in zip(losses_c, losses_t)]
-    print("   C     losses:", " ".join(f"{x:.6f}" for x in losses_c))
-    print("   torch losses:", " ".join(f"{x:.6f}" for x in losses_t))
-    return max(errs) <= 1e-4, max(errs)
+    return same_losses(losses_c, losses_t)
 
 
 def versus_torch_muon():
@@ -323,28 +338,13 @@ def end_to_end(cfg, embed, lm_head, P, data, gamma, adaptive=False):
     W = torch.tensor(lm_head, dtype=torch.float64)
     for _ in range(OPT["total_steps"]):
         opt.zero_grad()
-        num, den = 0.0, 0.0
-        for ids, m, h, a in data:
-            if adaptive:
-                l, n = adaptive_loss(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
-                                     torch.tensor(h, dtype=torch.float64), a)
-                num, den = num + l, den + n
-                continue
-            w, _ = ref.position_weights(cfg, torch.tensor(m), a, gamma)
-            l = ref.loss_fn(cfg, tp, E, W, torch.tensor(ids), torch.tensor(m),
-                            torch.tensor(h, dtype=torch.float64), a, gamma)
-            num = num + l * w.sum()
-            den += w.sum().item()
-        loss = num / den
+        loss = torch_loss(cfg, tp, E, W, data, gamma, adaptive)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
         opt.step()
         sched.step()
         losses_t.append(loss.item())
-    errs = [abs(a - b) / abs(b) for a, b in zip(losses_c, losses_t)]
-    print("   C     losses:", " ".join(f"{x:.6f}" for x in losses_c))
-    print("   torch losses:", " ".join(f"{x:.6f}" for x in losses_t))
-    return max(errs) <= 1e-4, max(errs)
+    return same_losses(losses_c, losses_t)
 
 
 def main():
