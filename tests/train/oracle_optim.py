@@ -216,30 +216,6 @@ def isolated_muon(cfg, embed, lm_head, P, data, adjust):
     return True, worst
 
 
-def end_to_end_muon(cfg, embed, lm_head, P, data, gamma):
-    losses_c, losses_t = [], []
-    with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma, **MUON, **OPT) as tr:
-        tr.set_parameters(P)
-        for _ in range(OPT["total_steps"]):
-            losses_c.append(c_step(tr, data))
-            tr.step()
-    tp = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in P.items()}
-    opts, _ = muon_optimizers(list(tp.items()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
-    E = torch.tensor(embed, dtype=torch.float64)
-    W = torch.tensor(lm_head, dtype=torch.float64)
-    for _ in range(OPT["total_steps"]):
-        for p in tp.values():
-            p.grad = None
-        loss = torch_loss(cfg, tp, E, W, data, gamma)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
-        for o, sched in opts:
-            o.step()
-            sched.step()
-        losses_t.append(loss.item())
-    return same_losses(losses_c, losses_t)
-
-
 def versus_torch_muon():
     """MuonRef (bfloat16 iterations) against torch.optim.Muon: the largest difference."""
     gen = torch.Generator().manual_seed(0)
@@ -324,25 +300,31 @@ def isolated(cfg, embed, lm_head, P, data, schedule=0):
     return True, worst
 
 
-def end_to_end(cfg, embed, lm_head, P, data, gamma, adaptive=False):
+def end_to_end(cfg, embed, lm_head, P, data, gamma, adaptive=False, muon=False):
+    """Train the C trainer and the float64 PyTorch drafter side by side (AdamW, or Muon on the
+    matrices with AdamW on the rest) and compare the losses of every step."""
     losses_c, losses_t = [], []
     with Trainer(cfg, embed, lm_head, n_threads=2, loss_gamma=gamma,
-                 position_weighting=int(adaptive), **OPT) as tr:
+                 position_weighting=int(adaptive), **(MUON if muon else {}), **OPT) as tr:
         tr.set_parameters(P)
         for _ in range(OPT["total_steps"]):
             losses_c.append(c_step(tr, data))
             tr.step()
     tp = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in P.items()}
-    opt, sched = torch_optimizer(list(tp.values()), int(OPT["warmup_ratio"] * OPT["total_steps"]))
+    warmup = int(OPT["warmup_ratio"] * OPT["total_steps"])
+    opts = muon_optimizers(list(tp.items()), warmup)[0] if muon else \
+        [torch_optimizer(list(tp.values()), warmup)]
     E = torch.tensor(embed, dtype=torch.float64)
     W = torch.tensor(lm_head, dtype=torch.float64)
     for _ in range(OPT["total_steps"]):
-        opt.zero_grad()
+        for p in tp.values():
+            p.grad = None
         loss = torch_loss(cfg, tp, E, W, data, gamma, adaptive)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(tp.values()), OPT["grad_clip"])
-        opt.step()
-        sched.step()
+        for o, sched in opts:
+            o.step()
+            sched.step()
         losses_t.append(loss.item())
     return same_losses(losses_c, losses_t)
 
@@ -379,7 +361,7 @@ def main():
         passed, total = passed + ok, total + 1
     else:
         print(f"note: torch {torch.__version__} has no torch.optim.Muon; MuonRef alone")
-    ok, worst = end_to_end_muon(cfg, embed, lm_head, P, data, 3.0)
+    ok, worst = end_to_end(cfg, embed, lm_head, P, data, 3.0, muon=True)
     print(f"{'ok' if ok else 'FAIL'} end-to-end training (Muon, gamma 3), {OPT['total_steps']} "
           f"steps: worst loss rel err {worst:.2e}")
     passed, total = passed + ok, total + 1
