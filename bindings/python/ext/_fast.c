@@ -16,6 +16,7 @@
 
 #include <dflash/tokenizer.h>
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,18 +208,22 @@ static PyObject *encode_to_array(const dflash_tokenizer *tok, const char *data, 
   }
 }
 
+/* Whether an entry point may run: `want` arguments, and init() has given it its function
+ * (`ready`); else false with TypeError / RuntimeError set. */
+static bool callable(Py_ssize_t nargs, Py_ssize_t want, const char *usage, bool ready) {
+  if (nargs != want) {
+    PyErr_SetString(PyExc_TypeError, usage);
+    return false;
+  }
+  if (!ready) PyErr_SetString(PyExc_RuntimeError, "libdflash._fast: init() was not called");
+  return ready;
+}
+
 /* encode(handle, text, special) -> int32 ndarray: Tokenizer.encode of an open tokenizer.
  * `text` is held by the caller for the whole call, so its buffer may be borrowed. */
 static PyObject *fast_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "encode(handle, text, special)");
-    return NULL;
-  }
-  if (!lib_encode) {
-    PyErr_SetString(PyExc_RuntimeError, "libdflash._fast: init() was not called");
-    return NULL;
-  }
+  if (!callable(nargs, 3, "encode(handle, text, special)", lib_encode != NULL)) return NULL;
   char scratch[GIL_BYTES];
   utf8_text t;
   if (text_utf8(args[1], scratch, sizeof scratch, &t) < 0) return NULL;
@@ -342,14 +347,9 @@ static PyArrayObject *batch_run(const dflash_tokenizer *tok, batch_texts *b, siz
 /* encode_batch(handle, texts, special, n_threads) -> list of int32 arrays (views of one). */
 static PyObject *fast_encode_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
   (void)self;
-  if (nargs != 4) {
-    PyErr_SetString(PyExc_TypeError, "encode_batch(handle, texts, special, n_threads)");
+  if (!callable(nargs, 4, "encode_batch(handle, texts, special, n_threads)",
+                lib_encode_batch != NULL))
     return NULL;
-  }
-  if (!lib_encode_batch) {
-    PyErr_SetString(PyExc_RuntimeError, "libdflash._fast: init() was not called");
-    return NULL;
-  }
   PyObject *seq = PySequence_Fast(args[1], "encode_batch: texts must be iterable");
   if (!seq) return NULL;
   batch_texts b = {0};
