@@ -9,8 +9,12 @@ The peers live in a venv of the bench's own (.venv-tok, gitignored, PEERS below)
 exists the bench runs itself with it. A peer that is absent or cannot load the pattern is
 skipped with the reason. Every round encodes text no encoder has seen before (a new corpus
 seed per round and per thread count, so no piece cache is flattered). One thread: a loop of
-single-text encode calls, MB per CPU-second. Two threads: each engine's batch call with 2
-threads, MB per wall-second (and its CPU/wall, which says whether both threads really ran).
+single-text encode calls, MB per CPU-second (the median round, and the range), every engine
+before any batch call (a peer's idle pool threads would otherwise be counted against the next
+engine), the engines taking turns within each round. Two threads: each engine's batch call
+with 2 threads, MB per wall-second (and its CPU/wall, which says whether both threads really
+ran); SCALING compares that with one thread's MB per CPU-second, which is the 2-thread speed-up
+when the machine gives the process two whole cores.
 Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
 tiktoken patterns, Hugging Face `tokenizers` for Qwen2): an engine with mismatches is listed
 as not exact and is left out of the ratios."""
@@ -181,63 +185,97 @@ def qwen2_engines(qdir, tmp):
 
 # ---- measurement -----------------------------------------------------------------------------
 
-def run_rounds(fn, rounds, per_doc):
-    """(bytes, CPU s, wall s, ids per round) over rounds of fresh documents."""
-    nbytes = cpu = wall = 0.0
-    ids = []
-    for docs in rounds:
-        w0, c0 = time.perf_counter(), time.process_time()
-        got = [fn(d) for d in docs] if per_doc else fn(docs)
-        wall += time.perf_counter() - w0
-        cpu += time.process_time() - c0
-        nbytes += sum(len(d.encode()) for d in docs)
-        ids.append(got)
-    return nbytes, cpu, wall, ids
+def timed(fn, docs, per_doc):
+    """(bytes, CPU s, wall s, ids) of one round."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    got = [fn(d) for d in docs] if per_doc else fn(docs)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    return sum(len(d.encode()) for d in docs), cpu, wall, got
 
 
 def mismatches(got, ref):
     return sum(as_list(a) != as_list(b) for ga, ra in zip(got, ref) for a, b in zip(ga, ra))
 
 
-def bench_case(label, engines, one_rounds, two_rounds, warm):
-    print(f"{label}: {len(one_rounds)} rounds x {len(one_rounds[0])} documents per thread count, "
-          f"each round unseen text", flush=True)
-    ref1 = ref2 = None
-    res = {}
-    # first-call costs (tables, thread pools) are not throughput: warm up on other text
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def interleaved(engines, rounds, pick, per_doc, warm):
+    """Per engine, one (bytes, CPU s, wall s, ids) per round, the engines taking turns in
+    each round (the first one rotating), so that a slow minute of a shared machine lands on
+    every engine's same round instead of on one engine."""
+    live = []
     for e in engines:
+        fn = pick(e)
+        if not fn:
+            continue
         try:
-            run_rounds(e.one, [warm], True)
-            if e.batch:
-                run_rounds(e.batch, [warm], False)
-            b1, c1, _, ids1 = run_rounds(e.one, one_rounds, True)
-            r2 = run_rounds(e.batch, two_rounds, False) if e.batch else None
+            timed(fn, warm, per_doc)  # first-call costs (tables, pools) are not throughput
+            live.append(e)
         except Exception as ex:  # noqa: BLE001
             print(f"  {e.name:<30} failed: {type(ex).__name__}: {str(ex)[:160]}")
+    out = {e.name: [] for e in live}
+    for r, docs in enumerate(rounds):
+        for k in range(len(live)):
+            e = live[(r + k) % len(live)]
+            try:
+                out[e.name].append(timed(pick(e), docs, per_doc))
+            except Exception as ex:  # noqa: BLE001
+                print(f"  {e.name:<30} failed in round {r}: {type(ex).__name__}: {str(ex)[:160]}")
+                out[e.name] = None
+                live = [x for x in live if x is not e] or live
+    return {k: v for k, v in out.items() if v}
+
+
+def bench_case(label, engines, one_rounds, two_rounds, warm):
+    """One thread (MB per CPU-second, the median round and the range) for every engine first,
+    then the batch calls: an engine's batch pool (gigatoken's and HF's rayon threads) must not
+    exist yet while another engine's single-thread CPU time is counted, since process CPU time
+    includes every thread of the process."""
+    print(f"{label}: {len(one_rounds)} rounds x {len(one_rounds[0])} documents per thread count, "
+          f"each round unseen text, engines interleaved", flush=True)
+    one = interleaved(engines, one_rounds, lambda e: e.one, True, warm)
+    two = interleaved(engines, two_rounds, lambda e: e.batch, False, warm)
+    ref1 = next(iter(one.values()))
+    ref2 = next(iter(two.values()), None)
+    res = {}
+    for e in engines:
+        r1, r2 = one.get(e.name), two.get(e.name)
+        if not r1:
             continue
-        if ref1 is None:
-            ref1, ref2 = ids1, r2[3] if r2 else None
-        bad = mismatches(ids1, ref1) + (mismatches(r2[3], ref2) if r2 and ref2 else 0)
-        one = b1 / c1 / 1e6
-        line = f"  {e.name:<30} 1 thread {one:8.2f} MB/CPU-s"
-        two = None
+        bad = mismatches([x[3] for x in r1], [x[3] for x in ref1])
+        if r2 and ref2:
+            bad += mismatches([x[3] for x in r2], [x[3] for x in ref2])
+        rates = [b / c / 1e6 for b, c, _, _ in r1]
+        med = median(rates)
+        line = (f"  {e.name:<30} 1 thread {med:8.2f} MB/CPU-s ({min(rates):.1f}-{max(rates):.1f})")
+        wall2 = None
         if r2:
-            two = r2[0] / r2[2] / 1e6
-            line += f"  {THREADS} threads {two:8.2f} MB/s wall (cpu/wall {r2[1] / r2[2]:.2f})"
+            b2, c2, w2 = (sum(x[i] for x in r2) for i in range(3))
+            wall2 = b2 / w2 / 1e6
+            line += f"  {THREADS} threads {wall2:8.2f} MB/s wall (cpu/wall {c2 / w2:.2f})"
         line += f"  mismatches {bad}" + ("" if not bad else "  NOT EXACT")
         print(line, flush=True)
-        res[e.name] = (one, two, bad)
+        res[e.name] = (med, wall2, bad, rates)
     ours = res.get("libdflash")
     if not ours:
         return 1
     peers = {k: v for k, v in res.items() if k != "libdflash" and not v[2]}
-    for k, (one, two, _) in sorted(peers.items(), key=lambda kv: -kv[1][0]):
-        two_ratio = f", {THREADS} threads {ours[1] / two:.2f}x" if two and ours[1] else ""
-        print(f"  RATIO {label}: libdflash / {k}: 1 thread {ours[0] / one:.2f}x{two_ratio}")
+    for k, (med, wall2, _, rates) in sorted(peers.items(), key=lambda kv: -kv[1][0]):
+        paired = [a / b for a, b in zip(ours[3], rates)]  # the same round's text
+        two_ratio = f", {THREADS} threads {ours[1] / wall2:.2f}x" if wall2 and ours[1] else ""
+        print(f"  RATIO {label}: libdflash / {k}: 1 thread {ours[0] / med:.2f}x "
+              f"(per round {min(paired):.2f}-{max(paired):.2f}){two_ratio}")
     if peers:
         best = max(peers.items(), key=lambda kv: kv[1][0])
         print(f"  RATIO {label}: libdflash / fastest exact peer ({best[0]}): "
               f"{ours[0] / best[1][0]:.2f}x on 1 thread")
+    if ours[1]:
+        print(f"  SCALING {label}: libdflash {THREADS} threads (MB/s wall) / 1 thread (MB/CPU-s): "
+              f"{ours[1] / ours[0]:.2f}x")
     return 1 if ours[2] else 0
 
 
