@@ -167,6 +167,19 @@ START_TEST(cuda_muon_equals_cpu_muon_and_resumes_across_backends) {
   printf("control: AdamW vs Muon updates on the Muon matrices %.3g\n", control);
   ck_assert(control > 100 * UPDATE_TOL);
 
+  /* A non-finite gradient norm changes nothing: not the masters, not the momentum. */
+  float *p0 = malloc(4 * n), *m0 = malloc(4 * n), *bad = grads_of(n, 0, 0);
+  memcpy(p0, cu->m.params, 4 * n), memcpy(m0, cu->m1, 4 * n);
+  bad[n / 2] = NAN;
+  memcpy(cu->m.grads, bad, 4 * n);
+  ck_assert_ok(cu->be->vt->push(cu->be, DF_BUF_GRADS, cu->m.grads));
+  df_adam a = adam_of(cu, STEPS);
+  ck_assert_status(cu->be->vt->step(cu->be, &a, &na), DFLASH_E_RANGE, "not finite");
+  cu->be->stale |= DF_BUF_PARAMS | DF_BUF_M1 | DF_BUF_M2;
+  pull_all(cu);
+  ck_assert(!memcmp(p0, cu->m.params, 4 * n) && !memcmp(m0, cu->m1, 4 * n));
+  free(p0), free(m0), free(bad);
+
   /* A train_state saved by CPU Muon resumes on CUDA; one saved by CUDA Muon on the CPU. */
   char *dir = df_test_tmpdir();
   char path_c[512], path_g[512];

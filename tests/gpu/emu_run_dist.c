@@ -1,5 +1,5 @@
 /*
- * dflash_train_run on the CUDA backend with two ranks, each a separate process on its own
+ * dflash_train_run on the CUDA backend with two ranks (AdamW, and Muon), each a separate process on its own
  * emulated device (LOCAL_RANK, DFLASH_EMU_DEVICES=2), gradients reduce-scattered and
  * weights all-gathered over the emulated NCCL (ZeRO-1: each rank keeps half of the fp32
  * masters and moments), against one process with the same global batch, and checkpoint +
@@ -128,6 +128,44 @@ START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
 }
 END_TEST
 
+/* Muon (cuda/backend.cu muon_step) through the whole run: two ranks, each its own process,
+ * the Muon update all-gathered over NCCL and Newton-Schulz run on every rank, against one
+ * process with the global batch; the bounds as above (tests/gpu/emu_muon.c checks the step
+ * itself to the bit against one rank, on the same gradients). */
+START_TEST(cuda_muon_two_ranks_equal_one_process_with_the_global_batch) {
+  char *root = df_test_tmpdir();
+  synth_world(root, 7, 40, 1);
+  char *one = synth_at(root, "one"), *dp = synth_at(root, "dp"), *dp1 = synth_at(root, "dp1");
+  dflash_train_run_options o[2];
+  options(&o[0], root, one);
+  synth_trainer(&o[0])->optimizer = DFLASH_OPTIM_MUON;
+  o[0].batch_size = 2;
+  run_world(o, 1, root);
+  options(&o[0], root, dp);
+  options(&o[1], root, dp1);
+  for (int r = 0; r < 2; r++) synth_trainer(&o[r])->optimizer = DFLASH_OPTIM_MUON;
+  run_world(o, 2, root);
+  double d = synth_max_abs_diff(one, dp);
+  synth_metric a[16], b[16];
+  size_t na = synth_metrics(one, a, 16), nb = synth_metrics(dp, b, 16);
+  ck_assert_uint_eq(na, 12);
+  ck_assert_uint_eq(nb, 12);
+  double worst = 0;
+  for (size_t i = 0; i < na; i++) {
+    double r = rel(b[i].loss, a[i].loss) > rel(b[i].norm, a[i].norm) ? rel(b[i].loss, a[i].loss)
+                                                                     : rel(b[i].norm, a[i].norm);
+    worst = r > worst ? r : worst;
+  }
+  printf("CUDA Muon train run, 1 process x batch 2 vs 2 ranks x batch 1: max |param diff| %.3g "
+         "(bound %g), worst loss/norm rel. diff %.3g (bound %g); loss %.6g -> %.6g\n",
+         d, PARAM_TOL, worst, LOSS_RTOL, a[0].loss, a[na - 1].loss);
+  ck_assert_msg(d <= PARAM_TOL, "parameters differ by %g", d);
+  ck_assert_msg(worst <= LOSS_RTOL, "losses or norms differ by %g", worst);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 /* Metrics lines without the timing fields. */
 static char **stable_lines(const char *dir, size_t *n) {
   char *p = synth_path(dir, "metrics.jsonl");
@@ -193,6 +231,7 @@ int main(void) {
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, cuda_two_ranks_zero1_equal_one_process_with_the_global_batch);
   tcase_add_test(tc, cuda_resume_at_world_two_reproduces_the_uninterrupted_run);
+  tcase_add_test(tc, cuda_muon_two_ranks_equal_one_process_with_the_global_batch);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
