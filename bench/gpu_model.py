@@ -139,6 +139,9 @@ BUCKET_ELEMS = 1 << 26  # cuda/model.cuh kBucketElems
 # after it, cuda/dist.cu reduce_scatter; two more streaming kernels per bucket).
 RS_BYTES = 4
 ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
+# --optimizer muon (DFLASH_OPTIM_MUON): the step of cuda/backend.cu muon_step, Muon on the
+# weight matrices (muon_matrices) and AdamW on the rest, instead of AdamW on everything.
+MUON = False
 
 # ---- shapes ---------------------------------------------------------------------------
 BUILTIN = {
@@ -663,6 +666,74 @@ def sequence_ops(c, s, gpu, design, chunk):
     return ops
 
 
+def muon_matrices(c):
+    """[rows, cols] of the tensors Muon takes (src/train/optim_muon.c df_muon_takes: 2-D,
+    both sides > 1, no codebook): fc, per layer q, k, v, o, gate, up, down; DFlash 2's kernel
+    projections [2kG, H] and hidden_projection [r, H] (its base kernels are 3-D)."""
+    H, I, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    qd, kd = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    out = [(H, H * len(c["target_layer_ids"]))]
+    layer = [(qd, H), (kd, H), (kd, H), (H, qd), (I, H), (I, H), (H, I)]
+    out += layer * c["num_hidden_layers"]
+    x = c.get("dflash2")
+    if x:
+        out += [(2 * x["k"] * (H // x["g"]), H)] * (2 * c["num_hidden_layers"])
+        out.append((x["r"], H))
+    return out
+
+
+def newton_schulz_flops(rows, cols):
+    """Muon's 5 quintic steps on an r x c matrix, r <= c the smaller side: the Gram matrix
+    (2 r^2 c), its polynomial (2 r^3) and the product with the matrix (2 r^2 c)."""
+    r, c = min(rows, cols), max(rows, cols)
+    return 5 * (4.0 * r * r * c + 2.0 * r ** 3)
+
+
+def muon_ops(c, n, world):
+    """cuda/backend.cu muon_step's rows (MUON): on this rank's shard the momentum (Muon's
+    elements) beside AdamW (the rest); the fp32 updates all-gathered per bucket through the
+    staging buffer; per matrix, on every rank (replicated): its pieces copied out of the
+    staging buffer, the Frobenius norm, 5 Newton-Schulz steps of three fp32 cuBLAS products
+    and two copies, then the step on this rank's slices."""
+    mats = muon_matrices(c)
+    nm = sum(r * k for r, k in mats)
+    npad = -(-n // world) * world
+    shard, mshard = npad // world, -(-nm // world)
+    nb = len(buckets(n, world))
+    f = (world - 1) / world
+    ops = [mem("Muon momentum (fp32 buffer, update out)", "muon_momentum", 16 * mshard,
+               launches=nb, flops=6.0 * mshard),
+           mem("AdamW on the rest (fp32 master, moments; bf16 copy)", "adamw",
+               30 * (shard - mshard), launches=nb, flops=14.0 * (shard - mshard)),
+           Op("Muon update all-gather (fp32)", "ncclAllGather", "comm", 0,
+              f * 4 * nm if world > 1 else 0, launches=nb if world > 1 else 0)]
+    for i, (r, k) in enumerate(mats):
+        a, b = min(r, k), max(r, k)
+        tag = f"Muon matrix {i} [{r}, {k}]"
+        ops += [mem(f"{tag}: pieces out of the staging buffer", "cudaMemcpyAsync", 8 * r * k),
+                mem(f"{tag}: Frobenius norm", "sumsq_partial+sumsq_final", 4 * r * k,
+                    launches=2),
+                mem(f"{tag}: normalise", "muon_normalize", 8 * r * k),
+                sgemm(f"{tag}: Newton-Schulz Gram matrices (5)", a, a, b, 5),
+                sgemm(f"{tag}: Newton-Schulz polynomials (5)", a, a, a, 5, beta=True),
+                sgemm(f"{tag}: Newton-Schulz products (5)", a, b, a, 5, beta=True),
+                mem(f"{tag}: Newton-Schulz copies (5 x 2)", "cudaMemcpyAsync",
+                    5 * 8 * (a * a + r * k), launches=10),
+                mem(f"{tag}: step on this rank's slices (master, bf16 copy)", "muon_apply",
+                    14 * r * k / world)]
+    return ops
+
+
+def sgemm(name, M, N, K, count, beta=False):
+    """cublasSgemm C[M,N] (+)= A[M,K] B[K,N], fp32 throughout (Muon's Newton-Schulz): not
+    model FLOPs, and at the GPU's fp32 peak (no tensor cores without TF32)."""
+    fl = count * 2.0 * M * N * K
+    by = count * (4 * (M * K + K * N) + 4 * M * N * (2 if beta else 1))
+    return Op(name, "cublasSgemm", "gemm", fl, by, 0.0, count, 1,
+              dict(M=M, N=N, K=K, c_bytes=4, beta=1.0 if beta else 0.0, call=(M, N, K),
+                   fp32=True))
+
+
 def step_ops(c, n, world):
     """df_cu_zero_grad + df_cu_step: norms, AdamW on this rank's shard, ZeRO-1 collectives.
     The norm and clip factor are computed on the device (norm_sum, the all-reduce, norm_clip)
@@ -686,8 +757,9 @@ def step_ops(c, n, world):
               8 if world > 1 else 0, launches=1 if world > 1 else 0),
            Op("norm and clip factor to pinned host memory (D2H, read by step_result)",
               "cudaMemcpyAsync", "d2h", 0, 32),
+           ] + (muon_ops(c, n, world) if MUON else [
            mem("AdamW (fp32 master, moments; bf16 copy)", "adamw", 30 * shard, launches=nb,
-               flops=14.0 * shard)]
+               flops=14.0 * shard)])
     if RS_BYTES == 2 and world > 1:  # bf16 reduce-scatter: round every bucket, widen the slice
         ops.append(mem("gradients to bf16 for the reduce-scatter", "f32_to_bf16", 6 * npad,
                        launches=nb))
@@ -735,9 +807,18 @@ def dflash2_kernels():
     }
 
 
+# Muon's kernels (--optimizer muon prices them in muon_ops), listed so that the coverage
+# test knows them with the default AdamW step.
+MUON_KERNELS = {
+    "muon_momentum": "per bucket: this rank's slice of the Muon matrices, 16 B per element",
+    "muon_normalize": "per Muon matrix: the Frobenius normalisation, 8 B per element",
+    "muon_apply": "per Muon matrix and bucket slice: the step on this rank's masters",
+}
+
+
 def model_kernels(r):
     """Kernel and call names the model has a row for (the coverage test's list)."""
-    names = set(NOT_IN_STEP) | set(dflash2_kernels())
+    names = set(NOT_IN_STEP) | set(dflash2_kernels()) | set(MUON_KERNELS)
     for o, _ in r["rows"]:
         names.update(o.kernel.split("+"))
     return names
@@ -745,6 +826,9 @@ def model_kernels(r):
 
 def gemm_time(o, gpu):
     M, N, K = o.extra["M"], o.extra["N"], o.extra["K"]
+    if o.extra.get("fp32"):  # cublasSgemm (Muon): fp32 CUDA cores
+        o.extra["eff"] = GEMM_EFF
+        return max(o.flops / (gpu["fp32"] * GEMM_EFF), o.bytes / (gpu["bw"] * MEM_EFF))
     tiles = -(-M // GEMM_TILE[0]) * -(-N // GEMM_TILE[1])
     waves = -(-tiles // gpu["sms"])
     wave_eff = tiles / (waves * gpu["sms"])
@@ -824,6 +908,11 @@ def memory(c, n, world, seq_len, anchors, chunk):
                             up(4 * T * H) + up(4 * T * kg2) + up(2 * T * kg2) +
                             up(4 * 64 * x["k"] * H) + 3 * up(4 * R * x["K"]) + 3 * up(4 * R) +
                             up(4 * R * x["r"]) + 3 * up(2 * R * x["r"]) + up(4 * R * H))
+    if MUON:  # src/train/dfcuda.h df_cu_muon_scratch_bytes: the largest matrix twice, its
+        # Gram matrix twice (fp32), one double
+        mats = muon_matrices(c)
+        parts["muon"] = 4 * (2 * max(r * k for r, k in mats) +
+                             2 * max(min(r, k) ** 2 for r, k in mats)) + 8
     parts["total"] = sum(parts.values())
     return parts
 
@@ -980,7 +1069,7 @@ def category(o):
         return {"host": "host: rows into the pinned stage", "h2d": "uploads (H2D)",
                 "d2h": "uploads (H2D)", "comm": "NCCL collectives (ZeRO-1)",
                 "attn": "attention " + ("forward" if o.kernel == "attention_forward" else "backward")}[o.kind]
-    if o.kind == "gemm":
+    if o.kind == "gemm" and not o.extra.get("fp32"):
         if o.name.startswith("LM head"):
             return "LM head GEMMs (chunked)"
         if o.name.startswith("fc"):
@@ -989,7 +1078,7 @@ def category(o):
     if o.kernel.startswith("lmhead_ce_"):
         return "CE kernels"
     if o.kernel in ("adamw", "scale_clipped", "sumsq_partial+sumsq_final", "norm_sum+norm_clip") \
-            or o.name == "zero gradients":
+            or o.name == "zero gradients" or o.name.startswith("Muon"):
         return "optimizer (zero, norm, AdamW, clip)"
     return "norms, RoPE, SwiGLU, gathers, copies"
 
@@ -1070,7 +1159,8 @@ def print_table(r, ops=True, out=sys.stdout):
       f"{m['moments'] / 2**30:.2f}, frozen {m['frozen'] / 2**30:.2f}, activations "
       f"{m['activations'] / 2**30:.2f}, staging + scratch "
       f"{(m['staging'] + m['scratch']) / 2**30:.2f}"
-      + (f", DFlash 2's buffers {m['dflash2'] / 2**30:.2f}" if "dflash2" in m else "") +
+      + (f", DFlash 2's buffers {m['dflash2'] / 2**30:.2f}" if "dflash2" in m else "")
+      + (f", Muon workspace {m['muon'] / 2**30:.2f}" if "muon" in m else "") +
       f" (the CUDA context and allocator slack not "
       f"counted)")
 
@@ -1081,7 +1171,7 @@ def gemm_calls(r):
     predicted ms of one call."""
     gpu, seen, out = GPUS[r["gpu"]], set(), []
     for o, _ in r["rows"]:
-        if o.kind != "gemm":
+        if o.kind != "gemm" or o.extra.get("fp32"):  # gpu_bench gemm runs bf16 GemmEx only
             continue
         name = o.name.split(" ", 1)[1] if o.name[:1] == "L" and o.name[1:2].isdigit() else o.name
         key = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
@@ -1224,6 +1314,9 @@ def main(argv=None):
     ap.add_argument("--rs-bf16", action="store_true",
                     help="the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1): half its "
                          "bytes, two conversion kernels per bucket")
+    ap.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
+                    help="the optimizer step to price: AdamW, or Muon on the weight matrices "
+                         "(DFLASH_OPTIM_MUON; Newton-Schulz in fp32 on every rank)")
     ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "
@@ -1246,8 +1339,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.batch is None:
         a.batch = auto_batch(a.gpu, a.world)
-    global RS_BYTES
+    global RS_BYTES, MUON
     RS_BYTES = 2 if a.rs_bf16 else 4
+    MUON = a.optimizer == "muon"
     if a.busbw:
         GPUS[a.gpu] = dict(GPUS[a.gpu], busbw=a.busbw * 1e9)
     c = load_config(a.config)

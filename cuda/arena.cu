@@ -1,6 +1,8 @@
 // The CUDA model's device memory (the twin of the CPU side's arena and create): allocation
 // with the live/peak count, the activation arena and RoPE tables grown as sequences need,
 // the pinned double-buffered upload of a sequence, df_cu_create in its parts, and the frees.
+#include <algorithm>
+
 #include "model.cuh"
 
 using namespace dfcu;
@@ -266,6 +268,41 @@ dflash_status place_rank(df_cu_model *m, const df_cu_config *c) {
   return DFLASH_OK;
 }
 
+// Muon's matrices, checked against the parameters and sorted by offset, and its workspace
+// (train/dfcuda.h's df_cu_muon_scratch_bytes counts it); nothing without Muon.
+dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
+  size_t max_n = 0, max_gram = 0;
+  for (size_t i = 0; i < c->n_muon; i++) {
+    const df_cu_muon_mat *k = &c->muon[i];
+    if (k->rows < 2 || k->cols < 2 || k->rows > INT32_MAX || k->cols > INT32_MAX ||
+        (size_t)k->rows > c->n_params / (size_t)k->cols || k->offset > c->n_params ||
+        (size_t)(k->rows * k->cols) > c->n_params - k->offset)
+      return df_error(DFLASH_E_INVALID_ARG,
+                      "CUDA: Muon matrix %zu [%lld, %lld] at %zu is not a "
+                      "matrix inside the %zu parameters",
+                      i, (long long)k->rows, (long long)k->cols, k->offset, c->n_params);
+    size_t n = (size_t)(k->rows * k->cols), r = (size_t)(k->rows < k->cols ? k->rows : k->cols);
+    m->muon.push_back({k->offset, n, (int)k->rows, (int)k->cols, k->lr_scale});
+    max_n = n > max_n ? n : max_n;
+    max_gram = r * r > max_gram ? r * r : max_gram;
+  }
+  std::sort(m->muon.begin(), m->muon.end(),
+            [](const df_cu_model::muon_mat &a, const df_cu_model::muon_mat &b) {
+              return a.off < b.off;
+            });
+  for (size_t i = 1; i < m->muon.size(); i++)
+    if (m->muon[i - 1].off + m->muon[i - 1].n > m->muon[i].off)
+      return df_error(DFLASH_E_INVALID_ARG, "CUDA: Muon matrices at %zu and %zu overlap",
+                      m->muon[i - 1].off, m->muon[i].off);
+  if (!max_n) return DFLASH_OK;
+  DF_TRY(dalloc(m, &m->ns_x, max_n, "Muon workspace"));
+  DF_TRY(dalloc(m, &m->ns_y, max_n, "Muon workspace"));
+  DF_TRY(dalloc(m, &m->ns_g, max_gram, "Muon workspace"));
+  DF_TRY(dalloc(m, &m->ns_gg, max_gram, "Muon workspace"));
+  DF_TRY(dalloc(m, &m->ns_ss, 1, "Muon workspace"));
+  return DFLASH_OK;
+}
+
 // The weights, gradients, this rank's shard of masters and moments, the frozen tables and the
 // fixed scratch (train/dfcuda.h's df_cu_fixed_scratch_bytes counts it for the plan).
 dflash_status alloc_state(df_cu_model *m, const df_cu_config *c) {
@@ -289,7 +326,7 @@ dflash_status alloc_state(df_cu_model *m, const df_cu_config *c) {
   if (cudaMallocHost((void **)&m->clip_pin, sizeof *m->clip_pin) != cudaSuccess)
     return df_error(DFLASH_E_NOMEM, "CUDA: cannot allocate pinned memory for the gradient norm");
   if (c->pos_weight) DF_TRY(dalloc(m, &m->wtab, (size_t)c->B, "position weights"));
-  return DFLASH_OK;
+  return alloc_muon(m, c);
 }
 
 // The position weights, RoPE frequencies, frozen tables and weights up; gradients and
@@ -329,6 +366,7 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
   m->c.offsets = nullptr; // the caller's arrays: copied or uploaded here, not kept
   m->c.inv_freq = nullptr;
   m->c.pos_weight = nullptr;
+  m->c.muon = nullptr;
   dflash_status st = open_device(c);
   if (!st) st = create_streams(m);
   if (!st) st = place_rank(m, c);
@@ -352,7 +390,8 @@ extern "C" void df_cu_free(df_cu_model *m) {
                   m->m1,        m->m2,       m->tmp,           m->inv_freq,      m->sumsq_part,
                   m->cos_t,     m->sin_t,    m->dw_scratch,    m->best,          m->iota,
                   m->best_i,    m->arena,    m->stages[0].dev, m->stages[1].dev, m->wtab,
-                  m->pend_loss, m->pend_bad, m->clip};
+                  m->pend_loss, m->pend_bad, m->clip,          m->ns_x,          m->ns_y,
+                  m->ns_g,      m->ns_gg,    m->ns_ss};
   for (void *p : bufs)
     if (p) cudaFree(p);
   df2_free(m->df2);

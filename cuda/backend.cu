@@ -1,6 +1,9 @@
 // The optimizer side of the CUDA model (the twin of src/train/backend_cpu.c): zeroing and
 // scaling the gradients, the step (reduce-scatter, norm and clip on the device, AdamW on
 // this rank's ZeRO-1 shard, the weights' all-gather) and the copies to and from the host.
+#include <algorithm>
+#include <utility>
+
 #include "model.cuh"
 
 using namespace dfcu;
@@ -9,6 +12,131 @@ namespace {
 
 float *shard_buf(df_cu_model *m, int kind) {
   return kind == DF_CU_PARAMS ? m->master : kind == DF_CU_M1 ? m->m1 : m->m2;
+}
+
+using muon_mat = df_cu_model::muon_mat;
+
+// Cut the flat range [lo, hi) at the Muon matrices: f(matrix or nullptr, start, end) for each
+// piece in order, stopping at the first failure.
+template <class F>
+dflash_status muon_pieces(const df_cu_model *m, size_t lo, size_t hi, F f) {
+  auto it = std::partition_point(m->muon.begin(), m->muon.end(),
+                                 [lo](const muon_mat &k) { return k.off + k.n <= lo; });
+  for (size_t at = lo; at < hi;) {
+    if (it == m->muon.end() || it->off >= hi) return f(nullptr, at, hi);
+    if (it->off > at) DF_TRY(f(nullptr, at, it->off));
+    size_t e = std::min(hi, it->off + it->n);
+    DF_TRY(f(&*it, std::max(at, it->off), e));
+    at = e;
+    ++it;
+  }
+  return DFLASH_OK;
+}
+
+#define DF_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc) \
+  DF_BLAS(cublasSgemm(m->blas, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc))
+
+// Newton-Schulz on the update of matrix k in ns_x (row-major [rows, cols], as optim_muon.c):
+// the Frobenius normalisation, then DF_MUON_NS_STEPS of X = a X + (b G + c G^2) X with
+// G = X X^T on the smaller side; a tall matrix (rows > cols) takes the same steps as
+// X = a X + X (b A + c A^2) with A = X^T X instead of being transposed. cuBLAS is column-major:
+// it sees the row-major buffer as X^T, so the products below are those transposed. *out gets
+// the buffer that holds the result (ns_x or ns_y).
+dflash_status newton_schulz(df_cu_model *m, const muon_mat &k, float **out) {
+  const cublasOperation_t N = CUBLAS_OP_N, T = CUBLAS_OP_T;
+  const float one = 1.0f, zero = 0.0f, a = DF_MUON_NS_A, b = DF_MUON_NS_B, c3 = DF_MUON_NS_C;
+  bool tall = k.rows > k.cols;
+  int r = tall ? k.cols : k.rows, c = tall ? k.rows : k.cols;
+  size_t rr = 4 * (size_t)r * (size_t)r;
+  float *x = m->ns_x, *y = m->ns_y, *g = m->ns_g, *gg = m->ns_gg;
+  DF_TRY(k_sumsq(m->st, x, k.n, m->sumsq_part, m->ns_ss));
+  DF_TRY(k_muon_normalize(m->st, x, k.n, m->ns_ss, DF_MUON_NS_EPS));
+  for (int s = 0; s < DF_MUON_NS_STEPS; s++) {
+    // wide: the buffer is Z = X^T [c, r] (ld c), G = Z^T Z; tall: Z = X^T [r, c] (ld r), A = Z Z^T
+    if (tall) DF_SGEMM(N, T, r, r, c, &one, x, r, x, r, &zero, g, r);
+    else DF_SGEMM(T, N, r, r, c, &one, x, c, x, c, &zero, g, r);
+    DF_CU(cudaMemcpyAsync(gg, g, rr, cudaMemcpyDeviceToDevice, m->st));
+    DF_SGEMM(N, N, r, r, r, &c3, g, r, g, r, &b, gg, r); // symmetric: the same in either order
+    DF_CU(cudaMemcpyAsync(y, x, 4 * k.n, cudaMemcpyDeviceToDevice, m->st));
+    // wide: Z' = a Z + Z P (X' = a X + P X); tall: Z' = a Z + P Z (X' = a X + X P)
+    if (tall) DF_SGEMM(N, N, r, c, r, &one, gg, r, x, r, &a, y, r);
+    else DF_SGEMM(N, N, c, r, r, &one, x, c, gg, r, &a, y, c);
+    std::swap(x, y);
+  }
+  *out = x;
+  return DFLASH_OK;
+}
+#undef DF_SGEMM
+
+// The step of matrix k, whose orthogonalised update is o: on this rank's slices of the
+// buckets it spans (from bucket b, the one it ends in, towards lower offsets).
+dflash_status muon_apply_matrix(df_cu_model *m, const df_cu_adam *a, const muon_mat &k,
+                                const float *o, size_t b) {
+  float step = (float)(a->lr * k.lr_scale);
+  for (; b < m->buckets.n_buckets; b++) {
+    const df_bucket *bk = &m->buckets.buckets[b];
+    if (bk->offset + bk->count <= k.off) break;
+    size_t off, len;
+    slice(m, b, &off, &len);
+    size_t s = std::max(off, k.off), e = std::min(off + len, k.off + k.n);
+    if (s < e)
+      DF_TRY(k_muon_apply(m->st, m->master + bk->shard_offset + (s - off), m->w16 + s,
+                          o + (s - k.off), e - s, m->clip, a->muon_decay, step));
+  }
+  return DFLASH_OK;
+}
+
+// Muon on the Muon matrices, AdamW on the rest, bucket by bucket in flat order (bucket
+// nb - 1 starts at 0). On this rank's slice: the momentum writes each matrix's update into
+// the staging buffer at the slice's place in the bucket (the rest gets AdamW); the staging
+// buffer is all-gathered in place, so every rank holds the bucket's updates, which are copied
+// into ns_x at their place in the matrix; a matrix complete there takes Newton-Schulz and
+// its step. (tmp is free here: uploads use it on this stream, and the reduce-scatters of the
+// bf16 path on comm_st finished before the optimizer, which waited for them.)
+dflash_status muon_step(df_cu_model *m, const df_cu_adam *a) {
+  if (m->muon.empty())
+    return df_error(DFLASH_E_STATE, "CUDA: a Muon step on a model created without Muon matrices");
+  for (size_t b = m->buckets.n_buckets; b-- > 0;) {
+    const df_bucket *bk = &m->buckets.buckets[b];
+    size_t off, len, sh = bk->shard_offset;
+    slice(m, b, &off, &len);
+    bool muon = false;
+    DF_TRY(muon_pieces(m, off, off + len, [&](const muon_mat *k, size_t s, size_t e) {
+      size_t i = sh + (s - off);
+      if (!k)
+        return k_adamw(m->st, m->master + i, m->w16 + s, m->grads + s, m->m1 + i, m->m2 + i, e - s,
+                       m->clip, a->decay, a->b1, a->b2, a->eps, a->step_size, a->bc2_sqrt);
+      return k_muon_momentum(m->st, m->m1 + i, m->tmp + (s - bk->offset), m->grads + s, e - s,
+                             m->clip, a->muon_mu);
+    }));
+    DF_TRY(k_scale_clipped(m->st, m->grads + off, m->clip, len));
+    DF_TRY(
+        muon_pieces(m, bk->offset, bk->offset + bk->count, [&](const muon_mat *k, size_t, size_t) {
+          muon = muon || k;
+          return DFLASH_OK;
+        }));
+    if (!muon) continue;
+#ifdef DFLASH_HAVE_NCCL
+    if (m->comm) {
+      ncclResult_t r = ncclAllGather(m->tmp + (off - bk->offset), m->tmp, len, ncclFloat, m->comm,
+                                     m->st);
+      if (r != ncclSuccess)
+        return df_error(DFLASH_E_CUDA, "NCCL all-gather of Muon's update in bucket %zu: %s", b,
+                        ncclGetErrorString(r));
+    }
+#endif
+    DF_TRY(muon_pieces(m, bk->offset, bk->offset + bk->count,
+                       [&](const muon_mat *k, size_t s, size_t e) -> dflash_status {
+                         if (!k) return DFLASH_OK;
+                         DF_CU(cudaMemcpyAsync(m->ns_x + (s - k->off), m->tmp + (s - bk->offset),
+                                               4 * (e - s), cudaMemcpyDeviceToDevice, m->st));
+                         if (e < k->off + k->n) return DFLASH_OK; // continues in the next bucket
+                         float *o = nullptr;
+                         DF_TRY(newton_schulz(m, *k, &o));
+                         return muon_apply_matrix(m, a, *k, o, b);
+                       }));
+  }
+  return DFLASH_OK;
 }
 
 } // namespace
@@ -88,8 +216,9 @@ extern "C" dflash_status df_cu_step(df_cu_model *m, const df_cu_adam *a, double 
 #endif
   DF_TRY(k_norm_clip(m->st, m->clip, a->clip));
   DF_CU(cudaMemcpyAsync(m->clip_pin, m->clip, sizeof *m->clip, cudaMemcpyDeviceToHost, m->st));
-  // AdamW reads the factor on the device, and changes nothing for a non-finite norm.
-  for (size_t b = 0; b < nb; b++) {
+  // AdamW (and Muon) read the factor on the device, and change nothing for a non-finite norm.
+  if (a->muon) DF_TRY(muon_step(m, a));
+  for (size_t b = 0; !a->muon && b < nb; b++) {
     size_t off, len, sh = m->buckets.buckets[b].shard_offset;
     slice(m, b, &off, &len);
     DF_TRY(k_adamw(m->st, m->master + sh, m->w16 + off, m->grads + off, m->m1 + sh, m->m2 + sh, len,

@@ -116,6 +116,16 @@ dflash_status k_scale_clipped(cudaStream_t s, float *x, const df_cu_clip *clip, 
 dflash_status k_adamw(cudaStream_t s, float *p, bf16 *p16, const float *g, float *m1, float *m2,
                       size_t n, const df_cu_clip *clip, float decay, float b1, float b2, float eps,
                       float step_size, float bc2_sqrt);
+// Muon's Nesterov momentum (src/train/optim_muon.c) on n elements of this rank's shard, the
+// gradients times clip->coef: buf (m1) updated, the update into u; nothing when clip->finite
+// is 0.
+dflash_status k_muon_momentum(cudaStream_t s, float *buf, float *u, const float *g, size_t n,
+                              const df_cu_clip *clip, float mu);
+// x *= 1 / max(sqrt(*ss), eps): the Frobenius normalisation before Newton-Schulz.
+dflash_status k_muon_normalize(cudaStream_t s, float *x, size_t n, const double *ss, float eps);
+// p = p * decay - step * o, then the bf16 copy; nothing when clip->finite is 0.
+dflash_status k_muon_apply(cudaStream_t s, float *p, bf16 *p16, const float *o, size_t n,
+                           const df_cu_clip *clip, float decay, float step);
 
 // ---- attention.cu ----
 struct df_attn_dev {

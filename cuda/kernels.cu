@@ -391,6 +391,38 @@ __global__ void adamw(float *p, bf16 *p16, const float *g, float *m1, float *m2,
   }
 }
 
+// Muon's momentum as optim_muon.c: buf.lerp_(g, 1 - mu); u = g.lerp(buf, mu) (Nesterov), g
+// times the clip factor as AdamW reads it. A non-finite norm changes nothing.
+__global__ void muon_momentum(float *buf, float *u, const float *g, size_t n,
+                              const df_cu_clip *clip, float mu) {
+  if (!clip->finite) return;
+  float gscale = clip->coef;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float gi = g[i] * gscale, b = buf[i] + (gi - buf[i]) * (1.0f - mu);
+    buf[i] = b;
+    u[i] = gi + (b - gi) * mu;
+  }
+}
+// Newton-Schulz's start: x / max(|x|_F, eps), the norm rounded to float as optim_muon.c does.
+__global__ void muon_normalize(float *x, size_t n, const double *ss, float eps) {
+  float norm = (float)sqrt(*ss), k = 1.0f / (norm > eps ? norm : eps);
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= k;
+}
+// The decoupled decay and the orthogonalised step on the fp32 master, then the bf16 copy.
+__global__ void muon_apply(float *p, bf16 *p16, const float *o, size_t n, const df_cu_clip *clip,
+                           float decay, float step) {
+  if (!clip->finite) return;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float pi = p[i] * decay - step * o[i];
+    p[i] = pi;
+    p16[i] = __float2bfloat16(pi);
+  }
+}
+
 } // namespace
 
 // ---- launchers ----------------------------------------------------------------------
@@ -577,4 +609,21 @@ dflash_status k_scale_clipped(cudaStream_t s, float *x, const df_cu_clip *clip, 
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, scale_clipped)(x, clip, n);
   return df_launched("scale_clipped");
+}
+dflash_status k_muon_momentum(cudaStream_t s, float *buf, float *u, const float *g, size_t n,
+                              const df_cu_clip *clip, float mu) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, muon_momentum)(buf, u, g, n, clip, mu);
+  return df_launched("muon_momentum");
+}
+dflash_status k_muon_normalize(cudaStream_t s, float *x, size_t n, const double *ss, float eps) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, muon_normalize)(x, n, ss, eps);
+  return df_launched("muon_normalize");
+}
+dflash_status k_muon_apply(cudaStream_t s, float *p, bf16 *p16, const float *o, size_t n,
+                           const df_cu_clip *clip, float decay, float step) {
+  if (!n) return DFLASH_OK;
+  DF_LAUNCH(blocks_for(n, 256), 256, 0, s, muon_apply)(p, p16, o, n, clip, decay, step);
+  return df_launched("muon_apply");
 }

@@ -112,6 +112,18 @@ struct df_cu_model {
   df_cu_clip *clip = nullptr, *clip_pin = nullptr;
   cudaEvent_t ev_step = nullptr;
   bool step_pending = false;
+  // Muon (df_cu_config.muon, sorted by offset; empty for AdamW): per step, each matrix's
+  // update all-gathered (through tmp, bucket by bucket) into ns_x, Newton-Schulz between
+  // ns_x and ns_y with the Gram matrix in ns_g and its polynomial in ns_gg, the Frobenius
+  // norm's sum of squares in ns_ss (backend.cu muon_step).
+  struct muon_mat {
+    size_t off, n;
+    int rows, cols;
+    double lr_scale;
+  };
+  std::vector<muon_mat> muon;
+  float *ns_x = nullptr, *ns_y = nullptr, *ns_g = nullptr, *ns_gg = nullptr;
+  double *ns_ss = nullptr;
 };
 
 namespace dfcu {

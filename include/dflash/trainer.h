@@ -76,8 +76,8 @@ typedef struct dflash_trainer_options {
    * differentiated), rescaled so that each block's weights sum to its supervised positions
    * (so dflash_trainer_weight_sum counts 1 per position). It costs one more LM-head pass. */
   int32_t position_weighting;
-  /* The optimizer (dflash_optimizer, below). DFLASH_OPTIM_MUON (CPU backend only; CUDA
-   * refuses it) is torch.optim.Muon, as vLLM speculators trains with it, on every 2-D weight
+  /* The optimizer (dflash_optimizer, below). DFLASH_OPTIM_MUON (CPU and CUDA backends;
+   * CUDA's runs Newton-Schulz in fp32 on every rank) is torch.optim.Muon, as vLLM speculators trains with it, on every 2-D weight
    * matrix with both sides > 1 but the vocabulary-sized codebooks (fc, the attention and MLP
    * projections, DFlash 2's kernel and hidden projections); AdamW (lr, weight_decay, betas,
    * adam_eps above) keeps the norms and DFlash 2's base kernels and codebooks. Both groups share lr and its schedule. The Muon group's Nesterov momentum

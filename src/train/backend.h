@@ -43,7 +43,7 @@ typedef struct df_seq {
 typedef struct df_adam {
   double lr, weight_decay, beta1, beta2, eps, grad_clip;
   int64_t step; /* 1-based index of this update, for bias correction */
-  /* DFLASH_OPTIM_MUON: Muon on df_muon_takes' matrices (CPU backend only), its momentum
+  /* DFLASH_OPTIM_MUON: Muon on df_muon_takes' matrices (CPU and CUDA backends), its momentum
    * buffer in m1 (so checkpoints save and resume it as adam_m; m2 stays 0 there). */
   bool muon;
   double muon_momentum, muon_weight_decay;
@@ -51,6 +51,9 @@ typedef struct df_adam {
 } df_adam;
 /* Whether Muon updates tensor `ti` (speculators' split: 2-D, both sides > 1, no codebook). */
 bool df_muon_takes(const df_tensor_info *ti);
+/* The factor of the Muon step of a [rows, cols] matrix over the learning rate, for
+ * dflash_muon_adjust_lr `adjust` (the CPU and CUDA steps share it). */
+double df_muon_lr_scale(int32_t adjust, int64_t rows, int64_t cols);
 /* One Muon update of matrix p [rows, cols] from its (clipped) gradient, its momentum buffer
  * `buf` updated in place (optim_muon.c). Fails only for memory. */
 DF_MUST_CHECK dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t rows,

@@ -213,8 +213,6 @@ static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred)
  */
 static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_norm) {
   cuda_backend *c = cb(b);
-  if (a->muon) /* trainer options refuse it first; this guards the kernels' AdamW-only step */
-    return df_error(DFLASH_E_UNSUPPORTED, "CUDA: the Muon optimizer runs on the CPU backend only");
   if (c->n_pend) /* the trainer collects first; this only guards the parameters */
     return df_error(DFLASH_E_STATE,
                     "CUDA: %zu accumulated sequences not collected before the "
@@ -229,7 +227,11 @@ static dflash_status cuda_step(df_backend *b, const df_adam *a, double *grad_nor
                    .step_size = k.step_size,
                    .bc2_sqrt = k.bc2_sqrt,
                    .clip = a->grad_clip,
-                   .grad_factor = 1.0};
+                   .grad_factor = 1.0,
+                   .muon = a->muon,
+                   .lr = a->lr,
+                   .muon_mu = (float)a->muon_momentum,
+                   .muon_decay = (float)(1.0 - a->lr * a->muon_weight_decay)};
   if (c->env.world > 1) {
     double w = c->weight_local;
     dflash_status st = df_cu_allreduce_host(c->dev, &w, 1);
@@ -332,6 +334,24 @@ static dflash_status join_ranks(cuda_backend *c) {
   return st ? df_error_wrap(st, "rank %d of %d", c->env.rank, c->env.world) : st;
 }
 
+/* The matrices Muon takes (df_muon_takes, as the CPU step), with their step factors. */
+static dflash_status muon_matrices(const df_model *m, int32_t adjust, df_cu_muon_mat **out,
+                                   size_t *n) {
+  *n = 0;
+  *out = malloc(sizeof **out * (m->n_tensors ? m->n_tensors : 1));
+  if (!*out) return df_error_nomem("CUDA Muon matrices");
+  for (size_t i = 0; i < m->n_tensors; i++) {
+    const df_tensor_info *ti = &m->tensors[i];
+    if (!df_muon_takes(ti)) continue;
+    (*out)[(*n)++] =
+        (df_cu_muon_mat){.offset = ti->offset,
+                         .rows = ti->shape[0],
+                         .cols = ti->shape[1],
+                         .lr_scale = df_muon_lr_scale(adjust, ti->shape[0], ti->shape[1])};
+  }
+  return DFLASH_OK;
+}
+
 dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   int n_dev = 0;
   dflash_status st = dflash_cuda_device_count(&n_dev);
@@ -370,9 +390,14 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
   for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
   cfg.pos_weight = pw;
+  df_cu_muon_mat *muon = NULL;
+  if (!st && t->opt.optimizer == DFLASH_OPTIM_MUON)
+    st = muon_matrices(m, t->opt.muon_adjust_lr, &muon, &cfg.n_muon);
+  cfg.muon = muon;
   if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);
   free(offs);
   free(pw);
+  free(muon);
   if (!st) st = join_ranks(c);
   if (st) {
     cuda_destroy(&c->base);

@@ -167,7 +167,37 @@ typedef struct df_cu_config {
   /* [B] the loss weight of block position j (df_position_weight), for the per-sequence
    * sum(w*CE) a deferred accumulate keeps on the device; NULL: every weight 1. */
   const float *pos_weight;
+  /* The matrices Muon updates (df_muon_takes on the tensor table, in table order), for a
+   * trainer whose optimizer is Muon; n_muon 0 otherwise (the AdamW step needs none, and the
+   * model allocates no Muon workspace). */
+  const struct df_cu_muon_mat *muon;
+  size_t n_muon;
 } df_cu_config;
+
+/* One Muon matrix: its flat offset and shape [rows, cols] (row-major, as the CPU's), and the
+ * factor its step gets over the learning rate (df_muon_lr_scale: dflash_muon_adjust_lr). */
+typedef struct df_cu_muon_mat {
+  size_t offset;
+  int64_t rows, cols;
+  double lr_scale;
+} df_cu_muon_mat;
+
+/* Newton-Schulz of Muon, shared by the CPU (optim_muon.c) and CUDA (cuda/backend.cu) steps:
+ * Keller Jordan's quintic coefficients, steps and eps (torch.optim.Muon's defaults). */
+#define DF_MUON_NS_A 3.4445f
+#define DF_MUON_NS_B (-4.7750f)
+#define DF_MUON_NS_C 2.0315f
+#define DF_MUON_NS_EPS 1e-7f
+#define DF_MUON_NS_STEPS 5
+
+/* Device bytes the Muon step allocates besides the model (cuda/arena.cu), for a largest Muon
+ * matrix of `max_numel` elements and a largest Gram matrix (the smaller side squared) of
+ * `max_gram`: the matrix and its Newton-Schulz partner (fp32), the Gram matrix and its
+ * polynomial (fp32), one double for the Frobenius norm. The momentum's all-gather goes
+ * through the staging buffer (df_cu_fixed_scratch_bytes). 0 without Muon. */
+static inline size_t df_cu_muon_scratch_bytes(size_t max_numel, size_t max_gram) {
+  return max_numel ? 4 * (2 * max_numel + 2 * max_gram) + 8 : 0;
+}
 
 /* Gradient buckets (NCCL calls) and the staging buffer: 64 Mi elements. */
 #define DF_CU_BUCKET_ELEMS ((size_t)1 << 26)
@@ -219,9 +249,18 @@ typedef struct df_cu_adam {
   float decay, b1, b2, eps, step_size, bc2_sqrt;
   double clip;        /* <= 0: off */
   double grad_factor; /* gradients are multiplied by this before the reduction */
+  /* Nonzero: Muon on the model's Muon matrices (df_cu_config.muon), AdamW on the rest.
+   * lr is the scheduled learning rate (a matrix's step is lr x its lr_scale), muon_mu the
+   * Nesterov momentum, muon_decay 1 - lr x muon_weight_decay. */
+  int muon;
+  double lr;
+  float muon_mu, muon_decay;
 } df_cu_adam;
 /* (All-)reduce gradients, global norm, clip, AdamW on this rank's shard,
- * gather the bf16 weights. The norm, the clip factor and the skip of a non-finite norm are
+ * gather the bf16 weights. With a->muon, the Muon matrices instead take Muon on this rank's
+ * shard: the Nesterov momentum of its slices, the update all-gathered per bucket into every
+ * rank, Newton-Schulz on each whole matrix (replicated on every rank), the step on the slices
+ * (Moonshot's distributed Muon); DFLASH_E_STATE for a model created without its matrices. The norm, the clip factor and the skip of a non-finite norm are
  * computed on the device, so nothing in between waits for the host. With norm, the call
  * waits: *norm is the pre-clip norm; not finite: nothing changes and DFLASH_E_RANGE. With
  * norm NULL nothing waits (a sequence accumulated next uploads while the step runs; stream
@@ -250,7 +289,9 @@ DF_MUST_CHECK dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, in
  * position weights, and the two stages of context rows as stored (at most
  * n_pos rows of KH values, bounded by the float32 path's 4 bytes a value;
  * bf16 stores need half, fp8 a quarter plus the scales). For `dflash train
- * --plan` (plain C: the core library has no CUDA). */
+ * --plan` (plain C: the core library has no CUDA). A Muon trainer allocates
+ * df_cu_muon_scratch_bytes more, which the plan does not count: its options
+ * have no optimizer. */
 #define DF_CU_DW_SPLIT 256
 static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int n_pos) {
   size_t half = (size_t)d / 2, wide = (size_t)(H > d ? H : d);

@@ -3,6 +3,7 @@
  * decoupled weight decay and a shape-scaled step. torch runs the iterations in bfloat16 on
  * the GPU; here they are float32 cblas_sgemm (OpenBLAS's threads). */
 #include "backend.h"
+#include "dfcuda.h" /* DF_MUON_NS_*, shared with the CUDA step */
 
 #include <cblas.h>
 #include <math.h>
@@ -10,8 +11,9 @@
 #include <string.h>
 
 /* Keller Jordan's quintic coefficients, steps and eps, torch.optim.Muon's defaults. */
-static const float NS_A = 3.4445f, NS_B = -4.7750f, NS_C = 2.0315f, NS_EPS = 1e-7f;
-enum { NS_STEPS = 5 };
+static const float NS_A = DF_MUON_NS_A, NS_B = DF_MUON_NS_B, NS_C = DF_MUON_NS_C,
+                   NS_EPS = DF_MUON_NS_EPS;
+enum { NS_STEPS = DF_MUON_NS_STEPS };
 
 /* speculators' split: matrices, but not vocabulary-sized ones (its name hints; here DFlash
  * 2's selector codebooks [V, r]; the embedding and LM head are frozen). */
@@ -36,10 +38,13 @@ static void newton_schulz(float *x, float *y, float *g, float *gg, int r, int c)
   }
 }
 
+double df_muon_lr_scale(int32_t adjust, int64_t rows, int64_t cols) {
+  if (adjust == DFLASH_MUON_ORIGINAL) return sqrt(rows > cols ? (double)rows / (double)cols : 1.0);
+  return 0.2 * sqrt((double)(rows > cols ? rows : cols));
+}
+
 static double adjusted_lr(const df_adam *a, int64_t rows, int64_t cols) {
-  if (a->muon_adjust_lr == DFLASH_MUON_ORIGINAL)
-    return a->lr * sqrt(rows > cols ? (double)rows / (double)cols : 1.0);
-  return a->lr * 0.2 * sqrt((double)(rows > cols ? rows : cols));
+  return a->lr * df_muon_lr_scale(a->muon_adjust_lr, rows, cols);
 }
 
 dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t rows, int64_t cols,

@@ -89,10 +89,6 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
     return df_error(DFLASH_E_UNSUPPORTED, "trainer options: position_weighting "
                                           "DFLASH_WEIGHTS_ADAPTIVE runs on the CPU backend only "
                                           "(the CUDA backend has no second LM-head pass)");
-  if (o->backend == DFLASH_BACKEND_CUDA && o->optimizer == DFLASH_OPTIM_MUON)
-    return df_error(DFLASH_E_UNSUPPORTED, "trainer options: optimizer DFLASH_OPTIM_MUON runs on "
-                                          "the CPU backend only (the CUDA backend's step is "
-                                          "AdamW alone)");
   return DFLASH_OK;
 }
 

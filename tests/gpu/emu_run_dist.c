@@ -1,5 +1,5 @@
 /*
- * dflash_train_run on the CUDA backend with two ranks, each a separate process on its own
+ * dflash_train_run on the CUDA backend with two ranks (AdamW, and Muon), each a separate process on its own
  * emulated device (LOCAL_RANK, DFLASH_EMU_DEVICES=2), gradients reduce-scattered and
  * weights all-gathered over the emulated NCCL (ZeRO-1: each rank keeps half of the fp32
  * masters and moments), against one process with the same global batch, and checkpoint +
@@ -128,6 +128,61 @@ START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
 }
 END_TEST
 
+/* Muon (cuda/backend.cu muon_step) through the whole run: two ranks, each its own process,
+ * the Muon update all-gathered over NCCL and Newton-Schulz run on every rank, against one
+ * process with the global batch. tests/gpu/emu_muon.c checks the step itself to the bit
+ * against one rank on the same gradients; here the gradients differ by the ulps of their
+ * summation order (as above), which Muon turns into more than AdamW does: Newton-Schulz's
+ * quintic amplifies a relative perturbation up to ~3.4^5 in the small singular directions,
+ * and every weight moves by about lr x 0.2 each step, so a few fp32 masters land on the
+ * other side of a bf16 rounding boundary and the next forward sees them one bf16 step away
+ * (measured: parameters 1.5e-4 apart after 12 steps, losses and norms 6.9e-4; the same
+ * comparison on the CPU backend's fp32 weights, run by hand: 4.1e-7 and 6.6e-8). The bounds,
+ * 1e-3 and 5e-3: the control (one process with batch 1) differs by 3.0e-2, 30x the first. */
+#define MUON_PARAM_TOL 1e-3
+#define MUON_LOSS_RTOL 5e-3
+START_TEST(cuda_muon_two_ranks_equal_one_process_with_the_global_batch) {
+  char *root = df_test_tmpdir();
+  synth_world(root, 7, 40, 1);
+  char *one = synth_at(root, "one"), *dp = synth_at(root, "dp"), *dp1 = synth_at(root, "dp1");
+  char *b1 = synth_at(root, "batch1");
+  dflash_train_run_options o[2];
+  options(&o[0], root, one);
+  synth_trainer(&o[0])->optimizer = DFLASH_OPTIM_MUON;
+  o[0].batch_size = 2;
+  run_world(o, 1, root);
+  options(&o[0], root, dp);
+  options(&o[1], root, dp1);
+  for (int r = 0; r < 2; r++) synth_trainer(&o[r])->optimizer = DFLASH_OPTIM_MUON;
+  run_world(o, 2, root);
+  double d = synth_max_abs_diff(one, dp);
+  synth_metric a[16], b[16];
+  size_t na = synth_metrics(one, a, 16), nb = synth_metrics(dp, b, 16);
+  ck_assert_uint_eq(na, 12);
+  ck_assert_uint_eq(nb, 12);
+  double worst = 0;
+  for (size_t i = 0; i < na; i++) {
+    double r = rel(b[i].loss, a[i].loss) > rel(b[i].norm, a[i].norm) ? rel(b[i].loss, a[i].loss)
+                                                                     : rel(b[i].norm, a[i].norm);
+    worst = r > worst ? r : worst;
+  }
+  options(&o[0], root, b1);
+  synth_trainer(&o[0])->optimizer = DFLASH_OPTIM_MUON;
+  run_world(o, 1, root);
+  double control = synth_max_abs_diff(one, b1);
+  printf("CUDA Muon train run, 1 process x batch 2 vs 2 ranks x batch 1: max |param diff| %.3g "
+         "(bound %g), worst loss/norm rel. diff %.3g (bound %g); control, 1 process x batch 1: "
+         "%.3g\n",
+         d, MUON_PARAM_TOL, worst, MUON_LOSS_RTOL, control);
+  fflush(stdout);
+  ck_assert_msg(d <= MUON_PARAM_TOL, "parameters differ by %g", d);
+  ck_assert_msg(worst <= MUON_LOSS_RTOL, "losses or norms differ by %g", worst);
+  ck_assert_msg(control > 10 * MUON_PARAM_TOL, "control differs by only %g", control);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 /* Metrics lines without the timing fields. */
 static char **stable_lines(const char *dir, size_t *n) {
   char *p = synth_path(dir, "metrics.jsonl");
@@ -193,6 +248,7 @@ int main(void) {
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, cuda_two_ranks_zero1_equal_one_process_with_the_global_batch);
   tcase_add_test(tc, cuda_resume_at_world_two_reproduces_the_uninterrupted_run);
+  tcase_add_test(tc, cuda_muon_two_ranks_equal_one_process_with_the_global_batch);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

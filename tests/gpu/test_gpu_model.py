@@ -33,7 +33,10 @@
    reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
    >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer
    does not (the count is the smallest that does), and the NVLink GPUs keep one;
-9. --rs-bf16 halves the reduce-scatter's bytes and prices its two conversion kernels.
+9. --rs-bf16 halves the reduce-scatter's bytes and prices its two conversion kernels;
+10. --optimizer muon: the Muon matrices are every parameter but the norms (the count from
+   param_count), their Newton-Schulz FLOPs are 5 x (4 r^2 c + 2 r^3) per r x c matrix
+   (r <= c) on cublasSgemm rows, Muon's kernels are priced, and the model FLOPs do not move.
 """
 import json
 import os
@@ -450,10 +453,38 @@ def test_rs_bf16():
           "cuda/dist.cu reduce-scatters in bf16 and widens the slice, as priced")
 
 
+def test_muon():
+    """--optimizer muon (cuda/backend.cu muon_step): the matrices, the Newton-Schulz FLOPs
+    and the kernels priced."""
+    c = gm.load_config("qwen3-8b")
+    H, L, d = c["hidden_size"], c["num_hidden_layers"], c["head_dim"]
+    adam = gm.model(c, "H200", 3072, 512, 1, 8, 16384, "mma")
+    gm.MUON = True
+    try:
+        muon = gm.model(c, "H200", 3072, 512, 1, 8, 16384, "mma")
+    finally:
+        gm.MUON = False
+    mats = gm.muon_matrices(c)
+    norms = H + L * (2 * H + 2 * d) + H  # hidden norm, per layer 2 norms + q/k norms, final
+    check(sum(r * k for r, k in mats) == gm.param_count(c) - norms and len(mats) == 1 + 7 * L,
+          f"{len(mats)} Muon matrices hold every parameter but the {norms} of the norms")
+    ns = sum(5 * (4 * min(r, k) ** 2 * max(r, k) + 2 * min(r, k) ** 3) for r, k in mats)
+    sg = sum(o.flops * o.count for o, _ in muon["rows"] if o.kernel == "cublasSgemm")
+    check(close(sg, ns), f"Newton-Schulz on cublasSgemm {sg:.6g} FLOPs = 5 (4 r^2 c + 2 r^3) "
+          f"summed {ns:.6g}")
+    kern = {o.kernel for o, _ in muon["rows"]} - {o.kernel for o, _ in adam["rows"]}
+    check(kern == {"muon_momentum", "muon_normalize", "muon_apply", "cublasSgemm"},
+          f"Muon's kernels priced: {sorted(kern)}")
+    check(close(muon["model_flops"], adam["model_flops"]) and muon["step_s"] > adam["step_s"],
+          f"model FLOPs unchanged; step {muon['step_s'] * 1e3:.0f} ms against AdamW's "
+          f"{adam['step_s'] * 1e3:.0f}")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_auto_batch(tmp)
         test_rs_bf16()
+        test_muon()
         test_flops(tmp)
         test_plan(tmp)
         test_kernels()

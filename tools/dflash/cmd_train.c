@@ -82,7 +82,7 @@ static const char TRAIN_USAGE[] =
     "(default 7, 5, 4 for block 16, 10, 8, else block/2); none: 1; adaptive (CPU only): the\n"
     "drafter's current probability of reaching k, the product of its probabilities of the\n"
     "true tokens before k in the block, each block's weights rescaled to sum to its positions\n"
-    "--optimizer muon (CPU only): torch.optim.Muon, as vLLM speculators trains with it, on\n"
+    "--optimizer muon (CPU and CUDA): torch.optim.Muon, as vLLM speculators trains with it, on\n"
     "the weight matrices (Nesterov momentum --muon-momentum 0.95, decoupled decay\n"
     "--muon-weight-decay 0.1, step scaled by --muon-adjust-lr, default match-rms-adamw:\n"
     "0.2 sqrt(max side)), AdamW (--lr, --weight-decay) on the norms; speculators' recipe\n"
