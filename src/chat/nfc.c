@@ -5,24 +5,19 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "chat_internal.h"
 
-/* NFC of one JSON string value, in place. */
+/* NFC of one JSON string value, in place (df_nfc: utf8proc on the spans that may change). */
 static dflash_status nfc_string(json_t *v) {
   const char *s = json_string_value(v);
   size_t n = json_string_length(v);
   if (df_utf8_quick_nfc(s, n)) return DFLASH_OK;
-  utf8proc_uint8_t *dst = NULL;
-  utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-                                    UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-  if (m < 0) return df_error(DFLASH_E_UTF8, "NFC normalisation failed: %s", utf8proc_errmsg(m));
-  dflash_status st = DFLASH_OK;
-  bool changed = (size_t)m != n || memcmp(dst, s, n) != 0;
-  if (changed && json_string_setn(v, (const char *)dst, (size_t)m))
-    st = df_error_nomem("NFC string");
-  free(dst);
+  df_buf out = {0};
+  bool changed;
+  dflash_status st = df_nfc(s, n, &out, &changed);
+  if (!st && changed && json_string_setn(v, out.data, out.len)) st = df_error_nomem("NFC string");
+  df_buf_free(&out);
   return st;
 }
 

@@ -135,6 +135,9 @@ typedef struct df_buf {
   size_t len;
   size_t cap;
 } df_buf;
+/* NFC of UTF-8 text into out (nfc.c): *changed=false (out untouched) when NFC leaves it as it
+ * is; DFLASH_E_UTF8 for a sequence utf8proc cannot read (callers repair first). */
+DF_MUST_CHECK dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
 dflash_status df_buf_reserve(df_buf *b, size_t extra);
 dflash_status df_buf_append(df_buf *b, const void *data, size_t n);
 dflash_status df_buf_printf(df_buf *b, const char *fmt, ...) DF_PRINTF(2, 3);

@@ -300,9 +300,6 @@ bool df_scan_cpu_has_avx2(void);
 /* Replace invalid UTF-8 as Python's decode("utf-8", "replace") does. Returns
  * false (nothing written) when the input is already valid. */
 DF_MUST_CHECK dflash_status df_utf8_repair(const char *s, size_t len, df_buf *out, bool *changed);
-/* NFC-normalise valid UTF-8 into out; *changed=false (out untouched) when
- * the text is already NFC by the quick check. */
-DF_MUST_CHECK dflash_status df_nfc(const char *s, size_t len, df_buf *out, bool *changed);
 /* Decode one code point from valid UTF-8 at s[*i], advancing *i. */
 static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
   uint32_t c = s[*i];

@@ -211,6 +211,8 @@ def strings(n=6000, seed=1234):
     for _ in range(n // 4):
         out.append(rng.choice(GENERATORS)(rng) + rng.choice(["", " ", "\n"]) +
                    rng.choice(GENERATORS)(rng))
+    # U+11A7 after an LV syllable: NFC keeps it (utf8proc 2.8 drops it), composed or not
+    out += ["\uac8c\u11a7", "\u1100\u1161\u11a7\u11a8", "x\uac00\u11a7\u0301 \uac8c\u11a7\u11a7"]
     return out
 
 

@@ -67,6 +67,16 @@ START_TEST(nfc) {
   ck_assert(!changed);
   ck_assert_ok(df_nfc("\xe6\x97\xa5\xe6\x9c\xac", 6, &b, &changed));
   ck_assert(!changed);
+  /* U+11A7 after an LV syllable stays (utf8proc 2.8 drops it): the expected bytes are
+   * Python's unicodedata.normalize("NFC", ...) of U+AC8C U+11A7 and of U+1100 U+1161 U+11A7
+   * U+11A8 (U+AC00 U+11A7 U+11A8: nothing composes across U+11A7). */
+  ck_assert_ok(df_nfc("\xea\xb2\x8c\xe1\x86\xa7", 6, &b, &changed));
+  ck_assert(!changed);
+  ck_assert(!df_utf8_quick_nfc("\xe1\x84\x80", 3)); /* an L jamo may compose */
+  ck_assert_ok(df_nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa7\xe1\x86\xa8", 12, &b, &changed));
+  ck_assert(changed);
+  ck_assert_uint_eq(b.len, 9);
+  ck_assert_int_eq(memcmp(b.data, "\xea\xb0\x80\xe1\x86\xa7\xe1\x86\xa8", 9), 0);
   df_buf_free(&b);
 }
 END_TEST
