@@ -68,12 +68,6 @@ static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
   return DFLASH_OK;
 }
 
-static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
-  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
-  for (size_t i = 0; i < n; i++) out->v[out->len++] = (int32_t)ids[i];
-  return DFLASH_OK;
-}
-
 #define DF_NIL UINT32_MAX
 
 /* ---- list merge ----------------------------------------------------------- */
@@ -115,7 +109,7 @@ static inline __attribute__((always_inline)) void cand_set(pair_list *l, const d
   l->cand[k] = (uint64_t)r << 32 | p;
 }
 
-/* First round: every pair is two bytes, ranked from the 256x256 table when there is one. */
+/* First round: every pair is two bytes, ranked from the 256x256 table. */
 static void list_init(pair_list *l, const df_pairmap *pairs, const uint32_t *byte_id,
                       const uint8_t *piece) {
   uint32_t n = l->n;
@@ -127,18 +121,17 @@ static void list_init(pair_list *l, const df_pairmap *pairs, const uint32_t *byt
   }
   const uint32_t *byte_rank = pairs->byte_rank;
   for (uint32_t i = 0; i + 1 < n; i++) {
-    uint32_t r = byte_rank ? byte_rank[piece[i] << 8 | piece[i + 1]]
-                           : df_pairmap_rank(pairs, l->ids[i], l->ids[i + 1]);
+    uint32_t r = byte_rank[piece[i] << 8 | piece[i + 1]];
     if (r == UINT32_MAX) continue;
     l->at[i] = l->m;
     l->cand[l->m++] = (uint64_t)r << 32 | i;
   }
 }
 
-/* Merge piece[0..n) (n >= 2); the ids are left in s->ids[0..returned). s holds n ids and n
- * heap slots. */
-static size_t merge_list(const df_pairmap *pairs, uint64_t *cache, const uint32_t *byte_id,
-                         const uint8_t *piece, df_bpe_scratch *s, size_t n) {
+/* Merge piece[0..n) (n >= 2) and append the ids to out. s holds n ids and n heap slots. */
+static dflash_status merge_list(const df_pairmap *pairs, uint64_t *cache, const uint32_t *byte_id,
+                                const uint8_t *piece, df_bpe_scratch *s, size_t n, df_ids *out) {
+  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
   pair_list l = {s->ids, s->next, s->prev, s->rank, s->heap, 0, (uint32_t)n};
   list_init(&l, pairs, byte_id, piece);
   while (l.m) {
@@ -153,9 +146,8 @@ static size_t merge_list(const df_pairmap *pairs, uint64_t *cache, const uint32_
     cand_set(&l, pairs, cache, i);
     if (l.prev[i] != DF_NIL) cand_set(&l, pairs, cache, l.prev[i]);
   }
-  size_t w = 0; /* w <= i: compacting in place is safe */
-  for (uint32_t i = 0; i < n; i = l.next[i]) l.ids[w++] = l.ids[i];
-  return w;
+  for (uint32_t i = 0; i < n; i = l.next[i]) out->v[out->len++] = (int32_t)l.ids[i];
+  return DFLASH_OK;
 }
 
 /* ---- heap merge ----------------------------------------------------------- */
@@ -233,11 +225,10 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (n == 1) return df_ids_push(out, (int32_t)v->byte_id[piece[0]]);
   if (n > UINT32_MAX - 1) return df_error(DFLASH_E_OVERFLOW, "piece of %zu bytes", n);
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
-  if (n > heap_threshold) {
+  if (n > heap_threshold || !pairs->byte_rank) { /* the list needs df_pairmap_byte_ranks */
     for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
     return merge_heap(pairs, s, n, out);
   }
   if (heap_reserve(s, n)) return DFLASH_E_NOMEM;
-  size_t m = merge_list(pairs, s->pair_cache, v->byte_id, piece, s, n);
-  return emit(out, s->ids, m);
+  return merge_list(pairs, s->pair_cache, v->byte_id, piece, s, n, out);
 }
