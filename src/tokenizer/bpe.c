@@ -1,9 +1,9 @@
 /*
  * Byte-pair merging of one piece. Both paths apply the same rule as tiktoken
  * and Hugging Face: repeatedly merge the adjacent pair of lowest rank, the
- * leftmost one on ties. Short pieces use a flat array (cache friendly);
- * long ones a binary heap over a linked list, O(n log n), so a megabyte
- * without spaces is not quadratic.
+ * leftmost one on ties. Short pieces scan a short list of the pairs that can
+ * merge; long ones use a binary heap over a linked list, O(n log n), so a
+ * megabyte without spaces is not quadratic.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -68,46 +68,86 @@ static dflash_status scratch_reserve(df_bpe_scratch *s, size_t n) {
   return DFLASH_OK;
 }
 
-static dflash_status emit(df_ids *out, const uint32_t *ids, size_t n) {
-  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
-  for (size_t i = 0; i < n; i++) out->v[out->len++] = (int32_t)ids[i];
-  return DFLASH_OK;
+#define DF_NIL UINT32_MAX
+
+/* ---- list merge ----------------------------------------------------------- */
+
+/*
+ * Pieces up to the heap threshold. The tokens are a linked list over their first byte's
+ * position, and the pairs that can merge are kept apart as (rank << 32 | position), so the
+ * smallest entry is the lowest rank, leftmost. The pieces that reach BPE are mostly runs of
+ * rare characters where few adjacent pairs merge: a round scans those few instead of the
+ * whole piece (and relinks instead of moving the tail), which is what the O(n^2) flat array
+ * spent its time on. at[p]: where the pair starting at token p sits in the list, or DF_NIL.
+ */
+typedef struct pair_list {
+  uint32_t *ids, *next, *prev, *at;
+  uint64_t *cand;
+  uint32_t m, n;
+} pair_list;
+
+static void cand_drop(pair_list *l, uint32_t k) {
+  l->at[(uint32_t)l->cand[k]] = DF_NIL;
+  if (k != --l->m) {
+    l->cand[k] = l->cand[l->m];
+    l->at[(uint32_t)l->cand[k]] = k;
+  }
 }
 
-/* Flat array merge: O(n^2) worst case, fastest for the short pieces of real text. */
-static size_t merge_flat(const df_pairmap *pairs, uint64_t *cache, const uint32_t *byte_id,
-                         const uint8_t *piece, uint32_t *ids, uint32_t *rank, size_t n) {
-  if (pairs->byte_rank) { /* first round: every pair is two bytes */
-    for (size_t i = 0; i + 1 < n; i++) {
-      ids[i] = byte_id[piece[i]];
-      rank[i] = pairs->byte_rank[piece[i] << 8 | piece[i + 1]];
-    }
-    ids[n - 1] = byte_id[piece[n - 1]];
-  } else {
-    for (size_t i = 0; i < n; i++) ids[i] = byte_id[piece[i]];
-    /* The pair table is larger than the cache: start every first-round miss at once. */
-    for (size_t i = 0; i + 1 < n; i++) df_pairmap_prefetch(pairs, ids[i], ids[i + 1]);
-    for (size_t i = 0; i + 1 < n; i++) rank[i] = df_pairmap_rank(pairs, ids[i], ids[i + 1]);
+/* Rank the pair starting at token p anew: its tokens changed. Inlined: two calls per merge,
+ * and a call costs as much as the cached lookup. */
+static inline __attribute__((always_inline)) void cand_set(pair_list *l, const df_pairmap *pairs,
+                                                           uint64_t *cache, uint32_t p) {
+  uint32_t q = l->next[p];
+  uint32_t r = q < l->n ? pair_rank(pairs, cache, l->ids[p], l->ids[q]) : UINT32_MAX;
+  uint32_t k = l->at[p];
+  if (r == UINT32_MAX) {
+    if (k != DF_NIL) cand_drop(l, k);
+    return;
   }
-  rank[n - 1] = UINT32_MAX;
-  while (n > 1) {
-    size_t best = 0;
-    uint32_t best_rank = rank[0];
-    for (size_t i = 1; i + 1 < n; i++)
-      if (rank[i] < best_rank) best_rank = rank[i], best = i;
-    if (best_rank == UINT32_MAX) break;
-    ids[best] = df_pairmap_merged(pairs, best_rank);
-    size_t tail = n - best - 2;
-    memmove(ids + best + 1, ids + best + 2, tail * sizeof *ids);
-    memmove(rank + best + 1, rank + best + 2, tail * sizeof *rank);
-    n--;
-    rank[n - 1] = UINT32_MAX;
-    if (!cache && best + 1 < n) df_pairmap_prefetch(pairs, ids[best], ids[best + 1]);
-    if (!cache && best > 0) df_pairmap_prefetch(pairs, ids[best - 1], ids[best]);
-    if (best + 1 < n) rank[best] = pair_rank(pairs, cache, ids[best], ids[best + 1]);
-    if (best > 0) rank[best - 1] = pair_rank(pairs, cache, ids[best - 1], ids[best]);
+  if (k == DF_NIL) l->at[p] = k = l->m++;
+  l->cand[k] = (uint64_t)r << 32 | p;
+}
+
+/* First round: every pair is two bytes, ranked from the 256x256 table. */
+static void list_init(pair_list *l, const df_pairmap *pairs, const uint32_t *byte_id,
+                      const uint8_t *piece) {
+  uint32_t n = l->n;
+  for (uint32_t i = 0; i < n; i++) {
+    l->ids[i] = byte_id[piece[i]];
+    l->next[i] = i + 1;
+    l->prev[i] = i - 1; /* DF_NIL for the first */
+    l->at[i] = DF_NIL;
   }
-  return n;
+  const uint32_t *byte_rank = pairs->byte_rank;
+  for (uint32_t i = 0; i + 1 < n; i++) {
+    uint32_t r = byte_rank[piece[i] << 8 | piece[i + 1]];
+    if (r == UINT32_MAX) continue;
+    l->at[i] = l->m;
+    l->cand[l->m++] = (uint64_t)r << 32 | i;
+  }
+}
+
+/* Merge piece[0..n) (n >= 2) and append the ids to out. s holds n ids and n heap slots. */
+static dflash_status merge_list(const df_pairmap *pairs, uint64_t *cache, const uint32_t *byte_id,
+                                const uint8_t *piece, df_bpe_scratch *s, size_t n, df_ids *out) {
+  if (df_ids_reserve(out, n)) return DFLASH_E_NOMEM;
+  pair_list l = {s->ids, s->next, s->prev, s->rank, s->heap, 0, (uint32_t)n};
+  list_init(&l, pairs, byte_id, piece);
+  while (l.m) {
+    uint32_t b = 0;
+    for (uint32_t k = 1; k < l.m; k++)
+      if (l.cand[k] < l.cand[b]) b = k;
+    uint32_t i = (uint32_t)l.cand[b], j = l.next[i];
+    l.ids[i] = df_pairmap_merged(pairs, (uint32_t)(l.cand[b] >> 32));
+    if (l.at[j] != DF_NIL) cand_drop(&l, l.at[j]);
+    l.next[i] = l.next[j];
+    if (l.next[i] < n) l.prev[l.next[i]] = i;
+    cand_set(&l, pairs, cache, i);
+    if (l.prev[i] != DF_NIL) cand_set(&l, pairs, cache, l.prev[i]);
+  }
+  for (uint32_t i = 0; i < n; i = l.next[i]) out->v[out->len++] = (int32_t)l.ids[i];
+  return DFLASH_OK;
 }
 
 /* ---- heap merge ----------------------------------------------------------- */
@@ -139,21 +179,23 @@ static uint64_t heap_pop(uint64_t *h, size_t *n) {
   return top;
 }
 
-#define DF_NIL UINT32_MAX
-
 static void heap_update(const df_pairmap *pairs, df_bpe_scratch *s, size_t *hn, uint32_t i) {
   uint32_t j = s->next[i];
   s->rank[i] = j == DF_NIL ? UINT32_MAX : pair_rank(pairs, s->pair_cache, s->ids[i], s->ids[j]);
   if (s->rank[i] != UINT32_MAX) heap_push(s->heap, hn, (uint64_t)s->rank[i] << 32 | i);
 }
 
+static dflash_status heap_reserve(df_bpe_scratch *s, size_t n) {
+  if (s->heap_cap >= n) return DFLASH_OK;
+  uint64_t *h = realloc(s->heap, n * sizeof *h);
+  if (!h) return df_error_nomem("BPE heap");
+  s->heap = h;
+  s->heap_cap = n;
+  return DFLASH_OK;
+}
+
 static dflash_status merge_heap(const df_pairmap *pairs, df_bpe_scratch *s, size_t n, df_ids *out) {
-  if (s->heap_cap < 3 * n) {
-    uint64_t *h = realloc(s->heap, 3 * n * sizeof *h);
-    if (!h) return df_error_nomem("BPE heap");
-    s->heap = h;
-    s->heap_cap = 3 * n;
-  }
+  if (heap_reserve(s, 3 * n)) return DFLASH_E_NOMEM;
   size_t hn = 0;
   for (uint32_t i = 0; i < n; i++) {
     s->prev[i] = i ? i - 1 : DF_NIL;
@@ -183,10 +225,10 @@ dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs, const ui
   if (n == 1) return df_ids_push(out, (int32_t)v->byte_id[piece[0]]);
   if (n > UINT32_MAX - 1) return df_error(DFLASH_E_OVERFLOW, "piece of %zu bytes", n);
   if (scratch_reserve(s, n)) return DFLASH_E_NOMEM;
-  if (n > heap_threshold) {
+  if (n > heap_threshold || !pairs->byte_rank) { /* the list needs df_pairmap_byte_ranks */
     for (size_t i = 0; i < n; i++) s->ids[i] = v->byte_id[piece[i]];
     return merge_heap(pairs, s, n, out);
   }
-  size_t m = merge_flat(pairs, s->pair_cache, v->byte_id, piece, s->ids, s->rank, n);
-  return emit(out, s->ids, m);
+  if (heap_reserve(s, n)) return DFLASH_E_NOMEM;
+  return merge_list(pairs, s->pair_cache, v->byte_id, piece, s, n, out);
 }

@@ -1,0 +1,128 @@
+/*
+ * The list merge (pieces up to the heap threshold) against the heap merge, on real
+ * vocabularies: every token's own bytes, random bytes, and random runs of tokens, 1-300
+ * bytes. The heap merge is the reference: written apart, and the oracles check the whole
+ * encoder against tiktoken and Hugging Face, so two paths that agree here agree with them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "tok_testutil.h"
+#include "tokenizer/tok_internal.h"
+
+typedef struct diff_ctx {
+  const dflash_tokenizer *t;
+  df_bpe_scratch sc;
+  df_ids list, heap;
+  size_t pieces;
+} diff_ctx;
+
+/* Merge s both ways; on a difference, fail naming the piece. */
+static void same_ids(diff_ctx *d, const uint8_t *s, size_t n) {
+  d->list.len = d->heap.len = 0;
+  const dflash_tokenizer *t = d->t;
+  ck_assert_ok(df_bpe_encode(&t->vocab, &t->pairs, s, n, SIZE_MAX, &d->sc, &d->list));
+  ck_assert_ok(df_bpe_encode(&t->vocab, &t->pairs, s, n, 0, &d->sc, &d->heap));
+  bool same = d->list.len == d->heap.len &&
+              memcmp(d->list.v, d->heap.v, d->list.len * sizeof *d->list.v) == 0;
+  if (!same) {
+    char hex[2 * 64 + 1] = "";
+    for (size_t i = 0; i < n && i < 64; i++) snprintf(hex + 2 * i, 3, "%02x", s[i]);
+    ck_abort_msg("list merge gives %zu ids, heap merge %zu, for the %zu-byte piece %s%s",
+                 d->list.len, d->heap.len, n, hex, n > 64 ? "..." : "");
+  }
+  d->pieces++;
+}
+
+/* Every ordinary token whose bytes all have tokens (the merge's precondition). */
+static void every_token(diff_ctx *d) {
+  const df_vocab *v = &d->t->vocab;
+  for (uint32_t id = 0; id < v->n_ids; id++) {
+    if (v->kind[id] != DF_TOK_ORDINARY) continue;
+    const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
+    bool ok = true;
+    for (uint32_t i = 0; i < v->len[id] && ok; i++) ok = v->byte_id[p[i]] != UINT32_MAX;
+    if (ok) same_ids(d, p, v->len[id]);
+  }
+}
+
+/* A random ordinary token id whose bytes all have tokens, or UINT32_MAX. */
+static uint32_t random_token(const df_vocab *v, unsigned *seed) {
+  uint32_t id = (uint32_t)rand_r(seed) % v->n_ids;
+  if (v->kind[id] != DF_TOK_ORDINARY || !v->len[id]) return UINT32_MAX;
+  const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
+  for (uint32_t i = 0; i < v->len[id]; i++)
+    if (v->byte_id[p[i]] == UINT32_MAX) return UINT32_MAX;
+  return id;
+}
+
+/* Random bytes (those with a token), then random runs of tokens, each 1-300 bytes. */
+static void random_pieces(diff_ctx *d, unsigned seed, int count) {
+  const df_vocab *v = &d->t->vocab;
+  uint8_t buf[300], bytes[256];
+  size_t nb = 0;
+  for (int b = 0; b < 256; b++)
+    if (v->byte_id[b] != UINT32_MAX) bytes[nb++] = (uint8_t)b;
+  ck_assert_uint_gt(nb, 0);
+  for (int iter = 0; iter < count; iter++) {
+    size_t n = 1 + (size_t)rand_r(&seed) % sizeof buf;
+    for (size_t i = 0; i < n; i++) buf[i] = bytes[rand_r(&seed) % nb];
+    same_ids(d, buf, n);
+  }
+  for (int iter = 0; iter < count; iter++) {
+    size_t want = 1 + (size_t)rand_r(&seed) % sizeof buf, n = 0;
+    while (n < want) {
+      uint32_t id = random_token(v, &seed);
+      if (id == UINT32_MAX) continue;
+      size_t k = v->len[id] < want - n ? v->len[id] : want - n; /* the last one cut short */
+      memcpy(buf + n, v->blob.data + v->off[id], k);
+      n += k;
+    }
+    same_ids(d, buf, n);
+  }
+}
+
+static void check_vocabulary(const char *relative, unsigned seed) {
+  char *path = df_test_fixture(relative);
+  if (!path) return; /* the note says which fixture is absent */
+  dflash_tokenizer *t = tt_load(path, NULL);
+  diff_ctx d = {.t = t};
+  every_token(&d);
+  ck_assert_uint_gt(d.pieces, 1000); /* a real vocabulary, not an empty one */
+  random_pieces(&d, seed, 3000);
+  free(d.list.v);
+  free(d.heap.v);
+  df_bpe_scratch_free(&d.sc);
+  dflash_tokenizer_free(t);
+  free(path);
+}
+
+START_TEST(list_equals_heap_o200k) {
+  check_vocabulary("tokenizers/openai/o200k_base.tiktoken.gz", 200);
+}
+END_TEST
+
+START_TEST(list_equals_heap_cl100k) {
+  check_vocabulary("tokenizers/openai/cl100k_base.tiktoken.gz", 100);
+}
+END_TEST
+
+START_TEST(list_equals_heap_qwen2) { check_vocabulary("tokenizers/qwen2", 2); }
+END_TEST
+
+/* Kimi K2's rank file, where a fixture has it (the oracles otherwise build Kimi's layout
+ * from o200k's ranks, which list_equals_heap_o200k covers). */
+START_TEST(list_equals_heap_kimi) { check_vocabulary("tokenizers/kimi-k2/tiktoken.model", 163); }
+END_TEST
+
+TCase *tc_tok_bpe_diff(void) {
+  TCase *tc = tcase_create("bpe_diff");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, list_equals_heap_o200k);
+  tcase_add_test(tc, list_equals_heap_cl100k);
+  tcase_add_test(tc, list_equals_heap_qwen2);
+  tcase_add_test(tc, list_equals_heap_kimi);
+  return tc;
+}
