@@ -33,11 +33,16 @@ dflash_status muon_pieces(const df_cu_model *m, size_t lo, size_t hi, F f) {
   return DFLASH_OK;
 }
 
-#define DF_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc) \
-  DF_BLAS(cublasSgemm(m->blas, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc))
+// fp32 operands on the tensor cores: cuBLAS rounds A and B to TF32 (10 mantissa bits) and
+// accumulates (and adds beta C) in fp32. TF32 rather than bf16 (torch's Muon): at half the
+// bf16 peak it already puts Newton-Schulz well under the rest of the step (bench/gpu_model.py
+// --optimizer muon), with 8x finer input rounding and no bf16 copies of X and its Gram matrix.
+#define DF_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc)                                \
+  DF_BLAS(cublasGemmEx(m->blas, ta, tb, M, N, K, al, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, be, \
+                       C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT))
 
-// Newton-Schulz on the update of matrix k in ns_x (row-major [rows, cols], as optim_muon.c):
-// the Frobenius normalisation, then DF_MUON_NS_STEPS of X = a X + (b G + c G^2) X with
+// Newton-Schulz on the update of matrix k in ns_x (row-major [rows, cols], as optim_muon.c;
+// the products in TF32, DF_SGEMM): the Frobenius normalisation, then DF_MUON_NS_STEPS of X = a X + (b G + c G^2) X with
 // G = X X^T on the smaller side; a tall matrix (rows > cols) takes the same steps as
 // X = a X + X (b A + c A^2) with A = X^T X instead of being transposed. cuBLAS is column-major:
 // it sees the row-major buffer as X^T, so the products below are those transposed. *out gets
