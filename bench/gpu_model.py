@@ -63,13 +63,14 @@ import sys
 # tensor peak; sfu: ex2 per clock per SM; threads_sm: resident threads per SM.
 GPUS = {
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 Tensor Core 1,979 TFLOPS
-    # "with sparsity" -> 989.5 dense; FP32 67 TFLOPS; 141 GB HBM3e at 4.8 TB/s; NVLink
+    # "with sparsity" -> 989.5 dense; TF32 Tensor Core 989 "with sparsity" -> 494.75 dense
+    # (tf32; the other GPUs' is assumed half their bf16 peak, tf32_peak); FP32 67 TFLOPS; 141 GB HBM3e at 4.8 TB/s; NVLink
     # 900 GB/s (both directions). 132 SMs (GH100 as in the H100 SXM5). NCCL bus
     # bandwidth: 360 GB/s assumed (80 % of the 450 GB/s one direction of NVLink 4).
     # L2: 50 MB (GH100 as in the H100 SXM5, NVIDIA H100 Tensor Core GPU Architecture
     # whitepaper); L2 bandwidth 5.5 TB/s assumed (no datasheet figure; microbenchmarks of
     # the H100 SXM's L2 report about that).
-    "H200": dict(peak=989.5e12, fp32=67e12, bw=4.8e12, mem=141e9, sms=132, busbw=360e9,
+    "H200": dict(peak=989.5e12, tf32=494.75e12, fp32=67e12, bw=4.8e12, mem=141e9, sms=132, busbw=360e9,
                  l2=50e6, l2bw=5.5e12, smem_block=232448, smem_sm=233472,
                  smem_bw=132 * 128 * 1.83e9, mma_sync=0.65, clock=1.83e9, sfu=16,
                  threads_sm=2048, source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
@@ -689,13 +690,34 @@ def newton_schulz_flops(rows, cols):
     return 5 * (4.0 * r * r * c + 2.0 * r ** 3)
 
 
+def tf32_peak(gpu):
+    """The dense TF32 tensor-core peak: the datasheet's where recorded (H200), else assumed
+    half the bf16 peak (Hopper's and datacenter Blackwell's ratio)."""
+    return gpu.get("tf32", gpu["peak"] / 2)
+
+
+def muon_owners(mats, world):
+    """cuda/arena.cu assign_muon_owners: by decreasing Newton-Schulz FLOPs (ties in order),
+    each matrix to the least loaded rank (ties to the lowest). Returns (owners, loads)."""
+    load, owner = [0.0] * world, [0] * len(mats)
+    cost = [4.0 * min(r, k) ** 2 * max(r, k) + 2.0 * min(r, k) ** 3 for r, k in mats]
+    for i in sorted(range(len(mats)), key=lambda i: -cost[i]):
+        o = load.index(min(load))
+        owner[i] = o
+        load[o] += cost[i]
+    return owner, load
+
+
 def muon_ops(c, n, world):
-    """cuda/backend.cu muon_step's rows (MUON): on this rank's shard the momentum (Muon's
-    elements) beside AdamW (the rest); the fp32 updates all-gathered per bucket through the
-    staging buffer; per matrix, on every rank (replicated): its pieces copied out of the
-    staging buffer, the Frobenius norm, 5 Newton-Schulz steps of three fp32 cuBLAS products
-    and two copies, then the step on this rank's slices."""
+    """cuda/backend.cu muon_step's rows (MUON), for the busiest rank: on this rank's shard the
+    momentum (Muon's elements) beside AdamW (the rest); the fp32 updates all-gathered per
+    bucket through the staging buffer; per matrix this rank owns (muon_owners): its pieces
+    copied out of the staging buffer, the Frobenius norm, 5 Newton-Schulz steps of three TF32
+    cuBLAS products and two copies; per matrix, its owner's result broadcast, then the step on
+    this rank's slices."""
     mats = muon_matrices(c)
+    owner, load = muon_owners(mats, world)
+    busiest = load.index(max(load))
     nm = sum(r * k for r, k in mats)
     npad = -(-n // world) * world
     shard, mshard = npad // world, -(-nm // world)
@@ -706,10 +728,17 @@ def muon_ops(c, n, world):
            mem("AdamW on the rest (fp32 master, moments; bf16 copy)", "adamw",
                30 * (shard - mshard), launches=nb, flops=14.0 * (shard - mshard)),
            Op("Muon update all-gather (fp32)", "ncclAllGather", "comm", 0,
-              f * 4 * nm if world > 1 else 0, launches=nb if world > 1 else 0)]
+              f * 4 * nm if world > 1 else 0, launches=nb if world > 1 else 0),
+           # a broadcast's bus bandwidth is its algorithm bandwidth (NCCL's performance notes)
+           Op("Muon results broadcast from their owners (fp32)", "ncclBroadcast", "comm", 0,
+              4 * nm if world > 1 else 0, launches=len(mats) if world > 1 else 0)]
     for i, (r, k) in enumerate(mats):
         a, b = min(r, k), max(r, k)
         tag = f"Muon matrix {i} [{r}, {k}]"
+        if owner[i] != busiest:
+            ops.append(mem(f"{tag}: step on this rank's slices (master, bf16 copy)",
+                           "muon_apply", 14 * r * k / world))
+            continue
         ops += [mem(f"{tag}: pieces out of the staging buffer", "cudaMemcpyAsync", 8 * r * k),
                 mem(f"{tag}: Frobenius norm", "sumsq_partial+sumsq_final", 4 * r * k,
                     launches=2),
@@ -725,13 +754,13 @@ def muon_ops(c, n, world):
 
 
 def sgemm(name, M, N, K, count, beta=False):
-    """cublasSgemm C[M,N] (+)= A[M,K] B[K,N], fp32 throughout (Muon's Newton-Schulz): not
-    model FLOPs, and at the GPU's fp32 peak (no tensor cores without TF32)."""
+    """cublasGemmEx C[M,N] (+)= A[M,K] B[K,N], fp32 operands with CUBLAS_COMPUTE_32F_FAST_TF32
+    (Muon's Newton-Schulz): not model FLOPs, at the GPU's TF32 tensor peak."""
     fl = count * 2.0 * M * N * K
     by = count * (4 * (M * K + K * N) + 4 * M * N * (2 if beta else 1))
-    return Op(name, "cublasSgemm", "gemm", fl, by, 0.0, count, 1,
+    return Op(name, "cublasGemmEx", "gemm", fl, by, 0.0, count, 1,
               dict(M=M, N=N, K=K, c_bytes=4, beta=1.0 if beta else 0.0, call=(M, N, K),
-                   fp32=True))
+                   tf32=True))
 
 
 def step_ops(c, n, world):
@@ -813,6 +842,7 @@ MUON_KERNELS = {
     "muon_momentum": "per bucket: this rank's slice of the Muon matrices, 16 B per element",
     "muon_normalize": "per Muon matrix: the Frobenius normalisation, 8 B per element",
     "muon_apply": "per Muon matrix and bucket slice: the step on this rank's masters",
+    "ncclBroadcast": "per Muon matrix: its owner's orthogonalised update to every rank",
 }
 
 
@@ -826,15 +856,13 @@ def model_kernels(r):
 
 def gemm_time(o, gpu):
     M, N, K = o.extra["M"], o.extra["N"], o.extra["K"]
-    if o.extra.get("fp32"):  # cublasSgemm (Muon): fp32 CUDA cores
-        o.extra["eff"] = GEMM_EFF
-        return max(o.flops / (gpu["fp32"] * GEMM_EFF), o.bytes / (gpu["bw"] * MEM_EFF))
+    peak = tf32_peak(gpu) if o.extra.get("tf32") else gpu["peak"]  # Muon's Newton-Schulz
     tiles = -(-M // GEMM_TILE[0]) * -(-N // GEMM_TILE[1])
     waves = -(-tiles // gpu["sms"])
     wave_eff = tiles / (waves * gpu["sms"])
     eff = GEMM_EFF * wave_eff * K / (K + 128)
     o.extra["eff"] = eff
-    return max(o.flops / (gpu["peak"] * eff), o.bytes / (gpu["bw"] * MEM_EFF))
+    return max(o.flops / (peak * eff), o.bytes / (gpu["bw"] * MEM_EFF))
 
 
 def op_time(o, gpu, world):

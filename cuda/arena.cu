@@ -268,6 +268,27 @@ dflash_status place_rank(df_cu_model *m, const df_cu_config *c) {
   return DFLASH_OK;
 }
 
+// Each Muon matrix's owner, the one rank that runs its Newton-Schulz: the matrices by
+// decreasing FLOPs (ties in offset order), each to the least loaded rank (ties to the lowest),
+// so that every rank computes the same deterministic assignment from the same table.
+void assign_muon_owners(df_cu_model *m) {
+  std::vector<size_t> order(m->muon.size());
+  std::vector<double> cost(m->muon.size()), load((size_t)m->world, 0.0);
+  for (size_t i = 0; i < order.size(); i++) {
+    const df_cu_model::muon_mat &k = m->muon[i];
+    double r = k.rows < k.cols ? k.rows : k.cols, c = k.rows < k.cols ? k.cols : k.rows;
+    cost[i] = 4 * r * r * c + 2 * r * r * r; // one iteration's FLOPs, as gpu_model.py
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  for (size_t i : order) {
+    size_t least = (size_t)(std::min_element(load.begin(), load.end()) - load.begin());
+    m->muon[i].owner = (int)least;
+    load[least] += cost[i];
+  }
+}
+
 // Muon's matrices, checked against the parameters and sorted by offset, and its workspace
 // (train/dfcuda.h's df_cu_muon_scratch_bytes counts it); nothing without Muon.
 dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
@@ -282,7 +303,7 @@ dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
                       "matrix inside the %zu parameters",
                       i, (long long)k->rows, (long long)k->cols, k->offset, c->n_params);
     size_t n = (size_t)(k->rows * k->cols), r = (size_t)(k->rows < k->cols ? k->rows : k->cols);
-    m->muon.push_back({k->offset, n, (int)k->rows, (int)k->cols, k->lr_scale});
+    m->muon.push_back({k->offset, n, (int)k->rows, (int)k->cols, k->lr_scale, 0});
     max_n = n > max_n ? n : max_n;
     max_gram = r * r > max_gram ? r * r : max_gram;
   }
@@ -294,6 +315,7 @@ dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
     if (m->muon[i - 1].off + m->muon[i - 1].n > m->muon[i].off)
       return df_error(DFLASH_E_INVALID_ARG, "CUDA: Muon matrices at %zu and %zu overlap",
                       m->muon[i - 1].off, m->muon[i].off);
+  assign_muon_owners(m);
   if (!max_n) return DFLASH_OK;
   DF_TRY(dalloc(m, &m->ns_x, max_n, "Muon workspace"));
   DF_TRY(dalloc(m, &m->ns_y, max_n, "Muon workspace"));

@@ -33,11 +33,16 @@ dflash_status muon_pieces(const df_cu_model *m, size_t lo, size_t hi, F f) {
   return DFLASH_OK;
 }
 
-#define DF_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc) \
-  DF_BLAS(cublasSgemm(m->blas, ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc))
+// fp32 operands on the tensor cores: cuBLAS rounds A and B to TF32 (10 mantissa bits) and
+// accumulates (and adds beta C) in fp32. TF32 rather than bf16 (torch's Muon): at half the
+// bf16 peak it already puts Newton-Schulz well under the rest of the step (bench/gpu_model.py
+// --optimizer muon), with 8x finer input rounding and no bf16 copies of X and its Gram matrix.
+#define DF_SGEMM(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc)                                \
+  DF_BLAS(cublasGemmEx(m->blas, ta, tb, M, N, K, al, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, be, \
+                       C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT))
 
-// Newton-Schulz on the update of matrix k in ns_x (row-major [rows, cols], as optim_muon.c):
-// the Frobenius normalisation, then DF_MUON_NS_STEPS of X = a X + (b G + c G^2) X with
+// Newton-Schulz on the update of matrix k in ns_x (row-major [rows, cols], as optim_muon.c;
+// the products in TF32, DF_SGEMM): the Frobenius normalisation, then DF_MUON_NS_STEPS of X = a X + (b G + c G^2) X with
 // G = X X^T on the smaller side; a tall matrix (rows > cols) takes the same steps as
 // X = a X + X (b A + c A^2) with A = X^T X instead of being transposed. cuBLAS is column-major:
 // it sees the row-major buffer as X^T, so the products below are those transposed. *out gets
@@ -86,13 +91,40 @@ dflash_status muon_apply_matrix(df_cu_model *m, const df_cu_adam *a, const muon_
   return DFLASH_OK;
 }
 
+// Whether this rank orthogonalises matrix k: its owner, or every rank without a communicator.
+bool muon_owner(const df_cu_model *m, const muon_mat &k) {
+#ifdef DFLASH_HAVE_NCCL
+  if (m->comm) return k.owner == m->rank;
+#endif
+  (void)m;
+  (void)k;
+  return true;
+}
+
+// The owner's orthogonalised update o of matrix k into o on every rank (in place: on the other
+// ranks o is ns_x, which they left untouched); the step then reads the same bits everywhere.
+dflash_status muon_share(df_cu_model *m, const muon_mat &k, float *o) {
+#ifdef DFLASH_HAVE_NCCL
+  if (!m->comm) return DFLASH_OK;
+  ncclResult_t r = ncclBroadcast(o, o, k.n, ncclFloat, k.owner, m->comm, m->st);
+  if (r != ncclSuccess)
+    return df_error(DFLASH_E_CUDA, "NCCL broadcast of Muon's matrix at %zu from rank %d: %s", k.off,
+                    k.owner, ncclGetErrorString(r));
+#endif
+  (void)m;
+  (void)k;
+  (void)o;
+  return DFLASH_OK;
+}
+
 // Muon on the Muon matrices, AdamW on the rest, bucket by bucket in flat order (bucket
 // nb - 1 starts at 0). On this rank's slice: the momentum writes each matrix's update into
 // the staging buffer at the slice's place in the bucket (the rest gets AdamW); the staging
 // buffer is all-gathered in place, so every rank holds the bucket's updates, which are copied
-// into ns_x at their place in the matrix; a matrix complete there takes Newton-Schulz and
-// its step. (tmp is free here: uploads use it on this stream, and the reduce-scatters of the
-// bf16 path on comm_st finished before the optimizer, which waited for them.)
+// into ns_x at their place in the matrix (on its owner rank); a matrix complete there takes
+// Newton-Schulz on its owner, is broadcast from it, and takes its step on every rank. (tmp
+// is free here: uploads use it on this stream, and the reduce-scatters of the bf16 path on
+// comm_st finished before the optimizer, which waited for them.)
 dflash_status muon_step(df_cu_model *m, const df_cu_adam *a) {
   if (m->muon.empty())
     return df_error(DFLASH_E_STATE, "CUDA: a Muon step on a model created without Muon matrices");
@@ -128,11 +160,14 @@ dflash_status muon_step(df_cu_model *m, const df_cu_adam *a) {
     DF_TRY(muon_pieces(m, bk->offset, bk->offset + bk->count,
                        [&](const muon_mat *k, size_t s, size_t e) -> dflash_status {
                          if (!k) return DFLASH_OK;
-                         DF_CU(cudaMemcpyAsync(m->ns_x + (s - k->off), m->tmp + (s - bk->offset),
-                                               4 * (e - s), cudaMemcpyDeviceToDevice, m->st));
+                         bool mine = muon_owner(m, *k);
+                         if (mine)
+                           DF_CU(cudaMemcpyAsync(m->ns_x + (s - k->off), m->tmp + (s - bk->offset),
+                                                 4 * (e - s), cudaMemcpyDeviceToDevice, m->st));
                          if (e < k->off + k->n) return DFLASH_OK; // continues in the next bucket
-                         float *o = nullptr;
-                         DF_TRY(newton_schulz(m, *k, &o));
+                         float *o = m->ns_x;
+                         if (mine) DF_TRY(newton_schulz(m, *k, &o));
+                         DF_TRY(muon_share(m, *k, o));
                          return muon_apply_matrix(m, a, *k, o, b);
                        }));
   }

@@ -115,11 +115,13 @@ struct df_cu_model {
   // Muon (df_cu_config.muon, sorted by offset; empty for AdamW): per step, each matrix's
   // update all-gathered (through tmp, bucket by bucket) into ns_x, Newton-Schulz between
   // ns_x and ns_y with the Gram matrix in ns_g and its polynomial in ns_gg, the Frobenius
-  // norm's sum of squares in ns_ss (backend.cu muon_step).
+  // norm's sum of squares in ns_ss (backend.cu muon_step). Over several ranks only the
+  // matrix's owner (arena.cu assign_muon_owners) runs Newton-Schulz and broadcasts the result.
   struct muon_mat {
     size_t off, n;
     int rows, cols;
     double lr_scale;
+    int owner;
   };
   std::vector<muon_mat> muon;
   float *ns_x = nullptr, *ns_y = nullptr, *ns_g = nullptr, *ns_gg = nullptr;

@@ -397,6 +397,9 @@ typedef struct dflash_train_plan_options {
   int32_t device;          /* >= 0: read gpu_bytes, smem_per_block and pcie from this CUDA
                               device (DFLASH_E_NO_DEVICE / _UNSUPPORTED when there is none or
                               the library has no CUDA); -1: as set above (-1) */
+  int32_t optimizer;       /* dflash_optimizer: DFLASH_OPTIM_MUON adds the Muon step's
+                              workspace (its largest matrix twice, its Gram matrix twice, fp32)
+                              to the activations' scratch (DFLASH_OPTIM_ADAMW) */
 } dflash_train_plan_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

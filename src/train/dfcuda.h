@@ -290,8 +290,7 @@ DF_MUST_CHECK dflash_status df_cu_copy(df_cu_model *m, int kind, float *host, in
  * n_pos rows of KH values, bounded by the float32 path's 4 bytes a value;
  * bf16 stores need half, fp8 a quarter plus the scales). For `dflash train
  * --plan` (plain C: the core library has no CUDA). A Muon trainer allocates
- * df_cu_muon_scratch_bytes more, which the plan does not count: its options
- * have no optimizer. */
+ * df_cu_muon_scratch_bytes more, which the plan adds with options.optimizer Muon. */
 #define DF_CU_DW_SPLIT 256
 static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int n_pos) {
   size_t half = (size_t)d / 2, wide = (size_t)(H > d ? H : d);

@@ -101,6 +101,36 @@ static dflash_status plan_attention(const dflash_drafter_config *c, uint64_t lim
   return DFLASH_OK;
 }
 
+/* One tensor row (tensors.h) into the largest Muon matrix and Gram matrix so far, when Muon
+ * takes it (df_muon_takes, the rule both backends pick their matrices by). */
+static void muon_row(const char *name, int64_t d0, int64_t d1, int64_t d2, size_t *max_n,
+                     size_t *max_gram) {
+  df_tensor_info ti = {.ndim = d1 <= 0 ? 1 : d2 <= 0 ? 2 : 3, .shape = {d0, d1, d2}};
+  snprintf(ti.name, sizeof ti.name, "%s", name);
+  if (!df_muon_takes(&ti)) return;
+  size_t n = (size_t)d0 * (size_t)d1, r = (size_t)(d0 < d1 ? d0 : d1);
+  *max_n = n > *max_n ? n : *max_n;
+  *max_gram = r * r > *max_gram ? r * r : *max_gram;
+}
+
+/* The CUDA Muon step's workspace (df_cu_muon_scratch_bytes) for a drafter of these dims. */
+static uint64_t plan_muon_bytes(df_tensor_dims z) {
+  size_t max_n = 0, max_gram = 0;
+#define DF_MUON_ROW_(id, field, name, d0, d1, d2, init) \
+  muon_row(name, d0, d1, d2, &max_n, &max_gram);
+  DF_TENSORS_HEAD(DF_MUON_ROW_)
+  DF_TENSORS_TAIL(DF_MUON_ROW_)
+  if (z.L > 0) {
+    DF_TENSORS_LAYER(DF_MUON_ROW_)
+  }
+  if (z.dflash2) {
+    DF_TENSORS_CONV(DF_MUON_ROW_)
+    DF_TENSORS_SELECTOR(DF_MUON_ROW_)
+  }
+#undef DF_MUON_ROW_
+  return df_cu_muon_scratch_bytes(max_n, max_gram);
+}
+
 /* options.device: the GPU's memory, shared memory per block and links from the device. */
 static dflash_status plan_device(dflash_train_plan_options *o, dflash_train_plan *p) {
   df_cu_props d;
@@ -142,6 +172,10 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                     "anchors %d and vocab chunk %d must be positive, batch %d not negative",
                     opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
                     opts->batch_size);
+  if (opts->optimizer != DFLASH_OPTIM_ADAMW && opts->optimizer != DFLASH_OPTIM_MUON)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "plan options: optimizer %d is neither AdamW (%d) nor Muon (%d)",
+                    opts->optimizer, DFLASH_OPTIM_ADAMW, DFLASH_OPTIM_MUON);
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
   if (o.device >= 0 && (st = plan_device(&o, p))) return st;
@@ -163,11 +197,13 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   df_plan_dims(cfg, opts->seq_len, opts->num_anchors, opts->vocab_chunk, &d);
   df_act_layout lay;
   df_act_layout_compute(&d, &lay);
-  /* The arena, plus the staging buffer and scratch the backend keeps beside it. */
+  /* The arena, plus the staging buffer and scratch the backend keeps beside it (and Muon's). */
   p->activations = lay.total + df_cu_fixed_scratch_bytes(cfg->hidden_size,
                                                          cfg->n_target_layer_ids * cfg->hidden_size,
                                                          cfg->head_dim, cfg->block_size,
                                                          opts->seq_len + cfg->block_size);
+  if (opts->optimizer == DFLASH_OPTIM_MUON)
+    p->activations += plan_muon_bytes(df_tensor_dims_of(cfg, &ext));
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;
   p->gpu_bytes = opts->gpu_bytes;

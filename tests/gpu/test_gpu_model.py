@@ -36,7 +36,9 @@
 9. --rs-bf16 halves the reduce-scatter's bytes and prices its two conversion kernels;
 10. --optimizer muon: the Muon matrices are every parameter but the norms (the count from
    param_count), their Newton-Schulz FLOPs are 5 x (4 r^2 c + 2 r^3) per r x c matrix
-   (r <= c) on cublasSgemm rows, Muon's kernels are priced, and the model FLOPs do not move.
+   (r <= c) on TF32 cublasGemmEx rows, over 8 ranks only the busiest owner's share (the
+   owners as cuda/arena.cu assigns them), the results broadcast, Muon's kernels are priced,
+   and the model FLOPs do not move.
 """
 import json
 import os
@@ -229,9 +231,9 @@ def test_kernels():
     # The model's files (model.cuh names them): forward and backward, the step, NCCL, uploads.
     model_files = ("model.cu", "backend.cu", "dist.cu", "arena.cu")
     calls = set(re.findall(r"\b(cublasGemmEx|ncclReduceScatter|ncclAllGather|ncclAllReduce|"
-                           r"cudaMemcpyAsync|cudaMemsetAsync)\(",
+                           r"ncclBroadcast|cudaMemcpyAsync|cudaMemsetAsync)\(",
                            "".join(srcs.get(f, "") for f in model_files)))
-    check(all(f in srcs for f in model_files) and len(calls) == 6,
+    check(all(f in srcs for f in model_files) and len(calls) == 7,
           f"the model's files hold its cuBLAS, NCCL and copy calls: {sorted(calls)}")
     check(calls <= have, f"the model's cuBLAS/NCCL/copy calls {sorted(calls)} have rows")
     # The scan can fail: a launch of a kernel the model does not know is found.
@@ -454,26 +456,41 @@ def test_rs_bf16():
 
 
 def test_muon():
-    """--optimizer muon (cuda/backend.cu muon_step): the matrices, the Newton-Schulz FLOPs
-    and the kernels priced."""
+    """--optimizer muon (cuda/backend.cu muon_step): the matrices, the Newton-Schulz FLOPs of
+    the busiest rank's matrices (cuda/arena.cu assign_muon_owners) on TF32 rows, the
+    broadcast and the kernels priced."""
     c = gm.load_config("qwen3-8b")
     H, L, d = c["hidden_size"], c["num_hidden_layers"], c["head_dim"]
     adam = gm.model(c, "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.MUON = True
     try:
         muon = gm.model(c, "H200", 3072, 512, 1, 8, 16384, "mma")
+        one = gm.model(c, "H200", 3072, 512, 1, 1, 16384, "mma")
     finally:
         gm.MUON = False
     mats = gm.muon_matrices(c)
     norms = H + L * (2 * H + 2 * d) + H  # hidden norm, per layer 2 norms + q/k norms, final
     check(sum(r * k for r, k in mats) == gm.param_count(c) - norms and len(mats) == 1 + 7 * L,
           f"{len(mats)} Muon matrices hold every parameter but the {norms} of the norms")
-    ns = sum(5 * (4 * min(r, k) ** 2 * max(r, k) + 2 * min(r, k) ** 3) for r, k in mats)
-    sg = sum(o.flops * o.count for o, _ in muon["rows"] if o.kernel == "cublasSgemm")
-    check(close(sg, ns), f"Newton-Schulz on cublasSgemm {sg:.6g} FLOPs = 5 (4 r^2 c + 2 r^3) "
-          f"summed {ns:.6g}")
+    cost = [5 * (4 * min(r, k) ** 2 * max(r, k) + 2 * min(r, k) ** 3) for r, k in mats]
+    tf = lambda r: sum(o.flops * o.count for o, _ in r["rows"] if o.extra.get("tf32"))
+    check(close(tf(one), sum(cost)), f"world 1: Newton-Schulz on TF32 rows {tf(one):.6g} FLOPs "
+          f"= 5 (4 r^2 c + 2 r^3) summed {sum(cost):.6g}")
+    # The owners, recomputed here as cuda/arena.cu does: largest first, to the least loaded.
+    load = [0.0] * 8
+    for x in sorted(cost, reverse=True):
+        load[load.index(min(load))] += x
+    check(close(tf(muon), max(load)) and tf(muon) < sum(cost) / 7,
+          f"world 8: the busiest rank's Newton-Schulz {tf(muon):.6g} FLOPs = {max(load):.6g}, "
+          f"under 1/7 of {sum(cost):.6g}")
+    ns = [o for o, _ in muon["rows"] if o.extra.get("tf32")]
+    check(all(o.kernel == "cublasGemmEx" for o in ns) and
+          gm.gemm_time(ns[0], gm.GPUS["H200"]) < ns[0].flops / gm.GPUS["H200"]["fp32"],
+          "Newton-Schulz on cublasGemmEx rows, faster than the fp32 peak allows")
+    bc = sum(o.bytes for o, _ in muon["rows"] if o.kernel == "ncclBroadcast")
+    check(close(bc, 4 * sum(r * k for r, k in mats)), f"the results broadcast: {bc:.6g} bytes")
     kern = {o.kernel for o, _ in muon["rows"]} - {o.kernel for o, _ in adam["rows"]}
-    check(kern == {"muon_momentum", "muon_normalize", "muon_apply", "cublasSgemm"},
+    check(kern == {"muon_momentum", "muon_normalize", "muon_apply", "ncclBroadcast"},
           f"Muon's kernels priced: {sorted(kern)}")
     check(close(muon["model_flops"], adam["model_flops"]) and muon["step_s"] > adam["step_s"],
           f"model FLOPs unchanged; step {muon['step_s'] * 1e3:.0f} ms against AdamW's "

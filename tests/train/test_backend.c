@@ -81,6 +81,32 @@ START_TEST(plan_kimi_on_8x80gb) {
 }
 END_TEST
 
+/* With Muon the plan adds the step's workspace (cuda/arena.cu alloc_muon): the largest Muon
+ * matrix twice, fc [7168, 6 x 7168] = 308,281,344 elements (the MLP's [18432, 7168] is
+ * 132,120,576), and the largest Gram matrix twice, 7168^2 = 51,380,224 (fc, q, o, gate, up,
+ * down all have 7168 as the smaller side), fp32, plus one double:
+ * 4 * (2 * 308,281,344 + 2 * 51,380,224) + 8 = 2,877,292,552 (bench/gpu_model.py kimi
+ * --optimizer muon: "Muon workspace 2.68" GiB). Nothing else moves; an unknown optimizer
+ * is refused. */
+START_TEST(plan_counts_muon_workspace) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  kimi(&c);
+  dflash_train_plan_options o;
+  dflash_train_plan_options_default(&o);
+  ck_assert_int_eq(o.optimizer, DFLASH_OPTIM_ADAMW);
+  o.world_size = 8;
+  dflash_train_plan a = {.struct_size = sizeof a}, m = {.struct_size = sizeof m};
+  ck_assert_ok(dflash_train_plan_compute(&c, &o, &a));
+  o.optimizer = DFLASH_OPTIM_MUON;
+  ck_assert_ok(dflash_train_plan_compute(&c, &o, &m));
+  ck_assert_uint_eq(m.activations - a.activations, 2877292552ULL);
+  ck_assert_uint_eq(m.total - a.total, 2877292552ULL);
+  ck_assert_uint_eq(m.moments, a.moments); /* the CUDA backend keeps both moment buffers */
+  o.optimizer = 2;
+  ck_assert_status(dflash_train_plan_compute(&c, &o, &m), DFLASH_E_INVALID_ARG, "optimizer 2");
+}
+END_TEST
+
 START_TEST(plan_refuses_one_gpu_naming_the_term) {
   dflash_drafter_config c = {.struct_size = sizeof c};
   kimi(&c);
@@ -341,6 +367,7 @@ TCase *tc_backend(void) {
   tcase_add_test(tc, plan_kimi_on_8x80gb);
   tcase_add_test(tc, link_note_flags_a_mistuned_pcie_box);
   tcase_add_test(tc, plan_refuses_one_gpu_naming_the_term);
+  tcase_add_test(tc, plan_counts_muon_workspace);
   tcase_add_test(tc, cuda_backend_without_device);
   tcase_add_test(tc, cuda_backend_takes_partial_rotary);
   tcase_add_test(tc, dist_env_torchrun_slurm_and_errors);

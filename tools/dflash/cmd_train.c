@@ -31,6 +31,7 @@ static const char TRAIN_USAGE[] =
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu NAME] [--gpu-gb X]\n"
     "                    [--smem-kb X] [--vocab-chunk N] [--no-zero1]\n"
+    "                    [--optimizer adamw|muon]\n"
     "Trains a DFlash drafter on a tokenized dataset and offline target hidden states\n"
     "(a DFlash 2 drafter, `dflash init-config --arch dflash2`, on --backend cpu).\n"
     "OUT gets config.json + model.safetensors (SGLang/vLLM load it), train_state/ (for\n"
@@ -54,7 +55,8 @@ static const char TRAIN_USAGE[] =
     "memory per block, and exits 1 when either does not fit. --gpu h100|h200|b200|b300|\n"
     "rtx-pro-6000 sets the memory and shared memory per block (--gpu-gb, --smem-kb\n"
     "override them; without any of them, the CUDA device present (device 0), else an\n"
-    "80 GB GPU with 227 KB, as an H100).\n"
+    "80 GB GPU with 227 KB, as an H100). --plan --optimizer muon adds the Muon step's\n"
+    "workspace to the activations.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
     "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
@@ -280,6 +282,7 @@ static int cmd_plan(int argc, char **argv) {
                           {"--gpu", CLI_STR, &gpu_name, 0, 0, NULL},
                           {"--smem-kb", CLI_REAL, &smem_kb, 0, 1e6, NULL},
                           {"--vocab-chunk", CLI_INT, &po.vocab_chunk, 1, INT32_MAX, NULL},
+                          {"--optimizer", CLI_FN, &po.optimizer, 0, 0, parse_optimizer},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train --plan", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);

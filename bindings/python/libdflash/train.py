@@ -695,7 +695,8 @@ class TrainPlanOptions(ctypes.Structure):
                 ("batch_size", ctypes.c_int32), ("vocab_chunk", ctypes.c_int32),
                 ("zero1", ctypes.c_int32), ("gpu_bytes", ctypes.c_uint64),
                 ("reserve_bytes", ctypes.c_uint64), ("smem_per_block", ctypes.c_uint64),
-                ("pcie", ctypes.c_int32), ("device", ctypes.c_int32)]
+                ("pcie", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("optimizer", ctypes.c_int32)]
 
 
 class TrainPlan(ctypes.Structure):
@@ -726,7 +727,8 @@ def train_plan(config, **options):
     seq_len, num_anchors, batch_size (0: the trainer's pick), vocab_chunk, zero1, gpu_bytes,
     reserve_bytes, smem_per_block (the GPU's shared memory per block; 0: not checked), pcie
     (1: GPUs without NVLink, where several ranks take 4 sequences per step), device (>= 0:
-    the memory, shared memory and links of that CUDA device; its name in "device_name")."""
+    the memory, shared memory and links of that CUDA device; its name in "device_name"),
+    optimizer (1: Muon, whose step's workspace joins the activations)."""
     o = TrainPlanOptions()
     _plan_defaults(ctypes.byref(o), ctypes.sizeof(o))
     names = {f for f, _ in TrainPlanOptions._fields_} - {"struct_size"}
