@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPE = os.path.join(ROOT, "examples", "pipeline")
 
-# Today's default (the demo's): every config below is this plus one change.
+# The study's baseline (the demo's recipe when the study began): every config below is this plus one change.
 BASE = ["--anchors", "8", "--lr", "3e-3", "--warmup-ratio", "0.05"]
 CONFIGS = {  # in the order the study runs them
     "default": [],
