@@ -445,6 +445,7 @@ static void choose_impl(void) {
   const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
   bool no_simd = e && *e && strcmp(e, "0") != 0;
   df_scan_set_impl(g_avx2_ok && !no_simd ? DF_SCAN_BLOCK_AVX2 : DF_SCAN_PIECE);
+  df_utf8_set_avx2(!no_simd);
 }
 
 bool df_scan_set_impl(df_scan_impl impl) {

@@ -300,6 +300,11 @@ bool df_scan_cpu_has_avx2(void);
 /* Replace invalid UTF-8 as Python's decode("utf-8", "replace") does. Returns
  * false (nothing written) when the input is already valid. */
 DF_MUST_CHECK dflash_status df_utf8_repair(const char *s, size_t len, df_buf *out, bool *changed);
+/* Whether s[0..n) is well-formed UTF-8, with AVX2 (utf8_avx2.c; only where the CPU has it). */
+bool df_utf8_valid_avx2(const uint8_t *s, size_t n);
+/* Let df_utf8_repair ask df_utf8_valid_avx2 first (on at first load where the CPU has AVX2,
+ * unless DFLASH_TOKENIZER_NO_SIMD; not thread-safe, for tests). False when it cannot. */
+bool df_utf8_set_avx2(bool on);
 /* Decode one code point from valid UTF-8 at s[*i], advancing *i. */
 static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
   uint32_t c = s[*i];

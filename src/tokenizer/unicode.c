@@ -30,9 +30,18 @@ static size_t valid_prefix(const uint8_t *s, size_t avail, size_t *need) {
   return k;
 }
 
+static bool g_utf8_avx2;
+
+bool df_utf8_set_avx2(bool on) {
+  g_utf8_avx2 = on && df_scan_cpu_has_avx2();
+  return g_utf8_avx2 == on;
+}
+
 dflash_status df_utf8_repair(const char *str, size_t len, df_buf *out, bool *changed) {
   const uint8_t *s = (const uint8_t *)str;
   *changed = false;
+  /* Text is nearly always valid: the vector check costs a few percent of the byte loop. */
+  if (g_utf8_avx2 && df_utf8_valid_avx2(s, len)) return DFLASH_OK;
   size_t i = 0, copied = 0;
   while (i < len) {
     if (s[i] < 0x80) { /* ASCII: skip it eight bytes at a time */

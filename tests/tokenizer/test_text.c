@@ -1,4 +1,5 @@
 /* Text helpers: regex translation, UTF-8 repair (Python's "replace"), NFC. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -110,7 +111,7 @@ START_TEST(nfc_spans_match_whole_text) {
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   char text[4 * 24];
   df_buf b = {0};
-  for (int round = 0; round < 200000; round++) {
+  for (int round = 0; round < 50000; round++) {
     size_t n = 0, k = 1 + (size_t)(round % 24);
     for (size_t j = 0; j < k; j++) {
       rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -133,10 +134,90 @@ START_TEST(nfc_spans_match_whole_text) {
 }
 END_TEST
 
+/* Whether the scalar repair finds s[0..n) valid (the reference for the AVX2 check). */
+static bool scalar_valid(const uint8_t *s, size_t n) {
+  df_buf b = {0};
+  bool changed = false;
+  /* no ck_assert in these loops: Check records every passing one */
+  df_utf8_set_avx2(false);
+  if (df_utf8_repair((const char *)s, n, &b, &changed)) ck_abort_msg("repair failed");
+  df_buf_free(&b);
+  df_utf8_set_avx2(true);
+  return !changed;
+}
+
+/* seq (n bytes) placed inside ASCII at `at` of a `len`-byte buffer: across the vector's
+ * 32-byte boundary, at the start and at the end of the text. */
+static void check_placed(const uint8_t *seq, size_t n, size_t at, size_t len) {
+  uint8_t buf[96];
+  memset(buf, 'a', sizeof buf);
+  memcpy(buf + at, seq, n);
+  bool want = scalar_valid(buf, len);
+  if (df_utf8_valid_avx2(buf, len) != want)
+    ck_abort_msg("AVX2 says %svalid for %02x %02x %02x %02x (%zu bytes) at %zu of %zu",
+                 want ? "in" : "", seq[0], n > 1 ? seq[1] : 0, n > 2 ? seq[2] : 0,
+                 n > 3 ? seq[3] : 0, n, at, len);
+}
+
+/* The AVX2 check agrees with the scalar repair: every 1- and 2-byte string, every 3-byte one
+ * that starts with a lead byte and ends on a boundary value, 4-byte ones over the boundary values of each position, each
+ * across a block boundary and at both ends of the text; then random byte strings drawn from
+ * those values. */
+START_TEST(utf8_simd) {
+  if (!df_utf8_set_avx2(true)) {
+    printf("utf8_simd: skipped, this CPU has no AVX2\n");
+    return;
+  }
+  static const uint8_t edge[] = {0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0,
+                                 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0,
+                                 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFE, 0xFF};
+  const size_t spots[][2] = {{30, 64}, {0, 40}, {61, 64}, {33, 36}};
+  uint8_t q[4];
+  for (unsigned a = 0; a < 256; a++)
+    for (unsigned b = 0; b < 256; b++) {
+      q[0] = (uint8_t)a, q[1] = (uint8_t)b;
+      for (size_t k = 0; k < DF_ARRAY_LEN(spots); k++) {
+        check_placed(q, 1, spots[k][0] + 1, spots[k][1]);
+        check_placed(q, 2, spots[k][0], spots[k][1]);
+      }
+      for (size_t c = 0; a >= 0xC0 && c < sizeof edge; c++) {
+        q[2] = edge[c];
+        check_placed(q, 3, 30, 64);
+        check_placed(q, 3, 61, 64);
+      }
+    }
+  for (size_t a = 0; a < sizeof edge; a++)
+    for (size_t b = 0; b < sizeof edge; b++)
+      for (size_t c = 0; c < sizeof edge; c++)
+        for (size_t d = 0; d < sizeof edge; d++) {
+          q[0] = edge[a], q[1] = edge[b], q[2] = edge[c], q[3] = edge[d];
+          check_placed(q, 4, 29, 64);
+          check_placed(q, 4, 60, 64);
+        }
+  unsigned seed = 7;
+  uint8_t text[300];
+  for (int round = 0; round < 50000; round++) {
+    size_t n = (size_t)rand_r(&seed) % sizeof text;
+    for (size_t i = 0; i < n; i++) text[i] = edge[(size_t)rand_r(&seed) % sizeof edge];
+    bool want = scalar_valid(text, n);
+    if (df_utf8_valid_avx2(text, n) != want)
+      ck_abort_msg("AVX2 and scalar differ on random round %d (%zu bytes)", round, n);
+  }
+  /* Valid text through df_utf8_repair with the check on. */
+  df_buf out = {0};
+  bool changed = true;
+  const char *ok = "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 and some ASCII";
+  ck_assert_ok(df_utf8_repair(ok, strlen(ok), &out, &changed));
+  ck_assert(!changed);
+  df_buf_free(&out);
+}
+END_TEST
+
 TCase *tc_tok_text(void) {
   TCase *tc = tcase_create("text");
   tcase_add_test(tc, regex_translation);
   tcase_add_test(tc, utf8_repair_matches_python);
+  tcase_add_test(tc, utf8_simd);
   tcase_add_test(tc, nfc);
   tcase_add_test(tc, nfc_spans_match_whole_text);
   return tc;
