@@ -19,12 +19,12 @@
 
 /* What a pair (previous byte, this byte) can be wrong by: one bit per kind of error. */
 enum {
-  TOO_SHORT = 1 << 0,  /* a lead byte (11______) then a lead or ASCII byte */
-  TOO_LONG = 1 << 1,   /* ASCII then a continuation (10______) */
-  OVERLONG_3 = 1 << 2, /* 11100000 100_____ */
-  TOO_LARGE = 1 << 3,  /* above U+10FFFF: 11110100 1001____ or 101_____, and larger leads */
-  SURROGATE = 1 << 4,  /* 11101101 101_____ */
-  OVERLONG_2 = 1 << 5, /* 1100000_ 10______ */
+  TOO_SHORT = 1 << 0,      /* a lead byte (11______) then a lead or ASCII byte */
+  TOO_LONG = 1 << 1,       /* ASCII then a continuation (10______) */
+  OVERLONG_3 = 1 << 2,     /* 11100000 100_____ */
+  TOO_LARGE = 1 << 3,      /* above U+10FFFF: 11110100 1001____ or 101_____, and larger leads */
+  SURROGATE = 1 << 4,      /* 11101101 101_____ */
+  OVERLONG_2 = 1 << 5,     /* 1100000_ 10______ */
   TOO_LARGE_1000 = 1 << 6, /* 11110101 1000____ and larger leads */
   OVERLONG_4 = 1 << 6,     /* 11110000 1000____ (shares the bit: the low nibbles differ) */
   TWO_CONTS = 1 << 7,      /* a continuation then a continuation: valid only as 3rd/4th byte */
@@ -45,28 +45,23 @@ DF_AVX2 static inline __m256i nibble_hi(__m256i v) {
 DF_AVX2 static inline __m256i block_errors(__m256i in, __m256i prev) {
   const __m256i t1_hi = T16(TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG,
                             TOO_LONG, TWO_CONTS, TWO_CONTS, TWO_CONTS, TWO_CONTS,
-                            TOO_SHORT | OVERLONG_2, TOO_SHORT,
-                            TOO_SHORT | OVERLONG_3 | SURROGATE,
+                            TOO_SHORT | OVERLONG_2, TOO_SHORT, TOO_SHORT | OVERLONG_3 | SURROGATE,
                             TOO_SHORT | TOO_LARGE | TOO_LARGE_1000 | OVERLONG_4);
-  const __m256i t1_lo = T16(CARRY | OVERLONG_3 | OVERLONG_2 | OVERLONG_4, CARRY | OVERLONG_2,
-                            CARRY, CARRY, CARRY | TOO_LARGE, CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
+  const __m256i t1_lo = T16(CARRY | OVERLONG_3 | OVERLONG_2 | OVERLONG_4, CARRY | OVERLONG_2, CARRY,
+                            CARRY, CARRY | TOO_LARGE, CARRY | TOO_LARGE | TOO_LARGE_1000,
+                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
+                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
+                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
                             CARRY | TOO_LARGE | TOO_LARGE_1000,
                             CARRY | TOO_LARGE | TOO_LARGE_1000 | SURROGATE,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000);
-  const __m256i t2_hi = T16(
-      TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT,
-      TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE_1000 | OVERLONG_4,
-      TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE,
-      TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE,
-      TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE, TOO_SHORT, TOO_SHORT,
-      TOO_SHORT, TOO_SHORT);
+                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000);
+  const __m256i t2_hi =
+      T16(TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT,
+          TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE_1000 | OVERLONG_4,
+          TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE,
+          TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE,
+          TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE, TOO_SHORT, TOO_SHORT,
+          TOO_SHORT, TOO_SHORT);
   __m256i prev1 = PREV(in, prev, 1);
   __m256i sc = _mm256_and_si256(
       _mm256_and_si256(_mm256_shuffle_epi8(t1_hi, nibble_hi(prev1)),

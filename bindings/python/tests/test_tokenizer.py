@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import libdflash
+from libdflash import tokenizer as lt
 
 FIXTURES = os.environ.get("DFLASH_FIXTURES") or os.path.join(
     os.path.dirname(__file__), "..", "..", "..", "..", "shared", "fixtures")
@@ -150,7 +151,9 @@ def test_close_and_context_manager():
     tok.close()  # twice is fine
 
 
-def test_qwen2_directory_matches_hf():
+def qwen2_hf():
+    """Hugging Face `tokenizers` built as Qwen2's tokenizer.json describes it (skips when the
+    fixture or the package is absent)."""
     tokenizers = pytest.importorskip("tokenizers")
     if not os.path.isdir(QWEN2):
         pytest.skip("qwen2 fixture absent")
@@ -165,10 +168,43 @@ def test_qwen2_directory_matches_hf():
                              behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     ref.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return ref
+
+
+def test_qwen2_directory_matches_hf():
+    ref = qwen2_hf()
     with libdflash.Tokenizer(QWEN2) as tok:
         assert tok.vocab_size == 151646
         for text in TEXTS + ["<|im_start|>user\ncafe\u0301<|im_end|>"]:
             assert list(tok.encode(text)) == ref.encode(text, add_special_tokens=False).ids
+
+
+def test_arrays_hold_exactly_their_ids(cl100k):
+    """Texts with more ids than half their bytes (CJK, 4-byte letters; the first buffer was
+    once sized at half, so they were encoded twice) and, through NFC, more ids than bytes
+    (U+1D160 becomes three 4-byte code points, 6 ids for 4 bytes: the buffer is regrown).
+    Every path returns arrays that own exactly their ids."""
+    ref = qwen2_hf()
+    rare = "".join(chr(c) for c in range(0x1D400, 0x1D400 + 512))
+    with libdflash.Tokenizer(QWEN2) as qwen2:
+        han_a = "".join(chr(0x3400 + i) for i in range(2000))  # CJK extension A: 2-3 ids each
+        cases = [(cl100k, han_a), (cl100k, rare * 3),
+                 (qwen2, "\U0001D160" * 500), (qwen2, "\U0001D160" * 3000 + " x")]
+        for tok, text in cases:
+            want = ref.encode(text, add_special_tokens=False).ids if tok is qwen2 else None
+            n = len(text.encode())
+            paths = [tok._encode_ctypes] + ([tok._encode_fast] if lt._fast is not None else [])
+            for enc in paths:
+                ids = enc(text)
+                assert ids.flags.owndata and ids.base is None, enc.__name__
+                assert len(ids) > n // 2 and (want is None or list(ids) == want)
+                assert list(ids) == list(paths[0](text))
+            batches = [tok._encode_batch_ctypes] + (
+                [tok._encode_batch_fast] if lt._fast is not None else [])
+            for batch in batches:
+                got = batch([text, "ok"], n_threads=2)
+                assert list(got[0]) == list(ids) and list(got[1]) == list(tok.encode("ok"))
+                assert got[0].base.size == len(ids) + len(got[1])
 
 
 def test_cli_encode_decode(cl100k):
