@@ -256,12 +256,17 @@ static inline bool piece_equal(const uint8_t *q, const uint8_t *p, size_t n) {
 }
 _Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words");
 
-static bool cache_get(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n) {
+/* The ids of the piece p[0..n) with hash h, appended from the cache; false when it is not
+ * there. Up to 8 bytes the hash and the length decide (df_hash_word is one-to-one). */
+static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t h,
+                                                            const uint8_t *p, size_t n) {
   if (!c->cache || n > DF_CACHE_PIECE) return false;
   const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
-  if (e->hash != h || e->len != n || !piece_equal(e->bytes, p, n)) return false;
-  if (c->out.cap - c->out.len < e->n) return false; /* let the slow path grow it */
-  for (int k = 0; k < e->n; k++) c->out.v[c->out.len++] = (int32_t)e->ids[k];
+  if (e->hash != h || e->len != n || (n > 8 && !piece_equal(e->bytes, p, n))) return false;
+  /* All six, unconditionally: a loop over e->n reloads and stores out.len per id (the ids
+   * might alias it), 22 instructions a hit. encode_plain made room for them. */
+  memcpy(c->out.v + c->out.len, e->ids, sizeof e->ids);
+  c->out.len += e->n;
   return true;
 }
 
@@ -346,6 +351,17 @@ static inline void prefetch_piece(const enc_ctx *c, uint64_t h) {
   if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
 }
 
+/* df_hash_bytes of a piece of the text at base. A short piece not at the very start is read
+ * as the 8 bytes that end where it ends, shifted down: one load instead of df_load_upto8's
+ * branches on the length, which cost more than the hash. */
+static inline uint64_t piece_hash(const char *base, const df_range *r) {
+  size_t n = r->end - r->begin;
+  if (n - 1 > 7 || r->end < 8) return df_hash_bytes(base + r->begin, n); /* n == 0 wraps */
+  uint64_t w;
+  memcpy(&w, base + r->end - 8, 8);
+  return df_hash_word(w >> (64 - 8 * n), n);
+}
+
 /* Pre-tokenize and merge text that holds no added token. */
 static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
                                   enc_ctx *c) {
@@ -360,18 +376,29 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
    * lookups' cache misses overlap. */
   for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
     const df_range *r = &pieces->v[i];
-    hashes[i] = df_hash_bytes(base + r->begin, r->end - r->begin);
+    hashes[i] = piece_hash(base, r);
     prefetch_piece(c, hashes[i]);
   }
+  const uint32_t *byte_id = t->vocab.byte_id;
+  bool gaps = t->vocab.byte_gaps;
   for (size_t i = 0; i < pieces->len && !st; i++) {
     const df_range *r = &pieces->v[i];
+    const uint8_t *p = (const uint8_t *)base + r->begin;
+    size_t n = r->end - r->begin;
     uint64_t h = hashes[i % AHEAD];
     if (i + AHEAD < pieces->len) {
       const df_range *ra = &pieces->v[i + AHEAD];
-      hashes[i % AHEAD] = df_hash_bytes(base + ra->begin, ra->end - ra->begin);
+      hashes[i % AHEAD] = piece_hash(base, ra);
       prefetch_piece(c, hashes[i % AHEAD]);
     }
-    st = encode_piece(t, (const uint8_t *)base + r->begin, r->end - r->begin, h, c);
+    /* Room for the piece's ids (byte-level BPE: at most one per byte; a cache hit copies
+     * DF_CACHE_IDS), so that the two
+     * common cases, a single byte and a piece in the cache, are written here unchecked:
+     * through calls they cost a third of encode on English text. */
+    if (c->out.cap - c->out.len < n + DF_CACHE_IDS && df_ids_reserve(&c->out, n + DF_CACHE_IDS))
+      return DFLASH_E_NOMEM;
+    if (!gaps && n == 1) c->out.v[c->out.len++] = (int32_t)byte_id[*p];
+    else if (gaps || !cache_get(c, h, p, n)) st = encode_piece(t, p, n, h, c);
   }
   return st;
 }

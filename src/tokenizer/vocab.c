@@ -4,13 +4,8 @@
 
 #include "tok_internal.h"
 
-uint64_t df_hash_bytes(const void *p, size_t n) {
+uint64_t df_hash_long(const void *p, size_t n) {
   const uint8_t *s = p;
-  if (n <= 8) { /* most pieces: one multiply, high bits folded down for the mask */
-    uint64_t w = df_load_upto8(s, n);
-    uint64_t h = (w ^ (n * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-    return h ^ (h >> 29) ^ (h >> 47);
-  }
   uint64_t h = 0x243F6A8885A308D3ull ^ (n * 0x9E3779B97F4A7C15ull);
   while (n >= 8) {
     uint64_t w;
