@@ -87,13 +87,14 @@ END_TEST
  * LV syllables, singletons (U+212B, U+0340), starters that compose as second
  * (U+0CD5 after U+0CBF, U+0DCA..), precomposed letters that compose again
  * (U+00EA + U+0301), CJK and ASCII. */
-static const uint32_t NFC_ALPHABET[] = {'a',    'e',    'o',    ' ',    'A',    0x00EA, 0x00E9,
-                                        0x01B0, 0x0300, 0x0301, 0x0302, 0x0308, 0x0323, 0x0327,
-                                        0x031B, 0x0345, 0x05B0, 0x0591, 0x1100, 0x1161, 0x11A8,
-                                        0xAC00, 0xAC01, 0x212B, 0x0340, 0x0344, 0x0CBF, 0x0CD5,
-                                        0x0DD9, 0x0DCA, 0x0DCF, 0x0B47, 0x0B3E, 0x0B57, 0x3099,
-                                        0x304B, 0x65E5, 0x1E0D, 0x0391, 0x1F00, 0x0915, 0x093C,
-                                        0x1D15E};
+static const uint32_t NFC_ALPHABET[] = {'a',     'e',    'o',    ' ',    'A',    0x00EA, 0x00E9,
+                                        0x01B0,  0x0300, 0x0301, 0x0302, 0x0308, 0x0323, 0x0327,
+                                        0x031B,  0x0345, 0x05B0, 0x0591, 0x1100, 0x1161, 0x11A8,
+                                        0xAC00,  0xAC01, 0x212B, 0x0340, 0x0344, 0x0CBF, 0x0CD5,
+                                        0x0DD9,  0x0DCA, 0x0DCF, 0x0B47, 0x0B3E, 0x0B57, 0x3099,
+                                        0x304B,  0x65E5, 0x1E0D, 0x0391, 0x1F00, 0x0915, 0x093C,
+                                        0x1D15E, 0x0627, 0x0654, 0x0655, 0x3131, 0xFB2C, 0x05BC,
+                                        0x05C1};
 
 static size_t put_utf8(uint32_t c, char *o) {
   if (c < 0x80) return o[0] = (char)c, 1;
