@@ -221,6 +221,8 @@ def interleaved(engines, rounds, pick, per_doc, warm):
     for r, docs in enumerate(rounds):
         for k in range(len(live)):
             e = live[(r + k) % len(live)]
+            if not per_doc:
+                time.sleep(0.2)  # the previous engine's pool threads spin a while after a batch
             try:
                 out[e.name].append(timed(pick(e), docs, per_doc))
             except Exception as ex:  # noqa: BLE001
