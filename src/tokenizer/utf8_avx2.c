@@ -31,7 +31,62 @@ enum {
   CARRY = TOO_SHORT | TOO_LONG | TWO_CONTS /* errors the previous byte's low nibble allows */
 };
 
-#define T16(...) _mm256_setr_epi8(__VA_ARGS__, __VA_ARGS__)
+/* The three tables, indexed by a nibble (the same 16 bytes in both 128-bit lanes). */
+static const uint8_t T1_HI[16] = {TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TOO_LONG,
+                                  TWO_CONTS,
+                                  TWO_CONTS,
+                                  TWO_CONTS,
+                                  TWO_CONTS,
+                                  TOO_SHORT | OVERLONG_2,
+                                  TOO_SHORT,
+                                  TOO_SHORT | OVERLONG_3 | SURROGATE,
+                                  TOO_SHORT | TOO_LARGE | TOO_LARGE_1000 | OVERLONG_4};
+#define LARGE (CARRY | TOO_LARGE | TOO_LARGE_1000)
+static const uint8_t T1_LO[16] = {CARRY | OVERLONG_3 | OVERLONG_2 | OVERLONG_4,
+                                  CARRY | OVERLONG_2,
+                                  CARRY,
+                                  CARRY,
+                                  CARRY | TOO_LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE,
+                                  LARGE | SURROGATE,
+                                  LARGE,
+                                  LARGE};
+#undef LARGE
+static const uint8_t T2_HI[16] = {TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE_1000 |
+                                      OVERLONG_4,
+                                  TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE,
+                                  TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE,
+                                  TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT,
+                                  TOO_SHORT};
+
+DF_AVX2 static inline __m256i table(const uint8_t t[16]) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t));
+}
 
 DF_AVX2 static inline __m256i nibble_hi(__m256i v) {
   return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
@@ -43,25 +98,7 @@ DF_AVX2 static inline __m256i nibble_hi(__m256i v) {
 
 /* Error bits of one block given the block before it (zero bits: every pair is valid). */
 DF_AVX2 static inline __m256i block_errors(__m256i in, __m256i prev) {
-  const __m256i t1_hi = T16(TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG, TOO_LONG,
-                            TOO_LONG, TWO_CONTS, TWO_CONTS, TWO_CONTS, TWO_CONTS,
-                            TOO_SHORT | OVERLONG_2, TOO_SHORT, TOO_SHORT | OVERLONG_3 | SURROGATE,
-                            TOO_SHORT | TOO_LARGE | TOO_LARGE_1000 | OVERLONG_4);
-  const __m256i t1_lo = T16(CARRY | OVERLONG_3 | OVERLONG_2 | OVERLONG_4, CARRY | OVERLONG_2, CARRY,
-                            CARRY, CARRY | TOO_LARGE, CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000 | SURROGATE,
-                            CARRY | TOO_LARGE | TOO_LARGE_1000, CARRY | TOO_LARGE | TOO_LARGE_1000);
-  const __m256i t2_hi =
-      T16(TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT, TOO_SHORT,
-          TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE_1000 | OVERLONG_4,
-          TOO_LONG | OVERLONG_2 | TWO_CONTS | OVERLONG_3 | TOO_LARGE,
-          TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE,
-          TOO_LONG | OVERLONG_2 | TWO_CONTS | SURROGATE | TOO_LARGE, TOO_SHORT, TOO_SHORT,
-          TOO_SHORT, TOO_SHORT);
+  const __m256i t1_hi = table(T1_HI), t1_lo = table(T1_LO), t2_hi = table(T2_HI);
   __m256i prev1 = PREV(in, prev, 1);
   __m256i sc = _mm256_and_si256(
       _mm256_and_si256(_mm256_shuffle_epi8(t1_hi, nibble_hi(prev1)),
