@@ -15,7 +15,8 @@ engine), the engines taking turns within each round. Two threads: each engine's 
 with 2 threads, MB per wall-second (and its CPU/wall, which says whether both threads really
 ran); SCALING compares that with one thread's MB per CPU-second, which is the 2-thread speed-up
 when the machine gives the process two whole cores.
-Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
+--by-category times one thread per category of the corpus (English, CJK, code, emoji, ...),
+which says where libdflash leads or trails. Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
 tiktoken patterns, Hugging Face `tokenizers` for Qwen2): an engine with mismatches is listed
 as not exact and is left out of the ratios."""
 import argparse
@@ -281,6 +282,40 @@ def bench_case(label, engines, one_rounds, two_rounds, warm):
     return 1 if ours[2] else 0
 
 
+def category_docs(gen, mb, seed, doc_kb=16):
+    """About mb megabytes of documents of one corpus category."""
+    import random
+    rng = random.Random(seed)
+    docs, total = [], 0
+    while total < mb * 1024 * 1024:
+        parts, size = [], 0
+        while size < doc_kb * 1024:
+            parts.append(gen(rng) + " ")
+            size += len(parts[-1].encode("utf-8", "surrogatepass"))
+        docs.append("".join(parts))
+        total += size
+    return docs
+
+
+def by_category(label, engines, rounds, mb, warm):
+    """One thread, per corpus category: where libdflash leads or trails the exact peers."""
+    import corpus
+    print(f"{label}: one thread by category, MB/CPU-s (median of {rounds} rounds of {mb} MB)")
+    for k, gen in enumerate(corpus.GENERATORS):
+        sets = [category_docs(gen, mb, 7000 + 100 * k + r) for r in range(rounds)]
+        res = interleaved(engines, sets, lambda e: e.one, True, warm)
+        ref = next(iter(res.values()))
+        rate = {n: median([b / c / 1e6 for b, c, _, _ in v]) for n, v in res.items()
+                if not mismatches([x[3] for x in v], [x[3] for x in ref])}
+        peers = {n: r for n, r in rate.items() if n != "libdflash"}
+        best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
+        ours = rate.get("libdflash")
+        cells = "  ".join(f"{n.split()[0]} {r:.1f}" for n, r in sorted(rate.items(), key=lambda kv: -kv[1]))
+        ratio = f"  RATIO {ours / best[1]:.2f}x {best[0].split()[0]}" if best and ours else ""
+        print(f"  {gen.__name__.lstrip('_'):<18} {cells}{ratio}", flush=True)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--setup", action="store_true", help="create .venv-tok with the peers")
@@ -289,14 +324,17 @@ def main():
     ap.add_argument("--fixtures", default=os.environ.get("DFLASH_FIXTURES",
                                                          os.path.join(ROOT, "..", "shared", "fixtures")))
     ap.add_argument("--only", default="", help="comma list: o200k,kimi,qwen2,cl100k")
+    ap.add_argument("--by-category", action="store_true",
+                    help="one thread, per corpus category (English, CJK, code, ...) instead")
     args = ap.parse_args()
     if args.setup:
         return setup()
     reexec_in_venv()
     only = set(filter(None, args.only.split(","))) or {"o200k", "kimi", "qwen2"}
     import corpus
-    one_rounds = [corpus.documents(args.mb, seed=1000 + r) for r in range(args.rounds)]
-    two_rounds = [corpus.documents(args.mb, seed=2000 + r) for r in range(args.rounds)]
+    rounds = 0 if args.by_category else args.rounds
+    one_rounds = [corpus.documents(args.mb, seed=1000 + r) for r in range(rounds)]
+    two_rounds = [corpus.documents(args.mb, seed=2000 + r) for r in range(rounds)]
     warm = corpus.documents(0.1, seed=3000)
     import oracle_tiktoken as ot
     openai = os.path.join(args.fixtures, "tokenizers", "openai")
@@ -315,9 +353,14 @@ def main():
             lib_path = ot.kimi_dir(tmp, gz, ranks)[0] if case == "kimi" else gz
             label = "kimi-k2 pattern (o200k ranks)" if case == "kimi" else case
             engines = tiktoken_engines(case, pat, ranks, plain, lib_path)
+            if args.by_category:
+                by_category(label, engines, args.rounds, args.mb / 8, warm)
+                continue
             bad += bench_case(label, engines, one_rounds, two_rounds, warm)
         qdir = os.path.join(args.fixtures, "tokenizers", "qwen2")
-        if "qwen2" in only and os.path.isdir(qdir):
+        if "qwen2" in only and os.path.isdir(qdir) and args.by_category:
+            by_category("qwen2", qwen2_engines(qdir, tmp), args.rounds, args.mb / 8, warm)
+        elif "qwen2" in only and os.path.isdir(qdir):
             bad += bench_case("qwen2", qwen2_engines(qdir, tmp), one_rounds, two_rounds, warm)
     return 1 if bad else 0
 
