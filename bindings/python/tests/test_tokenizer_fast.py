@@ -13,9 +13,11 @@ from libdflash import tokenizer as lt
 from test_tokenizer import CL100K, TEXTS, cl100k, tiktoken_cl100k  # noqa: F401 - fixtures
 
 needs_fast = pytest.mark.skipif(lt._fast is None, reason="libdflash._fast not built")
-# Texts that take every branch of both paths: empty, short (the stack buffer), 2 KB of
-# characters of 2-4 tokens each (more ids than the stack buffer holds: the array path while
-# holding the GIL), and long (without the GIL).
+# Texts that take the branches of both paths: empty, short (the stack buffer), 2 KB of
+# characters of 2-4 tokens each (more ids than half their bytes, which the first buffers once
+# held), and long (without the GIL). More ids than bytes, which sends a short text from the
+# stack buffer to an array while holding the GIL, takes NFC expansion: test_tokenizer.py's
+# test_arrays_hold_exactly_their_ids.
 RARE = "".join(chr(c) for c in range(0x1D400, 0x1D400 + 512))  # 4-byte letters, 2048 bytes
 VARIED = ([t * k for t in TEXTS for k in (1, 7, 300)] + [RARE, "é" * 3000, "\u00ff" * 1024]
           + ["a\ud800b", "\ud83d\ude00 pair", "x\udfff", "end \ud800", "\ud800" * 700 + "!" * 3000])
@@ -32,7 +34,7 @@ def test_extension_loaded_when_built():
         assert libdflash.Tokenizer.encode_batch is libdflash.Tokenizer._encode_batch_fast
 
 
-def test_rare_text_fills_more_than_the_stack_buffer(cl100k):
+def test_rare_text_has_more_ids_than_half_its_bytes(cl100k):
     data = RARE.encode()
     assert len(data) <= 2048 and len(cl100k.encode(RARE)) > 1024
 
