@@ -96,6 +96,14 @@ static inline uint64_t df_load_upto8(const uint8_t *s, size_t n) {
   return (uint64_t)s[0] | (uint64_t)s[n / 2] << (8 * (n / 2)) | (uint64_t)s[n - 1] << (8 * (n - 1));
 }
 
+/* df_load_upto8 gives the bytes as a little-endian word (so one-to-one) only on such CPUs;
+ * elsewhere the tokenizer compares bytes where it would trust the short hash. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define DF_LITTLE_ENDIAN 1
+#else
+#define DF_LITTLE_ENDIAN 0
+#endif
+
 /* Hash of n > 8 bytes (vocab.c). */
 uint64_t df_hash_long(const void *p, size_t n);
 /* Hash of n <= 8 bytes given as w = df_load_upto8(bytes, n). Each step is invertible (an xor

@@ -262,7 +262,8 @@ static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t
                                                             const uint8_t *p, size_t n) {
   if (!c->cache || n > DF_CACHE_PIECE) return false;
   const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
-  if (e->hash != h || e->len != n || (n > 8 && !piece_equal(e->bytes, p, n))) return false;
+  if (e->hash != h || e->len != n || ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)))
+    return false;
   /* All six, unconditionally: a loop over e->n reloads and stores out.len per id (the ids
    * might alias it), 22 instructions a hit. encode_plain made room for them. */
   memcpy(c->out.v + c->out.len, e->ids, sizeof e->ids);
@@ -356,10 +357,14 @@ static inline void prefetch_piece(const enc_ctx *c, uint64_t h) {
  * branches on the length, which cost more than the hash. */
 static inline uint64_t piece_hash(const char *base, const df_range *r) {
   size_t n = r->end - r->begin;
+#if DF_LITTLE_ENDIAN
   if (n - 1 > 7 || r->end < 8) return df_hash_bytes(base + r->begin, n); /* n == 0 wraps */
-  uint64_t w;
+  uint64_t w; /* the piece is the top n bytes of this little-endian word */
   memcpy(&w, base + r->end - 8, 8);
   return df_hash_word(w >> (64 - 8 * n), n);
+#else
+  return df_hash_bytes(base + r->begin, n);
+#endif
 }
 
 /* Pre-tokenize and merge text that holds no added token. */
