@@ -567,8 +567,8 @@ static void gather_range(void *arg, size_t begin, size_t end, int worker) {
 
 /* The texts' offsets, then their ids copied on the pool: copied by one thread, they were
  * ~5 % of a 2-thread batch, which kept it under 1.8x one thread. */
-static dflash_status batch_gather(batch_job *j, df_pool *pool, size_t n, int workers, int32_t *ids,
-                                  size_t cap, size_t *offsets) {
+static dflash_status batch_gather(batch_job *j, df_pool *pool, size_t n, int workers, size_t cap) {
+  size_t *offsets = j->offsets;
   for (int w = 0; w < workers; w++)
     if (j->status[w]) return df_error(j->status[w], "%s", j->message[w] ? j->message[w] : "");
   size_t at = 0;
@@ -579,8 +579,6 @@ static dflash_status batch_gather(batch_job *j, df_pool *pool, size_t n, int wor
   offsets[n] = at;
   if (at > cap)
     return df_error(DFLASH_E_BUFFER, "encode_batch: %zu ids do not fit in %zu", at, cap);
-  j->ids = ids;
-  j->offsets = offsets;
   df_pool_for(pool, n, n / ((size_t)workers * 4) + 1, gather_range, j);
   return DFLASH_OK;
 }
@@ -623,7 +621,8 @@ dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const cha
   dflash_status st = n > 1 ? batch_pool(t, n_threads, &pool, &own) : DFLASH_OK;
   if (st) return st;
   int workers = df_pool_size(pool);
-  batch_job j = {.t = t, .texts = texts, .lens = lens, .mode = special};
+  batch_job j = {
+      .t = t, .texts = texts, .lens = lens, .mode = special, .ids = ids, .offsets = offsets};
   j.ctx = calloc((size_t)workers, sizeof *j.ctx);
   j.arena = calloc((size_t)workers, sizeof *j.arena);
   j.status = calloc((size_t)workers, sizeof *j.status);
@@ -637,7 +636,7 @@ dflash_status dflash_tokenizer_encode_batch(const dflash_tokenizer *t, const cha
     /* Small grains balance uneven text lengths; texts are independent. */
     size_t grain = n / ((size_t)workers * 16) + 1;
     df_pool_for(pool, n, grain, batch_range, &j);
-    st = batch_gather(&j, pool, n, workers, ids, cap, offsets);
+    st = batch_gather(&j, pool, n, workers, cap);
   }
   for (int w = 0; j.ctx && w < workers; w++) {
     ctx_free(&j.ctx[w]);
