@@ -282,27 +282,12 @@ def bench_case(label, engines, one_rounds, two_rounds, warm):
     return 1 if ours[2] else 0
 
 
-def category_docs(gen, mb, seed, doc_kb=16):
-    """About mb megabytes of documents of one corpus category."""
-    import random
-    rng = random.Random(seed)
-    docs, total = [], 0
-    while total < mb * 1024 * 1024:
-        parts, size = [], 0
-        while size < doc_kb * 1024:
-            parts.append(gen(rng) + " ")
-            size += len(parts[-1].encode("utf-8", "surrogatepass"))
-        docs.append("".join(parts))
-        total += size
-    return docs
-
-
 def by_category(label, engines, rounds, mb, warm):
     """One thread, per corpus category: where libdflash leads or trails the exact peers."""
     import corpus
     print(f"{label}: one thread by category, MB/CPU-s (median of {rounds} rounds of {mb} MB)")
     for k, gen in enumerate(corpus.GENERATORS):
-        sets = [category_docs(gen, mb, 7000 + 100 * k + r) for r in range(rounds)]
+        sets = [corpus.documents(mb, seed=7000 + 100 * k + r, only=gen) for r in range(rounds)]
         res = interleaved(engines, sets, lambda e: e.one, True, warm)
         ref = next(iter(res.values()))
         rate = {n: median([b / c / 1e6 for b, c, _, _ in v]) for n, v in res.items()

@@ -216,8 +216,10 @@ def strings(n=6000, seed=1234):
     return out
 
 
-def documents(mb=2.0, seed=99, doc_kb=16):
-    """About `mb` megabytes of UTF-8 in documents of about doc_kb KiB each."""
+def documents(mb=2.0, seed=99, doc_kb=16, only=None):
+    """About `mb` megabytes of UTF-8 in documents of about doc_kb KiB each; `only`: one
+    generator of GENERATORS instead of the weighted mix (bench/tokenizer_bench.py
+    --by-category)."""
     rng = random.Random(seed)
     target = int(mb * 1024 * 1024)
     docs, total = [], 0
@@ -225,7 +227,7 @@ def documents(mb=2.0, seed=99, doc_kb=16):
     while total < target:
         parts, size = [], 0
         while size < doc_kb * 1024:
-            g = rng.choices(GENERATORS, weights)[0]
+            g = only or rng.choices(GENERATORS, weights)[0]
             s = g(rng) + rng.choice([" ", "\n", "\n\n", " ", ". "])
             parts.append(s)
             size += len(s.encode())
