@@ -36,8 +36,8 @@
 //   registers  per lane: S (and dP) N / 2 floats, the O / dQ accumulator dp / 2 floats (dK,
 //            dV dp / 2 each); kernels are instantiated for dp <= 64, 128, 256, every loop
 //            over fragments unrolled to those bounds so that the arrays stay in registers.
-//            ptxas -v (CUDA 13.0, sm_120) at dp <= 128: attention_forward 146,
-//            attention_backward_q 167, attention_backward_kv 224 (context) / 195 (block),
+//            ptxas -v (CUDA 13.0, sm_120, -O3; 2026-12-06) at dp <= 128: attention_forward
+//            146, attention_backward_q 165, attention_backward_kv 224 (context) / 201 (block),
 //            no spills (at 256 threads one CTA per SM, as the shared memory leaves it); dp
 //            256 takes 255 (256 threads x 255 still fit 65,536 per block) and spills.
 //   FLOPs    (tensor-core, per CTA; keys = the sum of w over the tiles visited)
@@ -520,6 +520,9 @@ __global__ void attention_backward_kv(Shape s, int n_blocks, bf16 *dk, bf16 *dv,
       accumulate(s, dK, dP, Q, rc, w); // dK += dS^T Q
     }
   }
+  // A context key tile that no block sees skips every wait above, and its CTA must not exit
+  // with its K/V copies in flight (undefined in the PTX ISA; the emulator faults on it).
+  tc_cp_wait<0>();
   if (s.kvg == 2) { // the second row group's sums added to the first's, in that order
     float *part = (float *)(sm + L.q); // N x dp fp32: fits the Q and dO rows (kv_groups)
     combine(s, dK, part, rg, k0w);

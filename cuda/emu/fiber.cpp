@@ -468,8 +468,14 @@ void run_thread(Exec *e, Runner *r, unsigned tid) {
   became_current(e, t);
   e->k->body.run(e->k->body.args);
   e = t_exec;
-  for (AsyncCopy &c : t->async) std::memcpy(c.dst, c.src, c.bytes); // they land anyway
-  t->async.clear();
+  // The PTX ISA leaves a copy into shared memory undefined once its CTA may have exited, and
+  // a thread that exits without cp.async.wait_group lets its CTA do so with copies in flight:
+  // a fault here, where the hardware would write into memory another CTA may already own.
+  if (!t->async.empty())
+    device_fault("thread (%u,%u,%u) of block (%u,%u,%u) of %s exited with %zu cp.async copies in "
+                 "flight (no cp.async.wait_group after them)",
+                 t->idx.x, t->idx.y, t->idx.z, e->block.x, e->block.y, e->block.z, e->k->name,
+                 t->async.size());
   t->state = DONE;
   e->cur = nullptr;
   e->alive--;

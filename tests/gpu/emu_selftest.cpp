@@ -197,6 +197,9 @@ __global__ void mma_gemm(float *C, const bf16 *A, const bf16 *At, const bf16 *B,
     }
     tc_mma(c, a, b, c);
   }
+  // MMA_NOWAIT has read the poison; its copies still complete before the thread exits (a
+  // thread that exits with copies in flight is a fault of its own, cp_exit_in_flight).
+  if (mode == MMA_NOWAIT) tc_cp_wait<0>();
   for (int i = 0; i < 4; i++) C[(g + (i >> 1) * 8) * 8 + 2 * t + (i & 1)] = c[i];
 }
 
@@ -212,6 +215,15 @@ __global__ void cp_groups(float *out, const bf16 *src) {
   out[l] = __bfloat162float(sh[l * 8]), out[32 + l] = __bfloat162float(sh[256 + l * 8]);
   tc_cp_wait<0>();
   out[64 + l] = __bfloat162float(sh[256 + l * 8]);
+}
+
+// A thread that exits with a committed cp.async never waited for (its CTA may be gone when
+// the copy lands): the bug attention_backward_kv had for a context key tile no block sees.
+__global__ void cp_exit_in_flight(float *out) {
+  DF_SHARED(float, sh, [32 * 4]);
+  int l = threadIdx.x;
+  tc_cp_async16(sh + l * 4, out + l % 16 * 4);
+  tc_cp_commit();
 }
 
 // Misuse the hardware would hang on or fault: one lane skips the mma, lanes at different
@@ -982,6 +994,8 @@ int main() {
   expect_abort("an mma.sync one lane skips", mma_lane_missing, 32, "every lane of the warp");
   expect_abort("lanes at ldmatrix.x2 and .x4", ldsm_lanes_differ, 32, "ldmatrix.m8n8.x");
   expect_abort("ldmatrix from global memory", ldsm_global, 32, "not in the block's shared memory");
+  expect_abort("a thread that exits with cp.async in flight", cp_exit_in_flight, 32,
+               "exited with 1 cp.async copies in flight");
   printf("%s (%d failures)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }

@@ -374,9 +374,14 @@ START_TEST(topk_fused_into_the_ce_pass) {
   enum { RR = 5, HH = 12, VV = 61, CH = 7, KK = 9 };
   float x[RR * HH], E[VV * HH], coef[RR];
   int32_t tgt[RR];
-  for (int i = 0; i < RR * HH; i++) x[i] = sinf(0.61f * (float)i + 0.3f);
+  /* Eighths and sixteenths: every product is a multiple of 1/128 and every logit a sum of
+   * 12 of them, exact in float32, so the tied rows below give equal logits whatever order
+   * and blocking the BLAS's GEMM kernel sums in (OpenBLAS's Prescott kernels and AVX-512's
+   * do not sum alike, and rounded sin/cos values gave 59 before 11 under Prescott). */
+  for (int i = 0; i < RR * HH; i++) x[i] = roundf(8 * sinf(0.61f * (float)i + 0.3f)) / 8;
   for (int v = 0; v < VV; v++)
-    for (int j = 0; j < HH; j++) E[v * HH + j] = cosf(0.37f * (float)(v * HH + j));
+    for (int j = 0; j < HH; j++)
+      E[v * HH + j] = roundf(16 * cosf(0.37f * (float)(v * HH + j))) / 16;
   /* Rows 0 and 2 get tokens 3 and 10 first, then ties: 3 = 40 (chunks 0 and
    * 5), 10 = 11 = 59 (chunks 1 and 8). */
   for (int j = 0; j < HH; j++)

@@ -29,8 +29,11 @@ by comparing one sample with the transformers recipe above), run a prefill
 per request. The rows must align with the dataset's input_ids (same tokens,
 same length); the stream reports every sample whose lengths differ.
 """
+import atexit
 import ctypes
 import os
+import warnings
+import weakref
 
 import numpy as np
 
@@ -168,7 +171,20 @@ class HiddenWriter:
 
     append(sample_id, array [S, K*H]) buffers a sample; shards of
     `shard_bytes` are written as they fill; close() (or leaving a `with`)
-    writes the rest. Reopening a directory appends to it.
+    writes the rest. Reopening a directory appends to it. Use it as
+    `with libdflash.HiddenWriter(...) as w:`.
+
+    A writer that is never closed still commits what it holds: when it is
+    garbage-collected, or at interpreter exit, its buffered samples are
+    written and its index updated, and a RuntimeWarning names the directory
+    and the samples appended since the last flush. Committing, not
+    discarding, because every buffered sample was whole when append() took
+    it (a shard is written under a temporary name and renamed, so a commit
+    never leaves half a sample), and those rows cost a target forward each;
+    a script that simply forgot close() would otherwise lose up to
+    `shard_bytes` of them without a word. Only leaving a `with` block by an
+    exception discards the buffer (a failed dump's last samples may be the
+    cause of the failure); the samples already in shards stay.
 
     Spool mode (spool_budget=BYTES, at least 2 * shard_bytes): `dir` (a folder or
     an s3:// prefix) is a spool that `dflash train --hidden spool:DIR` consumes
@@ -183,15 +199,14 @@ class HiddenWriter:
 
     Producer recipes (the target writes, `dflash train --hidden spool:DIR` reads):
 
-        w = libdflash.HiddenWriter("s3://bucket/spool", num_layers=K, hidden_size=H,
-                                   shard_bytes=256 << 20, spool_budget=8 << 30)
-        for epoch in range(w.spool_status()["epoch"], epochs):
-            for sid, input_ids in dataset:             # same order every restart
-                if sid in w:
-                    continue                           # published before a crash
-                w.append(sid, prefill(input_ids))      # blocks while the spool is full
-            w.end_epoch()
-        w.close()
+        with libdflash.HiddenWriter("s3://bucket/spool", num_layers=K, hidden_size=H,
+                                    shard_bytes=256 << 20, spool_budget=8 << 30) as w:
+            for epoch in range(w.spool_status()["epoch"], epochs):
+                for sid, input_ids in dataset:         # same order every restart
+                    if sid in w:
+                        continue                       # published before a crash
+                    w.append(sid, prefill(input_ids))  # blocks while the spool is full
+                w.end_epoch()
 
     prefill() with SGLang: an engine with hidden-state capture, as SpecForge
     drives it: `model_runner.model.set_eagle3_layers_to_capture([k + 1 for k in
@@ -219,9 +234,11 @@ class HiddenWriter:
             opts.spool_budget = int(spool_budget)
             opts.spool_wait_s = -1.0 if spool_wait is None else float(spool_wait)
         self.width = num_layers * hidden_size
+        self._dir, self._pending = str(directory), 0
         self._h = _P()
         _w_create(cstr(directory), num_layers, hidden_size, ctypes.byref(opts),
                   ctypes.byref(self._h))
+        _OPEN_WRITERS.add(self)
 
     def _writer(self):
         if not getattr(self, "_h", None):
@@ -249,14 +266,17 @@ class HiddenWriter:
                 raise ValueError(f"target_ids have shape {t.shape}; expected [{a.shape[0]}]")
             r.target_ids = t.ctypes.data
         _w_add(self._writer(), str(sample_id).encode(), ctypes.byref(r))
+        self._pending += 1
 
     def flush(self):
         """Write the buffered samples as a shard and update the index."""
         _w_flush(self._writer())
+        self._pending = 0
 
     def end_epoch(self):
         """Spool: publish the buffered samples and mark the end of the current epoch."""
         _w_end_epoch(self._writer())
+        self._pending = 0
 
     def __contains__(self, sample_id):
         return bool(_w_contains(self._writer(), str(sample_id).encode()))
@@ -272,6 +292,7 @@ class HiddenWriter:
     def close(self):
         """Write the buffered samples and the index, then release the writer."""
         h, self._h = getattr(self, "_h", None), None
+        _OPEN_WRITERS.discard(self)
         if h:
             try:
                 _w_finish(h)
@@ -286,12 +307,38 @@ class HiddenWriter:
             self.close()
         else:  # do not write a shard from a failed dump's buffer
             h, self._h = self._h, None
+            _OPEN_WRITERS.discard(self)
             _w_free(h)
 
+    def _commit_unclosed(self, when):
+        """close() for a writer its owner forgot, with a warning (see the class docstring)."""
+        if not getattr(self, "_h", None) or _w_finish is None:
+            return  # closed, or the module is already torn down (then _at_exit ran first)
+        n = self._pending
+        try:
+            self.close()
+        except Exception as e:  # a finalizer must not raise; say what was lost instead
+            warnings.warn(f"HiddenWriter({self._dir!r}) was not closed, and committing its "
+                          f"{n} buffered samples {when} failed: {e}", RuntimeWarning)
+            return
+        warnings.warn(f"HiddenWriter({self._dir!r}) was not closed: {when}, its {n} samples "
+                      "appended since the last flush were written (use `with` or close())",
+                      RuntimeWarning)
+
     def __del__(self):
-        h, self._h = getattr(self, "_h", None), None
-        if h and _w_free is not None:
-            _w_free(h)
+        self._commit_unclosed("when it was garbage-collected")
+
+
+# Writers not yet closed: committed at interpreter exit, while the library and the log
+# callback still work (atexit runs before module teardown; registered after _core's
+# handler, so it runs before that one unsets the callback).
+_OPEN_WRITERS = weakref.WeakSet()
+
+
+@atexit.register
+def _commit_open_writers():
+    for w in list(_OPEN_WRITERS):
+        w._commit_unclosed("at interpreter exit")
 
 
 class Spool(Handle):

@@ -160,3 +160,45 @@ def test_layout_and_file_names(tmp_path):
     w.append("s0", np.ones((2, 4), dtype=np.float32))
     w.close()
     assert libdflash.hidden_layout(store) == "store"
+
+
+def _store_ids(path):
+    store = libdflash.HiddenStore(path)
+    try:
+        return store.ids()
+    finally:
+        store.close()
+
+
+def test_unclosed_writer_commits_at_interpreter_exit(tmp_path):
+    """A script that forgets close() and `with`: its buffered samples reach the store when the
+    interpreter exits, and a warning names the directory and the count (issue 42, item 1)."""
+    script = (
+        "import numpy as np, libdflash\n"
+        f"w = libdflash.HiddenWriter({str(tmp_path / 'h')!r}, num_layers=2, hidden_size=4)\n"
+        "for i in range(3):\n"
+        "    w.append(f's{i}', np.full((5, 8), i, dtype=np.float32))\n")
+    import sys
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "was not closed: at interpreter exit, its 3 samples" in run.stderr, run.stderr
+    assert _store_ids(tmp_path / "h") == ["s0", "s1", "s2"]
+
+
+def test_unclosed_writer_commits_when_collected(tmp_path):
+    w = libdflash.HiddenWriter(tmp_path / "h", num_layers=1, hidden_size=4)
+    w.append("a", np.ones((2, 4), dtype=np.float32))
+    w.flush()
+    w.append("b", np.ones((3, 4), dtype=np.float32))
+    with pytest.warns(RuntimeWarning, match=r"garbage-collected, its 1 samples"):
+        del w
+        import gc
+        gc.collect()
+    assert _store_ids(tmp_path / "h") == ["a", "b"]
+    # A writer left by an exception inside `with` still discards its buffer on purpose.
+    with pytest.raises(RuntimeError):
+        with libdflash.HiddenWriter(tmp_path / "h", num_layers=1, hidden_size=4) as w:
+            w.append("c", np.ones((2, 4), dtype=np.float32))
+            raise RuntimeError("the dump failed")
+    assert _store_ids(tmp_path / "h") == ["a", "b"]
