@@ -6,13 +6,13 @@
 
 /* A pointer to a dflash_sample living until the end of the enclosing block: ids, mask (NULL
  * where the call reads none), len, float32 rows and n anchors. */
-#define SEQ(ids_, mask_, len_, hidden_, anchors_, n_)                                          \
-  (&(dflash_sample){.struct_size = sizeof(dflash_sample),                                    \
-                    .input_ids = (ids_),                                                     \
-                    .loss_mask = (mask_),                                                    \
-                    .len = (len_),                                                           \
-                    .hidden = (hidden_),                                                     \
-                    .anchors = (anchors_),                                                   \
+#define SEQ(ids_, mask_, len_, hidden_, anchors_, n_)     \
+  (&(dflash_sample){.struct_size = sizeof(dflash_sample), \
+                    .input_ids = (ids_),                  \
+                    .loss_mask = (mask_),                 \
+                    .len = (len_),                        \
+                    .hidden = (hidden_),                  \
+                    .anchors = (anchors_),                \
                     .n_anchors = (n_)})
 
 /* `s` with its anchors set (a sample from a stream or spool comes without). */
