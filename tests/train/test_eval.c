@@ -1,7 +1,10 @@
 /* The speculative walk (dflash_trainer_walk): on a sequence built so that
  * the drafter's greedy drafts are accepted for a planned number of tokens at
  * each planned anchor, the walk must take exactly the planned steps. */
+#include <dflash/experimental.h>
+#include <dflash/hidden.h>
 #include <dflash/train.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,11 +274,59 @@ START_TEST(eval_rejects_hidden_of_another_width) {
 }
 END_TEST
 
+/* Every sequence call takes the sample's rows as stored (bf16 codes here, decoded on the host)
+ * as it takes them in float32: the same drafts, acceptance and walk, and logits and loss
+ * within float rounding (the decoded rows sit in another buffer). */
+START_TEST(sample_calls_take_stored_rows) {
+  dflash_trainer *t = make();
+  enum { L = 24, NA = 3, N = NA * (B - 1), NL = NA * B * 31 };
+  int32_t ids[L], anchors[NA] = {0, 7, 15};
+  uint8_t mask[L];
+  static float hid[L * KH], lg[2][NL];
+  static uint16_t codes[L * KH];
+  srand(5);
+  for (int i = 0; i < L; i++) ids[i] = rand() % V, mask[i] = i >= 2;
+  for (int i = 0; i < L * KH; i++) { /* values bf16 holds exactly */
+    float f = (float)(rand() % 2001) / 1000.0f - 1.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    codes[i] = (uint16_t)(u >> 16);
+    u = (uint32_t)codes[i] << 16;
+    memcpy(&hid[i], &u, sizeof u);
+  }
+  dflash_sample smp[2] = {*SEQ(ids, mask, L, hid, anchors, NA),
+                          *SEQ(ids, mask, L, NULL, anchors, NA)};
+  smp[1].hidden_dtype = DFLASH_HIDDEN_BF16, smp[1].hidden_codes = codes;
+  int32_t pred[2][N], acc[2][NA], walk_acc[2][L];
+  int64_t tokens[2], steps[2];
+  double loss[2];
+  for (int k = 0; k < 2; k++) {
+    ck_assert_ok(dflash_trainer_propose(t, &smp[k], NULL, pred[k], NULL));
+    ck_assert_ok(dflash_trainer_acceptance(t, &smp[k], acc[k]));
+    ck_assert_ok(dflash_trainer_walk(t, &smp[k], 0, &tokens[k], &steps[k], walk_acc[k], NULL));
+    ck_assert_ok(dflash_trainer_logits(t, &smp[k], lg[k]));
+    ck_assert_ok(dflash_trainer_forward_backward(t, &smp[k], &loss[k]));
+  }
+  ck_assert_mem_eq(pred[0], pred[1], sizeof pred[0]);
+  ck_assert_mem_eq(acc[0], acc[1], sizeof acc[0]);
+  ck_assert_mem_eq(walk_acc[0], walk_acc[1], sizeof walk_acc[0]);
+  ck_assert_int_eq(tokens[0], tokens[1]);
+  ck_assert_int_eq(steps[0], steps[1]);
+  for (int i = 0; i < NL; i++) ck_assert_float_eq_tol(lg[0][i], lg[1][i], 1e-5f);
+  ck_assert_double_eq_tol(loss[0], loss[1], 1e-6 * fabs(loss[0]));
+  smp[1].hidden_dtype = 7; /* no such dtype: refused by name */
+  ck_assert_status(dflash_trainer_propose(t, &smp[1], NULL, pred[1], NULL), DFLASH_E_INVALID_ARG,
+                   "hidden dtype 7");
+  dflash_trainer_free(t);
+}
+END_TEST
+
 TCase *tc_eval(void) {
   TCase *tc = tcase_create("eval");
   tcase_add_test(tc, walk_takes_the_planned_steps);
   tcase_add_test(tc, walk_max_tokens_cuts_each_run);
   tcase_add_test(tc, walk_rejects_bad_arguments);
+  tcase_add_test(tc, sample_calls_take_stored_rows);
   tcase_add_test(tc, eval_rejects_hidden_of_another_width);
   return tc;
 }
