@@ -152,9 +152,10 @@ DFLASH_API dflash_status dflash_trainer_set_param(dflash_trainer *t, const char 
 /*
  * The sequence calls below each take one `const dflash_sample *` (sample.h): the caller sets
  * struct_size (sizeof), len, input_ids, loss_mask where the call reads it, the hidden rows
- * (float32 `hidden` [len, K*hidden_size], or stored codes where accumulate says so) and the
- * block anchors [n_anchors] in [0, len); a sample from a stream or spool is used as it comes
- * with its anchors set. One struct rather than six arguments so that a sequence is described
+ * (float32 `hidden` [len, K*hidden_size], or, with hidden NULL, the stored codes of
+ * hidden_dtype / hidden_codes / hidden_scales, decoded on the host wherever float32 is needed)
+ * and the block anchors [n_anchors] in [0, len); a sample from a stream or spool is used as it
+ * comes with its anchors set. One struct rather than six arguments so that a sequence is described
  * once, the same way for training, evaluation and drafting, and grows by appended fields (the
  * one struct rule) instead of new signatures. An anchor outside [0, len) is DFLASH_E_RANGE
  * naming it. The sample's pointers need only stay valid until the call returns.
