@@ -29,7 +29,13 @@ static void drafter_config(dflash_drafter_config *c) {
 static dflash_status tau_of(dflash_trainer *t, const int32_t *ids, const float *hid, double *tau) {
   int32_t anchors[LEN], accept[LEN], n = 0;
   for (int32_t a = 0; a + B <= LEN; a++) anchors[n++] = a;
-  dflash_status st = dflash_trainer_acceptance(t, ids, LEN, hid, anchors, n, accept, NULL);
+  dflash_sample smp = {.struct_size = sizeof smp,
+                       .len = LEN,
+                       .input_ids = ids,
+                       .hidden = hid,
+                       .anchors = anchors,
+                       .n_anchors = n};
+  dflash_status st = dflash_trainer_acceptance(t, &smp, accept);
   double sum = 0;
   for (int32_t i = 0; i < n; i++) sum += 1 + accept[i];
   *tau = sum / n;
@@ -64,11 +70,18 @@ int main(int argc, char **argv) {
   if (st) return fail(st);
   double before = 0, after = 0, loss = 0;
   st = tau_of(t, ids, hidden, &before);
+  /* One sequence, one struct: the sample carries ids, mask, rows and this step's anchors. */
+  int32_t anchors[ANCHORS];
+  dflash_sample smp = {.struct_size = sizeof smp,
+                       .len = LEN,
+                       .input_ids = ids,
+                       .loss_mask = mask,
+                       .hidden = hidden,
+                       .anchors = anchors};
   for (int s = 0; s < steps && !st; s++) {
-    int32_t anchors[ANCHORS], n = 0;
     double norm, lr;
-    st = dflash_anchors_sample(mask, LEN, B, ANCHORS, 1, (uint64_t)s, anchors, &n);
-    if (!st) st = dflash_trainer_forward_backward(t, ids, mask, LEN, hidden, anchors, n, &loss);
+    st = dflash_anchors_sample(mask, LEN, B, ANCHORS, 1, (uint64_t)s, anchors, &smp.n_anchors);
+    if (!st) st = dflash_trainer_forward_backward(t, &smp, &loss);
     if (!st) st = dflash_trainer_step(t, &norm, &lr);
     if (!st && (s % 50 == 0 || s == steps - 1))
       printf("step %4d  loss %.4f  grad norm %.3f  lr %.2e\n", s, loss, norm, lr);

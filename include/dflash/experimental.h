@@ -32,13 +32,11 @@ DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const 
  * The drafter's logits for whole blocks, as an engine drafts them: block n
  * is input_ids[anchors[n]] followed by B-1 mask tokens at positions
  * anchors[n] .. anchors[n]+B-1, seeing the context 0 .. anchors[n]-1 (the
- * training mask). `logits` [n_anchors, B, vocab_size] float32 (caller's
- * buffer) gets the LM head of the final norm at every block position,
- * position 0 included.
+ * training mask), for the sample's ids, hidden rows (float32) and anchors.
+ * `logits` [n_anchors, B, vocab_size] float32 (caller's buffer) gets the LM
+ * head of the final norm at every block position, position 0 included.
  */
-DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids,
-                                               int64_t len, const float *hidden,
-                                               const int32_t *anchors, int32_t n_anchors,
+DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_sample *s,
                                                float *logits);
 
 #ifdef __cplusplus

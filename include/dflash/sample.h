@@ -38,6 +38,13 @@ typedef struct dflash_sample {
   /* From a spool: where the sample is (epoch, shard, index in the shard); 0 from a stream. */
   int32_t epoch;
   uint64_t shard, offset;
+  /* Set by the caller, never by a stream or spool (they write NULL / 0): the block anchors
+   * [n_anchors] in [0, len) that a trainer call (trainer.h) trains or drafts at. They sit
+   * here, not beside the sample as arguments, so that every trainer call takes one sequence
+   * as one struct: a field appended later (labels, a second hidden view) reaches every call
+   * without a new signature. dflash_trainer_walk chooses its own anchors and ignores these. */
+  const int32_t *anchors;
+  int32_t n_anchors;
 } dflash_sample;
 
 /* The sample stream (see the top of this header). */
@@ -49,7 +56,7 @@ typedef struct dflash_sample_stream_options {
   /* 1: samples of a libdflash store (bf16 or fp8) carry their hidden rows as stored
    * (dflash_sample.hidden_codes) and hidden is NULL: the prefetch thread only copies
    * codes, and the NaN/Inf check is left to the consumer (the CUDA trainer makes it on the
-   * device; dflash_trainer_accumulate_sample decodes them for the CPU backend). A vLLM store
+   * device; dflash_trainer_accumulate decodes them for the CPU backend). A vLLM store
    * still gives float32. All-zero layers are refused here either way. (0) */
   int32_t stored_rows;
 } dflash_sample_stream_options;

@@ -3,7 +3,7 @@
  * (forward + backward of the whole drafter and its loss, AdamW, cosine
  * schedule, clipping), anchor sampling, the target's frozen embedding and LM
  * head, checkpoints and resumable training state, evaluation and drafting
- * (predict, propose, the speculative walk), and the GPU memory plan.
+ * (propose, the speculative walk), and the GPU memory plan.
  *
  * A trainer is single-owner (see dflash.h). Part of train.h, which includes
  * this header; the oracle hooks (gradients, whole-block logits) are in
@@ -14,6 +14,7 @@
 
 #include <dflash/dflash.h>
 #include <dflash/drafter.h>
+#include <dflash/sample.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -149,57 +150,51 @@ DFLASH_API dflash_status dflash_trainer_get_param(const dflash_trainer *t, const
 DFLASH_API dflash_status dflash_trainer_set_param(dflash_trainer *t, const char *name,
                                                   const float *in, size_t n);
 /*
- * One sequence with the given anchors (no sampling): input_ids [len],
- * loss_mask [len], hidden [len, K*hidden_size] float32, anchors [n_anchors]
- * in [0, len). Sets the gradients (replacing earlier ones) of
- * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0).
+ * The sequence calls below each take one `const dflash_sample *` (sample.h): the caller sets
+ * struct_size (sizeof), len, input_ids, loss_mask where the call reads it, the hidden rows
+ * (float32 `hidden` [len, K*hidden_size], or, with hidden NULL, the stored codes of
+ * hidden_dtype / hidden_codes / hidden_scales, decoded on the host wherever float32 is needed)
+ * and the block anchors [n_anchors] in [0, len); a sample from a stream or spool is used as it
+ * comes with its anchors set. One struct rather than six arguments so that a sequence is described
+ * once, the same way for training, evaluation and drafting, and grows by appended fields (the
+ * one struct rule) instead of new signatures. An anchor outside [0, len) is DFLASH_E_RANGE
+ * naming it. The sample's pointers need only stay valid until the call returns.
  */
-DFLASH_API dflash_status dflash_trainer_forward_backward(
-    dflash_trainer *t, const int32_t *input_ids, const uint8_t *loss_mask, int64_t len,
-    const float *hidden, const int32_t *anchors, int32_t n_anchors, double *loss);
 
 /*
- * Batched training: zero_grad, then accumulate each sequence with
- * `grad_scale` (e.g. 1 / total weight of the batch), then step.
- * accumulate adds grad_scale * d(sum w*CE) and returns sum(w*CE) and sum(w)
- * (either pointer may be NULL). On CUDA it waits for the device before it
- * returns (its hidden rows are float32, checked on the host); a training loop
- * that should not wait per sequence uses dflash_trainer_accumulate_sample.
+ * One sequence at its anchors (no sampling). Sets the gradients (replacing earlier ones) of
+ * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0). It waits for the
+ * device, and leaves the sums that dflash_trainer_collect returns as they were.
+ */
+DFLASH_API dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const dflash_sample *s,
+                                                         double *loss);
+
+/*
+ * Batched training: zero_grad, then accumulate each sequence with `grad_scale` (e.g. 1 / total
+ * weight of the batch, dflash_trainer_weight_sum), then step. accumulate adds
+ * grad_scale * d(sum w*CE). Its hidden rows are float32 or as stored (bf16 / fp8 codes,
+ * dflash_sample_stream_options.stored_rows), and it does not wait for the device: the CUDA
+ * backend uploads the stored rows through pinned double buffers on a copy stream while the
+ * previous sequence computes, converts them and checks them for NaN/Inf on the device, and
+ * keeps the loss there. So this returns no loss: sum(w*CE) and sum(w) of every sequence
+ * accumulated since the last collect come from dflash_trainer_collect (one wait for the
+ * device), and a NaN/Inf row found on the device fails collect naming the sample's id — or,
+ * if collect was not called, dflash_trainer_step, which then changes no parameter. The CPU
+ * backend computes at once (stored rows decoded on the host) and only defers the sums. Rows
+ * past the last anchor are never read, and on CUDA never checked.
  */
 DFLASH_API dflash_status dflash_trainer_zero_grad(dflash_trainer *t);
-DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
-                                                   const uint8_t *loss_mask, int64_t len,
-                                                   const float *hidden, const int32_t *anchors,
-                                                   int32_t n_anchors, double grad_scale,
-                                                   double *loss_sum, double *weight_sum);
-/*
- * accumulate for a sample of a dflash_sample_stream (or the spool), its hidden rows float32
- * or as stored (bf16 / fp8 codes, dflash_sample_stream_options.stored_rows), without waiting
- * for the device: the CUDA backend uploads the stored rows through pinned double buffers on
- * a copy stream while the previous sequence computes, converts them and checks them for
- * NaN/Inf on the device, and keeps the loss there. So this returns no loss: sum(w*CE) and
- * sum(w) of every sequence accumulated this way come from dflash_trainer_collect (one wait
- * for the device), and a NaN/Inf row found on the device fails collect naming the sample's
- * id — or, if collect was not called, dflash_trainer_step, which then changes no parameter.
- * The CPU backend computes at once (stored rows decoded on the host) and only defers the
- * sums. Rows past the last anchor are never read, and on CUDA never checked. The sample's
- * pointers need only stay valid until this returns.
- */
-struct dflash_sample;
-DFLASH_API dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t,
-                                                          const struct dflash_sample *s,
-                                                          const int32_t *anchors, int32_t n_anchors,
-                                                          double grad_scale);
-/* sum(w*CE) and sum(w) (either may be NULL) of the accumulate_sample calls since the last
+DFLASH_API dflash_status dflash_trainer_accumulate(dflash_trainer *t, const dflash_sample *s,
+                                                   double grad_scale);
+/* sum(w*CE) and sum(w) (either may be NULL) of the accumulate calls since the last
  * collect; waits for the device. DFLASH_E_FORMAT naming the sample for a NaN/Inf hidden row
  * (the sums then still count every sequence, and the bad one's gradients are in the buffer:
  * zero_grad before accumulating again). */
 DFLASH_API dflash_status dflash_trainer_collect(dflash_trainer *t, double *loss_sum,
                                                 double *weight_sum);
-/* The position weights sum(w) that a sequence with these anchors carries. */
-DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t,
-                                                   const uint8_t *loss_mask, int64_t len,
-                                                   const int32_t *anchors, int32_t n_anchors,
+/* The position weights sum(w) that the sample's anchors carry (reads len, loss_mask and the
+ * anchors only). */
+DFLASH_API dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const dflash_sample *s,
                                                    double *weight_sum);
 /* Clip the global gradient norm, apply AdamW at the scheduled learning
  * rate, advance the step. Returns the pre-clip norm and the lr used. */
@@ -209,7 +204,7 @@ DFLASH_API dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_nor
  * sequence's backward, the gradient reduce-scatter, the global norm, the clip factor and
  * AdamW (which skips a non-finite norm) and the weight all-gather, all computed on the
  * device, and returns, so that the next step's first sequence (dflash_trainer_zero_grad,
- * dflash_trainer_accumulate_sample) is copied and uploaded while they run; stream order keeps
+ * dflash_trainer_accumulate) is copied and uploaded while they run; stream order keeps
  * the next forward behind the updated weights. The step counts at once (lr: the rate used).
  * Its pre-clip norm comes from dflash_trainer_step_result, which waits for the step (not
  * for what was enqueued after it); call it once per step_async (a later step or step_async
@@ -218,24 +213,15 @@ DFLASH_API dflash_status dflash_trainer_step(dflash_trainer *t, double *grad_nor
  */
 DFLASH_API dflash_status dflash_trainer_step_async(dflash_trainer *t, double *lr);
 /* The pre-clip norm of the last dflash_trainer_step_async. A non-finite norm is
- * DFLASH_E_RANGE: the step changed nothing and no longer counts (dflash_trainer_steps goes
- * back by one). DFLASH_E_STATE when no step_async is outstanding. */
+ * DFLASH_E_RANGE: the step changed nothing and no longer counts (dflash_trainer_step_count
+ * goes back by one). DFLASH_E_STATE when no step_async is outstanding. */
 DFLASH_API dflash_status dflash_trainer_step_result(dflash_trainer *t, double *grad_norm);
-/* Optimizer steps taken so far. */
-DFLASH_API int64_t dflash_trainer_steps(const dflash_trainer *t);
+/* Optimizer steps taken so far (named apart from dflash_trainer_step, which takes one). */
+DFLASH_API int64_t dflash_trainer_step_count(const dflash_trainer *t);
 /* Learning rate of step `step` (0-based): linear warm-up over
  * warmup_ratio*total_steps steps, then the lr_schedule (cosine by default) to
  * min_lr_ratio*lr. */
 DFLASH_API double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step);
-
-/*
- * Greedy block prediction for evaluation: for each anchor, the argmax token
- * of block positions 1..B-1 into `pred` [n_anchors, B-1].
- */
-DFLASH_API dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids,
-                                                int64_t len, const float *hidden,
-                                                const int32_t *anchors, int32_t n_anchors,
-                                                int32_t *pred);
 
 /* ---- target weights ------------------------------------------------------- */
 
@@ -281,27 +267,46 @@ DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char
 /* ---- evaluation ----------------------------------------------------------- */
 
 /*
- * Acceptance at each anchor: accept[i] = number of leading block positions
- * k = 1.. whose greedy prediction equals input_ids[anchor + k] (positions
- * past the end stop the count), so tau_i = 1 + accept[i]. `pred` (may be
- * NULL) receives the predictions [n_anchors, B-1].
+ * Acceptance at each of the sample's anchors: accept[i] (the caller's [n_anchors]) = number
+ * of leading block positions k = 1.. whose greedy prediction equals input_ids[anchor + k]
+ * (positions past the end stop the count), so tau_i = 1 + accept[i]. The predictions
+ * themselves come from dflash_trainer_propose.
  */
-DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids,
-                                                   int64_t len, const float *hidden,
-                                                   const int32_t *anchors, int32_t n_anchors,
-                                                   int32_t *accept, int32_t *pred);
+DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const dflash_sample *s,
+                                                   int32_t *accept);
 
 /* ---- evaluation over a dataset ------------------------------------------- */
 
 /*
- * Mean acceptance length tau over a held-out dataset: up to `anchors_per_seq`
- * anchors per sample (the training rule, seeded by `seed`); per-position
- * accuracy into acc [B-1] (may be NULL).
+ * dflash_trainer_eval's inputs and results, in one struct as dflash_eval_walk is: the two
+ * evaluations stay two calls because they cost and answer differently (this one drafts at
+ * anchors_per_seq sampled anchors, as training does, for a quick tau; the walk drafts at
+ * every position and chains them), and a mode field in one struct would leave half its
+ * results meaningless in each mode.
+ */
+typedef struct dflash_eval {
+  size_t struct_size;
+  /* in */
+  int32_t anchors_per_seq; /* anchors drawn per sample by the training rule (64, > 0) */
+  uint64_t seed;           /* of the anchor draw (1) */
+  double *accuracy;        /* NULL or [B-1]: per block position, the fraction drafted right */
+  /* out */
+  double tau;       /* mean acceptance length 1 + accept over the blocks */
+  int64_t n_blocks; /* anchors drafted */
+} dflash_eval;
+
+/* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
+ * program built against an older header. Call it as dflash_eval_default(&e). */
+DFLASH_API void dflash_eval_init(dflash_eval *e, size_t size);
+#define dflash_eval_default(e) dflash_eval_init((e), sizeof *(e))
+
+/*
+ * Mean acceptance length tau over a held-out dataset: up to e->anchors_per_seq anchors per
+ * sample (the training rule, seeded by e->seed); e is read for its inputs and written with
+ * its results up to its struct_size.
  */
 DFLASH_API dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir,
-                                             const char *hidden_dir, int32_t anchors_per_seq,
-                                             uint64_t seed, double *tau, double *acc,
-                                             int64_t *n_blocks);
+                                             const char *hidden_dir, dflash_eval *e);
 
 /*
  * The speculative walk: what greedy speculative decoding gains on a sequence
@@ -310,21 +315,19 @@ DFLASH_API dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data
  * easy stretches take few steps; its tau = tokens / steps is lower than the
  * mean over uniformly drawn anchors, and this is the number to predict it.
  *
- * Per maximal run [s, e) of loss_mask = 1 (cut to s + max_tokens when
+ * Per maximal run [s, e) of the sample's loss_mask = 1 (cut to s + max_tokens when
  * max_tokens > 0): the first anchor is s (the token the target's prefill
  * produces); a step at anchor p drafts p+1..p+B-1, keeps the leading drafts
  * equal to input_ids (up to e-1) and gains them plus the target's next token,
  * at most e-1-p in all; the next anchor is the last token gained. So a run
- * gives e-1-s tokens. `accept` [len] (may be NULL) receives the acceptance
- * at EVERY position p of a run with p < e-1 (as dflash_trainer_acceptance,
- * counting stops at e) and -1 elsewhere. `step_hist` [B] (may be NULL) is
- * incremented at index gain-1 for each step.
+ * gives e-1-s tokens; the sample's own anchors are not read. `accept` [len] (may be NULL)
+ * receives the acceptance at EVERY position p of a run with p < e-1 (as
+ * dflash_trainer_acceptance, counting stops at e) and -1 elsewhere. `step_hist` [B] (may be
+ * NULL) is incremented at index gain-1 for each step.
  */
-DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
-                                             const uint8_t *loss_mask, int64_t len,
-                                             const float *hidden, int32_t max_tokens,
-                                             int64_t *tokens, int64_t *steps, int32_t *accept,
-                                             int64_t *step_hist);
+DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const dflash_sample *s,
+                                             int32_t max_tokens, int64_t *tokens, int64_t *steps,
+                                             int32_t *accept, int64_t *step_hist);
 
 typedef struct dflash_eval_walk {
   size_t struct_size;
@@ -458,7 +461,7 @@ DFLASH_API dflash_status dflash_train_plan_compute(const dflash_drafter_config *
  * the logits (descending logit, ties to the smaller id), scored
  * s_c = logit_c + <A(prev) * P(h_i), B(c)> with prev the token drafted at
  * i - 1 (the block's own token at the first); temperature 0 takes the best
- * (exactly dflash_trainer_predict), temperature > 0 draws from
+ * (DFlash 1: the argmax), temperature > 0 draws from
  * q = softmax(s / temperature) over the candidates. A draw depends only on
  * `seed`, the block's anchor position and the drafter: the same call, or the
  * same anchor in another call, draws the same tokens.
@@ -467,33 +470,41 @@ typedef struct dflash_propose_options {
   size_t struct_size;
   double temperature; /* 0 (default): greedy; > 0: sampled (DFlash 2 only) */
   uint64_t seed;
-  /* Outputs, each NULL or the caller's buffer (DFlash 2 only for the first
-   * two): per drafted position [n_anchors, B-1, selector_top_k] its candidates
-   * and, with temperature > 0, q over them (what rejection sampling
-   * accepts against); [n_anchors, B-1] the drafter's plain argmax (DFlash
-   * 1's prediction, the backbone's for DFlash 2). */
-  int32_t *candidates;
-  float *probs;
-  int32_t *argmax;
 } dflash_propose_options;
 
-/* The defaults (greedy, seed 0, no outputs) written up to `size` bytes, the caller's
+/* The defaults (greedy, seed 0) written up to `size` bytes, the caller's
  * sizeof (the versioned-struct rule of dflash.h). Call it as
  * dflash_propose_options_default(&opts). */
 DFLASH_API void dflash_propose_options_init(dflash_propose_options *o, size_t size);
 #define dflash_propose_options_default(o) dflash_propose_options_init((o), sizeof *(o))
 
 /*
- * Draft B-1 tokens after each anchor into `pred` [n_anchors, B-1] as above
- * (opts NULL: greedy). Sampling or candidates from a DFlash 1 drafter:
- * DFLASH_E_UNSUPPORTED; a negative or non-finite temperature: DFLASH_E_RANGE.
- * Anything beyond the greedy tokens runs the float32 reference forward on
- * the host copy of the parameters, as dflash_trainer_logits does.
+ * What dflash_trainer_propose writes beyond the drafted tokens: each field NULL (not asked
+ * for) or the caller's buffer, set before the call and only read by the library (so the
+ * struct is read by the one struct rule, as options are; its own bytes are never written).
+ * Apart from the options, which only steer the draft, so that an options struct holds no
+ * output. Per drafted position, [n_anchors, B-1, selector_top_k] its candidates and, with
+ * temperature > 0, q over them (what rejection sampling accepts against; DFlash 2 only);
+ * [n_anchors, B-1] the drafter's plain argmax (DFlash 1's prediction, the backbone's for
+ * DFlash 2).
  */
-DFLASH_API dflash_status dflash_trainer_propose(dflash_trainer *t, const int32_t *input_ids,
-                                                int64_t len, const float *hidden,
-                                                const int32_t *anchors, int32_t n_anchors,
-                                                const dflash_propose_options *opts, int32_t *pred);
+typedef struct dflash_propose_outputs {
+  size_t struct_size;
+  int32_t *candidates;
+  float *probs;
+  int32_t *argmax;
+} dflash_propose_outputs;
+
+/*
+ * Draft B-1 tokens after each of the sample's anchors into `pred` [n_anchors, B-1] as above
+ * (opts NULL: greedy, the drafter's prediction; out NULL: nothing more). Sampling or
+ * candidates from a DFlash 1 drafter: DFLASH_E_UNSUPPORTED; a negative or non-finite
+ * temperature: DFLASH_E_RANGE. Anything beyond the greedy tokens runs the float32 reference
+ * forward on the host copy of the parameters, as dflash_trainer_logits does.
+ */
+DFLASH_API dflash_status dflash_trainer_propose(dflash_trainer *t, const dflash_sample *s,
+                                                const dflash_propose_options *opts, int32_t *pred,
+                                                const dflash_propose_outputs *out);
 
 #ifdef __cplusplus
 }

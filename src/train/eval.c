@@ -16,7 +16,7 @@
 #include "core/internal.h"
 #include "trainer.h"
 
-/* Anchors per predict call: bounds the block activations and logits held at
+/* Anchors per propose call: bounds the block activations and logits held at
  * once (a block of B positions times the vocabulary chunk each). */
 enum { EVAL_CHUNK = 64 };
 
@@ -31,23 +31,30 @@ static void count_accept(int B, const int32_t *ids, int64_t len, const int32_t *
   }
 }
 
-dflash_status dflash_trainer_acceptance(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                        const float *hidden, const int32_t *anchors,
-                                        int32_t n_anchors, int32_t *accept, int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && accept && n_anchors >= 0 && (anchors || n_anchors == 0));
+/* Greedy drafts at a checked sample's anchors into pred [n_anchors, B-1]. */
+static dflash_status drafts(dflash_trainer *t, const dflash_sample *s, int32_t *pred) {
+  return dflash_trainer_propose(t, s, NULL, pred, NULL);
+}
+
+dflash_status dflash_trainer_acceptance(dflash_trainer *t, const dflash_sample *caller,
+                                        int32_t *accept) {
+  DF_CHECK_ARG(t && accept);
+  dflash_sample s;
+  dflash_status st = df_sample_in(caller, &s);
+  if (st) return st;
+  DF_CHECK_ARG(s.input_ids);
   int B = t->m.B;
-  int32_t *p = pred ? pred
-                    : malloc(sizeof(int32_t) * (size_t)(n_anchors ? n_anchors : 1) * (B - 1));
+  int32_t *p = malloc(sizeof(int32_t) * (size_t)(s.n_anchors ? s.n_anchors : 1) * (B - 1));
   if (!p) return df_error_nomem("predictions");
-  dflash_status st = dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, p);
-  if (!st) count_accept(B, input_ids, len, anchors, n_anchors, p, accept);
-  if (!pred) free(p);
+  if (!(st = drafts(t, &s, p)))
+    count_accept(B, s.input_ids, s.len, s.anchors, s.n_anchors, p, accept);
+  free(p);
   return st;
 }
 
 /* Open a dataset joined with its hidden states, started over every sample
  * in dataset order. The store must hold the trainer's K*H features per
- * token: predict reads len*K*H floats from each sample. */
+ * token: propose reads len*K*H floats from each sample. */
 static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
                                 const char *hidden_dir, dflash_sample_stream **out) {
   dflash_sample_stream *s;
@@ -69,45 +76,98 @@ static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
   return st;
 }
 
-dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
-                                  int32_t anchors_per_seq, uint64_t seed, double *tau, double *acc,
-                                  int64_t *n_blocks) {
-  DF_CHECK_ARG(t && data_dir && hidden_dir && tau && anchors_per_seq > 0);
+static void eval_defaults(dflash_eval *e) {
+  memset(e, 0, sizeof *e);
+  e->struct_size = sizeof *e;
+  e->anchors_per_seq = 64;
+  e->seed = 1;
+}
+
+DF_DEFINE_INIT(dflash_eval, eval_defaults)
+
+/* Sampled-anchor scratch of dflash_trainer_eval: anchors, acceptance, drafts and hits per
+ * block position, for anchors_per_seq anchors. */
+typedef struct anchor_buf {
+  int32_t *anc, *accept, *pred;
+  int64_t *hits;
+} anchor_buf;
+
+static void anchor_buf_free(anchor_buf *b) {
+  free(b->anc), free(b->accept), free(b->pred), free(b->hits);
+}
+
+static dflash_status anchor_buf_alloc(int B, int32_t n, anchor_buf *b) {
+  memset(b, 0, sizeof *b);
+  b->anc = malloc(sizeof(int32_t) * (size_t)n);
+  b->accept = malloc(sizeof(int32_t) * (size_t)n);
+  b->pred = malloc(sizeof(int32_t) * (size_t)n * (size_t)(B - 1));
+  b->hits = calloc((size_t)B, sizeof *b->hits);
+  if (b->anc && b->accept && b->pred && b->hits) return DFLASH_OK;
+  anchor_buf_free(b);
+  memset(b, 0, sizeof *b);
+  return df_error_nomem("evaluation");
+}
+
+/* One sample at its drawn anchors: their acceptance into tau_sum and blocks, per-position hits. */
+static dflash_status eval_sample(dflash_trainer *t, const dflash_eval *e, dflash_sample *smp,
+                                 anchor_buf *b, double *tau_sum, int64_t *blocks) {
+  int B = t->m.B;
+  dflash_status st = dflash_anchors_sample(smp->loss_mask, smp->len, B, e->anchors_per_seq, e->seed,
+                                           smp->index, b->anc, &smp->n_anchors);
+  smp->anchors = b->anc;
+  if (!st) st = drafts(t, smp, b->pred);
+  if (st) return st;
+  count_accept(B, smp->input_ids, smp->len, b->anc, smp->n_anchors, b->pred, b->accept);
+  for (int32_t a = 0; a < smp->n_anchors; a++) {
+    *tau_sum += 1 + b->accept[a];
+    (*blocks)++;
+    for (int k = 1; k < B; k++)
+      b->hits[k - 1] += b->pred[(size_t)a * (B - 1) + k - 1] == smp->input_ids[b->anc[a] + k];
+  }
+  return DFLASH_OK;
+}
+
+/* dflash_trainer_eval on the library's struct. */
+static dflash_status eval_sampled(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                                  dflash_eval *e) {
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
   int B = t->m.B;
-  int32_t *anc = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
-  int32_t *accept = malloc(sizeof(int32_t) * (size_t)anchors_per_seq);
-  int32_t *pred = malloc(sizeof(int32_t) * (size_t)anchors_per_seq * (B - 1));
-  int64_t *hits = calloc((size_t)B, sizeof *hits);
-  if (!anc || !accept || !pred || !hits) st = df_error_nomem("evaluation");
+  anchor_buf b;
+  st = anchor_buf_alloc(B, e->anchors_per_seq, &b);
   double tau_sum = 0;
   int64_t blocks = 0;
   for (;;) {
     dflash_sample smp = {.struct_size = sizeof smp};
-    int32_t done, na;
+    int32_t done;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
-    st = dflash_anchors_sample(smp.loss_mask, smp.len, B, anchors_per_seq, seed, smp.index, anc,
-                               &na);
-    if (!st)
-      st = dflash_trainer_acceptance(t, smp.input_ids, smp.len, smp.hidden, anc, na, accept, pred);
-    for (int32_t a = 0; !st && a < na; a++) {
-      tau_sum += 1 + accept[a];
-      blocks++;
-      for (int k = 1; k < B; k++)
-        hits[k - 1] += pred[(size_t)a * (B - 1) + k - 1] == smp.input_ids[anc[a] + k];
-    }
+    st = eval_sample(t, e, &smp, &b, &tau_sum, &blocks);
   }
   if (!st) {
-    *tau = blocks ? tau_sum / (double)blocks : 0;
-    if (acc)
-      for (int k = 0; k < B - 1; k++) acc[k] = blocks ? (double)hits[k] / blocks : 0;
-    if (n_blocks) *n_blocks = blocks;
+    e->tau = blocks ? tau_sum / (double)blocks : 0;
+    for (int k = 0; e->accuracy && k < B - 1; k++)
+      e->accuracy[k] = blocks ? (double)b.hits[k] / (double)blocks : 0;
+    e->n_blocks = blocks;
   }
-  free(anc), free(accept), free(pred), free(hits);
+  anchor_buf_free(&b);
   dflash_sample_stream_free(s);
   return st;
+}
+
+dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
+                                  dflash_eval *out) {
+  DF_CHECK_ARG(t && data_dir && hidden_dir && out);
+  dflash_eval e;
+  dflash_eval_default(&e);
+  dflash_status st = df_opts_in(&e, out, sizeof e, "dflash_eval");
+  if (st) return st;
+  if (e.anchors_per_seq <= 0)
+    return df_error(DFLASH_E_INVALID_ARG, "eval: anchors_per_seq %d (must be > 0)",
+                    e.anchors_per_seq);
+  st = eval_sampled(t, data_dir, hidden_dir, &e);
+  dflash_status o = df_opts_out(out, &e, sizeof e, "dflash_eval");
+  return st ? st : o;
 }
 
 /* ---- the speculative walk -------------------------------------------------- */
@@ -127,7 +187,7 @@ enum { HIT_DRAFT, HIT_SCORED, HIT_ARGMAX, HIT_CAND, HIT_KINDS };
 /* Scratch of one run_accept call: EVAL_CHUNK anchors' worth. */
 typedef struct eval_buf {
   int32_t *anc, *pred, *argmax, *cand;
-  dflash_propose_options o; /* DFlash 2: argmax and candidates with the drafts */
+  dflash_propose_outputs o; /* DFlash 2: argmax and candidates with the drafts */
 } eval_buf;
 
 static void eval_buf_free(eval_buf *b) {
@@ -142,8 +202,9 @@ static dflash_status eval_buf_alloc(const dflash_trainer *t, eval_buf *b) {
   if (t->m.dflash2) {
     b->argmax = malloc(sizeof(int32_t) * n);
     b->cand = malloc(sizeof(int32_t) * n * K);
-    dflash_propose_options_default(&b->o);
-    b->o.argmax = b->argmax, b->o.candidates = b->cand;
+    b->o = (dflash_propose_outputs){.struct_size = sizeof b->o,
+                                    .argmax = b->argmax,
+                                    .candidates = b->cand};
   }
   if (b->anc && b->pred && (!t->m.dflash2 || (b->argmax && b->cand))) return DFLASH_OK;
   eval_buf_free(b);
@@ -178,8 +239,14 @@ static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const int
     /* Passing e as the length stops the count at the run's end; the
      * context (strictly before each anchor) lies inside it too. The
      * selector's extras only when they are counted. */
-    dflash_status st = dflash_trainer_propose(t, ids, e, hidden, b->anc, n,
-                                              hits && t->m.dflash2 ? &b->o : NULL, b->pred);
+    dflash_sample q = {.struct_size = sizeof q,
+                       .input_ids = ids,
+                       .len = e,
+                       .hidden = hidden,
+                       .anchors = b->anc,
+                       .n_anchors = n};
+    dflash_status st = dflash_trainer_propose(t, &q, NULL, b->pred,
+                                              hits && t->m.dflash2 ? &b->o : NULL);
     if (st) return st;
     count_accept(t->m.B, lab, e, b->anc, n, b->pred, accept + p0);
     for (int32_t i = 0; hits && i < n; i++) add_hits(t, b, i, lab, e, hits);
@@ -235,13 +302,17 @@ static dflash_status walk(dflash_trainer *t, const int32_t *ids, const int32_t *
   return st;
 }
 
-dflash_status dflash_trainer_walk(dflash_trainer *t, const int32_t *input_ids,
-                                  const uint8_t *loss_mask, int64_t len, const float *hidden,
+dflash_status dflash_trainer_walk(dflash_trainer *t, const dflash_sample *caller,
                                   int32_t max_tokens, int64_t *tokens, int64_t *steps,
                                   int32_t *accept, int64_t *step_hist) {
-  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && tokens && steps && len >= 0 &&
-               max_tokens >= 0);
-  return walk(t, input_ids, NULL, loss_mask, len, hidden, max_tokens, tokens, steps, accept,
+  DF_CHECK_ARG(t && tokens && steps && max_tokens >= 0);
+  dflash_sample s;
+  const float *hidden = NULL;
+  dflash_status st = df_sample_in(caller, &s);
+  if (!st) st = df_sample_floats(t, &s, &hidden);
+  if (st) return st;
+  DF_CHECK_ARG(s.loss_mask);
+  return walk(t, s.input_ids, NULL, s.loss_mask, s.len, hidden, max_tokens, tokens, steps, accept,
               step_hist, NULL);
 }
 

@@ -772,7 +772,7 @@ dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_
  * other blocks share the call). */
 static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_t *anchors,
                                    int32_t n_anchors, const dflash_propose_options *o,
-                                   int32_t *pred) {
+                                   const dflash_propose_outputs *out, int32_t *pred) {
   int n = m->B - 1, r = m->sel_rank, K = m->ext.selector_top_k;
   if (n <= 0) return DFLASH_OK;
   float *logits = malloc(sizeof(float) * (size_t)n * m->V);
@@ -796,13 +796,13 @@ static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_
     df_matmul_forward(logits, rows, m->lm_head, n, m->V, m->H, false);
     df_matmul_forward(hp, rows, m->w.sel_hproj, n, r, m->H, false);
     s.anchor_id = ids[anchors[b]];
-    s.cand = o && o->candidates ? o->candidates + at * K : NULL;
-    s.probs = o && o->probs ? o->probs + at * K : NULL;
+    s.cand = out && out->candidates ? out->candidates + at * K : NULL;
+    s.probs = out && out->probs ? out->probs + at * K : NULL;
     df_rng rng;
     df_rng_seed(&rng, o ? o->seed : 0, (uint64_t)anchors[b]);
     df2_select(&s, &rng, pred + at);
-    for (int i = 0; o && o->argmax && i < n; i++)
-      o->argmax[at + i] = df2_argmax(logits + (size_t)i * m->V, m->V);
+    for (int i = 0; out && out->argmax && i < n; i++)
+      out->argmax[at + i] = df2_argmax(logits + (size_t)i * m->V, m->V);
   }
   free(logits), free(hp);
   return DFLASH_OK;
@@ -810,26 +810,27 @@ static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_
 
 dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors, int32_t *pred) {
-  return df_model_propose(m, ids, len, hidden, anchors, n_anchors, NULL, pred);
+  return df_model_propose(m, ids, len, hidden, anchors, n_anchors, NULL, NULL, pred);
 }
 
 dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, const float *hidden,
                                const int32_t *anchors, int32_t n_anchors,
-                               const dflash_propose_options *o, int32_t *pred) {
+                               const dflash_propose_options *o, const dflash_propose_outputs *out,
+                               int32_t *pred) {
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st || n_anchors <= 0) return st;
   /* Every position 1..B-1 of every block is a row. */
   int R = n_anchors * (m->B - 1);
   if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
-  if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, o, pred);
+  if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, o, out, pred);
   df_acts *a = &m->a;
   int r = 0;
   for (int t = 0; t < m->T; t++)
     if (t % m->B)
       memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H, sizeof(float) * m->H);
   df_lmhead_argmax(a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
-  if (o && o->argmax) memcpy(o->argmax, pred, sizeof(int32_t) * (size_t)R);
+  if (out && out->argmax) memcpy(out->argmax, pred, sizeof(int32_t) * (size_t)R);
   return DFLASH_OK;
 }
 

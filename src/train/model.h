@@ -192,12 +192,12 @@ DF_MUST_CHECK dflash_status df_model_predict(df_model *m, const int32_t *ids, in
                                              const float *hidden, const int32_t *anchors,
                                              int32_t n_anchors, int32_t *pred);
 
-/* dflash_trainer_propose on the model (o NULL: greedy; the caller checked
- * o, and that a DFlash 1 model is asked for nothing but argmax). */
+/* dflash_trainer_propose on the model (o NULL: greedy; out NULL: the tokens only; the caller
+ * checked o, and that a DFlash 1 model is asked for nothing but argmax). */
 DF_MUST_CHECK dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len,
                                              const float *hidden, const int32_t *anchors,
                                              int32_t n_anchors, const dflash_propose_options *o,
-                                             int32_t *pred);
+                                             const dflash_propose_outputs *out, int32_t *pred);
 
 /* Logits [n_anchors, B, V] of every block position (see dflash_trainer_logits). */
 DF_MUST_CHECK dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len,

@@ -333,9 +333,13 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     dflash_status st = dflash_anchors_sample(mask, len, B, A, r->topt.seed,
                                              (uint64_t)r->epoch * r->n_total + idx,
                                              r->anchors + i * (size_t)A, &r->n_anchors[i]);
-    if (!st)
-      st = dflash_trainer_weight_sum(r->t, mask, len, r->anchors + i * (size_t)A, r->n_anchors[i],
-                                     &w);
+    dflash_sample q = {.struct_size = sizeof q,
+                       .id = id,
+                       .len = len,
+                       .loss_mask = mask,
+                       .anchors = r->anchors + i * (size_t)A,
+                       .n_anchors = r->n_anchors[i]};
+    if (!st) st = dflash_trainer_weight_sum(r->t, &q, &w);
     if (st) return st;
     sums[0] += w;
     sums[1] += (double)len;
@@ -346,7 +350,7 @@ dflash_status df_run_train_step(run *r, size_t gb) {
   int64_t tokens = (int64_t)sums[1];
   if ((st = dflash_trainer_zero_grad(r->t))) return st;
   double t_start = df_now_seconds(), lsum = 0;
-  /* Offline store and spool alike: accumulate_sample does not wait for the device, whose
+  /* Offline store and spool alike: accumulate does not wait for the device, whose
    * losses (and NaN/Inf checks) are collected once, after the batch. The step before's norm
    * is asked for once the first sequence is on its way (it uploads behind the optimizer). */
   for (size_t i = 0; i < b; i++) {
@@ -358,9 +362,9 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     const int32_t *labels = NULL;
     if (!st) st = make_labels(r, &smp, &labels);
     r->bad_sample = st != DFLASH_OK;
-    if (!st)
-      st = df_trainer_accumulate_sample_labels(r->t, &smp, labels, r->anchors + i * (size_t)A,
-                                               r->n_anchors[i], 1.0 / W);
+    smp.anchors = r->anchors + i * (size_t)A;
+    smp.n_anchors = r->n_anchors[i];
+    if (!st) st = df_trainer_accumulate_labels(r->t, &smp, labels, 1.0 / W);
     if (st) return df_error_wrap(st, "sample %s", smp.id ? smp.id : "?");
     if (i == 0 && (st = df_run_finish_step(r))) return st;
   }
@@ -378,7 +382,7 @@ dflash_status df_run_train_step(run *r, size_t gb) {
   r->step_open = !r->sync_step;
   r->tokens += tokens;
   double now = df_now_seconds();
-  int64_t step = dflash_trainer_steps(r->t);
+  int64_t step = dflash_trainer_step_count(r->t);
   r->line.step = step, r->line.epoch = r->epoch, r->line.loss = lsum / W, r->line.lr = lr;
   r->line.sel_loss = losses[1] / W;
   r->line.dt = now - t_start, r->line.elapsed = r->elapsed + now - r->t0;
@@ -412,7 +416,7 @@ dflash_status df_run_stopped(const run *r) {
   return df_error(DFLASH_E_CANCELLED,
                   "training stopped on request after step %" PRId64
                   ": checkpoint and state saved in %s; --resume continues",
-                  dflash_trainer_steps(r->t), r->o->out_dir);
+                  dflash_trainer_step_count(r->t), r->o->out_dir);
 }
 
 /* A step that failed on a sample's data (one process): the state as of the step before is
@@ -422,7 +426,7 @@ static dflash_status failed_on_sample(run *r, dflash_status st) {
   char *why = df_strdup(dflash_last_error());
   dflash_status saved = df_run_save(r, r->epoch, r->pos);
   st = df_error(st, "%s; the run stopped at step %" PRId64 " with %s", why ? why : "",
-                dflash_trainer_steps(r->t),
+                dflash_trainer_step_count(r->t),
                 saved ? "its state NOT saved"
                       : "its state saved in train_state/ (--resume continues once the "
                         "sample is fixed)");
@@ -439,7 +443,7 @@ static dflash_status train_loop(run *r) {
       size_t gb = batch_at(r, r->pos);
       if ((st = df_run_train_step(r, gb))) return failed_on_sample(r, st);
       r->pos += gb;
-      int64_t step = dflash_trainer_steps(r->t);
+      int64_t step = dflash_trainer_step_count(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       bool last = stop || (r->epoch + 1 >= o->epochs && r->pos >= r->n_usable);
       int32_t act;
@@ -521,7 +525,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   if (!st) st = open_all(&r);
   if (!st) st = r.spool ? df_run_spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
-  r.stats.step = r.t ? dflash_trainer_steps(r.t) : 0;
+  r.stats.step = r.t ? dflash_trainer_step_count(r.t) : 0;
   if (stats) DF_IGNORE(df_opts_out(stats, &r.stats, sizeof r.stats, "dflash_train_stats"));
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);

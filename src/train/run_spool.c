@@ -342,7 +342,7 @@ dflash_status df_run_spool_loop(run *r) {
       if (got && (st = df_run_train_step(r, got))) return st;
       r->pos += got;
       spool_boundary(r, ended);
-      int64_t step = dflash_trainer_steps(r->t);
+      int64_t step = dflash_trainer_step_count(r->t);
       bool stop = o->max_steps > 0 && step >= o->max_steps;
       bool full = stop || (got && o->save_every > 0 && step % o->save_every == 0);
       int32_t act;

@@ -67,7 +67,7 @@ static void settings_of(const run *r, setting *s) {
  * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
 static void continue_schedule(const run *r, const df_position *p) {
   if (!p->has_schedule) return; /* a state from before the rate was recorded */
-  int64_t step = dflash_trainer_steps(r->t);
+  int64_t step = dflash_trainer_step_count(r->t);
   if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
   r->t->sched_from = step > 0 ? step : 1;
   r->t->sched_lr0 = p->next_lr;
@@ -128,7 +128,7 @@ static void position_of(const run *r, int32_t epoch, uint64_t pos, df_position *
   p->spool_offset = r->bnd_off;
   p->spool_wait_s = r->spool_wait;
   p->has_schedule = true;
-  p->next_lr = dflash_trainer_lr_at(r->t, dflash_trainer_steps(r->t));
+  p->next_lr = dflash_trainer_lr_at(r->t, dflash_trainer_step_count(r->t));
   p->sched_from = r->t->sched_from;
   p->sched_lr0 = r->t->sched_lr0;
   setting s[N_SETTINGS];
@@ -233,7 +233,7 @@ dflash_status df_run_check_ranks_agree(run *r) {
                     .n_usable = r->n_usable,
                     .pos = r->pos,
                     .params_hash = fnv1a(r->t->m.params, r->t->m.n_params * sizeof(float)),
-                    .step = dflash_trainer_steps(r->t),
+                    .step = dflash_trainer_step_count(r->t),
                     .tokens = r->tokens,
                     .total_steps = r->total_steps,
                     .epoch = r->epoch,

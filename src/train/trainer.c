@@ -292,56 +292,36 @@ dflash_status dflash_trainer_zero_grad(dflash_trainer *t) {
   return st;
 }
 
-dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const uint8_t *loss_mask,
-                                        int64_t len, const int32_t *anchors, int32_t n_anchors,
-                                        double *weight_sum) {
-  DF_CHECK_ARG(t && loss_mask && weight_sum && (anchors || n_anchors == 0) && n_anchors >= 0);
-  for (int32_t i = 0; i < n_anchors; i++)
-    if (anchors[i] < 0 || anchors[i] >= len)
-      return df_error(DFLASH_E_RANGE, "anchor %d = %d is outside the sequence [0, %lld)", i,
-                      anchors[i], (long long)len);
-  *weight_sum = df_model_weight_sum(&t->m, loss_mask, len, anchors, n_anchors);
+/* ---- one sequence --------------------------------------------------------- */
+
+/* The sample's id for messages ("?" when the caller set none). */
+static const char *sample_id(const dflash_sample *s) { return s->id ? s->id : "?"; }
+
+dflash_status df_sample_in(const dflash_sample *caller, dflash_sample *s) {
+  if (!caller) return df_error(DFLASH_E_INVALID_ARG, "the dflash_sample is NULL");
+  /* The one rule: an older caller's struct lacks the later fields (they read as none). */
+  *s = (dflash_sample){.struct_size = sizeof *s};
+  dflash_status st = df_opts_in(s, caller, sizeof *s, "dflash_sample");
+  if (st) return st;
+  if (s->len < 0)
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: length %lld", sample_id(s),
+                    (long long)s->len);
+  if (s->n_anchors < 0 || (!s->anchors && s->n_anchors))
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: %d anchors%s", sample_id(s), s->n_anchors,
+                    s->anchors ? "" : " at NULL");
+  for (int32_t i = 0; i < s->n_anchors; i++)
+    if (s->anchors[i] < 0 || s->anchors[i] >= s->len)
+      return df_error(DFLASH_E_RANGE, "sample %s: anchor %d = %d is outside the sequence [0, %lld)",
+                      sample_id(s), i, s->anchors[i], (long long)s->len);
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_accumulate(dflash_trainer *t, const int32_t *input_ids,
-                                        const uint8_t *loss_mask, int64_t len, const float *hidden,
-                                        const int32_t *anchors, int32_t n_anchors,
-                                        double grad_scale, double *loss_sum, double *weight_sum) {
-  return df_trainer_accumulate_labels(t, input_ids, NULL, loss_mask, len, hidden, anchors,
-                                      n_anchors, grad_scale, loss_sum, weight_sum);
-}
-
-dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const int32_t *input_ids,
-                                           const int32_t *labels, const uint8_t *loss_mask,
-                                           int64_t len, const float *hidden, const int32_t *anchors,
-                                           int32_t n_anchors, double grad_scale, double *loss_sum,
-                                           double *weight_sum) {
-  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
-  /* Every backend reads them; a device one would not check their range itself. */
-  dflash_status st = df_model_check_labels(&t->m, labels, len);
-  if (st) return st;
-  df_seq s = {.ids = input_ids,
-              .loss_mask = loss_mask,
-              .len = len,
-              .hidden = hidden,
-              .anchors = anchors,
-              .n_anchors = n_anchors,
-              .labels = labels};
-  t->be->stale |= DF_BUF_GRADS;
-  double ls; /* a loss pointer: the backend returns it now (CUDA: waits for the device) */
-  return t->be->vt->accumulate(t->be, &s, grad_scale, loss_sum ? loss_sum : &ls, weight_sum);
-}
-
-/* Stored rows to float32 for a backend that takes only those (the CPU one): the sample's
- * hidden, or its codes decoded into t->decoded. */
-static dflash_status sample_hidden(dflash_trainer *t, const dflash_sample *s, const float **out) {
-  *out = s->hidden;
-  if (s->hidden || t->be->vt->stored_rows) return DFLASH_OK;
+/* Decode stored rows into t->decoded (float32 [len, K*H]). */
+static dflash_status decode_rows(dflash_trainer *t, const dflash_sample *s, const float **out) {
   if (!s->hidden_codes || (s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3 && !s->hidden_scales))
-    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", s->id ? s->id : "?");
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", sample_id(s));
   if (s->hidden_dtype != DFLASH_HIDDEN_BF16 && s->hidden_dtype != DFLASH_HIDDEN_FP8_E4M3)
-    return df_error(DFLASH_E_INVALID_ARG, "sample %s: hidden dtype %d", s->id ? s->id : "?",
+    return df_error(DFLASH_E_INVALID_ARG, "sample %s: hidden dtype %d", sample_id(s),
                     s->hidden_dtype);
   size_t n = (size_t)s->len * (size_t)t->m.KH;
   if (n > t->decoded_cap) {
@@ -356,31 +336,28 @@ static dflash_status sample_hidden(dflash_trainer *t, const dflash_sample *s, co
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_accumulate_sample(dflash_trainer *t, const dflash_sample *s,
-                                               const int32_t *anchors, int32_t n_anchors,
-                                               double grad_scale) {
-  return df_trainer_accumulate_sample_labels(t, s, NULL, anchors, n_anchors, grad_scale);
+/* The sample's rows as float32: its hidden, or its stored codes decoded (into t->decoded, valid
+ * until the next call on t). `stored_ok`: the backend takes the codes as they are (*out NULL). */
+static dflash_status sample_hidden(dflash_trainer *t, const dflash_sample *s, bool stored_ok,
+                                   const float **out) {
+  *out = s->hidden;
+  if (s->hidden || (stored_ok && t->be->vt->stored_rows)) return DFLASH_OK;
+  return decode_rows(t, s, out);
 }
 
-dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflash_sample *caller,
-                                                  const int32_t *labels, const int32_t *anchors,
-                                                  int32_t n_anchors, double grad_scale) {
-  DF_CHECK_ARG(t && caller && (anchors || n_anchors == 0));
-  /* The one rule: an older caller's struct lacks the stored-rows fields (they read as none). */
-  dflash_sample smp = {.struct_size = sizeof smp}, *s = &smp;
-  dflash_status lst = df_opts_in(&smp, caller, sizeof smp, "dflash_sample");
-  if (lst) return lst;
-  DF_CHECK_ARG(s->input_ids && s->loss_mask);
-  if ((lst = df_model_check_labels(&t->m, labels, s->len))) return lst;
-  const float *hidden;
-  dflash_status st = sample_hidden(t, s, &hidden);
-  if (st) return st;
+dflash_status df_sample_floats(dflash_trainer *t, const dflash_sample *s, const float **hidden) {
+  DF_CHECK_ARG(s->input_ids);
+  return sample_hidden(t, s, false, hidden);
+}
+
+/* A backend's sequence from a checked sample, its rows as `hidden` (NULL: as stored). */
+static df_seq seq_of(const dflash_sample *s, const float *hidden, const int32_t *labels) {
   df_seq q = {.ids = s->input_ids,
               .loss_mask = s->loss_mask,
               .len = s->len,
               .hidden = hidden,
-              .anchors = anchors,
-              .n_anchors = n_anchors,
+              .anchors = s->anchors,
+              .n_anchors = s->n_anchors,
               .labels = labels,
               .id = s->id};
   if (!hidden) {
@@ -388,6 +365,37 @@ dflash_status df_trainer_accumulate_sample_labels(dflash_trainer *t, const dflas
     q.hidden_codes = s->hidden_codes;
     q.hidden_scales = s->hidden_scales;
   }
+  return q;
+}
+
+dflash_status dflash_trainer_weight_sum(const dflash_trainer *t, const dflash_sample *caller,
+                                        double *weight_sum) {
+  DF_CHECK_ARG(t && weight_sum);
+  dflash_sample s;
+  dflash_status st = df_sample_in(caller, &s);
+  if (st) return st;
+  DF_CHECK_ARG(s.loss_mask);
+  *weight_sum = df_model_weight_sum(&t->m, s.loss_mask, s.len, s.anchors, s.n_anchors);
+  return DFLASH_OK;
+}
+
+dflash_status dflash_trainer_accumulate(dflash_trainer *t, const dflash_sample *s,
+                                        double grad_scale) {
+  return df_trainer_accumulate_labels(t, s, NULL, grad_scale);
+}
+
+dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const dflash_sample *caller,
+                                           const int32_t *labels, double grad_scale) {
+  DF_CHECK_ARG(t);
+  dflash_sample s;
+  dflash_status st = df_sample_in(caller, &s);
+  if (st) return st;
+  DF_CHECK_ARG(s.input_ids && s.loss_mask);
+  /* Every backend reads them; a device one would not check their range itself. */
+  if ((st = df_model_check_labels(&t->m, labels, s.len))) return st;
+  const float *hidden;
+  if ((st = sample_hidden(t, &s, true, &hidden))) return st;
+  df_seq q = seq_of(&s, hidden, labels);
   t->be->stale |= DF_BUF_GRADS;
   if (t->be->vt->collect) return t->be->vt->accumulate(t->be, &q, grad_scale, NULL, NULL);
   double ls = 0, ws = 0;
@@ -413,83 +421,104 @@ dflash_status dflash_trainer_collect(dflash_trainer *t, double *loss_sum, double
   return st;
 }
 
-dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const int32_t *input_ids,
-                                              const uint8_t *loss_mask, int64_t len,
-                                              const float *hidden, const int32_t *anchors,
-                                              int32_t n_anchors, double *loss) {
-  DF_CHECK_ARG(t && input_ids && loss_mask && hidden && (anchors || n_anchors == 0));
-  double wsum = 0, lsum = 0;
-  dflash_status st = dflash_trainer_weight_sum(t, loss_mask, len, anchors, n_anchors, &wsum);
+dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const dflash_sample *caller,
+                                              double *loss) {
+  DF_CHECK_ARG(t);
+  dflash_sample s;
+  dflash_status st = df_sample_in(caller, &s);
   if (st) return st;
+  DF_CHECK_ARG(s.input_ids && s.loss_mask);
+  const float *hidden;
+  if ((st = sample_hidden(t, &s, false, &hidden))) return st;
+  double wsum = df_model_weight_sum(&t->m, s.loss_mask, s.len, s.anchors, s.n_anchors), lsum = 0;
   if ((st = dflash_trainer_zero_grad(t))) return st;
-  st = dflash_trainer_accumulate(t, input_ids, loss_mask, len, hidden, anchors, n_anchors,
-                                 wsum > 0 ? 1.0 / wsum : 0.0, &lsum, NULL);
+  /* The backend's own sums (it waits for them), so that the sums collect returns are left
+   * alone. */
+  df_seq q = seq_of(&s, hidden, NULL);
+  t->be->stale |= DF_BUF_GRADS;
+  st = t->be->vt->accumulate(t->be, &q, wsum > 0 ? 1.0 / wsum : 0.0, &lsum, NULL);
   if (st) return st;
   if (loss) *loss = wsum > 0 ? lsum / wsum : 0.0;
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_predict(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                     const float *hidden, const int32_t *anchors, int32_t n_anchors,
-                                     int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred);
-  df_seq s = {
-      .ids = input_ids, .len = len, .hidden = hidden, .anchors = anchors, .n_anchors = n_anchors};
-  return t->be->vt->predict(t->be, &s, pred);
+/* ---- drafting ------------------------------------------------------------- */
+
+static void propose_options_defaults(dflash_propose_options *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
 }
 
-void dflash_propose_options_init(dflash_propose_options *o, size_t size) {
-  dflash_propose_options d = {.struct_size = sizeof d};
-  df_opts_fill(o, size, &d, sizeof d);
-}
+DF_DEFINE_INIT(dflash_propose_options, propose_options_defaults)
 
-/* What a propose call asks beyond dflash_trainer_predict, checked (o: the
- * caller's options at the library's size). */
+/* What a propose call asks beyond the greedy tokens, checked (o and out: the caller's at the
+ * library's size). */
 static dflash_status propose_check(const dflash_trainer *t, const dflash_propose_options *o,
-                                   bool *plain) {
+                                   const dflash_propose_outputs *out, bool *plain) {
   if (!(o->temperature >= 0) || !isfinite(o->temperature))
     return df_error(DFLASH_E_RANGE, "propose: temperature %g (must be finite and >= 0)",
                     o->temperature);
-  bool selector = o->temperature > 0 || o->candidates || o->probs;
+  bool selector = o->temperature > 0 || out->candidates || out->probs;
   if (selector && !t->m.dflash2)
     return df_error(DFLASH_E_UNSUPPORTED,
                     "propose: %s needs a DFlash 2 drafter (the candidate "
                     "selector); this one is DFlash 1",
                     o->temperature > 0 ? "sampling" : "candidates / probs");
-  *plain = !selector && !o->argmax;
+  *plain = !selector && !out->argmax;
   return DFLASH_OK;
 }
 
-dflash_status dflash_trainer_propose(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                     const float *hidden, const int32_t *anchors, int32_t n_anchors,
-                                     const dflash_propose_options *opts, int32_t *pred) {
-  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && pred && n_anchors >= 0);
+/* The caller's options and outputs (either NULL) at the library's size, checked. */
+static dflash_status propose_in(const dflash_trainer *t, const dflash_propose_options *opts,
+                                const dflash_propose_outputs *outs, dflash_propose_options *o,
+                                dflash_propose_outputs *out, bool *plain) {
+  dflash_propose_options_default(o);
+  *out = (dflash_propose_outputs){.struct_size = sizeof *out};
+  dflash_status st = df_opts_in(o, opts, sizeof *o, "dflash_propose_options");
+  if (!st) st = df_opts_in(out, outs, sizeof *out, "dflash_propose_outputs");
+  return st ? st : propose_check(t, o, out, plain);
+}
+
+dflash_status dflash_trainer_propose(dflash_trainer *t, const dflash_sample *caller,
+                                     const dflash_propose_options *opts, int32_t *pred,
+                                     const dflash_propose_outputs *outs) {
+  DF_CHECK_ARG(t && pred);
+  dflash_sample s;
   dflash_propose_options o;
-  dflash_propose_options_default(&o);
+  dflash_propose_outputs out;
   bool plain = true;
-  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_propose_options");
-  if (!st) st = propose_check(t, &o, &plain);
-  if (st || plain)
-    return st ? st : dflash_trainer_predict(t, input_ids, len, hidden, anchors, n_anchors, pred);
+  const float *hidden = NULL;
+  dflash_status st = df_sample_in(caller, &s);
+  if (!st) st = propose_in(t, opts, outs, &o, &out, &plain);
+  if (!st) st = df_sample_floats(t, &s, &hidden);
+  if (st) return st;
+  if (plain) {
+    df_seq q = seq_of(&s, hidden, NULL);
+    return t->be->vt->predict(t->be, &q, pred);
+  }
   /* The float32 reference on the host copy of the parameters (the CPU
    * backend's own storage), as dflash_trainer_logits. */
   if ((st = df_trainer_pull(t, DF_BUF_PARAMS))) return st;
-  return df_model_propose(&t->m, input_ids, len, hidden, anchors, n_anchors, &o, pred);
+  return df_model_propose(&t->m, s.input_ids, s.len, hidden, s.anchors, s.n_anchors, &o, &out,
+                          pred);
 }
 
-dflash_status dflash_trainer_logits(dflash_trainer *t, const int32_t *input_ids, int64_t len,
-                                    const float *hidden, const int32_t *anchors, int32_t n_anchors,
-                                    float *logits) {
-  DF_CHECK_ARG(t && input_ids && hidden && (anchors || n_anchors == 0) && logits && n_anchors >= 0);
+dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_sample *caller, float *logits) {
+  DF_CHECK_ARG(t && logits);
+  dflash_sample s;
+  const float *hidden = NULL;
+  dflash_status st = df_sample_in(caller, &s);
+  if (!st) st = df_sample_floats(t, &s, &hidden);
   /* The float32 reference forward on the host copy of the parameters,
    * whatever the backend (a device backend's are pulled first). */
-  dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
-  return st ? st : df_model_logits(&t->m, input_ids, len, hidden, anchors, n_anchors, logits);
+  if (!st) st = df_trainer_pull(t, DF_BUF_PARAMS);
+  return st ? st
+            : df_model_logits(&t->m, s.input_ids, s.len, hidden, s.anchors, s.n_anchors, logits);
 }
 
 /* ---- optimizer ------------------------------------------------------------ */
 
-int64_t dflash_trainer_steps(const dflash_trainer *t) { return t ? t->step : 0; }
+int64_t dflash_trainer_step_count(const dflash_trainer *t) { return t ? t->step : 0; }
 
 int64_t df_warmup_steps(const dflash_trainer_options *o) {
   return (int64_t)(o->warmup_ratio * (double)o->total_steps);

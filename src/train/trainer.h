@@ -11,7 +11,7 @@ struct dflash_trainer {
   int64_t step;
   struct df_backend *be; /* where the maths runs (backend.h) */
   struct df_comm *comm;  /* data-parallel ranks (dist.h; borrowed), NULL: one process */
-  /* dflash_trainer_accumulate_sample: the sums not yet returned by dflash_trainer_collect,
+  /* dflash_trainer_accumulate: the sums not yet returned by dflash_trainer_collect,
    * and a float32 buffer for stored rows a backend takes only decoded */
   double pend_loss, pend_weight;
   double pend_sel; /* DFlash 2: the selector's part of pend_loss (the run reports it apart) */
@@ -29,6 +29,22 @@ struct dflash_trainer {
   double sched_lr0;
 };
 
+/* The target's final RMSNorm weight [H] (norm_name, NULL: model.norm.weight and variants)
+ * from its local checkpoint, and rms_norm_eps from the config.json beside it (target.c). */
+DF_MUST_CHECK dflash_status df_target_load_final_norm(const char *path, const char *norm_name,
+                                                      int32_t hidden_size, float *norm_w,
+                                                      float *eps);
+/* The caller's sample at the library's size (the one struct rule) into *s, its length and
+ * anchors checked (each in [0, len)): what every sequence call starts with. */
+DF_MUST_CHECK dflash_status df_sample_in(const dflash_sample *caller, dflash_sample *s);
+/* A checked sample's ids required and its rows as float32: its hidden, or its stored codes
+ * decoded into the trainer's buffer (valid until the next call on t). */
+DF_MUST_CHECK dflash_status df_sample_floats(dflash_trainer *t, const dflash_sample *s,
+                                             const float **hidden);
+/* dflash_trainer_accumulate with CE targets `labels` [len] (NULL: the ids), checked to lie
+ * in the vocabulary: the target's greedy tokens of `--labels target`. */
+DF_MUST_CHECK dflash_status df_trainer_accumulate_labels(dflash_trainer *t, const dflash_sample *s,
+                                                         const int32_t *labels, double grad_scale);
 /*
  * dflash_trainer_create for one rank of a data-parallel run: every step
  * first sums the gradients over comm's ranks (the CPU backend over comm
@@ -37,22 +53,6 @@ struct dflash_trainer {
  * caller scales each sequence by 1 / (global sum of weights). comm must
  * outlive the trainer; NULL is dflash_trainer_create.
  */
-/* dflash_trainer_accumulate with CE targets `labels` [len] (NULL: input_ids), checked to lie
- * in the vocabulary: the target's greedy tokens of `--labels target`. */
-/* The target's final RMSNorm weight [H] (norm_name, NULL: model.norm.weight and variants)
- * from its local checkpoint, and rms_norm_eps from the config.json beside it (target.c). */
-DF_MUST_CHECK dflash_status df_target_load_final_norm(const char *path, const char *norm_name,
-                                                      int32_t hidden_size, float *norm_w,
-                                                      float *eps);
-/* dflash_trainer_accumulate_sample with CE targets `labels` [len] (NULL: the ids). */
-struct dflash_sample;
-DF_MUST_CHECK dflash_status df_trainer_accumulate_sample_labels(
-    dflash_trainer *t, const struct dflash_sample *s, const int32_t *labels, const int32_t *anchors,
-    int32_t n_anchors, double grad_scale);
-DF_MUST_CHECK dflash_status df_trainer_accumulate_labels(
-    dflash_trainer *t, const int32_t *input_ids, const int32_t *labels, const uint8_t *loss_mask,
-    int64_t len, const float *hidden, const int32_t *anchors, int32_t n_anchors, double grad_scale,
-    double *loss_sum, double *weight_sum);
 DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                               const float *lm_head,
                                               const dflash_trainer_options *opts,

@@ -52,6 +52,7 @@ static void init_spool(void *o, size_t n) { dflash_spool_options_init(o, n); }
 static void init_stream(void *o, size_t n) { dflash_sample_stream_options_init(o, n); }
 static void init_run(void *o, size_t n) { dflash_train_run_options_init(o, n); }
 static void init_eval_walk(void *o, size_t n) { dflash_eval_walk_init(o, n); }
+static void init_eval(void *o, size_t n) { dflash_eval_init(o, n); }
 static void init_build(void *o, size_t n) { dflash_dataset_build_options_init(o, n); }
 static void init_rows(void *o, size_t n) { dflash_hidden_rows_init(o, n); }
 
@@ -210,8 +211,9 @@ static dflash_status call_plan(void *o, ctx *c) {
   return dflash_train_plan_compute(&cfg, &po, o);
 }
 
-static dflash_status call_propose(void *o, ctx *c) {
-  (void)c;
+/* dflash_trainer_propose of 8 tokens at one anchor with `o` as its options or, `outputs`,
+ * as its outputs (all NULL: nothing asked beyond the tokens). */
+static dflash_status propose_with(void *o, bool outputs) {
   dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   small_drafter(&cfg);
   dflash_trainer *t;
@@ -220,10 +222,26 @@ static dflash_status call_propose(void *o, ctx *c) {
   float *hidden = calloc(8 * (size_t)cfg.n_target_layer_ids * (size_t)cfg.hidden_size,
                          sizeof *hidden);
   ck_assert_ptr_nonnull(hidden);
-  dflash_status st = dflash_trainer_propose(t, ids, 8, hidden, &anchor, 1, o, pred);
+  dflash_sample s = {.struct_size = sizeof s,
+                     .len = 8,
+                     .input_ids = ids,
+                     .hidden = hidden,
+                     .anchors = &anchor,
+                     .n_anchors = 1};
+  dflash_status st = dflash_trainer_propose(t, &s, outputs ? NULL : o, pred, outputs ? o : NULL);
   free(hidden);
   dflash_trainer_free(t);
   return st;
+}
+
+static dflash_status call_propose(void *o, ctx *c) {
+  (void)c;
+  return propose_with(o, false);
+}
+
+static dflash_status call_propose_outputs(void *o, ctx *c) {
+  (void)c;
+  return propose_with(o, true);
 }
 
 static dflash_status call_dataset_writer(void *o, ctx *c) {
@@ -332,6 +350,18 @@ static dflash_status call_eval_walk(void *o, ctx *c) {
   return accepted ? DFLASH_OK : st;
 }
 
+/* dflash_trainer_eval over a missing dataset, as call_eval_walk. */
+static dflash_status call_eval(void *o, ctx *c) {
+  dflash_trainer *t;
+  ck_assert_ok(small_trainer(NULL, &t));
+  char *missing = df_path_join(c->dir, "missing");
+  dflash_status st = dflash_trainer_eval(t, missing, missing, o);
+  free(missing);
+  dflash_trainer_free(t);
+  bool accepted = st != DFLASH_E_INVALID_ARG && st != DFLASH_E_UNSUPPORTED;
+  return accepted ? DFLASH_OK : st;
+}
+
 /* dflash_dataset_build with a missing input: a struct it accepts fails there
  * (DFLASH_E_NOT_FOUND), one it refuses at the struct. `o` is its options or its stats. */
 static dflash_status build_missing(dflash_dataset_build_options *opts,
@@ -428,9 +458,10 @@ static dflash_status call_train_sample_in(void *o, ctx *c) {
                         .input_ids = ids,
                         .loss_mask = mask,
                         .hidden = hidden};
-  copy_fields(o, &full, sizeof full);
   int32_t anchor = 2;
-  dflash_status st = dflash_trainer_accumulate_sample(t, o, &anchor, 1, 1.0);
+  full.anchors = &anchor, full.n_anchors = 1;
+  copy_fields(o, &full, sizeof full);
+  dflash_status st = dflash_trainer_accumulate(t, o, 1.0);
   free(hidden);
   dflash_trainer_free(t);
   return st;
@@ -491,6 +522,8 @@ static const opts_case CASES[] = {
      false},
     {"dflash_train_plan", sizeof(dflash_train_plan), init_zero, call_plan, true},
     {"dflash_propose_options", sizeof(dflash_propose_options), init_propose, call_propose, false},
+    {"dflash_propose_outputs", sizeof(dflash_propose_outputs), init_zero, call_propose_outputs,
+     false},
     {"dflash_dataset_writer_options", sizeof(dflash_dataset_writer_options), init_dataset_writer,
      call_dataset_writer, false},
     {"dflash_hidden_writer_options", sizeof(dflash_hidden_writer_options), init_hidden_writer,
@@ -500,6 +533,7 @@ static const opts_case CASES[] = {
      false},
     {"dflash_train_run_options", sizeof(dflash_train_run_options), init_run, call_run, false},
     {"dflash_eval_walk", sizeof(dflash_eval_walk), init_eval_walk, call_eval_walk, false},
+    {"dflash_eval", sizeof(dflash_eval), init_eval, call_eval, false},
     {"dflash_dataset_build_options", sizeof(dflash_dataset_build_options), init_build, call_build,
      false},
     {"dflash_dataset_build_stats", sizeof(dflash_dataset_build_stats), init_zero, call_build_stats,

@@ -4,7 +4,7 @@
  *   - dflash_trainer_step_async enqueues the last backward, the norm, the clip factor (all
  *     on the device), AdamW and returns without a single cudaStreamSynchronize /
  *     cudaEventSynchronize / cudaDeviceSynchronize; the next step's zero_grad and first
- *     accumulate_sample are enqueued behind it, and step_result then waits once, on the
+ *     accumulate are enqueued behind it, and step_result then waits once, on the
  *     step's event;
  *   - several steps of that schedule (the next step's first sequence uploaded before the
  *     norm is asked for) equal dflash_trainer_step's, to the bit: norms, losses, parameters
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../train/seq.h"
 #include "../train/synth.h"
 #include "gpu_common.h"
 #include "testutil.h"
@@ -109,7 +110,7 @@ static void accumulate(dflash_trainer *t, const world *w, int k, int i) {
                        .input_ids = q->ids,
                        .loss_mask = q->mask,
                        .hidden = q->hidden};
-  ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, q->anchors, q->na, 0.02));
+  ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, q->anchors, q->na), 0.02));
 }
 
 typedef struct outcome {
@@ -144,7 +145,7 @@ static void train(const world *w, bool async, outcome *o) {
     ck_assert_ok(dflash_trainer_step_async(t, &o->lr[k]));
     dfemu_sync_counts(&ss, &es, &ds, 1);
     o->step_syncs[0] = ss, o->step_syncs[1] = es, o->step_syncs[2] = ds;
-    ck_assert_int_eq(dflash_trainer_steps(t), k + 1); /* counted at once */
+    ck_assert_int_eq(dflash_trainer_step_count(t), k + 1); /* counted at once */
   }
   if (async) ck_assert_ok(dflash_trainer_step_result(t, &o->norm[STEPS - 1]));
   ck_assert_status(dflash_trainer_step_result(t, NULL), DFLASH_E_STATE, "no dflash_trainer_step");
@@ -206,13 +207,13 @@ START_TEST(non_finite_norm_fails_step_result_and_changes_nothing) {
   ck_assert_ok(df_trainer_push(t, DF_BUF_GRADS));
   double lr, norm = 0;
   ck_assert_ok(dflash_trainer_step_async(t, &lr));
-  ck_assert_int_eq(dflash_trainer_steps(t), 1);
+  ck_assert_int_eq(dflash_trainer_step_count(t), 1);
   dflash_status st = dflash_trainer_step_result(t, &norm);
   printf("non-finite norm: %s (%s), norm %g\n", dflash_status_str(st), dflash_last_error(), norm);
   ck_assert_int_eq(st, DFLASH_E_RANGE);
   ck_assert(strstr(dflash_last_error(), "not finite"));
   ck_assert(!isfinite(norm));
-  ck_assert_int_eq(dflash_trainer_steps(t), 0);
+  ck_assert_int_eq(dflash_trainer_step_count(t), 0);
   float *p1 = dump(t, 0);
   ck_assert_uint_eq(n_differ(p0, p1, n), 0);
   free(p0), free(p1);

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../train/seq.h"
 #include "gpu_common.h"
 #include "synth.h"
 #include "testutil.h"
@@ -97,11 +98,14 @@ static dflash_status exercise(const dflash_drafter_config *c, const g_seq *q, ch
   dflash_status st = make_opt(c, DFLASH_BACKEND_CUDA, 1e-6, &t);
   double loss, norm;
   if (!st)
-    st = dflash_trainer_forward_backward(t, q->ids, q->mask, q->len, q->hidden, q->anchors, q->na,
+    st = dflash_trainer_forward_backward(t,
+                                         SEQ(q->ids, q->mask, q->len, q->hidden, q->anchors, q->na),
                                          &loss);
   if (!st) st = dflash_trainer_step(t, &norm, NULL);
   int32_t *pred = malloc(sizeof(int32_t) * (size_t)q->na * c->block_size);
-  if (!st) st = dflash_trainer_predict(t, q->ids, q->len, q->hidden, q->anchors, q->na, pred);
+  if (!st)
+    st = dflash_trainer_propose(t, SEQ(q->ids, NULL, q->len, q->hidden, q->anchors, q->na), NULL,
+                                pred, NULL);
   free(pred);
   snprintf(msg, cap, "%s", st ? dflash_last_error() : "");
   dflash_trainer_free(t);
@@ -195,12 +199,14 @@ typedef struct use_job {
 static void *use_trainer(void *arg) {
   use_job *j = arg;
   const g_seq *q = j->q;
-  dflash_status st = dflash_trainer_forward_backward(j->t, q->ids, q->mask, q->len, q->hidden,
-                                                     q->anchors, q->na, &j->loss);
+  dflash_status st = dflash_trainer_forward_backward(
+      j->t, SEQ(q->ids, q->mask, q->len, q->hidden, q->anchors, q->na), &j->loss);
   if (!st) st = dump_into(j->t, 1, j->grads);
   if (!st) st = dflash_trainer_step(j->t, &j->norm, NULL);
   if (!st) st = dump_into(j->t, 0, j->params);
-  if (!st) st = dflash_trainer_predict(j->t, q->ids, q->len, q->hidden, q->anchors, q->na, j->pred);
+  if (!st)
+    st = dflash_trainer_propose(j->t, SEQ(q->ids, NULL, q->len, q->hidden, q->anchors, q->na), NULL,
+                                j->pred, NULL);
   j->st = st;
   if (st) snprintf(j->err, sizeof j->err, "%s", dflash_last_error());
   return NULL;
@@ -262,7 +268,8 @@ START_TEST(c_predict_on_nan_rows_matches_the_cpu) {
     ck_assert_ok(dflash_trainer_set_param(t[k], name, w, numel));
     pred[k] = malloc(4 * np);
     memset(pred[k], 0x5a, 4 * np);
-    ck_assert_ok(dflash_trainer_predict(t[k], q.ids, q.len, q.hidden, q.anchors, q.na, pred[k]));
+    ck_assert_ok(dflash_trainer_propose(t[k], SEQ(q.ids, NULL, q.len, q.hidden, q.anchors, q.na),
+                                        NULL, pred[k], NULL));
   }
   for (size_t i = 0; i < np; i++)
     ck_assert_msg(pred[1][i] == pred[0][i], "row %zu of NaN logits: CUDA predicts %d, CPU %d", i,
@@ -313,8 +320,10 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
   if (!st) st = dflash_trainer_zero_grad(t);
   int per = N_SEQ / world;
   for (int i = rank * per; !st && i < (rank + 1) * per; i++)
-    st = dflash_trainer_accumulate(t, q[i].ids, q[i].mask, q[i].len, q[i].hidden, q[i].anchors,
-                                   q[i].na, world > 1 ? 1.0 / w[i] : 1.0 / W, NULL, NULL);
+    st = dflash_trainer_accumulate(t,
+                                   SEQ(q[i].ids, q[i].mask, q[i].len, q[i].hidden, q[i].anchors,
+                                       q[i].na),
+                                   world > 1 ? 1.0 / w[i] : 1.0 / W);
   if (!st) st = dflash_trainer_step(t, &out->norm, NULL);
   if (!st) st = dump_into(t, 1, grads);
   /* e: a checkpoint as dflash_train_run saves one: every rank gathers, rank 0 writes. */
@@ -343,7 +352,9 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   static const int lens[N_SEQ] = {70, 40, 64, 90}, nas[N_SEQ] = {6, 2, 5, 8};
   for (int i = 0; i < N_SEQ; i++) {
     ck_assert_int_eq(g_seq_make(&c, lens[i], nas[i], 41 + i, &q[i]), 0);
-    ck_assert_ok(dflash_trainer_weight_sum(cpu, q[i].mask, q[i].len, q[i].anchors, q[i].na, &w[i]));
+    ck_assert_ok(
+        dflash_trainer_weight_sum(cpu, SEQ(NULL, q[i].mask, q[i].len, NULL, q[i].anchors, q[i].na),
+                                  &w[i]));
   }
   dflash_trainer_free(cpu);
   /* One rank with the global batch (index 0), two ranks (1, 2), in shared memory. */

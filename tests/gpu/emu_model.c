@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../train/seq.h"
 #include "train/backend.h"
 #include "train/dfcuda.h"
 #include "emu_batch.h"
@@ -73,8 +74,9 @@ START_TEST(zero_grad_then_get_grad_reads_zeros) {
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
   double loss;
-  ck_assert_ok(
-      dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &loss));
+  ck_assert_ok(dflash_trainer_forward_backward(t,
+                                               SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
+                                               &loss));
   float *g = dump(t, 1);
   size_t n = n_params(t), nonzero = 0;
   for (size_t i = 0; i < n; i++) nonzero += g[i] != 0;
@@ -107,10 +109,12 @@ START_TEST(fresh_trainer_first_step_sees_its_uploads) {
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 22, &q), 0);
   double loss = NAN, lc = NAN, norm = NAN;
-  ck_assert_ok(
-      dflash_trainer_forward_backward(t, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &loss));
-  ck_assert_ok(
-      dflash_trainer_forward_backward(cpu, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &lc));
+  ck_assert_ok(dflash_trainer_forward_backward(t,
+                                               SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
+                                               &loss));
+  ck_assert_ok(dflash_trainer_forward_backward(cpu,
+                                               SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
+                                               &lc));
   ck_assert_msg(isfinite(loss) && fabs(loss - lc) <= 0.02 * fabs(lc),
                 "first loss %f (CPU %f): the RoPE tables or weights were not there yet", loss, lc);
   ck_assert_ok(dflash_trainer_step(t, &norm, NULL));

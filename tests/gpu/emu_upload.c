@@ -8,7 +8,7 @@
  *     product);
  *   - several sequences accumulated back to back, with no wait, through the two pinned
  *     stages equal the same sequences accumulated one at a time with a wait each;
- *   - dflash_trainer_accumulate_sample never calls cudaStreamSynchronize (the emulator
+ *   - dflash_trainer_accumulate never calls cudaStreamSynchronize (the emulator
  *     counts it): one wait per batch, at collect;
  *   - a NaN/Inf hidden row is found on the device and refused at collect or at the step,
  *     naming the sample, with no parameter changed;
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../train/seq.h"
 #include "../train/synth.h"
 #include "gpu_common.h"
 #include "testutil.h"
@@ -151,7 +152,7 @@ typedef struct outcome {
 
 static void outcome_free(outcome *o) { free(o->grads), free(o->params); }
 
-/* zero_grad, the sequences (stored rows deferred, or float32 with a wait each), the
+/* zero_grad, the sequences (stored rows, or the same decoded to float32), the
  * gradients, one step, the parameters. */
 static void train(const world *w, stored_seq *seqs, int n, bool stored, outcome *out) {
   dflash_trainer *t = make(w, DFLASH_BACKEND_CUDA);
@@ -159,18 +160,15 @@ static void train(const world *w, stored_seq *seqs, int n, bool stored, outcome 
   out->loss = out->weight = 0;
   for (int i = 0; i < n; i++) {
     const g_seq *q = &seqs[i].q;
-    double ws = 0, ls = 0;
-    ck_assert_ok(dflash_trainer_weight_sum(t, q->mask, q->len, q->anchors, q->na, &ws));
     if (stored) {
       dflash_sample smp = as_sample(&seqs[i]);
-      ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, q->anchors, q->na, 0.01));
+      ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, q->anchors, q->na), 0.01));
     } else {
-      ck_assert_ok(dflash_trainer_accumulate(t, q->ids, q->mask, q->len, seqs[i].decoded,
-                                             q->anchors, q->na, 0.01, &ls, NULL));
-      out->loss += ls, out->weight += ws;
+      ck_assert_ok(dflash_trainer_accumulate(
+          t, SEQ(q->ids, q->mask, q->len, seqs[i].decoded, q->anchors, q->na), 0.01));
     }
   }
-  if (stored) ck_assert_ok(dflash_trainer_collect(t, &out->loss, &out->weight));
+  ck_assert_ok(dflash_trainer_collect(t, &out->loss, &out->weight));
   out->grads = dump(t, 1);
   ck_assert_ok(dflash_trainer_step(t, &out->norm, NULL));
   out->params = dump(t, 0);
@@ -222,14 +220,14 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   enum { N = 5 };
   stored_seq seqs[N];
   for (int i = 0; i < N; i++) stored_make(&w, 56, 51 + i, DFLASH_HIDDEN_BF16, &seqs[i]);
-  /* One at a time: accumulate_sample then collect (a wait) per sequence. */
+  /* One at a time: accumulate then collect (a wait) per sequence. */
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
   ck_assert_ok(dflash_trainer_zero_grad(t));
   double one_loss = 0;
   for (int i = 0; i < N; i++) {
     dflash_sample smp = as_sample(&seqs[i]);
     double ls;
-    ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
+    ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, seqs[i].q.anchors, seqs[i].q.na), 0.01));
     ck_assert_ok(dflash_trainer_collect(t, &ls, NULL));
     one_loss += ls;
   }
@@ -247,7 +245,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
     memcpy(scratch.codes, seqs[i].codes, bytes);
     dflash_sample smp = as_sample(&scratch);
     smp.input_ids = seqs[i].q.ids, smp.loss_mask = seqs[i].q.mask;
-    ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
+    ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, seqs[i].q.anchors, seqs[i].q.na), 0.01));
     memset(scratch.codes, 0xff, bytes); /* NaN everywhere: read late, it would fail */
   }
   double loss;
@@ -265,7 +263,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
 }
 END_TEST
 
-START_TEST(accumulate_sample_never_waits_per_sequence) {
+START_TEST(accumulate_never_waits_per_sequence) {
   world w;
   world_make(&w);
   enum { N = 6 };
@@ -275,19 +273,19 @@ START_TEST(accumulate_sample_never_waits_per_sequence) {
   ck_assert_ok(dflash_trainer_zero_grad(t));
   /* The first sequence sizes the arena, RoPE tables and stages (each grows once). */
   dflash_sample smp = as_sample(&seqs[0]);
-  ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[0].q.anchors, seqs[0].q.na, 0.01));
+  ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, seqs[0].q.anchors, seqs[0].q.na), 0.01));
   ck_assert_ok(dflash_trainer_collect(t, NULL, NULL));
   uint64_t ss, es, ds;
   dfemu_sync_counts(NULL, NULL, NULL, 1);
   for (int i = 1; i < N; i++) {
     smp = as_sample(&seqs[i]);
-    ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
+    ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, seqs[i].q.anchors, seqs[i].q.na), 0.01));
   }
   dfemu_sync_counts(&ss, &es, &ds, 1);
   printf("%d sequences: %llu cudaStreamSynchronize, %llu cudaEventSynchronize (a stage's "
          "'used', two sequences back), %llu cudaDeviceSynchronize\n",
          N - 1, (unsigned long long)ss, (unsigned long long)es, (unsigned long long)ds);
-  ck_assert_msg(ss == 0 && ds == 0, "accumulate_sample waited for the stream %llu times",
+  ck_assert_msg(ss == 0 && ds == 0, "accumulate waited for the stream %llu times",
                 (unsigned long long)ss);
   ck_assert(es <= (uint64_t)(N - 1));
   double loss, weight;
@@ -295,11 +293,11 @@ START_TEST(accumulate_sample_never_waits_per_sequence) {
   dfemu_sync_counts(&ss, NULL, NULL, 1);
   ck_assert_uint_eq(ss, 1); /* the one wait per batch */
   ck_assert(isfinite(loss) && loss > 0 && weight > 0);
-  /* The synchronous call still waits (and returns its loss). */
+  /* forward_backward still waits (and returns its loss). */
   double ls = NAN;
-  ck_assert_ok(dflash_trainer_accumulate(t, seqs[1].q.ids, seqs[1].q.mask, seqs[1].q.len,
-                                         seqs[1].decoded, seqs[1].q.anchors, seqs[1].q.na, 0.01,
-                                         &ls, NULL));
+  const g_seq *q1 = &seqs[1].q;
+  ck_assert_ok(dflash_trainer_forward_backward(
+      t, SEQ(q1->ids, q1->mask, q1->len, seqs[1].decoded, q1->anchors, q1->na), &ls));
   dfemu_sync_counts(&ss, NULL, NULL, 1);
   ck_assert(ss >= 1 && isfinite(ls));
   dflash_trainer_free(t);
@@ -332,7 +330,7 @@ static void check_refused(int32_t dtype, bool at_step) {
   ck_assert_ok(dflash_trainer_zero_grad(t));
   for (int i = 0; i < 3; i++) { /* accepted: the check is on the device */
     dflash_sample smp = as_sample(&seqs[i]);
-    ck_assert_ok(dflash_trainer_accumulate_sample(t, &smp, seqs[i].q.anchors, seqs[i].q.na, 0.01));
+    ck_assert_ok(dflash_trainer_accumulate(t, seq_at(&smp, seqs[i].q.anchors, seqs[i].q.na), 0.01));
   }
   double norm = 0;
   dflash_status st = at_step ? dflash_trainer_step(t, &norm, NULL)
@@ -346,7 +344,7 @@ static void check_refused(int32_t dtype, bool at_step) {
                 "message: %s", msg);
   if (!at_step) st = dflash_trainer_step(t, &norm, NULL); /* NaN gradients: refused too */
   ck_assert_int_ne(st, DFLASH_OK);
-  ck_assert_int_eq(dflash_trainer_steps(t), 0);
+  ck_assert_int_eq(dflash_trainer_step_count(t), 0);
   float *p1 = dump(t, 0);
   ck_assert_uint_eq(n_differ(p0, p1, n), 0);
   free(p0), free(p1);
@@ -462,7 +460,7 @@ int main(void) {
   tcase_add_test(tc, bf16_stored_rows_equal_the_float32_path_to_the_bit);
   tcase_add_test(tc, fp8_stored_rows_equal_the_float32_path_to_the_bit);
   tcase_add_test(tc, double_buffer_never_overwrites_a_stage_still_read);
-  tcase_add_test(tc, accumulate_sample_never_waits_per_sequence);
+  tcase_add_test(tc, accumulate_never_waits_per_sequence);
   tcase_add_test(tc, nan_or_inf_row_is_refused_on_the_device_naming_the_sample);
   tcase_add_test(tc, offline_store_and_spool_upload_rows_as_stored);
   suite_add_tcase(s, tc);

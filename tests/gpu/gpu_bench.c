@@ -7,7 +7,7 @@
  *                                bench/gpu_model.py --gemms prints them):
  *                                each GEMM timed alone, as cuda/model.cu calls it
  * A step is dflash_train_run's: the sequence's rows as stored (bf16) through
- * accumulate_sample, collect, dflash_trainer_step_async, and the norm asked for once
+ * accumulate, collect, dflash_trainer_step_async, and the norm asked for once
  * the next step's sequence is on its way (the model's `now` schedule); the time per step
  * is the whole loop's over the steps.
  * Every result also goes out as one "json {...}" line for gpu_check.sh. Built as
@@ -18,6 +18,7 @@
 
 #include <dflash/hidden.h>
 
+#include "../train/seq.h"
 #include "core/bf16.h"
 #include "core/internal.h"
 #include "gpu_bench_cuda.h"
@@ -136,9 +137,9 @@ int main(int argc, char **argv) {
   for (int s = -1; s < steps; s++) { /* one warm-up step */
     if (s == 0) a = df_now_seconds();
     double wsum = 0, norm;
-    dflash_trainer_weight_sum(t, q.mask, q.len, q.anchors, q.na, &wsum);
+    dflash_trainer_weight_sum(t, SEQ(NULL, q.mask, q.len, NULL, q.anchors, q.na), &wsum);
     dflash_status st = codes ? dflash_trainer_zero_grad(t) : DFLASH_E_NOMEM;
-    if (!st) st = dflash_trainer_accumulate_sample(t, &smp, q.anchors, q.na, 1.0 / wsum);
+    if (!st) st = dflash_trainer_accumulate(t, seq_at(&smp, q.anchors, q.na), 1.0 / wsum);
     if (!st && open) st = dflash_trainer_step_result(t, &norm); /* the step before's */
     if (!st) st = dflash_trainer_collect(t, NULL, NULL);
     if (!st) st = dflash_trainer_step_async(t, NULL);

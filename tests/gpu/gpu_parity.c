@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../train/seq.h"
 #include "gpu_common.h"
 #include "core/bf16.h"
 #include "train/trainer.h"
@@ -149,11 +150,13 @@ static void perturb_dflash2(dflash_trainer *t, float *p, uint64_t seed) {
 static dflash_status labels_fb(dflash_trainer *t, const g_seq *q, const int32_t *labels,
                                double *loss) {
   double w = 0, ls = 0;
-  dflash_status st = dflash_trainer_weight_sum(t, q->mask, q->len, q->anchors, q->na, &w);
+  dflash_status st =
+      dflash_trainer_weight_sum(t, SEQ(NULL, q->mask, q->len, NULL, q->anchors, q->na), &w);
   if (!st) st = dflash_trainer_zero_grad(t);
   if (!st)
-    st = df_trainer_accumulate_labels(t, q->ids, labels, q->mask, q->len, q->hidden, q->anchors,
-                                      q->na, 1.0 / w, &ls, NULL);
+    st = df_trainer_accumulate_labels(t, SEQ(q->ids, q->mask, q->len, q->hidden, q->anchors, q->na),
+                                      labels, 1.0 / w);
+  if (!st) st = dflash_trainer_collect(t, &ls, NULL);
   *loss = ls / w;
   return st;
 }
@@ -196,7 +199,8 @@ static int near_ties(dflash_trainer *cpu, const g_seq *q, const dflash_drafter_c
                      const int32_t *pr_c, const int32_t *pr_g, const char *what) {
   int B = c->block_size, V = c->vocab_size, ties = 0;
   float *lg = malloc(sizeof(float) * (size_t)q->na * B * V);
-  if (!lg || dflash_trainer_logits(cpu, q->ids, q->len, q->hidden, q->anchors, q->na, lg)) {
+  if (!lg ||
+      dflash_trainer_logits(cpu, SEQ(q->ids, NULL, q->len, q->hidden, q->anchors, q->na), lg)) {
     CHECK(0, "%s: cpu logits: %s", what, dflash_last_error());
     free(lg);
     return 0;
@@ -252,9 +256,11 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   if (!c->dflash2 || c->selector_top_k == c->vocab_size)
     check_labels(cpu, gpu, &q, c->vocab_size, what, seed + 4);
   double lc = NAN, lg = NAN;
-  CHECK(!dflash_trainer_forward_backward(cpu, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &lc),
+  CHECK(!dflash_trainer_forward_backward(cpu, SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
+                                         &lc),
         "%s: cpu fb: %s", what, dflash_last_error());
-  CHECK(!dflash_trainer_forward_backward(gpu, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na, &lg),
+  CHECK(!dflash_trainer_forward_backward(gpu, SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
+                                         &lg),
         "%s: gpu fb: %s", what, dflash_last_error());
   double le = fabs(lg - lc) / fabs(lc);
   printf("%s: loss cpu %.6f gpu %.6f (relative %.2e)\n", what, lc, lg, le);
@@ -274,8 +280,9 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   int32_t *pr_c = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
   int32_t *pr_g = malloc(sizeof(int32_t) * q.na * (c->block_size - 1));
   for (int i = 0; i < q.na * (c->block_size - 1); i++) pr_g[i] = -1;
-  dflash_trainer_predict(cpu, q.ids, q.len, q.hidden, q.anchors, q.na, pr_c);
-  CHECK(!dflash_trainer_predict(gpu, q.ids, q.len, q.hidden, q.anchors, q.na, pr_g),
+  dflash_trainer_propose(cpu, SEQ(q.ids, NULL, q.len, q.hidden, q.anchors, q.na), NULL, pr_c, NULL);
+  CHECK(!dflash_trainer_propose(gpu, SEQ(q.ids, NULL, q.len, q.hidden, q.anchors, q.na), NULL, pr_g,
+                                NULL),
         "%s: predict: %s", what, dflash_last_error());
   int same = 0, tot = q.na * (c->block_size - 1), n_cond = 0, same_cond = 0;
   for (int i = 0; i < tot; i++) same += pr_c[i] == pr_g[i];
@@ -345,7 +352,8 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
       off += numel;
     }
     double l1;
-    CHECK(!dflash_trainer_forward_backward(nc1, q.ids, q.mask, q.len, q.hidden, q.anchors, q.na,
+    CHECK(!dflash_trainer_forward_backward(nc1,
+                                           SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
                                            &l1) &&
               !dflash_trainer_step(nc1, NULL, NULL),
           "%s: NCCL step: %s", what, dflash_last_error());

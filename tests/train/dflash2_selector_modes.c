@@ -1,13 +1,15 @@
 /* The measurement behind DFlash 2's default selector_loss_mode (src/train/README.md):
  * a tiny DFlash 2 drafter (H 32, V 64, B 4, top-8, rank 16) trained on a Markov chain
  * (next = succ[prev] with probability 0.8, else uniform) for STEPS AdamW steps of one
- * 64-token sequence, then its greedy selector path (dflash_trainer_predict) scored on 50
+ * 64-token sequence, then its greedy selector path (dflash_trainer_propose) scored on 50
  * held-out sequences: drafted-token accuracy, position 1, accepted tokens per block.
  * Usage: dflash2_selector_modes MODE(0 drop, 1 inject) STEPS WEIGHT SEED. Built, not a test. */
 #include <dflash/train.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "seq.h"
 enum { H = 32, V = 64, B = 4, LEN = 64, K = 8 };
 static uint64_t z;
 static double u(void) {
@@ -59,7 +61,7 @@ int main(int argc, char **argv) {
   double loss;
   for (int s = 0; s < steps; s++) {
     seq(ids, hid);
-    if (dflash_trainer_forward_backward(t, ids, mask, LEN, hid, anchors, 15, &loss)) return 1;
+    if (dflash_trainer_forward_backward(t, SEQ(ids, mask, LEN, hid, anchors, 15), &loss)) return 1;
     dflash_trainer_step(t, NULL, NULL);
   }
   z = 555;
@@ -67,7 +69,7 @@ int main(int argc, char **argv) {
   for (int s = 0; s < 50; s++) {
     seq(ids, hid);
     int32_t pred[15 * (B - 1)];
-    dflash_trainer_predict(t, ids, LEN, hid, anchors, 15, pred);
+    dflash_trainer_propose(t, SEQ(ids, NULL, LEN, hid, anchors, 15), NULL, pred, NULL);
     for (int a = 0; a < 15; a++) {
       int ok = 1;
       for (int j = 1; j < B; j++) {

@@ -22,7 +22,7 @@ architectures ["DFlash2DraftModel"] + float32 model.safetensors) and then:
 5. a DFlash 2 drafter trains on the CPU backend (forward_backward gives a
    finite loss; its gradients are checked in test_dflash2.c and
    tests/reference/torch_dflash2_selector.py);
-6. the candidate selector: dflash_trainer_predict's tokens equal z-lab's
+6. the candidate selector: greedy dflash_trainer_propose's tokens equal z-lab's
    greedy propose (CandidateSelector.select at temperature 0, walking each
    block from its anchor token) at every drafted position, and differ from
    the plain argmax of the logits at some (so the test sees the rescoring);

@@ -254,10 +254,9 @@ def make_data(cfg, rng, n_seq=2, S=36):
 def c_step(tr, data):
     total_w = sum(tr.weight_sum(m, a) for _, m, _, a in data)
     tr.zero_grad()
-    lsum = 0.0
     for ids, m, h, a in data:
-        ls, _ = tr.accumulate(ids, m, h, a, 1.0 / total_w)
-        lsum += ls
+        tr.accumulate(ids, m, a, 1.0 / total_w, hidden=h)
+    lsum, _ = tr.collect()
     return lsum / total_w
 
 

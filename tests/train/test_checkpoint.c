@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "seq.h"
 #include "core/internal.h"
 #include "testutil.h"
 #include "core/bf16.h"
@@ -129,7 +130,7 @@ static double train_steps(dflash_trainer *t, int from, int to) {
     int32_t anc[8], n;
     ck_assert_ok(dflash_anchors_sample(mask, 24, 4, 8, 5, (uint64_t)s, anc, &n));
     double loss, norm, lr;
-    ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, 24, hid, anc, n, &loss));
+    ck_assert_ok(dflash_trainer_forward_backward(t, SEQ(ids, mask, 24, hid, anc, n), &loss));
     ck_assert_ok(dflash_trainer_step(t, &norm, &lr));
     last = loss;
   }
@@ -157,7 +158,7 @@ START_TEST(resume_is_exact) {
   ck_assert_uint_eq(len, sizeof blob);
   ck_assert_ok(dflash_trainer_load_state(resumed, state, back, sizeof back, &len));
   ck_assert_str_eq(back, blob);
-  ck_assert_int_eq(dflash_trainer_steps(resumed), 3);
+  ck_assert_int_eq(dflash_trainer_step_count(resumed), 3);
   double l_res = train_steps(resumed, 3, 6);
   ck_assert_double_eq(l_full, l_res);
   size_t n;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "seq.h"
 #include "core/internal.h"
 #include "testutil.h"
 #include "train/dflash2.h"
@@ -123,11 +124,11 @@ START_TEST(cuda_not_refused_cpu_trains) {
   uint8_t mask[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   float hidden[8 * H] = {0};
   double loss = -1;
-  ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, 8, hidden, anchors, 2, &loss));
+  ck_assert_ok(dflash_trainer_forward_backward(t, SEQ(ids, mask, 8, hidden, anchors, 2), &loss));
   ck_assert(isfinite(loss) && loss > 0);
   ck_assert_double_eq(t->m.sel_rows, 6);
   float *logits = zeros(2 * B * V);
-  ck_assert_ok(dflash_trainer_logits(t, ids, 8, hidden, anchors, 2, logits));
+  ck_assert_ok(dflash_trainer_logits(t, SEQ(ids, NULL, 8, hidden, anchors, 2), logits));
   free(logits);
   dflash_trainer_free(t);
 }
@@ -180,7 +181,8 @@ static void train_lowers_selector_loss(bool inject) {
   for (int i = 0; i < LEN * H; i++) hidden[i] = sinf(0.21f * (float)i);
   double loss, first = 0, last = 0;
   for (int step = 0; step < 30; step++) {
-    ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, LEN, hidden, anchors, 5, &loss));
+    ck_assert_ok(
+        dflash_trainer_forward_backward(t, SEQ(ids, mask, LEN, hidden, anchors, 5), &loss));
     if (step == 0) first = selector_ce(&t->m, inject);
     last = selector_ce(&t->m, inject);
     ck_assert_ok(dflash_trainer_step(t, NULL, NULL));
@@ -240,14 +242,14 @@ START_TEST(muon_splits_the_tensors_like_speculators) {
   for (int i = 0; i < 24 * H; i++) hidden[i] = sinf(0.21f * (float)i);
   double loss;
   /* A first step, so that the kernel projection (zero at init) has a gradient. */
-  ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, 24, hidden, anchors, 4, &loss));
+  ck_assert_ok(dflash_trainer_forward_backward(t, SEQ(ids, mask, 24, hidden, anchors, 4), &loss));
   ck_assert_ok(dflash_trainer_step(t, NULL, NULL));
   for (int k = 0; k < 3; k++) {
     const df_tensor_info *ti = df_model_find(&t->m, names[k]);
     ck_assert_ptr_nonnull(ti);
     before[k] = get(t, names[k], ti->numel);
   }
-  ck_assert_ok(dflash_trainer_forward_backward(t, ids, mask, 24, hidden, anchors, 4, &loss));
+  ck_assert_ok(dflash_trainer_forward_backward(t, SEQ(ids, mask, 24, hidden, anchors, 4), &loss));
   /* Step 2 of AdamW is not lr per element; compare with a fresh AdamW-only first step
    * instead: reset the moments of the AdamW tensors (t->m2 is 0 on Muon's). */
   for (int k = 0; k < 2; k++) {
@@ -418,9 +420,9 @@ START_TEST(topk_fused_into_the_ce_pass) {
 }
 END_TEST
 
-/* dflash_trainer_propose: greedy is predict, a near-zero temperature the
+/* dflash_trainer_propose: NULL options is greedy, a near-zero temperature the
  * greedy path, q a distribution over the candidates (descending logit, the
- * argmax first), the draw reproducible; bad options refused by name. */
+ * argmax first), the draw reproducible; bad options and outputs refused by name. */
 START_TEST(propose_samples_and_refuses) {
   dflash_trainer *t;
   ck_assert_ok(make(DFLASH_BACKEND_CPU, &t));
@@ -432,18 +434,23 @@ START_TEST(propose_samples_and_refuses) {
   float hidden[LEN * H], probs[N * KK];
   for (int i = 0; i < LEN; i++) ids[i] = (i * 7 + 2) % (V - 1);
   for (int i = 0; i < LEN * H; i++) hidden[i] = cosf(0.23f * (float)i);
-  ck_assert_ok(dflash_trainer_predict(t, ids, LEN, hidden, anchors, NA, greedy));
+  const dflash_sample *smp = SEQ(ids, NULL, LEN, hidden, anchors, NA);
+  ck_assert_ok(dflash_trainer_propose(t, smp, NULL, greedy, NULL));
   dflash_propose_options o;
   dflash_propose_options_default(&o);
   ck_assert_uint_eq(o.struct_size, sizeof o);
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
+  ck_assert_ok(dflash_trainer_propose(t, smp, &o, got, NULL));
   ck_assert_mem_eq(got, greedy, sizeof got);
-  o.temperature = 1e-6, o.candidates = cand, o.probs = probs, o.argmax = argmax;
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
+  dflash_propose_outputs out = {.struct_size = sizeof out,
+                                .candidates = cand,
+                                .probs = probs,
+                                .argmax = argmax};
+  o.temperature = 1e-6;
+  ck_assert_ok(dflash_trainer_propose(t, smp, &o, got, &out));
   ck_assert_mem_eq(got, greedy, sizeof got);
   o.temperature = 3.0, o.seed = 9;
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got));
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, again));
+  ck_assert_ok(dflash_trainer_propose(t, smp, &o, got, &out));
+  ck_assert_ok(dflash_trainer_propose(t, smp, &o, again, &out));
   ck_assert_mem_eq(got, again, sizeof got);
   for (int i = 0; i < N; i++) {
     double sum = 0;
@@ -457,36 +464,46 @@ START_TEST(propose_samples_and_refuses) {
     ck_assert_int_eq(argmax[i], cand[i * KK]);
   }
   o.temperature = -1;
-  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
-                   DFLASH_E_RANGE, "temperature -1");
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, NULL), DFLASH_E_RANGE, "temperature -1");
   o.temperature = NAN;
-  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
-                   DFLASH_E_RANGE, "temperature");
-  /* Versioned: an older caller's struct (no argmax) is its prefix; a newer one
-   * only with its unknown tail zero; a struct_size that is no size is refused. */
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, NULL), DFLASH_E_RANGE, "temperature");
+  /* Versioned, options and outputs alike: an older caller's struct is its prefix; a newer
+   * one only with its unknown tail zero; a struct_size that is no size is refused. */
   struct {
     dflash_propose_options o;
     uint64_t extra;
   } big;
   memset(&big, 0, sizeof big);
   big.o = o, big.o.temperature = 3.0, big.o.struct_size = sizeof big;
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &big.o, again));
+  ck_assert_ok(dflash_trainer_propose(t, smp, &big.o, again, NULL));
   ck_assert_mem_eq(got, again, sizeof got);
   big.extra = 1;
-  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &big.o, again),
-                   DFLASH_E_UNSUPPORTED, "newer libdflash");
-  o.temperature = 3.0, o.argmax = NULL, o.struct_size = offsetof(dflash_propose_options, argmax);
-  ck_assert_ok(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, again));
+  ck_assert_status(dflash_trainer_propose(t, smp, &big.o, again, NULL), DFLASH_E_UNSUPPORTED,
+                   "newer libdflash");
+  o.temperature = 3.0;
+  int32_t untouched[N];
+  memset(untouched, 0x5a, sizeof untouched);
+  memcpy(argmax, untouched, sizeof argmax);
+  out.struct_size = offsetof(dflash_propose_outputs, argmax); /* no argmax: not written */
+  ck_assert_ok(dflash_trainer_propose(t, smp, &o, again, &out));
   ck_assert_mem_eq(got, again, sizeof got);
+  ck_assert_mem_eq(argmax, untouched, sizeof argmax);
   o.struct_size = 2;
-  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
-                   DFLASH_E_INVALID_ARG, "struct_size 2");
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, NULL), DFLASH_E_INVALID_ARG,
+                   "struct_size 2");
+  dflash_propose_options_default(&o);
+  out.struct_size = 2;
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, &out), DFLASH_E_INVALID_ARG,
+                   "dflash_propose_outputs");
   /* DFlash 1 has no selector to sample from; its argmax is the prediction. */
   t->m.dflash2 = false;
-  dflash_propose_options_default(&o);
   o.temperature = 0.5;
-  ck_assert_status(dflash_trainer_propose(t, ids, LEN, hidden, anchors, NA, &o, got),
-                   DFLASH_E_UNSUPPORTED, "needs a DFlash 2 drafter");
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, NULL), DFLASH_E_UNSUPPORTED,
+                   "needs a DFlash 2 drafter");
+  o.temperature = 0;
+  out = (dflash_propose_outputs){.struct_size = sizeof out, .candidates = cand};
+  ck_assert_status(dflash_trainer_propose(t, smp, &o, got, &out), DFLASH_E_UNSUPPORTED,
+                   "candidates / probs");
   t->m.dflash2 = true;
   dflash_trainer_free(t);
 }

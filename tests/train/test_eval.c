@@ -1,12 +1,16 @@
 /* The speculative walk (dflash_trainer_walk): on a sequence built so that
  * the drafter's greedy drafts are accepted for a planned number of tokens at
  * each planned anchor, the walk must take exactly the planned steps. */
+#include <dflash/experimental.h>
+#include <dflash/hidden.h>
 #include <dflash/train.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "seq.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -60,7 +64,8 @@ static void build(dflash_trainer *t, world *w) {
     int s = runs[r][0], e = runs[r][1];
     for (int p = s; p < e - 1;) {
       int32_t pred[B - 1];
-      ck_assert_ok(dflash_trainer_predict(t, w->ids, S, w->hidden, &p, 1, pred));
+      ck_assert_ok(
+          dflash_trainer_propose(t, SEQ(w->ids, NULL, S, w->hidden, &p, 1), NULL, pred, NULL));
       int k = plan[np++ % 12];
       for (int j = 1; j <= k && p + j < e; j++) w->ids[p + j] = pred[j - 1];
       if (k < B - 1 && p + k + 1 < e) w->ids[p + k + 1] = (pred[k] + 1) % V;
@@ -80,8 +85,8 @@ START_TEST(walk_takes_the_planned_steps) {
   build(t, w);
   int64_t tokens, steps, hist[B] = {0};
   int32_t accept[S];
-  ck_assert_ok(
-      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, accept, hist));
+  ck_assert_ok(dflash_trainer_walk(t, SEQ(w->ids, w->mask, S, w->hidden, NULL, 0), 0, &tokens,
+                                   &steps, accept, hist));
   ck_assert_int_eq(steps, w->steps);
   ck_assert_int_eq(tokens, w->tokens);
   ck_assert_int_gt(steps, 20);
@@ -100,12 +105,12 @@ START_TEST(walk_takes_the_planned_steps) {
     /* Every other position: the acceptance of that single anchor, counting
      * stopped at the end of its run. */
     int32_t a, e = p < 41 ? 41 : 90;
-    ck_assert_ok(dflash_trainer_acceptance(t, w->ids, e, w->hidden, &p, 1, &a, NULL));
+    ck_assert_ok(dflash_trainer_acceptance(t, SEQ(w->ids, NULL, e, w->hidden, &p, 1), &a));
     ck_assert_int_eq(accept[p], a);
   }
   /* NULL accept and hist are fine. */
-  ck_assert_ok(
-      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, 0, &tokens, &steps, NULL, NULL));
+  ck_assert_ok(dflash_trainer_walk(t, SEQ(w->ids, w->mask, S, w->hidden, NULL, 0), 0, &tokens,
+                                   &steps, NULL, NULL));
   ck_assert_int_eq(steps, w->steps);
   free(w);
   dflash_trainer_free(t);
@@ -121,15 +126,15 @@ START_TEST(walk_max_tokens_cuts_each_run) {
   enum { N = 9 };
   int64_t tokens, steps;
   int32_t accept[S];
-  ck_assert_ok(
-      dflash_trainer_walk(t, w->ids, w->mask, S, w->hidden, N, &tokens, &steps, accept, NULL));
+  ck_assert_ok(dflash_trainer_walk(t, SEQ(w->ids, w->mask, S, w->hidden, NULL, 0), N, &tokens,
+                                   &steps, accept, NULL));
   int64_t want_steps = 0;
   const int starts[2] = {10, 52};
   for (int r = 0; r < 2; r++) {
     int s = starts[r], e = s + N;
     for (int p = s; p < e - 1; want_steps++) {
       int32_t a;
-      ck_assert_ok(dflash_trainer_acceptance(t, w->ids, e, w->hidden, &p, 1, &a, NULL));
+      ck_assert_ok(dflash_trainer_acceptance(t, SEQ(w->ids, NULL, e, w->hidden, &p, 1), &a));
       ck_assert_int_eq(accept[p], a);
       p += a + 1 < e - 1 - p ? a + 1 : e - 1 - p;
     }
@@ -149,13 +154,39 @@ START_TEST(walk_rejects_bad_arguments) {
   uint8_t mask[4] = {1, 1, 1, 1};
   float h[4 * KH] = {0};
   int64_t tokens, steps;
-  ck_assert_int_eq(dflash_trainer_walk(t, ids, NULL, 4, h, 0, &tokens, &steps, NULL, NULL),
+  ck_assert_int_eq(dflash_trainer_walk(t, SEQ(ids, NULL, 4, h, NULL, 0), 0, &tokens, &steps, NULL,
+                                       NULL),
                    DFLASH_E_INVALID_ARG);
-  ck_assert_int_eq(dflash_trainer_walk(t, ids, mask, 4, h, -1, &tokens, &steps, NULL, NULL),
+  ck_assert_int_eq(dflash_trainer_walk(t, SEQ(ids, mask, 4, h, NULL, 0), -1, &tokens, &steps, NULL,
+                                       NULL),
                    DFLASH_E_INVALID_ARG);
   int32_t anchor = 0, accept;
-  ck_assert_int_eq(dflash_trainer_acceptance(t, ids, 4, h, &anchor, -1, &accept, NULL),
+  ck_assert_int_eq(dflash_trainer_acceptance(t, SEQ(ids, NULL, 4, h, &anchor, -1), &accept),
                    DFLASH_E_INVALID_ARG);
+  /* The one sample struct: checked the same way by every call, by name. */
+  anchor = 4;
+  ck_assert_status(dflash_trainer_acceptance(t, SEQ(ids, NULL, 4, h, &anchor, 1), &accept),
+                   DFLASH_E_RANGE, "anchor 0 = 4 is outside the sequence [0, 4)");
+  ck_assert_status(dflash_trainer_walk(t, NULL, 0, &tokens, &steps, NULL, NULL),
+                   DFLASH_E_INVALID_ARG, "dflash_sample is NULL");
+  dflash_sample bad = {.struct_size = 3, .input_ids = ids, .len = 4, .hidden = h};
+  ck_assert_status(dflash_trainer_acceptance(t, &bad, &accept), DFLASH_E_INVALID_ARG,
+                   "dflash_sample: struct_size 3");
+  bad.struct_size = sizeof bad, bad.len = -1;
+  ck_assert_status(dflash_trainer_acceptance(t, &bad, &accept), DFLASH_E_INVALID_ARG, "length -1");
+  bad.len = 4, bad.hidden = NULL; /* neither float rows nor codes */
+  ck_assert_status(dflash_trainer_acceptance(t, &bad, &accept), DFLASH_E_INVALID_ARG,
+                   "no hidden states");
+  dflash_eval ev;
+  dflash_eval_default(&ev);
+  ck_assert_uint_eq(ev.struct_size, sizeof ev);
+  ck_assert_int_eq(ev.anchors_per_seq, 64);
+  ev.anchors_per_seq = 0;
+  ck_assert_status(dflash_trainer_eval(t, "d", "h", &ev), DFLASH_E_INVALID_ARG,
+                   "anchors_per_seq 0");
+  ev.anchors_per_seq = 4, ev.struct_size = 3;
+  ck_assert_status(dflash_trainer_eval(t, "d", "h", &ev), DFLASH_E_INVALID_ARG,
+                   "dflash_eval: struct_size 3");
   dflash_eval_walk ew;
   dflash_eval_walk_default(&ew);
   ck_assert_uint_eq(ew.struct_size, sizeof ew);
@@ -193,7 +224,9 @@ START_TEST(eval_rejects_hidden_of_another_width) {
     ck_assert_ok(dflash_trainer_create(&cfg, E, E, NULL, &t));
     dflash_eval_walk ew;
     dflash_eval_walk_default(&ew);
-    double tau;
+    dflash_eval ev;
+    dflash_eval_default(&ev);
+    ev.anchors_per_seq = 4;
     if (i == 0) {
       ck_assert_ok(dflash_trainer_eval_walk(t, data, hidden, &ew));
       ck_assert_int_gt(ew.steps, 0);
@@ -213,12 +246,25 @@ START_TEST(eval_rejects_hidden_of_another_width) {
       ck_assert_int_eq(old.scored, 77);
       old.struct_size = 3; /* not a struct size */
       ck_assert_int_eq(dflash_trainer_eval_walk(t, data, hidden, &old), DFLASH_E_INVALID_ARG);
-      ck_assert_ok(dflash_trainer_eval(t, data, hidden, 4, 1, &tau, NULL, NULL));
+      double acc[3] = {-1, -1, -1};
+      ev.accuracy = acc;
+      ck_assert_ok(dflash_trainer_eval(t, data, hidden, &ev));
+      ck_assert_uint_eq(ev.struct_size, sizeof ev);
+      ck_assert_int_gt(ev.n_blocks, 0);
+      ck_assert(ev.tau >= 1 && ev.tau <= 4);
+      for (int k = 0; k < 3; k++) ck_assert(acc[k] >= 0 && acc[k] <= 1);
+      /* An older caller's struct without n_blocks: tau written, the rest left alone. */
+      dflash_eval prior = ev;
+      prior.struct_size = offsetof(dflash_eval, n_blocks), prior.tau = 0, prior.n_blocks = 77;
+      ck_assert_ok(dflash_trainer_eval(t, data, hidden, &prior));
+      ck_assert_double_eq(prior.tau, ev.tau);
+      ck_assert_int_eq(prior.n_blocks, 77);
+      ck_assert_uint_eq(prior.struct_size, offsetof(dflash_eval, n_blocks));
     } else {
       ck_assert_status(dflash_trainer_eval_walk(t, data, hidden, &ew), DFLASH_E_MISMATCH,
                        "K*H = 64");
-      ck_assert_status(dflash_trainer_eval(t, data, hidden, 4, 1, &tau, NULL, NULL),
-                       DFLASH_E_MISMATCH, "32 features per token");
+      ck_assert_status(dflash_trainer_eval(t, data, hidden, &ev), DFLASH_E_MISMATCH,
+                       "32 features per token");
     }
     dflash_trainer_free(t);
   }
@@ -228,11 +274,59 @@ START_TEST(eval_rejects_hidden_of_another_width) {
 }
 END_TEST
 
+/* Every sequence call takes the sample's rows as stored (bf16 codes here, decoded on the host)
+ * as it takes them in float32: the same drafts, acceptance and walk, and logits and loss
+ * within float rounding (the decoded rows sit in another buffer). */
+START_TEST(sample_calls_take_stored_rows) {
+  dflash_trainer *t = make();
+  enum { L = 24, NA = 3, N = NA * (B - 1), NL = NA * B * 31 };
+  int32_t ids[L], anchors[NA] = {0, 7, 15};
+  uint8_t mask[L];
+  static float hid[L * KH], lg[2][NL];
+  static uint16_t codes[L * KH];
+  srand(5);
+  for (int i = 0; i < L; i++) ids[i] = rand() % V, mask[i] = i >= 2;
+  for (int i = 0; i < L * KH; i++) { /* values bf16 holds exactly */
+    float f = (float)(rand() % 2001) / 1000.0f - 1.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    codes[i] = (uint16_t)(u >> 16);
+    u = (uint32_t)codes[i] << 16;
+    memcpy(&hid[i], &u, sizeof u);
+  }
+  dflash_sample smp[2] = {*SEQ(ids, mask, L, hid, anchors, NA),
+                          *SEQ(ids, mask, L, NULL, anchors, NA)};
+  smp[1].hidden_dtype = DFLASH_HIDDEN_BF16, smp[1].hidden_codes = codes;
+  int32_t pred[2][N], acc[2][NA], walk_acc[2][L];
+  int64_t tokens[2], steps[2];
+  double loss[2];
+  for (int k = 0; k < 2; k++) {
+    ck_assert_ok(dflash_trainer_propose(t, &smp[k], NULL, pred[k], NULL));
+    ck_assert_ok(dflash_trainer_acceptance(t, &smp[k], acc[k]));
+    ck_assert_ok(dflash_trainer_walk(t, &smp[k], 0, &tokens[k], &steps[k], walk_acc[k], NULL));
+    ck_assert_ok(dflash_trainer_logits(t, &smp[k], lg[k]));
+    ck_assert_ok(dflash_trainer_forward_backward(t, &smp[k], &loss[k]));
+  }
+  ck_assert_mem_eq(pred[0], pred[1], sizeof pred[0]);
+  ck_assert_mem_eq(acc[0], acc[1], sizeof acc[0]);
+  ck_assert_mem_eq(walk_acc[0], walk_acc[1], sizeof walk_acc[0]);
+  ck_assert_int_eq(tokens[0], tokens[1]);
+  ck_assert_int_eq(steps[0], steps[1]);
+  for (int i = 0; i < NL; i++) ck_assert_float_eq_tol(lg[0][i], lg[1][i], 1e-5f);
+  ck_assert_double_eq_tol(loss[0], loss[1], 1e-6 * fabs(loss[0]));
+  smp[1].hidden_dtype = 7; /* no such dtype: refused by name */
+  ck_assert_status(dflash_trainer_propose(t, &smp[1], NULL, pred[1], NULL), DFLASH_E_INVALID_ARG,
+                   "hidden dtype 7");
+  dflash_trainer_free(t);
+}
+END_TEST
+
 TCase *tc_eval(void) {
   TCase *tc = tcase_create("eval");
   tcase_add_test(tc, walk_takes_the_planned_steps);
   tcase_add_test(tc, walk_max_tokens_cuts_each_run);
   tcase_add_test(tc, walk_rejects_bad_arguments);
+  tcase_add_test(tc, sample_calls_take_stored_rows);
   tcase_add_test(tc, eval_rejects_hidden_of_another_width);
   return tc;
 }

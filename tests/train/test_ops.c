@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "seq.h"
 #include "testutil.h"
 #include "train/model.h"
 
@@ -280,7 +281,7 @@ static double model_obj(void *v) {
   ck_assert_ok(dflash_trainer_set_param(m->t, m->name, m->p, m->n));
   double loss;
   ck_assert_ok(
-      dflash_trainer_forward_backward(m->t, m->ids, m->mask, 20, m->hid, m->anc, 4, &loss));
+      dflash_trainer_forward_backward(m->t, SEQ(m->ids, m->mask, 20, m->hid, m->anc, 4), &loss));
   return loss;
 }
 /* The tiny model with partial_rotary_factor 0.5: RoPE on 2 of the 4 dims. */
@@ -332,8 +333,8 @@ START_TEST(logits_of_blocks) {
   for (int i = 0; i < 20; i++) ids[i] = (i * 5) % 22;
   enum { B = 4, V = 23 };
   float *all = malloc(sizeof(float) * 4 * B * V), *one = malloc(sizeof(float) * B * V);
-  ck_assert_ok(dflash_trainer_logits(t, ids, 20, hid, anc, 4, all));
-  ck_assert_ok(dflash_trainer_predict(t, ids, 20, hid, anc, 4, pred));
+  ck_assert_ok(dflash_trainer_logits(t, SEQ(ids, NULL, 20, hid, anc, 4), all));
+  ck_assert_ok(dflash_trainer_propose(t, SEQ(ids, NULL, 20, hid, anc, 4), NULL, pred, NULL));
   for (int n = 0; n < 4; n++) {
     for (int j = 1; j < B; j++) {
       const float *row = all + ((size_t)n * B + j) * V;
@@ -341,14 +342,14 @@ START_TEST(logits_of_blocks) {
       for (int v = 1; v < V; v++) best = row[v] > row[best] ? v : best;
       ck_assert_int_eq(best, pred[n * (B - 1) + j - 1]);
     }
-    ck_assert_ok(dflash_trainer_logits(t, ids, 20, hid, &anc[n], 1, one));
+    ck_assert_ok(dflash_trainer_logits(t, SEQ(ids, NULL, 20, hid, &anc[n], 1), one));
     for (int k = 0; k < B * V; k++)
       ck_assert_float_eq_tol(one[k], all[(size_t)n * B * V + k], 1e-5);
   }
-  ck_assert_status(dflash_trainer_logits(t, ids, 20, hid, anc, -1, all), DFLASH_E_INVALID_ARG,
-                   "invalid argument");
+  ck_assert_status(dflash_trainer_logits(t, SEQ(ids, NULL, 20, hid, anc, -1), all),
+                   DFLASH_E_INVALID_ARG, "sample ?: -1 anchors");
   anc[1] = 20;
-  ck_assert_status(dflash_trainer_logits(t, ids, 20, hid, anc, 4, all), DFLASH_E_RANGE,
+  ck_assert_status(dflash_trainer_logits(t, SEQ(ids, NULL, 20, hid, anc, 4), all), DFLASH_E_RANGE,
                    "anchor 1 = 20");
   dflash_trainer_free(t);
   free(E), free(W), free(hid), free(all), free(one);
@@ -366,15 +367,15 @@ START_TEST(model_rejects_bad_inputs) {
   uint8_t mask[20];
   memset(mask, 1, sizeof mask);
   double loss;
-  ck_assert_status(dflash_trainer_forward_backward(t, ids, mask, 20, hid, anc, 2, &loss),
+  ck_assert_status(dflash_trainer_forward_backward(t, SEQ(ids, mask, 20, hid, anc, 2), &loss),
                    DFLASH_E_RANGE, "anchor 1 = 25");
   anc[1] = 4;
   ids[3] = 23;
-  ck_assert_status(dflash_trainer_forward_backward(t, ids, mask, 20, hid, anc, 2, &loss),
+  ck_assert_status(dflash_trainer_forward_backward(t, SEQ(ids, mask, 20, hid, anc, 2), &loss),
                    DFLASH_E_RANGE, "input_ids[3] = 23");
   ids[3] = 0;
   hid[5 * 32 + 7] = NAN;
-  ck_assert_status(dflash_trainer_forward_backward(t, ids, mask, 20, hid, anc, 2, &loss),
+  ck_assert_status(dflash_trainer_forward_backward(t, SEQ(ids, mask, 20, hid, anc, 2), &loss),
                    DFLASH_E_FORMAT, "position 5, column 7 is NaN");
   dflash_trainer_free(t);
   free(E), free(hid);

@@ -625,8 +625,11 @@ int cmd_eval(int argc, char **argv) {
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
   double *acc = calloc((size_t)cfg.block_size, sizeof *acc);
   dflash_trainer *t = NULL;
-  double tau = 0;
-  int64_t blocks = 0;
+  dflash_eval ev;
+  dflash_eval_default(&ev);
+  ev.anchors_per_seq = anchors;
+  ev.seed = (uint64_t)seed;
+  ev.accuracy = acc;
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
   w.max_tokens = max_tokens;
@@ -640,9 +643,9 @@ int cmd_eval(int argc, char **argv) {
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
   if (!st) st = dflash_trainer_create(&cfg, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
-  if (!st) st = dflash_trainer_eval(t, data, hidden, anchors, (uint64_t)seed, &tau, acc, &blocks);
+  if (!st) st = dflash_trainer_eval(t, data, hidden, &ev);
   if (!st) st = dflash_trainer_eval_walk(t, data, hidden, &w);
-  if (!st) print_eval(json, cfg.block_size, tau, acc, blocks, &w, ckpt);
+  if (!st) print_eval(json, cfg.block_size, ev.tau, acc, ev.n_blocks, &w, ckpt);
   dflash_trainer_free(t);
   free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
   return st ? cli_fail("eval", st) : 0;

@@ -105,36 +105,47 @@ _get_param = bind("dflash_trainer_get_param", [_P, ctypes.c_char_p, _F, ctypes.c
 _set_param = bind("dflash_trainer_set_param", [_P, ctypes.c_char_p, _F, ctypes.c_size_t],
                   errors=KEY)
 _get_grad = bind("dflash_trainer_get_grad", [_P, ctypes.c_char_p, _F, ctypes.c_size_t], errors=KEY)
-_fb = bind("dflash_trainer_forward_backward",
-           [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, _D])
+from .hidden import Sample as _StreamSample  # noqa: E402
+
+
+class TrainSample(_StreamSample):
+    """Mirror of `dflash_sample` whole: hidden.Sample (what streams and spools fill) and the
+    anchors appended after it, which only a trainer call reads."""
+    _fields_ = [("anchors", _I32), ("n_anchors", ctypes.c_int32)]
+
+
+_SMP = ctypes.POINTER(TrainSample)
+_fb = bind("dflash_trainer_forward_backward", [_P, _SMP, _D])
 _zero = bind("dflash_trainer_zero_grad", [_P])
-_accum = bind("dflash_trainer_accumulate",
-              [_P, _I32, _U8, ctypes.c_int64, _F, _I32, ctypes.c_int32, ctypes.c_double, _D, _D])
-_accum_sample = bind("dflash_trainer_accumulate_sample",
-                     [_P, ctypes.c_void_p, _I32, ctypes.c_int32, ctypes.c_double])
+_accum = bind("dflash_trainer_accumulate", [_P, _SMP, ctypes.c_double])
 _collect = bind("dflash_trainer_collect", [_P, _D, _D])
-_wsum = bind("dflash_trainer_weight_sum", [_P, _U8, ctypes.c_int64, _I32, ctypes.c_int32, _D])
+_wsum = bind("dflash_trainer_weight_sum", [_P, _SMP, _D])
 _step = bind("dflash_trainer_step", [_P, _D, _D])
 _step_async = bind("dflash_trainer_step_async", [_P, _D])
 _step_result = bind("dflash_trainer_step_result", [_P, _D])
-_steps = bind("dflash_trainer_steps", [_P], ctypes.c_int64)
+_step_count = bind("dflash_trainer_step_count", [_P], ctypes.c_int64)
 _lr_at = bind("dflash_trainer_lr_at", [_P, ctypes.c_int64], ctypes.c_double)
-_predict = bind("dflash_trainer_predict",
-                [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32])
 
 
 class ProposeOptions(ctypes.Structure):
     """Mirror of `dflash_propose_options`."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t), ("temperature", ctypes.c_double),
-        ("seed", ctypes.c_uint64), ("candidates", _I32), ("probs", _F), ("argmax", _I32),
+        ("seed", ctypes.c_uint64),
+    ]
+
+
+class ProposeOutputs(ctypes.Structure):
+    """Mirror of `dflash_propose_outputs`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("candidates", _I32), ("probs", _F), ("argmax", _I32),
     ]
 
 
 _propose_init = bind("dflash_propose_options_init",
                      [ctypes.POINTER(ProposeOptions), ctypes.c_size_t], None)
-_propose = bind("dflash_trainer_propose", [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32,
-                                           ctypes.POINTER(ProposeOptions), _I32])
+_propose = bind("dflash_trainer_propose", [_P, _SMP, ctypes.POINTER(ProposeOptions), _I32,
+                                           ctypes.POINTER(ProposeOutputs)])
 _save = bind("dflash_trainer_save", [_P, ctypes.c_char_p, ctypes.c_int32])
 _load = bind("dflash_trainer_load", [_P, ctypes.c_char_p], errors=missing_path(1))
 _save_state = bind("dflash_trainer_save_state", [_P, ctypes.c_char_p, ctypes.c_void_p,
@@ -294,12 +305,25 @@ class Trainer(Handle):
             raise ValueError("loss_mask and input_ids differ in length")
         return ids, mask, hid, anc
 
+    def _sample(self, ids, mask, hid, anc):
+        """The one sample struct over checked arrays (kept alive by the caller)."""
+        smp = TrainSample(struct_size=ctypes.sizeof(TrainSample), len=ids.size if ids is not None
+                          else mask.size)
+        if ids is not None:
+            smp.input_ids = _ptr(ids, ctypes.c_int32)
+        if mask is not None:
+            smp.loss_mask = _ptr(mask, ctypes.c_uint8)
+        if hid is not None:
+            smp.hidden = _ptr(hid, ctypes.c_float)
+        if anc is not None:
+            smp.anchors, smp.n_anchors = _ptr(anc, ctypes.c_int32), anc.size
+        return smp
+
     def forward_backward(self, input_ids, loss_mask, hidden, anchors):
         """loss = sum(w*CE)/sum(w) over the given anchors; sets gradients()."""
         ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
         loss = ctypes.c_double()
-        _fb(self._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
-            _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, ctypes.byref(loss))
+        _fb(self._handle(), ctypes.byref(self._sample(ids, mask, hid, anc)), ctypes.byref(loss))
         return loss.value
 
     def zero_grad(self):
@@ -311,35 +335,23 @@ class Trainer(Handle):
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         out = ctypes.c_double()
-        _wsum(self._handle(), _ptr(mask, ctypes.c_uint8), mask.size, _ptr(anc, ctypes.c_int32),
-              anc.size, ctypes.byref(out))
+        _wsum(self._handle(), ctypes.byref(self._sample(None, mask, None, anc)), ctypes.byref(out))
         return out.value
 
-    def accumulate(self, input_ids, loss_mask, hidden, anchors, grad_scale):
-        """Add grad_scale * d(sum w*CE); returns (sum w*CE, sum w)."""
-        ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
-        ls, ws = ctypes.c_double(), ctypes.c_double()
-        _accum(self._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
-               _ptr(hid, ctypes.c_float), _ptr(anc, ctypes.c_int32), anc.size, grad_scale,
-               ctypes.byref(ls), ctypes.byref(ws))
-        return ls.value, ws.value
-
-    def accumulate_sample(self, input_ids, loss_mask, anchors, grad_scale, hidden=None,
-                          codes=None, scales=None, sample_id=None):
-        """accumulate without waiting for the device: hidden float32 [len, K*H], or codes as
-        stored (uint16 bf16 bits, or uint8 e4m3 with float32 scales [len, K]). The sums come
-        from collect(); a NaN/Inf row found on the device fails collect() or step(), naming
-        sample_id."""
-        from .hidden import Sample
+    def accumulate(self, input_ids, loss_mask, anchors, grad_scale, hidden=None,
+                   codes=None, scales=None, sample_id=None):
+        """Add grad_scale * d(sum w*CE) without waiting for the device: hidden float32
+        [len, K*H], or codes as stored (uint16 bf16 bits, or uint8 e4m3 with float32 scales
+        [len, K]). The sums come from collect(); a NaN/Inf row found on the device fails
+        collect() or step(), naming sample_id."""
         ids = np.ascontiguousarray(input_ids, dtype=np.int32)
         mask = np.ascontiguousarray(loss_mask, dtype=np.uint8)
         anc = np.ascontiguousarray(anchors, dtype=np.int32)
         K, H = self.config.n_target_layer_ids, self.config.hidden_size
         if mask.size != ids.size:
             raise ValueError("loss_mask and input_ids differ in length")
-        smp = Sample(struct_size=ctypes.sizeof(Sample), len=ids.size,
-                          input_ids=_ptr(ids, ctypes.c_int32), loss_mask=_ptr(mask, ctypes.c_uint8),
-                          id=cstr(sample_id) if sample_id else None)
+        smp = self._sample(ids, mask, None, anc)
+        smp.id = cstr(sample_id) if sample_id else None
         keep = [ids, mask, anc]
         if hidden is not None:
             hid = np.ascontiguousarray(hidden, dtype=np.float32)
@@ -361,12 +373,11 @@ class Trainer(Handle):
                     raise ValueError(f"scales: float32 [{ids.size}, {K}]")
                 smp.hidden_scales = _ptr(sc, ctypes.c_float)
                 keep.append(sc)
-        _accum_sample(self._handle(), ctypes.addressof(smp), _ptr(anc, ctypes.c_int32), anc.size,
-                      grad_scale)
+        _accum(self._handle(), ctypes.byref(smp), grad_scale)
         del keep
 
     def collect(self):
-        """(sum w*CE, sum w) of the accumulate_sample calls since the last collect."""
+        """(sum w*CE, sum w) of the accumulate calls since the last collect."""
         ls, ws = ctypes.c_double(), ctypes.c_double()
         _collect(self._handle(), ctypes.byref(ls), ctypes.byref(ws))
         return ls.value, ws.value
@@ -390,20 +401,21 @@ class Trainer(Handle):
         return norm.value
 
     @property
-    def steps(self):
+    def step_count(self):
         """Optimizer steps taken so far."""
-        return _steps(self._handle())
+        return _step_count(self._handle())
 
     def lr_at(self, step):
         """Scheduled learning rate of step `step` (0-based)."""
         return _lr_at(self._handle(), step)
 
     def predict(self, input_ids, hidden, anchors):
-        """Greedy tokens for block positions 1..B-1: int32 [n_anchors, B-1]."""
+        """Greedy tokens for block positions 1..B-1: int32 [n_anchors, B-1]
+        (dflash_trainer_propose with no options: propose(...)["tokens"] without the rest)."""
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
         out = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
-        _predict(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
-                 _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_int32))
+        _propose(self._handle(), ctypes.byref(self._sample(ids, None, hid, anc)), None,
+                 _ptr(out, ctypes.c_int32), None)
         return out
 
     def propose(self, input_ids, hidden, anchors, temperature=0.0, seed=0):
@@ -420,17 +432,17 @@ class Trainer(Handle):
         o = ProposeOptions()
         _propose_init(ctypes.byref(o), ctypes.sizeof(o))
         o.temperature, o.seed = float(temperature), int(seed)
-        o.argmax = _ptr(out["argmax"], ctypes.c_int32)
+        extra = ProposeOutputs(struct_size=ctypes.sizeof(ProposeOutputs))
+        extra.argmax = _ptr(out["argmax"], ctypes.c_int32)
         if self.config.dflash2:
             K = self.config.selector_top_k
             out["candidates"] = np.zeros((anc.size, n, K), np.int32)
-            o.candidates = _ptr(out["candidates"], ctypes.c_int32)
+            extra.candidates = _ptr(out["candidates"], ctypes.c_int32)
             if temperature > 0:
                 out["probs"] = np.zeros((anc.size, n, K), np.float32)
-                o.probs = _ptr(out["probs"], ctypes.c_float)
-        _propose(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
-                 _ptr(anc, ctypes.c_int32), anc.size, ctypes.byref(o),
-                 _ptr(out["tokens"], ctypes.c_int32))
+                extra.probs = _ptr(out["probs"], ctypes.c_float)
+        _propose(self._handle(), ctypes.byref(self._sample(ids, None, hid, anc)), ctypes.byref(o),
+                 _ptr(out["tokens"], ctypes.c_int32), ctypes.byref(extra))
         return out
 
     def save(self, directory, bf16=False):
@@ -472,25 +484,25 @@ class Trainer(Handle):
         return t
 
     def acceptance(self, input_ids, hidden, anchors):
-        """Greedy acceptance at each anchor: (accept int32 [n], pred int32 [n, B-1]);
-        accept[i] leading block positions equal the data, so tau_i = 1 + accept[i]."""
+        """Greedy acceptance at each anchor: accept int32 [n]; accept[i] leading block
+        positions equal the data, so tau_i = 1 + accept[i] (the drafts: predict())."""
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
         accept = np.zeros(anc.size, dtype=np.int32)
-        pred = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
-        _acceptance(self._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
-                    _ptr(anc, ctypes.c_int32), anc.size, _ptr(accept, ctypes.c_int32),
-                    _ptr(pred, ctypes.c_int32))
-        return accept, pred
+        _acceptance(self._handle(), ctypes.byref(self._sample(ids, None, hid, anc)),
+                    _ptr(accept, ctypes.c_int32))
+        return accept
 
     def evaluate(self, data_dir, hidden_dir, anchors_per_seq=64, seed=1):
         """Mean acceptance length over a held-out dataset and hidden-state store
         (what `dflash eval` prints): {"tau", "accuracy" (float64 [B-1], per block
         position), "n_blocks"}."""
-        tau, n = ctypes.c_double(), ctypes.c_int64()
         acc = np.zeros(self.block_size - 1, dtype=np.float64)
-        _train_eval(self._handle(), cstr(data_dir), cstr(hidden_dir), int(anchors_per_seq),
-                    int(seed), ctypes.byref(tau), _ptr(acc, ctypes.c_double), ctypes.byref(n))
-        return {"tau": tau.value, "accuracy": acc, "n_blocks": n.value}
+        e = Eval()
+        _eval_init(ctypes.byref(e), ctypes.sizeof(e))
+        e.anchors_per_seq, e.seed = int(anchors_per_seq), int(seed)
+        e.accuracy = _ptr(acc, ctypes.c_double)
+        _train_eval(self._handle(), cstr(data_dir), cstr(hidden_dir), ctypes.byref(e))
+        return {"tau": e.tau, "accuracy": acc, "n_blocks": e.n_blocks}
 
 
 # Imports of the additions below (kept here so the top of the file stays as it was).
@@ -498,11 +510,21 @@ import tempfile  # noqa: E402
 
 from ._lib import Error  # noqa: E402
 
-_acceptance = bind("dflash_trainer_acceptance",
-                   [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _I32, _I32])
-_train_eval = bind("dflash_trainer_eval", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                                         ctypes.c_uint64, _D, _D, ctypes.POINTER(ctypes.c_int64)],
-                   errors=missing_path(1, 2))
+
+
+class Eval(ctypes.Structure):
+    """Mirror of `dflash_eval`."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("anchors_per_seq", ctypes.c_int32),
+        ("seed", ctypes.c_uint64), ("accuracy", _D), ("tau", ctypes.c_double),
+        ("n_blocks", ctypes.c_int64),
+    ]
+
+
+_acceptance = bind("dflash_trainer_acceptance", [_P, _SMP, _I32])
+_eval_init = bind("dflash_eval_init", [ctypes.POINTER(Eval), ctypes.c_size_t], None)
+_train_eval = bind("dflash_trainer_eval", [_P, ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.POINTER(Eval)], errors=missing_path(1, 2))
 _cfg_load = bind("dflash_drafter_config_load", [ctypes.c_char_p, ctypes.POINTER(DrafterConfig)],
                  errors=files(0))
 _cfg_save = bind("dflash_drafter_config_save", [ctypes.POINTER(DrafterConfig), ctypes.c_char_p])
@@ -768,8 +790,7 @@ class EvalWalk(ctypes.Structure):
 
 
 _I64 = ctypes.POINTER(ctypes.c_int64)
-_walk = bind("dflash_trainer_walk", [_P, _I32, _U8, ctypes.c_int64, _F, ctypes.c_int32, _I64,
-                                     _I64, _I32, _I64])
+_walk = bind("dflash_trainer_walk", [_P, _SMP, ctypes.c_int32, _I64, _I64, _I32, _I64])
 _eval_walk_default = bind("dflash_eval_walk_init", [ctypes.POINTER(EvalWalk), ctypes.c_size_t],
                           None)
 _eval_walk = bind("dflash_trainer_eval_walk", [_P, ctypes.c_char_p, ctypes.c_char_p,
@@ -787,9 +808,9 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
     accept = np.zeros(ids.size, dtype=np.int32)
     hist = np.zeros(trainer.block_size, dtype=np.int64)
     tokens, steps = ctypes.c_int64(), ctypes.c_int64()
-    _walk(trainer._handle(), _ptr(ids, ctypes.c_int32), _ptr(mask, ctypes.c_uint8), ids.size,
-          _ptr(hid, ctypes.c_float), max_tokens, ctypes.byref(tokens), ctypes.byref(steps),
-          _ptr(accept, ctypes.c_int32), _ptr(hist, ctypes.c_int64))
+    _walk(trainer._handle(), ctypes.byref(trainer._sample(ids, mask, hid, None)), max_tokens,
+          ctypes.byref(tokens), ctypes.byref(steps), _ptr(accept, ctypes.c_int32),
+          _ptr(hist, ctypes.c_int64))
     return {"tokens": tokens.value, "steps": steps.value,
             "tau": tokens.value / steps.value if steps.value else 0.0,
             "accept": accept, "step_hist": hist}
@@ -834,8 +855,7 @@ Trainer.eval_walk = eval_walk
 # ---- block logits --------------------------
 
 
-_logits = bind("dflash_trainer_logits",
-               [_P, _I32, ctypes.c_int64, _F, _I32, ctypes.c_int32, _F])
+_logits = bind("dflash_trainer_logits", [_P, _SMP, _F])
 
 
 def logits(trainer, input_ids, hidden, anchors):
@@ -845,8 +865,8 @@ def logits(trainer, input_ids, hidden, anchors):
     position 0 included."""
     ids, _, hid, anc = trainer._inputs(input_ids, None, hidden, anchors)
     out = np.zeros((anc.size, trainer.block_size, trainer.config.vocab_size), dtype=np.float32)
-    _logits(trainer._handle(), _ptr(ids, ctypes.c_int32), ids.size, _ptr(hid, ctypes.c_float),
-            _ptr(anc, ctypes.c_int32), anc.size, _ptr(out, ctypes.c_float))
+    _logits(trainer._handle(), ctypes.byref(trainer._sample(ids, None, hid, anc)),
+            _ptr(out, ctypes.c_float))
     return out
 
 

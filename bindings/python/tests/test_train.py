@@ -58,9 +58,9 @@ def test_forward_backward_and_predict():
             tr.forward_backward(ids, mask, bad, [0])
 
 
-def test_accumulate_sample_and_collect_equal_accumulate():
+def test_accumulate_stored_rows_equal_float_rows():
     """Stored bf16 codes (decoded on the host for the CPU backend) and float32 rows: the same
-    sums and gradients as accumulate; collect returns the sums once."""
+    sums and gradients; collect returns the sums once, and forward_backward leaves them be."""
     tr, rng = make()
     ids = rng.integers(0, 28, 20).astype(np.int32)
     mask = np.ones(20, np.uint8)
@@ -68,17 +68,22 @@ def test_accumulate_sample_and_collect_equal_accumulate():
     bits = (hid.view(np.uint32) >> 16).astype(np.uint16)  # truncated: exact bf16 values
     exact = (bits.astype(np.uint32) << 16).view(np.float32)
     tr.zero_grad()
-    want = tr.accumulate(ids, mask, exact, [0, 5, 16], 0.5)
+    tr.accumulate(ids, mask, [0, 5, 16], 0.5, hidden=exact)
+    want = tr.collect()
+    assert want[0] > 0 and want[1] == tr.weight_sum(mask, [0, 5, 16])
     g = tr.gradients()["fc.weight"].copy()
     tr.zero_grad()
-    tr.accumulate_sample(ids, mask, [0, 5, 16], 0.5, codes=bits, sample_id="s1")
+    tr.accumulate(ids, mask, [0, 5, 16], 0.5, codes=bits, sample_id="s1")
     assert tr.collect() == want and tr.collect() == (0.0, 0.0)
     np.testing.assert_array_equal(tr.gradients()["fc.weight"], g)
     tr.zero_grad()
-    tr.accumulate_sample(ids, mask, [0, 5, 16], 0.5, hidden=exact)
+    tr.accumulate(ids, mask, [0, 5, 16], 0.5, hidden=exact)
+    tr.forward_backward(ids, mask, exact, [2])
     assert tr.collect() == want
     with pytest.raises(ValueError, match="codes"):
-        tr.accumulate_sample(ids, mask, [0], 0.5, codes=hid)
+        tr.accumulate(ids, mask, [0], 0.5, codes=hid)
+    with pytest.raises(libdflash.Error, match="anchor 0 = 20 is outside"):
+        tr.accumulate(ids, mask, [20], 0.5, hidden=exact)
 
 
 def test_config_round_trip_and_paths(tmp_path):
@@ -115,7 +120,7 @@ def test_step_async_equals_step():
                 norms.append((tr.step_result(), lr))
             else:
                 norms.append(tr.step())
-        out.append((norms, tr.steps, tr.parameters()["fc.weight"]))
+        out.append((norms, tr.step_count, tr.parameters()["fc.weight"]))
     assert out[0][0] == out[1][0] and out[0][1] == out[1][1] == 2
     np.testing.assert_array_equal(out[0][2], out[1][2])
     with pytest.raises(libdflash.Error):
@@ -136,7 +141,7 @@ def test_checkpoint_and_state(tmp_path):
     tr.save_state(tmp_path / "state.safetensors", b"pos=1")
     tr2, _ = make(total_steps=4)
     assert tr2.load_state(tmp_path / "state.safetensors") == b"pos=1"
-    assert tr2.steps == 1
+    assert tr2.step_count == 1
     np.testing.assert_array_equal(tr2.parameters()["fc.weight"], tr.parameters()["fc.weight"])
 
 

@@ -63,7 +63,7 @@ def test_evaluate_is_mean_acceptance_over_sampled_anchors(world, trained):
         with libdflash.SampleStream(world / "test", world / "test-hidden") as s:
             for index, _, ids, mask, hid in s.iterate():
                 anchors = train.sample_anchors(mask, B, 8, seed=3, stream=index)
-                accept, pred = t.acceptance(ids, hid, anchors)
+                accept, pred = t.acceptance(ids, hid, anchors), t.predict(ids, hid, anchors)
                 truth = np.stack([ids[a + 1:a + B] for a in anchors])
                 right = pred == truth
                 # accept = leading run of correct predictions, recomputed here
