@@ -7,6 +7,8 @@ import logging
 from ._lib import bind, lib
 
 bind("dflash_version_string", [], ctypes.c_char_p)
+bind("dflash_blas_corename", [], ctypes.c_char_p)
+bind("dflash_blas_coretype_advice", [], ctypes.c_char_p)
 _cuda_count = bind("dflash_cuda_device_count", [ctypes.POINTER(ctypes.c_int)])
 _clear_error = bind("dflash_clear_error", [], None)
 
@@ -33,6 +35,15 @@ def cuda_device_count():
     n = ctypes.c_int(0)
     _cuda_count(ctypes.byref(n))
     return n.value
+
+
+def blas_kernels():
+    """(the kernel set OpenBLAS chose, e.g. "Zen", and the OPENBLAS_CORETYPE this CPU
+    runs faster with, or None when the chosen set fits). OpenBLAS reads
+    OPENBLAS_CORETYPE when it is loaded: set it before Python starts. Creating a
+    Trainer logs the same advice once (see log_to_python)."""
+    advice = lib.dflash_blas_coretype_advice()
+    return lib.dflash_blas_corename().decode(), advice.decode() if advice else None
 
 
 def last_error():
