@@ -73,7 +73,11 @@ def threads_1_is_one_core(root):
 
 
 def generic_kernels_are_replaced(root):
-    env = env_without_coretype(LD_PRELOAD=SHIM, ASAN_OPTIONS="verify_asan_link_order=0")
+    # ASan wants to come first among the preloaded; the shim does not touch memory.
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    env = env_without_coretype(LD_PRELOAD=SHIM,
+                               ASAN_OPTIONS=asan + ":verify_asan_link_order=0" if asan else
+                               "verify_asan_link_order=0")
     _, _, err = train(root, root / "shim", "--max-steps", "1", env=env)
     avx2 = " avx2 " in " " + cpu_flags() + " "
     lines = [x for x in err.splitlines() if "running again with OPENBLAS_CORETYPE=" in x]
