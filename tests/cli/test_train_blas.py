@@ -111,8 +111,8 @@ def main():
     try:
         import numpy  # noqa: F401
         import libdflash  # noqa: F401
-    except ImportError as e:
-        print(f"skipped: {e}")
+    except (ImportError, OSError) as e:  # OSError: a sanitized library in a plain Python
+        print(f"skipped: cannot write the data with the Python package: {e}")
         sys.exit(77)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
