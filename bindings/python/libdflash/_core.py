@@ -3,6 +3,7 @@ the library's log messages."""
 import atexit
 import ctypes
 import logging
+import warnings
 
 from ._lib import bind, lib
 
@@ -44,6 +45,22 @@ def blas_kernels():
     Trainer logs the same advice once (see log_to_python)."""
     advice = lib.dflash_blas_coretype_advice()
     return lib.dflash_blas_corename().decode(), advice.decode() if advice else None
+
+
+_blas_warned = False
+
+
+def warn_generic_blas():
+    """Once a process, a RuntimeWarning when OpenBLAS runs kernels older than the CPU
+    (the library's own warning goes to its log callback, which Python discards unless
+    log_to_python or set_log_callback is called)."""
+    global _blas_warned
+    core, advice = blas_kernels()
+    if advice and not _blas_warned:
+        _blas_warned = True
+        warnings.warn(f"OpenBLAS runs its generic {core} kernels on this CPU: set "
+                      f"OPENBLAS_CORETYPE={advice} before Python starts for its faster "
+                      f"{advice} kernels", RuntimeWarning, stacklevel=3)
 
 
 def last_error():
