@@ -82,8 +82,8 @@ static void usage(FILE *out) {
                "status\n(0 done, 1 an error named on stderr, 2 a usage error).\n");
 }
 
-/* environ plus `add`, in a new array; NULL when out of memory. The CLI does not
- * setenv (the library and its callers read one unchanging environment). */
+/* environ plus `add`, in a new array; NULL when out of memory. The CLI never
+ * changes its own environment: the library and its callers read one that holds still. */
 static char **environ_plus(char *add) {
   size_t n = 0;
   while (environ[n]) n++;
