@@ -18,7 +18,8 @@ files); libdflash is trained both ways, `--labels data` on our store beside Spec
 and `--labels target` on speculators' own files beside speculators. With --json the
 last line is {"libdflash": {"tau", "se", "cpu_s_per_step", "llama_cpp": {"tokens_per_step",
 "se"}}, "specforge": ..., "speculators": ...} (the matched runs; libdflash: the data-label
-run). Work files go to OUT/peers/.
+run, with "openblas_coretype", the kernel set `dflash train` re-ran itself with or null, and
+"cpu_vs_peers", its CPU per step over each peer's). Work files go to OUT/peers/.
 
 What the peers need on CPU (nothing of theirs is committed; the shim below is written
 into OUT/peers/ at run time):
@@ -153,7 +154,26 @@ def train_libdflash(out, work, st, build, labels="data", hidden=None, name="libd
     wall, cpu = run(cmd, os.path.join(d, "train.log"))
     with open(os.path.join(d, "ck", "metrics.jsonl")) as f:
         steps = sum(1 for line in f if '"step"' in line)
-    return os.path.join(d, "ck"), {"wall": wall, "cpu": cpu, "steps": steps}
+    return os.path.join(d, "ck"), {"wall": wall, "cpu": cpu, "steps": steps,
+                                   "blas": blas_reexec(os.path.join(d, "train.log"))}
+
+
+def blas_reexec(log_path):
+    """The OPENBLAS_CORETYPE `dflash train` re-ran itself with (OpenBLAS had fallen back
+    to generic kernels on this CPU), or None: a CPU-per-step figure means little
+    without it."""
+    with open(log_path) as f:
+        for line in f:
+            if "running again with OPENBLAS_CORETYPE=" in line:
+                return line.rsplit("=", 1)[1].strip()
+    return None
+
+
+def cpu_vs_peers(res):
+    """libdflash's CPU per step over each peer's (issue 43 wants <= 0.6)."""
+    mine = res.get("libdflash", {}).get("cpu_s_per_step")
+    return {p: round(mine / res[p]["cpu_s_per_step"], 3) for p in ("specforge", "speculators")
+            if mine and res.get(p, {}).get("cpu_s_per_step")}
 
 
 # ---- SpecForge -----------------------------------------------------------------------
@@ -477,6 +497,8 @@ def main():
                        cpu_s_per_step=t["cpu"] / max(t["steps"], 1), steps=t["steps"])
             res[name] = {"tau": round(ev["walk_tau"], 4), "se": round(ev["walk_tau_se"], 4),
                          "cpu_s_per_step": round(t["cpu"] / max(t["steps"], 1), 4)}
+            if "blas" in t:
+                res[name]["openblas_coretype"] = t["blas"]
         except Exception as e:  # one peer's failure keeps the others' rows
             row["error"] = str(e).splitlines()[0]
             res[name] = {"error": str(e)[-500:]}
@@ -496,6 +518,9 @@ def main():
                 row["llama"] = lc[row["name"]]
                 res[row["name"]]["llama_cpp"] = {k: lc[row["name"]][k]
                                                  for k in ("tokens_per_step", "se")}
+    if cpu_vs_peers(res):
+        res["libdflash"]["cpu_vs_peers"] = cpu_vs_peers(res)
+        log(f"libdflash's CPU per step over the peers': {res['libdflash']['cpu_vs_peers']}")
     json.dump({"settings": {k: v for k, v in st.items() if k != "config"}, "results": res,
                "rows": rows},
               open(os.path.join(work, f"results-{a.only.replace(',', '+')}"

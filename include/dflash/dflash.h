@@ -148,6 +148,22 @@ DFLASH_API void dflash_set_log_callback(dflash_log_fn fn, void *user, dflash_log
  */
 DFLASH_API dflash_status dflash_cuda_device_count(int32_t *count);
 
+/*
+ * The kernel set the BLAS (OpenBLAS) chose when it was loaded, in OpenBLAS's
+ * words ("SkylakeX", "Zen", "Prescott"); static storage, never NULL.
+ */
+DFLASH_API const char *dflash_blas_corename(void);
+/*
+ * The OPENBLAS_CORETYPE this CPU runs the trainer's matrix products faster
+ * with: "SkylakeX" (AVX-512 F, BW, VL and DQ) or "Haswell" (AVX2 and FMA),
+ * when OpenBLAS fell back to an older kernel set, as Debian 12's 0.3.21 does
+ * on CPUs newer than its table; NULL when its kernels fit the CPU. OpenBLAS
+ * reads the variable only when it is loaded: set it before the process starts
+ * (`dflash train` and `dflash eval` re-execute themselves with it). Creating a
+ * trainer logs this advice once as a warning.
+ */
+DFLASH_API const char *dflash_blas_coretype_advice(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,7 +43,7 @@ typedef enum dflash_backend { DFLASH_BACKEND_CPU = 0, DFLASH_BACKEND_CUDA = 1 } 
 typedef struct dflash_trainer_options {
   size_t struct_size;
   int32_t backend;               /* dflash_backend; only CPU here */
-  int32_t n_threads;             /* <= 0: one per CPU */
+  int32_t n_threads;             /* <= 0: one per CPU; OpenBLAS's threads too (process-wide) */
   uint64_t seed;                 /* parameter init and anchor sampling */
   double lr;                     /* peak learning rate (6e-4) */
   double weight_decay;           /* AdamW decoupled decay (0) */

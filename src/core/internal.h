@@ -204,6 +204,21 @@ int df_pool_size(const df_pool *pool);
 typedef void (*df_range_fn)(void *ctx, size_t begin, size_t end, int worker);
 void df_pool_for(df_pool *pool, size_t n, size_t grain, df_range_fn fn, void *ctx);
 
+/* ---- the BLAS (blas.c) --------------------------------------------------- */
+
+/* What the CPU's vector units can run, as OpenBLAS's kernel sets need it. */
+enum {
+  DF_CPU_AVX2 = 1u,  /* AVX2 and FMA: Haswell's kernels */
+  DF_CPU_AVX512 = 2u /* AVX-512 F, BW, VL and DQ: SkylakeX's */
+};
+unsigned df_blas_cpu(void);
+/* The OPENBLAS_CORETYPE a CPU with `cpu` runs faster than OpenBLAS's set
+ * `core`, or NULL (core fits, or is a name this file does not know). */
+const char *df_blas_coretype_for(const char *core, unsigned cpu);
+/* Cap the BLAS's threads at n_threads (> 0; process-wide) and warn once,
+ * through the log callback, when its kernels are older than the CPU. */
+void df_blas_setup(int n_threads);
+
 /* ---- string set (strset.c): ids already seen, up to millions ------------- */
 
 typedef struct df_strset {

@@ -1,5 +1,6 @@
 #include <check.h>
 
+TCase *tc_blas(void);
 TCase *tc_error(void);
 TCase *tc_fileio(void);
 TCase *tc_json(void);
@@ -10,6 +11,7 @@ TCase *tc_util(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("core");
+  suite_add_tcase(s, tc_blas());
   suite_add_tcase(s, tc_error());
   suite_add_tcase(s, tc_fileio());
   suite_add_tcase(s, tc_json());

@@ -3,8 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
+
+extern char **environ;
 
 typedef struct {
   const char *name;
@@ -79,6 +82,40 @@ static void usage(FILE *out) {
                "status\n(0 done, 1 an error named on stderr, 2 a usage error).\n");
 }
 
+/* environ plus `add`, in a new array; NULL when out of memory. The CLI never
+ * changes its own environment: the library and its callers read one that holds still. */
+static char **environ_plus(char *add) {
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **env = malloc((n + 2) * sizeof *env);
+  if (!env) return NULL;
+  memcpy(env, environ, n * sizeof *env);
+  env[n] = add;
+  env[n + 1] = NULL;
+  return env;
+}
+
+/* OpenBLAS picks its kernels when the process loads it, from OPENBLAS_CORETYPE
+ * or its own table of CPUs, which may predate this CPU (then it runs generic
+ * kernels, at up to half the speed). Only a new process can choose again, so
+ * the commands that train or evaluate re-execute themselves with the kernels
+ * the library advises, unless the user chose already. Returns on failure:
+ * the command then runs as it is, and the library warns. */
+static void reexec_with_fitting_blas(char **argv) {
+  const char *core = dflash_blas_coretype_advice();
+  if (!core || getenv("OPENBLAS_CORETYPE")) return;
+  char var[64];
+  snprintf(var, sizeof var, "OPENBLAS_CORETYPE=%s", core);
+  char **env = environ_plus(var);
+  if (!env) return;
+  fprintf(stderr, "dflash: OpenBLAS chose its %s kernels on this CPU; running again with %s\n",
+          dflash_blas_corename(), var);
+  execve("/proc/self/exe", argv, env);
+  fprintf(stderr, "dflash: cannot re-execute (%s); going on with the %s kernels\n", strerror(errno),
+          dflash_blas_corename());
+  free(env);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
@@ -96,6 +133,7 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) reexec_with_fitting_blas(argv);
   for (size_t i = 0; commands[i].name; i++)
     if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
   fprintf(stderr, "dflash: unknown command '%s'\n\n", argv[1]);

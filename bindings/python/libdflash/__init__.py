@@ -70,7 +70,7 @@ from ._lib import (InvalidArgumentError, OutOfMemoryError, InputOutputError, For
                    DeadlineError, CancelledError, CudaError, NoDeviceError, InternalError,
                    AuthError, ExistsError)
 from ._version import __version__
-from ._core import version, status_name, cuda_device_count
+from ._core import version, status_name, cuda_device_count, blas_kernels
 from ._core import last_error, clear_error, set_log_callback, log_to_python
 from .progress import Progress
 from .safetensors import SafeTensors, write_safetensors, write_index, DTYPES
@@ -83,7 +83,7 @@ from .storage import Storage, is_remote
 from .hidden import HiddenWriter, HiddenStore, SampleStream, Spool, hidden_layout, is_vllm_hidden_file
 from .train import Trainer, train_run
 
-__all__ = ["Error", "version", "status_name", "cuda_device_count",
+__all__ = ["Error", "version", "status_name", "cuda_device_count", "blas_kernels",
            "SafeTensors", "write_safetensors", "write_index", "DTYPES",
            "Tokenizer", "ChatTemplate", "Dataset", "fetch", "Storage", "is_remote",
            "HiddenWriter", "HiddenStore", "SampleStream", "Spool", "Trainer",

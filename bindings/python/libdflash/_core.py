@@ -3,10 +3,13 @@ the library's log messages."""
 import atexit
 import ctypes
 import logging
+import warnings
 
 from ._lib import bind, lib
 
 bind("dflash_version_string", [], ctypes.c_char_p)
+bind("dflash_blas_corename", [], ctypes.c_char_p)
+bind("dflash_blas_coretype_advice", [], ctypes.c_char_p)
 _cuda_count = bind("dflash_cuda_device_count", [ctypes.POINTER(ctypes.c_int)])
 _clear_error = bind("dflash_clear_error", [], None)
 
@@ -33,6 +36,31 @@ def cuda_device_count():
     n = ctypes.c_int(0)
     _cuda_count(ctypes.byref(n))
     return n.value
+
+
+def blas_kernels():
+    """(the kernel set OpenBLAS chose, e.g. "Zen", and the OPENBLAS_CORETYPE this CPU
+    runs faster with, or None when the chosen set fits). OpenBLAS reads
+    OPENBLAS_CORETYPE when it is loaded: set it before Python starts. Creating a
+    Trainer logs the same advice once (see log_to_python)."""
+    advice = lib.dflash_blas_coretype_advice()
+    return lib.dflash_blas_corename().decode(), advice.decode() if advice else None
+
+
+_blas_warned = False
+
+
+def warn_generic_blas():
+    """Once a process, a RuntimeWarning when OpenBLAS runs kernels older than the CPU
+    (the library's own warning goes to its log callback, which Python discards unless
+    log_to_python or set_log_callback is called)."""
+    global _blas_warned
+    core, advice = blas_kernels()
+    if advice and not _blas_warned:
+        _blas_warned = True
+        warnings.warn(f"OpenBLAS runs its generic {core} kernels on this CPU: set "
+                      f"OPENBLAS_CORETYPE={advice} before Python starts for its faster "
+                      f"{advice} kernels", RuntimeWarning, stacklevel=3)
 
 
 def last_error():

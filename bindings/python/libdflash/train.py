@@ -12,6 +12,7 @@ import signal
 
 import numpy as np
 
+from ._core import warn_generic_blas
 from ._lib import (INDEX, KEY, ExistsError, Handle, bind, cstr, files, missing_path,
                    status_code)
 
@@ -234,6 +235,7 @@ class Trainer(Handle):
     _free = "dflash_trainer_free"
 
     def __init__(self, config, embed, lm_head, backend="cpu", seed=0, **options):
+        warn_generic_blas()
         self.config = parse_config(config)
         opts = TrainerOptions()
         _opts_default(ctypes.byref(opts), ctypes.sizeof(opts))
@@ -675,6 +677,7 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     """
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
+    warn_generic_blas()
     if not resume and not overwrite and _holds_anything(out_dir):
         raise ExistsError(status_code("DFLASH_E_EXISTS"), f"{os.fsdecode(out_dir)} is not empty (an earlier run?): "
                           "resume=True continues it, overwrite=True replaces it")
