@@ -57,7 +57,8 @@ class SpoolOptions(ctypes.Structure):
 
 
 class Sample(ctypes.Structure):
-    """Mirror of `dflash_sample` (pointers borrowed from the stream or spool that gave it)."""
+    """Mirror of `dflash_sample` (pointers borrowed from the stream or spool that gave it; the
+    anchors are the caller's input to a trainer call, which streams and spools leave empty)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("index", ctypes.c_uint64),
                 ("id", ctypes.c_char_p), ("len", ctypes.c_int64),
                 ("input_ids", ctypes.POINTER(ctypes.c_int32)),
@@ -67,7 +68,8 @@ class Sample(ctypes.Structure):
                 ("hidden_codes", ctypes.c_void_p),
                 ("hidden_scales", ctypes.POINTER(ctypes.c_float)),
                 ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
-                ("offset", ctypes.c_uint64)]
+                ("offset", ctypes.c_uint64), ("anchors", ctypes.POINTER(ctypes.c_int32)),
+                ("n_anchors", ctypes.c_int32)]
 
 
 class StreamOptions(ctypes.Structure):

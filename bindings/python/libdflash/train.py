@@ -109,10 +109,8 @@ _get_grad = bind("dflash_trainer_get_grad", [_P, ctypes.c_char_p, _F, ctypes.c_s
 from .hidden import Sample as _StreamSample  # noqa: E402
 
 
-class TrainSample(_StreamSample):
-    """Mirror of `dflash_sample` whole: hidden.Sample (what streams and spools fill) and the
-    anchors appended after it, which only a trainer call reads."""
-    _fields_ = [("anchors", _I32), ("n_anchors", ctypes.c_int32)]
+# One mirror of `dflash_sample` (hidden.Sample), what streams fill and trainer calls take.
+TrainSample = _StreamSample
 
 
 _SMP = ctypes.POINTER(TrainSample)
