@@ -203,14 +203,14 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   synth_run_options(&o, root, full);
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
-  o.out_dir = part, o.max_steps = 2;
+  o.out_dir = part, o.max_steps = 2, o.schedule_steps = 4; /* stopped early: the same schedule */
   ck_assert_ok(dflash_train_run(&o, NULL));
   /* The same position as the old writer put it. */
   char *state = synth_path(part, "train_state/state.safetensors");
   char *json = position_text(state);
   df_position p;
   ck_assert_ok(parse(json, &p));
-  ck_assert(p.has_schedule && p.n_settings == 21);
+  ck_assert(p.has_schedule && p.n_settings == 22);
   char old[2048];
   int n = snprintf(old, sizeof old,
                    "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64
@@ -249,7 +249,7 @@ START_TEST(a_muon_run_resumes_exactly_and_keeps_its_optimizer) {
   synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON;
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
-  o.out_dir = part, o.max_steps = 2;
+  o.out_dir = part, o.max_steps = 2, o.schedule_steps = 4; /* stopped early: the same schedule */
   ck_assert_ok(dflash_train_run(&o, NULL));
   o.max_steps = 4, o.resume = 1, o.allow_settings_change = 1;
   synth_trainer(&o)->optimizer = DFLASH_OPTIM_ADAMW;
