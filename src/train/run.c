@@ -31,6 +31,7 @@
 #include "remote.h"
 #include "trainer.h"
 #include "run_internal.h"
+#include "store_layers.h"
 
 static void train_run_options_defaults(dflash_train_run_options *o) {
   if (!o) return;
@@ -240,6 +241,7 @@ static dflash_status open_all(run *r) {
                     "%s holds %" PRId64 " features per token; the drafter "
                     "config needs K*H = %d*%d = %" PRId64,
                     o->hidden_dir, have, r->cfg.n_target_layer_ids, r->cfg.hidden_size, width);
+  if (!r->spool && (st = df_check_store_layers(&r->cfg, r->s, o->hidden_dir))) return st;
   if (!r->spool && (st = dflash_sample_stream_check(r->s, NULL))) return st;
   if ((st = check_labels(r))) return st;
   if ((st = find_usable(r))) return st;

@@ -34,9 +34,7 @@ static void free_world(world *w) {
   free(w->root);
 }
 
-static size_t lines(const world *w, synth_metric *m) {
-  return synth_metrics(w->out, m, MAX_LINES);
-}
+static size_t lines(const world *w, synth_metric *m) { return synth_metrics(w->out, m, MAX_LINES); }
 
 /* Before: max_steps stopped the run but the cosine ran over the epochs, so a 4-step run of 8
  * ended near its peak rate. Now it decays to the floor (0) over the 4 steps, unless
