@@ -548,7 +548,8 @@ static const char EVAL_USAGE[] =
     "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
     "README's K2.6 recipe), the walk tau with --labels target; the walk tau with data\n"
     "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
-    "line says which labels it used.\n"
+    "line says which labels it used. In --json, \"tau\" uses --labels (with target labels\n"
+    "it is the uniform-anchor tau) and \"sampled_tau\" is the sampled-anchor one (data).\n"
     "--threads N: CPU threads (0, default: one per CPU).\n"
     "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
     "unless --allow-tokenizer-mismatch.\n"
@@ -568,9 +569,13 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
                        const dflash_eval_walk *w, const char *ckpt) {
   const char *lab = w->labels == DFLASH_LABELS_TARGET ? "target" : "data";
   if (json) {
-    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"blocks\": %lld, "
-           "\"accuracy\": [",
-           B, lab, tau, (long long)blocks);
+    /* "tau" is the labels' own: the sampled-anchor tau (blocks, accuracy) knows data labels
+     * only, so with target labels it is the uniform-anchor tau, the same mean over every
+     * position; the sampled one stays as sampled_tau. */
+    double own = w->labels == DFLASH_LABELS_TARGET ? w->position_tau : tau;
+    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
+           "\"sampled_labels\": \"data\", \"blocks\": %lld, \"accuracy\": [",
+           B, lab, own, tau, (long long)blocks);
     print_doubles(", ", acc, B - 1);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
            "\"position_accuracy\": [",
