@@ -295,6 +295,10 @@ dflash_status df_run_resume(run *r) {
                     " (it counts every step of the run, the saved ones included): give more "
                     "than %" PRId64 " or leave it out",
                     r->state_path, step, r->o->max_steps, step);
+  /* A state from before schedule_steps was recorded ran the epochs' schedule whatever
+   * max_steps said: resumed with the default, it goes on with that one, as it would have. */
+  if (!df_position_setting_find(&p, "schedule_steps") && r->o->schedule_steps == 0)
+    r->sched_steps = r->total_steps, r->t->opt.total_steps = r->total_steps;
   r->epoch = p.epoch, r->pos = p.pos, r->tokens = p.tokens, r->elapsed = p.elapsed_s;
   if (p.has_schedule) /* an earlier settings change's continuation */
     r->t->sched_from = p.sched_from, r->t->sched_lr0 = p.sched_lr0;
