@@ -56,8 +56,8 @@ typedef struct dflash_hidden_writer_options {
    * reads other layers; tokenizer_hash is the target tokenizer's, as a dataset records it
    * (dflash_dataset_tokenizer_hash, "sha256:..."), shown by `dflash inspect`. A store is one record: reopening one that records other values
    * (or shards without any, when these are given) is DFLASH_E_MISMATCH; given none, a reopened
-   * store keeps its own. The store's hidden_size is the target's. Plain stores only (a spool
-   * records neither). */
+   * store keeps its own. The store's hidden_size is the target's. Plain stores only: with
+   * spool_budget either is DFLASH_E_INVALID_ARG. */
   const int32_t *target_layer_ids;
   const char *tokenizer_hash;
 } dflash_hidden_writer_options;

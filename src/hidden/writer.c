@@ -170,6 +170,11 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
                     num_layers, hidden_size);
   if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
+  /* Refused rather than dropped: the caller would believe the spool checked. */
+  if (o.spool_budget && (o.target_layer_ids || o.tokenizer_hash))
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "hidden writer: target_layer_ids and tokenizer_hash are recorded by a "
+                    "plain store, not a spool (spool_budget)");
   if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
   bool remote = dflash_storage_is_remote(dir);
   dflash_status st = remote ? DFLASH_OK : make_dir(dir);

@@ -435,6 +435,8 @@ START_TEST(the_store_records_its_layers_and_tokenizer) {
   ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "target_layer_ids[0] = -1");
   o.target_layer_ids = NULL, o.tokenizer_hash = "two words";
   ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "tokenizer_hash");
+  o.tokenizer_hash = "sha256:00", o.spool_budget = 1 << 20; /* a spool would drop it */
+  ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "not a spool");
   df_test_rmtree(dir), df_test_rmtree(old);
   free(dir), free(old);
 }
