@@ -49,6 +49,17 @@ typedef struct dflash_hidden_writer_options {
   /* Spool full: how long a write waits for the trainer to consume shards, in seconds (0:
    * not at all; < 0: forever). Past it the call fails with DFLASH_E_TIMEOUT. (0) */
   double spool_wait_s;
+  /* What the rows are, recorded in the store's metadata (NULL: not recorded, as in stores of
+   * older libdflash and vLLM's files): target_layer_ids[k] (int32 [num_layers], >= 0) is the
+   * target layer whose output a row's layer k holds, in the drafter config's order
+   * (dflash_config.target_layer_ids), so that `dflash train` and `eval` refuse a drafter that
+   * reads other layers; tokenizer_hash is the target tokenizer's, as a dataset records it
+   * (dflash_dataset_tokenizer_hash, "sha256:..."), shown by `dflash inspect`. A store is one record: reopening one that records other values
+   * (or shards without any, when these are given) is DFLASH_E_MISMATCH; given none, a reopened
+   * store keeps its own. The store's hidden_size is the target's. Plain stores only: with
+   * spool_budget either is DFLASH_E_INVALID_ARG. */
+  const int32_t *target_layer_ids;
+  const char *tokenizer_hash;
 } dflash_hidden_writer_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

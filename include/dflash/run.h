@@ -57,7 +57,10 @@ typedef struct dflash_train_run_options {
   int32_t save_every;       /* steps between checkpoint + state saves (0: at the end only) */
   int32_t resume;           /* continue from out_dir/train_state/state.safetensors (every
                                rank reads it: a shared directory or s3:// for several ranks) */
-  int64_t max_steps;        /* stop after this many steps in total (0: all epochs) */
+  int64_t max_steps;        /* stop after this many steps in total, the saved ones of a
+                               resumed run included (0: all epochs); it also ends the
+                               learning-rate schedule unless schedule_steps says otherwise.
+                               Resuming a state past it is refused, at it trains nothing */
   int32_t bf16;             /* write model.safetensors in bf16 */
   /* NULL: dflash_trainer_options_default. A pointer, so that either struct can grow on its
    * own (by value, a larger trainer struct moved every field after it). total_steps is
@@ -82,13 +85,29 @@ typedef struct dflash_train_run_options {
    * many seconds after the last save (rank 0's clock), bounding what a kill -9 loses.
    * Default 1800 (30 minutes); 0: only save_every, max_steps and the end. */
   double save_every_s;
-  /* The state records the run's settings (lr, batch, anchors, warmup_ratio, epochs, ...);
-   * resume with other ones is DFLASH_E_MISMATCH naming each change, unless this is 1: the
-   * new ones are then taken from the state's step on, and the learning rate continues
-   * without a jump: from the rate the saved schedule had reached it decays by the cosine to
-   * the new floor (lr * min_lr_ratio) at the new end (total steps of the new epochs). */
+  /* The state records the run's settings (lr, batch, anchors, warmup_ratio, epochs, the
+   * schedule's length, ...); resume with other ones is DFLASH_E_MISMATCH naming each change,
+   * unless this is 1: the new ones are then taken from the state's step on, and the learning
+   * rate follows a new schedule from that step to the new end (schedule_steps), stated in the
+   * library's log (INFO) at the start:
+   * - a new lr, or a saved schedule that had ended (a finished run extended by epochs or
+   *   steps): from the new lr, which would otherwise never be used, or from lr again (a
+   *   warm restart: the ended schedule sits at its floor, 0 by default, where the added
+   *   steps would train nothing), decaying by the lr_schedule to lr * min_lr_ratio;
+   * - else from the rate the saved schedule had reached (no jump), decaying the same way.
+   * A run whose every step to train would take learning rate 0 while lr > 0 is refused
+   * (DFLASH_E_INVALID_ARG), resumed or not. */
   int32_t allow_settings_change;
+  /* The learning-rate schedule's length in steps (its warm-up and decay to the floor):
+   * 0 (the default): max_steps when it ends the run before the epochs do, else the epochs';
+   * N > 0: N steps; DFLASH_SCHEDULE_EPOCHS: the epochs' steps even with max_steps (a run
+   * stopped early on purpose, to be resumed as if it had never stopped). Recorded with the
+   * run's settings, so a resume that changes it is a settings change. */
+  int64_t schedule_steps;
 } dflash_train_run_options;
+
+/* schedule_steps: the epochs' steps, whatever max_steps says. */
+#define DFLASH_SCHEDULE_EPOCHS (-1)
 
 typedef enum dflash_train_labels {
   DFLASH_LABELS_DATA = 0,  /* the data's next tokens */

@@ -32,6 +32,31 @@ typedef struct pending {
 
 struct dflash_storage;
 
+/* What a store says its rows are (record.c; dflash_hidden_writer_options): n_layer_ids 0 and
+ * tokenizer_hash NULL when it does not say. */
+typedef struct df_hidden_record {
+  int32_t n_layer_ids;
+  int32_t *layer_ids;
+  char *tokenizer_hash;
+} df_hidden_record;
+
+void df_hidden_record_free(df_hidden_record *r);
+/* The writer options' record for a store of K layers, validated (DFLASH_E_INVALID_ARG). */
+DF_MUST_CHECK dflash_status df_hidden_record_from_options(const dflash_hidden_writer_options *o,
+                                                          int32_t K, df_hidden_record *out);
+/* Into a shard's metadata ("target_layer_ids": "1,9,17", "tokenizer_hash"). */
+DF_MUST_CHECK dflash_status df_hidden_record_write(const df_hidden_record *r,
+                                                   dflash_safetensors_writer *sw);
+/* From metadata values (NULL: absent) of a store of K layers; DFLASH_E_FORMAT naming `dir`. */
+DF_MUST_CHECK dflash_status df_hidden_record_parse(const char *ids, const char *hash, int32_t K,
+                                                   const char *dir, df_hidden_record *out);
+/* "1,9,17" into buf (cap bytes): false when it does not fit. */
+bool df_hidden_record_ids_csv(const df_hidden_record *r, char *buf, size_t cap);
+/* "1, 9, 17" into buf (cap bytes), or "(not recorded)". */
+void df_hidden_record_ids_text(const df_hidden_record *r, char *buf, size_t cap);
+/* The record an open store carries (reader.c; vLLM's files: none). */
+const df_hidden_record *df_hidden_record_of(const dflash_hidden *h);
+
 struct dflash_hidden_writer {
   char *dir;    /* local directory: for an s3:// store, its mirror in the cache */
   char *remote; /* s3:// store: shards and index uploaded as they are written */
@@ -54,6 +79,7 @@ struct dflash_hidden_writer {
   uint64_t seq;           /* its next shard */
   uint64_t epoch_samples; /* ids taken in it */
   uint64_t present, high_water;
+  df_hidden_record rec; /* written into every shard's metadata */
 };
 
 /* Write the writer's buffered samples as one safetensors shard at `path` (writer.c). */

@@ -14,8 +14,9 @@ struct dflash_hidden {
   df_vhidden *vllm;       /* or a folder of vLLM's hidden-state files */
   char *dir;
   int32_t K, H, dtype;
-  size_t first, count; /* tensors [first, first+count) are the "h/" ones */
-  size_t n_tids;       /* "t/" tensors: samples with the target's greedy tokens */
+  size_t first, count;  /* tensors [first, first+count) are the "h/" ones */
+  size_t n_tids;        /* "t/" tensors: samples with the target's greedy tokens */
+  df_hidden_record rec; /* what the metadata says the rows are (record.c) */
 };
 
 /* The same questions of a mapped store or a remote one. */
@@ -67,6 +68,11 @@ static dflash_status read_header(dflash_hidden *h) {
   if (!strcmp(dt, "bf16")) h->dtype = DFLASH_HIDDEN_BF16;
   else if (!strcmp(dt, "fp8_e4m3")) h->dtype = DFLASH_HIDDEN_FP8_E4M3;
   else return df_error(DFLASH_E_DTYPE, "%s: unknown hidden dtype \"%s\"", h->dir, dt);
+  const char *ids = NULL, *hash = NULL;
+  if (meta_find(h, "target_layer_ids", &ids)) ids = NULL;
+  if (meta_find(h, "tokenizer_hash", &hash)) hash = NULL;
+  dflash_clear_error(); /* an absent key: a store without the record */
+  if ((st = df_hidden_record_parse(ids, hash, h->K, h->dir, &h->rec))) return st;
   size_t n = n_tensors(h);
   h->first = n;
   for (size_t i = 0; i < n; i++) {
@@ -108,9 +114,12 @@ void dflash_hidden_free(dflash_hidden *h) {
   dflash_safetensors_free(h->st);
   df_rhidden_free(h->remote);
   df_vhidden_free(h->vllm);
+  df_hidden_record_free(&h->rec);
   free(h->dir);
   free(h);
 }
+
+const df_hidden_record *df_hidden_record_of(const dflash_hidden *h) { return &h->rec; }
 
 dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers, int32_t *hidden_size,
                                  int32_t *dtype, size_t *count) {

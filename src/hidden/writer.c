@@ -37,6 +37,34 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A reopened store's record against the writer's: every shard says the same (the reader
+ * reads one), so a disagreement, or a record for shards written without one, is refused; a
+ * writer given none keeps the store's. */
+static dflash_status keep_record(dflash_hidden_writer *w, const df_hidden_record *s) {
+  df_hidden_record *r = &w->rec;
+  char a[512], b[512];
+  df_hidden_record_ids_text(s, a, sizeof a);
+  df_hidden_record_ids_text(r, b, sizeof b);
+  if (r->n_layer_ids && strcmp(a, b))
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s holds the target layers %s; cannot append target_layer_ids %s", w->dir, a,
+                    b);
+  const char *sh = s->tokenizer_hash ? s->tokenizer_hash : "(not recorded)";
+  if (r->tokenizer_hash && strcmp(sh, r->tokenizer_hash))
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s was written for tokenizer_hash %s; cannot append tokenizer_hash %s", w->dir,
+                    sh, r->tokenizer_hash);
+  if (!r->n_layer_ids && s->n_layer_ids) {
+    if (!(r->layer_ids = malloc((size_t)s->n_layer_ids * sizeof *r->layer_ids)))
+      return df_error_nomem("target layer ids");
+    memcpy(r->layer_ids, s->layer_ids, (size_t)s->n_layer_ids * sizeof *r->layer_ids);
+    r->n_layer_ids = s->n_layer_ids;
+  }
+  if (!r->tokenizer_hash && s->tokenizer_hash && !(r->tokenizer_hash = df_strdup(sh)))
+    return df_error_nomem("tokenizer hash");
+  return DFLASH_OK;
+}
+
 /* Existing shards and ids of a store being reopened for appending. */
 static dflash_status load_existing(dflash_hidden_writer *w) {
   DIR *d = opendir(w->dir);
@@ -69,6 +97,7 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
                   "%s",
                   w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
                   df_hidden_dtype_name(w->dtype));
+  if (!st) st = keep_record(w, df_hidden_record_of(h));
   for (size_t i = 0; !st && i < n; i++) {
     const char *id;
     if ((st = dflash_hidden_id(h, i, &id))) break;
@@ -141,6 +170,11 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
                     num_layers, hidden_size);
   if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
+  /* Refused rather than dropped: the caller would believe the spool checked. */
+  if (o.spool_budget && (o.target_layer_ids || o.tokenizer_hash))
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "hidden writer: target_layer_ids and tokenizer_hash are recorded by a "
+                    "plain store, not a spool (spool_budget)");
   if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
   bool remote = dflash_storage_is_remote(dir);
   dflash_status st = remote ? DFLASH_OK : make_dir(dir);
@@ -158,7 +192,7 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
   w->H = hidden_size;
   w->dtype = o.dtype;
   w->shard_bytes = o.shard_bytes ? o.shard_bytes : 1ULL << 30;
-  if ((st = load_existing(w))) {
+  if ((st = df_hidden_record_from_options(&o, num_layers, &w->rec)) || (st = load_existing(w))) {
     dflash_hidden_writer_free(w);
     return st;
   }
@@ -180,6 +214,7 @@ void dflash_hidden_writer_free(dflash_hidden_writer *w) {
   for (size_t i = 0; i < w->n_shards; i++) free(w->shards[i]);
   free(w->shards);
   df_strset_free(&w->ids);
+  df_hidden_record_free(&w->rec);
   if (w->spool && w->remote && w->dir) df_stage_rmtree(w->dir); /* the spool's staging */
   free(w->dir);
   free(w->remote);
@@ -323,6 +358,7 @@ static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_safete
   if (!st) st = dflash_safetensors_writer_metadata(sw, "num_layers", k);
   if (!st) st = dflash_safetensors_writer_metadata(sw, "hidden_size", h);
   if (!st) st = dflash_safetensors_writer_metadata(sw, "dtype", df_hidden_dtype_name(w->dtype));
+  if (!st) st = df_hidden_record_write(&w->rec, sw);
   return st;
 }
 
@@ -361,12 +397,18 @@ static dflash_status write_index(const dflash_hidden_writer *w) {
   char k[32], h[32];
   snprintf(k, sizeof k, "%d", w->K);
   snprintf(h, sizeof h, "%d", w->H);
-  const char *keys[] = {"format", "num_layers", "hidden_size", "dtype"};
-  const char *vals[] = {DF_HIDDEN_FORMAT, k, h, df_hidden_dtype_name(w->dtype)};
+  /* The index's metadata is what a reader sees (the shards' is the same). */
+  const char *keys[6] = {"format", "num_layers", "hidden_size", "dtype"};
+  const char *vals[6] = {DF_HIDDEN_FORMAT, k, h, df_hidden_dtype_name(w->dtype)};
+  size_t n = 4;
+  char ids[12 * 256 + 1];
+  if (w->rec.n_layer_ids && df_hidden_record_ids_csv(&w->rec, ids, sizeof ids))
+    keys[n] = "target_layer_ids", vals[n++] = ids;
+  if (w->rec.tokenizer_hash) keys[n] = "tokenizer_hash", vals[n++] = w->rec.tokenizer_hash;
   char *path = df_path_join(w->dir, DF_HIDDEN_INDEX);
   if (!path) return df_error_nomem("index path");
   dflash_status st = dflash_safetensors_write_index(path, w->n_shards,
-                                                    (const char *const *)w->shards, 4, keys, vals);
+                                                    (const char *const *)w->shards, n, keys, vals);
   free(path);
   return st;
 }

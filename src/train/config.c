@@ -4,6 +4,7 @@
  * placements and an explicit YaRN attention factor.
  */
 #include "core/internal.h"
+#include "config_keys.h"
 #include "model.h"
 
 #include <dflash/storage.h>
@@ -593,6 +594,7 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
     return df_error(DFLASH_E_CONFIG, "%s: config must be a JSON object", p->what);
   dflash_status st;
   if ((st = check_architectures(p, root, &dflash2))) return st;
+  if ((st = df_config_check_keys(p->what, root))) return st;
   if (dflash2 && (st = need_size_for_dflash2(p, size))) return st;
   if ((st = get_int(p, root, "hidden_size", &c->hidden_size, true)) ||
       (st = get_int(p, root, "intermediate_size", &c->intermediate_size, true)) ||

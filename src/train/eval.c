@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "store_layers.h"
 #include "trainer.h"
 
 /* Anchors per propose call: bounds the block activations and logits held at
@@ -65,6 +66,7 @@ static dflash_status stream_all(const dflash_trainer *t, const char *data_dir,
                   "%s holds %lld features per token; the drafter needs "
                   "K*H = %lld",
                   hidden_dir, (long long)dflash_sample_stream_width(s), (long long)t->m.KH);
+  if (!st) st = df_check_store_layers(&t->m.cfg, s, hidden_dir);
   size_t n = dflash_sample_stream_count(s);
   uint64_t *order = st ? NULL : malloc((n ? n : 1) * sizeof *order);
   if (!st && !order) st = df_error_nomem("evaluation order");

@@ -31,6 +31,7 @@
 #include "remote.h"
 #include "trainer.h"
 #include "run_internal.h"
+#include "store_layers.h"
 
 static void train_run_options_defaults(dflash_train_run_options *o) {
   if (!o) return;
@@ -240,6 +241,7 @@ static dflash_status open_all(run *r) {
                     "%s holds %" PRId64 " features per token; the drafter "
                     "config needs K*H = %d*%d = %" PRId64,
                     o->hidden_dir, have, r->cfg.n_target_layer_ids, r->cfg.hidden_size, width);
+  if (!r->spool && (st = df_check_store_layers(&r->cfg, r->s, o->hidden_dir))) return st;
   if (!r->spool && (st = dflash_sample_stream_check(r->s, NULL))) return st;
   if ((st = check_labels(r))) return st;
   if ((st = find_usable(r))) return st;
@@ -259,8 +261,9 @@ static dflash_status open_all(run *r) {
   r->cfg_dflash2 = r->cfg.dflash2 != 0;
   int64_t per_epoch = (int64_t)((r->n_usable + r->global_batch - 1) / r->global_batch);
   r->total_steps = per_epoch * o->epochs;
+  r->sched_steps = df_run_schedule_steps(r);
   dflash_trainer_options topt = r->topt;
-  topt.total_steps = r->total_steps;
+  topt.total_steps = r->sched_steps;
   if ((st = load_target(r, &topt))) return st;
   /* An s3:// run on rank 0 writes into its local mirror; the other ranks
    * read the state from the bucket itself. */
@@ -270,6 +273,7 @@ static dflash_status open_all(run *r) {
   if (!r->state_path || !r->metrics_path) return df_error_nomem("paths");
   r->resumed = o->resume && !never_saved(r);
   if (r->resumed && (st = df_run_resume(r))) return st;
+  if ((st = df_run_check_schedule(r))) return st;
   if ((st = open_outputs(r))) return st;
   if (r->rank == 0 && getenv("DFLASH_TRAIN_TRACE") && *getenv("DFLASH_TRAIN_TRACE") &&
       !(r->trace = fopen(getenv("DFLASH_TRAIN_TRACE"), "a")))
@@ -436,6 +440,8 @@ static dflash_status failed_on_sample(run *r, dflash_status st) {
 
 static dflash_status train_loop(run *r) {
   const dflash_train_run_options *o = r->o;
+  /* Resumed exactly at max_steps: the run is done (the loop below would take one more). */
+  if (o->max_steps > 0 && dflash_trainer_step_count(r->t) >= o->max_steps) return DFLASH_OK;
   for (; r->epoch < o->epochs; r->epoch++, r->pos = 0) {
     dflash_status st = start_epoch(r);
     if (st) return st;
@@ -503,6 +509,11 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
                o->epochs > 0 && o->batch_size >= 0);
+  if (o->schedule_steps < DFLASH_SCHEDULE_EPOCHS || o->max_steps < 0)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "train run options: schedule_steps %" PRId64 " / max_steps %" PRId64
+                    " (schedule_steps: > 0, 0 or DFLASH_SCHEDULE_EPOCHS; max_steps >= 0)",
+                    o->schedule_steps, o->max_steps);
   run r = {.o = o, .t0 = df_now_seconds(), .stats = none};
   r.last_save = r.t0;
   const char *sync = getenv("DFLASH_TRAIN_SYNC_STEP");

@@ -33,10 +33,14 @@ typedef struct run {
   int32_t *n_anchors;
   char *state_path, *metrics_path;
   FILE *metrics;
-  dflash_train_stats stats; /* rank 0: the last step, for the progress callback */
-  bool stop_asked;          /* the progress callback asked for a stop */
-  bool resumed;             /* continues a saved state (--resume, and a state exists) */
-  int64_t total_steps, tokens;
+  dflash_train_stats stats;    /* rank 0: the last step, for the progress callback */
+  bool stop_asked;             /* the progress callback asked for a stop */
+  bool resumed;                /* continues a saved state (--resume, and a state exists) */
+  int64_t total_steps, tokens; /* total_steps: the epochs' */
+  int64_t sched_steps;         /* the learning-rate schedule's length (schedule_steps) */
+  /* A resume under allow_settings_change that set a new schedule: why (for the start-up
+   * statement), NULL when the saved one goes on. */
+  const char *sched_why;
   double elapsed, t0;
   /* position (global: the next sample of the epoch order to visit) */
   int32_t epoch;
@@ -99,6 +103,9 @@ DF_MUST_CHECK dflash_status df_run_save_as(run *r, int32_t epoch, uint64_t pos, 
 DF_MUST_CHECK dflash_status df_run_save(run *r, int32_t epoch, uint64_t pos);
 DF_MUST_CHECK dflash_status df_run_resume(run *r);
 DF_MUST_CHECK dflash_status df_run_check_ranks_agree(run *r);
+int64_t df_run_schedule_steps(const run *r);
+void df_run_setting_text(const char *name, double value, char *buf, size_t cap);
+DF_MUST_CHECK dflash_status df_run_check_schedule(run *r);
 
 /* run_spool.c */
 DF_MUST_CHECK dflash_status df_run_open_data(run *r);

@@ -334,6 +334,8 @@ dflash_status df_run_spool_loop(run *r) {
     r->rel_epoch = -1;
     if ((st = spool_release(r))) return st;
   }
+  /* Resumed exactly at max_steps: the run is done (the loop below would take one more). */
+  if (o->max_steps > 0 && dflash_trainer_step_count(r->t) >= o->max_steps) return DFLASH_OK;
   for (; r->epoch < o->epochs; r->epoch++, r->pos = 0, r->sp_shard = r->sp_off = 0) {
     if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
     for (bool ended = false; !ended;) {

@@ -31,7 +31,7 @@ typedef struct setting {
   double value;
 } setting;
 
-enum { N_SETTINGS = 21 };
+enum { N_SETTINGS = 22 };
 
 static void settings_of(const run *r, setting *s) {
   const dflash_trainer_options *t = &r->topt;
@@ -58,25 +58,72 @@ static void settings_of(const run *r, setting *s) {
       {"muon_momentum", t->muon_momentum},
       {"muon_weight_decay", t->muon_weight_decay},
       {"muon_adjust_lr", t->muon_adjust_lr},
+      {"schedule_steps", (double)r->sched_steps}, /* max_steps can set it: recorded apart */
   };
   memcpy(s, all, sizeof all);
 }
 
-/* The learning rate after a resume: the saved continuation, if any, and when the settings
- * changed the rate the next step would take, a new continuation from the rate the saved
- * schedule had reached (no jump). Unchanged settings give the same rate: nothing moves. */
-static void continue_schedule(const run *r, const df_position *p) {
+/* A setting's value as the command line spells it: "labels data -> target" says what to pass
+ * where "labels 0 -> 1" does not. Numbers stay numbers. */
+void df_run_setting_text(const char *name, double v, char *buf, size_t cap) {
+  static const struct {
+    const char *setting, *names[3];
+  } enums[] = {
+      {"labels", {"data", "target", NULL}},
+      {"lr_schedule", {"cosine", "linear", "constant"}},
+      {"position_weighting", {"decay", "adaptive", NULL}},
+      {"optimizer", {"adamw", "muon", NULL}},
+      {"muon_adjust_lr", {"match-rms-adamw", "original", NULL}},
+      {"selector_loss_mode", {"drop", "inject", NULL}},
+  };
+  for (size_t i = 0; i < sizeof enums / sizeof *enums; i++) {
+    if (strcmp(enums[i].setting, name)) continue;
+    int k = (int)v;
+    if (k == v && k >= 0 && k < 3 && enums[i].names[k]) {
+      snprintf(buf, cap, "%s", enums[i].names[k]);
+      return;
+    }
+  }
+  /* loss_gamma < 0 is --weighting none, 0 the block size's default gamma. */
+  if (!strcmp(name, "loss_gamma") && v <= 0)
+    snprintf(buf, cap, "%s", v < 0 ? "none (--weighting none)" : "default (--weighting decay)");
+  else snprintf(buf, cap, "%.9g", v);
+}
+
+/* Whether the saved schedule had ended at `step`: the state's length says so, or (a state from
+ * before it was recorded) its rate sits at the saved floor. */
+static bool schedule_ended(const df_position *p, int64_t step) {
+  const df_position_setting *len = df_position_setting_find(p, "schedule_steps");
+  if (len) return (double)step >= len->value;
+  const df_position_setting *lr = df_position_setting_find(p, "lr");
+  const df_position_setting *ratio = df_position_setting_find(p, "min_lr_ratio");
+  return lr && p->next_lr <= lr->value * (ratio ? ratio->value : 0);
+}
+
+/* The learning rate after a resume with other settings (allow_settings_change; run.h says
+ * which rate each case starts from). Settings that leave the next step's rate where the saved
+ * schedule had it move nothing. */
+static void continue_schedule(run *r, const df_position *p) {
   if (!p->has_schedule) return; /* a state from before the rate was recorded */
   int64_t step = dflash_trainer_step_count(r->t);
-  if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
+  const df_position_setting *lr = df_position_setting_find(p, "lr");
+  double lr0 = p->next_lr;
+  if (lr && lr->value != r->topt.lr) {
+    r->sched_why = "--lr changed", lr0 = r->topt.lr;
+  } else if (schedule_ended(p, step)) {
+    r->sched_why = "the saved schedule had ended", lr0 = r->topt.lr;
+  } else {
+    if (dflash_trainer_lr_at(r->t, step) == p->next_lr) return;
+    r->sched_why = "the settings changed";
+  }
   r->t->sched_from = step > 0 ? step : 1;
-  r->t->sched_lr0 = p->next_lr;
+  r->t->sched_lr0 = lr0;
 }
 
 /* The state's settings against this run's: DFLASH_E_MISMATCH naming every change, unless
  * allow_settings_change. A state written before settings were recorded has none to compare;
  * one that records a setting this library does not know is refused. */
-static dflash_status check_settings(const run *r, const df_position *p) {
+static dflash_status check_settings(run *r, const df_position *p) {
   setting s[N_SETTINGS];
   settings_of(r, s);
   for (size_t k = 0; k < p->n_settings; k++) {
@@ -93,8 +140,11 @@ static dflash_status check_settings(const run *r, const df_position *p) {
   for (int i = 0; i < N_SETTINGS; i++) {
     const df_position_setting *was = df_position_setting_find(p, s[i].name);
     if (!was || was->value == s[i].value) continue;
-    int k = snprintf(changes + n, sizeof changes - n, "%s%s %.9g -> %.9g", n ? ", " : "", s[i].name,
-                     was->value, s[i].value);
+    char a[48], b[48];
+    df_run_setting_text(s[i].name, was->value, a, sizeof a);
+    df_run_setting_text(s[i].name, s[i].value, b, sizeof b);
+    int k = snprintf(changes + n, sizeof changes - n, "%s%s %s -> %s", n ? ", " : "", s[i].name, a,
+                     b);
     if (k > 0 && (size_t)k < sizeof changes - n) n += (size_t)k;
   }
   if (!n) return DFLASH_OK;
@@ -111,6 +161,62 @@ static dflash_status check_settings(const run *r, const df_position *p) {
                   "%s was written with other settings: %s (resume with the run's own, or "
                   "allow the change: --allow-settings-change)",
                   r->state_path, changes);
+}
+
+/* The schedule's length (run.h, schedule_steps): max_steps ends it by default, so that a run
+ * cut short on purpose decays over the steps it trains instead of stopping at its peak. */
+int64_t df_run_schedule_steps(const run *r) {
+  const dflash_train_run_options *o = r->o;
+  if (o->schedule_steps > 0) return o->schedule_steps;
+  if (o->schedule_steps == DFLASH_SCHEDULE_EPOCHS) return r->total_steps;
+  return o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
+}
+
+/* The step the run ends at: max_steps when it comes before the epochs' end. */
+static int64_t last_step(const run *r) {
+  int64_t m = r->o->max_steps;
+  return m > 0 && m < r->total_steps ? m : r->total_steps;
+}
+
+/* Says (INFO, rank 0) which learning rates the steps to train take, so that a resumed or
+ * shortened run's schedule is seen before it trains, not read off metrics.jsonl after. */
+static void state_schedule(const run *r, int64_t step, int64_t end) {
+  if (r->rank != 0 || step >= end) return;
+  const dflash_trainer_options *t = &r->t->opt;
+  static const char *const kind[] = {"cosine", "linear", "constant"};
+  const char *k = t->lr_schedule >= 0 && t->lr_schedule < 3 ? kind[t->lr_schedule] : "?";
+  const char *len = r->o->schedule_steps > 0          ? "schedule_steps"
+                    : r->sched_steps < r->total_steps ? "max_steps"
+                                                      : "the epochs";
+  if (r->sched_why)
+    df_log(DFLASH_LOG_INFO,
+           "train: resuming at step %" PRId64 " with a new learning-rate schedule (%s): %.6g, "
+           "%s to %.6g at step %" PRId64 " (%s); the run ends at step %" PRId64,
+           step, r->sched_why, r->t->sched_lr0, k, t->lr * t->min_lr_ratio, t->total_steps, len,
+           end);
+  else
+    df_log(DFLASH_LOG_INFO,
+           "train: %s step %" PRId64 ": learning rate %.6g (peak %.6g, warm-up %" PRId64
+           " steps, %s to %.6g at step %" PRId64 ", %s); the run ends at step %" PRId64,
+           step ? "resuming at" : "from", step, dflash_trainer_lr_at(r->t, step), t->lr,
+           df_warmup_steps(t), k, t->lr * t->min_lr_ratio, t->total_steps, len, end);
+}
+
+/* Before the first step: a run whose every step would take learning rate 0 while lr > 0 is
+ * refused (it would write an unchanged model and call it trained). */
+dflash_status df_run_check_schedule(run *r) {
+  int64_t step = dflash_trainer_step_count(r->t), end = last_step(r);
+  bool any = step >= end || r->topt.lr <= 0;
+  for (int64_t k = step; !any && k < end; k++) any = dflash_trainer_lr_at(r->t, k) > 0;
+  if (!any)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "every step from %" PRId64 " to %" PRId64 " would train at learning rate 0: "
+                    "the schedule ends at step %" PRId64 " with floor lr * min_lr_ratio = %g "
+                    "(a longer schedule_steps / --schedule-steps, a min_lr_ratio above 0, or "
+                    "--allow-settings-change with more epochs restarts it)",
+                    step, end, r->sched_steps, r->topt.lr * r->topt.min_lr_ratio);
+  state_schedule(r, step, end);
+  return DFLASH_OK;
 }
 
 /* Where the run stands after the last step, for the state (position.h). */
@@ -180,6 +286,19 @@ dflash_status df_run_resume(run *r) {
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written with seed %" PRIu64 ", this run has %" PRIu64, r->state_path,
                     p.seed, r->topt.seed);
+  /* Before the settings: max_steps also sets the schedule's length, but what is wrong is the
+   * stop (the run would take one step past it and report "20/3 steps"). */
+  int64_t step = dflash_trainer_step_count(r->t);
+  if (r->o->max_steps > 0 && step > r->o->max_steps)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "%s is at step %" PRId64 ", past --max-steps %" PRId64
+                    " (it counts every step of the run, the saved ones included): give more "
+                    "than %" PRId64 " or leave it out",
+                    r->state_path, step, r->o->max_steps, step);
+  /* A state from before schedule_steps was recorded ran the epochs' schedule whatever
+   * max_steps said: resumed with the default, it goes on with that one, as it would have. */
+  if (!df_position_setting_find(&p, "schedule_steps") && r->o->schedule_steps == 0)
+    r->sched_steps = r->total_steps, r->t->opt.total_steps = r->total_steps;
   r->epoch = p.epoch, r->pos = p.pos, r->tokens = p.tokens, r->elapsed = p.elapsed_s;
   if (p.has_schedule) /* an earlier settings change's continuation */
     r->t->sched_from = p.sched_from, r->t->sched_lr0 = p.sched_lr0;

@@ -121,6 +121,10 @@ size_t dflash_sample_stream_count(const dflash_sample_stream *s) {
   return s ? df_tokens_count(s->tokens) : 0;
 }
 
+const df_hidden_record *df_sample_stream_record(const dflash_sample_stream *s) {
+  return df_hidden_record_of(s->hidden);
+}
+
 int64_t dflash_sample_stream_width(const dflash_sample_stream *s) { return s ? s->width : 0; }
 
 dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *n_bad) {

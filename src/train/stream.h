@@ -16,5 +16,7 @@ void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, flo
                                const float *head, int32_t V);
 /* The dataset behind a stream (borrowed). */
 const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s);
+/* What the stream's store says its rows are (borrowed; record.c). */
+const df_hidden_record *df_sample_stream_record(const dflash_sample_stream *s);
 
 #endif

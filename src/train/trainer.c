@@ -543,7 +543,9 @@ double dflash_trainer_lr_at(const dflash_trainer *t, int64_t step) {
   if (step < warm) return o->lr * (double)step / (double)(warm > 1 ? warm : 1);
   if (o->total_steps <= 0 || o->lr_schedule == DFLASH_LR_CONSTANT) return o->lr;
   double span = (double)(o->total_steps - warm > 1 ? o->total_steps - warm : 1);
-  double progress = (double)(step - warm) / span;
+  /* Held at the floor past total_steps (a run_options schedule_steps shorter than the run):
+   * the cosine would climb back up. */
+  double progress = fmin((double)(step - warm) / span, 1.0);
   double left = o->lr_schedule == DFLASH_LR_LINEAR ? 1.0 - progress /* transformers' linear */
                                                    : 0.5 * (1.0 + cos(M_PI * progress));
   if (left < 0) left = 0;

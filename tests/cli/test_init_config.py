@@ -91,6 +91,16 @@ def main():
         assert r.returncode == 0, r.stderr
         assert json.loads((d / "q3.json").read_text())["dflash_config"]["target_layer_ids"] == \
             [1, 17, 33]
+        # More drafter layers than distinct target layers: refused, not repeated (it was
+        # [1, 1, 1, 2, ...] for 50 layers over an 8-layer target).
+        (d / "small.json").write_text(json.dumps(dict(QWEN3_8B, num_hidden_layers=8)))
+        r = init(d, d / "small.json", "-o", "s50.json", "--layers", "50")
+        assert r.returncode == 1 and "--layers 5 at most" in r.stderr, r.stderr
+        assert "repeat target layer 1" in r.stderr and not (d / "s50.json").exists(), r.stderr
+        r = init(d, d / "small.json", "-o", "s5.json", "--layers", "5")
+        assert r.returncode == 0, r.stderr
+        assert json.loads((d / "s5.json").read_text())["dflash_config"]["target_layer_ids"] == \
+            [1, 2, 3, 4, 5]
         other = dict(QWEN3_8B, vocab_size=32000, model_type="llama")
         (d / "other.json").write_text(json.dumps(other))
         r = init(d, d / "other.json", "-o", "o.json")

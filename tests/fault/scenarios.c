@@ -271,6 +271,7 @@ static void run_options(dflash_train_run_options *o, const char *root, const cha
   synth_run_options(o, root, out);
   o->epochs = 1;
   o->max_steps = steps;
+  o->schedule_steps = DFLASH_SCHEDULE_EPOCHS; /* the first two steps' run is resumed to 4 */
   o->save_every = 2;
   o->save_every_s = 0;
 }

@@ -188,7 +188,9 @@ START_TEST(cuda_resume_at_world_two_reproduces_the_uninterrupted_run) {
   for (int r = 0; r < 2; r++) options(&o[r], root, full), o[r].save_every = 2;
   run_world(o, 2, root);
   for (int k = 0; k < 2; k++) {
-    for (int r = 0; r < 2; r++) o[r].out_dir = k ? other : part, o[r].max_steps = 5;
+    for (int r = 0; r < 2; r++) /* stopped early: the full run's schedule */
+      o[r].out_dir = k ? other : part, o[r].max_steps = 5,
+      o[r].schedule_steps = DFLASH_SCHEDULE_EPOCHS;
     run_world(o, 2, root);
   }
   for (int r = 0; r < 2; r++) o[r].out_dir = part, o[r].max_steps = 0, o[r].resume = 1;

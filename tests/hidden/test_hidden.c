@@ -10,6 +10,7 @@
 #include "core/internal.h"
 #include "testutil.h"
 #include "core/bf16.h"
+#include "hidden/hidden.h"
 
 static uint64_t lcg = 99;
 static double unif(void) {
@@ -380,6 +381,67 @@ START_TEST(vllm_names_and_layouts) {
 }
 END_TEST
 
+/* One sample of K=2 layers of H=8 into a store at `dir` with options `o`; the create status. */
+static dflash_status write_one(const char *dir, const dflash_hidden_writer_options *o,
+                               const char *id) {
+  dflash_hidden_writer *w;
+  dflash_status st = dflash_hidden_writer_create(dir, 2, 8, o, &w);
+  if (st) return st;
+  float *x = states(6, 16, 0);
+  ck_assert_ok(df_test_hidden_add(w, id, x, NULL, 6));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
+  dflash_hidden_writer_free(w);
+  free(x);
+  return DFLASH_OK;
+}
+
+static void assert_record(const char *dir, const char *ids, const char *hash) {
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(dir, &h));
+  char text[64];
+  df_hidden_record_ids_text(df_hidden_record_of(h), text, sizeof text);
+  ck_assert_str_eq(text, ids);
+  const char *got = df_hidden_record_of(h)->tokenizer_hash;
+  ck_assert_str_eq(got ? got : "-", hash);
+  dflash_hidden_free(h);
+}
+
+/* Before: a store did not say which target layers it holds, so nothing could catch a drafter
+ * config that reads others. Now the writer records them (and the tokenizer hash) and a reopened
+ * store keeps one record. */
+START_TEST(the_store_records_its_layers_and_tokenizer) {
+  char *dir = df_test_tmpdir(), *old = df_test_tmpdir();
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  const int32_t ids[2] = {9, 17}, other[2] = {9, 18}, neg[2] = {-1, 3};
+  o.target_layer_ids = ids, o.tokenizer_hash = "sha256:00ff";
+  ck_assert_ok(write_one(dir, &o, "a"));
+  assert_record(dir, "9, 17", "sha256:00ff");
+  /* Given nothing, a reopened store keeps its record in the shards it adds. */
+  ck_assert_ok(write_one(dir, NULL, "b"));
+  assert_record(dir, "9, 17", "sha256:00ff");
+  o.target_layer_ids = other;
+  ck_assert_status(write_one(dir, &o, "c"), DFLASH_E_MISMATCH,
+                   "holds the target layers 9, 17; cannot append target_layer_ids 9, 18");
+  o.target_layer_ids = ids, o.tokenizer_hash = "sha256:1234";
+  ck_assert_status(write_one(dir, &o, "c"), DFLASH_E_MISMATCH, "tokenizer_hash sha256:00ff");
+  /* A store written without the record (older libdflash) reads as such; a record cannot be
+   * added to its unrecorded shards. */
+  ck_assert_ok(write_one(old, NULL, "a"));
+  assert_record(old, "(not recorded)", "-");
+  o.tokenizer_hash = NULL;
+  ck_assert_status(write_one(old, &o, "b"), DFLASH_E_MISMATCH, "holds the target layers (not");
+  o.target_layer_ids = neg;
+  ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "target_layer_ids[0] = -1");
+  o.target_layer_ids = NULL, o.tokenizer_hash = "two words";
+  ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "tokenizer_hash");
+  o.tokenizer_hash = "sha256:00", o.spool_budget = 1 << 20; /* a spool would drop it */
+  ck_assert_status(write_one(old, &o, "b"), DFLASH_E_INVALID_ARG, "not a spool");
+  df_test_rmtree(dir), df_test_rmtree(old);
+  free(dir), free(old);
+}
+END_TEST
+
 Suite *df_test_suite(void) {
   Suite *s = suite_create("hidden");
   TCase *tc = tcase_create("hidden");
@@ -390,6 +452,7 @@ Suite *df_test_suite(void) {
   tcase_add_test(tc, zero_layers_refused_and_counted);
   tcase_add_test(tc, spool_order_budget_release);
   tcase_add_test(tc, vllm_names_and_layouts);
+  tcase_add_test(tc, the_store_records_its_layers_and_tokenizer);
   suite_add_tcase(s, tc);
   return s;
 }

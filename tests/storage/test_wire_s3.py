@@ -308,7 +308,7 @@ def test_train_reads_and_writes_s3(tmp_path, monkeypatch):
     assert stable_metrics(get("train/run/metrics.jsonl").decode()) == \
         stable_metrics((local / "metrics.jsonl").read_text())
     # Stop early, resume from what is in the bucket: the same run, bit for bit.
-    train(*remote, url("train/run2"), "--max-steps", "7")
+    train(*remote, url("train/run2"), "--max-steps", "7", "--schedule-steps", "epochs")
     assert get("train/run2/model.safetensors") != (local / "model.safetensors").read_bytes()
     train(*remote, url("train/run2"), "--resume")
     assert get("train/run2/model.safetensors") == (local / "model.safetensors").read_bytes()

@@ -12,6 +12,8 @@ TCase *tc_init(void);
 TCase *tc_dflash2(void);
 TCase *tc_ref_ops(void);
 TCase *tc_position(void);
+TCase *tc_schedule(void);
+TCase *tc_store_layers(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -27,5 +29,7 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_dflash2());
   suite_add_tcase(s, tc_ref_ops());
   suite_add_tcase(s, tc_position());
+  suite_add_tcase(s, tc_schedule());
+  suite_add_tcase(s, tc_store_layers());
   return s;
 }

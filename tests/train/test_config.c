@@ -496,8 +496,43 @@ START_TEST(dflash2_bad_sizes_refused) {
 }
 END_TEST
 
+/* Before: each of these parsed, trained the default target layers (or a default field) and
+ * wrote them into the checkpoint. */
+START_TEST(unknown_keys_are_named_with_a_close_match) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_status(
+      parse(CFG_HEAD "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1, "
+                     "\"target_layer_id\": [3, 9]}}",
+            &c),
+      DFLASH_E_CONFIG,
+      "unknown key \"dflash_config.target_layer_id\" (did you mean target_layer_ids?)");
+  ck_assert_status(parse(CFG_HEAD "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1, "
+                                  "\"colour\": 3}}",
+                         &c),
+                   DFLASH_E_CONFIG, "unknown key \"dflash_config.colour\"");
+  /* Top level: a near miss of a field read there, or of dflash_config's. */
+  ck_assert_status(parse(CFG_HEAD "\"rms_norm_epps\": 1e-5, " CFG_TAIL "}", &c), DFLASH_E_CONFIG,
+                   "\"rms_norm_epps\" (did you mean rms_norm_eps?)");
+  ck_assert_status(parse(CFG_HEAD "\"target_layer_id\": [3], " CFG_TAIL "}", &c), DFLASH_E_CONFIG,
+                   "did you mean dflash_config.target_layer_ids?");
+  ck_assert_status(parse(CFG_HEAD "\"target_layer_ids\": [3], " CFG_TAIL "}", &c), DFLASH_E_CONFIG,
+                   "\"target_layer_ids\" at the top level is not read");
+  /* What transformers' PretrainedConfig and the engines write stays accepted. */
+  ck_assert_ok(parse(CFG_HEAD "\"bos_token_id\": 1, \"eos_token_id\": 2, \"pad_token_id\": 0, "
+                              "\"use_cache\": true, \"hidden_act\": \"silu\", \"torch_dtype\": "
+                              "\"bfloat16\", \"transformers_version\": \"4.57.1\", "
+                              "\"initializer_range\": 0.02, \"model_type\": \"qwen3\", "
+                              "\"attention_dropout\": 0.0, \"sep_token_id\": null, "
+                              "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1, "
+                              "\"mask_token\": \"<|MASK|>\", \"target_layer_ids\": [3, 9]}}",
+                     &c));
+  ck_assert_int_eq(c.n_target_layer_ids, 2);
+}
+END_TEST
+
 TCase *tc_config(void) {
   TCase *tc = tcase_create("config");
+  tcase_add_test(tc, unknown_keys_are_named_with_a_close_match);
   tcase_add_test(tc, block_size_placements);
   tcase_add_test(tc, default_target_layers_follow_spec);
   tcase_add_test(tc, validation_names_the_problem);

@@ -203,14 +203,14 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
   synth_run_options(&o, root, full);
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
-  o.out_dir = part, o.max_steps = 2;
+  o.out_dir = part, o.max_steps = 2, o.schedule_steps = 4; /* stopped early: the same schedule */
   ck_assert_ok(dflash_train_run(&o, NULL));
   /* The same position as the old writer put it. */
   char *state = synth_path(part, "train_state/state.safetensors");
   char *json = position_text(state);
   df_position p;
   ck_assert_ok(parse(json, &p));
-  ck_assert(p.has_schedule && p.n_settings == 21);
+  ck_assert(p.has_schedule && p.n_settings == 22);
   char old[2048];
   int n = snprintf(old, sizeof old,
                    "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64
@@ -238,6 +238,42 @@ START_TEST(an_unversioned_state_resumes_exactly_and_is_saved_as_json) {
 }
 END_TEST
 
+/* A state written before schedule_steps was recorded ran the epochs' schedule with max_steps;
+ * resumed with the default it keeps that schedule (the new default, max_steps', would change
+ * the rate mid-run). */
+START_TEST(a_state_without_schedule_steps_keeps_the_epochs_schedule) {
+  char *root = df_test_tmpdir(), *full = synth_path(root, "full"), *part = synth_path(root, "part");
+  synth_world(root, 8, 16, 3);
+  dflash_train_run_options o;
+  synth_run_options(&o, root, full);
+  o.epochs = 1, o.max_steps = 4, o.save_every_s = 0, o.schedule_steps = DFLASH_SCHEDULE_EPOCHS;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  o.out_dir = part, o.max_steps = 2;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  char *state = synth_path(part, "train_state/state.safetensors");
+  char *json = position_text(state);
+  df_position p;
+  ck_assert_ok(parse(json, &p));
+  char old[2048];
+  int n = snprintf(old, sizeof old,
+                   "epoch=%d pos=%" PRIu64 " tokens=%" PRId64 " metrics_bytes=%" PRId64
+                   " seed=%" PRIu64 " samples=%" PRIu64 " elapsed=%.17g",
+                   p.epoch, p.pos, p.tokens, p.metrics_bytes, p.seed, p.samples, p.elapsed_s);
+  for (size_t i = 0; i < p.n_settings; i++)
+    if (strcmp(p.settings[i].name, "schedule_steps"))
+      n += snprintf(old + n, sizeof old - (size_t)n, " %s=%.17g", p.settings[i].name,
+                    p.settings[i].value);
+  snprintf(old + n, sizeof old - (size_t)n, " next_lr=%.17g sched=%" PRId64 ",%.17g", p.next_lr,
+           p.sched_from, p.sched_lr0);
+  replace_position(state, old);
+  o.max_steps = 4, o.resume = 1, o.schedule_steps = 0;
+  ck_assert_ok(dflash_train_run(&o, NULL));
+  ck_assert(synth_max_abs_diff(full, part) == 0);
+  df_test_rmtree(root);
+  free(root), free(full), free(part), free(state), free(json);
+}
+END_TEST
+
 /* A Muon run resumes exactly (its momentum is the state's adam_m); a resume that changes the
  * optimizer is refused even with allow_settings_change (the saved moments are the other
  * optimizer's). */
@@ -249,7 +285,7 @@ START_TEST(a_muon_run_resumes_exactly_and_keeps_its_optimizer) {
   synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON;
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
-  o.out_dir = part, o.max_steps = 2;
+  o.out_dir = part, o.max_steps = 2, o.schedule_steps = 4; /* stopped early: the same schedule */
   ck_assert_ok(dflash_train_run(&o, NULL));
   o.max_steps = 4, o.resume = 1, o.allow_settings_change = 1;
   synth_trainer(&o)->optimizer = DFLASH_OPTIM_ADAMW;
@@ -338,6 +374,7 @@ TCase *tc_position(void) {
   tcase_add_test(tc, unversioned_states_are_read);
   tcase_add_test(tc, an_unversioned_state_resumes_exactly_and_is_saved_as_json);
   tcase_add_test(tc, a_muon_run_resumes_exactly_and_keeps_its_optimizer);
+  tcase_add_test(tc, a_state_without_schedule_steps_keeps_the_epochs_schedule);
   tcase_add_test(tc, progress_reports_every_step_and_stops_the_run);
   return tc;
 }

@@ -246,7 +246,8 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
   /* Stop at step 5 (epoch 1, mid-order), with a line the state never saw. */
   for (int k = 0; k < 2; k++) {
     const char *dir = k ? other : part;
-    for (int r = 0; r < 2; r++) o[r].out_dir = dir, o[r].max_steps = 5;
+    for (int r = 0; r < 2; r++) /* stopped early: the full run's schedule */
+      o[r].out_dir = dir, o[r].max_steps = 5, o[r].schedule_steps = DFLASH_SCHEDULE_EPOCHS;
     run_world(o, 2, root);
     char *m = synth_path(dir, "metrics.jsonl");
     FILE *f = fopen(m, "a");

@@ -116,6 +116,22 @@ static bool sizes_in_range(json_t *t) {
 
 /* The drafter's JSON text from the target's config; NULL (message printed) when a field the
  * drafter needs is missing. */
+/* More drafter layers than the rule has distinct target layers (1..L-3) would feed the drafter
+ * the same layer twice: K*H features of which some repeat, a wider fc for nothing. Refused
+ * with the most that do not repeat. (ids ascend, so a repeat is a neighbour.) */
+static bool repeats_layers(const int *ids, int layers, int target_layers) {
+  for (int i = 1; i < layers; i++)
+    if (ids[i] == ids[i - 1]) {
+      fprintf(stderr,
+              "dflash init-config: %d drafter layers would repeat target layer %d: the rule "
+              "spreads them over layers 1..%d of the %d-layer target, so --layers %d at most "
+              "(or write dflash_config.target_layer_ids by hand)\n",
+              layers, ids[i], target_layers - 3, target_layers, target_layers - 3);
+      return true;
+    }
+  return false;
+}
+
 static char *drafter_json(json_t *t, const init_args *a) {
   const char *type = json_string_value(json_object_get(t, "model_type"));
   bool kimi = is_kimi(type);
@@ -144,6 +160,7 @@ static char *drafter_json(json_t *t, const init_args *a) {
     cli_fail("init-config", DFLASH_E_CONFIG);
     return NULL;
   }
+  if (repeats_layers(ids, layers, target_layers)) return NULL;
   json_t *ids_json = json_array();
   for (int i = 0; i < layers; i++) json_array_append_new(ids_json, json_integer(ids[i]));
   json_t *d = json_pack("{s:[s],s:s,s:i,s:O,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:{s:i,s:o,s:i}}",

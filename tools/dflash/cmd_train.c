@@ -19,7 +19,8 @@ static const char TRAIN_USAGE[] =
     "                    [--backend cpu|cuda] [--resume | --overwrite] [--epochs N] [--batch N]\n"
     "                    [--lr X]"
     " [--warmup-ratio X] [--weight-decay X] [--clip X] [--anchors N]\n"
-    "                    [--save-every N] [--max-steps N] [--seed N] [--threads N] [--bf16]\n"
+    "                    [--save-every N] [--max-steps N] [--schedule-steps N|epochs]\n"
+    "                    [--seed N] [--threads N] [--bf16]\n"
     "                    [--embed-name NAME] [--lm-head-name NAME] [--quiet]\n"
     "                    [--spool-wait S] [--spool-reuse] [--labels data|target]\n"
     "                    [--final-norm-name NAME] [--save-minutes M]\n"
@@ -46,8 +47,15 @@ static const char TRAIN_USAGE[] =
     "kill -9 loses at most that. A sample that cannot be read stops the run with the state\n"
     "saved as of the step before. The state records the run's settings (--lr, --batch,\n"
     "--anchors, --warmup-ratio, --epochs, --weight-decay, --clip, --labels, ...): --resume\n"
-    "with other ones is refused naming each change, unless --allow-settings-change (the\n"
-    "learning rate then decays from where it was to the new end, without a jump).\n"
+    "with other ones is refused naming each change, unless --allow-settings-change: the\n"
+    "learning rate then follows a new schedule to the new end, stated at the start: from\n"
+    "the new --lr, or from --lr again when the saved schedule had ended (a finished run\n"
+    "extended by --epochs), else from where it was (no jump). A run whose every step\n"
+    "would train at learning rate 0 is refused.\n"
+    "--max-steps N stops after N steps in all (a resume's saved ones included; a state past\n"
+    "it is refused) and ends the learning-rate schedule there, unless --schedule-steps N\n"
+    "(its length) or --schedule-steps epochs (the epochs', as if the run went on: to stop\n"
+    "early and resume later) says otherwise.\n"
     "When --target holds tokenizer files, their hash must be the dataset's recorded\n"
     "tokenizer_hash (else refused: the ids would mean other tokens) unless\n"
     "--allow-tokenizer-mismatch.\n"
@@ -146,6 +154,18 @@ static int parse_weighting(const char *v, void *dst) {
   return 0;
 }
 
+/* --schedule-steps N|epochs (run.h's schedule_steps). */
+static int parse_schedule_steps(const char *v, void *dst) {
+  int64_t *n = dst;
+  char *end;
+  if (!strcmp(v, "epochs")) return *n = DFLASH_SCHEDULE_EPOCHS, 0;
+  errno = 0;
+  long long k = strtoll(v, &end, 10);
+  if (errno || end == v || *end || k < 1) return -1;
+  *n = k;
+  return 0;
+}
+
 /* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
 static int g_allow_tok;
 /* --quiet: no progress bar. */
@@ -180,6 +200,8 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--anchors", CLI_INT, &t->num_anchors, 1, INT32_MAX, NULL},
                           {"--save-every", CLI_INT, &o->save_every, 0, INT32_MAX, NULL},
                           {"--max-steps", CLI_I64, &o->max_steps, 0, (double)INT64_MAX, NULL},
+                          {"--schedule-steps", CLI_FN, &o->schedule_steps, 0, 0,
+                           parse_schedule_steps},
                           {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
                           {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
                           {"--spool-wait", CLI_REAL, &spool_wait, -1, 1e9, NULL},
@@ -526,7 +548,8 @@ static const char EVAL_USAGE[] =
     "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
     "README's K2.6 recipe), the walk tau with --labels target; the walk tau with data\n"
     "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
-    "line says which labels it used.\n"
+    "line says which labels it used. In --json, \"tau\" uses --labels (with target labels\n"
+    "it is the uniform-anchor tau) and \"sampled_tau\" is the sampled-anchor one (data).\n"
     "--threads N: CPU threads (0, default: one per CPU).\n"
     "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
     "unless --allow-tokenizer-mismatch.\n"
@@ -546,9 +569,13 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
                        const dflash_eval_walk *w, const char *ckpt) {
   const char *lab = w->labels == DFLASH_LABELS_TARGET ? "target" : "data";
   if (json) {
-    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"blocks\": %lld, "
-           "\"accuracy\": [",
-           B, lab, tau, (long long)blocks);
+    /* "tau" is the labels' own: the sampled-anchor tau (blocks, accuracy) knows data labels
+     * only, so with target labels it is the uniform-anchor tau, the same mean over every
+     * position; the sampled one stays as sampled_tau. */
+    double own = w->labels == DFLASH_LABELS_TARGET ? w->position_tau : tau;
+    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
+           "\"sampled_labels\": \"data\", \"blocks\": %lld, \"accuracy\": [",
+           B, lab, own, tau, (long long)blocks);
     print_doubles(", ", acc, B - 1);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
            "\"position_accuracy\": [",

@@ -47,7 +47,9 @@ class WriterOptions(ctypes.Structure):
     """Mirror of `dflash_hidden_writer_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int32),
                 ("shard_bytes", ctypes.c_uint64), ("spool_budget", ctypes.c_uint64),
-                ("spool_wait_s", ctypes.c_double)]
+                ("spool_wait_s", ctypes.c_double),
+                ("target_layer_ids", ctypes.POINTER(ctypes.c_int32)),
+                ("tokenizer_hash", ctypes.c_char_p)]
 
 
 class SpoolOptions(ctypes.Structure):
@@ -188,6 +190,11 @@ class HiddenWriter:
     exception discards the buffer (a failed dump's last samples may be the
     cause of the failure); the samples already in shards stay.
 
+    target_layer_ids (K target layer numbers, the drafter config's
+    dflash_config.target_layer_ids) and tokenizer_hash (libdflash.tokenizer_hash(target),
+    as the dataset records it) are recorded in the store: `dflash train` and `eval` refuse a
+    drafter reading other layers, `dflash inspect` shows them.
+
     Spool mode (spool_budget=BYTES, at least 2 * shard_bytes): `dir` (a folder or
     an s3:// prefix) is a spool that `dflash train --hidden spool:DIR` consumes
     while it is written; a shard is published only while the unconsumed shards
@@ -224,7 +231,7 @@ class HiddenWriter:
     """
 
     def __init__(self, directory, num_layers, hidden_size, dtype="bf16", shard_bytes=None,
-                 spool_budget=None, spool_wait=None):
+                 spool_budget=None, spool_wait=None, target_layer_ids=None, tokenizer_hash=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
         opts = WriterOptions()
@@ -235,6 +242,16 @@ class HiddenWriter:
         if spool_budget:
             opts.spool_budget = int(spool_budget)
             opts.spool_wait_s = -1.0 if spool_wait is None else float(spool_wait)
+        # Recorded in the store (dflash_hidden_writer_options): train and eval refuse a drafter
+        # config whose target_layer_ids differ. The array lives until create has copied it.
+        ids = None
+        if target_layer_ids is not None:
+            if len(target_layer_ids) != num_layers:
+                raise ValueError(f"target_layer_ids has {len(target_layer_ids)} entries, "
+                                 f"num_layers is {num_layers}")
+            ids = (ctypes.c_int32 * num_layers)(*[int(k) for k in target_layer_ids])
+            opts.target_layer_ids = ids
+        opts.tokenizer_hash = cstr(tokenizer_hash)
         self.width = num_layers * hidden_size
         self._dir, self._pending = str(directory), 0
         self._h = _P()

@@ -589,6 +589,7 @@ class TrainRunOptions(ctypes.Structure):
         ("final_norm_name", ctypes.c_char_p), ("progress", _TRAIN_PROGRESS),
         ("progress_user", ctypes.c_void_p),
         ("save_every_s", ctypes.c_double), ("allow_settings_change", ctypes.c_int32),
+        ("schedule_steps", ctypes.c_int64),
     ]
 
 
@@ -599,7 +600,10 @@ _RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
                    for f in ("config_path", "target_path", "data_dir", "hidden_dir"))
 _train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions), ctypes.POINTER(TrainStats)],
                   errors=missing_path(*_RUN_PATHS))
-_RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s")
+_RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s",
+               "schedule_steps")
+# schedule_steps="epochs": DFLASH_SCHEDULE_EPOCHS, the epochs' length even with max_steps.
+_SCHEDULE_EPOCHS = -1
 
 
 def _holds_anything(out_dir):
@@ -660,8 +664,10 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     config.json + model.safetensors, train_state/ and metrics.jsonl (one line
     per step). progress: None (silent), True (standard error) or a path, file
     object or descriptor the progress lines are appended to.
-    Keyword options: epochs, batch_size, save_every, max_steps, and the trainer
-    options of Trainer (lr, seed, num_anchors, n_threads, warmup_ratio, ...).
+    Keyword options: epochs, batch_size, save_every, max_steps, schedule_steps (the
+    learning-rate schedule's length: by default max_steps when it ends the run early, else
+    the epochs'; "epochs" keeps the epochs' with max_steps), and the trainer options of
+    Trainer (lr, seed, num_anchors, n_threads, warmup_ratio, ...).
     labels: "data" (the data's next tokens) or "target" (the target's greedy ones: the
     store's target ids, or vLLM's final layer through the target's final norm
     final_norm_name and LM head), as `dflash train --labels`.
@@ -690,7 +696,9 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     o.labels = 1 if labels == "target" else 0
     o.final_norm_name = cstr(final_norm_name)
     for k, v in options.items():
-        if k in _RUN_FIELDS:
+        if k == "schedule_steps" and v == "epochs":
+            o.schedule_steps = _SCHEDULE_EPOCHS
+        elif k in _RUN_FIELDS:
             setattr(o, k, v)
         elif k in _OPTION_NAMES:
             setattr(topt, k, v)

@@ -176,7 +176,9 @@ def test_resume_refuses_changed_settings(tmp_path):
     make_world(tmp_path, n_train=16)
     out = tmp_path / "run"
     args = ["--epochs", "2", "--lr", "5e-3", "--quiet"]
-    subprocess.run(train_cmd(tmp_path, out, *args, "--max-steps", "3"), check=True)
+    # Stopped early on purpose: the schedule stays the epochs' (--max-steps would end it).
+    stop = ["--max-steps", "3", "--schedule-steps", "epochs"]
+    subprocess.run(train_cmd(tmp_path, out, *args, *stop), check=True)
     state = (out / "train_state" / "state.safetensors").read_bytes()
     r = subprocess.run(train_cmd(tmp_path, out, "--epochs", "3", "--lr", "1e-3", "--quiet",
                                  "--resume"), capture_output=True, text=True)
@@ -186,7 +188,7 @@ def test_resume_refuses_changed_settings(tmp_path):
     assert "--allow-settings-change" in r.stderr
     assert (out / "train_state" / "state.safetensors").read_bytes() == state  # untouched
     subprocess.run(train_cmd(tmp_path, out, *args, "--resume"), check=True)  # the same: fine
-    subprocess.run(train_cmd(tmp_path, tmp_path / "b", *args, "--max-steps", "3"), check=True)
+    subprocess.run(train_cmd(tmp_path, tmp_path / "b", *args, *stop), check=True)
     r = subprocess.run(train_cmd(tmp_path, tmp_path / "b", "--epochs", "3", "--quiet", "--resume",
                                  "--lr", "5e-3", "--allow-settings-change"),
                        capture_output=True, text=True)

@@ -89,8 +89,9 @@ def test_training_raises_tau_above_an_untrained_drafter(world, trained, tmp_path
 
 
 def test_resumed_run_reproduces_the_uninterrupted_one(world, tmp_path):
+    # The part run stops at 12 on purpose: its schedule is the full run's 20 steps.
     run(world, tmp_path / "full", epochs=3, save_every=4, max_steps=20)
-    run(world, tmp_path / "part", epochs=3, save_every=4, max_steps=12)
+    run(world, tmp_path / "part", epochs=3, save_every=4, max_steps=12, schedule_steps=20)
     run(world, tmp_path / "part", epochs=3, save_every=4, max_steps=20, resume=True)
     assert stable(tmp_path / "part" / "metrics.jsonl") == stable(tmp_path / "full" / "metrics.jsonl")
     assert (tmp_path / "part" / "model.safetensors").read_bytes() == \

@@ -1,0 +1,17 @@
+/*
+ * The keys of a drafter config.json that nothing reads (config_keys.c). Internal to src/train.
+ */
+#ifndef DFLASH_TRAIN_CONFIG_KEYS_H
+#define DFLASH_TRAIN_CONFIG_KEYS_H
+
+#include <jansson.h>
+
+#include "core/internal.h"
+
+/* DFLASH_E_CONFIG naming the key (and the closest field, as "did you mean ...?") for an
+ * unknown key in dflash_config, a top-level target_layer_ids that dflash_config does not
+ * hold, or a top-level key within an edit or two of a field the library reads; `what` names
+ * the file. Other top-level keys (transformers' PretrainedConfig has many) are accepted. */
+DF_MUST_CHECK dflash_status df_config_check_keys(const char *what, json_t *root);
+
+#endif
