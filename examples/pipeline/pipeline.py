@@ -63,7 +63,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # weighting: dflash train --weighting; optimizer, weight_decay: --optimizer, --weight-decay (the
 # AdamW group's; Muon's matrices keep its own 0.1). The full run's recipe is the winner of
-# src/train/README.md's study at the demo's 16 epochs: Muon (speculators' recipe, lr 1e-3,
+# docs/recipe-study.md's study at the demo's 16 epochs: Muon (speculators' recipe, lr 1e-3,
 # weight decay 0.01) with the adaptive weighting, walk tau 1.379 +- 0.038 against AdamW's
 # 1.289 +- 0.031 on the same data (about 4x the training CPU). --quick keeps AdamW and the
 # decay: check() asserts that the logged loss falls, which adaptive weights (a moving target)

@@ -243,7 +243,7 @@ DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *e
  * Save a drafter checkpoint directory that SGLang/vLLM load: config.json +
  * model.safetensors (checkpoint names, F32 or BF16; config.json's "dtype" and
  * "torch_dtype" name it). The directory is created if needed; files are
- * written atomically. Launch flags: README, "Serving the checkpoint".
+ * written atomically. Launch flags: docs/deployment.md, "Serving the checkpoint".
  */
 DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir,
                                              int32_t bf16);

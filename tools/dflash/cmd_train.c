@@ -97,7 +97,7 @@ static const char TRAIN_USAGE[] =
     "--muon-weight-decay 0.1, step scaled by --muon-adjust-lr, default match-rms-adamw:\n"
     "0.2 sqrt(max side)), AdamW (--lr, --weight-decay) on the norms; speculators' recipe\n"
     "adds --lr 1e-3 --weight-decay 0.01 --schedule linear.\n"
-    "(src/train/README.md has the study behind the defaults).\n"
+    "(docs/recipe-study.md has the study behind the defaults).\n"
     "Defaults: --backend cpu, --epochs 6, --lr 6e-4, --warmup-ratio 0.04,\n"
     "--weight-decay 0, --clip 1, --anchors 512, --save-every 0 (at the end), --max-steps 0\n"
     "(all epochs), --seed 0, --threads 0 (one per CPU).\n";
@@ -401,7 +401,7 @@ static void *read_in(const char *dir, const char *name, size_t *len) {
   return data;
 }
 
-/* The serving flags for checkpoint `dir` (README "Serving the checkpoint"):
+/* The serving flags for checkpoint `dir` (docs/deployment.md, "Serving the checkpoint"):
  * {"vllm": ..., "sglang": ...}. vLLM needs the method (it guesses it from the
  * folder name) and num_speculative_tokens = block_size - 1 (it never reads
  * block_size); SGLang builds the draft in config.json's dtype under --dtype
@@ -546,10 +546,11 @@ static const char EVAL_USAGE[] =
     "data's next token (data, default) or the target's greedy token from the store's\n"
     "target ids (target: what greedy verification accepts). Live greedy acceptance is the\n"
     "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
-    "README's K2.6 recipe), the walk tau with --labels target; the walk tau with data\n"
-    "labels on sampled data is not. The sampled-anchor tau always uses data labels. Every\n"
-    "line says which labels it used. In --json, \"tau\" uses --labels (with target labels\n"
-    "it is the uniform-anchor tau) and \"sampled_tau\" is the sampled-anchor one (data).\n"
+    "K2.6 recipe in docs/deployment.md), the walk tau with --labels target; the walk tau\n"
+    "with data labels on sampled data is not. The sampled-anchor tau always uses data\n"
+    "labels. Every line says which labels it used. In --json, \"tau\" uses --labels (with\n"
+    "target labels it is the uniform-anchor tau) and \"sampled_tau\" is the sampled-anchor\n"
+    "one (data).\n"
     "--threads N: CPU threads (0, default: one per CPU).\n"
     "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
     "unless --allow-tokenizer-mismatch.\n"

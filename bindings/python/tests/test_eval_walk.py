@@ -178,7 +178,7 @@ def test_cli_eval_prints_the_walk(tmp_path, two):
     assert got["scored"] == want["scored"] > 0
     for k in ("selector_accuracy", "backbone_accuracy"):
         assert got[k] == pytest.approx(want[k], abs=1e-6), k
-    # the serving flags (README "Serving the checkpoint"; test_engine_checkpoint.py)
+    # the serving flags (docs/deployment.md, "Serving the checkpoint"; test_engine_checkpoint.py)
     assert got["launch"] == launch(tmp_path / "ckpt", B, "float32")
     cmd16 = [str(c) for c in cmd] + ["--json"]
     cmd16[cmd16.index(str(tmp_path / "ckpt"))] = str(tmp_path / "ckpt16")

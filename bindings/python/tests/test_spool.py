@@ -28,7 +28,7 @@ ARGS = ["--threads", "1", "--batch", "4", "--anchors", "16", "--seed", "5", "--e
         "--lr", "5e-3", "--quiet", "--spool-wait", "60"]
 SHARD, BUDGET = 6000, 15000  # ~2 samples a shard (40 x 32 bf16 = 2.5 KB each)
 # Several ranks give room back only between steps: the budget must hold a global batch's shards
-# (4 samples: up to 3 shards) plus one (README); BUDGET is about two shards.
+# (4 samples: up to 3 shards) plus one (docs/formats.md); BUDGET is about two shards.
 WORLD_BUDGET = 2 * BUDGET
 
 
