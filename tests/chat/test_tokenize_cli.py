@@ -146,7 +146,14 @@ def check_failures(d, inputs):
     assert r.returncode == 1 and "no sample written" in r.stderr, r.stderr
     r = run_tokenize(d / "ratio", inputs)  # default --max-reject-ratio 0.05
     assert r.returncode == 1 and "--max-reject-ratio 0.05" in r.stderr, r.stderr
+    # Refused: no dataset is left (only the reasons), so the retry needs no --overwrite.
+    assert sorted(p.name for p in (d / "ratio").iterdir()) == ["rejected.jsonl"], r.stderr
+    r = run_tokenize(d / "ratio", inputs, "--max-reject-ratio", "0.5")
+    assert r.returncode == 0, r.stderr
     assert json.loads((d / "ratio" / "dataset.json").read_text())["samples"] > 500
+    r = run_tokenize(d / "ratio", inputs, "--max-reject-ratio", "0.5")
+    assert r.returncode == 1 and "already holds a dataset" in r.stderr, r.stderr
+    assert "--overwrite" in r.stderr, r.stderr
     # Another family's tokenizer: refused before any output, naming what it splits.
     r = run_tokenize(d / "split", inputs, split=())
     assert r.returncode == 1 and not (d / "split").exists(), r.stderr
@@ -226,6 +233,38 @@ def check_unfinished(d):
     assert (d / "unf-drop" / "notes.txt").read_text() == "mine"
     print("unfinished answers: 3 of 4 dropped by default, kept with --keep-unfinished with "
           "no closing token supervised (render --mask alike)")
+
+
+def check_fetch_settings(d):
+    """A fetch output's settings.json decides the rendering: fetched with thinking off means
+    --no-thinking without saying so; a flag that contradicts it is refused, naming both."""
+    def fetched(name, family, kwargs):
+        out = d / name
+        out.mkdir()
+        (out / "completions.jsonl").write_text(
+            json.dumps(fetch_record("a", None, "Twenty.", "stop", "ok")) + "\n", encoding="utf-8")
+        (out / "settings.json").write_text(json.dumps(
+            {"dflash_fetch_settings": 1, "settings": {"model": "m", "family": family,
+                                                       "chat_template_kwargs": kwargs,
+                                                       "extra": None}, "earlier": []}))
+        return out / "completions.jsonl"
+    off = fetched("fetch-off", "qwen", {"enable_thinking": False})
+    r = run_tokenize(d / "off-out", [off])
+    assert r.returncode == 0, r.stderr
+    opts = json.loads((d / "off-out" / "dataset.json").read_text())["options"]
+    assert opts.get("thinking") is False, opts
+    r = run_tokenize(d / "off-told", [off], "--no-thinking")
+    assert r.returncode == 0, r.stderr
+    assert stored_masks(d / "off-out") == stored_masks(d / "off-told")
+    on = fetched("fetch-on", "qwen", {"enable_thinking": True})
+    r = run_tokenize(d / "x", [on], "--no-thinking")
+    assert r.returncode == 1 and "--no-thinking" in r.stderr and "settings.json" in r.stderr, \
+        r.stderr
+    kimi = fetched("fetch-kimi", "kimi", {"thinking": True})
+    r = run_tokenize(d / "x", [kimi])
+    assert r.returncode == 1 and "--template" in r.stderr and '"kimi"' in r.stderr, r.stderr
+    assert not (d / "x").exists()
+    print("fetch settings: thinking off taken from settings.json; contradicting flags refused")
 
 
 def stored_masks(out):
@@ -327,6 +366,7 @@ def main():
         print(f"ids: {len(sources)} samples named by their record's id or the hash id "
               f"({sum(1 for s in sources if not s['id'].startswith('h'))} explicit)")
         check_failures(d, inputs)
+        check_fetch_settings(d)
         check_unfinished(d)
         check_no_thinking(d)
         check_too_long(d, inputs)

@@ -303,7 +303,8 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
     and after every batch; True stops the build (CancelledError, no manifest), and so
     does an exception it raises (KeyboardInterrupt included), raised again here. Returns the stats dict. When the finished dataset is refused
     (unreadable inputs, no sample, too many rejections) the library's error is raised
-    with the stats as its `stats` attribute."""
+    with the stats as its `stats` attribute, and out_dir keeps rejected.jsonl only. A fetch
+    output's settings.json beside an input decides thinking (see `dflash tokenize --help`)."""
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
     enc = [cstr(p) for p in inputs]
