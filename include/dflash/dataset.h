@@ -25,6 +25,7 @@
 
 #include <dflash/chat.h>
 #include <dflash/dflash.h>
+#include <dflash/tokenizer.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,22 +77,27 @@ DFLASH_API dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t 
 DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds, size_t bin_width,
                                                          size_t n_bins, uint64_t *counts);
 
-/* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
-#define DFLASH_TOKENIZER_HASH_LEN 72
-
 /*
- * Content hash of the tokenizer at `path` (what dflash_tokenizer_load()
- * takes), recorded by `dflash tokenize` as the manifest's "tokenizer_hash".
- * SHA-256 from OpenSSL's libcrypto. A file: the SHA-256 of its bytes (what
- * `sha256sum FILE` prints), except a vocab.json, which is hashed as its
- * directory. A directory: one SHA-256 over the tokenizer files present in it,
- * in the order tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
- * added_tokens.json, special_tokens_map.json, tiktoken.model, each fed as its
- * name, a NUL byte, its size (8 bytes, little-endian) and its bytes.
- * Writes DFLASH_TOKENIZER_HASH_LEN bytes to `out` (DFLASH_E_BUFFER when
- * `cap` is smaller); DFLASH_E_NOT_FOUND for a directory without such files.
+ * The identity of the tokenizer at `path` (what dflash_tokenizer_load() takes, loaded with
+ * the default options): dflash_tokenizer_hash() of it, recorded by `dflash tokenize` as the
+ * manifest's "tokenizer_hash" (DFLASH_TOKENIZER_HASH_LEN, tokenizer.h). It covers what
+ * decides the ids, not the files' bytes: a tokenizer_config.json with another
+ * model_max_length or chat template hashes the same. Writes DFLASH_TOKENIZER_HASH_LEN bytes
+ * to `out` (DFLASH_E_BUFFER when `cap` is smaller); DFLASH_E_NOT_FOUND for a directory
+ * without tokenizer files (tokenizer.json, vocab.json, tiktoken.model...), the loader's
+ * error for files it cannot load.
  */
 DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap);
+/*
+ * Whether `recorded` (a manifest's "tokenizer_hash") names the tokenizer at `path`:
+ * DFLASH_OK when it is its dflash_dataset_tokenizer_hash(), or the hash of its files' bytes
+ * that libdflash recorded before (one SHA-256 over the tokenizer files present, in the order
+ * tokenizer.json, tokenizer_config.json, vocab.json, merges.txt, added_tokens.json,
+ * special_tokens_map.json, tiktoken.model, each fed as name, NUL, 8-byte little-endian size
+ * and bytes; a single file: its bytes), so that older datasets stay readable with the files
+ * they were made with. DFLASH_E_MISMATCH naming both hashes otherwise.
+ */
+DFLASH_API dflash_status dflash_dataset_tokenizer_matches(const char *path, const char *recorded);
 
 /*
  * Building a dataset from conversations: what `dflash tokenize` does.

@@ -271,7 +271,7 @@ static char *options_json(const df_build *b) {
 
 static dflash_status create_writer(df_build *b, const char *out_dir) {
   char hash[DFLASH_TOKENIZER_HASH_LEN];
-  dflash_status st = dflash_dataset_tokenizer_hash(b->opts.tokenizer_path, hash, sizeof hash);
+  dflash_status st = dflash_tokenizer_hash(b->tok, hash, sizeof hash); /* the one loaded */
   char *opts = st ? NULL : options_json(b);
   if (!st && !opts) st = df_error_nomem("dataset build: options");
   if (!st) {

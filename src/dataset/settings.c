@@ -73,8 +73,7 @@ static dflash_status view_of(const json_t *s, const char *loc, df_build_fetch *v
 }
 
 static bool same_view(const df_build_fetch *a, const df_build_fetch *b) {
-  return !strcmp(a->family, b->family) && a->thinking == b->thinking &&
-         a->preserve == b->preserve;
+  return !strcmp(a->family, b->family) && a->thinking == b->thinking && a->preserve == b->preserve;
 }
 
 /* A fetch whose settings changed on the way (its "earlier" list) with another rendering: its
@@ -98,8 +97,7 @@ static dflash_status check_earlier(const json_t *doc, const char *loc, const df_
 
 /* The view recorded at `loc` into *v; v->where stays NULL when there is no fetch's file.
  * *unreadable: the failure was reading it. */
-static dflash_status read_view(df_build *b, const char *loc, df_build_fetch *v,
-                               bool *unreadable) {
+static dflash_status read_view(df_build *b, const char *loc, df_build_fetch *v, bool *unreadable) {
   char *text = NULL;
   size_t len = 0;
   dflash_status st = read_text(b, loc, &text, &len);

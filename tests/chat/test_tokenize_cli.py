@@ -3,8 +3,9 @@
 count and batch size, every line is accounted for (sample or rejection with its
 file and line), samples are named by the records' ids (or fetch's documented
 hash id, recomputed here with hashlib), a repeated id is rejected, the
-manifest's tokenizer_hash is the SHA-256 that hashlib computes over the
-tokenizer files with the framing dataset.h documents, and the command fails
+manifest's tokenizer_hash is the tokenizer's identity (the same with another
+model_max_length or chat template; not the hash of its files' bytes that
+manifests held before), and the command fails
 (exit 1) on a missing input, no samples, or too many rejects.
 Needs DFLASH_CLI and the qwen2 tokenizer fixture (exit 77 without)."""
 import filecmp
@@ -36,6 +37,29 @@ def expected_hash(d):
             data = p.read_bytes()
             h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return "sha256:" + h.hexdigest()
+
+
+def check_tokenizer_hash(d, recorded, inputs):
+    """The manifest's tokenizer_hash is what decides the ids, not the files' bytes: a copy of
+    the tokenizer with another model_max_length and chat template records the same hash."""
+    assert recorded.startswith("sha256:") and len(recorded) == 71, recorded
+    assert recorded != expected_hash(TOK), "the files' bytes, not the tokenizer's identity"
+    edited = d / "tok-edited"
+    edited.mkdir()
+    for name in HASHED:
+        if (TOK / name).is_file():
+            (edited / name).write_bytes((TOK / name).read_bytes())
+    config = json.loads((edited / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 1024
+    config["chat_template"] = "{{ messages }}"
+    (edited / "tokenizer_config.json").write_text(json.dumps(config))
+    out = d / "edited-config"
+    r = subprocess.run([CLI, "tokenize", "--tokenizer", str(edited), "--template", "qwen3",
+                        "--allow-split-control-tokens", "--max-reject-ratio", "1", "-o",
+                        str(out), str(inputs[0])], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "dataset.json").read_text())["tokenizer_hash"] == recorded
+    print("tokenizer_hash: the same with another model_max_length and chat template")
 
 
 def jansson_compact(v):
@@ -344,7 +368,7 @@ def main():
         manifest = json.loads((base / "dataset.json").read_text())
         rejected = [json.loads(x) for x in (base / "rejected.jsonl").read_text().splitlines()]
         print(log.strip().splitlines()[-1])
-        assert manifest["tokenizer_hash"] == expected_hash(TOK), manifest["tokenizer_hash"]
+        check_tokenizer_hash(d, manifest["tokenizer_hash"], inputs)
         assert manifest["options"] == {"reasoning": "keep_after_last_user", "turns": "all",
                                        "max_len": 0, "truncate": False, "nfc": True}
         assert manifest["samples"] + len(rejected) == n_lines, (manifest["samples"],

@@ -106,8 +106,8 @@ static bool there(const fx *f, const char *rel) {
   return yes;
 }
 
-#define SETTINGS(family, kwargs, extra, earlier)                                              \
-  "{\"dflash_fetch_settings\": 1, \"settings\": {\"model\": \"m\", \"family\": \"" family     \
+#define SETTINGS(family, kwargs, extra, earlier)                                            \
+  "{\"dflash_fetch_settings\": 1, \"settings\": {\"model\": \"m\", \"family\": \"" family   \
   "\", \"chat_template_kwargs\": " kwargs ", \"extra\": " extra ", \"all_turns\": false}, " \
   "\"earlier\": " earlier "}\n"
 
@@ -117,8 +117,7 @@ START_TEST(test_settings_decide_thinking) {
   fx *f = setup();
   if (!f) return;
   put(f, "fetch/completions.jsonl", RECORD);
-  put(f, "fetch/settings.json",
-      SETTINGS("qwen", "{\"enable_thinking\": false}", "null", "[]"));
+  put(f, "fetch/settings.json", SETTINGS("qwen", "{\"enable_thinking\": false}", "null", "[]"));
   put(f, "plain/completions.jsonl", RECORD);
   dflash_dataset_build_options o = options(f);
   ck_assert_ok(build(f, "fetch/completions.jsonl", "from-settings", &o, NULL));
@@ -126,8 +125,8 @@ START_TEST(test_settings_decide_thinking) {
   o.no_thinking = 1;
   ck_assert_ok(build(f, "plain/completions.jsonl", "told", &o, NULL));
   ck_assert(same(f, "from-settings/shard-00000.safetensors", "told/shard-00000.safetensors"));
-  ck_assert(!same(f, "from-settings/shard-00000.safetensors",
-                  "thinking-on/shard-00000.safetensors"));
+  ck_assert(
+      !same(f, "from-settings/shard-00000.safetensors", "thinking-on/shard-00000.safetensors"));
   char *manifest = slurp_rel(f, "from-settings/dataset.json");
   ck_assert_msg(strstr(manifest, "\"thinking\": false"), "%s", manifest);
   free(manifest);
@@ -213,8 +212,7 @@ START_TEST(test_messages_only_cut_by_length) {
   ck_assert_uint_eq(s.unfinished, 1);
   ck_assert_uint_eq(s.rejected, 1);
   char *rej = slurp_rel(f, "drop/rejected.jsonl");
-  ck_assert_msg(strstr(rej, "\"line\": 2") && strstr(rej, "did not finish this answer"), "%s",
-                rej);
+  ck_assert_msg(strstr(rej, "\"line\": 2") && strstr(rej, "did not finish this answer"), "%s", rej);
   free(rej);
   dflash_dataset_build_stats whole = {.struct_size = sizeof whole};
   ck_assert_ok(build(f, "in/whole.jsonl", "whole", &o, &whole));
