@@ -387,6 +387,9 @@ START_TEST(test_build_unreadable_inputs) {
   ck_assert(!exists(f, "x", "."));
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
+  unsetenv("AWS_PROFILE");
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1); /* not this machine's */
+  setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
   warnings = 0;
   dflash_set_log_callback(count_warning, NULL, DFLASH_LOG_WARN);
   const char *inputs[] = {f->input, "s3://no-bucket/a.jsonl", "s3://no-bucket/prefix/"};
