@@ -288,7 +288,32 @@ def check_fetch_settings(d):
     r = run_tokenize(d / "x", [kimi])
     assert r.returncode == 1 and "--template" in r.stderr and '"kimi"' in r.stderr, r.stderr
     assert not (d / "x").exists()
+    check_fetch_then_tokenize(d)
     print("fetch settings: thinking off taken from settings.json; contradicting flags refused")
+
+
+def check_fetch_then_tokenize(d):
+    """The settings.json that `dflash fetch` itself writes (here against the fetch tests'
+    fake server) is the one tokenize reads: fetched with --no-thinking, tokenized without."""
+    server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fetch",
+                          "fake_server.py")
+    proc = subprocess.Popen([sys.executable, server, "--lifetime", "120"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["ports"][0]
+        prompts = d / "prompts.jsonl"
+        prompts.write_text('{"id": "p", "messages": [{"role": "user", "content": "hi"}]}\n')
+        r = subprocess.run([CLI, "fetch", "--server", f"http://127.0.0.1:{port}/v1", "--model",
+                            "fake", "--family", "qwen", "--no-thinking", str(prompts), "-o",
+                            str(d / "gen")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    r = run_tokenize(d / "gen-out", [d / "gen" / "completions.jsonl"])
+    assert r.returncode == 0, r.stderr
+    opts = json.loads((d / "gen-out" / "dataset.json").read_text())["options"]
+    assert opts.get("thinking") is False, opts
 
 
 def stored_masks(out):
