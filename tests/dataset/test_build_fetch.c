@@ -193,6 +193,35 @@ START_TEST(test_settings_contradicted) {
 }
 END_TEST
 
+/* fetch's remote layout: the settings of OUT/completions/ chunks are OUT/settings.json (no
+ * credentials here: it cannot be read, and rejected.jsonl names where it was looked for). */
+START_TEST(test_settings_of_remote_chunks) {
+  fx *f = setup();
+  if (!f) return;
+  put(f, "in/a.jsonl", RECORD);
+  unsetenv("AWS_ACCESS_KEY_ID");
+  unsetenv("AWS_SECRET_ACCESS_KEY");
+  unsetenv("AWS_PROFILE");
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
+  char *local = path_of(f, "in/a.jsonl"), *out = path_of(f, "out");
+  const char *inputs[] = {local, "s3://no-bucket/run/completions/",
+                          "s3://no-bucket/run/completions/w-1.jsonl"};
+  dflash_dataset_build_options o = options(f);
+  ck_assert_status(dflash_dataset_build(inputs, 3, out, &o, NULL), DFLASH_E_IO,
+                   "could not be read");
+  char *rej = slurp_rel(f, "out/rejected.jsonl");
+  ck_assert_msg(strstr(rej, "{\"file\": \"s3://no-bucket/run/settings.json\", \"line\": 0") &&
+                    !strstr(rej, "completions/settings.json"),
+                "%s", rej);
+  /* The two inputs share it: looked for once. */
+  const char *line = "{\"file\": \"s3://no-bucket/run/settings.json\"";
+  ck_assert_msg(!strstr(strstr(rej, line) + 1, line), "%s", rej);
+  free(rej), free(local), free(out);
+  teardown(f);
+}
+END_TEST
+
 #define USER "{\"role\": \"user\", \"content\": \"Count to ten.\"}"
 #define ANSWER "{\"role\": \"assistant\", \"content\": \"One, two, three\"}"
 
@@ -231,5 +260,6 @@ TCase *tc_dataset_build_fetch(void) {
   tcase_add_test(tc, test_settings_decide_thinking);
   tcase_add_test(tc, test_settings_contradicted);
   tcase_add_test(tc, test_messages_only_cut_by_length);
+  tcase_add_test(tc, test_settings_of_remote_chunks);
   return tc;
 }
