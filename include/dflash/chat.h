@@ -134,13 +134,15 @@ DFLASH_API size_t dflash_chat_conversation_message_count(const dflash_chat_conve
 /*
  * A fetch completion record's outcome: its "outcome" ("ok", "length", "empty", ...; fetch
  * writes the first turn's that was not "ok"), else "length" when its "finish_reason" is,
- * else NULL (no such field, or not a completion record). Borrowed from the conversation.
+ * else NULL (no such field, or not an object). A messages-only record's top-level fields
+ * count as well. Borrowed from the conversation.
  */
 DFLASH_API const char *dflash_chat_conversation_outcome(const dflash_chat_conversation *conv);
 /*
  * The index of the assistant message the target did not finish, -1 for none: a completion
  * record whose last turn was cut by the length limit (finish_reason "length") or came back
- * empty. Rendering keeps the text the target wrote; the closing tokens the template adds
+ * empty; also a messages-only record whose last message is the assistant's and whose
+ * "finish_reason" or "outcome" says so. Rendering keeps the text the target wrote; the closing tokens the template adds
  * after it (a closing think tag, the end of turn) are spans of that message that are not
  * generated, so no loss mask supervises them.
  */

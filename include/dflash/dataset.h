@@ -25,6 +25,7 @@
 
 #include <dflash/chat.h>
 #include <dflash/dflash.h>
+#include <dflash/tokenizer.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,22 +77,27 @@ DFLASH_API dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t 
 DFLASH_API dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds, size_t bin_width,
                                                          size_t n_bins, uint64_t *counts);
 
-/* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
-#define DFLASH_TOKENIZER_HASH_LEN 72
-
 /*
- * Content hash of the tokenizer at `path` (what dflash_tokenizer_load()
- * takes), recorded by `dflash tokenize` as the manifest's "tokenizer_hash".
- * SHA-256 from OpenSSL's libcrypto. A file: the SHA-256 of its bytes (what
- * `sha256sum FILE` prints), except a vocab.json, which is hashed as its
- * directory. A directory: one SHA-256 over the tokenizer files present in it,
- * in the order tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
- * added_tokens.json, special_tokens_map.json, tiktoken.model, each fed as its
- * name, a NUL byte, its size (8 bytes, little-endian) and its bytes.
- * Writes DFLASH_TOKENIZER_HASH_LEN bytes to `out` (DFLASH_E_BUFFER when
- * `cap` is smaller); DFLASH_E_NOT_FOUND for a directory without such files.
+ * The identity of the tokenizer at `path` (what dflash_tokenizer_load() takes, loaded with
+ * the default options): dflash_tokenizer_hash() of it, recorded by `dflash tokenize` as the
+ * manifest's "tokenizer_hash" (DFLASH_TOKENIZER_HASH_LEN, tokenizer.h). It covers what
+ * decides the ids, not the files' bytes: a tokenizer_config.json with another
+ * model_max_length or chat template hashes the same. Writes DFLASH_TOKENIZER_HASH_LEN bytes
+ * to `out` (DFLASH_E_BUFFER when `cap` is smaller); DFLASH_E_NOT_FOUND for a directory
+ * without tokenizer files (tokenizer.json, vocab.json, tiktoken.model...), the loader's
+ * error for files it cannot load.
  */
 DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap);
+/*
+ * Whether `recorded` (a manifest's "tokenizer_hash") names the tokenizer at `path`:
+ * DFLASH_OK when it is its dflash_dataset_tokenizer_hash(), or the hash of its files' bytes
+ * that libdflash recorded before (one SHA-256 over the tokenizer files present, in the order
+ * tokenizer.json, tokenizer_config.json, vocab.json, merges.txt, added_tokens.json,
+ * special_tokens_map.json, tiktoken.model, each fed as name, NUL, 8-byte little-endian size
+ * and bytes; a single file: its bytes), so that older datasets stay readable with the files
+ * they were made with. DFLASH_E_MISMATCH naming both hashes otherwise.
+ */
+DFLASH_API dflash_status dflash_dataset_tokenizer_matches(const char *path, const char *recorded);
 
 /*
  * Building a dataset from conversations: what `dflash tokenize` does.
@@ -99,7 +105,9 @@ DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *o
  * Each input is JSONL of OpenAI `messages`, ShareGPT `conversations` or
  * fetcher completion records, one per line (see chat.h). Every non-blank
  * line becomes a sample or a line of OUT/rejected.jsonl
- * {"file", "line", "reason"}; OUT/sources.jsonl gives each sample's
+ * {"file", "line", "reason", "id", "tokens"} (the record's id, null when the line has none;
+ * its length in tokens, null when it was not encoded; a whole input that cannot be read has
+ * "file", "line" 0 and "reason" only); OUT/sources.jsonl gives each sample's
  * {"id", "file", "line"}. A sample's id is its record's "id", else fetch's
  * derived id (dflash_fetch_record_id); a repeated id is rejected. Lines are
  * read in batches of batch_lines (or 32 MiB), each batch rendered and encoded
@@ -112,6 +120,17 @@ DFLASH_API dflash_status dflash_dataset_tokenizer_hash(const char *path, char *o
  * be read or listed is logged (DFLASH_LOG_WARN, see dflash_set_log_callback),
  * rejected (line 0, "cannot open file" or "cannot list the prefix") and counted
  * in `unreadable`: the build goes on, and is refused at the end.
+ *
+ * Fetch's settings: an input with a settings.json beside it that `dflash fetch` wrote (an
+ * s3:// chunk or prefix under OUT/completions/: OUT/settings.json) is rendered as it was
+ * fetched: its chat_template_kwargs ("extra"'s merged over them) set thinking off
+ * (enable_thinking / thinking false: no_thinking becomes 1) and preserve_thinking, and its
+ * family must be the template's ("qwen": a qwen* template, "kimi": a kimi* one). Options that
+ * contradict the file (no_thinking with thinking true, another family's template), two
+ * inputs' files that disagree, or a file whose "earlier" settings rendered otherwise are
+ * refused with DFLASH_E_MISMATCH naming both, before any output. An s3:// settings.json that
+ * cannot be read (other than absent) is rejected and counted in `unreadable` as an input.
+ * The manifest's "options" then say "thinking": false, "preserve_thinking": true.
  */
 
 /* Why a finished build is refused (dflash_dataset_build_stats.verdict). */
@@ -177,11 +196,12 @@ typedef struct dflash_dataset_build_options {
   /* 1: a dataset already at out_dir (its dataset.json, shards, rejected.jsonl and
    * sources.jsonl; nothing else) is removed once the tokenizer and template are checked,
    * instead of DFLASH_E_EXISTS; 0 (default) refuses it. A build refused by its verdict
-   * (UNREADABLE, EMPTY, REJECTS, TOO_LONG) leaves its dataset, reasons in rejected.jsonl. */
+   * (UNREADABLE, EMPTY, REJECTS, TOO_LONG) leaves no dataset (only rejected.jsonl, the
+   * reasons), so its retry needs no overwrite. */
   int32_t overwrite;
   /* 1: render with thinking off (dflash_chat_options.thinking = 0), for answers the target
    * wrote without thinking: the empty think block is then the template's prompt, never
-   * supervised; 0 (default): thinking on. */
+   * supervised; 0 (default): thinking on, unless fetch's settings.json says off (above). */
   int32_t no_thinking;
 } dflash_dataset_build_options;
 
@@ -193,14 +213,16 @@ DFLASH_API void dflash_dataset_build_options_init(dflash_dataset_build_options *
 
 /*
  * Tokenize `n_inputs` JSONL inputs into the dataset directory `out_dir`
- * (created; DFLASH_E_EXISTS when it holds a dataset.json). A local input that
+ * (created; DFLASH_E_EXISTS when it holds a dataset.json, the message naming
+ * overwrite). A local input that
  * cannot be read, or is a directory, fails before any output is created
  * (DFLASH_E_NOT_FOUND or DFLASH_E_IO, naming it). `opts` and `stats` (may
  * be NULL) follow the versioned-struct rule (dflash.h); stats are written on
  * failure too. When every line was processed but the
- * verdict is not DFLASH_DATASET_BUILD_OK, the dataset is complete on disk
- * and the call returns DFLASH_E_IO (UNREADABLE) or DFLASH_E_FORMAT (EMPTY,
- * REJECTS, TOO_LONG) with a message saying why.
+ * verdict is not DFLASH_DATASET_BUILD_OK, no manifest is written, the shards
+ * and sources.jsonl are removed (rejected.jsonl stays: the reasons), and the
+ * call returns DFLASH_E_IO (UNREADABLE) or DFLASH_E_FORMAT (EMPTY, REJECTS,
+ * TOO_LONG) with a message saying why.
  */
 DFLASH_API dflash_status dflash_dataset_build(const char *const *inputs, size_t n_inputs,
                                               const char *out_dir,

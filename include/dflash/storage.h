@@ -10,7 +10,14 @@
  * S3 requests are signed with AWS Signature V4 by libcurl. Configuration comes
  * from dflash_storage_options, and for every field left NULL/0 from the
  * standard environment:
- *   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional),
+ *   AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (optional);
+ *     without that pair, the profile AWS_PROFILE (else AWS_DEFAULT_PROFILE, else
+ *     "default") as the AWS CLI reads it: aws_access_key_id,
+ *     aws_secret_access_key and aws_session_token of [PROFILE] in
+ *     AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/credentials), else of
+ *     [profile PROFILE] ([default]) in AWS_CONFIG_FILE (default ~/.aws/config);
+ *     instance roles, SSO, role_arn and credential_process are not read,
+ *     nor a region from those files,
  *   AWS_REGION (else AWS_DEFAULT_REGION, else us-east-1),
  *   AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (S3-compatible stores: MinIO,
  *     Ceph, R2, moto...; default https://s3.REGION.amazonaws.com),

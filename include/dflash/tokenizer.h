@@ -126,6 +126,20 @@ DFLASH_API dflash_status dflash_tokenizer_id_to_token(const dflash_tokenizer *to
                                                       const char **bytes, size_t *len,
                                                       int32_t *is_special);
 
+/* Bytes of a tokenizer hash, NUL included: "sha256:" + 64 lowercase hex digits. */
+#define DFLASH_TOKENIZER_HASH_LEN 72
+
+/*
+ * The tokenizer's identity: a SHA-256 (OpenSSL's libcrypto) over what decides the ids it
+ * gives a text (every id's bytes and kind, the merges in rank order, the added tokens with
+ * their matching flags, the pre-tokenizer's patterns, the normalizer), as "sha256:" and 64
+ * hex digits. Two tokenizers with the same hash give the same ids for every text, whatever
+ * their files' bytes: a tokenizer_config.json with another model_max_length or chat
+ * template hashes the same. Writes DFLASH_TOKENIZER_HASH_LEN bytes to `out`
+ * (DFLASH_E_BUFFER when `cap` is smaller).
+ */
+DFLASH_API dflash_status dflash_tokenizer_hash(const dflash_tokenizer *tok, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -229,11 +229,16 @@ static bool cut_off(const char *outcome) {
 }
 
 /* A fetch record's outcome, and whether its completion (its last turn) is unfinished: the
- * record's outcome is its first turn that was not "ok", its last turn's is in "turns". */
+ * record's outcome is its first turn that was not "ok", its last turn's is in "turns". A
+ * record without "completion" (messages only, e.g. a fetch output reshaped by hand) whose
+ * "finish_reason" or "outcome" says it was cut is unfinished too: in its last message when
+ * that is the assistant's (the length limit cut that answer), else somewhere unknown (the
+ * outcome alone says so, and a dataset build rejects it). */
 static void find_outcome(dflash_chat_conversation *c, const json_t *completion) {
   c->outcome = NULL;
   c->unfinished = -1;
-  if (!completion || !json_is_object(c->root)) return;
+  if (!json_is_object(c->root)) return;
+  bool last_is_answer = completion || (c->n && c->msgs[c->n - 1].role == DF_ROLE_ASSISTANT);
   const char *fr = json_string_value(json_object_get(c->root, "finish_reason"));
   c->outcome = json_string_value(json_object_get(c->root, "outcome"));
   if (!c->outcome && fr && !strcmp(fr, "length")) c->outcome = "length";
@@ -242,7 +247,8 @@ static void find_outcome(dflash_chat_conversation *c, const json_t *completion) 
   if (json_is_array(turns) && json_array_size(turns))
     last = json_string_value(
         json_object_get(json_array_get(turns, json_array_size(turns) - 1), "outcome"));
-  if (cut_off(last) || (fr && !strcmp(fr, "length"))) c->unfinished = (int)c->n - 1;
+  if (last_is_answer && (cut_off(last) || (fr && !strcmp(fr, "length"))))
+    c->unfinished = (int)c->n - 1;
 }
 
 dflash_status df_conv_build(dflash_chat_conversation *c) {

@@ -97,6 +97,7 @@ static dflash_status render(const df_build *b, df_build_item *it, dflash_chat_re
   dflash_chat_options_default(&o);
   o.reasoning = b->opts.reasoning;
   o.thinking = !b->opts.no_thinking;
+  o.preserve_thinking = b->preserve_thinking;
   dflash_chat_conversation *conv;
   *out = NULL;
   dflash_status st = dflash_chat_conversation_parse(it->text, it->len, &conv);
@@ -119,6 +120,7 @@ static const char *encode(const df_build *b, const dflash_chat_rendered *r, df_b
   dflash_chat_turns turns = b->opts.last_turn_only ? DFLASH_CHAT_TURNS_LAST : DFLASH_CHAT_TURNS_ALL;
   dflash_status st = dflash_chat_encode(r, b->tok, turns, s->ids, s->mask, s->cap, &it->n,
                                         &it->supervised);
+  it->encoded = !st;
   return st ? failed(it, st) : NULL;
 }
 
@@ -136,11 +138,22 @@ static const char *limit_length(const df_build *b, df_build_item *it, const scra
   return NULL;
 }
 
+/* The record's id into it->id, first: a rejected line names it too (rejected.jsonl). A line
+ * that has none (not JSON) is rejected for that by rendering. */
+static const char *item_id(df_build_item *it) {
+  char id[ID_CAP];
+  dflash_status st = dflash_fetch_record_id(it->text, it->len, id, sizeof id);
+  if (st == DFLASH_E_NOMEM) return nomem(it);
+  if (st) return NULL;
+  return (it->id = df_strdup(id)) ? NULL : nomem(it);
+}
+
 /* Render + encode one record into `it`; returns a reason on rejection. */
 static const char *encode_item(const df_build *b, df_build_item *it, scratch *s) {
   dflash_chat_rendered *r;
   const char *why = NULL;
   if (!it->text) return nomem(it); /* the line's copy (build_io.c) */
+  if ((why = item_id(it))) return why;
   dflash_status st = render(b, it, &r, &why, s->why, sizeof s->why);
   if (st) return failed(it, st);
   if (why) return why;
@@ -149,8 +162,9 @@ static const char *encode_item(const df_build *b, df_build_item *it, scratch *s)
   if (!why) why = limit_length(b, it, s);
   if (why) return why;
   char id[ID_CAP];
-  if ((st = dflash_fetch_record_id(it->text, it->len, id, sizeof id))) return failed(it, st);
-  it->id = df_strdup(id);
+  if (!it->id && (st = dflash_fetch_record_id(it->text, it->len, id, sizeof id)))
+    return failed(it, st);
+  if (!it->id) it->id = df_strdup(id);
   it->ids = malloc(it->n * sizeof *it->ids);
   it->mask = malloc(it->n);
   if (!it->id || !it->ids || !it->mask) return nomem(it);
@@ -208,9 +222,9 @@ static dflash_status write_batch(df_build *b) {
     } else if (dup > 0) {
       char why[ID_CAP + 64];
       snprintf(why, sizeof why, "duplicate id \"%s\" (an earlier line has it)", it->id);
-      df_build_reject(b, it->file, it->line, why);
+      df_build_reject_item(b, it, why);
     } else if (it->why) {
-      df_build_reject(b, it->file, it->line, it->why);
+      df_build_reject_item(b, it, it->why);
       b->stats.too_long += (uint64_t)it->too_long;
       b->stats.unfinished += (uint64_t)it->unfinished;
     } else if (!st && dup < 0) {
@@ -240,23 +254,25 @@ static dflash_status check_options(const dflash_dataset_build_options *o) {
 }
 
 /* The options that shape the samples, for the manifest (not threads: they change nothing). */
-static char *options_json(const dflash_dataset_build_options *o, int nfc) {
+static char *options_json(const df_build *b) {
+  const dflash_dataset_build_options *o = &b->opts;
   char *s = malloc(256);
   if (s)
     snprintf(s, 256,
              "{\"reasoning\": \"%s\", \"turns\": \"%s\", \"max_len\": %llu, \"truncate\": %s, "
-             "\"nfc\": %s%s%s}",
+             "\"nfc\": %s%s%s%s}",
              dflash_chat_reasoning_name(o->reasoning), o->last_turn_only ? "last" : "all",
-             (unsigned long long)o->max_len, o->truncate ? "true" : "false", nfc ? "true" : "false",
-             o->keep_unfinished ? ", \"unfinished\": \"keep\"" : "",
-             o->no_thinking ? ", \"thinking\": false" : "");
+             (unsigned long long)o->max_len, o->truncate ? "true" : "false",
+             b->nfc ? "true" : "false", o->keep_unfinished ? ", \"unfinished\": \"keep\"" : "",
+             o->no_thinking ? ", \"thinking\": false" : "",
+             b->preserve_thinking ? ", \"preserve_thinking\": true" : "");
   return s;
 }
 
 static dflash_status create_writer(df_build *b, const char *out_dir) {
   char hash[DFLASH_TOKENIZER_HASH_LEN];
-  dflash_status st = dflash_dataset_tokenizer_hash(b->opts.tokenizer_path, hash, sizeof hash);
-  char *opts = st ? NULL : options_json(&b->opts, b->nfc);
+  dflash_status st = dflash_tokenizer_hash(b->tok, hash, sizeof hash); /* the one loaded */
+  char *opts = st ? NULL : options_json(b);
   if (!st && !opts) st = df_error_nomem("dataset build: options");
   if (!st) {
     dflash_dataset_writer_options wo;
@@ -267,6 +283,11 @@ static dflash_status create_writer(df_build *b, const char *out_dir) {
     wo.options_json = opts;
     st = dflash_dataset_writer_create(out_dir, &wo, &b->writer);
   }
+  if (st == DFLASH_E_EXISTS)
+    st = df_error(DFLASH_E_EXISTS,
+                  "dataset build: %s already holds a dataset (its dataset.json); overwrite "
+                  "(dflash tokenize --overwrite) replaces it",
+                  out_dir);
   free(opts);
   return st;
 }
@@ -279,7 +300,7 @@ static dflash_status open_all(df_build *b, const char *out_dir) {
   if (!st && !b->opts.allow_split_control_tokens)
     st = dflash_chat_template_check_tokenizer(b->tmpl, b->tok);
   if (!st) st = dflash_chat_tokenizer_nfc(b->tok, &b->nfc);
-  if (!st && b->opts.overwrite) st = df_build_clear_old(out_dir);
+  if (!st && b->opts.overwrite) st = df_build_clear_old(out_dir, false);
   if (!st) st = create_writer(b, out_dir);
   return st;
 }
@@ -368,15 +389,25 @@ static dflash_status judge(df_build *b) {
 }
 
 /* Everything after the outputs exist; the first failure wins, the side files are closed
- * (uploaded for an s3:// output) whatever happened. */
+ * (uploaded for an s3:// output) whatever happened. A build refused by its verdict writes no
+ * manifest and removes its shards and sources.jsonl: nothing is left that reads as a
+ * dataset or blocks a retry, and rejected.jsonl keeps the reasons. */
 static dflash_status produce(df_build *b, const char *const *inputs, size_t n_inputs) {
   dflash_status st = df_build_open_side(b);
+  if (!st) df_build_reject_settings(b);
   if (!st) st = alloc_work(b);
   if (!st) st = df_build_expand_inputs(b, inputs, n_inputs);
   if (!st) st = run_batches(b);
   df_build_close_input(b);
+  bool refused = !st && (st = judge(b));
   if (!st) st = dflash_dataset_writer_commit(b->writer);
   dflash_status side = df_build_finish_side(b);
+  if (refused) {
+    char why[1024]; /* the verdict's message, kept over the clean-up's */
+    snprintf(why, sizeof why, "%s", dflash_last_error());
+    dflash_status rm = df_build_clear_old(b->out_dir, true);
+    return rm ? rm : df_error(st, "%s", why);
+  }
   return st ? st : side;
 }
 
@@ -400,9 +431,10 @@ dflash_status dflash_dataset_build(const char *const *inputs, size_t n_inputs, c
   if (!st) st = check_options(&b.opts);
   if (!st && !n_inputs) st = df_error(DFLASH_E_INVALID_ARG, "dataset build: no input");
   if (!st) st = df_build_check_inputs(inputs, n_inputs);
+  if (!st) st = df_build_read_settings(&b, inputs, n_inputs);
   if (!st) st = open_all(&b, out_dir);
   if (!st) st = produce(&b, inputs, n_inputs);
-  if (!st) st = judge(&b);
+  df_build_free_settings(&b);
   df_build_free_inputs(&b);
   build_free(&b);
   dflash_status put = stats_ok ? put_stats(stats, &b.stats) : DFLASH_OK;

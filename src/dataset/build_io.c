@@ -203,13 +203,26 @@ dflash_status df_build_open_side(df_build *b) {
   return st;
 }
 
-void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why) {
+static void reject_start(df_build *b, const char *file, uint64_t line, const char *why) {
   b->stats.rejected++;
   fputs("{\"file\": ", b->rejects);
   json_string(b->rejects, file, strlen(file));
   fprintf(b->rejects, ", \"line\": %llu, \"reason\": ", (unsigned long long)line);
   json_string(b->rejects, why, strlen(why));
+}
+
+void df_build_reject(df_build *b, const char *file, uint64_t line, const char *why) {
+  reject_start(b, file, line, why);
   fputs("}\n", b->rejects);
+}
+
+void df_build_reject_item(df_build *b, const df_build_item *it, const char *why) {
+  reject_start(b, it->file, it->line, why);
+  fputs(", \"id\": ", b->rejects);
+  if (it->id) json_string(b->rejects, it->id, strlen(it->id));
+  else fputs("null", b->rejects);
+  if (it->encoded) fprintf(b->rejects, ", \"tokens\": %zu}\n", it->n);
+  else fputs(", \"tokens\": null}\n", b->rejects);
 }
 
 void df_build_write_source(df_build *b, const df_build_item *it) {
@@ -257,14 +270,14 @@ dflash_status df_build_finish_side(df_build *b) {
 }
 
 /* A file a dataset build writes at the top of its directory (dataset.h). */
-static bool dataset_file(const char *name) {
+static bool dataset_file(const char *name, bool keep_rejects) {
   size_t n = strlen(name);
-  return !strcmp(name, "dataset.json") || !strcmp(name, "rejected.jsonl") ||
+  return !strcmp(name, "dataset.json") || (!keep_rejects && !strcmp(name, "rejected.jsonl")) ||
          !strcmp(name, "sources.jsonl") ||
          (!strncmp(name, "shard-", 6) && n > 18 && !strcmp(name + n - 12, ".safetensors"));
 }
 
-dflash_status df_build_clear_old(const char *dir) {
+dflash_status df_build_clear_old(const char *dir, bool keep_rejects) {
   size_t n = strlen(dir);
   char *prefix = df_asprintf("%s%s", dir, n && dir[n - 1] == '/' ? "" : "/");
   if (!prefix) return df_error_nomem("dataset build: overwrite");
@@ -276,11 +289,11 @@ dflash_status df_build_clear_old(const char *dir) {
     const char *loc;
     s = dflash_storage_listing_get(l, i, &loc, NULL);
     const char *name = s ? "" : loc + strlen(prefix);
-    if (!s && !strchr(name, '/') && dataset_file(name)) s = dflash_storage_delete(st, loc);
+    if (!s && !strchr(name, '/') && dataset_file(name, keep_rejects))
+      s = dflash_storage_delete(st, loc);
   }
   dflash_storage_listing_free(l);
   dflash_storage_free(st);
   free(prefix);
-  return s ? df_error_wrap(s, "dataset build: removing the dataset in %s (overwrite)", dir)
-           : DFLASH_OK;
+  return s ? df_error_wrap(s, "dataset build: removing the dataset in %s", dir) : DFLASH_OK;
 }

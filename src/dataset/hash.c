@@ -1,6 +1,9 @@
-/* Content hash of tokenizer files for dataset manifests: SHA-256 through
- * OpenSSL's libcrypto (EVP), never a hand-written digest. */
+/* The tokenizer hash of dataset manifests: dflash_tokenizer_hash of the loaded tokenizer
+ * (what decides the ids). The hash of the files' bytes that manifests recorded before is kept
+ * here, SHA-256 through OpenSSL's libcrypto (EVP), so that their datasets still match the
+ * files they were made with (dflash_dataset_tokenizer_matches). */
 #include <dflash/dataset.h>
+#include <dflash/tokenizer.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -84,7 +87,8 @@ static dflash_status digest_path(EVP_MD_CTX *md, const char *path) {
   return digest_file(md, path, NULL, false);
 }
 
-dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap) {
+/* The hash manifests recorded before the tokenizer's identity: the files' bytes. */
+static dflash_status files_hash(const char *path, char *out, size_t cap) {
   DF_CHECK_ARG(path && out);
   if (cap < DFLASH_TOKENIZER_HASH_LEN)
     return df_error(DFLASH_E_BUFFER, "tokenizer hash needs %d bytes, got %zu",
@@ -104,4 +108,46 @@ dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t 
   memcpy(out, "sha256:", 7);
   for (unsigned i = 0; i < n; i++) snprintf(out + 7 + 2 * i, 3, "%02x", d[i]);
   return DFLASH_OK;
+}
+
+/* A directory without any tokenizer file: DFLASH_E_NOT_FOUND before the loader runs (a
+ * caller probing folders, `dflash train --target`, tells it from a broken tokenizer). */
+static dflash_status check_dir(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return DFLASH_OK; /* the loader says */
+  for (size_t i = 0; i < DF_ARRAY_LEN(tokenizer_files); i++) {
+    char *p = df_path_join(path, tokenizer_files[i]);
+    if (!p) return df_error_nomem("path");
+    bool there = stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+    free(p);
+    if (there) return DFLASH_OK;
+  }
+  return df_error(DFLASH_E_NOT_FOUND,
+                  "%s: no tokenizer files (tokenizer.json, vocab.json, tiktoken.model...)", path);
+}
+
+dflash_status dflash_dataset_tokenizer_hash(const char *path, char *out, size_t cap) {
+  DF_CHECK_ARG(path && out);
+  if (cap < DFLASH_TOKENIZER_HASH_LEN)
+    return df_error(DFLASH_E_BUFFER, "tokenizer hash needs %d bytes, got %zu",
+                    DFLASH_TOKENIZER_HASH_LEN, cap);
+  dflash_tokenizer *tok = NULL;
+  dflash_status st = check_dir(path);
+  if (!st) st = dflash_tokenizer_load(path, NULL, &tok);
+  if (!st) st = dflash_tokenizer_hash(tok, out, cap);
+  dflash_tokenizer_free(tok);
+  return st;
+}
+
+dflash_status dflash_dataset_tokenizer_matches(const char *path, const char *recorded) {
+  DF_CHECK_ARG(path && recorded);
+  char now[DFLASH_TOKENIZER_HASH_LEN], files[DFLASH_TOKENIZER_HASH_LEN];
+  dflash_status st = dflash_dataset_tokenizer_hash(path, now, sizeof now);
+  if (st || !strcmp(now, recorded)) return st;
+  /* An older manifest: the files' bytes. */
+  st = files_hash(path, files, sizeof files);
+  if (st || !strcmp(files, recorded)) return st;
+  return df_error(DFLASH_E_MISMATCH,
+                  "the tokenizer at %s is %s, not %s: the dataset's ids would mean other tokens",
+                  path, now, recorded);
 }

@@ -419,8 +419,9 @@ static dflash_status check_config(const dflash_storage *st, const df_s3_req *req
   const df_s3_config *c = &st->cfg;
   if (!c->key_id || !*c->key_id || !c->secret || !*c->secret)
     return df_error(DFLASH_E_AUTH,
-                    "%s: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-                    req->loc->text);
+                    "%s: no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                    "or a profile in ~/.aws/credentials (AWS_PROFILE)%s%s",
+                    req->loc->text, c->cred_note ? "; " : "", c->cred_note ? c->cred_note : "");
   if (strchr(c->key_id, ':'))
     return df_error(DFLASH_E_AUTH, "%s: AWS_ACCESS_KEY_ID contains ':'", req->loc->text);
   return DFLASH_OK;

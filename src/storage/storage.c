@@ -88,6 +88,8 @@ static dflash_status configure(df_s3_config *c, const dflash_storage_options *o)
   c->secret = pick(o->secret_access_key, "AWS_SECRET_ACCESS_KEY", NULL, NULL);
   c->token = pick(o->session_token, "AWS_SESSION_TOKEN", NULL, NULL);
   if (!c->region) return df_error_nomem("storage options");
+  dflash_status cred = df_s3_profile_credentials(c);
+  if (cred) return cred;
   if (strlen(c->region) > 64 || strchr(c->region, ':'))
     return df_error(DFLASH_E_CONFIG, "AWS region \"%s\" is not a region name", c->region);
   dflash_status s = resolve_endpoint(c, o->endpoint_url);
@@ -120,6 +122,7 @@ static void config_clear(df_s3_config *c) {
   free(c->key_id);
   free(c->secret);
   free(c->token);
+  free(c->cred_note);
   memset(c, 0, sizeof *c);
 }
 

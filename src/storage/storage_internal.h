@@ -48,6 +48,7 @@ typedef struct df_s3_config {
   char *region;
   char *endpoint; /* scheme://host[:port] with no trailing '/' */
   char *key_id, *secret, *token;
+  char *cred_note;      /* why no profile gave keys, for the "no AWS credentials" message */
   bool endpoint_custom; /* set by option or environment */
   int addressing;       /* DFLASH_S3_ADDRESSING_PATH or _VIRTUAL once resolved */
   uint32_t max_attempts, backoff_base_ms, backoff_max_ms;
@@ -55,6 +56,10 @@ typedef struct df_s3_config {
   uint64_t part_size, multipart_threshold;
   bool trace;
 } df_s3_config;
+
+/* Keys from the shared AWS files (AWS_PROFILE, ~/.aws/credentials, ~/.aws/config) when the
+ * options and the environment give no key pair (s3_profile.c). */
+DF_MUST_CHECK dflash_status df_s3_profile_credentials(df_s3_config *c);
 
 struct dflash_storage {
   df_s3_config cfg;

@@ -78,6 +78,7 @@ dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step) {
   df_pretok_step *s = realloc(p->steps, (p->n_steps + 1) * sizeof *s);
   if (!s) {
     pcre2_code_free(step.re);
+    free(step.source);
     return df_error_nomem("pre-tokenizer");
   }
   p->steps = s;
@@ -120,6 +121,11 @@ dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool litera
   st = compile(literal ? rx : pcre, literal, &step.re);
   free(pcre);
   if (st) return st;
+  step.literal = literal;
+  if (!(step.source = df_strdup(rx))) {
+    pcre2_code_free(step.re);
+    return df_error_nomem("pre-tokenizer");
+  }
   if (named && named->scanner != DF_SCAN_NONE && !invert && !env_disables_scanner() &&
       df_scan_init() == DFLASH_OK)
     step.scanner = named->scanner;
@@ -127,7 +133,10 @@ dflash_status df_pretok_add_regex(df_pretok *p, const char *pattern, bool litera
 }
 
 void df_pretok_free(df_pretok *p) {
-  for (size_t i = 0; i < p->n_steps; i++) pcre2_code_free(p->steps[i].re);
+  for (size_t i = 0; i < p->n_steps; i++) {
+    pcre2_code_free(p->steps[i].re);
+    free(p->steps[i].source);
+  }
   free(p->steps);
   memset(p, 0, sizeof *p);
 }

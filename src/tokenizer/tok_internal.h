@@ -237,6 +237,10 @@ typedef struct df_pretok_step {
   bool invert;
   bool keep_gaps; /* HF keeps unmatched text as pieces; tiktoken drops it */
   bool individual_digits;
+  /* The regex the step runs (a named pattern's own text), NULL for other kinds: what
+   * dflash_tokenizer_hash reads (a compiled pattern cannot be read back). */
+  char *source;
+  bool literal;
 } df_pretok_step;
 
 typedef struct df_pretok {

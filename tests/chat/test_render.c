@@ -251,6 +251,39 @@ START_TEST(test_completion_record_and_sharegpt) {
 }
 END_TEST
 
+/* A messages-only record cut by the length limit is unfinished in its last (assistant)
+ * message, as a completion record is; one whose last message is not the answer keeps the
+ * outcome only (a dataset build rejects it). */
+START_TEST(test_messages_only_finish_reason) {
+  static const struct {
+    const char *json, *outcome;
+    int32_t unfinished;
+  } cases[] = {
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}, {\"role\": "
+       "\"assistant\", \"content\": \"A\"}], \"finish_reason\": \"length\"}",
+       "length", 1},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}, {\"role\": "
+       "\"assistant\", \"content\": \"\"}], \"outcome\": \"empty\"}",
+       "empty", 1},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}, {\"role\": "
+       "\"assistant\", \"content\": \"A\"}], \"finish_reason\": \"stop\"}",
+       NULL, -1},
+      {"{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}], \"finish_reason\": "
+       "\"length\"}",
+       "length", -1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    dflash_chat_conversation *c;
+    ck_assert_ok(dflash_chat_conversation_parse(cases[i].json, strlen(cases[i].json), &c));
+    const char *outcome = dflash_chat_conversation_outcome(c);
+    ck_assert_msg(cases[i].outcome ? outcome && !strcmp(outcome, cases[i].outcome) : !outcome,
+                  "case %zu: %s", i, outcome ? outcome : "(null)");
+    ck_assert_int_eq(dflash_chat_conversation_unfinished(c), cases[i].unfinished);
+    dflash_chat_conversation_free(c);
+  }
+}
+END_TEST
+
 START_TEST(test_json_numbers) {
   /* json.dumps spellings of floats and escapes, through a tool declaration. */
   const char *conv = "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}], \"tools\": "
@@ -299,6 +332,7 @@ TCase *tc_chat_render(void) {
   tcase_add_test(tc, test_kimi_thinking_final_turn);
   tcase_add_test(tc, test_kimi_k26_thinking_switches);
   tcase_add_test(tc, test_completion_record_and_sharegpt);
+  tcase_add_test(tc, test_messages_only_finish_reason);
   tcase_add_test(tc, test_json_numbers);
   return tc;
 }

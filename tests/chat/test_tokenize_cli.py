@@ -3,8 +3,9 @@
 count and batch size, every line is accounted for (sample or rejection with its
 file and line), samples are named by the records' ids (or fetch's documented
 hash id, recomputed here with hashlib), a repeated id is rejected, the
-manifest's tokenizer_hash is the SHA-256 that hashlib computes over the
-tokenizer files with the framing dataset.h documents, and the command fails
+manifest's tokenizer_hash is the tokenizer's identity (the same with another
+model_max_length or chat template; not the hash of its files' bytes that
+manifests held before), and the command fails
 (exit 1) on a missing input, no samples, or too many rejects.
 Needs DFLASH_CLI and the qwen2 tokenizer fixture (exit 77 without)."""
 import filecmp
@@ -36,6 +37,29 @@ def expected_hash(d):
             data = p.read_bytes()
             h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return "sha256:" + h.hexdigest()
+
+
+def check_tokenizer_hash(d, recorded, inputs):
+    """The manifest's tokenizer_hash is what decides the ids, not the files' bytes: a copy of
+    the tokenizer with another model_max_length and chat template records the same hash."""
+    assert recorded.startswith("sha256:") and len(recorded) == 71, recorded
+    assert recorded != expected_hash(TOK), "the files' bytes, not the tokenizer's identity"
+    edited = d / "tok-edited"
+    edited.mkdir()
+    for name in HASHED:
+        if (TOK / name).is_file():
+            (edited / name).write_bytes((TOK / name).read_bytes())
+    config = json.loads((edited / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 1024
+    config["chat_template"] = "{{ messages }}"
+    (edited / "tokenizer_config.json").write_text(json.dumps(config))
+    out = d / "edited-config"
+    r = subprocess.run([CLI, "tokenize", "--tokenizer", str(edited), "--template", "qwen3",
+                        "--allow-split-control-tokens", "--max-reject-ratio", "1", "-o",
+                        str(out), str(inputs[0])], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "dataset.json").read_text())["tokenizer_hash"] == recorded
+    print("tokenizer_hash: the same with another model_max_length and chat template")
 
 
 def jansson_compact(v):
@@ -146,7 +170,14 @@ def check_failures(d, inputs):
     assert r.returncode == 1 and "no sample written" in r.stderr, r.stderr
     r = run_tokenize(d / "ratio", inputs)  # default --max-reject-ratio 0.05
     assert r.returncode == 1 and "--max-reject-ratio 0.05" in r.stderr, r.stderr
+    # Refused: no dataset is left (only the reasons), so the retry needs no --overwrite.
+    assert sorted(p.name for p in (d / "ratio").iterdir()) == ["rejected.jsonl"], r.stderr
+    r = run_tokenize(d / "ratio", inputs, "--max-reject-ratio", "0.5")
+    assert r.returncode == 0, r.stderr
     assert json.loads((d / "ratio" / "dataset.json").read_text())["samples"] > 500
+    r = run_tokenize(d / "ratio", inputs, "--max-reject-ratio", "0.5")
+    assert r.returncode == 1 and "already holds a dataset" in r.stderr, r.stderr
+    assert "--overwrite" in r.stderr, r.stderr
     # Another family's tokenizer: refused before any output, naming what it splits.
     r = run_tokenize(d / "split", inputs, split=())
     assert r.returncode == 1 and not (d / "split").exists(), r.stderr
@@ -228,6 +259,63 @@ def check_unfinished(d):
           "no closing token supervised (render --mask alike)")
 
 
+def check_fetch_settings(d):
+    """A fetch output's settings.json decides the rendering: fetched with thinking off means
+    --no-thinking without saying so; a flag that contradicts it is refused, naming both."""
+    def fetched(name, family, kwargs):
+        out = d / name
+        out.mkdir()
+        (out / "completions.jsonl").write_text(
+            json.dumps(fetch_record("a", None, "Twenty.", "stop", "ok")) + "\n", encoding="utf-8")
+        (out / "settings.json").write_text(json.dumps(
+            {"dflash_fetch_settings": 1, "settings": {"model": "m", "family": family,
+                                                       "chat_template_kwargs": kwargs,
+                                                       "extra": None}, "earlier": []}))
+        return out / "completions.jsonl"
+    off = fetched("fetch-off", "qwen", {"enable_thinking": False})
+    r = run_tokenize(d / "off-out", [off])
+    assert r.returncode == 0, r.stderr
+    opts = json.loads((d / "off-out" / "dataset.json").read_text())["options"]
+    assert opts.get("thinking") is False, opts
+    r = run_tokenize(d / "off-told", [off], "--no-thinking")
+    assert r.returncode == 0, r.stderr
+    assert stored_masks(d / "off-out") == stored_masks(d / "off-told")
+    on = fetched("fetch-on", "qwen", {"enable_thinking": True})
+    r = run_tokenize(d / "x", [on], "--no-thinking")
+    assert r.returncode == 1 and "--no-thinking" in r.stderr and "settings.json" in r.stderr, \
+        r.stderr
+    kimi = fetched("fetch-kimi", "kimi", {"thinking": True})
+    r = run_tokenize(d / "x", [kimi])
+    assert r.returncode == 1 and "--template" in r.stderr and '"kimi"' in r.stderr, r.stderr
+    assert not (d / "x").exists()
+    check_fetch_then_tokenize(d)
+    print("fetch settings: thinking off taken from settings.json; contradicting flags refused")
+
+
+def check_fetch_then_tokenize(d):
+    """The settings.json that `dflash fetch` itself writes (here against the fetch tests'
+    fake server) is the one tokenize reads: fetched with --no-thinking, tokenized without."""
+    server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fetch",
+                          "fake_server.py")
+    proc = subprocess.Popen([sys.executable, server, "--lifetime", "120"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(proc.stdout.readline())["ports"][0]
+        prompts = d / "prompts.jsonl"
+        prompts.write_text('{"id": "p", "messages": [{"role": "user", "content": "hi"}]}\n')
+        r = subprocess.run([CLI, "fetch", "--server", f"http://127.0.0.1:{port}/v1", "--model",
+                            "fake", "--family", "qwen", "--no-thinking", str(prompts), "-o",
+                            str(d / "gen")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    r = run_tokenize(d / "gen-out", [d / "gen" / "completions.jsonl"])
+    assert r.returncode == 0, r.stderr
+    opts = json.loads((d / "gen-out" / "dataset.json").read_text())["options"]
+    assert opts.get("thinking") is False, opts
+
+
 def stored_masks(out):
     """The loss masks a dataset stores, per sample, read with the safetensors package."""
     from safetensors import safe_open
@@ -305,7 +393,7 @@ def main():
         manifest = json.loads((base / "dataset.json").read_text())
         rejected = [json.loads(x) for x in (base / "rejected.jsonl").read_text().splitlines()]
         print(log.strip().splitlines()[-1])
-        assert manifest["tokenizer_hash"] == expected_hash(TOK), manifest["tokenizer_hash"]
+        check_tokenizer_hash(d, manifest["tokenizer_hash"], inputs)
         assert manifest["options"] == {"reasoning": "keep_after_last_user", "turns": "all",
                                        "max_len": 0, "truncate": False, "nfc": True}
         assert manifest["samples"] + len(rejected) == n_lines, (manifest["samples"],
@@ -327,6 +415,7 @@ def main():
         print(f"ids: {len(sources)} samples named by their record's id or the hash id "
               f"({sum(1 for s in sources if not s['id'].startswith('h'))} explicit)")
         check_failures(d, inputs)
+        check_fetch_settings(d)
         check_unfinished(d)
         check_no_thinking(d)
         check_too_long(d, inputs)

@@ -62,6 +62,8 @@ def main():
                              "dflash init-config", "dflash train", "dflash eval"), 1):
         line = r.stderr[steps[i - 1]:].split("\n", 1)[0]
         assert cmd in line, (i, line)
+    # The Python class by the package's name (`import dflash` is PyPI's other package).
+    assert "libdflash.HiddenWriter" in r.stderr and " dflash.HiddenWriter" not in r.stderr
     print(f"arguments: {len(COMMANDS)} --help texts, {len(TYPOS)} suggestions, = form: OK")
 
 

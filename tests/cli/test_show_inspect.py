@@ -6,6 +6,7 @@ defaults); `dflash show` prints a sample with its supervised runs between [[ ]] 
 recomputed from the shards with the safetensors package). Needs DFLASH_CLI, the qwen2
 tokenizer fixture, `tokenizers` and `safetensors` (exit 77 without)."""
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -113,12 +114,19 @@ def main():
         assert plain == want
         r = cli("show", out, "--id", "nope", check=False)
         assert r.returncode == 1 and "nope" in r.stderr
-        # Another tokenizer than the one tokenize used (here: one file changed) is refused,
+        # A file edited without changing an id is the same tokenizer (it was refused).
+        same = Path(tmp) / "same-tok"
+        shutil.copytree(TOK, same)
+        with open(same / "special_tokens_map.json", "a") as f:
+            f.write("\n")
+        r = cli("show", out, "--index", 0, "--tokenizer", same, "--no-color")
+        assert r.stdout == text
+        # Another tokenizer than the one tokenize used (here: a merge less) is refused,
         # naming both hashes, unless --allow-tokenizer-mismatch (it printed garbage, exit 0).
         other = Path(tmp) / "other-tok"
         shutil.copytree(TOK, other)
-        with open(other / "special_tokens_map.json", "a") as f:
-            f.write("\n")
+        merges = (other / "merges.txt").read_text(encoding="utf-8").splitlines(True)
+        (other / "merges.txt").write_text("".join(merges[:-1]), encoding="utf-8")
         r = cli("show", out, "--index", 0, "--tokenizer", other, "--no-color", check=False)
         assert r.returncode == 1 and "another tokenizer" in r.stderr, r.stderr
         assert r.stderr.count("sha256:") == 2 and r.stdout == "", r
@@ -133,6 +141,20 @@ def main():
                         check=False)
                 assert r.returncode == 1, r
                 assert ("another tokenizer" in r.stderr) == refused, (cmd, target, r.stderr)
+        # A dataset written before the hash was the tokenizer's identity (its manifest holds
+        # the hash of the files' bytes) still matches the files it was made with.
+        old = hashlib.sha256()
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                     "added_tokens.json", "special_tokens_map.json", "tiktoken.model"):
+            if (TOK / name).is_file():
+                data = (TOK / name).read_bytes()
+                old.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+        manifest = json.loads((out / "dataset.json").read_text())
+        manifest["tokenizer_hash"] = "sha256:" + old.hexdigest()
+        (out / "dataset.json").write_text(json.dumps(manifest))
+        assert cli("show", out, "--index", 0, "--tokenizer", TOK, "--no-color").stdout == text
+        r = cli("show", out, "--index", 0, "--tokenizer", other, "--no-color", check=False)
+        assert r.returncode == 1 and "another tokenizer" in r.stderr, r.stderr
         # inspect: a summary, not the tensors and a line of every id.
         summary = cli("inspect", out).stdout
         assert f"1 samples, {len(ids)} tokens" in summary, summary

@@ -122,11 +122,14 @@ START_TEST(test_build_counts_and_side_files) {
   char *text = slurp(rej, &n);
   ck_assert_msg(strstr(text, "\"line\": 4, \"reason\": \"") &&
                     strstr(text, "\"line\": 6, "
-                                 "\"reason\": \"no assistant turn\"}\n"),
+                                 "\"reason\": \"no assistant turn\", \"id\": \"h") &&
+                    strstr(text, "\"id\": null, \"tokens\": null}\n"),
                 "%s", text);
   free(text), free(rej), free(dir);
-  /* The same directory again: refused, the first dataset kept. */
+  /* The same directory again: refused, the first dataset kept; the message says how to
+   * replace it. */
   ck_assert_status(build(f, "out", &o, NULL), DFLASH_E_EXISTS, "already holds a dataset");
+  ck_assert_msg(strstr(dflash_last_error(), "--overwrite"), "%s", dflash_last_error());
   teardown(f);
 }
 END_TEST
@@ -320,16 +323,30 @@ START_TEST(test_build_verdicts) {
   ck_assert_status(build(f, "ratio", &o, &s), DFLASH_E_FORMAT,
                    "28.6% of the lines were rejected, more than max_reject_ratio 0.25");
   ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_REJECTS);
-  ck_assert(exists(f, "ratio", "dataset.json"));
+  /* Refused: nothing that reads as a dataset is left (no manifest, shard or sources.jsonl),
+   * the reasons are, and the retry needs no overwrite. */
+  ck_assert(!exists(f, "ratio", "dataset.json"));
+  ck_assert(!exists(f, "ratio", "shard-00000.safetensors"));
+  ck_assert(!exists(f, "ratio", "sources.jsonl"));
+  ck_assert(exists(f, "ratio", "rejected.jsonl"));
   o.max_reject_ratio = 0.3;
-  ck_assert_ok(build(f, "ratio-ok", &o, &s));
+  ck_assert_ok(build(f, "ratio", &o, &s));
   ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_OK);
+  ck_assert(exists(f, "ratio", "dataset.json"));
   /* Over-long samples do not count: the samples have 18, 18, 18, 18 and 26 tokens; with
    * max_len 20 the last is rejected as too long, and the ratio stays 2 / 7. */
   o.max_len = 20;
   ck_assert_ok(build(f, "long", &o, &s));
   ck_assert_uint_eq(s.too_long, 1);
   ck_assert_uint_eq(s.rejected, 3);
+  /* rejected.jsonl says which record and how long. */
+  char *dir = join(f->dir, "long"), *rej = join(dir, "rejected.jsonl");
+  size_t n;
+  char *text = slurp(rej, &n);
+  ck_assert_msg(strstr(text, "\"line\": 8, \"reason\": \"longer than --max-len\", \"id\": \"h") &&
+                    strstr(text, "\"tokens\": 26}\n"),
+                "%s", text);
+  free(text), free(rej), free(dir);
   o.truncate = 1;
   ck_assert_ok(build(f, "cut", &o, &s));
   ck_assert_uint_eq(s.samples, 5);
@@ -358,7 +375,8 @@ static bool in_line(const char *at, const char *needle) {
 }
 
 /* A directory input is refused before any output. s3:// inputs that cannot be read (no
- * credentials here: no request is sent) are logged, rejected, counted, and refuse the build. */
+ * credentials here: no request is sent) are logged, rejected, counted, and refuse the build;
+ * so is fetch's settings.json beside each (the folder above a prefix's). */
 START_TEST(test_build_unreadable_inputs) {
   fixture *f = setup(INPUT);
   if (!f) return;
@@ -369,18 +387,21 @@ START_TEST(test_build_unreadable_inputs) {
   ck_assert(!exists(f, "x", "."));
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
+  unsetenv("AWS_PROFILE");
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1); /* not this machine's */
+  setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
   warnings = 0;
   dflash_set_log_callback(count_warning, NULL, DFLASH_LOG_WARN);
   const char *inputs[] = {f->input, "s3://no-bucket/a.jsonl", "s3://no-bucket/prefix/"};
   dflash_dataset_build_stats s = {.struct_size = sizeof s};
   ck_assert_status(dflash_dataset_build(inputs, 3, out, &o, &s), DFLASH_E_IO,
-                   "2 input(s) could not be read");
+                   "4 input(s) could not be read");
   dflash_set_log_callback(NULL, NULL, DFLASH_LOG_ERROR);
-  ck_assert_int_eq(warnings, 2);
+  ck_assert_int_eq(warnings, 4);
   ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_UNREADABLE);
-  ck_assert_uint_eq(s.unreadable, 2);
+  ck_assert_uint_eq(s.unreadable, 4);
   ck_assert_uint_eq(s.samples, 5);
-  ck_assert_uint_eq(s.rejected, 4);
+  ck_assert_uint_eq(s.rejected, 6);
   char *rej = join(out, "rejected.jsonl");
   size_t n;
   char *text = slurp(rej, &n);
@@ -390,6 +411,10 @@ START_TEST(test_build_unreadable_inputs) {
   const char *list_fail = strstr(text, "{\"file\": \"s3://no-bucket/prefix/\", \"line\": 0, "
                                        "\"reason\": \"cannot list the prefix: ");
   ck_assert_msg(open_fail && list_fail, "%s", text);
+  ck_assert_msg(strstr(text, "{\"file\": \"s3://no-bucket/settings.json\", \"line\": 0, "
+                             "\"reason\": \"cannot read fetch's settings: ") &&
+                    strstr(text, "{\"file\": \"s3://no-bucket/prefix/settings.json\""),
+                "%s", text);
   ck_assert_msg(in_line(open_fail, "no AWS credentials") &&
                     in_line(list_fail, "no AWS credentials"),
                 "%s", text);

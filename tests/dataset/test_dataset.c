@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/internal.h"
 #include "testutil.h"
 
 /* Sample i: 1 + (i * 37) % 50 tokens, ids i * 1000 + k, mask set on (i + k) % 3 == 0. */
@@ -361,35 +362,93 @@ START_TEST(test_bad_manifests) {
 }
 END_TEST
 
+/* `name` in `dir` as a link to the fixture folder's file. */
+static void link_in(const char *dir, const char *fixture_dir, const char *name) {
+  char *from = path_in(fixture_dir, name), *to = path_in(dir, name);
+  unlink(to);
+  ck_assert_int_eq(symlink(from, to), 0);
+  free(from), free(to);
+}
+
+/* `dir`'s `name` (a link or a file) with the first `from` replaced by `to`, or its first
+ * `keep` bytes, written back as a file of its own. */
+static void edit(const char *dir, const char *name, const char *from, const char *to, size_t keep) {
+  char *dst = path_in(dir, name), *text;
+  size_t n;
+  ck_assert_ok(df_read_file(dst, &text, &n));
+  if (keep && keep < n) {
+    for (n = keep; n && text[n - 1] != '\n';) n--; /* whole lines */
+    text[n] = 0;
+  }
+  char *at = from ? strstr(text, from) : NULL;
+  ck_assert(!from || at);
+  unlink(dst);
+  FILE *f = fopen(dst, "wb");
+  ck_assert_ptr_nonnull(f);
+  if (at) {
+    fwrite(text, 1, (size_t)(at - text), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+  } else {
+    fwrite(text, 1, n, f);
+  }
+  fclose(f);
+  free(text), free(dst);
+}
+
+/* The hash is the tokenizer's identity: what decides the ids, not the files' bytes. */
 START_TEST(test_tokenizer_hash) {
-  char *dir = df_test_tmpdir();
-  char hash[DFLASH_TOKENIZER_HASH_LEN], *file = path_in(dir, "tok.tiktoken");
-  put(dir, "tok.tiktoken", "abc");
-  /* FIPS 180-2 test vector: SHA-256("abc"). */
-  ck_assert_ok(dflash_dataset_tokenizer_hash(file, hash, sizeof hash));
-  ck_assert_str_eq(hash, "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  ck_assert_status(dflash_dataset_tokenizer_hash(file, hash, 71), DFLASH_E_BUFFER, "72 bytes");
-  ck_assert_status(dflash_dataset_tokenizer_hash(dir, hash, sizeof hash), DFLASH_E_NOT_FOUND, dir);
-  /* A directory hashes its tokenizer files: a change in any of them changes it. */
-  put(dir, "vocab.json", "{}");
-  put(dir, "merges.txt", "#v\n");
-  char a[DFLASH_TOKENIZER_HASH_LEN], b[DFLASH_TOKENIZER_HASH_LEN], c[DFLASH_TOKENIZER_HASH_LEN];
+  char *vocab_fixture = df_test_fixture("tokenizers/qwen2/vocab.json");
+  if (!vocab_fixture) return;
+  char *fix = df_path_dirname(vocab_fixture), *dir = df_test_tmpdir();
+  const char *names[] = {"vocab.json", "merges.txt", "added_tokens.json", "special_tokens_map.json",
+                         "tokenizer_config.json"};
+  for (size_t i = 0; i < 5; i++) link_in(dir, fix, names[i]);
+  char a[DFLASH_TOKENIZER_HASH_LEN], b[DFLASH_TOKENIZER_HASH_LEN], hash[DFLASH_TOKENIZER_HASH_LEN];
   ck_assert_ok(dflash_dataset_tokenizer_hash(dir, a, sizeof a));
+  ck_assert_int_eq((int)strlen(a), DFLASH_TOKENIZER_HASH_LEN - 1);
+  ck_assert(!strncmp(a, "sha256:", 7));
   char *vocab = path_in(dir, "vocab.json");
   ck_assert_ok(dflash_dataset_tokenizer_hash(vocab, b, sizeof b)); /* vocab.json: its folder */
   ck_assert_str_eq(a, b);
-  put(dir, "merges.txt", "#v\na b\n");
-  ck_assert_ok(dflash_dataset_tokenizer_hash(dir, c, sizeof c));
-  ck_assert_str_ne(a, c);
+  dflash_tokenizer *tok;
+  ck_assert_ok(dflash_tokenizer_load(dir, NULL, &tok));
+  ck_assert_ok(dflash_tokenizer_hash(tok, b, sizeof b));
+  ck_assert_status(dflash_tokenizer_hash(tok, b, 71), DFLASH_E_BUFFER, "72 bytes");
+  dflash_tokenizer_free(tok);
+  ck_assert_str_eq(a, b);
+  /* Another model_max_length and chat template: the same ids, the same hash (they were
+   * refused as "other tokens"). */
+  edit(dir, "tokenizer_config.json", "32768", "4096", 0);
+  edit(dir, "tokenizer_config.json", "helpful assistant", "terse assistant", 0);
   put(dir, "model.safetensors", "weights are not hashed");
   ck_assert_ok(dflash_dataset_tokenizer_hash(dir, b, sizeof b));
-  ck_assert_str_eq(b, c);
+  ck_assert_str_eq(a, b);
+  ck_assert_ok(dflash_dataset_tokenizer_matches(dir, a));
+  /* Fewer merges or another special token: other ids, another hash. */
+  edit(dir, "merges.txt", NULL, NULL, 100000);
+  ck_assert_ok(dflash_dataset_tokenizer_hash(dir, b, sizeof b));
+  ck_assert_str_ne(a, b);
+  link_in(dir, fix, "merges.txt");
+  char *config = path_in(dir, "tokenizer_config.json");
+  unlink(config); /* its added tokens repeat added_tokens.json's */
+  free(config);
+  char c[DFLASH_TOKENIZER_HASH_LEN];
+  ck_assert_ok(dflash_dataset_tokenizer_hash(dir, c, sizeof c));
+  edit(dir, "added_tokens.json", "<|im_end|>", "<|im_stop|>", 0);
+  ck_assert_ok(dflash_dataset_tokenizer_hash(dir, b, sizeof b));
+  ck_assert_str_ne(c, b);
+  ck_assert_status(dflash_dataset_tokenizer_matches(dir, a), DFLASH_E_MISMATCH, a);
+  ck_assert_msg(strstr(dflash_last_error(), b), "%s", dflash_last_error());
+  ck_assert_status(dflash_dataset_tokenizer_hash(dir, hash, 71), DFLASH_E_BUFFER, "72 bytes");
+  char *empty = df_test_tmpdir();
+  ck_assert_status(dflash_dataset_tokenizer_hash(empty, hash, sizeof hash), DFLASH_E_NOT_FOUND,
+                   empty);
   char *missing = path_in(dir, "nope.json");
   ck_assert_status(dflash_dataset_tokenizer_hash(missing, hash, sizeof hash), DFLASH_E_IO,
                    "nope.json");
-  free(missing);
-  free(vocab);
-  free(file);
+  df_test_rmtree(empty);
+  free(empty), free(missing), free(vocab), free(vocab_fixture), free(fix);
   df_test_rmtree(dir);
   free(dir);
 }

@@ -184,6 +184,9 @@ END_TEST
 START_TEST(missing_credentials_fail_before_connecting) {
   unsetenv("AWS_ACCESS_KEY_ID");
   unsetenv("AWS_SECRET_ACCESS_KEY");
+  unsetenv("AWS_PROFILE");
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1); /* not this machine's */
+  setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
   setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9", 1);
   dflash_storage *st = client();
   void *data;

@@ -69,7 +69,7 @@ static void usage(FILE *out) {
       "       regenerate completions with the target's OpenAI-compatible servers\n"
       "  2. dflash tokenize --tokenizer TARGET_DIR --template NAME gen/completions.jsonl -o data/\n"
       "       render, tokenize and loss-mask them (check with dflash inspect/show data/)\n"
-      "  3. dump the target's hidden states (Python: dflash.HiddenWriter) into hidden/\n"
+      "  3. dump the target's hidden states (Python: libdflash.HiddenWriter) into hidden/\n"
       "  4. dflash init-config --target TARGET_DIR -o drafter.json\n"
       "  5. dflash train --config drafter.json --target TARGET_DIR --data data/\n"
       "                  --hidden hidden/ -o drafter/\n"

@@ -29,11 +29,24 @@ _hash = bind("dflash_dataset_tokenizer_hash", [ctypes.c_char_p, ctypes.c_char_p,
 TOKENIZER_HASH_LEN = 72
 
 
+_matches = bind("dflash_dataset_tokenizer_matches", [ctypes.c_char_p, ctypes.c_char_p],
+                errors=files(0))
+
+
 def tokenizer_hash(path):
-    """The manifest's "tokenizer_hash" of a tokenizer file or directory ("sha256:...")."""
+    """The manifest's "tokenizer_hash" of a tokenizer file or directory ("sha256:..."): the
+    loaded tokenizer's identity (Tokenizer.hash), not its files' bytes."""
     buf = ctypes.create_string_buffer(TOKENIZER_HASH_LEN)
     _hash(cstr(path), buf, TOKENIZER_HASH_LEN)
     return buf.value.decode()
+
+
+def tokenizer_matches(path, recorded):
+    """Whether the manifest hash `recorded` names the tokenizer at `path`: its identity, or
+    the hash of its files' bytes that older manifests hold. Raises the library's mismatch
+    error (naming both hashes) when it does not; returns True otherwise."""
+    _matches(cstr(path), cstr(recorded))
+    return True
 
 
 class Dataset(Handle):
@@ -303,7 +316,8 @@ def build_dataset(inputs, out_dir, tokenizer, template, reasoning="keep_after_la
     and after every batch; True stops the build (CancelledError, no manifest), and so
     does an exception it raises (KeyboardInterrupt included), raised again here. Returns the stats dict. When the finished dataset is refused
     (unreadable inputs, no sample, too many rejections) the library's error is raised
-    with the stats as its `stats` attribute."""
+    with the stats as its `stats` attribute, and out_dir keeps rejected.jsonl only. A fetch
+    output's settings.json beside an input decides thinking (see `dflash tokenize --help`)."""
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
     enc = [cstr(p) for p in inputs]

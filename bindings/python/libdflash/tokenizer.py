@@ -50,6 +50,7 @@ _decode = bind("dflash_tokenizer_decode",
                 _c_size_p], errors=INDEX)
 _token_to_id = bind("dflash_tokenizer_token_to_id",
                     [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, _i32_p], errors=KEY)
+_hash = bind("dflash_tokenizer_hash", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t])
 _id_to_token = bind("dflash_tokenizer_id_to_token",
                     [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), _c_size_p,
                      ctypes.POINTER(ctypes.c_int)], errors=INDEX | KEY)
@@ -139,6 +140,14 @@ class Tokenizer(Handle):
     def __len__(self):
         """The vocabulary size, as len() of a Hugging Face tokenizer."""
         return self.vocab_size
+
+    def hash(self):
+        """The tokenizer's identity, "sha256:..." over what decides the ids (vocabulary,
+        merges, added tokens, patterns, normalizer), not over its files' bytes: what a
+        dataset manifest records as "tokenizer_hash"."""
+        buf = ctypes.create_string_buffer(72)
+        _hash(self._handle(), buf, 72)
+        return buf.value.decode()
 
     def max_ids(self, n_bytes):
         """Ids that encoding `n_bytes` bytes of text can produce at most."""

@@ -103,7 +103,9 @@ def test_build_dataset_refusals(tmp_path):
         libdflash.build_dataset(inputs, tmp_path / "ratio", **args)
     assert "more than max_reject_ratio 0.05" in e.value.message
     assert e.value.stats["verdict"] == "rejects" and e.value.stats["samples"] > 40
-    assert (tmp_path / "ratio" / "dataset.json").exists()  # complete, but refused
+    # Refused: no dataset is left, only the reasons; the retry needs no overwrite.
+    assert [p.name for p in (tmp_path / "ratio").iterdir()] == ["rejected.jsonl"]
+    libdflash.build_dataset(inputs, tmp_path / "ratio", max_reject_ratio=1, **args)
     junk = tmp_path / "junk.jsonl"
     junk.write_text("{not json\n[]\n")
     with pytest.raises(libdflash.FormatError, match="no sample written") as e:

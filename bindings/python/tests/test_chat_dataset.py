@@ -90,18 +90,30 @@ def test_render_nfc():
 
 
 def test_tokenizer_hash(tmp_path):
-    import hashlib
-    from libdflash.dataset import tokenizer_hash
-    f = tmp_path / "ranks.tiktoken"
-    f.write_bytes(b"some ranks")
-    assert tokenizer_hash(str(f)) == "sha256:" + hashlib.sha256(b"some ranks").hexdigest()
-    (tmp_path / "merges.txt").write_bytes(b"#v\n")
-    (tmp_path / "vocab.json").write_bytes(b"{}")
-    h = hashlib.sha256()
-    for name in ("vocab.json", "merges.txt"):
+    """The hash is the tokenizer's identity, not its files' bytes; a manifest's older hash of
+    the files' bytes still matches them (tokenizer_matches)."""
+    from libdflash.dataset import tokenizer_hash, tokenizer_matches
+    src = FIX / "tokenizers" / "qwen2"
+    if not (src / "vocab.json").exists():
+        pytest.skip("qwen2 tokenizer fixture missing")
+    names = ["tokenizer_config.json", "vocab.json", "merges.txt", "added_tokens.json",
+             "special_tokens_map.json"]
+    for name in names:
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    h = tokenizer_hash(str(tmp_path))
+    assert h == libdflash.Tokenizer(tmp_path).hash() and h.startswith("sha256:")
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 7
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tokenizer_hash(str(tmp_path)) == h
+    old = hashlib.sha256()  # what manifests recorded before: the files' bytes, framed
+    for name in names:
         data = (tmp_path / name).read_bytes()
-        h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-    assert tokenizer_hash(str(tmp_path)) == "sha256:" + h.hexdigest()
+        old.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    assert tokenizer_matches(str(tmp_path), "sha256:" + old.hexdigest())
+    assert tokenizer_matches(str(tmp_path), h)
+    with pytest.raises(libdflash.Error, match="other tokens"):
+        tokenizer_matches(str(tmp_path), "sha256:" + "0" * 64)
     with pytest.raises(libdflash.Error) as e:
         tokenizer_hash(str(tmp_path / "missing"))
     assert "missing" in e.value.message
