@@ -61,6 +61,22 @@ extern "C" {
 #define DFLASH_API
 #endif
 
+/*
+ * DFLASH_DEPRECATED("use dflash_x instead") marks a declaration that stays in the ABI but is
+ * going away: the caller's compiler warns with the message (HACKING.md, "Deprecation", says
+ * when a call may be marked and when it may go). Users who cannot move yet define
+ * DFLASH_NO_DEPRECATION_WARNINGS before including a libdflash header.
+ */
+#if defined(DFLASH_BUILDING) || defined(DFLASH_NO_DEPRECATION_WARNINGS)
+#define DFLASH_DEPRECATED(msg)
+#elif defined(__GNUC__) || defined(__clang__)
+#define DFLASH_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#elif defined(_MSC_VER)
+#define DFLASH_DEPRECATED(msg) __declspec(deprecated(msg))
+#else
+#define DFLASH_DEPRECATED(msg)
+#endif
+
 #define DFLASH_VERSION_MAJOR 0
 #define DFLASH_VERSION_MINOR 1
 #define DFLASH_VERSION_PATCH 0

@@ -38,5 +38,21 @@ for header in headers:
     if header.name == "train.h" and not {"drafter.h", "trainer.h", "run.h"} <= included:
         failed += 1
         print(f"FAIL dflash/train.h includes {sorted(included)}, not drafter.h, trainer.h, run.h")
+# DFLASH_DEPRECATED warns a caller with its message, and DFLASH_NO_DEPRECATION_WARNINGS
+# silences it (HACKING.md, "Deprecation").
+with tempfile.TemporaryDirectory() as tmp:
+    src = pathlib.Path(tmp) / "d.c"
+    src.write_text("#include <dflash/dflash.h>\n"
+                   "DFLASH_DEPRECATED(\"use g instead\") int f(void);\n"
+                   "int main(void) { return f(); }\n")
+    base = [*cc, "-std=c11", "-Wall", "-Werror", "-fsyntax-only", f"-I{include_root}", str(src)]
+    r = subprocess.run(base, capture_output=True, text=True)
+    if r.returncode == 0 or "use g instead" not in r.stderr:
+        failed += 1
+        print(f"FAIL DFLASH_DEPRECATED gave no warning with its message:\n{r.stderr}")
+    r = subprocess.run([*base, "-DDFLASH_NO_DEPRECATION_WARNINGS"], capture_output=True, text=True)
+    if r.returncode:
+        failed += 1
+        print(f"FAIL DFLASH_NO_DEPRECATION_WARNINGS did not silence it:\n{r.stderr}")
 print(f"{len(headers)} headers checked, {failed} failures")
 sys.exit(1 if failed or not headers else 0)
