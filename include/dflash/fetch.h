@@ -171,7 +171,32 @@ typedef struct dflash_fetch_options {
   const char *chunk_worker;
   uint64_t chunk_max_records; /* 0: 1000 */
   double chunk_max_seconds;   /* 0: 60 */
+  /*
+   * An id means one prompt. Every record carries "digest", 32 hex digits of SHA-256 over
+   * the compact, key-sorted normalised messages of its input line (a derived id is "h" and
+   * the same digits). dflash_fetch_create refuses, naming the ids and how many:
+   *  - an id whose record in OUT has another digest (a second input whose ids overlap the
+   *    first's: skipping it as done would drop its prompts) with DFLASH_E_MISMATCH;
+   *  - an id that comes again later in the input with other messages with DFLASH_E_FORMAT
+   *    (the same id with the same messages is a repeat: counted in "duplicates", skipped).
+   * new_ids: fetch each such prompt under "<id>#2" (or "#3"... the first that is free or
+   * names these messages), so a resume finds it again; keep_first_duplicates: a later line
+   * with an id seen earlier in the input is skipped (counted in "duplicates"), as before
+   * 0.1.0; it wins over new_ids for repeats inside the input. Records written before records
+   * had a digest are taken as the same prompt (there is nothing to compare).
+   */
+  int32_t new_ids;
+  int32_t keep_first_duplicates;
 } dflash_fetch_options;
+
+/* Why a run stopped early (dflash_fetch_stats.stop_reason; the summary's "stop_reason"). */
+typedef enum dflash_fetch_stop_reason {
+  DFLASH_FETCH_STOP_NONE = 0,         /* not stopped (null) */
+  DFLASH_FETCH_STOP_REQUESTED = 1,    /* dflash_fetch_stop or the callback ("stop") */
+  DFLASH_FETCH_STOP_DOWN_TIMEOUT = 2, /* every server down for down_timeout_s ("down_timeout") */
+  DFLASH_FETCH_STOP_SERVER_CHECK = 3, /* the start-up check refused the run ("server_check") */
+  DFLASH_FETCH_STOP_SETTINGS = 4      /* settings.json differs, refused ("settings") */
+} dflash_fetch_stop_reason;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
  * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
@@ -196,6 +221,24 @@ typedef struct dflash_fetch_stats {
   double elapsed_s;
   uint32_t servers_healthy;
   int32_t stopping; /* 1 once stop was requested */
+  /* What the summary JSON also says, as fields (so no caller parses the text). */
+  int32_t stop_reason;      /* dflash_fetch_stop_reason */
+  uint32_t servers_down;    /* servers in use taken out (connection failures, timeouts) */
+  uint64_t errors_earlier;  /* prompts skipped because an earlier run recorded an error */
+  uint64_t attempts_failed; /* every attempt that failed, retried or not */
+  uint64_t probes_failed;
+  uint64_t overloaded; /* attempts answered 429 or 503: retried, the server's limit lowered */
+  /* Answers with and without a completion token count (completion_tokens sums the first). */
+  uint64_t turns_counted;
+  uint64_t turns_uncounted;
+  uint64_t renamed;      /* prompts under a suffixed id (dflash_fetch_options.new_ids) */
+  double down_s;         /* how long every server in use has been down; 0 while one is up */
+  double down_timeout_s; /* the down timeout in force; < 0: none */
+  /* Rates of this run over its last 10 s (less at the start: the window is never counted
+   * shorter than 2 s, so the first answers are not divided by a few milliseconds); the
+   * whole run's averages once it has ended. */
+  double prompts_per_s;        /* records written (completions and errors) */
+  double completion_tok_per_s; /* counted completion tokens */
 } dflash_fetch_stats;
 
 typedef struct dflash_fetch_server_stats {
@@ -208,7 +251,9 @@ typedef struct dflash_fetch_server_stats {
   uint64_t failures;
   uint64_t completion_tokens;
   uint32_t concurrency; /* the requests it is allowed now (the controller's limit or the fixed N) */
-  double tok_per_s;     /* tokens streamed per second, smoothed over ~5 s */
+  /* Its completed answers' counted tokens per second, over the same window as
+   * dflash_fetch_stats.completion_tok_per_s (the servers' rates add up to it). */
+  double tok_per_s;
 } dflash_fetch_server_stats;
 
 /*
