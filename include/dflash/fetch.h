@@ -243,8 +243,8 @@ typedef struct dflash_fetch_stats {
 
 typedef struct dflash_fetch_server_stats {
   size_t struct_size;
-  const char *url; /* borrowed from the fetcher */
-  uint32_t healthy;
+  const char *url;  /* borrowed from the fetcher */
+  uint32_t healthy; /* 0 once connections failed or timed out fail_threshold times in a row */
   uint32_t in_flight;
   uint64_t requests; /* attempts sent, probes excluded */
   uint64_t completed;
@@ -254,6 +254,10 @@ typedef struct dflash_fetch_server_stats {
   /* Its completed answers' counted tokens per second, over the same window as
    * dflash_fetch_stats.completion_tok_per_s (the servers' rates add up to it). */
   double tok_per_s;
+  /* 1: left out after failing the start-up check (skip_bad_servers): never sent work, and
+   * not "down" (healthy is 0 for it too) */
+  uint32_t excluded;
+  uint32_t overloaded; /* attempts it answered 429 or 503 (at most UINT32_MAX) */
 } dflash_fetch_server_stats;
 
 /*

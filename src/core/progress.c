@@ -18,7 +18,7 @@ struct dflash_progress {
   double interval;
   double start;
   double last_draw;
-  char note[128];
+  char note[1024]; /* fetch's note names every server (about 30 bytes each) */
 };
 
 DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label, const char *unit,

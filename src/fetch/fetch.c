@@ -761,7 +761,10 @@ DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, si
                                  .failures = v->failures,
                                  .completion_tokens = v->completion_tokens,
                                  .concurrency = v->ctl.limit,
-                                 .tok_per_s = server_rate(f, v)};
+                                 .tok_per_s = server_rate(f, v),
+                                 .excluded = v->excluded,
+                                 .overloaded = v->overloads > UINT32_MAX ? UINT32_MAX
+                                                                         : (uint32_t)v->overloads};
   return df_opts_out(s, &t, sizeof t, "dflash_fetch_server_stats");
 }
 

@@ -184,6 +184,7 @@ struct dflash_fetch {
   double end_time;         /* when the run ended, 0 before */
   const char *stop_reason; /* NULL, "stop", "down_timeout", "server_check", "settings" */
   json_t *settings;        /* this run's request settings (settings.json) */
+  char settings_digest[DF_DIGEST_LEN + 1]; /* of `settings`, in every record */
 
   atomic_int stop_requests;
   bool stopping, ran, curl_inited;

@@ -81,13 +81,13 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
   const char *outcome = record_outcome(job->turn_info);
   size_t p = job->turns[job->n_turns - 1];
   /* "digest" right after "id", where a resume reads it without parsing the record */
-  json_t *r = json_pack("{s:s,s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I}", "id", job->conv.id,
+  json_t *r = json_pack("{s:s,s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I,s:s}", "id", job->conv.id,
                         "digest", job->conv.digest, "messages", prompt_slice(job), "completion",
                         json_array_get(job->conv.messages, p), "finish_reason",
                         json_object_get(last, "finish_reason"), "outcome", outcome, "usage",
                         json_object_get(last, "usage"), "server", server, "latency_s",
                         df_now_seconds() - job->started, "attempts", job->attempts_total, "line",
-                        (json_int_t)job->line);
+                        (json_int_t)job->line, "settings_digest", f->settings_digest);
   if (r && job->n_turns > 1) json_object_set(r, "turns", job->turn_info);
   dflash_status st = r ? df_out_append(&f->completions, r) : df_error_nomem("record");
   json_decref(r);
@@ -101,11 +101,11 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
 dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job) {
   json_t *http = job->err_http ? json_integer(job->err_http) : json_null();
   const char *server = job->err_server >= 0 ? f->servers[job->err_server].display : NULL;
-  json_t *r = json_pack("{s:s,s:s,s:s,s:s,s:o,s:i,s:s?,s:I}", "id", job->conv.id, "digest",
+  json_t *r = json_pack("{s:s,s:s,s:s,s:s,s:o,s:i,s:s?,s:I,s:s}", "id", job->conv.id, "digest",
                         job->conv.digest, "kind", job->err_kind ? job->err_kind : "network",
                         "error", job->err ? job->err : "unknown error", "http_status", http,
                         "attempts", job->attempts_total, "server", server, "line",
-                        (json_int_t)job->line);
+                        (json_int_t)job->line, "settings_digest", f->settings_digest);
   dflash_status st = r ? df_out_append(&f->errors, r) : df_error_nomem("record");
   json_decref(r);
   if (!st) f->failed++;

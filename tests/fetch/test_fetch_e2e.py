@@ -861,6 +861,12 @@ def test_some_servers_bad_refused_unless_skip_bad_servers(tmp_path):
         assert by_url[farm.urls[1]]["excluded"] and not by_url[DEAD]["excluded"]
         assert not by_url[farm.urls[0]]["excluded"] and by_url[farm.urls[0]]["check"] is None
         assert not by_url[DEAD]["healthy"] and by_url[DEAD]["completed"] == 0
+        # the progress line: the left-out server is not "down", the unreachable one is
+        last = [line for line in p.stderr.splitlines() if "prompts/s" in line][-1]
+        server = {part.split()[0]: part for part in last.split(" | ")[1:]}
+        assert "s3" in server, last
+        assert server["s1"].endswith("LEFT OUT") and server["s3"].endswith("DOWN"), last
+        assert not server["s0"].endswith(("DOWN", "OUT")), last
         assert {q["port"] for q in farm.get("/requests")} == {farm.ports[0], farm.ports[2]}
         assert_exactly_once(tmp_path / "out", [str(i) for i in range(30)])
         # Only bad servers: refused even with --skip-bad-servers.
@@ -974,6 +980,10 @@ def test_overlapping_ids_refused_unless_new_ids(farm, tmp_path):
     run_fetch(farm, tmp_path / "a.jsonl", out)
     comps = outputs(out)[0]
     assert all(r["digest"] == hash_id(r["messages"])[1:] for r in comps)
+    settings = json.loads((out / "settings.json").read_text())["settings"]
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    assert all(r["settings_digest"] == hashlib.sha256(text.encode()).hexdigest()[:32]
+               for r in comps)
     write_jsonl(tmp_path / "b.jsonl", [user(f"second {i}", i) for i in range(4)] +
                 [user("first 4", 4)])
     sent = farm.get("/stats")["total"]

@@ -149,13 +149,17 @@ static void down_note(const dflash_fetch_stats *s, char *out, size_t cap) {
   else out[0] = 0;
 }
 
-/* Each server's load, completed-token rate, and DOWN only when it is (unreachable). */
+/* Each server's load, completed-token rate, and DOWN only when it is (unreachable); one left
+ * out by --skip-bad-servers is not down. */
 static int server_notes(dflash_fetch *f, char *note, int n, size_t cap) {
   for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < cap - 40; i++) {
     dflash_fetch_server_stats ss = {.struct_size = sizeof ss};
     if (dflash_fetch_get_server_stats(f, i, &ss) == DFLASH_OK)
       n += snprintf(note + n, cap - (size_t)n, " | s%zu %u/%u %.0f tok/s%s", i, ss.in_flight,
-                    ss.concurrency, ss.tok_per_s, ss.healthy ? "" : " DOWN");
+                    ss.concurrency, ss.tok_per_s,
+                    ss.excluded  ? " LEFT OUT"
+                    : ss.healthy ? ""
+                                 : " DOWN");
   }
   return n;
 }

@@ -98,12 +98,14 @@ class ServerStats(ctypes.Structure):
                 ("healthy", ctypes.c_uint32), ("in_flight", ctypes.c_uint32),
                 ("requests", ctypes.c_uint64), ("completed", ctypes.c_uint64),
                 ("failures", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
-                ("concurrency", ctypes.c_uint32), ("tok_per_s", ctypes.c_double)]
+                ("concurrency", ctypes.c_uint32), ("tok_per_s", ctypes.c_double),
+                ("excluded", ctypes.c_uint32), ("overloaded", ctypes.c_uint32)]
 
     def as_dict(self):
         out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
         out["url"] = self.url.decode()
         out["healthy"] = bool(self.healthy)
+        out["excluded"] = bool(self.excluded)
         return out
 
 

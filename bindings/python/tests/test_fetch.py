@@ -232,6 +232,9 @@ def test_stats_carry_what_the_summary_says(server, tmp_path):
                            max_tokens=6) as fetcher:
         assert fetcher.run() is True
         stats, summary = fetcher.stats(), fetcher.summary()
+        servers = fetcher.server_stats()
+    assert servers[0]["excluded"] is False and servers[0]["overloaded"] == 0
+    assert servers[0]["tok_per_s"] == pytest.approx(summary["servers"][0]["tok_per_s"])
     for key in ("errors_earlier", "attempts_failed", "probes_failed", "overloaded",
                 "turns_counted", "turns_uncounted", "renamed", "stop_reason", "down_s"):
         assert stats[key] == summary[key], key
