@@ -178,7 +178,8 @@ DF_MUST_CHECK dflash_status df_out_flush(df_out *o);
 bool df_record_id_prefix(const char *line, size_t len, char **id);
 /* The "digest" of a record line (df_conv.digest) into `out`: 1 found, 0 the record has none
  * (written before records had one), -1 out of memory (the message recorded). Our own lines
- * carry it right after the id; others are parsed. */
+ * carry it right after the id (a line in our layout without it there has none); a line that
+ * does not start with a string "id" is parsed. */
 int df_record_digest(const char *line, size_t len, char out[DF_DIGEST_LEN + 1]);
 
 #endif
