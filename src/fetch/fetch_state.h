@@ -199,6 +199,13 @@ struct dflash_fetch {
   double elapsed;
 };
 
+/* scan.c: the input scan and the id sets */
+DF_MUST_CHECK dflash_status df_idset_add(df_idset *s, const char *id, const char *digest);
+void df_idset_free(df_idset *s);
+DF_MUST_CHECK dflash_status df_fetch_map_input(dflash_fetch *f);
+/* Fails, naming them, when ids name other prompts than before (see new_ids). */
+DF_MUST_CHECK dflash_status df_fetch_scan_input(dflash_fetch *f);
+
 /* jobs.c */
 DF_MUST_CHECK dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job,
                                                        const char *server);
