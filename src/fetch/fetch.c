@@ -208,6 +208,34 @@ static bool is_retryable_record(const char *line, size_t len) {
   return retry;
 }
 
+/* A record of errors.retried: its prompt keeps its id (an id means one prompt), so other
+ * messages under that id are a conflict, as while the error was in errors.jsonl. */
+static dflash_status mark_retried(void *ctx, const char *id, uint64_t input_line, const char *text,
+                                  size_t len) {
+  (void)input_line;
+  dflash_fetch *f = ctx;
+  char digest[DF_DIGEST_LEN + 1];
+  int has = id ? df_record_digest(text, len, digest) : 0;
+  if (has < 0) return df_error_nomem("record digest");
+  return has ? df_idset_add(&f->retried, id, digest) : DFLASH_OK;
+}
+
+/* The records retry_errors moved away, this run or an earlier one (read when there are any;
+ * df_out_open and _open_remote leave `o` to close, failed or not). */
+static dflash_status read_retried(dflash_fetch *f) {
+  df_out o = {.fd = -1};
+  dflash_status st = DFLASH_OK;
+  char *loc = f->remote_out ? df_asprintf("%s/errors.retried/", f->out_dir)
+                            : df_path_join(f->out_dir, "errors.retried.jsonl");
+  struct stat sb;
+  if (!loc) st = df_error_nomem("path");
+  else if (f->remote_out) st = df_out_open_remote(f->storage, loc, mark_retried, f, &o);
+  else if (stat(loc, &sb) == 0) st = df_out_open(loc, mark_retried, f, &o);
+  df_out_close(&o);
+  free(loc);
+  return st;
+}
+
 static dflash_status move_retried_errors(dflash_fetch *f, const char *path) {
   df_out o;
   dflash_status st = df_out_open(path, NULL, NULL, &o); /* repairs a torn tail first */
@@ -288,6 +316,7 @@ static dflash_status open_remote_outputs(dflash_fetch *f) {
   if (!st) st = df_out_open_remote(f->storage, cpre, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_chunks(f, epre);
   if (!st) st = df_out_open_remote(f->storage, epre, mark_error_done, f, &f->errors);
+  if (!st) st = read_retried(f);
   free(cpre);
   free(epre);
   return st;
@@ -301,6 +330,7 @@ static dflash_status open_outputs(dflash_fetch *f) {
   if (!st) st = df_out_open(cpath, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_errors(f, epath);
   if (!st) st = df_out_open(epath, mark_error_done, f, &f->errors);
+  if (!st) st = read_retried(f);
   free(cpath);
   free(epath);
   return st;
@@ -598,6 +628,7 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
   free(f->prompts);
   df_strset_free(&f->done);
   df_idset_free(&f->digests);
+  df_idset_free(&f->retried);
   df_buf_free(&f->conflicts.disk_names);
   df_buf_free(&f->conflicts.input_names);
   df_strset_free(&f->err_done);

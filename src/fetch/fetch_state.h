@@ -149,6 +149,7 @@ struct dflash_fetch {
   size_t n_bad, next_bad;
   df_strset done;         /* ids (and "\1line:N" for id-less bad lines) already on disk */
   df_idset digests;       /* the records on disk that carry a digest */
+  df_idset retried;       /* the error records retry_errors moved away, to fetch again */
   df_conflicts conflicts; /* found by the scan: the run is refused unless options allow them */
   uint64_t renamed;       /* prompts under a suffixed id (new_ids) */
   df_rate records_rate, tokens_rate; /* records written, completion tokens: over time */

@@ -147,6 +147,10 @@ static dflash_status try_id(dflash_fetch *f, scan_ctx *sc, const df_conv *c, con
     return DFLASH_OK;
   }
   int disk = in == ID_OTHER ? ID_OTHER : idset_state(&f->digests, &f->done, cand, c->digest);
+  if (disk == ID_ABSENT) { /* an error moved away to be retried: fetched again, same prompt */
+    int retried = idset_state(&f->retried, &f->retried.ids, cand, c->digest);
+    disk = retried == ID_OTHER ? ID_OTHER : retried < 0 ? -1 : ID_ABSENT;
+  }
   if (disk < 0) return DFLASH_E_NOMEM;
   if (disk == ID_OTHER && in == ID_ABSENT && !f->guards.new_ids) {
     name_conflict(&f->conflicts.disk_names, f->conflicts.on_disk++, cand, sc->line);

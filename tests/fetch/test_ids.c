@@ -68,6 +68,8 @@ static void write_records(const ids_case *c, const char *const *ids, const char 
   df_buf_free(&b);
 }
 
+static int retry_errors; /* dflash_fetch_options.retry_errors of the next create() */
+
 static dflash_status create(const ids_case *c, const char *input, int new_ids, int keep_first,
                             dflash_fetch_stats *s) {
   static const char *servers[] = {"http://127.0.0.1:9/v1"};
@@ -78,6 +80,7 @@ static dflash_status create(const ids_case *c, const char *input, int new_ids, i
   o.model = "m";
   o.new_ids = new_ids;
   o.keep_first_duplicates = keep_first;
+  o.retry_errors = retry_errors;
   ck_assert(df_test_write(c->in, input, strlen(input)));
   dflash_fetch *f = NULL;
   dflash_status st = dflash_fetch_create(&o, c->in, c->out, &f);
@@ -133,6 +136,35 @@ START_TEST(new_ids_fetch_conflicts_under_suffixed_ids) {
   ck_assert_uint_eq(s.renamed, 1);
   ck_assert_uint_eq(s.duplicates, 1);
   ck_assert_uint_eq(s.pending, 0);
+  case_close(&c);
+}
+END_TEST
+
+/* An error recorded for an id is a record too: other messages under it are a conflict. */
+START_TEST(error_records_hold_their_prompt_too) {
+  ids_case c = case_open();
+  char d[DF_DIGEST_LEN + 1];
+  digest_of(LINE("0", "a"), d);
+  char *rec = df_asprintf("{\"id\":\"0\",\"digest\":\"%s\",\"kind\":\"http\"}\n", d);
+  char *path = df_path_join(c.out, "errors.jsonl");
+  ck_assert(df_test_write(path, rec, strlen(rec)));
+  free(rec);
+  free(path);
+  dflash_fetch_stats s;
+  ck_assert_status(create(&c, LINE("0", "x"), 0, 0, &s), DFLASH_E_MISMATCH, "1 ids already in");
+  ck_assert_ok(create(&c, LINE("0", "a"), 0, 0, &s));
+  ck_assert_uint_eq(s.skipped, 1);
+  ck_assert_uint_eq(s.errors_earlier, 1);
+  /* retry_errors moves the record to errors.retried.jsonl to fetch it again: the prompt keeps
+   * its id there, refused or not, this run and the next */
+  retry_errors = 1;
+  ck_assert_status(create(&c, LINE("0", "x"), 0, 0, &s), DFLASH_E_MISMATCH, "1 ids already in");
+  retry_errors = 0;
+  ck_assert_status(create(&c, LINE("0", "x"), 0, 0, &s), DFLASH_E_MISMATCH, "1 ids already in");
+  ck_assert_ok(create(&c, LINE("0", "a"), 0, 0, &s));
+  ck_assert_uint_eq(s.pending, 1); /* the retried prompt itself */
+  ck_assert_ok(create(&c, LINE("0", "x"), 1, 0, &s));
+  ck_assert_uint_eq(s.renamed, 1);
   case_close(&c);
 }
 END_TEST
@@ -196,6 +228,7 @@ TCase *tc_ids(void) {
   TCase *tc = tcase_create("ids");
   tcase_add_test(tc, overlapping_ids_with_other_messages_are_refused);
   tcase_add_test(tc, new_ids_fetch_conflicts_under_suffixed_ids);
+  tcase_add_test(tc, error_records_hold_their_prompt_too);
   tcase_add_test(tc, records_without_digest_count_as_the_same);
   tcase_add_test(tc, duplicate_ids_in_one_input);
   tcase_add_test(tc, record_digest_read_back);
