@@ -13,12 +13,15 @@
  * assistant turn is regenerated in order and the new turns are fed back.
  *
  * Output, in `out_dir`:
- *  - completions.jsonl: {"id", "messages" (the prompt sent), "completion"
+ *  - completions.jsonl: {"id", "digest" (of the input line's messages: see
+ *    new_ids), "messages" (the prompt sent), "completion"
  *    {"role":"assistant","reasoning","content"}, "finish_reason",
  *    "outcome" ("ok" | "length" | "empty" | another finish_reason), "usage",
- *    "server", "latency_s", "attempts", "line"};
- *  - errors.jsonl: {"id" (null when the line has none), "kind", "error",
- *    "http_status", "attempts", "server", "line"}; kind is "input" (a
+ *    "server", "latency_s", "attempts", "line", "settings_digest" (32 hex digits
+ *    of SHA-256 over settings.json's compact, key-sorted "settings")};
+ *  - errors.jsonl: {"id" (null when the line has none), "digest", "kind", "error",
+ *    "http_status", "attempts", "server", "line", "settings_digest"} (a malformed
+ *    line's record has neither digest); kind is "input" (a
  *    malformed line), "http" (an error status), "network", "timeout",
  *    "response" (unparseable or over the size cap) or "stream" (an error
  *    reported inside an HTTP 200 answer, as SGLang and vLLM do, or an answer
@@ -26,8 +29,9 @@
  * Each record is one write() of one line; files are fsynced on the schedule
  * in the options. On start, a torn last line (a crash mid-write or a power
  * loss) is cut off, and ids already present in completions.jsonl (and in
- * errors.jsonl unless `retry_errors`) are skipped, so re-running the same
- * command after any crash finishes the job with every id exactly once.
+ * errors.jsonl unless `retry_errors`) with the same digest are skipped, so
+ * re-running the same command after any crash finishes the job with every id
+ * exactly once (another digest under an id: see new_ids).
  * A lock file keeps two fetchers from writing to one directory.
  *
  * One dflash_fetch runs its event loop (libcurl multi interface over epoll)
