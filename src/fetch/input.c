@@ -89,10 +89,11 @@ static char *explicit_id(const json_t *v) {
 static bool messages_digest(const json_t *messages, char out[DF_DIGEST_LEN + 1]) {
   char *text = json_dumps(messages, JSON_COMPACT | JSON_SORT_KEYS);
   if (!text) return false;
-  unsigned char h[32];
-  df_sha256(text, strlen(text), h);
+  char hex[65];
+  df_sha256_hex(text, strlen(text), hex);
   free(text);
-  for (int i = 0; i < DF_DIGEST_LEN / 2; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
+  memcpy(out, hex, DF_DIGEST_LEN);
+  out[DF_DIGEST_LEN] = 0;
   return true;
 }
 

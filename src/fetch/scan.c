@@ -10,7 +10,12 @@
 
 /* "<digest><id>": a pair of df_idset. */
 static char *pair_key(const char *id, const char *digest) {
-  return df_asprintf("%.*s%s", DF_DIGEST_LEN, digest, id);
+  size_t n = strlen(id); /* no printf: this runs for every line of the input */
+  char *key = malloc(DF_DIGEST_LEN + n + 1);
+  if (!key) return NULL;
+  memcpy(key, digest, DF_DIGEST_LEN);
+  memcpy(key + DF_DIGEST_LEN, id, n + 1);
+  return key;
 }
 
 dflash_status df_idset_add(df_idset *s, const char *id, const char *digest) {
