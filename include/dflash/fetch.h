@@ -214,10 +214,12 @@ typedef struct dflash_fetch_stats {
   uint64_t completed;    /* completions written by this run */
   uint64_t failed;       /* errors written by this run (input errors included) */
   uint64_t input_errors; /* malformed input lines found by this run */
-  uint64_t duplicates;   /* input lines whose id appeared earlier (ignored) */
-  uint64_t length;       /* completions with outcome "length" */
-  uint64_t empty;        /* completions with outcome "empty" */
-  uint64_t retries;      /* attempts beyond the first */
+  /* input lines skipped as repeats: an earlier line's id and messages, or (with
+   * keep_first_duplicates) an earlier line's id */
+  uint64_t duplicates;
+  uint64_t length;  /* completions with outcome "length" */
+  uint64_t empty;   /* completions with outcome "empty" */
+  uint64_t retries; /* attempts beyond the first */
   uint64_t in_flight;
   uint64_t pending; /* not yet finished, not in flight */
   uint64_t prompt_tokens;
