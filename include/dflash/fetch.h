@@ -13,12 +13,15 @@
  * assistant turn is regenerated in order and the new turns are fed back.
  *
  * Output, in `out_dir`:
- *  - completions.jsonl: {"id", "messages" (the prompt sent), "completion"
+ *  - completions.jsonl: {"id", "digest" (of the input line's messages: see
+ *    new_ids), "messages" (the prompt sent), "completion"
  *    {"role":"assistant","reasoning","content"}, "finish_reason",
  *    "outcome" ("ok" | "length" | "empty" | another finish_reason), "usage",
- *    "server", "latency_s", "attempts", "line"};
- *  - errors.jsonl: {"id" (null when the line has none), "kind", "error",
- *    "http_status", "attempts", "server", "line"}; kind is "input" (a
+ *    "server", "latency_s", "attempts", "line", "settings_digest" (32 hex digits
+ *    of SHA-256 over settings.json's compact, key-sorted "settings")};
+ *  - errors.jsonl: {"id" (null when the line has none), "digest", "kind", "error",
+ *    "http_status", "attempts", "server", "line", "settings_digest"} (a malformed
+ *    line's record has neither digest); kind is "input" (a
  *    malformed line), "http" (an error status), "network", "timeout",
  *    "response" (unparseable or over the size cap) or "stream" (an error
  *    reported inside an HTTP 200 answer, as SGLang and vLLM do, or an answer
@@ -26,8 +29,9 @@
  * Each record is one write() of one line; files are fsynced on the schedule
  * in the options. On start, a torn last line (a crash mid-write or a power
  * loss) is cut off, and ids already present in completions.jsonl (and in
- * errors.jsonl unless `retry_errors`) are skipped, so re-running the same
- * command after any crash finishes the job with every id exactly once.
+ * errors.jsonl unless `retry_errors`) with the same digest are skipped, so
+ * re-running the same command after any crash finishes the job with every id
+ * exactly once (another digest under an id: see new_ids).
  * A lock file keeps two fetchers from writing to one directory.
  *
  * One dflash_fetch runs its event loop (libcurl multi interface over epoll)
@@ -171,7 +175,32 @@ typedef struct dflash_fetch_options {
   const char *chunk_worker;
   uint64_t chunk_max_records; /* 0: 1000 */
   double chunk_max_seconds;   /* 0: 60 */
+  /*
+   * An id means one prompt. Every record carries "digest", 32 hex digits of SHA-256 over
+   * the compact, key-sorted normalised messages of its input line (a derived id is "h" and
+   * the same digits). dflash_fetch_create refuses, naming the ids and how many:
+   *  - an id whose record in OUT has another digest (a second input whose ids overlap the
+   *    first's: skipping it as done would drop its prompts) with DFLASH_E_MISMATCH;
+   *  - an id that comes again later in the input with other messages with DFLASH_E_FORMAT
+   *    (the same id with the same messages is a repeat: counted in "duplicates", skipped).
+   * new_ids: fetch each such prompt under "<id>#2" (or "#3"... the first that is free or
+   * names these messages), so a resume finds it again; keep_first_duplicates: a later line
+   * with an id seen earlier in the input is skipped (counted in "duplicates"), as before
+   * 0.1.0; it wins over new_ids for repeats inside the input. Records written before records
+   * had a digest are taken as the same prompt (there is nothing to compare).
+   */
+  int32_t new_ids;
+  int32_t keep_first_duplicates;
 } dflash_fetch_options;
+
+/* Why a run stopped early (dflash_fetch_stats.stop_reason; the summary's "stop_reason"). */
+typedef enum dflash_fetch_stop_reason {
+  DFLASH_FETCH_STOP_NONE = 0,         /* not stopped (null) */
+  DFLASH_FETCH_STOP_REQUESTED = 1,    /* dflash_fetch_stop or the callback ("stop") */
+  DFLASH_FETCH_STOP_DOWN_TIMEOUT = 2, /* every server down for down_timeout_s ("down_timeout") */
+  DFLASH_FETCH_STOP_SERVER_CHECK = 3, /* the start-up check refused the run ("server_check") */
+  DFLASH_FETCH_STOP_SETTINGS = 4      /* settings.json differs, refused ("settings") */
+} dflash_fetch_stop_reason;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
  * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
@@ -185,10 +214,12 @@ typedef struct dflash_fetch_stats {
   uint64_t completed;    /* completions written by this run */
   uint64_t failed;       /* errors written by this run (input errors included) */
   uint64_t input_errors; /* malformed input lines found by this run */
-  uint64_t duplicates;   /* input lines whose id appeared earlier (ignored) */
-  uint64_t length;       /* completions with outcome "length" */
-  uint64_t empty;        /* completions with outcome "empty" */
-  uint64_t retries;      /* attempts beyond the first */
+  /* input lines skipped as repeats: an earlier line's id and messages, or (with
+   * keep_first_duplicates) an earlier line's id */
+  uint64_t duplicates;
+  uint64_t length;  /* completions with outcome "length" */
+  uint64_t empty;   /* completions with outcome "empty" */
+  uint64_t retries; /* attempts beyond the first */
   uint64_t in_flight;
   uint64_t pending; /* not yet finished, not in flight */
   uint64_t prompt_tokens;
@@ -196,19 +227,43 @@ typedef struct dflash_fetch_stats {
   double elapsed_s;
   uint32_t servers_healthy;
   int32_t stopping; /* 1 once stop was requested */
+  /* What the summary JSON also says, as fields (so no caller parses the text). */
+  int32_t stop_reason;      /* dflash_fetch_stop_reason */
+  uint32_t servers_down;    /* servers in use taken out (connection failures, timeouts) */
+  uint64_t errors_earlier;  /* prompts skipped because an earlier run recorded an error */
+  uint64_t attempts_failed; /* every attempt that failed, retried or not */
+  uint64_t probes_failed;
+  uint64_t overloaded; /* attempts answered 429 or 503: retried, the server's limit lowered */
+  /* Answers with and without a completion token count (completion_tokens sums the first). */
+  uint64_t turns_counted;
+  uint64_t turns_uncounted;
+  uint64_t renamed;      /* prompts under a suffixed id (dflash_fetch_options.new_ids) */
+  double down_s;         /* how long every server in use has been down; 0 while one is up */
+  double down_timeout_s; /* the down timeout in force; < 0: none */
+  /* Rates of this run over its last 10 s (less at the start: the window is never counted
+   * shorter than 2 s, so the first answers are not divided by a few milliseconds); the
+   * whole run's averages once it has ended. */
+  double prompts_per_s;        /* records written (completions and errors) */
+  double completion_tok_per_s; /* counted completion tokens */
 } dflash_fetch_stats;
 
 typedef struct dflash_fetch_server_stats {
   size_t struct_size;
-  const char *url; /* borrowed from the fetcher */
-  uint32_t healthy;
+  const char *url;  /* borrowed from the fetcher */
+  uint32_t healthy; /* 0 once connections failed or timed out fail_threshold times in a row */
   uint32_t in_flight;
   uint64_t requests; /* attempts sent, probes excluded */
   uint64_t completed;
   uint64_t failures;
   uint64_t completion_tokens;
   uint32_t concurrency; /* the requests it is allowed now (the controller's limit or the fixed N) */
-  double tok_per_s;     /* tokens streamed per second, smoothed over ~5 s */
+  /* Its completed answers' counted tokens per second, over the same window as
+   * dflash_fetch_stats.completion_tok_per_s (the servers' rates add up to it). */
+  double tok_per_s;
+  /* 1: left out after failing the start-up check (skip_bad_servers): never sent work, and
+   * not "down" (healthy is 0 for it too) */
+  uint32_t excluded;
+  uint32_t overloaded; /* attempts it answered 429 or 503 (at most UINT32_MAX) */
 } dflash_fetch_server_stats;
 
 /*

@@ -18,7 +18,7 @@ struct dflash_progress {
   double interval;
   double start;
   double last_draw;
-  char note[128];
+  char note[1024]; /* fetch's note names every server (about 30 bytes each) */
 };
 
 DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label, const char *unit,
@@ -57,7 +57,9 @@ static void format_duration(double s, char *buf, size_t n) {
 
 static void draw(dflash_progress *p, double now) {
   double elapsed = now - p->start;
-  double rate = elapsed > 0 ? (double)p->done / elapsed : 0.0;
+  /* At least 1 s: what a job finds done at once (a resume, a fast first batch) is not
+   * divided by the microseconds since the start (millions of units/s). */
+  double rate = (double)p->done / (elapsed > 1.0 ? elapsed : 1.0);
   char el[32], eta[32], bar[41];
   format_duration(elapsed, el, sizeof el);
   if (p->total && rate > 0)

@@ -133,9 +133,22 @@ static json_t *utc_now(void) {
 /* Compare this run's settings with the recorded ones. *to_write: the document to
  * record once the run goes ahead (a new one, or the changed settings with the old
  * ones kept in "earlier"); NULL when the record already says the same. */
+/* 32 hex digits of SHA-256 over the compact, key-sorted settings: each record names the
+ * settings it was fetched with ("settings_digest"), also after an allowed change. */
+static dflash_status settings_digest(dflash_fetch *f) {
+  char *text = json_dumps(f->settings, JSON_COMPACT | JSON_SORT_KEYS);
+  if (!text) return df_error_nomem("settings");
+  unsigned char h[32];
+  df_sha256(text, strlen(text), h);
+  free(text);
+  for (int i = 0; i < DF_DIGEST_LEN / 2; i++) snprintf(f->settings_digest + 2 * i, 3, "%02x", h[i]);
+  return DFLASH_OK;
+}
+
 dflash_status df_fetch_check_settings(dflash_fetch *f, json_t **to_write) {
   *to_write = NULL;
   if (!f->settings && !(f->settings = df_fetch_settings(f))) return df_error_nomem("settings");
+  if (settings_digest(f)) return DFLASH_E_NOMEM;
   char *loc = settings_location(f);
   if (!loc) return df_error_nomem("path");
   json_t *old;

@@ -8,8 +8,12 @@
 #include <string.h>
 
 static result fail(result_kind k, const char *err_kind, long http, bool server_fault, char *msg) {
-  return (result){k, err_kind, msg ? msg : df_strdup("unknown error"), http, server_fault};
+  return (result){k, err_kind, msg ? msg : df_strdup("unknown error"), http, server_fault, false};
 }
+
+/* 429 and 503 (SGLang's full queue, a proxy's rate limit; with or without Retry-After) say
+ * the server is busy, not broken: it answered. */
+static bool overload_status(long status) { return status == 429 || status == 503; }
 
 static result from_curl(const df_xfer *x, CURLcode rc) {
   const char *detail = x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc);
@@ -27,9 +31,11 @@ static result from_http_error(const df_xfer *x) {
                            msg ? 1000 : (int)(x->raw.len < 300 ? x->raw.len : 300),
                            msg ? msg : (x->raw.data ? x->raw.data : ""));
   free(msg);
-  bool retry = df_http_retryable(x->http);
-  bool overload = x->http == 408 || x->http == 409 || x->http == 429;
-  return fail(retry ? RES_RETRY : RES_FAIL, "http", x->http, retry && !overload, text);
+  /* The server answered, so it is up: only a connection that fails or times out takes a
+   * server out (a 500 or a stream error is retried; after max_attempts it is recorded). */
+  result r = fail(df_http_retryable(x->http) ? RES_RETRY : RES_FAIL, "http", x->http, false, text);
+  r.overload = overload_status(x->http);
+  return r;
 }
 
 /* Why an answer that parsed has no finish_reason (see df_resp_judge). */
@@ -55,11 +61,13 @@ static result from_success(df_xfer *x, CURLcode rc) {
   case DF_RESP_COMPLETE: return (result){.kind = RES_OK};
   case DF_RESP_ERROR: {
     bool retry = r->error_code == 0 || df_http_retryable(r->error_code);
-    return fail(retry ? RES_RETRY : RES_FAIL, "stream", r->error_code, retry,
-                df_asprintf("error after HTTP %ld: %s", x->http, r->error));
+    result e = fail(retry ? RES_RETRY : RES_FAIL, "stream", r->error_code, false,
+                    df_asprintf("error after HTTP %ld: %s", x->http, r->error));
+    e.overload = overload_status(r->error_code); /* SGLang's full queue inside a stream */
+    return e;
   }
   case DF_RESP_ABORTED:
-    return fail(RES_RETRY, "stream", 0, true,
+    return fail(RES_RETRY, "stream", 0, false,
                 df_asprintf("the server ended the generation with "
                             "finish_reason \"%s\"",
                             r->finish_reason));
@@ -68,10 +76,10 @@ static result from_success(df_xfer *x, CURLcode rc) {
   }
   if (rc != CURLE_OK) return from_curl(x, rc);
   if (r->bad_json)
-    return fail(RES_RETRY, "response", 0, true,
+    return fail(RES_RETRY, "response", 0, false,
                 df_asprintf("invalid JSON in the %s (%llu bytes)", x->sse ? "stream" : "response",
                             (unsigned long long)x->bytes));
-  return fail(RES_RETRY, "stream", 0, true, unfinished_msg(x));
+  return fail(RES_RETRY, "stream", 0, false, unfinished_msg(x));
 }
 
 result df_fetch_classify(df_xfer *x, CURLcode rc) {
@@ -88,6 +96,25 @@ result df_fetch_classify(df_xfer *x, CURLcode rc) {
   return from_http_error(x);
 }
 
+
+void df_rate_sample(df_rate *r, double t, uint64_t v) {
+  r->t[r->next] = t;
+  r->v[r->next] = v;
+  r->next = (r->next + 1) % DF_RATE_SAMPLES;
+  if (r->n < DF_RATE_SAMPLES) r->n++;
+}
+
+double df_rate_per_s(const df_rate *r, double now, uint64_t v) {
+  if (r->n == 0) return 0;
+  unsigned oldest = (r->next + DF_RATE_SAMPLES - r->n) % DF_RATE_SAMPLES, pick = oldest;
+  for (unsigned k = 0; k < r->n; k++) { /* oldest first: the first inside the window */
+    pick = (oldest + k) % DF_RATE_SAMPLES;
+    if (r->t[pick] >= now - DF_RATE_WINDOW_S) break;
+  }
+  double len = now - r->t[pick];
+  uint64_t d = v >= r->v[pick] ? v - r->v[pick] : 0;
+  return (double)d / (len > DF_RATE_FLOOR_S ? len : DF_RATE_FLOOR_S);
+}
 
 /* llama.cpp's GET /props: total_slots, or -1. */
 double df_fetch_props_slots(const char *text, size_t len) {

@@ -46,6 +46,7 @@ void df_ctl_init(df_ctl *c, uint32_t initial, uint32_t max, bool fixed, double n
   c->win_start = -1;
   c->last_tick = now;
   c->st = (df_ctl_state){-1, -1, -1, -1, -1};
+  c->last_cut = -INFINITY;
 }
 
 void df_ctl_tokens(df_ctl *c, uint64_t n) {
@@ -165,6 +166,18 @@ static const char *decide(df_ctl *c, double rate, bool queue) {
     return "down: worse, back";
   default: return NULL;
   }
+}
+
+bool df_ctl_overload(df_ctl *c, double now, uint32_t in_flight) {
+  if (c->phase == DF_CTL_FIXED || now - c->last_cut < window_time(c)) return false;
+  c->last_cut = now;
+  uint32_t held = in_flight < c->limit ? in_flight : c->limit;
+  uint32_t before = c->limit;
+  c->base = clamp_limit(c, held * 0.75);
+  c->step = c->base / 4 ? c->base / 4 : 1;
+  c->prev_rate = 0;
+  set_limit(c, c->base, DF_CTL_BASE);
+  return c->limit != before;
 }
 
 /* llama.cpp runs total_slots requests at once and queues the rest: the slots,

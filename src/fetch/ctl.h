@@ -64,6 +64,7 @@ typedef struct df_ctl {
   df_ctl_state st;
   bool have_state;
   uint64_t decisions;
+  double last_cut; /* when an overload last lowered the limit */
 } df_ctl;
 
 /* A controller starting at `initial` streams (fixed when `fixed`), capped at `max`. */
@@ -74,6 +75,11 @@ void df_ctl_tokens(df_ctl *c, uint64_t n);
 void df_ctl_done(df_ctl *c, double seconds);
 /* The server's own report (df_ctl_state fields < 0 when unknown). */
 void df_ctl_state_set(df_ctl *c, const df_ctl_state *s);
+/* The server answered 429 or 503 (overloaded): the limit drops to three quarters of the
+ * requests it holds and the climb measures from there. One cut per measuring window, since
+ * the refusals of one burst are one signal. A fixed limit stays (the caller chose it).
+ * Returns true when the limit changed. */
+bool df_ctl_overload(df_ctl *c, double now, uint32_t in_flight);
 /* Periodic decision. `in_flight`: requests sent to the server; `queued`: of
  * them, those the server has not started streaming; `starved`: the loop had no
  * work to send (the end of a job), so the window does not count. Returns true

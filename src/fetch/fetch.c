@@ -2,7 +2,6 @@
  * loop is in loop.c, jobs and records in jobs.c. */
 #include "fetch_state.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -176,13 +175,14 @@ static dflash_status lock_dir(dflash_fetch *f) {
 
 static dflash_status mark_done(void *ctx, const char *id, uint64_t input_line, const char *text,
                                size_t len) {
-  (void)text;
-  (void)len;
   dflash_fetch *f = ctx;
   char key[40];
   if (!id) snprintf(key, sizeof key, "\1line:%llu", (unsigned long long)input_line);
   if (df_strset_add(&f->done, id ? id : key) < 0) return df_error_nomem("resume set");
-  return DFLASH_OK;
+  char digest[DF_DIGEST_LEN + 1];
+  int has = id ? df_record_digest(text, len, digest) : 0;
+  if (has < 0) return df_error_nomem("record digest");
+  return has ? df_idset_add(&f->digests, id, digest) : DFLASH_OK;
 }
 
 /* A record of errors.jsonl: done, and an error unless completions.jsonl (read first)
@@ -206,6 +206,34 @@ static bool is_retryable_record(const char *line, size_t len) {
   bool retry = json_is_string(json_object_get(r, "id")) && kind && strcmp(kind, "input");
   json_decref(r);
   return retry;
+}
+
+/* A record of errors.retried: its prompt keeps its id (an id means one prompt), so other
+ * messages under that id are a conflict, as while the error was in errors.jsonl. */
+static dflash_status mark_retried(void *ctx, const char *id, uint64_t input_line, const char *text,
+                                  size_t len) {
+  (void)input_line;
+  dflash_fetch *f = ctx;
+  char digest[DF_DIGEST_LEN + 1];
+  int has = id ? df_record_digest(text, len, digest) : 0;
+  if (has < 0) return df_error_nomem("record digest");
+  return has ? df_idset_add(&f->retried, id, digest) : DFLASH_OK;
+}
+
+/* The records retry_errors moved away, this run or an earlier one (read when there are any;
+ * df_out_open and _open_remote leave `o` to close, failed or not). */
+static dflash_status read_retried(dflash_fetch *f) {
+  df_out o = {.fd = -1};
+  dflash_status st = DFLASH_OK;
+  char *loc = f->remote_out ? df_asprintf("%s/errors.retried/", f->out_dir)
+                            : df_path_join(f->out_dir, "errors.retried.jsonl");
+  struct stat sb;
+  if (!loc) st = df_error_nomem("path");
+  else if (f->remote_out) st = df_out_open_remote(f->storage, loc, mark_retried, f, &o);
+  else if (stat(loc, &sb) == 0) st = df_out_open(loc, mark_retried, f, &o);
+  df_out_close(&o);
+  free(loc);
+  return st;
 }
 
 static dflash_status move_retried_errors(dflash_fetch *f, const char *path) {
@@ -288,6 +316,7 @@ static dflash_status open_remote_outputs(dflash_fetch *f) {
   if (!st) st = df_out_open_remote(f->storage, cpre, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_chunks(f, epre);
   if (!st) st = df_out_open_remote(f->storage, epre, mark_error_done, f, &f->errors);
+  if (!st) st = read_retried(f);
   free(cpre);
   free(epre);
   return st;
@@ -301,119 +330,9 @@ static dflash_status open_outputs(dflash_fetch *f) {
   if (!st) st = df_out_open(cpath, mark_done, f, &f->completions);
   if (!st && f->o.retry_errors) st = move_retried_errors(f, epath);
   if (!st) st = df_out_open(epath, mark_error_done, f, &f->errors);
+  if (!st) st = read_retried(f);
   free(cpath);
   free(epath);
-  return st;
-}
-
-/* ---- input scan ------------------------------------------------------------- */
-
-static dflash_status map_input(dflash_fetch *f) {
-  if (f->remote_in) { /* read whole: the scan and the jobs index into it */
-    void *data;
-    size_t len;
-    dflash_status st = dflash_storage_read(f->storage, f->input_path, &data, &len);
-    if (st) return df_error_wrap(st, "reading input");
-    f->map = data;
-    f->map_len = len;
-    return DFLASH_OK;
-  }
-  const uint8_t *base;
-  uint64_t size;
-  dflash_status st = df_map_file(f->input_path, &base, &size);
-  if (st) return df_error_wrap(st, "input");
-  f->map = (const char *)base;
-  f->map_len = (size_t)size;
-  return DFLASH_OK;
-}
-
-static bool blank(const char *s, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!isspace((unsigned char)s[i])) return false;
-  return true;
-}
-
-static bool in_shard(const dflash_fetch *f, const char *id, uint64_t line) {
-  if (f->o.shard_count <= 1) return true;
-  uint32_t s = id ? df_shard_of(id, f->o.shard_count) : (uint32_t)(line % f->o.shard_count);
-  return s == f->o.shard_index;
-}
-
-static dflash_status add_bad(dflash_fetch *f, uint64_t line, char *id, size_t *cap) {
-  if (f->n_bad == *cap) {
-    size_t ncap = *cap ? *cap * 2 : 16;
-    df_bad_line *b = realloc(f->bad, ncap * sizeof *b);
-    if (!b) return df_error_nomem("input errors");
-    f->bad = b;
-    *cap = ncap;
-  }
-  char *msg = df_strdup(dflash_last_error());
-  if (!msg) return df_error_nomem("input errors");
-  f->bad[f->n_bad++] = (df_bad_line){.line = line, .id = id, .message = msg};
-  return DFLASH_OK;
-}
-
-static dflash_status add_prompt(dflash_fetch *f, uint64_t off, uint64_t len, uint64_t line,
-                                size_t *cap) {
-  if (f->n_prompts == *cap) {
-    size_t ncap = *cap ? *cap * 2 : 1024;
-    df_prompt *p = realloc(f->prompts, ncap * sizeof *p);
-    if (!p) return df_error_nomem("prompts");
-    f->prompts = p;
-    *cap = ncap;
-  }
-  f->prompts[f->n_prompts++] = (df_prompt){off, len, line};
-  return DFLASH_OK;
-}
-
-/* Validate one line fully (so errors are known up front) and sort it into
- * prompts to fetch, already done, duplicate, or malformed. */
-static dflash_status scan_one(dflash_fetch *f, df_strset *seen, uint64_t off, uint64_t len,
-                              uint64_t line, size_t *cap_p, size_t *cap_b) {
-  df_conv c;
-  char *explicit_id;
-  dflash_status st = df_conv_parse(f->map + off, len, f->input_path, line, &c, &explicit_id);
-  if (!st) {
-    size_t *turns, n;
-    st = df_conv_turns(c.messages, f->o.all_turns, &turns, &n);
-    if (st) st = df_error_wrap(st, "%s:%llu", f->input_path, (unsigned long long)line);
-    else free(turns);
-  }
-  const char *id = st ? explicit_id : c.id;
-  dflash_status out = DFLASH_OK;
-  char key[40];
-  snprintf(key, sizeof key, "\1line:%llu", (unsigned long long)line);
-  if (!in_shard(f, id, line)) {
-  } else if (id && df_strset_add(seen, id) == 0) {
-    f->duplicates++;
-    df_log(DFLASH_LOG_WARN, "%s:%llu: id %s appeared on an earlier line; ignored", f->input_path,
-           (unsigned long long)line, id);
-  } else if (df_strset_has(&f->done, id ? id : key)) {
-    f->skipped++;
-    if (df_strset_has(&f->err_done, id ? id : key)) f->errors_earlier++;
-  } else if (st) {
-    out = add_bad(f, line, explicit_id ? df_strdup(explicit_id) : NULL, cap_b);
-  } else {
-    out = add_prompt(f, off, len, line, cap_p);
-  }
-  free(explicit_id);
-  df_conv_free(&c);
-  return out;
-}
-
-static dflash_status scan_input(dflash_fetch *f) {
-  df_strset seen = {0};
-  size_t cap_p = 0, cap_b = 0;
-  uint64_t line = 0;
-  dflash_status st = DFLASH_OK;
-  for (size_t i = 0; !st && i < f->map_len;) {
-    const char *nl = memchr(f->map + i, '\n', f->map_len - i);
-    size_t n = nl ? (size_t)(nl - (f->map + i)) : f->map_len - i;
-    line++;
-    if (!blank(f->map + i, n)) st = scan_one(f, &seen, i, n, line, &cap_p, &cap_b);
-    i += n + 1;
-  }
-  df_strset_free(&seen);
   return st;
 }
 
@@ -442,6 +361,8 @@ static dflash_status take_guards_and_chunking(dflash_fetch *f, const dflash_fetc
   f->guards.no_server_check = o->no_server_check != 0;
   f->guards.skip_bad_servers = o->skip_bad_servers != 0;
   f->guards.settings_change = o->settings_change;
+  f->guards.new_ids = o->new_ids != 0;
+  f->guards.keep_first_duplicates = o->keep_first_duplicates != 0;
   f->guards.down_timeout_s = o->down_timeout_s == 0 ? 600 : o->down_timeout_s;
   if (o->chunk_max_records) f->chunk_opts.max_records = o->chunk_max_records;
   if (o->chunk_max_seconds != 0) f->chunk_opts.max_seconds = o->chunk_max_seconds;
@@ -478,8 +399,8 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   if (!st) st = df_loop_init(f, opts); /* reads the API key: fail before touching files */
   if (!st) st = lock_dir(f);
   if (!st) st = open_outputs(f);
-  if (!st) st = map_input(f);
-  if (!st) st = scan_input(f);
+  if (!st) st = df_fetch_map_input(f);
+  if (!st) st = df_fetch_scan_input(f);
   if (st) {
     dflash_fetch_free(f);
     return st;
@@ -528,6 +449,38 @@ DFLASH_API void dflash_fetch_stop(dflash_fetch *f) {
   }
 }
 
+static int32_t stop_reason_code(const char *reason) {
+  static const char *const names[] = {"stop", "down_timeout", "server_check", "settings"};
+  for (size_t i = 0; reason && i < DF_ARRAY_LEN(names); i++)
+    if (!strcmp(reason, names[i])) return (int32_t)i + DFLASH_FETCH_STOP_REQUESTED;
+  return DFLASH_FETCH_STOP_NONE;
+}
+
+/* A rate of this run: over the recent window while it runs, the whole run's once it ended. */
+static double run_rate(const dflash_fetch *f, const df_rate *r, uint64_t v, double now) {
+  if (f->end_time > 0) return f->elapsed > 0 ? (double)v / f->elapsed : 0;
+  return f->ran ? df_rate_per_s(r, now, v) : 0;
+}
+
+/* The guards' counters and the rates (the fields after `stopping`). */
+static void fill_run_stats(const dflash_fetch *f, dflash_fetch_stats *t) {
+  double now = f->end_time > 0 ? f->end_time : df_now_seconds();
+  t->stop_reason = stop_reason_code(f->stop_reason);
+  for (size_t i = 0; i < f->n_servers; i++)
+    t->servers_down += !f->servers[i].excluded && !f->servers[i].healthy;
+  t->errors_earlier = f->errors_earlier;
+  t->attempts_failed = f->attempts_failed;
+  t->probes_failed = f->probes_failed;
+  t->overloaded = f->overloaded;
+  t->turns_counted = f->turns_counted;
+  t->turns_uncounted = f->turns_uncounted;
+  t->renamed = f->renamed;
+  t->down_s = f->all_down_since >= 0 ? now - f->all_down_since : 0;
+  t->down_timeout_s = f->guards.down_timeout_s > 0 ? f->guards.down_timeout_s : -1;
+  t->prompts_per_s = run_rate(f, &f->records_rate, f->completed + f->failed, now);
+  t->completion_tok_per_s = run_rate(f, &f->tokens_rate, f->completion_tokens, now);
+}
+
 DFLASH_API dflash_status dflash_fetch_get_stats(const dflash_fetch *f, dflash_fetch_stats *s) {
   DF_CHECK_ARG(f && s);
   dflash_fetch_stats t = {.struct_size = sizeof t};
@@ -549,7 +502,14 @@ DFLASH_API dflash_status dflash_fetch_get_stats(const dflash_fetch *f, dflash_fe
   t.elapsed_s = f->ran ? (f->elapsed > 0 ? f->elapsed : df_now_seconds() - f->start_time) : 0;
   for (size_t i = 0; i < f->n_servers; i++) t.servers_healthy += f->servers[i].healthy;
   t.stopping = f->stopping;
+  fill_run_stats(f, &t);
   return df_opts_out(s, &t, sizeof t, "dflash_fetch_stats");
+}
+
+/* A server's completed-token rate, as run_rate. */
+static double server_rate(const dflash_fetch *f, const df_server *v) {
+  return run_rate(f, &v->completed_tokens, v->completion_tokens,
+                  f->end_time > 0 ? f->end_time : df_now_seconds());
 }
 
 DFLASH_API size_t dflash_fetch_server_count(const dflash_fetch *f) { return f ? f->n_servers : 0; }
@@ -569,7 +529,10 @@ DFLASH_API dflash_status dflash_fetch_get_server_stats(const dflash_fetch *f, si
                                  .failures = v->failures,
                                  .completion_tokens = v->completion_tokens,
                                  .concurrency = v->ctl.limit,
-                                 .tok_per_s = v->tok_rate};
+                                 .tok_per_s = server_rate(f, v),
+                                 .excluded = v->excluded,
+                                 .overloaded = v->overloads > UINT32_MAX ? UINT32_MAX
+                                                                         : (uint32_t)v->overloads};
   return df_opts_out(s, &t, sizeof t, "dflash_fetch_server_stats");
 }
 
@@ -591,7 +554,8 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
                             v->check_msg);
     if (one) { /* the limit the loop admits now and the smoothed streamed rate */
       json_object_set_new(one, "concurrency", json_integer((json_int_t)v->ctl.limit));
-      json_object_set_new(one, "tok_per_s", json_real(v->tok_rate));
+      json_object_set_new(one, "tok_per_s", json_real(server_rate(f, v)));
+      json_object_set_new(one, "overloaded", json_integer((json_int_t)v->overloads));
     }
     json_array_append_new(servers, one);
   }
@@ -615,6 +579,8 @@ DFLASH_API dflash_status dflash_fetch_summary(const dflash_fetch *f, char *buf, 
     json_object_set_new(j, "attempts_failed", json_integer((json_int_t)f->attempts_failed));
     json_object_set_new(j, "probes_failed", json_integer((json_int_t)f->probes_failed));
     json_object_set_new(j, "errors_earlier", json_integer((json_int_t)f->errors_earlier));
+    json_object_set_new(j, "overloaded", json_integer((json_int_t)f->overloaded));
+    json_object_set_new(j, "renamed", json_integer((json_int_t)f->renamed));
     json_object_set_new(j, "down_s",
                         json_real(f->all_down_since >= 0 ? now - f->all_down_since : 0.0));
     json_object_set_new(j, "down_timeout_s",
@@ -658,8 +624,13 @@ DFLASH_API void dflash_fetch_free(dflash_fetch *f) {
     free(f->bad[i].message);
   }
   free(f->bad);
+  for (size_t i = 0; i < f->n_prompts; i++) free(f->prompts[i].id);
   free(f->prompts);
   df_strset_free(&f->done);
+  df_idset_free(&f->digests);
+  df_idset_free(&f->retried);
+  df_buf_free(&f->conflicts.disk_names);
+  df_buf_free(&f->conflicts.input_names);
   df_strset_free(&f->err_done);
   json_decref(f->settings);
   for (size_t i = 0; i < f->n_servers; i++) {

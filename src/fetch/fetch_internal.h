@@ -93,10 +93,13 @@ bool df_http_retryable(long status);
 
 /* ---- input --------------------------------------------------------------- */
 
+#define DF_DIGEST_LEN 32 /* hex digits of a conversation's digest */
+
 typedef struct df_conv {
   char *id; /* explicit or derived */
   bool id_explicit;
-  json_t *messages; /* normalised: [{role, content, ...}] */
+  char digest[DF_DIGEST_LEN + 1]; /* of the normalised messages (a derived id is "h" + it) */
+  json_t *messages;               /* normalised: [{role, content, ...}] */
 } df_conv;
 
 /* Parse one JSONL line. On failure, returns the status with a message naming
@@ -173,5 +176,10 @@ DF_MUST_CHECK dflash_status df_out_flush(df_out *o);
 /* The "id" a record line starts with, decoded; fast path for our own lines.
  * Returns false when the line does not start that way. *id is NULL for null. */
 bool df_record_id_prefix(const char *line, size_t len, char **id);
+/* The "digest" of a record line (df_conv.digest) into `out`: 1 found, 0 the record has none
+ * (written before records had one), -1 out of memory (the message recorded). Our own lines
+ * carry it right after the id (a line in our layout without it there has none); a line that
+ * does not start with a string "id" is parsed. */
+int df_record_digest(const char *line, size_t len, char out[DF_DIGEST_LEN + 1]);
 
 #endif

@@ -9,6 +9,25 @@
 #include "ctl.h"
 #include "fetch_internal.h"
 
+/* A count sampled on every controller tick, for its rate over the last RATE_WINDOW_S
+ * (classify.c). 64 samples of 0.25 s hold 16 s. */
+#define DF_RATE_SAMPLES 64
+#define DF_RATE_WINDOW_S 10.0
+/* The shortest time a rate is divided by: the first answers of a run, or of a window after a
+ * pause, are not divided by the few milliseconds since the last sample. */
+#define DF_RATE_FLOOR_S 2.0
+
+typedef struct df_rate {
+  double t[DF_RATE_SAMPLES];
+  uint64_t v[DF_RATE_SAMPLES];
+  unsigned next, n;
+} df_rate;
+
+void df_rate_sample(df_rate *r, double t, uint64_t v);
+/* Per second: (v - the oldest sample inside the window) / at least DF_RATE_FLOOR_S; 0 with
+ * no sample. */
+double df_rate_per_s(const df_rate *r, double now, uint64_t v);
+
 typedef struct df_server {
   char *base;    /* as given, without a trailing '/' */
   char *url;     /* {base}/chat/completions */
@@ -25,9 +44,10 @@ typedef struct df_server {
   char *check_msg; /* why it failed the start-up check, NULL when it passed or none ran */
   /* the concurrency controller and what it is fed */
   df_ctl ctl;
-  uint64_t tokens;      /* streamed events (~tokens) and counted non-streamed tokens */
-  uint64_t tokens_tick; /* `tokens` at the last controller tick */
-  double tok_rate;      /* smoothed tokens/s, for the progress line and the summary */
+  uint64_t tokens;          /* streamed events (~tokens) and counted non-streamed tokens */
+  uint64_t tokens_tick;     /* `tokens` at the last controller tick */
+  df_rate completed_tokens; /* completion_tokens over time: its tok_per_s */
+  uint64_t overloads;       /* attempts it answered 429 or 503 */
   /* the server's own load report: GET {root}/props, then {root}/metrics */
   char *root;      /* base without a trailing /v1 */
   int state_kind;  /* STATE_* in loop.c */
@@ -41,7 +61,23 @@ typedef struct df_prompt {
   uint64_t offset;
   uint64_t len;
   uint64_t line;
+  char *id; /* the suffixed id it is fetched under (new_ids), NULL: its own */
 } df_prompt;
+
+/* Ids and the digest of the messages each stands for: `ids` every id, `pairs` "<digest><id>"
+ * (the digest has a fixed length, so a pair never reads as another). An id without a pair
+ * was recorded before records had a digest. */
+typedef struct df_idset {
+  df_strset ids, pairs;
+} df_idset;
+
+/* Ids of the input that name another prompt than before (an id means one prompt): those
+ * recorded on disk with other messages, and those repeated in the input with other ones;
+ * the first few named in the refusal. */
+typedef struct df_conflicts {
+  uint64_t on_disk, in_input;
+  df_buf disk_names, input_names;
+} df_conflicts;
 
 /* A malformed input line, recorded in errors.jsonl when the run starts. */
 typedef struct df_bad_line {
@@ -111,7 +147,13 @@ struct dflash_fetch {
   size_t n_prompts, next_prompt;
   df_bad_line *bad;
   size_t n_bad, next_bad;
-  df_strset done; /* ids (and "\1line:N" for id-less bad lines) already on disk */
+  df_strset done;         /* ids (and "\1line:N" for id-less bad lines) already on disk */
+  df_idset digests;       /* the records on disk that carry a digest */
+  df_idset retried;       /* the error records retry_errors moved away, to fetch again */
+  df_conflicts conflicts; /* found by the scan: the run is refused unless options allow them */
+  uint64_t renamed;       /* prompts under a suffixed id (new_ids) */
+  df_rate records_rate, tokens_rate; /* records written, completion tokens: over time */
+  uint64_t overloaded;               /* attempts answered 429 or 503 */
   df_out completions, errors;
 
   df_job **waiting; /* retries in backoff and next turns */
@@ -132,7 +174,7 @@ struct dflash_fetch {
 
   /* The guards of dflash_fetch_options; down_timeout_s resolved: > 0, or < 0 for never. */
   struct {
-    int32_t no_server_check, skip_bad_servers, settings_change;
+    int32_t no_server_check, skip_bad_servers, settings_change, new_ids, keep_first_duplicates;
     double down_timeout_s;
   } guards;
   bool has_key;            /* an Authorization header is sent */
@@ -143,6 +185,7 @@ struct dflash_fetch {
   double end_time;         /* when the run ended, 0 before */
   const char *stop_reason; /* NULL, "stop", "down_timeout", "server_check", "settings" */
   json_t *settings;        /* this run's request settings (settings.json) */
+  char settings_digest[DF_DIGEST_LEN + 1]; /* of `settings`, in every record */
 
   atomic_int stop_requests;
   bool stopping, ran, curl_inited;
@@ -156,6 +199,13 @@ struct dflash_fetch {
   uint64_t turns_counted, turns_uncounted;
   double elapsed;
 };
+
+/* scan.c: the input scan and the id sets */
+DF_MUST_CHECK dflash_status df_idset_add(df_idset *s, const char *id, const char *digest);
+void df_idset_free(df_idset *s);
+DF_MUST_CHECK dflash_status df_fetch_map_input(dflash_fetch *f);
+/* Fails, naming them, when ids name other prompts than before (see new_ids). */
+DF_MUST_CHECK dflash_status df_fetch_scan_input(dflash_fetch *f);
 
 /* jobs.c */
 DF_MUST_CHECK dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job,
@@ -178,7 +228,8 @@ typedef struct result {
   const char *err_kind; /* "http", "network", "timeout", "response", "stream" */
   char *msg;            /* malloc'd */
   long http;
-  bool server_fault; /* counts towards taking the server out */
+  bool server_fault; /* counts towards taking the server out: the connection failed */
+  bool overload;     /* 429 or 503: the server asks for fewer requests at once */
 } result;
 
 

@@ -84,17 +84,17 @@ static char *explicit_id(const json_t *v) {
   return NULL;
 }
 
-static char *hash_id(const json_t *messages) {
+/* 32 hex digits of SHA-256 over the compact, key-sorted messages: a derived id's digits, and
+ * every record's "digest", which tells two prompts under one id apart. false: out of memory. */
+static bool messages_digest(const json_t *messages, char out[DF_DIGEST_LEN + 1]) {
   char *text = json_dumps(messages, JSON_COMPACT | JSON_SORT_KEYS);
-  if (!text) return NULL;
-  unsigned char h[32];
-  df_sha256(text, strlen(text), h);
+  if (!text) return false;
+  char hex[65];
+  df_sha256_hex(text, strlen(text), hex);
   free(text);
-  char *id = malloc(34);
-  if (!id) return NULL;
-  id[0] = 'h';
-  for (int i = 0; i < 16; i++) snprintf(id + 1 + 2 * i, 3, "%02x", h[i]);
-  return id;
+  memcpy(out, hex, DF_DIGEST_LEN);
+  out[DF_DIGEST_LEN] = 0;
+  return true;
 }
 
 /* `check`: refuse messages the fetcher cannot send (an id needs only their shape). */
@@ -144,7 +144,8 @@ static dflash_status conv_parse(const char *line, size_t len, const char *path, 
   }
   out->messages = msgs;
   out->id_explicit = *id_out != NULL;
-  out->id = *id_out ? df_strdup(*id_out) : hash_id(msgs);
+  bool hashed = messages_digest(msgs, out->digest);
+  out->id = !hashed ? NULL : *id_out ? df_strdup(*id_out) : df_asprintf("h%s", out->digest);
   if (!out->id) {
     df_conv_free(out);
     return df_error_nomem("id");

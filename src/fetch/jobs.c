@@ -42,6 +42,10 @@ dflash_status df_fetch_next_job(dflash_fetch *f, df_job **out) {
   job->line = p->line;
   st = df_conv_parse(f->map + p->offset, p->len, f->input_path, p->line, &job->conv, &explicit_id);
   free(explicit_id);
+  if (!st && p->id) { /* new_ids: the suffixed id the scan chose */
+    free(job->conv.id);
+    if (!(job->conv.id = df_strdup(p->id))) st = df_error_nomem("id");
+  }
   if (!st) st = df_conv_turns(job->conv.messages, f->o.all_turns, &job->turns, &job->n_turns);
   if (!st && !(job->turn_info = json_array())) st = df_error_nomem("job");
   if (st) {
@@ -76,12 +80,14 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
   json_t *last = json_array_get(job->turn_info, job->n_turns - 1);
   const char *outcome = record_outcome(job->turn_info);
   size_t p = job->turns[job->n_turns - 1];
-  json_t *r = json_pack("{s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I}", "id", job->conv.id, "messages",
-                        prompt_slice(job), "completion", json_array_get(job->conv.messages, p),
-                        "finish_reason", json_object_get(last, "finish_reason"), "outcome", outcome,
-                        "usage", json_object_get(last, "usage"), "server", server, "latency_s",
+  /* "digest" right after "id", where a resume reads it without parsing the record */
+  json_t *r = json_pack("{s:s,s:s,s:o,s:O,s:O,s:s,s:O,s:s,s:f,s:i,s:I,s:s}", "id", job->conv.id,
+                        "digest", job->conv.digest, "messages", prompt_slice(job), "completion",
+                        json_array_get(job->conv.messages, p), "finish_reason",
+                        json_object_get(last, "finish_reason"), "outcome", outcome, "usage",
+                        json_object_get(last, "usage"), "server", server, "latency_s",
                         df_now_seconds() - job->started, "attempts", job->attempts_total, "line",
-                        (json_int_t)job->line);
+                        (json_int_t)job->line, "settings_digest", f->settings_digest);
   if (r && job->n_turns > 1) json_object_set(r, "turns", job->turn_info);
   dflash_status st = r ? df_out_append(&f->completions, r) : df_error_nomem("record");
   json_decref(r);
@@ -95,10 +101,11 @@ dflash_status df_fetch_record_completion(dflash_fetch *f, df_job *job, const cha
 dflash_status df_fetch_record_error(dflash_fetch *f, df_job *job) {
   json_t *http = job->err_http ? json_integer(job->err_http) : json_null();
   const char *server = job->err_server >= 0 ? f->servers[job->err_server].display : NULL;
-  json_t *r = json_pack("{s:s,s:s,s:s,s:o,s:i,s:s?,s:I}", "id", job->conv.id, "kind",
-                        job->err_kind ? job->err_kind : "network", "error",
-                        job->err ? job->err : "unknown error", "http_status", http, "attempts",
-                        job->attempts_total, "server", server, "line", (json_int_t)job->line);
+  json_t *r = json_pack("{s:s,s:s,s:s,s:s,s:o,s:i,s:s?,s:I,s:s}", "id", job->conv.id, "digest",
+                        job->conv.digest, "kind", job->err_kind ? job->err_kind : "network",
+                        "error", job->err ? job->err : "unknown error", "http_status", http,
+                        "attempts", job->attempts_total, "server", server, "line",
+                        (json_int_t)job->line, "settings_digest", f->settings_digest);
   dflash_status st = r ? df_out_append(&f->errors, r) : df_error_nomem("record");
   json_decref(r);
   if (!st) f->failed++;

@@ -516,17 +516,23 @@ static void collect_streams(dflash_fetch *f) {
   }
 }
 
+/* The counts whose rates the progress line and the summary show. */
+static void sample_rates(dflash_fetch *f, double now) {
+  df_rate_sample(&f->records_rate, now, f->completed + f->failed);
+  df_rate_sample(&f->tokens_rate, now, f->completion_tokens);
+  for (size_t i = 0; i < f->n_servers; i++)
+    df_rate_sample(&f->servers[i].completed_tokens, now, f->servers[i].completion_tokens);
+}
+
 static void ctl_tick(dflash_fetch *f, double now) {
   if (now < f->next_ctl) return;
-  double dt = now - f->next_ctl + CTL_TICK_S;
   f->next_ctl = now + CTL_TICK_S;
   collect_streams(f);
-  double a = dt / 5 < 1 ? dt / 5 : 1; /* ~5 s smoothing of the displayed rate */
+  sample_rates(f, now);
   for (size_t i = 0; i < f->n_servers; i++) {
     df_server *s = &f->servers[i];
     uint64_t n = s->tokens - s->tokens_tick;
     s->tokens_tick = s->tokens;
-    s->tok_rate += a * ((double)n / dt - s->tok_rate);
     df_ctl_tokens(&s->ctl, n);
     const char *why;
     bool starved = !s->healthy || s->excluded || f->out_of_work;
@@ -535,14 +541,24 @@ static void ctl_tick(dflash_fetch *f, double now) {
   }
 }
 
-static void server_result(dflash_fetch *f, df_server *s, const result *r, double now) {
+/* What an attempt's end says about its server: an answer keeps it in service (an overload
+ * lowers its limit); a connection that failed or timed out fail_threshold times in a row
+ * takes it out, to be probed. */
+static void server_result(dflash_fetch *f, size_t i, const result *r, double now) {
+  df_server *s = &f->servers[i];
+  if (r->kind == RES_OK || !r->server_fault) s->consecutive_failures = 0;
   if (r->kind == RES_OK) {
-    s->consecutive_failures = 0;
     s->completed++;
     return;
   }
-  if (!r->server_fault) return;
   s->failures++;
+  if (r->overload) {
+    s->overloads++;
+    f->overloaded++;
+    if (df_ctl_overload(&s->ctl, now, s->in_flight))
+      log_decision(f, i, now, "overloaded (HTTP 429/503): fewer streams");
+  }
+  if (!r->server_fault) return;
   if (++s->consecutive_failures >= f->o.fail_threshold && s->healthy) {
     s->healthy = false;
     s->next_probe = now + f->o.probe_interval_s;
@@ -654,7 +670,7 @@ static dflash_status xfer_done(dflash_fetch *f, df_xfer *x, CURLcode rc) {
     f->jobs_in_flight--;
     result r = df_fetch_classify(x, rc);
     if (r.kind != RES_OK) f->attempts_failed++;
-    server_result(f, s, &r, now);
+    server_result(f, (size_t)x->server, &r, now);
     if (r.kind == RES_OK) df_ctl_done(&s->ctl, now - x->started);
     st = r.kind == RES_OK ? turn_done(f, x->job, x, now) : job_failed(f, x->job, x, &r, now);
     free(r.msg);
@@ -832,6 +848,7 @@ static bool step(dflash_fetch *f, dflash_status *st, double tick) {
 dflash_status df_loop_run(dflash_fetch *f, dflash_fetch_progress_fn progress, void *user) {
   f->start_time = df_now_seconds();
   f->next_ctl = f->start_time + CTL_TICK_S;
+  sample_rates(f, f->start_time);
   for (size_t i = 0; i < f->n_servers; i++) f->servers[i].ctl.last_tick = f->start_time;
   double interval = f->o.progress_interval_s > 0 ? f->o.progress_interval_s : 0.5;
   double next_report = f->start_time + interval;

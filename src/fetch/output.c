@@ -19,20 +19,59 @@
 
 #define FULL_CHECK_TAIL (1u << 20)
 
+/* Where the "id" string value of a record line that starts {"id":"..." ends (after its
+ * closing quote), or 0 when the line does not start that way. */
+static size_t id_string_end(const char *line, size_t len) {
+  static const char head[] = "{\"id\":\"";
+  size_t i = sizeof head - 1;
+  if (len < i + 4 || memcmp(line, head, i)) return 0;
+  while (i < len && line[i] != '"') i += line[i] == '\\' ? 2 : 1;
+  return i < len ? i + 1 : 0;
+}
+
 bool df_record_id_prefix(const char *line, size_t len, char **id) {
   static const char head[] = "{\"id\":";
   size_t h = sizeof head - 1;
   *id = NULL;
   if (len < h + 5 || memcmp(line, head, h)) return false;
   if (len >= h + 4 && !memcmp(line + h, "null", 4)) return true;
-  if (line[h] != '"') return false;
-  size_t i = h + 1;
-  while (i < len && line[i] != '"') i += line[i] == '\\' ? 2 : 1;
-  if (i >= len) return false;
-  json_t *s = json_loadb(line + h, i + 1 - h, JSON_DECODE_ANY, NULL);
+  size_t end = id_string_end(line, len);
+  if (!end) return false;
+  json_t *s = json_loadb(line + h, end - h, JSON_DECODE_ANY, NULL);
   if (json_is_string(s)) *id = df_strdup(json_string_value(s));
   json_decref(s);
   return *id != NULL;
+}
+
+static bool is_digest(const char *d, size_t n) {
+  if (n != DF_DIGEST_LEN) return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((d[i] >= '0' && d[i] <= '9') || (d[i] >= 'a' && d[i] <= 'f'))) return false;
+  return true;
+}
+
+int df_record_digest(const char *line, size_t len, char out[DF_DIGEST_LEN + 1]) {
+  static const char key[] = ",\"digest\":\"";
+  size_t k = sizeof key - 1, e = id_string_end(line, len);
+  if (e && len > e + k + DF_DIGEST_LEN && !memcmp(line + e, key, k) &&
+      line[e + k + DF_DIGEST_LEN] == '"' && is_digest(line + e + k, DF_DIGEST_LEN)) {
+    memcpy(out, line + e + k, DF_DIGEST_LEN);
+    out[DF_DIGEST_LEN] = 0;
+    return 1;
+  }
+  /* Our layout ("id" then another key) without it: written before records had a digest.
+   * Not parsed: a first resume of a large old output would parse every record. */
+  if (e && len > e + 1 && line[e] == ',' && line[e + 1] == '"') return 0;
+  /* another tool's layout */
+  json_error_t err;
+  json_t *r = json_loadb(line, len, 0, &err);
+  if (!r && json_error_code(&err) == json_error_out_of_memory)
+    return df_error_nomem("fetch record"), -1;
+  const json_t *d = json_object_get(r, "digest");
+  int found = json_is_string(d) && is_digest(json_string_value(d), json_string_length(d));
+  if (found) memcpy(out, json_string_value(d), DF_DIGEST_LEN + 1);
+  json_decref(r);
+  return found;
 }
 
 /* Full check of one line: a JSON object whose "id" is a string or null (1; 0 when not, -1 out

@@ -7,6 +7,8 @@ TCase *tc_output(void);
 TCase *tc_request(void);
 TCase *tc_guards(void);
 TCase *tc_ctl(void);
+TCase *tc_ids(void);
+TCase *tc_health(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("fetch");
@@ -17,5 +19,7 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_request());
   suite_add_tcase(s, tc_guards());
   suite_add_tcase(s, tc_ctl());
+  suite_add_tcase(s, tc_ids());
+  suite_add_tcase(s, tc_health());
   return s;
 }

@@ -501,7 +501,8 @@ def test_malformed_lines_are_recorded_once(farm, tmp_path):
             user("dup first", "d"), user("dup second", "d")]
     write_jsonl(tmp_path / "in.jsonl", recs)
     out = tmp_path / "out"
-    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)
+    # a reused id with other messages is an error unless asked (test_duplicate_ids_in_one_input)
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", out, "--keep-first", rc=4)
     comps, errs = outputs(out)
     assert sorted(r["id"] for r in comps) == ["a", "d"]
     assert summary["duplicates"] == 1
@@ -510,7 +511,7 @@ def test_malformed_lines_are_recorded_once(farm, tmp_path):
     assert "in.jsonl:2: invalid JSON at column" in by_line[2]["error"]
     assert by_line[3]["id"] == "x" and "empty" in by_line[3]["error"]
     assert "unknown speaker" in by_line[4]["error"] and all(e["kind"] == "input" for e in errs)
-    summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, rc=4)
+    summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--keep-first", rc=4)
     assert len(outputs(out)[1]) == 3  # not recorded twice
     assert summary["failed"] == 0 and summary["errors_earlier"] == 3
     assert "3 prompts ended in" in p.stderr and "errors.jsonl" in p.stderr
@@ -589,7 +590,7 @@ def usage_sent(kind, prompt, n):
             "prompt_tokens_details": {"cached_tokens": p // 3}}
 
 
-RATE_RE = re.compile(r"req/s (\S+) tok/s(?: \((\d+) uncounted\))?")
+RATE_RE = re.compile(r"prompts/s (\S+) tok/s(?: \((\d+) uncounted\))?")
 
 
 def final_rate(stderr):
@@ -860,6 +861,12 @@ def test_some_servers_bad_refused_unless_skip_bad_servers(tmp_path):
         assert by_url[farm.urls[1]]["excluded"] and not by_url[DEAD]["excluded"]
         assert not by_url[farm.urls[0]]["excluded"] and by_url[farm.urls[0]]["check"] is None
         assert not by_url[DEAD]["healthy"] and by_url[DEAD]["completed"] == 0
+        # the progress line: the left-out server is not "down", the unreachable one is
+        last = [line for line in p.stderr.splitlines() if "prompts/s" in line][-1]
+        server = {part.split()[0]: part for part in last.split(" | ")[1:]}
+        assert "s3" in server, last
+        assert server["s1"].endswith("LEFT OUT") and server["s3"].endswith("DOWN"), last
+        assert not server["s0"].endswith(("DOWN", "OUT")), last
         assert {q["port"] for q in farm.get("/requests")} == {farm.ports[0], farm.ports[2]}
         assert_exactly_once(tmp_path / "out", [str(i) for i in range(30)])
         # Only bad servers: refused even with --skip-bad-servers.
@@ -960,3 +967,117 @@ def test_options_parsed_by_the_shared_parser(farm, tmp_path):
     assert "summary needs" not in p.stderr  # -v showed a buffer-size query before
     body = [q["body"] for q in farm.get("/requests")][0]
     assert body["max_tokens"] == 8 and body["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+# ---- an id means one prompt -------------------------------------------------------
+
+
+def test_overlapping_ids_refused_unless_new_ids(farm, tmp_path):
+    """A second input whose ids overlap the first's is refused, not skipped as done;
+    --new-ids fetches its prompts as "ID#2", and a resume finds them there."""
+    out = tmp_path / "out"
+    write_jsonl(tmp_path / "a.jsonl", [user(f"first {i}", i) for i in range(5)])
+    run_fetch(farm, tmp_path / "a.jsonl", out)
+    comps = outputs(out)[0]
+    assert all(r["digest"] == hash_id(r["messages"])[1:] for r in comps)
+    settings = json.loads((out / "settings.json").read_text())["settings"]
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    assert all(r["settings_digest"] == hashlib.sha256(text.encode()).hexdigest()[:32]
+               for r in comps)
+    write_jsonl(tmp_path / "b.jsonl", [user(f"second {i}", i) for i in range(4)] +
+                [user("first 4", 4)])
+    sent = farm.get("/stats")["total"]
+    _, p = run_fetch(farm, tmp_path / "b.jsonl", out, rc=1)
+    assert "DFLASH_E_MISMATCH" in p.stderr and "4 ids already in" in p.stderr, p.stderr
+    assert "0 (line 1), 1 (line 2), 2 (line 3), 3 (line 4)" in p.stderr
+    assert "--new-ids" in p.stderr and farm.get("/stats")["total"] == sent
+    assert outputs(out)[0] == comps
+    summary, _ = run_fetch(farm, tmp_path / "b.jsonl", out, "--new-ids")
+    assert summary["completed"] == 4 and summary["skipped"] == 1 and summary["renamed"] == 4
+    assert_exactly_once(out, [str(i) for i in range(5)] + [f"{i}#2" for i in range(4)])
+    assert_matches_server(outputs(out)[0])
+    summary, _ = run_fetch(farm, tmp_path / "b.jsonl", out, "--new-ids")
+    assert summary["skipped"] == 5 and summary["completed"] == 0
+
+
+def test_duplicate_ids_in_one_input(farm, tmp_path):
+    """Two files with ids 0..N merged: an error naming the ids, not a silent loss of half."""
+    merged = [user(f"a {i}", i) for i in range(4)] + [user(f"b {i}", i) for i in range(4)]
+    write_jsonl(tmp_path / "in.jsonl", merged + [user("a 0", 0)])  # and one exact repeat
+    _, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", rc=1)
+    assert "DFLASH_E_FORMAT" in p.stderr and "4 ids come again" in p.stderr, p.stderr
+    assert "0 (line 5)" in p.stderr and "--keep-first" in p.stderr
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "first", "--keep-first")
+    assert summary["completed"] == 4 and summary["duplicates"] == 5
+    summary, _ = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "all", "--new-ids")
+    assert summary["completed"] == 8 and summary["duplicates"] == 1
+    assert_exactly_once(tmp_path / "all", [str(i) for i in range(4)] +
+                        [f"{i}#2" for i in range(4)])
+
+
+# ---- reporting that is true -------------------------------------------------------
+
+
+def test_overload_is_retried_and_never_takes_a_server_out(farm, tmp_path):
+    """429 and 503 (with or without Retry-After, or as an error event after 200) lower the
+    server's concurrency and are retried; the server stays in service, unprobed."""
+    faults = ["[[fault:503*2]]", "[[fault:503*1;ra=1]]", "[[fault:429*2]]",
+              "[[fault:errevent*2]]"]
+    write_jsonl(tmp_path / "in.jsonl", [user(f"busy {i} {f}", f"o{i}")
+                                        for i, f in enumerate(faults * 3)])
+    summary, p = run_fetch(farm, tmp_path / "in.jsonl", tmp_path / "out", "--fail-threshold",
+                           "1", "--log-interval", "0.05", "-v")
+    assert summary["completed"] == 12 and summary["overloaded"] == 3 * 7
+    s0 = summary["servers"][0]
+    assert s0["healthy"] and s0["probes_failed"] == 0 and s0["overloaded"] == 21
+    assert "taken out" not in p.stderr and "DOWN" not in p.stderr
+    assert "every server is down" not in p.stderr and "all servers down" not in p.stderr
+    assert not [q for q in farm.get("/requests") if q["body"].get("max_tokens") == 1]
+    whys = [d["why"] for d in summary["controller"]["decisions"]]
+    assert any("overloaded" in w for w in whys), whys
+
+
+def test_rates_over_a_window_and_per_server(tmp_path):
+    """A resume of 5000 done prompts and 20 new ones reports the new ones' rate (it showed
+    millions per second), and each server's tok/s is its completed tokens' rate (they add
+    up to the total)."""
+    farm = Farm(2, "--token-delay", "0.03")
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        with open(out / "completions.jsonl", "w") as f:
+            for i in range(5000):
+                f.write(json.dumps({"id": f"old{i}", "outcome": "ok"}) + "\n")
+        write_jsonl(tmp_path / "in.jsonl", [user(f"old {i}", f"old{i}") for i in range(5000)] +
+                    [user(f"new {i}", f"new{i}") for i in range(20)])
+        summary, p = run_fetch(farm, tmp_path / "in.jsonl", out, "--concurrency", "2",
+                               "--log-interval", "0.05")
+        assert summary["skipped"] == 5000 and summary["completed"] == 20
+        lines = [line for line in p.stderr.splitlines() if "prompts/s" in line]
+        assert len(lines) >= 2, p.stderr
+        for line in lines:
+            reporter, note = (float(x) for x in re.findall(r"([\d.]+) prompts/s", line)[:2])
+            assert reporter <= 20, line  # this run's 20 over at least 1 s
+        running = [line for line in lines if "20/20" not in line]
+        assert running, p.stderr
+        for line in running:  # while running: the last 10 s, never less than 2 s
+            assert float(re.findall(r"([\d.]+) prompts/s", line)[1]) <= 10, line
+        servers = summary["servers"]
+        assert all(s["tok_per_s"] > 0 for s in servers)
+        assert sum(s["tok_per_s"] for s in servers) == pytest.approx(
+            summary["completion_tok_per_s"])
+        for s in servers:
+            assert s["tok_per_s"] == pytest.approx(s["completion_tokens"] / summary["elapsed_s"])
+    finally:
+        farm.close()
+
+
+def test_help_matches_the_exit_statuses():
+    """An unreachable server is waited for (exit 5 after --down-timeout), no longer exit 6."""
+    p = subprocess.run([CLI, "fetch", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    codes = dict(re.findall(r"^  (\d)  (.*(?:\n     .*)*)", p.stdout, re.M))
+    assert "reached" in codes["5"] and "host" in codes["5"]
+    assert "reach" not in codes["6"] and "NAME" in codes["6"]
+    assert not re.search(r"unreachable[^.]*exit 6", p.stdout), p.stdout
+    assert "429 and 503" in p.stdout

@@ -21,12 +21,21 @@ static const char usage_text[] =
     "then uploaded as immutable chunks OUTDIR/completions/WORKER-NNNNNNNN.jsonl (and errors/).\n"
     "Options take `--opt value` or `--opt=value`, in any order with IN.jsonl.\n"
     "\n"
-    "Before any request, every server must answer GET URL/models listing NAME: an unreachable\n"
-    "server, a refused API key (401/403) or a model it does not serve is named and the run\n"
-    "refused (exit 6); --skip-bad-servers goes on with the servers that pass instead.\n"
+    "Before any request, every server must answer GET URL/models listing NAME: a refused API\n"
+    "key (401/403) or a model it does not serve is named and the run refused (exit 6);\n"
+    "--skip-bad-servers goes on with the servers that pass instead. A server that cannot be\n"
+    "reached (refused, timed out, a host name that does not resolve) is taken for one that is\n"
+    "restarting: it is probed and joins when it answers, and when no server answers for\n"
+    "--down-timeout seconds (default 600) the run stops (exit 5), naming them.\n"
+    "Only connections that fail or time out take a server out; 429 and 503 (with or without\n"
+    "Retry-After) mean it is overloaded: the request is retried and the server gets fewer.\n"
     "The request settings (model, family/thinking, max tokens, sampling, stop, extra,\n"
     "--all-turns) are recorded in OUTDIR/settings.json; a resume with other settings is\n"
     "refused, naming what changed, unless --allow-settings-change.\n"
+    "An id means one prompt: every record carries a digest of its messages, and an input\n"
+    "whose ids name other messages than their records in OUTDIR, or that repeats an id with\n"
+    "other messages, is refused naming them (exit 1), unless --new-ids (fetch those under\n"
+    "\"ID#2\", \"ID#3\"...) or, for repeats inside IN.jsonl, --keep-first.\n"
     "\n"
     "  --server URL          OpenAI-compatible base URL, e.g. http://host:30000/v1 (repeatable)\n"
     "  --model NAME          model name sent in each request (as the servers list it)\n"
@@ -62,6 +71,9 @@ static const char usage_text[] =
     "  --skip-bad-servers    leave out servers that fail the check instead of refusing\n"
     "  --allow-settings-change  resume with request settings other than settings.json's\n"
     "                        (recorded there; the old ones kept under \"earlier\")\n"
+    "  --new-ids             fetch prompts whose id names other messages (in OUTDIR or\n"
+    "                        earlier in IN.jsonl) under \"ID#2\" (the next free suffix)\n"
+    "  --keep-first          skip a line whose id came earlier in IN.jsonl (the first wins)\n"
     "  --max-response-bytes N  per response (default 64 MiB)\n"
     "  --grace S             drain time after Ctrl-C/SIGTERM (default 30)\n"
     "  --insecure            do not verify TLS certificates\n"
@@ -76,15 +88,18 @@ static const char usage_text[] =
     "\n"
     "Exit status:\n"
     "  0  every prompt has a completion\n"
-    "  1  an error (message on stderr), e.g. settings that differ from settings.json's\n"
+    "  1  an error (message on stderr), e.g. settings that differ from settings.json's, or\n"
+    "     ids that name other prompts (see --new-ids)\n"
     "  2  a usage error\n"
     "  3  stopped by Ctrl-C/SIGTERM: run the same command again to resume\n"
     "  4  every prompt has a record, but some are in errors.jsonl (from this run or an\n"
     "     earlier one): each says why; --retry-errors fetches the failed requests again\n"
-    "  5  every server was down for --down-timeout seconds: what finished is kept; run the\n"
-    "     same command again to resume\n"
-    "  6  a server failed the start-up check: nothing was sent\n"
-    "The progress line shows each server as sN IN_FLIGHT/CONCURRENCY and its streamed tok/s;\n"
+    "  5  no server could be reached for --down-timeout seconds (at start too, e.g. a host\n"
+    "     name typo): what finished is kept; run the same command again to resume\n"
+    "  6  a server refused the API key or does not serve NAME: nothing was sent\n"
+    "The progress line shows the prompts/s and tok/s of the last 10 s (the first answers\n"
+    "divided by at least 2 s), each server as sN IN_FLIGHT/CONCURRENCY and its completed\n"
+    "tok/s, DOWN after a server that cannot be reached, and overloaded answers (429/503);\n"
     "the summary's \"controller\" lists the controller's decisions over time.\n"
     "The final summary is printed to stdout as JSON (\"stop_reason\": null, \"stop\",\n"
     "\"down_timeout\", \"server_check\" or \"settings\").\n"
@@ -110,103 +125,66 @@ static void on_log(dflash_log_level level, const char *msg, void *user) {
 
 typedef struct cli_state {
   dflash_progress *progress;
-  char *summary; /* the last dflash_fetch_summary, grown as needed */
-  size_t cap;
-  bool have_summary;
   uint64_t total;      /* for the progress line, made at the first report: a run refused */
   double log_interval; /* by its start-up checks shows none */
 } cli_state;
 
-/* A top-level count of the summary JSON (its keys come before "servers"); 0 when absent. */
-static unsigned long long summary_count(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *hit = strstr(json, pat), *servers = strstr(json, "\"servers\":");
-  if (!hit || (servers && hit > servers)) return 0;
-  return strtoull(hit + strlen(pat), NULL, 10);
-}
-
-/* A top-level number of the summary JSON (before "servers"); 0 when absent or null. */
-static double summary_real(const char *json, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *hit = strstr(json, pat), *servers = strstr(json, "\"servers\":");
-  if (!hit || (servers && hit > servers)) return 0;
-  return strtod(hit + strlen(pat), NULL);
-}
-
-/* Whether the summary's "stop_reason" is `reason`. */
-static bool stopped_for(const char *json, const char *reason) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"stop_reason\":\"%s\"", reason);
-  return json && strstr(json, pat);
-}
-
-/* Completion tokens per second over the answers whose server sent a count
- * (dflash_fetch_stats.completion_tokens sums only those; the summary says how many
- * came without one): "850 tok/s"; "850 tok/s (12 uncounted)" when some came without;
- * "? tok/s" when answers came but none with a count. */
-static void tok_rate(dflash_fetch *f, const dflash_fetch_stats *s, cli_state *c, double el,
-                     char *out, size_t cap) {
-  unsigned long long counted = 0, uncounted = 0;
-  size_t len = 0;
-  dflash_status st = dflash_fetch_summary(f, NULL, 0, &len); /* a size query logs nothing */
-  if (st == DFLASH_E_BUFFER && len > c->cap) { /* rare: run() sized the buffer for the servers */
-    char *grown = realloc(c->summary, len * 2);
-    if (grown) {
-      c->summary = grown;
-      c->cap = len * 2;
-    }
-  }
-  st = len <= c->cap ? dflash_fetch_summary(f, c->summary, c->cap, &len) : DFLASH_E_BUFFER;
-  c->have_summary = st == DFLASH_OK;
-  if (st == DFLASH_OK) {
-    counted = summary_count(c->summary, "turns_counted");
-    uncounted = summary_count(c->summary, "turns_uncounted");
-  }
-  if (uncounted && !counted) snprintf(out, cap, "? tok/s");
+/* Completion tokens per second of the last window, over the answers whose server sent a
+ * count (completion_tokens sums only those): "850 tok/s"; "850 tok/s (12 uncounted)" when
+ * some came without; "? tok/s" when answers came but none with a count. */
+static void tok_rate(const dflash_fetch_stats *s, char *out, size_t cap) {
+  unsigned long long uncounted = s->turns_uncounted;
+  if (uncounted && !s->turns_counted) snprintf(out, cap, "? tok/s");
   else if (uncounted)
-    snprintf(out, cap, "%.0f tok/s (%llu uncounted)", (double)s->completion_tokens / el, uncounted);
-  else snprintf(out, cap, "%.0f tok/s", (double)s->completion_tokens / el);
+    snprintf(out, cap, "%.0f tok/s (%llu uncounted)", s->completion_tok_per_s, uncounted);
+  else snprintf(out, cap, "%.0f tok/s", s->completion_tok_per_s);
 }
 
-/* The progress note: rates, failures, and each server's load and health; while every
- * server is down, how long for and when the run gives up. */
-static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
-  cli_state *c = user;
-  char note[1024], rate[64], down[128] = "";
-  double el = s->elapsed_s > 0 ? s->elapsed_s : 1e-9;
-  tok_rate(f, s, c, el, rate, sizeof rate);
-  unsigned long long attempts_failed = 0;
-  if (c->have_summary) {
-    attempts_failed = summary_count(c->summary, "attempts_failed");
-    double down_s = summary_real(c->summary, "down_s");
-    double limit = summary_real(c->summary, "down_timeout_s");
-    if (down_s > 0 && limit > 0)
-      snprintf(down, sizeof down, "all servers down for %.0f s, waiting (stop at %.0f s) |", down_s,
-               limit);
-    else if (down_s > 0)
-      snprintf(down, sizeof down, "all servers down for %.0f s, waiting |", down_s);
-  }
-  int n = down[0] ? snprintf(note, sizeof note, "%s", down)
-                  : snprintf(note, sizeof note, "%.1f req/s %s",
-                             (double)(s->completed + s->failed) / el, rate);
-  n += snprintf(note + n, sizeof note - (size_t)n,
-                " retries %llu attempts failed %llu prompts "
-                "failed %llu%s",
-                (unsigned long long)s->retries, attempts_failed, (unsigned long long)s->failed,
-                s->stopping ? " STOPPING" : "");
-  for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < sizeof note - 40;
-       i++) {
+/* While every server is down: how long for, and when the run gives up. */
+static void down_note(const dflash_fetch_stats *s, char *out, size_t cap) {
+  if (s->down_s > 0 && s->down_timeout_s > 0)
+    snprintf(out, cap, "all servers down for %.0f s, waiting (stop at %.0f s) |", s->down_s,
+             s->down_timeout_s);
+  else if (s->down_s > 0) snprintf(out, cap, "all servers down for %.0f s, waiting |", s->down_s);
+  else out[0] = 0;
+}
+
+/* Each server's load, completed-token rate, and DOWN only when it is (unreachable); one left
+ * out by --skip-bad-servers is not down. */
+static int server_notes(dflash_fetch *f, char *note, int n, size_t cap) {
+  for (size_t i = 0; i < dflash_fetch_server_count(f) && n > 0 && (size_t)n < cap - 40; i++) {
     dflash_fetch_server_stats ss = {.struct_size = sizeof ss};
     if (dflash_fetch_get_server_stats(f, i, &ss) == DFLASH_OK)
-      n += snprintf(note + n, sizeof note - (size_t)n, " | s%zu %u/%u %.0f tok/s%s", i,
-                    ss.in_flight, ss.concurrency, ss.tok_per_s, ss.healthy ? "" : " DOWN");
+      n += snprintf(note + n, cap - (size_t)n, " | s%zu %u/%u %.0f tok/s%s", i, ss.in_flight,
+                    ss.concurrency, ss.tok_per_s,
+                    ss.excluded  ? " LEFT OUT"
+                    : ss.healthy ? ""
+                                 : " DOWN");
   }
+  return n;
+}
+
+/* The progress note: rates, failures, overloads, and each server. The count drawn is this
+ * run's (skipped prompts left out): the reporter's rate divides it by the time since the
+ * first report. */
+static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user) {
+  cli_state *c = user;
+  char note[1024], rate[64], down[128], over[48] = "";
+  tok_rate(s, rate, sizeof rate);
+  down_note(s, down, sizeof down);
+  if (s->overloaded)
+    snprintf(over, sizeof over, " overloaded %llu", (unsigned long long)s->overloaded);
+  int n = down[0] ? snprintf(note, sizeof note, "%s", down)
+                  : snprintf(note, sizeof note, "%.1f prompts/s %s", s->prompts_per_s, rate);
+  n += snprintf(note + n, sizeof note - (size_t)n,
+                " retries %llu attempts failed %llu prompts failed %llu%s%s",
+                (unsigned long long)s->retries, (unsigned long long)s->attempts_failed,
+                (unsigned long long)s->failed, over, s->stopping ? " STOPPING" : "");
+  server_notes(f, note, n, sizeof note);
   if (!c->progress &&
       dflash_progress_create(stderr, "fetch", "prompts", c->total, c->log_interval, &c->progress))
     return 0;
-  dflash_progress_update(c->progress, s->skipped + s->completed + s->failed, note);
+  dflash_progress_update(c->progress, s->completed + s->failed, note);
   return 0;
 }
 
@@ -297,6 +275,8 @@ static int parse_args(int argc, char **argv, cli_args *a) {
                           {"--skip-bad-servers", CLI_FLAG, &a->o.skip_bad_servers, 0, 0, NULL},
                           {"--allow-settings-change", CLI_FLAG, &a->allow_settings_change, 0, 0,
                            NULL},
+                          {"--new-ids", CLI_FLAG, &o->new_ids, 0, 0, NULL},
+                          {"--keep-first", CLI_FLAG, &o->keep_first_duplicates, 0, 0, NULL},
                           {"-o", CLI_STR, &a->out_dir, 0, 0, NULL},
                           {"--output", CLI_STR, &a->out_dir, 0, 0, NULL},
                           {"-v", CLI_FLAG, &a->verbose, 0, 0, NULL},
@@ -347,16 +327,17 @@ static void raise_fd_limit(void) {
 }
 
 /* The exit status of a finished run (see the usage text); messages on stderr. */
-static int exit_status(const cli_args *a, dflash_status st, const char *err, const char *summary) {
+static int exit_status(const cli_args *a, dflash_status st, const char *err,
+                       const dflash_fetch_stats *s) {
   if (st == DFLASH_E_CANCELLED) {
     fprintf(stderr, "dflash fetch: %s\n", err);
     return 3;
   }
-  if (st && stopped_for(summary, "down_timeout")) {
+  if (st && s->stop_reason == DFLASH_FETCH_STOP_DOWN_TIMEOUT) {
     fprintf(stderr, "dflash fetch: %s\n", err);
     return 5;
   }
-  if (st && stopped_for(summary, "server_check")) {
+  if (st && s->stop_reason == DFLASH_FETCH_STOP_SERVER_CHECK) {
     fprintf(stderr, "dflash fetch: %s: %s\n", dflash_status_str(st), err);
     return 6;
   }
@@ -364,8 +345,7 @@ static int exit_status(const cli_args *a, dflash_status st, const char *err, con
     fprintf(stderr, "dflash fetch: %s: %s\n", dflash_status_str(st), err);
     return 1;
   }
-  unsigned long long now = summary ? summary_count(summary, "failed") : 0;
-  unsigned long long before = summary ? summary_count(summary, "errors_earlier") : 0;
+  unsigned long long now = s->failed, before = s->errors_earlier;
   if (now + before == 0) return 0;
   size_t n = strlen(a->out_dir);
   while (n > 1 && a->out_dir[n - 1] == '/') n--;
@@ -389,10 +369,7 @@ static int run(cli_args *a) {
     dflash_fetch_free(f);
     return rc;
   }
-  cli_state c = {.total = s.total, .log_interval = a->log_interval};
-  c.cap = 4096 + 512 * dflash_fetch_server_count(f); /* the summary the progress note reads */
-  c.summary = malloc(c.cap);
-  if (!c.summary) c.cap = 0;
+  cli_state c = {.total = s.total - s.skipped, .log_interval = a->log_interval};
   g_fetch = f;
   struct sigaction sa = {.sa_handler = on_signal};
   sigemptyset(&sa.sa_mask);
@@ -408,11 +385,12 @@ static int run(cli_args *a) {
   char *summary = summary_text(f);
   if (summary) printf("%s\n", summary);
   fflush(stdout);
-  int rc = exit_status(a, st, err ? err : "out of memory", summary);
+  s = (dflash_fetch_stats){.struct_size = sizeof s};
+  if (dflash_fetch_get_stats(f, &s)) s.failed = 1; /* cannot fail; never report success then */
+  int rc = exit_status(a, st, err ? err : "out of memory", &s);
   free(summary);
   free(err);
   dflash_progress_free(c.progress);
-  free(c.summary);
   dflash_fetch_free(f);
   return rc;
 }

@@ -63,7 +63,12 @@ class _Options(ctypes.Structure):
         ("down_timeout_s", ctypes.c_double), ("settings_change", ctypes.c_int32),
         ("chunk_worker", ctypes.c_char_p), ("chunk_max_records", ctypes.c_uint64),
         ("chunk_max_seconds", ctypes.c_double),
+        # an id means one prompt
+        ("new_ids", ctypes.c_int32), ("keep_first_duplicates", ctypes.c_int32),
     ]
+
+# dflash_fetch_stop_reason, named as the summary's "stop_reason"
+_STOP_REASONS = {0: None, 1: "stop", 2: "down_timeout", 3: "server_check", 4: "settings"}
 
 
 class Stats(ctypes.Structure):
@@ -73,10 +78,18 @@ class Stats(ctypes.Structure):
         "empty", "retries", "in_flight", "pending", "prompt_tokens", "completion_tokens")]
     _fields_ = ([("struct_size", ctypes.c_size_t)] + _fields_ +
                 [("elapsed_s", ctypes.c_double), ("servers_healthy", ctypes.c_uint32),
-                 ("stopping", ctypes.c_int32)])
+                 ("stopping", ctypes.c_int32), ("stop_reason", ctypes.c_int32),
+                 ("servers_down", ctypes.c_uint32)] +
+                [(name, ctypes.c_uint64) for name in (
+                    "errors_earlier", "attempts_failed", "probes_failed", "overloaded",
+                    "turns_counted", "turns_uncounted", "renamed")] +
+                [(name, ctypes.c_double) for name in (
+                    "down_s", "down_timeout_s", "prompts_per_s", "completion_tok_per_s")])
 
     def as_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_[1:]}
+        out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
+        out["stop_reason"] = _STOP_REASONS.get(self.stop_reason, self.stop_reason)
+        return out
 
 
 class ServerStats(ctypes.Structure):
@@ -85,12 +98,14 @@ class ServerStats(ctypes.Structure):
                 ("healthy", ctypes.c_uint32), ("in_flight", ctypes.c_uint32),
                 ("requests", ctypes.c_uint64), ("completed", ctypes.c_uint64),
                 ("failures", ctypes.c_uint64), ("completion_tokens", ctypes.c_uint64),
-                ("concurrency", ctypes.c_uint32), ("tok_per_s", ctypes.c_double)]
+                ("concurrency", ctypes.c_uint32), ("tok_per_s", ctypes.c_double),
+                ("excluded", ctypes.c_uint32), ("overloaded", ctypes.c_uint32)]
 
     def as_dict(self):
         out = {name: getattr(self, name) for name, _ in self._fields_[1:]}
         out["url"] = self.url.decode()
         out["healthy"] = bool(self.healthy)
+        out["excluded"] = bool(self.excluded)
         return out
 
 
@@ -126,7 +141,8 @@ _SIMPLE = {
 }
 _FLAGS = {"thinking": "thinking", "stream": "stream", "retry_errors": "retry_errors",
           "verify_tls": "verify_tls", "all_turns": "all_turns", "send_rid": "send_rid",
-          "server_state": "server_state", "skip_bad_servers": "skip_bad_servers"}
+          "server_state": "server_state", "skip_bad_servers": "skip_bad_servers",
+          "new_ids": "new_ids", "keep_first_duplicates": "keep_first_duplicates"}
 _UNSET_IF_NONE = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
                   "seed": "seed"}
 
@@ -236,7 +252,8 @@ class Fetcher(Handle):
         _stop(self._fetcher())
 
     def stats(self):
-        """The run's counters as a dict (see dflash_fetch_stats)."""
+        """The run's counters as a dict (see dflash_fetch_stats; "stop_reason" is None,
+        "stop", "down_timeout", "server_check" or "settings")."""
         s = Stats(struct_size=ctypes.sizeof(Stats))
         _get_stats(self._fetcher(), ctypes.byref(s))
         return s.as_dict()
@@ -269,7 +286,8 @@ def fetch(input, out_dir, servers, model, family="none", progress=None, **option
     max_concurrency; N: exactly N per server), server_state, connect_timeout, idle_timeout, deadline, max_attempts, backoff,
     fsync_interval, retry_errors, shard=(i, n), all_turns, max_response_bytes; the guards
     server_check (True), skip_bad_servers, down_timeout (0: 600 s; < 0: never),
-    settings_change ("warn", "refuse", "allow"); s3:// chunks: worker, chunk_records,
+    settings_change ("warn", "refuse", "allow"); an id means one prompt: new_ids
+    (conflicting prompts under "<id>#2"), keep_first_duplicates; s3:// chunks: worker, chunk_records,
     chunk_seconds, ...).
     Returns the summary dict; summary["stopped"] is True when the run was stopped.
     Fetcher gives the same job step by step.

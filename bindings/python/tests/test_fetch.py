@@ -197,3 +197,47 @@ def test_fetcher_guards_check_servers_before_any_work(server, tmp_path):
                            settings_change="refuse") as fetcher:
         fetcher.run()
     assert len((tmp_path / "out2" / "completions.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_id_means_one_prompt(server, tmp_path):
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out"
+    write_prompts(inp, 3)
+    libdflash.fetch(inp, out, [server], "fake", max_tokens=4)
+    with open(inp, "w") as f:  # a second input reusing the ids for other prompts
+        for i in range(3):
+            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"o{i}"}]})
+                    + "\n")
+    with pytest.raises(libdflash.Error) as info:
+        libdflash.Fetcher(inp, out, [server], "fake")
+    assert info.value.status == "DFLASH_E_MISMATCH" and "3 ids already in" in info.value.message
+    with libdflash.Fetcher(inp, out, [server], "fake", max_tokens=4, new_ids=True) as fetcher:
+        assert fetcher.run() is True
+        stats = fetcher.stats()
+    assert stats["completed"] == 3 and stats["renamed"] == 3
+    ids = sorted(json.loads(x)["id"] for x in open(out / "completions.jsonl"))
+    assert ids == ["p0", "p0#2", "p1", "p1#2", "p2", "p2#2"]
+    with open(inp, "a") as f:  # p0 again with other messages: refused unless the first is kept
+        f.write(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "z"}]}) + "\n")
+    with pytest.raises(libdflash.Error) as info:
+        libdflash.Fetcher(inp, out, [server], "fake")
+    assert "1 ids come again with other messages (p0 (line 4))" in info.value.message
+    with libdflash.Fetcher(inp, out, [server], "fake", keep_first_duplicates=True,
+                           new_ids=True) as fetcher:
+        assert fetcher.stats()["duplicates"] == 1
+
+
+def test_stats_carry_what_the_summary_says(server, tmp_path):
+    write_prompts(tmp_path / "in.jsonl", 5)
+    with libdflash.Fetcher(tmp_path / "in.jsonl", tmp_path / "out", [server], "fake",
+                           max_tokens=6) as fetcher:
+        assert fetcher.run() is True
+        stats, summary = fetcher.stats(), fetcher.summary()
+        servers = fetcher.server_stats()
+    assert servers[0]["excluded"] is False and servers[0]["overloaded"] == 0
+    assert servers[0]["tok_per_s"] == pytest.approx(summary["servers"][0]["tok_per_s"])
+    for key in ("errors_earlier", "attempts_failed", "probes_failed", "overloaded",
+                "turns_counted", "turns_uncounted", "renamed", "stop_reason", "down_s"):
+        assert stats[key] == summary[key], key
+    assert stats["stop_reason"] is None and stats["servers_down"] == 0
+    assert stats["down_timeout_s"] == summary["down_timeout_s"] == 600
+    assert stats["completion_tok_per_s"] == pytest.approx(summary["completion_tok_per_s"])
