@@ -140,7 +140,7 @@ BUCKET_ELEMS = 1 << 26  # cuda/model.cuh kBucketElems
 # after it, cuda/dist.cu reduce_scatter; two more streaming kernels per bucket).
 RS_BYTES = 4
 ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
-# --optimizer muon (DFLASH_OPTIM_MUON): the step of cuda/backend.cu muon_step, Muon on the
+# --optimizer muon (DFLASH_OPTIMIZER_MUON): the step of cuda/backend.cu muon_step, Muon on the
 # weight matrices (muon_matrices) and AdamW on the rest, instead of AdamW on everything.
 MUON = False
 
@@ -1344,7 +1344,7 @@ def main(argv=None):
                          "bytes, two conversion kernels per bucket")
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
                     help="the optimizer step to price: AdamW, or Muon on the weight matrices "
-                         "(DFLASH_OPTIM_MUON; Newton-Schulz in fp32 on every rank)")
+                         "(DFLASH_OPTIMIZER_MUON; Newton-Schulz in fp32 on every rank)")
     ap.add_argument("--dflash2", metavar="K,G,TOPK,RANK",
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "

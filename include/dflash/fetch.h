@@ -204,7 +204,7 @@ typedef enum dflash_fetch_stop_reason {
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
  * program built against an older header. Call it as dflash_fetch_options_default(&opts). */
-DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *opts, size_t size);
+DFLASH_API void dflash_fetch_options_init(dflash_fetch_options *opts, size_t size);
 #define dflash_fetch_options_default(opts) dflash_fetch_options_init((opts), sizeof *(opts))
 
 typedef struct dflash_fetch_stats {

@@ -34,14 +34,9 @@
 extern "C" {
 #endif
 
-typedef enum dflash_hidden_dtype {
-  DFLASH_HIDDEN_BF16 = 0,
-  DFLASH_HIDDEN_FP8_E4M3 = 1
-} dflash_hidden_dtype;
-
 typedef struct dflash_hidden_writer_options {
   size_t struct_size;
-  int32_t dtype;        /* dflash_hidden_dtype (bf16) */
+  int32_t dtype;        /* dflash_dtype: DFLASH_DTYPE_BF16 (default) or DFLASH_DTYPE_F8_E4M3 */
   uint64_t shard_bytes; /* start a new shard past this many bytes (1 GiB) */
   /* Spool mode (see "spool" below) when nonzero: `dir` is a spool holding at most this many
    * bytes of unconsumed shards (plus the one being written); at least 2 * shard_bytes. (0) */

@@ -67,7 +67,7 @@ typedef struct dflash_train_run_options {
    * computed from the data. */
   const dflash_trainer_options *trainer;
   /* dflash_train_labels: what the CE trains each drafted position to predict (data). With
-   * DFLASH_LABELS_TARGET the label at position t is the target's greedy token after t-1 (what
+   * DFLASH_TRAIN_LABELS_TARGET the label at position t is the target's greedy token after t-1 (what
    * greedy verification accepts), from the store's target ids (HiddenWriter target_ids, in a
    * store or a spool) or, for vLLM's files, from their final-layer slot through the target's
    * final norm (final_norm_name, eps = rms_norm_eps of the target's config.json) and the LM
@@ -110,8 +110,8 @@ typedef struct dflash_train_run_options {
 #define DFLASH_SCHEDULE_EPOCHS (-1)
 
 typedef enum dflash_train_labels {
-  DFLASH_LABELS_DATA = 0,  /* the data's next tokens */
-  DFLASH_LABELS_TARGET = 1 /* the target's greedy next tokens */
+  DFLASH_TRAIN_LABELS_DATA = 0,  /* the data's next tokens */
+  DFLASH_TRAIN_LABELS_TARGET = 1 /* the target's greedy next tokens */
 } dflash_train_labels;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

@@ -30,7 +30,7 @@ typedef struct dflash_sample {
    * vLLM's final layer once a trainer gave the stream the target's head); NULL when none. */
   const int32_t *target_ids;
   /* The rows as stored, with the stream's or spool's stored_rows option (else NULL): codes
-   * [len, K*H] in hidden_dtype (dflash_hidden_dtype), and for fp8 the float scales [len, K]
+   * [len, K*H] in hidden_dtype (dflash_dtype: BF16 or F8_E4M3), and for fp8 the float scales [len, K]
    * (one per token and layer). */
   int32_t hidden_dtype;
   const void *hidden_codes;

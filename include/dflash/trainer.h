@@ -69,15 +69,15 @@ typedef struct dflash_trainer_options {
    * or DFLASH_LR_LINEAR decays to min_lr_ratio x lr at total_steps; DFLASH_LR_CONSTANT keeps
    * lr. total_steps 0 keeps lr constant under any schedule. */
   int32_t lr_schedule;
-  /* The per-position loss weights (dflash_position_weighting): DFLASH_WEIGHTS_DECAY, the
+  /* The per-position loss weights (dflash_position_weighting): DFLASH_POSITION_WEIGHTING_DECAY, the
    * default, weighs block position k by exp(-(k-1) / loss_gamma) (1 when loss_gamma < 0);
-   * DFLASH_WEIGHTS_ADAPTIVE (CPU backend only; CUDA refuses it) weighs each supervised
+   * DFLASH_POSITION_WEIGHTING_ADAPTIVE (CPU backend only; CUDA refuses it) weighs each supervised
    * position of a block by the drafter's current probability of reaching it, the product of
    * its probabilities of the true tokens at the block's earlier positions (not
    * differentiated), rescaled so that each block's weights sum to its supervised positions
    * (so dflash_trainer_weight_sum counts 1 per position). It costs one more LM-head pass. */
   int32_t position_weighting;
-  /* The optimizer (dflash_optimizer, below). DFLASH_OPTIM_MUON (CPU and CUDA backends;
+  /* The optimizer (dflash_optimizer, below). DFLASH_OPTIMIZER_MUON (CPU and CUDA backends;
    * CUDA's runs Newton-Schulz in fp32 on every rank) is torch.optim.Muon, as vLLM speculators trains with it, on every 2-D weight
    * matrix with both sides > 1 but the vocabulary-sized codebooks (fc, the attention and MLP
    * projections, DFlash 2's kernel and hidden projections); AdamW (lr, weight_decay, betas,
@@ -88,17 +88,20 @@ typedef struct dflash_trainer_options {
   double muon_momentum;
   double muon_weight_decay;
   int32_t optimizer;
-  /* The Muon update's scale (dflash_muon_adjust_lr): DFLASH_MUON_MATCH_RMS_ADAMW, the
-   * default (speculators'), lr x 0.2 sqrt(max(rows, cols)); DFLASH_MUON_ORIGINAL (torch's
+  /* The Muon update's scale (dflash_muon_adjust_lr): DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW, the
+   * default (speculators'), lr x 0.2 sqrt(max(rows, cols)); DFLASH_MUON_ADJUST_LR_ORIGINAL (torch's
    * default) lr x sqrt(max(1, rows / cols)). */
   int32_t muon_adjust_lr;
 } dflash_trainer_options;
 
-typedef enum dflash_optimizer { DFLASH_OPTIM_ADAMW = 0, DFLASH_OPTIM_MUON = 1 } dflash_optimizer;
+typedef enum dflash_optimizer {
+  DFLASH_OPTIMIZER_ADAMW = 0,
+  DFLASH_OPTIMIZER_MUON = 1
+} dflash_optimizer;
 
 typedef enum dflash_muon_adjust_lr {
-  DFLASH_MUON_MATCH_RMS_ADAMW = 0,
-  DFLASH_MUON_ORIGINAL = 1
+  DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW = 0,
+  DFLASH_MUON_ADJUST_LR_ORIGINAL = 1
 } dflash_muon_adjust_lr;
 
 typedef enum dflash_lr_schedule {
@@ -108,8 +111,8 @@ typedef enum dflash_lr_schedule {
 } dflash_lr_schedule;
 
 typedef enum dflash_position_weighting {
-  DFLASH_WEIGHTS_DECAY = 0,
-  DFLASH_WEIGHTS_ADAPTIVE = 1
+  DFLASH_POSITION_WEIGHTING_DECAY = 0,
+  DFLASH_POSITION_WEIGHTING_ADAPTIVE = 1
 } dflash_position_weighting;
 
 typedef enum dflash_selector_loss_mode {
@@ -354,8 +357,8 @@ typedef struct dflash_eval_walk {
   double backbone_accuracy;
   double candidate_recall;
   /* in (appended): dflash_train_labels, what a draft is compared with: the data's next token
-   * (DFLASH_LABELS_DATA, default: right for greedy data only), or the target's greedy token
-   * from the store's target ids (DFLASH_LABELS_TARGET: what greedy verification accepts,
+   * (DFLASH_TRAIN_LABELS_DATA, default: right for greedy data only), or the target's greedy token
+   * from the store's target ids (DFLASH_TRAIN_LABELS_TARGET: what greedy verification accepts,
    * also on data sampled at T > 0; a sample without them is DFLASH_E_NOT_FOUND). The
    * context stays the data's. */
   int32_t labels;
@@ -400,9 +403,9 @@ typedef struct dflash_train_plan_options {
   int32_t device;          /* >= 0: read gpu_bytes, smem_per_block and pcie from this CUDA
                               device (DFLASH_E_NO_DEVICE / _UNSUPPORTED when there is none or
                               the library has no CUDA); -1: as set above (-1) */
-  int32_t optimizer;       /* dflash_optimizer: DFLASH_OPTIM_MUON adds the Muon step's
+  int32_t optimizer;       /* dflash_optimizer: DFLASH_OPTIMIZER_MUON adds the Muon step's
                               workspace (its largest matrix twice, its Gram matrix twice, fp32)
-                              to the activations' scratch (DFLASH_OPTIM_ADAMW) */
+                              to the activations' scratch (DFLASH_OPTIMIZER_ADAMW) */
 } dflash_train_plan_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a

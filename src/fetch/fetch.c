@@ -10,8 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static dflash_status fetch_options_defaults(dflash_fetch_options *o) {
-  DF_CHECK_ARG(o);
+static void fetch_options_defaults(dflash_fetch_options *o) {
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->thinking = 1;
@@ -37,16 +36,9 @@ static dflash_status fetch_options_defaults(dflash_fetch_options *o) {
   o->verify_tls = 1;
   o->drain_grace_s = 30;
   o->progress_interval_s = 0.5;
-  return DFLASH_OK;
 }
 
-DFLASH_API dflash_status dflash_fetch_options_init(dflash_fetch_options *o, size_t size) {
-  DF_CHECK_ARG(o && size >= sizeof(size_t));
-  dflash_fetch_options d;
-  dflash_status st = fetch_options_defaults(&d);
-  df_opts_fill(o, size, &d, sizeof d);
-  return st;
-}
+DF_DEFINE_INIT(dflash_fetch_options, fetch_options_defaults)
 
 /* ---- options --------------------------------------------------------------- */
 
@@ -380,8 +372,8 @@ DFLASH_API dflash_status dflash_fetch_create(const dflash_fetch_options *opts,
   DF_CHECK_ARG(opts && input_path && out_dir && out);
   *out = NULL;
   dflash_fetch_options o;
-  dflash_status st = dflash_fetch_options_default(&o);
-  if (!st) st = df_opts_in(&o, opts, sizeof o, "dflash_fetch_options");
+  dflash_fetch_options_default(&o);
+  dflash_status st = df_opts_in(&o, opts, sizeof o, "dflash_fetch_options");
   if (!st) st = check_options(&o);
   if (st) return st;
   opts = &o;

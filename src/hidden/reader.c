@@ -65,8 +65,8 @@ static dflash_status read_header(dflash_hidden *h) {
   if (st) return st;
   if (meta_find(h, "dtype", &dt))
     return df_error(DFLASH_E_FORMAT, "%s: metadata lacks dtype", h->dir);
-  if (!strcmp(dt, "bf16")) h->dtype = DFLASH_HIDDEN_BF16;
-  else if (!strcmp(dt, "fp8_e4m3")) h->dtype = DFLASH_HIDDEN_FP8_E4M3;
+  if (!strcmp(dt, "bf16")) h->dtype = DFLASH_DTYPE_BF16;
+  else if (!strcmp(dt, "fp8_e4m3")) h->dtype = DFLASH_DTYPE_F8_E4M3;
   else return df_error(DFLASH_E_DTYPE, "%s: unknown hidden dtype \"%s\"", h->dir, dt);
   const char *ids = NULL, *hash = NULL;
   if (meta_find(h, "target_layer_ids", &ids)) ids = NULL;
@@ -158,7 +158,7 @@ static dflash_status find(const dflash_hidden *h, const char *prefix, const char
 static dflash_status states_tensor(const dflash_hidden *h, const char *id, dflash_tensor *t) {
   dflash_status st = find(h, "h/", id, t);
   if (st) return st;
-  dflash_dtype want = h->dtype == DFLASH_HIDDEN_BF16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F8_E4M3;
+  dflash_dtype want = h->dtype == DFLASH_DTYPE_BF16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F8_E4M3;
   if (t->dtype != (int32_t)want || t->ndim != 2 || t->shape[1] != (int64_t)h->K * h->H)
     return df_error(DFLASH_E_FORMAT, "%s: sample %s is not %s [S, %lld]", t->file, id,
                     dflash_dtype_name(want), (long long)h->K * h->H);
@@ -189,7 +189,7 @@ dflash_status dflash_hidden_length(const dflash_hidden *h, const char *sample_id
 void df_hidden_decode(int32_t K, int32_t H, int32_t dtype, const void *codes, const void *scales,
                       float *out, int64_t len) {
   size_t n = (size_t)len * K * H;
-  if (dtype == DFLASH_HIDDEN_BF16) {
+  if (dtype == DFLASH_DTYPE_BF16) {
     const uint16_t *p = codes;
     for (size_t i = 0; i < n; i++) out[i] = df_bf16_to_f32(p[i]);
     return;
@@ -221,7 +221,7 @@ static dflash_status check_scales(const dflash_hidden *h, const char *sample_id,
 static dflash_status read_remote(const dflash_hidden *h, const char *sample_id,
                                  const dflash_tensor *t, float *out, int64_t len) {
   dflash_tensor s = {.struct_size = sizeof s};
-  bool fp8 = h->dtype != DFLASH_HIDDEN_BF16;
+  bool fp8 = h->dtype != DFLASH_DTYPE_BF16;
   dflash_status st = fp8 ? find(h, "s/", sample_id, &s) : DFLASH_OK;
   if (!st && fp8) st = check_scales(h, sample_id, &s, len);
   if (st) return st;
@@ -243,7 +243,7 @@ dflash_status dflash_hidden_read(const dflash_hidden *h, const char *sample_id, 
   dflash_status st = states_rows(h, sample_id, len, &t);
   if (st) return st;
   if (h->remote) return read_remote(h, sample_id, &t, out, len);
-  if (h->dtype == DFLASH_HIDDEN_BF16) return decode(h, t.data, NULL, out, len);
+  if (h->dtype == DFLASH_DTYPE_BF16) return decode(h, t.data, NULL, out, len);
   if ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))) return st;
   return decode(h, t.data, s.data, out, len); /* scales may sit at any byte offset */
 }
@@ -254,7 +254,7 @@ dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id
   dflash_tensor t, s = {.struct_size = sizeof s};
   dflash_status st = states_rows(h, sample_id, len, &t);
   if (st) return st;
-  bool fp8 = h->dtype != DFLASH_HIDDEN_BF16;
+  bool fp8 = h->dtype != DFLASH_DTYPE_BF16;
   if (fp8 && ((st = find(h, "s/", sample_id, &s)) || (st = check_scales(h, sample_id, &s, len))))
     return st;
   if (h->remote) {

@@ -51,8 +51,8 @@ static bool fp8_row_is_zero(const uint8_t *codes, const float *scales, size_t ro
 dflash_status df_hidden_check_codes(const char *id, int32_t dtype, const void *codes,
                                     const float *scales, int64_t len, int32_t K, int32_t H) {
   int32_t bad = -1;
-  if (dtype == DFLASH_HIDDEN_BF16) bad = df_hidden_zero_layer(NULL, codes, len, K, H);
-  for (int32_t k = 0; dtype != DFLASH_HIDDEN_BF16 && bad < 0 && k < K; k++) {
+  if (dtype == DFLASH_DTYPE_BF16) bad = df_hidden_zero_layer(NULL, codes, len, K, H);
+  for (int32_t k = 0; dtype != DFLASH_DTYPE_BF16 && bad < 0 && k < K; k++) {
     bool zero = true;
     for (int64_t r = 0; zero && r < len; r++)
       zero = fp8_row_is_zero(codes, scales, (size_t)r * (size_t)K + (size_t)k, H);

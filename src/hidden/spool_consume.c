@@ -25,8 +25,8 @@ static dflash_status parse_meta(const char *loc, const char *text, int32_t *K, i
              fmt, K, H, dt) != 4 ||
       strcmp(fmt, DF_SPOOL_FORMAT) || *K <= 0 || *H <= 0)
     return df_error(DFLASH_E_FORMAT, "%s: not a %s manifest", loc, DF_SPOOL_FORMAT);
-  if (!strcmp(dt, "bf16")) *dtype = DFLASH_HIDDEN_BF16;
-  else if (!strcmp(dt, "fp8_e4m3")) *dtype = DFLASH_HIDDEN_FP8_E4M3;
+  if (!strcmp(dt, "bf16")) *dtype = DFLASH_DTYPE_BF16;
+  else if (!strcmp(dt, "fp8_e4m3")) *dtype = DFLASH_DTYPE_F8_E4M3;
   else return df_error(DFLASH_E_DTYPE, "%s: unknown dtype \"%s\"", loc, dt);
   return DFLASH_OK;
 }
@@ -186,7 +186,7 @@ dflash_status df_sp_index_into(const dflash_spool *sp, const df_stage_st *f, con
   sp_tensor *ts = calloc(n + 1, sizeof *ts);
   if (!(*out = ts)) return df_error_nomem("spool shard");
   *n_out = 0;
-  bool fp8 = sp->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  bool fp8 = sp->dtype == DFLASH_DTYPE_F8_E4M3;
   dflash_dtype want_dt = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
@@ -464,7 +464,7 @@ static dflash_status spool_next(dflash_spool *sp, dflash_sample *out, int32_t *e
                            .target_ids = tids,
                            .hidden_dtype = sp->dtype,
                            .hidden_codes = t->codes,
-                           .hidden_scales = sp->dtype == DFLASH_HIDDEN_FP8_E4M3 ? t->scales : NULL};
+                           .hidden_scales = sp->dtype == DFLASH_DTYPE_F8_E4M3 ? t->scales : NULL};
   } else if ((s = decode_sample(sp, t, out))) {
     return s;
   }

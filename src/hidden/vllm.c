@@ -199,7 +199,7 @@ dflash_status df_vhidden_open(const char *dir, df_vhidden **out) {
 void df_vhidden_info(const df_vhidden *v, int32_t *K, int32_t *H, int32_t *dtype, size_t *n) {
   if (K) *K = v->K;
   if (H) *H = v->H;
-  if (dtype) *dtype = v->fp8 ? DFLASH_HIDDEN_FP8_E4M3 : DFLASH_HIDDEN_BF16;
+  if (dtype) *dtype = v->fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
   if (n) *n = v->n;
 }
 

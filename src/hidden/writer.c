@@ -21,14 +21,14 @@ static void hidden_writer_options_defaults(dflash_hidden_writer_options *o) {
   if (!o) return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
-  o->dtype = DFLASH_HIDDEN_BF16;
+  o->dtype = DFLASH_DTYPE_BF16;
   o->shard_bytes = 1ULL << 30;
 }
 
 DF_DEFINE_INIT(dflash_hidden_writer_options, hidden_writer_options_defaults)
 
 const char *df_hidden_dtype_name(int32_t dtype) {
-  return dtype == DFLASH_HIDDEN_FP8_E4M3 ? "fp8_e4m3" : "bf16";
+  return dtype == DFLASH_DTYPE_F8_E4M3 ? "fp8_e4m3" : "bf16";
 }
 
 static dflash_status make_dir(const char *dir) { return df_mkdir_p(dir); }
@@ -168,7 +168,7 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
                     "hidden writer: num_layers (%d) and hidden_size (%d) "
                     "must be positive",
                     num_layers, hidden_size);
-  if (o.dtype != DFLASH_HIDDEN_BF16 && o.dtype != DFLASH_HIDDEN_FP8_E4M3)
+  if (o.dtype != DFLASH_DTYPE_BF16 && o.dtype != DFLASH_DTYPE_F8_E4M3)
     return df_error(DFLASH_E_DTYPE, "hidden writer: unknown dtype %d", o.dtype);
   /* Refused rather than dropped: the caller would believe the spool checked. */
   if (o.spool_budget && (o.target_layer_ids || o.tokenizer_hash))
@@ -232,7 +232,7 @@ static dflash_status encode(const dflash_hidden_writer *w, pending *p, const flo
       return df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is %s",
                       p->id, i / width, i % width, isnan(v) ? "NaN" : "Inf");
   }
-  if (w->dtype == DFLASH_HIDDEN_BF16) {
+  if (w->dtype == DFLASH_DTYPE_BF16) {
     uint16_t *out = malloc(n * sizeof *out);
     if (!out) return df_error_nomem("hidden states");
     for (size_t i = 0; i < n; i++) out[i] = f32 ? df_f32_to_bf16(f32[i]) : bf16[i];
@@ -262,7 +262,7 @@ static dflash_status encode(const dflash_hidden_writer *w, pending *p, const flo
 
 static uint64_t pending_bytes(const dflash_hidden_writer *w, const pending *p) {
   uint64_t n = (uint64_t)p->len * w->K * w->H, t = p->tids ? 4 * (uint64_t)p->len : 0;
-  return t + (w->dtype == DFLASH_HIDDEN_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4);
+  return t + (w->dtype == DFLASH_DTYPE_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4);
 }
 
 /* A copy of the target's greedy tokens (token ids are never negative). */
@@ -367,7 +367,7 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
   dflash_status st = dflash_safetensors_writer_create(path, &sw);
   if (st) return st;
   st = shard_metadata(w, sw);
-  bool fp8 = w->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  bool fp8 = w->dtype == DFLASH_DTYPE_F8_E4M3;
   char name[DF_HIDDEN_MAX_ID + 8];
   for (size_t i = 0; !st && i < w->n_buf; i++) {
     const pending *p = &w->buf[i];

@@ -32,7 +32,7 @@ typedef struct df_seq {
   int32_t n_anchors;
   const int32_t *labels; /* CE targets [len] (the target's greedy tokens); NULL: ids */
   /* The hidden rows as stored, for a backend with stored_rows (hidden is then NULL):
-   * DFLASH_HIDDEN_BF16 codes, or DFLASH_HIDDEN_FP8_E4M3 codes with scales [len, K]. */
+   * DFLASH_DTYPE_BF16 codes, or DFLASH_DTYPE_F8_E4M3 codes with scales [len, K]. */
   int32_t hidden_dtype;
   const void *hidden_codes;
   const float *hidden_scales;
@@ -43,7 +43,7 @@ typedef struct df_seq {
 typedef struct df_adam {
   double lr, weight_decay, beta1, beta2, eps, grad_clip;
   int64_t step; /* 1-based index of this update, for bias correction */
-  /* DFLASH_OPTIM_MUON: Muon on df_muon_takes' matrices (CPU and CUDA backends), its momentum
+  /* DFLASH_OPTIMIZER_MUON: Muon on df_muon_takes' matrices (CPU and CUDA backends), its momentum
    * buffer in m1 (so checkpoints save and resume it as adam_m; m2 stays 0 there). */
   bool muon;
   double muon_momentum, muon_weight_decay;

@@ -68,7 +68,7 @@ static void scale_range(void *vc, size_t b, size_t e, int worker) {
   for (size_t i = b; i < e; i++) c->x[i] *= c->k;
 }
 
-/* DFLASH_OPTIM_MUON: Muon on the matrices (its momentum in m1), AdamW `c` on the rest. */
+/* DFLASH_OPTIMIZER_MUON: Muon on the matrices (its momentum in m1), AdamW `c` on the rest. */
 static dflash_status muon_and_adam(df_model *m, float *m1, const df_adam *a, const adam_ctx *c) {
   for (size_t i = 0; i < m->n_tensors; i++) {
     const df_tensor_info *ti = &m->tensors[i];

@@ -78,10 +78,9 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
                      .rows_target = rows_target,
                      .coef = s->loss_mask ? coef : NULL,
                      .rows_prev = rows_prev,
-                     .hidden_dtype = !stored ? DF_CU_HIDDEN_F32
-                                     : s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3
-                                         ? DF_CU_HIDDEN_FP8
-                                         : DF_CU_HIDDEN_BF16,
+                     .hidden_dtype = !stored                                   ? DF_CU_HIDDEN_F32
+                                     : s->hidden_dtype == DFLASH_DTYPE_F8_E4M3 ? DF_CU_HIDDEN_FP8
+                                                                               : DF_CU_HIDDEN_BF16,
                      .hidden_codes = stored ? s->hidden_codes : (const void *)s->hidden,
                      .hidden_scales = s->hidden_scales};
   return DFLASH_OK;
@@ -391,7 +390,7 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
   cfg.pos_weight = pw;
   df_cu_muon_mat *muon = NULL;
-  if (!st && t->opt.optimizer == DFLASH_OPTIM_MUON)
+  if (!st && t->opt.optimizer == DFLASH_OPTIMIZER_MUON)
     st = muon_matrices(m, t->opt.muon_adjust_lr, &muon, &cfg.n_muon);
   cfg.muon = muon;
   if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);

@@ -386,7 +386,7 @@ dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
   dflash_status st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
   if (st) return st;
   DF_CHECK_ARG(w.max_tokens >= 0);
-  if (w.labels != DFLASH_LABELS_DATA && w.labels != DFLASH_LABELS_TARGET)
+  if (w.labels != DFLASH_TRAIN_LABELS_DATA && w.labels != DFLASH_TRAIN_LABELS_TARGET)
     return df_error(DFLASH_E_INVALID_ARG, "eval walk: labels %d is neither data (0) nor target (1)",
                     w.labels);
   st = eval_walk(t, data_dir, hidden_dir, &w);
@@ -417,7 +417,7 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
   int64_t *hits = calloc(HIT_KINDS * (size_t)B, sizeof *hits);
   int32_t *accept = NULL, *lab = NULL;
   int64_t cap = 0;
-  bool target = w->labels == DFLASH_LABELS_TARGET;
+  bool target = w->labels == DFLASH_TRAIN_LABELS_TARGET;
   if (!hits) st = df_error_nomem("evaluation");
   w->sequences = w->steps = w->tokens = w->positions = 0;
   if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);

@@ -683,7 +683,7 @@ static dflash_status block_ce(df_model *m, bool backward, int32_t **cand, float 
 }
 
 /*
- * DFLASH_WEIGHTS_ADAPTIVE: a row's weight is the drafter's probability of reaching its
+ * DFLASH_POSITION_WEIGHTING_ADAPTIVE: a row's weight is the drafter's probability of reaching its
  * position in a greedy walk, prod exp(-CE) of the block's earlier supervised rows (a
  * forward-only LM-head pass; not differentiated: it only weighs the CE), rescaled so that
  * each block's weights sum to its row count, as the unit weights dflash_trainer_weight_sum

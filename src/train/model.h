@@ -129,7 +129,7 @@ typedef struct df_model {
   double sel_weight;
   bool sel_inject;
   double sel_loss_sum, sel_rows, sel_hits;
-  /* DFLASH_WEIGHTS_ADAPTIVE: df_position_weight is 1, and each call weighs its rows by
+  /* DFLASH_POSITION_WEIGHTING_ADAPTIVE: df_position_weight is 1, and each call weighs its rows by
    * row_w [R] (adaptive_weights in model.c), which the selector loss reads too. */
   bool adaptive;
   const double *row_w;

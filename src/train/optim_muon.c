@@ -39,7 +39,8 @@ static void newton_schulz(float *x, float *y, float *g, float *gg, int r, int c)
 }
 
 double df_muon_lr_scale(int32_t adjust, int64_t rows, int64_t cols) {
-  if (adjust == DFLASH_MUON_ORIGINAL) return sqrt(rows > cols ? (double)rows / (double)cols : 1.0);
+  if (adjust == DFLASH_MUON_ADJUST_LR_ORIGINAL)
+    return sqrt(rows > cols ? (double)rows / (double)cols : 1.0);
   return 0.2 * sqrt((double)(rows > cols ? rows : cols));
 }
 

@@ -172,10 +172,10 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                     "anchors %d and vocab chunk %d must be positive, batch %d not negative",
                     opts->world_size, opts->seq_len, opts->num_anchors, opts->vocab_chunk,
                     opts->batch_size);
-  if (opts->optimizer != DFLASH_OPTIM_ADAMW && opts->optimizer != DFLASH_OPTIM_MUON)
+  if (opts->optimizer != DFLASH_OPTIMIZER_ADAMW && opts->optimizer != DFLASH_OPTIMIZER_MUON)
     return df_error(DFLASH_E_INVALID_ARG,
                     "plan options: optimizer %d is neither AdamW (%d) nor Muon (%d)",
-                    opts->optimizer, DFLASH_OPTIM_ADAMW, DFLASH_OPTIM_MUON);
+                    opts->optimizer, DFLASH_OPTIMIZER_ADAMW, DFLASH_OPTIMIZER_MUON);
   memset(p, 0, sizeof *p);
   p->struct_size = sizeof *p;
   if (o.device >= 0 && (st = plan_device(&o, p))) return st;
@@ -202,7 +202,7 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                                                          cfg->n_target_layer_ids * cfg->hidden_size,
                                                          cfg->head_dim, cfg->block_size,
                                                          opts->seq_len + cfg->block_size);
-  if (opts->optimizer == DFLASH_OPTIM_MUON)
+  if (opts->optimizer == DFLASH_OPTIMIZER_MUON)
     p->activations += plan_muon_bytes(df_tensor_dims_of(cfg, &ext));
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;

@@ -123,12 +123,12 @@ static dflash_status target_head(run *r) {
  * sample (refused when it comes). */
 static dflash_status check_labels(const run *r) {
   const dflash_train_run_options *o = r->o;
-  if (o->labels != DFLASH_LABELS_DATA && o->labels != DFLASH_LABELS_TARGET)
+  if (o->labels != DFLASH_TRAIN_LABELS_DATA && o->labels != DFLASH_TRAIN_LABELS_TARGET)
     return df_error(DFLASH_E_INVALID_ARG,
                     "train run options: labels %d is neither data (0) "
                     "nor target (1)",
                     o->labels);
-  if (o->labels == DFLASH_LABELS_TARGET && r->s && !df_sample_stream_has_target_ids(r->s))
+  if (o->labels == DFLASH_TRAIN_LABELS_TARGET && r->s && !df_sample_stream_has_target_ids(r->s))
     return df_error(DFLASH_E_NOT_FOUND,
                     "--labels target: the hidden-state store %s carries "
                     "neither the target's greedy tokens (written without target_ids) nor its "
@@ -141,7 +141,7 @@ static dflash_status check_labels(const run *r) {
  * argmax at t-1 (its prediction of token t); NULL for data labels. */
 static dflash_status make_labels(run *r, const dflash_sample *smp, const int32_t **out) {
   *out = NULL;
-  if (r->o->labels != DFLASH_LABELS_TARGET) return DFLASH_OK;
+  if (r->o->labels != DFLASH_TRAIN_LABELS_TARGET) return DFLASH_OK;
   if (!smp->target_ids)
     return df_error(DFLASH_E_NOT_FOUND,
                     "--labels target: sample %s in %s carries no target "
@@ -170,7 +170,7 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
   if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
   free(e);
   if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
-      r->o->labels == DFLASH_LABELS_TARGET)
+      r->o->labels == DFLASH_TRAIN_LABELS_TARGET)
     return r->head = h, target_head(r);
   free(h);
   return st;

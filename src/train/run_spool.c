@@ -152,7 +152,7 @@ static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales
   int32_t K = 0, H = 0;
   DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL)); /* as in spool_width */
   size_t n = (size_t)len * (size_t)K * (size_t)H;
-  bool fp8 = r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3;
+  bool fp8 = r->sp_dtype == DFLASH_DTYPE_F8_E4M3;
   *codes = ((fp8 ? n : 2 * n) + 3) & ~(size_t)3;
   *scales = fp8 ? 4 * (size_t)len * (size_t)K : 0;
 }
@@ -171,7 +171,7 @@ static dflash_status keep_rows(run *r, size_t i, const dflash_sample *smp) {
   if (!r->stored_rows) {
     memcpy(r->batch_h[i], smp->hidden, n * sizeof(float));
   } else {
-    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_dtype == DFLASH_HIDDEN_FP8_E4M3 ? n : 2 * n);
+    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_dtype == DFLASH_DTYPE_F8_E4M3 ? n : 2 * n);
     if (scale_b) memcpy(r->batch_h[i] + code_b, smp->hidden_scales, scale_b);
   }
   return DFLASH_OK;

@@ -155,7 +155,7 @@ static dflash_status check_settings(run *r, const df_position *p) {
     return df_error(DFLASH_E_MISMATCH,
                     "%s was written with optimizer %s; a run cannot change its optimizer (the "
                     "saved moments are the other optimizer's)",
-                    r->state_path, opt->value == DFLASH_OPTIM_MUON ? "muon" : "adamw");
+                    r->state_path, opt->value == DFLASH_OPTIMIZER_MUON ? "muon" : "adamw");
   if (r->o->allow_settings_change) return continue_schedule(r, p), DFLASH_OK;
   return df_error(DFLASH_E_MISMATCH,
                   "%s was written with other settings: %s (resume with the run's own, or "

@@ -192,7 +192,7 @@ static dflash_status grow(void **p, size_t *cap, size_t bytes) {
 /* The sample's codes as stored into its slot, and its all-zero-layer check. */
 static dflash_status produce_codes(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
   size_t n = (size_t)len * (size_t)s->width;
-  bool fp8 = s->dtype == DFLASH_HIDDEN_FP8_E4M3;
+  bool fp8 = s->dtype == DFLASH_DTYPE_F8_E4M3;
   dflash_status st = grow(&sl->codes, &sl->codes_cap, fp8 ? n : 2 * n);
   if (!st && fp8) st = grow((void **)&sl->scales, &sl->scales_cap, 4 * (size_t)len * s->K);
   if (!st) st = df_hidden_read_codes(s->hidden, id, len, sl->codes, sl->scales);
@@ -307,7 +307,7 @@ static dflash_status stream_next(dflash_sample_stream *s, dflash_sample *out, in
   if (!s->stored) return DFLASH_OK;
   out->hidden_dtype = s->dtype;
   out->hidden_codes = sl->codes;
-  out->hidden_scales = s->dtype == DFLASH_HIDDEN_FP8_E4M3 ? sl->scales : NULL;
+  out->hidden_scales = s->dtype == DFLASH_DTYPE_F8_E4M3 ? sl->scales : NULL;
   return DFLASH_OK;
 }
 

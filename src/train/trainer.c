@@ -31,11 +31,11 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->selector_loss_weight = 1.0;
   o->selector_loss_mode = DFLASH_SELECTOR_LOSS_DROP;
   o->lr_schedule = DFLASH_LR_COSINE;
-  o->position_weighting = DFLASH_WEIGHTS_DECAY;
-  o->optimizer = DFLASH_OPTIM_ADAMW;
+  o->position_weighting = DFLASH_POSITION_WEIGHTING_DECAY;
+  o->optimizer = DFLASH_OPTIMIZER_ADAMW;
   o->muon_momentum = 0.95; /* speculators' (and torch.optim.Muon's) defaults */
   o->muon_weight_decay = 0.1;
-  o->muon_adjust_lr = DFLASH_MUON_MATCH_RMS_ADAMW;
+  o->muon_adjust_lr = DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW;
 }
 
 DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
@@ -70,25 +70,27 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
   NEED(o->lr_schedule >= DFLASH_LR_COSINE && o->lr_schedule <= DFLASH_LR_CONSTANT,
        "lr_schedule must be DFLASH_LR_COSINE (0), _LINEAR (1) or _CONSTANT (2) (got %d)",
        o->lr_schedule);
-  NEED(o->position_weighting == DFLASH_WEIGHTS_DECAY ||
-           o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE,
-       "position_weighting must be DFLASH_WEIGHTS_DECAY (0) or _ADAPTIVE (1) (got %d)",
+  NEED(o->position_weighting == DFLASH_POSITION_WEIGHTING_DECAY ||
+           o->position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE,
+       "position_weighting must be DFLASH_POSITION_WEIGHTING_DECAY (0) or _ADAPTIVE (1) (got %d)",
        o->position_weighting);
-  NEED(o->optimizer == DFLASH_OPTIM_ADAMW || o->optimizer == DFLASH_OPTIM_MUON,
-       "optimizer must be DFLASH_OPTIM_ADAMW (0) or _MUON (1) (got %d)", o->optimizer);
+  NEED(o->optimizer == DFLASH_OPTIMIZER_ADAMW || o->optimizer == DFLASH_OPTIMIZER_MUON,
+       "optimizer must be DFLASH_OPTIMIZER_ADAMW (0) or _MUON (1) (got %d)", o->optimizer);
   NEED(o->muon_momentum >= 0 && o->muon_momentum < 1, "muon_momentum must be in [0, 1) (got %g)",
        o->muon_momentum);
   NEED(o->muon_weight_decay >= 0 && isfinite(o->muon_weight_decay),
        "muon_weight_decay must be finite and >= 0 (got %g)", o->muon_weight_decay);
-  NEED(o->muon_adjust_lr == DFLASH_MUON_MATCH_RMS_ADAMW ||
-           o->muon_adjust_lr == DFLASH_MUON_ORIGINAL,
-       "muon_adjust_lr must be DFLASH_MUON_MATCH_RMS_ADAMW (0) or _ORIGINAL (1) (got %d)",
+  NEED(o->muon_adjust_lr == DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW ||
+           o->muon_adjust_lr == DFLASH_MUON_ADJUST_LR_ORIGINAL,
+       "muon_adjust_lr must be DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW (0) or _ORIGINAL (1) (got %d)",
        o->muon_adjust_lr);
 #undef NEED
-  if (o->backend == DFLASH_BACKEND_CUDA && o->position_weighting == DFLASH_WEIGHTS_ADAPTIVE)
-    return df_error(DFLASH_E_UNSUPPORTED, "trainer options: position_weighting "
-                                          "DFLASH_WEIGHTS_ADAPTIVE runs on the CPU backend only "
-                                          "(the CUDA backend has no second LM-head pass)");
+  if (o->backend == DFLASH_BACKEND_CUDA &&
+      o->position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE)
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "trainer options: position_weighting "
+                    "DFLASH_POSITION_WEIGHTING_ADAPTIVE runs on the CPU backend only "
+                    "(the CUDA backend has no second LM-head pass)");
   return DFLASH_OK;
 }
 
@@ -181,7 +183,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;
-    t->m.adaptive = t->opt.position_weighting == DFLASH_WEIGHTS_ADAPTIVE;
+    t->m.adaptive = t->opt.position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE;
   }
   if (st) {
     free(t);
@@ -319,9 +321,9 @@ dflash_status df_sample_in(const dflash_sample *caller, dflash_sample *s) {
 
 /* Decode stored rows into t->decoded (float32 [len, K*H]). */
 static dflash_status decode_rows(dflash_trainer *t, const dflash_sample *s, const float **out) {
-  if (!s->hidden_codes || (s->hidden_dtype == DFLASH_HIDDEN_FP8_E4M3 && !s->hidden_scales))
+  if (!s->hidden_codes || (s->hidden_dtype == DFLASH_DTYPE_F8_E4M3 && !s->hidden_scales))
     return df_error(DFLASH_E_INVALID_ARG, "sample %s: no hidden states", sample_id(s));
-  if (s->hidden_dtype != DFLASH_HIDDEN_BF16 && s->hidden_dtype != DFLASH_HIDDEN_FP8_E4M3)
+  if (s->hidden_dtype != DFLASH_DTYPE_BF16 && s->hidden_dtype != DFLASH_DTYPE_F8_E4M3)
     return df_error(DFLASH_E_INVALID_ARG, "sample %s: hidden dtype %d", sample_id(s),
                     s->hidden_dtype);
   size_t n = (size_t)s->len * (size_t)t->m.KH;
@@ -570,7 +572,7 @@ static dflash_status take_step(dflash_trainer *t, bool async, double *grad_norm,
                .eps = o->adam_eps,
                .grad_clip = o->grad_clip,
                .step = t->step + 1,
-               .muon = o->optimizer == DFLASH_OPTIM_MUON,
+               .muon = o->optimizer == DFLASH_OPTIMIZER_MUON,
                .muon_momentum = o->muon_momentum,
                .muon_weight_decay = o->muon_weight_decay,
                .muon_adjust_lr = o->muon_adjust_lr};

@@ -176,8 +176,8 @@ static void hidden_prepare(const char *root) { (void)root; }
 static void hidden_setup(const char *root, const char *out) {
   (void)root;
   char *a = fault_path(out, "bf16"), *b = fault_path(out, "fp8");
-  dflash_status st = write_store(a, DFLASH_HIDDEN_BF16, 0, 2, false);
-  if (!st) st = write_store(b, DFLASH_HIDDEN_FP8_E4M3, 0, 2, true);
+  dflash_status st = write_store(a, DFLASH_DTYPE_BF16, 0, 2, false);
+  if (!st) st = write_store(b, DFLASH_DTYPE_F8_E4M3, 0, 2, true);
   if (st) fault_die("hidden set-up", st);
   free(a), free(b);
 }
@@ -185,8 +185,8 @@ static void hidden_setup(const char *root, const char *out) {
 static dflash_status hidden_op(const char *root, const char *out) {
   (void)root;
   char a[PATH_CAP], b[PATH_CAP];
-  dflash_status st = write_store(at(a, out, "bf16"), DFLASH_HIDDEN_BF16, 2, 5, false);
-  if (!st) st = write_store(at(b, out, "fp8"), DFLASH_HIDDEN_FP8_E4M3, 2, 5, true);
+  dflash_status st = write_store(at(a, out, "bf16"), DFLASH_DTYPE_BF16, 2, 5, false);
+  if (!st) st = write_store(at(b, out, "fp8"), DFLASH_DTYPE_F8_E4M3, 2, 5, true);
   return st;
 }
 

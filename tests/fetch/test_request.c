@@ -79,7 +79,7 @@ END_TEST
 
 START_TEST(options_validation) {
   dflash_fetch_options o;
-  ck_assert_ok(dflash_fetch_options_default(&o));
+  dflash_fetch_options_default(&o);
   dflash_fetch *f;
   ck_assert_status(dflash_fetch_create(&o, "in", "out", &f), DFLASH_E_CONFIG, "no model");
   o.model = "m";

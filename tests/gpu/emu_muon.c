@@ -54,7 +54,7 @@ static void small_config(dflash_drafter_config *c) {
 static void muon_options(dflash_trainer_options *o, int32_t backend) {
   dflash_trainer_options_default(o);
   o->backend = backend, o->seed = 3, o->vocab_chunk = 128, o->init_std = 0.05;
-  o->optimizer = DFLASH_OPTIM_MUON, o->lr = 1e-3, o->weight_decay = 0.01;
+  o->optimizer = DFLASH_OPTIMIZER_MUON, o->lr = 1e-3, o->weight_decay = 0.01;
 }
 
 /* Step k's gradients: odd steps have a norm above the clip (1), even ones below. */
@@ -72,7 +72,7 @@ static df_adam adam_of(const dflash_trainer *t, int k) {
                    .eps = o->adam_eps,
                    .grad_clip = o->grad_clip,
                    .step = k + 1,
-                   .muon = o->optimizer == DFLASH_OPTIM_MUON,
+                   .muon = o->optimizer == DFLASH_OPTIMIZER_MUON,
                    .muon_momentum = o->muon_momentum,
                    .muon_weight_decay = o->muon_weight_decay,
                    .muon_adjust_lr = o->muon_adjust_lr};
@@ -145,9 +145,9 @@ START_TEST(cuda_muon_equals_cpu_muon_and_resumes_across_backends) {
   small_config(&c);
   size_t vh = (size_t)c.vocab_size * c.hidden_size;
   float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
-  dflash_trainer *cpu = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIM_MUON);
-  dflash_trainer *cu = make(&c, E, Hd, DFLASH_BACKEND_CUDA, DFLASH_OPTIM_MUON);
-  dflash_trainer *adam = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIM_ADAMW);
+  dflash_trainer *cpu = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIMIZER_MUON);
+  dflash_trainer *cu = make(&c, E, Hd, DFLASH_BACKEND_CUDA, DFLASH_OPTIMIZER_MUON);
+  dflash_trainer *adam = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIMIZER_ADAMW);
   size_t n = cpu->m.n_params;
   uint8_t *mask = muon_mask(&cpu->m);
   float *base = malloc(4 * n);
@@ -192,8 +192,8 @@ START_TEST(cuda_muon_equals_cpu_muon_and_resumes_across_backends) {
   snprintf(path_g, sizeof path_g, "%s/cuda.safetensors", dir);
   ck_assert_ok(dflash_trainer_save_state(cpu, path_c, NULL, 0));
   ck_assert_ok(dflash_trainer_save_state(cu, path_g, NULL, 0));
-  dflash_trainer *cu2 = make(&c, E, Hd, DFLASH_BACKEND_CUDA, DFLASH_OPTIM_MUON);
-  dflash_trainer *cpu2 = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIM_MUON);
+  dflash_trainer *cu2 = make(&c, E, Hd, DFLASH_BACKEND_CUDA, DFLASH_OPTIMIZER_MUON);
+  dflash_trainer *cpu2 = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIMIZER_MUON);
   size_t len = 0;
   char blob[1];
   ck_assert_ok(dflash_trainer_load_state(cu2, path_c, blob, sizeof blob, &len));
@@ -242,8 +242,8 @@ static df_cu_muon_mat *muon_list(const df_model *m, size_t *n) {
     const df_tensor_info *ti = &m->tensors[i];
     if (df_muon_takes(ti))
       l[(*n)++] = (df_cu_muon_mat){ti->offset, ti->shape[0], ti->shape[1],
-                                   df_muon_lr_scale(DFLASH_MUON_MATCH_RMS_ADAMW, ti->shape[0],
-                                                    ti->shape[1])};
+                                   df_muon_lr_scale(DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW,
+                                                    ti->shape[0], ti->shape[1])};
   }
   return l;
 }
@@ -342,7 +342,7 @@ START_TEST(cuda_muon_two_ranks_equal_one) {
   small_config(&c);
   size_t vh = (size_t)c.vocab_size * c.hidden_size;
   float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
-  dflash_trainer *cpu = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIM_MUON);
+  dflash_trainer *cpu = make(&c, E, Hd, DFLASH_BACKEND_CPU, DFLASH_OPTIMIZER_MUON);
   const df_model *m = &cpu->m;
   size_t n = m->n_params;
   check_straddles(m);

@@ -139,7 +139,7 @@ static void two_ranks_vs_one(int32_t optimizer, const char *what, double param_t
 }
 
 START_TEST(cuda_two_ranks_zero1_equal_one_process_with_the_global_batch) {
-  two_ranks_vs_one(DFLASH_OPTIM_ADAMW, "AdamW", PARAM_TOL, LOSS_RTOL, 100 * PARAM_TOL);
+  two_ranks_vs_one(DFLASH_OPTIMIZER_ADAMW, "AdamW", PARAM_TOL, LOSS_RTOL, 100 * PARAM_TOL);
 }
 END_TEST
 
@@ -158,7 +158,8 @@ END_TEST
 #define MUON_PARAM_TOL 1e-3
 #define MUON_LOSS_RTOL 5e-3
 START_TEST(cuda_muon_two_ranks_equal_one_process_with_the_global_batch) {
-  two_ranks_vs_one(DFLASH_OPTIM_MUON, "Muon", MUON_PARAM_TOL, MUON_LOSS_RTOL, 10 * MUON_PARAM_TOL);
+  two_ranks_vs_one(DFLASH_OPTIMIZER_MUON, "Muon", MUON_PARAM_TOL, MUON_LOSS_RTOL,
+                   10 * MUON_PARAM_TOL);
 }
 END_TEST
 

@@ -107,7 +107,7 @@ static void stored_make(const world *w, int64_t len, uint64_t seed, int32_t dtyp
   snprintf(s->id, sizeof s->id, "seq-%llu", (unsigned long long)seed);
   s->decoded = malloc(n * sizeof(float));
   s->scales = NULL;
-  if (dtype == DFLASH_HIDDEN_BF16) {
+  if (dtype == DFLASH_DTYPE_BF16) {
     uint16_t *c = malloc(2 * n);
     for (size_t i = 0; i < n; i++) c[i] = df_f32_to_bf16(s->q.hidden[i]);
     for (size_t i = 0; i < n; i++) s->decoded[i] = df_bf16_to_f32(c[i]);
@@ -202,12 +202,12 @@ static void check_stored_equals_f32(int32_t dtype, const char *what) {
 }
 
 START_TEST(bf16_stored_rows_equal_the_float32_path_to_the_bit) {
-  check_stored_equals_f32(DFLASH_HIDDEN_BF16, "bf16");
+  check_stored_equals_f32(DFLASH_DTYPE_BF16, "bf16");
 }
 END_TEST
 
 START_TEST(fp8_stored_rows_equal_the_float32_path_to_the_bit) {
-  check_stored_equals_f32(DFLASH_HIDDEN_FP8_E4M3, "fp8");
+  check_stored_equals_f32(DFLASH_DTYPE_F8_E4M3, "fp8");
 }
 END_TEST
 
@@ -219,7 +219,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   world_make(&w);
   enum { N = 5 };
   stored_seq seqs[N];
-  for (int i = 0; i < N; i++) stored_make(&w, 56, 51 + i, DFLASH_HIDDEN_BF16, &seqs[i]);
+  for (int i = 0; i < N; i++) stored_make(&w, 56, 51 + i, DFLASH_DTYPE_BF16, &seqs[i]);
   /* One at a time: accumulate then collect (a wait) per sequence. */
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
   ck_assert_ok(dflash_trainer_zero_grad(t));
@@ -239,7 +239,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   t = make(&w, DFLASH_BACKEND_CUDA);
   ck_assert_ok(dflash_trainer_zero_grad(t));
   stored_seq scratch;
-  stored_make(&w, 56, 99, DFLASH_HIDDEN_BF16, &scratch);
+  stored_make(&w, 56, 99, DFLASH_DTYPE_BF16, &scratch);
   size_t bytes = (size_t)56 * w.c.n_target_layer_ids * w.c.hidden_size * 2;
   for (int i = 0; i < N; i++) {
     memcpy(scratch.codes, seqs[i].codes, bytes);
@@ -268,7 +268,7 @@ START_TEST(accumulate_never_waits_per_sequence) {
   world_make(&w);
   enum { N = 6 };
   stored_seq seqs[N];
-  for (int i = 0; i < N; i++) stored_make(&w, 56, 71 + i, DFLASH_HIDDEN_FP8_E4M3, &seqs[i]);
+  for (int i = 0; i < N; i++) stored_make(&w, 56, 71 + i, DFLASH_DTYPE_F8_E4M3, &seqs[i]);
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
   ck_assert_ok(dflash_trainer_zero_grad(t));
   /* The first sequence sizes the arena, RoPE tables and stages (each grows once). */
@@ -308,8 +308,8 @@ END_TEST
 
 /* A non-finite code at flat index `at` of sequence s (a context row: position < anchors). */
 static void poison(stored_seq *s, size_t at) {
-  if (s->dtype == DFLASH_HIDDEN_BF16) ((uint16_t *)s->codes)[at] = 0x7f80; /* +Inf */
-  else ((uint8_t *)s->codes)[at] = 0x7f;                                   /* e4m3 NaN */
+  if (s->dtype == DFLASH_DTYPE_BF16) ((uint16_t *)s->codes)[at] = 0x7f80; /* +Inf */
+  else ((uint8_t *)s->codes)[at] = 0x7f;                                  /* e4m3 NaN */
 }
 
 static void check_refused(int32_t dtype, bool at_step) {
@@ -354,8 +354,8 @@ static void check_refused(int32_t dtype, bool at_step) {
 }
 
 START_TEST(nan_or_inf_row_is_refused_on_the_device_naming_the_sample) {
-  check_refused(DFLASH_HIDDEN_BF16, true);
-  check_refused(DFLASH_HIDDEN_FP8_E4M3, false);
+  check_refused(DFLASH_DTYPE_BF16, true);
+  check_refused(DFLASH_DTYPE_F8_E4M3, false);
 }
 END_TEST
 

@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
                        .len = q.len,
                        .input_ids = q.ids,
                        .loss_mask = q.mask,
-                       .hidden_dtype = DFLASH_HIDDEN_BF16,
+                       .hidden_dtype = DFLASH_DTYPE_BF16,
                        .hidden_codes = codes};
   bool open = false;
   for (int s = -1; s < steps; s++) { /* one warm-up step */

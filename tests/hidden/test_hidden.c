@@ -82,10 +82,10 @@ static double store_error(int dtype, int heavy) {
 }
 
 START_TEST(accuracy_bf16_and_fp8) {
-  ck_assert_double_lt(store_error(DFLASH_HIDDEN_BF16, 0), 0.004);
-  ck_assert_double_lt(store_error(DFLASH_HIDDEN_BF16, 1), 0.004);
-  ck_assert_double_lt(store_error(DFLASH_HIDDEN_FP8_E4M3, 0), 0.05);
-  ck_assert_double_lt(store_error(DFLASH_HIDDEN_FP8_E4M3, 1), 0.05);
+  ck_assert_double_lt(store_error(DFLASH_DTYPE_BF16, 0), 0.004);
+  ck_assert_double_lt(store_error(DFLASH_DTYPE_BF16, 1), 0.004);
+  ck_assert_double_lt(store_error(DFLASH_DTYPE_F8_E4M3, 0), 0.05);
+  ck_assert_double_lt(store_error(DFLASH_DTYPE_F8_E4M3, 1), 0.05);
 }
 END_TEST
 

@@ -11,9 +11,9 @@ constant-with-warm-up rules for lr_schedule DFLASH_LR_LINEAR / _CONSTANT).
    drafter + AdamW; the loss trajectories must agree to 1e-4 relative (the
    C side is float32 throughout; Adam normalises updates, so float32 noise
    in tiny gradients reaches the parameters at ~1e-5).
-3. The same with position_weighting DFLASH_WEIGHTS_ADAPTIVE, the weights
+3. The same with position_weighting DFLASH_POSITION_WEIGHTING_ADAPTIVE, the weights
    computed here from the float64 drafter's own CE (adaptive_loss).
-4. optimizer DFLASH_OPTIM_MUON, isolated as in 1 (both adjust_lr rules) and end to end as
+4. optimizer DFLASH_OPTIMIZER_MUON, isolated as in 1 (both adjust_lr rules) and end to end as
    in 2: MuonRef below on the matrices (fc, q/k/v/o, gate/up/down), torch's AdamW on the
    norms. MuonRef is torch.optim.Muon (torch 2.11; CI's torch 2.5.1 has none) written here
    from its algorithm: buf.lerp_(g, 1 - mu); u = g.lerp(buf, mu); Newton-Schulz (3.4445,

@@ -93,11 +93,11 @@ START_TEST(plan_counts_muon_workspace) {
   kimi(&c);
   dflash_train_plan_options o;
   dflash_train_plan_options_default(&o);
-  ck_assert_int_eq(o.optimizer, DFLASH_OPTIM_ADAMW);
+  ck_assert_int_eq(o.optimizer, DFLASH_OPTIMIZER_ADAMW);
   o.world_size = 8;
   dflash_train_plan a = {.struct_size = sizeof a}, m = {.struct_size = sizeof m};
   ck_assert_ok(dflash_train_plan_compute(&c, &o, &a));
-  o.optimizer = DFLASH_OPTIM_MUON;
+  o.optimizer = DFLASH_OPTIMIZER_MUON;
   ck_assert_ok(dflash_train_plan_compute(&c, &o, &m));
   ck_assert_uint_eq(m.activations - a.activations, 2877292552ULL);
   ck_assert_uint_eq(m.total - a.total, 2877292552ULL);

@@ -37,7 +37,7 @@ static dflash_trainer *make_with(uint64_t seed, const float *E, int32_t optimize
 }
 
 static dflash_trainer *make(uint64_t seed, const float *E) {
-  return make_with(seed, E, DFLASH_OPTIM_ADAMW);
+  return make_with(seed, E, DFLASH_OPTIMIZER_ADAMW);
 }
 
 static float *all_params(dflash_trainer *t, size_t *total) {
@@ -175,6 +175,6 @@ TCase *tc_checkpoint(void) {
   TCase *tc = tcase_create("checkpoint");
   tcase_add_test(tc, save_load_round_trip);
   tcase_add_test(tc, load_reports_missing_tensor);
-  tcase_add_loop_test(tc, resume_is_exact, DFLASH_OPTIM_ADAMW, DFLASH_OPTIM_MUON + 1);
+  tcase_add_loop_test(tc, resume_is_exact, DFLASH_OPTIMIZER_ADAMW, DFLASH_OPTIMIZER_MUON + 1);
   return tc;
 }

@@ -228,7 +228,7 @@ START_TEST(muon_splits_the_tensors_like_speculators) {
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   o.lr = 1e-3, o.warmup_ratio = 0, o.grad_clip = 0, o.muon_weight_decay = 0, o.seed = 5;
-  o.optimizer = DFLASH_OPTIM_MUON;
+  o.optimizer = DFLASH_OPTIMIZER_MUON;
   dflash_trainer *t;
   ck_assert_ok(dflash_trainer_create(&c, E, E, &o, &t));
   const char *names[] = {"layers.0.attention_conv.base_kernel",

@@ -296,7 +296,7 @@ START_TEST(sample_calls_take_stored_rows) {
   }
   dflash_sample smp[2] = {*SEQ(ids, mask, L, hid, anchors, NA),
                           *SEQ(ids, mask, L, NULL, anchors, NA)};
-  smp[1].hidden_dtype = DFLASH_HIDDEN_BF16, smp[1].hidden_codes = codes;
+  smp[1].hidden_dtype = DFLASH_DTYPE_BF16, smp[1].hidden_codes = codes;
   int32_t pred[2][N], acc[2][NA], walk_acc[2][L];
   int64_t tokens[2], steps[2];
   double loss[2];
@@ -314,7 +314,7 @@ START_TEST(sample_calls_take_stored_rows) {
   ck_assert_int_eq(steps[0], steps[1]);
   for (int i = 0; i < NL; i++) ck_assert_float_eq_tol(lg[0][i], lg[1][i], 1e-5f);
   ck_assert_double_eq_tol(loss[0], loss[1], 1e-6 * fabs(loss[0]));
-  smp[1].hidden_dtype = 7; /* no such dtype: refused by name */
+  smp[1].hidden_dtype = 99; /* no such dtype: refused by name */
   ck_assert_status(dflash_trainer_propose(t, &smp[1], NULL, pred[1], NULL), DFLASH_E_INVALID_ARG,
                    "hidden dtype 7");
   dflash_trainer_free(t);

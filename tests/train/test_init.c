@@ -118,7 +118,7 @@ START_TEST(recipe_options_checked) {
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
   ck_assert_int_eq(o.lr_schedule, DFLASH_LR_COSINE);
-  ck_assert_int_eq(o.position_weighting, DFLASH_WEIGHTS_DECAY);
+  ck_assert_int_eq(o.position_weighting, DFLASH_POSITION_WEIGHTING_DECAY);
   dflash_trainer *t = NULL;
   o.lr_schedule = 3;
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "lr_schedule");
@@ -126,7 +126,7 @@ START_TEST(recipe_options_checked) {
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
                    "position_weighting");
   /* Refused by the options check, before any device is looked for. */
-  o.position_weighting = DFLASH_WEIGHTS_ADAPTIVE, o.backend = DFLASH_BACKEND_CUDA;
+  o.position_weighting = DFLASH_POSITION_WEIGHTING_ADAPTIVE, o.backend = DFLASH_BACKEND_CUDA;
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_UNSUPPORTED,
                    "CPU backend only");
   o.backend = DFLASH_BACKEND_CPU, o.lr = 1.0, o.warmup_ratio = 0.2, o.total_steps = 10;
@@ -158,14 +158,14 @@ START_TEST(muon_options_checked) {
   float *E = calloc((size_t)c.vocab_size * c.hidden_size, 4);
   dflash_trainer_options o;
   dflash_trainer_options_default(&o);
-  ck_assert_int_eq(o.optimizer, DFLASH_OPTIM_ADAMW);
+  ck_assert_int_eq(o.optimizer, DFLASH_OPTIMIZER_ADAMW);
   ck_assert_double_eq(o.muon_momentum, 0.95);
   ck_assert_double_eq(o.muon_weight_decay, 0.1);
-  ck_assert_int_eq(o.muon_adjust_lr, DFLASH_MUON_MATCH_RMS_ADAMW);
+  ck_assert_int_eq(o.muon_adjust_lr, DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW);
   dflash_trainer *t = NULL;
   o.optimizer = 2;
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "optimizer");
-  o.optimizer = DFLASH_OPTIM_MUON, o.muon_momentum = 1.0;
+  o.optimizer = DFLASH_OPTIMIZER_MUON, o.muon_momentum = 1.0;
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "muon_momentum");
   o.muon_momentum = 0.95, o.muon_weight_decay = -0.1;
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG,
@@ -174,7 +174,7 @@ START_TEST(muon_options_checked) {
   ck_assert_status(dflash_trainer_create(&c, E, E, &o, &t), DFLASH_E_INVALID_ARG, "muon_adjust_lr");
   /* Muon runs on CUDA too: the options pass, and only this build's device (none, or no
    * CUDA in the build) may refuse, never the optimizer (tests/gpu/emu_muon.c runs it). */
-  o.muon_adjust_lr = DFLASH_MUON_ORIGINAL, o.backend = DFLASH_BACKEND_CUDA;
+  o.muon_adjust_lr = DFLASH_MUON_ADJUST_LR_ORIGINAL, o.backend = DFLASH_BACKEND_CUDA;
   dflash_status st = dflash_trainer_create(&c, E, E, &o, &t);
   ck_assert_msg(!st || !strstr(dflash_last_error(), "optimizer"), "%s", dflash_last_error());
   if (!st) dflash_trainer_free(t);

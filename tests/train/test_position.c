@@ -282,15 +282,15 @@ START_TEST(a_muon_run_resumes_exactly_and_keeps_its_optimizer) {
   synth_world(root, 8, 16, 3);
   dflash_train_run_options o;
   synth_run_options(&o, root, full);
-  synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON;
+  synth_trainer(&o)->optimizer = DFLASH_OPTIMIZER_MUON;
   o.epochs = 1, o.max_steps = 4, o.save_every_s = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
   o.out_dir = part, o.max_steps = 2, o.schedule_steps = 4; /* stopped early: the same schedule */
   ck_assert_ok(dflash_train_run(&o, NULL));
   o.max_steps = 4, o.resume = 1, o.allow_settings_change = 1;
-  synth_trainer(&o)->optimizer = DFLASH_OPTIM_ADAMW;
+  synth_trainer(&o)->optimizer = DFLASH_OPTIMIZER_ADAMW;
   ck_assert_status(dflash_train_run(&o, NULL), DFLASH_E_MISMATCH, "optimizer muon");
-  synth_trainer(&o)->optimizer = DFLASH_OPTIM_MUON, o.allow_settings_change = 0;
+  synth_trainer(&o)->optimizer = DFLASH_OPTIMIZER_MUON, o.allow_settings_change = 0;
   ck_assert_ok(dflash_train_run(&o, NULL));
   ck_assert(synth_max_abs_diff(full, part) == 0);
   df_test_rmtree(root);

@@ -155,9 +155,9 @@ START_TEST(resume_errors_name_enums) {
   const char *e = dflash_last_error();
   ck_assert_int_eq(st, DFLASH_E_MISMATCH);
   char text[48];
-  df_run_setting_text("labels", DFLASH_LABELS_TARGET, text, sizeof text);
+  df_run_setting_text("labels", DFLASH_TRAIN_LABELS_TARGET, text, sizeof text);
   ck_assert_str_eq(text, "target");
-  df_run_setting_text("muon_adjust_lr", DFLASH_MUON_ORIGINAL, text, sizeof text);
+  df_run_setting_text("muon_adjust_lr", DFLASH_MUON_ADJUST_LR_ORIGINAL, text, sizeof text);
   ck_assert_str_eq(text, "original");
   df_run_setting_text("labels", 7, text, sizeof text); /* unknown: the number */
   ck_assert_str_eq(text, "7");

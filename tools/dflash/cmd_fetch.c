@@ -225,7 +225,7 @@ static int parse_family(const char *s, void *dst) {
 
 /* 0 parsed, 1 help printed, 2 usage error. */
 static int parse_args(int argc, char **argv, cli_args *a) {
-  if (dflash_fetch_options_default(&a->o)) return 2;
+  dflash_fetch_options_default(&a->o);
   a->log_interval = 10;
   a->down_timeout = 600;
   a->servers = calloc((size_t)argc, sizeof *a->servers);

@@ -246,7 +246,7 @@ int cli_hidden_summary(const char *dir) {
   st = rms && zero ? dflash_hidden_stats(h, rms, zero, &rows) : DFLASH_E_NOMEM;
   if (!st) {
     printf("hidden-state store %s: %zu samples, %llu tokens, %d layers x %d (%s)\n", dir, n,
-           (unsigned long long)rows, K, H, dtype == DFLASH_HIDDEN_BF16 ? "bf16" : "fp8_e4m3");
+           (unsigned long long)rows, K, H, dtype == DFLASH_DTYPE_BF16 ? "bf16" : "fp8_e4m3");
     int bad = 0;
     for (int32_t k = 0; k < K; k++) {
       bool dead = rows && zero[k] == rows;

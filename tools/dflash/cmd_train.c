@@ -112,24 +112,24 @@ static int parse_backend(const char *v, void *dst) {
 
 static int parse_labels(const char *v, void *dst) {
   int32_t *l = dst; /* dflash_train_labels */
-  if (!strcmp(v, "data")) *l = DFLASH_LABELS_DATA;
-  else if (!strcmp(v, "target")) *l = DFLASH_LABELS_TARGET;
+  if (!strcmp(v, "data")) *l = DFLASH_TRAIN_LABELS_DATA;
+  else if (!strcmp(v, "target")) *l = DFLASH_TRAIN_LABELS_TARGET;
   else return -1;
   return 0;
 }
 
 static int parse_optimizer(const char *v, void *dst) {
   int32_t *o = dst; /* dflash_optimizer */
-  if (!strcmp(v, "adamw")) *o = DFLASH_OPTIM_ADAMW;
-  else if (!strcmp(v, "muon")) *o = DFLASH_OPTIM_MUON;
+  if (!strcmp(v, "adamw")) *o = DFLASH_OPTIMIZER_ADAMW;
+  else if (!strcmp(v, "muon")) *o = DFLASH_OPTIMIZER_MUON;
   else return -1;
   return 0;
 }
 
 static int parse_adjust_lr(const char *v, void *dst) {
   int32_t *a = dst; /* dflash_muon_adjust_lr */
-  if (!strcmp(v, "match-rms-adamw")) *a = DFLASH_MUON_MATCH_RMS_ADAMW;
-  else if (!strcmp(v, "original")) *a = DFLASH_MUON_ORIGINAL;
+  if (!strcmp(v, "match-rms-adamw")) *a = DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW;
+  else if (!strcmp(v, "original")) *a = DFLASH_MUON_ADJUST_LR_ORIGINAL;
   else return -1;
   return 0;
 }
@@ -147,8 +147,8 @@ static int parse_schedule(const char *v, void *dst) {
  * overrides it, so none is kept apart and applied after parsing. */
 static int parse_weighting(const char *v, void *dst) {
   int32_t *w = dst; /* dflash_position_weighting, or -1: none */
-  if (!strcmp(v, "decay")) *w = DFLASH_WEIGHTS_DECAY;
-  else if (!strcmp(v, "adaptive")) *w = DFLASH_WEIGHTS_ADAPTIVE;
+  if (!strcmp(v, "decay")) *w = DFLASH_POSITION_WEIGHTING_DECAY;
+  else if (!strcmp(v, "adaptive")) *w = DFLASH_POSITION_WEIGHTING_ADAPTIVE;
   else if (!strcmp(v, "none")) *w = -1;
   else return -1;
   return 0;
@@ -174,7 +174,7 @@ static int g_quiet;
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
   int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
-  int32_t weighting = DFLASH_WEIGHTS_DECAY;
+  int32_t weighting = DFLASH_POSITION_WEIGHTING_DECAY;
   double gamma = 0;
   double spool_wait = -2, minutes = o->save_every_s / 60;
   o->trainer = t;
@@ -225,7 +225,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
   if (rc) return rc == 1 ? -1 : rc;
   if (weighting == -1 && gamma > 0)
     return fputs("dflash train: --weighting none and --loss-gamma exclude each other\n", stderr), 2;
-  t->position_weighting = weighting == -1 ? DFLASH_WEIGHTS_DECAY : weighting;
+  t->position_weighting = weighting == -1 ? DFLASH_POSITION_WEIGHTING_DECAY : weighting;
   t->loss_gamma = weighting == -1 ? -1 : gamma;
   o->resume = resume, o->bf16 = bf16, o->allow_settings_change = allow;
   o->save_every_s = minutes * 60;
@@ -568,12 +568,12 @@ static void print_ints(const char *sep, const int64_t *v, int n) {
 
 static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
                        const dflash_eval_walk *w, const char *ckpt) {
-  const char *lab = w->labels == DFLASH_LABELS_TARGET ? "target" : "data";
+  const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
   if (json) {
     /* "tau" is the labels' own: the sampled-anchor tau (blocks, accuracy) knows data labels
      * only, so with target labels it is the uniform-anchor tau, the same mean over every
      * position; the sampled one stays as sampled_tau. */
-    double own = w->labels == DFLASH_LABELS_TARGET ? w->position_tau : tau;
+    double own = w->labels == DFLASH_TRAIN_LABELS_TARGET ? w->position_tau : tau;
     printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
            "\"sampled_labels\": \"data\", \"blocks\": %lld, \"accuracy\": [",
            B, lab, own, tau, (long long)blocks);
@@ -620,7 +620,7 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
 int cmd_eval(int argc, char **argv) {
   const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
   int anchors = 64, max_tokens = 0, json = 0, threads = 0;
-  int32_t labels = DFLASH_LABELS_DATA;
+  int32_t labels = DFLASH_TRAIN_LABELS_DATA;
   int64_t seed = 1;
   const cli_opt opts[] = {{"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
                           {"--target", CLI_STR, &target, 0, 0, NULL},

@@ -111,7 +111,7 @@ class ServerStats(ctypes.Structure):
 
 _PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Stats), ctypes.c_void_p)
 
-_defaults = bind("dflash_fetch_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t])
+_defaults = bind("dflash_fetch_options_init", [ctypes.POINTER(_Options), ctypes.c_size_t], None)
 _create = bind("dflash_fetch_create", [ctypes.POINTER(_Options), ctypes.c_char_p, ctypes.c_char_p,
                                        ctypes.POINTER(ctypes.c_void_p)])
 _run = bind("dflash_fetch_run", [ctypes.c_void_p, _PROGRESS, ctypes.c_void_p])

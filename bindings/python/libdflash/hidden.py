@@ -155,8 +155,9 @@ _s_start = bind("dflash_sample_stream_start", [_P, ctypes.POINTER(ctypes.c_uint6
 _s_next = bind("dflash_sample_stream_next", [_P, ctypes.POINTER(Sample),
                                              ctypes.POINTER(ctypes.c_int)])
 
-DTYPES = {"bf16": 0, "bfloat16": 0, "fp8": 1, "fp8_e4m3": 1, "float8_e4m3fn": 1}
-_DTYPE_NAMES = {0: "bf16", 1: "fp8_e4m3"}
+# dflash_dtype (safetensors.h): the one dtype enum, also of a store's rows.
+DTYPES = {"bf16": 3, "bfloat16": 3, "fp8": 4, "fp8_e4m3": 4, "float8_e4m3fn": 4}
+_DTYPE_NAMES = {3: "bf16", 4: "fp8_e4m3"}
 
 
 def _as_array(states):

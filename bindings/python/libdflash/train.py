@@ -72,10 +72,10 @@ class TrainerOptions(ctypes.Structure):
 
 # dflash_lr_schedule and dflash_position_weighting
 LR_COSINE, LR_LINEAR, LR_CONSTANT = 0, 1, 2
-WEIGHTS_DECAY, WEIGHTS_ADAPTIVE = 0, 1
+POSITION_WEIGHTING_DECAY, POSITION_WEIGHTING_ADAPTIVE = 0, 1
 # dflash_optimizer and dflash_muon_adjust_lr
-OPTIM_ADAMW, OPTIM_MUON = 0, 1
-MUON_MATCH_RMS_ADAMW, MUON_ORIGINAL = 0, 1
+OPTIMIZER_ADAMW, OPTIMIZER_MUON = 0, 1
+MUON_ADJUST_LR_MATCH_RMS_ADAMW, MUON_ADJUST_LR_ORIGINAL = 0, 1
 
 
 _P = ctypes.c_void_p
@@ -226,7 +226,7 @@ class Trainer(Handle):
     dflash_trainer_options (lr, weight_decay, beta1, beta2, adam_eps,
     grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
     num_anchors, vocab_chunk, init_std, n_threads, lr_schedule: LR_*,
-    position_weighting: WEIGHTS_*, optimizer: OPTIM_*, muon_momentum,
+    position_weighting: POSITION_WEIGHTING_*, optimizer: OPTIMIZER_*, muon_momentum,
     muon_weight_decay, muon_adjust_lr: MUON_*).
     """
 
@@ -364,7 +364,7 @@ class Trainer(Handle):
             fp8 = c.dtype == np.uint8
             if c.dtype not in (np.uint8, np.uint16) or c.shape != (ids.size, K * H):
                 raise ValueError(f"codes: uint16 (bf16) or uint8 (e4m3) [{ids.size}, {K * H}]")
-            smp.hidden_dtype = 1 if fp8 else 0
+            smp.hidden_dtype = 4 if fp8 else 3  # dflash_dtype: F8_E4M3, BF16
             smp.hidden_codes = c.ctypes.data
             keep.append(c)
             if fp8:
