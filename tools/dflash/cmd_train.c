@@ -439,11 +439,10 @@ static json_t *as_printed(const char *fmt, double v) {
 
 /* The run's JSON summary, from the stats dflash_train_run filled (rank 0's). */
 static void print_summary(const char *out, const dflash_train_stats *st) {
-  json_t *sum = json_pack("{s:I,s:i,s:I,s:o?,s:o?,s:s?}", "steps", (json_int_t)st->step, "epoch",
+  json_t *sum = json_pack("{s:I,s:i,s:I,s:o?,s:o?,s:s}", "steps", (json_int_t)st->step, "epoch",
                           (int)st->epoch, "tokens", (json_int_t)st->tokens, "final_loss",
                           as_printed("%.9g", st->loss), "elapsed_s",
-                          as_printed("%.3f", st->elapsed_s), "checkpoint",
-                          st->checkpoint_step > 0 ? out : NULL);
+                          as_printed("%.3f", st->elapsed_s), "checkpoint", out);
   if (sum && st->spool) /* a spool run's wait for shards */
     json_object_set_new(sum, "spool_wait_s", as_printed("%.3f", st->spool_wait_s));
   if (sum) json_object_set_new(sum, "launch", launch_json(out));
