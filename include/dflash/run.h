@@ -32,7 +32,25 @@ typedef struct dflash_train_stats {
   int64_t tokens;      /* tokens trained on so far, every rank's */
   double tokens_per_s; /* the last step's */
   double elapsed_s;    /* since the run began (a resumed run: since the first one began) */
+  /* How the run ended, so that a caller prints its summary from fields (never from
+   * metrics.jsonl); rank 0's. A resumed run that trains no step keeps the saved run's last step
+   * in the fields above. */
+  int32_t stop_reason;     /* dflash_train_stop; DFLASH_TRAIN_STOP_NONE in the progress callback */
+  int32_t spool;           /* 1: the samples came from a spool (spool_wait_s counts) */
+  double spool_wait_s;     /* a spool run: seconds spent waiting for the producer's shards */
+  int64_t checkpoint_step; /* the step of the last checkpoint (config.json + model.safetensors)
+                              this call wrote in out_dir; 0: none */
+  double selector_loss;    /* DFlash 2: the selector's part of loss (block loss = loss - it) */
 } dflash_train_stats;
+
+/* dflash_train_stats.stop_reason: why dflash_train_run returned. */
+typedef enum dflash_train_stop {
+  DFLASH_TRAIN_STOP_NONE = 0,      /* not ended: the progress callback's stats */
+  DFLASH_TRAIN_STOP_FINISHED = 1,  /* every epoch trained */
+  DFLASH_TRAIN_STOP_MAX_STEPS = 2, /* max_steps reached (also when it is the epochs' end) */
+  DFLASH_TRAIN_STOP_REQUESTED = 3, /* the progress callback asked (DFLASH_E_CANCELLED) */
+  DFLASH_TRAIN_STOP_ERROR = 4      /* any other failure: the call's status says which */
+} dflash_train_stop;
 
 /* Called on the calling thread of rank 0 after each optimizer step; `stats` is the library's
  * (its struct_size says which fields it has). A non-zero return stops the run. */
@@ -156,8 +174,9 @@ DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, si
  * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
  * (default 1800) in one collective.
  *
- * `stats` (may be NULL) gets the last step's dflash_train_stats, on failure too (zeros
- * before the first step; on ranks other than 0 only `step`).
+ * `stats` (may be NULL) gets the last step's dflash_train_stats and how the run ended
+ * (stop_reason, checkpoint_step), on failure too (zeros before the first step, stop_reason
+ * DFLASH_TRAIN_STOP_ERROR; on ranks other than 0 only `step`).
  */
 DFLASH_API dflash_status dflash_train_run(const dflash_train_run_options *opts,
                                           dflash_train_stats *stats);

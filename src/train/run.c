@@ -197,6 +197,7 @@ static dflash_status open_outputs(run *r) {
   /* The last step of the progress stats: --max-steps when it comes first. */
   int64_t last = o->max_steps > 0 && o->max_steps < r->total_steps ? o->max_steps : r->total_steps;
   r->stats.last_step = last;
+  r->stats.spool = r->spool != NULL;
   return DFLASH_OK;
 }
 
@@ -304,6 +305,7 @@ static void write_metrics(run *r, double norm) {
   s->step = r->line.step, s->epoch = r->line.epoch, s->loss = r->line.loss;
   s->grad_norm = norm, s->lr = r->line.lr, s->tokens = r->line.total;
   s->tokens_per_s = dt > 0 ? tok / dt : 0.0, s->elapsed_s = r->line.elapsed;
+  s->spool_wait_s = r->line.spool_wait, s->selector_loss = r->cfg_dflash2 ? r->line.sel_loss : 0;
   if (r->o->progress && r->o->progress(s, r->o->progress_user)) r->stop_asked = true;
 }
 
@@ -504,7 +506,10 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   dflash_train_run_options_default(&oo);
   dflash_status st = df_opts_in(&oo, opts, sizeof oo, "dflash_train_run_options");
   const dflash_train_stats none = {.struct_size = sizeof none};
-  if (!st && stats) st = df_opts_out(stats, &none, sizeof none, "dflash_train_stats");
+  /* Until the end overwrites it: an options error below returns with a failed run's stats. */
+  dflash_train_stats failed = {.struct_size = sizeof failed,
+                               .stop_reason = DFLASH_TRAIN_STOP_ERROR};
+  if (!st && stats) st = df_opts_out(stats, &failed, sizeof failed, "dflash_train_stats");
   if (st) return st;
   const dflash_train_run_options *o = &oo;
   DF_CHECK_ARG(o->config_path && o->target_path && o->data_dir && o->hidden_dir && o->out_dir &&
@@ -537,6 +542,13 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   if (!st) st = r.spool ? df_run_spool_loop(&r) : train_loop(&r);
   if (st) df_comm_abort(r.comm, st); /* the other ranks stop too, naming this one */
   r.stats.step = r.t ? dflash_trainer_step_count(r.t) : 0;
+  if (!st)
+    r.stats.stop_reason = o->max_steps > 0 && r.stats.step >= o->max_steps
+                              ? DFLASH_TRAIN_STOP_MAX_STEPS
+                              : DFLASH_TRAIN_STOP_FINISHED;
+  else
+    r.stats.stop_reason = st == DFLASH_E_CANCELLED && r.stop_asked ? DFLASH_TRAIN_STOP_REQUESTED
+                                                                   : DFLASH_TRAIN_STOP_ERROR;
   if (stats) DF_IGNORE(df_opts_out(stats, &r.stats, sizeof r.stats, "dflash_train_stats"));
   if (r.metrics) fclose(r.metrics);
   dflash_trainer_free(r.t);

@@ -6,6 +6,7 @@
 #include <dflash/hidden.h>
 #include <dflash/storage.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,6 +263,7 @@ dflash_status df_run_save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
     if (!st && model) st = dflash_trainer_save(r->t, r->o->out_dir, r->o->bf16);
     if (!st) st = dflash_trainer_save_state(r->t, r->state_path, blob, strlen(blob) + 1);
     if (!st && r->remote.url) st = df_train_remote_publish(&r->remote, r->metrics);
+    if (!st && model) r->stats.checkpoint_step = dflash_trainer_step_count(r->t);
     free(blob);
   }
   r->last_save = df_now_seconds();
@@ -270,6 +272,40 @@ dflash_status df_run_save_as(run *r, int32_t epoch, uint64_t pos, bool model) {
 
 dflash_status df_run_save(run *r, int32_t epoch, uint64_t pos) {
   return df_run_save_as(r, epoch, pos, true);
+}
+
+/* A resumed run that trains no step (at max_steps, or its epochs done) still reports the saved
+ * run's last step in its stats: rank 0 reads it back from the last line of its own metrics.jsonl,
+ * just cut to the state's `bytes`, since the state does not hold the loss. A line that cannot be
+ * read leaves zeros (the stats are a report; the run goes on). */
+static void stats_of_last_line(run *r, int64_t bytes) {
+  char buf[4096];
+  FILE *f = bytes > 0 ? fopen(r->metrics_path, "rb") : NULL;
+  if (!f) return;
+  int64_t from = bytes >= (int64_t)sizeof buf ? bytes - (int64_t)sizeof buf + 1 : 0;
+  size_t n = fseeko(f, (off_t)from, SEEK_SET) ? 0 : fread(buf, 1, (size_t)(bytes - from), f);
+  fclose(f);
+  while (n && buf[n - 1] == '\n') n--;
+  buf[n] = 0;
+  const char *line = strrchr(buf, '\n');
+  line = line ? line + 1 : buf;
+  json_t *m = NULL;
+  if (df_json_parse(line, strlen(line), r->metrics_path, &m)) {
+    dflash_clear_error();
+    return;
+  }
+  dflash_train_stats *s = &r->stats;
+  s->step = json_integer_value(json_object_get(m, "step"));
+  s->epoch = (int32_t)json_integer_value(json_object_get(m, "epoch"));
+  s->loss = json_number_value(json_object_get(m, "loss"));
+  s->grad_norm = json_number_value(json_object_get(m, "grad_norm"));
+  s->lr = json_number_value(json_object_get(m, "lr"));
+  s->tokens = json_integer_value(json_object_get(m, "tokens"));
+  s->tokens_per_s = json_number_value(json_object_get(m, "tokens_per_s"));
+  s->elapsed_s = json_number_value(json_object_get(m, "elapsed_s"));
+  s->spool_wait_s = json_number_value(json_object_get(m, "spool_wait_s"));
+  s->selector_loss = json_number_value(json_object_get(m, "selector_loss"));
+  json_decref(m);
 }
 
 /* Every rank reads the same state (a shared directory or the bucket);
@@ -325,6 +361,7 @@ dflash_status df_run_resume(run *r) {
   if (r->rank == 0 && truncate(r->metrics_path, (off_t)p.metrics_bytes) != 0 && p.metrics_bytes > 0)
     return df_error(DFLASH_E_IO, "cannot truncate %s to %" PRId64 " bytes", r->metrics_path,
                     p.metrics_bytes);
+  if (r->rank == 0) stats_of_last_line(r, p.metrics_bytes);
   return DFLASH_OK;
 }
 

@@ -429,28 +429,27 @@ static json_t *launch_json(const char *dir) {
   return json_pack("{s:s,s:s}", "vllm", v, "sglang", g);
 }
 
-/* The run's JSON summary from the last line of metrics.jsonl (what rank 0 wrote). */
-static void print_summary(const char *out) {
-  size_t len;
-  void *data = read_in(out, "metrics.jsonl", &len);
-  const char *text = data, *last = text;
-  for (size_t i = 0; i + 1 < len; i++)
-    if (text[i] == '\n') last = text + i + 1;
-  json_t *m = len ? json_loadb(last, len - (size_t)(last - text), JSON_DISABLE_EOF_CHECK, NULL)
-                  : NULL;
-  json_t *sum = json_pack("{s:O?,s:O?,s:O?,s:O?,s:O?,s:s}", "steps", json_object_get(m, "step"),
-                          "epoch", json_object_get(m, "epoch"), "tokens",
-                          json_object_get(m, "tokens"), "final_loss", json_object_get(m, "loss"),
-                          "elapsed_s", json_object_get(m, "elapsed_s"), "checkpoint", out);
-  json_t *wait = json_object_get(m, "spool_wait_s"); /* a spool run's wait for shards */
-  if (sum && wait) json_object_set(sum, "spool_wait_s", wait);
+/* `v` as metrics.jsonl's line prints it (`fmt`), so that the summary's numbers equal the
+ * last line's to the digit. */
+static json_t *as_printed(const char *fmt, double v) {
+  char text[64];
+  snprintf(text, sizeof text, fmt, v);
+  return json_real(strtod(text, NULL));
+}
+
+/* The run's JSON summary, from the stats dflash_train_run filled (rank 0's). */
+static void print_summary(const char *out, const dflash_train_stats *st) {
+  json_t *sum = json_pack("{s:I,s:i,s:I,s:o?,s:o?,s:s}", "steps", (json_int_t)st->step, "epoch",
+                          (int)st->epoch, "tokens", (json_int_t)st->tokens, "final_loss",
+                          as_printed("%.9g", st->loss), "elapsed_s",
+                          as_printed("%.3f", st->elapsed_s), "checkpoint", out);
+  if (sum && st->spool) /* a spool run's wait for shards */
+    json_object_set_new(sum, "spool_wait_s", as_printed("%.3f", st->spool_wait_s));
   if (sum) json_object_set_new(sum, "launch", launch_json(out));
   char *s = sum ? json_dumps(sum, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
   if (s) printf("%s\n", s);
   free(s);
   json_decref(sum);
-  json_decref(m);
-  dflash_storage_buffer_free(data);
 }
 
 /* Ctrl-C / SIGTERM (Slurm's preemption): the run stops after the step in flight, with its
@@ -477,7 +476,7 @@ static int on_progress(const dflash_train_stats *s, void *user) {
   return g_stop;
 }
 
-static dflash_status run_with_signals(dflash_train_run_options *o) {
+static dflash_status run_with_signals(dflash_train_run_options *o, dflash_train_stats *stats) {
   /* The run's start-up notes (sequences per step, GPU links, NCCL settings) are INFO; --quiet
    * keeps warnings and errors only. */
   dflash_set_log_callback(cli_log_to_stderr, NULL, g_quiet ? DFLASH_LOG_WARN : DFLASH_LOG_INFO);
@@ -488,7 +487,7 @@ static dflash_status run_with_signals(dflash_train_run_options *o) {
   dflash_progress *bar = NULL;
   o->progress = on_progress;
   o->progress_user = &bar;
-  dflash_status st = dflash_train_run(o, NULL);
+  dflash_status st = dflash_train_run(o, stats);
   dflash_progress_free(bar); /* the bar's last state, before the outcome's message */
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
@@ -517,14 +516,15 @@ int cmd_train(int argc, char **argv) {
                      o.out_dir),
              1;
   }
-  dflash_status st = run_with_signals(&o);
+  dflash_train_stats stats = {.struct_size = sizeof stats};
+  dflash_status st = run_with_signals(&o, &stats);
   if (st == DFLASH_E_CANCELLED && g_stop) {
     fprintf(stderr, "dflash train: interrupted: %s\n", dflash_last_error());
     return 3;
   }
   if (st) return cli_fail("train", st);
   fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
-  if (is_rank0()) print_summary(o.out_dir);
+  if (is_rank0()) print_summary(o.out_dir, &stats);
   return 0;
 }
 

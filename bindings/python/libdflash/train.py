@@ -569,7 +569,28 @@ class TrainStats(ctypes.Structure):
                 ("last_step", ctypes.c_int64), ("epoch", ctypes.c_int32),
                 ("loss", ctypes.c_double), ("grad_norm", ctypes.c_double),
                 ("lr", ctypes.c_double), ("tokens", ctypes.c_int64),
-                ("tokens_per_s", ctypes.c_double), ("elapsed_s", ctypes.c_double)]
+                ("tokens_per_s", ctypes.c_double), ("elapsed_s", ctypes.c_double),
+                ("stop_reason", ctypes.c_int32), ("spool", ctypes.c_int32),
+                ("spool_wait_s", ctypes.c_double), ("checkpoint_step", ctypes.c_int64),
+                ("selector_loss", ctypes.c_double)]
+
+
+# dflash_train_stop, by value: why dflash_train_run returned (TrainStats.stop_reason).
+_STOP_REASONS = ("none", "finished", "max_steps", "requested", "error")
+
+
+def _run_summary(s, out_dir):
+    """train_run's result from the run's TrainStats: the keys of `dflash train`'s JSON summary
+    (without launch) and how the run ended, from the fields, never from metrics.jsonl."""
+    r = {"steps": s.step, "epoch": s.epoch, "tokens": s.tokens, "final_loss": s.loss,
+         "elapsed_s": s.elapsed_s,
+         "checkpoint": os.fsdecode(out_dir),
+         "checkpoint_step": s.checkpoint_step,
+         "stop_reason": _STOP_REASONS[s.stop_reason]
+         if 0 <= s.stop_reason < len(_STOP_REASONS) else s.stop_reason}
+    if s.spool:  # a spool run's wait for the producer's shards
+        r["spool_wait_s"] = s.spool_wait_s
+    return r
 
 
 _TRAIN_PROGRESS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(TrainStats), ctypes.c_void_p)
@@ -622,6 +643,7 @@ def _run_interruptibly(o, progress):
     and stops, and KeyboardInterrupt is raised here (the CancelledError chained). The callback
     also draws the progress bar to `progress` (None: no bar; True: standard error)."""
     interrupted, bar = [], []
+    stats = TrainStats(struct_size=ctypes.sizeof(TrainStats))
 
     def on_progress(stats, _user):
         s = stats.contents
@@ -639,7 +661,7 @@ def _run_interruptibly(o, progress):
     except ValueError:  # not the main thread: Ctrl-C is not this thread's to take
         old = None
     try:
-        _train_run(ctypes.byref(o), None)
+        _train_run(ctypes.byref(o), ctypes.byref(stats))
     except Error as e:
         if interrupted and e.status == "DFLASH_E_CANCELLED":
             raise KeyboardInterrupt(str(e)) from e
@@ -651,12 +673,13 @@ def _run_interruptibly(o, progress):
             signal.signal(signal.SIGINT, old)
     if interrupted:  # after the last step: the run is whole, the interrupt still the caller's
         raise KeyboardInterrupt
+    return stats
 
 
 def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=False,
               progress=None, embed_name=None, lm_head_name=None, backend="cpu", labels="data",
               final_norm_name=None, overwrite=False, allow_settings_change=False, **options):
-    """Train a drafter end to end (what `dflash train` runs) and return out_dir.
+    """Train a drafter end to end (what `dflash train` runs) and return its summary.
 
     config: a drafter config (path, dict, JSON text or DrafterConfig); target:
     the target checkpoint holding the embedding and LM head; data_dir and
@@ -678,6 +701,11 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     (KeyboardInterrupt) stops the run after the step in flight with its checkpoint and
     train_state/ saved (resume=True continues it), then raises KeyboardInterrupt; the
     state is also saved every save_every_s seconds (1800; 0: never).
+    The summary is a dict of `dflash train`'s summary keys (steps, epoch, tokens, final_loss,
+    elapsed_s, checkpoint: out_dir as a str, spool_wait_s for a spool run) from the run's
+    stats, with stop_reason ("finished" or "max_steps") and checkpoint_step (the step of the
+    checkpoint this call wrote; 0 when a resumed run had no step left to train). It returned
+    out_dir before; that is result["checkpoint"] now.
     """
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
@@ -715,8 +743,8 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
         else:
             o.config_path = cstr(os.path.join(tmp, "config.json"))
             save_config(config, o.config_path.decode())
-        _run_interruptibly(o, progress)
-    return out_dir
+        stats = _run_interruptibly(o, progress)
+    return _run_summary(stats, out_dir)
 
 
 class TrainPlanOptions(ctypes.Structure):

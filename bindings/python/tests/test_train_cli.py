@@ -295,6 +295,19 @@ def test_never_overwrites_by_accident(tmp_path):
                    capture_output=True, check=True)
 
 
+def test_resume_with_no_step_left_reports_the_saved_run(tmp_path):
+    """--resume at --max-steps trains nothing and writes no line, and its summary (from the
+    run's stats, not metrics.jsonl) is the saved run's, to the digit."""
+    make_world(tmp_path, n_train=16, n_test=1)
+    out = tmp_path / "run"
+    cmd = train_cmd(tmp_path, out, "--epochs", "3", "--max-steps", "2", "--quiet")
+    first = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, check=True)
+    assert json.loads(again.stdout) == first, (again.stdout, first)
+    assert first["steps"] == 2 and first["final_loss"] > 0, first
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 def test_cli_reports_bad_inputs(tmp_path):
     make_world(tmp_path, n_train=4, n_test=1)
     cfg = json.loads((tmp_path / "drafter.json").read_text())

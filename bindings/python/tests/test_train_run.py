@@ -114,6 +114,24 @@ def test_train_run_never_replaces_a_run_by_accident(world, tmp_path):
         run(world, out, resume=True, overwrite=True)
 
 
+def test_train_run_returns_the_runs_summary(world, tmp_path):
+    """train_run returns dflash train's summary from the run's stats (the metrics' last line)
+    and how the run ended; a resume that trains no step reports the saved run's last step."""
+    out = tmp_path / "s"
+    got = run(world, out, max_steps=3)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert got.pop("final_loss") == pytest.approx(last["loss"], rel=1e-8)
+    assert got.pop("elapsed_s") == pytest.approx(last["elapsed_s"], abs=1e-3)
+    assert got == {"steps": 3, "epoch": last["epoch"], "tokens": last["tokens"],
+                   "checkpoint": str(out), "checkpoint_step": 3, "stop_reason": "max_steps"}
+    again = run(world, out, max_steps=3, resume=True)
+    assert again.pop("final_loss") == pytest.approx(last["loss"], rel=1e-8)
+    assert again.pop("elapsed_s") == pytest.approx(last["elapsed_s"], abs=1e-3)
+    assert again == {"steps": 3, "epoch": last["epoch"], "tokens": last["tokens"],
+                     "checkpoint": str(out), "checkpoint_step": 0, "stop_reason": "max_steps"}
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 CTRL_C = """
 import json, os, signal, sys, threading, time
 import libdflash
