@@ -88,6 +88,13 @@ typedef struct dflash_train_run_options {
    * without a jump: from the rate the saved schedule had reached it decays by the cosine to
    * the new floor (lr * min_lr_ratio) at the new end (total steps of the new epochs). */
   int32_t allow_settings_change;
+  /* A spool (hidden_dir "spool:..."; ignored for a store): the seconds to wait for the
+   * producer's next shard before DFLASH_E_TIMEOUT (600; < 0: forever), and whether epoch 0's
+   * shards are kept and replayed for every later epoch (1: the producer publishes one epoch,
+   * and its budget must hold all of it). The options, not the environment, so that C, Python
+   * and the command line set them alike. */
+  double spool_wait_s;
+  int32_t spool_reuse;
 } dflash_train_run_options;
 
 typedef enum dflash_train_labels {

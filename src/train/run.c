@@ -39,6 +39,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   o->epochs = 6;
   o->batch_size = 0;      /* the backend picks (df_backend_auto_sequences) */
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
+  o->spool_wait_s = 600;  /* dflash_spool_options' wait_s */
 }
 
 DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
