@@ -141,7 +141,7 @@ DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, si
  * data, seed, options, position and parameters before the first step. A
  * rank that fails tells the others, which stop with DFLASH_E_CANCELLED
  * naming it; a rank that dies is reported as DFLASH_E_NETWORK, one that
- * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
+ * stops answering as DFLASH_E_TIMEOUT after the trainer option dist_timeout_s
  * (default 1800) in one collective.
  *
  * `stats` (may be NULL) gets the last step's dflash_train_stats, on failure too (zeros

@@ -320,9 +320,8 @@ static dflash_status join_ranks(cuda_backend *c) {
   df_comm *comm = c->t->comm;
   if (!c->nccl) return DFLASH_OK;
   unsigned char id[DF_CU_NCCL_ID_BYTES] = {0};
-  double timeout;
-  dflash_status st = df_dist_timeout(&timeout);
-  if (!st && c->env.rank == 0) st = df_cu_nccl_unique_id(id);
+  double timeout = c->t->opt.dist_timeout_s;
+  dflash_status st = c->env.rank == 0 ? df_cu_nccl_unique_id(id) : DFLASH_OK;
   if (!st)
     st = comm ? df_comm_broadcast(comm, id, sizeof id)
               : df_rendezvous(&c->env, id, sizeof id, timeout);

@@ -28,7 +28,7 @@ static const char TRAIN_USAGE[] =
     "                    [--optimizer adamw|muon] [--muon-momentum X]\n"
     "                    [--muon-weight-decay X] [--muon-adjust-lr match-rms-adamw|original]\n"
     "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
-    "                    [--grad-reduce-bf16]\n"
+    "                    [--grad-reduce-bf16] [--dist-timeout S]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu NAME] [--gpu-gb X]\n"
     "                    [--smem-kb X] [--vocab-chunk N] [--no-zero1]\n"
@@ -60,7 +60,7 @@ static const char TRAIN_USAGE[] =
     "workspace to the activations.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
-    "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
+    "rank 0 writes OUT, and --dist-timeout S (1800) bounds waiting for a rank.\n"
     "--hidden spool:PATH (a folder or s3:// prefix) trains on a spool while a producer\n"
     "writes it (libdflash.HiddenWriter(..., spool_budget=B)): each epoch is what the\n"
     "producer published for it, in its order, up to its end-of-epoch marker; shards are\n"
@@ -201,6 +201,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--muon-weight-decay", CLI_REAL, &t->muon_weight_decay, 0, 1e9, NULL},
                           {"--muon-adjust-lr", CLI_FN, &t->muon_adjust_lr, 0, 0, parse_adjust_lr},
                           {"--grad-reduce-bf16", CLI_FLAG, &rs_bf16, 0, 0, NULL},
+                          {"--dist-timeout", CLI_REAL, &t->dist_timeout_s, 1e-3, 1e9, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);

@@ -67,7 +67,7 @@ class TrainerOptions(ctypes.Structure):
         ("lr_schedule", ctypes.c_int32), ("position_weighting", ctypes.c_int32),
         ("muon_momentum", ctypes.c_double), ("muon_weight_decay", ctypes.c_double),
         ("optimizer", ctypes.c_int32), ("muon_adjust_lr", ctypes.c_int32),
-        ("grad_reduce_bf16", ctypes.c_int32),
+        ("dist_timeout_s", ctypes.c_double), ("grad_reduce_bf16", ctypes.c_int32),
     ]
 
 
@@ -231,7 +231,8 @@ class Trainer(Handle):
     num_anchors, vocab_chunk, init_std, n_threads, lr_schedule: LR_*,
     position_weighting: WEIGHTS_*, optimizer: OPTIM_*, muon_momentum,
     muon_weight_decay, muon_adjust_lr: MUON_*, grad_reduce_bf16: the CUDA
-    backend's gradient reduce-scatter in bf16).
+    backend's gradient reduce-scatter in bf16, dist_timeout_s: how long a collective waits
+    for a rank).
     """
 
     _free = "dflash_trainer_free"
@@ -669,7 +670,7 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     Keyword options: epochs, batch_size, save_every, max_steps, save_every_s,
     spool_wait_s and spool_reuse (a spool:PATH hidden_dir, as `dflash train --spool-wait`
     and `--spool-reuse`), and the trainer options of Trainer (lr, seed, num_anchors,
-    n_threads, warmup_ratio, grad_reduce_bf16, ...).
+    n_threads, warmup_ratio, grad_reduce_bf16, dist_timeout_s, ...).
     labels: "data" (the data's next tokens) or "target" (the target's greedy ones: the
     store's target ids, or vLLM's final layer through the target's final norm
     final_norm_name and LM head), as `dflash train --labels`.
