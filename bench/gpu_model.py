@@ -136,7 +136,7 @@ HOST_COPY_BW = 8e9   # upload_batch's memcpy of the stored rows into the pinned 
 PCIE_BW = 50e9       # pinned host-to-device copies, PCIe Gen 5 x16
 BUCKET_ELEMS = 1 << 26  # cuda/model.cuh kBucketElems
 # Bytes per gradient element through the reduce-scatter: fp32, or 2 with --rs-bf16
-# (DFLASH_CUDA_RS_BF16=1: each bucket rounded to bf16 before NCCL, this rank's slice widened
+# (grad_reduce_bf16, --grad-reduce-bf16: each bucket rounded to bf16 before NCCL, this rank's slice widened
 # after it, cuda/dist.cu reduce_scatter; two more streaming kernels per bucket).
 RS_BYTES = 4
 ADAM_CLIP_ACTIVE = True  # the clipping rescale kernel runs (the usual case early on)
@@ -1340,7 +1340,7 @@ def main(argv=None):
                     help="NCCL bus bandwidth instead of the GPU's stated one (RTX-PRO-6000: 25 "
                          "by default, 15-42 measured on 8-GPU PCIe boxes)")
     ap.add_argument("--rs-bf16", action="store_true",
-                    help="the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1): half its "
+                    help="the gradient reduce-scatter in bf16 (--grad-reduce-bf16): half its "
                          "bytes, two conversion kernels per bucket")
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "muon"],
                     help="the optimizer step to price: AdamW, or Muon on the weight matrices "

@@ -34,7 +34,7 @@ dflash_status wait_on(df_cu_model *m, cudaStream_t s, const char *what, cudaEven
                           ncclGetErrorString(ae));
         return df_error(DFLASH_E_TIMEOUT,
                         "rank %d: %s did not finish within %.0f s: a peer rank "
-                        "died or hangs (set DFLASH_DIST_TIMEOUT to wait longer)",
+                        "died or hangs (the trainer option dist_timeout_s waits longer)",
                         m->rank, what, m->comm_timeout);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));

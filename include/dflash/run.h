@@ -122,6 +122,13 @@ typedef struct dflash_train_run_options {
    * stopped early on purpose, to be resumed as if it had never stopped). Recorded with the
    * run's settings, so a resume that changes it is a settings change. */
   int64_t schedule_steps;
+  /* A spool (hidden_dir "spool:..."; ignored for a store): the seconds to wait for the
+   * producer's next shard before DFLASH_E_TIMEOUT (600; < 0: forever), and whether epoch 0's
+   * shards are kept and replayed for every later epoch (1: the producer publishes one epoch,
+   * and its budget must hold all of it). The options, not the environment, so that C, Python
+   * and the command line set them alike. */
+  double spool_wait_s;
+  int32_t spool_reuse;
 } dflash_train_run_options;
 
 /* schedule_steps: the epochs' steps, whatever max_steps says. */
@@ -171,7 +178,7 @@ DFLASH_API void dflash_train_run_options_init(dflash_train_run_options *opts, si
  * data, seed, options, position and parameters before the first step. A
  * rank that fails tells the others, which stop with DFLASH_E_CANCELLED
  * naming it; a rank that dies is reported as DFLASH_E_NETWORK, one that
- * stops answering as DFLASH_E_TIMEOUT after DFLASH_DIST_TIMEOUT seconds
+ * stops answering as DFLASH_E_TIMEOUT after the trainer option dist_timeout_s
  * (default 1800) in one collective.
  *
  * `stats` (may be NULL) gets the last step's dflash_train_stats and how the run ended

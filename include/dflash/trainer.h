@@ -92,6 +92,16 @@ typedef struct dflash_trainer_options {
    * default (speculators'), lr x 0.2 sqrt(max(rows, cols)); DFLASH_MUON_ADJUST_LR_ORIGINAL (torch's
    * default) lr x sqrt(max(1, rows / cols)). */
   int32_t muon_adjust_lr;
+  /* Several ranks: the seconds one collective, and the rendezvous, wait for a rank before
+   * DFLASH_E_TIMEOUT naming it (1800, in (0, 1e9]). In the trainer options because a trainer
+   * created alone rendezvouses too; dflash_train_run takes it from its `trainer`. (It was the
+   * environment's DFLASH_DIST_TIMEOUT.) */
+  double dist_timeout_s;
+  /* CUDA backend over NCCL: 1 reduce-scatters the gradients in bf16 instead of fp32, half the
+   * bytes, at an error per element of up to about (world + 1) x 2^-9 of the ranks' summed
+   * magnitudes (docs/gpu.md); 0, the default, in fp32. It changes the results, so it is an
+   * option (it was the environment's DFLASH_CUDA_RS_BF16). The CPU backend ignores it. */
+  int32_t grad_reduce_bf16;
 } dflash_trainer_options;
 
 typedef enum dflash_optimizer {

@@ -319,9 +319,8 @@ static dflash_status join_ranks(cuda_backend *c) {
   df_comm *comm = c->t->comm;
   if (!c->nccl) return DFLASH_OK;
   unsigned char id[DF_CU_NCCL_ID_BYTES] = {0};
-  double timeout;
-  dflash_status st = df_dist_timeout(&timeout);
-  if (!st && c->env.rank == 0) st = df_cu_nccl_unique_id(id);
+  double timeout = c->t->opt.dist_timeout_s;
+  dflash_status st = c->env.rank == 0 ? df_cu_nccl_unique_id(id) : DFLASH_OK;
   if (!st)
     st = comm ? df_comm_broadcast(comm, id, sizeof id)
               : df_rendezvous(&c->env, id, sizeof id, timeout);
@@ -382,9 +381,9 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
    * overlapping it (to compare; the results are the same to the bit). */
   const char *ovl = getenv("DFLASH_CUDA_OVERLAP");
   cfg.no_overlap = ovl && !strcmp(ovl, "0");
-  /* DFLASH_CUDA_RS_BF16=1: the gradient reduce-scatter in bf16 (dfcuda.h states its error). */
-  const char *rs16 = getenv("DFLASH_CUDA_RS_BF16");
-  cfg.rs_bf16 = rs16 && !strcmp(rs16, "1");
+  /* The gradient reduce-scatter in bf16 (dfcuda.h states its error): an option, it changes
+   * the results. */
+  cfg.rs_bf16 = t->opt.grad_reduce_bf16 != 0;
   float *pw = malloc(sizeof(float) * (size_t)m->B);
   if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
   for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);

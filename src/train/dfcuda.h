@@ -152,7 +152,8 @@ typedef struct df_cu_config {
   /* Nonzero: with several ranks, reduce-scatter after the backward instead of overlapping
    * it (DFLASH_CUDA_OVERLAP=0; the same results to the bit). */
   int no_overlap;
-  /* Nonzero: with several ranks, the gradient reduce-scatter in bf16 (DFLASH_CUDA_RS_BF16=1):
+  /* Nonzero: with several ranks, the gradient reduce-scatter in bf16 (the option
+   * grad_reduce_bf16):
    * each bucket rounded to bf16 (round to nearest even), summed by NCCL in bf16, this rank's
    * slice widened back to fp32. Half the bytes over the bus; an element of the sum is off by
    * at most about (world + 1) * 2^-9 times the sum of the ranks' magnitudes (one rounding of

@@ -86,22 +86,6 @@ dflash_status df_dist_env_from_environ(df_dist_env *out) {
 
 /* ---- communicator ---------------------------------------------------------- */
 
-dflash_status df_dist_timeout(double *seconds) {
-  const char *v = getenv("DFLASH_DIST_TIMEOUT");
-  *seconds = 1800.0;
-  if (!v || !*v) return DFLASH_OK;
-  char *end;
-  errno = 0;
-  double x = strtod(v, &end);
-  if (errno || *end || end == v || !(x > 0) || x > 1e9)
-    return df_error(DFLASH_E_CONFIG,
-                    "environment variable DFLASH_DIST_TIMEOUT=\"%s\" is not a "
-                    "positive number of seconds",
-                    v);
-  *seconds = x;
-  return DFLASH_OK;
-}
-
 #define COMM_MAGIC 0x4d434644u /* "DFCM" */
 
 enum { OP_HELLO = 1, OP_SUM_F32, OP_SUM_F64, OP_BCAST, OP_ABORT };
@@ -141,7 +125,7 @@ static const char *op_name(uint32_t op) {
   return "hello";
 }
 
-/* poll()'s milliseconds for `left` seconds: DFLASH_DIST_TIMEOUT may be far
+/* poll()'s milliseconds for `left` seconds: dist_timeout_s may be far
  * more than an int of milliseconds (~24 days); past that, wake up and look
  * at the deadline again. */
 static int poll_ms(double left) {
@@ -164,8 +148,8 @@ static dflash_status xfer_fd(df_comm *c, int fd, int peer, void *buf, size_t n, 
     if (rc == 0 && left > 1e6) continue;
     if (rc == 0)
       return df_error(DFLASH_E_TIMEOUT,
-                      "rank %d: %s %s for %.0f s during %s (set "
-                      "DFLASH_DIST_TIMEOUT to wait longer)",
+                      "rank %d: %s %s for %.0f s during %s (the trainer option "
+                      "dist_timeout_s, dflash train --dist-timeout, waits longer)",
                       c->rank, who, out ? "took no data" : "sent nothing", c->wait, c->what);
     /* MSG_DONTWAIT: a blocking send of n bytes would wait, past the
      * deadline, until a stalled peer reads them all. */

@@ -40,13 +40,6 @@ DF_MUST_CHECK dflash_status df_rendezvous(const df_dist_env *env, void *blob, si
                                           double timeout_s);
 
 /*
- * Seconds a rank waits for its peers in one collective before it gives up:
- * DFLASH_DIST_TIMEOUT (a positive number), else 1800 (torch's default for
- * NCCL). DFLASH_E_CONFIG when the variable is malformed.
- */
-DF_MUST_CHECK dflash_status df_dist_timeout(double *seconds);
-
-/*
  * A host communicator between the ranks of a data-parallel run: persistent
  * TCP connections in a star around rank 0, made with the same rendezvous.
  * It carries the CPU backend's gradient all-reduce and every rank's small

@@ -40,6 +40,7 @@ static void train_run_options_defaults(dflash_train_run_options *o) {
   o->epochs = 6;
   o->batch_size = 0;      /* the backend picks (df_backend_auto_sequences) */
   o->save_every_s = 1800; /* a kill -9 loses at most half an hour */
+  o->spool_wait_s = 600;  /* dflash_spool_options' wait_s */
 }
 
 DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
@@ -468,9 +469,13 @@ static dflash_status train_loop(run *r) {
 /* This process's rank, and the connections to the others when there are. */
 static dflash_status join_run(run *r) {
   df_dist_env env;
-  double timeout;
+  double timeout = r->topt.dist_timeout_s; /* checked here: the trainer comes later */
   dflash_status st = df_dist_env_from_environ(&env);
-  if (!st) st = df_dist_timeout(&timeout);
+  if (!st && !(timeout > 0 && timeout <= 1e9))
+    st = df_error(DFLASH_E_INVALID_ARG,
+                  "trainer options: dist_timeout_s must be in (0, 1e9] "
+                  "seconds (got %g)",
+                  timeout);
   if (st) return df_error_wrap(st, "training run");
   r->rank = env.rank;
   r->world = env.world;

@@ -64,13 +64,6 @@ bool df_run_spool_usable(void *ctx, const char *id) {
   return idx >= 0 && r->is_usable[idx];
 }
 
-static double env_seconds(const char *name, double dflt) {
-  const char *v = getenv(name);
-  char *end;
-  double x = v && *v ? strtod(v, &end) : dflt;
-  return v && *v && *end ? dflt : x;
-}
-
 /* The dataset alone (the spool comes sample by sample), or the dataset joined with a store.
  * On CUDA the samples (from a store or the spool alike) carry their hidden rows as stored,
  * for the device to convert and check (DFLASH_TRAIN_STORED_ROWS=0 / 1 overrides, e.g. to
@@ -90,8 +83,8 @@ dflash_status df_run_open_data(run *r) {
   }
   dflash_spool_options so;
   dflash_spool_options_default(&so);
-  so.wait_s = env_seconds("DFLASH_SPOOL_WAIT", so.wait_s);
-  so.reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
+  so.wait_s = o->spool_wait_s;
+  so.reuse = o->spool_reuse != 0;
   so.stored_rows = r->stored_rows;
   dflash_status st = df_tokens_open(o->data_dir, &r->own_tok);
   if (!st) st = dflash_spool_open(path, &so, &r->spool);
@@ -325,7 +318,7 @@ static dflash_status spool_maybe_free(run *r) {
 dflash_status df_run_spool_loop(run *r) {
   const dflash_train_run_options *o = r->o;
   dflash_status st = DFLASH_OK;
-  bool reuse = getenv("DFLASH_SPOOL_REUSE") && !strcmp(getenv("DFLASH_SPOOL_REUSE"), "1");
+  bool reuse = o->spool_reuse != 0;
   if ((st = df_spool_seek_k(r->spool, r->epoch, r->sp_shard, r->sp_off, r->pos))) return st;
   spool_boundary(r, false);
   r->bnd_pos = r->pos;

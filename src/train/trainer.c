@@ -36,6 +36,7 @@ static void trainer_options_defaults(dflash_trainer_options *o) {
   o->muon_momentum = 0.95; /* speculators' (and torch.optim.Muon's) defaults */
   o->muon_weight_decay = 0.1;
   o->muon_adjust_lr = DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW;
+  o->dist_timeout_s = 1800; /* a hung rank is reported within half an hour */
 }
 
 DF_DEFINE_INIT(dflash_trainer_options, trainer_options_defaults)
@@ -84,6 +85,8 @@ static dflash_status check_options(const dflash_trainer_options *in, dflash_trai
            o->muon_adjust_lr == DFLASH_MUON_ADJUST_LR_ORIGINAL,
        "muon_adjust_lr must be DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW (0) or _ORIGINAL (1) (got %d)",
        o->muon_adjust_lr);
+  NEED(o->dist_timeout_s > 0 && o->dist_timeout_s <= 1e9,
+       "dist_timeout_s must be in (0, 1e9] seconds (got %g)", o->dist_timeout_s);
 #undef NEED
   if (o->backend == DFLASH_BACKEND_CUDA &&
       o->position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE)

@@ -54,6 +54,7 @@ static dflash_status make_opt(const dflash_drafter_config *c, int backend, doubl
   o.warmup_ratio = 0;
   o.total_steps = 10;
   o.grad_clip = clip;
+  o.dist_timeout_s = 120; /* a rank that hangs fails the test within the meson timeout */
   *t = NULL;
   dflash_status st = dflash_trainer_create(c, E, Hd, &o, t);
   free(E), free(Hd);
@@ -309,7 +310,6 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
     snprintf(s, sizeof s, "%d", port);
     setenv("MASTER_PORT", s, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("DFLASH_DIST_TIMEOUT", "120", 1);
   }
   dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
   dflash_trainer *t = NULL;

@@ -21,7 +21,7 @@
  * It must equal the other two to the bit (without that event wait the compute stream reads
  * the gradients before the reduce-scatter: see the commit that added this mode).
  *
- * A fourth reduce-scatters in bf16 (df_cu_config.rs_bf16, DFLASH_CUDA_RS_BF16=1): within
+ * A fourth reduce-scatters in bf16 (df_cu_config.rs_bf16, the option grad_reduce_bf16): within
  * bf16's rounding of the fp32 mode, not equal to it.
  */
 #include <dflash/train.h>

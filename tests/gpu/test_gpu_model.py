@@ -435,7 +435,7 @@ def test_auto_batch(tmp):
 
 
 def test_rs_bf16():
-    """--rs-bf16 (DFLASH_CUDA_RS_BF16=1): half the reduce-scatter's bytes, the two conversion
+    """--rs-bf16 (dflash train --grad-reduce-bf16): half the reduce-scatter's bytes, the two conversion
     kernels of cuda/dist.cu priced per bucket, and no other change to the step."""
     c = gm.load_config("kimi")
     f32 = gm.model(c, "RTX-PRO-6000", 3072, 512, 4, 8, 16384, "mma")

@@ -162,9 +162,9 @@ pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int po
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid > 0) return pid;
-  static const char *const vars[] = {"RANK",         "WORLD_SIZE",    "LOCAL_RANK",
-                                     "MASTER_ADDR",  "MASTER_PORT",   "SLURM_PROCID",
-                                     "SLURM_NTASKS", "SLURM_LOCALID", "DFLASH_DIST_TIMEOUT"};
+  static const char *const vars[] = {"RANK",         "WORLD_SIZE",   "LOCAL_RANK",
+                                     "MASTER_ADDR",  "MASTER_PORT",  "SLURM_PROCID",
+                                     "SLURM_NTASKS", "SLURM_LOCALID"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
   if (world > 1) {
     set_env("RANK", rank);
@@ -172,12 +172,14 @@ pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int po
     set_env("MASTER_PORT", port);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
   }
-  if (timeout_s > 0) {
-    char s[32];
-    snprintf(s, sizeof s, "%g", timeout_s);
-    setenv("DFLASH_DIST_TIMEOUT", s, 1);
-  }
-  dflash_status st = dflash_train_run(o, NULL);
+  /* The timeout is a trainer option: this process's copies (it exits after the run). */
+  dflash_train_run_options oo = *o;
+  dflash_trainer_options to;
+  if (o->trainer) to = *o->trainer;
+  else dflash_trainer_options_default(&to);
+  if (timeout_s > 0) to.dist_timeout_s = timeout_s;
+  oo.trainer = &to;
+  dflash_status st = dflash_train_run(&oo, NULL);
   FILE *f = fopen(report, "w");
   if (f) {
     fprintf(f, "%d\n%s\n", (int)st, st ? dflash_last_error() : "");

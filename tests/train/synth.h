@@ -29,7 +29,7 @@ int synth_free_port(void);
 /*
  * Fork a process that runs dflash_train_run(o) as `rank` of `world` (world
  * 1: no rank variables at all) with MASTER_ADDR 127.0.0.1:port and
- * DFLASH_DIST_TIMEOUT=timeout_s (0: unset). It writes its status and
+ * the trainer option dist_timeout_s = timeout_s (0: as `o` has it). It writes its status and
  * dflash_last_error() to `report` and exits with the status.
  */
 pid_t synth_spawn(const dflash_train_run_options *o, int rank, int world, int port,

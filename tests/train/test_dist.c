@@ -156,8 +156,8 @@ START_TEST(comm_timeout_names_the_silent_rank) {
   peer p[2] = {0};
   run_peers(p, 2, M_SILENT_RANK1, 0.3);
   ck_assert_int_eq(p[0].st, DFLASH_E_TIMEOUT);
-  ck_assert_msg(strstr(p[0].msg, "rank 1 sent nothing") && strstr(p[0].msg, "DFLASH_DIST_TIMEOUT"),
-                "%s", p[0].msg);
+  ck_assert_msg(strstr(p[0].msg, "rank 1 sent nothing") && strstr(p[0].msg, "dist_timeout_s"), "%s",
+                p[0].msg);
 }
 END_TEST
 
@@ -205,7 +205,7 @@ START_TEST(comm_send_to_a_stalled_rank_times_out) {
 }
 END_TEST
 
-/* DFLASH_DIST_TIMEOUT accepts up to 1e9 s; poll's int milliseconds end at
+/* dist_timeout_s accepts up to 1e9 s; poll's int milliseconds end at
  * ~2.1e6 s (the rendezvous used to time out at once). */
 START_TEST(comm_timeout_beyond_int_milliseconds) {
   peer p[2] = {0};
@@ -231,20 +231,6 @@ START_TEST(comm_rendezvous_over_ipv6) {
 }
 END_TEST
 
-START_TEST(dist_timeout_from_environment) {
-  double t;
-  unsetenv("DFLASH_DIST_TIMEOUT");
-  ck_assert_ok(df_dist_timeout(&t));
-  ck_assert(t == 1800.0);
-  setenv("DFLASH_DIST_TIMEOUT", "2.5", 1);
-  ck_assert_ok(df_dist_timeout(&t));
-  ck_assert(t == 2.5);
-  setenv("DFLASH_DIST_TIMEOUT", "soon", 1);
-  ck_assert_status(df_dist_timeout(&t), DFLASH_E_CONFIG, "DFLASH_DIST_TIMEOUT=\"soon\"");
-  unsetenv("DFLASH_DIST_TIMEOUT");
-}
-END_TEST
-
 TCase *tc_dist(void) {
   TCase *tc = tcase_create("dist");
   tcase_set_timeout(tc, 60);
@@ -257,6 +243,5 @@ TCase *tc_dist(void) {
   tcase_add_test(tc, comm_send_to_a_stalled_rank_times_out);
   tcase_add_test(tc, comm_timeout_beyond_int_milliseconds);
   tcase_add_test(tc, comm_rendezvous_over_ipv6);
-  tcase_add_test(tc, dist_timeout_from_environment);
   return tc;
 }

@@ -287,6 +287,24 @@ START_TEST(resume_at_world_two_reproduces_the_uninterrupted_run) {
 }
 END_TEST
 
+/* dist_timeout_s is a trainer option (it was the environment's DFLASH_DIST_TIMEOUT): outside
+ * (0, 1e9] the run refuses it before any rendezvous, naming it; the stopped-rank test above
+ * shows a 3 s value taking effect. */
+START_TEST(dist_timeout_s_is_a_checked_trainer_option) {
+  char *root = world7();
+  char *out = synth_at(root, "out");
+  dflash_train_run_options o;
+  synth_run_options(&o, root, out);
+  const double bad[] = {0, -1, 2e9};
+  for (int i = 0; i < 3; i++) {
+    synth_trainer(&o)->dist_timeout_s = bad[i];
+    ck_assert_status(dflash_train_run(&o, NULL), DFLASH_E_INVALID_ARG, "dist_timeout_s");
+  }
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 TCase *tc_run_dist(void) {
   TCase *tc = tcase_create("run_dist");
   tcase_set_timeout(tc, 600);
@@ -297,5 +315,6 @@ TCase *tc_run_dist(void) {
   tcase_add_test(tc, stopped_rank_times_out_naming_it);
   tcase_add_test(tc, a_rank_that_disagrees_stops_the_run);
   tcase_add_test(tc, resume_at_world_two_reproduces_the_uninterrupted_run);
+  tcase_add_test(tc, dist_timeout_s_is_a_checked_trainer_option);
   return tc;
 }

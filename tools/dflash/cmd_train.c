@@ -29,6 +29,7 @@ static const char TRAIN_USAGE[] =
     "                    [--optimizer adamw|muon] [--muon-momentum X]\n"
     "                    [--muon-weight-decay X] [--muon-adjust-lr match-rms-adamw|original]\n"
     "                    [--allow-settings-change] [--allow-tokenizer-mismatch]\n"
+    "                    [--grad-reduce-bf16] [--dist-timeout S]\n"
     "       dflash train --plan --config drafter.json [--world N] [--seq-len N]\n"
     "                    [--anchors N] [--batch N] [--gpu NAME] [--gpu-gb X]\n"
     "                    [--smem-kb X] [--vocab-chunk N] [--no-zero1]\n"
@@ -67,14 +68,16 @@ static const char TRAIN_USAGE[] =
     "workspace to the activations.\n"
     "Data parallel: start one process per rank with RANK, WORLD_SIZE, MASTER_ADDR and\n"
     "MASTER_PORT set (torchrun, or Slurm's SLURM_PROCID/SLURM_NTASKS); --batch is per rank,\n"
-    "rank 0 writes OUT, and DFLASH_DIST_TIMEOUT (seconds, 1800) bounds waiting for a rank.\n"
+    "rank 0 writes OUT, and --dist-timeout S (1800) bounds waiting for a rank.\n"
     "--hidden spool:PATH (a folder or s3:// prefix) trains on a spool while a producer\n"
     "writes it (libdflash.HiddenWriter(..., spool_budget=B)): each epoch is what the\n"
     "producer published for it, in its order, up to its end-of-epoch marker; shards are\n"
     "deleted once train_state/ records them (a state save once they reach half the\n"
-    "producer's budget, or when waiting). --spool-wait S (600; DFLASH_SPOOL_WAIT) bounds\n"
-    "the wait for a shard; --spool-reuse keeps epoch 0's shards and replays them for every\n"
-    "later epoch (DFLASH_SPOOL_REUSE=1; the budget must hold a whole epoch).\n"
+    "producer's budget, or when waiting). --spool-wait S (600; -1: forever) bounds the\n"
+    "wait for a shard; --spool-reuse keeps epoch 0's shards and replays them for every\n"
+    "later epoch (the budget must hold a whole epoch).\n"
+    "--grad-reduce-bf16 (--backend cuda over NCCL) reduce-scatters the gradients in bf16:\n"
+    "half the bytes, each element within about (world+1)*2^-9 of the summed magnitudes.\n"
     "--labels target trains each drafted position on the target's own greedy token (what\n"
     "greedy verification accepts) instead of the data's: the store's target ids\n"
     "(HiddenWriter.append(..., target_ids=logits.argmax(-1))), or for vLLM's hs_*.safetensors\n"
@@ -173,10 +176,10 @@ static int g_quiet;
 
 static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                        dflash_trainer_options *t, int *overwrite) {
-  int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0;
+  int quiet = 0, resume = 0, bf16 = 0, reuse = 0, allow = 0, rs_bf16 = 0;
   int32_t weighting = DFLASH_POSITION_WEIGHTING_DECAY;
   double gamma = 0;
-  double spool_wait = -2, minutes = o->save_every_s / 60;
+  double minutes = o->save_every_s / 60;
   o->trainer = t;
   const cli_opt opts[] = {{"--config", CLI_STR, &o->config_path, 0, 0, NULL},
                           {"--target", CLI_STR, &o->target_path, 0, 0, NULL},
@@ -204,7 +207,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                            parse_schedule_steps},
                           {"--seed", CLI_I64, &t->seed, 0, (double)INT64_MAX, NULL},
                           {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
-                          {"--spool-wait", CLI_REAL, &spool_wait, -1, 1e9, NULL},
+                          {"--spool-wait", CLI_REAL, &o->spool_wait_s, -1, 1e9, NULL},
                           {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
                           {"--labels", CLI_FN, &o->labels, 0, 0, parse_labels},
                           {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
@@ -219,6 +222,8 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--muon-momentum", CLI_REAL, &t->muon_momentum, 0, 0.999999, NULL},
                           {"--muon-weight-decay", CLI_REAL, &t->muon_weight_decay, 0, 1e9, NULL},
                           {"--muon-adjust-lr", CLI_FN, &t->muon_adjust_lr, 0, 0, parse_adjust_lr},
+                          {"--grad-reduce-bf16", CLI_FLAG, &rs_bf16, 0, 0, NULL},
+                          {"--dist-timeout", CLI_REAL, &t->dist_timeout_s, 1e-3, 1e9, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
   int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
@@ -229,11 +234,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
   t->loss_gamma = weighting == -1 ? -1 : gamma;
   o->resume = resume, o->bf16 = bf16, o->allow_settings_change = allow;
   o->save_every_s = minutes * 60;
-  /* The spool's settings reach dflash_train_run through its environment variables. */
-  char wait[64];
-  snprintf(wait, sizeof wait, "%.17g", spool_wait);
-  if (spool_wait > -2) setenv("DFLASH_SPOOL_WAIT", wait, 1);
-  if (reuse) setenv("DFLASH_SPOOL_REUSE", "1", 1);
+  o->spool_reuse = reuse, t->grad_reduce_bf16 = rs_bf16;
   static const char *const required[] = {"--config", "--target", "--data", "--hidden", "-o"};
   const char *const have[] = {o->config_path, o->target_path, o->data_dir, o->hidden_dir,
                               o->out_dir};

@@ -67,6 +67,7 @@ class TrainerOptions(ctypes.Structure):
         ("lr_schedule", ctypes.c_int32), ("position_weighting", ctypes.c_int32),
         ("muon_momentum", ctypes.c_double), ("muon_weight_decay", ctypes.c_double),
         ("optimizer", ctypes.c_int32), ("muon_adjust_lr", ctypes.c_int32),
+        ("dist_timeout_s", ctypes.c_double), ("grad_reduce_bf16", ctypes.c_int32),
     ]
 
 
@@ -227,7 +228,9 @@ class Trainer(Handle):
     grad_clip, warmup_ratio, total_steps, min_lr_ratio, loss_gamma,
     num_anchors, vocab_chunk, init_std, n_threads, lr_schedule: LR_*,
     position_weighting: POSITION_WEIGHTING_*, optimizer: OPTIMIZER_*, muon_momentum,
-    muon_weight_decay, muon_adjust_lr: MUON_*).
+    muon_weight_decay, muon_adjust_lr: MUON_ADJUST_LR_*, grad_reduce_bf16: the CUDA
+    backend's gradient reduce-scatter in bf16, dist_timeout_s: how long a collective waits
+    for a rank).
     """
 
     _free = "dflash_trainer_free"
@@ -611,6 +614,7 @@ class TrainRunOptions(ctypes.Structure):
         ("progress_user", ctypes.c_void_p),
         ("save_every_s", ctypes.c_double), ("allow_settings_change", ctypes.c_int32),
         ("schedule_steps", ctypes.c_int64),
+        ("spool_wait_s", ctypes.c_double), ("spool_reuse", ctypes.c_int32),
     ]
 
 
@@ -622,7 +626,7 @@ _RUN_PATHS = tuple((lambda args, f=f: getattr(args[0]._obj, f))
 _train_run = bind("dflash_train_run", [ctypes.POINTER(TrainRunOptions), ctypes.POINTER(TrainStats)],
                   errors=missing_path(*_RUN_PATHS))
 _RUN_FIELDS = ("epochs", "batch_size", "save_every", "max_steps", "save_every_s",
-               "schedule_steps")
+               "schedule_steps", "spool_wait_s", "spool_reuse")
 # schedule_steps="epochs": DFLASH_SCHEDULE_EPOCHS, the epochs' length even with max_steps.
 _SCHEDULE_EPOCHS = -1
 
@@ -687,10 +691,12 @@ def train_run(config, target, data_dir, hidden_dir, out_dir, resume=False, bf16=
     config.json + model.safetensors, train_state/ and metrics.jsonl (one line
     per step). progress: None (silent), True (standard error) or a path, file
     object or descriptor the progress lines are appended to.
-    Keyword options: epochs, batch_size, save_every, max_steps, schedule_steps (the
-    learning-rate schedule's length: by default max_steps when it ends the run early, else
-    the epochs'; "epochs" keeps the epochs' with max_steps), and the trainer options of
-    Trainer (lr, seed, num_anchors, n_threads, warmup_ratio, ...).
+    Keyword options: epochs, batch_size, save_every, max_steps, save_every_s, schedule_steps
+    (the learning-rate schedule's length: by default max_steps when it ends the run early,
+    else the epochs'; "epochs" keeps the epochs' with max_steps), spool_wait_s and
+    spool_reuse (a spool:PATH hidden_dir, as `dflash train --spool-wait` and
+    `--spool-reuse`), and the trainer options of Trainer (lr, seed, num_anchors, n_threads,
+    warmup_ratio, grad_reduce_bf16, dist_timeout_s, ...).
     labels: "data" (the data's next tokens) or "target" (the target's greedy ones: the
     store's target ids, or vLLM's final layer through the target's final norm
     final_norm_name and LM head), as `dflash train --labels`.

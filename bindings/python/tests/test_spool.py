@@ -359,3 +359,29 @@ def test_spool_reuse_and_errors(tmp_path):
                         f"spool:{tmp_path}/sp16", "-o", str(tmp_path / "r3"), *ARGS],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "16 features per token" in r.stderr, r.stderr
+
+
+def test_train_run_spool_options(tmp_path):
+    """train_run(spool_reuse=..., spool_wait_s=...): the spool's settings are run options, set
+    from Python as from the command line (they were environment variables that only `dflash
+    train` set). One published epoch trains three with spool_reuse; without it, epoch 1 waits
+    spool_wait_s for shards that never come and ends in DeadlineError, long before the
+    default 600 s."""
+    ttc.make_world(tmp_path, n_train=8, n_test=4)
+    spool = tmp_path / "spool"
+    src = libdflash.HiddenStore(tmp_path / "train-hidden")
+    w = libdflash.HiddenWriter(spool, num_layers=1, hidden_size=32, shard_bytes=SHARD,
+                               spool_budget=10 * BUDGET)
+    for sid in src.ids():
+        w.append(sid, src.read(sid))
+    w.end_epoch()
+    w.close()
+    args = (tmp_path / "drafter.json", tmp_path / "target", tmp_path / "train", f"spool:{spool}")
+    kw = dict(epochs=3, batch_size=4, num_anchors=16, seed=5, lr=5e-3, n_threads=1)
+    libdflash.train_run(*args, tmp_path / "run", spool_reuse=True, spool_wait_s=5, **kw)
+    epochs = {json.loads(x)["epoch"] for x in open(tmp_path / "run" / "metrics.jsonl")}
+    assert epochs == {0, 1, 2}
+    t0 = time.monotonic()
+    with pytest.raises(libdflash.DeadlineError):
+        libdflash.train_run(*args, tmp_path / "run2", spool_wait_s=0.5, **kw)
+    assert time.monotonic() - t0 < 60
