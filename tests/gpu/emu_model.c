@@ -25,84 +25,48 @@
 #include "core/bf16.h"
 #include "train/trainer.h"
 
-static void small_config(dflash_drafter_config *c) {
-  dflash_drafter_config_default(c);
-  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
-  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
-  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
-  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
-}
-
-static dflash_trainer *make(const dflash_drafter_config *c, int backend, float **E, float **Hd) {
-  size_t vh = (size_t)c->vocab_size * c->hidden_size;
-  *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
+static dflash_trainer *make(const dflash_drafter_config *c, int backend) {
   dflash_trainer_options o;
-  dflash_trainer_options_default(&o);
-  o.backend = backend;
-  o.seed = 3;
-  o.vocab_chunk = 128;
-  o.init_std = 0.05;
-  o.warmup_ratio = 0;
-  o.total_steps = 10;
-  dflash_trainer *t = NULL;
-  ck_assert_ok(dflash_trainer_create(c, *E, *Hd, &o, &t));
+  g_small_options(&o, backend);
+  dflash_trainer *t;
+  ck_assert_ok(g_small_trainer(c, &o, &t));
   return t;
-}
-
-static size_t n_params(dflash_trainer *t) { return t->m.n_params; }
-
-/* Every gradient (or parameter), in table order. */
-static float *dump(dflash_trainer *t, int grads) {
-  size_t n = n_params(t), numel, off = 0;
-  float *out = malloc(n * sizeof *out);
-  for (size_t i = 0; i < n; i++) out[i] = NAN;
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
-    const char *name;
-    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
-    ck_assert_ok(grads ? dflash_trainer_get_grad(t, name, out + off, numel)
-                       : dflash_trainer_get_param(t, name, out + off, numel));
-    off += numel;
-  }
-  return out;
 }
 
 START_TEST(zero_grad_then_get_grad_reads_zeros) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
-  float *E, *Hd;
-  dflash_trainer *t = make(&c, DFLASH_BACKEND_CUDA, &E, &Hd);
+  g_small_config(&c);
+  dflash_trainer *t = make(&c, DFLASH_BACKEND_CUDA);
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
   double loss;
   ck_assert_ok(dflash_trainer_forward_backward(t,
                                                SEQ(q.ids, q.mask, q.len, q.hidden, q.anchors, q.na),
                                                &loss));
-  float *g = dump(t, 1);
-  size_t n = n_params(t), nonzero = 0;
+  float *g = g_dump(t, 1);
+  size_t n = g_n_params(t), nonzero = 0;
   for (size_t i = 0; i < n; i++) nonzero += g[i] != 0;
   ck_assert_msg(nonzero > n / 2, "only %zu of %zu gradients are non-zero", nonzero, n);
   free(g);
   ck_assert_ok(dflash_trainer_zero_grad(t));
-  g = dump(t, 1);
+  g = g_dump(t, 1);
   size_t stale = 0;
   for (size_t i = 0; i < n; i++) stale += g[i] != 0;
   ck_assert_msg(stale == 0, "get_grad after zero_grad: %zu of %zu gradients are stale", stale, n);
   free(g);
   g_seq_free(&q);
   dflash_trainer_free(t);
-  free(E), free(Hd);
 }
 END_TEST
 
 START_TEST(fresh_trainer_first_step_sees_its_uploads) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
-  float *E, *Hd, *E2, *Hd2;
-  dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU, &E, &Hd);
-  dflash_trainer *t = make(&c, DFLASH_BACKEND_CUDA, &E2, &Hd2);
+  g_small_config(&c);
+  dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU);
+  dflash_trainer *t = make(&c, DFLASH_BACKEND_CUDA);
   /* The parameters as created, then zero gradients. */
-  float *pc = dump(cpu, 0), *pg = dump(t, 0), *g = dump(t, 1);
-  size_t n = n_params(t), diff = 0, nz = 0;
+  float *pc = g_dump(cpu, 0), *pg = g_dump(t, 0), *g = g_dump(t, 1);
+  size_t n = g_n_params(t), diff = 0, nz = 0;
   for (size_t i = 0; i < n; i++) diff += pc[i] != pg[i], nz += g[i] != 0;
   ck_assert_msg(diff == 0, "%zu of %zu parameters differ from the CPU trainer's", diff, n);
   ck_assert_msg(nz == 0, "%zu gradients of a fresh trainer are not zero", nz);
@@ -118,7 +82,7 @@ START_TEST(fresh_trainer_first_step_sees_its_uploads) {
   ck_assert_msg(isfinite(loss) && fabs(loss - lc) <= 0.02 * fabs(lc),
                 "first loss %f (CPU %f): the RoPE tables or weights were not there yet", loss, lc);
   ck_assert_ok(dflash_trainer_step(t, &norm, NULL));
-  float *p1 = dump(t, 0);
+  float *p1 = g_dump(t, 0);
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) bad += !isfinite(p1[i]);
   ck_assert_msg(isfinite(norm) && bad == 0,
@@ -128,7 +92,6 @@ START_TEST(fresh_trainer_first_step_sees_its_uploads) {
   free(pc), free(pg), free(g), free(p1);
   g_seq_free(&q);
   dflash_trainer_free(t), dflash_trainer_free(cpu);
-  free(E), free(Hd), free(E2), free(Hd2);
 }
 END_TEST
 
@@ -205,9 +168,8 @@ static double rel_diff(const float *a, const float *b, const float *base, size_t
 
 START_TEST(nccl_two_ranks_in_threads_equal_one_rank_with_both_sequences) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
-  float *E, *Hd;
-  dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU, &E, &Hd);
+  g_small_config(&c);
+  dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU);
   const df_model *m = &cpu->m;
   g_seq q[2];
   ck_assert_int_eq(g_seq_make(&c, 70, 6, 31, &q[0]), 0);
@@ -257,11 +219,11 @@ START_TEST(nccl_two_ranks_in_threads_equal_one_rank_with_both_sequences) {
   free_batch(&b[0]), free_batch(&b[1]);
   g_seq_free(&q[0]), g_seq_free(&q[1]);
   dflash_trainer_free(cpu);
-  free(E), free(Hd);
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. Two emulated devices for the two-rank case. */
+Suite *df_test_suite(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   Suite *s = suite_create("cuda_emu_model");
   TCase *tc = tcase_create("streams");
@@ -270,9 +232,5 @@ int main(void) {
   tcase_add_test(tc, fresh_trainer_first_step_sees_its_uploads);
   tcase_add_test(tc, nccl_two_ranks_in_threads_equal_one_rank_with_both_sequences);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

@@ -220,7 +220,8 @@ START_TEST(cuda_resume_at_world_two_reproduces_the_uninterrupted_run) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. Two emulated devices, one a rank. */
+Suite *df_test_suite(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   Suite *s = suite_create("cuda_emu_run_dist");
   TCase *tc = tcase_create("dist");
@@ -229,9 +230,5 @@ int main(void) {
   tcase_add_test(tc, cuda_resume_at_world_two_reproduces_the_uninterrupted_run);
   tcase_add_test(tc, cuda_muon_two_ranks_equal_one_process_with_the_global_batch);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }
