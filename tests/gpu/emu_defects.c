@@ -267,17 +267,7 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
                      shared_out *out, float *grads, const char *ckpt) {
   dflash_drafter_config c = {.struct_size = sizeof c};
   g_small_config(&c);
-  char s[32];
-  if (world > 1) {
-    snprintf(s, sizeof s, "%d", rank);
-    setenv("RANK", s, 1), setenv("LOCAL_RANK", s, 1);
-    snprintf(s, sizeof s, "%d", world);
-    setenv("WORLD_SIZE", s, 1);
-    snprintf(s, sizeof s, "%d", port);
-    setenv("MASTER_PORT", s, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("DFLASH_DIST_TIMEOUT", "120", 1);
-  }
+  if (world > 1) g_rank_env(rank, world, port);
   dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
   dflash_trainer *t = NULL;
   dflash_status st = make_opt(&c, DFLASH_BACKEND_CUDA, 1.0, &t);

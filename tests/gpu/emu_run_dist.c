@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu_common.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -38,18 +39,9 @@ static pid_t spawn(const dflash_train_run_options *o, int rank, int world, int p
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid > 0) return pid;
-  char s[32];
   unsetenv("DFLASH_NCCL");
   if (world > 1) {
-    snprintf(s, sizeof s, "%d", rank);
-    setenv("RANK", s, 1);
-    setenv("LOCAL_RANK", s, 1);
-    snprintf(s, sizeof s, "%d", world);
-    setenv("WORLD_SIZE", s, 1);
-    snprintf(s, sizeof s, "%d", port);
-    setenv("MASTER_PORT", s, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("DFLASH_DIST_TIMEOUT", "120", 1);
+    g_rank_env(rank, world, port);
   } else {
     unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE");
   }

@@ -137,6 +137,21 @@ static inline float *g_dump(dflash_trainer *t, int grads) {
   return out;
 }
 
+/* The environment torchrun gives rank `rank` of `world` on one host, LOCAL_RANK included
+ * (each rank on its own device), the rendezvous at 127.0.0.1:port; the rendezvous waits
+ * 120 s, not the 30 min default, so a rank whose peer died fails within a test's timeout. */
+static inline void g_rank_env(int rank, int world, int port) {
+  char s[32];
+  snprintf(s, sizeof s, "%d", rank);
+  setenv("RANK", s, 1), setenv("LOCAL_RANK", s, 1);
+  snprintf(s, sizeof s, "%d", world);
+  setenv("WORLD_SIZE", s, 1);
+  snprintf(s, sizeof s, "%d", port);
+  setenv("MASTER_PORT", s, 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("DFLASH_DIST_TIMEOUT", "120", 1);
+}
+
 /* How many elements differ in their bits (0 and -0 differ, a NaN equals the same NaN). */
 static inline size_t g_n_differ(const float *a, const float *b, size_t n) {
   size_t d = 0;
