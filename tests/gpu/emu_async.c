@@ -33,14 +33,6 @@
 void dfemu_sync_counts(uint64_t *stream_syncs, uint64_t *event_syncs, uint64_t *device_syncs,
                        int reset);
 
-static void small_config(dflash_drafter_config *c) {
-  dflash_drafter_config_default(c);
-  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
-  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
-  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
-  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
-}
-
 enum { STEPS = 3, PER = 2 }; /* steps, sequences per step */
 
 typedef struct world {
@@ -51,9 +43,8 @@ typedef struct world {
 } world;
 
 static void world_make(world *w) {
-  small_config(&w->c);
-  size_t vh = (size_t)w->c.vocab_size * w->c.hidden_size;
-  w->E = g_random(vh, 1.0f, 11), w->Hd = g_random(vh, 0.05f, 12);
+  g_small_config(&w->c);
+  g_small_embeddings(&w->c, &w->E, &w->Hd);
   for (int k = 0; k < STEPS; k++)
     for (int i = 0; i < PER; i++) {
       ck_assert_int_eq(g_seq_make(&w->c, 48 + 8 * i + 4 * k, 6, 101 + 10 * k + i, &w->q[k][i]), 0);
@@ -69,37 +60,12 @@ static void world_free(world *w) {
 
 static dflash_trainer *make(const world *w, double lr) {
   dflash_trainer_options o;
-  dflash_trainer_options_default(&o);
-  o.backend = DFLASH_BACKEND_CUDA;
-  o.seed = 3;
-  o.vocab_chunk = 128;
-  o.init_std = 0.05;
-  o.warmup_ratio = 0;
-  o.total_steps = 10;
+  g_small_options(&o, DFLASH_BACKEND_CUDA);
   o.lr = lr;
   o.grad_clip = 0.02; /* clips: the factor computed on the device is used */
   dflash_trainer *t = NULL;
   ck_assert_ok(dflash_trainer_create(&w->c, w->E, w->Hd, &o, &t));
   return t;
-}
-
-static float *dump(dflash_trainer *t, int grads) {
-  size_t n = t->m.n_params, numel, off = 0;
-  float *out = malloc(n * sizeof *out);
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
-    const char *name;
-    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
-    ck_assert_ok(grads ? dflash_trainer_get_grad(t, name, out + off, numel)
-                       : dflash_trainer_get_param(t, name, out + off, numel));
-    off += numel;
-  }
-  return out;
-}
-
-static size_t n_differ(const float *a, const float *b, size_t n) {
-  size_t d = 0;
-  for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
-  return d;
 }
 
 static void accumulate(dflash_trainer *t, const world *w, int k, int i) {
@@ -149,8 +115,8 @@ static void train(const world *w, bool async, outcome *o) {
   }
   if (async) ck_assert_ok(dflash_trainer_step_result(t, &o->norm[STEPS - 1]));
   ck_assert_status(dflash_trainer_step_result(t, NULL), DFLASH_E_STATE, "no dflash_trainer_step");
-  o->params = dump(t, 0);
-  o->grads = dump(t, 1); /* the last step's clipped gradients */
+  o->params = g_dump(t, 0);
+  o->grads = g_dump(t, 1); /* the last step's clipped gradients */
   dflash_trainer_free(t);
 }
 
@@ -162,9 +128,9 @@ START_TEST(step_async_equals_step_to_the_bit) {
   train(&w, true, &b);
   dflash_trainer *t = make(&w, 0.05);
   size_t n = t->m.n_params;
-  float *p0 = dump(t, 0);
+  float *p0 = g_dump(t, 0);
   dflash_trainer_free(t);
-  size_t dp = n_differ(a.params, b.params, n), dg = n_differ(a.grads, b.grads, n);
+  size_t dp = g_n_differ(a.params, b.params, n), dg = g_n_differ(a.grads, b.grads, n);
   for (int k = 0; k < STEPS; k++)
     printf("step %d: norm %.17g (wait) vs %.17g (async), loss %.17g vs %.17g\n", k + 1, a.norm[k],
            b.norm[k], a.loss[k], b.loss[k]);
@@ -181,7 +147,7 @@ START_TEST(step_async_equals_step_to_the_bit) {
   }
   ck_assert(a.norm[0] != a.norm[1] && a.norm[1] != a.norm[2]); /* a stale read would show */
   ck_assert_msg(dp == 0 && dg == 0, "%zu parameters, %zu gradients differ", dp, dg);
-  ck_assert_uint_gt(n_differ(p0, a.params, n), n / 2); /* the steps moved the weights */
+  ck_assert_uint_gt(g_n_differ(p0, a.params, n), n / 2); /* the steps moved the weights */
   /* Nothing waited in step_async; step_result waited once, on the step's event. */
   ck_assert(b.step_syncs[0] == 0 && b.step_syncs[1] == 0 && b.step_syncs[2] == 0);
   ck_assert(b.result_syncs[0] == 0 && b.result_syncs[1] == 1 && b.result_syncs[2] == 0);
@@ -197,7 +163,7 @@ START_TEST(non_finite_norm_fails_step_result_and_changes_nothing) {
   world_make(&w);
   dflash_trainer *t = make(&w, 0.05);
   size_t n = t->m.n_params;
-  float *p0 = dump(t, 0);
+  float *p0 = g_dump(t, 0);
   ck_assert_ok(dflash_trainer_zero_grad(t));
   accumulate(t, &w, 0, 0);
   ck_assert_ok(dflash_trainer_collect(t, NULL, NULL));
@@ -214,8 +180,8 @@ START_TEST(non_finite_norm_fails_step_result_and_changes_nothing) {
   ck_assert(strstr(dflash_last_error(), "not finite"));
   ck_assert(!isfinite(norm));
   ck_assert_int_eq(dflash_trainer_step_count(t), 0);
-  float *p1 = dump(t, 0);
-  ck_assert_uint_eq(n_differ(p0, p1, n), 0);
+  float *p1 = g_dump(t, 0);
+  ck_assert_uint_eq(g_n_differ(p0, p1, n), 0);
   free(p0), free(p1);
   dflash_trainer_free(t);
   world_free(&w);
@@ -261,7 +227,8 @@ START_TEST(train_run_equals_a_wait_per_step) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. */
+Suite *df_test_suite(void) {
   Suite *s = suite_create("cuda_emu_async");
   TCase *tc = tcase_create("async");
   tcase_set_timeout(tc, 600);
@@ -269,9 +236,5 @@ int main(void) {
   tcase_add_test(tc, non_finite_norm_fails_step_result_and_changes_nothing);
   tcase_add_test(tc, train_run_equals_a_wait_per_step);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

@@ -33,52 +33,19 @@
 void dfemu_refuse_kernel(const char *name);
 void dfemu_memory_stats(int device, size_t *used, size_t *peak, uint64_t *to_host, int reset);
 
-static void small_config(dflash_drafter_config *c) {
-  dflash_drafter_config_default(c);
-  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
-  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
-  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
-  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
-}
-
 static dflash_status make_opt(const dflash_drafter_config *c, int backend, double clip,
                               dflash_trainer **t) {
-  size_t vh = (size_t)c->vocab_size * c->hidden_size;
-  float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
   dflash_trainer_options o;
-  dflash_trainer_options_default(&o);
-  o.backend = backend;
-  o.seed = 3;
-  o.vocab_chunk = 128;
-  o.init_std = 0.05;
-  o.warmup_ratio = 0;
-  o.total_steps = 10;
+  g_small_options(&o, backend);
   o.grad_clip = clip;
   o.dist_timeout_s = 120; /* a rank that hangs fails the test within the meson timeout */
-  *t = NULL;
-  dflash_status st = dflash_trainer_create(c, E, Hd, &o, t);
-  free(E), free(Hd);
-  return st;
+  return g_small_trainer(c, &o, t);
 }
 
 static dflash_trainer *make(const dflash_drafter_config *c, int backend) {
   dflash_trainer *t;
   ck_assert_ok(make_opt(c, backend, 1.0, &t));
   return t;
-}
-
-/* Every gradient (or parameter), in table order, into out[n_params]. */
-static dflash_status dump_into(dflash_trainer *t, int grads, float *out) {
-  size_t numel, off = 0;
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
-    const char *name;
-    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
-    dflash_status st = grads ? dflash_trainer_get_grad(t, name, out + off, numel)
-                             : dflash_trainer_get_param(t, name, out + off, numel);
-    if (st) return st;
-    off += numel;
-  }
-  return DFLASH_OK;
 }
 
 static double rel_diff(const float *a, const float *b, size_t n) {
@@ -137,7 +104,7 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
                                   "adamw",
                                   "lmhead_argmax_chunk"};
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
+  g_small_config(&c);
   g_seq q;
   ck_assert_int_eq(g_seq_make(&c, 60, 6, 21, &q), 0);
   char msg[1024];
@@ -164,7 +131,7 @@ START_TEST(a_shape_limits_refused_at_create_and_by_the_plan) {
              {16, 16, 1, 16, "at most 128 rows"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     dflash_drafter_config c = {.struct_size = sizeof c};
-    small_config(&c);
+    g_small_config(&c);
     c.head_dim = bad[i].d, c.num_attention_heads = bad[i].nh;
     c.num_key_value_heads = bad[i].nkv, c.block_size = bad[i].B;
     ck_assert_ok(dflash_drafter_config_validate(&c));
@@ -202,9 +169,9 @@ static void *use_trainer(void *arg) {
   const g_seq *q = j->q;
   dflash_status st = dflash_trainer_forward_backward(
       j->t, SEQ(q->ids, q->mask, q->len, q->hidden, q->anchors, q->na), &j->loss);
-  if (!st) st = dump_into(j->t, 1, j->grads);
+  if (!st) st = g_dump_into(j->t, 1, j->grads);
   if (!st) st = dflash_trainer_step(j->t, &j->norm, NULL);
-  if (!st) st = dump_into(j->t, 0, j->params);
+  if (!st) st = g_dump_into(j->t, 0, j->params);
   if (!st)
     st = dflash_trainer_propose(j->t, SEQ(q->ids, NULL, q->len, q->hidden, q->anchors, q->na), NULL,
                                 j->pred, NULL);
@@ -215,7 +182,7 @@ static void *use_trainer(void *arg) {
 
 START_TEST(b_other_host_thread_uses_the_trainers_device) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
+  g_small_config(&c);
   setenv("LOCAL_RANK", "1", 1);
   dflash_trainer *t1 = make(&c, DFLASH_BACKEND_CUDA);
   unsetenv("LOCAL_RANK");
@@ -253,7 +220,7 @@ END_TEST
 
 START_TEST(c_predict_on_nan_rows_matches_the_cpu) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
+  g_small_config(&c);
   dflash_trainer *t[2] = {make(&c, DFLASH_BACKEND_CPU), make(&c, DFLASH_BACKEND_CUDA)};
   /* The final norm's weight NaN: every hidden row, so every logit, is NaN. */
   size_t last = dflash_trainer_param_count(t[0]) - 1, numel;
@@ -300,17 +267,8 @@ typedef struct shared_out {
 static void run_rank(int rank, int world, int port, const g_seq *q, const double *w,
                      shared_out *out, float *grads, const char *ckpt) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
-  char s[32];
-  if (world > 1) {
-    snprintf(s, sizeof s, "%d", rank);
-    setenv("RANK", s, 1), setenv("LOCAL_RANK", s, 1);
-    snprintf(s, sizeof s, "%d", world);
-    setenv("WORLD_SIZE", s, 1);
-    snprintf(s, sizeof s, "%d", port);
-    setenv("MASTER_PORT", s, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-  }
+  g_small_config(&c);
+  if (world > 1) g_rank_env(rank, world, port);
   dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
   dflash_trainer *t = NULL;
   dflash_status st = make_opt(&c, DFLASH_BACKEND_CUDA, 1.0, &t);
@@ -325,7 +283,7 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
                                        q[i].na),
                                    world > 1 ? 1.0 / w[i] : 1.0 / W);
   if (!st) st = dflash_trainer_step(t, &out->norm, NULL);
-  if (!st) st = dump_into(t, 1, grads);
+  if (!st) st = g_dump_into(t, 1, grads);
   /* e: a checkpoint as dflash_train_run saves one: every rank gathers, rank 0 writes. */
   if (!st) {
     dfemu_memory_stats(rank, NULL, NULL, NULL, 1);
@@ -344,7 +302,7 @@ static void run_rank(int rank, int world, int port, const g_seq *q, const double
 
 START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
+  g_small_config(&c);
   dflash_trainer *cpu = make(&c, DFLASH_BACKEND_CPU);
   size_t n = cpu->m.n_params;
   g_seq q[N_SEQ];
@@ -466,7 +424,9 @@ START_TEST(d_e_two_ranks_scaling_each_sequence_equal_one_rank) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. Two emulated devices for the two-rank case, no rank from
+ * the environment. */
+Suite *df_test_suite(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE"), unsetenv("DFLASH_NCCL");
   Suite *s = suite_create("cuda_emu_defects");
@@ -478,9 +438,5 @@ int main(void) {
   tcase_add_test(tc, c_predict_on_nan_rows_matches_the_cpu);
   tcase_add_test(tc, d_e_two_ranks_scaling_each_sequence_equal_one_rank);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

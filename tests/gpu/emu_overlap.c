@@ -42,14 +42,6 @@
 enum { WORLD = 2, SEQS = 2, STEPS = 2 };
 static const size_t kBucket = 8192; /* elements: 11 buckets over the small model */
 
-static void small_config(dflash_drafter_config *c) {
-  dflash_drafter_config_default(c);
-  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
-  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
-  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
-  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
-}
-
 
 typedef struct rank_job {
   const df_model *m;
@@ -190,9 +182,9 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 
 START_TEST(overlapped_reduce_scatter_equals_the_one_after_the_backward) {
   dflash_drafter_config c = {.struct_size = sizeof c};
-  small_config(&c);
-  size_t vh = (size_t)c.vocab_size * c.hidden_size;
-  float *E = g_random(vh, 1.0f, 11), *Hd = g_random(vh, 0.05f, 12);
+  g_small_config(&c);
+  float *E, *Hd;
+  g_small_embeddings(&c, &E, &Hd);
   dflash_trainer_options opt;
   dflash_trainer_options_default(&opt);
   opt.backend = DFLASH_BACKEND_CPU, opt.seed = 3, opt.vocab_chunk = 128, opt.init_std = 0.05;
@@ -256,16 +248,13 @@ START_TEST(overlapped_reduce_scatter_equals_the_one_after_the_backward) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. Two emulated devices, one a rank. */
+Suite *df_test_suite(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   Suite *s = suite_create("cuda_emu_overlap");
   TCase *tc = tcase_create("overlap");
   tcase_set_timeout(tc, 600);
   tcase_add_test(tc, overlapped_reduce_scatter_equals_the_one_after_the_backward);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu_common.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -38,17 +39,9 @@ static pid_t spawn(const dflash_train_run_options *o, int rank, int world, int p
   pid_t pid = fork();
   ck_assert_int_ge(pid, 0);
   if (pid > 0) return pid;
-  char s[32];
   unsetenv("DFLASH_NCCL");
   if (world > 1) {
-    snprintf(s, sizeof s, "%d", rank);
-    setenv("RANK", s, 1);
-    setenv("LOCAL_RANK", s, 1);
-    snprintf(s, sizeof s, "%d", world);
-    setenv("WORLD_SIZE", s, 1);
-    snprintf(s, sizeof s, "%d", port);
-    setenv("MASTER_PORT", s, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    g_rank_env(rank, world, port);
   } else {
     unsetenv("RANK"), unsetenv("LOCAL_RANK"), unsetenv("WORLD_SIZE");
   }
@@ -229,7 +222,8 @@ START_TEST(cuda_resume_at_world_two_reproduces_the_uninterrupted_run) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. Two emulated devices, one a rank. */
+Suite *df_test_suite(void) {
   setenv("DFLASH_EMU_DEVICES", "2", 1);
   Suite *s = suite_create("cuda_emu_run_dist");
   TCase *tc = tcase_create("dist");
@@ -238,9 +232,5 @@ int main(void) {
   tcase_add_test(tc, cuda_resume_at_world_two_reproduces_the_uninterrupted_run);
   tcase_add_test(tc, cuda_muon_two_ranks_equal_one_process_with_the_global_batch);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

@@ -34,59 +34,24 @@ void dfemu_sync_counts(uint64_t *stream_syncs, uint64_t *event_syncs, uint64_t *
                        int reset);
 uint64_t dfemu_from_host_bytes(int device, int reset);
 
-static void small_config(dflash_drafter_config *c) {
-  dflash_drafter_config_default(c);
-  c->hidden_size = 64, c->intermediate_size = 128, c->num_hidden_layers = 2;
-  c->num_attention_heads = 4, c->num_key_value_heads = 2, c->head_dim = 16, c->vocab_size = 300;
-  c->num_target_layers = 8, c->block_size = 4, c->mask_token_id = 299;
-  c->n_target_layer_ids = 2, c->target_layer_ids[0] = 1, c->target_layer_ids[1] = 5;
-}
-
 typedef struct world {
   dflash_drafter_config c;
   float *E, *Hd;
 } world;
 
 static void world_make(world *w) {
-  small_config(&w->c);
-  size_t vh = (size_t)w->c.vocab_size * w->c.hidden_size;
-  w->E = g_random(vh, 1.0f, 11), w->Hd = g_random(vh, 0.05f, 12);
+  g_small_config(&w->c);
+  g_small_embeddings(&w->c, &w->E, &w->Hd);
 }
 
 static void world_free(world *w) { free(w->E), free(w->Hd); }
 
 static dflash_trainer *make(const world *w, int backend) {
   dflash_trainer_options o;
-  dflash_trainer_options_default(&o);
-  o.backend = backend;
-  o.seed = 3;
-  o.vocab_chunk = 128;
-  o.init_std = 0.05;
-  o.warmup_ratio = 0;
-  o.total_steps = 10;
+  g_small_options(&o, backend);
   dflash_trainer *t = NULL;
   ck_assert_ok(dflash_trainer_create(&w->c, w->E, w->Hd, &o, &t));
   return t;
-}
-
-/* Every gradient (or parameter), in table order. */
-static float *dump(dflash_trainer *t, int grads) {
-  size_t n = t->m.n_params, numel, off = 0;
-  float *out = malloc(n * sizeof *out);
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
-    const char *name;
-    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
-    ck_assert_ok(grads ? dflash_trainer_get_grad(t, name, out + off, numel)
-                       : dflash_trainer_get_param(t, name, out + off, numel));
-    off += numel;
-  }
-  return out;
-}
-
-static size_t n_differ(const float *a, const float *b, size_t n) {
-  size_t d = 0;
-  for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
-  return d;
 }
 
 /* A sequence with its hidden rows as stored, and the float32 rows they decode to. */
@@ -169,9 +134,9 @@ static void train(const world *w, stored_seq *seqs, int n, bool stored, outcome 
     }
   }
   ck_assert_ok(dflash_trainer_collect(t, &out->loss, &out->weight));
-  out->grads = dump(t, 1);
+  out->grads = g_dump(t, 1);
   ck_assert_ok(dflash_trainer_step(t, &out->norm, NULL));
-  out->params = dump(t, 0);
+  out->params = g_dump(t, 0);
   dflash_trainer_free(t);
 }
 
@@ -187,7 +152,7 @@ static void check_stored_equals_f32(int32_t dtype, const char *what) {
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
   size_t n = t->m.n_params;
   dflash_trainer_free(t);
-  size_t dg = n_differ(a.grads, b.grads, n), dp = n_differ(a.params, b.params, n);
+  size_t dg = g_n_differ(a.grads, b.grads, n), dp = g_n_differ(a.params, b.params, n);
   printf("%s stored rows vs float32: %zu of %zu gradients and %zu parameters differ; loss %.9g "
          "vs %.9g, weight %.9g vs %.9g, norm %.9g vs %.9g\n",
          what, dg, n, dp, b.loss, a.loss, b.weight, a.weight, b.norm, a.norm);
@@ -231,7 +196,7 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
     ck_assert_ok(dflash_trainer_collect(t, &ls, NULL));
     one_loss += ls;
   }
-  float *g1 = dump(t, 1);
+  float *g1 = g_dump(t, 1);
   size_t n = t->m.n_params;
   dflash_trainer_free(t);
   /* Back to back, the caller's copies of the rows overwritten as soon as each call returns
@@ -250,8 +215,8 @@ START_TEST(double_buffer_never_overwrites_a_stage_still_read) {
   }
   double loss;
   ck_assert_ok(dflash_trainer_collect(t, &loss, NULL));
-  float *g2 = dump(t, 1);
-  size_t d = n_differ(g1, g2, n);
+  float *g2 = g_dump(t, 1);
+  size_t d = g_n_differ(g1, g2, n);
   printf("double buffer: %zu of %zu gradients differ; loss %.9g vs %.9g\n", d, n, loss, one_loss);
   ck_assert_msg(d == 0, "%zu gradients differ from one sequence at a time", d);
   ck_assert(fabs(loss - one_loss) <= 1e-12 * fabs(one_loss));
@@ -325,7 +290,7 @@ static void check_refused(int32_t dtype, bool at_step) {
   ck_assert_int_gt(last, 1); /* position 1 is a context row */
   poison(&seqs[1], at);
   dflash_trainer *t = make(&w, DFLASH_BACKEND_CUDA);
-  float *p0 = dump(t, 0);
+  float *p0 = g_dump(t, 0);
   size_t n = t->m.n_params;
   ck_assert_ok(dflash_trainer_zero_grad(t));
   for (int i = 0; i < 3; i++) { /* accepted: the check is on the device */
@@ -345,8 +310,8 @@ static void check_refused(int32_t dtype, bool at_step) {
   if (!at_step) st = dflash_trainer_step(t, &norm, NULL); /* NaN gradients: refused too */
   ck_assert_int_ne(st, DFLASH_OK);
   ck_assert_int_eq(dflash_trainer_step_count(t), 0);
-  float *p1 = dump(t, 0);
-  ck_assert_uint_eq(n_differ(p0, p1, n), 0);
+  float *p1 = g_dump(t, 0);
+  ck_assert_uint_eq(g_n_differ(p0, p1, n), 0);
   free(p0), free(p1);
   dflash_trainer_free(t);
   for (int i = 0; i < 3; i++) stored_free(&seqs[i]);
@@ -453,7 +418,8 @@ START_TEST(offline_store_and_spool_upload_rows_as_stored) {
 }
 END_TEST
 
-int main(void) {
+/* Run by tests/check_main.c. */
+Suite *df_test_suite(void) {
   Suite *s = suite_create("cuda_emu_upload");
   TCase *tc = tcase_create("upload");
   tcase_set_timeout(tc, 600);
@@ -464,9 +430,5 @@ int main(void) {
   tcase_add_test(tc, nan_or_inf_row_is_refused_on_the_device_naming_the_sample);
   tcase_add_test(tc, offline_store_and_spool_upload_rows_as_stored);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }

@@ -54,29 +54,6 @@ static void round_bf16(float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = df_bf16_to_f32(df_f32_to_bf16(x[i]));
 }
 
-static size_t n_params(dflash_trainer *t) {
-  size_t n = 0, numel;
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++)
-    dflash_trainer_param_info(t, i, NULL, NULL, NULL, &numel), n += numel;
-  return n;
-}
-
-/* All parameters or gradients, NaN-poisoned first. */
-static float *dump(dflash_trainer *t, int grads) {
-  size_t n = n_params(t), numel;
-  float *out = malloc(n * sizeof *out), *p = out;
-  for (size_t i = 0; i < n; i++) out[i] = NAN;
-  for (size_t i = 0; i < dflash_trainer_param_count(t); i++) {
-    const char *name;
-    dflash_trainer_param_info(t, i, &name, NULL, NULL, &numel);
-    dflash_status st = grads ? dflash_trainer_get_grad(t, name, p, numel)
-                             : dflash_trainer_get_param(t, name, p, numel);
-    if (st) printf("get %s: %s\n", name, dflash_last_error());
-    p += numel;
-  }
-  return out;
-}
-
 static double rel_l2(const float *a, const float *b, const float *base, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {
@@ -90,7 +67,7 @@ static double rel_l2(const float *a, const float *b, const float *base, size_t n
 /* tol_sel bounds the candidate selector's tensors; every other tensor 0.05. */
 static void compare_grads(dflash_trainer *cpu, dflash_trainer *gpu, const char *what,
                           double tol_sel) {
-  float *gc = dump(cpu, 1), *gg = dump(gpu, 1);
+  float *gc = g_dump(cpu, 1), *gg = g_dump(gpu, 1);
   size_t off = 0, numel;
   double worst = 0;
   const char *worst_name = "";
@@ -179,11 +156,11 @@ static void check_labels(dflash_trainer *cpu, dflash_trainer *gpu, const g_seq *
   /* The labels reach both CEs: the whole gradient moves far more between labels and ids than
    * the GPU's is off the CPU's (an untrained drafter's loss is near log V for any targets, so
    * the gradient, not the loss, shows it). */
-  size_t n = n_params(cpu);
-  float *gl = dump(gpu, 1), *cl = dump(cpu, 1), *ci = NULL;
+  size_t n = g_n_params(cpu);
+  float *gl = g_dump(gpu, 1), *cl = g_dump(cpu, 1), *ci = NULL;
   double dc = NAN;
   CHECK(!labels_fb(cpu, q, NULL, &dc), "%s: fb: %s", what, dflash_last_error());
-  ci = dump(cpu, 1);
+  ci = g_dump(cpu, 1);
   double e_gpu = rel_l2(gl, cl, NULL, n), e_ids = rel_l2(ci, cl, NULL, n);
   printf("%s: gradient gpu vs cpu %.4f, ids vs labels %.4f\n", name, e_gpu, e_ids);
   CHECK(e_ids >= 0.3 && e_gpu <= 0.1 * e_ids, "%s: gradient gpu vs cpu %.4f, ids vs labels %.4f",
@@ -233,8 +210,8 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
     return;
   }
   /* Same bf16-exact weights on both. */
-  float *p0 = dump(cpu, 0);
-  size_t n = n_params(cpu), off = 0, numel;
+  float *p0 = g_dump(cpu, 0);
+  size_t n = g_n_params(cpu), off = 0, numel;
   if (c->dflash2) perturb_dflash2(cpu, p0, seed + 40);
   round_bf16(p0, n);
   for (size_t i = 0; i < dflash_trainer_param_count(cpu); i++) {
@@ -310,7 +287,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
         what, same_cond, n_cond, ties);
   /* A third trainer, on the CPU, steps from the GPU's own gradients. */
   dflash_trainer *twin = make(c, E, Hd, DFLASH_BACKEND_CPU, &st);
-  float *gg = dump(gpu, 1);
+  float *gg = g_dump(gpu, 1);
   off = 0;
   for (size_t i = 0; twin && i < dflash_trainer_param_count(twin); i++) {
     const char *name;
@@ -328,7 +305,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
   printf("%s: grad norm cpu %.6f gpu %.6f (cpu from the gpu's gradients %.6f)\n", what, nc, ng, ns);
   CHECK(fabs(ng - nc) <= 0.05 * nc, "%s: grad norm differs", what);
   CHECK(fabs(ng - ns) <= 1e-5 * ns, "%s: grad norm of the same gradients differs", what);
-  float *pc = dump(cpu, 0), *pg = dump(gpu, 0), *ps = twin ? dump(twin, 0) : NULL;
+  float *pc = g_dump(cpu, 0), *pg = g_dump(gpu, 0), *ps = twin ? g_dump(twin, 0) : NULL;
   double ue = rel_l2(pg, pc, p0, n), us = ps ? rel_l2(pg, ps, p0, n) : NAN;
   printf("%s: AdamW update relative L2 error %.4f, %.2e from the same gradients\n", what, ue, us);
   CHECK(us <= 1e-4, "%s: update error from the same gradients %.2e > 1e-4", what, us);
@@ -357,7 +334,7 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
                                            &l1) &&
               !dflash_trainer_step(nc1, NULL, NULL),
           "%s: NCCL step: %s", what, dflash_last_error());
-    float *pn = dump(nc1, 0);
+    float *pn = g_dump(nc1, 0);
     CHECK(!memcmp(pn, pg, n * sizeof(float)), "%s: NCCL 1-rank parameters differ", what);
     printf("%s: NCCL 1 rank: loss %.6f, parameters %s\n", what, l1,
            memcmp(pn, pg, n * sizeof(float)) ? "DIFFER" : "bit-identical");
