@@ -26,6 +26,8 @@ INDIRECT = {
                                         "AWS_SESSION_TOKEN"],
     ("src/storage/storage.c", "env2"): ["AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"],
     ("src/fetch/loop.c", "o->api_key_env"): ["api_key_env"],
+    ("src/storage/s3_profile.c", "name"): ["AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+                                           "HOME", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"],
 }
 
 SETTERS = re.compile(r"\b(setenv|putenv|unsetenv|clearenv)\s*\(")

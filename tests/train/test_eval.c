@@ -316,7 +316,7 @@ START_TEST(sample_calls_take_stored_rows) {
   ck_assert_double_eq_tol(loss[0], loss[1], 1e-6 * fabs(loss[0]));
   smp[1].hidden_dtype = 99; /* no such dtype: refused by name */
   ck_assert_status(dflash_trainer_propose(t, &smp[1], NULL, pred[1], NULL), DFLASH_E_INVALID_ARG,
-                   "hidden dtype 7");
+                   "hidden dtype 99");
   dflash_trainer_free(t);
 }
 END_TEST
