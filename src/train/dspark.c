@@ -153,3 +153,24 @@ dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a, df_dspark_s
   free(z), free(zt), free(e), free(de), free(dxc), free(row);
   return DFLASH_OK;
 }
+
+int df_dspark_rows(int B, double gamma, const int32_t *ids, const int32_t *labels,
+                   const uint8_t *loss_mask, int64_t len, const int32_t *anchors, int32_t n_anchors,
+                   double grad_scale, int32_t *rows_t, int32_t *rows_target, int32_t *rows_prev,
+                   double *w, float *coef) {
+  int R = 0;
+  for (int32_t n = 0; n < n_anchors; n++)
+    for (int k = 0; k < B; k++) {
+      int64_t p = (int64_t)anchors[n] + k + 1;
+      /* the prefix mask: past the first slot it drops, the block drafts nothing more */
+      if (p >= len || !loss_mask[p]) break;
+      double wk = gamma > 0 ? exp(-(double)k / gamma) : 1.0;
+      if (rows_t) rows_t[R] = n * B + k;
+      if (rows_target) rows_target[R] = labels ? labels[p] : ids[p];
+      if (rows_prev) rows_prev[R] = k == 0 || !labels ? ids[p - 1] : labels[p - 1];
+      if (w) w[R] = wk;
+      if (coef) coef[R] = (float)(wk * grad_scale);
+      R++;
+    }
+  return R;
+}

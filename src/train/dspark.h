@@ -56,4 +56,24 @@ typedef struct df_dspark_sums {
 DF_MUST_CHECK dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a,
                                            df_dspark_sums *sums);
 
+/*
+ * The supervised rows of one sequence in DSpark's anchor-first layout (spec/dspark.md
+ * section 2): block n is anchors[n] followed by B - 1 mask tokens, and its slot k (0..B-1)
+ * predicts position p = anchor + k + 1, one later than DFlash's slot k, so slot 0 is
+ * supervised and B slots give B drafts. Its label is labels[p] (NULL: ids[p], the data), its
+ * previous token (the Markov head's, teacher-forced) the anchor's id for k = 0 and the slot
+ * k - 1 label after. Slot k counts while the prefix mask
+ *   m_k = prod_{j <= k} [anchor + j + 1 < len] loss_mask[anchor + j + 1]
+ * is 1 (the first unsupervised or out-of-sequence slot ends the block), with weight
+ * w_k = exp(-k / gamma) (gamma <= 0: 1), k 0-based (the paper's exp(-(k-1)/gamma), 1-based).
+ * Returns R and fills each array that is not NULL (room for n_anchors * B): rows_t (block
+ * row n * B + k), rows_target, rows_prev, w and coef (w * grad_scale). Padding blocks are
+ * blocks not passed. Anchors must lie in [0, len); ids and labels in the vocabulary (the
+ * caller checks, as for DFlash).
+ */
+int df_dspark_rows(int B, double gamma, const int32_t *ids, const int32_t *labels,
+                   const uint8_t *loss_mask, int64_t len, const int32_t *anchors, int32_t n_anchors,
+                   double grad_scale, int32_t *rows_t, int32_t *rows_target, int32_t *rows_prev,
+                   double *w, float *coef);
+
 #endif

@@ -151,9 +151,56 @@ START_TEST(dspark_loss_deterministic) {
 }
 END_TEST
 
+/* The anchor-first rows, worked out by hand from spec/dspark.md section 2 on a 10-token
+ * sequence whose position 5 is unsupervised: ids are 10 + position, target labels 100 +
+ * position. A label shifted as DFlash's (slot k -> anchor + k) gives 12 where 13 is. */
+START_TEST(dspark_rows_follow_spec) {
+  int32_t ids[10], labels[10];
+  for (int i = 0; i < 10; i++) ids[i] = 10 + i, labels[i] = 100 + i;
+  const uint8_t mask[10] = {0, 0, 1, 1, 1, 0, 1, 1, 1, 1};
+  const int32_t anchors[3] = {2, 4, 7};
+  int32_t t[12], tgt[12], prev[12];
+  double w[12];
+  float coef[12];
+  int R = df_dspark_rows(4, 4.0, ids, NULL, mask, 10, anchors, 3, 0.5, t, tgt, prev, w, coef);
+  /* anchor 2: slots 0, 1 predict 3, 4; slot 2 would predict 5 (unsupervised): the block ends.
+   * anchor 4: slot 0 would predict 5: nothing. anchor 7: slots 0, 1 predict 8, 9; slot 2
+   * would predict 10, past the end. */
+  ck_assert_int_eq(R, 4);
+  const int32_t want_t[] = {0, 1, 8, 9}, want_tgt[] = {13, 14, 18, 19},
+                want_prev[] = {12, 13, 17, 18};
+  const double want_w[] = {1.0, 0.77880078307140488, 1.0, 0.77880078307140488}; /* e^-1/4 */
+  for (int i = 0; i < R; i++) {
+    ck_assert_int_eq(t[i], want_t[i]);
+    ck_assert_int_eq(tgt[i], want_tgt[i]);
+    ck_assert_int_eq(prev[i], want_prev[i]);
+    ck_assert_double_eq_tol(w[i], want_w[i], 1e-15);
+    ck_assert_float_eq_tol(coef[i], (float)(0.5 * want_w[i]), 1e-7f);
+  }
+  /* Target labels: the label and, after slot 0, the previous token come from them. */
+  R = df_dspark_rows(4, 4.0, ids, labels, mask, 10, anchors, 3, 1.0, NULL, tgt, prev, NULL, NULL);
+  ck_assert_int_eq(R, 4);
+  const int32_t lab_tgt[] = {103, 104, 108, 109}, lab_prev[] = {12, 103, 17, 108};
+  for (int i = 0; i < R; i++) {
+    ck_assert_int_eq(tgt[i], lab_tgt[i]);
+    ck_assert_int_eq(prev[i], lab_prev[i]);
+  }
+  /* A whole block: 4 drafts from 4 inputs, weights 1, e^-1/4, e^-1/2, e^-3/4; gamma 0: 1. */
+  const uint8_t all[10] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const int32_t a0 = 0;
+  R = df_dspark_rows(4, 4.0, ids, NULL, all, 10, &a0, 1, 1.0, t, tgt, NULL, w, NULL);
+  ck_assert_int_eq(R, 4);
+  ck_assert_int_eq(tgt[3], 14);
+  ck_assert_double_eq_tol(w[3], 0.47236655274101469, 1e-15);
+  R = df_dspark_rows(4, 0.0, ids, NULL, all, 10, &a0, 1, 1.0, NULL, NULL, NULL, w, NULL);
+  ck_assert_double_eq(w[3], 1.0);
+}
+END_TEST
+
 TCase *tc_dspark(void) {
   TCase *tc = tcase_create("dspark");
   tcase_add_test(tc, dspark_loss_fd);
   tcase_add_test(tc, dspark_loss_deterministic);
+  tcase_add_test(tc, dspark_rows_follow_spec);
   return tc;
 }
