@@ -92,17 +92,17 @@ dflash_status df_dspark_validate(const dflash_drafter_config *cfg, const df_conf
   if (e->dspark != 0 && e->dspark != 1)
     return df_error(DFLASH_E_CONFIG, "%s: dspark must be 0 or 1 (got %d)", what, e->dspark);
   if (!e->dspark) {
-    /* A rank or a head without the architecture would be dropped silently on writing. */
-    if (e->markov_rank || e->confidence_head)
+    /* DSpark's fields without the architecture would be dropped silently on writing. */
+    if (e->markov_rank || e->confidence_head || e->num_anchors)
       return df_error(DFLASH_E_CONFIG,
-                      "%s: DSpark fields (markov_rank %d, confidence_head %d) are set but "
-                      "dspark is 0",
-                      what, e->markov_rank, e->confidence_head);
+                      "%s: DSpark fields (markov_rank %d, confidence_head %d, num_anchors %d) "
+                      "are set but dspark is 0",
+                      what, e->markov_rank, e->confidence_head, e->num_anchors);
     return DFLASH_OK;
   }
   if (e->dflash2)
     return df_error(DFLASH_E_CONFIG, "%s: dspark and dflash2 are exclusive architectures", what);
-  /* The bound keeps V r inside the tensor table's int64 and a row of W1 on the stack. */
+  /* DFlash 2's selector_rank bound: r beyond it is no drafter anyone serves. */
   if (e->markov_rank < 1 || e->markov_rank > 65536)
     return df_error(DFLASH_E_CONFIG, "%s: markov_rank must be in 1..65536 (got %d)", what,
                     e->markov_rank);

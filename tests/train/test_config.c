@@ -686,7 +686,9 @@ START_TEST(dspark_bad_configs_refused) {
   size_t len = 0;
   ck_assert_status(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_CONFIG,
                    "dspark is 0");
-  c.dspark = 1;
+  c.markov_rank = 0, c.num_anchors = 512;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "num_anchors 512");
+  c.dspark = 1, c.markov_rank = 8;
   ck_assert_ok(dflash_drafter_config_validate(&c));
   c.dflash2 = 1, c.conv_kernel_size = 2, c.conv_group_size = 16, c.selector_top_k = 8;
   c.selector_rank = 8;
