@@ -98,6 +98,22 @@ typedef struct dflash_drafter_config {
   int32_t conv_group_size;
   int32_t selector_top_k;
   int32_t selector_rank;
+  /* DSpark (architectures ["Qwen3DSparkModel"]; spec/dspark.md): nonzero `dspark` is the
+   * DFlash backbone with an anchor-first block (slot k predicts x_{a+k+1}: B inputs give B
+   * drafts), a low-rank Markov head on the previous token (markov_head.markov_w1 [V, r],
+   * .markov_w2 [V, r], r = `markov_rank`, "vanilla" only) and, when `confidence_head`,
+   * a confidence head (confidence_head.proj.{weight [1, H + r], bias [1]}) on the
+   * final-norm state and the Markov embedding. config.json carries them at the top level
+   * and in dflash_config (markov_rank, markov_head_type, enable_confidence_head,
+   * confidence_head_with_markov, sample_from_anchor, num_anchors). `num_anchors` is the
+   * anchors per sequence the checkpoint records (DeepSpec's loader asserts the key; 0: not
+   * written). 0 everywhere (the default) is DFlash. Pruned draft vocabularies are not
+   * implemented (a draft_vocab_size below vocab_size is refused), nor is training yet: the
+   * trainer refuses a DSpark config (DFLASH_E_UNSUPPORTED). */
+  int32_t dspark;
+  int32_t markov_rank;
+  int32_t confidence_head;
+  int32_t num_anchors;
 } dflash_drafter_config;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -114,7 +130,8 @@ DFLASH_API void dflash_drafter_config_init(dflash_drafter_config *cfg, size_t si
  * target_layer_ids take the spec's default for num_target_layers. The result
  * is validated (dflash_drafter_config_validate). `what` names the source in
  * errors (may be NULL). Refused, naming the key and `what`: `architectures`
- * other than ["DFlashDraftModel"] and keys of models libdflash does not
+ * other than ["DFlashDraftModel"], ["DFlash2DraftModel"] or a DSpark name
+ * (["Qwen3DSparkModel"], SpecForge's ["DSparkDraftModel"]) and keys of models libdflash does not
  * implement set to non-default values (DFLASH_E_UNSUPPORTED); a YaRN
  * rope_scaling without original_max_position_embeddings, or whose factor
  * differs from max_position_embeddings / original_max_position_embeddings,

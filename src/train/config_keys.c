@@ -24,7 +24,46 @@ static const char *const inner_keys[] = {
     "final_logit_softcapping",
     "is_causal",
     "mask_token",
+    /* DSpark's, which the spec writes in both places (config.c's dspark_json) */
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+    "sample_from_anchor",
+    "num_anchors",
+    "draft_vocab_size",
 };
+
+/* The DSpark keys a DFlash config must leave off (config.c refuses them set there). */
+static const char *const dspark_keys[] = {
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+    "sample_from_anchor",
+    "draft_vocab_size",
+};
+
+bool df_config_dspark_key(const char *key) {
+  for (size_t i = 0; i < DF_ARRAY_LEN(dspark_keys); i++)
+    if (!strcmp(key, dspark_keys[i])) return true;
+  return false;
+}
+
+df_config_arch_kind df_config_arch(json_t *root) {
+  json_t *a = json_object_get(root, "architectures");
+  if (!a || json_is_null(a)) return DF_ARCH_DFLASH;
+  const char *name = json_is_array(a) && json_array_size(a) == 1
+                         ? json_string_value(json_array_get(a, 0))
+                         : NULL;
+  if (!name) return DF_ARCH_OTHER;
+  if (!strcmp(name, "DFlashDraftModel")) return DF_ARCH_DFLASH;
+  if (!strcmp(name, "DFlash2DraftModel")) return DF_ARCH_DFLASH2;
+  /* The spec's name, and SpecForge's, which llama.cpp's converter also takes (its third,
+   * speculators' DSparkSpeculator, nests the layer config elsewhere: not read). */
+  if (!strcmp(name, "Qwen3DSparkModel") || !strcmp(name, "DSparkDraftModel")) return DF_ARCH_DSPARK;
+  return DF_ARCH_OTHER;
+}
 
 /* The top level is transformers' PretrainedConfig: real configs (z-lab's, speculators',
  * SGLang's) carry dozens of its keys the library does not read (bos_token_id, use_cache,
@@ -66,6 +105,14 @@ static const char *const top_keys[] = {
     "conv_group_size",
     "selector_top_k",
     "selector_rank",
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+    "sample_from_anchor",
+    "num_anchors",
+    "draft_vocab_size",
+    "logit_scale",
 };
 
 enum { MAX_KEY = 64 };
@@ -137,12 +184,21 @@ static dflash_status check_inner(const char *what, json_t *dc) {
 }
 
 /* A top-level target_layer_ids is read by nothing (z-lab's model, SGLang and vLLM read
- * dflash_config's): refused unless dflash_config holds the same list. */
+ * dflash_config's): refused unless dflash_config holds the same list. DSpark's checkpoints
+ * carry it there (spec/dspark.md section 5), and config.c reads it when dflash_config has
+ * none; both given must still agree. */
 static dflash_status check_misplaced(const char *what, json_t *root, json_t *dc) {
   json_t *top = json_object_get(root, "target_layer_ids");
   if (!top || json_is_null(top)) return DFLASH_OK;
   json_t *inner = dc ? json_object_get(dc, "target_layer_ids") : NULL;
+  if (inner && json_is_null(inner)) inner = NULL;
   if (inner && json_equal(inner, top)) return DFLASH_OK;
+  if (!inner && df_config_arch(root) == DF_ARCH_DSPARK) return DFLASH_OK;
+  if (inner && df_config_arch(root) == DF_ARCH_DSPARK)
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: \"target_layer_ids\" at the top level differs from "
+                    "dflash_config.target_layer_ids",
+                    what);
   return df_error(DFLASH_E_CONFIG,
                   "%s: \"target_layer_ids\" at the top level is not read (did you mean "
                   "dflash_config.target_layer_ids?)%s",

@@ -14,4 +14,16 @@
  * the file. Other top-level keys (transformers' PretrainedConfig has many) are accepted. */
 DF_MUST_CHECK dflash_status df_config_check_keys(const char *what, json_t *root);
 
+/* What config.json's "architectures" names (absent: DFlash). */
+typedef enum df_config_arch_kind {
+  DF_ARCH_DFLASH,
+  DF_ARCH_DFLASH2,
+  DF_ARCH_DSPARK,
+  DF_ARCH_OTHER
+} df_config_arch_kind;
+df_config_arch_kind df_config_arch(json_t *root);
+
+/* A key of DSpark's heads, which a DFlash config must leave unset. */
+bool df_config_dspark_key(const char *key);
+
 #endif

@@ -134,6 +134,7 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   if (!st) st = dflash_drafter_config_validate(&m->cfg);
   df_config_ext_of(&m->cfg, &m->ext);
   if (!st) st = df_config_ext_validate(&m->cfg, &m->ext, "drafter config");
+  if (!st) st = df_dspark_not_trained(&m->ext, "drafter config");
   if (st) return st;
   cfg = &m->cfg; /* the library's full struct from here on */
   m->rot = df_rotary_dims(cfg, &m->ext);

@@ -21,6 +21,10 @@ typedef struct df_config_ext {
   int32_t conv_group_size;
   int32_t selector_top_k;
   int32_t selector_rank;
+  int32_t dspark; /* DSpark's fields (dflash_drafter_config's) */
+  int32_t markov_rank;
+  int32_t confidence_head;
+  int32_t num_anchors;
 } df_config_ext;
 
 /* Parameter views (into params or grads), one float* per row of tensors.h's lists. */
@@ -214,6 +218,13 @@ void df_config_ext_of(const dflash_drafter_config *cfg, df_config_ext *ext);
 /* partial_rotary_factor in (0, 1] giving an even rotated width >= 2. */
 DF_MUST_CHECK dflash_status df_config_ext_validate(const dflash_drafter_config *cfg,
                                                    const df_config_ext *ext, const char *what);
+/* DSpark's fields of `ext`: all zero for DFlash, else a rank in 1..65536, the confidence
+ * head 0 or 1, not with DFlash 2, and tie_word_embeddings 0 (the spec's checkpoint). */
+DF_MUST_CHECK dflash_status df_dspark_validate(const dflash_drafter_config *cfg,
+                                               const df_config_ext *ext, const char *what);
+/* DFLASH_E_UNSUPPORTED for a DSpark config: parsed and written, not trained or planned yet
+ * (the model and trainer paths would silently drop its heads and label shift). */
+DF_MUST_CHECK dflash_status df_dspark_not_trained(const df_config_ext *ext, const char *what);
 /* DFlash 2's fields of `ext` (the sizes, or all zero for DFlash 1). */
 DF_MUST_CHECK dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
                                                 const df_config_ext *ext, const char *what);

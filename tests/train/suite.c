@@ -15,6 +15,7 @@ TCase *tc_position(void);
 TCase *tc_schedule(void);
 TCase *tc_store_layers(void);
 TCase *tc_run_stats(void);
+TCase *tc_dspark(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -33,5 +34,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_schedule());
   suite_add_tcase(s, tc_store_layers());
   suite_add_tcase(s, tc_run_stats());
+  suite_add_tcase(s, tc_dspark());
   return s;
 }

@@ -530,6 +530,192 @@ START_TEST(unknown_keys_are_named_with_a_close_match) {
 }
 END_TEST
 
+#define DSP_HEAD CFG_HEAD "\"architectures\": [\"Qwen3DSparkModel\"], \"block_size\": 8, "
+#define DSP_KEYS                                                                         \
+  "\"markov_rank\": 32, \"markov_head_type\": \"vanilla\", \"enable_confidence_head\": " \
+  "true, \"confidence_head_with_markov\": true, \"sample_from_anchor\": true"
+
+/* spec/dspark.md section 5: the DSpark keys at the top level (mask_token_id and
+ * target_layer_ids included) are read, written at the top level and in dflash_config, and
+ * the written file reads back to the same struct. */
+START_TEST(dspark_config_parsed_and_written) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(parse(DSP_HEAD DSP_KEYS ", \"num_anchors\": 256, \"mask_token_id\": 5, "
+                                       "\"target_layer_ids\": [3, 9]}",
+                     &c));
+  ck_assert_int_eq(c.dspark, 1);
+  ck_assert_int_eq(c.markov_rank, 32);
+  ck_assert_int_eq(c.confidence_head, 1);
+  ck_assert_int_eq(c.num_anchors, 256);
+  ck_assert_int_eq(c.mask_token_id, 5);
+  ck_assert_int_eq(c.block_size, 8);
+  ck_assert_int_eq(c.n_target_layer_ids, 2);
+  ck_assert_int_eq(c.target_layer_ids[1], 9);
+  ck_assert_int_eq(c.dflash2, 0);
+  char buf[8192];
+  size_t len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
+  static const char *const want[] = {
+      "\"architectures\": [\n    \"Qwen3DSparkModel\"\n  ]",
+      "\"model_type\": \"qwen3\"",
+      "\"tie_word_embeddings\": false",
+      "\"sample_from_anchor\": true",
+      "\"markov_head_type\": \"vanilla\"",
+      "\"confidence_head_with_markov\": true",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    ck_assert_msg(strstr(buf, want[i]), "missing %s in\n%s", want[i], buf);
+  /* Both placements: once at the top level, once in dflash_config. */
+  static const char *const twice[] = {"\"markov_rank\": 32", "\"enable_confidence_head\": true",
+                                      "\"num_anchors\": 256", "\"mask_token_id\": 5",
+                                      "\"block_size\": 8"};
+  for (size_t i = 0; i < sizeof twice / sizeof *twice; i++) {
+    const char *a = strstr(buf, twice[i]);
+    ck_assert_msg(a && strstr(a + 1, twice[i]), "%s not written twice in\n%s", twice[i], buf);
+  }
+  /* The keys that make an engine refuse or misread the checkpoint are never written. */
+  static const char *const never[] = {"speculators_model_type",     "transformer_layer_config",
+                                      "aux_hidden_state_layer_ids", "logit_scale",
+                                      "draft_vocab_size",           "DFlashDraftModel"};
+  for (size_t i = 0; i < sizeof never / sizeof *never; i++)
+    ck_assert_msg(!strstr(buf, never[i]), "%s written in\n%s", never[i], buf);
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
+  ck_assert_ok(parse(buf, &c2));
+  ck_assert_mem_eq(&c2, &c, sizeof c);
+  /* From dflash_config alone (SpecForge's placement, its architectures name), head off. */
+  ck_assert_ok(parse(CFG_HEAD "\"architectures\": [\"DSparkDraftModel\"], \"dflash_config\": "
+                              "{\"block_size\": 16, \"mask_token_id\": 1, \"markov_rank\": 256, "
+                              "\"enable_confidence_head\": false, \"sample_from_anchor\": true, "
+                              "\"draft_vocab_size\": 1000}}",
+                     &c2));
+  ck_assert_int_eq(c2.dspark, 1);
+  ck_assert_int_eq(c2.block_size, 16);
+  ck_assert_int_eq(c2.markov_rank, 256);
+  ck_assert_int_eq(c2.confidence_head, 0);
+  ck_assert_int_eq(c2.num_anchors, 0);
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&c2, buf, len, &len));
+  ck_assert_ptr_nonnull(strstr(buf, "\"enable_confidence_head\": false"));
+  ck_assert_ptr_null(strstr(buf, "num_anchors"));
+  ck_assert_ptr_nonnull(strstr(buf, "\"Qwen3DSparkModel\""));
+  /* A caller's struct of an older header (no DSpark fields) cannot hold it. */
+  dflash_drafter_config old;
+  dflash_drafter_config_init(&old, OLDER_THAN(dspark));
+  ck_assert_status(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5}", &old), DFLASH_E_UNSUPPORTED,
+                   "t.json: a DSpark \"architectures\" does not fit in a dflash_drafter_config "
+                   "of struct_size");
+  /* ... and its missing tail (DFlash) reads as DFlash. */
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &old));
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&old, buf, len, &len));
+  ck_assert_ptr_null(strstr(buf, "markov"));
+}
+END_TEST
+
+/* What the spec makes an engine refuse, and what libdflash does not implement, is refused by
+ * name; DSpark's keys in a DFlash config would be dropped, and are refused too. */
+START_TEST(dspark_bad_configs_refused) {
+  static const struct {
+    const char *text;
+    dflash_status st;
+    const char *want;
+  } bad[] = {
+      {DSP_HEAD "\"mask_token_id\": 5, \"enable_confidence_head\": true, "
+                "\"sample_from_anchor\": true}",
+       DFLASH_E_CONFIG, "t.json: a DSpark config needs \"markov_rank\""},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"sample_from_anchor\": true}",
+       DFLASH_E_CONFIG, "needs \"enable_confidence_head\""},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"enable_confidence_head\": true}",
+       DFLASH_E_CONFIG, "needs \"sample_from_anchor\": true"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"dflash_config\": {\"enable_confidence_head\": "
+                         "false}}",
+       DFLASH_E_CONFIG, "\"enable_confidence_head\" at the top level disagrees"},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"enable_confidence_head\": true, "
+                "\"sample_from_anchor\": false}",
+       DFLASH_E_UNSUPPORTED, "bonus-anchor layout is not implemented"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"dflash_config\": {\"markov_rank\": 16}}",
+       DFLASH_E_CONFIG, "t.json: \"markov_rank\" at the top level disagrees with dflash_config's"},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"enable_confidence_head\": true, "
+                "\"sample_from_anchor\": true, \"markov_head_type\": \"gated\"}",
+       DFLASH_E_UNSUPPORTED, "\"markov_head_type\" = \"gated\" is not implemented"},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"enable_confidence_head\": true, "
+                "\"sample_from_anchor\": true, \"confidence_head_with_markov\": false}",
+       DFLASH_E_UNSUPPORTED, "\"confidence_head_with_markov\" = false"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 500}", DFLASH_E_UNSUPPORTED,
+       "pruned draft vocabularies are not implemented"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"speculators_model_type\": \"dspark\"}",
+       DFLASH_E_UNSUPPORTED, "SGLang refuses"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"transformer_layer_config\": {}}",
+       DFLASH_E_UNSUPPORTED, "bonus-anchor layout"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"aux_hidden_state_layer_ids\": [1]}",
+       DFLASH_E_UNSUPPORTED, "\"aux_hidden_state_layer_ids\""},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"logit_scale\": 2.0}", DFLASH_E_UNSUPPORTED,
+       "\"logit_scale\" = 2.0"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"tie_word_embeddings\": true}", DFLASH_E_CONFIG,
+       "tie_word_embeddings false"},
+      {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 0, \"enable_confidence_head\": true, "
+                "\"sample_from_anchor\": true}",
+       DFLASH_E_CONFIG, "markov_rank must be in 1..65536 (got 0)"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"target_layer_ids\": [3], "
+                         "\"dflash_config\": {\"target_layer_ids\": [4]}}",
+       DFLASH_E_CONFIG, "differs from dflash_config.target_layer_ids"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"dflash_config\": {\"markov_rnk\": 3}}",
+       DFLASH_E_CONFIG, "did you mean markov_rank?"},
+      {CFG_HEAD "\"markov_rank\": 256, " CFG_TAIL "}", DFLASH_E_UNSUPPORTED,
+       "\"markov_rank\" = 256 is not implemented by libdflash (DSpark's Markov and confidence "
+       "heads need \"architectures\": [\"Qwen3DSparkModel\"]"},
+      {CFG_HEAD "\"block_size\": 4, \"dflash_config\": {\"mask_token_id\": 1, "
+                "\"sample_from_anchor\": true}}",
+       DFLASH_E_UNSUPPORTED, "dflash_config.\"sample_from_anchor\" = true"},
+      {CFG_HEAD "\"architectures\": [\"DSparkSpeculator\"], " CFG_TAIL "}", DFLASH_E_UNSUPPORTED,
+       "\"architectures\" = [\"DSparkSpeculator\"]"},
+  };
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    ck_assert_status(parse(bad[i].text, &c), bad[i].st, bad[i].want);
+  }
+  /* Off values of the DSpark keys leave a DFlash config alone. */
+  ck_assert_ok(parse(CFG_HEAD "\"markov_rank\": 0, \"enable_confidence_head\": false, "
+                              "\"sample_from_anchor\": null, " CFG_TAIL "}",
+                     &c));
+  ck_assert_int_eq(c.dspark, 0);
+  /* The struct's rules: fields without the architecture, or with DFlash 2, are refused. */
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
+  c.markov_rank = 8;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "dspark is 0");
+  size_t len = 0;
+  ck_assert_status(dflash_drafter_config_to_json(&c, NULL, 0, &len), DFLASH_E_CONFIG,
+                   "dspark is 0");
+  c.markov_rank = 0, c.num_anchors = 512;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "num_anchors 512");
+  c.dspark = 1, c.markov_rank = 8;
+  ck_assert_ok(dflash_drafter_config_validate(&c));
+  c.dflash2 = 1, c.conv_kernel_size = 2, c.conv_group_size = 16, c.selector_top_k = 8;
+  c.selector_rank = 8;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "exclusive");
+}
+END_TEST
+
+/* Not trained yet: a trainer or a plan of a DSpark config would drop its heads and train
+ * DFlash's labels, so both refuse it. */
+START_TEST(dspark_not_trained_yet) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5}", &c));
+  float *embed = calloc(1000 * 64, sizeof *embed);
+  ck_assert_ptr_nonnull(embed);
+  dflash_trainer *t = NULL;
+  ck_assert_status(dflash_trainer_create(&c, embed, embed, NULL, &t), DFLASH_E_UNSUPPORTED,
+                   "does not train, plan or evaluate them yet");
+  ck_assert_ptr_null(t);
+  free(embed);
+  dflash_train_plan p = {.struct_size = sizeof p};
+  dflash_train_plan_options po;
+  dflash_train_plan_options_default(&po);
+  ck_assert_status(dflash_train_plan_compute(&c, &po, &p), DFLASH_E_UNSUPPORTED,
+                   "training plan: DSpark drafters");
+}
+END_TEST
+
 TCase *tc_config(void) {
   TCase *tc = tcase_create("config");
   tcase_add_test(tc, unknown_keys_are_named_with_a_close_match);
@@ -547,5 +733,8 @@ TCase *tc_config(void) {
   tcase_add_test(tc, partial_rotary_factor_parsed_or_refused);
   tcase_add_test(tc, dflash2_config_parsed_and_written);
   tcase_add_test(tc, dflash2_bad_sizes_refused);
+  tcase_add_test(tc, dspark_config_parsed_and_written);
+  tcase_add_test(tc, dspark_bad_configs_refused);
+  tcase_add_test(tc, dspark_not_trained_yet);
   return tc;
 }

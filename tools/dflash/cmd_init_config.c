@@ -13,8 +13,9 @@
 
 static const char USAGE[] =
     "usage: dflash init-config --target DIR [--layers N] [--block B] [--mask-token-id ID]\n"
-    "                          [--arch dflash|dflash2] [--conv-kernel K] [--conv-group G]\n"
-    "                          [--selector-top-k N] [--selector-rank R] [-o drafter.json]\n"
+    "                          [--arch dflash|dflash2|dspark] [--conv-kernel K] [--conv-group G]\n"
+    "                          [--selector-top-k N] [--selector-rank R] [--markov-rank R]\n"
+    "                          [--no-confidence-head] [-o drafter.json]\n"
     "Writes a DFlash drafter config.json (z-lab's layout, what `dflash train --config` and\n"
     "the engines read) for the target whose config.json is in DIR (or DIR itself is that\n"
     "file; a multimodal config's text_config is used):\n"
@@ -23,51 +24,64 @@ static const char USAGE[] =
     "  --layers N drafter layers (5 for Qwen targets, 6 for Kimi, as z-lab's drafters), and\n"
     "  as many target layers by the spec's rule: round(1 + i*(L-4)/(N-1));\n"
     "  heads as the target's (Kimi: 64 query / 8 KV heads of 128, z-lab's Kimi drafter);\n"
-    "  --block B (16); the mask token of the family (Qwen3 vocabulary: 151669, Kimi:\n"
+    "  --block B (16; 8 for dspark); the mask token of the family (Qwen3 vocabulary: 151669, Kimi:\n"
     "  163838; other targets need --mask-token-id).\n"
     "--arch dflash2: a DFlash 2 drafter (DFlash2DraftModel: a grouped dynamic causal\n"
     "  convolution around every sublayer and a candidate selector; `dflash train` trains it\n"
     "  on the CPU backend) with --conv-kernel 2, --conv-group 16, --selector-top-k 16,\n"
     "  --selector-rank 256 (examples/pipeline's sizes). Default --arch dflash.\n"
+    "--arch dspark: a DSpark drafter (Qwen3DSparkModel: an anchor-first block, a vanilla\n"
+    "  low-rank Markov head on the previous token, --markov-rank 256, and a confidence head,\n"
+    "  off with --no-confidence-head; num_anchors 512), block 8 by default (16 offered:\n"
+    "  train the block the engine will draft). libdflash writes and reads it; training it\n"
+    "  is not implemented yet.\n"
     "-o: the output file (default drafter.json; an existing file is refused).\n"
     "Exit status: 0 written; 1 an error (message on stderr); 2 a usage error.\n";
 
 typedef struct {
   const char *target, *out;
   int layers, block, mask;
-  int dflash2, kernel, group, top_k, rank;
+  int arch, kernel, group, top_k, rank;
+  int markov_rank, no_confidence;
 } init_args;
 
+enum { ARCH_DFLASH, ARCH_DFLASH2, ARCH_DSPARK };
+
 static int parse_arch(const char *v, void *dst) {
-  int *dflash2 = dst;
-  if (!strcmp(v, "dflash")) *dflash2 = 0;
-  else if (!strcmp(v, "dflash2")) *dflash2 = 1;
+  int *arch = dst;
+  if (!strcmp(v, "dflash")) *arch = ARCH_DFLASH;
+  else if (!strcmp(v, "dflash2")) *arch = ARCH_DFLASH2;
+  else if (!strcmp(v, "dspark")) *arch = ARCH_DSPARK;
   else return -1;
   return 0;
 }
 
 static int parse(int argc, char **argv, init_args *a) {
   *a = (init_args){.out = "drafter.json",
-                   .block = 16,
+                   .block = 0, /* the architecture's: 16, DSpark 8 (spec/dspark.md) */
                    .mask = -1,
                    .kernel = 2,
                    .group = 16,
                    .top_k = 16,
-                   .rank = 256};
+                   .rank = 256,
+                   .markov_rank = 256};
   const cli_opt opts[] = {{"--target", CLI_STR, &a->target, 0, 0, NULL},
                           {"-o", CLI_STR, &a->out, 0, 0, NULL},
                           {"--out", CLI_STR, &a->out, 0, 0, NULL},
                           {"--layers", CLI_INT, &a->layers, 1, 64, NULL},
                           {"--block", CLI_INT, &a->block, 2, 1024, NULL},
                           {"--mask-token-id", CLI_INT, &a->mask, 0, INT32_MAX, NULL},
-                          {"--arch", CLI_FN, &a->dflash2, 0, 0, parse_arch},
+                          {"--arch", CLI_FN, &a->arch, 0, 0, parse_arch},
                           {"--conv-kernel", CLI_INT, &a->kernel, 1, 64, NULL},
                           {"--conv-group", CLI_INT, &a->group, 1, INT32_MAX, NULL},
                           {"--selector-top-k", CLI_INT, &a->top_k, 1, 1024, NULL},
                           {"--selector-rank", CLI_INT, &a->rank, 1, 65536, NULL},
+                          {"--markov-rank", CLI_INT, &a->markov_rank, 1, 65536, NULL},
+                          {"--no-confidence-head", CLI_FLAG, &a->no_confidence, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos, rc = cli_parse("init-config", USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
+  if (!a->block) a->block = a->arch == ARCH_DSPARK ? 8 : 16;
   return a->target ? 0 : cli_missing("init-config", "--target");
 }
 
@@ -171,7 +185,17 @@ static char *drafter_json(json_t *t, const init_args *a) {
                         vocab, "num_target_layers", target_layers, "block_size", a->block,
                         "dflash_config", "mask_token_id", mask, "target_layer_ids", ids_json,
                         "block_size", a->block);
-  if (d && a->dflash2) {
+  if (d && a->arch == ARCH_DSPARK) {
+    /* The spec's top-level keys; the library writes them into dflash_config as well. */
+    json_object_set_new(d, "architectures", json_pack("[s]", "Qwen3DSparkModel"));
+    json_object_set_new(d, "markov_rank", json_integer(a->markov_rank));
+    json_object_set_new(d, "markov_head_type", json_string("vanilla"));
+    json_object_set_new(d, "enable_confidence_head", json_boolean(!a->no_confidence));
+    json_object_set_new(d, "confidence_head_with_markov", json_true());
+    json_object_set_new(d, "sample_from_anchor", json_true());
+    json_object_set_new(d, "num_anchors", json_integer(512)); /* DeepSpec's recipe */
+  }
+  if (d && a->arch == ARCH_DFLASH2) {
     json_object_set_new(d, "architectures", json_pack("[s]", "DFlash2DraftModel"));
     json_t *dc = json_object_get(d, "dflash_config");
     json_object_set_new(dc, "conv_kernel_size", json_integer(a->kernel));
@@ -229,6 +253,9 @@ int cmd_init_config(int argc, char **argv) {
   if (cfg.dflash2)
     fprintf(stderr, "; DFlash 2: conv kernel %d, group %d, selector top-%d, rank %d",
             cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_top_k, cfg.selector_rank);
+  if (cfg.dspark)
+    fprintf(stderr, "; DSpark: Markov rank %d, confidence head %s", cfg.markov_rank,
+            cfg.confidence_head ? "on" : "off");
   fputc('\n', stderr);
   return 0;
 }
