@@ -220,13 +220,13 @@ class Stages:
                 pass
         self.t0 = (time.time(), cpu_now(), BG_CPU[0])
 
-    def end(self, name, key=None, parts=(), wall=None, cpu=None):
-        """Record the stage begun last (or a background job's `wall`/`cpu`); with `key`,
-        mark it done, keeping summary[k] for k in `parts`."""
+    def end(self, name, key=None, parts=(), wall=None, cpu=None, jobs_cpu=0.0):
+        """Record the stage begun last (or a background job's `wall`/`cpu`), `jobs_cpu`: its
+        own background jobs'; with `key`, mark it done, keeping summary[k] for k in `parts`."""
         if wall is None:
             t, c, bg = self.t0
             wall = round(time.time() - t, 1)
-            cpu = round(cpu_now() - c - (BG_CPU[0] - bg), 1)
+            cpu = round(cpu_now() - c - (BG_CPU[0] - bg) + jobs_cpu, 1)
         self.wall[name], self.cpu[name] = wall, cpu
         print(f"== {name}: {wall} s wall, {cpu} CPU-s (user + system, children included)",
               flush=True)
@@ -896,7 +896,8 @@ def main():
                         "block", "threads", "arch"]),
              ("eval", []), ("llama_base", ["llama_prompts", "llama_threads"]),
              ("llama_cpp", []), ("live", ["live_prompts"])]
-    st = Stages(out, summary, [n for n, _ in order][:5] + ["train_target", "dflash2"]
+    # (export is left out: it writes the same files every time, and runs every time)
+    st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2"]
                 + [n for n, _ in order][5:])
 
     def key(name):
@@ -1005,8 +1006,7 @@ def main():
                              os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
                              "--layers", p["layers"]] + (["--target-ids"] if tids else [])))
         cpu = sum(j.wait()[1] for j in jobs)
-        st.end("hidden", key("hidden"))
-        st.cpu["hidden"] = round(st.cpu["hidden"] + cpu, 1)  # the jobs' own, reaped in it
+        st.end("hidden", key("hidden"), jobs_cpu=cpu)
         save()
     if a.stop_after == "hidden":
         save()
@@ -1030,7 +1030,8 @@ def main():
     # untrained drafter) take the second core while training takes the first.
     base_job = None
     base_json = os.path.join(out, "llama_spec_base.json")
-    if kind == "llama" and a.labels != "both" and not st.done("llama_base", key("llama_base")):
+    if kind == "llama" and a.labels != "both" and a.stop_after is None and \
+            not st.done("llama_base", key("llama_base")):
         log("7a. llama.cpp: the target alone and the untrained drafter, beside the training")
         os.makedirs(gg, exist_ok=True)
         st.begin("llama_base")  # the conversion's CPU is counted in the job's row below
@@ -1069,8 +1070,6 @@ def main():
         st.end("train", key("train"))
         save()
     if a.stop_after == "train":
-        if base_job:
-            stop_children()
         return
     # --labels both: the same run on the target's greedy tokens, beside the data's.
     ckpt_t = os.path.join(out, "drafter_target")
