@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+args=("$@")  # for the resume hint
 if [ "${1:-}" = "--no-deps" ]; then shift; else scripts/deps.sh; fi
 # llama-server and the converter (built once into ~/.cache/libdflash by
 # scripts/llama_server.sh, which deps.sh runs): without them the pipeline
@@ -35,7 +36,7 @@ wait "$pid" || rc=$?
 while kill -0 "$pid" 2>/dev/null; do wait "$pid" || rc=$?; done  # a signal ended the wait
 trap - INT TERM
 if [ "$rc" -ne 0 ]; then
-  [ "$rc" -gt 128 ] && echo "demo: stopped; scripts/demo.sh $* resumes it" >&2
+  [ "$rc" -gt 128 ] && echo "demo: stopped; scripts/demo.sh ${args[*]} resumes it" >&2
   exit "$rc"
 fi
 build/tools/dflash/dflash inspect out/drafter/model.safetensors
