@@ -5,11 +5,13 @@
 # tokenize, dump hidden states, train a drafter, evaluate it (held-out walk),
 # convert it with llama.cpp's converter and decode with it in llama-server
 # (--spec-type draft-dflash), live speculative decoding in PyTorch, plot.
-# Results in out/ (see examples/pipeline/README.md).
+# Results in out/ (see examples/pipeline/README.md). Interrupted (Ctrl-C, SIGTERM), the
+# same command resumes: finished stages are skipped, training continues its saved state.
 # usage: scripts/demo.sh [--no-deps] [pipeline.py options, e.g. --quick]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+args=("$@")  # for the resume hint
 if [ "${1:-}" = "--no-deps" ]; then shift; else scripts/deps.sh; fi
 # llama-server and the converter (built once into ~/.cache/libdflash by
 # scripts/llama_server.sh, which deps.sh runs): without them the pipeline
@@ -23,6 +25,19 @@ export PATH="$PATH:/usr/local/cuda/bin"
 if [ -f build/build.ninja ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
 ninja -C build
 echo "demo: dependencies and build took $(( $(date +%s) - start )) s"
-python3 examples/pipeline/pipeline.py --out out --build build "$@"
+# Ctrl-C or SIGTERM: pipeline.py stops its stage (training saves its state) and the same
+# command resumes. It runs in the background so that this shell, which would otherwise die
+# at a SIGTERM and leave it running, passes the signal on and waits for it.
+python3 examples/pipeline/pipeline.py --out out --build build "$@" &
+pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' INT TERM
+rc=0
+wait "$pid" || rc=$?
+while kill -0 "$pid" 2>/dev/null; do wait "$pid" || rc=$?; done  # a signal ended the wait
+trap - INT TERM
+if [ "$rc" -ne 0 ]; then
+  [ "$rc" -gt 128 ] && echo "demo: stopped; scripts/demo.sh ${args[*]} resumes it" >&2
+  exit "$rc"
+fi
 build/tools/dflash/dflash inspect out/drafter/model.safetensors
 echo "demo: $(( $(date +%s) - start )) s in all"

@@ -183,8 +183,8 @@ def summarize(rows, per_pos, plain=None):
                     "drafts_per_step": round(float(drafted.sum() / max(steps.sum(), 1)), 3),
                     "accepted_at_position": [round(v / max(steps.sum(), 1), 4) for v in per_pos]})
     if plain is not None:
-        ref = {r["id"]: r["tokens"] for r in plain}
-        res["same_as_plain"] = sum(r["tokens"] == ref.get(r["id"]) for r in rows)
+        ref = {str(r["id"]): r["tokens"] for r in plain}
+        res["same_as_plain"] = sum(r["tokens"] == ref.get(str(r["id"])) for r in rows)
     return res
 
 
@@ -199,6 +199,9 @@ def main():
     ap.add_argument("--block-size", type=int, default=8, help="drafts per step: block size - 1")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n", type=int, default=0, help="samples (0: all)")
+    ap.add_argument("--plain-ref", default=None,
+                    help="an earlier run's -o JSON whose plain run the outputs are compared with "
+                         "(its NAME-plain-tokens.json beside it), when this run has none")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     ldir = llama_dir(a.llama_dir)
@@ -211,6 +214,9 @@ def main():
            "samples": len(samples), "max_new": a.max_new, "threads": a.threads,
            "n_draft": a.block_size - 1, "configs": {}}
     per_prompt, plain = {}, None
+    if a.plain_ref:  # pipeline.py runs the plain config beside the training, the rest after it
+        with open(os.path.splitext(a.plain_ref)[0] + "-plain-tokens.json") as f:
+            plain = [{"id": k, "tokens": v} for k, v in json.load(f).items()]
     for spec in a.config:
         name, _, draft = spec.partition("=")
         print(f"llama.cpp {name}: " + (f"--model-draft {draft}" if draft else "target alone"), flush=True)
@@ -220,6 +226,8 @@ def main():
         s = summarize(rows, per_pos, plain)
         if not draft and plain is None:
             plain = rows
+            with open(os.path.splitext(a.out)[0] + "-plain-tokens.json", "w") as f:
+                json.dump({r["id"]: r["tokens"] for r in rows}, f)
         res["configs"][name] = dict(s, draft=draft or None)
         per_prompt[name] = rows
         print(f"  {name}: {s['tokens']} tokens at {s['decode_tok_s']} tok/s" +

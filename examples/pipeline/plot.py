@@ -7,6 +7,8 @@ the DFlash 1 one: its loss, walk and every-position tau, llama.cpp's tokens per
 verification step and decode speed, per-position accuracy. With pipeline.py
 --peers a last panel has the trainers at matched settings (libdflash, SpecForge,
 speculators): walk tau and llama.cpp's tokens per verification step, CPU-s per step.
+With summary.json's stage times (pipeline.py writes "seconds" and "cpu_seconds") the
+last panel has each stage's wall and CPU seconds.
 
     python plot.py --metrics out/drafter/metrics.jsonl --summary out/summary.json \
         [--metrics2 out/drafter2/metrics.jsonl] -o out/report.png
@@ -103,6 +105,28 @@ def draw_peers(ax, s):
     ax.legend(fontsize=8)
 
 
+def stage_rows(s):
+    """(stage, wall s, CPU s) of each stage that ran, in order ("total" left out)."""
+    w, c = s.get("seconds", {}), s.get("cpu_seconds", {})
+    return [(k, w[k], c[k]) for k in w if k != "total" and k in c]
+
+
+def draw_stages(ax, s):
+    """Wall and CPU (user + system, children included) seconds of each stage, as
+    pipeline.py measured them; stages that ran beside another (llama.cpp's runs beside the
+    training, the live check beside llama.cpp) have more wall than their share."""
+    rows = stage_rows(s)
+    y = range(len(rows))
+    ax.barh([i - 0.2 for i in y], [r[1] for r in rows], height=0.4, label="wall")
+    ax.barh([i + 0.2 for i in y], [r[2] for r in rows], height=0.4, label="CPU (user + sys)")
+    ax.set_yticks(list(y), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    tw, tc = s["seconds"].get("total"), s["cpu_seconds"].get("total")
+    ax.set(xlabel="seconds", title=f"stages: {tw:.0f} s wall, {tc:.0f} CPU-s in all"
+           if tw is not None and tc is not None else "stages")
+    ax.legend(fontsize=8)
+
+
 def figure(rows, s, rows2=None):
     """The report's figure: rows = metrics.jsonl of the DFlash 1 run, s = summary.json
     (eval_untrained, eval_trained; live, llama_cpp, dflash2 when there), rows2 = the
@@ -111,7 +135,8 @@ def figure(rows, s, rows2=None):
     loss = [r["loss"] for r in rows]
     k = max(1, len(loss) // 20)
     lc = s.get("llama_cpp")
-    widths = ([1, 2, 1, 1] if lc else [1, 1.4, 1]) + [1.2] * ("peers" in s)
+    stages = bool(stage_rows(s))
+    widths = ([1, 2, 1, 1] if lc else [1, 1.4, 1]) + [1.2] * ("peers" in s) + [1] * stages
     fig, ax = plt.subplots(1, len(widths), figsize=(5.5 * sum(widths) / 1.2 + 1, 4.8),
                            gridspec_kw={"width_ratios": widths})
     two = "dflash2" in s
@@ -151,7 +176,9 @@ def figure(rows, s, rows2=None):
                   title=f"llama-server decoding, {lc['threads']} thread, "
                         f"{lc['trained']['prompts']} prompts")
     if "peers" in s:  # pipeline.py --peers
-        draw_peers(ax[-1], s)
+        draw_peers(ax[len(widths) - 1 - stages], s)
+    if stages:
+        draw_stages(ax[-1], s)
     fig.tight_layout()
     return fig
 

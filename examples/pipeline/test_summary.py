@@ -19,6 +19,7 @@ Exit 77 when numpy or matplotlib is missing.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,35 @@ def peers_demo(s1, out):
     assert heights == [1.086, 1.091, 1.093, 1.071, 1.069, 1.074], heights
 
 
+def readme_figures():
+    """README.md's sentence on the main job's time and tau (between its two
+    "main-job sentence" comments) quotes examples/pipeline/README.md's table of the
+    measured run (between its "main-job figures" comments, the rows pipeline.py prints
+    at the end of a full run): every value of the table, and no figure that is not one."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    with open(os.path.join(HERE, "README.md")) as f:
+        table = f.read().split("<!-- main-job figures -->")
+    with open(os.path.join(root, "README.md")) as f:
+        sentence = f.read().split("<!-- main-job sentence -->")
+    assert len(table) == 3 and len(sentence) == 3, "the markers are each there twice"
+    rows = dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", table[1], re.M))
+    rows.pop("figure", None)  # the header
+    for k in ("walk tau",):
+        assert k in rows, f"examples/pipeline/README.md's table lacks {k!r}: {rows}"
+    text = " ".join(sentence[1].split())
+    for k, v in rows.items():
+        assert v in text, f"README.md does not quote {k} = {v!r}:\n{text}"
+    quoted = re.findall(r"\d+\.\d+ ± \d*\.\d+|\d+ min \d+ s|\d+\.\d+ CPU-min", text)
+    for q in quoted:
+        assert q in rows.values(), f"README.md quotes {q!r}, not in the table {rows}"
+    # the rows pipeline.py prints are the table's form
+    s = {"seconds": {"total": 1130.4}, "cpu_seconds": {"total": 2001.0},
+         "eval_trained": eval_json(1.2891, 1.3, 0), "live": {"tau": 1.27, "tau_se": 0.022}}
+    got = pipeline.main_job_figures(s)
+    assert got[:3] == [("wall", "18 min 50 s"), ("CPU", "33.4 CPU-min"),
+                       ("walk tau", "1.289 ± 0.013")], got
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
@@ -244,6 +274,24 @@ def main():
 
     # --peers: the trainers' rows, bench/peer_trainers.py --quick --json's last line
     peers_demo(s1, out)
+
+    # the stage times pipeline.py writes (wall and CPU): a last panel, and the closing text
+    s5 = dict(s1, seconds={"export": 5.0, "fetch": 200.0, "train": 400.0, "total": 700.0},
+              cpu_seconds={"export": 4.0, "fetch": 380.0, "train": 395.0, "total": 900.0},
+              resumed_stages=["fetch"], load_average=[2.0, 2.0, 2.0])
+    fig = plot.figure(metrics(40, 8.0), s5)
+    assert len(fig.axes) == 5, len(fig.axes)
+    ax = fig.axes[4]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["export", "fetch", "train"]
+    assert sorted(round(b.get_width()) for b in ax.patches) == [4, 5, 200, 380, 395, 400]
+    assert "700 s wall, 900 CPU-s" in ax.get_title(), ax.get_title()
+    text = pipeline.stage_table(s5)
+    assert "fetch" in text and "380.0" in text and "(an earlier run)" in text, text
+    fig = plot.figure(metrics(40, 8.0), dict(s5, peers={"drafters": {
+        "libdflash": peer_row(1.086, 0.021, 0.305, (1.071, 0.018))}}))
+    assert len(fig.axes) == 6 and labels(fig.axes[4]) == ["libdflash\n0.30 CPU-s/step"]
+
+    readme_figures()
 
     # --labels both: two trained drafters, no plain run, no untrained drafter
     spec2 = spec_json([("trained", "/g/drafter.gguf", 0.3),
