@@ -92,6 +92,39 @@ START_TEST(thread_stats_count_pieces_and_misses) {
 }
 END_TEST
 
+/* The piece cache keeps a real text's working set: 8000 distinct words (man pages hold more),
+ * encoded twice, miss less than 16 % of the time the second time. Direct-mapped, a word misses
+ * when one of the 7999 others took its slot in between: 1 - e^(-7999/slots), 11.7 % with 2^16
+ * entries (measured: 934), 21.7 % with 2^15, 38 % with 2^14, the old size (measured: 3039). */
+START_TEST(piece_cache_keeps_8000_words) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  enum { WORDS = 8000 };
+  char *text = malloc(WORDS * 6 + 1);
+  ck_assert_ptr_nonnull(text);
+  for (int w = 0; w < WORDS; w++) { /* " abcd": letters, one piece each */
+    char *q = text + 6 * w;
+    q[0] = ' ';
+    for (int k = 0, v = w; k < 5; k++, v /= 26) q[1 + k] = (char)('a' + v % 26);
+  }
+  size_t len = WORDS * 6, n, cap = dflash_tokenizer_max_ids(t, len);
+  int32_t *ids = malloc(cap * sizeof *ids);
+  ck_assert_ptr_nonnull(ids);
+  uint64_t p0, m0, p1, m1;
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, ids, cap, &n));
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, ids, cap, &n));
+  dflash_tokenizer_thread_stats(&p1, &m1, NULL);
+  ck_assert_uint_eq(p1 - p0, WORDS);
+  ck_assert_uint_lt((m1 - m0) * 100, (uint64_t)WORDS * 16);
+  free(ids);
+  free(text);
+  dflash_tokenizer_free(t);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
 START_TEST(lookups) {
   char *dir;
   dflash_tokenizer *t = synthetic(&dir);
@@ -292,6 +325,7 @@ TCase *tc_tok_api(void) {
   TCase *tc = tcase_create("api");
   tcase_add_test(tc, encode_decode_and_buffers);
   tcase_add_test(tc, thread_stats_count_pieces_and_misses);
+  tcase_add_test(tc, piece_cache_keeps_8000_words);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
   tcase_add_test(tc, shared_across_threads_and_batch);
