@@ -15,8 +15,15 @@ engine), the engines taking turns within each round. Two threads: each engine's 
 with 2 threads, MB per wall-second (and its CPU/wall, which says whether both threads really
 ran); SCALING compares that with one thread's MB per CPU-second, which is the 2-thread speed-up
 when the machine gives the process two whole cores.
---by-category times one thread per category of the corpus (English, CJK, code, emoji, ...),
-which says where libdflash leads or trails. Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
+--by-category times one thread per category of the synthetic corpus (English, CJK, code, emoji,
+...), which says where libdflash leads or trails.
+--real times one thread on real text by category (bench/real_corpus.py: man pages and licences,
+C headers and this project's sources, sympy/mpmath math docstrings, CJK and Cyrillic man pages,
+the demo's completions) and on the "reasoning" mix (70 % English, 20 % code, 10 % math), the
+headline; --mb is then per category and round, and each line gives libdflash's piece-cache hit
+rate (pieces answered without the vocabulary or a merge, one-byte pieces included; from the
+experimental dflash_tokenizer_thread_stats) and the thread's cache memory.
+--engines gigatoken,tiktoken keeps those peers (and the reference, and libdflash) only. Every engine's ids are checked against the reference (tiktoken's encode_ordinary for the
 tiktoken patterns, Hugging Face `tokenizers` for Qwen2): an engine with mismatches is listed
 as not exact and is left out of the ratios."""
 import argparse
@@ -31,7 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VENV = os.path.join(ROOT, ".venv-tok")
 PEERS = ["gigatoken==0.10.0", "fastokens==0.3.5", "quicktok-v1==0.4.0", "basetenkenizer==0.2.8",
-         "tiktoken==0.14.0", "tokenizers==0.23.3", "numpy"]
+         "tiktoken==0.14.0", "tokenizers==0.23.3", "numpy",
+         "sympy==1.13.1", "mpmath==1.3.0"]  # sympy, mpmath: the math text of --real (real_corpus)
 THREADS = 2
 os.environ.setdefault("RAYON_NUM_THREADS", str(THREADS))  # HF tokenizers, gigatoken pools
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -301,6 +309,92 @@ def by_category(label, engines, rounds, mb, warm):
     return 0
 
 
+def thread_stats():
+    """(pieces, cache misses, cache bytes) of this thread in libdflash, or None when the
+    library has no dflash_tokenizer_thread_stats (experimental.h)."""
+    import ctypes
+    from libdflash import _lib
+    f = getattr(_lib.lib, "dflash_tokenizer_thread_stats", None)
+    if f is None:
+        return None
+    p, m, b = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_size_t()
+    f(ctypes.byref(p), ctypes.byref(m), ctypes.byref(b))
+    return p.value, m.value, b.value
+
+
+def real_text(label, engines, corp, rounds, mb, warm):
+    """One thread on the real-text corpus (bench/real_corpus.py): per category and the
+    reasoning mix, each engine's median MB/CPU-s over `rounds` rounds of unseen text, the
+    ratio of libdflash to the fastest exact peer (the same rounds), and the share of
+    libdflash's pieces its piece cache answered."""
+    import real_corpus
+    for e in engines:  # first-call costs once, not in any category's counters
+        try:
+            for d in warm:
+                e.one(d)
+        except Exception as ex:  # noqa: BLE001
+            print(f"  {e.name:<30} failed: {type(ex).__name__}: {str(ex)[:160]}")
+    load = os.getloadavg()
+    print(f"{label}: one thread, MB/CPU-s, median of {rounds} rounds of {mb} MB per category "
+          f"(load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})", flush=True)
+    mix = f"mix {'/'.join(f'{int(s * 100)}' for _, s in real_corpus.MIX)} " + \
+        "/".join(n for n, _ in real_corpus.MIX)
+    cats = [(n, corp.rounds(n, mb, rounds)) for n in corp.names()]
+    cats.append((mix, corp.mix_rounds(mb, rounds, skip_rounds=rounds)))
+    bad, rows = 0, []
+    for name, sets in cats:
+        s0 = thread_stats()
+        res = interleaved(engines, sets, lambda e: e.one, True, [])
+        s1 = thread_stats()
+        ref = next(iter(res.values()))
+        rate, wrong = {}, []
+        for n, v in res.items():
+            if mismatches([x[3] for x in v], [x[3] for x in ref]):
+                wrong.append(n)
+            else:
+                rate[n] = [b / c / 1e6 for b, c, _, _ in v]
+        if "libdflash" in wrong:
+            bad += 1
+        med = {n: median(r) for n, r in rate.items()}
+        peers = {n: r for n, r in med.items() if n != "libdflash"}
+        ours = med.get("libdflash")
+        cells = "  ".join(f"{n.split()[0]} {r:.1f}" for n, r in
+                          sorted(med.items(), key=lambda kv: -kv[1]))
+        line = f"  {name:<28} {sum(len(d.encode()) for d in sets[0]) / 1e6:5.2f} MB  {cells}"
+        if peers and ours:
+            best = max(peers.items(), key=lambda kv: kv[1])
+            paired = [a / b for a, b in zip(rate["libdflash"], rate[best[0]])]
+            line += (f"  RATIO {ours / best[1]:.2f}x {best[0].split()[0]} "
+                     f"(per round {min(paired):.2f}-{max(paired):.2f})")
+            for n, r in sorted(peers.items()):
+                if n != best[0]:
+                    line += f", {ours / r:.2f}x {n.split()[0]}"
+        if s0 and s1 and s1[0] > s0[0]:
+            pieces, missed = s1[0] - s0[0], s1[1] - s0[1]
+            line += f"  hit {100 * (1 - missed / pieces):.1f}% of {pieces} pieces"
+        if wrong:
+            line += "  NOT EXACT: " + ", ".join(wrong)
+        print(line, flush=True)
+        rows.append(line)
+    st = thread_stats()
+    if st:
+        print(f"  libdflash memory per encoding thread: piece + pair caches {st[2] / 2**20:.2f} MiB "
+              "(fixed); scratch grows with the longest text of a call and is cut back to "
+              "<= 4 MiB a buffer after it")
+    load = os.getloadavg()
+    print(f"  (load after: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})", flush=True)
+    return bad
+
+
+def keep(engines, names):
+    """The engines whose name starts with one of names (and always the first: the reference,
+    and libdflash)."""
+    if not names:
+        return engines
+    return [e for k, e in enumerate(engines)
+            if k == 0 or e.name == "libdflash" or any(e.name.startswith(n) for n in names)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--setup", action="store_true", help="create .venv-tok with the peers")
@@ -311,13 +405,26 @@ def main():
     ap.add_argument("--only", default="", help="comma list: o200k,kimi,qwen2,cl100k")
     ap.add_argument("--by-category", action="store_true",
                     help="one thread, per corpus category (English, CJK, code, ...) instead")
+    ap.add_argument("--real", action="store_true",
+                    help="one thread on real text by category and the reasoning mix "
+                         "(bench/real_corpus.py); --mb is per category and round")
+    ap.add_argument("--completions", default=None,
+                    help="--real: a completions.jsonl of dflash fetch (default: examples/pipeline's)")
+    ap.add_argument("--engines", default="",
+                    help="comma list of peer name prefixes to run (the reference always runs)")
     args = ap.parse_args()
     if args.setup:
         return setup()
     reexec_in_venv()
     only = set(filter(None, args.only.split(","))) or {"o200k", "kimi", "qwen2"}
     import corpus
-    rounds = 0 if args.by_category else args.rounds
+    names = [n for n in args.engines.split(",") if n]
+    corp = None
+    if args.real:
+        sys.path.insert(0, HERE)
+        import real_corpus
+        corp = real_corpus.Corpus(args.completions)
+    rounds = 0 if args.by_category or args.real else args.rounds
     one_rounds = [corpus.documents(args.mb, seed=1000 + r) for r in range(rounds)]
     two_rounds = [corpus.documents(args.mb, seed=2000 + r) for r in range(rounds)]
     warm = corpus.documents(0.1, seed=3000)
@@ -337,13 +444,19 @@ def main():
                     dst.write(src.read())
             lib_path = ot.kimi_dir(tmp, gz, ranks)[0] if case == "kimi" else gz
             label = "kimi-k2 pattern (o200k ranks)" if case == "kimi" else case
-            engines = tiktoken_engines(case, pat, ranks, plain, lib_path)
+            engines = keep(tiktoken_engines(case, pat, ranks, plain, lib_path), names)
+            if args.real:
+                bad += real_text(label, engines, corp, args.rounds, args.mb, warm)
+                continue
             if args.by_category:
                 by_category(label, engines, args.rounds, args.mb / 8, warm)
                 continue
             bad += bench_case(label, engines, one_rounds, two_rounds, warm)
         qdir = os.path.join(args.fixtures, "tokenizers", "qwen2")
-        if "qwen2" in only and os.path.isdir(qdir) and args.by_category:
+        if "qwen2" in only and os.path.isdir(qdir) and args.real:
+            bad += real_text("qwen2", keep(qwen2_engines(qdir, tmp), names), corp, args.rounds,
+                             args.mb, warm)
+        elif "qwen2" in only and os.path.isdir(qdir) and args.by_category:
             by_category("qwen2", qwen2_engines(qdir, tmp), args.rounds, args.mb / 8, warm)
         elif "qwen2" in only and os.path.isdir(qdir):
             bad += bench_case("qwen2", qwen2_engines(qdir, tmp), one_rounds, two_rounds, warm)

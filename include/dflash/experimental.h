@@ -19,6 +19,9 @@
 #include <dflash/dflash.h>
 #include <dflash/trainer.h>
 
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,6 +41,17 @@ DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const 
  */
 DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_sample *s,
                                                float *logits);
+
+/*
+ * The calling thread's tokenizer counters, for the benchmark: `pieces` every pre-tokenized
+ * piece its single-text encodes (dflash_tokenizer_encode) have seen, `cache_misses` those that
+ * went past its piece cache (to the vocabulary or a merge; a piece of one byte never does),
+ * both since the thread began, over every tokenizer. `cache_bytes` is the memory of the
+ * thread's piece and pair caches (0 before its first encode): fixed, whatever the text. The
+ * threads of encode_batch keep their own counters. Any pointer may be NULL.
+ */
+DFLASH_API void dflash_tokenizer_thread_stats(uint64_t *pieces, uint64_t *cache_misses,
+                                              size_t *cache_bytes);
 
 #ifdef __cplusplus
 }

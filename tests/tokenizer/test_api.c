@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dflash/experimental.h>
+
 #include "core/internal.h"
 #include "testutil.h"
 #include "tok_testutil.h"
@@ -56,6 +58,68 @@ START_TEST(encode_decode_and_buffers) {
   ck_assert_uint_le(n, dflash_tokenizer_max_ids(t, 1));
   dflash_tokenizer_free(t);
   dflash_tokenizer_free(NULL);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+/* dflash_tokenizer_thread_stats: every piece counted, a repeated piece answered by the cache,
+ * a one-byte piece never a miss, the caches' bytes fixed and within the 64 MiB a thread may use. */
+START_TEST(thread_stats_count_pieces_and_misses) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  int32_t ids[32];
+  size_t n, bytes;
+  uint64_t p0, m0, p1, m1;
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  /* pieces "hello", " world", " hello", " world": the last is the first " world" again */
+  const char *text = "hello world hello world";
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, ids, 32, &n));
+  dflash_tokenizer_thread_stats(&p1, &m1, &bytes);
+  ck_assert_uint_eq(p1 - p0, 4);
+  ck_assert_uint_eq(m1 - m0, 3);
+  ck_assert_uint_ge(bytes, (size_t)1 << 20);
+  ck_assert_uint_le(bytes, (size_t)64 << 20);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, ids, 32, &n));
+  ck_assert_ok(dflash_tokenizer_encode(t, "x", 1, DFLASH_SPECIAL_ALL, ids, 32, &n));
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  ck_assert_uint_eq(p0 - p1, 5);
+  ck_assert_uint_eq(m0 - m1, 0);
+  dflash_tokenizer_thread_stats(NULL, NULL, NULL);
+  dflash_tokenizer_free(t);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
+/* The piece cache keeps a real text's working set: 8000 distinct words (man pages hold more),
+ * encoded twice, miss less than 16 % of the time the second time. Direct-mapped, a word misses
+ * when one of the 7999 others took its slot in between: 1 - e^(-7999/slots), 11.7 % with 2^16
+ * entries (measured: 934), 21.7 % with 2^15, 38 % with 2^14, the old size (measured: 3039). */
+START_TEST(piece_cache_keeps_8000_words) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  enum { WORDS = 8000 };
+  char *text = malloc(WORDS * 6 + 1);
+  ck_assert_ptr_nonnull(text);
+  for (int w = 0; w < WORDS; w++) { /* " abcd": letters, one piece each */
+    char *q = text + 6 * w;
+    q[0] = ' ';
+    for (int k = 0, v = w; k < 5; k++, v /= 26) q[1 + k] = (char)('a' + v % 26);
+  }
+  size_t len = WORDS * 6, n, cap = dflash_tokenizer_max_ids(t, len);
+  int32_t *ids = malloc(cap * sizeof *ids);
+  ck_assert_ptr_nonnull(ids);
+  uint64_t p0, m0, p1, m1;
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, ids, cap, &n));
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, ids, cap, &n));
+  dflash_tokenizer_thread_stats(&p1, &m1, NULL);
+  ck_assert_uint_eq(p1 - p0, WORDS);
+  ck_assert_uint_lt((m1 - m0) * 100, (uint64_t)WORDS * 16);
+  free(ids);
+  free(text);
+  dflash_tokenizer_free(t);
   df_test_rmtree(dir);
   free(dir);
 }
@@ -260,6 +324,8 @@ END_TEST
 TCase *tc_tok_api(void) {
   TCase *tc = tcase_create("api");
   tcase_add_test(tc, encode_decode_and_buffers);
+  tcase_add_test(tc, thread_stats_count_pieces_and_misses);
+  tcase_add_test(tc, piece_cache_keeps_8000_words);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
   tcase_add_test(tc, shared_across_threads_and_batch);
