@@ -338,8 +338,8 @@ dflash_status alloc_state(df_cu_model *m, const df_cu_config *c) {
   DF_TRY(dalloc(m, &m->head, vh, "frozen LM head"));
   DF_TRY(dalloc(m, &m->tmp, kBucketElems, "staging"));
   DF_TRY(dalloc(m, &m->inv_freq, (size_t)m->c.rot / 2, "RoPE frequencies"));
-  DF_TRY(
-      dalloc(m, &m->dw_scratch, k_rmsnorm_dw_scratch(c->H > c->d ? c->H : c->d), "norm scratch"));
+  DF_TRY(dalloc(m, &m->dw_scratch, k_rmsnorm_backward_dw_scratch(c->H > c->d ? c->H : c->d),
+                "norm scratch"));
   DF_TRY(dalloc(m, &m->sumsq_part, 1024 + 4096, "norm scratch"));
   m->sumsq_out = m->sumsq_part + 1024;
   DF_TRY(dalloc(m, &m->pend_loss, kPending, "per-sequence losses"));

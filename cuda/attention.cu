@@ -626,8 +626,7 @@ struct Launch {
                                (int)smem));
     DF_LAUNCH(dim3(a->n_blocks, a->nkv), 2 * s.Mp, smem, st, attention_forward<DT>)
     (s, out, lse, q, kc, vc, kb, vb);
-    DF_CU(cudaGetLastError());
-    return DFLASH_OK;
+    return df_launched("attention_forward");
   }
   static dflash_status bwd_q(cudaStream_t st, const df_attn_dev *a, const Shape &s, bf16 *dq,
                              float *D, const bf16 *dout, const bf16 *out, const float *lse,
@@ -638,8 +637,7 @@ struct Launch {
                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     DF_LAUNCH(dim3(a->n_blocks, a->nkv), 2 * s.Mp, smem, st, attention_backward_q<DT>)
     (s, dq, D, dout, out, lse, q, kc, vc, kb, vb);
-    DF_CU(cudaGetLastError());
-    return DFLASH_OK;
+    return df_launched("attention_backward_q");
   }
   template <bool BLK>
   static dflash_status bwd_kv(cudaStream_t st, const df_attn_dev *a, const Shape &s, bf16 *dk,
@@ -652,8 +650,7 @@ struct Launch {
                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     DF_LAUNCH(dim3(tiles, a->nkv), 2 * s.N * s.kvg, smem, st, attention_backward_kv<DT, BLK>)
     (s, a->n_blocks, dk, dv, D, dout, lse, q, kx, vx);
-    DF_CU(cudaGetLastError());
-    return DFLASH_OK;
+    return df_launched("attention_backward_kv");
   }
 };
 
@@ -668,9 +665,9 @@ dflash_status k_attention_check(const df_attn_dev *a) {
 #define DF_ATTN_DISPATCH(dp, call) \
   ((dp) <= 64 ? Launch<8>::call : (dp) <= 128 ? Launch<16>::call : Launch<32>::call)
 
-dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, float *lse,
-                              const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
-                              const bf16 *vb) {
+dflash_status k_attention_forward(cudaStream_t st, const df_attn_dev *a, bf16 *out, float *lse,
+                                  const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
+                                  const bf16 *vb) {
   Shape s;
   DF_TRY(shape_of(a, FWD, &s));
   if (a->n_blocks <= 0) return DFLASH_OK;
@@ -678,10 +675,10 @@ dflash_status k_attention_fwd(cudaStream_t st, const df_attn_dev *a, bf16 *out, 
   return DF_ATTN_DISPATCH(s.dp, fwd(st, a, s, out, lse, q, kc, vc, kb, vb));
 }
 
-dflash_status k_attention_bwd(cudaStream_t st, const df_attn_dev *a, bf16 *dq, bf16 *dkc, bf16 *dvc,
-                              bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout, const bf16 *out,
-                              const float *lse, const bf16 *q, const bf16 *kc, const bf16 *vc,
-                              const bf16 *kb, const bf16 *vb) {
+dflash_status k_attention_backward(cudaStream_t st, const df_attn_dev *a, bf16 *dq, bf16 *dkc,
+                                   bf16 *dvc, bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout,
+                                   const bf16 *out, const float *lse, const bf16 *q, const bf16 *kc,
+                                   const bf16 *vc, const bf16 *kb, const bf16 *vb) {
   Shape s1, s2;
   DF_TRY(shape_of(a, BWD_Q, &s1));
   DF_TRY(shape_of(a, BWD_KV, &s2));

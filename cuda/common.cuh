@@ -54,23 +54,24 @@ extern "C" dflash_status df_error(dflash_status status, const char *fmt, ...);
 // ---- kernels.cu ----
 // Every launcher returns DFLASH_E_CUDA naming its kernel when the launch is refused.
 dflash_status df_launched(const char *kernel); // cudaGetLastError after a launch
-dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
-                                 long rows, int n, float eps);
+dflash_status k_rmsnorm_forward(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
+                                long rows, int n, float eps);
 // dx (+)= ...; dx is float or bf16 (exactly one of dx32/dx16); dy bf16 or float.
-dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
-                            const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
-                            long rows, int n, bool acc);
+dflash_status k_rmsnorm_backward(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
+                                 const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
+                                 long rows, int n, bool acc);
 // dw[i] += sum_r dy*x*rstd (fixed order); partial: scratch of rstd-sized floats * 256.
-dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
-                           const bf16 *x, const float *rstd, long rows, int n, float *partial);
-size_t k_rmsnorm_dw_scratch(int n);
-dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, long rows, int heads, int d, int rot, float sign);
+dflash_status k_rmsnorm_backward_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
+                                    const bf16 *x, const float *rstd, long rows, int n,
+                                    float *partial);
+size_t k_rmsnorm_backward_dw_scratch(int n);
+dflash_status k_rope_forward(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
+                             const float *sin_t, long rows, int heads, int d, int rot, float sign);
 dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const double *inv_freq,
                            double attn_factor, int n_pos, int half);
-dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);
-dflash_status k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
-                           const bf16 *u, size_t n);
+dflash_status k_swiglu_forward(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n);
+dflash_status k_swiglu_backward(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
+                                const bf16 *u, size_t n);
 dflash_status k_gather_rows(cudaStream_t s, bf16 *out, const bf16 *table, const int32_t *idx,
                             long rows, int n);
 dflash_status k_scatter_rows(cudaStream_t s, bf16 *out, const bf16 *rows, const int32_t *idx,
@@ -85,17 +86,18 @@ dflash_status k_seq_loss(cudaStream_t s, const float *loss, const int32_t *rows_
                          const float *wtab, int B, int R, double *out);
 dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, int A, int B);
 // LM head + CE over one vocabulary chunk of logits [R, c] (online softmax).
-dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
-                         float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
-                         bool grad);
-dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
-                          const float *tl, const float *acc, const float *coef, const bf16 *E,
-                          const int32_t *target, int R, int H);
-dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R);
+dflash_status k_lmhead_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
+                                float *sum, float *tl, float *acc, const int32_t *target, int R,
+                                int c, int v0, int H, bool grad);
+dflash_status k_lmhead_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
+                                 const float *sum, const float *tl, const float *acc,
+                                 const float *coef, const bf16 *E, const int32_t *target, int R,
+                                 int H);
+dflash_status k_lmhead_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R);
 // Greedy over vocabulary chunks: init (best -FLT_MAX, index 0), then one call per chunk.
-dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R);
-dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i,
-                             int R, int c, int v0);
+dflash_status k_lmhead_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R);
+dflash_status k_lmhead_argmax_chunk(cudaStream_t s, const float *logits, float *best,
+                                    int32_t *best_i, int R, int c, int v0);
 // sum of squares (double, fixed order); partial holds 1024 doubles.
 dflash_status k_sumsq(cudaStream_t s, const float *x, size_t n, double *partial, double *out);
 dflash_status k_scale(cudaStream_t s, float *x, float k, size_t n);
@@ -136,10 +138,10 @@ struct df_attn_dev {
 // DFLASH_E_UNSUPPORTED naming the limit when forward or backward cannot run this shape (only
 // B, nh, nkv and d are read), e.g. more shared memory than the device has per block.
 dflash_status k_attention_check(const df_attn_dev *a);
-dflash_status k_attention_fwd(cudaStream_t s, const df_attn_dev *a, bf16 *out, float *lse,
-                              const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
-                              const bf16 *vb);
-dflash_status k_attention_bwd(cudaStream_t s, const df_attn_dev *a, bf16 *dq, bf16 *dkc, bf16 *dvc,
-                              bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout, const bf16 *out,
-                              const float *lse, const bf16 *q, const bf16 *kc, const bf16 *vc,
-                              const bf16 *kb, const bf16 *vb);
+dflash_status k_attention_forward(cudaStream_t s, const df_attn_dev *a, bf16 *out, float *lse,
+                                  const bf16 *q, const bf16 *kc, const bf16 *vc, const bf16 *kb,
+                                  const bf16 *vb);
+dflash_status k_attention_backward(cudaStream_t s, const df_attn_dev *a, bf16 *dq, bf16 *dkc,
+                                   bf16 *dvc, bf16 *dkb, bf16 *dvb, float *D, const bf16 *dout,
+                                   const bf16 *out, const float *lse, const bf16 *q, const bf16 *kc,
+                                   const bf16 *vc, const bf16 *kb, const bf16 *vb);

@@ -351,13 +351,6 @@ size_t layout(df2_dev *d, char *base, int T, int R) {
   return cur;
 }
 
-dflash_status launched(const char *kernel) {
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return df_error(DFLASH_E_CUDA, "CUDA: launch of %s failed: %s", kernel, cudaGetErrorString(e));
-  return DFLASH_OK;
-}
-
 // The convolution's backward for dout (d(out), or d(convolved input)) of input x.
 template <typename DY, typename DX>
 dflash_status conv_backward(df2_dev *d, cudaStream_t s, DX *dx, float *ddyn, float *dbase,
@@ -366,16 +359,16 @@ dflash_status conv_backward(df2_dev *d, cudaStream_t s, DX *dx, float *ddyn, flo
   size_t n = (size_t)T * H;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_backward_dx<DY, DX>)
   (dx, dout, dyn, kg2, base, T, d->B, H, d->k, d->g);
-  DF_TRY(launched("df2_conv_backward_dx"));
+  DF_TRY(df_launched("df2_conv_backward_dx"));
   DF_LAUNCH(blocks_for((size_t)T * d->k * d->G, 256), 256, 0, s, df2_conv_backward_ddyn<DY>)
   (ddyn, kg2, dout, x, T, d->B, H, d->k, d->g);
-  DF_TRY(launched("df2_conv_backward_ddyn"));
+  DF_TRY(df_launched("df2_conv_backward_ddyn"));
   DF_LAUNCH(dim3((H + 127) / 128, d->k, seg), 128, 0, s, df2_conv_backward_dbase_partial<DY>)
   (d->dbase_part, dout, x, T, d->B, H, d->k);
-  DF_TRY(launched("df2_conv_backward_dbase_partial"));
+  DF_TRY(df_launched("df2_conv_backward_dbase_partial"));
   DF_LAUNCH(blocks_for((size_t)d->k * H, 256), 256, 0, s, df2_conv_backward_dbase_reduce)
   (dbase, d->dbase_part, seg, d->k * H);
-  return launched("df2_conv_backward_dbase_reduce");
+  return df_launched("df2_conv_backward_dbase_reduce");
 }
 
 // d(codebook)[v0 : v0 + cn] += mat^T rows for every vocabulary chunk, mat the sparse
@@ -389,7 +382,7 @@ dflash_status codebook_grad(df2_dev *d, cudaStream_t s, cublasHandle_t h, float 
     size_t n = prev ? (size_t)R : (size_t)R * d->K;
     DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_selector_scatter_chunk)
     (mat, d->cand, d->ds, prev, R, d->K, cn, v0);
-    DF_TRY(launched("df2_selector_scatter_chunk"));
+    DF_TRY(df_launched("df2_selector_scatter_chunk"));
     DF_TRY(gemm32(h, true, false, cn, d->r, R, mat, cn, rows, d->r, dcb + (size_t)v0 * d->r, d->r,
                   1.0f));
   }
@@ -452,7 +445,7 @@ dflash_status df2_prepare(df2_dev *d, cudaStream_t s, cublasHandle_t h, int l, i
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_apply)
   (d->xc[l][which], xn, dyn, kg2, base, nullptr, T, d->B, H, d->k, d->g);
   *xc = d->xc[l][which];
-  return launched("df2_conv_apply");
+  return df_launched("df2_conv_apply");
 }
 
 bf16 *df2_y(df2_dev *d, int l, int which) { return d->y[l][which]; }
@@ -466,7 +459,7 @@ dflash_status df2_finish(df2_dev *d, cudaStream_t s, int l, int which, bf16 *out
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_conv_apply)
   (out, d->y[l][which], d->dyn[l][which] + kg, 2 * kg, base + (size_t)d->k * H, residual, T, d->B,
    H, d->k, d->g);
-  return launched("df2_conv_apply");
+  return df_launched("df2_conv_apply");
 }
 
 dflash_status df2_finish_bwd(df2_dev *d, cudaStream_t s, int l, int which, const bf16 *dout,
@@ -494,7 +487,7 @@ dflash_status df2_topk_init(df2_dev *d, cudaStream_t s, int R) {
   size_t n = (size_t)R * d->K;
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_lmhead_topk_init)(d->cand, d->unary, n);
-  return launched("df2_lmhead_topk_init");
+  return df_launched("df2_lmhead_topk_init");
 }
 
 dflash_status df2_topk_chunk(df2_dev *d, cudaStream_t s, const float *logits, int R, int cn,
@@ -502,7 +495,7 @@ dflash_status df2_topk_chunk(df2_dev *d, cudaStream_t s, const float *logits, in
   if (!R) return DFLASH_OK;
   DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_lmhead_topk_chunk)
   (logits, d->cand, d->unary, R, cn, v0, d->K);
-  return launched("df2_lmhead_topk_chunk");
+  return df_launched("df2_lmhead_topk_chunk");
 }
 
 dflash_status df2_selector(df2_dev *d, cudaStream_t s, cublasHandle_t h, const df2_sel_io *io) {
@@ -513,20 +506,20 @@ dflash_status df2_selector(df2_dev *d, cudaStream_t s, cublasHandle_t h, const d
   DF_CU(cudaMemcpyAsync(d->prev, io->prev_host, 4 * (size_t)R, cudaMemcpyHostToDevice, s));
   DF_LAUNCH((R + 7) / 8, 256, 0, s, df2_selector_target_logit)
   (d->tl, io->x, io->E, io->target, R, H);
-  DF_TRY(launched("df2_selector_target_logit"));
+  DF_TRY(df_launched("df2_selector_target_logit"));
   DF_TRY(gemm32(h, false, true, R, r, H, io->x, H, io->hproj, H, d->hp, r, 0.0f));
   sel_rows_args a = {d->cand, d->unary, d->ds,    d->tl, d->hp,    io->coef,      io->target,
                      d->prev, io->pred, io->succ, io->E, io->loss, d->sdx,        d->dh16,
                      d->u16,  d->wv16,  d->K,     r,     H,        d->sel_weight, d->inject};
   DF_LAUNCH(R, 128, 0, s, df2_selector_row)(a);
-  DF_TRY(launched("df2_selector_row"));
+  DF_TRY(df_launched("df2_selector_row"));
   if (!io->coef) return DFLASH_OK;
   // hidden_projection: d(P) += dh^T x; the rows' d(x) += dh P, then into rows_dx.
   DF_TRY(gemm32(h, true, false, r, H, R, d->dh16, r, io->x, H, io->dhproj, H, 1.0f));
   DF_TRY(gemm32(h, false, false, R, H, r, d->dh16, r, io->hproj, H, d->sdx, H, 1.0f));
   size_t n = (size_t)R * H;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, df2_add_rows)(io->rows_dx, d->sdx, n);
-  DF_TRY(launched("df2_add_rows"));
+  DF_TRY(df_launched("df2_add_rows"));
   DF_TRY(codebook_grad(d, s, h, io->dsucc, d->u16, nullptr, R, io->scratch));
   return codebook_grad(d, s, h, io->dpred, d->wv16, d->prev, R, io->scratch);
 }
@@ -539,7 +532,7 @@ dflash_status df2_select_greedy(df2_dev *d, cudaStream_t s, cublasHandle_t h, co
   DF_TRY(gemm32(h, false, true, R, d->r, d->H, x, d->H, hproj, d->H, d->hp, d->r, 0.0f));
   DF_LAUNCH((A + 63) / 64, 64, 0, s, df2_select_greedy_block)
   (d->pred, d->cand, d->unary, d->hp, block_tok, pred_cb, succ_cb, A, d->B, d->K, d->r);
-  DF_TRY(launched("df2_select_greedy_block"));
+  DF_TRY(df_launched("df2_select_greedy_block"));
   DF_CU(cudaMemcpyAsync(pred, d->pred, 4 * (size_t)R, cudaMemcpyDeviceToHost, s));
   return DFLASH_OK;
 }

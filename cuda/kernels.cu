@@ -437,16 +437,16 @@ dflash_status df_launched(const char *kernel) {
                   cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-dflash_status k_rmsnorm_fwd_bf16(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
-                                 long rows, int n, float eps) {
+dflash_status k_rmsnorm_forward(cudaStream_t s, bf16 *y, float *rstd, const bf16 *x, const bf16 *w,
+                                long rows, int n, float eps) {
   if (rows <= 0) return DFLASH_OK;
   DF_LAUNCH((unsigned)((rows + 7) / 8), 256, 0, s, rmsnorm_forward)(y, rstd, x, w, rows, n, eps);
   return df_launched("rmsnorm_forward");
 }
 
-dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
-                            const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
-                            long rows, int n, bool acc) {
+dflash_status k_rmsnorm_backward(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 *dy16,
+                                 const float *dy32, const bf16 *x, const bf16 *w, const float *rstd,
+                                 long rows, int n, bool acc) {
   if (rows <= 0) return DFLASH_OK;
   unsigned g = (unsigned)((rows + 7) / 8);
   if (dy16 && dx32)
@@ -459,10 +459,11 @@ dflash_status k_rmsnorm_bwd(cudaStream_t s, float *dx32, bf16 *dx16, const bf16 
   return df_launched("rmsnorm_backward");
 }
 
-size_t k_rmsnorm_dw_scratch(int n) { return (size_t)kDwSplit * n; }
+size_t k_rmsnorm_backward_dw_scratch(int n) { return (size_t)kDwSplit * n; }
 
-dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
-                           const bf16 *x, const float *rstd, long rows, int n, float *partial) {
+dflash_status k_rmsnorm_backward_dw(cudaStream_t s, float *dw, const bf16 *dy16, const float *dy32,
+                                    const bf16 *x, const float *rstd, long rows, int n,
+                                    float *partial) {
   if (rows <= 0) return DFLASH_OK;
   long sp = (rows + 63) / 64;
   int splits = (int)(sp > kDwSplit ? kDwSplit : sp);
@@ -479,8 +480,8 @@ dflash_status k_rmsnorm_dw(cudaStream_t s, float *dw, const bf16 *dy16, const fl
   return df_launched("rmsnorm_backward_dw_reduce");
 }
 
-dflash_status k_rope(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
-                     const float *sin_t, long rows, int heads, int d, int rot, float sign) {
+dflash_status k_rope_forward(cudaStream_t s, bf16 *x, const int32_t *pos, const float *cos_t,
+                             const float *sin_t, long rows, int heads, int d, int rot, float sign) {
   size_t n = (size_t)rows * heads * (rot / 2);
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, rope_forward)
@@ -497,13 +498,13 @@ dflash_status k_rope_table(cudaStream_t s, float *cos_t, float *sin_t, const dou
   return df_launched("rope_table");
 }
 
-dflash_status k_swiglu_fwd(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
+dflash_status k_swiglu_forward(cudaStream_t s, bf16 *m, const bf16 *g, const bf16 *u, size_t n) {
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_forward)(m, g, u, n);
   return df_launched("swiglu_forward");
 }
-dflash_status k_swiglu_bwd(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
-                           const bf16 *u, size_t n) {
+dflash_status k_swiglu_backward(cudaStream_t s, bf16 *dg, bf16 *du, const bf16 *dm, const bf16 *g,
+                                const bf16 *u, size_t n) {
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, swiglu_backward)(dg, du, dm, g, u, n);
   return df_launched("swiglu_backward");
@@ -548,32 +549,33 @@ dflash_status k_positions(cudaStream_t s, int32_t *pos, const int32_t *anchors, 
   DF_LAUNCH((A * B + 255) / 256, 256, 0, s, positions)(pos, anchors, A, B);
   return df_launched("positions");
 }
-dflash_status k_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
+dflash_status k_lmhead_ce_init(cudaStream_t s, float *mx, float *sum, float *tl, int R) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH((R + 255) / 256, 256, 0, s, lmhead_ce_init)(mx, sum, tl, R);
   return df_launched("lmhead_ce_init");
 }
-dflash_status k_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx, float *sum,
-                         float *tl, float *acc, const int32_t *target, int R, int c, int v0, int H,
-                         bool grad) {
+dflash_status k_lmhead_ce_chunk(cudaStream_t s, const float *logits, bf16 *probs, float *mx,
+                                float *sum, float *tl, float *acc, const int32_t *target, int R,
+                                int c, int v0, int H, bool grad) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH(R, 256, 0, s, lmhead_ce_chunk)(logits, probs, mx, sum, tl, acc, target, c, v0, H, grad);
   return df_launched("lmhead_ce_chunk");
 }
-dflash_status k_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx, const float *sum,
-                          const float *tl, const float *acc, const float *coef, const bf16 *E,
-                          const int32_t *target, int R, int H) {
+dflash_status k_lmhead_ce_finish(cudaStream_t s, float *loss, bf16 *dx, const float *mx,
+                                 const float *sum, const float *tl, const float *acc,
+                                 const float *coef, const bf16 *E, const int32_t *target, int R,
+                                 int H) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH(R, 256, 0, s, lmhead_ce_finish)(loss, dx, mx, sum, tl, acc, coef, E, target, H);
   return df_launched("lmhead_ce_finish");
 }
-dflash_status k_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R) {
+dflash_status k_lmhead_argmax_init(cudaStream_t s, float *best, int32_t *best_i, int R) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH((R + 255) / 256, 256, 0, s, lmhead_argmax_init)(best, best_i, R);
   return df_launched("lmhead_argmax_init");
 }
-dflash_status k_argmax_chunk(cudaStream_t s, const float *logits, float *best, int32_t *best_i,
-                             int R, int c, int v0) {
+dflash_status k_lmhead_argmax_chunk(cudaStream_t s, const float *logits, float *best,
+                                    int32_t *best_i, int R, int c, int v0) {
   if (!R) return DFLASH_OK;
   DF_LAUNCH(R, 256, 0, s, lmhead_argmax_chunk)(logits, best, best_i, c, v0);
   return df_launched("lmhead_argmax_chunk");

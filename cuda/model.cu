@@ -76,8 +76,8 @@ dflash_status qk_forward(df_cu_model *m, bf16 *pre, float *rstd, bf16 *out, cons
                          size_t wi, size_t ni, const int32_t *pos, int rows, int heads) {
   DF_TRY(linear(m, pre, x, w_of(m, wi), rows, heads * m->c.d, m->c.H));
   DF_TRY(
-      k_rmsnorm_fwd_bf16(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d, m->c.eps));
-  DF_TRY(k_rope(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, m->c.rot, 1.0f));
+      k_rmsnorm_forward(m->st, out, rstd, pre, w_of(m, ni), (long)rows * heads, m->c.d, m->c.eps));
+  DF_TRY(k_rope_forward(m->st, out, pos, m->cos_t, m->sin_t, rows, heads, m->c.d, m->c.rot, 1.0f));
   return DFLASH_OK;
 }
 
@@ -110,7 +110,7 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
 #define LA(id, ty) lact<ty>(m, l, DF_LACT_##id)
   bf16 *h_in = LA(H_IN, bf16), *xn1 = LA(XN1, bf16), *h_mid = LA(H_MID, bf16);
   DF_TRY(
-      k_rmsnorm_fwd_bf16(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H, c.eps));
+      k_rmsnorm_forward(m->st, xn1, LA(RSTD1, float), h_in, w_of(m, lw(l, W_IN_LN)), T, H, c.eps));
   const bf16 *xa = xn1; // the attention's input: DFlash 2 convolves it first
   if (m->df2)
     DF_TRY(df2_prepare(m->df2, m->st, m->blas, l, 0, xn1, w_of(m, conv_w(m, l, 0, 1)),
@@ -125,18 +125,18 @@ dflash_status layer_forward(df_cu_model *m, int l, bf16 *out) {
                     lw(l, W_KN), m->iota, Sc, c.nkv));
   DF_TRY(linear(m, LA(VC, bf16), ctx, w_of(m, lw(l, W_V)), Sc, kd, H));
   df_attn_dev a = attn_shape(m, l);
-  DF_TRY(k_attention_fwd(m->st, &a, LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16),
-                         LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
+  DF_TRY(k_attention_forward(m->st, &a, LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16),
+                             LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
   DF_TRY(sublayer_out(m, l, 0, h_mid, h_in, LA(ATT, bf16), lw(l, W_O), qd));
-  DF_TRY(k_rmsnorm_fwd_bf16(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid,
-                            w_of(m, lw(l, W_POST_LN)), T, H, c.eps));
+  DF_TRY(k_rmsnorm_forward(m->st, LA(XN2, bf16), LA(RSTD2, float), h_mid, w_of(m, lw(l, W_POST_LN)),
+                           T, H, c.eps));
   const bf16 *xm = LA(XN2, bf16); // the MLP's input
   if (m->df2)
     DF_TRY(df2_prepare(m->df2, m->st, m->blas, l, 1, xm, w_of(m, conv_w(m, l, 1, 1)),
                        w_of(m, conv_w(m, l, 1, 0)), &xm));
   DF_TRY(linear(m, LA(G, bf16), xm, w_of(m, lw(l, W_G)), T, c.I, H));
   DF_TRY(linear(m, LA(U, bf16), xm, w_of(m, lw(l, W_U)), T, c.I, H));
-  DF_TRY(k_swiglu_fwd(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I));
+  DF_TRY(k_swiglu_forward(m->st, LA(M, bf16), LA(G, bf16), LA(U, bf16), (size_t)T * c.I));
   return sublayer_out(m, l, 1, out, h_mid, LA(M, bf16), lw(l, W_D), c.I);
 }
 
@@ -144,16 +144,16 @@ dflash_status model_forward(df_cu_model *m) {
   const df_cu_config &c = m->c;
   bf16 *ctx_pre = act<bf16>(m, DF_ACT_CTX_PRE);
   DF_TRY(linear(m, ctx_pre, act<bf16>(m, DF_ACT_HIDDEN), w_of(m, P_FC), m->Sc, c.H, c.KH));
-  DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD),
-                            ctx_pre, w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps));
+  DF_TRY(k_rmsnorm_forward(m->st, act<bf16>(m, DF_ACT_CTX), act<float>(m, DF_ACT_CTX_RSTD), ctx_pre,
+                           w_of(m, P_HIDDEN_NORM), m->Sc, c.H, c.eps));
   DF_TRY(k_gather_rows(m->st, lact<bf16>(m, 0, DF_LACT_H_IN), m->embed, act<int32_t>(m, DF_ACT_TOK),
                        m->T, c.H));
   for (int l = 0; l < c.L; l++)
     DF_TRY(layer_forward(m, l,
                          l + 1 < c.L ? lact<bf16>(m, l + 1, DF_LACT_H_IN)
                                      : act<bf16>(m, DF_ACT_H_OUT)));
-  DF_TRY(k_rmsnorm_fwd_bf16(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
-                            act<bf16>(m, DF_ACT_H_OUT), w_of(m, norm_index(m)), m->T, c.H, c.eps));
+  DF_TRY(k_rmsnorm_forward(m->st, act<bf16>(m, DF_ACT_HF), act<float>(m, DF_ACT_RSTD_F),
+                           act<bf16>(m, DF_ACT_H_OUT), w_of(m, norm_index(m)), m->T, c.H, c.eps));
   int32_t *ri = act<int32_t>(m, DF_ACT_ROW_I32);
   DF_TRY(k_gather_rows(m->st, act<bf16>(m, DF_ACT_ROWS_X), act<bf16>(m, DF_ACT_HF), ri, m->R, c.H));
   return DFLASH_OK;
@@ -169,7 +169,7 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
   const int32_t *target = act<int32_t>(m, DF_ACT_ROW_I32) + R;
   float *logits = act<float>(m, DF_ACT_LOGITS);
   bf16 *probs = act<bf16>(m, DF_ACT_PROBS), *x = act<bf16>(m, DF_ACT_ROWS_X);
-  DF_TRY(k_ce_init(m->st, mx, sum, tl, R));
+  DF_TRY(k_lmhead_ce_init(m->st, mx, sum, tl, R));
   if (grad) DF_CU(cudaMemsetAsync(acc, 0, 4 * (size_t)R * H, m->st));
   if (m->df2) DF_TRY(df2_topk_init(m->df2, m->st, R)); // the selector's candidates
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
@@ -177,11 +177,11 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
     const bf16 *Ec = m->head + (size_t)v0 * H;
     DF_TRY(gemm(m, false, true, R, cn, H, x, H, Ec, H, logits, cn, true, 0.0f));
     if (m->df2) DF_TRY(df2_topk_chunk(m->df2, m->st, logits, R, cn, v0));
-    DF_TRY(k_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad));
+    DF_TRY(k_lmhead_ce_chunk(m->st, logits, probs, mx, sum, tl, acc, target, R, cn, v0, H, grad));
     if (grad) DF_TRY(gemm(m, false, false, R, H, cn, probs, cn, Ec, H, acc, H, true, 1.0f));
   }
-  DF_TRY(k_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl, acc,
-                     coef, m->head, target, R, H));
+  DF_TRY(k_lmhead_ce_finish(m->st, loss, grad ? act<bf16>(m, DF_ACT_ROWS_DX) : nullptr, mx, sum, tl,
+                            acc, coef, m->head, target, R, H));
   return DFLASH_OK;
 }
 
@@ -213,11 +213,11 @@ dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool
                           size_t wi, size_t ni, const bf16 *pre, const float *rstd, const bf16 *x,
                           const int32_t *pos, int rows, int heads) {
   int d = m->c.d;
-  DF_TRY(k_rope(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, m->c.rot, -1.0f));
-  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
-                      m->dw_scratch));
-  DF_TRY(k_rmsnorm_bwd(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd,
-                       (long)rows * heads, d, false));
+  DF_TRY(k_rope_forward(m->st, dout, pos, m->cos_t, m->sin_t, rows, heads, d, m->c.rot, -1.0f));
+  DF_TRY(k_rmsnorm_backward_dw(m->st, g_of(m, ni), dout, nullptr, pre, rstd, (long)rows * heads, d,
+                               m->dw_scratch));
+  DF_TRY(k_rmsnorm_backward(m->st, nullptr, dpre, dout, nullptr, pre, w_of(m, ni), rstd,
+                            (long)rows * heads, d, false));
   DF_TRY(linear_dx(m, dx, dx32, dpre, w_of(m, wi), rows, heads * d, m->c.H, acc));
   return linear_dw(m, g_of(m, wi), dpre, x, rows, heads * d, m->c.H);
 }
@@ -225,8 +225,9 @@ dflash_status qk_backward(df_cu_model *m, bf16 *dout, bf16 *dpre, void *dx, bool
 // RMSNorm backward with fp32 dy: dw, then dx (+)= into bf16.
 dflash_status norm_backward(df_cu_model *m, bf16 *dx16, const float *dy32, const bf16 *x, size_t wi,
                             const float *rstd, long rows, int n, bool acc) {
-  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch));
-  return k_rmsnorm_bwd(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n, acc);
+  DF_TRY(k_rmsnorm_backward_dw(m->st, g_of(m, wi), nullptr, dy32, x, rstd, rows, n, m->dw_scratch));
+  return k_rmsnorm_backward(m->st, nullptr, dx16, nullptr, dy32, x, w_of(m, wi), rstd, rows, n,
+                            acc);
 }
 
 // DFlash 2: dx = d(normed input xn) from d(convolved input) through prepare (its base
@@ -258,7 +259,7 @@ dflash_status layer_backward(df_cu_model *m, int l) {
   }
   DF_TRY(linear_dx(m, dm, false, dy, w_of(m, lw(l, W_D)), T, H, I, false));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_D)), dy, LA(M, bf16), T, H, I));
-  DF_TRY(k_swiglu_bwd(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I));
+  DF_TRY(k_swiglu_backward(m->st, dg, du, dm, LA(G, bf16), LA(U, bf16), (size_t)T * I));
   DF_TRY(linear_dx(m, dxs, true, dg, w_of(m, lw(l, W_G)), T, I, H, false));
   DF_TRY(linear_dx(m, dxs, true, du, w_of(m, lw(l, W_U)), T, I, H, true));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_G)), dg, xm, T, I, H));
@@ -272,9 +273,9 @@ dflash_status layer_backward(df_cu_model *m, int l) {
   DF_TRY(linear_dx(m, datt, false, dy, w_of(m, lw(l, W_O)), T, H, qd, false));
   DF_TRY(linear_dw(m, g_of(m, lw(l, W_O)), dy, LA(ATT, bf16), T, H, qd));
   df_attn_dev a = attn_shape(m, l);
-  DF_TRY(k_attention_bwd(m->st, &a, dq, dkc, dvc, dkb, dvb, act<float>(m, DF_ACT_D), datt,
-                         LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16), LA(VC, bf16),
-                         LA(KB, bf16), LA(VB, bf16)));
+  DF_TRY(k_attention_backward(m->st, &a, dq, dkc, dvc, dkb, dvb, act<float>(m, DF_ACT_D), datt,
+                              LA(ATT, bf16), LA(LSE, float), LA(Q, bf16), LA(KC, bf16),
+                              LA(VC, bf16), LA(KB, bf16), LA(VB, bf16)));
   DF_TRY(qk_backward(m, dq, dtmp, dxs, true, false, lw(l, W_Q), lw(l, W_QN), LA(Q_PRE, bf16),
                      LA(Q_RSTD, float), xa, pos_b, T, c.nh));
   DF_TRY(qk_backward(m, dkb, dtmp, dxs, true, true, lw(l, W_K), lw(l, W_KN), LA(KB_PRE, bf16),
@@ -306,9 +307,10 @@ dflash_status model_backward(df_cu_model *m, rs_issuer *rs) {
   // dh holds d(hf); turn it into d(h_out) in place (dw first: it needs dy).
   const bf16 *h_out = act<bf16>(m, DF_ACT_H_OUT);
   const float *rstd_f = act<float>(m, DF_ACT_RSTD_F);
-  DF_TRY(k_rmsnorm_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H, m->dw_scratch));
-  DF_TRY(
-      k_rmsnorm_bwd(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H, false));
+  DF_TRY(k_rmsnorm_backward_dw(m->st, g_of(m, norm_i), dh, nullptr, h_out, rstd_f, T, H,
+                               m->dw_scratch));
+  DF_TRY(k_rmsnorm_backward(m->st, nullptr, dh, dh, nullptr, h_out, w_of(m, norm_i), rstd_f, T, H,
+                            false));
   DF_TRY(issue_ready(m, rs, m->from[norm_i]));
   DF_CU(cudaMemsetAsync(act<float>(m, DF_ACT_DCTX), 0, 4 * (size_t)m->Sc * H, m->st));
   for (int l = c.L - 1; l >= 0; l--) {
@@ -414,14 +416,15 @@ extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int
   // best value / index: the row-f32 block's first two slots are free here.
   float *best = act<float>(m, DF_ACT_ROW_F32);
   int32_t *best_i = (int32_t *)(best + R);
-  DF_TRY(k_argmax_init(m->st, best, best_i, R));       // all-NaN rows: token 0, as on the CPU
-  if (m->df2) DF_TRY(df2_topk_init(m->df2, m->st, R)); // DFlash 2: the selector's candidates
+  DF_TRY(k_lmhead_argmax_init(m->st, best, best_i, R)); // all-NaN rows: token 0, as on the CPU
+  if (m->df2) DF_TRY(df2_topk_init(m->df2, m->st, R));  // DFlash 2: the selector's candidates
   for (int v0 = 0; v0 < c.V; v0 += chunk) {
     int cn = c.V - v0 < chunk ? c.V - v0 : chunk;
     DF_TRY(gemm(m, false, true, R, cn, c.H, act<bf16>(m, DF_ACT_ROWS_X), c.H,
                 m->head + (size_t)v0 * c.H, c.H, act<float>(m, DF_ACT_LOGITS), cn, true, 0.0f));
     if (m->df2) DF_TRY(df2_topk_chunk(m->df2, m->st, act<float>(m, DF_ACT_LOGITS), R, cn, v0));
-    else DF_TRY(k_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0));
+    else
+      DF_TRY(k_lmhead_argmax_chunk(m->st, act<float>(m, DF_ACT_LOGITS), best, best_i, R, cn, v0));
   }
   if (m->df2) // the greedy path of each block, as the CPU's select_blocks
     DF_TRY(df2_select_greedy(m->df2, m->st, m->blas, act<bf16>(m, DF_ACT_ROWS_X),

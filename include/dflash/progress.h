@@ -5,10 +5,11 @@
  * (dflash_fetch_progress_fn, dflash_dataset_build_progress_fn,
  * dflash_train_progress_fn); a caller that wants a bar draws it from there
  * with a reporter, as the dflash command and the Python package do. The
- * library never prints by itself: a reporter writes only to the stream the
- * caller hands it. On a terminal it redraws one live line (bar, count,
- * rate, ETA); on anything else (a log file, a pipe) it writes a plain line at
- * most every `interval_s` seconds, so logs stay readable.
+ * library never prints by itself: a reporter hands its text to the caller's
+ * write callback (or, when the caller passes none, to standard error). On a
+ * terminal it redraws one live line (bar, count, rate, ETA); on anything else
+ * (a log file, a pipe) it writes a plain line at most every `interval_s`
+ * seconds, so logs stay readable.
  *
  * A reporter is single-owner (see dflash.h).
  */
@@ -16,7 +17,7 @@
 #define DFLASH_PROGRESS_H
 
 #include <dflash/dflash.h>
-#include <stdio.h>
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,12 +26,23 @@ extern "C" {
 typedef struct dflash_progress dflash_progress;
 
 /*
- * Start a reporter writing to `stream` (stderr when NULL). `label` names the
- * job, `unit` the things counted ("samples", "tok"); `total` may be 0 when
- * unknown (no bar or ETA then). `interval_s` <= 0 picks 10 s for plain
- * output. The TTY decision is made once, here.
+ * Where a reporter's text goes: `len` bytes at `text` (not NUL-terminated),
+ * called from the thread that calls dflash_progress_update / _finish. A live
+ * line is redrawn with "\r\033[K"; a plain line ends with "\n".
  */
-DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label, const char *unit,
+typedef void (*dflash_progress_write_fn)(const char *text, size_t len, void *user);
+
+/*
+ * Start a reporter handing its text to `write` (with `user`). `tty` 1 redraws
+ * one live line (the caller writes to a terminal), 0 writes plain lines. With
+ * `write` NULL the text goes to standard error, and `tty` is ignored: the
+ * reporter redraws when standard error is a terminal (the choice is made
+ * once, here). `label` names the job, `unit` the things counted ("samples",
+ * "tok"); `total` may be 0 when unknown (no bar or ETA then). `interval_s`
+ * <= 0 picks 10 s for plain output.
+ */
+DFLASH_API dflash_status dflash_progress_create(dflash_progress_write_fn write, void *user,
+                                                int32_t tty, const char *label, const char *unit,
                                                 uint64_t total, double interval_s,
                                                 dflash_progress **out);
 /* Report that `done` units are complete so far (absolute, not an increment).

@@ -3,12 +3,15 @@
 
 #include "internal.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 struct dflash_progress {
-  FILE *out;
+  dflash_progress_write_fn write;
+  void *user;
   char *label;
   char *unit;
   uint64_t total;
@@ -21,14 +24,23 @@ struct dflash_progress {
   char note[1024]; /* fetch's note names every server (about 30 bytes each) */
 };
 
-DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label, const char *unit,
+/* The default sink: standard error, flushed after every piece. */
+static void write_stderr(const char *text, size_t len, void *user) {
+  (void)user;
+  fwrite(text, 1, len, stderr);
+  fflush(stderr);
+}
+
+DFLASH_API dflash_status dflash_progress_create(dflash_progress_write_fn write, void *user,
+                                                int32_t tty, const char *label, const char *unit,
                                                 uint64_t total, double interval_s,
                                                 dflash_progress **out) {
   DF_CHECK_ARG(out);
   *out = NULL;
   dflash_progress *p = calloc(1, sizeof *p);
   if (!p) return df_error_nomem("progress reporter");
-  p->out = stream ? stream : stderr;
+  p->write = write ? write : write_stderr;
+  p->user = write ? user : NULL;
   p->label = df_strdup(label ? label : "");
   p->unit = df_strdup(unit ? unit : "");
   if (!p->label || !p->unit) {
@@ -36,7 +48,7 @@ DFLASH_API dflash_status dflash_progress_create(FILE *stream, const char *label,
     return df_error_nomem("progress reporter");
   }
   p->total = total;
-  p->tty = isatty(fileno(p->out)) == 1;
+  p->tty = write ? tty != 0 : isatty(STDERR_FILENO) == 1;
   /* A terminal redraws often; a log gets one line per interval. */
   p->interval = p->tty ? 0.1 : (interval_s > 0 ? interval_s : 10.0);
   p->start = df_now_seconds();
@@ -53,6 +65,27 @@ static void format_duration(double s, char *buf, size_t n) {
   unsigned long t = (unsigned long)(s + 0.5);
   if (t >= 3600) snprintf(buf, n, "%lu:%02lu:%02lu", t / 3600, (t / 60) % 60, t % 60);
   else snprintf(buf, n, "%lu:%02lu", t / 60, t % 60);
+}
+
+/* One piece of text to the sink (a line is one piece; longer than the stack buffer only with
+ * a very long label or unit). */
+static void emit(dflash_progress *p, const char *fmt, ...) DF_PRINTF(2, 3);
+static void emit(dflash_progress *p, const char *fmt, ...) {
+  char small[2048], *buf = small;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(small, sizeof small, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n >= sizeof small) {
+    buf = malloc((size_t)n + 1);
+    if (!buf) return;
+    va_start(ap, fmt);
+    vsnprintf(buf, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+  }
+  p->write(buf, (size_t)n, p->user);
+  if (buf != small) free(buf);
 }
 
 static void draw(dflash_progress *p, double now) {
@@ -74,21 +107,20 @@ static void draw(dflash_progress *p, double now) {
     memset(bar, '#', fill);
     memset(bar + fill, '.', width - fill);
     bar[width] = '\0';
-    fprintf(p->out, "\r\033[K%s [%s] %5.1f%% %llu/%llu %s  %.1f %s/s  %s<%s%s%s", p->label, bar,
-            100.0 * (double)p->done / (double)p->total, (unsigned long long)p->done,
-            (unsigned long long)p->total, p->unit, rate, p->unit, el, eta, sep, p->note);
+    emit(p, "\r\033[K%s [%s] %5.1f%% %llu/%llu %s  %.1f %s/s  %s<%s%s%s", p->label, bar,
+         100.0 * (double)p->done / (double)p->total, (unsigned long long)p->done,
+         (unsigned long long)p->total, p->unit, rate, p->unit, el, eta, sep, p->note);
   } else if (p->tty) {
-    fprintf(p->out, "\r\033[K%s %llu %s  %.1f %s/s  %s%s%s", p->label, (unsigned long long)p->done,
-            p->unit, rate, p->unit, el, sep, p->note);
+    emit(p, "\r\033[K%s %llu %s  %.1f %s/s  %s%s%s", p->label, (unsigned long long)p->done, p->unit,
+         rate, p->unit, el, sep, p->note);
   } else if (p->total) {
-    fprintf(p->out, "%s: %llu/%llu %s (%.1f%%), %.1f %s/s, elapsed %s, ETA %s%s%s\n", p->label,
-            (unsigned long long)p->done, (unsigned long long)p->total, p->unit,
-            100.0 * (double)p->done / (double)p->total, rate, p->unit, el, eta, sep, p->note);
+    emit(p, "%s: %llu/%llu %s (%.1f%%), %.1f %s/s, elapsed %s, ETA %s%s%s\n", p->label,
+         (unsigned long long)p->done, (unsigned long long)p->total, p->unit,
+         100.0 * (double)p->done / (double)p->total, rate, p->unit, el, eta, sep, p->note);
   } else {
-    fprintf(p->out, "%s: %llu %s, %.1f %s/s, elapsed %s%s%s\n", p->label,
-            (unsigned long long)p->done, p->unit, rate, p->unit, el, sep, p->note);
+    emit(p, "%s: %llu %s, %.1f %s/s, elapsed %s%s%s\n", p->label, (unsigned long long)p->done,
+         p->unit, rate, p->unit, el, sep, p->note);
   }
-  fflush(p->out);
   p->last_draw = now;
 }
 
@@ -103,8 +135,7 @@ DFLASH_API void dflash_progress_update(dflash_progress *p, uint64_t done, const 
 DFLASH_API void dflash_progress_finish(dflash_progress *p) {
   if (!p || p->finished) return;
   draw(p, df_now_seconds());
-  if (p->tty) fputc('\n', p->out);
-  fflush(p->out);
+  if (p->tty) p->write("\n", 1, p->user);
   p->finished = true;
 }
 

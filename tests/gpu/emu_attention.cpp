@@ -123,12 +123,12 @@ Result run_gpu(const Case &c, const Buf &q, const Buf &kc, const Buf &vc, const 
   void *out = out_buf(qn, 2), *lse = out_buf(T * c.nh, 4), *D = out_buf(T * c.nh, 4);
   void *dq = out_buf(qn, 2), *dkb = out_buf(kn, 2), *dvb = out_buf(kn, 2);
   void *dkc = out_buf(cn, 2), *dvc = out_buf(cn, 2);
-  dflash_status st = k_attention_fwd(nullptr, &a, (bf16 *)out, (float *)lse, q.b(), kc.b(), vc.b(),
-                                     kb.b(), vb.b());
+  dflash_status st = k_attention_forward(nullptr, &a, (bf16 *)out, (float *)lse, q.b(), kc.b(),
+                                         vc.b(), kb.b(), vb.b());
   CHECK(st == DFLASH_OK, "%s: forward: %s", c.name, dflash_last_error());
-  st = k_attention_bwd(nullptr, &a, (bf16 *)dq, (bf16 *)dkc, (bf16 *)dvc, (bf16 *)dkb, (bf16 *)dvb,
-                       (float *)D, dout.b(), (const bf16 *)out, (const float *)lse, q.b(), kc.b(),
-                       vc.b(), kb.b(), vb.b());
+  st = k_attention_backward(nullptr, &a, (bf16 *)dq, (bf16 *)dkc, (bf16 *)dvc, (bf16 *)dkb,
+                            (bf16 *)dvb, (float *)D, dout.b(), (const bf16 *)out,
+                            (const float *)lse, q.b(), kc.b(), vc.b(), kb.b(), vb.b());
   CHECK(st == DFLASH_OK, "%s: backward: %s", c.name, dflash_last_error());
   Result r{bf16_back(out, qn), f32_back(lse, T * c.nh), bf16_back(dq, qn), bf16_back(dkc, cn),
            bf16_back(dvc, cn), bf16_back(dkb, kn),      bf16_back(dvb, kn)};
@@ -223,8 +223,9 @@ void test_unsupported() {
     CHECK(st == DFLASH_E_UNSUPPORTED, "d %d B %d %d/%d: status %d, not unsupported", b.d, b.B, b.nh,
           b.nkv, (int)st);
     printf("refused d %d B %d %d/%d: %s\n", b.d, b.B, b.nh, b.nkv, msg);
-    st = k_attention_bwd(nullptr, &a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                         nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    st = k_attention_backward(nullptr, &a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                              nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                              nullptr);
     CHECK(st == DFLASH_E_UNSUPPORTED, "backward of d %d B %d: status %d", b.d, b.B, (int)st);
   }
   // Through the public API: the trainer is refused at create on sm_120 (it used to be

@@ -88,6 +88,7 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
                                   "rmsnorm_forward",
                                   "rope_forward",
                                   "swiglu_forward",
+                                  "attention_forward",
                                   "lmhead_ce_init",
                                   "lmhead_ce_chunk",
                                   "lmhead_ce_finish",
@@ -96,12 +97,15 @@ START_TEST(a_refused_launch_fails_naming_its_kernel) {
                                   "rmsnorm_backward_dw_reduce",
                                   "rmsnorm_backward",
                                   "swiglu_backward",
+                                  "attention_backward_q",
+                                  "attention_backward_kv",
                                   "sumsq_partial",
                                   "sumsq_final",
                                   "norm_sum",
                                   "norm_clip",
                                   "scale_clipped",
                                   "adamw",
+                                  "lmhead_argmax_init",
                                   "lmhead_argmax_chunk"};
   dflash_drafter_config c = {.struct_size = sizeof c};
   g_small_config(&c);

@@ -181,8 +181,8 @@ static int on_progress(dflash_fetch *f, const dflash_fetch_stats *s, void *user)
                 (unsigned long long)s->retries, (unsigned long long)s->attempts_failed,
                 (unsigned long long)s->failed, over, s->stopping ? " STOPPING" : "");
   server_notes(f, note, n, sizeof note);
-  if (!c->progress &&
-      dflash_progress_create(stderr, "fetch", "prompts", c->total, c->log_interval, &c->progress))
+  if (!c->progress && dflash_progress_create(NULL, NULL, 0, "fetch", "prompts", c->total,
+                                             c->log_interval, &c->progress))
     return 0;
   dflash_progress_update(c->progress, s->completed + s->failed, note);
   return 0;

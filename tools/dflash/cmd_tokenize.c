@@ -96,7 +96,7 @@ static int parse_args(int argc, char **argv, tok_args *a, const char **inputs, i
 static int on_progress(const dflash_dataset_build_stats *s, void *user) {
   dflash_progress **p = user;
   /* Out of memory for the bar: go on without it (*p stays NULL, update takes NULL). */
-  if (!*p && dflash_progress_create(stderr, "tokenize", "lines", 0, 0, p)) *p = NULL;
+  if (!*p && dflash_progress_create(NULL, NULL, 0, "tokenize", "lines", 0, 0, p)) *p = NULL;
   dflash_progress_update(*p, s->lines, NULL);
   return 0;
 }

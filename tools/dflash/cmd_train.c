@@ -467,7 +467,7 @@ static void on_signal(int sig) {
 static int on_progress(const dflash_train_stats *s, void *user) {
   dflash_progress **bar = user;
   if (!g_quiet && !*bar &&
-      dflash_progress_create(stderr, "train", "steps", (uint64_t)s->last_step, 0, bar))
+      dflash_progress_create(NULL, NULL, 0, "train", "steps", (uint64_t)s->last_step, 0, bar))
     *bar = NULL;
   if (*bar) {
     char note[96];

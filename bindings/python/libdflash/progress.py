@@ -1,88 +1,76 @@
-"""Progress reporting (include/dflash/progress.h) and the C `FILE *` streams the
-library writes progress to, made from Python files, paths or descriptors.
+"""Progress reporting (include/dflash/progress.h): the library draws the bar and
+hands its text to a write callback, which writes it to a Python file, path or
+descriptor.
 
     with libdflash.Progress("train", "steps", total=100, stream="log.txt") as p:
         for step in range(100):
             p.update(step + 1, note=f"loss {loss:.3f}")
 """
 import ctypes
-import ctypes.util
+import io
 import os
+import sys
 
 from ._lib import Handle, bind, cstr
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_fdopen = _libc.fdopen
-_fdopen.argtypes, _fdopen.restype = [ctypes.c_int, ctypes.c_char_p], ctypes.c_void_p
-_fflush = _libc.fflush
-_fflush.argtypes, _fflush.restype = [ctypes.c_void_p], ctypes.c_int
-_fclose = _libc.fclose
-_fclose.argtypes, _fclose.restype = [ctypes.c_void_p], ctypes.c_int
-
 _P = ctypes.c_void_p
-_create = bind("dflash_progress_create", [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
-                                          ctypes.c_double, ctypes.POINTER(_P)])
+WRITE_FN = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t, ctypes.c_void_p)
+_create = bind("dflash_progress_create", [WRITE_FN, _P, ctypes.c_int32, ctypes.c_char_p,
+                                          ctypes.c_char_p, ctypes.c_uint64, ctypes.c_double,
+                                          ctypes.POINTER(_P)])
 _update = bind("dflash_progress_update", [_P, ctypes.c_uint64, ctypes.c_char_p], None)
 _finish = bind("dflash_progress_finish", [_P], None)
 bind("dflash_progress_free", [_P], None)
 
 
-class CFile(Handle):
-    """A C `FILE *` (opened for appending) over a Python stream; `ptr` is the pointer.
+def _sink(target):
+    """(write(bytes), isatty, close) for a stream target: None (standard error), an int
+    descriptor (written with os.write, left open), a file object (written and flushed, left
+    open; text or binary) or a path (opened for appending, closed with the reporter)."""
+    if target is None:
+        target = sys.stderr
+    if isinstance(target, int):
+        fd = target
+        return (lambda b: os.write(fd, b)), os.isatty(fd), (lambda: None)
+    if hasattr(target, "write"):
+        f = target
+        text = isinstance(f, io.TextIOBase) or "b" not in getattr(f, "mode", "b")
 
-    `target`: a path (opened for appending and closed with this object), a
-    file object with fileno() (flushed first; its descriptor is duplicated,
-    so it stays open), an int descriptor (duplicated), or None for the
-    process's standard error (descriptor 2). C buffers are flushed by
-    flush() and close()."""
+        def write(b):
+            f.write(b.decode("utf-8", "replace") if text else b)
+            f.flush()
 
-    def __init__(self, target=None):
-        if target is None:
-            fd = os.dup(2)
-        elif isinstance(target, int):
-            fd = os.dup(target)
-        elif hasattr(target, "fileno"):
-            target.flush()
-            fd = os.dup(target.fileno())
-        else:
-            fd = os.open(cstr(target), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        ptr = _fdopen(fd, b"a")
-        if not ptr:
-            err = ctypes.get_errno()
-            os.close(fd)
-            raise OSError(err, f"fdopen: {os.strerror(err)}")
-        self._h = ptr
-
-    @property
-    def ptr(self):
-        """The `FILE *` (an int address; None once closed)."""
-        return self._h
-
-    def _release(self, h):
-        _fclose(h)
-
-    def flush(self):
-        """Flush the C stream's buffer."""
-        if self._h:
-            _fflush(self._h)
+        try:
+            tty = f.isatty()
+        except (AttributeError, ValueError, OSError):
+            tty = False
+        return write, tty, (lambda: None)
+    f = open(cstr(target), "ab")
+    return (lambda b: (f.write(b), f.flush())), False, f.close
 
 
 class Progress(Handle):
     """A progress reporter: a live bar on a terminal, a plain line at most every
-    `interval` seconds elsewhere (interval <= 0: 10 s). `stream` as for CFile
-    (None: standard error). total=0 when unknown. Leaving a `with` block (or
-    close()) draws the final state."""
+    `interval` seconds elsewhere (interval <= 0: 10 s). `stream`: None (standard
+    error), a path (appended to), a file object or an int descriptor. total=0
+    when unknown. Leaving a `with` block (or close()) draws the final state."""
 
     _free = "dflash_progress_free"
+    _close_sink = None
 
     def __init__(self, label, unit, total=0, interval=0.0, stream=None):
-        self._file = CFile(stream)
+        write, tty, self._close_sink = _sink(stream)
+
+        def on_write(text, n, _user):
+            write(ctypes.string_at(text, n))
+
+        self._write = WRITE_FN(on_write)  # kept alive as long as the reporter
         h = _P()
         try:
-            _create(self._file.ptr, cstr(label), cstr(unit), int(total), float(interval),
-                    ctypes.byref(h))
+            _create(self._write, None, 1 if tty else 0, cstr(label), cstr(unit), int(total),
+                    float(interval), ctypes.byref(h))
         except BaseException:
-            self._file.close()
+            self._close_sink()
             raise
         self._h = h
 
@@ -95,9 +83,10 @@ class Progress(Handle):
         """Draw the final state and end the line; later updates are ignored."""
         if self._h:
             _finish(self._h)
-            self._file.flush()
 
     def close(self):
-        """Finish (draw the final state), free the reporter and close its stream."""
+        """Finish (draw the final state), free the reporter and close a stream it opened."""
         super().close()
-        self._file.close()
+        close_sink, self._close_sink = self._close_sink, None
+        if close_sink is not None:
+            close_sink()

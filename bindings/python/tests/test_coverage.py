@@ -17,8 +17,8 @@ from libdflash import _lib
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # Public functions the package deliberately leaves unbound, each with the reason.
-# Empty: FILE * parameters are bound through libdflash.progress.CFile (paths, files
-# or descriptors), callbacks through ctypes CFUNCTYPE objects.
+# Empty: callbacks (progress's write callback among them) are bound through ctypes
+# CFUNCTYPE objects; no public function takes a FILE *.
 ALLOWED_UNBOUND = {}
 
 

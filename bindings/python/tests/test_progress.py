@@ -1,11 +1,11 @@
-"""libdflash.Progress and the C streams made from Python files (libdflash.progress.CFile)."""
+"""libdflash.Progress: the library's reporter writing through a callback to Python files,
+paths and descriptors."""
 import os
 import re
 
 import pytest
 
 import libdflash
-from libdflash.progress import CFile
 
 
 def test_progress_writes_plain_lines_to_a_file(tmp_path):
@@ -52,10 +52,12 @@ def test_progress_to_a_descriptor(tmp_path):
             os.close(w)
 
 
-def test_cfile_errors_and_close(tmp_path):
+def test_progress_to_a_binary_file_and_a_bad_path(tmp_path):
     with pytest.raises(OSError):
-        CFile(tmp_path / "no" / "such" / "dir.log")
-    f = CFile(tmp_path / "a.log")
-    f.close()
-    f.close()  # idempotent
-    assert (tmp_path / "a.log").exists()
+        libdflash.Progress("x", "y", stream=tmp_path / "no" / "such" / "dir.log")
+    with open(tmp_path / "b.log", "wb") as f:
+        p = libdflash.Progress("bin", "x", total=2, stream=f)
+        p.update(2)
+        p.close()
+        p.close()  # idempotent
+    assert (tmp_path / "b.log").read_bytes().startswith(b"bin: 2/2 x (100.0%)")
