@@ -136,7 +136,7 @@ typedef struct df_spool_pos {
   uint64_t shard, offset;
 } df_spool_pos;
 
-/* A store on object storage, read with ranged GETs (remote.c). Tensor
+/* A store on object storage, read with ranged GETs (remote_store.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */
 typedef struct df_rhidden df_rhidden;
 DF_MUST_CHECK dflash_status df_rhidden_open(const char *url, df_rhidden **out);

@@ -12,7 +12,7 @@
 
 #include "dist.h"
 #include "hidden/hidden.h"
-#include "remote.h"
+#include "remote_files.h"
 #include "stream.h"
 #include "trainer.h"
 

@@ -19,7 +19,7 @@
 #include "position.h"
 #include "stream.h"
 #include "rng.h"
-#include "remote.h"
+#include "remote_files.h"
 #include "trainer.h"
 #include "run_internal.h"
 
