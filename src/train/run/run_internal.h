@@ -10,11 +10,11 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "dist.h"
+#include "train/cuda/dist.h"
 #include "hidden/hidden.h"
-#include "remote_files.h"
+#include "train/remote_files.h"
 #include "stream.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 typedef struct run {
   const dflash_train_run_options *o;
