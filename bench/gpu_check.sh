@@ -84,7 +84,7 @@ for p in gpu_parity gpu_run gpu_bench; do
 done
 log "build ok"
 # The test programs link libdflash's internal archive, not libdflash.so: tell them where the
-# CUDA backend module is (src/train/cuda_module.c; libdflash.so finds it beside itself).
+# CUDA backend module is (src/train/cuda/cuda_module.c; libdflash.so finds it beside itself).
 if [ -f "$build/libdflash-cuda.so" ]; then export DFLASH_CUDA_MODULE="$PWD/$build/libdflash-cuda.so"; fi
 
 # 2. parity (fresh seed each run; DFLASH_GPU_SEED=N reproduces one)

@@ -2,7 +2,7 @@
 """Performance model of one CUDA training step of a DFlash drafter.
 
 Lists every GEMM, kernel, copy and collective that cuda/model.cu, cuda/kernels.cu,
-cuda/attention.cu and src/train/backend_cuda.c issue for one step (accumulate one
+cuda/attention.cu and src/train/cuda/backend_cuda.c issue for one step (accumulate one
 or more sequences, then the AdamW step), with its FLOPs and HBM bytes, and a
 predicted time per op from stated data about the GPU:
 
@@ -29,7 +29,7 @@ predicted time per op from stated data about the GPU:
     all-gather follows the optimizer.
 
 Sequences per GPU per step: --batch, else the count the trainer picks itself (auto_batch,
-train/dfcuda.h's df_cu_auto_sequences: 1, or 4 with several ranks on PCIe GPUs such as the
+train/cuda/dfcuda.h's df_cu_auto_sequences: 1, or 4 with several ranks on PCIe GPUs such as the
 RTX PRO 6000), accumulated one after another with one reduce-scatter and one all-gather.
 
 Model FLOPs (the MFU numerator) count what training must compute: forward and
@@ -110,7 +110,7 @@ GPUS = {
 # The trainer's own choice of sequences per GPU per optimizer step when none is asked for
 # (dflash_train_run_options.batch_size 0, `dflash train` without --batch): 1, or
 # PCIE_SEQUENCES with several ranks on GPUs without NVLink (the `pcie` rows). The rule is
-# train/dfcuda.h's df_cu_auto_sequences, DF_CU_PCIE_SEQUENCES the count (4: the smallest at
+# train/cuda/dfcuda.h's df_cu_auto_sequences, DF_CU_PCIE_SEQUENCES the count (4: the smallest at
 # which this model predicts >= 50 % MFU for the Kimi and Qwen3-8B drafters on 8 RTX PRO 6000
 # at 25 GB/s); tests/gpu/test_gpu_model.py reads the header and checks the two agree.
 PCIE_SEQUENCES = 4
@@ -917,7 +917,7 @@ def memory(c, n, world, seq_len, anchors, chunk):
     half, wide = c["head_dim"] // 2, max(c["hidden_size"], c["head_dim"])
     parts = dict(weights=2 * npad, grads=4 * npad, masters=4 * shard, moments=8 * shard,
                  frozen=2 * 2 * vh, activations=arena_bytes(c, seq_len, anchors, chunk),
-                 # src/train/dfcuda.h df_cu_fixed_scratch_bytes: staging, RoPE frequencies, norm
+                 # src/train/cuda/dfcuda.h df_cu_fixed_scratch_bytes: staging, RoPE frequencies, norm
                  # scratch, sum-of-squares partials, cos/sin tables and positions, the
                  # per-sequence results (1024 deferred) and position weights, and the two
                  # stages of context rows as stored (bounded at fp32's 4 bytes a value)
@@ -936,7 +936,7 @@ def memory(c, n, world, seq_len, anchors, chunk):
                             up(4 * T * H) + up(4 * T * kg2) + up(2 * T * kg2) +
                             up(4 * 64 * x["k"] * H) + 3 * up(4 * R * x["K"]) + 3 * up(4 * R) +
                             up(4 * R * x["r"]) + 3 * up(2 * R * x["r"]) + up(4 * R * H))
-    if MUON:  # src/train/dfcuda.h df_cu_muon_scratch_bytes: the largest matrix twice, its
+    if MUON:  # src/train/cuda/dfcuda.h df_cu_muon_scratch_bytes: the largest matrix twice, its
         # Gram matrix twice (fp32), one double
         mats = muon_matrices(c)
         parts["muon"] = 4 * (2 * max(r * k for r, k in mats) +
@@ -957,7 +957,7 @@ def tensor_starts(c):
 
 
 def buckets(n, world):
-    """src/train/dist.c df_bucket_layout_init: (offset, count), numbered from the end."""
+    """src/train/cuda/dist.c df_bucket_layout_init: (offset, count), numbered from the end."""
     npad = -(-n // world) * world
     per = max(world, BUCKET_ELEMS // world * world)
     out, end = [], npad

@@ -290,7 +290,7 @@ void assign_muon_owners(df_cu_model *m) {
 }
 
 // Muon's matrices, checked against the parameters and sorted by offset, and its workspace
-// (train/dfcuda.h's df_cu_muon_scratch_bytes counts it); nothing without Muon.
+// (train/cuda/dfcuda.h's df_cu_muon_scratch_bytes counts it); nothing without Muon.
 dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
   size_t max_n = 0, max_gram = 0;
   for (size_t i = 0; i < c->n_muon; i++) {
@@ -326,7 +326,7 @@ dflash_status alloc_muon(df_cu_model *m, const df_cu_config *c) {
 }
 
 // The weights, gradients, this rank's shard of masters and moments, the frozen tables and the
-// fixed scratch (train/dfcuda.h's df_cu_fixed_scratch_bytes counts it for the plan).
+// fixed scratch (train/cuda/dfcuda.h's df_cu_fixed_scratch_bytes counts it for the plan).
 dflash_status alloc_state(df_cu_model *m, const df_cu_config *c) {
   size_t np = m->buckets.n_padded, vh = (size_t)c->V * c->H;
   DF_TRY(dalloc(m, &m->w16, np, "bf16 weights"));

@@ -78,7 +78,7 @@
 
 namespace {
 
-constexpr int kMaxMp = DF_CU_ATTN_MAX_ROWS; // packed rows per CTA (train/dfcuda.h)
+constexpr int kMaxMp = DF_CU_ATTN_MAX_ROWS; // packed rows per CTA (train/cuda/dfcuda.h)
 constexpr int kMaxD = DF_CU_ATTN_MAX_D;
 constexpr int kMaxN = DF_CU_ATTN_MAX_N; // keys per tile (S: N / 2 floats per lane)
 constexpr int kRowChunk = 32;           // query rows per step of attention_backward_kv
@@ -95,7 +95,7 @@ enum Kind { FWD = DF_CU_ATTN_FWD, BWD_Q = DF_CU_ATTN_BWD_Q, BWD_KV = DF_CU_ATTN_
 
 __host__ __device__ inline int row_len(int dp) { return df_cu_attn_row_len(dp); }
 
-// Shared memory of one CTA (train/dfcuda.h, which the training plan reads too).
+// Shared memory of one CTA (train/cuda/dfcuda.h, which the training plan reads too).
 using Smem = df_cu_attn_smem;
 __host__ __device__ inline Smem smem_layout(Kind kind, int Mp, int N, int dp) {
   return df_cu_attn_smem_layout((int)kind, Mp, N, dp);

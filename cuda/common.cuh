@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "train/dfcuda.h"
+#include "train/cuda/dfcuda.h"
 
 typedef __nv_bfloat16 bf16;
 

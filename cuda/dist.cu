@@ -1,4 +1,4 @@
-// NCCL for the CUDA model (the twin of src/train/dist.c): the waits that give up on a dead
+// NCCL for the CUDA model (the twin of src/train/cuda/dist.c): the waits that give up on a dead
 // peer, the gradient buckets' reduce-scatter (overlapped with the backward, issue_ready),
 // the gathers, the communicator, and the all-reduce of host scalars.
 #include "model.cuh"

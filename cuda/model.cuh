@@ -18,7 +18,7 @@
 #include "dflash2.cuh"
 
 extern "C" {
-#include "train/dist.h"
+#include "train/cuda/dist.h"
 #include "train/tensors.h"
 }
 

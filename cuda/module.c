@@ -7,7 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "train/dfcuda_module.h"
+#include "train/cuda/dfcuda_module.h"
 
 int df_cuda_device_count(int *count, char *msg, size_t msg_len); /* device.cu */
 

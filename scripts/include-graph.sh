@@ -4,6 +4,9 @@
 # With --check, exit 1 when a folder includes one that is not below it in the layering
 #   core < tokenizer, storage < chat, fetch, dataset < hidden < train < cuda < cuda/emu
 # (tools/ includes no internal header at all; cuda/emu's `include` is its own shims folder).
+# src/train's rooms (src/train/cuda, src/train/run) count as train: their headers are
+# included by the full path ("train/cuda/dist.h"), and a relative "cuda/..." or "run/..." from
+# src/train would read as an edge to another folder and fail the check.
 # Usage: scripts/include-graph.sh [--check]
 set -euo pipefail
 cd "$(dirname "$0")/.."

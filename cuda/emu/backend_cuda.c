@@ -1,2 +1,2 @@
-/* src/train/backend_cuda.c with CUDA, over the emulated device (cuda/emu). */
-#include "../../src/train/backend_cuda.c"
+/* src/train/cuda/backend_cuda.c with CUDA, over the emulated device (cuda/emu). */
+#include "../../src/train/cuda/backend_cuda.c"

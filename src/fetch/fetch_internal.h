@@ -164,7 +164,7 @@ void df_out_close(df_out *o);
  * one; -1 out of memory (the message recorded). `full`: always parse the JSON, not only the
  * fast prefix path. */
 int df_out_check_line(const char *line, size_t len, bool full, char **id, uint64_t *input_line);
-/* Outputs in chunks on object storage (remote.c): report every record of
+/* Outputs in chunks on object storage (remote_chunks.c): report every record of
  * every chunk under `prefix` to `fn`; appends go nowhere until
  * df_out_start_chunks. */
 DF_MUST_CHECK dflash_status df_out_open_remote(dflash_storage *st, const char *prefix,

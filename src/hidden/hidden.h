@@ -2,6 +2,7 @@
 #ifndef DFLASH_HIDDEN_INTERNAL_H
 #define DFLASH_HIDDEN_INTERNAL_H
 
+#include <dflash/dataset.h>
 #include <dflash/hidden.h>
 #include <dflash/safetensors.h>
 
@@ -136,7 +137,7 @@ typedef struct df_spool_pos {
   uint64_t shard, offset;
 } df_spool_pos;
 
-/* A store on object storage, read with ranged GETs (remote.c). Tensor
+/* A store on object storage, read with ranged GETs (remote_store.c). Tensor
  * views have data == NULL; df_rhidden_read fetches their bytes (thread-safe). */
 typedef struct df_rhidden df_rhidden;
 DF_MUST_CHECK dflash_status df_rhidden_open(const char *url, df_rhidden **out);
@@ -150,10 +151,6 @@ DF_MUST_CHECK dflash_status df_rhidden_find(const df_rhidden *r, const char *nam
                                             dflash_tensor *t);
 DF_MUST_CHECK dflash_status df_rhidden_read(df_rhidden *r, const char *name, void *buf, size_t len);
 
-/* The tokenized dataset: a dflash_dataset (include/dflash/dataset.h) under the name the
- * hidden store and the trainer use. */
-typedef struct dflash_dataset df_tokens;
-
 /* A folder of vLLM's hs_{idx}.safetensors (vllm.c): read-only, local. Its ids are the file
  * stems, and after df_vhidden_bind also the ids of the dataset samples whose token ids equal
  * a file's. */
@@ -163,7 +160,7 @@ DF_MUST_CHECK dflash_status df_vhidden_open(const char *dir, df_vhidden **out);
 void df_vhidden_free(df_vhidden *v);
 void df_vhidden_info(const df_vhidden *v, int32_t *K, int32_t *H, int32_t *dtype, size_t *n);
 const char *df_vhidden_id(const df_vhidden *v, size_t i);
-DF_MUST_CHECK dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens);
+DF_MUST_CHECK dflash_status df_vhidden_bind(df_vhidden *v, const dflash_dataset *tokens);
 DF_MUST_CHECK dflash_status df_vhidden_length(const df_vhidden *v, const char *id, int64_t *len);
 DF_MUST_CHECK dflash_status df_vhidden_read(const df_vhidden *v, const char *id, float *out,
                                             int64_t len);
@@ -171,13 +168,7 @@ DF_MUST_CHECK dflash_status df_vhidden_read(const df_vhidden *v, const char *id,
 DF_MUST_CHECK dflash_status df_vhidden_read_final(const df_vhidden *v, const char *id, float *out,
                                                   int64_t len);
 /* Joins a vLLM store to the dataset by token ids (nothing to do for a libdflash store). */
-DF_MUST_CHECK dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens);
-DF_MUST_CHECK dflash_status df_tokens_open(const char *dir, df_tokens **out);
-void df_tokens_free(df_tokens *t);
-size_t df_tokens_count(const df_tokens *t);
-/* Borrowed views of sample i. */
-void df_tokens_get(const df_tokens *t, size_t i, const char **id, const int32_t **ids,
-                   const uint8_t **mask, int64_t *len);
+DF_MUST_CHECK dflash_status df_hidden_bind_tokens(dflash_hidden *h, const dflash_dataset *tokens);
 
 /* dflash_hidden_has_target_ids of the stream's store. */
 dflash_hidden_target_ids df_sample_stream_has_target_ids(const dflash_sample_stream *s);

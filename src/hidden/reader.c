@@ -269,7 +269,7 @@ dflash_status df_hidden_read_codes(const dflash_hidden *h, const char *sample_id
 
 bool df_hidden_has_codes(const dflash_hidden *h) { return !h->vllm; }
 
-dflash_status df_hidden_bind_tokens(dflash_hidden *h, const df_tokens *tokens) {
+dflash_status df_hidden_bind_tokens(dflash_hidden *h, const dflash_dataset *tokens) {
   return h->vllm ? df_vhidden_bind(h->vllm, tokens) : DFLASH_OK;
 }
 

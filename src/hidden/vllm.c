@@ -239,8 +239,8 @@ static const vfile *lookup(const df_vhidden *v, const char *id) {
   return bsearch(&key, v->files, v->n, sizeof *v->files, cmp_stem);
 }
 
-dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens) {
-  size_t n = df_tokens_count(tokens);
+dflash_status df_vhidden_bind(df_vhidden *v, const dflash_dataset *tokens) {
+  size_t n = dflash_dataset_count(tokens);
   free(v->by_alias);
   v->by_alias = malloc((n ? n : 1) * sizeof *v->by_alias);
   if (!v->by_alias) return df_error_nomem("vLLM join");
@@ -249,8 +249,10 @@ dflash_status df_vhidden_bind(df_vhidden *v, const df_tokens *tokens) {
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len;
-    df_tokens_get(tokens, i, &id, &ids, &mask, &len);
+    size_t n_ids;
+    dflash_status st = dflash_dataset_sample(tokens, i, &ids, &mask, &n_ids, &id);
+    if (st) return st;
+    int64_t len = (int64_t)n_ids;
     size_t k;
     vfile *f = unclaimed(v, hash_ids(ids, len, false), len, &k);
     if (!f) continue; /* reported by id when the sample is read */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dfcuda.h"
+#include "train/cuda/dfcuda.h"
 
 #include <math.h>
 #include <stdio.h>

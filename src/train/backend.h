@@ -116,7 +116,7 @@ DF_MUST_CHECK dflash_status df_backend_cpu_create(dflash_trainer *t, df_backend 
  * without CUDA, DFLASH_E_NO_DEVICE without a usable device. */
 DF_MUST_CHECK dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out);
 /* The sequences per GPU per optimizer step a run takes when its options ask for none
- * (batch_size 0): 1 on the CPU; on CUDA df_cu_auto_sequences (train/dfcuda.h) for `world`
+ * (batch_size 0): 1 on the CPU; on CUDA df_cu_auto_sequences (train/cuda/dfcuda.h) for `world`
  * ranks on this rank's device (LOCAL_RANK), which it reads. `note` gets a line saying what
  * was chosen and why. CUDA's errors as df_backend_cuda_create's. */
 DF_MUST_CHECK dflash_status df_backend_auto_sequences(int32_t backend, int world, int32_t *out,

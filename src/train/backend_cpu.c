@@ -5,7 +5,7 @@
  * backend's NCCL data parallelism: gradients are summed over the ranks'
  * TCP connections before the clip and AdamW. */
 #include "backend.h"
-#include "dist.h"
+#include "train/cuda/dist.h"
 
 #include <math.h>
 #include <stdlib.h>

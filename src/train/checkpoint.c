@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 #include "core/bf16.h"
-#include "remote.h"
+#include "remote_files.h"
 
 #define STATE_FORMAT "dflash-train-state-1"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "ops.h"
-#include "stream.h"
+#include "train/run/stream.h"
 
 enum { CHUNK = 32 };
 

@@ -3,7 +3,7 @@
  * decoupled weight decay and a shape-scaled step. torch runs the iterations in bfloat16 on
  * the GPU; here they are float32 cblas_sgemm (OpenBLAS's threads). */
 #include "backend.h"
-#include "dfcuda.h" /* DF_MUON_NS_*, shared with the CUDA step */
+#include "train/cuda/dfcuda.h" /* DF_MUON_NS_*, shared with the CUDA step */
 
 #include <cblas.h>
 #include <math.h>

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dfcuda.h"
+#include "train/cuda/dfcuda.h"
 #include "backend.h"
-#include "dist.h"
+#include "train/cuda/dist.h"
 
 static size_t align_up(size_t x) { return (x + DF_ACT_ALIGN - 1) / DF_ACT_ALIGN * DF_ACT_ALIGN; }
 
@@ -74,7 +74,7 @@ void df_plan_dims(const dflash_drafter_config *c, int64_t seq_len, int64_t ancho
 static double gib(uint64_t b) { return (double)b / (double)(1ULL << 30); }
 
 /* The attention's tiles as cuda/attention.cu picks them from the device's shared memory per
- * block (train/dfcuda.h): DFLASH_E_UNSUPPORTED naming the first kernel that does not fit. */
+ * block (train/cuda/dfcuda.h): DFLASH_E_UNSUPPORTED naming the first kernel that does not fit. */
 static dflash_status plan_attention(const dflash_drafter_config *c, uint64_t limit,
                                     dflash_train_plan *p) {
   static const char *kernel[] = {"forward", "backward dQ", "backward dK/dV"};

@@ -4,7 +4,7 @@
 
 #include <dflash/drafter.h>
 
-#include "stream.h"
+#include "train/run/stream.h"
 
 /* DFLASH_E_MISMATCH naming both lists when the store records target layers other than the
  * config's dflash_config.target_layer_ids; a store without the record (older libdflash,

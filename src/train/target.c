@@ -7,11 +7,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "remote.h"
+#include "remote_files.h"
 #include "trainer.h"
 
 /* The target checkpoint: memory-mapped files, or an s3:// one read in place
- * with ranged GETs (train/remote.c). */
+ * with ranged GETs (train/remote_files.c). */
 typedef struct tsrc {
   const dflash_safetensors *st;
   df_rst *remote;

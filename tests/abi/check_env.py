@@ -15,10 +15,10 @@ HEADING = "## The environment: hooks, not options"
 # getenv calls whose argument is not a string literal: (file, argument) -> the table's names
 # that call can read. A new such call fails until it is added here and its names to the table.
 INDIRECT = {
-    ("src/train/dist.c", "name"): ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+    ("src/train/cuda/dist.c", "name"): ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                    "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS",
                                    "SLURM_LOCALID"],
-    ("src/train/backend_cuda.c", "name"): ["NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE",
+    ("src/train/cuda/backend_cuda.c", "name"): ["NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE",
                                            "NCCL_MIN_NCHANNELS", "NCCL_ALGO", "NCCL_PROTO",
                                            "NCCL_GRAPH_FILE"],
     ("src/storage/storage.c", "env1"): ["AWS_ENDPOINT_URL_S3", "AWS_REGION",
@@ -128,7 +128,7 @@ def self_test():
     for src, want in cases:
         got = len(scan("src/x.c", src, listed))
         assert got == want, f"self-test: {src!r}: {got} finding(s), expected {want}"
-    assert scan("src/train/dist.c", "getenv(name)", listed), "INDIRECT names not in the table"
+    assert scan("src/train/cuda/dist.c", "getenv(name)", listed), "INDIRECT names not in the table"
 
 
 def main():

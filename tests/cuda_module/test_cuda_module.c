@@ -1,5 +1,5 @@
 /*
- * The CUDA backend module loaded on demand (src/train/cuda_module.c), through libdflash.so
+ * The CUDA backend module loaded on demand (src/train/cuda/cuda_module.c), through libdflash.so
  * as a program links it: nothing of CUDA is mapped until the first CUDA call; a missing or
  * wrong module is a clear DFLASH_E_NO_DEVICE naming it; the module is found beside the
  * library; on a machine without a GPU the driver's reason comes back, never a crash.

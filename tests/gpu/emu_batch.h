@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "train/dfcuda.h"
+#include "train/cuda/dfcuda.h"
 #include "gpu_common.h"
 #include "core/bf16.h"
 #include "train/model.h"

@@ -18,7 +18,7 @@
 
 #include "../train/seq.h"
 #include "train/backend.h"
-#include "train/dfcuda.h"
+#include "train/cuda/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
 #include "testutil.h"

@@ -32,10 +32,10 @@
 #include <unistd.h>
 
 #include "train/backend.h"
-#include "train/dfcuda.h"
+#include "train/cuda/dfcuda.h"
 #include "gpu_common.h"
 #include "testutil.h"
-#include "train/dist.h"
+#include "train/cuda/dist.h"
 #include "train/trainer.h"
 
 enum { STEPS = 4, MORE = 2, WORLD = 2 };

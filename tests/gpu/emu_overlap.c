@@ -31,12 +31,12 @@
 #include <string.h>
 
 #include "train/backend.h"
-#include "train/dfcuda.h"
+#include "train/cuda/dfcuda.h"
 #include "emu_batch.h"
 #include "gpu_common.h"
 #include "testutil.h"
 #include "core/bf16.h"
-#include "train/dist.h"
+#include "train/cuda/dist.h"
 #include "train/trainer.h"
 
 enum { WORLD = 2, SEQS = 2, STEPS = 2 };

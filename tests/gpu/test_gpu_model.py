@@ -29,7 +29,7 @@
    there, and `--json`'s last line names the path taken (a head_dim 256 drafter at 128 rows
    per CTA: refused on sm_120 with the reason, no step: the backend has no other path);
 8. the trainer's own sequences per step: gpu_model.py's PCIE_SEQUENCES is
-   train/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
+   train/cuda/dfcuda.h's DF_CU_PCIE_SEQUENCES, `dflash train --plan --gpu NAME --world W`
    reports auto_batch(NAME, W) for every GPU both know, with it the defaults predict
    >= 50 % MFU for Kimi and Qwen3-8B on 8 RTX PRO 6000 at 25 GB/s, one sequence fewer
    does not (the count is the smallest that does), and the NVLink GPUs keep one;

@@ -12,8 +12,8 @@
 #include "synth.h"
 #include "testutil.h"
 #include "train/backend.h"
-#include "train/dfcuda.h"
-#include "train/dist.h"
+#include "train/cuda/dfcuda.h"
+#include "train/cuda/dist.h"
 
 /* The Kimi K2.5/K2.6 drafter (spec table). */
 static void kimi(dflash_drafter_config *c) {

@@ -11,7 +11,7 @@
 #include "core/internal.h"
 #include "synth.h"
 #include "testutil.h"
-#include "train/dist.h"
+#include "train/cuda/dist.h"
 
 enum { MAXW = 3, NBIG = 100003 }; /* NBIG floats: several of rank 0's receive chunks */
 

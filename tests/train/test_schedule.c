@@ -10,7 +10,7 @@
 
 #include "synth.h"
 #include "testutil.h"
-#include "train/run_internal.h"
+#include "train/run/run_internal.h"
 
 enum { MAX_LINES = 64 };
 

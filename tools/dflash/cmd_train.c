@@ -1,5 +1,4 @@
-/* `dflash train` and `dflash eval`: thin callers of dflash_train_run,
- * dflash_trainer_eval and dflash_trainer_eval_walk. */
+/* `dflash train`: a thin caller of dflash_train_run (`train --plan` is cmd_plan.c). */
 #include <dflash/progress.h>
 #include <dflash/storage.h>
 #include <dflash/train.h>
@@ -13,8 +12,9 @@
 #include <string.h>
 
 #include "commands.h"
+#include "train_common.h"
 
-static const char TRAIN_USAGE[] =
+const char train_usage[] =
     "usage: dflash train --config drafter.json --target DIR --data DIR --hidden DIR -o OUT\n"
     "                    [--backend cpu|cuda] [--resume | --overwrite] [--epochs N] [--batch N]\n"
     "                    [--lr X]"
@@ -113,22 +113,6 @@ static int parse_backend(const char *v, void *dst) {
   return 0;
 }
 
-static int parse_labels(const char *v, void *dst) {
-  int32_t *l = dst; /* dflash_train_labels */
-  if (!strcmp(v, "data")) *l = DFLASH_TRAIN_LABELS_DATA;
-  else if (!strcmp(v, "target")) *l = DFLASH_TRAIN_LABELS_TARGET;
-  else return -1;
-  return 0;
-}
-
-static int parse_optimizer(const char *v, void *dst) {
-  int32_t *o = dst; /* dflash_optimizer */
-  if (!strcmp(v, "adamw")) *o = DFLASH_OPTIMIZER_ADAMW;
-  else if (!strcmp(v, "muon")) *o = DFLASH_OPTIMIZER_MUON;
-  else return -1;
-  return 0;
-}
-
 static int parse_adjust_lr(const char *v, void *dst) {
   int32_t *a = dst; /* dflash_muon_adjust_lr */
   if (!strcmp(v, "match-rms-adamw")) *a = DFLASH_MUON_ADJUST_LR_MATCH_RMS_ADAMW;
@@ -169,7 +153,7 @@ static int parse_schedule_steps(const char *v, void *dst) {
   return 0;
 }
 
-/* --allow-tokenizer-mismatch (train and eval): skip the tokenizer hash check. */
+/* --allow-tokenizer-mismatch: skip the tokenizer hash check (cmd_eval.c has its own). */
 static int g_allow_tok;
 /* --quiet: no progress bar. */
 static int g_quiet;
@@ -209,7 +193,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--threads", CLI_INT, &t->n_threads, 0, 4096, NULL},
                           {"--spool-wait", CLI_REAL, &o->spool_wait_s, -1, 1e9, NULL},
                           {"--spool-reuse", CLI_FLAG, &reuse, 0, 0, NULL},
-                          {"--labels", CLI_FN, &o->labels, 0, 0, parse_labels},
+                          {"--labels", CLI_FN, &o->labels, 0, 0, train_parse_labels},
                           {"--final-norm-name", CLI_STR, &o->final_norm_name, 0, 0, NULL},
                           {"--save-minutes", CLI_REAL, &minutes, 0, 1e9, NULL},
                           {"--allow-settings-change", CLI_FLAG, &allow, 0, 0, NULL},
@@ -218,7 +202,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--min-lr-ratio", CLI_REAL, &t->min_lr_ratio, 0, 1, NULL},
                           {"--weighting", CLI_FN, &weighting, 0, 0, parse_weighting},
                           {"--loss-gamma", CLI_REAL, &gamma, 0, 1e9, NULL},
-                          {"--optimizer", CLI_FN, &t->optimizer, 0, 0, parse_optimizer},
+                          {"--optimizer", CLI_FN, &t->optimizer, 0, 0, train_parse_optimizer},
                           {"--muon-momentum", CLI_REAL, &t->muon_momentum, 0, 0.999999, NULL},
                           {"--muon-weight-decay", CLI_REAL, &t->muon_weight_decay, 0, 1e9, NULL},
                           {"--muon-adjust-lr", CLI_FN, &t->muon_adjust_lr, 0, 0, parse_adjust_lr},
@@ -226,7 +210,7 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
                           {"--dist-timeout", CLI_REAL, &t->dist_timeout_s, 1e-3, 1e9, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos;
-  int rc = cli_parse("train", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
+  int rc = cli_parse("train", train_usage, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
   if (weighting == -1 && gamma > 0)
     return fputs("dflash train: --weighting none and --loss-gamma exclude each other\n", stderr), 2;
@@ -243,113 +227,6 @@ static int parse_train(int argc, char **argv, dflash_train_run_options *o,
   if (o->resume && *overwrite)
     return fputs("dflash train: --resume and --overwrite exclude each other\n", stderr), 2;
   g_quiet = quiet;
-  return 0;
-}
-
-static void plan_line(const char *name, uint64_t bytes) {
-  printf("  %-28s %10.2f GiB\n", name, (double)bytes / (double)(1ULL << 30));
-}
-
-/* The GPUs --plan knows: memory (bytes) and shared memory per block (opt-in, bytes). */
-static const struct plan_gpu {
-  const char *name;
-  uint64_t bytes, smem;
-  bool pcie; /* no NVLink: the collectives decide a one-sequence step */
-} plan_gpus[] = {{"h100", 80000000000ULL, 232448, false},
-                 {"h200", 141000000000ULL, 232448, false},
-                 {"b200", 180000000000ULL, 232448, false},
-                 {"b300", 288000000000ULL, 232448, false},
-                 {"rtx-pro-6000", 96000000000ULL, 101376, true}};
-
-static const struct plan_gpu *plan_gpu_named(const char *name) {
-  for (size_t i = 0; i < sizeof plan_gpus / sizeof *plan_gpus; i++)
-    if (!strcmp(plan_gpus[i].name, name)) return &plan_gpus[i];
-  return NULL;
-}
-
-static void plan_attention_lines(const dflash_train_plan *p, const dflash_train_plan_options *po,
-                                 const struct plan_gpu *gpu) {
-  printf("  attention: %d rows per CTA, %d keys per tile, %llu bytes of shared memory per "
-         "block of %llu\n",
-         p->attention_rows, p->attention_key_tile, (unsigned long long)p->attention_smem,
-         (unsigned long long)po->smem_per_block);
-  printf("  sequences per GPU per step: %d (%s; one reduce-scatter and one all-gather per "
-         "step)\n",
-         p->sequences_per_step,
-         po->batch_size                   ? "--batch"
-         : po->pcie && po->world_size > 1 ? "the trainer's pick for PCIe GPUs"
-                                          : "the trainer's pick");
-  if (gpu && gpu->pcie && po->world_size > 1 && p->sequences_per_step < 4)
-    printf("  note: %s GPUs talk over PCIe, where one sequence per step leaves the step to "
-           "the collectives; 4 or more spread them (bench/gpu_model.py --gpu "
-           "RTX-PRO-6000 --world %d --batch N predicts the step)\n",
-           gpu->name, po->world_size);
-}
-
-/* `dflash train --plan`: memory per GPU for a config, batch and world size. */
-static int cmd_plan(int argc, char **argv) {
-  dflash_train_plan_options po;
-  dflash_train_plan_options_default(&po);
-  const char *config = NULL;
-  int plan = 0, no_zero1 = 0;
-  double gpu_gb = -1, smem_kb = -1;
-  const char *gpu_name = NULL;
-  const cli_opt opts[] = {{"--plan", CLI_FLAG, &plan, 0, 0, NULL},
-                          {"--no-zero1", CLI_FLAG, &no_zero1, 0, 0, NULL},
-                          {"--config", CLI_STR, &config, 0, 0, NULL},
-                          {"--world", CLI_INT, &po.world_size, 1, INT32_MAX, NULL},
-                          {"--seq-len", CLI_INT, &po.seq_len, 1, INT32_MAX, NULL},
-                          {"--anchors", CLI_INT, &po.num_anchors, 1, INT32_MAX, NULL},
-                          {"--batch", CLI_INT, &po.batch_size, 1, INT32_MAX, NULL},
-                          {"--gpu-gb", CLI_REAL, &gpu_gb, 0, 1e9, NULL},
-                          {"--gpu", CLI_STR, &gpu_name, 0, 0, NULL},
-                          {"--smem-kb", CLI_REAL, &smem_kb, 0, 1e6, NULL},
-                          {"--vocab-chunk", CLI_INT, &po.vocab_chunk, 1, INT32_MAX, NULL},
-                          {"--optimizer", CLI_FN, &po.optimizer, 0, 0, parse_optimizer},
-                          {NULL, 0, NULL, 0, 0, NULL}};
-  int n_pos;
-  int rc = cli_parse("train --plan", TRAIN_USAGE, opts, argc, argv, NULL, 0, &n_pos);
-  if (rc) return rc == 1 ? 0 : rc;
-  if (no_zero1) po.zero1 = 0;
-  const struct plan_gpu *gpu = gpu_name ? plan_gpu_named(gpu_name) : NULL;
-  if (gpu_name && !gpu) {
-    fprintf(stderr,
-            "dflash train --plan: unknown --gpu '%s' (h100, h200, b200, b300, rtx-pro-6000)\n",
-            gpu_name);
-    return 2;
-  }
-  if (gpu) po.gpu_bytes = gpu->bytes, po.smem_per_block = gpu->smem, po.pcie = gpu->pcie;
-  /* Neither --gpu nor its figures: the CUDA device present, if any (device 0). */
-  int n_dev = 0;
-  if (!gpu && gpu_gb < 0 && smem_kb < 0 && !dflash_cuda_device_count(&n_dev) && n_dev > 0)
-    po.device = 0;
-  dflash_clear_error();
-  if (gpu_gb >= 0) po.gpu_bytes = (uint64_t)(gpu_gb * 1e9);
-  if (smem_kb >= 0) po.smem_per_block = (uint64_t)(smem_kb * 1024);
-  if (!config) return cli_missing("train --plan", "--config");
-  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
-  dflash_status st = dflash_drafter_config_load(config, &cfg);
-  if (st) return cli_fail("train --plan", st);
-  dflash_train_plan p = {.struct_size = sizeof p};
-  st = dflash_train_plan_compute(&cfg, &po, &p);
-  if (st && st != DFLASH_E_NOMEM && st != DFLASH_E_UNSUPPORTED) return cli_fail("train --plan", st);
-  printf("%s: %llu trainable parameters; %d GPU(s), sequence %d, %d anchors x block %d, "
-         "batch %d (accumulated one sequence at a time), ZeRO-1 %s\n",
-         config, (unsigned long long)p.n_params, po.world_size, po.seq_len, po.num_anchors,
-         cfg.block_size, p.sequences_per_step, po.zero1 ? "on" : "off");
-  if (p.device_name[0]) printf("  GPU: CUDA device %d, %s\n", po.device, p.device_name);
-  plan_line("weights (bf16)", p.weights);
-  plan_line("master weights (fp32)", p.masters);
-  plan_line("AdamW moments (fp32)", p.moments);
-  plan_line("gradients (fp32)", p.grads);
-  plan_line("activations (1 sequence)", p.activations);
-  plan_line("frozen embedding + LM head", p.frozen);
-  plan_line("reserve", p.reserve);
-  plan_line("total per GPU", p.total);
-  plan_line("GPU memory", p.gpu_bytes);
-  plan_attention_lines(&p, &po, gpu);
-  if (st) return cli_fail("train --plan", st), 1;
-  printf("fits\n");
   return 0;
 }
 
@@ -389,47 +266,6 @@ static int out_nonempty(const char *out) {
   return n > 0;
 }
 
-/* The whole of file NAME in folder DIR (local or s3://), or NULL with *len 0 when it cannot
- * be read; free with dflash_storage_buffer_free. */
-static void *read_in(const char *dir, const char *name, size_t *len) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s%s%s", dir, dir[strlen(dir) - 1] == '/' ? "" : "/", name);
-  void *data = NULL;
-  dflash_storage *st = NULL;
-  *len = 0;
-  if (dflash_storage_create(NULL, &st) || dflash_storage_read(st, path, &data, len)) *len = 0;
-  dflash_storage_free(st);
-  return data;
-}
-
-/* The serving flags for checkpoint `dir` (docs/deployment.md, "Serving the checkpoint"):
- * {"vllm": ..., "sglang": ...}. vLLM needs the method (it guesses it from the
- * folder name) and num_speculative_tokens = block_size - 1 (it never reads
- * block_size); SGLang builds the draft in config.json's dtype under --dtype
- * auto, and a float32 one in float16, so such a checkpoint gets --dtype. */
-static json_t *launch_json(const char *dir) {
-  size_t len;
-  void *data = read_in(dir, "config.json", &len);
-  json_t *c = len ? json_loadb(data, len, 0, NULL) : NULL;
-  dflash_storage_buffer_free(data);
-  json_t *dc = json_object_get(c, "dflash_config"), *bs = json_object_get(dc, "block_size");
-  const char *dtype = json_string_value(json_object_get(c, "dtype"));
-  bool half = dtype && (!strcmp(dtype, "bfloat16") || !strcmp(dtype, "float16"));
-  int B = (int)json_integer_value(bs ? bs : json_object_get(c, "block_size"));
-  json_decref(c);
-  if (B < 2) return NULL;
-  char v[4300], g[4400];
-  snprintf(v, sizeof v,
-           "--speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
-           "\"num_speculative_tokens\": %d}'",
-           dir, B - 1);
-  snprintf(g, sizeof g,
-           "--speculative-algorithm DFLASH --speculative-draft-model-path %s "
-           "--speculative-num-draft-tokens %d%s",
-           dir, B, half ? "" : " --dtype bfloat16");
-  return json_pack("{s:s,s:s}", "vllm", v, "sglang", g);
-}
-
 /* `v` as metrics.jsonl's line prints it (`fmt`), so that the summary's numbers equal the
  * last line's to the digit. */
 static json_t *as_printed(const char *fmt, double v) {
@@ -446,7 +282,7 @@ static void print_summary(const char *out, const dflash_train_stats *st) {
                           as_printed("%.3f", st->elapsed_s), "checkpoint", out);
   if (sum && st->spool) /* a spool run's wait for shards */
     json_object_set_new(sum, "spool_wait_s", as_printed("%.3f", st->spool_wait_s));
-  if (sum) json_object_set_new(sum, "launch", launch_json(out));
+  if (sum) json_object_set_new(sum, "launch", train_launch_json(out));
   char *s = sum ? json_dumps(sum, JSON_COMPACT | JSON_REAL_PRECISION(12)) : NULL;
   if (s) printf("%s\n", s);
   free(s);
@@ -527,155 +363,4 @@ int cmd_train(int argc, char **argv) {
   fprintf(stderr, "dflash train: checkpoint in %s\n", o.out_dir);
   if (is_rank0()) print_summary(o.out_dir, &stats);
   return 0;
-}
-
-static const char EVAL_USAGE[] =
-    "usage: dflash eval --checkpoint DIR --target DIR --data DIR --hidden DIR\n"
-    "                   [--anchors N] [--seed N] [--max-tokens N] [--json]\n"
-    "                   [--embed-name NAME] [--lm-head-name NAME] [--labels data|target]\n"
-    "                   [--threads N] [--allow-tokenizer-mismatch]\n"
-    "Prints the mean acceptance length tau (1 + leading block positions whose greedy\n"
-    "prediction equals the target's token) over --anchors sampled anchors per sample\n"
-    "and the per-position accuracy; then the same mean over every position (uniform\n"
-    "anchors, exact) and the speculative walk's tau = tokens / verification steps, the\n"
-    "number live greedy speculative decoding gets, each with its standard error over\n"
-    "sequences. Then, over every position, the accuracy of the drafted tokens (DFlash 2:\n"
-    "the candidate selector's greedy path) and of the drafter's plain argmax, and for\n"
-    "DFlash 2 the candidate recall (true token among the top selector_top_k logits).\n"
-    "--max-tokens: walk at most N tokens per answer (the generation cap).\n"
-    "--labels: what a draft is compared with in the uniform-anchor and walk numbers: the\n"
-    "data's next token (data, default) or the target's greedy token from the store's\n"
-    "target ids (target: what greedy verification accepts). Live greedy acceptance is the\n"
-    "walk tau on data the target wrote greedily (T = 0) or, on data sampled at T > 0 (the\n"
-    "K2.6 recipe in docs/deployment.md), the walk tau with --labels target; the walk tau\n"
-    "with data labels on sampled data is not. The sampled-anchor tau always uses data\n"
-    "labels. Every line says which labels it used. In --json, \"tau\" uses --labels (with\n"
-    "target labels it is the uniform-anchor tau) and \"sampled_tau\" is the sampled-anchor\n"
-    "one (data).\n"
-    "--threads N: CPU threads (0, default: one per CPU).\n"
-    "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
-    "unless --allow-tokenizer-mismatch.\n"
-    "--json: one JSON object instead (with launch: the vLLM and SGLang flags that serve\n"
-    "the checkpoint). Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
-    "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
-
-static void print_doubles(const char *sep, const double *v, int n) {
-  for (int k = 0; k < n; k++) printf("%s%.4f", k ? sep : "", v[k]);
-}
-
-static void print_ints(const char *sep, const int64_t *v, int n) {
-  for (int k = 0; k < n; k++) printf("%s%lld", k ? sep : "", (long long)v[k]);
-}
-
-static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
-                       const dflash_eval_walk *w, const char *ckpt) {
-  const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
-  if (json) {
-    /* "tau" is the labels' own: the sampled-anchor tau (blocks, accuracy) knows data labels
-     * only, so with target labels it is the uniform-anchor tau, the same mean over every
-     * position; the sampled one stays as sampled_tau. */
-    double own = w->labels == DFLASH_TRAIN_LABELS_TARGET ? w->position_tau : tau;
-    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
-           "\"sampled_labels\": \"data\", \"blocks\": %lld, \"accuracy\": [",
-           B, lab, own, tau, (long long)blocks);
-    print_doubles(", ", acc, B - 1);
-    printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
-           "\"position_accuracy\": [",
-           w->position_tau, w->position_tau_se, (long long)w->positions);
-    print_doubles(", ", w->accuracy, B - 1);
-    printf("], \"walk_tau\": %.6f, \"walk_tau_se\": %.6f, \"steps\": %lld, \"tokens\": %lld, "
-           "\"sequences\": %lld, \"tokens_per_step_histogram\": [",
-           w->walk_tau, w->walk_tau_se, (long long)w->steps, (long long)w->tokens,
-           (long long)w->sequences);
-    print_ints(", ", w->step_hist, B);
-    printf("], \"scored\": %lld, \"selector_accuracy\": %.6f, \"backbone_accuracy\": %.6f, "
-           "\"candidate_recall\": ",
-           (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
-    if (w->candidate_recall >= 0) printf("%.6f", w->candidate_recall);
-    else printf("null");
-    json_t *l = launch_json(ckpt);
-    char *ls = l ? json_dumps(l, JSON_COMPACT) : NULL;
-    printf(", \"launch\": %s}\n", ls ? ls : "null");
-    free(ls);
-    json_decref(l);
-    return;
-  }
-  printf("tau %.4f over %lld blocks (block size %d; data labels)\naccuracy by position: ", tau,
-         (long long)blocks, B);
-  print_doubles(" ", acc, B - 1);
-  printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld; %s labels)\n"
-         "accuracy by position: ",
-         w->position_tau, w->position_tau_se, (long long)w->positions, lab);
-  print_doubles(" ", w->accuracy, B - 1);
-  printf("\nwalk tau %.4f +- %.4f (%s labels): %lld tokens in %lld verification steps, %lld "
-         "sequences\ntokens per step 1..%d: ",
-         w->walk_tau, w->walk_tau_se, lab, (long long)w->tokens, (long long)w->steps,
-         (long long)w->sequences, B);
-  print_ints(" ", w->step_hist, B);
-  printf("\naccuracy over every position (%lld): drafted %.4f, backbone argmax %.4f",
-         (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
-  if (w->candidate_recall >= 0) printf(", candidate recall (top-K) %.4f", w->candidate_recall);
-  printf("\n");
-}
-
-int cmd_eval(int argc, char **argv) {
-  const char *ckpt = NULL, *target = NULL, *data = NULL, *hidden = NULL, *en = NULL, *hn = NULL;
-  int anchors = 64, max_tokens = 0, json = 0, threads = 0;
-  int32_t labels = DFLASH_TRAIN_LABELS_DATA;
-  int64_t seed = 1;
-  const cli_opt opts[] = {{"--checkpoint", CLI_STR, &ckpt, 0, 0, NULL},
-                          {"--target", CLI_STR, &target, 0, 0, NULL},
-                          {"--data", CLI_STR, &data, 0, 0, NULL},
-                          {"--hidden", CLI_STR, &hidden, 0, 0, NULL},
-                          {"--anchors", CLI_INT, &anchors, 1, INT32_MAX, NULL},
-                          {"--seed", CLI_I64, &seed, 0, (double)INT64_MAX, NULL},
-                          {"--max-tokens", CLI_INT, &max_tokens, 0, INT32_MAX, NULL},
-                          {"--json", CLI_FLAG, &json, 0, 0, NULL},
-                          {"--embed-name", CLI_STR, &en, 0, 0, NULL},
-                          {"--lm-head-name", CLI_STR, &hn, 0, 0, NULL},
-                          {"--labels", CLI_FN, &labels, 0, 0, parse_labels},
-                          {"--threads", CLI_INT, &threads, 0, 4096, NULL},
-                          {"--allow-tokenizer-mismatch", CLI_FLAG, &g_allow_tok, 0, 0, NULL},
-                          {NULL, 0, NULL, 0, 0, NULL}};
-  int n_pos;
-  int rc = cli_parse("eval", EVAL_USAGE, opts, argc, argv, NULL, 0, &n_pos);
-  if (rc) return rc == 1 ? 0 : rc;
-  static const char *const required[] = {"--checkpoint", "--target", "--data", "--hidden"};
-  const char *const have[] = {ckpt, target, data, hidden};
-  for (int i = 0; i < 4; i++)
-    if (!have[i]) return cli_missing("eval", required[i]);
-  if (!g_allow_tok && cli_tokenizer_matches("eval", data, target, false)) return 1;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", ckpt);
-  dflash_drafter_config cfg = {.struct_size = sizeof cfg};
-  dflash_status st = dflash_drafter_config_load(path, &cfg);
-  if (st) return cli_fail("eval", st);
-  size_t vh = (size_t)cfg.vocab_size * (size_t)cfg.hidden_size;
-  float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
-  double *acc = calloc((size_t)cfg.block_size, sizeof *acc);
-  dflash_trainer *t = NULL;
-  dflash_eval ev;
-  dflash_eval_default(&ev);
-  ev.anchors_per_seq = anchors;
-  ev.seed = (uint64_t)seed;
-  ev.accuracy = acc;
-  dflash_eval_walk w;
-  dflash_eval_walk_default(&w);
-  w.max_tokens = max_tokens;
-  w.labels = labels;
-  dflash_trainer_options topt;
-  dflash_trainer_options_default(&topt);
-  topt.n_threads = threads;
-  w.accuracy = calloc((size_t)cfg.block_size, sizeof *w.accuracy);
-  w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
-  if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
-  if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
-  if (!st) st = dflash_trainer_create(&cfg, e, h, &topt, &t);
-  if (!st) st = dflash_trainer_load(t, ckpt);
-  if (!st) st = dflash_trainer_eval(t, data, hidden, &ev);
-  if (!st) st = dflash_trainer_eval_walk(t, data, hidden, &w);
-  if (!st) print_eval(json, cfg.block_size, ev.tau, acc, ev.n_blocks, &w, ckpt);
-  dflash_trainer_free(t);
-  free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
-  return st ? cli_fail("eval", st) : 0;
 }

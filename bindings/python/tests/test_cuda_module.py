@@ -1,5 +1,5 @@
 """The CUDA backend is a module that libdflash loads on the first CUDA call
-(src/train/cuda_module.c). So importing the package and using its CPU paths maps no CUDA
+(src/train/cuda/cuda_module.c). So importing the package and using its CPU paths maps no CUDA
 library, and a later `import torch` gets its own CUDA runtime and NCCL rather than the ones
 libdflash was linked with. (Before, the system libnccl.so.2 took the soname first, and a
 PyTorch that needs a newer NCCL failed: libtorch_cuda.so: undefined symbol ncclCommResume.

@@ -1,6 +1,6 @@
-/* The trainer's files on object storage (remote.c). */
-#ifndef DFLASH_TRAIN_REMOTE_H
-#define DFLASH_TRAIN_REMOTE_H
+/* The trainer's files on object storage (remote_files.c). */
+#ifndef DFLASH_TRAIN_REMOTE_FILES_H
+#define DFLASH_TRAIN_REMOTE_FILES_H
 
 #include <dflash/safetensors.h>
 #include <dflash/train.h>

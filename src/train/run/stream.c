@@ -30,7 +30,7 @@ typedef struct slot {
 } slot;
 
 struct dflash_sample_stream {
-  df_tokens *tokens;
+  dflash_dataset *tokens;
   dflash_hidden *hidden;
   dflash_hidden_target_ids has_tids;
   const float *norm_w, *head; /* vLLM's final layer -> ids (df_sample_stream_set_head) */
@@ -76,7 +76,7 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
   s->depth = o.prefetch > 0 ? o.prefetch : 1;
   s->slots = calloc((size_t)s->depth, sizeof *s->slots);
   dflash_status st = s->slots ? DFLASH_OK : df_error_nomem("sample stream");
-  if (!st) st = df_tokens_open(data_dir, &s->tokens);
+  if (!st) st = dflash_dataset_open(data_dir, &s->tokens);
   if (!st) st = dflash_hidden_open(hidden_dir, &s->hidden);
   if (!st) st = df_hidden_bind_tokens(s->hidden, s->tokens);
   if (st) {
@@ -110,7 +110,7 @@ void dflash_sample_stream_free(dflash_sample_stream *s) {
         free(s->slots[i].scales);
   free(s->slots);
   free(s->order);
-  df_tokens_free(s->tokens);
+  dflash_dataset_free(s->tokens);
   dflash_hidden_free(s->hidden);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -118,7 +118,7 @@ void dflash_sample_stream_free(dflash_sample_stream *s) {
 }
 
 size_t dflash_sample_stream_count(const dflash_sample_stream *s) {
-  return s ? df_tokens_count(s->tokens) : 0;
+  return s ? dflash_dataset_count(s->tokens) : 0;
 }
 
 const df_hidden_record *df_sample_stream_record(const dflash_sample_stream *s) {
@@ -132,13 +132,15 @@ dflash_status dflash_sample_stream_check(const dflash_sample_stream *s, size_t *
   dflash_status first = DFLASH_OK;
   char msg[512] = "";
   size_t bad = 0;
-  for (size_t i = 0; i < df_tokens_count(s->tokens); i++) {
+  for (size_t i = 0; i < dflash_dataset_count(s->tokens); i++) {
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len, hl;
-    df_tokens_get(s->tokens, i, &id, &ids, &mask, &len);
-    dflash_status st = dflash_hidden_length(s->hidden, id, &hl);
+    int64_t hl;
+    size_t n_ids;
+    dflash_status st = dflash_dataset_sample(s->tokens, i, &ids, &mask, &n_ids, &id);
+    int64_t len = (int64_t)n_ids;
+    if (!st) st = dflash_hidden_length(s->hidden, id, &hl);
     if (!st && hl != len)
       st = df_error(DFLASH_E_MISMATCH, "sample %s: %lld tokens but %lld rows of hidden states", id,
                     (long long)len, (long long)hl);
@@ -205,10 +207,15 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
   const char *id;
   const int32_t *ids;
   const uint8_t *mask;
-  int64_t len;
+  size_t n_ids;
   sl->index = index;
-  sl->st = DFLASH_OK;
-  df_tokens_get(s->tokens, (size_t)index, &id, &ids, &mask, &len);
+  /* index < count (the stream's order): the one failure, an index out of range, never comes. */
+  sl->st = dflash_dataset_sample(s->tokens, (size_t)index, &ids, &mask, &n_ids, &id);
+  if (sl->st) {
+    snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
+    return;
+  }
+  int64_t len = (int64_t)n_ids;
   if (s->stored) {
     sl->st = produce_codes(s, sl, id, len);
     if (!sl->st) sl->st = produce_tids(s, sl, id, len);
@@ -256,7 +263,7 @@ static void *producer(void *arg) {
 dflash_status dflash_sample_stream_start(dflash_sample_stream *s, const uint64_t *order, size_t n) {
   DF_CHECK_ARG(s && (order || n == 0));
   stop_thread(s);
-  size_t count = df_tokens_count(s->tokens);
+  size_t count = dflash_dataset_count(s->tokens);
   for (size_t i = 0; i < n; i++)
     if (order[i] >= count)
       return df_error(DFLASH_E_RANGE,
@@ -300,7 +307,11 @@ static dflash_status stream_next(dflash_sample_stream *s, dflash_sample *out, in
   if (sl->st) return df_error(sl->st, "%s", sl->msg);
   const char *id;
   out->index = sl->index;
-  df_tokens_get(s->tokens, (size_t)sl->index, &id, &out->input_ids, &out->loss_mask, &out->len);
+  size_t n_ids;
+  dflash_status st = dflash_dataset_sample(s->tokens, (size_t)sl->index, &out->input_ids,
+                                           &out->loss_mask, &n_ids, &id);
+  if (st) return st;
+  out->len = (int64_t)n_ids;
   out->id = id;
   out->target_ids = sl->has_tids ? sl->tids : NULL;
   out->hidden = s->stored ? NULL : sl->buf;
@@ -326,4 +337,4 @@ dflash_hidden_target_ids df_sample_stream_has_target_ids(const dflash_sample_str
   return s->has_tids;
 }
 
-const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }
+const dflash_dataset *df_sample_stream_tokens(const dflash_sample_stream *s) { return s->tokens; }

@@ -13,14 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "dist.h"
+#include "train/backend.h"
+#include "train/cuda/dist.h"
 #include "hidden/hidden.h"
-#include "position.h"
+#include "train/position.h"
 #include "stream.h"
-#include "rng.h"
-#include "remote.h"
-#include "trainer.h"
+#include "train/rng.h"
+#include "train/remote_files.h"
+#include "train/trainer.h"
 #include "run_internal.h"
 
 /* ---- the run's settings, recorded with the state ------------------------------------------ */

@@ -10,11 +10,11 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "dist.h"
+#include "train/cuda/dist.h"
 #include "hidden/hidden.h"
-#include "remote.h"
+#include "train/remote_files.h"
 #include "stream.h"
-#include "trainer.h"
+#include "train/trainer.h"
 
 typedef struct run {
   const dflash_train_run_options *o;
@@ -26,7 +26,7 @@ typedef struct run {
   dflash_drafter_config cfg;
   dflash_trainer *t;
   dflash_sample_stream *s;
-  const df_tokens *tok;
+  const dflash_dataset *tok;
   uint64_t *usable, *order, *mine; /* mine: this rank's share of order, from pos on */
   size_t n_usable, n_total, global_batch;
   int32_t *anchors; /* batch_size * num_anchors */
@@ -48,13 +48,13 @@ typedef struct run {
   /* --hidden spool:PATH: samples in the producer's order. Every rank reads the same order and
    * forms the same global batches; it keeps its share of each and passes over the rest. */
   dflash_spool *spool;
-  df_tokens *own_tok;  /* the dataset, opened without a store */
-  uint64_t *by_id;     /* dataset indices sorted by id */
-  uint8_t *is_usable;  /* [n_total] */
-  uint64_t *batch_idx; /* the gathered batch: dataset indices and hidden states */
-  bool stored_rows;    /* samples carry their hidden rows as stored (see open_data) */
-  int32_t sp_dtype;    /* the spool's dtype */
-  char **batch_h;      /* float32 rows, or the codes then (fp8) the scales */
+  dflash_dataset *own_tok; /* the dataset, opened without a store */
+  uint64_t *by_id;         /* dataset indices sorted by id */
+  uint8_t *is_usable;      /* [n_total] */
+  uint64_t *batch_idx;     /* the gathered batch: dataset indices and hidden states */
+  bool stored_rows;        /* samples carry their hidden rows as stored (see open_data) */
+  int32_t sp_dtype;        /* the spool's dtype */
+  char **batch_h;          /* float32 rows, or the codes then (fp8) the scales */
   size_t *batch_cap;
   uint64_t sp_shard, sp_off; /* resume: the spool position within r->epoch */
   int32_t rel_epoch;         /* shards before (rel_epoch, rel_shard) are released */

@@ -15,7 +15,7 @@ DF_MUST_CHECK dflash_status df_greedy_tokens(const float *x, int64_t len, int32_
 void df_sample_stream_set_head(dflash_sample_stream *s, const float *norm_w, float eps,
                                const float *head, int32_t V);
 /* The dataset behind a stream (borrowed). */
-const df_tokens *df_sample_stream_tokens(const dflash_sample_stream *s);
+const dflash_dataset *df_sample_stream_tokens(const dflash_sample_stream *s);
 /* What the stream's store says its rows are (borrowed; record.c). */
 const df_hidden_record *df_sample_stream_record(const dflash_sample_stream *s);
 

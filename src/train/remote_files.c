@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "remote.h"
+#include "remote_files.h"
 #include "storage/stage.h"
 #include "trainer.h"
 

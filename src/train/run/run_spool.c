@@ -13,14 +13,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "dist.h"
+#include "train/backend.h"
+#include "train/cuda/dist.h"
 #include "hidden/hidden.h"
-#include "position.h"
+#include "train/position.h"
 #include "stream.h"
-#include "rng.h"
-#include "remote.h"
-#include "trainer.h"
+#include "train/rng.h"
+#include "train/remote_files.h"
+#include "train/trainer.h"
 #include "run_internal.h"
 
 /* ---- --hidden spool:PATH ---------------------------------------------------------------- */
@@ -29,14 +29,15 @@ static const char *spool_path(const char *hidden) {
   return strncmp(hidden, "spool:", 6) ? NULL : hidden + 6;
 }
 
-static const df_tokens *g_sort_tok; /* qsort has no context argument */
+static const dflash_dataset *g_sort_tok; /* qsort has no context argument */
 
-static const char *id_of(const df_tokens *t, uint64_t i) {
+static const char *id_of(const dflash_dataset *t, uint64_t i) {
   const char *id;
   const int32_t *ids;
   const uint8_t *mask;
-  int64_t len;
-  df_tokens_get(t, (size_t)i, &id, &ids, &mask, &len);
+  size_t n_ids;
+  /* i < count (the callers' bisection): the one failure, an index out of range, never comes. */
+  if (dflash_dataset_sample(t, (size_t)i, &ids, &mask, &n_ids, &id)) return "";
   return id;
 }
 
@@ -46,7 +47,7 @@ static int cmp_by_id(const void *a, const void *b) {
 
 /* The dataset index of a sample id, or -1. */
 static int64_t find_id(const run *r, const char *id) {
-  size_t lo = 0, hi = df_tokens_count(r->tok);
+  size_t lo = 0, hi = dflash_dataset_count(r->tok);
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     int c = strcmp(id_of(r->tok, r->by_id[mid]), id);
@@ -86,12 +87,12 @@ dflash_status df_run_open_data(run *r) {
   so.wait_s = o->spool_wait_s;
   so.reuse = o->spool_reuse != 0;
   so.stored_rows = r->stored_rows;
-  dflash_status st = df_tokens_open(o->data_dir, &r->own_tok);
+  dflash_status st = dflash_dataset_open(o->data_dir, &r->own_tok);
   if (!st) st = dflash_spool_open(path, &so, &r->spool);
   if (!st) st = dflash_spool_info(r->spool, NULL, NULL, &r->sp_dtype);
   if (st) return st;
   r->tok = r->own_tok;
-  size_t n = df_tokens_count(r->tok);
+  size_t n = dflash_dataset_count(r->tok);
   r->by_id = malloc((n ? n : 1) * sizeof *r->by_id);
   r->is_usable = calloc(n ? n : 1, 1);
   if (!r->by_id || !r->is_usable) return df_error_nomem("dataset ids");
@@ -199,8 +200,9 @@ static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len;
-    df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
+    size_t n_ids;
+    if ((st = dflash_dataset_sample(r->tok, (size_t)idx, &ids, &mask, &n_ids, &id))) return st;
+    int64_t len = (int64_t)n_ids;
     if (len != smp.len)
       return df_error(DFLASH_E_MISMATCH,
                       "sample %s: %" PRId64 " tokens but %" PRId64 " rows of "
@@ -257,7 +259,11 @@ dflash_status df_run_spool_sample(run *r, size_t i, dflash_sample *out, int32_t 
   *done = 0;
   out->struct_size = sizeof *out;
   out->index = r->batch_idx[i];
-  df_tokens_get(r->tok, (size_t)out->index, &id, &out->input_ids, &out->loss_mask, &out->len);
+  size_t n_ids;
+  dflash_status st = dflash_dataset_sample(r->tok, (size_t)out->index, &out->input_ids,
+                                           &out->loss_mask, &n_ids, &id);
+  if (st) return st;
+  out->len = (int64_t)n_ids;
   out->id = id;
   out->target_ids = r->batch_t[i];
   out->hidden = r->stored_rows ? NULL : (const float *)r->batch_h[i];

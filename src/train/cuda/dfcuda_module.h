@@ -1,7 +1,7 @@
 /*
  * The boundary between libdflash and its CUDA backend module, libdflash-cuda.so (the .cu
  * files and cuda/module.c), which the library loads with dlopen on the first CUDA call
- * (src/train/cuda_module.c). So a process that never trains on CUDA maps no CUDA library,
+ * (src/train/cuda/cuda_module.c). So a process that never trains on CUDA maps no CUDA library,
  * and a machine without CUDA runs the library.
  *
  * Internal: the module and the library come from one build. The module exports one symbol,
@@ -12,7 +12,7 @@
 #define DFLASH_CUDA_DFCUDA_MODULE_H
 
 #include "dfcuda.h"
-#include "train/dist.h"
+#include "train/cuda/dist.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,7 +38,7 @@ typedef struct df_cu_host {
 
 /* dfcuda.h as a table: each entry is the function of the same name there. A function added
  * to dfcuda.h gets an entry here, in cuda/module.c's table and a forwarder in
- * src/train/cuda_module.c; without the forwarder libdflash's link fails (undefined df_cu_*),
+ * src/train/cuda/cuda_module.c; without the forwarder libdflash's link fails (undefined df_cu_*),
  * and a library call added to a .cu file without a forwarder in module.c fails the
  * module's. */
 typedef struct df_cu_module {

@@ -22,16 +22,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "dist.h"
+#include "train/backend.h"
+#include "train/cuda/dist.h"
 #include "hidden/hidden.h"
-#include "position.h"
+#include "train/position.h"
 #include "stream.h"
-#include "rng.h"
-#include "remote.h"
-#include "trainer.h"
+#include "train/rng.h"
+#include "train/remote_files.h"
+#include "train/trainer.h"
 #include "run_internal.h"
-#include "store_layers.h"
+#include "train/store_layers.h"
 
 static void train_run_options_defaults(dflash_train_run_options *o) {
   if (!o) return;
@@ -48,17 +48,19 @@ DF_DEFINE_INIT(dflash_train_run_options, train_run_options_defaults)
 /* Samples that can carry at least one anchor (>= 2B supervised tokens and
  * a candidate position). */
 static dflash_status find_usable(run *r) {
-  r->n_total = df_tokens_count(r->tok);
+  r->n_total = dflash_dataset_count(r->tok);
   r->usable = malloc((r->n_total ? r->n_total : 1) * sizeof *r->usable);
   if (!r->usable) return df_error_nomem("sample list");
   for (size_t i = 0; i < r->n_total; i++) {
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len;
+    size_t n_ids;
     int32_t a, n;
-    df_tokens_get(r->tok, i, &id, &ids, &mask, &len);
-    dflash_status st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
+    dflash_status st = dflash_dataset_sample(r->tok, i, &ids, &mask, &n_ids, &id);
+    if (st) return st;
+    int64_t len = (int64_t)n_ids;
+    st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
     if (r->is_usable) r->is_usable[i] = n > 0;
@@ -334,12 +336,13 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len;
+    size_t n_ids;
     double w;
-    df_tokens_get(r->tok, (size_t)idx, &id, &ids, &mask, &len);
-    dflash_status st = dflash_anchors_sample(mask, len, B, A, r->topt.seed,
-                                             (uint64_t)r->epoch * r->n_total + idx,
-                                             r->anchors + i * (size_t)A, &r->n_anchors[i]);
+    dflash_status st = dflash_dataset_sample(r->tok, (size_t)idx, &ids, &mask, &n_ids, &id);
+    if (st) return st;
+    int64_t len = (int64_t)n_ids;
+    st = dflash_anchors_sample(mask, len, B, A, r->topt.seed, (uint64_t)r->epoch * r->n_total + idx,
+                               r->anchors + i * (size_t)A, &r->n_anchors[i]);
     dflash_sample q = {.struct_size = sizeof q,
                        .id = id,
                        .len = len,
@@ -399,9 +402,11 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     const char *id;
     const int32_t *ids;
     const uint8_t *mask;
-    int64_t len;
-    df_tokens_get(r->tok, (size_t)(r->spool ? r->batch_idx[i] : r->order[r->pos + lo + i]), &id,
-                  &ids, &mask, &len);
+    size_t n_ids;
+    if ((st = dflash_dataset_sample(
+             r->tok, (size_t)(r->spool ? r->batch_idx[i] : r->order[r->pos + lo + i]), &ids, &mask,
+             &n_ids, &id)))
+      return st;
     fprintf(r->trace, "%d %" PRId64 " %s\n", r->epoch, step, id);
   }
   if (r->sync_step) write_metrics(r, norm);
@@ -561,7 +566,7 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   dflash_sample_stream_free(r.s);
   if (r.trace) fclose(r.trace);
   dflash_spool_free(r.spool);
-  df_tokens_free(r.own_tok);
+  dflash_dataset_free(r.own_tok);
   for (size_t i = 0; r.batch_h && i < (size_t)o->batch_size; i++) free(r.batch_h[i]);
   for (size_t i = 0; r.batch_t && i < (size_t)o->batch_size; i++) free(r.batch_t[i]);
   free(r.batch_t), free(r.batch_pos), free(r.batch_tcap), free(r.labels), free(r.head),

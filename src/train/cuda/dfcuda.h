@@ -1,6 +1,6 @@
 /*
  * The C interface of the CUDA trainer backend (the .cu files in cuda/), called by
- * src/train/backend_cuda.c. Plain C types, usable from C and nvcc. Every
+ * src/train/cuda/backend_cuda.c. Plain C types, usable from C and nvcc. Every
  * function returns a dflash_status and records the message with df_error.
  */
 #ifndef DFLASH_CUDA_DFCUDA_H

@@ -9,7 +9,7 @@
  * Without CUDA in the build every entry point fails with
  * DFLASH_E_UNSUPPORTED, without a device with DFLASH_E_NO_DEVICE.
  */
-#include "backend.h"
+#include "train/backend.h"
 
 #include <dflash/hidden.h>
 
