@@ -404,7 +404,7 @@ def predicted(name, gpu, *extra):
 
 
 def test_auto_batch(tmp):
-    hdr = open(os.path.join(ROOT, "src", "train", "dfcuda.h")).read()
+    hdr = open(os.path.join(ROOT, "src", "train", "cuda", "dfcuda.h")).read()
     m = re.search(r"#define DF_CU_PCIE_SEQUENCES (\d+)", hdr)
     check(m is not None and int(m.group(1)) == gm.PCIE_SEQUENCES,
           f"DF_CU_PCIE_SEQUENCES {m and m.group(1)} == gpu_model.PCIE_SEQUENCES "

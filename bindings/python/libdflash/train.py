@@ -44,6 +44,9 @@ class DrafterConfig(ctypes.Structure):
         ("dflash2", ctypes.c_int32), ("conv_kernel_size", ctypes.c_int32),
         ("conv_group_size", ctypes.c_int32), ("selector_top_k", ctypes.c_int32),
         ("selector_rank", ctypes.c_int32),
+        # DSpark (drafter.h; the trainer refuses it until the model is wired)
+        ("dspark", ctypes.c_int32), ("markov_rank", ctypes.c_int32),
+        ("confidence_head", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
     ]
 
     def __init__(self, *args, **kw):
