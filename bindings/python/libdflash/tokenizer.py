@@ -55,6 +55,21 @@ _id_to_token = bind("dflash_tokenizer_id_to_token",
                     [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p), _c_size_p,
                      ctypes.POINTER(ctypes.c_int)], errors=INDEX | KEY)
 
+# experimental.h: the calling thread's counters, for benchmarks.
+_thread_stats = bind("dflash_tokenizer_thread_stats",
+                     [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), _c_size_p],
+                     None)
+
+
+def thread_stats():
+    """The calling thread's tokenizer counters (experimental: dflash_tokenizer_thread_stats):
+    {"pieces", "cache_misses"} of its single-text encodes since the thread began, and
+    "cache_bytes", its piece and pair caches' memory (fixed; 0 before its first encode)."""
+    p, m, b = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_size_t()
+    _thread_stats(ctypes.byref(p), ctypes.byref(m), ctypes.byref(b))
+    return {"pieces": p.value, "cache_misses": m.value, "cache_bytes": b.value}
+
+
 _SPECIAL = {"all": 0, "none": 1}
 # Texts up to _GIL_BYTES bytes are encoded holding the GIL (a few microseconds at most),
 # into a per-thread buffer of _FAST_IDS ids, which they cannot overflow (at most 3 ids a

@@ -227,3 +227,17 @@ def test_cli_encode_decode(cl100k):
     assert bad.returncode == 1 and b"DFLASH_E_RANGE" in bad.stderr
     usage = subprocess.run([cli, "encode"], capture_output=True)
     assert usage.returncode == 2
+
+
+def test_thread_stats_count_this_threads_pieces_and_misses(cl100k):
+    """A word seen once misses the piece cache, seen again it hits: the counters say so."""
+    before = lt.thread_stats()
+    cl100k.encode(" zebrafinchquux")
+    mid = lt.thread_stats()
+    cl100k.encode(" zebrafinchquux")
+    after = lt.thread_stats()
+    assert mid["pieces"] > before["pieces"]
+    assert mid["cache_misses"] > before["cache_misses"]
+    assert after["pieces"] - mid["pieces"] == mid["pieces"] - before["pieces"]
+    assert after["cache_misses"] == mid["cache_misses"]
+    assert after["cache_bytes"] > 0
