@@ -136,6 +136,15 @@ void synth_run_options(dflash_train_run_options *o, const char *root, const char
   o->trainer = t;
 }
 
+char *synth_small_run(dflash_train_run_options *o, char **out) {
+  char *root = df_test_tmpdir();
+  *out = synth_at(root, "out");
+  synth_world(root, 8, 16, 3);
+  synth_run_options(o, root, *out);
+  o->epochs = 1, o->save_every_s = 0;
+  return root;
+}
+
 dflash_trainer_options *synth_trainer(dflash_train_run_options *o) {
   return (dflash_trainer_options *)o->trainer; /* synth_run_options allocated it */
 }

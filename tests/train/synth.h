@@ -20,6 +20,9 @@ void synth_world(const char *root, int n_samples, int seq_len, uint64_t seed);
 
 /* Run options over synth_world(root) writing to `out` (1 thread, 8 anchors). */
 void synth_run_options(dflash_train_run_options *o, const char *root, const char *out);
+/* A fresh temporary root with synth_world(root, 8, 16, 3) and one epoch's run options into
+ * root/out, no time-based saves: the run-level tests' starting point. *out: that folder. */
+char *synth_small_run(dflash_train_run_options *o, char **out);
 /* The trainer options synth_run_options gave `o` (its own, to change). */
 dflash_trainer_options *synth_trainer(dflash_train_run_options *o);
 

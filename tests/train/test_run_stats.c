@@ -18,11 +18,8 @@ typedef struct world {
 } world;
 
 static world make_world(void) {
-  world w = {.root = df_test_tmpdir()};
-  w.out = synth_at(w.root, "out");
-  synth_world(w.root, 8, 16, 3);
-  synth_run_options(&w.o, w.root, w.out);
-  w.o.epochs = 1, w.o.save_every_s = 0;
+  world w;
+  w.root = synth_small_run(&w.o, &w.out);
   return w;
 }
 
