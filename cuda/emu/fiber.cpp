@@ -249,6 +249,12 @@ struct Host {
 #ifdef DFEMU_TSAN
       __tsan_destroy_fiber(r->tsan);
 #endif
+#ifdef DFEMU_ASAN
+      // ASan leaves the redzones of the frames that ran on this stack poisoned; a later
+      // mmap that gets these pages back (the NCCL segment, a cudaMallocHost) would then
+      // read as a stack-buffer-underflow.
+      ASAN_UNPOISON_MEMORY_REGION(r->map, kStack + page);
+#endif
       munmap(r->map, kStack + page);
       delete r;
     }
