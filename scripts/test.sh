@@ -42,10 +42,17 @@ for arg in "$@"; do
   esac
 done
 # The quick and dev tiers are for a working tree whose dependencies are installed.
-[ "$tier" != full ] || [ "$deps" = 0 ] || scripts/deps.sh
+[ "$tier" != full ] || [ "$deps" = 0 ] || { scripts/deps.sh; echo "-- scripts/deps.sh took $SECONDS s"; }
 export PATH="$PATH:/usr/local/cuda/bin"
 
-echo "== format, include layering =="
+# Each stage's header says how long the one before took, so a CI log shows where its minutes go.
+stage_start=$SECONDS
+stage() {
+  [ "$stage_start" = "$SECONDS" ] || echo "-- took $((SECONDS - stage_start)) s ($SECONDS s in all)"
+  stage_start=$SECONDS
+  echo "== $* =="
+}
+stage "format, include layering"
 scripts/check-format.sh
 scripts/include-graph.sh --check
 
@@ -64,7 +71,7 @@ run_tests() { # run_tests DIR [meson test args...]
 
 if [ "$tier" != full ]; then
   dir=${DFLASH_BUILD_DIR:-build-dev}
-  echo "== $tier: $dir =="
+  stage "$tier: $dir"
   setup "$dir" -Dtests=enabled -Dpython=enabled -Dcuda=disabled
   ninja -C "$dir"
   if [ "$tier" = quick ]; then
@@ -78,7 +85,7 @@ if [ "$tier" != full ]; then
   exit 0
 fi
 
-echo "== gcc =="
+stage "gcc"
 setup build-gcc -Dtests=enabled -Dpython=enabled
 ninja -C build-gcc
 # The tokenizer oracles on 5 MB of generated text (a quarter of their default 20 MB, which
@@ -90,10 +97,10 @@ DFLASH_CORPUS_MB=5 DFLASH_REQUIRE_ABI=1 run_tests build-gcc
 # depends on a GEMM's last bits fails here before a user with another CPU meets it (Debian's
 # OpenBLAS 0.3.21 itself falls back to Prescott on CPUs it does not know, AVX-512 ones
 # included). One extra run, about 2 min; by hand, OPENBLAS_CORETYPE=Haswell likewise.
-echo "== gcc: unit suites with OPENBLAS_CORETYPE=Prescott =="
+stage "gcc: unit suites with OPENBLAS_CORETYPE=Prescott"
 OPENBLAS_CORETYPE=Prescott OPENBLAS_NUM_THREADS=1 run_tests build-gcc --no-rebuild --suite unit
 
-echo "== clang =="
+stage "clang"
 CC=clang CXX=clang++ setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
 DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi --no-suite bench
@@ -101,7 +108,7 @@ DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi --no-suite bench
 # CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is. The emulated
 # device (suite cuda-emu) is built where nvcc's backend is not, with CC and CXX of one kind.
 for cc in gcc clang; do
-  echo "== $cc release =="
+  stage "$cc release"
   cuda=auto; cxx=g++; [ "$cc" = gcc ] || { cuda=disabled; cxx=clang++; }
   CC=$cc CXX=$cxx setup "build-$cc-release" --buildtype=release -Dtests=enabled \
     -Dpython=disabled -Dcuda=$cuda
@@ -111,7 +118,7 @@ for cc in gcc clang; do
   run_tests "build-$cc-release" --suite unit --suite fuzz
 done
 
-echo "== ASan + UBSan =="
+stage "ASan + UBSan"
 setup build-asan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=address,undefined -Db_lundef=false
 ninja -C build-asan
@@ -119,7 +126,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print
   DFLASH_SKIP_ABI=1 run_tests build-asan --no-suite abi --no-suite oracle \
   --no-suite bench --no-suite cuda-emu-heavy  # oracles: an uninstrumented interpreter
 
-echo "== TSan =="
+stage "TSan"
 # Only the binaries are instrumented; the Python drivers of the CLI tests run uninstrumented.
 CC=clang CXX=clang++ setup build-tsan -Dtests=enabled -Dpython=disabled -Dcuda=disabled \
   -Db_sanitize=thread -Db_lundef=false
@@ -129,7 +136,8 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/cuda/emu/
   run_tests build-tsan core tokenizer dataset chat-tokenize-cli fetch fetch-e2e hidden train storage storage-s3 \
     cuda-emu-selftest cuda-emu-model
 
-echo "== valgrind =="
+stage "valgrind"
 run_tests build-gcc --setup=valgrind --suite core
 
+stage "done"
 echo "all tests passed"
