@@ -14,7 +14,8 @@
 #      pipeline: the only build that runs it); gcc builds the nvcc backend where nvcc is
 #      installed, so no emulated device here; then the unit suites again under OpenBLAS's
 #      generic Prescott kernels (another GEMM summation order than the CPU's own)
-#   2. clang: every suite but abi, python (with it the Python oracles) and bench
+#   2. clang: every suite but abi, python, oracle (the references against PyTorch, jinja2 and
+#      SpecForge: gcc's build runs them; the unit suites check the same paths here) and bench
 #      (fetch-adaptive, gpu-model: gcc's), and the emulated CUDA device whole: the one build
 #      that runs its parity and bench/gpu_check.sh at full shapes (suite cuda-emu-heavy, at
 #      sm_90 and sm_120)
@@ -103,7 +104,7 @@ OPENBLAS_CORETYPE=Prescott OPENBLAS_NUM_THREADS=1 run_tests build-gcc --no-rebui
 stage "clang"
 CC=clang CXX=clang++ setup build-clang -Dtests=enabled -Dpython=disabled -Dcuda=disabled
 ninja -C build-clang
-DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi --no-suite bench
+DFLASH_SKIP_ABI=1 run_tests build-clang --no-suite abi --no-suite bench --no-suite oracle
 
 # CUDA once: nvcc compiles .cu files with its own host compiler whatever CC is. The emulated
 # device (suite cuda-emu) is built where nvcc's backend is not, with CC and CXX of one kind.
