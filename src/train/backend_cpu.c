@@ -43,17 +43,25 @@ typedef struct adam_ctx {
   float decay, b1, b2, eps, step_size, bc2_sqrt;
 } adam_ctx;
 
-/* torch.optim.AdamW's single-tensor update, in float32 like it. */
+/* torch.optim.AdamW's single-tensor update, in float32 like it. The fields are read into
+ * locals and the arrays through restrict pointers so that the compiler vectorizes the loop
+ * (through `c` it had to assume each store could change the next element's constants): 7.6 %
+ * of a demo step's CPU before. sqrtf and the division stay exact per element, so the result
+ * is the scalar loop's, bit for bit. */
 static void adam_range(void *vc, size_t b, size_t e, int worker) {
   (void)worker;
-  adam_ctx *c = vc;
+  const adam_ctx *c = vc;
+  float *restrict p = c->p, *restrict m1 = c->m1, *restrict m2 = c->m2;
+  const float *restrict gr = c->g;
+  const float decay = c->decay, b1 = c->b1, b2 = c->b2, eps = c->eps;
+  const float step = c->step_size, bc2 = c->bc2_sqrt;
   for (size_t i = b; i < e; i++) {
-    float g = c->g[i];
-    c->p[i] *= c->decay;
-    c->m1[i] += (g - c->m1[i]) * (1.0f - c->b1);
-    c->m2[i] = c->m2[i] * c->b2 + (1.0f - c->b2) * g * g;
-    float denom = sqrtf(c->m2[i]) / c->bc2_sqrt + c->eps;
-    c->p[i] -= c->step_size * (c->m1[i] / denom);
+    float g = gr[i];
+    p[i] *= decay;
+    m1[i] += (g - m1[i]) * (1.0f - b1);
+    m2[i] = m2[i] * b2 + (1.0f - b2) * g * g;
+    float denom = sqrtf(m2[i]) / bc2 + eps;
+    p[i] -= step * (m1[i] / denom);
   }
 }
 
