@@ -72,18 +72,21 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # 43): AdamW with the adaptive weighting at 16 epochs (walk tau 1.289 +- 0.031 on the demo's
 # data). Muon at the same 16 epochs reached 1.379 +- 0.038 but costs ~4x the training CPU
 # (Newton-Schulz on every step, about an hour on one core), and at equal CPU (3 epochs) it
-# lost, 1.240; `--optimizer muon --lr 1e-3 --weight-decay 0.01` runs it. One training thread:
-# the other core runs llama.cpp's target-alone and untrained-drafter decoding meanwhile, and
-# one thread makes the run reproducible to the byte, which resuming relies on. --quick keeps
-# AdamW and the decay: check() asserts that the logged loss falls, which adaptive weights (a
-# moving target) do not promise, and CI pays for every CPU-second.
+# lost, 1.240; `--optimizer muon --lr 1e-3 --weight-decay 0.01` runs it.
+# Where the full run's minutes go (issue 43): training is the critical path, so it takes both
+# cores (threads=2: the same bytes on every run with two threads, which resuming relies on);
+# llama.cpp's target-alone run goes beside the hidden-state dump instead, and the untrained
+# drafter's llama.cpp run (llama_untrained, 330 of its 390 CPU-s) is left to --quick, whose
+# --check asserts that the trained drafter beats it. Live decoding runs on the first
+# live_prompts held-out prompts (0: all), beside the trained drafter's llama.cpp run.
+# --quick keeps AdamW and the decay: check() asserts that the logged loss falls, which adaptive
+# weights (a moving target) do not promise, and CI pays for every CPU-second.
 FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=16, anchors=8, lr=3e-3,
-            layers="1,14,27", block=8, live_prompts=0, weighting="adaptive", optimizer="adamw",
-            weight_decay=0.0, threads=1)
+            layers="1,14,27", block=8, live_prompts=15, weighting="adaptive", optimizer="adamw",
+            weight_decay=0.0, threads=2, llama_untrained=0)
 QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=8, anchors=8, lr=3e-3,
              layers="1,14,27", block=8, live_prompts=0, weighting="decay", optimizer="adamw",
-             weight_decay=0.0, threads=1)
-
+             weight_decay=0.0, threads=1, llama_untrained=1)
 
 def log(msg):
     print(f"\n== {msg}", flush=True)
@@ -894,7 +897,7 @@ def main():
              ("tokenize", []), ("hidden", ["layers", "labels"]),
              ("train", ["epochs", "anchors", "lr", "weighting", "optimizer", "weight_decay",
                         "block", "threads", "arch"]),
-             ("eval", []), ("llama_base", ["llama_prompts", "llama_threads"]),
+             ("eval", []), ("llama_base", ["llama_prompts", "llama_threads", "llama_untrained"]),
              ("llama_cpp", []), ("live", ["live_prompts"])]
     # (export is left out: it writes the same files every time, and runs every time)
     st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2"]
@@ -989,6 +992,41 @@ def main():
                  files[k]])
         st.end("tokenize", key("tokenize"))
 
+    layers = [int(x) for x in p["layers"].split(",")]
+    cfg = drafter_config(t, layers, p["block"])
+    cfg_path = os.path.join(out, "drafter.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    # The untrained baseline: the same initialisation `dflash train` starts from.
+    embed = libdflash.SafeTensors(os.path.join(target_dir, "target.safetensors"))[
+        "model.embed_tokens.weight"]
+    with libdflash.Trainer(cfg, embed, embed, seed=0) as tr:
+        tr.save(os.path.join(out, "untrained"))
+    ckpt = os.path.join(out, "drafter")
+    gg = os.path.join(out, "gguf")
+    heldout_data = os.path.join(out, "data", "heldout")
+
+    # llama.cpp's runs that do not need the trained drafter (the target alone, and with
+    # llama_untrained the untrained drafter) go beside the hidden-state dump, whose held-out
+    # half leaves a core free, and the training after it.
+    base_job = None
+    base_json = os.path.join(out, "llama_spec_base.json")
+    if kind == "llama" and a.labels != "both" and a.stop_after is None and \
+            not st.done("llama_base", key("llama_base")):
+        log("7a. llama.cpp: the target alone" + (" and the untrained drafter" if
+            p["llama_untrained"] else "") + ", beside the hidden states and the training")
+        os.makedirs(gg, exist_ok=True)
+        st.begin("llama_base")  # the conversion's CPU is counted in the job's row below
+        configs = ["--config", "plain="]
+        if p["llama_untrained"]:
+            to_gguf(ldir, os.path.join(out, "untrained"), target_dir,
+                    os.path.join(gg, "untrained.gguf"))
+            configs += ["--config", "untrained=" + os.path.join(gg, "untrained.gguf")]
+        conv_cpu = cpu_now() - st.t0[1]
+        base_job = Job(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
+                                      a.llama_threads, a.llama_prompts)
+                       + configs + ["-o", base_json], os.path.join(out, "llama_spec_base.log"))
+
     if not st.done("hidden", key("hidden")):
         st.begin("hidden")
         log(f"4. dump hidden states of target layers {p['layers']} (train and held out at once, "
@@ -1011,37 +1049,6 @@ def main():
     if a.stop_after == "hidden":
         save()
         return
-
-    layers = [int(x) for x in p["layers"].split(",")]
-    cfg = drafter_config(t, layers, p["block"])
-    cfg_path = os.path.join(out, "drafter.json")
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f, indent=2)
-    # The untrained baseline: the same initialisation `dflash train` starts from.
-    embed = libdflash.SafeTensors(os.path.join(target_dir, "target.safetensors"))[
-        "model.embed_tokens.weight"]
-    with libdflash.Trainer(cfg, embed, embed, seed=0) as tr:
-        tr.save(os.path.join(out, "untrained"))
-    ckpt = os.path.join(out, "drafter")
-    gg = os.path.join(out, "gguf")
-    heldout_data = os.path.join(out, "data", "heldout")
-
-    # llama.cpp's runs that do not need the trained drafter (the target alone and the
-    # untrained drafter) take the second core while training takes the first.
-    base_job = None
-    base_json = os.path.join(out, "llama_spec_base.json")
-    if kind == "llama" and a.labels != "both" and a.stop_after is None and \
-            not st.done("llama_base", key("llama_base")):
-        log("7a. llama.cpp: the target alone and the untrained drafter, beside the training")
-        os.makedirs(gg, exist_ok=True)
-        st.begin("llama_base")  # the conversion's CPU is counted in the job's row below
-        to_gguf(ldir, os.path.join(out, "untrained"), target_dir, os.path.join(gg, "untrained.gguf"))
-        conv_cpu = cpu_now() - st.t0[1]
-        base_job = Job(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
-                                      a.llama_threads, a.llama_prompts)
-                       + ["--config", "plain=", "--config",
-                          "untrained=" + os.path.join(gg, "untrained.gguf"), "-o", base_json],
-                       os.path.join(out, "llama_spec_base.log"))
 
     if a.arch == "both":
         log(f"5b. train a DFlash 2 drafter {DFLASH2} beside it: the same data and settings")
