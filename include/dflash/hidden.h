@@ -131,12 +131,18 @@ DFLASH_API dflash_status dflash_hidden_writer_end_epoch(dflash_hidden_writer *w)
 /* Whether `sample_id` is already taken in the current epoch (buffered or published; after a
  * restart, published before the crash): 1 or 0. */
 DFLASH_API int dflash_hidden_writer_contains(const dflash_hidden_writer *w, const char *sample_id);
-/* Spool progress: current epoch, samples taken in it, shard bytes present in the spool at the
- * last look, and the most ever seen there right after a publish (the high-water mark). */
-DFLASH_API dflash_status dflash_hidden_writer_spool_status(const dflash_hidden_writer *w,
-                                                           int32_t *epoch, uint64_t *samples,
-                                                           uint64_t *spool_bytes,
-                                                           uint64_t *high_water);
+/* A spool writer's progress (an output struct: set struct_size before the call). */
+typedef struct dflash_hidden_writer_spool_status {
+  size_t struct_size;
+  int32_t epoch;        /* the current epoch */
+  uint64_t samples;     /* samples taken in it */
+  uint64_t spool_bytes; /* shard bytes present in the spool at the last look */
+  uint64_t high_water;  /* the most ever seen there right after a publish */
+} dflash_hidden_writer_spool_status;
+
+/* Fill `out` with the spool's progress (zeros on a plain store). */
+DFLASH_API dflash_status dflash_hidden_writer_get_spool_status(
+    const dflash_hidden_writer *w, dflash_hidden_writer_spool_status *out);
 
 /* The consumer side: samples in publication order (shard by shard, each in the order added). */
 typedef struct dflash_spool dflash_spool;
@@ -159,9 +165,15 @@ DFLASH_API void dflash_spool_options_init(dflash_spool_options *opts, size_t siz
 DFLASH_API dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *opts,
                                            dflash_spool **out);
 DFLASH_API void dflash_spool_free(dflash_spool *sp);
-DFLASH_API dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers,
-                                           int32_t *hidden_size, int32_t *dtype);
+/* What a spool holds, from its spool.json (an output struct: set struct_size before the call). */
+typedef struct dflash_spool_info {
+  size_t struct_size;
+  int32_t num_layers;  /* K */
+  int32_t hidden_size; /* H */
+  int32_t dtype;       /* dflash_dtype: DFLASH_DTYPE_BF16 or DFLASH_DTYPE_F8_E4M3 */
+} dflash_spool_info;
 
+DFLASH_API dflash_status dflash_spool_get_info(const dflash_spool *sp, dflash_spool_info *out);
 
 /* Move to sample `offset` of shard `shard` of `epoch` (a resume). */
 DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard,
@@ -206,8 +218,16 @@ DFLASH_API int dflash_hidden_is_vllm_file(const char *name);
  * open. */
 DFLASH_API dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out);
 DFLASH_API void dflash_hidden_free(dflash_hidden *h);
-DFLASH_API dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers,
-                                            int32_t *hidden_size, int32_t *dtype, size_t *count);
+/* What an open store holds (an output struct: set struct_size before the call). */
+typedef struct dflash_hidden_info {
+  size_t struct_size;
+  int32_t num_layers;  /* K */
+  int32_t hidden_size; /* H */
+  int32_t dtype;       /* dflash_dtype of the stored rows (vLLM's files: theirs) */
+  uint64_t count;      /* samples */
+} dflash_hidden_info;
+
+DFLASH_API dflash_status dflash_hidden_get_info(const dflash_hidden *h, dflash_hidden_info *out);
 /* Id of sample `index` (ordered by id); borrowed. */
 DFLASH_API dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char **id);
 /* Token count of a sample; DFLASH_E_NOT_FOUND naming the id when absent. */

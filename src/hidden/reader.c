@@ -121,14 +121,14 @@ void dflash_hidden_free(dflash_hidden *h) {
 
 const df_hidden_record *df_hidden_record_of(const dflash_hidden *h) { return &h->rec; }
 
-dflash_status dflash_hidden_info(const dflash_hidden *h, int32_t *num_layers, int32_t *hidden_size,
-                                 int32_t *dtype, size_t *count) {
-  DF_CHECK_ARG(h);
-  if (num_layers) *num_layers = h->K;
-  if (hidden_size) *hidden_size = h->H;
-  if (dtype) *dtype = h->dtype;
-  if (count) *count = h->count;
-  return DFLASH_OK;
+dflash_status dflash_hidden_get_info(const dflash_hidden *h, dflash_hidden_info *out) {
+  DF_CHECK_ARG(h && out);
+  dflash_hidden_info info = {.struct_size = sizeof info,
+                             .num_layers = h->K,
+                             .hidden_size = h->H,
+                             .dtype = h->dtype,
+                             .count = h->count};
+  return df_opts_out(out, &info, sizeof info, "dflash_hidden_info");
 }
 
 dflash_status dflash_hidden_id(const dflash_hidden *h, size_t index, const char **id) {

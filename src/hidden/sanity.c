@@ -83,10 +83,11 @@ static void add_sample(const float *x, int64_t len, int32_t K, int32_t H, double
 dflash_status dflash_hidden_stats(const dflash_hidden *h, double *rms, uint64_t *zero_rows,
                                   uint64_t *rows) {
   DF_CHECK_ARG(h && rms && zero_rows && rows);
-  int32_t K, H;
-  size_t count;
-  dflash_status st = dflash_hidden_info(h, &K, &H, NULL, &count);
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  dflash_status st = dflash_hidden_get_info(h, &info);
   if (st) return st;
+  int32_t K = info.num_layers, H = info.hidden_size;
+  size_t count = (size_t)info.count;
   double *sumsq = calloc((size_t)K, sizeof *sumsq);
   if (!sumsq) return df_error_nomem("hidden stats");
   memset(zero_rows, 0, (size_t)K * sizeof *zero_rows);

@@ -127,13 +127,13 @@ void dflash_spool_free(dflash_spool *sp) {
   free(sp);
 }
 
-dflash_status dflash_spool_info(const dflash_spool *sp, int32_t *num_layers, int32_t *hidden_size,
-                                int32_t *dtype) {
-  DF_CHECK_ARG(sp);
-  if (num_layers) *num_layers = sp->K;
-  if (hidden_size) *hidden_size = sp->H;
-  if (dtype) *dtype = sp->dtype;
-  return DFLASH_OK;
+dflash_status dflash_spool_get_info(const dflash_spool *sp, dflash_spool_info *out) {
+  DF_CHECK_ARG(sp && out);
+  dflash_spool_info info = {.struct_size = sizeof info,
+                            .num_layers = sp->K,
+                            .hidden_size = sp->H,
+                            .dtype = sp->dtype};
+  return df_opts_out(out, &info, sizeof info, "dflash_spool_info");
 }
 
 dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t offset) {

@@ -264,13 +264,13 @@ int dflash_hidden_writer_contains(const dflash_hidden_writer *w, const char *sam
   return w && sample_id && df_strset_has(&w->ids, sample_id) ? 1 : 0;
 }
 
-dflash_status dflash_hidden_writer_spool_status(const dflash_hidden_writer *w, int32_t *epoch,
-                                                uint64_t *samples, uint64_t *spool_bytes,
-                                                uint64_t *high_water) {
-  DF_CHECK_ARG(w);
-  if (epoch) *epoch = w->epoch;
-  if (samples) *samples = w->epoch_samples;
-  if (spool_bytes) *spool_bytes = w->present;
-  if (high_water) *high_water = w->high_water;
-  return DFLASH_OK;
+dflash_status dflash_hidden_writer_get_spool_status(const dflash_hidden_writer *w,
+                                                    dflash_hidden_writer_spool_status *out) {
+  DF_CHECK_ARG(w && out);
+  dflash_hidden_writer_spool_status status = {.struct_size = sizeof status,
+                                              .epoch = w->epoch,
+                                              .samples = w->epoch_samples,
+                                              .spool_bytes = w->present,
+                                              .high_water = w->high_water};
+  return df_opts_out(out, &status, sizeof status, "dflash_hidden_writer_spool_status");
 }

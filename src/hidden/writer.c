@@ -88,9 +88,9 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
   qsort(w->shards, w->n_shards, sizeof *w->shards, cmp_str);
   dflash_hidden *h;
   if ((st = dflash_hidden_open(w->dir, &h))) return df_error_wrap(st, "reopening %s", w->dir);
-  int32_t K, H, dt;
-  size_t n;
-  st = dflash_hidden_info(h, &K, &H, &dt, &n);
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  st = dflash_hidden_get_info(h, &info);
+  int32_t K = info.num_layers, H = info.hidden_size, dt = info.dtype;
   if (!st && (K != w->K || H != w->H || dt != w->dtype))
     st = df_error(DFLASH_E_MISMATCH,
                   "%s holds K=%d, H=%d, %s states; cannot append K=%d, H=%d, "
@@ -98,7 +98,7 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
                   w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
                   df_hidden_dtype_name(w->dtype));
   if (!st) st = keep_record(w, df_hidden_record_of(h));
-  for (size_t i = 0; !st && i < n; i++) {
+  for (size_t i = 0; !st && i < info.count; i++) {
     const char *id;
     if ((st = dflash_hidden_id(h, i, &id))) break;
     if (df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");

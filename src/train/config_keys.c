@@ -7,42 +7,28 @@
 
 #include <string.h>
 
+/* DSpark's keys that a DFlash config must leave off (config.c refuses them set there). */
+#define DSPARK_ONLY_KEYS                                                                      \
+  "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov", \
+      "sample_from_anchor", "draft_vocab_size"
+
+/* Keys read in dflash_config and at the top level alike: DFlash 2's sizes, the scales, and
+ * DSpark's, which the spec writes in both places (config.c's dspark_json). One list, so that
+ * a key added for one place is not missing from the other. */
+#define SHARED_KEYS                                                          \
+  "conv_kernel_size", "conv_group_size", "selector_top_k", "selector_rank",  \
+      "input_embedding_scale", "output_multiplier", "attention_value_scale", \
+      "final_logit_softcapping", "is_causal", "num_anchors", DSPARK_ONLY_KEYS
+
 /* dflash_config belongs to DFlash: every key in it is one the library reads, or one an engine
  * reads that the library has no use for (SGLang's "mask_token", the token's text, which the
- * library's mask_token_id makes redundant). Anything else in it is a mistake. */
+ * library's mask_token_id makes redundant). Anything else in it is a mistake. The first two
+ * are the ones a top-level key is checked against (df_config_check_keys). */
 static const char *const inner_keys[] = {
-    "mask_token_id",
-    "target_layer_ids",
-    "block_size",
-    "conv_kernel_size",
-    "conv_group_size",
-    "selector_top_k",
-    "selector_rank",
-    "input_embedding_scale",
-    "output_multiplier",
-    "attention_value_scale",
-    "final_logit_softcapping",
-    "is_causal",
-    "mask_token",
-    /* DSpark's, which the spec writes in both places (config.c's dspark_json) */
-    "markov_rank",
-    "markov_head_type",
-    "enable_confidence_head",
-    "confidence_head_with_markov",
-    "sample_from_anchor",
-    "num_anchors",
-    "draft_vocab_size",
+    "mask_token_id", "target_layer_ids", "block_size", "mask_token", SHARED_KEYS,
 };
 
-/* The DSpark keys a DFlash config must leave off (config.c refuses them set there). */
-static const char *const dspark_keys[] = {
-    "markov_rank",
-    "markov_head_type",
-    "enable_confidence_head",
-    "confidence_head_with_markov",
-    "sample_from_anchor",
-    "draft_vocab_size",
-};
+static const char *const dspark_keys[] = {DSPARK_ONLY_KEYS};
 
 bool df_config_dspark_key(const char *key) {
   for (size_t i = 0; i < DF_ARRAY_LEN(dspark_keys); i++)
@@ -72,47 +58,19 @@ df_config_arch_kind df_config_arch(json_t *root) {
  * with a default. The distances of the real keys to these are 3 or more (bos_token_id and
  * pad_token_id to mask_token_id), above the threshold (near()). */
 static const char *const top_keys[] = {
-    "architectures",
-    "attention_bias",
-    "block_size",
-    "dflash_config",
-    "head_dim",
-    "hidden_size",
-    "intermediate_size",
-    "layer_types",
-    "mask_token_id",
-    "max_position_embeddings",
-    "max_window_layers",
-    "num_attention_heads",
-    "num_hidden_layers",
-    "num_key_value_heads",
-    "num_target_layers",
-    "partial_rotary_factor",
-    "rms_norm_eps",
-    "rope_parameters",
-    "rope_scaling",
-    "rope_theta",
-    "sliding_window",
-    "tie_word_embeddings",
-    "use_sliding_window",
-    "vocab_size",
-    "final_logit_softcapping",
-    "is_causal",
-    "input_embedding_scale",
-    "output_multiplier",
-    "attention_value_scale",
-    "conv_kernel_size",
-    "conv_group_size",
-    "selector_top_k",
-    "selector_rank",
-    "markov_rank",
-    "markov_head_type",
-    "enable_confidence_head",
-    "confidence_head_with_markov",
-    "sample_from_anchor",
-    "num_anchors",
-    "draft_vocab_size",
-    "logit_scale",
+    "architectures",      "attention_bias",
+    "block_size",         "dflash_config",
+    "head_dim",           "hidden_size",
+    "intermediate_size",  "layer_types",
+    "mask_token_id",      "max_position_embeddings",
+    "max_window_layers",  "num_attention_heads",
+    "num_hidden_layers",  "num_key_value_heads",
+    "num_target_layers",  "partial_rotary_factor",
+    "rms_norm_eps",       "rope_parameters",
+    "rope_scaling",       "rope_theta",
+    "sliding_window",     "tie_word_embeddings",
+    "use_sliding_window", "vocab_size",
+    "logit_scale",        SHARED_KEYS,
 };
 
 enum { MAX_KEY = 64 };

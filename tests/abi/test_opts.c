@@ -486,6 +486,54 @@ static dflash_status call_spool_sample(void *o, ctx *c) {
 }
 static dflash_status call_build_stats(void *o, ctx *c) { return build_missing(NULL, o, c); }
 
+/* What a store of one sample (K 1, H 4) holds. */
+static dflash_status call_hidden_info(void *o, ctx *c) {
+  ck_assert_ok(write_store(c->dir, "info-hs", NULL));
+  char *path = df_path_join(c->dir, "info-hs");
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(path, &h));
+  dflash_status st = dflash_hidden_get_info(h, o);
+  if (!st) ck_assert_int_eq(((dflash_hidden_info *)o)->num_layers, 1);
+  dflash_hidden_free(h);
+  free(path);
+  return st;
+}
+
+static dflash_status call_spool_info(void *o, ctx *c) {
+  dflash_hidden_writer_options wo;
+  dflash_hidden_writer_options_default(&wo);
+  wo.spool_budget = 1 << 20;
+  wo.shard_bytes = 1 << 16;
+  ck_assert_ok(write_store(c->dir, "info-spool", &wo));
+  char *path = df_path_join(c->dir, "info-spool");
+  dflash_spool *sp;
+  ck_assert_ok(dflash_spool_open(path, NULL, &sp));
+  dflash_status st = dflash_spool_get_info(sp, o);
+  if (!st) ck_assert_int_eq(((dflash_spool_info *)o)->hidden_size, 4);
+  dflash_spool_free(sp);
+  free(path);
+  return st;
+}
+
+/* A spool writer that has taken one sample (3 tokens of K 1, H 4). */
+static dflash_status call_spool_status(void *o, ctx *c) {
+  static const float rows[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  dflash_hidden_writer_options wo;
+  dflash_hidden_writer_options_default(&wo);
+  wo.spool_budget = 1 << 20;
+  wo.shard_bytes = 1 << 16;
+  char *path = df_path_join(c->dir, "status-spool");
+  df_test_rmtree(path);
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(path, 1, 4, &wo, &w));
+  ck_assert_ok(df_test_hidden_add(w, "s0", rows, NULL, 3));
+  dflash_status st = dflash_hidden_writer_get_spool_status(w, o);
+  if (!st) ck_assert_uint_eq(((dflash_hidden_writer_spool_status *)o)->samples, 1);
+  dflash_hidden_writer_free(w);
+  free(path);
+  return st;
+}
+
 /* A sample's rows as input: 3 tokens of K 1, H 4 added to a fresh store. */
 static dflash_status call_rows(void *o, ctx *c) {
   static const float x[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
@@ -546,6 +594,10 @@ static const opts_case CASES[] = {
     {"dflash_sample", sizeof(dflash_sample), init_zero, call_spool_sample, true},
     {"dflash_hidden_rows", sizeof(dflash_hidden_rows), init_rows, call_rows, false},
     {"dflash_train_stats", sizeof(dflash_train_stats), init_zero, call_train_stats, true},
+    {"dflash_hidden_info", sizeof(dflash_hidden_info), init_zero, call_hidden_info, true},
+    {"dflash_spool_info", sizeof(dflash_spool_info), init_zero, call_spool_info, true},
+    {"dflash_hidden_writer_spool_status", sizeof(dflash_hidden_writer_spool_status), init_zero,
+     call_spool_status, true},
 };
 
 /* ---- harness -------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "build_testutil.h"
 #include "testutil.h"
 
 #define CONV(q, a)                                                                           \
@@ -50,16 +51,6 @@ static void teardown(fixture *f) {
   free(f->input);
   free(f->tok);
   free(f);
-}
-
-static dflash_dataset_build_options options(const fixture *f) {
-  dflash_dataset_build_options o;
-  dflash_dataset_build_options_default(&o);
-  o.tokenizer_path = f->tok;
-  o.template_name = "qwen3";
-  o.allow_split_control_tokens = 1;
-  o.max_reject_ratio = 1;
-  return o;
 }
 
 static dflash_status build(const fixture *f, const char *out, const dflash_dataset_build_options *o,
@@ -103,7 +94,7 @@ static void same_file(const fixture *f, const char *a, const char *b, const char
 START_TEST(test_build_counts_and_side_files) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   dflash_dataset_build_stats s = {.struct_size = sizeof s};
   ck_assert_ok(build(f, "out", &o, &s));
   ck_assert_uint_eq(s.lines, 8);
@@ -138,7 +129,7 @@ END_TEST
 START_TEST(test_build_threads_do_not_change_bytes) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   o.threads = 1;
   ck_assert_ok(build(f, "t1", &o, NULL));
   o.threads = 4;
@@ -151,44 +142,56 @@ START_TEST(test_build_threads_do_not_change_bytes) {
 }
 END_TEST
 
-/* A smaller options struct means defaults for its tail; a larger one needs a zero tail. */
+/* The options struct of a newer caller: the library's, then a field it does not know. */
+typedef struct {
+  dflash_dataset_build_options o;
+  uint64_t extra;
+} newer_options;
+
+#define ANY_VERDICT (-1)
+
+/* An options struct_size (and the newer caller's extra field): what the build gives. */
+typedef struct {
+  size_t size;
+  uint64_t extra;
+  dflash_status status;
+  const char *msg; /* NULL: it builds */
+  int32_t verdict; /* dflash_dataset_build_verdict, or ANY_VERDICT */
+} size_case;
+
+static const size_case OPTION_SIZES[] = {
+    /* An older caller's smaller struct: the defaults for its tail (without progress_user). */
+    {sizeof(dflash_dataset_build_options) - 8, 0, DFLASH_OK, NULL, DFLASH_DATASET_BUILD_OK},
+    /* Cut before max_reject_ratio: the default 0.05 applies, and 2 of 7 lines rejected fail
+     * it (the caller's 1 in the cut-off bytes is not read). */
+    {offsetof(dflash_dataset_build_options, max_reject_ratio), 0, DFLASH_E_FORMAT,
+     "max_reject_ratio 0.05", DFLASH_DATASET_BUILD_REJECTS},
+    /* A newer caller's larger struct: accepted while its unknown tail is zero. */
+    {sizeof(newer_options), 0, DFLASH_OK, NULL, DFLASH_DATASET_BUILD_OK},
+    {sizeof(newer_options), 1, DFLASH_E_UNSUPPORTED, "options of a newer libdflash", ANY_VERDICT},
+    {4, 0, DFLASH_E_INVALID_ARG, "struct_size 4", ANY_VERDICT},
+};
+
 START_TEST(test_build_options_sizes) {
+  const size_case *c = &OPTION_SIZES[_i];
   fixture *f = setup(INPUT);
   if (!f) return;
-  struct {
-    dflash_dataset_build_options o;
-    uint64_t extra;
-  } big = {.o = options(f)};
-  big.o.struct_size = sizeof big.o - 8; /* without progress_user */
-  ck_assert_ok(build(f, "small", &big.o, NULL));
-  /* Cut before max_reject_ratio: the default 0.05 applies, and 2 of 7 lines rejected fail it
-   * (the caller's 1 in the cut-off bytes is not read). */
-  big.o.struct_size = offsetof(dflash_dataset_build_options, max_reject_ratio);
+  newer_options big = {.o = build_test_options(f->tok), .extra = c->extra};
+  big.o.struct_size = c->size;
   dflash_dataset_build_stats s = {.struct_size = sizeof s};
-  ck_assert_status(build(f, "smaller", &big.o, &s), DFLASH_E_FORMAT, "max_reject_ratio 0.05");
-  ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_REJECTS);
+  if (c->msg) ck_assert_status(build(f, "out", &big.o, &s), c->status, c->msg);
+  else ck_assert_ok(build(f, "out", &big.o, &s));
+  if (c->verdict != ANY_VERDICT) ck_assert_int_eq(s.verdict, c->verdict);
+  /* A struct refused as a struct is refused before any output. */
+  if (c->status == DFLASH_E_UNSUPPORTED || c->status == DFLASH_E_INVALID_ARG)
+    ck_assert(!exists(f, "out", "."));
   teardown(f);
 }
 END_TEST
 
-START_TEST(test_build_options_tail) {
-  fixture *f = setup(INPUT);
-  if (!f) return;
-  struct {
-    dflash_dataset_build_options o;
-    uint64_t extra;
-  } big = {.o = options(f)};
-  big.o.struct_size = sizeof big;
-  ck_assert_ok(build(f, "zero-tail", &big.o, NULL));
-  big.extra = 1;
-  ck_assert_status(build(f, "tail", &big.o, NULL), DFLASH_E_UNSUPPORTED,
-                   "options of a newer libdflash");
-  ck_assert(!exists(f, "tail", "."));
-  big.o.struct_size = 4;
-  ck_assert_status(build(f, "tiny", &big.o, NULL), DFLASH_E_INVALID_ARG, "struct_size 4");
-  /* NULL: every default, and the tokenizer is required. */
-  ck_assert_status(build(f, "none", NULL, NULL), DFLASH_E_INVALID_ARG, "tokenizer_path is NULL");
-  /* _default writes no further than the caller's size. */
+/* _default writes no further than the caller's size. */
+START_TEST(test_build_options_init) {
+  newer_options big;
   memset(&big, 0xab, sizeof big);
   dflash_dataset_build_options_init(&big.o, offsetof(dflash_dataset_build_options, threads));
   ck_assert_uint_eq(big.o.struct_size, offsetof(dflash_dataset_build_options, threads));
@@ -198,7 +201,6 @@ START_TEST(test_build_options_tail) {
   ck_assert_uint_eq(big.o.struct_size, sizeof big.o);
   ck_assert_uint_eq(big.o.batch_lines, 2048);
   ck_assert(big.o.max_reject_ratio == 0.05);
-  teardown(f);
 }
 END_TEST
 
@@ -206,7 +208,7 @@ END_TEST
 START_TEST(test_build_stats_size) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   union {
     dflash_dataset_build_stats s;
     unsigned char bytes[sizeof(dflash_dataset_build_stats) + 8];
@@ -236,30 +238,54 @@ START_TEST(test_build_stats_size) {
 }
 END_TEST
 
-START_TEST(test_build_bad_options_and_inputs) {
+static void no_tokenizer(dflash_dataset_build_options *o) { o->tokenizer_path = NULL; }
+static void no_template(dflash_dataset_build_options *o) { o->template_name = NULL; }
+static void bad_reasoning(dflash_dataset_build_options *o) { o->reasoning = 7; }
+static void no_batch(dflash_dataset_build_options *o) { o->batch_lines = 0; }
+static void negative_threads(dflash_dataset_build_options *o) { o->threads = -1; }
+static void ratio_over_one(dflash_dataset_build_options *o) { o->max_reject_ratio = 1.5; }
+static void ratio_nan(dflash_dataset_build_options *o) { o->max_reject_ratio = NAN; }
+static void unknown_template(dflash_dataset_build_options *o) { o->template_name = "nope"; }
+static void split_tags(dflash_dataset_build_options *o) { o->allow_split_control_tokens = 0; }
+
+/* One option set wrong: the status and the words of the refusal. */
+typedef struct {
+  void (*spoil)(dflash_dataset_build_options *o);
+  dflash_status status;
+  const char *msg;
+} bad_option;
+
+static const bad_option BAD_OPTIONS[] = {
+    {no_tokenizer, DFLASH_E_INVALID_ARG, "tokenizer_path is NULL"},
+    {no_template, DFLASH_E_INVALID_ARG, "template_name is NULL"},
+    {bad_reasoning, DFLASH_E_INVALID_ARG, "unknown reasoning mode"},
+    {no_batch, DFLASH_E_INVALID_ARG, "batch_lines is 0"},
+    {negative_threads, DFLASH_E_INVALID_ARG, "threads is negative"},
+    {ratio_over_one, DFLASH_E_INVALID_ARG, "max_reject_ratio"},
+    {ratio_nan, DFLASH_E_INVALID_ARG, "max_reject_ratio"},
+    {unknown_template, DFLASH_E_NOT_FOUND, "unknown chat template"},
+    {split_tags, DFLASH_E_MISMATCH, "<think>"},
+};
+
+/* Every refusal comes before any output. */
+START_TEST(test_build_bad_option) {
+  const bad_option *c = &BAD_OPTIONS[_i];
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
-  o.tokenizer_path = NULL;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "tokenizer_path is NULL");
-  o = options(f), o.template_name = NULL;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "template_name is NULL");
-  o = options(f), o.reasoning = (dflash_chat_reasoning)7;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "unknown reasoning mode");
-  o = options(f), o.batch_lines = 0;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "batch_lines is 0");
-  o = options(f), o.threads = -1;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "threads is negative");
-  o = options(f), o.max_reject_ratio = 1.5;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "max_reject_ratio");
-  o = options(f), o.max_reject_ratio = NAN;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_INVALID_ARG, "max_reject_ratio");
-  o = options(f), o.template_name = "nope";
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_NOT_FOUND, "unknown chat template");
-  o = options(f), o.allow_split_control_tokens = 0;
-  ck_assert_status(build(f, "x", &o, NULL), DFLASH_E_MISMATCH, "<think>");
-  ck_assert(!exists(f, "x", ".")); /* every refusal before any output */
-  o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
+  c->spoil(&o);
+  ck_assert_status(build(f, "x", &o, NULL), c->status, c->msg);
+  ck_assert(!exists(f, "x", "."));
+  teardown(f);
+}
+END_TEST
+
+START_TEST(test_build_bad_inputs) {
+  fixture *f = setup(INPUT);
+  if (!f) return;
+  /* NULL options: every default, and the tokenizer is required. */
+  ck_assert_status(build(f, "none", NULL, NULL), DFLASH_E_INVALID_ARG, "tokenizer_path is NULL");
+  dflash_dataset_build_options o = build_test_options(f->tok);
   char *out = join(f->dir, "x"), *missing = join(f->dir, "missing.jsonl");
   const char *inputs[] = {f->input, missing};
   ck_assert_status(dflash_dataset_build(inputs, 2, out, &o, NULL), DFLASH_E_NOT_FOUND,
@@ -293,7 +319,7 @@ static int on_progress(const dflash_dataset_build_stats *s, void *user) {
 START_TEST(test_build_progress_and_stop) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   progress_log p = {.ordered = 1};
   o.batch_lines = 3;
   o.progress = on_progress;
@@ -317,7 +343,7 @@ END_TEST
 START_TEST(test_build_verdicts) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   o.max_reject_ratio = 0.25; /* 2 of 7 non-blank lines: 0.29 */
   dflash_dataset_build_stats s = {.struct_size = sizeof s};
   ck_assert_status(build(f, "ratio", &o, &s), DFLASH_E_FORMAT,
@@ -354,7 +380,7 @@ START_TEST(test_build_verdicts) {
   teardown(f);
   f = setup("{not json\n[]\n");
   if (!f) return;
-  o = options(f);
+  o = build_test_options(f->tok);
   ck_assert_status(build(f, "junk", &o, &s), DFLASH_E_FORMAT, "no sample written");
   ck_assert_int_eq(s.verdict, DFLASH_DATASET_BUILD_EMPTY);
   ck_assert_uint_eq(s.rejected, 2);
@@ -380,7 +406,7 @@ static bool in_line(const char *at, const char *needle) {
 START_TEST(test_build_unreadable_inputs) {
   fixture *f = setup(INPUT);
   if (!f) return;
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   char *out = join(f->dir, "x");
   const char *dir_input[] = {f->input, f->dir};
   ck_assert_status(dflash_dataset_build(dir_input, 2, out, &o, NULL), DFLASH_E_IO, "a directory");
@@ -428,10 +454,13 @@ TCase *tc_dataset_build(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_build_counts_and_side_files);
   tcase_add_test(tc, test_build_threads_do_not_change_bytes);
-  tcase_add_test(tc, test_build_options_sizes);
-  tcase_add_test(tc, test_build_options_tail);
+  tcase_add_loop_test(tc, test_build_options_sizes, 0,
+                      (int)(sizeof OPTION_SIZES / sizeof *OPTION_SIZES));
+  tcase_add_test(tc, test_build_options_init);
   tcase_add_test(tc, test_build_stats_size);
-  tcase_add_test(tc, test_build_bad_options_and_inputs);
+  tcase_add_loop_test(tc, test_build_bad_option, 0,
+                      (int)(sizeof BAD_OPTIONS / sizeof *BAD_OPTIONS));
+  tcase_add_test(tc, test_build_bad_inputs);
   tcase_add_test(tc, test_build_progress_and_stop);
   tcase_add_test(tc, test_build_verdicts);
   tcase_add_test(tc, test_build_unreadable_inputs);

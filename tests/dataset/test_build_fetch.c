@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "build_testutil.h"
 #include "testutil.h"
 
 static const char RECORD[] =
@@ -52,16 +53,6 @@ static fx *setup(void) {
 static void teardown(fx *f) {
   df_test_rmtree(f->root);
   free(f->root), free(f->tok), free(f);
-}
-
-static dflash_dataset_build_options options(const fx *f) {
-  dflash_dataset_build_options o;
-  dflash_dataset_build_options_default(&o);
-  o.tokenizer_path = f->tok;
-  o.template_name = "qwen3";
-  o.allow_split_control_tokens = 1;
-  o.max_reject_ratio = 1;
-  return o;
 }
 
 static dflash_status build(const fx *f, const char *in, const char *out,
@@ -119,7 +110,7 @@ START_TEST(test_settings_decide_thinking) {
   put(f, "fetch/completions.jsonl", RECORD);
   put(f, "fetch/settings.json", SETTINGS("qwen", "{\"enable_thinking\": false}", "null", "[]"));
   put(f, "plain/completions.jsonl", RECORD);
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   ck_assert_ok(build(f, "fetch/completions.jsonl", "from-settings", &o, NULL));
   ck_assert_ok(build(f, "plain/completions.jsonl", "thinking-on", &o, NULL));
   o.no_thinking = 1;
@@ -155,7 +146,7 @@ START_TEST(test_settings_contradicted) {
   if (!f) return;
   put(f, "on/completions.jsonl", RECORD);
   put(f, "on/settings.json", SETTINGS("qwen", "{\"enable_thinking\": true}", "null", "[]"));
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   o.no_thinking = 1;
   ck_assert_status(build(f, "on/completions.jsonl", "x", &o, NULL), DFLASH_E_MISMATCH,
                    "--no-thinking");
@@ -164,7 +155,7 @@ START_TEST(test_settings_contradicted) {
                 "%s", dflash_last_error());
   put(f, "kimi/completions.jsonl", RECORD);
   put(f, "kimi/settings.json", SETTINGS("kimi", "{\"thinking\": true}", "null", "[]"));
-  o = options(f);
+  o = build_test_options(f->tok);
   ck_assert_status(build(f, "kimi/completions.jsonl", "x", &o, NULL), DFLASH_E_MISMATCH,
                    "template \"qwen3\" (--template)");
   ck_assert_msg(strstr(dflash_last_error(), "kimi/settings.json") &&
@@ -207,7 +198,7 @@ START_TEST(test_settings_of_remote_chunks) {
   char *local = path_of(f, "in/a.jsonl"), *out = path_of(f, "out");
   const char *inputs[] = {local, "s3://no-bucket/run/completions/",
                           "s3://no-bucket/run/completions/w-1.jsonl"};
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   ck_assert_status(dflash_dataset_build(inputs, 3, out, &o, NULL), DFLASH_E_IO,
                    "could not be read");
   char *rej = slurp_rel(f, "out/rejected.jsonl");
@@ -234,7 +225,7 @@ START_TEST(test_messages_only_cut_by_length) {
   put(f, "in/cut.jsonl",
       "{\"id\": \"w\", \"messages\": [" USER ", " ANSWER "]}\n"
       "{\"id\": \"c\", \"messages\": [" USER ", " ANSWER "], \"finish_reason\": \"length\"}\n");
-  dflash_dataset_build_options o = options(f);
+  dflash_dataset_build_options o = build_test_options(f->tok);
   dflash_dataset_build_stats s = {.struct_size = sizeof s};
   ck_assert_ok(build(f, "in/cut.jsonl", "drop", &o, &s));
   ck_assert_uint_eq(s.samples, 1);

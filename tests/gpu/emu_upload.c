@@ -331,21 +331,20 @@ static void write_spool(const char *root, const char *dir) {
   char *hid = synth_path(root, "hidden");
   dflash_hidden *h;
   ck_assert_ok(dflash_hidden_open(hid, &h));
-  int32_t K, H;
-  size_t count;
-  ck_assert_ok(dflash_hidden_info(h, &K, &H, NULL, &count));
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  ck_assert_ok(dflash_hidden_get_info(h, &info));
   dflash_hidden_writer_options o;
   dflash_hidden_writer_options_default(&o);
   o.shard_bytes = 8192;
   o.spool_budget = 1 << 24;
   dflash_hidden_writer *w;
-  ck_assert_ok(dflash_hidden_writer_create(dir, K, H, &o, &w));
-  for (size_t i = 0; i < count; i++) {
+  ck_assert_ok(dflash_hidden_writer_create(dir, info.num_layers, info.hidden_size, &o, &w));
+  for (size_t i = 0; i < info.count; i++) {
     const char *id;
     int64_t len;
     ck_assert_ok(dflash_hidden_id(h, i, &id));
     ck_assert_ok(dflash_hidden_length(h, id, &len));
-    float *x = malloc(sizeof(float) * (size_t)len * K * H);
+    float *x = malloc(sizeof(float) * (size_t)len * info.num_layers * info.hidden_size);
     ck_assert_ok(dflash_hidden_read(h, id, x, len));
     ck_assert_ok(df_test_hidden_add(w, id, x, NULL, len));
     free(x);

@@ -127,11 +127,10 @@ START_TEST(shards_index_and_append) {
   free(x);
   dflash_hidden *h;
   ck_assert_ok(dflash_hidden_open(dir, &h));
-  size_t n;
-  int32_t K, H;
-  ck_assert_ok(dflash_hidden_info(h, &K, &H, NULL, &n));
-  ck_assert_uint_eq(n, 11);
-  ck_assert_int_eq(K, 2);
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  ck_assert_ok(dflash_hidden_get_info(h, &info));
+  ck_assert_uint_eq(info.count, 11);
+  ck_assert_int_eq(info.num_layers, 2);
   dflash_safetensors *st;
   ck_assert_ok(dflash_safetensors_open(dir, &st));
   ck_assert_uint_gt(dflash_safetensors_file_count(st), 2);
@@ -287,18 +286,22 @@ START_TEST(spool_order_budget_release) {
   ck_assert_status(st, DFLASH_E_TIMEOUT, "is full");
   ck_assert_int_eq(dflash_hidden_writer_contains(w, id), 0); /* refused: not taken */
   ck_assert_int_eq(dflash_hidden_writer_contains(w, "s00"), 1);
-  uint64_t bytes, high, samples;
-  int32_t epoch;
-  ck_assert_ok(dflash_hidden_writer_spool_status(w, &epoch, &samples, &bytes, &high));
-  ck_assert_int_eq(epoch, 0);
-  ck_assert_uint_eq(samples, (uint64_t)taken);
-  ck_assert_uint_ge(bytes, o.spool_budget);
-  ck_assert_uint_lt(high, o.spool_budget + 2 * o.shard_bytes); /* budget + one shard */
+  dflash_hidden_writer_spool_status ss = {.struct_size = sizeof ss};
+  ck_assert_ok(dflash_hidden_writer_get_spool_status(w, &ss));
+  ck_assert_int_eq(ss.epoch, 0);
+  ck_assert_uint_eq(ss.samples, (uint64_t)taken);
+  ck_assert_uint_ge(ss.spool_bytes, o.spool_budget);
+  ck_assert_uint_lt(ss.high_water, o.spool_budget + 2 * o.shard_bytes); /* budget + one shard */
   dflash_spool_options so;
   dflash_spool_options_default(&so);
   so.wait_s = 0;
   dflash_spool *c;
   ck_assert_ok(dflash_spool_open(sp, &so, &c));
+  dflash_spool_info si = {.struct_size = sizeof si};
+  ck_assert_ok(dflash_spool_get_info(c, &si));
+  ck_assert_int_eq(si.num_layers, 2);
+  ck_assert_int_eq(si.hidden_size, 16);
+  ck_assert_int_eq(si.dtype, DFLASH_DTYPE_BF16);
   dflash_sample smp = {.struct_size = sizeof smp};
   int end, got = 0;
   while (!(st = dflash_spool_next(c, &smp, &end))) {
@@ -327,9 +330,9 @@ START_TEST(spool_order_budget_release) {
   dflash_hidden_writer_free(w);
   /* A restarted producer: the same epoch and its ids. */
   ck_assert_ok(dflash_hidden_writer_create(sp, 2, 16, &o, &w));
-  ck_assert_ok(dflash_hidden_writer_spool_status(w, &epoch, &samples, NULL, NULL));
-  ck_assert_int_eq(epoch, 1);
-  ck_assert_uint_eq(samples, 1);
+  ck_assert_ok(dflash_hidden_writer_get_spool_status(w, &ss));
+  ck_assert_int_eq(ss.epoch, 1);
+  ck_assert_uint_eq(ss.samples, 1);
   ck_assert_status(df_test_hidden_add(w, "s00", x, NULL, 10), DFLASH_E_DUPLICATE, "this epoch");
   dflash_hidden_writer_free(w);
   ck_assert_ok(dflash_spool_next(c, &smp, &end));

@@ -26,51 +26,55 @@ static dflash_status load(const char *path, const char *pattern) {
   return st;
 }
 
-START_TEST(rank_file_errors) {
-  char *p = tt_write(g_dir, "a.tiktoken", "IQ== 0\nIg== 1\n!!!! 2\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "a.tiktoken:3: bad base64");
+/* A file that does not load: its bytes (`len` 0: a string), the pattern it is loaded with,
+ * and the status and the words of the message that names it. */
+typedef struct {
+  const char *name, *text;
+  size_t len;
+  const char *pattern;
+  dflash_status status;
+  const char *msg;
+} bad_file;
+
+static const bad_file BAD_FILES[] = {
+    {"a.tiktoken", "IQ== 0\nIg== 1\n!!!! 2\n", 0, "cl100k", DFLASH_E_FORMAT,
+     "a.tiktoken:3: bad base64"},
+    {"b.tiktoken", "IQ== 0\nIg== one\n", 0, "cl100k", DFLASH_E_FORMAT,
+     "b.tiktoken:2: rank \"one\" is not an integer"},
+    {"c.tiktoken", "IQ== 0\nIg== 1\nIw== 1\n", 0, "cl100k", DFLASH_E_DUPLICATE,
+     "c.tiktoken:3: rank 1 appears twice"},
+    {"d.tiktoken", "IQ== 0\nIg== 2\n", 0, "cl100k", DFLASH_E_FORMAT, "rank 1 is missing"},
+    {"e.tiktoken", "hello world, this is not a rank file\n", 0, "cl100k", DFLASH_E_FORMAT,
+     "e.tiktoken:1"},
+    {"f.tiktoken", "justoneword\n", 0, "cl100k", DFLASH_E_FORMAT, "not a tiktoken rank file"},
+    {"g.tiktoken", "IQ== 0\nIQ== 1\n", 0, "cl100k", DFLASH_E_DUPLICATE, "same bytes"},
+    {"h.tiktoken", "", 0, "cl100k", DFLASH_E_FORMAT, "empty"},
+    {"i.tiktoken", "IQ== 0\nIg== 1\n", 0, "cl100k", DFLASH_E_FORMAT, "single byte 0x00"},
+    {"i.tiktoken", "IQ== 0\nIg== 1\n", 0, NULL, DFLASH_E_CONFIG, "needs a pattern"},
+    /* Not tokenizers at all: named for what they are, even without a pattern. */
+    {"train.jsonl", "{\"messages\": []}\n", 0, NULL, DFLASH_E_FORMAT, "JSON lines"},
+    {"model.safetensors", "x", 0, NULL, DFLASH_E_FORMAT, "safetensors file"},
+    {"weights", "\x10\0\0\0\0\0\0\0{\"a\": 1}", 17, NULL, DFLASH_E_FORMAT, "safetensors file"},
+    {"m.gguf", "GGUF\3", 0, NULL, DFLASH_E_FORMAT, "GGUF"},
+    /* JSON that is not a tokenizer.json we read. */
+    {"bad.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": [1,}}", 0, NULL, DFLASH_E_JSON,
+     "line 2"},
+    {"uni.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", 0, NULL,
+     DFLASH_E_UNSUPPORTED, "model type \"Unigram\""},
+    {"x.json", "{\"version\": \"1.0\"}", 0, NULL, DFLASH_E_FORMAT, "not a tokenizer.json"},
+};
+
+START_TEST(bad_file_is_named) {
+  const bad_file *c = &BAD_FILES[_i];
+  char *p = df_path_join(g_dir, c->name);
+  ck_assert(df_test_write(p, c->text, c->len ? c->len : strlen(c->text)));
+  ck_assert_status(load(p, c->pattern), c->status, c->msg);
   free(p);
-  p = tt_write(g_dir, "b.tiktoken", "IQ== 0\nIg== one\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT,
-                   "b.tiktoken:2: rank \"one\" is not an integer");
-  free(p);
-  p = tt_write(g_dir, "c.tiktoken", "IQ== 0\nIg== 1\nIw== 1\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_DUPLICATE, "c.tiktoken:3: rank 1 appears twice");
-  free(p);
-  p = tt_write(g_dir, "d.tiktoken", "IQ== 0\nIg== 2\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "rank 1 is missing");
-  free(p);
-  p = tt_write(g_dir, "e.tiktoken", "hello world, this is not a rank file\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "e.tiktoken:1");
-  free(p);
-  p = tt_write(g_dir, "f.tiktoken", "justoneword\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "not a tiktoken rank file");
-  free(p);
-  p = tt_write(g_dir, "g.tiktoken", "IQ== 0\nIQ== 1\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_DUPLICATE, "same bytes");
-  free(p);
-  p = tt_write(g_dir, "h.tiktoken", "");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "empty");
-  free(p);
-  p = tt_write(g_dir, "i.tiktoken", "IQ== 0\nIg== 1\n");
-  ck_assert_status(load(p, "cl100k"), DFLASH_E_FORMAT, "single byte 0x00");
-  ck_assert_status(load(p, NULL), DFLASH_E_CONFIG, "needs a pattern");
-  free(p);
-  /* Not tokenizers at all: named for what they are, even without a pattern. */
-  p = tt_write(g_dir, "train.jsonl", "{\"messages\": []}\n");
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "JSON lines");
-  free(p);
-  p = tt_write(g_dir, "model.safetensors", "x");
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "safetensors file");
-  free(p);
-  p = df_path_join(g_dir, "weights");
-  ck_assert(df_test_write(p, "\x10\0\0\0\0\0\0\0{\"a\": 1}", 17));
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "safetensors file");
-  free(p);
-  p = tt_write(g_dir, "m.gguf", "GGUF\3");
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "GGUF");
-  free(p);
-  p = tt_write_ranks(g_dir, "j.tiktoken", NULL);
+}
+END_TEST
+
+START_TEST(bad_pattern_and_missing_file) {
+  char *p = tt_write_ranks(g_dir, "j.tiktoken", NULL);
   ck_assert_status(load(p, "(unclosed"), DFLASH_E_REGEX, "(unclosed");
   free(p);
   char *missing = df_path_join(g_dir, "nope.tiktoken");
@@ -131,68 +135,72 @@ static char *byte_vocab_json_except(const char *skip) {
 
 static char *byte_vocab_json(void) { return byte_vocab_json_except(""); }
 
-START_TEST(tokenizer_json_errors) {
-  char *p = tt_write(g_dir, "bad.json", "{\"model\": {\"type\": \"BPE\",\n \"vocab\": [1,}}");
-  ck_assert_status(load(p, NULL), DFLASH_E_JSON, "line 2");
-  free(p);
-  p = tt_write(g_dir, "uni.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
-  ck_assert_status(load(p, NULL), DFLASH_E_UNSUPPORTED, "model type \"Unigram\"");
-  free(p);
-  p = tt_write(g_dir, "x.json", "{\"version\": \"1.0\"}");
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT, "not a tokenizer.json");
-  free(p);
+#define BYTE_LEVEL ", \"pre_tokenizer\": {\"type\": \"ByteLevel\"}"
+
+/* A tokenizer.json over the 256 byte tokens: more vocabulary, the merges and the members
+ * after the model; what loading it gives (msg NULL: it loads). */
+typedef struct {
+  const char *name, *vocab, *merges, *rest;
+  dflash_status status;
+  const char *msg;
+} bpe_doc;
+
+static const bpe_doc BPE_DOCS[] = {
+    {"m.json", ", \"ab\": 256", "[\"a b\", \"a q\"]", BYTE_LEVEL, DFLASH_E_FORMAT,
+     "merges[1]: merge \"a q\": token \"aq\" is not in the vocabulary"},
+    {"meta.json", "", "[]", ", \"pre_tokenizer\": {\"type\": \"Metaspace\"}", DFLASH_E_UNSUPPORTED,
+     "pre-tokenizer \"Metaspace\""},
+    {"norm.json", "", "[]", ", \"normalizer\": {\"type\": \"Lowercase\"}" BYTE_LEVEL,
+     DFLASH_E_UNSUPPORTED, "normalizer \"Lowercase\""},
+    {"ok.json", "", "[]", BYTE_LEVEL, DFLASH_OK, NULL},
+};
+
+START_TEST(tokenizer_json) {
+  const bpe_doc *c = &BPE_DOCS[_i];
   char *vocab = byte_vocab_json();
-  char *doc = df_asprintf(
-      "{\"model\": {\"type\": \"BPE\", \"vocab\": {%s, \"ab\": 256}, \"merges\": [\"a b\", \"a q\"]},"
-      " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-      vocab);
-  p = tt_write(g_dir, "m.json", doc);
-  ck_assert_status(load(p, NULL), DFLASH_E_FORMAT,
-                   "merges[1]: merge \"a q\": token \"aq\" is not in the vocabulary");
-  free(p);
-  free(doc);
-  doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
-                    " \"pre_tokenizer\": {\"type\": \"Metaspace\"}}",
-                    vocab);
-  p = tt_write(g_dir, "meta.json", doc);
-  ck_assert_status(load(p, NULL), DFLASH_E_UNSUPPORTED, "pre-tokenizer \"Metaspace\"");
-  free(p);
-  free(doc);
-  doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
-                    " \"normalizer\": {\"type\": \"Lowercase\"},"
-                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-                    vocab);
-  p = tt_write(g_dir, "norm.json", doc);
-  ck_assert_status(load(p, NULL), DFLASH_E_UNSUPPORTED, "normalizer \"Lowercase\"");
-  free(p);
-  free(doc);
-  doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": []},"
-                    " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
-                    vocab);
-  p = tt_write(g_dir, "ok.json", doc);
-  ck_assert_ok(load(p, NULL));
+  char *doc = df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s%s}, \"merges\": %s}%s}",
+                          vocab, c->vocab, c->merges, c->rest);
+  char *p = tt_write(g_dir, c->name, doc);
+  if (c->msg) ck_assert_status(load(p, NULL), c->status, c->msg);
+  else ck_assert_ok(load(p, NULL));
   free(p);
   free(doc);
   free(vocab);
 }
 END_TEST
 
-START_TEST(vocab_merges_errors) {
+/* vocab.json beside a merges.txt, loaded by the vocab's path or the folder's. */
+typedef struct {
+  const char *merges;
+  bool by_folder;
+  dflash_status status;
+  const char *msg;
+} merges_case;
+
+static const merges_case MERGES[] = {
+    {"#version: 0.2\na b\nzz b\n", false, DFLASH_E_FORMAT,
+     "merges.txt:3: merge \"zz b\": token \"zz\""},
+    {"#version: 0.2\na b c\n", true, DFLASH_E_FORMAT, "merges.txt:2"},
+    {"#version: 0.2\na b\n", true, DFLASH_OK, NULL},
+};
+
+START_TEST(vocab_merges) {
+  const merges_case *c = &MERGES[_i];
   char *vocab = byte_vocab_json();
   char *doc = df_asprintf("{%s, \"ab\": 256}", vocab);
   char *v = tt_write(g_dir, "vocab.json", doc);
-  char *m = tt_write(g_dir, "merges.txt", "#version: 0.2\na b\nzz b\n");
-  ck_assert_status(load(v, NULL), DFLASH_E_FORMAT, "merges.txt:3: merge \"zz b\": token \"zz\"");
-  free(m);
-  m = tt_write(g_dir, "merges.txt", "#version: 0.2\na b c\n");
-  ck_assert_status(load(g_dir, NULL), DFLASH_E_FORMAT, "merges.txt:2");
-  free(m);
-  m = tt_write(g_dir, "merges.txt", "#version: 0.2\na b\n");
-  ck_assert_ok(load(g_dir, NULL));
+  char *m = tt_write(g_dir, "merges.txt", c->merges);
+  const char *path = c->by_folder ? g_dir : v;
+  if (c->msg) ck_assert_status(load(path, NULL), c->status, c->msg);
+  else ck_assert_ok(load(path, NULL));
   free(m);
   free(v);
   free(doc);
   free(vocab);
+}
+END_TEST
+
+START_TEST(folder_without_tokenizer) {
   ck_assert_status(load("/proc/self", NULL), DFLASH_E_NOT_FOUND, "no tokenizer.json");
 }
 END_TEST
@@ -252,10 +260,12 @@ END_TEST
 TCase *tc_tok_load_errors(void) {
   TCase *tc = tcase_create("load_errors");
   tcase_add_checked_fixture(tc, setup, teardown);
-  tcase_add_test(tc, rank_file_errors);
+  tcase_add_loop_test(tc, bad_file_is_named, 0, (int)DF_ARRAY_LEN(BAD_FILES));
+  tcase_add_test(tc, bad_pattern_and_missing_file);
   tcase_add_test(tc, truncated_gzip);
-  tcase_add_test(tc, tokenizer_json_errors);
-  tcase_add_test(tc, vocab_merges_errors);
+  tcase_add_loop_test(tc, tokenizer_json, 0, (int)DF_ARRAY_LEN(BPE_DOCS));
+  tcase_add_loop_test(tc, vocab_merges, 0, (int)DF_ARRAY_LEN(MERGES));
+  tcase_add_test(tc, folder_without_tokenizer);
   tcase_add_test(tc, missing_byte_tokens);
   return tc;
 }

@@ -23,9 +23,9 @@ static char *recorded_copy(const char *root, const char *name, int32_t layer) {
   o.tokenizer_hash = "sha256:abc";
   dflash_hidden_writer *w;
   ck_assert_ok(dflash_hidden_writer_create(to, 1, SYNTH_H, &o, &w));
-  size_t n;
-  ck_assert_ok(dflash_hidden_info(h, NULL, NULL, NULL, &n));
-  for (size_t i = 0; i < n; i++) {
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  ck_assert_ok(dflash_hidden_get_info(h, &info));
+  for (size_t i = 0; i < info.count; i++) {
     const char *id;
     int64_t len;
     ck_assert_ok(dflash_hidden_id(h, i, &id));

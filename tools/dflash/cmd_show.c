@@ -235,18 +235,19 @@ int cli_hidden_summary(const char *dir) {
   dflash_hidden *h;
   dflash_status st = dflash_hidden_open(dir, &h);
   if (st) return cli_fail("inspect", st);
-  int32_t K, H, dtype;
-  size_t n;
-  if ((st = dflash_hidden_info(h, &K, &H, &dtype, &n))) {
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  if ((st = dflash_hidden_get_info(h, &info))) {
     dflash_hidden_free(h);
     return cli_fail("inspect", st);
   }
+  int32_t K = info.num_layers, H = info.hidden_size;
   double *rms = calloc((size_t)K, sizeof *rms);
   uint64_t *zero = calloc((size_t)K, sizeof *zero), rows = 0;
   st = rms && zero ? dflash_hidden_stats(h, rms, zero, &rows) : DFLASH_E_NOMEM;
   if (!st) {
-    printf("hidden-state store %s: %zu samples, %llu tokens, %d layers x %d (%s)\n", dir, n,
-           (unsigned long long)rows, K, H, dtype == DFLASH_DTYPE_BF16 ? "bf16" : "fp8_e4m3");
+    printf("hidden-state store %s: %llu samples, %llu tokens, %d layers x %d (%s)\n", dir,
+           (unsigned long long)info.count, (unsigned long long)rows, K, H,
+           info.dtype == DFLASH_DTYPE_BF16 ? "bf16" : "fp8_e4m3");
     int bad = 0;
     for (int32_t k = 0; k < K; k++) {
       bool dead = rows && zero[k] == rows;

@@ -74,6 +74,26 @@ class Sample(ctypes.Structure):
                 ("n_anchors", ctypes.c_int32)]
 
 
+class _HiddenInfo(ctypes.Structure):
+    """Mirror of `dflash_hidden_info` (what dflash_hidden_get_info fills)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_layers", ctypes.c_int32),
+                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("count", ctypes.c_uint64)]
+
+
+class _SpoolInfo(ctypes.Structure):
+    """Mirror of `dflash_spool_info` (what dflash_spool_get_info fills)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("num_layers", ctypes.c_int32),
+                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32)]
+
+
+class _SpoolStatus(ctypes.Structure):
+    """Mirror of `dflash_hidden_writer_spool_status`."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("epoch", ctypes.c_int32),
+                ("samples", ctypes.c_uint64), ("spool_bytes", ctypes.c_uint64),
+                ("high_water", ctypes.c_uint64)]
+
+
 class StreamOptions(ctypes.Structure):
     """Mirror of `dflash_sample_stream_options`."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("prefetch", ctypes.c_int32),
@@ -102,17 +122,14 @@ _w_free = bind("dflash_hidden_writer_free", [_P], None)
 _w_end_epoch = bind("dflash_hidden_writer_end_epoch", [_P])
 _w_contains = bind("dflash_hidden_writer_contains", [_P, ctypes.c_char_p], ctypes.c_int32,
                    status=False)
-_w_spool_status = bind("dflash_hidden_writer_spool_status",
-                       [_P, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_uint64),
-                        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)])
+_w_spool_status = bind("dflash_hidden_writer_get_spool_status",
+                       [_P, ctypes.POINTER(_SpoolStatus)])
 _sp_defaults = bind("dflash_spool_options_init", [ctypes.POINTER(SpoolOptions), ctypes.c_size_t],
                     None)
 _sp_open = bind("dflash_spool_open", [ctypes.c_char_p, ctypes.POINTER(SpoolOptions),
                                       ctypes.POINTER(_P)], errors=files(0))
 _sp_free = bind("dflash_spool_free", [_P], None)
-_sp_info = bind("dflash_spool_info", [_P, ctypes.POINTER(ctypes.c_int32),
-                                      ctypes.POINTER(ctypes.c_int32),
-                                      ctypes.POINTER(ctypes.c_int32)])
+_sp_info = bind("dflash_spool_get_info", [_P, ctypes.POINTER(_SpoolInfo)])
 _sp_seek = bind("dflash_spool_seek", [_P, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])
 _sp_tell = bind("dflash_spool_tell", [_P, ctypes.POINTER(ctypes.c_int32),
                                       ctypes.POINTER(ctypes.c_uint64),
@@ -122,10 +139,7 @@ _sp_next = bind("dflash_spool_next", [_P, ctypes.POINTER(Sample),
 _sp_release = bind("dflash_spool_release", [_P, ctypes.c_int32, ctypes.c_uint64])
 _h_open = bind("dflash_hidden_open", [ctypes.c_char_p, ctypes.POINTER(_P)], errors=files(0))
 _h_free = bind("dflash_hidden_free", [_P], None)
-_h_info = bind("dflash_hidden_info", [_P, ctypes.POINTER(ctypes.c_int32),
-                                      ctypes.POINTER(ctypes.c_int32),
-                                      ctypes.POINTER(ctypes.c_int32),
-                                      ctypes.POINTER(ctypes.c_size_t)])
+_h_info = bind("dflash_hidden_get_info", [_P, ctypes.POINTER(_HiddenInfo)])
 _h_id = bind("dflash_hidden_id", [_P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p)],
              errors=INDEX)
 _h_len = bind("dflash_hidden_length", [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)],
@@ -303,11 +317,9 @@ class HiddenWriter:
 
     def spool_status(self):
         """{"epoch", "samples" (taken in it), "spool_bytes", "high_water"}."""
-        e, n, b, hw = ctypes.c_int32(), ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
-        _w_spool_status(self._writer(), ctypes.byref(e), ctypes.byref(n), ctypes.byref(b),
-                        ctypes.byref(hw))
-        return {"epoch": e.value, "samples": n.value, "spool_bytes": b.value,
-                "high_water": hw.value}
+        s = _SpoolStatus(struct_size=ctypes.sizeof(_SpoolStatus))
+        _w_spool_status(self._writer(), ctypes.byref(s))
+        return {name: getattr(s, name) for name, _ in _SpoolStatus._fields_[1:]}
 
     def close(self):
         """Write the buffered samples and the index, then release the writer."""
@@ -378,9 +390,10 @@ class Spool(Handle):
         opts.reuse = int(bool(reuse))
         self._h = _P()
         _sp_open(cstr(directory), ctypes.byref(opts), ctypes.byref(self._h))
-        K, H, dt = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32()
-        _sp_info(self._h, ctypes.byref(K), ctypes.byref(H), ctypes.byref(dt))
-        self.num_layers, self.hidden_size, self.dtype = K.value, H.value, _DTYPE_NAMES[dt.value]
+        info = _SpoolInfo(struct_size=ctypes.sizeof(_SpoolInfo))
+        _sp_info(self._h, ctypes.byref(info))
+        self.num_layers, self.hidden_size = info.num_layers, info.hidden_size
+        self.dtype = _DTYPE_NAMES[info.dtype]
 
     def seek(self, epoch, shard=0, offset=0):
         """Move to sample `offset` of shard `shard` of `epoch` (a resume)."""
@@ -425,10 +438,10 @@ class HiddenStore(Handle):
     def __init__(self, directory):
         self._h = _P()
         _h_open(cstr(directory), ctypes.byref(self._h))
-        K, H, dt, n = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32(), ctypes.c_size_t()
-        _h_info(self._h, ctypes.byref(K), ctypes.byref(H), ctypes.byref(dt), ctypes.byref(n))
-        self.num_layers, self.hidden_size = K.value, H.value
-        self.dtype, self.count = _DTYPE_NAMES[dt.value], n.value
+        info = _HiddenInfo(struct_size=ctypes.sizeof(_HiddenInfo))
+        _h_info(self._h, ctypes.byref(info))
+        self.num_layers, self.hidden_size = info.num_layers, info.hidden_size
+        self.dtype, self.count = _DTYPE_NAMES[info.dtype], info.count
 
     def __len__(self):
         return self.count

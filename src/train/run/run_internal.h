@@ -48,13 +48,13 @@ typedef struct run {
   /* --hidden spool:PATH: samples in the producer's order. Every rank reads the same order and
    * forms the same global batches; it keeps its share of each and passes over the rest. */
   dflash_spool *spool;
-  dflash_dataset *own_tok; /* the dataset, opened without a store */
-  uint64_t *by_id;         /* dataset indices sorted by id */
-  uint8_t *is_usable;      /* [n_total] */
-  uint64_t *batch_idx;     /* the gathered batch: dataset indices and hidden states */
-  bool stored_rows;        /* samples carry their hidden rows as stored (see open_data) */
-  int32_t sp_dtype;        /* the spool's dtype */
-  char **batch_h;          /* float32 rows, or the codes then (fp8) the scales */
+  dflash_dataset *own_tok;   /* the dataset, opened without a store */
+  uint64_t *by_id;           /* dataset indices sorted by id */
+  uint8_t *is_usable;        /* [n_total] */
+  uint64_t *batch_idx;       /* the gathered batch: dataset indices and hidden states */
+  bool stored_rows;          /* samples carry their hidden rows as stored (see open_data) */
+  dflash_spool_info sp_info; /* the spool's K, H and dtype, read once at open */
+  char **batch_h;            /* float32 rows, or the codes then (fp8) the scales */
   size_t *batch_cap;
   uint64_t sp_shard, sp_off; /* resume: the spool position within r->epoch */
   int32_t rel_epoch;         /* shards before (rel_epoch, rel_shard) are released */

@@ -87,9 +87,10 @@ dflash_status df_run_open_data(run *r) {
   so.wait_s = o->spool_wait_s;
   so.reuse = o->spool_reuse != 0;
   so.stored_rows = r->stored_rows;
+  r->sp_info.struct_size = sizeof r->sp_info;
   dflash_status st = dflash_dataset_open(o->data_dir, &r->own_tok);
   if (!st) st = dflash_spool_open(path, &so, &r->spool);
-  if (!st) st = dflash_spool_info(r->spool, NULL, NULL, &r->sp_dtype);
+  if (!st) st = dflash_spool_get_info(r->spool, &r->sp_info);
   if (st) return st;
   r->tok = r->own_tok;
   size_t n = dflash_dataset_count(r->tok);
@@ -102,11 +103,8 @@ dflash_status df_run_open_data(run *r) {
   return DFLASH_OK;
 }
 
-/* dflash_spool_info cannot fail on an open spool with these pointers. */
 int64_t df_run_spool_width(const run *r) {
-  int32_t K = 0, H = 0;
-  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL));
-  return (int64_t)K * H;
+  return (int64_t)r->sp_info.num_layers * r->sp_info.hidden_size;
 }
 
 dflash_status df_run_spool_buffers(run *r) {
@@ -143,12 +141,10 @@ static dflash_status keep_tids(run *r, size_t i, const dflash_sample *smp) {
 
 /* Bytes of a spool sample's codes (padded to 4) and scales, when the rows come as stored. */
 static void spool_bytes(const run *r, int64_t len, size_t *codes, size_t *scales) {
-  int32_t K = 0, H = 0;
-  DF_IGNORE(dflash_spool_info(r->spool, &K, &H, NULL)); /* as in spool_width */
-  size_t n = (size_t)len * (size_t)K * (size_t)H;
-  bool fp8 = r->sp_dtype == DFLASH_DTYPE_F8_E4M3;
+  size_t n = (size_t)len * (size_t)df_run_spool_width(r);
+  bool fp8 = r->sp_info.dtype == DFLASH_DTYPE_F8_E4M3;
   *codes = ((fp8 ? n : 2 * n) + 3) & ~(size_t)3;
-  *scales = fp8 ? 4 * (size_t)len * (size_t)K : 0;
+  *scales = fp8 ? 4 * (size_t)len * (size_t)r->sp_info.num_layers : 0;
 }
 
 /* The spool sample's hidden rows (float32, or as stored) into slot i of the batch. */
@@ -165,7 +161,7 @@ static dflash_status keep_rows(run *r, size_t i, const dflash_sample *smp) {
   if (!r->stored_rows) {
     memcpy(r->batch_h[i], smp->hidden, n * sizeof(float));
   } else {
-    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_dtype == DFLASH_DTYPE_F8_E4M3 ? n : 2 * n);
+    memcpy(r->batch_h[i], smp->hidden_codes, r->sp_info.dtype == DFLASH_DTYPE_F8_E4M3 ? n : 2 * n);
     if (scale_b) memcpy(r->batch_h[i] + code_b, smp->hidden_scales, scale_b);
   }
   return DFLASH_OK;
@@ -267,7 +263,7 @@ dflash_status df_run_spool_sample(run *r, size_t i, dflash_sample *out, int32_t 
   out->id = id;
   out->target_ids = r->batch_t[i];
   out->hidden = r->stored_rows ? NULL : (const float *)r->batch_h[i];
-  out->hidden_dtype = r->sp_dtype;
+  out->hidden_dtype = r->sp_info.dtype;
   out->hidden_codes = r->stored_rows ? r->batch_h[i] : NULL;
   size_t code_b, scale_b;
   spool_bytes(r, out->len, &code_b, &scale_b);

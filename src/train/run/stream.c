@@ -83,8 +83,12 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
     dflash_sample_stream_free(s);
     return st;
   }
-  /* Cannot fail on an open store with these pointers. */
-  DF_IGNORE(dflash_hidden_info(s->hidden, &s->K, &s->H, &s->dtype, NULL));
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  /* Cannot fail on an open store and a struct of this library's size. */
+  DF_IGNORE(dflash_hidden_get_info(s->hidden, &info));
+  s->K = info.num_layers;
+  s->H = info.hidden_size;
+  s->dtype = info.dtype;
   s->has_tids = dflash_hidden_has_target_ids(s->hidden);
   s->width = (int64_t)s->K * s->H;
   s->stored = o.stored_rows && df_hidden_has_codes(s->hidden);

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The chat tests' references (jinja2 as Hugging Face configures it, the corpus generator).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat"))
 import gen_conversations  # noqa: E402
 import hf_jinja  # noqa: E402
 

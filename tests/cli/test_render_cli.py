@@ -16,7 +16,8 @@ import subprocess
 import sys
 import unicodedata
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The chat tests' references (jinja2 as Hugging Face configures it, the corpus generator).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat"))
 try:
     import gen_conversations
     import hf_jinja
