@@ -79,12 +79,11 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg, const df_
   return st ? st : df_dspark_validate(cfg, ext, what);
 }
 
-dflash_status df_dspark_not_trained(const df_config_ext *e, const char *what) {
+dflash_status df_dspark_unsupported(const df_config_ext *e, const char *what, const char *why) {
   if (!e->dspark) return DFLASH_OK;
   return df_error(DFLASH_E_UNSUPPORTED,
-                  "%s: DSpark drafters (Qwen3DSparkModel) are read and written, but libdflash "
-                  "does not train, plan or evaluate them yet (issue 40)",
-                  what);
+                  "%s: not for a DSpark drafter (Qwen3DSparkModel) yet: %s (issue 40)",
+                  what, why);
 }
 
 dflash_status df_dspark_validate(const dflash_drafter_config *cfg, const df_config_ext *e,

@@ -60,7 +60,7 @@ static dflash_status find_usable(run *r) {
     dflash_status st = dflash_dataset_sample(r->tok, i, &ids, &mask, &n_ids, &id);
     if (st) return st;
     int64_t len = (int64_t)n_ids;
-    st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
+    st = df_anchors_sample_cfg(&r->cfg, mask, len, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
     if (r->is_usable) r->is_usable[i] = n > 0;
@@ -326,7 +326,7 @@ dflash_status df_run_finish_step(run *r) {
 /* One optimizer step over the global batch order[pos, pos+gb): this rank's
  * share, gradients scaled by the global weight, summed over the ranks. */
 dflash_status df_run_train_step(run *r, size_t gb) {
-  int32_t A = r->topt.num_anchors, B = r->cfg.block_size;
+  int32_t A = r->topt.num_anchors;
   size_t lo = 0, hi = r->n_mine; /* the spool's: gathered by spool_batch */
   if (!r->spool) df_run_share(r, gb, &lo, &hi);
   size_t b = hi - lo;
@@ -341,8 +341,9 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     dflash_status st = dflash_dataset_sample(r->tok, (size_t)idx, &ids, &mask, &n_ids, &id);
     if (st) return st;
     int64_t len = (int64_t)n_ids;
-    st = dflash_anchors_sample(mask, len, B, A, r->topt.seed, (uint64_t)r->epoch * r->n_total + idx,
-                               r->anchors + i * (size_t)A, &r->n_anchors[i]);
+    st = df_anchors_sample_cfg(&r->cfg, mask, len, A, r->topt.seed,
+                               (uint64_t)r->epoch * r->n_total + idx, r->anchors + i * (size_t)A,
+                               &r->n_anchors[i]);
     dflash_sample q = {.struct_size = sizeof q,
                        .id = id,
                        .len = len,
