@@ -171,6 +171,12 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
+  /* No store holds the target's final state yet: say what the objective loses. */
+  if (!st && r->cfg.dspark)
+    df_log(DFLASH_LOG_WARN,
+           "train: DSpark drafter: the hidden store holds no target final state, so it trains "
+           "on 0.1 CE alone, without the L1 term and the confidence target that need it "
+           "(spec/dspark.md section 2; issue 40)");
   free(e);
   if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_TRAIN_LABELS_TARGET)
