@@ -54,7 +54,7 @@ typedef struct dflash_trainer_options {
   double warmup_ratio;           /* of total_steps (0.04) */
   int64_t total_steps;           /* for the cosine schedule; 0: constant lr after warm-up */
   double min_lr_ratio;           /* cosine floor as a fraction of lr (0) */
-  double loss_gamma;             /* 0: dflash_trainer_default_loss_gamma(B) (DSpark: 4); < 0: no decay */
+  double loss_gamma;             /* 0: dflash_trainer_default_loss_gamma(B); < 0: no decay */
   int32_t num_anchors;           /* per sequence (512) */
   int32_t vocab_chunk;           /* LM-head columns per chunk (4096) */
   double init_std;               /* std of the normal init of linear weights (0.02) */

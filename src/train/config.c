@@ -82,8 +82,7 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg, const df_
 dflash_status df_dspark_unsupported(const df_config_ext *e, const char *what, const char *why) {
   if (!e->dspark) return DFLASH_OK;
   return df_error(DFLASH_E_UNSUPPORTED,
-                  "%s: not for a DSpark drafter (Qwen3DSparkModel) yet: %s (issue 40)",
-                  what, why);
+                  "%s: not for a DSpark drafter (Qwen3DSparkModel) yet: %s (issue 40)", what, why);
 }
 
 dflash_status df_dspark_validate(const dflash_drafter_config *cfg, const df_config_ext *e,

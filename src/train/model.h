@@ -181,9 +181,19 @@ DF_MUST_CHECK dflash_status df_model_step_final(df_model *m, const int32_t *ids,
                                                 const int32_t *labels, const uint8_t *loss_mask,
                                                 int64_t len, const float *hidden,
                                                 const float *final, const int32_t *anchors,
-                                                int32_t n_anchors, double grad_scale,
-                                                bool backward, double *loss_sum,
-                                                double *weight_sum);
+                                                int32_t n_anchors, double grad_scale, bool backward,
+                                                double *loss_sum, double *weight_sum);
+/* DSpark (model_dspark.c): the target's final state finite; the loss over the rows prepare
+ * laid out (sums added to *lsum, *wsum; d(rows) into rows_dx with `backward`); the greedy
+ * drafts [n_anchors, B] after a forward. */
+DF_MUST_CHECK dflash_status df_model_check_final(const df_model *m, const float *final,
+                                                 int64_t len);
+DF_MUST_CHECK dflash_status df_model_dspark_loss(df_model *m, const float *final,
+                                                 const int32_t *anchors, double grad_scale,
+                                                 bool backward, double *lsum, double *wsum);
+DF_MUST_CHECK dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids,
+                                                  const int32_t *anchors, int32_t n_anchors,
+                                                  int32_t *pred);
 /* Labels (may be NULL) inside the vocabulary (DFLASH_E_RANGE naming the position). */
 DF_MUST_CHECK dflash_status df_model_check_labels(const df_model *m, const int32_t *labels,
                                                   int64_t len);

@@ -96,11 +96,11 @@ typedef struct df_tensor_dims {
  * previous token's target id and W2 [V_d, r] (V_d = V: no pruned vocabulary), and the
  * confidence head on [norm(h); W1[prev]] (a bias: vLLM builds the projection with one).
  * Normal init, as DeepSpec's Hugging Face post_init (the spec's assumption); the bias 0. */
-#define DF_TENSORS_MARKOV(X)                                                \
+#define DF_TENSORS_MARKOV(X)                                             \
   X(W1, markov_w1, "markov_head.markov_w1.weight", z.V, z.MR, 0, NORMAL) \
   X(W2, markov_w2, "markov_head.markov_w2.weight", z.V, z.MR, 0, NORMAL)
 
-#define DF_TENSORS_CONF(X)                                                      \
+#define DF_TENSORS_CONF(X)                                               \
   X(CW, conf_w, "confidence_head.proj.weight", 1, z.H + z.MR, 0, NORMAL) \
   X(CB, conf_b, "confidence_head.proj.bias", 1, 0, 0, ZERO)
 
@@ -133,8 +133,12 @@ static inline size_t df_tensor_conv(int L, int l, int conv, int k) {
 }
 static inline size_t df_tensor_sel(int L, int k) { return df_tensor_conv(L, L, 0, k); }
 /* DSpark's, right after DFlash 1's (a DSpark drafter has no DFlash 2 tensors). */
-static inline size_t df_tensor_markov(int L, int k) { return df_tensor_tail(L, DF_TT_COUNT) + (size_t)k; }
-static inline size_t df_tensor_conf(int L, int k) { return df_tensor_markov(L, DF_TM_COUNT) + (size_t)k; }
+static inline size_t df_tensor_markov(int L, int k) {
+  return df_tensor_tail(L, DF_TT_COUNT) + (size_t)k;
+}
+static inline size_t df_tensor_conf(int L, int k) {
+  return df_tensor_markov(L, DF_TM_COUNT) + (size_t)k;
+}
 /* How many tensors a DFlash 1 or 2 drafter has (DSpark's end at df_tensor_conf). */
 static inline size_t df_tensor_count(int L, int dflash2) {
   return dflash2 ? df_tensor_sel(L, DF_TS_COUNT) : df_tensor_tail(L, DF_TT_COUNT);

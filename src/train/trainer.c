@@ -641,8 +641,8 @@ static int cmp_i32(const void *a, const void *b) {
 
 /* block_size 0: DSpark's rule (df_anchors_sample_cfg), else DFlash's. */
 static dflash_status anchors_rule(const uint8_t *loss_mask, int64_t len, int32_t block_size,
-                                  int32_t max_anchors, uint64_t seed, uint64_t stream,
-                                  int32_t *out, int32_t *n_out) {
+                                  int32_t max_anchors, uint64_t seed, uint64_t stream, int32_t *out,
+                                  int32_t *n_out) {
   *n_out = 0;
   if (len > INT32_MAX)
     return df_error(DFLASH_E_RANGE, "sequence of %lld tokens is too long", (long long)len);
