@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "seq.h"
+#include "synth.h"
 #include "testutil.h"
 #include "train/backend.h"
 #include "train/trainer.h"
@@ -261,6 +262,50 @@ START_TEST(dspark_refused_where_not_implemented) {
 }
 END_TEST
 
+static void count_dspark_warning(dflash_log_level level, const char *msg, void *user) {
+  if (level == DFLASH_LOG_WARN && strstr(msg, "DSpark drafter") && strstr(msg, "0.1 CE alone"))
+    ++*(int *)user;
+}
+
+/* dflash_train_run over a store (which holds no target final state) trains a DSpark drafter
+ * on 0.1 CE, says so once, and writes its heads into the checkpoint. */
+START_TEST(dspark_run_trains_from_a_store) {
+  dflash_train_run_options o;
+  char *out;
+  char *root = synth_small_run(&o, &out);
+  static const char cfg[] =
+      "{\"architectures\": [\"Qwen3DSparkModel\"], \"hidden_size\": 32, \"intermediate_size\": "
+      "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+      "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "
+      "\"tie_word_embeddings\": false, \"markov_rank\": 4, \"enable_confidence_head\": true, "
+      "\"sample_from_anchor\": true, "
+      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}";
+  ck_assert(df_test_write(o.config_path, cfg, sizeof cfg - 1));
+  int warned = 0;
+  dflash_set_log_callback(count_dspark_warning, &warned, DFLASH_LOG_WARN);
+  dflash_status st = dflash_train_run(&o, NULL);
+  dflash_set_log_callback(NULL, NULL, DFLASH_LOG_ERROR);
+  ck_assert_ok(st);
+  ck_assert_int_eq(warned, 1);
+  synth_metric m[64];
+  size_t n = synth_metrics(out, m, 64);
+  ck_assert_uint_gt(n, 0);
+  for (size_t i = 0; i < n; i++) ck_assert(isfinite(m[i].loss) && m[i].loss > 0);
+  char *model = synth_path(out, "model.safetensors");
+  dflash_safetensors *sf;
+  ck_assert_ok(dflash_safetensors_open(model, &sf));
+  dflash_tensor ten = {.struct_size = sizeof ten};
+  ck_assert_ok(dflash_safetensors_find(sf, "markov_head.markov_w1.weight", &ten));
+  ck_assert_int_eq(ten.shape[0], 17);
+  ck_assert_int_eq(ten.shape[1], 4);
+  ck_assert_ok(dflash_safetensors_find(sf, "confidence_head.proj.weight", &ten));
+  dflash_safetensors_free(sf);
+  free(model);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 TCase *tc_dspark_model(void) {
   TCase *tc = tcase_create("dspark_model");
   tcase_set_timeout(tc, 120);
@@ -271,5 +316,6 @@ TCase *tc_dspark_model(void) {
   tcase_add_test(tc, dspark_tensors_stay_with_adamw);
   tcase_add_test(tc, dspark_anchor_rule);
   tcase_add_test(tc, dspark_refused_where_not_implemented);
+  tcase_add_test(tc, dspark_run_trains_from_a_store);
   return tc;
 }
