@@ -61,7 +61,7 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
   }
   df_dspark_sums sums;
   dflash_status st = df_dspark_loss(m->pool, &d, &sums);
-  *lsum = d.alpha_ce * sums.ce + d.alpha_l1 * sums.l1 + d.alpha_conf * sums.bce;
+  *lsum += d.alpha_ce * sums.ce + d.alpha_l1 * sums.l1 + d.alpha_conf * sums.bce;
   return st;
 }
 
