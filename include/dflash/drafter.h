@@ -108,8 +108,9 @@ typedef struct dflash_drafter_config {
    * confidence_head_with_markov, sample_from_anchor, num_anchors). `num_anchors` is the
    * anchors per sequence the checkpoint records (DeepSpec's loader asserts the key; 0: not
    * written). 0 everywhere (the default) is DFlash. Pruned draft vocabularies are not
-   * implemented (a draft_vocab_size below vocab_size is refused), nor is training yet: the
-   * trainer refuses a DSpark config (DFLASH_E_UNSUPPORTED). */
+   * implemented (a draft_vocab_size below vocab_size is refused). The CPU trainer trains
+   * it (dflash_sample.target_final gives the target distribution); the CUDA backend, the
+   * training plan and evaluation refuse it (DFLASH_E_UNSUPPORTED). */
   int32_t dspark;
   int32_t markov_rank;
   int32_t confidence_head;

@@ -37,7 +37,9 @@ DFLASH_API dflash_status dflash_trainer_get_grad(const dflash_trainer *t, const 
  * anchors[n] .. anchors[n]+B-1, seeing the context 0 .. anchors[n]-1 (the
  * training mask), for the sample's ids, hidden rows (float32) and anchors.
  * `logits` [n_anchors, B, vocab_size] float32 (caller's buffer) gets the LM
- * head of the final norm at every block position, position 0 included.
+ * head of the final norm at every block position, position 0 included. For a DSpark drafter
+ * these are the backbone's logits, without the Markov bias (which depends on the token chosen
+ * at the slot before: dflash_trainer_propose chains it).
  */
 DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_sample *s,
                                                float *logits);

@@ -30,6 +30,8 @@ DFLASH_API double dflash_trainer_default_loss_gamma(int32_t block_size);
  * distinct ones uniformly with the generator seeded by (seed, stream) and
  * return them sorted in `out` (capacity max_anchors), count in *n_out. A
  * sample with fewer than 2*block_size supervised tokens yields *n_out = 0.
+ * This is DFlash's rule: `dflash train` draws a DSpark drafter's anchors by spec/dspark.md's
+ * (p <= len - 2, the block free to leave the sequence, no minimum of supervised tokens).
  */
 DFLASH_API dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len,
                                                int32_t block_size, int32_t max_anchors,
@@ -176,7 +178,10 @@ DFLASH_API dflash_status dflash_trainer_set_param(dflash_trainer *t, const char 
 
 /*
  * One sequence at its anchors (no sampling). Sets the gradients (replacing earlier ones) of
- * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0). It waits for the
+ * loss = sum(w*CE) / sum(w) and returns the loss (0 when sum(w) is 0). A DSpark drafter's
+ * loss is spec/dspark.md's sum(w (0.1 CE + 0.9 L1 + 1.0 BCE)) / sum(w) over its anchor-first
+ * slots (w_k = exp(-k / loss_gamma), gamma 4 by default), the L1 and BCE terms only with
+ * the sample's target_final (else 0.1 CE alone); "CE" below stands for that whole term. It waits for the
  * device, and leaves the sums that dflash_trainer_collect returns as they were.
  */
 DFLASH_API dflash_status dflash_trainer_forward_backward(dflash_trainer *t, const dflash_sample *s,
@@ -510,6 +515,9 @@ typedef struct dflash_propose_outputs {
 
 /*
  * Draft B-1 tokens after each of the sample's anchors into `pred` [n_anchors, B-1] as above
+ * (a DSpark drafter: B tokens, [n_anchors, B], slot k drafting anchor + k + 1 greedily, each
+ * slot's Markov bias on the token drafted at the slot before, the anchor's at slot 0; argmax
+ * the same [n_anchors, B])
  * (opts NULL: greedy, the drafter's prediction; out NULL: nothing more). Sampling or
  * candidates from a DFlash 1 drafter: DFLASH_E_UNSUPPORTED; a negative or non-finite
  * temperature: DFLASH_E_RANGE. Anything beyond the greedy tokens runs the float32 reference

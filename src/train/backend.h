@@ -36,7 +36,8 @@ typedef struct df_seq {
   int32_t hidden_dtype;
   const void *hidden_codes;
   const float *hidden_scales;
-  const char *id; /* the sample's id for a deferred error (NULL: unnamed) */
+  const char *id;     /* the sample's id for a deferred error (NULL: unnamed) */
+  const float *final; /* DSpark: the target's post-norm final state [len, H], or NULL */
 } df_seq;
 
 /* One optimizer step's hyper-parameters (learning rate already scheduled). */

@@ -28,9 +28,10 @@ static dflash_status cpu_zero_grad(df_backend *b) {
 
 static dflash_status cpu_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                     double *loss_sum, double *weight_sum) {
-  /* DFlash 2 too: df_model_step adds the candidate selector's loss. */
-  return df_model_step_labels(&trainer_of(b)->m, s->ids, s->labels, s->loss_mask, s->len, s->hidden,
-                              s->anchors, s->n_anchors, grad_scale, true, loss_sum, weight_sum);
+  /* DFlash 2 too: df_model_step adds the candidate selector's loss; DSpark its heads'. */
+  return df_model_step_final(&trainer_of(b)->m, s->ids, s->labels, s->loss_mask, s->len, s->hidden,
+                             s->final, s->anchors, s->n_anchors, grad_scale, true, loss_sum,
+                             weight_sum);
 }
 
 static dflash_status cpu_predict(df_backend *b, const df_seq *s, int32_t *pred) {

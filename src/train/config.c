@@ -4,6 +4,7 @@
  * placements and an explicit YaRN attention factor.
  */
 #include "core/internal.h"
+#include "config_dspark.h"
 #include "config_keys.h"
 #include "model.h"
 
@@ -77,48 +78,6 @@ dflash_status df_config_ext_validate(const dflash_drafter_config *cfg, const df_
                     what, f, cfg->head_dim, f, rot);
   dflash_status st = df_dflash2_validate(cfg, ext, what);
   return st ? st : df_dspark_validate(cfg, ext, what);
-}
-
-dflash_status df_dspark_not_trained(const df_config_ext *e, const char *what) {
-  if (!e->dspark) return DFLASH_OK;
-  return df_error(DFLASH_E_UNSUPPORTED,
-                  "%s: DSpark drafters (Qwen3DSparkModel) are read and written, but libdflash "
-                  "does not train, plan or evaluate them yet (issue 40)",
-                  what);
-}
-
-dflash_status df_dspark_validate(const dflash_drafter_config *cfg, const df_config_ext *e,
-                                 const char *what) {
-  if (e->dspark != 0 && e->dspark != 1)
-    return df_error(DFLASH_E_CONFIG, "%s: dspark must be 0 or 1 (got %d)", what, e->dspark);
-  if (!e->dspark) {
-    /* DSpark's fields without the architecture would be dropped silently on writing. */
-    if (e->markov_rank || e->confidence_head || e->num_anchors)
-      return df_error(DFLASH_E_CONFIG,
-                      "%s: DSpark fields (markov_rank %d, confidence_head %d, num_anchors %d) "
-                      "are set but dspark is 0",
-                      what, e->markov_rank, e->confidence_head, e->num_anchors);
-    return DFLASH_OK;
-  }
-  if (e->dflash2)
-    return df_error(DFLASH_E_CONFIG, "%s: dspark and dflash2 are exclusive architectures", what);
-  /* DFlash 2's selector_rank bound: r beyond it is no drafter anyone serves. */
-  if (e->markov_rank < 1 || e->markov_rank > 65536)
-    return df_error(DFLASH_E_CONFIG, "%s: markov_rank must be in 1..65536 (got %d)", what,
-                    e->markov_rank);
-  if (e->confidence_head != 0 && e->confidence_head != 1)
-    return df_error(DFLASH_E_CONFIG, "%s: confidence_head must be 0 or 1 (got %d)", what,
-                    e->confidence_head);
-  if (e->num_anchors < 0)
-    return df_error(DFLASH_E_CONFIG, "%s: num_anchors must not be negative (got %d)", what,
-                    e->num_anchors);
-  /* The spec's checkpoint: the drafter has its own (target's) LM head rows, never tied. */
-  if (cfg->tie_word_embeddings)
-    return df_error(DFLASH_E_CONFIG,
-                    "%s: a DSpark drafter is written with tie_word_embeddings false "
-                    "(spec/dspark.md section 5)",
-                    what);
-  return DFLASH_OK;
 }
 
 dflash_status df_dflash2_validate(const dflash_drafter_config *cfg, const df_config_ext *e,
@@ -501,13 +460,7 @@ static bool json_is_off(json_t *v) {
 
 static dflash_status refuse_key(const parser *p, const char *where, const char *key, json_t *v,
                                 const char *why) {
-  char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-  dflash_status st = df_error(DFLASH_E_UNSUPPORTED,
-                              "%s: %s\"%s\" = %s is not implemented by "
-                              "libdflash (%s)",
-                              p->what, where, key, text ? text : "?", why);
-  free(text);
-  return st;
+  return df_config_refuse_key(p->what, where, key, v, why);
 }
 
 /* The reference model reads these from dflash_config, then the top level. */
@@ -560,29 +513,7 @@ static dflash_status check_unimplemented(const parser *p, json_t *obj, const cha
                         "DSpark's Markov and confidence heads need \"architectures\": "
                         "[\"Qwen3DSparkModel\"]; otherwise allowed: null, false or 0");
   }
-  if (kind != ARCH_DSPARK) return DFLASH_OK;
-  /* spec/dspark.md section 5: keys that make an engine read the checkpoint differently. */
-  static const struct {
-    const char *key, *why;
-  } dspark_off[] = {
-      {"speculators_model_type", "with it SGLang refuses a DSpark checkpoint; allowed: null"},
-      {"transformer_layer_config",
-       "with it llama.cpp's converter takes the bonus-anchor layout, not the anchor-first one "
-       "libdflash trains; allowed: null"},
-      {"aux_hidden_state_layer_ids",
-       "with it llama.cpp's converter takes the bonus-anchor layout; use "
-       "dflash_config.target_layer_ids; allowed: null"},
-  };
-  for (size_t i = 0; i < DF_ARRAY_LEN(dspark_off); i++) {
-    json_t *x = json_object_get(obj, dspark_off[i].key);
-    if (x && !json_is_null(x)) return refuse_key(p, where, dspark_off[i].key, x, dspark_off[i].why);
-  }
-  json_t *ls = json_object_get(obj, "logit_scale");
-  if (ls && !json_is_null(ls) && !(json_is_number(ls) && json_number_value(ls) == 1.0))
-    return refuse_key(p, where, "logit_scale", ls,
-                      "logits and the Markov bias are used unscaled (vLLM would scale the bias "
-                      "too); allowed: 1 or null");
-  return DFLASH_OK;
+  return kind == ARCH_DSPARK ? df_config_dspark_refused_keys(p->what, obj, where) : DFLASH_OK;
 }
 
 static dflash_status check_architectures(const parser *p, json_t *root, arch_kind *kind) {
@@ -652,82 +583,6 @@ static dflash_status parse_partial_rotary(const parser *p, json_t *root, double 
   return DFLASH_OK;
 }
 
-/* A DSpark key, from dflash_config or the top level (the spec writes both: SpecForge reads
- * dflash_config, vLLM the top level); the two must agree. NULL when neither holds it. */
-static dflash_status dspark_value(const parser *p, json_t *root, const char *key, json_t **out) {
-  json_t *dc = json_object_get(root, "dflash_config");
-  json_t *in = json_is_object(dc) ? json_object_get(dc, key) : NULL;
-  json_t *top = json_object_get(root, key);
-  if (in && json_is_null(in)) in = NULL;
-  if (top && json_is_null(top)) top = NULL;
-  if (in && top && !json_equal(in, top))
-    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" at the top level disagrees with dflash_config's",
-                    p->what, key);
-  *out = in ? in : top;
-  return DFLASH_OK;
-}
-
-static dflash_status dspark_bool(const parser *p, json_t *v, const char *key, int32_t *out) {
-  if (!json_is_boolean(v))
-    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be true or false", p->what, key);
-  *out = json_is_true(v);
-  return DFLASH_OK;
-}
-
-static dflash_status dspark_int(const parser *p, json_t *v, const char *key, int32_t *out) {
-  if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX)
-    return df_error(DFLASH_E_CONFIG, "%s: \"%s\" must be a 32-bit integer", p->what, key);
-  *out = (int32_t)json_integer_value(v);
-  return DFLASH_OK;
-}
-
-/* DSpark's fields into `c`. Required: markov_rank (the engines size W1/W2 by it),
- * enable_confidence_head (no two sources agree on its absence) and sample_from_anchor true
- * (the anchor-first layout; llama.cpp has a bonus-anchor one). Defaults: markov_head_type
- * "vanilla", confidence_head_with_markov true (the paper's eq. 7). Refused: other head
- * types (llama.cpp's converter takes vanilla only), a head without the Markov embedding and a
- * pruned draft vocabulary (not implemented). */
-static dflash_status parse_dspark(const parser *p, json_t *root, dflash_drafter_config *c) {
-  json_t *v;
-  int32_t flag = 0;
-  dflash_status st;
-  if ((st = dspark_value(p, root, "markov_rank", &v))) return st;
-  if (!v) return df_error(DFLASH_E_CONFIG, "%s: a DSpark config needs \"markov_rank\"", p->what);
-  if ((st = dspark_int(p, v, "markov_rank", &c->markov_rank))) return st;
-  if ((st = dspark_value(p, root, "markov_head_type", &v))) return st;
-  if (v && !(json_is_string(v) && !strcmp(json_string_value(v), "vanilla")))
-    return refuse_key(p, "", "markov_head_type", v,
-                      "only the vanilla Markov head is (llama.cpp's converter takes no other)");
-  if ((st = dspark_value(p, root, "enable_confidence_head", &v))) return st;
-  if (!v)
-    return df_error(DFLASH_E_CONFIG, "%s: a DSpark config needs \"enable_confidence_head\"",
-                    p->what);
-  if ((st = dspark_bool(p, v, "enable_confidence_head", &c->confidence_head))) return st;
-  if ((st = dspark_value(p, root, "confidence_head_with_markov", &v))) return st;
-  if (v && (st = dspark_bool(p, v, "confidence_head_with_markov", &flag))) return st;
-  if (v && !flag && c->confidence_head)
-    return refuse_key(p, "", "confidence_head_with_markov", v,
-                      "the confidence head reads [norm(h); W1[prev]] (the paper's eq. 7)");
-  if ((st = dspark_value(p, root, "sample_from_anchor", &v))) return st;
-  if (v && (st = dspark_bool(p, v, "sample_from_anchor", &flag))) return st;
-  if (!v || !flag)
-    return df_error(v ? DFLASH_E_UNSUPPORTED : DFLASH_E_CONFIG,
-                    "%s: a DSpark config needs \"sample_from_anchor\": true (the anchor-first "
-                    "block libdflash trains; %s)",
-                    p->what, v ? "the bonus-anchor layout is not implemented" : "it is absent");
-  if ((st = dspark_value(p, root, "draft_vocab_size", &v))) return st;
-  int32_t dv = c->vocab_size;
-  if (v && (st = dspark_int(p, v, "draft_vocab_size", &dv))) return st;
-  if (dv != c->vocab_size)
-    return refuse_key(p, "", "draft_vocab_size", v,
-                      "pruned draft vocabularies are not implemented yet; allowed: vocab_size "
-                      "or null");
-  if ((st = dspark_value(p, root, "num_anchors", &v))) return st;
-  if (v && (st = dspark_int(p, v, "num_anchors", &c->num_anchors))) return st;
-  c->dspark = 1;
-  return DFLASH_OK;
-}
-
 /* The caller's config (its struct_size) must hold DSpark's fields. */
 static dflash_status need_size_for_dspark(const parser *p, size_t size) {
   if (CFG_HOLDS(size, num_anchors)) return DFLASH_OK;
@@ -787,7 +642,7 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
   if ((st = check_unimplemented(p, root, "", c, kind)) ||
       (st = check_unimplemented(p, dc, "dflash_config.", c, kind)))
     return st;
-  if (dspark && (st = parse_dspark(p, root, c))) return st;
+  if (dspark && (st = df_config_dspark_parse(p->what, root, c))) return st;
   df_config_ext ext = {.partial_rotary_factor = 1.0};
   if (dflash2 && (st = parse_dflash2(p, root, &ext))) return st;
   if ((st = dflash_drafter_config_validate(c))) return st;
@@ -896,30 +751,6 @@ static json_t *rope_json(const dflash_drafter_config *c) {
   return r;
 }
 
-/* DSpark's keys (spec/dspark.md section 5), at the top level (vLLM, llama.cpp's converter and
- * DeepSpec read them there) and in dflash_config (SpecForge reads them there). Never written:
- * speculators_model_type, transformer_layer_config, aux_hidden_state_layer_ids, logit_scale
- * (each makes an engine refuse the checkpoint or read another layout). */
-static int dspark_json(json_t *o, json_t *dc, const dflash_drafter_config *c,
-                       const df_config_ext *e) {
-  int bad = 0;
-  json_t *where[2] = {o, dc};
-  for (int i = 0; i < 2; i++) {
-    bad |= json_object_set_new(where[i], "markov_rank", json_integer(e->markov_rank));
-    bad |= json_object_set_new(where[i], "markov_head_type", json_string("vanilla"));
-    bad |= json_object_set_new(where[i], "enable_confidence_head",
-                               json_boolean(e->confidence_head));
-    bad |= json_object_set_new(where[i], "confidence_head_with_markov", json_true());
-    bad |= json_object_set_new(where[i], "sample_from_anchor", json_true());
-    if (e->num_anchors > 0)
-      bad |= json_object_set_new(where[i], "num_anchors", json_integer(e->num_anchors));
-  }
-  bad |= json_object_set_new(o, "mask_token_id", json_integer(c->mask_token_id));
-  bad |= json_object_set_new(o, "target_layer_ids",
-                             int_array(c->target_layer_ids, c->n_target_layer_ids));
-  return bad;
-}
-
 static json_t *config_json(const dflash_drafter_config *c, const df_config_ext *e,
                            const char *dtype) {
   json_t *o = json_object();
@@ -966,7 +797,12 @@ static json_t *config_json(const dflash_drafter_config *c, const df_config_ext *
     bad |= json_object_set_new(dc, "selector_top_k", json_integer(e->selector_top_k));
     bad |= json_object_set_new(dc, "selector_rank", json_integer(e->selector_rank));
   }
-  if (e->dspark) bad |= dspark_json(o, dc, c, e);
+  if (e->dspark) {
+    bad |= df_config_dspark_json(o, dc, c);
+    bad |= json_object_set_new(o, "mask_token_id", json_integer(c->mask_token_id));
+    bad |= json_object_set_new(o, "target_layer_ids",
+                               int_array(c->target_layer_ids, c->n_target_layer_ids));
+  }
   bad |= json_object_set_new(o, "dflash_config", dc);
   json_t *lt = json_array();
   bool sliding = false;

@@ -5,6 +5,7 @@
  */
 #include "config_keys.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* DSpark's keys that a DFlash config must leave off (config.c refuses them set there). */
@@ -187,4 +188,15 @@ dflash_status df_config_check_keys(const char *what, json_t *root) {
                       what, key, best);
   }
   return DFLASH_OK;
+}
+
+dflash_status df_config_refuse_key(const char *what, const char *where, const char *key, json_t *v,
+                                   const char *why) {
+  char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+  dflash_status st = df_error(DFLASH_E_UNSUPPORTED,
+                              "%s: %s\"%s\" = %s is not implemented by "
+                              "libdflash (%s)",
+                              what, where, key, text ? text : "?", why);
+  free(text);
+  return st;
 }

@@ -26,4 +26,10 @@ df_config_arch_kind df_config_arch(json_t *root);
 /* A key of DSpark's heads, which a DFlash config must leave unset. */
 bool df_config_dspark_key(const char *key);
 
+/* DFLASH_E_UNSUPPORTED: `what`: `where`"key" = value is not implemented by libdflash (why).
+ * config.c's and config_dspark.c's refusal of a key whose value libdflash would read
+ * differently from the engines. */
+DF_MUST_CHECK dflash_status df_config_refuse_key(const char *what, const char *where,
+                                                 const char *key, json_t *v, const char *why);
+
 #endif

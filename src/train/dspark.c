@@ -154,6 +154,24 @@ dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a, df_dspark_s
   return DFLASH_OK;
 }
 
+/* Slot k's weight, or 0 where the prefix mask has ended the block (df_dspark_rows' rule). */
+static double slot_weight(double gamma, const uint8_t *loss_mask, int64_t len, int64_t p, int k) {
+  if (p >= len || !loss_mask[p]) return 0;
+  return gamma > 0 ? exp(-(double)k / gamma) : 1.0;
+}
+
+double df_dspark_weight_sum(int B, double gamma, const uint8_t *loss_mask, int64_t len,
+                            const int32_t *anchors, int32_t n_anchors) {
+  double s = 0;
+  for (int32_t n = 0; n < n_anchors; n++)
+    for (int k = 0; k < B; k++) {
+      double wk = slot_weight(gamma, loss_mask, len, (int64_t)anchors[n] + k + 1, k);
+      if (wk == 0) break;
+      s += wk;
+    }
+  return s;
+}
+
 int df_dspark_rows(int B, double gamma, const int32_t *ids, const int32_t *labels,
                    const uint8_t *loss_mask, int64_t len, const int32_t *anchors, int32_t n_anchors,
                    double grad_scale, int32_t *rows_t, int32_t *rows_target, int32_t *rows_prev,
@@ -163,8 +181,8 @@ int df_dspark_rows(int B, double gamma, const int32_t *ids, const int32_t *label
     for (int k = 0; k < B; k++) {
       int64_t p = (int64_t)anchors[n] + k + 1;
       /* the prefix mask: past the first slot it drops, the block drafts nothing more */
-      if (p >= len || !loss_mask[p]) break;
-      double wk = gamma > 0 ? exp(-(double)k / gamma) : 1.0;
+      double wk = slot_weight(gamma, loss_mask, len, p, k);
+      if (wk == 0) break;
       if (rows_t) rows_t[R] = n * B + k;
       if (rows_target) rows_target[R] = labels ? labels[p] : ids[p];
       if (rows_prev) rows_prev[R] = k == 0 || !labels ? ids[p - 1] : labels[p - 1];

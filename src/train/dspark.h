@@ -76,4 +76,13 @@ int df_dspark_rows(int B, double gamma, const int32_t *ids, const int32_t *label
                    double grad_scale, int32_t *rows_t, int32_t *rows_target, int32_t *rows_prev,
                    double *w, float *coef);
 
+/* sum w_k over the rows df_dspark_rows gives for these anchors (what the loss divides by). */
+double df_dspark_weight_sum(int B, double gamma, const uint8_t *loss_mask, int64_t len,
+                            const int32_t *anchors, int32_t n_anchors);
+
+/* The objective's weights (spec/dspark.md section 2: DeepSpec's configs, SpecForge's schema). */
+#define DF_DSPARK_ALPHA_CE 0.1
+#define DF_DSPARK_ALPHA_L1 0.9
+#define DF_DSPARK_ALPHA_CONF 1.0
+
 #endif

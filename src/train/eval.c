@@ -37,11 +37,15 @@ static dflash_status drafts(dflash_trainer *t, const dflash_sample *s, int32_t *
   return dflash_trainer_propose(t, s, NULL, pred, NULL);
 }
 
+/* Why evaluation refuses a DSpark drafter (df_dspark_unsupported). */
+#define DSPARK_EVAL "acceptance and the walk count DFlash's B - 1 drafts a block, not DSpark's B"
+
 dflash_status dflash_trainer_acceptance(dflash_trainer *t, const dflash_sample *caller,
                                         int32_t *accept) {
   DF_CHECK_ARG(t && accept);
   dflash_sample s;
-  dflash_status st = df_sample_in(caller, &s);
+  dflash_status st = df_dspark_unsupported(&t->m.ext, "acceptance", DSPARK_EVAL);
+  if (!st) st = df_sample_in(caller, &s);
   if (st) return st;
   DF_CHECK_ARG(s.input_ids);
   int B = t->m.B;
@@ -162,7 +166,8 @@ dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir, const
   DF_CHECK_ARG(t && data_dir && hidden_dir && out);
   dflash_eval e;
   dflash_eval_default(&e);
-  dflash_status st = df_opts_in(&e, out, sizeof e, "dflash_eval");
+  dflash_status st = df_dspark_unsupported(&t->m.ext, "eval", DSPARK_EVAL);
+  if (!st) st = df_opts_in(&e, out, sizeof e, "dflash_eval");
   if (st) return st;
   if (e.anchors_per_seq <= 0)
     return df_error(DFLASH_E_INVALID_ARG, "eval: anchors_per_seq %d (must be > 0)",
@@ -310,7 +315,8 @@ dflash_status dflash_trainer_walk(dflash_trainer *t, const dflash_sample *caller
   DF_CHECK_ARG(t && tokens && steps && max_tokens >= 0);
   dflash_sample s;
   const float *hidden = NULL;
-  dflash_status st = df_sample_in(caller, &s);
+  dflash_status st = df_dspark_unsupported(&t->m.ext, "walk", DSPARK_EVAL);
+  if (!st) st = df_sample_in(caller, &s);
   if (!st) st = df_sample_floats(t, &s, &hidden);
   if (st) return st;
   DF_CHECK_ARG(s.loss_mask);
@@ -383,7 +389,8 @@ dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
   DF_CHECK_ARG(t && data_dir && hidden_dir && out);
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
-  dflash_status st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
+  dflash_status st = df_dspark_unsupported(&t->m.ext, "eval walk", DSPARK_EVAL);
+  if (!st) st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
   if (st) return st;
   DF_CHECK_ARG(w.max_tokens >= 0);
   if (w.labels != DFLASH_TRAIN_LABELS_DATA && w.labels != DFLASH_TRAIN_LABELS_TARGET)

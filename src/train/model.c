@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include "dflash2.h"
+#include "dspark.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +61,9 @@ df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg, const df_conf
       .CP = dflash2 && g > 0 ? 2 * (int64_t)ext->conv_kernel_size * (H / g) : 0,
       .SR = dflash2 ? ext->selector_rank : 0,
       .dflash2 = dflash2,
+      .MR = ext && ext->dspark ? ext->markov_rank : 0,
+      .dspark = ext && ext->dspark,
+      .conf = ext && ext->dspark && ext->confidence_head,
   };
 }
 
@@ -84,6 +88,12 @@ static dflash_status build_tensor_table(df_model *m) {
   }
   prefix[0] = 0;
   DF_TENSORS_TAIL(ADD_)
+  if (z.dspark) {
+    DF_TENSORS_MARKOV(ADD_)
+    if (z.conf) {
+      DF_TENSORS_CONF(ADD_)
+    }
+  }
   if (!m->dflash2) return st;
   for (int l = 0; l < m->L; l++) {
 #define CONV_(id, field, name)                               \
@@ -109,6 +119,12 @@ static void bind_views(const df_model *m, float *base, df_weights *w) {
     DF_TENSORS_LAYER(LAYER_BIND_)
   }
   DF_TENSORS_TAIL(BIND_)
+  if (m->dspark) {
+    DF_TENSORS_MARKOV(BIND_)
+    if (m->ext.confidence_head) {
+      DF_TENSORS_CONF(BIND_)
+    }
+  }
   if (!m->dflash2) return;
   for (int l = 0; l < m->L; l++) {
     df_layer_w *lw = &w->layer[l];
@@ -134,7 +150,6 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   if (!st) st = dflash_drafter_config_validate(&m->cfg);
   df_config_ext_of(&m->cfg, &m->ext);
   if (!st) st = df_config_ext_validate(&m->cfg, &m->ext, "drafter config");
-  if (!st) st = df_dspark_not_trained(&m->ext, "drafter config");
   if (st) return st;
   cfg = &m->cfg; /* the library's full struct from here on */
   m->rot = df_rotary_dims(cfg, &m->ext);
@@ -148,6 +163,7 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   m->B = cfg->block_size;
   m->L = cfg->num_hidden_layers;
   m->dflash2 = m->ext.dflash2 != 0;
+  m->dspark = m->ext.dspark != 0;
   m->conv_k = m->ext.conv_kernel_size;
   m->conv_g = m->ext.conv_group_size;
   m->conv_groups = m->dflash2 ? m->H / m->conv_g : 0;
@@ -155,7 +171,8 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   m->sel_weight = 1.0; /* dflash_trainer_options' defaults; the trainer sets its own */
   m->sel_inject = false;
   m->vocab_chunk = vocab_chunk > 0 ? vocab_chunk : 4096;
-  m->gamma = gamma == 0 ? dflash_trainer_default_loss_gamma(m->B) : gamma;
+  /* DSpark's default is DeepSpec's gamma 4 at every block size (spec/dspark.md section 2). */
+  m->gamma = gamma != 0 ? gamma : m->dspark ? 4.0 : dflash_trainer_default_loss_gamma(m->B);
   if ((st = build_tensor_table(m))) goto fail;
   m->params = calloc(m->n_params, sizeof(float));
   m->grads = calloc(m->n_params, sizeof(float));
@@ -277,6 +294,11 @@ static size_t layout(df_model *m, float *base, int T, int Sc, int R) {
   a->rows_t = (int32_t *)take(base, &cur, (size_t)R);
   a->rows_target = (int32_t *)take(base, &cur, (size_t)R);
   a->row_loss = (double *)take(base, &cur, 2 * (size_t)R);
+  /* DSpark only (0 floats otherwise) */
+  size_t rd = m->dspark ? (size_t)R : 0;
+  a->rows_prev = (int32_t *)take(base, &cur, rd);
+  a->rows_w = (double *)take(base, &cur, 2 * rd);
+  a->rows_xt = take(base, &cur, rd * H);
   a->pos_block = (int32_t *)take(base, &cur, t);
   a->pos_ctx = (int32_t *)take(base, &cur, sc);
   df_attn_shape s = {
@@ -343,6 +365,7 @@ dflash_status df_model_check_inputs(const df_model *m, const int32_t *ids, int64
 
 double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
                            const int32_t *anchors, int32_t n_anchors) {
+  if (m->dspark) return df_dspark_weight_sum(m->B, m->gamma, loss_mask, len, anchors, n_anchors);
   double s = 0;
   for (int32_t n = 0; n < n_anchors; n++)
     for (int k = 1; k < m->B; k++) {
@@ -388,6 +411,12 @@ static dflash_status prepare(df_model *m, const int32_t *ids, const int32_t *lab
   int Sc = 0, max_pos = 0;
   int R = df_model_rows(m, ids, labels, loss_mask, len, anchors, n_anchors, 0, &Sc, &max_pos, NULL,
                         NULL, NULL, NULL, NULL);
+  /* DSpark's rows are its own (anchor-first: slot k predicts anchor + k + 1); the context and
+   * positions are DFlash's. Predicting (no loss mask) it takes no rows here: propose chains. */
+  if (m->dspark)
+    R = loss_mask ? df_dspark_rows(m->B, m->gamma, ids, labels, loss_mask, len, anchors, n_anchors,
+                                   0, NULL, NULL, NULL, NULL, NULL)
+                  : 0;
   dflash_status st = reserve(m, n_anchors * m->B, Sc, R);
   if (!st) st = rope_tables(m, max_pos);
   if (st) return st;
@@ -401,7 +430,10 @@ static dflash_status prepare(df_model *m, const int32_t *ids, const int32_t *lab
       memcpy(a->layer[0].h_in + (size_t)t * m->H, m->embed + (size_t)tok * m->H,
              sizeof(float) * m->H);
     }
-  if (loss_mask)
+  if (loss_mask && m->dspark)
+    df_dspark_rows(m->B, m->gamma, ids, labels, loss_mask, len, anchors, n_anchors, 1.0, a->rows_t,
+                   a->rows_target, a->rows_prev, a->rows_w, a->coef);
+  else if (loss_mask)
     df_model_rows(m, ids, labels, loss_mask, len, anchors, n_anchors, 0, NULL, NULL, NULL,
                   a->rows_t, a->rows_target, NULL, NULL);
   return DFLASH_OK;
@@ -728,36 +760,54 @@ dflash_status df_model_step_labels(df_model *m, const int32_t *ids, const int32_
                                    const uint8_t *loss_mask, int64_t len, const float *hidden,
                                    const int32_t *anchors, int32_t n_anchors, double grad_scale,
                                    bool backward, double *loss_sum, double *weight_sum) {
+  return df_model_step_final(m, ids, labels, loss_mask, len, hidden, NULL, anchors, n_anchors,
+                             grad_scale, backward, loss_sum, weight_sum);
+}
+
+/* DFlash 1 and 2's loss: the block CE (position weights, adaptive or decayed) and DFlash 2's
+ * selector term. */
+static dflash_status dflash_loss(df_model *m, const int32_t *ids, const int32_t *labels,
+                                 const int32_t *anchors, double grad_scale, bool backward,
+                                 double *lsum, double *wsum) {
+  df_acts *a = &m->a;
+  double *w = malloc(sizeof(double) * (size_t)(m->R > 0 ? m->R : 1));
+  if (!w) return df_error_nomem("position weights");
+  for (int r = 0; r < m->R; r++) {
+    w[r] = df_position_weight(m, a->rows_t[r] % m->B);
+    memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H, sizeof(float) * m->H);
+  }
+  if (m->adaptive) adaptive_weights(m, w);
+  for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
+  int32_t *cand = NULL;
+  float *unary = NULL;
+  dflash_status st = block_ce(m, backward, &cand, &unary);
+  for (int r = 0; !st && r < m->R; r++) {
+    *lsum += w[r] * a->row_loss[r];
+    *wsum += w[r];
+  }
+  m->row_w = m->adaptive ? w : NULL;
+  if (!st && m->dflash2) st = selector_loss(m, ids, labels, anchors, cand, unary, backward, lsum);
+  m->row_w = NULL;
+  free(cand), free(unary), free(w);
+  return st;
+}
+
+dflash_status df_model_step_final(df_model *m, const int32_t *ids, const int32_t *labels,
+                                  const uint8_t *loss_mask, int64_t len, const float *hidden,
+                                  const float *final, const int32_t *anchors, int32_t n_anchors,
+                                  double grad_scale, bool backward, double *loss_sum,
+                                  double *weight_sum) {
   if (n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", n_anchors);
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (!st) st = df_model_check_labels(m, labels, len);
+  if (!st && m->dspark) st = df_model_check_final(m, final, len);
   if (st) return st;
   double lsum = 0, wsum = 0;
   if (n_anchors > 0) {
     if ((st = prepare(m, ids, labels, loss_mask, len, anchors, n_anchors))) return st;
     model_forward(m, hidden, anchors);
-    df_acts *a = &m->a;
-    double *w = malloc(sizeof(double) * (size_t)(m->R > 0 ? m->R : 1));
-    if (!w) return df_error_nomem("position weights");
-    for (int r = 0; r < m->R; r++) {
-      w[r] = df_position_weight(m, a->rows_t[r] % m->B);
-      memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H,
-             sizeof(float) * m->H);
-    }
-    if (m->adaptive) adaptive_weights(m, w);
-    for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
-    int32_t *cand = NULL;
-    float *unary = NULL;
-    st = block_ce(m, backward, &cand, &unary);
-    for (int r = 0; !st && r < m->R; r++) {
-      lsum += w[r] * a->row_loss[r];
-      wsum += w[r];
-    }
-    m->row_w = m->adaptive ? w : NULL;
-    if (!st && m->dflash2)
-      st = selector_loss(m, ids, labels, anchors, cand, unary, backward, &lsum);
-    m->row_w = NULL;
-    free(cand), free(unary), free(w);
+    st = m->dspark ? df_model_dspark_loss(m, final, anchors, grad_scale, backward, &lsum, &wsum)
+                   : dflash_loss(m, ids, labels, anchors, grad_scale, backward, &lsum, &wsum);
     if (st) return st;
     if (backward) model_backward(m, hidden, anchors);
   }
@@ -825,6 +875,12 @@ dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, con
   if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
   if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, o, out, pred);
+  if (m->dspark) {
+    st = df_model_dspark_chain(m, ids, anchors, n_anchors, pred);
+    if (!st && out && out->argmax)
+      memcpy(out->argmax, pred, sizeof(int32_t) * (size_t)n_anchors * m->B);
+    return st;
+  }
   df_acts *a = &m->a;
   int r = 0;
   for (int t = 0; t < m->T; t++)

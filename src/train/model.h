@@ -45,12 +45,15 @@ typedef struct df_layer_w {
 } df_layer_w;
 
 /* fc, hidden_norm, norm; DFlash 2's candidate selector sel_pred, sel_succ (codebooks
- * [V, r]) and sel_hproj (hidden_projection [r, H]). */
+ * [V, r]) and sel_hproj (hidden_projection [r, H]); DSpark's markov_w1, markov_w2 ([V, r])
+ * and confidence head conf_w [H + r], conf_b [1] (NULL without the head). */
 typedef struct df_weights {
   DF_TENSORS_HEAD(DF_TENSOR_FIELD_)
   DF_TENSORS_TAIL(DF_TENSOR_FIELD_)
   df_layer_w layer[DFLASH_DRAFTER_MAX_LAYERS];
   DF_TENSORS_SELECTOR(DF_TENSOR_FIELD_)
+  DF_TENSORS_MARKOV(DF_TENSOR_FIELD_)
+  DF_TENSORS_CONF(DF_TENSOR_FIELD_)
 } df_weights;
 
 /* How a fresh trainer fills a tensor (trainer.c). */
@@ -98,6 +101,10 @@ typedef struct df_acts {
   float *rows_x, *rows_dx, *coef;
   int32_t *rows_t, *rows_target;
   double *row_loss;
+  /* DSpark: each row's previous token, weight, and the target's final state [R, H] */
+  int32_t *rows_prev;
+  double *rows_w;
+  float *rows_xt;
   int32_t *pos_block, *pos_ctx;
   float *work;
 } df_acts;
@@ -107,6 +114,7 @@ typedef struct df_model {
   df_config_ext ext;
   int H, KH, nh, nkv, d, I, V, B, L;
   bool dflash2;
+  bool dspark; /* ext.dspark: anchor-first rows, the Markov and confidence heads */
   int conv_k, conv_g, conv_groups, sel_rank; /* DFlash 2's sizes (ext) */
   int rot; /* rotated dims of each head (partial_rotary_factor): pairs (i, i + rot/2) */
   int vocab_chunk;
@@ -152,6 +160,8 @@ double df_position_weight(const df_model *m, int k);
  * Forward + backward of sum(w*CE) over one sequence; gradients (scaled by
  * grad_scale) are ADDED to m->grads when `backward`. Checks the inputs
  * (ids in the vocabulary, anchors in range, finite hidden states).
+ * DSpark: sum(w * (0.1 CE + 0.9 L1 + 1.0 BCE)) over its anchor-first rows instead
+ * (df_model_step_final gives the target's final state; without it, 0.1 CE alone).
  */
 DF_MUST_CHECK dflash_status df_model_step(df_model *m, const int32_t *ids, const uint8_t *loss_mask,
                                           int64_t len, const float *hidden, const int32_t *anchors,
@@ -165,6 +175,25 @@ DF_MUST_CHECK dflash_status df_model_step_labels(df_model *m, const int32_t *ids
                                                  const int32_t *anchors, int32_t n_anchors,
                                                  double grad_scale, bool backward, double *loss_sum,
                                                  double *weight_sum);
+/* The same with the target's post-norm final state `final` [len, H] (NULL: none), which
+ * DSpark's L1 and confidence terms need (DFlash ignores it). */
+DF_MUST_CHECK dflash_status df_model_step_final(df_model *m, const int32_t *ids,
+                                                const int32_t *labels, const uint8_t *loss_mask,
+                                                int64_t len, const float *hidden,
+                                                const float *final, const int32_t *anchors,
+                                                int32_t n_anchors, double grad_scale, bool backward,
+                                                double *loss_sum, double *weight_sum);
+/* DSpark (model_dspark.c): the target's final state finite; the loss over the rows prepare
+ * laid out (sums added to *lsum, *wsum; d(rows) into rows_dx with `backward`); the greedy
+ * drafts [n_anchors, B] after a forward. */
+DF_MUST_CHECK dflash_status df_model_check_final(const df_model *m, const float *final,
+                                                 int64_t len);
+DF_MUST_CHECK dflash_status df_model_dspark_loss(df_model *m, const float *final,
+                                                 const int32_t *anchors, double grad_scale,
+                                                 bool backward, double *lsum, double *wsum);
+DF_MUST_CHECK dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids,
+                                                  const int32_t *anchors, int32_t n_anchors,
+                                                  int32_t *pred);
 /* Labels (may be NULL) inside the vocabulary (DFLASH_E_RANGE naming the position). */
 DF_MUST_CHECK dflash_status df_model_check_labels(const df_model *m, const int32_t *labels,
                                                   int64_t len);
@@ -191,7 +220,8 @@ int df_model_rows(const df_model *m, const int32_t *ids, const int32_t *labels,
                   int32_t *rows_target, int32_t *rows_prev, float *coef);
 double df_model_weight_sum(const df_model *m, const uint8_t *loss_mask, int64_t len,
                            const int32_t *anchors, int32_t n_anchors);
-/* Greedy predictions for positions 1..B-1 of each block. */
+/* Greedy predictions for positions 1..B-1 of each block (DSpark: B drafts, slots 0..B-1,
+ * chained through the Markov head). */
 DF_MUST_CHECK dflash_status df_model_predict(df_model *m, const int32_t *ids, int64_t len,
                                              const float *hidden, const int32_t *anchors,
                                              int32_t n_anchors, int32_t *pred);
@@ -222,9 +252,11 @@ DF_MUST_CHECK dflash_status df_config_ext_validate(const dflash_drafter_config *
  * head 0 or 1, not with DFlash 2, and tie_word_embeddings 0 (the spec's checkpoint). */
 DF_MUST_CHECK dflash_status df_dspark_validate(const dflash_drafter_config *cfg,
                                                const df_config_ext *ext, const char *what);
-/* DFLASH_E_UNSUPPORTED for a DSpark config: parsed and written, not trained or planned yet
- * (the model and trainer paths would silently drop its heads and label shift). */
-DF_MUST_CHECK dflash_status df_dspark_not_trained(const df_config_ext *ext, const char *what);
+/* DFLASH_E_UNSUPPORTED for a DSpark config, naming `what` refuses it and `why`: the paths that
+ * do not implement DSpark yet (CUDA, its plan, evaluation) would silently drop its heads and
+ * label shift. */
+DF_MUST_CHECK dflash_status df_dspark_unsupported(const df_config_ext *ext, const char *what,
+                                                  const char *why);
 /* DFlash 2's fields of `ext` (the sizes, or all zero for DFlash 1). */
 DF_MUST_CHECK dflash_status df_dflash2_validate(const dflash_drafter_config *cfg,
                                                 const df_config_ext *ext, const char *what);

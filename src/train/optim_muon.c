@@ -16,9 +16,15 @@ static const float NS_A = DF_MUON_NS_A, NS_B = DF_MUON_NS_B, NS_C = DF_MUON_NS_C
 enum { NS_STEPS = DF_MUON_NS_STEPS };
 
 /* speculators' split: matrices, but not vocabulary-sized ones (its name hints; here DFlash
- * 2's selector codebooks [V, r]; the embedding and LM head are frozen). */
+ * 2's selector codebooks [V, r]; the embedding and LM head are frozen). DSpark's Markov
+ * factors are vocabulary-sized too and stay with AdamW: W1 [V, r] is an embedding table (a
+ * step touches only the rows of the tokens seen, which orthogonalising the whole matrix
+ * would spread to every row), W2 [V, r] an output head over the vocabulary (Muon's
+ * practice leaves both to AdamW). The confidence projection [1, H + r] has one row (the
+ * rule's sides > 1), so AdamW takes it and its bias. */
 bool df_muon_takes(const df_tensor_info *ti) {
-  return ti->ndim == 2 && ti->shape[0] > 1 && ti->shape[1] > 1 && !strstr(ti->name, "codebook");
+  return ti->ndim == 2 && ti->shape[0] > 1 && ti->shape[1] > 1 && !strstr(ti->name, "codebook") &&
+         strncmp(ti->name, "markov_head.", 12) != 0;
 }
 
 /* x [r, c], r <= c, in place: x /= max(|x|_F, eps), then NS_STEPS of

@@ -156,7 +156,9 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   df_config_ext ext;
   df_config_ext_of(&full, &ext);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
-  if (!st) st = df_dspark_not_trained(&ext, "training plan");
+  if (!st)
+    st = df_dspark_unsupported(&ext, "training plan",
+                               "the plan counts the CUDA trainer's memory, which has no DSpark");
   if (st) return st;
   const char *why = df_cu_attn_shape_why(cfg->block_size, cfg->num_attention_heads,
                                          cfg->num_key_value_heads, cfg->head_dim);

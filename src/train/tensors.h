@@ -9,8 +9,10 @@
  *   DF_TENSORS_TAIL                  norm                      (DFlash 1 ends here)
  *   L x DF_CONVS x DF_TENSORS_CONV   "layers.N.<conv>." + suffix  (DFlash 2 only)
  *   DF_TENSORS_SELECTOR              candidate_selector.*      (DFlash 2 only)
+ *   DF_TENSORS_MARKOV                markov_head.*             (DSpark only)
+ *   DF_TENSORS_CONF                  confidence_head.proj.*    (DSpark with its confidence head)
  *
- * so DFlash 1's offsets do not depend on DFlash 2. A row is
+ * so DFlash 1's offsets depend on neither (DFlash 2 and DSpark never come together). A row is
  * X(id, field, name, d0, d1, d2, init): the enum suffix, the float* field of df_weights /
  * df_layer_w / df_conv_w (model.h) that views it, the checkpoint name (or its suffix), its
  * shape (d1 0: a vector [d0]; d2 0: a matrix [d0, d1]; else [d0, d1, d2], stored as
@@ -47,6 +49,10 @@ typedef struct df_tensor_dims {
   int64_t CP;  /* rows of a kernel projection: 2 * CK * (H / conv_group_size) */
   int64_t SR;  /* selector_rank */
   int dflash2; /* the DFlash 2 tensors exist */
+  /* DSpark (0 for DFlash) */
+  int64_t MR; /* markov_rank */
+  int dspark; /* the Markov head exists */
+  int conf;   /* and the confidence head */
 } df_tensor_dims;
 
 #define DF_TENSORS_HEAD(X)                     \
@@ -86,6 +92,18 @@ typedef struct df_tensor_dims {
   X(SUCC, sel_succ, "candidate_selector.successor_codebook", z.V, z.SR, 0, NORMAL)   \
   X(HPROJ, sel_hproj, "candidate_selector.hidden_projection.weight", z.SR, z.H, 0, ZERO)
 
+/* DSpark (spec/dspark.md section 5): the vanilla Markov head, W1 [V, r] indexed by the
+ * previous token's target id and W2 [V_d, r] (V_d = V: no pruned vocabulary), and the
+ * confidence head on [norm(h); W1[prev]] (a bias: vLLM builds the projection with one).
+ * Normal init, as DeepSpec's Hugging Face post_init (the spec's assumption); the bias 0. */
+#define DF_TENSORS_MARKOV(X)                                             \
+  X(W1, markov_w1, "markov_head.markov_w1.weight", z.V, z.MR, 0, NORMAL) \
+  X(W2, markov_w2, "markov_head.markov_w2.weight", z.V, z.MR, 0, NORMAL)
+
+#define DF_TENSORS_CONF(X)                                               \
+  X(CW, conf_w, "confidence_head.proj.weight", 1, z.H + z.MR, 0, NORMAL) \
+  X(CB, conf_b, "confidence_head.proj.bias", 1, 0, 0, ZERO)
+
 #define DF_TENSOR_ENUM_(prefix, id) prefix##id,
 #define DF_TENSOR_HEAD_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TH_, id)
 #define DF_TENSOR_LAYER_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TL_, id)
@@ -93,12 +111,16 @@ typedef struct df_tensor_dims {
 #define DF_TENSOR_CONV_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TC_, id)
 #define DF_CONV_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_CONV_, id)
 #define DF_TENSOR_SEL_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TS_, id)
+#define DF_TENSOR_MARKOV_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TM_, id)
+#define DF_TENSOR_CONF_ENUM_(id, ...) DF_TENSOR_ENUM_(DF_TQ_, id)
 enum df_tensor_head { DF_TENSORS_HEAD(DF_TENSOR_HEAD_ENUM_) DF_TH_COUNT };
 enum df_tensor_layer { DF_TENSORS_LAYER(DF_TENSOR_LAYER_ENUM_) DF_TL_COUNT };
 enum df_tensor_tail { DF_TENSORS_TAIL(DF_TENSOR_TAIL_ENUM_) DF_TT_COUNT };
 enum df_conv { DF_CONVS(DF_CONV_ENUM_) DF_CONV_COUNT };
 enum df_tensor_conv { DF_TENSORS_CONV(DF_TENSOR_CONV_ENUM_) DF_TC_COUNT };
 enum df_tensor_sel { DF_TENSORS_SELECTOR(DF_TENSOR_SEL_ENUM_) DF_TS_COUNT };
+enum df_tensor_markov { DF_TENSORS_MARKOV(DF_TENSOR_MARKOV_ENUM_) DF_TM_COUNT };
+enum df_tensor_conf { DF_TENSORS_CONF(DF_TENSOR_CONF_ENUM_) DF_TQ_COUNT };
 
 /* Index in the tensor table of each kind of tensor (L: num_hidden_layers). */
 static inline size_t df_tensor_layer(int l, int k) {
@@ -110,7 +132,14 @@ static inline size_t df_tensor_conv(int L, int l, int conv, int k) {
          (size_t)k;
 }
 static inline size_t df_tensor_sel(int L, int k) { return df_tensor_conv(L, L, 0, k); }
-/* How many tensors there are. */
+/* DSpark's, right after DFlash 1's (a DSpark drafter has no DFlash 2 tensors). */
+static inline size_t df_tensor_markov(int L, int k) {
+  return df_tensor_tail(L, DF_TT_COUNT) + (size_t)k;
+}
+static inline size_t df_tensor_conf(int L, int k) {
+  return df_tensor_markov(L, DF_TM_COUNT) + (size_t)k;
+}
+/* How many tensors a DFlash 1 or 2 drafter has (DSpark's end at df_tensor_conf). */
 static inline size_t df_tensor_count(int L, int dflash2) {
   return dflash2 ? df_tensor_sel(L, DF_TS_COUNT) : df_tensor_tail(L, DF_TT_COUNT);
 }
@@ -126,9 +155,12 @@ static inline uint64_t df_tensor_params(df_tensor_dims z) {
   uint64_t layer = 0 DF_TENSORS_LAYER(DF_TENSOR_SUM_);
   uint64_t conv = 0 DF_TENSORS_CONV(DF_TENSOR_SUM_);
   uint64_t sel = 0 DF_TENSORS_SELECTOR(DF_TENSOR_SUM_);
+  uint64_t markov = 0 DF_TENSORS_MARKOV(DF_TENSOR_SUM_);
+  uint64_t conf = 0 DF_TENSORS_CONF(DF_TENSOR_SUM_);
 #undef DF_TENSOR_SUM_
   uint64_t n = head + (uint64_t)z.L * layer;
   if (z.dflash2) n += (uint64_t)z.L * DF_CONV_COUNT * conv + sel;
+  if (z.dspark) n += markov + (z.conf ? conf : 0);
   return n;
 }
 

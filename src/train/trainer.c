@@ -172,6 +172,20 @@ static dflash_status init_params(df_model *m, uint64_t seed, double std) {
   return DFLASH_OK;
 }
 
+/* What a DSpark drafter does not train with yet, refused by name before any device is
+ * looked for (so a machine without a GPU reports the same). */
+static dflash_status dspark_options(const dflash_trainer *t) {
+  if (t->opt.backend == DFLASH_BACKEND_CUDA)
+    return df_dspark_unsupported(&t->m.ext, "trainer (backend CUDA)",
+                                 "the CUDA backend has no Markov or confidence head and would "
+                                 "train it as DFlash");
+  if (t->opt.position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE)
+    return df_dspark_unsupported(&t->m.ext, "trainer options",
+                                 "position_weighting ADAPTIVE weighs DFlash's rows; DSpark "
+                                 "weighs slot k by exp(-k / gamma)");
+  return DFLASH_OK;
+}
+
 dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *embed,
                                 const float *lm_head, const dflash_trainer_options *opts,
                                 struct df_comm *comm, dflash_trainer **out) {
@@ -204,6 +218,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
   memcpy(t->m.embed, embed, vh * sizeof(float));
   memcpy(t->m.lm_head, lm_head, vh * sizeof(float));
   st = init_params(&t->m, t->opt.seed, t->opt.init_std);
+  if (!st) st = dspark_options(t);
   if (!st)
     st = t->opt.backend == DFLASH_BACKEND_CUDA ? df_backend_cuda_create(t, &t->be)
                                                : df_backend_cpu_create(t, &t->be);
@@ -365,7 +380,8 @@ static df_seq seq_of(const dflash_sample *s, const float *hidden, const int32_t 
               .anchors = s->anchors,
               .n_anchors = s->n_anchors,
               .labels = labels,
-              .id = s->id};
+              .id = s->id,
+              .final = s->target_final};
   if (!hidden) {
     q.hidden_dtype = s->hidden_dtype;
     q.hidden_codes = s->hidden_codes;
@@ -623,20 +639,22 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len, int32_t block_size,
-                                    int32_t max_anchors, uint64_t seed, uint64_t stream,
-                                    int32_t *out, int32_t *n_out) {
-  DF_CHECK_ARG(loss_mask && out && n_out && block_size >= 2 && max_anchors >= 0 && len >= 0);
+/* block_size 0: DSpark's rule (df_anchors_sample_cfg), else DFlash's. */
+static dflash_status anchors_rule(const uint8_t *loss_mask, int64_t len, int32_t block_size,
+                                  int32_t max_anchors, uint64_t seed, uint64_t stream, int32_t *out,
+                                  int32_t *n_out) {
   *n_out = 0;
   if (len > INT32_MAX)
     return df_error(DFLASH_E_RANGE, "sequence of %lld tokens is too long", (long long)len);
   int64_t supervised = 0;
   for (int64_t i = 0; i < len; i++) supervised += loss_mask[i] != 0;
-  if (supervised < 2 * (int64_t)block_size || max_anchors == 0) return DFLASH_OK;
+  if (supervised < 2 * (int64_t)block_size || max_anchors == 0 || len < 2) return DFLASH_OK;
   int32_t *cand = malloc(sizeof(int32_t) * (size_t)len);
   if (!cand) return df_error_nomem("anchor candidates");
   int32_t nc = 0;
-  for (int64_t p = 0; p + block_size <= len; p++)
+  /* DFlash: the whole block inside the sequence; DSpark: a + 1 inside it (a <= len - 2) */
+  int64_t last = block_size ? len - block_size : len - 2;
+  for (int64_t p = 0; p <= last; p++)
     if (loss_mask[p] && loss_mask[p + 1]) cand[nc++] = (int32_t)p;
   int32_t k = nc < max_anchors ? nc : max_anchors;
   df_rng rng;
@@ -653,4 +671,20 @@ dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len, int32
   free(cand);
   *n_out = k;
   return DFLASH_OK;
+}
+
+dflash_status dflash_anchors_sample(const uint8_t *loss_mask, int64_t len, int32_t block_size,
+                                    int32_t max_anchors, uint64_t seed, uint64_t stream,
+                                    int32_t *out, int32_t *n_out) {
+  DF_CHECK_ARG(loss_mask && out && n_out && block_size >= 2 && max_anchors >= 0 && len >= 0);
+  return anchors_rule(loss_mask, len, block_size, max_anchors, seed, stream, out, n_out);
+}
+
+dflash_status df_anchors_sample_cfg(const dflash_drafter_config *cfg, const uint8_t *loss_mask,
+                                    int64_t len, int32_t max_anchors, uint64_t seed,
+                                    uint64_t stream, int32_t *out, int32_t *n_out) {
+  DF_CHECK_ARG(cfg && loss_mask && out && n_out && cfg->block_size >= 2 && max_anchors >= 0 &&
+               len >= 0);
+  return anchors_rule(loss_mask, len, cfg->dspark ? 0 : cfg->block_size, max_anchors, seed, stream,
+                      out, n_out);
 }

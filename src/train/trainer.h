@@ -60,6 +60,15 @@ DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg, 
 
 int64_t df_warmup_steps(const dflash_trainer_options *o);
 
+/* dflash_anchors_sample by the drafter's rule: DFlash's for DFlash 1 and 2; for DSpark
+ * (cfg->dspark) spec/dspark.md section 2's, candidates 0 <= a <= len - 2 with loss_mask[a] and
+ * loss_mask[a + 1], whether or not the block fits (its tail slots are masked) and however few
+ * tokens are supervised. The same generator and draw, so a seed picks alike. */
+DF_MUST_CHECK dflash_status df_anchors_sample_cfg(const dflash_drafter_config *cfg,
+                                                  const uint8_t *loss_mask, int64_t len,
+                                                  int32_t max_anchors, uint64_t seed,
+                                                  uint64_t stream, int32_t *out, int32_t *n_out);
+
 #endif
 
 struct dflash_safetensors;

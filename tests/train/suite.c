@@ -16,6 +16,7 @@ TCase *tc_schedule(void);
 TCase *tc_store_layers(void);
 TCase *tc_run_stats(void);
 TCase *tc_dspark(void);
+TCase *tc_dspark_model(void);
 
 Suite *df_test_suite(void) {
   Suite *s = suite_create("train");
@@ -35,5 +36,6 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_store_layers());
   suite_add_tcase(s, tc_run_stats());
   suite_add_tcase(s, tc_dspark());
+  suite_add_tcase(s, tc_dspark_model());
   return s;
 }

@@ -696,23 +696,35 @@ START_TEST(dspark_bad_configs_refused) {
 }
 END_TEST
 
-/* Not trained yet: a trainer or a plan of a DSpark config would drop its heads and train
- * DFlash's labels, so both refuse it. */
-START_TEST(dspark_not_trained_yet) {
+/* A DSpark config.json trains on the CPU; the CUDA trainer and its plan would drop its heads
+ * and train DFlash's labels, so both refuse it by name (tests/train/test_dspark_model.c: the
+ * training itself). */
+START_TEST(dspark_trains_on_the_cpu_only) {
   dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5}", &c));
   float *embed = calloc(1000 * 64, sizeof *embed);
   ck_assert_ptr_nonnull(embed);
   dflash_trainer *t = NULL;
-  ck_assert_status(dflash_trainer_create(&c, embed, embed, NULL, &t), DFLASH_E_UNSUPPORTED,
-                   "does not train, plan or evaluate them yet");
+  ck_assert_ok(dflash_trainer_create(&c, embed, embed, NULL, &t));
+  dflash_trainer_free(t);
+  t = NULL;
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.backend = DFLASH_BACKEND_CUDA;
+  ck_assert_status(dflash_trainer_create(&c, embed, embed, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "trainer (backend CUDA): not for a DSpark drafter (Qwen3DSparkModel) yet: "
+                   "the CUDA backend has no Markov or confidence head");
   ck_assert_ptr_null(t);
+  o.backend = DFLASH_BACKEND_CPU;
+  o.position_weighting = DFLASH_POSITION_WEIGHTING_ADAPTIVE;
+  ck_assert_status(dflash_trainer_create(&c, embed, embed, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "position_weighting ADAPTIVE");
   free(embed);
   dflash_train_plan p = {.struct_size = sizeof p};
   dflash_train_plan_options po;
   dflash_train_plan_options_default(&po);
   ck_assert_status(dflash_train_plan_compute(&c, &po, &p), DFLASH_E_UNSUPPORTED,
-                   "training plan: DSpark drafters");
+                   "training plan: not for a DSpark drafter");
 }
 END_TEST
 
@@ -735,6 +747,6 @@ TCase *tc_config(void) {
   tcase_add_test(tc, dflash2_bad_sizes_refused);
   tcase_add_test(tc, dspark_config_parsed_and_written);
   tcase_add_test(tc, dspark_bad_configs_refused);
-  tcase_add_test(tc, dspark_not_trained_yet);
+  tcase_add_test(tc, dspark_trains_on_the_cpu_only);
   return tc;
 }

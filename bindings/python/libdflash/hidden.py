@@ -71,7 +71,8 @@ class Sample(ctypes.Structure):
                 ("hidden_scales", ctypes.POINTER(ctypes.c_float)),
                 ("epoch", ctypes.c_int32), ("shard", ctypes.c_uint64),
                 ("offset", ctypes.c_uint64), ("anchors", ctypes.POINTER(ctypes.c_int32)),
-                ("n_anchors", ctypes.c_int32)]
+                ("n_anchors", ctypes.c_int32),
+                ("target_final", ctypes.POINTER(ctypes.c_float))]
 
 
 class _HiddenInfo(ctypes.Structure):

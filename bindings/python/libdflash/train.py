@@ -325,11 +325,27 @@ class Trainer(Handle):
             smp.anchors, smp.n_anchors = _ptr(anc, ctypes.c_int32), anc.size
         return smp
 
-    def forward_backward(self, input_ids, loss_mask, hidden, anchors):
-        """loss = sum(w*CE)/sum(w) over the given anchors; sets gradients()."""
+    def _final(self, target_final, n):
+        """DSpark's target final state as float32 [n, hidden_size], or None."""
+        if target_final is None:
+            return None
+        fin = np.ascontiguousarray(target_final, dtype=np.float32)
+        if fin.shape != (n, self.config.hidden_size):
+            raise ValueError(f"target_final has shape {fin.shape}; expected "
+                             f"[{n}, {self.config.hidden_size}]")
+        return fin
+
+    def forward_backward(self, input_ids, loss_mask, hidden, anchors, target_final=None):
+        """loss = sum(w*CE)/sum(w) over the given anchors; sets gradients(). DSpark:
+        sum(w (0.1 CE + 0.9 L1 + 1.0 BCE)) / sum(w), with target_final the target's post-norm
+        final hidden state [len, hidden_size] (None: 0.1 CE alone)."""
         ids, mask, hid, anc = self._inputs(input_ids, loss_mask, hidden, anchors)
+        fin = self._final(target_final, ids.size)
+        smp = self._sample(ids, mask, hid, anc)
+        if fin is not None:
+            smp.target_final = _ptr(fin, ctypes.c_float)
         loss = ctypes.c_double()
-        _fb(self._handle(), ctypes.byref(self._sample(ids, mask, hid, anc)), ctypes.byref(loss))
+        _fb(self._handle(), ctypes.byref(smp), ctypes.byref(loss))
         return loss.value
 
     def zero_grad(self):
@@ -345,7 +361,7 @@ class Trainer(Handle):
         return out.value
 
     def accumulate(self, input_ids, loss_mask, anchors, grad_scale, hidden=None,
-                   codes=None, scales=None, sample_id=None):
+                   codes=None, scales=None, sample_id=None, target_final=None):
         """Add grad_scale * d(sum w*CE) without waiting for the device: hidden float32
         [len, K*H], or codes as stored (uint16 bf16 bits, or uint8 e4m3 with float32 scales
         [len, K]). The sums come from collect(); a NaN/Inf row found on the device fails
@@ -359,6 +375,10 @@ class Trainer(Handle):
         smp = self._sample(ids, mask, None, anc)
         smp.id = cstr(sample_id) if sample_id else None
         keep = [ids, mask, anc]
+        fin = self._final(target_final, ids.size)
+        if fin is not None:
+            smp.target_final = _ptr(fin, ctypes.c_float)
+            keep.append(fin)
         if hidden is not None:
             hid = np.ascontiguousarray(hidden, dtype=np.float32)
             if hid.shape != (ids.size, K * H):
@@ -415,11 +435,17 @@ class Trainer(Handle):
         """Scheduled learning rate of step `step` (0-based)."""
         return _lr_at(self._handle(), step)
 
+    def _drafts(self):
+        """Drafts a block: B - 1, or B for DSpark (its anchor-first slot 0 drafts too)."""
+        return self.block_size if self.config.dspark else self.block_size - 1
+
     def predict(self, input_ids, hidden, anchors):
         """Greedy tokens for block positions 1..B-1: int32 [n_anchors, B-1]
-        (dflash_trainer_propose with no options: propose(...)["tokens"] without the rest)."""
+        (dflash_trainer_propose with no options: propose(...)["tokens"] without the rest).
+        DSpark: [n_anchors, B], slot k drafting anchor + k + 1, chained through the Markov
+        head."""
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
-        out = np.zeros((anc.size, self.block_size - 1), dtype=np.int32)
+        out = np.zeros((anc.size, self._drafts()), dtype=np.int32)
         _propose(self._handle(), ctypes.byref(self._sample(ids, None, hid, anc)), None,
                  _ptr(out, ctypes.c_int32), None)
         return out
@@ -432,7 +458,7 @@ class Trainer(Handle):
         int32 / probs float32 [n_anchors, B-1, selector_top_k] (probs, q of
         each candidate, only when temperature > 0)."""
         ids, _, hid, anc = self._inputs(input_ids, None, hidden, anchors)
-        n = self.block_size - 1
+        n = self._drafts()
         out = {"tokens": np.zeros((anc.size, n), np.int32),
                "argmax": np.zeros((anc.size, n), np.int32)}
         o = ProposeOptions()

@@ -60,7 +60,7 @@ static dflash_status find_usable(run *r) {
     dflash_status st = dflash_dataset_sample(r->tok, i, &ids, &mask, &n_ids, &id);
     if (st) return st;
     int64_t len = (int64_t)n_ids;
-    st = dflash_anchors_sample(mask, len, r->cfg.block_size, 1, 0, 0, &a, &n);
+    st = df_anchors_sample_cfg(&r->cfg, mask, len, 1, 0, 0, &a, &n);
     if (st) return st;
     if (n > 0) r->usable[r->n_usable++] = i;
     if (r->is_usable) r->is_usable[i] = n > 0;
@@ -171,6 +171,12 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
+  /* No store holds the target's final state yet: say what the objective loses. */
+  if (!st && r->cfg.dspark)
+    df_log(DFLASH_LOG_WARN,
+           "train: DSpark drafter: the hidden store holds no target final state, so it trains "
+           "on 0.1 CE alone, without the L1 term and the confidence target that need it "
+           "(spec/dspark.md section 2; issue 40)");
   free(e);
   if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_TRAIN_LABELS_TARGET)
@@ -326,7 +332,7 @@ dflash_status df_run_finish_step(run *r) {
 /* One optimizer step over the global batch order[pos, pos+gb): this rank's
  * share, gradients scaled by the global weight, summed over the ranks. */
 dflash_status df_run_train_step(run *r, size_t gb) {
-  int32_t A = r->topt.num_anchors, B = r->cfg.block_size;
+  int32_t A = r->topt.num_anchors;
   size_t lo = 0, hi = r->n_mine; /* the spool's: gathered by spool_batch */
   if (!r->spool) df_run_share(r, gb, &lo, &hi);
   size_t b = hi - lo;
@@ -341,8 +347,9 @@ dflash_status df_run_train_step(run *r, size_t gb) {
     dflash_status st = dflash_dataset_sample(r->tok, (size_t)idx, &ids, &mask, &n_ids, &id);
     if (st) return st;
     int64_t len = (int64_t)n_ids;
-    st = dflash_anchors_sample(mask, len, B, A, r->topt.seed, (uint64_t)r->epoch * r->n_total + idx,
-                               r->anchors + i * (size_t)A, &r->n_anchors[i]);
+    st = df_anchors_sample_cfg(&r->cfg, mask, len, A, r->topt.seed,
+                               (uint64_t)r->epoch * r->n_total + idx, r->anchors + i * (size_t)A,
+                               &r->n_anchors[i]);
     dflash_sample q = {.struct_size = sizeof q,
                        .id = id,
                        .len = len,

@@ -1,0 +1,88 @@
+/* DSpark's parts of the CPU drafter (model.h): the loss over the anchor-first rows model.c
+ * lays out, through dspark.c's heads, and the greedy drafts chained through the Markov head.
+ * The backbone, rows and backward are model.c's. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dflash2.h"
+#include "dspark.h"
+#include "model.h"
+
+/* The target's final state, finite (it sets the L1 term and the confidence target). */
+dflash_status df_model_check_final(const df_model *m, const float *final, int64_t len) {
+  size_t n = final ? (size_t)len * (size_t)m->H : 0;
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(final[i]))
+      return df_error(DFLASH_E_FORMAT, "the target's final hidden state at position %zu is %s",
+                      i / (size_t)m->H, isnan(final[i]) ? "NaN" : "Inf");
+  return DFLASH_OK;
+}
+
+/* DSpark's loss over the rows prepare laid out (df_dspark_rows): the drafter's final-norm
+ * rows and, with `final`, the target's state at the position before each label (q_k is the
+ * target's distribution of x_{a+k+1}, read at a + k), into df_dspark_loss; its d(rows) go
+ * back through model_backward like the block CE's. */
+dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_t *anchors,
+                                   double grad_scale, bool backward, double *lsum, double *wsum) {
+  df_acts *a = &m->a;
+  size_t H = (size_t)m->H;
+  for (int r = 0; r < m->R; r++) {
+    int t = a->rows_t[r];
+    memcpy(a->rows_x + r * H, a->hf + (size_t)t * H, sizeof(float) * H);
+    if (final)
+      memcpy(a->rows_xt + r * H, final + (size_t)(anchors[t / m->B] + t % m->B) * H,
+             sizeof(float) * H);
+    a->coef[r] = (float)(a->rows_w[r] * grad_scale);
+    *wsum += a->rows_w[r];
+  }
+  bool conf = m->ext.confidence_head != 0;
+  df_dspark_args d = {.x = a->rows_x,
+                      .xt = final ? a->rows_xt : NULL,
+                      .E = m->lm_head,
+                      .w1 = m->w.markov_w1,
+                      .w2 = m->w.markov_w2,
+                      .cw = conf ? m->w.conf_w : NULL,
+                      .cb = conf ? m->w.conf_b[0] : 0.0f,
+                      .prev = a->rows_prev,
+                      .target = a->rows_target,
+                      .coef = a->coef,
+                      .w = a->rows_w,
+                      .R = m->R,
+                      .H = m->H,
+                      .V = m->V,
+                      .r = m->ext.markov_rank,
+                      .alpha_ce = DF_DSPARK_ALPHA_CE,
+                      .alpha_l1 = DF_DSPARK_ALPHA_L1,
+                      .alpha_conf = DF_DSPARK_ALPHA_CONF};
+  if (backward) {
+    d.dx = a->rows_dx, d.dw1 = m->g.markov_w1, d.dw2 = m->g.markov_w2;
+    if (conf) d.dcw = m->g.conf_w, d.dcb = m->g.conf_b;
+  }
+  df_dspark_sums sums;
+  dflash_status st = df_dspark_loss(m->pool, &d, &sums);
+  *lsum += d.alpha_ce * sums.ce + d.alpha_l1 * sums.l1 + d.alpha_conf * sums.bce;
+  return st;
+}
+
+/* DSpark's greedy drafts, as llama.cpp, vLLM and SGLang draft at T = 0 (spec/dspark.md
+ * sections 1 and 6): one backbone pass gives every slot's logits; the Markov bias of slot k
+ * needs the token drafted at slot k - 1 (the anchor's for slot 0), so the B slots are chosen
+ * one after another, d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), B drafts a block. */
+dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32_t *anchors,
+                                    int32_t n_anchors, int32_t *pred) {
+  int B = m->B, V = m->V, r = m->ext.markov_rank;
+  float *z = malloc(sizeof(float) * (size_t)B * V);
+  if (!z) return df_error_nomem("DSpark draft logits");
+  for (int32_t n = 0; n < n_anchors; n++) {
+    df_matmul_forward(z, m->a.hf + (size_t)n * B * m->H, m->lm_head, B, V, m->H, false);
+    int32_t prev = ids[anchors[n]];
+    for (int k = 0; k < B; k++) {
+      float *zk = z + (size_t)k * V;
+      df_matmul_forward(zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
+      prev = pred[(size_t)n * B + k] = df2_argmax(zk, V);
+    }
+  }
+  free(z);
+  return DFLASH_OK;
+}
