@@ -262,16 +262,29 @@ static inline bool piece_equal(const uint8_t *q, const uint8_t *p, size_t n) {
 }
 _Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words");
 
+/* The entry holding the piece p[0..n) with hash h, or NULL. A bucket is two entries (2-way
+ * set associative), the newer first. Up to 8 bytes the hash and the length decide
+ * (df_hash_word is one-to-one). */
+static inline __attribute__((always_inline)) const piece_entry *
+cache_find(const piece_entry *cache, uint64_t h, const uint8_t *p, size_t n) {
+  if (!cache || n > DF_CACHE_PIECE) return NULL;
+  const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
+  if (e->hash != h || e->len != n) {
+    e++;
+    if (e->hash != h || e->len != n) return NULL;
+  }
+  if ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)) return NULL;
+  return e;
+}
+
 /* The ids of the piece p[0..n) with hash h, appended from the cache; false when it is not
- * there. Up to 8 bytes the hash and the length decide (df_hash_word is one-to-one). */
+ * there. */
 static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t h,
                                                             const uint8_t *p, size_t n) {
-  if (!c->cache || n > DF_CACHE_PIECE) return false;
-  const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
-  if (e->hash != h || e->len != n || ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)))
-    return false;
+  const piece_entry *e = cache_find(c->cache, h, p, n);
+  if (!e) return false;
   /* All six, unconditionally: a loop over e->n reloads and stores out.len per id (the ids
-   * might alias it), 22 instructions a hit. encode_plain made room for them. */
+   * might alias it), 22 instructions a hit. The caller made room for them. */
   memcpy(c->out.v + c->out.len, e->ids, sizeof e->ids);
   c->out.len += e->n;
   return true;
@@ -280,7 +293,8 @@ static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t
 static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
   size_t count = c->out.len - first;
   if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
-  piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
+  piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 2)];
+  e[1] = e[0];
   e->hash = h;
   e->len = (uint8_t)n;
   e->n = (uint8_t)count;
@@ -350,13 +364,11 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
   return merge_put(t, p, n, h, c);
 }
 
-/* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller. Inline, so
- * that the two common cases, a single byte and a piece in the cache (five pieces in six on
- * the bench corpus), are written without a call or a capacity check: through calls they
- * cost a third of encode on English text. */
-static inline __attribute__((always_inline)) dflash_status encode_piece(const dflash_tokenizer *t,
-                                                                        const uint8_t *p, size_t n,
-                                                                        uint64_t h, enc_ctx *c) {
+/* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller, through
+ * c->out: the path of a tokenizer with bytes that have no token (vocab.byte_gaps).
+ * encode_plain writes the common cases of the others itself. */
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                                  uint64_t h, enc_ctx *c) {
   if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
   if (n == 1) {
     c->out.v[c->out.len++] = (int32_t)t->vocab.byte_id[p[0]];
@@ -369,8 +381,11 @@ static inline __attribute__((always_inline)) dflash_status encode_piece(const df
 /* Start loading a piece's cache entry (4 MiB, out of L2). Its vocabulary filter word
  * and slot are not prefetched: five pieces in six hit the cache or are one byte, and
  * loading those lines for every piece cost 4-5 % of encode on the bench corpus. */
-static inline void prefetch_piece(const enc_ctx *c, uint64_t h) {
-  if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
+  if (!cache) return;
+  const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
+  __builtin_prefetch(e); /* both ways: a hit in way 1 is no rarer than one in way 0 */
+  __builtin_prefetch(e + 1);
 }
 
 /* df_hash_bytes of a piece of the text at base. A short piece not at the very start is read
@@ -388,7 +403,11 @@ static inline uint64_t piece_hash(const char *base, const df_range *r) {
 #endif
 }
 
-/* Pre-tokenize and merge text that holds no added token. */
+/* Pre-tokenize and merge text that holds no added token. The two common cases, a one-byte
+ * piece and a piece in the cache, are written here with the output's pointer, length and
+ * capacity in locals: through c->out they were stored and loaded again for every piece (a
+ * copy of ids may alias anything), a store-to-load chain through the whole loop. The rest
+ * (misses, pieces with bytes that have no token) goes through c->out as before. */
 static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
                                   enc_ctx *c) {
   if (!len) return DFLASH_OK;
@@ -399,28 +418,57 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   c->n_pieces += pieces->len;
   enum { AHEAD = 8 };
   uint64_t hashes[AHEAD] = {0};
+  const piece_entry *cache = c->cache;
   /* Hash a few pieces ahead and prefetch their cache entries, so the misses overlap. */
   for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
     const df_range *r = &pieces->v[i];
     hashes[i] = piece_hash(base, r);
-    prefetch_piece(c, hashes[i]);
+    prefetch_piece(cache, hashes[i]);
   }
-  for (size_t i = 0; i < pieces->len && !st; i++) {
-    const df_range *r = &pieces->v[i];
+  const uint32_t *byte_id = t->vocab.byte_id;
+  const bool gaps = t->vocab.byte_gaps;
+  const df_range *rv = pieces->v;
+  const size_t np = pieces->len;
+  int32_t *ov = c->out.v;
+  size_t olen = c->out.len, ocap = c->out.cap;
+  for (size_t i = 0; i < np; i++) {
+    const df_range *r = &rv[i];
     const uint8_t *p = (const uint8_t *)base + r->begin;
     size_t n = r->end - r->begin;
     uint64_t h = hashes[i % AHEAD];
-    if (i + AHEAD < pieces->len) {
-      const df_range *ra = &pieces->v[i + AHEAD];
+    if (i + AHEAD < np) {
+      const df_range *ra = &rv[i + AHEAD];
       hashes[i % AHEAD] = piece_hash(base, ra);
-      prefetch_piece(c, hashes[i % AHEAD]);
+      prefetch_piece(cache, hashes[i % AHEAD]);
     }
     /* byte-level BPE gives at most one id per byte; a cache hit copies DF_CACHE_IDS */
-    if (c->out.cap - c->out.len < n + DF_CACHE_IDS && df_ids_reserve(&c->out, n + DF_CACHE_IDS))
-      return DFLASH_E_NOMEM;
-    st = encode_piece(t, p, n, h, c);
+    if (ocap - olen < n + DF_CACHE_IDS) {
+      c->out.len = olen;
+      if (df_ids_reserve(&c->out, n + DF_CACHE_IDS)) return DFLASH_E_NOMEM;
+      ov = c->out.v;
+      ocap = c->out.cap;
+    }
+    if (!gaps) {
+      if (n == 1) {
+        ov[olen++] = (int32_t)byte_id[p[0]];
+        continue;
+      }
+      const piece_entry *e = cache_find(cache, h, p, n);
+      if (e) { /* all six ids, unconditionally (room is made above) */
+        memcpy(ov + olen, e->ids, sizeof e->ids);
+        olen += e->n;
+        continue;
+      }
+    }
+    c->out.len = olen;
+    st = gaps ? encode_piece(t, p, n, h, c) : encode_missed(t, p, n, h, c);
+    if (st) return st;
+    ov = c->out.v;
+    olen = c->out.len;
+    ocap = c->out.cap;
   }
-  return st;
+  c->out.len = olen;
+  return DFLASH_OK;
 }
 
 /* Split by the added tokens of `trie`, encoding the text between with `plain`. */
