@@ -265,8 +265,10 @@ _Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words")
 /* The entry holding the piece p[0..n) with hash h, or NULL. A bucket is two entries (2-way
  * set associative), the newer first. Up to 8 bytes the hash and the length decide
  * (df_hash_word is one-to-one). */
-static inline __attribute__((always_inline)) const piece_entry *
-cache_find(const piece_entry *cache, uint64_t h, const uint8_t *p, size_t n) {
+static inline __attribute__((always_inline)) const piece_entry *cache_find(const piece_entry *cache,
+                                                                           uint64_t h,
+                                                                           const uint8_t *p,
+                                                                           size_t n) {
   if (!cache || n > DF_CACHE_PIECE) return NULL;
   const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
   if (e->hash != h || e->len != n) {
@@ -367,8 +369,8 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
 /* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller, through
  * c->out: the path of a tokenizer with bytes that have no token (vocab.byte_gaps).
  * encode_plain writes the common cases of the others itself. */
-static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
-                                  uint64_t h, enc_ctx *c) {
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
+                                  enc_ctx *c) {
   if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
   if (n == 1) {
     c->out.v[c->out.len++] = (int32_t)t->vocab.byte_id[p[0]];
@@ -378,14 +380,13 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return encode_missed(t, p, n, h, c);
 }
 
-/* Start loading a piece's cache entry (4 MiB, out of L2). Its vocabulary filter word
- * and slot are not prefetched: five pieces in six hit the cache or are one byte, and
- * loading those lines for every piece cost 4-5 % of encode on the bench corpus. */
+/* Start loading a piece's cache bucket (4 MiB, out of L2): its first line only (prefetching
+ * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
+ * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
+ * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
+ * the bench corpus. */
 static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
-  if (!cache) return;
-  const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
-  __builtin_prefetch(e); /* both ways: a hit in way 1 is no rarer than one in way 0 */
-  __builtin_prefetch(e + 1);
+  if (cache) __builtin_prefetch(&cache[h & ((1u << DF_CACHE_BITS) - 2)]);
 }
 
 /* df_hash_bytes of a piece of the text at base. A short piece not at the very start is read

@@ -149,8 +149,8 @@ START_TEST(repeated_pieces_hit) {
   /* and each piece alone (the ids of a hit are written past the end and must not count) */
   const char *words[] = {"hello", " xy", " xyzw", " qq", " abcde"};
   for (size_t w = 0; w < sizeof words / sizeof *words; w++) {
-    ck_assert_ok(dflash_tokenizer_encode(t, words[w], strlen(words[w]), DFLASH_SPECIAL_ALL, a,
-                                         64, &n1));
+    ck_assert_ok(
+        dflash_tokenizer_encode(t, words[w], strlen(words[w]), DFLASH_SPECIAL_ALL, a, 64, &n1));
     ck_assert_uint_eq(n1, w == 0 ? 1 : strlen(words[w]));
   }
   dflash_tokenizer_free(t);
