@@ -353,6 +353,10 @@ static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
   *i += 4;
   return r;
 }
+/* df_nfc of s[0..len) (into out when *changed), with df_nfc run only on the regions around the
+ * bytes it acts on (>= 0xCC); `part` is scratch (tokenizer.c). */
+DF_MUST_CHECK dflash_status df_nfc_regions(const char *s, size_t len, df_buf *out, df_buf *part,
+                                           bool *changed);
 /* Unicode White_Space (Rust char::is_whitespace). */
 bool df_is_white_space(uint32_t c);
 

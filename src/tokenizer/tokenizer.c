@@ -191,7 +191,8 @@ _Static_assert(sizeof(piece_entry) == 64, "a piece-cache entry is one cache line
 
 typedef struct enc_ctx {
   df_buf repaired, normed;
-  df_buf kept; /* a piece without its unencodable bytes (vocab.byte_gaps) */
+  df_buf nfc_part; /* NFC of one region (df_nfc_regions) */
+  df_buf kept;     /* a piece without its unencodable bytes (vocab.byte_gaps) */
   df_pretok_scratch ps;
   df_bpe_scratch bs;
   df_ids out;
@@ -207,6 +208,7 @@ typedef struct enc_ctx {
 static void ctx_free(enc_ctx *c) {
   df_buf_free(&c->repaired);
   df_buf_free(&c->normed);
+  df_buf_free(&c->nfc_part);
   df_buf_free(&c->kept);
   df_pretok_scratch_free(&c->ps);
   df_bpe_scratch_free(&c->bs);
@@ -229,6 +231,7 @@ static void ctx_trim(enc_ctx *c) {
     df_pretok_scratch_free(&c->ps);
   if (c->repaired.cap > BIG) df_buf_free(&c->repaired);
   if (c->normed.cap > BIG) df_buf_free(&c->normed);
+  if (c->nfc_part.cap > BIG) df_buf_free(&c->nfc_part);
   if (c->kept.cap > BIG) df_buf_free(&c->kept);
 }
 
@@ -262,16 +265,31 @@ static inline bool piece_equal(const uint8_t *q, const uint8_t *p, size_t n) {
 }
 _Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words");
 
+/* The entry holding the piece p[0..n) with hash h, or NULL. A bucket is two entries (2-way
+ * set associative), the newer first. Up to 8 bytes the hash and the length decide
+ * (df_hash_word is one-to-one). */
+static inline __attribute__((always_inline)) const piece_entry *cache_find(const piece_entry *cache,
+                                                                           uint64_t h,
+                                                                           const uint8_t *p,
+                                                                           size_t n) {
+  if (!cache || n > DF_CACHE_PIECE) return NULL;
+  const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
+  if (e->hash != h || e->len != n) {
+    e++;
+    if (e->hash != h || e->len != n) return NULL;
+  }
+  if ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)) return NULL;
+  return e;
+}
+
 /* The ids of the piece p[0..n) with hash h, appended from the cache; false when it is not
- * there. Up to 8 bytes the hash and the length decide (df_hash_word is one-to-one). */
+ * there. */
 static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t h,
                                                             const uint8_t *p, size_t n) {
-  if (!c->cache || n > DF_CACHE_PIECE) return false;
-  const piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
-  if (e->hash != h || e->len != n || ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)))
-    return false;
+  const piece_entry *e = cache_find(c->cache, h, p, n);
+  if (!e) return false;
   /* All six, unconditionally: a loop over e->n reloads and stores out.len per id (the ids
-   * might alias it), 22 instructions a hit. encode_plain made room for them. */
+   * might alias it), 22 instructions a hit. The caller made room for them. */
   memcpy(c->out.v + c->out.len, e->ids, sizeof e->ids);
   c->out.len += e->n;
   return true;
@@ -280,7 +298,8 @@ static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t
 static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
   size_t count = c->out.len - first;
   if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
-  piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 1)];
+  piece_entry *e = &c->cache[h & ((1u << DF_CACHE_BITS) - 2)];
+  e[1] = e[0];
   e->hash = h;
   e->len = (uint8_t)n;
   e->n = (uint8_t)count;
@@ -350,13 +369,11 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
   return merge_put(t, p, n, h, c);
 }
 
-/* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller. Inline, so
- * that the two common cases, a single byte and a piece in the cache (five pieces in six on
- * the bench corpus), are written without a call or a capacity check: through calls they
- * cost a third of encode on English text. */
-static inline __attribute__((always_inline)) dflash_status encode_piece(const dflash_tokenizer *t,
-                                                                        const uint8_t *p, size_t n,
-                                                                        uint64_t h, enc_ctx *c) {
+/* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller, through
+ * c->out: the path of a tokenizer with bytes that have no token (vocab.byte_gaps).
+ * encode_plain writes the common cases of the others itself. */
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
+                                  enc_ctx *c) {
   if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
   if (n == 1) {
     c->out.v[c->out.len++] = (int32_t)t->vocab.byte_id[p[0]];
@@ -366,11 +383,13 @@ static inline __attribute__((always_inline)) dflash_status encode_piece(const df
   return encode_missed(t, p, n, h, c);
 }
 
-/* Start loading a piece's cache entry (4 MiB, out of L2). Its vocabulary filter word
- * and slot are not prefetched: five pieces in six hit the cache or are one byte, and
- * loading those lines for every piece cost 4-5 % of encode on the bench corpus. */
-static inline void prefetch_piece(const enc_ctx *c, uint64_t h) {
-  if (c->cache) __builtin_prefetch(&c->cache[h & ((1u << DF_CACHE_BITS) - 1)]);
+/* Start loading a piece's cache bucket (4 MiB, out of L2): its first line only (prefetching
+ * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
+ * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
+ * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
+ * the bench corpus. */
+static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
+  if (cache) __builtin_prefetch(&cache[h & ((1u << DF_CACHE_BITS) - 2)]);
 }
 
 /* df_hash_bytes of a piece of the text at base. A short piece not at the very start is read
@@ -388,7 +407,11 @@ static inline uint64_t piece_hash(const char *base, const df_range *r) {
 #endif
 }
 
-/* Pre-tokenize and merge text that holds no added token. */
+/* Pre-tokenize and merge text that holds no added token. The two common cases, a one-byte
+ * piece and a piece in the cache, are written here with the output's pointer, length and
+ * capacity in locals: through c->out they were stored and loaded again for every piece (a
+ * copy of ids may alias anything), a store-to-load chain through the whole loop. The rest
+ * (misses, pieces with bytes that have no token) goes through c->out as before. */
 static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, size_t len,
                                   enc_ctx *c) {
   if (!len) return DFLASH_OK;
@@ -399,28 +422,57 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   c->n_pieces += pieces->len;
   enum { AHEAD = 8 };
   uint64_t hashes[AHEAD] = {0};
+  const piece_entry *cache = c->cache;
   /* Hash a few pieces ahead and prefetch their cache entries, so the misses overlap. */
   for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
     const df_range *r = &pieces->v[i];
     hashes[i] = piece_hash(base, r);
-    prefetch_piece(c, hashes[i]);
+    prefetch_piece(cache, hashes[i]);
   }
-  for (size_t i = 0; i < pieces->len && !st; i++) {
-    const df_range *r = &pieces->v[i];
+  const uint32_t *byte_id = t->vocab.byte_id;
+  const bool gaps = t->vocab.byte_gaps;
+  const df_range *rv = pieces->v;
+  const size_t np = pieces->len;
+  int32_t *ov = c->out.v;
+  size_t olen = c->out.len, ocap = c->out.cap;
+  for (size_t i = 0; i < np; i++) {
+    const df_range *r = &rv[i];
     const uint8_t *p = (const uint8_t *)base + r->begin;
     size_t n = r->end - r->begin;
     uint64_t h = hashes[i % AHEAD];
-    if (i + AHEAD < pieces->len) {
-      const df_range *ra = &pieces->v[i + AHEAD];
+    if (i + AHEAD < np) {
+      const df_range *ra = &rv[i + AHEAD];
       hashes[i % AHEAD] = piece_hash(base, ra);
-      prefetch_piece(c, hashes[i % AHEAD]);
+      prefetch_piece(cache, hashes[i % AHEAD]);
     }
     /* byte-level BPE gives at most one id per byte; a cache hit copies DF_CACHE_IDS */
-    if (c->out.cap - c->out.len < n + DF_CACHE_IDS && df_ids_reserve(&c->out, n + DF_CACHE_IDS))
-      return DFLASH_E_NOMEM;
-    st = encode_piece(t, p, n, h, c);
+    if (ocap - olen < n + DF_CACHE_IDS) {
+      c->out.len = olen;
+      if (df_ids_reserve(&c->out, n + DF_CACHE_IDS)) return DFLASH_E_NOMEM;
+      ov = c->out.v;
+      ocap = c->out.cap;
+    }
+    if (!gaps) {
+      if (n == 1) {
+        ov[olen++] = (int32_t)byte_id[p[0]];
+        continue;
+      }
+      const piece_entry *e = cache_find(cache, h, p, n);
+      if (e) { /* all six ids, unconditionally (room is made above) */
+        memcpy(ov + olen, e->ids, sizeof e->ids);
+        olen += e->n;
+        continue;
+      }
+    }
+    c->out.len = olen;
+    st = gaps ? encode_piece(t, p, n, h, c) : encode_missed(t, p, n, h, c);
+    if (st) return st;
+    ov = c->out.v;
+    olen = c->out.len;
+    ocap = c->out.cap;
   }
-  return st;
+  c->out.len = olen;
+  return DFLASH_OK;
 }
 
 /* Split by the added tokens of `trie`, encoding the text between with `plain`. */
@@ -443,12 +495,77 @@ static dflash_status split_added(const dflash_tokenizer *t, const df_trie *trie,
 }
 
 /* Normalise one stretch between raw added tokens, then split by normalised ones. */
+/* The bytes df_nfc acts on are those from 0xCC (a character from U+0300); below them it only
+ * steps forward, ~10 instructions a byte (10 % of Qwen2's encode on English). Of 8 bytes, the
+ * high bit of each that is >= 0xCC: the high bit, and the low 7 bits + 0x34 carrying into it
+ * (no carry leaves a byte). */
+static inline uint64_t bytes_from_cc(uint64_t x) {
+  return x & ((x & 0x7F7F7F7F7F7F7F7Full) + 0x3434343434343434ull) & 0x8080808080808080ull;
+}
+
+/* Where the first byte >= 0xCC of s[i..n) is, or n. */
+static size_t next_from_cc(const uint8_t *s, size_t i, size_t n) {
+#if DF_LITTLE_ENDIAN
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x;
+    memcpy(&x, s + i, 8);
+    uint64_t m = bytes_from_cc(x);
+    if (m) return i + (size_t)__builtin_ctzll(m) / 8;
+  }
+#endif
+  for (; i < n; i++)
+    if (s[i] >= 0xCC) return i;
+  return n;
+}
+
+/*
+ * NFC of text[0..len) into out (*changed), as df_nfc gives it, with df_nfc run only on
+ * the regions around bytes >= 0xCC. A region starts at the character before the first such
+ * byte (its lead byte is below 0xCC: a boundary, where df_nfc's own span would start) and ends
+ * at an ASCII byte (a boundary: df_nfc's span stops at or before it) with no such byte in the
+ * 64 after it; the text between regions has no byte df_nfc acts on, so it comes through
+ * unchanged. Many short regions (Cyrillic words between spaces) merge into one.
+ */
+dflash_status df_nfc_regions(const char *text, size_t len, df_buf *out, df_buf *part,
+                             bool *changed) {
+  const uint8_t *s = (const uint8_t *)text;
+  *changed = false;
+  size_t i = next_from_cc(s, 0, len), copied = 0;
+  while (i < len) {
+    size_t b = i;
+    if (b) /* back to the start of the character before */
+      do b--;
+      while (b && (s[b] & 0xC0) == 0x80);
+    size_t e = i;
+    for (;;) {
+      while (e < len && s[e] >= 0x80) e++;
+      size_t stop = len - e > 64 ? e + 64 : len, k = next_from_cc(s, e, stop);
+      if (k == stop) break;
+      e = k;
+    }
+    bool region = false;
+    dflash_status st = df_nfc(text + b, e - b, part, &region);
+    if (st) return st;
+    if (region) {
+      if (!*changed) out->len = 0;
+      *changed = true;
+      if (df_buf_append(out, text + copied, b - copied) ||
+          df_buf_append(out, part->data, part->len))
+        return df_error_nomem("NFC");
+      copied = e;
+    }
+    i = next_from_cc(s, e, len);
+  }
+  if (*changed && df_buf_append(out, text + copied, len - copied)) return df_error_nomem("NFC");
+  return DFLASH_OK;
+}
+
 static dflash_status encode_segment(const dflash_tokenizer *t, const char *text, size_t len,
                                     enc_ctx *c) {
   if (!len) return DFLASH_OK;
   bool changed = false;
   if (t->nfc) {
-    dflash_status st = df_nfc(text, len, &c->normed, &changed);
+    dflash_status st = df_nfc_regions(text, len, &c->normed, &c->nfc_part, &changed);
     if (st) return st;
   }
   if (changed) {

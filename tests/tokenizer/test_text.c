@@ -135,6 +135,41 @@ START_TEST(nfc_spans_match_whole_text) {
 }
 END_TEST
 
+/* df_nfc_regions runs df_nfc only around the bytes from 0xCC, regions cut at ASCII bytes with
+ * none in the 64 after them: texts of the alphabet above with ASCII runs of 0 to 150 bytes in
+ * between (so regions merge, split, start at the text's start and end at its end), against
+ * utf8proc over the whole text. */
+START_TEST(nfc_regions_match_whole_text) {
+  enum { N_ALPHA = sizeof NFC_ALPHABET / sizeof *NFC_ALPHABET };
+  uint64_t rng = 0xD1B54A32D192ED03ull;
+  char text[8 * (4 + 150)];
+  df_buf b = {0}, part = {0};
+  for (int round = 0; round < 20000; round++) {
+    size_t n = 0, k = 1 + (size_t)(round % 8);
+    for (size_t j = 0; j < k; j++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      size_t gap = (rng >> 20) % 4 ? 0 : (size_t)((rng >> 40) % 151);
+      for (size_t g = 0; g < gap; g++) text[n++] = (char)('a' + (g * 7 + j) % 26);
+      n += put_utf8(NFC_ALPHABET[(rng >> 33) % N_ALPHA], text + n);
+    }
+    utf8proc_uint8_t *want = NULL;
+    utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &want,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    ck_assert_int_ge(m, 0);
+    bool changed;
+    ck_assert_ok(df_nfc_regions(text, n, &b, &part, &changed));
+    const char *got = changed ? b.data : text;
+    size_t got_n = changed ? b.len : n;
+    if (got_n != (size_t)m || memcmp(got, want, got_n))
+      ck_abort_msg("NFC regions differ from utf8proc on round %d (%zu bytes)", round, n);
+    ck_assert(changed == ((size_t)m != n || memcmp(want, text, n) != 0));
+    free(want);
+  }
+  df_buf_free(&b);
+  df_buf_free(&part);
+}
+END_TEST
+
 /* Whether the scalar repair finds s[0..n) valid (the reference for the AVX2 check). */
 static bool scalar_valid(const uint8_t *s, size_t n) {
   df_buf b = {0};
@@ -221,5 +256,6 @@ TCase *tc_tok_text(void) {
   tcase_add_test(tc, utf8_simd);
   tcase_add_test(tc, nfc);
   tcase_add_test(tc, nfc_spans_match_whole_text);
+  tcase_add_test(tc, nfc_regions_match_whole_text);
   return tc;
 }
