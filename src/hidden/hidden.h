@@ -30,9 +30,9 @@ DF_MUST_CHECK dflash_status df_hidden_check_sample(const char *id, const float *
 typedef struct pending {
   char *id;
   int64_t len;
-  void *data;    /* bf16 or e4m3 codes */
-  float *scales; /* fp8 only: [len, K] */
-  int32_t *tids; /* the target's greedy tokens [len], or NULL */
+  void *data;     /* bf16 or e4m3 codes */
+  float *scales;  /* fp8 only: [len, K] */
+  int32_t *tids;  /* the target's greedy tokens [len], or NULL */
   void *fdata;    /* final_state stores: the target's post-norm final state [len, H], codes */
   float *fscales; /* fp8 only: [len, 1] */
 } pending;

@@ -348,8 +348,8 @@ dflash_status dflash_hidden_read_final_state(const dflash_hidden *h, const char 
     if (hs) return hs;
     dflash_clear_error();
     return df_error(DFLASH_E_FORMAT,
-                    "%s: sample %s has no final state (f/%s), though the store declares %s",
-                    s.file, sample_id, sample_id, DF_HIDDEN_FINAL_KEY);
+                    "%s: sample %s has no final state (f/%s), though the store declares %s", s.file,
+                    sample_id, sample_id, DF_HIDDEN_FINAL_KEY);
   }
   if (t.dtype != (int32_t)want || t.ndim != 2 || t.shape[0] != len || t.shape[1] != h->H)
     return df_error(DFLASH_E_FORMAT, "%s: final state of sample %s is not %s [%lld, %d]", t.file,
@@ -360,9 +360,8 @@ dflash_status dflash_hidden_read_final_state(const dflash_hidden *h, const char 
              df_error(DFLASH_E_FORMAT, "%s: final state of sample %s lacks its scales (fs/%s)",
                       t.file, sample_id, sample_id);
     if (s.dtype != DFLASH_DTYPE_F32 || s.ndim != 2 || s.shape[0] != len || s.shape[1] != 1)
-      return df_error(DFLASH_E_FORMAT,
-                      "%s: final-state scales of sample %s are not F32 [%lld, 1]", s.file,
-                      sample_id, (long long)len);
+      return df_error(DFLASH_E_FORMAT, "%s: final-state scales of sample %s are not F32 [%lld, 1]",
+                      s.file, sample_id, (long long)len);
   }
   if (!h->remote) {
     df_hidden_decode(1, h->H, h->dtype, t.data, fp8 ? s.data : NULL, out, len);

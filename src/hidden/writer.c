@@ -343,8 +343,7 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const rows_
   dflash_status st = copy_tids(&p, tids);
   if (!st) st = encode(w, &p, f32, bf16);
   if (!st && (in->fin_f32 || in->fin_bf16))
-    st = encode_rows(w, id, "final state", 1, len, in->fin_f32, in->fin_bf16, &p.fdata,
-                     &p.fscales);
+    st = encode_rows(w, id, "final state", 1, len, in->fin_f32, in->fin_bf16, &p.fdata, &p.fscales);
   if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   int32_t zk = st ? -1 : df_hidden_zero_layer(f32, bf16, len, w->K, w->H);
   if (zk >= 0 && !w->zero_layer_samples++)
@@ -441,8 +440,9 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
     int64_t fshape[2] = {p->len, w->H}, fsshape[2] = {p->len, 1};
     snprintf(name, sizeof name, "f/%s", p->id);
     if (!st && p->fdata)
-      st = dflash_safetensors_writer_declare(sw, name, fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16,
-                                             2, fshape);
+      st = dflash_safetensors_writer_declare(sw, name,
+                                             fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16, 2,
+                                             fshape);
     snprintf(name, sizeof name, "fs/%s", p->id);
     if (!st && p->fdata && fp8)
       st = dflash_safetensors_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, fsshape);

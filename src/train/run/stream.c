@@ -40,7 +40,7 @@ struct dflash_sample_stream {
   int32_t V;
   int32_t K, H, dtype; /* layers, hidden size and dtype of the store */
   bool stored;         /* samples carry codes (stored_rows on a libdflash store) */
-  bool final;          /* samples carry the store's target final state (df_sample_stream_set_final) */
+  bool final; /* samples carry the store's target final state (df_sample_stream_set_final) */
   int64_t width;
   int depth;
   slot *slots;
@@ -229,8 +229,10 @@ static dflash_status produce_final(dflash_sample_stream *s, slot *sl, const char
   if (!st) st = dflash_hidden_read_final_state(s->hidden, id, sl->final, len);
   for (size_t i = 0; !st && i < n; i++)
     if (!isfinite(sl->final[i]))
-      st = df_error(DFLASH_E_FORMAT, "sample %s: target final state at token %zu, column %zu is "
-                    "not finite", id, i / (size_t)s->H, i % (size_t)s->H);
+      st = df_error(DFLASH_E_FORMAT,
+                    "sample %s: target final state at token %zu, column %zu is "
+                    "not finite",
+                    id, i / (size_t)s->H, i % (size_t)s->H);
   return st;
 }
 
