@@ -15,6 +15,16 @@ layers up to the deepest requested one are run (no LM head), unless
 --target-ids: then the whole model runs and each sample also stores
 logits.argmax(-1), the target's greedy token after every position (the labels
 of `dflash train --labels target`, 4 bytes per token).
+
+--final-state also stores the target's final hidden state AFTER its final norm,
+[S, H] per sample (HiddenWriter(..., final_state=True)), which a DSpark drafter
+trains its L1 term and confidence head on (without it: 0.1 CE alone). Hugging
+Face's hidden_states[-1] of the whole model is that state: transformers replaces
+the last decoder layer's raw output by norm(output) there (checked on 4.46.3:
+hidden_states[-1] == last_hidden_state == norm(layer L-1 output), and
+logits == lm_head(hidden_states[-1]); the raw output is in no entry). The whole
+model runs for it, and each token costs H more bf16 values: (K+1)/K of the bytes.
+Plain stores only (not with --spool-budget).
 """
 import argparse
 import json
@@ -45,15 +55,20 @@ def truncated(model, deepest):
     return body
 
 
-def hidden_rows(body, ids, layers):
+def hidden_rows(body, ids, layers, final_state=False):
     """[S, K*H] bfloat16: the chosen layers' outputs for one token sequence; with the
-    whole causal LM as `body`, also its greedy tokens [S] (else None)."""
+    whole causal LM as `body`, also its greedy tokens [S] (else None); with final_state
+    (the whole model), its post-norm final state [S, H] bfloat16 as a third value (else
+    None)."""
     with torch.no_grad():
         out = body(torch.as_tensor(ids, dtype=torch.long)[None], output_hidden_states=True,
                    use_cache=False)
     rows = torch.cat([out.hidden_states[k + 1][0] for k in layers], dim=-1).to(torch.bfloat16)
     logits = getattr(out, "logits", None)
-    return rows, None if logits is None else logits[0].argmax(-1).to(torch.int32)
+    tids = None if logits is None else logits[0].argmax(-1).to(torch.int32)
+    # The last entry is norm(last layer's output), what the LM head reads (module docstring).
+    fin = out.hidden_states[-1][0].to(torch.bfloat16) if final_state else None
+    return rows, tids, fin
 
 
 def main():
@@ -70,24 +85,32 @@ def main():
     ap.add_argument("--status", default=None, help="spool: write the producer's numbers here")
     ap.add_argument("--target-ids", action="store_true",
                     help="also store the target's greedy tokens (the whole model runs)")
+    ap.add_argument("--final-state", action="store_true",
+                    help="also store the target's post-norm final state, for DSpark's L1 and "
+                         "confidence terms (the whole model runs; not with --spool-budget)")
     a = ap.parse_args()
+    if a.final_state and a.spool_budget:
+        ap.error("--final-state: a spool does not carry the final state yet")
     if a.threads:
         torch.set_num_threads(a.threads)
     layers = [int(x) for x in a.layers.split(",")]
     t = Target()
     # Every layer id is below the last, whose output Hugging Face normalises: the whole
     # model gives the same hidden_states[k + 1], and logits.
-    body = t.model() if a.target_ids else truncated(t.model(), max(layers))
+    # --final-state reads hidden_states[-1], which only the whole model normalises correctly.
+    whole = a.target_ids or a.final_state
+    body = t.model() if whole else truncated(t.model(), max(layers))
     if a.spool_budget:
         return spool(a, t, body, layers)
     t0, tokens = time.time(), 0
     with libdflash.Dataset(a.data) as ds, \
             libdflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
-                                dtype="bf16", shard_bytes=a.shard_bytes or None) as w:
+                                dtype="bf16", shard_bytes=a.shard_bytes or None,
+                                final_state=a.final_state) as w:
         n = len(ds)
         for i, (sid, ids, _mask) in enumerate(ds):
-            rows, tids = hidden_rows(body, np.array(ids), layers)
-            w.append(sid, rows, target_ids=tids)
+            rows, tids, fin = hidden_rows(body, np.array(ids), layers, a.final_state)
+            w.append(sid, rows, target_ids=tids if a.target_ids else None, final_state=fin)
             tokens += len(ids)
             done = (i + 1) / n
             bar = "#" * int(30 * done)
@@ -110,7 +133,7 @@ def spool(a, t, body, layers):
                 if sid in w:
                     continue  # published before a crash
                 t1 = time.time()
-                rows, tids = hidden_rows(body, np.array(ids), layers)
+                rows, tids, _fin = hidden_rows(body, np.array(ids), layers)
                 t2 = time.time()
                 w.append(sid, rows, target_ids=tids)  # blocks while the spool is full
                 forward_s, append_s = forward_s + t2 - t1, append_s + time.time() - t2

@@ -11,8 +11,12 @@
  * scale tensor "s/<id>" [S, K] (one scale per token and layer: amax/448), and, when the
  * producer gave them, "t/<id>" I32 [S]: the target's greedy token after each position
  * (argmax of its logits there), the label `dflash train --labels target` trains on.
+ * A store written with final_state also holds, per sample, "f/<id>" [S, H]: the target's
+ * final hidden state AFTER its final norm (what feeds its LM head; DSpark's target
+ * distribution), in the rows' dtype (fp8: with a float32 scale per token, "fs/<id>" [S, 1]).
  * Shard and index metadata: format "dflash-hidden-1", num_layers, hidden_size,
- * dtype ("bf16" | "fp8_e4m3"). Shards are written whole and renamed into
+ * dtype ("bf16" | "fp8_e4m3"), and "final_state": "post_norm" in a store with the final
+ * state (absent in one without, as in every store of older libdflash). Shards are written whole and renamed into
  * place, and the index is rewritten after each shard, so a killed dump keeps
  * every completed shard readable; reopening the directory appends.
  *
@@ -55,6 +59,12 @@ typedef struct dflash_hidden_writer_options {
    * spool_budget either is DFLASH_E_INVALID_ARG. */
   const int32_t *target_layer_ids;
   const char *tokenizer_hash;
+  /* 1: every sample also carries the target's final hidden state after its final norm
+   * (dflash_hidden_rows.final_state, [len, H]; "f/<id>"), which a DSpark drafter needs for
+   * its L1 term and confidence target (spec/dspark.md section 2): H more values per token,
+   * (K+1)/K of the bytes. A reopened store must agree (DFLASH_E_MISMATCH). Plain stores
+   * only: with spool_budget it is DFLASH_E_INVALID_ARG. (0) */
+  int32_t final_state;
 } dflash_hidden_writer_options;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -85,6 +95,10 @@ typedef struct dflash_hidden_rows {
    * of the target's logits at position t, i.e. its prediction of token t+1 (4 bytes per token;
    * `dflash train --labels target` trains on them). In spool mode too. */
   const int32_t *target_ids;
+  /* The target's final hidden state after its final norm, [len, H] in `dtype` (Hugging
+   * Face: hidden_states[-1], or last_hidden_state). Required by a writer created with
+   * final_state, refused (DFLASH_E_INVALID_ARG) by one without; NaN/Inf refused naming the id. */
+  const void *final_state;
 } dflash_hidden_rows;
 
 /* The defaults (F32, nothing set), written up to `size` bytes: the caller's sizeof. Call it
@@ -225,6 +239,9 @@ typedef struct dflash_hidden_info {
   int32_t hidden_size; /* H */
   int32_t dtype;       /* dflash_dtype of the stored rows (vLLM's files: theirs) */
   uint64_t count;      /* samples */
+  /* 1: every sample carries the target's post-norm final state (dflash_hidden_read_final_state);
+   * 0: the store has none (written without final_state, by older libdflash, or vLLM's files) */
+  int32_t final_state;
 } dflash_hidden_info;
 
 DFLASH_API dflash_status dflash_hidden_get_info(const dflash_hidden *h, dflash_hidden_info *out);
@@ -256,6 +273,13 @@ DFLASH_API dflash_status dflash_hidden_read_target_ids(const dflash_hidden *h,
  * DFLASH_E_UNSUPPORTED for a store without it. */
 DFLASH_API dflash_status dflash_hidden_read_final(const dflash_hidden *h, const char *sample_id,
                                                   float *out, int64_t len);
+/* The target's final hidden state after its final norm of a sample, decoded into float32
+ * out [len, H] (a store written with final_state). DFLASH_E_NOT_FOUND naming the store when it
+ * has none (vLLM's final slot is the layer's raw output: dflash_hidden_read_final);
+ * DFLASH_E_FORMAT naming the file and the sample when its tensor is missing or malformed. */
+DFLASH_API dflash_status dflash_hidden_read_final_state(const dflash_hidden *h,
+                                                        const char *sample_id, float *out,
+                                                        int64_t len);
 /*
  * Sanity of a whole store (reads every sample): per layer k of K, the RMS over all its
  * values into rms[k] and the number of all-zero rows (tokens) into zero_rows[k]; the total

@@ -45,11 +45,12 @@ typedef struct dflash_sample {
    * without a new signature. dflash_trainer_walk chooses its own anchors and ignores these. */
   const int32_t *anchors;
   int32_t n_anchors;
-  /* Set by the caller: DSpark's target distribution, the target's final hidden state AFTER
-   * its final norm (Hugging Face's last_hidden_state) [len, hidden_size] float32, which the
-   * trainer puts through the frozen LM head for the L1 term and the confidence target
-   * (spec/dspark.md section 2). NULL: a DSpark drafter trains on 0.1 CE alone; DFlash
-   * ignores it. */
+  /* DSpark's target distribution, the target's final hidden state AFTER its final norm
+   * (Hugging Face's last_hidden_state) [len, hidden_size] float32, which the trainer puts
+   * through the frozen LM head for the L1 term and the confidence target (spec/dspark.md
+   * section 2). A sample stream sets it from a store written with final_state (hidden.h),
+   * else NULL; a spool leaves it NULL; a caller may set its own. NULL: a DSpark drafter
+   * trains on 0.1 CE alone; DFlash ignores it. */
   const float *target_final;
 } dflash_sample;
 

@@ -11,6 +11,10 @@
 #define DF_HIDDEN_FORMAT "dflash-hidden-1"
 #define DF_HIDDEN_INDEX "hidden.safetensors.index.json"
 #define DF_HIDDEN_MAX_ID 1024
+/* The metadata key and value of a store whose samples carry the target's final state after
+ * its final norm ("f/<id>", and for fp8 "fs/<id>"). */
+#define DF_HIDDEN_FINAL_KEY "final_state"
+#define DF_HIDDEN_FINAL_POST_NORM "post_norm"
 
 const char *df_hidden_dtype_name(int32_t dtype);
 
@@ -26,9 +30,11 @@ DF_MUST_CHECK dflash_status df_hidden_check_sample(const char *id, const float *
 typedef struct pending {
   char *id;
   int64_t len;
-  void *data;    /* bf16 or e4m3 codes */
-  float *scales; /* fp8 only: [len, K] */
-  int32_t *tids; /* the target's greedy tokens [len], or NULL */
+  void *data;     /* bf16 or e4m3 codes */
+  float *scales;  /* fp8 only: [len, K] */
+  int32_t *tids;  /* the target's greedy tokens [len], or NULL */
+  void *fdata;    /* final_state stores: the target's post-norm final state [len, H], codes */
+  float *fscales; /* fp8 only: [len, 1] */
 } pending;
 
 struct dflash_storage;
@@ -63,6 +69,7 @@ struct dflash_hidden_writer {
   char *remote; /* s3:// store: shards and index uploaded as they are written */
   struct dflash_storage *storage;
   int32_t K, H, dtype;
+  bool final; /* every sample carries the target's post-norm final state (final_state) */
   uint64_t shard_bytes;
   df_strset ids;
   pending *buf;

@@ -16,6 +16,7 @@ struct dflash_hidden {
   int32_t K, H, dtype;
   size_t first, count;  /* tensors [first, first+count) are the "h/" ones */
   size_t n_tids;        /* "t/" tensors: samples with the target's greedy tokens */
+  bool final;           /* "final_state": "post_norm": every sample has "f/<id>" */
   df_hidden_record rec; /* what the metadata says the rows are (record.c) */
 };
 
@@ -53,6 +54,25 @@ static dflash_status meta_int(const dflash_hidden *h, const char *dir, const cha
   return DFLASH_OK;
 }
 
+/* The metadata's final-state claim (`fin`, NULL when absent) against the "f/" tensors found. */
+static dflash_status check_final(dflash_hidden *h, const char *fin, size_t n_final) {
+  if (fin && strcmp(fin, DF_HIDDEN_FINAL_POST_NORM))
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: metadata %s = \"%s\": this libdflash reads \"%s\" (the target's final "
+                    "state after its final norm) only",
+                    h->dir, DF_HIDDEN_FINAL_KEY, fin, DF_HIDDEN_FINAL_POST_NORM);
+  if (!fin && n_final)
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: %zu final-state tensors (f/<id>), but the metadata does not declare %s",
+                    h->dir, n_final, DF_HIDDEN_FINAL_KEY);
+  if (fin && n_final != h->count)
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: declares %s, but holds %zu final-state tensors (f/<id>) for %zu samples",
+                    h->dir, DF_HIDDEN_FINAL_KEY, n_final, h->count);
+  h->final = fin != NULL;
+  return DFLASH_OK;
+}
+
 static dflash_status read_header(dflash_hidden *h) {
   const char *fmt, *dt;
   if (meta_find(h, "format", &fmt) || strcmp(fmt, DF_HIDDEN_FORMAT))
@@ -71,9 +91,11 @@ static dflash_status read_header(dflash_hidden *h) {
   const char *ids = NULL, *hash = NULL;
   if (meta_find(h, "target_layer_ids", &ids)) ids = NULL;
   if (meta_find(h, "tokenizer_hash", &hash)) hash = NULL;
+  const char *fin = NULL;
+  if (meta_find(h, DF_HIDDEN_FINAL_KEY, &fin)) fin = NULL;
   dflash_clear_error(); /* an absent key: a store without the record */
   if ((st = df_hidden_record_parse(ids, hash, h->K, h->dir, &h->rec))) return st;
-  size_t n = n_tensors(h);
+  size_t n = n_tensors(h), n_final = 0;
   h->first = n;
   for (size_t i = 0; i < n; i++) {
     dflash_tensor t = {.struct_size = sizeof t};
@@ -83,8 +105,9 @@ static dflash_status read_header(dflash_hidden *h) {
       h->count++;
     }
     h->n_tids += !strncmp(t.name, "t/", 2);
+    n_final += !strncmp(t.name, "f/", 2);
   }
-  return DFLASH_OK;
+  return check_final(h, fin, n_final);
 }
 
 dflash_status dflash_hidden_open(const char *dir, dflash_hidden **out) {
@@ -127,7 +150,8 @@ dflash_status dflash_hidden_get_info(const dflash_hidden *h, dflash_hidden_info 
                              .num_layers = h->K,
                              .hidden_size = h->H,
                              .dtype = h->dtype,
-                             .count = h->count};
+                             .count = h->count,
+                             .final_state = h->final};
   return df_opts_out(out, &info, sizeof info, "dflash_hidden_info");
 }
 
@@ -305,4 +329,50 @@ dflash_status dflash_hidden_read_final(const dflash_hidden *h, const char *sampl
                     "vLLM's hs_*.safetensors files do)",
                     h->dir);
   return df_vhidden_read_final(h->vllm, sample_id, out, len);
+}
+
+dflash_status dflash_hidden_read_final_state(const dflash_hidden *h, const char *sample_id,
+                                             float *out, int64_t len) {
+  DF_CHECK_ARG(h && sample_id && out);
+  if (!h->final)
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "%s: the store holds no target final state (written without final_state%s)",
+                    h->dir, h->vllm ? "; vLLM's final slot is the raw layer output" : "");
+  dflash_tensor t, s = {.struct_size = sizeof s};
+  bool fp8 = h->dtype != DFLASH_DTYPE_BF16;
+  dflash_dtype want = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+  dflash_status st = find(h, "f/", sample_id, &t);
+  if (st) {
+    /* The store declares it for every sample: a missing one is a broken store. */
+    dflash_status hs = find(h, "h/", sample_id, &s);
+    if (hs) return hs;
+    dflash_clear_error();
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: sample %s has no final state (f/%s), though the store declares %s", s.file,
+                    sample_id, sample_id, DF_HIDDEN_FINAL_KEY);
+  }
+  if (t.dtype != (int32_t)want || t.ndim != 2 || t.shape[0] != len || t.shape[1] != h->H)
+    return df_error(DFLASH_E_FORMAT, "%s: final state of sample %s is not %s [%lld, %d]", t.file,
+                    sample_id, dflash_dtype_name(want), (long long)len, h->H);
+  if (fp8) {
+    if (find(h, "fs/", sample_id, &s))
+      return dflash_clear_error(),
+             df_error(DFLASH_E_FORMAT, "%s: final state of sample %s lacks its scales (fs/%s)",
+                      t.file, sample_id, sample_id);
+    if (s.dtype != DFLASH_DTYPE_F32 || s.ndim != 2 || s.shape[0] != len || s.shape[1] != 1)
+      return df_error(DFLASH_E_FORMAT, "%s: final-state scales of sample %s are not F32 [%lld, 1]",
+                      s.file, sample_id, (long long)len);
+  }
+  if (!h->remote) {
+    df_hidden_decode(1, h->H, h->dtype, t.data, fp8 ? s.data : NULL, out, len);
+    return DFLASH_OK;
+  }
+  void *codes = malloc(t.nbytes ? t.nbytes : 1), *scales = fp8 ? malloc(s.nbytes) : NULL;
+  st = codes && (!fp8 || scales) ? DFLASH_OK : df_error_nomem("final state");
+  if (!st) st = df_rhidden_read(h->remote, t.name, codes, t.nbytes);
+  if (!st && fp8) st = df_rhidden_read(h->remote, s.name, scales, s.nbytes);
+  if (!st) df_hidden_decode(1, h->H, h->dtype, codes, scales, out, len);
+  free(codes);
+  free(scales);
+  return st;
 }

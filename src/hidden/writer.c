@@ -97,6 +97,11 @@ static dflash_status load_existing(dflash_hidden_writer *w) {
                   "%s",
                   w->dir, K, H, df_hidden_dtype_name(dt), w->K, w->H,
                   df_hidden_dtype_name(w->dtype));
+  if (!st && (info.final_state != 0) != w->final)
+    st = df_error(DFLASH_E_MISMATCH,
+                  "%s %s the target's final state; cannot append samples %s it (final_state %d)",
+                  w->dir, info.final_state ? "holds" : "does not hold",
+                  w->final ? "with" : "without", w->final);
   if (!st) st = keep_record(w, df_hidden_record_of(h));
   for (size_t i = 0; !st && i < info.count; i++) {
     const char *id;
@@ -175,6 +180,13 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
     return df_error(DFLASH_E_INVALID_ARG,
                     "hidden writer: target_layer_ids and tokenizer_hash are recorded by a "
                     "plain store, not a spool (spool_budget)");
+  if (o.final_state != 0 && o.final_state != 1)
+    return df_error(DFLASH_E_INVALID_ARG, "hidden writer: final_state is %d (0 or 1)",
+                    o.final_state);
+  if (o.spool_budget && o.final_state)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "hidden writer: a spool (spool_budget) does not carry the target's final "
+                    "state yet; write a plain store with final_state");
   if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
   bool remote = dflash_storage_is_remote(dir);
   dflash_status st = remote ? DFLASH_OK : make_dir(dir);
@@ -191,6 +203,7 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
   w->K = num_layers;
   w->H = hidden_size;
   w->dtype = o.dtype;
+  w->final = o.final_state == 1;
   w->shard_bytes = o.shard_bytes ? o.shard_bytes : 1ULL << 30;
   if ((st = df_hidden_record_from_options(&o, num_layers, &w->rec)) || (st = load_existing(w))) {
     dflash_hidden_writer_free(w);
@@ -205,6 +218,8 @@ static void free_pending(pending *p) {
   free(p->data);
   free(p->scales);
   free(p->tids);
+  free(p->fdata);
+  free(p->fscales);
 }
 
 void dflash_hidden_writer_free(dflash_hidden_writer *w) {
@@ -222,37 +237,41 @@ void dflash_hidden_writer_free(dflash_hidden_writer *w) {
   free(w);
 }
 
-/* Encode one sample from float32 or bf16 input. */
-static dflash_status encode(const dflash_hidden_writer *w, pending *p, const float *f32,
-                            const uint16_t *bf16) {
-  size_t width = (size_t)w->K * w->H, n = (size_t)p->len * width;
+/* Encode `len` tokens of K layers of H values (float32 or bf16 input) into *data (bf16, or
+ * e4m3 codes with a scale per token and layer in *scales [len, K]); `what` names the rows in
+ * the NaN/Inf message. */
+static dflash_status encode_rows(const dflash_hidden_writer *w, const char *id, const char *what,
+                                 int32_t K, int64_t len, const float *f32, const uint16_t *bf16,
+                                 void **data, float **scales) {
+  int32_t H = w->H;
+  size_t width = (size_t)K * H, n = (size_t)len * width;
   for (size_t i = 0; i < n; i++) {
     float v = f32 ? f32[i] : df_bf16_to_f32(bf16[i]);
     if (!isfinite(v))
-      return df_error(DFLASH_E_FORMAT, "sample %s: hidden state at token %zu, column %zu is %s",
-                      p->id, i / width, i % width, isnan(v) ? "NaN" : "Inf");
+      return df_error(DFLASH_E_FORMAT, "sample %s: %s at token %zu, column %zu is %s", id, what,
+                      i / width, i % width, isnan(v) ? "NaN" : "Inf");
   }
   if (w->dtype == DFLASH_DTYPE_BF16) {
     uint16_t *out = malloc(n * sizeof *out);
     if (!out) return df_error_nomem("hidden states");
     for (size_t i = 0; i < n; i++) out[i] = f32 ? df_f32_to_bf16(f32[i]) : bf16[i];
-    p->data = out;
+    *data = out;
     return DFLASH_OK;
   }
   uint8_t *out = malloc(n);
-  p->scales = malloc((size_t)p->len * w->K * sizeof(float));
-  p->data = out;
-  if (!out || !p->scales) return df_error_nomem("hidden states");
-  for (size_t r = 0; r < (size_t)p->len * w->K; r++) {
-    size_t base = r * (size_t)w->H;
+  *scales = malloc((size_t)len * K * sizeof(float));
+  *data = out;
+  if (!out || !*scales) return df_error_nomem("hidden states");
+  for (size_t r = 0; r < (size_t)len * K; r++) {
+    size_t base = r * (size_t)H;
     float amax = 0;
-    for (int32_t i = 0; i < w->H; i++) {
+    for (int32_t i = 0; i < H; i++) {
       float v = f32 ? f32[base + i] : df_bf16_to_f32(bf16[base + i]);
       amax = fmaxf(amax, fabsf(v));
     }
     float scale = amax > 0 ? amax / 448.0f : 1.0f;
-    p->scales[r] = scale;
-    for (int32_t i = 0; i < w->H; i++) {
+    (*scales)[r] = scale;
+    for (int32_t i = 0; i < H; i++) {
       float v = f32 ? f32[base + i] : df_bf16_to_f32(bf16[base + i]);
       out[base + i] = df_f32_to_e4m3(v / scale);
     }
@@ -260,9 +279,16 @@ static dflash_status encode(const dflash_hidden_writer *w, pending *p, const flo
   return DFLASH_OK;
 }
 
+/* Encode one sample's K layers from float32 or bf16 input. */
+static dflash_status encode(const dflash_hidden_writer *w, pending *p, const float *f32,
+                            const uint16_t *bf16) {
+  return encode_rows(w, p->id, "hidden state", w->K, p->len, f32, bf16, &p->data, &p->scales);
+}
+
 static uint64_t pending_bytes(const dflash_hidden_writer *w, const pending *p) {
-  uint64_t n = (uint64_t)p->len * w->K * w->H, t = p->tids ? 4 * (uint64_t)p->len : 0;
-  return t + (w->dtype == DFLASH_DTYPE_BF16 ? 2 * n : n + (uint64_t)p->len * w->K * 4);
+  int32_t K = w->K + (p->fdata ? 1 : 0); /* the final state is one more layer's worth */
+  uint64_t n = (uint64_t)p->len * K * w->H, t = p->tids ? 4 * (uint64_t)p->len : 0;
+  return t + (w->dtype == DFLASH_DTYPE_BF16 ? 2 * n : n + (uint64_t)p->len * K * 4);
 }
 
 /* A copy of the target's greedy tokens (token ids are never negative). */
@@ -277,8 +303,19 @@ static dflash_status copy_tids(pending *p, const int32_t *tids) {
   return DFLASH_OK;
 }
 
-static dflash_status append(dflash_hidden_writer *w, const char *id, const float *f32,
-                            const uint16_t *bf16, const int32_t *tids, int64_t len) {
+/* One sample's inputs to append: its K layers and its final state (NULL when none), each as
+ * float32 or bf16 (one of the two set). */
+typedef struct rows_in {
+  const float *f32;
+  const uint16_t *bf16;
+  const float *fin_f32;
+  const uint16_t *fin_bf16;
+} rows_in;
+
+static dflash_status append(dflash_hidden_writer *w, const char *id, const rows_in *in,
+                            const int32_t *tids, int64_t len) {
+  const float *f32 = in->f32;
+  const uint16_t *bf16 = in->bf16;
   DF_CHECK_ARG(w && id && (f32 || bf16));
   if (w->finished) return df_error(DFLASH_E_STATE, "hidden writer %s: already finished", w->dir);
   if (!*id || strlen(id) > DF_HIDDEN_MAX_ID)
@@ -305,6 +342,8 @@ static dflash_status append(dflash_hidden_writer *w, const char *id, const float
   if (!p.id) return df_error_nomem("sample id");
   dflash_status st = copy_tids(&p, tids);
   if (!st) st = encode(w, &p, f32, bf16);
+  if (!st && (in->fin_f32 || in->fin_bf16))
+    st = encode_rows(w, id, "final state", 1, len, in->fin_f32, in->fin_bf16, &p.fdata, &p.fscales);
   if (!st && df_strset_add(&w->ids, id) < 0) st = df_error_nomem("sample ids");
   int32_t zk = st ? -1 : df_hidden_zero_layer(f32, bf16, len, w->K, w->H);
   if (zk >= 0 && !w->zero_layer_samples++)
@@ -346,8 +385,24 @@ dflash_status dflash_hidden_writer_add(dflash_hidden_writer *w, const char *samp
   if (r.dtype != DFLASH_DTYPE_F32 && r.dtype != DFLASH_DTYPE_BF16)
     return df_error(DFLASH_E_DTYPE, "sample %s: rows of dtype %d: F32 or BF16 are taken",
                     sample_id ? sample_id : "(null)", r.dtype);
+  DF_CHECK_ARG(w);
+  const char *sid = sample_id ? sample_id : "(null)";
+  if (w->final && !r.final_state)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "sample %s: %s keeps the target's final state (final_state), and "
+                    "rows.final_state is NULL",
+                    sid, w->remote ? w->remote : w->dir);
+  if (!w->final && r.final_state)
+    return df_error(DFLASH_E_INVALID_ARG,
+                    "sample %s: rows.final_state given, but %s was created without final_state "
+                    "(it would be dropped)",
+                    sid, w->remote ? w->remote : w->dir);
   int bf16 = r.dtype == DFLASH_DTYPE_BF16;
-  return append(w, sample_id, bf16 ? NULL : r.states, bf16 ? r.states : NULL, r.target_ids, r.len);
+  rows_in in = {.f32 = bf16 ? NULL : r.states,
+                .bf16 = bf16 ? r.states : NULL,
+                .fin_f32 = bf16 ? NULL : r.final_state,
+                .fin_bf16 = bf16 ? r.final_state : NULL};
+  return append(w, sample_id, &in, r.target_ids, r.len);
 }
 
 static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_safetensors_writer *sw) {
@@ -359,6 +414,8 @@ static dflash_status shard_metadata(const dflash_hidden_writer *w, dflash_safete
   if (!st) st = dflash_safetensors_writer_metadata(sw, "hidden_size", h);
   if (!st) st = dflash_safetensors_writer_metadata(sw, "dtype", df_hidden_dtype_name(w->dtype));
   if (!st) st = df_hidden_record_write(&w->rec, sw);
+  if (!st && w->final)
+    st = dflash_safetensors_writer_metadata(sw, DF_HIDDEN_FINAL_KEY, DF_HIDDEN_FINAL_POST_NORM);
   return st;
 }
 
@@ -380,6 +437,15 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
     snprintf(name, sizeof name, "t/%s", p->id);
     if (!st && p->tids)
       st = dflash_safetensors_writer_declare(sw, name, DFLASH_DTYPE_I32, 1, shape);
+    int64_t fshape[2] = {p->len, w->H}, fsshape[2] = {p->len, 1};
+    snprintf(name, sizeof name, "f/%s", p->id);
+    if (!st && p->fdata)
+      st = dflash_safetensors_writer_declare(sw, name,
+                                             fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16, 2,
+                                             fshape);
+    snprintf(name, sizeof name, "fs/%s", p->id);
+    if (!st && p->fdata && fp8)
+      st = dflash_safetensors_writer_declare(sw, name, DFLASH_DTYPE_F32, 2, fsshape);
   }
   for (size_t i = 0; !st && i < w->n_buf; i++) {
     const pending *p = &w->buf[i];
@@ -387,6 +453,10 @@ dflash_status df_hidden_write_shard(const dflash_hidden_writer *w, const char *p
     st = dflash_safetensors_writer_write(sw, p->data, fp8 ? n : 2 * n);
     if (!st && fp8) st = dflash_safetensors_writer_write(sw, p->scales, (size_t)p->len * w->K * 4);
     if (!st && p->tids) st = dflash_safetensors_writer_write(sw, p->tids, (size_t)p->len * 4);
+    size_t nf = (size_t)p->len * w->H;
+    if (!st && p->fdata) st = dflash_safetensors_writer_write(sw, p->fdata, fp8 ? nf : 2 * nf);
+    if (!st && p->fdata && fp8)
+      st = dflash_safetensors_writer_write(sw, p->fscales, (size_t)p->len * 4);
   }
   if (!st) st = dflash_safetensors_writer_commit(sw);
   dflash_safetensors_writer_free(sw);
@@ -398,13 +468,14 @@ static dflash_status write_index(const dflash_hidden_writer *w) {
   snprintf(k, sizeof k, "%d", w->K);
   snprintf(h, sizeof h, "%d", w->H);
   /* The index's metadata is what a reader sees (the shards' is the same). */
-  const char *keys[6] = {"format", "num_layers", "hidden_size", "dtype"};
-  const char *vals[6] = {DF_HIDDEN_FORMAT, k, h, df_hidden_dtype_name(w->dtype)};
+  const char *keys[7] = {"format", "num_layers", "hidden_size", "dtype"};
+  const char *vals[7] = {DF_HIDDEN_FORMAT, k, h, df_hidden_dtype_name(w->dtype)};
   size_t n = 4;
   char ids[12 * 256 + 1];
   if (w->rec.n_layer_ids && df_hidden_record_ids_csv(&w->rec, ids, sizeof ids))
     keys[n] = "target_layer_ids", vals[n++] = ids;
   if (w->rec.tokenizer_hash) keys[n] = "tokenizer_hash", vals[n++] = w->rec.tokenizer_hash;
+  if (w->final) keys[n] = DF_HIDDEN_FINAL_KEY, vals[n++] = DF_HIDDEN_FINAL_POST_NORM;
   char *path = df_path_join(w->dir, DF_HIDDEN_INDEX);
   if (!path) return df_error_nomem("index path");
   dflash_status st = dflash_safetensors_write_index(path, w->n_shards,

@@ -27,6 +27,8 @@ static int hidden_record_lines(const char *dir) {
   dflash_status s = dflash_hidden_open(dir, &h);
   if (s) return cli_fail("inspect", s);
   dflash_hidden_target_ids t = dflash_hidden_has_target_ids(h);
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  if (dflash_hidden_get_info(h, &info)) info.final_state = 0;
   dflash_hidden_free(h);
   dflash_safetensors *st = NULL;
   bool vllm = dflash_hidden_layout_of(dir) == DFLASH_HIDDEN_LAYOUT_VLLM;
@@ -41,6 +43,10 @@ static int hidden_record_lines(const char *dir) {
                                                  : t == DFLASH_HIDDEN_TARGET_IDS_VLLM
                                                      ? "from the final-layer slot (vLLM's files)"
                                                      : "none (written without target_ids)");
+  printf("  target final state (DSpark's L1 and confidence): %s\n",
+         info.final_state ? "stored, after the final norm ([S, H] per sample)"
+                          : "none (written without final_state: a DSpark drafter trains on "
+                            "0.1 CE alone)");
   dflash_safetensors_free(st);
   return 0;
 }
@@ -52,7 +58,8 @@ int cmd_inspect(int argc, char **argv) {
       "a dataset directory (with dataset.json) gets a summary: samples, tokens,\n"
       "supervised share, length histogram, template and tokenizer hash; a hidden-state\n"
       "store gets RMS and all-zero rows per layer (it reads every sample), the target\n"
-      "layer ids and tokenizer hash it records, and whether it has target ids.\n"
+      "layer ids and tokenizer hash it records, whether it has target ids and the\n"
+      "target's final state.\n"
       "Exit status: 0 shown; 1 an error (message on stderr); 2 a usage error.\n";
   const char *path;
   int rc = cli_parse_one("inspect", usage, argc, argv, "PATH", &path);

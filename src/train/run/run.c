@@ -171,12 +171,18 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
-  /* No store holds the target's final state yet: say what the objective loses. */
-  if (!st && r->cfg.dspark)
+  /* A store written with final_state gives every sample the target's post-norm final state
+   * (the stream sets dflash_sample.target_final): 0.1 CE + 0.9 L1 + 1.0 BCE. Without it (or
+   * from a spool, which does not carry it yet) say what the objective loses. DFlash never
+   * reads it, so its stream does not decode it. */
+  bool final = r->s && r->cfg.dspark && df_sample_stream_has_final(r->s);
+  if (r->s) df_sample_stream_set_final(r->s, final);
+  if (!st && r->cfg.dspark && !final)
     df_log(DFLASH_LOG_WARN,
-           "train: DSpark drafter: the hidden store holds no target final state, so it trains "
-           "on 0.1 CE alone, without the L1 term and the confidence target that need it "
-           "(spec/dspark.md section 2; issue 40)");
+           "train: DSpark drafter: %s holds no target final state (write it with "
+           "HiddenWriter(..., final_state=True)), so it trains on 0.1 CE alone, without the L1 "
+           "term and the confidence target that need it (spec/dspark.md section 2)",
+           r->o->hidden_dir);
   free(e);
   if (!st && r->s && df_sample_stream_has_target_ids(r->s) == DFLASH_HIDDEN_TARGET_IDS_VLLM &&
       r->o->labels == DFLASH_TRAIN_LABELS_TARGET)

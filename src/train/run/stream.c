@@ -21,6 +21,8 @@ typedef struct slot {
   float *fin;    /* vLLM: the final layer [len, H], for them */
   size_t tcap;
   bool has_tids;
+  float *final; /* the target's post-norm final state [len, H] (a store with final_state) */
+  size_t final_cap;
   void *codes; /* stored_rows: the codes and (fp8) scales */
   float *scales;
   size_t codes_cap, scales_cap;
@@ -38,6 +40,7 @@ struct dflash_sample_stream {
   int32_t V;
   int32_t K, H, dtype; /* layers, hidden size and dtype of the store */
   bool stored;         /* samples carry codes (stored_rows on a libdflash store) */
+  bool final; /* samples carry the store's target final state (df_sample_stream_set_final) */
   int64_t width;
   int depth;
   slot *slots;
@@ -92,6 +95,7 @@ dflash_status dflash_sample_stream_open(const char *data_dir, const char *hidden
   s->has_tids = dflash_hidden_has_target_ids(s->hidden);
   s->width = (int64_t)s->K * s->H;
   s->stored = o.stored_rows && df_hidden_has_codes(s->hidden);
+  s->final = info.final_state != 0;
   *out = s;
   return DFLASH_OK;
 }
@@ -111,7 +115,7 @@ void dflash_sample_stream_free(dflash_sample_stream *s) {
   stop_thread(s);
   for (int i = 0; s->slots && i < s->depth; i++)
     free(s->slots[i].buf), free(s->slots[i].tids), free(s->slots[i].fin), free(s->slots[i].codes),
-        free(s->slots[i].scales);
+        free(s->slots[i].scales), free(s->slots[i].final);
   free(s->slots);
   free(s->order);
   dflash_dataset_free(s->tokens);
@@ -186,6 +190,16 @@ static dflash_status produce_tids(dflash_sample_stream *s, slot *sl, const char 
   return st;
 }
 
+bool df_sample_stream_has_final(const dflash_sample_stream *s) {
+  dflash_hidden_info info = {.struct_size = sizeof info};
+  return !dflash_hidden_get_info(s->hidden, &info) && info.final_state;
+}
+
+void df_sample_stream_set_final(dflash_sample_stream *s, bool on) {
+  stop_thread(s); /* the prefetcher reads it; the next start picks it up */
+  s->final = on && df_sample_stream_has_final(s);
+}
+
 /* Grow *p to `bytes` (its capacity in *cap). */
 static dflash_status grow(void **p, size_t *cap, size_t bytes) {
   if (bytes <= *cap) return DFLASH_OK;
@@ -206,6 +220,22 @@ static dflash_status produce_codes(dflash_sample_stream *s, slot *sl, const char
   return st;
 }
 
+/* The sample's target final state into its slot, checked finite (it sets DSpark's target
+ * distribution), when the stream gives it. */
+static dflash_status produce_final(dflash_sample_stream *s, slot *sl, const char *id, int64_t len) {
+  if (!s->final) return DFLASH_OK;
+  size_t n = (size_t)len * (size_t)s->H;
+  dflash_status st = grow((void **)&sl->final, &sl->final_cap, n * sizeof(float));
+  if (!st) st = dflash_hidden_read_final_state(s->hidden, id, sl->final, len);
+  for (size_t i = 0; !st && i < n; i++)
+    if (!isfinite(sl->final[i]))
+      st = df_error(DFLASH_E_FORMAT,
+                    "sample %s: target final state at token %zu, column %zu is "
+                    "not finite",
+                    id, i / (size_t)s->H, i % (size_t)s->H);
+  return st;
+}
+
 /* Decode one sample into its slot (called without the lock). */
 static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
   const char *id;
@@ -223,6 +253,7 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
   if (s->stored) {
     sl->st = produce_codes(s, sl, id, len);
     if (!sl->st) sl->st = produce_tids(s, sl, id, len);
+    if (!sl->st) sl->st = produce_final(s, sl, id, len);
     if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
     return;
   }
@@ -242,6 +273,7 @@ static void produce(dflash_sample_stream *s, slot *sl, uint64_t index) {
                         id, i / (size_t)s->width, i % (size_t)s->width);
   if (!sl->st) sl->st = df_hidden_check_sample(id, sl->buf, len, s->K, s->H);
   if (!sl->st) sl->st = produce_tids(s, sl, id, len);
+  if (!sl->st) sl->st = produce_final(s, sl, id, len);
   if (sl->st) snprintf(sl->msg, sizeof sl->msg, "%s", dflash_last_error());
 }
 
@@ -318,6 +350,7 @@ static dflash_status stream_next(dflash_sample_stream *s, dflash_sample *out, in
   out->len = (int64_t)n_ids;
   out->id = id;
   out->target_ids = sl->has_tids ? sl->tids : NULL;
+  out->target_final = s->final ? sl->final : NULL;
   out->hidden = s->stored ? NULL : sl->buf;
   if (!s->stored) return DFLASH_OK;
   out->hidden_dtype = s->dtype;
