@@ -236,7 +236,10 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
   df_model *m = &t->m;
   /* Read into a copy so a failure leaves the parameters untouched. */
   float *tmp = malloc(m->n_params * sizeof(float));
-  if (!tmp) s = df_error_nomem("checkpoint parameters");
+  int32_t *kept = m->kept ? malloc(sizeof(int32_t) * (size_t)m->Vd) : NULL;
+  if (!tmp || (m->kept && !kept)) s = df_error_nomem("checkpoint parameters");
+  /* A pruned draft vocabulary's tables first: a mismatch there explains the shapes after. */
+  if (!s) s = read_draft_vocab(m, st, path, kept);
   for (size_t i = 0; !s && i < m->n_tensors; i++) {
     const df_tensor_info *ti = &m->tensors[i];
     s = df_read_float_tensor(st, ti->name, ti->ndim, ti->shape, tmp + ti->offset);
@@ -256,11 +259,7 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
         s = df_error(DFLASH_E_NOT_FOUND, "%s: checkpoint lacks tensor %s", path, ti->name);
     }
   }
-  int32_t *kept = NULL;
-  if (!s && m->kept && !(kept = malloc(sizeof(int32_t) * (size_t)m->Vd)))
-    s = df_error_nomem("draft vocabulary");
-  if (!s) s = read_draft_vocab(m, st, path, kept);
-  /* The tables first: the trainer's head rows follow them (nothing fails past this). */
+  /* The tables set the head rows once every tensor has been read (nothing fails past it). */
   if (!s && kept) s = df_model_set_draft_vocab(m, kept, path);
   free(kept);
   if (!s) memcpy(m->params, tmp, m->n_params * sizeof(float));

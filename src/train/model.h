@@ -132,8 +132,6 @@ typedef struct df_model {
   int32_t *kept, *t2d;
   float *lm_head_full;
   bool dv_set; /* kept given (set or loaded), not the fresh default: training needs it */
-  /* the last DSpark loss call's supervised rows and those whose label is kept */
-  int64_t dv_rows, dv_kept;
   df_pool *pool;
   /* RoPE tables [n_pos, rot/2] */
   double *inv_freq;

@@ -66,15 +66,10 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
    * c* takes the target's distribution over the full vocabulary (its logsumexp per row). */
   int32_t *tgt = a->rows_target;
   double *qlse = NULL;
-  m->dv_rows = m->R, m->dv_kept = m->R;
   if (m->t2d && m->R > 0) {
     tgt = malloc(sizeof(int32_t) * (size_t)m->R);
     if (!tgt) return df_error_nomem("DSpark draft labels");
-    m->dv_kept = 0;
-    for (int r = 0; r < m->R; r++) {
-      tgt[r] = m->t2d[a->rows_target[r]];
-      m->dv_kept += tgt[r] >= 0;
-    }
+    for (int r = 0; r < m->R; r++) tgt[r] = m->t2d[a->rows_target[r]];
     if (final) {
       dflash_status st = full_lse(m, a->rows_xt, m->R, &qlse);
       if (st) {
