@@ -28,8 +28,7 @@ static int by_id(const void *a, const void *b) {
 }
 
 dflash_status dflash_draft_vocab_select(const int64_t *counts, int32_t vocab_size,
-                                        int32_t draft_vocab_size, int32_t *kept,
-                                        double *coverage) {
+                                        int32_t draft_vocab_size, int32_t *kept, double *coverage) {
   DF_CHECK_ARG(counts && kept);
   if (vocab_size < 1 || draft_vocab_size < 1 || draft_vocab_size > vocab_size)
     return df_error(DFLASH_E_INVALID_ARG,
