@@ -129,3 +129,29 @@ dflash_status dflash_trainer_draft_vocab(const dflash_trainer *t, int32_t *kept,
   for (int i = 0; i < m->Vd; i++) kept[i] = m->kept ? m->kept[i] : i;
   return DFLASH_OK;
 }
+
+dflash_status df_trainer_draft_vocab_from_data(dflash_trainer *t, const char *data_dir,
+                                               double *coverage) {
+  df_model *m = &t->m;
+  if (m->Vd >= m->V) return DFLASH_OK;
+  if (!data_dir)
+    return df_error(DFLASH_E_CONFIG,
+                    "a pruned draft vocabulary (draft_vocab_size %d) is picked from the training "
+                    "dataset's supervised tokens; this run has no dataset",
+                    m->Vd);
+  dflash_dataset *ds = NULL;
+  int32_t *kept = malloc(sizeof(int32_t) * (size_t)m->Vd);
+  double cov = 0;
+  dflash_status st = kept ? dflash_dataset_open(data_dir, &ds) : df_error_nomem("draft vocabulary");
+  if (!st) st = dflash_draft_vocab_from_dataset(ds, m->V, m->Vd, kept, &cov);
+  if (!st) st = df_model_set_draft_vocab(m, kept, data_dir);
+  dflash_dataset_free(ds);
+  free(kept);
+  if (st) return df_error_wrap(st, "picking the draft vocabulary from %s", data_dir);
+  df_log(DFLASH_LOG_INFO,
+         "train: draft vocabulary %d of %d tokens covers %.4f%% of the supervised tokens of %s "
+         "(acceptance cannot exceed it)",
+         m->Vd, m->V, 100.0 * cov, data_dir);
+  if (coverage) *coverage = cov;
+  return DFLASH_OK;
+}
