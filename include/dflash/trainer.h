@@ -261,9 +261,9 @@ DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *e
  * [0, vocab_size), n = V_d (dflash_draft_vocab_select picks them from a dataset). The
  * drafter's LM head becomes the target head's rows at `kept` (frozen), and its CE labels
  * map through them (a label outside them adds no CE; spec/dspark.md section 4). A fresh
- * trainer holds the lowest V_d ids (the rule's fill when nothing was counted);
- * dflash_trainer_load takes the checkpoint's tables. Set it before training: the Markov
- * head's W2 rows follow the kept ids by position. DFLASH_E_CONFIG for a drafter that is not
+ * trainer holds the lowest V_d ids and refuses to train (DFLASH_E_STATE) until they are set
+ * here or dflash_trainer_load has read a checkpoint's tables: the Markov head's W2 rows
+ * follow the kept ids by position. DFLASH_E_CONFIG for a drafter that is not
  * pruned, DFLASH_E_MISMATCH for n != V_d, DFLASH_E_FORMAT naming the first id out of range
  * or not ascending.
  */
