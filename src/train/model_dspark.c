@@ -70,7 +70,7 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
     tgt = malloc(sizeof(int32_t) * (size_t)m->R);
     if (!tgt) return df_error_nomem("DSpark draft labels");
     for (int r = 0; r < m->R; r++) tgt[r] = m->t2d[a->rows_target[r]];
-    if (final) {
+    if (final && m->ext.confidence_head) { /* only c* reads it */
       dflash_status st = full_lse(m, a->rows_xt, m->R, &qlse);
       if (st) {
         free(tgt);
