@@ -192,11 +192,11 @@ DFLASH_API dflash_status dflash_draft_vocab_select(const int64_t *counts, int32_
                                                    int32_t draft_vocab_size, int32_t *kept,
                                                    double *coverage);
 
-typedef struct dflash_dataset dflash_dataset; /* dataset.h */
+struct dflash_dataset; /* dataset.h's dflash_dataset */
 /* dflash_draft_vocab_select on the dataset's supervised token counts
  * (dflash_dataset_token_counts): what `dflash init-config --draft-vocab N --data DIR` and a
  * training run of a pruned drafter pick. */
-DFLASH_API dflash_status dflash_draft_vocab_from_dataset(const dflash_dataset *ds,
+DFLASH_API dflash_status dflash_draft_vocab_from_dataset(const struct dflash_dataset *ds,
                                                          int32_t vocab_size,
                                                          int32_t draft_vocab_size, int32_t *kept,
                                                          double *coverage);

@@ -57,7 +57,7 @@ dflash_status dflash_draft_vocab_select(const int64_t *counts, int32_t vocab_siz
   return DFLASH_OK;
 }
 
-dflash_status dflash_draft_vocab_from_dataset(const dflash_dataset *ds, int32_t vocab_size,
+dflash_status dflash_draft_vocab_from_dataset(const struct dflash_dataset *ds, int32_t vocab_size,
                                               int32_t draft_vocab_size, int32_t *kept,
                                               double *coverage) {
   DF_CHECK_ARG(ds && kept);
