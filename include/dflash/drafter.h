@@ -101,7 +101,7 @@ typedef struct dflash_drafter_config {
   /* DSpark (architectures ["Qwen3DSparkModel"]; spec/dspark.md): nonzero `dspark` is the
    * DFlash backbone with an anchor-first block (slot k predicts x_{a+k+1}: B inputs give B
    * drafts), a low-rank Markov head on the previous token (markov_head.markov_w1 [V, r],
-   * .markov_w2 [V, r], r = `markov_rank`, "vanilla" only) and, when `confidence_head`,
+   * .markov_w2 [V_d, r], r = `markov_rank`, "vanilla" only) and, when `confidence_head`,
    * a confidence head (confidence_head.proj.{weight [1, H + r], bias [1]}) on the
    * final-norm state and the Markov embedding. config.json carries them at the top level
    * and in dflash_config (markov_rank, markov_head_type, enable_confidence_head,

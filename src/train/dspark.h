@@ -28,7 +28,7 @@ typedef struct df_dspark_args {
   const float *x;        /* [R, H] the drafter's final-norm state of each row */
   const float *xt;       /* [R, H] the target's post-norm final state there, or NULL */
   const float *E;        /* [V, H] the target's LM head (frozen) */
-  const float *w1, *w2;  /* markov_w1 [V, r], markov_w2 [V, r] */
+  const float *w1, *w2;  /* markov_w1 [V1, r], markov_w2 [V, r] */
   const float *cw;       /* confidence_head.proj.weight [H + r], or NULL */
   float cb;              /* its bias */
   const int32_t *prev;   /* [R] the previous token (teacher forcing), in [0, V1) */
