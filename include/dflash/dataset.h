@@ -71,6 +71,14 @@ DFLASH_API dflash_status dflash_dataset_sample(const dflash_dataset *ds, size_t 
                                                const int32_t **ids, const uint8_t **mask, size_t *n,
                                                const char **sample_id);
 /*
+ * How often each token id is supervised: counts[id] += 1 for every token at loss_mask 1, over
+ * every sample (counts [vocab_size], overwritten). *supervised (may be NULL) gets the total.
+ * DFLASH_E_RANGE naming the sample and position for a supervised id outside [0, vocab_size).
+ * What dflash_draft_vocab_select (drafter.h) picks a pruned draft vocabulary from.
+ */
+DFLASH_API dflash_status dflash_dataset_token_counts(const dflash_dataset *ds, int32_t vocab_size,
+                                                     int64_t *counts, int64_t *supervised);
+/*
  * Histogram of sample lengths: counts[b] = samples with length in
  * [b * bin_width, (b + 1) * bin_width); the last bin also takes longer ones.
  */

@@ -101,20 +101,27 @@ typedef struct dflash_drafter_config {
   /* DSpark (architectures ["Qwen3DSparkModel"]; spec/dspark.md): nonzero `dspark` is the
    * DFlash backbone with an anchor-first block (slot k predicts x_{a+k+1}: B inputs give B
    * drafts), a low-rank Markov head on the previous token (markov_head.markov_w1 [V, r],
-   * .markov_w2 [V, r], r = `markov_rank`, "vanilla" only) and, when `confidence_head`,
+   * .markov_w2 [V_d, r], r = `markov_rank`, "vanilla" only) and, when `confidence_head`,
    * a confidence head (confidence_head.proj.{weight [1, H + r], bias [1]}) on the
    * final-norm state and the Markov embedding. config.json carries them at the top level
    * and in dflash_config (markov_rank, markov_head_type, enable_confidence_head,
    * confidence_head_with_markov, sample_from_anchor, num_anchors). `num_anchors` is the
    * anchors per sequence the checkpoint records (DeepSpec's loader asserts the key; 0: not
-   * written). 0 everywhere (the default) is DFlash. Pruned draft vocabularies are not
-   * implemented (a draft_vocab_size below vocab_size is refused). The CPU trainer trains
+   * written). 0 everywhere (the default) is DFlash. The CPU trainer trains
    * it (dflash_sample.target_final gives the target distribution); the CUDA backend, the
    * training plan and evaluation refuse it (DFLASH_E_UNSUPPORTED). */
   int32_t dspark;
   int32_t markov_rank;
   int32_t confidence_head;
   int32_t num_anchors;
+  /* DSpark's pruned draft vocabulary (spec/dspark.md section 4): V_d in 1..vocab_size, or 0
+   * (the default) for the full vocabulary (V_d = vocab_size is the same). Below vocab_size,
+   * the drafter drafts over V_d target ids (its `d2t` / `t2d` tables, see
+   * dflash_draft_vocab_select and dflash_trainer_set_draft_vocab): lm_head.weight is the
+   * target head's kept rows [V_d, H] and markov_w2 is [V_d, r] (markov_w1 stays [V, r]).
+   * config.json's `draft_vocab_size` (top level and dflash_config), written only when
+   * pruned. DSpark only: a DFlash config with it below vocab_size is DFLASH_E_CONFIG. */
+  int32_t draft_vocab_size;
 } dflash_drafter_config;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -170,6 +177,29 @@ DFLASH_API dflash_status dflash_drafter_config_save(const dflash_drafter_config 
  * round(1 + i*(L-4)/(K-1)) for i in 0..K-1. `out` holds K entries. */
 DFLASH_API dflash_status dflash_drafter_default_target_layers(int32_t num_target_layers, int32_t k,
                                                               int32_t *out);
+
+/*
+ * A pruned draft vocabulary (spec/dspark.md section 4, speculators' and SpecForge's rule):
+ * from counts [vocab_size] of supervised token ids (dflash_dataset_token_counts, dataset.h),
+ * the draft_vocab_size most frequent ids (ties: the lower id first), filled with the lowest
+ * unused ids when fewer than draft_vocab_size occur, sorted ascending, into kept
+ * [draft_vocab_size]. The checkpoint's tables follow: d2t[i] = kept[i] - i (offsets: target
+ * id = i + d2t[i]) and t2d[id] = whether id is kept. *coverage (may be NULL) gets the kept
+ * ids' share of the counted tokens (0 when none were counted): the drafter can draft no
+ * other token, so acceptance cannot exceed it. Counts must not be negative.
+ */
+DFLASH_API dflash_status dflash_draft_vocab_select(const int64_t *counts, int32_t vocab_size,
+                                                   int32_t draft_vocab_size, int32_t *kept,
+                                                   double *coverage);
+
+struct dflash_dataset; /* dataset.h's dflash_dataset */
+/* dflash_draft_vocab_select on the dataset's supervised token counts
+ * (dflash_dataset_token_counts): what `dflash init-config --draft-vocab N --data DIR` and a
+ * training run of a pruned drafter pick. */
+DFLASH_API dflash_status dflash_draft_vocab_from_dataset(const struct dflash_dataset *ds,
+                                                         int32_t vocab_size,
+                                                         int32_t draft_vocab_size, int32_t *kept,
+                                                         double *coverage);
 
 #ifdef __cplusplus
 }

@@ -255,6 +255,25 @@ DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *e
                                                  const char *lm_head_name, int32_t vocab_size,
                                                  int32_t hidden_size, float *embed, float *lm_head);
 
+/*
+ * A DSpark drafter's pruned draft vocabulary (dflash_drafter_config.draft_vocab_size V_d
+ * below vocab_size): kept [n] the target ids it drafts over, strictly ascending in
+ * [0, vocab_size), n = V_d (dflash_draft_vocab_select picks them from a dataset). The
+ * drafter's LM head becomes the target head's rows at `kept` (frozen), and its CE labels
+ * map through them (a label outside them adds no CE; spec/dspark.md section 4). A fresh
+ * trainer holds the lowest V_d ids and refuses to train (DFLASH_E_STATE) until they are set
+ * here or dflash_trainer_load has read a checkpoint's tables: the Markov head's W2 rows
+ * follow the kept ids by position. DFLASH_E_CONFIG for a drafter that is not
+ * pruned, DFLASH_E_MISMATCH for n != V_d, DFLASH_E_FORMAT naming the first id out of range
+ * or not ascending.
+ */
+DFLASH_API dflash_status dflash_trainer_set_draft_vocab(dflash_trainer *t, const int32_t *kept,
+                                                        int32_t n);
+/* The kept ids (V_d of them; all vocab_size ids, 0..V-1, when not pruned) into kept[cap]
+ * (NULL with cap 0: *n only); *n gets the count. DFLASH_E_BUFFER when cap is short. */
+DFLASH_API dflash_status dflash_trainer_draft_vocab(const dflash_trainer *t, int32_t *kept,
+                                                    int32_t cap, int32_t *n);
+
 /* ---- checkpoints ---------------------------------------------------------- */
 
 /*
@@ -262,11 +281,17 @@ DFLASH_API dflash_status dflash_target_load_head(const char *path, const char *e
  * model.safetensors (checkpoint names, F32 or BF16; config.json's "dtype" and
  * "torch_dtype" name it). The directory is created if needed; files are
  * written atomically. Launch flags: docs/deployment.md, "Serving the checkpoint".
+ * A pruned DSpark drafter adds lm_head.weight [V_d, H] (the kept rows), d2t I64 [V_d]
+ * (offsets: target id = i + d2t[i]) and t2d BOOL [vocab_size] (spec/dspark.md section 5).
  */
 DFLASH_API dflash_status dflash_trainer_save(const dflash_trainer *t, const char *dir,
                                              int32_t bf16);
 /* Load parameters from a checkpoint directory or .safetensors file (F32 or
- * BF16); every trainable tensor must be present with its shape. */
+ * BF16); every trainable tensor must be present with its shape. A pruned DSpark drafter
+ * also reads d2t and t2d, refusing malformed tables naming the tensor (DFLASH_E_NOT_FOUND
+ * absent, DFLASH_E_DTYPE, DFLASH_E_MISMATCH wrong length, DFLASH_E_FORMAT an id out of
+ * range, repeated or not ascending, or t2d disagreeing with d2t), and checks lm_head.weight's
+ * shape when present; a drafter that is not pruned refuses a checkpoint with d2t. */
 DFLASH_API dflash_status dflash_trainer_load(dflash_trainer *t, const char *path);
 
 /*

@@ -454,3 +454,31 @@ dflash_status dflash_dataset_length_histogram(const dflash_dataset *ds, size_t b
     }
   return DFLASH_OK;
 }
+
+dflash_status dflash_dataset_token_counts(const dflash_dataset *ds, int32_t vocab_size,
+                                          int64_t *counts, int64_t *supervised) {
+  DF_CHECK_ARG(ds && vocab_size > 0 && counts);
+  memset(counts, 0, (size_t)vocab_size * sizeof *counts);
+  int64_t total = 0;
+  size_t n = dflash_dataset_count(ds);
+  for (size_t i = 0; i < n; i++) {
+    const int32_t *ids;
+    const uint8_t *mask;
+    size_t len;
+    const char *id;
+    dflash_status st = dflash_dataset_sample(ds, i, &ids, &mask, &len, &id);
+    if (st) return st;
+    for (size_t p = 0; p < len; p++) {
+      if (!mask[p]) continue;
+      if (ids[p] < 0 || ids[p] >= vocab_size)
+        return df_error(DFLASH_E_RANGE,
+                        "dataset sample %zu (%s), position %zu: supervised token id %d is "
+                        "outside the vocabulary [0, %d)",
+                        i, id ? id : "?", p, ids[p], vocab_size);
+      counts[ids[p]]++;
+      total++;
+    }
+  }
+  if (supervised) *supervised = total;
+  return DFLASH_OK;
+}

@@ -45,8 +45,28 @@ static dflash_status write_model(const df_model *m, const char *path, bool bf16)
     st = dflash_safetensors_writer_declare(w, t->name, bf16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32,
                                            (uint32_t)t->ndim, t->shape);
   }
+  /* A pruned draft vocabulary (spec/dspark.md section 5): its LM head rows, d2t as offsets
+   * (target id = i + d2t[i]) and t2d. */
+  int64_t vd = m->Vd, v = m->V, head[2] = {m->Vd, m->H};
+  if (!st && m->kept) {
+    st = dflash_safetensors_writer_declare(w, "lm_head.weight",
+                                           bf16 ? DFLASH_DTYPE_BF16 : DFLASH_DTYPE_F32, 2, head);
+    if (!st) st = dflash_safetensors_writer_declare(w, "d2t", DFLASH_DTYPE_I64, 1, &vd);
+    if (!st) st = dflash_safetensors_writer_declare(w, "t2d", DFLASH_DTYPE_BOOL, 1, &v);
+  }
   for (size_t i = 0; !st && i < m->n_tensors; i++)
     st = write_floats(w, m->params + m->tensors[i].offset, m->tensors[i].numel, bf16);
+  if (!st && m->kept) {
+    st = write_floats(w, m->lm_head, (size_t)m->Vd * (size_t)m->H, bf16);
+    int64_t *d2t = malloc(sizeof(int64_t) * (size_t)m->Vd);
+    uint8_t *t2d = malloc((size_t)m->V);
+    if (!st && (!d2t || !t2d)) st = df_error_nomem("d2t / t2d");
+    for (int i = 0; !st && i < m->Vd; i++) d2t[i] = (int64_t)m->kept[i] - i;
+    for (int i = 0; !st && i < m->V; i++) t2d[i] = m->t2d[i] >= 0;
+    if (!st) st = dflash_safetensors_writer_write(w, d2t, sizeof(int64_t) * (size_t)m->Vd);
+    if (!st) st = dflash_safetensors_writer_write(w, t2d, (size_t)m->V);
+    free(d2t), free(t2d);
+  }
   if (!st) st = dflash_safetensors_writer_commit(w);
   dflash_safetensors_writer_free(w);
   return st;
@@ -137,6 +157,76 @@ static dflash_status load_remote(dflash_trainer *t, const char *url, bool state,
   return s;
 }
 
+/* A checkpoint's pruned-vocabulary tables (spec/dspark.md section 5) into kept [m->Vd], each
+ * refused naming the tensor: absent, another dtype, length or shape, an id out of range, not
+ * ascending or repeated, t2d other than d2t's ids. A drafter that is not pruned refuses d2t. */
+static dflash_status read_draft_vocab(const df_model *m, const dflash_safetensors *st,
+                                      const char *path, int32_t *kept) {
+  dflash_tensor d = {.struct_size = sizeof d}, tt = {.struct_size = sizeof tt};
+  bool has_d2t = !dflash_safetensors_find(st, "d2t", &d);
+  dflash_clear_error();
+  if (!m->kept) {
+    if (has_d2t)
+      return df_error(DFLASH_E_MISMATCH,
+                      "%s: the checkpoint has a pruned draft vocabulary (tensor d2t) but this "
+                      "drafter's config has none (draft_vocab_size)",
+                      path);
+    return DFLASH_OK;
+  }
+  if (!has_d2t)
+    return df_error(DFLASH_E_NOT_FOUND,
+                    "%s: checkpoint lacks tensor d2t (draft_vocab_size %d below vocab_size %d)",
+                    path, m->Vd, m->V);
+  if (dflash_safetensors_find(st, "t2d", &tt))
+    return df_error(DFLASH_E_NOT_FOUND, "%s: checkpoint lacks tensor t2d", path);
+  if (d.dtype != DFLASH_DTYPE_I64)
+    return df_error(DFLASH_E_DTYPE, "%s: tensor d2t has dtype %s (I64 expected)", path,
+                    dflash_dtype_name(d.dtype));
+  if (tt.dtype != DFLASH_DTYPE_BOOL)
+    return df_error(DFLASH_E_DTYPE, "%s: tensor t2d has dtype %s (BOOL expected)", path,
+                    dflash_dtype_name(tt.dtype));
+  if (d.ndim != 1 || d.shape[0] != m->Vd)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: tensor d2t must be [%d] (draft_vocab_size), got %u dims, first %lld", path,
+                    m->Vd, d.ndim, (long long)(d.ndim ? d.shape[0] : 0));
+  if (tt.ndim != 1 || tt.shape[0] != m->V)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: tensor t2d must be [%d] (vocab_size), got %u dims, first %lld", path, m->V,
+                    tt.ndim, (long long)(tt.ndim ? tt.shape[0] : 0));
+  const int64_t *off = d.data;
+  for (int i = 0; i < m->Vd; i++) {
+    int64_t id;
+    memcpy(&id, off + i, sizeof id); /* the mapped tensor may be misaligned */
+    id += i;
+    if (id < 0 || id >= m->V)
+      return df_error(DFLASH_E_FORMAT,
+                      "%s: tensor d2t: entry %d maps to target id %lld, outside the vocabulary "
+                      "[0, %d) (d2t holds offsets: id = i + d2t[i])",
+                      path, i, (long long)id, m->V);
+    kept[i] = (int32_t)id;
+  }
+  char what[600];
+  snprintf(what, sizeof what, "%s: tensor d2t", path);
+  dflash_status s = df_draft_vocab_check(kept, m->Vd, m->V, what);
+  if (s) return s;
+  const uint8_t *mask = tt.data;
+  for (int v = 0, i = 0; v < m->V; v++) {
+    bool in = i < m->Vd && kept[i] == v;
+    if (in) i++;
+    if ((mask[v] != 0) != in)
+      return df_error(DFLASH_E_FORMAT, "%s: tensor t2d[%d] is %s but d2t %s id %d", path, v,
+                      mask[v] ? "true" : "false", in ? "keeps" : "does not keep", v);
+  }
+  dflash_tensor h = {.struct_size = sizeof h};
+  if (!dflash_safetensors_find(st, "lm_head.weight", &h) &&
+      (h.ndim != 2 || h.shape[0] != m->Vd || h.shape[1] != m->H))
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: tensor lm_head.weight must be [%d, %d] (draft_vocab_size, hidden_size)",
+                    path, m->Vd, m->H);
+  dflash_clear_error();
+  return DFLASH_OK;
+}
+
 dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
   DF_CHECK_ARG(t && path);
   if (dflash_storage_is_remote(path)) return load_remote(t, path, false, NULL, 0, NULL);
@@ -146,7 +236,10 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
   df_model *m = &t->m;
   /* Read into a copy so a failure leaves the parameters untouched. */
   float *tmp = malloc(m->n_params * sizeof(float));
-  if (!tmp) s = df_error_nomem("checkpoint parameters");
+  int32_t *kept = m->kept ? malloc(sizeof(int32_t) * (size_t)m->Vd) : NULL;
+  if (!tmp || (m->kept && !kept)) s = df_error_nomem("checkpoint parameters");
+  /* A pruned draft vocabulary's tables first: a mismatch there explains the shapes after. */
+  if (!s) s = read_draft_vocab(m, st, path, kept);
   for (size_t i = 0; !s && i < m->n_tensors; i++) {
     const df_tensor_info *ti = &m->tensors[i];
     s = df_read_float_tensor(st, ti->name, ti->ndim, ti->shape, tmp + ti->offset);
@@ -166,6 +259,9 @@ dflash_status dflash_trainer_load(dflash_trainer *t, const char *path) {
         s = df_error(DFLASH_E_NOT_FOUND, "%s: checkpoint lacks tensor %s", path, ti->name);
     }
   }
+  /* The tables set the head rows once every tensor has been read (nothing fails past it). */
+  if (!s && kept) s = df_model_set_draft_vocab(m, kept, path);
+  free(kept);
   if (!s) memcpy(m->params, tmp, m->n_params * sizeof(float));
   if (!s) s = df_trainer_push(t, DF_BUF_PARAMS);
   free(tmp);

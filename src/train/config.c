@@ -49,7 +49,11 @@ void df_config_ext_of(const dflash_drafter_config *cfg, df_config_ext *ext) {
                          .dspark = cfg->dspark,
                          .markov_rank = cfg->markov_rank,
                          .confidence_head = cfg->confidence_head,
-                         .num_anchors = cfg->num_anchors};
+                         .num_anchors = cfg->num_anchors,
+                         .draft_vocab = cfg->draft_vocab_size > 0 &&
+                                                cfg->draft_vocab_size < cfg->vocab_size
+                                            ? cfg->draft_vocab_size
+                                            : cfg->vocab_size};
 }
 
 /* Whether a caller's struct of `size` bytes holds `field` (fields are appended, never moved). */
@@ -643,6 +647,11 @@ static dflash_status parse_root(const parser *p, json_t *root, dflash_drafter_co
       (st = check_unimplemented(p, dc, "dflash_config.", c, kind)))
     return st;
   if (dspark && (st = df_config_dspark_parse(p->what, root, c))) return st;
+  if (c->draft_vocab_size && !CFG_HOLDS(size, draft_vocab_size))
+    return df_error(DFLASH_E_UNSUPPORTED,
+                    "%s: \"draft_vocab_size\" = %d does not fit in a dflash_drafter_config of "
+                    "struct_size %zu (an older header's): rebuild against a current libdflash",
+                    p->what, c->draft_vocab_size, size);
   df_config_ext ext = {.partial_rotary_factor = 1.0};
   if (dflash2 && (st = parse_dflash2(p, root, &ext))) return st;
   if ((st = dflash_drafter_config_validate(c))) return st;

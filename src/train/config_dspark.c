@@ -21,6 +21,14 @@ dflash_status df_dspark_validate(const dflash_drafter_config *cfg, const df_conf
                                  const char *what) {
   if (e->dspark != 0 && e->dspark != 1)
     return df_error(DFLASH_E_CONFIG, "%s: dspark must be 0 or 1 (got %d)", what, e->dspark);
+  if (cfg->draft_vocab_size < 0 || cfg->draft_vocab_size > cfg->vocab_size)
+    return df_error(DFLASH_E_CONFIG, "%s: draft_vocab_size must be in 0..vocab_size %d (got %d)",
+                    what, cfg->vocab_size, cfg->draft_vocab_size);
+  if (!e->dspark && e->draft_vocab > 0 && e->draft_vocab < cfg->vocab_size)
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: draft_vocab_size %d below vocab_size %d is for a DSpark drafter only "
+                    "(no engine's DFlash loader reads d2t)",
+                    what, cfg->draft_vocab_size, cfg->vocab_size);
   if (!e->dspark) {
     /* DSpark's fields without the architecture would be dropped silently on writing. */
     if (e->markov_rank || e->confidence_head || e->num_anchors)
@@ -110,8 +118,8 @@ static dflash_status dspark_int(const char *what, json_t *v, const char *key, in
  * enable_confidence_head (no two sources agree on its absence) and sample_from_anchor true
  * (the anchor-first layout; llama.cpp has a bonus-anchor one). Defaults: markov_head_type
  * "vanilla", confidence_head_with_markov true (the paper's eq. 7). Refused: other head
- * types (llama.cpp's converter takes vanilla only), a head without the Markov embedding and a
- * pruned draft vocabulary (not implemented). */
+ * types (llama.cpp's converter takes vanilla only) and a head without the Markov embedding.
+ * draft_vocab_size in 1..vocab_size (below it: pruned; equal: stored as 0). */
 dflash_status df_config_dspark_parse(const char *what, json_t *root, dflash_drafter_config *c) {
   json_t *v;
   int32_t flag = 0;
@@ -144,11 +152,11 @@ dflash_status df_config_dspark_parse(const char *what, json_t *root, dflash_draf
   if ((st = dspark_value(what, root, "draft_vocab_size", &v))) return st;
   int32_t dv = c->vocab_size;
   if (v && (st = dspark_int(what, v, "draft_vocab_size", &dv))) return st;
-  if (dv != c->vocab_size)
-    return df_config_refuse_key(
-        what, "", "draft_vocab_size", v,
-        "pruned draft vocabularies are not implemented yet; allowed: vocab_size "
-        "or null");
+  if (dv < 1 || dv > c->vocab_size)
+    return df_error(DFLASH_E_CONFIG,
+                    "%s: \"draft_vocab_size\" must be in 1..vocab_size %d (got %d)", what,
+                    c->vocab_size, dv);
+  c->draft_vocab_size = dv < c->vocab_size ? dv : 0;
   if ((st = dspark_value(what, root, "num_anchors", &v))) return st;
   if (v && (st = dspark_int(what, v, "num_anchors", &c->num_anchors))) return st;
   c->dspark = 1;
@@ -171,6 +179,9 @@ int df_config_dspark_json(json_t *o, json_t *dc, const dflash_drafter_config *c)
     bad |= json_object_set_new(where[i], "sample_from_anchor", json_true());
     if (c->num_anchors > 0)
       bad |= json_object_set_new(where[i], "num_anchors", json_integer(c->num_anchors));
+    /* only when pruned (spec section 5) */
+    if (c->draft_vocab_size > 0 && c->draft_vocab_size < c->vocab_size)
+      bad |= json_object_set_new(where[i], "draft_vocab_size", json_integer(c->draft_vocab_size));
   }
   return bad;
 }

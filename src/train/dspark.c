@@ -35,8 +35,11 @@ static void rows_fn(void *v, size_t begin, size_t end, int worker) {
     for (int v = 0; v < V; v++) mx = fmax(mx, z[v]);
     for (int v = 0; v < V; v++) s += exp((double)z[v] - mx);
     double lse = mx + log(s);
-    double ce = lse - z[a->target[gi]];
-    double l1 = 0, ps = 0; /* sum |p - q|, sum p sign(p - q) */
+    int tgt = a->target[gi];
+    double ce = tgt >= 0 ? lse - z[tgt] : 0.0;
+    double l1 = 0, ps = 0;  /* sum |p - q|, sum p sign(p - q) */
+    double l1f = 0, qk = 0; /* pruned: sum |p - q'|, sum q' (q' over the full vocabulary) */
+    double qlf = a->qlse ? a->qlse[gi] : 0;
     double qmx = -INFINITY, qs = 0;
     float *zt = c->zt ? c->zt + i * (size_t)V : NULL;
     if (zt) {
@@ -47,6 +50,10 @@ static void rows_fn(void *v, size_t begin, size_t end, int worker) {
        * no exp); the loss sums in double, so a small c* keeps its digits. */
       for (int v = 0; v < V; v++) {
         double p = exp((double)z[v] - lse), d = p - exp((double)zt[v] - qlse);
+        if (a->qlse) {
+          double qf = exp((double)zt[v] - qlf);
+          l1f += fabs(p - qf), qk += qf;
+        }
         float sg = d > 0 ? 1.0f : d < 0 ? -1.0f : 0.0f;
         z[v] = (float)p, zt[v] = sg;
         l1 += fabs(d);
@@ -60,7 +67,8 @@ static void rows_fn(void *v, size_t begin, size_t end, int worker) {
       double sl = a->cb;
       for (int k = 0; k < H; k++) sl += (double)a->cw[k] * x[k];
       for (int k = 0; k < a->r; k++) sl += (double)a->cw[H + k] * e[k];
-      cstar = a->cstar_fix ? a->cstar_fix[gi] : fmin(1.0, fmax(0.0, 1.0 - 0.5 * l1));
+      double acc = a->qlse ? 0.5 * (1.0 + qk - l1f) : 1.0 - 0.5 * l1;
+      cstar = a->cstar_fix ? a->cstar_fix[gi] : fmin(1.0, fmax(0.0, acc));
       bce = fmax(sl, 0.0) + log1p(exp(-fabs(sl))) - cstar * sl;
       double sig = 1.0 / (1.0 + exp(-sl));
       ds = (double)a->coef[gi] * a->alpha_conf * (sig - cstar);
@@ -72,7 +80,7 @@ static void rows_fn(void *v, size_t begin, size_t end, int worker) {
     /* d/dz: alpha_ce (p - onehot) + alpha_l1 p (sign(p - q) - sum p sign(p - q)) */
     double g = a->coef[gi];
     for (int v = 0; v < V; v++) {
-      double p = zt ? (double)z[v] : exp((double)z[v] - lse), d = p - (v == a->target[gi]);
+      double p = zt ? (double)z[v] : exp((double)z[v] - lse), d = tgt >= 0 ? p - (v == tgt) : 0;
       double dz = a->alpha_ce * d;
       if (zt) dz += a->alpha_l1 * p * ((double)zt[v] - ps);
       z[v] = (float)(g * dz);
@@ -87,12 +95,13 @@ dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a, df_dspark_s
   if (a->R <= 0) return DFLASH_OK;
   int V = a->V, H = a->H, r = a->r;
   if (V < 1 || H < 1 || r < 1) return df_error(DFLASH_E_INVALID_ARG, "DSpark loss: empty shape");
+  int V1 = a->V1 > 0 ? a->V1 : V;
   for (int i = 0; i < a->R; i++)
-    if (a->prev[i] < 0 || a->prev[i] >= V || a->target[i] < 0 || a->target[i] >= V)
+    if (a->prev[i] < 0 || a->prev[i] >= V1 || a->target[i] < -1 || a->target[i] >= V)
       return df_error(DFLASH_E_RANGE,
-                      "DSpark loss: row %d: previous token %d or label %d is "
-                      "outside the vocabulary [0, %d)",
-                      i, a->prev[i], a->target[i], V);
+                      "DSpark loss: row %d: previous token %d (of %d) or label %d (of %d, or "
+                      "-1) is outside the vocabulary",
+                      i, a->prev[i], V1, a->target[i], V);
   bool backward = a->dx || a->dw1 || a->dw2 || a->dcw || a->dcb;
   int cr = a->chunk_rows > 0 ? a->chunk_rows : 32;
   if (cr > a->R) cr = a->R;

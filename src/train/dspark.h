@@ -17,21 +17,32 @@
  * z = E x_i + w2 e (the draft logits over V), p = softmax(z);
  *   CE_i  = -log p[target_i]
  *   L1_i  = sum_v |p_v - q_v|, q = softmax(E xt_i)  (the target's distribution; xt NULL: 0)
- *   c*_i  = clamp(1 - L1_i / 2, 0, 1), a constant (stop-gradient, the paper's eq. 8)
+ *   c*_i  = clamp(1 - L1_i / 2, 0, 1), a constant (stop-gradient, the paper's eq. 8;
+ *           pruned: see qlse)
  *   s_i   = cw . [x_i; e] + cb (the confidence logit; cw NULL: no head)
  *   BCE_i = softplus(s_i) - c*_i s_i
  * The gradients are those of sum_i coef_i (alpha_ce CE_i + alpha_l1 L1_i + alpha_conf BCE_i)
  * with sign(0) = 0 in L1's; BCE needs q (c* is defined by L1), so xt NULL leaves it out too.
  */
 typedef struct df_dspark_args {
-  const float *x;         /* [R, H] the drafter's final-norm state of each row */
-  const float *xt;        /* [R, H] the target's post-norm final state there, or NULL */
-  const float *E;         /* [V, H] the target's LM head (frozen) */
-  const float *w1, *w2;   /* markov_w1 [V, r], markov_w2 [V, r] */
-  const float *cw;        /* confidence_head.proj.weight [H + r], or NULL */
-  float cb;               /* its bias */
-  const int32_t *prev;    /* [R] the previous token (teacher forcing), in [0, V) */
-  const int32_t *target;  /* [R] the CE label, in [0, V) */
+  const float *x;        /* [R, H] the drafter's final-norm state of each row */
+  const float *xt;       /* [R, H] the target's post-norm final state there, or NULL */
+  const float *E;        /* [V, H] the target's LM head (frozen) */
+  const float *w1, *w2;  /* markov_w1 [V1, r], markov_w2 [V, r] */
+  const float *cw;       /* confidence_head.proj.weight [H + r], or NULL */
+  float cb;              /* its bias */
+  const int32_t *prev;   /* [R] the previous token (teacher forcing), in [0, V1) */
+  const int32_t *target; /* [R] the CE label, in [0, V), or -1: no CE on the row (a label
+                           * outside a pruned draft vocabulary; L1 and BCE stay) */
+  /* A pruned draft vocabulary: V is V_d (E, w2 and the logits have V_d rows), V1 the full
+   * vocabulary (w1's rows; <= 0: V), and qlse [R] the target's logsumexp over the full
+   * vocabulary at each row (NULL: not pruned). q above is then renormalized over the V_d
+   * rows (speculators' teacher) for L1, and c* = clamp((1 + sum q' - sum |p - q'|) / 2, 0,
+   * 1) with q' = exp(E xt - qlse) normalized over the full vocabulary, i.e. sum_kept min(p,
+   * q'): the acceptance, which the renormalized teacher would overstate by the dropped mass
+   * (spec/dspark.md section 4). */
+  int V1;
+  const double *qlse;
   const float *coef;      /* [R] the gradient coefficient (weight * grad scale) */
   const double *w;        /* [R] the weight of the sums below */
   const float *cstar_fix; /* [R] c* to use instead of L1's (a test hook), or NULL */

@@ -62,6 +62,7 @@ df_tensor_dims df_tensor_dims_of(const dflash_drafter_config *cfg, const df_conf
       .SR = dflash2 ? ext->selector_rank : 0,
       .dflash2 = dflash2,
       .MR = ext && ext->dspark ? ext->markov_rank : 0,
+      .VD = ext && ext->draft_vocab > 0 ? ext->draft_vocab : cfg->vocab_size,
       .dspark = ext && ext->dspark,
       .conf = ext && ext->dspark && ext->confidence_head,
   };
@@ -160,6 +161,7 @@ dflash_status df_model_init(df_model *m, const dflash_drafter_config *cfg, int n
   m->d = cfg->head_dim;
   m->I = cfg->intermediate_size;
   m->V = cfg->vocab_size;
+  m->Vd = m->ext.draft_vocab > 0 ? m->ext.draft_vocab : m->V;
   m->B = cfg->block_size;
   m->L = cfg->num_hidden_layers;
   m->dflash2 = m->ext.dflash2 != 0;
@@ -198,6 +200,9 @@ void df_model_free(df_model *m) {
   free(m->grads);
   free(m->embed);
   free(m->lm_head);
+  free(m->lm_head_full);
+  free(m->kept);
+  free(m->t2d);
   free(m->inv_freq);
   free(m->cos_t);
   free(m->sin_t);
@@ -801,6 +806,12 @@ dflash_status df_model_step_final(df_model *m, const int32_t *ids, const int32_t
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (!st) st = df_model_check_labels(m, labels, len);
   if (!st && m->dspark) st = df_model_check_final(m, final, len);
+  if (!st && m->kept && !m->dv_set && backward)
+    st = df_error(DFLASH_E_STATE,
+                  "a pruned draft vocabulary (draft_vocab_size %d) trains only once its kept ids "
+                  "are set (dflash_trainer_set_draft_vocab with dflash_draft_vocab_from_dataset, "
+                  "or a checkpoint's d2t through dflash_trainer_load)",
+                  m->Vd);
   if (st) return st;
   double lsum = 0, wsum = 0;
   if (n_anchors > 0) {
@@ -898,6 +909,19 @@ dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, cons
   if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
   model_forward(m, hidden, anchors);
   /* All B rows of every block, position 0 included: [T, V] = hf [T, H] lm_head^T. */
-  df_matmul_forward(logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);
+  if (!m->kept) {
+    df_matmul_forward(logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);
+    return DFLASH_OK;
+  }
+  /* A pruned draft vocabulary: its V_d logits scattered into V, -inf elsewhere (vLLM's). */
+  float *zd = malloc(sizeof(float) * (size_t)m->T * m->Vd);
+  if (!zd) return df_error_nomem("draft-vocabulary logits");
+  df_matmul_forward(zd, m->a.hf, m->lm_head, m->T, m->Vd, m->H, false);
+  for (int t = 0; t < m->T; t++) {
+    float *row = logits + (size_t)t * m->V;
+    for (int v = 0; v < m->V; v++) row[v] = -INFINITY;
+    for (int i = 0; i < m->Vd; i++) row[m->kept[i]] = zd[(size_t)t * m->Vd + i];
+  }
+  free(zd);
   return DFLASH_OK;
 }

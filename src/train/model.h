@@ -25,6 +25,7 @@ typedef struct df_config_ext {
   int32_t markov_rank;
   int32_t confidence_head;
   int32_t num_anchors;
+  int32_t draft_vocab; /* V_d: vocab_size when not pruned */
 } df_config_ext;
 
 /* Parameter views (into params or grads), one float* per row of tensors.h's lists. */
@@ -123,7 +124,14 @@ typedef struct df_model {
   size_t n_tensors, n_params;
   float *params, *grads;
   df_weights w, g;
-  float *embed, *lm_head; /* frozen, [V, H] */
+  float *embed, *lm_head; /* frozen, [V, H]; a pruned DSpark drafter's lm_head [Vd, H] */
+  /* DSpark's pruned draft vocabulary (draft_vocab.c): Vd < V, kept [Vd] ascending target ids,
+   * t2d [V] the draft index of a target id or -1, lm_head_full the target's [V, H] head the
+   * kept rows come from. Vd = V and all three NULL when not pruned. */
+  int Vd;
+  int32_t *kept, *t2d;
+  float *lm_head_full;
+  bool dv_set; /* kept given (set or loaded), not the fresh default: training needs it */
   df_pool *pool;
   /* RoPE tables [n_pos, rot/2] */
   double *inv_freq;
@@ -194,6 +202,14 @@ DF_MUST_CHECK dflash_status df_model_dspark_loss(df_model *m, const float *final
 DF_MUST_CHECK dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids,
                                                   const int32_t *anchors, int32_t n_anchors,
                                                   int32_t *pred);
+/* The draft vocabulary (draft_vocab.c): `kept` [m->Vd] ascending ids (NULL: 0..Vd-1) into
+ * kept / t2d and the LM head's rows gathered from lm_head_full; DFLASH_E_FORMAT naming
+ * `what` for an id out of range or not ascending. */
+DF_MUST_CHECK dflash_status df_model_set_draft_vocab(df_model *m, const int32_t *kept,
+                                                     const char *what);
+/* kept [n] strictly ascending in [0, V) (DFLASH_E_FORMAT naming `what` and the index). */
+DF_MUST_CHECK dflash_status df_draft_vocab_check(const int32_t *kept, int64_t n, int32_t V,
+                                                 const char *what);
 /* Labels (may be NULL) inside the vocabulary (DFLASH_E_RANGE naming the position). */
 DF_MUST_CHECK dflash_status df_model_check_labels(const df_model *m, const int32_t *labels,
                                                   int64_t len);

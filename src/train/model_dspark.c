@@ -19,6 +19,32 @@ dflash_status df_model_check_final(const df_model *m, const float *final, int64_
   return DFLASH_OK;
 }
 
+/* The target's logsumexp over the full vocabulary of each of the n rows x [n, H] (through
+ * lm_head_full, 32 rows a pass), into a new *out [n]. */
+static dflash_status full_lse(const df_model *m, const float *x, int n, double **out) {
+  int cr = n < 32 ? n : 32, V = m->V;
+  float *z = malloc(sizeof(float) * (size_t)cr * V);
+  double *lse = malloc(sizeof(double) * (size_t)n);
+  if (!z || !lse) {
+    free(z), free(lse);
+    return df_error_nomem("DSpark full-vocabulary logsumexp");
+  }
+  for (int r0 = 0; r0 < n; r0 += cr) {
+    int k = n - r0 < cr ? n - r0 : cr;
+    df_matmul_forward(z, x + (size_t)r0 * m->H, m->lm_head_full, k, V, m->H, false);
+    for (int i = 0; i < k; i++) {
+      const float *zi = z + (size_t)i * V;
+      double mx = -INFINITY, s = 0;
+      for (int v = 0; v < V; v++) mx = fmax(mx, zi[v]);
+      for (int v = 0; v < V; v++) s += exp((double)zi[v] - mx);
+      lse[r0 + i] = mx + log(s);
+    }
+  }
+  free(z);
+  *out = lse;
+  return DFLASH_OK;
+}
+
 /* DSpark's loss over the rows prepare laid out (df_dspark_rows): the drafter's final-norm
  * rows and, with `final`, the target's state at the position before each label (q_k is the
  * target's distribution of x_{a+k+1}, read at a + k), into df_dspark_loss; its d(rows) go
@@ -36,6 +62,22 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
     a->coef[r] = (float)(a->rows_w[r] * grad_scale);
     *wsum += a->rows_w[r];
   }
+  /* A pruned draft vocabulary: labels map through t2d (-1: outside it, no CE on the row), and
+   * c* takes the target's distribution over the full vocabulary (its logsumexp per row). */
+  int32_t *tgt = a->rows_target;
+  double *qlse = NULL;
+  if (m->t2d && m->R > 0) {
+    tgt = malloc(sizeof(int32_t) * (size_t)m->R);
+    if (!tgt) return df_error_nomem("DSpark draft labels");
+    for (int r = 0; r < m->R; r++) tgt[r] = m->t2d[a->rows_target[r]];
+    if (final && m->ext.confidence_head) { /* only c* reads it */
+      dflash_status st = full_lse(m, a->rows_xt, m->R, &qlse);
+      if (st) {
+        free(tgt);
+        return st;
+      }
+    }
+  }
   bool conf = m->ext.confidence_head != 0;
   df_dspark_args d = {.x = a->rows_x,
                       .xt = final ? a->rows_xt : NULL,
@@ -45,12 +87,14 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
                       .cw = conf ? m->w.conf_w : NULL,
                       .cb = conf ? m->w.conf_b[0] : 0.0f,
                       .prev = a->rows_prev,
-                      .target = a->rows_target,
+                      .target = tgt,
+                      .V1 = m->V,
+                      .qlse = qlse,
                       .coef = a->coef,
                       .w = a->rows_w,
                       .R = m->R,
                       .H = m->H,
-                      .V = m->V,
+                      .V = m->Vd,
                       .r = m->ext.markov_rank,
                       .alpha_ce = DF_DSPARK_ALPHA_CE,
                       .alpha_l1 = DF_DSPARK_ALPHA_L1,
@@ -62,16 +106,19 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
   df_dspark_sums sums;
   dflash_status st = df_dspark_loss(m->pool, &d, &sums);
   *lsum += d.alpha_ce * sums.ce + d.alpha_l1 * sums.l1 + d.alpha_conf * sums.bce;
+  if (tgt != a->rows_target) free(tgt);
+  free(qlse);
   return st;
 }
 
 /* DSpark's greedy drafts, as llama.cpp, vLLM and SGLang draft at T = 0 (spec/dspark.md
  * sections 1 and 6): one backbone pass gives every slot's logits; the Markov bias of slot k
  * needs the token drafted at slot k - 1 (the anchor's for slot 0), so the B slots are chosen
- * one after another, d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), B drafts a block. */
+ * one after another, d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), B drafts a block. A
+ * pruned drafter picks among its V_d rows and maps the pick to its target id. */
 dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32_t *anchors,
                                     int32_t n_anchors, int32_t *pred) {
-  int B = m->B, V = m->V, r = m->ext.markov_rank;
+  int B = m->B, V = m->Vd, r = m->ext.markov_rank;
   float *z = malloc(sizeof(float) * (size_t)B * V);
   if (!z) return df_error_nomem("DSpark draft logits");
   for (int32_t n = 0; n < n_anchors; n++) {
@@ -80,7 +127,10 @@ dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32
     for (int k = 0; k < B; k++) {
       float *zk = z + (size_t)k * V;
       df_matmul_forward(zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
-      prev = pred[(size_t)n * B + k] = df2_argmax(zk, V);
+      /* picked in the draft vocabulary, mapped to a target id (i + d2t[i]) for the next
+       * Markov step and the output */
+      int32_t i = df2_argmax(zk, V);
+      prev = pred[(size_t)n * B + k] = m->kept ? m->kept[i] : i;
     }
   }
   free(z);

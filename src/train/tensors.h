@@ -51,6 +51,7 @@ typedef struct df_tensor_dims {
   int dflash2; /* the DFlash 2 tensors exist */
   /* DSpark (0 for DFlash) */
   int64_t MR; /* markov_rank */
+  int64_t VD; /* draft_vocab_size (V when not pruned) */
   int dspark; /* the Markov head exists */
   int conf;   /* and the confidence head */
 } df_tensor_dims;
@@ -93,12 +94,12 @@ typedef struct df_tensor_dims {
   X(HPROJ, sel_hproj, "candidate_selector.hidden_projection.weight", z.SR, z.H, 0, ZERO)
 
 /* DSpark (spec/dspark.md section 5): the vanilla Markov head, W1 [V, r] indexed by the
- * previous token's target id and W2 [V_d, r] (V_d = V: no pruned vocabulary), and the
+ * previous token's target id and W2 [V_d, r] (V_d: the draft vocabulary, V unless pruned), and the
  * confidence head on [norm(h); W1[prev]] (a bias: vLLM builds the projection with one).
  * Normal init, as DeepSpec's Hugging Face post_init (the spec's assumption); the bias 0. */
 #define DF_TENSORS_MARKOV(X)                                             \
   X(W1, markov_w1, "markov_head.markov_w1.weight", z.V, z.MR, 0, NORMAL) \
-  X(W2, markov_w2, "markov_head.markov_w2.weight", z.V, z.MR, 0, NORMAL)
+  X(W2, markov_w2, "markov_head.markov_w2.weight", z.VD, z.MR, 0, NORMAL)
 
 #define DF_TENSORS_CONF(X)                                               \
   X(CW, conf_w, "confidence_head.proj.weight", 1, z.H + z.MR, 0, NORMAL) \

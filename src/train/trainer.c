@@ -207,17 +207,21 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
     return st;
   }
   size_t vh = (size_t)t->m.V * (size_t)t->m.H;
+  bool pruned = t->m.Vd < t->m.V;
   t->m.embed = malloc(vh * sizeof(float));
-  t->m.lm_head = malloc(vh * sizeof(float));
+  /* Pruned (DSpark): the drafter's head is the kept rows of the target's, kept whole. */
+  t->m.lm_head = malloc((size_t)t->m.Vd * (size_t)t->m.H * sizeof(float));
+  if (pruned) t->m.lm_head_full = malloc(vh * sizeof(float));
   t->m1 = calloc(t->m.n_params, sizeof(float));
   t->m2 = calloc(t->m.n_params, sizeof(float));
-  if (!t->m.embed || !t->m.lm_head || !t->m1 || !t->m2) {
+  if (!t->m.embed || !t->m.lm_head || (pruned && !t->m.lm_head_full) || !t->m1 || !t->m2) {
     dflash_trainer_free(t);
     return df_error_nomem("trainer embedding, LM head and optimizer state");
   }
   memcpy(t->m.embed, embed, vh * sizeof(float));
-  memcpy(t->m.lm_head, lm_head, vh * sizeof(float));
-  st = init_params(&t->m, t->opt.seed, t->opt.init_std);
+  memcpy(pruned ? t->m.lm_head_full : t->m.lm_head, lm_head, vh * sizeof(float));
+  st = df_model_set_draft_vocab(&t->m, NULL, "draft vocabulary");
+  if (!st) st = init_params(&t->m, t->opt.seed, t->opt.init_std);
   if (!st) st = dspark_options(t);
   if (!st)
     st = t->opt.backend == DFLASH_BACKEND_CUDA ? df_backend_cuda_create(t, &t->be)

@@ -60,6 +60,14 @@ DF_MUST_CHECK dflash_status df_trainer_create(const dflash_drafter_config *cfg, 
 
 int64_t df_warmup_steps(const dflash_trainer_options *o);
 
+/* A pruned DSpark drafter's kept ids picked from the dataset at data_dir (the run's training
+ * data: dflash_draft_vocab_from_dataset, then set), its coverage logged (INFO) and stored in
+ * *coverage (may be NULL); nothing for a drafter that is not pruned. What a training run
+ * calls after creating its trainer (the same data picks the same set, so a resume agrees). */
+DF_MUST_CHECK dflash_status df_trainer_draft_vocab_from_data(dflash_trainer *t,
+                                                             const char *data_dir,
+                                                             double *coverage);
+
 /* dflash_anchors_sample by the drafter's rule: DFlash's for DFlash 1 and 2; for DSpark
  * (cfg->dspark) spec/dspark.md section 2's, candidates 0 <= a <= len - 2 with loss_mask[a] and
  * loss_mask[a + 1], whether or not the block fits (its tail slots are masked) and however few

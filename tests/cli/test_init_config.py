@@ -39,6 +39,46 @@ def init(d, target, *extra):
                           capture_output=True, text=True)
 
 
+def draft_vocab(d):
+    """--arch dspark --draft-vocab N --data DIR: draft_vocab_size N in both places, the kept
+    set's coverage printed (it equals the N most frequent supervised tokens' share)."""
+    try:
+        import numpy as np
+        import libdflash
+    except ImportError as exc:
+        print(f"draft vocabulary not checked: {exc}")
+        return
+    (d / "small").mkdir()
+    (d / "small" / "config.json").write_text(json.dumps(dict(QWEN3_8B, vocab_size=50)))
+    rng = np.random.default_rng(0)
+    counts = np.zeros(50, np.int64)
+    with libdflash.DatasetWriter(d / "ds") as w:
+        for i in range(6):
+            ids = rng.integers(0, 30, 40).astype(np.int32)
+            mask = (rng.random(40) < 0.5).astype(np.uint8)
+            w.add(f"s{i}", ids, mask)
+            np.add.at(counts, ids[mask.astype(bool)], 1)
+        w.finish()
+    r = init(d, d / "small", "-o", "p.json", "--arch", "dspark", "--mask-token-id", "49",
+             "--draft-vocab", "10", "--data", str(d / "ds"))
+    assert r.returncode == 0, r.stderr
+    p = json.loads((d / "p.json").read_text())
+    assert p["draft_vocab_size"] == 10 and p["dflash_config"]["draft_vocab_size"] == 10, p
+    top = sorted(range(50), key=lambda i: (-counts[i], i))[:10]
+    cov = 100.0 * counts[top].sum() / counts.sum()
+    assert f"draft vocabulary 10 of 50 tokens, covering {cov:.4f}%" in r.stderr, (cov, r.stderr)
+    r = init(d, d / "small", "-o", "p2.json", "--arch", "dspark", "--mask-token-id", "49",
+             "--draft-vocab", "51", "--data", str(d / "ds"))
+    assert r.returncode == 1 and "draft_vocab_size" in r.stderr, r.stderr
+    r = init(d, d / "small", "-o", "p3.json", "--mask-token-id", "49", "--draft-vocab", "10",
+             "--data", str(d / "ds"))
+    assert r.returncode == 2 and "dspark only" in r.stderr, r.stderr
+    r = init(d, d / "small", "-o", "p4.json", "--arch", "dspark", "--mask-token-id", "49",
+             "--draft-vocab", "10")
+    assert r.returncode == 2 and "go together" in r.stderr, r.stderr
+    print("init-config --draft-vocab: OK")
+
+
 def main():
     if not CLI:
         print("SKIP: needs DFLASH_CLI")
@@ -132,6 +172,7 @@ def main():
             {"hidden_size": 4096, "num_hidden_layers": 5}
         r = init(d, d / "qwen", "-o", "d3.json", "--arch", "dflash3")
         assert r.returncode == 2 and "--arch" in r.stderr
+        draft_vocab(d)
     print("init-config: Qwen3-8B and Kimi K2.6 shapes give z-lab's drafter configs: OK")
 
 

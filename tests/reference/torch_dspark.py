@@ -19,11 +19,13 @@ ALPHA_CE, ALPHA_L1, ALPHA_CONF = 0.1, 0.9, 1.0
 
 
 def param_shapes(cfg):
-    """DFlash's tensors plus the Markov and (when enabled) confidence heads, V_d = V."""
+    """DFlash's tensors plus the Markov and (when enabled) confidence heads; W2 has V_d rows
+    (cfg's draft_vocab_size when pruned, else V)."""
     H, V, r = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"]
+    Vd = cfg.get("draft_vocab_size") or V
     shapes = base.param_shapes(cfg)
     shapes["markov_head.markov_w1.weight"] = (V, r)
-    shapes["markov_head.markov_w2.weight"] = (V, r)
+    shapes["markov_head.markov_w2.weight"] = (Vd, r)
     if cfg.get("enable_confidence_head"):
         shapes["confidence_head.proj.weight"] = (1, H + r)
         shapes["confidence_head.proj.bias"] = (1,)
@@ -47,7 +49,15 @@ def slots(B, S, loss_mask, anchors, gamma, mutate=None):
 
 
 def loss_fn(cfg, P, embed, lm_head, input_ids, loss_mask, hidden, target_final, anchors, gamma,
-            mutate=None):
+            mutate=None, kept=None):
+    """kept: a pruned draft vocabulary's ascending target ids (spec/dspark.md section 4): the
+    drafter's head is lm_head[kept]; a label maps to its index in kept, and one outside it
+    adds no CE (its L1 and BCE stay, and its weight stays in sum w); L1 is against the target
+    renormalized over kept, c* = sum_kept min(p, q) with q the target over the full vocabulary
+    (mutation "cstar_renormalized": c* from the renormalized L1 instead)."""
+    if kept is not None:
+        return _pruned_loss(cfg, P, embed, lm_head, input_ids, loss_mask, hidden, target_final,
+                            anchors, gamma, mutate, torch.as_tensor(kept).long())
     B = base.block_size(cfg)
     S = input_ids.shape[0]
     hf = base.final_hidden(cfg, P, embed, input_ids, hidden, anchors)
@@ -81,10 +91,14 @@ def loss_fn(cfg, P, embed, lm_head, input_ids, loss_mask, hidden, target_final, 
     return total / w.sum()
 
 
-def greedy_chain(cfg, P, embed, lm_head, input_ids, hidden, anchors):
+def greedy_chain(cfg, P, embed, lm_head, input_ids, hidden, anchors, kept=None):
     """[n_anchors, B] greedy drafts: d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), d_{-1} the
-    anchor's token (spec/dspark.md section 6, as llama.cpp drafts at T = 0)."""
+    anchor's token (spec/dspark.md section 6, as llama.cpp drafts at T = 0). Pruned (kept):
+    the argmax over the kept rows, mapped to its target id before the next step."""
     B = base.block_size(cfg)
+    ids = list(range(cfg["vocab_size"])) if kept is None else [int(k) for k in kept]
+    if kept is not None:
+        lm_head = lm_head[torch.as_tensor(kept).long()]
     hf = base.final_hidden(cfg, P, embed, input_ids, hidden, anchors)
     W1, W2 = P["markov_head.markov_w1.weight"], P["markov_head.markov_w2.weight"]
     out = []
@@ -92,7 +106,50 @@ def greedy_chain(cfg, P, embed, lm_head, input_ids, hidden, anchors):
         prev, row = int(input_ids[int(a)]), []
         for k in range(B):
             z = hf[n * B + k] @ lm_head.T + W2 @ W1[prev]
-            prev = int(torch.argmax(z))
+            prev = ids[int(torch.argmax(z))]
             row.append(prev)
         out.append(row)
     return out
+
+
+def _pruned_loss(cfg, P, embed, lm_head, input_ids, loss_mask, hidden, target_final, anchors,
+                 gamma, mutate, kept):
+    B, V = base.block_size(cfg), cfg["vocab_size"]
+    S = input_ids.shape[0]
+    t2d = torch.full((V,), -1, dtype=torch.long)
+    t2d[kept] = torch.arange(len(kept))
+    head = lm_head[kept]
+    hf = base.final_hidden(cfg, P, embed, input_ids, hidden, anchors)
+    rows = slots(B, S, loss_mask, anchors, gamma, mutate)
+    t = torch.tensor([r[0] for r in rows])
+    lab = t2d[input_ids[torch.tensor([r[1] for r in rows])].long()]
+    prev = input_ids[torch.tensor([r[2] for r in rows])].long()
+    w = torch.tensor([r[3] for r in rows], dtype=hf.dtype)
+    x = hf[t]
+    e = P["markov_head.markov_w1.weight"][prev]
+    z = x @ head.T
+    if mutate != "no_markov_bias":
+        z = z + e @ P["markov_head.markov_w2.weight"].T
+    inv = lab >= 0
+    ce = F.cross_entropy(z[inv], lab[inv], reduction="none")
+    total = ALPHA_CE * (w[inv] * ce).sum()
+    if target_final is not None:
+        p = z.softmax(-1)
+        qpos = torch.tensor([r[1] - 1 for r in rows])
+        zt = target_final[qpos] @ lm_head.T
+        q = zt[:, kept].softmax(-1)  # the teacher renormalized over the kept rows
+        l1 = (p - q).abs().sum(-1)
+        total = total + ALPHA_L1 * (w * l1).sum()
+        if cfg.get("enable_confidence_head"):
+            if mutate == "cstar_renormalized":
+                cstar = (1 - 0.5 * l1).clamp(0, 1)
+            else:
+                qf = zt.softmax(-1)[:, kept]  # over the full vocabulary
+                cstar = torch.minimum(p, qf).sum(-1).clamp(0, 1)
+            if mutate != "no_stop_gradient":
+                cstar = cstar.detach()
+            s = torch.cat([x, e], -1) @ P["confidence_head.proj.weight"][0] + \
+                P["confidence_head.proj.bias"][0]
+            bce = F.binary_cross_entropy_with_logits(s, cstar, reduction="none")
+            total = total + ALPHA_CONF * (w * bce).sum()
+    return total / w.sum()

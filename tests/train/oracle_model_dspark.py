@@ -5,9 +5,14 @@ Compares the loss and EVERY parameter gradient, with oracle_model.py's measure a
 (max|g_c - g_ref| / max|g_ref| <= 1e-4, loss 1e-5 relative), and the greedy chain
 (dflash_trainer_propose) token for token.
 
+Pruned draft vocabularies (spec/dspark.md section 4) too: the kept set picked by
+dflash_draft_vocab_select equals the spec's rule written here, and the loss (labels outside the
+kept set add no CE; L1 against the renormalized teacher; c* from the full-vocabulary target)
+and the chain (picked in V_d, mapped to target ids) equal the reference's.
+
 Then the mutation check: the same C result against the reference with one defect each (the
 Markov bias dropped, DFlash's label shift, the previous token taken from the label's slot, no
-stop-gradient on c*) must FAIL those bounds, so each is something this oracle catches.
+stop-gradient on c*; pruned: c* from the renormalized teacher) must FAIL those bounds, so each is something this oracle catches.
 
 Exit 77 (skip) when torch or numpy is missing.
 """
@@ -25,7 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import torch_dspark as ref  # noqa: E402
-from libdflash.train import Trainer  # noqa: E402
+from libdflash import Error  # noqa: E402
+from libdflash.train import Trainer, draft_vocab_select  # noqa: E402
 from oracle_model import make_config, rel_err, GRAD_TOL, LOSS_TOL  # noqa: E402
 
 MUTATIONS = ["no_markov_bias", "dflash_label_shift", "prev_is_label", "no_stop_gradient"]
@@ -50,9 +56,17 @@ def random_params(cfg, rng):
     return P
 
 
-def reference(cfg, P, tensors, anchors, gamma, mutate=None):
+def select_reference(counts, vd):
+    """spec/dspark.md section 4, written from the spec: the vd most frequent ids, ties to the
+    lower id, filled with the lowest unused ids, ascending."""
+    order = sorted(range(len(counts)), key=lambda i: (-int(counts[i]), i))
+    kept = sorted(order[:vd])
+    return kept
+
+
+def reference(cfg, P, tensors, anchors, gamma, mutate=None, kept=None):
     Pt = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in P.items()}
-    loss = ref.loss_fn(cfg, Pt, *tensors, anchors, gamma, mutate=mutate)
+    loss = ref.loss_fn(cfg, Pt, *tensors, anchors, gamma, mutate=mutate, kept=kept)
     loss.backward()
     # a tensor the loss does not reach (the heads without the final state) has gradient 0
     return loss.item(), {k: v.grad.numpy() if v.grad is not None else np.zeros(v.shape)
@@ -74,7 +88,7 @@ def compare(loss_c, grads_c, loss_t, grads_t):
     return out, (lerr, worst)
 
 
-def run_case(name, cfg, S, anchors, holes, gamma, with_final, seed):
+def run_case(name, cfg, S, anchors, holes, gamma, with_final, seed, draft_vocab=0):
     rng = np.random.default_rng(seed)
     H, V = cfg["hidden_size"], cfg["vocab_size"]
     K = len(cfg["dflash_config"]["target_layer_ids"])
@@ -86,6 +100,24 @@ def run_case(name, cfg, S, anchors, holes, gamma, with_final, seed):
         mask[lo:hi] = 0
     hidden = rng.standard_normal((S, K * H)).astype(np.float32)
     final = rng.standard_normal((S, H)).astype(np.float32) if with_final else None
+    kept, extra = None, ""
+    if draft_vocab:
+        # the kept set from the sequence's supervised counts, by the library and the spec
+        cfg = dict(cfg, draft_vocab_size=draft_vocab)
+        counts = np.bincount(ids[mask.astype(bool)], minlength=V).astype(np.int64)
+        kept, cov = draft_vocab_select(counts, draft_vocab)
+        if kept.tolist() != select_reference(counts, draft_vocab):
+            print(f"FAIL {name}: selection {kept.tolist()} vs {select_reference(counts, draft_vocab)}")
+            return False
+        t2d = np.zeros(V, dtype=bool)
+        t2d[kept] = True
+        labels = [int(ids[p]) for (_, p, _, _) in ref.slots(cfg["block_size"], S, mask, anchors,
+                                                            gamma if gamma else 4.0)]
+        oov = sum(not t2d[x] for x in labels)
+        if oov == 0 or oov == len(labels):
+            print(f"FAIL {name}: {oov} of {len(labels)} labels outside the kept set (want some)")
+            return False
+        extra = f", V_d {draft_vocab} (coverage {cov:.3f}, {oov}/{len(labels)} labels OOV)"
     P = random_params(cfg, rng)
     with Trainer(cfg, embed, lm_head, seed=1, loss_gamma=gamma, vocab_chunk=16,
                  n_threads=2) as tr:
@@ -93,6 +125,18 @@ def run_case(name, cfg, S, anchors, holes, gamma, with_final, seed):
             print(f"FAIL {name}: tensors {tr.names()} vs the spec's {sorted(P)}")
             return False
         tr.set_parameters(P)
+        if kept is not None:
+            # a fresh pruned trainer does not train before its kept ids are set
+            try:
+                tr.forward_backward(ids, mask, hidden, anchors, target_final=final)
+                print(f"FAIL {name}: trained before set_draft_vocab")
+                return False
+            except Error:
+                pass
+            tr.set_draft_vocab(kept)
+            if tr.draft_vocab().tolist() != kept.tolist():
+                print(f"FAIL {name}: draft_vocab() does not return the kept ids")
+                return False
         loss_c = tr.forward_backward(ids, mask, hidden, anchors, target_final=final)
         grads_c = tr.gradients()
         drafts_c = tr.predict(ids, hidden, anchors)
@@ -100,24 +144,28 @@ def run_case(name, cfg, S, anchors, holes, gamma, with_final, seed):
     tensors = (f64(embed), f64(lm_head), torch.tensor(ids), torch.tensor(mask), f64(hidden),
                None if final is None else f64(final))
     gamma = gamma if gamma != 0 else 4.0  # DSpark's default: DeepSpec's gamma 4 at any B
-    loss_t, grads_t = reference(cfg, P, tensors, anchors, gamma)
+    loss_t, grads_t = reference(cfg, P, tensors, anchors, gamma, kept=kept)
     failures, (lerr, worst) = compare(loss_c, grads_c, loss_t, grads_t)
     Pt = {k: torch.tensor(v, dtype=torch.float64) for k, v in P.items()}
-    drafts_t = ref.greedy_chain(cfg, Pt, tensors[0], tensors[1], tensors[2], tensors[4], anchors)
+    drafts_t = ref.greedy_chain(cfg, Pt, tensors[0], tensors[1], tensors[2], tensors[4], anchors,
+                                kept=kept)
     if drafts_c.tolist() != drafts_t:
         failures.append(f"greedy chain {drafts_c.tolist()} vs {drafts_t}")
     # Each mutation must be caught (only those this case can see: the stop-gradient and the
     # head need the target's final state and the confidence head).
     caught = []
-    for mut in MUTATIONS:
-        if mut == "no_stop_gradient" and not (with_final and cfg["enable_confidence_head"]):
+    muts = MUTATIONS + (["cstar_renormalized"] if kept is not None else [])
+    for mut in muts:
+        if mut in ("no_stop_gradient", "cstar_renormalized") and not (
+                with_final and cfg["enable_confidence_head"]):
             continue
-        m_fail, _ = compare(loss_c, grads_c, *reference(cfg, P, tensors, anchors, gamma, mut))
+        m_fail, _ = compare(loss_c, grads_c,
+                            *reference(cfg, P, tensors, anchors, gamma, mut, kept=kept))
         (caught if m_fail else failures).append(mut if m_fail else f"mutation {mut} not caught")
     status = "ok" if not failures else "FAIL"
     print(f"{status} {name}: loss {loss_c:.6f} (rel err {lerr:.1e}), {len(grads_t)} gradients, "
           f"worst rel err {worst[0]:.2e} ({worst[1]}), drafts {drafts_c.shape}, "
-          f"mutations caught: {', '.join(caught)}")
+          f"mutations caught: {', '.join(caught)}{extra}")
     for f in failures:
         print("   ", f)
     return not failures
@@ -141,12 +189,25 @@ CASES = [
     ("B=4, CE alone (no target final state)",
      dspark_config(6, True, H=16, I=24, L=1, nh=2, nkv=1, d=8, V=41, B=4, K=1),
      24, [0, 5, 12, 21, 22], [(8, 9)], 4.0, False),
+    # pruned draft vocabularies (spec/dspark.md section 4): the kept set picked from the
+    # sequence's supervised tokens, some labels outside it
+    ("B=4, rank 6, confidence head, pruned V_d 20 of 97",
+     dspark_config(6, True, H=32, I=48, L=2, nh=4, nkv=2, d=8, V=97, B=4, K=2),
+     40, [0, 1, 7, 20, 33, 37, 38], [(10, 14), (30, 31)], 4.0, True, 20),
+    ("B=5, rank 4, no confidence head, pruned V_d 20 of 53",
+     dspark_config(4, False, H=24, I=32, L=2, nh=4, nkv=2, d=6, V=53, B=5, K=1,
+                   layer_types=["sliding_attention", "full_attention"], window=3),
+     32, [2, 9, 15, 27, 30], [(20, 22)], 2.5, True, 20),
+    ("B=4, CE alone, pruned V_d 12 of 41",
+     dspark_config(6, True, H=16, I=24, L=1, nh=2, nkv=1, d=8, V=41, B=4, K=1),
+     24, [0, 5, 12, 21, 22], [(8, 9)], 4.0, False, 12),
 ]
 
 
 def main():
     torch.set_num_threads(1)
-    ok = sum(run_case(*case, seed=300 + i) for i, case in enumerate(CASES))
+    ok = sum(run_case(*case[:7], seed=300 + i, draft_vocab=case[7] if len(case) > 7 else 0)
+             for i, case in enumerate(CASES))
     print(f"{ok} passed, {len(CASES) - ok} failed")
     return 0 if ok == len(CASES) else 1
 

@@ -641,8 +641,15 @@ START_TEST(dspark_bad_configs_refused) {
       {DSP_HEAD "\"mask_token_id\": 5, \"markov_rank\": 8, \"enable_confidence_head\": true, "
                 "\"sample_from_anchor\": true, \"confidence_head_with_markov\": false}",
        DFLASH_E_UNSUPPORTED, "\"confidence_head_with_markov\" = false"},
-      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 500}", DFLASH_E_UNSUPPORTED,
-       "pruned draft vocabularies are not implemented"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 1001}", DFLASH_E_CONFIG,
+       "t.json: \"draft_vocab_size\" must be in 1..vocab_size 1000 (got 1001)"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 0}", DFLASH_E_CONFIG,
+       "\"draft_vocab_size\" must be in 1..vocab_size"},
+      {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 500, \"dflash_config\": "
+                         "{\"draft_vocab_size\": 400}}",
+       DFLASH_E_CONFIG, "\"draft_vocab_size\" at the top level disagrees with dflash_config's"},
+      {CFG_HEAD "\"draft_vocab_size\": 500, " CFG_TAIL "}", DFLASH_E_UNSUPPORTED,
+       "\"draft_vocab_size\" = 500 is not implemented by libdflash"},
       {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"speculators_model_type\": \"dspark\"}",
        DFLASH_E_UNSUPPORTED, "SGLang refuses"},
       {DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"transformer_layer_config\": {}}",
@@ -693,6 +700,49 @@ START_TEST(dspark_bad_configs_refused) {
   c.dflash2 = 1, c.conv_kernel_size = 2, c.conv_group_size = 16, c.selector_top_k = 8;
   c.selector_rank = 8;
   ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG, "exclusive");
+  /* A pruned draft vocabulary: DSpark only, 0 < V_d <= V. */
+  ck_assert_ok(parse(CFG_HEAD CFG_TAIL "}", &c));
+  c.draft_vocab_size = 500;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG,
+                   "draft_vocab_size 500 below vocab_size 1000 is for a DSpark drafter only");
+  c.draft_vocab_size = 1000; /* the full vocabulary: not pruned */
+  ck_assert_ok(dflash_drafter_config_validate(&c));
+  c.dspark = 1, c.markov_rank = 8, c.draft_vocab_size = 1001;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG,
+                   "draft_vocab_size must be in 0..vocab_size 1000 (got 1001)");
+  c.draft_vocab_size = -1;
+  ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG,
+                   "draft_vocab_size must be in 0..vocab_size 1000 (got -1)");
+}
+END_TEST
+
+/* A pruned draft vocabulary (spec/dspark.md sections 4-5): draft_vocab_size read from either
+ * place, written in both only when below vocab_size, read back the same; V_d = V is no
+ * pruning (0 in the struct, not written); an older caller's struct cannot hold it. */
+START_TEST(dspark_draft_vocab_config) {
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"dflash_config\": "
+                                       "{\"draft_vocab_size\": 300}}",
+                     &c));
+  ck_assert_int_eq(c.draft_vocab_size, 300);
+  char buf[8192];
+  size_t len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
+  const char *a = strstr(buf, "\"draft_vocab_size\": 300");
+  ck_assert_msg(a && strstr(a + 1, "\"draft_vocab_size\": 300"), "not written twice in\n%s", buf);
+  dflash_drafter_config c2 = {.struct_size = sizeof c2};
+  ck_assert_ok(parse(buf, &c2));
+  ck_assert_mem_eq(&c2, &c, sizeof c);
+  ck_assert_ok(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 1000}", &c));
+  ck_assert_int_eq(c.draft_vocab_size, 0);
+  len = sizeof buf;
+  ck_assert_ok(dflash_drafter_config_to_json(&c, buf, len, &len));
+  ck_assert_ptr_null(strstr(buf, "draft_vocab_size"));
+  dflash_drafter_config old;
+  dflash_drafter_config_init(&old, OLDER_THAN(draft_vocab_size));
+  ck_assert_status(parse(DSP_HEAD DSP_KEYS ", \"mask_token_id\": 5, \"draft_vocab_size\": 300}",
+                         &old),
+                   DFLASH_E_UNSUPPORTED, "\"draft_vocab_size\" = 300 does not fit");
 }
 END_TEST
 
@@ -747,6 +797,7 @@ TCase *tc_config(void) {
   tcase_add_test(tc, dflash2_bad_sizes_refused);
   tcase_add_test(tc, dspark_config_parsed_and_written);
   tcase_add_test(tc, dspark_bad_configs_refused);
+  tcase_add_test(tc, dspark_draft_vocab_config);
   tcase_add_test(tc, dspark_trains_on_the_cpu_only);
   return tc;
 }

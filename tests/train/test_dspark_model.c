@@ -3,6 +3,7 @@
  * that saves and loads them, training that lowers the loss, the anchor rule of
  * spec/dspark.md section 2, the optimizer groups, and the refusals of the paths without
  * DSpark (the CUDA backend, its plan, evaluation). */
+#include <dflash/dataset.h>
 #include <dflash/experimental.h>
 #include <dflash/safetensors.h>
 #include <dflash/train.h>
@@ -306,6 +307,72 @@ START_TEST(dspark_run_trains_from_a_store) {
 }
 END_TEST
 
+static void count_coverage(dflash_log_level level, const char *msg, void *user) {
+  if (level == DFLASH_LOG_INFO && strstr(msg, "draft vocabulary 8 of 17 tokens covers"))
+    ++*(int *)user;
+}
+
+/* A pruned draft vocabulary picked from a run's dataset (df_trainer_draft_vocab_from_data):
+ * the kept ids are dflash_draft_vocab_from_dataset's, the coverage is logged, and the
+ * trainer then trains; a run either does the same (its d2t in the checkpoint) or, until
+ * run.c calls it, refuses with DFLASH_E_STATE rather than train on the default ids. */
+START_TEST(dspark_pruned_vocabulary_from_data) {
+  dflash_train_run_options o;
+  char *out;
+  char *root = synth_small_run(&o, &out);
+  static const char cfg[] =
+      "{\"architectures\": [\"Qwen3DSparkModel\"], \"hidden_size\": 32, \"intermediate_size\": "
+      "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+      "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "
+      "\"tie_word_embeddings\": false, \"markov_rank\": 4, \"enable_confidence_head\": true, "
+      "\"sample_from_anchor\": true, \"draft_vocab_size\": 8, "
+      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}";
+  ck_assert(df_test_write(o.config_path, cfg, sizeof cfg - 1));
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  ck_assert_ok(dflash_drafter_config_parse(cfg, sizeof cfg - 1, "t.json", &c));
+  ck_assert_int_eq(c.draft_vocab_size, 8);
+  int32_t want[8], got[8], n = 0;
+  double cov_want = 0, cov = 0;
+  dflash_dataset *ds;
+  ck_assert_ok(dflash_dataset_open(o.data_dir, &ds));
+  ck_assert_ok(dflash_draft_vocab_from_dataset(ds, 17, 8, want, &cov_want));
+  dflash_dataset_free(ds);
+  ck_assert(cov_want > 0 && cov_want <= 1);
+  static float E[17 * 32], Hd[17 * 32];
+  for (size_t i = 0; i < 17 * 32; i++) E[i] = wave(i, 1), Hd[i] = wave(i, 2);
+  dflash_trainer *t;
+  ck_assert_ok(dflash_trainer_create(&c, E, Hd, NULL, &t));
+  int logged = 0;
+  dflash_set_log_callback(count_coverage, &logged, DFLASH_LOG_INFO);
+  dflash_status st = df_trainer_draft_vocab_from_data(t, o.data_dir, &cov);
+  dflash_set_log_callback(NULL, NULL, DFLASH_LOG_ERROR);
+  ck_assert_ok(st);
+  ck_assert_int_eq(logged, 1);
+  ck_assert_double_eq(cov, cov_want);
+  ck_assert_ok(dflash_trainer_draft_vocab(t, got, 8, &n));
+  ck_assert_int_eq(n, 8);
+  ck_assert_mem_eq(got, want, sizeof want);
+  ck_assert_status(df_trainer_draft_vocab_from_data(t, NULL, NULL), DFLASH_E_CONFIG,
+                   "this run has no dataset");
+  dflash_trainer_free(t);
+  st = dflash_train_run(&o, NULL);
+  if (st) {
+    ck_assert_status(st, DFLASH_E_STATE, "pruned draft vocabulary (draft_vocab_size 8)");
+  } else {
+    char *model = synth_path(out, "model.safetensors");
+    dflash_safetensors *sf;
+    ck_assert_ok(dflash_safetensors_open(model, &sf));
+    dflash_tensor ten = {.struct_size = sizeof ten};
+    ck_assert_ok(dflash_safetensors_find(sf, "d2t", &ten));
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(((const int64_t *)ten.data)[i] + i, want[i]);
+    dflash_safetensors_free(sf);
+    free(model);
+  }
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 TCase *tc_dspark_model(void) {
   TCase *tc = tcase_create("dspark_model");
   tcase_set_timeout(tc, 120);
@@ -317,5 +384,6 @@ TCase *tc_dspark_model(void) {
   tcase_add_test(tc, dspark_anchor_rule);
   tcase_add_test(tc, dspark_refused_where_not_implemented);
   tcase_add_test(tc, dspark_run_trains_from_a_store);
+  tcase_add_test(tc, dspark_pruned_vocabulary_from_data);
   return tc;
 }

@@ -2,6 +2,7 @@
  * config.json and the spec's defaults, so nobody writes drafter.json by hand. The drafter
  * JSON is assembled here and then parsed and saved by the library, so YaRN's derived
  * attention factor and the validation are the library's. */
+#include <dflash/dataset.h>
 #include <dflash/train.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -15,7 +16,8 @@ static const char USAGE[] =
     "usage: dflash init-config --target DIR [--layers N] [--block B] [--mask-token-id ID]\n"
     "                          [--arch dflash|dflash2|dspark] [--conv-kernel K] [--conv-group G]\n"
     "                          [--selector-top-k N] [--selector-rank R] [--markov-rank R]\n"
-    "                          [--no-confidence-head] [-o drafter.json]\n"
+    "                          [--no-confidence-head] [--draft-vocab N --data DIR]\n"
+    "                          [-o drafter.json]\n"
     "Writes a DFlash drafter config.json (z-lab's layout, what `dflash train --config` and\n"
     "the engines read) for the target whose config.json is in DIR (or DIR itself is that\n"
     "file; a multimodal config's text_config is used):\n"
@@ -33,8 +35,13 @@ static const char USAGE[] =
     "--arch dspark: a DSpark drafter (Qwen3DSparkModel: an anchor-first block, a vanilla\n"
     "  low-rank Markov head on the previous token, --markov-rank 256, and a confidence head,\n"
     "  off with --no-confidence-head; num_anchors 512), block 8 by default (16 offered:\n"
-    "  train the block the engine will draft). libdflash writes and reads it; training it\n"
-    "  is not implemented yet.\n"
+    "  train the block the engine will draft). `dflash train` trains it on the CPU backend.\n"
+    "--draft-vocab N --data DIR (dspark only): a pruned draft vocabulary of N tokens,\n"
+    "  draft_vocab_size N: the N token ids most often supervised (loss_mask 1) in the\n"
+    "  tokenized dataset DIR (ties: the lower id; too few seen: the lowest unused ids),\n"
+    "  spec/dspark.md section 4. Prints the kept set's coverage of the supervised tokens\n"
+    "  (acceptance cannot exceed it); training picks the same set\n"
+    "  from its own data, and the checkpoint stores it (d2t, t2d).\n"
     "-o: the output file (default drafter.json; an existing file is refused).\n"
     "Exit status: 0 written; 1 an error (message on stderr); 2 a usage error.\n";
 
@@ -43,6 +50,8 @@ typedef struct {
   int layers, block, mask;
   int arch, kernel, group, top_k, rank;
   int markov_rank, no_confidence;
+  int draft_vocab;
+  const char *data;
 } init_args;
 
 enum { ARCH_DFLASH, ARCH_DFLASH2, ARCH_DSPARK };
@@ -78,10 +87,22 @@ static int parse(int argc, char **argv, init_args *a) {
                           {"--selector-rank", CLI_INT, &a->rank, 1, 65536, NULL},
                           {"--markov-rank", CLI_INT, &a->markov_rank, 1, 65536, NULL},
                           {"--no-confidence-head", CLI_FLAG, &a->no_confidence, 0, 0, NULL},
+                          {"--draft-vocab", CLI_INT, &a->draft_vocab, 1, INT32_MAX, NULL},
+                          {"--data", CLI_STR, &a->data, 0, 0, NULL},
                           {NULL, 0, NULL, 0, 0, NULL}};
   int n_pos, rc = cli_parse("init-config", USAGE, opts, argc, argv, NULL, 0, &n_pos);
   if (rc) return rc == 1 ? -1 : rc;
   if (!a->block) a->block = a->arch == ARCH_DSPARK ? 8 : 16;
+  if ((a->draft_vocab || a->data) && a->arch != ARCH_DSPARK)
+    return fprintf(stderr,
+                   "dflash init-config: --draft-vocab is for --arch dspark only (no "
+                   "engine's DFlash loader reads d2t)\n%s",
+                   USAGE),
+           2;
+  if (!a->draft_vocab != !a->data)
+    return fprintf(stderr, "dflash init-config: --draft-vocab N and --data DIR go together\n%s",
+                   USAGE),
+           2;
   return a->target ? 0 : cli_missing("init-config", "--target");
 }
 
@@ -194,6 +215,7 @@ static char *drafter_json(json_t *t, const init_args *a) {
     json_object_set_new(d, "confidence_head_with_markov", json_true());
     json_object_set_new(d, "sample_from_anchor", json_true());
     json_object_set_new(d, "num_anchors", json_integer(512)); /* DeepSpec's recipe */
+    if (a->draft_vocab) json_object_set_new(d, "draft_vocab_size", json_integer(a->draft_vocab));
   }
   if (d && a->arch == ARCH_DFLASH2) {
     json_object_set_new(d, "architectures", json_pack("[s]", "DFlash2DraftModel"));
@@ -224,6 +246,20 @@ static char *drafter_json(json_t *t, const init_args *a) {
   return s;
 }
 
+/* --draft-vocab N --data DIR: the kept set's coverage (the checkpoint's tables are picked
+ * again by training, by the same rule); N above the vocabulary was refused by the parse. */
+static dflash_status draft_vocab(const init_args *a, const dflash_drafter_config *cfg,
+                                 double *coverage) {
+  dflash_dataset *ds = NULL;
+  int32_t *kept = malloc(sizeof(int32_t) * (size_t)a->draft_vocab);
+  dflash_status st = kept ? dflash_dataset_open(a->data, &ds) : DFLASH_E_NOMEM;
+  if (!st)
+    st = dflash_draft_vocab_from_dataset(ds, cfg->vocab_size, a->draft_vocab, kept, coverage);
+  dflash_dataset_free(ds);
+  free(kept);
+  return st;
+}
+
 int cmd_init_config(int argc, char **argv) {
   init_args a;
   int rc = parse(argc, argv, &a);
@@ -242,6 +278,8 @@ int cmd_init_config(int argc, char **argv) {
   dflash_drafter_config cfg = {.struct_size = sizeof cfg};
   dflash_status st = dflash_drafter_config_parse(text, strlen(text), a.target, &cfg);
   free(text);
+  double coverage = 0;
+  if (!st && a.draft_vocab) st = draft_vocab(&a, &cfg, &coverage);
   if (!st) st = dflash_drafter_config_save(&cfg, a.out);
   if (st) return cli_fail("init-config", st);
   fprintf(stderr, "dflash init-config: %s: %d layers over target layers", a.out,
@@ -256,6 +294,11 @@ int cmd_init_config(int argc, char **argv) {
   if (cfg.dspark)
     fprintf(stderr, "; DSpark: Markov rank %d, confidence head %s", cfg.markov_rank,
             cfg.confidence_head ? "on" : "off");
+  if (a.draft_vocab)
+    fprintf(stderr,
+            "; draft vocabulary %d of %d tokens, covering %.4f%% of the supervised tokens in "
+            "%s (acceptance cannot exceed it)",
+            a.draft_vocab, cfg.vocab_size, 100.0 * coverage, a.data);
   fputc('\n', stderr);
   return 0;
 }

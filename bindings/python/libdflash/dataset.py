@@ -22,6 +22,8 @@ _sample = bind("dflash_dataset_sample", [_vp, ctypes.c_size_t, ctypes.POINTER(ct
                                          ctypes.POINTER(ctypes.c_char_p)], errors=INDEX)
 _hist = bind("dflash_dataset_length_histogram", [_vp, ctypes.c_size_t, ctypes.c_size_t,
                                                  ctypes.POINTER(ctypes.c_uint64)])
+_counts = bind("dflash_dataset_token_counts", [_vp, ctypes.c_int32, ctypes.POINTER(ctypes.c_int64),
+                                              ctypes.POINTER(ctypes.c_int64)])
 
 
 _hash = bind("dflash_dataset_tokenizer_hash", [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t],
@@ -139,6 +141,13 @@ class Dataset(Handle):
     def __iter__(self):
         for i in range(len(self)):
             yield self._sample(i)
+
+    def token_counts(self, vocab_size):
+        """int64 [vocab_size]: how often each token id is supervised (loss_mask 1)."""
+        out = np.zeros(int(vocab_size), dtype=np.int64)
+        _counts(self._handle(), int(vocab_size), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                None)
+        return out
 
     def length_histogram(self, bin_width=256, n_bins=64):
         """uint64 counts of sample lengths in bins of `bin_width` tokens; the last bin takes

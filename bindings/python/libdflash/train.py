@@ -13,8 +13,8 @@ import signal
 import numpy as np
 
 from ._core import warn_generic_blas
-from ._lib import (INDEX, KEY, ExistsError, Handle, bind, cstr, files, missing_path,
-                   status_code)
+from ._lib import (INDEX, KEY, BufferTooSmallError, ExistsError, Handle, bind, cstr, files,
+                   missing_path, status_code)
 
 MAX_LAYERS = 64
 MAX_TARGET = 128
@@ -44,9 +44,10 @@ class DrafterConfig(ctypes.Structure):
         ("dflash2", ctypes.c_int32), ("conv_kernel_size", ctypes.c_int32),
         ("conv_group_size", ctypes.c_int32), ("selector_top_k", ctypes.c_int32),
         ("selector_rank", ctypes.c_int32),
-        # DSpark (drafter.h; the trainer refuses it until the model is wired)
+        # DSpark (drafter.h), and its pruned draft vocabulary
         ("dspark", ctypes.c_int32), ("markov_rank", ctypes.c_int32),
         ("confidence_head", ctypes.c_int32), ("num_anchors", ctypes.c_int32),
+        ("draft_vocab_size", ctypes.c_int32),
     ]
 
     def __init__(self, *args, **kw):
@@ -159,6 +160,37 @@ _load_state = bind("dflash_trainer_load_state", [_P, ctypes.c_char_p, ctypes.c_v
 _sample = bind("dflash_anchors_sample", [_U8, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32,
                                          ctypes.c_uint64, ctypes.c_uint64, _I32, _I32])
 _gamma = bind("dflash_trainer_default_loss_gamma", [ctypes.c_int32], ctypes.c_double)
+_I64 = ctypes.POINTER(ctypes.c_int64)
+_dv_select = bind("dflash_draft_vocab_select", [_I64, ctypes.c_int32, ctypes.c_int32, _I32,
+                                                ctypes.POINTER(ctypes.c_double)])
+_dv_dataset = bind("dflash_draft_vocab_from_dataset", [ctypes.c_void_p, ctypes.c_int32,
+                                                       ctypes.c_int32, _I32,
+                                                       ctypes.POINTER(ctypes.c_double)])
+_dv_set = bind("dflash_trainer_set_draft_vocab", [ctypes.c_void_p, _I32, ctypes.c_int32])
+_dv_get = bind("dflash_trainer_draft_vocab", [ctypes.c_void_p, _I32, ctypes.c_int32,
+                                              ctypes.POINTER(ctypes.c_int32)])
+
+
+def draft_vocab_select(counts, draft_vocab_size):
+    """A pruned draft vocabulary from supervised token counts (int64 [vocab_size]): the
+    draft_vocab_size most frequent ids (ties: the lower id; filled with the lowest unused
+    ids), ascending, and their coverage of the counted tokens. Returns (kept int32, coverage);
+    d2t = kept - arange, t2d = isin(arange(vocab_size), kept) (spec/dspark.md section 4)."""
+    c = np.ascontiguousarray(counts, dtype=np.int64)
+    kept = np.zeros(int(draft_vocab_size), dtype=np.int32)
+    cov = ctypes.c_double(0)
+    _dv_select(_ptr(c, ctypes.c_int64), len(c), int(draft_vocab_size), _ptr(kept, ctypes.c_int32),
+               ctypes.byref(cov))
+    return kept, cov.value
+
+
+def draft_vocab_from_dataset(dataset, vocab_size, draft_vocab_size):
+    """draft_vocab_select on a libdflash.Dataset's supervised token counts."""
+    kept = np.zeros(int(draft_vocab_size), dtype=np.int32)
+    cov = ctypes.c_double(0)
+    _dv_dataset(dataset._handle(), int(vocab_size), int(draft_vocab_size),
+                _ptr(kept, ctypes.c_int32), ctypes.byref(cov))
+    return kept, cov.value
 
 
 def _ptr(arr, ctype):
@@ -475,6 +507,23 @@ class Trainer(Handle):
                 extra.probs = _ptr(out["probs"], ctypes.c_float)
         _propose(self._handle(), ctypes.byref(self._sample(ids, None, hid, anc)), ctypes.byref(o),
                  _ptr(out["tokens"], ctypes.c_int32), ctypes.byref(extra))
+        return out
+
+    def set_draft_vocab(self, kept):
+        """A pruned DSpark drafter's kept target ids (ascending, draft_vocab_size of them):
+        its LM head rows and CE label map follow them."""
+        k = np.ascontiguousarray(kept, dtype=np.int32)
+        _dv_set(self._handle(), _ptr(k, ctypes.c_int32), len(k))
+
+    def draft_vocab(self):
+        """The kept target ids, int32 (all ids when not pruned)."""
+        n = ctypes.c_int32(0)
+        try:
+            _dv_get(self._handle(), None, 0, ctypes.byref(n))
+        except BufferTooSmallError:  # the count is in n
+            pass
+        out = np.zeros(n.value, dtype=np.int32)
+        _dv_get(self._handle(), _ptr(out, ctypes.c_int32), n.value, ctypes.byref(n))
         return out
 
     def save(self, directory, bf16=False):
