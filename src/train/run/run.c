@@ -171,6 +171,11 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
     st = dflash_target_load_head(r->o->target_path, r->o->embed_name, r->o->lm_head_name,
                                  r->cfg.vocab_size, r->cfg.hidden_size, e, h);
   if (!st) st = df_trainer_create(&r->cfg, e, h, topt, r->comm, &r->t);
+  /* A pruned draft vocabulary is the run's dataset's most frequent supervised ids
+   * (spec/dspark.md section 4), picked once here and logged with its coverage; a resume then
+   * finds the same ids in the checkpoint's d2t. A spool run has no dataset to count. */
+  if (!st && r->cfg.draft_vocab_size)
+    st = df_trainer_draft_vocab_from_data(r->t, r->o->data_dir, NULL);
   /* A store written with final_state gives every sample the target's post-norm final state
    * (the stream sets dflash_sample.target_final): 0.1 CE + 0.9 L1 + 1.0 BCE. Without it (or
    * from a spool, which does not carry it yet) say what the objective loses. DFlash never
