@@ -362,7 +362,9 @@ START_TEST(dspark_pruned_vocabulary_from_data) {
   ck_assert_ok(dflash_safetensors_open(model, &sf));
   dflash_tensor ten = {.struct_size = sizeof ten};
   ck_assert_ok(dflash_safetensors_find(sf, "d2t", &ten));
-  for (int i = 0; i < 8; i++) ck_assert_int_eq(((const int64_t *)ten.data)[i] + i, want[i]);
+  int64_t d2t[8]; /* a safetensors tensor's data need not be 8-byte aligned */
+  memcpy(d2t, ten.data, sizeof d2t);
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(d2t[i] + i, want[i]);
   dflash_safetensors_free(sf);
   free(model);
   df_test_rmtree(root);
