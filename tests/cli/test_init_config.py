@@ -45,8 +45,8 @@ def draft_vocab(d):
     # The dataset is written through the Python package, which loads this build's library:
     # an ASan build's aborts a plain interpreter (no except clause catches that), so a child
     # process tries first.
-    probe = subprocess.run([sys.executable, "-c", "import numpy, libdflash"],
-                           capture_output=True, text=True)
+    probe = subprocess.run([sys.executable, "-c", "import numpy, libdflash"], cwd=d,
+                           capture_output=True, text=True)  # not the build folder's .so
     if probe.returncode != 0:
         print("draft vocabulary not checked: the Python package does not load here "
               f"(exit {probe.returncode}): {probe.stderr.strip()[-300:]}")
