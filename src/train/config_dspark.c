@@ -121,7 +121,7 @@ static dflash_status dspark_int(const char *what, json_t *v, const char *key, in
  * types (llama.cpp's converter takes vanilla only) and a head without the Markov embedding.
  * draft_vocab_size in 1..vocab_size (below it: pruned; equal: stored as 0). */
 dflash_status df_config_dspark_parse(const char *what, json_t *root, dflash_drafter_config *c) {
-  json_t *v;
+  json_t *v = NULL; /* dspark_value sets it on success; gcc -O3 cannot see that */
   int32_t flag = 0;
   dflash_status st;
   if ((st = dspark_value(what, root, "markov_rank", &v))) return st;
