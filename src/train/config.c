@@ -512,7 +512,10 @@ static dflash_status check_unimplemented(const parser *p, json_t *obj, const cha
                         "DFlash 2's convolutions and candidate selector need \"architectures\": "
                         "[\"DFlash2DraftModel\"]; with DFlashDraftModel allowed: null, false "
                         "or 0");
-    if (kind != ARCH_DSPARK && df_config_dspark_key(key) && !json_is_off(val))
+    /* SpecForge's export writes draft_vocab_size = vocab_size on every drafter: not pruned. */
+    bool unpruned = !strcmp(key, "draft_vocab_size") && json_is_integer(val) &&
+                    json_integer_value(val) == c->vocab_size;
+    if (kind != ARCH_DSPARK && df_config_dspark_key(key) && !json_is_off(val) && !unpruned)
       return refuse_key(p, where, key, val,
                         "DSpark's Markov and confidence heads need \"architectures\": "
                         "[\"Qwen3DSparkModel\"]; otherwise allowed: null, false or 0");

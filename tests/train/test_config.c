@@ -707,6 +707,9 @@ START_TEST(dspark_bad_configs_refused) {
                    "draft_vocab_size 500 below vocab_size 1000 is for a DSpark drafter only");
   c.draft_vocab_size = 1000; /* the full vocabulary: not pruned */
   ck_assert_ok(dflash_drafter_config_validate(&c));
+  /* SpecForge's export writes draft_vocab_size = vocab_size into every DFlash config. */
+  ck_assert_ok(parse(CFG_HEAD "\"draft_vocab_size\": 1000, " CFG_TAIL "}", &c));
+  ck_assert_int_eq(c.draft_vocab_size, 0);
   c.dspark = 1, c.markov_rank = 8, c.draft_vocab_size = 1001;
   ck_assert_status(dflash_drafter_config_validate(&c), DFLASH_E_CONFIG,
                    "draft_vocab_size must be in 0..vocab_size 1000 (got 1001)");
