@@ -263,6 +263,16 @@ START_TEST(dspark_refused_where_not_implemented) {
 }
 END_TEST
 
+/* A DSpark config.json for synth_small_run's world (vocabulary 17, 8 target layers); `extra`
+ * goes in before dflash_config. */
+#define SMALL_RUN_DSPARK(extra)                                                              \
+  "{\"architectures\": [\"Qwen3DSparkModel\"], \"hidden_size\": 32, \"intermediate_size\": " \
+  "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "   \
+  "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "       \
+  "\"tie_word_embeddings\": false, \"markov_rank\": 4, \"enable_confidence_head\": true, "   \
+  "\"sample_from_anchor\": true, " extra                                                     \
+  "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}"
+
 static void count_dspark_warning(dflash_log_level level, const char *msg, void *user) {
   if (level == DFLASH_LOG_WARN && strstr(msg, "DSpark drafter") && strstr(msg, "0.1 CE alone"))
     ++*(int *)user;
@@ -274,13 +284,7 @@ START_TEST(dspark_run_trains_from_a_store) {
   dflash_train_run_options o;
   char *out;
   char *root = synth_small_run(&o, &out);
-  static const char cfg[] =
-      "{\"architectures\": [\"Qwen3DSparkModel\"], \"hidden_size\": 32, \"intermediate_size\": "
-      "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-      "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "
-      "\"tie_word_embeddings\": false, \"markov_rank\": 4, \"enable_confidence_head\": true, "
-      "\"sample_from_anchor\": true, "
-      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}";
+  static const char cfg[] = SMALL_RUN_DSPARK("");
   ck_assert(df_test_write(o.config_path, cfg, sizeof cfg - 1));
   int warned = 0;
   dflash_set_log_callback(count_dspark_warning, &warned, DFLASH_LOG_WARN);
@@ -314,19 +318,12 @@ static void count_coverage(dflash_log_level level, const char *msg, void *user) 
 
 /* A pruned draft vocabulary picked from a run's dataset (df_trainer_draft_vocab_from_data):
  * the kept ids are dflash_draft_vocab_from_dataset's, the coverage is logged, and the
- * trainer then trains; a run either does the same (its d2t in the checkpoint) or, until
- * run.c calls it, refuses with DFLASH_E_STATE rather than train on the default ids. */
+ * trainer then trains; dflash_train_run picks the same ids (its d2t in the checkpoint). */
 START_TEST(dspark_pruned_vocabulary_from_data) {
   dflash_train_run_options o;
   char *out;
   char *root = synth_small_run(&o, &out);
-  static const char cfg[] =
-      "{\"architectures\": [\"Qwen3DSparkModel\"], \"hidden_size\": 32, \"intermediate_size\": "
-      "64, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
-      "\"head_dim\": 8, \"vocab_size\": 17, \"num_target_layers\": 8, \"block_size\": 4, "
-      "\"tie_word_embeddings\": false, \"markov_rank\": 4, \"enable_confidence_head\": true, "
-      "\"sample_from_anchor\": true, \"draft_vocab_size\": 8, "
-      "\"dflash_config\": {\"mask_token_id\": 16, \"target_layer_ids\": [3]}}";
+  static const char cfg[] = SMALL_RUN_DSPARK("\"draft_vocab_size\": 8, ");
   ck_assert(df_test_write(o.config_path, cfg, sizeof cfg - 1));
   dflash_drafter_config c = {.struct_size = sizeof c};
   ck_assert_ok(dflash_drafter_config_parse(cfg, sizeof cfg - 1, "t.json", &c));
