@@ -1,5 +1,5 @@
 // Device discovery for the CUDA backend. df_cuda_device_count returns plain codes (the C
-// side, src/core/cuda.c, turns them into dflash_status + messages); df_cu_device_props is
+// side, src/train/cuda/device_count.c, turns them into dflash_status + messages); df_cu_device_props is
 // the dfcuda.h call the trainer reads a device through before it creates a model.
 #include <cuda_runtime.h>
 #include <stdio.h>

@@ -137,7 +137,7 @@ static const df_cu_module *module_or_error(void) {
     return m_ ? m_->call : DFLASH_E_NO_DEVICE;  \
   } while (0)
 
-/* src/core/cuda.c turns a non-zero code and msg into DFLASH_E_NO_DEVICE. */
+/* device_count.c turns a non-zero code and msg into DFLASH_E_NO_DEVICE. */
 int df_cuda_device_count(int *count, char *msg, size_t msg_len);
 int df_cuda_device_count(int *count, char *msg, size_t msg_len) {
   const df_cu_module *t = module(msg, msg_len);

@@ -1,5 +1,6 @@
-/* Whether CUDA is built in and usable; every CUDA entry point checks this first. */
-#include "internal.h"
+/* dflash_cuda_device_count: whether CUDA is built in and usable. It lives in train/, beside the
+ * module loader it asks, so that core calls nothing above it (scripts/include-graph.sh --calls). */
+#include "core/internal.h"
 
 #include <stdio.h>
 
