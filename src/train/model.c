@@ -702,36 +702,16 @@ static dflash_status selector_loss(df_model *m, const int32_t *ids, const int32_
   return st;
 }
 
-/* The block CE over the supervised rows (row_loss, and rows_dx with
- * backward). DFlash 2 keeps each row's top-K logits in the same LM-head
- * pass: *cand / *unary [R, top_k] (the caller frees them) for the selector
- * loss, so each logits chunk is computed once. */
-static dflash_status block_ce(df_model *m, bool backward, int32_t **cand, float **unary) {
-  df_acts *a = &m->a;
-  int K = m->dflash2 && m->R > 0 ? m->ext.selector_top_k : 0;
-  if (K) {
-    *cand = malloc(sizeof(int32_t) * (size_t)m->R * K);
-    *unary = malloc(sizeof(float) * (size_t)m->R * K);
-    if (!*cand || !*unary) return df_error_nomem("selector candidates");
-  }
-  df_lmhead_ce_topk(m->pool, a->row_loss, backward ? a->rows_dx : NULL, a->rows_x, m->lm_head,
-                    a->rows_target, a->coef, m->R, m->H, m->V, m->vocab_chunk, a->work, K, *cand,
-                    *unary);
-  return DFLASH_OK;
-}
-
 /*
  * DFLASH_POSITION_WEIGHTING_ADAPTIVE: a row's weight is the drafter's probability of reaching its
- * position in a greedy walk, prod exp(-CE) of the block's earlier supervised rows (a
- * forward-only LM-head pass; not differentiated: it only weighs the CE), rescaled so that
+ * position in a greedy walk, prod exp(-CE) of the block's earlier supervised rows (a->row_loss of
+ * this step's LM-head pass; not differentiated: it only weighs the CE), rescaled so that
  * each block's weights sum to its row count, as the unit weights dflash_trainer_weight_sum
  * counts. Rows are in block order (df_model_rows), so a block is a run of equal
  * rows_t / B.
  */
 static void adaptive_weights(df_model *m, double *w) {
   df_acts *a = &m->a;
-  df_lmhead_ce_topk(m->pool, a->row_loss, NULL, a->rows_x, m->lm_head, a->rows_target, a->coef,
-                    m->R, m->H, m->V, m->vocab_chunk, a->work, 0, NULL, NULL);
   for (int r0 = 0, r1; r0 < m->R; r0 = r1) {
     double reach = 1, sum = 0;
     for (r1 = r0; r1 < m->R && a->rows_t[r1] / m->B == a->rows_t[r0] / m->B; r1++) {
@@ -741,6 +721,34 @@ static void adaptive_weights(df_model *m, double *w) {
     }
     for (int r = r0; r < r1; r++) w[r] = sum > 0 ? w[r] * (double)(r1 - r0) / sum : 1.0;
   }
+}
+
+/* The block CE over the supervised rows (row_loss, and rows_dx with
+ * backward), each row weighted w[r] * grad_scale (a->coef). DFlash 2 keeps
+ * each row's top-K logits in the same LM-head pass: *cand / *unary [R, top_k]
+ * (the caller frees them) for the selector loss, so each logits chunk is
+ * computed once. The adaptive weighting replaces w from the same pass's row
+ * losses before the gradient is formed: one LM-head pass a step, not two (the
+ * weights are the losses' and not differentiated, so the result is the same). */
+static dflash_status block_ce(df_model *m, bool backward, double *w, double grad_scale,
+                              int32_t **cand, float **unary) {
+  df_acts *a = &m->a;
+  int K = m->dflash2 && m->R > 0 ? m->ext.selector_top_k : 0;
+  if (K) {
+    *cand = malloc(sizeof(int32_t) * (size_t)m->R * K);
+    *unary = malloc(sizeof(float) * (size_t)m->R * K);
+    if (!*cand || !*unary) return df_error_nomem("selector candidates");
+  }
+  df_lmhead_ce_pass(m->pool, backward, a->rows_x, m->lm_head, a->rows_target, m->R, m->H, m->V,
+                    m->vocab_chunk, a->work, K, *cand, *unary);
+  df_lmhead_ce_finish(m->pool, a->row_loss, NULL, m->lm_head, a->rows_target, NULL, m->R, m->H,
+                      m->vocab_chunk, a->work);
+  if (m->adaptive) adaptive_weights(m, w);
+  for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
+  if (backward)
+    df_lmhead_ce_finish(m->pool, NULL, a->rows_dx, m->lm_head, a->rows_target, a->coef, m->R,
+                        m->H, m->vocab_chunk, a->work);
+  return DFLASH_OK;
 }
 
 dflash_status df_model_check_labels(const df_model *m, const int32_t *labels, int64_t len) {
@@ -781,11 +789,9 @@ static dflash_status dflash_loss(df_model *m, const int32_t *ids, const int32_t 
     w[r] = df_position_weight(m, a->rows_t[r] % m->B);
     memcpy(a->rows_x + (size_t)r * m->H, a->hf + (size_t)a->rows_t[r] * m->H, sizeof(float) * m->H);
   }
-  if (m->adaptive) adaptive_weights(m, w);
-  for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
   int32_t *cand = NULL;
   float *unary = NULL;
-  dflash_status st = block_ce(m, backward, &cand, &unary);
+  dflash_status st = block_ce(m, backward, w, grad_scale, &cand, &unary);
   for (int r = 0; !st && r < m->R; r++) {
     *lsum += w[r] * a->row_loss[r];
     *wsum += w[r];

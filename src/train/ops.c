@@ -600,7 +600,7 @@ DF_HOT static void ce_finish_rows(void *vc, size_t b, size_t e, int worker) {
   ce_fin_ctx *f = vc;
   const ce_ctx *x = f->x;
   for (size_t r = b; r < e; r++) {
-    f->loss[r] = (double)x->mx[r] + log(x->sum[r]) - x->tl[r];
+    if (f->loss) f->loss[r] = (double)x->mx[r] + log(x->sum[r]) - x->tl[r];
     if (!f->dx) continue;
     float k = (float)(f->coef[r] / x->sum[r]);
     const float *a = x->acc + r * (size_t)x->H, *et = f->E + (size_t)x->target[r] * x->H;
@@ -618,33 +618,46 @@ void df_lmhead_ce(df_pool *pool, double *loss, float *dx, const float *x, const 
 void df_lmhead_ce_topk(df_pool *pool, double *loss, float *dx, const float *x, const float *E,
                        const int32_t *target, const float *coef, int R, int H, int V, int chunk,
                        float *scratch, int top_k, int32_t *top_ids, float *top_vals) {
-  if (R <= 0) return;
+  df_lmhead_ce_pass(pool, dx != NULL, x, E, target, R, H, V, chunk, scratch, top_k, top_ids,
+                    top_vals);
+  df_lmhead_ce_finish(pool, loss, dx, E, target, coef, R, H, chunk, scratch);
+}
+
+/* The running state df_lmhead_ce_pass leaves in scratch for df_lmhead_ce_finish. */
+static ce_ctx ce_state(float *scratch, const int32_t *target, int R, int H, int chunk, bool grad) {
   double *sum = (double *)scratch, *tl = sum + R; /* scratch is malloc-aligned */
   float *mx = (float *)(tl + R), *logits = mx + R, *acc = logits + (size_t)R * chunk;
-  for (int r = 0; r < R; r++) mx[r] = -FLT_MAX, sum[r] = 0, tl[r] = 0;
-  if (dx) memset(acc, 0, sizeof(float) * (size_t)R * H);
-  ce_ctx c = {.logits = logits,
-              .acc = acc,
-              .mx = mx,
-              .sum = sum,
-              .tl = tl,
-              .target = target,
-              .H = H,
-              .grad = dx != NULL,
-              .top_k = top_ids && top_vals ? top_k : 0,
-              .top_ids = top_ids,
-              .top_vals = top_vals};
+  return (ce_ctx){.logits = logits, .acc = acc, .mx = mx, .sum = sum, .tl = tl,
+                  .target = target, .H = H, .grad = grad};
+}
+
+void df_lmhead_ce_pass(df_pool *pool, bool grad, const float *x, const float *E,
+                       const int32_t *target, int R, int H, int V, int chunk, float *scratch,
+                       int top_k, int32_t *top_ids, float *top_vals) {
+  if (R <= 0) return;
+  ce_ctx c = ce_state(scratch, target, R, H, chunk, grad);
+  for (int r = 0; r < R; r++) c.mx[r] = -FLT_MAX, c.sum[r] = 0, c.tl[r] = 0;
+  if (grad) memset(c.acc, 0, sizeof(float) * (size_t)R * H);
+  c.top_k = top_ids && top_vals ? top_k : 0;
+  c.top_ids = top_ids, c.top_vals = top_vals;
   for (int v0 = 0; v0 < V; v0 += chunk) {
     c.v0 = v0;
     c.c = V - v0 < chunk ? V - v0 : chunk;
     const float *Ec = E + (size_t)v0 * H;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f, logits,
-                c.c);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f,
+                c.logits, c.c);
     df_pool_for(pool, (size_t)R, 16, ce_chunk_rows, &c);
-    if (dx)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, H, c.c, 1.0f, logits, c.c, Ec, H,
-                  1.0f, acc, H);
+    if (grad)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, H, c.c, 1.0f, c.logits, c.c, Ec,
+                  H, 1.0f, c.acc, H);
   }
+}
+
+void df_lmhead_ce_finish(df_pool *pool, double *loss, float *dx, const float *E,
+                         const int32_t *target, const float *coef, int R, int H, int chunk,
+                         float *scratch) {
+  if (R <= 0) return;
+  ce_ctx c = ce_state(scratch, target, R, H, chunk, dx != NULL);
   ce_fin_ctx f = {&c, loss, dx, E, coef};
   df_pool_for(pool, (size_t)R, 16, ce_finish_rows, &f);
 }

@@ -108,6 +108,21 @@ void df_lmhead_ce_topk(df_pool *pool, double *loss, float *dx, const float *x, c
                        const int32_t *target, const float *coef, int R, int H, int V, int chunk,
                        float *scratch, int top_k, int32_t *top_ids, float *top_vals);
 size_t df_lmhead_work(int R, int H, int chunk);
+/*
+ * df_lmhead_ce_topk in two halves, so that a caller can choose coef from the
+ * row losses of the same pass (the adaptive weighting) without a second
+ * LM-head pass: the pass leaves each row's running max, sum, target logit
+ * and (with grad) the unweighted sum of softmax-weighted E rows in scratch;
+ * the finish turns them into loss[r] (when loss is not NULL) and, with dx,
+ * dx[r] = coef[r] * (softmax_r . E - E[target_r]). The finish may run more
+ * than once on one pass (loss first, then dx with coef).
+ */
+void df_lmhead_ce_pass(df_pool *pool, bool grad, const float *x, const float *E,
+                       const int32_t *target, int R, int H, int V, int chunk, float *scratch,
+                       int top_k, int32_t *top_ids, float *top_vals);
+void df_lmhead_ce_finish(df_pool *pool, double *loss, float *dx, const float *E,
+                         const int32_t *target, const float *coef, int R, int H, int chunk,
+                         float *scratch);
 /* Offer token v with logit x to a top list of n (<= k) entries sorted by
  * logit, descending; an equal logit goes after those already there (so,
  * offered in id order, ties keep the smaller id). Returns the new count. */
