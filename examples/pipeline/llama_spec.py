@@ -21,10 +21,15 @@ accepted (spec_decode_num_accepted_tokens_per_pos_total), and whether each
 output equals the plain run's tokens (greedy verification is lossless up to
 floating-point differences between batch shapes).
 
-The configurations run one after another, each on one server with one slot
-and --threads (default 1), so that their speeds compare.
+The configurations run one after another, each on --servers servers (default
+1; the samples dealt out in turn, one request at a time each) of one slot and
+--threads (default 1), so that their speeds compare; llama.cpp's counters
+are per server and add up. Two servers of one thread keep two cores busy
+where one server of two threads would not (a batch of one token or one
+block is too small to split well).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shlex
@@ -135,7 +140,24 @@ def prompts(data_dir, n=0):
     return out
 
 
-def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path):
+def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, servers=1):
+    """Every sample through `servers` servers (sample k on server k % servers); the rows
+    in sample order and llama.cpp's per-position acceptance counters summed."""
+    if servers <= 1:
+        return run_server(ldir, gguf, draft, list(enumerate(samples)), max_new, n_draft, threads,
+                          log_path)
+    root, ext = os.path.splitext(log_path)
+    with concurrent.futures.ThreadPoolExecutor(servers) as ex:
+        parts = list(ex.map(lambda i: run_server(
+            ldir, gguf, draft, [(k, s) for k, s in enumerate(samples) if k % servers == i],
+            max_new, n_draft, threads, f"{root}-{i}{ext}", len(samples)), range(servers)))
+    rows = sorted((r for part, _ in parts for r in part), key=lambda r: r.pop("_k"))
+    per_pos = [sum(v) for v in zip(*(pp for _, pp in parts))] if parts[0][1] else []
+    return rows, per_pos
+
+
+def run_server(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, total=None):
+    """samples: (k, sample) pairs, through one server; rows keep k as "_k" when total is set."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = start(server_cmd(ldir, gguf, port, threads, draft=draft, n_draft=n_draft), log_path)
@@ -143,7 +165,7 @@ def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path):
     try:
         wait_ready(base, proc)
         m0 = metrics(base)
-        for k, (sid, prompt, _) in enumerate(samples):
+        for k, (sid, prompt, _) in samples:
             r = complete(base, prompt, max_new)
             m1 = metrics(base)
             t = r["timings"]
@@ -153,8 +175,11 @@ def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path):
                          "drafted": t.get("draft_n", 0), "accepted": t.get("draft_n_accepted", 0),
                          "steps": int(m1.get("spec_decode_num_drafts_total", 0) -
                                       m0.get("spec_decode_num_drafts_total", 0))})
+            if total is not None:
+                rows[-1]["_k"] = k
             m0 = m1
-            print(f"\r  {k + 1}/{len(samples)}", end="", file=sys.stderr, flush=True)
+            print(f"\r  {len(rows)}/{len(samples)}" + (f" of {total}" if total else ""),
+                  end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         per_pos = [v for k, v in sorted(
             ((k, v) for k, v in m0.items() if k.startswith("spec_decode_num_accepted_tokens_per_pos")),
@@ -198,6 +223,8 @@ def main():
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=8, help="drafts per step: block size - 1")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--servers", type=int, default=1,
+                    help="servers per configuration, the samples dealt out among them")
     ap.add_argument("--n", type=int, default=0, help="samples (0: all)")
     ap.add_argument("--plain-ref", default=None,
                     help="an earlier run's -o JSON whose plain run the outputs are compared with "
@@ -212,6 +239,7 @@ def main():
                              capture_output=True, text=True)
     res = {"llama_dir": ldir, "version": (version.stdout + version.stderr).strip().splitlines()[-2:],
            "samples": len(samples), "max_new": a.max_new, "threads": a.threads,
+           "servers": a.servers,
            "n_draft": a.block_size - 1, "configs": {}}
     per_prompt, plain = {}, None
     if a.plain_ref:  # pipeline.py runs the plain config beside the training, the rest after it
@@ -222,7 +250,7 @@ def main():
         print(f"llama.cpp {name}: " + (f"--model-draft {draft}" if draft else "target alone"), flush=True)
         log = os.path.splitext(a.out)[0] + f"-{name}.log"
         rows, per_pos = run_config(ldir, a.target_gguf, draft or None, samples, a.max_new,
-                                   a.block_size - 1, a.threads, log)
+                                   a.block_size - 1, a.threads, log, a.servers)
         s = summarize(rows, per_pos, plain)
         if not draft and plain is None:
             plain = rows

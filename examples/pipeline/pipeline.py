@@ -77,8 +77,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # cores (threads=2: the same bytes on every run with two threads, which resuming relies on);
 # llama.cpp's target-alone run goes beside the hidden-state dump instead, and the untrained
 # drafter's llama.cpp run (llama_untrained, 330 of its 390 CPU-s) is left to --quick, whose
-# --check asserts that the trained drafter beats it. Live decoding runs on the first
-# live_prompts held-out prompts (0: all), beside the trained drafter's llama.cpp run.
+# --check asserts that the trained drafter beats it. Live decoding in PyTorch (stage 8) runs on
+# the first live_prompts held-out prompts (0: all; -1: no stage 8), beside the trained drafter's
+# llama.cpp run. The main job leaves it out (264 CPU-s for 15 prompts, 2026-12-06): llama.cpp
+# decodes the trained drafter live on every held-out prompt, on two servers, one per core;
+# `--live-prompts 15` runs it beside a one-server llama.cpp stage as before.
 # Anchors 16 for 8 epochs rather than 8 for 16: the same rows through the LM head at half the
 # steps, so half the per-step costs (the head's weights streamed and packed, AdamW, the
 # context) and a larger GEMM for two threads; walk tau 1.279 +- 0.023 against 1.268 +- 0.028
@@ -86,7 +89,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # --quick keeps AdamW and the decay: check() asserts that the logged loss falls, which adaptive
 # weights (a moving target) do not promise, and CI pays for every CPU-second.
 FULL = dict(n_prompts=300, held_out_every=10, max_tokens=128, epochs=8, anchors=16, lr=3e-3,
-            layers="1,14,27", block=8, live_prompts=15, weighting="adaptive", optimizer="adamw",
+            layers="1,14,27", block=8, live_prompts=-1, weighting="adaptive", optimizer="adamw",
             weight_decay=0.0, threads=2, llama_untrained=0)
 QUICK = dict(n_prompts=40, held_out_every=5, max_tokens=64, epochs=8, anchors=8, lr=3e-3,
              layers="1,14,27", block=8, live_prompts=0, weighting="decay", optimizer="adamw",
@@ -457,15 +460,32 @@ def llama_line(lc):
         out += (f"; per target decode {t['tokens_per_decode']:.3f} vs walk {w['walk']:.3f} (diff "
                 f"{w['diff']:+.3f} +- {w['diff_se']:.3f}, the same steps on {w['same_steps']}/"
                 f"{w['samples']} samples)")
+    v = lc.get("trained_vs_eval")
+    if v:
+        out += "".join(f"; {k.replace('_', ' ')} - walk {v[k]['diff']:+.3f} +- {v[k]['diff_se']:.3f}"
+                       + (" (within 2 SE)" if v[k]["within_2se"] else " (NOT within 2 SE)")
+                       for k in ("tokens_per_step", "tokens_per_decode"))
     speeds = [(k, lc[k]["decode_tok_s"]) for k in ("plain", "untrained", "trained", "trained2")
               if k in lc]
     return out + "; decode tok/s " + ", ".join(f"{k} {v}" for k, v in speeds)
+
+
+def llama_vs_eval(lc, e):
+    """llama.cpp's trained drafter against `dflash eval`'s walk on all held-out samples:
+    tokens per verification step and per target decode (the walk's own count), each
+    minus the walk tau, with the SE of the difference (unpaired: the two SEs combined)."""
+    res = {"walk": e["walk_tau"], "walk_se": e["walk_tau_se"]}
+    for k in ("tokens_per_step", "tokens_per_decode"):
+        d, se = lc[k] - e["walk_tau"], math.hypot(lc[k + "_se"], e["walk_tau_se"])
+        res[k] = {"diff": round(d, 4), "diff_se": round(se, 4), "within_2se": abs(d) <= 2 * se}
+    return res
 
 
 def llama_summary(spec, dflash2=False, labels_both=False):
     """summary.json's llama_cpp from llama_spec.py's output: each run's numbers, and
     the paired comparisons (bootstrap over the same prompts) of the runs made."""
     lc = dict(spec["configs"], version=spec["version"], threads=spec["threads"],
+              servers=spec.get("servers", 1),
               n_draft=spec["n_draft"])
     rows = spec["per_prompt"]
     pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
@@ -703,10 +723,12 @@ def compare_line(s):
 
 
 def result_lines(s, ckpt, out):
-    """The closing report without the live stage (--skip-live)."""
+    """The closing report without the live stage (the main job's, or --skip-live)."""
     u, tr = s["eval_untrained"], s["eval_trained"]
     txt = (f"\nheld-out walk tau (dflash eval): untrained {u['walk_tau']:.3f}, trained "
            f"{tr['walk_tau']:.3f} +- {tr['walk_tau_se']:.3f} ({tr['steps']} steps)")
+    if "llama_cpp" in s:
+        txt += llama_line(s["llama_cpp"])
     if "dflash2" in s:
         txt += compare_line(s)
     return txt + (f"\nstage seconds: {s['seconds']}\nout: {ckpt} (checkpoint), "
@@ -829,12 +851,18 @@ def main():
     ap.add_argument("--server", choices=["auto", "llama", "torch"], default="auto",
                     help="llama: llama.cpp's llama-server (auto when scripts/llama_server.sh built it)")
     ap.add_argument("--servers", type=int, default=2, help="server processes for the fetch")
-    ap.add_argument("--parallel", type=int, default=1,
+    # Four slots: llama-server decodes the running requests as one batch, 22 % fewer CPU-s
+    # per token than one slot on the demo's first 48 prompts (85.3 against 66.8 server CPU-s;
+    # 8 slots 61.8), and the same 48 completions, token for token (2026-12-06).
+    ap.add_argument("--parallel", type=int, default=4,
                     help="slots per llama-server (-np; dflash fetch reads them from GET /props)")
     ap.add_argument("--llama-dir", default=None,
                     help=f"llama.cpp built by scripts/llama_server.sh (default {llama_spec.DEFAULT_DIR})")
     ap.add_argument("--llama-threads", type=int, default=1,
                     help="threads of the llama.cpp speculative-decoding runs")
+    ap.add_argument("--llama-servers", type=int, default=None,
+                    help="servers of stage 7's drafter runs, the held-out prompts dealt out "
+                         "among them (default: 2, one per core; 1 when stage 8 runs beside)")
     for k, v in FULL.items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
     ap.add_argument("--spool", action="store_true",
@@ -851,7 +879,8 @@ def main():
                          "target), or both: a second drafter on target labels, evaluated and "
                          "run in llama.cpp beside the first (summary.json \"labels\")")
     ap.add_argument("--skip-live", action="store_true",
-                    help="skip stage 8 (live decoding in PyTorch) and the plot")
+                    help="skip stage 8 (live decoding in PyTorch; the main job does unless "
+                         "--live-prompts N) and the plot")
     ap.add_argument("--spool-reuse", action="store_true",
                     help="--spool: the producer prefills once and the trainer replays epoch 0's "
                          "shards every epoch (dflash train --spool-reuse; the budget holds an "
@@ -1133,7 +1162,8 @@ def main():
     # thread): each takes a core.
     live_json = os.path.join(out, "live.json")
     live_job = None
-    if not a.skip_live and not st.done("live", key("live")):
+    live = not a.skip_live and p["live_prompts"] >= 0
+    if live and not st.done("live", key("live")):
         log("8. live speculative decoding with the target in PyTorch (second opinion), beside 7")
         live_job = Job([sys.executable, os.path.join(HERE, "live_check.py"), "--checkpoint", ckpt,
                         "--target-dir", target_dir, "--data", heldout_data,
@@ -1157,8 +1187,9 @@ def main():
         for name, d in convs:
             to_gguf(ldir, d, target_dir, os.path.join(gg, f"{name}.gguf"))
         base = a.labels != "both"  # --labels both: the two trained drafters only (time)
+        servers = a.llama_servers or (1 if live_job else 2)
         run(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
-                           a.llama_threads, a.llama_prompts)
+                           a.llama_threads, a.llama_prompts) + ["--servers", servers]
             + (["--plain-ref", base_json] if base else [])
             + llama_drafters(gg, "dflash2" in summary, untrained=False)
             + (["--config", "target_labels=" + os.path.join(gg, "drafter_target.gguf")]
@@ -1204,6 +1235,11 @@ def main():
             same_steps=sum(a == b for a, b in zip(lt, wt)), samples=len(rows))
     save()
 
+    if "llama_cpp" in summary and "eval_trained" in summary:
+        summary["llama_cpp"]["trained_vs_eval"] = llama_vs_eval(summary["llama_cpp"]["trained"],
+                                                                summary["eval_trained"])
+    save()
+
     if a.peers:
         st.begin("peers")
         log("7b. the peers' trainers on the same data (bench/peer_trainers.py --quick)")
@@ -1235,7 +1271,10 @@ def main():
         if a.peers and "peers" in summary:
             check_peers(summary["peers"])
     if "live" not in summary:
-        print(result_lines(summary, ckpt, out))
+        print(result_lines(summary, ckpt, out) + "\n" + stage_table(summary))
+        if not a.quick:
+            print("main-job figures:\n" + "\n".join(f"| {k} | {v} |"
+                                                      for k, v in main_job_figures(summary)))
         return
     u, tr, lv = summary["eval_untrained"], summary["eval_trained"], summary["live"]
     ag = summary["live_vs_eval"]
