@@ -66,10 +66,13 @@ const char *dflash_blas_coretype_advice(void) {
   return df_blas_coretype_for(dflash_blas_corename(), df_blas_cpu());
 }
 
-void df_blas_setup(int n_threads) {
-  /* OpenBLAS starts one thread per CPU; left so, --threads 1 still ran two
-   * cores' worth of spinning BLAS threads. The setting is process-wide. */
-  if (n_threads > 0 && openblas_get_num_threads() != n_threads) openblas_set_num_threads(n_threads);
+void df_blas_setup(void) {
+  /* One OpenBLAS thread: the trainer's pool (n_threads) cuts each large product
+   * into one single-threaded call per thread of the pool (train/ops.c's df_sgemm). OpenBLAS's
+   * own threads spin-yield between products, taking a core from the pool's
+   * row loops (the CE's exps, AdamW): 30 % system time at --threads 2 before. OpenBLAS
+   * starts one thread per CPU; the setting is process-wide. */
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   static atomic_flag warned = ATOMIC_FLAG_INIT;
   const char *better = dflash_blas_coretype_advice();
   if (better && !atomic_flag_test_and_set(&warned))

@@ -215,9 +215,10 @@ unsigned df_blas_cpu(void);
 /* The OPENBLAS_CORETYPE a CPU with `cpu` runs faster than OpenBLAS's set
  * `core`, or NULL (core fits, or is a name this file does not know). */
 const char *df_blas_coretype_for(const char *core, unsigned cpu);
-/* Cap the BLAS's threads at n_threads (> 0; process-wide) and warn once,
- * through the log callback, when its kernels are older than the CPU. */
-void df_blas_setup(int n_threads);
+/* One BLAS thread (process-wide; the trainer's pool splits the products) and
+ * a warning, once, through the log callback, when its kernels are older than
+ * the CPU. */
+void df_blas_setup(void);
 
 /* ---- string set (strset.c): ids already seen, up to millions ------------- */
 

@@ -82,7 +82,7 @@ static dflash_status muon_and_adam(df_model *m, float *m1, const df_adam *a, con
   for (size_t i = 0; i < m->n_tensors; i++) {
     const df_tensor_info *ti = &m->tensors[i];
     if (df_muon_takes(ti)) {
-      dflash_status st = df_muon_update(m->params + ti->offset, m->grads + ti->offset,
+      dflash_status st = df_muon_update(m->pool, m->params + ti->offset, m->grads + ti->offset,
                                         m1 + ti->offset, ti->shape[0], ti->shape[1], a);
       if (st) return df_error_wrap(st, "step %lld: Muon on %s", (long long)a->step - 1, ti->name);
       continue;

@@ -206,7 +206,7 @@ void df2_lmhead_topk(const float *x, const float *E, int R, int H, int V, int ch
   if (!n) return; /* callers size top_k <= V and check the allocation of scratch */
   for (int v0 = 0; v0 < V; v0 += chunk) {
     int nv = V - v0 < chunk ? V - v0 : chunk;
-    df_matmul_forward(scratch, x, E + (size_t)v0 * H, R, nv, H, false);
+    df_matmul_forward(NULL, scratch, x, E + (size_t)v0 * H, R, nv, H, false);
     for (int r = 0; r < R; r++)
       for (int v = 0; v < nv; v++)
         n[r] = df_topk_insert(ids + (size_t)r * k, vals + (size_t)r * k, n[r], k, v0 + v,
@@ -300,7 +300,7 @@ dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hit
   } else {
     df2_lmhead_topk(s->x, s->E, R, s->H, s->V, s->chunk, K, b.cand, b.unary, b.scratch);
   }
-  df_matmul_forward(b.hp, s->x, s->hproj, R, r, s->H, false);
+  df_matmul_forward(NULL, b.hp, s->x, s->hproj, R, r, s->H, false);
   for (int i = 0; i < R; i++) {
     int32_t *cand = b.cand + (size_t)i * K, y_tok = s->target[i];
     float *un = b.unary + (size_t)i * K;
@@ -315,7 +315,7 @@ dflash_status df2_selector_loss(const df2_sel_args *s, double *loss, double *hit
                                 s->dsucc, s->E, s->H, s->dx ? s->dx + (size_t)i * s->H : NULL, b.p);
     *loss += s->w[i] * l;
   }
-  if (s->dx) df_matmul_backward(s->dx, s->dhproj, b.dh, s->x, s->hproj, R, r, s->H, true);
+  if (s->dx) df_matmul_backward(NULL, s->dx, s->dhproj, b.dh, s->x, s->hproj, R, r, s->H, true);
   sel_buf_free(&b);
   return DFLASH_OK;
 }

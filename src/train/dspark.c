@@ -119,9 +119,9 @@ dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a, df_dspark_s
     for (int i = 0; i < n; i++)
       memcpy(e + (size_t)i * r, a->w1 + (size_t)a->prev[r0 + i] * r, sizeof(float) * r);
     /* z = x E^T + e w2^T: the LM head's logits plus the Markov bias */
-    df_matmul_forward(z, a->x + (size_t)r0 * H, a->E, n, V, H, false);
-    df_matmul_forward(z, e, a->w2, n, V, r, true);
-    if (zt) df_matmul_forward(zt, a->xt + (size_t)r0 * H, a->E, n, V, H, false);
+    df_matmul_forward(pool, z, a->x + (size_t)r0 * H, a->E, n, V, H, false);
+    df_matmul_forward(pool, z, e, a->w2, n, V, r, true);
+    if (zt) df_matmul_forward(pool, zt, a->xt + (size_t)r0 * H, a->E, n, V, H, false);
     chunk_ctx c = {a, r0, z, zt, e, row, backward};
     df_pool_for(pool, (size_t)n, 1, rows_fn, &c);
     for (int i = 0; i < n; i++) {
@@ -135,8 +135,8 @@ dflash_status df_dspark_loss(df_pool *pool, const df_dspark_args *a, df_dspark_s
     }
     if (!backward) continue;
     /* z now holds d(logits): into x through E, into e and w2 through the Markov bias. */
-    df_matmul_backward(dxc, NULL, z, NULL, a->E, n, V, H, false);
-    df_matmul_backward(de, a->dw2, z, e, a->w2, n, V, r, false);
+    df_matmul_backward(pool, dxc, NULL, z, NULL, a->E, n, V, H, false);
+    df_matmul_backward(pool, de, a->dw2, z, e, a->w2, n, V, r, false);
     for (int i = 0; i < n; i++) {
       int gi = r0 + i;
       float ds = (float)row[(size_t)i * 5 + 3];

@@ -29,7 +29,7 @@ dflash_status df_greedy_tokens(const float *x, int64_t len, int32_t H, const flo
       float rstd = (float)(1.0 / sqrt(ss / H + eps));
       for (int32_t i = 0; i < H; i++) xn[(size_t)r * H + i] = row[i] * rstd * norm_w[i];
     }
-    df_matmul_forward(logits, xn, head, rows, V, H, false);
+    df_matmul_forward(NULL, logits, xn, head, rows, V, H, false);
     for (int r = 0; r < rows; r++) {
       const float *l = logits + (size_t)r * V;
       int32_t best = 0;

@@ -464,7 +464,7 @@ static void qk_forward(df_model *m, float *pre, float *rstd, float *out, const f
                        const float *w, const float *norm_w, const int32_t *pos, int rows,
                        int heads) {
   int hd = heads * m->d;
-  df_matmul_forward(pre, x, w, rows, hd, m->H, false);
+  df_matmul_forward(m->pool, pre, x, w, rows, hd, m->H, false);
   df_rmsnorm_forward(m->pool, out, rstd, pre, norm_w, rows * heads, m->d,
                      (float)m->cfg.rms_norm_eps);
   df_rope_forward(m->pool, out, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
@@ -475,7 +475,7 @@ static void qk_forward(df_model *m, float *pre, float *rstd, float *out, const f
 static void conv_prepare(const df_model *m, const df_conv_w *w, float *dyn, float *out,
                          const float *x) {
   int n = 2 * m->conv_k * m->conv_groups;
-  df_matmul_forward(dyn, x, w->proj, m->T, n, m->H, false);
+  df_matmul_forward(m->pool, dyn, x, w->proj, m->T, n, m->H, false);
   df2_conv_apply(m->pool, out, x, dyn, (size_t)n, w->base, NULL, m->T, m->B, m->H, m->conv_k,
                  m->conv_g);
 }
@@ -495,10 +495,10 @@ static void sublayer_out(const df_model *m, const df_conv_w *cw, const float *dy
                          float *out, const float *residual, const float *x, const float *w, int K) {
   if (!m->dflash2) {
     memcpy(out, residual, sizeof(float) * (size_t)m->T * m->H);
-    df_matmul_forward(out, x, w, m->T, m->H, K, true);
+    df_matmul_forward(m->pool, out, x, w, m->T, m->H, K, true);
     return;
   }
-  df_matmul_forward(y, x, w, m->T, m->H, K, false);
+  df_matmul_forward(m->pool, y, x, w, m->T, m->H, K, false);
   conv_finish(m, cw, dyn, out, y, residual);
 }
 
@@ -515,10 +515,10 @@ static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out
   }
   qk_forward(m, A->q_pre, A->q_rstd, A->q, xa, W->wq, W->q_norm, m->a.pos_block, T, m->nh);
   qk_forward(m, A->kb_pre, A->kb_rstd, A->kb, xa, W->wk, W->k_norm, m->a.pos_block, T, m->nkv);
-  df_matmul_forward(A->vb, xa, W->wv, T, kd, H, false);
+  df_matmul_forward(m->pool, A->vb, xa, W->wv, T, kd, H, false);
   /* The context enters only as extra keys/values. */
   qk_forward(m, A->kc_pre, A->kc_rstd, A->kc, m->a.ctx, W->wk, W->k_norm, m->a.pos_ctx, Sc, m->nkv);
-  df_matmul_forward(A->vc, m->a.ctx, W->wv, Sc, kd, H, false);
+  df_matmul_forward(m->pool, A->vc, m->a.ctx, W->wv, Sc, kd, H, false);
   df_attn_shape s;
   attn_shape(m, l, anchors, &s);
   df_attention_forward(m->pool, &s, A->att, A->lse, A->q, A->kc, A->vc, A->kb, A->vb, m->a.work);
@@ -529,8 +529,8 @@ static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out
     conv_prepare(m, &W->mlp_conv, A->mlp_dyn, A->mlp_x, A->xn2);
     xm = A->mlp_x;
   }
-  df_matmul_forward(A->g, xm, W->wg, T, m->I, H, false);
-  df_matmul_forward(A->u, xm, W->wu, T, m->I, H, false);
+  df_matmul_forward(m->pool, A->g, xm, W->wg, T, m->I, H, false);
+  df_matmul_forward(m->pool, A->u, xm, W->wu, T, m->I, H, false);
   df_swiglu_forward(m->pool, A->m, A->g, A->u, (size_t)T * m->I);
   sublayer_out(m, &W->mlp_conv, A->mlp_dyn, A->mlp_y, out, A->h_mid, A->m, W->wd, m->I);
 }
@@ -538,7 +538,7 @@ static void layer_forward(df_model *m, int l, const int32_t *anchors, float *out
 static void model_forward(df_model *m, const float *hidden, const int32_t *anchors) {
   df_acts *a = &m->a;
   float eps = (float)m->cfg.rms_norm_eps;
-  df_matmul_forward(a->ctx_pre, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
+  df_matmul_forward(m->pool, a->ctx_pre, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
   df_rmsnorm_forward(m->pool, a->ctx, a->ctx_rstd, a->ctx_pre, m->w.hidden_norm, m->Sc, m->H, eps);
   for (int l = 0; l < m->L; l++)
     layer_forward(m, l, anchors, l + 1 < m->L ? a->layer[l + 1].h_in : a->h_out);
@@ -554,7 +554,7 @@ static void qk_backward(df_model *m, float *dout, float *dpre, float *dx, float 
                         bool accumulate_dx) {
   df_rope_backward(m->pool, dout, pos, m->cos_t, m->sin_t, rows, heads, m->d, m->rot);
   df_rmsnorm_backward(m->pool, dpre, dnorm_w, dout, pre, norm_w, rstd, rows * heads, m->d, false);
-  df_matmul_backward(dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
+  df_matmul_backward(m->pool, dx, dw, dpre, x, w, rows, heads * m->d, m->H, accumulate_dx);
 }
 
 /* DFlash 2: d(out) = a->dh through finish (the residual keeps a->dh):
@@ -578,7 +578,7 @@ static void conv_prepare_backward(df_model *m, const df_conv_w *W, df_conv_w *G,
   df_acts *a = &m->a;
   df2_conv_backward(m->pool, a->dx, a->d2_dyn, G->base, a->d2_x, xn, dyn, (size_t)n, W->base, m->T,
                     m->B, m->H, m->conv_k, m->conv_g);
-  df_matmul_backward(a->dx, G->proj, a->d2_dyn, xn, W->proj, m->T, n, m->H, true);
+  df_matmul_backward(m->pool, a->dx, G->proj, a->d2_dyn, xn, W->proj, m->T, n, m->H, true);
 }
 
 /* a->dh holds d(layer output) on entry and d(layer input) on return. */
@@ -595,10 +595,10 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
                        : a->dh;
   const float *xm = c2 ? A->mlp_x : A->xn2;
   float *dxm = c2 ? a->d2_x : a->dx;
-  df_matmul_backward(a->dm, G->wd, dy, A->m, W->wd, T, H, I, false);
+  df_matmul_backward(m->pool, a->dm, G->wd, dy, A->m, W->wd, T, H, I, false);
   df_swiglu_backward(m->pool, a->dg, a->du, a->dm, A->g, A->u, (size_t)T * I);
-  df_matmul_backward(dxm, G->wg, a->dg, xm, W->wg, T, I, H, false);
-  df_matmul_backward(dxm, G->wu, a->du, xm, W->wu, T, I, H, true);
+  df_matmul_backward(m->pool, dxm, G->wg, a->dg, xm, W->wg, T, I, H, false);
+  df_matmul_backward(m->pool, dxm, G->wu, a->du, xm, W->wu, T, I, H, true);
   if (c2) conv_prepare_backward(m, &W->mlp_conv, &G->mlp_conv, A->mlp_dyn, A->xn2);
   df_rmsnorm_backward(m->pool, a->dh, G->post_ln, a->dx, A->h_mid, W->post_ln, A->rstd2, T, H,
                       true);
@@ -606,7 +606,7 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
   dy = c2 ? conv_finish_backward(m, &W->att_conv, &G->att_conv, A->att_dyn, A->att_y) : a->dh;
   const float *xa = c2 ? A->att_x : A->xn1;
   float *dxa = c2 ? a->d2_x : a->dx;
-  df_matmul_backward(a->datt, G->wo, dy, A->att, W->wo, T, H, qd, false);
+  df_matmul_backward(m->pool, a->datt, G->wo, dy, A->att, W->wo, T, H, qd, false);
   df_attn_shape s;
   attn_shape(m, l, anchors, &s);
   df_attention_backward(m->pool, &s, a->dq, a->dkc, a->dvc, a->dkb, a->dvb, a->work, a->datt,
@@ -615,11 +615,11 @@ static void layer_backward(df_model *m, int l, const int32_t *anchors, const flo
               a->pos_block, T, m->nh, false);
   qk_backward(m, a->dkb, a->dtmp, dxa, G->wk, G->k_norm, A->kb_pre, A->kb_rstd, xa, W->wk,
               W->k_norm, a->pos_block, T, m->nkv, true);
-  df_matmul_backward(dxa, G->wv, a->dvb, xa, W->wv, T, kd, H, true);
+  df_matmul_backward(m->pool, dxa, G->wv, a->dvb, xa, W->wv, T, kd, H, true);
   if (c2) conv_prepare_backward(m, &W->att_conv, &G->att_conv, A->att_dyn, A->xn1);
   qk_backward(m, a->dkc, a->dctx_tmp, a->dctx, G->wk, G->k_norm, A->kc_pre, A->kc_rstd, a->ctx,
               W->wk, W->k_norm, a->pos_ctx, Sc, m->nkv, true);
-  df_matmul_backward(a->dctx, G->wv, a->dvc, a->ctx, W->wv, Sc, kd, H, true);
+  df_matmul_backward(m->pool, a->dctx, G->wv, a->dvc, a->ctx, W->wv, Sc, kd, H, true);
   df_rmsnorm_backward(m->pool, a->dh, G->in_ln, a->dx, A->h_in, W->in_ln, A->rstd1, T, H, true);
 }
 
@@ -637,7 +637,7 @@ static void model_backward(df_model *m, const float *hidden, const int32_t *anch
   for (int l = m->L - 1; l >= 0; l--) layer_backward(m, l, anchors, NULL);
   df_rmsnorm_backward(m->pool, a->dctx_tmp, m->g.hidden_norm, a->dctx, a->ctx_pre, m->w.hidden_norm,
                       a->ctx_rstd, m->Sc, m->H, false);
-  df_matmul_backward(NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
+  df_matmul_backward(m->pool, NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
 }
 
 /* ---- entry points --------------------------------------------------------- */
@@ -861,8 +861,8 @@ static dflash_status select_blocks(df_model *m, const int32_t *ids, const int32_
   for (int32_t b = 0; b < n_anchors; b++) {
     const float *rows = m->a.hf + ((size_t)b * m->B + 1) * m->H;
     size_t at = (size_t)b * n;
-    df_matmul_forward(logits, rows, m->lm_head, n, m->V, m->H, false);
-    df_matmul_forward(hp, rows, m->w.sel_hproj, n, r, m->H, false);
+    df_matmul_forward(m->pool, logits, rows, m->lm_head, n, m->V, m->H, false);
+    df_matmul_forward(m->pool, hp, rows, m->w.sel_hproj, n, r, m->H, false);
     s.anchor_id = ids[anchors[b]];
     s.cand = out && out->candidates ? out->candidates + at * K : NULL;
     s.probs = out && out->probs ? out->probs + at * K : NULL;
@@ -903,7 +903,7 @@ dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, con
   for (int t = 0; t < m->T; t++)
     if (t % m->B)
       memcpy(a->rows_x + (size_t)r++ * m->H, a->hf + (size_t)t * m->H, sizeof(float) * m->H);
-  df_lmhead_argmax(a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
+  df_lmhead_argmax(m->pool, a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
   if (out && out->argmax) memcpy(out->argmax, pred, sizeof(int32_t) * (size_t)R);
   return DFLASH_OK;
 }
@@ -916,13 +916,13 @@ dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, cons
   model_forward(m, hidden, anchors);
   /* All B rows of every block, position 0 included: [T, V] = hf [T, H] lm_head^T. */
   if (!m->kept) {
-    df_matmul_forward(logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);
+    df_matmul_forward(m->pool, logits, m->a.hf, m->lm_head, m->T, m->V, m->H, false);
     return DFLASH_OK;
   }
   /* A pruned draft vocabulary: its V_d logits scattered into V, -inf elsewhere (vLLM's). */
   float *zd = malloc(sizeof(float) * (size_t)m->T * m->Vd);
   if (!zd) return df_error_nomem("draft-vocabulary logits");
-  df_matmul_forward(zd, m->a.hf, m->lm_head, m->T, m->Vd, m->H, false);
+  df_matmul_forward(m->pool, zd, m->a.hf, m->lm_head, m->T, m->Vd, m->H, false);
   for (int t = 0; t < m->T; t++) {
     float *row = logits + (size_t)t * m->V;
     for (int v = 0; v < m->V; v++) row[v] = -INFINITY;

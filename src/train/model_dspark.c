@@ -31,7 +31,7 @@ static dflash_status full_lse(const df_model *m, const float *x, int n, double *
   }
   for (int r0 = 0; r0 < n; r0 += cr) {
     int k = n - r0 < cr ? n - r0 : cr;
-    df_matmul_forward(z, x + (size_t)r0 * m->H, m->lm_head_full, k, V, m->H, false);
+    df_matmul_forward(m->pool, z, x + (size_t)r0 * m->H, m->lm_head_full, k, V, m->H, false);
     for (int i = 0; i < k; i++) {
       const float *zi = z + (size_t)i * V;
       double mx = -INFINITY, s = 0;
@@ -122,11 +122,11 @@ dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32
   float *z = malloc(sizeof(float) * (size_t)B * V);
   if (!z) return df_error_nomem("DSpark draft logits");
   for (int32_t n = 0; n < n_anchors; n++) {
-    df_matmul_forward(z, m->a.hf + (size_t)n * B * m->H, m->lm_head, B, V, m->H, false);
+    df_matmul_forward(m->pool, z, m->a.hf + (size_t)n * B * m->H, m->lm_head, B, V, m->H, false);
     int32_t prev = ids[anchors[n]];
     for (int k = 0; k < B; k++) {
       float *zk = z + (size_t)k * V;
-      df_matmul_forward(zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
+      df_matmul_forward(m->pool, zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
       /* picked in the draft vocabulary, mapped to a target id (i + d2t[i]) for the next
        * Markov step and the output */
       int32_t i = df2_argmax(zk, V);

@@ -33,25 +33,79 @@
 
 /* ---- matmul --------------------------------------------------------------- */
 
-void df_matmul_forward(float *y, const float *x, const float *w, int M, int N, int K,
-                       bool accumulate) {
+typedef struct gemm_ctx {
+  bool ta, tb, split_m;
+  int M, N, K, parts, align;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+  int lda, ldb, ldc;
+} gemm_ctx;
+
+/* Part i of the split dimension, in multiples of align (the kernels' tile). */
+static void gemm_range(const gemm_ctx *g, size_t i, int *lo, int *hi) {
+  int n = g->split_m ? g->M : g->N, tiles = (n + g->align - 1) / g->align;
+  *lo = (int)((size_t)tiles * i / (size_t)g->parts) * g->align;
+  *hi = (int)((size_t)tiles * (i + 1) / (size_t)g->parts) * g->align;
+  if (*hi > n) *hi = n;
+}
+
+static void gemm_parts(void *vc, size_t b, size_t e, int worker) {
+  (void)worker;
+  const gemm_ctx *g = vc;
+  for (size_t i = b; i < e; i++) {
+    int lo, hi;
+    gemm_range(g, i, &lo, &hi);
+    if (hi <= lo) continue;
+    const float *A = g->A, *B = g->B;
+    float *C = g->C;
+    int M = g->M, N = g->N;
+    if (g->split_m) {
+      A += g->ta ? (size_t)lo : (size_t)lo * g->lda, C += (size_t)lo * g->ldc, M = hi - lo;
+    } else {
+      B += g->tb ? (size_t)lo * g->ldb : (size_t)lo, C += lo, N = hi - lo;
+    }
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                M, N, g->K, g->alpha, A, g->lda, B, g->ldb, g->beta, C, g->ldc);
+  }
+}
+
+/* Below this many multiply-adds a product runs whole on the calling thread: the
+ * pool's wake-up (a futex round trip, ~10-50 us) would cost more than it saves. */
+#define GEMM_SPLIT_MIN (1 << 21)
+
+void df_sgemm(df_pool *pool, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+              int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  int parts = df_pool_size(pool);
+  if (parts <= 1 || (double)M * N * K < GEMM_SPLIT_MIN) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  /* Each part is a whole block of C's rows or columns, so every element of C is
+   * one call's, summed over K in that call's order: the same bits for any split. */
+  gemm_ctx g = {.ta = ta, .tb = tb, .split_m = M > N, .M = M, .N = N, .K = K, .parts = parts,
+                .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .lda = lda, .ldb = ldb,
+                .ldc = ldc};
+  g.align = g.split_m ? 8 : 16;
+  df_pool_for(pool, (size_t)parts, 1, gemm_parts, &g);
+}
+
+void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N,
+                       int K, bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate) memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K,
-              accumulate ? 1.0f : 0.0f, y, N);
+  df_sgemm(pool, false, true, M, N, K, 1.0f, x, K, w, K, accumulate ? 1.0f : 0.0f, y, N);
 }
 
-void df_matmul_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        int M, int N, int K, bool accumulate_dx) {
+void df_matmul_backward(df_pool *pool, float *dx, float *dw, const float *dy, const float *x,
+                        const float *w, int M, int N, int K, bool accumulate_dx) {
   if (M <= 0 || N <= 0 || K <= 0) return;
-  if (dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K,
-                accumulate_dx ? 1.0f : 0.0f, dx, K);
-  if (dw)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
+  if (dx) df_sgemm(pool, false, false, M, K, N, 1.0f, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
+  if (dw) df_sgemm(pool, true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
 }
 
 /* ---- RMSNorm -------------------------------------------------------------- */
@@ -644,12 +698,10 @@ void df_lmhead_ce_pass(df_pool *pool, bool grad, const float *x, const float *E,
     c.v0 = v0;
     c.c = V - v0 < chunk ? V - v0 : chunk;
     const float *Ec = E + (size_t)v0 * H;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f,
-                c.logits, c.c);
+    df_sgemm(pool, false, true, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f, c.logits, c.c);
     df_pool_for(pool, (size_t)R, 16, ce_chunk_rows, &c);
     if (grad)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, H, c.c, 1.0f, c.logits, c.c, Ec,
-                  H, 1.0f, c.acc, H);
+      df_sgemm(pool, false, false, R, H, c.c, 1.0f, c.logits, c.c, Ec, H, 1.0f, c.acc, H);
   }
 }
 
@@ -666,15 +718,14 @@ size_t df_lmhead_work(int R, int H, int chunk) {
   return (size_t)R * (5 + (size_t)chunk + (size_t)H);
 }
 
-void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V, int chunk,
-                      float *scratch) {
+void df_lmhead_argmax(df_pool *pool, const float *x, const float *E, int32_t *out, int R, int H,
+                      int V, int chunk, float *scratch) {
   if (R <= 0) return;
   float *best = scratch + (size_t)R * chunk;
   for (int r = 0; r < R; r++) best[r] = -FLT_MAX, out[r] = 0;
   for (int v0 = 0; v0 < V; v0 += chunk) {
     int cn = V - v0 < chunk ? V - v0 : chunk;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, cn, H, 1.0f, x, H, E + (size_t)v0 * H,
-                H, 0.0f, scratch, cn);
+    df_sgemm(pool, false, true, R, cn, H, 1.0f, x, H, E + (size_t)v0 * H, H, 0.0f, scratch, cn);
     for (int r = 0; r < R; r++)
       for (int i = 0; i < cn; i++)
         if (scratch[(size_t)r * cn + i] > best[r])

@@ -11,14 +11,21 @@
 
 #include "core/internal.h"
 
-/* ---- matmul (OpenBLAS) ---------------------------------------------------- */
+/* ---- matmul (OpenBLAS, one thread per call) -------------------------------- */
 
+/* C = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm. With a pool of more
+ * than one thread, a large product is cut into one block of C's rows or columns
+ * per thread, each a single-threaded cblas_sgemm (the trainer keeps OpenBLAS at one
+ * thread: df_blas_setup); each element of C is one call's sum over K. Not from inside
+ * a df_pool_for of the same pool. */
+void df_sgemm(df_pool *pool, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+              int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* y[M,N] = x[M,K] w[N,K]^T (+ y when accumulate). */
-void df_matmul_forward(float *y, const float *x, const float *w, int M, int N, int K,
-                       bool accumulate);
+void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N,
+                       int K, bool accumulate);
 /* dx[M,K] (+)= dy[M,N] w[N,K] (dx may be NULL); dw[N,K] += dy^T x (dw may be NULL). */
-void df_matmul_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        int M, int N, int K, bool accumulate_dx);
+void df_matmul_backward(df_pool *pool, float *dx, float *dw, const float *dy, const float *x,
+                        const float *w, int M, int N, int K, bool accumulate_dx);
 
 /* ---- RMSNorm over rows of n ---------------------------------------------- */
 
@@ -128,8 +135,8 @@ void df_lmhead_ce_finish(df_pool *pool, double *loss, float *dx, const float *E,
  * offered in id order, ties keep the smaller id). Returns the new count. */
 int df_topk_insert(int32_t *ids, float *vals, int n, int k, int32_t v, float x);
 /* Greedy prediction: argmax_v x_r . E[v] for each row (chunked). */
-void df_lmhead_argmax(const float *x, const float *E, int32_t *out, int R, int H, int V, int chunk,
-                      float *scratch);
+void df_lmhead_argmax(df_pool *pool, const float *x, const float *E, int32_t *out, int R, int H,
+                      int V, int chunk, float *scratch);
 
 /* ---- misc ----------------------------------------------------------------- */
 

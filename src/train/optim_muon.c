@@ -1,11 +1,11 @@
 /* Muon (torch.optim.Muon, as vLLM speculators trains DFlash drafters with it) for the CPU
  * backend: Nesterov momentum, then the gradient's Newton-Schulz orthogonalisation, then a
  * decoupled weight decay and a shape-scaled step. torch runs the iterations in bfloat16 on
- * the GPU; here they are float32 cblas_sgemm (OpenBLAS's threads). */
+ * the GPU; here they are float32 df_sgemm (the trainer's pool, one OpenBLAS thread each). */
 #include "backend.h"
 #include "train/cuda/dfcuda.h" /* DF_MUON_NS_*, shared with the CUDA step */
 
-#include <cblas.h>
+#include "ops.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,17 +29,17 @@ bool df_muon_takes(const df_tensor_info *ti) {
 
 /* x [r, c], r <= c, in place: x /= max(|x|_F, eps), then NS_STEPS of
  * x = a x + (b G + c G G) x with G = x x^T. g, gg [r, r] and y [r, c] are scratch. */
-static void newton_schulz(float *x, float *y, float *g, float *gg, int r, int c) {
+static void newton_schulz(df_pool *pool, float *x, float *y, float *g, float *gg, int r, int c) {
   double ss = 0;
   for (size_t i = 0; i < (size_t)r * c; i++) ss += (double)x[i] * x[i];
   float norm = (float)sqrt(ss), k = 1.0f / (norm > NS_EPS ? norm : NS_EPS);
   for (size_t i = 0; i < (size_t)r * c; i++) x[i] *= k;
   for (int s = 0; s < NS_STEPS; s++) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, r, c, 1.0f, x, c, x, c, 0.0f, g, r);
+    df_sgemm(pool, false, true, r, r, c, 1.0f, x, c, x, c, 0.0f, g, r);
     memcpy(gg, g, sizeof(float) * (size_t)r * r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, r, r, NS_C, g, r, g, r, NS_B, gg, r);
+    df_sgemm(pool, false, false, r, r, r, NS_C, g, r, g, r, NS_B, gg, r);
     memcpy(y, x, sizeof(float) * (size_t)r * c);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, c, r, 1.0f, gg, r, x, c, NS_A, y, c);
+    df_sgemm(pool, false, false, r, c, r, 1.0f, gg, r, x, c, NS_A, y, c);
     memcpy(x, y, sizeof(float) * (size_t)r * c);
   }
 }
@@ -54,7 +54,7 @@ static double adjusted_lr(const df_adam *a, int64_t rows, int64_t cols) {
   return a->lr * df_muon_lr_scale(a->muon_adjust_lr, rows, cols);
 }
 
-dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t rows, int64_t cols,
+dflash_status df_muon_update(df_pool *pool, float *p, const float *grad, float *buf, int64_t rows, int64_t cols,
                              const df_adam *a) {
   int r = (int)(rows < cols ? rows : cols), c = (int)(rows < cols ? cols : rows);
   size_t n = (size_t)rows * (size_t)cols;
@@ -76,7 +76,7 @@ dflash_status df_muon_update(float *p, const float *grad, float *buf, int64_t ro
       else x[at] = u;
     }
   if (rows > cols) memcpy(x, y, sizeof(float) * n);
-  newton_schulz(x, y, g, gg, r, c);
+  newton_schulz(pool, x, y, g, gg, r, c);
   float decay = (float)(1.0 - a->lr * a->muon_weight_decay),
         step = (float)adjusted_lr(a, rows, cols);
   for (int64_t i = 0; i < rows; i++)

@@ -196,7 +196,7 @@ dflash_status df_trainer_create(const dflash_drafter_config *cfg, const float *e
   t->comm = comm;
   dflash_status st = check_options(opts, &t->opt);
   if (!st) st = df_model_init(&t->m, cfg, t->opt.n_threads, t->opt.vocab_chunk, t->opt.loss_gamma);
-  if (!st) df_blas_setup(df_pool_size(t->m.pool)); /* the BLAS's threads too, as the pool's */
+  if (!st) df_blas_setup(); /* one BLAS thread: the pool splits the products (ops.c's df_sgemm) */
   if (!st) {
     t->m.sel_weight = t->opt.selector_loss_weight;
     t->m.sel_inject = t->opt.selector_loss_mode == DFLASH_SELECTOR_LOSS_INJECT;

@@ -65,30 +65,36 @@ static void expect_close(const char *what, const char *shape, const float *got, 
 
 /* ---- matmul --------------------------------------------------------------- */
 
-static void matmul_case(int M, int N, int K, bool acc) {
+static void matmul_case(df_pool *pool, int M, int N, int K, bool acc) {
   char sh[64];
-  snprintf(sh, sizeof sh, "M%d N%d K%d acc%d", M, N, K, acc);
+  snprintf(sh, sizeof sh, "M%d N%d K%d acc%d pool%d", M, N, K, acc, pool != NULL);
   float *x = rnd((size_t)M * K, 1), *w = rnd((size_t)N * K, 1), *dy = rnd((size_t)M * N, 1);
   float *y = rnd((size_t)M * N, 1), *yr = dup(y, (size_t)M * N);
-  df_matmul_forward(y, x, w, M, N, K, acc);
+  df_matmul_forward(pool, y, x, w, M, N, K, acc);
   ref_matmul_forward(yr, x, w, M, N, K, acc);
   expect_close("matmul y", sh, y, yr, (size_t)M * N, 1e-5);
   float *dx = rnd((size_t)M * K, 1), *dxr = dup(dx, (size_t)M * K);
   float *dw = rnd((size_t)N * K, 1), *dwr = dup(dw, (size_t)N * K);
-  df_matmul_backward(dx, dw, dy, x, w, M, N, K, acc);
+  df_matmul_backward(pool, dx, dw, dy, x, w, M, N, K, acc);
   ref_matmul_backward(dxr, dwr, dy, x, w, M, N, K, acc);
   expect_close("matmul dx", sh, dx, dxr, (size_t)M * K, 1e-5);
   expect_close("matmul dw", sh, dw, dwr, (size_t)N * K, 1e-5);
-  df_matmul_backward(NULL, dw, dy, x, w, M, N, K, acc); /* dx NULL: dw only */
+  df_matmul_backward(pool, NULL, dw, dy, x, w, M, N, K, acc); /* dx NULL: dw only */
   ref_matmul_backward(NULL, dwr, dy, x, w, M, N, K, acc);
   expect_close("matmul dw (dx NULL)", sh, dw, dwr, (size_t)N * K, 1e-5);
   free(x), free(w), free(dy), free(y), free(yr), free(dx), free(dxr), free(dw), free(dwr);
 }
 
+/* The last three are over df_sgemm's split threshold (2^21 multiply-adds): on the
+ * pool they are cut into blocks of rows (M > N) or of columns, in tiles of 8 and 16
+ * that do not divide them, in every transpose the forward and backward use. */
 START_TEST(vs_ref_matmul) {
-  static const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 65, 129}, {64, 1, 300}, {2, 97, 16}};
-  for (size_t i = 0; i < DF_ARRAY_LEN(shapes); i++)
-    for (int acc = 0; acc < 2; acc++) matmul_case(shapes[i][0], shapes[i][1], shapes[i][2], acc);
+  static const int shapes[][3] = {{1, 1, 1},     {7, 13, 5},     {33, 65, 129}, {64, 1, 300},
+                                  {2, 97, 16},   {131, 71, 301}, {51, 333, 203}, {9, 1013, 257}};
+  for (int p = 0; p < 2; p++)
+    for (size_t i = 0; i < DF_ARRAY_LEN(shapes); i++)
+      for (int acc = 0; acc < 2; acc++)
+        matmul_case(pool_of(p), shapes[i][0], shapes[i][1], shapes[i][2], acc);
 }
 END_TEST
 
@@ -316,9 +322,12 @@ static void ce_case_run(df_pool *pool, const ce_case *c, bool grad) {
 }
 
 /* Chunks that do not divide V (7 of 30), equal V, exceed V, or are 1; R 17
- * crosses the row grain 16; top_k 0, 1, a few, and V. */
+ * crosses the row grain 16; top_k 0, 1, a few, and V. The last case's products
+ * are over df_sgemm's split threshold: on the pool, the logits and the gradient
+ * GEMMs are cut into blocks of columns (the short last chunk is not). */
 static const ce_case CE_CASES[] = {{4, 10, 30, 7, 5},  {17, 33, 64, 64, 1}, {1, 8, 5, 100, 5},
-                                   {20, 16, 50, 1, 3}, {3, 12, 41, 16, 0},  {33, 24, 130, 32, 8}};
+                                   {20, 16, 50, 1, 3}, {3, 12, 41, 16, 0},  {33, 24, 130, 32, 8},
+                                   {40, 130, 1100, 512, 4}};
 
 START_TEST(vs_ref_lmhead_ce) {
   for (int p = 0; p < 2; p++)
@@ -333,11 +342,11 @@ START_TEST(vs_ref_lmhead_argmax) {
   float *x = rnd(R * H, 1), *E = rnd(V * H, 1), *work = malloc(sizeof(float) * R * (64 + 1));
   int32_t out[R], ref[R];
   ref_lmhead_argmax(x, E, ref, R, H, V);
-  for (size_t c = 0; c < DF_ARRAY_LEN(chunks); c++) {
-    df_lmhead_argmax(x, E, out, R, H, V, chunks[c], work);
+  for (size_t c = 0; c < 2 * DF_ARRAY_LEN(chunks); c++) {
+    df_lmhead_argmax(pool_of(c & 1), x, E, out, R, H, V, chunks[c / 2], work);
     for (int r = 0; r < R; r++)
-      ck_assert_msg(out[r] == ref[r], "argmax chunk %d row %d: tuned %d, reference %d", chunks[c],
-                    r, out[r], ref[r]);
+      ck_assert_msg(out[r] == ref[r], "argmax chunk %d row %d: tuned %d, reference %d",
+                    chunks[c / 2], r, out[r], ref[r]);
   }
   free(x), free(E), free(work);
 }
