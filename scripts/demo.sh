@@ -4,7 +4,7 @@
 # serve it with llama.cpp b11434's llama-server, fetch ~300 completions,
 # tokenize, dump hidden states, train a drafter, evaluate it (held-out walk),
 # convert it with llama.cpp's converter and decode with it in llama-server
-# (--spec-type draft-dflash), live speculative decoding in PyTorch, plot.
+# (--spec-type draft-dflash), plot (live decoding in PyTorch: --live-prompts N).
 # Results in out/ (see examples/pipeline/README.md). Interrupted (Ctrl-C, SIGTERM), the
 # same command resumes: finished stages are skipped, training continues its saved state.
 # usage: scripts/demo.sh [--no-deps] [pipeline.py options, e.g. --quick]

@@ -53,6 +53,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,7 +167,8 @@ def run(cmd, capture_output=False, stdout=None, stderr=None, text=None):
 
 
 class Job:
-    """A command in the background (its own session), waited for with its own CPU time."""
+    """A command in the background (its own session), waited for with its own CPU time.
+    A thread reaps it as it exits, so its wall time ends then, not when wait() is called."""
 
     def __init__(self, cmd, log_path=None):
         print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
@@ -176,19 +178,35 @@ class Job:
                                   stderr=subprocess.STDOUT if self.log else None,
                                   start_new_session=True)
         CHILDREN.add(self.p)
+        self.reaped = None
+        self.reaper = threading.Thread(target=self._reap, daemon=True)
+        self.reaper.start()
+
+    def _reap(self):
+        try:
+            _, status, ru = os.wait4(self.p.pid, 0)
+        except ChildProcessError:  # stop_children's Popen.wait reaped it first (a signal)
+            return
+        # Counted as the children's CPU from now on (RUSAGE_CHILDREN), so out of the
+        # stage in flight's own from now on too (Stages.end subtracts BG_CPU's growth).
+        BG_CPU[0] += ru.ru_utime + ru.ru_stime
+        self.reaped = (status, ru, time.time())
 
     def wait(self):
         """Waits; returns (wall s, CPU s) of the job; raises as run() does when it failed."""
-        _, status, ru = os.wait4(self.p.pid, 0)
+        while self.reaper.is_alive():  # a timeout, so that a signal handler still runs
+            self.reaper.join(0.5)
+        if self.reaped is None:
+            raise Interrupted(signal.SIGTERM)
+        status, ru, t_end = self.reaped
         self.p.returncode = os.waitstatus_to_exitcode(status)
         CHILDREN.discard(self.p)
         if self.log:
             self.log.close()
         cpu = ru.ru_utime + ru.ru_stime
-        BG_CPU[0] += cpu
         if self.p.returncode:
             raise subprocess.CalledProcessError(self.p.returncode, self.cmd)
-        return round(time.time() - self.t0, 1), round(cpu, 1)
+        return round(t_end - self.t0, 1), round(cpu, 1)
 
 
 class Stages:
