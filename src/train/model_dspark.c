@@ -111,28 +111,82 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
   return st;
 }
 
+/* 1 - L1/2 of draft row z [Vd] (its softmax p, zero outside a pruned drafter's kept ids)
+ * against the target's distribution q = softmax(zt [V]) over the full vocabulary:
+ * sum_v min(p_v, q_v), the probability that rejection sampling accepts a draw from p. */
+static double accept_prob(const df_model *m, const float *z, const float *zt) {
+  int Vd = m->Vd, V = m->V;
+  double mx = -INFINITY, s = 0, qmx = -INFINITY, qs = 0;
+  for (int i = 0; i < Vd; i++) mx = fmax(mx, z[i]);
+  for (int i = 0; i < Vd; i++) s += exp((double)z[i] - mx);
+  for (int v = 0; v < V; v++) qmx = fmax(qmx, zt[v]);
+  for (int v = 0; v < V; v++) qs += exp((double)zt[v] - qmx);
+  double lse = mx + log(s), qlse = qmx + log(qs), l1 = 0, qkept = 0;
+  for (int i = 0; i < Vd; i++) {
+    double q = exp((double)zt[m->kept ? m->kept[i] : i] - qlse);
+    l1 += fabs(exp((double)z[i] - lse) - q);
+    qkept += q;
+  }
+  l1 += fmax(0.0, 1.0 - qkept); /* the target's mass outside the kept ids, where p is 0 */
+  return 1.0 - 0.5 * l1;
+}
+
 /* DSpark's greedy drafts, as llama.cpp, vLLM and SGLang draft at T = 0 (spec/dspark.md
  * sections 1 and 6): one backbone pass gives every slot's logits; the Markov bias of slot k
  * needs the token drafted at slot k - 1 (the anchor's for slot 0), so the B slots are chosen
  * one after another, d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), B drafts a block. A
- * pruned drafter picks among its V_d rows and maps the pick to its target id. */
-dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32_t *anchors,
-                                    int32_t n_anchors, int32_t *pred) {
-  int B = m->B, V = m->Vd, r = m->ext.markov_rank;
-  float *z = malloc(sizeof(float) * (size_t)B * V);
-  if (!z) return df_error_nomem("DSpark draft logits");
+ * pruned drafter picks among its V_d rows and maps the pick to its target id. With `conf`
+ * [n_anchors, B] (a drafter with the confidence head), slot k's sigmoid(w . [norm(h_k);
+ * W1[d_{k-1}]] + b), what an engine's cut-off reads; with `final` and `ptau` [n_anchors],
+ * the probabilistic tau of each block (spec/dspark.md section 6), teacher-forced:
+ * 1 + sum_k prod_{j <= k} accept_prob(z_j with prev = ids[a + j], q_j from final[a + j])
+ * over the slots k with a + k + 1 < len. */
+dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, int64_t len,
+                                    const float *final, const int32_t *anchors, int32_t n_anchors,
+                                    int32_t *pred, float *conf, double *ptau) {
+  int B = m->B, V = m->Vd, r = m->ext.markov_rank, H = m->H;
+  bool want_conf = conf && m->ext.confidence_head && m->w.conf_w;
+  bool want_tau = ptau && final;
+  const float *head = m->lm_head_full ? m->lm_head_full : m->lm_head;
+  float *zb = malloc(sizeof(float) * (size_t)B * V), *z = malloc(sizeof(float) * (size_t)V);
+  float *zt = want_tau ? malloc(sizeof(float) * (size_t)m->V) : NULL;
+  if (!zb || !z || (want_tau && !zt)) {
+    free(zb), free(z), free(zt);
+    return df_error_nomem("DSpark draft logits");
+  }
   for (int32_t n = 0; n < n_anchors; n++) {
-    df_matmul_forward(z, m->a.hf + (size_t)n * B * m->H, m->lm_head, B, V, m->H, false);
+    const float *hf = m->a.hf + (size_t)n * B * H;
+    /* the backbone's logits: they do not depend on the previous token */
+    df_matmul_forward(zb, hf, m->lm_head, B, V, H, false);
     int32_t prev = ids[anchors[n]];
     for (int k = 0; k < B; k++) {
-      float *zk = z + (size_t)k * V;
-      df_matmul_forward(zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
+      const float *e = m->w.markov_w1 + (size_t)prev * r;
+      if (want_conf) {
+        const float *x = hf + (size_t)k * H, *cw = m->w.conf_w;
+        double s = m->w.conf_b[0];
+        for (int j = 0; j < H; j++) s += (double)cw[j] * x[j];
+        for (int j = 0; j < r; j++) s += (double)cw[H + j] * e[j];
+        conf[(size_t)n * B + k] = (float)(1.0 / (1.0 + exp(-s)));
+      }
+      memcpy(z, zb + (size_t)k * V, sizeof(float) * (size_t)V);
+      df_matmul_forward(z, e, m->w.markov_w2, 1, V, r, true);
       /* picked in the draft vocabulary, mapped to a target id (i + d2t[i]) for the next
        * Markov step and the output */
-      int32_t i = df2_argmax(zk, V);
+      int32_t i = df2_argmax(z, V);
       prev = pred[(size_t)n * B + k] = m->kept ? m->kept[i] : i;
     }
+    if (!want_tau) continue;
+    double tau = 1, run = 1;
+    for (int k = 0; k < B && (int64_t)anchors[n] + k + 1 < len; k++) {
+      int64_t p = (int64_t)anchors[n] + k; /* the teacher-forced previous token and q's row */
+      memcpy(z, zb + (size_t)k * V, sizeof(float) * (size_t)V);
+      df_matmul_forward(z, m->w.markov_w1 + (size_t)ids[p] * r, m->w.markov_w2, 1, V, r, true);
+      df_matmul_forward(zt, final + (size_t)p * H, head, 1, m->V, H, false);
+      run *= accept_prob(m, z, zt);
+      tau += run;
+    }
+    ptau[n] = tau;
   }
-  free(z);
+  free(zb), free(z), free(zt);
   return DFLASH_OK;
 }
