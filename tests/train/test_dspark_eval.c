@@ -1,7 +1,7 @@
 /* Evaluation of a DSpark drafter (eval.c; the float64 torch comparison on random weights is
  * oracle_eval_dspark.py): a drafter built by hand so that its greedy Markov chain counts,
  * d = succ(prev) = prev + 1 (mod 11), whatever the backbone says (the frozen LM head is 0,
- * so every logit is the Markov bias alpha * [v = succ(prev)]). Its walk, acceptance,
+ * so every logit is the Markov bias alpha(prev) * [v = succ(prev)]). Its walk, acceptance,
  * per-draft accuracy, probabilistic tau and confidence calibration are then checked against
  * numbers worked out here from that rule alone, with and without a pruned draft vocabulary
  * and a store without the target's final state. */
@@ -19,7 +19,9 @@
 
 /* Vocabulary 12: tokens 0..10 and the mask 11; rank V so that W1 is the identity. */
 enum { H = 8, V = 12, NT = 11, B = 4, RK = V, S = 17, P0 = 2 };
-static const double ALPHA = 3.0;
+/* The Markov bias of succ(prev) after prev: its own per prev, so that the probabilistic tau
+ * tells which previous token each slot read. */
+static double alpha(int32_t prev) { return 2.0 + 0.5 * (double)(prev % 4); }
 
 /* Prompt 5 9, then the answer [2, 17) (positions in the comments of the tests). */
 static const int32_t IDS[S] = {5, 9, 0, 1, 2, 7, 8, 9, 10, 0, 4, 5, 6, 7, 3, 4, 5};
@@ -67,7 +69,7 @@ static dflash_trainer *make(int pruned) {
   /* W2 row i (draft id kept[i]) reads rank column c (= prev) when kept[i] = succ(c) */
   for (int i = 0; i < Vd; i++)
     for (int c = 0; c < V; c++)
-      if ((pruned ? KEPT[i] : i) == succ(c)) w2[i * RK + c] = (float)ALPHA;
+      if ((pruned ? KEPT[i] : i) == succ(c)) w2[i * RK + c] = (float)alpha(c);
   for (int c = 0; c < V; c++) cw[H + c] = (float)conf_logit(c);
   cb[0] = 0;
   ck_assert_ok(dflash_trainer_set_param(t, "markov_head.markov_w1.weight", w1, V * RK));
@@ -125,11 +127,11 @@ typedef struct expect {
 static double accept_prob(int32_t prev, int pruned) {
   int Vd = pruned ? NT : V;
   bool hit = !(pruned && succ(prev) == 8); /* succ(prev) among the draft ids */
-  double zs = hit ? exp(ALPHA) + (Vd - 1) : Vd;
+  double ea = exp((double)(float)alpha(prev)), zs = hit ? ea + (Vd - 1) : Vd;
   double sum = 0;
   for (int i = 0; i < Vd; i++) {
     int32_t id = pruned ? KEPT[i] : i;
-    double p = (hit && id == succ(prev) ? exp(ALPHA) : 1.0) / zs;
+    double p = (hit && id == succ(prev) ? ea : 1.0) / zs;
     sum += fmin(p, 1.0 / V);
   }
   return sum;
