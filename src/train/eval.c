@@ -32,8 +32,8 @@ enum { EVAL_CHUNK = 64 };
 static int n_drafts(const dflash_trainer *t) { return t->m.dspark ? t->m.B : t->m.B - 1; }
 
 /* Leading drafts equal to input_ids (counting stops at len): accept[i]; p [n, nd]. */
-static void count_accept(int nd, const int32_t *ids, int64_t len, const int32_t *anchors,
-                         int32_t n, const int32_t *p, int32_t *accept) {
+static void count_accept(int nd, const int32_t *ids, int64_t len, const int32_t *anchors, int32_t n,
+                         const int32_t *p, int32_t *accept) {
   for (int32_t i = 0; i < n; i++) {
     int j = 0;
     while (j < nd && (int64_t)anchors[i] + j + 1 < len &&
@@ -450,7 +450,8 @@ static void eval_totals(const dflash_trainer *t, const int64_t *hits, size_t n,
 static void calib_out(const calib *c, int B, dflash_eval_walk *w) {
   int64_t all = 0;
   double gap = 0;
-  for (int b = 0; b < ECE_BINS; b++) all += c->bin_n[b], gap += fabs(c->bin_pred[b] - c->bin_obs[b]);
+  for (int b = 0; b < ECE_BINS; b++)
+    all += c->bin_n[b], gap += fabs(c->bin_pred[b] - c->bin_obs[b]);
   w->conf_ece = all > 0 ? gap / (double)all : -1;
   for (int j = 0; j < B; j++) {
     double n = (double)c->n[j];
@@ -548,10 +549,9 @@ static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const ch
                     .ptau = final_all ? wb.ptau : NULL};
     int64_t tokens, steps;
     st = walk(t, smp.input_ids, target ? wb.lab : NULL, smp.loss_mask, smp.len, smp.hidden,
-              w->max_tokens, &tokens, &steps, wb.accept, w->step_hist, hits,
-              dspark ? &dx : NULL, conf ? &c : NULL);
-    if (!st)
-      eval_add(w, &wr, &pr, &qr, wb.accept, dx.ptau, smp.len, tokens, steps);
+              w->max_tokens, &tokens, &steps, wb.accept, w->step_hist, hits, dspark ? &dx : NULL,
+              conf ? &c : NULL);
+    if (!st) eval_add(w, &wr, &pr, &qr, wb.accept, dx.ptau, smp.len, tokens, steps);
   }
   if (!st) {
     ratio_get(&wr, &w->walk_tau, &w->walk_tau_se);

@@ -903,8 +903,8 @@ dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, con
 }
 
 dflash_status df_model_dspark_eval(df_model *m, const int32_t *ids, int64_t len,
-                                  const float *hidden, const float *final, const int32_t *anchors,
-                                  int32_t n_anchors, int32_t *pred, float *conf, double *ptau) {
+                                   const float *hidden, const float *final, const int32_t *anchors,
+                                   int32_t n_anchors, int32_t *pred, float *conf, double *ptau) {
   if (!m->dspark) return df_error(DFLASH_E_INVALID_ARG, "DSpark evaluation of a DFlash drafter");
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (st || n_anchors <= 0) return st;

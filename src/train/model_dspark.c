@@ -135,8 +135,8 @@ static double accept_prob(const df_model *m, const float *z, const float *zt, do
  * than anchors) in one product through the full head, then per slot the Markov bias on the
  * data's token x_{a+k} (teacher forcing) for all B slots of a block in one product. */
 static dflash_status dspark_prob_tau(df_model *m, const int32_t *ids, int64_t len,
-                                     const float *final, const int32_t *anchors,
-                                     int32_t n_anchors, const float *zb, double *ptau) {
+                                     const float *final, const int32_t *anchors, int32_t n_anchors,
+                                     const float *zb, double *ptau) {
   int B = m->B, Vd = m->Vd, V = m->V, r = m->ext.markov_rank, H = m->H;
   int64_t lo = INT64_MAX, hi = -1; /* rows a + k with a + k + 1 < len */
   for (int32_t n = 0; n < n_anchors; n++) {

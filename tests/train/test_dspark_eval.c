@@ -184,8 +184,8 @@ static void check_eval(int pruned, int final) {
   /* the hand-made drafts themselves, token for token */
   int32_t anchors[S], n = 0, pred[S * B];
   for (int a = P0; a < S - 1; a++) anchors[n++] = a;
-  ck_assert_ok(dflash_trainer_propose(t, SEQ(IDS, NULL, S, g_hidden, anchors, n), NULL, pred,
-                                      NULL));
+  ck_assert_ok(
+      dflash_trainer_propose(t, SEQ(IDS, NULL, S, g_hidden, anchors, n), NULL, pred, NULL));
   for (int i = 0; i < n; i++) {
     int32_t prev = IDS[anchors[i]];
     for (int j = 0; j < B; j++) ck_assert_int_eq(pred[i * B + j], prev = chain_next(prev, pruned));

@@ -105,8 +105,8 @@ static void print_dspark(bool json, int B, const dflash_eval_walk *w) {
   printf("\nconfidence ECE %.4f\n", w->conf_ece);
 }
 
-static void print_eval(bool json, int B, bool dspark, double tau, const double *acc,
-                       int64_t blocks, const dflash_eval_walk *w, const char *ckpt) {
+static void print_eval(bool json, int B, bool dspark, double tau, const double *acc, int64_t blocks,
+                       const dflash_eval_walk *w, const char *ckpt) {
   const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
   int nd = dspark ? B : B - 1; /* drafts a block */
   if (json) {
@@ -141,8 +141,8 @@ static void print_eval(bool json, int B, bool dspark, double tau, const double *
     json_decref(l);
     return;
   }
-  printf("tau %.4f over %lld blocks (block size %d%s; data labels)\naccuracy by position: ",
-         tau, (long long)blocks, B, dspark ? ", DSpark: B drafts a block" : "");
+  printf("tau %.4f over %lld blocks (block size %d%s; data labels)\naccuracy by position: ", tau,
+         (long long)blocks, B, dspark ? ", DSpark: B drafts a block" : "");
   print_doubles(" ", acc, nd);
   printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld; %s labels)\n"
          "accuracy by position: ",
