@@ -313,7 +313,9 @@ DFLASH_API dflash_status dflash_trainer_load_state(dflash_trainer *t, const char
  * Acceptance at each of the sample's anchors: accept[i] (the caller's [n_anchors]) = number
  * of leading block positions k = 1.. whose greedy prediction equals input_ids[anchor + k]
  * (positions past the end stop the count), so tau_i = 1 + accept[i]. The predictions
- * themselves come from dflash_trainer_propose.
+ * themselves come from dflash_trainer_propose. A DSpark drafter drafts B tokens a block
+ * (anchor-first: slot k = 0..B-1 predicts input_ids[anchor + k + 1], the greedy chain), so
+ * accept[i] runs to B there.
  */
 DFLASH_API dflash_status dflash_trainer_acceptance(dflash_trainer *t, const dflash_sample *s,
                                                    int32_t *accept);
@@ -332,7 +334,7 @@ typedef struct dflash_eval {
   /* in */
   int32_t anchors_per_seq; /* anchors drawn per sample by the training rule (64, > 0) */
   uint64_t seed;           /* of the anchor draw (1) */
-  double *accuracy;        /* NULL or [B-1]: per block position, the fraction drafted right */
+  double *accuracy;        /* NULL or [B-1] (DSpark: [B]): per draft, the fraction drafted right */
   /* out */
   double tau;       /* mean acceptance length 1 + accept over the blocks */
   int64_t n_blocks; /* anchors drafted */
@@ -345,7 +347,8 @@ DFLASH_API void dflash_eval_init(dflash_eval *e, size_t size);
 
 /*
  * Mean acceptance length tau over a held-out dataset: up to e->anchors_per_seq anchors per
- * sample (the training rule, seeded by e->seed); e is read for its inputs and written with
+ * sample (the training rule, seeded by e->seed: DSpark's lets a block leave the sequence, its
+ * accuracy counting the drafts inside it); e is read for its inputs and written with
  * its results up to its struct_size.
  */
 DFLASH_API dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir,
@@ -367,6 +370,12 @@ DFLASH_API dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data
  * receives the acceptance at EVERY position p of a run with p < e-1 (as
  * dflash_trainer_acceptance, counting stops at e) and -1 elsewhere. `step_hist` [B] (may be
  * NULL) is incremented at index gain-1 for each step.
+ *
+ * A DSpark drafter drafts p+1..p+B at anchor p (anchor-first, spec/dspark.md section 1),
+ * d_0 the argmax of slot 0 with the Markov head on the anchor's token and d_k the argmax of
+ * slot k with it on d_{k-1} (its own drafts, as llama.cpp, vLLM and SGLang chain them at
+ * T = 0; a pruned vocabulary's picks mapped to target ids), so a step gains up to B + 1
+ * tokens and `step_hist` is [B + 1].
  */
 DFLASH_API dflash_status dflash_trainer_walk(dflash_trainer *t, const dflash_sample *s,
                                              int32_t max_tokens, int64_t *tokens, int64_t *steps,
@@ -376,8 +385,10 @@ typedef struct dflash_eval_walk {
   size_t struct_size;
   /* in */
   int32_t max_tokens; /* per supervised run (0: all); set it to the generation cap */
-  double *accuracy;   /* NULL or [B-1]: per block position, over every anchor position */
-  int64_t *step_hist; /* NULL or [B]: walk steps that gained 1..B tokens (zeroed first) */
+  /* Sizes by the drafts a block, nd = B - 1 (DFlash) or B (DSpark, anchor-first): */
+  double *accuracy;   /* NULL or [nd]: per draft, over every anchor position */
+  int64_t *step_hist; /* NULL or [nd + 1]: walk steps that gained 1..nd + 1 tokens (zeroed
+                         first) */
   /* out */
   int64_t sequences; /* samples with at least one walk step */
   int64_t steps, tokens;
@@ -402,6 +413,29 @@ typedef struct dflash_eval_walk {
    * also on data sampled at T > 0; a sample without them is DFLASH_E_NOT_FOUND). The
    * context stays the data's. */
   int32_t labels;
+  /* in (appended): a DSpark drafter with the confidence head only (left alone otherwise),
+   * each NULL or the caller's [B]. Per slot k, over the walk's steps (the anchors live
+   * decoding drafts at) that reached slot k (drafts 0..k-1 accepted, anchor + k + 1 inside
+   * the run): the mean predicted acceptance sigmoid(confidence logit) along the greedy
+   * chain, the head's value at that slot in an engine (conf_predicted), the fraction of
+   * those slots accepted (conf_observed) and how many they are (conf_count). */
+  double *conf_predicted;
+  double *conf_observed;
+  int64_t *conf_count;
+  /* out (appended), DSpark only: the probabilistic tau of spec/dspark.md section 6,
+   * 1 + sum_k prod_{j <= k} (1 - L1_j / 2) over the slots inside the run, teacher-forced
+   * (slot j's Markov head on the data's token, the target's distribution q_j from the store's
+   * final state at anchor + j through the frozen LM head), averaged over position_tau's
+   * anchors, with its standard error (over sequences, as position_tau_se). A pruned
+   * drafter's L1 is over the full vocabulary, p zero outside the kept ids, so 1 - L1 / 2 is
+   * sum_kept min(p, q), what rejection sampling accepts. -1 (both) for DFlash and when a
+   * sample carries no final state (a store written without final_state). */
+  double prob_tau;
+  double prob_tau_se;
+  /* The confidence head's expected calibration error over the slots of conf_count:
+   * sum over 10 equal-width bins of predicted acceptance of |sum predicted - sum accepted|,
+   * divided by the slots; -1 for DFlash, a drafter without the head, or no slot. */
+  double conf_ece;
 } dflash_eval_walk;
 
 /* The defaults, written up to `size` bytes: the caller's sizeof, which is smaller for a
@@ -413,7 +447,9 @@ DFLASH_API void dflash_eval_walk_init(dflash_eval_walk *w, size_t size);
  * dflash_trainer_walk over every sample of a held-out dataset, plus the
  * acceptance at every position (the exact value that dflash_trainer_eval's
  * sampled anchors estimate). Standard errors treat sequences as the
- * independent units: se(sum x / sum n) by the delta method.
+ * independent units: se(sum x / sum n) by the delta method. A DSpark drafter: B drafts a
+ * block as in dflash_trainer_walk, plus its probabilistic tau and the confidence head's
+ * calibration (the fields above).
  */
 DFLASH_API dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
                                                   const char *hidden_dir, dflash_eval_walk *w);

@@ -4,6 +4,12 @@
  * (dflash_trainer_walk, dflash_trainer_eval_walk) that chains anchors the way
  * live greedy speculative decoding does, so its tau = tokens / steps is the
  * number a live run measures.
+ *
+ * A block drafts nd tokens, draft j (0-based) predicting anchor + j + 1: nd = B - 1 for
+ * DFlash (position 0 holds the anchor), B for DSpark (anchor-first, slot 0 drafts too;
+ * spec/dspark.md section 1). A DSpark walk also gives the confidence head's value along its
+ * greedy chain (the calibration) and, with the target's final state, each block's
+ * teacher-forced probabilistic tau (spec/dspark.md section 6).
  */
 #include <dflash/hidden.h>
 #include <dflash/run.h>
@@ -14,6 +20,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "backend.h"
 #include "store_layers.h"
 #include "trainer.h"
 
@@ -21,14 +28,18 @@
  * once (a block of B positions times the vocabulary chunk each). */
 enum { EVAL_CHUNK = 64 };
 
-/* Leading drafts equal to input_ids (counting stops at len): accept[i]. */
-static void count_accept(int B, const int32_t *ids, int64_t len, const int32_t *anchors, int32_t n,
+/* Drafts a block: B - 1 (DFlash), B (DSpark). */
+static int n_drafts(const dflash_trainer *t) { return t->m.dspark ? t->m.B : t->m.B - 1; }
+
+/* Leading drafts equal to input_ids (counting stops at len): accept[i]; p [n, nd]. */
+static void count_accept(int nd, const int32_t *ids, int64_t len, const int32_t *anchors, int32_t n,
                          const int32_t *p, int32_t *accept) {
   for (int32_t i = 0; i < n; i++) {
-    int k = 1;
-    while (k < B && anchors[i] + k < len && p[(size_t)i * (B - 1) + k - 1] == ids[anchors[i] + k])
-      k++;
-    accept[i] = k - 1;
+    int j = 0;
+    while (j < nd && (int64_t)anchors[i] + j + 1 < len &&
+           p[(size_t)i * nd + j] == ids[anchors[i] + j + 1])
+      j++;
+    accept[i] = j;
   }
 }
 
@@ -37,22 +48,18 @@ static dflash_status drafts(dflash_trainer *t, const dflash_sample *s, int32_t *
   return dflash_trainer_propose(t, s, NULL, pred, NULL);
 }
 
-/* Why evaluation refuses a DSpark drafter (df_dspark_unsupported). */
-#define DSPARK_EVAL "acceptance and the walk count DFlash's B - 1 drafts a block, not DSpark's B"
-
 dflash_status dflash_trainer_acceptance(dflash_trainer *t, const dflash_sample *caller,
                                         int32_t *accept) {
   DF_CHECK_ARG(t && accept);
   dflash_sample s;
-  dflash_status st = df_dspark_unsupported(&t->m.ext, "acceptance", DSPARK_EVAL);
-  if (!st) st = df_sample_in(caller, &s);
+  dflash_status st = df_sample_in(caller, &s);
   if (st) return st;
   DF_CHECK_ARG(s.input_ids);
-  int B = t->m.B;
-  int32_t *p = malloc(sizeof(int32_t) * (size_t)(s.n_anchors ? s.n_anchors : 1) * (B - 1));
+  int nd = n_drafts(t);
+  int32_t *p = malloc(sizeof(int32_t) * (size_t)(s.n_anchors ? s.n_anchors : 1) * (size_t)nd);
   if (!p) return df_error_nomem("predictions");
   if (!(st = drafts(t, &s, p)))
-    count_accept(B, s.input_ids, s.len, s.anchors, s.n_anchors, p, accept);
+    count_accept(nd, s.input_ids, s.len, s.anchors, s.n_anchors, p, accept);
   free(p);
   return st;
 }
@@ -91,44 +98,48 @@ static void eval_defaults(dflash_eval *e) {
 
 DF_DEFINE_INIT(dflash_eval, eval_defaults)
 
-/* Sampled-anchor scratch of dflash_trainer_eval: anchors, acceptance, drafts and hits per
- * block position, for anchors_per_seq anchors. */
+/* Sampled-anchor scratch of dflash_trainer_eval: anchors, acceptance, drafts, and hits and
+ * drafts inside the sequence per draft, for anchors_per_seq anchors. */
 typedef struct anchor_buf {
   int32_t *anc, *accept, *pred;
-  int64_t *hits;
+  int64_t *hits, *scored;
 } anchor_buf;
 
 static void anchor_buf_free(anchor_buf *b) {
-  free(b->anc), free(b->accept), free(b->pred), free(b->hits);
+  free(b->anc), free(b->accept), free(b->pred), free(b->hits), free(b->scored);
 }
 
-static dflash_status anchor_buf_alloc(int B, int32_t n, anchor_buf *b) {
+static dflash_status anchor_buf_alloc(int nd, int32_t n, anchor_buf *b) {
   memset(b, 0, sizeof *b);
   b->anc = malloc(sizeof(int32_t) * (size_t)n);
   b->accept = malloc(sizeof(int32_t) * (size_t)n);
-  b->pred = malloc(sizeof(int32_t) * (size_t)n * (size_t)(B - 1));
-  b->hits = calloc((size_t)B, sizeof *b->hits);
-  if (b->anc && b->accept && b->pred && b->hits) return DFLASH_OK;
+  b->pred = malloc(sizeof(int32_t) * (size_t)n * (size_t)nd);
+  b->hits = calloc((size_t)nd, sizeof *b->hits);
+  b->scored = calloc((size_t)nd, sizeof *b->scored);
+  if (b->anc && b->accept && b->pred && b->hits && b->scored) return DFLASH_OK;
   anchor_buf_free(b);
   memset(b, 0, sizeof *b);
   return df_error_nomem("evaluation");
 }
 
-/* One sample at its drawn anchors: their acceptance into tau_sum and blocks, per-position hits. */
+/* One sample at its drawn anchors (the training rule: DSpark's lets a block leave the
+ * sequence): their acceptance into tau_sum and blocks, per-draft hits. */
 static dflash_status eval_sample(dflash_trainer *t, const dflash_eval *e, dflash_sample *smp,
                                  anchor_buf *b, double *tau_sum, int64_t *blocks) {
-  int B = t->m.B;
-  dflash_status st = dflash_anchors_sample(smp->loss_mask, smp->len, B, e->anchors_per_seq, e->seed,
-                                           smp->index, b->anc, &smp->n_anchors);
+  int nd = n_drafts(t);
+  dflash_status st = df_anchors_sample_cfg(&t->m.cfg, smp->loss_mask, smp->len, e->anchors_per_seq,
+                                           e->seed, smp->index, b->anc, &smp->n_anchors);
   smp->anchors = b->anc;
   if (!st) st = drafts(t, smp, b->pred);
   if (st) return st;
-  count_accept(B, smp->input_ids, smp->len, b->anc, smp->n_anchors, b->pred, b->accept);
+  count_accept(nd, smp->input_ids, smp->len, b->anc, smp->n_anchors, b->pred, b->accept);
   for (int32_t a = 0; a < smp->n_anchors; a++) {
     *tau_sum += 1 + b->accept[a];
     (*blocks)++;
-    for (int k = 1; k < B; k++)
-      b->hits[k - 1] += b->pred[(size_t)a * (B - 1) + k - 1] == smp->input_ids[b->anc[a] + k];
+    for (int j = 0; j < nd && (int64_t)b->anc[a] + j + 1 < smp->len; j++) {
+      b->hits[j] += b->pred[(size_t)a * nd + j] == smp->input_ids[b->anc[a] + j + 1];
+      b->scored[j]++;
+    }
   }
   return DFLASH_OK;
 }
@@ -139,9 +150,9 @@ static dflash_status eval_sampled(dflash_trainer *t, const char *data_dir, const
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
-  int B = t->m.B;
+  int nd = n_drafts(t);
   anchor_buf b;
-  st = anchor_buf_alloc(B, e->anchors_per_seq, &b);
+  st = anchor_buf_alloc(nd, e->anchors_per_seq, &b);
   double tau_sum = 0;
   int64_t blocks = 0;
   for (;;) {
@@ -152,8 +163,8 @@ static dflash_status eval_sampled(dflash_trainer *t, const char *data_dir, const
   }
   if (!st) {
     e->tau = blocks ? tau_sum / (double)blocks : 0;
-    for (int k = 0; e->accuracy && k < B - 1; k++)
-      e->accuracy[k] = blocks ? (double)b.hits[k] / (double)blocks : 0;
+    for (int j = 0; e->accuracy && j < nd; j++)
+      e->accuracy[j] = b.scored[j] ? (double)b.hits[j] / (double)b.scored[j] : 0;
     e->n_blocks = blocks;
   }
   anchor_buf_free(&b);
@@ -166,8 +177,7 @@ dflash_status dflash_trainer_eval(dflash_trainer *t, const char *data_dir, const
   DF_CHECK_ARG(t && data_dir && hidden_dir && out);
   dflash_eval e;
   dflash_eval_default(&e);
-  dflash_status st = df_dspark_unsupported(&t->m.ext, "eval", DSPARK_EVAL);
-  if (!st) st = df_opts_in(&e, out, sizeof e, "dflash_eval");
+  dflash_status st = df_opts_in(&e, out, sizeof e, "dflash_eval");
   if (st) return st;
   if (e.anchors_per_seq <= 0)
     return df_error(DFLASH_E_INVALID_ARG, "eval: anchors_per_seq %d (must be > 0)",
@@ -186,10 +196,22 @@ static int64_t run_end(const uint8_t *mask, int64_t len, int64_t s, int32_t max_
   return max_tokens > 0 && e - s > max_tokens ? s + max_tokens : e;
 }
 
-/* Per block position k (index k-1) of the anchors scored: the drafted
- * token's hits, the positions inside the run (the denominator), the plain
- * argmax's hits and the true token among the candidates (DFlash 2). */
+/* Per draft j of the anchors scored: the drafted token's hits, the drafts inside the run
+ * (the denominator), the plain argmax's hits and the true token among the candidates
+ * (DFlash 2). */
 enum { HIT_DRAFT, HIT_SCORED, HIT_ARGMAX, HIT_CAND, HIT_KINDS };
+
+/* Bins of the confidence head's expected calibration error. */
+enum { ECE_BINS = 10 };
+
+/* What a DSpark walk keeps beyond the acceptance, per position p of the sample (each NULL
+ * when not asked): the confidence at each slot of the block anchored at p, conf [len, B],
+ * and the block's probabilistic tau, ptau [len] (needs `final`, the target's final state). */
+typedef struct dspark_io {
+  const float *final;
+  float *conf;
+  double *ptau;
+} dspark_io;
 
 /* Scratch of one run_accept call: EVAL_CHUNK anchors' worth. */
 typedef struct eval_buf {
@@ -202,7 +224,7 @@ static void eval_buf_free(eval_buf *b) {
 }
 
 static dflash_status eval_buf_alloc(const dflash_trainer *t, eval_buf *b) {
-  size_t n = EVAL_CHUNK * (size_t)(t->m.B - 1), K = (size_t)t->m.ext.selector_top_k;
+  size_t n = EVAL_CHUNK * (size_t)n_drafts(t), K = (size_t)t->m.ext.selector_top_k;
   memset(b, 0, sizeof *b);
   b->anc = malloc(sizeof(int32_t) * EVAL_CHUNK);
   b->pred = malloc(sizeof(int32_t) * n);
@@ -218,28 +240,44 @@ static dflash_status eval_buf_alloc(const dflash_trainer *t, eval_buf *b) {
   return df_error_nomem("speculative walk");
 }
 
-/* Add anchor i's per-position hits (`hits` [HIT_KINDS, B-1]). */
+/* Add anchor i's per-draft hits (`hits` [HIT_KINDS, nd]). */
 static void add_hits(const dflash_trainer *t, const eval_buf *b, int32_t i, const int32_t *ids,
                      int64_t e, int64_t *hits) {
-  int B = t->m.B, K = t->m.ext.selector_top_k;
-  size_t n = (size_t)(B - 1);
-  for (int k = 1; k < B && b->anc[i] + k < e; k++) {
-    size_t at = (size_t)i * n + (size_t)k - 1;
-    int32_t y = ids[b->anc[i] + k];
+  int nd = n_drafts(t), K = t->m.ext.selector_top_k;
+  size_t n = (size_t)nd;
+  for (int j = 0; j < nd && (int64_t)b->anc[i] + j + 1 < e; j++) {
+    size_t at = (size_t)i * n + (size_t)j;
+    int32_t y = ids[b->anc[i] + j + 1];
     bool draft = b->pred[at] == y, cand = false;
     for (int c = 0; b->cand && c < K; c++) cand |= b->cand[at * (size_t)K + (size_t)c] == y;
-    hits[HIT_DRAFT * n + k - 1] += draft;
-    hits[HIT_SCORED * n + k - 1]++;
-    hits[HIT_ARGMAX * n + k - 1] += b->argmax ? b->argmax[at] == y : draft;
-    hits[HIT_CAND * n + k - 1] += cand;
+    hits[HIT_DRAFT * n + j] += draft;
+    hits[HIT_SCORED * n + j]++;
+    hits[HIT_ARGMAX * n + j] += b->argmax ? b->argmax[at] == y : draft;
+    hits[HIT_CAND * n + j] += cand;
   }
 }
 
+/* The drafts at the anchors of q: DSpark's chain with its extras (dx, may be NULL; written
+ * at the anchors' rows from `at` on), else dflash_trainer_propose. */
+static dflash_status chunk_drafts(dflash_trainer *t, const dflash_sample *q, eval_buf *b,
+                                  bool extras, const dspark_io *dx, int64_t at) {
+  if (!t->m.dspark)
+    return dflash_trainer_propose(t, q, NULL, b->pred, extras && t->m.dflash2 ? &b->o : NULL);
+  /* The float32 reference on the host copy of the parameters, as dflash_trainer_propose's
+   * extras (the CPU backend's own storage: DSpark trains there only). */
+  dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
+  if (st) return st;
+  float *conf = dx && dx->conf ? dx->conf + (size_t)at * (size_t)t->m.B : NULL;
+  double *ptau = dx && dx->ptau ? dx->ptau + at : NULL;
+  return df_model_dspark_eval(&t->m, q->input_ids, q->len, q->hidden, dx ? dx->final : NULL,
+                              q->anchors, q->n_anchors, b->pred, conf, ptau);
+}
+
 /* Acceptance at anchors [s, e-1) of one run, counting stops at e, into
- * accept[]; per-position hits into `hits` (may be NULL). */
+ * accept[]; per-draft hits into `hits` (may be NULL). */
 static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const int32_t *lab,
                                 const float *hidden, int64_t s, int64_t e, eval_buf *b,
-                                int32_t *accept, int64_t *hits) {
+                                const dspark_io *dx, int32_t *accept, int64_t *hits) {
   for (int64_t p0 = s; p0 < e - 1; p0 += EVAL_CHUNK) {
     int32_t n = (int32_t)(e - 1 - p0 < EVAL_CHUNK ? e - 1 - p0 : EVAL_CHUNK);
     for (int32_t i = 0; i < n; i++) b->anc[i] = (int32_t)(p0 + i);
@@ -252,34 +290,59 @@ static dflash_status run_accept(dflash_trainer *t, const int32_t *ids, const int
                        .hidden = hidden,
                        .anchors = b->anc,
                        .n_anchors = n};
-    dflash_status st = dflash_trainer_propose(t, &q, NULL, b->pred,
-                                              hits && t->m.dflash2 ? &b->o : NULL);
+    dflash_status st = chunk_drafts(t, &q, b, hits != NULL, dx, p0);
     if (st) return st;
-    count_accept(t->m.B, lab, e, b->anc, n, b->pred, accept + p0);
+    count_accept(n_drafts(t), lab, e, b->anc, n, b->pred, accept + p0);
     for (int32_t i = 0; hits && i < n; i++) add_hits(t, b, i, lab, e, hits);
   }
   return DFLASH_OK;
 }
 
-/* Chain the anchors of run [s, e) through accept[]: tokens and steps. */
-static void run_walk(const int32_t *accept, int64_t s, int64_t e, int B, int64_t *tokens,
-                     int64_t *steps, int64_t *step_hist) {
+/* The confidence head against the walk: per draft j, the predicted acceptance summed
+ * (pred), the accepted (obs) and the slots (n) over the steps that reached slot j, and the
+ * same in ECE_BINS bins of predicted acceptance. */
+typedef struct calib {
+  double *pred, *obs;
+  int64_t *n;
+  double bin_pred[ECE_BINS], bin_obs[ECE_BINS];
+  int64_t bin_n[ECE_BINS];
+} calib;
+
+/* A walk step at p of run [s, e): the slots j it reached (the drafts before j all
+ * accepted, p + j + 1 inside the run), each accepted when j < accept[p]. */
+static void calib_step(calib *c, const float *conf, int B, const int32_t *accept, int64_t p,
+                       int64_t e) {
+  for (int j = 0; j < B && j <= accept[p] && p + j + 1 < e; j++) {
+    double q = conf[(size_t)p * (size_t)B + (size_t)j];
+    double ok = j < accept[p];
+    int bin = (int)(q * ECE_BINS);
+    bin = bin < 0 ? 0 : bin >= ECE_BINS ? ECE_BINS - 1 : bin;
+    c->pred[j] += q, c->obs[j] += ok, c->n[j]++;
+    c->bin_pred[bin] += q, c->bin_obs[bin] += ok, c->bin_n[bin]++;
+  }
+}
+
+/* Chain the anchors of run [s, e) through accept[]: tokens and steps (step_hist [nd + 1]:
+ * gains 1..nd + 1); the steps' slots into c (may be NULL) from conf [len, B]. */
+static void run_walk(const int32_t *accept, int64_t s, int64_t e, int nd, int64_t *tokens,
+                     int64_t *steps, int64_t *step_hist, calib *c, const float *conf, int B) {
   for (int64_t p = s; p < e - 1;) {
     int64_t gain = accept[p] + 1 < e - 1 - p ? accept[p] + 1 : e - 1 - p;
-    if (step_hist) step_hist[(gain < B ? gain : B) - 1]++;
+    if (step_hist) step_hist[(gain < nd + 1 ? gain : nd + 1) - 1]++;
+    if (c && conf) calib_step(c, conf, B, accept, p, e);
     *tokens += gain;
     (*steps)++;
     p += gain;
   }
 }
 
-/* dflash_trainer_walk with per-position hits for the dataset evaluation; drafts are compared
- * with lab (the target's greedy tokens, labels target) or, NULL, with ids. */
+/* dflash_trainer_walk with per-draft hits and DSpark's extras (dx, c: may be NULL) for the
+ * dataset evaluation; drafts are compared with lab (the target's greedy tokens, labels
+ * target) or, NULL, with ids. */
 static dflash_status walk(dflash_trainer *t, const int32_t *ids, const int32_t *lab,
                           const uint8_t *mask, int64_t len, const float *hidden, int32_t max_tokens,
                           int64_t *tokens, int64_t *steps, int32_t *accept, int64_t *step_hist,
-                          int64_t *hits) {
-  int B = t->m.B;
+                          int64_t *hits, const dspark_io *dx, calib *c) {
   int32_t *acc = accept ? accept : malloc(sizeof(int32_t) * (size_t)(len ? len : 1));
   eval_buf b;
   dflash_status st = eval_buf_alloc(t, &b);
@@ -299,8 +362,9 @@ static dflash_status walk(dflash_trainer *t, const int32_t *ids, const int32_t *
       continue;
     }
     int64_t e = run_end(mask, len, s, max_tokens);
-    st = run_accept(t, ids, lab ? lab : ids, hidden, s, e, &b, acc, hits);
-    if (!st) run_walk(acc, s, e, B, tokens, steps, step_hist);
+    st = run_accept(t, ids, lab ? lab : ids, hidden, s, e, &b, dx, acc, hits);
+    if (!st)
+      run_walk(acc, s, e, n_drafts(t), tokens, steps, step_hist, c, dx ? dx->conf : NULL, t->m.B);
     s = e;
     while (s < len && mask[s]) s++; /* the rest of a run cut by max_tokens */
   }
@@ -315,19 +379,19 @@ dflash_status dflash_trainer_walk(dflash_trainer *t, const dflash_sample *caller
   DF_CHECK_ARG(t && tokens && steps && max_tokens >= 0);
   dflash_sample s;
   const float *hidden = NULL;
-  dflash_status st = df_dspark_unsupported(&t->m.ext, "walk", DSPARK_EVAL);
-  if (!st) st = df_sample_in(caller, &s);
+  dflash_status st = df_sample_in(caller, &s);
   if (!st) st = df_sample_floats(t, &s, &hidden);
   if (st) return st;
   DF_CHECK_ARG(s.loss_mask);
   return walk(t, s.input_ids, NULL, s.loss_mask, s.len, hidden, max_tokens, tokens, steps, accept,
-              step_hist, NULL);
+              step_hist, NULL, NULL, NULL);
 }
 
 static void eval_walk_defaults(dflash_eval_walk *w) {
   if (!w) return;
   memset(w, 0, sizeof *w);
   w->struct_size = sizeof *w;
+  w->prob_tau = w->prob_tau_se = w->conf_ece = -1;
 }
 
 DF_DEFINE_INIT(dflash_eval_walk, eval_walk_defaults)
@@ -355,18 +419,20 @@ static void ratio_get(const ratio *r, double *value, double *se) {
   *se = sqrt((ss > 0 ? ss : 0) / ((double)r->m * (double)(r->m - 1))) / mean_n;
 }
 
-/* Add one sample's walk and per-position acceptance to the totals. */
-static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, const int32_t *accept, int64_t len,
-                     int64_t tokens, int64_t steps) {
-  double x = 0, n = 0;
+/* Add one sample's walk and per-position acceptance (and DSpark's probabilistic tau at the
+ * same positions: ptau, may be NULL) to the totals. */
+static void eval_add(dflash_eval_walk *w, ratio *wr, ratio *pr, ratio *qr, const int32_t *accept,
+                     const double *ptau, int64_t len, int64_t tokens, int64_t steps) {
+  double x = 0, n = 0, xp = 0;
   for (int64_t p = 0; p < len; p++)
-    if (accept[p] >= 0) x += 1 + accept[p], n++;
+    if (accept[p] >= 0) x += 1 + accept[p], n++, xp += ptau ? ptau[p] : 0;
   if (n > 0) ratio_add(pr, x, n);
+  if (n > 0 && ptau) ratio_add(qr, xp, n);
   if (steps > 0) ratio_add(wr, (double)tokens, (double)steps), w->sequences++;
   w->tokens += tokens, w->steps += steps, w->positions += (int64_t)n;
 }
 
-/* The appended totals over every block position scored. */
+/* The appended totals over every draft scored. */
 static void eval_totals(const dflash_trainer *t, const int64_t *hits, size_t n,
                         dflash_eval_walk *w) {
   int64_t sum[HIT_KINDS] = {0};
@@ -379,6 +445,22 @@ static void eval_totals(const dflash_trainer *t, const int64_t *hits, size_t n,
   w->candidate_recall = t->m.dflash2 ? (double)sum[HIT_CAND] / d : -1;
 }
 
+/* The confidence head's results from c: per-slot means into the caller's arrays, and the
+ * ECE (-1 without a slot). */
+static void calib_out(const calib *c, int B, dflash_eval_walk *w) {
+  int64_t all = 0;
+  double gap = 0;
+  for (int b = 0; b < ECE_BINS; b++)
+    all += c->bin_n[b], gap += fabs(c->bin_pred[b] - c->bin_obs[b]);
+  w->conf_ece = all > 0 ? gap / (double)all : -1;
+  for (int j = 0; j < B; j++) {
+    double n = (double)c->n[j];
+    if (w->conf_predicted) w->conf_predicted[j] = n > 0 ? c->pred[j] / n : 0;
+    if (w->conf_observed) w->conf_observed[j] = n > 0 ? c->obs[j] / n : 0;
+    if (w->conf_count) w->conf_count[j] = c->n[j];
+  }
+}
+
 /* The caller's struct is read (its inputs) and written (its outputs) at its own size, the
  * walk itself done on a struct of the library's. */
 static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
@@ -389,8 +471,7 @@ dflash_status dflash_trainer_eval_walk(dflash_trainer *t, const char *data_dir,
   DF_CHECK_ARG(t && data_dir && hidden_dir && out);
   dflash_eval_walk w;
   dflash_eval_walk_default(&w);
-  dflash_status st = df_dspark_unsupported(&t->m.ext, "eval walk", DSPARK_EVAL);
-  if (!st) st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
+  dflash_status st = df_opts_in(&w, out, sizeof w, "dflash_eval_walk");
   if (st) return st;
   DF_CHECK_ARG(w.max_tokens >= 0);
   if (w.labels != DFLASH_TRAIN_LABELS_DATA && w.labels != DFLASH_TRAIN_LABELS_TARGET)
@@ -415,52 +496,79 @@ static dflash_status target_labels(const dflash_sample *smp, const char *hidden_
   return DFLASH_OK;
 }
 
+/* Per-sample buffers of eval_walk, grown to the longest sample: acceptance and labels [len],
+ * DSpark's confidence [len, B] and probabilistic tau [len]. */
+typedef struct walk_buf {
+  int32_t *accept, *lab;
+  float *conf;
+  double *ptau;
+  int64_t cap;
+} walk_buf;
+
+static dflash_status walk_buf_grow(walk_buf *b, int64_t len, int B, bool dspark) {
+  if (len <= b->cap) return DFLASH_OK;
+  free(b->accept), free(b->lab), free(b->conf), free(b->ptau);
+  b->accept = malloc(sizeof(int32_t) * (size_t)len);
+  b->lab = malloc(sizeof(int32_t) * (size_t)len);
+  b->conf = dspark ? malloc(sizeof(float) * (size_t)len * (size_t)B) : NULL;
+  b->ptau = dspark ? malloc(sizeof(double) * (size_t)len) : NULL;
+  b->cap = len;
+  if (b->accept && b->lab && (!dspark || (b->conf && b->ptau))) return DFLASH_OK;
+  b->cap = 0;
+  return df_error_nomem("acceptance per position");
+}
+
 static dflash_status eval_walk(dflash_trainer *t, const char *data_dir, const char *hidden_dir,
                                dflash_eval_walk *w) {
   dflash_sample_stream *s;
   dflash_status st = stream_all(t, data_dir, hidden_dir, &s);
   if (st) return st;
-  int B = t->m.B;
-  int64_t *hits = calloc(HIT_KINDS * (size_t)B, sizeof *hits);
-  int32_t *accept = NULL, *lab = NULL;
-  int64_t cap = 0;
+  int B = t->m.B, nd = n_drafts(t);
+  bool dspark = t->m.dspark, conf = dspark && t->m.ext.confidence_head;
+  /* the probabilistic tau while every sample carries the target's final state */
+  bool final_all = dspark;
+  int64_t *hits = calloc(HIT_KINDS * (size_t)nd, sizeof *hits);
+  calib c = {.pred = calloc((size_t)B, sizeof(double)),
+             .obs = calloc((size_t)B, sizeof(double)),
+             .n = calloc((size_t)B, sizeof(int64_t))};
+  walk_buf wb = {0};
   bool target = w->labels == DFLASH_TRAIN_LABELS_TARGET;
-  if (!hits) st = df_error_nomem("evaluation");
+  if (!hits || !c.pred || !c.obs || !c.n) st = df_error_nomem("evaluation");
   w->sequences = w->steps = w->tokens = w->positions = 0;
-  if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)B);
-  ratio wr = {0}, pr = {0};
+  if (w->step_hist) memset(w->step_hist, 0, sizeof(int64_t) * (size_t)(nd + 1));
+  ratio wr = {0}, pr = {0}, qr = {0};
   for (;;) {
     dflash_sample smp = {.struct_size = sizeof smp};
     int32_t done;
     if (st || (st = dflash_sample_stream_next(s, &smp, &done)) || done) break;
-    if (smp.len > cap) {
-      int32_t *grown = realloc(accept, sizeof(int32_t) * (size_t)smp.len);
-      if (grown) accept = grown;
-      int32_t *grown_lab = grown ? realloc(lab, sizeof(int32_t) * (size_t)smp.len) : NULL;
-      if (grown_lab) lab = grown_lab;
-      if (!grown || !grown_lab) {
-        st = df_error_nomem("acceptance per position");
-        break;
-      }
-      cap = smp.len;
-    }
-    if (target && smp.len > 0 && (st = target_labels(&smp, hidden_dir, lab))) break;
+    if ((st = walk_buf_grow(&wb, smp.len, B, dspark))) break;
+    if (target && smp.len > 0 && (st = target_labels(&smp, hidden_dir, wb.lab))) break;
+    final_all &= smp.target_final != NULL;
+    dspark_io dx = {.final = final_all ? smp.target_final : NULL,
+                    .conf = conf ? wb.conf : NULL,
+                    .ptau = final_all ? wb.ptau : NULL};
     int64_t tokens, steps;
-    st = walk(t, smp.input_ids, target ? lab : NULL, smp.loss_mask, smp.len, smp.hidden,
-              w->max_tokens, &tokens, &steps, accept, w->step_hist, hits);
-    if (!st) eval_add(w, &wr, &pr, accept, smp.len, tokens, steps);
+    st = walk(t, smp.input_ids, target ? wb.lab : NULL, smp.loss_mask, smp.len, smp.hidden,
+              w->max_tokens, &tokens, &steps, wb.accept, w->step_hist, hits, dspark ? &dx : NULL,
+              conf ? &c : NULL);
+    if (!st) eval_add(w, &wr, &pr, &qr, wb.accept, dx.ptau, smp.len, tokens, steps);
   }
   if (!st) {
     ratio_get(&wr, &w->walk_tau, &w->walk_tau_se);
     ratio_get(&pr, &w->position_tau, &w->position_tau_se);
-    size_t n = (size_t)(B - 1);
+    w->prob_tau = w->prob_tau_se = -1;
+    if (final_all && qr.m > 0) ratio_get(&qr, &w->prob_tau, &w->prob_tau_se);
+    size_t n = (size_t)nd;
     for (size_t k = 0; w->accuracy && k < n; k++)
       w->accuracy[k] = hits[HIT_SCORED * n + k]
                            ? (double)hits[HIT_DRAFT * n + k] / (double)hits[HIT_SCORED * n + k]
                            : 0;
     eval_totals(t, hits, n, w);
+    w->conf_ece = -1;
+    if (conf) calib_out(&c, B, w);
   }
-  free(hits), free(accept), free(lab);
+  free(hits), free(c.pred), free(c.obs), free(c.n);
+  free(wb.accept), free(wb.lab), free(wb.conf), free(wb.ptau);
   dflash_sample_stream_free(s);
   return st;
 }

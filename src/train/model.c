@@ -893,7 +893,7 @@ dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, con
   model_forward(m, hidden, anchors);
   if (m->dflash2) return select_blocks(m, ids, anchors, n_anchors, o, out, pred);
   if (m->dspark) {
-    st = df_model_dspark_chain(m, ids, anchors, n_anchors, pred);
+    st = df_model_dspark_chain(m, ids, len, NULL, anchors, n_anchors, pred, NULL, NULL);
     if (!st && out && out->argmax)
       memcpy(out->argmax, pred, sizeof(int32_t) * (size_t)n_anchors * m->B);
     return st;
@@ -906,6 +906,17 @@ dflash_status df_model_propose(df_model *m, const int32_t *ids, int64_t len, con
   df_lmhead_argmax(m->pool, a->rows_x, m->lm_head, pred, R, m->H, m->V, m->vocab_chunk, a->work);
   if (out && out->argmax) memcpy(out->argmax, pred, sizeof(int32_t) * (size_t)R);
   return DFLASH_OK;
+}
+
+dflash_status df_model_dspark_eval(df_model *m, const int32_t *ids, int64_t len,
+                                   const float *hidden, const float *final, const int32_t *anchors,
+                                   int32_t n_anchors, int32_t *pred, float *conf, double *ptau) {
+  if (!m->dspark) return df_error(DFLASH_E_INVALID_ARG, "DSpark evaluation of a DFlash drafter");
+  dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
+  if (st || n_anchors <= 0) return st;
+  if ((st = prepare(m, ids, NULL, NULL, len, anchors, n_anchors))) return st;
+  model_forward(m, hidden, anchors);
+  return df_model_dspark_chain(m, ids, len, final, anchors, n_anchors, pred, conf, ptau);
 }
 
 dflash_status df_model_logits(df_model *m, const int32_t *ids, int64_t len, const float *hidden,

@@ -199,9 +199,18 @@ DF_MUST_CHECK dflash_status df_model_check_final(const df_model *m, const float 
 DF_MUST_CHECK dflash_status df_model_dspark_loss(df_model *m, const float *final,
                                                  const int32_t *anchors, double grad_scale,
                                                  bool backward, double *lsum, double *wsum);
-DF_MUST_CHECK dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids,
-                                                  const int32_t *anchors, int32_t n_anchors,
-                                                  int32_t *pred);
+DF_MUST_CHECK dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, int64_t len,
+                                                  const float *final, const int32_t *anchors,
+                                                  int32_t n_anchors, int32_t *pred, float *conf,
+                                                  double *ptau);
+/* DSpark's evaluation (model_dspark.c's chain after a forward of these anchors): the greedy
+ * drafts pred [n_anchors, B]; conf [n_anchors, B] (may be NULL) the confidence head's
+ * sigmoid at each slot along the chain; with `final` (the target's post-norm state [len, H])
+ * ptau [n_anchors] (may be NULL) each block's teacher-forced probabilistic tau. */
+DF_MUST_CHECK dflash_status df_model_dspark_eval(df_model *m, const int32_t *ids, int64_t len,
+                                                 const float *hidden, const float *final,
+                                                 const int32_t *anchors, int32_t n_anchors,
+                                                 int32_t *pred, float *conf, double *ptau);
 /* The draft vocabulary (draft_vocab.c): `kept` [m->Vd] ascending ids (NULL: 0..Vd-1) into
  * kept / t2d and the LM head's rows gathered from lm_head_full; DFLASH_E_FORMAT naming
  * `what` for an id out of range or not ascending. */

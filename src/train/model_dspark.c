@@ -111,28 +111,122 @@ dflash_status df_model_dspark_loss(df_model *m, const float *final, const int32_
   return st;
 }
 
+/* 1 - L1/2 of draft row z [Vd] (its softmax p, zero outside a pruned drafter's kept ids)
+ * against the target's distribution q = exp(zt - qlse), zt [V] over the full vocabulary:
+ * sum_v min(p_v, q_v), the probability that rejection sampling accepts a draw from p. */
+static double accept_prob(const df_model *m, const float *z, const float *zt, double qlse) {
+  int Vd = m->Vd;
+  double mx = -INFINITY, s = 0;
+  for (int i = 0; i < Vd; i++) mx = fmax(mx, z[i]);
+  for (int i = 0; i < Vd; i++) s += exp((double)z[i] - mx);
+  double lse = mx + log(s), l1 = 0, qkept = 0;
+  for (int i = 0; i < Vd; i++) {
+    double q = exp((double)zt[m->kept ? m->kept[i] : i] - qlse);
+    l1 += fabs(exp((double)z[i] - lse) - q);
+    qkept += q;
+  }
+  l1 += fmax(0.0, 1.0 - qkept); /* the target's mass outside the kept ids, where p is 0 */
+  return 1.0 - 0.5 * l1;
+}
+
+/* The probabilistic tau of each block into ptau [n_anchors] (df_model_dspark_chain's, after
+ * the forward): zb [n_anchors, B, Vd] the backbone's logits. The target's logits of every
+ * position the blocks read (anchors[0]..: the walk's consecutive anchors, so a few more rows
+ * than anchors) in one product through the full head, then per slot the Markov bias on the
+ * data's token x_{a+k} (teacher forcing) for all B slots of a block in one product. */
+static dflash_status dspark_prob_tau(df_model *m, const int32_t *ids, int64_t len,
+                                     const float *final, const int32_t *anchors, int32_t n_anchors,
+                                     const float *zb, double *ptau) {
+  int B = m->B, Vd = m->Vd, V = m->V, r = m->ext.markov_rank, H = m->H;
+  int64_t lo = INT64_MAX, hi = -1; /* rows a + k with a + k + 1 < len */
+  for (int32_t n = 0; n < n_anchors; n++) {
+    int64_t a = anchors[n], top = a + B - 1 < len - 2 ? a + B - 1 : len - 2;
+    if (top >= a) lo = a < lo ? a : lo, hi = top > hi ? top : hi;
+  }
+  size_t span = hi >= lo ? (size_t)(hi - lo + 1) : 0;
+  const float *head = m->lm_head_full ? m->lm_head_full : m->lm_head;
+  float *zt = malloc(sizeof(float) * (span ? span : 1) * (size_t)V);
+  double *qlse = malloc(sizeof(double) * (span ? span : 1));
+  float *e = malloc(sizeof(float) * (size_t)B * r), *z = malloc(sizeof(float) * (size_t)B * Vd);
+  if (!zt || !qlse || !e || !z) {
+    free(zt), free(qlse), free(e), free(z);
+    return df_error_nomem("DSpark probabilistic tau");
+  }
+  if (span) df_matmul_forward(m->pool, zt, final + (size_t)lo * H, head, (int)span, V, H, false);
+  for (size_t i = 0; i < span; i++) {
+    const float *row = zt + i * (size_t)V;
+    double mx = -INFINITY, sum = 0;
+    for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+    for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+    qlse[i] = mx + log(sum);
+  }
+  for (int32_t n = 0; n < n_anchors; n++) {
+    int64_t a = anchors[n];
+    int K = 0; /* the slots inside the sequence */
+    while (K < B && a + K + 1 < len) K++;
+    for (int k = 0; k < K; k++)
+      memcpy(e + (size_t)k * r, m->w.markov_w1 + (size_t)ids[a + k] * r, sizeof(float) * r);
+    memcpy(z, zb + (size_t)n * B * Vd, sizeof(float) * (size_t)K * Vd);
+    if (K) df_matmul_forward(m->pool, z, e, m->w.markov_w2, K, Vd, r, true);
+    double tau = 1, run = 1;
+    for (int k = 0; k < K; k++) {
+      size_t row = (size_t)(a + k - lo);
+      run *= accept_prob(m, z + (size_t)k * Vd, zt + row * (size_t)V, qlse[row]);
+      tau += run;
+    }
+    ptau[n] = tau;
+  }
+  free(zt), free(qlse), free(e), free(z);
+  return DFLASH_OK;
+}
+
 /* DSpark's greedy drafts, as llama.cpp, vLLM and SGLang draft at T = 0 (spec/dspark.md
  * sections 1 and 6): one backbone pass gives every slot's logits; the Markov bias of slot k
  * needs the token drafted at slot k - 1 (the anchor's for slot 0), so the B slots are chosen
  * one after another, d_k = argmax(LM(norm(h_k)) + W2 W1[d_{k-1}]), B drafts a block. A
- * pruned drafter picks among its V_d rows and maps the pick to its target id. */
-dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, const int32_t *anchors,
-                                    int32_t n_anchors, int32_t *pred) {
-  int B = m->B, V = m->Vd, r = m->ext.markov_rank;
-  float *z = malloc(sizeof(float) * (size_t)B * V);
-  if (!z) return df_error_nomem("DSpark draft logits");
+ * pruned drafter picks among its V_d rows and maps the pick to its target id. With `conf`
+ * [n_anchors, B] (a drafter with the confidence head), slot k's sigmoid(w . [norm(h_k);
+ * W1[d_{k-1}]] + b), what an engine's cut-off reads; with `final` and `ptau` [n_anchors],
+ * the probabilistic tau of each block (spec/dspark.md section 6), teacher-forced:
+ * 1 + sum_k prod_{j <= k} accept_prob(z_j with prev = ids[a + j], q_j from final[a + j])
+ * over the slots k with a + k + 1 < len. */
+dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, int64_t len,
+                                    const float *final, const int32_t *anchors, int32_t n_anchors,
+                                    int32_t *pred, float *conf, double *ptau) {
+  int B = m->B, V = m->Vd, r = m->ext.markov_rank, H = m->H;
+  bool want_conf = conf && m->ext.confidence_head && m->w.conf_w;
+  bool want_tau = ptau && final;
+  /* the backbone's logits of every block (they do not depend on the previous token) */
+  size_t nb = want_tau ? (size_t)n_anchors : 1;
+  float *zb = malloc(sizeof(float) * nb * (size_t)B * V), *z = malloc(sizeof(float) * (size_t)V);
+  if (!zb || !z) {
+    free(zb), free(z);
+    return df_error_nomem("DSpark draft logits");
+  }
+  dflash_status st = DFLASH_OK;
   for (int32_t n = 0; n < n_anchors; n++) {
-    df_matmul_forward(m->pool, z, m->a.hf + (size_t)n * B * m->H, m->lm_head, B, V, m->H, false);
+    const float *hf = m->a.hf + (size_t)n * B * H;
+    float *zn = zb + (want_tau ? (size_t)n * B * V : 0);
+    df_matmul_forward(m->pool, zn, hf, m->lm_head, B, V, H, false);
     int32_t prev = ids[anchors[n]];
     for (int k = 0; k < B; k++) {
-      float *zk = z + (size_t)k * V;
-      df_matmul_forward(m->pool, zk, m->w.markov_w1 + (size_t)prev * r, m->w.markov_w2, 1, V, r, true);
+      const float *e = m->w.markov_w1 + (size_t)prev * r;
+      if (want_conf) {
+        const float *x = hf + (size_t)k * H, *cw = m->w.conf_w;
+        double s = m->w.conf_b[0];
+        for (int j = 0; j < H; j++) s += (double)cw[j] * x[j];
+        for (int j = 0; j < r; j++) s += (double)cw[H + j] * e[j];
+        conf[(size_t)n * B + k] = (float)(1.0 / (1.0 + exp(-s)));
+      }
+      memcpy(z, zn + (size_t)k * V, sizeof(float) * (size_t)V);
+      df_matmul_forward(m->pool, z, e, m->w.markov_w2, 1, V, r, true);
       /* picked in the draft vocabulary, mapped to a target id (i + d2t[i]) for the next
        * Markov step and the output */
-      int32_t i = df2_argmax(zk, V);
+      int32_t i = df2_argmax(z, V);
       prev = pred[(size_t)n * B + k] = m->kept ? m->kept[i] : i;
     }
   }
-  free(z);
-  return DFLASH_OK;
+  if (want_tau) st = dspark_prob_tau(m, ids, len, final, anchors, n_anchors, zb, ptau);
+  free(zb), free(z);
+  return st;
 }

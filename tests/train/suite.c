@@ -17,6 +17,7 @@ TCase *tc_store_layers(void);
 TCase *tc_run_stats(void);
 TCase *tc_dspark(void);
 TCase *tc_dspark_model(void);
+TCase *tc_dspark_eval(void);
 TCase *tc_dspark_run(void);
 
 Suite *df_test_suite(void) {
@@ -38,6 +39,7 @@ Suite *df_test_suite(void) {
   suite_add_tcase(s, tc_run_stats());
   suite_add_tcase(s, tc_dspark());
   suite_add_tcase(s, tc_dspark_model());
+  suite_add_tcase(s, tc_dspark_eval());
   suite_add_tcase(s, tc_dspark_run());
   return s;
 }

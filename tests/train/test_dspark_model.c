@@ -2,7 +2,7 @@
  * oracle_model_dspark.py): the tensor table under the spec's checkpoint names, a checkpoint
  * that saves and loads them, training that lowers the loss, the anchor rule of
  * spec/dspark.md section 2, the optimizer groups, and the refusals of the paths without
- * DSpark (the CUDA backend, its plan, evaluation). */
+ * DSpark (the CUDA backend, its plan; evaluation is test_dspark_eval.c's). */
 #include <dflash/dataset.h>
 #include <dflash/experimental.h>
 #include <dflash/safetensors.h>
@@ -251,9 +251,6 @@ START_TEST(dspark_refused_where_not_implemented) {
   static seq_t q;
   make_seq(&q);
   dflash_sample s = sample_of(&q);
-  int32_t acc[4];
-  ck_assert_status(dflash_trainer_acceptance(t, &s, acc), DFLASH_E_UNSUPPORTED,
-                   "acceptance: not for a DSpark drafter");
   /* propose drafts B tokens a block, slot 0 included */
   int32_t pred[4 * B];
   for (int i = 0; i < 4 * B; i++) pred[i] = -1;

@@ -38,6 +38,16 @@ static const char EVAL_USAGE[] =
     "--threads N: CPU threads (0, default: one per CPU).\n"
     "Tokenizer files in --target whose hash is not the dataset's tokenizer_hash are refused\n"
     "unless --allow-tokenizer-mismatch.\n"
+    "A DSpark drafter (architectures Qwen3DSparkModel) drafts B tokens a block, anchor-first,\n"
+    "chained greedily through its Markov head (each slot on the token drafted before it, as\n"
+    "llama.cpp, vLLM and SGLang draft at T = 0), so its accuracy lists B drafts and a step\n"
+    "gains up to B + 1 tokens; the keys above are the same, so a DSpark and a DFlash drafter\n"
+    "compare directly (drafts_per_block says B - 1 or B). It adds the probabilistic tau,\n"
+    "1 + sum_k prod_{j<=k} (1 - L1_j/2), teacher-forced against the target's distribution\n"
+    "(needs a store written with the target's final state, final_state; else unavailable:\n"
+    "null in --json), and the confidence head's calibration: per slot, over the walk's steps\n"
+    "that reached it, the mean predicted acceptance against the fraction accepted, and the\n"
+    "expected calibration error (10 bins).\n"
     "--json: one JSON object instead (with launch: the vLLM and SGLang flags that serve\n"
     "the checkpoint). Defaults: --anchors 64, --seed 1, --max-tokens 0\n"
     "(no cap). Exit status: 0 evaluated; 1 an error (message on stderr); 2 a usage error.\n";
@@ -50,32 +60,80 @@ static void print_ints(const char *sep, const int64_t *v, int n) {
   for (int k = 0; k < n; k++) printf("%s%lld", k ? sep : "", (long long)v[k]);
 }
 
-static void print_eval(bool json, int B, double tau, const double *acc, int64_t blocks,
+/* A number, or null when it is negative (unavailable). */
+static void print_opt(double v) {
+  if (v >= 0) printf("%.6f", v);
+  else printf("null");
+}
+
+/* DSpark's keys (--json) or lines: the probabilistic tau and the confidence calibration. */
+static void print_dspark(bool json, int B, const dflash_eval_walk *w) {
+  bool conf = w->conf_ece >= 0;
+  if (json) {
+    printf(", \"probabilistic_tau\": ");
+    print_opt(w->prob_tau);
+    printf(", \"probabilistic_tau_se\": ");
+    print_opt(w->prob_tau >= 0 ? w->prob_tau_se : -1);
+    printf(", \"confidence_predicted\": ");
+    if (conf) printf("["), print_doubles(", ", w->conf_predicted, B), printf("]");
+    else printf("null");
+    printf(", \"confidence_observed\": ");
+    if (conf) printf("["), print_doubles(", ", w->conf_observed, B), printf("]");
+    else printf("null");
+    printf(", \"confidence_count\": ");
+    if (conf) printf("["), print_ints(", ", w->conf_count, B), printf("]");
+    else printf("null");
+    printf(", \"confidence_ece\": ");
+    print_opt(w->conf_ece);
+    return;
+  }
+  if (w->prob_tau >= 0)
+    printf("probabilistic tau %.4f +- %.4f over every position (teacher-forced, against the "
+           "target's distribution)\n",
+           w->prob_tau, w->prob_tau_se);
+  else
+    printf("probabilistic tau unavailable: the store holds no target final state (write it "
+           "with final_state)\n");
+  if (!conf) {
+    printf("confidence calibration: none (no confidence head, or no walk step)\n");
+    return;
+  }
+  printf("confidence by slot, predicted / accepted over the walk's steps that reached it:");
+  for (int k = 0; k < B; k++)
+    printf(" %.4f/%.4f (%lld)", w->conf_predicted[k], w->conf_observed[k],
+           (long long)w->conf_count[k]);
+  printf("\nconfidence ECE %.4f\n", w->conf_ece);
+}
+
+static void print_eval(bool json, int B, bool dspark, double tau, const double *acc, int64_t blocks,
                        const dflash_eval_walk *w, const char *ckpt) {
   const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
+  int nd = dspark ? B : B - 1; /* drafts a block */
   if (json) {
     /* "tau" is the labels' own: the sampled-anchor tau (blocks, accuracy) knows data labels
      * only, so with target labels it is the uniform-anchor tau, the same mean over every
      * position; the sampled one stays as sampled_tau. */
     double own = w->labels == DFLASH_TRAIN_LABELS_TARGET ? w->position_tau : tau;
-    printf("{\"block_size\": %d, \"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
+    printf("{\"block_size\": %d, \"drafter\": \"%s\", \"drafts_per_block\": %d, "
+           "\"labels\": \"%s\", \"tau\": %.6f, \"sampled_tau\": %.6f, "
            "\"sampled_labels\": \"data\", \"blocks\": %lld, \"accuracy\": [",
-           B, lab, own, tau, (long long)blocks);
-    print_doubles(", ", acc, B - 1);
+           B, dspark ? "dspark" : "dflash", nd, lab, own, tau, (long long)blocks);
+    print_doubles(", ", acc, nd);
     printf("], \"position_tau\": %.6f, \"position_tau_se\": %.6f, \"positions\": %lld, "
            "\"position_accuracy\": [",
            w->position_tau, w->position_tau_se, (long long)w->positions);
-    print_doubles(", ", w->accuracy, B - 1);
+    print_doubles(", ", w->accuracy, nd);
     printf("], \"walk_tau\": %.6f, \"walk_tau_se\": %.6f, \"steps\": %lld, \"tokens\": %lld, "
            "\"sequences\": %lld, \"tokens_per_step_histogram\": [",
            w->walk_tau, w->walk_tau_se, (long long)w->steps, (long long)w->tokens,
            (long long)w->sequences);
-    print_ints(", ", w->step_hist, B);
+    print_ints(", ", w->step_hist, nd + 1);
     printf("], \"scored\": %lld, \"selector_accuracy\": %.6f, \"backbone_accuracy\": %.6f, "
            "\"candidate_recall\": ",
            (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
     if (w->candidate_recall >= 0) printf("%.6f", w->candidate_recall);
     else printf("null");
+    if (dspark) print_dspark(true, B, w);
     json_t *l = train_launch_json(ckpt);
     char *ls = l ? json_dumps(l, JSON_COMPACT) : NULL;
     printf(", \"launch\": %s}\n", ls ? ls : "null");
@@ -83,22 +141,23 @@ static void print_eval(bool json, int B, double tau, const double *acc, int64_t 
     json_decref(l);
     return;
   }
-  printf("tau %.4f over %lld blocks (block size %d; data labels)\naccuracy by position: ", tau,
-         (long long)blocks, B);
-  print_doubles(" ", acc, B - 1);
+  printf("tau %.4f over %lld blocks (block size %d%s; data labels)\naccuracy by position: ", tau,
+         (long long)blocks, B, dspark ? ", DSpark: B drafts a block" : "");
+  print_doubles(" ", acc, nd);
   printf("\nuniform-anchor tau %.4f +- %.4f over every position (%lld; %s labels)\n"
          "accuracy by position: ",
          w->position_tau, w->position_tau_se, (long long)w->positions, lab);
-  print_doubles(" ", w->accuracy, B - 1);
+  print_doubles(" ", w->accuracy, nd);
   printf("\nwalk tau %.4f +- %.4f (%s labels): %lld tokens in %lld verification steps, %lld "
          "sequences\ntokens per step 1..%d: ",
          w->walk_tau, w->walk_tau_se, lab, (long long)w->tokens, (long long)w->steps,
-         (long long)w->sequences, B);
-  print_ints(" ", w->step_hist, B);
+         (long long)w->sequences, nd + 1);
+  print_ints(" ", w->step_hist, nd + 1);
   printf("\naccuracy over every position (%lld): drafted %.4f, backbone argmax %.4f",
          (long long)w->scored, w->selector_accuracy, w->backbone_accuracy);
   if (w->candidate_recall >= 0) printf(", candidate recall (top-K) %.4f", w->candidate_recall);
   printf("\n");
+  if (dspark) print_dspark(false, B, w);
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -135,6 +194,7 @@ int cmd_eval(int argc, char **argv) {
   if (st) return cli_fail("eval", st);
   size_t vh = (size_t)cfg.vocab_size * (size_t)cfg.hidden_size;
   float *e = malloc(vh * sizeof *e), *h = malloc(vh * sizeof *h);
+  /* [B] holds the drafts a block, B - 1 or (DSpark) B; the step histogram B + 1 */
   double *acc = calloc((size_t)cfg.block_size, sizeof *acc);
   dflash_trainer *t = NULL;
   dflash_eval ev;
@@ -150,15 +210,21 @@ int cmd_eval(int argc, char **argv) {
   dflash_trainer_options_default(&topt);
   topt.n_threads = threads;
   w.accuracy = calloc((size_t)cfg.block_size, sizeof *w.accuracy);
-  w.step_hist = calloc((size_t)cfg.block_size, sizeof *w.step_hist);
-  if (!e || !h || !acc || !w.accuracy || !w.step_hist) st = DFLASH_E_NOMEM;
+  w.step_hist = calloc((size_t)cfg.block_size + 1, sizeof *w.step_hist);
+  w.conf_predicted = calloc((size_t)cfg.block_size, sizeof *w.conf_predicted);
+  w.conf_observed = calloc((size_t)cfg.block_size, sizeof *w.conf_observed);
+  w.conf_count = calloc((size_t)cfg.block_size, sizeof *w.conf_count);
+  if (!e || !h || !acc || !w.accuracy || !w.step_hist || !w.conf_predicted || !w.conf_observed ||
+      !w.conf_count)
+    st = DFLASH_E_NOMEM;
   if (!st) st = dflash_target_load_head(target, en, hn, cfg.vocab_size, cfg.hidden_size, e, h);
   if (!st) st = dflash_trainer_create(&cfg, e, h, &topt, &t);
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_trainer_eval(t, data, hidden, &ev);
   if (!st) st = dflash_trainer_eval_walk(t, data, hidden, &w);
-  if (!st) print_eval(json, cfg.block_size, ev.tau, acc, ev.n_blocks, &w, ckpt);
+  if (!st) print_eval(json, cfg.block_size, cfg.dspark != 0, ev.tau, acc, ev.n_blocks, &w, ckpt);
   dflash_trainer_free(t);
   free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
+  free(w.conf_predicted), free(w.conf_observed), free(w.conf_count);
   return st ? cli_fail("eval", st) : 0;
 }

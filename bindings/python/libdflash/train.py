@@ -576,8 +576,8 @@ class Trainer(Handle):
     def evaluate(self, data_dir, hidden_dir, anchors_per_seq=64, seed=1):
         """Mean acceptance length over a held-out dataset and hidden-state store
         (what `dflash eval` prints): {"tau", "accuracy" (float64 [B-1], per block
-        position), "n_blocks"}."""
-        acc = np.zeros(self.block_size - 1, dtype=np.float64)
+        position; DSpark: [B], per draft), "n_blocks"}."""
+        acc = np.zeros(self._drafts(), dtype=np.float64)
         e = Eval()
         _eval_init(ctypes.byref(e), ctypes.sizeof(e))
         e.anchors_per_seq, e.seed = int(anchors_per_seq), int(seed)
@@ -907,6 +907,9 @@ class EvalWalk(ctypes.Structure):
         ("scored", ctypes.c_int64), ("selector_accuracy", ctypes.c_double),
         ("backbone_accuracy", ctypes.c_double), ("candidate_recall", ctypes.c_double),
         ("labels", ctypes.c_int32),
+        ("conf_predicted", _D), ("conf_observed", _D), ("conf_count", ctypes.POINTER(ctypes.c_int64)),
+        ("prob_tau", ctypes.c_double), ("prob_tau_se", ctypes.c_double),
+        ("conf_ece", ctypes.c_double),
     ]
 
 
@@ -924,10 +927,10 @@ def walk(trainer, input_ids, loss_mask, hidden, max_tokens=0):
     of each supervised run; each step gains the accepted drafts plus the
     target's token. Returns dict(tokens, steps, tau=tokens/steps,
     accept=int32 [len] (acceptance at every anchor position, -1 elsewhere),
-    step_hist=int64 [B] (steps that gained 1..B tokens))."""
+    step_hist=int64 [B] (steps that gained 1..B tokens; DSpark, B drafts a block: [B + 1]))."""
     ids, mask, hid, _ = trainer._inputs(input_ids, loss_mask, hidden, [])
     accept = np.zeros(ids.size, dtype=np.int32)
-    hist = np.zeros(trainer.block_size, dtype=np.int64)
+    hist = np.zeros(trainer._drafts() + 1, dtype=np.int64)
     tokens, steps = ctypes.c_int64(), ctypes.c_int64()
     _walk(trainer._handle(), ctypes.byref(trainer._sample(ids, mask, hid, None)), max_tokens,
           ctypes.byref(tokens), ctypes.byref(steps), _ptr(accept, ctypes.c_int32),
@@ -948,24 +951,44 @@ def eval_walk(trainer, data_dir, hidden_dir, max_tokens=0, labels="data"):
     (the true token among the top-K candidates; None for DFlash 1). labels: "data"
     (drafts compared with the data's next tokens) or "target" (with the store's target ids:
     what greedy verification accepts; the number to compare with live acceptance when the
-    held-out answers were sampled at T > 0), as `dflash eval --labels`."""
+    held-out answers were sampled at T > 0), as `dflash eval --labels`.
+
+    A DSpark drafter drafts B tokens a block (accuracy [B], step_hist [B + 1]) and adds
+    prob_tau / prob_tau_se (the teacher-forced probabilistic tau; None when the store holds
+    no target final state), and with the confidence head conf_predicted, conf_observed
+    (float64 [B]) and conf_count (int64 [B]): per slot, over the walk's steps that reached
+    it, the mean sigmoid(confidence logit) and the fraction accepted, and conf_ece (None
+    without the head). A DFlash drafter gives None for all of them."""
     if labels not in ("data", "target"):
         raise ValueError(f"labels must be 'data' or 'target', not {labels!r}")
-    B = trainer.block_size
-    acc = np.zeros(B - 1, dtype=np.float64)
-    hist = np.zeros(B, dtype=np.int64)
+    B, nd = trainer.block_size, trainer._drafts()
+    dspark = bool(trainer.config.dspark)
+    acc = np.zeros(nd, dtype=np.float64)
+    hist = np.zeros(nd + 1, dtype=np.int64)
+    cp, co = np.zeros(B, dtype=np.float64), np.zeros(B, dtype=np.float64)
+    cn = np.zeros(B, dtype=np.int64)
     w = EvalWalk()
     _eval_walk_default(ctypes.byref(w), ctypes.sizeof(w))
     w.max_tokens = max_tokens
     w.labels = 1 if labels == "target" else 0
     w.accuracy = _ptr(acc, ctypes.c_double)
     w.step_hist = _ptr(hist, ctypes.c_int64)
+    if dspark:
+        w.conf_predicted, w.conf_observed = _ptr(cp, ctypes.c_double), _ptr(co, ctypes.c_double)
+        w.conf_count = _ptr(cn, ctypes.c_int64)
     _eval_walk(trainer._handle(), cstr(data_dir), cstr(hidden_dir), ctypes.byref(w))
-    out = {f: getattr(w, f) for f, _ in EvalWalk._fields_
-           if f not in ("struct_size", "max_tokens", "accuracy", "step_hist", "labels")}
+    skip = ("struct_size", "max_tokens", "accuracy", "step_hist", "labels", "conf_predicted",
+            "conf_observed", "conf_count")
+    out = {f: getattr(w, f) for f, _ in EvalWalk._fields_ if f not in skip}
     out.update(accuracy=acc, step_hist=hist)
     if out["candidate_recall"] < 0:
         out["candidate_recall"] = None  # DFlash 1: no candidates
+    for f in ("prob_tau", "prob_tau_se", "conf_ece"):
+        if out[f] < 0:
+            out[f] = None  # DFlash, no final state, no confidence head
+    has_conf = out["conf_ece"] is not None
+    out.update(conf_predicted=cp if has_conf else None, conf_observed=co if has_conf else None,
+               conf_count=cn if has_conf else None)
     return out
 
 

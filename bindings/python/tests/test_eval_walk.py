@@ -196,3 +196,61 @@ def test_cli_eval_prints_the_walk(tmp_path, two):
     else:
         assert got["candidate_recall"] is None and want["candidate_recall"] is None
     assert line + "\n" in text
+
+
+def dspark(cfg, conf=True):
+    """The same backbone as a DSpark drafter (rank 4; spec/dspark.md section 5's keys)."""
+    cfg = dict(cfg, architectures=["Qwen3DSparkModel"], markov_rank=4,
+               markov_head_type="vanilla", enable_confidence_head=conf,
+               confidence_head_with_markov=True, sample_from_anchor=True,
+               tie_word_embeddings=False)
+    return cfg
+
+
+@pytest.mark.skipif(not CLI, reason="DFLASH_CLI not set (run through meson test)")
+@pytest.mark.parametrize("final", [True, False], ids=["final_state", "no_final_state"])
+def test_cli_eval_dspark(tmp_path, final):
+    """`dflash eval` on a DSpark drafter: B drafts a block under DFlash's keys, the
+    probabilistic tau (null and said so without the store's final state) and the confidence
+    calibration, in --json and in the text, equal to eval_walk's."""
+    samples, hid, embed, cfg = make_world(tmp_path)
+    if final:  # a second store with the target's final state (any [S, H] values)
+        rng = np.random.default_rng(3)
+        with libdflash.HiddenWriter(tmp_path / "hidden_f", num_layers=1, hidden_size=H,
+                                    final_state=True) as w:
+            for sid, h in hid.items():
+                w.append(sid, h, final_state=rng.standard_normal(h.shape).astype(np.float32))
+    store = tmp_path / ("hidden_f" if final else "hidden")
+    (tmp_path / "target").mkdir()
+    libdflash.write_safetensors(tmp_path / "target" / "model.safetensors",
+                                {"model.embed_tokens.weight": embed, "lm_head.weight": embed})
+    with libdflash.Trainer(dspark(cfg), embed, embed, seed=0, init_std=0.3, n_threads=1) as t:
+        t.save(tmp_path / "ckpt")
+        want = eval_walk(t, tmp_path / "data", store)
+    assert want["accuracy"].shape == (B,) and want["step_hist"].shape == (B + 1,)
+    assert want["step_hist"].sum() == want["steps"] > 0
+    assert (want["step_hist"] * np.arange(1, B + 2)).sum() == want["tokens"]
+    assert (want["prob_tau"] is not None) == final
+    assert want["conf_ece"] is not None and 0 <= want["conf_ece"] <= 1
+    assert want["conf_count"][0] == want["steps"]  # every step reaches slot 0
+    cmd = [str(c) for c in [CLI, "eval", "--checkpoint", tmp_path / "ckpt", "--target",
+                            tmp_path / "target", "--data", tmp_path / "data", "--hidden", store]]
+    got = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True,
+                                    check=True).stdout)
+    assert (got["drafter"], got["drafts_per_block"], got["block_size"]) == ("dspark", B, B)
+    assert got["walk_tau"] == pytest.approx(want["walk_tau"], abs=1e-6)
+    assert got["tokens_per_step_histogram"] == want["step_hist"].tolist()
+    assert len(got["accuracy"]) == len(got["position_accuracy"]) == B
+    assert got["confidence_count"] == want["conf_count"].tolist()
+    assert got["confidence_ece"] == pytest.approx(want["conf_ece"], abs=1e-6)
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert f"walk tau {want['walk_tau']:.4f} +- {want['walk_tau_se']:.4f}" in text
+    assert f"confidence ECE {want['conf_ece']:.4f}\n" in text
+    if final:
+        assert got["probabilistic_tau"] == pytest.approx(want["prob_tau"], abs=1e-6)
+        assert 1 <= want["prob_tau"] <= B + 1
+        assert (f"probabilistic tau {want['prob_tau']:.4f} +- {want['prob_tau_se']:.4f}"
+                in text)
+    else:
+        assert got["probabilistic_tau"] is None and got["probabilistic_tau_se"] is None
+        assert "probabilistic tau unavailable: the store holds no target final state" in text
