@@ -173,6 +173,12 @@ typedef struct df_cu_config {
    * model allocates no Muon workspace). */
   const struct df_cu_muon_mat *muon;
   size_t n_muon;
+  /* DSpark (dspark nonzero; spec/dspark.md, the CPU's src/train/dspark.c): the Markov head's
+   * rank, whether the confidence head exists, and the objective's weights. Its tensors
+   * (markov_head.*, confidence_head.proj.*) follow DFlash 1's in the table. Full vocabulary
+   * only (the trainer refuses a pruned one on CUDA). */
+  int dspark, markov_rank, dspark_conf;
+  float ds_alpha_ce, ds_alpha_l1, ds_alpha_conf;
 } df_cu_config;
 
 /* One Muon matrix: its flat offset and shape [rows, cols] (row-major, as the CPU's), and the
@@ -210,7 +216,11 @@ typedef struct df_cu_batch {
   const int32_t *block_tok;            /* [T] anchor token / mask token */
   const int32_t *rows_t, *rows_target; /* [R] supervised (or predicted) rows */
   const float *coef;                   /* [R] w * grad_scale (NULL: predict) */
-  const int32_t *rows_prev;            /* [R] DFlash 2: the true token before each row */
+  const int32_t *rows_prev;            /* [R] DFlash 2: the true token before each row; DSpark:
+                                        * the Markov head's previous token (teacher forcing) */
+  /* DSpark: bf16 [R, H] the target's post-norm final state at each row's position (anchor +
+   * slot, the state before its label), or NULL (the loss is then 0.1 CE alone, as on the CPU). */
+  const uint16_t *rows_final;
   const uint16_t *hidden;              /* bf16 [Sc, KH] (when hidden_codes is NULL) */
   /* The context rows [Sc, KH] as stored: DF_CU_HIDDEN_BF16 / _FP8 (e4m3 codes with a float
    * scale per token and layer, hidden_scales [Sc, K]) / _F32. Host memory the call reads
