@@ -26,7 +26,7 @@ namespace dfcu {
 
 constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
 constexpr size_t kPending = DF_CU_PENDING; // deferred sequences on the device between drains
-constexpr int kDsparkRows = 64;            // DSpark: rows per pass over the full vocabulary
+constexpr int kDsparkRows = DF_CU_DSPARK_ROWS; // DSpark: rows per pass over the vocabulary
 
 // Parameter tensors: the table of train/tensors.h, from which model.c builds the buffer.
 enum { P_FC = DF_TH_FC, P_HIDDEN_NORM = DF_TH_HIDDEN_NORM };

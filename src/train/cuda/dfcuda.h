@@ -310,6 +310,17 @@ static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int 
          2 * (4 * (size_t)n_pos * (size_t)KH + 256);
 }
 
+/* DSpark's device buffers besides the arena (cuda/model.cu dspark_upload), for R supervised
+ * rows (A * B: DSpark's slot 0 is supervised too), hidden size H, vocabulary V and Markov rank
+ * r: per row the previous token (int32), the target's final state and the Markov embedding
+ * (bf16) and the confidence gradient (fp32); per pass of DF_CU_DSPARK_ROWS rows the draft and
+ * target logits (fp32), their gradient (bf16) and d(e) (fp32). For `dflash train --plan`. */
+#define DF_CU_DSPARK_ROWS 64
+static inline size_t df_cu_dspark_bytes(size_t R, size_t H, size_t V, size_t r) {
+  R = R ? R : 1;
+  return R * (4 + 2 * H + 2 * r + 4) + (size_t)DF_CU_DSPARK_ROWS * (V * (4 + 4 + 2) + 4 * r);
+}
+
 /* The properties of CUDA device `device` (DFLASH_E_NO_DEVICE when there is none). */
 DF_MUST_CHECK dflash_status df_cu_device_props(int device, df_cu_props *out);
 
