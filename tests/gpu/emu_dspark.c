@@ -187,6 +187,49 @@ out:
   free(E), free(Hd);
 }
 
+/* The emulator refuses a kernel by name (as the hardware refuses a launch): each of DSpark's
+ * must fail the call naming it, never leave its outputs unwritten without a word. */
+void dfemu_refuse_kernel(const char *name);
+
+static void refused_launches(void) {
+  static const char *kernels[] = {"dspark_loss_rows", "dspark_conf_rows", "dspark_param_grads"};
+  dflash_drafter_config c = {.struct_size = sizeof c};
+  g_small_config(&c);
+  c.block_size = 8, c.tie_word_embeddings = 0;
+  c.dspark = 1, c.markov_rank = RANK, c.confidence_head = 1;
+  float *E, *Hd;
+  g_small_embeddings(&c, &E, &Hd);
+  dflash_trainer *t = make(&c, E, Hd, DFLASH_BACKEND_CUDA);
+  g_seq q;
+  float *fin = g_random((size_t)60 * c.hidden_size, 1.0f, 31);
+  if (!t || g_seq_make(&c, 60, 6, 21, &q)) {
+    CHECK(0, "refused launches: setup");
+    return;
+  }
+  dflash_sample s = {.struct_size = sizeof s,
+                     .input_ids = q.ids,
+                     .loss_mask = q.mask,
+                     .len = q.len,
+                     .hidden = q.hidden,
+                     .anchors = q.anchors,
+                     .n_anchors = q.na,
+                     .target_final = fin};
+  double loss;
+  CHECK(!dflash_trainer_forward_backward(t, &s, &loss), "no refusal: %s", dflash_last_error());
+  for (size_t k = 0; k < sizeof kernels / sizeof *kernels; k++) {
+    dfemu_refuse_kernel(kernels[k]);
+    dflash_status st = dflash_trainer_forward_backward(t, &s, &loss);
+    dfemu_refuse_kernel(NULL);
+    CHECK(st == DFLASH_E_CUDA && strstr(dflash_last_error(), kernels[k]),
+          "kernel %s refused: status %d, \"%s\"", kernels[k], (int)st, dflash_last_error());
+  }
+  printf("refused launches: each of DSpark's %zu kernels named\n",
+         sizeof kernels / sizeof *kernels);
+  g_seq_free(&q);
+  free(fin), free(E), free(Hd);
+  dflash_trainer_free(t);
+}
+
 int main(void) {
   int n = 0;
   if (dflash_cuda_device_count(&n) || n == 0) {
@@ -200,6 +243,7 @@ int main(void) {
   run_case(1, 1, seed, "confidence head, final state");
   run_case(0, 1, seed + 100, "no confidence head, final state");
   run_case(1, 0, seed + 200, "confidence head, no final state (CE alone)");
+  refused_launches();
   /* A pruned draft vocabulary stays refused on CUDA, by name. */
   dflash_drafter_config c = {.struct_size = sizeof c};
   g_small_config(&c);
