@@ -41,7 +41,11 @@ static void *train_read_in(const char *dir, const char *name, size_t *len) {
  * {"vllm": ..., "sglang": ...}. vLLM needs the method (it guesses it from the
  * folder name) and num_speculative_tokens = block_size - 1 (it never reads
  * block_size); SGLang builds the draft in config.json's dtype under --dtype
- * auto, and a float32 one in float16, so such a checkpoint gets --dtype. */
+ * auto, and a float32 one in float16, so such a checkpoint gets --dtype.
+ * A DSpark checkpoint (config.json's markov_rank) drafts a token at every slot
+ * of its anchor-first block: vLLM's method "dspark" with num_speculative_tokens
+ * = block_size slots, SGLang's DSPARK, which takes gamma = block_size from
+ * config.json (spec/dspark.md section 6). */
 json_t *train_launch_json(const char *dir) {
   size_t len;
   void *data = train_read_in(dir, "config.json", &len);
@@ -50,17 +54,22 @@ json_t *train_launch_json(const char *dir) {
   json_t *dc = json_object_get(c, "dflash_config"), *bs = json_object_get(dc, "block_size");
   const char *dtype = json_string_value(json_object_get(c, "dtype"));
   bool half = dtype && (!strcmp(dtype, "bfloat16") || !strcmp(dtype, "float16"));
+  bool dspark = json_object_get(c, "markov_rank") != NULL;
   int B = (int)json_integer_value(bs ? bs : json_object_get(c, "block_size"));
   json_decref(c);
   if (B < 2) return NULL;
   char v[4300], g[4400];
   snprintf(v, sizeof v,
-           "--speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
+           "--speculative-config '{\"method\": \"%s\", \"model\": \"%s\", "
            "\"num_speculative_tokens\": %d}'",
-           dir, B - 1);
-  snprintf(g, sizeof g,
-           "--speculative-algorithm DFLASH --speculative-draft-model-path %s "
-           "--speculative-num-draft-tokens %d%s",
-           dir, B, half ? "" : " --dtype bfloat16");
+           dspark ? "dspark" : "dflash", dir, dspark ? B : B - 1);
+  if (dspark)
+    snprintf(g, sizeof g, "--speculative-algorithm DSPARK --speculative-draft-model-path %s%s",
+             dir, half ? "" : " --dtype bfloat16");
+  else
+    snprintf(g, sizeof g,
+             "--speculative-algorithm DFLASH --speculative-draft-model-path %s "
+             "--speculative-num-draft-tokens %d%s",
+             dir, B, half ? "" : " --dtype bfloat16");
   return json_pack("{s:s,s:s}", "vllm", v, "sglang", g);
 }
