@@ -552,20 +552,20 @@ def eval_checkpoint(dflash_cli, ckpt, target_dir, out, p):
     return json.loads(r.stdout)
 
 
-def dflash2_start(dflash_cli, out, target_dir, cfg, p, resume=False):
-    """Stage 5b: start training the DFlash 2 drafter (out/drafter2) beside
-    stage 5's DFlash 1 run, with the same data and settings."""
-    cfg_path = os.path.join(out, "drafter2.json")
+def side_start(dflash_cli, out, target_dir, name, cfg, p, weighting):
+    """Stages 5b/5c: start training a comparison drafter (config `cfg`, into out/NAME)
+    beside stage 5's DFlash 1 run, with the same data and settings."""
+    cfg_path = os.path.join(out, name + ".json")
     with open(cfg_path, "w") as f:
-        json.dump(dflash2_config(cfg), f, indent=2)
-    ckpt = os.path.join(out, "drafter2")
+        json.dump(cfg, f, indent=2)
+    ckpt = os.path.join(out, name)
     cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
            "--data", os.path.join(out, "data", "train"),
            "--hidden", os.path.join(out, "hidden", "train"), "-o", ckpt,
            "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
-           "--warmup-ratio", "0.05", "--weighting", p["weighting"], "--optimizer", p["optimizer"],
+           "--warmup-ratio", "0.05", "--weighting", weighting, "--optimizer", p["optimizer"],
            "--weight-decay", p["weight_decay"], "--seed", 0, "--threads", p["threads"],
-           "--resume" if resume else "--overwrite", "--quiet"]
+           "--overwrite", "--quiet"]
     print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -573,20 +573,33 @@ def dflash2_start(dflash_cli, out, target_dir, cfg, p, resume=False):
     return {"proc": proc, "checkpoint": ckpt}
 
 
+def side_finish(job, ckpt, what, dflash_cli, out, target_dir, p):
+    """Wait for a comparison drafter's run (job None: it finished before), then evaluate
+    it as stage 6 does: (its last metrics row, its `dflash eval --json`)."""
+    if job:
+        job["proc"].communicate()
+        CHILDREN.discard(job["proc"])
+        if job["proc"].returncode:
+            raise SystemExit(f"{what} training failed ({job['proc'].returncode})")
+    with open(os.path.join(ckpt, "metrics.jsonl")) as f:
+        res = json.loads(f.read().strip().splitlines()[-1])  # the last step's
+    return res, eval_checkpoint(dflash_cli, ckpt, target_dir, out, p)
+
+
+def dflash2_start(dflash_cli, out, target_dir, cfg, p):
+    return side_start(dflash_cli, out, target_dir, "drafter2", dflash2_config(cfg), p,
+                      p["weighting"])
+
+
 def dflash2_finish(job, dflash_cli, out, target_dir, p):
     """Wait for the DFlash 2 run, then evaluate it as stage 6 does."""
-    job["proc"].communicate()
-    CHILDREN.discard(job["proc"])
-    if job["proc"].returncode:
-        raise SystemExit(f"DFlash 2 training failed ({job['proc'].returncode})")
-    with open(os.path.join(job["checkpoint"], "metrics.jsonl")) as f:
-        res = json.loads(f.read().strip().splitlines()[-1])  # the last step's
+    ckpt = os.path.join(out, "drafter2")
+    res, e = side_finish(job, ckpt, "DFlash 2", dflash_cli, out, target_dir, p)
     train_s = round(res["elapsed_s"], 1)
-    e = eval_checkpoint(dflash_cli, job["checkpoint"], target_dir, out, p)
     print(f"DFlash 2: walk tau {e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} "
           f"steps); every position {e['position_tau']:.4f} +- {e['position_tau_se']:.4f}; "
           f"trained in {train_s} s (wall, beside DFlash 1)")
-    return {"config": DFLASH2, "checkpoint": job["checkpoint"], "train_s": train_s,
+    return {"config": DFLASH2, "checkpoint": ckpt, "train_s": train_s,
             "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
 
 
@@ -609,37 +622,15 @@ def dspark_config(cfg):
     return c
 
 
-def dspark_start(dflash_cli, out, target_dir, cfg, p, resume=False):
-    """Stage 5c: start training the DSpark drafter (out/drafter_dspark) beside stage 5."""
-    cfg_path = os.path.join(out, "drafter_dspark.json")
-    with open(cfg_path, "w") as f:
-        json.dump(dspark_config(cfg), f, indent=2)
-    ckpt = os.path.join(out, "drafter_dspark")
-    cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
-           "--data", os.path.join(out, "data", "train"),
-           "--hidden", os.path.join(out, "hidden", "train"), "-o", ckpt,
-           "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
-           "--warmup-ratio", "0.05", "--weighting", "decay", "--optimizer", p["optimizer"],
-           "--weight-decay", p["weight_decay"], "--seed", 0, "--threads", p["threads"],
-           "--resume" if resume else "--overwrite", "--quiet"]
-    print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    CHILDREN.add(proc)
-    return {"proc": proc, "checkpoint": ckpt}
+def dspark_start(dflash_cli, out, target_dir, cfg, p):
+    return side_start(dflash_cli, out, target_dir, "drafter_dspark", dspark_config(cfg), p,
+                      "decay")
 
 
 def dspark_finish(job, dflash_cli, out, target_dir, p):
-    """Wait for the DSpark run (job None: it finished before), then evaluate it."""
+    """Wait for the DSpark run, then evaluate it."""
     ckpt = os.path.join(out, "drafter_dspark")
-    if job:
-        job["proc"].communicate()
-        CHILDREN.discard(job["proc"])
-        if job["proc"].returncode:
-            raise SystemExit(f"DSpark training failed ({job['proc'].returncode})")
-    with open(os.path.join(ckpt, "metrics.jsonl")) as f:
-        res = json.loads(f.read().strip().splitlines()[-1])
-    e = eval_checkpoint(dflash_cli, ckpt, target_dir, out, p)
+    res, e = side_finish(job, ckpt, "DSpark", dflash_cli, out, target_dir, p)
     prob = e.get("probabilistic_tau")
     print(f"DSpark: walk tau {e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)"
           + (f"; probabilistic tau {prob:.4f}" if prob is not None else "")
