@@ -131,8 +131,7 @@ static dflash_status vocab_coverage(const dflash_trainer *t, const dflash_drafte
 }
 
 static void print_eval(bool json, int B, bool dspark, double tau, const double *acc, int64_t blocks,
-                       const dflash_eval_walk *w, const char *ckpt, int32_t vd,
-                       double coverage) {
+                       const dflash_eval_walk *w, const char *ckpt, int32_t vd, double coverage) {
   const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
   int nd = dspark ? B : B - 1; /* drafts a block */
   if (json) {
@@ -160,7 +159,8 @@ static void print_eval(bool json, int B, bool dspark, double tau, const double *
     if (w->candidate_recall >= 0) printf("%.6f", w->candidate_recall);
     else printf("null");
     if (dspark) print_dspark(true, B, w);
-    if (coverage >= 0) printf(", \"draft_vocab_size\": %d, \"draft_vocab_coverage\": %.6f", vd, coverage);
+    if (coverage >= 0)
+      printf(", \"draft_vocab_size\": %d, \"draft_vocab_coverage\": %.6f", vd, coverage);
     else printf(", \"draft_vocab_size\": null, \"draft_vocab_coverage\": null");
     json_t *l = train_launch_json(ckpt);
     char *ls = l ? json_dumps(l, JSON_COMPACT) : NULL;
