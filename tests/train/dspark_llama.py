@@ -133,21 +133,14 @@ class Server:
             return json.loads(r.read())
 
     def metrics(self):
-        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
-            out = {}
-            for ln in r.read().decode().splitlines():
-                if ln and not ln.startswith("#"):
-                    k, v = ln.rsplit(" ", 1)
-                    out[k.replace("llamacpp:", "")] = float(v)
-            return out
+        import llama_spec  # examples/pipeline, on sys.path from main()
+        return llama_spec.metrics(self.base)
 
     def complete(self, ids):
         """Greedy tokens after prompt ids, with llama.cpp's draft counters of the request."""
         m0 = self.metrics().get("spec_decode_num_drafts_total", 0)
-        r = self.post("/completion", {"prompt": [int(x) for x in ids], "n_predict": MAX_NEW,
-                                      "temperature": 0.0, "repeat_penalty": 1.0,
-                                      "cache_prompt": False, "return_tokens": True,
-                                      "stream": False})
+        import llama_spec
+        r = llama_spec.complete(self.base, ids, MAX_NEW)
         t = r["timings"]
         return {"tokens": r["tokens"], "drafted": t.get("draft_n", 0),
                 "accepted": t.get("draft_n_accepted", 0),
