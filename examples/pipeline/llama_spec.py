@@ -21,6 +21,10 @@ accepted (spec_decode_num_accepted_tokens_per_pos_total), and whether each
 output equals the plain run's tokens (greedy verification is lossless up to
 floating-point differences between batch shapes).
 
+A configuration whose NAME starts with "dspark" is a DSpark drafter's GGUF: it runs
+with --spec-type draft-dspark and a draft at every slot of its anchor-first block
+(--spec-draft-n-max = --block-size).
+
 The configurations run one after another, each on --servers servers (default
 1; the samples dealt out in turn, one request at a time each) of one slot and
 --threads (default 1), so that their speeds compare; llama.cpp's counters
@@ -61,14 +65,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def server_cmd(ldir, gguf, port, threads=1, parallel=1, ctx=2048, draft=None, n_draft=None):
+def server_cmd(ldir, gguf, port, threads=1, parallel=1, ctx=2048, draft=None, n_draft=None,
+               spec_type="draft-dflash"):
     """llama-server on loopback: `parallel` slots (one per concurrent stream)
     sharing ctx * parallel tokens of KV cache, /metrics on, no web UI."""
     cmd = [os.path.join(ldir, "bin", "llama-server"), "-m", gguf, "--host", "127.0.0.1",
            "--port", port, "-c", ctx * parallel, "-np", parallel, "-t", threads, "-tb", threads,
            "-a", "smollm2", "--metrics", "--no-webui"]
     if draft:
-        cmd += ["--model-draft", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", n_draft,
+        cmd += ["--model-draft", draft, "--spec-type", spec_type, "--spec-draft-n-max", n_draft,
                 "-td", threads, "-tbd", threads]
     return [str(c) for c in cmd]
 
@@ -140,27 +145,31 @@ def prompts(data_dir, n=0):
     return out
 
 
-def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, servers=1):
+def run_config(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, servers=1,
+               spec_type="draft-dflash"):
     """Every sample through `servers` servers (sample k on server k % servers); the rows
     in sample order and llama.cpp's per-position acceptance counters summed."""
     if servers <= 1:
         return run_server(ldir, gguf, draft, list(enumerate(samples)), max_new, n_draft, threads,
-                          log_path)
+                          log_path, spec_type=spec_type)
     root, ext = os.path.splitext(log_path)
     with concurrent.futures.ThreadPoolExecutor(servers) as ex:
         parts = list(ex.map(lambda i: run_server(
             ldir, gguf, draft, [(k, s) for k, s in enumerate(samples) if k % servers == i],
-            max_new, n_draft, threads, f"{root}-{i}{ext}", len(samples)), range(servers)))
+            max_new, n_draft, threads, f"{root}-{i}{ext}", len(samples), spec_type),
+            range(servers)))
     rows = sorted((r for part, _ in parts for r in part), key=lambda r: r.pop("_k"))
     per_pos = [sum(v) for v in zip(*(pp for _, pp in parts))] if parts[0][1] else []
     return rows, per_pos
 
 
-def run_server(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, total=None):
+def run_server(ldir, gguf, draft, samples, max_new, n_draft, threads, log_path, total=None,
+               spec_type="draft-dflash"):
     """samples: (k, sample) pairs, through one server; rows keep k as "_k" when total is set."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start(server_cmd(ldir, gguf, port, threads, draft=draft, n_draft=n_draft), log_path)
+    proc = start(server_cmd(ldir, gguf, port, threads, draft=draft, n_draft=n_draft,
+                            spec_type=spec_type), log_path)
     rows = []
     try:
         wait_ready(base, proc)
@@ -249,14 +258,21 @@ def main():
         name, _, draft = spec.partition("=")
         print(f"llama.cpp {name}: " + (f"--model-draft {draft}" if draft else "target alone"), flush=True)
         log = os.path.splitext(a.out)[0] + f"-{name}.log"
+        # A configuration named dspark* is a DSpark drafter: --spec-type draft-dspark and a
+        # draft at every slot of its anchor-first block (llama.cpp clamps --spec-draft-n-max
+        # to the GGUF's block size).
+        dspark = name.startswith("dspark")
         rows, per_pos = run_config(ldir, a.target_gguf, draft or None, samples, a.max_new,
-                                   a.block_size - 1, a.threads, log, a.servers)
+                                   a.block_size - (0 if dspark else 1), a.threads, log, a.servers,
+                                   "draft-dspark" if dspark else "draft-dflash")
         s = summarize(rows, per_pos, plain)
         if not draft and plain is None:
             plain = rows
             with open(os.path.splitext(a.out)[0] + "-plain-tokens.json", "w") as f:
                 json.dump({r["id"]: r["tokens"] for r in rows}, f)
-        res["configs"][name] = dict(s, draft=draft or None)
+        res["configs"][name] = dict(s, draft=draft or None,
+                                    spec_type=("draft-dspark" if dspark else "draft-dflash")
+                                    if draft else None)
         per_prompt[name] = rows
         print(f"  {name}: {s['tokens']} tokens at {s['decode_tok_s']} tok/s" +
               (f"; accepted {s['accepted']}/{s['drafted']} = {s['acceptance']:.4f}, "

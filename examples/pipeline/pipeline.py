@@ -423,15 +423,17 @@ def check(summary, out):
           f"live tau {s['live']['tau']:.3f} vs walk {ag['walk']:.3f} (z {ag['z']})")
 
 
-def same_ids(libdflash, data_dir, hidden_dir, target_ids=False):
+def same_ids(libdflash, data_dir, hidden_dir, target_ids=False, final=False):
     """A finished dump of exactly this dataset is there (re-runs skip it), with the
-    target's greedy tokens when `target_ids`."""
+    target's greedy tokens when `target_ids` and its final state when `final`."""
     if not os.path.exists(os.path.join(hidden_dir, "hidden.safetensors.index.json")):
         return False
     with libdflash.Dataset(data_dir) as ds, libdflash.HiddenStore(hidden_dir) as hs:
         want = {sid: len(ids) for sid, ids, _ in ds}
         have = hs.ids()
         if target_ids and hs.has_target_ids() != "stored":
+            return False
+        if final and not hs.final_state:
             return False
         return set(have) == set(want) and all(hs.length(i) == want[i] for i in have)
 
@@ -550,20 +552,20 @@ def eval_checkpoint(dflash_cli, ckpt, target_dir, out, p):
     return json.loads(r.stdout)
 
 
-def dflash2_start(dflash_cli, out, target_dir, cfg, p, resume=False):
-    """Stage 5b: start training the DFlash 2 drafter (out/drafter2) beside
-    stage 5's DFlash 1 run, with the same data and settings."""
-    cfg_path = os.path.join(out, "drafter2.json")
+def side_start(dflash_cli, out, target_dir, name, cfg, p, weighting):
+    """Stages 5b/5c: start training a comparison drafter (config `cfg`, into out/NAME)
+    beside stage 5's DFlash 1 run, with the same data and settings."""
+    cfg_path = os.path.join(out, name + ".json")
     with open(cfg_path, "w") as f:
-        json.dump(dflash2_config(cfg), f, indent=2)
-    ckpt = os.path.join(out, "drafter2")
+        json.dump(cfg, f, indent=2)
+    ckpt = os.path.join(out, name)
     cmd = [dflash_cli, "train", "--config", cfg_path, "--target", target_dir,
            "--data", os.path.join(out, "data", "train"),
            "--hidden", os.path.join(out, "hidden", "train"), "-o", ckpt,
            "--epochs", p["epochs"], "--anchors", p["anchors"], "--lr", p["lr"],
-           "--warmup-ratio", "0.05", "--weighting", p["weighting"], "--optimizer", p["optimizer"],
+           "--warmup-ratio", "0.05", "--weighting", weighting, "--optimizer", p["optimizer"],
            "--weight-decay", p["weight_decay"], "--seed", 0, "--threads", p["threads"],
-           "--resume" if resume else "--overwrite", "--quiet"]
+           "--overwrite", "--quiet"]
     print("$ " + " ".join(shlex.quote(str(c)) for c in cmd) + " &", flush=True)
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -571,21 +573,110 @@ def dflash2_start(dflash_cli, out, target_dir, cfg, p, resume=False):
     return {"proc": proc, "checkpoint": ckpt}
 
 
+def side_finish(job, ckpt, what, dflash_cli, out, target_dir, p):
+    """Wait for a comparison drafter's run (job None: it finished before), then evaluate
+    it as stage 6 does: (its last metrics row, its `dflash eval --json`)."""
+    if job:
+        job["proc"].communicate()
+        CHILDREN.discard(job["proc"])
+        if job["proc"].returncode:
+            raise SystemExit(f"{what} training failed ({job['proc'].returncode})")
+    with open(os.path.join(ckpt, "metrics.jsonl")) as f:
+        res = json.loads(f.read().strip().splitlines()[-1])  # the last step's
+    return res, eval_checkpoint(dflash_cli, ckpt, target_dir, out, p)
+
+
+def dflash2_start(dflash_cli, out, target_dir, cfg, p):
+    return side_start(dflash_cli, out, target_dir, "drafter2", dflash2_config(cfg), p,
+                      p["weighting"])
+
+
 def dflash2_finish(job, dflash_cli, out, target_dir, p):
     """Wait for the DFlash 2 run, then evaluate it as stage 6 does."""
-    job["proc"].communicate()
-    CHILDREN.discard(job["proc"])
-    if job["proc"].returncode:
-        raise SystemExit(f"DFlash 2 training failed ({job['proc'].returncode})")
-    with open(os.path.join(job["checkpoint"], "metrics.jsonl")) as f:
-        res = json.loads(f.read().strip().splitlines()[-1])  # the last step's
+    ckpt = os.path.join(out, "drafter2")
+    res, e = side_finish(job, ckpt, "DFlash 2", dflash_cli, out, target_dir, p)
     train_s = round(res["elapsed_s"], 1)
-    e = eval_checkpoint(dflash_cli, job["checkpoint"], target_dir, out, p)
     print(f"DFlash 2: walk tau {e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} "
           f"steps); every position {e['position_tau']:.4f} +- {e['position_tau_se']:.4f}; "
           f"trained in {train_s} s (wall, beside DFlash 1)")
-    return {"config": DFLASH2, "checkpoint": job["checkpoint"], "train_s": train_s,
+    return {"config": DFLASH2, "checkpoint": ckpt, "train_s": train_s,
             "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
+
+
+# --arch dspark / all: a DSpark drafter (spec/dspark.md: DFlash's backbone, a Markov head on
+# the previous token, a confidence head; 0.1 CE + 0.9 L1 + 1.0 BCE against the target's final
+# state, which the hidden stores then carry) on the same samples, epochs, anchors, lr and
+# seed as the DFlash 1 drafter. Its loss weighs block positions itself (gamma 4 prefix
+# weights), so it trains with --weighting decay whatever the main recipe's weighting.
+DSPARK = dict(markov_rank=256, markov_head_type="vanilla", enable_confidence_head=True,
+              confidence_head_with_markov=True, sample_from_anchor=True)
+
+
+def dspark_config(cfg):
+    """The DFlash 1 config as a DSpark one (spec/dspark.md section 5's keys, top level
+    and in dflash_config)."""
+    c = json.loads(json.dumps(cfg))
+    c["architectures"] = ["Qwen3DSparkModel"]
+    c.update(DSPARK, tie_word_embeddings=False)
+    c["dflash_config"].update(DSPARK)
+    return c
+
+
+def dspark_start(dflash_cli, out, target_dir, cfg, p):
+    return side_start(dflash_cli, out, target_dir, "drafter_dspark", dspark_config(cfg), p,
+                      "decay")
+
+
+def dspark_finish(job, dflash_cli, out, target_dir, p):
+    """Wait for the DSpark run, then evaluate it."""
+    ckpt = os.path.join(out, "drafter_dspark")
+    res, e = side_finish(job, ckpt, "DSpark", dflash_cli, out, target_dir, p)
+    prob = e.get("probabilistic_tau")
+    print(f"DSpark: walk tau {e['walk_tau']:.4f} +- {e['walk_tau_se']:.4f} ({e['steps']} steps)"
+          + (f"; probabilistic tau {prob:.4f}" if prob is not None else "")
+          + (f"; confidence ECE {e['confidence_ece']:.4f}" if e.get("confidence_ece") is not None
+             else ""), flush=True)
+    return {"config": DSPARK, "checkpoint": ckpt, "train_s": round(res["elapsed_s"], 1),
+            "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
+
+
+def dspark_compare(s):
+    """summary.json's dspark.vs_dflash1: the walk (unpaired, the two SEs combined) and
+    llama.cpp's tokens per verification step, paired over the same prompts."""
+    e1, e3 = s["eval_trained"], s["dspark"]["eval_trained"]
+    res = {"walk_tau": {"dflash1": round(e1["walk_tau"], 4), "dflash1_se": round(e1["walk_tau_se"], 4),
+                        "dspark": round(e3["walk_tau"], 4), "dspark_se": round(e3["walk_tau_se"], 4),
+                        "diff": round(e3["walk_tau"] - e1["walk_tau"], 4),
+                        "combined_se": round(math.hypot(e1["walk_tau_se"], e3["walk_tau_se"]), 4)}}
+    lc = s.get("llama_cpp", {})
+    if "dspark" in lc and "trained" in lc:
+        rows = s["llama_spec_per_prompt"]
+        pair = {k: {"tokens": [r["accepted"] + r["steps"] for r in rows[k]],
+                    "steps": [r["steps"] for r in rows[k]]} for k in ("dspark", "trained")}
+        res["llama_cpp"] = {k: {kk: lc[k].get(kk) for kk in (
+            "prompts", "accepted", "drafted", "steps", "tokens_per_step", "tokens_per_step_se",
+            "decode_tok_s", "same_as_plain")} for k in ("trained", "dspark")}
+        res["llama_cpp"]["dspark_minus_dflash1"] = stats.agreement(
+            "dspark", pair["dspark"], "dflash1", pair["trained"])
+        res["llama_cpp"]["dspark_vs_walk"] = llama_vs_eval(lc["dspark"], e3)
+    return res
+
+
+def dspark_line(s):
+    c = s["dspark"]["vs_dflash1"]
+    w = c["walk_tau"]
+    txt = (f"\nDSpark vs DFlash 1 (same samples, epochs, anchors, lr, seed): walk tau DFlash 1 "
+           f"{w['dflash1']:.4f} +- {w['dflash1_se']:.4f}, DSpark {w['dspark']:.4f} +- "
+           f"{w['dspark_se']:.4f} (diff {w['diff']:+.4f} +- {w['combined_se']:.4f})")
+    lc = c.get("llama_cpp")
+    if lc:
+        t1, t3, d = lc["trained"], lc["dspark"], lc["dspark_minus_dflash1"]
+        txt += (f"; llama.cpp ({t1['prompts']} prompts) tokens per verification step DFlash 1 "
+                f"{t1['tokens_per_step']:.4f} +- {t1['tokens_per_step_se']:.4f}, DSpark "
+                f"{t3['tokens_per_step']:.4f} +- {t3['tokens_per_step_se']:.4f} (DSpark - DFlash 1 "
+                f"{d['diff']:+.4f} +- {d['diff_se']:.4f}, paired); same tokens as plain "
+                f"{t1['same_as_plain']} / {t3['same_as_plain']}")
+    return txt
 
 
 def to_gguf(ldir, ckpt, target_dir, gguf):
@@ -658,13 +749,13 @@ def peers_line(peers):
             for k, r in peers["drafters"].items() if "tau" in r)
 
 
-def llama_drafters(gg, dflash2, untrained=True):
+def llama_drafters(gg, dflash2, untrained=True, dspark=False):
     """llama_spec.py's drafter configs: the untrained drafter (the baseline, unless
     `untrained` is false: --labels both compares two trained drafters), the DFlash 1
     drafter and, with --arch both, the DFlash 2 one (a fresh DFlash 2 drafter is the
     fresh DFlash 1 drafter, so the untrained run stands for both)."""
     names = [("untrained", "untrained")] * untrained + [("trained", "drafter")] + \
-        [("trained2", "drafter2")] * bool(dflash2)
+        [("trained2", "drafter2")] * bool(dflash2) + [("dspark", "drafter_dspark")] * bool(dspark)
     return [x for k, f in names for x in ("--config", f"{k}=" + os.path.join(gg, f + ".gguf"))]
 
 
@@ -907,9 +998,12 @@ def main():
                          "epoch) instead of a re-prefill per epoch")
     ap.add_argument("--stop-after", choices=["fetch", "hidden", "train"], default=None,
                     help="stop after this stage (a re-run goes on from there)")
-    ap.add_argument("--arch", choices=["dflash", "both"], default="dflash",
+    ap.add_argument("--arch", choices=["dflash", "both", "dspark", "all"], default="dflash",
                     help="both: also train a DFlash 2 drafter on the same data and epochs and "
-                         "compare the two (walk tau, llama.cpp), stage 5b")
+                         "compare the two (walk tau, llama.cpp), stage 5b; dspark: a DSpark "
+                         "drafter likewise (stage 5c; the hidden stores then carry the target's "
+                         "final state), decoded in llama.cpp with --spec-type draft-dspark; "
+                         "all: both of them")
     ap.add_argument("--llama-prompts", type=int, default=0,
                     help="stage 7 on the first N held-out prompts only (0: all)")
     ap.add_argument("--peers", action="store_true",
@@ -944,16 +1038,17 @@ def main():
     # to it, so a re-run with other settings redoes that stage and the ones after it.
     settings = dict(p, fetch_temperature=a.fetch_temperature, server=a.server,
                     servers=a.servers, parallel=a.parallel, labels=a.labels, arch=a.arch,
+                    final_state=a.arch in ("dspark", "all"),
                     llama_prompts=a.llama_prompts, llama_threads=a.llama_threads)
     order = [("export", []), ("fetch", ["n_prompts", "held_out_every", "max_tokens",
                                         "fetch_temperature", "server", "servers", "parallel"]),
-             ("tokenize", []), ("hidden", ["layers", "labels"]),
+             ("tokenize", []), ("hidden", ["layers", "labels", "final_state"]),
              ("train", ["epochs", "anchors", "lr", "weighting", "optimizer", "weight_decay",
                         "block", "threads", "arch"]),
              ("eval", []), ("llama_base", ["llama_prompts", "llama_threads", "llama_untrained"]),
              ("llama_cpp", []), ("live", ["live_prompts"])]
     # (export is left out: it writes the same files every time, and runs every time)
-    st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2"]
+    st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2", "dspark"]
                 + [n for n, _ in order][5:])
 
     def key(name):
@@ -1089,13 +1184,14 @@ def main():
         for k in ("train", "heldout"):
             tids = k == "train" and a.labels != "data"  # the labels of --labels target
             if same_ids(libdflash, os.path.join(out, "data", k), os.path.join(out, "hidden", k),
-                        tids):
+                        tids, settings["final_state"]):
                 print(f"{k}: hidden states of every sample already in out/hidden/{k}")
                 continue
             shutil.rmtree(os.path.join(out, "hidden", k), ignore_errors=True)
             jobs.append(Job([sys.executable, os.path.join(HERE, "dump_hidden.py"), "--data",
                              os.path.join(out, "data", k), "--out", os.path.join(out, "hidden", k),
-                             "--layers", p["layers"]] + (["--target-ids"] if tids else [])))
+                             "--layers", p["layers"]] + (["--target-ids"] if tids else [])
+                            + (["--final-state"] if settings["final_state"] else [])))
         cpu = sum(j.wait()[1] for j in jobs)
         st.end("hidden", key("hidden"), jobs_cpu=cpu)
         save()
@@ -1103,10 +1199,14 @@ def main():
         save()
         return
 
-    if a.arch == "both":
+    if a.arch in ("both", "all"):
         log(f"5b. train a DFlash 2 drafter {DFLASH2} beside it: the same data and settings")
         df2_job = None if st.done("dflash2", key("train")) else \
             dflash2_start(dflash_cli, out, target_dir, cfg, p)
+    sp_job = None
+    if a.arch in ("dspark", "all") and not st.done("dspark", key("train")):
+        log(f"5c. train a DSpark drafter {DSPARK} beside it: the same data and settings")
+        sp_job = dspark_start(dflash_cli, out, target_dir, cfg, p)
 
     def train(d, labels, name):
         # --resume continues an interrupted run of the same settings (dflash train saves its
@@ -1156,11 +1256,17 @@ def main():
         st.end("eval", key("eval"), [f"eval_{n}" for n, _ in evals])
         save()
 
-    if a.arch == "both" and not st.done("dflash2", key("train")):
+    if a.arch in ("both", "all") and not st.done("dflash2", key("train")):
         st.begin("dflash2")
         log("5b. evaluate the DFlash 2 drafter (waits for its training)")
         summary["dflash2"] = dflash2_finish(df2_job, dflash_cli, out, target_dir, p)
         st.end("dflash2", key("train"), ["dflash2"])
+        save()
+    if a.arch in ("dspark", "all") and not st.done("dspark", key("train")):
+        st.begin("dspark")
+        log("5c. evaluate the DSpark drafter (waits for its training)")
+        summary["dspark"] = dspark_finish(sp_job, dflash_cli, out, target_dir, p)
+        st.end("dspark", key("train"), ["dspark"])
         save()
 
     if a.spool:
@@ -1204,6 +1310,8 @@ def main():
             convs.append(("drafter_target", ckpt_t))
         if "dflash2" in summary:
             convs.append(("drafter2", summary["dflash2"]["checkpoint"]))
+        if "dspark" in summary:
+            convs.append(("drafter_dspark", summary["dspark"]["checkpoint"]))
         for name, d in convs:
             to_gguf(ldir, d, target_dir, os.path.join(gg, f"{name}.gguf"))
         base = a.labels != "both"  # --labels both: the two trained drafters only (time)
@@ -1211,7 +1319,7 @@ def main():
         run(llama_spec_cmd(ldir, t.path, heldout_data, p["max_tokens"], p["block"],
                            a.llama_threads, a.llama_prompts) + ["--servers", servers]
             + (["--plain-ref", base_json] if base else [])
-            + llama_drafters(gg, "dflash2" in summary, untrained=False)
+            + llama_drafters(gg, "dflash2" in summary, untrained=False, dspark="dspark" in summary)
             + (["--config", "target_labels=" + os.path.join(gg, "drafter_target.gguf")]
                if a.labels == "both" else []) + ["-o", spec_json])
         with open(spec_json) as f:
@@ -1223,11 +1331,17 @@ def main():
             spec["per_prompt"] = dict(b["per_prompt"], **spec["per_prompt"])
         summary["llama_cpp"] = llama_summary(spec, "dflash2" in summary, a.labels == "both")
         summary["llama_spec_per_prompt_trained"] = spec["per_prompt"]["trained"]
-        st.end("llama_cpp", key("llama_cpp"), ["llama_cpp", "llama_spec_per_prompt_trained"])
+        if "dspark" in spec["per_prompt"]:
+            summary["llama_spec_per_prompt"] = {k: spec["per_prompt"][k] for k in ("trained", "dspark")}
+        st.end("llama_cpp", key("llama_cpp"), ["llama_cpp", "llama_spec_per_prompt_trained",
+                                                "llama_spec_per_prompt"])
         print(llama_line(summary["llama_cpp"]), flush=True)
     if "dflash2" in summary:
         summary["dflash2"]["vs_dflash1"] = dflash2_compare(summary)
         print(compare_line(summary), flush=True)
+    if "dspark" in summary:
+        summary["dspark"]["vs_dflash1"] = dspark_compare(summary)
+        print(dspark_line(summary), flush=True)
     save()
     if a.labels == "both":
         summary["labels"] = labels_summary(summary, a.fetch_temperature)

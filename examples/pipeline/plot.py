@@ -36,7 +36,8 @@ def tau_bars(s):
     """The tau panel's bars: (label, tau, SE, colour), in order."""
     u, t, lv = s["eval_untrained"], s["eval_trained"], s.get("live")
     two = "dflash2" in s
-    tr = "DFlash 1" if two else "trained"
+    sp = s.get("dspark", {}).get("eval_trained")
+    tr = "DFlash 1" if two or sp else "trained"
     bars = [("untrained\nuniform", u["position_tau"], u["position_tau_se"], "#999"),
             (f"{tr}\nuniform", t["position_tau"], t["position_tau_se"], "#1f77b4")]
     if two:
@@ -46,11 +47,13 @@ def tau_bars(s):
              (f"{tr}\nwalk", t["walk_tau"], t["walk_tau_se"], "#ff7f0e")]
     if two:
         bars.append(("DFlash 2\nwalk", e2["walk_tau"], e2["walk_tau_se"], "#9467bd"))
+    if sp:
+        bars.append(("DSpark\nwalk", sp["walk_tau"], sp["walk_tau_se"], "#e377c2"))
     if lv:  # pipeline.py --skip-live leaves it out
         bars.append((f"{tr}\nPyTorch\nlive", lv["tau"], lv["tau_se"], "#2ca02c"))
     lc = s.get("llama_cpp") or {}
     for name, label, c in (("untrained", "untrained", "#ccc"), ("trained", tr, "#d62728"),
-                           ("trained2", "DFlash 2", "#8c564b")):
+                           ("trained2", "DFlash 2", "#8c564b"), ("dspark", "DSpark", "#bcbd22")):
         if name in lc and "tokens_per_step" in lc[name]:
             bars.append((f"{label}\nllama.cpp", lc[name]["tokens_per_step"],
                          lc[name]["tokens_per_step_se"], c))
@@ -62,7 +65,7 @@ def speed_bars(s):
     lc, two = s["llama_cpp"], "dflash2" in s
     label = {"plain": ("target alone", "#999"), "untrained": ("untrained\ndrafter", "#ccc"),
              "trained": ("DFlash 1\ntrained" if two else "trained\ndrafter", "#d62728"),
-             "trained2": ("DFlash 2\ntrained", "#8c564b")}
+             "trained2": ("DFlash 2\ntrained", "#8c564b"), "dspark": ("DSpark\ntrained", "#bcbd22")}
     out = []
     for k, (name, c) in label.items():
         if k not in lc:
@@ -164,6 +167,9 @@ def figure(rows, s, rows2=None):
     if two:
         acc = s["dflash2"]["eval_trained"]["position_accuracy"]
         ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label="DFlash 2")
+    if "dspark" in s:  # its block's slot k drafts position k + 1, as DFlash's position k + 1
+        acc = s["dspark"]["eval_trained"]["position_accuracy"]
+        ax[2].plot(range(1, len(acc) + 1), acc, marker="o", label="DSpark")
     ax[2].set(xlabel="block position", ylabel="greedy accuracy", title="per-position accuracy",
               ylim=(0, 1))
     ax[2].legend()

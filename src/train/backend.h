@@ -58,8 +58,7 @@ double df_muon_lr_scale(int32_t adjust, int64_t rows, int64_t cols);
 /* One Muon update of matrix p [rows, cols] from its (clipped) gradient, its momentum buffer
  * `buf` updated in place (optim_muon.c). Fails only for memory. */
 DF_MUST_CHECK dflash_status df_muon_update(df_pool *pool, float *p, const float *grad, float *buf,
-                                           int64_t rows,
-                                           int64_t cols, const df_adam *a);
+                                           int64_t rows, int64_t cols, const df_adam *a);
 
 /* AdamW's per-step float constants, shared by every backend so they agree. */
 typedef struct df_adam_consts {

@@ -637,7 +637,8 @@ static void model_backward(df_model *m, const float *hidden, const int32_t *anch
   for (int l = m->L - 1; l >= 0; l--) layer_backward(m, l, anchors, NULL);
   df_rmsnorm_backward(m->pool, a->dctx_tmp, m->g.hidden_norm, a->dctx, a->ctx_pre, m->w.hidden_norm,
                       a->ctx_rstd, m->Sc, m->H, false);
-  df_matmul_backward(m->pool, NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH, false);
+  df_matmul_backward(m->pool, NULL, m->g.fc, a->dctx_tmp, hidden, m->w.fc, m->Sc, m->H, m->KH,
+                     false);
 }
 
 /* ---- entry points --------------------------------------------------------- */
@@ -746,8 +747,8 @@ static dflash_status block_ce(df_model *m, bool backward, double *w, double grad
   if (m->adaptive) adaptive_weights(m, w);
   for (int r = 0; r < m->R; r++) a->coef[r] = (float)(w[r] * grad_scale);
   if (backward)
-    df_lmhead_ce_finish(m->pool, NULL, a->rows_dx, m->lm_head, a->rows_target, a->coef, m->R,
-                        m->H, m->vocab_chunk, a->work);
+    df_lmhead_ce_finish(m->pool, NULL, a->rows_dx, m->lm_head, a->rows_target, a->coef, m->R, m->H,
+                        m->vocab_chunk, a->work);
   return DFLASH_OK;
 }
 

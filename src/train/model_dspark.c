@@ -193,40 +193,53 @@ static dflash_status dspark_prob_tau(df_model *m, const int32_t *ids, int64_t le
 dflash_status df_model_dspark_chain(df_model *m, const int32_t *ids, int64_t len,
                                     const float *final, const int32_t *anchors, int32_t n_anchors,
                                     int32_t *pred, float *conf, double *ptau) {
+  /* Slot k of every anchor of a group in one product with W2 [V_d, r]: the chain is
+   * sequential in k only, and one pass over W2 (50 MB at V 49,152, r 256) per group and slot
+   * rather than per anchor and slot is what makes the walk's many blocks affordable. */
+  enum { GROUP = 16 };
   int B = m->B, V = m->Vd, r = m->ext.markov_rank, H = m->H;
   bool want_conf = conf && m->ext.confidence_head && m->w.conf_w;
   bool want_tau = ptau && final;
+  int G = n_anchors < GROUP ? (n_anchors > 0 ? n_anchors : 1) : GROUP;
   /* the backbone's logits of every block (they do not depend on the previous token) */
-  size_t nb = want_tau ? (size_t)n_anchors : 1;
-  float *zb = malloc(sizeof(float) * nb * (size_t)B * V), *z = malloc(sizeof(float) * (size_t)V);
-  if (!zb || !z) {
-    free(zb), free(z);
+  size_t nb = want_tau ? (size_t)n_anchors : (size_t)G;
+  float *zb = malloc(sizeof(float) * (nb ? nb : 1) * (size_t)B * V);
+  float *z = malloc(sizeof(float) * (size_t)G * V), *e = malloc(sizeof(float) * (size_t)G * r);
+  int32_t *prev = malloc(sizeof(int32_t) * (size_t)G);
+  if (!zb || !z || !e || !prev) {
+    free(zb), free(z), free(e), free(prev);
     return df_error_nomem("DSpark draft logits");
   }
   dflash_status st = DFLASH_OK;
-  for (int32_t n = 0; n < n_anchors; n++) {
-    const float *hf = m->a.hf + (size_t)n * B * H;
-    float *zn = zb + (want_tau ? (size_t)n * B * V : 0);
-    df_matmul_forward(m->pool, zn, hf, m->lm_head, B, V, H, false);
-    int32_t prev = ids[anchors[n]];
+  for (int32_t g0 = 0; g0 < n_anchors; g0 += G) {
+    int gn = n_anchors - g0 < G ? n_anchors - g0 : G;
+    const float *hf = m->a.hf + (size_t)g0 * B * H;
+    float *zg = zb + (want_tau ? (size_t)g0 * B * V : 0);
+    df_matmul_forward(m->pool, zg, hf, m->lm_head, gn * B, V, H, false);
+    for (int i = 0; i < gn; i++) prev[i] = ids[anchors[g0 + i]];
     for (int k = 0; k < B; k++) {
-      const float *e = m->w.markov_w1 + (size_t)prev * r;
-      if (want_conf) {
-        const float *x = hf + (size_t)k * H, *cw = m->w.conf_w;
-        double s = m->w.conf_b[0];
-        for (int j = 0; j < H; j++) s += (double)cw[j] * x[j];
-        for (int j = 0; j < r; j++) s += (double)cw[H + j] * e[j];
-        conf[(size_t)n * B + k] = (float)(1.0 / (1.0 + exp(-s)));
+      for (int i = 0; i < gn; i++) {
+        const float *ei = m->w.markov_w1 + (size_t)prev[i] * r;
+        memcpy(e + (size_t)i * r, ei, sizeof(float) * r);
+        memcpy(z + (size_t)i * V, zg + ((size_t)i * B + k) * V, sizeof(float) * (size_t)V);
+        if (want_conf) {
+          const float *x = hf + ((size_t)i * B + k) * H, *cw = m->w.conf_w;
+          double s = m->w.conf_b[0];
+          for (int j = 0; j < H; j++) s += (double)cw[j] * x[j];
+          for (int j = 0; j < r; j++) s += (double)cw[H + j] * ei[j];
+          conf[(size_t)(g0 + i) * B + k] = (float)(1.0 / (1.0 + exp(-s)));
+        }
       }
-      memcpy(z, zn + (size_t)k * V, sizeof(float) * (size_t)V);
-      df_matmul_forward(m->pool, z, e, m->w.markov_w2, 1, V, r, true);
+      df_matmul_forward(m->pool, z, e, m->w.markov_w2, gn, V, r, true);
       /* picked in the draft vocabulary, mapped to a target id (i + d2t[i]) for the next
        * Markov step and the output */
-      int32_t i = df2_argmax(z, V);
-      prev = pred[(size_t)n * B + k] = m->kept ? m->kept[i] : i;
+      for (int i = 0; i < gn; i++) {
+        int32_t d = df2_argmax(z + (size_t)i * V, V);
+        prev[i] = pred[(size_t)(g0 + i) * B + k] = m->kept ? m->kept[d] : d;
+      }
     }
   }
   if (want_tau) st = dspark_prob_tau(m, ids, len, final, anchors, n_anchors, zb, ptau);
-  free(zb), free(z);
+  free(zb), free(z), free(e), free(prev);
   return st;
 }

@@ -78,21 +78,33 @@ void df_sgemm(df_pool *pool, bool ta, bool tb, int M, int N, int K, float alpha,
               int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   int parts = df_pool_size(pool);
   if (parts <= 1 || (double)M * N * K < GEMM_SPLIT_MIN) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   /* Each part is a whole block of C's rows or columns, so every element of C is
    * one call's, summed over K in that call's order: the same bits for any split. */
-  gemm_ctx g = {.ta = ta, .tb = tb, .split_m = M > N, .M = M, .N = N, .K = K, .parts = parts,
-                .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .lda = lda, .ldb = ldb,
+  gemm_ctx g = {.ta = ta,
+                .tb = tb,
+                .split_m = M > N,
+                .M = M,
+                .N = N,
+                .K = K,
+                .parts = parts,
+                .alpha = alpha,
+                .beta = beta,
+                .A = A,
+                .B = B,
+                .C = C,
+                .lda = lda,
+                .ldb = ldb,
                 .ldc = ldc};
   g.align = g.split_m ? 8 : 16;
   df_pool_for(pool, (size_t)parts, 1, gemm_parts, &g);
 }
 
-void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N,
-                       int K, bool accumulate) {
+void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N, int K,
+                       bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     if (!accumulate) memset(y, 0, sizeof(float) * (size_t)M * (size_t)N);
@@ -104,7 +116,8 @@ void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, 
 void df_matmul_backward(df_pool *pool, float *dx, float *dw, const float *dy, const float *x,
                         const float *w, int M, int N, int K, bool accumulate_dx) {
   if (M <= 0 || N <= 0 || K <= 0) return;
-  if (dx) df_sgemm(pool, false, false, M, K, N, 1.0f, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
+  if (dx)
+    df_sgemm(pool, false, false, M, K, N, 1.0f, dy, N, w, K, accumulate_dx ? 1.0f : 0.0f, dx, K);
   if (dw) df_sgemm(pool, true, false, N, K, M, 1.0f, dy, N, x, K, 1.0f, dw, K);
 }
 
@@ -681,8 +694,14 @@ void df_lmhead_ce_topk(df_pool *pool, double *loss, float *dx, const float *x, c
 static ce_ctx ce_state(float *scratch, const int32_t *target, int R, int H, int chunk, bool grad) {
   double *sum = (double *)scratch, *tl = sum + R; /* scratch is malloc-aligned */
   float *mx = (float *)(tl + R), *logits = mx + R, *acc = logits + (size_t)R * chunk;
-  return (ce_ctx){.logits = logits, .acc = acc, .mx = mx, .sum = sum, .tl = tl,
-                  .target = target, .H = H, .grad = grad};
+  return (ce_ctx){.logits = logits,
+                  .acc = acc,
+                  .mx = mx,
+                  .sum = sum,
+                  .tl = tl,
+                  .target = target,
+                  .H = H,
+                  .grad = grad};
 }
 
 void df_lmhead_ce_pass(df_pool *pool, bool grad, const float *x, const float *E,
@@ -700,8 +719,7 @@ void df_lmhead_ce_pass(df_pool *pool, bool grad, const float *x, const float *E,
     const float *Ec = E + (size_t)v0 * H;
     df_sgemm(pool, false, true, R, c.c, H, 1.0f, x, H, Ec, H, 0.0f, c.logits, c.c);
     df_pool_for(pool, (size_t)R, 16, ce_chunk_rows, &c);
-    if (grad)
-      df_sgemm(pool, false, false, R, H, c.c, 1.0f, c.logits, c.c, Ec, H, 1.0f, c.acc, H);
+    if (grad) df_sgemm(pool, false, false, R, H, c.c, 1.0f, c.logits, c.c, Ec, H, 1.0f, c.acc, H);
   }
 }
 

@@ -21,8 +21,8 @@
 void df_sgemm(df_pool *pool, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
               int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* y[M,N] = x[M,K] w[N,K]^T (+ y when accumulate). */
-void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N,
-                       int K, bool accumulate);
+void df_matmul_forward(df_pool *pool, float *y, const float *x, const float *w, int M, int N, int K,
+                       bool accumulate);
 /* dx[M,K] (+)= dy[M,N] w[N,K] (dx may be NULL); dw[N,K] += dy^T x (dw may be NULL). */
 void df_matmul_backward(df_pool *pool, float *dx, float *dw, const float *dy, const float *x,
                         const float *w, int M, int N, int K, bool accumulate_dx);

@@ -54,8 +54,8 @@ static double adjusted_lr(const df_adam *a, int64_t rows, int64_t cols) {
   return a->lr * df_muon_lr_scale(a->muon_adjust_lr, rows, cols);
 }
 
-dflash_status df_muon_update(df_pool *pool, float *p, const float *grad, float *buf, int64_t rows, int64_t cols,
-                             const df_adam *a) {
+dflash_status df_muon_update(df_pool *pool, float *p, const float *grad, float *buf, int64_t rows,
+                             int64_t cols, const df_adam *a) {
   int r = (int)(rows < cols ? rows : cols), c = (int)(rows < cols ? cols : rows);
   size_t n = (size_t)rows * (size_t)cols;
   float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);

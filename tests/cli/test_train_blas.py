@@ -69,7 +69,9 @@ def threads_1_is_one_core(root):
     wall, cpu, _ = train(root, root / "run", "--epochs", "2")
     ratio = cpu / wall
     print(f"--threads 1: {cpu:.2f} CPU-s in {wall:.2f} s wall: {ratio:.3f} CPU-s per wall-s")
-    assert ratio <= 1.05, f"--threads 1 used {ratio:.3f} CPU-s per wall-second"
+    # The sample stream's prefetch thread reads the next sample while a step runs (a few
+    # per cent of a core); OpenBLAS's own threads spinning beside the step showed 1.5-1.9.
+    assert ratio <= 1.25, f"--threads 1 used {ratio:.3f} CPU-s per wall-second"
 
 
 def generic_kernels_are_replaced(root):

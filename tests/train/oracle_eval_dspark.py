@@ -335,6 +335,13 @@ def run_case(name, cfg, seed, vd, with_final, cli, head_scale=0.7):
                             f"{got['prob_tau']}")
         if js["tokens_per_step_histogram"] != got["step_hist"].tolist():
             failures.append("dflash eval --json histogram")
+        # a pruned drafter's coverage: the share of the data's supervised tokens it keeps
+        with libdflash.Dataset(os.path.join(root, "data")) as ds:
+            sup = [int(x) for _, ids, mask in ds for x, m in zip(ids, mask) if m]
+        cov = None if kept is None else printed(np.isin(sup, kept).mean())
+        if (js["draft_vocab_coverage"], js["draft_vocab_size"]) != (cov, vd or None):
+            failures.append(f"dflash eval --json draft_vocab_coverage {js['draft_vocab_coverage']} "
+                            f"(size {js['draft_vocab_size']}) vs {cov} of {len(sup)} (size {vd})")
         if (js["drafter"], js["drafts_per_block"], len(js["accuracy"])) != ("dspark", R.B, R.B):
             failures.append(f"dflash eval --json drafter {js['drafter']} {js['drafts_per_block']}")
         # a DFlash drafter on the same data: its keys are the DSpark drafter's less DSpark's

@@ -89,8 +89,8 @@ static void matmul_case(df_pool *pool, int M, int N, int K, bool acc) {
  * pool they are cut into blocks of rows (M > N) or of columns, in tiles of 8 and 16
  * that do not divide them, in every transpose the forward and backward use. */
 START_TEST(vs_ref_matmul) {
-  static const int shapes[][3] = {{1, 1, 1},     {7, 13, 5},     {33, 65, 129}, {64, 1, 300},
-                                  {2, 97, 16},   {131, 71, 301}, {51, 333, 203}, {9, 1013, 257}};
+  static const int shapes[][3] = {{1, 1, 1},   {7, 13, 5},     {33, 65, 129},  {64, 1, 300},
+                                  {2, 97, 16}, {131, 71, 301}, {51, 333, 203}, {9, 1013, 257}};
   for (int p = 0; p < 2; p++)
     for (size_t i = 0; i < DF_ARRAY_LEN(shapes); i++)
       for (int acc = 0; acc < 2; acc++)
@@ -325,8 +325,9 @@ static void ce_case_run(df_pool *pool, const ce_case *c, bool grad) {
  * crosses the row grain 16; top_k 0, 1, a few, and V. The last case's products
  * are over df_sgemm's split threshold: on the pool, the logits and the gradient
  * GEMMs are cut into blocks of columns (the short last chunk is not). */
-static const ce_case CE_CASES[] = {{4, 10, 30, 7, 5},  {17, 33, 64, 64, 1}, {1, 8, 5, 100, 5},
-                                   {20, 16, 50, 1, 3}, {3, 12, 41, 16, 0},  {33, 24, 130, 32, 8},
+static const ce_case CE_CASES[] = {{4, 10, 30, 7, 5},      {17, 33, 64, 64, 1},
+                                   {1, 8, 5, 100, 5},      {20, 16, 50, 1, 3},
+                                   {3, 12, 41, 16, 0},     {33, 24, 130, 32, 8},
                                    {40, 130, 1100, 512, 4}};
 
 START_TEST(vs_ref_lmhead_ce) {

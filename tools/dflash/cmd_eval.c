@@ -1,4 +1,5 @@
 /* `dflash eval`: a thin caller of dflash_trainer_eval and dflash_trainer_eval_walk. */
+#include <dflash/dataset.h>
 #include <dflash/train.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -105,8 +106,32 @@ static void print_dspark(bool json, int B, const dflash_eval_walk *w) {
   printf("\nconfidence ECE %.4f\n", w->conf_ece);
 }
 
+/* A pruned drafter's kept ids against the evaluation data: the share of its supervised
+ * tokens the draft vocabulary holds, which no drafted token outside can be accepted for
+ * (acceptance cannot exceed it). -1 when the drafter is not pruned. */
+static dflash_status vocab_coverage(const dflash_trainer *t, const dflash_drafter_config *cfg,
+                                    const char *data, double *coverage) {
+  *coverage = -1;
+  if (cfg->draft_vocab_size <= 0 || cfg->draft_vocab_size >= cfg->vocab_size) return DFLASH_OK;
+  int32_t *kept = malloc(sizeof *kept * (size_t)cfg->draft_vocab_size), n = 0;
+  int64_t *counts = malloc(sizeof *counts * (size_t)cfg->vocab_size), total = 0;
+  dflash_dataset *ds = NULL;
+  dflash_status st = kept && counts ? DFLASH_OK : DFLASH_E_NOMEM;
+  if (!st) st = dflash_trainer_draft_vocab(t, kept, cfg->draft_vocab_size, &n);
+  if (!st) st = dflash_dataset_open(data, &ds);
+  if (!st) st = dflash_dataset_token_counts(ds, cfg->vocab_size, counts, &total);
+  if (!st) {
+    int64_t in = 0;
+    for (int32_t i = 0; i < n; i++) in += counts[kept[i]];
+    *coverage = total > 0 ? (double)in / (double)total : 0;
+  }
+  dflash_dataset_free(ds);
+  free(kept), free(counts);
+  return st;
+}
+
 static void print_eval(bool json, int B, bool dspark, double tau, const double *acc, int64_t blocks,
-                       const dflash_eval_walk *w, const char *ckpt) {
+                       const dflash_eval_walk *w, const char *ckpt, int32_t vd, double coverage) {
   const char *lab = w->labels == DFLASH_TRAIN_LABELS_TARGET ? "target" : "data";
   int nd = dspark ? B : B - 1; /* drafts a block */
   if (json) {
@@ -134,6 +159,9 @@ static void print_eval(bool json, int B, bool dspark, double tau, const double *
     if (w->candidate_recall >= 0) printf("%.6f", w->candidate_recall);
     else printf("null");
     if (dspark) print_dspark(true, B, w);
+    if (coverage >= 0)
+      printf(", \"draft_vocab_size\": %d, \"draft_vocab_coverage\": %.6f", vd, coverage);
+    else printf(", \"draft_vocab_size\": null, \"draft_vocab_coverage\": null");
     json_t *l = train_launch_json(ckpt);
     char *ls = l ? json_dumps(l, JSON_COMPACT) : NULL;
     printf(", \"launch\": %s}\n", ls ? ls : "null");
@@ -158,6 +186,10 @@ static void print_eval(bool json, int B, bool dspark, double tau, const double *
   if (w->candidate_recall >= 0) printf(", candidate recall (top-K) %.4f", w->candidate_recall);
   printf("\n");
   if (dspark) print_dspark(false, B, w);
+  if (coverage >= 0)
+    printf("draft vocabulary: %d tokens, holding %.4f of the data's supervised tokens (no "
+           "draft outside it can be accepted)\n",
+           vd, coverage);
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -222,7 +254,11 @@ int cmd_eval(int argc, char **argv) {
   if (!st) st = dflash_trainer_load(t, ckpt);
   if (!st) st = dflash_trainer_eval(t, data, hidden, &ev);
   if (!st) st = dflash_trainer_eval_walk(t, data, hidden, &w);
-  if (!st) print_eval(json, cfg.block_size, cfg.dspark != 0, ev.tau, acc, ev.n_blocks, &w, ckpt);
+  double coverage = -1;
+  if (!st) st = vocab_coverage(t, &cfg, data, &coverage);
+  if (!st)
+    print_eval(json, cfg.block_size, cfg.dspark != 0, ev.tau, acc, ev.n_blocks, &w, ckpt,
+               cfg.draft_vocab_size, coverage);
   dflash_trainer_free(t);
   free(e), free(h), free(acc), free(w.accuracy), free(w.step_hist);
   free(w.conf_predicted), free(w.conf_observed), free(w.conf_count);

@@ -271,17 +271,25 @@ def test_yarn_factor_1_with_another_scale_is_refused(tmp_path):
 # `dflash eval --json` (test_train_cli.py, test_eval_walk.py check the CLI prints these)
 
 
-def launch(ckpt, block, dtype):
+def launch(ckpt, block, dtype, dspark=False, pruned=False):
     """vLLM: the method (else guessed from the folder name) and num_speculative_tokens =
     block_size - 1 (vLLM never reads block_size; DFlash 2's convolutions are built with
     1 + num_speculative_tokens). SGLang: DFLASH, the draft path, the block as draft tokens,
-    and --dtype bfloat16 for a float32 checkpoint (--dtype auto would build it in float16)."""
-    return {"vllm": "--speculative-config '" + json.dumps(
-                {"method": "dflash", "model": str(ckpt), "num_speculative_tokens": block - 1})
-                    + "'",
-            "sglang": f"--speculative-algorithm DFLASH --speculative-draft-model-path {ckpt} "
-                      f"--speculative-num-draft-tokens {block}"
-                      + ("" if dtype in ("bfloat16", "float16") else " --dtype bfloat16")}
+    and --dtype bfloat16 for a float32 checkpoint (--dtype auto would build it in float16).
+    DSpark (anchor-first: block_size drafts): vLLM's method "dspark" with block_size slots;
+    SGLang's DSPARK with gamma + 1 = block_size + 1 draft tokens (gamma =
+    speculative_num_draft_tokens - 1), and no SGLang line for a pruned vocabulary (SGLang
+    refuses it, test_dspark_engines_read_the_checkpoint)."""
+    n = block if dspark else block - 1
+    out = {"vllm": "--speculative-config '" + json.dumps(
+        {"method": "dspark" if dspark else "dflash", "model": str(ckpt),
+         "num_speculative_tokens": n}) + "'"}
+    if not pruned:
+        out["sglang"] = (f"--speculative-algorithm {'DSPARK' if dspark else 'DFLASH'} "
+                         f"--speculative-draft-model-path {ckpt} "
+                         f"--speculative-num-draft-tokens {block + 1 if dspark else block}"
+                         + ("" if dtype in ("bfloat16", "float16") else " --dtype bfloat16"))
+    return out
 
 
 def test_readme_launch_lines_are_the_checked_ones():
@@ -293,3 +301,211 @@ def test_readme_launch_lines_are_the_checked_ones():
     for dtype in ("bfloat16", "float32"):
         for engine, flags in launch("drafter/", 16, dtype).items():
             assert flags in lines, (engine, dtype, flags)  # the whole line, as printed
+        for engine, flags in launch("dspark/", 8, dtype, dspark=True).items():
+            assert flags in lines, ("dspark", engine, dtype, flags)
+
+
+# ---- DSpark (Qwen3DSparkModel, spec/dspark.md section 5) ----------------------------------
+#
+# Neither engine's DSpark code runs without CUDA either; their reading is re-stated from
+# their sources as spec/dspark.md cites them ([VL], [SG]: main, read 2026-12):
+# - vLLM vllm/model_executor/models/qwen3_dspark.py: Qwen3DSparkForCausalLM reads the HF
+#   config's top-level attributes: markov_rank (required), draft_vocab_size (None: vocab_size),
+#   enable_confidence_head and confidence_head_with_markov (both default False: a checkpoint
+#   without them loses its confidence head, and one without the second builds a [1, H] head),
+#   logit_scale (default 1.0, applied to the LM head and the Markov bias alike). load_weights:
+#   t2d skipped, d2t -> draft_id_to_target_id (offsets: target = i + d2t[i]), lm_head as is,
+#   every other name under "model."; a reduced vocabulary (draft_vocab_size < the target's)
+#   must ship lm_head and d2t; the confidence head is dropped when its weights are absent.
+#   markov_w1 [V, r], markov_w2 [V_d, r], confidence_head.proj [1, H + r] with bias.
+# - SGLang python/sglang/srt/speculative/dspark_components/dspark_config.py
+#   (parse_dspark_draft_config: markov_rank from dspark_config / text_config / the top level,
+#   > 0; markov_head_type required then, one of vanilla/gated/rnn; mask_token_id from the same
+#   places or dflash_config, below the target vocabulary; speculators_model_type "dspark"
+#   marks the speculators convention; gamma = speculative_num_draft_tokens - 1, else
+#   block_size) and python/sglang/srt/models/dspark.py (DSparkDraftMixin: the speculators
+#   convention refused; VanillaMarkov builds markov_w1 AND markov_w2 over vocab_size; the
+#   confidence head proj [1, H + r] with bias, both required once built; names under
+#   embed_tokens. / lm_head. / rotary_emb. skipped, the target's LM head used; a markov or
+#   confidence name it lacks refused, other unknown names skipped by DFlash's loader).
+
+R = 6
+DSPARK = {**BASE, "architectures": ["Qwen3DSparkModel"], "tie_word_embeddings": False,
+          "markov_rank": R, "markov_head_type": "vanilla", "enable_confidence_head": True,
+          "confidence_head_with_markov": True, "sample_from_anchor": True, "num_anchors": 32}
+
+
+def dspark_save(tmp_path, vd, bf16):
+    cfg = json.loads(json.dumps(DSPARK))
+    if vd:
+        cfg["draft_vocab_size"] = vd
+    rng = np.random.default_rng(5)
+    e = rng.standard_normal((V, H)).astype(np.float32)
+    d = tmp_path / "dspark"
+    with libdflash.Trainer(cfg, e, e.copy(), seed=1) as t:
+        if vd:
+            t.set_draft_vocab(np.arange(1, V, (V - 1) // vd)[:vd])
+        t.save(str(d), bf16=bf16)
+    return json.loads((d / "config.json").read_text()), header(d / "model.safetensors")
+
+
+class Refused(Exception):
+    pass
+
+
+def vllm_dspark(cfg, target_vocab):
+    """What qwen3_dspark.py builds from config.json: {param: shape} beyond DFlash's, and
+    the logit scale it applies."""
+    if "markov_rank" not in cfg:
+        raise Refused("vLLM: config has no markov_rank (AttributeError)")
+    h, v, r = cfg["hidden_size"], cfg["vocab_size"], cfg["markov_rank"]
+    vd = cfg.get("draft_vocab_size") or v
+    p = {"model.markov_head.markov_w1.weight": (v, r),
+         "model.markov_head.markov_w2.weight": (vd, r), "lm_head.weight": (vd, h)}
+    if cfg.get("enable_confidence_head", False):
+        width = h + (r if cfg.get("confidence_head_with_markov", False) else 0)
+        p["model.confidence_head.proj.weight"] = (1, width)
+        p["model.confidence_head.proj.bias"] = (1,)
+    if vd < target_vocab:
+        p["draft_id_to_target_id"] = (vd,)
+    return p, cfg.get("logit_scale", 1.0)
+
+
+def vllm_dspark_load(cfg, tensors, target_vocab):
+    params, scale = vllm_dspark(cfg, target_vocab)
+    params.update({k: s[None] for k, s in engine_params(cfg, "model.").items()
+                   if None in s})
+    stacked = {k: s for k, s in engine_params(cfg, "model.").items() if None not in s}
+    names = {}
+    for name, (dtype, shape) in tensors.items():
+        if "t2d" in name:
+            continue
+        if "d2t" in name:
+            name = name.replace("d2t", "draft_id_to_target_id")
+        elif "lm_head" not in name:
+            name = "model." + name
+        names[name] = (dtype, shape)
+    vd = cfg.get("draft_vocab_size") or cfg["vocab_size"]
+    if vd < target_vocab and ("lm_head.weight" not in names or
+                              "draft_id_to_target_id" not in names):
+        raise Refused("vLLM: a reduced-vocabulary checkpoint needs lm_head and d2t")
+    if "model.confidence_head.proj.weight" not in names:  # vLLM drops the head, silently
+        params = {k: v for k, v in params.items() if "confidence_head" not in k}
+    if vd >= target_vocab:  # lm_head / embed_tokens shared from the target when absent
+        params.pop("lm_head.weight", None)
+    loaded, skipped, bad = load({**{k: {None: s} for k, s in params.items()}, **stacked},
+                                names, lambda n: n)
+    missing = [k for k in list(params) + list(stacked) if k not in loaded]
+    return loaded, skipped, bad, missing, scale
+
+
+def sglang_dspark(cfg, target_vocab):
+    """dspark_config.py parse_dspark_draft_config + resolve_runtime_config, and dspark.py's
+    modules: ({param: shape} beyond DFlash's, gamma)."""
+    dc = cfg.get("dspark_config") or {}
+    rank = dc.get("markov_rank", cfg.get("markov_rank", 0)) or 0
+    if rank <= 0:
+        raise Refused("SGLang: DSpark draft requires markov_rank > 0")
+    head = dc.get("markov_head_type", cfg.get("markov_head_type"))
+    if head is None:
+        raise Refused("SGLang: DSpark requires markov_head_type when markov_rank > 0")
+    if str(head).lower() not in ("vanilla", "gated", "rnn"):
+        raise Refused(f"SGLang: unsupported markov_head_type {head!r}")
+    mask = dc.get("mask_token_id", cfg.get("mask_token_id",
+                                           cfg.get("dflash_config", {}).get("mask_token_id")))
+    if mask is None or not 0 <= mask < target_vocab:
+        raise Refused(f"SGLang: mask_token_id {mask} missing or outside the target vocabulary")
+    if cfg.get("speculators_model_type") == "dspark":
+        raise Refused("SGLang: the speculators DSpark convention is refused")
+    gamma = cfg.get("dflash_config", {}).get("block_size", cfg.get("block_size"))
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    p = {"markov_head.markov_w1.weight": (v, rank), "markov_head.markov_w2.weight": (v, rank)}
+    with_markov = cfg.get("confidence_head_with_markov", rank > 0)
+    p["confidence_head.proj.weight"] = (1, h + (rank if with_markov else 0))
+    p["confidence_head.proj.bias"] = (1,)
+    return p, gamma
+
+
+def sglang_dspark_load(cfg, tensors, target_vocab):
+    params, gamma = sglang_dspark(cfg, target_vocab)
+    names = {n: t for n, t in tensors.items()
+             if not n.startswith(("embed_tokens.", "lm_head.", "rotary_emb."))}
+    for n in names:
+        if n.startswith(("markov_head.", "confidence_head.")) and n not in params:
+            raise Refused(f"SGLang: unexpected DSpark weight {n}")
+    all_params = {**{k: {None: s} for k, s in params.items()}, **engine_params(cfg, "")}
+    loaded, skipped, bad = load(all_params, names, sglang_rename)
+    if bad:  # default_weight_loader asserts the shape
+        raise Refused(f"SGLang: mis-shaped {bad}")
+    missing = [(k, s) for k, shards in all_params.items() for s in shards
+               if s not in loaded.get(k, ())]
+    return skipped, missing, gamma
+
+
+@pytest.mark.parametrize("vd,bf16", [(0, True), (0, False), (20, True), (20, False)],
+                         ids=["full-bf16", "full-f32", "pruned-bf16", "pruned-f32"])
+def test_dspark_engines_read_the_checkpoint(tmp_path, vd, bf16):
+    cfg, tensors = dspark_save(tmp_path, vd, bf16)
+    # spec/dspark.md section 5: the keys, in both places, and those never written
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["tie_word_embeddings"] is False
+    for where in (cfg, cfg["dflash_config"]):
+        assert where["markov_rank"] == R and where["markov_head_type"] == "vanilla"
+        assert where["enable_confidence_head"] is True
+        assert where["confidence_head_with_markov"] is True
+        assert where["sample_from_anchor"] is True and where["num_anchors"] == 32
+        assert where.get("draft_vocab_size") == (vd or None)
+    for key in ("speculators_model_type", "transformer_layer_config",
+                "aux_hidden_state_layer_ids", "logit_scale"):
+        assert key not in cfg and key not in cfg["dflash_config"], key
+    assert ("d2t" in tensors) == ("t2d" in tensors) == ("lm_head.weight" in tensors) == bool(vd)
+    if vd:
+        assert tensors["d2t"] == ("I64", (vd,)) and tensors["t2d"] == ("BOOL", (V,))
+    assert "embed_tokens.weight" not in tensors
+
+    # vLLM: every tensor lands, with its shape; the heads as trained; no extra scale
+    loaded, skipped, bad, missing, scale = vllm_dspark_load(cfg, tensors, V)
+    assert not skipped and not bad and not missing, (skipped, bad, missing)
+    assert scale == 1.0
+    assert "model.confidence_head.proj.weight" in loaded  # not dropped
+    # SGLang: the full vocabulary loads (its gamma = block_size when no draft tokens are
+    # given); a pruned one is refused (markov_w2 [V_d, r] against its [V, r]), which is why
+    # `dflash train` prints no SGLang line for it
+    if vd:
+        with pytest.raises(Refused, match="mis-shaped.*markov_w2"):
+            sglang_dspark_load(cfg, tensors, V)
+    else:
+        skipped, missing, gamma = sglang_dspark_load(cfg, tensors, V)
+        assert not skipped and not missing, (skipped, missing)
+        assert gamma == cfg["block_size"]
+
+
+def test_dspark_engine_rules_refuse_what_libdflash_never_writes(tmp_path):
+    """The re-stated rules bite: each key spec/dspark.md section 5 omits or requires,
+    changed, is refused or misread by an engine (and refused by libdflash's reader,
+    tests/train/test_config.c)."""
+    cfg, tensors = dspark_save(tmp_path, 0, True)
+    with pytest.raises(Refused, match="speculators"):
+        sglang_dspark({**cfg, "speculators_model_type": "dspark"}, V)
+    no_head = {k: v for k, v in cfg.items() if k != "markov_head_type"}
+    no_head["dflash_config"] = {k: v for k, v in cfg["dflash_config"].items()
+                                if k != "markov_head_type"}
+    with pytest.raises(Refused, match="markov_head_type"):
+        sglang_dspark(no_head, V)
+    assert vllm_dspark({**cfg, "logit_scale": 2.0}, V)[1] == 2.0  # would scale the bias too
+    # vLLM reads the head flags at the top level only: without them the confidence head is
+    # never built, or built [1, H] against our [1, H + r]
+    top = {k: v for k, v in cfg.items() if k != "confidence_head_with_markov"}
+    loaded, skipped, bad, missing, _ = vllm_dspark_load(top, tensors, V)
+    assert bad and "confidence_head" in bad[0][0], bad
+    top = {k: v for k, v in cfg.items() if k != "enable_confidence_head"}
+    loaded, skipped, bad, missing, _ = vllm_dspark_load(top, tensors, V)
+    assert any("confidence_head" in n for n in skipped), skipped
+    for key in ("speculators_model_type", "aux_hidden_state_layer_ids", "logit_scale"):
+        bad_cfg = {**cfg, key: "dspark" if key == "speculators_model_type" else
+                   ([1] if key == "aux_hidden_state_layer_ids" else 2.0)}
+        with pytest.raises(libdflash.Error, match=key):
+            libdflash.train.parse_config(json.dumps(bad_cfg))
+    # a pruned checkpoint without d2t would be refused by vLLM
+    pcfg, ptensors = dspark_save(tmp_path / "p", 20, True)
+    with pytest.raises(Refused, match="lm_head and d2t"):
+        vllm_dspark_load(pcfg, {k: v for k, v in ptensors.items() if k != "d2t"}, V)

@@ -238,6 +238,13 @@ def test_cli_eval_dspark(tmp_path, final):
     got = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True,
                                     check=True).stdout)
     assert (got["drafter"], got["drafts_per_block"], got["block_size"]) == ("dspark", B, B)
+    # served as DSpark: vLLM's method "dspark" with a draft at each of the B slots, SGLang's
+    # DSPARK with a verify window of B + 1
+    assert got["launch"] == {
+        "vllm": f"--speculative-config '{{\"method\": \"dspark\", \"model\": \"{tmp_path / 'ckpt'}\", "
+                f"\"num_speculative_tokens\": {B}}}'",
+        "sglang": f"--speculative-algorithm DSPARK --speculative-draft-model-path {tmp_path / 'ckpt'}"
+                  f" --speculative-num-draft-tokens {B + 1} --dtype bfloat16"}, got["launch"]
     assert got["walk_tau"] == pytest.approx(want["walk_tau"], abs=1e-6)
     assert got["tokens_per_step_histogram"] == want["step_hist"].tolist()
     assert len(got["accuracy"]) == len(got["position_accuracy"]) == B

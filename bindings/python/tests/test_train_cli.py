@@ -263,6 +263,26 @@ def test_eval_labels_target_compares_with_the_targets_tokens(tmp_path):
     assert "walk tau" in text and "(target labels)" in text and "data labels" in text, text
 
 
+@pytest.mark.parametrize("pruned", [False, True], ids=["full", "pruned"])
+def test_dspark_launch_lines(tmp_path, pruned):
+    """A DSpark drafter's summary prints DSpark's flags: vLLM's method "dspark" with
+    block_size slots, SGLang's DSPARK with block_size + 1 draft tokens, and no SGLang line
+    for a pruned vocabulary (test_engine_checkpoint.py: SGLang refuses it)."""
+    make_world(tmp_path, n_train=4, n_test=1)
+    cfg = json.loads((tmp_path / "drafter.json").read_text())
+    cfg.update(architectures=["Qwen3DSparkModel"], tie_word_embeddings=False, markov_rank=4,
+               markov_head_type="vanilla", enable_confidence_head=True,
+               confidence_head_with_markov=True, sample_from_anchor=True)
+    if pruned:
+        cfg["draft_vocab_size"] = 8
+    (tmp_path / "drafter.json").write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    r = subprocess.run(train_cmd(tmp_path, out, "--max-steps", "1", "--quiet"),
+                       capture_output=True, text=True, check=True)
+    assert json.loads(r.stdout)["launch"] == launch(out, B, "float32", dspark=True,
+                                                    pruned=pruned), r.stdout
+
+
 def test_never_overwrites_by_accident(tmp_path):
     """A non-empty -o without --resume is refused and left as it was; --overwrite replaces it;
     the run ends with a JSON summary on stdout; the progress total follows --max-steps."""
