@@ -466,8 +466,7 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
   float bce = 0, dsv = 0;
   if (ti && cw) { // the confidence head on [x; e]
     float sl = 0;
-    for (int k = threadIdx.x; k < H; k += blockDim.x)
-      sl += ld(cw, k) * ld(x, (size_t)i * H + k);
+    for (int k = threadIdx.x; k < H; k += blockDim.x) sl += ld(cw, k) * ld(x, (size_t)i * H + k);
     for (int k = threadIdx.x; k < r; k += blockDim.x)
       sl += ld(cw, H + k) * ld(e, (size_t)i * r + k);
     sl = block_sum(sl) + ld(cb, 0);
@@ -497,8 +496,8 @@ __global__ void dspark_conf_rows(bf16 *rows_dx, const float *acc, float *de, con
   int i = blockIdx.x;
   float d = cw ? ds[i] : 0.0f;
   for (int k = threadIdx.x; k < H; k += blockDim.x)
-    rows_dx[(size_t)i * H + k] =
-        __float2bfloat16(acc[(size_t)i * H + k] + (cw ? d * ld(cw, k) : 0.0f));
+    rows_dx[(size_t)i * H + k] = __float2bfloat16(acc[(size_t)i * H + k] +
+                                                  (cw ? d * ld(cw, k) : 0.0f));
   if (cw)
     for (int k = threadIdx.x; k < r; k += blockDim.x) de[(size_t)i * r + k] += d * ld(cw, H + k);
 }
@@ -508,8 +507,8 @@ __global__ void dspark_conf_rows(bf16 *rows_dx, const float *acc, float *de, con
 // with the confidence head dcw += sum_i ds_i [x_i; e_i] (columns r..r+H+r-1) and dcb +=
 // sum_i ds_i (the last).
 __global__ void dspark_param_grads(float *dw1, const float *de, const int32_t *prev, float *dcw,
-                                   float *dcb, const float *ds, const bf16 *x, const bf16 *e,
-                                   int n, int H, int r) {
+                                   float *dcb, const float *ds, const bf16 *x, const bf16 *e, int n,
+                                   int H, int r) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j < r) {
     for (int i = 0; i < n; i++) dw1[(size_t)prev[i] * r + j] += de[(size_t)i * r + j];
@@ -520,7 +519,9 @@ __global__ void dspark_param_grads(float *dw1, const float *de, const int32_t *p
   if (j > H + r) return;
   float s = 0;
   for (int i = 0; i < n; i++)
-    s += ds[i] * (j < H ? ld(x, (size_t)i * H + j) : j < H + r ? ld(e, (size_t)i * r + j - H) : 1.0f);
+    s += ds[i] * (j < H       ? ld(x, (size_t)i * H + j)
+                  : j < H + r ? ld(e, (size_t)i * r + j - H)
+                              : 1.0f);
   if (j < H + r) dcw[j] += s;
   else *dcb += s;
 }
@@ -734,8 +735,7 @@ dflash_status k_muon_apply(cudaStream_t s, float *p, bf16 *p16, const float *o, 
 dflash_status k_dspark_loss_rows(cudaStream_t s, float *z, float *zt, bf16 *dz, const bf16 *x,
                                  const bf16 *e, const bf16 *cw, const bf16 *cb,
                                  const int32_t *target, const float *coef, float *loss, float *ds,
-                                 int n, int V, int H, int r, float a_ce, float a_l1,
-                                 float a_conf) {
+                                 int n, int V, int H, int r, float a_ce, float a_l1, float a_conf) {
   if (n <= 0) return DFLASH_OK;
   DF_LAUNCH(n, 256, 0, s, dspark_loss_rows)
   (z, zt, dz, x, e, cw, cb, target, coef, loss, ds, V, H, r, a_ce, a_l1, a_conf);
@@ -747,9 +747,9 @@ dflash_status k_dspark_conf_rows(cudaStream_t s, bf16 *rows_dx, const float *acc
   DF_LAUNCH(n, 256, 0, s, dspark_conf_rows)(rows_dx, acc, de, ds, cw, H, r);
   return df_launched("dspark_conf_rows");
 }
-dflash_status k_dspark_param_grads(cudaStream_t s, float *dw1, const float *de,
-                                   const int32_t *prev, float *dcw, float *dcb, const float *ds,
-                                   const bf16 *x, const bf16 *e, int n, int H, int r) {
+dflash_status k_dspark_param_grads(cudaStream_t s, float *dw1, const float *de, const int32_t *prev,
+                                   float *dcw, float *dcb, const float *ds, const bf16 *x,
+                                   const bf16 *e, int n, int H, int r) {
   if (n <= 0) return DFLASH_OK;
   int cols = r + (dcw ? H + r + 1 : 0);
   DF_LAUNCH((cols + 127) / 128, 128, 0, s, dspark_param_grads)

@@ -212,8 +212,8 @@ dflash_status dspark_upload(df_cu_model *m, const df_cu_batch *b) {
   if (b->R <= 0) return DFLASH_OK;
   DF_CU(cudaMemcpyAsync(d.prev, b->rows_prev, 4 * (size_t)b->R, cudaMemcpyHostToDevice, m->st));
   if (d.has_final)
-    DF_CU(cudaMemcpyAsync(d.xt, b->rows_final, 2 * (size_t)b->R * H, cudaMemcpyHostToDevice,
-                          m->st));
+    DF_CU(
+        cudaMemcpyAsync(d.xt, b->rows_final, 2 * (size_t)b->R * H, cudaMemcpyHostToDevice, m->st));
   return DFLASH_OK;
 }
 
@@ -245,8 +245,8 @@ dflash_status dspark_loss(df_cu_model *m, bool grad) {
     DF_TRY(gemm(m, false, true, n, V, H, xc, H, m->head, H, d.z, V, true, 0.0f));
     DF_TRY(gemm(m, false, true, n, V, r, ec, r, w2, r, d.z, V, true, 1.0f));
     if (d.has_final)
-      DF_TRY(gemm(m, false, true, n, V, H, d.xt + (size_t)r0 * H, H, m->head, H, d.zt, V, true,
-                  0.0f));
+      DF_TRY(
+          gemm(m, false, true, n, V, H, d.xt + (size_t)r0 * H, H, m->head, H, d.zt, V, true, 0.0f));
     DF_TRY(k_dspark_loss_rows(m->st, d.z, d.has_final ? d.zt : nullptr, grad ? d.dz : nullptr, xc,
                               ec, cw, cb, target + r0, coef ? coef + r0 : nullptr, loss + r0,
                               d.ds + r0, n, V, H, r, c.ds_alpha_ce, c.ds_alpha_l1,
@@ -257,8 +257,8 @@ dflash_status dspark_loss(df_cu_model *m, bool grad) {
     DF_TRY(gemm(m, false, false, n, r, V, d.dz, V, w2, r, d.de, r, true, 0.0f));
     DF_TRY(linear_dw(m, g_of(m, i2), d.dz, ec, n, V, r));
     DF_TRY(k_dspark_conf_rows(m->st, rdx + (size_t)r0 * H, accc, d.de, d.ds + r0, cw, n, H, r));
-    DF_TRY(k_dspark_param_grads(m->st, g_of(m, i1), d.de, d.prev + r0, dcw, dcb, d.ds + r0, xc,
-                                ec, n, H, r));
+    DF_TRY(k_dspark_param_grads(m->st, g_of(m, i1), d.de, d.prev + r0, dcw, dcb, d.ds + r0, xc, ec,
+                                n, H, r));
   }
   return DFLASH_OK;
 }

@@ -25,7 +25,7 @@ extern "C" {
 namespace dfcu {
 
 constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
-constexpr size_t kPending = DF_CU_PENDING; // deferred sequences on the device between drains
+constexpr size_t kPending = DF_CU_PENDING;     // deferred sequences on the device between drains
 constexpr int kDsparkRows = DF_CU_DSPARK_ROWS; // DSpark: rows per pass over the vocabulary
 
 // Parameter tensors: the table of train/tensors.h, from which model.c builds the buffer.

@@ -152,8 +152,8 @@ static void run_case(int conf, int with_final, uint64_t seed, const char *what) 
       double e = rel_l2(gg + off, gc + off, numel), nc = 0;
       for (size_t k = 0; k < numel; k++) nc += (double)gc[off + k] * gc[off + k];
       bool head = !strncmp(name, "markov_head.", 12) || !strncmp(name, "confidence_head.", 16);
-      if (head) printf("%s: gradient %s relative L2 error %.4f (|cpu| %.3e)\n", what, name, e,
-                       sqrt(nc));
+      if (head)
+        printf("%s: gradient %s relative L2 error %.4f (|cpu| %.3e)\n", what, name, e, sqrt(nc));
       if (!(e <= worst)) worst = e, worst_name = name;
       CHECK(e <= 0.05, "%s: gradient %s relative L2 error %.4f > 0.05", what, name, e);
       /* A head the loss reaches has a gradient (not a vacuous comparison of zeros). */
@@ -161,8 +161,7 @@ static void run_case(int conf, int with_final, uint64_t seed, const char *what) 
         CHECK(nc > 0, "%s: gradient %s is zero on the CPU", what, name);
       off += numel;
     }
-    printf("%s: worst gradient relative L2 error %.4f (%s), bound 0.05\n", what, worst,
-           worst_name);
+    printf("%s: worst gradient relative L2 error %.4f (%s), bound 0.05\n", what, worst, worst_name);
     free(gc), free(gg);
     /* The deferred path: the same loss and weight, and the same gradients as at once. */
     double wc = 0, wg = 0, ls = 0;

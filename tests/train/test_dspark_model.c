@@ -266,8 +266,7 @@ START_TEST(dspark_refused_where_not_implemented) {
   dflash_train_plan pd = {.struct_size = sizeof pd};
   ck_assert_ok(dflash_train_plan_compute(&d, &po, &pd));
   ck_assert_uint_eq(p.n_params - pd.n_params, (uint64_t)2 * V * RK + H + RK + 1);
-  ck_assert_uint_ge(p.activations - pd.activations,
-                    df_cu_dspark_bytes((size_t)8 * B, H, V, RK));
+  ck_assert_uint_ge(p.activations - pd.activations, df_cu_dspark_bytes((size_t)8 * B, H, V, RK));
   ck_assert_ok(make(DFLASH_BACKEND_CPU, 1, DFLASH_OPTIMIZER_ADAMW, &t));
   static seq_t q;
   make_seq(&q);

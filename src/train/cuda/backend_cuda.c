@@ -80,10 +80,10 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
                         &max_pos, tok, rows_t, rows_target, rows_prev, coef);
   const uint16_t *rows_final = NULL;
   if (m->dspark) {
-    R = s->loss_mask ? df_dspark_rows(m->B, m->gamma, s->ids, s->labels, s->loss_mask, s->len,
-                                      s->anchors, A, grad_scale, rows_t, rows_target, rows_prev,
-                                      NULL, coef)
-                     : 0;
+    R = s->loss_mask
+            ? df_dspark_rows(m->B, m->gamma, s->ids, s->labels, s->loss_mask, s->len, s->anchors, A,
+                             grad_scale, rows_t, rows_target, rows_prev, NULL, coef)
+            : 0;
     if (s->final && R > 0) {
       size_t H = (size_t)m->H;
       st = grow((void **)&c->u16, &c->u16_cap, sizeof(uint16_t) * (size_t)R * H);

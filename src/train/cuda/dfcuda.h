@@ -221,7 +221,7 @@ typedef struct df_cu_batch {
   /* DSpark: bf16 [R, H] the target's post-norm final state at each row's position (anchor +
    * slot, the state before its label), or NULL (the loss is then 0.1 CE alone, as on the CPU). */
   const uint16_t *rows_final;
-  const uint16_t *hidden;              /* bf16 [Sc, KH] (when hidden_codes is NULL) */
+  const uint16_t *hidden; /* bf16 [Sc, KH] (when hidden_codes is NULL) */
   /* The context rows [Sc, KH] as stored: DF_CU_HIDDEN_BF16 / _FP8 (e4m3 codes with a float
    * scale per token and layer, hidden_scales [Sc, K]) / _F32. Host memory the call reads
    * before it returns (copied into a pinned staging buffer); the device converts them to
