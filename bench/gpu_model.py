@@ -181,7 +181,12 @@ def load_config(name):
         v = lambda k: dc.get(k, j.get(k))
         df2 = dict(k=v("conv_kernel_size"), g=v("conv_group_size"), K=v("selector_top_k"),
                    r=v("selector_rank"))
-    return dict(name=name, dflash2=df2, hidden_size=j["hidden_size"],
+    dsp = None
+    if set(j.get("architectures") or []) & {"Qwen3DSparkModel", "DSparkDraftModel"}:
+        dc = j.get("dflash_config") or {}
+        v = lambda k, d: dc.get(k, j.get(k, d))
+        dsp = dict(r=v("markov_rank", 256), conf=bool(v("confidence_head", True)))
+    return dict(name=name, dflash2=df2, dspark=dsp, hidden_size=j["hidden_size"],
                 intermediate_size=j["intermediate_size"],
                 num_hidden_layers=L, num_attention_heads=j["num_attention_heads"],
                 num_key_value_heads=j.get("num_key_value_heads", j["num_attention_heads"]),
@@ -203,6 +208,9 @@ def param_count(c):
         G = H // x["g"]
         n += c["num_hidden_layers"] * 2 * (2 * x["k"] * H + 2 * x["k"] * G * H)
         n += 2 * c["vocab_size"] * x["r"] + x["r"] * H
+    x = c.get("dspark")
+    if x:  # the Markov head's W1, W2 [V, r]; the confidence head [H + r] and its bias
+        n += 2 * c["vocab_size"] * x["r"] + ((H + x["r"] + 1) if x["conf"] else 0)
     return n
 
 
@@ -298,7 +306,9 @@ class Seq:
         self.A = len(self.anchors)
         self.T = self.A * B
         self.Sc = max(self.anchors) if self.anchors else 0
-        self.R = sum(1 for a in self.anchors for j in range(1, B) if a + j < seq_len)
+        # DSpark's block is anchor-first with labels shifted by one: every slot is supervised
+        first = 0 if c.get("dspark") else 1
+        self.R = sum(1 for a in self.anchors for j in range(first, B) if a + j < seq_len)
         self.len = seq_len
 
 
@@ -637,6 +647,8 @@ def sequence_ops(c, s, gpu, design, chunk):
         ops += layer_forward(c, s, l, gpu, design)
     ops += [rmsnorm_forward("final norm", T, H), mem("gather supervised rows", "gather_rows", 2 * 2 * R * H + 4 * R)]
     nchunk = -(-V // chunk)
+    if c.get("dspark"):
+        return dspark_sequence_tail(c, s, ops) + layers_backward(c, s, gpu, design)
     ops += [mem("CE init", "lmhead_ce_init", 12 * R), mem("CE grad accumulator clear", "cudaMemsetAsync", 4 * R * H),
             gemm(f"LM head logits ({nchunk} chunks, fp32 out)", R, V, H, c_bytes=4,
                  call=(R, min(chunk, V), H)),
@@ -653,18 +665,79 @@ def sequence_ops(c, s, gpu, design, chunk):
     for o in ops:
         if o.name.startswith("LM head"):
             o.launches = nchunk
-    ops += [mem("d(hidden) clear", "cudaMemsetAsync", 2 * T * H),
-            mem("scatter d(rows)", "scatter_rows", 2 * 2 * R * H + 4 * R),
-            rms_dw("final norm dw", T, H, 2), rmsnorm_backward("final norm dx", T, H, 2, 2, False),
-            mem("d(context) clear", "cudaMemsetAsync", 4 * Sc * H)]
-    first_bwd = len(ops) - 5
+    return ops + layers_backward(c, s, gpu, design)
+
+
+def layers_backward(c, s, gpu, design):
+    """From the rows' gradient back to the context: the final norm, the layers, fc."""
+    H, KH = c["hidden_size"], c["hidden_size"] * len(c["target_layer_ids"])
+    T, Sc, R = s.T, s.Sc, s.R
+    ops = [mem("d(hidden) clear", "cudaMemsetAsync", 2 * T * H),
+           mem("scatter d(rows)", "scatter_rows", 2 * 2 * R * H + 4 * R),
+           rms_dw("final norm dw", T, H, 2), rmsnorm_backward("final norm dx", T, H, 2, 2, False),
+           mem("d(context) clear", "cudaMemsetAsync", 4 * Sc * H)]
     for l in reversed(range(c["num_hidden_layers"])):
         ops += layer_backward(c, s, l, gpu, design)
     ops += [rms_dw("hidden norm dw", Sc, H, 4), rmsnorm_backward("hidden norm dx", Sc, H, 4, 2, False),
             gemm("fc dw", H, KH, Sc, c_bytes=4, beta=1.0)]
-    for o in ops[first_bwd:]:
+    for o in ops:
         o.extra["bwd"] = True
     return ops
+
+
+DSPARK_ROWS = 64  # src/train/cuda/dfcuda.h DF_CU_DSPARK_ROWS: rows per pass over the vocabulary
+
+
+def dspark_sequence_tail(c, s, ops):
+    """cuda/model.cu dspark_upload + dspark_loss in place of lmhead_ce (full vocabulary):
+    the previous tokens and the target's final state up; W1's rows gathered; per pass of 64
+    rows the draft logits x E^T + e W2^T and the target's xt E^T (fp32 [n, V]), the row pass
+    (softmaxes, L1, CE, the confidence head; with grad d(z) in bf16), then d(x) = dz E,
+    d(e) = dz W2, dW2 += dz^T e, the confidence head's paths and W1's sparse rows. The
+    confidence head and L1 need the final state, as in the runs that train them."""
+    H, V, x = c["hidden_size"], c["vocab_size"], c["dspark"]
+    r, R = x["r"], s.R
+    n = -(-R // DSPARK_ROWS)
+    call = lambda N, K: (min(DSPARK_ROWS, R), N, K)
+    ops += [Op("upload previous tokens and the target's final state (H2D, pageable)",
+               "cudaMemcpyAsync", "h2d", 0, 4 * R + 2 * R * H, launches=2),
+            mem("DSpark: W1 rows of the previous tokens", "gather_rows", 2 * 2 * R * r + 4 * R),
+            gemm(f"DSpark draft logits x E^T ({n} passes, fp32 out)", R, V, H, c_bytes=4,
+                 call=call(V, H)),
+            gemm(f"DSpark Markov bias e W2^T ({n} passes, fp32 +=)", R, V, r, c_bytes=4,
+                 beta=1.0, call=call(V, r)),
+            gemm(f"DSpark target logits xt E^T ({n} passes, fp32 out)", R, V, H, c_bytes=4,
+                 call=call(V, H), model=False),
+            mem(f"DSpark row pass: softmaxes, CE, L1, confidence, d(z) ({n} passes)",
+                "dspark_loss_rows", R * V * (4 * 2 * 2 + 2) + 2 * R * (H + r), launches=n,
+                flops=12.0 * R * V),
+            gemm(f"DSpark d(rows) = dz E ({n} passes, fp32 out)", R, H, V, c_bytes=4,
+                 call=call(H, V)),
+            gemm(f"DSpark d(e) = dz W2 ({n} passes, fp32 out)", R, r, V, c_bytes=4,
+                 call=call(r, V)),
+            gemm(f"DSpark dW2 += dz^T e ({n} passes, fp32 +=)", V, r, R, c_bytes=4, beta=1.0,
+                 call=(V, r, min(DSPARK_ROWS, R))),
+            mem(f"DSpark confidence paths into d(rows), d(e) ({n} passes)", "dspark_conf_rows",
+                R * H * (4 + 2 + 2) + 8 * R * r, launches=n),
+            mem(f"DSpark dW1 rows, d(confidence head) in row order ({n} passes)",
+                "dspark_param_grads", 4 * 2 * R * r + 2 * R * (H + r) + 8 * R, launches=n),
+            mem("sequence loss sum(w*loss), kept on the device", "seq_loss", 12 * R)]
+    for o in ops:
+        if o.name.startswith("DSpark") and o.kind == "gemm":
+            o.launches = n
+    return ops
+
+
+def dspark_kernels():
+    """The kernels of DSpark's objective (cuda/kernels.cu dspark_*), priced by
+    dspark_sequence_tail when the config is DSpark; listed so the coverage test knows them
+    with a DFlash config."""
+    return {
+        "dspark_loss_rows": "per pass of 64 rows: read the draft and target logits [n,V] fp32, "
+                            "write probabilities, signs and d(z) bf16",
+        "dspark_conf_rows": "per pass: d(rows) [n,H] from the fp32 accumulator, d(e) [n,r]",
+        "dspark_param_grads": "per pass: W1's rows [n,r] and the confidence head [H+r+1]",
+    }
 
 
 def muon_matrices(c):
@@ -848,7 +921,7 @@ MUON_KERNELS = {
 
 def model_kernels(r):
     """Kernel and call names the model has a row for (the coverage test's list)."""
-    names = set(NOT_IN_STEP) | set(dflash2_kernels()) | set(MUON_KERNELS)
+    names = set(NOT_IN_STEP) | set(dflash2_kernels()) | set(dspark_kernels()) | set(MUON_KERNELS)
     for o, _ in r["rows"]:
         names.update(o.kernel.split("+"))
     return names
@@ -894,7 +967,7 @@ def arena_bytes(c, seq_len, anchors, chunk):
     H, I, d, L = c["hidden_size"], c["intermediate_size"], c["head_dim"], c["num_hidden_layers"]
     nh, nkv, B = c["num_attention_heads"], c["num_key_value_heads"], c["block_size"]
     KH, qd, kd = H * len(c["target_layer_ids"]), nh * d, nkv * d
-    T, Sc, R, A = anchors * B, seq_len, anchors * (B - 1), anchors
+    T, Sc, R, A = anchors * B, seq_len, anchors * (B - (0 if c.get("dspark") else 1)), anchors
     ch = min(chunk, c["vocab_size"])
     g = [2 * Sc * KH, 2 * Sc * H, 4 * Sc, 2 * Sc * H, 2 * T * H, 4 * T, 2 * T * H, 2 * T * H,
          4 * T * H, 2 * T * qd, 2 * T * kd, 2 * T * kd, 2 * T * qd, 2 * T * I, 2 * T * I,
@@ -936,6 +1009,12 @@ def memory(c, n, world, seq_len, anchors, chunk):
                             up(4 * T * H) + up(4 * T * kg2) + up(2 * T * kg2) +
                             up(4 * 64 * x["k"] * H) + 3 * up(4 * R * x["K"]) + 3 * up(4 * R) +
                             up(4 * R * x["r"]) + 3 * up(2 * R * x["r"]) + up(4 * R * H))
+    x = c.get("dspark")
+    if x:  # src/train/cuda/dfcuda.h df_cu_dspark_bytes: per row its previous token, final
+        # state, Markov embedding and confidence gradient; per pass the fp32 logits twice,
+        # their bf16 gradient and the embeddings' gradient
+        R, H, V = anchors * c["block_size"], c["hidden_size"], c["vocab_size"]
+        parts["dspark"] = R * (4 + 2 * H + 2 * x["r"] + 4) + DSPARK_ROWS * (V * 10 + 4 * x["r"])
     if MUON:  # src/train/cuda/dfcuda.h df_cu_muon_scratch_bytes: the largest matrix twice, its
         # Gram matrix twice (fp32), one double
         mats = muon_matrices(c)
@@ -1349,6 +1428,9 @@ def main(argv=None):
                     help="price a DFlash 2 drafter of this shape: convolutions of kernel size K "
                          "and group size G, the selector's top-K and rank (a config.json with "
                          "DFlash2DraftModel gives them itself)")
+    ap.add_argument("--dspark", metavar="RANK", type=int,
+                    help="price a DSpark drafter with this Markov rank and the confidence head "
+                         "(a config.json with Qwen3DSparkModel gives them itself)")
     ap.add_argument("--json", action="store_true",
                     help="one JSON object per design, then a last line with the first design's "
                          "step (mfu_pct, step_ms, attention; all null and `refused` saying why "
@@ -1376,6 +1458,8 @@ def main(argv=None):
     if a.dflash2:
         k, g, K, r = (int(v) for v in a.dflash2.split(","))
         c = dict(c, dflash2=dict(k=k, g=g, K=K, r=r), name=c["name"] + "-dflash2")
+    if a.dspark:
+        c = dict(c, dspark=dict(r=a.dspark, conf=True), name=c["name"] + "-dspark")
     if a.gemms or a.compare or a.compare_kernels:
         r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
                   "scalar" if a.attention == "scalar" else "mma")

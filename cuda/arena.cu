@@ -413,7 +413,9 @@ extern "C" void df_cu_free(df_cu_model *m) {
                   m->cos_t,     m->sin_t,    m->dw_scratch,    m->best,          m->iota,
                   m->best_i,    m->arena,    m->stages[0].dev, m->stages[1].dev, m->wtab,
                   m->pend_loss, m->pend_bad, m->clip,          m->ns_x,          m->ns_y,
-                  m->ns_g,      m->ns_gg,    m->ns_ss};
+                  m->ns_g,      m->ns_gg,    m->ns_ss,         m->dsp.prev,      m->dsp.xt,
+                  m->dsp.e,     m->dsp.dz,   m->dsp.z,         m->dsp.zt,        m->dsp.de,
+                  m->dsp.ds};
   for (void *p : bufs)
     if (p) cudaFree(p);
   df2_free(m->df2);

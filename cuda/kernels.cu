@@ -423,6 +423,108 @@ __global__ void muon_apply(float *p, bf16 *p16, const float *o, size_t n, const 
   }
 }
 
+
+// ---- DSpark's heads and objective (src/train/dspark.c's df_dspark_loss) ------------------
+// One block per row of a chunk: z [n, V] the draft logits (LM head plus Markov bias), zt
+// [n, V] the target's logits or NULL (then CE alone, as the CPU without a final state).
+// Each row's alpha-weighted CE + L1 + BCE into loss, the confidence logit's gradient
+// coef * alpha_conf * (sigmoid(s) - c*) into ds (c* = clamp(1 - L1 / 2, 0, 1), a constant:
+// the stop-gradient of the paper's eq. 8); with dz, coef times d(row)/d(z) in bf16:
+// alpha_ce (p - onehot) + alpha_l1 p (sign(p - q) - sum p sign(p - q)), sign(0) = 0.
+__global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, const bf16 *e,
+                                 const bf16 *cw, const bf16 *cb, const int32_t *target,
+                                 const float *coef, float *loss, float *ds, int V, int H, int r,
+                                 float a_ce, float a_l1, float a_conf) {
+  int i = blockIdx.x;
+  float *zi = z + (size_t)i * V, *ti = zt ? zt + (size_t)i * V : nullptr;
+  int tgt = target[i];
+  float zl = tgt >= 0 ? zi[tgt] : 0.0f; // read before the row is overwritten below
+  float mx = -FLT_MAX;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, zi[v]);
+  mx = block_max(mx);
+  float s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zi[v] - mx);
+  float lse = mx + logf(block_sum(s));
+  float l1 = 0, ps = 0;
+  if (ti) {
+    float qm = -FLT_MAX;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) qm = fmaxf(qm, ti[v]);
+    qm = block_max(qm);
+    float qs = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) qs += expf(ti[v] - qm);
+    float qlse = qm + logf(block_sum(qs));
+    // p and sign(p - q) replace the two rows (each thread its own columns throughout)
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+      float p = expf(zi[v] - lse), d = p - expf(ti[v] - qlse);
+      float sg = d > 0 ? 1.0f : d < 0 ? -1.0f : 0.0f;
+      zi[v] = p, ti[v] = sg;
+      l1 += fabsf(d), ps += p * sg;
+    }
+    l1 = block_sum(l1);
+    ps = block_sum(ps);
+  }
+  float bce = 0, dsv = 0;
+  if (ti && cw) { // the confidence head on [x; e]
+    float sl = 0;
+    for (int k = threadIdx.x; k < H; k += blockDim.x) sl += ld(cw, k) * ld(x, (size_t)i * H + k);
+    for (int k = threadIdx.x; k < r; k += blockDim.x)
+      sl += ld(cw, H + k) * ld(e, (size_t)i * r + k);
+    sl = block_sum(sl) + ld(cb, 0);
+    float cst = fminf(1.0f, fmaxf(0.0f, 1.0f - 0.5f * l1));
+    bce = fmaxf(sl, 0.0f) + log1pf(expf(-fabsf(sl))) - cst * sl;
+    if (coef) dsv = coef[i] * a_conf * (1.0f / (1.0f + expf(-sl)) - cst);
+  }
+  if (threadIdx.x == 0) {
+    float ce = tgt >= 0 ? lse - zl : 0.0f;
+    loss[i] = a_ce * ce + a_l1 * l1 + a_conf * bce;
+    ds[i] = dsv;
+  }
+  if (!dz) return;
+  float g = coef[i];
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    float p = ti ? zi[v] : expf(zi[v] - lse);
+    float d = a_ce * (tgt >= 0 ? p - (v == tgt ? 1.0f : 0.0f) : 0.0f);
+    if (ti) d += a_l1 * p * (ti[v] - ps);
+    dz[(size_t)i * V + v] = __float2bfloat16(g * d);
+  }
+}
+
+// One block per row: d(x) = dz E (acc, fp32) plus ds cw[:H] into rows_dx (bf16), and
+// d(e) += ds cw[H:] (the confidence head's paths; without the head acc alone).
+__global__ void dspark_conf_rows(bf16 *rows_dx, const float *acc, float *de, const float *ds,
+                                 const bf16 *cw, int H, int r) {
+  int i = blockIdx.x;
+  float d = cw ? ds[i] : 0.0f;
+  for (int k = threadIdx.x; k < H; k += blockDim.x)
+    rows_dx[(size_t)i * H + k] = __float2bfloat16(acc[(size_t)i * H + k] +
+                                                  (cw ? d * ld(cw, k) : 0.0f));
+  if (cw)
+    for (int k = threadIdx.x; k < r; k += blockDim.x) de[(size_t)i * r + k] += d * ld(cw, H + k);
+}
+
+// The parameter gradients of n rows, one thread per column, rows in order (deterministic,
+// as the CPU's row-order scatter): w1's sparse rows dw1[prev_i] += de_i (columns 0..r-1);
+// with the confidence head dcw += sum_i ds_i [x_i; e_i] (columns r..r+H+r-1) and dcb +=
+// sum_i ds_i (the last).
+__global__ void dspark_param_grads(float *dw1, const float *de, const int32_t *prev, float *dcw,
+                                   float *dcb, const float *ds, const bf16 *x, const bf16 *e, int n,
+                                   int H, int r) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < r) {
+    for (int i = 0; i < n; i++) dw1[(size_t)prev[i] * r + j] += de[(size_t)i * r + j];
+    return;
+  }
+  if (!dcw) return;
+  j -= r;
+  if (j > H + r) return;
+  float s = 0;
+  for (int i = 0; i < n; i++)
+    s += ds[i] * (j < H       ? ld(x, (size_t)i * H + j)
+                  : j < H + r ? ld(e, (size_t)i * r + j - H)
+                              : 1.0f);
+  if (j < H + r) dcw[j] += s;
+  else *dcb += s;
+}
 } // namespace
 
 // ---- launchers ----------------------------------------------------------------------
@@ -628,4 +730,29 @@ dflash_status k_muon_apply(cudaStream_t s, float *p, bf16 *p16, const float *o, 
   if (!n) return DFLASH_OK;
   DF_LAUNCH(blocks_for(n, 256), 256, 0, s, muon_apply)(p, p16, o, n, clip, decay, step);
   return df_launched("muon_apply");
+}
+
+dflash_status k_dspark_loss_rows(cudaStream_t s, float *z, float *zt, bf16 *dz, const bf16 *x,
+                                 const bf16 *e, const bf16 *cw, const bf16 *cb,
+                                 const int32_t *target, const float *coef, float *loss, float *ds,
+                                 int n, int V, int H, int r, float a_ce, float a_l1, float a_conf) {
+  if (n <= 0) return DFLASH_OK;
+  DF_LAUNCH(n, 256, 0, s, dspark_loss_rows)
+  (z, zt, dz, x, e, cw, cb, target, coef, loss, ds, V, H, r, a_ce, a_l1, a_conf);
+  return df_launched("dspark_loss_rows");
+}
+dflash_status k_dspark_conf_rows(cudaStream_t s, bf16 *rows_dx, const float *acc, float *de,
+                                 const float *ds, const bf16 *cw, int n, int H, int r) {
+  if (n <= 0) return DFLASH_OK;
+  DF_LAUNCH(n, 256, 0, s, dspark_conf_rows)(rows_dx, acc, de, ds, cw, H, r);
+  return df_launched("dspark_conf_rows");
+}
+dflash_status k_dspark_param_grads(cudaStream_t s, float *dw1, const float *de, const int32_t *prev,
+                                   float *dcw, float *dcb, const float *ds, const bf16 *x,
+                                   const bf16 *e, int n, int H, int r) {
+  if (n <= 0) return DFLASH_OK;
+  int cols = r + (dcw ? H + r + 1 : 0);
+  DF_LAUNCH((cols + 127) / 128, 128, 0, s, dspark_param_grads)
+  (dw1, de, prev, dcw, dcb, ds, x, e, n, H, r);
+  return df_launched("dspark_param_grads");
 }

@@ -185,6 +185,84 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
   return DFLASH_OK;
 }
 
+// DSpark's buffers for R rows (model.cuh dspark_bufs), then this sequence's previous tokens
+// and the target's final state at each row from the host (pageable: copied at the call).
+dflash_status dspark_upload(df_cu_model *m, const df_cu_batch *b) {
+  auto &d = m->dsp;
+  int H = m->c.H, V = m->c.V, r = m->c.markov_rank;
+  size_t R = (size_t)(b->R > 0 ? b->R : 1);
+  if (!d.z) {
+    size_t rows = kDsparkRows;
+    DF_TRY(dalloc(m, &d.z, rows * V, "DSpark logits"));
+    DF_TRY(dalloc(m, &d.zt, rows * V, "DSpark target logits"));
+    DF_TRY(dalloc(m, &d.dz, rows * V, "DSpark logit gradients"));
+    DF_TRY(dalloc(m, &d.de, rows * r, "DSpark Markov embedding gradients"));
+  }
+  if (R > d.cap_r) {
+    bool sync = d.prev != nullptr; // cudaFree waits for the device
+    if (sync) cudaFree(d.prev), cudaFree(d.xt), cudaFree(d.e), cudaFree(d.ds);
+    d.prev = nullptr, d.xt = nullptr, d.e = nullptr, d.ds = nullptr, d.cap_r = 0;
+    DF_TRY(dalloc(m, &d.prev, R, "DSpark previous tokens"));
+    DF_TRY(dalloc(m, &d.xt, R * H, "DSpark target final states"));
+    DF_TRY(dalloc(m, &d.e, R * r, "DSpark Markov embeddings"));
+    DF_TRY(dalloc(m, &d.ds, R, "DSpark confidence gradients"));
+    d.cap_r = R;
+  }
+  d.has_final = b->rows_final != nullptr;
+  if (b->R <= 0) return DFLASH_OK;
+  DF_CU(cudaMemcpyAsync(d.prev, b->rows_prev, 4 * (size_t)b->R, cudaMemcpyHostToDevice, m->st));
+  if (d.has_final)
+    DF_CU(
+        cudaMemcpyAsync(d.xt, b->rows_final, 2 * (size_t)b->R * H, cudaMemcpyHostToDevice, m->st));
+  return DFLASH_OK;
+}
+
+// DSpark's heads and objective over the rows (src/train/dspark.c's df_dspark_loss, its CPU
+// twin): per chunk of rows z = x E^T + W1[prev] W2^T and zt = xt E^T by GEMM over the full
+// vocabulary, the row pass (k_dspark_loss_rows), then with grad d(x) = dz E, d(e) = dz W2 and
+// dW2 += dz^T e by GEMM, the confidence head's parts and W1's sparse rows in row order. The
+// row losses (alpha-weighted) go where lmhead_ce puts the CE, so the deferred sum(w * loss)
+// and the host's read them alike.
+dflash_status dspark_loss(df_cu_model *m, bool grad) {
+  const df_cu_config &c = m->c;
+  auto &d = m->dsp;
+  int R = m->R, H = c.H, V = c.V, r = c.markov_rank, L = c.L;
+  float *rf = act<float>(m, DF_ACT_ROW_F32), *acc = act<float>(m, DF_ACT_CE_ACC);
+  float *coef = grad ? rf + 3 * (size_t)R : nullptr, *loss = rf + 4 * (size_t)R;
+  const int32_t *target = act<int32_t>(m, DF_ACT_ROW_I32) + R;
+  bf16 *x = act<bf16>(m, DF_ACT_ROWS_X), *rdx = act<bf16>(m, DF_ACT_ROWS_DX);
+  size_t i1 = df_tensor_markov(L, DF_TM_W1), i2 = df_tensor_markov(L, DF_TM_W2);
+  const bf16 *w2 = w_of(m, i2), *cw = nullptr, *cb = nullptr;
+  float *dcw = nullptr, *dcb = nullptr;
+  if (c.dspark_conf && d.has_final) {
+    cw = w_of(m, df_tensor_conf(L, DF_TQ_CW)), cb = w_of(m, df_tensor_conf(L, DF_TQ_CB));
+    dcw = g_of(m, df_tensor_conf(L, DF_TQ_CW)), dcb = g_of(m, df_tensor_conf(L, DF_TQ_CB));
+  }
+  DF_TRY(k_gather_rows(m->st, d.e, w_of(m, i1), d.prev, R, r));
+  for (int r0 = 0; r0 < R; r0 += kDsparkRows) {
+    int n = R - r0 < kDsparkRows ? R - r0 : kDsparkRows;
+    const bf16 *xc = x + (size_t)r0 * H, *ec = d.e + (size_t)r0 * r;
+    DF_TRY(gemm(m, false, true, n, V, H, xc, H, m->head, H, d.z, V, true, 0.0f));
+    DF_TRY(gemm(m, false, true, n, V, r, ec, r, w2, r, d.z, V, true, 1.0f));
+    if (d.has_final)
+      DF_TRY(
+          gemm(m, false, true, n, V, H, d.xt + (size_t)r0 * H, H, m->head, H, d.zt, V, true, 0.0f));
+    DF_TRY(k_dspark_loss_rows(m->st, d.z, d.has_final ? d.zt : nullptr, grad ? d.dz : nullptr, xc,
+                              ec, cw, cb, target + r0, coef ? coef + r0 : nullptr, loss + r0,
+                              d.ds + r0, n, V, H, r, c.ds_alpha_ce, c.ds_alpha_l1,
+                              c.ds_alpha_conf));
+    if (!grad) continue;
+    float *accc = acc + (size_t)r0 * H;
+    DF_TRY(gemm(m, false, false, n, H, V, d.dz, V, m->head, H, accc, H, true, 0.0f));
+    DF_TRY(gemm(m, false, false, n, r, V, d.dz, V, w2, r, d.de, r, true, 0.0f));
+    DF_TRY(linear_dw(m, g_of(m, i2), d.dz, ec, n, V, r));
+    DF_TRY(k_dspark_conf_rows(m->st, rdx + (size_t)r0 * H, accc, d.de, d.ds + r0, cw, n, H, r));
+    DF_TRY(k_dspark_param_grads(m->st, g_of(m, i1), d.de, d.prev + r0, dcw, dcb, d.ds + r0, xc, ec,
+                                n, H, r));
+  }
+  return DFLASH_OK;
+}
+
 // DFlash 2's selector loss on the rows (after lmhead_ce found their candidates): added to
 // the row losses; with grad, into rows_dx and the selector's gradients.
 dflash_status selector_loss(df_cu_model *m, const df_cu_batch *b, bool grad) {
@@ -339,7 +417,8 @@ namespace {
 // Forward, LM head + CE, backward (or deferred, see pending_bwd) of an uploaded sequence.
 dflash_status compute_sequence(df_cu_model *m, const df_cu_batch *b) {
   DF_TRY(model_forward(m));
-  DF_TRY(lmhead_ce(m, b->coef != nullptr));
+  if (m->c.dspark) DF_TRY(dspark_loss(m, b->coef != nullptr));
+  else DF_TRY(lmhead_ce(m, b->coef != nullptr));
   if (m->df2) DF_TRY(selector_loss(m, b, b->coef != nullptr));
   // This may be the last sequence before the step: defer its backward (the row losses need
   // only the forward), so that collect waits for the forward alone and the backward runs
@@ -382,6 +461,7 @@ extern "C" dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *b, 
   }
   DF_TRY(flush_backward(m)); // the arena is about to take this sequence
   DF_TRY(upload_batch(m, b, m->pend_bad + slot));
+  if (m->c.dspark) DF_TRY(dspark_upload(m, b));
   DF_TRY(compute_sequence(m, b));
   if (!deferred) return finish_sync(m, b->R, row_loss);
   DF_TRY(k_seq_loss(m->st, act<float>(m, DF_ACT_ROW_F32) + 4 * (size_t)b->R,
@@ -407,6 +487,9 @@ extern "C" dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t
 
 extern "C" dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
   DF_TRY(use_device(m));
+  if (m->c.dspark) // its drafts chain through the Markov head (model_dspark.c), not here yet
+    return df_error(DFLASH_E_UNSUPPORTED, "CUDA: DSpark drafts (predict) are not implemented on "
+                                          "the CUDA backend; the CPU backend drafts them");
   if (b->A <= 0 || b->R <= 0) return DFLASH_OK;
   DF_TRY(flush_backward(m));
   DF_TRY(upload_batch(m, b, m->pend_bad + kPending));

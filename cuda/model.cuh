@@ -25,7 +25,8 @@ extern "C" {
 namespace dfcu {
 
 constexpr size_t kBucketElems = DF_CU_BUCKET_ELEMS; // 64 Mi elements (256 MB fp32)
-constexpr size_t kPending = DF_CU_PENDING; // deferred sequences on the device between drains
+constexpr size_t kPending = DF_CU_PENDING;     // deferred sequences on the device between drains
+constexpr int kDsparkRows = DF_CU_DSPARK_ROWS; // DSpark: rows per pass over the vocabulary
 
 // Parameter tensors: the table of train/tensors.h, from which model.c builds the buffer.
 enum { P_FC = DF_TH_FC, P_HIDDEN_NORM = DF_TH_HIDDEN_NORM };
@@ -126,6 +127,18 @@ struct df_cu_model {
   std::vector<muon_mat> muon;
   float *ns_x = nullptr, *ns_y = nullptr, *ns_g = nullptr, *ns_gg = nullptr;
   double *ns_ss = nullptr;
+  // DSpark (c.dspark; model.cu dspark_loss): per row (cap_r) the Markov head's previous token,
+  // the target's final state (bf16 [R, H], when the sequence has one: has_final), the Markov
+  // embeddings W1[prev] (bf16 [R, r]) and the confidence logit's gradient; per chunk of
+  // kDsparkRows rows the draft and target logits (fp32 [rows, V]), d(logits) (bf16) and d(e)
+  // (fp32 [rows, r]).
+  struct dspark_bufs {
+    int32_t *prev = nullptr;
+    bf16 *xt = nullptr, *e = nullptr, *dz = nullptr;
+    float *z = nullptr, *zt = nullptr, *de = nullptr, *ds = nullptr;
+    size_t cap_r = 0;
+    bool has_final = false;
+  } dsp;
 };
 
 namespace dfcu {

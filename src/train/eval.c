@@ -264,7 +264,7 @@ static dflash_status chunk_drafts(dflash_trainer *t, const dflash_sample *q, eva
   if (!t->m.dspark)
     return dflash_trainer_propose(t, q, NULL, b->pred, extras && t->m.dflash2 ? &b->o : NULL);
   /* The float32 reference on the host copy of the parameters, as dflash_trainer_propose's
-   * extras (the CPU backend's own storage: DSpark trains there only). */
+   * extras (on CUDA pulled from the device first; the chain runs on the host). */
   dflash_status st = df_trainer_pull(t, DF_BUF_PARAMS);
   if (st) return st;
   float *conf = dx && dx->conf ? dx->conf + (size_t)at * (size_t)t->m.B : NULL;

@@ -156,9 +156,10 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   df_config_ext ext;
   df_config_ext_of(&full, &ext);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
-  if (!st)
+  if (!st && ext.draft_vocab > 0 && ext.draft_vocab < cfg->vocab_size)
     st = df_dspark_unsupported(&ext, "training plan",
-                               "the plan counts the CUDA trainer's memory, which has no DSpark");
+                               "the CUDA trainer trains DSpark over the full vocabulary only, so "
+                               "the plan counts no pruned draft vocabulary");
   if (st) return st;
   const char *why = df_cu_attn_shape_why(cfg->block_size, cfg->num_attention_heads,
                                          cfg->num_key_value_heads, cfg->head_dim);
@@ -198,6 +199,7 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   p->grads = 4 * padded;
   df_act_dims d;
   df_plan_dims(cfg, opts->seq_len, opts->num_anchors, opts->vocab_chunk, &d);
+  if (ext.dspark) d.R = d.A * cfg->block_size; /* anchor-first: every slot supervised */
   df_act_layout lay;
   df_act_layout_compute(&d, &lay);
   /* The arena, plus the staging buffer and scratch the backend keeps beside it (and Muon's). */
@@ -207,6 +209,11 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
                                                          opts->seq_len + cfg->block_size);
   if (opts->optimizer == DFLASH_OPTIMIZER_MUON)
     p->activations += plan_muon_bytes(df_tensor_dims_of(cfg, &ext));
+  /* DSpark: its row and logit buffers, the target's final state (bf16) at each row among
+   * them; its Markov and confidence tensors are in n_params (tensors.h). */
+  if (ext.dspark)
+    p->activations += df_cu_dspark_bytes((size_t)d.R, (size_t)cfg->hidden_size,
+                                         (size_t)cfg->vocab_size, (size_t)ext.markov_rank);
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;
   p->gpu_bytes = opts->gpu_bytes;

@@ -353,6 +353,38 @@ def test_dflash2():
     check("dflash2" in r2["memory"] and r2["memory"]["dflash2"] > 0, "DFlash 2's buffers counted")
 
 
+def test_dspark():
+    """DSpark (--dspark): the plan's parameters (tests/train/test_dspark_model.c: 2 V r + H +
+    r + 1 over DFlash), every DSpark kernel priced, every slot a supervised row, its buffers
+    (src/train/cuda/dfcuda.h df_cu_dspark_bytes) counted."""
+    q = gm.load_config("qwen3-8b")
+    ds = dict(q, dspark=dict(r=256, conf=True))
+    H, V = q["hidden_size"], q["vocab_size"]
+    check(gm.param_count(ds) - gm.param_count(q) == 2 * V * 256 + H + 256 + 1,
+          f"DSpark adds {gm.param_count(ds) - gm.param_count(q)} parameters")
+    r1 = gm.model(q, "H200", 3072, 512, 1, 8, 16384, "mma")
+    r2 = gm.model(ds, "H200", 3072, 512, 1, 8, 16384, "mma")
+    priced = set()
+    for o, t in r2["rows"]:
+        if t > 0:
+            priced.update(o.kernel.split("+"))
+    want = set(gm.dspark_kernels())
+    check(want <= priced and not priced & {"lmhead_ce_chunk", "lmhead_ce_finish"},
+          f"every DSpark kernel priced, DFlash's CE not run; missing {sorted(want - priced)}")
+    check(r2["R"] == r2["T"] and r1["R"] < r1["T"], f"DSpark supervises all {r2['T']} slots")
+    B, r = q["block_size"], 256
+    want_bytes = 512 * B * (4 + 2 * H + 2 * r + 4) + 64 * (V * 10 + 4 * r)
+    check(r2["memory"].get("dspark") == want_bytes,
+          f"DSpark's buffers {r2['memory'].get('dspark')} == df_cu_dspark_bytes {want_bytes}")
+    # DFlash's LM head (logits, d(rows)) replaced by DSpark's: logits, d(rows) and the Markov
+    # head's bias, d(e) and dW2; the target's logits are not model FLOPs
+    R1, R2 = r1["R"], r2["R"]
+    extra = 4.0 * R2 * V * H + 6.0 * R2 * V * r - 4.0 * R1 * V * H
+    check(close(r2["model_flops"] - r1["model_flops"], extra),
+          f"DSpark model FLOPs {(r2['model_flops'] - r1['model_flops']) / 1e12:+.3f} TFLOP "
+          f"(want {extra / 1e12:+.3f})")
+
+
 def test_targets(tmp):
     src = open(os.path.join(ROOT, "cuda", "attention.cu")).read()
     m = re.search(r"e\.g\. d 128 \(ld 128\), Mp 128 .*?N 64: ([\d,]+) / ([\d,]+) / ([\d,]+) bytes"
@@ -509,6 +541,7 @@ def main():
         test_overlap()
         test_schedules()
         test_dflash2()
+        test_dspark()
         test_targets(tmp)
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.print_table(r, ops=False)

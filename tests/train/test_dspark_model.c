@@ -15,6 +15,7 @@
 #include "synth.h"
 #include "testutil.h"
 #include "train/backend.h"
+#include "train/cuda/dfcuda.h"
 #include "train/trainer.h"
 
 enum { H = 16, V = 37, L = 1, B = 4, RK = 5, S = 24, KH = 2 * H };
@@ -234,19 +235,38 @@ START_TEST(dspark_anchor_rule) {
 }
 END_TEST
 
-/* The paths without DSpark refuse it by name instead of running it as DFlash. */
+/* The paths without DSpark refuse it by name instead of running it as DFlash: on CUDA (the
+ * trainer and its plan) a pruned draft vocabulary; the full vocabulary trains there
+ * (tests/gpu/emu_dspark.c) and the plan counts its tensors and buffers. */
 START_TEST(dspark_refused_where_not_implemented) {
   dflash_trainer *t = NULL;
-  ck_assert_status(make(DFLASH_BACKEND_CUDA, 1, DFLASH_OPTIMIZER_ADAMW, &t), DFLASH_E_UNSUPPORTED,
-                   "trainer (backend CUDA): not for a DSpark drafter");
-  ck_assert_ptr_null(t);
   dflash_drafter_config c = {.struct_size = sizeof c};
   config(&c, 1);
+  c.draft_vocab_size = V - 10;
+  static float E[V * H], Hd[V * H];
+  for (size_t i = 0; i < (size_t)V * H; i++) E[i] = wave(i, 1), Hd[i] = wave(i, 2);
+  dflash_trainer_options o;
+  dflash_trainer_options_default(&o);
+  o.backend = DFLASH_BACKEND_CUDA;
+  ck_assert_status(dflash_trainer_create(&c, E, Hd, &o, &t), DFLASH_E_UNSUPPORTED,
+                   "trainer (backend CUDA): not for a DSpark drafter");
+  ck_assert_ptr_null(t);
   dflash_train_plan_options po;
   dflash_train_plan_options_default(&po);
+  po.num_anchors = 8, po.seq_len = 64, po.vocab_chunk = 16;
   dflash_train_plan p = {.struct_size = sizeof p};
   ck_assert_status(dflash_train_plan_compute(&c, &po, &p), DFLASH_E_UNSUPPORTED,
                    "training plan: not for a DSpark drafter");
+  /* The full vocabulary: the plan counts W1, W2 and the confidence head, and DSpark's
+   * buffers (the target's final state among them) on top of the DFlash arena. */
+  c.draft_vocab_size = 0;
+  ck_assert_ok(dflash_train_plan_compute(&c, &po, &p));
+  dflash_drafter_config d = c;
+  d.dspark = 0, d.markov_rank = 0, d.confidence_head = 0;
+  dflash_train_plan pd = {.struct_size = sizeof pd};
+  ck_assert_ok(dflash_train_plan_compute(&d, &po, &pd));
+  ck_assert_uint_eq(p.n_params - pd.n_params, (uint64_t)2 * V * RK + H + RK + 1);
+  ck_assert_uint_ge(p.activations - pd.activations, df_cu_dspark_bytes((size_t)8 * B, H, V, RK));
   ck_assert_ok(make(DFLASH_BACKEND_CPU, 1, DFLASH_OPTIMIZER_ADAMW, &t));
   static seq_t q;
   make_seq(&q);

@@ -18,9 +18,12 @@
 #include <string.h>
 
 #ifdef DFLASH_HAVE_CUDA
+#include <math.h>
+
 #include "dfcuda.h"
 #include "core/bf16.h"
 #include "dist.h"
+#include "train/dspark.h"
 
 typedef struct cuda_backend {
   df_backend base;
@@ -31,7 +34,8 @@ typedef struct cuda_backend {
   /* host staging, grown as needed (model.cu copies it into pinned memory) */
   int32_t *i32;
   float *f32;
-  size_t i32_cap, f32_cap;
+  uint16_t *u16; /* DSpark: the target's final state at each row, bf16 [R, H] */
+  size_t i32_cap, f32_cap, u16_cap;
   /* gradient normalisation across ranks (see cuda_step) */
   double scale_used, weight_local;
   /* accumulates whose losses are still on the device (df_cu_results): sum(w), sample id */
@@ -51,13 +55,21 @@ static dflash_status grow(void **p, size_t *cap, size_t bytes) {
   return DFLASH_OK;
 }
 
-/* Block tokens, supervised rows and weights (df_model_rows, as the CPU backend's), as
- * arrays for the device; the context rows as given (fp32, or the stored bf16 / fp8 codes),
- * for the device to convert. */
+/* The loss weight of a row at block slot j: DSpark's exp(-j / gamma) (df_dspark_rows'), else
+ * the position weight. */
+static double row_weight(const df_model *m, int j) {
+  if (!m->dspark) return df_position_weight(m, j);
+  return m->gamma > 0 ? exp(-(double)j / m->gamma) : 1.0;
+}
+
+/* Block tokens, supervised rows and weights (df_model_rows, as the CPU backend's; DSpark's
+ * anchor-first rows from df_dspark_rows, with the Markov head's previous token and the
+ * target's final state at each row in bf16), as arrays for the device; the context rows as
+ * given (fp32, or the stored bf16 / fp8 codes), for the device to convert. */
 static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale, df_cu_batch *b) {
   df_model *m = &c->t->m;
   int A = s->n_anchors, Sc = 0, max_pos = 0;
-  int T = A * m->B, cap_r = A * (m->B - 1);
+  int T = A * m->B, cap_r = A * (m->dspark ? m->B : m->B - 1);
   dflash_status st = grow((void **)&c->i32, &c->i32_cap, sizeof(int32_t) * ((size_t)T + 3 * cap_r));
   if (!st) st = grow((void **)&c->f32, &c->f32_cap, sizeof(float) * 2 * (size_t)cap_r);
   if (st) return st;
@@ -66,6 +78,24 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
   float *coef = c->f32;
   int R = df_model_rows(m, s->ids, s->labels, s->loss_mask, s->len, s->anchors, A, grad_scale, &Sc,
                         &max_pos, tok, rows_t, rows_target, rows_prev, coef);
+  const uint16_t *rows_final = NULL;
+  if (m->dspark) {
+    R = s->loss_mask
+            ? df_dspark_rows(m->B, m->gamma, s->ids, s->labels, s->loss_mask, s->len, s->anchors, A,
+                             grad_scale, rows_t, rows_target, rows_prev, NULL, coef)
+            : 0;
+    if (s->final && R > 0) {
+      size_t H = (size_t)m->H;
+      st = grow((void **)&c->u16, &c->u16_cap, sizeof(uint16_t) * (size_t)R * H);
+      if (st) return st;
+      for (int r = 0; r < R; r++) {
+        int t = rows_t[r];
+        const float *src = s->final + (size_t)(s->anchors[t / m->B] + t % m->B) * H;
+        for (size_t k = 0; k < H; k++) c->u16[(size_t)r * H + k] = df_f32_to_bf16(src[k]);
+      }
+      rows_final = c->u16;
+    }
+  }
   bool stored = s->hidden_codes != NULL;
   *b = (df_cu_batch){.T = T,
                      .Sc = Sc,
@@ -78,6 +108,7 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
                      .rows_target = rows_target,
                      .coef = s->loss_mask ? coef : NULL,
                      .rows_prev = rows_prev,
+                     .rows_final = rows_final,
                      .hidden_dtype = !stored                                   ? DF_CU_HIDDEN_F32
                                      : s->hidden_dtype == DFLASH_DTYPE_F8_E4M3 ? DF_CU_HIDDEN_FP8
                                                                                : DF_CU_HIDDEN_BF16,
@@ -94,6 +125,7 @@ static void cuda_destroy(df_backend *b) {
   free(c->pend_id);
   free(c->i32);
   free(c->f32);
+  free(c->u16);
   free(c);
 }
 
@@ -143,12 +175,13 @@ static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad
   if (s->n_anchors < 0) return df_error(DFLASH_E_RANGE, "negative anchor count %d", s->n_anchors);
   /* Stored rows are checked for NaN/Inf on the device (fp32 ones here, as before). */
   dflash_status st = df_model_check_inputs(m, s->ids, s->len, s->hidden, s->anchors, s->n_anchors);
+  if (!st && m->dspark) st = df_model_check_final(m, s->final, s->len);
   df_cu_batch bt;
   if (!st) st = prepare(c, s, grad_scale, &bt);
   if (st) return st;
   if ((st = keep_scale(c, grad_scale, &bt))) return st;
   double wsum = 0;
-  for (int r = 0; r < bt.R; r++) wsum += df_position_weight(m, bt.rows_t[r] % m->B);
+  for (int r = 0; r < bt.R; r++) wsum += row_weight(m, bt.rows_t[r] % m->B);
   if (grad_scale != 0) c->weight_local += wsum;
   if (weight_sum) *weight_sum = wsum;
   if (!loss_sum) { /* deferred: nothing waits for the device */
@@ -158,7 +191,7 @@ static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad
   float *loss = c->f32 + bt.R; /* second half of the f32 staging */
   if ((st = df_cu_accumulate(c->dev, &bt, loss))) return st;
   double lsum = 0;
-  for (int r = 0; r < bt.R; r++) lsum += df_position_weight(m, bt.rows_t[r] % m->B) * loss[r];
+  for (int r = 0; r < bt.R; r++) lsum += row_weight(m, bt.rows_t[r] % m->B) * loss[r];
   *loss_sum = lsum;
   return DFLASH_OK;
 }
@@ -195,6 +228,10 @@ static dflash_status cuda_collect(df_backend *b, double *loss_sum, double *weigh
 
 static dflash_status cuda_predict(df_backend *b, const df_seq *s, int32_t *pred) {
   cuda_backend *c = cb(b);
+  if (c->t->m.dspark) /* its drafts chain through the Markov head: model_dspark.c, CPU only */
+    return df_dspark_unsupported(&c->t->m.ext, "predict (backend CUDA)",
+                                 "its drafts chain through the Markov head, which only the CPU "
+                                 "backend runs");
   dflash_status st = df_model_check_inputs(&c->t->m, s->ids, s->len, s->hidden, s->anchors,
                                            s->n_anchors);
   df_cu_batch bt;
@@ -309,7 +346,13 @@ void df_cu_config_of(const df_model *m, size_t *offsets, df_cu_config *out) {
                         .sel_top_k = m->ext.selector_top_k,
                         .sel_rank = m->sel_rank,
                         .sel_inject = m->sel_inject,
-                        .sel_weight = m->sel_weight};
+                        .sel_weight = m->sel_weight,
+                        .dspark = m->dspark,
+                        .markov_rank = m->dspark ? m->ext.markov_rank : 0,
+                        .dspark_conf = m->dspark && m->ext.confidence_head,
+                        .ds_alpha_ce = (float)DF_DSPARK_ALPHA_CE,
+                        .ds_alpha_l1 = (float)DF_DSPARK_ALPHA_L1,
+                        .ds_alpha_conf = (float)DF_DSPARK_ALPHA_CONF};
   for (int l = 0; l < m->L; l++)
     out->window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
   for (size_t i = 0; i < m->n_tensors; i++) offsets[i] = m->tensors[i].offset;
@@ -386,7 +429,7 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   cfg.rs_bf16 = t->opt.grad_reduce_bf16 != 0;
   float *pw = malloc(sizeof(float) * (size_t)m->B);
   if (!st && (!offs || !pw)) st = df_error_nomem("CUDA tensor table");
-  for (int j = 0; pw && j < m->B; j++) pw[j] = (float)df_position_weight(m, j);
+  for (int j = 0; pw && j < m->B; j++) pw[j] = (float)row_weight(m, j);
   cfg.pos_weight = pw;
   df_cu_muon_mat *muon = NULL;
   if (!st && t->opt.optimizer == DFLASH_OPTIMIZER_MUON)

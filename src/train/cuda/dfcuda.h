@@ -173,6 +173,12 @@ typedef struct df_cu_config {
    * model allocates no Muon workspace). */
   const struct df_cu_muon_mat *muon;
   size_t n_muon;
+  /* DSpark (dspark nonzero; spec/dspark.md, the CPU's src/train/dspark.c): the Markov head's
+   * rank, whether the confidence head exists, and the objective's weights. Its tensors
+   * (markov_head.*, confidence_head.proj.*) follow DFlash 1's in the table. Full vocabulary
+   * only (the trainer refuses a pruned one on CUDA). */
+  int dspark, markov_rank, dspark_conf;
+  float ds_alpha_ce, ds_alpha_l1, ds_alpha_conf;
 } df_cu_config;
 
 /* One Muon matrix: its flat offset and shape [rows, cols] (row-major, as the CPU's), and the
@@ -210,8 +216,12 @@ typedef struct df_cu_batch {
   const int32_t *block_tok;            /* [T] anchor token / mask token */
   const int32_t *rows_t, *rows_target; /* [R] supervised (or predicted) rows */
   const float *coef;                   /* [R] w * grad_scale (NULL: predict) */
-  const int32_t *rows_prev;            /* [R] DFlash 2: the true token before each row */
-  const uint16_t *hidden;              /* bf16 [Sc, KH] (when hidden_codes is NULL) */
+  const int32_t *rows_prev;            /* [R] DFlash 2: the true token before each row; DSpark:
+                                        * the Markov head's previous token (teacher forcing) */
+  /* DSpark: bf16 [R, H] the target's post-norm final state at each row's position (anchor +
+   * slot, the state before its label), or NULL (the loss is then 0.1 CE alone, as on the CPU). */
+  const uint16_t *rows_final;
+  const uint16_t *hidden; /* bf16 [Sc, KH] (when hidden_codes is NULL) */
   /* The context rows [Sc, KH] as stored: DF_CU_HIDDEN_BF16 / _FP8 (e4m3 codes with a float
    * scale per token and layer, hidden_scales [Sc, K]) / _F32. Host memory the call reads
    * before it returns (copied into a pinned staging buffer); the device converts them to
@@ -298,6 +308,17 @@ static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int 
   return 4 * DF_CU_BUCKET_ELEMS + 8 * half + 4 * DF_CU_DW_SPLIT * wide + 8 * (1024 + 4096) + 32 +
          (size_t)n_pos * (2 * half * 4 + 4) + 8 * (2 * (size_t)DF_CU_PENDING + 1) + 4 * (size_t)B +
          2 * (4 * (size_t)n_pos * (size_t)KH + 256);
+}
+
+/* DSpark's device buffers besides the arena (cuda/model.cu dspark_upload), for R supervised
+ * rows (A * B: DSpark's slot 0 is supervised too), hidden size H, vocabulary V and Markov rank
+ * r: per row the previous token (int32), the target's final state and the Markov embedding
+ * (bf16) and the confidence gradient (fp32); per pass of DF_CU_DSPARK_ROWS rows the draft and
+ * target logits (fp32), their gradient (bf16) and d(e) (fp32). For `dflash train --plan`. */
+#define DF_CU_DSPARK_ROWS 64
+static inline size_t df_cu_dspark_bytes(size_t R, size_t H, size_t V, size_t r) {
+  R = R ? R : 1;
+  return R * (4 + 2 * H + 2 * r + 4) + (size_t)DF_CU_DSPARK_ROWS * (V * (4 + 4 + 2) + 4 * r);
 }
 
 /* The properties of CUDA device `device` (DFLASH_E_NO_DEVICE when there is none). */
