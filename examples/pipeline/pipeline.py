@@ -612,19 +612,22 @@ DSPARK = dict(markov_rank=256, markov_head_type="vanilla", enable_confidence_hea
               confidence_head_with_markov=True, sample_from_anchor=True)
 
 
-def dspark_config(cfg):
+def dspark_config(cfg, draft_vocab=0):
     """The DFlash 1 config as a DSpark one (spec/dspark.md section 5's keys, top level
-    and in dflash_config)."""
+    and in dflash_config); with draft_vocab N, a pruned draft vocabulary of N tokens
+    (`dflash train` keeps the N ids most often supervised in its data)."""
     c = json.loads(json.dumps(cfg))
     c["architectures"] = ["Qwen3DSparkModel"]
     c.update(DSPARK, tie_word_embeddings=False)
     c["dflash_config"].update(DSPARK)
+    if draft_vocab:
+        c["draft_vocab_size"] = c["dflash_config"]["draft_vocab_size"] = draft_vocab
     return c
 
 
-def dspark_start(dflash_cli, out, target_dir, cfg, p):
-    return side_start(dflash_cli, out, target_dir, "drafter_dspark", dspark_config(cfg), p,
-                      "decay")
+def dspark_start(dflash_cli, out, target_dir, cfg, p, draft_vocab=0):
+    return side_start(dflash_cli, out, target_dir, "drafter_dspark",
+                      dspark_config(cfg, draft_vocab), p, "decay")
 
 
 def dspark_finish(job, dflash_cli, out, target_dir, p):
@@ -636,8 +639,14 @@ def dspark_finish(job, dflash_cli, out, target_dir, p):
           + (f"; probabilistic tau {prob:.4f}" if prob is not None else "")
           + (f"; confidence ECE {e['confidence_ece']:.4f}" if e.get("confidence_ece") is not None
              else ""), flush=True)
+    if e.get("draft_vocab_size"):
+        print(f"DSpark draft vocabulary: {e['draft_vocab_size']} tokens, covering "
+              f"{100 * e['draft_vocab_coverage']:.2f} % of the held-out supervised tokens",
+              flush=True)
     return {"config": DSPARK, "checkpoint": ckpt, "train_s": round(res["elapsed_s"], 1),
-            "final_loss": res["loss"], "steps": res["step"], "eval_trained": e}
+            "final_loss": res["loss"], "steps": res["step"], "eval_trained": e,
+            "draft_vocab_size": e.get("draft_vocab_size"),
+            "draft_vocab_coverage": e.get("draft_vocab_coverage")}
 
 
 def dspark_compare(s):
@@ -1004,6 +1013,11 @@ def main():
                          "drafter likewise (stage 5c; the hidden stores then carry the target's "
                          "final state), decoded in llama.cpp with --spec-type draft-dspark; "
                          "all: both of them")
+    ap.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                    help="--arch dspark/all: the DSpark drafter with a pruned draft vocabulary "
+                         "of the N tokens most often supervised in the training data (0: the "
+                         "full vocabulary); a re-run with another N redoes the DSpark and "
+                         "llama.cpp stages only")
     ap.add_argument("--llama-prompts", type=int, default=0,
                     help="stage 7 on the first N held-out prompts only (0: all)")
     ap.add_argument("--peers", action="store_true",
@@ -1039,15 +1053,19 @@ def main():
     settings = dict(p, fetch_temperature=a.fetch_temperature, server=a.server,
                     servers=a.servers, parallel=a.parallel, labels=a.labels, arch=a.arch,
                     final_state=a.arch in ("dspark", "all"),
-                    llama_prompts=a.llama_prompts, llama_threads=a.llama_threads)
+                    llama_prompts=a.llama_prompts, llama_threads=a.llama_threads,
+                    draft_vocab=a.draft_vocab)
     order = [("export", []), ("fetch", ["n_prompts", "held_out_every", "max_tokens",
                                         "fetch_temperature", "server", "servers", "parallel"]),
              ("tokenize", []), ("hidden", ["layers", "labels", "final_state"]),
              ("train", ["epochs", "anchors", "lr", "weighting", "optimizer", "weight_decay",
                         "block", "threads", "arch"]),
              ("eval", []), ("llama_base", ["llama_prompts", "llama_threads", "llama_untrained"]),
-             ("llama_cpp", []), ("live", ["live_prompts"])]
+             ("llama_cpp", ["draft_vocab"]), ("live", ["live_prompts"])]
     # (export is left out: it writes the same files every time, and runs every time)
+    # The DSpark stage: the training settings and its draft vocabulary (left out when full,
+    # so that runs from before the option resume).
+    dspark_key = lambda: key("train") + (f" draft_vocab {a.draft_vocab}" if a.draft_vocab else "")
     st = Stages(out, summary, [n for n, _ in order][1:5] + ["train_target", "dflash2", "dspark"]
                 + [n for n, _ in order][5:])
 
@@ -1204,9 +1222,10 @@ def main():
         df2_job = None if st.done("dflash2", key("train")) else \
             dflash2_start(dflash_cli, out, target_dir, cfg, p)
     sp_job = None
-    if a.arch in ("dspark", "all") and not st.done("dspark", key("train")):
-        log(f"5c. train a DSpark drafter {DSPARK} beside it: the same data and settings")
-        sp_job = dspark_start(dflash_cli, out, target_dir, cfg, p)
+    if a.arch in ("dspark", "all") and not st.done("dspark", dspark_key()):
+        log(f"5c. train a DSpark drafter {DSPARK} beside it: the same data and settings"
+            + (f", a draft vocabulary of {a.draft_vocab} tokens" if a.draft_vocab else ""))
+        sp_job = dspark_start(dflash_cli, out, target_dir, cfg, p, a.draft_vocab)
 
     def train(d, labels, name):
         # --resume continues an interrupted run of the same settings (dflash train saves its
@@ -1262,11 +1281,11 @@ def main():
         summary["dflash2"] = dflash2_finish(df2_job, dflash_cli, out, target_dir, p)
         st.end("dflash2", key("train"), ["dflash2"])
         save()
-    if a.arch in ("dspark", "all") and not st.done("dspark", key("train")):
+    if a.arch in ("dspark", "all") and not st.done("dspark", dspark_key()):
         st.begin("dspark")
         log("5c. evaluate the DSpark drafter (waits for its training)")
         summary["dspark"] = dspark_finish(sp_job, dflash_cli, out, target_dir, p)
-        st.end("dspark", key("train"), ["dspark"])
+        st.end("dspark", dspark_key(), ["dspark"])
         save()
 
     if a.spool:
