@@ -38,7 +38,11 @@
    param_count), their Newton-Schulz FLOPs are 5 x (4 r^2 c + 2 r^3) per r x c matrix
    (r <= c) on TF32 cublasGemmEx rows, over 8 ranks only the busiest owner's share (the
    owners as cuda/arena.cu assigns them), the results broadcast, Muon's kernels are priced,
-   and the model FLOPs do not move.
+   and the model FLOPs do not move;
+11. DSpark (--dspark, or a Qwen3DSparkModel config): its parameters and buffers equal the
+   plan's (Kimi, rank 256: the arena at A x B rows plus df_cu_dspark_bytes), its kernels are
+   priced in place of DFlash's CE, its model FLOPs are the LM head's and the Markov head's,
+   and `--plan` states 98 KiB of hidden states per token (84 and the final state).
 """
 import json
 import os
@@ -176,6 +180,40 @@ def test_plan(tmp):
         check(min(abs(arena - g["activations"]), abs(arena + fixed - g["activations"])) <= 0.006,
               f"{name} world {world}: activations {arena:.3f} GiB (+ scratch {fixed:.3f}) == "
               f"plan's {g['activations']:.2f}")
+
+
+def test_plan_dspark(tmp):
+    """The Kimi shape as a DSpark drafter (rank 256, confidence head): the plan's parameters,
+    its activations (the arena at R = A x B rows plus df_cu_dspark_bytes) and the hidden
+    states per token it states (K + 1 layers' worth: the target's final state)."""
+    cli = os.environ.get("DFLASH_CLI")
+    if not cli:
+        print("skip DSpark plan comparison: DFLASH_CLI not set")
+        return
+    path = builtin_json("kimi", os.path.join(tmp, "kimi-dspark.json"))
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    j.update(architectures=["Qwen3DSparkModel"], markov_rank=256, markov_head_type="vanilla",
+             enable_confidence_head=True, confidence_head_with_markov=True,
+             sample_from_anchor=True, tie_word_embeddings=False)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f)
+    n, g = plan(cli, path, 8, 3072, 512, 8192)
+    c = gm.load_config(path)
+    check(c["dspark"] == dict(r=256, conf=True), f"gpu_model reads the DSpark keys: {c['dspark']}")
+    check(n == gm.param_count(c), f"kimi DSpark: parameters {gm.param_count(c)} == plan's {n}")
+    m = gm.memory(c, n, 8, 3072, 512, 8192)
+    act, fixed = (m["activations"] + m["dspark"]) / 2**30, (m["staging"] + m["scratch"]) / 2**30
+    check(min(abs(act - g["activations"]), abs(act + fixed - g["activations"])) <= 0.006,
+          f"kimi DSpark: arena + DSpark buffers {act:.3f} GiB (+ scratch {fixed:.3f}) == plan's "
+          f"{g['activations']:.2f}")
+    out = subprocess.run([cli, "train", "--plan", "--config", path, "--world", "8", "--gpu-gb",
+                          "100000"], capture_output=True, text=True).stdout
+    kib = re.search(r"hidden states per token\s+([\d.]+) KiB bf16", out)
+    want = 2 * (len(c["target_layer_ids"]) + 1) * c["hidden_size"] / 1024
+    check(kib is not None and abs(float(kib.group(1)) - want) < 0.05,
+          f"kimi DSpark: hidden states per token {kib and kib.group(1)} KiB == {want:.1f} "
+          "(6 layers and the final state, bf16)")
 
 
 # ---- 3. every kernel has a row --------------------------------------------------------
@@ -542,6 +580,7 @@ def main():
         test_schedules()
         test_dflash2()
         test_dspark()
+        test_plan_dspark(tmp)
         test_targets(tmp)
     r = gm.model(gm.load_config("qwen3-8b"), "H200", 3072, 512, 1, 8, 16384, "mma")
     gm.print_table(r, ops=False)

@@ -12,6 +12,20 @@ static void plan_line(const char *name, uint64_t bytes) {
   printf("  %-28s %10.2f GiB\n", name, (double)bytes / (double)(1ULL << 30));
 }
 
+/* What the hidden store holds per token for this drafter, which decides the disk or the
+ * spool budget a run needs: K layers x H values, BF16 (2 bytes) or FP8 (1 byte plus a
+ * float32 scale per layer); a DSpark drafter also needs the target's final state, H more. */
+static void plan_hidden_line(const dflash_drafter_config *c) {
+  double K = c->n_target_layer_ids, H = c->hidden_size, n = K + (c->dspark ? 1 : 0);
+  printf("  hidden states per token     %10.1f KiB bf16 (%.1f fp8): %d layers x %d",
+         2 * n * H / 1024, n * (H + 4) / 1024, (int)K, (int)H);
+  if (c->dspark)
+    printf(", + the target's final state for DSpark's L1 and confidence (without it %.1f KiB, "
+           "CE alone)",
+           2 * K * H / 1024);
+  printf("\n");
+}
+
 /* The GPUs --plan knows: memory (bytes) and shared memory per block (opt-in, bytes). */
 static const struct plan_gpu {
   const char *name;
@@ -109,6 +123,7 @@ int cmd_plan(int argc, char **argv) {
   plan_line("reserve", p.reserve);
   plan_line("total per GPU", p.total);
   plan_line("GPU memory", p.gpu_bytes);
+  plan_hidden_line(&cfg);
   plan_attention_lines(&p, &po, gpu);
   if (st) return cli_fail("train --plan", st), 1;
   printf("fits\n");
