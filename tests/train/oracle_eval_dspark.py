@@ -29,16 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:  # pragma: no cover
-    print(f"skip: {exc}")
-    sys.exit(77)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from oracle_env import HERE, np, torch  # noqa: E402  (numpy, torch or exit 77; the paths)
 import torch_drafter as base  # noqa: E402
 import libdflash  # noqa: E402
 from libdflash.hidden import write_dataset  # noqa: E402

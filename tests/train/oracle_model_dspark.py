@@ -16,19 +16,9 @@ stop-gradient on c*; pruned: c* from the renormalized teacher) must FAIL those b
 
 Exit 77 (skip) when torch or numpy is missing.
 """
-import os
 import sys
 
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:  # pragma: no cover
-    print(f"skip: {exc}")
-    sys.exit(77)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from oracle_env import np, torch  # noqa: E402  (numpy, torch or exit 77; the paths)
 import torch_dspark as ref  # noqa: E402
 from libdflash import Error  # noqa: E402
 from libdflash.train import Trainer, draft_vocab_select  # noqa: E402

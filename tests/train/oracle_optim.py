@@ -27,19 +27,9 @@ constant-with-warm-up rules for lr_schedule DFLASH_LR_LINEAR / _CONSTANT).
 Exit 77 when torch is missing.
 """
 import math
-import os
 import sys
 
-try:
-    import numpy as np
-    import torch
-except ImportError as exc:  # pragma: no cover
-    print(f"skip: {exc}")
-    sys.exit(77)
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from oracle_env import np, torch  # noqa: E402  (numpy, torch or exit 77; the paths)
 import torch_drafter as ref  # noqa: E402
 from oracle_model import make_config, random_params  # noqa: E402
 from libdflash.train import Trainer  # noqa: E402
