@@ -85,7 +85,8 @@ class _HiddenInfo(ctypes.Structure):
 class _SpoolInfo(ctypes.Structure):
     """Mirror of `dflash_spool_info` (what dflash_spool_get_info fills)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("num_layers", ctypes.c_int32),
-                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32)]
+                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("final_state", ctypes.c_int32)]
 
 
 class _SpoolStatus(ctypes.Structure):
@@ -217,7 +218,8 @@ class HiddenWriter:
     hidden state AFTER its final norm (transformers: hidden_states[-1] of the whole model,
     or last_hidden_state), stored as "f/<id>" in the store's dtype. A DSpark drafter
     trains on it with 0.1 CE + 0.9 L1 + 1.0 BCE (without it: 0.1 CE alone). It costs H more
-    values per token, (K+1)/K of the bytes. Plain stores only (not a spool yet).
+    values per token, (K+1)/K of the bytes. In a store or a spool (spool_budget) alike: a
+    spool's consumer (`dflash train --hidden spool:DIR`, Spool) gets it with every sample.
 
     Spool mode (spool_budget=BYTES, at least 2 * shard_bytes): `dir` (a folder or
     an s3:// prefix) is a spool that `dflash train --hidden spool:DIR` consumes
