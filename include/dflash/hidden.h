@@ -169,8 +169,9 @@ typedef struct dflash_spool_options {
   double wait_s; /* how long to wait for spool.json or the next shard (600; < 0: forever) */
   int32_t reuse; /* 1: epoch e >= 1 replays epoch 0's shards, which are never deleted (0) */
   /* 1: samples carry their hidden rows as stored (hidden_codes, hidden_scales) and hidden is
-   * NULL: nothing is decoded and the NaN/Inf check is left to the consumer (the CUDA
-   * trainer makes it on the device); all-zero layers are still refused here. (0) */
+   * NULL: the rows are not decoded and their NaN/Inf check is left to the consumer (the CUDA
+   * trainer makes it on the device); all-zero layers are still refused here, and a spool's
+   * final state still comes decoded and checked (target_final, float32). (0) */
   int32_t stored_rows;
 } dflash_spool_options;
 
