@@ -184,10 +184,10 @@ def world_errs(root, hidden, out, world):
 
 def test_spool_s3_two_ranks_dspark_final_state(tmp_path):
     """A DSpark drafter trained by two ranks from an S3 spool that carries the target's final
-    state (HiddenWriter(spool_budget=..., final_state=True)): each rank GETs only its own
-    samples' bytes, the final state's among them, and the run ends at the offline two-rank
-    run's checkpoint (from the store with the final state) byte for byte; neither run trains on
-    CE alone (no warning)."""
+    state (HiddenWriter(spool_budget=..., final_state=True)): each rank's sparse reads
+    (df_spool_share: a shard's header, then its own samples' byte spans) must bring the final
+    state with the rows, and the run ends at the offline two-rank run's checkpoint (from the
+    store with the final state) byte for byte; neither run trains on CE alone (no warning)."""
     ttc.make_world(tmp_path, n_train=12, n_test=4)
     dspark_world(tmp_path)
     _, order = ts.offline(tmp_path)
