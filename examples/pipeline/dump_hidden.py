@@ -24,7 +24,8 @@ the last decoder layer's raw output by norm(output) there (checked on 4.46.3:
 hidden_states[-1] == last_hidden_state == norm(layer L-1 output), and
 logits == lm_head(hidden_states[-1]); the raw output is in no entry). The whole
 model runs for it, and each token costs H more bf16 values: (K+1)/K of the bytes.
-Plain stores only (not with --spool-budget).
+With --spool-budget the spool carries it too (`dflash train --hidden spool:DIR`
+then trains DSpark's L1 and confidence terms from the spool as from a store).
 """
 import argparse
 import json
@@ -87,10 +88,8 @@ def main():
                     help="also store the target's greedy tokens (the whole model runs)")
     ap.add_argument("--final-state", action="store_true",
                     help="also store the target's post-norm final state, for DSpark's L1 and "
-                         "confidence terms (the whole model runs; not with --spool-budget)")
+                         "confidence terms (the whole model runs; a spool carries it too)")
     a = ap.parse_args()
-    if a.final_state and a.spool_budget:
-        ap.error("--final-state: a spool does not carry the final state yet")
     if a.threads:
         torch.set_num_threads(a.threads)
     layers = [int(x) for x in a.layers.split(",")]
@@ -127,15 +126,16 @@ def spool(a, t, body, layers):
     with libdflash.Dataset(a.data) as ds, \
             libdflash.HiddenWriter(a.out, num_layers=len(layers), hidden_size=t.hidden,
                                    dtype="bf16", shard_bytes=a.shard_bytes or None,
-                                   spool_budget=a.spool_budget) as w:
+                                   spool_budget=a.spool_budget, final_state=a.final_state) as w:
         for epoch in range(w.spool_status()["epoch"], a.epochs):
             for sid, ids, _mask in ds:  # the same order on every restart
                 if sid in w:
                     continue  # published before a crash
                 t1 = time.time()
-                rows, tids, _fin = hidden_rows(body, np.array(ids), layers)
+                rows, tids, fin = hidden_rows(body, np.array(ids), layers, a.final_state)
                 t2 = time.time()
-                w.append(sid, rows, target_ids=tids)  # blocks while the spool is full
+                # blocks while the spool is full
+                w.append(sid, rows, target_ids=tids if a.target_ids else None, final_state=fin)
                 forward_s, append_s = forward_s + t2 - t1, append_s + time.time() - t2
             w.end_epoch()
             st = w.spool_status()

@@ -62,8 +62,9 @@ typedef struct dflash_hidden_writer_options {
   /* 1: every sample also carries the target's final hidden state after its final norm
    * (dflash_hidden_rows.final_state, [len, H]; "f/<id>"), which a DSpark drafter needs for
    * its L1 term and confidence target (spec/dspark.md section 2): H more values per token,
-   * (K+1)/K of the bytes. A reopened store must agree (DFLASH_E_MISMATCH). Plain stores
-   * only: with spool_budget it is DFLASH_E_INVALID_ARG. (0) */
+   * (K+1)/K of the bytes. A reopened store must agree (DFLASH_E_MISMATCH). A spool too
+   * (spool_budget): its spool.json and every shard say so, and a producer restarted on it
+   * must agree (DFLASH_E_MISMATCH). (0) */
   int32_t final_state;
 } dflash_hidden_writer_options;
 
@@ -122,6 +123,8 @@ DFLASH_API void dflash_hidden_writer_free(dflash_hidden_writer *w);
 /*
  * Layout of a spool (a local folder or an s3:// prefix):
  *   spool.json                      {"format": "dflash-spool-1", num_layers, hidden_size, dtype}
+ *                                   (+ "final_state": "post_norm" when written with final_state:
+ *                                   every shard then holds "f/<id>" as a store does)
  *   e00000-s000000.safetensors ...  shard s of epoch e: a hidden-store shard (tensors as above)
  *   e00000-s000000.ids              its sample ids, one a line (the producer's record, kept)
  *   e00000.end                      end of epoch e: "shards=N samples=M"
@@ -166,8 +169,9 @@ typedef struct dflash_spool_options {
   double wait_s; /* how long to wait for spool.json or the next shard (600; < 0: forever) */
   int32_t reuse; /* 1: epoch e >= 1 replays epoch 0's shards, which are never deleted (0) */
   /* 1: samples carry their hidden rows as stored (hidden_codes, hidden_scales) and hidden is
-   * NULL: nothing is decoded and the NaN/Inf check is left to the consumer (the CUDA
-   * trainer makes it on the device); all-zero layers are still refused here. (0) */
+   * NULL: the rows are not decoded and their NaN/Inf check is left to the consumer (the CUDA
+   * trainer makes it on the device); all-zero layers are still refused here, and a spool's
+   * final state still comes decoded and checked (target_final, float32). (0) */
   int32_t stored_rows;
 } dflash_spool_options;
 
@@ -185,6 +189,9 @@ typedef struct dflash_spool_info {
   int32_t num_layers;  /* K */
   int32_t hidden_size; /* H */
   int32_t dtype;       /* dflash_dtype: DFLASH_DTYPE_BF16 or DFLASH_DTYPE_F8_E4M3 */
+  /* 1: every sample carries the target's post-norm final state (written with final_state;
+   * dflash_spool_next gives it as dflash_sample.target_final); 0: the spool has none */
+  int32_t final_state;
 } dflash_spool_info;
 
 DFLASH_API dflash_status dflash_spool_get_info(const dflash_spool *sp, dflash_spool_info *out);
@@ -195,8 +202,8 @@ DFLASH_API dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint
 /* The position of the next sample dflash_spool_next returns. */
 DFLASH_API dflash_status dflash_spool_tell(const dflash_spool *sp, int32_t *epoch, uint64_t *shard,
                                            uint64_t *offset);
-/* The next sample (its id, len, hidden rows or stored codes, target_ids, and epoch, shard and
- * offset: where it is; no tokens), waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
+/* The next sample (its id, len, hidden rows or stored codes, target_ids, target_final from a
+ * spool with final_state, and epoch, shard and offset: where it is; no tokens), waiting up to wait_s for its shard (DFLASH_E_TIMEOUT names the spool and the
  * shard); or *end_of_epoch = 1 (no sample) at the producer's end marker, and the position moves
  * to the next epoch. NaN/Inf and all-zero layers are refused naming the sample. */
 DFLASH_API dflash_status dflash_spool_next(dflash_spool *sp, dflash_sample *out,

@@ -48,8 +48,8 @@ typedef struct dflash_sample {
   /* DSpark's target distribution, the target's final hidden state AFTER its final norm
    * (Hugging Face's last_hidden_state) [len, hidden_size] float32, which the trainer puts
    * through the frozen LM head for the L1 term and the confidence target (spec/dspark.md
-   * section 2). A sample stream sets it from a store written with final_state (hidden.h),
-   * else NULL; a spool leaves it NULL; a caller may set its own. NULL: a DSpark drafter
+   * section 2). A sample stream or a spool sets it from a store or spool written with
+   * final_state (hidden.h), else NULL; a caller may set its own. NULL: a DSpark drafter
    * trains on 0.1 CE alone; DFlash ignores it. */
   const float *target_final;
 } dflash_sample;

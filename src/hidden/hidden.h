@@ -113,6 +113,10 @@ DF_MUST_CHECK dflash_status df_spool_writer_create(const char *dir, int32_t K, i
                                                    const dflash_hidden_writer_options *o,
                                                    dflash_hidden_writer **out);
 DF_MUST_CHECK dflash_status df_spool_publish(dflash_hidden_writer *w, double wait_s);
+/* Whether dflash_spool_next decodes a spool's final state into dflash_sample.target_final (on
+ * from open; a DFlash run turns it off, as df_sample_stream_set_final). The shards' final-state
+ * tensors are checked either way. */
+void df_spool_set_final(dflash_spool *sp, bool on);
 /* Whether dflash_spool_next would return without waiting (a failed look counts as ready). */
 bool df_spool_ready(dflash_spool *sp);
 /* Bytes of the shards this consumer opened before (epoch, shard) and has not released (no

@@ -16,18 +16,34 @@
 #include "storage/stage.h"
 #include "spool_internal.h"
 
-static dflash_status parse_meta(const char *loc, const char *text, int32_t *K, int32_t *H,
-                                int32_t *dtype) {
-  char fmt[32], dt[32];
+/* spool.json (spool_produce.c writes it): K, H, dtype, and whether the shards carry the
+ * target's final state ("final_state": "post_norm" after the dtype; absent in a spool without
+ * it, as in every spool of older libdflash). */
+static dflash_status parse_meta(dflash_spool *sp, const char *loc, const char *text) {
+  char fmt[32], dt[32], fin[32];
+  int n = 0, m = 0;
   if (sscanf(text,
              "{\"format\": \"%31[^\"]\", \"num_layers\": %d, \"hidden_size\": %d, "
-             "\"dtype\": \"%31[^\"]\"}",
-             fmt, K, H, dt) != 4 ||
-      strcmp(fmt, DF_SPOOL_FORMAT) || *K <= 0 || *H <= 0)
+             "\"dtype\": \"%31[^\"]\"%n",
+             fmt, &sp->K, &sp->H, dt, &n) != 4 ||
+      !n || strcmp(fmt, DF_SPOOL_FORMAT) || sp->K <= 0 || sp->H <= 0)
     return df_error(DFLASH_E_FORMAT, "%s: not a %s manifest", loc, DF_SPOOL_FORMAT);
-  if (!strcmp(dt, "bf16")) *dtype = DFLASH_DTYPE_BF16;
-  else if (!strcmp(dt, "fp8_e4m3")) *dtype = DFLASH_DTYPE_F8_E4M3;
+  if (!strcmp(dt, "bf16")) sp->dtype = DFLASH_DTYPE_BF16;
+  else if (!strcmp(dt, "fp8_e4m3")) sp->dtype = DFLASH_DTYPE_F8_E4M3;
   else return df_error(DFLASH_E_DTYPE, "%s: unknown dtype \"%s\"", loc, dt);
+  const char *rest = text + n;
+  sp->final = false;
+  if (!strncmp(rest, ", \"" DF_HIDDEN_FINAL_KEY "\"", strlen(DF_HIDDEN_FINAL_KEY) + 4)) {
+    if (sscanf(rest, ", \"" DF_HIDDEN_FINAL_KEY "\": \"%31[^\"]\"}%n", fin, &m) != 1 || !m)
+      return df_error(DFLASH_E_FORMAT, "%s: unreadable %s in \"%s\"", loc, DF_HIDDEN_FINAL_KEY,
+                      text);
+    if (strcmp(fin, DF_HIDDEN_FINAL_POST_NORM))
+      return df_error(DFLASH_E_FORMAT,
+                      "%s: %s = \"%s\": this libdflash reads \"%s\" (the target's final state "
+                      "after its final norm) only",
+                      loc, DF_HIDDEN_FINAL_KEY, fin, DF_HIDDEN_FINAL_POST_NORM);
+    sp->final = true;
+  }
   return DFLASH_OK;
 }
 
@@ -71,7 +87,7 @@ static dflash_status open_meta(dflash_spool *sp) {
     }
     df_sp_sleep_s(df_sp_poll_step(waited));
   }
-  if (!s) s = parse_meta(loc, text, &sp->K, &sp->H, &sp->dtype);
+  if (!s) s = parse_meta(sp, loc, text);
   free(text);
   free(loc);
   return s;
@@ -91,6 +107,7 @@ dflash_status dflash_spool_open(const char *spool, const dflash_spool_options *o
   if (!s) s = dflash_storage_create(NULL, &sp->st);
   const char *ra = getenv("DFLASH_SPOOL_READ_AHEAD");
   sp->read_ahead = !ra || strcmp(ra, "0");
+  sp->want_final = true;
   if (!s) s = open_meta(sp);
   if (s) {
     dflash_spool_free(sp);
@@ -123,6 +140,7 @@ void dflash_spool_free(dflash_spool *sp) {
   free(sp->base);
   free(sp->buf);
   free(sp->tbuf);
+  free(sp->fbuf);
   free(sp->opened);
   free(sp);
 }
@@ -132,9 +150,12 @@ dflash_status dflash_spool_get_info(const dflash_spool *sp, dflash_spool_info *o
   dflash_spool_info info = {.struct_size = sizeof info,
                             .num_layers = sp->K,
                             .hidden_size = sp->H,
-                            .dtype = sp->dtype};
+                            .dtype = sp->dtype,
+                            .final_state = sp->final};
   return df_opts_out(out, &info, sizeof info, "dflash_spool_info");
 }
+
+void df_spool_set_final(dflash_spool *sp, bool on) { sp->want_final = on; }
 
 dflash_status dflash_spool_seek(dflash_spool *sp, int32_t epoch, uint64_t shard, uint64_t offset) {
   return df_spool_seek_k(sp, epoch, shard, offset, K_UNKNOWN);
@@ -167,6 +188,54 @@ static void span(const dflash_tensor *t, const uint8_t *base, uint64_t *begin, u
   if (e > *end) *end = e;
 }
 
+/* Sample e's final state in shard f (a spool with final_state): "f/<id>" [len, H] in the rows'
+ * dtype and, for fp8, "fs/<id>" F32 [len, 1]; its bytes join the sample's span. */
+static dflash_status index_final(const dflash_spool *sp, const df_stage_st *f, const uint8_t *base,
+                                 const char *loc, sp_tensor *e) {
+  bool fp8 = sp->dtype == DFLASH_DTYPE_F8_E4M3;
+  dflash_dtype want = fp8 ? DFLASH_DTYPE_F8_E4M3 : DFLASH_DTYPE_BF16;
+  char name[DF_HIDDEN_MAX_ID + 8];
+  dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
+  snprintf(name, sizeof name, "f/%s", e->id);
+  if (df_stage_st_find(f, name, &t))
+    return df_error(DFLASH_E_FORMAT,
+                    "%s: sample %s has no final state (f/%s), though the spool declares %s", loc,
+                    e->id, e->id, DF_HIDDEN_FINAL_KEY);
+  if (t.dtype != (int32_t)want || t.ndim != 2 || t.shape[0] != e->len || t.shape[1] != sp->H)
+    return df_error(DFLASH_E_FORMAT, "%s: final state of sample %s is not %s [%lld, %d]", loc,
+                    e->id, dflash_dtype_name(want), (long long)e->len, sp->H);
+  e->fcodes = t.data;
+  span(&t, base, &e->begin, &e->end);
+  if (!fp8) return DFLASH_OK;
+  snprintf(name, sizeof name, "fs/%s", e->id);
+  if (df_stage_st_find(f, name, &sc))
+    return df_error(DFLASH_E_FORMAT, "%s: final state of sample %s lacks its scales (fs/%s)", loc,
+                    e->id, e->id);
+  if (sc.dtype != DFLASH_DTYPE_F32 || sc.ndim != 2 || sc.shape[0] != e->len || sc.shape[1] != 1)
+    return df_error(DFLASH_E_FORMAT, "%s: final-state scales of sample %s are not F32 [%lld, 1]",
+                    loc, e->id, (long long)e->len);
+  e->fscales = sc.data;
+  span(&sc, base, &e->begin, &e->end);
+  return DFLASH_OK;
+}
+
+/* The shard's final_state metadata against spool.json's. */
+static dflash_status check_shard_final(const dflash_spool *sp, const df_stage_st *f,
+                                       const char *loc) {
+  const char *fin = NULL;
+  if (df_stage_st_metadata_find(f, DF_HIDDEN_FINAL_KEY, &fin)) fin = NULL;
+  if (sp->final && (!fin || strcmp(fin, DF_HIDDEN_FINAL_POST_NORM)))
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: the spool's spool.json declares %s, but the shard %s%s%s", loc,
+                    DF_HIDDEN_FINAL_KEY, fin ? "says \"" : "does not", fin ? fin : "",
+                    fin ? "\"" : "");
+  if (!sp->final && fin)
+    return df_error(DFLASH_E_MISMATCH,
+                    "%s: the shard declares %s = \"%s\", but the spool's spool.json does not", loc,
+                    DF_HIDDEN_FINAL_KEY, fin);
+  return DFLASH_OK;
+}
+
 /* The samples of shard f (at `loc`, its bytes from `base`) in the order they were appended
  * (their data follow each other), into *out / *n_out; every one marked loaded. */
 dflash_status df_sp_index_into(const dflash_spool *sp, const df_stage_st *f, const uint8_t *base,
@@ -183,6 +252,8 @@ dflash_status df_sp_index_into(const dflash_spool *sp, const df_stage_st *f, con
                     "%s: layers, hidden size or dtype differ from the "
                     "spool's spool.json",
                     loc);
+  dflash_status fst = check_shard_final(sp, f, loc);
+  if (fst) return fst;
   sp_tensor *ts = calloc(n + 1, sizeof *ts);
   if (!(*out = ts)) return df_error_nomem("spool shard");
   *n_out = 0;
@@ -192,6 +263,10 @@ dflash_status df_sp_index_into(const dflash_spool *sp, const df_stage_st *f, con
     dflash_tensor t = {.struct_size = sizeof t}, sc = {.struct_size = sizeof sc};
     dflash_status st = df_stage_st_get(f, i, &t); /* file order: the order of appends */
     if (st) return st;
+    if (!sp->final && !strncmp(t.name, "f/", 2))
+      return df_error(DFLASH_E_FORMAT,
+                      "%s: final-state tensor %s, but neither the shard nor spool.json declares %s",
+                      loc, t.name, DF_HIDDEN_FINAL_KEY);
     if (strncmp(t.name, "h/", 2)) continue;
     if (t.dtype != (int32_t)want_dt || t.ndim != 2 || t.shape[1] != (int64_t)sp->K * sp->H)
       return df_error(DFLASH_E_FORMAT, "%s: %s is not %s [S, %lld]", loc, t.name,
@@ -210,6 +285,7 @@ dflash_status df_sp_index_into(const dflash_spool *sp, const df_stage_st *f, con
       e->tids = ti.data;
       span(&ti, base, &e->begin, &e->end);
     }
+    if (sp->final && (st = index_final(sp, f, base, loc, e))) return st;
     if (!fp8) continue;
     snprintf(name, sizeof name, "s/%s", e->id);
     if (df_stage_st_find(f, name, &sc) || sc.dtype != DFLASH_DTYPE_F32 || sc.ndim != 2 ||
@@ -388,6 +464,29 @@ static dflash_status spool_tids(dflash_spool *sp, const sp_tensor *t, const int3
   return DFLASH_OK;
 }
 
+/* The sample's final state decoded to float32 into sp->fbuf and checked finite (DSpark's
+ * target_final); *out NULL when the spool has none or its consumer does not want it. */
+static dflash_status spool_final(dflash_spool *sp, const sp_tensor *t, const float **out) {
+  *out = NULL;
+  if (!sp->final || !sp->want_final) return DFLASH_OK;
+  size_t n = (size_t)t->len * sp->H;
+  if (n > sp->fcap) {
+    free(sp->fbuf);
+    sp->fcap = 0;
+    if (!(sp->fbuf = malloc(n * sizeof *sp->fbuf))) return df_error_nomem("spool final state");
+    sp->fcap = n;
+  }
+  df_hidden_decode(1, sp->H, sp->dtype, t->fcodes, t->fscales, sp->fbuf, t->len);
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(sp->fbuf[i]))
+      return df_error(DFLASH_E_FORMAT,
+                      "spool %s: sample %s: target final state at token %zu, column %zu is not "
+                      "finite",
+                      sp->base, t->id, i / (size_t)sp->H, i % (size_t)sp->H);
+  *out = sp->fbuf;
+  return DFLASH_OK;
+}
+
 /* A sample decoded to float32 into sp->buf, checked for NaN/Inf and all-zero layers. */
 static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_sample *out) {
   size_t width = (size_t)sp->K * sp->H, need = (size_t)t->len * width;
@@ -406,11 +505,13 @@ static dflash_status decode_sample(dflash_spool *sp, const sp_tensor *t, dflash_
                       sp->base, t->id, i / width, i % width);
   dflash_status s = df_hidden_check_sample(t->id, sp->buf, t->len, sp->K, sp->H);
   const int32_t *tids = NULL;
+  const float *fin = NULL;
   if (!s) s = spool_tids(sp, t, &tids);
+  if (!s) s = spool_final(sp, t, &fin);
   if (s) return s;
   out->id = t->id, out->len = t->len, out->hidden = sp->buf;
   out->epoch = sp->epoch, out->shard = sp->shard, out->offset = sp->offset;
-  out->target_ids = tids;
+  out->target_ids = tids, out->target_final = fin;
   return DFLASH_OK;
 }
 
@@ -452,8 +553,9 @@ static dflash_status spool_next(dflash_spool *sp, dflash_sample *out, int32_t *e
   if ((s = df_sp_load_sample(sp, &sp->ts[sp->offset]))) return s;
   if (sp->o.stored_rows) { /* the shard's codes as they are: the consumer checks NaN/Inf */
     const int32_t *tids = NULL;
+    const float *fin = NULL;
     if ((s = df_hidden_check_codes(t->id, sp->dtype, t->codes, t->scales, t->len, sp->K, sp->H)) ||
-        (s = spool_tids(sp, t, &tids)))
+        (s = spool_tids(sp, t, &tids)) || (s = spool_final(sp, t, &fin)))
       return s;
     *out = (dflash_sample){.struct_size = sizeof *out,
                            .id = t->id,
@@ -462,6 +564,7 @@ static dflash_status spool_next(dflash_spool *sp, dflash_sample *out, int32_t *e
                            .shard = sp->shard,
                            .offset = sp->offset,
                            .target_ids = tids,
+                           .target_final = fin,
                            .hidden_dtype = sp->dtype,
                            .hidden_codes = t->codes,
                            .hidden_scales = sp->dtype == DFLASH_DTYPE_F8_E4M3 ? t->scales : NULL};

@@ -29,7 +29,9 @@ typedef struct sp_tensor {
   const char *id;
   const void *codes, *scales;
   int64_t len;
-  const void *tids;    /* "t/<id>" I32 [len] in the shard, or NULL */
+  const void *tids; /* "t/<id>" I32 [len] in the shard, or NULL */
+  /* A spool with final_state: "f/<id>" [len, H] codes and, for fp8, "fs/<id>" F32 [len, 1] */
+  const void *fcodes, *fscales;
   uint64_t begin, end; /* its tensors' bytes in the shard (they follow each other) */
   bool keep;           /* shared (df_spool_share): this consumer's, so read with the header */
   bool loaded;         /* its bytes are in memory (always, but for a shared spool on S3) */
@@ -80,7 +82,9 @@ struct dflash_spool {
   dflash_storage *st;
   dflash_spool_options o;
   int32_t K, H, dtype;
-  int32_t epoch; /* position */
+  bool final;      /* spool.json declares final_state: every sample has "f/<id>" */
+  bool want_final; /* decode it into dflash_sample.target_final (df_spool_set_final) */
+  int32_t epoch;   /* position */
   uint64_t shard, offset;
   df_stage_st *cur; /* the open shard (of spool epoch cur_e), or NULL */
   int32_t cur_e;
@@ -94,6 +98,8 @@ struct dflash_spool {
   size_t cap;
   int32_t *tbuf; /* the current sample's target ids (the shard's may be unaligned) */
   size_t tcap;
+  float *fbuf; /* the current sample's final state, float32 [len, H] */
+  size_t fcap;
   bool waited_note;
   /* The shards opened and not released yet, with their sizes, and the producer's budget once
    * read: the trainer's room accounting without a listing of the spool per shard. */

@@ -43,11 +43,14 @@ static dflash_status read_consumed(dflash_storage *st, const char *base, int32_t
   return r;
 }
 
-static dflash_status spool_meta(const char *base, int32_t K, int32_t H, int32_t dtype, char **out) {
+/* spool.json; a spool with the target's final state says so after the dtype (a spool without
+ * it reads as every spool before it did, and older consumers stop reading at the dtype). */
+static dflash_status spool_meta(int32_t K, int32_t H, int32_t dtype, bool final, char **out) {
   *out = df_asprintf("{\"format\": \"%s\", \"num_layers\": %d, \"hidden_size\": %d, "
-                     "\"dtype\": \"%s\"}\n",
-                     DF_SPOOL_FORMAT, K, H, df_hidden_dtype_name(dtype));
-  (void)base;
+                     "\"dtype\": \"%s\"%s}\n",
+                     DF_SPOOL_FORMAT, K, H, df_hidden_dtype_name(dtype),
+                     final ? ", \"" DF_HIDDEN_FINAL_KEY "\": \"" DF_HIDDEN_FINAL_POST_NORM "\""
+                           : "");
   return *out ? DFLASH_OK : df_error_nomem("spool.json");
 }
 
@@ -120,12 +123,12 @@ static dflash_status recover(dflash_hidden_writer *w) {
 static dflash_status writer_manifest(dflash_hidden_writer *w) {
   char *loc = df_sp_path(wbase(w), "spool.json"), *text = NULL, *mine = NULL;
   if (!loc) return df_error_nomem("spool");
-  dflash_status s = spool_meta(wbase(w), w->K, w->H, w->dtype, &mine);
+  dflash_status s = spool_meta(w->K, w->H, w->dtype, w->final, &mine);
   dflash_status r = s ? s : df_sp_read_small(w->storage, loc, &text);
   if (r == DFLASH_E_NOT_FOUND) s = dflash_storage_write(w->storage, loc, mine, strlen(mine));
   else if (!r && strcmp(text, mine))
-    s = df_error(DFLASH_E_MISMATCH, "%s holds %s; this writer has K=%d, H=%d, %s", loc, text, w->K,
-                 w->H, df_hidden_dtype_name(w->dtype));
+    s = df_error(DFLASH_E_MISMATCH, "%s holds %s; this writer has K=%d, H=%d, %s, final_state %d",
+                 loc, text, w->K, w->H, df_hidden_dtype_name(w->dtype), w->final);
   else s = r;
   free(loc), free(text), free(mine);
   return s;
@@ -157,6 +160,7 @@ dflash_status df_spool_writer_create(const char *dir, int32_t K, int32_t H,
   bool remote = dflash_storage_is_remote(dir);
   w->spool = true;
   w->K = K, w->H = H, w->dtype = o->dtype, w->shard_bytes = shard;
+  w->final = o->final_state == 1; /* every shard carries f/<id> and says so (writer.c) */
   w->budget = o->spool_budget, w->wait_s = o->spool_wait_s;
   dflash_status s = dflash_storage_create(NULL, &w->storage);
   if (!s && remote && !(w->remote = df_strdup(dir))) s = df_error_nomem("spool");

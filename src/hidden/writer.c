@@ -183,10 +183,6 @@ dflash_status dflash_hidden_writer_create(const char *dir, int32_t num_layers, i
   if (o.final_state != 0 && o.final_state != 1)
     return df_error(DFLASH_E_INVALID_ARG, "hidden writer: final_state is %d (0 or 1)",
                     o.final_state);
-  if (o.spool_budget && o.final_state)
-    return df_error(DFLASH_E_INVALID_ARG,
-                    "hidden writer: a spool (spool_budget) does not carry the target's final "
-                    "state yet; write a plain store with final_state");
   if (o.spool_budget) return df_spool_writer_create(dir, num_layers, hidden_size, &o, out);
   bool remote = dflash_storage_is_remote(dir);
   dflash_status st = remote ? DFLASH_OK : make_dir(dir);

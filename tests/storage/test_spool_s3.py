@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 import json
+import shutil
 
 import pytest
 
@@ -151,3 +152,53 @@ def test_spool_s3_two_ranks_with_faults(tmp_path):
         (tmp_path / "offline2" / "model.safetensors").read_bytes()
     assert 0 < high <= ts.WORLD_BUDGET + ts.max_shard(tmp_path), high
     assert not [k for k, _ in listing(prefix) if k.endswith(".safetensors")]
+
+
+def dspark_world(root):
+    """make_world's training store rewritten with the target's final state (a fixed function
+    of each sample's rows, bf16 as stored), and a DSpark drafter config in drafter.json."""
+    import numpy as np
+    import libdflash
+    with libdflash.HiddenStore(root / "train-hidden") as src:
+        rows = {sid: src.read(sid) for sid in src.ids()}
+    shutil.rmtree(root / "train-hidden")
+    with libdflash.HiddenWriter(root / "train-hidden", num_layers=1, hidden_size=ttc.H,
+                                final_state=True) as w:
+        for sid, x in rows.items():
+            w.append(sid, x, final_state=np.ascontiguousarray(np.tanh(3 * x[:, ::-1])))
+    cfg = json.loads((root / "drafter.json").read_text())
+    cfg.update(architectures=["Qwen3DSparkModel"], tie_word_embeddings=False, markov_rank=4,
+               enable_confidence_head=True, sample_from_anchor=True)
+    (root / "drafter.json").write_text(json.dumps(cfg))
+
+
+def world_errs(root, hidden, out, world):
+    """ts.train_world, returning every rank's standard error."""
+    errs = []
+    for rank, p in enumerate(ts.start_world(root, hidden, out, world)):
+        _, err = p.communicate(timeout=200)
+        assert p.returncode == 0, f"rank {rank}: {err}"
+        errs.append(err)
+    return errs
+
+
+def test_spool_s3_two_ranks_dspark_final_state(tmp_path):
+    """A DSpark drafter trained by two ranks from an S3 spool that carries the target's final
+    state (HiddenWriter(spool_budget=..., final_state=True)): each rank's sparse reads
+    (df_spool_share: a shard's header, then its own samples' byte spans) must bring the final
+    state with the rows, and the run ends at the offline two-rank run's checkpoint (from the
+    store with the final state) byte for byte; neither run trains on CE alone (no warning)."""
+    ttc.make_world(tmp_path, n_train=12, n_test=4)
+    dspark_world(tmp_path)
+    _, order = ts.offline(tmp_path)
+    for err in world_errs(tmp_path, str(tmp_path / "train-hidden"), tmp_path / "offline2", 2):
+        assert "0.1 CE alone" not in err, err
+    url = f"s3://{BUCKET}/spool-dspark"
+    prod = ts.producer(tmp_path, url, order, 0.0, ts.WORLD_BUDGET)
+    for err in world_errs(tmp_path, f"spool:{url}", tmp_path / "run2", 2):
+        assert "0.1 CE alone" not in err, err
+    assert prod.wait(timeout=120) == 0, prod.stderr.read()
+    assert (tmp_path / "run2" / "model.safetensors").read_bytes() == \
+        (tmp_path / "offline2" / "model.safetensors").read_bytes()
+    assert ts.stable_metrics((tmp_path / "run2" / "metrics.jsonl").read_text()) == \
+        ts.stable_metrics((tmp_path / "offline2" / "metrics.jsonl").read_text())

@@ -1,7 +1,7 @@
-/* dflash_train_run of a DSpark drafter from a hidden-state store that holds the target's
- * final state (HiddenWriter(..., final_state=True)): the stream gives every sample its
- * target_final, so the run trains on 0.1 CE + 0.9 L1 + 1.0 BCE and does not warn; a store
- * without it trains on 0.1 CE alone and warns; a DFlash drafter ignores it. */
+/* dflash_train_run of a DSpark drafter from a hidden-state store (or a spool) that holds the
+ * target's final state (HiddenWriter(..., final_state=True)): the stream (or the spool) gives
+ * every sample its target_final, so the run trains on 0.1 CE + 0.9 L1 + 1.0 BCE and does not
+ * warn; a store without it trains on 0.1 CE alone and warns; a DFlash drafter ignores it. */
 #include <dflash/hidden.h>
 #include <dflash/train.h>
 #include <math.h>
@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -60,11 +61,12 @@ static void count_ce_warning(dflash_log_level level, const char *msg, void *user
     ++*(int *)user;
 }
 
-/* One run from `hidden` into root/`out`; its metrics into m (returns their count), the
- * CE-alone warnings into *warned. */
+/* One run from `hidden` (root/`hidden`, or "spool:NAME": the spool root/NAME) into root/`out`;
+ * its metrics into m (returns their count), the CE-alone warnings into *warned. */
 static size_t run(dflash_train_run_options *o, const char *root, const char *hidden,
                   const char *out, synth_metric *m, int *warned) {
-  o->hidden_dir = synth_at(root, hidden);
+  o->hidden_dir = strncmp(hidden, "spool:", 6) ? synth_at(root, hidden)
+                                               : df_asprintf("spool:%s/%s", root, hidden + 6);
   o->out_dir = synth_at(root, out);
   *warned = 0;
   dflash_set_log_callback(count_ce_warning, warned, DFLASH_LOG_WARN);
@@ -117,9 +119,85 @@ START_TEST(dspark_run_trains_l1_and_bce_from_a_final_state_store) {
 }
 END_TEST
 
+/* The store `from`'s samples (with their final state when `final`) published into the spool
+ * `to` in the order of the trace file `trace` ("epoch step id" lines), as one epoch. */
+static void spool_in_order(const char *from, const char *to, const char *trace, int final) {
+  dflash_hidden *h;
+  ck_assert_ok(dflash_hidden_open(from, &h));
+  dflash_hidden_writer_options o;
+  dflash_hidden_writer_options_default(&o);
+  o.final_state = final, o.shard_bytes = 1 << 14, o.spool_budget = 1 << 24;
+  dflash_hidden_writer *w;
+  ck_assert_ok(dflash_hidden_writer_create(to, 1, H, &o, &w));
+  FILE *fp = fopen(trace, "r");
+  ck_assert_ptr_nonnull(fp);
+  char line[256], id[200];
+  int e, n = 0;
+  long step;
+  while (fgets(line, sizeof line, fp)) {
+    if (line[0] == '#') continue;
+    ck_assert_int_eq(sscanf(line, "%d %ld %199s", &e, &step, id), 3);
+    int64_t len;
+    ck_assert_ok(dflash_hidden_length(h, id, &len));
+    float *x = malloc((size_t)len * H * sizeof *x), *f = malloc((size_t)len * H * sizeof *f);
+    ck_assert_ok(dflash_hidden_read(h, id, x, len));
+    ck_assert_ok(dflash_hidden_read_final_state(h, id, f, len));
+    dflash_hidden_rows r;
+    dflash_hidden_rows_default(&r);
+    r.len = len, r.states = x, r.final_state = final ? f : NULL;
+    ck_assert_ok(dflash_hidden_writer_add(w, id, &r));
+    free(x), free(f);
+    n++;
+  }
+  fclose(fp);
+  ck_assert_int_gt(n, 0);
+  ck_assert_ok(dflash_hidden_writer_end_epoch(w));
+  ck_assert_ok(dflash_hidden_writer_commit(w));
+  dflash_hidden_writer_free(w);
+  dflash_hidden_free(h);
+}
+
+/* A spool written with the final state trains DSpark as a store with it does: fed the offline
+ * run's order (DFLASH_TRAIN_TRACE), the spool run's loss equals the offline run's at every step
+ * (the spool gives each sample its target_final, bf16 as stored), without the CE-alone
+ * warning; the same spool without the final state trains on CE alone, warns, and its first
+ * loss is the L1 and BCE terms lower. */
+START_TEST(dspark_run_from_a_spool_with_final_state) {
+  dflash_train_run_options o;
+  char *out;
+  char *root = synth_small_run(&o, &out);
+  ck_assert(df_test_write(o.config_path, dspark_cfg, sizeof dspark_cfg - 1));
+  char *fin = synth_at(root, "hidden-final"), *trace = synth_at(root, "offline.trace");
+  copy_with_final(synth_at(root, "hidden"), fin, 1.0f);
+  synth_metric off[64], sp[64], ce[64];
+  int warned;
+  setenv("DFLASH_TRAIN_TRACE", trace, 1);
+  size_t n_off = run(&o, root, "hidden-final", "out-offline", off, &warned);
+  unsetenv("DFLASH_TRAIN_TRACE");
+  ck_assert_int_eq(warned, 0);
+  spool_in_order(fin, synth_at(root, "spool-final"), trace, 1);
+  spool_in_order(fin, synth_at(root, "spool-plain"), trace, 0);
+  o.spool_wait_s = 10;
+  size_t n_sp = run(&o, root, "spool:spool-final", "out-spool", sp, &warned);
+  ck_assert_int_eq(warned, 0);
+  ck_assert_uint_eq(n_sp, n_off);
+  for (size_t i = 0; i < n_off; i++) ck_assert_double_eq(sp[i].loss, off[i].loss);
+  size_t n_ce = run(&o, root, "spool:spool-plain", "out-spool-ce", ce, &warned);
+  ck_assert_int_eq(warned, 1);
+  ck_assert_uint_eq(n_ce, n_off);
+  printf("dspark run from a spool, first step: loss %.6f (CE + L1 + BCE; offline %.6f), %.6f "
+         "(CE alone)\n",
+         sp[0].loss, off[0].loss, ce[0].loss);
+  ck_assert_double_gt(sp[0].loss - ce[0].loss, 0.1);
+  df_test_rmtree(root);
+  free(root);
+}
+END_TEST
+
 TCase *tc_dspark_run(void) {
   TCase *tc = tcase_create("dspark_run");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, dspark_run_trains_l1_and_bce_from_a_final_state_store);
+  tcase_add_test(tc, dspark_run_from_a_spool_with_final_state);
   return tc;
 }

@@ -85,7 +85,8 @@ class _HiddenInfo(ctypes.Structure):
 class _SpoolInfo(ctypes.Structure):
     """Mirror of `dflash_spool_info` (what dflash_spool_get_info fills)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("num_layers", ctypes.c_int32),
-                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32)]
+                ("hidden_size", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("final_state", ctypes.c_int32)]
 
 
 class _SpoolStatus(ctypes.Structure):
@@ -217,7 +218,8 @@ class HiddenWriter:
     hidden state AFTER its final norm (transformers: hidden_states[-1] of the whole model,
     or last_hidden_state), stored as "f/<id>" in the store's dtype. A DSpark drafter
     trains on it with 0.1 CE + 0.9 L1 + 1.0 BCE (without it: 0.1 CE alone). It costs H more
-    values per token, (K+1)/K of the bytes. Plain stores only (not a spool yet).
+    values per token, (K+1)/K of the bytes. In a store or a spool (spool_budget) alike: a
+    spool's consumer (`dflash train --hidden spool:DIR`, Spool) gets it with every sample.
 
     Spool mode (spool_budget=BYTES, at least 2 * shard_bytes): `dir` (a folder or
     an s3:// prefix) is a spool that `dflash train --hidden spool:DIR` consumes
@@ -405,7 +407,10 @@ class Spool(Handle):
     Spool(dir, wait=600, reuse=False); iterate(epoch) yields (id, hidden [S, K*H]
     copy, (epoch, shard, offset)) up to the producer's end of that epoch;
     release(epoch, shard) deletes the shards before (epoch, shard) once your own
-    record of them is durable."""
+    record of them is durable. final_state: whether the producer wrote the target's
+    post-norm final state (HiddenWriter(..., final_state=True)); next(final_state=True)
+    and iterate(final_state=True) then yield (id, hidden, final [S, H] float32 or None,
+    position)."""
 
     _free = "dflash_spool_free"
 
@@ -421,6 +426,7 @@ class Spool(Handle):
         _sp_info(self._h, ctypes.byref(info))
         self.num_layers, self.hidden_size = info.num_layers, info.hidden_size
         self.dtype = _DTYPE_NAMES[info.dtype]
+        self.final_state = bool(info.final_state)
 
     def seek(self, epoch, shard=0, offset=0):
         """Move to sample `offset` of shard `shard` of `epoch` (a resume)."""
@@ -432,22 +438,29 @@ class Spool(Handle):
         _sp_tell(self._handle(), ctypes.byref(e), ctypes.byref(s), ctypes.byref(o))
         return e.value, s.value, o.value
 
-    def next(self):
-        """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch."""
+    def next(self, final_state=False):
+        """(id, hidden, (epoch, shard, offset)), or None at the end of the epoch; with
+        final_state=True, (id, hidden, final, (epoch, shard, offset)): final is the sample's
+        target final state, float32 [S, H], or None when the spool has none."""
         smp, end = Sample(struct_size=ctypes.sizeof(Sample)), ctypes.c_int()
         _sp_next(self._handle(), ctypes.byref(smp), ctypes.byref(end))
         if end.value:
             return None
         width = self.num_layers * self.hidden_size
-        return (smp.id.decode(), _copy(smp.hidden, (smp.len, width), np.float32),
-                (smp.epoch, smp.shard, smp.offset))
+        sid, hidden = smp.id.decode(), _copy(smp.hidden, (smp.len, width), np.float32)
+        pos = (smp.epoch, smp.shard, smp.offset)
+        if not final_state:
+            return sid, hidden, pos
+        fin = (_copy(smp.target_final, (smp.len, self.hidden_size), np.float32)
+               if smp.target_final else None)
+        return sid, hidden, fin, pos
 
-    def iterate(self, epoch=None):
+    def iterate(self, epoch=None, final_state=False):
         """Yield next() items up to the end of the epoch (from its start when `epoch` is given)."""
         if epoch is not None:
             self.seek(epoch)
         while True:
-            item = self.next()
+            item = self.next(final_state)
             if item is None:
                 return
             yield item

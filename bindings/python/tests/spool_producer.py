@@ -19,9 +19,10 @@ def main(spool, store, order_file, shard_bytes, budget, delay, epochs, log):
         e, sid = line.split()
         order.setdefault(int(e), []).append(sid)
     src = libdflash.HiddenStore(store)
+    # The target's final state travels with the sample when the store has it (DSpark).
     w = libdflash.HiddenWriter(spool, num_layers=src.num_layers, hidden_size=src.hidden_size,
                                shard_bytes=int(shard_bytes), spool_budget=int(budget),
-                               spool_wait=None)
+                               spool_wait=None, final_state=src.final_state)
     with open(log, "a") as out:
         for epoch in range(w.spool_status()["epoch"], int(epochs)):
             for sid in order[epoch]:
@@ -29,7 +30,8 @@ def main(spool, store, order_file, shard_bytes, budget, delay, epochs, log):
                     continue
                 # The target's greedy tokens travel with the sample when the store has them.
                 tids = src.target_ids(sid) if src.has_target_ids() == "stored" else None
-                w.append(sid, src.read(sid), target_ids=tids)
+                fin = src.read_final_state(sid) if src.final_state else None
+                w.append(sid, src.read(sid), target_ids=tids, final_state=fin)
                 out.write(json.dumps(w.spool_status()) + "\n")
                 out.flush()
                 time.sleep(float(delay))

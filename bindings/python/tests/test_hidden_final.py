@@ -72,9 +72,11 @@ def test_final_state_refusals(tmp_path):
     with pytest.raises(libdflash.Error) as e:  # appending without it to a store with it
         libdflash.HiddenWriter(tmp_path / "h", num_layers=2, hidden_size=4)
     assert e.value.status == "DFLASH_E_MISMATCH"
-    with pytest.raises(libdflash.Error, match="spool"):
-        libdflash.HiddenWriter(tmp_path / "s", num_layers=2, hidden_size=4,
-                               spool_budget=1 << 22, final_state=True)
+    with libdflash.HiddenWriter(tmp_path / "s", num_layers=2, hidden_size=4, shard_bytes=1 << 16,
+                                spool_budget=1 << 22, final_state=True) as w:  # a spool too
+        with pytest.raises(ValueError, match="final_state is required"):
+            w.append("a", x)
+        w.append("a", x, final_state=f)
     with libdflash.HiddenWriter(tmp_path / "p", num_layers=2, hidden_size=4) as w:
         with pytest.raises(ValueError, match="created without final_state"):
             w.append("a", x, final_state=f)

@@ -361,6 +361,56 @@ def test_spool_reuse_and_errors(tmp_path):
     assert r.returncode == 1 and "16 features per token" in r.stderr, r.stderr
 
 
+def _bf16(x):
+    """float32 -> bf16 -> float32, round to nearest even (what a bf16 spool keeps)."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_spool_carries_final_state(tmp_path):
+    """HiddenWriter(spool_budget=..., final_state=True): the consumer's Spool says final_state
+    and gives every sample its target final state (next/iterate(final_state=True)), bf16 as
+    written (within bf16's half ulp, 2^-8 of the value); the plain items are unchanged. A spool
+    without it says so and gives None; a producer of the other kind is refused on either."""
+    rng = np.random.default_rng(3)
+    xs = {f"s{i}": rng.standard_normal((5 + i, 16)).astype(np.float32) for i in range(5)}
+    fs = {sid: (rng.standard_normal((len(x), 8)) * 10).astype(np.float32)
+          for sid, x in xs.items()}
+    spool, plain = tmp_path / "spool", tmp_path / "plain"
+    with libdflash.HiddenWriter(spool, num_layers=2, hidden_size=8, shard_bytes=300,
+                                spool_budget=1 << 20, final_state=True) as w:
+        with pytest.raises(ValueError, match="final_state is required"):
+            w.append("s0", xs["s0"])
+        for sid, x in xs.items():
+            w.append(sid, x, final_state=fs[sid])
+        w.end_epoch()
+    assert len([n for n in os.listdir(spool) if n.endswith(".safetensors")]) > 1
+    sp = libdflash.Spool(spool, wait=0)
+    assert sp.final_state
+    got = list(sp.iterate(0, final_state=True))
+    assert [g[0] for g in got] == list(xs)
+    for sid, hidden, fin, _pos in got:
+        np.testing.assert_array_equal(hidden, _bf16(xs[sid]))
+        assert fin.shape == (len(xs[sid]), 8)
+        assert np.all(np.abs(fin - fs[sid]) <= np.abs(fs[sid]) * 2.0 ** -8)
+        np.testing.assert_array_equal(fin, _bf16(fs[sid]))
+    assert [len(item) for item in sp.iterate(0)] == [3] * len(xs)  # the plain items
+    with libdflash.HiddenWriter(plain, num_layers=2, hidden_size=8, shard_bytes=300,
+                                spool_budget=1 << 20) as w:
+        w.append("s0", xs["s0"])
+        w.end_epoch()
+    sp = libdflash.Spool(plain, wait=0)
+    assert not sp.final_state
+    sid, _hidden, fin, _pos = sp.next(final_state=True)
+    assert sid == "s0" and fin is None
+    for where, kind in ((spool, False), (plain, True)):
+        with pytest.raises(libdflash.Error, match="spool.json") as e:
+            libdflash.HiddenWriter(where, num_layers=2, hidden_size=8, shard_bytes=300,
+                                   spool_budget=1 << 20, final_state=kind)
+        assert e.value.status == "DFLASH_E_MISMATCH"
+
+
 def test_train_run_spool_options(tmp_path):
     """train_run(spool_reuse=..., spool_wait_s=...): the spool's settings are run options, set
     from Python as from the command line (they were environment variables that only `dflash

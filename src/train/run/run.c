@@ -176,12 +176,15 @@ static dflash_status load_target(run *r, dflash_trainer_options *topt) {
    * finds the same ids in the checkpoint's d2t. A spool run has no dataset to count. */
   if (!st && r->cfg.draft_vocab_size)
     st = df_trainer_draft_vocab_from_data(r->t, r->o->data_dir, NULL);
-  /* A store written with final_state gives every sample the target's post-norm final state
-   * (the stream sets dflash_sample.target_final): 0.1 CE + 0.9 L1 + 1.0 BCE. Without it (or
-   * from a spool, which does not carry it yet) say what the objective loses. DFlash never
-   * reads it, so its stream does not decode it. */
-  bool final = r->s && r->cfg.dspark && df_sample_stream_has_final(r->s);
+  /* A store or spool written with final_state gives every sample the target's post-norm final
+   * state (the stream or the spool sets dflash_sample.target_final): 0.1 CE + 0.9 L1 + 1.0
+   * BCE. Without it say what the objective loses. DFlash never reads it, so its stream or
+   * spool does not decode it. */
+  bool has = r->s ? df_sample_stream_has_final(r->s) : r->spool && r->sp_info.final_state;
+  bool final = r->cfg.dspark && has;
   if (r->s) df_sample_stream_set_final(r->s, final);
+  if (r->spool) df_spool_set_final(r->spool, final);
+  r->sp_final = r->spool && final;
   if (!st && r->cfg.dspark && !final)
     df_log(DFLASH_LOG_WARN,
            "train: DSpark drafter: %s holds no target final state (write it with "
@@ -587,6 +590,8 @@ dflash_status dflash_train_run(const dflash_train_run_options *opts, dflash_trai
   dflash_dataset_free(r.own_tok);
   for (size_t i = 0; r.batch_h && i < (size_t)o->batch_size; i++) free(r.batch_h[i]);
   for (size_t i = 0; r.batch_t && i < (size_t)o->batch_size; i++) free(r.batch_t[i]);
+  for (size_t i = 0; r.batch_f && i < (size_t)o->batch_size; i++) free(r.batch_f[i]);
+  free(r.batch_f), free(r.batch_fcap);
   free(r.batch_t), free(r.batch_pos), free(r.batch_tcap), free(r.labels), free(r.head),
       free(r.norm_w);
   free(r.batch_h), free(r.batch_cap), free(r.batch_idx), free(r.by_id), free(r.is_usable);

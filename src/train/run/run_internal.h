@@ -66,6 +66,9 @@ typedef struct run {
   FILE *trace;             /* DFLASH_TRAIN_TRACE: "epoch step id" per trained sample */
   int32_t **batch_t;       /* the gathered batch's target ids (NULL: none) */
   size_t *batch_tcap;
+  bool sp_final;   /* spool samples carry the target's final state, and DSpark uses it */
+  float **batch_f; /* the gathered batch's target final states [len, H] (sp_final) */
+  size_t *batch_fcap;
   int32_t *labels; /* --labels target: one sequence's CE targets */
   size_t labels_cap;
   float *head, *norm_w; /* vLLM's final layer -> target ids: LM head, final norm */

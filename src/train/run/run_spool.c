@@ -115,7 +115,10 @@ dflash_status df_run_spool_buffers(run *r) {
   r->batch_t = calloc(b, sizeof *r->batch_t);
   r->batch_tcap = calloc(b, sizeof *r->batch_tcap);
   r->batch_pos = calloc(r->global_batch, sizeof *r->batch_pos);
-  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap && r->batch_pos
+  r->batch_f = calloc(b, sizeof *r->batch_f);
+  r->batch_fcap = calloc(b, sizeof *r->batch_fcap);
+  return r->batch_idx && r->batch_h && r->batch_cap && r->batch_t && r->batch_tcap &&
+                 r->batch_pos && r->batch_f && r->batch_fcap
              ? DFLASH_OK
              : df_error_nomem("batch");
 }
@@ -136,6 +139,24 @@ static dflash_status keep_tids(run *r, size_t i, const dflash_sample *smp) {
     r->batch_tcap[i] = (size_t)smp->len;
   }
   memcpy(r->batch_t[i], smp->target_ids, (size_t)smp->len * sizeof(int32_t));
+  return DFLASH_OK;
+}
+
+/* The spool sample's target final state into slot i of the batch (a DSpark run from a spool
+ * with final_state: the spool gives it for every sample). */
+static dflash_status keep_final(run *r, size_t i, const dflash_sample *smp) {
+  if (!r->sp_final) return DFLASH_OK;
+  if (!smp->target_final)
+    return df_error(DFLASH_E_INTERNAL, "spool %s: sample %s came without its final state",
+                    r->o->hidden_dir, smp->id);
+  size_t n = (size_t)smp->len * (size_t)r->sp_info.hidden_size;
+  if (n > r->batch_fcap[i]) {
+    free(r->batch_f[i]);
+    r->batch_fcap[i] = 0;
+    if (!(r->batch_f[i] = malloc(n * sizeof(float)))) return df_error_nomem("batch");
+    r->batch_fcap[i] = n;
+  }
+  memcpy(r->batch_f[i], smp->target_final, n * sizeof(float));
   return DFLASH_OK;
 }
 
@@ -209,7 +230,7 @@ static dflash_status spool_take(run *r, size_t i, bool keep, int *got, df_spool_
     if (!keep) return *got = 1, DFLASH_OK;
     if ((st = keep_rows(r, i, &smp))) return st;
     r->batch_idx[i] = (uint64_t)idx;
-    if ((st = keep_tids(r, i, &smp))) return st;
+    if ((st = keep_tids(r, i, &smp)) || (st = keep_final(r, i, &smp))) return st;
     return *got = 1, DFLASH_OK;
   }
 }
@@ -262,6 +283,7 @@ dflash_status df_run_spool_sample(run *r, size_t i, dflash_sample *out, int32_t 
   out->len = (int64_t)n_ids;
   out->id = id;
   out->target_ids = r->batch_t[i];
+  out->target_final = r->sp_final ? r->batch_f[i] : NULL;
   out->hidden = r->stored_rows ? NULL : (const float *)r->batch_h[i];
   out->hidden_dtype = r->sp_info.dtype;
   out->hidden_codes = r->stored_rows ? r->batch_h[i] : NULL;
