@@ -65,8 +65,11 @@ static void count_ce_warning(dflash_log_level level, const char *msg, void *user
  * its metrics into m (returns their count), the CE-alone warnings into *warned. */
 static size_t run(dflash_train_run_options *o, const char *root, const char *hidden,
                   const char *out, synth_metric *m, int *warned) {
+  char spool_root[4096];
+  snprintf(spool_root, sizeof spool_root, "spool:%s", root);
+  /* synth_at keeps what it returns, freed with the run's other paths */
   o->hidden_dir = strncmp(hidden, "spool:", 6) ? synth_at(root, hidden)
-                                               : df_asprintf("spool:%s/%s", root, hidden + 6);
+                                               : synth_at(spool_root, hidden + 6);
   o->out_dir = synth_at(root, out);
   *warned = 0;
   dflash_set_log_callback(count_ce_warning, warned, DFLASH_LOG_WARN);
