@@ -186,6 +186,9 @@ def load_config(name):
         dc = j.get("dflash_config") or {}
         v = lambda k, d: dc.get(k, j.get(k, d))
         dsp = dict(r=v("markov_rank", 256), conf=bool(v("confidence_head", True)))
+        vd = v("draft_vocab_size", None)
+        if vd and vd < j["vocab_size"]:  # a pruned draft vocabulary (spec/dspark.md section 4)
+            dsp["vd"] = vd
     return dict(name=name, dflash2=df2, dspark=dsp, hidden_size=j["hidden_size"],
                 intermediate_size=j["intermediate_size"],
                 num_hidden_layers=L, num_attention_heads=j["num_attention_heads"],
@@ -209,9 +212,14 @@ def param_count(c):
         n += c["num_hidden_layers"] * 2 * (2 * x["k"] * H + 2 * x["k"] * G * H)
         n += 2 * c["vocab_size"] * x["r"] + x["r"] * H
     x = c.get("dspark")
-    if x:  # the Markov head's W1, W2 [V, r]; the confidence head [H + r] and its bias
-        n += 2 * c["vocab_size"] * x["r"] + ((H + x["r"] + 1) if x["conf"] else 0)
+    if x:  # the Markov head's W1 [V, r], W2 [V_d, r]; the confidence head [H + r] and its bias
+        n += (c["vocab_size"] + draft_vocab(c)) * x["r"] + ((H + x["r"] + 1) if x["conf"] else 0)
     return n
+
+
+def draft_vocab(c):
+    """DSpark's draft vocabulary V_d: its `vd` when pruned, else the vocabulary."""
+    return (c.get("dspark") or {}).get("vd") or c["vocab_size"]
 
 
 def df2_conv_forward(c, s, p, which):
@@ -689,34 +697,41 @@ DSPARK_ROWS = 64  # src/train/cuda/dfcuda.h DF_CU_DSPARK_ROWS: rows per pass ove
 
 
 def dspark_sequence_tail(c, s, ops):
-    """cuda/model.cu dspark_upload + dspark_loss in place of lmhead_ce (full vocabulary):
-    the previous tokens and the target's final state up; W1's rows gathered; per pass of 64
-    rows the draft logits x E^T + e W2^T and the target's xt E^T (fp32 [n, V]), the row pass
-    (softmaxes, L1, CE, the confidence head; with grad d(z) in bf16), then d(x) = dz E,
-    d(e) = dz W2, dW2 += dz^T e, the confidence head's paths and W1's sparse rows. The
-    confidence head and L1 need the final state, as in the runs that train them."""
+    """cuda/model.cu dspark_upload + dspark_loss in place of lmhead_ce: the previous tokens
+    and the target's final state up; W1's rows gathered; per pass of 64 rows the draft logits
+    x E^T + e W2^T (fp32 [n, V_d]) and the target's xt E^T (fp32 [n, V], the full vocabulary
+    even when pruned), the row pass (softmaxes, L1, CE, the confidence head; with grad d(z)
+    in bf16 [n, V_d]), then d(x) = dz E, d(e) = dz W2, dW2 += dz^T e (V_d wide), the
+    confidence head's paths and W1's sparse rows. The confidence head and L1 need the final
+    state, as in the runs that train them. A pruned drafter's E is the kept rows of the
+    target's head, gathered once when the kept ids are set (not a step's work)."""
     H, V, x = c["hidden_size"], c["vocab_size"], c["dspark"]
+    Vd = draft_vocab(c)
     r, R = x["r"], s.R
     n = -(-R // DSPARK_ROWS)
     call = lambda N, K: (min(DSPARK_ROWS, R), N, K)
+    # the row pass: the draft logits read and written (p), d(z) written, the target's read;
+    # full vocabulary: the target's row written too (sign(p - q)); pruned: read again at the
+    # kept ids (q renormalized over them) and the full-vocabulary logsumexp for c*
+    row_bytes = (R * V * (4 * 2 * 2 + 2) if Vd == V else R * (Vd * (4 * 2 + 2 + 4) + 4 * V))
     ops += [Op("upload previous tokens and the target's final state (H2D, pageable)",
                "cudaMemcpyAsync", "h2d", 0, 4 * R + 2 * R * H, launches=2),
             mem("DSpark: W1 rows of the previous tokens", "gather_rows", 2 * 2 * R * r + 4 * R),
-            gemm(f"DSpark draft logits x E^T ({n} passes, fp32 out)", R, V, H, c_bytes=4,
-                 call=call(V, H)),
-            gemm(f"DSpark Markov bias e W2^T ({n} passes, fp32 +=)", R, V, r, c_bytes=4,
-                 beta=1.0, call=call(V, r)),
+            gemm(f"DSpark draft logits x E^T ({n} passes, fp32 out)", R, Vd, H, c_bytes=4,
+                 call=call(Vd, H)),
+            gemm(f"DSpark Markov bias e W2^T ({n} passes, fp32 +=)", R, Vd, r, c_bytes=4,
+                 beta=1.0, call=call(Vd, r)),
             gemm(f"DSpark target logits xt E^T ({n} passes, fp32 out)", R, V, H, c_bytes=4,
                  call=call(V, H), model=False),
             mem(f"DSpark row pass: softmaxes, CE, L1, confidence, d(z) ({n} passes)",
-                "dspark_loss_rows", R * V * (4 * 2 * 2 + 2) + 2 * R * (H + r), launches=n,
-                flops=12.0 * R * V),
-            gemm(f"DSpark d(rows) = dz E ({n} passes, fp32 out)", R, H, V, c_bytes=4,
-                 call=call(H, V)),
-            gemm(f"DSpark d(e) = dz W2 ({n} passes, fp32 out)", R, r, V, c_bytes=4,
-                 call=call(r, V)),
-            gemm(f"DSpark dW2 += dz^T e ({n} passes, fp32 +=)", V, r, R, c_bytes=4, beta=1.0,
-                 call=(V, r, min(DSPARK_ROWS, R))),
+                "dspark_loss_rows", row_bytes + 2 * R * (H + r), launches=n,
+                flops=12.0 * R * Vd + (0 if Vd == V else 2.0 * R * V)),
+            gemm(f"DSpark d(rows) = dz E ({n} passes, fp32 out)", R, H, Vd, c_bytes=4,
+                 call=call(H, Vd)),
+            gemm(f"DSpark d(e) = dz W2 ({n} passes, fp32 out)", R, r, Vd, c_bytes=4,
+                 call=call(r, Vd)),
+            gemm(f"DSpark dW2 += dz^T e ({n} passes, fp32 +=)", Vd, r, R, c_bytes=4, beta=1.0,
+                 call=(Vd, r, min(DSPARK_ROWS, R))),
             mem(f"DSpark confidence paths into d(rows), d(e) ({n} passes)", "dspark_conf_rows",
                 R * H * (4 + 2 + 2) + 8 * R * r, launches=n),
             mem(f"DSpark dW1 rows, d(confidence head) in row order ({n} passes)",
@@ -733,8 +748,8 @@ def dspark_kernels():
     dspark_sequence_tail when the config is DSpark; listed so the coverage test knows them
     with a DFlash config."""
     return {
-        "dspark_loss_rows": "per pass of 64 rows: read the draft and target logits [n,V] fp32, "
-                            "write probabilities, signs and d(z) bf16",
+        "dspark_loss_rows": "per pass of 64 rows: read the draft [n,V_d] and target [n,V] "
+                            "logits fp32, write probabilities, signs and d(z) bf16",
         "dspark_conf_rows": "per pass: d(rows) [n,H] from the fp32 accumulator, d(e) [n,r]",
         "dspark_param_grads": "per pass: W1's rows [n,r] and the confidence head [H+r+1]",
     }
@@ -1011,10 +1026,14 @@ def memory(c, n, world, seq_len, anchors, chunk):
                             up(4 * R * x["r"]) + 3 * up(2 * R * x["r"]) + up(4 * R * H))
     x = c.get("dspark")
     if x:  # src/train/cuda/dfcuda.h df_cu_dspark_bytes: per row its previous token, final
-        # state, Markov embedding and confidence gradient; per pass the fp32 logits twice,
-        # their bf16 gradient and the embeddings' gradient
+        # state, Markov embedding and confidence gradient; per pass the fp32 draft (V_d) and
+        # target (V) logits, the draft's bf16 gradient and the embeddings' gradient; pruned,
+        # the drafter's head (the kept rows, bf16) and the kept ids
         R, H, V = anchors * c["block_size"], c["hidden_size"], c["vocab_size"]
-        parts["dspark"] = R * (4 + 2 * H + 2 * x["r"] + 4) + DSPARK_ROWS * (V * 10 + 4 * x["r"])
+        Vd = draft_vocab(c)
+        parts["dspark"] = (R * (4 + 2 * H + 2 * x["r"] + 4) +
+                           DSPARK_ROWS * (Vd * 6 + V * 4 + 4 * x["r"]) +
+                           (Vd * (2 * H + 4) if Vd < V else 0))
     if MUON:  # src/train/cuda/dfcuda.h df_cu_muon_scratch_bytes: the largest matrix twice, its
         # Gram matrix twice (fp32), one double
         mats = muon_matrices(c)
@@ -1431,6 +1450,9 @@ def main(argv=None):
     ap.add_argument("--dspark", metavar="RANK", type=int,
                     help="price a DSpark drafter with this Markov rank and the confidence head "
                          "(a config.json with Qwen3DSparkModel gives them itself)")
+    ap.add_argument("--draft-vocab", metavar="N", type=int,
+                    help="with --dspark: a pruned draft vocabulary of N ids (draft_vocab_size; "
+                         "a config.json gives it itself)")
     ap.add_argument("--json", action="store_true",
                     help="one JSON object per design, then a last line with the first design's "
                          "step (mfu_pct, step_ms, attention; all null and `refused` saying why "
@@ -1460,6 +1482,15 @@ def main(argv=None):
         c = dict(c, dflash2=dict(k=k, g=g, K=K, r=r), name=c["name"] + "-dflash2")
     if a.dspark:
         c = dict(c, dspark=dict(r=a.dspark, conf=True), name=c["name"] + "-dspark")
+    if a.draft_vocab:
+        if not c.get("dspark"):
+            raise SystemExit("--draft-vocab prunes a DSpark drafter's vocabulary: give --dspark "
+                             "RANK or a DSpark config")
+        if not 1 <= a.draft_vocab <= c["vocab_size"]:
+            raise SystemExit(f"--draft-vocab {a.draft_vocab}: not in 1..{c['vocab_size']}")
+        if a.draft_vocab < c["vocab_size"]:
+            c = dict(c, dspark=dict(c["dspark"], vd=a.draft_vocab),
+                     name=c["name"] + f"-vd{a.draft_vocab}")
     if a.gemms or a.compare or a.compare_kernels:
         r = model(c, a.gpu, a.seq_len, a.anchors, a.batch, a.world, a.vocab_chunk,
                   "scalar" if a.attention == "scalar" else "mma")

@@ -348,6 +348,11 @@ dflash_status alloc_state(df_cu_model *m, const df_cu_config *c) {
   if (cudaMallocHost((void **)&m->clip_pin, sizeof *m->clip_pin) != cudaSuccess)
     return df_error(DFLASH_E_NOMEM, "CUDA: cannot allocate pinned memory for the gradient norm");
   if (c->pos_weight) DF_TRY(dalloc(m, &m->wtab, (size_t)c->B, "position weights"));
+  int Vd = m->c.draft_vocab;
+  if (c->dspark && Vd < c->V) { // pruned: the drafter's own head (df_cu_set_draft_vocab)
+    DF_TRY(dalloc(m, &m->dsp.kept, (size_t)Vd, "DSpark kept ids"));
+    DF_TRY(dalloc(m, &m->dsp.head, (size_t)Vd * c->H, "DSpark draft LM head"));
+  }
   return alloc_muon(m, c);
 }
 
@@ -384,6 +389,7 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
   if (!m) return df_error(DFLASH_E_NOMEM, "CUDA model");
   m->c = *c;
   if (m->c.rot <= 0) m->c.rot = m->c.d; // no partial_rotary_factor: whole heads
+  if (m->c.draft_vocab <= 0 || m->c.draft_vocab > m->c.V || !m->c.dspark) m->c.draft_vocab = m->c.V;
   m->offsets.assign(c->offsets, c->offsets + c->n_tensors);
   m->c.offsets = nullptr; // the caller's arrays: copied or uploaded here, not kept
   m->c.inv_freq = nullptr;
@@ -402,6 +408,25 @@ extern "C" dflash_status df_cu_create(const df_cu_config *c, const float *params
   return DFLASH_OK;
 }
 
+extern "C" dflash_status df_cu_set_draft_vocab(df_cu_model *m, const int32_t *kept) {
+  DF_TRY(use_device(m));
+  int Vd = m->c.draft_vocab;
+  if (!m->dsp.kept)
+    return df_error(DFLASH_E_STATE,
+                    "CUDA: draft vocabulary set on a drafter that is not a "
+                    "pruned DSpark one (draft vocabulary %d of %d)",
+                    Vd, m->c.V);
+  // Checked on the host (df_draft_vocab_check) before it gets here; a bad id would read
+  // outside the head.
+  for (int i = 0; i < Vd; i++)
+    if (kept[i] < 0 || kept[i] >= m->c.V)
+      return df_error(DFLASH_E_RANGE, "CUDA: kept id %d at %d is outside [0, %d)", kept[i], i,
+                      m->c.V);
+  DF_CU(cudaMemcpyAsync(m->dsp.kept, kept, 4 * (size_t)Vd, cudaMemcpyHostToDevice, m->st));
+  DF_TRY(k_gather_rows(m->st, m->dsp.head, m->head, m->dsp.kept, Vd, m->c.H));
+  return wait_stream(m, "the draft vocabulary's LM head rows");
+}
+
 extern "C" void df_cu_free(df_cu_model *m) {
   if (!m) return;
   cudaSetDevice(m->c.device); // the frees and destroys below act on it
@@ -415,7 +440,7 @@ extern "C" void df_cu_free(df_cu_model *m) {
                   m->pend_loss, m->pend_bad, m->clip,          m->ns_x,          m->ns_y,
                   m->ns_g,      m->ns_gg,    m->ns_ss,         m->dsp.prev,      m->dsp.xt,
                   m->dsp.e,     m->dsp.dz,   m->dsp.z,         m->dsp.zt,        m->dsp.de,
-                  m->dsp.ds};
+                  m->dsp.ds,    m->dsp.kept, m->dsp.head};
   for (void *p : bufs)
     if (p) cudaFree(p);
   df2_free(m->df2);

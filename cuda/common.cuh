@@ -100,11 +100,14 @@ dflash_status k_lmhead_argmax_chunk(cudaStream_t s, const float *logits, float *
                                     int32_t *best_i, int R, int c, int v0);
 // DSpark (src/train/dspark.c): the per-row loss pass over a chunk of n rows' logits, the rows'
 // d(x) with the confidence head's part, and the parameter gradients (w1's sparse rows, the
-// confidence projection) in row order. Launch notes at the kernels.
+// confidence projection) in row order. Launch notes at the kernels. The loss pass: z [n, V]
+// (V the draft vocabulary), zt [n, Vt] the target's logits over the full vocabulary, kept
+// [V] the draft vocabulary's target ids when pruned (NULL: V = Vt).
 dflash_status k_dspark_loss_rows(cudaStream_t s, float *z, float *zt, bf16 *dz, const bf16 *x,
                                  const bf16 *e, const bf16 *cw, const bf16 *cb,
                                  const int32_t *target, const float *coef, float *loss, float *ds,
-                                 int n, int V, int H, int r, float a_ce, float a_l1, float a_conf);
+                                 const int32_t *kept, int n, int V, int Vt, int H, int r,
+                                 float a_ce, float a_l1, float a_conf);
 dflash_status k_dspark_conf_rows(cudaStream_t s, bf16 *rows_dx, const float *acc, float *de,
                                  const float *ds, const bf16 *cw, int n, int H, int r);
 dflash_status k_dspark_param_grads(cudaStream_t s, float *dw1, const float *de, const int32_t *prev,

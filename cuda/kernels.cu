@@ -426,17 +426,24 @@ __global__ void muon_apply(float *p, bf16 *p16, const float *o, size_t n, const 
 
 // ---- DSpark's heads and objective (src/train/dspark.c's df_dspark_loss) ------------------
 // One block per row of a chunk: z [n, V] the draft logits (LM head plus Markov bias), zt
-// [n, V] the target's logits or NULL (then CE alone, as the CPU without a final state).
+// [n, Vt] the target's logits or NULL (then CE alone, as the CPU without a final state).
 // Each row's alpha-weighted CE + L1 + BCE into loss, the confidence logit's gradient
 // coef * alpha_conf * (sigmoid(s) - c*) into ds (c* = clamp(1 - L1 / 2, 0, 1), a constant:
 // the stop-gradient of the paper's eq. 8); with dz, coef times d(row)/d(z) in bf16:
 // alpha_ce (p - onehot) + alpha_l1 p (sign(p - q) - sum p sign(p - q)), sign(0) = 0.
+// kept NULL: V = Vt, the full vocabulary. A pruned draft vocabulary (kept [V] ascending
+// target ids, V = V_d < Vt): the target's logits stay full width, q in L1 is them at the kept
+// ids renormalized over those (speculators' teacher, the CPU's), c* = clamp((1 + sum q' -
+// sum |p - q'|) / 2) with q' normalized over the full Vt (= 1 - L1'/2 of the full-vocabulary
+// L1', p zero outside the kept ids: the dropped mass counts), and a label outside the set
+// (target -1) adds no CE.
 __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, const bf16 *e,
                                  const bf16 *cw, const bf16 *cb, const int32_t *target,
-                                 const float *coef, float *loss, float *ds, int V, int H, int r,
-                                 float a_ce, float a_l1, float a_conf) {
+                                 const float *coef, float *loss, float *ds, const int32_t *kept,
+                                 int V, int Vt, int H, int r, float a_ce, float a_l1,
+                                 float a_conf) {
   int i = blockIdx.x;
-  float *zi = z + (size_t)i * V, *ti = zt ? zt + (size_t)i * V : nullptr;
+  float *zi = z + (size_t)i * V, *ti = zt ? zt + (size_t)i * Vt : nullptr;
   int tgt = target[i];
   float zl = tgt >= 0 ? zi[tgt] : 0.0f; // read before the row is overwritten below
   float mx = -FLT_MAX;
@@ -445,14 +452,15 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
   float s = 0;
   for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zi[v] - mx);
   float lse = mx + logf(block_sum(s));
-  float l1 = 0, ps = 0;
-  if (ti) {
+  float l1 = 0, ps = 0, acc = 1.0f; // acc: 1 - L1 / 2, the acceptance c* clamps
+  float qlse = 0;                   // the teacher's logsumexp (over the kept ids when pruned)
+  if (ti && !kept) {
     float qm = -FLT_MAX;
     for (int v = threadIdx.x; v < V; v += blockDim.x) qm = fmaxf(qm, ti[v]);
     qm = block_max(qm);
     float qs = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) qs += expf(ti[v] - qm);
-    float qlse = qm + logf(block_sum(qs));
+    qlse = qm + logf(block_sum(qs));
     // p and sign(p - q) replace the two rows (each thread its own columns throughout)
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
       float p = expf(zi[v] - lse), d = p - expf(ti[v] - qlse);
@@ -462,6 +470,43 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
     }
     l1 = block_sum(l1);
     ps = block_sum(ps);
+    acc = 1.0f - 0.5f * l1;
+  } else if (ti) {
+    // Pruned: zt is read at the kept ids (a column another thread's row entry may alias), so
+    // it is not overwritten; the backward below takes q again from it.
+    float qm = -FLT_MAX;
+    for (int k = threadIdx.x; k < V; k += blockDim.x) qm = fmaxf(qm, ti[kept[k]]);
+    qm = block_max(qm);
+    float qs = 0;
+    for (int k = threadIdx.x; k < V; k += blockDim.x) qs += expf(ti[kept[k]] - qm);
+    qlse = qm + logf(block_sum(qs));
+    float flse = 0; // the target's logsumexp over the full vocabulary (c* only)
+    if (cw) {
+      float fm = -FLT_MAX;
+      for (int v = threadIdx.x; v < Vt; v += blockDim.x) fm = fmaxf(fm, ti[v]);
+      fm = block_max(fm);
+      float fs = 0;
+      for (int v = threadIdx.x; v < Vt; v += blockDim.x) fs += expf(ti[v] - fm);
+      flse = fm + logf(block_sum(fs));
+    }
+    float l1f = 0, qk = 0; // sum_kept |p - q'|, sum_kept q'
+    for (int k = threadIdx.x; k < V; k += blockDim.x) {
+      float t = ti[kept[k]], p = expf(zi[k] - lse), d = p - expf(t - qlse);
+      float sg = d > 0 ? 1.0f : d < 0 ? -1.0f : 0.0f;
+      zi[k] = p;
+      l1 += fabsf(d), ps += p * sg;
+      if (cw) {
+        float qf = expf(t - flse);
+        l1f += fabsf(p - qf), qk += qf;
+      }
+    }
+    l1 = block_sum(l1);
+    ps = block_sum(ps);
+    if (cw) {
+      l1f = block_sum(l1f);
+      qk = block_sum(qk);
+      acc = 0.5f * (1.0f + qk - l1f);
+    }
   }
   float bce = 0, dsv = 0;
   if (ti && cw) { // the confidence head on [x; e]
@@ -470,7 +515,7 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
     for (int k = threadIdx.x; k < r; k += blockDim.x)
       sl += ld(cw, H + k) * ld(e, (size_t)i * r + k);
     sl = block_sum(sl) + ld(cb, 0);
-    float cst = fminf(1.0f, fmaxf(0.0f, 1.0f - 0.5f * l1));
+    float cst = fminf(1.0f, fmaxf(0.0f, acc));
     bce = fmaxf(sl, 0.0f) + log1pf(expf(-fabsf(sl))) - cst * sl;
     if (coef) dsv = coef[i] * a_conf * (1.0f / (1.0f + expf(-sl)) - cst);
   }
@@ -484,7 +529,14 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     float p = ti ? zi[v] : expf(zi[v] - lse);
     float d = a_ce * (tgt >= 0 ? p - (v == tgt ? 1.0f : 0.0f) : 0.0f);
-    if (ti) d += a_l1 * p * (ti[v] - ps);
+    if (ti) {
+      float sg = ti[v];
+      if (kept) { // sign(p - q) again, as above
+        float dq = p - expf(ti[kept[v]] - qlse);
+        sg = dq > 0 ? 1.0f : dq < 0 ? -1.0f : 0.0f;
+      }
+      d += a_l1 * p * (sg - ps);
+    }
     dz[(size_t)i * V + v] = __float2bfloat16(g * d);
   }
 }
@@ -735,10 +787,11 @@ dflash_status k_muon_apply(cudaStream_t s, float *p, bf16 *p16, const float *o, 
 dflash_status k_dspark_loss_rows(cudaStream_t s, float *z, float *zt, bf16 *dz, const bf16 *x,
                                  const bf16 *e, const bf16 *cw, const bf16 *cb,
                                  const int32_t *target, const float *coef, float *loss, float *ds,
-                                 int n, int V, int H, int r, float a_ce, float a_l1, float a_conf) {
+                                 const int32_t *kept, int n, int V, int Vt, int H, int r,
+                                 float a_ce, float a_l1, float a_conf) {
   if (n <= 0) return DFLASH_OK;
   DF_LAUNCH(n, 256, 0, s, dspark_loss_rows)
-  (z, zt, dz, x, e, cw, cb, target, coef, loss, ds, V, H, r, a_ce, a_l1, a_conf);
+  (z, zt, dz, x, e, cw, cb, target, coef, loss, ds, kept, V, Vt, H, r, a_ce, a_l1, a_conf);
   return df_launched("dspark_loss_rows");
 }
 dflash_status k_dspark_conf_rows(cudaStream_t s, bf16 *rows_dx, const float *acc, float *de,

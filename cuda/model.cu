@@ -189,13 +189,13 @@ dflash_status lmhead_ce(df_cu_model *m, bool grad) {
 // and the target's final state at each row from the host (pageable: copied at the call).
 dflash_status dspark_upload(df_cu_model *m, const df_cu_batch *b) {
   auto &d = m->dsp;
-  int H = m->c.H, V = m->c.V, r = m->c.markov_rank;
+  int H = m->c.H, V = m->c.V, Vd = m->c.draft_vocab, r = m->c.markov_rank;
   size_t R = (size_t)(b->R > 0 ? b->R : 1);
   if (!d.z) {
     size_t rows = kDsparkRows;
-    DF_TRY(dalloc(m, &d.z, rows * V, "DSpark logits"));
+    DF_TRY(dalloc(m, &d.z, rows * Vd, "DSpark logits"));
     DF_TRY(dalloc(m, &d.zt, rows * V, "DSpark target logits"));
-    DF_TRY(dalloc(m, &d.dz, rows * V, "DSpark logit gradients"));
+    DF_TRY(dalloc(m, &d.dz, rows * Vd, "DSpark logit gradients"));
     DF_TRY(dalloc(m, &d.de, rows * r, "DSpark Markov embedding gradients"));
   }
   if (R > d.cap_r) {
@@ -218,15 +218,18 @@ dflash_status dspark_upload(df_cu_model *m, const df_cu_batch *b) {
 }
 
 // DSpark's heads and objective over the rows (src/train/dspark.c's df_dspark_loss, its CPU
-// twin): per chunk of rows z = x E^T + W1[prev] W2^T and zt = xt E^T by GEMM over the full
-// vocabulary, the row pass (k_dspark_loss_rows), then with grad d(x) = dz E, d(e) = dz W2 and
-// dW2 += dz^T e by GEMM, the confidence head's parts and W1's sparse rows in row order. The
-// row losses (alpha-weighted) go where lmhead_ce puts the CE, so the deferred sum(w * loss)
-// and the host's read them alike.
+// twin): per chunk of rows z = x E^T + W1[prev] W2^T over the draft vocabulary and zt = xt
+// E^T over the full one by GEMM, the row pass (k_dspark_loss_rows), then with grad d(x) = dz
+// E, d(e) = dz W2 and dW2 += dz^T e by GEMM, the confidence head's parts and W1's sparse rows
+// in row order. E is the target's head; pruned (Vd < V), the drafter's E is its rows at the
+// kept ids (d.head) and the row pass reads the target's logits there. The row losses
+// (alpha-weighted) go where lmhead_ce puts the CE, so the deferred sum(w * loss) and the
+// host's read them alike.
 dflash_status dspark_loss(df_cu_model *m, bool grad) {
   const df_cu_config &c = m->c;
   auto &d = m->dsp;
-  int R = m->R, H = c.H, V = c.V, r = c.markov_rank, L = c.L;
+  int R = m->R, H = c.H, V = c.V, Vd = c.draft_vocab, r = c.markov_rank, L = c.L;
+  const bf16 *E = d.head ? d.head : m->head; // the drafter's LM head [Vd, H]
   float *rf = act<float>(m, DF_ACT_ROW_F32), *acc = act<float>(m, DF_ACT_CE_ACC);
   float *coef = grad ? rf + 3 * (size_t)R : nullptr, *loss = rf + 4 * (size_t)R;
   const int32_t *target = act<int32_t>(m, DF_ACT_ROW_I32) + R;
@@ -242,20 +245,20 @@ dflash_status dspark_loss(df_cu_model *m, bool grad) {
   for (int r0 = 0; r0 < R; r0 += kDsparkRows) {
     int n = R - r0 < kDsparkRows ? R - r0 : kDsparkRows;
     const bf16 *xc = x + (size_t)r0 * H, *ec = d.e + (size_t)r0 * r;
-    DF_TRY(gemm(m, false, true, n, V, H, xc, H, m->head, H, d.z, V, true, 0.0f));
-    DF_TRY(gemm(m, false, true, n, V, r, ec, r, w2, r, d.z, V, true, 1.0f));
+    DF_TRY(gemm(m, false, true, n, Vd, H, xc, H, E, H, d.z, Vd, true, 0.0f));
+    DF_TRY(gemm(m, false, true, n, Vd, r, ec, r, w2, r, d.z, Vd, true, 1.0f));
     if (d.has_final)
       DF_TRY(
           gemm(m, false, true, n, V, H, d.xt + (size_t)r0 * H, H, m->head, H, d.zt, V, true, 0.0f));
     DF_TRY(k_dspark_loss_rows(m->st, d.z, d.has_final ? d.zt : nullptr, grad ? d.dz : nullptr, xc,
                               ec, cw, cb, target + r0, coef ? coef + r0 : nullptr, loss + r0,
-                              d.ds + r0, n, V, H, r, c.ds_alpha_ce, c.ds_alpha_l1,
+                              d.ds + r0, d.kept, n, Vd, V, H, r, c.ds_alpha_ce, c.ds_alpha_l1,
                               c.ds_alpha_conf));
     if (!grad) continue;
     float *accc = acc + (size_t)r0 * H;
-    DF_TRY(gemm(m, false, false, n, H, V, d.dz, V, m->head, H, accc, H, true, 0.0f));
-    DF_TRY(gemm(m, false, false, n, r, V, d.dz, V, w2, r, d.de, r, true, 0.0f));
-    DF_TRY(linear_dw(m, g_of(m, i2), d.dz, ec, n, V, r));
+    DF_TRY(gemm(m, false, false, n, H, Vd, d.dz, Vd, E, H, accc, H, true, 0.0f));
+    DF_TRY(gemm(m, false, false, n, r, Vd, d.dz, Vd, w2, r, d.de, r, true, 0.0f));
+    DF_TRY(linear_dw(m, g_of(m, i2), d.dz, ec, n, Vd, r));
     DF_TRY(k_dspark_conf_rows(m->st, rdx + (size_t)r0 * H, accc, d.de, d.ds + r0, cw, n, H, r));
     DF_TRY(k_dspark_param_grads(m->st, g_of(m, i1), d.de, d.prev + r0, dcw, dcb, d.ds + r0, xc, ec,
                                 n, H, r));

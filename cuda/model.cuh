@@ -130,11 +130,14 @@ struct df_cu_model {
   // DSpark (c.dspark; model.cu dspark_loss): per row (cap_r) the Markov head's previous token,
   // the target's final state (bf16 [R, H], when the sequence has one: has_final), the Markov
   // embeddings W1[prev] (bf16 [R, r]) and the confidence logit's gradient; per chunk of
-  // kDsparkRows rows the draft and target logits (fp32 [rows, V]), d(logits) (bf16) and d(e)
-  // (fp32 [rows, r]).
+  // kDsparkRows rows the draft logits (fp32 [rows, Vd]), the target's (fp32 [rows, V]),
+  // d(draft logits) (bf16 [rows, Vd]) and d(e) (fp32 [rows, r]). A pruned draft vocabulary
+  // (c.draft_vocab < c.V; df_cu_set_draft_vocab): the kept target ids (int32 [Vd]) and the
+  // drafter's LM head, the target head's rows at them (bf16 [Vd, H]); both nullptr otherwise
+  // (the drafter's head is m->head).
   struct dspark_bufs {
-    int32_t *prev = nullptr;
-    bf16 *xt = nullptr, *e = nullptr, *dz = nullptr;
+    int32_t *prev = nullptr, *kept = nullptr;
+    bf16 *xt = nullptr, *e = nullptr, *dz = nullptr, *head = nullptr;
     float *z = nullptr, *zt = nullptr, *de = nullptr, *ds = nullptr;
     size_t cap_r = 0;
     bool has_final = false;

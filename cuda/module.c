@@ -54,6 +54,7 @@ static const df_cu_module table = {
     .host_free = df_cu_host_free,
     .step_result = df_cu_step_result,
     .device_props = df_cu_device_props,
+    .set_draft_vocab = df_cu_set_draft_vocab,
 };
 
 /* The library calls this once, before anything else, and keeps the module loaded. */

@@ -96,6 +96,7 @@ dflash_status df_model_set_draft_vocab(df_model *m, const int32_t *kept, const c
   if (!m->kept || !m->t2d) return df_error_nomem("draft vocabulary tables");
   for (int i = 0; i < m->Vd; i++) m->kept[i] = kept ? kept[i] : i;
   m->dv_set = kept != NULL;
+  m->dv_gen++;
   for (int v = 0; v < m->V; v++) m->t2d[v] = -1;
   for (int i = 0; i < m->Vd; i++) {
     m->t2d[m->kept[i]] = i;
@@ -103,6 +104,15 @@ dflash_status df_model_set_draft_vocab(df_model *m, const int32_t *kept, const c
            sizeof(float) * (size_t)m->H);
   }
   return DFLASH_OK;
+}
+
+dflash_status df_model_draft_vocab_ready(const df_model *m) {
+  if (!m->kept || m->dv_set) return DFLASH_OK;
+  return df_error(DFLASH_E_STATE,
+                  "a pruned draft vocabulary (draft_vocab_size %d) trains only once its kept ids "
+                  "are set (dflash_trainer_set_draft_vocab with dflash_draft_vocab_from_dataset, "
+                  "or a checkpoint's d2t through dflash_trainer_load)",
+                  m->Vd);
 }
 
 dflash_status dflash_trainer_set_draft_vocab(dflash_trainer *t, const int32_t *kept, int32_t n) {

@@ -813,12 +813,7 @@ dflash_status df_model_step_final(df_model *m, const int32_t *ids, const int32_t
   dflash_status st = df_model_check_inputs(m, ids, len, hidden, anchors, n_anchors);
   if (!st) st = df_model_check_labels(m, labels, len);
   if (!st && m->dspark) st = df_model_check_final(m, final, len);
-  if (!st && m->kept && !m->dv_set && backward)
-    st = df_error(DFLASH_E_STATE,
-                  "a pruned draft vocabulary (draft_vocab_size %d) trains only once its kept ids "
-                  "are set (dflash_trainer_set_draft_vocab with dflash_draft_vocab_from_dataset, "
-                  "or a checkpoint's d2t through dflash_trainer_load)",
-                  m->Vd);
+  if (!st && backward) st = df_model_draft_vocab_ready(m);
   if (st) return st;
   double lsum = 0, wsum = 0;
   if (n_anchors > 0) {

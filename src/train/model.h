@@ -131,7 +131,8 @@ typedef struct df_model {
   int Vd;
   int32_t *kept, *t2d;
   float *lm_head_full;
-  bool dv_set; /* kept given (set or loaded), not the fresh default: training needs it */
+  bool dv_set;     /* kept given (set or loaded), not the fresh default: training needs it */
+  unsigned dv_gen; /* counts df_model_set_draft_vocab calls: a backend's copy is stale after one */
   df_pool *pool;
   /* RoPE tables [n_pos, rot/2] */
   double *inv_freq;
@@ -216,6 +217,9 @@ DF_MUST_CHECK dflash_status df_model_dspark_eval(df_model *m, const int32_t *ids
  * `what` for an id out of range or not ascending. */
 DF_MUST_CHECK dflash_status df_model_set_draft_vocab(df_model *m, const int32_t *kept,
                                                      const char *what);
+/* DFLASH_E_STATE for a pruned draft vocabulary whose kept ids were never set or loaded (the
+ * fresh 0..Vd-1): nothing trains on an arbitrary set. DFLASH_OK otherwise. */
+DF_MUST_CHECK dflash_status df_model_draft_vocab_ready(const df_model *m);
 /* kept [n] strictly ascending in [0, V) (DFLASH_E_FORMAT naming `what` and the index). */
 DF_MUST_CHECK dflash_status df_draft_vocab_check(const int32_t *kept, int64_t n, int32_t V,
                                                  const char *what);

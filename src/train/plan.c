@@ -156,10 +156,6 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   df_config_ext ext;
   df_config_ext_of(&full, &ext);
   if (!st) st = df_config_ext_validate(cfg, &ext, "drafter config");
-  if (!st && ext.draft_vocab > 0 && ext.draft_vocab < cfg->vocab_size)
-    st = df_dspark_unsupported(&ext, "training plan",
-                               "the CUDA trainer trains DSpark over the full vocabulary only, so "
-                               "the plan counts no pruned draft vocabulary");
   if (st) return st;
   const char *why = df_cu_attn_shape_why(cfg->block_size, cfg->num_attention_heads,
                                          cfg->num_key_value_heads, cfg->head_dim);
@@ -210,10 +206,12 @@ static dflash_status plan_fill(const dflash_drafter_config *caller,
   if (opts->optimizer == DFLASH_OPTIMIZER_MUON)
     p->activations += plan_muon_bytes(df_tensor_dims_of(cfg, &ext));
   /* DSpark: its row and logit buffers, the target's final state (bf16) at each row among
-   * them; its Markov and confidence tensors are in n_params (tensors.h). */
+   * them, and a pruned drafter's own LM head rows and kept ids; its Markov and confidence
+   * tensors are in n_params (tensors.h: W2 has V_d rows). */
   if (ext.dspark)
     p->activations += df_cu_dspark_bytes((size_t)d.R, (size_t)cfg->hidden_size,
-                                         (size_t)cfg->vocab_size, (size_t)ext.markov_rank);
+                                         (size_t)cfg->vocab_size, (size_t)ext.draft_vocab,
+                                         (size_t)ext.markov_rank);
   p->frozen = 2 * 2 * (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
   p->reserve = opts->reserve_bytes;
   p->gpu_bytes = opts->gpu_bytes;

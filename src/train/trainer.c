@@ -175,11 +175,6 @@ static dflash_status init_params(df_model *m, uint64_t seed, double std) {
 /* What a DSpark drafter does not train with yet, refused by name before any device is
  * looked for (so a machine without a GPU reports the same). */
 static dflash_status dspark_options(const dflash_trainer *t) {
-  if (t->opt.backend == DFLASH_BACKEND_CUDA && t->m.Vd < t->m.V)
-    return df_dspark_unsupported(&t->m.ext, "trainer (backend CUDA)",
-                                 "the CUDA backend trains DSpark over the full vocabulary only; "
-                                 "a pruned draft vocabulary (draft_vocab_size below vocab_size) "
-                                 "trains on the CPU backend");
   if (t->opt.position_weighting == DFLASH_POSITION_WEIGHTING_ADAPTIVE)
     return df_dspark_unsupported(&t->m.ext, "trainer options",
                                  "position_weighting ADAPTIVE weighs DFlash's rows; DSpark "

@@ -8,11 +8,16 @@
  *   loss                     |gpu - cpu| / |cpu|         <= 0.01
  *   every gradient tensor    ||gpu - cpu|| / ||cpu||      <= 0.05
  * Cases: the confidence head with the target's final state (CE + L1 + BCE), without the head
- * (CE + L1), and without the final state (0.1 CE alone). Blocks run past the sequence's end
- * and over unsupervised positions (the prefix mask), and there are more rows than one pass of
- * the CUDA loss takes (kDsparkRows). The deferred path (accumulate, collect) must give the
- * same loss and weight as forward_backward. The device arena is poisoned before every call
- * (DFLASH_CUDA_POISON). DFLASH_GPU_SEED fixes the inputs' seed (default: fixed list).
+ * (CE + L1), and without the final state (0.1 CE alone); each again with a pruned draft
+ * vocabulary (V_d 217 of 300, a kept set that leaves out labels of some rows: no CE there,
+ * L1 against the target renormalized over the kept ids, c* from the target over the full
+ * vocabulary), which then trains again on a second kept set (the device takes the new ids).
+ * Blocks run past the sequence's end and over unsupervised positions (the prefix mask), and
+ * there are more rows than one pass of the CUDA loss takes (kDsparkRows). The deferred path
+ * (accumulate, collect) must give the same loss and weight as forward_backward. The device
+ * arena is poisoned before every call (DFLASH_CUDA_POISON). DFLASH_GPU_SEED fixes the inputs'
+ * seed (default: fixed list). Refused on CUDA: a pruned drafter before its kept ids are set
+ * (as on the CPU), and dflash_trainer_propose (DSpark's drafts chain on the CPU).
  */
 #include <dflash/train.h>
 #include <math.h>
@@ -90,17 +95,62 @@ static void perturb_heads(dflash_trainer *t, float *p, uint64_t seed) {
   }
 }
 
-static void run_case(int conf, int with_final, uint64_t seed, const char *what) {
+/* The pruned cases' draft vocabulary: VD of the 300 ids, by a permutation of them (37 i +
+ * 150 set mod 300; `set` 0 or 1, two different sets), ascending. */
+enum { VD = 217 };
+static void kept_ids(int set, int32_t *kept) {
+  int n = 0;
+  for (int i = 0; i < 300; i++)
+    if ((i * 37 + 150 * set) % 300 >= 300 - VD) kept[n++] = i;
+}
+
+/* Both trainers' loss and every gradient tensor after one forward_backward of s, within the
+ * bounds; the loss of the CUDA one into *lg. */
+static void compare(dflash_trainer *cpu, dflash_trainer *gpu, const dflash_sample *s,
+                    int with_final, const char *what, double *lg_out) {
+  double lc = NAN, lg = NAN;
+  size_t off = 0, numel;
+  CHECK(!dflash_trainer_forward_backward(cpu, s, &lc), "%s: cpu fb: %s", what, dflash_last_error());
+  CHECK(!dflash_trainer_forward_backward(gpu, s, &lg), "%s: gpu fb: %s", what, dflash_last_error());
+  double le = fabs(lg - lc) / fabs(lc);
+  printf("%s: loss cpu %.6f gpu %.6f (relative %.2e, bound 0.01)\n", what, lc, lg, le);
+  CHECK(le <= 0.01, "%s: loss relative error %.4f > 0.01", what, le);
+  float *gc = g_dump(cpu, 1), *gg = g_dump(gpu, 1);
+  double worst = 0;
+  const char *worst_name = "";
+  for (size_t i = 0; i < dflash_trainer_param_count(cpu); i++) {
+    const char *name;
+    dflash_trainer_param_info(cpu, i, &name, NULL, NULL, &numel);
+    double e = rel_l2(gg + off, gc + off, numel), nc = 0;
+    for (size_t k = 0; k < numel; k++) nc += (double)gc[off + k] * gc[off + k];
+    bool head = !strncmp(name, "markov_head.", 12) || !strncmp(name, "confidence_head.", 16);
+    if (head)
+      printf("%s: gradient %s relative L2 error %.4f (|cpu| %.3e)\n", what, name, e, sqrt(nc));
+    if (!(e <= worst)) worst = e, worst_name = name;
+    CHECK(e <= 0.05, "%s: gradient %s relative L2 error %.4f > 0.05", what, name, e);
+    /* A head the loss reaches has a gradient (not a vacuous comparison of zeros). */
+    if (head && (with_final || !strncmp(name, "markov_head.", 12)))
+      CHECK(nc > 0, "%s: gradient %s is zero on the CPU", what, name);
+    off += numel;
+  }
+  printf("%s: worst gradient relative L2 error %.4f (%s), bound 0.05\n", what, worst, worst_name);
+  free(gc), free(gg);
+  *lg_out = lg;
+}
+
+static void run_case(int conf, int with_final, int pruned, uint64_t seed, const char *what) {
   dflash_drafter_config c = {.struct_size = sizeof c};
   g_small_config(&c);
   c.block_size = 8, c.tie_word_embeddings = 0;
   c.dspark = 1, c.markov_rank = RANK, c.confidence_head = conf;
+  if (pruned) c.draft_vocab_size = VD;
   int H = c.hidden_size;
   size_t vh = (size_t)c.vocab_size * H;
   float *E = g_random(vh, 1.0f, seed + 1), *Hd = g_random(vh, 0.05f, seed + 2);
   round_bf16(E, vh), round_bf16(Hd, vh);
   dflash_trainer *cpu = make(&c, E, Hd, DFLASH_BACKEND_CPU);
   dflash_trainer *gpu = make(&c, E, Hd, DFLASH_BACKEND_CUDA);
+  int32_t kept[VD];
   if (!cpu || !gpu) goto out;
   {
     float *p0 = g_dump(cpu, 0);
@@ -134,35 +184,28 @@ static void run_case(int conf, int with_final, uint64_t seed, const char *what) 
                        .anchors = q.anchors,
                        .n_anchors = q.na,
                        .target_final = with_final ? fin : NULL};
-    double lc = NAN, lg = NAN;
-    CHECK(!dflash_trainer_forward_backward(cpu, &s, &lc), "%s: cpu fb: %s", what,
-          dflash_last_error());
-    CHECK(!dflash_trainer_forward_backward(gpu, &s, &lg), "%s: gpu fb: %s", what,
-          dflash_last_error());
-    double le = fabs(lg - lc) / fabs(lc);
-    printf("%s: loss cpu %.6f gpu %.6f (relative %.2e, bound 0.01)\n", what, lc, lg, le);
-    CHECK(le <= 0.01, "%s: loss relative error %.4f > 0.01", what, le);
-    float *gc = g_dump(cpu, 1), *gg = g_dump(gpu, 1);
-    off = 0;
-    double worst = 0;
-    const char *worst_name = "";
-    for (size_t i = 0; i < dflash_trainer_param_count(cpu); i++) {
-      const char *name;
-      dflash_trainer_param_info(cpu, i, &name, NULL, NULL, &numel);
-      double e = rel_l2(gg + off, gc + off, numel), nc = 0;
-      for (size_t k = 0; k < numel; k++) nc += (double)gc[off + k] * gc[off + k];
-      bool head = !strncmp(name, "markov_head.", 12) || !strncmp(name, "confidence_head.", 16);
-      if (head)
-        printf("%s: gradient %s relative L2 error %.4f (|cpu| %.3e)\n", what, name, e, sqrt(nc));
-      if (!(e <= worst)) worst = e, worst_name = name;
-      CHECK(e <= 0.05, "%s: gradient %s relative L2 error %.4f > 0.05", what, name, e);
-      /* A head the loss reaches has a gradient (not a vacuous comparison of zeros). */
-      if (head && (with_final || !strncmp(name, "markov_head.", 12)))
-        CHECK(nc > 0, "%s: gradient %s is zero on the CPU", what, name);
-      off += numel;
+    if (pruned) {
+      /* As on the CPU: no training on the fresh 0..V_d-1 before the kept ids are set. */
+      double l0;
+      dflash_status st = dflash_trainer_forward_backward(gpu, &s, &l0);
+      CHECK(st == DFLASH_E_STATE && strstr(dflash_last_error(), "pruned draft vocabulary"),
+            "%s: gpu trains before the kept ids are set: status %d (%s)", what, (int)st,
+            dflash_last_error());
+      kept_ids(0, kept);
+      CHECK(!dflash_trainer_set_draft_vocab(cpu, kept, VD), "%s: set cpu kept ids", what);
+      CHECK(!dflash_trainer_set_draft_vocab(gpu, kept, VD), "%s: set gpu kept ids", what);
+      /* Some supervised labels outside the kept set (the rows without CE). */
+      bool in[300] = {false};
+      int out_of_set = 0, supervised = 0;
+      for (int i = 0; i < VD; i++) in[kept[i]] = true;
+      for (int p = 0; p < q.len; p++)
+        if (q.mask[p]) supervised++, out_of_set += !in[q.ids[p]];
+      printf("%s: %d of %d supervised labels outside the kept set\n", what, out_of_set, supervised);
+      CHECK(out_of_set > 0 && out_of_set < supervised, "%s: labels outside the kept set: %d", what,
+            out_of_set);
     }
-    printf("%s: worst gradient relative L2 error %.4f (%s), bound 0.05\n", what, worst, worst_name);
-    free(gc), free(gg);
+    double lg = NAN;
+    compare(cpu, gpu, &s, with_final, what, &lg);
     /* The deferred path: the same loss and weight, and the same gradients as at once. */
     double wc = 0, wg = 0, ls = 0;
     CHECK(!dflash_trainer_weight_sum(cpu, &s, &wc), "%s: weight_sum", what);
@@ -178,7 +221,25 @@ static void run_case(int conf, int with_final, uint64_t seed, const char *what) 
     float *g2 = g_dump(gpu, 1);
     double ed = rel_l2(g2, g1, g_n_params(gpu));
     CHECK(ed <= 1e-5, "%s: deferred gradients differ from forward_backward's by %.2e", what, ed);
-    free(g1), free(g2), free(fin);
+    free(g1), free(g2);
+    if (pruned) {
+      /* Another kept set: the device's head rows and ids follow it. */
+      kept_ids(1, kept);
+      CHECK(!dflash_trainer_set_draft_vocab(cpu, kept, VD), "%s: set cpu kept ids", what);
+      CHECK(!dflash_trainer_set_draft_vocab(gpu, kept, VD), "%s: set gpu kept ids", what);
+      char what2[160];
+      snprintf(what2, sizeof what2, "%s, second kept set", what);
+      double lg2 = NAN;
+      compare(cpu, gpu, &s, with_final, what2, &lg2);
+      CHECK(fabs(lg2 - lg) > 1e-3 * fabs(lg), "%s: the loss %.6f did not change with the set",
+            what2, lg2);
+      /* DSpark's drafts chain through the Markov head, on the CPU only: refused by name. */
+      int32_t pred[NA * 8];
+      dflash_status st = dflash_trainer_propose(gpu, &s, NULL, pred, NULL);
+      CHECK(st == DFLASH_E_UNSUPPORTED && strstr(dflash_last_error(), "predict (backend CUDA)"),
+            "%s: propose on CUDA: status %d (%s)", what, (int)st, dflash_last_error());
+    }
+    free(fin);
     g_seq_free(&q);
   }
 out:
@@ -239,26 +300,13 @@ int main(void) {
   const char *fixed = getenv("DFLASH_GPU_SEED");
   uint64_t seed = fixed ? strtoull(fixed, NULL, 10) : 1234;
   printf("seed %llu (DFLASH_GPU_SEED reproduces)\n", (unsigned long long)seed);
-  run_case(1, 1, seed, "confidence head, final state");
-  run_case(0, 1, seed + 100, "no confidence head, final state");
-  run_case(1, 0, seed + 200, "confidence head, no final state (CE alone)");
+  run_case(1, 1, 0, seed, "confidence head, final state");
+  run_case(0, 1, 0, seed + 100, "no confidence head, final state");
+  run_case(1, 0, 0, seed + 200, "confidence head, no final state (CE alone)");
+  run_case(1, 1, 1, seed + 300, "pruned, confidence head, final state");
+  run_case(0, 1, 1, seed + 400, "pruned, no confidence head, final state");
+  run_case(1, 0, 1, seed + 500, "pruned, confidence head, no final state (CE alone)");
   refused_launches();
-  /* A pruned draft vocabulary stays refused on CUDA, by name. */
-  dflash_drafter_config c = {.struct_size = sizeof c};
-  g_small_config(&c);
-  c.block_size = 8, c.tie_word_embeddings = 0;
-  c.dspark = 1, c.markov_rank = RANK, c.confidence_head = 1, c.draft_vocab_size = 100;
-  float *E, *Hd;
-  g_small_embeddings(&c, &E, &Hd);
-  dflash_trainer_options o;
-  g_small_options(&o, DFLASH_BACKEND_CUDA);
-  dflash_trainer *t = NULL;
-  dflash_status st = dflash_trainer_create(&c, E, Hd, &o, &t);
-  CHECK(st == DFLASH_E_UNSUPPORTED && strstr(dflash_last_error(), "pruned"),
-        "pruned DSpark on CUDA: status %d (%s), want DFLASH_E_UNSUPPORTED naming it", st,
-        dflash_last_error());
-  dflash_trainer_free(t);
-  free(E), free(Hd);
   printf(failures ? "%d FAILURES\n" : "OK\n", failures);
   return failures ? 1 : 0;
 }

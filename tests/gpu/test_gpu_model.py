@@ -42,7 +42,10 @@
 11. DSpark (--dspark, or a Qwen3DSparkModel config): its parameters and buffers equal the
    plan's (Kimi, rank 256: the arena at A x B rows plus df_cu_dspark_bytes), its kernels are
    priced in place of DFlash's CE, its model FLOPs are the LM head's and the Markov head's,
-   and `--plan` states 98 KiB of hidden states per token (84 and the final state).
+   and `--plan` states 98 KiB of hidden states per token (84 and the final state); with a
+   pruned draft vocabulary (--draft-vocab, or draft_vocab_size) W2 has V_d rows, the draft
+   logits and d(z) passes are V_d wide while the target's logits stay V wide, and the
+   buffers (the kept rows of the head and their ids among them) equal the plan's.
 """
 import json
 import os
@@ -207,6 +210,25 @@ def test_plan_dspark(tmp):
     check(min(abs(act - g["activations"]), abs(act + fixed - g["activations"])) <= 0.006,
           f"kimi DSpark: arena + DSpark buffers {act:.3f} GiB (+ scratch {fixed:.3f}) == plan's "
           f"{g['activations']:.2f}")
+    # Pruned to 32768 ids: W2 [V_d, r], the V_d-wide logit buffers, the kept rows and ids.
+    j["draft_vocab_size"] = 32768
+    pruned = os.path.join(tmp, "kimi-dspark-vd.json")
+    with open(pruned, "w", encoding="utf-8") as f:
+        json.dump(j, f)
+    n2, g2 = plan(cli, pruned, 8, 3072, 512, 8192)
+    c2 = gm.load_config(pruned)
+    check(c2["dspark"] == dict(r=256, conf=True, vd=32768),
+          f"gpu_model reads draft_vocab_size: {c2['dspark']}")
+    check(n2 == gm.param_count(c2) and n - n2 == (c["vocab_size"] - 32768) * 256,
+          f"kimi DSpark V_d 32768: parameters {gm.param_count(c2)} == plan's {n2}, "
+          f"{n - n2} fewer (W2's rows)")
+    m2 = gm.memory(c2, n2, 8, 3072, 512, 8192)
+    act2 = (m2["activations"] + m2["dspark"]) / 2**30
+    check(min(abs(act2 - g2["activations"]), abs(act2 + fixed - g2["activations"])) <= 0.006,
+          f"kimi DSpark V_d 32768: arena + DSpark buffers {act2:.3f} GiB (+ scratch "
+          f"{fixed:.3f}) == plan's {g2['activations']:.2f}")
+    check(abs(m2["frozen"] - m["frozen"]) == 0 and g2["frozen embedding"] == g["frozen embedding"],
+          "kimi DSpark V_d 32768: the frozen embedding and full LM head stay")
     out = subprocess.run([cli, "train", "--plan", "--config", path, "--world", "8", "--gpu-gb",
                           "100000"], capture_output=True, text=True).stdout
     kib = re.search(r"hidden states per token\s+([\d.]+) KiB bf16", out)
@@ -421,6 +443,32 @@ def test_dspark():
     check(close(r2["model_flops"] - r1["model_flops"], extra),
           f"DSpark model FLOPs {(r2['model_flops'] - r1['model_flops']) / 1e12:+.3f} TFLOP "
           f"(want {extra / 1e12:+.3f})")
+    # A pruned draft vocabulary (V_d 32768): W2 has V_d rows; the draft logits, d(z) and the
+    # Markov head's GEMMs are V_d wide, the target's logits stay V wide.
+    Vd = 32768
+    dp = dict(q, dspark=dict(r=256, conf=True, vd=Vd))
+    check(gm.param_count(dp) - gm.param_count(q) == (V + Vd) * 256 + H + 256 + 1,
+          f"pruned DSpark adds {gm.param_count(dp) - gm.param_count(q)} parameters")
+    r3 = gm.model(dp, "H200", 3072, 512, 1, 8, 16384, "mma")
+    shapes = {o.name.split(" (")[0]: (o.extra["M"], o.extra["N"], o.extra["K"])
+              for o, _ in r3["rows"] if o.name.startswith("DSpark") and o.kind == "gemm"}
+    want_shapes = {"DSpark draft logits x E^T": (R2, Vd, H),
+                   "DSpark Markov bias e W2^T": (R2, Vd, r),
+                   "DSpark target logits xt E^T": (R2, V, H),
+                   "DSpark d(rows) = dz E": (R2, H, Vd), "DSpark d(e) = dz W2": (R2, r, Vd),
+                   "DSpark dW2 += dz^T e": (Vd, r, R2)}
+    check(shapes == want_shapes, f"pruned DSpark GEMMs: {shapes}")
+    want_bytes = (512 * B * (4 + 2 * H + 2 * r + 4) + 64 * (Vd * 6 + V * 4 + 4 * r) +
+                  Vd * (2 * H + 4))
+    check(r3["memory"].get("dspark") == want_bytes,
+          f"pruned DSpark's buffers {r3['memory'].get('dspark')} == df_cu_dspark_bytes "
+          f"{want_bytes}")
+    extra3 = 4.0 * R2 * Vd * H + 6.0 * R2 * Vd * r - 4.0 * R1 * V * H
+    check(close(r3["model_flops"] - r1["model_flops"], extra3),
+          f"pruned DSpark model FLOPs {(r3['model_flops'] - r1['model_flops']) / 1e12:+.3f} "
+          f"TFLOP (want {extra3 / 1e12:+.3f})")
+    check(r3["step_s"] < r2["step_s"], f"pruned DSpark step {r3['step_s'] * 1e3:.1f} ms < full "
+          f"{r2['step_s'] * 1e3:.1f}")
 
 
 def test_targets(tmp):

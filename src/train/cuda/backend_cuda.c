@@ -36,6 +36,7 @@ typedef struct cuda_backend {
   float *f32;
   uint16_t *u16; /* DSpark: the target's final state at each row, bf16 [R, H] */
   size_t i32_cap, f32_cap, u16_cap;
+  unsigned dv_gen; /* the model's draft vocabulary (df_model dv_gen) the device holds */
   /* gradient normalisation across ranks (see cuda_step) */
   double scale_used, weight_local;
   /* accumulates whose losses are still on the device (df_cu_results): sum(w), sample id */
@@ -84,6 +85,10 @@ static dflash_status prepare(cuda_backend *c, const df_seq *s, double grad_scale
             ? df_dspark_rows(m->B, m->gamma, s->ids, s->labels, s->loss_mask, s->len, s->anchors, A,
                              grad_scale, rows_t, rows_target, rows_prev, NULL, coef)
             : 0;
+    /* A pruned draft vocabulary: the label's draft index, -1 outside it (no CE; the CPU's
+     * model_dspark.c maps them alike). The previous token stays a target id (W1 is [V, r]). */
+    if (m->t2d)
+      for (int r = 0; r < R; r++) rows_target[r] = m->t2d[rows_target[r]];
     if (s->final && R > 0) {
       size_t H = (size_t)m->H;
       st = grow((void **)&c->u16, &c->u16_cap, sizeof(uint16_t) * (size_t)R * H);
@@ -168,6 +173,16 @@ static dflash_status defer(cuda_backend *c, double wsum, const char *id) {
   return DFLASH_OK;
 }
 
+/* A pruned DSpark drafter's kept ids to the device when they changed since it last had
+ * them (df_model_set_draft_vocab: set, picked from the data, or loaded). */
+static dflash_status sync_draft_vocab(cuda_backend *c) {
+  const df_model *m = &c->t->m;
+  if (!m->kept || c->dv_gen == m->dv_gen) return DFLASH_OK;
+  dflash_status st = df_cu_set_draft_vocab(c->dev, m->kept);
+  if (!st) c->dv_gen = m->dv_gen;
+  return st;
+}
+
 static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad_scale,
                                      double *loss_sum, double *weight_sum) {
   cuda_backend *c = cb(b);
@@ -176,6 +191,8 @@ static dflash_status cuda_accumulate(df_backend *b, const df_seq *s, double grad
   /* Stored rows are checked for NaN/Inf on the device (fp32 ones here, as before). */
   dflash_status st = df_model_check_inputs(m, s->ids, s->len, s->hidden, s->anchors, s->n_anchors);
   if (!st && m->dspark) st = df_model_check_final(m, s->final, s->len);
+  if (!st) st = df_model_draft_vocab_ready(m);
+  if (!st) st = sync_draft_vocab(c);
   df_cu_batch bt;
   if (!st) st = prepare(c, s, grad_scale, &bt);
   if (st) return st;
@@ -352,7 +369,8 @@ void df_cu_config_of(const df_model *m, size_t *offsets, df_cu_config *out) {
                         .dspark_conf = m->dspark && m->ext.confidence_head,
                         .ds_alpha_ce = (float)DF_DSPARK_ALPHA_CE,
                         .ds_alpha_l1 = (float)DF_DSPARK_ALPHA_L1,
-                        .ds_alpha_conf = (float)DF_DSPARK_ALPHA_CONF};
+                        .ds_alpha_conf = (float)DF_DSPARK_ALPHA_CONF,
+                        .draft_vocab = m->Vd};
   for (int l = 0; l < m->L; l++)
     out->window[l] = m->cfg.layer_types[l] == DFLASH_LAYER_SLIDING ? m->cfg.sliding_window : 0;
   for (size_t i = 0; i < m->n_tensors; i++) offsets[i] = m->tensors[i].offset;
@@ -435,7 +453,12 @@ dflash_status df_backend_cuda_create(dflash_trainer *t, df_backend **out) {
   if (!st && t->opt.optimizer == DFLASH_OPTIMIZER_MUON)
     st = muon_matrices(m, t->opt.muon_adjust_lr, &muon, &cfg.n_muon);
   cfg.muon = muon;
-  if (!st) st = df_cu_create(&cfg, m->params, m->embed, m->lm_head, &c->dev);
+  /* The target's whole head: a pruned drafter's own (its kept rows) is gathered from it on
+   * the device (sync_draft_vocab). */
+  if (!st)
+    st = df_cu_create(&cfg, m->params, m->embed, m->lm_head_full ? m->lm_head_full : m->lm_head,
+                      &c->dev);
+  if (!st) st = sync_draft_vocab(c);
   free(offs);
   free(pw);
   free(muon);

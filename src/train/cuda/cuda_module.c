@@ -165,6 +165,10 @@ dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size
 
 dflash_status df_cu_scale_grads(df_cu_model *m, double k) { FORWARD(scale_grads(m, k)); }
 
+dflash_status df_cu_set_draft_vocab(df_cu_model *m, const int32_t *kept) {
+  FORWARD(set_draft_vocab(m, kept));
+}
+
 dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred) {
   FORWARD(predict(m, b, pred));
 }

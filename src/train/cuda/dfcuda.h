@@ -175,10 +175,13 @@ typedef struct df_cu_config {
   size_t n_muon;
   /* DSpark (dspark nonzero; spec/dspark.md, the CPU's src/train/dspark.c): the Markov head's
    * rank, whether the confidence head exists, and the objective's weights. Its tensors
-   * (markov_head.*, confidence_head.proj.*) follow DFlash 1's in the table. Full vocabulary
-   * only (the trainer refuses a pruned one on CUDA). */
+   * (markov_head.*, confidence_head.proj.*) follow DFlash 1's in the table. */
   int dspark, markov_rank, dspark_conf;
   float ds_alpha_ce, ds_alpha_l1, ds_alpha_conf;
+  /* DSpark's draft vocabulary V_d (markov_w2's rows and the draft logits' width): V, or
+   * below it for a pruned one, whose LM head is the target's rows at the kept ids
+   * (df_cu_set_draft_vocab); df_cu_create's lm_head is the target's whole [V, H] head. */
+  int draft_vocab;
 } df_cu_config;
 
 /* One Muon matrix: its flat offset and shape [rows, cols] (row-major, as the CPU's), and the
@@ -253,6 +256,12 @@ DF_MUST_CHECK dflash_status df_cu_accumulate(df_cu_model *m, const df_cu_batch *
 DF_MUST_CHECK dflash_status df_cu_results(df_cu_model *m, double *loss_sum, int64_t *bad, size_t n);
 /* Multiply the accumulated gradients by k. */
 DF_MUST_CHECK dflash_status df_cu_scale_grads(df_cu_model *m, double k);
+/* DSpark with a pruned draft vocabulary (c.draft_vocab < c.V): kept [c.draft_vocab], the
+ * ascending target ids the drafter keeps (draft index i is target id kept[i]), uploaded and
+ * the drafter's LM head gathered on the device from the target's rows; in stream order, so
+ * the sequences accumulated before it used the set before. The labels (df_cu_batch
+ * rows_target) are then draft indices, -1 for a label outside the set (no CE). */
+DF_MUST_CHECK dflash_status df_cu_set_draft_vocab(df_cu_model *m, const int32_t *kept);
 /* Greedy token of each of b->R rows into pred. */
 DF_MUST_CHECK dflash_status df_cu_predict(df_cu_model *m, const df_cu_batch *b, int32_t *pred);
 
@@ -310,15 +319,20 @@ static inline size_t df_cu_fixed_scratch_bytes(int H, int KH, int d, int B, int 
          2 * (4 * (size_t)n_pos * (size_t)KH + 256);
 }
 
-/* DSpark's device buffers besides the arena (cuda/model.cu dspark_upload), for R supervised
- * rows (A * B: DSpark's slot 0 is supervised too), hidden size H, vocabulary V and Markov rank
- * r: per row the previous token (int32), the target's final state and the Markov embedding
- * (bf16) and the confidence gradient (fp32); per pass of DF_CU_DSPARK_ROWS rows the draft and
- * target logits (fp32), their gradient (bf16) and d(e) (fp32). For `dflash train --plan`. */
+/* DSpark's device buffers besides the arena (cuda/model.cu dspark_upload, arena.cu), for R
+ * supervised rows (A * B: DSpark's slot 0 is supervised too), hidden size H, vocabulary V,
+ * draft vocabulary Vd (V unless pruned) and Markov rank r: per row the previous token (int32),
+ * the target's final state and the Markov embedding (bf16) and the confidence gradient
+ * (fp32); per pass of DF_CU_DSPARK_ROWS rows the draft logits (fp32, Vd wide), the target's
+ * (fp32, V wide), d(draft logits) (bf16, Vd wide) and d(e) (fp32); pruned, the drafter's LM
+ * head (the kept rows, bf16 [Vd, H]) and the kept ids (int32 [Vd]). For `dflash train
+ * --plan`. */
 #define DF_CU_DSPARK_ROWS 64
-static inline size_t df_cu_dspark_bytes(size_t R, size_t H, size_t V, size_t r) {
+static inline size_t df_cu_dspark_bytes(size_t R, size_t H, size_t V, size_t Vd, size_t r) {
   R = R ? R : 1;
-  return R * (4 + 2 * H + 2 * r + 4) + (size_t)DF_CU_DSPARK_ROWS * (V * (4 + 4 + 2) + 4 * r);
+  Vd = Vd && Vd < V ? Vd : V;
+  return R * (4 + 2 * H + 2 * r + 4) + (size_t)DF_CU_DSPARK_ROWS * (Vd * (4 + 2) + V * 4 + 4 * r) +
+         (Vd < V ? Vd * (2 * H + 4) : 0);
 }
 
 /* The properties of CUDA device `device` (DFLASH_E_NO_DEVICE when there is none). */

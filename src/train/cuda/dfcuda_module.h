@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Bump on any change below or in dfcuda.h's structs and functions. */
-#define DF_CU_MODULE_ABI 7
+#define DF_CU_MODULE_ABI 8
 #define DF_CU_MODULE_ENTRY "df_cuda_module_v1"
 /* The file the library looks for (beside itself, then on the loader's search path). */
 #define DF_CU_MODULE_FILE "libdflash-cuda.so"
@@ -64,6 +64,7 @@ typedef struct df_cu_module {
   void (*host_free)(void *p);
   dflash_status (*step_result)(df_cu_model *m, double *norm);
   dflash_status (*device_props)(int device, df_cu_props *out);
+  dflash_status (*set_draft_vocab)(df_cu_model *m, const int32_t *kept);
 } df_cu_module;
 
 /* Every struct that crosses the boundary, so a stale module from another build is refused
