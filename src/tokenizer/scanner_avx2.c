@@ -28,7 +28,7 @@ DF_AVX2 static inline __m256i eq(__m256i v, char c) {
 DF_AVX2 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m) {
   __m256i v[2] = {_mm256_loadu_si256((const __m256i *)p),
                   _mm256_loadu_si256((const __m256i *)(p + 32))};
-  __m256i up[2], lo[2], dg[2], sp[2], nl[2], sl[2], hi[2], ot[2];
+  __m256i up[2], lo[2], dg[2], sp[2], nl[2], sl[2], hi[2], ot[2], qu[2];
   for (int h = 0; h < 2; h++) {
     up[h] = in_range(v[h], 'A', 'Z');
     lo[h] = in_range(v[h], 'a', 'z');
@@ -36,6 +36,7 @@ DF_AVX2 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m) {
     nl[h] = _mm256_or_si256(eq(v[h], '\r'), eq(v[h], '\n'));
     sp[h] = _mm256_or_si256(in_range(v[h], '\t', '\r'), eq(v[h], ' '));
     sl[h] = eq(v[h], '/');
+    qu[h] = eq(v[h], '\'');
     hi[h] = v[h]; /* the sign bit is the non-ASCII bit */
     __m256i any = _mm256_or_si256(_mm256_or_si256(up[h], lo[h]), _mm256_or_si256(dg[h], sp[h]));
     ot[h] = _mm256_or_si256(any, _mm256_cmpgt_epi8(_mm256_setzero_si256(), v[h]));
@@ -48,6 +49,7 @@ DF_AVX2 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m) {
   m->slash = bits(sl[0], sl[1]);
   m->high = bits(hi[0], hi[1]);
   m->other = ~bits(ot[0], ot[1]);
+  m->quote = bits(qu[0], qu[1]);
 }
 
 bool df_scan_cpu_has_avx2(void) { return __builtin_cpu_supports("avx2"); }

@@ -317,6 +317,7 @@ typedef struct df_scan_masks {
   uint64_t space, nl;     /* ASCII \s; \r or \n */
   uint64_t slash, other;  /* '/'; the rest of ASCII (not letter, digit or space) */
   uint64_t high;          /* bytes >= 0x80 */
+  uint64_t quote;         /* '\'' (where a contraction may follow a word) */
 } df_scan_masks;
 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m);
 bool df_scan_cpu_has_avx2(void);

@@ -272,7 +272,8 @@ static inline __attribute__((always_inline)) const piece_entry *cache_find(const
                                                                            uint64_t h,
                                                                            const uint8_t *p,
                                                                            size_t n) {
-  if (!cache || n > DF_CACHE_PIECE) return NULL;
+  /* no entry holds more than DF_CACHE_PIECE bytes, so a longer piece fails on the length */
+  if (!cache) return NULL;
   const piece_entry *e = &cache[h & ((1u << DF_CACHE_BITS) - 2)];
   if (e->hash != h || e->len != n) {
     e++;
@@ -419,20 +420,24 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   df_ranges *pieces;
   dflash_status st = df_pretok_run(&t->pretok, text, len, &c->ps, &base, &pieces);
   if (st) return st;
-  c->n_pieces += pieces->len;
+  const size_t np = pieces->len;
+  c->n_pieces += np;
   enum { AHEAD = 8 };
-  uint64_t hashes[AHEAD] = {0};
+  /* AHEAD one-byte pieces past the end, so the loop hashes the piece AHEAD on without a test
+   * (their hashes only prefetch) */
+  for (size_t k = 0; k < AHEAD; k++)
+    if (df_ranges_push(pieces, 0, 1)) return DFLASH_E_NOMEM;
+  pieces->len = np;
+  uint64_t hashes[AHEAD];
   const piece_entry *cache = c->cache;
+  const uint32_t *byte_id = t->vocab.byte_id;
+  const bool fast = !t->vocab.byte_gaps && cache;
+  const df_range *rv = pieces->v;
   /* Hash a few pieces ahead and prefetch their cache entries, so the misses overlap. */
-  for (size_t i = 0; i < AHEAD && i < pieces->len; i++) {
-    const df_range *r = &pieces->v[i];
-    hashes[i] = piece_hash(base, r);
+  for (size_t i = 0; i < AHEAD; i++) {
+    hashes[i] = piece_hash(base, &rv[i]);
     prefetch_piece(cache, hashes[i]);
   }
-  const uint32_t *byte_id = t->vocab.byte_id;
-  const bool gaps = t->vocab.byte_gaps;
-  const df_range *rv = pieces->v;
-  const size_t np = pieces->len;
   int32_t *ov = c->out.v;
   size_t olen = c->out.len, ocap = c->out.cap;
   for (size_t i = 0; i < np; i++) {
@@ -440,11 +445,8 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
     const uint8_t *p = (const uint8_t *)base + r->begin;
     size_t n = r->end - r->begin;
     uint64_t h = hashes[i % AHEAD];
-    if (i + AHEAD < np) {
-      const df_range *ra = &rv[i + AHEAD];
-      hashes[i % AHEAD] = piece_hash(base, ra);
-      prefetch_piece(cache, hashes[i % AHEAD]);
-    }
+    hashes[i % AHEAD] = piece_hash(base, &rv[i + AHEAD]);
+    prefetch_piece(cache, hashes[i % AHEAD]);
     /* byte-level BPE gives at most one id per byte; a cache hit copies DF_CACHE_IDS */
     if (ocap - olen < n + DF_CACHE_IDS) {
       c->out.len = olen;
@@ -452,7 +454,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
       ov = c->out.v;
       ocap = c->out.cap;
     }
-    if (!gaps) {
+    if (fast) {
       if (n == 1) {
         ov[olen++] = (int32_t)byte_id[p[0]];
         continue;
@@ -465,7 +467,7 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
       }
     }
     c->out.len = olen;
-    st = gaps ? encode_piece(t, p, n, h, c) : encode_missed(t, p, n, h, c);
+    st = fast ? encode_missed(t, p, n, h, c) : encode_piece(t, p, n, h, c);
     if (st) return st;
     ov = c->out.v;
     olen = c->out.len;
