@@ -473,7 +473,7 @@ typedef struct window {
   bool at_end; /* the text ends at n */
 } window;
 
-static void load_window(const scan *x, size_t at, window *w) {
+static inline __attribute__((always_inline)) void load_window(const scan *x, size_t at, window *w) {
   size_t left = x->len - at;
   w->at = at;
   w->n = left < 64 ? (unsigned)left : 64;
@@ -593,8 +593,9 @@ __attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, 
   while (pos < x->len && n < cap) {
     load_window(x, pos, &w);
     unsigned k = 0, end;
+    const size_t at = shift + pos;
     while (k < w.n && n < cap && (end = block_piece(sc, x, &w, k))) {
-      out[n++] = (df_range){shift + pos + k, shift + pos + end};
+      out[n++] = (df_range){at + k, at + end};
       k = end;
     }
     pos += k;
