@@ -442,17 +442,20 @@ static dflash_status encode_plain(const dflash_tokenizer *t, const char *text, s
   enum { AHEAD = 8 };
   /* AHEAD one-byte pieces past the end, so the loop hashes the piece AHEAD on without a test
    * (their hashes only prefetch) */
-  for (size_t k = 0; k < AHEAD; k++)
-    if (df_ranges_push(pieces, 0, 1)) return DFLASH_E_NOMEM;
-  pieces->len = np;
+  if (pieces->cap - np < AHEAD) { /* grow (rare); else in place: a push each cost 0.03 us */
+    for (size_t k = 0; k < AHEAD; k++)
+      if (df_ranges_push(pieces, 0, 1)) return DFLASH_E_NOMEM;
+    pieces->len = np;
+  }
+  for (size_t k = 0; k < AHEAD; k++) pieces->v[np + k] = (df_range){0, 1};
   uint64_t hashes[AHEAD];
   const piece_entry *cache = c->cache;
   const uint32_t *byte_id = t->vocab.byte_id;
   const bool fast = !t->vocab.byte_gaps && cache;
   const df_range *rv = pieces->v;
   /* Hash a few pieces ahead and prefetch their cache entries, so the misses overlap. */
-  for (size_t i = 0; i < AHEAD; i++) {
-    hashes[i] = piece_hash(base, &rv[i]);
+  for (size_t i = 0; i < AHEAD; i++) { /* (not the padding: short texts, per-call cost) */
+    hashes[i] = i < np ? piece_hash(base, &rv[i]) : 0;
     prefetch_piece(cache, hashes[i]);
   }
   int32_t *ov = c->out.v;
