@@ -409,6 +409,7 @@ static void masks_portable(const uint8_t *p, df_scan_masks *m) {
     else m->other |= b;
     if (c & C_CRLF) m->nl |= b;
     if (p[i] == '/') m->slash |= b;
+    if (p[i] == '\'') m->quote |= b;
   }
 }
 
@@ -464,12 +465,15 @@ typedef struct window {
   uint64_t opt;    /* [^\r\n\p{L}\p{N}] (ASCII) */
   uint64_t word;   /* where a word piece starts: a letter, or `opt` then a letter */
   uint64_t known;  /* where a run may end: an ASCII byte, or the text's end */
-  size_t at;       /* text offset of bit 0 */
-  unsigned n;      /* bytes of text in the window (bits at and past n are clear) */
-  bool at_end;     /* the text ends at n */
+  /* Where a word from an earlier letter stops: not a letter (bytes past the text included),
+   * and for o200k and Kimi an upper-case letter after a lower-case one. */
+  uint64_t stop_cased, stop_any;
+  size_t at;   /* text offset of bit 0 */
+  unsigned n;  /* bytes of text in the window (bits at and past n are clear) */
+  bool at_end; /* the text ends at n */
 } window;
 
-static void load_window(const scan *x, size_t at, window *w) {
+static inline __attribute__((always_inline)) void load_window(const scan *x, size_t at, window *w) {
   size_t left = x->len - at;
   w->at = at;
   w->n = left < 64 ? (unsigned)left : 64;
@@ -490,6 +494,8 @@ static void load_window(const scan *x, size_t at, window *w) {
   w->opt = (m->other | m->space) & ~m->nl;
   w->word = w->letter | (w->opt & w->letter >> 1);
   w->known = (~m->high & valid) | (left < 64 ? 1ull << left : 0);
+  w->stop_any = ~w->letter;
+  w->stop_cased = w->stop_any | (m->up & m->lo << 1);
 }
 
 /* End of the run of set bits of m from bit k (64 when it reaches the top). */
@@ -532,10 +538,15 @@ __attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc,
     if (c) return k + (unsigned)c;
   }
   if (w->word & kb) { /* letters, after an optional [^\r\n\p{L}\p{N}] */
+    /* Cased: [UP]* then [LO]* from p ends at the first stop after p (a non-letter, or an
+     * upper-case letter after a lower-case one), one shift and a count instead of two runs.
+     * p <= 63, so the shift by p + 1 is two shifts; none before the top: undecided. */
     unsigned p = k + !(w->letter & kb);
-    unsigned e = cased ? run_end(m->lo, run_end(m->up, p)) : run_end(w->letter, p);
-    if (!decided(w, e)) return 0;
-    if (cased && at + e < x->len && x->s[at + e] == '\'') e += (unsigned)contraction(x, at + e);
+    uint64_t after = (cased ? w->stop_cased : w->stop_any) >> p >> 1;
+    if (!after) return 0;
+    unsigned e = p + 1 + (unsigned)__builtin_ctzll(after);
+    if (!(w->known >> e & 1)) return 0;
+    if (cased && (m->quote >> e & 1)) e += (unsigned)contraction(x, at + e);
     return e;
   }
   if ((m->high & kb) || ((w->opt & kb) && !decided(w, k + 1))) return 0;
@@ -582,8 +593,9 @@ __attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, 
   while (pos < x->len && n < cap) {
     load_window(x, pos, &w);
     unsigned k = 0, end;
+    const size_t at = shift + pos;
     while (k < w.n && n < cap && (end = block_piece(sc, x, &w, k))) {
-      out[n++] = (df_range){shift + pos + k, shift + pos + end};
+      out[n++] = (df_range){at + k, at + end};
       k = end;
     }
     pos += k;

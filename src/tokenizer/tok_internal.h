@@ -109,9 +109,13 @@ uint64_t df_hash_long(const void *p, size_t n);
 /* Hash of n <= 8 bytes given as w = df_load_upto8(bytes, n). Each step is invertible (an xor
  * with a constant of n, a multiply by an odd constant, x ^ x >> 29 ^ x >> 47), so two short
  * pieces of the same length have the same hash only if their bytes are the same. */
+static inline uint64_t df_hash_word_key(uint64_t w, size_t n) {
+  return (w ^ (n * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
+}
+/* df_hash_word from df_hash_word_key: the key's high bits are mixed, these spread them down. */
+static inline uint64_t df_hash_word_finish(uint64_t key) { return key ^ (key >> 29) ^ (key >> 47); }
 static inline uint64_t df_hash_word(uint64_t w, size_t n) {
-  uint64_t h = (w ^ (n * 0x9E3779B97F4A7C15ull)) * 0xBF58476D1CE4E5B9ull;
-  return h ^ (h >> 29) ^ (h >> 47);
+  return df_hash_word_finish(df_hash_word_key(w, n));
 }
 /* The hash of a piece, its token or its cache entry. Inline for the short pieces (most of
  * them): a call per piece cost 10-16 % of encode on English text. */
@@ -317,6 +321,7 @@ typedef struct df_scan_masks {
   uint64_t space, nl;     /* ASCII \s; \r or \n */
   uint64_t slash, other;  /* '/'; the rest of ASCII (not letter, digit or space) */
   uint64_t high;          /* bytes >= 0x80 */
+  uint64_t quote;         /* '\'' (where a contraction may follow a word) */
 } df_scan_masks;
 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m);
 bool df_scan_cpu_has_avx2(void);
