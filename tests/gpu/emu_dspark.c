@@ -176,14 +176,7 @@ static void run_case(int conf, int with_final, int pruned, uint64_t seed, const 
     q.anchors[q.na - 2] = LEN - 5, q.anchors[q.na - 1] = LEN - 2;
     float *fin = g_random((size_t)LEN * H, 1.0f, seed + 9);
     round_bf16(fin, (size_t)LEN * H);
-    dflash_sample s = {.struct_size = sizeof s,
-                       .input_ids = q.ids,
-                       .loss_mask = q.mask,
-                       .len = q.len,
-                       .hidden = q.hidden,
-                       .anchors = q.anchors,
-                       .n_anchors = q.na,
-                       .target_final = with_final ? fin : NULL};
+    dflash_sample s = g_seq_sample(&q, with_final ? fin : NULL);
     if (pruned) {
       /* As on the CPU: no training on the fresh 0..V_d-1 before the kept ids are set. */
       double l0;
@@ -266,14 +259,7 @@ static void refused_launches(void) {
     CHECK(0, "refused launches: setup");
     return;
   }
-  dflash_sample s = {.struct_size = sizeof s,
-                     .input_ids = q.ids,
-                     .loss_mask = q.mask,
-                     .len = q.len,
-                     .hidden = q.hidden,
-                     .anchors = q.anchors,
-                     .n_anchors = q.na,
-                     .target_final = fin};
+  dflash_sample s = g_seq_sample(&q, fin);
   double loss;
   CHECK(!dflash_trainer_forward_backward(t, &s, &loss), "no refusal: %s", dflash_last_error());
   for (size_t k = 0; k < sizeof kernels / sizeof *kernels; k++) {

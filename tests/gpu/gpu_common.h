@@ -52,6 +52,19 @@ static inline int g_seq_make(const dflash_drafter_config *c, int64_t len, int32_
                                                                                              : 0;
 }
 
+/* The whole sequence as the trainer's sample, with the target's final state `final`
+ * ([len, H], or NULL: a DSpark drafter then trains on CE alone). */
+static inline dflash_sample g_seq_sample(const g_seq *q, const float *final) {
+  return (dflash_sample){.struct_size = sizeof(dflash_sample),
+                         .input_ids = q->ids,
+                         .loss_mask = q->mask,
+                         .len = q->len,
+                         .hidden = q->hidden,
+                         .anchors = q->anchors,
+                         .n_anchors = q->na,
+                         .target_final = final};
+}
+
 static inline void g_seq_free(g_seq *q) {
   free(q->ids), free(q->mask), free(q->anchors), free(q->hidden);
 }
