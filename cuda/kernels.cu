@@ -437,6 +437,17 @@ __global__ void muon_apply(float *p, bf16 *p16, const float *o, size_t n, const 
 // sum |p - q'|) / 2) with q' normalized over the full Vt (= 1 - L1'/2 of the full-vocabulary
 // L1', p zero outside the kept ids: the dropped mass counts), and a label outside the set
 // (target -1) adds no CE.
+// log sum_k exp(row[idx ? idx[k] : k]) over k < n, by the whole block (max first, then
+// the shifted sum): DSpark's draft row, its teacher over the kept ids, and the full target.
+__device__ float block_lse(const float *row, const int32_t *idx, int n) {
+  float m = -FLT_MAX;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, row[idx ? idx[k] : k]);
+  m = block_max(m);
+  float s = 0;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) s += expf(row[idx ? idx[k] : k] - m);
+  return m + logf(block_sum(s));
+}
+
 __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, const bf16 *e,
                                  const bf16 *cw, const bf16 *cb, const int32_t *target,
                                  const float *coef, float *loss, float *ds, const int32_t *kept,
@@ -446,21 +457,11 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
   float *zi = z + (size_t)i * V, *ti = zt ? zt + (size_t)i * Vt : nullptr;
   int tgt = target[i];
   float zl = tgt >= 0 ? zi[tgt] : 0.0f; // read before the row is overwritten below
-  float mx = -FLT_MAX;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, zi[v]);
-  mx = block_max(mx);
-  float s = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(zi[v] - mx);
-  float lse = mx + logf(block_sum(s));
+  float lse = block_lse(zi, nullptr, V);
   float l1 = 0, ps = 0, acc = 1.0f; // acc: 1 - L1 / 2, the acceptance c* clamps
   float qlse = 0;                   // the teacher's logsumexp (over the kept ids when pruned)
   if (ti && !kept) {
-    float qm = -FLT_MAX;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) qm = fmaxf(qm, ti[v]);
-    qm = block_max(qm);
-    float qs = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) qs += expf(ti[v] - qm);
-    qlse = qm + logf(block_sum(qs));
+    qlse = block_lse(ti, nullptr, V);
     // p and sign(p - q) replace the two rows (each thread its own columns throughout)
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
       float p = expf(zi[v] - lse), d = p - expf(ti[v] - qlse);
@@ -474,21 +475,9 @@ __global__ void dspark_loss_rows(float *z, float *zt, bf16 *dz, const bf16 *x, c
   } else if (ti) {
     // Pruned: zt is read at the kept ids (a column another thread's row entry may alias), so
     // it is not overwritten; the backward below takes q again from it.
-    float qm = -FLT_MAX;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) qm = fmaxf(qm, ti[kept[k]]);
-    qm = block_max(qm);
-    float qs = 0;
-    for (int k = threadIdx.x; k < V; k += blockDim.x) qs += expf(ti[kept[k]] - qm);
-    qlse = qm + logf(block_sum(qs));
-    float flse = 0; // the target's logsumexp over the full vocabulary (c* only)
-    if (cw) {
-      float fm = -FLT_MAX;
-      for (int v = threadIdx.x; v < Vt; v += blockDim.x) fm = fmaxf(fm, ti[v]);
-      fm = block_max(fm);
-      float fs = 0;
-      for (int v = threadIdx.x; v < Vt; v += blockDim.x) fs += expf(ti[v] - fm);
-      flse = fm + logf(block_sum(fs));
-    }
+    qlse = block_lse(ti, kept, V);
+    // the target's logsumexp over the full vocabulary (c* only)
+    float flse = cw ? block_lse(ti, nullptr, Vt) : 0.0f;
     float l1f = 0, qk = 0; // sum_kept |p - q'|, sum_kept q'
     for (int k = threadIdx.x; k < V; k += blockDim.x) {
       float t = ti[kept[k]], p = expf(zi[k] - lse), d = p - expf(t - qlse);
