@@ -159,6 +159,14 @@ def builtin_json(name, path):
     return path
 
 
+def check_activations(what, m, plan_gib, extra=0):
+    """The plan's "activations" is the model's arena (+ `extra` bytes beside it, DSpark's
+    buffers), or (once plan.c counts them) that with the fixed scratch the backend keeps."""
+    arena, fixed = (m["activations"] + extra) / 2**30, (m["staging"] + m["scratch"]) / 2**30
+    check(min(abs(arena - plan_gib), abs(arena + fixed - plan_gib)) <= 0.006,
+          f"{what}: activations {arena:.3f} GiB (+ scratch {fixed:.3f}) == plan's {plan_gib:.2f}")
+
+
 def test_plan(tmp):
     cli = os.environ.get("DFLASH_CLI")
     if not cli:
@@ -177,12 +185,7 @@ def test_plan(tmp):
             ours = m[key] / 2**30
             check(abs(ours - g[plan_key]) <= 0.006, f"{name} world {world}: {key} {ours:.3f} GiB "
                   f"== plan's {g[plan_key]:.2f}")
-        # The plan's "activations" is the arena, or (once plan.c counts them) the arena with
-        # the fixed scratch the backend keeps beside it.
-        arena, fixed = m["activations"] / 2**30, (m["staging"] + m["scratch"]) / 2**30
-        check(min(abs(arena - g["activations"]), abs(arena + fixed - g["activations"])) <= 0.006,
-              f"{name} world {world}: activations {arena:.3f} GiB (+ scratch {fixed:.3f}) == "
-              f"plan's {g['activations']:.2f}")
+        check_activations(f"{name} world {world}", m, g["activations"])
 
 
 def test_plan_dspark(tmp):
@@ -206,10 +209,7 @@ def test_plan_dspark(tmp):
     check(c["dspark"] == dict(r=256, conf=True), f"gpu_model reads the DSpark keys: {c['dspark']}")
     check(n == gm.param_count(c), f"kimi DSpark: parameters {gm.param_count(c)} == plan's {n}")
     m = gm.memory(c, n, 8, 3072, 512, 8192)
-    act, fixed = (m["activations"] + m["dspark"]) / 2**30, (m["staging"] + m["scratch"]) / 2**30
-    check(min(abs(act - g["activations"]), abs(act + fixed - g["activations"])) <= 0.006,
-          f"kimi DSpark: arena + DSpark buffers {act:.3f} GiB (+ scratch {fixed:.3f}) == plan's "
-          f"{g['activations']:.2f}")
+    check_activations("kimi DSpark: arena + DSpark buffers", m, g["activations"], m["dspark"])
     # Pruned to 32768 ids: W2 [V_d, r], the V_d-wide logit buffers, the kept rows and ids.
     j["draft_vocab_size"] = 32768
     pruned = os.path.join(tmp, "kimi-dspark-vd.json")
@@ -223,10 +223,8 @@ def test_plan_dspark(tmp):
           f"kimi DSpark V_d 32768: parameters {gm.param_count(c2)} == plan's {n2}, "
           f"{n - n2} fewer (W2's rows)")
     m2 = gm.memory(c2, n2, 8, 3072, 512, 8192)
-    act2 = (m2["activations"] + m2["dspark"]) / 2**30
-    check(min(abs(act2 - g2["activations"]), abs(act2 + fixed - g2["activations"])) <= 0.006,
-          f"kimi DSpark V_d 32768: arena + DSpark buffers {act2:.3f} GiB (+ scratch "
-          f"{fixed:.3f}) == plan's {g2['activations']:.2f}")
+    check_activations("kimi DSpark V_d 32768: arena + DSpark buffers", m2, g2["activations"],
+                      m2["dspark"])
     check(abs(m2["frozen"] - m["frozen"]) == 0 and g2["frozen embedding"] == g["frozen embedding"],
           "kimi DSpark V_d 32768: the frozen embedding and full LM head stay")
     out = subprocess.run([cli, "train", "--plan", "--config", path, "--world", "8", "--gpu-gb",
