@@ -277,15 +277,9 @@ static void refused_launches(void) {
 }
 
 int main(void) {
-  int n = 0;
-  if (dflash_cuda_device_count(&n) || n == 0) {
-    printf("SKIP: %s\n", dflash_last_error());
-    return 77;
-  }
-  setenv("DFLASH_CUDA_POISON", "1", 1);
-  const char *fixed = getenv("DFLASH_GPU_SEED");
-  uint64_t seed = fixed ? strtoull(fixed, NULL, 10) : 1234;
-  printf("seed %llu (DFLASH_GPU_SEED reproduces)\n", (unsigned long long)seed);
+  uint64_t seed;
+  int rc = g_parity_start(1234, &seed);
+  if (rc) return rc;
   run_case(1, 1, 0, seed, "confidence head, final state");
   run_case(0, 1, 0, seed + 100, "no confidence head, final state");
   run_case(1, 0, 0, seed + 200, "confidence head, no final state (CE alone)");

@@ -65,6 +65,23 @@ static inline dflash_sample g_seq_sample(const g_seq *q, const float *final) {
                          .target_final = final};
 }
 
+/* The start of a parity test against the CPU: 0 and the inputs' seed in *seed (from
+ * DFLASH_GPU_SEED, else `fallback`, printed so that a failure reproduces), with the device
+ * arena poisoned before every call (DFLASH_CUDA_POISON); 77 (meson's skip) without a device. */
+static inline int g_parity_start(uint64_t fallback, uint64_t *seed) {
+  int n = 0;
+  if (dflash_cuda_device_count(&n) || n == 0) {
+    printf("SKIP: %s\n", dflash_last_error());
+    return 77;
+  }
+  setenv("DFLASH_CUDA_POISON", "1", 1);
+  const char *fixed = getenv("DFLASH_GPU_SEED");
+  *seed = fixed ? strtoull(fixed, NULL, 10) : fallback;
+  printf("seed %llu (DFLASH_GPU_SEED=%llu reproduces)\n", (unsigned long long)*seed,
+         (unsigned long long)*seed);
+  return 0;
+}
+
 static inline void g_seq_free(g_seq *q) {
   free(q->ids), free(q->mask), free(q->anchors), free(q->hidden);
 }

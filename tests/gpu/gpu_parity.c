@@ -348,16 +348,9 @@ static void run_config(const dflash_drafter_config *c, const char *what, uint64_
 }
 
 int main(void) {
-  int n = 0;
-  if (dflash_cuda_device_count(&n) || n == 0) {
-    printf("SKIP: %s\n", dflash_last_error());
-    return 77;
-  }
-  setenv("DFLASH_CUDA_POISON", "1", 1);
-  const char *fixed = getenv("DFLASH_GPU_SEED");
-  uint64_t seed = fixed ? strtoull(fixed, NULL, 10) : (uint64_t)time(NULL);
-  printf("seed %llu (DFLASH_GPU_SEED=%llu reproduces)\n", (unsigned long long)seed,
-         (unsigned long long)seed);
+  uint64_t seed;
+  int rc = g_parity_start((uint64_t)time(NULL), &seed);
+  if (rc) return rc;
   dflash_drafter_config c;
   dflash_drafter_config_default(&c);
 #ifdef DFLASH_GPU_EMU
