@@ -178,10 +178,12 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
- * piece bytes, so a hit is exact. 2^16 entries, 4 MiB a thread (+ 256 KiB of
+ * piece bytes, so a hit is exact. 2^17 entries, 8 MiB a thread (+ 256 KiB of
  * pair cache), fixed: real text (bench --real) holds more distinct words than
- * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix. */
-#define DF_CACHE_BITS 16
+ * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix at 2^16;
+ * seeded with the short tokens (cache_seed_build), 2^17 holds twice the seeds (o200k,
+ * 1 MB of English from a fresh cache: misses 4.22 % at 2^16, 3.41 % at 2^17). */
+#define DF_CACHE_BITS 17
 #define DF_CACHE_PIECE 24
 #define DF_CACHE_IDS 6
 
@@ -338,9 +340,9 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
  * result: the same ids by construction), placed in its bucket as cache_put would place it,
  * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
  * Tokens of 2..DF_CACHE_PIECE bytes; not for tokenizers with bytes that have no token (their
- * cache is keyed by the bytes kept). Built once at load, read-only, 4 MiB a tokenizer;
+ * cache is keyed by the bytes kept). Built once at load, read-only, 8 MiB a tokenizer;
  * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
- * cache stays 4 MiB.
+ * cache stays the size it was.
  */
 static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
@@ -350,6 +352,11 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
   memset(seed, 0, sizeof *seed << DF_CACHE_BITS);
   enc_ctx c = {0};
   dflash_status st = DFLASH_OK;
+  /* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
+   * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
+   * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. */
+  enum { SEED_MERGES = 1 << 15 };
+  size_t merged = 0;
   for (uint32_t id = 0; id < v->n_ids && !st; id++) {
     size_t n = v->len[id];
     if (v->kind[id] != DF_TOK_ORDINARY || n < 2 || n > DF_CACHE_PIECE) continue;
@@ -364,6 +371,8 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
       if (found == UINT32_MAX) continue; /* (not for an ordinary token; encode_missed merges) */
       st = df_ids_push(&c.out, (int32_t)found);
     } else {
+      if (merged == SEED_MERGES) break;
+      merged++;
       st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c.bs, &c.out);
     }
     if (st || c.out.len > DF_CACHE_IDS) continue;
@@ -460,7 +469,7 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return encode_missed(t, p, n, h, c);
 }
 
-/* Start loading a piece's cache bucket (4 MiB, out of L2): its first line only (prefetching
+/* Start loading a piece's cache bucket (8 MiB, out of L2): its first line only (prefetching
  * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
  * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
  * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
