@@ -346,7 +346,8 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
  */
 static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
-  if (v->byte_gaps || !v->slots || getenv("DFLASH_TOKENIZER_NO_SEED")) return DFLASH_OK;
+  const char *off = getenv("DFLASH_TOKENIZER_NO_SEED"); /* set and not "0": a test hook */
+  if (v->byte_gaps || !v->slots || (off && *off && strcmp(off, "0") != 0)) return DFLASH_OK;
   piece_entry *seed = aligned_alloc(64, sizeof *seed << DF_CACHE_BITS);
   if (!seed) return df_error_nomem("piece cache seed");
   memset(seed, 0, sizeof *seed << DF_CACHE_BITS);
