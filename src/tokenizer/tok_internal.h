@@ -415,6 +415,10 @@ struct dflash_tokenizer {
   df_trie raw_trie;  /* matched before normalisation */
   df_trie norm_trie; /* HF added tokens with normalized=true */
   df_pretok pretok;
+  /* The piece cache's starting contents (tokenizer.c, cache_seed_build): every short token's
+   * own ids, placed as the per-thread cache would hold them; copied into a thread's cache
+   * when it starts on this tokenizer. Read-only after load; NULL where not built. */
+  void *cache_seed;
   /* encode_batch's thread pool, made on first use and kept with the tokenizer, so
    * its workers keep their per-thread piece caches across calls. One batch at a
    * time holds it (pool_busy); a concurrent batch makes a pool of its own. */

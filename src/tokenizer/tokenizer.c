@@ -34,6 +34,7 @@ void dflash_tokenizer_free(dflash_tokenizer *t) {
   df_trie_free(&t->norm_trie);
   df_pretok_free(&t->pretok);
   df_pool_free(t->pool);
+  free(t->cache_seed);
   free(t);
 }
 
@@ -128,12 +129,15 @@ uint64_t df_tokenizer_serial(void) {
   return atomic_fetch_add(&serials, 1);
 }
 
-/* Tries over added tokens and the byte-pair rank table, once the loader has filled in
- * the tokens and merges. */
+static dflash_status cache_seed_build(dflash_tokenizer *t);
+
+/* Tries over added tokens, the byte-pair rank table and the piece cache's seed, once the
+ * loader has filled in the tokens and merges. */
 dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
   if (!st) st = df_pairmap_byte_ranks(&t->pairs, &t->vocab);
+  if (!st) st = cache_seed_build(t);
   return st;
 }
 
@@ -174,10 +178,12 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
- * piece bytes, so a hit is exact. 2^16 entries, 4 MiB a thread (+ 256 KiB of
+ * piece bytes, so a hit is exact. 2^17 entries, 8 MiB a thread (+ 256 KiB of
  * pair cache), fixed: real text (bench --real) holds more distinct words than
- * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix. */
-#define DF_CACHE_BITS 16
+ * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix at 2^16;
+ * seeded with the short tokens (cache_seed_build), 2^17 holds twice the seeds (o200k,
+ * 1 MB of English from a fresh cache: misses 4.22 % at 2^16, 3.41 % at 2^17). */
+#define DF_CACHE_BITS 17
 #define DF_CACHE_PIECE 24
 #define DF_CACHE_IDS 6
 
@@ -235,13 +241,15 @@ static void ctx_trim(enc_ctx *c) {
   if (c->kept.cap > BIG) df_buf_free(&c->kept);
 }
 
-/* Make the cache belong to tokenizer t (cleared when it held another's pieces). */
+/* Make the cache belong to tokenizer t (reset to t's seed, or cleared, when it held another's
+ * pieces). */
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   c->bs.pair_cache = c->pair_cache; /* a trim may have cleared the loan */
   if (c->cache && c->pair_cache && c->cache_serial == t->serial) return;
   /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
   if (!c->cache) c->cache = aligned_alloc(64, sizeof *c->cache << DF_CACHE_BITS);
-  if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
+  if (c->cache && t->cache_seed) memcpy(c->cache, t->cache_seed, sizeof *c->cache << DF_CACHE_BITS);
+  else if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
   if (!c->pair_cache) c->pair_cache = aligned_alloc(64, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
   if (c->pair_cache) memset(c->pair_cache, 0xFF, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
   c->bs.pair_cache = c->pair_cache;
@@ -324,6 +332,68 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
   for (size_t k = 0; k < count; k++) e->ids[k] = (uint32_t)c->out.v[first + k];
 }
 
+/*
+ * The piece cache's seed. Most pieces the cache misses on real text are first sight, and a
+ * first-sight word is often one token: it cost a vocabulary probe (filter word, then slot,
+ * out of L2) or a merge. So every thread's cache starts holding the short tokens, each with
+ * the ids encode_missed gives for its bytes (the whole-piece lookup's id, or the merge's
+ * result: the same ids by construction), placed in its bucket as cache_put would place it,
+ * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
+ * Tokens of 2..DF_CACHE_PIECE bytes; not for tokenizers with bytes that have no token (their
+ * cache is keyed by the bytes kept). Built once at load, read-only, 8 MiB a tokenizer;
+ * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
+ * cache stays the size it was.
+ */
+static dflash_status cache_seed_build(dflash_tokenizer *t) {
+  const df_vocab *v = &t->vocab;
+  const char *off = getenv("DFLASH_TOKENIZER_NO_SEED"); /* set and not "0": a test hook */
+  if (v->byte_gaps || !v->slots || (off && *off && strcmp(off, "0") != 0)) return DFLASH_OK;
+  piece_entry *seed = aligned_alloc(64, sizeof *seed << DF_CACHE_BITS);
+  if (!seed) return df_error_nomem("piece cache seed");
+  memset(seed, 0, sizeof *seed << DF_CACHE_BITS);
+  enc_ctx c = {0};
+  dflash_status st = DFLASH_OK;
+  /* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
+   * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
+   * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. */
+  enum { SEED_MERGES = 1 << 15 };
+  size_t merged = 0;
+  for (uint32_t id = 0; id < v->n_ids && !st; id++) {
+    size_t n = v->len[id];
+    if (v->kind[id] != DF_TOK_ORDINARY || n < 2 || n > DF_CACHE_PIECE) continue;
+    const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
+    uint64_t h = piece_key(p, n);
+    piece_entry *e = &seed[bucket_of(h)];
+    if (e[1].len) continue; /* both ways taken (way 0 fills first) */
+    if (e[0].len && e[0].hash == h && e[0].len == n && piece_equal(e[0].bytes, p, n)) continue;
+    c.out.len = 0;
+    if (t->whole_piece_lookup) {
+      uint32_t found = df_vocab_find_h(v, p, n, key_hash(h, n));
+      if (found == UINT32_MAX) continue; /* (not for an ordinary token; encode_missed merges) */
+      st = df_ids_push(&c.out, (int32_t)found);
+    } else {
+      if (merged == SEED_MERGES) break;
+      merged++;
+      st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c.bs, &c.out);
+    }
+    if (st || c.out.len > DF_CACHE_IDS) continue;
+    piece_entry *w = e[0].len ? &e[1] : &e[0];
+    w->hash = h;
+    w->len = (uint8_t)n;
+    w->n = (uint8_t)c.out.len;
+    memcpy(w->bytes, p, n);
+    for (size_t k = 0; k < c.out.len; k++) w->ids[k] = (uint32_t)c.out.v[k];
+  }
+  df_bpe_scratch_free(&c.bs);
+  free(c.out.v);
+  if (st) {
+    free(seed);
+    return st;
+  }
+  t->cache_seed = seed;
+  return DFLASH_OK;
+}
+
 /* Merge a piece and remember the result in the cache. */
 static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
                                enc_ctx *c) {
@@ -400,7 +470,7 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return encode_missed(t, p, n, h, c);
 }
 
-/* Start loading a piece's cache bucket (4 MiB, out of L2): its first line only (prefetching
+/* Start loading a piece's cache bucket (8 MiB, out of L2): its first line only (prefetching
  * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
  * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
  * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on

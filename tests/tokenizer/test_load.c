@@ -3,6 +3,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include <dflash/experimental.h>
+
 #include "tokenizer/tok_internal.h"
 #include "testutil.h"
 #include "tok_testutil.h"
@@ -213,6 +215,41 @@ static void expect_ids(const dflash_tokenizer *t, const char *text, const int32_
   for (size_t i = 0; i < n; i++) ck_assert_int_eq(ids[i], want[i]);
 }
 
+/* The piece cache starts seeded with the short tokens (cache_seed_build), each holding what
+ * encoding its bytes gives: "abc" is a token, but its merges give "ab" + "c" ("a bc" waits for
+ * "bc", which "a b" took first), so first sight of "abc" gives those two ids, from the seed
+ * (no miss counted), and the same again; with ignore_merges the token itself. */
+START_TEST(seeded_cache_holds_merge_results) {
+  char *vocab = byte_vocab_json();
+  for (int ignore = 0; ignore < 2; ignore++) {
+    char *doc = df_asprintf(
+        "{\"model\": {\"type\": \"BPE\", \"ignore_merges\": %s, \"vocab\": {%s, \"ab\": 256,"
+        " \"bc\": 257, \"abc\": 258}, \"merges\": [\"a b\", \"b c\", \"a bc\"]},"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}",
+        ignore ? "true" : "false", vocab);
+    char *p = tt_write(g_dir, "seed.json", doc);
+    dflash_tokenizer *t = tt_load(p, NULL);
+    uint64_t p0, m0, p1, m1;
+    for (int pass = 0; pass < 2; pass++) {
+      dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+      if (ignore) expect_ids(t, "abc", (const int32_t[]){258}, 1);
+      else expect_ids(t, "abc", (const int32_t[]){256, 'c'}, 2);
+      expect_ids(t, "bc", (const int32_t[]){257}, 1);
+      dflash_tokenizer_thread_stats(&p1, &m1, NULL);
+      ck_assert_uint_eq(p1 - p0, 2);
+      ck_assert_uint_eq(m1 - m0, 0); /* both seeded */
+    }
+    expect_ids(t, "cab", (const int32_t[]){'c', 256}, 2); /* no token: a miss, merged */
+    dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+    ck_assert_uint_eq(m0 - m1, 1);
+    dflash_tokenizer_free(t);
+    free(p);
+    free(doc);
+  }
+  free(vocab);
+}
+END_TEST
+
 /* Hugging Face vocabularies may lack single-byte tokens (SmolLM2 lacks 21):
  * they load, and encoding drops those bytes before merging, as HF does
  * (the parity on a real vocabulary is in oracle_hf.py). tiktoken stays strict. */
@@ -267,5 +304,6 @@ TCase *tc_tok_load_errors(void) {
   tcase_add_loop_test(tc, vocab_merges, 0, (int)DF_ARRAY_LEN(MERGES));
   tcase_add_test(tc, folder_without_tokenizer);
   tcase_add_test(tc, missing_byte_tokens);
+  tcase_add_test(tc, seeded_cache_holds_merge_results);
   return tc;
 }
