@@ -410,6 +410,7 @@ static void masks_portable(const uint8_t *p, df_scan_masks *m) {
     if (c & C_CRLF) m->nl |= b;
     if (p[i] == '/') m->slash |= b;
     if (p[i] == '\'') m->quote |= b;
+    if (p[i] == ' ') m->blank |= b;
   }
 }
 
@@ -445,15 +446,15 @@ static void choose_impl(void) {
   g_avx2_ok = g_block_ok && avx2_agrees();
   const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
   bool no_simd = e && *e && strcmp(e, "0") != 0;
-  df_scan_set_impl(g_avx2_ok && !no_simd ? DF_SCAN_BLOCK_AVX2 : DF_SCAN_PIECE);
+  df_scan_set_impl(g_avx2_ok && !no_simd ? DF_SCAN_MASK_AVX2 : DF_SCAN_PIECE);
   df_utf8_set_avx2(!no_simd);
 }
 
 bool df_scan_set_impl(df_scan_impl impl) {
-  if ((impl == DF_SCAN_BLOCK && !g_block_ok) || (impl == DF_SCAN_BLOCK_AVX2 && !g_avx2_ok))
-    return false;
+  bool avx2 = impl == DF_SCAN_BLOCK_AVX2 || impl == DF_SCAN_MASK_AVX2;
+  if ((impl != DF_SCAN_PIECE && !g_block_ok) || (avx2 && !g_avx2_ok)) return false;
   g_impl = impl;
-  g_masks = impl == DF_SCAN_BLOCK_AVX2 ? df_scan_masks_avx2 : masks_portable;
+  g_masks = avx2 ? df_scan_masks_avx2 : masks_portable;
   return true;
 }
 
@@ -566,6 +567,129 @@ __attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc,
   return block_space(w, k, sc == DF_SCAN_CL100K);
 }
 
+/* ---- the mask scanner (o200k, Kimi K2) ---------------------------------------- */
+/*
+ * Where a window's bytes are ASCII, o200k's and Kimi's pieces start at places a few bit
+ * operations on the masks find for all 64 bytes at once, so the pieces come without a branch
+ * on each one's kind (which the per-piece scanner mispredicted about once a piece). The
+ * window starts at a piece start, so nothing before it matters (the class of the byte before
+ * bit 0 reads as none). A piece starts at:
+ * - a letter after a non-letter, or an upper-case letter after a lower-case one (the cased
+ *   words [UP]*[LO]+ | [UP]+[LO]*), unless the byte before it is taken as the word's
+ *   optional [^\r\n\p{L}\p{N}]: a space or tab (always at a piece start: see the last rule),
+ *   or punctuation that starts its run and has no space before it (a space before it takes
+ *   it as ` ?[^\s\p{L}\p{N}]+`, a longer run takes it whole); the piece then starts there;
+ * - a digit after a non-digit, and every third digit of a run (\p{N}{1,3});
+ * - punctuation after a non-punctuation byte other than a space;
+ * - white space after a byte that is not white space, unless it is a line break right after
+ *   punctuation (the run's [\r\n]* tail, o200k's [\r\n/]*: a '/' after it falls back);
+ * - white space right after a run's last line break (\s*[\r\n]+ ends there);
+ * - a run's last byte when it is a space or tab and the text goes on with something else
+ *   (\s+(?!\S) leaves it to the next piece);
+ * - and a contraction ('s 't 're 've 'm 'll 'd, any case) after a letter belongs to the word:
+ *   no piece starts inside it, one starts after it.
+ * Which of these hold near the end of the window's ASCII bytes depends on bytes past it, so
+ * only pieces that end by `cut` (3 bytes before the first non-ASCII byte or the window's end,
+ * and before any white-space run that reaches it) are taken; the text's end decides them all.
+ * The Check tests compare every implementation with PCRE2 (test_scanner.c).
+ */
+
+/* seed's bits spread up (to higher bits) through the runs of `within` they touch. */
+static inline uint64_t smear_up(uint64_t seed, uint64_t within) {
+  for (unsigned sh = 1; sh < 64; sh <<= 1) {
+    seed |= (seed << sh) & within;
+    within &= within << sh;
+  }
+  return seed;
+}
+
+/* ... and down (to lower bits). */
+static inline uint64_t smear_down(uint64_t seed, uint64_t within) {
+  for (unsigned sh = 1; sh < 64; sh <<= 1) {
+    seed |= (seed >> sh) & within;
+    within &= within >> sh;
+  }
+  return seed;
+}
+
+static inline uint64_t below(unsigned k) { return k >= 64 ? ~0ull : (1ull << k) - 1; }
+
+/* Every third digit of each run, from its first. */
+static inline uint64_t digit_starts(uint64_t d) {
+  uint64_t first = d & ~(d << 1), all = first, third = d & d << 1 & d << 2;
+  for (uint64_t c = first; (c = c << 3 & third);) all |= c;
+  return all;
+}
+
+/* Piece starts of the window's bytes below its first non-ASCII byte, and in *cut how far they
+ * are decided (a piece that ends by it is exact). False: the per-piece scanner takes it. */
+static bool mask_starts(df_scanner sc, const scan *x, const window *w, uint64_t *starts,
+                        unsigned *cut) {
+  const df_scan_masks *m = &w->m;
+  unsigned h = m->high ? (unsigned)__builtin_ctzll(m->high) : w->n;
+  bool end = w->at_end && h == w->n; /* the text ends at h: nothing past it to wait for */
+  if (!end && h < 8) return false;
+  uint64_t v = below(h);
+  uint64_t letter = (m->up | m->lo) & v, lo = m->lo & v, up = m->up & v, ws = m->space & v;
+  uint64_t nl = m->nl & v, punct = m->other & v, blank = m->blank & v, tab = ws & ~nl & ~blank;
+  uint64_t word = letter & ~(letter << 1);
+  uint64_t punct_first = punct & ~(punct << 1) & ~(blank << 1);
+  uint64_t opt = (word >> 1) & (blank | tab | punct_first);
+  uint64_t s = ((word | (up & lo << 1)) & ~(opt << 1)) | opt | punct_first;
+  s |= digit_starts(m->digit & v);
+  uint64_t tail = smear_up(nl & punct << 1, nl);
+  uint64_t rest = ws & ~tail;
+  uint64_t has_nl = smear_down(nl & rest, rest);
+  s |= (rest & ~(rest << 1)) | (rest & ~has_nl & has_nl << 1);
+  s |= (blank | tab) & rest & ~(ws >> 1) & below(h - 1); /* a run's last space or tab */
+  unsigned c = end ? h : h - 3;
+  uint64_t late = ws & ~below(c - 1); /* a white-space run that reaches the cut: not decided */
+  if (!end && late) {
+    unsigned p = (unsigned)__builtin_ctzll(late);
+    uint64_t gaps = ~ws & below(p);
+    c = gaps ? 64 - (unsigned)__builtin_clzll(gaps) : 0;
+  }
+  if (sc == DF_SCAN_O200K) { /* [\r\n/]*: a '/' after the line breaks joins them */
+    uint64_t slash = (tail << 1) & m->slash & v;
+    if (slash && (unsigned)__builtin_ctzll(slash) <= c) return false;
+  }
+  for (uint64_t q = m->quote & v & letter << 1; q; q &= q - 1) {
+    unsigned k = (unsigned)__builtin_ctzll(q);
+    size_t at = w->at + k, n = contraction(x, at);
+    if (!n) continue;
+    if (at + n < x->len && x->s[at + n] == '\'' && k < c) return false; /* it's's */
+    s &= ~(below((unsigned)n) << k);
+    if (k + n < 64) s |= 1ull << (k + n);
+  }
+  *starts = s;
+  *cut = c;
+  return true;
+}
+
+/* The pieces of the window from mask_starts, appended to out (at most cap in all): how far
+ * they reach (relative to w->at), 0 when none is decided. */
+static unsigned mask_window(df_scanner sc, const scan *x, const window *w, size_t shift,
+                            df_range *out, size_t cap, size_t *n_out) {
+  uint64_t s;
+  unsigned cut;
+  if (!mask_starts(sc, x, w, &s, &cut) || !(s & 1)) return 0;
+  bool end = cut == w->n && w->at_end;
+  unsigned limit = end ? cut : 63 - (unsigned)__builtin_clzll(s & below(cut + 1));
+  size_t n = *n_out, at = shift + w->at;
+  unsigned b = 0;
+  for (uint64_t e = s & below(limit) & ~1ull; e && n < cap; e &= e - 1) {
+    unsigned k = (unsigned)__builtin_ctzll(e);
+    out[n++] = (df_range){at + b, at + k};
+    b = k;
+  }
+  if (n < cap && b < limit) {
+    out[n++] = (df_range){at + b, at + limit};
+    b = limit;
+  }
+  *n_out = n;
+  return b;
+}
+
 /* Pieces by df_scan_next from `pos` while the text there is not ASCII (where the block
  * scanner would only fall back again), at least one. */
 static size_t piece_run(df_scanner sc, const scan *x, size_t pos, size_t shift, df_range *out,
@@ -590,8 +714,17 @@ __attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, 
                                                                  size_t *stop) {
   size_t n = 0;
   window w;
+  const bool masks = (g_impl == DF_SCAN_MASK || g_impl == DF_SCAN_MASK_AVX2) &&
+                     (sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI);
   while (pos < x->len && n < cap) {
     load_window(x, pos, &w);
+    if (masks) {
+      unsigned got = mask_window(sc, x, &w, shift, out, cap, &n);
+      if (got) {
+        pos += got;
+        continue;
+      }
+    }
     unsigned k = 0, end;
     const size_t at = shift + pos;
     while (k < w.n && n < cap && (end = block_piece(sc, x, &w, k))) {

@@ -24,7 +24,7 @@ DF_AVX2 static inline __m256i eq(__m256i v, char c) {
 /* The masks of 32 bytes. Straight-line, one half at a time: a loop over arrays of the two
  * halves kept its vectors on the stack (~195 instructions a block of 64, now ~110). */
 typedef struct half_masks {
-  uint32_t up, lo, digit, space, nl, slash, high, other, quote;
+  uint32_t up, lo, digit, space, nl, slash, high, other, quote, blank;
 } half_masks;
 
 DF_AVX2 static inline half_masks classify(__m256i v) {
@@ -39,6 +39,7 @@ DF_AVX2 static inline half_masks classify(__m256i v) {
   h.nl = (uint32_t)_mm256_movemask_epi8(_mm256_or_si256(eq(v, '\r'), eq(v, '\n')));
   h.slash = (uint32_t)_mm256_movemask_epi8(eq(v, '/'));
   h.quote = (uint32_t)_mm256_movemask_epi8(eq(v, '\''));
+  h.blank = (uint32_t)_mm256_movemask_epi8(eq(v, ' '));
   h.high = (uint32_t)_mm256_movemask_epi8(v); /* the sign bit is the non-ASCII bit */
   h.other = ~((uint32_t)_mm256_movemask_epi8(any) | h.high);
   return h;
@@ -58,6 +59,7 @@ DF_AVX2 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m) {
   m->high = join(a.high, b.high);
   m->other = join(a.other, b.other);
   m->quote = join(a.quote, b.quote);
+  m->blank = join(a.blank, b.blank);
 }
 
 bool df_scan_cpu_has_avx2(void) { return __builtin_cpu_supports("avx2"); }

@@ -310,7 +310,15 @@ size_t df_scan_pieces(df_scanner sc, const uint8_t *text, size_t len, size_t pos
 /* How df_scan_pieces finds pieces: one df_scan_next call each, or from bitmasks of byte
  * classes 64 bytes at a time, built by portable C or by AVX2. The default is the fastest
  * this CPU has (DFLASH_TOKENIZER_NO_SIMD=1 at first load: no AVX2); tests pick one. */
-typedef enum df_scan_impl { DF_SCAN_PIECE, DF_SCAN_BLOCK, DF_SCAN_BLOCK_AVX2 } df_scan_impl;
+/* DF_SCAN_MASK*: the block scanner, where o200k and Kimi K2 find the pieces of an ASCII
+ * window from bit algebra on its masks (scanner.c, mask_window) instead of piece by piece. */
+typedef enum df_scan_impl {
+  DF_SCAN_PIECE,
+  DF_SCAN_BLOCK,
+  DF_SCAN_BLOCK_AVX2,
+  DF_SCAN_MASK,
+  DF_SCAN_MASK_AVX2
+} df_scan_impl;
 /* Use `impl` from now on (not thread-safe; for tests). False when this CPU lacks it. */
 bool df_scan_set_impl(df_scan_impl impl);
 df_scan_impl df_scan_get_impl(void);
@@ -322,6 +330,7 @@ typedef struct df_scan_masks {
   uint64_t slash, other;  /* '/'; the rest of ASCII (not letter, digit or space) */
   uint64_t high;          /* bytes >= 0x80 */
   uint64_t quote;         /* '\'' (where a contraction may follow a word) */
+  uint64_t blank;         /* ' ' (the space ` ?` takes before punctuation) */
 } df_scan_masks;
 void df_scan_masks_avx2(const uint8_t *p, df_scan_masks *m);
 bool df_scan_cpu_has_avx2(void);
