@@ -594,23 +594,32 @@ __attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc,
  * The Check tests compare every implementation with PCRE2 (test_scanner.c).
  */
 
-/* seed's bits spread up (to higher bits) through the runs of `within` they touch. */
+/* seed's bits spread up (to higher bits) through the runs of `within` they touch: six doubling
+ * steps, written out (gcc left the loop rolled). */
+#define SMEAR_STEP(op, sh)                                                                         \
+  do {                                                                                             \
+    seed |= (seed op sh) & within;                                                                 \
+    within &= within op sh;                                                                        \
+  } while (0)
 static inline uint64_t smear_up(uint64_t seed, uint64_t within) {
-  for (unsigned sh = 1; sh < 64; sh <<= 1) {
-    seed |= (seed << sh) & within;
-    within &= within << sh;
-  }
-  return seed;
+  SMEAR_STEP(<<, 1);
+  SMEAR_STEP(<<, 2);
+  SMEAR_STEP(<<, 4);
+  SMEAR_STEP(<<, 8);
+  SMEAR_STEP(<<, 16);
+  return seed | ((seed << 32) & within);
 }
 
 /* ... and down (to lower bits). */
 static inline uint64_t smear_down(uint64_t seed, uint64_t within) {
-  for (unsigned sh = 1; sh < 64; sh <<= 1) {
-    seed |= (seed >> sh) & within;
-    within &= within >> sh;
-  }
-  return seed;
+  SMEAR_STEP(>>, 1);
+  SMEAR_STEP(>>, 2);
+  SMEAR_STEP(>>, 4);
+  SMEAR_STEP(>>, 8);
+  SMEAR_STEP(>>, 16);
+  return seed | ((seed >> 32) & within);
 }
+#undef SMEAR_STEP
 
 static inline uint64_t below(unsigned k) { return k >= 64 ? ~0ull : (1ull << k) - 1; }
 
@@ -677,7 +686,14 @@ static unsigned mask_window(df_scanner sc, const scan *x, const window *w, size_
   unsigned limit = end ? cut : 63 - (unsigned)__builtin_clzll(s & below(cut + 1));
   size_t n = *n_out, at = shift + w->at;
   unsigned b = 0;
-  for (uint64_t e = s & below(limit) & ~1ull; e && n < cap; e &= e - 1) {
+  uint64_t e = s & below(limit) & ~1ull;
+  if (cap - n >= 64) /* room for all (at most 64 a window): no test of it per piece */
+    for (; e; e &= e - 1) {
+      unsigned k = (unsigned)__builtin_ctzll(e);
+      out[n++] = (df_range){at + b, at + k};
+      b = k;
+    }
+  for (; e && n < cap; e &= e - 1) {
     unsigned k = (unsigned)__builtin_ctzll(e);
     out[n++] = (df_range){at + b, at + k};
     b = k;
