@@ -179,12 +179,15 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
- * piece bytes, so a hit is exact. 2^17 entries, 8 MiB a thread (+ 256 KiB of
+ * piece bytes, so a hit is exact. 2^18 entries, 16 MiB a thread (+ 256 KiB of
  * pair cache), fixed: real text (bench --real) holds more distinct words than
  * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix at 2^16;
  * seeded with the short tokens (cache_seed_build), 2^17 holds twice the seeds (o200k,
- * 1 MB of English from a fresh cache: misses 4.22 % at 2^16, 3.41 % at 2^17). */
-#define DF_CACHE_BITS 17
+ * 1 MB of English from a fresh cache: misses 4.22 % at 2^16, 3.41 % at 2^17), and 2^18 the
+ * words of the whole bench run besides (o200k, bench --real: hit 97.6 -> 98.3 % on the mix,
+ * 97.3 -> 97.7 % English; 2^19 98.6 %, 97.9 %). A miss costs ~1,100 instructions, a hit
+ * ~100: misses were half of encode's time on real text. */
+#define DF_CACHE_BITS 18
 #define DF_CACHE_PIECE 24
 #define DF_CACHE_IDS 6
 
@@ -242,7 +245,7 @@ static void ctx_trim(enc_ctx *c) {
   if (c->kept.cap > BIG) df_buf_free(&c->kept);
 }
 
-/* A piece cache (8 MiB), on 2 MiB pages where the kernel gives them for the asking (THP in
+/* A piece cache (16 MiB), on 2 MiB pages where the kernel gives them for the asking (THP in
  * "madvise" mode): a probe is a random line of it, and on 4 KiB pages most probes also missed
  * the TLB. */
 static piece_entry *cache_alloc(void) {
@@ -364,7 +367,7 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
  * result: the same ids by construction), placed in its bucket as cache_put would place it,
  * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
  * Tokens of 2..DF_CACHE_PIECE bytes; not for tokenizers with bytes that have no token (their
- * cache is keyed by the bytes kept). Built once at load, read-only, 8 MiB a tokenizer;
+ * cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer;
  * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
  * cache stays the size it was.
  */
@@ -494,7 +497,7 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return encode_missed(t, p, n, h, c);
 }
 
-/* Start loading a piece's cache bucket (8 MiB, out of L2): its first line only (prefetching
+/* Start loading a piece's cache bucket (16 MiB, out of L2): its first line only (prefetching
  * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
  * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
  * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
