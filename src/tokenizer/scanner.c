@@ -644,8 +644,9 @@ static bool mask_starts(df_scanner sc, const scan *x, const window *w, uint64_t 
   uint64_t word = letter & ~(letter << 1);
   uint64_t punct_first = punct & ~(punct << 1) & ~(blank << 1);
   uint64_t opt = (word >> 1) & (blank | tab | punct_first);
-  uint64_t s = ((word | (up & lo << 1)) & ~(opt << 1)) | opt | punct_first;
-  s |= digit_starts(m->digit & v);
+  bool cased = sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI; /* else Qwen: \p{L}+, \p{N} */
+  uint64_t s = ((word | (cased ? up & lo << 1 : 0)) & ~(opt << 1)) | opt | punct_first;
+  s |= cased ? digit_starts(m->digit & v) : m->digit & v;
   uint64_t tail = smear_up(nl & punct << 1, nl);
   uint64_t rest = ws & ~tail;
   uint64_t has_nl = smear_down(nl & rest, rest);
@@ -662,12 +663,16 @@ static bool mask_starts(df_scanner sc, const scan *x, const window *w, uint64_t 
     uint64_t slash = (tail << 1) & m->slash & v;
     if (slash && (unsigned)__builtin_ctzll(slash) <= c) return false;
   }
-  for (uint64_t q = m->quote & v & letter << 1; q; q &= q - 1) {
+  /* o200k, Kimi: a word takes the contraction after it. Qwen tries contractions first at a
+   * piece start: one there is a piece of its own (a quote after a space or punctuation is in
+   * their piece, not at a start). */
+  for (uint64_t q = m->quote & v & (cased ? letter << 1 : s); q; q &= q - 1) {
     unsigned k = (unsigned)__builtin_ctzll(q);
     size_t at = w->at + k, n = contraction(x, at);
     if (!n) continue;
-    if (at + n < x->len && x->s[at + n] == '\'' && k < c) return false; /* it's's */
+    if (cased && at + n < x->len && x->s[at + n] == '\'' && k < c) return false; /* it's's */
     s &= ~(below((unsigned)n) << k);
+    s |= cased ? 0 : 1ull << k;
     if (k + n < 64) s |= 1ull << (k + n);
   }
   *starts = s;
@@ -731,7 +736,7 @@ __attribute__((always_inline)) static inline size_t block_pieces(df_scanner sc, 
   size_t n = 0;
   window w;
   const bool masks = (g_impl == DF_SCAN_MASK || g_impl == DF_SCAN_MASK_AVX2) &&
-                     (sc == DF_SCAN_O200K || sc == DF_SCAN_KIMI);
+                     sc != DF_SCAN_CL100K; /* (cl100k's white space differs: \s++$, \s*[\r\n]) */
   while (pos < x->len && n < cap) {
     load_window(x, pos, &w);
     if (masks) {
