@@ -17,6 +17,12 @@
  * reads one word. About 10 bits per key (a few % false positives): small enough for L2,
  * where the tables it guards (several MiB each) are not, so most lookups of keys that are
  * absent never touch those tables. Read-only once built; NULL words: everything passes. */
+/* malloc, or for 2 MiB and more 2 MiB-aligned memory the kernel is asked to back with huge
+ * pages (THP "madvise"): the vocabulary index, merge table and piece caches are probed at
+ * random, and on 4 KiB pages a probe (a prefetch too, which waited for the page walk) missed
+ * the TLB as a rule. free() frees it. */
+void *df_big_alloc(size_t size);
+
 typedef struct df_filter {
   uint64_t *words;
   uint32_t mask; /* words - 1 */

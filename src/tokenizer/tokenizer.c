@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -245,17 +244,8 @@ static void ctx_trim(enc_ctx *c) {
   if (c->kept.cap > BIG) df_buf_free(&c->kept);
 }
 
-/* A piece cache (16 MiB), on 2 MiB pages where the kernel gives them for the asking (THP in
- * "madvise" mode): a probe is a random line of it, and on 4 KiB pages most probes also missed
- * the TLB. */
-static piece_entry *cache_alloc(void) {
-  size_t size = sizeof(piece_entry) << DF_CACHE_BITS;
-  piece_entry *p = aligned_alloc(1u << 21, size);
-#ifdef MADV_HUGEPAGE
-  if (p) (void)madvise(p, size, MADV_HUGEPAGE);
-#endif
-  return p;
-}
+/* A piece cache (16 MiB), on huge pages where the kernel gives them (df_big_alloc). */
+static piece_entry *cache_alloc(void) { return df_big_alloc(sizeof(piece_entry) << DF_CACHE_BITS); }
 
 /* Make the cache belong to tokenizer t (reset to t's seed, or cleared, when it held another's
  * pieces). */
@@ -375,7 +365,7 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
   const char *off = getenv("DFLASH_TOKENIZER_NO_SEED"); /* set and not "0": a test hook */
   if (v->byte_gaps || !v->slots || (off && *off && strcmp(off, "0") != 0)) return DFLASH_OK;
-  piece_entry *seed = aligned_alloc(64, sizeof *seed << DF_CACHE_BITS);
+  piece_entry *seed = df_big_alloc(sizeof *seed << DF_CACHE_BITS);
   if (!seed) return df_error_nomem("piece cache seed");
   memset(seed, 0, sizeof *seed << DF_CACHE_BITS);
   enc_ctx c = {0};

@@ -1,5 +1,6 @@
 /* Token table (id -> bytes), bytes -> id hash, and the merge-pair map. */
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 
 #include "tok_internal.h"
@@ -20,6 +21,17 @@ uint64_t df_hash_long(const void *p, size_t n) {
   h ^= h >> 29;
   h *= 0xBF58476D1CE4E5B9ull;
   return h ^ (h >> 32);
+}
+
+void *df_big_alloc(size_t size) {
+  enum { HUGE = 1 << 21 };
+  if (size < HUGE) return malloc(size);
+  size = (size + HUGE - 1) & ~(size_t)(HUGE - 1); /* aligned_alloc wants a multiple */
+  void *p = aligned_alloc(HUGE, size);
+#ifdef MADV_HUGEPAGE
+  if (p) (void)madvise(p, size, MADV_HUGEPAGE); /* before the first touch: no 4 KiB pages yet */
+#endif
+  return p;
 }
 
 dflash_status df_filter_init(df_filter *f, size_t n) {
@@ -105,8 +117,9 @@ dflash_status df_vocab_index(df_vocab *v, bool strict, const char *what) {
   uint32_t cap = 16;
   while (cap < v->n_ids * 2u && cap < (1u << 31)) cap <<= 1;
   v->mask = cap - 1;
-  v->slots = calloc(cap, sizeof *v->slots);
+  v->slots = df_big_alloc(cap * sizeof *v->slots);
   if (!v->slots) return df_error_nomem("vocabulary index");
+  memset(v->slots, 0, cap * sizeof *v->slots);
   for (uint32_t id = 0; id < v->n_ids; id++) {
     if (v->kind[id] != DF_TOK_ORDINARY) continue;
     const char *bytes = v->blob.data + v->off[id];
@@ -149,7 +162,7 @@ dflash_status df_pairmap_init(df_pairmap *m, size_t expected) {
   size_t cap = 64;
   while (cap < expected * 2) cap <<= 1;
   m->mask = cap - 1;
-  m->slots = malloc(cap * sizeof *m->slots);
+  m->slots = df_big_alloc(cap * sizeof *m->slots);
   if (!m->slots) return df_error_nomem("merge table");
   memset(m->slots, 0xFF, cap * sizeof *m->slots);
   return DFLASH_OK;
@@ -197,7 +210,7 @@ static void pairmap_insert(uint64_t *slots, size_t mask, uint64_t packed) {
 static dflash_status pairmap_resize(df_pairmap *m, size_t expected) {
   size_t cap = 64;
   while (cap < expected * 2) cap <<= 1;
-  uint64_t *slots = malloc(cap * sizeof *slots);
+  uint64_t *slots = df_big_alloc(cap * sizeof *slots);
   if (!slots) return df_error_nomem("merge table");
   memset(slots, 0xFF, cap * sizeof *slots);
   for (size_t i = 0; i <= m->mask; i++)
