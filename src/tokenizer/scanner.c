@@ -595,31 +595,25 @@ __attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc,
  */
 
 /* seed's bits spread up (to higher bits) through the runs of `within` they touch: six doubling
- * steps, written out (gcc left the loop rolled). */
-#define SMEAR_STEP(op, sh)                                                                         \
-  do {                                                                                             \
-    seed |= (seed op sh) & within;                                                                 \
-    within &= within op sh;                                                                        \
-  } while (0)
+ * steps (unrolled: gcc left the loop rolled). */
 static inline uint64_t smear_up(uint64_t seed, uint64_t within) {
-  SMEAR_STEP(<<, 1);
-  SMEAR_STEP(<<, 2);
-  SMEAR_STEP(<<, 4);
-  SMEAR_STEP(<<, 8);
-  SMEAR_STEP(<<, 16);
-  return seed | ((seed << 32) & within);
+#pragma GCC unroll 6
+  for (unsigned sh = 1; sh < 64; sh <<= 1) {
+    seed |= (seed << sh) & within;
+    within &= within << sh;
+  }
+  return seed;
 }
 
 /* ... and down (to lower bits). */
 static inline uint64_t smear_down(uint64_t seed, uint64_t within) {
-  SMEAR_STEP(>>, 1);
-  SMEAR_STEP(>>, 2);
-  SMEAR_STEP(>>, 4);
-  SMEAR_STEP(>>, 8);
-  SMEAR_STEP(>>, 16);
-  return seed | ((seed >> 32) & within);
+#pragma GCC unroll 6
+  for (unsigned sh = 1; sh < 64; sh <<= 1) {
+    seed |= (seed >> sh) & within;
+    within &= within >> sh;
+  }
+  return seed;
 }
-#undef SMEAR_STEP
 
 static inline uint64_t below(unsigned k) { return k >= 64 ? ~0ull : (1ull << k) - 1; }
 
