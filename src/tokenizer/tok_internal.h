@@ -316,8 +316,9 @@ size_t df_scan_pieces(df_scanner sc, const uint8_t *text, size_t len, size_t pos
 /* How df_scan_pieces finds pieces: one df_scan_next call each, or from bitmasks of byte
  * classes 64 bytes at a time, built by portable C or by AVX2. The default is the fastest
  * this CPU has (DFLASH_TOKENIZER_NO_SIMD=1 at first load: no AVX2); tests pick one. */
-/* DF_SCAN_MASK*: the block scanner, where o200k and Kimi K2 find the pieces of an ASCII
- * window from bit algebra on its masks (scanner.c, mask_window) instead of piece by piece. */
+/* DF_SCAN_MASK*: the block scanner, where o200k, Kimi K2, Qwen2 and Qwen3.5 find the pieces of
+ * an ASCII window from bit algebra on its masks (scanner.c, mask_window) instead of piece by
+ * piece. */
 typedef enum df_scan_impl {
   DF_SCAN_PIECE,
   DF_SCAN_BLOCK,
