@@ -200,6 +200,27 @@ def _long(rng):
     return rng.choice(["", "x", " "]) + unit * rng.randint(100, 3000) + rng.choice(["", "y", " ", "\n"])
 
 
+def repeated_long(n=4000, seed=77):
+    """Texts whose pieces of 17..80 UTF-8 bytes (words of Cyrillic, Devanagari, Arabic and
+    Thai letters, runs of Han, long Latin names) recur across calls and within one: the
+    second sight of a 25..64-byte piece is answered from the tokenizer's long-piece cache,
+    and 4,000 distinct pieces make some of them share its direct-mapped slots."""
+    rng = random.Random(seed)
+    cyr = _ranges((0x0430, 0x044F))
+    pools = [cyr, cyr, DEVANAGARI, ARABIC, THAI, HAN, list(range(97, 123))]
+    words = []
+    for _ in range(n):
+        pool = rng.choice(pools)
+        width = len(chr(pool[0]).encode())
+        w = _pick(rng, pool, rng.randint(17 // width, 80 // width))
+        words.append(w.capitalize() if rng.random() < 0.2 else w)
+    texts = []
+    for _ in range(2 * n // 3):
+        picked = [rng.choice(words) for _ in range(rng.randint(1, 6))]
+        texts.append(" ".join(picked + picked[: rng.randint(0, 2)]))
+    return texts
+
+
 def strings(n=6000, seed=1234):
     rng = random.Random(seed)
     out = [""]

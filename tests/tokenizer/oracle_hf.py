@@ -120,6 +120,9 @@ def compare(tally, name, ours, ref, strings, docs, bad):
              " " * 20000 + "x", "1" * 3000, "日本語" * 2000]
     tally.check(f"{name} long pieces", [ours.encode(s) for s in longs],
                 hf_encode(ref, longs, "all"), longs)
+    rl = corpus.repeated_long()
+    tally.check(f"{name} repeated long pieces, one by one", [ours.encode(s) for s in rl],
+                hf_encode(ref, rl, "all"), rl)
     print(f"  ({time.time() - t0:.1f}s)")
 
 

@@ -106,6 +106,9 @@ def compare(tally, name, ours, ref, strings, docs, bad):
              " " * 20000 + "x", "1" * 9000, "日本語" * 3000, "😀" * 3000]
     tally.check(f"{name} long pieces", [ours.encode(s) for s in longs],
                 [ref.encode_ordinary(s) for s in longs], longs)
+    rl = corpus.repeated_long()
+    tally.check(f"{name} repeated long pieces, one by one", [ours.encode(s) for s in rl],
+                [ref.encode_ordinary(s) for s in rl], rl)
     print(f"  ({time.time() - t0:.1f}s)")
 
 
