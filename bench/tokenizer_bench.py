@@ -378,9 +378,9 @@ def real_text(label, engines, corp, rounds, mb, warm):
         rows.append(line)
     st = thread_stats()
     if st:
-        print(f"  libdflash memory per encoding thread: piece + pair caches {st[2] / 2**20:.2f} MiB "
-              "(fixed); scratch grows with the longest text of a call and is cut back to "
-              "<= 4 MiB a buffer after it")
+        print("  libdflash memory per encoding thread: piece caches and pair cache "
+              f"{st[2] / 2**20:.2f} MiB (fixed); scratch grows with the longest text of a "
+              "call and is cut back to <= 4 MiB a buffer after it")
     load = os.getloadavg()
     print(f"  (load after: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})", flush=True)
     return bad
