@@ -162,6 +162,37 @@ START_TEST(repeated_pieces_hit) {
 }
 END_TEST
 
+/* Pieces of 25-64 bytes with up to 13 ids are cached too (a cache of their own): encoded twice,
+ * the second time only the two that cannot be (66 bytes; 27 one-byte ids) miss, and the ids are
+ * the same. The counts follow from the vocabulary: " " + "hello" x k is 1 + k ids. */
+START_TEST(long_pieces_hit) {
+  char *dir;
+  dflash_tokenizer *t = synthetic(&dir);
+  char text[256] = "";
+  const int hellos[] = {5, 12, 13}; /* 26 bytes, 61 bytes (13 ids), 66 bytes */
+  for (size_t k = 0; k < 3; k++) {
+    strcat(text, " ");
+    for (int h = 0; h < hellos[k]; h++) strcat(text, "hello");
+  }
+  strcat(text, " abcdefghijklmnopqrstuvwxyz"); /* 27 bytes, 27 ids */
+  size_t len = strlen(text), n1, n2;
+  int32_t a[128], b[128];
+  uint64_t p0, m0, p1, m1;
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, a, 128, &n1));
+  ck_assert_uint_eq(n1, 6 + 13 + 14 + 27);
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, len, DFLASH_SPECIAL_ALL, b, 128, &n2));
+  dflash_tokenizer_thread_stats(&p1, &m1, NULL);
+  ck_assert_uint_eq(p1 - p0, 4);
+  ck_assert_uint_eq(m1 - m0, 2);
+  ck_assert_uint_eq(n1, n2);
+  ck_assert_int_eq(memcmp(a, b, n1 * sizeof *a), 0);
+  dflash_tokenizer_free(t);
+  df_test_rmtree(dir);
+  free(dir);
+}
+END_TEST
+
 START_TEST(lookups) {
   char *dir;
   dflash_tokenizer *t = synthetic(&dir);
@@ -363,6 +394,7 @@ TCase *tc_tok_api(void) {
   tcase_add_test(tc, encode_decode_and_buffers);
   tcase_add_test(tc, thread_stats_count_pieces_and_misses);
   tcase_add_test(tc, piece_cache_keeps_8000_words);
+  tcase_add_test(tc, long_pieces_hit);
   tcase_add_test(tc, repeated_pieces_hit);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
