@@ -47,9 +47,10 @@ DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_s
 /*
  * The calling thread's tokenizer counters, for the benchmark: `pieces` every pre-tokenized
  * piece its single-text encodes (dflash_tokenizer_encode) have seen, `cache_misses` those that
- * went past its piece cache (to the vocabulary or a merge; a piece of one byte never does),
- * both since the thread began, over every tokenizer. `cache_bytes` is the memory of the
- * thread's piece and pair caches (0 before its first encode): fixed, whatever the text. The
+ * went past its piece caches, short and long (to the vocabulary or a merge; a piece of one byte
+ * never does), both since the thread began, over every tokenizer. `cache_bytes` is the memory
+ * of the thread's piece caches and pair cache (0 before its first encode): fixed, whatever the
+ * text. The
  * threads of encode_batch keep their own counters. Any pointer may be NULL.
  */
 DFLASH_API void dflash_tokenizer_thread_stats(uint64_t *pieces, uint64_t *cache_misses,
