@@ -50,8 +50,7 @@ DFLASH_API dflash_status dflash_trainer_logits(dflash_trainer *t, const dflash_s
  * went past its piece caches, short and long (to the vocabulary or a merge; a piece of one byte
  * never does), both since the thread began, over every tokenizer. `cache_bytes` is the memory
  * of the thread's piece caches and pair cache (0 before its first encode): fixed, whatever the
- * text. The
- * threads of encode_batch keep their own counters. Any pointer may be NULL.
+ * text. The threads of encode_batch keep their own counters. Any pointer may be NULL.
  */
 DFLASH_API void dflash_tokenizer_thread_stats(uint64_t *pieces, uint64_t *cache_misses,
                                               size_t *cache_bytes);

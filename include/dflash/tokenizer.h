@@ -21,9 +21,8 @@
  * same tokenizer from any number of threads at once. Each thread that encodes
  * keeps a context of about 18.5 MiB (caches of merged pieces, 16 MiB for pieces
  * of up to 24 bytes and 2 MiB for longer ones, fixed, and scratch buffers) until
- * it exits. A loaded tokenizer's tables take about
- * 41 MiB for o200k and 37 MiB for Qwen2 (16 MiB of each is the piece cache's
- * starting image).
+ * it exits. A loaded tokenizer's tables take about 41 MiB for o200k and 37 MiB
+ * for Qwen2 (16 MiB of each is the piece cache's starting image).
  */
 #ifndef DFLASH_TOKENIZER_H
 #define DFLASH_TOKENIZER_H

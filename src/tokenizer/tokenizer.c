@@ -484,18 +484,34 @@ static inline long_entry *long_slot(const enc_ctx *c, uint64_t h, size_t n) {
   return &c->long_cache[h >> (64 - DF_LONG_BITS)];
 }
 
+/* cache_get for the long cache: the ids of p[0..n) appended when entry le holds it. */
+static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
+  if (!le || le->hash != h || le->len != n || memcmp(le->bytes, p, n) != 0) return false;
+  if (df_ids_reserve(&c->out, le->n)) return false; /* the merge will say so */
+  memcpy(c->out.v + c->out.len, le->ids, le->n * sizeof *le->ids);
+  c->out.len += le->n;
+  return true;
+}
+
+/* cache_put for the long cache: out.v[first..] becomes le's, when it fits. */
+static void long_put(enc_ctx *c, long_entry *le, uint64_t h, const uint8_t *p, size_t n,
+                     size_t first) {
+  size_t count = c->out.len - first;
+  if (!le || count > DF_LONG_IDS) return;
+  le->hash = h;
+  le->len = (uint8_t)n;
+  le->n = (uint8_t)count;
+  memcpy(le->bytes, p, n);
+  for (size_t k = 0; k < count; k++) le->ids[k] = (uint32_t)c->out.v[first + k];
+}
+
 /* Ids of a piece the piece cache does not hold: from the long cache, else the whole-piece
  * lookup, else the merge. */
 static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, size_t n,
                                    uint64_t h, enc_ctx *c) {
   size_t first = c->out.len;
   long_entry *le = long_slot(c, h, n);
-  if (le && le->hash == h && le->len == n && memcmp(le->bytes, p, n) == 0) {
-    if (df_ids_reserve(&c->out, le->n)) return DFLASH_E_NOMEM;
-    memcpy(c->out.v + first, le->ids, le->n * sizeof *le->ids);
-    c->out.len += le->n;
-    return DFLASH_OK;
-  }
+  if (long_get(c, le, h, p, n)) return DFLASH_OK;
   c->n_missed++;
   dflash_status st;
   uint32_t id = t->whole_piece_lookup ? df_vocab_find_h(&t->vocab, p, n, vocab_hash(h, p, n))
@@ -506,14 +522,7 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
   } else {
     st = merge_put(t, p, n, h, c);
   }
-  size_t count = c->out.len - first;
-  if (!st && le && count <= DF_LONG_IDS) {
-    le->hash = h;
-    le->len = (uint8_t)n;
-    le->n = (uint8_t)count;
-    memcpy(le->bytes, p, n);
-    for (size_t k = 0; k < count; k++) le->ids[k] = (uint32_t)c->out.v[first + k];
-  }
+  if (!st) long_put(c, le, h, p, n, first);
   return st;
 }
 
