@@ -221,11 +221,13 @@ struct Exec {
   bool sticky = false;
   unsigned last_warp = 0;
   unsigned nthreads = 0, alive = 0, at_barrier = 0;
+  const Thread *bar_first = nullptr; // the first thread at the __syncthreads, while at_barrier
   uint3 block{};
   std::vector<Thread> threads;
   std::vector<Warp> warps;
   std::vector<unsigned> runnable;
-  std::vector<unsigned> pos; // pos[tid]: its index in runnable while it is there
+  std::vector<unsigned> pos;   // pos[tid]: its index in runnable while it is there
+  std::vector<unsigned> ready; // ready[w]: the lanes of warp w in runnable (a bit each)
   Thread *cur = nullptr;
   Rng rng{0};
   char *dyn = nullptr;
@@ -359,6 +361,7 @@ void block_fatal(Exec *e, const char *fmt, ...) {
 
 void make_runnable(Exec *e, Thread *t) {
   t->state = RUNNABLE;
+  e->ready[t->tid / 32] |= 1u << t->tid % 32;
   e->pos[t->tid] = (unsigned)e->runnable.size();
   e->runnable.push_back(t->tid);
 }
@@ -372,16 +375,7 @@ int pick(Exec *e) {
     if (e->at_barrier != e->alive)
       block_fatal(e, "deadlock: no thread can run (a __syncthreads or warp op that not every "
                      "thread reaches)");
-    const Thread *first = nullptr;
-    for (auto &t : e->threads) {
-      if (t.state != AT_BARRIER) continue;
-      if (!first) first = &t;
-      else if (t.bar_line != first->bar_line || strcmp(t.bar_file, first->bar_file))
-        block_fatal(e,
-                    "threads wait at different barriers: thread %u at __syncthreads %s:%d, "
-                    "thread %u at %s:%d (a barrier in divergent code)",
-                    first->tid, first->bar_file, first->bar_line, t.tid, t.bar_file, t.bar_line);
-    }
+    // Every waiting thread is at the same __syncthreads: syncthreads checks each on arrival.
     for (auto &t : e->threads)
       if (t.state == AT_BARRIER) make_runnable(e, &t);
     e->at_barrier = 0;
@@ -391,14 +385,14 @@ int pick(Exec *e) {
   }
   size_t i = 0, n = e->runnable.size();
   if (e->ord == Order::RANDOM && e->sticky) {
-    unsigned lanes[32], same = 0; // the runnable lanes of last_warp (waiting, or unstarted)
-    for (unsigned l = 0; l < 32; l++) {
-      unsigned tid = e->last_warp * 32 + l;
-      if (tid < e->nthreads &&
-          (e->threads[tid].state == RUNNABLE || e->threads[tid].state == UNSTARTED))
-        lanes[same++] = tid;
+    // One of the runnable lanes of last_warp (waiting, or unstarted), the k-th from lane 0.
+    unsigned lanes = e->ready[e->last_warp], same = (unsigned)__builtin_popcount(lanes);
+    if (same) {
+      for (unsigned k = e->rng.below(same); k; k--) lanes &= lanes - 1;
+      i = e->pos[e->last_warp * 32 + (unsigned)__builtin_ctz(lanes)];
+    } else {
+      i = e->rng.below(n);
     }
-    i = same ? e->pos[lanes[e->rng.below(same)]] : e->rng.below(n);
   } else if (e->ord == Order::RANDOM) {
     i = e->rng.below(n);
   } else { // lowest (forward) or highest (reverse) thread first
@@ -407,6 +401,7 @@ int pick(Exec *e) {
   }
   unsigned t = e->runnable[i];
   e->last_warp = t / 32;
+  e->ready[t / 32] &= ~(1u << t % 32);
   e->runnable[i] = e->runnable[n - 1];
   e->pos[e->runnable[i]] = (unsigned)i;
   e->runnable.pop_back();
@@ -547,6 +542,7 @@ void run_block(Exec *e) {
   poison_shared(e);
   e->runnable.resize(n);
   e->pos.resize(n);
+  e->ready.resize(e->warps.size());
   for (unsigned t = 0; t < n; t++) {
     Thread &th = e->threads[t];
     th.tid = t;
@@ -560,6 +556,7 @@ void run_block(Exec *e) {
     Warp &wp = e->warps[w];
     unsigned lanes = n - w * 32 >= 32 ? 32 : n - w * 32;
     wp.live = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    e->ready[w] = wp.live;
     wp.pending = false;
     wp.arrived = 0;
   }
@@ -576,6 +573,16 @@ void run_block(Exec *e) {
 void syncthreads(const char *file, int line) {
   Exec *e = exec_or_die("__syncthreads");
   Thread *t = e->cur;
+  // Checked on arrival against the first thread waiting, so pick releases them without a
+  // second pass over the block (a strcmp per thread per barrier).
+  const Thread *first = e->at_barrier ? e->bar_first : nullptr;
+  if (first &&
+      (line != first->bar_line || (file != first->bar_file && strcmp(file, first->bar_file))))
+    block_fatal(e,
+                "threads wait at different barriers: thread %u at __syncthreads %s:%d, "
+                "thread %u at %s:%d (a barrier in divergent code)",
+                first->tid, first->bar_file, first->bar_line, t->tid, file, line);
+  if (!first) e->bar_first = t;
   t->state = AT_BARRIER;
   t->bar_file = file;
   t->bar_line = line;
