@@ -150,6 +150,97 @@ static dflash_status merge_list(const df_pairmap *pairs, uint64_t *cache, const 
   return DFLASH_OK;
 }
 
+/* ---- several short merges at once ----------------------------------------- */
+
+/*
+ * A merge's rounds form a chain: which pair merges decides which pairs are ranked next, and
+ * each ranking is a load from a table of megabytes, cold where the piece cache's traffic evicts
+ * it (a merge took 1,830 cycles, 480 the second time with its lines warm: src/tokenizer/README.md,
+ * "Where a miss's time goes"). The merges of different pieces are independent, so up to
+ * DF_BPE_MANY of them run in turn, a round each: a lane merges, prefetches the table slots of
+ * the two pairs it must rank next, and ranks them only on its next turn, while the other lanes'
+ * rounds run. One lane's state: the ids and, rank[k], the rank of (ids[k], ids[k + 1]),
+ * UINT32_MAX past the last pair; arrays padded so that the tail's shift reads and writes inside.
+ */
+enum { LANE_PAD = 2 * DF_BPE_SHORT + 2, LANE_NONE = UINT32_MAX };
+typedef struct bpe_lane {
+  uint32_t ids[LANE_PAD], rank[LANE_PAD];
+  uint32_t m;  /* tokens left */
+  uint32_t at; /* the last merge's position, whose two pairs wait to be ranked; or LANE_NONE */
+} bpe_lane;
+
+/* A lane's rank of (a, b): the table's slot, without the pair cache and the filter (each a
+ * dependent load before it in pair_rank): one line for a pair that merges and one that does
+ * not alike, as the table is at most half full, and lane_round prefetched it a turn before.
+ * (Through the pair cache, with its line prefetched too, the lanes were no faster than one
+ * merge at a time: drv4, English 115.6 against 116.2 MB/CPU-s.) */
+static inline uint32_t lane_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
+  uint64_t key = df_pair_key(a, b);
+  for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
+    uint64_t s = m->slots[i];
+    if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
+    if (s == UINT64_MAX) return UINT32_MAX;
+  }
+}
+
+static void shift_down(uint32_t *v, uint32_t at) { /* v[at..at + 32) = v[at + 1..at + 33) */
+  uint32_t t[DF_BPE_SHORT];
+  memcpy(t, v + at + 1, sizeof t);
+  memcpy(v + at, t, sizeof t);
+}
+
+static void lane_init(bpe_lane *l, const df_vocab *v, const df_pairmap *pairs, const uint8_t *p,
+                      uint32_t n) {
+  l->m = n;
+  l->at = LANE_NONE;
+  memset(l->ids + n, 0, sizeof l->ids - n * sizeof *l->ids); /* shifted down, never read */
+  for (uint32_t i = 0; i < n; i++) l->ids[i] = v->byte_id[p[i]];
+  for (uint32_t i = 0; i + 1 < n; i++) l->rank[i] = pairs->byte_rank[p[i] << 8 | p[i + 1]];
+  for (uint32_t i = n - 1; i < LANE_PAD; i++) l->rank[i] = UINT32_MAX;
+}
+
+/* One round of lane l: rank the pairs its last merge made, merge the least (rank << 32 |
+ * position: lowest rank, leftmost), prefetch the next pairs' slots. False when nothing merges. */
+static bool lane_round(bpe_lane *l, const df_pairmap *pairs) {
+  if (l->at != LANE_NONE) {
+    uint32_t i = l->at;
+    l->rank[i] = i + 1 < l->m ? lane_rank(pairs, l->ids[i], l->ids[i + 1]) : UINT32_MAX;
+    if (i) l->rank[i - 1] = lane_rank(pairs, l->ids[i - 1], l->ids[i]);
+  }
+  uint64_t best = UINT64_MAX;
+  for (uint32_t k = 0; k + 1 < l->m; k++) {
+    uint64_t v = (uint64_t)l->rank[k] << 32 | k;
+    best = v < best ? v : best; /* no branch: which pair wins is data */
+  }
+  if (best >> 32 == UINT32_MAX) return false;
+  uint32_t i = (uint32_t)best;
+  l->ids[i] = df_pairmap_merged(pairs, (uint32_t)(best >> 32));
+  shift_down(l->ids, i + 1); /* ids[i + 1] is gone; rank[i + 1] was its pair */
+  shift_down(l->rank, i + 1);
+  l->m--;
+  if (i + 1 < l->m) df_pairmap_prefetch(pairs, l->ids[i], l->ids[i + 1]);
+  if (i) df_pairmap_prefetch(pairs, l->ids[i - 1], l->ids[i]);
+  l->at = i;
+  return true;
+}
+
+void df_bpe_merge_many(const df_vocab *v, const df_pairmap *pairs, const uint8_t *const *piece,
+                       const size_t *len, size_t k, uint32_t (*ids)[DF_BPE_SHORT], uint8_t *count) {
+  bpe_lane lanes[DF_BPE_MANY];
+  unsigned live = 0;
+  for (size_t j = 0; j < k; j++) {
+    lane_init(&lanes[j], v, pairs, piece[j], (uint32_t)len[j]);
+    live |= 1u << j;
+  }
+  while (live)
+    for (size_t j = 0; j < k; j++)
+      if (live >> j & 1 && !lane_round(&lanes[j], pairs)) {
+        memcpy(ids[j], lanes[j].ids, lanes[j].m * sizeof *lanes[j].ids);
+        count[j] = (uint8_t)lanes[j].m;
+        live &= ~(1u << j);
+      }
+}
+
 /* ---- heap merge ----------------------------------------------------------- */
 
 /* Min-heap of (rank << 32 | position): lowest rank first, then leftmost. */

@@ -87,6 +87,13 @@ DF_MUST_CHECK dflash_status df_vocab_index(df_vocab *v, bool strict, const char 
 uint32_t df_vocab_find(const df_vocab *v, const void *bytes, size_t len);
 /* Same, with hash = df_hash_bytes(bytes, len) already computed. */
 uint32_t df_vocab_find_h(const df_vocab *v, const void *bytes, size_t len, uint64_t hash);
+/* Start loading the filter word and the first slot df_vocab_find_h reads for `hash`. */
+static inline void df_vocab_prefetch(const df_vocab *v, uint64_t hash) {
+  if (!v->slots) return;
+  __builtin_prefetch(&v->slots[(uint32_t)hash & v->mask]);
+  if (v->filter.words)
+    __builtin_prefetch(&v->filter.words[(uint32_t)(hash >> 20) & v->filter.mask]);
+}
 
 /* The n <= 8 bytes at s as a little-endian word, zero-extended, without reading outside them:
  * memcpy with a variable length is a call into libc whose size dispatch mispredicts on
@@ -218,6 +225,14 @@ DF_MUST_CHECK dflash_status df_ids_reserve(df_ids *ids, size_t n);
 DF_MUST_CHECK dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs,
                                           const uint8_t *piece, size_t n, size_t heap_threshold,
                                           df_bpe_scratch *s, df_ids *out);
+/* Merge k <= DF_BPE_MANY pieces of 2..DF_BPE_SHORT bytes (every byte with a token) at once,
+ * their rounds in turn so that one's waits on the pair table overlap the others' work: piece
+ * j's ids go to ids[j][0..count[j]), as df_bpe_encode gives them. Needs pairs->byte_rank
+ * (df_pairmap_byte_ranks). */
+#define DF_BPE_SHORT 32
+#define DF_BPE_MANY 8
+void df_bpe_merge_many(const df_vocab *v, const df_pairmap *pairs, const uint8_t *const *piece,
+                       const size_t *len, size_t k, uint32_t (*ids)[DF_BPE_SHORT], uint8_t *count);
 
 /* ---- pre-tokenization (pretok.c) ------------------------------------------ */
 
@@ -425,6 +440,9 @@ struct dflash_tokenizer {
   df_vocab vocab;
   df_pairmap pairs;
   bool whole_piece_lookup; /* tiktoken; HF ignore_merges */
+  /* A scanned chunk's misses are merged together (tokenizer.c, resolve_ahead); off without
+   * byte ranks, or with DFLASH_TOKENIZER_NO_AHEAD set at load (a test and measuring hook). */
+  bool merge_ahead;
   bool nfc;
   df_added *added;
   size_t n_added;

@@ -1,5 +1,6 @@
 /* Public API behaviour: buffers, lookups, specials, decode errors, threads. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,6 +208,65 @@ START_TEST(long_pieces_hit) {
 }
 END_TEST
 
+/* The misses of a scanned chunk are merged together (resolve_ahead), their ids cached for
+ * when the loop reaches them: the same ids as one miss at a time (DFLASH_TOKENIZER_NO_AHEAD),
+ * and a piece twice among them merged once. Eight distinct pieces of 2-3 ids, each twice
+ * within the chunk: 8 misses, not 16. */
+static void encode_ahead_or_not(const char *path, const char *pattern, const char *text,
+                                int32_t *ids, size_t cap, size_t *n, uint64_t *missed, bool ahead) {
+  if (!ahead) setenv("DFLASH_TOKENIZER_NO_AHEAD", "1", 1);
+  dflash_tokenizer *t = tt_load(path, pattern);
+  unsetenv("DFLASH_TOKENIZER_NO_AHEAD");
+  uint64_t p0, m0, p1, m1;
+  dflash_tokenizer_thread_stats(&p0, &m0, NULL);
+  ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, ids, cap, n));
+  dflash_tokenizer_thread_stats(&p1, &m1, NULL);
+  *missed = m1 - m0;
+  dflash_tokenizer_free(t);
+}
+
+START_TEST(misses_merged_ahead) {
+  char *dir = df_test_tmpdir();
+  char *path = tt_write_ranks(dir, "s.tiktoken", EXTRA);
+  const char *text = "hello xy qq ab xyz xy zq qz qq ab xyz zq qz yy xx yy xx";
+  int32_t a[64], b[64];
+  size_t na, nb;
+  uint64_t ma, mb;
+  encode_ahead_or_not(path, "cl100k", text, a, 64, &na, &ma, true);
+  encode_ahead_or_not(path, "cl100k", text, b, 64, &nb, &mb, false);
+  ck_assert_uint_eq(na, nb);
+  ck_assert_int_eq(memcmp(a, b, na * sizeof *a), 0);
+  ck_assert_uint_eq(ma, 8); /* " xy" " qq" " ab" " xyz" " zq" " qz" " yy" " xx" */
+  ck_assert_uint_eq(mb, 8);
+  free(path);
+  df_test_rmtree(dir);
+  free(dir);
+  /* a real vocabulary: 3,000 random words of 2-12 letters, each again a few words on */
+  char *real = df_test_fixture("tokenizers/openai/o200k_base.tiktoken.gz");
+  if (!real) return;
+  enum { WORDS = 3000 };
+  char *big = malloc(WORDS * 2 * 14 + 1), word[16];
+  size_t len = 0;
+  unsigned seed = 44;
+  for (int w = 0; w < WORDS; w++) {
+    size_t k = 2 + (size_t)rand_r(&seed) % 11;
+    for (size_t i = 0; i < k; i++) word[i] = (char)('a' + rand_r(&seed) % 26);
+    word[k] = 0;
+    len += (size_t)sprintf(big + len, " %s%s", word, w % 3 ? "" : ",");
+    if (w % 2) len += (size_t)sprintf(big + len, " %s", word); /* seen again at once */
+  }
+  size_t cap = len + 16;
+  int32_t *x = malloc(cap * sizeof *x), *y = malloc(cap * sizeof *y);
+  encode_ahead_or_not(real, NULL, big, x, cap, &na, &ma, true);
+  encode_ahead_or_not(real, NULL, big, y, cap, &nb, &mb, false);
+  ck_assert_uint_eq(na, nb);
+  ck_assert_int_eq(memcmp(x, y, na * sizeof *x), 0);
+  ck_assert_uint_le(ma, mb); /* never more merges than one at a time */
+  ck_assert_uint_gt(ma, WORDS / 2);
+  free(x), free(y), free(big), free(real);
+}
+END_TEST
+
 START_TEST(lookups) {
   char *dir;
   dflash_tokenizer *t = synthetic(&dir);
@@ -409,6 +469,7 @@ TCase *tc_tok_api(void) {
   tcase_add_test(tc, thread_stats_count_pieces_and_misses);
   tcase_add_test(tc, piece_cache_keeps_8000_words);
   tcase_add_test(tc, long_pieces_hit);
+  tcase_add_test(tc, misses_merged_ahead);
   tcase_add_test(tc, repeated_pieces_hit);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
