@@ -558,7 +558,7 @@ _Static_assert(DF_CACHE_PIECE <= 24, "piece_ascii reads at most three words");
 /* cache_put for ids held apart from the output. */
 static void cache_put_ids(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
                           size_t count) {
-  if (n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
+  if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
   piece_entry *e = &c->cache[bucket_of(h)];
   e[1] = e[0];
   e->hash = h;
@@ -571,10 +571,12 @@ static void cache_put_ids(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, co
 /*
  * A scanned chunk's misses merged together (resolve_ahead): a merge waits on memory (1,830
  * cycles, 480 with its lines warm: README, "Where a miss's time goes"), and df_bpe_merge_many
- * overlaps the waits of several. The batch's results stay here for the rest of the chunk (a
- * piece of more than DF_CACHE_IDS ids has no cache entry, and an entry may be pushed out), and
- * go to the piece cache for later chunks. `next`: the first piece not yet looked at ahead, so
- * each piece is looked at ahead once per chunk.
+ * overlaps the waits of several. The batch's results stay here (a piece of more than
+ * DF_CACHE_IDS ids has no cache entry, and an entry may be pushed out) until a miss the batch
+ * does not hold starts the next one (a piece taken for a hit that was not, or pushed out by the
+ * batch's own entries): an unreached piece of the old batch that the cache lacks then merges
+ * again, the same ids. They go to the piece cache for later chunks too. `next`: the first piece
+ * not yet looked at ahead, so each piece is looked at ahead once per chunk.
  */
 typedef struct ahead_set {
   size_t k, next;

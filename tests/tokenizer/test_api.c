@@ -210,8 +210,9 @@ END_TEST
 
 /* The misses of a scanned chunk are merged together (resolve_ahead), their ids cached for
  * when the loop reaches them: the same ids as one miss at a time (DFLASH_TOKENIZER_NO_AHEAD),
- * and a piece twice among them merged once. Eight distinct pieces of 2-3 ids, each twice
- * within the chunk: 8 misses, not 16. */
+ * and a piece twice among them merged once. Ten distinct pieces of 2-3 ids (" hellq" and
+ * " worx" merge: he+ll, hell; " w"+"or"), each twice within the chunk, so two batches of
+ * up to 8: 10 misses, not 20. */
 static void encode_ahead_or_not(const char *path, const char *pattern, const char *text,
                                 int32_t *ids, size_t cap, size_t *n, uint64_t *missed, bool ahead) {
   if (!ahead) setenv("DFLASH_TOKENIZER_NO_AHEAD", "1", 1);
@@ -228,7 +229,8 @@ static void encode_ahead_or_not(const char *path, const char *pattern, const cha
 START_TEST(misses_merged_ahead) {
   char *dir = df_test_tmpdir();
   char *path = tt_write_ranks(dir, "s.tiktoken", EXTRA);
-  const char *text = "hello xy qq ab xyz xy zq qz qq ab xyz zq qz yy xx yy xx";
+  const char *text =
+      "hello xy qq ab xyz xy zq qz qq ab xyz zq qz yy xx yy xx hellq worx hellq worx";
   int32_t a[64], b[64];
   size_t na, nb;
   uint64_t ma, mb;
@@ -236,8 +238,9 @@ START_TEST(misses_merged_ahead) {
   encode_ahead_or_not(path, "cl100k", text, b, 64, &nb, &mb, false);
   ck_assert_uint_eq(na, nb);
   ck_assert_int_eq(memcmp(a, b, na * sizeof *a), 0);
-  ck_assert_uint_eq(ma, 8); /* " xy" " qq" " ab" " xyz" " zq" " qz" " yy" " xx" */
-  ck_assert_uint_eq(mb, 8);
+  /* " xy" " qq" " ab" " xyz" " zq" " qz" " yy" " xx", then " hellq" " worx" */
+  ck_assert_uint_eq(ma, 10);
+  ck_assert_uint_eq(mb, 10);
   free(path);
   df_test_rmtree(dir);
   free(dir);
@@ -261,7 +264,9 @@ START_TEST(misses_merged_ahead) {
   encode_ahead_or_not(real, NULL, big, y, cap, &nb, &mb, false);
   ck_assert_uint_eq(na, nb);
   ck_assert_int_eq(memcmp(x, y, na * sizeof *x), 0);
-  ck_assert_uint_le(ma, mb); /* never more merges than one at a time */
+  /* no more merges than one at a time, give or take the cache's evictions (entries put
+   * earlier push out others: 1 %, not the 2x of a batch that merged a piece twice) */
+  ck_assert_uint_le(ma, mb + mb / 100);
   ck_assert_uint_gt(ma, WORDS / 2);
   free(x), free(y), free(big), free(real);
 }

@@ -127,9 +127,6 @@ static void check_vocabulary(const char *relative, unsigned seed) {
   if (!path) return; /* the note says which fixture is absent */
   dflash_tokenizer *t = tt_load(path, NULL);
   diff_ctx d = {.t = t};
-  /* the encoder's per-thread pair cache, as it lends one (all empty) */
-  d.sc.pair_cache = malloc(DF_PAIR_CACHE_SLOTS * sizeof *d.sc.pair_cache);
-  memset(d.sc.pair_cache, 0xFF, DF_PAIR_CACHE_SLOTS * sizeof *d.sc.pair_cache);
   every_token(&d);
   ck_assert_uint_gt(d.pieces, 1000); /* a real vocabulary, not an empty one */
   random_pieces(&d, seed, 3000);
@@ -137,7 +134,6 @@ static void check_vocabulary(const char *relative, unsigned seed) {
   ck_assert_uint_gt(d.many, 1000);
   free(d.list.v);
   free(d.heap.v);
-  free(d.sc.pair_cache);
   df_bpe_scratch_free(&d.sc);
   dflash_tokenizer_free(t);
   free(path);
