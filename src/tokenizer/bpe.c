@@ -175,12 +175,7 @@ typedef struct bpe_lane {
  * (Through the pair cache, with its line prefetched too, the lanes were no faster than one
  * merge at a time: drv4, English 115.6 against 116.2 MB/CPU-s.) */
 static inline uint32_t lane_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
-  uint64_t key = df_pair_key(a, b);
-  for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
-    uint64_t s = m->slots[i];
-    if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
-    if (s == UINT64_MAX) return UINT32_MAX;
-  }
+  return df_pairmap_probe(m, df_pair_key(a, b));
 }
 
 static void shift_down(uint32_t *v, uint32_t at) { /* v[at..at + 32) = v[at + 1..at + 33) */

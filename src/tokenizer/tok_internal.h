@@ -172,16 +172,20 @@ static inline uint64_t df_pair_key(uint32_t a, uint32_t b) {
 static inline size_t df_pair_slot(uint64_t key, size_t mask) {
   return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 24) & mask;
 }
-/* Rank of merging a then b, UINT32_MAX when they do not merge. */
 static inline uint64_t df_pair_filter_hash(uint64_t key) { return key * 0xD6E8FEB86659FD93ull; }
-static inline uint32_t df_pairmap_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
-  uint64_t key = df_pair_key(a, b);
-  if (!df_filter_may_have(&m->filter, df_pair_filter_hash(key))) return UINT32_MAX;
+/* The table's answer for key, without the filter. */
+static inline uint32_t df_pairmap_probe(const df_pairmap *m, uint64_t key) {
   for (size_t i = df_pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
     uint64_t s = m->slots[i];
     if (s >> DF_PAIR_RANK_BITS == key) return (uint32_t)(s & ((1u << DF_PAIR_RANK_BITS) - 1));
     if (s == UINT64_MAX) return UINT32_MAX;
   }
+}
+/* Rank of merging a then b, UINT32_MAX when they do not merge. */
+static inline uint32_t df_pairmap_rank(const df_pairmap *m, uint32_t a, uint32_t b) {
+  uint64_t key = df_pair_key(a, b);
+  if (!df_filter_may_have(&m->filter, df_pair_filter_hash(key))) return UINT32_MAX;
+  return df_pairmap_probe(m, key);
 }
 static inline uint32_t df_pairmap_merged(const df_pairmap *m, uint32_t rank) {
   return m->merged_of_rank ? m->merged_of_rank[rank] : rank;

@@ -360,8 +360,9 @@ static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t
   return true;
 }
 
-static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
-  size_t count = c->out.len - first;
+/* Cache the piece p[0..n) with key h as the `count` ids at ids, the older way pushed out. */
+static void cache_put_ids(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
+                          size_t count) {
   if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
   piece_entry *e = &c->cache[bucket_of(h)];
   e[1] = e[0];
@@ -369,7 +370,12 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
   e->len = (uint8_t)n;
   e->n = (uint8_t)count;
   memcpy(e->bytes, p, n);
-  for (size_t k = 0; k < count; k++) e->ids[k] = (uint32_t)c->out.v[first + k];
+  memcpy(e->ids, ids, count * sizeof *ids);
+}
+
+/* Cache the piece as the ids the output holds from `first` on. */
+static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
+  cache_put_ids(c, h, p, n, (const uint32_t *)(c->out.v + first), c->out.len - first);
 }
 
 /*
@@ -554,19 +560,6 @@ static inline bool piece_ascii(const uint8_t *p, size_t n) {
   return !(a & 0x8080808080808080ull);
 }
 _Static_assert(DF_CACHE_PIECE <= 24, "piece_ascii reads at most three words");
-
-/* cache_put for ids held apart from the output. */
-static void cache_put_ids(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
-                          size_t count) {
-  if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
-  piece_entry *e = &c->cache[bucket_of(h)];
-  e[1] = e[0];
-  e->hash = h;
-  e->len = (uint8_t)n;
-  e->n = (uint8_t)count;
-  memcpy(e->bytes, p, n);
-  memcpy(e->ids, ids, count * sizeof *ids);
-}
 
 /*
  * A scanned chunk's misses merged together (resolve_ahead): a merge waits on memory (1,830
