@@ -47,9 +47,12 @@ static int by_value(const void *a, const void *b) {
 }
 
 /* The merges as (rank, left, right, merged) in rank order: the table's slot order depends on
- * its size, not on the merges. tiktoken's pairs follow from the ranks (already fed). */
+ * its size, not on the merges. tiktoken's pairs follow from the ranks (already fed). A table
+ * that ranks by merged id (df_pairmap_ids_as_ranks) sorts the same way, and its k-th entry is
+ * then the k-th rank that rank_merged holds: the hash is the same either way. */
 static dflash_status feed_pairs(feed *f, const df_pairmap *m) {
-  if (!m->merged_of_rank) return DFLASH_OK;
+  const uint32_t *merged = m->merged_of_rank ? m->merged_of_rank : m->rank_merged;
+  if (!merged) return DFLASH_OK;
   uint64_t *all = malloc((m->count ? m->count : 1) * sizeof *all);
   if (!all) return df_error_nomem("tokenizer hash");
   size_t n = 0;
@@ -61,9 +64,15 @@ static dflash_status feed_pairs(feed *f, const df_pairmap *m) {
   }
   qsort(all, n, sizeof *all, by_value);
   u64(f, n);
-  for (size_t i = 0; i < n; i++) {
-    u64(f, all[i]);
-    u64(f, m->merged_of_rank[all[i] >> (2 * DF_PAIR_ID_BITS)]);
+  const uint64_t pair = ((uint64_t)1 << (2 * DF_PAIR_ID_BITS)) - 1;
+  for (size_t i = 0, r = 0; i < n; i++) {
+    uint64_t rank = all[i] >> (2 * DF_PAIR_ID_BITS);
+    if (!m->merged_of_rank) { /* the k-th rank in the list */
+      while (r < m->n_ranks && merged[r] == DF_PAIR_NO_MERGE) r++;
+      rank = r++;
+    }
+    u64(f, rank << (2 * DF_PAIR_ID_BITS) | (all[i] & pair));
+    u64(f, rank < m->n_ranks ? merged[rank] : DF_PAIR_NO_MERGE);
   }
   free(all);
   return DFLASH_OK;

@@ -118,9 +118,11 @@ static dflash_status add_merge(dflash_tokenizer *t, json_t *vocab, const char *a
 
 /* HF ranks are merge indices; the merged id of each rank lives in a table. */
 static dflash_status merged_table(df_pairmap *m, size_t n) {
-  m->merged_of_rank = calloc(n ? n : 1, sizeof *m->merged_of_rank);
+  m->merged_of_rank = malloc((n ? n : 1) * sizeof *m->merged_of_rank);
+  if (!m->merged_of_rank) return df_error_nomem("merges");
+  for (size_t r = 0; r < n; r++) m->merged_of_rank[r] = DF_PAIR_NO_MERGE; /* lines, not merges */
   m->n_ranks = n;
-  return m->merged_of_rank ? DFLASH_OK : df_error_nomem("merges");
+  return DFLASH_OK;
 }
 
 static dflash_status merges_from_json(dflash_tokenizer *t, json_t *vocab, json_t *merges,

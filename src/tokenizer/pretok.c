@@ -69,10 +69,7 @@ static const named_pattern *find_by_regex(const char *rx) {
   return NULL;
 }
 
-static bool env_disables_scanner(void) {
-  const char *e = getenv("DFLASH_TOKENIZER_NO_SCANNER");
-  return e && *e && strcmp(e, "0") != 0;
-}
+static bool env_disables_scanner(void) { return df_env_on(getenv("DFLASH_TOKENIZER_NO_SCANNER")); }
 
 dflash_status df_pretok_add_step(df_pretok *p, df_pretok_step step) {
   df_pretok_step *s = realloc(p->steps, (p->n_steps + 1) * sizeof *s);

@@ -444,8 +444,7 @@ static bool avx2_agrees(void) {
 static void choose_impl(void) {
   g_block_ok = ascii_fits_blocks();
   g_avx2_ok = g_block_ok && avx2_agrees();
-  const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
-  bool no_simd = e && *e && strcmp(e, "0") != 0;
+  bool no_simd = df_env_on(getenv("DFLASH_TOKENIZER_NO_SIMD"));
   df_scan_set_impl(g_avx2_ok && !no_simd ? DF_SCAN_MASK_AVX2 : DF_SCAN_PIECE);
   df_utf8_set_avx2(!no_simd);
 }

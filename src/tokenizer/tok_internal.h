@@ -117,6 +117,12 @@ static inline uint64_t df_load_upto8(const uint8_t *s, size_t n) {
 #define DF_LITTLE_ENDIAN 0
 #endif
 
+/* Whether an environment variable's value (getenv's) turns its hook on: set and not "0" (the
+ * tokenizer's test and A/B hooks, HACKING.md's table). */
+static inline bool df_env_on(const char *value) {
+  return value && *value && strcmp(value, "0") != 0;
+}
+
 /* Hash of n > 8 bytes (vocab.c). */
 uint64_t df_hash_long(const void *p, size_t n);
 /* Hash of n <= 8 bytes given as w = df_load_upto8(bytes, n). Each step is invertible (an xor
@@ -151,6 +157,9 @@ typedef struct df_pairmap {
   size_t count;
   uint32_t *merged_of_rank; /* NULL: the rank is the merged id */
   size_t n_ranks;
+  /* HF merges whose merged ids rise with the rank (df_pairmap_ids_as_ranks): the table ranks
+   * by merged id, and the merge list's ids stay here, for the tokenizer's hash only. */
+  uint32_t *rank_merged;
   /* [a << 8 | b]: df_pairmap_rank of the single-byte tokens of bytes a and b, so the first
    * round of a merge (all byte pairs) reads 256 KiB instead of the whole table. NULL until
    * df_pairmap_byte_ranks. */
@@ -193,6 +202,12 @@ static inline uint32_t df_pairmap_merged(const df_pairmap *m, uint32_t rank) {
 static inline void df_pairmap_prefetch(const df_pairmap *m, uint32_t a, uint32_t b) {
   __builtin_prefetch(&m->slots[df_pair_slot(df_pair_key(a, b), m->mask)]);
 }
+/* An HF table whose merged ids rise with the rank (DF_PAIR_NO_MERGE where a rank is not in
+ * the table) ranks by merged id instead: the same order, so the same merges, and a merge
+ * round no longer loads merged_of_rank (600 KB for Qwen2) before it can rank the next pairs.
+ * Call once every pair is in, before df_pairmap_byte_ranks. */
+#define DF_PAIR_NO_MERGE UINT32_MAX
+void df_pairmap_ids_as_ranks(df_pairmap *m);
 /* Fill byte_rank from the table and the single-byte tokens (v->byte_id); call once every
  * pair is in. */
 DF_MUST_CHECK dflash_status df_pairmap_byte_ranks(df_pairmap *m, const struct df_vocab *v);

@@ -136,10 +136,10 @@ static dflash_status cache_seed_build(dflash_tokenizer *t);
 dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   dflash_status st = df_trie_build(&t->raw_trie, t->added, t->n_added, false);
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
+  if (!st && !df_env_on(getenv("DFLASH_TOKENIZER_NO_ID_RANKS"))) df_pairmap_ids_as_ranks(&t->pairs);
   if (!st) st = df_pairmap_byte_ranks(&t->pairs, &t->vocab);
   if (!st) st = cache_seed_build(t);
-  const char *off = getenv("DFLASH_TOKENIZER_NO_AHEAD"); /* set and not "0": a test hook */
-  t->merge_ahead = t->pairs.byte_rank && !(off && *off && strcmp(off, "0") != 0);
+  t->merge_ahead = t->pairs.byte_rank && !df_env_on(getenv("DFLASH_TOKENIZER_NO_AHEAD"));
   return st;
 }
 
@@ -392,8 +392,7 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
  */
 static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
-  const char *off = getenv("DFLASH_TOKENIZER_NO_SEED"); /* set and not "0": a test hook */
-  if (v->byte_gaps || !v->slots || (off && *off && strcmp(off, "0") != 0)) return DFLASH_OK;
+  if (v->byte_gaps || !v->slots || df_env_on(getenv("DFLASH_TOKENIZER_NO_SEED"))) return DFLASH_OK;
   piece_entry *seed = df_big_alloc(sizeof *seed << DF_CACHE_BITS);
   if (!seed) return df_error_nomem("piece cache seed");
   memset(seed, 0, sizeof *seed << DF_CACHE_BITS);

@@ -195,9 +195,28 @@ dflash_status df_pairmap_byte_ranks(df_pairmap *m, const df_vocab *v) {
 void df_pairmap_free(df_pairmap *m) {
   free(m->slots);
   free(m->merged_of_rank);
+  free(m->rank_merged);
   free(m->byte_rank);
   df_filter_free(&m->filter);
   memset(m, 0, sizeof *m);
+}
+
+void df_pairmap_ids_as_ranks(df_pairmap *m) {
+  const uint32_t *mo = m->merged_of_rank;
+  if (!mo || !m->slots || m->rank_merged) return;
+  uint32_t last = 0;
+  bool any = false;
+  for (size_t r = 0; r < m->n_ranks; r++) {
+    if (mo[r] == DF_PAIR_NO_MERGE) continue;
+    if (any && mo[r] <= last) return; /* not in rank order: keep the ranks */
+    last = mo[r];
+    any = true;
+  }
+  const uint64_t low = ((uint64_t)1 << DF_PAIR_RANK_BITS) - 1;
+  for (size_t i = 0; i <= m->mask; i++)
+    if (m->slots[i] != UINT64_MAX) m->slots[i] = (m->slots[i] & ~low) | mo[m->slots[i] & low];
+  m->rank_merged = m->merged_of_rank;
+  m->merged_of_rank = NULL;
 }
 
 static void pairmap_insert(uint64_t *slots, size_t mask, uint64_t packed) {

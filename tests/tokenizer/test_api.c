@@ -272,6 +272,50 @@ START_TEST(misses_merged_ahead) {
 }
 END_TEST
 
+/* Qwen2's merged ids rise with the rank (256 + rank), so its table ranks by merged id
+ * (df_pairmap_ids_as_ranks): the same ids as ranking by the merge list's order
+ * (DFLASH_TOKENIZER_NO_ID_RANKS), and the same tokenizer hash, which dataset manifests
+ * record. The random words make first-sight merges of 2-12 letters, and the other scripts
+ * longer ones. */
+static dflash_tokenizer *load_ranked(const char *dir, bool by_id) {
+  if (!by_id) setenv("DFLASH_TOKENIZER_NO_ID_RANKS", "1", 1);
+  dflash_tokenizer *t = tt_load(dir, NULL);
+  unsetenv("DFLASH_TOKENIZER_NO_ID_RANKS");
+  return t;
+}
+
+START_TEST(merge_ids_as_ranks) {
+  char *dir = df_test_fixture("tokenizers/qwen2");
+  if (!dir) return;
+  dflash_tokenizer *a = load_ranked(dir, true), *b = load_ranked(dir, false);
+  char ha[DFLASH_TOKENIZER_HASH_LEN], hb[DFLASH_TOKENIZER_HASH_LEN];
+  ck_assert_ok(dflash_tokenizer_hash(a, ha, sizeof ha));
+  ck_assert_ok(dflash_tokenizer_hash(b, hb, sizeof hb));
+  ck_assert_str_eq(ha, hb);
+  enum { WORDS = 4000 };
+  char *text = malloc(WORDS * 16 + 256);
+  size_t len = (size_t)sprintf(text, "Жж привет мир, नमस्ते दुनिया; 東京都の天気は晴れ 1234567");
+  unsigned seed = 45;
+  for (int w = 0; w < WORDS; w++) {
+    text[len++] = w % 5 ? ' ' : '\n';
+    for (size_t i = 0, k = 2 + (size_t)rand_r(&seed) % 11; i < k; i++)
+      text[len++] = (char)((w % 7 ? 'a' : 'A') + rand_r(&seed) % 26);
+  }
+  size_t cap = len + 16, na, nb;
+  int32_t *x = malloc(cap * sizeof *x), *y = malloc(cap * sizeof *y);
+  ck_assert_ok(dflash_tokenizer_encode(a, text, len, DFLASH_SPECIAL_NONE, x, cap, &na));
+  ck_assert_ok(dflash_tokenizer_encode(b, text, len, DFLASH_SPECIAL_NONE, y, cap, &nb));
+  ck_assert_uint_eq(na, nb);
+  ck_assert_int_eq(memcmp(x, y, na * sizeof *x), 0);
+  free(x);
+  free(y);
+  free(text);
+  dflash_tokenizer_free(a);
+  dflash_tokenizer_free(b);
+  free(dir);
+}
+END_TEST
+
 START_TEST(lookups) {
   char *dir;
   dflash_tokenizer *t = synthetic(&dir);
@@ -475,6 +519,7 @@ TCase *tc_tok_api(void) {
   tcase_add_test(tc, piece_cache_keeps_8000_words);
   tcase_add_test(tc, long_pieces_hit);
   tcase_add_test(tc, misses_merged_ahead);
+  tcase_add_test(tc, merge_ids_as_ranks);
   tcase_add_test(tc, repeated_pieces_hit);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
