@@ -180,20 +180,31 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 
 /* Merged pieces are remembered per thread: real text repeats its words, and a
  * BPE merge costs several cache misses in the pair table. Entries hold the
- * piece bytes, so a hit is exact. 2^18 entries, 16 MiB a thread (+ 256 KiB of
- * pair cache), fixed: real text (bench --real) holds more distinct words than
- * 2^14 keep, misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix at 2^16;
+ * piece bytes, so a hit is exact. 16 MiB a thread (+ 256 KiB of pair cache),
+ * fixed: real text (bench --real) holds more distinct words than 2^14 keep,
+ * misses went 7.7 % -> 4.3 % of the pieces of the reasoning mix at 2^16;
  * seeded with the short tokens (cache_seed_build), 2^17 holds twice the seeds (o200k,
  * 1 MB of English from a fresh cache: misses 4.22 % at 2^16, 3.41 % at 2^17), and 2^18 the
  * words of the whole bench run besides (o200k, bench --real: hit 97.6 -> 98.3 % on the mix,
  * 97.3 -> 97.7 % English; 2^19 98.6 %, 97.9 %). A miss costs ~1,100 instructions, a hit
- * ~100: misses were half of encode's time on real text. */
-#define DF_CACHE_BITS 18
-#define DF_CACHE_PIECE 24
-#define DF_CACHE_IDS 6
+ * ~100: misses were half of encode's time on real text.
+ *
+ * An entry is 32 bytes, two to a 64-byte line (a bucket: both ways in the line its prefetch
+ * loads), so 16 MiB holds 2^19: the key is the piece itself, up to DF_CACHE_PIECE bytes and
+ * its length (piece_key), and a hit is two compares of words, with no hash kept and no
+ * bytes compared after. Pieces of up to 15 bytes with up to 4 ids were 99.4-99.8 % of the
+ * pieces of the bench's English, code, math and mix (o200k); the rest go to the long cache,
+ * and a short piece of more ids leaves a mark here (DF_CACHE_MORE) that sends its next
+ * sight there. (Entries of 64 bytes, 24 bytes and 6 ids, at 2^19 and 32 MiB, took the mix
+ * 162.9 -> 167.4 MB/CPU-s in drv4 and code 140.8 -> 144.5, medians of 9.) */
+#define DF_CACHE_BITS 19
+#define DF_CACHE_PIECE 15
+#define DF_CACHE_IDS 4
+#define DF_CACHE_MORE 7 /* an entry's id count: the piece's ids are in the long cache */
 
-/* Longer pieces, 25..64 bytes, have a cache of their own, direct-mapped, 2^14 entries of two
- * lines (2 MiB a thread). Few pieces are that long, but each merge is long, and they repeat:
+/* Longer pieces, 16..64 bytes, and short ones of 5-13 ids have a cache of their own,
+ * direct-mapped, 2^14 entries of two lines (2 MiB a thread). Few pieces are that long, but
+ * each merge is long, and they repeat:
  * words of other scripts (Cyrillic, Devanagari: 2-3 bytes a letter) and runs of Han; on the
  * bench's text, pieces over 24 bytes were 3.2 % of the other scripts' pieces and 2.6 % were
  * repeats (CJK 4.1 % and 1.5 %, code 0.29 % and 0.26 %: long names), each merged again. */
@@ -201,16 +212,25 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 #define DF_LONG_PIECE 64
 #define DF_LONG_IDS 13
 
+/* A piece's key: its bytes 0-7 (lo) and 8-14 (hi), zero past its end, as little-endian
+ * words, and its length in hi's top byte, bits 0-4 (31 for any piece over 30 bytes: no entry
+ * is that long, so such a key matches none); h, a hash of the two, picks the bucket (its top
+ * bits) and the long cache's slot. */
+typedef struct piece_key {
+  uint64_t lo, hi, h;
+} piece_key;
+
+/* A cache entry: the key's two words, the top byte of hi with the id count in bits 5-7. */
 typedef struct piece_entry {
-  uint64_t hash; /* the piece's key (piece_key) */
-  uint8_t len, n;
-  uint8_t bytes[DF_CACHE_PIECE];
+  uint64_t lo, hi;
   uint32_t ids[DF_CACHE_IDS];
 } piece_entry;
-_Static_assert(sizeof(piece_entry) == 64, "a piece-cache entry is one cache line");
+_Static_assert(sizeof(piece_entry) == 32, "two piece-cache entries to a cache line");
+#define DF_KEY_COUNT_SHIFT 61
+#define DF_KEY_MATCH (~(uint64_t)0 >> 3) /* hi without the count */
 
 typedef struct long_entry {
-  uint64_t hash; /* piece_key: df_hash_bytes of the piece */
+  uint64_t hash; /* the key's h */
   uint8_t len, n;
   uint32_t ids[DF_LONG_IDS];
   uint8_t bytes[DF_LONG_PIECE];
@@ -285,97 +305,117 @@ static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   c->cache_serial = t->serial;
 }
 
-/* Whether the n <= DF_CACHE_PIECE bytes at p equal those at q (n of the entry's bytes): whole
- * words, overlapping at the end, instead of a memcmp call (see df_load_upto8). */
-static inline bool piece_equal(const uint8_t *q, const uint8_t *p, size_t n) {
-  if (n <= 8) return df_load_upto8(q, n) == df_load_upto8(p, n);
-  uint64_t a, b, x, y;
-  memcpy(&a, q, 8);
-  memcpy(&b, p, 8);
-  memcpy(&x, q + n - 8, 8);
-  memcpy(&y, p + n - 8, 8);
-  if (a != b || x != y) return false;
-  if (n <= 16) return true;
-  memcpy(&a, q + 8, 8);
-  memcpy(&b, p + 8, 8);
-  return a == b; /* n <= 24: bytes 8..15, then the last 8 */
-}
-_Static_assert(DF_CACHE_PIECE <= 24, "piece_equal compares at most three words");
-
-/* A piece's cache key: up to 8 bytes df_hash_word_key (one-to-one for a given length: the
- * key and the length decide a hit without comparing bytes), 9-16 bytes key_16 of the first
- * and the last 8 (no call: 11 % of English pieces, df_hash_long was ~45 instructions a call),
- * longer df_hash_bytes; a hit on more than 8 bytes compares them. The bucket comes from its
- * top bits (mixed in all three). The vocabulary's hash is vocab_hash, taken on a miss only:
- * the two shifts and xors of df_hash_word_finish were ~4 % of the instructions of a hit. */
-static inline size_t bucket_of(uint64_t key) {
-  return (size_t)(key >> (64 - DF_CACHE_BITS)) & ~(size_t)1;
+/* The n <= 8 bytes at p as a little-endian word. */
+static inline uint64_t le_word(const uint8_t *p, size_t n) {
+#if DF_LITTLE_ENDIAN
+  return df_load_upto8(p, n);
+#else
+  uint64_t w = 0;
+  for (size_t i = 0; i < n; i++) w |= (uint64_t)p[i] << (8 * i);
+  return w;
+#endif
 }
 
-static inline uint64_t key_16(uint64_t first, uint64_t last, size_t n) {
-  return (df_hash_word_key(first, n) ^ last) * 0x94D049BB133111EBull;
+/* The key of words lo and hi (hi's top byte the length). The two multiplies mix every bit into
+ * h's top bits, the bucket; the vocabulary has its own hash (df_hash_bytes, on a miss). */
+static inline piece_key key_of(uint64_t lo, uint64_t hi) {
+  return (piece_key){lo, hi, (lo ^ hi * 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull};
 }
 
-static inline uint64_t piece_key(const uint8_t *p, size_t n) {
-  if (n <= 8) return df_hash_word_key(df_load_upto8(p, n), n);
-  if (n > 16) return df_hash_bytes(p, n);
-  uint64_t a, b;
-  memcpy(&a, p, 8);
-  memcpy(&b, p + n - 8, 8);
-  return key_16(a, b, n);
+/* The key of the piece p[0..n). A piece over DF_CACHE_PIECE bytes keeps only its length
+ * (capped) in the words, and h from all its bytes. */
+static inline piece_key piece_key_of(const uint8_t *p, size_t n) {
+  uint64_t len = (uint64_t)(n < 31 ? n : 31) << 56;
+  if (n > DF_CACHE_PIECE) return (piece_key){0, len, df_hash_bytes(p, n)};
+  if (n <= 8) return key_of(le_word(p, n), len);
+  return key_of(le_word(p, 8), le_word(p + 8, n - 8) | len);
 }
 
-/* The vocabulary's hash of the piece p[0..n) with cache key `key`. */
-static inline uint64_t vocab_hash(uint64_t key, const uint8_t *p, size_t n) {
-  return n <= 8 ? df_hash_word_finish(key) : df_hash_bytes(p, n);
+/* Whether entry e holds the piece of key k (its count aside). */
+static inline bool entry_is(const piece_entry *e, const piece_key *k) {
+  return ((e->lo ^ k->lo) | ((e->hi ^ k->hi) & DF_KEY_MATCH)) == 0;
 }
 
-/* The entry holding the piece p[0..n) with key h, or NULL. A bucket is two entries (2-way
- * set associative), the newer first. */
+static inline unsigned entry_count(const piece_entry *e) {
+  return (unsigned)(e->hi >> DF_KEY_COUNT_SHIFT);
+}
+
+/* A bucket, the even entry of its pair (one line: the array is line-aligned). */
+static inline size_t bucket_of(uint64_t h) {
+  return (size_t)(h >> (64 - DF_CACHE_BITS)) & ~(size_t)1;
+}
+
+/* The entry holding the piece of key k, or NULL. A bucket is two entries (2-way set
+ * associative), the newer first. */
 static inline __attribute__((always_inline)) const piece_entry *cache_find(const piece_entry *cache,
-                                                                           uint64_t h,
-                                                                           const uint8_t *p,
-                                                                           size_t n) {
-  /* no entry holds more than DF_CACHE_PIECE bytes, so a longer piece fails on the length */
+                                                                           const piece_key *k) {
   if (!cache) return NULL;
-  const piece_entry *e = &cache[bucket_of(h)];
-  if (e->hash != h || e->len != n) {
-    e++;
-    if (e->hash != h || e->len != n) return NULL;
-  }
-  if ((n > 8 || !DF_LITTLE_ENDIAN) && !piece_equal(e->bytes, p, n)) return NULL;
-  return e;
+  const piece_entry *e = &cache[bucket_of(k->h)];
+  if (entry_is(e, k)) return e;
+  return entry_is(e + 1, k) ? e + 1 : NULL;
 }
 
-/* The ids of the piece p[0..n) with hash h, appended from the cache; false when it is not
- * there. */
-static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, uint64_t h,
-                                                            const uint8_t *p, size_t n) {
-  const piece_entry *e = cache_find(c->cache, h, p, n);
-  if (!e) return false;
-  /* All six, unconditionally: a loop over e->n reloads and stores out.len per id (the ids
-   * might alias it), 22 instructions a hit. The caller made room for them. */
+/* The ids of the piece of key k appended from the cache; false when it is not there (or
+ * marked DF_CACHE_MORE: the long cache may have it). */
+static inline __attribute__((always_inline)) bool cache_get(enc_ctx *c, const piece_key *k) {
+  const piece_entry *e = cache_find(c->cache, k);
+  if (!e || entry_count(e) > DF_CACHE_IDS) return false;
+  /* All four, unconditionally: a loop over the count reloads and stores out.len per id (the
+   * ids might alias it). The caller made room for them. */
   memcpy(c->out.v + c->out.len, e->ids, sizeof e->ids);
-  c->out.len += e->n;
+  c->out.len += entry_count(e);
   return true;
 }
 
-/* Cache the piece p[0..n) with key h as the `count` ids at ids, the older way pushed out. */
-static void cache_put_ids(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
-                          size_t count) {
-  if (!c->cache || n > DF_CACHE_PIECE || count > DF_CACHE_IDS) return;
-  piece_entry *e = &c->cache[bucket_of(h)];
-  e[1] = e[0];
-  e->hash = h;
-  e->len = (uint8_t)n;
-  e->n = (uint8_t)count;
-  memcpy(e->bytes, p, n);
-  memcpy(e->ids, ids, count * sizeof *ids);
+/* The long cache's entry for the piece of key k and n bytes, when the piece goes there: over
+ * DF_CACHE_PIECE bytes (up to DF_LONG_PIECE), or marked DF_CACHE_MORE in the piece cache. */
+static inline long_entry *long_slot(const enc_ctx *c, const piece_key *k, size_t n) {
+  if (!c->long_cache || n > DF_LONG_PIECE) return NULL;
+  if (n <= DF_CACHE_PIECE) {
+    const piece_entry *e = cache_find(c->cache, k);
+    if (!e || entry_count(e) != DF_CACHE_MORE) return NULL;
+  }
+  return &c->long_cache[k->h >> (64 - DF_LONG_BITS)];
+}
+
+/* Cache the piece p[0..n) of key k as the `count` ids at ids: in the piece cache, the older
+ * way pushed out, when it fits; else in the long cache, with a mark in the piece cache for a
+ * short piece. */
+static void cache_put_ids(enc_ctx *c, const piece_key *k, const uint8_t *p, size_t n,
+                          const uint32_t *ids, size_t count) {
+  if (!c->cache || !count) return;
+  if (n <= DF_CACHE_PIECE) {
+    piece_entry *e = &c->cache[bucket_of(k->h)];
+    e[1] = e[0];
+    e->lo = k->lo;
+    e->hi = k->hi | (uint64_t)(count <= DF_CACHE_IDS ? count : DF_CACHE_MORE) << DF_KEY_COUNT_SHIFT;
+    memset(e->ids, 0, sizeof e->ids);
+    if (count <= DF_CACHE_IDS) {
+      memcpy(e->ids, ids, count * sizeof *ids);
+      return;
+    }
+  }
+  long_entry *le = long_slot(c, k, n);
+  if (!le || count > DF_LONG_IDS) return;
+  le->hash = k->h;
+  le->len = (uint8_t)n;
+  le->n = (uint8_t)count;
+  memcpy(le->bytes, p, n);
+  memcpy(le->ids, ids, count * sizeof *ids);
 }
 
 /* Cache the piece as the ids the output holds from `first` on. */
-static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t first) {
-  cache_put_ids(c, h, p, n, (const uint32_t *)(c->out.v + first), c->out.len - first);
+static void cache_put(enc_ctx *c, const piece_key *k, const uint8_t *p, size_t n, size_t first) {
+  cache_put_ids(c, k, p, n, (const uint32_t *)(c->out.v + first), c->out.len - first);
+}
+
+/* The ids of p[0..n) appended from the long cache when its entry le holds them. */
+static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
+  if (!le || le->hash != h || le->len != n || memcmp(le->bytes, p, n) != 0) return false;
+  if (df_ids_reserve(&c->out, le->n)) return false; /* the merge will say so */
+  memcpy(c->out.v + c->out.len, le->ids, le->n * sizeof *le->ids);
+  c->out.len += le->n;
+  return true;
 }
 
 /*
@@ -385,8 +425,9 @@ static void cache_put(enc_ctx *c, uint64_t h, const uint8_t *p, size_t n, size_t
  * the ids encode_missed gives for its bytes (the whole-piece lookup's id, or the merge's
  * result: the same ids by construction), placed in its bucket as cache_put would place it,
  * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
- * Tokens of 1..DF_CACHE_PIECE bytes; not for tokenizers with bytes that have no token (their
- * cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer;
+ * Tokens of 1..DF_CACHE_PIECE bytes (with a 24-byte limit, before entries of 32 bytes, more
+ * than half the buckets of 2^17 held two); not for tokenizers with bytes that have no token
+ * (their cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer;
  * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
  * cache stays the size it was.
  */
@@ -407,13 +448,13 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
     size_t n = v->len[id];
     if (v->kind[id] != DF_TOK_ORDINARY || !n || n > DF_CACHE_PIECE) continue;
     const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
-    uint64_t h = piece_key(p, n);
-    piece_entry *e = &seed[bucket_of(h)];
-    if (e[1].len) continue; /* both ways taken (way 0 fills first) */
-    if (e[0].len && e[0].hash == h && e[0].len == n && piece_equal(e[0].bytes, p, n)) continue;
+    piece_key k = piece_key_of(p, n);
+    piece_entry *e = &seed[bucket_of(k.h)];
+    if (e[1].hi) continue; /* both ways taken (way 0 fills first) */
+    if (entry_is(&e[0], &k)) continue;
     c.out.len = 0;
     if (t->whole_piece_lookup) {
-      uint32_t found = df_vocab_find_h(v, p, n, vocab_hash(h, p, n));
+      uint32_t found = df_vocab_find_h(v, p, n, df_hash_bytes(p, n));
       if (found == UINT32_MAX) continue; /* (not for an ordinary token; encode_missed merges) */
       st = df_ids_push(&c.out, (int32_t)found);
     } else {
@@ -422,12 +463,10 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
       st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c.bs, &c.out);
     }
     if (st || c.out.len > DF_CACHE_IDS) continue;
-    piece_entry *w = e[0].len ? &e[1] : &e[0];
-    w->hash = h;
-    w->len = (uint8_t)n;
-    w->n = (uint8_t)c.out.len;
-    memcpy(w->bytes, p, n);
-    for (size_t k = 0; k < c.out.len; k++) w->ids[k] = (uint32_t)c.out.v[k];
+    piece_entry *w = e[0].hi ? &e[1] : &e[0];
+    w->lo = k.lo;
+    w->hi = k.hi | (uint64_t)c.out.len << DF_KEY_COUNT_SHIFT;
+    for (size_t x = 0; x < c.out.len; x++) w->ids[x] = (uint32_t)c.out.v[x];
   }
   df_bpe_scratch_free(&c.bs);
   free(c.out.v);
@@ -440,12 +479,12 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
 }
 
 /* Merge a piece and remember the result in the cache. */
-static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
-                               enc_ctx *c) {
+static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                               const piece_key *k, enc_ctx *c) {
   size_t first = c->out.len;
   dflash_status st = df_bpe_encode(&t->vocab, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs,
                                    &c->out);
-  if (!st) cache_put(c, h, p, n, first);
+  if (!st) cache_put(c, k, p, n, first);
   return st;
 }
 
@@ -458,10 +497,10 @@ static dflash_status merge_put(const dflash_tokenizer *t, const uint8_t *p, size
  * which HF never gives for a piece that lost bytes.
  */
 static dflash_status encode_gapped(const dflash_tokenizer *t, const uint8_t *p, size_t n,
-                                   uint64_t h, enc_ctx *c) {
+                                   enc_ctx *c) {
   const df_vocab *v = &t->vocab;
   if (t->whole_piece_lookup) {
-    uint32_t id = df_vocab_find_h(v, p, n, vocab_hash(h, p, n));
+    uint32_t id = df_vocab_find(v, (const char *)p, n);
     if (id != UINT32_MAX) return df_ids_push(&c->out, (int32_t)id);
   }
   c->kept.len = 0;
@@ -474,8 +513,10 @@ static dflash_status encode_gapped(const dflash_tokenizer *t, const uint8_t *p, 
   if (m <= 1) return m ? df_ids_push(&c->out, (int32_t)v->byte_id[k[0]]) : DFLASH_OK;
   if (t->whole_piece_lookup)
     return df_bpe_encode(v, &t->pairs, k, m, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
-  uint64_t hk = piece_key(k, m);
-  return cache_get(c, hk, k, m) ? DFLASH_OK : merge_put(t, k, m, hk, c);
+  piece_key key = piece_key_of(k, m);
+  if (cache_get(c, &key)) return DFLASH_OK;
+  long_entry *le = long_slot(c, &key, m);
+  return long_get(c, le, key.h, k, m) ? DFLASH_OK : merge_put(t, k, m, &key, c);
 }
 
 /* Whether some byte of the piece has no token. */
@@ -485,80 +526,34 @@ static bool has_gap(const df_vocab *v, const uint8_t *p, size_t n) {
   return false;
 }
 
-/* The long cache's entry for the piece p[0..n) with key h, when n is in its range. */
-static inline long_entry *long_slot(const enc_ctx *c, uint64_t h, size_t n) {
-  if (!c->long_cache || n <= DF_CACHE_PIECE || n > DF_LONG_PIECE) return NULL;
-  return &c->long_cache[h >> (64 - DF_LONG_BITS)];
-}
-
-/* cache_get for the long cache: the ids of p[0..n) appended when entry le holds it. */
-static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
-  if (!le || le->hash != h || le->len != n || memcmp(le->bytes, p, n) != 0) return false;
-  if (df_ids_reserve(&c->out, le->n)) return false; /* the merge will say so */
-  memcpy(c->out.v + c->out.len, le->ids, le->n * sizeof *le->ids);
-  c->out.len += le->n;
-  return true;
-}
-
-/* cache_put for the long cache: out.v[first..] becomes le's, when it fits. */
-static void long_put(enc_ctx *c, long_entry *le, uint64_t h, const uint8_t *p, size_t n,
-                     size_t first) {
-  size_t count = c->out.len - first;
-  if (!le || count > DF_LONG_IDS) return;
-  le->hash = h;
-  le->len = (uint8_t)n;
-  le->n = (uint8_t)count;
-  memcpy(le->bytes, p, n);
-  for (size_t k = 0; k < count; k++) le->ids[k] = (uint32_t)c->out.v[first + k];
-}
-
 /* Ids of a piece the piece cache does not hold: from the long cache, else the whole-piece
  * lookup, else the merge. */
 static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, size_t n,
-                                   uint64_t h, enc_ctx *c) {
+                                   const piece_key *k, enc_ctx *c) {
   size_t first = c->out.len;
-  long_entry *le = long_slot(c, h, n);
-  if (long_get(c, le, h, p, n)) return DFLASH_OK;
+  if (long_get(c, long_slot(c, k, n), k->h, p, n)) return DFLASH_OK;
   c->n_missed++;
-  dflash_status st;
-  uint32_t id = t->whole_piece_lookup ? df_vocab_find_h(&t->vocab, p, n, vocab_hash(h, p, n))
-                                      : UINT32_MAX;
-  if (id != UINT32_MAX) {
-    st = df_ids_push(&c->out, (int32_t)id);
-    if (!st) cache_put(c, h, p, n, first);
-  } else {
-    st = merge_put(t, p, n, h, c);
-  }
-  if (!st) long_put(c, le, h, p, n, first);
+  uint32_t id = t->whole_piece_lookup ? df_vocab_find(&t->vocab, (const char *)p, n) : UINT32_MAX;
+  if (id == UINT32_MAX) return merge_put(t, p, n, k, c);
+  dflash_status st = df_ids_push(&c->out, (int32_t)id);
+  if (!st) cache_put(c, k, p, n, first);
   return st;
 }
 
-/* Whether a way of the piece cache holds key h for m bytes, without comparing the bytes: exact
- * up to 8 bytes (the key decides), and near enough beyond to choose the misses to merge ahead
- * (a piece taken for a hit that is not one merges when the loop reaches it). */
-static inline bool cache_has_key(const piece_entry *cache, uint64_t h, size_t m) {
-  const piece_entry *e = &cache[bucket_of(h)];
-  return (e[0].hash == h && e[0].len == m) | (e[1].hash == h && e[1].len == m);
+/* Whether the piece cache holds the piece of key k (with its ids, or marked DF_CACHE_MORE). */
+static inline bool cache_has(const piece_entry *cache, const piece_key *k) {
+  const piece_entry *e = &cache[bucket_of(k->h)];
+  return entry_is(&e[0], k) | entry_is(&e[1], k);
 }
 
-/* Whether the n <= DF_CACHE_PIECE bytes at p are all ASCII: the pieces merge_ahead takes.
- * Without this test (drv4, o200k, the same library with and without DFLASH_TOKENIZER_NO_AHEAD,
- * medians of 11) English went 130.6 -> 140.8 MB/CPU-s and the mix 152.5 -> 164.3, but the other
- * scripts 82.3 -> 76.7 and CJK 47.9 -> 46.0: their merges are longer, and one at a time the list
- * merge scans only the pairs that can merge. */
-static inline bool piece_ascii(const uint8_t *p, size_t n) {
-  if (n < 8) return !(df_load_upto8(p, n) & 0x8080808080808080ull);
-  uint64_t a, b;
-  memcpy(&a, p, 8);
-  memcpy(&b, p + n - 8, 8);
-  a |= b;
-  if (n > 16) {
-    memcpy(&b, p + 8, 8);
-    a |= b;
-  }
-  return !(a & 0x8080808080808080ull);
+/* Whether the piece of key k, of at most DF_CACHE_PIECE bytes, is all ASCII: the pieces
+ * merge_ahead takes. Without this test (drv4, o200k, the same library with and without
+ * DFLASH_TOKENIZER_NO_AHEAD, medians of 11) English went 130.6 -> 140.8 MB/CPU-s and the mix
+ * 152.5 -> 164.3, but the other scripts 82.3 -> 76.7 and CJK 47.9 -> 46.0: their merges are
+ * longer, and one at a time the list merge scans only the pairs that can merge. */
+static inline bool key_ascii(const piece_key *k) {
+  return !((k->lo | (k->hi & 0x00FFFFFFFFFFFFFFull)) & 0x8080808080808080ull);
 }
-_Static_assert(DF_CACHE_PIECE <= 24, "piece_ascii reads at most three words");
 
 /*
  * A scanned chunk's misses merged together (resolve_ahead): a merge waits on memory (1,830
@@ -574,15 +569,16 @@ typedef struct ahead_set {
   size_t k, next;
   const uint8_t *p[DF_BPE_MANY];
   size_t len[DF_BPE_MANY];
-  uint64_t h[DF_BPE_MANY];
+  piece_key key[DF_BPE_MANY];
   uint8_t count[DF_BPE_MANY];
   uint32_t ids[DF_BPE_MANY][DF_BPE_SHORT];
 } ahead_set;
 
-/* The index of the piece p[0..m) with key h in the batch, or -1. */
-static int ahead_find(const ahead_set *a, uint64_t h, const uint8_t *p, size_t m) {
+/* The index of the piece of key k (at most DF_CACHE_PIECE bytes: the key is its bytes) in the
+ * batch, or -1. */
+static int ahead_find(const ahead_set *a, const piece_key *k) {
   for (size_t x = 0; x < a->k; x++)
-    if (a->h[x] == h && a->len[x] == m && memcmp(a->p[x], p, m) == 0) return (int)x;
+    if (a->key[x].lo == k->lo && a->key[x].hi == k->hi) return (int)x;
   return -1;
 }
 
@@ -590,7 +586,7 @@ static int ahead_find(const ahead_set *a, uint64_t h, const uint8_t *p, size_t m
  * DF_BPE_MANY distinct pieces: each looked up whole where the tokenizer does so (their lines
  * loaded together), the rest merged together. */
 static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *text,
-                          const df_range *r, const uint64_t *key, size_t i, size_t n,
+                          const df_range *r, const piece_key *key, size_t i, size_t n,
                           ahead_set *a) {
   const uint8_t *mp[DF_BPE_MANY];
   size_t mlen[DF_BPE_MANY], nm = 0, j, next = a->next;
@@ -602,12 +598,12 @@ static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *tex
     const uint8_t *q = (const uint8_t *)text + r[j].begin;
     size_t m = r[j].end - r[j].begin;
     if (j != i &&
-        (m < 2 || m > DF_CACHE_PIECE || cache_has_key(c->cache, key[j], m) || !piece_ascii(q, m)))
+        (m < 2 || m > DF_CACHE_PIECE || cache_has(c->cache, &key[j]) || !key_ascii(&key[j])))
       continue;
-    if (ahead_find(a, key[j], q, m) >= 0) continue; /* twice in the chunk: merged once */
+    if (ahead_find(a, &key[j]) >= 0) continue; /* twice in the chunk: merged once */
     size_t k = a->k++;
-    a->p[k] = q, a->len[k] = m, a->h[k] = key[j];
-    if (t->whole_piece_lookup) df_vocab_prefetch(&t->vocab, vh[k] = vocab_hash(key[j], q, m));
+    a->p[k] = q, a->len[k] = m, a->key[k] = key[j];
+    if (t->whole_piece_lookup) df_vocab_prefetch(&t->vocab, vh[k] = df_hash_bytes(q, m));
   }
   a->next = j;
   for (size_t x = 0; x < a->k; x++) {
@@ -626,16 +622,14 @@ static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *tex
   }
   c->n_missed += a->k;
   for (size_t x = 0; x < a->k; x++)
-    cache_put_ids(c, a->h[x], a->p[x], a->len[x], a->ids[x], a->count[x]);
+    cache_put_ids(c, &a->key[x], a->p[x], a->len[x], a->ids[x], a->count[x]);
 }
 
-/* The ids of the miss p[0..m) with key h appended from the batch, merging a new batch from
- * piece i when the batch does not hold it. The caller made room. */
+/* The ids of the miss at piece i appended from the batch, merging a new batch from piece i when
+ * the batch does not hold it. The caller made room. */
 static void miss_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *text, const df_range *r,
-                       const uint64_t *key, size_t i, size_t n, ahead_set *a) {
-  const uint8_t *p = (const uint8_t *)text + r[i].begin;
-  size_t m = r[i].end - r[i].begin;
-  int x = ahead_find(a, key[i], p, m);
+                       const piece_key *key, size_t i, size_t n, ahead_set *a) {
+  int x = ahead_find(a, &key[i]);
   if (x < 0) {
     resolve_ahead(t, c, text, r, key, i, n, a);
     x = 0;
@@ -647,15 +641,15 @@ _Static_assert(DF_CACHE_PIECE <= DF_BPE_SHORT, "a cached piece fits df_bpe_merge
 /* Token ids of one piece, with room for n + DF_CACHE_IDS ids made by the caller, through
  * c->out: the path of a tokenizer with bytes that have no token (vocab.byte_gaps).
  * encode_plain writes the common cases of the others itself. */
-static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n, uint64_t h,
-                                  enc_ctx *c) {
-  if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, h, c);
+static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, size_t n,
+                                  const piece_key *k, enc_ctx *c) {
+  if (t->vocab.byte_gaps && has_gap(&t->vocab, p, n)) return encode_gapped(t, p, n, c);
   if (n == 1) {
     c->out.v[c->out.len++] = (int32_t)t->vocab.byte_id[p[0]];
     return DFLASH_OK;
   }
-  if (cache_get(c, h, p, n)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
-  return encode_missed(t, p, n, h, c);
+  if (cache_get(c, k)) return DFLASH_OK; /* L2-resident, cheaper than the vocabulary */
+  return encode_missed(t, p, n, k, c);
 }
 
 /* Start loading a piece's cache bucket (16 MiB, out of L2): its first line only (prefetching
@@ -668,23 +662,26 @@ static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
   __builtin_prefetch((const void *)((uintptr_t)cache + bucket_of(h) * sizeof *cache));
 }
 
-/* piece_key of a piece of the text at base. A piece of up to 16 bytes not at the very start
- * is read as the 8 bytes that end where it ends (shifted down when it is shorter) and, for 9-16,
- * the 8 it starts with: one or two loads instead of df_load_upto8's branches on the length
- * (choosing the two keys with masks, no branch, was 11 % more instructions and slower). */
-static inline uint64_t piece_hash(const char *base, const df_range *r) {
+/* piece_key_of a piece of the text at base. A piece of up to 15 bytes not at the very start
+ * is read as the 8 bytes that end where it ends, shifted down to its bytes 0-7 (up to 8) or
+ * 8-14, and for 9-15 the 8 it starts with: one or two loads instead of df_load_upto8's
+ * branches on the length (choosing the two keys with masks, no branch, was 11 % more
+ * instructions and slower). */
+static inline piece_key text_key(const char *base, const df_range *r) {
   size_t n = r->end - r->begin;
 #if DF_LITTLE_ENDIAN
-  if (n - 1 > 15 || r->end < 8) return piece_key((const uint8_t *)base + r->begin, n);
-  uint64_t last, first; /* a short piece is the top n bytes of `last` (little-endian) */
+  if (n - 1 > DF_CACHE_PIECE - 1 || r->end < 8)
+    return piece_key_of((const uint8_t *)base + r->begin, n);
+  uint64_t last, first, len = (uint64_t)n << 56;
   memcpy(&last, base + r->end - 8, 8);
-  if (n <= 8) return df_hash_word_key(last >> (64 - 8 * n), n);
+  if (n <= 8) return key_of(last >> (64 - 8 * n), len);
   memcpy(&first, base + r->begin, 8);
-  return key_16(first, last, n);
+  return key_of(first, last >> (8 * (16 - n)) | len);
 #else
-  return piece_key((const uint8_t *)base + r->begin, n);
+  return piece_key_of((const uint8_t *)base + r->begin, n);
 #endif
 }
+_Static_assert(DF_CACHE_PIECE <= 15, "text_key reads a piece as at most two words");
 
 /* Pre-tokenize and merge text that holds no added token. The two common cases, a one-byte
  * piece and a piece in the cache, are written here with the output's pointer, length and
@@ -709,15 +706,15 @@ static dflash_status encode_general(const dflash_tokenizer *t, const char *text,
     pieces->len = np;
   }
   for (size_t k = 0; k < AHEAD; k++) pieces->v[np + k] = (df_range){0, 1};
-  uint64_t hashes[AHEAD];
+  piece_key keys[AHEAD];
   const piece_entry *cache = c->cache;
   const uint32_t *byte_id = t->vocab.byte_id;
   const bool fast = !t->vocab.byte_gaps && cache;
   const df_range *rv = pieces->v;
   /* Hash a few pieces ahead and prefetch their cache entries, so the misses overlap. */
   for (size_t i = 0; i < AHEAD; i++) { /* (not the padding: short texts, per-call cost) */
-    hashes[i] = i < np ? piece_hash(base, &rv[i]) : 0;
-    prefetch_piece(cache, hashes[i]);
+    keys[i] = i < np ? text_key(base, &rv[i]) : (piece_key){0, 0, 0};
+    prefetch_piece(cache, keys[i].h);
   }
   int32_t *ov = c->out.v;
   size_t olen = c->out.len;
@@ -734,23 +731,23 @@ static dflash_status encode_general(const dflash_tokenizer *t, const char *text,
     const df_range *r = &rv[i];
     const uint8_t *p = (const uint8_t *)base + r->begin;
     size_t n = r->end - r->begin;
-    uint64_t h = hashes[i % AHEAD];
-    hashes[i % AHEAD] = piece_hash(base, &rv[i + AHEAD]);
-    prefetch_piece(cache, hashes[i % AHEAD]);
+    piece_key k = keys[i % AHEAD];
+    keys[i % AHEAD] = text_key(base, &rv[i + AHEAD]);
+    prefetch_piece(cache, keys[i % AHEAD].h);
     if (fast) {
       if (n == 1) {
         ov[olen++] = (int32_t)byte_id[p[0]];
         continue;
       }
-      const piece_entry *e = cache_find(cache, h, p, n);
-      if (e) { /* all six ids, unconditionally (room is made above) */
+      const piece_entry *e = cache_find(cache, &k);
+      if (e && entry_count(e) <= DF_CACHE_IDS) { /* all four ids (room is made above) */
         memcpy(ov + olen, e->ids, sizeof e->ids);
-        olen += e->n;
+        olen += entry_count(e);
         continue;
       }
     }
     c->out.len = olen;
-    st = fast ? encode_missed(t, p, n, h, c) : encode_piece(t, p, n, h, c);
+    st = fast ? encode_missed(t, p, n, &k, c) : encode_piece(t, p, n, &k, c);
     if (st) return st;
     ov = c->out.v;
     olen = c->out.len;
@@ -783,7 +780,7 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
                                     size_t len, enc_ctx *c) {
   enum { CHUNK = 128 };
   df_range r[CHUNK];
-  uint64_t key[CHUNK];
+  piece_key key[CHUNK];
   const piece_entry *cache = c->cache;
   const uint32_t *byte_id = t->vocab.byte_id;
   const size_t first = c->out.len;
@@ -796,8 +793,8 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
     }
     pieces += n;
     for (size_t i = 0; i < n; i++) {
-      key[i] = piece_hash(text, &r[i]);
-      prefetch_piece(cache, key[i]);
+      key[i] = text_key(text, &r[i]);
+      prefetch_piece(cache, key[i].h);
     }
     /* at most one id a byte, plus the DF_CACHE_IDS a hit copies */
     if (df_ids_reserve(&c->out, stop - pos + DF_CACHE_IDS)) return DFLASH_E_NOMEM;
@@ -808,33 +805,31 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
     for (size_t i = 0; i < n; i++) {
       const uint8_t *p = (const uint8_t *)text + r[i].begin;
       size_t m = r[i].end - r[i].begin;
-      uint64_t h = key[i];
-      const piece_entry *e = &cache[bucket_of(h)];
-      bool w0 = (e[0].hash == h) & (e[0].len == m), w1 = (e[1].hash == h) & (e[1].len == m);
+      const piece_key *k = &key[i];
+      const piece_entry *e = &cache[bucket_of(k->h)];
+      bool w0 = entry_is(&e[0], k), w1 = entry_is(&e[1], k);
       e += !w0;
       memcpy(ov + olen, e->ids, sizeof e->ids);
-      /* the key decides up to 8 bytes (piece_key); one test of both, without a branch between
-       * (with `&&`, and piece_hash reading 9-16 bytes through piece_key, 10 % slower on drv2) */
-      if ((w0 | w1) & (m <= 8)) {
-        olen += e->n;
-        continue;
-      }
-      if ((w0 | w1) && piece_equal(e->bytes, p, m)) {
-        olen += e->n;
+      unsigned count = entry_count(e);
+      /* the key is the piece: one test of both ways and the count, no bytes compared after */
+      if ((w0 | w1) & (count <= DF_CACHE_IDS)) {
+        olen += count;
         continue;
       }
       c->out.len = olen;
       dflash_status st;
-      if (m == 1) { /* a seed pushed out: the byte's id, cached again */
+      if (w0 | w1) { /* marked DF_CACHE_MORE: its ids are in the long cache */
+        st = encode_missed(t, p, m, k, c);
+      } else if (m == 1) { /* a seed pushed out: the byte's id, cached again */
         ov[olen] = (int32_t)byte_id[p[0]];
         c->out.len = olen + 1;
-        cache_put(c, h, p, m, olen);
+        cache_put(c, k, p, m, olen);
         st = DFLASH_OK;
-      } else if (m <= DF_CACHE_PIECE && t->merge_ahead && piece_ascii(p, m)) {
+      } else if (m <= DF_CACHE_PIECE && t->merge_ahead && key_ascii(k)) {
         miss_ahead(t, c, text, r, key, i, n, &ahead);
         st = DFLASH_OK;
       } else {
-        st = encode_missed(t, p, m, h, c);
+        st = encode_missed(t, p, m, k, c);
       }
       if (st) return st;
       ov = c->out.v;
