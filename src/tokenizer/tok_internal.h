@@ -472,6 +472,7 @@ struct dflash_tokenizer {
    * own ids, placed as the per-thread cache would hold them; copied into a thread's cache
    * when it starts on this tokenizer. Read-only after load; NULL where not built. */
   void *cache_seed;
+  void *long_seed; /* the same for the long cache: tokens of 16-64 bytes, by slot */
   /* encode_batch's thread pool, made on first use and kept with the tokenizer, so
    * its workers keep their per-thread piece caches across calls. One batch at a
    * time holds it (pool_busy); a concurrent batch makes a pool of its own. */

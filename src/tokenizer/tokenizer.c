@@ -35,6 +35,7 @@ void dflash_tokenizer_free(dflash_tokenizer *t) {
   df_pretok_free(&t->pretok);
   df_pool_free(t->pool);
   free(t->cache_seed);
+  free(t->long_seed);
   free(t);
 }
 
@@ -203,12 +204,14 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 #define DF_CACHE_MORE 7 /* an entry's id count: the piece's ids are in the long cache */
 
 /* Longer pieces, 16..64 bytes, and short ones of 5-13 ids have a cache of their own,
- * direct-mapped, 2^14 entries of two lines (2 MiB a thread). Few pieces are that long, but
- * each merge is long, and they repeat:
+ * direct-mapped, 2^15 entries of two lines (4 MiB a thread), seeded with the tokens of 16-64
+ * bytes. Few pieces are that long, but each merge is long, and they repeat:
  * words of other scripts (Cyrillic, Devanagari: 2-3 bytes a letter) and runs of Han; on the
  * bench's text, pieces over 24 bytes were 3.2 % of the other scripts' pieces and 2.6 % were
- * repeats (CJK 4.1 % and 1.5 %, code 0.29 % and 0.26 %: long names), each merged again. */
-#define DF_LONG_BITS 14
+ * repeats (CJK 4.1 % and 1.5 %, code 0.29 % and 0.26 %: long names), each merged again.
+ * With 16-24 bytes here too, 2^14 entries unseeded missed 14,254 times on the bench's 1.85 MB
+ * of other scripts (o200k), 2^15 seeded 13,279, the piece cache of 24-byte entries 12,989. */
+#define DF_LONG_BITS 15
 #define DF_LONG_PIECE 64
 #define DF_LONG_IDS 13
 
@@ -298,7 +301,9 @@ static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   if (c->cache && t->cache_seed) memcpy(c->cache, t->cache_seed, sizeof *c->cache << DF_CACHE_BITS);
   else if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
   if (!c->long_cache) c->long_cache = df_big_alloc(sizeof *c->long_cache << DF_LONG_BITS);
-  if (c->long_cache) memset(c->long_cache, 0, sizeof *c->long_cache << DF_LONG_BITS);
+  if (c->long_cache && t->long_seed)
+    memcpy(c->long_cache, t->long_seed, sizeof *c->long_cache << DF_LONG_BITS);
+  else if (c->long_cache) memset(c->long_cache, 0, sizeof *c->long_cache << DF_LONG_BITS);
   if (!c->pair_cache) c->pair_cache = aligned_alloc(64, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
   if (c->pair_cache) memset(c->pair_cache, 0xFF, DF_PAIR_CACHE_SLOTS * sizeof(uint64_t));
   c->bs.pair_cache = c->pair_cache;
@@ -409,9 +414,26 @@ static void cache_put(enc_ctx *c, const piece_key *k, const uint8_t *p, size_t n
   cache_put_ids(c, k, p, n, (const uint32_t *)(c->out.v + first), c->out.len - first);
 }
 
+/* Whether long entry le holds the n (up to DF_LONG_PIECE) bytes at p with hash h: from 8
+ * bytes on whole words, the last overlapping, instead of a memcmp call of variable length
+ * (fewer: a short piece of many ids, DF_CACHE_MORE). */
+static inline bool long_is(const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
+  if (le->hash != h || le->len != n) return false;
+  if (n < 8) return memcmp(le->bytes, p, n) == 0;
+  uint64_t a, b, diff = 0;
+  for (size_t i = 0; i + 8 < n; i += 8) {
+    memcpy(&a, le->bytes + i, 8);
+    memcpy(&b, p + i, 8);
+    diff |= a ^ b;
+  }
+  memcpy(&a, le->bytes + n - 8, 8);
+  memcpy(&b, p + n - 8, 8);
+  return !(diff | (a ^ b));
+}
+
 /* The ids of p[0..n) appended from the long cache when its entry le holds them. */
 static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
-  if (!le || le->hash != h || le->len != n || memcmp(le->bytes, p, n) != 0) return false;
+  if (!le || !long_is(le, h, p, n)) return false;
   if (df_ids_reserve(&c->out, le->n)) return false; /* the merge will say so */
   memcpy(c->out.v + c->out.len, le->ids, le->n * sizeof *le->ids);
   c->out.len += le->n;
@@ -431,50 +453,88 @@ static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t
  * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
  * cache stays the size it was.
  */
+/* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
+ * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
+ * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. */
+enum { SEED_MERGES = 1 << 15 };
+
+/* The ids encode_missed gives the token p[0..n) into c->out (the whole-piece lookup's id, or
+ * the merge's result, counted in *merged); false, c->out empty, where it has none to seed. */
+static bool seed_ids(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, size_t n,
+                     size_t *merged, dflash_status *st) {
+  const df_vocab *v = &t->vocab;
+  c->out.len = 0;
+  if (t->whole_piece_lookup) {
+    uint32_t found = df_vocab_find_h(v, p, n, df_hash_bytes(p, n));
+    if (found == UINT32_MAX) return false; /* (not for an ordinary token; encode_missed merges) */
+    *st = df_ids_push(&c->out, (int32_t)found);
+  } else {
+    if (*merged == SEED_MERGES) return false;
+    ++*merged;
+    *st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
+  }
+  return !*st;
+}
+
+/* Seed a short token (at most DF_CACHE_PIECE bytes) into the piece cache's seed, unless both
+ * ways of its bucket are taken. */
+static void seed_short(piece_entry *seed, const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p,
+                       size_t n, size_t *merged, dflash_status *st) {
+  piece_key k = piece_key_of(p, n);
+  piece_entry *e = &seed[bucket_of(k.h)];
+  if (e[1].hi || entry_is(&e[0], &k)) return; /* both ways taken (way 0 fills first) */
+  if (!seed_ids(t, c, p, n, merged, st) || c->out.len > DF_CACHE_IDS) return;
+  piece_entry *w = e[0].hi ? &e[1] : &e[0];
+  w->lo = k.lo;
+  w->hi = k.hi | (uint64_t)c->out.len << DF_KEY_COUNT_SHIFT;
+  for (size_t x = 0; x < c->out.len; x++) w->ids[x] = (uint32_t)c->out.v[x];
+}
+
+/* Seed a longer token (up to DF_LONG_PIECE bytes) into the long cache's seed, unless a lower
+ * id took its slot. */
+static void seed_long(long_entry *seed, const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p,
+                      size_t n, size_t *merged, dflash_status *st) {
+  uint64_t h = df_hash_bytes(p, n); /* piece_key_of's h for such a piece */
+  long_entry *le = &seed[h >> (64 - DF_LONG_BITS)];
+  if (le->len || !seed_ids(t, c, p, n, merged, st) || c->out.len > DF_LONG_IDS) return;
+  le->hash = h;
+  le->len = (uint8_t)n;
+  le->n = (uint8_t)c->out.len;
+  memcpy(le->bytes, p, n);
+  for (size_t x = 0; x < c->out.len; x++) le->ids[x] = (uint32_t)c->out.v[x];
+}
+
 static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
   if (v->byte_gaps || !v->slots || df_env_on(getenv("DFLASH_TOKENIZER_NO_SEED"))) return DFLASH_OK;
   piece_entry *seed = df_big_alloc(sizeof *seed << DF_CACHE_BITS);
-  if (!seed) return df_error_nomem("piece cache seed");
+  long_entry *long_seed = df_big_alloc(sizeof *long_seed << DF_LONG_BITS);
+  if (!seed || !long_seed) {
+    free(seed);
+    free(long_seed);
+    return df_error_nomem("piece cache seed");
+  }
   memset(seed, 0, sizeof *seed << DF_CACHE_BITS);
+  memset(long_seed, 0, sizeof *long_seed << DF_LONG_BITS);
   enc_ctx c = {0};
   dflash_status st = DFLASH_OK;
-  /* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
-   * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
-   * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. */
-  enum { SEED_MERGES = 1 << 15 };
   size_t merged = 0;
   for (uint32_t id = 0; id < v->n_ids && !st; id++) {
     size_t n = v->len[id];
-    if (v->kind[id] != DF_TOK_ORDINARY || !n || n > DF_CACHE_PIECE) continue;
+    if (v->kind[id] != DF_TOK_ORDINARY || !n || n > DF_LONG_PIECE) continue;
     const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
-    piece_key k = piece_key_of(p, n);
-    piece_entry *e = &seed[bucket_of(k.h)];
-    if (e[1].hi) continue; /* both ways taken (way 0 fills first) */
-    if (entry_is(&e[0], &k)) continue;
-    c.out.len = 0;
-    if (t->whole_piece_lookup) {
-      uint32_t found = df_vocab_find_h(v, p, n, df_hash_bytes(p, n));
-      if (found == UINT32_MAX) continue; /* (not for an ordinary token; encode_missed merges) */
-      st = df_ids_push(&c.out, (int32_t)found);
-    } else {
-      if (merged == SEED_MERGES) break;
-      merged++;
-      st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c.bs, &c.out);
-    }
-    if (st || c.out.len > DF_CACHE_IDS) continue;
-    piece_entry *w = e[0].hi ? &e[1] : &e[0];
-    w->lo = k.lo;
-    w->hi = k.hi | (uint64_t)c.out.len << DF_KEY_COUNT_SHIFT;
-    for (size_t x = 0; x < c.out.len; x++) w->ids[x] = (uint32_t)c.out.v[x];
+    if (n <= DF_CACHE_PIECE) seed_short(seed, t, &c, p, n, &merged, &st);
+    else seed_long(long_seed, t, &c, p, n, &merged, &st);
   }
   df_bpe_scratch_free(&c.bs);
   free(c.out.v);
   if (st) {
     free(seed);
+    free(long_seed);
     return st;
   }
   t->cache_seed = seed;
+  t->long_seed = long_seed;
   return DFLASH_OK;
 }
 
@@ -662,6 +722,15 @@ static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
   __builtin_prefetch((const void *)((uintptr_t)cache + bucket_of(h) * sizeof *cache));
 }
 
+/* prefetch_piece, or for a piece over DF_CACHE_PIECE bytes the first line of its long cache
+ * entry: one prefetch either way, the address chosen without a branch. */
+static inline void prefetch_key(const piece_entry *cache, const long_entry *lc, const piece_key *k,
+                                size_t n) {
+  uintptr_t a = (uintptr_t)cache + bucket_of(k->h) * sizeof *cache;
+  uintptr_t b = (uintptr_t)lc + (k->h >> (64 - DF_LONG_BITS)) * sizeof *lc;
+  __builtin_prefetch((const void *)(n > DF_CACHE_PIECE ? b : a));
+}
+
 /* piece_key_of a piece of the text at base. A piece of up to 15 bytes not at the very start
  * is read as the 8 bytes that end where it ends, shifted down to its bytes 0-7 (up to 8) or
  * 8-14, and for 9-15 the 8 it starts with: one or two loads instead of df_load_upto8's
@@ -782,6 +851,7 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
   df_range r[CHUNK];
   piece_key key[CHUNK];
   const piece_entry *cache = c->cache;
+  const long_entry *lc = c->long_cache;
   const uint32_t *byte_id = t->vocab.byte_id;
   const size_t first = c->out.len;
   uint64_t pieces = 0;
@@ -794,10 +864,10 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
     pieces += n;
     for (size_t i = 0; i < n; i++) {
       key[i] = text_key(text, &r[i]);
-      prefetch_piece(cache, key[i].h);
+      prefetch_key(cache, lc, &key[i], r[i].end - r[i].begin);
     }
-    /* at most one id a byte, plus the DF_CACHE_IDS a hit copies */
-    if (df_ids_reserve(&c->out, stop - pos + DF_CACHE_IDS)) return DFLASH_E_NOMEM;
+    /* at most one id a byte, plus the DF_LONG_IDS a hit copies */
+    if (df_ids_reserve(&c->out, stop - pos + DF_LONG_IDS)) return DFLASH_E_NOMEM;
     int32_t *ov = c->out.v;
     size_t olen = c->out.len;
     ahead_set ahead;
@@ -815,6 +885,14 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
       if ((w0 | w1) & (count <= DF_CACHE_IDS)) {
         olen += count;
         continue;
+      }
+      if (m > DF_CACHE_PIECE && lc) { /* the long cache, its line prefetched with the key */
+        const long_entry *le = &lc[k->h >> (64 - DF_LONG_BITS)];
+        if (m <= DF_LONG_PIECE && long_is(le, k->h, p, m)) {
+          memcpy(ov + olen, le->ids, sizeof le->ids); /* all, as a short hit */
+          olen += le->n;
+          continue;
+        }
       }
       c->out.len = olen;
       dflash_status st;

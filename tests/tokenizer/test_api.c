@@ -95,6 +95,43 @@ START_TEST(thread_stats_count_pieces_and_misses) {
 }
 END_TEST
 
+/* Tokens of 16-64 bytes start in the long cache (its seed), as short ones start in the piece
+ * cache: a first sight of each is no miss; without the seeds (DFLASH_TOKENIZER_NO_SEED) each
+ * is one. Their ids are the tokens' own either way. */
+static const char *const LONG_TOKENS[] = {
+    "ab", "abab", "abababab", "abababababababab", "abababababababababababababababab", NULL};
+
+static void long_tokens_first_sight(bool seeded) {
+  char *dir = df_test_tmpdir();
+  char *path = tt_write_ranks(dir, "l.tiktoken", LONG_TOKENS);
+  if (!seeded) setenv("DFLASH_TOKENIZER_NO_SEED", "1", 1);
+  dflash_tokenizer *t = tt_load(path, "cl100k");
+  unsetenv("DFLASH_TOKENIZER_NO_SEED");
+  const char *pieces[] = {"abababababababab", "abababababababababababababababab"};
+  for (int k = 0; k < 2; k++) {
+    int32_t ids[40];
+    size_t n;
+    uint64_t m0, m1;
+    dflash_tokenizer_thread_stats(NULL, &m0, NULL);
+    ck_assert_ok(
+        dflash_tokenizer_encode(t, pieces[k], strlen(pieces[k]), DFLASH_SPECIAL_ALL, ids, 40, &n));
+    dflash_tokenizer_thread_stats(NULL, &m1, NULL);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(ids[0], 256 + 3 + k);
+    ck_assert_uint_eq(m1 - m0, (seeded ? 0u : 1u));
+  }
+  dflash_tokenizer_free(t);
+  free(path);
+  df_test_rmtree(dir);
+  free(dir);
+}
+
+START_TEST(long_tokens_seeded) {
+  long_tokens_first_sight(true);
+  long_tokens_first_sight(false);
+}
+END_TEST
+
 /* The piece cache keeps a real text's working set: 8000 distinct words (man pages hold more),
  * encoded twice, miss less than 5 % of the time the second time. 2^15 buckets of 2 entries,
  * first in first out: a word misses when two later words took its bucket (measured: 190, 2.4 %;
@@ -521,6 +558,7 @@ TCase *tc_tok_api(void) {
   tcase_add_test(tc, long_pieces_hit);
   tcase_add_test(tc, misses_merged_ahead);
   tcase_add_test(tc, merge_ids_as_ranks);
+  tcase_add_test(tc, long_tokens_seeded);
   tcase_add_test(tc, repeated_pieces_hit);
   tcase_add_test(tc, lookups);
   tcase_add_test(tc, openai_specials);
