@@ -603,7 +603,7 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
 /* Whether the piece cache holds the piece of key k (with its ids, or marked DF_CACHE_MORE). */
 static inline bool cache_has(const piece_entry *cache, const piece_key *k) {
   const piece_entry *e = &cache[bucket_of(k->h)];
-  return entry_is(&e[0], k) | entry_is(&e[1], k);
+  return (int)entry_is(&e[0], k) | (int)entry_is(&e[1], k); /* both, no branch */
 }
 
 /* Whether the piece of key k, of at most DF_CACHE_PIECE bytes, is all ASCII: the pieces
