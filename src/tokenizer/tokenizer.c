@@ -722,6 +722,9 @@ static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
   __builtin_prefetch((const void *)((uintptr_t)cache + bucket_of(h) * sizeof *cache));
 }
 
+/* Two empty entries, for a key that can match none. */
+static const piece_entry no_entry[2];
+
 /* prefetch_piece, or for a piece over DF_CACHE_PIECE bytes the first line of its long cache
  * entry: one prefetch either way, the address chosen without a branch. */
 static inline void prefetch_key(const piece_entry *cache, const long_entry *lc, const piece_key *k,
@@ -876,7 +879,9 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
       const uint8_t *p = (const uint8_t *)text + r[i].begin;
       size_t m = r[i].end - r[i].begin;
       const piece_key *k = &key[i];
-      const piece_entry *e = &cache[bucket_of(k->h)];
+      /* a long piece matches no entry: it reads an empty pair (in L1) instead of a bucket that
+       * was not prefetched (prefetch_key loaded its long entry), chosen without a branch */
+      const piece_entry *e = m > DF_CACHE_PIECE ? no_entry : &cache[bucket_of(k->h)];
       bool w0 = entry_is(&e[0], k), w1 = entry_is(&e[1], k);
       e += !w0;
       memcpy(ov + olen, e->ids, sizeof e->ids);
