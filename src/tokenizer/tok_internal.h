@@ -110,7 +110,8 @@ static inline uint64_t df_load_upto8(const uint8_t *s, size_t n) {
 }
 
 /* df_load_upto8 gives the bytes as a little-endian word (so one-to-one) only on such CPUs;
- * elsewhere the tokenizer compares bytes where it would trust the short hash. */
+ * elsewhere the piece cache builds its keys a byte at a time (tokenizer.c, le_word) and the
+ * scanned loop, which reads keys from the text a word at a time, is not used. */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define DF_LITTLE_ENDIAN 1
 #else

@@ -215,10 +215,11 @@ size_t dflash_tokenizer_max_ids(const dflash_tokenizer *t, size_t len) {
 #define DF_LONG_PIECE 64
 #define DF_LONG_IDS 13
 
-/* A piece's key: its bytes 0-7 (lo) and 8-14 (hi), zero past its end, as little-endian
- * words, and its length in hi's top byte, bits 0-4 (31 for any piece over 30 bytes: no entry
- * is that long, so such a key matches none); h, a hash of the two, picks the bucket (its top
- * bits) and the long cache's slot. */
+/* A piece's key: for up to DF_CACHE_PIECE bytes, its bytes 0-7 (lo) and 8-14 (hi), zero past
+ * its end, as little-endian words, and its length in hi's top byte, bits 0-4; h, a hash of the
+ * two, picks the bucket (its top bits) and the long cache's slot. A longer piece has lo 0, its
+ * length (31 for any over 30 bytes) in hi, and h from all its bytes: it matches no entry, as no
+ * entry is longer than DF_CACHE_PIECE. */
 typedef struct piece_key {
   uint64_t lo, hi, h;
 } piece_key;
@@ -296,7 +297,7 @@ static piece_entry *cache_alloc(void) { return df_big_alloc(sizeof(piece_entry) 
 static void cache_for(enc_ctx *c, const dflash_tokenizer *t) {
   c->bs.pair_cache = c->pair_cache; /* a trim may have cleared the loan */
   if (c->cache && c->pair_cache && c->cache_serial == t->serial) return;
-  /* line-aligned: an entry is one cache line, so a hit (or its prefetch) is one line */
+  /* line-aligned: a bucket (two entries) is one cache line, so a hit (or its prefetch) is one */
   if (!c->cache) c->cache = cache_alloc();
   if (c->cache && t->cache_seed) memcpy(c->cache, t->cache_seed, sizeof *c->cache << DF_CACHE_BITS);
   else if (c->cache) memset(c->cache, 0, sizeof *c->cache << DF_CACHE_BITS);
@@ -385,17 +386,19 @@ static inline long_entry *long_slot(const enc_ctx *c, const piece_key *k, size_t
 
 /* Cache the piece p[0..n) of key k as the `count` ids at ids: in the piece cache, the older
  * way pushed out, when it fits; else in the long cache, with a mark in the piece cache for a
- * short piece. */
+ * short piece. A piece the bucket holds already (a mark whose long entry was overwritten, met
+ * again) is written where it is, so a bucket never holds it twice. */
 static void cache_put_ids(enc_ctx *c, const piece_key *k, const uint8_t *p, size_t n,
                           const uint32_t *ids, size_t count) {
   if (!c->cache || !count) return;
-  if (n <= DF_CACHE_PIECE) {
+  bool fits = count <= DF_CACHE_IDS, long_fits = c->long_cache && count <= DF_LONG_IDS;
+  if (n <= DF_CACHE_PIECE && (fits || long_fits)) {
     piece_entry *e = &c->cache[bucket_of(k->h)];
-    e[1] = e[0];
+    if (!entry_is(e, k)) e[1] = e[0]; /* (a copy in way 1 is overwritten) */
     e->lo = k->lo;
-    e->hi = k->hi | (uint64_t)(count <= DF_CACHE_IDS ? count : DF_CACHE_MORE) << DF_KEY_COUNT_SHIFT;
+    e->hi = k->hi | (uint64_t)(fits ? count : DF_CACHE_MORE) << DF_KEY_COUNT_SHIFT;
     memset(e->ids, 0, sizeof e->ids);
-    if (count <= DF_CACHE_IDS) {
+    if (fits) {
       memcpy(e->ids, ids, count * sizeof *ids);
       return;
     }
@@ -449,19 +452,21 @@ static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t
  * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
  * Tokens of 1..DF_CACHE_PIECE bytes (with a 24-byte limit, before entries of 32 bytes, more
  * than half the buckets of 2^17 held two); not for tokenizers with bytes that have no token
- * (their cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer;
+ * (their cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer
+ * (and 4 MiB for the long cache's seed, seed_long);
  * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
  * cache stays the size it was.
  */
 /* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
  * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
- * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. */
-enum { SEED_MERGES = 1 << 15 };
+ * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. The long cache's seed has a
+ * budget of its own, 2^12 (its tokens merge longer). */
+enum { SEED_MERGES = 1 << 15, SEED_LONG_MERGES = 1 << 12 };
 
 /* The ids encode_missed gives the token p[0..n) into c->out (the whole-piece lookup's id, or
- * the merge's result, counted in *merged); false, c->out empty, where it has none to seed. */
+ * the merge's result, counted in *merged, at most `limit`); false where it has none to seed. */
 static bool seed_ids(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, size_t n,
-                     size_t *merged, dflash_status *st) {
+                     size_t *merged, size_t limit, dflash_status *st) {
   const df_vocab *v = &t->vocab;
   c->out.len = 0;
   if (t->whole_piece_lookup) {
@@ -469,7 +474,7 @@ static bool seed_ids(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, si
     if (found == UINT32_MAX) return false; /* (not for an ordinary token; encode_missed merges) */
     *st = df_ids_push(&c->out, (int32_t)found);
   } else {
-    if (*merged == SEED_MERGES) return false;
+    if (*merged == limit) return false;
     ++*merged;
     *st = df_bpe_encode(v, &t->pairs, p, n, DF_BPE_HEAP_THRESHOLD, &c->bs, &c->out);
   }
@@ -483,7 +488,7 @@ static void seed_short(piece_entry *seed, const dflash_tokenizer *t, enc_ctx *c,
   piece_key k = piece_key_of(p, n);
   piece_entry *e = &seed[bucket_of(k.h)];
   if (e[1].hi || entry_is(&e[0], &k)) return; /* both ways taken (way 0 fills first) */
-  if (!seed_ids(t, c, p, n, merged, st) || c->out.len > DF_CACHE_IDS) return;
+  if (!seed_ids(t, c, p, n, merged, SEED_MERGES, st) || c->out.len > DF_CACHE_IDS) return;
   piece_entry *w = e[0].hi ? &e[1] : &e[0];
   w->lo = k.lo;
   w->hi = k.hi | (uint64_t)c->out.len << DF_KEY_COUNT_SHIFT;
@@ -496,7 +501,8 @@ static void seed_long(long_entry *seed, const dflash_tokenizer *t, enc_ctx *c, c
                       size_t n, size_t *merged, dflash_status *st) {
   uint64_t h = df_hash_bytes(p, n); /* piece_key_of's h for such a piece */
   long_entry *le = &seed[h >> (64 - DF_LONG_BITS)];
-  if (le->len || !seed_ids(t, c, p, n, merged, st) || c->out.len > DF_LONG_IDS) return;
+  if (le->len || !seed_ids(t, c, p, n, merged, SEED_LONG_MERGES, st) || c->out.len > DF_LONG_IDS)
+    return;
   le->hash = h;
   le->len = (uint8_t)n;
   le->n = (uint8_t)c->out.len;
@@ -518,13 +524,13 @@ static dflash_status cache_seed_build(dflash_tokenizer *t) {
   memset(long_seed, 0, sizeof *long_seed << DF_LONG_BITS);
   enc_ctx c = {0};
   dflash_status st = DFLASH_OK;
-  size_t merged = 0;
+  size_t merged = 0, merged_long = 0; /* two budgets: the short seeds keep theirs */
   for (uint32_t id = 0; id < v->n_ids && !st; id++) {
     size_t n = v->len[id];
     if (v->kind[id] != DF_TOK_ORDINARY || !n || n > DF_LONG_PIECE) continue;
     const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
     if (n <= DF_CACHE_PIECE) seed_short(seed, t, &c, p, n, &merged, &st);
-    else seed_long(long_seed, t, &c, p, n, &merged, &st);
+    else seed_long(long_seed, t, &c, p, n, &merged_long, &st);
   }
   df_bpe_scratch_free(&c.bs);
   free(c.out.v);
@@ -712,9 +718,9 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
   return encode_missed(t, p, n, k, c);
 }
 
-/* Start loading a piece's cache bucket (16 MiB, out of L2): its first line only (prefetching
- * both ways was no faster, best of 32 passes over 10 MB of English: 110.0 against 112.9
- * MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
+/* Start loading a piece's cache bucket (16 MiB, out of L2): one line, both ways (with entries
+ * of 64 bytes, a way a line, prefetching both was no faster, best of 32 passes over 10 MB of
+ * English: 110.0 against 112.9 MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
  * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
  * the bench corpus. */
 static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {

@@ -9,6 +9,7 @@
 #include "core/internal.h"
 #include "testutil.h"
 #include "tok_testutil.h"
+#include "tokenizer/tok_internal.h"
 
 static const char *const EXTRA[] = {"he", "ll",   "hell",   "hello", " w",
                                     "or", " wor", " world", NULL};
@@ -97,16 +98,19 @@ END_TEST
 
 /* Tokens of 16-64 bytes start in the long cache (its seed), as short ones start in the piece
  * cache: a first sight of each is no miss; without the seeds (DFLASH_TOKENIZER_NO_SEED) each
- * is one. Their ids are the tokens' own either way. */
+ * is one. Their ids are the tokens' own either way; through the scanned loop and the general
+ * one (DFLASH_TOKENIZER_NO_SCANNER). */
 static const char *const LONG_TOKENS[] = {
     "ab", "abab", "abababab", "abababababababab", "abababababababababababababababab", NULL};
 
-static void long_tokens_first_sight(bool seeded) {
+static void long_tokens_first_sight(bool seeded, bool general) {
   char *dir = df_test_tmpdir();
   char *path = tt_write_ranks(dir, "l.tiktoken", LONG_TOKENS);
   if (!seeded) setenv("DFLASH_TOKENIZER_NO_SEED", "1", 1);
+  if (general) setenv("DFLASH_TOKENIZER_NO_SCANNER", "1", 1);
   dflash_tokenizer *t = tt_load(path, "cl100k");
   unsetenv("DFLASH_TOKENIZER_NO_SEED");
+  unsetenv("DFLASH_TOKENIZER_NO_SCANNER");
   const char *pieces[] = {"abababababababab", "abababababababababababababababab"};
   for (int k = 0; k < 2; k++) {
     int32_t ids[40];
@@ -127,8 +131,10 @@ static void long_tokens_first_sight(bool seeded) {
 }
 
 START_TEST(long_tokens_seeded) {
-  long_tokens_first_sight(true);
-  long_tokens_first_sight(false);
+  for (int general = 0; general < 2; general++) { /* the scanned loop, the general one */
+    long_tokens_first_sight(true, general);
+    long_tokens_first_sight(false, general);
+  }
 }
 END_TEST
 
@@ -169,8 +175,9 @@ START_TEST(piece_cache_keeps_8000_words) {
 END_TEST
 
 /* Cache hits write their ids from locals in encode_plain: pieces of 1 to 6 ids, encoded twice,
- * give the same ids and the second time every piece is a hit; each alone gives its own count
- * (a hit writes six ids, and only the piece's count may stand). */
+ * give the same ids and the second time every piece is a hit (5 and 6 ids from the long cache,
+ * through the piece cache's mark); each alone gives its own count (a hit writes four ids, a
+ * long hit thirteen, and only the piece's count may stand). */
 START_TEST(repeated_pieces_hit) {
   char *dir;
   dflash_tokenizer *t = synthetic(&dir);
@@ -201,7 +208,7 @@ START_TEST(repeated_pieces_hit) {
 }
 END_TEST
 
-/* Pieces of 25-64 bytes with up to 13 ids are cached too (a cache of their own): each encoded
+/* Pieces of 16-64 bytes with up to 13 ids are cached too (a cache of their own): each encoded
  * alone, twice, the second time only the two that cannot be (65 bytes; 27 one-byte ids) miss,
  * and the ids are the same; through the scanned loop and the general one (no scanner). The
  * counts follow from the vocabulary: "hello" x k is k ids, "hell" one, a space one. */
@@ -326,6 +333,10 @@ START_TEST(merge_ids_as_ranks) {
   char *dir = df_test_fixture("tokenizers/qwen2");
   if (!dir) return;
   dflash_tokenizer *a = load_ranked(dir, true), *b = load_ranked(dir, false);
+  /* the table of a ranks by merged id (the list kept for the hash), b's by the list */
+  ck_assert_ptr_null(a->pairs.merged_of_rank);
+  ck_assert_ptr_nonnull(a->pairs.rank_merged);
+  ck_assert_ptr_nonnull(b->pairs.merged_of_rank);
   char ha[DFLASH_TOKENIZER_HASH_LEN], hb[DFLASH_TOKENIZER_HASH_LEN];
   ck_assert_ok(dflash_tokenizer_hash(a, ha, sizeof ha));
   ck_assert_ok(dflash_tokenizer_hash(b, hb, sizeof hb));
