@@ -8,6 +8,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* DF_TEST_STRIDE: 4 in a sanitizer build (ASan, TSan: gcc's __SANITIZE_*__, clang's
+ * __has_feature), else 1. An exhaustive loop that only compares two implementations' outputs
+ * steps by it, its start turning with an outer index, so that the plain builds (gcc, clang,
+ * both -O3) run every case and a sanitized run still covers every case class. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DF_TEST_STRIDE 4
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DF_TEST_STRIDE 4
+#endif
+#endif
+#ifndef DF_TEST_STRIDE
+#define DF_TEST_STRIDE 1
+#endif
+
 /* Assert a libdflash call succeeds, printing the library's message when not. */
 #define ck_assert_ok(expr)                                                               \
   do {                                                                                   \
