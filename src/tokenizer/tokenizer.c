@@ -384,6 +384,25 @@ static inline long_entry *long_slot(const enc_ctx *c, const piece_key *k, size_t
   return &c->long_cache[k->h >> (64 - DF_LONG_BITS)];
 }
 
+/* Write entry e: the piece of key k, `count` ids (at most DF_CACHE_IDS), or DF_CACHE_MORE with
+ * none. */
+static void entry_write(piece_entry *e, const piece_key *k, const uint32_t *ids, size_t count) {
+  e->lo = k->lo;
+  e->hi = k->hi | (uint64_t)count << DF_KEY_COUNT_SHIFT;
+  memset(e->ids, 0, sizeof e->ids);
+  if (count <= DF_CACHE_IDS) memcpy(e->ids, ids, count * sizeof *ids);
+}
+
+/* Write long entry le: the piece p[0..n) with hash h, `count` ids (at most DF_LONG_IDS). */
+static void long_write(long_entry *le, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
+                       size_t count) {
+  le->hash = h;
+  le->len = (uint8_t)n;
+  le->n = (uint8_t)count;
+  memcpy(le->bytes, p, n);
+  memcpy(le->ids, ids, count * sizeof *ids);
+}
+
 /* Cache the piece p[0..n) of key k as the `count` ids at ids: in the piece cache, the older
  * way pushed out, when it fits; else in the long cache, with a mark in the piece cache for a
  * short piece. A piece the bucket holds already (a mark whose long entry was overwritten, met
@@ -395,21 +414,11 @@ static void cache_put_ids(enc_ctx *c, const piece_key *k, const uint8_t *p, size
   if (n <= DF_CACHE_PIECE && (fits || long_fits)) {
     piece_entry *e = &c->cache[bucket_of(k->h)];
     if (!entry_is(e, k)) e[1] = e[0]; /* (a copy in way 1 is overwritten) */
-    e->lo = k->lo;
-    e->hi = k->hi | (uint64_t)(fits ? count : DF_CACHE_MORE) << DF_KEY_COUNT_SHIFT;
-    memset(e->ids, 0, sizeof e->ids);
-    if (fits) {
-      memcpy(e->ids, ids, count * sizeof *ids);
-      return;
-    }
+    entry_write(e, k, ids, fits ? count : DF_CACHE_MORE);
+    if (fits) return;
   }
   long_entry *le = long_slot(c, k, n);
-  if (!le || count > DF_LONG_IDS) return;
-  le->hash = k->h;
-  le->len = (uint8_t)n;
-  le->n = (uint8_t)count;
-  memcpy(le->bytes, p, n);
-  memcpy(le->ids, ids, count * sizeof *ids);
+  if (le && count <= DF_LONG_IDS) long_write(le, k->h, p, n, ids, count);
 }
 
 /* Cache the piece as the ids the output holds from `first` on. */
@@ -419,7 +428,7 @@ static void cache_put(enc_ctx *c, const piece_key *k, const uint8_t *p, size_t n
 
 /* Whether long entry le holds the n (up to DF_LONG_PIECE) bytes at p with hash h: from 8
  * bytes on whole words, the last overlapping, instead of a memcmp call of variable length
- * (fewer: a short piece of many ids, DF_CACHE_MORE). */
+ * (fewer bytes, a short piece of 5-13 ids marked DF_CACHE_MORE: memcmp). */
 static inline bool long_is(const long_entry *le, uint64_t h, const uint8_t *p, size_t n) {
   if (le->hash != h || le->len != n) return false;
   if (n < 8) return memcmp(le->bytes, p, n) == 0;
@@ -443,20 +452,6 @@ static bool long_get(enc_ctx *c, const long_entry *le, uint64_t h, const uint8_t
   return true;
 }
 
-/*
- * The piece cache's seed. Most pieces the cache misses on real text are first sight, and a
- * first-sight word is often one token: it cost a vocabulary probe (filter word, then slot,
- * out of L2) or a merge. So every thread's cache starts holding the short tokens, each with
- * the ids encode_missed gives for its bytes (the whole-piece lookup's id, or the merge's
- * result: the same ids by construction), placed in its bucket as cache_put would place it,
- * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
- * Tokens of 1..DF_CACHE_PIECE bytes (with a 24-byte limit, before entries of 32 bytes, more
- * than half the buckets of 2^17 held two); not for tokenizers with bytes that have no token
- * (their cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer
- * (and 4 MiB for the long cache's seed, seed_long);
- * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
- * cache stays the size it was.
- */
 /* Where a seed is a merge (HF without ignore_merges; ~1,250 instructions each, the load's
  * cost), at most 2^15 of them: Qwen2's load 1318 -> 1362 M instructions (+3.3 %); 2^16 was
  * +6.5 % for misses 3.79 -> 3.13 % (1 MB of English), 2^17 +10 %. The long cache's seed has a
@@ -489,10 +484,7 @@ static void seed_short(piece_entry *seed, const dflash_tokenizer *t, enc_ctx *c,
   piece_entry *e = &seed[bucket_of(k.h)];
   if (e[1].hi || entry_is(&e[0], &k)) return; /* both ways taken (way 0 fills first) */
   if (!seed_ids(t, c, p, n, merged, SEED_MERGES, st) || c->out.len > DF_CACHE_IDS) return;
-  piece_entry *w = e[0].hi ? &e[1] : &e[0];
-  w->lo = k.lo;
-  w->hi = k.hi | (uint64_t)c->out.len << DF_KEY_COUNT_SHIFT;
-  for (size_t x = 0; x < c->out.len; x++) w->ids[x] = (uint32_t)c->out.v[x];
+  entry_write(e[0].hi ? &e[1] : &e[0], &k, (const uint32_t *)c->out.v, c->out.len);
 }
 
 /* Seed a longer token (up to DF_LONG_PIECE bytes) into the long cache's seed, unless a lower
@@ -503,13 +495,23 @@ static void seed_long(long_entry *seed, const dflash_tokenizer *t, enc_ctx *c, c
   long_entry *le = &seed[h >> (64 - DF_LONG_BITS)];
   if (le->len || !seed_ids(t, c, p, n, merged, SEED_LONG_MERGES, st) || c->out.len > DF_LONG_IDS)
     return;
-  le->hash = h;
-  le->len = (uint8_t)n;
-  le->n = (uint8_t)c->out.len;
-  memcpy(le->bytes, p, n);
-  for (size_t x = 0; x < c->out.len; x++) le->ids[x] = (uint32_t)c->out.v[x];
+  long_write(le, h, p, n, (const uint32_t *)c->out.v, c->out.len);
 }
 
+/*
+ * The piece cache's seed. Most pieces the cache misses on real text are first sight, and a
+ * first-sight word is often one token: it cost a vocabulary probe (filter word, then slot,
+ * out of L2) or a merge. So every thread's cache starts holding the short tokens, each with
+ * the ids encode_missed gives for its bytes (the whole-piece lookup's id, or the merge's
+ * result: the same ids by construction), placed in its bucket as cache_put would place it,
+ * lower ids (earlier merges, commoner) first, a token skipped where both ways are taken.
+ * Tokens of 1..DF_CACHE_PIECE bytes (with a 24-byte limit, before entries of 32 bytes, more
+ * than half the buckets of 2^17 held two); not for tokenizers with bytes that have no token
+ * (their cache is keyed by the bytes kept). Built once at load, read-only, 16 MiB a tokenizer
+ * (and 4 MiB for the long cache's seed, seed_long);
+ * cache_for copies it where it cleared the cache, so a hit costs what it did and a thread's
+ * cache stays the size it was.
+ */
 static dflash_status cache_seed_build(dflash_tokenizer *t) {
   const df_vocab *v = &t->vocab;
   if (v->byte_gaps || !v->slots || df_env_on(getenv("DFLASH_TOKENIZER_NO_SEED"))) return DFLASH_OK;
@@ -720,9 +722,9 @@ static dflash_status encode_piece(const dflash_tokenizer *t, const uint8_t *p, s
 
 /* Start loading a piece's cache bucket (16 MiB, out of L2): one line, both ways (with entries
  * of 64 bytes, a way a line, prefetching both was no faster, best of 32 passes over 10 MB of
- * English: 110.0 against 112.9 MB/CPU-s). Its vocabulary filter word and slot are not prefetched: five pieces in six hit
- * the cache or are one byte, and loading those lines for every piece cost 4-5 % of encode on
- * the bench corpus. */
+ * English: 110.0 against 112.9 MB/CPU-s). Its vocabulary filter word and slot are not
+ * prefetched: five pieces in six hit the cache or are one byte, and loading those lines for
+ * every piece cost 4-5 % of encode on the bench corpus. */
 static inline void prefetch_piece(const piece_entry *cache, uint64_t h) {
   /* an address, not a pointer into nothing, when there is no cache: a prefetch never faults */
   __builtin_prefetch((const void *)((uintptr_t)cache + bucket_of(h) * sizeof *cache));

@@ -287,8 +287,7 @@ END_TEST
 START_TEST(block_scanner_is_the_default_with_avx2) {
   scan_pair p;
   pair_open(&p, "o200k");
-  const char *e = getenv("DFLASH_TOKENIZER_NO_SIMD");
-  bool avx2 = df_scan_cpu_has_avx2() && !(e && *e && strcmp(e, "0"));
+  bool avx2 = df_scan_cpu_has_avx2() && !df_env_on(getenv("DFLASH_TOKENIZER_NO_SIMD"));
   ck_assert_int_eq(df_scan_get_impl(), avx2 ? DF_SCAN_MASK_AVX2 : DF_SCAN_PIECE);
   pair_close(&p);
 }
