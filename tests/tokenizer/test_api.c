@@ -208,26 +208,31 @@ START_TEST(repeated_pieces_hit) {
 }
 END_TEST
 
-/* Pieces of 16-64 bytes with up to 13 ids are cached too (a cache of their own): each encoded
- * alone, twice, the second time only the two that cannot be (65 bytes; 27 one-byte ids) miss,
- * and the ids are the same; through the scanned loop and the general one (no scanner). The
- * counts follow from the vocabulary: "hello" x k is k ids, "hell" one, a space one. */
-static void long_pieces_round(dflash_tokenizer *t, int32_t (*ids)[32], size_t *n, bool again) {
-  static const int hellos[] = {13, 5, 12, 12}; /* 65 bytes, " " 26, " " 61, +"hell" 64 */
-  static const size_t want[] = {13, 6, 13, 13, 27};
-  for (size_t k = 0; k < 5; k++) {
-    char text[80] = "";
+/* Pieces of 16-64 bytes with up to 13 ids are cached too (a cache of their own), and pieces
+ * of 65-128 bytes with up to 29 ids (the XL cache): each encoded alone, twice, the second time
+ * only the three that cannot be (27 one-byte ids; 130 bytes; 65 bytes of 37 ids) miss, and the
+ * ids are the same; through the scanned loop and the general one (no scanner). The counts
+ * follow from the vocabulary: "hello" x k is k ids, "hell" one, a space one, a letter of
+ * "abcd..." one. */
+enum { LONG_TEXTS = 8 };
+static void long_pieces_round(dflash_tokenizer *t, int32_t (*ids)[48], bool again) {
+  /* 65 bytes, " " 26, " " 61, +"hell" 64, 27 letters, +"hell" x 2 128, 130, +30 letters 65 */
+  static const int hellos[] = {13, 5, 12, 12, 0, 24, 26, 7};
+  static const size_t want[] = {13, 6, 13, 13, 27, 26, 26, 37};
+  for (size_t k = 0; k < LONG_TEXTS; k++) {
+    char text[160] = "";
     if (k == 1 || k == 2) strcat(text, " ");
-    for (int h = 0; k < 4 && h < hellos[k]; h++) strcat(text, "hello");
+    for (int h = 0; h < hellos[k]; h++) strcat(text, "hello");
     if (k == 3) strcat(text, "hell");
     if (k == 4) strcat(text, " abcdefghijklmnopqrstuvwxyz"); /* 27 bytes, 27 ids */
-    int32_t got[32];
+    if (k == 5) strcat(text, "hellhell");
+    if (k == 7) strcat(text, "abcdefghijklmnopqrstuvwxyzabcd");
+    int32_t got[48];
     size_t m;
-    ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, got, 32, &m));
+    ck_assert_ok(dflash_tokenizer_encode(t, text, strlen(text), DFLASH_SPECIAL_ALL, got, 48, &m));
     ck_assert_uint_eq(m, want[k]);
     if (again) ck_assert_int_eq(memcmp(got, ids[k], m * sizeof *got), 0);
     memcpy(ids[k], got, m * sizeof *got);
-    n[k] = m;
   }
 }
 
@@ -237,15 +242,14 @@ START_TEST(long_pieces_hit) {
     if (general) setenv("DFLASH_TOKENIZER_NO_SCANNER", "1", 1);
     dflash_tokenizer *t = synthetic(&dir);
     unsetenv("DFLASH_TOKENIZER_NO_SCANNER");
-    int32_t ids[5][32];
-    size_t n[5];
+    int32_t ids[LONG_TEXTS][48];
     uint64_t p0, m0, p1, m1;
-    long_pieces_round(t, ids, n, false);
+    long_pieces_round(t, ids, false);
     dflash_tokenizer_thread_stats(&p0, &m0, NULL);
-    long_pieces_round(t, ids, n, true);
+    long_pieces_round(t, ids, true);
     dflash_tokenizer_thread_stats(&p1, &m1, NULL);
-    ck_assert_uint_eq(p1 - p0, 5);
-    ck_assert_uint_eq(m1 - m0, 2);
+    ck_assert_uint_eq(p1 - p0, LONG_TEXTS);
+    ck_assert_uint_eq(m1 - m0, 3);
     dflash_tokenizer_free(t);
     df_test_rmtree(dir);
     free(dir);
