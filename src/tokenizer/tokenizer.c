@@ -898,6 +898,40 @@ static df_scanner sole_scanner(const df_pretok *p) {
   return st->scanner;
 }
 
+/* The ids of piece i of a scanned chunk that the piece cache did not answer (`marked`: it
+ * holds the piece marked DF_CACHE_MORE), appended through c->out: a long hit, a miss. A call
+ * of its own, not inlined: the probe loop then keeps its locals in registers (inlined, the
+ * miss paths' code took them, and the loop spilled its counter and bases to the stack). */
+static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokenizer *t, enc_ctx *c,
+                                                            const char *text, const df_range *r,
+                                                            const piece_key *key, size_t i,
+                                                            size_t n, bool marked,
+                                                            ahead_set *ahead) {
+  const uint8_t *p = (const uint8_t *)text + r[i].begin;
+  size_t m = r[i].end - r[i].begin;
+  const piece_key *k = &key[i];
+  if (m > DF_CACHE_PIECE && c->long_cache) { /* its line prefetched with the key */
+    const long_entry *le = &c->long_cache[k->h >> (64 - DF_LONG_BITS)];
+    if (m <= DF_LONG_PIECE && long_is(le, k->h, p, m)) {
+      memcpy(c->out.v + c->out.len, le->ids, sizeof le->ids); /* all, as a short hit */
+      c->out.len += le->n;
+      return DFLASH_OK;
+    }
+  }
+  if (marked) return encode_missed(t, p, m, k, c); /* its ids are in the long cache */
+  if (m == 1) { /* a seed pushed out: the byte's id, cached again */
+    size_t at = c->out.len;
+    c->out.v[c->out.len++] = (int32_t)t->vocab.byte_id[p[0]];
+    cache_put(c, k, p, m, at);
+    return DFLASH_OK;
+  }
+  if (m <= DF_CACHE_PIECE && t->merge_ahead && key_ascii(k)) {
+    miss_ahead(t, c, text, r, key, i, n, ahead);
+    return DFLASH_OK;
+  }
+  return encode_missed(t, p, m, k, c);
+}
+
 /*
  * encode_plain for a sole scanner (sole_scanner), a piece cache and no bytes without a token:
  * the pieces come CHUNK at a time into arrays on the stack (3 KiB; 256 was slower), their keys
@@ -915,7 +949,6 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
   piece_key key[CHUNK];
   const piece_entry *cache = c->cache;
   const long_entry *lc = c->long_cache;
-  const uint32_t *byte_id = t->vocab.byte_id;
   const size_t first = c->out.len;
   uint64_t pieces = 0;
   for (size_t pos = 0; pos < len;) {
@@ -936,7 +969,6 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
     ahead_set ahead;
     ahead.k = ahead.next = 0;
     for (size_t i = 0; i < n; i++) {
-      const uint8_t *p = (const uint8_t *)text + r[i].begin;
       size_t m = r[i].end - r[i].begin;
       const piece_key *k = &key[i];
       /* a long piece matches no entry: it reads an empty pair (in L1) instead of a bucket that
@@ -951,29 +983,8 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
         olen += count;
         continue;
       }
-      if (m > DF_CACHE_PIECE && lc) { /* the long cache, its line prefetched with the key */
-        const long_entry *le = &lc[k->h >> (64 - DF_LONG_BITS)];
-        if (m <= DF_LONG_PIECE && long_is(le, k->h, p, m)) {
-          memcpy(ov + olen, le->ids, sizeof le->ids); /* all, as a short hit */
-          olen += le->n;
-          continue;
-        }
-      }
       c->out.len = olen;
-      dflash_status st;
-      if (w0 | w1) { /* marked DF_CACHE_MORE: its ids are in the long cache */
-        st = encode_missed(t, p, m, k, c);
-      } else if (m == 1) { /* a seed pushed out: the byte's id, cached again */
-        ov[olen] = (int32_t)byte_id[p[0]];
-        c->out.len = olen + 1;
-        cache_put(c, k, p, m, olen);
-        st = DFLASH_OK;
-      } else if (m <= DF_CACHE_PIECE && t->merge_ahead && key_ascii(k)) {
-        miss_ahead(t, c, text, r, key, i, n, &ahead);
-        st = DFLASH_OK;
-      } else {
-        st = encode_missed(t, p, m, k, c);
-      }
+      dflash_status st = scanned_slow(t, c, text, r, key, i, n, w0 | w1, &ahead);
       if (st) return st;
       ov = c->out.v;
       olen = c->out.len;
