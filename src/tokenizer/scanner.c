@@ -593,18 +593,17 @@ __attribute__((always_inline)) static inline unsigned block_piece(df_scanner sc,
  * The Check tests compare every implementation with PCRE2 (test_scanner.c).
  */
 
-/* seed's bits spread up (to higher bits) through the runs of `within` they touch: six doubling
- * steps (unrolled: gcc left the loop rolled). */
+/* seed's bits (each one of within's) spread up (to higher bits) through the runs of `within`
+ * they are in. One add: a seed bit's carry runs up through its run's bits and clears them,
+ * so the bits the add changed, within the runs, are the run from the seed up (a second seed
+ * in a run that a lower one's carry passed is changed back: the or puts it in again). Six
+ * doubling steps did it before, as smear_down still must (a carry runs only upward). */
 static inline uint64_t smear_up(uint64_t seed, uint64_t within) {
-#pragma GCC unroll 6
-  for (unsigned sh = 1; sh < 64; sh <<= 1) {
-    seed |= (seed << sh) & within;
-    within &= within << sh;
-  }
-  return seed;
+  return seed | (((within + seed) ^ within) & within);
 }
 
-/* ... and down (to lower bits). */
+/* seed's bits spread down (to lower bits) through the runs of `within` they touch: six doubling
+ * steps (unrolled: gcc left the loop rolled). */
 static inline uint64_t smear_down(uint64_t seed, uint64_t within) {
 #pragma GCC unroll 6
   for (unsigned sh = 1; sh < 64; sh <<= 1) {
