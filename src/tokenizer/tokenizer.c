@@ -420,25 +420,11 @@ static void entry_write(piece_entry *e, const piece_key *k, const uint32_t *ids,
   if (count <= DF_CACHE_IDS) memcpy(e->ids, ids, count * sizeof *ids);
 }
 
-/* Write long entry le: the piece p[0..n) with hash h, `count` ids (at most DF_LONG_IDS). */
-static void long_write(long_entry *le, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
-                       size_t count) {
-  le->hash = h;
-  le->len = (uint8_t)n;
-  le->n = (uint8_t)count;
-  memcpy(le->bytes, p, n);
-  memcpy(le->ids, ids, count * sizeof *ids);
-}
-
-/* Write XL entry xe, as long_write writes a long entry (at most DF_XL_IDS ids). */
-static void xl_write(xl_entry *xe, uint64_t h, const uint8_t *p, size_t n, const uint32_t *ids,
-                     size_t count) {
-  xe->hash = h;
-  xe->len = (uint8_t)n;
-  xe->n = (uint8_t)count;
-  memcpy(xe->bytes, p, n);
-  memcpy(xe->ids, ids, count * sizeof *ids);
-}
+/* Write a long or an XL entry E (the same fields, of two sizes: one writer for both): the piece
+ * P[0..LEN) with hash H, COUNT ids (at most the entry's). */
+#define RUN_WRITE(E, H, P, LEN, IDS, COUNT)                               \
+  ((E)->hash = (H), (E)->len = (uint8_t)(LEN), (E)->n = (uint8_t)(COUNT), \
+   (void)memcpy((E)->bytes, (P), (LEN)), (void)memcpy((E)->ids, (IDS), (COUNT) * sizeof *(IDS)))
 
 /* Cache the piece p[0..n) of key k as the `count` ids at ids: in the piece cache, the older
  * way pushed out, when it fits; else in the long cache, with a mark in the piece cache for a
@@ -455,9 +441,9 @@ static void cache_put_ids(enc_ctx *c, const piece_key *k, const uint8_t *p, size
     if (fits) return;
   }
   long_entry *le = long_slot(c, k, n);
-  if (le && count <= DF_LONG_IDS) long_write(le, k->h, p, n, ids, count);
+  if (le && count <= DF_LONG_IDS) RUN_WRITE(le, k->h, p, n, ids, count);
   xl_entry *xe = xl_slot(c, k, n);
-  if (xe && count <= DF_XL_IDS) xl_write(xe, k->h, p, n, ids, count);
+  if (xe && count <= DF_XL_IDS) RUN_WRITE(xe, k->h, p, n, ids, count);
 }
 
 /* Cache the piece as the ids the output holds from `first` on. */
@@ -548,7 +534,7 @@ static void seed_long(long_entry *seed, const dflash_tokenizer *t, enc_ctx *c, c
   long_entry *le = &seed[h >> (64 - DF_LONG_BITS)];
   if (le->len || !seed_ids(t, c, p, n, merged, SEED_LONG_MERGES, st) || c->out.len > DF_LONG_IDS)
     return;
-  long_write(le, h, p, n, (const uint32_t *)c->out.v, c->out.len);
+  RUN_WRITE(le, h, p, n, (const uint32_t *)c->out.v, c->out.len);
 }
 
 /*
