@@ -245,14 +245,14 @@ DF_MUST_CHECK dflash_status df_ids_reserve(df_ids *ids, size_t n);
 DF_MUST_CHECK dflash_status df_bpe_encode(const df_vocab *v, const df_pairmap *pairs,
                                           const uint8_t *piece, size_t n, size_t heap_threshold,
                                           df_bpe_scratch *s, df_ids *out);
-/* Merge k <= DF_BPE_MANY pieces of 2..DF_BPE_SHORT bytes (every byte with a token) at once,
- * their rounds in turn so that one's waits on the pair table overlap the others' work: piece
- * j's ids go to ids[j][0..count[j]), as df_bpe_encode gives them. Needs pairs->byte_rank
- * (df_pairmap_byte_ranks). */
 /* 16: the callers merge pieces of up to DF_CACHE_PIECE bytes; a lane's shifts move half what
  * they did at 32 (drv4, o200k: every category +1 %, CJK +6 %, medians of 9). */
 #define DF_BPE_SHORT 16
 #define DF_BPE_MANY 8
+/* Merge k <= DF_BPE_MANY pieces of 2..DF_BPE_SHORT bytes (every byte with a token) at once,
+ * their rounds in turn so that one's waits on the pair table overlap the others' work: piece
+ * j's ids go to ids[j][0..count[j]), as df_bpe_encode gives them. Needs pairs->byte_rank
+ * (df_pairmap_byte_ranks). */
 void df_bpe_merge_many(const df_vocab *v, const df_pairmap *pairs, const uint8_t *const *piece,
                        const size_t *len, size_t k, uint32_t (*ids)[DF_BPE_SHORT], uint8_t *count);
 

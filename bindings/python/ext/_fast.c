@@ -70,10 +70,11 @@ typedef struct utf8_text {
   PyObject *keep;
 } utf8_text;
 
-/* Up to 8 characters of kind `kind` from d[i..n) written to *o as ASCII while all 8 are ASCII
- * (8 at a time, one test each: CPython's own encoder, which str.encode and the PyO3 tokenizers
- * use, takes one character at a time); returns where the first block with another character
- * starts, which the caller encodes one character at a time. */
+/* The characters of kind `kind` from d[i..n) written to *o as ASCII, a block of 8 at a time
+ * while a block is all ASCII (one test a block: CPython's own encoder, which str.encode and the
+ * PyO3 tokenizers use, takes one character at a time); returns where the first block with
+ * another character, or the tail of fewer than 8, starts: the caller encodes it a character at
+ * a time. */
 static Py_ssize_t ascii_blocks(int kind, const void *d, Py_ssize_t i, Py_ssize_t n,
                                unsigned char **o) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -151,9 +152,9 @@ static size_t utf8_bound(PyObject *s) {
  * The UTF-8 bytes of `text` (str or bytes), as tokenizer._utf8 gives them, into *out. An ASCII
  * str and bytes give their own buffer; another str is written (utf8_put) to `scratch` (`cap`
  * bytes) when it fits, and to a temporary bytes object otherwise: never str's cached UTF-8,
- * which would stay with the caller's string. Anything else (lone surrogates, bytearray, memoryview, a
- * wrong type) goes through tokenizer._utf8, which replaces or copies, or raises, exactly as
- * the ctypes path does.
+ * which would stay with the caller's string. Anything else (lone surrogates, bytearray,
+ * memoryview, a wrong type) goes through tokenizer._utf8, which replaces or copies, or raises,
+ * exactly as the ctypes path does.
  */
 static int text_utf8(PyObject *text, char *scratch, size_t cap, utf8_text *out) {
   out->keep = NULL;
