@@ -213,7 +213,7 @@ void df_pairmap_ids_as_ranks(df_pairmap *m);
  * pair is in. */
 DF_MUST_CHECK dflash_status df_pairmap_byte_ranks(df_pairmap *m, const struct df_vocab *v);
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
- * ranked by that token. Enumerates every split of every ordinary token. */
+ * ranked by that token. Holds each token's canonical split only (the one BPE ever makes). */
 DF_MUST_CHECK dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
 
 /* ---- BPE (bpe.c) ---------------------------------------------------------- */
