@@ -21,7 +21,7 @@
  * same tokenizer from any number of threads at once. Each thread that encodes
  * keeps a context of about 21 MiB (caches of merged pieces, fixed: 16 MiB for
  * pieces of up to 15 bytes, 4 MiB for 16-64 bytes, 0.5 MiB for 65-128; and
- * scratch buffers) until it exits. A loaded tokenizer's tables take about 41 MiB
+ * scratch buffers) until it exits. A loaded tokenizer's tables take about 40 MiB
  * for o200k and 54 MiB for Qwen2 (20 MiB of each is the caches' starting image).
  */
 #ifndef DFLASH_TOKENIZER_H
