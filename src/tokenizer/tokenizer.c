@@ -5,11 +5,15 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "tok_internal.h"
 
@@ -370,6 +374,28 @@ static inline unsigned entry_count(const piece_entry *e) {
 /* A bucket, the even entry of its pair (one line: the array is line-aligned). */
 static inline size_t bucket_of(uint64_t h) {
   return (size_t)(h >> (64 - DF_CACHE_BITS)) & ~(size_t)1;
+}
+
+/* Whether each way of bucket e holds the piece of key k (its count aside): with SSE2, each
+ * way's two words are compared with the key's as 16 bytes (the scalar compares, two words and
+ * a mask a way, were 5-7 % slower on Kimi K2's English, code and mix in drv4, 2-4 % on o200k's
+ * and Qwen2's). */
+_Static_assert(offsetof(piece_key, hi) == 8 && offsetof(piece_entry, hi) == 8,
+               "a key's and an entry's words are their first 16 bytes");
+static inline __attribute__((always_inline)) void bucket_ways(const piece_entry *e,
+                                                              const piece_key *k, bool *w0,
+                                                              bool *w1) {
+#ifdef __SSE2__
+  const __m128i match = _mm_set_epi64x((long long)DF_KEY_MATCH, -1);
+  const __m128i kv = _mm_loadu_si128((const __m128i *)(const void *)k);
+  __m128i a = _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)&e[0]), match);
+  __m128i b = _mm_and_si128(_mm_loadu_si128((const __m128i *)(const void *)&e[1]), match);
+  *w0 = _mm_movemask_epi8(_mm_cmpeq_epi8(a, kv)) == 0xFFFF;
+  *w1 = _mm_movemask_epi8(_mm_cmpeq_epi8(b, kv)) == 0xFFFF;
+#else
+  *w0 = entry_is(&e[0], k);
+  *w1 = entry_is(&e[1], k);
+#endif
 }
 
 /* The entry holding the piece of key k, or NULL. A bucket is two entries (2-way set
@@ -965,7 +991,8 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
       /* a long piece matches no entry: it reads an empty pair (in L1) instead of a bucket that
        * was not prefetched (prefetch_key loaded its long entry), chosen without a branch */
       const piece_entry *e = m > DF_CACHE_PIECE ? no_entry : &cache[bucket_of(k->h)];
-      bool w0 = entry_is(&e[0], k), w1 = entry_is(&e[1], k);
+      bool w0, w1;
+      bucket_ways(e, k, &w0, &w1);
       e += !w0;
       memcpy(ov + olen, e->ids, sizeof e->ids);
       unsigned count = entry_count(e);
