@@ -22,7 +22,8 @@ RARE = "".join(chr(c) for c in range(0x1D400, 0x1D400 + 512))  # 4-byte letters,
 # ASCII runs of 0-18 characters between characters of each width (Latin-1, BMP, astral), then
 # an ASCII tail: the extension's conversion takes ASCII 8 characters at a time and the rest one
 # at a time, into the stack buffer (short) or a bytes object (over 2 KB).
-BLOCKS = ["".join("a" * (k % 19) + c for k in range(40)) + "z" * tail
+ASCII = "The quick brown fox jumps over the lazy dog, 0123456789! " * 60  # no two blocks alike
+BLOCKS = ["".join(ASCII[k:2 * k % 37 + k] + c for k in range(74)) + ASCII[:tail]
           for c in ("\u00e9", "\u2014", "\U0001F600") for tail in (0, 5, 3000)]
 VARIED = ([t * k for t in TEXTS for k in (1, 7, 300)] + [RARE, "é" * 3000, "\u00ff" * 1024]
           + BLOCKS
