@@ -128,7 +128,7 @@ static Py_ssize_t ascii_blocks(int kind, const void *d, Py_ssize_t i, Py_ssize_t
 
 /* Writes the UTF-8 of str `s` to `dst` (room for utf8_bound(s) bytes) and returns its length,
  * or -1 at a surrogate code point (which str.encode refuses: tokenizer._utf8 handles those).
- * ASCII 8 characters at a time (ascii_blocks), the rest one at a time. 40 % of the bench's
+ * ASCII 16 or 8 characters at a time (ascii_blocks), the rest one at a time. 40 % of the bench's
  * English documents hold a dash or a quote beyond ASCII; encoding them (o200k, warm, three runs)
  * took 6-11 % longer from a str than from its bytes through CPython's encoder, 3-6 % now. */
 static Py_ssize_t utf8_put(PyObject *s, char *dst) {

@@ -19,9 +19,10 @@ needs_fast = pytest.mark.skipif(lt._fast is None, reason="libdflash._fast not bu
 # stack buffer to an array while holding the GIL, takes NFC expansion: test_tokenizer.py's
 # test_arrays_hold_exactly_their_ids.
 RARE = "".join(chr(c) for c in range(0x1D400, 0x1D400 + 512))  # 4-byte letters, 2048 bytes
-# ASCII runs of 0-18 characters between characters of each width (Latin-1, BMP, astral), then
-# an ASCII tail: the extension's conversion takes ASCII 8 characters at a time and the rest one
-# at a time, into the stack buffer (short) or a bytes object (over 2 KB).
+# ASCII runs of 0-36 characters, each a different slice of varied text (a run of one letter hides
+# a block packed from the wrong half), between characters of each width (Latin-1, BMP, astral),
+# then an ASCII tail: the extension's conversion takes ASCII 16 or 8 characters at a time and the
+# rest one at a time, into the stack buffer (short) or a bytes object (over 2 KB).
 ASCII = "The quick brown fox jumps over the lazy dog, 0123456789! " * 60  # no two blocks alike
 BLOCKS = ["".join(ASCII[k:2 * k % 37 + k] + c for k in range(74)) + ASCII[:tail]
           for c in ("\u00e9", "\u2014", "\U0001F600") for tail in (0, 5, 3000)]
