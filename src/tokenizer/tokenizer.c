@@ -376,12 +376,13 @@ static inline size_t bucket_of(uint64_t h) {
   return (size_t)(h >> (64 - DF_CACHE_BITS)) & ~(size_t)1;
 }
 
+_Static_assert(offsetof(piece_key, hi) == 8 && offsetof(piece_entry, hi) == 8,
+               "a key's and an entry's words are their first 16 bytes");
+
 /* Whether each way of bucket e holds the piece of key k (its count aside): with SSE2, each
  * way's two words are compared with the key's as 16 bytes (the scalar compares, two words and
  * a mask a way, were 5-7 % slower on Kimi K2's English, code and mix in drv4, 2-4 % on o200k's
  * and Qwen2's). */
-_Static_assert(offsetof(piece_key, hi) == 8 && offsetof(piece_entry, hi) == 8,
-               "a key's and an entry's words are their first 16 bytes");
 static inline __attribute__((always_inline)) void bucket_ways(const piece_entry *e,
                                                               const piece_key *k, bool *w0,
                                                               bool *w1) {

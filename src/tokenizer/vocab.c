@@ -262,50 +262,27 @@ dflash_status df_pairmap_put(df_pairmap *m, uint32_t a, uint32_t b, uint32_t ran
   return DFLASH_OK;
 }
 
-/* Whether byte-level BPE of token bytes s[0..n), merging only the pairs already in the table,
- * stops at two tokens (*a, *b): the canonical split, the one pair the token is ever made from.
- * ids and rank have room for n. O(n^2): the longest token is a few hundred bytes. */
-static bool split_of(const df_pairmap *m, const df_vocab *v, const uint8_t *s, uint32_t n,
-                     uint32_t *ids, uint32_t *rank, uint32_t *a, uint32_t *b) {
-  for (uint32_t i = 0; i < n; i++) ids[i] = v->byte_id[s[i]];
-  for (uint32_t i = 0; i + 1 < n; i++)
-    rank[i] = df_pairmap_probe(m, df_pair_key(ids[i], ids[i + 1]));
-  while (n > 2) {
-    uint32_t at = 0;
-    for (uint32_t i = 1; i + 1 < n; i++)
-      if (rank[i] < rank[at]) at = i;
-    if (rank[at] == UINT32_MAX) return false;
-    ids[at] = rank[at]; /* tiktoken: the merged id is the rank */
-    memmove(ids + at + 1, ids + at + 2, (n - at - 2) * sizeof *ids);
-    memmove(rank + at + 1, rank + at + 2, (n - at - 2) * sizeof *rank);
-    n--;
-    if (at + 1 < n) rank[at] = df_pairmap_probe(m, df_pair_key(ids[at], ids[at + 1]));
-    if (at) rank[at - 1] = df_pairmap_probe(m, df_pair_key(ids[at - 1], ids[at]));
-  }
-  *a = ids[0];
-  *b = ids[1];
-  return true;
-}
-
 /* Only canonical pairs go in. Any two adjacent tokens of a merge in progress cover bytes that
  * were merged among themselves, in rank order, as in BPE of their concatenation alone; so when
- * that concatenation is a token, they are its canonical split. Other splits are never looked
- * up: o200k has 446,189 splits into two tokens and 199,742 canonical ones, and the table is
- * half the size. Tokens are taken in rank (= id) order, so each split_of sees lower ranks. */
+ * that concatenation is a token, they are its canonical split: the two tokens BPE of its bytes
+ * stops at before its last merge. Other splits are never looked up: o200k has 446,189 splits
+ * into two tokens and 199,742 canonical ones, and the table is half the size. Tokens are taken
+ * in rank (= id) order, so BPE of each (df_bpe_encode, by the heap: byte_rank is not built yet)
+ * merges only the pairs of lower ranks, and stops at its split or, for a token no merge makes,
+ * at more than two. */
 dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
-  uint32_t longest = 2;
-  for (uint32_t id = 0; id < v->n_ids; id++)
-    if (v->kind[id] == DF_TOK_ORDINARY && v->len[id] > longest) longest = v->len[id];
-  uint32_t *ids = malloc(2 * (size_t)longest * sizeof *ids);
-  if (!ids) return df_error_nomem("merge table");
   dflash_status st = df_pairmap_init(m, v->n_ids);
+  df_bpe_scratch scratch = {0};
+  df_ids split = {0};
   for (uint32_t id = 0; !st && id < v->n_ids; id++) {
     if (v->kind[id] != DF_TOK_ORDINARY || v->len[id] < 2) continue;
-    const uint8_t *s = (const uint8_t *)v->blob.data + v->off[id];
-    uint32_t a, b;
-    if (split_of(m, v, s, v->len[id], ids, ids + longest, &a, &b))
-      st = df_pairmap_put(m, a, b, id, id);
+    split.len = 0;
+    st = df_bpe_encode(v, m, (const uint8_t *)v->blob.data + v->off[id], v->len[id], 0, &scratch,
+                       &split);
+    if (!st && split.len == 2)
+      st = df_pairmap_put(m, (uint32_t)split.v[0], (uint32_t)split.v[1], id, id);
   }
-  free(ids);
+  df_bpe_scratch_free(&scratch);
+  free(split.v);
   return st ? st : df_pairmap_compact(m);
 }
