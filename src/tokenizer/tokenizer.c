@@ -676,12 +676,6 @@ static dflash_status encode_missed(const dflash_tokenizer *t, const uint8_t *p, 
   return st;
 }
 
-/* Whether the piece cache holds the piece of key k (with its ids, or marked DF_CACHE_MORE). */
-static inline bool cache_has(const piece_entry *cache, const piece_key *k) {
-  const piece_entry *e = &cache[bucket_of(k->h)];
-  return (int)entry_is(&e[0], k) | (int)entry_is(&e[1], k); /* both, no branch */
-}
-
 /* Whether the piece of key k, of at most DF_CACHE_PIECE bytes, is all ASCII: the pieces
  * merge_ahead takes. Without this test (drv4, o200k, the same library with and without
  * DFLASH_TOKENIZER_NO_AHEAD, medians of 11) English went 130.6 -> 140.8 MB/CPU-s and the mix
@@ -692,58 +686,50 @@ static inline bool key_ascii(const piece_key *k) {
 }
 
 /*
- * A scanned chunk's misses merged together (resolve_ahead): a merge waits on memory (1,830
- * cycles, 480 with its lines warm: README, "Where a miss's time goes"), and df_bpe_merge_many
- * overlaps the waits of several. The batch's results stay here (a piece of more than
- * DF_CACHE_IDS ids has no cache entry, and an entry may be pushed out) until a miss the batch
- * does not hold starts the next one (a piece taken for a hit that was not, or pushed out by the
- * batch's own entries): an unreached piece of the old batch that the cache lacks then merges
- * again, the same ids. They go to the piece cache for later chunks too. `next`: the first piece
- * not yet looked at ahead, so each piece is looked at ahead once per chunk.
+ * A scanned chunk's misses, merged together at its end (chunk_misses): a merge waits on memory
+ * (1,830 cycles, 480 with its lines warm: README, "Where a miss's time goes"), and
+ * df_bpe_merge_many overlaps the waits of several. The probe loop leaves room in the output for
+ * each such miss (an ASCII piece of 2..DF_CACHE_PIECE bytes: one id a byte at most) and goes on;
+ * up to DF_BPE_MANY distinct pieces wait (their whole-piece lookups' lines loading meanwhile),
+ * a piece met again in the chunk waits once, and the batch resolves when it is full or the
+ * chunk ends: ids written into the room left, the pieces cached, and the output closed up at
+ * the chunk's end (misses_close). Before, the first miss merged at once with the misses it
+ * found by probing the rest of the chunk a second time (10-11 % of encode_scanned's cycles on
+ * English).
  */
-typedef struct ahead_set {
-  size_t k, next;
+enum { SCAN_CHUNK = 512 };
+typedef struct chunk_misses {
+  size_t k;             /* distinct pieces waiting */
+  size_t n_occ, n_done; /* occurrences, and those whose ids are written */
   const uint8_t *p[DF_BPE_MANY];
   size_t len[DF_BPE_MANY];
   piece_key key[DF_BPE_MANY];
+  uint64_t vh[DF_BPE_MANY]; /* the vocabulary's hash, where pieces are looked up whole */
   uint8_t count[DF_BPE_MANY];
   uint32_t ids[DF_BPE_MANY][DF_BPE_SHORT];
-} ahead_set;
+  struct {
+    size_t at; /* where its room starts in the output */
+    uint8_t room, piece, count;
+  } occ[SCAN_CHUNK];
+} chunk_misses;
 
-/* The index of the piece of key k (at most DF_CACHE_PIECE bytes: the key is its bytes) in the
- * batch, or -1. */
-static int ahead_find(const ahead_set *a, const piece_key *k) {
+/* The index of the piece of key k (at most DF_CACHE_PIECE bytes: the key is its bytes) among
+ * the waiting ones, or -1. */
+static int misses_find(const chunk_misses *a, const piece_key *k) {
   for (size_t x = 0; x < a->k; x++)
     if (a->key[x].lo == k->lo && a->key[x].hi == k->hi) return (int)x;
   return -1;
 }
 
-/* Fill a with the miss at piece i (2..DF_CACHE_PIECE bytes) and the chunk's next misses, up to
- * DF_BPE_MANY distinct pieces: each looked up whole where the tokenizer does so (their lines
- * loaded together), the rest merged together. */
-static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *text,
-                          const df_range *r, const piece_key *key, size_t i, size_t n,
-                          ahead_set *a) {
+/* The waiting pieces resolved: looked up whole where the tokenizer does so, the rest merged
+ * together; their ids written into their occurrences' room and cached. */
+static void misses_resolve(const dflash_tokenizer *t, enc_ctx *c, chunk_misses *a) {
   const uint8_t *mp[DF_BPE_MANY];
-  size_t mlen[DF_BPE_MANY], nm = 0, j, next = a->next;
-  uint64_t vh[DF_BPE_MANY];
+  size_t mlen[DF_BPE_MANY], nm = 0;
   uint32_t mids[DF_BPE_MANY][DF_BPE_SHORT];
   uint8_t mcount[DF_BPE_MANY], slot[DF_BPE_MANY];
-  a->k = 0;
-  for (j = i; j < n && a->k < DF_BPE_MANY; j = j == i && next > i + 1 ? next : j + 1) {
-    const uint8_t *q = (const uint8_t *)text + r[j].begin;
-    size_t m = r[j].end - r[j].begin;
-    if (j != i &&
-        (m < 2 || m > DF_CACHE_PIECE || cache_has(c->cache, &key[j]) || !key_ascii(&key[j])))
-      continue;
-    if (ahead_find(a, &key[j]) >= 0) continue; /* twice in the chunk: merged once */
-    size_t k = a->k++;
-    a->p[k] = q, a->len[k] = m, a->key[k] = key[j];
-    if (t->whole_piece_lookup) df_vocab_prefetch(&t->vocab, vh[k] = df_hash_bytes(q, m));
-  }
-  a->next = j;
   for (size_t x = 0; x < a->k; x++) {
-    uint32_t id = t->whole_piece_lookup ? df_vocab_find_h(&t->vocab, a->p[x], a->len[x], vh[x])
+    uint32_t id = t->whole_piece_lookup ? df_vocab_find_h(&t->vocab, a->p[x], a->len[x], a->vh[x])
                                         : UINT32_MAX;
     if (id != UINT32_MAX) {
       a->ids[x][0] = id, a->count[x] = 1;
@@ -751,7 +737,7 @@ static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *tex
       mp[nm] = a->p[x], mlen[nm] = a->len[x], slot[nm++] = (uint8_t)x;
     }
   }
-  df_bpe_merge_many(&t->vocab, &t->pairs, mp, mlen, nm, mids, mcount);
+  if (nm) df_bpe_merge_many(&t->vocab, &t->pairs, mp, mlen, nm, mids, mcount);
   for (size_t x = 0; x < nm; x++) {
     memcpy(a->ids[slot[x]], mids[x], mcount[x] * sizeof **mids);
     a->count[slot[x]] = mcount[x];
@@ -759,18 +745,49 @@ static void resolve_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *tex
   c->n_missed += a->k;
   for (size_t x = 0; x < a->k; x++)
     cache_put_ids(c, &a->key[x], a->p[x], a->len[x], a->ids[x], a->count[x]);
+  for (size_t o = a->n_done; o < a->n_occ; o++) {
+    size_t x = a->occ[o].piece;
+    memcpy(c->out.v + a->occ[o].at, a->ids[x], a->count[x] * sizeof **a->ids);
+    a->occ[o].count = a->count[x];
+  }
+  a->n_done = a->n_occ;
+  a->k = 0;
 }
 
-/* The ids of the miss at piece i appended from the batch, merging a new batch from piece i when
- * the batch does not hold it. The caller made room. */
-static void miss_ahead(const dflash_tokenizer *t, enc_ctx *c, const char *text, const df_range *r,
-                       const piece_key *key, size_t i, size_t n, ahead_set *a) {
-  int x = ahead_find(a, &key[i]);
+/* The miss at piece p[0..m) of key k (2..DF_CACHE_PIECE ASCII bytes) made to wait: m ids of
+ * room at the output's end, the batch resolved first when it is full. The caller made room. */
+static void misses_add(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, size_t m,
+                       const piece_key *k, chunk_misses *a) {
+  int x = misses_find(a, k);
   if (x < 0) {
-    resolve_ahead(t, c, text, r, key, i, n, a);
-    x = 0;
+    if (a->k == DF_BPE_MANY) misses_resolve(t, c, a);
+    x = (int)a->k++;
+    a->p[x] = p, a->len[x] = m, a->key[x] = *k;
+    if (t->whole_piece_lookup) df_vocab_prefetch(&t->vocab, a->vh[x] = df_hash_bytes(p, m));
   }
-  for (size_t k = 0; k < a->count[x]; k++) c->out.v[c->out.len++] = (int32_t)a->ids[x][k];
+  a->occ[a->n_occ].at = c->out.len;
+  a->occ[a->n_occ].room = (uint8_t)m;
+  a->occ[a->n_occ++].piece = (uint8_t)x;
+  c->out.len += m;
+}
+
+/* The chunk's waiting misses resolved and the output, from the first occurrence's room on,
+ * closed up: each occurrence's ids then the output up to the next one moved down. */
+static void misses_close(const dflash_tokenizer *t, enc_ctx *c, chunk_misses *a) {
+  if (!a->n_occ) return;
+  if (a->k) misses_resolve(t, c, a);
+  int32_t *v = c->out.v;
+  size_t w = a->occ[0].at;
+  for (size_t o = 0; o < a->n_occ; o++) {
+    size_t at = a->occ[o].at, from = at + a->occ[o].room;
+    size_t to = o + 1 < a->n_occ ? a->occ[o + 1].at : c->out.len;
+    memmove(v + w, v + at, a->occ[o].count * sizeof *v);
+    w += a->occ[o].count;
+    memmove(v + w, v + from, (to - from) * sizeof *v);
+    w += to - from;
+  }
+  c->out.len = w;
+  a->n_occ = a->n_done = 0;
 }
 _Static_assert(DF_CACHE_PIECE <= DF_BPE_SHORT, "a cached piece fits df_bpe_merge_many");
 
@@ -921,8 +938,7 @@ static df_scanner sole_scanner(const df_pretok *p) {
 static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokenizer *t, enc_ctx *c,
                                                             const char *text, const df_range *r,
                                                             const piece_key *key, size_t i,
-                                                            size_t n, bool marked,
-                                                            ahead_set *ahead) {
+                                                            bool marked, chunk_misses *misses) {
   const uint8_t *p = (const uint8_t *)text + r[i].begin;
   size_t m = r[i].end - r[i].begin;
   const piece_key *k = &key[i];
@@ -944,7 +960,7 @@ static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokeniz
     return DFLASH_OK;
   }
   if (m <= DF_CACHE_PIECE && t->merge_ahead && key_ascii(k)) {
-    miss_ahead(t, c, text, r, key, i, n, ahead);
+    misses_add(t, c, p, m, k, misses);
     return DFLASH_OK;
   }
   return encode_missed(t, p, m, k, c);
@@ -952,19 +968,26 @@ static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokeniz
 
 /*
  * encode_plain for a sole scanner (sole_scanner), a piece cache and no bytes without a token:
- * the pieces come CHUNK at a time into arrays on the stack (3 KiB; 256 was slower), their keys
- * are taken and their buckets prefetched in one loop, and a second loop probes and copies. The
+ * the pieces come CHUNK at a time into arrays on the stack (28 KiB with the chunk's misses), their
+ * keys are taken and their buckets prefetched in one loop, and a second loop probes and copies. The
  * whole text's list of ranges (16 bytes a piece: a 10 KB document's did not fit L1) is not
  * written and read back, and the probe loop branches only on misses and long pieces: both ways
  * are compared and a hit's ids copied unconditionally; a one-byte piece is in the cache from
- * its seed. Returns DFLASH_E_UNSUPPORTED, nothing appended, where the scanner stops before
- * the end (a place it matches nothing), for encode_plain's general path to take the text.
+ * its seed. A miss of the batch kind waits for the chunk's end (chunk_misses): the more pieces
+ * a chunk, the more misses a batch merges together, and nothing is probed twice. (drv4, medians
+ * of 5-7 against chunks of 128 whose first miss merged at once with the rest of the chunk's:
+ * chunks of 512 o200k English +9 %, code +10 %, the mix +11 %, Kimi K2 +8-9 %, Qwen2 +6-10 %; of
+ * 128 +4-5 %, of 256 +7-8 %; 16 lanes in place of 8: CJK and other scripts 2-5 % slower.)
+ * Returns DFLASH_E_UNSUPPORTED, nothing appended, where the scanner stops before the end (a place
+ * it matches nothing), for encode_plain's general path to take the text.
  */
 static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, const char *text,
                                     size_t len, enc_ctx *c) {
-  enum { CHUNK = 128 };
+  enum { CHUNK = SCAN_CHUNK };
   df_range r[CHUNK];
   piece_key key[CHUNK];
+  chunk_misses misses;
+  misses.k = misses.n_occ = misses.n_done = 0;
   const piece_entry *cache = c->cache;
   const long_entry *lc = c->long_cache;
   const size_t first = c->out.len;
@@ -984,8 +1007,6 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
     if (df_ids_reserve(&c->out, stop - pos + DF_LONG_IDS)) return DFLASH_E_NOMEM;
     int32_t *ov = c->out.v;
     size_t olen = c->out.len;
-    ahead_set ahead;
-    ahead.k = ahead.next = 0;
     for (size_t i = 0; i < n; i++) {
       size_t m = r[i].end - r[i].begin;
       const piece_key *k = &key[i];
@@ -1003,12 +1024,13 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
         continue;
       }
       c->out.len = olen;
-      dflash_status st = scanned_slow(t, c, text, r, key, i, n, w0 | w1, &ahead);
+      dflash_status st = scanned_slow(t, c, text, r, key, i, w0 | w1, &misses);
       if (st) return st;
       ov = c->out.v;
       olen = c->out.len;
     }
     c->out.len = olen;
+    misses_close(t, c, &misses);
     pos = stop;
   }
   c->n_pieces += pieces;

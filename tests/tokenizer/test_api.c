@@ -257,8 +257,8 @@ START_TEST(long_pieces_hit) {
 }
 END_TEST
 
-/* The misses of a scanned chunk are merged together (resolve_ahead), their ids cached for
- * when the loop reaches them: the same ids as one miss at a time (DFLASH_TOKENIZER_NO_AHEAD),
+/* The misses of a scanned chunk are merged together (chunk_misses), their ids written into the
+ * room the probe loop left for them: the same ids as one miss at a time (DFLASH_TOKENIZER_NO_AHEAD),
  * and a piece twice among them merged once. Ten distinct pieces of 2-3 ids (" hellq" and
  * " worx" merge: he+ll, hell; " w"+"or"), each twice within the chunk, so two batches of
  * up to 8: 10 misses, not 20. */
