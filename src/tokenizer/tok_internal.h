@@ -462,7 +462,7 @@ struct dflash_tokenizer {
   df_vocab vocab;
   df_pairmap pairs;
   bool whole_piece_lookup; /* tiktoken; HF ignore_merges */
-  /* A scanned chunk's misses are merged together (tokenizer.c, chunk_misses); off without
+  /* A scanned text's misses are merged together (tokenizer.c, waiting_misses); off without
    * byte ranks, or with DFLASH_TOKENIZER_NO_AHEAD set at load (a test and measuring hook). */
   bool merge_ahead;
   bool nfc;

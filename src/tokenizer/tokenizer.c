@@ -686,19 +686,20 @@ static inline bool key_ascii(const piece_key *k) {
 }
 
 /*
- * A scanned chunk's misses, merged together at its end (chunk_misses): a merge waits on memory
+ * The misses of a scanned text, merged together (waiting_misses): a merge waits on memory
  * (1,830 cycles, 480 with its lines warm: README, "Where a miss's time goes"), and
  * df_bpe_merge_many overlaps the waits of several. The probe loop leaves room in the output for
- * each such miss (an ASCII piece of 2..DF_CACHE_PIECE bytes: one id a byte at most) and goes on;
- * up to DF_BPE_MANY distinct pieces wait (their whole-piece lookups' lines loading meanwhile),
- * a piece met again in the chunk waits once, and the batch resolves when it is full or the
- * chunk ends: ids written into the room left, the pieces cached, and the output closed up at
- * the chunk's end (misses_close). Before, the first miss merged at once with the misses it
- * found by probing the rest of the chunk a second time (10-11 % of encode_scanned's cycles on
- * English).
+ * each such miss (an ASCII piece of 2..DF_CACHE_PIECE bytes: one id a byte at most) and goes on,
+ * across chunks; up to DF_BPE_MANY distinct pieces wait (their whole-piece lookups' lines
+ * loading meanwhile), a piece met again while it waits waits once, and the batch resolves when
+ * it is full or the text ends: ids written into the room left, the pieces cached. The output is
+ * closed up at the text's end, or when MISS_OCC occurrences wait (misses_close). Before, the
+ * first miss of a chunk of 128 pieces merged at once with the misses found by probing the rest
+ * of the chunk a second time (10-11 % of encode_scanned's cycles on English), and a batch held
+ * only one chunk's misses.
  */
-enum { SCAN_CHUNK = 512 };
-typedef struct chunk_misses {
+enum { SCAN_CHUNK = 128, MISS_OCC = 128 };
+typedef struct waiting_misses {
   size_t k;             /* distinct pieces waiting */
   size_t n_occ, n_done; /* occurrences, and those whose ids are written */
   const uint8_t *p[DF_BPE_MANY];
@@ -710,12 +711,12 @@ typedef struct chunk_misses {
   struct {
     size_t at; /* where its room starts in the output */
     uint8_t room, piece, count;
-  } occ[SCAN_CHUNK];
-} chunk_misses;
+  } occ[MISS_OCC];
+} waiting_misses;
 
 /* The index of the piece of key k (at most DF_CACHE_PIECE bytes: the key is its bytes) among
  * the waiting ones, or -1. */
-static int misses_find(const chunk_misses *a, const piece_key *k) {
+static int misses_find(const waiting_misses *a, const piece_key *k) {
   for (size_t x = 0; x < a->k; x++)
     if (a->key[x].lo == k->lo && a->key[x].hi == k->hi) return (int)x;
   return -1;
@@ -723,7 +724,7 @@ static int misses_find(const chunk_misses *a, const piece_key *k) {
 
 /* The waiting pieces resolved: looked up whole where the tokenizer does so, the rest merged
  * together; their ids written into their occurrences' room and cached. */
-static void misses_resolve(const dflash_tokenizer *t, enc_ctx *c, chunk_misses *a) {
+static void misses_resolve(const dflash_tokenizer *t, enc_ctx *c, waiting_misses *a) {
   const uint8_t *mp[DF_BPE_MANY];
   size_t mlen[DF_BPE_MANY], nm = 0;
   uint32_t mids[DF_BPE_MANY][DF_BPE_SHORT];
@@ -754,10 +755,14 @@ static void misses_resolve(const dflash_tokenizer *t, enc_ctx *c, chunk_misses *
   a->k = 0;
 }
 
+static void misses_close(const dflash_tokenizer *t, enc_ctx *c, waiting_misses *a);
+
 /* The miss at piece p[0..m) of key k (2..DF_CACHE_PIECE ASCII bytes) made to wait: m ids of
- * room at the output's end, the batch resolved first when it is full. The caller made room. */
+ * room at the output's end (the caller made it), the batch resolved first when it is full, the
+ * output closed up first when MISS_OCC occurrences wait. */
 static void misses_add(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, size_t m,
-                       const piece_key *k, chunk_misses *a) {
+                       const piece_key *k, waiting_misses *a) {
+  if (a->n_occ == MISS_OCC) misses_close(t, c, a);
   int x = misses_find(a, k);
   if (x < 0) {
     if (a->k == DF_BPE_MANY) misses_resolve(t, c, a);
@@ -771,9 +776,9 @@ static void misses_add(const dflash_tokenizer *t, enc_ctx *c, const uint8_t *p, 
   c->out.len += m;
 }
 
-/* The chunk's waiting misses resolved and the output, from the first occurrence's room on,
- * closed up: each occurrence's ids then the output up to the next one moved down. */
-static void misses_close(const dflash_tokenizer *t, enc_ctx *c, chunk_misses *a) {
+/* The waiting misses resolved and the output, from the first occurrence's room on, closed up:
+ * each occurrence's ids, then the output up to the next one, moved down. */
+static void misses_close(const dflash_tokenizer *t, enc_ctx *c, waiting_misses *a) {
   if (!a->n_occ) return;
   if (a->k) misses_resolve(t, c, a);
   int32_t *v = c->out.v;
@@ -938,7 +943,7 @@ static df_scanner sole_scanner(const df_pretok *p) {
 static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokenizer *t, enc_ctx *c,
                                                             const char *text, const df_range *r,
                                                             const piece_key *key, size_t i,
-                                                            bool marked, chunk_misses *misses) {
+                                                            bool marked, waiting_misses *misses) {
   const uint8_t *p = (const uint8_t *)text + r[i].begin;
   size_t m = r[i].end - r[i].begin;
   const piece_key *k = &key[i];
@@ -968,16 +973,17 @@ static __attribute__((noinline)) dflash_status scanned_slow(const dflash_tokeniz
 
 /*
  * encode_plain for a sole scanner (sole_scanner), a piece cache and no bytes without a token:
- * the pieces come CHUNK at a time into arrays on the stack (28 KiB with the chunk's misses), their
- * keys are taken and their buckets prefetched in one loop, and a second loop probes and copies. The
- * whole text's list of ranges (16 bytes a piece: a 10 KB document's did not fit L1) is not
- * written and read back, and the probe loop branches only on misses and long pieces: both ways
- * are compared and a hit's ids copied unconditionally; a one-byte piece is in the cache from
- * its seed. A miss of the batch kind waits for the chunk's end (chunk_misses): the more pieces
- * a chunk, the more misses a batch merges together, and nothing is probed twice. (drv4, medians
- * of 5-7 against chunks of 128 whose first miss merged at once with the rest of the chunk's:
- * chunks of 512 o200k English +9 %, code +10 %, the mix +11 %, Kimi K2 +8-9 %, Qwen2 +6-10 %; of
- * 128 +4-5 %, of 256 +7-8 %; 16 lanes in place of 8: CJK and other scripts 2-5 % slower.)
+ * the pieces come CHUNK at a time into arrays on the stack (5 KiB), their keys are taken and
+ * their buckets prefetched in one loop, and a second loop probes and copies. The whole text's list
+ * of ranges (16 bytes a piece: a 10 KB document's did not fit L1) is not written and read back,
+ * and the probe loop branches only on misses and long pieces: both ways are compared and a hit's
+ * ids copied unconditionally; a one-byte piece is in the cache from its seed. A miss of the
+ * batch kind waits (waiting_misses), so nothing is probed twice and a batch is as wide as the
+ * text's misses allow: drv4 against misses merged a chunk at a time from the first on, medians
+ * of 7, o200k English +10 %, code +10 %, the mix +12 %; Kimi K2 +8 %, +11 %, +13 %; Qwen2 +7 %,
+ * +8 %, +11 %. (Waiting for a chunk's end only: chunks of 128 +4-5 %, 512 +9-11 %; across
+ * chunks the chunk's size is level from 128 to 512, and 12 or 16 lanes in place of 8 were level
+ * or 2-5 % slower on CJK and other scripts.)
  * Returns DFLASH_E_UNSUPPORTED, nothing appended, where the scanner stops before the end (a place
  * it matches nothing), for encode_plain's general path to take the text.
  */
@@ -986,7 +992,7 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
   enum { CHUNK = SCAN_CHUNK };
   df_range r[CHUNK];
   piece_key key[CHUNK];
-  chunk_misses misses;
+  waiting_misses misses;
   misses.k = misses.n_occ = misses.n_done = 0;
   const piece_entry *cache = c->cache;
   const long_entry *lc = c->long_cache;
@@ -1030,9 +1036,9 @@ static dflash_status encode_scanned(const dflash_tokenizer *t, df_scanner sc, co
       olen = c->out.len;
     }
     c->out.len = olen;
-    misses_close(t, c, &misses);
     pos = stop;
   }
+  misses_close(t, c, &misses);
   c->n_pieces += pieces;
   return DFLASH_OK;
 }

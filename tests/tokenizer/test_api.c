@@ -257,10 +257,10 @@ START_TEST(long_pieces_hit) {
 }
 END_TEST
 
-/* The misses of a scanned chunk are merged together (chunk_misses), their ids written into the
+/* The misses of a scanned text are merged together (waiting_misses), their ids written into the
  * room the probe loop left for them: the same ids as one miss at a time (DFLASH_TOKENIZER_NO_AHEAD),
  * and a piece twice among them merged once. Ten distinct pieces of 2-3 ids (" hellq" and
- * " worx" merge: he+ll, hell; " w"+"or"), each twice within the chunk, so two batches of
+ * " worx" merge: he+ll, hell; " w"+"or"), each twice while it waits, so two batches of
  * up to 8: 10 misses, not 20. */
 static void encode_ahead_or_not(const char *path, const char *pattern, const char *text,
                                 int32_t *ids, size_t cap, size_t *n, uint64_t *missed, bool ahead) {
