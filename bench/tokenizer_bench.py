@@ -28,6 +28,7 @@ tiktoken patterns, Hugging Face `tokenizers` for Qwen2): an engine with mismatch
 as not exact and is left out of the ratios."""
 import argparse
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VENV = os.path.join(ROOT, ".venv-tok")
 PEERS = ["gigatoken==0.10.0", "fastokens==0.3.5", "quicktok-v1==0.4.0", "basetenkenizer==0.2.8",
-         "tiktoken==0.14.0", "tokenizers==0.23.3", "numpy",
+         "tuetoken==0.1.3", "tiktoken==0.14.0", "tokenizers==0.23.3", "numpy",
          "sympy==1.13.1", "mpmath==1.3.0"]  # sympy, mpmath: the math text of --real (real_corpus)
 THREADS = 2
 os.environ.setdefault("RAYON_NUM_THREADS", str(THREADS))  # HF tokenizers, gigatoken pools
@@ -140,6 +141,19 @@ def tiktoken_engines(case, pat, ranks, plain, lib_path):
         return Engine("basetenkenizer 0.2.8", lambda s: t.encode(s).ids,
                       lambda ds: [e.ids for e in t.encode_batch(ds)])
     out.append(peer("basetenkenizer", baseten))
+
+    def tue():
+        import tuetoken
+        from tuetoken import _tiktoken
+        # tuetoken's own conversion of ranks and a pattern to a tokenizer.json (what its
+        # get_tiktoken_model_path does for a tiktoken.model, without its cache in $HOME)
+        tj = os.path.join(os.path.dirname(plain), f"tuetoken_{case}.json")
+        with open(tj, "w") as f:
+            json.dump(_tiktoken.build_tiktoken_model_json(ranks, pat), f)
+        t = tuetoken.Tokenizer(tj)
+        return Engine(f"tuetoken {tuetoken.__version__}", t.encode_ordinary,
+                      lambda ds: t.encode_ordinary_batch(ds, num_threads=THREADS))
+    out.append(peer("tuetoken", tue))
     return [e for e in out if e]
 
 
@@ -189,6 +203,13 @@ def qwen2_engines(qdir, tmp):
         return Engine("basetenkenizer 0.2.8", lambda s: t.encode(s).ids,
                       lambda ds: [e.ids for e in t.encode_batch(ds)])
     out.append(peer("basetenkenizer", baseten))
+
+    def tue():
+        import tuetoken
+        t = tuetoken.Tokenizer(tj)
+        return Engine(f"tuetoken {tuetoken.__version__}", t.encode_ordinary,
+                      lambda ds: t.encode_ordinary_batch(ds, num_threads=THREADS))
+    out.append(peer("tuetoken", tue))
     return [e for e in out if e]
 
 
