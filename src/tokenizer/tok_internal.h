@@ -166,6 +166,13 @@ typedef struct df_pairmap {
    * df_pairmap_byte_ranks. */
   uint32_t *byte_rank;
   df_filter filter; /* over the pairs' keys; built by df_pairmap_byte_ranks */
+  /* df_pairmap_char_tokens (tiktoken): the token of each character of 2-4 bytes whose BPE
+   * alone is one token, in blocks of 256 code points (char_block[cp >> 8], NULL where the block
+   * has none; UINT32_MAX where the character has none), and `joined`, a bit for each byte pair
+   * (a << 8 | b) that some token holding part of a character and more holds across a character
+   * boundary. NULL: merges start from bytes. */
+  uint32_t **char_block;
+  uint64_t *joined;
 } df_pairmap;
 
 DF_MUST_CHECK dflash_status df_pairmap_init(df_pairmap *m, size_t expected);
@@ -215,6 +222,12 @@ DF_MUST_CHECK dflash_status df_pairmap_byte_ranks(df_pairmap *m, const struct df
 /* tiktoken's merge rule: a and b merge when their concatenation is a token,
  * ranked by that token. Holds each token's canonical split only (the one BPE ever makes). */
 DF_MUST_CHECK dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
+#define DF_CHAR_BLOCKS (0x110000 >> 8)
+/* The length of the well-formed UTF-8 character of 2-4 bytes at p[0..avail), or 0. */
+size_t df_utf8_char_len(const uint8_t *p, size_t avail);
+/* The tables that let a merge start from characters' tokens (bpe.c, list_init_chars): for a
+ * table whose ranks are the merged ids and rise along every merge (df_pairmap_from_ranks). */
+DF_MUST_CHECK dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v);
 
 /* ---- BPE (bpe.c) ---------------------------------------------------------- */
 
@@ -410,6 +423,17 @@ static inline uint32_t df_utf8_next(const uint8_t *s, size_t *i) {
                (uint32_t)(s[*i + 2] & 0x3F) << 6 | (s[*i + 3] & 0x3F);
   *i += 4;
   return r;
+}
+/* The token a merge may start from for the character at p[0..len) (2-4 bytes), or UINT32_MAX. */
+static inline uint32_t df_pairmap_char_token(const df_pairmap *m, const uint8_t *p, size_t len) {
+  size_t i = 0;
+  uint32_t cp = df_utf8_next(p, &i);
+  const uint32_t *b = i == len && cp <= 0x10FFFF ? m->char_block[cp >> 8] : NULL;
+  return b ? b[cp & 0xFF] : UINT32_MAX;
+}
+static inline bool df_pairmap_joined(const df_pairmap *m, uint8_t a, uint8_t b) {
+  uint32_t k = (uint32_t)a << 8 | b;
+  return m->joined[k >> 6] >> (k & 63) & 1;
 }
 /* df_nfc of s[0..len) (into out when *changed), with df_nfc run only on the regions around the
  * bytes it acts on (>= 0xCC); `part` is scratch (tokenizer.c). */

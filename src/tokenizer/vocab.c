@@ -198,6 +198,10 @@ void df_pairmap_free(df_pairmap *m) {
   free(m->rank_merged);
   free(m->byte_rank);
   df_filter_free(&m->filter);
+  if (m->char_block)
+    for (size_t b = 0; b < DF_CHAR_BLOCKS; b++) free(m->char_block[b]);
+  free(m->char_block);
+  free(m->joined);
   memset(m, 0, sizeof *m);
 }
 
@@ -285,4 +289,94 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
   df_bpe_scratch_free(&scratch);
   free(split.v);
   return st ? st : df_pairmap_compact(m);
+}
+
+/* ---- characters' tokens ------------------------------------------------------------------- */
+
+/* The length of the well-formed character at p[0..avail) (2-4 bytes), or 0. */
+size_t df_utf8_char_len(const uint8_t *p, size_t avail) {
+  uint8_t c = p[0];
+  size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+             : c >= 0xE0 && c <= 0xEF ? 3
+             : c >= 0xF0 && c <= 0xF4 ? 4
+                                      : 0;
+  if (!n || n > avail) return 0;
+  uint8_t lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+  uint8_t hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+  if (p[1] < lo || p[1] > hi) return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((p[i] & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+/* Whether the token p[0..n) is whole characters (well-formed UTF-8, ASCII included). */
+static bool whole_chars(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n;) {
+    size_t k = p[i] < 0x80 ? 1 : df_utf8_char_len(p + i, n - i);
+    if (!k) return false;
+    i += k;
+  }
+  return true;
+}
+
+/* Whether the token p[0..n), not whole characters, lies within one: continuation bytes only,
+ * or a lead byte and fewer continuation bytes than it announces. */
+static bool within_one_char(const uint8_t *p, size_t n) {
+  size_t lead = (p[0] & 0xC0) != 0x80;
+  for (size_t i = lead; i < n; i++)
+    if ((p[i] & 0xC0) != 0x80) return false;
+  if (!lead) return n <= 3;
+  size_t want = p[0] >= 0xF0 ? 4 : p[0] >= 0xE0 ? 3 : p[0] >= 0xC0 ? 2 : 1;
+  return n < want;
+}
+
+/*
+ * A merge may start from a character's own token where nothing can join part of that character
+ * to anything else: then its bytes merge among themselves, as BPE of the character alone would,
+ * and (the ranks rising along every merge) it is whole before any merge that takes it, so BPE
+ * from its token gives the same ids. Part of a character joins something else only through a
+ * token that is not whole characters and reaches past one; such a token holds, across the
+ * character's boundary, the pair of the byte before it and the byte after (a byte that starts
+ * a character). `joined` marks those pairs, so a character is taken whole when the byte pairs
+ * at both its ends are unmarked (bpe.c, list_init_chars). o200k: 794 such tokens, 207 pairs.
+ */
+dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v) {
+  m->joined = calloc(65536 / 64, sizeof *m->joined);
+  m->char_block = calloc(DF_CHAR_BLOCKS, sizeof *m->char_block);
+  if (!m->joined || !m->char_block) return df_error_nomem("character tokens");
+  df_bpe_scratch scratch = {0};
+  df_ids got = {0};
+  dflash_status st = DFLASH_OK;
+  for (uint32_t id = 0; !st && id < v->n_ids; id++) {
+    size_t n = v->len[id];
+    if (v->kind[id] != DF_TOK_ORDINARY || n < 2) continue;
+    const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
+    if (!whole_chars(p, n)) {
+      if (within_one_char(p, n)) continue;
+      for (size_t k = 1; k < n; k++)
+        if ((p[k] & 0xC0) != 0x80) {
+          uint32_t pair = (uint32_t)p[k - 1] << 8 | p[k];
+          m->joined[pair >> 6] |= (uint64_t)1 << (pair & 63);
+        }
+      continue;
+    }
+    if (df_utf8_char_len(p, n) != n) continue; /* not one character of 2-4 bytes */
+    got.len = 0;                               /* the character's own BPE must be this token */
+    st = df_bpe_encode(v, m, p, n, 0, &scratch, &got);
+    if (st || got.len != 1 || (uint32_t)got.v[0] != id) continue;
+    size_t i = 0;
+    uint32_t cp = df_utf8_next(p, &i);
+    uint32_t **b = &m->char_block[cp >> 8];
+    if (!*b) {
+      if (!(*b = malloc(256 * sizeof **b))) {
+        st = df_error_nomem("character tokens");
+        break;
+      }
+      memset(*b, 0xFF, 256 * sizeof **b);
+    }
+    (*b)[cp & 0xFF] = id;
+  }
+  df_bpe_scratch_free(&scratch);
+  free(got.v);
+  return st;
 }

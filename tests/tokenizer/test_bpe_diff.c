@@ -122,6 +122,82 @@ static void random_pieces(diff_ctx *d, unsigned seed, int count) {
   }
 }
 
+/* t[0..n), a token that holds part of a character, made whole characters: a lead byte before
+ * leading continuation bytes, continuation bytes after a character cut short (a valid second
+ * byte after E0, ED, F0, F4). Its length, or 0 when it cannot be (more than 3 continuation
+ * bytes, bytes that are no UTF-8). */
+static size_t made_whole(const uint8_t *t, size_t n, uint8_t *out) {
+  size_t k = 0, o = 0;
+  while (k < n && (t[k] & 0xC0) == 0x80) k++;
+  if (k > 3) return 0;
+  if (k) out[o++] = k == 1 ? 0xC3 : k == 2 ? 0xE5 : 0xF1;
+  memcpy(out + o, t, n);
+  o += n;
+  size_t i = o - n + k; /* the last character's start, if it is cut short */
+  for (size_t j = i; j < o;) {
+    size_t want = out[j] < 0x80    ? 1
+                  : out[j] >= 0xF0 ? 4
+                  : out[j] >= 0xE0 ? 3
+                  : out[j] >= 0xC0 ? 2
+                                   : 0;
+    if (!want) return 0;
+    if (j + want <= o) {
+      j += want;
+      continue;
+    }
+    uint8_t lead = out[j];
+    while (o < j + want) {
+      bool second = o == j + 1;
+      out[o++] = second && lead == 0xE0 ? 0xA0 : second && lead == 0xF0 ? 0x90 : 0x80;
+    }
+    break;
+  }
+  return df_utf8_valid((const char *)out, o) ? o : 0;
+}
+
+/* Valid UTF-8 pieces of up to 128 bytes around the tokens that join part of a character to
+ * something else (made whole, so that the characters next to them are what text has there),
+ * mixed with characters that are tokens of their own and ASCII: where list_init_chars takes a
+ * character whole, and must not. */
+static void joined_pieces(diff_ctx *d, unsigned seed, int count) {
+  const df_vocab *v = &d->t->vocab;
+  enum { MAXJ = 4096, MAXC = 4096 };
+  static uint8_t joiners[MAXJ][160], chars[MAXC][4];
+  static size_t jlen[MAXJ], clen[MAXC];
+  size_t nj = 0, nc = 0;
+  for (uint32_t id = 0; id < v->n_ids; id++) {
+    const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
+    size_t n = v->len[id];
+    if (v->kind[id] != DF_TOK_ORDINARY || n < 2 || n > 150) continue;
+    size_t c = df_utf8_char_len(p, n);
+    if (c == n && n <= 4 && nc < MAXC) {
+      memcpy(chars[nc], p, n);
+      clen[nc++] = n;
+    } else if (!df_utf8_valid((const char *)p, n) && nj < MAXJ &&
+               (jlen[nj] = made_whole(p, n, joiners[nj]))) {
+      nj++;
+    }
+  }
+  if (!nj || !nc) return; /* a vocabulary of whole characters only */
+  uint8_t buf[128 + 160];
+  for (int iter = 0; iter < count; iter++) {
+    size_t want = 2 + (size_t)rand_r(&seed) % 127, n = 0;
+    while (n < want) {
+      int kind = rand_r(&seed) % 10;
+      if (kind < 5) {
+        size_t c = (size_t)rand_r(&seed) % nc;
+        memcpy(buf + n, chars[c], clen[c]), n += clen[c];
+      } else if (kind < 8) {
+        size_t j = (size_t)rand_r(&seed) % nj;
+        memcpy(buf + n, joiners[j], jlen[j]), n += jlen[j];
+      } else {
+        buf[n++] = " ab.\n"[rand_r(&seed) % 5];
+      }
+    }
+    same_ids(d, buf, n > 128 ? 128 : n); /* (cut at 128: maybe mid-character, as bytes go) */
+  }
+}
+
 static void check_vocabulary(const char *relative, unsigned seed) {
   char *path = df_test_fixture(relative);
   if (!path) return; /* the note says which fixture is absent */
@@ -130,6 +206,7 @@ static void check_vocabulary(const char *relative, unsigned seed) {
   every_token(&d);
   ck_assert_uint_gt(d.pieces, 1000); /* a real vocabulary, not an empty one */
   random_pieces(&d, seed, 3000);
+  joined_pieces(&d, seed, 20000);
   flush_many(&d);
   ck_assert_uint_gt(d.many, 1000);
   free(d.list.v);
