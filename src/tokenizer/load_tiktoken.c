@@ -280,7 +280,6 @@ dflash_status df_load_tiktoken_data(dflash_tokenizer *t, const char *name, const
   if (!st) st = fill_ranks(t, name, lines, n, &bytes);
   if (!st) st = df_vocab_index(&t->vocab, true, name);
   if (!st) st = df_pairmap_from_ranks(&t->pairs, &t->vocab);
-  if (!st) st = df_pairmap_char_tokens(&t->pairs, &t->vocab);
   if (!st)
     st = kimi ? kimi_specials(t, cfg, cfg_name, (uint32_t)n) : openai_specials(t, pat, (uint32_t)n);
   if (!st)

@@ -143,6 +143,8 @@ dflash_status df_tokenizer_finish(dflash_tokenizer *t) {
   if (!st) st = df_trie_build(&t->norm_trie, t->added, t->n_added, true);
   if (!st && !df_env_on(getenv("DFLASH_TOKENIZER_NO_ID_RANKS"))) df_pairmap_ids_as_ranks(&t->pairs);
   if (!st) st = df_pairmap_byte_ranks(&t->pairs, &t->vocab);
+  if (!st && !df_env_on(getenv("DFLASH_TOKENIZER_NO_CHARS")))
+    st = df_pairmap_char_tokens(&t->pairs, &t->vocab);
   if (!st) st = cache_seed_build(t);
   t->merge_ahead = t->pairs.byte_rank && !df_env_on(getenv("DFLASH_TOKENIZER_NO_AHEAD"));
   return st;

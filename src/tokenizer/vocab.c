@@ -340,7 +340,35 @@ static bool within_one_char(const uint8_t *p, size_t n) {
  * a character). `joined` marks those pairs, so a character is taken whole when the byte pairs
  * at both its ends are unmarked (bpe.c, list_init_chars). o200k: 794 such tokens, 207 pairs.
  */
+/* Whether every merge ranks after the merges that make its two tokens (a token made by several
+ * merges: after all of them), so that BPE merges in rising rank order: true of tiktoken's
+ * tables by their making, checked for Hugging Face merge lists. */
+static bool ranks_rise(const df_pairmap *m, size_t n_ids) {
+  uint32_t *made = malloc(n_ids * sizeof *made); /* the last rank making each token */
+  if (!made) return false;
+  memset(made, 0xFF, n_ids * sizeof *made);
+  const uint64_t rank_mask = ((uint64_t)1 << DF_PAIR_RANK_BITS) - 1;
+  const uint64_t id_mask = ((uint64_t)1 << DF_PAIR_ID_BITS) - 1;
+  for (size_t i = 0; i <= m->mask; i++) {
+    if (m->slots[i] == UINT64_MAX) continue;
+    uint32_t r = (uint32_t)(m->slots[i] & rank_mask), x = df_pairmap_merged(m, r);
+    if (x < n_ids && (made[x] == UINT32_MAX || r > made[x])) made[x] = r;
+  }
+  bool rise = true;
+  for (size_t i = 0; i <= m->mask && rise; i++) {
+    if (m->slots[i] == UINT64_MAX) continue;
+    uint64_t key = m->slots[i] >> DF_PAIR_RANK_BITS;
+    uint32_t r = (uint32_t)(m->slots[i] & rank_mask);
+    uint32_t a = (uint32_t)(key >> DF_PAIR_ID_BITS), b = (uint32_t)(key & id_mask);
+    rise = (a >= n_ids || made[a] == UINT32_MAX || made[a] < r) &&
+           (b >= n_ids || made[b] == UINT32_MAX || made[b] < r);
+  }
+  free(made);
+  return rise;
+}
+
 dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v) {
+  if (!m->slots || !ranks_rise(m, v->n_ids)) return DFLASH_OK; /* merges start from bytes */
   m->joined = calloc(65536 / 64, sizeof *m->joined);
   m->char_block = calloc(DF_CHAR_BLOCKS, sizeof *m->char_block);
   if (!m->joined || !m->char_block) return df_error_nomem("character tokens");

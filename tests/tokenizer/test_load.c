@@ -171,6 +171,42 @@ START_TEST(tokenizer_json) {
 }
 END_TEST
 
+/* A merge may start from a character's own token only where every merge ranks after the
+ * merges making its two tokens (df_pairmap_char_tokens): \u00e9 (bytes c3 a9) made before
+ * \u00e9\u00e9, then the other way round, where the tables are not built. Both encode
+ * \u00e9\u00e9 as one token. */
+START_TEST(char_tokens_need_rising_ranks) {
+  static const char *const order[2] = {"[\"\\u00c3 \\u00a9\", \"\\u00c3\\u00a9 \\u00c3\\u00a9\"]",
+                                       "[\"\\u00c3\\u00a9 \\u00c3\\u00a9\", \"\\u00c3 \\u00a9\"]"};
+  char *vocab = byte_vocab_json();
+  const uint8_t e[2] = {0xC3, 0xA9};
+  for (int k = 0; k < 2; k++) {
+    char *doc =
+        df_asprintf("{\"model\": {\"type\": \"BPE\", \"vocab\": {%s, \"\\u00c3\\u00a9\": 256, "
+                    "\"\\u00c3\\u00a9\\u00c3\\u00a9\": 257}, \"merges\": %s}" BYTE_LEVEL "}",
+                    vocab, order[k]);
+    char *p = tt_write(g_dir, "chars.json", doc);
+    dflash_tokenizer *t = tt_load(p, NULL);
+    if (k == 0) {
+      ck_assert_ptr_nonnull(t->pairs.char_block);
+      ck_assert_uint_eq(df_pairmap_char_token(&t->pairs, e, 2), 256);
+    } else {
+      ck_assert_ptr_null(t->pairs.char_block);
+    }
+    int32_t ids[8];
+    size_t n = 0;
+    ck_assert_ok(
+        dflash_tokenizer_encode(t, "\xc3\xa9\xc3\xa9", 4, DFLASH_SPECIAL_NONE, ids, 8, &n));
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(ids[0], 257);
+    dflash_tokenizer_free(t);
+    free(p);
+    free(doc);
+  }
+  free(vocab);
+}
+END_TEST
+
 /* vocab.json beside a merges.txt, loaded by the vocab's path or the folder's. */
 typedef struct {
   const char *merges;
@@ -302,6 +338,7 @@ TCase *tc_tok_load_errors(void) {
   tcase_add_test(tc, truncated_gzip);
   tcase_add_loop_test(tc, tokenizer_json, 0, (int)DF_ARRAY_LEN(BPE_DOCS));
   tcase_add_loop_test(tc, vocab_merges, 0, (int)DF_ARRAY_LEN(MERGES));
+  tcase_add_test(tc, char_tokens_need_rising_ranks);
   tcase_add_test(tc, folder_without_tokenizer);
   tcase_add_test(tc, missing_byte_tokens);
   tcase_add_test(tc, seeded_cache_holds_merge_results);
