@@ -224,7 +224,20 @@ DF_MUST_CHECK dflash_status df_pairmap_byte_ranks(df_pairmap *m, const struct df
 DF_MUST_CHECK dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v);
 #define DF_CHAR_BLOCKS (0x110000 >> 8)
 /* The length of the well-formed UTF-8 character of 2-4 bytes at p[0..avail), or 0. */
-size_t df_utf8_char_len(const uint8_t *p, size_t avail);
+static inline size_t df_utf8_char_len(const uint8_t *p, size_t avail) {
+  uint8_t c = p[0];
+  size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+             : c >= 0xE0 && c <= 0xEF ? 3
+             : c >= 0xF0 && c <= 0xF4 ? 4
+                                      : 0;
+  if (!n || n > avail) return 0;
+  uint8_t lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+  uint8_t hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+  if (p[1] < lo || p[1] > hi) return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((p[i] & 0xC0) != 0x80) return 0;
+  return n;
+}
 /* The tables that let a merge start from characters' tokens (bpe.c, list_init_chars): for a
  * table whose ranks are the merged ids and rise along every merge (df_pairmap_from_ranks). */
 DF_MUST_CHECK dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v);

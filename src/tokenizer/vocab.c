@@ -293,22 +293,6 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
 
 /* ---- characters' tokens ------------------------------------------------------------------- */
 
-/* The length of the well-formed character at p[0..avail) (2-4 bytes), or 0. */
-size_t df_utf8_char_len(const uint8_t *p, size_t avail) {
-  uint8_t c = p[0];
-  size_t n = c >= 0xC2 && c <= 0xDF   ? 2
-             : c >= 0xE0 && c <= 0xEF ? 3
-             : c >= 0xF0 && c <= 0xF4 ? 4
-                                      : 0;
-  if (!n || n > avail) return 0;
-  uint8_t lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-  uint8_t hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-  if (p[1] < lo || p[1] > hi) return 0;
-  for (size_t i = 2; i < n; i++)
-    if ((p[i] & 0xC0) != 0x80) return 0;
-  return n;
-}
-
 /* Whether the token p[0..n) is whole characters (well-formed UTF-8, ASCII included). */
 static bool whole_chars(const uint8_t *p, size_t n) {
   for (size_t i = 0; i < n;) {
