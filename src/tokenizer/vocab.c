@@ -314,16 +314,6 @@ static bool within_one_char(const uint8_t *p, size_t n) {
   return n < want;
 }
 
-/*
- * A merge may start from a character's own token where nothing can join part of that character
- * to anything else: then its bytes merge among themselves, as BPE of the character alone would,
- * and (the ranks rising along every merge) it is whole before any merge that takes it, so BPE
- * from its token gives the same ids. Part of a character joins something else only through a
- * token that is not whole characters and reaches past one; such a token holds, across the
- * character's boundary, the pair of the byte before it and the byte after (a byte that starts
- * a character). `joined` marks those pairs, so a character is taken whole when the byte pairs
- * at both its ends are unmarked (bpe.c, list_init_chars). o200k: 794 such tokens, 207 pairs.
- */
 /* Whether every merge ranks after the merges that make its two tokens (a token made by several
  * merges: after all of them), so that BPE merges in rising rank order: true of tiktoken's
  * tables by their making, checked for Hugging Face merge lists. */
@@ -351,6 +341,16 @@ static bool ranks_rise(const df_pairmap *m, size_t n_ids) {
   return rise;
 }
 
+/*
+ * A merge may start from a character's own token where nothing can join part of that character
+ * to anything else: then its bytes merge among themselves, as BPE of the character alone would,
+ * and (the ranks rising along every merge) it is whole before any merge that takes it, so BPE
+ * from its token gives the same ids. Part of a character joins something else only through a
+ * token that is not whole characters and reaches past one; such a token holds, across the
+ * character's boundary, the pair of the byte before it and the byte after (a byte that starts
+ * a character). `joined` marks those pairs, so a character is taken whole when the byte pairs
+ * at both its ends are unmarked (bpe.c, list_init_chars). o200k: 794 such tokens, 207 pairs.
+ */
 dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v) {
   if (!m->slots || !ranks_rise(m, v->n_ids)) return DFLASH_OK; /* merges start from bytes */
   m->joined = calloc(65536 / 64, sizeof *m->joined);
