@@ -166,11 +166,11 @@ typedef struct df_pairmap {
    * df_pairmap_byte_ranks. */
   uint32_t *byte_rank;
   df_filter filter; /* over the pairs' keys; built by df_pairmap_byte_ranks */
-  /* df_pairmap_char_tokens (tiktoken): the token of each character of 2-4 bytes whose BPE
-   * alone is one token, in blocks of 256 code points (char_block[cp >> 8], NULL where the block
-   * has none; UINT32_MAX where the character has none), and `joined`, a bit for each byte pair
-   * (a << 8 | b) that some token holding part of a character and more holds across a character
-   * boundary. NULL: merges start from bytes. */
+  /* df_pairmap_char_tokens (where ranks rise along every merge): the token of each character
+   * of 2-4 bytes whose BPE alone is one token, in blocks of 256 code points (char_block[cp >> 8],
+   * NULL where the block has none; UINT32_MAX where the character has none), and `joined`, a
+   * bit for each byte pair (a << 8 | b) that some token holding part of a character and more
+   * holds across a character boundary. NULL: merges start from bytes. */
   uint32_t **char_block;
   uint64_t *joined;
 } df_pairmap;
@@ -238,8 +238,9 @@ static inline size_t df_utf8_char_len(const uint8_t *p, size_t avail) {
     if ((p[i] & 0xC0) != 0x80) return 0;
   return n;
 }
-/* The tables that let a merge start from characters' tokens (bpe.c, list_init_chars): for a
- * table whose ranks are the merged ids and rise along every merge (df_pairmap_from_ranks). */
+/* The tables that let a merge start from characters' tokens (bpe.c, list_init_chars), built
+ * only where every merge ranks after the merges that make its two tokens (tiktoken's tables by
+ * their making; a Hugging Face list is checked); elsewhere char_block stays NULL. */
 DF_MUST_CHECK dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v);
 
 /* ---- BPE (bpe.c) ---------------------------------------------------------- */

@@ -293,16 +293,6 @@ dflash_status df_pairmap_from_ranks(df_pairmap *m, const df_vocab *v) {
 
 /* ---- characters' tokens ------------------------------------------------------------------- */
 
-/* Whether the token p[0..n) is whole characters (well-formed UTF-8, ASCII included). */
-static bool whole_chars(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n;) {
-    size_t k = p[i] < 0x80 ? 1 : df_utf8_char_len(p + i, n - i);
-    if (!k) return false;
-    i += k;
-  }
-  return true;
-}
-
 /* Whether the token p[0..n), not whole characters, lies within one: continuation bytes only,
  * or a lead byte and fewer continuation bytes than it announces. */
 static bool within_one_char(const uint8_t *p, size_t n) {
@@ -363,7 +353,7 @@ dflash_status df_pairmap_char_tokens(df_pairmap *m, const df_vocab *v) {
     size_t n = v->len[id];
     if (v->kind[id] != DF_TOK_ORDINARY || n < 2) continue;
     const uint8_t *p = (const uint8_t *)v->blob.data + v->off[id];
-    if (!whole_chars(p, n)) {
+    if (!df_utf8_valid((const char *)p, n)) { /* not whole characters */
       if (within_one_char(p, n)) continue;
       for (size_t k = 1; k < n; k++)
         if ((p[k] & 0xC0) != 0x80) {
